@@ -1,0 +1,17 @@
+/* Monotonic clock helpers. */
+#ifndef CAIRN_BASE_CLOCK_H
+#define CAIRN_BASE_CLOCK_H
+
+#include <stdint.h>
+#include <time.h>
+
+static inline int64_t clock_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline double clock_sec(void) { return (double)clock_ns() * 1e-9; }
+
+#endif

@@ -1,0 +1,83 @@
+#include "base/cpu.h"
+
+#include <cpuid.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+static struct cpu_features detected;
+static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
+
+static unsigned long long xgetbv0(void)
+{
+    unsigned eax, edx;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return ((unsigned long long)edx << 32) | eax;
+}
+
+static void detect(void)
+{
+    struct cpu_features *f = &detected;
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return;
+    bool osxsave = c & (1u << 27);
+    bool avx = c & (1u << 28);
+    f->fma = c & (1u << 12);
+    f->f16c = c & (1u << 29);
+    unsigned long long xcr0 = osxsave ? xgetbv0() : 0;
+    bool ymm_ok = (xcr0 & 6) == 6;
+    bool zmm_ok = (xcr0 & 0xe6) == 0xe6;
+    if (!avx || !ymm_ok)
+        f->fma = f->f16c = false;
+    __cpuid_count(7, 0, a, b, c, d);
+    f->avx2 = avx && ymm_ok && (b & (1u << 5));
+    f->bmi2 = b & (1u << 8);
+    if (zmm_ok) {
+        f->avx512f = b & (1u << 16);
+        f->avx512dq = b & (1u << 17);
+        f->avx512bw = b & (1u << 30);
+        f->avx512vl = b & (1u << 31);
+        f->avx512vnni = c & (1u << 11);
+    }
+    f->amx_bf16 = d & (1u << 22);
+    f->amx_tile = d & (1u << 24);
+    f->amx_int8 = d & (1u << 25);
+    __cpuid_count(7, 1, a, b, c, d);
+    f->avx512bf16 = zmm_ok && (a & (1u << 5));
+    if (f->amx_tile)
+        f->amx_granted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+
+    unsigned brand[12] = {0};
+    if (__get_cpuid(0x80000000, &a, &b, &c, &d) && a >= 0x80000004) {
+        for (unsigned i = 0; i < 3; i++)
+            __get_cpuid(0x80000002 + i, &brand[4 * i], &brand[4 * i + 1], &brand[4 * i + 2],
+                        &brand[4 * i + 3]);
+        memcpy(f->model, brand, sizeof f->model - 1 < sizeof brand ? sizeof f->model - 1 : sizeof brand);
+    }
+}
+
+const struct cpu_features *cpu_features(void)
+{
+    pthread_once(&detect_once, detect);
+    return &detected;
+}
+
+void cpu_features_string(const struct cpu_features *f, char *buf, int len)
+{
+    struct { bool on; const char *name; } list[] = {
+        {f->avx2, "avx2"},         {f->fma, "fma"},           {f->f16c, "f16c"},
+        {f->avx512f, "avx512f"},   {f->avx512bw, "avx512bw"}, {f->avx512vnni, "avx512vnni"},
+        {f->avx512bf16, "avx512bf16"}, {f->amx_tile, "amx"},  {f->amx_granted, "amx-granted"},
+    };
+    int n = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < sizeof list / sizeof list[0] && n < len; i++)
+        if (list[i].on)
+            n += snprintf(buf + n, (size_t)(len - n), "%s%s", n ? " " : "", list[i].name);
+}

@@ -1,0 +1,30 @@
+#include "base/err.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+const char *cairn_strerror(int err)
+{
+    switch (err) {
+    case CAIRN_OK:
+        return "success";
+#define X(name, msg) \
+    case CAIRN_E##name: \
+        return msg;
+        CAIRN_ERRNO_MAP(X)
+#undef X
+    default:
+        return "unknown error";
+    }
+}
+
+int cairn_fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}

@@ -1,0 +1,136 @@
+#include "base/pool.h"
+
+#include "base/err.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#define SPIN_ITERS 200000
+
+struct pool {
+    int n_threads;
+    pthread_t *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;
+    _Atomic unsigned generation; /* bumped once per job */
+    _Atomic int pending;         /* workers still running the current job */
+    _Atomic int stop;
+    pool_fn fn;
+    void *ctx;
+};
+
+struct worker_arg {
+    struct pool *p;
+    int ith;
+};
+
+static void *worker_main(void *arg_)
+{
+    struct worker_arg *arg = arg_;
+    struct pool *p = arg->p;
+    int ith = arg->ith;
+    free(arg);
+    unsigned seen = 0;
+    for (;;) {
+        unsigned gen;
+        int spins = 0;
+        while ((gen = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen &&
+               !atomic_load(&p->stop)) {
+            if (++spins < SPIN_ITERS) {
+                __builtin_ia32_pause();
+                continue;
+            }
+            pthread_mutex_lock(&p->mu);
+            while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop))
+                pthread_cond_wait(&p->wake, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (atomic_load(&p->stop))
+            return NULL;
+        seen = gen;
+        p->fn(p->ctx, ith, p->n_threads);
+        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+    }
+}
+
+int pool_create(struct pool **out, int n_threads)
+{
+    *out = NULL;
+    if (n_threads < 1 || n_threads > 1024)
+        return CAIRN_EINVAL;
+    struct pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return CAIRN_ENOMEM;
+    p->n_threads = n_threads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    p->threads = calloc((size_t)n_threads, sizeof *p->threads);
+    if (!p->threads)
+        goto err;
+    for (int i = 1; i < n_threads; i++) {
+        struct worker_arg *arg = malloc(sizeof *arg);
+        if (!arg)
+            goto err;
+        arg->p = p;
+        arg->ith = i;
+        if (pthread_create(&p->threads[i], NULL, worker_main, arg) != 0) {
+            free(arg);
+            goto err;
+        }
+    }
+    *out = p;
+    return 0;
+err:
+    pool_release(p);
+    return CAIRN_ENOMEM;
+}
+
+void pool_release(struct pool *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->stop, 1);
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; p->threads && i < p->n_threads; i++)
+        if (p->threads[i])
+            pthread_join(p->threads[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->wake);
+    free(p->threads);
+    free(p);
+}
+
+int pool_threads(const struct pool *p) { return p->n_threads; }
+
+void pool_run(struct pool *p, pool_fn fn, void *ctx)
+{
+    if (p->n_threads == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    fn(ctx, 0, p->n_threads);
+    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0)
+        __builtin_ia32_pause();
+}
+
+void pool_split(long n, long align, int ith, int nth, long *lo, long *hi)
+{
+    if (align < 1)
+        align = 1;
+    long units = (n + align - 1) / align;
+    long per = units / nth, extra = units % nth;
+    long start = ith * per + (ith < extra ? ith : extra);
+    long count = per + (ith < extra ? 1 : 0);
+    *lo = start * align < n ? start * align : n;
+    *hi = (start + count) * align < n ? (start + count) * align : n;
+}

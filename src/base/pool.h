@@ -1,0 +1,26 @@
+/* A fixed set of worker threads that run one parallel job at a time. The caller of
+ * pool_run takes part as thread 0, so a pool of 1 thread spawns nothing. Workers spin
+ * briefly between jobs (a decode step issues hundreds of short jobs) and then sleep. */
+#ifndef CAIRN_BASE_POOL_H
+#define CAIRN_BASE_POOL_H
+
+struct pool;
+
+typedef void (*pool_fn)(void *ctx, int ith, int nth);
+
+/* Creates a pool of n_threads (>= 1) threads in all, counting the caller. */
+int pool_create(struct pool **out, int n_threads);
+
+/* Stops and joins the workers; accepts NULL. */
+void pool_release(struct pool *p);
+
+int pool_threads(const struct pool *p);
+
+/* Runs fn(ctx, ith, nth) for ith in [0, nth) concurrently and returns when all have
+ * returned. Not reentrant: one job at a time per pool, from one calling thread. */
+void pool_run(struct pool *p, pool_fn fn, void *ctx);
+
+/* Splits [0, n) into nth contiguous parts aligned to `align`; part ith is [*lo, *hi). */
+void pool_split(long n, long align, int ith, int nth, long *lo, long *hi);
+
+#endif

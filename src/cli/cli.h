@@ -1,0 +1,10 @@
+/* Sub-commands of the cairn binary. Each takes (argc, argv) with argv[0] = its name
+ * and returns the process exit code: 0 ok, 1 failure, 2 bad usage. */
+#ifndef CAIRN_CLI_H
+#define CAIRN_CLI_H
+
+#define CAIRN_VERSION "0.1.0"
+
+int cli_version(int argc, char **argv);
+
+#endif

@@ -1,0 +1,58 @@
+#include "base/pool.h"
+#include "base/err.h"
+#include "testutil.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+struct job {
+    long n;
+    int *hits;
+    _Atomic int calls;
+};
+
+static void mark(void *ctx, int ith, int nth)
+{
+    struct job *j = ctx;
+    long lo, hi;
+    pool_split(j->n, 16, ith, nth, &lo, &hi);
+    for (long i = lo; i < hi; i++)
+        j->hits[i]++;
+    atomic_fetch_add(&j->calls, 1);
+}
+
+int main(void)
+{
+    /* pool_split covers [0,n) exactly once, with aligned boundaries. */
+    for (long n = 0; n < 300; n += 7)
+        for (int nth = 1; nth <= 5; nth++) {
+            long prev = 0;
+            for (int i = 0; i < nth; i++) {
+                long lo, hi;
+                pool_split(n, 16, i, nth, &lo, &hi);
+                CHECK(lo == prev, "n=%ld nth=%d part %d starts at %ld, expected %ld", n, nth, i, lo, prev);
+                CHECK(lo % 16 == 0 || lo == n, "unaligned start %ld", lo);
+                prev = hi;
+            }
+            CHECK(prev == n, "n=%ld nth=%d parts end at %ld", n, nth, prev);
+        }
+
+    for (int threads = 1; threads <= 4; threads++) {
+        struct pool *p;
+        CHECK_EQ_INT(pool_create(&p, threads), 0);
+        int hits[1000];
+        memset(hits, 0, sizeof hits);
+        struct job j = {.n = 1000, .hits = hits};
+        for (int rep = 0; rep < 500; rep++)
+            pool_run(p, mark, &j);
+        int bad = 0;
+        for (int i = 0; i < 1000; i++)
+            bad += hits[i] != 500;
+        CHECK(bad == 0, "%d elements not hit exactly 500 times with %d threads", bad, threads);
+        CHECK_EQ_INT(atomic_load(&j.calls), 500 * threads);
+        pool_release(p);
+    }
+    CHECK(pool_create(&(struct pool *){0}, 0) == CAIRN_EINVAL, "0 threads accepted");
+    pool_release(NULL);
+    return test_main_end();
+}
