@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs what building and testing cairn needs on Debian 12 (run as root, or with sudo).
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev python3 python3-jinja2)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
