@@ -63,6 +63,21 @@ int kern_quantize_row(int type, const float *src, void *dst, int64_t n);
  * `wtype` (F32 rows for float weight types). */
 size_t kern_act_row_bytes(int wtype, int64_t n);
 
+/* Activation formats: weights of equal kind share one quantized activation row. */
+enum kern_act_kind { KERN_ACT_F32 = 0, KERN_ACT_Q8_32 = 1, KERN_ACT_Q8_256 = 2 };
+
+static inline enum kern_act_kind kern_act_kind(int wtype)
+{
+    switch (wtype) {
+    case DT_Q4_0: case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: case DT_Q8_0:
+        return KERN_ACT_Q8_32;
+    case DT_Q4_K: case DT_Q5_K: case DT_Q6_K:
+        return KERN_ACT_Q8_256;
+    default:
+        return KERN_ACT_F32;
+    }
+}
+
 /* Quantizes one activation row per the contract above. Deterministic and identical on
  * every path. */
 void kern_act_quantize(int wtype, const float *x, void *xq, int64_t n);
