@@ -73,6 +73,9 @@ struct gguf_str gguf_kv_key(const struct gguf_file *f, int64_t i);
 enum gguf_vtype gguf_kv_type(const struct gguf_file *f, int64_t i);
 /* Index of a key, or -1. */
 int64_t gguf_find_key(const struct gguf_file *f, const char *key);
+/* The encoded value of key/value i as it lies in the file (after its type field), for
+ * copying or hashing: 0, or CAIRN_EINVAL for an index out of range. */
+int gguf_kv_raw(const struct gguf_file *f, int64_t i, const void **data, uint64_t *len);
 
 /* Typed getters by key. Return 0, CAIRN_ENOTFOUND when the key is absent, or
  * CAIRN_EFORMAT when its type does not convert (integers convert when the value fits;
