@@ -44,4 +44,43 @@ struct act_q8_256 { float d; int16_t bsums[QK_K / 16]; int8_t q[QK_K]; }; /* bsu
 static_assert(sizeof(struct act_q8_32) == 40, "act_q8_32 size");
 static_assert(sizeof(struct act_q8_256) == 292, "act_q8_256 size");
 
+/* Scale and min (6 bits each) of sub-block j (0..7) of a Q4_K/Q5_K block's scales[12]:
+ * j < 4 in the low 6 bits of bytes j and j+4; j >= 4 in the nibbles of byte j+4 with
+ * their top 2 bits in the top bits of bytes j-4 (scale) and j (min). */
+static inline void kern_k4_scale_min(int j, const uint8_t *scales, uint8_t *sc, uint8_t *m)
+{
+    if (j < 4) {
+        *sc = scales[j] & 63;
+        *m = scales[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((scales[j + 4] & 0xf) | ((scales[j - 4] >> 6) << 4));
+        *m = (uint8_t)((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
+    }
+}
+
+/* Quant q (0..15) of element e (0..255) of a Q4_K block: sub-block j = e/32 lives in
+ * qs[32*(j/2) ..] as low nibbles (j even) or high nibbles (j odd). */
+static inline int kern_q4k_get(const struct block_q4_K *b, int e)
+{
+    return (b->qs[32 * (e / 64) + e % 32] >> (4 * ((e / 32) & 1))) & 0xf;
+}
+
+/* Quant q (0..31) of element e of a Q5_K block: low 4 bits as Q4_K, bit 4 is bit e/32
+ * of qh[e%32]. */
+static inline int kern_q5k_get(const struct block_q5_K *b, int e)
+{
+    int lo = (b->qs[32 * (e / 64) + e % 32] >> (4 * ((e / 32) & 1))) & 0xf;
+    return lo | ((b->qh[e % 32] >> (e / 32)) & 1) << 4;
+}
+
+/* Quant q (0..63) of element e of a Q6_K block: in half h = e/128, element 32k + l has
+ * its low 4 bits in ql[64h + 32(k&1) + l] (low nibble for k < 2, high for k >= 2) and
+ * its high 2 bits at bit 2k of qh[32h + l]. */
+static inline int kern_q6k_get(const struct block_q6_K *b, int e)
+{
+    int h = e / 128, k = (e / 32) & 3, l = e % 32;
+    int lo = (b->ql[64 * h + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 0xf;
+    return lo | ((b->qh[32 * h + l] >> (2 * k)) & 3) << 4;
+}
+
 #endif

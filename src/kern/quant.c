@@ -1,0 +1,162 @@
+/* Dequantization of GGUF rows to float, with ggml's block layouts and its float
+ * formulas (so our values equal ggml's bit for bit). */
+#include "kern/kern.h"
+#include "kern/quant.h"
+
+#include <string.h>
+
+#include "base/err.h"
+
+static void deq_q4_0(const struct block_q4_0 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b++, y += QK32) {
+        float d = kern_f16_to_f32(b->d);
+        for (int j = 0; j < QK32 / 2; j++) {
+            y[j] = (float)((b->qs[j] & 0xf) - 8) * d;
+            y[j + 16] = (float)((b->qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+static void deq_q4_1(const struct block_q4_1 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b++, y += QK32) {
+        float d = kern_f16_to_f32(b->d), m = kern_f16_to_f32(b->m);
+        for (int j = 0; j < QK32 / 2; j++) {
+            y[j] = (float)(b->qs[j] & 0xf) * d + m;
+            y[j + 16] = (float)(b->qs[j] >> 4) * d + m;
+        }
+    }
+}
+
+static uint32_t load_u32le(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void deq_q5_0(const struct block_q5_0 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b++, y += QK32) {
+        float d = kern_f16_to_f32(b->d);
+        uint32_t qh = load_u32le(b->qh);
+        for (int j = 0; j < QK32 / 2; j++) {
+            int q0 = (b->qs[j] & 0xf) | (int)((qh >> j) & 1) << 4;
+            int q1 = (b->qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+            y[j] = (float)(q0 - 16) * d;
+            y[j + 16] = (float)(q1 - 16) * d;
+        }
+    }
+}
+
+static void deq_q5_1(const struct block_q5_1 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b++, y += QK32) {
+        float d = kern_f16_to_f32(b->d), m = kern_f16_to_f32(b->m);
+        uint32_t qh = load_u32le(b->qh);
+        for (int j = 0; j < QK32 / 2; j++) {
+            int q0 = (b->qs[j] & 0xf) | (int)((qh >> j) & 1) << 4;
+            int q1 = (b->qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+            y[j] = (float)q0 * d + m;
+            y[j + 16] = (float)q1 * d + m;
+        }
+    }
+}
+
+static void deq_q8_0(const struct block_q8_0 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b++, y += QK32) {
+        float d = kern_f16_to_f32(b->d);
+        for (int j = 0; j < QK32; j++)
+            y[j] = (float)b->qs[j] * d;
+    }
+}
+
+/* Q4_K: 4 chunks of 64; chunk c holds sub-blocks 2c (low nibbles of qs[32c..32c+31])
+ * and 2c+1 (high nibbles). */
+static void deq_q4_k(const struct block_q4_K *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b++) {
+        float d = kern_f16_to_f32(b->d), dmin = kern_f16_to_f32(b->dmin);
+        const uint8_t *q = b->qs;
+        for (int c = 0; c < 4; c++, q += 32) {
+            uint8_t sc, m;
+            kern_k4_scale_min(2 * c, b->scales, &sc, &m);
+            float d1 = d * (float)sc, m1 = dmin * (float)m;
+            kern_k4_scale_min(2 * c + 1, b->scales, &sc, &m);
+            float d2 = d * (float)sc, m2 = dmin * (float)m;
+            for (int l = 0; l < 32; l++)
+                *y++ = d1 * (float)(q[l] & 0xf) - m1;
+            for (int l = 0; l < 32; l++)
+                *y++ = d2 * (float)(q[l] >> 4) - m2;
+        }
+    }
+}
+
+/* Q5_K: as Q4_K; the fifth bit of element l of sub-block j is bit j of qh[l]. */
+static void deq_q5_k(const struct block_q5_K *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b++) {
+        float d = kern_f16_to_f32(b->d), dmin = kern_f16_to_f32(b->dmin);
+        const uint8_t *q = b->qs;
+        for (int c = 0; c < 4; c++, q += 32) {
+            uint8_t sc, m;
+            kern_k4_scale_min(2 * c, b->scales, &sc, &m);
+            float d1 = d * (float)sc, m1 = dmin * (float)m;
+            kern_k4_scale_min(2 * c + 1, b->scales, &sc, &m);
+            float d2 = d * (float)sc, m2 = dmin * (float)m;
+            for (int l = 0; l < 32; l++)
+                *y++ = d1 * (float)((q[l] & 0xf) | ((b->qh[l] >> (2 * c)) & 1) << 4) - m1;
+            for (int l = 0; l < 32; l++)
+                *y++ = d2 * (float)((q[l] >> 4) | ((b->qh[l] >> (2 * c + 1)) & 1) << 4) - m2;
+        }
+    }
+}
+
+/* Q6_K: two halves of 128; in half h, element 32k + l (k = 0..3, l = 0..31) has its low
+ * 4 bits in ql[64h + l + 32(k&1)] (low nibble for k < 2, high for k >= 2) and its high
+ * 2 bits at bit 2k of qh[32h + l]; its scale is scales[(128h + 32k + l) / 16]. */
+static void deq_q6_k(const struct block_q6_K *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b++) {
+        float d = kern_f16_to_f32(b->d);
+        for (int e = 0; e < QK_K; e++)
+            y[e] = d * (float)b->scales[e / 16] * (float)(kern_q6k_get(b, e) - 32);
+        y += QK_K;
+    }
+}
+
+int kern_dequantize_row(int type, const void *src, float *dst, int64_t n)
+{
+    const struct dtype_info *t = dtype_info(type);
+    if (!t || !t->supported)
+        return CAIRN_EUNSUPPORTED;
+    if (n < 0 || n % t->block_elems)
+        return CAIRN_EINVAL;
+    int64_t nb = n / t->block_elems;
+    switch (type) {
+    case DT_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return 0;
+    case DT_F16: {
+        const uint16_t *h = src;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = kern_f16_to_f32(h[i]);
+        return 0;
+    }
+    case DT_BF16: {
+        const uint16_t *h = src;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = kern_bf16_to_f32(h[i]);
+        return 0;
+    }
+    case DT_Q4_0: deq_q4_0(src, dst, nb); return 0;
+    case DT_Q4_1: deq_q4_1(src, dst, nb); return 0;
+    case DT_Q5_0: deq_q5_0(src, dst, nb); return 0;
+    case DT_Q5_1: deq_q5_1(src, dst, nb); return 0;
+    case DT_Q8_0: deq_q8_0(src, dst, nb); return 0;
+    case DT_Q4_K: deq_q4_k(src, dst, nb); return 0;
+    case DT_Q5_K: deq_q5_k(src, dst, nb); return 0;
+    case DT_Q6_K: deq_q6_k(src, dst, nb); return 0;
+    default: return CAIRN_EUNSUPPORTED;
+    }
+}
