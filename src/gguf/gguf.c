@@ -789,8 +789,11 @@ double gguf_arr_float(const struct gguf_array *a, uint64_t i)
 {
     if (a->type > GGUF_FLOAT64 || !vsize[a->type] || i >= a->n)
         return 0;
+    const uint8_t *p = (const uint8_t *)a->data + i * vsize[a->type];
     double v;
-    return elem_float(a->type, (const uint8_t *)a->data + i * vsize[a->type], &v) ? v : 0;
+    if (a->type == GGUF_BOOL)
+        return *p != 0;
+    return elem_float(a->type, p, &v) ? v : 0;
 }
 
 int64_t gguf_n_tensors(const struct gguf_file *f)

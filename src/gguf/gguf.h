@@ -67,7 +67,8 @@ uint64_t gguf_data_offset(const struct gguf_file *f);
 /* Start of the whole file in memory. */
 const void *gguf_base(const struct gguf_file *f);
 
-/* Key/values by index [0, gguf_n_kv). */
+/* Key/values by index [0, gguf_n_kv); out of range gives an empty key and type
+ * (enum gguf_vtype)-1. */
 int64_t gguf_n_kv(const struct gguf_file *f);
 struct gguf_str gguf_kv_key(const struct gguf_file *f, int64_t i);
 enum gguf_vtype gguf_kv_type(const struct gguf_file *f, int64_t i);
@@ -118,6 +119,9 @@ int gguf_writer_set_u64(struct gguf_writer *w, const char *key, uint64_t v);
 int gguf_writer_set_f32(struct gguf_writer *w, const char *key, float v);
 int gguf_writer_set_bool(struct gguf_writer *w, const char *key, int v);
 int gguf_writer_set_str(struct gguf_writer *w, const char *key, const char *s, size_t len);
+/* A scalar of any numeric or bool type, its bytes read from v (u8 ... f64). CAIRN_EINVAL
+ * for STRING, ARRAY or an unknown type. */
+int gguf_writer_set_scalar(struct gguf_writer *w, const char *key, enum gguf_vtype type, const void *v);
 /* Numeric array of n elements of `type` copied from data. */
 int gguf_writer_set_arr(struct gguf_writer *w, const char *key, enum gguf_vtype type,
                         const void *data, uint64_t n);
