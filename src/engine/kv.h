@@ -23,43 +23,61 @@ struct kv_config {
 
 struct kv_cache;
 
-/* Bytes a cache of this config allocates (for memory checks before creating it). */
+/* Bytes a cache of this config allocates for K and V (for memory checks before creating
+ * it): 2 * n_layers * n_blocks * block_tokens * kv_dim * element size; 0 when the config is
+ * invalid or the size overflows. Bookkeeping adds 8 bytes per block, and block tables of
+ * 4 bytes per block per sequence in use (reserved for max_seqs * n_blocks, committed as
+ * sequences grow). Storage is mmapped and committed lazily, as rows are first written. */
 uint64_t kv_bytes_for(const struct kv_config *cfg);
 
+/* Creates an empty cache; the caller owns it (kv_release). Fails with CAIRN_EINVAL on a
+ * non-positive size or a type other than F16/F32, CAIRN_ERANGE when sizes overflow or
+ * n_blocks > INT32_MAX, CAIRN_ENOMEM when a mapping fails; err says which. Rows are 64-byte
+ * aligned when row bytes are a multiple of 64 (each layer's K and V start page aligned).
+ * Not thread-safe: calls that change sequences must not run concurrently with any call;
+ * kv_k/kv_v/kv_slot/kv_seq_blocks may run concurrently with each other. */
 int kv_create(struct kv_cache **out, const struct kv_config *cfg, char *err, size_t errlen);
 void kv_release(struct kv_cache *kv); /* accepts NULL */
+/* The config the cache was created with. */
 const struct kv_config *kv_config(const struct kv_cache *kv);
 
 /* Prepares seq to have positions [pos, pos+n) written: drops every position >= pos
  * first (rollback of rejected speculative tokens, or re-decode), then makes sure blocks
  * exist up to pos+n, copying a shared block before it is written (copy on write).
  * Requires pos <= kv_seq_len(seq). On CAIRN_EFULL (not enough free blocks) the sequence
- * is left as it was before the call. After success kv_seq_len(seq) == pos + n. */
+ * is left as it was before the call. After success kv_seq_len(seq) == pos + n.
+ * Rows [pos, pos+n) hold stale data until written. n == 0 is a truncation.
+ * CAIRN_EINVAL for a seq out of range, pos < 0, pos > len or n < 0. Never allocates. */
 int kv_prepare(struct kv_cache *kv, int seq, int64_t pos, int64_t n);
 
-/* Number of positions stored for seq. */
+/* Number of positions stored for seq (CAIRN_EINVAL for a seq out of range). */
 int64_t kv_seq_len(const struct kv_cache *kv, int seq);
 
-/* Slot of (seq, pos) for pos < kv_seq_len(seq). */
+/* Slot of (seq, pos) for pos < kv_seq_len(seq); -1 when out of range. */
 int64_t kv_slot(const struct kv_cache *kv, int seq, int64_t pos);
 
-/* Block table of seq: *n blocks; valid until the next call that changes seq. */
+/* Block table of seq: *n blocks; valid until the next call that changes seq. NULL and
+ * *n = 0 for a seq out of range. */
 const int32_t *kv_seq_blocks(const struct kv_cache *kv, int seq, int64_t *n);
 
 /* Row of K / V for a layer and slot (kv_dim elements of the cache's type). Rows of the
- * same block are contiguous. */
+ * same block are contiguous. NULL for a layer or slot out of range. */
 void *kv_k(struct kv_cache *kv, int layer, int64_t slot);
 void *kv_v(struct kv_cache *kv, int layer, int64_t slot);
 
-/* Drops positions >= pos of seq (pos <= len); blocks no longer referenced are freed. */
+/* Drops positions >= pos of seq (pos <= len); blocks no longer referenced are freed.
+ * No-op for pos >= len, pos < 0 or a seq out of range. */
 void kv_truncate(struct kv_cache *kv, int seq, int64_t pos);
+/* Drops all positions of seq (kv_truncate(kv, seq, 0)). */
 void kv_seq_clear(struct kv_cache *kv, int seq);
 
-/* dst (must be empty) shares all of src's blocks: no copy until one of them writes. */
+/* dst (must be empty) shares all of src's blocks: no copy until one of them writes.
+ * CAIRN_EINVAL for ids out of range or src == dst, CAIRN_ESTATE when dst is not empty. */
 int kv_fork(struct kv_cache *kv, int src, int dst);
 
+/* Blocks held by no sequence. */
 int64_t kv_free_blocks(const struct kv_cache *kv);
-/* Reference count of a block (for tests). */
+/* Reference count of a block (for tests); CAIRN_EINVAL for a block out of range. */
 int kv_block_refs(const struct kv_cache *kv, int32_t block);
 
 #endif
