@@ -8,16 +8,11 @@
 #include <math.h>
 #include <string.h>
 
-enum act_kind { ACT_NONE, ACT_F32, ACT_Q8_32, ACT_Q8_256 };
-
-static enum act_kind act_kind(int wtype)
+/* Activation format of a weight type, or -1 for types the kernels do not handle. */
+static int act_kind(int wtype)
 {
-    switch (wtype) {
-    case DT_F32: case DT_F16: case DT_BF16: return ACT_F32;
-    case DT_Q4_0: case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: case DT_Q8_0: return ACT_Q8_32;
-    case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: return ACT_Q8_256;
-    default: return ACT_NONE;
-    }
+    const struct dtype_info *t = dtype_info(wtype);
+    return t && t->supported ? (int)kern_act_kind(wtype) : -1;
 }
 
 size_t kern_act_row_bytes(int wtype, int64_t n)
@@ -25,9 +20,9 @@ size_t kern_act_row_bytes(int wtype, int64_t n)
     if (n < 0)
         return 0;
     switch (act_kind(wtype)) {
-    case ACT_F32: return (size_t)n * sizeof(float);
-    case ACT_Q8_32: return (size_t)(n / QK32) * sizeof(struct act_q8_32);
-    case ACT_Q8_256: return (size_t)(n / QK_K) * sizeof(struct act_q8_256);
+    case KERN_ACT_F32: return (size_t)n * sizeof(float);
+    case KERN_ACT_Q8_32: return (size_t)(n / QK32) * sizeof(struct act_q8_32);
+    case KERN_ACT_Q8_256: return (size_t)(n / QK_K) * sizeof(struct act_q8_256);
     default: return 0;
     }
 }
@@ -62,10 +57,10 @@ static int8_t act_round(float v)
 void kern_act_quantize(int wtype, const float *x, void *xq, int64_t n)
 {
     switch (act_kind(wtype)) {
-    case ACT_F32:
+    case KERN_ACT_F32:
         memcpy(xq, x, (size_t)n * sizeof(float));
         break;
-    case ACT_Q8_32: {
+    case KERN_ACT_Q8_32: {
         struct act_q8_32 *a = xq;
         for (int64_t b = 0; b < n / QK32; b++, a++, x += QK32) {
             float id;
@@ -79,7 +74,7 @@ void kern_act_quantize(int wtype, const float *x, void *xq, int64_t n)
         }
         break;
     }
-    case ACT_Q8_256: {
+    case KERN_ACT_Q8_256: {
         struct act_q8_256 *a = xq;
         for (int64_t b = 0; b < n / QK_K; b++, a++, x += QK_K) {
             float id;
@@ -287,7 +282,7 @@ void kern_matmul_ref(int type, const void *w, int64_t cols, const void *xq, size
                      float *y, size_t ldy, int64_t r0, int64_t r1)
 {
     int64_t rb = dtype_row_bytes(type, cols);
-    if (rb < 0 || act_kind(type) == ACT_NONE)
+    if (rb < 0 || act_kind(type) < 0)
         return;
     for (int b = 0; b < B; b++) {
         const uint8_t *x = (const uint8_t *)xq + (size_t)b * ldx;

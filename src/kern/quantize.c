@@ -1,0 +1,457 @@
+/* Quantization of float rows to GGUF's block types. The legacy types follow ggml's
+ * formulas; the K-quants fit each sub-block's scale (and min) by a bounded search that
+ * minimizes weighted squared error, then quantize those to 6 or 8 bits and pick every
+ * element's quant again for the stored scales. Everything is scalar and sums run in a
+ * fixed lane order, so results are identical for any build and machine. */
+#include "kern/kern.h"
+#include "kern/quant.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "base/err.h"
+
+/* Round to nearest even for |v| < 2^22 (callers clamp first): adding 1.5 * 2^23 leaves
+ * no fraction bits, so the float addition does the rounding. */
+static inline float rne(float v)
+{
+    return (v + 12582912.0f) - 12582912.0f;
+}
+
+/* v clamped to [lo, hi] then rounded to nearest even, as int; NaN gives lo. */
+static inline int quant_clamp(float v, int lo, int hi)
+{
+    if (!(v > (float)lo))
+        return lo;
+    if (v > (float)hi)
+        return hi;
+    return (int)rne(v);
+}
+
+/* (int)v truncated toward zero as ggml's (int8_t) casts do, clamped to [lo, hi]. */
+static inline int trunc_clamp(float v, int lo, int hi)
+{
+    if (!(v > (float)lo))
+        return lo;
+    if (v >= (float)hi)
+        return hi;
+    return (int)v;
+}
+
+/* ---- legacy types, per ggml ---- */
+
+/* Value of largest magnitude (its sign kept; the first one on ties). */
+static float signed_absmax(const float *x, int n)
+{
+    float amax = 0.0f, max = 0.0f;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax) {
+            amax = fabsf(x[i]);
+            max = x[i];
+        }
+    return max;
+}
+
+static void min_max(const float *x, int n, float *mn, float *mx)
+{
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < lo)
+            lo = x[i];
+        if (x[i] > hi)
+            hi = x[i];
+    }
+    *mn = lo;
+    *mx = hi;
+}
+
+static void store_u32le(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+static void quant_q4_0(const float *x, struct block_q4_0 *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y++, x += QK32) {
+        float d = signed_absmax(x, QK32) / -8.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y->d = kern_f32_to_f16(d);
+        for (int j = 0; j < 16; j++) {
+            int q0 = trunc_clamp(x[j] * id + 8.5f, 0, 15);
+            int q1 = trunc_clamp(x[j + 16] * id + 8.5f, 0, 15);
+            y->qs[j] = (uint8_t)(q0 | q1 << 4);
+        }
+    }
+}
+
+static void quant_q4_1(const float *x, struct block_q4_1 *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y++, x += QK32) {
+        float mn, mx;
+        min_max(x, QK32, &mn, &mx);
+        float d = (mx - mn) / 15.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y->d = kern_f32_to_f16(d);
+        y->m = kern_f32_to_f16(mn);
+        for (int j = 0; j < 16; j++) {
+            int q0 = trunc_clamp((x[j] - mn) * id + 0.5f, 0, 15);
+            int q1 = trunc_clamp((x[j + 16] - mn) * id + 0.5f, 0, 15);
+            y->qs[j] = (uint8_t)(q0 | q1 << 4);
+        }
+    }
+}
+
+static void quant_q5_0(const float *x, struct block_q5_0 *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y++, x += QK32) {
+        float d = signed_absmax(x, QK32) / -16.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y->d = kern_f32_to_f16(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; j++) {
+            int q0 = trunc_clamp(x[j] * id + 16.5f, 0, 31);
+            int q1 = trunc_clamp(x[j + 16] * id + 16.5f, 0, 31);
+            y->qs[j] = (uint8_t)((q0 & 0xf) | (q1 & 0xf) << 4);
+            qh |= (uint32_t)(q0 >> 4) << j | (uint32_t)(q1 >> 4) << (j + 16);
+        }
+        store_u32le(y->qh, qh);
+    }
+}
+
+static void quant_q5_1(const float *x, struct block_q5_1 *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y++, x += QK32) {
+        float mn, mx;
+        min_max(x, QK32, &mn, &mx);
+        float d = (mx - mn) / 31.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y->d = kern_f32_to_f16(d);
+        y->m = kern_f32_to_f16(mn);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; j++) {
+            int q0 = trunc_clamp((x[j] - mn) * id + 0.5f, 0, 31);
+            int q1 = trunc_clamp((x[j + 16] - mn) * id + 0.5f, 0, 31);
+            y->qs[j] = (uint8_t)((q0 & 0xf) | (q1 & 0xf) << 4);
+            qh |= (uint32_t)(q0 >> 4) << j | (uint32_t)(q1 >> 4) << (j + 16);
+        }
+        store_u32le(y->qh, qh);
+    }
+}
+
+static void quant_q8_0(const float *x, struct block_q8_0 *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y++, x += QK32) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK32; j++)
+            if (fabsf(x[j]) > amax)
+                amax = fabsf(x[j]);
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y->d = kern_f32_to_f16(d);
+        for (int j = 0; j < QK32; j++) {
+            float v = roundf(x[j] * id);  /* half away from zero, as ggml */
+            y->qs[j] = (int8_t)(!(v > -127.0f) ? -127 : v > 127.0f ? 127 : (int)v);
+        }
+    }
+}
+
+/* ---- K-quants ---- */
+
+/* The searches below run on 4-lane vectors (GCC/Clang vector extensions, lowered to
+ * whatever the target has): element i feeds lane i%4 and lanes are summed 0+1+2+3, a
+ * fixed order, so the result does not depend on how the compiler maps them. */
+typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t v4i __attribute__((vector_size(16)));
+
+static inline v4f v4_load(const float *p)
+{
+    v4f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline v4f v4_abs(v4f a)
+{
+    return (v4f)((v4i)a & 0x7fffffff);
+}
+
+static inline v4f v4_rne(v4f v)  /* as rne() per lane */
+{
+    return (v + 12582912.0f) - 12582912.0f;
+}
+
+/* min and max of integer-valued lanes of magnitude < 2^22, where these formulas are
+ * exact; branch-free. */
+static inline v4f v4_min_int(v4f a, v4f b)
+{
+    return 0.5f * (a + b - v4_abs(a - b));
+}
+
+static inline v4f v4_max_int(v4f a, v4f b)
+{
+    return 0.5f * (a + b + v4_abs(a - b));
+}
+
+static inline float v4_sum(v4f v)
+{
+    return ((v[0] + v[1]) + v[2]) + v[3];
+}
+
+/* Fits x[0..31] ~ s*l + m with l in 0..nmax and m <= 0, minimizing sum w*(s*l + m - x)^2.
+ * Candidate quantizations come from ncand inverse scales (nmax + r0 + c*rstep) / range;
+ * for each, (s, m) is the weighted least-squares fit, and the error follows from the
+ * sums without a second pass: E = sum w x^2 - s*sum w l x - m*sum w x. Returns s >= 0
+ * and the magnitude of m. */
+static void fit_scale_min(const float *x, const float *w, int nmax, int ncand, float r0,
+                          float rstep, float *s_out, float *m_out)
+{
+    float lo = 0.0f, hi = x[0], sw = 0.0f, sx = 0.0f;
+    for (int i = 0; i < 32; i++) {
+        if (x[i] < lo)
+            lo = x[i];
+        if (x[i] > hi)
+            hi = x[i];
+        sw += w[i];
+        sx += w[i] * x[i];
+    }
+    if (!(hi > lo)) {  /* constant block (or NaN): the min carries it */
+        *s_out = 0.0f;
+        *m_out = lo == lo ? -lo : 0.0f;
+        return;
+    }
+    v4f vx[8], vw[8], vwx[8];
+    for (int i = 0; i < 8; i++) {
+        vx[i] = v4_load(x + 4 * i) - lo;
+        vw[i] = v4_load(w + 4 * i);
+        vwx[i] = vw[i] * v4_load(x + 4 * i);
+    }
+    float fmax = (float)nmax;
+    v4f vmax = {fmax, fmax, fmax, fmax};
+    float best = -INFINITY, bs = (hi - lo) / fmax, bm = lo;
+    for (int c = 0; c < ncand; c++) {
+        float is = (fmax + r0 + rstep * (float)c) / (hi - lo);
+        v4f al = {0}, al2 = {0}, axl = {0};
+        for (int i = 0; i < 8; i++) {
+            v4f l = v4_min_int(v4_rne(is * vx[i]), vmax);  /* >= 0 as x >= lo */
+            v4f wl = vw[i] * l;
+            al += wl;
+            al2 += wl * l;
+            axl += vwx[i] * l;
+        }
+        float sl = v4_sum(al), sl2 = v4_sum(al2), sxl = v4_sum(axl);
+        float D = sw * sl2 - sl * sl;
+        if (!(D > 0.0f))
+            continue;
+        float s = (sw * sxl - sx * sl) / D;
+        float m = (sl2 * sx - sl * sxl) / D;
+        if (m > 0.0f) {
+            m = 0.0f;
+            s = sxl / sl2;
+        }
+        float score = s * sxl + m * sx;  /* larger is better: E = sum w x^2 - score */
+        if (score > best && s > 0.0f) {
+            best = score;
+            bs = s;
+            bm = m;
+        }
+    }
+    *s_out = bs;
+    *m_out = -bm;
+}
+
+/* Sub-block scales and mins of a Q4_K/Q5_K block: fits, then 6-bit quantization against
+ * the half-precision super-scales d and dmin. Writes d, dmin and scales[12]. */
+static void k4_scales(const float *x, int nmax, int ncand, float r0, float rstep, uint16_t *d,
+                      uint16_t *dmin, uint8_t *scales)
+{
+    float s[8], m[8], w[32];
+    float max_s = 0.0f, max_m = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        const float *xj = x + 32 * j;
+        float sum2 = 0.0f;
+        for (int i = 0; i < 32; i++)
+            sum2 += xj[i] * xj[i];
+        float av = sqrtf(sum2 / 32.0f);
+        for (int i = 0; i < 32; i++)
+            w[i] = av + fabsf(xj[i]);  /* favours large values without ignoring small ones */
+        fit_scale_min(xj, w, nmax, ncand, r0, rstep, &s[j], &m[j]);
+        if (s[j] > max_s)
+            max_s = s[j];
+        if (m[j] > max_m)
+            max_m = m[j];
+    }
+    *d = kern_f32_to_f16(max_s / 63.0f);
+    *dmin = kern_f32_to_f16(max_m / 63.0f);
+    float dq = kern_f16_to_f32(*d), mq = kern_f16_to_f32(*dmin);
+    memset(scales, 0, 12);
+    for (int j = 0; j < 8; j++) {
+        int ls = dq > 0.0f ? quant_clamp(s[j] / dq, 0, 63) : 0;
+        int lm = mq > 0.0f ? quant_clamp(m[j] / mq, 0, 63) : 0;
+        if (j < 4) {
+            scales[j] |= (uint8_t)ls;
+            scales[j + 4] |= (uint8_t)lm;
+        } else {
+            scales[j + 4] = (uint8_t)((ls & 0xf) | (lm & 0xf) << 4);
+            scales[j - 4] |= (uint8_t)((ls >> 4) << 6);
+            scales[j] |= (uint8_t)((lm >> 4) << 6);
+        }
+    }
+}
+
+/* Quants 0..nmax of one Q4_K/Q5_K block for its stored scales: L[e] = round((x + m)/d). */
+static void k4_quants(const float *x, int nmax, uint16_t d, uint16_t dmin,
+                      const uint8_t *scales, uint8_t *L)
+{
+    float dq = kern_f16_to_f32(d), mq = kern_f16_to_f32(dmin);
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, mn;
+        kern_k4_scale_min(j, scales, &sc, &mn);
+        float dj = dq * (float)sc, mj = mq * (float)mn;
+        for (int i = 32 * j; i < 32 * j + 32; i++)
+            L[i] = dj != 0.0f ? (uint8_t)quant_clamp((x[i] + mj) / dj, 0, nmax) : 0;
+    }
+}
+
+/* Search grids, each a bounded number of candidates per sub-block (speed: see the test). */
+#define Q4K_NCAND 11
+#define Q4K_R0 (-1.0f)
+#define Q4K_RSTEP 0.2f
+#define Q5K_NCAND 11
+#define Q5K_R0 (-1.0f)
+#define Q5K_RSTEP 0.2f
+
+static void quant_q4_k(const float *x, struct block_q4_K *y, int64_t nb)
+{
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < nb; i++, y++, x += QK_K) {
+        k4_scales(x, 15, Q4K_NCAND, Q4K_R0, Q4K_RSTEP, &y->d, &y->dmin, y->scales);
+        k4_quants(x, 15, y->d, y->dmin, y->scales, L);
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++)
+                y->qs[32 * c + l] = (uint8_t)(L[64 * c + l] | L[64 * c + 32 + l] << 4);
+    }
+}
+
+static void quant_q5_k(const float *x, struct block_q5_K *y, int64_t nb)
+{
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < nb; i++, y++, x += QK_K) {
+        k4_scales(x, 31, Q5K_NCAND, Q5K_R0, Q5K_RSTEP, &y->d, &y->dmin, y->scales);
+        k4_quants(x, 31, y->d, y->dmin, y->scales, L);
+        memset(y->qh, 0, sizeof y->qh);
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) {
+                int a = L[64 * c + l], b = L[64 * c + 32 + l];
+                y->qs[32 * c + l] = (uint8_t)((a & 0xf) | (b & 0xf) << 4);
+                y->qh[l] |= (uint8_t)((a >> 4) << (2 * c) | (b >> 4) << (2 * c + 1));
+            }
+    }
+}
+
+/* Fits x[0..15] ~ s*l with l in -32..31, weights x^2, over inverse scales
+ * -(32 + 0.1c)/max for c in -ncand..ncand (max the signed value of largest magnitude,
+ * so it lands on the extra level -32). Returns s (its sign opposite to max). */
+#define Q6K_HALF_RANGE 6
+
+static float fit_scale_sym(const float *x)
+{
+    float max = signed_absmax(x, 16);
+    if (!(fabsf(max) > 1e-15f))
+        return 0.0f;
+    v4f vx[4], vw[4], vwx[4];
+    const v4f hi = {31.0f, 31.0f, 31.0f, 31.0f}, lo = {-32.0f, -32.0f, -32.0f, -32.0f};
+    for (int i = 0; i < 4; i++) {
+        vx[i] = v4_load(x + 4 * i);
+        vw[i] = vx[i] * vx[i];
+        vwx[i] = vw[i] * vx[i];
+    }
+    float bs = 0.0f, best = -1.0f;
+    for (int c = -Q6K_HALF_RANGE; c <= Q6K_HALF_RANGE; c++) {
+        float is = -(32.0f + 0.1f * (float)c) / max;
+        v4f alx = {0}, al2 = {0};
+        for (int i = 0; i < 4; i++) {
+            v4f l = v4_max_int(v4_min_int(v4_rne(is * vx[i]), hi), lo);
+            alx += vwx[i] * l;
+            al2 += vw[i] * l * l;
+        }
+        float slx = v4_sum(alx), sl2 = v4_sum(al2);
+        if (!(sl2 > 0.0f))
+            continue;
+        float score = slx * slx / sl2;  /* error = sum w x^2 - score */
+        if (score > best) {
+            best = score;
+            bs = slx / sl2;
+        }
+    }
+    return bs;
+}
+
+static void quant_q6_k(const float *x, struct block_q6_K *y, int64_t nb)
+{
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < nb; i++, y++, x += QK_K) {
+        float s[16], max_s = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            s[j] = fit_scale_sym(x + 16 * j);
+            if (fabsf(s[j]) > fabsf(max_s))
+                max_s = s[j];
+        }
+        y->d = kern_f32_to_f16(max_s / -128.0f);
+        float dq = kern_f16_to_f32(y->d);
+        for (int j = 0; j < 16; j++) {
+            int sc = dq != 0.0f ? quant_clamp(s[j] / dq, -128, 127) : 0;
+            y->scales[j] = (int8_t)sc;
+            float dj = dq * (float)sc;
+            for (int e = 16 * j; e < 16 * j + 16; e++)
+                L[e] = (uint8_t)(dj != 0.0f ? quant_clamp(x[e] / dj, -32, 31) + 32 : 32);
+        }
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *Lh = L + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                y->ql[64 * h + l] = (uint8_t)((Lh[l] & 0xf) | (Lh[l + 64] & 0xf) << 4);
+                y->ql[64 * h + 32 + l] = (uint8_t)((Lh[l + 32] & 0xf) | (Lh[l + 96] & 0xf) << 4);
+                y->qh[32 * h + l] = (uint8_t)((Lh[l] >> 4) | (Lh[l + 32] >> 4) << 2 |
+                                              (Lh[l + 64] >> 4) << 4 | (Lh[l + 96] >> 4) << 6);
+            }
+        }
+    }
+}
+
+int kern_quantize_row(int type, const float *src, void *dst, int64_t n)
+{
+    const struct dtype_info *t = dtype_info(type);
+    if (!t || !t->supported)
+        return CAIRN_EUNSUPPORTED;
+    if (n < 0 || n % t->block_elems)
+        return CAIRN_EINVAL;
+    int64_t nb = n / t->block_elems;
+    switch (type) {
+    case DT_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return 0;
+    case DT_F16: {
+        uint16_t *h = dst;
+        for (int64_t i = 0; i < n; i++)
+            h[i] = kern_f32_to_f16(src[i]);
+        return 0;
+    }
+    case DT_BF16: {
+        uint16_t *h = dst;
+        for (int64_t i = 0; i < n; i++)
+            h[i] = kern_f32_to_bf16(src[i]);
+        return 0;
+    }
+    case DT_Q4_0: quant_q4_0(src, dst, nb); return 0;
+    case DT_Q4_1: quant_q4_1(src, dst, nb); return 0;
+    case DT_Q5_0: quant_q5_0(src, dst, nb); return 0;
+    case DT_Q5_1: quant_q5_1(src, dst, nb); return 0;
+    case DT_Q8_0: quant_q8_0(src, dst, nb); return 0;
+    case DT_Q4_K: quant_q4_k(src, dst, nb); return 0;
+    case DT_Q5_K: quant_q5_k(src, dst, nb); return 0;
+    case DT_Q6_K: quant_q6_k(src, dst, nb); return 0;
+    default: return CAIRN_EUNSUPPORTED;
+    }
+}
