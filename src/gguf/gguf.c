@@ -425,7 +425,7 @@ static int parse(struct gguf_file *f, char *err, size_t errlen)
     if ((rc = take(&r, magic, 4, "magic")))
         return rc;
     if (memcmp(magic, "GGUF", 4)) {
-        char q[8];
+        char q[16];
         quote(q, sizeof q, magic, 4);
         return fail_at(&r, 0, "bad magic '%s' (expected 'GGUF')", q);
     }
