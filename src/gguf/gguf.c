@@ -122,23 +122,33 @@ static int take(struct rd *r, void *out, uint64_t n, const char *what)
     return 0;
 }
 
+static void str_name(char *name, size_t cap, const char *label, int64_t idx)
+{
+    if (idx >= 0)
+        snprintf(name, cap, "%s %lld", label, (long long)idx);
+    else
+        snprintf(name, cap, "%s", label);
+}
+
 /* A string: u64 length then bytes. `label`/`idx` name it in messages ("string 12"). */
 static int take_str(struct rd *r, struct gguf_str *s, uint64_t maxlen, const char *label, int64_t idx)
 {
     char name[48];
-    if (idx >= 0)
-        snprintf(name, sizeof name, "%s %lld", label, (long long)idx);
-    else
-        snprintf(name, sizeof name, "%s", label);
     uint64_t at = r->pos, len;
-    if (left(r) < 8)
+    if (left(r) < 8) {
+        str_name(name, sizeof name, label, idx);
         return fail_at(r, at, "%s length past end of file (%llu bytes)", name, (ull)r->size);
+    }
     memcpy(&len, r->p + r->pos, 8);
     r->pos += 8;
-    if (len > maxlen)
+    if (len > maxlen) {
+        str_name(name, sizeof name, label, idx);
         return fail_at(r, at, "%s length %llu exceeds the limit %llu", name, (ull)len, (ull)maxlen);
-    if (len > left(r))
+    }
+    if (len > left(r)) {
+        str_name(name, sizeof name, label, idx);
         return fail_at(r, at, "%s length %llu past end of file (%llu bytes)", name, (ull)len, (ull)r->size);
+    }
     if (s) {
         s->ptr = (const char *)r->p + r->pos;
         s->len = len;

@@ -29,7 +29,10 @@ struct gguf_str {
 };
 
 /* A typed array value. Numeric elements are contiguous at `data` (possibly unaligned:
- * read with memcpy or the gguf_arr_* helpers). String arrays are read with gguf_arr_str. */
+ * read with memcpy or the gguf_arr_* helpers). String arrays are read with gguf_arr_str
+ * (O(1): an index of every string is built at open). Arrays of arrays (type GGUF_ARRAY,
+ * nesting at most 8 deep) are validated, and `data` points at the first inner array's
+ * encoding, but the helpers do not read them. */
 struct gguf_array {
     enum gguf_vtype type;
     uint64_t n;
@@ -62,7 +65,8 @@ void gguf_close(struct gguf_file *f);
 uint32_t gguf_version(const struct gguf_file *f);
 uint64_t gguf_file_size(const struct gguf_file *f);
 uint32_t gguf_alignment(const struct gguf_file *f);
-/* Offset of the data section from the start of the file. */
+/* Offset of the data section from the start of the file (the end of the tensor infos
+ * rounded up to the alignment; may exceed the file size when there are no tensors). */
 uint64_t gguf_data_offset(const struct gguf_file *f);
 /* Start of the whole file in memory. */
 const void *gguf_base(const struct gguf_file *f);

@@ -331,5 +331,34 @@ int main(void)
         opened += rc == 0;
     }
     printf("%d of %d flipped files still opened\n", opened, flips);
+
+    /* A real vocabulary: random truncations are refused, header flips never crash. */
+    FILE *fp = fopen(test_data_path("vocab/ggml-vocab-llama-spm.gguf"), "rb");
+    CHECK(fp != NULL, "cannot read the llama-spm vocab");
+    if (fp) {
+        static uint8_t vb[1 << 20];
+        size_t vn = fread(vb, 1, sizeof vb, fp);
+        fclose(fp);
+        rc = open_copy(vb, vn, &f, err, sizeof err);
+        CHECK(rc == 0, "vocab refused: %s", err);
+        int bad = 0;
+        for (int it = 0; it < 150; it++) {
+            size_t n = (size_t)(test_rand_u64(&rng) % vn);
+            rc = open_copy(vb, n, &f, err, sizeof err);
+            bad += rc == 0 || !err[0];
+        }
+        CHECK(bad == 0, "%d vocab truncations accepted", bad);
+        opened = 0;
+        for (int it = 0; it < 150; it++) {
+            size_t pos = (size_t)(test_rand_u64(&rng) % 4096);
+            uint8_t old = vb[pos];
+            vb[pos] ^= (uint8_t)(1u << (test_rand_u64(&rng) & 7));
+            rc = open_copy(vb, vn, &f, err, sizeof err);
+            CHECK(rc == 0 || (rc < 0 && err[0]), "vocab flip at %zu: rc=%d", pos, rc);
+            opened += rc == 0;
+            vb[pos] = old;
+        }
+        printf("%d of 150 flipped vocab files still opened\n", opened);
+    }
     return test_main_end();
 }
