@@ -10,6 +10,9 @@ static const struct command {
     const char *help;
 } commands[] = {
     {"version", cli_version, "print the version and the CPU features in use"},
+    {"mkmodel", cli_mkmodel, "write a synthetic GGUF model of a real architecture's shape"},
+    {"generate", cli_generate, "generate tokens from a model"},
+    {"bench", cli_bench, "measure prefill and decode speed against the memory roofline"},
 };
 
 static void usage(FILE *f)

@@ -1,0 +1,520 @@
+#include "engine/engine.h"
+
+#include "base/dtype.h"
+#include "base/err.h"
+#include "base/pool.h"
+#include "engine/vec.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N_ACT_KINDS 3
+
+/* Inputs of the matrix products have one of three lengths. */
+enum act_dim { DIM_EMBD = 0, DIM_Q, DIM_FF, N_DIMS };
+
+struct engine {
+    const struct model *m;
+    struct engine_config cfg;
+    struct pool *pool;
+    const struct vec_ops *vec;
+    int64_t q_dim, kv_dim;
+
+    /* Buffers for max_batch tokens, allocated once. */
+    float *x;        /* residual stream (B, n_embd) */
+    float *xn;       /* normed input of a block (B, n_embd) */
+    float *q;        /* (B, q_dim) */
+    float *k, *v;    /* (B, kv_dim) */
+    float *attn;     /* attention output (B, q_dim) */
+    float *tmp;      /* block output before the residual add (B, n_embd) */
+    float *gate, *up; /* (B, n_ff) */
+    void *act[N_ACT_KINDS][N_DIMS]; /* quantized activations (B rows) or NULL */
+    size_t act_row[N_ACT_KINDS][N_DIMS];
+    float *rope_cs;  /* (B, n_rot/2, 2): cos, sin per token */
+    int64_t *slot;   /* KV slot per token (B) */
+    int32_t *out_rows; /* tokens whose logits are wanted (B) */
+    float *scores;   /* attention scratch per thread (n_threads, max_ctx) */
+    float *head_acc; /* per thread (n_threads, head_dim) */
+};
+
+/* ---- parallel jobs ---- */
+
+struct mm_item {
+    const struct kern_mat *m;
+    const void *xq;
+    size_t ldx;
+    float *y;
+    size_t ldy;
+};
+
+struct mm_job {
+    struct mm_item item[3];
+    int n_items;
+    int B;
+};
+
+static void mm_run(void *ctx, int ith, int nth)
+{
+    struct mm_job *j = ctx;
+    for (int i = 0; i < j->n_items; i++) {
+        const struct mm_item *it = &j->item[i];
+        long lo, hi;
+        pool_split((long)kern_mat_rows(it->m), kern_mat_row_align(it->m), ith, nth, &lo, &hi);
+        if (hi > lo)
+            kern_matmul(it->m, it->xq, it->ldx, j->B, it->y, it->ldy, lo, hi);
+    }
+}
+
+/* Quantizes B rows of x (length n) into the activation formats the listed matrices use. */
+struct quant_job {
+    struct engine *e;
+    const float *x;
+    int64_t n;
+    enum act_dim dim;
+    int B;
+    bool kinds[N_ACT_KINDS];
+};
+
+static const int kind_rep_type[N_ACT_KINDS] = {DT_F32, DT_Q8_0, DT_Q4_K};
+
+static void quant_run(void *ctx, int ith, int nth)
+{
+    struct quant_job *j = ctx;
+    long lo, hi;
+    pool_split(j->B, 1, ith, nth, &lo, &hi);
+    for (int k = 0; k < N_ACT_KINDS; k++) {
+        if (!j->kinds[k])
+            continue;
+        size_t row = j->e->act_row[k][j->dim];
+        for (long b = lo; b < hi; b++)
+            kern_act_quantize(kind_rep_type[k], j->x + b * j->n, (char *)j->e->act[k][j->dim] + b * row, j->n);
+    }
+}
+
+static void quantize_for(struct engine *e, const float *x, int64_t n, enum act_dim dim, int B,
+                         const struct kern_mat *const *mats, int n_mats)
+{
+    struct quant_job j = {.e = e, .x = x, .n = n, .dim = dim, .B = B};
+    for (int i = 0; i < n_mats; i++)
+        j.kinds[kern_act_kind(kern_mat_type(mats[i]))] = true;
+    pool_run(e->pool, quant_run, &j);
+}
+
+static struct mm_item mm_item_for(struct engine *e, const struct kern_mat *m, enum act_dim dim, float *y, size_t ldy)
+{
+    int kind = kern_act_kind(kern_mat_type(m));
+    return (struct mm_item){m, e->act[kind][dim], e->act_row[kind][dim], y, ldy};
+}
+
+/* ---- element-wise steps ---- */
+
+static void rms_norm(const struct vec_ops *vec, const float *x, const float *w, float *y, int64_t n, float eps)
+{
+    float ss = vec->dot_f32(x, x, n);
+    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; i++)
+        y[i] = (x[i] * scale) * w[i];
+}
+
+struct norm_job {
+    struct engine *e;
+    const float *x;
+    const float *w;
+    float *y;
+    int64_t n;
+    int B;
+    const int32_t *rows; /* NULL: rows 0..B-1; else input row of output row b */
+};
+
+static void norm_run(void *ctx, int ith, int nth)
+{
+    struct norm_job *j = ctx;
+    long lo, hi;
+    pool_split(j->B, 1, ith, nth, &lo, &hi);
+    for (long b = lo; b < hi; b++) {
+        long src = j->rows ? j->rows[b] : b;
+        rms_norm(j->e->vec, j->x + src * j->n, j->w, j->y + b * j->n, j->n, j->e->m->hp.norm_eps);
+    }
+}
+
+static void rope_apply(const struct model_hparams *hp, float *x, int n_heads, const float *cs)
+{
+    int half = hp->n_rot / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (int64_t)h * hp->head_dim;
+        for (int i = 0; i < half; i++) {
+            int i0 = hp->rope == ROPE_NEOX ? i : 2 * i;
+            int i1 = hp->rope == ROPE_NEOX ? i + half : 2 * i + 1;
+            float c = cs[2 * i], s = cs[2 * i + 1];
+            float a = v[i0], b = v[i1];
+            v[i0] = a * c - b * s;
+            v[i1] = a * s + b * c;
+        }
+    }
+}
+
+/* After the q/k/v products: biases, per-head norms, RoPE, and the KV cache write. */
+struct qkv_post_job {
+    struct engine *e;
+    const struct model_layer *L;
+    struct kv_cache *kv;
+    int layer; /* index within the slice */
+    int B;
+};
+
+static void qkv_post_run(void *ctx, int ith, int nth)
+{
+    struct qkv_post_job *j = ctx;
+    struct engine *e = j->e;
+    const struct model_hparams *hp = &e->m->hp;
+    const struct model_layer *L = j->L;
+    long lo, hi;
+    pool_split(j->B, 1, ith, nth, &lo, &hi);
+    int kv_type = kv_config(j->kv)->type;
+    for (long b = lo; b < hi; b++) {
+        float *q = e->q + b * e->q_dim, *k = e->k + b * e->kv_dim, *v = e->v + b * e->kv_dim;
+        if (L->bq) {
+            for (int64_t i = 0; i < e->q_dim; i++)
+                q[i] = q[i] + L->bq[i];
+            for (int64_t i = 0; i < e->kv_dim; i++) {
+                k[i] = k[i] + L->bk[i];
+                v[i] = v[i] + L->bv[i];
+            }
+        }
+        if (L->q_norm) {
+            for (int h = 0; h < hp->n_head; h++)
+                rms_norm(e->vec, q + (int64_t)h * hp->head_dim, L->q_norm, q + (int64_t)h * hp->head_dim,
+                         hp->head_dim, hp->norm_eps);
+            for (int h = 0; h < hp->n_head_kv; h++)
+                rms_norm(e->vec, k + (int64_t)h * hp->head_dim, L->k_norm, k + (int64_t)h * hp->head_dim,
+                         hp->head_dim, hp->norm_eps);
+        }
+        const float *cs = e->rope_cs + b * hp->n_rot;
+        rope_apply(hp, q, hp->n_head, cs);
+        rope_apply(hp, k, hp->n_head_kv, cs);
+        void *kd = kv_k(j->kv, j->layer, e->slot[b]), *vd = kv_v(j->kv, j->layer, e->slot[b]);
+        if (kv_type == DT_F16) {
+            e->vec->to_f16(kd, k, e->kv_dim);
+            e->vec->to_f16(vd, v, e->kv_dim);
+        } else {
+            memcpy(kd, k, (size_t)e->kv_dim * sizeof(float));
+            memcpy(vd, v, (size_t)e->kv_dim * sizeof(float));
+        }
+    }
+}
+
+/* Causal attention of every (token, head) over its own sequence's cache. */
+struct attn_job {
+    struct engine *e;
+    struct kv_cache *kv;
+    const struct batch *batch;
+    int layer;
+};
+
+static void attn_run(void *ctx, int ith, int nth)
+{
+    struct attn_job *j = ctx;
+    struct engine *e = j->e;
+    const struct model_hparams *hp = &e->m->hp;
+    const struct vec_ops *vec = e->vec;
+    int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    int bt = kv_config(j->kv)->block_tokens;
+    bool f16 = kv_config(j->kv)->type == DT_F16;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *scores = e->scores + (int64_t)ith * e->cfg.max_ctx;
+    float *acc = e->head_acc + (int64_t)ith * hd;
+    long lo, hi;
+    pool_split((long)j->batch->n * hp->n_head, 1, ith, nth, &lo, &hi);
+    for (long w = lo; w < hi; w++) {
+        int b = (int)(w / hp->n_head), h = (int)(w % hp->n_head);
+        int seq = j->batch->seq[b];
+        int64_t n_pos = j->batch->pos[b] + 1;
+        int64_t n_blocks;
+        const int32_t *table = kv_seq_blocks(j->kv, seq, &n_blocks);
+        const float *q = e->q + (int64_t)b * e->q_dim + (int64_t)h * hd;
+        int64_t head_off = (int64_t)(h / group) * hd;
+        float max = -INFINITY;
+        for (int64_t p = 0; p < n_pos; p++) {
+            int64_t slot = (int64_t)table[p / bt] * bt + p % bt;
+            const void *krow = kv_k(j->kv, j->layer, slot);
+            float s = f16 ? vec->dot_f16(q, (const uint16_t *)krow + head_off, hd)
+                          : vec->dot_f32(q, (const float *)krow + head_off, hd);
+            s = s * scale;
+            scores[p] = s;
+            max = s > max ? s : max;
+        }
+        float sum = 0.0f;
+        for (int64_t p = 0; p < n_pos; p++) {
+            scores[p] = expf(scores[p] - max);
+            sum = sum + scores[p];
+        }
+        memset(acc, 0, (size_t)hd * sizeof(float));
+        for (int64_t p = 0; p < n_pos; p++) {
+            int64_t slot = (int64_t)table[p / bt] * bt + p % bt;
+            const void *vrow = kv_v(j->kv, j->layer, slot);
+            if (f16)
+                vec->axpy_f16(acc, scores[p], (const uint16_t *)vrow + head_off, hd);
+            else
+                vec->axpy_f32(acc, scores[p], (const float *)vrow + head_off, hd);
+        }
+        float inv = 1.0f / sum;
+        float *out = e->attn + (int64_t)b * e->q_dim + (int64_t)h * hd;
+        for (int i = 0; i < hd; i++)
+            out[i] = acc[i] * inv;
+    }
+}
+
+/* x += tmp, and for the feed-forward: gate = silu(gate) * up. */
+struct ew_job {
+    float *a;
+    const float *b;
+    int64_t n; /* elements in all */
+    int op;    /* 0: a += b; 1: a = silu(a) * b */
+};
+
+static void ew_run(void *ctx, int ith, int nth)
+{
+    struct ew_job *j = ctx;
+    long lo, hi;
+    pool_split((long)j->n, 64, ith, nth, &lo, &hi);
+    if (j->op == 0) {
+        for (long i = lo; i < hi; i++)
+            j->a[i] = j->a[i] + j->b[i];
+    } else {
+        for (long i = lo; i < hi; i++) {
+            float g = j->a[i];
+            j->a[i] = (g / (1.0f + expf(-g))) * j->b[i];
+        }
+    }
+}
+
+/* ---- setup ---- */
+
+struct kv_config engine_kv_config(const struct model *m, int64_t n_ctx, int n_seqs, int block_tokens)
+{
+    int64_t per_seq = (n_ctx + block_tokens - 1) / block_tokens;
+    return (struct kv_config){
+        .n_layers = m->layer_end - m->layer_begin,
+        .kv_dim = (int64_t)m->hp.n_head_kv * m->hp.head_dim,
+        .block_tokens = block_tokens,
+        .n_blocks = per_seq * n_seqs,
+        .max_seqs = n_seqs,
+        .type = DT_F16,
+    };
+}
+
+static void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
+
+int engine_create(struct engine **out, const struct model *m, const struct engine_config *cfg, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (cfg->n_threads < 1 || cfg->max_batch < 1 || cfg->max_ctx < 1)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "engine needs threads, max_batch and max_ctx >= 1");
+    struct engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    e->m = m;
+    e->cfg = *cfg;
+    e->vec = vec_ops_best();
+    const struct model_hparams *hp = &m->hp;
+    e->q_dim = (int64_t)hp->n_head * hp->head_dim;
+    e->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    size_t B = (size_t)cfg->max_batch, f = sizeof(float);
+    e->x = zalloc(B * (size_t)hp->n_embd * f);
+    e->xn = zalloc(B * (size_t)hp->n_embd * f);
+    e->tmp = zalloc(B * (size_t)hp->n_embd * f);
+    e->q = zalloc(B * (size_t)e->q_dim * f);
+    e->attn = zalloc(B * (size_t)e->q_dim * f);
+    e->k = zalloc(B * (size_t)e->kv_dim * f);
+    e->v = zalloc(B * (size_t)e->kv_dim * f);
+    e->gate = zalloc(B * (size_t)hp->n_ff * f);
+    e->up = zalloc(B * (size_t)hp->n_ff * f);
+    e->rope_cs = zalloc(B * (size_t)hp->n_rot * f);
+    e->slot = zalloc(B * sizeof *e->slot);
+    e->out_rows = zalloc(B * sizeof *e->out_rows);
+    e->scores = zalloc((size_t)cfg->n_threads * (size_t)cfg->max_ctx * f);
+    e->head_acc = zalloc((size_t)cfg->n_threads * (size_t)hp->head_dim * f);
+    bool ok = e->x && e->xn && e->tmp && e->q && e->attn && e->k && e->v && e->gate && e->up &&
+              e->rope_cs && e->slot && e->out_rows && e->scores && e->head_acc;
+    int64_t dims[N_DIMS] = {hp->n_embd, e->q_dim, hp->n_ff};
+    for (int k = 0; k < N_ACT_KINDS && ok; k++)
+        for (int d = 0; d < N_DIMS && ok; d++) {
+            int blk = dtype_info(kind_rep_type[k])->block_elems;
+            if (dims[d] % blk)
+                continue; /* no matrix of this kind can have this input length */
+            e->act_row[k][d] = kern_act_row_bytes(kind_rep_type[k], dims[d]);
+            e->act[k][d] = aligned_alloc(64, (B * e->act_row[k][d] + 63) / 64 * 64);
+            ok = e->act[k][d] != NULL;
+        }
+    if (!ok || pool_create(&e->pool, cfg->n_threads)) {
+        engine_release(e);
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory for engine buffers (batch %d)", cfg->max_batch);
+    }
+    *out = e;
+    return 0;
+}
+
+void engine_release(struct engine *e)
+{
+    if (!e)
+        return;
+    pool_release(e->pool);
+    float *bufs[] = {e->x, e->xn, e->tmp, e->q, e->attn, e->k, e->v, e->gate, e->up, e->rope_cs, e->scores, e->head_acc};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        free(bufs[i]);
+    for (int k = 0; k < N_ACT_KINDS; k++)
+        for (int d = 0; d < N_DIMS; d++)
+            free(e->act[k][d]);
+    free(e->slot);
+    free(e->out_rows);
+    free(e);
+}
+
+const struct model *engine_model(const struct engine *e) { return e->m; }
+int engine_threads(const struct engine *e) { return e->cfg.n_threads; }
+
+/* ---- forward ---- */
+
+static void rope_table(const struct model *m, int64_t pos, float *cs)
+{
+    const struct model_hparams *hp = &m->hp;
+    int half = hp->n_rot / 2;
+    double p = (double)pos / hp->rope_linear_scale;
+    for (int i = 0; i < half; i++) {
+        double freq = pow((double)hp->rope_base, -2.0 * i / hp->n_rot);
+        if (m->rope_freq_factors)
+            freq /= m->rope_freq_factors[i];
+        double theta = p * freq;
+        cs[2 * i] = (float)cos(theta);
+        cs[2 * i + 1] = (float)sin(theta);
+    }
+}
+
+static int check_batch(struct engine *e, struct kv_cache *kv, const struct batch *b, char *err, size_t errlen)
+{
+    const struct model *m = e->m;
+    const struct kv_config *kc = kv_config(kv);
+    if (b->n < 1 || b->n > e->cfg.max_batch)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "batch of %d tokens (engine takes 1..%d)", b->n, e->cfg.max_batch);
+    if (kc->n_layers != m->layer_end - m->layer_begin || kc->kv_dim != e->kv_dim)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "KV cache shape does not match the model slice");
+    if (m->first ? !b->token : !b->embd)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "batch lacks %s", m->first ? "tokens" : "input activations");
+    for (int i = 0; i < b->n; i++) {
+        if (b->seq[i] < 0 || b->seq[i] >= kc->max_seqs)
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "token %d: sequence id %d outside [0, %d)", i, b->seq[i], kc->max_seqs);
+        if (b->pos[i] < 0 || b->pos[i] >= e->cfg.max_ctx)
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "token %d: position %lld outside the context of %lld", i,
+                              (long long)b->pos[i], (long long)e->cfg.max_ctx);
+        if (m->first && (b->token[i] < 0 || b->token[i] >= m->hp.n_vocab))
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "token %d: id %d outside the vocabulary of %d", i, b->token[i], m->hp.n_vocab);
+        int prev = -1;
+        for (int k = i - 1; k >= 0 && prev < 0; k--)
+            if (b->seq[k] == b->seq[i])
+                prev = k;
+        if (prev >= 0 ? b->pos[i] != b->pos[prev] + 1 : b->pos[i] > kv_seq_len(kv, b->seq[i]))
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "token %d: position %lld of sequence %d does not follow its previous position",
+                              i, (long long)b->pos[i], b->seq[i]);
+    }
+    return 0;
+}
+
+int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b, float *out, char *err, size_t errlen)
+{
+    int rc = check_batch(e, kv, b, err, errlen);
+    if (rc)
+        return rc;
+    const struct model *m = e->m;
+    const struct model_hparams *hp = &m->hp;
+    int B = b->n;
+    int64_t n_embd = hp->n_embd;
+
+    /* Reserve cache room for each sequence's run of positions (first token of each). */
+    for (int i = 0; i < B; i++) {
+        bool first_of_seq = true;
+        for (int k = 0; k < i && first_of_seq; k++)
+            first_of_seq = b->seq[k] != b->seq[i];
+        if (!first_of_seq)
+            continue;
+        int64_t count = 0;
+        for (int k = i; k < B; k++)
+            count += b->seq[k] == b->seq[i];
+        if ((rc = kv_prepare(kv, b->seq[i], b->pos[i], count)))
+            return cairn_fail(err, errlen, rc, "KV cache full: no room for %lld positions of sequence %d",
+                              (long long)count, b->seq[i]);
+    }
+    for (int i = 0; i < B; i++) {
+        e->slot[i] = kv_slot(kv, b->seq[i], b->pos[i]);
+        rope_table(m, b->pos[i], e->rope_cs + (int64_t)i * hp->n_rot);
+    }
+
+    if (m->first) {
+        for (int i = 0; i < B; i++)
+            model_embed(m, b->token[i], e->x + (int64_t)i * n_embd);
+    } else {
+        memcpy(e->x, b->embd, (size_t)B * (size_t)n_embd * sizeof(float));
+    }
+
+    for (int il = 0; il < m->layer_end - m->layer_begin; il++) {
+        const struct model_layer *L = &m->layers[il];
+        /* attention block */
+        struct norm_job nj = {e, e->x, L->attn_norm, e->xn, n_embd, B, NULL};
+        pool_run(e->pool, norm_run, &nj);
+        const struct kern_mat *qkv[3] = {L->wq, L->wk, L->wv};
+        quantize_for(e, e->xn, n_embd, DIM_EMBD, B, qkv, 3);
+        struct mm_job mj = {.n_items = 3, .B = B};
+        mj.item[0] = mm_item_for(e, L->wq, DIM_EMBD, e->q, (size_t)e->q_dim);
+        mj.item[1] = mm_item_for(e, L->wk, DIM_EMBD, e->k, (size_t)e->kv_dim);
+        mj.item[2] = mm_item_for(e, L->wv, DIM_EMBD, e->v, (size_t)e->kv_dim);
+        pool_run(e->pool, mm_run, &mj);
+        struct qkv_post_job pj = {e, L, kv, il, B};
+        pool_run(e->pool, qkv_post_run, &pj);
+        struct attn_job aj = {e, kv, b, il};
+        pool_run(e->pool, attn_run, &aj);
+        const struct kern_mat *wo[1] = {L->wo};
+        quantize_for(e, e->attn, e->q_dim, DIM_Q, B, wo, 1);
+        mj = (struct mm_job){.n_items = 1, .B = B};
+        mj.item[0] = mm_item_for(e, L->wo, DIM_Q, e->tmp, (size_t)n_embd);
+        pool_run(e->pool, mm_run, &mj);
+        struct ew_job add = {e->x, e->tmp, (int64_t)B * n_embd, 0};
+        pool_run(e->pool, ew_run, &add);
+
+        /* feed-forward block */
+        nj = (struct norm_job){e, e->x, L->ffn_norm, e->xn, n_embd, B, NULL};
+        pool_run(e->pool, norm_run, &nj);
+        const struct kern_mat *gu[2] = {L->w_gate, L->w_up};
+        quantize_for(e, e->xn, n_embd, DIM_EMBD, B, gu, 2);
+        mj = (struct mm_job){.n_items = 2, .B = B};
+        mj.item[0] = mm_item_for(e, L->w_gate, DIM_EMBD, e->gate, (size_t)hp->n_ff);
+        mj.item[1] = mm_item_for(e, L->w_up, DIM_EMBD, e->up, (size_t)hp->n_ff);
+        pool_run(e->pool, mm_run, &mj);
+        struct ew_job act = {e->gate, e->up, (int64_t)B * hp->n_ff, 1};
+        pool_run(e->pool, ew_run, &act);
+        const struct kern_mat *down[1] = {L->w_down};
+        quantize_for(e, e->gate, hp->n_ff, DIM_FF, B, down, 1);
+        mj = (struct mm_job){.n_items = 1, .B = B};
+        mj.item[0] = mm_item_for(e, L->w_down, DIM_FF, e->tmp, (size_t)n_embd);
+        pool_run(e->pool, mm_run, &mj);
+        pool_run(e->pool, ew_run, &add);
+    }
+
+    if (!m->last) {
+        memcpy(out, e->x, (size_t)B * (size_t)n_embd * sizeof(float));
+        return 0;
+    }
+    int n_out = 0;
+    for (int i = 0; i < B; i++)
+        if (!b->logits || b->logits[i])
+            e->out_rows[n_out++] = i;
+    if (n_out == 0)
+        return 0;
+    struct norm_job nj = {e, e->x, m->output_norm, e->xn, n_embd, n_out, e->out_rows};
+    pool_run(e->pool, norm_run, &nj);
+    const struct kern_mat *head[1] = {m->output};
+    quantize_for(e, e->xn, n_embd, DIM_EMBD, n_out, head, 1);
+    struct mm_job mj = {.n_items = 1, .B = n_out};
+    mj.item[0] = mm_item_for(e, m->output, DIM_EMBD, out, (size_t)hp->n_vocab);
+    pool_run(e->pool, mm_run, &mj);
+    return 0;
+}

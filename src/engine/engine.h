@@ -1,0 +1,57 @@
+/* The engine's one core call: a forward pass of a model slice over a batch of tokens
+ * from many sequences, each with its own sequence id and position (DESIGN.md).
+ *
+ * Bitwise batch invariance: the result for a token depends only on its sequence's
+ * tokens at positions <= its own, never on what else is in the batch, how the prompt
+ * was chunked, or the thread count. Every element is computed by one thread in one
+ * fixed order (kern.h states the order of the matrix products; the vector helpers in
+ * vec.h that of norms, RoPE and attention). */
+#ifndef CAIRN_ENGINE_H
+#define CAIRN_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/kv.h"
+#include "model/model.h"
+
+struct engine_config {
+    int n_threads;   /* >= 1 */
+    int max_batch;   /* largest batch engine_forward accepts */
+    int64_t max_ctx; /* longest sequence (positions) attention will see */
+};
+
+/* A batch of n tokens. Tokens of one sequence must have consecutive positions in
+ * batch order, the first of them <= the sequence's current length in the KV cache
+ * (writing at an earlier position drops the sequence's tail from there on). */
+struct batch {
+    int n;
+    const int32_t *token; /* first slice: token ids (n) */
+    const float *embd;    /* other slices: input activations (n x n_embd) */
+    const int32_t *seq;   /* sequence id per token (n) */
+    const int64_t *pos;   /* position per token (n) */
+    const uint8_t *logits; /* last slice: tokens whose logits are wanted (n); NULL: all */
+};
+
+struct engine;
+
+/* Creates an engine over a loaded model slice (borrowed: must outlive the engine).
+ * All buffers are allocated here for cfg->max_batch tokens. */
+int engine_create(struct engine **out, const struct model *m, const struct engine_config *cfg,
+                  char *err, size_t errlen);
+void engine_release(struct engine *e); /* accepts NULL */
+
+/* KV cache config for this slice: n_ctx positions for each of n_seqs sequences. */
+struct kv_config engine_kv_config(const struct model *m, int64_t n_ctx, int n_seqs, int block_tokens);
+
+/* Runs the slice over the batch. out receives, for the last slice, one row of n_vocab
+ * logits per token whose logits are wanted, in batch order; for other slices n rows of
+ * n_embd activations. Returns 0, CAIRN_EINVAL for a malformed batch (message says
+ * which token and why), or CAIRN_EFULL when the KV cache has no room. Allocates nothing. */
+int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b, float *out,
+                   char *err, size_t errlen);
+
+const struct model *engine_model(const struct engine *e);
+int engine_threads(const struct engine *e);
+
+#endif

@@ -1,0 +1,60 @@
+#include "engine/vec.h"
+
+#include "base/cpu.h"
+#include "kern/kern.h"
+
+static float reduce16(float lane[16])
+{
+    for (int s = 8; s >= 1; s /= 2)
+        for (int l = 0; l < s; l++)
+            lane[l] = lane[l] + lane[l + s];
+    return lane[0];
+}
+
+static float dot_f32_ref(const float *a, const float *b, int64_t n)
+{
+    float lane[16] = {0};
+    for (int64_t k = 0; k < n; k++)
+        lane[k % 16] = lane[k % 16] + a[k] * b[k];
+    return reduce16(lane);
+}
+
+static float dot_f16_ref(const float *a, const uint16_t *b, int64_t n)
+{
+    float lane[16] = {0};
+    for (int64_t k = 0; k < n; k++)
+        lane[k % 16] = lane[k % 16] + a[k] * kern_f16_to_f32(b[k]);
+    return reduce16(lane);
+}
+
+static void axpy_f16_ref(float *y, float a, const uint16_t *x, int64_t n)
+{
+    for (int64_t k = 0; k < n; k++)
+        y[k] = y[k] + a * kern_f16_to_f32(x[k]);
+}
+
+static void axpy_f32_ref(float *y, float a, const float *x, int64_t n)
+{
+    for (int64_t k = 0; k < n; k++)
+        y[k] = y[k] + a * x[k];
+}
+
+static void to_f16_ref(uint16_t *dst, const float *src, int64_t n)
+{
+    for (int64_t k = 0; k < n; k++)
+        dst[k] = kern_f32_to_f16(src[k]);
+}
+
+static const struct vec_ops ref_ops = {dot_f32_ref, dot_f16_ref, axpy_f16_ref, axpy_f32_ref, to_f16_ref};
+
+const struct vec_ops *vec_ops_ref(void) { return &ref_ops; }
+
+const struct vec_ops *vec_ops_avx2(void);
+
+const struct vec_ops *vec_ops_best(void)
+{
+    const struct cpu_features *f = cpu_features();
+    if (f->avx2 && f->fma && f->f16c)
+        return vec_ops_avx2();
+    return &ref_ops;
+}

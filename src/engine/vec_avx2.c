@@ -1,0 +1,90 @@
+/* AVX2 + F16C variants of vec.h: the same operations in the same order as the
+ * reference (lanes 0-7 in one register, 8-15 in another; no fused multiply-add). */
+#include "engine/vec.h"
+
+#include <immintrin.h>
+
+static float reduce16(__m256 lo, __m256 hi)
+{
+    float lane[16];
+    _mm256_storeu_ps(lane, lo);
+    _mm256_storeu_ps(lane + 8, hi);
+    for (int s = 8; s >= 1; s /= 2)
+        for (int l = 0; l < s; l++)
+            lane[l] = lane[l] + lane[l + s];
+    return lane[0];
+}
+
+static inline float half_to_float(uint16_t h)
+{
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+
+static float dot_f32(const float *a, const float *b, int64_t n)
+{
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k)));
+        hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(a + k + 8), _mm256_loadu_ps(b + k + 8)));
+    }
+    float lane[16];
+    _mm256_storeu_ps(lane, lo);
+    _mm256_storeu_ps(lane + 8, hi);
+    for (; k < n; k++)
+        lane[k % 16] = lane[k % 16] + a[k] * b[k];
+    return reduce16(_mm256_loadu_ps(lane), _mm256_loadu_ps(lane + 8));
+}
+
+static float dot_f16(const float *a, const uint16_t *b, int64_t n)
+{
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        __m256 b0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + k)));
+        __m256 b1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + k + 8)));
+        lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(a + k), b0));
+        hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(a + k + 8), b1));
+    }
+    float lane[16];
+    _mm256_storeu_ps(lane, lo);
+    _mm256_storeu_ps(lane + 8, hi);
+    for (; k < n; k++)
+        lane[k % 16] = lane[k % 16] + a[k] * half_to_float(b[k]);
+    return reduce16(_mm256_loadu_ps(lane), _mm256_loadu_ps(lane + 8));
+}
+
+static void axpy_f16(float *y, float a, const uint16_t *x, int64_t n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 vx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + k)));
+        _mm256_storeu_ps(y + k, _mm256_add_ps(_mm256_loadu_ps(y + k), _mm256_mul_ps(va, vx)));
+    }
+    for (; k < n; k++)
+        y[k] = y[k] + a * half_to_float(x[k]);
+}
+
+static void axpy_f32(float *y, float a, const float *x, int64_t n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        _mm256_storeu_ps(y + k, _mm256_add_ps(_mm256_loadu_ps(y + k), _mm256_mul_ps(va, _mm256_loadu_ps(x + k))));
+    for (; k < n; k++)
+        y[k] = y[k] + a * x[k];
+}
+
+static void to_f16(uint16_t *dst, const float *src, int64_t n)
+{
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        _mm_storeu_si128((__m128i *)(dst + k), _mm256_cvtps_ph(_mm256_loadu_ps(src + k), _MM_FROUND_TO_NEAREST_INT));
+    for (; k < n; k++)
+        dst[k] = (uint16_t)_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(src[k]), _MM_FROUND_TO_NEAREST_INT), 0);
+}
+
+static const struct vec_ops avx2_ops = {dot_f32, dot_f16, axpy_f16, axpy_f32, to_f16};
+
+const struct vec_ops *vec_ops_avx2(void) { return &avx2_ops; }

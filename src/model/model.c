@@ -1,0 +1,367 @@
+#include "model/model.h"
+
+#include "base/dtype.h"
+#include "base/err.h"
+#include "base/log.h"
+#include "gguf/gguf.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static const struct arch_desc archs[] = {
+    {.name = "llama", .rope = ROPE_NORMAL},
+    {.name = "qwen2", .rope = ROPE_NEOX, .qkv_bias = true},
+    {.name = "qwen3", .rope = ROPE_NEOX, .qk_norm = true},
+};
+
+const struct arch_desc *model_find_arch(const char *name)
+{
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (!strcmp(archs[i].name, name))
+            return &archs[i];
+    return NULL;
+}
+
+/* Reads "<arch>.<key>" as an integer; absent keys take def (def < 0: required). */
+static int arch_int(const struct gguf_file *f, const char *arch, const char *key, int64_t def,
+                    int64_t lo, int64_t hi, int64_t *out, char *err, size_t errlen)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    int rc = gguf_get_i64(f, full, out);
+    if (rc == CAIRN_ENOTFOUND) {
+        if (def < 0)
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "metadata key %s is missing", full);
+        *out = def;
+        return 0;
+    }
+    if (rc)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "metadata key %s is not an integer", full);
+    if (*out < lo || *out > hi)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "metadata key %s = %lld outside [%lld, %lld]",
+                          full, (long long)*out, (long long)lo, (long long)hi);
+    return 0;
+}
+
+static int arch_float(const struct gguf_file *f, const char *arch, const char *key, float def,
+                      float *out, char *err, size_t errlen)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    int rc = gguf_get_f32(f, full, out);
+    if (rc == CAIRN_ENOTFOUND) {
+        *out = def;
+        return 0;
+    }
+    if (rc || !isfinite(*out) || *out <= 0)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "metadata key %s is not a positive number", full);
+    return 0;
+}
+
+int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, char *err, size_t errlen)
+{
+    memset(hp, 0, sizeof *hp);
+    struct gguf_str s;
+    if (gguf_get_str(f, "general.architecture", &s))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "metadata key general.architecture is missing");
+    if (s.len >= sizeof hp->arch)
+        return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "architecture name too long");
+    memcpy(hp->arch, s.ptr, s.len);
+    hp->arch[s.len] = 0;
+    const struct arch_desc *a = model_find_arch(hp->arch);
+    if (!a)
+        return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED,
+                          "architecture '%s' is not supported (supported: llama, qwen2, qwen3)", hp->arch);
+    int64_t v;
+    int rc;
+#define GET_INT(field, key, def, lo, hi)                                             \
+    if ((rc = arch_int(f, hp->arch, key, def, lo, hi, &v, err, errlen)) != 0)       \
+        return rc;                                                                   \
+    hp->field = (int)v;
+    GET_INT(n_layers, "block_count", -1, 1, 4096);
+    GET_INT(n_embd, "embedding_length", -1, 1, 1 << 17);
+    GET_INT(n_ff, "feed_forward_length", -1, 1, 1 << 20);
+    GET_INT(n_head, "attention.head_count", -1, 1, 4096);
+    GET_INT(n_head_kv, "attention.head_count_kv", hp->n_head, 1, hp->n_head);
+    GET_INT(head_dim, "attention.key_length", hp->n_embd / hp->n_head, 2, 4096);
+    GET_INT(n_rot, "rope.dimension_count", hp->head_dim, 2, hp->head_dim);
+#undef GET_INT
+    if ((rc = arch_int(f, hp->arch, "context_length", 4096, 1, (int64_t)1 << 30, &hp->n_ctx_train, err, errlen)))
+        return rc;
+    int64_t vhead;
+    if ((rc = arch_int(f, hp->arch, "attention.value_length", hp->head_dim, 1, 4096, &vhead, err, errlen)))
+        return rc;
+    if (vhead != hp->head_dim)
+        return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "value length %lld differs from key length %d",
+                          (long long)vhead, hp->head_dim);
+    if (hp->n_head % hp->n_head_kv)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "head_count %d is not a multiple of head_count_kv %d",
+                          hp->n_head, hp->n_head_kv);
+    if (hp->n_rot % 2 || hp->head_dim % 2)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "rope dimension %d / head dim %d must be even",
+                          hp->n_rot, hp->head_dim);
+    if ((rc = arch_float(f, hp->arch, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->norm_eps, err, errlen)) ||
+        (rc = arch_float(f, hp->arch, "rope.freq_base", 10000.0f, &hp->rope_base, err, errlen)))
+        return rc;
+    hp->rope_linear_scale = 1.0f;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", hp->arch);
+    if (gguf_get_str(f, key, &s) == 0) {
+        if (s.len == 6 && !memcmp(s.ptr, "linear", 6)) {
+            if ((rc = arch_float(f, hp->arch, "rope.scaling.factor", 1.0f, &hp->rope_linear_scale, err, errlen)))
+                return rc;
+        } else if (!(s.len == 4 && !memcmp(s.ptr, "none", 4))) {
+            /* Llama 3 sets its scaling through rope_freqs.weight; YaRN is not done yet. */
+            log_warn("rope scaling '%.*s' is not applied; positions beyond the trained context degrade",
+                     (int)s.len, s.ptr);
+        }
+    }
+    hp->rope = a->rope;
+    hp->qk_norm = a->qk_norm;
+    hp->qkv_bias = a->qkv_bias;
+
+    int64_t n_vocab = -1;
+    struct gguf_array arr;
+    if (gguf_get_arr(f, "tokenizer.ggml.tokens", &arr) == 0)
+        n_vocab = (int64_t)arr.n;
+    const struct gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
+    if (emb && emb->n_dims == 2) {
+        if (n_vocab >= 0 && n_vocab != emb->ne[1])
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "token_embd.weight has %lld rows but the vocabulary %lld tokens",
+                              (long long)emb->ne[1], (long long)n_vocab);
+        n_vocab = emb->ne[1];
+    }
+    if (n_vocab < 1 || n_vocab > (1 << 24))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "vocabulary size unknown or out of range");
+    hp->n_vocab = (int)n_vocab;
+    hp->tied_output = gguf_find_tensor(f, "output.weight") == NULL;
+    return 0;
+}
+
+struct loader {
+    struct model *m;
+    enum kern_path path;
+    char *err;
+    size_t errlen;
+};
+
+static const struct gguf_tensor *find_tensor(struct loader *ld, const char *name, int n_dims,
+                                             int64_t ne0, int64_t ne1, bool required, int *rc)
+{
+    *rc = 0;
+    const struct gguf_tensor *t = gguf_find_tensor(ld->m->file, name);
+    if (!t) {
+        if (required)
+            *rc = cairn_fail(ld->err, ld->errlen, CAIRN_EFORMAT, "tensor %s is missing", name);
+        return NULL;
+    }
+    int64_t ne1_file = t->n_dims >= 2 ? t->ne[1] : 1;
+    bool extra = false;
+    for (int d = 2; d < t->n_dims; d++)
+        extra |= t->ne[d] != 1;
+    if (t->n_dims > n_dims && extra) {
+        *rc = cairn_fail(ld->err, ld->errlen, CAIRN_EFORMAT, "tensor %s has %d dimensions, expected %d",
+                         name, t->n_dims, n_dims);
+        return NULL;
+    }
+    if (t->ne[0] != ne0 || ne1_file != ne1) {
+        *rc = cairn_fail(ld->err, ld->errlen, CAIRN_EFORMAT,
+                         "tensor %s has shape [%lld, %lld], expected [%lld, %lld]", name,
+                         (long long)t->ne[0], (long long)ne1_file, (long long)ne0, (long long)ne1);
+        return NULL;
+    }
+    const struct dtype_info *ti = dtype_info(t->type);
+    if (!ti || !ti->supported) {
+        *rc = cairn_fail(ld->err, ld->errlen, CAIRN_EUNSUPPORTED, "tensor %s has type %s, which is not supported",
+                         name, dtype_name(t->type));
+        return NULL;
+    }
+    return t;
+}
+
+/* The kernels keep a repacked copy on every path but the reference: the file pages of
+ * the source are then dropped so they do not stay resident beside the copy. */
+static void drop_source_pages(const void *data, uint64_t size)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)data + (uintptr_t)page - 1) & ~(uintptr_t)(page - 1);
+    uintptr_t hi = ((uintptr_t)data + size) & ~(uintptr_t)(page - 1);
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+static int load_mat(struct loader *ld, struct kern_mat **out, const char *name, int64_t rows, int64_t cols)
+{
+    int rc;
+    const struct gguf_tensor *t = find_tensor(ld, name, 2, cols, rows, true, &rc);
+    if (!t)
+        return rc;
+    char kerr[256];
+    rc = kern_mat_create(out, t->type, t->data, rows, cols, ld->path, kerr, sizeof kerr);
+    if (rc)
+        return cairn_fail(ld->err, ld->errlen, rc, "tensor %s: %s", name, kerr);
+    if (kern_mat_path(*out) != KERN_PATH_REF)
+        drop_source_pages(t->data, t->size);
+    ld->m->weight_bytes += kern_mat_bytes(*out);
+    return 0;
+}
+
+static int load_vec(struct loader *ld, float **out, const char *name, int64_t n, bool required)
+{
+    int rc;
+    *out = NULL;
+    const struct gguf_tensor *t = find_tensor(ld, name, 1, n, 1, required, &rc);
+    if (!t)
+        return rc;
+    if (t->type != DT_F32 && t->type != DT_F16 && t->type != DT_BF16)
+        return cairn_fail(ld->err, ld->errlen, CAIRN_EUNSUPPORTED, "tensor %s has type %s; vectors must be F32, F16 or BF16",
+                          name, dtype_name(t->type));
+    *out = malloc((size_t)n * sizeof(float));
+    if (!*out)
+        return cairn_fail(ld->err, ld->errlen, CAIRN_ENOMEM, "out of memory for %s", name);
+    kern_dequantize_row(t->type, t->data, *out, n);
+    ld->m->weight_bytes += (uint64_t)n * sizeof(float);
+    return 0;
+}
+
+static int load_layer(struct loader *ld, int il, struct model_layer *L)
+{
+    const struct model_hparams *hp = &ld->m->hp;
+    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    char name[96];
+    int rc;
+#define NAME(suffix) (snprintf(name, sizeof name, "blk.%d.%s", il, suffix), name)
+    if ((rc = load_vec(ld, &L->attn_norm, NAME("attn_norm.weight"), hp->n_embd, true)) ||
+        (rc = load_mat(ld, &L->wq, NAME("attn_q.weight"), q_dim, hp->n_embd)) ||
+        (rc = load_mat(ld, &L->wk, NAME("attn_k.weight"), kv_dim, hp->n_embd)) ||
+        (rc = load_mat(ld, &L->wv, NAME("attn_v.weight"), kv_dim, hp->n_embd)) ||
+        (rc = load_mat(ld, &L->wo, NAME("attn_output.weight"), hp->n_embd, q_dim)) ||
+        (rc = load_vec(ld, &L->ffn_norm, NAME("ffn_norm.weight"), hp->n_embd, true)) ||
+        (rc = load_mat(ld, &L->w_gate, NAME("ffn_gate.weight"), hp->n_ff, hp->n_embd)) ||
+        (rc = load_mat(ld, &L->w_up, NAME("ffn_up.weight"), hp->n_ff, hp->n_embd)) ||
+        (rc = load_mat(ld, &L->w_down, NAME("ffn_down.weight"), hp->n_embd, hp->n_ff)))
+        return rc;
+    /* Biases are part of qwen2; llama files may carry them too (some fine-tunes). */
+    if ((rc = load_vec(ld, &L->bq, NAME("attn_q.bias"), q_dim, hp->qkv_bias)) ||
+        (rc = load_vec(ld, &L->bk, NAME("attn_k.bias"), kv_dim, hp->qkv_bias)) ||
+        (rc = load_vec(ld, &L->bv, NAME("attn_v.bias"), kv_dim, hp->qkv_bias)))
+        return rc;
+    if (hp->qk_norm &&
+        ((rc = load_vec(ld, &L->q_norm, NAME("attn_q_norm.weight"), hp->head_dim, true)) ||
+         (rc = load_vec(ld, &L->k_norm, NAME("attn_k_norm.weight"), hp->head_dim, true))))
+        return rc;
+#undef NAME
+    return 0;
+}
+
+int model_load(struct model **out, const char *path, const struct model_load_opts *opts, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct model_load_opts def = {.layer_begin = 0, .layer_end = -1, .path = KERN_PATH_AUTO};
+    if (!opts)
+        opts = &def;
+    struct model *m = calloc(1, sizeof *m);
+    if (!m)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    int rc = gguf_open(&m->file, path, err, errlen);
+    if (rc)
+        goto fail;
+    m->file_bytes = gguf_file_size(m->file);
+    if ((rc = model_read_hparams(m->file, &m->hp, err, errlen)))
+        goto fail;
+    const struct model_hparams *hp = &m->hp;
+    m->layer_begin = opts->layer_begin;
+    m->layer_end = opts->layer_end < 0 ? hp->n_layers : opts->layer_end;
+    if (m->layer_begin < 0 || m->layer_begin >= m->layer_end || m->layer_end > hp->n_layers) {
+        rc = cairn_fail(err, errlen, CAIRN_EINVAL, "layer range [%d, %d) outside the model's %d layers",
+                        m->layer_begin, m->layer_end, hp->n_layers);
+        goto fail;
+    }
+    m->first = m->layer_begin == 0;
+    m->last = m->layer_end == hp->n_layers;
+    struct loader ld = {.m = m, .path = opts->path, .err = err, .errlen = errlen};
+
+    const struct gguf_tensor *emb = NULL;
+    if (m->first || (m->last && hp->tied_output)) {
+        emb = find_tensor(&ld, "token_embd.weight", 2, hp->n_embd, hp->n_vocab, true, &rc);
+        if (!emb)
+            goto fail;
+    }
+    if (m->first) {
+        m->tok_embd = emb->data;
+        m->tok_embd_type = emb->type;
+        m->tok_embd_row_bytes = (size_t)dtype_row_bytes(emb->type, hp->n_embd);
+    }
+    if (m->last) {
+        if ((rc = load_vec(&ld, &m->output_norm, "output_norm.weight", hp->n_embd, true)))
+            goto fail;
+        const char *head = hp->tied_output ? "token_embd.weight" : "output.weight";
+        const struct gguf_tensor *t = find_tensor(&ld, head, 2, hp->n_embd, hp->n_vocab, true, &rc);
+        if (!t)
+            goto fail;
+        char kerr[256];
+        if ((rc = kern_mat_create(&m->output, t->type, t->data, hp->n_vocab, hp->n_embd, opts->path, kerr, sizeof kerr))) {
+            rc = cairn_fail(err, errlen, rc, "tensor %s: %s", head, kerr);
+            goto fail;
+        }
+        /* Tied: the first slice still looks rows up in the file, so keep its pages. */
+        if (!hp->tied_output && kern_mat_path(m->output) != KERN_PATH_REF)
+            drop_source_pages(t->data, t->size);
+        m->weight_bytes += kern_mat_bytes(m->output);
+    }
+    if ((rc = load_vec(&ld, &m->rope_freq_factors, "rope_freqs.weight", hp->n_rot / 2, false)))
+        goto fail;
+
+    m->layers = calloc((size_t)(m->layer_end - m->layer_begin), sizeof *m->layers);
+    if (!m->layers) {
+        rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (int il = m->layer_begin; il < m->layer_end; il++)
+        if ((rc = load_layer(&ld, il, &m->layers[il - m->layer_begin])))
+            goto fail;
+    *out = m;
+    return 0;
+fail:
+    model_release(m);
+    return rc;
+}
+
+static void release_layer(struct model_layer *L)
+{
+    struct kern_mat *mats[] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+        kern_mat_release(mats[i]);
+    float *vecs[] = {L->attn_norm, L->ffn_norm, L->bq, L->bk, L->bv, L->q_norm, L->k_norm};
+    for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++)
+        free(vecs[i]);
+}
+
+void model_release(struct model *m)
+{
+    if (!m)
+        return;
+    if (m->layers)
+        for (int i = 0; i < m->layer_end - m->layer_begin; i++)
+            release_layer(&m->layers[i]);
+    free(m->layers);
+    kern_mat_release(m->output);
+    free(m->output_norm);
+    free(m->rope_freq_factors);
+    gguf_close(m->file);
+    free(m);
+}
+
+int model_embed(const struct model *m, int32_t token, float *out)
+{
+    if (!m->first)
+        return CAIRN_ESTATE;
+    if (token < 0 || token >= m->hp.n_vocab)
+        return CAIRN_ERANGE;
+    const char *row = (const char *)m->tok_embd + (size_t)token * m->tok_embd_row_bytes;
+    return kern_dequantize_row(m->tok_embd_type, row, out, m->hp.n_embd);
+}

@@ -1,0 +1,108 @@
+/* A model slice: the weights of layers [layer_begin, layer_end) of a GGUF model, ready
+ * for the engine. The first slice (layer_begin == 0) also holds the token embeddings;
+ * the last (layer_end == n_layers) the final norm and the output head. Architectures
+ * are described as data (arch.c): which tensors a layer has and which options apply,
+ * so that the forward pass has one code path for all of them.
+ *
+ * Weights stay in the mmapped file where the kernels read them in place; when the
+ * kernel path repacks a matrix, the file pages of the source are dropped after the
+ * copy, so resident memory stays about one copy of the weights. */
+#ifndef CAIRN_MODEL_H
+#define CAIRN_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kern/kern.h"
+
+struct gguf_file;
+
+enum rope_order {
+    ROPE_NORMAL = 0, /* rotate pairs (2i, 2i+1): llama */
+    ROPE_NEOX = 2,   /* rotate pairs (i, i + rot_dim/2): qwen2, qwen3 */
+};
+
+/* What distinguishes one architecture from another, as data. */
+struct arch_desc {
+    const char *name;       /* general.architecture */
+    enum rope_order rope;
+    bool qkv_bias;          /* attn_{q,k,v}.bias present (qwen2) */
+    bool qk_norm;           /* per-head RMS norm of q and k before RoPE (qwen3) */
+};
+
+/* Hyper-parameters, all read from the file's metadata. */
+struct model_hparams {
+    char arch[32];
+    int n_layers;
+    int n_embd;             /* hidden size */
+    int n_ff;               /* feed-forward size */
+    int n_head;
+    int n_head_kv;
+    int head_dim;           /* key/value length per head */
+    int n_rot;              /* dimensions rotated by RoPE (<= head_dim) */
+    int n_vocab;
+    int64_t n_ctx_train;
+    float norm_eps;
+    float rope_base;
+    float rope_linear_scale; /* positions are divided by it (1: none) */
+    enum rope_order rope;
+    bool qkv_bias;
+    bool qk_norm;
+    bool tied_output;        /* no output.weight: the head is token_embd */
+};
+
+struct model_layer {
+    struct kern_mat *wq;     /* (n_head*head_dim, n_embd) */
+    struct kern_mat *wk;     /* (n_head_kv*head_dim, n_embd) */
+    struct kern_mat *wv;     /* (n_head_kv*head_dim, n_embd) */
+    struct kern_mat *wo;     /* (n_embd, n_head*head_dim) */
+    struct kern_mat *w_gate; /* (n_ff, n_embd) */
+    struct kern_mat *w_up;   /* (n_ff, n_embd) */
+    struct kern_mat *w_down; /* (n_embd, n_ff) */
+    float *attn_norm;        /* (n_embd) */
+    float *ffn_norm;         /* (n_embd) */
+    float *bq, *bk, *bv;     /* biases or NULL */
+    float *q_norm, *k_norm;  /* (head_dim) or NULL */
+};
+
+struct model {
+    struct gguf_file *file;  /* owned */
+    struct model_hparams hp;
+    int layer_begin, layer_end;
+    bool first, last;        /* holds the embeddings / the norm and head */
+    int tok_embd_type;       /* embeddings: rows of n_embd in the file (first slice) */
+    const void *tok_embd;
+    size_t tok_embd_row_bytes;
+    float *output_norm;      /* (n_embd), last slice */
+    struct kern_mat *output; /* (n_vocab, n_embd), last slice */
+    float *rope_freq_factors; /* (n_rot/2) from rope_freqs.weight (Llama 3) or NULL */
+    struct model_layer *layers; /* layer_end - layer_begin entries */
+    uint64_t weight_bytes;   /* bytes the matrices of this slice read per token */
+    uint64_t file_bytes;
+};
+
+struct model_load_opts {
+    int layer_begin;         /* 0 */
+    int layer_end;           /* -1: all */
+    enum kern_path path;     /* KERN_PATH_AUTO */
+};
+
+/* Architecture description by name, or NULL when unsupported. */
+const struct arch_desc *model_find_arch(const char *name);
+
+/* Reads hyper-parameters from an open file's metadata (validated). */
+int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, char *err, size_t errlen);
+
+/* Opens `path` and loads a slice. Unsupported architectures and tensor types, missing
+ * tensors and wrong shapes are refused with their names. */
+int model_load(struct model **out, const char *path, const struct model_load_opts *opts,
+               char *err, size_t errlen);
+
+/* Releases everything, the file mapping included; accepts NULL. */
+void model_release(struct model *m);
+
+/* Writes the embedding of token into out[n_embd] (first slice). */
+int model_embed(const struct model *m, int32_t token, float *out);
+
+#endif

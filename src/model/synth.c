@@ -1,0 +1,329 @@
+#include "model/synth.h"
+
+#include "base/dtype.h"
+#include "base/err.h"
+#include "gguf/gguf.h"
+#include "kern/kern.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    struct synth_spec spec;
+} shapes[] = {
+    /* ≈ stories15M */
+    {"tiny", {.arch = "llama", .n_layers = 6, .n_embd = 288, .n_ff = 768, .n_head = 6, .n_head_kv = 6,
+              .n_ctx = 2048, .rope_base = 10000, .norm_eps = 1e-5f, .tied = 1}},
+    /* ≈ stories110M */
+    {"small", {.arch = "llama", .n_layers = 12, .n_embd = 768, .n_ff = 2048, .n_head = 12, .n_head_kv = 12,
+               .n_ctx = 2048, .rope_base = 10000, .norm_eps = 1e-5f, .tied = 1}},
+    /* ≈ Llama-3.2-1B */
+    {"llama-1b", {.arch = "llama", .n_layers = 16, .n_embd = 2048, .n_ff = 8192, .n_head = 32, .n_head_kv = 8,
+                  .n_ctx = 131072, .rope_base = 500000, .norm_eps = 1e-5f, .tied = 1, .llama3_rope = 1}},
+    /* ≈ Llama-3.1-8B */
+    {"llama-8b", {.arch = "llama", .n_layers = 32, .n_embd = 4096, .n_ff = 14336, .n_head = 32, .n_head_kv = 8,
+                  .n_ctx = 131072, .rope_base = 500000, .norm_eps = 1e-5f, .tied = 0, .llama3_rope = 1}},
+    /* ≈ Qwen2.5-0.5B */
+    {"qwen-0.5b", {.arch = "qwen2", .n_layers = 24, .n_embd = 896, .n_ff = 4864, .n_head = 14, .n_head_kv = 2,
+                   .n_ctx = 32768, .rope_base = 1000000, .norm_eps = 1e-6f, .tied = 1}},
+    /* ≈ Qwen3-0.6B */
+    {"qwen3-0.6b", {.arch = "qwen3", .n_layers = 28, .n_embd = 1024, .n_ff = 3072, .n_head = 16, .n_head_kv = 8,
+                    .head_dim = 128, .n_ctx = 40960, .rope_base = 1000000, .norm_eps = 1e-6f, .tied = 1}},
+};
+
+int synth_shape(const char *name, struct synth_spec *spec)
+{
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (!strcmp(shapes[i].name, name)) {
+            char type[sizeof spec->type];
+            memcpy(type, spec->type, sizeof type);
+            uint64_t seed = spec->seed;
+            *spec = shapes[i].spec;
+            memcpy(spec->type, type, sizeof type);
+            spec->seed = seed;
+            if (!spec->head_dim)
+                spec->head_dim = spec->n_embd / spec->n_head;
+            return 0;
+        }
+    return CAIRN_ENOTFOUND;
+}
+
+const char *synth_shape_names(void) { return "tiny, small, llama-1b, llama-8b, qwen-0.5b, qwen3-0.6b"; }
+
+/* llama.cpp gives more bits to some layers' attn_v and ffn_down in *_M mixes. */
+static int more_bits(int layer, int n_layers)
+{
+    return layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2;
+}
+
+static int k_fallback(int type, int64_t row_len)
+{
+    if (row_len % 256 == 0)
+        return type;
+    switch (type) {
+    case DT_Q4_K: return DT_Q5_0;
+    case DT_Q5_K: return DT_Q5_1;
+    case DT_Q6_K: return DT_Q8_0;
+    default: return type;
+    }
+}
+
+int synth_tensor_type(const struct synth_spec *spec, const char *tensor, int layer, int64_t row_len)
+{
+    bool is_head = !strcmp(tensor, "output.weight") || (spec->tied && !strcmp(tensor, "token_embd.weight"));
+    bool more = strstr(tensor, "attn_v.weight") || strstr(tensor, "ffn_down.weight");
+    int type;
+    if (!strcmp(spec->type, "q4_k_m") || !strcmp(spec->type, "q5_k_m")) {
+        int base = spec->type[1] == '4' ? DT_Q4_K : DT_Q5_K;
+        type = is_head || (more && layer >= 0 && more_bits(layer, spec->n_layers)) ? DT_Q6_K : base;
+    } else if (!strcmp(spec->type, "q4_k_s")) {
+        type = is_head ? DT_Q6_K : DT_Q4_K;
+    } else {
+        type = dtype_from_name(spec->type);
+        const struct dtype_info *ti = dtype_info(type);
+        if (type < 0 || !ti || !ti->supported)
+            return -1;
+    }
+    return k_fallback(type, row_len);
+}
+
+/* llama.cpp's general.file_type numbering, for tools that show it. */
+static int file_type(const char *type)
+{
+    static const struct { const char *name; int ftype; } map[] = {
+        {"f32", 0}, {"f16", 1}, {"q4_0", 2}, {"q4_1", 3}, {"q8_0", 7}, {"q5_0", 8}, {"q5_1", 9},
+        {"q4_k_s", 14}, {"q4_k_m", 15}, {"q5_k_m", 17}, {"q6_k", 18}, {"bf16", 32},
+    };
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (!strcmp(map[i].name, type))
+            return map[i].ftype;
+    return -1;
+}
+
+/* ---- random weights ---- */
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t hash_name(uint64_t seed, const char *s)
+{
+    uint64_t h = seed ^ 0xcbf29ce484222325ull;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+    return mix64(h);
+}
+
+/* Approximately normal (sum of four uniforms, unit variance), cheap enough for 8e9 draws. */
+static float rand_normal(uint64_t *state)
+{
+    uint64_t r = mix64(*state += 0x9e3779b97f4a7c15ull);
+    float s = (float)(r & 0xffff) + (float)((r >> 16) & 0xffff) + (float)((r >> 32) & 0xffff) + (float)(r >> 48);
+    return (s / 65536.0f - 2.0f) * 1.7320508f;
+}
+
+enum fill_kind { FILL_NORMAL, FILL_NORM_WEIGHT, FILL_ROPE_FREQS };
+
+struct tensor_fill {
+    char name[96];
+    int type;
+    int64_t rows, cols;
+    enum fill_kind kind;
+    float scale;
+    const struct synth_spec *spec;
+};
+
+static void llama3_freq_factors(const struct synth_spec *s, float *out, int64_t n)
+{
+    const double factor = 32.0, low = 1.0, high = 4.0, orig = 8192.0;
+    for (int64_t i = 0; i < n; i++) {
+        double freq = pow(s->rope_base, -2.0 * (double)i / (double)s->head_dim);
+        double wavelen = 2.0 * M_PI / freq;
+        double f;
+        if (wavelen < orig / high)
+            f = 1.0;
+        else if (wavelen > orig / low)
+            f = factor;
+        else {
+            double smooth = (orig / wavelen - low) / (high - low);
+            f = 1.0 / ((1.0 - smooth) / factor + smooth);
+        }
+        out[i] = (float)f;
+    }
+}
+
+static int fill_tensor(void *ctx, void *buf, uint64_t size)
+{
+    struct tensor_fill *t = ctx;
+    float *row = malloc((size_t)t->cols * sizeof(float));
+    if (!row)
+        return CAIRN_ENOMEM;
+    int64_t row_bytes = dtype_row_bytes(t->type, t->cols);
+    if (row_bytes < 0 || (uint64_t)(row_bytes * t->rows) != size) {
+        free(row);
+        return CAIRN_EINVAL;
+    }
+    uint64_t state = hash_name(t->spec->seed, t->name);
+    for (int64_t r = 0; r < t->rows; r++) {
+        if (t->kind == FILL_ROPE_FREQS) {
+            llama3_freq_factors(t->spec, row, t->cols);
+        } else {
+            for (int64_t c = 0; c < t->cols; c++) {
+                float v = rand_normal(&state) * t->scale;
+                row[c] = t->kind == FILL_NORM_WEIGHT ? 1.0f + v : v;
+            }
+        }
+        int rc = kern_quantize_row(t->type, row, (char *)buf + r * row_bytes, t->cols);
+        if (rc) {
+            free(row);
+            return rc;
+        }
+    }
+    free(row);
+    return 0;
+}
+
+struct writer_ctx {
+    struct gguf_writer *w;
+    struct tensor_fill *fills;
+    int n_fills, cap;
+    const struct synth_spec *spec;
+    char *err;
+    size_t errlen;
+};
+
+static int add(struct writer_ctx *c, const char *name, int layer, int64_t rows, int64_t cols,
+               enum fill_kind kind, float scale)
+{
+    if (c->n_fills == c->cap)
+        return CAIRN_EINVAL;
+    struct tensor_fill *t = &c->fills[c->n_fills++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->rows = rows;
+    t->cols = cols;
+    t->kind = kind;
+    t->scale = scale;
+    t->spec = c->spec;
+    t->type = rows == 1 ? DT_F32 : synth_tensor_type(c->spec, name, layer, cols);
+    if (t->type < 0)
+        return cairn_fail(c->err, c->errlen, CAIRN_EINVAL, "unknown or unsupported type '%s'", c->spec->type);
+    int64_t ne[2] = {cols, rows};
+    int rc = gguf_writer_add_tensor(c->w, t->name, t->type, rows == 1 ? 1 : 2, ne, NULL, fill_tensor, t);
+    if (rc)
+        return cairn_fail(c->err, c->errlen, rc, "cannot add tensor %s (%s, row of %lld)", name,
+                          dtype_name(t->type), (long long)cols);
+    return 0;
+}
+
+static int copy_vocab(struct gguf_writer *w, const char *vocab_path, int *n_vocab, char *err, size_t errlen)
+{
+    struct gguf_file *v;
+    int rc = gguf_open(&v, vocab_path, err, errlen);
+    if (rc)
+        return rc;
+    for (int64_t i = 0; i < gguf_n_kv(v) && !rc; i++) {
+        struct gguf_str key = gguf_kv_key(v, i);
+        if (key.len > 10 && !memcmp(key.ptr, "tokenizer.", 10))
+            rc = gguf_writer_copy_kv(w, v, i);
+    }
+    struct gguf_array toks;
+    if (!rc && gguf_get_arr(v, "tokenizer.ggml.tokens", &toks) == 0)
+        *n_vocab = (int)toks.n;
+    else if (!rc)
+        rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s has no tokenizer.ggml.tokens", vocab_path);
+    gguf_close(v);
+    return rc;
+}
+
+int synth_write(const struct synth_spec *s, const char *vocab_path, const char *path, char *err, size_t errlen)
+{
+    if (s->n_layers < 1 || s->n_embd < 1 || s->n_ff < 1 || s->n_head < 1 || s->n_head_kv < 1 ||
+        s->n_head % s->n_head_kv || s->head_dim < 2 || s->head_dim % 2)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "inconsistent model dimensions");
+    if (synth_tensor_type(s, "blk.0.attn_q.weight", 0, s->n_embd) < 0)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "unknown or unsupported type '%s'", s->type);
+    struct writer_ctx c = {.spec = s, .err = err, .errlen = errlen};
+    int rc = gguf_writer_create(&c.w);
+    if (rc)
+        return cairn_fail(err, errlen, rc, "out of memory");
+    c.cap = 16 * s->n_layers + 8;
+    c.fills = calloc((size_t)c.cap, sizeof *c.fills);
+    if (!c.fills) {
+        gguf_writer_release(c.w);
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    }
+    const char *a = s->arch;
+    char key[128];
+#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
+    gguf_writer_set_str(c.w, "general.architecture", a, strlen(a));
+    char name[96];
+    snprintf(name, sizeof name, "cairn synthetic %s %s", a, s->type);
+    gguf_writer_set_str(c.w, "general.name", name, strlen(name));
+    if (file_type(s->type) >= 0)
+        gguf_writer_set_u32(c.w, "general.file_type", (uint32_t)file_type(s->type));
+    gguf_writer_set_u32(c.w, KEY("context_length"), (uint32_t)s->n_ctx);
+    gguf_writer_set_u32(c.w, KEY("embedding_length"), (uint32_t)s->n_embd);
+    gguf_writer_set_u32(c.w, KEY("block_count"), (uint32_t)s->n_layers);
+    gguf_writer_set_u32(c.w, KEY("feed_forward_length"), (uint32_t)s->n_ff);
+    gguf_writer_set_u32(c.w, KEY("attention.head_count"), (uint32_t)s->n_head);
+    gguf_writer_set_u32(c.w, KEY("attention.head_count_kv"), (uint32_t)s->n_head_kv);
+    gguf_writer_set_u32(c.w, KEY("attention.key_length"), (uint32_t)s->head_dim);
+    gguf_writer_set_u32(c.w, KEY("attention.value_length"), (uint32_t)s->head_dim);
+    gguf_writer_set_u32(c.w, KEY("rope.dimension_count"), (uint32_t)s->head_dim);
+    gguf_writer_set_f32(c.w, KEY("rope.freq_base"), s->rope_base);
+    gguf_writer_set_f32(c.w, KEY("attention.layer_norm_rms_epsilon"), s->norm_eps);
+#undef KEY
+    int n_vocab = s->vocab_size;
+    if (vocab_path) {
+        if ((rc = copy_vocab(c.w, vocab_path, &n_vocab, err, errlen)))
+            goto out;
+    } else if (n_vocab < 2) {
+        rc = cairn_fail(err, errlen, CAIRN_EINVAL, "a vocabulary file or a vocabulary size is needed");
+        goto out;
+    }
+
+    int64_t q_dim = (int64_t)s->n_head * s->head_dim, kv_dim = (int64_t)s->n_head_kv * s->head_dim;
+    const float w = 0.02f; /* the usual initializer scale of these models */
+    if ((rc = add(&c, "token_embd.weight", -1, n_vocab, s->n_embd, FILL_NORMAL, w)) ||
+        (rc = add(&c, "output_norm.weight", -1, 1, s->n_embd, FILL_NORM_WEIGHT, 0.05f)))
+        goto out;
+    if (!s->tied && (rc = add(&c, "output.weight", -1, n_vocab, s->n_embd, FILL_NORMAL, w)))
+        goto out;
+    if (s->llama3_rope && (rc = add(&c, "rope_freqs.weight", -1, 1, s->head_dim / 2, FILL_ROPE_FREQS, 0)))
+        goto out;
+    bool bias = !strcmp(a, "qwen2"), qk_norm = !strcmp(a, "qwen3");
+    for (int il = 0; il < s->n_layers && !rc; il++) {
+        char t[96];
+#define T(suffix) (snprintf(t, sizeof t, "blk.%d.%s", il, suffix), t)
+        if ((rc = add(&c, T("attn_norm.weight"), il, 1, s->n_embd, FILL_NORM_WEIGHT, 0.05f)) ||
+            (rc = add(&c, T("attn_q.weight"), il, q_dim, s->n_embd, FILL_NORMAL, w)) ||
+            (rc = add(&c, T("attn_k.weight"), il, kv_dim, s->n_embd, FILL_NORMAL, w)) ||
+            (rc = add(&c, T("attn_v.weight"), il, kv_dim, s->n_embd, FILL_NORMAL, w)) ||
+            (rc = add(&c, T("attn_output.weight"), il, s->n_embd, q_dim, FILL_NORMAL, w)) ||
+            (rc = add(&c, T("ffn_norm.weight"), il, 1, s->n_embd, FILL_NORM_WEIGHT, 0.05f)) ||
+            (rc = add(&c, T("ffn_gate.weight"), il, s->n_ff, s->n_embd, FILL_NORMAL, w)) ||
+            (rc = add(&c, T("ffn_up.weight"), il, s->n_ff, s->n_embd, FILL_NORMAL, w)) ||
+            (rc = add(&c, T("ffn_down.weight"), il, s->n_embd, s->n_ff, FILL_NORMAL, w)))
+            break;
+        if (bias && ((rc = add(&c, T("attn_q.bias"), il, 1, q_dim, FILL_NORMAL, w)) ||
+                     (rc = add(&c, T("attn_k.bias"), il, 1, kv_dim, FILL_NORMAL, w)) ||
+                     (rc = add(&c, T("attn_v.bias"), il, 1, kv_dim, FILL_NORMAL, w))))
+            break;
+        if (qk_norm && ((rc = add(&c, T("attn_q_norm.weight"), il, 1, s->head_dim, FILL_NORM_WEIGHT, 0.05f)) ||
+                        (rc = add(&c, T("attn_k_norm.weight"), il, 1, s->head_dim, FILL_NORM_WEIGHT, 0.05f))))
+            break;
+#undef T
+    }
+    if (!rc)
+        rc = gguf_writer_write(c.w, path, err, errlen);
+out:
+    gguf_writer_release(c.w);
+    free(c.fills);
+    return rc;
+}

@@ -1,0 +1,40 @@
+/* Synthetic models: GGUF files of a real architecture's shape with seeded random
+ * weights at a realistic scale and a real vocabulary copied from a vocab GGUF, so that
+ * tests and benchmarks do exactly the work a real model does, with no download. */
+#ifndef CAIRN_MODEL_SYNTH_H
+#define CAIRN_MODEL_SYNTH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct synth_spec {
+    char arch[16];        /* llama, qwen2, qwen3 */
+    int n_layers, n_embd, n_ff, n_head, n_head_kv, head_dim;
+    int64_t n_ctx;
+    float rope_base, norm_eps;
+    int tied;             /* output head shares token_embd */
+    int llama3_rope;      /* write rope_freqs.weight with Llama 3.1 scaling */
+    char type[16];        /* "q4_k_m", "q8_0", "f16", ... */
+    uint64_t seed;
+    int vocab_size;       /* used only without a vocab file: a byte-level stand-in */
+};
+
+/* Fills spec with a named shape: tiny, small, llama-1b, llama-8b, qwen-0.5b, qwen3-0.6b.
+ * Returns CAIRN_ENOTFOUND for other names. The type is left as it is. */
+int synth_shape(const char *name, struct synth_spec *spec);
+
+/* Comma-separated names of the shapes, for help texts. */
+const char *synth_shape_names(void);
+
+/* Tensor type chosen for a tensor of the spec's mix ("q4_k_m" gives Q6_K to the head,
+ * and to attn_v/ffn_down of some layers, Q4_K elsewhere); a K-quant whose rows are not
+ * a multiple of 256 falls back to Q5_0/Q5_1/Q8_0 as llama.cpp's quantizer does.
+ * Returns -1 for an unknown type name. */
+int synth_tensor_type(const struct synth_spec *spec, const char *tensor, int layer, int64_t row_len);
+
+/* Writes the model to path. vocab_path: a GGUF whose tokenizer.* metadata (vocabulary,
+ * merges, chat template...) is copied; NULL writes a minimal byte-level vocabulary. */
+int synth_write(const struct synth_spec *spec, const char *vocab_path, const char *path,
+                char *err, size_t errlen);
+
+#endif

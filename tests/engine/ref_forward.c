@@ -1,0 +1,190 @@
+#include "ref_forward.h"
+
+#include "base/dtype.h"
+#include "gguf/gguf.h"
+#include "kern/kern.h"
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Whole tensor as doubles, or NULL when absent. */
+static double *tensor(const struct gguf_file *f, const char *name, int64_t *rows, int64_t *cols)
+{
+    const struct gguf_tensor *t = gguf_find_tensor(f, name);
+    if (!t)
+        return NULL;
+    int64_t c = t->ne[0], r = gguf_tensor_nelems(t) / c;
+    float *row = malloc((size_t)c * sizeof *row);
+    double *out = malloc((size_t)(r * c) * sizeof *out);
+    int64_t rb = dtype_row_bytes(t->type, c);
+    for (int64_t i = 0; i < r; i++) {
+        kern_dequantize_row(t->type, (const char *)t->data + i * rb, row, c);
+        for (int64_t j = 0; j < c; j++)
+            out[i * c + j] = row[j];
+    }
+    free(row);
+    if (rows)
+        *rows = r;
+    if (cols)
+        *cols = c;
+    return out;
+}
+
+static double *tensorf(const struct gguf_file *f, const char *fmt, int layer)
+{
+    char name[128];
+    snprintf(name, sizeof name, fmt, layer);
+    return tensor(f, name, NULL, NULL);
+}
+
+/* y[r] = sum_c W[r][c] x[c] for W of rows x cols. */
+static void matvec(const double *W, const double *x, double *y, int64_t rows, int64_t cols)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        double s = 0;
+        for (int64_t c = 0; c < cols; c++)
+            s += W[r * cols + c] * x[c];
+        y[r] = s;
+    }
+}
+
+static void rmsnorm(const double *x, const double *w, double *y, int64_t n, double eps)
+{
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    double scale = 1.0 / sqrt(ss / (double)n + eps);
+    for (int64_t i = 0; i < n; i++)
+        y[i] = x[i] * scale * w[i];
+}
+
+static void rope(const struct model_hparams *hp, const double *factors, double *v, int64_t pos)
+{
+    int half = hp->n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        double freq = pow(hp->rope_base, -2.0 * i / hp->n_rot);
+        if (factors)
+            freq /= factors[i];
+        double th = (double)pos / hp->rope_linear_scale * freq;
+        int i0 = hp->rope == ROPE_NEOX ? i : 2 * i, i1 = hp->rope == ROPE_NEOX ? i + half : 2 * i + 1;
+        double a = v[i0], b = v[i1];
+        v[i0] = a * cos(th) - b * sin(th);
+        v[i1] = a * sin(th) + b * cos(th);
+    }
+}
+
+double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab_out)
+{
+    char err[512];
+    struct gguf_file *f;
+    if (gguf_open(&f, path, err, sizeof err)) {
+        fprintf(stderr, "ref_forward: %s\n", err);
+        return NULL;
+    }
+    struct model_hparams hp;
+    if (model_read_hparams(f, &hp, err, sizeof err)) {
+        fprintf(stderr, "ref_forward: %s\n", err);
+        gguf_close(f);
+        return NULL;
+    }
+    int64_t E = hp.n_embd, hd = hp.head_dim, qd = (int64_t)hp.n_head * hd, kvd = (int64_t)hp.n_head_kv * hd;
+    int64_t V = hp.n_vocab, F = hp.n_ff;
+    double *emb = tensor(f, "token_embd.weight", NULL, NULL);
+    double *head = hp.tied_output ? emb : tensor(f, "output.weight", NULL, NULL);
+    double *onorm = tensor(f, "output_norm.weight", NULL, NULL);
+    double *factors = tensor(f, "rope_freqs.weight", NULL, NULL);
+    double *x = calloc((size_t)(n * E), sizeof *x);
+    double *K = calloc((size_t)(n * kvd), sizeof *K), *Vc = calloc((size_t)(n * kvd), sizeof *Vc);
+    double *xn = malloc((size_t)E * sizeof *xn), *q = malloc((size_t)qd * sizeof *q);
+    double *att = malloc((size_t)qd * sizeof *att), *tmp = malloc((size_t)E * sizeof *tmp);
+    double *g = malloc((size_t)F * sizeof *g), *u = malloc((size_t)F * sizeof *u);
+    double *sc = malloc((size_t)n * sizeof *sc);
+    for (int t = 0; t < n; t++)
+        memcpy(x + t * E, emb + (int64_t)tokens[t] * E, (size_t)E * sizeof *x);
+    for (int l = 0; l < hp.n_layers; l++) {
+        double *an = tensorf(f, "blk.%d.attn_norm.weight", l), *wq = tensorf(f, "blk.%d.attn_q.weight", l);
+        double *wk = tensorf(f, "blk.%d.attn_k.weight", l), *wv = tensorf(f, "blk.%d.attn_v.weight", l);
+        double *wo = tensorf(f, "blk.%d.attn_output.weight", l), *fn = tensorf(f, "blk.%d.ffn_norm.weight", l);
+        double *wg = tensorf(f, "blk.%d.ffn_gate.weight", l), *wu = tensorf(f, "blk.%d.ffn_up.weight", l);
+        double *wd = tensorf(f, "blk.%d.ffn_down.weight", l);
+        double *bq = tensorf(f, "blk.%d.attn_q.bias", l), *bk = tensorf(f, "blk.%d.attn_k.bias", l);
+        double *bv = tensorf(f, "blk.%d.attn_v.bias", l);
+        double *qn = tensorf(f, "blk.%d.attn_q_norm.weight", l), *kn = tensorf(f, "blk.%d.attn_k_norm.weight", l);
+        /* K and V of every position first (causal attention only reads earlier ones). */
+        for (int t = 0; t < n; t++) {
+            rmsnorm(x + t * E, an, xn, E, hp.norm_eps);
+            double *k = K + t * kvd, *v = Vc + t * kvd;
+            matvec(wk, xn, k, kvd, E);
+            matvec(wv, xn, v, kvd, E);
+            for (int64_t i = 0; bk && i < kvd; i++) {
+                k[i] += bk[i];
+                v[i] += bv[i];
+            }
+            for (int h = 0; h < hp.n_head_kv; h++) {
+                if (kn)
+                    rmsnorm(k + h * hd, kn, k + h * hd, hd, hp.norm_eps);
+                rope(&hp, factors, k + h * hd, t);
+            }
+        }
+        for (int t = 0; t < n; t++) {
+            rmsnorm(x + t * E, an, xn, E, hp.norm_eps);
+            matvec(wq, xn, q, qd, E);
+            for (int64_t i = 0; bq && i < qd; i++)
+                q[i] += bq[i];
+            for (int h = 0; h < hp.n_head; h++) {
+                double *qh = q + h * hd;
+                if (qn)
+                    rmsnorm(qh, qn, qh, hd, hp.norm_eps);
+                rope(&hp, factors, qh, t);
+                int kh = h / (hp.n_head / hp.n_head_kv);
+                double max = -INFINITY, sum = 0;
+                for (int p = 0; p <= t; p++) {
+                    double s = 0;
+                    for (int64_t i = 0; i < hd; i++)
+                        s += qh[i] * K[p * kvd + kh * hd + i];
+                    sc[p] = s / sqrt((double)hd);
+                    max = fmax(max, sc[p]);
+                }
+                for (int p = 0; p <= t; p++)
+                    sum += sc[p] = exp(sc[p] - max);
+                for (int64_t i = 0; i < hd; i++) {
+                    double o = 0;
+                    for (int p = 0; p <= t; p++)
+                        o += sc[p] / sum * Vc[p * kvd + kh * hd + i];
+                    att[h * hd + i] = o;
+                }
+            }
+            matvec(wo, att, tmp, E, qd);
+            for (int64_t i = 0; i < E; i++)
+                x[t * E + i] += tmp[i];
+        }
+        for (int t = 0; t < n; t++) {
+            rmsnorm(x + t * E, fn, xn, E, hp.norm_eps);
+            matvec(wg, xn, g, F, E);
+            matvec(wu, xn, u, F, E);
+            for (int64_t i = 0; i < F; i++)
+                g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+            matvec(wd, g, tmp, E, F);
+            for (int64_t i = 0; i < E; i++)
+                x[t * E + i] += tmp[i];
+        }
+        double *all[] = {an, wq, wk, wv, wo, fn, wg, wu, wd, bq, bk, bv, qn, kn};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            free(all[i]);
+    }
+    double *logits = malloc((size_t)(n * V) * sizeof *logits);
+    for (int t = 0; t < n; t++) {
+        rmsnorm(x + t * E, onorm, xn, E, hp.norm_eps);
+        matvec(head, xn, logits + t * V, V, E);
+    }
+    *n_vocab_out = (int)V;
+    if (head != emb)
+        free(head);
+    free(emb), free(onorm), free(factors), free(x), free(K), free(Vc), free(xn), free(q), free(att);
+    free(tmp), free(g), free(u), free(sc);
+    gguf_close(f);
+    return logits;
+}

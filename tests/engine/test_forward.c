@@ -1,0 +1,271 @@
+/* The forward pass of each architecture against a float64 reference, and its bitwise
+ * invariances: alone vs in batches, prompt in one chunk vs many, 1 vs 2 vs 3 threads,
+ * two chained slices vs the whole model, KV rollback and fork. */
+#include "base/dtype.h"
+#include "base/err.h"
+#include "engine/engine.h"
+#include "engine/kv.h"
+#include "model/model.h"
+#include "model/synth.h"
+#include "ref_forward.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define N_TOK 12
+#define MAX_SEQS 4
+
+struct runner {
+    struct model *m;
+    struct engine *e;
+    struct kv_cache *kv;
+    int n_vocab;
+};
+
+/* KV storage type of the runners: F32 where a test compares with float64 to 1e-4. */
+static int kv_type = DT_F16;
+
+static int runner_open(struct runner *r, const char *path, int threads, int layer_begin, int layer_end)
+{
+    char err[512];
+    memset(r, 0, sizeof *r);
+    struct model_load_opts o = {.layer_begin = layer_begin, .layer_end = layer_end, .path = KERN_PATH_AUTO};
+    if (model_load(&r->m, path, &o, err, sizeof err)) {
+        fprintf(stderr, "model_load %s: %s\n", path, err);
+        return -1;
+    }
+    struct engine_config ec = {.n_threads = threads, .max_batch = 64, .max_ctx = 256};
+    struct kv_config kc = engine_kv_config(r->m, 256, MAX_SEQS, 4); /* small blocks: tables span several */
+    kc.type = kv_type;
+    if (engine_create(&r->e, r->m, &ec, err, sizeof err) || kv_create(&r->kv, &kc, err, sizeof err)) {
+        fprintf(stderr, "engine/kv: %s\n", err);
+        return -1;
+    }
+    r->n_vocab = r->m->hp.n_vocab;
+    return 0;
+}
+
+static void runner_close(struct runner *r)
+{
+    kv_release(r->kv);
+    engine_release(r->e);
+    model_release(r->m);
+}
+
+/* Feeds tokens [from, to) of seq in chunks of `chunk`, storing every position's logits. */
+static int feed(struct runner *r, int seq, const int32_t *toks, int from, int to, int chunk, float *logits)
+{
+    int32_t seqs[64];
+    int64_t pos[64];
+    char err[512];
+    for (int i = from; i < to; i += chunk) {
+        int n = to - i < chunk ? to - i : chunk;
+        for (int k = 0; k < n; k++) {
+            seqs[k] = seq;
+            pos[k] = i + k;
+        }
+        struct batch b = {.n = n, .token = toks + i, .seq = seqs, .pos = pos};
+        if (engine_forward(r->e, r->kv, &b, logits + (size_t)i * r->n_vocab, err, sizeof err)) {
+            fprintf(stderr, "engine_forward: %s\n", err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void make_tokens(int32_t *t, int n, int n_vocab, uint64_t seed)
+{
+    for (int i = 0; i < n; i++)
+        t[i] = (int32_t)(test_rand_u64(&seed) % (uint64_t)n_vocab);
+}
+
+static bool same_bits(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
+
+/* Largest |a-b| relative to the RMS of the reference, over all logits. */
+static double rel_err(const float *a, const double *ref, size_t n)
+{
+    double ss = 0, maxd = 0;
+    for (size_t i = 0; i < n; i++) {
+        ss += ref[i] * ref[i];
+        double d = fabs((double)a[i] - ref[i]);
+        maxd = d > maxd ? d : maxd;
+    }
+    return maxd / sqrt(ss / (double)n);
+}
+
+static void check_model(const char *label, const struct synth_spec *spec, double tol)
+{
+    char path[256];
+    snprintf(path, sizeof path, "test_forward_%s_%d.gguf", label, (int)getpid());
+    char err[512];
+    if (synth_write(spec, NULL, path, err, sizeof err)) {
+        CHECK(0, "%s: synth_write: %s", label, err);
+        return;
+    }
+    struct runner r;
+    if (runner_open(&r, path, 2, 0, -1)) {
+        CHECK(0, "%s: cannot open model", label);
+        unlink(path);
+        return;
+    }
+    int V = r.n_vocab;
+    size_t all = (size_t)N_TOK * V;
+    int32_t toks[N_TOK], toks2[N_TOK];
+    make_tokens(toks, N_TOK, V, 11);
+    make_tokens(toks2, N_TOK, V, 22);
+    float *whole = malloc(all * sizeof(float)), *other = malloc(all * sizeof(float));
+
+    /* 1. against the float64 reference */
+    CHECK(feed(&r, 0, toks, 0, N_TOK, N_TOK, whole) == 0, "%s: forward failed", label);
+    int rv;
+    double *ref = ref_forward(path, toks, N_TOK, &rv);
+    CHECK(ref && rv == V, "%s: reference failed", label);
+    if (ref) {
+        double e = rel_err(whole, ref, all);
+        CHECK(e < tol, "%s: max |logit - float64 reference| = %.4g of the logits' RMS (tolerance %.3g)", label, e, tol);
+        printf("%s: max error vs float64 reference: %.3g of RMS\n", label, e);
+        free(ref);
+    }
+
+    /* 2. prompt in chunks of 1 and 5 vs one batch */
+    int chunks[] = {1, 5};
+    for (int c = 0; c < 2; c++) {
+        kv_seq_clear(r.kv, 0);
+        feed(&r, 0, toks, 0, N_TOK, chunks[c], other);
+        CHECK(same_bits(whole, other, all), "%s: logits differ when the prompt is fed in chunks of %d", label, chunks[c]);
+    }
+
+    /* 3. in a batch with another sequence, interleaved token by token */
+    kv_seq_clear(r.kv, 0);
+    kv_seq_clear(r.kv, 1);
+    {
+        int32_t bt[2 * N_TOK], bs[2 * N_TOK];
+        int64_t bp[2 * N_TOK];
+        for (int i = 0; i < N_TOK; i++) {
+            bt[2 * i] = toks2[i], bs[2 * i] = 1, bp[2 * i] = i;
+            bt[2 * i + 1] = toks[i], bs[2 * i + 1] = 0, bp[2 * i + 1] = i;
+        }
+        float *mixed = malloc(2 * all * sizeof(float));
+        struct batch b = {.n = 2 * N_TOK, .token = bt, .seq = bs, .pos = bp};
+        CHECK(engine_forward(r.e, r.kv, &b, mixed, err, sizeof err) == 0, "%s: mixed batch: %s", label, err);
+        bool same = true;
+        for (int i = 0; i < N_TOK; i++)
+            same &= same_bits(whole + (size_t)i * V, mixed + (size_t)(2 * i + 1) * V, (size_t)V);
+        CHECK(same, "%s: logits differ when batched with another sequence", label);
+        free(mixed);
+    }
+
+    /* 4. KV rollback: decode a wrong tail, roll back, redo: as if never decoded */
+    kv_seq_clear(r.kv, 0);
+    feed(&r, 0, toks, 0, 6, 6, other);
+    feed(&r, 0, toks2, 6, 10, 2, other); /* a tail that is then rejected */
+    feed(&r, 0, toks, 6, N_TOK, 3, other);
+    CHECK(same_bits(whole + (size_t)6 * V, other + (size_t)6 * V, (size_t)(N_TOK - 6) * V),
+          "%s: logits after rollback differ from never having decoded the tail", label);
+
+    /* 5. fork: seq 2 shares seq 0's first 8 positions, then both continue */
+    kv_seq_clear(r.kv, 0);
+    feed(&r, 0, toks, 0, 8, 8, other);
+    CHECK(kv_fork(r.kv, 0, 2) == 0, "%s: fork failed", label);
+    feed(&r, 2, toks, 8, N_TOK, 4, other);
+    CHECK(same_bits(whole + (size_t)8 * V, other + (size_t)8 * V, (size_t)(N_TOK - 8) * V),
+          "%s: forked sequence's logits differ", label);
+    feed(&r, 0, toks2, 8, N_TOK, 4, other); /* the original goes elsewhere; the fork is unaffected */
+    kv_seq_clear(r.kv, 3);
+    CHECK(kv_fork(r.kv, 2, 3) == 0, "%s: second fork failed", label);
+    feed(&r, 3, toks, 11, N_TOK, 1, other);
+    CHECK(same_bits(whole + (size_t)11 * V, other + (size_t)11 * V, (size_t)V),
+          "%s: fork of a fork differs after the source diverged", label);
+    runner_close(&r);
+
+    /* 6. thread counts */
+    for (int t = 1; t <= 3; t += 2) {
+        if (runner_open(&r, path, t, 0, -1))
+            break;
+        feed(&r, 0, toks, 0, N_TOK, 4, other);
+        CHECK(same_bits(whole, other, all), "%s: logits differ with %d threads", label, t);
+        runner_close(&r);
+    }
+
+    /* 7. two slices chained equal the whole model */
+    int split = spec->n_layers / 2;
+    struct runner a, b;
+    if (runner_open(&a, path, 2, 0, split) == 0 && runner_open(&b, path, 1, split, spec->n_layers) == 0) {
+        float *act = malloc((size_t)N_TOK * spec->n_embd * sizeof(float));
+        int32_t seqs[N_TOK] = {0};
+        int64_t pos[N_TOK];
+        for (int i = 0; i < N_TOK; i++)
+            pos[i] = i;
+        struct batch b1 = {.n = N_TOK, .token = toks, .seq = seqs, .pos = pos};
+        CHECK(engine_forward(a.e, a.kv, &b1, act, err, sizeof err) == 0, "%s: first slice: %s", label, err);
+        struct batch b2 = {.n = N_TOK, .embd = act, .seq = seqs, .pos = pos};
+        CHECK(engine_forward(b.e, b.kv, &b2, other, err, sizeof err) == 0, "%s: second slice: %s", label, err);
+        CHECK(same_bits(whole, other, all), "%s: slices [0,%d) + [%d,%d) differ from the whole", label, split, split,
+              spec->n_layers);
+        free(act);
+        runner_close(&a);
+        runner_close(&b);
+    } else {
+        CHECK(0, "%s: cannot open slices", label);
+    }
+
+    /* 8. malformed batches are refused with a message */
+    if (runner_open(&r, path, 1, 0, -1) == 0) {
+        int32_t bad_tok = V;
+        int32_t s0 = 0;
+        int64_t p0 = 0, p5 = 5;
+        struct batch bb = {.n = 1, .token = &bad_tok, .seq = &s0, .pos = &p0};
+        err[0] = 0;
+        CHECK(engine_forward(r.e, r.kv, &bb, other, err, sizeof err) == CAIRN_EINVAL && strstr(err, "vocabulary"),
+              "%s: out-of-vocabulary token accepted (%s)", label, err);
+        bb.token = toks;
+        bb.pos = &p5;
+        CHECK(engine_forward(r.e, r.kv, &bb, other, err, sizeof err) == CAIRN_EINVAL && strstr(err, "position"),
+              "%s: position past the sequence end accepted (%s)", label, err);
+        runner_close(&r);
+    }
+    free(whole);
+    free(other);
+    unlink(path);
+}
+
+int main(void)
+{
+    struct synth_spec base = {.arch = "llama", .n_layers = 2, .n_embd = 64, .n_ff = 160, .n_head = 4, .n_head_kv = 2,
+                              .head_dim = 16, .n_ctx = 512, .rope_base = 10000, .norm_eps = 1e-5f,
+                              .type = "f32", .seed = 5, .vocab_size = 300};
+    /* Float weights: only float32 rounding separates the engine from float64. */
+    kv_type = DT_F32;
+    struct synth_spec s = base;
+    check_model("llama-f32", &s, 1e-4);
+    s = base;
+    s.tied = 1, s.llama3_rope = 1, s.rope_base = 500000;
+    snprintf(s.type, sizeof s.type, "f16");
+    check_model("llama3-f16-tied", &s, 1e-4);
+    s = base;
+    snprintf(s.arch, sizeof s.arch, "qwen3");
+    s.head_dim = 32; /* q width 128 differs from n_embd 64, as in Qwen3 */
+    snprintf(s.type, sizeof s.type, "bf16");
+    check_model("qwen3-bf16", &s, 1e-4);
+    /* The default F16 cache rounds K and V to 11 bits. */
+    kv_type = DT_F16;
+    check_model("qwen3-bf16-kv16", &s, 5e-3);
+    /* 8-bit activations against quantized weights: the reference uses the same weights
+     * but exact activations, so the tolerance is that of 8-bit activation rounding. */
+    s = base;
+    snprintf(s.arch, sizeof s.arch, "qwen2");
+    s.n_head_kv = 1;
+    snprintf(s.type, sizeof s.type, "q8_0");
+    check_model("qwen2-q8_0", &s, 0.05);
+    s = base;
+    snprintf(s.type, sizeof s.type, "q4_0");
+    check_model("llama-q4_0", &s, 0.05);
+    s = base;
+    s.n_embd = 256, s.n_ff = 512, s.n_head = 4, s.head_dim = 64, s.n_layers = 3;
+    snprintf(s.type, sizeof s.type, "q4_k_m"); /* Q4_K and Q6_K */
+    check_model("llama-q4_k_m", &s, 0.1); /* 8-bit activations in blocks of 256 */
+    return test_main_end();
+}
