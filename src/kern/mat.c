@@ -1,17 +1,22 @@
-/* Weight matrices prepared for products, and the run-time choice of kernel path. */
+/* Weight matrices prepared for products: the run-time choice of kernel path and the
+ * repacking of quantized weights into the interleaved layout of simd_mat.h. */
 #include "kern/kern.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/cpu.h"
 #include "base/err.h"
+#include "kern/quant.h"
+#include "kern/simd_mat.h"
 
 struct kern_mat {
-    int type;
-    int64_t rows, cols;
     enum kern_path path;
-    const void *data;   /* GGUF row layout (borrowed) */
-    size_t bytes;       /* weight bytes one full product reads */
+    const void *data;    /* GGUF row layout (borrowed); the reference path reads it */
+    uint8_t *packed;     /* owned interleaved copy, or NULL */
+    size_t bytes;        /* weight bytes one full product reads */
+    struct km_view view; /* what the SIMD kernels read */
 };
 
 const char *kern_path_name(enum kern_path p)
@@ -26,9 +31,245 @@ const char *kern_path_name(enum kern_path p)
     return "unknown";
 }
 
+static bool cpu_has(enum kern_path p)
+{
+    const struct cpu_features *f = cpu_features();
+    switch (p) {
+    case KERN_PATH_REF: return true;
+    case KERN_PATH_AVX2: return f->avx2 && f->fma && f->f16c;
+    case KERN_PATH_AVX512:
+        return f->avx2 && f->fma && f->f16c && f->avx512f && f->avx512bw && f->avx512vl &&
+               f->avx512dq && f->avx512vnni;
+    default: return false;
+    }
+}
+
 enum kern_path kern_best_path(void)
 {
+    if (cpu_has(KERN_PATH_AVX512))
+        return KERN_PATH_AVX512;
+    if (cpu_has(KERN_PATH_AVX2))
+        return KERN_PATH_AVX2;
     return KERN_PATH_REF;
+}
+
+static bool is_float_type(int type)
+{
+    return type == DT_F32 || type == DT_F16 || type == DT_BF16;
+}
+
+/* Types a SIMD path computes (the reference computes every supported type). */
+static bool path_has_type(enum kern_path p, int type)
+{
+    switch (p) {
+    case KERN_PATH_REF: return true;
+    case KERN_PATH_AVX512: return is_float_type(type) || kern_mat_tile_bytes(type, 16) > 0;
+    default: return false;
+    }
+}
+
+size_t kern_mat_tile_bytes(int type, int G)
+{
+    switch (type) {
+    case DT_Q4_0: return KM_Q4_0_TILE(G);
+    case DT_Q4_1: return KM_Q4_1_TILE(G);
+    case DT_Q5_0: return KM_Q5_0_TILE(G);
+    case DT_Q5_1: return KM_Q5_1_TILE(G);
+    case DT_Q8_0: return KM_Q8_0_TILE(G);
+    case DT_Q4_K: return KM_Q4_K_TILE(G);
+    case DT_Q5_K: return KM_Q5_K_TILE(G);
+    case DT_Q6_K: return KM_Q6_K_TILE(G);
+    default: return 0;
+    }
+}
+
+/* ---- repacking ---- */
+
+/* One GGUF block of one row, decoded to integer quants and raw scales. */
+struct decoded {
+    uint8_t q[QK_K];   /* quant as the unsigned operand of the products */
+    uint16_t d, m;     /* half floats: d, and m (Q4_1/Q5_1) or dmin (Q4_K/Q5_K) */
+    uint8_t sc[16];    /* K-quant sub-block scales (Q6_K: int8 bits) */
+    uint8_t mn[8];     /* Q4_K/Q5_K sub-block mins */
+};
+
+static void decode_block(int type, const uint8_t *blk, int q8_bias, struct decoded *o)
+{
+    switch (type) {
+    case DT_Q4_0:
+    case DT_Q4_1: {
+        const uint8_t *qs = type == DT_Q4_0 ? ((const struct block_q4_0 *)blk)->qs
+                                            : ((const struct block_q4_1 *)blk)->qs;
+        for (int e = 0; e < QK32; e++)
+            o->q[e] = e < 16 ? qs[e] & 0xf : qs[e - 16] >> 4;
+        memcpy(&o->d, blk, 2);
+        if (type == DT_Q4_1)
+            memcpy(&o->m, blk + 2, 2);
+        break;
+    }
+    case DT_Q5_0:
+    case DT_Q5_1: {
+        const uint8_t *qh, *qs;
+        if (type == DT_Q5_0) {
+            qh = ((const struct block_q5_0 *)blk)->qh;
+            qs = ((const struct block_q5_0 *)blk)->qs;
+        } else {
+            qh = ((const struct block_q5_1 *)blk)->qh;
+            qs = ((const struct block_q5_1 *)blk)->qs;
+            memcpy(&o->m, blk + 2, 2);
+        }
+        for (int e = 0; e < QK32; e++) {
+            int lo = e < 16 ? qs[e] & 0xf : qs[e - 16] >> 4;
+            o->q[e] = (uint8_t)(lo | ((qh[e / 8] >> (e % 8)) & 1) << 4);
+        }
+        memcpy(&o->d, blk, 2);
+        break;
+    }
+    case DT_Q8_0: {
+        const struct block_q8_0 *b = (const void *)blk;
+        for (int e = 0; e < QK32; e++)
+            o->q[e] = (uint8_t)(b->qs[e] + q8_bias);
+        memcpy(&o->d, blk, 2);
+        break;
+    }
+    case DT_Q4_K:
+    case DT_Q5_K: {
+        const uint8_t *scales;
+        if (type == DT_Q4_K) {
+            const struct block_q4_K *b = (const void *)blk;
+            for (int e = 0; e < QK_K; e++)
+                o->q[e] = (uint8_t)kern_q4k_get(b, e);
+            scales = b->scales;
+        } else {
+            const struct block_q5_K *b = (const void *)blk;
+            for (int e = 0; e < QK_K; e++)
+                o->q[e] = (uint8_t)kern_q5k_get(b, e);
+            scales = b->scales;
+        }
+        for (int j = 0; j < 8; j++)
+            kern_k4_scale_min(j, scales, &o->sc[j], &o->mn[j]);
+        memcpy(&o->d, blk, 2);
+        memcpy(&o->m, blk + 2, 2);
+        break;
+    }
+    case DT_Q6_K: {
+        const struct block_q6_K *b = (const void *)blk;
+        for (int e = 0; e < QK_K; e++)
+            o->q[e] = (uint8_t)kern_q6k_get(b, e);
+        memcpy(o->sc, b->scales, 16);
+        o->d = b->d;
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/* Low 4 bits of nkg k-groups of row r as nibble vectors with pairing unit P. */
+static void put_nibbles(uint8_t *t, const uint8_t *q, int r, int G, int P, int nkg)
+{
+    for (int v = 0; v < nkg / 2; v++) {
+        int lo = 2 * (v / P) * P + v % P, hi = lo + P;
+        for (int i = 0; i < 4; i++)
+            t[v * 4 * G + 4 * r + i] = (uint8_t)((q[4 * lo + i] & 0xf) | (q[4 * hi + i] & 0xf) << 4);
+    }
+}
+
+/* Bit 4 of each quant of row r as one mask of 4G bits per k-group. */
+static void put_bit4(uint8_t *t, const uint8_t *q, int r, int G, int nkg)
+{
+    for (int kg = 0; kg < nkg; kg++)
+        for (int i = 0; i < 4; i++)
+            if (q[4 * kg + i] & 0x10)
+                t[kg * (G / 2) + (4 * r + i) / 8] |= (uint8_t)(1u << ((4 * r + i) % 8));
+}
+
+static void put_half(uint8_t *t, uint16_t h, int r)
+{
+    memcpy(t + 2 * r, &h, 2);
+}
+
+/* Row r of one (group, block) tile; the tile was zeroed (padding rows stay zero). */
+static void pack_row(int type, int G, const struct decoded *dc, int r, uint8_t *t)
+{
+    switch (type) {
+    case DT_Q4_0:
+        put_nibbles(t, dc->q, r, G, 4, 8);
+        put_half(t + KM_Q4_0_D(G), dc->d, r);
+        break;
+    case DT_Q4_1:
+        put_nibbles(t, dc->q, r, G, 4, 8);
+        put_half(t + KM_Q4_1_D(G), dc->d, r);
+        put_half(t + KM_Q4_1_M(G), dc->m, r);
+        break;
+    case DT_Q5_0:
+        put_nibbles(t, dc->q, r, G, 4, 8);
+        put_bit4(t + KM_Q5_0_QH(G), dc->q, r, G, 8);
+        put_half(t + KM_Q5_0_D(G), dc->d, r);
+        break;
+    case DT_Q5_1:
+        put_nibbles(t, dc->q, r, G, 4, 8);
+        put_bit4(t + KM_Q5_1_QH(G), dc->q, r, G, 8);
+        put_half(t + KM_Q5_1_D(G), dc->d, r);
+        put_half(t + KM_Q5_1_M(G), dc->m, r);
+        break;
+    case DT_Q8_0:
+        for (int kg = 0; kg < 8; kg++)
+            memcpy(t + kg * 4 * G + 4 * r, dc->q + 4 * kg, 4);
+        put_half(t + KM_Q8_0_D(G), dc->d, r);
+        break;
+    case DT_Q4_K:
+    case DT_Q5_K: {
+        bool k5 = type == DT_Q5_K;
+        put_nibbles(t, dc->q, r, G, 8, 64);
+        if (k5)
+            put_bit4(t + KM_Q5_K_QH(G), dc->q, r, G, 64);
+        uint8_t *sc = t + (k5 ? KM_Q5_K_SC(G) : KM_Q4_K_SC(G));
+        uint8_t *mn = t + (k5 ? KM_Q5_K_MN(G) : KM_Q4_K_MN(G));
+        for (int j = 0; j < 8; j++) {
+            sc[j * G + r] = dc->sc[j];
+            mn[(j / 2) * 2 * G + 2 * r + j % 2] = dc->mn[j];
+        }
+        put_half(t + (k5 ? KM_Q5_K_D(G) : KM_Q4_K_D(G)), dc->d, r);
+        put_half(t + (k5 ? KM_Q5_K_DMIN(G) : KM_Q4_K_DMIN(G)), dc->m, r);
+        break;
+    }
+    case DT_Q6_K: {
+        put_nibbles(t, dc->q, r, G, 4, 64);
+        uint8_t *qh = t + KM_Q6_K_QH(G);
+        for (int h = 0; h < 16; h++)
+            for (int s = 0; s < 4; s++)
+                for (int i = 0; i < 4; i++)
+                    qh[h * 4 * G + 4 * r + i] |=
+                        (uint8_t)(((dc->q[4 * (4 * h + s) + i] >> 4) & 3) << (2 * s));
+        for (int j = 0; j < 16; j++)
+            t[KM_Q6_K_SC(G) + j * G + r] = dc->sc[j];
+        put_half(t + KM_Q6_K_D(G), dc->d, r);
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+static void repack(int type, const uint8_t *src, int64_t rows, int64_t cols, int G,
+                   int q8_bias, uint8_t *dst, size_t tile)
+{
+    const struct dtype_info *ti = dtype_info(type);
+    int64_t nblk = cols / ti->block_elems, ngroups = (rows + G - 1) / G;
+    size_t rb = (size_t)dtype_row_bytes(type, cols);
+    struct decoded dc;
+    for (int64_t g = 0; g < ngroups; g++) {
+        for (int64_t i = 0; i < nblk; i++) {
+            uint8_t *t = dst + (size_t)(g * nblk + i) * tile;
+            memset(t, 0, tile);
+            for (int r = 0; r < G && g * G + r < rows; r++) {
+                const uint8_t *blk = src + (size_t)(g * G + r) * rb + (size_t)i * ti->block_bytes;
+                decode_block(type, blk, q8_bias, &dc);
+                pack_row(type, G, &dc, r, t);
+            }
+        }
+    }
 }
 
 int kern_mat_create(struct kern_mat **out, int type, const void *data, int64_t rows,
@@ -36,47 +277,88 @@ int kern_mat_create(struct kern_mat **out, int type, const void *data, int64_t r
 {
     *out = NULL;
     const struct dtype_info *ti = dtype_info(type);
-    if (!ti || !ti->supported)
+    if (!ti || !ti->supported || kern_act_row_bytes(type, ti->block_elems) == 0)
         return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "kern_mat: type %s not supported",
                           dtype_name(type));
     int64_t rb = dtype_row_bytes(type, cols);
-    if (rows <= 0 || cols <= 0 || rb < 0 || rows > INT64_MAX / rb)
+    if (rows <= 0 || cols <= 0 || rb <= 0 || rows > INT64_MAX / 2 / rb)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "kern_mat: bad shape %lld x %lld of %s",
                           (long long)rows, (long long)cols, dtype_name(type));
-    if (path == KERN_PATH_AUTO)
+    if (path == KERN_PATH_AUTO) {
         path = kern_best_path();
-    if (path != KERN_PATH_REF)
-        return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "kern_mat: path %s not available",
+        while (!path_has_type(path, type))
+            path = path == KERN_PATH_AVX512 ? KERN_PATH_AVX2 : KERN_PATH_REF;
+    }
+    if (!cpu_has(path))
+        return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "kern_mat: this CPU lacks path %s",
                           kern_path_name(path));
+    if (!path_has_type(path, type))
+        return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "kern_mat: path %s lacks type %s",
+                          kern_path_name(path), dtype_name(type));
+
     struct kern_mat *m = calloc(1, sizeof *m);
     if (!m)
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "kern_mat: out of memory");
-    m->type = type;
-    m->rows = rows;
-    m->cols = cols;
     m->path = path;
     m->data = data;
     m->bytes = (size_t)(rows * rb);
+    struct km_view *v = &m->view;
+    v->type = type;
+    v->rows = rows;
+    v->cols = cols;
+    v->nblk = cols / ti->block_elems;
+    v->row_bytes = (size_t)rb;
+    v->data = data;
+    v->G = path == KERN_PATH_AVX512 ? 16 : path == KERN_PATH_AVX2 ? 8 : 1;
+    v->tile = kern_mat_tile_bytes(type, v->G);
+    if (path != KERN_PATH_REF && v->tile > 0) {
+        int64_t ngroups = (rows + v->G - 1) / v->G;
+        size_t size = (size_t)ngroups * (size_t)v->nblk * v->tile;
+        m->packed = aligned_alloc(64, (size + 63) / 64 * 64);
+        if (!m->packed) {
+            free(m);
+            return cairn_fail(err, errlen, CAIRN_ENOMEM, "kern_mat: no memory for %zu bytes",
+                              size);
+        }
+        repack(type, data, rows, cols, v->G, path == KERN_PATH_AVX512 ? 128 : 0, m->packed,
+               v->tile);
+        v->data = m->packed;
+        m->bytes = size;
+    }
     *out = m;
     return 0;
 }
 
 void kern_mat_release(struct kern_mat *m)
 {
+    if (!m)
+        return;
+    free(m->packed);
     free(m);
 }
 
-int kern_mat_type(const struct kern_mat *m) { return m->type; }
-int64_t kern_mat_rows(const struct kern_mat *m) { return m->rows; }
-int64_t kern_mat_cols(const struct kern_mat *m) { return m->cols; }
+int kern_mat_type(const struct kern_mat *m) { return m->view.type; }
+int64_t kern_mat_rows(const struct kern_mat *m) { return m->view.rows; }
+int64_t kern_mat_cols(const struct kern_mat *m) { return m->view.cols; }
 enum kern_path kern_mat_path(const struct kern_mat *m) { return m->path; }
 size_t kern_mat_bytes(const struct kern_mat *m) { return m->bytes; }
-int kern_mat_row_align(const struct kern_mat *m) { (void)m; return 1; }
+int kern_mat_row_align(const struct kern_mat *m) { return m->view.G; }
 
 void kern_matmul(const struct kern_mat *m, const void *xq, size_t ldx, int B, float *y,
                  size_t ldy, int64_t r0, int64_t r1)
 {
-    if (B <= 0 || r0 >= r1)
+    const struct km_view *v = &m->view;
+    if (B <= 0 || r0 < 0 || r1 > v->rows || r0 >= r1)
         return;
-    kern_matmul_ref(m->type, m->data, m->cols, xq, ldx, B, y, ldy, r0, r1);
+    switch (m->path) {
+    case KERN_PATH_AVX512:
+        kern_mat_avx512_run(v, xq, ldx, B, y, ldy, r0, r1);
+        break;
+    case KERN_PATH_AVX2:
+        kern_mat_avx2_run(v, xq, ldx, B, y, ldy, r0, r1);
+        break;
+    default:
+        kern_matmul_ref(v->type, m->data, v->cols, xq, ldx, B, y, ldy, r0, r1);
+        break;
+    }
 }

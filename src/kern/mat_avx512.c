@@ -1,0 +1,455 @@
+/* AVX-512 VNNI kernels of kern_matmul over the 16-row interleaved layout (simd_mat.h).
+ * Integer sums come from VPDPBUSD (unsigned weights x signed activations), one int32 lane
+ * per row; the float steps are those of kern.h, done 16 rows at a time, so every output
+ * is bitwise the reference's. Each weight tile is decoded once per call for up to NB_MAX
+ * activation rows. */
+#include <immintrin.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "base/dtype.h"
+#include "kern/quant.h"
+#include "kern/simd_mat.h"
+
+#define G 16
+#define NB_MAX 8   /* activation rows per pass over a group's tiles (quantized types) */
+#define NBF_MAX 6  /* activation rows per pass (float types) */
+#define RF 4       /* weight rows per pass (float types) */
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE __m512i bcast4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+INLINE __m512 half16(const uint8_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
+INLINE __m512i load64(const uint8_t *p)
+{
+    return _mm512_loadu_si512((const void *)p);
+}
+
+INLINE __mmask64 mask64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return (__mmask64)v;
+}
+
+/* y rows of one group: lanes in km only, so splits need not be aligned. */
+INLINE void store_rows(float *y, __mmask16 km, __m512 v)
+{
+    _mm512_mask_storeu_ps(y, km, v);
+}
+
+/* ---- legacy types: blocks of 32, ACT_Q8_32 activations ---- */
+
+INLINE void group_q32(const int type, const int NB, const uint8_t *tiles, int64_t nblk,
+                      const uint8_t *x, size_t ldx, float *y, size_t ldy, __mmask16 km)
+{
+    const size_t tile = type == DT_Q4_0   ? KM_Q4_0_TILE(G)
+                        : type == DT_Q4_1 ? KM_Q4_1_TILE(G)
+                        : type == DT_Q5_0 ? KM_Q5_0_TILE(G)
+                        : type == DT_Q5_1 ? KM_Q5_1_TILE(G)
+                                          : KM_Q8_0_TILE(G);
+    const size_t doff = type == DT_Q4_0   ? KM_Q4_0_D(G)
+                        : type == DT_Q4_1 ? KM_Q4_1_D(G)
+                        : type == DT_Q5_0 ? KM_Q5_0_D(G)
+                        : type == DT_Q5_1 ? KM_Q5_1_D(G)
+                                          : KM_Q8_0_D(G);
+    const size_t moff = type == DT_Q4_1 ? KM_Q4_1_M(G) : KM_Q5_1_M(G);
+    const size_t qhoff = type == DT_Q5_0 ? KM_Q5_0_QH(G) : KM_Q5_1_QH(G);
+    const bool q5 = type == DT_Q5_0 || type == DT_Q5_1;
+    const bool has_m = type == DT_Q4_1 || type == DT_Q5_1;
+    /* isum = sum q*x - off*xsum for the types whose quants carry an offset */
+    const int off = type == DT_Q4_0 ? 8 : type == DT_Q5_0 ? 16 : type == DT_Q8_0 ? 128 : 0;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(0x10);
+
+    __m512 acc[NB_MAX];
+#pragma GCC unroll 16
+    for (int b = 0; b < NB; b++)
+        acc[b] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nblk; i++) {
+        const uint8_t *t = tiles + (size_t)i * tile;
+        const struct act_q8_32 *xa[NB_MAX];
+        __m512i s[NB_MAX];
+#pragma GCC unroll 16
+        for (int b = 0; b < NB; b++) {
+            xa[b] = (const struct act_q8_32 *)(x + (size_t)b * ldx) + i;
+            s[b] = _mm512_set1_epi32(-off * xa[b]->sum);
+        }
+        if (type == DT_Q8_0) {
+#pragma GCC unroll 8
+            for (int kg = 0; kg < 8; kg++) {
+                __m512i w = load64(t + 64 * kg);
+#pragma GCC unroll 16
+                for (int b = 0; b < NB; b++)
+                    s[b] = _mm512_dpbusd_epi32(s[b], w, bcast4(xa[b]->q + 4 * kg));
+            }
+        } else {
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) {
+                __m512i w = load64(t + 64 * v);
+                __m512i lo = _mm512_and_si512(w, m4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+                if (q5) {
+                    lo = _mm512_mask_add_epi8(lo, mask64(t + qhoff + 8 * v), lo, b4);
+                    hi = _mm512_mask_add_epi8(hi, mask64(t + qhoff + 8 * (v + 4)), hi, b4);
+                }
+#pragma GCC unroll 16
+                for (int b = 0; b < NB; b++) {
+                    s[b] = _mm512_dpbusd_epi32(s[b], lo, bcast4(xa[b]->q + 4 * v));
+                    s[b] = _mm512_dpbusd_epi32(s[b], hi, bcast4(xa[b]->q + 16 + 4 * v));
+                }
+            }
+        }
+        __m512 d = half16(t + doff);
+        __m512 m = has_m ? half16(t + moff) : d;
+#pragma GCC unroll 16
+        for (int b = 0; b < NB; b++) {
+            __m512 dx = _mm512_set1_ps(xa[b]->d);
+            acc[b] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(s[b]), acc[b]);
+            if (has_m)
+                acc[b] = _mm512_fmadd_ps(_mm512_mul_ps(m, dx), _mm512_set1_ps((float)xa[b]->sum),
+                                         acc[b]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int b = 0; b < NB; b++)
+        store_rows(y + (size_t)b * ldy, km, acc[b]);
+}
+
+/* ---- K-quants: super-blocks of 256, ACT_Q8_256 activations ---- */
+
+INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t nblk,
+                    const uint8_t *x, size_t ldx, float *y, size_t ldy, __mmask16 km)
+{
+    const bool k5 = type == DT_Q5_K;
+    const size_t tile = k5 ? KM_Q5_K_TILE(G) : KM_Q4_K_TILE(G);
+    const size_t scoff = k5 ? KM_Q5_K_SC(G) : KM_Q4_K_SC(G);
+    const size_t mnoff = k5 ? KM_Q5_K_MN(G) : KM_Q4_K_MN(G);
+    const size_t doff = k5 ? KM_Q5_K_D(G) : KM_Q4_K_D(G);
+    const size_t dminoff = k5 ? KM_Q5_K_DMIN(G) : KM_Q4_K_DMIN(G);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(0x10);
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+
+    __m512 acc[NB_MAX];
+#pragma GCC unroll 16
+    for (int b = 0; b < NB; b++)
+        acc[b] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nblk; i++) {
+        const uint8_t *t = tiles + (size_t)i * tile;
+        const struct act_q8_256 *xa[NB_MAX];
+        __m512i is[NB_MAX];
+#pragma GCC unroll 16
+        for (int b = 0; b < NB; b++) {
+            xa[b] = (const struct act_q8_256 *)(x + (size_t)b * ldx) + i;
+            is[b] = _mm512_setzero_si512();
+        }
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *tq = t + 64 * 8 * (j / 2);
+            __m512i dt[NB_MAX];
+#pragma GCC unroll 16
+            for (int b = 0; b < NB; b++)
+                dt[b] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int p = 0; p < 8; p++) {
+                __m512i w = load64(tq + 64 * p);
+                w = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(w, 4) : w, m4);
+                if (k5)
+                    w = _mm512_mask_add_epi8(w, mask64(t + KM_Q5_K_QH(G) + 8 * (8 * j + p)), w, b4);
+#pragma GCC unroll 16
+                for (int b = 0; b < NB; b++)
+                    dt[b] = _mm512_dpbusd_epi32(dt[b], w, bcast4(xa[b]->q + 32 * j + 4 * p));
+            }
+            __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(t + scoff + G * j)));
+#pragma GCC unroll 16
+            for (int b = 0; b < NB; b++)
+                is[b] = _mm512_add_epi32(is[b], _mm512_mullo_epi32(dt[b], sc));
+        }
+        __m512 d = half16(t + doff), dmin = half16(t + dminoff);
+        __m512i mn[4];
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++)
+            mn[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(t + mnoff + 2 * G * p)));
+#pragma GCC unroll 16
+        for (int b = 0; b < NB; b++) {
+            __m512 dx = _mm512_set1_ps(xa[b]->d);
+            acc[b] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(is[b]), acc[b]);
+            /* msum = sum_j mn[j]*(bsums[2j]+bsums[2j+1]), pairs of j per 16-bit madd */
+            __m256i bs = _mm256_loadu_si256((const __m256i *)xa[b]->bsums);
+            __m256i xs = _mm256_madd_epi16(bs, _mm256_set1_epi16(1));
+            __m128i xs16 = _mm256_cvtepi32_epi16(xs);
+            int32_t pair[4];
+            _mm_storeu_si128((__m128i *)pair, xs16);
+            __m512i ms = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++)
+                ms = _mm512_dpwssd_epi32(ms, mn[p], _mm512_set1_epi32(pair[p]));
+            __m512 ndm = _mm512_xor_ps(_mm512_mul_ps(dmin, dx), sign);
+            acc[b] = _mm512_fmadd_ps(ndm, _mm512_cvtepi32_ps(ms), acc[b]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int b = 0; b < NB; b++)
+        store_rows(y + (size_t)b * ldy, km, acc[b]);
+}
+
+INLINE void group_q6k(const int NB, const uint8_t *tiles, int64_t nblk, const uint8_t *x,
+                      size_t ldx, float *y, size_t ldy, __mmask16 km)
+{
+    const size_t tile = KM_Q6_K_TILE(G);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x30);
+
+    __m512 acc[NB_MAX];
+#pragma GCC unroll 16
+    for (int b = 0; b < NB; b++)
+        acc[b] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nblk; i++) {
+        const uint8_t *t = tiles + (size_t)i * tile;
+        const struct act_q8_256 *xa[NB_MAX];
+        __m512i is[NB_MAX];
+#pragma GCC unroll 16
+        for (int b = 0; b < NB; b++) {
+            xa[b] = (const struct act_q8_256 *)(x + (size_t)b * ldx) + i;
+            is[b] = _mm512_setzero_si512();
+        }
+        for (int j = 0; j < 16; j++) {
+            const uint8_t *tq = t + 64 * 4 * (j / 2);
+            __m512i hv = load64(t + KM_Q6_K_QH(G) + 64 * j);
+            __m512i dt[NB_MAX];
+            /* sum (q-32)*x = sum q*x - 32*bsums[j] */
+#pragma GCC unroll 16
+            for (int b = 0; b < NB; b++)
+                dt[b] = _mm512_set1_epi32(-32 * xa[b]->bsums[j]);
+#pragma GCC unroll 4
+            for (int s = 0; s < 4; s++) {
+                __m512i w = load64(tq + 64 * s);
+                w = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(w, 4) : w, m4);
+                __m512i h = s == 0 ? _mm512_slli_epi16(hv, 4)
+                            : s == 1 ? _mm512_slli_epi16(hv, 2)
+                            : s == 2 ? hv
+                                     : _mm512_srli_epi16(hv, 2);
+                w = _mm512_or_si512(w, _mm512_and_si512(h, m2));
+#pragma GCC unroll 16
+                for (int b = 0; b < NB; b++)
+                    dt[b] = _mm512_dpbusd_epi32(dt[b], w, bcast4(xa[b]->q + 16 * j + 4 * s));
+            }
+            __m512i sc = _mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i *)(t + KM_Q6_K_SC(G) + G * j)));
+#pragma GCC unroll 16
+            for (int b = 0; b < NB; b++)
+                is[b] = _mm512_add_epi32(is[b], _mm512_mullo_epi32(dt[b], sc));
+        }
+        __m512 d = half16(t + KM_Q6_K_D(G));
+#pragma GCC unroll 16
+        for (int b = 0; b < NB; b++) {
+            __m512 dx = _mm512_set1_ps(xa[b]->d);
+            acc[b] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(is[b]), acc[b]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int b = 0; b < NB; b++)
+        store_rows(y + (size_t)b * ldy, km, acc[b]);
+}
+
+typedef void group_fn(int NB, const uint8_t *tiles, int64_t nblk, const uint8_t *x, size_t ldx,
+                      float *y, size_t ldy, __mmask16 km);
+
+#define NB_CASES(CALL)                                                                    \
+    switch (NB) {                                                                         \
+    case 1: CALL(1); break;                                                               \
+    case 2: CALL(2); break;                                                               \
+    case 3: CALL(3); break;                                                               \
+    case 4: CALL(4); break;                                                               \
+    case 5: CALL(5); break;                                                               \
+    case 6: CALL(6); break;                                                               \
+    case 7: CALL(7); break;                                                               \
+    default: CALL(8); break;                                                              \
+    }
+
+#define GROUP_FN(name)                                                                    \
+    static void name(int NB, const uint8_t *tiles, int64_t nblk, const uint8_t *x,       \
+                     size_t ldx, float *y, size_t ldy, __mmask16 km)                      \
+    {                                                                                     \
+        NB_CASES(name##_CALL)                                                             \
+    }
+
+#define q4_0_CALL(n) group_q32(DT_Q4_0, n, tiles, nblk, x, ldx, y, ldy, km)
+#define q4_1_CALL(n) group_q32(DT_Q4_1, n, tiles, nblk, x, ldx, y, ldy, km)
+#define q5_0_CALL(n) group_q32(DT_Q5_0, n, tiles, nblk, x, ldx, y, ldy, km)
+#define q5_1_CALL(n) group_q32(DT_Q5_1, n, tiles, nblk, x, ldx, y, ldy, km)
+#define q8_0_CALL(n) group_q32(DT_Q8_0, n, tiles, nblk, x, ldx, y, ldy, km)
+#define q4_k_CALL(n) group_k(DT_Q4_K, n, tiles, nblk, x, ldx, y, ldy, km)
+#define q5_k_CALL(n) group_k(DT_Q5_K, n, tiles, nblk, x, ldx, y, ldy, km)
+#define q6_k_CALL(n) group_q6k(n, tiles, nblk, x, ldx, y, ldy, km)
+
+GROUP_FN(q4_0)
+GROUP_FN(q4_1)
+GROUP_FN(q5_0)
+GROUP_FN(q5_1)
+GROUP_FN(q8_0)
+GROUP_FN(q4_k)
+GROUP_FN(q5_k)
+GROUP_FN(q6_k)
+
+static void run_tiles(group_fn *fn, const struct km_view *v, const uint8_t *x, size_t ldx,
+                      int B, float *y, size_t ldy, int64_t r0, int64_t r1)
+{
+    int nch = (B + NB_MAX - 1) / NB_MAX;
+    for (int64_t g = r0 / G; g * G < r1; g++) {
+        int64_t lo = r0 > g * G ? r0 - g * G : 0;
+        int64_t hi = r1 < (g + 1) * G ? r1 - g * G : G;
+        __mmask16 km = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+        const uint8_t *tiles = v->data + (size_t)g * (size_t)v->nblk * v->tile;
+        for (int c = 0, b0 = 0; c < nch; c++) {
+            int nb = (B - b0 + (nch - c) - 1) / (nch - c);
+            fn(nb, tiles, v->nblk, x + (size_t)b0 * ldx, ldx, y + (size_t)b0 * ldy + g * G, ldy,
+               km);
+            b0 += nb;
+        }
+    }
+}
+
+/* ---- float weights: 16 lanes per row, element k in lane k%16 ---- */
+
+INLINE __m512 fload(const int type, const uint8_t *row, int64_t k)
+{
+    if (type == DT_F32)
+        return _mm512_loadu_ps((const float *)row + k);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k));
+    if (type == DT_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+INLINE __m512 fload_mask(const int type, const uint8_t *row, int64_t k, __mmask16 m)
+{
+    if (type == DT_F32)
+        return _mm512_maskz_loadu_ps(m, (const float *)row + k);
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + k);
+    if (type == DT_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* The fixed tree of kern.h: lane[l] += lane[l+s] for s = 8, 4, 2, 1. */
+INLINE float reduce16(__m512 v)
+{
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));
+    return _mm_cvtss_f32(d);
+}
+
+INLINE void rows_float(const int type, const int R, const int NB, const uint8_t *w, size_t rb,
+                       int64_t cols, const uint8_t *x, size_t ldx, float *y, size_t ldy)
+{
+    __m512 acc[RF][NBF_MAX];
+    const float *xb[NBF_MAX];
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; b++) {
+        xb[b] = (const float *)(x + (size_t)b * ldx);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            acc[r][b] = _mm512_setzero_ps();
+    }
+    int64_t k = 0;
+    for (; k + 16 <= cols; k += 16) {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512 wv = fload(type, w + (size_t)r * rb, k);
+#pragma GCC unroll 8
+            for (int b = 0; b < NB; b++)
+                acc[r][b] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xb[b] + k), acc[r][b]);
+        }
+    }
+    if (k < cols) {
+        __mmask16 m = (__mmask16)((1u << (cols - k)) - 1);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512 wv = fload_mask(type, w + (size_t)r * rb, k, m);
+#pragma GCC unroll 8
+            for (int b = 0; b < NB; b++)
+                acc[r][b] = _mm512_mask3_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, xb[b] + k),
+                                                  acc[r][b], m);
+        }
+    }
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; b++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            y[(size_t)b * ldy + (size_t)r] = reduce16(acc[r][b]);
+}
+
+typedef void float_fn(int R, int NB, const uint8_t *w, size_t rb, int64_t cols, const uint8_t *x,
+                      size_t ldx, float *y, size_t ldy);
+
+#define RF_CASES(T, R)                                                                     \
+    switch (NB) {                                                                          \
+    case 1: rows_float(T, R, 1, w, rb, cols, x, ldx, y, ldy); break;                      \
+    case 2: rows_float(T, R, 2, w, rb, cols, x, ldx, y, ldy); break;                      \
+    case 3: rows_float(T, R, 3, w, rb, cols, x, ldx, y, ldy); break;                      \
+    case 4: rows_float(T, R, 4, w, rb, cols, x, ldx, y, ldy); break;                      \
+    case 5: rows_float(T, R, 5, w, rb, cols, x, ldx, y, ldy); break;                      \
+    default: rows_float(T, R, 6, w, rb, cols, x, ldx, y, ldy); break;                     \
+    }
+
+#define FLOAT_FN(name, T)                                                                  \
+    static void name(int R, int NB, const uint8_t *w, size_t rb, int64_t cols,             \
+                     const uint8_t *x, size_t ldx, float *y, size_t ldy)                   \
+    {                                                                                      \
+        _Static_assert(NBF_MAX == 6 && RF == 4, "cases");                                  \
+        switch (R) {                                                                       \
+        case 1: RF_CASES(T, 1) break;                                                      \
+        case 2: RF_CASES(T, 2) break;                                                      \
+        case 3: RF_CASES(T, 3) break;                                                      \
+        default: RF_CASES(T, 4) break;                                                     \
+        }                                                                                  \
+    }
+
+FLOAT_FN(f32, DT_F32)
+FLOAT_FN(f16, DT_F16)
+FLOAT_FN(bf16, DT_BF16)
+
+static void run_float(float_fn *fn, const struct km_view *v, const uint8_t *x, size_t ldx, int B,
+                      float *y, size_t ldy, int64_t r0, int64_t r1)
+{
+    int nch = (B + NBF_MAX - 1) / NBF_MAX;
+    for (int64_t r = r0; r < r1; r += RF) {
+        int R = r1 - r < RF ? (int)(r1 - r) : RF;
+        for (int c = 0, b0 = 0; c < nch; c++) {
+            int nb = (B - b0 + (nch - c) - 1) / (nch - c);
+            fn(R, nb, v->data + (size_t)r * v->row_bytes, v->row_bytes, v->cols,
+               x + (size_t)b0 * ldx, ldx, y + (size_t)b0 * ldy + r, ldy);
+            b0 += nb;
+        }
+    }
+}
+
+void kern_mat_avx512_run(const struct km_view *v, const void *xq, size_t ldx, int B, float *y,
+                         size_t ldy, int64_t r0, int64_t r1)
+{
+    const uint8_t *x = xq;
+    switch (v->type) {
+    case DT_Q4_0: run_tiles(q4_0, v, x, ldx, B, y, ldy, r0, r1); break;
+    case DT_Q4_1: run_tiles(q4_1, v, x, ldx, B, y, ldy, r0, r1); break;
+    case DT_Q5_0: run_tiles(q5_0, v, x, ldx, B, y, ldy, r0, r1); break;
+    case DT_Q5_1: run_tiles(q5_1, v, x, ldx, B, y, ldy, r0, r1); break;
+    case DT_Q8_0: run_tiles(q8_0, v, x, ldx, B, y, ldy, r0, r1); break;
+    case DT_Q4_K: run_tiles(q4_k, v, x, ldx, B, y, ldy, r0, r1); break;
+    case DT_Q5_K: run_tiles(q5_k, v, x, ldx, B, y, ldy, r0, r1); break;
+    case DT_Q6_K: run_tiles(q6_k, v, x, ldx, B, y, ldy, r0, r1); break;
+    case DT_F32: run_float(f32, v, x, ldx, B, y, ldy, r0, r1); break;
+    case DT_F16: run_float(f16, v, x, ldx, B, y, ldy, r0, r1); break;
+    case DT_BF16: run_float(bf16, v, x, ldx, B, y, ldy, r0, r1); break;
+    default: break;
+    }
+}

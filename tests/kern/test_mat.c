@@ -1,0 +1,269 @@
+/* kern_matmul on every path this CPU has must equal kern_matmul_ref bit for bit, for
+ * every batch size and row split (the batch-invariance contract of kern.h).
+ * CAIRN_KERN_BENCH=1 also prints weight GB/s for B=1 and the time ratio B=8/B=1 on a
+ * 2048x8192 matrix per type and path (printed only, never asserted). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/dtype.h"
+#include "base/err.h"
+#include "kern/kern.h"
+#include "testutil.h"
+
+static const int types[] = {DT_F32, DT_F16, DT_BF16, DT_Q4_0, DT_Q4_1, DT_Q5_0,
+                            DT_Q5_1, DT_Q8_0, DT_Q4_K, DT_Q5_K, DT_Q6_K};
+#define NTYPES ((int)(sizeof types / sizeof types[0]))
+static const enum kern_path paths[] = {KERN_PATH_REF, KERN_PATH_AVX2, KERN_PATH_AVX512,
+                                       KERN_PATH_AMX};
+#define NPATHS ((int)(sizeof paths / sizeof paths[0]))
+
+/* Random float with a per-row magnitude, and now and then an outlier. */
+static float rand_weight(uint64_t *rng, int64_t r)
+{
+    float v = test_rand_float(rng) * (0.05f + 0.1f * (float)(r % 7));
+    if ((test_rand_u64(rng) & 63) == 0)
+        v *= 8.0f;
+    return v;
+}
+
+/* Weights of `type` as GGUF rows: quantized from random floats (mode 0), or random
+ * bytes with finite scales, which reach every quant value the format can hold (mode 1). */
+static void *make_weights(int type, int64_t rows, int64_t cols, int mode, uint64_t *rng)
+{
+    int64_t rb = dtype_row_bytes(type, cols);
+    uint8_t *w = malloc((size_t)(rows * rb));
+    float *f = malloc((size_t)cols * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t k = 0; k < cols; k++)
+            f[k] = rand_weight(rng, r);
+        uint8_t *row = w + r * rb;
+        if (mode == 0 || type == DT_F32 || type == DT_F16 || type == DT_BF16) {
+            int rc = kern_quantize_row(type, f, row, cols);
+            CHECK(rc == 0, "kern_quantize_row(%s) = %d", dtype_name(type), rc);
+            continue;
+        }
+        for (int64_t i = 0; i < rb; i++)
+            row[i] = (uint8_t)test_rand_u64(rng);
+        /* Overwrite the half-float scales with finite ones. */
+        const struct dtype_info *ti = dtype_info(type);
+        for (int64_t b = 0; b < cols / ti->block_elems; b++) {
+            uint8_t *blk = row + b * ti->block_bytes;
+            int off[2] = {0, 2}, n = 1;
+            if (type == DT_Q4_1 || type == DT_Q5_1 || type == DT_Q4_K || type == DT_Q5_K)
+                n = 2;
+            if (type == DT_Q6_K)
+                off[0] = 208;
+            for (int s = 0; s < n; s++) {
+                uint16_t h = kern_f32_to_f16(test_rand_float(rng) * 0.01f);
+                memcpy(blk + off[s], &h, 2);
+            }
+        }
+    }
+    free(f);
+    return w;
+}
+
+/* B activation rows (stride ldx bytes) quantized for `type` from random floats with
+ * per-row magnitudes; row 1 is all zeros when B > 1. */
+static uint8_t *make_acts(int type, int64_t cols, int B, size_t ldx, uint64_t *rng)
+{
+    uint8_t *xq = calloc((size_t)B, ldx);
+    float *f = malloc((size_t)cols * sizeof(float));
+    for (int b = 0; b < B; b++) {
+        float mag = b == 1 ? 0.0f : powf(2.0f, (float)(b % 9) - 3.0f);
+        for (int64_t k = 0; k < cols; k++)
+            f[k] = test_rand_float(rng) * mag * ((k / 32) % 3 == 2 ? 10.0f : 1.0f);
+        kern_act_quantize(type, f, xq + (size_t)b * ldx, cols);
+    }
+    free(f);
+    return xq;
+}
+
+static bool path_on_cpu(enum kern_path p)
+{
+    if (p == KERN_PATH_AVX2) /* TODO: AVX2 kernels not written yet */
+        return false;
+    return p == KERN_PATH_REF || (int)p <= (int)kern_best_path();
+}
+
+/* One (type, shape, weight mode) case over all paths, batch sizes and splits. */
+static void check_case(int type, int64_t rows, int64_t cols, int mode, uint64_t *rng)
+{
+    static const int Bs[] = {1, 2, 3, 5, 8, 16, 33};
+    void *w = make_weights(type, rows, cols, mode, rng);
+    size_t ldx = kern_act_row_bytes(type, cols) + 8;
+    size_t ldy = (size_t)rows + 3;
+    int Bmax = 33;
+    uint8_t *xq = make_acts(type, cols, Bmax, ldx, rng);
+    float *want = malloc((size_t)Bmax * ldy * sizeof(float));
+    float *got = malloc((size_t)Bmax * ldy * sizeof(float));
+    memset(want, 0x7f, (size_t)Bmax * ldy * sizeof(float));
+    kern_matmul_ref(type, w, cols, xq, ldx, Bmax, want, ldy, 0, rows);
+
+    for (int pi = 0; pi < NPATHS; pi++) {
+        enum kern_path p = paths[pi];
+        struct kern_mat *m = NULL;
+        char err[256] = "";
+        int rc = kern_mat_create(&m, type, w, rows, cols, p, err, sizeof err);
+        if (!path_on_cpu(p)) {
+            CHECK(rc == CAIRN_EUNSUPPORTED || p == KERN_PATH_AVX2, "path %s not on this CPU but create gave %d",
+                  kern_path_name(p), rc);
+            kern_mat_release(m);
+            continue;
+        }
+        CHECK(rc == 0, "create %s %s %lldx%lld: %d %s", dtype_name(type), kern_path_name(p),
+              (long long)rows, (long long)cols, rc, err);
+        if (rc)
+            continue;
+        CHECK(kern_mat_path(m) == p, "path %d != %d", kern_mat_path(m), p);
+        CHECK_EQ_INT(kern_mat_rows(m), rows);
+        CHECK_EQ_INT(kern_mat_cols(m), cols);
+        CHECK_EQ_INT(kern_mat_type(m), type);
+        int al = kern_mat_row_align(m);
+        CHECK(al >= 1 && al <= 64, "row align %d", al);
+        /* Splits: whole, aligned parts (last ends at rows), and one unaligned part. */
+        int64_t cut1 = al, cut2 = 2 * (int64_t)al;
+        int64_t splits[][2] = {{0, rows}, {0, cut1}, {cut1, rows}, {0, cut1}, {cut1, cut2},
+                               {cut2, rows}, {3, rows - 2}};
+        for (size_t bi = 0; bi < sizeof Bs / sizeof Bs[0]; bi++) {
+            int B = Bs[bi];
+            for (int s = 0; s < 7; s++) {
+                int64_t r0 = splits[s][0], r1 = splits[s][1];
+                if (r1 > rows || r0 >= r1)
+                    continue;
+                memset(got, 0x7f, (size_t)Bmax * ldy * sizeof(float));
+                kern_matmul(m, xq, ldx, B, got, ldy, r0, r1);
+                int bad = 0;
+                for (int b = 0; b < B && !bad; b++) {
+                    for (int64_t r = 0; r < (int64_t)ldy; r++) {
+                        float *g = got + (size_t)b * ldy + r;
+                        float *e = want + (size_t)b * ldy + r;
+                        uint32_t sentinel = 0x7f7f7f7f, gv;
+                        memcpy(&gv, g, 4);
+                        bool inside = r >= r0 && r < r1;
+                        if (inside ? memcmp(g, e, 4) != 0 : gv != sentinel) {
+                            CHECK(0, "%s %s mode %d %lldx%lld B=%d rows [%lld,%lld): y[%d][%lld] = "
+                                  "%a, want %a%s", dtype_name(type), kern_path_name(p), mode,
+                                  (long long)rows, (long long)cols, B, (long long)r0,
+                                  (long long)r1, b, (long long)r, *g, *e,
+                                  inside ? "" : " (outside the range: must stay untouched)");
+                            bad = 1;
+                            break;
+                        }
+                    }
+                }
+                if (!bad)
+                    test_passed++;
+            }
+        }
+        kern_mat_release(m);
+    }
+    free(w);
+    free(xq);
+    free(want);
+    free(got);
+}
+
+static void test_bitwise(void)
+{
+    uint64_t rng = 42;
+    for (int t = 0; t < NTYPES; t++) {
+        int type = types[t];
+        int be = dtype_info(type)->block_elems;
+        int64_t colss[] = {256, 896, 2048, 100};
+        for (int c = 0; c < 4; c++) {
+            int64_t cols = colss[c];
+            if (cols % be)
+                continue;
+            check_case(type, 37, cols, 0, &rng);
+            if (be > 1)
+                check_case(type, 37, cols, 1, &rng);
+        }
+        check_case(type, 5, be > 1 ? 256 : 48, 0, &rng);  /* fewer rows than one group */
+    }
+}
+
+static void test_errors(void)
+{
+    struct kern_mat *m = (struct kern_mat *)1;
+    char err[128] = "";
+    uint8_t buf[64] = {0};
+    CHECK(kern_mat_create(&m, DT_Q2_K, buf, 1, 256, KERN_PATH_AUTO, err, sizeof err) ==
+              CAIRN_EUNSUPPORTED && m == NULL, "Q2_K must be refused (%s)", err);
+    CHECK(kern_mat_create(&m, DT_Q4_0, buf, 1, 33, KERN_PATH_AUTO, err, sizeof err) ==
+              CAIRN_EINVAL && m == NULL, "cols not a multiple of 32 must be refused (%s)", err);
+    CHECK(kern_mat_create(&m, DT_Q4_0, buf, 0, 32, KERN_PATH_AUTO, err, sizeof err) ==
+              CAIRN_EINVAL, "zero rows must be refused (%s)", err);
+    kern_mat_release(NULL);
+    enum kern_path best = kern_best_path();
+    CHECK(best != KERN_PATH_AUTO, "best path is %s", kern_path_name(best));
+    printf("best path: %s\n", kern_path_name(best));
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Seconds per product of B rows, best of a few runs. */
+static double time_product(const struct kern_mat *m, const void *xq, size_t ldx, int B,
+                           float *y, size_t ldy)
+{
+    double best = 1e30;
+    int64_t rows = kern_mat_rows(m);
+    for (int rep = 0; rep < 5; rep++) {
+        int n = 0;
+        double t0 = now_s(), t;
+        do {
+            kern_matmul(m, xq, ldx, B, y, ldy, 0, rows);
+            n++;
+            t = now_s() - t0;
+        } while (t < 0.05);
+        if (t / n < best)
+            best = t / n;
+    }
+    return best;
+}
+
+static void bench(void)
+{
+    const int64_t rows = 2048, cols = 8192;
+    uint64_t rng = 7;
+    printf("bench: rows=%lld cols=%lld, GB/s of weights at B=1, time ratio B=8/B=1\n",
+           (long long)rows, (long long)cols);
+    for (int t = 0; t < NTYPES; t++) {
+        int type = types[t];
+        void *w = make_weights(type, rows, cols, 0, &rng);
+        size_t ldx = kern_act_row_bytes(type, cols);
+        uint8_t *xq = make_acts(type, cols, 8, ldx, &rng);
+        float *y = malloc((size_t)8 * rows * sizeof(float));
+        for (int pi = 0; pi < NPATHS; pi++) {
+            struct kern_mat *m = NULL;
+            if (kern_mat_create(&m, type, w, rows, cols, paths[pi], NULL, 0))
+                continue;
+            double t1 = time_product(m, xq, ldx, 1, y, rows);
+            double t8 = time_product(m, xq, ldx, 8, y, rows);
+            printf("bench %-5s %-7s B=1 %7.2f GB/s (%8.3f ms)  B=8/B=1 %5.2f\n",
+                   dtype_name(type), kern_path_name(paths[pi]),
+                   (double)kern_mat_bytes(m) / t1 * 1e-9, t1 * 1e3, t8 / t1);
+            kern_mat_release(m);
+        }
+        free(w);
+        free(xq);
+        free(y);
+    }
+}
+
+int main(void)
+{
+    test_errors();
+    test_bitwise();
+    const char *b = getenv("CAIRN_KERN_BENCH");
+    if (b && strcmp(b, "1") == 0)
+        bench();
+    return test_main_end();
+}
