@@ -318,6 +318,21 @@ static void write_and_read(uint32_t alignment)
     CHECK(gguf_find_tensor(f, "nope") == NULL, "unknown tensor found");
     CHECK(gguf_tensor(f, NT) == NULL && gguf_tensor(f, -1) == NULL, "tensor index out of range");
 
+    /* Every truncation of the written file is refused (its last tensor, 128 bytes, ends
+     * at the end of the file: no trailing padding to cut harmlessly). */
+    int trunc_ok = 0;
+    for (uint64_t n = 0; n < gguf_file_size(f); n++) {
+        uint8_t *copy = malloc(n ? n : 1);
+        memcpy(copy, base, n);
+        struct gguf_file *g = NULL;
+        err[0] = 0;
+        if (gguf_open_memory(&g, copy, n, err, sizeof err) == 0 || !err[0] || g)
+            trunc_ok++;
+        gguf_close(g);
+        free(copy);
+    }
+    CHECK(trunc_ok == 0, "%d truncations of %llu bytes accepted", trunc_ok, (unsigned long long)gguf_file_size(f));
+
     /* Copying every kv and tensor into a new file reproduces the same bytes. */
     struct gguf_writer *w2;
     gguf_writer_create(&w2);
