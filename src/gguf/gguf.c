@@ -374,7 +374,6 @@ static int parse_tensor(struct rd *r, struct gguf_file *f, uint64_t i)
         return fail_at(r, at, "n_dims %u not in 1..%d", nd, GGUF_MAX_DIMS);
     t->n_dims = (int)nd;
     int64_t nel = 1;
-    bool zero = false;
     for (int d = 0; d < GGUF_MAX_DIMS; d++)
         t->ne[d] = 1;
     for (uint32_t d = 0; d < nd; d++) {
@@ -387,11 +386,11 @@ static int parse_tensor(struct rd *r, struct gguf_file *f, uint64_t i)
         if (v > INT64_MAX)
             return fail_at(r, at, "dim %u = %lld is negative", d, (long long)(int64_t)v);
         t->ne[d] = (int64_t)v;
-        if (v == 0)
-            zero = true;
-        else if (!zero && nel > INT64_MAX / (int64_t)v)
+        /* Zero dims count as 1 here so that no product of some dims (rows = ne1*ne2*ne3)
+         * overflows in the callers either. */
+        if (v && nel > INT64_MAX / (int64_t)v)
             return fail_at(r, at, "dim %u = %llu makes the element count overflow int64", d, (ull)v);
-        else if (!zero)
+        if (v)
             nel *= (int64_t)v;
     }
     at = r->pos;
@@ -405,8 +404,7 @@ static int parse_tensor(struct rd *r, struct gguf_file *f, uint64_t i)
     if (t->ne[0] % ti->block_elems)
         return fail_at(r, at, "ne[0] = %lld is not a multiple of the %s block size %d", (long long)t->ne[0], ti->name,
                        ti->block_elems);
-    /* Bytes: row bytes times rows, with an overflow check (rows may exceed INT64_MAX
-     * only when ne[0] is 0, then the size is 0). */
+    /* Bytes: row bytes times rows, with an overflow check. */
     uint64_t blocks = (uint64_t)(t->ne[0] / ti->block_elems);
     if (blocks > UINT64_MAX / (uint64_t)ti->block_bytes)
         return fail_at(r, at, "size in bytes overflows 64 bits");

@@ -43,7 +43,8 @@ struct gguf_array {
 struct gguf_tensor {
     char name[256];              /* NUL-terminated copy (names longer than 255 are refused) */
     int n_dims;
-    int64_t ne[GGUF_MAX_DIMS];   /* ne[0] is the row length (fastest-varying); unused dims are 1 */
+    int64_t ne[GGUF_MAX_DIMS];   /* ne[0] is the row length (fastest-varying); unused dims are 1;
+                                    the product of the nonzero dims fits int64 */
     int type;                    /* enum dtype */
     uint64_t offset;             /* from the start of the data section */
     uint64_t size;               /* bytes */
