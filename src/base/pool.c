@@ -3,10 +3,15 @@
 #include "base/err.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#define SPIN_ITERS 200000
+/* Waiting: spin briefly (a decode step issues hundreds of jobs a few microseconds
+ * apart), then yield the core (when threads outnumber free cores, a spinning waiter
+ * would hold the core its peer needs), then sleep. */
+#define SPIN_ITERS 4000
+#define YIELD_ITERS 2000
 
 struct pool {
     int n_threads;
@@ -39,6 +44,10 @@ static void *worker_main(void *arg_)
                !atomic_load(&p->stop)) {
             if (++spins < SPIN_ITERS) {
                 __builtin_ia32_pause();
+                continue;
+            }
+            if (spins < SPIN_ITERS + YIELD_ITERS) {
+                sched_yield();
                 continue;
             }
             pthread_mutex_lock(&p->mu);
@@ -119,8 +128,12 @@ void pool_run(struct pool *p, pool_fn fn, void *ctx)
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     fn(ctx, 0, p->n_threads);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0)
-        __builtin_ia32_pause();
+    for (int spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spins++) {
+        if (spins < SPIN_ITERS)
+            __builtin_ia32_pause();
+        else
+            sched_yield();
+    }
 }
 
 void pool_split(long n, long align, int ith, int nth, long *lo, long *hi)
