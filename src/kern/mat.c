@@ -175,13 +175,13 @@ static void put_nibbles(uint8_t *t, const uint8_t *q, int r, int G, int P, int n
     }
 }
 
-/* Bit 4 of each quant of row r as one mask of 4G bits per k-group. */
+/* Bit 4 of each quant of row r into bit planes of 8 k-groups each. */
 static void put_bit4(uint8_t *t, const uint8_t *q, int r, int G, int nkg)
 {
     for (int kg = 0; kg < nkg; kg++)
         for (int i = 0; i < 4; i++)
             if (q[4 * kg + i] & 0x10)
-                t[kg * (G / 2) + (4 * r + i) / 8] |= (uint8_t)(1u << ((4 * r + i) % 8));
+                t[(kg / 8) * 4 * G + 4 * r + i] |= (uint8_t)(1u << (kg % 8));
 }
 
 static void put_half(uint8_t *t, uint16_t h, int r)
@@ -243,7 +243,7 @@ static void pack_row(int type, int G, const struct decoded *dc, int r, uint8_t *
                     qh[h * 4 * G + 4 * r + i] |=
                         (uint8_t)(((dc->q[4 * (4 * h + s) + i] >> 4) & 3) << (2 * s));
         for (int j = 0; j < 16; j++)
-            t[KM_Q6_K_SC(G) + j * G + r] = dc->sc[j];
+            t[KM_Q6_K_SC(G) + (j / 2) * 2 * G + 2 * r + j % 2] = dc->sc[j];
         put_half(t + KM_Q6_K_D(G), dc->d, r);
         break;
     }

@@ -35,11 +35,27 @@ INLINE __m512i load64(const uint8_t *p)
     return _mm512_loadu_si512((const void *)p);
 }
 
-INLINE __mmask64 mask64(const uint8_t *p)
+/* Software prefetch of the tile streamed PF_AHEAD bytes later: with B > 1 the kernels
+ * consume weights too slowly for the hardware prefetcher to hide memory latency. */
+#ifndef PF_AHEAD
+#define PF_AHEAD 32768
+#endif
+INLINE void prefetch_tile(const uint8_t *t, size_t tile)
 {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return (__mmask64)v;
+    for (size_t o = 0; o < tile; o += 64)
+        _mm_prefetch((const char *)t + PF_AHEAD + o, _MM_HINT_T0);
+}
+
+/* Bit s of each byte of a bit plane moved to bit 4 (other bits garbage). */
+INLINE __m512i plane_bit4(__m512i plane, const int s)
+{
+    return s < 4 ? _mm512_slli_epi16(plane, 4 - s) : s > 4 ? _mm512_srli_epi16(plane, s - 4) : plane;
+}
+
+/* q | (h & 0x10) */
+INLINE __m512i or_bit4(__m512i q, __m512i h)
+{
+    return _mm512_ternarylogic_epi32(q, h, _mm512_set1_epi8(0x10), 0xf8);
 }
 
 /* y rows of one group: lanes in km only, so splits need not be aligned. */
@@ -69,7 +85,7 @@ INLINE void group_q32(const int type, const int NB, const uint8_t *tiles, int64_
     const bool has_m = type == DT_Q4_1 || type == DT_Q5_1;
     /* isum = sum q*x - off*xsum for the types whose quants carry an offset */
     const int off = type == DT_Q4_0 ? 8 : type == DT_Q5_0 ? 16 : type == DT_Q8_0 ? 128 : 0;
-    const __m512i m4 = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(0x10);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
 
     __m512 acc[NB_MAX];
 #pragma GCC unroll 16
@@ -77,6 +93,7 @@ INLINE void group_q32(const int type, const int NB, const uint8_t *tiles, int64_
         acc[b] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nblk; i++) {
         const uint8_t *t = tiles + (size_t)i * tile;
+        prefetch_tile(t, tile);
         const struct act_q8_32 *xa[NB_MAX];
         __m512i s[NB_MAX];
 #pragma GCC unroll 16
@@ -99,8 +116,9 @@ INLINE void group_q32(const int type, const int NB, const uint8_t *tiles, int64_
                 __m512i lo = _mm512_and_si512(w, m4);
                 __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
                 if (q5) {
-                    lo = _mm512_mask_add_epi8(lo, mask64(t + qhoff + 8 * v), lo, b4);
-                    hi = _mm512_mask_add_epi8(hi, mask64(t + qhoff + 8 * (v + 4)), hi, b4);
+                    __m512i plane = load64(t + qhoff);
+                    lo = or_bit4(lo, plane_bit4(plane, v));
+                    hi = or_bit4(hi, plane_bit4(plane, v + 4));
                 }
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++) {
@@ -136,7 +154,7 @@ INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t 
     const size_t mnoff = k5 ? KM_Q5_K_MN(G) : KM_Q4_K_MN(G);
     const size_t doff = k5 ? KM_Q5_K_D(G) : KM_Q4_K_D(G);
     const size_t dminoff = k5 ? KM_Q5_K_DMIN(G) : KM_Q4_K_DMIN(G);
-    const __m512i m4 = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(0x10);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512 sign = _mm512_set1_ps(-0.0f);
 
     __m512 acc[NB_MAX];
@@ -145,6 +163,7 @@ INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t 
         acc[b] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nblk; i++) {
         const uint8_t *t = tiles + (size_t)i * tile;
+        prefetch_tile(t, tile);
         const struct act_q8_256 *xa[NB_MAX];
         __m512i is[NB_MAX];
 #pragma GCC unroll 16
@@ -163,7 +182,7 @@ INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t 
                 __m512i w = load64(tq + 64 * p);
                 w = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(w, 4) : w, m4);
                 if (k5)
-                    w = _mm512_mask_add_epi8(w, mask64(t + KM_Q5_K_QH(G) + 8 * (8 * j + p)), w, b4);
+                    w = or_bit4(w, plane_bit4(load64(t + KM_Q5_K_QH(G) + 64 * j), p));
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++)
                     dt[b] = _mm512_dpbusd_epi32(dt[b], w, bcast4(xa[b]->q + 32 * j + 4 * p));
@@ -213,6 +232,7 @@ INLINE void group_q6k(const int NB, const uint8_t *tiles, int64_t nblk, const ui
         acc[b] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nblk; i++) {
         const uint8_t *t = tiles + (size_t)i * tile;
+        prefetch_tile(t, tile);
         const struct act_q8_256 *xa[NB_MAX];
         __m512i is[NB_MAX];
 #pragma GCC unroll 16
@@ -241,8 +261,10 @@ INLINE void group_q6k(const int NB, const uint8_t *tiles, int64_t nblk, const ui
                 for (int b = 0; b < NB; b++)
                     dt[b] = _mm512_dpbusd_epi32(dt[b], w, bcast4(xa[b]->q + 16 * j + 4 * s));
             }
-            __m512i sc = _mm512_cvtepi8_epi32(
-                _mm_loadu_si128((const __m128i *)(t + KM_Q6_K_SC(G) + G * j)));
+            /* sc pairs (sc[2u], sc[2u+1]) per row as int16 in each int32 lane */
+            __m512i scp = _mm512_cvtepi8_epi16(
+                _mm256_loadu_si256((const __m256i *)(t + KM_Q6_K_SC(G) + 2 * G * (j / 2))));
+            __m512i sc = _mm512_srai_epi32(j & 1 ? scp : _mm512_slli_epi32(scp, 16), 16);
 #pragma GCC unroll 16
             for (int b = 0; b < NB; b++)
                 is[b] = _mm512_add_epi32(is[b], _mm512_mullo_epi32(dt[b], sc));

@@ -16,13 +16,14 @@
  * v = u*P + p holds kg_lo = 2uP + p and kg_hi = 2uP + P + p (P = 4 for Q4_0/Q4_1/Q5_0/
  * Q5_1: the two halves of a block; P = 8 for Q4_K/Q5_K: sub-blocks 2u and 2u+1;
  * P = 4 for Q6_K: sub-blocks 2u and 2u+1 of 16 elements).
- * Fifth bits (Q5_*): one mask of 4G bits per k-group kg, bit 4r+t = bit 4 of element
- * 4kg+t of row r (little-endian, G/2 bytes).
+ * Fifth bits (Q5_*): bit planes, one vector per 8 k-groups 8P..8P+7 (one per Q5_0/Q5_1
+ * block, 8 per Q5_K super-block): byte 4r+t, bit s = bit 4 of element 4(8P+s)+t of row r.
  * Q6_K high bits: one vector per sub-block h (16 elements = 4 k-groups), byte 4r+t
  * holds bits 4..5 of element 4(4h+s)+t at bits 2s..2s+1, s = 0..3.
  * Q8_0 quants are stored as q+128 (unsigned) for AVX-512 and as q for AVX2.
- * Scales: d, m, dmin as arrays of G half floats; K-quant sub-block scales as G bytes per
- * sub-block (sc[j][r]); Q4_K/Q5_K mins in pairs (mn[j/2][r][j%2]) for 16-bit madds.
+ * Scales: d, m, dmin as arrays of G half floats; Q4_K/Q5_K sub-block scales as G bytes
+ * per sub-block (sc[j][r]); Q4_K/Q5_K mins and Q6_K scales in pairs of sub-blocks
+ * (mn[j/2][r][j%2]), ready for 16-bit madds.
  *
  * Tile offsets in bytes, for G rows: */
 #ifndef CAIRN_KERN_SIMD_MAT_H
