@@ -6,6 +6,8 @@
 #define CAIRN_VERSION "0.1.0"
 
 int cli_version(int argc, char **argv);
+/* cairn tokenize -m MODEL [--ids] [--special] [--no-bos] [--file F | TEXT] [--bench] */
+int cli_tokenize(int argc, char **argv);
 int cli_mkmodel(int argc, char **argv);
 int cli_generate(int argc, char **argv);
 int cli_bench(int argc, char **argv);

@@ -407,6 +407,8 @@ int tok_load(struct tok **out, const struct gguf_file *f, char *err, size_t errl
         }
     }
     derive_eog(t, f);
+    if (kind == TOK_KIND_SPM && (rc = tok_spm_load(t))) /* after the final attributes */
+        goto oom;
     if ((rc = build_texts(t)) || (rc = build_specials(t)))
         goto oom;
     *out = t;
@@ -434,6 +436,7 @@ void tok_release(struct tok *t)
     free(t->trie_tok);
     free(t->trie_key);
     free(t->trie_child);
+    free(t->spm_pairs);
     free(t);
 }
 

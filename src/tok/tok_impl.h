@@ -73,6 +73,11 @@ struct tok {
      * BPE: token whose text is the single raw byte (llama.cpp's last-resort fallback). */
     int32_t byte_tok[256];
 
+    /* SentencePiece: adjacent character pairs found inside mergeable pieces; text is
+     * cut where a pair is absent, since no merge can ever span such a boundary */
+    uint64_t *spm_pairs;        /* UINT64_MAX when empty */
+    uint64_t spm_pair_mask;
+
     /* byte-level BPE */
     int ignore_merges;          /* a pre-token that is a whole token skips the merges */
     int32_t byte_sym[256];      /* string id of each byte's mapped character */
@@ -147,6 +152,7 @@ int tok_bpe_encode(const struct tok *t, struct tok_scratch *s, const char *text,
 size_t tok_bpe_decode_text(const struct tok *t, const char *s, size_t len, char *out);
 
 /* SentencePiece (tok_spm.c) */
+int tok_spm_load(struct tok *t);
 int tok_spm_encode(const struct tok *t, struct tok_scratch *s, const char *text, size_t len,
                    int prefix_space);
 
