@@ -1,7 +1,11 @@
 #include "base/err.h"
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "gguf/gguf.h"
 #include "model/synth.h"
+#include "tok/tok.h"
+
+#include <stdlib.h>
 
 #include <stdio.h>
 #include <string.h>
@@ -11,10 +15,80 @@ static void usage(void)
     fprintf(stderr,
             "usage: cairn mkmodel (--shape NAME | --arch A --n-embd N --n-layers N --n-head N [--n-head-kv N]\n"
             "                      --n-ff N [--head-dim N]) [--type T] [--vocab VOCAB.gguf | --vocab-size N]\n"
-            "                      [--seed N] [--ctx N] -o OUT.gguf\n"
+            "                      [--seed N] [--ctx N] [--script FILE | --script-ids ID,ID,...] -o OUT.gguf\n"
+            "       cairn mkmodel --draft-of TARGET.gguf --layers K -o OUT.gguf\n"
+            "  --script: a model whose greedy continuation of the script's first token is the rest of\n"
+            "            the script (text tokenized with the vocabulary, control tokens parsed); each\n"
+            "            token of the script must always be followed by the same token\n"
             "  shapes: %s\n"
             "  types:  f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q4_k_s q5_k_m (default q8_0)\n",
             synth_shape_names());
+}
+
+/* Reads the script (token ids, or text tokenized with the vocabulary) and writes the model. */
+static int write_script(struct args *a, const struct synth_spec *s, const char *vocab, const char *file,
+                        const char *ids, const char *out, char *err, size_t errlen)
+{
+    int n_vocab = s->vocab_size;
+    struct gguf_file *vf = NULL;
+    struct tok *tk = NULL;
+    int32_t *seq = NULL, *next = NULL;
+    char *text = NULL;
+    int64_t n = 0;
+    int rc;
+    if (vocab) {
+        if ((rc = gguf_open(&vf, vocab, err, errlen)) || (rc = tok_load(&tk, vf, err, errlen)))
+            goto out;
+        n_vocab = tok_n_vocab(tk);
+    }
+    if (ids) {
+        seq = malloc(strlen(ids) * sizeof *seq + sizeof *seq);
+        n = seq ? args_int_list(a, "--script-ids", ids, seq, (int64_t)strlen(ids) + 1) : -1;
+        if (n < 0) {
+            rc = CAIRN_EINVAL;
+            cairn_fail(err, errlen, rc, "bad --script-ids");
+            goto out;
+        }
+    } else {
+        if (!tk) {
+            rc = cairn_fail(err, errlen, CAIRN_EINVAL, "--script FILE needs --vocab to tokenize it");
+            goto out;
+        }
+        FILE *f = fopen(file, "rb");
+        if (!f) {
+            rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot open %s", file);
+            goto out;
+        }
+        size_t cap = 1 << 20, len = 0;
+        text = malloc(cap);
+        if (text)
+            len = fread(text, 1, cap, f);
+        fclose(f);
+        seq = malloc(cap * sizeof *seq);
+        if (!text || !seq) {
+            rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+            goto out;
+        }
+        if ((rc = tok_encode(tk, text, len, 0, 1, seq, (int64_t)cap, &n))) {
+            cairn_fail(err, errlen, rc, "cannot tokenize %s", file);
+            goto out;
+        }
+    }
+    next = malloc((size_t)n_vocab * sizeof *next);
+    if (!next) {
+        rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = synth_script_next(seq, n, next, n_vocab, err, errlen)))
+        goto out;
+    rc = synth_write_script(s, vocab, next, n_vocab, out, err, errlen);
+out:
+    free(text);
+    free(seq);
+    free(next);
+    tok_release(tk);
+    gguf_close(vf);
+    return rc;
 }
 
 int cli_mkmodel(int argc, char **argv)
@@ -25,6 +99,8 @@ int cli_mkmodel(int argc, char **argv)
     snprintf(s.type, sizeof s.type, "q8_0");
     s.seed = 1;
     const char *shape = NULL, *arch = NULL, *vocab = NULL, *out = NULL, *v;
+    const char *draft_of = NULL, *script_file = NULL, *script_ids = NULL;
+    int64_t draft_layers = 0;
     int64_t n_embd = 0, n_layers = 0, n_head = 0, n_head_kv = 0, n_ff = 0, head_dim = 0, ctx = 0, vocab_size = 0;
     for (; a.i < argc && !a.bad; a.i++) {
         if (args_opt(&a, "--shape", &v)) shape = v;
@@ -41,6 +117,10 @@ int cli_mkmodel(int argc, char **argv)
         else if (args_opt(&a, "--n-head-kv", &v)) n_head_kv = args_int(&a, "--n-head-kv", v, 1, 1024);
         else if (args_opt(&a, "--n-ff", &v)) n_ff = args_int(&a, "--n-ff", v, 1, 1 << 18);
         else if (args_opt(&a, "--head-dim", &v)) head_dim = args_int(&a, "--head-dim", v, 2, 1024);
+        else if (args_opt(&a, "--draft-of", &v)) draft_of = v;
+        else if (args_opt(&a, "--layers", &v)) draft_layers = args_int(&a, "--layers", v, 1, 1024);
+        else if (args_opt(&a, "--script", &v)) script_file = v;
+        else if (args_opt(&a, "--script-ids", &v)) script_ids = v;
         else if (args_opt(&a, "-h|--help", NULL)) { usage(); return 0; }
         else {
             fprintf(stderr, "cairn mkmodel: unknown option '%s'\n", argv[a.i]);
@@ -53,6 +133,18 @@ int cli_mkmodel(int argc, char **argv)
     if (!out) {
         fprintf(stderr, "cairn mkmodel: -o OUT.gguf is required\n");
         return 2;
+    }
+    char err[512];
+    if (draft_of) {
+        if (!draft_layers) {
+            fprintf(stderr, "cairn mkmodel: --draft-of needs --layers K\n");
+            return 2;
+        }
+        if (synth_write_draft(draft_of, (int)draft_layers, out, err, sizeof err)) {
+            fprintf(stderr, "cairn mkmodel: %s\n", err);
+            return 1;
+        }
+        return 0;
     }
     if (shape) {
         if (synth_shape(shape, &s)) {
@@ -89,8 +181,13 @@ int cli_mkmodel(int argc, char **argv)
         fprintf(stderr, "cairn mkmodel: --vocab VOCAB.gguf (a real vocabulary) or --vocab-size N is required\n");
         return 2;
     }
-    char err[512];
-    int rc = synth_write(&s, vocab, out, err, sizeof err);
+    int rc;
+    if (script_file || script_ids)
+        rc = write_script(&a, &s, vocab, script_file, script_ids, out, err, sizeof err);
+    else
+        rc = synth_write(&s, vocab, out, err, sizeof err);
+    if (a.bad)
+        return 2;
     if (rc) {
         fprintf(stderr, "cairn mkmodel: %s\n", err);
         return 1;

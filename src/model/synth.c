@@ -128,7 +128,13 @@ static float rand_normal(uint64_t *state)
     return (s / 65536.0f - 2.0f) * 1.7320508f;
 }
 
-enum fill_kind { FILL_NORMAL, FILL_NORM_WEIGHT, FILL_ROPE_FREQS };
+enum fill_kind { FILL_NORMAL, FILL_NORM_WEIGHT, FILL_ROPE_FREQS, FILL_ZERO, FILL_ONES, FILL_SCRIPT_HEAD };
+
+struct script {
+    const int32_t *next;  /* next[t] or -1 */
+    int n_next;
+    int embd_type;        /* type of token_embd, to rebuild its rows as the engine reads them */
+};
 
 struct tensor_fill {
     char name[96];
@@ -137,6 +143,7 @@ struct tensor_fill {
     enum fill_kind kind;
     float scale;
     const struct synth_spec *spec;
+    const struct script *script;
 };
 
 static void llama3_freq_factors(const struct synth_spec *s, float *out, int64_t n)
@@ -158,35 +165,67 @@ static void llama3_freq_factors(const struct synth_spec *s, float *out, int64_t 
     }
 }
 
+/* Row r of a random tensor; each row has its own stream so rows can be rebuilt alone. */
+static void random_row(const struct tensor_fill *t, const char *name, int64_t r, float *row)
+{
+    uint64_t state = hash_name(t->spec->seed, name) ^ mix64((uint64_t)r + 1);
+    for (int64_t c = 0; c < t->cols; c++) {
+        float v = rand_normal(&state) * t->scale;
+        row[c] = t->kind == FILL_NORM_WEIGHT ? 1.0f + v : v;
+    }
+}
+
+/* Head row u of a script model: the sum over tokens t with next[t] == u of t's final
+ * normed hidden state (its embedding, RMS-normed), scaled so the logit of next[t] is
+ * about 20 and others about 20/sqrt(n_embd) each. */
+static int script_head_row(const struct tensor_fill *t, int64_t u, float *row, float *tmp, void *qbuf)
+{
+    memset(row, 0, (size_t)t->cols * sizeof *row);
+    const struct script *sc = t->script;
+    struct tensor_fill emb = *t;
+    emb.kind = FILL_NORMAL;
+    emb.scale = 0.02f;
+    for (int tok = 0; tok < sc->n_next; tok++) {
+        if (sc->next[tok] != u)
+            continue;
+        random_row(&emb, "token_embd.weight", tok, tmp);
+        int rc = kern_quantize_row(sc->embd_type, tmp, qbuf, t->cols);
+        if (rc)
+            return rc;
+        kern_dequantize_row(sc->embd_type, qbuf, tmp, t->cols);
+        double ss = 0;
+        for (int64_t c = 0; c < t->cols; c++)
+            ss += (double)tmp[c] * tmp[c];
+        float inv_rms = (float)(1.0 / sqrt(ss / (double)t->cols + t->spec->norm_eps));
+        for (int64_t c = 0; c < t->cols; c++)
+            row[c] += tmp[c] * inv_rms * (20.0f / (float)t->cols);
+    }
+    return 0;
+}
+
 static int fill_tensor(void *ctx, void *buf, uint64_t size)
 {
     struct tensor_fill *t = ctx;
-    float *row = malloc((size_t)t->cols * sizeof(float));
-    if (!row)
-        return CAIRN_ENOMEM;
     int64_t row_bytes = dtype_row_bytes(t->type, t->cols);
-    if (row_bytes < 0 || (uint64_t)(row_bytes * t->rows) != size) {
-        free(row);
+    if (row_bytes < 0 || (uint64_t)(row_bytes * t->rows) != size)
         return CAIRN_EINVAL;
-    }
-    uint64_t state = hash_name(t->spec->seed, t->name);
-    for (int64_t r = 0; r < t->rows; r++) {
-        if (t->kind == FILL_ROPE_FREQS) {
-            llama3_freq_factors(t->spec, row, t->cols);
-        } else {
-            for (int64_t c = 0; c < t->cols; c++) {
-                float v = rand_normal(&state) * t->scale;
-                row[c] = t->kind == FILL_NORM_WEIGHT ? 1.0f + v : v;
-            }
+    float *row = malloc((size_t)t->cols * sizeof(float) * 2);
+    void *qbuf = malloc((size_t)t->cols * 4 + 64);
+    int rc = row && qbuf ? 0 : CAIRN_ENOMEM;
+    for (int64_t r = 0; r < t->rows && !rc; r++) {
+        switch (t->kind) {
+        case FILL_ROPE_FREQS: llama3_freq_factors(t->spec, row, t->cols); break;
+        case FILL_ZERO: memset(row, 0, (size_t)t->cols * sizeof *row); break;
+        case FILL_ONES: for (int64_t c = 0; c < t->cols; c++) row[c] = 1.0f; break;
+        case FILL_SCRIPT_HEAD: rc = script_head_row(t, r, row, row + t->cols, qbuf); break;
+        default: random_row(t, t->name, r, row); break;
         }
-        int rc = kern_quantize_row(t->type, row, (char *)buf + r * row_bytes, t->cols);
-        if (rc) {
-            free(row);
-            return rc;
-        }
+        if (!rc)
+            rc = kern_quantize_row(t->type, row, (char *)buf + r * row_bytes, t->cols);
     }
     free(row);
-    return 0;
+    free(qbuf);
+    return rc;
 }
 
 struct writer_ctx {
@@ -194,6 +233,7 @@ struct writer_ctx {
     struct tensor_fill *fills;
     int n_fills, cap;
     const struct synth_spec *spec;
+    struct script *script;
     char *err;
     size_t errlen;
 };
@@ -210,7 +250,16 @@ static int add(struct writer_ctx *c, const char *name, int layer, int64_t rows, 
     t->kind = kind;
     t->scale = scale;
     t->spec = c->spec;
+    t->script = c->script;
     t->type = rows == 1 ? DT_F32 : synth_tensor_type(c->spec, name, layer, cols);
+    if (c->script && !strcmp(name, "token_embd.weight"))
+        c->script->embd_type = t->type;
+    if (c->script && (strstr(name, "attn_output.weight") || strstr(name, "ffn_down.weight")))
+        t->kind = FILL_ZERO; /* the residual stream keeps the current token's embedding */
+    if (c->script && !strcmp(name, "output_norm.weight"))
+        t->kind = FILL_ONES;
+    if (c->script && !strcmp(name, "output.weight"))
+        t->kind = FILL_SCRIPT_HEAD;
     if (t->type < 0)
         return cairn_fail(c->err, c->errlen, CAIRN_EINVAL, "unknown or unsupported type '%s'", c->spec->type);
     int64_t ne[2] = {cols, rows};
@@ -241,14 +290,15 @@ static int copy_vocab(struct gguf_writer *w, const char *vocab_path, int *n_voca
     return rc;
 }
 
-int synth_write(const struct synth_spec *s, const char *vocab_path, const char *path, char *err, size_t errlen)
+static int write_model(const struct synth_spec *s, const char *vocab_path, struct script *script, const char *path,
+                       char *err, size_t errlen)
 {
     if (s->n_layers < 1 || s->n_embd < 1 || s->n_ff < 1 || s->n_head < 1 || s->n_head_kv < 1 ||
         s->n_head % s->n_head_kv || s->head_dim < 2 || s->head_dim % 2)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "inconsistent model dimensions");
     if (synth_tensor_type(s, "blk.0.attn_q.weight", 0, s->n_embd) < 0)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "unknown or unsupported type '%s'", s->type);
-    struct writer_ctx c = {.spec = s, .err = err, .errlen = errlen};
+    struct writer_ctx c = {.spec = s, .script = script, .err = err, .errlen = errlen};
     int rc = gguf_writer_create(&c.w);
     if (rc)
         return cairn_fail(err, errlen, rc, "out of memory");
@@ -285,6 +335,10 @@ int synth_write(const struct synth_spec *s, const char *vocab_path, const char *
             goto out;
     } else if (n_vocab < 2) {
         rc = cairn_fail(err, errlen, CAIRN_EINVAL, "a vocabulary file or a vocabulary size is needed");
+        goto out;
+    }
+    if (script && script->n_next != n_vocab) {
+        rc = cairn_fail(err, errlen, CAIRN_EINVAL, "script table has %d entries, vocabulary %d", script->n_next, n_vocab);
         goto out;
     }
 
@@ -325,5 +379,82 @@ int synth_write(const struct synth_spec *s, const char *vocab_path, const char *
 out:
     gguf_writer_release(c.w);
     free(c.fills);
+    return rc;
+}
+
+int synth_write(const struct synth_spec *s, const char *vocab_path, const char *path, char *err, size_t errlen)
+{
+    return write_model(s, vocab_path, NULL, path, err, errlen);
+}
+
+int synth_write_script(const struct synth_spec *spec, const char *vocab_path, const int32_t *next, int n_next,
+                       const char *path, char *err, size_t errlen)
+{
+    struct synth_spec s = *spec;
+    s.tied = 0; /* the head is built apart from the embeddings */
+    struct script sc = {.next = next, .n_next = n_next};
+    return write_model(&s, vocab_path, &sc, path, err, errlen);
+}
+
+int synth_script_next(const int32_t *seq, int64_t n, int32_t *next, int n_vocab, char *err, size_t errlen)
+{
+    for (int i = 0; i < n_vocab; i++)
+        next[i] = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (seq[i] < 0 || seq[i] >= n_vocab)
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "script token %lld: id %d outside the vocabulary of %d",
+                              (long long)i, seq[i], n_vocab);
+    for (int64_t i = 0; i + 1 < n; i++) {
+        int32_t t = seq[i], u = seq[i + 1];
+        if (next[t] >= 0 && next[t] != u)
+            return cairn_fail(err, errlen, CAIRN_EINVAL,
+                              "script token %lld (id %d) is followed by %d here and by %d earlier: a script model "
+                              "continues from the current token only, so each token needs one successor",
+                              (long long)i, t, u, next[t]);
+        next[t] = u;
+    }
+    return 0;
+}
+
+int synth_write_draft(const char *target_path, int n_layers, const char *path, char *err, size_t errlen)
+{
+    struct gguf_file *f;
+    int rc = gguf_open(&f, target_path, err, errlen);
+    if (rc)
+        return rc;
+    struct gguf_writer *w = NULL;
+    struct gguf_str arch;
+    if (gguf_get_str(f, "general.architecture", &arch)) {
+        rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s has no general.architecture", target_path);
+        goto out;
+    }
+    char key[96];
+    snprintf(key, sizeof key, "%.*s.block_count", (int)arch.len, arch.ptr);
+    int64_t target_layers;
+    if (gguf_get_i64(f, key, &target_layers) || n_layers < 1 || n_layers > target_layers) {
+        rc = cairn_fail(err, errlen, CAIRN_EINVAL, "draft layers %d outside the target's 1..%lld", n_layers,
+                        (long long)target_layers);
+        goto out;
+    }
+    if ((rc = gguf_writer_create(&w)))
+        goto out;
+    for (int64_t i = 0; i < gguf_n_kv(f) && !rc; i++)
+        rc = gguf_writer_copy_kv(w, f, i);
+    if (!rc)
+        rc = gguf_writer_set_u32(w, key, (uint32_t)n_layers);
+    for (int64_t i = 0; i < gguf_n_tensors(f) && !rc; i++) {
+        const struct gguf_tensor *t = gguf_tensor(f, i);
+        int layer;
+        if (sscanf(t->name, "blk.%d.", &layer) == 1 && layer >= n_layers)
+            continue;
+        rc = gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, NULL, NULL);
+    }
+    if (rc)
+        cairn_fail(err, errlen, rc, "cannot build the draft's tensors");
+    else
+        rc = gguf_writer_write(w, path, err, errlen);
+out:
+    gguf_writer_release(w);
+    gguf_close(f);
     return rc;
 }

@@ -37,4 +37,20 @@ int synth_tensor_type(const struct synth_spec *spec, const char *tensor, int lay
 int synth_write(const struct synth_spec *spec, const char *vocab_path, const char *path,
                 char *err, size_t errlen);
 
+/* Writes a draft model of a target: the target's metadata, embeddings, final norm, head
+ * and first n_layers layers, bit for bit, with block_count set to n_layers. */
+int synth_write_draft(const char *target_path, int n_layers, const char *path, char *err, size_t errlen);
+
+/* Writes a "script" model: its greedy continuation after token t is next[t], for every
+ * t with next[t] >= 0 (the residual stream carries the current token's embedding
+ * unchanged through the layers, and the head is built from those embeddings). The
+ * tokens of a script whose successors must be unique per token are given by the
+ * caller (synth_script_next turns a sequence into next[]). */
+int synth_write_script(const struct synth_spec *spec, const char *vocab_path, const int32_t *next,
+                       int n_next, const char *path, char *err, size_t errlen);
+
+/* Fills next[n_vocab] (-1 where unset) from a token sequence; fails with a message when a
+ * token is followed by different tokens at two places, or an id is out of range. */
+int synth_script_next(const int32_t *seq, int64_t n, int32_t *next, int n_vocab, char *err, size_t errlen);
+
 #endif
