@@ -364,6 +364,8 @@ int32_t sample_token(struct sampler *s, const struct sample_params *p, const flo
         x_lo = x_lo > x_keep ? x_lo : x_keep;
         if (x_lo < 0)
             bscale = (NBUCKET - 0.5) / -x_lo;
+        if (!(bscale < 1e300)) /* x_lo denormal: one bucket for all */
+            bscale = 0;
         memset(s->bsum, 0, sizeof s->bsum);
     }
     double z = 0, kept = 0;
