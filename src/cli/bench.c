@@ -4,6 +4,7 @@
 #include "base/clock.h"
 #include "base/cpu.h"
 #include "base/err.h"
+#include "base/mem.h"
 #include "base/pool.h"
 #include "cli/args.h"
 #include "cli/cli.h"
@@ -236,6 +237,11 @@ int cli_bench(int argc, char **argv)
         memset(bn.seqs, 0, nb * sizeof *bn.seqs);
     }
     free(t);
+    /* Resident memory against what the model and cache need (the bandwidth block is freed). */
+    double mib = 1 << 20;
+    printf("resident memory: %.1f MiB now (model file %.1f MiB, weights read %.1f MiB, KV %.1f MiB)\n",
+           (double)mem_rss() / mib, (double)bn.m->file_bytes / mib, (double)bn.m->weight_bytes / mib,
+           (double)kv_bytes_for(&kc) / mib);
     ret = 0;
 out:
     free(bn.logits);

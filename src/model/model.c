@@ -308,8 +308,8 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
             rc = cairn_fail(err, errlen, rc, "tensor %s: %s", head, kerr);
             goto fail;
         }
-        /* Tied: the first slice still looks rows up in the file, so keep its pages. */
-        if (!hp->tied_output && kern_mat_path(m->output) != KERN_PATH_REF)
+        /* Tied or not: the embedding lookup faults in the few rows it reads again. */
+        if (kern_mat_path(m->output) != KERN_PATH_REF)
             drop_source_pages(t->data, t->size);
         m->weight_bytes += kern_mat_bytes(m->output);
     }

@@ -1,0 +1,29 @@
+#include "base/mem.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* Value in kB of the line starting with `key` in a /proc file, as bytes. */
+static int64_t proc_kb(const char *path, const char *key)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    char line[256];
+    int64_t v = -1;
+    size_t klen = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, klen)) {
+            long long kb;
+            if (sscanf(line + klen, " %lld", &kb) == 1)
+                v = (int64_t)kb * 1024;
+            break;
+        }
+    fclose(f);
+    return v;
+}
+
+int64_t mem_available(void) { return proc_kb("/proc/meminfo", "MemAvailable:"); }
+int64_t mem_total(void) { return proc_kb("/proc/meminfo", "MemTotal:"); }
+int64_t mem_rss(void) { return proc_kb("/proc/self/status", "VmRSS:"); }
+int64_t mem_peak_rss(void) { return proc_kb("/proc/self/status", "VmHWM:"); }
