@@ -63,7 +63,8 @@ static bool path_has_type(enum kern_path p, int type)
 {
     switch (p) {
     case KERN_PATH_REF: return true;
-    case KERN_PATH_AVX512: return is_float_type(type) || kern_mat_tile_bytes(type, 16) > 0;
+    case KERN_PATH_AVX512:
+    case KERN_PATH_AVX2: return is_float_type(type) || kern_mat_tile_bytes(type, 16) > 0;
     default: return false;
     }
 }

@@ -28,8 +28,10 @@ static float rand_weight(uint64_t *rng, int64_t r)
     return v;
 }
 
-/* Weights of `type` as GGUF rows: quantized from random floats (mode 0), or random
- * bytes with finite scales, which reach every quant value the format can hold (mode 1). */
+/* Weights of `type` as GGUF rows: quantized from random floats (mode 0), random bytes
+ * with finite scales, which reach every quant value the format can hold (mode 1), or
+ * every quant at its extreme (all bits set; Q8_0 -128; Q6_K scales -128) (mode 2), which
+ * with activations of +-127 pushes 16-bit partial sums to their limits. */
 static void *make_weights(int type, int64_t rows, int64_t cols, int mode, uint64_t *rng)
 {
     int64_t rb = dtype_row_bytes(type, cols);
@@ -45,7 +47,10 @@ static void *make_weights(int type, int64_t rows, int64_t cols, int mode, uint64
             continue;
         }
         for (int64_t i = 0; i < rb; i++)
-            row[i] = (uint8_t)test_rand_u64(rng);
+            row[i] = mode == 1 ? (uint8_t)test_rand_u64(rng) : type == DT_Q8_0 ? 0x80 : 0xff;
+        if (mode == 2 && type == DT_Q6_K)
+            for (int64_t b = 0; b < cols / 256; b++)
+                memset(row + b * 210 + 192, 0x80, 16);
         /* Overwrite the half-float scales with finite ones. */
         const struct dtype_info *ti = dtype_info(type);
         for (int64_t b = 0; b < cols / ti->block_elems; b++) {
@@ -66,7 +71,7 @@ static void *make_weights(int type, int64_t rows, int64_t cols, int mode, uint64
 }
 
 /* B activation rows (stride ldx bytes) quantized for `type` from random floats with
- * per-row magnitudes; row 1 is all zeros when B > 1. */
+ * per-row magnitudes; row 1 is all zeros, rows 2 and 3 all +1 and all -1 (quants +-127). */
 static uint8_t *make_acts(int type, int64_t cols, int B, size_t ldx, uint64_t *rng)
 {
     uint8_t *xq = calloc((size_t)B, ldx);
@@ -75,6 +80,9 @@ static uint8_t *make_acts(int type, int64_t cols, int B, size_t ldx, uint64_t *r
         float mag = b == 1 ? 0.0f : powf(2.0f, (float)(b % 9) - 3.0f);
         for (int64_t k = 0; k < cols; k++)
             f[k] = test_rand_float(rng) * mag * ((k / 32) % 3 == 2 ? 10.0f : 1.0f);
+        if (b == 2 || b == 3)
+            for (int64_t k = 0; k < cols; k++)
+                f[k] = b == 2 ? 1.0f : -1.0f;
         kern_act_quantize(type, f, xq + (size_t)b * ldx, cols);
     }
     free(f);
@@ -83,8 +91,6 @@ static uint8_t *make_acts(int type, int64_t cols, int B, size_t ldx, uint64_t *r
 
 static bool path_on_cpu(enum kern_path p)
 {
-    if (p == KERN_PATH_AVX2) /* TODO: AVX2 kernels not written yet */
-        return false;
     return p == KERN_PATH_REF || (int)p <= (int)kern_best_path();
 }
 
@@ -108,7 +114,7 @@ static void check_case(int type, int64_t rows, int64_t cols, int mode, uint64_t 
         char err[256] = "";
         int rc = kern_mat_create(&m, type, w, rows, cols, p, err, sizeof err);
         if (!path_on_cpu(p)) {
-            CHECK(rc == CAIRN_EUNSUPPORTED || p == KERN_PATH_AVX2, "path %s not on this CPU but create gave %d",
+            CHECK(rc == CAIRN_EUNSUPPORTED, "path %s not on this CPU but create gave %d",
                   kern_path_name(p), rc);
             kern_mat_release(m);
             continue;
@@ -178,8 +184,10 @@ static void test_bitwise(void)
             if (cols % be)
                 continue;
             check_case(type, 37, cols, 0, &rng);
-            if (be > 1)
+            if (be > 1) {
                 check_case(type, 37, cols, 1, &rng);
+                check_case(type, 37, cols, 2, &rng);
+            }
         }
         check_case(type, 5, be > 1 ? 256 : 48, 0, &rng);  /* fewer rows than one group */
     }
