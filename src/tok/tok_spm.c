@@ -7,6 +7,9 @@
  * USER_DEFINED and UNUSED pieces, so raw text never turns into a control or byte token;
  * a merged UNUSED piece is split back into the two pieces that formed it.
  *
+ * Text that is not UTF-8 keeps its bytes (byte tokens); only a literal U+2581 in the
+ * input cannot come back as itself, as in sentencepiece.
+ *
  * Speed: the text is cut between two characters that are never adjacent inside a
  * mergeable piece (typically before each U+2581 that follows a non-space). No merge
  * can cross such a cut, and within each part the merges happen in the same relative
@@ -34,7 +37,16 @@ struct srev {              /* merged UNUSED piece: where it was made, and its le
     int32_t start, n, left_n;
 };
 
-/* A character of the working text (the lead byte's length of bytes) packed in 32 bits. */
+/* Bytes of the character at p: a well-formed UTF-8 sequence, else one byte. (llama.cpp
+ * takes the lead byte's length even when the continuation bytes are missing, which can
+ * swallow part of an escaped space after a stray lead byte; on valid UTF-8 the two agree.) */
+static inline size_t char_len(const unsigned char *p, size_t n)
+{
+    int r = tok_utf8_next(p, n);
+    return r > 0 ? (size_t)r : 1;
+}
+
+/* A character of the working text packed in 32 bits. */
 static inline uint32_t char_key(const unsigned char *p, size_t n)
 {
     uint32_t k = 0;
@@ -78,13 +90,9 @@ int tok_spm_load(struct tok *t)
             continue;
         size_t len;
         const unsigned char *p = (const unsigned char *)tok_strtab_get(&t->st, id, &len);
-        size_t a = 0, al = len ? tok_utf8_len(p[0]) : 0;
-        if (al > len)
-            al = len;
+        size_t a = 0, al = len ? char_len(p, len) : 0;
         while (a + al < len) {
-            size_t b = a + al, bl = tok_utf8_len(p[b]);
-            if (bl > len - b)
-                bl = len - b;
+            size_t b = a + al, bl = char_len(p + b, len - b);
             uint64_t key = (uint64_t)char_key(p + a, al) << 32 | char_key(p + b, bl);
             uint64_t i = pair_hash(key) & t->spm_pair_mask;
             while (t->spm_pairs[i] != UINT64_MAX && t->spm_pairs[i] != key)
@@ -259,15 +267,13 @@ int tok_spm_encode(const struct tok *t, struct tok_scratch *s, const char *text,
     if (n == 0)
         return 0;
 
-    /* one symbol per UTF-8 character (lead byte's length, clipped at the end) */
+    /* one symbol per UTF-8 character, one per byte where the text is not UTF-8 */
     if (TOK_RESERVE(s->sym, s->sym_cap, (int64_t)n, sizeof(struct ssym)))
         return CAIRN_ENOMEM;
     struct ssym *sym = s->sym;
     int32_t nsym = 0;
     for (size_t off = 0; off < n;) {
-        size_t l = tok_utf8_len((unsigned char)s->buf[off]);
-        if (l > n - off)
-            l = n - off;
+        size_t l = char_len((const unsigned char *)s->buf + off, n - off);
         sym[nsym] = (struct ssym){(int32_t)off, (int32_t)l, nsym - 1, nsym + 1};
         nsym++;
         off += l;
