@@ -56,23 +56,33 @@ INLINE __m256i or_bit4(__m256i q, __m256i h)
     return _mm256_or_si256(q, _mm256_and_si256(h, _mm256_set1_epi8(0x10)));
 }
 
-/* The rows [lo, hi) of one group of 8. */
+INLINE __m256i rows_mask(int lo, int hi)
+{
+    __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_and_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(hi), idx),
+                            _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(lo - 1)));
+}
+
+/* The rows [lo, hi) of one group of 8 (masked lanes are neither read nor written). */
 INLINE void store_rows(float *y, int lo, int hi, __m256 v)
 {
-    if (lo == 0 && hi == G) {
+    if (lo == 0 && hi == G)
         _mm256_storeu_ps(y, v);
-        return;
-    }
-    __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    __m256i m = _mm256_and_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(hi), idx),
-                                 _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(lo - 1)));
-    _mm256_maskstore_ps(y, m, v);
+    else
+        _mm256_maskstore_ps(y, rows_mask(lo, hi), v);
+}
+
+INLINE __m256 load_rows(const float *y, int lo, int hi)
+{
+    if (lo == 0 && hi == G)
+        return _mm256_loadu_ps(y);
+    return _mm256_maskload_ps(y, rows_mask(lo, hi));
 }
 
 /* ---- legacy types: blocks of 32, ACT_Q8_32 activations ---- */
 
 INLINE void group_q32(const int type, const int NB, const uint8_t *tiles, int64_t nblk,
-                      const uint8_t *x, size_t ldx, float *y, size_t ldy, int lo, int hi)
+                      const uint8_t *x, size_t ldx, float *y, size_t ldy, int lo, int hi, int first)
 {
     const size_t tile = type == DT_Q4_0   ? KM_Q4_0_TILE(G)
                         : type == DT_Q4_1 ? KM_Q4_1_TILE(G)
@@ -95,7 +105,7 @@ INLINE void group_q32(const int type, const int NB, const uint8_t *tiles, int64_
     __m256 acc[NB_MAX];
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++)
-        acc[b] = _mm256_setzero_ps();
+        acc[b] = first ? _mm256_setzero_ps() : load_rows(y + (size_t)b * ldy, lo, hi);
     for (int64_t i = 0; i < nblk; i++) {
         const uint8_t *t = tiles + (size_t)i * tile;
         prefetch_tile(t, tile);
@@ -180,7 +190,7 @@ INLINE void min_pairs(const struct act_q8_256 *xa, int32_t pair[4])
 }
 
 INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t nblk,
-                    const uint8_t *x, size_t ldx, float *y, size_t ldy, int lo, int hi)
+                    const uint8_t *x, size_t ldx, float *y, size_t ldy, int lo, int hi, int first)
 {
     const bool k5 = type == DT_Q5_K;
     const size_t tile = k5 ? KM_Q5_K_TILE(G) : KM_Q4_K_TILE(G);
@@ -195,7 +205,7 @@ INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t 
     __m256 acc[NB_MAX];
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++)
-        acc[b] = _mm256_setzero_ps();
+        acc[b] = first ? _mm256_setzero_ps() : load_rows(y + (size_t)b * ldy, lo, hi);
     for (int64_t i = 0; i < nblk; i++) {
         const uint8_t *t = tiles + (size_t)i * tile;
         prefetch_tile(t, tile);
@@ -253,7 +263,7 @@ INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t 
 }
 
 INLINE void group_q6k(const int NB, const uint8_t *tiles, int64_t nblk, const uint8_t *x,
-                      size_t ldx, float *y, size_t ldy, int lo, int hi)
+                      size_t ldx, float *y, size_t ldy, int lo, int hi, int first)
 {
     const size_t tile = KM_Q6_K_TILE(G);
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30);
@@ -264,7 +274,7 @@ INLINE void group_q6k(const int NB, const uint8_t *tiles, int64_t nblk, const ui
     __m256 acc[NB_MAX];
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++)
-        acc[b] = _mm256_setzero_ps();
+        acc[b] = first ? _mm256_setzero_ps() : load_rows(y + (size_t)b * ldy, lo, hi);
     for (int64_t i = 0; i < nblk; i++) {
         const uint8_t *t = tiles + (size_t)i * tile;
         prefetch_tile(t, tile);
@@ -326,12 +336,9 @@ INLINE void group_q6k(const int NB, const uint8_t *tiles, int64_t nblk, const ui
         store_rows(y + (size_t)b * ldy, lo, hi, acc[b]);
 }
 
-typedef void group_fn(int NB, const uint8_t *tiles, int64_t nblk, const uint8_t *x, size_t ldx,
-                      float *y, size_t ldy, int lo, int hi);
-
 #define GROUP_FN(name)                                                                    \
     static void name(int NB, const uint8_t *tiles, int64_t nblk, const uint8_t *x,       \
-                     size_t ldx, float *y, size_t ldy, int lo, int hi)                    \
+                     size_t ldx, float *y, size_t ldy, int lo, int hi, int first)                    \
     {                                                                                     \
         _Static_assert(NB_MAX == 4, "cases 1..4");                                        \
         switch (NB) {                                                                     \
@@ -342,14 +349,14 @@ typedef void group_fn(int NB, const uint8_t *tiles, int64_t nblk, const uint8_t 
         }                                                                                 \
     }
 
-#define q4_0_CALL(n) group_q32(DT_Q4_0, n, tiles, nblk, x, ldx, y, ldy, lo, hi)
-#define q4_1_CALL(n) group_q32(DT_Q4_1, n, tiles, nblk, x, ldx, y, ldy, lo, hi)
-#define q5_0_CALL(n) group_q32(DT_Q5_0, n, tiles, nblk, x, ldx, y, ldy, lo, hi)
-#define q5_1_CALL(n) group_q32(DT_Q5_1, n, tiles, nblk, x, ldx, y, ldy, lo, hi)
-#define q8_0_CALL(n) group_q32(DT_Q8_0, n, tiles, nblk, x, ldx, y, ldy, lo, hi)
-#define q4_k_CALL(n) group_k(DT_Q4_K, n, tiles, nblk, x, ldx, y, ldy, lo, hi)
-#define q5_k_CALL(n) group_k(DT_Q5_K, n, tiles, nblk, x, ldx, y, ldy, lo, hi)
-#define q6_k_CALL(n) group_q6k(n, tiles, nblk, x, ldx, y, ldy, lo, hi)
+#define q4_0_CALL(n) group_q32(DT_Q4_0, n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q4_1_CALL(n) group_q32(DT_Q4_1, n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q5_0_CALL(n) group_q32(DT_Q5_0, n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q5_1_CALL(n) group_q32(DT_Q5_1, n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q8_0_CALL(n) group_q32(DT_Q8_0, n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q4_k_CALL(n) group_k(DT_Q4_K, n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q5_k_CALL(n) group_k(DT_Q5_K, n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q6_k_CALL(n) group_q6k(n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
 
 GROUP_FN(q4_0)
 GROUP_FN(q4_1)
@@ -359,23 +366,6 @@ GROUP_FN(q8_0)
 GROUP_FN(q4_k)
 GROUP_FN(q5_k)
 GROUP_FN(q6_k)
-
-static void run_tiles(group_fn *fn, const struct km_view *v, const uint8_t *x, size_t ldx,
-                      int B, float *y, size_t ldy, int64_t r0, int64_t r1)
-{
-    int nch = (B + NB_MAX - 1) / NB_MAX;
-    for (int64_t g = r0 / G; g * G < r1; g++) {
-        int lo = r0 > g * G ? (int)(r0 - g * G) : 0;
-        int hi = r1 < (g + 1) * G ? (int)(r1 - g * G) : G;
-        const uint8_t *tiles = v->data + (size_t)g * (size_t)v->nblk * v->tile;
-        for (int c = 0, b0 = 0; c < nch; c++) {
-            int nb = (B - b0 + (nch - c) - 1) / (nch - c);
-            fn(nb, tiles, v->nblk, x + (size_t)b0 * ldx, ldx, y + (size_t)b0 * ldy + g * G, ldy,
-               lo, hi);
-            b0 += nb;
-        }
-    }
-}
 
 /* ---- float weights: 16 lanes per row as two ymm, element k in lane k%16 ---- */
 
@@ -502,14 +492,14 @@ void kern_mat_avx2_run(const struct km_view *v, const void *xq, size_t ldx, int 
 {
     const uint8_t *x = xq;
     switch (v->type) {
-    case DT_Q4_0: run_tiles(q4_0, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_Q4_1: run_tiles(q4_1, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_Q5_0: run_tiles(q5_0, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_Q5_1: run_tiles(q5_1, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_Q8_0: run_tiles(q8_0, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_Q4_K: run_tiles(q4_k, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_Q5_K: run_tiles(q5_k, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_Q6_K: run_tiles(q6_k, v, x, ldx, B, y, ldy, r0, r1); break;
+    case DT_Q4_0: km_drive_tiles(q4_0, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
+    case DT_Q4_1: km_drive_tiles(q4_1, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
+    case DT_Q5_0: km_drive_tiles(q5_0, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
+    case DT_Q5_1: km_drive_tiles(q5_1, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
+    case DT_Q8_0: km_drive_tiles(q8_0, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
+    case DT_Q4_K: km_drive_tiles(q4_k, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_256)); break;
+    case DT_Q5_K: km_drive_tiles(q5_k, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_256)); break;
+    case DT_Q6_K: km_drive_tiles(q6_k, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_256)); break;
     case DT_F32: run_float(f32, v, x, ldx, B, y, ldy, r0, r1); break;
     case DT_F16: run_float(f16, v, x, ldx, B, y, ldy, r0, r1); break;
     case DT_BF16: run_float(bf16, v, x, ldx, B, y, ldy, r0, r1); break;

@@ -67,7 +67,7 @@ INLINE void store_rows(float *y, __mmask16 km, __m512 v)
 /* ---- legacy types: blocks of 32, ACT_Q8_32 activations ---- */
 
 INLINE void group_q32(const int type, const int NB, const uint8_t *tiles, int64_t nblk,
-                      const uint8_t *x, size_t ldx, float *y, size_t ldy, __mmask16 km)
+                      const uint8_t *x, size_t ldx, float *y, size_t ldy, int lo, int hi, int first)
 {
     const size_t tile = type == DT_Q4_0   ? KM_Q4_0_TILE(G)
                         : type == DT_Q4_1 ? KM_Q4_1_TILE(G)
@@ -87,10 +87,11 @@ INLINE void group_q32(const int type, const int NB, const uint8_t *tiles, int64_
     const int off = type == DT_Q4_0 ? 8 : type == DT_Q5_0 ? 16 : type == DT_Q8_0 ? 128 : 0;
     const __m512i m4 = _mm512_set1_epi8(0x0f);
 
+    const __mmask16 km = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
     __m512 acc[NB_MAX];
 #pragma GCC unroll 16
     for (int b = 0; b < NB; b++)
-        acc[b] = _mm512_setzero_ps();
+        acc[b] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(km, y + (size_t)b * ldy);
     for (int64_t i = 0; i < nblk; i++) {
         const uint8_t *t = tiles + (size_t)i * tile;
         prefetch_tile(t, tile);
@@ -146,7 +147,7 @@ INLINE void group_q32(const int type, const int NB, const uint8_t *tiles, int64_
 /* ---- K-quants: super-blocks of 256, ACT_Q8_256 activations ---- */
 
 INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t nblk,
-                    const uint8_t *x, size_t ldx, float *y, size_t ldy, __mmask16 km)
+                    const uint8_t *x, size_t ldx, float *y, size_t ldy, int lo, int hi, int first)
 {
     const bool k5 = type == DT_Q5_K;
     const size_t tile = k5 ? KM_Q5_K_TILE(G) : KM_Q4_K_TILE(G);
@@ -157,10 +158,11 @@ INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t 
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512 sign = _mm512_set1_ps(-0.0f);
 
+    const __mmask16 km = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
     __m512 acc[NB_MAX];
 #pragma GCC unroll 16
     for (int b = 0; b < NB; b++)
-        acc[b] = _mm512_setzero_ps();
+        acc[b] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(km, y + (size_t)b * ldy);
     for (int64_t i = 0; i < nblk; i++) {
         const uint8_t *t = tiles + (size_t)i * tile;
         prefetch_tile(t, tile);
@@ -221,15 +223,16 @@ INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t 
 }
 
 INLINE void group_q6k(const int NB, const uint8_t *tiles, int64_t nblk, const uint8_t *x,
-                      size_t ldx, float *y, size_t ldy, __mmask16 km)
+                      size_t ldx, float *y, size_t ldy, int lo, int hi, int first)
 {
     const size_t tile = KM_Q6_K_TILE(G);
     const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x30);
 
+    const __mmask16 km = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
     __m512 acc[NB_MAX];
 #pragma GCC unroll 16
     for (int b = 0; b < NB; b++)
-        acc[b] = _mm512_setzero_ps();
+        acc[b] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(km, y + (size_t)b * ldy);
     for (int64_t i = 0; i < nblk; i++) {
         const uint8_t *t = tiles + (size_t)i * tile;
         prefetch_tile(t, tile);
@@ -281,9 +284,6 @@ INLINE void group_q6k(const int NB, const uint8_t *tiles, int64_t nblk, const ui
         store_rows(y + (size_t)b * ldy, km, acc[b]);
 }
 
-typedef void group_fn(int NB, const uint8_t *tiles, int64_t nblk, const uint8_t *x, size_t ldx,
-                      float *y, size_t ldy, __mmask16 km);
-
 #define NB_CASES(CALL)                                                                    \
     switch (NB) {                                                                         \
     case 1: CALL(1); break;                                                               \
@@ -298,19 +298,19 @@ typedef void group_fn(int NB, const uint8_t *tiles, int64_t nblk, const uint8_t 
 
 #define GROUP_FN(name)                                                                    \
     static void name(int NB, const uint8_t *tiles, int64_t nblk, const uint8_t *x,       \
-                     size_t ldx, float *y, size_t ldy, __mmask16 km)                      \
+                     size_t ldx, float *y, size_t ldy, int lo, int hi, int first)                      \
     {                                                                                     \
         NB_CASES(name##_CALL)                                                             \
     }
 
-#define q4_0_CALL(n) group_q32(DT_Q4_0, n, tiles, nblk, x, ldx, y, ldy, km)
-#define q4_1_CALL(n) group_q32(DT_Q4_1, n, tiles, nblk, x, ldx, y, ldy, km)
-#define q5_0_CALL(n) group_q32(DT_Q5_0, n, tiles, nblk, x, ldx, y, ldy, km)
-#define q5_1_CALL(n) group_q32(DT_Q5_1, n, tiles, nblk, x, ldx, y, ldy, km)
-#define q8_0_CALL(n) group_q32(DT_Q8_0, n, tiles, nblk, x, ldx, y, ldy, km)
-#define q4_k_CALL(n) group_k(DT_Q4_K, n, tiles, nblk, x, ldx, y, ldy, km)
-#define q5_k_CALL(n) group_k(DT_Q5_K, n, tiles, nblk, x, ldx, y, ldy, km)
-#define q6_k_CALL(n) group_q6k(n, tiles, nblk, x, ldx, y, ldy, km)
+#define q4_0_CALL(n) group_q32(DT_Q4_0, n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q4_1_CALL(n) group_q32(DT_Q4_1, n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q5_0_CALL(n) group_q32(DT_Q5_0, n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q5_1_CALL(n) group_q32(DT_Q5_1, n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q8_0_CALL(n) group_q32(DT_Q8_0, n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q4_k_CALL(n) group_k(DT_Q4_K, n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q5_k_CALL(n) group_k(DT_Q5_K, n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q6_k_CALL(n) group_q6k(n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
 
 GROUP_FN(q4_0)
 GROUP_FN(q4_1)
@@ -320,24 +320,6 @@ GROUP_FN(q8_0)
 GROUP_FN(q4_k)
 GROUP_FN(q5_k)
 GROUP_FN(q6_k)
-
-static void run_tiles(group_fn *fn, const struct km_view *v, const uint8_t *x, size_t ldx,
-                      int B, float *y, size_t ldy, int64_t r0, int64_t r1)
-{
-    int nch = (B + NB_MAX - 1) / NB_MAX;
-    for (int64_t g = r0 / G; g * G < r1; g++) {
-        int64_t lo = r0 > g * G ? r0 - g * G : 0;
-        int64_t hi = r1 < (g + 1) * G ? r1 - g * G : G;
-        __mmask16 km = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-        const uint8_t *tiles = v->data + (size_t)g * (size_t)v->nblk * v->tile;
-        for (int c = 0, b0 = 0; c < nch; c++) {
-            int nb = (B - b0 + (nch - c) - 1) / (nch - c);
-            fn(nb, tiles, v->nblk, x + (size_t)b0 * ldx, ldx, y + (size_t)b0 * ldy + g * G, ldy,
-               km);
-            b0 += nb;
-        }
-    }
-}
 
 /* ---- float weights: 16 lanes per row, element k in lane k%16 ---- */
 
@@ -461,14 +443,14 @@ void kern_mat_avx512_run(const struct km_view *v, const void *xq, size_t ldx, in
 {
     const uint8_t *x = xq;
     switch (v->type) {
-    case DT_Q4_0: run_tiles(q4_0, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_Q4_1: run_tiles(q4_1, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_Q5_0: run_tiles(q5_0, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_Q5_1: run_tiles(q5_1, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_Q8_0: run_tiles(q8_0, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_Q4_K: run_tiles(q4_k, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_Q5_K: run_tiles(q5_k, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_Q6_K: run_tiles(q6_k, v, x, ldx, B, y, ldy, r0, r1); break;
+    case DT_Q4_0: km_drive_tiles(q4_0, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
+    case DT_Q4_1: km_drive_tiles(q4_1, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
+    case DT_Q5_0: km_drive_tiles(q5_0, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
+    case DT_Q5_1: km_drive_tiles(q5_1, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
+    case DT_Q8_0: km_drive_tiles(q8_0, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
+    case DT_Q4_K: km_drive_tiles(q4_k, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_256)); break;
+    case DT_Q5_K: km_drive_tiles(q5_k, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_256)); break;
+    case DT_Q6_K: km_drive_tiles(q6_k, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_256)); break;
     case DT_F32: run_float(f32, v, x, ldx, B, y, ldy, r0, r1); break;
     case DT_F16: run_float(f16, v, x, ldx, B, y, ldy, r0, r1); break;
     case DT_BF16: run_float(bf16, v, x, ldx, B, y, ldy, r0, r1); break;

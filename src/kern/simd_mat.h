@@ -82,6 +82,53 @@ struct km_view {
     const uint8_t *data;
 };
 
+/* A kernel over tiles [k0, k0+nblk) of one group, for NB activation rows (x at the
+ * first of them, block k0), writing group rows [lo, hi) of y. With first == 0 it
+ * resumes the accumulators stored in y by the previous call over the earlier blocks:
+ * a float stored and reloaded is exact, so splitting k changes no bit. */
+typedef void km_group_fn(int NB, const uint8_t *tiles, int64_t nblk, const uint8_t *x,
+                         size_t ldx, float *y, size_t ldy, int lo, int hi, int first);
+
+#define KM_ACT_CHUNK 4096     /* bytes of one activation row per k-chunk (large B) */
+#define KM_W_CHUNK (192 << 10) /* bytes of weight tiles per row tile and k-chunk */
+
+/* Runs fn over groups and activation rows in chunks of at most nb_max. With one chunk
+ * the group's tiles stream once, k in registers. With more (prefill) it tiles: k-chunks
+ * whose activation rows stay in L1, row tiles whose weights stay in L2 while every
+ * chunk of activation rows passes over them. */
+static inline void km_drive_tiles(km_group_fn *fn, int nb_max, const struct km_view *v,
+                                  const uint8_t *x, size_t ldx, int B, float *y, size_t ldy,
+                                  int64_t r0, int64_t r1, size_t act_block)
+{
+    const int G = v->G;
+    int nch = (B + nb_max - 1) / nb_max;
+    int64_t g0 = r0 / G, g1 = (r1 + G - 1) / G;
+    int64_t kc = v->nblk, rt = 1;
+    if (nch > 1) {
+        kc = (int64_t)(KM_ACT_CHUNK / act_block);
+        kc = kc < 1 ? 1 : kc > v->nblk ? v->nblk : kc;
+        rt = (int64_t)(KM_W_CHUNK / ((size_t)kc * v->tile));
+        rt = rt < 1 ? 1 : rt;
+    }
+    for (int64_t gt = g0; gt < g1; gt += rt) {
+        int64_t gte = gt + rt < g1 ? gt + rt : g1;
+        for (int64_t k0 = 0; k0 < v->nblk; k0 += kc) {
+            int64_t kn = v->nblk - k0 < kc ? v->nblk - k0 : kc;
+            for (int c = 0, b0 = 0; c < nch; c++) {
+                int nb = (B - b0 + (nch - c) - 1) / (nch - c);
+                for (int64_t g = gt; g < gte; g++) {
+                    int lo = r0 > g * G ? (int)(r0 - g * G) : 0;
+                    int hi = r1 < (g + 1) * G ? (int)(r1 - g * G) : G;
+                    fn(nb, v->data + ((size_t)g * (size_t)v->nblk + (size_t)k0) * v->tile, kn,
+                       x + (size_t)b0 * ldx + (size_t)k0 * act_block, ldx,
+                       y + (size_t)b0 * ldy + (size_t)(g * G), ldy, lo, hi, k0 == 0);
+                }
+                b0 += nb;
+            }
+        }
+    }
+}
+
 /* Tile bytes for G rows of `type`, or 0 when the type has no interleaved layout. */
 size_t kern_mat_tile_bytes(int type, int G);
 

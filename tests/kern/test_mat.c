@@ -190,6 +190,8 @@ static void test_bitwise(void)
             }
         }
         check_case(type, 5, be > 1 ? 256 : 48, 0, &rng);  /* fewer rows than one group */
+        /* long rows and many groups: large B runs in k-chunks and row tiles */
+        check_case(type, 133, 4608, 0, &rng);
     }
 }
 
