@@ -584,8 +584,8 @@ int tok_encode(const struct tok *t, const char *text, size_t len, int add_specia
     if (!t || (!text && len) || max < 0 || (!out && max > 0) || !n_out)
         return CAIRN_EINVAL;
     *n_out = 0;
-    if (len > ((size_t)1 << 30))
-        return CAIRN_ERANGE; /* symbol indices are 32-bit */
+    if (len > ((size_t)1 << 28))
+        return CAIRN_ERANGE; /* symbol indices are 32-bit and escaping can triple the text */
     struct tok_scratch s = {0};
     struct occ *occ = NULL;
     int64_t nocc = 0;

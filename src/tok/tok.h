@@ -73,7 +73,8 @@ size_t tok_max_token_text(const struct tok *t);
  * append EOS when the model's add_bos / add_eos flags say so. parse_special: also match
  * CONTROL/UNKNOWN token texts (e.g. "<|im_start|>") as single tokens. Writes up to max ids
  * to out and their count to *n_out; when max is too small returns CAIRN_EFULL with
- * *n_out = the count needed (out then holds the first max ids). CAIRN_ENOMEM. */
+ * *n_out = the count needed (out then holds the first max ids). CAIRN_ERANGE for text over
+ * 256 MiB, CAIRN_ENOMEM. */
 int tok_encode(const struct tok *t, const char *text, size_t len, int add_special,
                int parse_special, int32_t *out, int64_t max, int64_t *n_out);
 
