@@ -353,33 +353,33 @@ INLINE float reduce16(__m512 v)
     return _mm_cvtss_f32(d);
 }
 
-INLINE void rows_float(const int type, const int R, const int NB, const uint8_t *w, size_t rb,
-                       int64_t cols, const uint8_t *x, size_t ldx, float *y, size_t ldy)
+INLINE void rows_float(const int type, const int R, const int NB, const struct km_fcall *c)
 {
     __m512 acc[RF][NBF_MAX];
     const float *xb[NBF_MAX];
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) {
-        xb[b] = (const float *)(x + (size_t)b * ldx);
+        xb[b] = (const float *)(c->x + (size_t)b * c->ldx);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
-            acc[r][b] = _mm512_setzero_ps();
+            acc[r][b] = c->first ? _mm512_setzero_ps()
+                                 : _mm512_loadu_ps(c->lanes + ((size_t)r * c->lstride + b) * 16);
     }
-    int64_t k = 0;
-    for (; k + 16 <= cols; k += 16) {
+    int64_t k = c->k0, kend = c->k0 + c->kn;
+    for (; k + 16 <= kend; k += 16) {
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            __m512 wv = fload(type, w + (size_t)r * rb, k);
+            __m512 wv = fload(type, c->w + (size_t)r * c->rb, k);
 #pragma GCC unroll 8
             for (int b = 0; b < NB; b++)
                 acc[r][b] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xb[b] + k), acc[r][b]);
         }
     }
-    if (k < cols) {
-        __mmask16 m = (__mmask16)((1u << (cols - k)) - 1);
+    if (k < kend) {
+        __mmask16 m = (__mmask16)((1u << (kend - k)) - 1);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            __m512 wv = fload_mask(type, w + (size_t)r * rb, k, m);
+            __m512 wv = fload_mask(type, c->w + (size_t)r * c->rb, k, m);
 #pragma GCC unroll 8
             for (int b = 0; b < NB; b++)
                 acc[r][b] = _mm512_mask3_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, xb[b] + k),
@@ -389,26 +389,26 @@ INLINE void rows_float(const int type, const int R, const int NB, const uint8_t 
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++)
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++)
-            y[(size_t)b * ldy + (size_t)r] = reduce16(acc[r][b]);
+        for (int r = 0; r < R; r++) {
+            if (c->last)
+                c->y[(size_t)b * c->ldy + (size_t)r] = reduce16(acc[r][b]);
+            else
+                _mm512_storeu_ps(c->lanes + ((size_t)r * c->lstride + b) * 16, acc[r][b]);
+        }
 }
-
-typedef void float_fn(int R, int NB, const uint8_t *w, size_t rb, int64_t cols, const uint8_t *x,
-                      size_t ldx, float *y, size_t ldy);
 
 #define RF_CASES(T, R)                                                                     \
     switch (NB) {                                                                          \
-    case 1: rows_float(T, R, 1, w, rb, cols, x, ldx, y, ldy); break;                      \
-    case 2: rows_float(T, R, 2, w, rb, cols, x, ldx, y, ldy); break;                      \
-    case 3: rows_float(T, R, 3, w, rb, cols, x, ldx, y, ldy); break;                      \
-    case 4: rows_float(T, R, 4, w, rb, cols, x, ldx, y, ldy); break;                      \
-    case 5: rows_float(T, R, 5, w, rb, cols, x, ldx, y, ldy); break;                      \
-    default: rows_float(T, R, 6, w, rb, cols, x, ldx, y, ldy); break;                     \
+    case 1: rows_float(T, R, 1, c); break;                                                 \
+    case 2: rows_float(T, R, 2, c); break;                                                 \
+    case 3: rows_float(T, R, 3, c); break;                                                 \
+    case 4: rows_float(T, R, 4, c); break;                                                 \
+    case 5: rows_float(T, R, 5, c); break;                                                 \
+    default: rows_float(T, R, 6, c); break;                                                \
     }
 
 #define FLOAT_FN(name, T)                                                                  \
-    static void name(int R, int NB, const uint8_t *w, size_t rb, int64_t cols,             \
-                     const uint8_t *x, size_t ldx, float *y, size_t ldy)                   \
+    static void name(int R, int NB, const struct km_fcall *c)                              \
     {                                                                                      \
         _Static_assert(NBF_MAX == 6 && RF == 4, "cases");                                  \
         switch (R) {                                                                       \
@@ -423,21 +423,6 @@ FLOAT_FN(f32, DT_F32)
 FLOAT_FN(f16, DT_F16)
 FLOAT_FN(bf16, DT_BF16)
 
-static void run_float(float_fn *fn, const struct km_view *v, const uint8_t *x, size_t ldx, int B,
-                      float *y, size_t ldy, int64_t r0, int64_t r1)
-{
-    int nch = (B + NBF_MAX - 1) / NBF_MAX;
-    for (int64_t r = r0; r < r1; r += RF) {
-        int R = r1 - r < RF ? (int)(r1 - r) : RF;
-        for (int c = 0, b0 = 0; c < nch; c++) {
-            int nb = (B - b0 + (nch - c) - 1) / (nch - c);
-            fn(R, nb, v->data + (size_t)r * v->row_bytes, v->row_bytes, v->cols,
-               x + (size_t)b0 * ldx, ldx, y + (size_t)b0 * ldy + r, ldy);
-            b0 += nb;
-        }
-    }
-}
-
 void kern_mat_avx512_run(const struct km_view *v, const void *xq, size_t ldx, int B, float *y,
                          size_t ldy, int64_t r0, int64_t r1)
 {
@@ -451,9 +436,9 @@ void kern_mat_avx512_run(const struct km_view *v, const void *xq, size_t ldx, in
     case DT_Q4_K: km_drive_tiles(q4_k, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_256)); break;
     case DT_Q5_K: km_drive_tiles(q5_k, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_256)); break;
     case DT_Q6_K: km_drive_tiles(q6_k, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_256)); break;
-    case DT_F32: run_float(f32, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_F16: run_float(f16, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_BF16: run_float(bf16, v, x, ldx, B, y, ldy, r0, r1); break;
+    case DT_F32: km_drive_rows(f32, RF, NBF_MAX, v, x, ldx, B, y, ldy, r0, r1); break;
+    case DT_F16: km_drive_rows(f16, RF, NBF_MAX, v, x, ldx, B, y, ldy, r0, r1); break;
+    case DT_BF16: km_drive_rows(bf16, RF, NBF_MAX, v, x, ldx, B, y, ldy, r0, r1); break;
     default: break;
     }
 }

@@ -89,7 +89,9 @@ struct km_view {
 typedef void km_group_fn(int NB, const uint8_t *tiles, int64_t nblk, const uint8_t *x,
                          size_t ldx, float *y, size_t ldy, int lo, int hi, int first);
 
+#ifndef KM_ACT_CHUNK
 #define KM_ACT_CHUNK 4096     /* bytes of one activation row per k-chunk (large B) */
+#endif
 #define KM_W_CHUNK (192 << 10) /* bytes of weight tiles per row tile and k-chunk */
 
 /* Runs fn over groups and activation rows in chunks of at most nb_max. With one chunk
@@ -124,6 +126,77 @@ static inline void km_drive_tiles(km_group_fn *fn, int nb_max, const struct km_v
                        y + (size_t)b0 * ldy + (size_t)(g * G), ldy, lo, hi, k0 == 0);
                 }
                 b0 += nb;
+            }
+        }
+    }
+}
+
+/* One call of a float-weight kernel: R rows of w (row_bytes rb) times NB activation rows
+ * over elements [k0, k0+kn). A single pass (first and last) keeps the 16 lanes of each
+ * dot in registers; otherwise they are parked in `lanes` (16 floats per row and
+ * activation row, (r*lstride + b)*16) between k-chunks, which changes no bit. */
+struct km_fcall {
+    const uint8_t *w;
+    size_t rb;
+    const uint8_t *x;
+    size_t ldx;
+    float *y;
+    size_t ldy;
+    int64_t k0, kn, cols;
+    float *lanes;
+    int lstride;
+    int first, last;
+};
+typedef void km_rows_fn(int R, int NB, const struct km_fcall *c);
+
+#define KM_F_KCHUNK 512 /* elements per k-chunk (large B), a multiple of 16 */
+#define KM_F_ROWS 32    /* rows per row tile (large B) */
+#define KM_F_BS_MAX 12  /* activation rows per lane scratch: at most 2 chunks */
+
+/* Float weights: rows in steps of rf, activation rows in chunks of at most nbf. With
+ * more than one chunk, row tiles of KM_F_ROWS and k-chunks keep weights and
+ * activations in cache, with the lanes in a scratch on the stack (24 KiB). */
+static inline void km_drive_rows(km_rows_fn *fn, int rf, int nbf, const struct km_view *v,
+                                 const uint8_t *x, size_t ldx, int B, float *y, size_t ldy,
+                                 int64_t r0, int64_t r1)
+{
+    struct km_fcall c = {.rb = v->row_bytes, .ldx = ldx, .ldy = ldy, .cols = v->cols};
+    if (B <= nbf) {
+        c.x = x;
+        c.k0 = 0;
+        c.kn = v->cols;
+        c.first = c.last = 1;
+        for (int64_t r = r0; r < r1; r += rf) {
+            c.w = v->data + (size_t)r * v->row_bytes;
+            c.y = y + r;
+            fn(r1 - r < rf ? (int)(r1 - r) : rf, B, &c);
+        }
+        return;
+    }
+    float lanes[KM_F_ROWS * KM_F_BS_MAX * 16];
+    int bs = 2 * nbf <= KM_F_BS_MAX ? 2 * nbf : nbf;
+    c.lstride = bs;
+    for (int64_t rt = r0; rt < r1; rt += KM_F_ROWS) {
+        int64_t rte = rt + KM_F_ROWS < r1 ? rt + KM_F_ROWS : r1;
+        for (int bs0 = 0; bs0 < B; bs0 += bs) {
+            int nbs = B - bs0 < bs ? B - bs0 : bs;
+            int nch = (nbs + nbf - 1) / nbf;
+            for (int64_t k0 = 0; k0 < v->cols; k0 += KM_F_KCHUNK) {
+                c.k0 = k0;
+                c.kn = v->cols - k0 < KM_F_KCHUNK ? v->cols - k0 : KM_F_KCHUNK;
+                c.first = k0 == 0;
+                c.last = k0 + c.kn == v->cols;
+                for (int ch = 0, b0 = bs0; ch < nch; ch++) {
+                    int nb = (bs0 + nbs - b0 + (nch - ch) - 1) / (nch - ch);
+                    for (int64_t r = rt; r < rte; r += rf) {
+                        c.w = v->data + (size_t)r * v->row_bytes;
+                        c.x = x + (size_t)b0 * ldx;
+                        c.y = y + (size_t)b0 * ldy + r;
+                        c.lanes = lanes + ((size_t)(r - rt) * (size_t)bs + (size_t)(b0 - bs0)) * 16;
+                        fn(rte - r < rf ? (int)(rte - r) : rf, nb, &c);
+                    }
+                    b0 += nb;
+                }
             }
         }
     }

@@ -178,8 +178,8 @@ static void test_bitwise(void)
     for (int t = 0; t < NTYPES; t++) {
         int type = types[t];
         int be = dtype_info(type)->block_elems;
-        int64_t colss[] = {256, 896, 2048, 100};
-        for (int c = 0; c < 4; c++) {
+        int64_t colss[] = {256, 896, 2048, 100, 1000};
+        for (int c = 0; c < 5; c++) {
             int64_t cols = colss[c];
             if (cols % be)
                 continue;
