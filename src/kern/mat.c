@@ -14,7 +14,7 @@
 struct kern_mat {
     enum kern_path path;
     const void *data;    /* GGUF row layout (borrowed); the reference path reads it */
-    uint8_t *packed;     /* owned interleaved copy, or NULL */
+    uint8_t *packed;     /* owned copy for the SIMD paths (interleaved when quantized) */
     size_t bytes;        /* weight bytes one full product reads */
     struct km_view view; /* what the SIMD kernels read */
 };
@@ -312,17 +312,22 @@ int kern_mat_create(struct kern_mat **out, int type, const void *data, int64_t r
     v->data = data;
     v->G = path == KERN_PATH_AVX512 ? 16 : path == KERN_PATH_AVX2 ? 8 : 1;
     v->tile = kern_mat_tile_bytes(type, v->G);
-    if (path != KERN_PATH_REF && v->tile > 0) {
-        int64_t ngroups = (rows + v->G - 1) / v->G;
-        size_t size = (size_t)ngroups * (size_t)v->nblk * v->tile;
+    if (path != KERN_PATH_REF) {
+        /* SIMD paths always own their weights, so the caller may drop the source pages:
+         * quantized types interleaved, float types copied as they are. */
+        size_t size = v->tile > 0 ? (size_t)((rows + v->G - 1) / v->G) * (size_t)v->nblk * v->tile
+                                  : m->bytes;
         m->packed = aligned_alloc(64, (size + 63) / 64 * 64);
         if (!m->packed) {
             free(m);
             return cairn_fail(err, errlen, CAIRN_ENOMEM, "kern_mat: no memory for %zu bytes",
                               size);
         }
-        repack(type, data, rows, cols, v->G, path == KERN_PATH_AVX512 ? 128 : 0, m->packed,
-               v->tile);
+        if (v->tile > 0)
+            repack(type, data, rows, cols, v->G, path == KERN_PATH_AVX512 ? 128 : 0, m->packed,
+                   v->tile);
+        else
+            memcpy(m->packed, data, size);
         v->data = m->packed;
         m->bytes = size;
     }

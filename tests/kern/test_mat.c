@@ -112,17 +112,26 @@ static void check_case(int type, int64_t rows, int64_t cols, int mode, uint64_t 
         enum kern_path p = paths[pi];
         struct kern_mat *m = NULL;
         char err[256] = "";
-        int rc = kern_mat_create(&m, type, w, rows, cols, p, err, sizeof err);
+        size_t wbytes = (size_t)(rows * dtype_row_bytes(type, cols));
+        uint8_t *wcopy = malloc(wbytes);
+        memcpy(wcopy, w, wbytes);
+        int rc = kern_mat_create(&m, type, wcopy, rows, cols, p, err, sizeof err);
+        /* SIMD paths own their weights: the source may go away after create. */
+        if (rc == 0 && p != KERN_PATH_REF)
+            memset(wcopy, 0xaa, wbytes);
         if (!path_on_cpu(p)) {
             CHECK(rc == CAIRN_EUNSUPPORTED, "path %s not on this CPU but create gave %d",
                   kern_path_name(p), rc);
             kern_mat_release(m);
+            free(wcopy);
             continue;
         }
         CHECK(rc == 0, "create %s %s %lldx%lld: %d %s", dtype_name(type), kern_path_name(p),
               (long long)rows, (long long)cols, rc, err);
-        if (rc)
+        if (rc) {
+            free(wcopy);
             continue;
+        }
         CHECK(kern_mat_path(m) == p, "path %d != %d", kern_mat_path(m), p);
         CHECK_EQ_INT(kern_mat_rows(m), rows);
         CHECK_EQ_INT(kern_mat_cols(m), cols);
@@ -165,6 +174,7 @@ static void check_case(int type, int64_t rows, int64_t cols, int mode, uint64_t 
             }
         }
         kern_mat_release(m);
+        free(wcopy);
     }
     free(w);
     free(xq);
