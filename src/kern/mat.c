@@ -181,8 +181,7 @@ static void put_bit4(uint8_t *t, const uint8_t *q, int r, int G, int nkg)
 {
     for (int kg = 0; kg < nkg; kg++)
         for (int i = 0; i < 4; i++)
-            if (q[4 * kg + i] & 0x10)
-                t[(kg / 8) * 4 * G + 4 * r + i] |= (uint8_t)(1u << (kg % 8));
+            t[(kg / 8) * 4 * G + 4 * r + i] |= (uint8_t)(((q[4 * kg + i] >> 4) & 1) << (kg % 8));
 }
 
 static void put_half(uint8_t *t, uint16_t h, int r)
