@@ -36,6 +36,7 @@ struct ctx {
     size_t *nnbr;          /* [n] */
     uint32_t *cnt;         /* layers per rank */
     uint32_t *want;        /* proportional layers per rank, the repair's target */
+    uint32_t *idx, *idx2;  /* rank orders for the largest remainder */
     uint64_t *aux;         /* remainders, capacities */
     unsigned char *reach;  /* [min(n*(L+1), DP_CELLS)]: boundaries ranks can reach */
     size_t reach_cap;
@@ -164,14 +165,30 @@ static void split_prop(struct ctx *c, const size_t *ord, uint32_t k, uint32_t *c
         c->aux[i] = (uint64_t)(q % S);
         given += cnt[i];
     }
-    for (uint32_t left = c->L - given; left > 0; left--) {
-        uint32_t pick = k;
-        for (uint32_t i = 0; i < k; i++)
-            if (c->aux[i] != UINT64_MAX && (pick == k || c->aux[i] > c->aux[pick]))
-                pick = i;
-        cnt[pick]++;
-        c->aux[pick] = UINT64_MAX;
+    /* The leftover layers (fewer than k) go to the largest remainders, ties to the
+     * lower rank: a stable merge sort of the ranks by remainder, O(k log k). */
+    uint32_t *ix = c->idx, *tmp = c->idx2;
+    for (uint32_t i = 0; i < k; i++)
+        ix[i] = i;
+    for (uint32_t w = 1; w < k; w *= 2) {
+        for (uint32_t lo = 0; lo < k; lo += 2 * w) {
+            uint32_t mid = lo + w < k ? lo + w : k, hi = lo + 2 * w < k ? lo + 2 * w : k;
+            uint32_t a = lo, b = mid, o = lo;
+            while (a < mid && b < hi)
+                tmp[o++] = c->aux[ix[b]] > c->aux[ix[a]] ? ix[b++] : ix[a++];
+            while (a < mid)
+                tmp[o++] = ix[a++];
+            while (b < hi)
+                tmp[o++] = ix[b++];
+        }
+        uint32_t *t = ix;
+        ix = tmp;
+        tmp = t;
     }
+    for (uint32_t i = 0; i < c->L - given; i++)
+        cnt[ix[i]]++;
+    /* Ranks left with none take one from the largest share (ties: lower rank), which
+     * has at least two: L >= k layers sit on fewer than k ranks. */
     for (uint32_t i = 0; i < k; i++) {
         if (cnt[i] > 0)
             continue;
@@ -179,7 +196,7 @@ static void split_prop(struct ctx *c, const size_t *ord, uint32_t k, uint32_t *c
         for (uint32_t j = 1; j < k; j++)
             if (cnt[j] > cnt[big])
                 big = j;
-        cnt[big]--; /* > 1 because L >= k */
+        cnt[big]--;
         cnt[i] = 1;
     }
 }
@@ -936,6 +953,8 @@ static int setup(struct ctx *c, const struct place_request *req, struct place_re
     c->nnbr = calloc(nn, sizeof *c->nnbr);
     c->cnt = calloc(nn, sizeof *c->cnt);
     c->want = calloc(nn, sizeof *c->want);
+    c->idx = calloc(nn, sizeof *c->idx);
+    c->idx2 = calloc(nn, sizeof *c->idx2);
     c->aux = calloc(nn, sizeof *c->aux);
     c->reach_cap = nn * ((size_t)c->L + 1) < DP_CELLS ? nn * ((size_t)c->L + 1) : DP_CELLS;
     c->reach = malloc(c->reach_cap);
@@ -949,7 +968,7 @@ static int setup(struct ctx *c, const struct place_request *req, struct place_re
     if (req->model.id)
         out->model_id = strdup(req->model.id);
     if (!c->free || !c->rtt || !c->byfree || !c->id || !c->prefix || !c->mem || !c->ord ||
-        !c->path || !c->on || !c->nbr || !c->nnbr || !c->cnt || !c->want || !c->aux || !c->reach || !c->tmp ||
+        !c->path || !c->on || !c->nbr || !c->nnbr || !c->cnt || !c->want || !c->idx || !c->idx2 || !c->aux || !c->reach || !c->tmp ||
         !c->first || !c->keep || !out->ids || (req->model.id && !out->model_id))
         return CAIRN_ENOMEM;
 
@@ -1014,6 +1033,8 @@ static void ctx_free(struct ctx *c)
     free(c->cnt);
     free(c->aux);
     free(c->want);
+    free(c->idx);
+    free(c->idx2);
     free(c->reach);
     free(c->tmp);
     free(c->first);

@@ -13,8 +13,11 @@
  * n_slots); rank 0 also the embedding and the draft model with its KV; the last rank the
  * output norm and the head (a tied head is the embedding matrix, so the last rank holds a
  * second copy unless it is rank 0). When the proportional split does not fit, layers move
- * toward nodes with slack (the split with the lowest max need/free that fits); only when
- * no contiguous split fits is the order refused. Consecutive ranks must be linked.
+ * toward nodes with slack: the fitting split with the lowest max need/free (found by an
+ * exact O(k * n_layers) reachability search, nearest the proportional boundaries); only
+ * when no contiguous split fits is the order refused. Beyond 2^18 ranks x layers the
+ * search is a greedy front-to-back fill, which can miss a split. Consecutive ranks must
+ * be linked.
  *
  * Tensor (accepted, not executable yet beyond one node): every node holds all layers,
  * 1/k of the layer bytes, of the KV and of an untied head (rounded up), the whole
