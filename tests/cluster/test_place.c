@@ -470,6 +470,22 @@ static void test_disconnected(void)
     }
     place_result_free(&res);
 
+    /* A full mesh with one slow link: the order avoids it (lowest max rtt). */
+    req_init(&q);
+    q.r.min_nodes = 3;
+    add_node(&q, "a", 8 * GiB);
+    add_node(&q, "b", 8 * GiB);
+    add_node(&q, "c", 8 * GiB);
+    add_link(&q, "a", "b", 100);
+    add_link(&q, "b", "c", 120);
+    add_link(&q, "a", "c", 900);
+    if (run_place(&q, &res))
+        return;
+    b = best(&res);
+    CHECK(b && b->n_nodes == 3 && strcmp(b->shares[1].id, "b") == 0 && b->max_rtt_us == 120,
+          "middle %s max rtt %u", b ? b->shares[1].id : "none", b ? b->max_rtt_us : 0);
+    place_result_free(&res);
+
     /* A star: connected, but no path visits every node once. */
     req_init(&q);
     q.r.min_nodes = 4;
