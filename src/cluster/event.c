@@ -244,7 +244,7 @@ static int body_from_json(const json_t *body, const char *path, struct event *e,
         if (!rc)
             rc = ids_json_member(body, path, "info", JSON_OBJECT, &v, err, errlen);
         if (!rc) {
-            snprintf(p, sizeof p, "%s.info", path);
+            ids_path(p, sizeof p, "%s.info", path);
             rc = cluster_node_info_from_json(v, p, &e->node_gathered_info.info, err, errlen);
         }
         return rc;
@@ -265,7 +265,7 @@ static int body_from_json(const json_t *body, const char *path, struct event *e,
         if (!rc)
             rc = ids_json_member(body, path, "instance", JSON_OBJECT, &v, err, errlen);
         if (!rc) {
-            snprintf(p, sizeof p, "%s.instance", path);
+            ids_path(p, sizeof p, "%s.instance", path);
             rc = cluster_instance_from_json(v, p, &e->instance_created, err, errlen);
         }
         return rc;
@@ -312,7 +312,7 @@ static int body_from_json(const json_t *body, const char *path, struct event *e,
         if (!rc)
             rc = ids_json_member(body, path, "params", JSON_OBJECT, &v, err, errlen);
         if (!rc) {
-            snprintf(p, sizeof p, "%s.params", path);
+            ids_path(p, sizeof p, "%s.params", path);
             rc = cluster_params_check(v, p, err, errlen);
         }
         if (!rc) {

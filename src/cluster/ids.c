@@ -1,6 +1,7 @@
 #include "cluster/ids.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,14 @@ static size_t first_bad(const char *s, size_t len, bool (*ok)(unsigned char))
         if (!ok((unsigned char)s[i]))
             return i;
     return len;
+}
+
+void ids_path(char *dst, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(dst, n, fmt, ap);
+    va_end(ap);
 }
 
 bool ids_valid_id(const char *s)
@@ -105,7 +114,7 @@ int ids_json_member(const json_t *j, const char *path, const char *key, json_typ
 static int member(const json_t *j, const char *path, const char *key, json_t **v, char *fp,
                   size_t fpsize, char *err, size_t errlen)
 {
-    snprintf(fp, fpsize, "%s.%s", path, key);
+    ids_path(fp, fpsize, "%s.%s", path, key);
     *v = json_object_get(j, key);
     if (!*v)
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: missing", fp);
@@ -197,8 +206,8 @@ int ids_json_model(const json_t *j, const char *path, const char *key, bool null
 int ids_json_name_value(const json_t *v, const char *path, size_t max, char *dst, char *err,
                         size_t errlen)
 {
-    const char *s;
-    size_t len;
+    const char *s = NULL;
+    size_t len = 0;
     int rc = string_value(v, path, false, max, &s, &len, err, errlen);
     if (rc)
         return rc;
@@ -273,8 +282,8 @@ int ids_json_enum(const json_t *j, const char *path, const char *key,
 {
     char fp[IDS_PATH_MAX + 64];
     json_t *v;
-    const char *s;
-    size_t len;
+    const char *s = NULL;
+    size_t len = 0;
     int rc = member(j, path, key, &v, fp, sizeof fp, err, errlen);
     if (rc == 0)
         rc = string_value(v, fp, false, IDS_NAME_MAX, &s, &len, err, errlen);

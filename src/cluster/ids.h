@@ -23,6 +23,9 @@
                                                   exact in a double, so in any JSON reader */
 #define IDS_PATH_MAX 256     /* bytes of a field path kept in messages */
 
+/* Formats a field path into dst (n bytes), cut short quietly when it does not fit. */
+void ids_path(char *dst, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* True when s is a valid node/instance/runner/task id. */
 bool ids_valid_id(const char *s);
 

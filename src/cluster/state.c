@@ -276,6 +276,7 @@ int cluster_node_info_copy(struct cluster_node_info *dst, const struct cluster_n
         const struct cluster_iface *f = &src->ifaces[i];
         struct cluster_iface *g = &dst->ifaces[dst->n_ifaces];
         memcpy(g->name, f->name, sizeof g->name);
+        g->loopback = f->loopback;
         if (f->n_addrs) {
             g->addrs = malloc(f->n_addrs * sizeof *g->addrs);
             if (!g->addrs)
@@ -736,7 +737,7 @@ static int iface_from_json(const json_t *j, const char *path, struct cluster_ifa
     out->n_addrs = n;
     for (size_t i = 0; i < n; i++) {
         char p[IDS_PATH_MAX + 32];
-        snprintf(p, sizeof p, "%s.addresses[%zu]", path, i);
+        ids_path(p, sizeof p, "%s.addresses[%zu]", path, i);
         rc = ids_json_name_value(json_array_get(addrs, i), p, IDS_ADDR_MAX, out->addrs[i], err,
                                  errlen);
         if (rc)
@@ -800,7 +801,7 @@ int cluster_node_info_from_json(const json_t *j, const char *path, struct cluste
     }
     for (size_t i = 0; i < n; i++) {
         char p[IDS_PATH_MAX + 32];
-        snprintf(p, sizeof p, "%s.interfaces[%zu]", path, i);
+        ids_path(p, sizeof p, "%s.interfaces[%zu]", path, i);
         out->n_ifaces++; /* counted first so a half-read entry is freed too */
         rc = iface_from_json(json_array_get(ifaces, i), p, &out->ifaces[i], err, errlen);
         if (rc)
@@ -828,7 +829,7 @@ static int node_from_json(const json_t *j, const char *path, struct cluster_node
         rc = ids_json_member(j, path, "info", JSON_OBJECT, &info, err, errlen);
     if (!rc) {
         char p[IDS_PATH_MAX + 8];
-        snprintf(p, sizeof p, "%s.info", path);
+        ids_path(p, sizeof p, "%s.info", path);
         rc = cluster_node_info_from_json(info, p, &out->info, err, errlen);
     }
     return rc;
@@ -963,7 +964,7 @@ int cluster_instance_from_json(const json_t *j, const char *path, struct cluster
     out->n_shards = n;
     for (size_t i = 0; i < n; i++) {
         char p[IDS_PATH_MAX + 32];
-        snprintf(p, sizeof p, "%s.shards[%zu]", path, i);
+        ids_path(p, sizeof p, "%s.shards[%zu]", path, i);
         rc = shard_from_json(json_array_get(shards, i), p, &out->shards[i], err, errlen);
         if (rc)
             goto fail;
@@ -1047,7 +1048,7 @@ static int task_from_json(const json_t *j, const char *path, struct cluster_task
         rc = ids_json_member(j, path, "params", JSON_OBJECT, &params, err, errlen);
     if (!rc) {
         char p[IDS_PATH_MAX + 8];
-        snprintf(p, sizeof p, "%s.params", path);
+        ids_path(p, sizeof p, "%s.params", path);
         rc = cluster_params_check(params, p, err, errlen);
     }
     if (!rc) {
@@ -1118,7 +1119,7 @@ static int read_map(struct cluster_state *s, const json_t *j, const char *key,
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "state.%s: out of memory", key);
     json_object_foreach(map, k, v) {
         char p[IDS_PATH_MAX];
-        snprintf(p, sizeof p, "state.%s.%.*s", key, IDS_ID_MAX + 1, k);
+        ids_path(p, sizeof p, "state.%s.%.*s", key, IDS_ID_MAX + 1, k);
         rc = decode(v, p, elem, err, errlen);
         if (rc)
             break;
@@ -1163,7 +1164,7 @@ static int read_edges(struct cluster_state *s, const json_t *j, char *err, size_
     for (size_t i = 0; !rc && i < json_array_size(arr); i++) {
         char p[64];
         struct cluster_edge e;
-        snprintf(p, sizeof p, "state.edges[%zu]", i);
+        ids_path(p, sizeof p, "state.edges[%zu]", i);
         rc = cluster_edge_from_json(json_array_get(arr, i), p, &e, err, errlen);
         if (!rc && cluster_state_find_edge(s, e.from, e.to))
             rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: a second edge %s -> %s", p, e.from,
@@ -1181,7 +1182,7 @@ static int read_downloads(struct cluster_state *s, const json_t *j, char *err, s
     for (size_t i = 0; !rc && i < json_array_size(arr); i++) {
         char p[64];
         struct cluster_download d;
-        snprintf(p, sizeof p, "state.downloads[%zu]", i);
+        ids_path(p, sizeof p, "state.downloads[%zu]", i);
         rc = cluster_download_from_json(json_array_get(arr, i), p, &d, err, errlen);
         if (rc)
             break;
