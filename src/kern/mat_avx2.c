@@ -41,8 +41,10 @@ INLINE __m256i load32(const uint8_t *p)
 
 INLINE void prefetch_tile(const uint8_t *t, size_t tile)
 {
-    for (size_t o = 0; o < tile; o += 64)
-        _mm_prefetch((const char *)t + PF_AHEAD + o, _MM_HINT_T0);
+    /* one prefetch per cache line: the lines that start within this tile */
+    uintptr_t a = ((uintptr_t)t + PF_AHEAD + 63) & ~(uintptr_t)63;
+    for (uintptr_t e = (uintptr_t)t + PF_AHEAD + tile; a < e; a += 64)
+        _mm_prefetch((const char *)a, _MM_HINT_T0);
 }
 
 /* Bit s of each byte of a bit plane moved to bit 4 (other bits garbage). */

@@ -37,13 +37,13 @@ INLINE __m512i load64(const uint8_t *p)
 
 /* Software prefetch of the tile streamed PF_AHEAD bytes later: with B > 1 the kernels
  * consume weights too slowly for the hardware prefetcher to hide memory latency. */
-#ifndef PF_AHEAD
-#define PF_AHEAD 32768
-#endif
+#define PF_AHEAD 8192
 INLINE void prefetch_tile(const uint8_t *t, size_t tile)
 {
-    for (size_t o = 0; o < tile; o += 64)
-        _mm_prefetch((const char *)t + PF_AHEAD + o, _MM_HINT_T0);
+    /* one prefetch per cache line: the lines that start within this tile */
+    uintptr_t a = ((uintptr_t)t + PF_AHEAD + 63) & ~(uintptr_t)63;
+    for (uintptr_t e = (uintptr_t)t + PF_AHEAD + tile; a < e; a += 64)
+        _mm_prefetch((const char *)a, _MM_HINT_T0);
 }
 
 /* Bit s of each byte of a bit plane moved to bit 4 (other bits garbage). */
