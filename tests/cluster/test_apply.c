@@ -130,8 +130,9 @@ static void test_history(void)
                 "'status':'Running','error':null}");
     APPLY_OK(s, "{'kind':'InstanceDraftModelUpdated','term':1,'index':13,'instance_id':'i1',"
                 "'draft_model':'m1-draft','num_draft_tokens':6}");
+    APPLY_OK(s, "{'kind':'TaskAcknowledged','term':1,'index':14,'task_id':'t1'}");
     check_state(s,
-                "{'last_applied':{'term':1,'index':13},'master':{'node_id':'n1','term':1},"
+                "{'last_applied':{'term':1,'index':14},'master':{'node_id':'n1','term':1},"
                 "'nodes':{'n1':{'node_id':'n1','last_seen_ms':1000,'info':" INFO(8000) "},"
                 "'n2':{'node_id':'n2','last_seen_ms':1001,'info':" INFO(9000) "}},"
                 "'edges':[{'from':'n1','to':'n2','rtt_us':250,'throughput_bytes_per_s':100},"
@@ -150,21 +151,40 @@ static void test_history(void)
                 "'params':{'prompt':'hi'}}},"
                 "'downloads':[{'node_id':'n2','model_id':'m1','bytes_done':50,"
                 "'bytes_total':100,'status':'Ongoing','error':null}]}",
-                "after 13 events");
+                "after 14 events");
 
-    /* n2 goes quiet: it leaves with its edges, its download and instance i1, whose
-     * runners go too (r1 lives on n1 but serves i1); t1 fails. */
-    APPLY_OK(s, "{'kind':'NodeTimedOut','term':1,'index':14,'node_id':'n2'}");
+    /* A finished task of i1 stays as it is when i1 goes. */
+    APPLY_OK(s, "{'kind':'TaskCreated','term':1,'index':15,'task_id':'t2',"
+                "'task_kind':'TextGeneration','instance_id':'i1','node_id':'n2','params':{}}");
+    APPLY_OK(s, "{'kind':'TaskStatusUpdated','term':1,'index':16,'task_id':'t2',"
+                "'status':'Complete','error':null}");
+
+    /* A runner on n2 that serves no known instance, and one on n1 that does not serve i1. */
+    APPLY_OK(s, "{'kind':'RunnerStatusUpdated','term':1,'index':17,'runner_id':'r7',"
+                "'instance_id':'i7','node_id':'n2','status':'ShuttingDown','error':null,"
+                "'restart_count':0}");
+    APPLY_OK(s, "{'kind':'RunnerStatusUpdated','term':1,'index':18,'runner_id':'r8',"
+                "'instance_id':'i8','node_id':'n1','status':'Idle','error':null,"
+                "'restart_count':0}");
+
+    /* n2 goes quiet: it leaves with its edges, its download, its runners and instance
+     * i1, whose runners go too (r1 lives on n1 but serves i1); t1 fails. */
+    APPLY_OK(s, "{'kind':'NodeTimedOut','term':1,'index':19,'node_id':'n2'}");
     check_state(s,
-                "{'last_applied':{'term':1,'index':14},'master':{'node_id':'n1','term':1},"
+                "{'last_applied':{'term':1,'index':19},'master':{'node_id':'n1','term':1},"
                 "'nodes':{'n1':{'node_id':'n1','last_seen_ms':1000,'info':" INFO(8000) "}},"
-                "'edges':[],'instances':{},'runners':{},"
+                "'edges':[],'instances':{},'runners':{'r8':{'runner_id':'r8',"
+                "'instance_id':'i8','node_id':'n1','status':'Idle','error':null,"
+                "'restart_count':0}},"
                 "'tasks':{'t1':{'task_id':'t1','kind':'TextGeneration','instance_id':'i1',"
                 "'node_id':'n1','status':'Failed','acknowledged':true,"
-                "'error':'node n2 timed out','params':{'prompt':'hi'}}},'downloads':[]}",
+                "'error':'node n2 timed out','params':{'prompt':'hi'}},"
+                "'t2':{'task_id':'t2','kind':'TextGeneration','instance_id':'i1',"
+                "'node_id':'n2','status':'Complete','acknowledged':false,'error':null,"
+                "'params':{}}},'downloads':[]}",
                 "after NodeTimedOut");
-    APPLY_OK(s, "{'kind':'TaskDeleted','term':1,'index':15,'task_id':'t1'}");
-    CHECK(s->n_tasks == 0, "task deleted");
+    APPLY_OK(s, "{'kind':'TaskDeleted','term':1,'index':20,'task_id':'t1'}");
+    CHECK(s->n_tasks == 1 && cluster_state_find_task(s, "t2"), "task t1 deleted");
     cluster_state_release(s);
 }
 
@@ -266,9 +286,13 @@ static void test_kinds(void)
     /* A task failing carries its error; another status clears it. */
     APPLY_OK(s, "{'kind':'TaskCreated','term':1,'index':23,'task_id':'t1',"
                 "'task_kind':'TextGeneration','instance_id':'i1','node_id':'n1','params':{}}");
+    const struct cluster_task *t = cluster_state_find_task(s, "t1");
+    CHECK(t && t->status == CLUSTER_TASK_PENDING && !t->acknowledged && !t->error &&
+              json_is_object(t->params) && json_object_size(t->params) == 0,
+          "new task");
     APPLY_OK(s, "{'kind':'TaskStatusUpdated','term':1,'index':24,'task_id':'t1',"
                 "'status':'Failed','error':'no runner'}");
-    const struct cluster_task *t = cluster_state_find_task(s, "t1");
+    t = cluster_state_find_task(s, "t1");
     CHECK(t && t->status == CLUSTER_TASK_FAILED && t->error && !strcmp(t->error, "no runner"),
           "task failed");
     APPLY_OK(s, "{'kind':'TaskStatusUpdated','term':1,'index':25,'task_id':'t1',"
@@ -281,9 +305,22 @@ static void test_kinds(void)
     APPLY_OK(s, "{'kind':'MasterElected','term':1,'index':26,'node_id':'n7'}");
     CHECK(!strcmp(s->master_node_id, "n7") && s->master_term == 1, "master n7");
 
-    /* An event with an impossible position built in C. */
+    /* An error reported with a status other than Failed (only an event built in C can
+     * say so) is dropped. */
     struct event e;
-    event_init(&e, EVENT_TASK_DELETED, 0, 27);
+    event_init(&e, EVENT_RUNNER_STATUS_UPDATED, 1, 27);
+    snprintf(e.runner_status_updated.id, sizeof e.runner_status_updated.id, "r5");
+    snprintf(e.runner_status_updated.instance_id, sizeof e.runner_status_updated.instance_id, "i");
+    snprintf(e.runner_status_updated.node_id, sizeof e.runner_status_updated.node_id, "n");
+    e.runner_status_updated.status = CLUSTER_RUNNER_READY;
+    e.runner_status_updated.error = strdup("stale");
+    CHECK(cluster_apply(s, &e, err, sizeof err) == 0, "%s", err);
+    r = cluster_state_find_runner(s, "r5");
+    CHECK(r && r->status == CLUSTER_RUNNER_READY && !r->error, "error kept with Ready");
+    event_clear(&e);
+
+    /* An event with an impossible position built in C. */
+    event_init(&e, EVENT_TASK_DELETED, 0, 28);
     snprintf(e.task_deleted.task_id, sizeof e.task_deleted.task_id, "t1");
     CHECK(cluster_apply(s, &e, err, sizeof err) == CAIRN_EINVAL, "term 0: %s", err);
     cluster_state_release(s);

@@ -334,6 +334,72 @@ static void test_bad_cases(void)
     expect_refused("null", 4, "event: JSON", "null"); /* jansson refuses non-containers */
 }
 
+/* Arrays one entry over their limit: interfaces, addresses, shards. */
+static void test_counts(void)
+{
+    char *text = dq(valid[EVENT_NODE_GATHERED_INFO]);
+    json_t *j = json_loads(text, 0, NULL);
+    free(text);
+    json_t *info = json_object_get(j, "info");
+    json_t *ifaces = json_object_get(info, "interfaces");
+    json_t *addrs = json_object_get(json_array_get(ifaces, 1), "addresses");
+    char err[512] = "";
+    struct event e;
+    while (json_array_size(addrs) < CLUSTER_MAX_ADDRS)
+        json_array_append_new(addrs, json_string("10.1.1.1"));
+    CHECK(event_from_jsonv(j, &e, err, sizeof err) == 0, "%d addresses: %s", CLUSTER_MAX_ADDRS, err);
+    event_clear(&e);
+    json_array_append_new(addrs, json_string("10.1.1.1"));
+    CHECK(event_from_jsonv(j, &e, err, sizeof err) == CAIRN_EFORMAT &&
+              strstr(err, "NodeGatheredInfo.info.interfaces[1].addresses: 65 entries, more than 64"),
+          "65 addresses: %s", err);
+    json_array_remove(addrs, 0);
+    while (json_array_size(ifaces) < CLUSTER_MAX_IFACES)
+        json_array_append(ifaces, json_array_get(ifaces, 0));
+    CHECK(event_from_jsonv(j, &e, err, sizeof err) == 0, "%d interfaces: %s", CLUSTER_MAX_IFACES,
+          err);
+    event_clear(&e);
+    json_array_append(ifaces, json_array_get(ifaces, 0));
+    CHECK(event_from_jsonv(j, &e, err, sizeof err) == CAIRN_EFORMAT &&
+              strstr(err, "NodeGatheredInfo.info.interfaces: 65 entries, more than 64"),
+          "65 interfaces: %s", err);
+    json_decref(j);
+
+    text = dq(valid[EVENT_INSTANCE_CREATED]);
+    j = json_loads(text, 0, NULL);
+    free(text);
+    json_t *inst = json_object_get(j, "instance"), *shards = json_array();
+    for (int n = 1; n <= CLUSTER_MAX_SHARDS + 1; n++) {
+        json_array_clear(shards);
+        for (int i = 0; i < n; i++) {
+            char node[16], runner[16];
+            snprintf(node, sizeof node, "n%d", i);
+            snprintf(runner, sizeof runner, "r%d", i);
+            json_array_append_new(shards, json_pack("{s:s, s:s, s:i, s:i, s:i, s:i}", "node_id",
+                                                    node, "runner_id", runner, "rank", i,
+                                                    "world_size", n, "layer_begin", i,
+                                                    "layer_end", i + 1));
+        }
+        json_object_set(inst, "shards", shards);
+        if (n != CLUSTER_MAX_SHARDS && n != CLUSTER_MAX_SHARDS + 1 && n != 1)
+            continue;
+        int rc = event_from_jsonv(j, &e, err, sizeof err);
+        if (n <= CLUSTER_MAX_SHARDS)
+            CHECK(rc == 0 && e.instance_created.n_shards == (size_t)n, "%d shards: %s", n, err);
+        else
+            CHECK(rc == CAIRN_EFORMAT && strstr(err, "InstanceCreated.instance.shards: 257 entries"),
+                  "257 shards: %s", err);
+        event_clear(&e);
+    }
+    json_array_clear(shards);
+    json_object_set(inst, "shards", shards);
+    CHECK(event_from_jsonv(j, &e, err, sizeof err) == CAIRN_EFORMAT &&
+              strstr(err, "InstanceCreated.instance.shards: 0 entries"),
+          "no shards: %s", err);
+    json_decref(shards);
+    json_decref(j);
+}
+
 /* Strings far over their limits are refused by length, not copied. */
 static void test_huge_strings(void)
 {
@@ -533,11 +599,54 @@ static void test_validate(void)
     CHECK(event_kind_name(-1) == NULL && event_kind_name(EVENT_KIND_COUNT) == NULL, "names");
 }
 
+/* The id and model alphabets, NUL bytes inside strings built in C, random ids. */
+static void test_ids(void)
+{
+    CHECK(ids_valid_id("Az09._:-") && ids_valid_id("a") && !ids_valid_id("") &&
+              !ids_valid_id("a/b") && !ids_valid_id("a b") && !ids_valid_id("a@b") &&
+              !ids_valid_id("\xc3\xa9") && !ids_valid_id(NULL),
+          "id alphabet");
+    char id65[66];
+    memset(id65, 'x', 65);
+    id65[65] = '\0';
+    CHECK(!ids_valid_id(id65) && ids_valid_id(id65 + 1), "id length");
+    CHECK(ids_valid_model("org/Model-7B.Q4_K:v1@main+x") && !ids_valid_model("a b") &&
+              !ids_valid_model("") && !ids_valid_model("a\"b") && !ids_valid_model("a?b"),
+          "model alphabet");
+
+    char a[IDS_ID_MAX + 1], b[IDS_ID_MAX + 1], err[256] = "";
+    CHECK(ids_random(a, err, sizeof err) == 0 && ids_random(b, err, sizeof err) == 0, "%s", err);
+    CHECK(strlen(a) == 32 && ids_valid_id(a) && strspn(a, "0123456789abcdef") == 32 &&
+              strcmp(a, b) != 0,
+          "random ids %s %s", a, b);
+
+    /* Through the decoder: every id character, and a NUL only JSON built in C can hold. */
+    struct event e;
+    const char *text = "{\"kind\":\"NodeTimedOut\",\"term\":1,\"index\":0,"
+                       "\"node_id\":\"Az09._:-\"}";
+    CHECK(event_from_json(text, strlen(text), &e, err, sizeof err) == 0 &&
+              strcmp(e.node_timed_out.node_id, "Az09._:-") == 0,
+          "id alphabet through JSON: %s", err);
+    event_clear(&e);
+    json_t *j = json_pack("{s:s, s:i, s:i, s:o}", "kind", "NodeTimedOut", "term", 1, "index", 0,
+                          "node_id", json_stringn("n\0x", 3));
+    CHECK(event_from_jsonv(j, &e, err, sizeof err) == CAIRN_EFORMAT &&
+              strstr(err, "NodeTimedOut.node_id: holds a NUL byte"),
+          "NUL in id: %s", err);
+    json_object_set_new(j, "kind", json_stringn("NodeTimedOut\0", 13));
+    CHECK(event_from_jsonv(j, &e, err, sizeof err) == CAIRN_EFORMAT &&
+              strstr(err, "event.kind: holds a NUL byte"),
+          "NUL in kind: %s", err);
+    json_decref(j);
+}
+
 int main(void)
 {
+    test_ids();
     test_round_trip();
     test_decoded_values();
     test_bad_cases();
+    test_counts();
     test_huge_strings();
     test_every_field();
     test_truncations();
