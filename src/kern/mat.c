@@ -172,7 +172,8 @@ static void put_nibbles(uint8_t *t, const uint8_t *q, int r, int G, int P, int n
     for (int v = 0; v < nkg / 2; v++) {
         int lo = 2 * (v / P) * P + v % P, hi = lo + P;
         for (int i = 0; i < 4; i++)
-            t[v * 4 * G + 4 * r + i] = (uint8_t)((q[4 * lo + i] & 0xf) | (q[4 * hi + i] & 0xf) << 4);
+            t[v * 4 * G + 4 * r + i] =
+                (uint8_t)((q[4 * lo + i] & 0xf) | (q[4 * hi + i] & 0xf) << 4);
     }
 }
 

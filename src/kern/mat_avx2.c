@@ -50,7 +50,9 @@ INLINE void prefetch_tile(const uint8_t *t, size_t tile)
 /* Bit s of each byte of a bit plane moved to bit 4 (other bits garbage). */
 INLINE __m256i plane_bit4(__m256i plane, const int s)
 {
-    return s < 4 ? _mm256_slli_epi16(plane, 4 - s) : s > 4 ? _mm256_srli_epi16(plane, s - 4) : plane;
+    return s < 4   ? _mm256_slli_epi16(plane, 4 - s)
+           : s > 4 ? _mm256_srli_epi16(plane, s - 4)
+                   : plane;
 }
 
 INLINE __m256i or_bit4(__m256i q, __m256i h)
@@ -221,7 +223,8 @@ INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t 
         for (int j = 0; j < 8; j++) {
             const uint8_t *tq = t + 32 * 8 * (j / 2);
             /* sc[j] of each row in both int16 halves of its lane */
-            __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(t + scoff + G * j)));
+            __m256i sc =
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(t + scoff + G * j)));
             sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
             __m256i a16[NB_MAX];
 #pragma GCC unroll 8
@@ -252,7 +255,8 @@ INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t 
             __m256i ms = _mm256_setzero_si256();
 #pragma GCC unroll 4
             for (int p = 0; p < 4; p++) {
-                __m256i mn = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(t + mnoff + 2 * G * p)));
+                __m256i mn = _mm256_cvtepu8_epi16(
+                    _mm_loadu_si128((const __m128i *)(t + mnoff + 2 * G * p)));
                 ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mn, _mm256_set1_epi32(pair[p])));
             }
             __m256 ndm = _mm256_xor_ps(_mm256_mul_ps(dmin, dx), sign);
@@ -340,7 +344,7 @@ INLINE void group_q6k(const int NB, const uint8_t *tiles, int64_t nblk, const ui
 
 #define GROUP_FN(name)                                                                    \
     static void name(int NB, const uint8_t *tiles, int64_t nblk, const uint8_t *x,       \
-                     size_t ldx, float *y, size_t ldy, int lo, int hi, int first)                    \
+                     size_t ldx, float *y, size_t ldy, int lo, int hi, int first)         \
     {                                                                                     \
         _Static_assert(NB_MAX == 4, "cases 1..4");                                        \
         switch (NB) {                                                                     \
@@ -458,21 +462,21 @@ INLINE void rows_float(const int type, const int R, const int NB, const struct k
         }
 }
 
-#define RF_CASES(T, R)                                                                     \
-    switch (NB) {                                                                          \
-    case 1: rows_float(T, R, 1, c); break;                                                 \
-    case 2: rows_float(T, R, 2, c); break;                                                 \
-    default: rows_float(T, R, 3, c); break;                                                \
+#define RF_CASES(T, R)                                                                    \
+    switch (NB) {                                                                         \
+    case 1: rows_float(T, R, 1, c); break;                                                \
+    case 2: rows_float(T, R, 2, c); break;                                                \
+    default: rows_float(T, R, 3, c); break;                                               \
     }
 
-#define FLOAT_FN(name, T)                                                                  \
-    static void name(int R, int NB, const struct km_fcall *c)                              \
-    {                                                                                      \
-        _Static_assert(NBF_MAX == 3 && RF == 2, "cases");                                  \
-        if (R == 1)                                                                        \
-            RF_CASES(T, 1)                                                                 \
-        else                                                                               \
-            RF_CASES(T, 2)                                                                 \
+#define FLOAT_FN(name, T)                                                                 \
+    static void name(int R, int NB, const struct km_fcall *c)                             \
+    {                                                                                     \
+        _Static_assert(NBF_MAX == 3 && RF == 2, "cases");                                 \
+        if (R == 1)                                                                       \
+            RF_CASES(T, 1)                                                                \
+        else                                                                              \
+            RF_CASES(T, 2)                                                                \
     }
 
 FLOAT_FN(f32, DT_F32)
@@ -483,18 +487,23 @@ void kern_mat_avx2_run(const struct km_view *v, const void *xq, size_t ldx, int 
                        size_t ldy, int64_t r0, int64_t r1)
 {
     const uint8_t *x = xq;
+    const size_t a32 = sizeof(struct act_q8_32), a256 = sizeof(struct act_q8_256);
+#define tiles(fn, a) km_drive_tiles(fn, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, a)
+#define rows(fn) km_drive_rows(fn, RF, NBF_MAX, v, x, ldx, B, y, ldy, r0, r1)
     switch (v->type) {
-    case DT_Q4_0: km_drive_tiles(q4_0, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
-    case DT_Q4_1: km_drive_tiles(q4_1, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
-    case DT_Q5_0: km_drive_tiles(q5_0, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
-    case DT_Q5_1: km_drive_tiles(q5_1, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
-    case DT_Q8_0: km_drive_tiles(q8_0, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
-    case DT_Q4_K: km_drive_tiles(q4_k, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_256)); break;
-    case DT_Q5_K: km_drive_tiles(q5_k, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_256)); break;
-    case DT_Q6_K: km_drive_tiles(q6_k, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_256)); break;
-    case DT_F32: km_drive_rows(f32, RF, NBF_MAX, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_F16: km_drive_rows(f16, RF, NBF_MAX, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_BF16: km_drive_rows(bf16, RF, NBF_MAX, v, x, ldx, B, y, ldy, r0, r1); break;
+    case DT_Q4_0: tiles(q4_0, a32); break;
+    case DT_Q4_1: tiles(q4_1, a32); break;
+    case DT_Q5_0: tiles(q5_0, a32); break;
+    case DT_Q5_1: tiles(q5_1, a32); break;
+    case DT_Q8_0: tiles(q8_0, a32); break;
+    case DT_Q4_K: tiles(q4_k, a256); break;
+    case DT_Q5_K: tiles(q5_k, a256); break;
+    case DT_Q6_K: tiles(q6_k, a256); break;
+    case DT_F32: rows(f32); break;
+    case DT_F16: rows(f16); break;
+    case DT_BF16: rows(bf16); break;
     default: break;
     }
+#undef tiles
+#undef rows
 }

@@ -35,8 +35,8 @@ INLINE __m512i load64(const uint8_t *p)
     return _mm512_loadu_si512((const void *)p);
 }
 
-/* Software prefetch of the tile streamed PF_AHEAD bytes later: with B > 1 the kernels
- * consume weights too slowly for the hardware prefetcher to hide memory latency. */
+/* Software prefetch of the weights PF_AHEAD bytes ahead of the stream: measured faster
+ * from DRAM at every B, most of all when B > 1 consumes weights slowly. */
 #define PF_AHEAD 8192
 INLINE void prefetch_tile(const uint8_t *t, size_t tile)
 {
@@ -49,7 +49,9 @@ INLINE void prefetch_tile(const uint8_t *t, size_t tile)
 /* Bit s of each byte of a bit plane moved to bit 4 (other bits garbage). */
 INLINE __m512i plane_bit4(__m512i plane, const int s)
 {
-    return s < 4 ? _mm512_slli_epi16(plane, 4 - s) : s > 4 ? _mm512_srli_epi16(plane, s - 4) : plane;
+    return s < 4   ? _mm512_slli_epi16(plane, 4 - s)
+           : s > 4 ? _mm512_srli_epi16(plane, s - 4)
+                   : plane;
 }
 
 /* q | (h & 0x10) */
@@ -114,17 +116,17 @@ INLINE void group_q32(const int type, const int NB, const uint8_t *tiles, int64_
 #pragma GCC unroll 4
             for (int v = 0; v < 4; v++) {
                 __m512i w = load64(t + 64 * v);
-                __m512i lo = _mm512_and_si512(w, m4);
-                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+                __m512i wl = _mm512_and_si512(w, m4);
+                __m512i wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
                 if (q5) {
                     __m512i plane = load64(t + qhoff);
-                    lo = or_bit4(lo, plane_bit4(plane, v));
-                    hi = or_bit4(hi, plane_bit4(plane, v + 4));
+                    wl = or_bit4(wl, plane_bit4(plane, v));
+                    wh = or_bit4(wh, plane_bit4(plane, v + 4));
                 }
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++) {
-                    s[b] = _mm512_dpbusd_epi32(s[b], lo, bcast4(xa[b]->q + 4 * v));
-                    s[b] = _mm512_dpbusd_epi32(s[b], hi, bcast4(xa[b]->q + 16 + 4 * v));
+                    s[b] = _mm512_dpbusd_epi32(s[b], wl, bcast4(xa[b]->q + 4 * v));
+                    s[b] = _mm512_dpbusd_epi32(s[b], wh, bcast4(xa[b]->q + 16 + 4 * v));
                 }
             }
         }
@@ -189,7 +191,8 @@ INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t 
                 for (int b = 0; b < NB; b++)
                     dt[b] = _mm512_dpbusd_epi32(dt[b], w, bcast4(xa[b]->q + 32 * j + 4 * p));
             }
-            __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(t + scoff + G * j)));
+            __m512i sc =
+                _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(t + scoff + G * j)));
 #pragma GCC unroll 16
             for (int b = 0; b < NB; b++)
                 is[b] = _mm512_add_epi32(is[b], _mm512_mullo_epi32(dt[b], sc));
@@ -198,7 +201,8 @@ INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t 
         __m512i mn[4];
 #pragma GCC unroll 4
         for (int p = 0; p < 4; p++)
-            mn[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(t + mnoff + 2 * G * p)));
+            mn[p] = _mm512_cvtepu8_epi16(
+                _mm256_loadu_si256((const __m256i *)(t + mnoff + 2 * G * p)));
 #pragma GCC unroll 16
         for (int b = 0; b < NB; b++) {
             __m512 dx = _mm512_set1_ps(xa[b]->d);
@@ -298,7 +302,7 @@ INLINE void group_q6k(const int NB, const uint8_t *tiles, int64_t nblk, const ui
 
 #define GROUP_FN(name)                                                                    \
     static void name(int NB, const uint8_t *tiles, int64_t nblk, const uint8_t *x,       \
-                     size_t ldx, float *y, size_t ldy, int lo, int hi, int first)                      \
+                     size_t ldx, float *y, size_t ldy, int lo, int hi, int first)         \
     {                                                                                     \
         NB_CASES(name##_CALL)                                                             \
     }
@@ -397,26 +401,26 @@ INLINE void rows_float(const int type, const int R, const int NB, const struct k
         }
 }
 
-#define RF_CASES(T, R)                                                                     \
-    switch (NB) {                                                                          \
-    case 1: rows_float(T, R, 1, c); break;                                                 \
-    case 2: rows_float(T, R, 2, c); break;                                                 \
-    case 3: rows_float(T, R, 3, c); break;                                                 \
-    case 4: rows_float(T, R, 4, c); break;                                                 \
-    case 5: rows_float(T, R, 5, c); break;                                                 \
-    default: rows_float(T, R, 6, c); break;                                                \
+#define RF_CASES(T, R)                                                                    \
+    switch (NB) {                                                                         \
+    case 1: rows_float(T, R, 1, c); break;                                                \
+    case 2: rows_float(T, R, 2, c); break;                                                \
+    case 3: rows_float(T, R, 3, c); break;                                                \
+    case 4: rows_float(T, R, 4, c); break;                                                \
+    case 5: rows_float(T, R, 5, c); break;                                                \
+    default: rows_float(T, R, 6, c); break;                                               \
     }
 
-#define FLOAT_FN(name, T)                                                                  \
-    static void name(int R, int NB, const struct km_fcall *c)                              \
-    {                                                                                      \
-        _Static_assert(NBF_MAX == 6 && RF == 4, "cases");                                  \
-        switch (R) {                                                                       \
-        case 1: RF_CASES(T, 1) break;                                                      \
-        case 2: RF_CASES(T, 2) break;                                                      \
-        case 3: RF_CASES(T, 3) break;                                                      \
-        default: RF_CASES(T, 4) break;                                                     \
-        }                                                                                  \
+#define FLOAT_FN(name, T)                                                                 \
+    static void name(int R, int NB, const struct km_fcall *c)                             \
+    {                                                                                     \
+        _Static_assert(NBF_MAX == 6 && RF == 4, "cases");                                 \
+        switch (R) {                                                                      \
+        case 1: RF_CASES(T, 1) break;                                                     \
+        case 2: RF_CASES(T, 2) break;                                                     \
+        case 3: RF_CASES(T, 3) break;                                                     \
+        default: RF_CASES(T, 4) break;                                                    \
+        }                                                                                 \
     }
 
 FLOAT_FN(f32, DT_F32)
@@ -427,18 +431,23 @@ void kern_mat_avx512_run(const struct km_view *v, const void *xq, size_t ldx, in
                          size_t ldy, int64_t r0, int64_t r1)
 {
     const uint8_t *x = xq;
+    const size_t a32 = sizeof(struct act_q8_32), a256 = sizeof(struct act_q8_256);
+#define tiles(fn, a) km_drive_tiles(fn, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, a)
+#define rows(fn) km_drive_rows(fn, RF, NBF_MAX, v, x, ldx, B, y, ldy, r0, r1)
     switch (v->type) {
-    case DT_Q4_0: km_drive_tiles(q4_0, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
-    case DT_Q4_1: km_drive_tiles(q4_1, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
-    case DT_Q5_0: km_drive_tiles(q5_0, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
-    case DT_Q5_1: km_drive_tiles(q5_1, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
-    case DT_Q8_0: km_drive_tiles(q8_0, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_32)); break;
-    case DT_Q4_K: km_drive_tiles(q4_k, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_256)); break;
-    case DT_Q5_K: km_drive_tiles(q5_k, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_256)); break;
-    case DT_Q6_K: km_drive_tiles(q6_k, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, sizeof(struct act_q8_256)); break;
-    case DT_F32: km_drive_rows(f32, RF, NBF_MAX, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_F16: km_drive_rows(f16, RF, NBF_MAX, v, x, ldx, B, y, ldy, r0, r1); break;
-    case DT_BF16: km_drive_rows(bf16, RF, NBF_MAX, v, x, ldx, B, y, ldy, r0, r1); break;
+    case DT_Q4_0: tiles(q4_0, a32); break;
+    case DT_Q4_1: tiles(q4_1, a32); break;
+    case DT_Q5_0: tiles(q5_0, a32); break;
+    case DT_Q5_1: tiles(q5_1, a32); break;
+    case DT_Q8_0: tiles(q8_0, a32); break;
+    case DT_Q4_K: tiles(q4_k, a256); break;
+    case DT_Q5_K: tiles(q5_k, a256); break;
+    case DT_Q6_K: tiles(q6_k, a256); break;
+    case DT_F32: rows(f32); break;
+    case DT_F16: rows(f16); break;
+    case DT_BF16: rows(bf16); break;
     default: break;
     }
+#undef tiles
+#undef rows
 }
