@@ -282,7 +282,7 @@ int kern_mat_create(struct kern_mat **out, int type, const void *data, int64_t r
         return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "kern_mat: type %s not supported",
                           dtype_name(type));
     int64_t rb = dtype_row_bytes(type, cols);
-    if (rows <= 0 || cols <= 0 || rb <= 0 || rows > INT64_MAX / 2 / rb)
+    if (!data || rows <= 0 || cols <= 0 || rb <= 0 || rows > INT64_MAX / 2 / rb)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "kern_mat: bad shape %lld x %lld of %s",
                           (long long)rows, (long long)cols, dtype_name(type));
     if (path == KERN_PATH_AUTO) {

@@ -216,6 +216,10 @@ static void test_errors(void)
               CAIRN_EINVAL && m == NULL, "cols not a multiple of 32 must be refused (%s)", err);
     CHECK(kern_mat_create(&m, DT_Q4_0, buf, 0, 32, KERN_PATH_AUTO, err, sizeof err) ==
               CAIRN_EINVAL, "zero rows must be refused (%s)", err);
+    CHECK(kern_mat_create(&m, DT_Q4_0, NULL, 1, 32, KERN_PATH_AUTO, err, sizeof err) ==
+              CAIRN_EINVAL, "NULL data must be refused (%s)", err);
+    CHECK(kern_mat_create(&m, DT_Q4_0, buf, 1, 32, KERN_PATH_AMX + 1, err, sizeof err) ==
+              CAIRN_EUNSUPPORTED, "an unknown path must be refused (%s)", err);
     kern_mat_release(NULL);
     enum kern_path best = kern_best_path();
     CHECK(best != KERN_PATH_AUTO, "best path is %s", kern_path_name(best));
@@ -249,33 +253,40 @@ static double time_product(const struct kern_mat *m, const void *xq, size_t ldx,
     return best;
 }
 
+/* One line per path: GB/s of weights at B=1 and the time ratio B=8/B=1. */
+static void bench_type(int type, int64_t rows, int64_t cols, bool best_only, uint64_t *rng)
+{
+    void *w = make_weights(type, rows, cols, 0, rng);
+    size_t ldx = kern_act_row_bytes(type, cols);
+    uint8_t *xq = make_acts(type, cols, 8, ldx, rng);
+    float *y = malloc((size_t)8 * (size_t)rows * sizeof(float));
+    for (int pi = 0; pi < NPATHS; pi++) {
+        struct kern_mat *m = NULL;
+        if (best_only && paths[pi] != kern_best_path())
+            continue;
+        if (kern_mat_create(&m, type, w, rows, cols, paths[pi], NULL, 0))
+            continue;
+        double t1 = time_product(m, xq, ldx, 1, y, (size_t)rows);
+        double t8 = time_product(m, xq, ldx, 8, y, (size_t)rows);
+        printf("bench %-5s %-7s %5lldx%-5lld B=1 %7.2f GB/s (%8.3f ms)  B=8/B=1 %5.2f\n",
+               dtype_name(type), kern_path_name(paths[pi]), (long long)rows, (long long)cols,
+               (double)kern_mat_bytes(m) / t1 * 1e-9, t1 * 1e3, t8 / t1);
+        kern_mat_release(m);
+    }
+    free(w);
+    free(xq);
+    free(y);
+}
+
 static void bench(void)
 {
-    const int64_t rows = 2048, cols = 8192;
     uint64_t rng = 7;
-    printf("bench: rows=%lld cols=%lld, GB/s of weights at B=1, time ratio B=8/B=1\n",
-           (long long)rows, (long long)cols);
-    for (int t = 0; t < NTYPES; t++) {
-        int type = types[t];
-        void *w = make_weights(type, rows, cols, 0, &rng);
-        size_t ldx = kern_act_row_bytes(type, cols);
-        uint8_t *xq = make_acts(type, cols, 8, ldx, &rng);
-        float *y = malloc((size_t)8 * rows * sizeof(float));
-        for (int pi = 0; pi < NPATHS; pi++) {
-            struct kern_mat *m = NULL;
-            if (kern_mat_create(&m, type, w, rows, cols, paths[pi], NULL, 0))
-                continue;
-            double t1 = time_product(m, xq, ldx, 1, y, rows);
-            double t8 = time_product(m, xq, ldx, 8, y, rows);
-            printf("bench %-5s %-7s B=1 %7.2f GB/s (%8.3f ms)  B=8/B=1 %5.2f\n",
-                   dtype_name(type), kern_path_name(paths[pi]),
-                   (double)kern_mat_bytes(m) / t1 * 1e-9, t1 * 1e3, t8 / t1);
-            kern_mat_release(m);
-        }
-        free(w);
-        free(xq);
-        free(y);
-    }
+    printf("bench: GB/s of weights read at B=1, time ratio B=8/B=1 (single thread)\n");
+    for (int t = 0; t < NTYPES; t++)
+        bench_type(types[t], 2048, 8192, false, &rng);
+    /* larger than a 32 MiB L3: weights stream from memory */
+    bench_type(DT_Q4_0, 16384, 8192, true, &rng);
+    bench_type(DT_Q4_K, 16384, 8192, true, &rng);
 }
 
 int main(void)
