@@ -11,5 +11,7 @@ int cli_tokenize(int argc, char **argv);
 int cli_mkmodel(int argc, char **argv);
 int cli_generate(int argc, char **argv);
 int cli_bench(int argc, char **argv);
+/* cairn template (-m MODEL | --template FILE) --messages FILE [--tools FILE] [--add-generation-prompt] [--var NAME=JSON] */
+int cli_template(int argc, char **argv);
 
 #endif

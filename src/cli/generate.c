@@ -1,11 +1,14 @@
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/mem.h"
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "engine/kv.h"
 #include "engine/sample.h"
 #include "model/model.h"
+#include "tok/chat.h"
+#include "tok/tok.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,22 +19,30 @@
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: cairn generate -m MODEL.gguf --tokens ID,ID,... [-n N] [--seed S] [--temp T] [--top-k K]\n"
+            "usage: cairn generate -m MODEL.gguf (--tokens ID,ID,... | -p TEXT | --chat MESSAGE [--system TEXT])\n"
+            "                      [-n N] [--seed S] [--temp T] [--top-k K]\n"
             "                      [--top-p P] [--min-p P] [--repeat-penalty R] [--presence-penalty P]\n"
             "                      [--frequency-penalty F] [--penalty-last-n N] [-t THREADS] [-c|--ctx-size N]\n"
-            "                      [-b|--batch N]\n"
-            "Prints the generated token ids on one line; timings go to stderr.\n");
+            "                      [-b|--batch N] [--ids] [--ignore-eos]\n"
+            "Streams the generated text (with --tokens or --ids: token ids on one line) until an\n"
+            "end-of-generation token or N tokens; timings go to stderr.\n");
 }
 
 int cli_generate(int argc, char **argv)
 {
     struct args a = {argc, argv, 1, "generate", false};
-    const char *model_path = NULL, *tokens = NULL, *v;
+    const char *model_path = NULL, *tokens = NULL, *text = NULL, *chat_msg = NULL, *system = NULL, *v;
+    bool print_ids = false, ignore_eos = false;
     int64_t n_predict = 128, threads = 2, ctx = 0, batch = 512;
     struct sample_params sp = sample_defaults();
     for (; a.i < argc && !a.bad; a.i++) {
         if (args_opt(&a, "-m|--model", &v)) model_path = v;
         else if (args_opt(&a, "--tokens", &v)) tokens = v;
+        else if (args_opt(&a, "-p|--prompt", &v)) text = v;
+        else if (args_opt(&a, "--chat", &v)) chat_msg = v;
+        else if (args_opt(&a, "--system", &v)) system = v;
+        else if (args_opt(&a, "--ids", NULL)) print_ids = true;
+        else if (args_opt(&a, "--ignore-eos", NULL)) ignore_eos = true;
         else if (args_opt(&a, "-n|--n-predict", &v)) n_predict = args_int(&a, "-n", v, 0, 1 << 24);
         else if (args_opt(&a, "-t|--threads", &v)) threads = args_int(&a, "-t", v, 1, 512);
         else if (args_opt(&a, "-c|--ctx-size", &v)) ctx = args_int(&a, "--ctx-size", v, 1, 1 << 24);
@@ -54,21 +65,28 @@ int cli_generate(int argc, char **argv)
     }
     if (a.bad)
         return 2;
-    if (!model_path || !tokens) {
-        fprintf(stderr, "cairn generate: -m MODEL and --tokens are required\n");
+    if (!model_path || (!tokens + !text + !chat_msg) != 2) {
+        fprintf(stderr, "cairn generate: -m MODEL and one of --tokens, -p, --chat are required\n");
         usage();
         return 2;
     }
-    int32_t *prompt = malloc(MAX_PROMPT * sizeof *prompt);
-    int64_t n_prompt = prompt ? args_int_list(&a, "--tokens", tokens, prompt, MAX_PROMPT) : -1;
-    if (n_prompt <= 0) {
-        if (n_prompt == 0)
-            fprintf(stderr, "cairn generate: --tokens is empty\n");
-        free(prompt);
-        return 2;
+    int32_t *prompt = NULL;
+    int64_t n_prompt = 0;
+    if (tokens) {
+        print_ids = true;
+        prompt = malloc(MAX_PROMPT * sizeof *prompt);
+        n_prompt = prompt ? args_int_list(&a, "--tokens", tokens, prompt, MAX_PROMPT) : -1;
+        if (n_prompt <= 0) {
+            if (n_prompt == 0)
+                fprintf(stderr, "cairn generate: --tokens is empty\n");
+            free(prompt);
+            return 2;
+        }
     }
 
     char err[512];
+    struct tok *tk = NULL;
+    struct chat *ch = NULL;
     struct model *m = NULL;
     struct engine *e = NULL;
     struct kv_cache *kv = NULL;
@@ -79,6 +97,36 @@ int cli_generate(int argc, char **argv)
     if (model_load(&m, model_path, NULL, err, sizeof err)) {
         fprintf(stderr, "cairn generate: %s: %s\n", model_path, err);
         goto out;
+    }
+    if (!tokens) {
+        if (tok_load(&tk, m->file, err, sizeof err) || chat_create(&ch, m->file, tk, err, sizeof err)) {
+            fprintf(stderr, "cairn generate: %s: no usable tokenizer (%s); give --tokens instead\n", model_path, err);
+            goto out;
+        }
+        char *rendered = NULL;
+        size_t rlen = 0;
+        if (chat_msg) {
+            json_t *vars = json_pack("{s:[]}", "messages");
+            json_t *msgs = json_object_get(vars, "messages");
+            if (system)
+                json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", system));
+            json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", chat_msg));
+            int rc = chat_render(ch, vars, true, &rendered, &rlen, err, sizeof err);
+            json_decref(vars);
+            if (rc) {
+                fprintf(stderr, "cairn generate: chat template: %s\n", err);
+                goto out;
+            }
+            text = rendered;
+        } else {
+            rlen = strlen(text);
+        }
+        int rc = chat_tokenize(ch, text, rlen, &prompt, &n_prompt, err, sizeof err);
+        free(rendered);
+        if (rc || n_prompt == 0) {
+            fprintf(stderr, "cairn generate: %s\n", rc ? err : "the prompt is empty");
+            goto out;
+        }
     }
     if (!ctx)
         ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
@@ -97,6 +145,14 @@ int cli_generate(int argc, char **argv)
         }
     struct engine_config ec = {.n_threads = (int)threads, .max_batch = (int)batch, .max_ctx = ctx};
     struct kv_config kc = engine_kv_config(m, ctx, 1, 16);
+    int64_t avail = mem_available();
+    if (avail > 0 && kv_bytes_for(&kc) > (uint64_t)avail) {
+        fprintf(stderr, "cairn generate: a KV cache for %lld positions needs %.1f MiB but only %.1f MiB of memory "
+                "is available; lower --ctx-size\n", (long long)ctx, (double)kv_bytes_for(&kc) / (1 << 20),
+                (double)avail / (1 << 20));
+        ret = 2;
+        goto out;
+    }
     if (engine_create(&e, m, &ec, err, sizeof err) || kv_create(&kv, &kc, err, sizeof err) ||
         sample_create(&smp, m->hp.n_vocab)) {
         fprintf(stderr, "cairn generate: %s\n", err);
@@ -131,6 +187,11 @@ int cli_generate(int argc, char **argv)
     }
     double t1 = clock_sec();
     int64_t generated = 0;
+    struct tok_stream ts;
+    size_t text_cap = tk ? 3 * (tok_max_token_text(tk) + 4) : 0;
+    char *piece = tk ? malloc(text_cap) : NULL;
+    if (tk)
+        tok_stream_init(&ts, tk, 0);
     for (; generated < n_predict; generated++) {
         int32_t tok = sample_token(smp, &sp, logits, history, n_hist, n_hist, NULL);
         if (tok < 0) {
@@ -139,10 +200,23 @@ int cli_generate(int argc, char **argv)
             goto out;
         }
         history[n_hist++] = tok;
-        printf("%s%d", generated ? " " : "", tok);
+        bool end = tk && !ignore_eos && tok_is_eog(tk, tok);
+        if (print_ids) {
+            printf("%s%d", generated ? " " : "", tok);
+        } else if (!end && piece) {
+            size_t len = 0;
+            if (tok_stream_feed(&ts, tok, piece, text_cap, &len) == 0)
+                fwrite(piece, 1, len, stdout);
+        }
         fflush(stdout);
-        if (generated + 1 == n_predict)
+        if (end) {
+            generated++;
             break;
+        }
+        if (generated + 1 == n_predict) {
+            generated++;
+            break;
+        }
         pos[0] = n_hist - 1;
         want[0] = 1;
         struct batch b = {.n = 1, .token = &tok, .seq = seqs, .pos = pos, .logits = want};
@@ -153,14 +227,23 @@ int cli_generate(int argc, char **argv)
         }
     }
     double t2 = clock_sec();
+    if (piece) {
+        size_t len = 0;
+        if (!print_ids && tok_stream_flush(&ts, piece, text_cap, &len) == 0)
+            fwrite(piece, 1, len, stdout);
+        free(piece);
+    }
     printf("\n");
+    fflush(stdout);
     fprintf(stderr, "prompt: %lld tokens in %.3f s (%.1f tok/s); generated: %lld tokens in %.3f s (%.1f tok/s)\n",
-            (long long)n_prompt, t1 - t0, (double)n_prompt / (t1 - t0), (long long)(generated + (n_predict > 0)),
-            t2 - t1, n_predict > 1 ? (double)(n_predict - 1) / (t2 - t1) : 0.0);
+            (long long)n_prompt, t1 - t0, (double)n_prompt / (t1 - t0), (long long)generated, t2 - t1,
+            generated > 1 ? (double)(generated - 1) / (t2 - t1) : 0.0);
     free(seqs), free(pos), free(want);
     ret = 0;
 out:
     free(prompt);
+    chat_release(ch);
+    tok_release(tk);
     free(history);
     free(logits);
     sample_release(smp);

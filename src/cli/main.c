@@ -14,6 +14,7 @@ static const struct command {
     {"mkmodel", cli_mkmodel, "write a synthetic GGUF model of a real architecture's shape"},
     {"generate", cli_generate, "generate tokens from a model"},
     {"bench", cli_bench, "measure prefill and decode speed against the memory roofline"},
+    {"template", cli_template, "render a chat template (as Hugging Face renders it)"},
 };
 
 static void usage(FILE *f)

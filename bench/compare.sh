@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Side-by-side speed of cairn and llama.cpp on the same GGUF files, same machine, same
+# threads: decode (tg), prefill (pp), the decode roofline, and the batch-cost curve.
+# llama.cpp is built outside the project by ../shared/tools/llama-ref.sh (never committed).
+#   usage: bench/compare.sh [THREADS] [TYPES...]     (default: 2 q8_0 q4_0 q4_k_m)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+threads=${1:-2}; shift || true
+types=("$@"); [ ${#types[@]} -gt 0 ] || types=(q8_0 q4_0 q4_k_m)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j"$(nproc)" --target cairn >/dev/null
+ref=$(bash ../shared/tools/llama-ref.sh | tail -1)
+mkdir -p build/models
+for t in "${types[@]}"; do
+  m=build/models/llama-1b-$t.gguf
+  [ -f "$m" ] || ./build/cairn mkmodel --shape llama-1b --type "$t" \
+      --vocab ../shared/testdata/vocab/ggml-vocab-llama-bpe.gguf -o "$m"
+  echo "=== llama-1b $t, $threads threads ==="
+  ./build/cairn bench -m "$m" -p 512 -n 128 -t "$threads" -r 3 --batch-curve 8
+  "$ref/llama-bench" -m "$m" -p 512 -n 128 -t "$threads" -r 3 -o md 2>/dev/null | grep -E '^\|' || true
+  # llama.cpp's batched decode: B sequences, one token each per step.
+  "$ref/llama-batched-bench" -m "$m" -c 4096 -b 512 -ub 512 -npp 128 -ntg 32 -npl 1,2,4,8 -t "$threads" 2>/dev/null \
+      | grep -E '^\|' || true
+done
