@@ -128,7 +128,7 @@ struct http_stream {
 
     http_stream_close_fn cb;
     void *cb_arg;
-    bool cb_done, cb_running;
+    bool cb_done, cb_running, cb_pending;
     pthread_t cb_thread;
 
     struct http_stream *prev, *next; /* server list */
@@ -283,29 +283,41 @@ static void stream_kick(struct http_stream *s)
         (void)!eventfd_write(s->efd, 1);
 }
 
-/* Moves an OPEN stream to state st; s->mu held. True when it changed. */
+/* Claims the close callback for the calling thread, which then runs stream_fire; the
+ * claim is made with the state change, so a release that follows waits for it. */
+static void stream_claim_cb(struct http_stream *s)
+{
+    if (s->cb && !s->cb_done &&
+        (s->state == HTTP_STREAM_GONE || s->state == HTTP_STREAM_STOPPED)) {
+        s->cb_done = true;
+        s->cb_running = true;
+        s->cb_pending = true;
+        s->cb_thread = pthread_self();
+    }
+}
+
+/* Moves an OPEN stream to state st; s->mu held. True when it changed, and then the
+ * caller must call stream_fire once it has unlocked. */
 static bool stream_set_state(struct http_stream *s, enum http_stream_state st)
 {
     if (s->state != HTTP_STREAM_OPEN)
         return false;
     s->state = st;
+    stream_claim_cb(s);
     pthread_cond_broadcast(&s->cond);
     (void)!eventfd_write(s->efd, 1);
     return true;
 }
 
-/* Runs the close callback once for GONE/STOPPED; called without s->mu. */
+/* Runs the close callback claimed by this thread, if any; called without s->mu. */
 static void stream_fire(struct http_stream *s)
 {
     pthread_mutex_lock(&s->mu);
-    if (s->cb && !s->cb_done &&
-        (s->state == HTTP_STREAM_GONE || s->state == HTTP_STREAM_STOPPED)) {
+    if (s->cb_pending && pthread_equal(s->cb_thread, pthread_self())) {
         http_stream_close_fn fn = s->cb;
         void *arg = s->cb_arg;
         enum http_stream_state why = s->state;
-        s->cb_done = true;
-        s->cb_running = true;
-        s->cb_thread = pthread_self();
+        s->cb_pending = false;
         pthread_mutex_unlock(&s->mu);
         fn(arg, s, why);
         pthread_mutex_lock(&s->mu);
@@ -383,6 +395,7 @@ void http_stream_on_close(struct http_stream *s, http_stream_close_fn fn, void *
     if (!s->cb_done) {
         s->cb = fn;
         s->cb_arg = arg;
+        stream_claim_cb(s); /* already closed: runs now, on this thread */
     }
     pthread_mutex_unlock(&s->mu);
     stream_fire(s);
@@ -613,8 +626,7 @@ void http_stream_release(struct http_stream *s)
         return;
     pthread_mutex_lock(&s->mu);
     stream_set_state(s, HTTP_STREAM_FINISHED);
-    s->cb = NULL;
-    s->cb_done = true;
+    s->cb_done = true; /* no new claim; one already claimed runs and is waited for */
     while (s->cb_running && !pthread_equal(s->cb_thread, pthread_self()))
         pthread_cond_wait(&s->cond, &s->mu);
     pthread_mutex_unlock(&s->mu);

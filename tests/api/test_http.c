@@ -1,0 +1,1399 @@
+/* HTTP server tests over real sockets on 127.0.0.1, with a small client written here:
+ * routing, limits, JSON, auth, CORS, SSE streams, disconnects, garbage, concurrency,
+ * stop. Every wait is bounded (socket timeouts, deadlines). */
+#define _GNU_SOURCE
+#include "api/http.h"
+#include "api/sse.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/err.h"
+#include "base/log.h"
+#include "testutil.h"
+
+#define IO_TIMEOUT_S 10
+#define MAX_RESP (64u << 20)
+
+/* ---------- a tiny HTTP client ---------- */
+
+static int tcp_connect(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct timeval tv = {.tv_sec = IO_TIMEOUT_S};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int send_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n > 0) {
+        ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+        if (w <= 0)
+            return -1;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Reads until EOF, error or timeout; returns bytes read (buffer malloc'd). */
+static size_t read_all(int fd, char **out)
+{
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap + 1);
+    for (;;) {
+        if (n == cap) {
+            if (cap >= MAX_RESP)
+                break;
+            cap *= 2;
+            buf = realloc(buf, cap + 1);
+        }
+        ssize_t r = recv(fd, buf + n, cap - n, 0);
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+    }
+    buf[n] = 0;
+    *out = buf;
+    return n;
+}
+
+struct resp {
+    int status;      /* 0 when no response came */
+    char *raw;       /* everything read (the head's end is overwritten with NUL) */
+    size_t raw_len;
+    char *head;      /* header block inside raw */
+    char *body;      /* decoded body (malloc'd, NUL-terminated) */
+    size_t body_len;
+    bool complete;   /* the body ended as framed (length reached or last chunk seen) */
+};
+
+static void resp_free(struct resp *r)
+{
+    free(r->raw);
+    free(r->body);
+    memset(r, 0, sizeof *r);
+}
+
+/* Header value (copied into buf) or NULL. */
+static const char *resp_header(const struct resp *r, const char *name, char *buf, size_t cap)
+{
+    if (!r->head)
+        return NULL;
+    size_t nl = strlen(name);
+    for (const char *line = strstr(r->head, "\r\n"); line && line[2];
+         line = strstr(line + 2, "\r\n")) {
+        const char *l = line + 2;
+        if (strncasecmp(l, name, nl) == 0 && l[nl] == ':') {
+            const char *v = l + nl + 1;
+            while (*v == ' ')
+                v++;
+            size_t vl = strcspn(v, "\r\n");
+            if (vl >= cap)
+                vl = cap - 1;
+            memcpy(buf, v, vl);
+            buf[vl] = 0;
+            return buf;
+        }
+    }
+    return NULL;
+}
+
+/* Decodes a chunked body; returns true when the last chunk was seen. */
+static bool dechunk(const char *p, size_t n, char **out, size_t *out_len)
+{
+    char *b = malloc(n + 1);
+    size_t len = 0, i = 0;
+    bool done = false;
+    while (i < n) {
+        char *end;
+        unsigned long sz = strtoul(p + i, &end, 16);
+        const char *crlf = memmem(p + i, n - i, "\r\n", 2);
+        if (!crlf || end == p + i)
+            break;
+        i = (size_t)(crlf - p) + 2;
+        if (sz == 0) {
+            done = true;
+            break;
+        }
+        if (i + sz > n)
+            break;
+        memcpy(b + len, p + i, sz);
+        len += sz;
+        i += sz + 2;
+    }
+    b[len] = 0;
+    *out = b;
+    *out_len = len;
+    return done;
+}
+
+static void parse_resp(struct resp *r, size_t n)
+{
+    char *hend = memmem(r->raw, n, "\r\n\r\n", 4);
+    if (!hend || sscanf(r->raw, "HTTP/1.%*d %d", &r->status) != 1) {
+        r->status = 0;
+        r->body = calloc(1, 1);
+        return;
+    }
+    hend[2] = 0; /* head ends after its last CRLF */
+    r->head = r->raw;
+    char *b = hend + 4;
+    size_t bl = n - (size_t)(b - r->raw);
+    char v[64];
+    if (resp_header(r, "Transfer-Encoding", v, sizeof v) && strcasecmp(v, "chunked") == 0) {
+        r->complete = dechunk(b, bl, &r->body, &r->body_len);
+        return;
+    }
+    size_t cl = bl;
+    if (resp_header(r, "Content-Length", v, sizeof v))
+        cl = strtoul(v, NULL, 10);
+    r->complete = bl >= cl;
+    if (cl > bl)
+        cl = bl;
+    r->body = malloc(cl + 1);
+    memcpy(r->body, b, cl);
+    r->body[cl] = 0;
+    r->body_len = cl;
+}
+
+/* Sends raw bytes on a new connection and reads the reply until the server closes. */
+static int raw_request(uint16_t port, const void *req, size_t len, struct resp *r)
+{
+    memset(r, 0, sizeof *r);
+    int fd = tcp_connect(port);
+    if (fd < 0)
+        return -1;
+    int rc = send_all(fd, req, len);
+    size_t n = read_all(fd, &r->raw);
+    close(fd);
+    r->raw_len = n;
+    parse_resp(r, n);
+    return rc;
+}
+
+/* One request with Connection: close; extra is "Name: value\r\n" lines or NULL. */
+static int request(uint16_t port, const char *method, const char *path, const char *extra,
+                   const char *body, struct resp *r)
+{
+    size_t blen = body ? strlen(body) : 0;
+    char *req = malloc(blen + 4096);
+    int n = snprintf(req, 4096,
+                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s"
+                     "Content-Length: %zu\r\n\r\n",
+                     method, path, extra ? extra : "", blen);
+    if (blen)
+        memcpy(req + n, body, blen);
+    int rc = raw_request(port, req, (size_t)n + blen, r);
+    free(req);
+    return rc;
+}
+
+static json_t *resp_json(const struct resp *r)
+{
+    return r->body ? json_loads(r->body, 0, NULL) : NULL;
+}
+
+static const char *jstr(json_t *j, const char *key)
+{
+    return json_string_value(json_object_get(j, key));
+}
+
+static const char *err_field(json_t *j, const char *key)
+{
+    return json_string_value(json_object_get(json_object_get(j, "error"), key));
+}
+
+/* ---------- handlers ---------- */
+
+/* Shared state of the asynchronous handlers; one test uses it at a time. */
+struct bg {
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    struct http_stream *s;
+    pthread_t th;
+    bool have_th, done;
+    int mode;
+    int rc, writes, cb_calls;
+    enum http_stream_state st, cb_why;
+    int64_t t_end;
+};
+
+static void bg_reset(struct bg *b)
+{
+    pthread_mutex_lock(&b->mu);
+    b->s = NULL;
+    b->have_th = b->done = false;
+    b->rc = b->writes = b->cb_calls = 0;
+    b->st = b->cb_why = HTTP_STREAM_OPEN;
+    b->t_end = 0;
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* Waits up to ms for the writer thread to finish, then joins it. */
+static bool bg_join(struct bg *b, int ms)
+{
+    int64_t until = clock_ns() + (int64_t)ms * 1000000;
+    pthread_mutex_lock(&b->mu);
+    while (!b->done && clock_ns() < until) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 20 * 1000000;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&b->cond, &b->mu, &ts);
+    }
+    bool done = b->done, have = b->have_th;
+    pthread_mutex_unlock(&b->mu);
+    if (have && done)
+        pthread_join(b->th, NULL);
+    return done;
+}
+
+/* Waits up to ms for a handler to hand over its stream. */
+static bool bg_wait_stream(struct bg *b, int ms)
+{
+    int64_t until = clock_ns() + (int64_t)ms * 1000000;
+    bool have = false;
+    while (!have && clock_ns() < until) {
+        pthread_mutex_lock(&b->mu);
+        have = b->s != NULL;
+        pthread_mutex_unlock(&b->mu);
+        if (!have)
+            usleep(2000);
+    }
+    return have;
+}
+
+static void bg_finish(struct bg *b, int rc, enum http_stream_state st)
+{
+    pthread_mutex_lock(&b->mu);
+    b->rc = rc;
+    b->st = st;
+    b->t_end = clock_ns();
+    b->done = true;
+    pthread_cond_broadcast(&b->cond);
+    pthread_mutex_unlock(&b->mu);
+}
+
+static void on_close_cb(void *arg, struct http_stream *s, enum http_stream_state why)
+{
+    struct bg *b = arg;
+    (void)s;
+    pthread_mutex_lock(&b->mu);
+    b->cb_calls++;
+    b->cb_why = why;
+    pthread_mutex_unlock(&b->mu);
+}
+
+enum { BG_SSE100, BG_TICK, BG_IDLE, BG_DEFER_OK, BG_DEFER_WAIT, BG_FLOOD, BG_NDJSON, BG_SSE_LATE };
+
+static void *bg_main(void *arg)
+{
+    struct bg *b = arg;
+    struct http_stream *s = b->s;
+    int rc = 0, writes = 0;
+    switch (b->mode) {
+    case BG_SSE100:
+        for (int i = 0; i < 100 && rc == 0; i++) {
+            char data[32];
+            snprintf(data, sizeof data, "%d", i);
+            rc = sse_event(s, i % 2 ? "odd" : NULL, data);
+            writes += rc == 0;
+            if (i % 10 == 0)
+                usleep(1000);
+        }
+        if (rc == 0)
+            rc = sse_done(s);
+        http_stream_finish(s);
+        break;
+    case BG_TICK: /* an event every 10 ms until the stream closes (at most 10 s) */
+        for (int i = 0; i < 1000 && rc == 0; i++) {
+            rc = http_stream_printf(s, "data: tick %d\n\n", i);
+            writes += rc == 0;
+            if (rc == 0 && http_stream_wait_closed(s, 10))
+                break;
+        }
+        break;
+    case BG_IDLE:
+        http_stream_wait_closed(s, 5000);
+        break;
+    case BG_DEFER_OK:
+        usleep(100 * 1000);
+        http_stream_header(s, "X-Late", "yes");
+        rc = http_stream_reply_json(s, 202, json_pack("{s:s}", "late", "reply"));
+        break;
+    case BG_DEFER_WAIT:
+        http_stream_wait_closed(s, 5000);
+        break;
+    case BG_FLOOD: { /* writes never block; a client that does not read gets cut off */
+        char chunk[1024];
+        memset(chunk, 'x', sizeof chunk);
+        chunk[sizeof chunk - 2] = chunk[sizeof chunk - 1] = '\n';
+        for (int i = 0; i < 256 * 1024 && rc == 0; i++) {
+            rc = http_stream_write(s, chunk, sizeof chunk);
+            writes += rc == 0;
+            if (i % 64 == 0)
+                usleep(100);
+        }
+        break;
+    }
+    case BG_NDJSON:
+        for (int i = 0; i < 20 && rc == 0; i++) {
+            json_t *j = json_pack("{s:i,s:s}", "n", i, "text", "line\nbreak");
+            rc = http_stream_json_line(s, j);
+            json_decref(j);
+            writes += rc == 0;
+        }
+        http_stream_finish(s);
+        break;
+    case BG_SSE_LATE: /* nothing for 350 ms (keepalive comments go out), then one event */
+        usleep(350 * 1000);
+        rc = sse_event(s, NULL, "late");
+        http_stream_finish(s);
+        break;
+    }
+    enum http_stream_state st = http_stream_state(s);
+    pthread_mutex_lock(&b->mu);
+    b->writes = writes;
+    pthread_mutex_unlock(&b->mu);
+    http_stream_release(s);
+    bg_finish(b, rc, st);
+    return NULL;
+}
+
+static void start_bg(struct bg *b, struct http_stream *s, int mode)
+{
+    pthread_mutex_lock(&b->mu);
+    b->s = s;
+    b->mode = mode;
+    http_stream_on_close(s, on_close_cb, b);
+    b->have_th = pthread_create(&b->th, NULL, bg_main, b) == 0;
+    pthread_mutex_unlock(&b->mu);
+}
+
+static void h_hello(struct http_request *req, void *ctx)
+{
+    (void)ctx;
+    http_reply_text(req, 200, "hello");
+}
+
+static void h_params(struct http_request *req, void *ctx)
+{
+    json_t *j = json_object();
+    json_object_set_new(j, "route", json_string(ctx));
+    const char *names[] = {"id", "rest", "x", "y"};
+    for (size_t i = 0; i < 4; i++) {
+        const char *v = http_req_param(req, names[i]);
+        if (v)
+            json_object_set_new(j, names[i], json_string(v));
+    }
+    json_object_set_new(j, "method", json_string(http_req_method(req)));
+    json_object_set_new(j, "path", json_string(http_req_path(req)));
+    http_reply_json(req, 200, j);
+}
+
+static void h_echo(struct http_request *req, void *ctx)
+{
+    (void)ctx;
+    json_t *j = http_req_json(req);
+    if (j) {
+        http_reply_json(req, 200, json_incref(j));
+        return;
+    }
+    size_t n;
+    const char *body = http_req_body(req, &n);
+    http_reply_json(req, 200, json_pack("{s:s%,s:b}", "raw", body, n, "json", 0));
+}
+
+static void h_query(struct http_request *req, void *ctx)
+{
+    (void)ctx;
+    const char *q = http_req_query(req, "q"), *h = http_req_header(req, "x-test");
+    http_reply_header(req, "X-Reply", "1");
+    http_reply_json(req, 200, json_pack("{s:s?,s:s?,s:s?,s:s}", "q", q, "h", h, "missing",
+                                        http_req_query(req, "nope"), "remote",
+                                        http_req_remote(req)));
+}
+
+static void h_sleep(struct http_request *req, void *ctx)
+{
+    (void)ctx;
+    usleep(200 * 1000);
+    http_reply_json(req, 200, json_pack("{s:b}", "ok", 1));
+}
+
+static void h_noreply(struct http_request *req, void *ctx)
+{
+    (void)req;
+    (void)ctx;
+}
+
+static void h_twice(struct http_request *req, void *ctx)
+{
+    struct bg *b = ctx;
+    http_reply_text(req, 200, "first");
+    int rc = http_reply_text(req, 500, "second");
+    pthread_mutex_lock(&b->mu);
+    b->rc = rc;
+    pthread_mutex_unlock(&b->mu);
+}
+
+static void h_big(struct http_request *req, void *ctx)
+{
+    (void)ctx;
+    size_t n = 3u << 20;
+    char *p = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        p[i] = (char)('a' + i % 26);
+    http_reply_bytes(req, 200, "application/octet-stream", p, n);
+    free(p);
+}
+
+static void h_stream(struct http_request *req, void *ctx, int mode)
+{
+    struct bg *b = ctx;
+    struct http_stream *s = NULL;
+    int rc;
+    if (mode == BG_DEFER_OK || mode == BG_DEFER_WAIT)
+        rc = http_reply_defer(req, &s);
+    else if (mode == BG_NDJSON || mode == BG_FLOOD)
+        rc = http_reply_stream(req, 200, "application/x-ndjson", &s);
+    else
+        rc = sse_start(req, &s);
+    if (rc == 0)
+        start_bg(b, s, mode);
+}
+
+static void h_sse100(struct http_request *req, void *ctx) { h_stream(req, ctx, BG_SSE100); }
+static void h_tick(struct http_request *req, void *ctx) { h_stream(req, ctx, BG_TICK); }
+static void h_idle(struct http_request *req, void *ctx) { h_stream(req, ctx, BG_IDLE); }
+static void h_defer_ok(struct http_request *req, void *ctx) { h_stream(req, ctx, BG_DEFER_OK); }
+static void h_defer_wait(struct http_request *req, void *ctx)
+{
+    h_stream(req, ctx, BG_DEFER_WAIT);
+}
+static void h_flood(struct http_request *req, void *ctx) { h_stream(req, ctx, BG_FLOOD); }
+static void h_ndjson(struct http_request *req, void *ctx) { h_stream(req, ctx, BG_NDJSON); }
+static void h_sse_late(struct http_request *req, void *ctx) { h_stream(req, ctx, BG_SSE_LATE); }
+
+static struct http_server *start_server(const struct http_config *cfg, struct bg *b)
+{
+    struct http_server *srv = NULL;
+    char err[256] = "";
+    int rc = http_server_create(&srv, cfg, err, sizeof err);
+    CHECK(rc == 0, "http_server_create: %d %s", rc, err);
+    if (rc)
+        return NULL;
+    static const struct {
+        const char *method, *pattern;
+        http_handler_fn fn;
+        int ctx; /* 0: pattern as ctx, 1: bg */
+    } routes[] = {
+        {"GET", "/hello", h_hello, 0},
+        {"GET", "/instance/:id", h_params, 0},
+        {"DELETE", "/instance/:id", h_params, 0},
+        {"GET", "/instance/previews", h_params, 0},
+        {"GET", "/state/*rest", h_params, 0},
+        {"GET", "/a/:x/b/:y", h_params, 0},
+        {"GET", "/a/*rest", h_params, 0},
+        {"POST", "/echo", h_echo, 0},
+        {"PUT", "/echo", h_echo, 0},
+        {"GET", "/query", h_query, 0},
+        {"GET", "/sleep", h_sleep, 0},
+        {"GET", "/noreply", h_noreply, 0},
+        {"GET", "/twice", h_twice, 1},
+        {"GET", "/big", h_big, 0},
+        {"GET", "/sse100", h_sse100, 1},
+        {"GET", "/tick", h_tick, 1},
+        {"GET", "/idle", h_idle, 1},
+        {"GET", "/defer", h_defer_ok, 1},
+        {"GET", "/defer_wait", h_defer_wait, 1},
+        {"GET", "/flood", h_flood, 1},
+        {"GET", "/ndjson", h_ndjson, 1},
+        {"GET", "/sse_late", h_sse_late, 1},
+    };
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
+        rc = http_route(srv, routes[i].method, routes[i].pattern, routes[i].fn,
+                        routes[i].ctx ? (void *)b : (void *)routes[i].pattern);
+        CHECK(rc == 0, "http_route %s %s: %d", routes[i].method, routes[i].pattern, rc);
+    }
+    rc = http_server_start(srv, err, sizeof err);
+    CHECK(rc == 0, "http_server_start: %d %s", rc, err);
+    CHECK(http_server_port(srv) != 0, "port %u", (unsigned)http_server_port(srv));
+    return srv;
+}
+
+/* ---------- tests ---------- */
+
+static void test_json_depth(void)
+{
+    const struct {
+        const char *text;
+        int limit, want;
+    } cases[] = {
+        {"{}", 10, 1},
+        {"[[[]]]", 10, 3},
+        {"[[[]]]", 2, 3}, /* stops at limit + 1 */
+        {"[[[[[[[[]]]]]]]]", 3, 4},
+        {"{\"a\":\"[[[[[[\"}", 2, 1},          /* brackets inside strings do not count */
+        {"{\"a\":\"\\\"[[[[\"}", 2, 1},        /* escaped quote stays in the string */
+        {"{\"a\":\"\\\\\",\"b\":[[1]]}", 5, 3}, /* escaped backslash ends before the quote */
+        {"]]]][[", 5, 2},                       /* closers never go below zero */
+        {"", 5, 0},
+        {"123", 5, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int got = http_json_depth(cases[i].text, strlen(cases[i].text), cases[i].limit);
+        CHECK(got == cases[i].want, "depth(%s, limit %d) = %d, want %d", cases[i].text,
+              cases[i].limit, got, cases[i].want);
+    }
+    /* A deep document is refused after scanning no further than the limit. */
+    size_t n = 1u << 20;
+    char *deep = malloc(n);
+    memset(deep, '[', n);
+    CHECK_EQ_INT(http_json_depth(deep, n, 64), 65);
+    free(deep);
+}
+
+static void test_sse_format(void)
+{
+    char buf[256];
+    long n = sse_format(buf, sizeof buf, "tok", "7", "a\nb\r\nc\rd");
+    const char *want = "event: tok\nid: 7\ndata: a\ndata: b\ndata: c\ndata: d\n\n";
+    CHECK(n == (long)strlen(want) && strcmp(buf, want) == 0, "got %ld [%s]", n, buf);
+    n = sse_format(buf, sizeof buf, NULL, NULL, "");
+    CHECK(strcmp(buf, "data: \n\n") == 0, "empty data: [%s]", buf);
+    n = sse_format(buf, 8, NULL, NULL, "0123456789");
+    CHECK(n == 18 && strcmp(buf, "data: 0") == 0, "truncated: %ld [%s]", n, buf);
+    CHECK_EQ_INT(sse_format(buf, sizeof buf, "a\nb", NULL, "x"), -1);
+    CHECK_EQ_INT(sse_format(buf, sizeof buf, NULL, "1\r", "x"), -1);
+}
+
+static void test_route_errors(struct bg *b)
+{
+    struct http_server *srv = NULL;
+    struct http_config cfg = {0};
+    char err[256];
+    CHECK_EQ_INT(http_server_create(&srv, &cfg, err, sizeof err), 0);
+    if (!srv)
+        return;
+    CHECK_EQ_INT(http_route(srv, "GET", "/x/:id", h_hello, NULL), 0);
+    CHECK_EQ_INT(http_route(srv, "GET", "/x/:other", h_hello, NULL), CAIRN_EINVAL);
+    CHECK_EQ_INT(http_route(srv, "POST", "/x/:other", h_hello, NULL), 0);
+    CHECK_EQ_INT(http_route(srv, "GET", "/x/*rest/y", h_hello, NULL), CAIRN_EINVAL);
+    CHECK_EQ_INT(http_route(srv, "GET", "noslash", h_hello, NULL), CAIRN_EINVAL);
+    CHECK_EQ_INT(http_route(srv, "GET", "/a/:", h_hello, NULL), CAIRN_EINVAL);
+    CHECK_EQ_INT(http_route(srv, "GET", "/a/*", h_hello, NULL), CAIRN_EINVAL);
+    CHECK_EQ_INT(http_route(srv, "get", "/lower", h_hello, NULL), CAIRN_EINVAL);
+    CHECK_EQ_INT(http_route(srv, "OPTIONS", "/o", h_hello, NULL), CAIRN_EINVAL);
+    CHECK_EQ_INT(http_route(srv, "GET", "/n", NULL, NULL), CAIRN_EINVAL);
+    CHECK_EQ_INT(http_route(srv, "GET", "/", h_hello, NULL), 0);
+    CHECK_EQ_INT(http_server_start(srv, err, sizeof err), 0);
+    CHECK_EQ_INT(http_route(srv, "GET", "/late", h_hello, NULL), CAIRN_ESTATE);
+    CHECK_EQ_INT(http_server_start(srv, err, sizeof err), CAIRN_ESTATE);
+    struct resp r;
+    request(http_server_port(srv), "GET", "/", NULL, NULL, &r);
+    CHECK(r.status == 200 && strcmp(r.body, "hello") == 0, "GET /: %d [%s]", r.status, r.body);
+    resp_free(&r);
+    http_server_release(srv);
+
+    /* Bad configurations fail with a message. */
+    cfg.bind_addr = "not-an-address";
+    err[0] = 0;
+    CHECK_EQ_INT(http_server_create(&srv, &cfg, err, sizeof err), CAIRN_EINVAL);
+    CHECK(srv == NULL && strstr(err, "not-an-address"), "err [%s]", err);
+    /* A port in use is reported. */
+    struct http_server *a = NULL, *c = NULL;
+    cfg.bind_addr = NULL;
+    CHECK_EQ_INT(http_server_create(&a, &cfg, err, sizeof err), 0);
+    if (a) {
+        cfg.port = http_server_port(a);
+        int rc = http_server_create(&c, &cfg, err, sizeof err);
+        CHECK(rc == CAIRN_EIO && strstr(err, "bind"), "second bind: %d [%s]", rc, err);
+        http_server_release(c);
+    }
+    http_server_release(a); /* never started: just closes its socket */
+    (void)b;
+}
+
+static void test_routing(uint16_t port)
+{
+    const struct {
+        const char *method, *path, *route, *k1, *v1, *k2, *v2;
+    } cases[] = {
+        {"GET", "/instance/abc", "/instance/:id", "id", "abc", NULL, NULL},
+        {"DELETE", "/instance/abc", "/instance/:id", "id", "abc", NULL, NULL},
+        {"GET", "/instance/previews", "/instance/previews", NULL, NULL, NULL, NULL},
+        {"GET", "/state", "/state/*rest", "rest", "", NULL, NULL},
+        {"GET", "/state/nodes/n1/memory", "/state/*rest", "rest", "nodes/n1/memory", NULL, NULL},
+        {"GET", "/a/1/b/2", "/a/:x/b/:y", "x", "1", "y", "2"},
+        {"GET", "/a/1/b", "/a/*rest", "rest", "1/b", NULL, NULL},
+        {"GET", "/a/1/b/2/c", "/a/*rest", "rest", "1/b/2/c", NULL, NULL},
+        {"GET", "/instance/a%20b", "/instance/:id", "id", "a b", NULL, NULL},
+        {"HEAD", "/instance/x", NULL, NULL, NULL, NULL, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct resp r;
+        request(port, cases[i].method, cases[i].path, NULL, NULL, &r);
+        CHECK(r.status == 200, "%s %s: status %d", cases[i].method, cases[i].path, r.status);
+        if (!cases[i].route) { /* HEAD: headers of the GET, no body */
+            CHECK(r.body_len == 0, "HEAD body %zu bytes", r.body_len);
+            resp_free(&r);
+            continue;
+        }
+        json_t *j = resp_json(&r);
+        const char *route = jstr(j, "route");
+        CHECK(route && strcmp(route, cases[i].route) == 0, "%s %s: route %s, want %s",
+              cases[i].method, cases[i].path, route ? route : "(none)", cases[i].route);
+        const char *kv[2][2] = {{cases[i].k1, cases[i].v1}, {cases[i].k2, cases[i].v2}};
+        for (int k = 0; k < 2; k++) {
+            if (!kv[k][0])
+                continue;
+            const char *v = jstr(j, kv[k][0]);
+            CHECK(v && strcmp(v, kv[k][1]) == 0, "%s: param %s = %s, want %s", cases[i].path,
+                  kv[k][0], v ? v : "(none)", kv[k][1]);
+        }
+        json_decref(j);
+        resp_free(&r);
+    }
+
+    /* Query arguments, request headers, extra reply headers. */
+    struct resp r;
+    request(port, "GET", "/query?q=hello%20world&x=1", "X-Test: yes\r\n", NULL, &r);
+    json_t *j = resp_json(&r);
+    char v[64];
+    CHECK(r.status == 200 && jstr(j, "q") && strcmp(jstr(j, "q"), "hello world") == 0 &&
+              jstr(j, "h") && strcmp(jstr(j, "h"), "yes") == 0 && !jstr(j, "missing") &&
+              jstr(j, "remote") && strcmp(jstr(j, "remote"), "127.0.0.1") == 0,
+          "query: %d %s", r.status, r.body);
+    CHECK(resp_header(&r, "X-Reply", v, sizeof v) && strcmp(v, "1") == 0, "X-Reply missing");
+    json_decref(j);
+    resp_free(&r);
+
+    /* Unknown path: 404 in the error shape. */
+    request(port, "GET", "/nope", NULL, NULL, &r);
+    j = resp_json(&r);
+    json_t *code = json_object_get(json_object_get(j, "error"), "code");
+    CHECK(r.status == 404 && err_field(j, "type") && strcmp(err_field(j, "type"), "not_found") == 0 &&
+              strstr(err_field(j, "message"), "/nope") && json_integer_value(code) == 404,
+          "404: %d %s", r.status, r.body);
+    CHECK(resp_header(&r, "Content-Type", v, sizeof v) && strcmp(v, "application/json") == 0,
+          "404 content type");
+    json_decref(j);
+    resp_free(&r);
+
+    /* A path that does not start with '/' and one with very many segments. */
+    raw_request(port, "GET * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 46, &r);
+    CHECK(r.status == 404 || r.status == 400, "GET *: %d", r.status);
+    resp_free(&r);
+    char deep[2048] = "/a";
+    for (int i = 0; i < 300; i++)
+        strcat(deep, "/z");
+    request(port, "GET", deep, NULL, NULL, &r);
+    j = resp_json(&r);
+    CHECK(r.status == 200 && jstr(j, "rest") && strlen(jstr(j, "rest")) == 599,
+          "deep rest: %d", r.status);
+    json_decref(j);
+    resp_free(&r);
+    deep[1] = 'q';
+    request(port, "GET", deep, NULL, NULL, &r);
+    CHECK(r.status == 404, "deep unknown: %d", r.status);
+    resp_free(&r);
+
+    /* Known path, other method: 405 with Allow. */
+    request(port, "POST", "/instance/abc", NULL, "{}", &r);
+    CHECK(r.status == 405, "405: %d %s", r.status, r.body);
+    CHECK(resp_header(&r, "Allow", v, sizeof v) && strstr(v, "GET") && strstr(v, "DELETE") &&
+              !strstr(v, "POST"),
+          "Allow: %s", resp_header(&r, "Allow", v, sizeof v) ? v : "(none)");
+    resp_free(&r);
+    request(port, "PATCH", "/hello", NULL, NULL, &r);
+    CHECK(r.status == 405, "PATCH /hello: %d", r.status);
+    resp_free(&r);
+
+    /* A handler that makes no reply gets 500; a second reply is refused. */
+    request(port, "GET", "/noreply", NULL, NULL, &r);
+    CHECK(r.status == 500, "noreply: %d", r.status);
+    resp_free(&r);
+
+    /* A large buffered reply arrives whole. */
+    request(port, "GET", "/big", NULL, NULL, &r);
+    bool same = r.body_len == (3u << 20);
+    for (size_t i = 0; same && i < r.body_len; i++)
+        same = r.body[i] == (char)('a' + i % 26);
+    CHECK(r.status == 200 && same, "big: %d, %zu bytes", r.status, r.body_len);
+    resp_free(&r);
+}
+
+static void test_twice(uint16_t port, struct bg *b)
+{
+    struct resp r;
+    request(port, "GET", "/twice", NULL, NULL, &r);
+    CHECK(r.status == 200 && strcmp(r.body, "first") == 0, "twice: %d %s", r.status, r.body);
+    pthread_mutex_lock(&b->mu);
+    CHECK_EQ_INT(b->rc, CAIRN_ESTATE);
+    pthread_mutex_unlock(&b->mu);
+    resp_free(&r);
+}
+
+static void test_keepalive_connection(uint16_t port)
+{
+    /* Two pipelined requests on one connection, the second closing it. */
+    const char *two = "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
+                      "GET /instance/k HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    struct resp r;
+    raw_request(port, two, strlen(two), &r);
+    CHECK(r.status == 200 && memmem(r.raw, r.raw_len, "\nhello", 6) &&
+              memmem(r.raw, r.raw_len, "\"id\":\"k\"", 8),
+          "pipelined: %d, %zu bytes", r.status, r.raw_len);
+    resp_free(&r);
+}
+
+static void test_json(uint16_t port)
+{
+    const char *ct = "Content-Type: application/json\r\n";
+    struct resp r;
+    const char *doc = "{\"a\":[1,2,{\"b\":\"c\\u00e9\"}],\"n\":null,\"f\":1.5}";
+    request(port, "POST", "/echo", ct, doc, &r);
+    json_t *want = json_loads(doc, 0, NULL), *got = resp_json(&r);
+    CHECK(r.status == 200 && json_equal(want, got), "echo: %d %s", r.status, r.body);
+    json_decref(want);
+    json_decref(got);
+    resp_free(&r);
+
+    /* JSON sent without a JSON content type is still parsed when it parses. */
+    request(port, "PUT", "/echo", "Content-Type: application/x-www-form-urlencoded\r\n",
+            "{\"k\":1}", &r);
+    got = resp_json(&r);
+    CHECK(r.status == 200 && json_integer_value(json_object_get(got, "k")) == 1,
+          "form-typed json: %d %s", r.status, r.body);
+    json_decref(got);
+    resp_free(&r);
+    /* ... and a body that is not JSON reaches the handler raw. */
+    request(port, "POST", "/echo", "Content-Type: text/plain\r\n", "{not json", &r);
+    got = resp_json(&r);
+    CHECK(r.status == 200 && jstr(got, "raw") && strcmp(jstr(got, "raw"), "{not json") == 0,
+          "raw body: %d %s", r.status, r.body);
+    json_decref(got);
+    resp_free(&r);
+
+    const char *bad[] = {"{\"a\":", "{\"a\" 1}", "[1,2,]", "{\"s\":\"\xff\xfe\"}", "nul\x01l"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        request(port, "POST", "/echo", ct, bad[i], &r);
+        got = resp_json(&r);
+        const char *m = err_field(got, "message");
+        CHECK(r.status == 400 && m && strstr(m, "malformed JSON"), "bad json %zu: %d %s", i,
+              r.status, r.body);
+        json_decref(got);
+        resp_free(&r);
+    }
+
+    /* Nesting: the limit (8) passes, one more is refused naming the limit, also when the
+     * content type does not say JSON; brackets inside strings do not count. */
+    char nest[64];
+    for (int depth = 8; depth <= 9; depth++) {
+        int k = 0;
+        for (int i = 0; i < depth; i++)
+            nest[k++] = '[';
+        for (int i = 0; i < depth; i++)
+            nest[k++] = ']';
+        nest[k] = 0;
+        for (int typed = 0; typed < 2; typed++) {
+            request(port, "POST", "/echo", typed ? ct : NULL, nest, &r);
+            got = resp_json(&r);
+            const char *m = err_field(got, "message");
+            if (depth == 8)
+                CHECK(r.status == 200, "depth 8: %d %s", r.status, r.body);
+            else
+                CHECK(r.status == 400 && m && strstr(m, "8 levels"), "depth 9: %d %s",
+                      r.status, r.body);
+            json_decref(got);
+            resp_free(&r);
+        }
+    }
+    request(port, "POST", "/echo", ct, "{\"s\":\"[[[[[[[[[[[[[[[[[[[[{{{{{{{{{{\"}", &r);
+    CHECK(r.status == 200, "brackets in a string: %d %s", r.status, r.body);
+    resp_free(&r);
+}
+
+static void test_body_limit(uint16_t port)
+{
+    /* max_body_bytes = 4096: exactly 4096 passes, 4097 is refused. */
+    char *body = malloc(4098);
+    for (int extra = 0; extra < 2; extra++) {
+        size_t n = 4096 + (size_t)extra;
+        memset(body, 'a', n);
+        memcpy(body, "{\"s\":\"", 6);
+        memcpy(body + n - 2, "\"}", 2);
+        body[n] = 0;
+        struct resp r;
+        request(port, "POST", "/echo", "Content-Type: application/json\r\n", body, &r);
+        json_t *j = resp_json(&r);
+        if (extra == 0) {
+            CHECK(r.status == 200 && jstr(j, "s") && strlen(jstr(j, "s")) == 4088,
+                  "4096 bytes: %d", r.status);
+        } else {
+            CHECK(r.status == 413 && err_field(j, "message") &&
+                      strstr(err_field(j, "message"), "4096"),
+                  "4097 bytes: %d %s", r.status, r.body);
+        }
+        json_decref(j);
+        resp_free(&r);
+    }
+    free(body);
+
+    /* A huge Content-Length is refused from the headers alone: the body is never sent. */
+    int64_t t0 = clock_ns();
+    const char *hdr = "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n"
+                      "Content-Type: application/json\r\n\r\n";
+    struct resp r;
+    raw_request(port, hdr, strlen(hdr), &r);
+    CHECK(r.status == 413, "huge Content-Length: %d", r.status);
+    CHECK(clock_ns() - t0 < 5000000000LL, "413 took %.2f s", (double)(clock_ns() - t0) * 1e-9);
+    resp_free(&r);
+    /* Also before authentication-free routes read anything with Expect: 100-continue. */
+    const char *expect = "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 99999\r\n"
+                         "Expect: 100-continue\r\n\r\n";
+    raw_request(port, expect, strlen(expect), &r);
+    CHECK(r.status == 413, "Expect 100-continue over limit: %d", r.status);
+    resp_free(&r);
+
+    /* A chunked body over the limit: the connection is dropped, no 200. */
+    int fd = tcp_connect(port);
+    const char *ch = "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+    send_all(fd, ch, strlen(ch));
+    char chunk[1100];
+    int len = snprintf(chunk, sizeof chunk, "400\r\n");
+    memset(chunk + len, 'a', 1024);
+    memcpy(chunk + len + 1024, "\r\n", 2);
+    for (int i = 0; i < 16; i++)
+        if (send_all(fd, chunk, (size_t)len + 1026) != 0)
+            break;
+    send_all(fd, "0\r\n\r\n", 5);
+    char *raw;
+    size_t n = read_all(fd, &raw);
+    close(fd);
+    CHECK(n == 0 || strncmp(raw, "HTTP/1.1 200", 12) != 0, "chunked over limit answered: %.40s",
+          raw);
+    free(raw);
+}
+
+static void test_auth_cors(struct bg *b)
+{
+    const char *origins[] = {"http://ok.example", "http://also.example", NULL};
+    struct http_config cfg = {.api_key = "s3cret-key", .cors_origins = origins};
+    struct http_server *srv = start_server(&cfg, b);
+    if (!srv)
+        return;
+    uint16_t port = http_server_port(srv);
+    const struct {
+        const char *hdr;
+        int want;
+    } cases[] = {
+        {NULL, 401},
+        {"Authorization: Bearer wrong\r\n", 401},
+        {"Authorization: Bearer s3cret-ke\r\n", 401},
+        {"Authorization: Bearer s3cret-key2\r\n", 401},
+        {"Authorization: Basic s3cret-key\r\n", 401},
+        {"Authorization: Bearer \r\n", 401},
+        {"Authorization: Bearer s3cret-key\r\n", 200},
+        {"Authorization: bearer s3cret-key\r\n", 200},
+        {"x-api-key: s3cret-key\r\n", 200},
+        {"x-api-key: nope\r\n", 401},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct resp r;
+        request(port, "GET", "/hello", cases[i].hdr, NULL, &r);
+        CHECK(r.status == cases[i].want, "auth case %zu (%s): %d, want %d", i,
+              cases[i].hdr ? cases[i].hdr : "none", r.status, cases[i].want);
+        if (cases[i].want == 401) {
+            json_t *j = resp_json(&r);
+            char v[64];
+            CHECK(err_field(j, "type") && strcmp(err_field(j, "type"), "authentication_error") == 0,
+                  "401 body %s", r.body);
+            CHECK(resp_header(&r, "WWW-Authenticate", v, sizeof v) != NULL, "no WWW-Authenticate");
+            json_decref(j);
+        }
+        resp_free(&r);
+    }
+    /* Unknown paths are not revealed to a client without the key. */
+    struct resp r;
+    request(port, "GET", "/nope", NULL, NULL, &r);
+    CHECK(r.status == 401, "unauthenticated 404: %d", r.status);
+    resp_free(&r);
+
+    /* Preflight from an allowed origin: no key needed, methods and headers granted. */
+    char v[256];
+    request(port, "OPTIONS", "/instance/x",
+            "Origin: http://ok.example\r\nAccess-Control-Request-Method: DELETE\r\n"
+            "Access-Control-Request-Headers: authorization, content-type\r\n",
+            NULL, &r);
+    CHECK(r.status == 204, "preflight: %d %s", r.status, r.body);
+    CHECK(resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v) &&
+              strcmp(v, "http://ok.example") == 0,
+          "ACAO: %s", resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v) ? v : "(none)");
+    CHECK(resp_header(&r, "Access-Control-Allow-Methods", v, sizeof v) && strstr(v, "DELETE") &&
+              strstr(v, "GET"),
+          "ACAM: %s", resp_header(&r, "Access-Control-Allow-Methods", v, sizeof v) ? v : "(none)");
+    CHECK(resp_header(&r, "Access-Control-Allow-Headers", v, sizeof v) &&
+              strcasestr(v, "authorization"),
+          "ACAH missing");
+    CHECK(resp_header(&r, "Access-Control-Max-Age", v, sizeof v) != NULL, "no max-age");
+    resp_free(&r);
+    /* Preflight from another origin: refused, no CORS headers. */
+    request(port, "OPTIONS", "/hello",
+            "Origin: http://evil.example\r\nAccess-Control-Request-Method: GET\r\n", NULL, &r);
+    CHECK(r.status == 403 && !resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v),
+          "evil preflight: %d", r.status);
+    resp_free(&r);
+    /* Preflight for an unknown path. */
+    request(port, "OPTIONS", "/nope",
+            "Origin: http://ok.example\r\nAccess-Control-Request-Method: GET\r\n", NULL, &r);
+    CHECK(r.status == 404, "preflight unknown: %d", r.status);
+    resp_free(&r);
+    /* Header names that are not a token list are not echoed. */
+    request(port, "OPTIONS", "/hello",
+            "Origin: http://ok.example\r\nAccess-Control-Request-Method: GET\r\n"
+            "Access-Control-Request-Headers: x;y=\"z\"\r\n",
+            NULL, &r);
+    CHECK(r.status == 204 && resp_header(&r, "Access-Control-Allow-Headers", v, sizeof v) &&
+              !strchr(v, ';'),
+          "odd ACRH: %d %s", r.status, v);
+    resp_free(&r);
+    /* Actual requests: the allowed origin is echoed, even on errors; others are not. */
+    request(port, "GET", "/hello",
+            "Origin: http://also.example\r\nAuthorization: Bearer s3cret-key\r\n", NULL, &r);
+    CHECK(r.status == 200 && resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v) &&
+              strcmp(v, "http://also.example") == 0,
+          "CORS GET: %d", r.status);
+    resp_free(&r);
+    request(port, "GET", "/hello", "Origin: http://ok.example\r\n", NULL, &r);
+    CHECK(r.status == 401 && resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v),
+          "CORS 401 without ACAO: %d", r.status);
+    resp_free(&r);
+    request(port, "GET", "/hello",
+            "Origin: http://evil.example\r\nAuthorization: Bearer s3cret-key\r\n", NULL, &r);
+    CHECK(r.status == 200 && !resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v),
+          "evil GET: %d", r.status);
+    resp_free(&r);
+    /* Plain OPTIONS lists the methods. */
+    request(port, "OPTIONS", "/echo", NULL, NULL, &r);
+    CHECK(r.status == 204 && resp_header(&r, "Allow", v, sizeof v) && strstr(v, "POST") &&
+              strstr(v, "PUT"),
+          "OPTIONS: %d", r.status);
+    resp_free(&r);
+    http_server_release(srv);
+
+    /* "*" allows any origin. */
+    const char *any[] = {"*", NULL};
+    struct http_config cfg2 = {.cors_origins = any};
+    srv = start_server(&cfg2, b);
+    if (!srv)
+        return;
+    request(http_server_port(srv), "GET", "/hello", "Origin: https://x.test\r\n", NULL, &r);
+    CHECK(r.status == 200 && resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v) &&
+              strcmp(v, "https://x.test") == 0,
+          "any origin: %d", r.status);
+    resp_free(&r);
+    http_server_release(srv);
+}
+
+/* Parses SSE text: data lines of events (comments skipped) into out (max n). */
+static int parse_sse(const char *text, char out[][32], int n, int *pings)
+{
+    int count = 0;
+    *pings = 0;
+    for (const char *line = text; *line;) {
+        size_t len = strcspn(line, "\n");
+        if (strncmp(line, ": ping", 6) == 0)
+            (*pings)++;
+        if (strncmp(line, "data: ", 6) == 0 && count < n) {
+            size_t dl = len - 6 < 31 ? len - 6 : 31;
+            memcpy(out[count], line + 6, dl);
+            out[count][dl] = 0;
+            count++;
+        }
+        line += len;
+        if (*line)
+            line++;
+    }
+    return count;
+}
+
+static void test_sse100(uint16_t port, struct bg *b)
+{
+    bg_reset(b);
+    struct resp r;
+    request(port, "GET", "/sse100", NULL, NULL, &r);
+    CHECK(bg_join(b, 10000), "sse100 writer did not finish");
+    char v[64];
+    CHECK(r.status == 200 && resp_header(&r, "Content-Type", v, sizeof v) &&
+              strncmp(v, "text/event-stream", 17) == 0,
+          "sse100: %d", r.status);
+    CHECK(r.complete, "sse100 stream not terminated cleanly");
+    static char data[128][32];
+    int pings;
+    int n = parse_sse(r.body ? r.body : "", data, 128, &pings);
+    CHECK_EQ_INT(n, 101);
+    bool in_order = true;
+    for (int i = 0; i < 100 && i < n && in_order; i++) {
+        char want[32];
+        snprintf(want, sizeof want, "%d", i);
+        in_order = strcmp(data[i], want) == 0;
+        CHECK(in_order, "event %d = %s", i, data[i]);
+    }
+    CHECK(n == 101 && strcmp(data[100], "[DONE]") == 0, "last event %s", n ? data[n - 1] : "");
+    CHECK(r.body && strstr(r.body, "event: odd\ndata: 1\n\n"), "named event missing");
+    CHECK_EQ_INT(b->writes, 100);
+    CHECK_EQ_INT(b->rc, 0);
+    CHECK_EQ_INT(b->cb_calls, 0); /* the writer's own finish does not call back */
+    resp_free(&r);
+}
+
+static void test_ndjson(uint16_t port, struct bg *b)
+{
+    bg_reset(b);
+    struct resp r;
+    request(port, "GET", "/ndjson", NULL, NULL, &r);
+    CHECK(bg_join(b, 10000), "ndjson writer did not finish");
+    int lines = 0;
+    bool ok = r.status == 200 && r.complete;
+    for (char *line = r.body; ok && line && *line;) {
+        char *nl = strchr(line, '\n');
+        if (!nl)
+            break;
+        *nl = 0;
+        json_t *j = json_loads(line, 0, NULL);
+        ok = j && json_integer_value(json_object_get(j, "n")) == lines &&
+             strcmp(jstr(j, "text"), "line\nbreak") == 0;
+        json_decref(j);
+        lines++;
+        line = nl + 1;
+    }
+    CHECK(ok && lines == 20, "ndjson: %d, %d lines ok=%d", r.status, lines, ok);
+    resp_free(&r);
+}
+
+static void test_sse_keepalive(uint16_t port, struct bg *b)
+{
+    bg_reset(b);
+    struct resp r;
+    request(port, "GET", "/sse_late", NULL, NULL, &r);
+    CHECK(bg_join(b, 10000), "sse_late writer did not finish");
+    static char data[4][32];
+    int pings = 0;
+    int n = parse_sse(r.body ? r.body : "", data, 4, &pings);
+    CHECK(n == 1 && strcmp(data[0], "late") == 0 && pings >= 1, "keepalive: %d events, %d pings",
+          n, pings);
+    resp_free(&r);
+}
+
+/* The client reads three events and hangs up; the writer must see it. */
+static void test_disconnect_mid_stream(uint16_t port, struct bg *b)
+{
+    bg_reset(b);
+    int fd = tcp_connect(port);
+    const char *req = "GET /tick HTTP/1.1\r\nHost: x\r\n\r\n";
+    send_all(fd, req, strlen(req));
+    char buf[8192];
+    size_t n = 0;
+    int events = 0;
+    int64_t until = clock_ns() + 10000000000LL;
+    while (events < 3 && n < sizeof buf - 1 && clock_ns() < until) {
+        ssize_t k = recv(fd, buf + n, sizeof buf - 1 - n, 0);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+        buf[n] = 0;
+        events = 0;
+        for (const char *p = buf; (p = strstr(p, "data: tick")); p++)
+            events++;
+    }
+    CHECK(events >= 3, "saw %d events before hanging up", events);
+    int64_t t_close = clock_ns();
+    close(fd);
+    CHECK(bg_join(b, 5000), "writer did not notice the disconnect within 5 s");
+    double s = (double)(b->t_end - t_close) * 1e-9;
+    CHECK(b->st == HTTP_STREAM_GONE, "state %d", b->st);
+    CHECK(b->cb_calls == 1 && b->cb_why == HTTP_STREAM_GONE, "close callback %d calls, why %d",
+          b->cb_calls, b->cb_why);
+    CHECK(s < 5.0, "noticed after %.3f s", s);
+    printf("mid-stream disconnect noticed after %.1f ms (%d writes)\n", s * 1e3, b->writes);
+}
+
+/* The client hangs up before anything was written (stream and deferred reply). */
+static void test_disconnect_early(uint16_t port, struct bg *b, const char *path)
+{
+    bg_reset(b);
+    int fd = tcp_connect(port);
+    char req[128];
+    snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path);
+    send_all(fd, req, strlen(req));
+    CHECK(bg_wait_stream(b, 5000), "%s: handler did not run", path);
+    int64_t t_close = clock_ns();
+    close(fd);
+    CHECK(bg_join(b, 6000), "%s: writer did not finish", path);
+    double s = (double)(b->t_end - t_close) * 1e-9;
+    CHECK(b->st == HTTP_STREAM_GONE, "%s: state %d", path, b->st);
+    CHECK(b->cb_calls == 1 && b->cb_why == HTTP_STREAM_GONE, "%s: callback %d why %d", path,
+          b->cb_calls, b->cb_why);
+    CHECK(s < 4.5, "%s: noticed after %.3f s", path, s);
+    printf("%s: early disconnect noticed after %.1f ms\n", path, s * 1e3);
+}
+
+static void test_defer(uint16_t port, struct bg *b)
+{
+    bg_reset(b);
+    struct resp r;
+    request(port, "GET", "/defer", NULL, NULL, &r);
+    CHECK(bg_join(b, 5000), "defer writer did not finish");
+    json_t *j = resp_json(&r);
+    char v[16];
+    CHECK(r.status == 202 && jstr(j, "late") && strcmp(jstr(j, "late"), "reply") == 0,
+          "deferred: %d %s", r.status, r.body);
+    CHECK(resp_header(&r, "X-Late", v, sizeof v) != NULL, "deferred header missing");
+    CHECK_EQ_INT(b->rc, 0);
+    json_decref(j);
+    resp_free(&r);
+}
+
+/* A client that never reads: the writer gets EFULL, never blocks, and others are served. */
+static void test_slow_client(uint16_t port, struct bg *b)
+{
+    bg_reset(b);
+    int fd = tcp_connect(port);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    const char *req = "GET /flood HTTP/1.1\r\nHost: x\r\n\r\n";
+    send_all(fd, req, strlen(req));
+    int64_t t0 = clock_ns();
+    CHECK(bg_join(b, 20000), "flood writer did not finish");
+    double s = (double)(clock_ns() - t0) * 1e-9;
+    CHECK(b->rc == CAIRN_EFULL && b->st == HTTP_STREAM_TOO_SLOW, "flood: rc %d state %d", b->rc,
+          b->st);
+    CHECK(b->writes < 256 * 1024, "flood wrote %d KiB", b->writes);
+    printf("slow client cut off after %d KiB in %.2f s\n", b->writes, s);
+    close(fd);
+    struct resp r;
+    request(port, "GET", "/hello", NULL, NULL, &r);
+    CHECK(r.status == 200, "after flood: %d", r.status);
+    resp_free(&r);
+}
+
+static void test_garbage(uint16_t port)
+{
+    /* Garbage, a half-sent request and a half-sent body stay open while others are served. */
+    int g = tcp_connect(port), h = tcp_connect(port), k = tcp_connect(port);
+    char junk[4096];
+    uint64_t st = 42;
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = (char)test_rand_u64(&st);
+    send_all(g, "\x01\x02\x03 GARBAGE\r\n\r\n", 15);
+    send_all(g, junk, sizeof junk);
+    send_all(h, "GET /hello HTTP/1.1\r\nHost: x\r\nX-Half", 36);
+    send_all(k, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"a\":", 58);
+    const char *bad[] = {
+        "GET /hello HTTP/9.9\r\n\r\n",
+        "GET /hello HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+        "GET /hello HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n",
+        "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        "\r\n\r\n\r\n",
+        "GET /hello\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        struct resp r;
+        raw_request(port, bad[i], strlen(bad[i]), &r);
+        CHECK(r.status != 200 || i == 0 || i == 5, "bad request %zu answered %d", i, r.status);
+        resp_free(&r);
+        struct resp ok;
+        request(port, "GET", "/hello", NULL, NULL, &ok);
+        CHECK(ok.status == 200 && strcmp(ok.body, "hello") == 0, "after bad %zu: %d", i,
+              ok.status);
+        resp_free(&ok);
+    }
+    struct resp r;
+    request(port, "GET", "/hello", NULL, NULL, &r);
+    CHECK(r.status == 200, "while garbage connections are open: %d", r.status);
+    resp_free(&r);
+    close(g);
+    close(h);
+    close(k);
+}
+
+struct conc {
+    uint16_t port;
+    int status;
+    char body[64];
+};
+
+static void *conc_main(void *arg)
+{
+    struct conc *c = arg;
+    struct resp r;
+    request(c->port, "GET", "/sleep", NULL, NULL, &r);
+    c->status = r.status;
+    snprintf(c->body, sizeof c->body, "%s", r.body ? r.body : "");
+    resp_free(&r);
+    return NULL;
+}
+
+static void test_concurrent(uint16_t port)
+{
+    enum { N = 50 };
+    struct conc c[N];
+    pthread_t th[N];
+    bool started[N];
+    int64_t t0 = clock_ns();
+    for (int i = 0; i < N; i++) {
+        c[i] = (struct conc){.port = port};
+        started[i] = pthread_create(&th[i], NULL, conc_main, &c[i]) == 0;
+    }
+    int ok = 0;
+    for (int i = 0; i < N; i++) {
+        if (started[i])
+            pthread_join(th[i], NULL);
+        ok += c[i].status == 200 && strstr(c[i].body, "\"ok\":true") != NULL;
+    }
+    double s = (double)(clock_ns() - t0) * 1e-9;
+    CHECK(ok == N, "%d of %d concurrent clients answered", ok, N);
+    /* Each handler sleeps 200 ms: one after another would take 10 s. */
+    CHECK(s < 6.0, "50 clients took %.2f s", s);
+    printf("50 concurrent clients (200 ms handlers) in %.2f s\n", s);
+}
+
+struct stop_ctx {
+    struct http_server *srv;
+    double stop_s;
+};
+
+static void test_stop(struct bg *b)
+{
+    struct http_config cfg = {.stop_grace_ms = 1000, .keepalive_ms = 100};
+    struct http_server *srv = start_server(&cfg, b);
+    if (!srv)
+        return;
+    uint16_t port = http_server_port(srv);
+    bg_reset(b);
+    int fd = tcp_connect(port);
+    const char *req = "GET /tick HTTP/1.1\r\nHost: x\r\n\r\n";
+    send_all(fd, req, strlen(req));
+    CHECK(bg_wait_stream(b, 5000), "tick handler did not run");
+    usleep(50 * 1000);
+    int idle = tcp_connect(port); /* an idle keep-alive connection */
+    int64_t t0 = clock_ns();
+    http_server_stop(srv);
+    double s = (double)(clock_ns() - t0) * 1e-9;
+    CHECK(s < 5.0, "stop took %.2f s", s);
+    CHECK(bg_join(b, 5000), "writer did not stop");
+    CHECK(b->st == HTTP_STREAM_STOPPED && b->cb_calls == 1 && b->cb_why == HTTP_STREAM_STOPPED,
+          "after stop: state %d, %d callbacks why %d", b->st, b->cb_calls, b->cb_why);
+    char *raw;
+    size_t n = read_all(fd, &raw);
+    CHECK(n > 0 && strstr(raw, "data: tick 0") && strstr(raw, "\r\n0\r\n\r\n"),
+          "stream did not end cleanly: %zu bytes", n);
+    free(raw);
+    close(fd);
+    close(idle);
+    /* Refused once stopped. */
+    fd = tcp_connect(port);
+    CHECK(fd < 0, "connect after stop succeeded");
+    if (fd >= 0)
+        close(fd);
+    http_server_stop(srv); /* idempotent */
+    http_server_release(srv);
+    printf("stop with an open stream took %.2f s\n", s);
+
+    /* A deferred reply pending at stop gets 503. */
+    srv = start_server(&cfg, b);
+    if (!srv)
+        return;
+    bg_reset(b);
+    fd = tcp_connect(http_server_port(srv));
+    req = "GET /defer_wait HTTP/1.1\r\nHost: x\r\n\r\n";
+    send_all(fd, req, strlen(req));
+    CHECK(bg_wait_stream(b, 5000), "defer_wait handler did not run");
+    http_server_stop(srv);
+    struct resp r = {0};
+    size_t rn = read_all(fd, &r.raw);
+    parse_resp(&r, rn);
+    CHECK(r.status == 503, "deferred at stop: %d", r.status);
+    resp_free(&r);
+    close(fd);
+    CHECK(bg_join(b, 5000), "defer_wait writer did not finish");
+    CHECK(b->st == HTTP_STREAM_STOPPED, "deferred state %d", b->st);
+    http_server_release(srv);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    if (getenv("HTTP_TEST_DEBUG"))
+        log_set_level(LOG_DEBUG);
+    struct bg b;
+    memset(&b, 0, sizeof b);
+    pthread_mutex_init(&b.mu, NULL);
+    pthread_cond_init(&b.cond, NULL);
+
+    test_json_depth();
+    test_sse_format();
+    test_route_errors(&b);
+
+    struct http_config cfg = {
+        .max_body_bytes = 4096,
+        .max_json_depth = 8,
+        .stream_queue_bytes = 64 * 1024,
+        .keepalive_ms = 100,
+        .idle_timeout_s = 5,
+        .access_log = true,
+    };
+    struct http_server *srv = start_server(&cfg, &b);
+    if (srv) {
+        uint16_t port = http_server_port(srv);
+        test_routing(port);
+        test_twice(port, &b);
+        test_keepalive_connection(port);
+        test_json(port);
+        test_body_limit(port);
+        test_sse100(port, &b);
+        test_ndjson(port, &b);
+        test_sse_keepalive(port, &b);
+        test_disconnect_mid_stream(port, &b);
+        test_disconnect_early(port, &b, "/idle");
+        test_disconnect_early(port, &b, "/defer_wait");
+        test_defer(port, &b);
+        test_slow_client(port, &b);
+        test_garbage(port);
+        test_concurrent(port);
+        http_server_release(srv);
+    }
+    test_auth_cors(&b);
+    test_stop(&b);
+    pthread_mutex_destroy(&b.mu);
+    pthread_cond_destroy(&b.cond);
+    return test_main_end();
+}
