@@ -105,6 +105,8 @@ int cli_generate(int argc, char **argv)
         }
         char *rendered = NULL;
         size_t rlen = 0;
+        if (chat_msg && !chat_has_template(ch))
+            fprintf(stderr, "cairn generate: the model has no usable chat template; using a plain chat format\n");
         if (chat_msg) {
             json_t *vars = json_pack("{s:[]}", "messages");
             json_t *msgs = json_object_get(vars, "messages");
@@ -190,8 +192,10 @@ int cli_generate(int argc, char **argv)
     struct tok_stream ts;
     size_t text_cap = tk ? 3 * (tok_max_token_text(tk) + 4) : 0;
     char *piece = tk ? malloc(text_cap) : NULL;
-    if (tk)
+    if (tk) {
         tok_stream_init(&ts, tk, 0);
+        ts.started = 1; /* text continues the prompt: no SentencePiece leading-space removal */
+    }
     for (; generated < n_predict; generated++) {
         int32_t tok = sample_token(smp, &sp, logits, history, n_hist, n_hist, NULL);
         if (tok < 0) {

@@ -45,11 +45,9 @@ int chat_create(struct chat **out, const struct gguf_file *f, const struct tok *
     if (gguf_get_str(f, "tokenizer.chat_template", &src) == 0) {
         char terr[256];
         if (tmpl_parse(&c->tmpl, src.ptr, src.len, terr, sizeof terr)) {
-            log_warn("chat template not usable (%s); using a plain chat format", terr);
+            log_warn("chat template not usable (%s); chats use a plain format", terr);
             c->tmpl = NULL;
         }
-    } else {
-        log_warn("model has no chat template; using a plain chat format");
     }
     *out = c;
     return 0;

@@ -20,7 +20,7 @@ static int run(char *out, size_t cap, const char *fmt, ...)
     vsnprintf(cmd, sizeof cmd, fmt, ap);
     va_end(ap);
     char full[4200];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    snprintf(full, sizeof full, "( %s ) 2>&1", cmd);
     FILE *p = popen(full, "r");
     if (!p)
         return -1;
@@ -68,8 +68,10 @@ int main(void)
     rc = run(out, sizeof out, "%s tokenize -m %s --ids --no-bos 'Hello world, how are you?'", bin, spm_path);
     CHECK(rc == 0, "tokenize failed: %s", out);
     char ids[1024];
-    snprintf(ids, sizeof ids, "%s", out);
-    ids[strcspn(ids, "\n")] = 0;
+    size_t idlen = strcspn(out, "\n");
+    idlen = idlen < sizeof ids - 1 ? idlen : sizeof ids - 1;
+    memcpy(ids, out, idlen);
+    ids[idlen] = 0;
     for (char *p = ids; *p; p++)
         if (*p == ' ')
             *p = ',';
