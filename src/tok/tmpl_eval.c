@@ -122,7 +122,7 @@ static int frame_set(struct tctx *c, struct tframe *f, uint32_t sym, struct tv v
         if (!b)
             return tmpl_oom(c, NULL);
         if (f->n)
-            memcpy(b, f->b, f->n * sizeof *b);
+            tmpl_copy(b, f->b, f->n * sizeof *b);
         f->b = b;
         f->cap = cap;
     }
@@ -489,8 +489,8 @@ static int concat_str(struct tctx *c, const struct tnode *at, const struct tv *a
     char *s = tmpl_alloc(&c->ar, n + 1);
     if (!s)
         return tmpl_oom(c, at);
-    memcpy(s, a->u.s.p, a->u.s.n);
-    memcpy(s + a->u.s.n, b->u.s.p, b->u.s.n);
+    tmpl_copy(s, a->u.s.p, a->u.s.n);
+    tmpl_copy(s + a->u.s.n, b->u.s.p, b->u.s.n);
     *out = tv_str(s, n);
     return 0;
 }
@@ -508,7 +508,7 @@ static int repeat(struct tctx *c, const struct tnode *at, const struct tv *seq, 
         if (!s)
             return tmpl_oom(c, at);
         for (int64_t i = 0; i < times; i++)
-            memcpy(s + (size_t)i * seq->u.s.n, seq->u.s.p, seq->u.s.n);
+            tmpl_copy(s + (size_t)i * seq->u.s.n, seq->u.s.p, seq->u.s.n);
         *out = tv_str(s, n);
         out->f = seq->f;
         return 0;
@@ -521,7 +521,7 @@ static int repeat(struct tctx *c, const struct tnode *at, const struct tv *seq, 
     if (!r)
         return tmpl_oom(c, at);
     for (int64_t i = 0; i < times; i++)
-        memcpy(r->v + (size_t)i * l->n, l->v, l->n * sizeof *l->v);
+        tmpl_copy(r->v + (size_t)i * l->n, l->v, l->n * sizeof *l->v);
     r->n = n;
     out->t = seq->t;
     out->f = 0;
@@ -658,8 +658,8 @@ int tmpl_binop(struct tctx *c, const struct tnode *at, int op, const struct tv *
             struct tlist *r = tmpl_list_new(c, a->u.l->n + b->u.l->n);
             if (!r)
                 return tmpl_oom(c, at);
-            memcpy(r->v, a->u.l->v, a->u.l->n * sizeof *r->v);
-            memcpy(r->v + a->u.l->n, b->u.l->v, b->u.l->n * sizeof *r->v);
+            tmpl_copy(r->v, a->u.l->v, a->u.l->n * sizeof *r->v);
+            tmpl_copy(r->v + a->u.l->n, b->u.l->v, b->u.l->n * sizeof *r->v);
             r->n = a->u.l->n + b->u.l->n;
             out->t = a->t;
             out->f = 0;
@@ -703,7 +703,7 @@ int tmpl_iterate(struct tctx *c, const struct tnode *at, const struct tv *v, str
         if (!l)
             return tmpl_oom(c, at);
         if (v->u.m->n)
-            memcpy(l->v, v->u.m->k, v->u.m->n * sizeof *l->v);
+            tmpl_copy(l->v, v->u.m->k, v->u.m->n * sizeof *l->v);
         l->n = v->u.m->n;
         *out = l;
         return 0;
@@ -734,7 +734,7 @@ int tmpl_iterate(struct tctx *c, const struct tnode *at, const struct tv *v, str
         if (!l)
             return tmpl_oom(c, at);
         if (n)
-            memcpy(l->v, it->l->v + pos, n * sizeof *l->v);
+            tmpl_copy(l->v, it->l->v + pos, n * sizeof *l->v);
         l->n = n;
         if (it->kind == TI_GEN || it->kind == TI_REVERSE)
             it->pos = it->l->n;

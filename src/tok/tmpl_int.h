@@ -28,6 +28,13 @@ struct tarena {
 void *tmpl_alloc(struct tarena *a, size_t n);
 void tmpl_arena_free(struct tarena *a);
 
+/* memcpy that accepts NULL pointers when n is 0 (empty lists have no storage). */
+static inline void tmpl_copy(void *dst, const void *src, size_t n)
+{
+    if (n)
+        __builtin_memcpy(dst, src, n);
+}
+
 /* ---- values ---- */
 
 enum tv_type {

@@ -282,7 +282,7 @@ static int merge_sort(struct tctx *c, const struct tnode *at, const struct tv *k
         tmp[k++] = idx[i++];
     while (j < n)
         tmp[k++] = idx[j++];
-    memcpy(idx, tmp, n * sizeof *idx);
+    tmpl_copy(idx, tmp, n * sizeof *idx);
     return 0;
 }
 
@@ -1041,7 +1041,7 @@ static int slice_batch(struct tctx *c, const struct tnode *at, const struct tv *
             int64_t m = n - i < k ? n - i : k;
             if ((rc = new_list(c, at, (size_t)k, &chunk)))
                 return rc;
-            memcpy(chunk->v, items->v + i, (size_t)m * sizeof *chunk->v);
+            tmpl_copy(chunk->v, items->v + i, (size_t)m * sizeof *chunk->v);
             chunk->n = (size_t)m;
             while (fill && (int64_t)chunk->n < k)
                 chunk->v[chunk->n++] = a[1];
@@ -1060,7 +1060,7 @@ static int slice_batch(struct tctx *c, const struct tnode *at, const struct tv *
             struct tlist *chunk;
             if ((rc = new_list(c, at, (size_t)(end - start) + 1, &chunk)))
                 return rc;
-            memcpy(chunk->v, items->v + start, (size_t)(end - start) * sizeof *chunk->v);
+            tmpl_copy(chunk->v, items->v + start, (size_t)(end - start) * sizeof *chunk->v);
             chunk->n = (size_t)(end - start);
             if (fill && s >= extra)
                 chunk->v[chunk->n++] = a[1];
@@ -1188,7 +1188,7 @@ int tmpl_apply_filter(struct tctx *c, const struct tnode *at, int id, const stru
             struct tlist *l;
             if ((rc = new_list(c, at, nargs, &l)))
                 return rc;
-            memcpy(l->v, args, nargs * sizeof *args);
+            tmpl_copy(l->v, args, nargs * sizeof *args);
             l->n = nargs;
             fa = list_val(l, TV_TUPLE);
         }
@@ -1717,8 +1717,8 @@ int tmpl_call_builtin(struct tctx *c, const struct tnode *at, const struct tfunc
         struct tdict *d = tmpl_dict_new(c, self->u.m->n);
         if (!d)
             return tmpl_oom(c, at);
-        memcpy(d->k, self->u.m->k, self->u.m->n * sizeof *d->k);
-        memcpy(d->v, self->u.m->v, self->u.m->n * sizeof *d->v);
+        tmpl_copy(d->k, self->u.m->k, self->u.m->n * sizeof *d->k);
+        tmpl_copy(d->v, self->u.m->v, self->u.m->n * sizeof *d->v);
         d->n = self->u.m->n;
         out->t = TV_DICT;
         out->f = 0;
@@ -1729,7 +1729,7 @@ int tmpl_call_builtin(struct tctx *c, const struct tnode *at, const struct tfunc
         struct tlist *l;
         if ((rc = new_list(c, at, self->u.l->n, &l)))
             return rc;
-        memcpy(l->v, self->u.l->v, self->u.l->n * sizeof *l->v);
+        tmpl_copy(l->v, self->u.l->v, self->u.l->n * sizeof *l->v);
         l->n = self->u.l->n;
         *out = list_val(l, TV_LIST);
         return 0;
@@ -1768,7 +1768,7 @@ int tmpl_call_builtin(struct tctx *c, const struct tnode *at, const struct tfunc
         struct tlist *l;
         if ((rc = new_list(c, at, nargs, &l)))
             return rc;
-        memcpy(l->v, args, nargs * sizeof *args);
+        tmpl_copy(l->v, args, nargs * sizeof *args);
         l->n = nargs;
         struct tv now = list_val(l, TV_TUPLE);
         bool changed = !lp->changed_set || !tmpl_equal(&lp->last_changed, &now);
