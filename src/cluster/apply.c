@@ -1,7 +1,6 @@
 /* cluster_apply: the only code that changes a cluster state (see event.h for the rules).
  * Each handler prepares everything that can fail before it changes anything, so a
  * refused event leaves the state as it was. */
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -288,32 +287,30 @@ int cluster_apply(struct cluster_state *s, const struct event *e, char *err, siz
     const char *name = event_kind_name((int)e->kind);
     if (!name)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "event: unknown kind %d", (int)e->kind);
-    if (e->term < 1 || e->index < 0)
+    long long term = e->term, index = e->index;
+    long long at_term = s->last_term, at_index = s->last_index;
+    if (term < 1 || index < 0)
         return cairn_fail(err, errlen, CAIRN_EINVAL,
-                          "%s (%" PRId64 ", %" PRId64 "): term must be >= 1 and index >= 0", name,
-                          e->term, e->index);
-    if (e->term < s->last_term)
+                          "%s (%lld, %lld): term must be >= 1 and index >= 0", name, term, index);
+    if (term < at_term)
         return cairn_fail(err, errlen, CAIRN_ESTATE,
-                          "%s (%" PRId64 ", %" PRId64 "): stale term, state is at (%" PRId64
-                          ", %" PRId64 ")",
-                          name, e->term, e->index, s->last_term, s->last_index);
+                          "%s (%lld, %lld): stale term, state is at (%lld, %lld)", name, term,
+                          index, at_term, at_index);
     if (e->kind == EVENT_STATE_SNAPSHOT) {
-        if (e->term == s->last_term && e->index <= s->last_index)
+        if (term == at_term && index <= at_index)
             return cairn_fail(err, errlen, CAIRN_ESTATE,
-                              "%s (%" PRId64 ", %" PRId64 "): not after the state's position (%" PRId64
-                              ", %" PRId64 ")",
-                              name, e->term, e->index, s->last_term, s->last_index);
-    } else if (e->term > s->last_term) {
+                              "%s (%lld, %lld): not after the state's position (%lld, %lld)",
+                              name, term, index, at_term, at_index);
+    } else if (term > at_term) {
         return cairn_fail(err, errlen, CAIRN_ESTATE,
-                          "%s (%" PRId64 ", %" PRId64 "): term %" PRId64
-                          " must start with a StateSnapshot (state is at (%" PRId64 ", %" PRId64 "))",
-                          name, e->term, e->index, e->term, s->last_term, s->last_index);
-    } else if (e->index != s->last_index + 1) {
+                          "%s (%lld, %lld): term %lld must start with a StateSnapshot (state is "
+                          "at (%lld, %lld))",
+                          name, term, index, term, at_term, at_index);
+    } else if (index != at_index + 1) {
         return cairn_fail(err, errlen, CAIRN_ESTATE,
-                          "%s (%" PRId64 ", %" PRId64 "): expected index %" PRId64
-                          " in term %" PRId64 "%s",
-                          name, e->term, e->index, s->last_index + 1, s->last_term,
-                          e->index > s->last_index + 1 ? " (gap)" : " (already applied)");
+                          "%s (%lld, %lld): expected index %lld in term %lld (%s)", name, term,
+                          index, at_index + 1, at_term,
+                          index > at_index ? "gap" : "already applied");
     }
     int rc = apply_body(s, e, err, errlen);
     if (rc)

@@ -172,7 +172,8 @@ json_t *event_to_jsonv(const struct event *e)
         break;
     case EVENT_TASK_STATUS_UPDATED:
         ok = put(o, "task_id", json_string(e->task_status_updated.task_id)) &&
-             put(o, "status", json_string(cluster_task_status_name(e->task_status_updated.status))) &&
+             put(o, "status",
+                 json_string(cluster_task_status_name(e->task_status_updated.status))) &&
              put(o, "error", ids_json_string_or_null(e->task_status_updated.error, false));
         break;
     case EVENT_TASK_ACKNOWLEDGED:

@@ -134,15 +134,27 @@ static void table_free(void *items, size_t n, const struct table_ops *ops)
     free(items);
 }
 
-static struct key node_key(const void *e) { return (struct key){((const struct cluster_node *)e)->id, NULL}; }
+static struct key node_key(const void *e)
+{
+    return (struct key){((const struct cluster_node *)e)->id, NULL};
+}
 static struct key edge_key(const void *e)
 {
     const struct cluster_edge *x = e;
     return (struct key){x->from, x->to};
 }
-static struct key instance_key(const void *e) { return (struct key){((const struct cluster_instance *)e)->id, NULL}; }
-static struct key runner_key(const void *e) { return (struct key){((const struct cluster_runner *)e)->id, NULL}; }
-static struct key task_key(const void *e) { return (struct key){((const struct cluster_task *)e)->id, NULL}; }
+static struct key instance_key(const void *e)
+{
+    return (struct key){((const struct cluster_instance *)e)->id, NULL};
+}
+static struct key runner_key(const void *e)
+{
+    return (struct key){((const struct cluster_runner *)e)->id, NULL};
+}
+static struct key task_key(const void *e)
+{
+    return (struct key){((const struct cluster_task *)e)->id, NULL};
+}
 static struct key download_key(const void *e)
 {
     const struct cluster_download *x = e;
@@ -164,13 +176,14 @@ static const struct table_ops node_ops = {sizeof(struct cluster_node), node_key,
 static const struct table_ops edge_ops = {sizeof(struct cluster_edge), edge_key, edge_clear};
 static const struct table_ops instance_ops = {sizeof(struct cluster_instance), instance_key,
                                               instance_clear};
-static const struct table_ops runner_ops = {sizeof(struct cluster_runner), runner_key, runner_clear};
+static const struct table_ops runner_ops = {sizeof(struct cluster_runner), runner_key,
+                                            runner_clear};
 static const struct table_ops task_ops = {sizeof(struct cluster_task), task_key, task_clear};
 static const struct table_ops download_ops = {sizeof(struct cluster_download), download_key,
                                               download_clear};
 
 /* put for one table; going through a void * local keeps each array's own type. */
-#define TABLE_FUNCS(T, name, ops)                                                       \
+#define TABLE_PUT(T, name, ops)                                                       \
     int cluster_state_put_##T(struct cluster_state *s, struct cluster_##T *elem)        \
     {                                                                                   \
         void *items = s->name;                                                          \
@@ -179,12 +192,12 @@ static const struct table_ops download_ops = {sizeof(struct cluster_download), d
         return rc;                                                                      \
     }
 
-TABLE_FUNCS(node, nodes, node_ops)
-TABLE_FUNCS(edge, edges, edge_ops)
-TABLE_FUNCS(instance, instances, instance_ops)
-TABLE_FUNCS(runner, runners, runner_ops)
-TABLE_FUNCS(task, tasks, task_ops)
-TABLE_FUNCS(download, downloads, download_ops)
+TABLE_PUT(node, nodes, node_ops)
+TABLE_PUT(edge, edges, edge_ops)
+TABLE_PUT(instance, instances, instance_ops)
+TABLE_PUT(runner, runners, runner_ops)
+TABLE_PUT(task, tasks, task_ops)
+TABLE_PUT(download, downloads, download_ops)
 
 void cluster_state_del_node(struct cluster_state *s, const char *id)
 {
@@ -1153,8 +1166,14 @@ static int task_decode(const json_t *j, const char *p, void *o, char *err, size_
     return task_from_json(j, p, o, err, errlen);
 }
 static int node_insert(struct cluster_state *s, void *e) { return cluster_state_put_node(s, e); }
-static int instance_insert(struct cluster_state *s, void *e) { return cluster_state_put_instance(s, e); }
-static int runner_insert(struct cluster_state *s, void *e) { return cluster_state_put_runner(s, e); }
+static int instance_insert(struct cluster_state *s, void *e)
+{
+    return cluster_state_put_instance(s, e);
+}
+static int runner_insert(struct cluster_state *s, void *e)
+{
+    return cluster_state_put_runner(s, e);
+}
 static int task_insert(struct cluster_state *s, void *e) { return cluster_state_put_task(s, e); }
 
 static int read_edges(struct cluster_state *s, const json_t *j, char *err, size_t errlen)

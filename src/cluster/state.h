@@ -32,7 +32,11 @@
 #define CLUSTER_MAX_DRAFT_TOKENS 256
 #define CLUSTER_MAX_PARAMS ((size_t)1 << 20) /* bytes of a task's params as compact JSON */
 
-enum cluster_sharding { CLUSTER_SHARDING_PIPELINE, CLUSTER_SHARDING_TENSOR, CLUSTER_SHARDING_COUNT };
+enum cluster_sharding {
+    CLUSTER_SHARDING_PIPELINE,
+    CLUSTER_SHARDING_TENSOR,
+    CLUSTER_SHARDING_COUNT
+};
 
 enum cluster_runner_status {
     CLUSTER_RUNNER_IDLE,
