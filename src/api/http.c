@@ -701,10 +701,10 @@ static enum MHD_Result queue(struct http_request *req, int status, struct MHD_Re
 {
     if (!resp)
         return MHD_NO;
-    if (req->origin_ok) {
+    if (req->origin_ok)
         MHD_add_response_header(resp, "Access-Control-Allow-Origin", req->origin_ok);
+    if (req->srv->n_cors > 0)
         MHD_add_response_header(resp, "Vary", "Origin");
-    }
     for (const struct hdr *h = req->hdrs; h; h = h->next)
         MHD_add_response_header(resp, h->name, h->value);
     for (const struct hdr *h = extra; h; h = h->next)
@@ -1446,9 +1446,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
     if (s) {
         pthread_mutex_lock(&s->mu);
         s->sockfd = -1;
-        bool changed = false;
-        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
-            changed = stream_set_state(s, HTTP_STREAM_GONE);
+        /* Nothing more reaches this client (an error, or a reply that ended without the
+         * writer finishing, as for HEAD). */
+        bool changed = stream_set_state(s, HTTP_STREAM_GONE);
         if (s->started)
             bytes = s->sent;
         pthread_mutex_unlock(&s->mu);
@@ -1580,11 +1580,11 @@ int http_server_start(struct http_server *srv, char *err, size_t errlen)
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
                      MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG;
     srv->daemon = MHD_start_daemon(
-        flags, 0, NULL, NULL, on_access, srv, MHD_OPTION_LISTEN_SOCKET, srv->listen_fd,
-        MHD_OPTION_CONNECTION_LIMIT, srv->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-        srv->idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-        srv, MHD_OPTION_END);
+        flags, 0, NULL, NULL, on_access, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv,
+        MHD_OPTION_LISTEN_SOCKET, srv->listen_fd, MHD_OPTION_CONNECTION_LIMIT,
+        srv->max_connections, MHD_OPTION_CONNECTION_TIMEOUT, srv->idle_timeout_s,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_NOTIFY_COMPLETED,
+        on_completed, srv, MHD_OPTION_END);
     if (!srv->daemon)
         return cairn_fail(err, errlen, CAIRN_EIO, "libmicrohttpd did not start on %s:%u",
                           srv->bind_addr, (unsigned)srv->port);

@@ -179,19 +179,28 @@ static void parse_resp(struct resp *r, size_t n)
     r->body_len = cl;
 }
 
-/* Sends raw bytes on a new connection and reads the reply until the server closes. */
-static int raw_request(uint16_t port, const void *req, size_t len, struct resp *r)
+/* Sends raw bytes on a new connection and reads the reply until the server closes or
+ * timeout_s passes. */
+static int raw_request_t(uint16_t port, const void *req, size_t len, struct resp *r,
+                         int timeout_s)
 {
     memset(r, 0, sizeof *r);
     int fd = tcp_connect(port);
     if (fd < 0)
         return -1;
+    struct timeval tv = {.tv_sec = timeout_s};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     int rc = send_all(fd, req, len);
     size_t n = read_all(fd, &r->raw);
     close(fd);
     r->raw_len = n;
     parse_resp(r, n);
     return rc;
+}
+
+static int raw_request(uint16_t port, const void *req, size_t len, struct resp *r)
+{
+    return raw_request_t(port, req, len, r, IO_TIMEOUT_S);
 }
 
 /* One request with Connection: close; extra is "Name: value\r\n" lines or NULL. */
@@ -1135,6 +1144,8 @@ static void test_disconnect_mid_stream(uint16_t port, struct bg *b)
             events++;
     }
     CHECK(events >= 3, "saw %d events before hanging up", events);
+    printf("first 3 events (10 ms apart) after %.1f ms\n",
+           (double)(clock_ns() - (until - 10000000000LL)) * 1e-6);
     int64_t t_close = clock_ns();
     close(fd);
     CHECK(bg_join(b, 5000), "writer did not notice the disconnect within 5 s");
@@ -1164,6 +1175,45 @@ static void test_disconnect_early(uint16_t port, struct bg *b, const char *path)
           b->cb_calls, b->cb_why);
     CHECK(s < 4.5, "%s: noticed after %.3f s", path, s);
     printf("%s: early disconnect noticed after %.1f ms\n", path, s * 1e3);
+}
+
+/* HEAD on a streaming route ends without a body: the writer learns the client is gone. */
+static void test_head_stream(uint16_t port, struct bg *b)
+{
+    bg_reset(b);
+    struct resp r;
+    request(port, "HEAD", "/idle", NULL, NULL, &r);
+    CHECK(r.status == 200 && r.body_len == 0, "HEAD /idle: %d, %zu bytes", r.status, r.body_len);
+    resp_free(&r);
+    CHECK(bg_join(b, 6000), "HEAD: writer did not finish");
+    CHECK(b->st == HTTP_STREAM_GONE, "HEAD: state %d", b->st);
+}
+
+static void test_ipv6(struct bg *b)
+{
+    struct http_config cfg = {.bind_addr = "::1"};
+    struct http_server *srv = NULL;
+    char err[256];
+    if (http_server_create(&srv, &cfg, err, sizeof err) != 0) {
+        printf("skipped IPv6: %s\n", err);
+        return;
+    }
+    CHECK(http_route(srv, "GET", "/hello", h_hello, b) == 0, "route");
+    CHECK(http_server_start(srv, err, sizeof err) == 0, "start ::1: %s", err);
+    int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct timeval tv = {.tv_sec = IO_TIMEOUT_S};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons(http_server_port(srv))};
+    a.sin6_addr = in6addr_loopback;
+    bool ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    const char *req = "GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    char *raw = NULL;
+    if (ok && send_all(fd, req, strlen(req)) == 0)
+        read_all(fd, &raw);
+    CHECK(raw && strncmp(raw, "HTTP/1.1 200", 12) == 0, "IPv6 reply: %.20s", raw ? raw : "");
+    free(raw);
+    close(fd);
+    http_server_release(srv);
 }
 
 static void test_defer(uint16_t port, struct bg *b)
@@ -1227,8 +1277,8 @@ static void test_garbage(uint16_t port)
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         struct resp r;
-        raw_request(port, bad[i], strlen(bad[i]), &r);
-        CHECK(r.status != 200 || i == 0 || i == 5, "bad request %zu answered %d", i, r.status);
+        raw_request_t(port, bad[i], strlen(bad[i]), &r, 1); /* some wait for more bytes */
+        CHECK(r.status != 200 || i == 5, "bad request %zu answered %d", i, r.status);
         resp_free(&r);
         struct resp ok;
         request(port, "GET", "/hello", NULL, NULL, &ok);
@@ -1385,6 +1435,7 @@ int main(void)
         test_disconnect_mid_stream(port, &b);
         test_disconnect_early(port, &b, "/idle");
         test_disconnect_early(port, &b, "/defer_wait");
+        test_head_stream(port, &b);
         test_defer(port, &b);
         test_slow_client(port, &b);
         test_garbage(port);
@@ -1392,6 +1443,7 @@ int main(void)
         http_server_release(srv);
     }
     test_auth_cors(&b);
+    test_ipv6(&b);
     test_stop(&b);
     pthread_mutex_destroy(&b.mu);
     pthread_cond_destroy(&b.cond);
