@@ -87,8 +87,8 @@ const char *http_req_header(const struct http_request *req, const char *name);
 /* The body (NUL-terminated, "" when empty); *len gets its length when len is set. */
 const char *http_req_body(const struct http_request *req, size_t *len);
 /* The body parsed as JSON (borrowed), or NULL when empty or not JSON. A body sent as
- * JSON (Content-Type application/json or +json) that does not parse, or any body
- * nested deeper than max_json_depth, was already refused with 400. */
+ * JSON (Content-Type application/json or +json) that does not parse, or any JSON-typed
+ * or '{'/'['-led body nested deeper than max_json_depth, was already refused with 400. */
 json_t *http_req_json(const struct http_request *req);
 /* Remote address as text ("127.0.0.1"). */
 const char *http_req_remote(const struct http_request *req);
@@ -112,8 +112,9 @@ int http_reply_bytes(struct http_request *req, int status, const char *content_t
                      const void *data, size_t len);
 
 /* Starts a streamed reply (chunked; the connection closes when it ends) and gives the
- * handler a stream any thread may write until it finishes. *out is owned by the
- * caller (http_stream_release). */
+ * handler a stream any thread may write until it finishes. Sending starts when the
+ * handler returns; what is written before that waits in the queue (stream_queue_bytes
+ * at most). *out is owned by the caller (http_stream_release). */
 int http_reply_stream(struct http_request *req, int status, const char *content_type,
                       struct http_stream **out);
 /* Defers the reply: the handler returns and another thread later answers through
@@ -126,14 +127,14 @@ int http_reply_defer(struct http_request *req, struct http_stream **out);
 enum http_stream_state {
     HTTP_STREAM_OPEN = 0,  /* writable */
     HTTP_STREAM_FINISHED,  /* the writer finished or replied */
-    HTTP_STREAM_GONE,      /* the client closed the connection */
+    HTTP_STREAM_GONE,      /* the client closed the connection (or the reply ended) */
     HTTP_STREAM_TOO_SLOW,  /* a write overflowed stream_queue_bytes; connection shut */
     HTTP_STREAM_STOPPED,   /* the server is stopping */
 };
 
 /* Called once when a stream closes as GONE or STOPPED (not on the writer's own finish
  * or a write that returned EFULL), on the connection's or the stopping thread, without
- * locks held. It may call http_stream_* on s but must not block for long. */
+ * locks held. It may call http_stream_* on s except release, and must not block long. */
 typedef void (*http_stream_close_fn)(void *arg, struct http_stream *s,
                                      enum http_stream_state why);
 

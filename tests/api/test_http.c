@@ -759,6 +759,44 @@ static void test_routing(uint16_t port)
     resp_free(&r);
 }
 
+/* One access log line per request, through base/log at info level. */
+static void test_access_log(uint16_t port)
+{
+    char path[] = "/tmp/cairn_http_log_XXXXXX";
+    int tmp = mkstemp(path);
+    if (tmp < 0)
+        return;
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(tmp, 2);
+    enum log_level level = log_get_level();
+    log_set_level(LOG_INFO);
+    struct resp r;
+    request(port, "GET", "/instance/logged?x=1", NULL, NULL, &r);
+    resp_free(&r);
+    request(port, "POST", "/nope", NULL, "{}", &r);
+    resp_free(&r);
+    /* The line is written when the request completes, just after the reply went out. */
+    char buf[4096] = "";
+    for (int i = 0; i < 200; i++) {
+        ssize_t n = pread(tmp, buf, sizeof buf - 1, 0);
+        buf[n > 0 ? n : 0] = 0;
+        if (strstr(buf, "/nope"))
+            break;
+        usleep(10000);
+    }
+    log_set_level(level);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(tmp);
+    unlink(path);
+    CHECK(strstr(buf, "info: http 127.0.0.1 \"GET /instance/logged\" 200 ") != NULL,
+          "access log: [%s]", buf);
+    CHECK(strstr(buf, "\"POST /nope\" 404 ") != NULL && strstr(buf, " ms"), "access log 404: [%s]",
+          buf);
+}
+
 static void test_twice(uint16_t port, struct bg *b)
 {
     struct resp r;
@@ -1082,6 +1120,48 @@ static void test_sse100(uint16_t port, struct bg *b)
     CHECK_EQ_INT(b->rc, 0);
     CHECK_EQ_INT(b->cb_calls, 0); /* the writer's own finish does not call back */
     resp_free(&r);
+}
+
+/* A real client (curl, when installed) reads the same stream and posts JSON. */
+static void test_curl(uint16_t port, struct bg *b)
+{
+    if (system("curl --version > /dev/null 2>&1") != 0) {
+        printf("skipped curl test: curl not installed\n");
+        return;
+    }
+    bg_reset(b);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "curl -s -N --max-time 10 http://127.0.0.1:%u/sse100", port);
+    FILE *p = popen(cmd, "r");
+    int events = 0, last = -1;
+    bool in_order = true;
+    char line[256];
+    while (p && events < 1000 && fgets(line, sizeof line, p)) {
+        if (strncmp(line, "data: ", 6) != 0)
+            continue;
+        events++;
+        if (strncmp(line + 6, "[DONE]", 6) != 0) {
+            int v = atoi(line + 6);
+            in_order = in_order && v == last + 1;
+            last = v;
+        }
+    }
+    int st = p ? pclose(p) : -1;
+    CHECK(st == 0 && events == 101 && last == 99 && in_order,
+          "curl sse: exit %d, %d events, last %d, in order %d", st, events, last, in_order);
+    CHECK(bg_join(b, 5000), "curl sse writer did not finish");
+
+    snprintf(cmd, sizeof cmd,
+             "curl -s --max-time 10 -H 'Content-Type: application/json' "
+             "-d '{\"m\":[1,{\"k\":\"v\"}]}' http://127.0.0.1:%u/echo",
+             port);
+    p = popen(cmd, "r");
+    char out[256] = "";
+    size_t n = p ? fread(out, 1, sizeof out - 1, p) : 0;
+    out[n] = 0;
+    st = p ? pclose(p) : -1;
+    CHECK(st == 0 && strcmp(out, "{\"m\":[1,{\"k\":\"v\"}]}") == 0, "curl echo: %d [%s]", st,
+          out);
 }
 
 static void test_ndjson(uint16_t port, struct bg *b)
@@ -1426,11 +1506,13 @@ int main(void)
         uint16_t port = http_server_port(srv);
         test_routing(port);
         test_twice(port, &b);
+        test_access_log(port);
         test_keepalive_connection(port);
         test_json(port);
         test_body_limit(port);
         test_sse100(port, &b);
         test_ndjson(port, &b);
+        test_curl(port, &b);
         test_sse_keepalive(port, &b);
         test_disconnect_mid_stream(port, &b);
         test_disconnect_early(port, &b, "/idle");
