@@ -319,7 +319,10 @@ static void on_close_cb(void *arg, struct http_stream *s, enum http_stream_state
     pthread_mutex_unlock(&b->mu);
 }
 
-enum { BG_SSE100, BG_TICK, BG_IDLE, BG_DEFER_OK, BG_DEFER_WAIT, BG_FLOOD, BG_NDJSON, BG_SSE_LATE };
+enum {
+    BG_SSE100, BG_TICK, BG_IDLE, BG_DEFER_OK, BG_DEFER_WAIT, BG_FLOOD, BG_NDJSON, BG_SSE_LATE,
+    BG_LATE_CB
+};
 
 static void *bg_main(void *arg)
 {
@@ -350,6 +353,13 @@ static void *bg_main(void *arg)
         break;
     case BG_IDLE:
         http_stream_wait_closed(s, 5000);
+        break;
+    case BG_LATE_CB: /* registered after the close: runs at once, on this thread */
+        http_stream_wait_closed(s, 5000);
+        http_stream_on_close(s, on_close_cb, b);
+        pthread_mutex_lock(&b->mu);
+        rc = b->cb_calls == 1 ? 0 : -1;
+        pthread_mutex_unlock(&b->mu);
         break;
     case BG_DEFER_OK:
         usleep(100 * 1000);
@@ -400,7 +410,8 @@ static void start_bg(struct bg *b, struct http_stream *s, int mode)
     pthread_mutex_lock(&b->mu);
     b->s = s;
     b->mode = mode;
-    http_stream_on_close(s, on_close_cb, b);
+    if (mode != BG_LATE_CB)
+        http_stream_on_close(s, on_close_cb, b);
     b->have_th = pthread_create(&b->th, NULL, bg_main, b) == 0;
     pthread_mutex_unlock(&b->mu);
 }
@@ -501,6 +512,7 @@ static void h_stream(struct http_request *req, void *ctx, int mode)
 static void h_sse100(struct http_request *req, void *ctx) { h_stream(req, ctx, BG_SSE100); }
 static void h_tick(struct http_request *req, void *ctx) { h_stream(req, ctx, BG_TICK); }
 static void h_idle(struct http_request *req, void *ctx) { h_stream(req, ctx, BG_IDLE); }
+static void h_late_cb(struct http_request *req, void *ctx) { h_stream(req, ctx, BG_LATE_CB); }
 static void h_defer_ok(struct http_request *req, void *ctx) { h_stream(req, ctx, BG_DEFER_OK); }
 static void h_defer_wait(struct http_request *req, void *ctx)
 {
@@ -540,6 +552,7 @@ static struct http_server *start_server(const struct http_config *cfg, struct bg
         {"GET", "/sse100", h_sse100, 1},
         {"GET", "/tick", h_tick, 1},
         {"GET", "/idle", h_idle, 1},
+        {"GET", "/late_cb", h_late_cb, 1},
         {"GET", "/defer", h_defer_ok, 1},
         {"GET", "/defer_wait", h_defer_wait, 1},
         {"GET", "/flood", h_flood, 1},
@@ -1254,6 +1267,7 @@ static void test_disconnect_early(uint16_t port, struct bg *b, const char *path)
     CHECK(b->cb_calls == 1 && b->cb_why == HTTP_STREAM_GONE, "%s: callback %d why %d", path,
           b->cb_calls, b->cb_why);
     CHECK(s < 4.5, "%s: noticed after %.3f s", path, s);
+    CHECK(b->rc == 0, "%s: late close callback did not run at registration", path);
     printf("%s: early disconnect noticed after %.1f ms\n", path, s * 1e3);
 }
 
@@ -1517,6 +1531,7 @@ int main(void)
         test_disconnect_mid_stream(port, &b);
         test_disconnect_early(port, &b, "/idle");
         test_disconnect_early(port, &b, "/defer_wait");
+        test_disconnect_early(port, &b, "/late_cb");
         test_head_stream(port, &b);
         test_defer(port, &b);
         test_slow_client(port, &b);
