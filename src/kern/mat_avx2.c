@@ -375,6 +375,13 @@ GROUP_FN(q6_k)
 
 /* ---- float weights: 16 lanes per row as two ymm, element k in lane k%16 ---- */
 
+#define PF_ROW_AHEAD 2048 /* bytes ahead in each weight row */
+
+INLINE size_t fsize(const int type)
+{
+    return type == DT_F32 ? 4 : 2;
+}
+
 INLINE __m256 fload(const int type, const uint8_t *row, int64_t k)
 {
     if (type == DT_F32)
@@ -438,6 +445,10 @@ INLINE void rows_float(const int type, const int R, const int NB, const struct k
     for (; k + 16 <= kend; k += 16) {
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
+            if (type == DT_F32 || k % 32 == 0) /* one prefetch per cache line */
+                _mm_prefetch((const char *)((uintptr_t)c->w + (size_t)r * c->rb +
+                                            (size_t)k * fsize(type) + PF_ROW_AHEAD),
+                             _MM_HINT_T0);
             __m256 w0 = fload(type, c->w + (size_t)r * c->rb, k);
             __m256 w1 = fload(type, c->w + (size_t)r * c->rb, k + 8);
 #pragma GCC unroll 8

@@ -327,6 +327,13 @@ GROUP_FN(q6_k)
 
 /* ---- float weights: 16 lanes per row, element k in lane k%16 ---- */
 
+#define PF_ROW_AHEAD 2048 /* bytes ahead in each weight row */
+
+INLINE size_t fsize(const int type)
+{
+    return type == DT_F32 ? 4 : 2;
+}
+
 INLINE __m512 fload(const int type, const uint8_t *row, int64_t k)
 {
     if (type == DT_F32)
@@ -373,6 +380,10 @@ INLINE void rows_float(const int type, const int R, const int NB, const struct k
     for (; k + 16 <= kend; k += 16) {
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
+            if (type == DT_F32 || k % 32 == 0) /* one prefetch per cache line */
+                _mm_prefetch((const char *)((uintptr_t)c->w + (size_t)r * c->rb +
+                                            (size_t)k * fsize(type) + PF_ROW_AHEAD),
+                             _MM_HINT_T0);
             __m512 wv = fload(type, c->w + (size_t)r * c->rb, k);
 #pragma GCC unroll 8
             for (int b = 0; b < NB; b++)
