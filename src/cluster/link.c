@@ -1198,8 +1198,9 @@ static void zap_serve(struct zap *z)
         char addr[64] = "?";
         if (kept >= 4)
             printable(addr, sizeof addr, zmq_msg_data(&f[3]), zmq_msg_size(&f[3]));
+        const char *shown = unmapped(addr);
         if (n <= 10 || n % 1000 == 0)
-            log_warn("link %s: refused a connection from %s: %s (%llu refused so far)", z->node_id, addr, text,
+            log_warn("link %s: refused a connection from %s: %s (%llu refused so far)", z->node_id, shown, text,
                      (unsigned long long)n);
     }
     close_parts(f, kept);
@@ -1491,11 +1492,14 @@ void link_release(struct link *l)
         return;
     if (l->has_held)
         zmq_msg_close(&l->held);
+    /* Bye first, on every connection, then close: a DEALER lingers so its bye leaves. */
     for (size_t i = 0; i < l->n_routes; i++) {
         struct route *r = l->routes[i];
-        bool bye = live(r) && send_route(l, r, LINK_T_BYE, NULL, 0) == 0;
-        free_route(r, bye && r->out ? BYE_LINGER_MS : 0);
+        r->ready = live(r) && send_frames(l, r->out ? r->sock : l->router, r->out ? NULL : r->rid, r->rid_len,
+                                          LINK_T_BYE, NULL, 0) == 0;
     }
+    for (size_t i = 0; i < l->n_routes; i++)
+        free_route(l->routes[i], l->routes[i]->ready && l->routes[i]->out ? BYE_LINGER_MS : 0);
     free(l->routes);
     if (l->router) {
         zmq_socket_monitor(l->router, NULL, 0);
