@@ -14,10 +14,11 @@
  * Wire message: exactly two frames, a LINK_HDR_SIZE header and a payload (possibly
  * empty). Header, big-endian: magic "cl" (2 bytes), version (1), type (1), payload
  * length (u32), sender node id (64 bytes, NUL-padded). A message with another frame
- * count, a short or long header, a bad magic, version, type, sender or length, or a
- * payload over max_msg is dropped and its sender logged; after LINK_MAX_STRIKES such
- * messages the connection is cut (ours closed, theirs shut down and its routing id
- * ignored). The link keeps serving everyone else.
+ * count, a short or long header, a bad magic, version, type, sender or length is
+ * dropped and its sender logged; after LINK_MAX_STRIKES such messages the connection is
+ * cut (ours closed; theirs shut down and its routing id ignored). A frame over max_msg
+ * makes ZeroMQ close the connection (ZMQ_MAXMSGSIZE). The link keeps serving everyone
+ * else.
  *
  * With a cluster secret, every socket uses CURVE with one keypair derived from the
  * secret (link_curve_keypair; all nodes share it), and a ZAP handler of the link's own

@@ -316,6 +316,7 @@ static void test_config(void)
     if (a) {
         c = ok;
         c.node_id = "n2";
+        c.secret = "the ZAP thread must stop on this failure too";
         c.port = link_port(a);
         int rc = link_create(&b, &c, err, sizeof err);
         CHECK(rc == CAIRN_EIO && !b && strstr(err, "bind"), "second bind on port %d: rc %d '%s'", c.port, rc, err);
