@@ -132,6 +132,23 @@ static int frame_set(struct tctx *c, struct tframe *f, uint32_t sym, struct tv v
     return 0;
 }
 
+/* Binds the names a frame starts with as undefined (see struct tscope). */
+static int frame_undef(struct tctx *c, struct tframe *f, const uint32_t *syms, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t s = syms[i];
+        int rc = frame_set(c, f, s, undef_attr(0, c->t->syms[s].p, c->t->syms[s].n, TU_NAME));
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int scope_undef(struct tctx *c, struct tframe *f, const struct tnode *n)
+{
+    return n->scope ? frame_undef(c, f, n->scope->undef, n->scope->nundef) : 0;
+}
+
 static int lookup(struct tctx *c, struct tframe *f, uint32_t sym, struct tv *out)
 {
     for (; f; f = f->parent)
@@ -385,14 +402,49 @@ static void slice_indices(int64_t len, const struct tv *a, const struct tv *b, i
     *start = st;
 }
 
+/* Whether jinja2's optimizer would evaluate n at compile time (literals and operators on them). */
+static bool is_const_expr(const struct tnode *n)
+{
+    if (!n)
+        return true;
+    switch (n->kind) {
+    case N_CONST:
+        return true;
+    case N_NEG:
+    case N_POS:
+    case N_NOT:
+    case N_BIN:
+    case N_AND:
+    case N_OR:
+    case N_SLICE:
+        return is_const_expr(n->a) && is_const_expr(n->b) && is_const_expr(n->c);
+    case N_LIST:
+    case N_TUPLE:
+    case N_CONCAT:
+        for (uint32_t i = 0; i < n->v.n; i++)
+            if (!is_const_expr(n->v.v[i]))
+                return false;
+        return true;
+    default:
+        return false;
+    }
+}
+
 static int do_slice(struct tctx *c, const struct tnode *at, const struct tv *obj, const struct tv *parts,
                     struct tv *out)
 {
     /* slices bypass the sandbox's getitem: errors are raised, not made undefined */
     if (obj->t == TV_UNDEF)
         return tmpl_undef_err(c, at, obj);
-    if (obj->t != TV_LIST && obj->t != TV_TUPLE && obj->t != TV_STR)
+    if (obj->t != TV_LIST && obj->t != TV_TUPLE && obj->t != TV_STR) {
+        /* jinja2 folds constant expressions at compile time through the sandbox's
+         * getitem, which makes `3[1:]` undefined; at run time the same slice raises */
+        if (is_const_expr(at->a) && is_const_expr(at->b)) {
+            *out = tv_undef_hint("object is not subscriptable");
+            return 0;
+        }
         return tmpl_err(c, at, CAIRN_EFORMAT, "'%s' object is not subscriptable", tmpl_type_name(obj));
+    }
     for (int i = 0; i < 3; i++)
         if (parts[i].t != TV_NONE && !tv_is_intlike(&parts[i])) {
             if (parts[i].t == TV_UNDEF)
@@ -632,6 +684,8 @@ int tmpl_binop(struct tctx *c, const struct tnode *at, int op, const struct tv *
             if (fx < 0 && fy != floor(fy))
                 return tmpl_err(c, at, CAIRN_EUNSUPPORTED, "complex numbers are not supported");
             *out = tv_float(pow(fx, fy));
+            if (isinf(out->u.d) && isfinite(fx) && isfinite(fy))
+                return tmpl_err(c, at, CAIRN_EFORMAT, "(34, 'Numerical result out of range')");
             return 0;
         }
     }
@@ -678,7 +732,7 @@ int tmpl_binop(struct tctx *c, const struct tnode *at, int op, const struct tv *
             return repeat(c, at, b, tv_as_int(a), out);
         break;
     case B_MOD:
-        if (a->t == TV_STR && b->t != TV_UNDEF)
+        if (a->t == TV_STR)
             return tmpl_percent_format(c, at, a, b, out);
         break;
     default:
@@ -827,6 +881,8 @@ static int call_macro(struct tctx *c, const struct tnode *at, const struct tmacr
     if (!mf)
         return tmpl_oom(c, at);
     int rc;
+    if ((rc = scope_undef(c, mf, def)))
+        return rc;
     size_t np = params->n;
     bool *used = nkw ? tmpl_alloc(&c->ar, nkw) : NULL;
     if (nkw && !used)
@@ -1291,6 +1347,8 @@ static int exec_for(struct tctx *c, struct tframe *f, const struct tnode *n)
         struct tframe *ef = frame_new(c, f);
         if (!ef)
             return tmpl_oom(c, n);
+        if (n->scope && (rc = frame_undef(c, ef, n->scope->undef_else, n->scope->nundef_else)))
+            return rc;
         return exec_body(c, ef, &n->w);
     }
     struct tframe *lf = frame_new(c, f);
@@ -1305,7 +1363,8 @@ static int exec_for(struct tctx *c, struct tframe *f, const struct tnode *n)
             return rc;
         lp->i0 = (int64_t)i;
         lf->n = 0;
-        if ((rc = frame_set(c, lf, SYM_LOOP, loopv)) || (rc = assign(c, lf, n->a, &items->v[i])))
+        if ((rc = frame_set(c, lf, SYM_LOOP, loopv)) || (rc = assign(c, lf, n->a, &items->v[i])) ||
+            (rc = scope_undef(c, lf, n)))
             return rc;
         rc = exec_body(c, lf, &n->v);
         if (rc == TMPL_CTL_BREAK)
@@ -1378,7 +1437,7 @@ static int exec_stmt_inner(struct tctx *c, struct tframe *f, const struct tnode 
         struct tframe *bf = frame_new(c, f);
         if (!bf)
             return tmpl_oom(c, n);
-        if ((rc = capture(c, bf, n, &n->v, &v)))
+        if ((rc = scope_undef(c, bf, n)) || (rc = capture(c, bf, n, &n->v, &v)))
             return rc;
         if (n->b) {
             struct tv r;
@@ -1408,7 +1467,8 @@ static int exec_stmt_inner(struct tctx *c, struct tframe *f, const struct tnode 
         struct tv r;
         if (!bf)
             return tmpl_oom(c, n);
-        if ((rc = capture(c, bf, n, &n->v, &v)) || (rc = apply_chain(c, bf, n->a, &v, &r)))
+        if ((rc = scope_undef(c, bf, n)) || (rc = capture(c, bf, n, &n->v, &v)) ||
+            (rc = apply_chain(c, bf, n->a, &v, &r)))
             return rc;
         if ((rc = tmpl_to_str(c, n, c->out, &r)))
             return rc;
@@ -1424,12 +1484,16 @@ static int exec_stmt_inner(struct tctx *c, struct tframe *f, const struct tnode 
         struct tframe *sf = frame_new(c, f);
         if (!sf)
             return tmpl_oom(c, n);
+        if ((rc = scope_undef(c, sf, n)))
+            return rc;
         return exec_body(c, sf, &n->v);
     }
     case N_WITH: {
         struct tframe *wf = frame_new(c, f);
         if (!wf)
             return tmpl_oom(c, n);
+        if ((rc = scope_undef(c, wf, n)))
+            return rc;
         for (uint32_t i = 0; i < n->w.n; i++) {
             if ((rc = eval(c, f, n->w.v[i]->b, &v)) || (rc = assign(c, wf, n->w.v[i]->a, &v)))
                 return rc;
@@ -1511,7 +1575,9 @@ int tmpl_render_limits(const struct tmpl *t, const json_t *vars, const struct tm
             }
         }
     }
-    rc = exec_body(&c, c.root, &t->body);
+    rc = frame_undef(&c, c.root, t->root.undef, t->root.nundef);
+    if (!rc)
+        rc = exec_body(&c, c.root, &t->body);
     if (rc > 0)
         rc = tmpl_err(&c, NULL, CAIRN_EFORMAT, "loop control outside a loop");
     if (!rc && outb.fail)

@@ -109,6 +109,16 @@ enum tcmpop { C_EQ, C_NE, C_LT, C_LE, C_GT, C_GE, C_IN, C_NOTIN };
 #define NF_USES_VARARGS 2
 #define NF_USES_KWARGS 4
 #define NF_UNKNOWN 8 /* filter/test unknown to jinja2: an error when evaluated */
+#define NF_ELIF 16   /* N_IF from an {% elif %} */
+
+/* Names a frame starts with as undefined: jinja2 resolves names per frame at compile
+ * time, and a name first assigned in a frame (not read before, not known outside)
+ * starts there as undefined rather than falling back to an outer value or a template
+ * variable. */
+struct tscope {
+    const uint32_t *undef, *undef_else; /* N_FOR: body and else frames */
+    uint32_t nundef, nundef_else;
+};
 
 struct nvec { struct tnode **v; uint32_t n; };
 
@@ -131,6 +141,7 @@ struct tnode {
     struct tv k;
     const char *s;
     size_t sn;
+    const struct tscope *scope; /* frames: N_FOR, N_MACRO, N_CALLBLOCK, N_SETBLOCK, ... */
 };
 
 /* Symbols interned at parse; the first ones are the names the interpreter knows. */
@@ -144,6 +155,7 @@ struct tsym { const char *p; size_t n; };
 struct tmpl {
     struct tarena ar;
     struct nvec body;
+    struct tscope root;
     struct tsym *syms;
     uint32_t nsyms, capsyms;
     uint32_t *hash;     /* open addressing: symbol index + 1, 0 empty */

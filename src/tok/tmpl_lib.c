@@ -683,8 +683,6 @@ static int indent_filter(struct tctx *c, const struct tnode *at, const struct tv
 static int truncate_filter(struct tctx *c, const struct tnode *at, const struct tv *in, const struct tv *a,
                            struct tv *out)
 {
-    if (in->t != TV_STR)
-        return tmpl_err(c, at, CAIRN_EUNSUPPORTED, "truncate of a non-string is not supported");
     int64_t length = given(&a[0]) ? tv_as_int(&a[0]) : 255;
     bool killwords = given(&a[1]) && tmpl_truthy(&a[1]);
     struct tv end = given(&a[2]) ? a[2] : tv_str("...", 3);
@@ -694,11 +692,16 @@ static int truncate_filter(struct tctx *c, const struct tnode *at, const struct 
     int64_t endlen = (int64_t)tmpl_cp_count(end.u.s.p, end.u.s.n);
     if (length < endlen || leeway < 0)
         return tmpl_err(c, at, CAIRN_EFORMAT, "expected length >= %lld, got %lld", (long long)endlen, (long long)length);
-    int64_t len = (int64_t)tmpl_cp_count(in->u.s.p, in->u.s.n);
+    int64_t len;
+    int rc = tmpl_len(c, at, in, &len);
+    if (rc)
+        return rc;
     if (len <= length + leeway) {
         *out = *in;
         return 0;
     }
+    if (in->t != TV_STR)  /* a long list: s[:n] + end or .rsplit fail in jinja2 too */
+        return tmpl_err(c, at, CAIRN_EFORMAT, "cannot truncate a %s", tmpl_type_name(in));
     size_t cut = 0;
     for (int64_t k = 0; k < length - endlen && cut < in->u.s.n; k++) {
         cut++;

@@ -1014,6 +1014,7 @@ static struct tnode *p_statement(struct parser *P)
                 struct vb w = {0};
                 if (!e || !vb_push(P, &w, e))
                     return NULL;
+                e->flags |= NF_ELIF;
                 node->w = vb_vec(&w);
                 node = e;
                 continue;
@@ -1270,6 +1271,299 @@ static bool check_node(struct parser *P, const struct tnode *n, bool soft, int l
            check_vec(P, &n->w, soft, loops);
 }
 
+
+/* ---- jinja2's symbol tracking (idtracking.py), for the names each frame starts with
+ * as undefined ---- */
+
+enum { R_NONE, R_RESOLVE, R_ALIAS, R_UNDEF, R_PARAM };
+
+struct symtab {
+    const struct symtab *parent;
+    uint8_t *ref;     /* per symbol: R_* */
+    uint8_t *stored;
+};
+
+static struct symtab *st_new(struct parser *P, const struct symtab *parent)
+{
+    uint32_t n = P->t->nsyms;
+    struct symtab *s = tmpl_alloc(&P->t->ar, sizeof *s);
+    if (!s || !(s->ref = tmpl_alloc(&P->t->ar, n)) || !(s->stored = tmpl_alloc(&P->t->ar, n)))
+        return poom(P);
+    s->parent = parent;
+    return s;
+}
+
+static struct symtab *st_copy(struct parser *P, const struct symtab *o)
+{
+    struct symtab *s = st_new(P, o->parent);
+    if (s) {
+        memcpy(s->ref, o->ref, P->t->nsyms);
+        memcpy(s->stored, o->stored, P->t->nsyms);
+    }
+    return s;
+}
+
+static bool st_find(const struct symtab *s, int sym)
+{
+    for (; s; s = s->parent)
+        if (s->ref[sym])
+            return true;
+    return false;
+}
+
+static void st_load(struct symtab *s, int sym)
+{
+    if (!st_find(s, sym))
+        s->ref[sym] = R_RESOLVE;
+}
+
+static void st_store(struct symtab *s, int sym)
+{
+    s->stored[sym] = 1;
+    if (!s->ref[sym])
+        s->ref[sym] = st_find(s->parent, sym) ? R_ALIAS : R_UNDEF;
+}
+
+static void st_param(struct symtab *s, int sym)
+{
+    s->stored[sym] = 1;
+    s->ref[sym] = R_PARAM;
+}
+
+static void an_expr(struct symtab *s, const struct tnode *n)
+{
+    if (!n)
+        return;
+    if (n->kind == N_NAME) {
+        st_load(s, n->id);
+        return;
+    }
+    an_expr(s, n->a);
+    an_expr(s, n->b);
+    an_expr(s, n->c);
+    for (uint32_t i = 0; i < n->v.n; i++)
+        an_expr(s, n->v.v[i]);
+    for (uint32_t i = 0; i < n->w.n; i++)
+        an_expr(s, n->w.v[i]);
+}
+
+static void an_target(struct symtab *s, const struct tnode *n, bool param)
+{
+    if (n->kind == N_NAME) {
+        if (param)
+            st_param(s, n->id);
+        else
+            st_store(s, n->id);
+    } else if (n->kind == N_NSREF) {
+        st_load(s, n->id);
+    } else {
+        for (uint32_t i = 0; i < n->v.n; i++)
+            an_target(s, n->v.v[i], param);
+    }
+}
+
+struct frames { const struct tnode **v; uint32_t n, cap; };
+
+static bool frames_push(struct parser *P, struct frames *f, const struct tnode *n)
+{
+    if (f->n == f->cap) {
+        uint32_t cap = f->cap ? f->cap * 2 : 8;
+        const struct tnode **v = tmpl_alloc(&P->t->ar, cap * sizeof *v);
+        if (!v) {
+            poom(P);
+            return false;
+        }
+        if (f->n)
+            memcpy(v, f->v, f->n * sizeof *v);
+        f->v = v;
+        f->cap = cap;
+    }
+    f->v[f->n++] = n;
+    return true;
+}
+
+static bool an_stmts(struct parser *P, struct symtab *s, const struct nvec *body, struct frames *kids);
+
+/* visit_If: the body, the elifs together and the else are three branches; a name
+ * assigned in only some of them keeps the outer (or template) value in the others. */
+static bool an_if(struct parser *P, struct symtab *s, const struct tnode *n, bool flat, struct frames *kids)
+{
+    an_expr(s, n->a);
+    struct symtab *br[3];
+    for (int i = 0; i < 3; i++)
+        if (!(br[i] = st_copy(P, s)))
+            return false;
+    if (!an_stmts(P, br[0], &n->v, kids))
+        return false;
+    const struct nvec *els = &n->w;
+    while (flat && els->n == 1 && els->v[0]->kind == N_IF && (els->v[0]->flags & NF_ELIF)) {
+        if (!an_if(P, br[1], els->v[0], false, kids))
+            return false;
+        els = &els->v[0]->w;
+    }
+    if (flat && !an_stmts(P, br[2], els, kids))
+        return false;
+    uint32_t ns = P->t->nsyms;
+    for (uint32_t k = 0; k < ns; k++) {
+        int count = 0;
+        for (int i = 0; i < 3; i++)
+            count += br[i]->stored[k] && !s->stored[k];
+        for (int i = 0; i < 3; i++) {
+            if (br[i]->ref[k])
+                s->ref[k] = br[i]->ref[k];
+            if (br[i]->stored[k])
+                s->stored[k] = 1;
+        }
+        if (count > 0 && count < 3)
+            s->ref[k] = st_find(s->parent, (int)k) ? R_ALIAS : R_RESOLVE;
+    }
+    return true;
+}
+
+static bool an_stmts(struct parser *P, struct symtab *s, const struct nvec *body, struct frames *kids)
+{
+    for (uint32_t i = 0; i < body->n; i++) {
+        const struct tnode *n = body->v[i];
+        switch (n->kind) {
+        case N_OUTPUT:
+            an_expr(s, n->a);
+            break;
+        case N_IF:
+            if (!an_if(P, s, n, true, kids))
+                return false;
+            break;
+        case N_FOR:
+            an_expr(s, n->b);
+            if (!frames_push(P, kids, n))
+                return false;
+            break;
+        case N_SET:
+            an_expr(s, n->b);
+            an_target(s, n->a, false);
+            break;
+        case N_SETBLOCK:
+            an_target(s, n->a, false);
+            if (!frames_push(P, kids, n))
+                return false;
+            break;
+        case N_MACRO:
+            st_store(s, n->id);
+            if (!frames_push(P, kids, n))
+                return false;
+            break;
+        case N_CALLBLOCK:
+            an_expr(s, n->a);
+            if (!frames_push(P, kids, n))
+                return false;
+            break;
+        case N_FILTERBLOCK:
+            an_expr(s, n->a);
+            if (!frames_push(P, kids, n))
+                return false;
+            break;
+        case N_WITH:
+            for (uint32_t k = 0; k < n->w.n; k++)
+                an_expr(s, n->w.v[k]->b);
+            if (!frames_push(P, kids, n))
+                return false;
+            break;
+        case N_SCOPE:
+            if (n->flags) {
+                if (!an_stmts(P, s, &n->v, kids))
+                    return false;
+            } else if (!frames_push(P, kids, n)) {
+                return false;
+            }
+            break;
+        default:
+            break;
+        }
+    }
+    return true;
+}
+
+static bool undef_list(struct parser *P, const struct symtab *s, const uint32_t **out, uint32_t *nout)
+{
+    uint32_t n = 0, ns = P->t->nsyms;
+    for (uint32_t k = 0; k < ns; k++)
+        n += s->ref[k] == R_UNDEF;
+    *nout = n;
+    *out = NULL;
+    if (!n)
+        return true;
+    uint32_t *v = tmpl_alloc(&P->t->ar, n * sizeof *v);
+    if (!v) {
+        poom(P);
+        return false;
+    }
+    n = 0;
+    for (uint32_t k = 0; k < ns; k++)
+        if (s->ref[k] == R_UNDEF)
+            v[n++] = k;
+    *out = v;
+    return true;
+}
+
+static bool an_frames(struct parser *P, const struct symtab *parent, const struct frames *kids);
+
+/* Analyzes one frame's statements, then the frames nested in it. */
+static bool an_frame(struct parser *P, struct symtab *s, const struct nvec *body, const uint32_t **undef,
+                     uint32_t *nundef)
+{
+    struct frames kids = {0};
+    return an_stmts(P, s, body, &kids) && undef_list(P, s, undef, nundef) && an_frames(P, s, &kids);
+}
+
+static bool an_frames(struct parser *P, const struct symtab *parent, const struct frames *kids)
+{
+    for (uint32_t i = 0; i < kids->n; i++) {
+        struct tnode *n = (struct tnode *)kids->v[i];
+        struct tscope *sc = tmpl_alloc(&P->t->ar, sizeof *sc);
+        struct symtab *s = st_new(P, parent);
+        if (!sc || !s)
+            return false;
+        n->scope = sc;
+        switch (n->kind) {
+        case N_FOR: {
+            an_target(s, n->a, true);
+            st_param(s, SYM_LOOP);
+            if (!an_frame(P, s, &n->v, &sc->undef, &sc->nundef))
+                return false;
+            struct symtab *e = st_new(P, parent);
+            if (!e || !an_frame(P, e, &n->w, &sc->undef_else, &sc->nundef_else))
+                return false;
+            break;
+        }
+        case N_MACRO:
+        case N_CALLBLOCK:
+            for (uint32_t k = 0; k < n->w.n; k++)
+                st_param(s, n->w.v[k]->id);
+            if (n->flags & NF_USES_CALLER)
+                st_param(s, SYM_CALLER);
+            if (n->flags & NF_USES_VARARGS)
+                st_param(s, SYM_VARARGS);
+            if (n->flags & NF_USES_KWARGS)
+                st_param(s, SYM_KWARGS);
+            for (uint32_t k = 0; k < n->w.n; k++)
+                an_expr(s, n->w.v[k]->a);
+            if (!an_frame(P, s, &n->v, &sc->undef, &sc->nundef))
+                return false;
+            break;
+        case N_WITH:
+            for (uint32_t k = 0; k < n->w.n; k++)
+                an_target(s, n->w.v[k]->a, true);
+            if (!an_frame(P, s, &n->v, &sc->undef, &sc->nundef))
+                return false;
+            break;
+        default: /* set block, filter block, generation scope */
+            if (!an_frame(P, s, &n->v, &sc->undef, &sc->nundef))
+                return false;
+            break;
+        }
+    }
+    return true;
+}
+
 /* ---- entry points ---- */
 
 static const char *const builtin_names[SYM_BUILTIN_COUNT] = {
@@ -1315,7 +1609,9 @@ int tmpl_parse(struct tmpl **out, const char *src, size_t len, char *err, size_t
     if ((rc = tmpl_lex(t, src, len, &toks, &ntoks, err, errlen)))
         goto err_quiet;
     struct parser P = {.t = t, .tk = toks, .n = ntoks, .err = err, .errlen = errlen};
-    if (!p_subparse(&P, NULL, &t->body) || !check_vec(&P, &t->body, false, 0)) {
+    struct symtab *root = NULL;
+    if (!p_subparse(&P, NULL, &t->body) || !check_vec(&P, &t->body, false, 0) || !(root = st_new(&P, NULL)) ||
+        !an_frame(&P, root, &t->body, &t->root.undef, &t->root.nundef)) {
         rc = P.rc ? P.rc : CAIRN_EFORMAT;
         goto err_quiet;
     }

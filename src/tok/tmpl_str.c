@@ -1073,6 +1073,9 @@ int tmpl_percent_format(struct tctx *c, const struct tnode *at, const struct tv 
     const struct tv *pos = args;
     size_t npos = 1, next = 0;
     bool mapping = args->t == TV_DICT;
+    /* Python takes any non-tuple with __getitem__ (dict, list, Undefined) as a mapping:
+     * leaving it unused is then no error */
+    bool mapping_like = mapping || args->t == TV_LIST || args->t == TV_UNDEF;
     if (args->t == TV_TUPLE) {
         pos = args->u.l->v;
         npos = args->u.l->n;
@@ -1165,10 +1168,7 @@ int tmpl_percent_format(struct tctx *c, const struct tnode *at, const struct tv 
             goto fail;
         }
         if (!val) {
-            if (mapping && npos == 1 && args->t == TV_DICT) {
-                val = args;
-                next = 1;
-            } else if (next >= npos) {
+            if (next >= npos) {
                 rc = tmpl_err(c, at, CAIRN_EFORMAT, "not enough arguments for format string");
                 goto fail;
             } else {
@@ -1275,7 +1275,7 @@ int tmpl_percent_format(struct tctx *c, const struct tnode *at, const struct tv 
         }
         tmpl_sb_put(&b, s.u.s.p, s.u.s.n);
     }
-    if (!mapping && next < npos && !used_key) {
+    if (!mapping_like && next < npos && !used_key) {
         rc = tmpl_err(c, at, CAIRN_EFORMAT, "not all arguments converted during string formatting");
         goto fail;
     }

@@ -177,6 +177,16 @@ cases = [
     "{% raw %}{{ not rendered }} {% if %}{% endraw %}|{# a comment #}after",
     "{% generation %}gen {{ n }}{% set inner = 1 %}{% endgeneration %}|{{ inner }}",
     "{% print 'printed', n %}",
+    # jinja2's compile-time name resolution: a name assigned at a frame's level shadows
+    # the template variable in that whole frame (undefined before the assignment)
+    "{% for i in [1] %}[{{ s }}]{% endfor %}{% set s = 'new' %}{{ s }}",
+    "{{ s }}{% for i in [1] %}[{{ s }}]{% endfor %}{% set s = 'new' %}{{ s }}",
+    "{% macro m(y=n) %}[{{ y }}]{% endmacro %}{{ m() }}{% set n = 9 %}{{ m() }}",
+    "{% if t %}{% set n = 1 %}{% endif %}{% for i in [1] %}{{ n }}{% endfor %}|{% if z %}{% set f = 1 %}{% endif %}{% for i in [1] %}{{ f }}{% endfor %}",
+    "{% for i in [1, 2] %}{% for j in [1] %}<{{ k }}>{% endfor %}{% set k = i %}{{ k }}{% endfor %}",
+    "{% for i in [1, 2] %}{% if i == 2 %}{{ v }}{% endif %}{% set v = i %}{% endfor %}",
+    "{% macro show() %}{{ later }}{% endmacro %}{{ show() }}|{% set later = 'L' %}{{ show() }}",
+    "{% if t %}{% set a1 = 1 %}{% elif z %}{% set a1 = 2 %}{% else %}{% set a1 = 3 %}{% endif %}{{ a1 }}",
     # whitespace control
     "a\n  {% if true %}\n    b\n  {% endif %}\nc",
     "a\n  {%- if true -%}\n    b\n  {%- endif -%}\nc",
