@@ -154,7 +154,7 @@ int nodeinfo_gather(struct node_info *out, const char *models_dir, char *err, si
         cpu_model_from_proc(out->cpu_model, sizeof out->cpu_model);
     cpu_features_string(cf, out->isa, (int)sizeof out->isa);
     long n = sysconf(_SC_NPROCESSORS_ONLN);
-    out->cores = n > 0 && n < 1 << 20 ? (int)n : 1;
+    out->cores = n > 0 && n <= 65536 ? (int)n : 1;
 
     struct utsname u;
     if (uname(&u) == 0) {
@@ -278,7 +278,7 @@ int nodeinfo_from_json(const json_t *j, struct node_info *out, char *err, size_t
         (rc = get_int(j, "memory_available_bytes", 0, NODEINFO_BYTES_MAX, &out->mem_available, err, errlen)) ||
         (rc = get_int(j, "disk_free_bytes", 0, NODEINFO_BYTES_MAX, &out->disk_free, err, errlen)) ||
         (rc = get_int(j, "disk_total_bytes", 0, NODEINFO_BYTES_MAX, &out->disk_total, err, errlen)) ||
-        (rc = get_int(j, "cpu_cores", 0, 1 << 20, &cores, err, errlen)) ||
+        (rc = get_int(j, "cpu_cores", 0, 65536, &cores, err, errlen)) ||
         (rc = get_str(j, "cpu_model", out->cpu_model, sizeof out->cpu_model, err, errlen)) ||
         (rc = get_str(j, "isa", out->isa, sizeof out->isa, err, errlen)) ||
         (rc = get_str(j, "os", out->os, sizeof out->os, err, errlen)) ||
