@@ -418,11 +418,36 @@ static bool is_const_expr(const struct tnode *n)
     case N_OR:
     case N_SLICE:
         return is_const_expr(n->a) && is_const_expr(n->b) && is_const_expr(n->c);
+    case N_FILTER:
+        /* filters that take the context are never folded */
+        if (n->sn == 3 ? !memcmp(n->s, "map", 3)
+            : n->sn == 6 ? !memcmp(n->s, "select", 6) || !memcmp(n->s, "reject", 6)
+            : n->sn == 10 && (!memcmp(n->s, "selectattr", 10) || !memcmp(n->s, "rejectattr", 10)))
+            return false;
+        /* fall through */
+    case N_TEST:
+        if (!n->a)
+            return false;
+        /* fall through */
+    case N_COND:
+    case N_COMPARE:
+    case N_OPERAND:
+    case N_KW:
+    case N_PAIR:
+    case N_GETATTR:
+    case N_GETITEM:
+        if (!is_const_expr(n->a) || !is_const_expr(n->b) || !is_const_expr(n->c))
+            return false;
+        /* fall through */
     case N_LIST:
     case N_TUPLE:
+    case N_DICT:
     case N_CONCAT:
         for (uint32_t i = 0; i < n->v.n; i++)
             if (!is_const_expr(n->v.v[i]))
+                return false;
+        for (uint32_t i = 0; i < n->w.n; i++)
+            if (!is_const_expr(n->w.v[i]))
                 return false;
         return true;
     default:
@@ -439,7 +464,7 @@ static int do_slice(struct tctx *c, const struct tnode *at, const struct tv *obj
     if (obj->t != TV_LIST && obj->t != TV_TUPLE && obj->t != TV_STR) {
         /* jinja2 folds constant expressions at compile time through the sandbox's
          * getitem, which makes `3[1:]` undefined; at run time the same slice raises */
-        if (is_const_expr(at->a) && is_const_expr(at->b)) {
+        if (obj->t != TV_DICT && is_const_expr(at->a) && is_const_expr(at->b)) {
             *out = tv_undef_hint("object is not subscriptable");
             return 0;
         }
@@ -772,8 +797,7 @@ int tmpl_iterate(struct tctx *c, const struct tnode *at, const struct tv *v, str
             size_t e = i + 1;
             while (e < v->u.s.n && ((unsigned char)v->u.s.p[e] & 0xC0) == 0x80)
                 e++;
-            l->v[k] = tv_str(v->u.s.p + i, e - i);
-            l->v[k++].f = v->f;
+            l->v[k++] = tv_str(v->u.s.p + i, e - i);  /* iterating a Markup gives plain str */
             i = e;
         }
         l->n = k;
@@ -1169,6 +1193,16 @@ static int eval_inner(struct tctx *c, struct tframe *f, const struct tnode *n, s
     case N_BIN:
         if ((rc = eval(c, f, n->a, &a)) || (rc = eval(c, f, n->b, &b)))
             return rc;
+        if (n->op == B_POW && tv_is_num(&a) && tv_as_float(&a) < 0 && !(a.t == TV_INT && a.u.i == INT64_MIN) &&
+            is_const_expr(n->a) && !is_const_expr(n->b)) {
+            /* jinja2 folds a constant base to a literal like "-2" and emits "-2 ** x",
+             * which Python reads as -(2 ** x) */
+            struct tv pos = a.t == TV_FLOAT ? tv_float(-a.u.d) : tv_int(-tv_as_int(&a)), r;
+            if ((rc = tmpl_binop(c, n, B_POW, &pos, &b, &r)))
+                return rc;
+            *out = r.t == TV_FLOAT ? tv_float(-r.u.d) : tv_int(-r.u.i);
+            return 0;
+        }
         return tmpl_binop(c, n, n->op, &a, &b, out);
     case N_CONCAT: {
         struct tsb sb;

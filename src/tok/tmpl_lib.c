@@ -808,7 +808,6 @@ static int first_last(struct tctx *c, const struct tnode *at, const struct tv *i
                 en++;
         }
         *out = tv_str(in->u.s.p + st, en - st);
-        out->f = in->f;
         return 0;
     }
     struct tlist *items;

@@ -1207,8 +1207,6 @@ static bool p_subparse(struct parser *P, const char *const *end_tokens, struct n
 
 /* ---- checks jinja2's compiler makes ---- */
 
-struct check { struct parser *P; };
-
 static bool check_node(struct parser *P, const struct tnode *n, bool soft, int loops);
 
 static bool check_vec(struct parser *P, const struct nvec *v, bool soft, int loops)

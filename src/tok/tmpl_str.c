@@ -815,9 +815,44 @@ static int format_float(struct tctx *c, const struct tnode *at, double d, const 
     if (type == 0 && f->prec < 0) {
         tmpl_float_repr(a, buf);
     } else if (type == 0) {
-        snprintf(buf, sizeof buf, "%.*g", (int)(f->prec ? f->prec : 1), a);
-        if (!strpbrk(buf, ".en") && !isinf(a))
-            strcat(buf, ".0");
+        /* like 'g', but a fixed-point result keeps a digit after the point, and
+         * exponent notation starts one digit earlier (CPython's add_dot_0) */
+        int p = (int)(f->prec ? f->prec : 1);
+        if (isinf(a) || isnan(a)) {
+            strcpy(buf, isinf(a) ? "inf" : "nan");
+        } else {
+            char e[400];
+            snprintf(e, sizeof e, "%.*e", p - 1, a);
+            int decpt = atoi(strchr(e, 'e') + 1) + 1;
+            if (a == 0)
+                decpt = 1;
+            if (decpt <= -4 || decpt > p - 1) {
+                snprintf(buf, sizeof buf, "%.*g", p, a);
+                if (!strchr(buf, 'e')) {  /* %g chose fixed: force the exponent form */
+                    char *m = e, *x = strchr(e, 'e');
+                    *x = 0;
+                    if (strchr(m, '.')) {
+                        char *z = m + strlen(m) - 1;
+                        while (*z == '0')
+                            *z-- = 0;
+                        if (*z == '.')
+                            *z = 0;
+                    }
+                    snprintf(buf, sizeof buf, "%se%c%02d", m, decpt - 1 < 0 ? '-' : '+', abs(decpt - 1));
+                }
+            } else {
+                snprintf(buf, sizeof buf, "%.*f", p - decpt > 0 ? p - decpt : 0, a);
+                if (strchr(buf, '.')) {
+                    char *z = buf + strlen(buf) - 1;
+                    while (*z == '0')
+                        *z-- = 0;
+                    if (*z == '.')
+                        strcpy(z, ".0");
+                } else {
+                    strcat(buf, ".0");
+                }
+            }
+        }
     } else if (strchr("eEfFgG%n", type)) {
         char t = type == '%' ? 'f' : type == 'n' ? 'g' : type;
         char fmt[16];

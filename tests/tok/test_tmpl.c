@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define CASES CAIRN_SOURCE_DIR "/tests/tok/tmpl_cases"
@@ -299,6 +300,55 @@ static void test_limits(void)
     printf("limits: %.2f s\n", (clock_ns() - t0) * 1e-9);
 }
 
+/* cairn template: prints exactly what tmpl_render gives; exit codes 0/1/2. */
+static void test_cli(void)
+{
+    if (access(CAIRN_BINARY, X_OK)) {
+        printf("cli: %s not built, skipped\n", CAIRN_BINARY);
+        return;
+    }
+    char mpath[] = "/tmp/cairn_tmpl_msgXXXXXX", opath[] = "/tmp/cairn_tmpl_outXXXXXX";
+    int fd = mkstemp(mpath), od = mkstemp(opath);
+    const char *msgs = "[{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"h\u00e9\"}]";
+    CHECK(fd >= 0 && od >= 0 && write(fd, msgs, strlen(msgs)) == (ssize_t)strlen(msgs), "temp files");
+    close(fd);
+    close(od);
+    const char *tpath = CAIRN_SHARED_DIR "/testdata/templates/meta-llama-Llama-3.1-8B-Instruct.jinja";
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s template --template %s --messages %s --add-generation-prompt --var 'date_string=\"02 Jan 2026\"' > %s",
+             CAIRN_BINARY, tpath, mpath, opath);
+    int rc = system(cmd);
+    size_t n = 0, tl;
+    char *got = read_all(opath, &n), *src = read_all(tpath, &tl);
+    json_t *vars = json_pack("{s:o,s:b,s:s,s:s,s:s}", "messages", json_loads(msgs, 0, NULL), "add_generation_prompt", 1,
+                             "date_string", "02 Jan 2026", "bos_token", "<s>", "eos_token", "</s>");
+    char *want = NULL, err[512];
+    size_t wn = 0;
+    int wrc = src ? render(src, tl, vars, NULL, &want, &wn, err, sizeof err) : -1;
+    CHECK(rc == 0 && wrc == 0 && got && n == wn && !memcmp(got, want, n), "cairn template output (rc %d, %zu vs %zu bytes)", rc, n, wn);
+    free(got);
+    free(want);
+    free(src);
+    json_decref(vars);
+
+    snprintf(cmd, sizeof cmd, "%s template -m %s/testdata/vocab/ggml-vocab-qwen2.gguf --messages %s > %s", CAIRN_BINARY,
+             CAIRN_SHARED_DIR, mpath, opath);
+    rc = system(cmd);
+    got = read_all(opath, &n);
+    CHECK(rc == 0 && got && strstr(got, "<|im_start|>user\nh\xc3\xa9<|im_end|>"), "cairn template -m qwen2: rc %d '%s'", rc,
+          got ? got : "");
+    free(got);
+    snprintf(cmd, sizeof cmd, "%s template --template %s/testdata/templates/google-gemma-2-2b-it.jinja --messages %s 2>/dev/null",
+             CAIRN_BINARY, CAIRN_SHARED_DIR, mpath);
+    rc = system(cmd);
+    CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 1, "a template that raises exits 1 (%d)", rc);
+    snprintf(cmd, sizeof cmd, "%s template --messages %s 2>/dev/null", CAIRN_BINARY, mpath);
+    rc = system(cmd);
+    CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "missing --template is bad usage (%d)", rc);
+    unlink(mpath);
+    unlink(opath);
+}
+
 static uint64_t rng_state = 0x5eed;
 
 /* Mutated real templates (cut, spliced, bytes flipped) must give a result or an error. */
@@ -567,6 +617,7 @@ int main(void)
     test_api();
     test_threads();
     test_limits();
+    test_cli();
     char **paths;
     size_t npaths = list_templates(&paths);
     json_error_t je;
