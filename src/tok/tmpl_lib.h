@@ -27,6 +27,14 @@ enum tfunc_id {
     MLOOP_CYCLE = 400, MLOOP_CHANGED,
 };
 
+/* Python's case mappings that are not one code point to one (tmpl_case.c). */
+struct tmpl_case_row {
+    uint32_t cp;
+    uint32_t up[3];     /* full upper case when several code points, else {0} */
+    uint32_t title[3];  /* title case when it differs from upper case, else {0} */
+};
+const struct tmpl_case_row *tmpl_case_special(uint32_t cp);
+
 /* Binds call arguments to named parameters by Python's rules; slots of parameters not
  * given are TV_MISSING. `fname` names the callee in messages. */
 int tmpl_bind(struct tctx *c, const struct tnode *at, const char *fname, const char *const *names, size_t np,

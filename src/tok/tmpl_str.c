@@ -28,18 +28,26 @@ static uint32_t cp_lower(const struct tctx *c, uint32_t cp)
     return c->t->loc ? (uint32_t)towlower_l((wint_t)cp, c->t->loc) : cp;
 }
 
+/* Title-case letters (Lt: 'ǅ'), neither upper nor lower case for Python. */
+static bool cp_istitle(uint32_t cp)
+{
+    return cp == 0x1C5 || cp == 0x1C8 || cp == 0x1CB || cp == 0x1F2 || (cp >= 0x1F88 && cp <= 0x1F8F) ||
+           (cp >= 0x1F98 && cp <= 0x1F9F) || (cp >= 0x1FA8 && cp <= 0x1FAF) || cp == 0x1FBC || cp == 0x1FCC ||
+           cp == 0x1FFC;
+}
+
 static bool cp_isupper(const struct tctx *c, uint32_t cp)
 {
     if (cp < 0x80)
         return cp >= 'A' && cp <= 'Z';
-    return c->t->loc && iswupper_l((wint_t)cp, c->t->loc);
+    return c->t->loc && !cp_istitle(cp) && iswupper_l((wint_t)cp, c->t->loc);
 }
 
 static bool cp_islower(const struct tctx *c, uint32_t cp)
 {
     if (cp < 0x80)
         return cp >= 'a' && cp <= 'z';
-    return c->t->loc && iswlower_l((wint_t)cp, c->t->loc);
+    return c->t->loc && !cp_istitle(cp) && iswlower_l((wint_t)cp, c->t->loc);
 }
 
 static bool cp_isalpha(const struct tctx *c, uint32_t cp)
@@ -56,7 +64,7 @@ static bool cp_isdigit(const struct tctx *c, uint32_t cp)
     return c->t->loc && iswdigit_l((wint_t)cp, c->t->loc);
 }
 
-static bool cp_iscased(const struct tctx *c, uint32_t cp) { return cp_isupper(c, cp) || cp_islower(c, cp); }
+static bool cp_iscased(const struct tctx *c, uint32_t cp) { return cp_isupper(c, cp) || cp_islower(c, cp) || cp_istitle(cp); }
 
 size_t tmpl_linebreak(const char *p, size_t n)
 {
@@ -102,29 +110,122 @@ static size_t cp_off(const char *p, size_t n, int64_t i)
 
 enum { CASE_LOWER, CASE_UPPER, CASE_SWAP, CASE_TITLE, CASE_CAPITALIZE };
 
+static void put_cp(struct tsb *b, uint32_t cp)
+{
+    char u[4];
+    tmpl_sb_put(b, u, tmpl_utf8_enc(cp, u));
+}
+
+static void put_seq(struct tsb *b, const uint32_t *seq)
+{
+    for (int i = 0; i < 3 && seq[i]; i++)
+        put_cp(b, seq[i]);
+}
+
+static void put_upper(const struct tctx *c, struct tsb *b, uint32_t cp)
+{
+    const struct tmpl_case_row *r = cp >= 0xDF ? tmpl_case_special(cp) : NULL;
+    if (r && r->up[0])
+        put_seq(b, r->up);
+    else
+        put_cp(b, cp_upper(c, cp));
+}
+
+static void put_title(const struct tctx *c, struct tsb *b, uint32_t cp)
+{
+    const struct tmpl_case_row *r = cp >= 0xDF ? tmpl_case_special(cp) : NULL;
+    if (r && r->title[0])
+        put_seq(b, r->title);
+    else
+        put_upper(c, b, cp);
+}
+
+/* Apostrophes, periods, combining marks and the like, which Final_Sigma looks through. */
+static bool case_ignorable(uint32_t cp)
+{
+    return cp == 0x27 || cp == 0x2E || cp == 0x3A || cp == 0x5E || cp == 0x60 || cp == 0xA8 || cp == 0xAD ||
+           cp == 0xAF || cp == 0xB4 || cp == 0xB7 || cp == 0xB8 || cp == 0x2018 || cp == 0x2019 ||
+           (cp >= 0x2B0 && cp <= 0x36F);
+}
+
+/* Greek capital sigma lowers to final sigma at the end of a word (Python's Final_Sigma). */
+static bool final_sigma(const struct tctx *c, const char *p, size_t n, size_t at, size_t len)
+{
+    size_t j = at;
+    uint32_t cp = 0;
+    bool found = false;
+    while (j > 0) {
+        size_t st = j - 1;
+        while (st > 0 && ((unsigned char)p[st] & 0xC0) == 0x80)
+            st--;
+        tmpl_utf8_dec(p + st, j - st, &cp);
+        j = st;
+        if (!case_ignorable(cp)) {
+            found = true;
+            break;
+        }
+    }
+    if (!found || !cp_iscased(c, cp))
+        return false;
+    for (j = at + len; j < n;) {
+        j += tmpl_utf8_dec(p + j, n - j, &cp);
+        if (!case_ignorable(cp))
+            return !cp_iscased(c, cp);
+    }
+    return true;
+}
+
+static void put_lower(const struct tctx *c, struct tsb *b, const char *p, size_t n, size_t at, size_t len, uint32_t cp)
+{
+    if (cp == 0x130) {
+        put_cp(b, 'i');
+        put_cp(b, 0x307);
+    } else if (cp == 0x3A3) {
+        put_cp(b, final_sigma(c, p, n, at, len) ? 0x3C2 : 0x3C3);
+    } else {
+        put_cp(b, cp_lower(c, cp));
+    }
+}
+
 static int map_case(struct tctx *c, const struct tv *s, int mode, struct tv *out)
 {
+    const char *p = s->u.s.p;
+    size_t n = s->u.s.n;
     struct tsb b;
     tmpl_sb_init(&b, c->max_str);
-    bool prev_cased = false, first = true;
-    for (size_t i = 0; i < s->u.s.n;) {
-        uint32_t cp, r;
-        size_t k = tmpl_utf8_dec(s->u.s.p + i, s->u.s.n - i, &cp);
+    bool prev_cased = false;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t k = tmpl_utf8_dec(p + i, n - i, &cp);
         switch (mode) {
-        case CASE_LOWER: r = cp_lower(c, cp); break;
-        case CASE_UPPER: r = cp_upper(c, cp); break;
-        case CASE_SWAP: r = cp_isupper(c, cp) ? cp_lower(c, cp) : cp_islower(c, cp) ? cp_upper(c, cp) : cp; break;
+        case CASE_LOWER:
+            put_lower(c, &b, p, n, i, k, cp);
+            break;
+        case CASE_UPPER:
+            put_upper(c, &b, cp);
+            break;
+        case CASE_SWAP:
+            if (cp_isupper(c, cp))
+                put_lower(c, &b, p, n, i, k, cp);
+            else if (cp_islower(c, cp))
+                put_upper(c, &b, cp);
+            else
+                put_cp(&b, cp);
+            break;
         case CASE_TITLE:
-            r = prev_cased ? cp_lower(c, cp) : cp_upper(c, cp);
+            if (prev_cased)
+                put_lower(c, &b, p, n, i, k, cp);
+            else
+                put_title(c, &b, cp);
             prev_cased = cp_iscased(c, cp);
             break;
         default:
-            r = first ? cp_upper(c, cp) : cp_lower(c, cp);
+            if (i == 0)
+                put_title(c, &b, cp);
+            else
+                put_lower(c, &b, p, n, i, k, cp);
             break;
         }
-        first = false;
-        char u[4];
-        tmpl_sb_put(&b, u, tmpl_utf8_enc(r, u));
         i += k;
     }
     int rc = tmpl_sb_to_str(c, &b, out);
@@ -143,27 +244,45 @@ int tmpl_str_capitalize(struct tctx *c, const struct tv *s, struct tv *out)
     return map_case(c, s, CASE_CAPITALIZE, out);
 }
 
+static bool title_sep(uint32_t cp)
+{
+    return tmpl_py_space(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
+}
+
 int tmpl_str_title_filter(struct tctx *c, const struct tv *s, struct tv *out)
 {
+    /* item[0].upper() + item[1:].lower() for the words between separators; the rest of
+     * a word is lower-cased on its own (Final_Sigma does not see the first letter) */
+    const char *p = s->u.s.p;
+    size_t n = s->u.s.n;
     struct tsb b;
     tmpl_sb_init(&b, c->max_str);
-    bool word_start = true;
-    for (size_t i = 0; i < s->u.s.n;) {
+    for (size_t i = 0; i < n;) {
         uint32_t cp;
-        size_t k = tmpl_utf8_dec(s->u.s.p + i, s->u.s.n - i, &cp);
-        bool sep = tmpl_py_space(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
-        uint32_t r = cp;
-        if (sep)
-            word_start = true;
-        else if (word_start) {
-            r = cp_upper(c, cp);
-            word_start = false;
-        } else {
-            r = cp_lower(c, cp);
+        size_t k = tmpl_utf8_dec(p + i, n - i, &cp);
+        if (title_sep(cp)) {
+            put_cp(&b, cp);
+            i += k;
+            continue;
         }
-        char u[4];
-        tmpl_sb_put(&b, u, tmpl_utf8_enc(r, u));
-        i += k;
+        size_t e = i + k;
+        while (e < n) {
+            uint32_t x;
+            size_t kk = tmpl_utf8_dec(p + e, n - e, &x);
+            if (title_sep(x))
+                break;
+            e += kk;
+        }
+        put_upper(c, &b, cp);
+        const char *rest = p + i + k;
+        size_t rn = e - i - k;
+        for (size_t j = 0; j < rn;) {
+            uint32_t x;
+            size_t kk = tmpl_utf8_dec(rest + j, rn - j, &x);
+            put_lower(c, &b, rest, rn, j, kk, x);
+            j += kk;
+        }
+        i = e;
     }
     return tmpl_sb_to_str(c, &b, out);
 }
@@ -174,7 +293,7 @@ bool tmpl_str_islower(const struct tctx *c, const struct tv *s)
     for (size_t i = 0; i < s->u.s.n;) {
         uint32_t cp;
         i += tmpl_utf8_dec(s->u.s.p + i, s->u.s.n - i, &cp);
-        if (cp_isupper(c, cp))
+        if (cp_isupper(c, cp) || cp_istitle(cp))
             return false;
         cased |= cp_islower(c, cp);
     }
@@ -187,7 +306,7 @@ bool tmpl_str_isupper(const struct tctx *c, const struct tv *s)
     for (size_t i = 0; i < s->u.s.n;) {
         uint32_t cp;
         i += tmpl_utf8_dec(s->u.s.p + i, s->u.s.n - i, &cp);
-        if (cp_islower(c, cp))
+        if (cp_islower(c, cp) || cp_istitle(cp))
             return false;
         cased |= cp_isupper(c, cp);
     }
@@ -1399,7 +1518,7 @@ static int predicate(struct tctx *c, int id, const struct tv *s, struct tv *out)
         for (size_t i = 0; i < n && r;) {
             uint32_t cp;
             i += tmpl_utf8_dec(p + i, n - i, &cp);
-            if (cp_isupper(c, cp)) {
+            if (cp_isupper(c, cp) || cp_istitle(cp)) {
                 r = !prev_cased;
                 prev_cased = any = true;
             } else if (cp_islower(c, cp)) {
