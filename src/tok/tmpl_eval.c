@@ -251,6 +251,16 @@ static int real_attr(struct tctx *c, const struct tv *obj, const char *name, siz
         *found = false;
         return 0;
     }
+    if (obj->t == TV_TUPLE && (obj->f & TVF_GROUP)) {
+        if (n == 7 && !memcmp(name, "grouper", 7)) {
+            *out = obj->u.l->v[0];
+            return 0;
+        }
+        if (n == 4 && !memcmp(name, "list", 4)) {
+            *out = obj->u.l->v[1];
+            return 0;
+        }
+    }
     bool unsafe = false;
     int id = tmpl_method_id(obj->t, name, n, &unsafe);
     if (id >= 0) {

@@ -55,6 +55,7 @@ enum tv_undef {
 enum titer_kind { TI_GEN, TI_REVERSE, TI_ITEMS, TI_KEYS, TI_VALUES };
 
 #define TVF_MARKUP 1 /* TV_STR: markupsafe.Markup (from |safe, |escape) */
+#define TVF_GROUP 2  /* TV_TUPLE: groupby's (grouper, list) with those attribute names */
 
 struct tlist;
 struct tdict;

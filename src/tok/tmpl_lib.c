@@ -18,13 +18,14 @@ enum {
     F_FORCEESCAPE, F_FORMAT, F_INDENT, F_INT, F_ITEMS, F_JOIN, F_LAST, F_LENGTH, F_LIST, F_LOWER, F_MAP,
     F_MAX, F_MIN, F_REJECT, F_REJECTATTR, F_REPLACE, F_REVERSE, F_ROUND, F_SAFE, F_SELECT, F_SELECTATTR,
     F_SLICE, F_SORT, F_STRING, F_SUM, F_TITLE, F_TOJSON, F_TRIM, F_TRUNCATE, F_UNIQUE, F_UPPER, F_WORDCOUNT,
+    F_GROUPBY,
 };
 
 static const struct { const char *name; int id; } filter_names[] = {
     {"abs", F_ABS}, {"attr", F_ATTR}, {"batch", F_BATCH}, {"capitalize", F_CAPITALIZE}, {"center", F_CENTER},
     {"count", F_LENGTH}, {"d", F_DEFAULT}, {"default", F_DEFAULT}, {"dictsort", F_DICTSORT}, {"e", F_ESCAPE},
     {"escape", F_ESCAPE}, {"first", F_FIRST}, {"float", F_FLOAT}, {"forceescape", F_FORCEESCAPE},
-    {"format", F_FORMAT}, {"indent", F_INDENT}, {"int", F_INT}, {"items", F_ITEMS}, {"join", F_JOIN},
+    {"format", F_FORMAT}, {"groupby", F_GROUPBY}, {"indent", F_INDENT}, {"int", F_INT}, {"items", F_ITEMS}, {"join", F_JOIN},
     {"last", F_LAST}, {"length", F_LENGTH}, {"list", F_LIST}, {"lower", F_LOWER}, {"map", F_MAP},
     {"max", F_MAX}, {"min", F_MIN}, {"reject", F_REJECT}, {"rejectattr", F_REJECTATTR}, {"replace", F_REPLACE},
     {"reverse", F_REVERSE}, {"round", F_ROUND}, {"safe", F_SAFE}, {"select", F_SELECT},
@@ -35,7 +36,7 @@ static const struct { const char *name; int id; } filter_names[] = {
 
 /* jinja2 has these; this interpreter refuses templates that use them */
 static const char *const filters_unsupported[] = {
-    "filesizeformat", "groupby", "pprint", "random", "striptags", "urlencode", "urlize", "wordwrap", "xmlattr",
+    "filesizeformat", "pprint", "random", "striptags", "urlencode", "urlize", "wordwrap", "xmlattr",
 };
 
 enum {
@@ -928,6 +929,56 @@ static int sort_filter(struct tctx *c, const struct tnode *at, const struct tv *
     return 0;
 }
 
+/* groupby: sorted by the attribute, then runs of equal keys as (grouper, list) tuples. */
+static int groupby_filter(struct tctx *c, const struct tnode *at, const struct tv *in, const struct tv *a,
+                          struct tv *out)
+{
+    if (!given(&a[0]))
+        return tmpl_err(c, at, CAIRN_EFORMAT, "groupby() missing required argument: 'attribute'");
+    const struct tv *dflt = &a[1];
+    bool cs = given(&a[2]) && tmpl_truthy(&a[2]);
+    struct tlist *items, *sorted_items, *res;
+    int rc = tmpl_iterate(c, at, in, &items);
+    if (rc)
+        return rc;
+    struct tv *keys = tmpl_alloc(&c->ar, (items->n + 1) * sizeof *keys);
+    if (!keys)
+        return tmpl_oom(c, at);
+    for (size_t i = 0; i < items->n; i++)
+        if ((rc = attr_path(c, at, &items->v[i], &a[0], dflt, !cs, &keys[i])))
+            return rc;
+    if ((rc = sorted(c, at, items, keys, false, &sorted_items)) || (rc = new_list(c, at, 0, &res)))
+        return rc;
+    for (size_t i = 0; i < sorted_items->n;) {
+        struct tv key, k2;
+        if ((rc = attr_path(c, at, &sorted_items->v[i], &a[0], dflt, !cs, &key)))
+            return rc;
+        struct tlist *grp;
+        if ((rc = new_list(c, at, 0, &grp)))
+            return rc;
+        size_t j = i;
+        for (; j < sorted_items->n; j++) {
+            if ((rc = attr_path(c, at, &sorted_items->v[j], &a[0], dflt, !cs, &k2)))
+                return rc;
+            if (!tmpl_equal(&key, &k2))
+                break;
+            if ((rc = push(c, at, grp, sorted_items->v[j])))
+                return rc;
+        }
+        struct tv grouper = key, t;
+        if (!cs && (rc = attr_path(c, at, &grp->v[0], &a[0], dflt, false, &grouper)))
+            return rc;
+        if ((rc = pair(c, at, grouper, list_val(grp, TV_LIST), &t)))
+            return rc;
+        t.f = TVF_GROUP;
+        if ((rc = push(c, at, res, t)))
+            return rc;
+        i = j;
+    }
+    *out = list_val(res, TV_LIST);
+    return 0;
+}
+
 static int dictsort_filter(struct tctx *c, const struct tnode *at, const struct tv *in, const struct tv *a,
                            struct tv *out)
 {
@@ -1196,6 +1247,9 @@ int tmpl_apply_filter(struct tctx *c, const struct tnode *at, int id, const stru
         }
         return tmpl_percent_format(c, at, &s, &fa, out);
     }
+    case F_GROUPBY:
+        BIND("groupby", "attribute", "default", "case_sensitive");
+        return groupby_filter(c, at, in, a, out);
     case F_INDENT:
         BIND("indent", "width", "first", "blank");
         return indent_filter(c, at, in, a, out);
