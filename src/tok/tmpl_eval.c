@@ -541,7 +541,7 @@ static int do_slice(struct tctx *c, const struct tnode *at, const struct tv *obj
             *out = count ? tv_str(p + off[start], off[start + count] - off[start]) : tv_str("", 0);
         } else {
             struct tsb b;
-            tmpl_sb_init(&b, c->max_str);
+            tmpl_sb_init(&b, c);
             for (int64_t j = 0; j < count; j++) {
                 int64_t ci = start + j * step;
                 tmpl_sb_put(&b, p + off[ci], off[ci + 1] - off[ci]);
@@ -1004,7 +1004,7 @@ static int call_macro(struct tctx *c, const struct tnode *at, const struct tmacr
                 return rc;
         } else {
             struct tsb hb;
-            tmpl_sb_init(&hb, 300);
+            tmpl_sb_init(&hb, c);
             tmpl_sb_printf(&hb, "parameter '%.*s' was not provided", (int)(p->sn > 100 ? 100 : p->sn), p->s);
             if ((rc = tmpl_sb_to_str(c, &hb, &v)))
                 return rc;
@@ -1016,7 +1016,7 @@ static int call_macro(struct tctx *c, const struct tnode *at, const struct tmacr
     if (c->macro_depth >= c->max_depth)
         return tmpl_err(c, at, CAIRN_EFULL, "macro calls nested more than %d levels (runaway recursion?)", c->max_depth);
     struct tsb buf, *saved = c->out;
-    tmpl_sb_init(&buf, c->max_str);
+    tmpl_sb_init(&buf, c);
     c->out = &buf;
     c->macro_depth++;
     rc = exec_body(c, mf, &def->v);
@@ -1216,7 +1216,7 @@ static int eval_inner(struct tctx *c, struct tframe *f, const struct tnode *n, s
         return tmpl_binop(c, n, n->op, &a, &b, out);
     case N_CONCAT: {
         struct tsb sb;
-        tmpl_sb_init(&sb, c->max_str);
+        tmpl_sb_init(&sb, c);
         for (uint32_t i = 0; i < n->v.n; i++) {
             if ((rc = eval(c, f, n->v.v[i], &a)) || (rc = tmpl_to_str(c, n, &sb, &a))) {
                 tmpl_sb_free(&sb);
@@ -1296,12 +1296,17 @@ static int eval(struct tctx *c, struct tframe *f, const struct tnode *n, struct 
 
 /* ---- statements ---- */
 
+static int out_fail(struct tctx *c, const struct tnode *at)
+{
+    if (c->ar.over)
+        return tmpl_oom(c, at);
+    return tmpl_err(c, at, CAIRN_EFULL, "output over the limit (%zu bytes)", c->max_str);
+}
+
 static int out_put(struct tctx *c, const struct tnode *at, const char *p, size_t n)
 {
     tmpl_sb_put(c->out, p, n);
-    if (c->out->fail)
-        return tmpl_err(c, at, CAIRN_EFULL, "output over the limit (%zu bytes)", c->max_str);
-    return 0;
+    return c->out->fail ? out_fail(c, at) : 0;
 }
 
 static int assign(struct tctx *c, struct tframe *f, const struct tnode *target, const struct tv *v)
@@ -1341,7 +1346,7 @@ static int assign(struct tctx *c, struct tframe *f, const struct tnode *target, 
 static int capture(struct tctx *c, struct tframe *f, const struct tnode *at, const struct nvec *body, struct tv *out)
 {
     struct tsb buf, *saved = c->out;
-    tmpl_sb_init(&buf, c->max_str);
+    tmpl_sb_init(&buf, c);
     c->out = &buf;
     int rc = exec_body(c, f, body);
     c->out = saved;
@@ -1447,7 +1452,7 @@ static __attribute__((noinline)) int exec_callblock(struct tctx *c, struct tfram
         return rc;
     if ((rc = tmpl_to_str(c, n, c->out, &v)))
         return rc;
-    return c->out->fail ? tmpl_err(c, n, CAIRN_EFULL, "output over the limit") : 0;
+    return c->out->fail ? out_fail(c, n) : 0;
 }
 
 static int exec_stmt_inner(struct tctx *c, struct tframe *f, const struct tnode *n)
@@ -1465,7 +1470,7 @@ static int exec_stmt_inner(struct tctx *c, struct tframe *f, const struct tnode 
         if ((rc = tmpl_to_str(c, n, c->out, &v)))
             return rc;
         if (c->out->fail)
-            return tmpl_err(c, n, CAIRN_EFULL, "output over the limit (%zu bytes)", c->max_str);
+            return out_fail(c, n);
         return 0;
     case N_IF:
         if ((rc = eval(c, f, n->a, &v)))
@@ -1516,7 +1521,7 @@ static int exec_stmt_inner(struct tctx *c, struct tframe *f, const struct tnode 
             return rc;
         if ((rc = tmpl_to_str(c, n, c->out, &r)))
             return rc;
-        return c->out->fail ? tmpl_err(c, n, CAIRN_EFULL, "output over the limit") : 0;
+        return c->out->fail ? out_fail(c, n) : 0;
     }
     case N_BREAK:
         return TMPL_CTL_BREAK;
@@ -1599,7 +1604,7 @@ int tmpl_render_limits(const struct tmpl *t, const json_t *vars, const struct tm
     c.max_depth = lim && lim->max_depth ? lim->max_depth : TMPL_DEFAULT_MAX_DEPTH;
     int rc = CAIRN_ENOMEM;
     struct tsb outb;
-    tmpl_sb_init(&outb, c.max_str);
+    tmpl_sb_init(&outb, &c);
     c.out = &outb;
     c.g = calloc(t->nsyms ? t->nsyms : 1, sizeof *c.g);
     c.md = pcre2_match_data_create(1, NULL);
@@ -1625,7 +1630,7 @@ int tmpl_render_limits(const struct tmpl *t, const json_t *vars, const struct tm
     if (rc > 0)
         rc = tmpl_err(&c, NULL, CAIRN_EFORMAT, "loop control outside a loop");
     if (!rc && outb.fail)
-        rc = tmpl_err(&c, NULL, CAIRN_EFULL, "output over the limit (%zu bytes)", c.max_str);
+        rc = out_fail(&c, NULL);
 done:
     if (rc && !c.err_set)
         cairn_fail(err, errlen, rc, "%s", cairn_strerror(rc));

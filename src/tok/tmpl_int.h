@@ -199,10 +199,13 @@ int tmpl_lex(struct tmpl *t, const char *src, size_t len, struct ttok **toks, si
 struct tsb {
     char *p;
     size_t n, cap, limit;
-    bool fail;  /* malloc failed or limit passed */
+    struct tarena *acct;  /* the render's memory budget this buffer counts against */
+    bool fail;            /* malloc failed or a limit passed */
 };
 
-void tmpl_sb_init(struct tsb *b, size_t limit);
+struct tctx;
+/* An empty builder limited to the render's string size, counted in its memory budget. */
+void tmpl_sb_init(struct tsb *b, struct tctx *c);
 void tmpl_sb_free(struct tsb *b);
 void tmpl_sb_put(struct tsb *b, const char *s, size_t n);
 void tmpl_sb_putc(struct tsb *b, char c);

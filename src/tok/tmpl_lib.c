@@ -614,7 +614,7 @@ static int tojson_filter(struct tctx *c, const struct tnode *at, const struct tv
         o.key_sep_n = sep->u.l->v[1].u.s.n;
     }
     struct tsb b;
-    tmpl_sb_init(&b, c->max_str);
+    tmpl_sb_init(&b, c);
     int rc = tmpl_to_json(c, at, &b, in, &o, 0);
     if (rc) {
         tmpl_sb_free(&b);
@@ -656,7 +656,7 @@ static int indent_filter(struct tctx *c, const struct tnode *at, const struct tv
     const char *p = in->u.s.p;
     size_t n = in->u.s.n;
     struct tsb b;
-    tmpl_sb_init(&b, c->max_str);
+    tmpl_sb_init(&b, c);
     if (first)
         tmpl_sb_put(&b, ind.u.s.p, ind.u.s.n);
     /* the lines of s + "\n": one more than the line breaks in s, the last maybe empty */
@@ -717,7 +717,7 @@ static int truncate_filter(struct tctx *c, const struct tnode *at, const struct 
             }
     }
     struct tsb b;
-    tmpl_sb_init(&b, c->max_str);
+    tmpl_sb_init(&b, c);
     tmpl_sb_put(&b, in->u.s.p, cut);
     tmpl_sb_put(&b, end.u.s.p, end.u.s.n);
     return tmpl_sb_to_str(c, &b, out);
@@ -1278,7 +1278,7 @@ int tmpl_apply_filter(struct tctx *c, const struct tnode *at, int id, const stru
         if ((rc = tmpl_iterate(c, at, in, &items)))
             return rc;
         struct tsb b;
-        tmpl_sb_init(&b, c->max_str);
+        tmpl_sb_init(&b, c);
         for (size_t i = 0; i < items->n; i++) {
             struct tv v = items->v[i];
             if (given(&a[1]) && a[1].t != TV_NONE && (rc = attr_path(c, at, &items->v[i], &a[1], NULL, false, &v)))
@@ -1350,7 +1350,7 @@ int tmpl_apply_filter(struct tctx *c, const struct tnode *at, int id, const stru
             if ((rc = tmpl_iterate(c, at, in, &chars)))
                 return rc;
             struct tsb b;
-            tmpl_sb_init(&b, c->max_str);
+            tmpl_sb_init(&b, c);
             for (size_t i = chars->n; i > 0; i--)
                 tmpl_sb_put(&b, chars->v[i - 1].u.s.p, chars->v[i - 1].u.s.n);
             rc = tmpl_sb_to_str(c, &b, out);

@@ -192,7 +192,7 @@ static int map_case(struct tctx *c, const struct tv *s, int mode, struct tv *out
     const char *p = s->u.s.p;
     size_t n = s->u.s.n;
     struct tsb b;
-    tmpl_sb_init(&b, c->max_str);
+    tmpl_sb_init(&b, c);
     bool prev_cased = false;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
@@ -256,7 +256,7 @@ int tmpl_str_title_filter(struct tctx *c, const struct tv *s, struct tv *out)
     const char *p = s->u.s.p;
     size_t n = s->u.s.n;
     struct tsb b;
-    tmpl_sb_init(&b, c->max_str);
+    tmpl_sb_init(&b, c);
     for (size_t i = 0; i < n;) {
         uint32_t cp;
         size_t k = tmpl_utf8_dec(p + i, n - i, &cp);
@@ -324,7 +324,7 @@ int tmpl_html_escape(struct tctx *c, const struct tv *in, struct tv *out)
     if (rc)
         return rc;
     struct tsb b;
-    tmpl_sb_init(&b, c->max_str);
+    tmpl_sb_init(&b, c);
     for (size_t i = 0; i < s.u.s.n; i++) {
         switch (s.u.s.p[i]) {
         case '&': tmpl_sb_puts(&b, "&amp;"); break;
@@ -670,7 +670,7 @@ int tmpl_str_replace(struct tctx *c, const struct tnode *at, const struct tv *s,
     const char *p = s->u.s.p;
     size_t n = s->u.s.n, m = old->u.s.n;
     struct tsb b;
-    tmpl_sb_init(&b, c->max_str);
+    tmpl_sb_init(&b, c);
     int64_t done = 0;
     if (!m) {
         /* insert between every code point */
@@ -729,7 +729,7 @@ int tmpl_str_pad(struct tctx *c, const struct tnode *at, const struct tv *s, int
     char u[4];
     size_t k = tmpl_utf8_enc(fill, u);
     struct tsb b;
-    tmpl_sb_init(&b, c->max_str);
+    tmpl_sb_init(&b, c);
     for (int64_t i = 0; i < left; i++)
         tmpl_sb_put(&b, u, k);
     tmpl_sb_put(&b, s->u.s.p, s->u.s.n);
@@ -862,7 +862,7 @@ static int layout_number(struct tctx *c, const struct tnode *at, const char *sig
     char u[4];
     size_t k = tmpl_utf8_enc(fill, u);
     struct tsb b;
-    tmpl_sb_init(&b, c->max_str);
+    tmpl_sb_init(&b, c);
     int64_t left = align == '<' ? 0 : align == '^' ? pad / 2 : align == '=' ? 0 : pad;
     int64_t right = align == '<' ? pad : align == '^' ? pad - pad / 2 : 0;
     for (int64_t i = 0; i < left; i++)
@@ -1115,7 +1115,7 @@ static int str_format(struct tctx *c, const struct tnode *at, const struct tv *f
     size_t n = fmt->u.s.n, autoidx = 0;
     int mode = 0, rc;
     struct tsb b;
-    tmpl_sb_init(&b, c->max_str);
+    tmpl_sb_init(&b, c);
     for (size_t i = 0; i < n;) {
         char ch = p[i];
         if (ch == '}') {
@@ -1196,7 +1196,7 @@ static int str_format(struct tctx *c, const struct tnode *at, const struct tv *f
             goto fail;
         if (conv == 'r' || conv == 'a') {
             struct tsb rb;
-            tmpl_sb_init(&rb, c->max_str);
+            tmpl_sb_init(&rb, c);
             if ((rc = tmpl_repr(c, at, &rb, &v)) || (rc = tmpl_sb_to_str(c, &rb, &v))) {
                 tmpl_sb_free(&rb);
                 goto fail;
@@ -1237,7 +1237,7 @@ int tmpl_percent_format(struct tctx *c, const struct tnode *at, const struct tv 
     const char *p = fmt->u.s.p;
     size_t n = fmt->u.s.n;
     struct tsb b;
-    tmpl_sb_init(&b, c->max_str);
+    tmpl_sb_init(&b, c);
     int rc;
     bool used_key = false;
     for (size_t i = 0; i < n;) {
@@ -1345,7 +1345,7 @@ int tmpl_percent_format(struct tctx *c, const struct tnode *at, const struct tv 
         case 'r':
         case 'a': {
             struct tsb rb;
-            tmpl_sb_init(&rb, c->max_str);
+            tmpl_sb_init(&rb, c);
             rc = conv == 's' ? tmpl_to_str(c, at, &rb, val) : tmpl_repr(c, at, &rb, val);
             if (rc || (rc = tmpl_sb_to_str(c, &rb, &s))) {
                 tmpl_sb_free(&rb);
@@ -1451,7 +1451,7 @@ static int join(struct tctx *c, const struct tnode *at, const struct tv *sep, co
     if (rc)
         return rc;
     struct tsb b;
-    tmpl_sb_init(&b, c->max_str);
+    tmpl_sb_init(&b, c);
     for (size_t i = 0; i < items->n; i++) {
         if (items->v[i].t != TV_STR) {
             tmpl_sb_free(&b);
@@ -1710,7 +1710,7 @@ int tmpl_str_method(struct tctx *c, const struct tnode *at, int id, const struct
             return tmpl_err(c, at, CAIRN_EFULL, "string over the output limit");
         size_t body = cp_len(p, n) + (sign[0] ? 1 : 0);
         struct tsb b;
-        tmpl_sb_init(&b, c->max_str);
+        tmpl_sb_init(&b, c);
         tmpl_sb_puts(&b, sign);
         for (int64_t i = (int64_t)body; i < f.width; i++)
             tmpl_sb_putc(&b, '0');

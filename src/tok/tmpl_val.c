@@ -70,15 +70,18 @@ void tmpl_arena_free(struct tarena *a)
 
 /* ---- string builder ---- */
 
-void tmpl_sb_init(struct tsb *b, size_t limit)
+void tmpl_sb_init(struct tsb *b, struct tctx *c)
 {
     memset(b, 0, sizeof *b);
-    b->limit = limit;
+    b->limit = c->max_str;
+    b->acct = &c->ar;
 }
 
 void tmpl_sb_free(struct tsb *b)
 {
     free(b->p);
+    if (b->acct)
+        b->acct->total -= b->cap;
     b->p = NULL;
     b->n = b->cap = 0;
 }
@@ -96,11 +99,19 @@ static bool sb_grow(struct tsb *b, size_t add)
     size_t cap = b->cap ? b->cap * 2 : 256;
     while (cap < b->n + add + 1)
         cap *= 2;
+    struct tarena *a = b->acct;
+    if (a && a->limit && (cap - b->cap > a->limit || a->total > a->limit - (cap - b->cap))) {
+        a->over = true;
+        b->fail = true;
+        return false;
+    }
     char *p = realloc(b->p, cap);
     if (!p) {
         b->fail = true;
         return false;
     }
+    if (a)
+        a->total += cap - b->cap;
     b->p = p;
     b->cap = cap;
     return true;
@@ -357,6 +368,8 @@ int tmpl_sb_to_str(struct tctx *c, struct tsb *b, struct tv *out)
 {
     if (b->fail) {
         tmpl_sb_free(b);
+        if (c->ar.over)
+            return tmpl_oom(c, NULL);
         return tmpl_err(c, NULL, CAIRN_EFULL, "string over the output limit (%zu bytes)", c->max_str);
     }
     int rc = tmpl_str_new(c, b->p ? b->p : "", b->n, out);
@@ -805,7 +818,7 @@ int tmpl_str_of(struct tctx *c, const struct tnode *at, const struct tv *v, stru
         return 0;
     }
     struct tsb b;
-    tmpl_sb_init(&b, c->max_str);
+    tmpl_sb_init(&b, c);
     int rc = tmpl_to_str(c, at, &b, v);
     if (rc) {
         tmpl_sb_free(&b);

@@ -251,6 +251,11 @@ static void test_limits(void)
                   sizeof err);
     CHECK(rc == CAIRN_EFULL && strstr(err, "output"), "26 MB of output over the 16 MiB limit: %d %s", rc, err);
 
+    /* nested captures each holding big output count against the memory limit */
+    rc = render_s("{% set big = 'x' * 10000000 %}{% macro r(n) %}{{ big }}{% if n > 0 %}{{ r(n - 1) }}{% endif %}"
+                  "{% endmacro %}{{ r(150) }}", NULL, &out, err, sizeof err);
+    CHECK(rc == CAIRN_EFULL && strstr(err, "memory"), "nested 10 MB captures: %d %s", rc, err);
+
     struct tmpl_limits lim = {.max_output = 200, .max_steps = 1000, .max_memory = 1 << 20, .max_depth = 5};
     const char *src = "{% for i in range(50) %}{{ i }},{% endfor %}";
     rc = render(src, strlen(src), NULL, &lim, &out, &n, err, sizeof err);
