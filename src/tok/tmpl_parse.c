@@ -1281,23 +1281,37 @@ struct symtab {
     uint8_t *stored;
 };
 
+/* Tables are malloc'd and freed as soon as their frame (or if-branch) is done; the work
+ * is about (names x (ifs + frames)), which is bounded before the analysis starts. */
 static struct symtab *st_new(struct parser *P, const struct symtab *parent)
 {
-    uint32_t n = P->t->nsyms;
-    struct symtab *s = tmpl_alloc(&P->t->ar, sizeof *s);
-    if (!s || !(s->ref = tmpl_alloc(&P->t->ar, n)) || !(s->stored = tmpl_alloc(&P->t->ar, n)))
+    uint32_t n = P->t->nsyms ? P->t->nsyms : 1;
+    struct symtab *s = malloc(sizeof *s);
+    uint8_t *mem = calloc(2, n);
+    if (!s || !mem) {
+        free(s);
+        free(mem);
         return poom(P);
+    }
     s->parent = parent;
+    s->ref = mem;
+    s->stored = mem + n;
     return s;
+}
+
+static void st_free(struct symtab *s)
+{
+    if (s) {
+        free(s->ref);
+        free(s);
+    }
 }
 
 static struct symtab *st_copy(struct parser *P, const struct symtab *o)
 {
     struct symtab *s = st_new(P, o->parent);
-    if (s) {
-        memcpy(s->ref, o->ref, P->t->nsyms);
-        memcpy(s->stored, o->stored, P->t->nsyms);
-    }
+    if (s)
+        memcpy(s->ref, o->ref, 2 * (size_t)(P->t->nsyms ? P->t->nsyms : 1));
     return s;
 }
 
@@ -1387,20 +1401,22 @@ static bool an_stmts(struct parser *P, struct symtab *s, const struct nvec *body
 static bool an_if(struct parser *P, struct symtab *s, const struct tnode *n, bool flat, struct frames *kids)
 {
     an_expr(s, n->a);
-    struct symtab *br[3];
-    for (int i = 0; i < 3; i++)
-        if (!(br[i] = st_copy(P, s)))
-            return false;
-    if (!an_stmts(P, br[0], &n->v, kids))
-        return false;
+    struct symtab *br[3] = {0};
+    bool ok = true;
+    for (int i = 0; i < 3 && ok; i++)
+        ok = (br[i] = st_copy(P, s)) != NULL;
+    ok = ok && an_stmts(P, br[0], &n->v, kids);
     const struct nvec *els = &n->w;
-    while (flat && els->n == 1 && els->v[0]->kind == N_IF && (els->v[0]->flags & NF_ELIF)) {
-        if (!an_if(P, br[1], els->v[0], false, kids))
-            return false;
+    while (ok && flat && els->n == 1 && els->v[0]->kind == N_IF && (els->v[0]->flags & NF_ELIF)) {
+        ok = an_if(P, br[1], els->v[0], false, kids);
         els = &els->v[0]->w;
     }
-    if (flat && !an_stmts(P, br[2], els, kids))
+    ok = ok && (!flat || an_stmts(P, br[2], els, kids));
+    if (!ok) {
+        for (int i = 0; i < 3; i++)
+            st_free(br[i]);
         return false;
+    }
     uint32_t ns = P->t->nsyms;
     for (uint32_t k = 0; k < ns; k++) {
         int count = 0;
@@ -1415,6 +1431,8 @@ static bool an_if(struct parser *P, struct symtab *s, const struct tnode *n, boo
         if (count > 0 && count < 3)
             s->ref[k] = st_find(s->parent, (int)k) ? R_ALIAS : R_RESOLVE;
     }
+    for (int i = 0; i < 3; i++)
+        st_free(br[i]);
     return true;
 }
 
@@ -1517,19 +1535,23 @@ static bool an_frames(struct parser *P, const struct symtab *parent, const struc
     for (uint32_t i = 0; i < kids->n; i++) {
         struct tnode *n = (struct tnode *)kids->v[i];
         struct tscope *sc = tmpl_alloc(&P->t->ar, sizeof *sc);
+        if (!sc) {
+            poom(P);
+            return false;
+        }
         struct symtab *s = st_new(P, parent);
-        if (!sc || !s)
+        if (!s)
             return false;
         n->scope = sc;
+        bool ok = true;
         switch (n->kind) {
         case N_FOR: {
             an_target(s, n->a, true);
             st_param(s, SYM_LOOP);
-            if (!an_frame(P, s, &n->v, &sc->undef, &sc->nundef))
-                return false;
-            struct symtab *e = st_new(P, parent);
-            if (!e || !an_frame(P, e, &n->w, &sc->undef_else, &sc->nundef_else))
-                return false;
+            ok = an_frame(P, s, &n->v, &sc->undef, &sc->nundef);
+            struct symtab *e = ok ? st_new(P, parent) : NULL;
+            ok = e && an_frame(P, e, &n->w, &sc->undef_else, &sc->nundef_else);
+            st_free(e);
             break;
         }
         case N_MACRO:
@@ -1544,22 +1566,35 @@ static bool an_frames(struct parser *P, const struct symtab *parent, const struc
                 st_param(s, SYM_KWARGS);
             for (uint32_t k = 0; k < n->w.n; k++)
                 an_expr(s, n->w.v[k]->a);
-            if (!an_frame(P, s, &n->v, &sc->undef, &sc->nundef))
-                return false;
+            ok = an_frame(P, s, &n->v, &sc->undef, &sc->nundef);
             break;
         case N_WITH:
             for (uint32_t k = 0; k < n->w.n; k++)
                 an_target(s, n->w.v[k]->a, true);
-            if (!an_frame(P, s, &n->v, &sc->undef, &sc->nundef))
-                return false;
+            ok = an_frame(P, s, &n->v, &sc->undef, &sc->nundef);
             break;
         default: /* set block, filter block, generation scope */
-            if (!an_frame(P, s, &n->v, &sc->undef, &sc->nundef))
-                return false;
+            ok = an_frame(P, s, &n->v, &sc->undef, &sc->nundef);
             break;
         }
+        st_free(s);
+        if (!ok)
+            return false;
     }
     return true;
+}
+
+/* Statements that make the analysis copy or create a table: ifs and frames. */
+static uint64_t count_tables(const struct nvec *v)
+{
+    uint64_t k = 0;
+    for (uint32_t i = 0; i < v->n; i++) {
+        const struct tnode *n = v->v[i];
+        if (n->kind == N_IF || n->kind == N_FOR || n->kind == N_MACRO || n->kind == N_CALLBLOCK ||
+            n->kind == N_SETBLOCK || n->kind == N_FILTERBLOCK || n->kind == N_WITH || n->kind == N_SCOPE)
+            k += 1 + count_tables(&n->v) + count_tables(&n->w);
+    }
+    return k;
 }
 
 /* ---- entry points ---- */
@@ -1608,8 +1643,15 @@ int tmpl_parse(struct tmpl **out, const char *src, size_t len, char *err, size_t
         goto err_quiet;
     struct parser P = {.t = t, .tk = toks, .n = ntoks, .err = err, .errlen = errlen};
     struct symtab *root = NULL;
-    if (!p_subparse(&P, NULL, &t->body) || !check_vec(&P, &t->body, false, 0) || !(root = st_new(&P, NULL)) ||
-        !an_frame(&P, root, &t->body, &t->root.undef, &t->root.nundef)) {
+    bool ok = p_subparse(&P, NULL, &t->body) && check_vec(&P, &t->body, false, 0);
+    if (ok && (uint64_t)t->nsyms * count_tables(&t->body) > 200000000) {
+        pfail(&P, 1, CAIRN_EFULL, "template too complex (%u names in %llu blocks)", t->nsyms,
+              (unsigned long long)count_tables(&t->body));
+        ok = false;
+    }
+    ok = ok && (root = st_new(&P, NULL)) && an_frame(&P, root, &t->body, &t->root.undef, &t->root.nundef);
+    st_free(root);
+    if (!ok) {
         rc = P.rc ? P.rc : CAIRN_EFORMAT;
         goto err_quiet;
     }

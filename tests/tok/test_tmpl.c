@@ -302,6 +302,17 @@ static void test_limits(void)
     CHECK(rc == CAIRN_EFULL, "30000 nested nots: %d %s", rc, err);
     free(s2);
     free(s);
+    /* many names times many blocks: refused, not quadratic */
+    size_t cap = 40000 * 40, len = 0;
+    char *adv = malloc(cap);
+    for (int i = 0; i < 20000; i++)
+        len += (size_t)sprintf(adv + len, "{%% set v%d = 1 %%}", i);
+    for (int i = 0; i < 20000; i++)
+        len += (size_t)sprintf(adv + len, "{%% if x %%}{%% set w%d = 1 %%}{%% endif %%}", i);
+    int64_t t1 = clock_ns();
+    rc = render(adv, len, NULL, NULL, &out, &n, err, sizeof err);
+    CHECK(rc == CAIRN_EFULL && (clock_ns() - t1) < 5000000000LL, "40000 names x 20000 ifs: %d %s", rc, err);
+    free(adv);
     printf("limits: %.2f s\n", (clock_ns() - t0) * 1e-9);
 }
 
