@@ -109,13 +109,58 @@ static struct tframe *frame_new(struct tctx *c, struct tframe *parent)
     return f;
 }
 
+static uint32_t sym_slot(uint32_t sym, uint32_t mask) { return (sym * 2654435761u) & mask; }
+
+/* Position of sym's binding in f, or -1. */
+static long frame_find(const struct tframe *f, uint32_t sym)
+{
+    if (f->idx) {
+        uint32_t mask = f->idxcap - 1;
+        for (uint32_t h = sym_slot(sym, mask);; h = (h + 1) & mask) {
+            uint32_t e = f->idx[h];
+            if (!e)
+                return -1;
+            if (f->b[e - 1].sym == sym)
+                return (long)(e - 1);
+        }
+    }
+    for (uint32_t i = 0; i < f->n; i++)
+        if (f->b[i].sym == sym)
+            return (long)i;
+    return -1;
+}
+
+static void frame_index(struct tctx *c, struct tframe *f)
+{
+    uint32_t cap = 64;
+    while (cap < f->cap * 2)
+        cap *= 2;
+    uint32_t *idx = tmpl_alloc(&c->ar, cap * sizeof *idx);
+    f->idx = idx;  /* NULL: lookups scan */
+    f->idxcap = idx ? cap : 0;
+    for (uint32_t i = 0; idx && i < f->n; i++) {
+        uint32_t h = sym_slot(f->b[i].sym, cap - 1);
+        while (idx[h])
+            h = (h + 1) & (cap - 1);
+        idx[h] = i + 1;
+    }
+}
+
+/* Clears a frame for reuse (one per loop iteration). */
+static void frame_clear(struct tframe *f)
+{
+    if (f->idx)
+        memset(f->idx, 0, f->idxcap * sizeof *f->idx);
+    f->n = 0;
+}
+
 static int frame_set(struct tctx *c, struct tframe *f, uint32_t sym, struct tv v)
 {
-    for (uint32_t i = 0; i < f->n; i++)
-        if (f->b[i].sym == sym) {
-            f->b[i].v = v;
-            return 0;
-        }
+    long i = frame_find(f, sym);
+    if (i >= 0) {
+        f->b[i].v = v;
+        return 0;
+    }
     if (f->n == f->cap) {
         uint32_t cap = f->cap ? f->cap * 2 : 8;
         struct tbind *b = tmpl_alloc(&c->ar, cap * sizeof *b);
@@ -125,9 +170,22 @@ static int frame_set(struct tctx *c, struct tframe *f, uint32_t sym, struct tv v
             tmpl_copy(b, f->b, f->n * sizeof *b);
         f->b = b;
         f->cap = cap;
+        if (cap > TMPL_INDEX_MIN) {
+            f->b[f->n].sym = sym;
+            f->b[f->n].v = v;
+            f->n++;
+            frame_index(c, f);
+            return 0;
+        }
     }
     f->b[f->n].sym = sym;
     f->b[f->n].v = v;
+    if (f->idx) {
+        uint32_t h = sym_slot(sym, f->idxcap - 1);
+        while (f->idx[h])
+            h = (h + 1) & (f->idxcap - 1);
+        f->idx[h] = f->n + 1;
+    }
     f->n++;
     return 0;
 }
@@ -151,12 +209,13 @@ static int scope_undef(struct tctx *c, struct tframe *f, const struct tnode *n)
 
 static int lookup(struct tctx *c, struct tframe *f, uint32_t sym, struct tv *out)
 {
-    for (; f; f = f->parent)
-        for (uint32_t i = 0; i < f->n; i++)
-            if (f->b[i].sym == sym) {
-                *out = f->b[i].v;
-                return 0;
-            }
+    for (; f; f = f->parent) {
+        long i = frame_find(f, sym);
+        if (i >= 0) {
+            *out = f->b[i].v;
+            return 0;
+        }
+    }
     struct tgvar *g = &c->g[sym];
     if (g->state == 1) {
         int rc = tmpl_from_json(c, g->j, &g->v, 0);
@@ -1382,7 +1441,7 @@ static int exec_for(struct tctx *c, struct tframe *f, const struct tnode *n)
             return tmpl_oom(c, n);
         for (size_t i = 0; i < items->n; i++) {
             struct tv cond;
-            tf->n = 0;
+            frame_clear(tf);
             if ((rc = assign(c, tf, n->a, &items->v[i])) || (rc = eval(c, tf, n->c, &cond)))
                 return rc;
             if (tmpl_truthy(&cond))
@@ -1411,7 +1470,7 @@ static int exec_for(struct tctx *c, struct tframe *f, const struct tnode *n)
         if ((rc = tmpl_step(c, n)))
             return rc;
         lp->i0 = (int64_t)i;
-        lf->n = 0;
+        frame_clear(lf);
         if ((rc = frame_set(c, lf, SYM_LOOP, loopv)) || (rc = assign(c, lf, n->a, &items->v[i])) ||
             (rc = scope_undef(c, lf, n)))
             return rc;

@@ -83,7 +83,10 @@ struct tv {
 };
 
 struct tlist { size_t n, cap; struct tv *v; };
-struct tdict { size_t n, cap; struct tv *k, *v; };
+/* Keys in insertion order; dicts of more than TMPL_INDEX_MIN keys also get a hash index
+ * of their string keys (idx: slot -> position + 1, 0 empty; idxcap a power of two). */
+struct tdict { size_t n, cap; struct tv *k, *v; uint32_t *idx; size_t idxcap; };
+#define TMPL_INDEX_MIN 16
 struct titer { uint8_t kind; size_t pos; struct tlist *l; };
 struct tfunc { int id; struct tv self; };  /* builtin function, or method bound to self */
 struct tnode;
@@ -230,6 +233,8 @@ struct tframe {
     struct tframe *parent;
     struct tbind *b;
     uint32_t n, cap;
+    uint32_t *idx;     /* over TMPL_INDEX_MIN bindings: symbol hash -> position + 1 */
+    uint32_t idxcap;
 };
 
 struct tgvar { const json_t *j; struct tv v; uint8_t state; /* 0 absent 1 json 2 converted */ };
@@ -299,6 +304,9 @@ int tmpl_dict_set(struct tctx *c, struct tdict *d, struct tv k, struct tv v);
 /* Index of key k (Python equality), or -1. */
 long tmpl_dict_find(const struct tdict *d, const struct tv *k);
 long tmpl_dict_find_str(const struct tdict *d, const char *p, size_t n);
+/* Builds the hash index of a dict filled directly (not through tmpl_dict_set); a dict
+ * without one still works, by scanning. */
+void tmpl_dict_index(struct tctx *c, struct tdict *d);
 /* Copies bytes into the render arena as a string value (flags 0). */
 int tmpl_str_new(struct tctx *c, const char *p, size_t n, struct tv *out);
 int tmpl_sb_to_str(struct tctx *c, struct tsb *b, struct tv *out);

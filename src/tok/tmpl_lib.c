@@ -1776,6 +1776,7 @@ int tmpl_call_builtin(struct tctx *c, const struct tnode *at, const struct tfunc
         tmpl_copy(d->k, self->u.m->k, self->u.m->n * sizeof *d->k);
         tmpl_copy(d->v, self->u.m->v, self->u.m->n * sizeof *d->v);
         d->n = self->u.m->n;
+        tmpl_dict_index(c, d);
         out->t = TV_DICT;
         out->f = 0;
         out->u.m = d;

@@ -306,8 +306,56 @@ struct tdict *tmpl_dict_new(struct tctx *c, size_t cap)
     return d;
 }
 
+static uint32_t hash_bytes(const char *p, size_t n)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)p[i]) * 16777619u;
+    return h;
+}
+
+static void index_insert(struct tdict *d, size_t pos)
+{
+    size_t mask = d->idxcap - 1;
+    for (size_t h = hash_bytes(d->k[pos].u.s.p, d->k[pos].u.s.n) & mask;; h = (h + 1) & mask)
+        if (!d->idx[h]) {
+            d->idx[h] = (uint32_t)pos + 1;
+            return;
+        }
+}
+
+void tmpl_dict_index(struct tctx *c, struct tdict *d)
+{
+    d->idx = NULL;
+    d->idxcap = 0;
+    if (d->n <= TMPL_INDEX_MIN || d->n >= UINT32_MAX / 4)
+        return;
+    size_t cap = 64;
+    while (cap < d->n * 2)
+        cap *= 2;
+    uint32_t *idx = tmpl_alloc(&c->ar, cap * sizeof *idx);
+    if (!idx)
+        return;  /* lookups scan instead */
+    d->idx = idx;
+    d->idxcap = cap;
+    for (size_t i = 0; i < d->n; i++)
+        if (d->k[i].t == TV_STR)
+            index_insert(d, i);
+}
+
 long tmpl_dict_find_str(const struct tdict *d, const char *p, size_t n)
 {
+    if (d->idx) {
+        size_t mask = d->idxcap - 1;
+        for (size_t h = hash_bytes(p, n) & mask;; h = (h + 1) & mask) {
+            uint32_t e = d->idx[h];
+            if (!e)
+                return -1;
+            const struct tv *k = &d->k[e - 1];
+            if (k->u.s.n == n && !memcmp(k->u.s.p, p, n))
+                return (long)(e - 1);
+        }
+    }
     for (size_t i = 0; i < d->n; i++)
         if (d->k[i].t == TV_STR && d->k[i].u.s.n == n && !memcmp(d->k[i].u.s.p, p, n))
             return (long)i;
@@ -348,6 +396,12 @@ int tmpl_dict_set(struct tctx *c, struct tdict *d, struct tv k, struct tv v)
     d->k[d->n] = k;
     d->v[d->n] = v;
     d->n++;
+    if (d->idx && (d->n + 1) * 2 <= d->idxcap) {
+        if (k.t == TV_STR)
+            index_insert(d, d->n - 1);
+    } else if (d->n > TMPL_INDEX_MIN) {
+        tmpl_dict_index(c, d);
+    }
     return 0;
 }
 
@@ -852,6 +906,7 @@ int tmpl_from_json(struct tctx *c, const json_t *j, struct tv *out, int depth)
             i++;
         }
         d->n = i;
+        tmpl_dict_index(c, d);
         out->t = TV_DICT;
         out->f = 0;
         out->u.m = d;

@@ -302,6 +302,30 @@ static void test_limits(void)
     CHECK(rc == CAIRN_EFULL, "30000 nested nots: %d %s", rc, err);
     free(s2);
     free(s);
+    /* big inputs and many names stay linear: a 100000-key dict, 3000 variables */
+    json_t *big = json_object(), *bv = json_object();
+    for (int i = 0; i < 100000; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "k%d", i);
+        json_object_set_new(big, key, json_integer(i));
+    }
+    json_object_set_new(bv, "big", big);
+    size_t bcap = 3000 * 40 + 512, blen = 0;
+    char *bsrc = malloc(bcap);
+    blen += (size_t)sprintf(bsrc, "{%% set ns = namespace(s=0) %%}{%% for k in big %%}{%% set ns.s = ns.s + big[k] %%}"
+                                  "{%% endfor %%}{{ ns.s }}");
+    for (int i = 0; i < 3000; i++)
+        blen += (size_t)sprintf(bsrc + blen, "{%% set v%d = %d %%}", i, i);
+    blen += (size_t)sprintf(bsrc + blen, "{%% for i in range(20000) %%}{{ v2999 if i == 0 }}{%% endfor %%}");
+    int64_t tb = clock_ns();
+    rc = render(bsrc, blen, bv, NULL, &out, &n, err, sizeof err);
+    double bs = (clock_ns() - tb) * 1e-9;
+    CHECK(rc == 0 && out && !strcmp(out, "49999500002999") && bs < 10, "big dict and many names: %d %s %.2f s", rc,
+          out ? out : err, bs);
+    free(out);
+    free(bsrc);
+    json_decref(bv);
+
     /* many names times many blocks: refused, not quadratic */
     size_t cap = 40000 * 40, len = 0;
     char *adv = malloc(cap);
