@@ -826,20 +826,24 @@ static int unique_filter(struct tctx *c, const struct tnode *at, const struct tv
                          struct tv *out)
 {
     bool cs = given(&a[0]) && tmpl_truthy(&a[0]);
-    struct tlist *items, *res, *seen;
+    struct tlist *items, *res;
+    struct tdict *seen = tmpl_dict_new(c, 0);  /* hashed for string keys */
     int rc;
-    if ((rc = tmpl_iterate(c, at, in, &items)) || (rc = new_list(c, at, 0, &res)) || (rc = new_list(c, at, 0, &seen)))
+    if (!seen)
+        return tmpl_oom(c, at);
+    if ((rc = tmpl_iterate(c, at, in, &items)) || (rc = new_list(c, at, 0, &res)))
         return rc;
     for (size_t i = 0; i < items->n; i++) {
         struct tv key;
-        if ((rc = attr_path(c, at, &items->v[i], &a[1], NULL, !cs, &key)))
+        if ((rc = tmpl_step(c, at)) || (rc = attr_path(c, at, &items->v[i], &a[1], NULL, !cs, &key)))
             return rc;
         if (!tmpl_hashable(&key))
             return tmpl_err(c, at, CAIRN_EFORMAT, "unhashable type: '%s'", tmpl_type_name(&key));
-        bool dup = false;
-        for (size_t j = 0; j < seen->n && !dup; j++)
-            dup = tmpl_equal(&seen->v[j], &key);
-        if (!dup && ((rc = push(c, at, seen, key)) || (rc = push(c, at, res, items->v[i]))))
+        if (tmpl_dict_find(seen, &key) >= 0)
+            continue;
+        if (tmpl_dict_set(c, seen, key, tv_none()))
+            return tmpl_oom(c, at);
+        if ((rc = push(c, at, res, items->v[i])))
             return rc;
     }
     return mk_iter(c, at, res, TI_GEN, out);

@@ -455,8 +455,17 @@ bool tmpl_truthy(const struct tv *v)
     }
 }
 
-bool tmpl_equal(const struct tv *a, const struct tv *b)
+/* Nesting beyond this compares unequal (Python raises RecursionError near there). */
+#define MAX_VALUE_DEPTH 500
+
+static bool equal_depth(const struct tv *a, const struct tv *b, int depth);
+
+bool tmpl_equal(const struct tv *a, const struct tv *b) { return equal_depth(a, b, 0); }
+
+static bool equal_depth(const struct tv *a, const struct tv *b, int depth)
 {
+    if (depth > MAX_VALUE_DEPTH)
+        return false;
     if (tv_is_num(a) && tv_is_num(b)) {
         if (a->t == TV_FLOAT || b->t == TV_FLOAT)
             return tv_as_float(a) == tv_as_float(b);
@@ -478,7 +487,7 @@ bool tmpl_equal(const struct tv *a, const struct tv *b)
         if (a->u.l->n != b->u.l->n)
             return false;
         for (size_t i = 0; i < a->u.l->n; i++)
-            if (!tmpl_equal(&a->u.l->v[i], &b->u.l->v[i]))
+            if (!equal_depth(&a->u.l->v[i], &b->u.l->v[i], depth + 1))
                 return false;
         return true;
     case TV_DICT:
@@ -488,7 +497,7 @@ bool tmpl_equal(const struct tv *a, const struct tv *b)
             return false;
         for (size_t i = 0; i < a->u.m->n; i++) {
             long j = tmpl_dict_find(b->u.m, &a->u.m->k[i]);
-            if (j < 0 || !tmpl_equal(&a->u.m->v[i], &b->u.m->v[j]))
+            if (j < 0 || !equal_depth(&a->u.m->v[i], &b->u.m->v[j], depth + 1))
                 return false;
         }
         return true;
@@ -502,7 +511,7 @@ bool tmpl_equal(const struct tv *a, const struct tv *b)
             for (size_t i = 0; i < a->u.it->l->n; i++) {
                 bool found = false;
                 for (size_t j = 0; j < b->u.it->l->n && !found; j++)
-                    found = tmpl_equal(&a->u.it->l->v[i], &b->u.it->l->v[j]);
+                    found = equal_depth(&a->u.it->l->v[i], &b->u.it->l->v[j], depth + 1);
                 if (!found)
                     return false;
             }
@@ -512,14 +521,16 @@ bool tmpl_equal(const struct tv *a, const struct tv *b)
     case TV_NS: return a->u.m == b->u.m;
     case TV_MACRO: return a->u.mac == b->u.mac;
     case TV_FUNC:
-        return a->u.fn->id == b->u.fn->id && tmpl_equal(&a->u.fn->self, &b->u.fn->self);
+        return a->u.fn->id == b->u.fn->id && equal_depth(&a->u.fn->self, &b->u.fn->self, depth + 1);
     case TV_LOOP: return a->u.lp == b->u.lp;
     default: return false;
     }
 }
 
-bool tmpl_hashable(const struct tv *v)
+static bool hashable_depth(const struct tv *v, int depth)
 {
+    if (depth > MAX_VALUE_DEPTH)
+        return false;
     switch (v->t) {
     case TV_LIST:
     case TV_DICT:
@@ -528,13 +539,15 @@ bool tmpl_hashable(const struct tv *v)
         return v->u.it->kind == TI_GEN || v->u.it->kind == TI_REVERSE;
     case TV_TUPLE:
         for (size_t i = 0; i < v->u.l->n; i++)
-            if (!tmpl_hashable(&v->u.l->v[i]))
+            if (!hashable_depth(&v->u.l->v[i], depth + 1))
                 return false;
         return true;
     default:
         return true;
     }
 }
+
+bool tmpl_hashable(const struct tv *v) { return hashable_depth(v, 0); }
 
 const char *tmpl_type_name_of(int t)
 {
@@ -583,8 +596,19 @@ static int order_err(struct tctx *c, const struct tnode *at, const struct tv *a,
                     tmpl_type_name(a), tmpl_type_name(b));
 }
 
+static int compare_depth(struct tctx *c, const struct tnode *at, const struct tv *a, const struct tv *b, int *res,
+                         int depth);
+
 int tmpl_compare(struct tctx *c, const struct tnode *at, const struct tv *a, const struct tv *b, int *res)
 {
+    return compare_depth(c, at, a, b, res, 0);
+}
+
+static int compare_depth(struct tctx *c, const struct tnode *at, const struct tv *a, const struct tv *b, int *res,
+                         int depth)
+{
+    if (depth > MAX_VALUE_DEPTH)
+        return tmpl_err(c, at, CAIRN_EFULL, "values nested too deeply to compare");
     if (tv_is_num(a) && tv_is_num(b)) {
         if (a->t == TV_FLOAT || b->t == TV_FLOAT) {
             double x = tv_as_float(a), y = tv_as_float(b);
@@ -608,7 +632,7 @@ int tmpl_compare(struct tctx *c, const struct tnode *at, const struct tv *a, con
         for (size_t i = 0; i < n; i++) {
             if (tmpl_equal(&a->u.l->v[i], &b->u.l->v[i]))
                 continue;
-            return tmpl_compare(c, at, &a->u.l->v[i], &b->u.l->v[i], res);
+            return compare_depth(c, at, &a->u.l->v[i], &b->u.l->v[i], res, depth + 1);
         }
         *res = a->u.l->n < b->u.l->n ? -1 : a->u.l->n > b->u.l->n;
         return 0;

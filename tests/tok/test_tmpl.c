@@ -326,6 +326,18 @@ static void test_limits(void)
     free(bsrc);
     json_decref(bv);
 
+    /* values nested 20000 deep: compared, hashed and printed without overflowing the stack */
+    rc = render_s("{% set ns = namespace(l=[]) %}{% for i in range(20000) %}{% set ns.l = [ns.l] %}{% endfor %}"
+                  "{{ [ns.l] == [[ns.l]] }}{{ ns.l|length }}", NULL, &out, err, sizeof err);
+    CHECK(rc == 0 && out && !strcmp(out, "False1"), "deep list compare: %d %s", rc, out ? out : err);
+    free(out);
+    rc = render_s("{% set ns = namespace(l=()) %}{% for i in range(20000) %}{% set ns.l = (ns.l,) %}{% endfor %}"
+                  "{{ {ns.l: 1} }}", NULL, &out, err, sizeof err);
+    CHECK(rc != 0, "deep tuple as a key fails cleanly: %d", rc);
+    rc = render_s("{% set ns = namespace(l=[]) %}{% for i in range(20000) %}{% set ns.l = [ns.l] %}{% endfor %}"
+                  "{{ ns.l }}", NULL, &out, err, sizeof err);
+    CHECK(rc == CAIRN_EFULL, "deep list print: %d %s", rc, err);
+
     /* many names times many blocks: refused, not quadratic */
     size_t cap = 40000 * 40, len = 0;
     char *adv = malloc(cap);
