@@ -1205,6 +1205,61 @@ static bool p_subparse(struct parser *P, const char *const *end_tokens, struct n
     return true;
 }
 
+/* ---- tree depth: long chains (x.a.a.a..., 1+1+1...) build deep trees without deep
+ * parser recursion; the recursive walks below and the evaluator need a bound ---- */
+
+#define MAX_TREE_DEPTH 1000
+
+static bool check_depth(struct parser *P, const struct nvec *body)
+{
+    struct item { const struct tnode *n; uint32_t d; } *st = NULL;
+    size_t n = 0, cap = 0;
+    bool ok = true;
+    for (uint32_t i = 0; i < body->n && ok; i++) {
+        if (n == cap) {
+            cap = cap ? cap * 2 : 256;
+            struct item *ns = realloc(st, cap * sizeof *st);
+            if (!ns) {
+                poom(P);
+                ok = false;
+                break;
+            }
+            st = ns;
+        }
+        st[n++] = (struct item){body->v[i], 1};
+        while (n && ok) {
+            struct item it = st[--n];
+            if (it.d > MAX_TREE_DEPTH) {
+                pfail(P, it.n->line, CAIRN_EFULL, "expression nested more than %d levels", MAX_TREE_DEPTH);
+                ok = false;
+                break;
+            }
+            const struct tnode *kids[3] = {it.n->a, it.n->b, it.n->c};
+            size_t need = 3 + it.n->v.n + it.n->w.n;
+            if (n + need > cap) {
+                while (n + need > cap)
+                    cap *= 2;
+                struct item *ns = realloc(st, cap * sizeof *st);
+                if (!ns) {
+                    poom(P);
+                    ok = false;
+                    break;
+                }
+                st = ns;
+            }
+            for (int k = 0; k < 3; k++)
+                if (kids[k])
+                    st[n++] = (struct item){kids[k], it.d + 1};
+            for (uint32_t k = 0; k < it.n->v.n; k++)
+                st[n++] = (struct item){it.n->v.v[k], it.d + 1};
+            for (uint32_t k = 0; k < it.n->w.n; k++)
+                st[n++] = (struct item){it.n->w.v[k], it.d + 1};
+        }
+    }
+    free(st);
+    return ok;
+}
+
 /* ---- checks jinja2's compiler makes ---- */
 
 static bool check_node(struct parser *P, const struct tnode *n, bool soft, int loops);
@@ -1643,7 +1698,7 @@ int tmpl_parse(struct tmpl **out, const char *src, size_t len, char *err, size_t
         goto err_quiet;
     struct parser P = {.t = t, .tk = toks, .n = ntoks, .err = err, .errlen = errlen};
     struct symtab *root = NULL;
-    bool ok = p_subparse(&P, NULL, &t->body) && check_vec(&P, &t->body, false, 0);
+    bool ok = p_subparse(&P, NULL, &t->body) && check_depth(&P, &t->body) && check_vec(&P, &t->body, false, 0);
     if (ok && (uint64_t)t->nsyms * count_tables(&t->body) > 200000000) {
         pfail(&P, 1, CAIRN_EFULL, "template too complex (%u names in %llu blocks)", t->nsyms,
               (unsigned long long)count_tables(&t->body));

@@ -278,7 +278,7 @@ static void test_limits(void)
 
     /* deep nesting in the source is refused at parse, not by overflowing the C stack */
     size_t deep = 100000;
-    char *s = malloc(deep * 2 + 16);
+    char *s = malloc(deep * 20 + 16);
     memcpy(s, "{{ ", 3);
     for (size_t i = 0; i < deep; i++)
         s[3 + i] = '(';
@@ -301,6 +301,16 @@ static void test_limits(void)
     rc = render(s2, strlen(s2), NULL, NULL, &out, &n, err, sizeof err);
     CHECK(rc == CAIRN_EFULL, "30000 nested nots: %d %s", rc, err);
     free(s2);
+    /* long chains make deep trees without deep parser recursion */
+    static const char *const links[] = {".a", "+1", "|string", " and x", " or x", "[0]", "(1)", " if x else 1"};
+    for (size_t l = 0; l < sizeof links / sizeof links[0]; l++) {
+        k = (size_t)sprintf(s, "{{ x");
+        for (size_t i = 0; i < 30000; i++)
+            k += (size_t)sprintf(s + k, "%s", links[l]);
+        k += (size_t)sprintf(s + k, " }}");
+        rc = render(s, k, NULL, NULL, &out, &n, err, sizeof err);
+        CHECK(rc == CAIRN_EFULL, "30000 x '%s': %d %s", links[l], rc, err);
+    }
     free(s);
     /* big inputs and many names stay linear: a 100000-key dict, 3000 variables */
     json_t *big = json_object(), *bv = json_object();
