@@ -463,7 +463,45 @@ static void test_fuzz(const char *const *paths, size_t npaths, const json_t *var
         }
         free(src);
     }
-    printf("fuzz: %zu mutated templates, %zu parsed, %zu rendered, none crashed\n", total, parsed, rendered);
+    /* token soup: random sequences of template fragments */
+    static const char *const frags[] = {
+        "{{ ", " }}", "{% ", " %}", "{%- ", " -%}", "{# c #}", "if ", "elif ", "else", "endif", "for ", " in ",
+        "endfor", "set ", "endset", "macro m(a, b=1)", "endmacro", "call m(1)", "endcall", "filter upper",
+        "endfilter", "x", "messages", "m", "loop.index", "loop", "ns.v", "namespace(v=1)", "ns", " = ", "(", ")",
+        "[", "]", "{", "}", ",", ":", ".", "|", "|length", "|tojson", "|join(',')", "|map(attribute='role')",
+        "|selectattr('role', 'equalto', 'user')", "|list", "|first", "|default('d')", " is defined", " is none",
+        " not ", " and ", " or ", " ~ ", " + ", " * ", " // ", " % ", " ** ", " == ", " < ", "1", "-2", "2.5",
+        "'s'", "\"t\"", "none", "true", "[1, 2]", "{'a': 1}", "range(3)", "m(1)", "caller()", "raise_exception('r')",
+        ".items()", ".get('a')", ".split()", "[::-1]", "[1:]", "text ", "\n", "  ", "break", "continue", "raw",
+        "endraw", "with a = 1", "endwith", "generation", "endgeneration", "print 1",
+    };
+    size_t soup = 0, soup_ok = 0;
+    for (int iter = 0; iter < 3000; iter++) {
+        char buf[2048];
+        size_t k = 0;
+        int nf = 1 + (int)(test_rand_u64(&rng_state) % 40);
+        for (int f = 0; f < nf; f++) {
+            const char *fr = frags[test_rand_u64(&rng_state) % (sizeof frags / sizeof frags[0])];
+            size_t fl = strlen(fr);
+            if (k + fl >= sizeof buf)
+                break;
+            memcpy(buf + k, fr, fl);
+            k += fl;
+        }
+        struct tmpl *t;
+        char err[256], *out;
+        size_t n;
+        soup++;
+        if (!tmpl_parse(&t, buf, k, err, sizeof err)) {
+            if (!tmpl_render_limits(t, vars, &lim, &out, &n, err, sizeof err)) {
+                soup_ok++;
+                free(out);
+            }
+            tmpl_free(t);
+        }
+    }
+    printf("fuzz: %zu mutated templates, %zu parsed, %zu rendered; %zu random fragment soups, %zu rendered; "
+           "none crashed\n", total, parsed, rendered, soup, soup_ok);
     CHECK(total > 0, "fuzz ran");
 }
 
