@@ -378,7 +378,7 @@ static bool inside_test_netns(const char *home)
 
 struct node_args {
     const char *id, *ns, *secret, *mode, *expect, *forbid, *need, *home, *dst, *self;
-    int api, cluster;
+    int api, cluster, ifaces;
 };
 
 static void parse_args(int argc, char **argv, struct node_args *a)
@@ -402,6 +402,7 @@ static void parse_args(int argc, char **argv, struct node_args *a)
         else if (!strcmp(k, "self")) a->self = v;
         else if (!strcmp(k, "api")) a->api = atoi(v);
         else if (!strcmp(k, "cluster")) a->cluster = atoi(v);
+        else if (!strcmp(k, "ifaces")) a->ifaces = atoi(v);
     }
 }
 
@@ -552,11 +553,15 @@ static int node_main(int argc, char **argv)
         fprintf(stderr, "node %s: counters %s did not all move\n", a.id, a.need);
         failures++;
     }
-    /* Rate limit: one beacon per interval on the one interface, whatever poll did. */
-    uint64_t most = (uint64_t)(elapsed_ms / NODE_INTERVAL_MS) + 2;
-    if (s.sent == 0 || s.sent > most) {
-        fprintf(stderr, "node %s: sent %llu beacons in %lld ms (at most %llu allowed)\n", a.id,
-                (unsigned long long)s.sent, (long long)elapsed_ms, (unsigned long long)most);
+    /* Rate limit: one beacon per interval per interface, however often poll ran; and
+     * auto mode beacons on every interface. */
+    int ifaces = a.ifaces > 0 ? a.ifaces : 1;
+    uint64_t most = ((uint64_t)(elapsed_ms / NODE_INTERVAL_MS) + 2) * (uint64_t)ifaces;
+    uint64_t least = (uint64_t)(elapsed_ms / NODE_INTERVAL_MS / 2) * (uint64_t)ifaces;
+    if (s.sent < least || s.sent > most) {
+        fprintf(stderr, "node %s: sent %llu beacons in %lld ms on %d interfaces (%llu..%llu expected)\n", a.id,
+                (unsigned long long)s.sent, (long long)elapsed_ms, ifaces, (unsigned long long)least,
+                (unsigned long long)most);
         failures++;
     }
     discovery_release(d);
@@ -686,17 +691,19 @@ static int run(const char *const *argv, bool verbose)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-static void delete_netns(const char *a, const char *b)
+#define NETNS 3
+
+static void delete_netns(char names[NETNS][64])
 {
-    const char *da[] = {"ip", "netns", "del", a, NULL};
-    const char *db[] = {"ip", "netns", "del", b, NULL};
-    run(da, false);
-    run(db, false);
+    for (int i = 0; i < NETNS; i++) {
+        const char *del[] = {"ip", "netns", "del", names[i], NULL};
+        run(del, false);
+    }
 }
 
 /* A process that deletes the namespaces once the test is gone, however it ends: it
  * waits for the end of a pipe whose only writer is the test. */
-static pid_t start_janitor(const char *a, const char *b, int *wfd)
+static pid_t start_janitor(char names[NETNS][64], int *wfd)
 {
     int p[2];
     if (pipe2(p, O_CLOEXEC))
@@ -721,7 +728,7 @@ static pid_t start_janitor(const char *a, const char *b, int *wfd)
             if (r <= 0)
                 break;
         }
-        delete_netns(a, b);
+        delete_netns(names);
         _exit(0);
     }
     close(p[0]);
@@ -793,6 +800,18 @@ static void wait_children(struct child *c, int n)
         }
 }
 
+/* Three namespaces: a and b joined by one veth pair (10.231.X.0/24), a and c by
+ * another (10.232.X.0/24); addresses of the test's own choosing, only inside them.
+ *
+ *   a: node-a (secret S, namespace "t", beacons on the a-b link by name)
+ *      node-c (namespace "other"), node-e (no secret), node-i (S, "t", auto: both links)
+ *   b: node-b (S, "t", auto), node-d (another secret, on its link by name),
+ *      node-f (no secret), garbage (garbage, forgeries, replays of a's beacons)
+ *   c: node-h (S, "t", auto)
+ *
+ * a, b, i find each other; i and h find each other; h never hears a (a beacons on the
+ * a-b link only) and a never hears h (h's beacons arrive on the other link); e and f
+ * (no secret) find only each other; c and d find nobody; nobody finds "forged". */
 static void test_netns(void)
 {
     if (geteuid() != 0) {
@@ -814,82 +833,102 @@ static void test_netns(void)
     }
     exe[el] = 0;
     home[hl] = 0;
-    int pid = (int)getpid();
-    char nsa[64], nsb[64], va[16], vb[16], ipa[32], ipb[32], cidr_a[40], cidr_b[40], bcast[32];
-    snprintf(nsa, sizeof nsa, "cairn-test-%d-a", pid);
-    snprintf(nsb, sizeof nsb, "cairn-test-%d-b", pid);
+    int pid = (int)getpid(), x = pid % 250;
+    char names[NETNS][64];
+    for (int i = 0; i < NETNS; i++)
+        snprintf(names[i], sizeof names[i], "cairn-test-%d-%c", pid, 'a' + i);
+    const char *nsa = names[0], *nsb = names[1], *nsc = names[2];
+    char va[16], vb[16], va2[16], vc[16], ipa[32], ipb[32], ipa2[32], ipc[32];
+    char cidr_a[40], cidr_b[40], cidr_a2[40], cidr_c[40], bcast[32];
     snprintf(va, sizeof va, "cv%da", pid % 10000000);
     snprintf(vb, sizeof vb, "cv%db", pid % 10000000);
-    snprintf(ipa, sizeof ipa, "10.231.%d.1", pid % 250);
-    snprintf(ipb, sizeof ipb, "10.231.%d.2", pid % 250);
+    snprintf(va2, sizeof va2, "cw%da", pid % 10000000);
+    snprintf(vc, sizeof vc, "cw%dc", pid % 10000000);
+    snprintf(ipa, sizeof ipa, "10.231.%d.1", x);
+    snprintf(ipb, sizeof ipb, "10.231.%d.2", x);
+    snprintf(ipa2, sizeof ipa2, "10.232.%d.1", x);
+    snprintf(ipc, sizeof ipc, "10.232.%d.3", x);
     snprintf(cidr_a, sizeof cidr_a, "%s/24", ipa);
     snprintf(cidr_b, sizeof cidr_b, "%s/24", ipb);
-    snprintf(bcast, sizeof bcast, "10.231.%d.255", pid % 250);
+    snprintf(cidr_a2, sizeof cidr_a2, "%s/24", ipa2);
+    snprintf(cidr_c, sizeof cidr_c, "%s/24", ipc);
+    snprintf(bcast, sizeof bcast, "10.231.%d.255", x);
 
     int wfd = -1;
-    pid_t janitor = start_janitor(nsa, nsb, &wfd);
+    pid_t janitor = start_janitor(names, &wfd);
     if (janitor < 0) {
         printf("SKIP netns discovery: cannot fork the janitor\n");
         return;
     }
-    /* The veth ends are created straight inside the two namespaces, never in ours. */
+    /* The veth ends are created straight inside the namespaces, never in ours. */
     const char *setup[][16] = {
         {"ip", "netns", "add", nsa, NULL},
         {"ip", "netns", "add", nsb, NULL},
+        {"ip", "netns", "add", nsc, NULL},
         {"ip", "link", "add", va, "netns", nsa, "type", "veth", "peer", "name", vb, "netns", nsb, NULL},
+        {"ip", "link", "add", va2, "netns", nsa, "type", "veth", "peer", "name", vc, "netns", nsc, NULL},
         {"ip", "-n", nsa, "addr", "add", cidr_a, "brd", "+", "dev", va, NULL},
         {"ip", "-n", nsb, "addr", "add", cidr_b, "brd", "+", "dev", vb, NULL},
+        {"ip", "-n", nsa, "addr", "add", cidr_a2, "brd", "+", "dev", va2, NULL},
+        {"ip", "-n", nsc, "addr", "add", cidr_c, "brd", "+", "dev", vc, NULL},
         {"ip", "-n", nsa, "link", "set", "lo", "up", NULL},
         {"ip", "-n", nsb, "link", "set", "lo", "up", NULL},
+        {"ip", "-n", nsc, "link", "set", "lo", "up", NULL},
         {"ip", "-n", nsa, "link", "set", va, "up", NULL},
         {"ip", "-n", nsb, "link", "set", vb, "up", NULL},
+        {"ip", "-n", nsa, "link", "set", va2, "up", NULL},
+        {"ip", "-n", nsc, "link", "set", vc, "up", NULL},
     };
     for (size_t i = 0; i < sizeof setup / sizeof setup[0]; i++)
         if (run(setup[i], true) != 0) {
             printf("SKIP netns discovery: `%s %s %s %s` failed (the kernel or container refuses network "
                    "namespaces)\n",
                    setup[i][0], setup[i][1], setup[i][2], setup[i][3]);
-            delete_netns(nsa, nsb);
+            delete_netns(names);
             close(wfd);
             waitpid(janitor, NULL, 0);
             return;
         }
 
-    char home_arg[80], secret1[64], secret2[64], mode_a[40], mode_d[40], exp_a[128], exp_b[128], exp_e[128],
-        exp_f[128], dst[80], self_arg[48];
+    char home_arg[80], secret1[64], secret2[64], mode_a[40], mode_d[40], dst[80], self_arg[48];
+    char exp_a[200], exp_b[200], exp_e[128], exp_f[128], exp_h[128], exp_i[200];
     snprintf(home_arg, sizeof home_arg, "home=%s", home);
     snprintf(secret1, sizeof secret1, "secret=%s", SECRET);
     snprintf(secret2, sizeof secret2, "secret=%s", OTHER_SECRET);
     snprintf(mode_a, sizeof mode_a, "mode=%s", va);
     snprintf(mode_d, sizeof mode_d, "mode=%s", vb);
-    snprintf(exp_a, sizeof exp_a, "expect=node-b@%s/1002/2002", ipb);
-    snprintf(exp_b, sizeof exp_b, "expect=node-a@%s/1001/2001", ipa);
+    snprintf(exp_a, sizeof exp_a, "expect=node-b@%s/1002/2002,node-i@%s/1009/2009", ipb, ipa);
+    snprintf(exp_b, sizeof exp_b, "expect=node-a@%s/1001/2001,node-i@%s/1009/2009", ipa, ipa);
     snprintf(exp_e, sizeof exp_e, "expect=node-f@%s/1006/2006", ipb);
     snprintf(exp_f, sizeof exp_f, "expect=node-e@%s/1005/2005", ipa);
+    snprintf(exp_h, sizeof exp_h, "expect=node-i@%s/1009/2009", ipa2);
+    snprintf(exp_i, sizeof exp_i, "expect=node-a@%s/1001/2001,node-b@%s/1002/2002,node-h@%s/1008/2008", ipa,
+             ipb, ipc);
     snprintf(dst, sizeof dst, "dst=%s,%s", bcast, ipa);
     snprintf(self_arg, sizeof self_arg, "self=%s", ipb);
-    const char *forbid = "forbid=node-a,node-b,node-c,node-d,node-e,node-f,forged";
-    /* a, b: one cluster (secret, namespace "t"), a on its interface by name, b auto;
-     * c: namespace "other"; d: another secret; e, f: no secret (a cluster of their own);
-     * g: garbage, forgeries and replays of genuine beacons from b's address. */
+    const char *forbid = "forbid=node-a,node-b,node-c,node-d,node-e,node-f,node-h,node-i,forged";
     const char *args_a[] = {"--node", "id=node-a", "ns=t", secret1, mode_a, "api=1001", "cluster=2001", exp_a,
                             forbid, "need=malformed,unauthenticated,own", home_arg, NULL};
     const char *args_b[] = {"--node", "id=node-b", "ns=t", secret1, "mode=auto", "api=1002", "cluster=2002", exp_b,
                             forbid, "need=malformed,unauthenticated,own,stale", home_arg, NULL};
     const char *args_c[] = {"--node", "id=node-c", "ns=other", secret1, "mode=auto", "api=1003", "cluster=2003",
-                            forbid, "need=other_ns,malformed", home_arg, NULL};
+                            forbid, "need=other_ns,malformed", "ifaces=2", home_arg, NULL};
     const char *args_d[] = {"--node", "id=node-d", "ns=t", secret2, mode_d, "api=1004", "cluster=2004",
                             forbid, "need=unauthenticated", home_arg, NULL};
     const char *args_e[] = {"--node", "id=node-e", "ns=t", "secret=", "mode=auto", "api=1005", "cluster=2005",
-                            exp_e, forbid, "need=unauthenticated,malformed", home_arg, NULL};
+                            exp_e, forbid, "need=unauthenticated,malformed", "ifaces=2", home_arg, NULL};
     const char *args_f[] = {"--node", "id=node-f", "ns=t", "secret=", "mode=auto", "api=1006", "cluster=2006",
                             exp_f, forbid, "need=unauthenticated", home_arg, NULL};
+    const char *args_h[] = {"--node", "id=node-h", "ns=t", secret1, "mode=auto", "api=1008", "cluster=2008",
+                            exp_h, forbid, "need=unauthenticated", home_arg, NULL};
+    const char *args_i[] = {"--node", "id=node-i", "ns=t", secret1, "mode=auto", "api=1009", "cluster=2009",
+                            exp_i, forbid, "need=malformed", "ifaces=2", home_arg, NULL};
     const char *args_g[] = {"--garbage", "ns=t", secret1, dst, self_arg, home_arg, NULL};
     struct child c[] = {{"node-a", 0, 0, false}, {"node-b", 0, 0, false}, {"node-c", 0, 0, false},
                         {"node-d", 0, 0, false}, {"node-e", 0, 0, false}, {"node-f", 0, 0, false},
-                        {"garbage", 0, 0, false}};
-    const char *const *args[] = {args_a, args_b, args_c, args_d, args_e, args_f, args_g};
-    const char *where[] = {nsa, nsb, nsa, nsb, nsa, nsb, nsb};
+                        {"node-h", 0, 0, false}, {"node-i", 0, 0, false}, {"garbage", 0, 0, false}};
+    const char *const *args[] = {args_a, args_b, args_c, args_d, args_e, args_f, args_h, args_i, args_g};
+    const char *where[] = {nsa, nsb, nsa, nsb, nsa, nsb, nsc, nsa, nsb};
     int n = (int)(sizeof c / sizeof c[0]);
     int64_t t0 = clock_ns();
     /* The garbage sender starts once every node listens, so each hears a genuine
@@ -905,7 +944,7 @@ static void test_netns(void)
     for (int i = 0; i < 400 && got < n - 1; i++) {
         struct pollfd pfd = {.fd = ready[0], .events = POLLIN};
         if (poll(&pfd, 1, 50) > 0) {
-            char buf[8];
+            char buf[16];
             ssize_t r = read(ready[0], buf, sizeof buf);
             if (r <= 0)
                 break; /* every node exited or wrote */
@@ -920,12 +959,14 @@ static void test_netns(void)
     for (int i = 0; i < n; i++)
         CHECK(c[i].status == 0, "%s exited with %d (see its lines above)", c[i].name, c[i].status);
 
-    delete_netns(nsa, nsb);
+    delete_netns(names);
     close(wfd);
     waitpid(janitor, NULL, 0);
-    char path[128];
-    snprintf(path, sizeof path, "/run/netns/%s", nsa);
-    CHECK(access(path, F_OK) != 0, "namespace %s still there after the test", nsa);
+    for (int i = 0; i < NETNS; i++) {
+        char path[96];
+        snprintf(path, sizeof path, "/run/netns/%.63s", names[i]);
+        CHECK(access(path, F_OK) != 0, "namespace %s still there after the test", names[i]);
+    }
 }
 
 int main(int argc, char **argv)
