@@ -862,6 +862,8 @@ static bool can_assign(const struct tnode *n)
     return false;
 }
 
+static bool uses_name(const struct tnode *n, int sym);
+
 static struct tnode *p_assign_target(struct parser *P, bool with_namespace, const char *extra_end)
 {
     struct ttok *tk = cur(P);
@@ -886,9 +888,8 @@ static struct tnode *p_assign_target(struct parser *P, bool with_namespace, cons
         return NULL;
     if (!can_assign(n))
         return pfail(P, n->line, CAIRN_EFORMAT, "can't assign to this expression");
-    for (uint32_t i = 0; n->kind == N_NAME && i < 1; i++)
-        if (n->id == SYM_LOOP && extra_end)
-            return pfail(P, n->line, CAIRN_EFORMAT, "Can't assign to special loop variable in for-loop target");
+    if (extra_end && uses_name(n, SYM_LOOP))
+        return pfail(P, n->line, CAIRN_EFORMAT, "Can't assign to special loop variable in for-loop target");
     return n;
 }
 
@@ -947,8 +948,6 @@ static struct tnode *p_param_list(struct parser *P, struct tnode *n)
     n->w = vb_vec(&params);
     return n;
 }
-
-static bool uses_name(const struct tnode *n, int sym);
 
 static bool uses_name_vec(const struct nvec *v, int sym)
 {
