@@ -1402,7 +1402,7 @@ static int assign(struct tctx *c, struct tframe *f, const struct tnode *target, 
 }
 
 /* Runs body with its output captured into a string value. */
-static int capture(struct tctx *c, struct tframe *f, const struct tnode *at, const struct nvec *body, struct tv *out)
+static int capture(struct tctx *c, struct tframe *f, const struct nvec *body, struct tv *out)
 {
     struct tsb buf, *saved = c->out;
     tmpl_sb_init(&buf, c);
@@ -1413,7 +1413,6 @@ static int capture(struct tctx *c, struct tframe *f, const struct tnode *at, con
         tmpl_sb_free(&buf);
         return rc;
     }
-    (void)at;
     return tmpl_sb_to_str(c, &buf, out);
 }
 
@@ -1545,7 +1544,7 @@ static int exec_stmt_inner(struct tctx *c, struct tframe *f, const struct tnode 
         struct tframe *bf = frame_new(c, f);
         if (!bf)
             return tmpl_oom(c, n);
-        if ((rc = scope_undef(c, bf, n)) || (rc = capture(c, bf, n, &n->v, &v)))
+        if ((rc = scope_undef(c, bf, n)) || (rc = capture(c, bf, &n->v, &v)))
             return rc;
         if (n->b) {
             struct tv r;
@@ -1575,7 +1574,7 @@ static int exec_stmt_inner(struct tctx *c, struct tframe *f, const struct tnode 
         struct tv r;
         if (!bf)
             return tmpl_oom(c, n);
-        if ((rc = scope_undef(c, bf, n)) || (rc = capture(c, bf, n, &n->v, &v)) ||
+        if ((rc = scope_undef(c, bf, n)) || (rc = capture(c, bf, &n->v, &v)) ||
             (rc = apply_chain(c, bf, n->a, &v, &r)))
             return rc;
         if ((rc = tmpl_to_str(c, n, c->out, &r)))

@@ -848,7 +848,7 @@ static int parse_spec(struct tctx *c, const struct tnode *at, const char *p, siz
 }
 
 /* Lays out sign + prefix + digits with fill/align/width (align '=' pads after the sign). */
-static int layout_number(struct tctx *c, const struct tnode *at, const char *sign, const char *prefix,
+static int layout_number(struct tctx *c, const char *sign, const char *prefix,
                          const char *digits, size_t nd, const struct fspec *f, struct tv *out)
 {
     uint32_t fill = f->fill;
@@ -875,7 +875,6 @@ static int layout_number(struct tctx *c, const struct tnode *at, const char *sig
     tmpl_sb_put(&b, digits, nd);
     for (int64_t i = 0; i < right; i++)
         tmpl_sb_put(&b, u, k);
-    (void)at;
     return tmpl_sb_to_str(c, &b, out);
 }
 
@@ -902,7 +901,7 @@ static int format_int(struct tctx *c, const struct tnode *at, int64_t v, const s
             return tmpl_err(c, at, CAIRN_EFORMAT, "%%c arg not in range(0x110000)");
         char u[5];
         size_t k = tmpl_utf8_enc((uint32_t)v, u);
-        return layout_number(c, at, "", "", u, k, f, out);
+        return layout_number(c, "", "", u, k, f, out);
     }
     uint64_t mag = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
     int base = type == 'b' ? 2 : type == 'o' ? 8 : (type == 'x' || type == 'X') ? 16 : 10;
@@ -922,7 +921,7 @@ static int format_int(struct tctx *c, const struct tnode *at, int64_t v, const s
     group_digits(fwd, (size_t)nt, f->grouping, base == 10 ? 3 : 4, digits, &nd);
     const char *sign = v < 0 ? "-" : f->sign == '+' ? "+" : f->sign == ' ' ? " " : "";
     const char *prefix = !f->alt ? "" : type == 'b' ? "0b" : type == 'o' ? "0o" : type == 'x' ? "0x" : type == 'X' ? "0X" : "";
-    return layout_number(c, at, sign, prefix, digits, nd, f, out);
+    return layout_number(c, sign, prefix, digits, nd, f, out);
 }
 
 static int format_float(struct tctx *c, const struct tnode *at, double d, const struct fspec *f, struct tv *out)
@@ -998,7 +997,7 @@ static int format_float(struct tctx *c, const struct tnode *at, double d, const 
         memcpy(digits, buf, nd);
     }
     const char *sign = neg ? "-" : f->sign == '+' ? "+" : f->sign == ' ' ? " " : "";
-    return layout_number(c, at, sign, "", digits, nd, f, out);
+    return layout_number(c, sign, "", digits, nd, f, out);
 }
 
 /* format(value, spec) */
@@ -1387,7 +1386,7 @@ int tmpl_percent_format(struct tctx *c, const struct tnode *at, const struct tv 
                 char sign[2] = {iv < 0 ? '-' : f.sign, 0};
                 const char *prefix = !f.alt ? "" : conv == 'o' ? "0o" : conv == 'x' ? "0x" : conv == 'X' ? "0X" : "";
                 f.prec = -1;
-                if ((rc = layout_number(c, at, sign, prefix, s.u.s.p, s.u.s.n, &f, &s)))
+                if ((rc = layout_number(c, sign, prefix, s.u.s.p, s.u.s.n, &f, &s)))
                     goto fail;
             } else if ((rc = format_int(c, at, iv, &f, &s))) {
                 goto fail;
