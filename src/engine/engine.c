@@ -224,9 +224,10 @@ static void attn_run(void *ctx, int ith, int nth)
     float scale = 1.0f / sqrtf((float)hd);
     float *scores = e->scores + (int64_t)ith * e->cfg.max_ctx;
     float *acc = e->head_acc + (int64_t)ith * hd;
-    long lo, hi;
-    pool_split((long)j->batch->n * hp->n_head, 1, ith, nth, &lo, &hi);
-    for (long w = lo; w < hi; w++) {
+    /* (token, head) pairs dealt out in turn: later tokens of a prompt attend over more
+     * positions, so contiguous ranges would leave one thread with most of the work. */
+    long n_work = (long)j->batch->n * hp->n_head;
+    for (long w = ith; w < n_work; w += nth) {
         int b = (int)(w / hp->n_head), h = (int)(w % hp->n_head);
         int seq = j->batch->seq[b];
         int64_t n_pos = j->batch->pos[b] + 1;

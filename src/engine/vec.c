@@ -3,6 +3,8 @@
 #include "base/cpu.h"
 #include "kern/kern.h"
 
+#include <string.h>
+
 static float reduce16(float lane[16])
 {
     for (int s = 8; s >= 1; s /= 2)
@@ -49,11 +51,27 @@ static const struct vec_ops ref_ops = {dot_f32_ref, dot_f16_ref, axpy_f16_ref, a
 
 const struct vec_ops *vec_ops_ref(void) { return &ref_ops; }
 
+/* In vec_avx2.c and vec_avx512.c, compiled for those ISAs; called only after a CPU check. */
 const struct vec_ops *vec_ops_avx2(void);
+const struct vec_ops *vec_ops_avx512(void);
+
+const struct vec_ops *vec_ops_variant(const char *name)
+{
+    const struct cpu_features *f = cpu_features();
+    if (!strcmp(name, "ref"))
+        return &ref_ops;
+    if (!strcmp(name, "avx2") && f->avx2 && f->fma && f->f16c)
+        return vec_ops_avx2();
+    if (!strcmp(name, "avx512") && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq)
+        return vec_ops_avx512();
+    return NULL;
+}
 
 const struct vec_ops *vec_ops_best(void)
 {
     const struct cpu_features *f = cpu_features();
+    if (f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq)
+        return vec_ops_avx512();
     if (f->avx2 && f->fma && f->f16c)
         return vec_ops_avx2();
     return &ref_ops;

@@ -19,6 +19,8 @@ struct vec_ops {
 
 /* The reference (scalar) variant. */
 const struct vec_ops *vec_ops_ref(void);
+/* A variant by name ("ref", "avx2", "avx512"), or NULL when this CPU lacks it. */
+const struct vec_ops *vec_ops_variant(const char *name);
 /* The fastest variant this CPU runs. */
 const struct vec_ops *vec_ops_best(void);
 

@@ -4,15 +4,14 @@
 
 #include <immintrin.h>
 
-static float reduce16(__m256 lo, __m256 hi)
+/* lane[l] += lane[l+s] for s = 8, 4, 2, 1: the reference's tree, in registers. */
+static inline float reduce16(__m256 lo, __m256 hi)
 {
-    float lane[16];
-    _mm256_storeu_ps(lane, lo);
-    _mm256_storeu_ps(lane + 8, hi);
-    for (int s = 8; s >= 1; s /= 2)
-        for (int l = 0; l < s; l++)
-            lane[l] = lane[l] + lane[l + s];
-    return lane[0];
+    __m256 v8 = _mm256_add_ps(lo, hi);
+    __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps(v8, 1));
+    __m128 v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+    __m128 v1 = _mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1));
+    return _mm_cvtss_f32(v1);
 }
 
 static inline float half_to_float(uint16_t h)

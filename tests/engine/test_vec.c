@@ -1,0 +1,50 @@
+/* Every SIMD variant of the forward pass's vector helpers gives the reference's bits. */
+#include "engine/vec.h"
+#include "kern/kern.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <string.h>
+
+#define MAXN 300
+
+int main(void)
+{
+    const struct vec_ops *ref = vec_ops_ref();
+    const char *names[] = {"avx2", "avx512"};
+    uint64_t seed = 42;
+    float a[MAXN], b[MAXN], y0[MAXN], y1[MAXN];
+    uint16_t h[MAXN], h0[MAXN], h1[MAXN];
+    for (int v = 0; v < 2; v++) {
+        const struct vec_ops *ops = vec_ops_variant(names[v]);
+        if (!ops) {
+            printf("%s: not on this CPU, skipped\n", names[v]);
+            continue;
+        }
+        int bad = 0;
+        for (int rep = 0; rep < 400; rep++) {
+            int n = 1 + (int)(test_rand_u64(&seed) % MAXN);
+            float scale = powf(10.0f, (float)(int)(test_rand_u64(&seed) % 7) - 3.0f);
+            for (int i = 0; i < n; i++) {
+                a[i] = test_rand_float(&seed) * scale;
+                b[i] = test_rand_float(&seed);
+                h[i] = kern_f32_to_f16(test_rand_float(&seed) * 4.0f);
+                y0[i] = y1[i] = test_rand_float(&seed);
+            }
+            float r0 = ref->dot_f32(a, b, n), r1 = ops->dot_f32(a, b, n);
+            bad += memcmp(&r0, &r1, sizeof r0) != 0;
+            r0 = ref->dot_f16(a, h, n), r1 = ops->dot_f16(a, h, n);
+            bad += memcmp(&r0, &r1, sizeof r0) != 0;
+            ref->axpy_f16(y0, a[0], h, n);
+            ops->axpy_f16(y1, a[0], h, n);
+            ref->axpy_f32(y0, b[1 % n], a, n);
+            ops->axpy_f32(y1, b[1 % n], a, n);
+            bad += memcmp(y0, y1, (size_t)n * sizeof *y0) != 0;
+            ref->to_f16(h0, a, n);
+            ops->to_f16(h1, a, n);
+            bad += memcmp(h0, h1, (size_t)n * sizeof *h0) != 0;
+        }
+        CHECK(bad == 0, "%s: %d of 1600 results differ from the reference in bits", names[v], bad);
+    }
+    return test_main_end();
+}
