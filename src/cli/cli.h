@@ -13,5 +13,7 @@ int cli_generate(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 /* cairn template (-m MODEL | --template FILE) --messages FILE [--tools FILE] [--add-generation-prompt] [--var NAME=JSON] */
 int cli_template(int argc, char **argv);
+/* cairn node [--api-port N] [--peer HOST:PORT]... (see its --help); runs until SIGINT/SIGTERM */
+int cli_node(int argc, char **argv);
 
 #endif

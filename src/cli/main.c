@@ -15,6 +15,7 @@ static const struct command {
     {"generate", cli_generate, "generate tokens from a model"},
     {"bench", cli_bench, "measure prefill and decode speed against the memory roofline"},
     {"template", cli_template, "render a chat template (as Hugging Face renders it)"},
+    {"node", cli_node, "run this machine's node of a cluster (the default with no command)"},
 };
 
 static void usage(FILE *f)
@@ -26,10 +27,8 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        usage(stderr);
-        return 2;
-    }
+    if (argc < 2)
+        return cli_node(argc, argv); /* `cairn` alone: a node with everything on */
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(stdout);
         return 0;

@@ -1,0 +1,479 @@
+#include "api/routes_cluster.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/sse.h"
+#include "base/err.h"
+#include "base/log.h"
+#include "cluster/eventlog.h"
+
+/* An SSE client of /events: subscribed to the node until its stream closes. */
+struct ev_stream {
+    struct ev_stream *next;
+    struct http_stream *s;
+    uint64_t token;
+};
+
+struct routes_cluster {
+    struct node *node;
+    int timeout_ms;
+    pthread_mutex_t mu; /* streams */
+    struct ev_stream *streams;
+};
+
+int routes_cluster_status(int code)
+{
+    switch (code) {
+    case 0:
+        return 200;
+    case CAIRN_ENOTFOUND:
+        return 404;
+    case CAIRN_EFORMAT:
+    case CAIRN_EINVAL:
+    case CAIRN_ERANGE:
+    case CAIRN_EUNSUPPORTED:
+        return 400;
+    case CAIRN_ESTATE:
+    case CAIRN_EFULL:
+        return 409;
+    case CAIRN_EIO:
+        return 503;
+    default:
+        return 500;
+    }
+}
+
+static const char *error_type(int code)
+{
+    switch (code) {
+    case CAIRN_ENOTFOUND:
+        return "not_found";
+    case CAIRN_EFULL:
+        return "no_placement";
+    case CAIRN_ESTATE:
+        return "conflict";
+    case CAIRN_EIO:
+        return "no_master";
+    case CAIRN_EUNSUPPORTED:
+        return "unsupported";
+    case CAIRN_ENOMEM:
+        return "server_error";
+    default:
+        return "invalid_request";
+    }
+}
+
+static void reply_code(struct http_request *req, int code, const char *message)
+{
+    if (code == CAIRN_EIO)
+        http_reply_header(req, "Retry-After", "2");
+    http_reply_error(req, routes_cluster_status(code), error_type(code), "%s", message);
+}
+
+static void reply_oom(struct http_request *req)
+{
+    http_reply_error(req, 500, "server_error", "out of memory");
+}
+
+/* ---- state ---- */
+
+struct state_text {
+    char *text;
+};
+
+static void state_to_text(void *ctx, const struct cluster_state *s)
+{
+    ((struct state_text *)ctx)->text = cluster_state_to_json(s);
+}
+
+static void get_state_copy(void *ctx, const struct cluster_state *s)
+{
+    *(struct cluster_state **)ctx = cluster_state_copy(s);
+}
+
+static void h_node_id(struct http_request *req, void *ctx)
+{
+    struct routes_cluster *r = ctx;
+    http_reply_json(req, 200, json_pack("{s:s}", "node_id", node_id(r->node)));
+}
+
+static void h_state(struct http_request *req, void *ctx)
+{
+    struct routes_cluster *r = ctx;
+    struct state_text t = {0};
+    node_read_state(r->node, state_to_text, &t);
+    if (!t.text) {
+        reply_oom(req);
+        return;
+    }
+    http_reply_bytes(req, 200, "application/json", t.text, strlen(t.text));
+    free(t.text);
+}
+
+static void h_state_path(struct http_request *req, void *ctx)
+{
+    struct routes_cluster *r = ctx;
+    const char *path = http_req_param(req, "path");
+    struct state_text t = {0};
+    node_read_state(r->node, state_to_text, &t);
+    json_t *root = t.text ? json_loads(t.text, 0, NULL) : NULL;
+    free(t.text);
+    if (!root) {
+        reply_oom(req);
+        return;
+    }
+    char buf[1024], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", path ? path : "");
+    json_t *cur = root;
+    for (char *key = strtok_r(buf, "/", &save); key && cur; key = strtok_r(NULL, "/", &save)) {
+        if (json_is_object(cur)) {
+            cur = json_object_get(cur, key);
+        } else if (json_is_array(cur)) {
+            char *end;
+            unsigned long i = strtoul(key, &end, 10);
+            cur = *key && !*end ? json_array_get(cur, i) : NULL;
+        } else {
+            cur = NULL;
+        }
+    }
+    if (!cur)
+        http_reply_error(req, 404, "not_found", "state has no %s", path ? path : "");
+    else
+        http_reply_json(req, 200, json_incref(cur));
+    json_decref(root);
+}
+
+/* ---- events ---- */
+
+struct collect {
+    json_t *arr;
+    bool bad;
+};
+
+static int collect_one(void *ctx, const struct eventlog_event *ev)
+{
+    struct collect *c = ctx;
+    json_t *j = json_loadb(ev->json ? ev->json : "", ev->len, 0, NULL);
+    if (!j || json_array_append_new(c->arr, j)) {
+        c->bad = true;
+        return 1;
+    }
+    return 0;
+}
+
+/* Releases the streams that have closed (their subscriptions first). */
+static void sweep(struct routes_cluster *r, bool all)
+{
+    pthread_mutex_lock(&r->mu);
+    for (struct ev_stream **pp = &r->streams; *pp;) {
+        struct ev_stream *e = *pp;
+        if (!all && !http_stream_closed(e->s)) {
+            pp = &e->next;
+            continue;
+        }
+        *pp = e->next;
+        node_unsubscribe(r->node, e->token);
+        http_stream_release(e->s);
+        free(e);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void on_event(void *ctx, const char *json, size_t len, int64_t term, int64_t index)
+{
+    struct ev_stream *e = ctx;
+    (void)len;
+    char id[64];
+    snprintf(id, sizeof id, "%lld:%lld", (long long)term, (long long)index);
+    if (!http_stream_closed(e->s))
+        sse_send(e->s, NULL, id, json); /* a full queue closes the stream; sweep frees it */
+}
+
+static bool wants_stream(struct http_request *req)
+{
+    const char *q = http_req_query(req, "stream");
+    if (q && (!strcmp(q, "1") || !strcmp(q, "true")))
+        return true;
+    const char *accept = http_req_header(req, "Accept");
+    return accept && strstr(accept, "text/event-stream");
+}
+
+static void h_events_stream(struct http_request *req, struct routes_cluster *r)
+{
+    sweep(r, false);
+    struct ev_stream *e = calloc(1, sizeof *e);
+    if (!e) {
+        reply_oom(req);
+        return;
+    }
+    if (sse_start(req, &e->s)) {
+        free(e);
+        return;
+    }
+    if (node_subscribe(r->node, on_event, e, &e->token)) {
+        sse_comment(e->s, "too many event streams");
+        http_stream_release(e->s);
+        free(e);
+        return;
+    }
+    pthread_mutex_lock(&r->mu);
+    e->next = r->streams;
+    r->streams = e;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static bool query_int(struct http_request *req, const char *name, long long lo, long long hi,
+                      long long *out)
+{
+    const char *v = http_req_query(req, name);
+    if (!v)
+        return true;
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    if (!*v || *end || x < lo || x > hi) {
+        http_reply_error(req, 400, "invalid_request", "%s: must be an integer in [%lld, %lld]",
+                         name, lo, hi);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+static void h_events(struct http_request *req, void *ctx)
+{
+    struct routes_cluster *r = ctx;
+    if (wants_stream(req)) {
+        h_events_stream(req, r);
+        return;
+    }
+    long long term = 0, index = 0, limit = ROUTES_EVENTS_LIMIT;
+    if (!query_int(req, "since_term", 0, IDS_COUNTER_MAX, &term) ||
+        !query_int(req, "since_index", 0, IDS_COUNTER_MAX, &index) ||
+        !query_int(req, "limit", 1, ROUTES_EVENTS_MAX, &limit))
+        return;
+    struct eventlog *log = NULL;
+    char err[512];
+    int rc = eventlog_open(&log, node_log_path(r->node), err, sizeof err);
+    struct collect c = {.arr = json_array()};
+    int reset = 0;
+    if (!rc && c.arr)
+        rc = eventlog_read_since(log, term, index, collect_one, &c, (size_t)limit, &reset, err,
+                                 sizeof err);
+    eventlog_close(log);
+    if (rc == CAIRN_ERANGE) {
+        json_decref(c.arr);
+        http_reply_error(req, 400, "invalid_request", "since: %s", err);
+        return;
+    }
+    if (rc || !c.arr || c.bad) {
+        json_decref(c.arr);
+        http_reply_error(req, 500, "server_error", "event log: %s", rc ? err : "out of memory");
+        return;
+    }
+    http_reply_json(req, 200, json_pack("{s:o, s:b}", "events", c.arr, "reset", reset));
+}
+
+/* ---- instances ---- */
+
+struct find_instance {
+    const char *id;
+    json_t *out;
+};
+
+static void find_instance(void *ctx, const struct cluster_state *s)
+{
+    struct find_instance *f = ctx;
+    const struct cluster_instance *in = cluster_state_find_instance(s, f->id);
+    f->out = in ? cluster_instance_to_json(in) : NULL;
+}
+
+static json_t *instance_json(struct routes_cluster *r, const char *id)
+{
+    struct find_instance f = {.id = id};
+    if (id && id[0])
+        node_read_state(r->node, find_instance, &f);
+    return f.out;
+}
+
+/* Runs a command built from the request and answers for it. */
+static void run_command(struct http_request *req, struct routes_cluster *r,
+                        enum command_kind kind, const char *instance_id, const char *done)
+{
+    struct command c;
+    char err[COMMAND_MESSAGE_MAX];
+    const json_t *body = http_req_json(req);
+    size_t len = 0;
+    http_req_body(req, &len);
+    if (kind != COMMAND_DELETE_INSTANCE && !body) {
+        http_reply_error(req, 400, "invalid_request",
+                         len ? "body: not JSON" : "body: a JSON object is required");
+        return;
+    }
+    int rc = command_from_request(kind, body, instance_id, &c, err, sizeof err);
+    if (rc) {
+        reply_code(req, rc == CAIRN_ENOMEM ? rc : CAIRN_EFORMAT, err);
+        return;
+    }
+    struct command_result res;
+    rc = node_command(r->node, &c, r->timeout_ms, &res);
+    command_clear(&c);
+    if (rc) {
+        reply_code(req, rc, res.message);
+        return;
+    }
+    json_t *in = kind == COMMAND_DELETE_INSTANCE ? NULL : instance_json(r, res.instance_id);
+    char msg[256];
+    snprintf(msg, sizeof msg, "instance %s %s", res.instance_id, done);
+    http_reply_json(req, 200,
+                    json_pack("{s:s, s:s, s:o, s:o}", "message", msg, "command_id",
+                              res.command_id, "instance_id",
+                              ids_json_string_or_null(res.instance_id, true), "instance",
+                              in ? in : json_null()));
+}
+
+static void h_place(struct http_request *req, void *ctx)
+{
+    run_command(req, ctx, COMMAND_PLACE_INSTANCE, NULL, "placed");
+}
+
+static void h_create(struct http_request *req, void *ctx)
+{
+    run_command(req, ctx, COMMAND_CREATE_INSTANCE, NULL, "created");
+}
+
+static void h_delete(struct http_request *req, void *ctx)
+{
+    run_command(req, ctx, COMMAND_DELETE_INSTANCE, http_req_param(req, "id"), "deleted");
+}
+
+static void h_draft(struct http_request *req, void *ctx)
+{
+    run_command(req, ctx, COMMAND_SET_INSTANCE_DRAFT_MODEL, http_req_param(req, "id"),
+                "has its draft model set");
+}
+
+static void h_instance(struct http_request *req, void *ctx)
+{
+    const char *id = http_req_param(req, "id");
+    json_t *in = ids_valid_id(id) ? instance_json(ctx, id) : NULL;
+    if (!in)
+        http_reply_error(req, 404, "not_found", "instance %s not found", id);
+    else
+        http_reply_json(req, 200, in);
+}
+
+static void h_previews(struct http_request *req, void *ctx)
+{
+    struct routes_cluster *r = ctx;
+    const char *model = http_req_query(req, "model_id");
+    const char *sharding = http_req_query(req, "sharding");
+    const char *draft = http_req_query(req, "draft_model");
+    long long min_nodes = 1;
+    if (!model || !ids_valid_model(model)) {
+        http_reply_error(req, 400, "invalid_request", "model_id: %s",
+                         model ? "not a valid model id" : "required");
+        return;
+    }
+    if (draft && draft[0] && !ids_valid_model(draft)) {
+        http_reply_error(req, 400, "invalid_request", "draft_model: not a valid model id");
+        return;
+    }
+    enum cluster_sharding sh = CLUSTER_SHARDING_PIPELINE;
+    if (sharding && !strcmp(sharding, "tensor"))
+        sh = CLUSTER_SHARDING_TENSOR;
+    else if (sharding && strcmp(sharding, "pipeline")) {
+        http_reply_error(req, 400, "invalid_request",
+                         "sharding: \"%.32s\" is not one of pipeline, tensor", sharding);
+        return;
+    }
+    if (!query_int(req, "min_nodes", 1, CLUSTER_MAX_SHARDS, &min_nodes))
+        return;
+    /* Placement reads model files: on a copy, so the node thread never waits for it. */
+    struct cluster_state *s = NULL;
+    node_read_state(r->node, get_state_copy, &s);
+    if (!s) {
+        reply_oom(req);
+        return;
+    }
+    struct place_result pr;
+    char err[512];
+    int rc = master_previews(s, node_master_env(r->node), model, sh, (int)min_nodes, draft, &pr,
+                             err, sizeof err);
+    cluster_state_release(s);
+    if (rc) {
+        place_result_free(&pr);
+        reply_code(req, rc == CAIRN_EINVAL ? CAIRN_EFORMAT : rc, err);
+        return;
+    }
+    json_t *j = place_result_to_json(&pr);
+    place_result_free(&pr);
+    if (!j)
+        reply_oom(req);
+    else
+        http_reply_json(req, 200, j);
+}
+
+static void h_models(struct http_request *req, void *ctx)
+{
+    struct routes_cluster *r = ctx;
+    json_t *arr = node_models_json(r->node);
+    if (!arr)
+        reply_oom(req);
+    else
+        http_reply_json(req, 200, json_pack("{s:o}", "models", arr));
+}
+
+/* ---- setup ---- */
+
+int routes_cluster_create(struct routes_cluster **out, struct http_server *srv,
+                          struct node *node, int command_timeout_ms, char *err,
+                          size_t errlen)
+{
+    static const struct {
+        const char *method, *pattern;
+        http_handler_fn fn;
+    } routes[] = {
+        {"GET", "/node_id", h_node_id},
+        {"GET", "/state", h_state},
+        {"GET", "/state/*path", h_state_path},
+        {"GET", "/events", h_events},
+        {"GET", "/instance/previews", h_previews},
+        {"POST", "/place_instance", h_place},
+        {"POST", "/instance", h_create},
+        {"GET", "/instance/:id", h_instance},
+        {"DELETE", "/instance/:id", h_delete},
+        {"PUT", "/instance/:id/draft_model", h_draft},
+        {"GET", "/models", h_models},
+    };
+    *out = NULL;
+    if (!srv || !node || command_timeout_ms < 0)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "routes: a server and a node are required");
+    struct routes_cluster *r = calloc(1, sizeof *r);
+    if (!r)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    r->node = node;
+    r->timeout_ms = command_timeout_ms ? command_timeout_ms : ROUTES_COMMAND_TIMEOUT_MS;
+    pthread_mutex_init(&r->mu, NULL);
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        int rc = http_route(srv, routes[i].method, routes[i].pattern, routes[i].fn, r);
+        if (rc) {
+            routes_cluster_release(r);
+            return cairn_fail(err, errlen, rc, "route %s %s: %s", routes[i].method,
+                              routes[i].pattern, cairn_strerror(rc));
+        }
+    }
+    *out = r;
+    return 0;
+}
+
+void routes_cluster_release(struct routes_cluster *r)
+{
+    if (!r)
+        return;
+    sweep(r, true);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}

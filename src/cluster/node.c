@@ -1,0 +1,1543 @@
+#include "cluster/node.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/err.h"
+#include "base/log.h"
+#include "cluster/discovery.h"
+#include "cluster/election.h"
+#include "cluster/eventlog.h"
+#include "cluster/link.h"
+#include "cluster/nodeinfo.h"
+
+#define HEARTBEAT_MS_DEFAULT 500
+#define LINK_SILENCE_MS_DEFAULT 3000
+#define REQUEST_RETRY_MS 500
+#define CATALOG_RESCAN_MS 1000
+
+enum pending_state { P_QUEUED, P_SENT, P_WAIT_STATE, P_DONE };
+
+/* A command an API thread waits on; the node thread moves it along. */
+struct pending {
+    struct pending *next;
+    struct command *cmd; /* the waiting caller's */
+    enum pending_state st;
+    char sent_to[IDS_ID_MAX + 1];
+    int64_t queued_ms;
+    struct command_result res;
+};
+
+struct sub {
+    uint64_t token;
+    node_event_fn fn;
+    void *ctx;
+};
+
+struct heard {
+    char id[IDS_ID_MAX + 1];
+    int64_t ms;
+};
+
+struct rtt {
+    char id[IDS_ID_MAX + 1];
+    int64_t us;
+};
+
+struct node {
+    char id[IDS_ID_MAX + 1];
+    char *data_dir, *models_dir, *log_path;
+    bool force_master, worker;
+    int64_t memory_limit;
+    int node_timeout_ms;
+    atomic_int api_port;
+    int64_t since_ms; /* wall clock at start: seniority */
+
+    struct link *link;
+    struct election *el;
+    struct eventlog *log;
+    struct discovery *disc;
+
+    pthread_mutex_t cat_mu;
+    struct catalog *catalog;
+    int64_t cat_scanned_ms;
+    struct master_env env;
+
+    pthread_mutex_t mu; /* state and status */
+    struct cluster_state *state;
+    struct node_status status;
+
+    pthread_t thread;
+    bool running;
+    atomic_bool stop;
+
+    pthread_mutex_t pend_mu;
+    pthread_cond_t pend_cv;
+    struct pending *pend;
+    uint64_t next_cmd;
+    bool stopped; /* under pend_mu: no more commands */
+
+    pthread_mutex_t sub_mu;
+    struct sub subs[NODE_MAX_SUBSCRIBERS];
+    size_t n_subs;
+    uint64_t next_token;
+
+    /* node thread only */
+    int64_t master_term;  /* the term we started as master; 0 when not master */
+    char followed[IDS_ID_MAX + 1];
+    int64_t followed_term;
+    bool followed_confirmed;
+    struct heard *heard;
+    size_t n_heard, cap_heard;
+    int64_t next_timeout_ms, next_head_ms, next_gossip_ms, next_info_ms;
+    int64_t since_snapshot;
+    int64_t last_request_ms;
+    struct node_info info;      /* last gathered */
+    struct node_info reported;  /* last reported */
+    bool has_info, has_reported, report_due;
+    int64_t last_report_ms;
+    json_t *reported_edges;
+    struct rtt *rtts;
+    size_t n_rtts, cap_rtts;
+};
+
+static int64_t mono_ms(void) { return clock_ns() / 1000000; }
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- node id ---- */
+
+/* mkdir -p; 0 or CAIRN_EIO. */
+static int make_dirs(const char *path, char *err, size_t errlen)
+{
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return cairn_fail(err, errlen, CAIRN_EIO, "path too long: %.64s...", path);
+    for (char *p = buf + 1; ; p++) {
+        if (*p == '/' || !*p) {
+            char c = *p;
+            *p = 0;
+            if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+                return cairn_fail(err, errlen, CAIRN_EIO, "mkdir %s: %s", buf, strerror(errno));
+            *p = c;
+            if (!c)
+                break;
+        }
+    }
+    return 0;
+}
+
+static int read_id_file(const char *path, char *id, char *err, size_t errlen)
+{
+    char buf[IDS_ID_MAX + 4];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? CAIRN_ENOTFOUND
+                               : cairn_fail(err, errlen, CAIRN_EIO, "open %s: %s", path, strerror(errno));
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n < 0)
+        return cairn_fail(err, errlen, CAIRN_EIO, "read %s: %s", path, strerror(errno));
+    buf[n] = 0;
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' '))
+        buf[--n] = 0;
+    if (!ids_valid_id(buf) || !link_valid_id(buf))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT,
+                          "%s does not hold a node id (1..63 bytes of A-Z a-z 0-9 . _ : -)", path);
+    memcpy(id, buf, (size_t)n + 1);
+    return 0;
+}
+
+int node_load_id(const char *data_dir, char *id, char *err, size_t errlen)
+{
+    char path[4096], tmp[4200];
+    int rc = make_dirs(data_dir, err, errlen);
+    if (rc)
+        return rc;
+    snprintf(path, sizeof path, "%s/node_id", data_dir);
+    rc = read_id_file(path, id, err, errlen);
+    if (rc != CAIRN_ENOTFOUND)
+        return rc;
+    char fresh[IDS_ID_MAX + 1];
+    if ((rc = ids_random(fresh, err, errlen)))
+        return rc;
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return cairn_fail(err, errlen, CAIRN_EIO, "create %s: %s", tmp, strerror(errno));
+    size_t len = strlen(fresh);
+    fresh[len] = '\n';
+    bool ok = write(fd, fresh, len + 1) == (ssize_t)(len + 1) && fsync(fd) == 0;
+    fresh[len] = 0;
+    close(fd);
+    /* link() never replaces: of two nodes racing on one dir, both read the winner's id. */
+    if (!ok || (link(tmp, path) != 0 && errno != EEXIST)) {
+        int e = errno;
+        unlink(tmp);
+        return cairn_fail(err, errlen, CAIRN_EIO, "write %s: %s", path, strerror(e));
+    }
+    unlink(tmp);
+    return read_id_file(path, id, err, errlen);
+}
+
+/* ---- catalog ---- */
+
+int node_card(void *ctx, const char *model_id, struct catalog_card *out, char *err,
+              size_t errlen)
+{
+    struct node *n = ctx;
+    memset(out, 0, sizeof *out);
+    if (!n->catalog)
+        return cairn_fail(err, errlen, CAIRN_ENOTFOUND, "model %s not found (no models folder)",
+                          model_id);
+    pthread_mutex_lock(&n->cat_mu);
+    int64_t now = mono_ms();
+    const struct catalog_card *c = catalog_find(n->catalog, model_id);
+    if (!c || now - n->cat_scanned_ms >= CATALOG_RESCAN_MS) {
+        char why[256];
+        if (catalog_scan(n->catalog, why, sizeof why))
+            log_warn("node %s: models folder: %s", n->id, why);
+        n->cat_scanned_ms = now;
+        c = catalog_find(n->catalog, model_id);
+    }
+    int rc = 0;
+    if (!c)
+        rc = cairn_fail(err, errlen, CAIRN_ENOTFOUND, "model %s not found in %s", model_id,
+                        catalog_dir(n->catalog));
+    else if (c->error)
+        rc = cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "model %s cannot be used: %s", model_id,
+                        c->error);
+    else if (master_card_copy(out, c))
+        rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    pthread_mutex_unlock(&n->cat_mu);
+    return rc;
+}
+
+const struct master_env *node_master_env(const struct node *n) { return &n->env; }
+
+struct models_ctx {
+    json_t *arr;
+    bool oom;
+};
+
+static void add_model_nodes(void *ctx, const struct cluster_state *s)
+{
+    struct models_ctx *m = ctx;
+    for (size_t i = 0; i < json_array_size(m->arr); i++) {
+        json_t *card = json_array_get(m->arr, i);
+        json_t *nodes = json_object_get(card, "nodes");
+        const char *id = json_string_value(json_object_get(card, "id"));
+        for (size_t k = 0; id && k < s->n_downloads; k++) {
+            const struct cluster_download *d = &s->downloads[k];
+            if (d->status == CLUSTER_DOWNLOAD_COMPLETED && !strcmp(d->model_id, id) &&
+                json_array_append_new(nodes, json_string(d->node_id)))
+                m->oom = true;
+        }
+    }
+}
+
+json_t *node_models_json(struct node *n)
+{
+    json_t *arr = json_array();
+    if (!arr || !n->catalog)
+        return arr;
+    pthread_mutex_lock(&n->cat_mu);
+    char why[256];
+    if (catalog_scan(n->catalog, why, sizeof why))
+        log_warn("node %s: models folder: %s", n->id, why);
+    n->cat_scanned_ms = mono_ms();
+    bool oom = false;
+    for (size_t i = 0; i < catalog_count(n->catalog) && !oom; i++) {
+        const struct catalog_card *c = catalog_at(n->catalog, i);
+        json_t *j = catalog_card_to_json(c);
+        json_t *nodes = json_array();
+        oom = !j || !nodes || json_array_append_new(nodes, json_string(n->id)) ||
+              json_object_set_new(j, "nodes", nodes) || json_array_append_new(arr, j);
+        if (oom && !j)
+            json_decref(nodes);
+    }
+    pthread_mutex_unlock(&n->cat_mu);
+    struct models_ctx m = {.arr = arr, .oom = oom};
+    if (!oom)
+        node_read_state(n, add_model_nodes, &m);
+    if (m.oom) {
+        json_decref(arr);
+        return NULL;
+    }
+    return arr;
+}
+
+/* ---- subscribers ---- */
+
+int node_subscribe(struct node *n, node_event_fn fn, void *ctx, uint64_t *token)
+{
+    pthread_mutex_lock(&n->sub_mu);
+    if (n->n_subs >= NODE_MAX_SUBSCRIBERS) {
+        pthread_mutex_unlock(&n->sub_mu);
+        return CAIRN_EFULL;
+    }
+    struct sub *s = &n->subs[n->n_subs++];
+    s->token = ++n->next_token;
+    s->fn = fn;
+    s->ctx = ctx;
+    *token = s->token;
+    pthread_mutex_unlock(&n->sub_mu);
+    return 0;
+}
+
+void node_unsubscribe(struct node *n, uint64_t token)
+{
+    pthread_mutex_lock(&n->sub_mu);
+    for (size_t i = 0; i < n->n_subs; i++) {
+        if (n->subs[i].token == token) {
+            n->subs[i] = n->subs[--n->n_subs];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&n->sub_mu);
+}
+
+static void notify(struct node *n, const char *json, int64_t term, int64_t index)
+{
+    pthread_mutex_lock(&n->sub_mu);
+    for (size_t i = 0; i < n->n_subs; i++)
+        n->subs[i].fn(n->subs[i].ctx, json, strlen(json), term, index);
+    pthread_mutex_unlock(&n->sub_mu);
+}
+
+/* ---- state access ---- */
+
+void node_read_state(struct node *n, void (*fn)(void *ctx, const struct cluster_state *s),
+                     void *ctx)
+{
+    pthread_mutex_lock(&n->mu);
+    fn(ctx, n->state);
+    pthread_mutex_unlock(&n->mu);
+}
+
+void node_get_status(struct node *n, struct node_status *st)
+{
+    pthread_mutex_lock(&n->mu);
+    *st = n->status;
+    pthread_mutex_unlock(&n->mu);
+    st->api_port = atomic_load(&n->api_port);
+}
+
+const char *node_id(const struct node *n) { return n->id; }
+int node_cluster_port(const struct node *n) { return link_port(n->link); }
+void node_set_api_port(struct node *n, int port) { atomic_store(&n->api_port, port); }
+const char *node_log_path(const struct node *n) { return n->log_path; }
+
+/* Refreshes what node_get_status returns (node thread). */
+static void update_status(struct node *n)
+{
+    struct link_peer peers[1];
+    struct node_status st;
+    memset(&st, 0, sizeof st);
+    snprintf(st.node_id, sizeof st.node_id, "%s", n->id);
+    enum election_role role = election_role(n->el);
+    st.role = election_role_name(role);
+    st.is_master = role == ELECTION_MASTER;
+    st.term = election_term(n->el);
+    if (role == ELECTION_MASTER || (role == ELECTION_FOLLOWER && election_confirmed(n->el)))
+        snprintf(st.master, sizeof st.master, "%s", election_master(n->el));
+    st.cluster_port = link_port(n->link);
+    st.n_peers = link_peers(n->link, peers, 0);
+    pthread_mutex_lock(&n->mu);
+    st.last_term = n->state->last_term;
+    st.last_index = n->state->last_index;
+    n->status = st;
+    pthread_mutex_unlock(&n->mu);
+}
+
+/* ---- the log ---- */
+
+/* JSON text of a snapshot event of the current state at its position (malloc'd). */
+static char *snapshot_json(struct node *n, int64_t term, int64_t index)
+{
+    struct event e;
+    event_init(&e, EVENT_STATE_SNAPSHOT, term, index);
+    e.state_snapshot.state = n->state; /* borrowed */
+    char *text = event_to_json(&e);
+    e.state_snapshot.state = NULL;
+    return text;
+}
+
+/* Starts this node's log copy again from a snapshot of its state: after a gap, a
+ * conflicting term, or a file that cannot be used. */
+static void log_reset(struct node *n, const char *why)
+{
+    char err[512], path[4200];
+    log_info("node %s: event log starts again from a snapshot (%s)", n->id, why);
+    eventlog_close(n->log);
+    n->log = NULL;
+    unlink(n->log_path);
+    snprintf(path, sizeof path, "%s-wal", n->log_path);
+    unlink(path);
+    snprintf(path, sizeof path, "%s-shm", n->log_path);
+    unlink(path);
+    if (eventlog_open(&n->log, n->log_path, err, sizeof err)) {
+        log_error("node %s: event log: %s", n->id, err);
+        return;
+    }
+    n->since_snapshot = 0;
+    if (n->state->last_term < 1)
+        return;
+    char *text = snapshot_json(n, n->state->last_term, n->state->last_index);
+    if (!text || eventlog_append(n->log, n->state->last_term, n->state->last_index,
+                                 EVENTLOG_SNAPSHOT_KIND, text, strlen(text), err, sizeof err))
+        log_error("node %s: event log snapshot: %s", n->id, text ? err : "out of memory");
+    free(text);
+}
+
+static void log_append(struct node *n, const struct event *e, const char *json)
+{
+    char err[512];
+    if (!n->log) {
+        log_reset(n, "no log open");
+        return;
+    }
+    int rc = eventlog_append(n->log, e->term, e->index, event_kind_name((int)e->kind), json,
+                             strlen(json), err, sizeof err);
+    if (rc == CAIRN_ESTATE) {
+        log_reset(n, err);
+        return;
+    }
+    if (rc) {
+        log_error("node %s: event log append: %s", n->id, err);
+        return;
+    }
+    if (e->kind == EVENT_STATE_SNAPSHOT) {
+        n->since_snapshot = 0;
+        int64_t removed = 0;
+        if (eventlog_compact(n->log, &removed, err, sizeof err))
+            log_warn("node %s: event log compaction: %s", n->id, err);
+        else if (removed)
+            log_debug("node %s: event log compacted (%lld events)", n->id, (long long)removed);
+    } else {
+        n->since_snapshot++;
+    }
+}
+
+struct replay {
+    struct cluster_state *s;
+    int64_t n;
+    bool broken;
+    char err[512];
+};
+
+static int replay_one(void *ctx, const struct eventlog_event *ev)
+{
+    struct replay *r = ctx;
+    struct event e;
+    int rc = event_from_json(ev->json ? ev->json : "", ev->len, &e, r->err, sizeof r->err);
+    if (!rc)
+        rc = cluster_apply(r->s, &e, r->err, sizeof r->err);
+    event_clear(&e);
+    if (rc) {
+        r->broken = true;
+        return 1;
+    }
+    r->n++;
+    return 0;
+}
+
+/* Opens the log (a file that is not a log is moved aside) and replays it. */
+static int log_open(struct node *n, char *err, size_t errlen)
+{
+    int rc = eventlog_open(&n->log, n->log_path, err, errlen);
+    if (rc == CAIRN_EFORMAT || rc == CAIRN_EUNSUPPORTED) {
+        char aside[4200];
+        snprintf(aside, sizeof aside, "%s.bad-%lld", n->log_path, (long long)wall_ms());
+        log_warn("node %s: %s: moved to %s", n->id, err, aside);
+        if (rename(n->log_path, aside) != 0)
+            return cairn_fail(err, errlen, CAIRN_EIO, "rename %s: %s", n->log_path, strerror(errno));
+        rc = eventlog_open(&n->log, n->log_path, err, errlen);
+    }
+    if (rc)
+        return rc;
+    struct replay r = {.s = n->state};
+    int reset = 0;
+    rc = eventlog_read_since(n->log, 0, 0, replay_one, &r, 0, &reset, err, errlen);
+    if (rc || r.broken) {
+        log_warn("node %s: event log replay stopped after %lld events: %s", n->id,
+                 (long long)r.n, rc ? err : r.err);
+        log_reset(n, "replay stopped");
+    } else if (r.n) {
+        log_info("node %s: replayed %lld events, at (%lld, %lld)", n->id, (long long)r.n,
+                 (long long)n->state->last_term, (long long)n->state->last_index);
+    }
+    return 0;
+}
+
+/* ---- applying events ---- */
+
+static bool pos_reached(const struct cluster_state *s, int64_t term, int64_t index)
+{
+    return s->last_term > term || (s->last_term == term && s->last_index >= index);
+}
+
+/* Marks done the pendings waiting for a position the state has reached (pend_mu held). */
+static bool settle_pendings(struct node *n)
+{
+    bool any = false;
+    for (struct pending *p = n->pend; p; p = p->next) {
+        if (p->st == P_WAIT_STATE && pos_reached(n->state, p->res.term, p->res.index)) {
+            p->st = P_DONE;
+            any = true;
+        }
+    }
+    return any;
+}
+
+static void wake_pendings(struct node *n)
+{
+    pthread_mutex_lock(&n->pend_mu);
+    if (settle_pendings(n))
+        pthread_cond_broadcast(&n->pend_cv);
+    pthread_mutex_unlock(&n->pend_mu);
+}
+
+/* Applies e (JSON text json) to the state, logs it and tells the subscribers. */
+static int take_event(struct node *n, const struct event *e, const char *json)
+{
+    char err[512];
+    pthread_mutex_lock(&n->mu);
+    int rc = cluster_apply(n->state, e, err, sizeof err);
+    pthread_mutex_unlock(&n->mu);
+    if (rc) {
+        log_debug("node %s: %s (%lld, %lld) not applied: %s", n->id, event_kind_name((int)e->kind),
+                  (long long)e->term, (long long)e->index, err);
+        return rc;
+    }
+    log_append(n, e, json);
+    notify(n, json, e->term, e->index);
+    return 0;
+}
+
+/* Master: numbers, applies, logs and broadcasts each event. */
+static void emit(struct node *n, struct master_events *evs)
+{
+    for (size_t i = 0; i < evs->n; i++) {
+        struct event *e = &evs->ev[i];
+        e->term = n->state->last_term;
+        e->index = n->state->last_index + 1;
+        char *json = event_to_json(e);
+        if (!json) {
+            log_error("node %s: cannot encode %s", n->id, event_kind_name((int)e->kind));
+            continue;
+        }
+        if (take_event(n, e, json) == 0)
+            link_send(n->link, NULL, LINK_T_EVENT, json, strlen(json));
+        free(json);
+    }
+    if (n->since_snapshot >= NODE_COMPACT_EVERY) {
+        struct event e;
+        event_init(&e, EVENT_STATE_SNAPSHOT, n->state->last_term, n->state->last_index + 1);
+        char *json = snapshot_json(n, e.term, e.index);
+        struct cluster_state *copy = cluster_state_copy(n->state);
+        e.state_snapshot.state = copy;
+        if (json && copy && take_event(n, &e, json) == 0)
+            link_send(n->link, NULL, LINK_T_EVENT, json, strlen(json));
+        free(json);
+        event_clear(&e);
+    }
+    /* Pendings waiting for these positions settle in run_pendings (this may run with
+     * pend_mu held). */
+}
+
+static void emit_one(struct node *n, struct event *e)
+{
+    struct master_events evs = {.ev = e, .n = 1, .cap = 1};
+    emit(n, &evs);
+}
+
+/* ---- sending ---- */
+
+static void send_json(struct node *n, const char *to, int type, json_t *j)
+{
+    if (!j)
+        return;
+    char *text = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(j);
+    if (text)
+        link_send(n->link, to, type, text, strlen(text));
+    free(text);
+}
+
+static void election_send(void *ctx, const char *to, const char *json, size_t len)
+{
+    struct node *n = ctx;
+    link_send(n->link, to, LINK_T_ELECTION, json, len);
+}
+
+/* The master to talk to: "" when none is known and reachable; ourselves when master. */
+static const char *current_master(struct node *n)
+{
+    enum election_role role = election_role(n->el);
+    if (role == ELECTION_MASTER)
+        return n->id;
+    if (role == ELECTION_FOLLOWER && election_confirmed(n->el) &&
+        link_peer_up(n->link, election_master(n->el)))
+        return election_master(n->el);
+    return "";
+}
+
+static bool is_master(struct node *n) { return election_role(n->el) == ELECTION_MASTER; }
+
+static void request_events(struct node *n, bool full, int64_t now)
+{
+    const char *m = current_master(n);
+    if (!m[0] || !strcmp(m, n->id))
+        return;
+    if (!full && now - n->last_request_ms < REQUEST_RETRY_MS)
+        return;
+    n->last_request_ms = now;
+    send_json(n, m, LINK_T_EVENT_REQUEST,
+              json_pack("{s:I, s:I, s:b}", "term", (json_int_t)n->state->last_term, "index",
+                        (json_int_t)n->state->last_index, "full", full));
+}
+
+/* ---- master duties ---- */
+
+static void send_snapshot(struct node *n, const char *to)
+{
+    char *text = cluster_state_to_json(n->state);
+    if (text)
+        link_send(n->link, to, LINK_T_SNAPSHOT, text, strlen(text));
+    free(text);
+}
+
+struct serve {
+    struct node *n;
+    const char *to;
+    int64_t sent;
+};
+
+static int serve_one(void *ctx, const struct eventlog_event *ev)
+{
+    struct serve *s = ctx;
+    if (link_send(s->n->link, s->to, LINK_T_EVENT, ev->json, ev->len) < 0)
+        return 1;
+    s->sent++;
+    return 0;
+}
+
+static void serve_request(struct node *n, const char *from, const json_t *j)
+{
+    static const char *const keys[] = {"term", "index", "full", NULL};
+    char err[256];
+    int64_t term, index;
+    bool full;
+    if (ids_json_keys(j, "request", keys, err, sizeof err) ||
+        ids_json_int(j, "request", "term", 0, IDS_COUNTER_MAX, &term, err, sizeof err) ||
+        ids_json_int(j, "request", "index", 0, IDS_COUNTER_MAX, &index, err, sizeof err) ||
+        ids_json_bool(j, "request", "full", &full, err, sizeof err)) {
+        log_warn("node %s: bad event request from %s: %s", n->id, from, err);
+        return;
+    }
+    if (full || !n->log || pos_reached(n->state, term, index) == false) {
+        /* asked for everything, or it holds a position we never reached */
+        send_snapshot(n, from);
+        return;
+    }
+    struct serve s = {.n = n, .to = from};
+    int reset = 0;
+    int rc = eventlog_read_since(n->log, term, index, serve_one, &s, NODE_REQUEST_BATCH, &reset,
+                                 err, sizeof err);
+    if (rc) {
+        log_debug("node %s: log since (%lld, %lld) for %s: %s; sending a snapshot", n->id,
+                  (long long)term, (long long)index, from, err);
+        send_snapshot(n, from);
+    }
+}
+
+static struct heard *heard_find(struct node *n, const char *id, bool create, int64_t now)
+{
+    for (size_t i = 0; i < n->n_heard; i++)
+        if (!strcmp(n->heard[i].id, id))
+            return &n->heard[i];
+    if (!create)
+        return NULL;
+    if (n->n_heard == n->cap_heard) {
+        size_t cap = n->cap_heard ? 2 * n->cap_heard : 16;
+        struct heard *h = realloc(n->heard, cap * sizeof *h);
+        if (!h)
+            return NULL;
+        n->heard = h;
+        n->cap_heard = cap;
+    }
+    struct heard *h = &n->heard[n->n_heard++];
+    snprintf(h->id, sizeof h->id, "%s", id);
+    h->ms = now;
+    return h;
+}
+
+static void heard_drop(struct node *n, const char *id)
+{
+    for (size_t i = 0; i < n->n_heard; i++) {
+        if (!strcmp(n->heard[i].id, id)) {
+            n->heard[i] = n->heard[--n->n_heard];
+            return;
+        }
+    }
+}
+
+/* Times out the nodes of the state unheard for node_timeout_ms. */
+static void check_timeouts(struct node *n, int64_t now)
+{
+    for (size_t i = 0; i < n->state->n_nodes; i++) {
+        const char *id = n->state->nodes[i].id;
+        if (!strcmp(id, n->id))
+            continue;
+        struct heard *h = heard_find(n, id, true, now);
+        if (!h)
+            continue;
+        if (link_peer_up(n->link, id)) {
+            h->ms = now;
+            continue;
+        }
+        if (now - h->ms < n->node_timeout_ms)
+            continue;
+        log_info("node %s: node %s unheard for %lld ms: timed out", n->id, id,
+                 (long long)(now - h->ms));
+        struct event e;
+        event_init(&e, EVENT_NODE_TIMED_OUT, 0, 0);
+        snprintf(e.node_timed_out.node_id, sizeof e.node_timed_out.node_id, "%s", id);
+        heard_drop(n, id);
+        emit_one(n, &e);
+        i = (size_t)-1; /* the table changed: start over */
+    }
+}
+
+/* Becomes master of term: a snapshot of our own state, then MasterElected. */
+static void start_term(struct node *n, int64_t term, int64_t now)
+{
+    if (term <= n->state->last_term) {
+        log_error("node %s: cannot start term %lld behind the state's %lld", n->id,
+                  (long long)term, (long long)n->state->last_term);
+        return;
+    }
+    struct event e;
+    event_init(&e, EVENT_STATE_SNAPSHOT, term, 0);
+    e.state_snapshot.state = cluster_state_copy(n->state);
+    char *json = e.state_snapshot.state ? event_to_json(&e) : NULL;
+    if (!json || take_event(n, &e, json)) {
+        log_error("node %s: cannot start term %lld", n->id, (long long)term);
+        free(json);
+        event_clear(&e);
+        return;
+    }
+    link_send(n->link, NULL, LINK_T_EVENT, json, strlen(json));
+    free(json);
+    event_clear(&e);
+    event_init(&e, EVENT_MASTER_ELECTED, 0, 0);
+    snprintf(e.master_elected.node_id, sizeof e.master_elected.node_id, "%s", n->id);
+    emit_one(n, &e);
+    n->master_term = term;
+    n->n_heard = 0;
+    for (size_t i = 0; i < n->state->n_nodes; i++)
+        heard_find(n, n->state->nodes[i].id, true, now);
+    n->report_due = true;
+    n->last_report_ms = 0;
+    log_info("node %s: master of term %lld at (%lld, %lld)", n->id, (long long)term,
+             (long long)n->state->last_term, (long long)n->state->last_index);
+}
+
+/* A command from another node (we are master, or we answer that we are not). */
+static void run_remote_command(struct node *n, const char *from, const char *data, size_t len)
+{
+    struct command c;
+    struct command_result res;
+    memset(&res, 0, sizeof res);
+    char err[512];
+    int rc = command_from_json(data, len, &c, err, sizeof err);
+    if (rc) {
+        json_t *j = json_loadb(data, len, 0, NULL);
+        const char *id = json_string_value(json_object_get(j, "command_id"));
+        if (id && ids_valid_id(id)) {
+            snprintf(res.command_id, sizeof res.command_id, "%s", id);
+            res.code = CAIRN_EFORMAT;
+            snprintf(res.message, sizeof res.message, "%s", err);
+            send_json(n, from, NODE_T_COMMAND_RESULT, command_result_to_jsonv(&res));
+        }
+        json_decref(j);
+        log_warn("node %s: bad command from %s: %s", n->id, from, err);
+        return;
+    }
+    if (!is_master(n)) {
+        snprintf(res.command_id, sizeof res.command_id, "%s", c.id);
+        res.code = CAIRN_EIO;
+        snprintf(res.message, sizeof res.message, "node %s is not the master", n->id);
+    } else {
+        struct master_events evs = {0};
+        if (master_command(n->state, &n->env, &c, &evs, &res) == 0)
+            emit(n, &evs);
+        master_events_clear(&evs);
+        res.term = n->state->last_term;
+        res.index = n->state->last_index;
+        log_info("node %s: %s from %s: %s", n->id, command_kind_name((int)c.kind), from,
+                 res.code ? res.message : "done");
+    }
+    send_json(n, from, NODE_T_COMMAND_RESULT, command_result_to_jsonv(&res));
+    command_clear(&c);
+}
+
+static void run_report(struct node *n, const char *from, const json_t *report)
+{
+    char err[512];
+    struct master_events evs = {0};
+    if (master_report_events(n->state, from, report, wall_ms(), &evs, err, sizeof err))
+        log_warn("node %s: bad report from %s: %s", n->id, from, err);
+    else
+        emit(n, &evs);
+    master_events_clear(&evs);
+}
+
+/* ---- reports of this node ---- */
+
+static struct rtt *rtt_find(struct node *n, const char *id, bool create)
+{
+    for (size_t i = 0; i < n->n_rtts; i++)
+        if (!strcmp(n->rtts[i].id, id))
+            return &n->rtts[i];
+    if (!create || n->n_rtts >= LINK_MAX_ROUTES)
+        return NULL;
+    if (n->n_rtts == n->cap_rtts) {
+        size_t cap = n->cap_rtts ? 2 * n->cap_rtts : 16;
+        struct rtt *r = realloc(n->rtts, cap * sizeof *r);
+        if (!r)
+            return NULL;
+        n->rtts = r;
+        n->cap_rtts = cap;
+    }
+    struct rtt *r = &n->rtts[n->n_rtts++];
+    snprintf(r->id, sizeof r->id, "%s", id);
+    r->us = 0;
+    return r;
+}
+
+/* Links to the peers up now, as a report's "edges". */
+static json_t *current_edges(struct node *n)
+{
+    struct link_peer peers[NODE_MAX_PEERS];
+    size_t k = link_peers(n->link, peers, NODE_MAX_PEERS);
+    if (k > NODE_MAX_PEERS)
+        k = NODE_MAX_PEERS;
+    json_t *arr = json_array();
+    for (size_t i = 0; arr && i < k; i++) {
+        if (!ids_valid_id(peers[i].id))
+            continue;
+        struct rtt *r = rtt_find(n, peers[i].id, false);
+        json_array_append_new(arr, json_pack("{s:s, s:I, s:I}", "to", peers[i].id, "rtt_us",
+                                             (json_int_t)(r ? r->us : 0), "throughput_bytes_per_s",
+                                             (json_int_t)0));
+    }
+    return arr;
+}
+
+/* True when the edges differ in their set of peers or by more than the rtt slack. */
+static bool edges_changed(const json_t *a, const json_t *b)
+{
+    if (!a || !b || json_array_size(a) != json_array_size(b))
+        return true;
+    for (size_t i = 0; i < json_array_size(a); i++) {
+        const json_t *x = json_array_get(a, i);
+        const char *to = json_string_value(json_object_get(x, "to"));
+        bool found = false;
+        for (size_t k = 0; k < json_array_size(b) && !found; k++) {
+            const json_t *y = json_array_get(b, k);
+            if (to && !strcmp(to, json_string_value(json_object_get(y, "to")) ?: "")) {
+                found = true;
+                json_int_t p = json_integer_value(json_object_get(x, "rtt_us"));
+                json_int_t q = json_integer_value(json_object_get(y, "rtt_us"));
+                json_int_t slack = p / 2 > MASTER_EDGE_RTT_SLACK_US ? p / 2 : MASTER_EDGE_RTT_SLACK_US;
+                if (p - q > slack || q - p > slack)
+                    return true;
+            }
+        }
+        if (!found)
+            return true;
+    }
+    return false;
+}
+
+static json_t *info_json(struct node *n, const struct node_info *ni)
+{
+    json_t *j = nodeinfo_to_json(ni);
+    if (j && (json_object_set_new(j, "api_port", json_integer(atomic_load(&n->api_port))) ||
+              json_object_set_new(j, "cluster_port", json_integer(link_port(n->link))))) {
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
+static void gather_info(struct node *n, int64_t now)
+{
+    char err[256];
+    struct node_info ni;
+    n->next_info_ms = now + NODE_INFO_INTERVAL_MS;
+    if (nodeinfo_gather(&ni, n->models_dir, err, sizeof err)) {
+        log_warn("node %s: node info: %s", n->id, err);
+        return;
+    }
+    if (n->memory_limit > 0 && (ni.mem_available > n->memory_limit || ni.mem_available <= 0))
+        ni.mem_available = n->memory_limit;
+    n->info = ni;
+    n->has_info = true;
+    if (!n->has_reported || nodeinfo_changed(&n->reported, &n->info))
+        n->report_due = true;
+}
+
+static void maybe_report(struct node *n, int64_t now)
+{
+    if (now >= n->next_info_ms)
+        gather_info(n, now);
+    json_t *edges = current_edges(n);
+    if (edges && edges_changed(edges, n->reported_edges))
+        n->report_due = true;
+    const char *m = current_master(n);
+    /* A master that does not list us (timed out, or it started from an older state). */
+    if (m[0] && !strcmp(n->state->master_node_id, m) && !cluster_state_find_node(n->state, n->id))
+        n->report_due = true;
+    if (!n->report_due || !n->has_info || !m[0] || now - n->last_report_ms < NODE_REPORT_MIN_MS ||
+        !edges) {
+        json_decref(edges);
+        return;
+    }
+    json_t *report = json_object();
+    json_t *info = info_json(n, &n->info);
+    if (!report || !info || json_object_set_new(report, "node_id", json_string(n->id)) ||
+        json_object_set_new(report, "info", info) ||
+        json_object_set_new(report, "runners", json_null()) ||
+        json_object_set(report, "edges", edges)) {
+        json_decref(report);
+        json_decref(edges);
+        return;
+    }
+    if (!strcmp(m, n->id)) {
+        run_report(n, n->id, report);
+        json_decref(report);
+    } else {
+        send_json(n, m, LINK_T_REPORT, report);
+    }
+    n->reported = n->info;
+    n->has_reported = true;
+    json_decref(n->reported_edges);
+    n->reported_edges = edges;
+    n->report_due = false;
+    n->last_report_ms = now;
+}
+
+/* ---- control messages: peers, pings, head ---- */
+
+/* The endpoint to reach a peer at, "tcp://host:port". */
+static bool peer_endpoint(const struct link_peer *p, char *out, size_t n)
+{
+    if (!strncmp(p->addr, "tcp://", 6))
+        return snprintf(out, n, "%s", p->addr) < (int)n;
+    if (p->port <= 0 || !p->addr[0])
+        return false;
+    bool v6 = strchr(p->addr, ':') != NULL;
+    return snprintf(out, n, v6 ? "tcp://[%s]:%d" : "tcp://%s:%d", p->addr, p->port) < (int)n;
+}
+
+static void gossip(struct node *n, const char *to, int64_t now)
+{
+    struct link_peer peers[NODE_MAX_PEERS];
+    size_t k = link_peers(n->link, peers, NODE_MAX_PEERS);
+    if (k > NODE_MAX_PEERS)
+        k = NODE_MAX_PEERS;
+    json_t *arr = json_array();
+    for (size_t i = 0; arr && i < k; i++) {
+        char ep[LINK_ADDR_MAX + 16];
+        if (peer_endpoint(&peers[i], ep, sizeof ep))
+            json_array_append_new(arr, json_pack("{s:s, s:s}", "id", peers[i].id, "endpoint", ep));
+    }
+    if (arr)
+        send_json(n, to, NODE_T_CONTROL, json_pack("{s:s, s:o}", "type", "peers", "peers", arr));
+    send_json(n, to, NODE_T_CONTROL,
+              json_pack("{s:s, s:I}", "type", "ping", "t", (json_int_t)(clock_ns() / 1000)));
+    (void)now;
+}
+
+static void on_peers(struct node *n, const char *from, const json_t *j)
+{
+    const json_t *arr = json_object_get(j, "peers");
+    size_t k = json_array_size(arr);
+    if (k > NODE_MAX_PEERS)
+        k = NODE_MAX_PEERS;
+    for (size_t i = 0; i < k; i++) {
+        const json_t *p = json_array_get(arr, i);
+        const char *id = json_string_value(json_object_get(p, "id"));
+        const char *ep = json_string_value(json_object_get(p, "endpoint"));
+        if (!id || !ep || !ids_valid_id(id) || !strcmp(id, n->id) || link_peer_up(n->link, id))
+            continue;
+        char err[256];
+        if (link_connect(n->link, ep, err, sizeof err))
+            log_debug("node %s: peer %s told by %s at %s: %s", n->id, id, from, ep, err);
+        else
+            log_debug("node %s: connecting to %s at %s (told by %s)", n->id, id, ep, from);
+    }
+}
+
+static void on_control(struct node *n, const char *from, const char *data, size_t len,
+                       int64_t now)
+{
+    json_t *j = json_loadb(data, len, JSON_REJECT_DUPLICATES, NULL);
+    const char *type = json_string_value(json_object_get(j, "type"));
+    if (!type) {
+        log_warn("node %s: malformed control message from %s", n->id, from);
+    } else if (!strcmp(type, "peers")) {
+        on_peers(n, from, j);
+    } else if (!strcmp(type, "ping")) {
+        json_t *t = json_object_get(j, "t");
+        if (json_is_integer(t))
+            send_json(n, from, NODE_T_CONTROL,
+                      json_pack("{s:s, s:I}", "type", "pong", "t", json_integer_value(t)));
+    } else if (!strcmp(type, "pong")) {
+        json_t *t = json_object_get(j, "t");
+        int64_t us = clock_ns() / 1000 - (json_is_integer(t) ? json_integer_value(t) : 0);
+        struct rtt *r = json_is_integer(t) && us >= 0 && us < 60000000 ? rtt_find(n, from, true) : NULL;
+        if (r)
+            r->us = r->us ? (3 * r->us + us) / 4 : us;
+    } else if (!strcmp(type, "head")) {
+        json_t *t = json_object_get(j, "term"), *i = json_object_get(j, "index");
+        if (json_is_integer(t) && json_is_integer(i) && !strcmp(current_master(n), from) &&
+            !pos_reached(n->state, json_integer_value(t), json_integer_value(i)))
+            request_events(n, false, now);
+    }
+    json_decref(j);
+}
+
+/* ---- followers ---- */
+
+static void on_event(struct node *n, const char *from, const char *data, size_t len,
+                     int64_t now)
+{
+    struct event e;
+    char err[512];
+    if (event_from_json(data, len, &e, err, sizeof err)) {
+        log_warn("node %s: malformed event from %s: %s", n->id, from, err);
+        return;
+    }
+    election_claim(n->el, from, e.term, now);
+    if (election_role(n->el) != ELECTION_FOLLOWER || !election_confirmed(n->el) ||
+        strcmp(election_master(n->el), from)) {
+        event_clear(&e);
+        return;
+    }
+    const struct cluster_state *s = n->state;
+    bool stale = e.term < s->last_term || (e.term == s->last_term && e.index <= s->last_index);
+    if (!stale) {
+        /* Encoded again from the checked event: the log and subscribers get canonical text. */
+        char *json = event_to_json(&e);
+        int rc = json ? take_event(n, &e, json) : CAIRN_ENOMEM;
+        free(json);
+        if (rc == CAIRN_ESTATE || rc == CAIRN_EINVAL)
+            request_events(n, false, now);
+        else if (rc == 0)
+            wake_pendings(n);
+    }
+    event_clear(&e);
+}
+
+static void on_snapshot(struct node *n, const char *from, const char *data, size_t len)
+{
+    struct cluster_state *s = NULL;
+    char err[512];
+    if (strcmp(current_master(n), from))
+        return;
+    if (cluster_state_from_json(data, len, &s, err, sizeof err)) {
+        log_warn("node %s: malformed snapshot from %s: %s", n->id, from, err);
+        return;
+    }
+    /* An older answer that crossed newer events on another connection. */
+    if (s->last_term == n->state->last_term && s->last_index < n->state->last_index &&
+        !strcmp(s->master_node_id, n->state->master_node_id)) {
+        cluster_state_release(s);
+        return;
+    }
+    pthread_mutex_lock(&n->mu);
+    cluster_state_move(n->state, s);
+    pthread_mutex_unlock(&n->mu);
+    log_info("node %s: took a snapshot from %s at (%lld, %lld)", n->id, from,
+             (long long)n->state->last_term, (long long)n->state->last_index);
+    log_reset(n, "snapshot from the master");
+    char *json = snapshot_json(n, n->state->last_term, n->state->last_index);
+    if (json)
+        notify(n, json, n->state->last_term, n->state->last_index);
+    free(json);
+    wake_pendings(n);
+}
+
+/* ---- commands from this node's API ---- */
+
+static void on_result(struct node *n, const char *from, const char *data, size_t len)
+{
+    struct command_result r;
+    char err[256];
+    json_t *j = json_loadb(data, len, JSON_REJECT_DUPLICATES, NULL);
+    int rc = j ? command_result_from_jsonv(j, &r, err, sizeof err) : CAIRN_EFORMAT;
+    json_decref(j);
+    if (rc) {
+        log_warn("node %s: malformed command result from %s", n->id, from);
+        return;
+    }
+    pthread_mutex_lock(&n->pend_mu);
+    for (struct pending *p = n->pend; p; p = p->next) {
+        if (p->st != P_SENT || strcmp(p->cmd->id, r.command_id) || strcmp(p->sent_to, from))
+            continue;
+        p->res = r;
+        p->st = r.code ? P_DONE : P_WAIT_STATE;
+        settle_pendings(n);
+        pthread_cond_broadcast(&n->pend_cv);
+        break;
+    }
+    pthread_mutex_unlock(&n->pend_mu);
+}
+
+static void fail_pending(struct pending *p, int code, const char *fmt, const char *arg)
+{
+    p->res.code = code;
+    snprintf(p->res.command_id, sizeof p->res.command_id, "%s", p->cmd->id);
+    snprintf(p->res.message, sizeof p->res.message, fmt, arg);
+    p->st = P_DONE;
+}
+
+static void run_pendings(struct node *n, int64_t now)
+{
+    bool any = false;
+    const char *m = current_master(n);
+    pthread_mutex_lock(&n->pend_mu);
+    for (struct pending *p = n->pend; p; p = p->next) {
+        if (p->st == P_QUEUED) {
+            if (is_master(n)) {
+                struct master_events evs = {0};
+                if (master_command(n->state, &n->env, p->cmd, &evs, &p->res) == 0)
+                    emit(n, &evs);
+                master_events_clear(&evs);
+                p->res.term = n->state->last_term;
+                p->res.index = n->state->last_index;
+                log_info("node %s: %s: %s", n->id, command_kind_name((int)p->cmd->kind),
+                         p->res.code ? p->res.message : "done");
+                p->st = P_DONE;
+                any = true;
+            } else if (m[0]) {
+                char *text = command_to_json(p->cmd);
+                if (text && link_send(n->link, m, LINK_T_COMMAND, text, strlen(text)) == 1) {
+                    p->st = P_SENT;
+                    snprintf(p->sent_to, sizeof p->sent_to, "%s", m);
+                }
+                free(text);
+            } else if (now - p->queued_ms >= NODE_NO_MASTER_WAIT_MS) {
+                fail_pending(p, CAIRN_EIO, "no master is known%s",
+                             election_role(n->el) == ELECTION_CANDIDATE ? " (an election is on)" : "");
+                any = true;
+            }
+        } else if (p->st == P_SENT && strcmp(p->sent_to, m)) {
+            fail_pending(p, CAIRN_EIO, "master %s went away before it answered", p->sent_to);
+            any = true;
+        }
+    }
+    any |= settle_pendings(n);
+    if (any)
+        pthread_cond_broadcast(&n->pend_cv);
+    pthread_mutex_unlock(&n->pend_mu);
+}
+
+int node_command(struct node *n, struct command *c, int timeout_ms, struct command_result *res)
+{
+    struct pending p;
+    memset(&p, 0, sizeof p);
+    memset(res, 0, sizeof *res);
+    p.cmd = c;
+    p.st = P_QUEUED;
+    p.queued_ms = mono_ms();
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    int64_t ns = deadline.tv_nsec + (int64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000;
+    deadline.tv_sec += ns / 1000000000;
+    deadline.tv_nsec = ns % 1000000000;
+    pthread_mutex_lock(&n->pend_mu);
+    snprintf(c->id, sizeof c->id, "%.40s.%llu", n->id, (unsigned long long)++n->next_cmd);
+    if (n->stopped) {
+        pthread_mutex_unlock(&n->pend_mu);
+        res->code = CAIRN_EIO;
+        snprintf(res->message, sizeof res->message, "node is stopping");
+        return res->code;
+    }
+    p.next = n->pend;
+    n->pend = &p;
+    while (p.st != P_DONE) {
+        if (pthread_cond_timedwait(&n->pend_cv, &n->pend_mu, &deadline) == ETIMEDOUT)
+            break;
+    }
+    for (struct pending **pp = &n->pend; *pp; pp = &(*pp)->next) {
+        if (*pp == &p) {
+            *pp = p.next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&n->pend_mu);
+    if (p.st != P_DONE)
+        fail_pending(&p, CAIRN_EIO,
+                     p.st == P_WAIT_STATE ? "%s: done, but this node did not see it in time"
+                                          : "%s: no answer from the master in time",
+                     command_kind_name((int)c->kind));
+    *res = p.res;
+    snprintf(res->command_id, sizeof res->command_id, "%s", c->id);
+    return res->code;
+}
+
+/* ---- election outcomes ---- */
+
+static void after_election(struct node *n, int64_t now)
+{
+    enum election_role role = election_role(n->el);
+    int64_t term = election_term(n->el);
+    const char *m = election_master(n->el);
+    bool confirmed = election_confirmed(n->el);
+    if (role == ELECTION_MASTER && n->master_term != term)
+        start_term(n, term, now);
+    if (role != ELECTION_MASTER)
+        n->master_term = 0;
+    bool changed = strcmp(n->followed, m) || n->followed_term != term;
+    if (role == ELECTION_FOLLOWER && confirmed && (changed || !n->followed_confirmed)) {
+        /* A new master: catch up with it (all of it when our state knows another master
+         * in its term), and tell it what we are. */
+        bool full = n->state->last_term == term && strcmp(n->state->master_node_id, m);
+        if (n->state->last_term > term)
+            full = true;
+        if (full || !pos_reached(n->state, term, 1))
+            request_events(n, full, now);
+        n->report_due = true;
+        n->last_report_ms = 0;
+    }
+    snprintf(n->followed, sizeof n->followed, "%s", m);
+    n->followed_term = term;
+    n->followed_confirmed = confirmed;
+}
+
+/* ---- the loop ---- */
+
+static void on_message(struct node *n, const struct link_msg *msg, int64_t now)
+{
+    char err[256];
+    switch (msg->event) {
+    case LINK_EV_PEER_UP:
+        election_peer_up(n->el, msg->peer, now);
+        gossip(n, NULL, now);
+        if (is_master(n)) {
+            struct heard *h = heard_find(n, msg->peer, true, now);
+            if (h)
+                h->ms = now;
+        }
+        return;
+    case LINK_EV_PEER_DOWN:
+        election_peer_down(n->el, msg->peer, now);
+        return;
+    case LINK_EV_MESSAGE:
+        break;
+    default:
+        return;
+    }
+    const char *data = msg->data ? msg->data : "";
+    switch (msg->type) {
+    case LINK_T_ELECTION: {
+        json_t *j = json_loadb(data, msg->len, JSON_REJECT_DUPLICATES, NULL);
+        int rc = j ? election_receive(n->el, msg->peer, j, now, err, sizeof err) : CAIRN_EFORMAT;
+        if (rc)
+            log_warn("node %s: bad election message from %s: %s", n->id, msg->peer,
+                     j ? err : "not JSON");
+        json_decref(j);
+        break;
+    }
+    case LINK_T_EVENT:
+        on_event(n, msg->peer, data, msg->len, now);
+        break;
+    case LINK_T_SNAPSHOT:
+        on_snapshot(n, msg->peer, data, msg->len);
+        break;
+    case LINK_T_EVENT_REQUEST:
+        if (is_master(n)) {
+            json_t *j = json_loadb(data, msg->len, JSON_REJECT_DUPLICATES, NULL);
+            if (j)
+                serve_request(n, msg->peer, j);
+            json_decref(j);
+        }
+        break;
+    case LINK_T_COMMAND:
+        run_remote_command(n, msg->peer, data, msg->len);
+        break;
+    case LINK_T_REPORT:
+        if (is_master(n)) {
+            json_t *j = json_loadb(data, msg->len, JSON_REJECT_DUPLICATES, NULL);
+            if (j)
+                run_report(n, msg->peer, j);
+            else
+                log_warn("node %s: malformed report from %s", n->id, msg->peer);
+            json_decref(j);
+            struct heard *h = heard_find(n, msg->peer, true, now);
+            if (h)
+                h->ms = now;
+        }
+        break;
+    case NODE_T_COMMAND_RESULT:
+        on_result(n, msg->peer, data, msg->len);
+        break;
+    case NODE_T_CONTROL:
+        on_control(n, msg->peer, data, msg->len, now);
+        break;
+    default:
+        log_warn("node %s: message of unknown type %d from %s", n->id, msg->type, msg->peer);
+    }
+}
+
+/* Discovery hook: with --discovery off (the default) there is no discovery object and
+ * this does nothing; otherwise every node it hears of is connected to. */
+static void discovery_hook(struct node *n)
+{
+    if (!n->disc)
+        return;
+    struct discovery_peer p;
+    for (int i = 0; i < 16 && discovery_poll(n->disc, 0, &p) == 1; i++) {
+        if (p.change == DISCOVERY_REFRESHED && link_peer_up(n->link, p.node_id))
+            continue;
+        char ep[LINK_ADDR_MAX], err[256];
+        snprintf(ep, sizeof ep, "tcp://%s:%d", p.addr, p.cluster_port);
+        if (!link_peer_up(n->link, p.node_id) && link_connect(n->link, ep, err, sizeof err))
+            log_debug("node %s: discovered %s at %s: %s", n->id, p.node_id, ep, err);
+    }
+}
+
+static void periodic(struct node *n, int64_t now)
+{
+    election_tick(n->el, now);
+    after_election(n, now);
+    discovery_hook(n);
+    if (now >= n->next_gossip_ms) {
+        n->next_gossip_ms = now + NODE_GOSSIP_INTERVAL_MS;
+        gossip(n, NULL, now);
+    }
+    if (is_master(n)) {
+        if (now >= n->next_timeout_ms) {
+            n->next_timeout_ms = now + 1000;
+            check_timeouts(n, now);
+        }
+        if (now >= n->next_head_ms) {
+            n->next_head_ms = now + NODE_HEAD_INTERVAL_MS;
+            send_json(n, NULL, NODE_T_CONTROL,
+                      json_pack("{s:s, s:I, s:I}", "type", "head", "term",
+                                (json_int_t)n->state->last_term, "index",
+                                (json_int_t)n->state->last_index));
+        }
+    }
+    maybe_report(n, now);
+    run_pendings(n, now);
+    update_status(n);
+}
+
+static void *node_main(void *arg)
+{
+    struct node *n = arg;
+    struct link_msg msg;
+    while (!atomic_load(&n->stop)) {
+        int64_t now = mono_ms();
+        int64_t wait = election_due_ms(n->el, now);
+        if (wait > NODE_POLL_MS)
+            wait = NODE_POLL_MS;
+        int rc = link_poll(n->link, (int)wait, &msg);
+        for (int i = 0; rc == 1 && i < 256; i++) {
+            now = mono_ms();
+            on_message(n, &msg, now);
+            after_election(n, now);
+            if (atomic_load(&n->stop))
+                break;
+            rc = link_poll(n->link, 0, &msg);
+        }
+        if (rc < 0) {
+            log_error("node %s: link poll failed (%d)", n->id, rc);
+            struct timespec ts = {0, NODE_POLL_MS * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        periodic(n, mono_ms());
+    }
+    return NULL;
+}
+
+/* ---- life ---- */
+
+int node_create(struct node **out, const struct node_config *cfg, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!cfg || !cfg->data_dir || !cfg->data_dir[0])
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "node: a data dir is required");
+    if (cfg->memory_limit < 0 || cfg->node_timeout_ms < 0 || cfg->api_port < 0 ||
+        cfg->api_port > 65535)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "node: bad memory limit, timeout or port");
+    struct node *n = calloc(1, sizeof *n);
+    if (!n)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    pthread_mutex_init(&n->mu, NULL);
+    pthread_mutex_init(&n->cat_mu, NULL);
+    pthread_mutex_init(&n->sub_mu, NULL);
+    pthread_mutex_init(&n->pend_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&n->pend_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    n->force_master = cfg->force_master;
+    n->worker = cfg->worker;
+    n->memory_limit = cfg->memory_limit;
+    n->node_timeout_ms = cfg->node_timeout_ms ? cfg->node_timeout_ms : NODE_TIMEOUT_MS_DEFAULT;
+    atomic_store(&n->api_port, cfg->api_port);
+    n->since_ms = wall_ms();
+    n->env.card = node_card;
+    n->env.card_ctx = n;
+    int rc;
+    n->data_dir = strdup(cfg->data_dir);
+    n->models_dir = cfg->models_dir ? strdup(cfg->models_dir) : NULL;
+    size_t plen = strlen(cfg->data_dir) + sizeof "/events.db";
+    n->log_path = malloc(plen);
+    n->state = cluster_state_create();
+    if (!n->data_dir || (cfg->models_dir && !n->models_dir) || !n->log_path || !n->state) {
+        rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+        goto fail;
+    }
+    snprintf(n->log_path, plen, "%s/events.db", cfg->data_dir);
+    if ((rc = node_load_id(cfg->data_dir, n->id, err, errlen)))
+        goto fail;
+    if (n->models_dir && (rc = catalog_create(&n->catalog, n->models_dir, err, errlen)))
+        goto fail;
+    if ((rc = log_open(n, err, errlen)))
+        goto fail;
+    struct link_config lc = {
+        .node_id = n->id,
+        .ns = cfg->ns,
+        .secret = cfg->secret,
+        .bind_addr = cfg->bind_addr,
+        .port = cfg->cluster_port,
+        .heartbeat_ms = cfg->heartbeat_ms ? cfg->heartbeat_ms : HEARTBEAT_MS_DEFAULT,
+        .timeout_ms = cfg->link_timeout_ms ? cfg->link_timeout_ms : LINK_SILENCE_MS_DEFAULT,
+    };
+    if ((rc = link_create(&n->link, &lc, err, errlen)))
+        goto fail;
+    for (size_t i = 0; i < cfg->n_peers; i++) {
+        char ep[LINK_ADDR_MAX];
+        const char *p = cfg->peers[i];
+        if (!p || snprintf(ep, sizeof ep, "%s%s", strncmp(p, "tcp://", 6) ? "tcp://" : "", p) >=
+                      (int)sizeof ep) {
+            rc = cairn_fail(err, errlen, CAIRN_EINVAL, "peer: too long");
+            goto fail;
+        }
+        if ((rc = link_connect(n->link, ep, err, errlen)))
+            goto fail;
+    }
+    struct election_config ec = {
+        .node_id = n->id,
+        .force_master = cfg->force_master,
+        .since_ms = n->since_ms,
+        .term = n->state->last_term,
+        .send = election_send,
+        .send_ctx = n,
+    };
+    if ((rc = election_create(&n->el, &ec, mono_ms(), err, errlen)))
+        goto fail;
+    if (cfg->discovery && strcmp(cfg->discovery, "off")) {
+        struct discovery_config dc = {
+            .node_id = n->id,
+            .ns = cfg->ns,
+            .secret = cfg->secret,
+            .mode = cfg->discovery,
+            .api_port = cfg->api_port,
+            .cluster_port = link_port(n->link),
+        };
+        if ((rc = discovery_create(&n->disc, &dc, err, errlen)))
+            goto fail;
+    }
+    update_status(n);
+    log_info("node %s: cluster port %d, data in %s, models in %s", n->id, link_port(n->link),
+             n->data_dir, n->models_dir ? n->models_dir : "(none)");
+    *out = n;
+    return 0;
+fail:
+    node_release(n);
+    return rc;
+}
+
+int node_start(struct node *n, char *err, size_t errlen)
+{
+    if (n->running)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "node already started");
+    int e = pthread_create(&n->thread, NULL, node_main, n);
+    if (e)
+        return cairn_fail(err, errlen, CAIRN_EIO, "node thread: %s", strerror(e));
+    n->running = true;
+    return 0;
+}
+
+void node_stop(struct node *n)
+{
+    if (!n)
+        return;
+    pthread_mutex_lock(&n->pend_mu);
+    n->stopped = true;
+    pthread_mutex_unlock(&n->pend_mu);
+    if (n->running) {
+        atomic_store(&n->stop, true);
+        pthread_join(n->thread, NULL);
+        n->running = false;
+    }
+    pthread_mutex_lock(&n->pend_mu);
+    for (struct pending *p = n->pend; p; p = p->next)
+        if (p->st != P_DONE)
+            fail_pending(p, CAIRN_EIO, "%s", "node is stopping");
+    pthread_cond_broadcast(&n->pend_cv);
+    pthread_mutex_unlock(&n->pend_mu);
+    discovery_release(n->disc);
+    n->disc = NULL;
+    link_release(n->link);
+    n->link = NULL;
+    eventlog_close(n->log);
+    n->log = NULL;
+}
+
+void node_release(struct node *n)
+{
+    if (!n)
+        return;
+    node_stop(n);
+    /* Callers wait on pend_cv only inside node_command, which they finish before. */
+    election_release(n->el);
+    catalog_release(n->catalog);
+    cluster_state_release(n->state);
+    json_decref(n->reported_edges);
+    free(n->heard);
+    free(n->rtts);
+    free(n->data_dir);
+    free(n->models_dir);
+    free(n->log_path);
+    pthread_mutex_destroy(&n->mu);
+    pthread_mutex_destroy(&n->cat_mu);
+    pthread_mutex_destroy(&n->sub_mu);
+    pthread_mutex_destroy(&n->pend_mu);
+    pthread_cond_destroy(&n->pend_cv);
+    free(n);
+}

@@ -1,0 +1,165 @@
+/* The control plane of one machine: a link to the other nodes, the cluster state, an
+ * event log, the election, the master's duties when elected, and what this node
+ * reports about itself. One node thread runs it all (a poll loop over the link with a
+ * bounded timeout); HTTP handlers on other threads read the state under a lock and
+ * hand commands to the node thread.
+ *
+ * Data dir: `node_id` (made once, kept across restarts) and `events.db`, this node's
+ * event log. The master appends every event it makes; a follower appends the events
+ * it applies (its copy starts again from a snapshot when it has a gap). At start the
+ * log is replayed, so a node that restarts (or a new master) carries on from its state.
+ *
+ * Events: the master numbers each event (term, index), appends, applies and broadcasts
+ * it. A follower applies the events of the master it follows in order; at a gap (or when
+ * the master's periodic head shows it behind) it sends EVENT_REQUEST with its position
+ * and the master answers from its log, or with a SNAPSHOT of its whole state when the
+ * log no longer holds that position. A new master starts its term with a StateSnapshot
+ * of its own state and a MasterElected; every node then sends it a full report (node
+ * info, runners, links), so instances on surviving nodes keep running.
+ *
+ * Membership: a peer unheard for node_timeout_ms is timed out by the master
+ * (NodeTimedOut). Nodes tell each other the endpoints of their peers, so nodes joined
+ * through one --peer end up linked to all. Node info is gathered every
+ * NODE_INFO_INTERVAL_MS and reported when nodeinfo_changed says so (or when the master
+ * lacks it), at most once per NODE_REPORT_MIN_MS.
+ *
+ * Wire types besides link.h's: NODE_T_COMMAND_RESULT (master -> requester, a
+ * command_result) and NODE_T_CONTROL ({"type": "peers"|"ping"|"pong"|"head", ...}). */
+#ifndef CAIRN_CLUSTER_NODE_H
+#define CAIRN_CLUSTER_NODE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "cluster/catalog.h"
+#include "cluster/command.h"
+#include "cluster/master.h"
+#include "cluster/state.h"
+
+#define NODE_T_COMMAND_RESULT 22
+#define NODE_T_CONTROL 23
+
+#define NODE_TIMEOUT_MS_DEFAULT 30000   /* --node-timeout */
+#define NODE_INFO_INTERVAL_MS 2000      /* node info gathered this often */
+#define NODE_REPORT_MIN_MS 1000         /* at most one report per this */
+#define NODE_GOSSIP_INTERVAL_MS 2000    /* peers and pings sent this often */
+#define NODE_HEAD_INTERVAL_MS 1000      /* the master announces its position this often */
+#define NODE_POLL_MS 50                 /* longest wait of the node thread */
+#define NODE_NO_MASTER_WAIT_MS 3000     /* a command waits this long for a master */
+#define NODE_COMPACT_EVERY 1000         /* events between the master's snapshots */
+#define NODE_REQUEST_BATCH 1000         /* events sent per EVENT_REQUEST */
+#define NODE_MAX_PEERS 256              /* endpoints given or taken per gossip message */
+#define NODE_MAX_SUBSCRIBERS 256
+
+struct node_config {
+    const char *data_dir;        /* required: node_id and events.db (created when missing) */
+    const char *models_dir;      /* the catalog's folder; NULL: no models */
+    const char *ns;              /* namespace; NULL = "" */
+    const char *secret;          /* cluster secret; NULL or "" = none */
+    const char *bind_addr;       /* cluster address to bind; NULL = every interface */
+    int cluster_port;            /* 0 = ephemeral */
+    int api_port;                /* reported to the cluster; 0 = no API */
+    const char *const *peers;    /* "host:port" or "tcp://host:port" to connect to */
+    size_t n_peers;
+    bool force_master;
+    bool worker;                 /* runs runners (the supervisor hook; nothing yet) */
+    int64_t memory_limit;        /* bytes this node may offer; 0 = no limit */
+    int node_timeout_ms;         /* 0 = NODE_TIMEOUT_MS_DEFAULT */
+    int heartbeat_ms, link_timeout_ms; /* link timers; 0 = 500 and 3000 */
+    const char *discovery;       /* "off" (NULL), "auto" or an interface name */
+};
+
+/* What a node says about itself (GET /state carries the rest). */
+struct node_status {
+    char node_id[IDS_ID_MAX + 1];
+    char master[IDS_ID_MAX + 1]; /* "" while none is known */
+    const char *role;            /* election_role_name */
+    bool is_master;
+    int64_t term;
+    int64_t last_term, last_index; /* the state's position */
+    int cluster_port, api_port;
+    size_t n_peers;              /* peers up */
+};
+
+struct node;
+
+/* Creates a node: reads or makes the node id, opens and replays the log, binds the
+ * cluster port, connects to the peers. Nothing runs until node_start. *out owned by
+ * the caller (node_release). CAIRN_EINVAL for a bad config, CAIRN_EIO when the data
+ * dir, the log or the port cannot be used (err says which). */
+int node_create(struct node **out, const struct node_config *cfg, char *err, size_t errlen);
+
+/* Starts the node thread. */
+int node_start(struct node *n, char *err, size_t errlen);
+
+/* Stops the node thread (commands in flight fail), says bye to the peers, closes the
+ * log. Idempotent; node_release calls it. */
+void node_stop(struct node *n);
+
+/* Stops and frees the node; accepts NULL. */
+void node_release(struct node *n);
+
+/* This node's id (valid for the node's life). */
+const char *node_id(const struct node *n);
+
+/* The bound cluster port. */
+int node_cluster_port(const struct node *n);
+
+/* Sets the API port reported in node info (before node_start: the HTTP server may be
+ * bound after the node is made). */
+void node_set_api_port(struct node *n, int port);
+
+/* Fills *st. Any thread. */
+void node_get_status(struct node *n, struct node_status *st);
+
+/* Runs fn with the state under the node's lock (fn must not block or call the node).
+ * Any thread. */
+void node_read_state(struct node *n, void (*fn)(void *ctx, const struct cluster_state *s),
+                     void *ctx);
+
+/* Hands c to the master (the node thread sends it, or runs it when this node is the
+ * master) and waits up to timeout_ms for its result, then until this node's state has
+ * applied the events it produced, so a read that follows sees them. c->id is set here.
+ * Returns res->code: CAIRN_EIO (message in res) when no master answered in time, the
+ * master went away or the node is stopping; else the master's answer. Any thread but
+ * the node's. */
+int node_command(struct node *n, struct command *c, int timeout_ms, struct command_result *res);
+
+/* The card lookup the master uses (master_card_fn over the node's catalog, rescanned
+ * when older than a second): ctx is the node. Any thread. */
+int node_card(void *ctx, const char *model_id, struct catalog_card *out, char *err,
+              size_t errlen);
+
+/* The master environment of this node (card lookup as node_card). */
+const struct master_env *node_master_env(const struct node *n);
+
+/* New JSON array of the catalog's cards (catalog_card_to_json), each with "nodes": the
+ * ids of nodes known to have the file (this one, and nodes with a completed download
+ * of it). NULL when out of memory. Any thread. */
+json_t *node_models_json(struct node *n);
+
+/* Path of this node's event log (for readers on other threads with their own handle). */
+const char *node_log_path(const struct node *n);
+
+/* Called by the node thread for every event it applies, with the event's JSON text;
+ * must not block or call the node. */
+typedef void (*node_event_fn)(void *ctx, const char *json, size_t len, int64_t term,
+                              int64_t index);
+
+/* Adds a subscriber; *token names it for node_unsubscribe. CAIRN_EFULL past
+ * NODE_MAX_SUBSCRIBERS. Any thread. */
+int node_subscribe(struct node *n, node_event_fn fn, void *ctx, uint64_t *token);
+
+/* Removes a subscriber; once it returns fn is not running and will not run. */
+void node_unsubscribe(struct node *n, uint64_t token);
+
+/* Reads or makes the persistent node id of data_dir into id (IDS_ID_MAX + 1 bytes):
+ * the file `node_id` holds it; a missing file is made once (random id, written
+ * atomically). CAIRN_EIO when the dir or file cannot be used, CAIRN_EFORMAT when the
+ * file holds something else. */
+int node_load_id(const char *data_dir, char *id, char *err, size_t errlen);
+
+#endif
