@@ -35,6 +35,7 @@ struct engine {
     int64_t *slot;   /* KV slot per token (B) */
     int32_t *out_rows; /* tokens whose logits are wanted (B) */
     float *scores;   /* attention scratch per thread (n_threads, max_ctx) */
+    const uint16_t **rows; /* cached K or V rows of one head, per thread (n_threads, max_ctx) */
     float *head_acc; /* per thread (n_threads, head_dim) */
 };
 
@@ -222,6 +223,9 @@ static void attn_run(void *ctx, int ith, int nth)
     int bt = kv_config(j->kv)->block_tokens;
     bool f16 = kv_config(j->kv)->type == DT_F16;
     float scale = 1.0f / sqrtf((float)hd);
+    /* kv.h: a layer's rows are one array [n_blocks * block_tokens][kv_dim], indexed by slot. */
+    const uint16_t *k_base = kv_k(j->kv, j->layer, 0), *v_base = kv_v(j->kv, j->layer, 0);
+    int64_t kv_dim = e->kv_dim;
     float *scores = e->scores + (int64_t)ith * e->cfg.max_ctx;
     float *acc = e->head_acc + (int64_t)ith * hd;
     /* (token, head) pairs dealt out in turn: later tokens of a prompt attend over more
@@ -236,14 +240,22 @@ static void attn_run(void *ctx, int ith, int nth)
         const float *q = e->q + (int64_t)b * e->q_dim + (int64_t)h * hd;
         int64_t head_off = (int64_t)(h / group) * hd;
         float max = -INFINITY;
-        for (int64_t p = 0; p < n_pos; p++) {
-            int64_t slot = (int64_t)table[p / bt] * bt + p % bt;
-            const void *krow = kv_k(j->kv, j->layer, slot);
-            float s = f16 ? vec->dot_f16(q, (const uint16_t *)krow + head_off, hd)
-                          : vec->dot_f32(q, (const float *)krow + head_off, hd);
-            s = s * scale;
-            scores[p] = s;
-            max = s > max ? s : max;
+        if (f16) {
+            const uint16_t **rows = e->rows + (int64_t)ith * e->cfg.max_ctx;
+            for (int64_t p = 0; p < n_pos; p++)
+                rows[p] = k_base + ((int64_t)table[p / bt] * bt + p % bt) * kv_dim + head_off;
+            vec->dots_f16(q, rows, n_pos, hd, scores);
+            for (int64_t p = 0; p < n_pos; p++) {
+                scores[p] = scores[p] * scale;
+                max = scores[p] > max ? scores[p] : max;
+            }
+        } else {
+            for (int64_t p = 0; p < n_pos; p++) {
+                int64_t slot = (int64_t)table[p / bt] * bt + p % bt;
+                float s = vec->dot_f32(q, (const float *)kv_k(j->kv, j->layer, slot) + head_off, hd) * scale;
+                scores[p] = s;
+                max = s > max ? s : max;
+            }
         }
         float sum = 0.0f;
         for (int64_t p = 0; p < n_pos; p++) {
@@ -251,13 +263,16 @@ static void attn_run(void *ctx, int ith, int nth)
             sum = sum + scores[p];
         }
         memset(acc, 0, (size_t)hd * sizeof(float));
-        for (int64_t p = 0; p < n_pos; p++) {
-            int64_t slot = (int64_t)table[p / bt] * bt + p % bt;
-            const void *vrow = kv_v(j->kv, j->layer, slot);
-            if (f16)
-                vec->axpy_f16(acc, scores[p], (const uint16_t *)vrow + head_off, hd);
-            else
-                vec->axpy_f32(acc, scores[p], (const float *)vrow + head_off, hd);
+        if (f16) {
+            const uint16_t **rows = e->rows + (int64_t)ith * e->cfg.max_ctx;
+            for (int64_t p = 0; p < n_pos; p++)
+                rows[p] = v_base + ((int64_t)table[p / bt] * bt + p % bt) * kv_dim + head_off;
+            vec->wsum_f16(acc, scores, rows, n_pos, hd);
+        } else {
+            for (int64_t p = 0; p < n_pos; p++) {
+                int64_t slot = (int64_t)table[p / bt] * bt + p % bt;
+                vec->axpy_f32(acc, scores[p], (const float *)kv_v(j->kv, j->layer, slot) + head_off, hd);
+            }
         }
         float inv = 1.0f / sum;
         float *out = e->attn + (int64_t)b * e->q_dim + (int64_t)h * hd;
@@ -335,9 +350,10 @@ int engine_create(struct engine **out, const struct model *m, const struct engin
     e->slot = zalloc(B * sizeof *e->slot);
     e->out_rows = zalloc(B * sizeof *e->out_rows);
     e->scores = zalloc((size_t)cfg->n_threads * (size_t)cfg->max_ctx * f);
+    e->rows = zalloc((size_t)cfg->n_threads * (size_t)cfg->max_ctx * sizeof *e->rows);
     e->head_acc = zalloc((size_t)cfg->n_threads * (size_t)hp->head_dim * f);
     bool ok = e->x && e->xn && e->tmp && e->q && e->attn && e->k && e->v && e->gate && e->up &&
-              e->rope_cs && e->slot && e->out_rows && e->scores && e->head_acc;
+              e->rope_cs && e->slot && e->out_rows && e->scores && e->rows && e->head_acc;
     int64_t dims[N_DIMS] = {hp->n_embd, e->q_dim, hp->n_ff};
     for (int k = 0; k < N_ACT_KINDS && ok; k++)
         for (int d = 0; d < N_DIMS && ok; d++) {
@@ -369,6 +385,7 @@ void engine_release(struct engine *e)
             free(e->act[k][d]);
     free(e->slot);
     free(e->out_rows);
+    free(e->rows);
     free(e);
 }
 

@@ -47,7 +47,20 @@ static void to_f16_ref(uint16_t *dst, const float *src, int64_t n)
         dst[k] = kern_f32_to_f16(src[k]);
 }
 
-static const struct vec_ops ref_ops = {dot_f32_ref, dot_f16_ref, axpy_f16_ref, axpy_f32_ref, to_f16_ref};
+static void dots_f16_ref(const float *q, const uint16_t *const *rows, int64_t n, int64_t hd, float *out)
+{
+    for (int64_t p = 0; p < n; p++)
+        out[p] = dot_f16_ref(q, rows[p], hd);
+}
+
+static void wsum_f16_ref(float *acc, const float *w, const uint16_t *const *rows, int64_t n, int64_t hd)
+{
+    for (int64_t p = 0; p < n; p++)
+        axpy_f16_ref(acc, w[p], rows[p], hd);
+}
+
+static const struct vec_ops ref_ops = {dot_f32_ref, dot_f16_ref, axpy_f16_ref, axpy_f32_ref, to_f16_ref,
+                                       dots_f16_ref, wsum_f16_ref};
 
 const struct vec_ops *vec_ops_ref(void) { return &ref_ops; }
 

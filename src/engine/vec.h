@@ -15,6 +15,11 @@ struct vec_ops {
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
     void (*to_f16)(uint16_t *dst, const float *src, int64_t n);     /* round to nearest even */
+    /* Attention over n cached rows of half floats: out[p] = dot_f16(q, rows[p], hd), and
+     * acc[i] = acc[i] + w[p]*rows[p][i] for p in order: the same bits as the single-row
+     * calls, with the accumulators kept in registers. */
+    void (*dots_f16)(const float *q, const uint16_t *const *rows, int64_t n, int64_t hd, float *out);
+    void (*wsum_f16)(float *acc, const float *w, const uint16_t *const *rows, int64_t n, int64_t hd);
 };
 
 /* The reference (scalar) variant. */

@@ -84,6 +84,29 @@ static void to_f16(uint16_t *dst, const float *src, int64_t n)
         dst[k] = (uint16_t)_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(src[k]), _MM_FROUND_TO_NEAREST_INT), 0);
 }
 
-static const struct vec_ops avx2_ops = {dot_f32, dot_f16, axpy_f16, axpy_f32, to_f16};
+static void dots_f16(const float *q, const uint16_t *const *rows, int64_t n, int64_t hd, float *out)
+{
+    for (int64_t p = 0; p < n; p++)
+        out[p] = dot_f16(q, rows[p], hd);
+}
+
+/* Eight columns at a time over all rows, so each accumulator stays in a register. */
+static void wsum_f16(float *acc, const float *w, const uint16_t *const *rows, int64_t n, int64_t hd)
+{
+    int64_t k = 0;
+    for (; k + 8 <= hd; k += 8) {
+        __m256 a = _mm256_loadu_ps(acc + k);
+        for (int64_t p = 0; p < n; p++) {
+            __m256 vx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rows[p] + k)));
+            a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_set1_ps(w[p]), vx));
+        }
+        _mm256_storeu_ps(acc + k, a);
+    }
+    for (; k < hd; k++)
+        for (int64_t p = 0; p < n; p++)
+            acc[k] = acc[k] + w[p] * half_to_float(rows[p][k]);
+}
+
+static const struct vec_ops avx2_ops = {dot_f32, dot_f16, axpy_f16, axpy_f32, to_f16, dots_f16, wsum_f16};
 
 const struct vec_ops *vec_ops_avx2(void) { return &avx2_ops; }

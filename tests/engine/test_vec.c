@@ -29,6 +29,10 @@ int main(void)
                 a[i] = test_rand_float(&seed) * scale;
                 b[i] = test_rand_float(&seed);
                 h[i] = kern_f32_to_f16(test_rand_float(&seed) * 4.0f);
+            }
+            for (int i = n; i < MAXN; i++) {
+                h[i] = kern_f32_to_f16(test_rand_float(&seed));
+                a[i] = b[i] = y0[i] = y1[i] = 0.0f;
                 y0[i] = y1[i] = test_rand_float(&seed);
             }
             float r0 = ref->dot_f32(a, b, n), r1 = ops->dot_f32(a, b, n);
@@ -40,11 +44,24 @@ int main(void)
             ref->axpy_f32(y0, b[1 % n], a, n);
             ops->axpy_f32(y1, b[1 % n], a, n);
             bad += memcmp(y0, y1, (size_t)n * sizeof *y0) != 0;
+            /* several rows at once: n rows of hd = 16..80 halves from h, shifted */
+            int hd = 16 * (1 + (int)(test_rand_u64(&seed) % 5)) - (rep % 3 == 0 ? 3 : 0);
+            const uint16_t *rows[MAXN];
+            int nr = n < MAXN - hd ? n : MAXN - hd;
+            for (int i = 0; i < nr; i++)
+                rows[i] = h + (i * 7) % (MAXN - hd);
+            float s0[MAXN], s1[MAXN];
+            ref->dots_f16(b, rows, nr, hd, s0);
+            ops->dots_f16(b, rows, nr, hd, s1);
+            bad += memcmp(s0, s1, (size_t)nr * sizeof *s0) != 0;
+            ref->wsum_f16(y0, a, rows, nr, hd);
+            ops->wsum_f16(y1, a, rows, nr, hd);
+            bad += memcmp(y0, y1, (size_t)hd * sizeof *y0) != 0;
             ref->to_f16(h0, a, n);
             ops->to_f16(h1, a, n);
             bad += memcmp(h0, h1, (size_t)n * sizeof *h0) != 0;
         }
-        CHECK(bad == 0, "%s: %d of 1600 results differ from the reference in bits", names[v], bad);
+        CHECK(bad == 0, "%s: %d of 2400 results differ from the reference in bits", names[v], bad);
     }
     return test_main_end();
 }
