@@ -81,6 +81,8 @@ static inline enum kern_act_kind kern_act_kind(int wtype)
 /* Quantizes one activation row per the contract above. Deterministic and identical on
  * every path. */
 void kern_act_quantize(int wtype, const float *x, void *xq, int64_t n);
+/* The scalar definition of kern_act_quantize (what the SIMD variants are tested against). */
+void kern_act_quantize_ref(int wtype, const float *x, void *xq, int64_t n);
 
 /* ---- matrix product ---- */
 

@@ -2,6 +2,7 @@
  * element, written as the canonical float sequence of kern.h that every SIMD path must
  * reproduce bit for bit. Every float step is an explicit fmaf or a plain operation
  * (the build uses -ffp-contract=off, so nothing is fused behind our back). */
+#include "base/cpu.h"
 #include "kern/kern.h"
 #include "kern/quant.h"
 
@@ -54,7 +55,27 @@ static int8_t act_round(float v)
     return (int8_t)r;
 }
 
+/* In act_avx512.c: the same bits, 16 values at a time. */
+void kern_act_q8_32_avx512(const float *x, struct act_q8_32 *a, int64_t n_blocks);
+void kern_act_q8_256_avx512(const float *x, struct act_q8_256 *a, int64_t n_blocks);
+
 void kern_act_quantize(int wtype, const float *x, void *xq, int64_t n)
+{
+    const struct cpu_features *f = cpu_features();
+    if (f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq) {
+        if (act_kind(wtype) == KERN_ACT_Q8_32) {
+            kern_act_q8_32_avx512(x, xq, n / QK32);
+            return;
+        }
+        if (act_kind(wtype) == KERN_ACT_Q8_256) {
+            kern_act_q8_256_avx512(x, xq, n / QK_K);
+            return;
+        }
+    }
+    kern_act_quantize_ref(wtype, x, xq, n);
+}
+
+void kern_act_quantize_ref(int wtype, const float *x, void *xq, int64_t n)
 {
     switch (act_kind(wtype)) {
     case KERN_ACT_F32:
