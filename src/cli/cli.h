@@ -15,5 +15,7 @@ int cli_bench(int argc, char **argv);
 int cli_template(int argc, char **argv);
 /* cairn node [--api-port N] [--peer HOST:PORT]... (see its --help); runs until SIGINT/SIGTERM */
 int cli_node(int argc, char **argv);
+/* cairn runner --config JSON|- (or -m MODEL ...): a runner process (cluster/runner_proto.h) */
+int cli_runner(int argc, char **argv);
 
 #endif
