@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -359,6 +360,49 @@ static void test_fake_lifecycle(void)
     finish(s, &r);
 }
 
+struct starter {
+    struct supervisor *s;
+    int64_t t_start;
+    int rc;
+};
+
+static void *start_later(void *arg)
+{
+    struct starter *st = arg;
+    usleep(100000);
+    struct runner_config rc = runner_cfg("late", "/m.gguf");
+    st->t_start = clock_ns();
+    st->rc = supervisor_start(st->s, &rc, NULL, 0);
+    return NULL;
+}
+
+/* A runner started from another thread while supervisor_poll waits wakes the poll. */
+static void test_fake_thread_wake(void)
+{
+    const char *argv[5];
+    struct supervisor_config c = fake_config(fake_ok, argv);
+    struct rec r = {0};
+    struct supervisor *s = make(&c, &r);
+    if (!s)
+        return;
+    struct starter st = {.s = s, .rc = -1};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, start_later, &st) == 0, "thread");
+    int64_t end = clock_ns() + 10000000000ll;
+    while (find_ev(&r, 0, SUPERVISOR_STATUS, CLUSTER_RUNNER_READY, 0) < 0 && clock_ns() < end)
+        supervisor_poll(s, 3000);
+    pthread_join(th, NULL);
+    long ready = find_ev(&r, 0, SUPERVISOR_STATUS, CLUSTER_RUNNER_READY, 0);
+    CHECK(st.rc == 0 && ready >= 0, "late runner not Ready");
+    if (ready >= 0) {
+        double ms = (double)(r.ev[ready].t_ns - st.t_start) / 1e6;
+        CHECK(ms < 1500, "Ready seen %.0f ms after the start from another thread (poll not woken)", ms);
+    }
+    supervisor_stop(s, "late");
+    CHECK(wait_ev(s, &r, 0, SUPERVISOR_STATUS, CLUSTER_RUNNER_SHUTDOWN, -1, 5000) >= 0, "late runner not stopped");
+    finish(s, &r);
+}
+
 static void test_fake_sigkill_restart(void)
 {
     const char *argv[5];
@@ -673,7 +717,9 @@ static void test_proto(void)
 
 /* ---- the real cairn runner ---- */
 
-static char model_path[256];
+static char model_path[256], script_path[256];
+#define SCRIPT_VOCAB 512
+#define SCRIPT_NEXT(t) (((t) * 37 + 11) % SCRIPT_VOCAB)
 
 static bool have_binary(void)
 {
@@ -691,11 +737,11 @@ static bool have_binary(void)
 }
 
 /* Token ids that `cairn generate` prints for the prompt, or -1. */
-static int generate_ref(const char *extra, int32_t *out, int max)
+static int generate_ref(const char *model, const char *extra, int32_t *out, int max)
 {
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "%s generate -m %s --tokens 1,2,3,4,5 -n %d -t 2 %s 2>/dev/null", CAIRN_BINARY,
-             model_path, max, extra);
+             model, max, extra);
     FILE *p = popen(cmd, "r");
     if (!p)
         return -1;
@@ -757,7 +803,7 @@ static void test_real_generate(void)
     } cases[] = {{"greedy", "--temp 0", 0, 0}, {"sampled", "--temp 0.9 --seed 5", 0.9f, 5}};
     for (size_t k = 0; k < 2; k++) {
         int32_t ref[24], got[24];
-        int n_ref = generate_ref(cases[k].flags, ref, 24);
+        int n_ref = generate_ref(model_path, cases[k].flags, ref, 24);
         CHECK(n_ref == 24, "cairn generate %s gave %d tokens", cases[k].flags, n_ref);
         int32_t prompt[] = {1, 2, 3, 4, 5};
         struct runner_task t = {.tokens = prompt, .n_tokens = 5, .max_tokens = 24, .ignore_eos = true,
@@ -826,6 +872,42 @@ static void test_real_generate(void)
         dump(&r);
     if (bait >= 0)
         close(bait);
+    finish(s, &r);
+}
+
+/* A script model: its greedy continuation is known token by token, so the runner's
+ * prompt handling and positions are checked against the script and cairn generate. */
+static void test_real_script(void)
+{
+    const char *argv[3];
+    struct supervisor_config c = real_config(argv);
+    struct rec r = {0};
+    struct supervisor *s = make(&c, &r);
+    if (!s || start(s, "script-1", script_path))
+        return;
+    CHECK(wait_ev(s, &r, 0, SUPERVISOR_STATUS, CLUSTER_RUNNER_READY, 0, 30000) >= 0, "script runner not Ready");
+    int32_t prompt[] = {1, 2, 3, 4, 5}, want[32], ref[32], got[32];
+    int32_t cur = 5;
+    for (int i = 0; i < 32; i++)
+        want[i] = cur = SCRIPT_NEXT(cur);
+    struct runner_task t = {.tokens = prompt, .n_tokens = 5, .max_tokens = 32, .ignore_eos = true,
+                            .sampling = runner_sampling_defaults()};
+    t.sampling.temperature = 0;
+    snprintf(t.task_id, sizeof t.task_id, "script");
+    char err[256];
+    CHECK(supervisor_submit(s, "script-1", &t, err, sizeof err) == 0, "submit: %s", err);
+    long done = wait_ev(s, &r, 0, SUPERVISOR_DONE, -1, -1, 30000);
+    CHECK(done >= 0 && r.ev[done].finish == RUNNER_FINISH_LENGTH, "script task not done");
+    int n = tokens_of(&r, "script", got, 32);
+    int n_ref = generate_ref(script_path, "--temp 0", ref, 32);
+    bool same_script = n == 32, same_ref = n == n_ref;
+    for (int i = 0; i < n; i++) {
+        same_script = same_script && got[i] == want[i];
+        same_ref = same_ref && i < n_ref && got[i] == ref[i];
+    }
+    CHECK(same_script, "runner left the script (%d tokens, first %d, expected %d)", n, n ? got[0] : -1, want[0]);
+    CHECK(same_ref, "runner and cairn generate differ on the script model (%d vs %d tokens)", n, n_ref);
+    printf("  script: %d tokens as the script and cairn generate: %d %d %d ...\n", n, got[0], got[1], got[2]);
     finish(s, &r);
 }
 
@@ -969,6 +1051,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     test_proto();
     test_fake_lifecycle();
+    test_fake_thread_wake();
     test_fake_sigkill_restart();
     test_fake_give_up();
     test_fake_hung();
@@ -984,6 +1067,16 @@ int main(void)
         char err[256];
         int rc = synth_write(&sp, NULL, model_path, err, sizeof err);
         CHECK(rc == 0, "synth_write: %s", err);
+        snprintf(script_path, sizeof script_path, "/tmp/cairn-supervisor-script-%d.gguf", (int)getpid());
+        int32_t next[SCRIPT_VOCAB];
+        for (int i = 0; i < SCRIPT_VOCAB; i++)
+            next[i] = SCRIPT_NEXT(i);
+        sp.vocab_size = SCRIPT_VOCAB;
+        int src = synth_write_script(&sp, NULL, next, SCRIPT_VOCAB, script_path, err, sizeof err);
+        CHECK(src == 0, "synth_write_script: %s", err);
+        if (!src)
+            test_real_script();
+        unlink(script_path);
         if (!rc) {
             test_real_generate();
             test_real_bad_model();
