@@ -320,6 +320,7 @@ int command_from_request(enum command_kind kind, const json_t *body, const char 
             goto fail;
         rc = cluster_instance_from_json(j, "instance", &out->create_instance, err, errlen);
         json_decref(j);
+        j = NULL;
         if (rc)
             goto fail;
         return 0;

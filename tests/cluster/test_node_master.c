@@ -380,6 +380,7 @@ static void test_reports(void)
     json_object_set_new(report, "extra", json_true());
     rc = master_report_events(s, "d", report, 1, &evs, err, sizeof err);
     CHECK(rc == CAIRN_EFORMAT && strstr(err, "extra"), "unknown field: %s", err);
+    master_events_clear(&evs);
     json_decref(report);
     json_decref(info);
     cluster_state_release(s);

@@ -1,0 +1,222 @@
+/* Nodes inside this process over loopback: the persistent node id; two nodes that join
+ * with a peer address agree on a master and on the state; commands go through the
+ * master from either node; a subscriber sees the events; the master's stop elects the
+ * other; a restarted node keeps its id, replays its log and follows (sticky). Every
+ * wait is bounded. */
+#include "cluster/node.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/err.h"
+#include "base/log.h"
+#include "testutil.h"
+
+static char err[1024];
+static char root[256];
+
+static double now_s(void) { return clock_sec(); }
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void test_id(void)
+{
+    char dir[700], id[IDS_ID_MAX + 1], again[IDS_ID_MAX + 1], path[800];
+    snprintf(dir, sizeof dir, "%s/id/deeper", root);
+    int rc = node_load_id(dir, id, err, sizeof err);
+    CHECK(rc == 0 && strlen(id) == 32, "made an id in a new dir: %d %s '%s'", rc, err, id);
+    rc = node_load_id(dir, again, err, sizeof err);
+    CHECK(rc == 0 && !strcmp(id, again), "the same id again: '%s' '%s'", id, again);
+    snprintf(path, sizeof path, "%s/node_id", dir);
+    FILE *f = fopen(path, "w");
+    fputs("not an id!\n", f);
+    fclose(f);
+    rc = node_load_id(dir, again, err, sizeof err);
+    CHECK(rc == CAIRN_EFORMAT && strstr(err, "node_id"), "garbage in the file: %d %s", rc, err);
+    f = fopen(path, "w");
+    fputs("my-node.1\n", f);
+    fclose(f);
+    rc = node_load_id(dir, again, err, sizeof err);
+    CHECK(rc == 0 && !strcmp(again, "my-node.1"), "a chosen id is kept: '%s'", again);
+    char under[900];
+    snprintf(under, sizeof under, "%s/sub", path); /* under a file */
+    rc = node_load_id(under, again, err, sizeof err);
+    CHECK(rc == CAIRN_EIO, "a dir that cannot be made: %d %s", rc, err);
+}
+
+static struct node *make_node(const char *name, const char *peer, bool force)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", root, name);
+    const char *peers[1] = {peer};
+    struct node_config cfg = {
+        .data_dir = dir,
+        .bind_addr = "127.0.0.1",
+        .peers = peers,
+        .n_peers = peer ? 1 : 0,
+        .force_master = force,
+        .memory_limit = (int64_t)1 << 30,
+        .node_timeout_ms = 60000,
+    };
+    struct node *n = NULL;
+    int rc = node_create(&n, &cfg, err, sizeof err);
+    CHECK(rc == 0, "create %s: %s", name, err);
+    if (rc)
+        return NULL;
+    rc = node_start(n, err, sizeof err);
+    CHECK(rc == 0, "start %s: %s", name, err);
+    return n;
+}
+
+struct text {
+    char *s;
+};
+
+static void to_text(void *ctx, const struct cluster_state *s)
+{
+    struct text *t = ctx;
+    free(t->s);
+    t->s = cluster_state_to_json(s);
+}
+
+static size_t count_nodes(struct node *n)
+{
+    struct text t = {0};
+    node_read_state(n, to_text, &t);
+    size_t k = 0;
+    for (const char *p = t.s; p && (p = strstr(p, "\"cluster_port\"")); p++)
+        k++;
+    free(t.s);
+    return k;
+}
+
+/* Waits until a and b (b may be NULL) name one master and hold equal states with
+ * `nodes` nodes; returns seconds taken, or -1 after limit seconds. */
+static double wait_agree(struct node *a, struct node *b, size_t nodes, const char *master,
+                         double limit)
+{
+    double t0 = now_s();
+    while (now_s() - t0 < limit) {
+        struct node_status sa, sb;
+        node_get_status(a, &sa);
+        if (b)
+            node_get_status(b, &sb);
+        else
+            sb = sa;
+        struct text ta = {0}, tb = {0};
+        node_read_state(a, to_text, &ta);
+        if (b)
+            node_read_state(b, to_text, &tb);
+        bool same = ta.s && (!b || (tb.s && !strcmp(ta.s, tb.s)));
+        free(ta.s);
+        free(tb.s);
+        if (sa.master[0] && !strcmp(sa.master, sb.master) && (!master || !strcmp(sa.master, master)) &&
+            same && count_nodes(a) == nodes)
+            return now_s() - t0;
+        sleep_ms(50);
+    }
+    return -1;
+}
+
+static atomic_int seen_events;
+
+static void on_event(void *ctx, const char *json, size_t len, int64_t term, int64_t index)
+{
+    (void)ctx;
+    (void)term;
+    (void)index;
+    if (len && json[0] == '{')
+        atomic_fetch_add(&seen_events, 1);
+}
+
+static void test_pair(void)
+{
+    struct node *a = make_node("a", NULL, false);
+    if (!a)
+        return;
+    char peer[64];
+    snprintf(peer, sizeof peer, "127.0.0.1:%d", node_cluster_port(a));
+    struct node *b = make_node("b", peer, false);
+    if (!b) {
+        node_release(a);
+        return;
+    }
+    uint64_t token = 0;
+    CHECK(node_subscribe(b, on_event, NULL, &token) == 0, "subscribe");
+    double t = wait_agree(a, b, 2, NULL, 30);
+    CHECK(t >= 0, "two nodes agree on the master and the state (within 30 s)");
+    printf("two in-process nodes agreed after %.2f s\n", t);
+    struct node_status sa, sb;
+    node_get_status(a, &sa);
+    node_get_status(b, &sb);
+    CHECK(sa.n_peers == 1 && sb.n_peers == 1, "peers up: %zu %zu", sa.n_peers, sb.n_peers);
+    CHECK(sa.is_master != sb.is_master, "exactly one is master (%d %d)", sa.is_master, sb.is_master);
+    CHECK(atomic_load(&seen_events) > 0, "the subscriber saw events");
+    struct node *master = sa.is_master ? a : b, *follower = sa.is_master ? b : a;
+
+    /* Commands from the follower go through the master. */
+    struct command c;
+    struct command_result res;
+    command_init(&c, COMMAND_DELETE_INSTANCE);
+    snprintf(c.delete_instance.instance_id, sizeof c.delete_instance.instance_id, "ghost");
+    int rc = node_command(follower, &c, 10000, &res);
+    CHECK(rc == CAIRN_ENOTFOUND && strstr(res.message, "ghost"), "delete unknown from the follower: %d %s",
+          rc, res.message);
+    command_clear(&c);
+    json_t *body = json_pack("{s:s, s:[{s:s, s:i, s:i}]}", "model_id", "m1", "shards", "node_id",
+                             node_id(master), "layer_begin", 0, "layer_end", 4);
+    CHECK(command_from_request(COMMAND_CREATE_INSTANCE, body, NULL, &c, err, sizeof err) == 0, "%s", err);
+    rc = node_command(master, &c, 10000, &res);
+    CHECK(rc == CAIRN_ENOTFOUND && strstr(res.message, "m1"), "no models folder: %d %s", rc, res.message);
+    command_clear(&c);
+    json_decref(body);
+
+    /* The master stops: the follower takes over, keeping the state. */
+    node_unsubscribe(b, token);
+    char master_id[IDS_ID_MAX + 1];
+    snprintf(master_id, sizeof master_id, "%s", node_id(master));
+    double t0 = now_s();
+    node_release(master);
+    t = wait_agree(follower, NULL, 2, node_id(follower), 30);
+    CHECK(t >= 0, "the follower became master within 30 s");
+    printf("master stopped: new master after %.2f s\n", now_s() - t0);
+    struct node_status sf;
+    node_get_status(follower, &sf);
+    CHECK(sf.is_master && sf.term >= 2, "new term %lld", (long long)sf.term);
+
+    /* The old master comes back with its id and follows the new one. */
+    snprintf(peer, sizeof peer, "127.0.0.1:%d", node_cluster_port(follower));
+    struct node *back = make_node(master == a ? "a" : "b", peer, false);
+    if (back) {
+        CHECK(!strcmp(node_id(back), master_id), "same id after restart: %s %s", node_id(back),
+              master_id);
+        t = wait_agree(follower, back, 2, node_id(follower), 30);
+        CHECK(t >= 0, "the restarted node follows the working master (sticky)");
+        node_release(back);
+    }
+    node_release(follower);
+}
+
+int main(void)
+{
+    log_set_level(LOG_WARN);
+    snprintf(root, sizeof root, "/tmp/cairn-test-node-inproc-%d", (int)getpid());
+    mkdir(root, 0700);
+    test_id();
+    test_pair();
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", root);
+    return test_main_end();
+}
