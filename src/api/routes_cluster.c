@@ -139,10 +139,14 @@ static void h_state_path(struct http_request *req, void *ctx)
             cur = NULL;
         }
     }
+    char *text = cur ? json_dumps(cur, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY) : NULL;
     if (!cur)
         http_reply_error(req, 404, "not_found", "state has no %s", path ? path : "");
+    else if (!text)
+        reply_oom(req);
     else
-        http_reply_json(req, 200, json_incref(cur));
+        http_reply_bytes(req, 200, "application/json", text, strlen(text));
+    free(text);
     json_decref(root);
 }
 
