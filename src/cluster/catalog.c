@@ -69,6 +69,25 @@ void catalog_card_clear(struct catalog_card *card)
     memset(card, 0, sizeof *card);
 }
 
+int catalog_card_copy(struct catalog_card *dst, const struct catalog_card *src)
+{
+    *dst = *src;
+    dst->path = dst->error = NULL;
+    dst->layer_bytes = NULL;
+    if ((src->path && !(dst->path = strdup(src->path))) || (src->error && !(dst->error = strdup(src->error))))
+        goto fail;
+    if (src->layer_bytes && src->n_layers > 0) {
+        dst->layer_bytes = malloc((size_t)src->n_layers * sizeof *dst->layer_bytes);
+        if (!dst->layer_bytes)
+            goto fail;
+        memcpy(dst->layer_bytes, src->layer_bytes, (size_t)src->n_layers * sizeof *dst->layer_bytes);
+    }
+    return 0;
+fail:
+    catalog_card_clear(dst);
+    return CAIRN_ENOMEM;
+}
+
 static int64_t mtime_of(const struct stat *st)
 {
     return (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;

@@ -67,6 +67,10 @@ int catalog_card_read(struct catalog_card *out, const char *path, char *err, siz
 /* Frees what a card owns and zeroes it; accepts a zeroed card. */
 void catalog_card_clear(struct catalog_card *card);
 
+/* Makes dst an independent deep copy of src (dst is overwritten, not freed); CAIRN_ENOMEM
+ * leaves dst zeroed. */
+int catalog_card_copy(struct catalog_card *dst, const struct catalog_card *src);
+
 /* Writes the id of a file name (no folder) by the rule above into id
  * (IDS_MODEL_MAX + 1 bytes). */
 void catalog_id_from_file_name(const char *file_name, char *id);

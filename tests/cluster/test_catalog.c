@@ -321,6 +321,15 @@ int main(void)
     CHECK(json_array_size(all) == 9, "catalog JSON has %zu entries", json_array_size(all));
     json_decref(all);
 
+    /* A deep copy outlives the catalog's card. */
+    struct catalog_card copy;
+    CHECK(ll && catalog_card_copy(&copy, ll) == 0, "card copy");
+    if (ll) {
+        CHECK(copy.path != ll->path && !strcmp(copy.path, ll->path) && copy.layer_bytes != ll->layer_bytes &&
+                  copy.layer_bytes[2] == ll->layer_bytes[2] && copy.embd_bytes == ll->embd_bytes,
+              "copy differs");
+        catalog_card_clear(&copy);
+    }
     /* Placement model from a card. */
     struct place_model pm;
     CHECK(ll && catalog_card_place_model(ll, 2048, 2, &pm, err, sizeof err) == 0, "place model: %s", err);
