@@ -57,6 +57,9 @@ struct node {
     char id[IDS_ID_MAX + 1];
     char *data_dir, *models_dir, *log_path;
     bool force_master, worker;
+    node_runners_fn runners;
+    void *runners_ctx;
+    atomic_bool report_asked;
     int64_t memory_limit;
     int node_timeout_ms;
     atomic_int api_port;
@@ -320,6 +323,8 @@ static void notify(struct node *n, const char *json, int64_t term, int64_t index
 }
 
 /* ---- state access ---- */
+
+void node_report_now(struct node *n) { atomic_store(&n->report_asked, true); }
 
 void node_read_state(struct node *n, void (*fn)(void *ctx, const struct cluster_state *s),
                      void *ctx)
@@ -898,6 +903,8 @@ static void gather_info(struct node *n, int64_t now)
     }
     if (n->memory_limit > 0 && (ni.mem_available > n->memory_limit || ni.mem_available <= 0))
         ni.mem_available = n->memory_limit;
+    if (!n->worker)
+        ni.mem_available = 0; /* runs no runners: placement never picks it */
     n->info = ni;
     n->has_info = true;
     if (!n->has_reported || nodeinfo_changed(&n->reported, &n->info))
@@ -908,6 +915,8 @@ static void maybe_report(struct node *n, int64_t now)
 {
     if (now >= n->next_info_ms)
         gather_info(n, now);
+    if (atomic_exchange(&n->report_asked, false))
+        n->report_due = true;
     json_t *edges = current_edges(n);
     if (edges && edges_changed(edges, n->reported_edges))
         n->report_due = true;
@@ -924,7 +933,8 @@ static void maybe_report(struct node *n, int64_t now)
     json_t *info = info_json(n, &n->info);
     if (!report || !info || json_object_set_new(report, "node_id", json_string(n->id)) ||
         json_object_set_new(report, "info", info) ||
-        json_object_set_new(report, "runners", json_null()) ||
+        json_object_set_new(report, "runners",
+                            n->runners ? (n->runners(n->runners_ctx) ?: json_null()) : json_null()) ||
         json_object_set(report, "edges", edges)) {
         json_decref(report);
         json_decref(edges);
@@ -1405,6 +1415,8 @@ int node_create(struct node **out, const struct node_config *cfg, char *err, siz
     pthread_condattr_destroy(&ca);
     n->force_master = cfg->force_master;
     n->worker = cfg->worker;
+    n->runners = cfg->runners;
+    n->runners_ctx = cfg->runners_ctx;
     n->memory_limit = cfg->memory_limit;
     n->node_timeout_ms = cfg->node_timeout_ms ? cfg->node_timeout_ms : NODE_TIMEOUT_MS_DEFAULT;
     atomic_store(&n->api_port, cfg->api_port);

@@ -54,6 +54,11 @@
 #define NODE_MAX_PEERS 256              /* endpoints given or taken per gossip message */
 #define NODE_MAX_SUBSCRIBERS 256
 
+/* Hook of the runner supervisor: a new JSON array of this node's runners (each a runner
+ * of state.h's JSON), or NULL when it cannot say (the report then leaves them as
+ * they are). Called on the node thread. */
+typedef json_t *(*node_runners_fn)(void *ctx);
+
 struct node_config {
     const char *data_dir;        /* required: node_id and events.db (created when missing) */
     const char *models_dir;      /* the catalog's folder; NULL: no models */
@@ -65,11 +70,13 @@ struct node_config {
     const char *const *peers;    /* "host:port" or "tcp://host:port" to connect to */
     size_t n_peers;
     bool force_master;
-    bool worker;                 /* runs runners (the supervisor hook; nothing yet) */
+    bool worker;                 /* runs runners; without, it offers no memory to placement */
     int64_t memory_limit;        /* bytes this node may offer; 0 = no limit */
     int node_timeout_ms;         /* 0 = NODE_TIMEOUT_MS_DEFAULT */
     int heartbeat_ms, link_timeout_ms; /* link timers; 0 = 500 and 3000 */
     const char *discovery;       /* "off" (NULL), "auto" or an interface name */
+    node_runners_fn runners;     /* NULL: runners are not reported */
+    void *runners_ctx;
 };
 
 /* What a node says about itself (GET /state carries the rest). */
@@ -111,6 +118,9 @@ int node_cluster_port(const struct node *n);
 /* Sets the API port reported in node info (before node_start: the HTTP server may be
  * bound after the node is made). */
 void node_set_api_port(struct node *n, int port);
+
+/* Asks for a report to the master soon (runner status changed). Any thread. */
+void node_report_now(struct node *n);
 
 /* Fills *st. Any thread. */
 void node_get_status(struct node *n, struct node_status *st);

@@ -3,6 +3,7 @@
  * master from either node; a subscriber sees the events; the master's stop elects the
  * other; a restarted node keeps its id, replays its log and follows (sticky). Every
  * wait is bounded. */
+#include "cluster/link.h"
 #include "cluster/node.h"
 
 #include <stdatomic.h>
@@ -54,7 +55,7 @@ static void test_id(void)
     CHECK(rc == CAIRN_EIO, "a dir that cannot be made: %d %s", rc, err);
 }
 
-static struct node *make_node(const char *name, const char *peer, bool force)
+static struct node *make_node_t(const char *name, const char *peer, bool force, int timeout_ms)
 {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", root, name);
@@ -66,7 +67,7 @@ static struct node *make_node(const char *name, const char *peer, bool force)
         .n_peers = peer ? 1 : 0,
         .force_master = force,
         .memory_limit = (int64_t)1 << 30,
-        .node_timeout_ms = 60000,
+        .node_timeout_ms = timeout_ms,
     };
     struct node *n = NULL;
     int rc = node_create(&n, &cfg, err, sizeof err);
@@ -76,6 +77,11 @@ static struct node *make_node(const char *name, const char *peer, bool force)
     rc = node_start(n, err, sizeof err);
     CHECK(rc == 0, "start %s: %s", name, err);
     return n;
+}
+
+static struct node *make_node(const char *name, const char *peer, bool force)
+{
+    return make_node_t(name, peer, force, 60000);
 }
 
 struct text {
@@ -207,6 +213,83 @@ static void test_pair(void)
     node_release(follower);
 }
 
+/* A node that goes away for longer than the node timeout leaves the state. */
+static void test_timeout(void)
+{
+    struct node *m = make_node_t("tm", NULL, true, 2000);
+    if (!m)
+        return;
+    char peer[64];
+    snprintf(peer, sizeof peer, "127.0.0.1:%d", node_cluster_port(m));
+    struct node *f = make_node_t("tf", peer, false, 2000);
+    double t = f ? wait_agree(m, f, 2, node_id(m), 30) : -1;
+    CHECK(t >= 0, "the force-master leads the pair");
+    node_release(f);
+    double t0 = now_s();
+    t = wait_agree(m, NULL, 1, node_id(m), 30);
+    CHECK(t >= 0, "the departed node is timed out (bound 30 s)");
+    printf("node timed out %.2f s after it left (timeout 2 s)\n", now_s() - t0);
+    node_release(m);
+}
+
+/* A peer with the right secret that sends malformed payloads of every type: the node
+ * logs and drops them, and keeps serving. */
+static void test_garbage(void)
+{
+    struct node *m = make_node_t("gm", NULL, true, 60000);
+    if (!m)
+        return;
+    CHECK(wait_agree(m, NULL, 1, node_id(m), 30) >= 0, "a node of one leads itself");
+    struct link *l = NULL;
+    struct link_config lc = {.node_id = "intruder", .bind_addr = "127.0.0.1"};
+    int rc = link_create(&l, &lc, err, sizeof err);
+    CHECK(rc == 0, "intruder link: %s", err);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", node_cluster_port(m));
+    if (!rc)
+        rc = link_connect(l, ep, err, sizeof err);
+    bool up = false;
+    double t0 = now_s();
+    struct link_msg msg;
+    while (!rc && !up && now_s() - t0 < 10)
+        if (link_poll(l, 100, &msg) == 1 && msg.event == LINK_EV_PEER_UP)
+            up = true;
+    CHECK(up, "the intruder is linked");
+    const char *payloads[] = {
+        "", "{", "[]", "null", "{\"type\":\"status\"}", "{\"kind\":\"StateSnapshot\"}",
+        "{\"kind\":\"InstanceDeleted\",\"term\":1,\"index\":99,\"instance_id\":\"x\"}",
+        "{\"term\":\"a\",\"index\":1,\"full\":false}",
+        "{\"kind\":\"DeleteInstance\",\"command_id\":\"c\"}",
+        "{\"node_id\":\"intruder\",\"info\":{\"memory_total_bytes\":1}}",
+        "{\"type\":\"peers\",\"peers\":[{\"id\":\"x\",\"endpoint\":\"nope\"},7]}",
+        "{\"type\":\"pong\",\"t\":\"x\"}",
+        "{\"type\":\"head\",\"term\":-1,\"index\":null}",
+        "{\"command_id\":\"c\",\"code\":0}",
+        "\xff\xfe\x00garbage",
+    };
+    int types[] = {LINK_T_COMMAND, LINK_T_EVENT, LINK_T_EVENT_REQUEST, LINK_T_SNAPSHOT,
+                   LINK_T_ELECTION, LINK_T_REPORT, NODE_T_COMMAND_RESULT, NODE_T_CONTROL, 40};
+    int sent = 0;
+    for (size_t t = 0; up && t < sizeof types / sizeof types[0]; t++)
+        for (size_t p = 0; p < sizeof payloads / sizeof payloads[0]; p++)
+            sent += link_send(l, node_id(m), types[t], payloads[p], strlen(payloads[p])) == 1;
+    for (int i = 0; i < 20; i++)
+        link_poll(l, 50, &msg);
+    CHECK(sent == 9 * 15, "sent %d malformed messages", sent);
+    struct command c;
+    struct command_result res;
+    command_init(&c, COMMAND_DELETE_INSTANCE);
+    snprintf(c.delete_instance.instance_id, sizeof c.delete_instance.instance_id, "x");
+    rc = node_command(m, &c, 10000, &res);
+    CHECK(rc == CAIRN_ENOTFOUND, "the node still runs commands: %d %s", rc, res.message);
+    command_clear(&c);
+    struct node_status st;
+    node_get_status(m, &st);
+    CHECK(st.is_master && st.term == 1, "still master of term 1 (%s, %lld)", st.role, (long long)st.term);
+    link_release(l);
+    node_release(m);
+}
+
 int main(void)
 {
     log_set_level(LOG_WARN);
@@ -214,6 +297,8 @@ int main(void)
     mkdir(root, 0700);
     test_id();
     test_pair();
+    test_timeout();
+    test_garbage();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
     if (system(cmd) != 0)
