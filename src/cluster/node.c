@@ -24,6 +24,7 @@
 #define LINK_SILENCE_MS_DEFAULT 3000
 #define REQUEST_RETRY_MS 500
 #define CATALOG_RESCAN_MS 1000
+#define SYNC_DELAY_MS 300 /* after following a new master, before asking it for events */
 
 enum pending_state { P_QUEUED, P_SENT, P_WAIT_STATE, P_DONE };
 
@@ -104,6 +105,7 @@ struct node {
     int64_t next_timeout_ms, next_head_ms, next_gossip_ms, next_info_ms;
     int64_t since_snapshot;
     int64_t last_request_ms;
+    int64_t sync_at;      /* when to check we caught up with a new master; 0 = no check */
     struct node_info info;      /* last gathered */
     struct node_info reported;  /* last reported */
     bool has_info, has_reported, report_due;
@@ -1229,19 +1231,33 @@ static void after_election(struct node *n, int64_t now)
         n->master_term = 0;
     bool changed = strcmp(n->followed, m) || n->followed_term != term;
     if (role == ELECTION_FOLLOWER && confirmed && (changed || !n->followed_confirmed)) {
-        /* A new master: catch up with it (all of it when our state knows another master
-         * in its term), and tell it what we are. */
-        bool full = n->state->last_term == term && strcmp(n->state->master_node_id, m);
-        if (n->state->last_term > term)
-            full = true;
-        if (full || !pos_reached(n->state, term, 1))
-            request_events(n, full, now);
+        /* A new master: tell it what we are, and catch up with it unless the start of its
+         * term (which a new master sends to all) brings us there first. */
+        n->sync_at = now + SYNC_DELAY_MS;
         n->report_due = true;
         n->last_report_ms = 0;
     }
+    if (role != ELECTION_FOLLOWER || !confirmed)
+        n->sync_at = 0;
     snprintf(n->followed, sizeof n->followed, "%s", m);
     n->followed_term = term;
     n->followed_confirmed = confirmed;
+}
+
+/* Catches up with the master we follow when our state has not reached its term: all of
+ * it when our state knows another master in that term (events under the same numbers
+ * may differ) or a newer term. */
+static void check_sync(struct node *n, int64_t now)
+{
+    if (!n->sync_at || now < n->sync_at)
+        return;
+    n->sync_at = 0;
+    const char *m = election_master(n->el);
+    int64_t term = election_term(n->el);
+    const struct cluster_state *s = n->state;
+    bool full = s->last_term > term || (s->last_term == term && strcmp(s->master_node_id, m));
+    if (full || !pos_reached(s, term, 1))
+        request_events(n, full, now);
 }
 
 /* ---- the loop ---- */
@@ -1340,6 +1356,7 @@ static void periodic(struct node *n, int64_t now)
 {
     election_tick(n->el, now);
     after_election(n, now);
+    check_sync(n, now);
     discovery_hook(n);
     if (now >= n->next_gossip_ms) {
         n->next_gossip_ms = now + NODE_GOSSIP_INTERVAL_MS;
