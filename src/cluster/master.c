@@ -9,29 +9,6 @@
 
 /* ---- model cards ---- */
 
-int master_card_copy(struct catalog_card *dst, const struct catalog_card *src)
-{
-    *dst = *src;
-    dst->path = NULL;
-    dst->error = NULL;
-    dst->layer_bytes = NULL;
-    if (src->path && !(dst->path = strdup(src->path)))
-        goto fail;
-    if (src->error && !(dst->error = strdup(src->error)))
-        goto fail;
-    if (src->layer_bytes && src->n_layers > 0) {
-        dst->layer_bytes = malloc((size_t)src->n_layers * sizeof *dst->layer_bytes);
-        if (!dst->layer_bytes)
-            goto fail;
-        memcpy(dst->layer_bytes, src->layer_bytes, (size_t)src->n_layers * sizeof *dst->layer_bytes);
-    }
-    return 0;
-fail:
-    catalog_card_clear(dst);
-    memset(dst, 0, sizeof *dst);
-    return CAIRN_ENOMEM;
-}
-
 uint32_t master_card_ctx(const struct catalog_card *c)
 {
     return c->n_ctx > 0 && c->n_ctx < MASTER_CTX_LEN ? (uint32_t)c->n_ctx : MASTER_CTX_LEN;

@@ -55,10 +55,6 @@ struct master_events {
     size_t n, cap;
 };
 
-/* Makes dst (overwritten, not freed) an independent deep copy of src; CAIRN_ENOMEM
- * leaves dst zeroed. */
-int master_card_copy(struct catalog_card *dst, const struct catalog_card *src);
-
 /* Context positions counted for a model's KV cache: min(trained, MASTER_CTX_LEN). */
 uint32_t master_card_ctx(const struct catalog_card *c);
 

@@ -226,7 +226,7 @@ int node_card(void *ctx, const char *model_id, struct catalog_card *out, char *e
     else if (c->error)
         rc = cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "model %s cannot be used: %s", model_id,
                         c->error);
-    else if (master_card_copy(out, c))
+    else if (catalog_card_copy(out, c))
         rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     pthread_mutex_unlock(&n->cat_mu);
     return rc;

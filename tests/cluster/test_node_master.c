@@ -55,7 +55,7 @@ static int fake_card(void *ctx, const char *id, struct catalog_card *out, char *
     memset(out, 0, sizeof *out);
     for (int i = 0; i < n_cards; i++)
         if (!strcmp(cards[i].id, id))
-            return master_card_copy(out, &cards[i]);
+            return catalog_card_copy(out, &cards[i]);
     return cairn_fail(e, elen, CAIRN_ENOTFOUND, "model %s not found", id);
 }
 
