@@ -12,6 +12,7 @@
 #include "engine/kv.h"
 #include "model/model.h"
 
+#include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,19 +23,64 @@ struct bw_job {
     uint64_t sums[64];
 };
 
+/* Sums a range with the widest loads this CPU has and software prefetch, as the kernels
+ * read weights, so the figure is the ceiling they can reach (plain scalar loads
+ * understate it by a third on this machine). */
+__attribute__((target("avx512f"))) static uint64_t sum_avx512(const uint64_t *p, long n)
+{
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    long i = 0;
+    for (; i + 32 <= n; i += 32) {
+        _mm_prefetch((const char *)(p + i) + 2048, _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + i) + 2112, _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + i) + 2176, _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + i) + 2240, _MM_HINT_T0);
+        a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(p + i));
+        a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(p + i + 8));
+        a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p + i + 16));
+        a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p + i + 24));
+    }
+    return (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+}
+
+__attribute__((target("avx2"))) static uint64_t sum_avx2(const uint64_t *p, long n)
+{
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    long i = 0;
+    for (; i + 16 <= n; i += 16) {
+        _mm_prefetch((const char *)(p + i) + 2048, _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + i) + 2112, _MM_HINT_T0);
+        a0 = _mm256_add_epi64(a0, _mm256_loadu_si256((const __m256i *)(p + i)));
+        a1 = _mm256_add_epi64(a1, _mm256_loadu_si256((const __m256i *)(p + i + 4)));
+        a2 = _mm256_add_epi64(a2, _mm256_loadu_si256((const __m256i *)(p + i + 8)));
+        a3 = _mm256_add_epi64(a3, _mm256_loadu_si256((const __m256i *)(p + i + 12)));
+    }
+    uint64_t lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes, _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+    return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+static uint64_t sum_scalar(const uint64_t *p, long n)
+{
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (long i = 0; i + 4 <= n; i += 4) {
+        s0 += p[i];
+        s1 += p[i + 1];
+        s2 += p[i + 2];
+        s3 += p[i + 3];
+    }
+    return s0 + s1 + s2 + s3;
+}
+
 static void bw_read(void *ctx, int ith, int nth)
 {
     struct bw_job *j = ctx;
     long lo, hi;
     pool_split((long)j->n, 1024, ith, nth, &lo, &hi);
-    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (long i = lo; i + 4 <= hi; i += 4) {
-        s0 += j->buf[i];
-        s1 += j->buf[i + 1];
-        s2 += j->buf[i + 2];
-        s3 += j->buf[i + 3];
-    }
-    j->sums[ith % 64] = s0 + s1 + s2 + s3;
+    const struct cpu_features *f = cpu_features();
+    const uint64_t *p = j->buf + lo;
+    uint64_t s = f->avx512f ? sum_avx512(p, hi - lo) : f->avx2 ? sum_avx2(p, hi - lo) : sum_scalar(p, hi - lo);
+    j->sums[ith % 64] = s;
 }
 
 /* Read bandwidth in bytes/s over a block of `bytes` (>= 1 GiB), best of reps. */
@@ -115,6 +161,7 @@ int cli_bench(int argc, char **argv)
         return 2;
     }
     struct bench bn = {0};
+    struct pool *bwp = NULL;
     int ret = 1;
     int64_t ctx = n_prompt + n_gen + 16;
     int max_batch = (int)(n_prompt > max_b ? n_prompt : max_b);
@@ -153,11 +200,10 @@ int cli_bench(int argc, char **argv)
            (long long)threads);
 
     /* Bandwidth with the engine's own thread count, measured in this run. */
-    struct pool *bwp;
     if (pool_create(&bwp, (int)threads))
         goto out;
-    double bw = measure_bandwidth(bwp, (size_t)bw_mib << 20, 5);
-    pool_release(bwp);
+    /* Shared machines vary: the ceiling is the best of reads before and after decode. */
+    double bw = measure_bandwidth(bwp, (size_t)bw_mib << 20, 10);
     printf("memory read bandwidth (%lld MiB block, %lld threads): %.2f GB/s\n", (long long)bw_mib, (long long)threads, bw / 1e9);
 
     double *t = malloc((size_t)reps * sizeof *t);
@@ -201,6 +247,11 @@ int cli_bench(int argc, char **argv)
             t[r] = clock_sec() - t0;
         }
         double med = median(t, (int)reps);
+        double bw_after = measure_bandwidth(bwp, (size_t)bw_mib << 20, 10);
+        if (bw_after > bw) {
+            printf("memory read bandwidth after decode: %.2f GB/s (the higher figure is the ceiling)\n", bw_after / 1e9);
+            bw = bw_after;
+        }
         double tps = (double)n_gen / med, roof = bw / bytes_per_tok;
         printf("tg%lld: %.2f tok/s (median of %lld); reads %.1f MiB/token; roofline %.2f tok/s; %.1f%% of roofline\n",
                (long long)n_gen, tps, (long long)reps, bytes_per_tok / (1 << 20), roof, 100.0 * tps / roof);
@@ -237,6 +288,8 @@ int cli_bench(int argc, char **argv)
         memset(bn.seqs, 0, nb * sizeof *bn.seqs);
     }
     free(t);
+    pool_release(bwp);
+    bwp = NULL;
     /* Resident memory against what the model and cache need (the bandwidth block is freed). */
     double mib = 1 << 20;
     printf("resident memory: %.1f MiB now (model file %.1f MiB, weights read %.1f MiB, KV %.1f MiB)\n",
@@ -244,6 +297,7 @@ int cli_bench(int argc, char **argv)
            (double)kv_bytes_for(&kc) / mib);
     ret = 0;
 out:
+    pool_release(bwp);
     free(bn.logits);
     free(bn.tokens);
     free(bn.seqs);
