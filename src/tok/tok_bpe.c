@@ -474,42 +474,7 @@ static inline int pair_less(const struct bpair *a, const struct bpair *b)
     return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
 }
 
-static int heap_push(struct tok_scratch *s, struct bpair p)
-{
-    if (TOK_RESERVE(s->heap, s->heap_cap, s->heap_n + 1, sizeof(struct bpair)))
-        return CAIRN_ENOMEM;
-    struct bpair *h = s->heap;
-    int64_t i = s->heap_n++;
-    while (i > 0) {
-        int64_t up = (i - 1) / 2;
-        if (!pair_less(&p, &h[up]))
-            break;
-        h[i] = h[up];
-        i = up;
-    }
-    h[i] = p;
-    return 0;
-}
-
-static struct bpair heap_pop(struct tok_scratch *s)
-{
-    struct bpair *h = s->heap, top = h[0], last = h[--s->heap_n];
-    int64_t i = 0, n = s->heap_n;
-    for (;;) {
-        int64_t c = 2 * i + 1;
-        if (c >= n)
-            break;
-        if (c + 1 < n && pair_less(&h[c + 1], &h[c]))
-            c++;
-        if (!pair_less(&h[c], &last))
-            break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (n > 0)
-        h[i] = last;
-    return top;
-}
+TOK_DEFINE_HEAP(heap, struct bpair, pair_less)
 
 static int try_pair(const struct tok *t, struct tok_scratch *s, int32_t l, int32_t r)
 {

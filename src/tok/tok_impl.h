@@ -156,4 +156,45 @@ int tok_spm_load(struct tok *t);
 int tok_spm_encode(const struct tok *t, struct tok_scratch *s, const char *text, size_t len,
                    int prefix_space);
 
+/* A binary min-heap over s->heap (scratch, grown with TOK_RESERVE) of TYPE ordered by
+ * LESS(const TYPE *, const TYPE *): defines NAME_push (0 or CAIRN_ENOMEM) and NAME_pop
+ * (the least element; the heap must not be empty). One definition serves the merge
+ * queues of both tokenizers without an indirect call per comparison. */
+#define TOK_DEFINE_HEAP(NAME, TYPE, LESS)                                        \
+    static int NAME##_push(struct tok_scratch *s, TYPE p)                        \
+    {                                                                            \
+        if (TOK_RESERVE(s->heap, s->heap_cap, s->heap_n + 1, sizeof(TYPE)))      \
+            return CAIRN_ENOMEM;                                                 \
+        TYPE *h = s->heap;                                                       \
+        int64_t i = s->heap_n++;                                                 \
+        while (i > 0) {                                                          \
+            int64_t up = (i - 1) / 2;                                            \
+            if (!LESS(&p, &h[up]))                                               \
+                break;                                                           \
+            h[i] = h[up];                                                        \
+            i = up;                                                              \
+        }                                                                        \
+        h[i] = p;                                                                \
+        return 0;                                                                \
+    }                                                                            \
+    static TYPE NAME##_pop(struct tok_scratch *s)                                \
+    {                                                                            \
+        TYPE *h = s->heap, top = h[0], last = h[--s->heap_n];                    \
+        int64_t i = 0, n = s->heap_n;                                            \
+        for (;;) {                                                               \
+            int64_t c = 2 * i + 1;                                               \
+            if (c >= n)                                                          \
+                break;                                                           \
+            if (c + 1 < n && LESS(&h[c + 1], &h[c]))                             \
+                c++;                                                             \
+            if (!LESS(&h[c], &last))                                             \
+                break;                                                           \
+            h[i] = h[c];                                                         \
+            i = c;                                                               \
+        }                                                                        \
+        if (n > 0)                                                               \
+            h[i] = last;                                                         \
+        return top;                                                              \
+    }
+
 #endif

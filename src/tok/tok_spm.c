@@ -120,42 +120,7 @@ static int32_t piece_id(const struct tok *t, const char *p, size_t n)
     return id;
 }
 
-static int heap_push(struct tok_scratch *s, struct sbigram b)
-{
-    if (TOK_RESERVE(s->heap, s->heap_cap, s->heap_n + 1, sizeof(struct sbigram)))
-        return CAIRN_ENOMEM;
-    struct sbigram *h = s->heap;
-    int64_t i = s->heap_n++;
-    while (i > 0) {
-        int64_t up = (i - 1) / 2;
-        if (!big_less(&b, &h[up]))
-            break;
-        h[i] = h[up];
-        i = up;
-    }
-    h[i] = b;
-    return 0;
-}
-
-static struct sbigram heap_pop(struct tok_scratch *s)
-{
-    struct sbigram *h = s->heap, top = h[0], last = h[--s->heap_n];
-    int64_t i = 0, n = s->heap_n;
-    for (;;) {
-        int64_t c = 2 * i + 1;
-        if (c >= n)
-            break;
-        if (c + 1 < n && big_less(&h[c + 1], &h[c]))
-            c++;
-        if (!big_less(&h[c], &last))
-            break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (n > 0)
-        h[i] = last;
-    return top;
-}
+TOK_DEFINE_HEAP(heap, struct sbigram, big_less)
 
 static int try_bigram(const struct tok *t, struct tok_scratch *s, int32_t l, int32_t r)
 {
