@@ -34,6 +34,7 @@ struct engine {
     float *rope_cs;  /* (B, n_rot/2, 2): cos, sin per token */
     int64_t *slot;   /* KV slot per token (B) */
     int32_t *out_rows; /* tokens whose logits are wanted (B) */
+    void *embd_row;  /* one embedding row as stored in the file */
     float *scores;   /* attention scratch per thread (n_threads, max_ctx) */
     const uint16_t **rows; /* cached K or V rows of one head, per thread (n_threads, max_ctx) */
     float *head_acc; /* per thread (n_threads, head_dim) */
@@ -349,11 +350,12 @@ int engine_create(struct engine **out, const struct model *m, const struct engin
     e->rope_cs = zalloc(B * (size_t)hp->n_rot * f);
     e->slot = zalloc(B * sizeof *e->slot);
     e->out_rows = zalloc(B * sizeof *e->out_rows);
+    e->embd_row = zalloc(m->tok_embd_row_bytes);
     e->scores = zalloc((size_t)cfg->n_threads * (size_t)cfg->max_ctx * f);
     e->rows = zalloc((size_t)cfg->n_threads * (size_t)cfg->max_ctx * sizeof *e->rows);
     e->head_acc = zalloc((size_t)cfg->n_threads * (size_t)hp->head_dim * f);
     bool ok = e->x && e->xn && e->tmp && e->q && e->attn && e->k && e->v && e->gate && e->up &&
-              e->rope_cs && e->slot && e->out_rows && e->scores && e->rows && e->head_acc;
+              e->rope_cs && e->slot && e->out_rows && e->scores && e->rows && e->head_acc && e->embd_row;
     int64_t dims[N_DIMS] = {hp->n_embd, e->q_dim, hp->n_ff};
     for (int k = 0; k < N_ACT_KINDS && ok; k++)
         for (int d = 0; d < N_DIMS && ok; d++) {
@@ -386,6 +388,7 @@ void engine_release(struct engine *e)
     free(e->slot);
     free(e->out_rows);
     free(e->rows);
+    free(e->embd_row);
     free(e);
 }
 
@@ -469,7 +472,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
 
     if (m->first) {
         for (int i = 0; i < B; i++)
-            model_embed(m, b->token[i], e->x + (int64_t)i * n_embd);
+            model_embed(m, b->token[i], e->embd_row, e->x + (int64_t)i * n_embd);
     } else {
         memcpy(e->x, b->embd, (size_t)B * (size_t)n_embd * sizeof(float));
     }

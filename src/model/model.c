@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -267,6 +268,7 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
     struct model *m = calloc(1, sizeof *m);
     if (!m)
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    m->tok_embd_fd = -1;
     int rc = gguf_open(&m->file, path, err, errlen);
     if (rc)
         goto fail;
@@ -295,6 +297,9 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
         m->tok_embd = emb->data;
         m->tok_embd_type = emb->type;
         m->tok_embd_row_bytes = (size_t)dtype_row_bytes(emb->type, hp->n_embd);
+        m->tok_embd_offset = (uint64_t)((const char *)emb->data - (const char *)gguf_base(m->file));
+        m->tok_embd_fd = open(path, O_RDONLY | O_CLOEXEC);
+        drop_source_pages(emb->data, emb->size); /* rows are read with pread from here on */
     }
     if (m->last) {
         if ((rc = load_vec(&ld, &m->output_norm, "output_norm.weight", hp->n_embd, true)))
@@ -353,15 +358,21 @@ void model_release(struct model *m)
     free(m->output_norm);
     free(m->rope_freq_factors);
     gguf_close(m->file);
+    if (m->tok_embd_fd >= 0)
+        close(m->tok_embd_fd);
     free(m);
 }
 
-int model_embed(const struct model *m, int32_t token, float *out)
+int model_embed(const struct model *m, int32_t token, void *row_buf, float *out)
 {
     if (!m->first)
         return CAIRN_ESTATE;
     if (token < 0 || token >= m->hp.n_vocab)
         return CAIRN_ERANGE;
-    const char *row = (const char *)m->tok_embd + (size_t)token * m->tok_embd_row_bytes;
+    size_t rb = m->tok_embd_row_bytes;
+    const char *row = (const char *)m->tok_embd + (size_t)token * rb;
+    if (m->tok_embd_fd >= 0 &&
+        pread(m->tok_embd_fd, row_buf, rb, (off_t)(m->tok_embd_offset + (uint64_t)token * rb)) == (ssize_t)rb)
+        row = row_buf;
     return kern_dequantize_row(m->tok_embd_type, row, out, m->hp.n_embd);
 }

@@ -74,6 +74,8 @@ struct model {
     int tok_embd_type;       /* embeddings: rows of n_embd in the file (first slice) */
     const void *tok_embd;
     size_t tok_embd_row_bytes;
+    int tok_embd_fd;         /* the file, read with pread for embedding rows (-1: use the mapping) */
+    uint64_t tok_embd_offset; /* file offset of token_embd's data */
     float *output_norm;      /* (n_embd), last slice */
     struct kern_mat *output; /* (n_vocab, n_embd), last slice */
     float *rope_freq_factors; /* (n_rot/2) from rope_freqs.weight (Llama 3) or NULL */
@@ -102,7 +104,10 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
 /* Releases everything, the file mapping included; accepts NULL. */
 void model_release(struct model *m);
 
-/* Writes the embedding of token into out[n_embd] (first slice). */
-int model_embed(const struct model *m, int32_t token, float *out);
+/* Writes the embedding of token into out[n_embd] (first slice). The row is read with
+ * pread into row_buf (tok_embd_row_bytes bytes, the caller's) rather than through the
+ * mapping: touching mapped rows brings whole ranges of a large embedding back into
+ * resident memory over a long generation. */
+int model_embed(const struct model *m, int32_t token, void *row_buf, float *out);
 
 #endif
