@@ -1,0 +1,400 @@
+/* The node's worker thread (worker.h). */
+#include "cluster/worker.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/clock.h"
+#include "base/err.h"
+#include "base/log.h"
+#include "cluster/command.h"
+#include "cluster/catalog.h"
+#include "cluster/plan.h"
+
+struct wrunner {
+    char id[IDS_ID_MAX + 1], instance_id[IDS_ID_MAX + 1];
+    enum cluster_runner_status status;
+    char *error; /* Failed only */
+    int restart_count;
+    pid_t pid;
+    bool supervised;
+    bool want_delete; /* gave up: its instance is to be deleted (once) */
+};
+
+struct worker {
+    struct supervisor_config sup_cfg;
+    struct supervisor *sup;
+    struct node *node;
+    char node_id[IDS_ID_MAX + 1];
+    pthread_t thread;
+    bool started, joined;
+    atomic_bool stop, dirty;
+    uint64_t sub_token;
+    pthread_mutex_t mu; /* guards the table below */
+    struct wrunner *r;
+    size_t n, cap;
+};
+
+static int64_t now_ms(void) { return clock_ns() / 1000000; }
+
+static struct wrunner *find(struct worker *w, const char *id)
+{
+    for (size_t i = 0; i < w->n; i++)
+        if (!strcmp(w->r[i].id, id))
+            return &w->r[i];
+    return NULL;
+}
+
+static void drop(struct worker *w, struct wrunner *x)
+{
+    free(x->error);
+    size_t i = (size_t)(x - w->r);
+    memmove(&w->r[i], &w->r[i + 1], (w->n - i - 1) * sizeof *w->r);
+    w->n--;
+}
+
+static void set_error(struct wrunner *x, const char *error)
+{
+    free(x->error);
+    x->error = NULL;
+    if (x->status == CLUSTER_RUNNER_FAILED && error)
+        x->error = runner_text_clean(error, strlen(error), 2048);
+}
+
+/* Adds a runner (under mu); NULL when out of memory. */
+static struct wrunner *add(struct worker *w, const char *id, const char *instance_id)
+{
+    if (w->n == w->cap) {
+        size_t cap = w->cap ? w->cap * 2 : 8;
+        struct wrunner *r = realloc(w->r, cap * sizeof *r);
+        if (!r)
+            return NULL;
+        w->r = r;
+        w->cap = cap;
+    }
+    struct wrunner *x = &w->r[w->n++];
+    memset(x, 0, sizeof *x);
+    snprintf(x->id, sizeof x->id, "%s", id);
+    snprintf(x->instance_id, sizeof x->instance_id, "%s", instance_id);
+    return x;
+}
+
+static void on_sup_event(void *ctx, const struct supervisor_event *ev)
+{
+    struct worker *w = ctx;
+    if (ev->kind != SUPERVISOR_STATUS && ev->kind != SUPERVISOR_GAVE_UP)
+        return;
+    pthread_mutex_lock(&w->mu);
+    struct wrunner *x = find(w, ev->runner_id);
+    if (x) {
+        if (ev->kind == SUPERVISOR_GAVE_UP) {
+            x->status = CLUSTER_RUNNER_FAILED;
+            x->supervised = false;
+            x->pid = 0;
+            x->restart_count = ev->restart_count;
+            set_error(x, ev->error ? ev->error : "gave up");
+            x->want_delete = true;
+        } else if (ev->status == CLUSTER_RUNNER_SHUTDOWN) {
+            drop(w, x); /* gone: the next report leaves it out (RunnerDeleted) */
+        } else {
+            x->status = ev->status;
+            x->restart_count = ev->restart_count;
+            x->pid = ev->pid;
+            set_error(x, ev->error);
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (ev->kind == SUPERVISOR_GAVE_UP)
+        log_warn("worker: runner %s gave up: %s", ev->runner_id, ev->error ? ev->error : "");
+    node_report_now(w->node);
+    atomic_store(&w->dirty, true);
+}
+
+static void on_node_event(void *ctx, const char *json, size_t len, int64_t term, int64_t index)
+{
+    (void)json;
+    (void)len;
+    (void)term;
+    (void)index;
+    struct worker *w = ctx;
+    atomic_store(&w->dirty, true);
+}
+
+static void copy_state(void *ctx, const struct cluster_state *s)
+{
+    struct cluster_state **out = ctx;
+    *out = cluster_state_copy(s);
+}
+
+static int model_path(void *ctx, const char *model_id, char *path, size_t pathlen, char *err,
+                      size_t errlen)
+{
+    struct catalog_card card;
+    int rc = node_card(ctx, model_id, &card, err, errlen);
+    if (!rc) {
+        if (!card.path || strlen(card.path) >= pathlen)
+            rc = cairn_fail(err, errlen, CAIRN_ERANGE, "model path too long");
+        else
+            snprintf(path, pathlen, "%s", card.path);
+    }
+    catalog_card_clear(&card);
+    return rc;
+}
+
+static void replan(struct worker *w)
+{
+    struct cluster_state *st = NULL;
+    node_read_state(w->node, copy_state, &st);
+    if (!st)
+        return;
+    pthread_mutex_lock(&w->mu);
+    struct plan_runner *held = calloc(w->n ? w->n : 1, sizeof *held);
+    size_t n_held = w->n;
+    for (size_t i = 0; held && i < w->n; i++) {
+        snprintf(held[i].runner_id, sizeof held[i].runner_id, "%s", w->r[i].id);
+        snprintf(held[i].instance_id, sizeof held[i].instance_id, "%s", w->r[i].instance_id);
+        held[i].status = w->r[i].status;
+    }
+    pthread_mutex_unlock(&w->mu);
+    struct plan_action *acts = NULL;
+    size_t n_acts = 0;
+    if (!held || plan_compute(st, w->node_id, held, n_held, model_path, w->node, &acts, &n_acts)) {
+        free(held);
+        cluster_state_release(st);
+        atomic_store(&w->dirty, true); /* try again */
+        return;
+    }
+    free(held);
+    cluster_state_release(st);
+    for (size_t i = 0; i < n_acts; i++) {
+        const struct plan_action *a = &acts[i];
+        char err[1024];
+        if (a->kind == PLAN_START) {
+            log_info("worker: starting runner %s of instance %s (%s, layers %d..%d)", a->runner_id,
+                     a->instance_id, a->cfg.model_path, a->cfg.layer_begin, a->cfg.layer_end);
+            pthread_mutex_lock(&w->mu);
+            struct wrunner *x = add(w, a->runner_id, a->instance_id);
+            pthread_mutex_unlock(&w->mu);
+            if (!x)
+                continue;
+            /* Started outside the lock: the supervisor may deliver events meanwhile only
+             * from poll, which runs on this thread. */
+            int rc = supervisor_start(w->sup, &a->cfg, err, sizeof err);
+            pthread_mutex_lock(&w->mu);
+            x = find(w, a->runner_id);
+            if (x) {
+                if (rc) {
+                    x->status = CLUSTER_RUNNER_FAILED;
+                    set_error(x, err);
+                    log_warn("worker: runner %s: %s", a->runner_id, err);
+                } else {
+                    x->supervised = true;
+                    x->status = CLUSTER_RUNNER_IDLE;
+                    x->pid = supervisor_pid(w->sup, a->runner_id);
+                }
+            }
+            pthread_mutex_unlock(&w->mu);
+        } else if (a->kind == PLAN_FAIL) {
+            log_warn("worker: runner %s cannot start: %s", a->runner_id, a->reason);
+            pthread_mutex_lock(&w->mu);
+            struct wrunner *x = add(w, a->runner_id, a->instance_id);
+            if (x) {
+                x->status = CLUSTER_RUNNER_FAILED;
+                set_error(x, a->reason);
+            }
+            pthread_mutex_unlock(&w->mu);
+        } else {
+            log_info("worker: stopping runner %s of instance %s", a->runner_id, a->instance_id);
+            pthread_mutex_lock(&w->mu);
+            struct wrunner *x = find(w, a->runner_id);
+            bool sup = x && x->supervised;
+            pthread_mutex_unlock(&w->mu);
+            int rc = sup ? supervisor_stop(w->sup, a->runner_id) : CAIRN_ENOTFOUND;
+            pthread_mutex_lock(&w->mu);
+            x = find(w, a->runner_id);
+            if (x && rc)
+                drop(w, x);
+            else if (x) {
+                x->status = CLUSTER_RUNNER_SHUTTING_DOWN;
+                set_error(x, NULL);
+            }
+            pthread_mutex_unlock(&w->mu);
+        }
+    }
+    if (n_acts)
+        node_report_now(w->node);
+    free(acts);
+}
+
+/* Deletes the instances of runners the supervisor gave up on (issue 4: after 5
+ * failures the instance is deleted); the master's InstanceDeleted then stops the rest. */
+static void delete_given_up(struct worker *w)
+{
+    char id[IDS_ID_MAX + 1] = "";
+    pthread_mutex_lock(&w->mu);
+    for (size_t i = 0; i < w->n && !id[0]; i++)
+        if (w->r[i].want_delete) {
+            w->r[i].want_delete = false;
+            snprintf(id, sizeof id, "%s", w->r[i].instance_id);
+        }
+    pthread_mutex_unlock(&w->mu);
+    if (!id[0])
+        return;
+    struct command c;
+    struct command_result res;
+    command_init(&c, COMMAND_DELETE_INSTANCE);
+    snprintf(c.delete_instance.instance_id, sizeof c.delete_instance.instance_id, "%s", id);
+    int rc = node_command(w->node, &c, WORKER_COMMAND_MS, &res);
+    if (rc && rc != CAIRN_ENOTFOUND)
+        log_warn("worker: deleting instance %s: %s", id, res.message);
+    command_clear(&c);
+}
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    int64_t next = 0;
+    while (!atomic_load(&w->stop)) {
+        int64_t now = now_ms();
+        if (atomic_exchange(&w->dirty, false) || now >= next) {
+            next = now + WORKER_REPLAN_MS;
+            replan(w);
+        }
+        if (supervisor_poll(w->sup, WORKER_POLL_MS) < 0) {
+            struct timespec ts = {0, WORKER_POLL_MS * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        delete_given_up(w);
+    }
+    /* Graceful end: ask each runner to stop, wait a bounded time. */
+    pthread_mutex_lock(&w->mu);
+    size_t n = w->n;
+    char (*ids)[IDS_ID_MAX + 1] = calloc(n ? n : 1, sizeof *ids);
+    for (size_t i = 0; ids && i < n; i++)
+        snprintf(ids[i], sizeof ids[i], "%s", w->r[i].supervised ? w->r[i].id : "");
+    pthread_mutex_unlock(&w->mu);
+    for (size_t i = 0; ids && i < n; i++)
+        if (ids[i][0])
+            supervisor_stop(w->sup, ids[i]);
+    free(ids);
+    int64_t deadline = now_ms() + WORKER_STOP_WAIT_MS;
+    while (supervisor_count(w->sup) > 0 && now_ms() < deadline)
+        supervisor_poll(w->sup, WORKER_POLL_MS);
+    return NULL;
+}
+
+int worker_create(struct worker **out, const struct supervisor_config *sup, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!sup || !sup->argv || !sup->argv[0])
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "worker: the runner command is required");
+    struct worker *w = calloc(1, sizeof *w);
+    if (!w)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    pthread_mutex_init(&w->mu, NULL);
+    w->sup_cfg = *sup;
+    int rc = supervisor_create(&w->sup, &w->sup_cfg, on_sup_event, w, err, errlen);
+    if (rc) {
+        pthread_mutex_destroy(&w->mu);
+        free(w);
+        return rc;
+    }
+    *out = w;
+    return 0;
+}
+
+int worker_start(struct worker *w, struct node *n, char *err, size_t errlen)
+{
+    if (w->started)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "worker: already started");
+    w->node = n;
+    snprintf(w->node_id, sizeof w->node_id, "%s", node_id(n));
+    int rc = node_subscribe(n, on_node_event, w, &w->sub_token);
+    if (rc)
+        return cairn_fail(err, errlen, rc, "worker: cannot subscribe to the node's events");
+    atomic_store(&w->dirty, true);
+    if (pthread_create(&w->thread, NULL, worker_main, w)) {
+        node_unsubscribe(n, w->sub_token);
+        return cairn_fail(err, errlen, CAIRN_EIO, "worker: cannot start a thread");
+    }
+    w->started = true;
+    return 0;
+}
+
+void worker_stop(struct worker *w)
+{
+    if (!w || !w->started || w->joined)
+        return;
+    atomic_store(&w->stop, true);
+    pthread_join(w->thread, NULL);
+    node_unsubscribe(w->node, w->sub_token);
+    w->joined = true;
+    supervisor_release(w->sup); /* kills what is left */
+    w->sup = NULL;
+    pthread_mutex_lock(&w->mu);
+    for (size_t i = 0; i < w->n; i++)
+        free(w->r[i].error);
+    w->n = 0;
+    pthread_mutex_unlock(&w->mu);
+}
+
+void worker_release(struct worker *w)
+{
+    if (!w)
+        return;
+    worker_stop(w);
+    supervisor_release(w->sup);
+    for (size_t i = 0; i < w->n; i++)
+        free(w->r[i].error);
+    free(w->r);
+    pthread_mutex_destroy(&w->mu);
+    free(w);
+}
+
+json_t *worker_runners_json(void *ctx)
+{
+    struct worker *w = ctx;
+    if (!w->started)
+        return NULL;
+    json_t *arr = json_array();
+    pthread_mutex_lock(&w->mu);
+    for (size_t i = 0; arr && i < w->n; i++) {
+        const struct wrunner *x = &w->r[i];
+        struct cluster_runner r = {0};
+        snprintf(r.id, sizeof r.id, "%s", x->id);
+        snprintf(r.instance_id, sizeof r.instance_id, "%s", x->instance_id);
+        snprintf(r.node_id, sizeof r.node_id, "%s", w->node_id);
+        r.status = x->status;
+        r.error = x->status == CLUSTER_RUNNER_FAILED ? x->error : NULL;
+        r.restart_count = x->restart_count;
+        json_t *j = cluster_runner_to_json(&r);
+        if (!j || json_array_append_new(arr, j)) {
+            json_decref(arr);
+            arr = NULL;
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    return arr;
+}
+
+pid_t worker_runner_pid(struct worker *w, const char *runner_id)
+{
+    pthread_mutex_lock(&w->mu);
+    struct wrunner *x = find(w, runner_id);
+    pid_t pid = x ? x->pid : 0;
+    pthread_mutex_unlock(&w->mu);
+    return pid;
+}
+
+size_t worker_count(struct worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    size_t n = w->n;
+    pthread_mutex_unlock(&w->mu);
+    return n;
+}
