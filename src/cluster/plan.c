@@ -82,15 +82,20 @@ int plan_compute(const struct cluster_state *s, const char *node_id, const struc
              * shard starts once it is gone. */
             if (h)
                 continue;
-            char path[RUNNER_PATH_MAX], why[PLAN_REASON_MAX - 64];
+            char path[RUNNER_PATH_MAX], why[PLAN_REASON_MAX];
             why[0] = 0;
             int rc = model(model_ctx, in->model_id, path, sizeof path, why, sizeof why);
             struct plan_action *x = push(&v, rc ? PLAN_FAIL : PLAN_START, sh->runner_id, in->id);
             if (!x)
                 goto oom;
             if (rc) {
-                snprintf(x->reason, sizeof x->reason, "model %s: %s", in->model_id,
-                         why[0] ? why : cairn_strerror(rc));
+                /* The lookup's message names the model; a bare code gets it here. */
+                if (why[0])
+                    memcpy(x->reason, why, sizeof x->reason);
+                else
+                    snprintf(x->reason, sizeof x->reason, "model %s: %s", in->model_id,
+                             cairn_strerror(rc));
+                x->reason[sizeof x->reason - 1] = 0;
                 continue;
             }
             runner_config_defaults(&x->cfg);

@@ -37,7 +37,8 @@ struct plan_action {
 };
 
 /* Finds the file of a model for this node: 0 with its path in path (pathlen bytes), or a
- * negative code with the reason in err. Must be deterministic for plan to be. */
+ * negative code with the reason (naming the model) in err, which becomes the FAIL
+ * action's reason. Must be deterministic for plan to be. */
 typedef int (*plan_model_fn)(void *ctx, const char *model_id, char *path, size_t pathlen, char *err,
                              size_t errlen);
 
