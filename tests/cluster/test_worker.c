@@ -1,6 +1,7 @@
 /* The worker inside one node in this process, with the real `cairn runner`: a placed
  * instance gets its runner started and reported Ready in the state; deleting the
- * instance stops the runner process and removes the runner from the state. (A model that
+ * instance stops the runner process and removes the runner from the state; a runner that
+ * always fails gets its instance deleted once the supervisor gives up. (A model that
  * cannot be found is refused by the master at placement; plan's FAIL is tested in
  * test_plan.) Every wait is bounded; skipped
  * with a message when the binary is missing. */
@@ -8,6 +9,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,15 +79,17 @@ static int place(struct node *n, const char *model, char *instance_id)
     return rc;
 }
 
-static void test_worker(const char *models)
+static void test_worker(const char *models, bool give_up)
 {
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/data", root);
-    const char *argv[] = {CAIRN_BINARY, "runner", NULL};
+    snprintf(dir, sizeof dir, "%s/data%s", root, give_up ? "-give-up" : "");
+    /* give_up: a runner command that always fails at once (the config is ignored). */
+    const char *argv[] = {give_up ? "/bin/false" : CAIRN_BINARY, "runner", NULL};
     struct supervisor_config sc;
     supervisor_config_defaults(&sc);
     sc.argv = argv;
-    sc.backoff_ms = 100;
+    sc.backoff_ms = give_up ? 20 : 100;
+    sc.backoff_max_ms = 200;
     struct worker *w = NULL;
     int rc = worker_create(&w, &sc, err, sizeof err);
     CHECK(rc == 0, "worker_create: %s", err);
@@ -114,7 +118,27 @@ static void test_worker(const char *models)
     CHECK(rc == 0, "worker_start: %s", err);
 
     char inst[IDS_ID_MAX + 1] = "";
-    if (!place(n, "tiny", inst)) {
+    if (give_up) {
+        if (!place(n, "tiny", inst)) {
+            /* Failed max_failures times: the worker deletes the instance, the runner goes. */
+            struct look l = {.instance_id = inst};
+            bool seen_failed = false, gone = false;
+            double t0 = clock_sec();
+            while (clock_sec() - t0 < 30 && !gone) {
+                memset(l.runner_id, 0, sizeof l.runner_id);
+                l.has_runner = false;
+                node_read_state(n, look_fn, &l);
+                seen_failed = seen_failed || (l.has_runner && l.status == CLUSTER_RUNNER_FAILED);
+                gone = !l.has_instance && worker_count(w) == 0;
+                if (!gone)
+                    sleep_ms(20);
+            }
+            CHECK(gone, "a runner that always fails: instance deleted and runner dropped within 30 s "
+                        "(instance %d, held %zu)", l.has_instance, worker_count(w));
+            printf("  always-failing runner: instance deleted %.2f s after placement (Failed seen: %d)\n",
+                   clock_sec() - t0, seen_failed);
+        }
+    } else if (!place(n, "tiny", inst)) {
         struct look l = {.instance_id = inst};
         double t0 = clock_sec(), took = -1;
         while (clock_sec() - t0 < 30) {
@@ -182,8 +206,10 @@ int main(void)
     snprintf(sp.type, sizeof sp.type, "q8_0");
     int rc = synth_write(&sp, NULL, path, err, sizeof err);
     CHECK(rc == 0, "synth_write: %s", err);
-    if (!rc)
-        test_worker(models);
+    if (!rc) {
+        test_worker(models, false);
+        test_worker(models, true);
+    }
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
     if (system(cmd) != 0)
