@@ -7,6 +7,8 @@
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "cluster/node.h"
+#include "cluster/supervisor.h"
+#include "cluster/worker.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -187,9 +189,26 @@ int cli_node(int argc, char **argv)
     struct node *node = NULL;
     struct http_server *srv = NULL;
     struct routes_cluster *routes = NULL;
-    int rc = node_create(&node, &nc, err, sizeof err);
+    struct worker *worker = NULL;
+    int rc = 0;
+    if (!no_worker) {
+        /* Runners are this same binary: `cairn runner`, one per placed shard of this node. */
+        static const char *const runner_argv[] = {"/proc/self/exe", "runner", NULL};
+        struct supervisor_config sc;
+        supervisor_config_defaults(&sc);
+        sc.argv = runner_argv;
+        rc = worker_create(&worker, &sc, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "cairn node: worker: %s\n", err);
+            return 1;
+        }
+        nc.runners = worker_runners_json;
+        nc.runners_ctx = worker;
+    }
+    rc = node_create(&node, &nc, err, sizeof err);
     if (rc) {
         fprintf(stderr, "cairn node: %s\n", err);
+        worker_release(worker);
         return 1;
     }
     if (!no_api) {
@@ -210,6 +229,8 @@ int cli_node(int argc, char **argv)
         node_set_api_port(node, http_server_port(srv));
     }
     rc = node_start(node, err, sizeof err);
+    if (!rc && worker)
+        rc = worker_start(worker, node, err, sizeof err);
     if (!rc && srv)
         rc = http_server_start(srv, err, sizeof err);
     if (rc) {
@@ -227,8 +248,11 @@ int cli_node(int argc, char **argv)
 out:
     http_server_stop(srv);
     routes_cluster_release(routes);
+    if (worker)
+        worker_stop(worker); /* runners end before the node that reports them */
     node_stop(node);
     http_server_release(srv);
     node_release(node);
+    worker_release(worker);
     return rc ? 1 : 0;
 }
