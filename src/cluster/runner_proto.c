@@ -213,7 +213,7 @@ void runner_msg_clear(struct runner_msg *m)
     memset(m, 0, sizeof *m);
 }
 
-static json_t *sampling_to_json(const struct runner_sampling *s)
+json_t *runner_sampling_to_json(const struct runner_sampling *s)
 {
     json_t *o = json_object();
     bool ok = o && put(o, "temperature", json_real(s->temperature)) && put(o, "top_k", json_integer(s->top_k)) &&
@@ -238,7 +238,7 @@ static json_t *task_to_json(json_t *o, const struct runner_task *t)
     json_t *toks = json_array();
     bool ok = put(o, "task_id", json_string(t->task_id)) && put(o, "kind", json_string("TextGeneration")) &&
               put(o, "tokens", toks) && put(o, "max_tokens", json_integer(t->max_tokens)) &&
-              put(o, "ignore_eos", json_boolean(t->ignore_eos)) && put(o, "sampling", sampling_to_json(&t->sampling));
+              put(o, "ignore_eos", json_boolean(t->ignore_eos)) && put(o, "sampling", runner_sampling_to_json(&t->sampling));
     for (int64_t i = 0; ok && i < t->n_tokens; i++)
         ok = t->tokens[i] >= 0 && json_array_append_new(toks, json_integer(t->tokens[i])) == 0;
     return ok ? o : NULL;
@@ -291,12 +291,12 @@ char *runner_msg_encode(const struct runner_msg *m, size_t *len)
     return line;
 }
 
-static int sampling_from_json(const json_t *j, struct runner_sampling *s, char *err, size_t errlen)
+int runner_sampling_from_json(const json_t *j, const char *path, struct runner_sampling *s, char *err,
+                              size_t errlen)
 {
     *s = runner_sampling_defaults();
     if (!j)
         return 0;
-    const char *path = "task.sampling";
     if (!json_is_object(j))
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: not an object", path);
     int64_t top_k = s->top_k, last_n = s->penalty_last_n, seed = 0;
@@ -347,7 +347,7 @@ static int task_from_json(const json_t *j, struct runner_task *t, char *err, siz
         return rc;
     if (json_object_get(j, "ignore_eos") && (rc = ids_json_bool(j, path, "ignore_eos", &t->ignore_eos, err, errlen)))
         return rc;
-    return sampling_from_json(json_object_get(j, "sampling"), &t->sampling, err, errlen);
+    return runner_sampling_from_json(json_object_get(j, "sampling"), "task.sampling", &t->sampling, err, errlen);
 }
 
 static int decode(const json_t *j, struct runner_msg *out, char *err, size_t errlen)

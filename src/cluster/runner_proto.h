@@ -125,6 +125,13 @@ int runner_config_parse(const char *text, size_t len, struct runner_config *out,
  * top_k 40, top_p 0.95, min_p 0.05, penalties off, window 64, seed 0). */
 struct runner_sampling runner_sampling_defaults(void);
 
+/* New JSON object of s ({"temperature", "top_k", ...}); NULL when out of memory. */
+json_t *runner_sampling_to_json(const struct runner_sampling *s);
+/* Reads sampling members from object j (NULL: all defaults; members left out take the
+ * defaults); CAIRN_EFORMAT naming the member under path. */
+int runner_sampling_from_json(const json_t *j, const char *path, struct runner_sampling *s, char *err,
+                              size_t errlen);
+
 /* Copy of s[0, len) fit for a JSON string: valid UTF-8 without NUL bytes (each byte of a
  * broken sequence, and NUL, becomes '?'), cut at a character boundary to at most max
  * bytes; malloc'd (free()), NULL when out of memory. */

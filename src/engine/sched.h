@@ -1,0 +1,152 @@
+/* Continuous batching (DESIGN.md, "The engine's one core call"): a scheduler over one
+ * engine_forward for a whole model (first and last slice in one process). Requests wait
+ * in a queue behind `slots` running sequences; every sched_step runs ONE forward pass
+ * that holds one decode token of every running sequence plus chunks of the prompts
+ * being prefilled (at most chunk_tokens prompt tokens per step, so running streams keep
+ * flowing while a long prompt is read), samples each sequence with its own parameters,
+ * and reports each token through a callback.
+ *
+ * Admission is by free KV blocks. When the cache runs out mid-generation, cached
+ * prefixes are evicted first, then the newest running sequence is preempted: its KV is
+ * dropped and it goes back to the front of the queue with its prompt plus what it
+ * generated so far, recomputed later. Because engine_forward is batch invariant and the
+ * sampler draws per (seed, position), a sequence's tokens are the same alone, in any
+ * batch, chunked any way, preempted or not.
+ *
+ * Prefix reuse: a finished sequence's KV (prompt and generated tokens) stays in a cache
+ * of up to cache_seqs entries (least recently used evicted first); a new request whose
+ * prompt starts with the tokens of a cached entry forks that entry's blocks (no copy)
+ * and prefills only the rest (at least its last prompt token, whose logits it needs).
+ *
+ * Sequences of one request (n_seqs > 1, OpenAI's `n`) share the prompt's KV: the prompt
+ * is prefilled once and forked; sequence i samples with seed + i.
+ *
+ * Threading: one thread calls everything (the runner's loop); callbacks run inside
+ * sched_step, sched_cancel and sched_release on that thread. */
+#ifndef CAIRN_ENGINE_SCHED_H
+#define CAIRN_ENGINE_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "engine/kv.h"
+#include "engine/sample.h"
+#include "tok/tok.h"
+
+#define SCHED_MAX_TOP_LOGPROBS 20
+#define SCHED_MAX_SEQS_PER_REQUEST 128
+
+enum sched_finish {
+    SCHED_FINISH_STOP,      /* an end-of-generation token (not reported as a token) */
+    SCHED_FINISH_LENGTH,    /* max_tokens generated, or the context is full */
+    SCHED_FINISH_STOPPED,   /* the token callback asked to stop (e.g. a stop string) */
+    SCHED_FINISH_CANCELLED, /* sched_cancel or sched_release */
+    SCHED_FINISH_ERROR,     /* could not run (message in the done callback) */
+    SCHED_FINISH_COUNT
+};
+
+struct sched_config {
+    int slots;        /* sequences running at once, 1..256 */
+    int64_t ctx;      /* positions per sequence (prompt + generated), >= 2 */
+    int chunk_tokens; /* prompt tokens prefilled per step over all sequences; 0: the
+                         engine's max_batch minus slots (at least 1) */
+    int queue_max;    /* requests waiting; sched_submit refuses more (0: 4 * slots) */
+    int cache_seqs;   /* finished sequences kept for prefix reuse; 0: none */
+    const struct tok *tok; /* end-of-generation tokens (tok_is_eog); NULL: none */
+};
+
+/* Sequence ids the KV cache must have for cfg: slots + cache_seqs. */
+int sched_kv_seqs(const struct sched_config *cfg);
+
+/* One generated token as the token callback sees it. */
+struct sched_token {
+    int32_t token;
+    float prob;    /* probability after all sampling steps (1 when greedy) */
+    /* With logprobs: log-softmax of the raw logits (temperature 1, before bias and
+     * penalties), computed in double; else 0 and n_top 0. */
+    float logprob;
+    int n_top;     /* top_logprobs alternatives, most probable first (ties: lower id) */
+    int32_t top_token[SCHED_MAX_TOP_LOGPROBS];
+    float top_logprob[SCHED_MAX_TOP_LOGPROBS];
+};
+
+/* Counts of one sequence, as usage reports them. */
+struct sched_usage {
+    int64_t prompt_tokens;    /* of the request's prompt */
+    int64_t cached_tokens;    /* prompt tokens not computed thanks to prefix reuse (first admission) */
+    int64_t generated_tokens; /* tokens reported (eog not counted) */
+};
+
+struct sched_request {
+    uint64_t id;           /* the caller's, unique among live requests */
+    const int32_t *prompt; /* n_prompt ids, copied by sched_submit */
+    int64_t n_prompt;      /* 1..ctx-1 */
+    int64_t max_tokens;    /* >= 1; generation also ends when the context is full */
+    int n_seqs;            /* 1..SCHED_MAX_SEQS_PER_REQUEST (and <= slots) */
+    struct sample_params sample; /* bias entries copied by sched_submit */
+    bool ignore_eos;       /* end-of-generation tokens are reported like others */
+    bool logprobs;
+    int top_logprobs;      /* 0..SCHED_MAX_TOP_LOGPROBS, with logprobs */
+};
+
+/* index counts tokens of that sequence from 0. Return 0 to go on, 1 to finish the
+ * sequence now (STOPPED; its slot is free before the next step). */
+typedef int (*sched_token_fn)(void *ctx, uint64_t id, int seq, int64_t index,
+                              const struct sched_token *t);
+/* Once per sequence, last; error is NULL unless ERROR. */
+typedef void (*sched_done_fn)(void *ctx, uint64_t id, int seq, enum sched_finish why,
+                              const struct sched_usage *usage, const char *error);
+
+struct sched_callbacks {
+    sched_token_fn token;
+    sched_done_fn done;
+    void *ctx;
+};
+
+struct sched_stats {
+    int running;              /* sequences holding a slot (prefilling or decoding) */
+    int queued;               /* requests waiting */
+    int cached;               /* prefix cache entries */
+    int64_t kv_blocks_used, kv_blocks_total;
+    int64_t steps, prompt_tokens_computed, cached_tokens, generated_tokens, preemptions;
+    int64_t last_batch;       /* tokens in the last step's forward */
+};
+
+struct sched;
+
+/* Creates a scheduler over engine e (a whole model: first and last slice) and cache kv
+ * (empty, with at least sched_kv_seqs(cfg) sequence ids); both borrowed, must outlive
+ * it. CAIRN_EINVAL naming the bad field, CAIRN_ENOMEM. */
+int sched_create(struct sched **out, struct engine *e, struct kv_cache *kv,
+                 const struct sched_config *cfg, const struct sched_callbacks *cb, char *err,
+                 size_t errlen);
+
+/* Cancels everything still live (done callbacks with CANCELLED) and frees; accepts NULL. */
+void sched_release(struct sched *s);
+
+/* Queues a request. CAIRN_EFULL when the queue is full, CAIRN_ERANGE when the prompt
+ * does not fit the context (n_prompt >= ctx), CAIRN_EINVAL for other bad fields (a token
+ * outside the vocabulary, n_seqs, sampling parameters: message names it), CAIRN_ESTATE
+ * for an id already live. Nothing is reported for a refused request. */
+int sched_submit(struct sched *s, const struct sched_request *r, char *err, size_t errlen);
+
+/* Finishes every sequence of request id as CANCELLED (done callbacks run before this
+ * returns) and frees its slots; no-op for an unknown id. */
+void sched_cancel(struct sched *s, uint64_t id);
+
+/* One step: admits what fits, runs one forward pass, samples, reports. Returns 1 when
+ * it did work, 0 when there was nothing to do, or a negative code when the engine
+ * failed (every live request then finished as ERROR with the message, err too). */
+int sched_step(struct sched *s, char *err, size_t errlen);
+
+/* True when nothing is running or queued. */
+bool sched_idle(const struct sched *s);
+
+void sched_get_stats(const struct sched *s, struct sched_stats *out);
+
+/* Static name: "stop", "length", "stopped", "cancelled", "error"; NULL out of range. */
+const char *sched_finish_name(int why);
+
+#endif
