@@ -9,7 +9,8 @@
 const char *command_kind_name(int kind)
 {
     static const char *const names[] = {"PlaceInstance", "CreateInstance", "DeleteInstance",
-                                        "SetInstanceDraftModel"};
+                                        "SetInstanceDraftModel", "TextGeneration", "CancelTask",
+                                        "FinishTask"};
     _Static_assert(sizeof names / sizeof names[0] == COMMAND_KIND_COUNT, "one name per kind");
     return kind >= 0 && kind < COMMAND_KIND_COUNT ? names[kind] : NULL;
 }
@@ -24,6 +25,8 @@ void command_clear(struct command *c)
 {
     if (c->kind == COMMAND_CREATE_INSTANCE)
         cluster_instance_clear(&c->create_instance);
+    if (c->kind == COMMAND_TEXT_GENERATION)
+        json_decref(c->text_generation.params);
     memset(c, 0, sizeof *c);
 }
 
@@ -62,6 +65,21 @@ json_t *command_to_jsonv(const struct command *c)
         ok = ok && put(o, "instance_id", json_string(c->set_draft_model.instance_id)) &&
              put(o, "draft_model", ids_json_string_or_null(c->set_draft_model.draft_model, true)) &&
              put(o, "num_draft_tokens", json_integer(c->set_draft_model.num_draft_tokens));
+        break;
+    case COMMAND_TEXT_GENERATION:
+        ok = ok && c->text_generation.params && put(o, "task_id", json_string(c->text_generation.task_id)) &&
+             put(o, "instance_id", json_string(c->text_generation.instance_id)) &&
+             put(o, "node_id", json_string(c->text_generation.node_id)) &&
+             json_object_set(o, "params", c->text_generation.params) == 0;
+        break;
+    case COMMAND_CANCEL_TASK:
+        ok = ok && put(o, "task_id", json_string(c->cancel_task.task_id));
+        break;
+    case COMMAND_FINISH_TASK:
+        ok = ok && cluster_task_status_name((int)c->finish_task.status) &&
+             put(o, "task_id", json_string(c->finish_task.task_id)) &&
+             put(o, "status", json_string(cluster_task_status_name((int)c->finish_task.status))) &&
+             put(o, "error", ids_json_string_or_null(c->finish_task.error, true));
         break;
     default:
         ok = false;
@@ -139,6 +157,35 @@ static int body_from_json(const json_t *body, const char *path, struct command *
             rc = get_int(body, path, "num_draft_tokens", 0, CLUSTER_MAX_DRAFT_TOKENS,
                          &c->set_draft_model.num_draft_tokens, err, errlen);
         return rc;
+    case COMMAND_TEXT_GENERATION:
+        rc = ids_json_id(body, path, "task_id", c->text_generation.task_id, err, errlen);
+        if (!rc)
+            rc = ids_json_id(body, path, "instance_id", c->text_generation.instance_id, err, errlen);
+        if (!rc)
+            rc = ids_json_id(body, path, "node_id", c->text_generation.node_id, err, errlen);
+        if (!rc)
+            rc = ids_json_member(body, path, "params", JSON_OBJECT, &v, err, errlen);
+        if (!rc)
+            c->text_generation.params = json_incref(v);
+        return rc;
+    case COMMAND_CANCEL_TASK:
+        return ids_json_id(body, path, "task_id", c->cancel_task.task_id, err, errlen);
+    case COMMAND_FINISH_TASK: {
+        rc = ids_json_id(body, path, "task_id", c->finish_task.task_id, err, errlen);
+        if (!rc)
+            rc = ids_json_enum(body, path, "status", cluster_task_status_name, CLUSTER_TASK_STATUS_COUNT, &x, err,
+                               errlen);
+        c->finish_task.status = (enum cluster_task_status)x;
+        if (!rc && (x == CLUSTER_TASK_PENDING || x == CLUSTER_TASK_RUNNING))
+            rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.status: not a final status", path);
+        char *error = NULL;
+        if (!rc)
+            rc = ids_json_text(body, path, "error", &error, err, errlen);
+        if (!rc && error)
+            snprintf(c->finish_task.error, sizeof c->finish_task.error, "%s", error);
+        free(error);
+        return rc;
+    }
     default:
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: unknown kind", path);
     }
@@ -153,7 +200,13 @@ int command_from_jsonv(const json_t *j, struct command *out, char *err, size_t e
     static const char *const delete_keys[] = {"kind", "command_id", "instance_id", NULL};
     static const char *const draft_keys[] = {"kind", "command_id", "instance_id", "draft_model",
                                              "num_draft_tokens", NULL};
-    static const char *const *const keys[] = {place_keys, create_keys, delete_keys, draft_keys};
+    static const char *const textgen_keys[] = {"kind", "command_id", "task_id", "instance_id", "node_id",
+                                               "params", NULL};
+    static const char *const cancel_keys[] = {"kind", "command_id", "task_id", NULL};
+    static const char *const finish_keys[] = {"kind", "command_id", "task_id", "status", "error", NULL};
+    static const char *const *const keys[] = {place_keys,   create_keys, delete_keys, draft_keys,
+                                              textgen_keys, cancel_keys, finish_keys};
+    _Static_assert(sizeof keys / sizeof keys[0] == COMMAND_KIND_COUNT, "keys per kind");
     int kind = 0;
     memset(out, 0, sizeof *out);
     if (!json_is_object(j))

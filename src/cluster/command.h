@@ -10,6 +10,10 @@
  *   CreateInstance         instance (an instance as in state.h)
  *   DeleteInstance         instance_id
  *   SetInstanceDraftModel  instance_id, draft_model (model id|null), num_draft_tokens
+ *   TextGeneration         task_id, instance_id, node_id (whose API holds the request),
+ *                          params (textgen.h's object)
+ *   CancelTask             task_id (the client went away)
+ *   FinishTask             task_id, status ("Complete"|"Failed"|"Cancelled"), error (text|null)
  *
  * API bodies (command_from_request) carry the same fields without kind and command_id,
  * and fill what is missing: sharding "pipeline", min_nodes 1, draft_model null,
@@ -34,11 +38,15 @@ enum command_kind {
     COMMAND_CREATE_INSTANCE,
     COMMAND_DELETE_INSTANCE,
     COMMAND_SET_INSTANCE_DRAFT_MODEL,
+    COMMAND_TEXT_GENERATION,
+    COMMAND_CANCEL_TASK,
+    COMMAND_FINISH_TASK,
     COMMAND_KIND_COUNT
 };
 
 /* One command. The member of the union named after the kind holds its fields;
- * create_instance's shards are owned by the command and freed by command_clear. */
+ * create_instance's shards and text_generation's params are owned by the command and
+ * freed by command_clear. */
 struct command {
     enum command_kind kind;
     char id[IDS_ID_MAX + 1]; /* command_id: names the result; "" until assigned */
@@ -59,6 +67,18 @@ struct command {
             char draft_model[IDS_MODEL_MAX + 1]; /* "" = none */
             int num_draft_tokens;
         } set_draft_model;
+        struct {
+            char task_id[IDS_ID_MAX + 1], instance_id[IDS_ID_MAX + 1], node_id[IDS_ID_MAX + 1];
+            json_t *params; /* owned object */
+        } text_generation;
+        struct {
+            char task_id[IDS_ID_MAX + 1];
+        } cancel_task;
+        struct {
+            char task_id[IDS_ID_MAX + 1];
+            enum cluster_task_status status; /* Complete, Failed or Cancelled */
+            char error[COMMAND_MESSAGE_MAX]; /* "" = none */
+        } finish_task;
     };
 };
 

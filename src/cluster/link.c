@@ -76,7 +76,7 @@ struct zap {
     _Atomic uint64_t denied;
 };
 
-enum item_kind { ITEM_ROUTER, ITEM_ROUTER_MON, ITEM_DEALER, ITEM_DEALER_MON };
+enum item_kind { ITEM_ROUTER, ITEM_ROUTER_MON, ITEM_DEALER, ITEM_DEALER_MON, ITEM_WAKE };
 
 struct link {
     char id[LINK_ID_MAX], ns[LINK_NS_MAX];
@@ -102,6 +102,8 @@ struct link {
 
     zmq_msg_t held; /* payload of the message link_poll returned last */
     bool has_held;
+
+    int wake_fd; /* + 1: 0 is none (link_set_wake_fd) */
 
     zmq_pollitem_t *items;
     struct route **item_route;
@@ -985,7 +987,7 @@ static int64_t next_due(const struct link *l)
 
 static int build_items(struct link *l, size_t *n_out)
 {
-    size_t need = 2 + 2 * l->n_routes;
+    size_t need = 3 + 2 * l->n_routes;
     if (need > l->cap_items) {
         zmq_pollitem_t *it = realloc(l->items, need * sizeof *it);
         if (it)
@@ -1008,6 +1010,11 @@ static int build_items(struct link *l, size_t *n_out)
         l->items[n] = (zmq_pollitem_t){.socket = l->router_mon, .events = ZMQ_POLLIN};
         l->item_route[n] = NULL;
         l->item_kind[n++] = ITEM_ROUTER_MON;
+    }
+    if (l->wake_fd) {
+        l->items[n] = (zmq_pollitem_t){.fd = l->wake_fd - 1, .events = ZMQ_POLLIN};
+        l->item_route[n] = NULL;
+        l->item_kind[n++] = ITEM_WAKE;
     }
     for (size_t i = 0; i < l->n_routes; i++) {
         struct route *r = l->routes[i];
@@ -1090,6 +1097,8 @@ int link_poll(struct link *l, int timeout_ms, struct link_msg *out)
             size_t k = (l->rr + i) % n;
             if (!(l->items[k].revents & ZMQ_POLLIN))
                 continue;
+            if (l->item_kind[k] == ITEM_WAKE)
+                return 0; /* the owner has work of its own; it drains the fd */
             uint64_t gen = l->gen;
             if (drain(l, k, out)) {
                 l->rr = k + 1;
@@ -1103,6 +1112,8 @@ int link_poll(struct link *l, int timeout_ms, struct link_msg *out)
             return 0;
     }
 }
+
+void link_set_wake_fd(struct link *l, int fd) { l->wake_fd = fd >= 0 ? fd + 1 : 0; }
 
 /* ---- peers and stats -------------------------------------------------------------------- */
 

@@ -371,6 +371,56 @@ static int create(const struct cluster_state *s, const struct master_env *env,
     return 0;
 }
 
+/* TextGeneration: a task for a ready instance, created Pending; the worker of the
+ * instance's first rank hands it to its runner. */
+static int text_generation(const struct cluster_state *s, const struct command *c, struct master_events *out,
+                           struct command_result *res)
+{
+    const char *iid = c->text_generation.instance_id, *tid = c->text_generation.task_id;
+    if (!cluster_state_find_instance(s, iid))
+        return refuse(res, CAIRN_ENOTFOUND, "instance %s not found", iid);
+    if (cluster_state_find_task(s, tid))
+        return refuse(res, CAIRN_ESTATE, "task %s exists", tid);
+    struct event *e = add_event(out, EVENT_TASK_CREATED);
+    if (!e)
+        return refuse(res, CAIRN_ENOMEM, "out of memory");
+    snprintf(e->task_created.task_id, sizeof e->task_created.task_id, "%s", tid);
+    e->task_created.kind = CLUSTER_TASK_TEXT_GENERATION;
+    snprintf(e->task_created.instance_id, sizeof e->task_created.instance_id, "%s", iid);
+    snprintf(e->task_created.node_id, sizeof e->task_created.node_id, "%s", c->text_generation.node_id);
+    e->task_created.params = json_incref(c->text_generation.params);
+    snprintf(res->instance_id, sizeof res->instance_id, "%s", iid);
+    return 0;
+}
+
+/* CancelTask marks a live task Cancelled (its worker stops it and finishes it);
+ * FinishTask records the final status and deletes the task (the log keeps its life). */
+static int end_task(const struct cluster_state *s, const struct command *c, struct master_events *out,
+                    struct command_result *res)
+{
+    bool cancel = c->kind == COMMAND_CANCEL_TASK;
+    const char *tid = cancel ? c->cancel_task.task_id : c->finish_task.task_id;
+    const struct cluster_task *t = cluster_state_find_task(s, tid);
+    if (!t)
+        return refuse(res, CAIRN_ENOTFOUND, "task %s not found", tid);
+    if (cancel && t->status != CLUSTER_TASK_PENDING && t->status != CLUSTER_TASK_RUNNING)
+        return 0; /* already over */
+    struct event *e = add_event(out, EVENT_TASK_STATUS_UPDATED);
+    if (!e)
+        return refuse(res, CAIRN_ENOMEM, "out of memory");
+    snprintf(e->task_status_updated.task_id, sizeof e->task_status_updated.task_id, "%s", tid);
+    e->task_status_updated.status = cancel ? CLUSTER_TASK_CANCELLED : c->finish_task.status;
+    if (!cancel && c->finish_task.status == CLUSTER_TASK_FAILED && c->finish_task.error[0] &&
+        !(e->task_status_updated.error = strdup(c->finish_task.error)))
+        return refuse(res, CAIRN_ENOMEM, "out of memory");
+    if (cancel)
+        return 0;
+    if (!(e = add_event(out, EVENT_TASK_DELETED)))
+        return refuse(res, CAIRN_ENOMEM, "out of memory");
+    snprintf(e->task_deleted.task_id, sizeof e->task_deleted.task_id, "%s", tid);
+    return 0;
+}
+
 int master_command(const struct cluster_state *s, const struct master_env *env,
                    const struct command *c, struct master_events *out,
                    struct command_result *res)
@@ -432,6 +482,13 @@ int master_command(const struct cluster_state *s, const struct master_env *env,
         rc = 0;
         break;
     }
+    case COMMAND_TEXT_GENERATION:
+        rc = text_generation(s, c, out, res);
+        break;
+    case COMMAND_CANCEL_TASK:
+    case COMMAND_FINISH_TASK:
+        rc = end_task(s, c, out, res);
+        break;
     default:
         rc = refuse(res, CAIRN_EINVAL, "unknown command kind %d", (int)c->kind);
     }

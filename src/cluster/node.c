@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/eventfd.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +91,13 @@ struct node {
     uint64_t next_cmd;
     bool stopped; /* under pend_mu: no more commands */
 
+    int wake_fd; /* eventfd: other threads wake the node thread (commands, outputs) */
+    pthread_mutex_t out_mu; /* task outputs for other nodes, sent by the node thread */
+    struct out_msg *outq, **outq_tail;
+    size_t outq_bytes;
+    node_task_output_fn sink;
+    void *sink_ctx;
+
     pthread_mutex_t sub_mu;
     struct sub subs[NODE_MAX_SUBSCRIBERS];
     size_t n_subs;
@@ -116,6 +124,97 @@ struct node {
 };
 
 static int64_t mono_ms(void) { return clock_ns() / 1000000; }
+
+/* A task output line waiting for the node thread to send it to another node. */
+struct out_msg {
+    struct out_msg *next;
+    char dest[IDS_ID_MAX + 1];
+    size_t len;
+    char line[];
+};
+
+static void wake_node(struct node *n)
+{
+    uint64_t one = 1;
+    if (n->wake_fd >= 0) {
+        ssize_t w = write(n->wake_fd, &one, sizeof one);
+        (void)w; /* a full counter is awake anyway */
+    }
+}
+
+static void drain_wake(struct node *n)
+{
+    uint64_t v;
+    if (n->wake_fd >= 0) {
+        ssize_t r = read(n->wake_fd, &v, sizeof v);
+        (void)r;
+    }
+}
+
+/* Sends the queued task outputs (node thread). An output to a node that is not up is
+ * dropped: that node's requests are failed by its own checks. */
+static void send_outputs(struct node *n)
+{
+    pthread_mutex_lock(&n->out_mu);
+    struct out_msg *q = n->outq;
+    n->outq = NULL;
+    n->outq_tail = &n->outq;
+    n->outq_bytes = 0;
+    pthread_mutex_unlock(&n->out_mu);
+    while (q) {
+        struct out_msg *next = q->next;
+        int rc = link_send(n->link, q->dest, NODE_T_TASK_OUTPUT, q->line, q->len);
+        if (rc < 0)
+            log_warn("node %s: task output to %s lost (%s)", n->id, q->dest, cairn_strerror(rc));
+        free(q);
+        q = next;
+    }
+}
+
+void node_set_task_sink(struct node *n, node_task_output_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&n->out_mu);
+    n->sink = fn;
+    n->sink_ctx = ctx;
+    pthread_mutex_unlock(&n->out_mu);
+}
+
+static void deliver_output(struct node *n, const char *line, size_t len)
+{
+    pthread_mutex_lock(&n->out_mu);
+    node_task_output_fn fn = n->sink;
+    void *ctx = n->sink_ctx;
+    pthread_mutex_unlock(&n->out_mu);
+    if (fn)
+        fn(ctx, line, len);
+}
+
+int node_send_task_output(struct node *n, const char *dest, const char *line, size_t len)
+{
+    if (!strcmp(dest, n->id)) {
+        deliver_output(n, line, len);
+        return 0;
+    }
+    struct out_msg *m = malloc(sizeof *m + len);
+    if (!m)
+        return CAIRN_ENOMEM;
+    m->next = NULL;
+    snprintf(m->dest, sizeof m->dest, "%s", dest);
+    m->len = len;
+    memcpy(m->line, line, len);
+    pthread_mutex_lock(&n->out_mu);
+    if (n->outq_bytes + len > NODE_MAX_OUTPUT_QUEUE) {
+        pthread_mutex_unlock(&n->out_mu);
+        free(m);
+        return CAIRN_EFULL;
+    }
+    *n->outq_tail = m;
+    n->outq_tail = &m->next;
+    n->outq_bytes += len;
+    pthread_mutex_unlock(&n->out_mu);
+    wake_node(n);
+    return 0;
+}
 
 static int64_t wall_ms(void)
 {
@@ -1196,6 +1295,7 @@ int node_command(struct node *n, struct command *c, int timeout_ms, struct comma
     }
     p.next = n->pend;
     n->pend = &p;
+    wake_node(n);
     while (p.st != P_DONE) {
         if (pthread_cond_timedwait(&n->pend_cv, &n->pend_mu, &deadline) == ETIMEDOUT)
             break;
@@ -1330,6 +1430,9 @@ static void on_message(struct node *n, const struct link_msg *msg, int64_t now)
     case NODE_T_CONTROL:
         on_control(n, msg->peer, data, msg->len, now);
         break;
+    case NODE_T_TASK_OUTPUT:
+        deliver_output(n, data, msg->len);
+        break;
     default:
         log_warn("node %s: message of unknown type %d from %s", n->id, msg->type, msg->peer);
     }
@@ -1376,7 +1479,9 @@ static void periodic(struct node *n, int64_t now)
         }
     }
     maybe_report(n, now);
+    drain_wake(n);
     run_pendings(n, now);
+    send_outputs(n);
     update_status(n);
 }
 
@@ -1438,6 +1543,9 @@ int node_create(struct node **out, const struct node_config *cfg, char *err, siz
     n->node_timeout_ms = cfg->node_timeout_ms ? cfg->node_timeout_ms : NODE_TIMEOUT_MS_DEFAULT;
     atomic_store(&n->api_port, cfg->api_port);
     n->since_ms = wall_ms();
+    n->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    pthread_mutex_init(&n->out_mu, NULL);
+    n->outq_tail = &n->outq;
     n->env.card = node_card;
     n->env.card_ctx = n;
     int rc;
@@ -1468,6 +1576,7 @@ int node_create(struct node **out, const struct node_config *cfg, char *err, siz
     };
     if ((rc = link_create(&n->link, &lc, err, errlen)))
         goto fail;
+    link_set_wake_fd(n->link, n->wake_fd);
     for (size_t i = 0; i < cfg->n_peers; i++) {
         char ep[LINK_ADDR_MAX];
         const char *p = cfg->peers[i];
@@ -1568,5 +1677,12 @@ void node_release(struct node *n)
     pthread_mutex_destroy(&n->sub_mu);
     pthread_mutex_destroy(&n->pend_mu);
     pthread_cond_destroy(&n->pend_cv);
+    for (struct out_msg *q = n->outq, *next; q; q = next) {
+        next = q->next;
+        free(q);
+    }
+    pthread_mutex_destroy(&n->out_mu);
+    if (n->wake_fd >= 0)
+        close(n->wake_fd);
     free(n);
 }

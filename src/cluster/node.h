@@ -41,6 +41,7 @@
 
 #define NODE_T_COMMAND_RESULT 22
 #define NODE_T_CONTROL 23
+#define NODE_T_TASK_OUTPUT 24 /* a runner's output line, relayed to the requester */
 
 #define NODE_TIMEOUT_MS_DEFAULT 30000   /* --node-timeout */
 #define NODE_INFO_INTERVAL_MS 2000      /* node info gathered this often */
@@ -53,6 +54,7 @@
 #define NODE_REQUEST_BATCH 1000         /* events sent per EVENT_REQUEST */
 #define NODE_MAX_PEERS 256              /* endpoints given or taken per gossip message */
 #define NODE_MAX_SUBSCRIBERS 256
+#define NODE_MAX_OUTPUT_QUEUE ((size_t)64 << 20) /* bytes of task outputs waiting to be sent */
 
 /* Hook of the runner supervisor: a new JSON array of this node's runners (each a runner
  * of state.h's JSON), or NULL when it cannot say (the report then leaves them as
@@ -165,6 +167,18 @@ int node_subscribe(struct node *n, node_event_fn fn, void *ctx, uint64_t *token)
 
 /* Removes a subscriber; once it returns fn is not running and will not run. */
 void node_unsubscribe(struct node *n, uint64_t token);
+
+/* Task outputs (runner_proto.h's start/output/seq_done/done lines) travel directly
+ * from the node whose runner made them to the node whose API holds the request, not
+ * through the event log. The sink receives the lines for this node: on the node thread
+ * for lines from peers, on the sender's thread for lines of this node's own runners.
+ * It must not block or call the node. NULL: lines are dropped. Any thread. */
+typedef void (*node_task_output_fn)(void *ctx, const char *line, size_t len);
+void node_set_task_sink(struct node *n, node_task_output_fn fn, void *ctx);
+
+/* Sends one output line to node dest (this node: straight to the sink). CAIRN_EFULL when
+ * NODE_MAX_OUTPUT_QUEUE bytes are waiting, CAIRN_ENOMEM. Any thread. */
+int node_send_task_output(struct node *n, const char *dest, const char *line, size_t len);
 
 /* Reads or makes the persistent node id of data_dir into id (IDS_ID_MAX + 1 bytes):
  * the file `node_id` holds it; a missing file is made once (random id, written

@@ -18,7 +18,8 @@ static const char *name_at(const char *const *names, int n, int v)
 
 const char *runner_msg_type_name(int v)
 {
-    static const char *const names[] = {"status", "heartbeat", "token", "done", "task", "cancel", "shutdown"};
+    static const char *const names[] = {"status", "heartbeat", "token", "done", "task", "cancel", "shutdown",
+                                         "start", "output", "seq_done"};
     return name_at(names, RUNNER_MSG_TYPE_COUNT, v);
 }
 
@@ -186,6 +187,7 @@ void runner_task_clear(struct runner_task *t)
     if (!t)
         return;
     free(t->tokens);
+    json_decref(t->params);
     memset(t, 0, sizeof *t);
 }
 
@@ -193,9 +195,15 @@ int runner_task_copy(struct runner_task *dst, const struct runner_task *src)
 {
     *dst = *src;
     dst->tokens = NULL;
+    dst->params = src->params ? json_deep_copy(src->params) : NULL;
+    if (src->params && !dst->params) {
+        memset(dst, 0, sizeof *dst);
+        return CAIRN_ENOMEM;
+    }
     if (src->n_tokens > 0) {
         dst->tokens = malloc((size_t)src->n_tokens * sizeof *dst->tokens);
         if (!dst->tokens) {
+            json_decref(dst->params);
             memset(dst, 0, sizeof *dst);
             return CAIRN_ENOMEM;
         }
@@ -209,6 +217,7 @@ void runner_msg_clear(struct runner_msg *m)
     if (!m)
         return;
     free(m->error);
+    json_decref(m->body);
     runner_task_clear(&m->task);
     memset(m, 0, sizeof *m);
 }
@@ -232,6 +241,11 @@ json_t *runner_sampling_to_json(const struct runner_sampling *s)
 
 static json_t *task_to_json(json_t *o, const struct runner_task *t)
 {
+    if (t->params)
+        return ids_valid_id(t->task_id) && json_is_object(t->params) && put(o, "task_id", json_string(t->task_id)) &&
+                       put(o, "kind", json_string("TextGeneration")) && json_object_set(o, "params", t->params) == 0
+                   ? o
+                   : NULL;
     if (!ids_valid_id(t->task_id) || t->n_tokens < 1 || t->n_tokens > RUNNER_MAX_PROMPT || !t->tokens ||
         t->max_tokens < 1 || t->max_tokens > RUNNER_MAX_GENERATE)
         return NULL;
@@ -271,6 +285,12 @@ char *runner_msg_encode(const struct runner_msg *m, size_t *len)
         break;
     case RUNNER_MSG_CANCEL:
         ok = ids_valid_id(m->task_id) && put(o, "task_id", json_string(m->task_id));
+        break;
+    case RUNNER_MSG_START:
+    case RUNNER_MSG_OUTPUT:
+    case RUNNER_MSG_SEQ_DONE:
+        ok = ids_valid_id(m->task_id) && json_is_object(m->body) && json_object_update(o, m->body) == 0 &&
+             put(o, "type", json_string(type)) && put(o, "task_id", json_string(m->task_id));
         break;
     default:
         ok = false;
@@ -326,6 +346,13 @@ static int task_from_json(const json_t *j, struct runner_task *t, char *err, siz
     json_t *kind = json_object_get(j, "kind");
     if (kind && !(json_is_string(kind) && !strcmp(json_string_value(kind), "TextGeneration")))
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "task.kind: only TextGeneration is known");
+    json_t *params = json_object_get(j, "params");
+    if (params) {
+        if (!json_is_object(params))
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "task.params: not an object");
+        t->params = json_incref(params);
+        return 0;
+    }
     json_t *toks;
     if ((rc = ids_json_member(j, path, "tokens", JSON_ARRAY, &toks, err, errlen)))
         return rc;
@@ -390,6 +417,19 @@ static int decode(const json_t *j, struct runner_msg *out, char *err, size_t err
         return rc;
     case RUNNER_MSG_CANCEL:
         return ids_json_id(j, path, "task_id", out->task_id, err, errlen);
+    case RUNNER_MSG_START:
+    case RUNNER_MSG_OUTPUT:
+    case RUNNER_MSG_SEQ_DONE:
+        if ((rc = ids_json_id(j, path, "task_id", out->task_id, err, errlen)))
+            return rc;
+        if (out->type != RUNNER_MSG_START &&
+            (rc = ids_json_int(j, path, "seq", 0, RUNNER_MAX_SEQS - 1, &v, err, errlen)))
+            return rc;
+        if (!(out->body = json_deep_copy(j)))
+            return CAIRN_ENOMEM;
+        json_object_del(out->body, "type");
+        json_object_del(out->body, "task_id");
+        return 0;
     default:
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "message.type: unknown");
     }

@@ -15,12 +15,23 @@
  *   {"type":"heartbeat"}                  at least every heartbeat_ms when not busy
  *   {"type":"token","task_id","token","index"}   one generated token (index from 0)
  *   {"type":"done","task_id","finish":"stop"|"length"|"cancelled"|"error",
- *    "n_generated","error":text|null}
+ *    "n_generated","error":text|null}     the task is over (last message of a task)
+ *   Tasks with params (text in, text out) also get, before done:
+ *   {"type":"start","task_id","prompt_tokens","cached_tokens"}
+ *   {"type":"output","task_id","seq","content","reasoning","logprobs":[...]?}
+ *   {"type":"seq_done","task_id","seq","finish":"stop"|"length"|"tool_calls"|"cancelled"|
+ *    "error","stop_sequence":text|null,"tool_calls":[...]|null,"completion_tokens",
+ *    "draft_tokens","accepted_draft_tokens"}
+ *   (their members are those of gen.h's events; the node relays them as they are to
+ *   the node whose API holds the request)
  * Node -> runner:
  *   {"type":"task","task_id","kind":"TextGeneration","tokens":[id...],"max_tokens",
  *    "ignore_eos":bool,"sampling":{"temperature","top_k","top_p","min_p",
  *    "repeat_penalty","presence_penalty","frequency_penalty","penalty_last_n","seed"}}
  *    (sampling members may be left out: the defaults of runner_sampling_defaults)
+ *   {"type":"task","task_id","kind":"TextGeneration","params":{textgen.h's params}}
+ *    a request in text: the runner renders the chat template, tokenizes, generates n
+ *    sequences and post-processes their text (stop strings, reasoning, tool calls)
  *   {"type":"cancel","task_id"}           finish a queued or running task as cancelled
  *   {"type":"shutdown"}                   cancel everything, report ShuttingDown, Shutdown, exit 0
  * Unknown members are ignored (newer peers may add some); unknown types are refused.
@@ -45,6 +56,7 @@
 #define RUNNER_MAX_PROMPT ((int64_t)1 << 20) /* prompt tokens of a task */
 #define RUNNER_MAX_GENERATE ((int64_t)1 << 24)
 #define RUNNER_PATH_MAX 4096
+#define RUNNER_MAX_SEQS 256 /* sequences of one task */
 
 /* A runner's config. JSON {"instance_id", "runner_id", "model_path", "layer_begin",
  * "layer_end", "ctx", "slots", "threads", "heartbeat_ms"}; all but the ids and the
@@ -69,6 +81,7 @@ struct runner_sampling {
 
 struct runner_task {
     char task_id[IDS_ID_MAX + 1];
+    json_t *params;     /* owned textgen params object; then tokens is NULL, n_tokens 0 */
     int32_t *tokens;    /* n_tokens prompt ids, malloc'd (owned by the task) */
     int64_t n_tokens;   /* 1..RUNNER_MAX_PROMPT */
     int64_t max_tokens; /* 1..RUNNER_MAX_GENERATE */
@@ -84,6 +97,9 @@ enum runner_msg_type {
     RUNNER_MSG_TASK,
     RUNNER_MSG_CANCEL,
     RUNNER_MSG_SHUTDOWN,
+    RUNNER_MSG_START,
+    RUNNER_MSG_OUTPUT,
+    RUNNER_MSG_SEQ_DONE,
     RUNNER_MSG_TYPE_COUNT
 };
 
@@ -105,6 +121,8 @@ struct runner_msg {
     enum runner_finish finish;   /* DONE */
     int64_t n_generated;         /* DONE */
     struct runner_task task;     /* TASK */
+    json_t *body;                /* START, OUTPUT, SEQ_DONE: the members besides type and
+                                    task_id (owned object) */
 };
 
 /* Static names: "status", "heartbeat", ... / "stop", "length", ...; NULL out of range. */

@@ -57,6 +57,7 @@ struct qevent {
     struct supervisor_event ev;
     char runner_id[IDS_ID_MAX + 1], instance_id[IDS_ID_MAX + 1], task_id[IDS_ID_MAX + 1];
     char *error;
+    char *line; /* OUTPUT */
 };
 
 struct supervisor {
@@ -407,6 +408,17 @@ static void handle_line(struct supervisor *s, struct sup_runner *r, const char *
             e->ev.index = m.index;
         }
         break;
+    case RUNNER_MSG_START:
+    case RUNNER_MSG_OUTPUT:
+    case RUNNER_MSG_SEQ_DONE:
+        if (has_task(r, m.task_id) && (e = push(s, SUPERVISOR_OUTPUT, r))) {
+            size_t len;
+            memcpy(e->task_id, m.task_id, sizeof e->task_id);
+            e->line = runner_msg_encode(&m, &len);
+            if (e->line)
+                e->line[len - 1] = 0; /* without its '\n' */
+        }
+        break;
     case RUNNER_MSG_DONE:
         drop_task(r, m.task_id);
         push_done(s, r, m.task_id, m.finish, m.n_generated, m.error);
@@ -693,8 +705,10 @@ void supervisor_release(struct supervisor *s)
         free_runner(r);
     }
     free(s->runners);
-    for (size_t i = 0; i < s->nq; i++)
+    for (size_t i = 0; i < s->nq; i++) {
         free(s->q[i].error);
+        free(s->q[i].line);
+    }
     free(s->q);
     for (int i = 0; i < s->n_argv; i++)
         free(s->argv[i]);
@@ -773,6 +787,8 @@ int supervisor_stop(struct supervisor *s, const char *runner_id)
 
 static bool task_valid(const struct runner_task *t)
 {
+    if (t->params)
+        return ids_valid_id(t->task_id) && json_is_object(t->params);
     if (!ids_valid_id(t->task_id) || !t->tokens || t->n_tokens < 1 || t->n_tokens > RUNNER_MAX_PROMPT ||
         t->max_tokens < 1 || t->max_tokens > RUNNER_MAX_GENERATE)
         return false;
@@ -961,8 +977,10 @@ int supervisor_poll(struct supervisor *s, int timeout_ms)
         e->ev.instance_id = e->instance_id;
         e->ev.task_id = e->task_id[0] ? e->task_id : NULL;
         e->ev.error = e->error;
+        e->ev.line = e->line;
         s->fn(s->ctx, &e->ev);
         free(e->error);
+        free(e->line);
     }
     free(q);
     if (got < 0 && poll_errno != EINTR)

@@ -57,6 +57,7 @@ enum supervisor_event_kind {
     SUPERVISOR_TOKEN,   /* a generated token of a task */
     SUPERVISOR_DONE,    /* a task finished (also with error when its runner failed) */
     SUPERVISOR_GAVE_UP, /* the runner failed max_failures times in a row and is removed */
+    SUPERVISOR_OUTPUT,  /* a start, output or seq_done message of a task in flight */
 };
 
 /* Strings are valid only during the call. */
@@ -72,6 +73,8 @@ struct supervisor_event {
     int64_t index;                     /* TOKEN: position in the generated text, from 0 */
     enum runner_finish finish;         /* DONE */
     int64_t n_generated;               /* DONE */
+    const char *line;                  /* OUTPUT: the message as one JSON line (no '\n'); NULL
+                                          when it could not be encoded */
 };
 
 typedef void (*supervisor_event_fn)(void *ctx, const struct supervisor_event *ev);
