@@ -95,6 +95,8 @@ static void wake(struct supervisor *s)
     (void)w; /* a full pipe already wakes the poller */
 }
 
+void supervisor_wake(struct supervisor *s) { wake(s); }
+
 /* ---- events ---- */
 
 static struct qevent *push(struct supervisor *s, enum supervisor_event_kind kind, const struct sup_runner *r)

@@ -121,6 +121,9 @@ int supervisor_cancel(struct supervisor *s, const char *runner_id, const char *t
  * CAIRN_EIO when poll() itself fails. */
 int supervisor_poll(struct supervisor *s, int timeout_ms);
 
+/* Makes a supervisor_poll in progress (or the next one) return at once. Any thread. */
+void supervisor_wake(struct supervisor *s);
+
 /* Runners supervised (running, restarting or stopping). */
 size_t supervisor_count(struct supervisor *s);
 

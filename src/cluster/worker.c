@@ -26,6 +26,20 @@ struct wrunner {
     bool want_delete; /* gave up: its instance is to be deleted (once) */
 };
 
+/* A task handed to one of this node's runners, until its runner says done. */
+struct wtask {
+    char id[IDS_ID_MAX + 1], runner_id[IDS_ID_MAX + 1];
+    char requester[IDS_ID_MAX + 1]; /* node whose API holds the request */
+    bool cancel_sent;
+};
+
+/* A FinishTask to send to the master (after the supervisor's poll, off its callback). */
+struct wfinish {
+    char task_id[IDS_ID_MAX + 1];
+    enum cluster_task_status status;
+    char error[COMMAND_MESSAGE_MAX];
+};
+
 struct worker {
     struct supervisor_config sup_cfg;
     struct supervisor *sup;
@@ -38,6 +52,11 @@ struct worker {
     pthread_mutex_t mu; /* guards the table below */
     struct wrunner *r;
     size_t n, cap;
+    /* worker thread only */
+    struct wtask *tasks;
+    size_t n_tasks, cap_tasks;
+    struct wfinish *finish;
+    size_t n_finish, cap_finish;
 };
 
 static int64_t now_ms(void) { return clock_ns() / 1000000; }
@@ -84,9 +103,96 @@ static struct wrunner *add(struct worker *w, const char *id, const char *instanc
     return x;
 }
 
+/* ---- tasks ---- */
+
+static struct wtask *task_find(struct worker *w, const char *id)
+{
+    for (size_t i = 0; i < w->n_tasks; i++)
+        if (!strcmp(w->tasks[i].id, id))
+            return &w->tasks[i];
+    return NULL;
+}
+
+static struct wtask *task_add(struct worker *w, const char *id, const char *runner_id, const char *requester)
+{
+    if (w->n_tasks == w->cap_tasks) {
+        size_t cap = w->cap_tasks ? 2 * w->cap_tasks : 16;
+        struct wtask *t = realloc(w->tasks, cap * sizeof *t);
+        if (!t)
+            return NULL;
+        w->tasks = t;
+        w->cap_tasks = cap;
+    }
+    struct wtask *t = &w->tasks[w->n_tasks++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->id, sizeof t->id, "%s", id);
+    snprintf(t->runner_id, sizeof t->runner_id, "%s", runner_id);
+    snprintf(t->requester, sizeof t->requester, "%s", requester);
+    return t;
+}
+
+static void finish_later(struct worker *w, const char *task_id, enum cluster_task_status status, const char *error)
+{
+    if (w->n_finish == w->cap_finish) {
+        size_t cap = w->cap_finish ? 2 * w->cap_finish : 16;
+        struct wfinish *f = realloc(w->finish, cap * sizeof *f);
+        if (!f) {
+            log_error("worker: out of memory; task %s stays in the state", task_id);
+            return;
+        }
+        w->finish = f;
+        w->cap_finish = cap;
+    }
+    struct wfinish *f = &w->finish[w->n_finish++];
+    snprintf(f->task_id, sizeof f->task_id, "%s", task_id);
+    f->status = status;
+    snprintf(f->error, sizeof f->error, "%s", error ? error : "");
+}
+
+static void relay(struct worker *w, const char *requester, const char *line, size_t len)
+{
+    int rc = node_send_task_output(w->node, requester, line, len);
+    if (rc)
+        log_warn("worker: output for node %s lost (%s)", requester, cairn_strerror(rc));
+}
+
+/* The runner said done (or the supervisor did for a runner that died): the requester
+ * gets a done line, the master a FinishTask. */
+static void task_done(struct worker *w, const struct supervisor_event *ev)
+{
+    struct wtask *t = task_find(w, ev->task_id);
+    if (!t)
+        return;
+    json_t *j = json_pack("{s:s, s:s, s:s, s:I, s:s?}", "type", "done", "task_id", t->id, "finish",
+                          runner_finish_name(ev->finish), "n_generated", (json_int_t)ev->n_generated, "error",
+                          ev->error);
+    char *line = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (line)
+        relay(w, t->requester, line, strlen(line));
+    free(line);
+    json_decref(j);
+    enum cluster_task_status st = ev->finish == RUNNER_FINISH_ERROR       ? CLUSTER_TASK_FAILED
+                                  : ev->finish == RUNNER_FINISH_CANCELLED ? CLUSTER_TASK_CANCELLED
+                                                                          : CLUSTER_TASK_COMPLETE;
+    finish_later(w, t->id, st, ev->error);
+    size_t i = (size_t)(t - w->tasks);
+    memmove(&w->tasks[i], &w->tasks[i + 1], (w->n_tasks - i - 1) * sizeof *w->tasks);
+    w->n_tasks--;
+}
+
 static void on_sup_event(void *ctx, const struct supervisor_event *ev)
 {
     struct worker *w = ctx;
+    if (ev->kind == SUPERVISOR_OUTPUT) {
+        struct wtask *t = ev->line ? task_find(w, ev->task_id) : NULL;
+        if (t)
+            relay(w, t->requester, ev->line, strlen(ev->line));
+        return;
+    }
+    if (ev->kind == SUPERVISOR_DONE) {
+        task_done(w, ev);
+        return;
+    }
     if (ev->kind != SUPERVISOR_STATUS && ev->kind != SUPERVISOR_GAVE_UP)
         return;
     pthread_mutex_lock(&w->mu);
@@ -123,6 +229,7 @@ static void on_node_event(void *ctx, const char *json, size_t len, int64_t term,
     (void)index;
     struct worker *w = ctx;
     atomic_store(&w->dirty, true);
+    supervisor_wake(w->sup); /* a new task should not wait for the poll's timeout */
 }
 
 static void copy_state(void *ctx, const struct cluster_state *s)
@@ -144,6 +251,73 @@ static int model_path(void *ctx, const char *model_id, char *path, size_t pathle
     }
     catalog_card_clear(&card);
     return rc;
+}
+
+/* Hands Pending tasks of instances whose first rank runs here to that runner once it is
+ * Ready, and cancels those the master marked Cancelled. */
+static void dispatch_tasks(struct worker *w, const struct cluster_state *st)
+{
+    for (size_t i = 0; i < st->n_tasks; i++) {
+        const struct cluster_task *t = &st->tasks[i];
+        const struct cluster_instance *in = cluster_state_find_instance(st, t->instance_id);
+        if (!in || !in->n_shards || strcmp(in->shards[0].node_id, w->node_id))
+            continue;
+        const char *rid = in->shards[0].runner_id;
+        struct wtask *held = task_find(w, t->id);
+        if (t->status == CLUSTER_TASK_CANCELLED) {
+            if (held && !held->cancel_sent) {
+                held->cancel_sent = true;
+                supervisor_cancel(w->sup, held->runner_id, held->id);
+            } else if (!held) {
+                bool queued = false;
+                for (size_t k = 0; k < w->n_finish && !queued; k++)
+                    queued = !strcmp(w->finish[k].task_id, t->id);
+                if (!queued)
+                    finish_later(w, t->id, CLUSTER_TASK_CANCELLED, NULL);
+            }
+            continue;
+        }
+        if (t->status != CLUSTER_TASK_PENDING || held || !t->params)
+            continue;
+        pthread_mutex_lock(&w->mu);
+        struct wrunner *x = find(w, rid);
+        bool ready = x && x->supervised &&
+                     (x->status == CLUSTER_RUNNER_READY || x->status == CLUSTER_RUNNER_RUNNING);
+        pthread_mutex_unlock(&w->mu);
+        if (!ready)
+            continue;
+        struct runner_task rt = {0};
+        snprintf(rt.task_id, sizeof rt.task_id, "%s", t->id);
+        rt.params = t->params; /* borrowed for the call */
+        char err[512];
+        int rc = supervisor_submit(w->sup, rid, &rt, err, sizeof err);
+        if (rc) {
+            log_warn("worker: task %s to runner %s: %s", t->id, rid, err);
+            continue;
+        }
+        if (!task_add(w, t->id, rid, t->node_id)) {
+            supervisor_cancel(w->sup, rid, t->id);
+            log_error("worker: out of memory; task %s cancelled", t->id);
+        }
+    }
+}
+
+/* Sends the FinishTask commands queued by task_done. */
+static void send_finishes(struct worker *w)
+{
+    for (size_t i = 0; i < w->n_finish; i++) {
+        struct command c;
+        struct command_result res;
+        command_init(&c, COMMAND_FINISH_TASK);
+        snprintf(c.finish_task.task_id, sizeof c.finish_task.task_id, "%s", w->finish[i].task_id);
+        c.finish_task.status = w->finish[i].status;
+        memcpy(c.finish_task.error, w->finish[i].error, sizeof c.finish_task.error);
+        int rc = node_command(w->node, &c, WORKER_COMMAND_MS, &res);
+        if (rc && rc != CAIRN_ENOTFOUND)
+            log_warn("worker: finishing task %s: %s", w->finish[i].task_id, res.message);
+        command_clear(&c);
+    }
+    w->n_finish = 0;
 }
 
 static void replan(struct worker *w)
@@ -170,6 +344,7 @@ static void replan(struct worker *w)
         return;
     }
     free(held);
+    dispatch_tasks(w, st);
     cluster_state_release(st);
     for (size_t i = 0; i < n_acts; i++) {
         const struct plan_action *a = &acts[i];
@@ -270,6 +445,7 @@ static void *worker_main(void *arg)
             nanosleep(&ts, NULL);
         }
         delete_given_up(w);
+        send_finishes(w);
     }
     /* Graceful end: ask each runner to stop, wait a bounded time. */
     pthread_mutex_lock(&w->mu);
@@ -352,6 +528,8 @@ void worker_release(struct worker *w)
     for (size_t i = 0; i < w->n; i++)
         free(w->r[i].error);
     free(w->r);
+    free(w->tasks);
+    free(w->finish);
     pthread_mutex_destroy(&w->mu);
     free(w);
 }
