@@ -342,6 +342,8 @@ static void parse_hermes(const char *h, size_t n, struct found *f)
 {
     const size_t olen = sizeof HERMES_OPEN - 1, clen = sizeof HERMES_CLOSE - 1;
     size_t pos = 0;
+    size_t cpos = 0;  /* where the next close tag starts (n: there is none) once cknown */
+    bool cknown = false;
     while (pos < n) {
         const char *m = find(h + pos, n - pos, HERMES_OPEN, olen);
         if (!m) {
@@ -351,14 +353,19 @@ static void parse_hermes(const char *h, size_t n, struct found *f)
         size_t mi = (size_t)(m - h), b = mi + olen;
         piece(f, h + pos, mi - pos);
         /* The call ends at its close tag, or where the next call starts when the close
-         * tag is missing, or at the end of the text. */
-        const char *e = find(h + b, n - b, HERMES_CLOSE, clen);
-        const char *o = find(h + b, n - b, HERMES_OPEN, olen);
+         * tag is missing, or at the end of the text. The close tag found is kept for
+         * the next calls, so text with many open tags is not searched over and over. */
+        if (!cknown || (cpos < b && cpos != n)) {
+            const char *e = find(h + b, n - b, HERMES_CLOSE, clen);
+            cpos = e ? (size_t)(e - h) : n;
+            cknown = true;
+        }
+        const char *o = find(h + b, (cpos < n ? cpos : n) - b, HERMES_OPEN, olen);
         size_t end = n, after = n;
-        if (o && (!e || o < e))
+        if (o)
             end = after = (size_t)(o - h);
-        else if (e)
-            end = (size_t)(e - h), after = end + clen;
+        else if (cpos < n)
+            end = cpos, after = cpos + clen;
         size_t s = skip_ws(h, b, end), t = end;
         while (t > s && is_ws(h[t - 1]))
             t--;

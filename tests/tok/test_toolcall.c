@@ -328,6 +328,35 @@ static void test_max_held(void)
     CHECK(strcmp(toolcall_format_name(TOOLCALL_MISTRAL), "mistral") == 0, "name");
 }
 
+/* Many open tags (with no close tag, or one at the very end) parse in linear time and
+ * come back as content; the one call in a long text is found. */
+static void test_many_markers(void)
+{
+    size_t reps = 200000;
+    struct strbuf text = {0}, c = {0};
+    for (size_t k = 0; k < reps; k++)
+        strbuf_put(&text, "<tool_call>", 11);
+    char err[64];
+    json_t *calls;
+    for (int pass = 0; pass < 2; pass++) {
+        strbuf_clear(&c);
+        CHECK_EQ_INT(toolcall_parse(TOOLCALL_HERMES, 1, text.p, text.len, &c, &calls, err, sizeof err), 0);
+        CHECK(c.len == text.len && memcmp(c.p, text.p, c.len) == 0 && json_array_size(calls) == 0,
+              "pass %d: %zu bytes of content, %zu calls", pass, c.len, json_array_size(calls));
+        json_decref(calls);
+        strbuf_put(&text, "</tool_call>", 12);
+    }
+    const char *last = "<tool_call>{\"name\": \"last\"}</tool_call>";
+    strbuf_put(&text, last, strlen(last));
+    strbuf_clear(&c);
+    CHECK_EQ_INT(toolcall_parse(TOOLCALL_HERMES, 1, text.p, text.len, &c, &calls, err, sizeof err), 0);
+    CHECK(json_array_size(calls) == 1 && c.len == text.len - strlen(last), "%zu calls, %zu bytes of content",
+          json_array_size(calls), c.len);
+    json_decref(calls);
+    strbuf_free(&text);
+    strbuf_free(&c);
+}
+
 /* Different seeds give different ids; the same seed the same ones. */
 static void test_ids(void)
 {
@@ -538,6 +567,7 @@ int main(void)
     test_streaming();
     test_max_held();
     test_ids();
+    test_many_markers();
     test_detect();
     test_roundtrip();
     return test_main_end();
