@@ -394,6 +394,7 @@ void engine_release(struct engine *e)
 
 const struct model *engine_model(const struct engine *e) { return e->m; }
 int engine_threads(const struct engine *e) { return e->cfg.n_threads; }
+int engine_max_batch(const struct engine *e) { return e->cfg.max_batch; }
 
 /* ---- forward ---- */
 

@@ -53,5 +53,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
 
 const struct model *engine_model(const struct engine *e);
 int engine_threads(const struct engine *e);
+/* The largest batch engine_forward accepts (engine_config.max_batch). */
+int engine_max_batch(const struct engine *e);
 
 #endif

@@ -22,7 +22,9 @@
  * is prefilled once and forked; sequence i samples with seed + i.
  *
  * Threading: one thread calls everything (the runner's loop); callbacks run inside
- * sched_step, sched_cancel and sched_release on that thread. */
+ * sched_step, sched_cancel and sched_release on that thread. A callback may call
+ * sched_submit, sched_idle and sched_get_stats, nothing else (to stop a sequence from the
+ * token callback, return 1). */
 #ifndef CAIRN_ENGINE_SCHED_H
 #define CAIRN_ENGINE_SCHED_H
 
@@ -49,10 +51,12 @@ enum sched_finish {
 
 struct sched_config {
     int slots;        /* sequences running at once, 1..256 */
-    int64_t ctx;      /* positions per sequence (prompt + generated), >= 2 */
+    int64_t ctx;      /* positions per sequence (prompt + generated), >= 2; at most the
+                         engine's max_ctx (engine_forward refuses later positions) */
     int chunk_tokens; /* prompt tokens prefilled per step over all sequences; 0: the
                          engine's max_batch minus slots (at least 1) */
-    int queue_max;    /* requests waiting; sched_submit refuses more (0: 4 * slots) */
+    int queue_max;    /* sched_submit refuses a request while this many queue items wait
+                         (stats.queued, preempted sequences included); 0: 4 * slots */
     int cache_seqs;   /* finished sequences kept for prefix reuse; 0: none */
     const struct tok *tok; /* end-of-generation tokens (tok_is_eog); NULL: none */
 };
@@ -107,9 +111,12 @@ struct sched_callbacks {
 
 struct sched_stats {
     int running;              /* sequences holding a slot (prefilling or decoding) */
-    int queued;               /* requests waiting */
+    int queued;               /* queue items: requests waiting, and preempted sequences */
     int cached;               /* prefix cache entries */
     int64_t kv_blocks_used, kv_blocks_total;
+    /* prompt_tokens_computed: tokens run through the model other than decode steps (prompt
+     * chunks, and prompt + generated tokens recomputed after a preemption); cached_tokens:
+     * positions reused from the prefix cache, re-admissions included. */
     int64_t steps, prompt_tokens_computed, cached_tokens, generated_tokens, preemptions;
     int64_t last_batch;       /* tokens in the last step's forward */
 };

@@ -1,0 +1,905 @@
+#include "engine/sched.h"
+
+#include "base/err.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SCHED_MAX_SLOTS 256
+#define SCHED_MAX_CACHE_SEQS 4096
+
+/* ---- state ---- */
+
+enum seq_state { SEQ_QUEUED, SEQ_RUNNING, SEQ_DONE };
+
+/* One sequence of a request. Its history holds the prompt then the generated tokens;
+ * the KV cache holds the first n_kv of them while it runs. */
+struct seq {
+    struct request *req;
+    int index;            /* within the request: it samples with seed + index */
+    enum seq_state state;
+    int slot;             /* while running: its slot, which is also its KV sequence id */
+    int32_t *hist;        /* n_hist of cap tokens; owned (handed to the prefix cache at the end) */
+    int64_t n_hist, cap;
+    int64_t n_kv;
+    int64_t generated;
+    int64_t cached;       /* prompt tokens reused at its first admission */
+    bool admitted;        /* admitted once: cached is final */
+};
+
+struct request {
+    struct request *prev, *next; /* the list of live requests */
+    uint64_t id;
+    int64_t n_prompt, max_tokens;
+    int n_seqs;
+    int live;             /* sequences not finished */
+    bool fork_pending;    /* sequence 0 prefills the prompt for all; the others wait in their slots */
+    bool ignore_eos, logprobs;
+    int top_logprobs;
+    struct sample_params sample; /* .bias points to bias */
+    struct logit_bias *bias;     /* owned copy */
+    struct seq seqs[];
+};
+
+/* A waiting unit of work: a request not started (seq < 0: all its sequences, prefilled
+ * together), or one preempted sequence. */
+struct queue_item {
+    struct request *req;
+    int seq;
+};
+
+/* A finished sequence's KV, kept under KV sequence id slots + its index. */
+struct cache_entry {
+    int32_t *tokens; /* owned; NULL: entry unused */
+    int64_t n;       /* positions in the KV cache (tokens[0..n)) */
+    uint64_t last_used;
+};
+
+/* What one running sequence puts into the batch. */
+struct fed {
+    struct seq *seq;
+    int n;
+    bool logits;
+};
+
+struct sched {
+    struct engine *e;
+    struct kv_cache *kv;
+    struct sched_config cfg;
+    struct sched_callbacks cb;
+    struct sampler *smp;
+    int n_vocab, max_batch, chunk_tokens, block_tokens;
+    int64_t n_blocks;
+
+    struct seq **slot_seq; /* [slots]: the running sequence of each slot, or NULL */
+    int *order;            /* [slots]: slots of running sequences, oldest admission first */
+    int n_running;
+
+    struct queue_item *queue; /* ring of q_cap items */
+    int q_head, q_count, q_cap;
+
+    struct request *live;  /* list of requests not finished */
+
+    struct cache_entry *cache; /* [cache_seqs] */
+    int n_cached;
+    uint64_t tick;
+
+    /* Batch buffers, allocated once: max_batch tokens, a row of logits per slot (a
+     * sequence wants at most one row per step). */
+    int32_t *b_token, *b_seq;
+    int64_t *b_pos;
+    uint8_t *b_logits;
+    struct fed *fed; /* [slots] */
+    int n_fed, n_tokens;
+    float *logits;   /* [slots][n_vocab] */
+
+    struct sched_stats stats;
+};
+
+static int64_t blocks_for(int64_t positions, int bt) { return (positions + bt - 1) / bt; }
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* ---- queue ---- */
+
+static struct queue_item *queue_at(struct sched *s, int i) { return &s->queue[(s->q_head + i) % s->q_cap]; }
+
+static void queue_push_back(struct sched *s, struct queue_item it)
+{
+    assert(s->q_count < s->q_cap);
+    *queue_at(s, s->q_count++) = it;
+}
+
+static void queue_push_front(struct sched *s, struct queue_item it)
+{
+    assert(s->q_count < s->q_cap);
+    s->q_head = (s->q_head + s->q_cap - 1) % s->q_cap;
+    s->q_count++;
+    *queue_at(s, 0) = it;
+}
+
+static void queue_remove_at(struct sched *s, int i)
+{
+    for (int k = i; k + 1 < s->q_count; k++)
+        *queue_at(s, k) = *queue_at(s, k + 1);
+    s->q_count--;
+}
+
+/* Drops every queue item of r (a request is in the queue as one item, or as items of
+ * its preempted sequences). */
+static void queue_drop_request(struct sched *s, const struct request *r)
+{
+    for (int i = 0; i < s->q_count;)
+        if (queue_at(s, i)->req == r)
+            queue_remove_at(s, i);
+        else
+            i++;
+}
+
+/* ---- requests ---- */
+
+static struct request *find_request(const struct sched *s, uint64_t id)
+{
+    for (struct request *r = s->live; r; r = r->next)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+static void request_free(struct request *r)
+{
+    if (!r)
+        return;
+    for (int i = 0; i < r->n_seqs; i++)
+        free(r->seqs[i].hist);
+    free(r->bias);
+    free(r);
+}
+
+static void request_unlink(struct sched *s, struct request *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        s->live = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    r->prev = r->next = NULL;
+}
+
+/* ---- prefix cache ---- */
+
+static int cache_kv_id(const struct sched *s, int entry) { return s->cfg.slots + entry; }
+
+static void cache_evict(struct sched *s, int i)
+{
+    struct cache_entry *c = &s->cache[i];
+    kv_seq_clear(s->kv, cache_kv_id(s, i));
+    free(c->tokens);
+    c->tokens = NULL;
+    c->n = 0;
+    s->n_cached--;
+}
+
+/* Evicts the least recently used entry other than `except`; false when there is none. */
+static bool cache_evict_lru(struct sched *s, int except)
+{
+    int lru = -1;
+    for (int i = 0; i < s->cfg.cache_seqs; i++)
+        if (i != except && s->cache[i].tokens && (lru < 0 || s->cache[i].last_used < s->cache[lru].last_used))
+            lru = i;
+    if (lru < 0)
+        return false;
+    cache_evict(s, lru);
+    return true;
+}
+
+static int64_t common_prefix(const int32_t *a, const int32_t *b, int64_t n)
+{
+    int64_t i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
+}
+
+/* The entry sharing the longest prefix with tokens[0..limit), or -1; *reuse gets its length. */
+static int cache_lookup(const struct sched *s, const int32_t *tokens, int64_t limit, int64_t *reuse)
+{
+    int best = -1;
+    *reuse = 0;
+    for (int i = 0; i < s->cfg.cache_seqs; i++) {
+        const struct cache_entry *c = &s->cache[i];
+        if (!c->tokens)
+            continue;
+        int64_t m = common_prefix(c->tokens, tokens, min64(c->n, limit));
+        if (m > *reuse) {
+            *reuse = m;
+            best = i;
+        }
+    }
+    return best;
+}
+
+/* Moves a finished sequence's KV (in slot) into the cache, taking its history as the
+ * entry's tokens. An entry whose tokens the new one extends is replaced; if an entry
+ * already extends the new one, the new one is dropped. */
+static void cache_keep(struct sched *s, struct seq *q, int slot)
+{
+    int64_t n = q->n_kv;
+    if (s->cfg.cache_seqs == 0 || n == 0)
+        return;
+    for (int i = 0; i < s->cfg.cache_seqs; i++) {
+        struct cache_entry *c = &s->cache[i];
+        if (!c->tokens || common_prefix(c->tokens, q->hist, min64(c->n, n)) < min64(c->n, n))
+            continue;
+        if (c->n >= n) {
+            c->last_used = ++s->tick;
+            return;
+        }
+        cache_evict(s, i);
+    }
+    int free_entry = -1;
+    for (int i = 0; i < s->cfg.cache_seqs && free_entry < 0; i++)
+        if (!s->cache[i].tokens)
+            free_entry = i;
+    if (free_entry < 0) {
+        cache_evict_lru(s, -1);
+        for (int i = 0; i < s->cfg.cache_seqs && free_entry < 0; i++)
+            if (!s->cache[i].tokens)
+                free_entry = i;
+    }
+    if (kv_fork(s->kv, slot, cache_kv_id(s, free_entry)) != 0)
+        return; /* cannot happen: the entry's id is empty */
+    struct cache_entry *c = &s->cache[free_entry];
+    c->tokens = q->hist;
+    c->n = n;
+    c->last_used = ++s->tick;
+    q->hist = NULL;
+    s->n_cached++;
+}
+
+/* ---- slots ---- */
+
+static int free_slots(const struct sched *s) { return s->cfg.slots - s->n_running; }
+
+static void slot_take(struct sched *s, struct seq *q)
+{
+    int slot = 0;
+    while (s->slot_seq[slot])
+        slot++;
+    s->slot_seq[slot] = q;
+    s->order[s->n_running++] = slot;
+    q->slot = slot;
+    q->state = SEQ_RUNNING;
+    q->n_kv = 0;
+}
+
+static int order_index(const struct sched *s, int slot)
+{
+    for (int k = 0; k < s->n_running; k++)
+        if (s->order[k] == slot)
+            return k;
+    return -1;
+}
+
+/* Takes q out of its slot; its KV goes to the prefix cache when keep is set, else is dropped. */
+static void slot_release(struct sched *s, struct seq *q, bool keep)
+{
+    int slot = q->slot, k = order_index(s, slot);
+    assert(k >= 0);
+    memmove(s->order + k, s->order + k + 1, (size_t)(s->n_running - k - 1) * sizeof *s->order);
+    s->n_running--;
+    s->slot_seq[slot] = NULL;
+    if (keep)
+        cache_keep(s, q, slot);
+    kv_seq_clear(s->kv, slot);
+    q->slot = -1;
+    q->n_kv = 0;
+}
+
+/* ---- finishing ---- */
+
+static void finish_seq(struct sched *s, struct seq *q, enum sched_finish why, const char *error)
+{
+    struct request *r = q->req;
+    if (q->state == SEQ_RUNNING)
+        slot_release(s, q, why == SCHED_FINISH_STOP || why == SCHED_FINISH_LENGTH || why == SCHED_FINISH_STOPPED);
+    q->state = SEQ_DONE;
+    struct sched_usage usage = {r->n_prompt, q->cached, q->generated};
+    uint64_t id = r->id;
+    int index = q->index;
+    bool last = --r->live == 0;
+    if (last)
+        request_unlink(s, r); /* its id may be reused from the done callback */
+    if (s->cb.done)
+        s->cb.done(s->cb.ctx, id, index, why, &usage, why == SCHED_FINISH_ERROR ? (error ? error : "error") : NULL);
+    if (last)
+        request_free(r);
+}
+
+/* Finishes every sequence of r still live; r is freed. */
+static void finish_request(struct sched *s, struct request *r, enum sched_finish why, const char *error)
+{
+    queue_drop_request(s, r);
+    int left = r->live;
+    for (int i = 0; left > 0; i++)
+        if (r->seqs[i].state != SEQ_DONE) {
+            left--;
+            finish_seq(s, &r->seqs[i], why, error);
+        }
+}
+
+/* A sequence that cannot fit the whole KV cache: with tokens generated, its context is
+ * as full as the cache allows (LENGTH); without, it cannot run at all (ERROR). */
+static void finish_unfit(struct sched *s, struct request *r, int seq, int64_t n_tokens)
+{
+    char msg[160];
+    snprintf(msg, sizeof msg, "%lld tokens need %lld KV blocks; the cache holds %lld", (long long)n_tokens,
+             (long long)blocks_for(n_tokens, s->block_tokens), (long long)s->n_blocks);
+    if (seq < 0)
+        finish_request(s, r, SCHED_FINISH_ERROR, msg);
+    else
+        finish_seq(s, &r->seqs[seq], r->seqs[seq].generated > 0 ? SCHED_FINISH_LENGTH : SCHED_FINISH_ERROR, msg);
+}
+
+/* ---- preemption ---- */
+
+/* Index in order[] of the first sequence of the newest unit: the last running
+ * sequence, or, while a request's prompt is prefilled for all its sequences, that
+ * whole group (they were admitted together and are contiguous). */
+static int newest_unit(const struct sched *s)
+{
+    int k = s->n_running - 1;
+    const struct request *r = s->slot_seq[s->order[k]]->req;
+    if (r->fork_pending)
+        while (k > 0 && s->slot_seq[s->order[k - 1]]->req == r)
+            k--;
+    return k;
+}
+
+/* Puts the unit starting at order[first] back at the front of the queue; its KV is
+ * dropped and recomputed when it is admitted again. */
+static void preempt_unit(struct sched *s, int first)
+{
+    struct seq *q = s->slot_seq[s->order[first]];
+    struct request *r = q->req;
+    if (r->fork_pending) {
+        for (int i = 0; i < r->n_seqs; i++) {
+            slot_release(s, &r->seqs[i], false);
+            r->seqs[i].state = SEQ_QUEUED;
+        }
+        r->fork_pending = false;
+        queue_push_front(s, (struct queue_item){r, -1});
+    } else {
+        slot_release(s, q, false);
+        q->state = SEQ_QUEUED;
+        queue_push_front(s, (struct queue_item){r, q->index});
+    }
+    s->stats.preemptions++;
+}
+
+/* Positions q can grow by with the blocks free now (a shared last block costs a copy). */
+static int64_t positions_free(const struct sched *s, const struct seq *q)
+{
+    int bt = s->block_tokens;
+    int64_t free_blocks = kv_free_blocks(s->kv), fit = 0;
+    if (q->n_kv % bt) {
+        int64_t n;
+        const int32_t *table = kv_seq_blocks(s->kv, q->slot, &n);
+        int64_t copy = kv_block_refs(s->kv, table[n - 1]) > 1;
+        if (free_blocks < copy)
+            return 0;
+        free_blocks -= copy;
+        fit = bt - q->n_kv % bt;
+    }
+    return fit + free_blocks * bt;
+}
+
+/* Makes KV room for the next n positions of q (order[k]), or fewer when partial is set
+ * (a prompt chunk). Evicts cached prefixes first, then preempts the newest running
+ * units. Returns the positions prepared, 0 when q itself was preempted or finished
+ * (being the newest); sequences after k in order[] may have been preempted. */
+static int64_t make_room(struct sched *s, int k, struct seq *q, int64_t n, bool partial)
+{
+    for (;;) {
+        if (kv_prepare(s->kv, q->slot, q->n_kv, n) == 0)
+            return n;
+        if (cache_evict_lru(s, -1))
+            continue;
+        int64_t fit = partial ? min64(positions_free(s, q), n) : 0;
+        if (fit > 0 && kv_prepare(s->kv, q->slot, q->n_kv, fit) == 0)
+            return fit;
+        int first = newest_unit(s);
+        if (first > k) {
+            preempt_unit(s, first);
+            continue;
+        }
+        if (first == 0) /* q runs alone and still does not fit */
+            finish_unfit(s, q->req, q->req->fork_pending ? -1 : q->index, q->n_kv + n);
+        else
+            preempt_unit(s, first);
+        return 0;
+    }
+}
+
+/* ---- admission ---- */
+
+/* Starts a queue item: takes its slots, and forks the longest cached prefix of its
+ * tokens (at most all but the last, whose logits it needs). */
+static void admit_item(struct sched *s, struct queue_item it, int entry, int64_t reuse)
+{
+    struct request *r = it.req;
+    int first = it.seq < 0 ? 0 : it.seq, count = it.seq < 0 ? r->n_seqs : 1;
+    for (int i = first; i < first + count; i++)
+        slot_take(s, &r->seqs[i]);
+    struct seq *lead = &r->seqs[first];
+    if (entry >= 0 && kv_fork(s->kv, cache_kv_id(s, entry), lead->slot) == 0) {
+        kv_truncate(s->kv, lead->slot, reuse);
+        lead->n_kv = reuse;
+        s->cache[entry].last_used = ++s->tick;
+        s->stats.cached_tokens += reuse;
+    } else {
+        reuse = 0;
+    }
+    for (int i = first; i < first + count; i++) {
+        if (!r->seqs[i].admitted)
+            r->seqs[i].cached = reuse;
+        r->seqs[i].admitted = true;
+    }
+    r->fork_pending = count > 1;
+}
+
+/* Admits queue items in order while slots and KV blocks allow; an item that waits
+ * blocks those behind it (first come, first served). Returns whether anything changed. */
+static bool admit(struct sched *s)
+{
+    bool changed = false;
+    while (s->q_count > 0) {
+        struct queue_item it = *queue_at(s, 0);
+        struct seq *lead = &it.req->seqs[it.seq < 0 ? 0 : it.seq];
+        int need_slots = it.seq < 0 ? it.req->n_seqs : 1;
+        if (blocks_for(lead->n_hist, s->block_tokens) > s->n_blocks) {
+            queue_remove_at(s, 0);
+            finish_unfit(s, it.req, it.seq, lead->n_hist);
+            changed = true;
+            continue;
+        }
+        if (free_slots(s) < need_slots)
+            break;
+        int64_t reuse;
+        int entry = cache_lookup(s, lead->hist, lead->n_hist - 1, &reuse);
+        /* Room for its tokens and the first generated one, plus a block per forked
+         * sequence; a partly reused last block is copied. */
+        int64_t need = blocks_for(lead->n_hist + 1, s->block_tokens) - reuse / s->block_tokens + need_slots - 1;
+        while (kv_free_blocks(s->kv) < need && cache_evict_lru(s, entry))
+            ;
+        if (kv_free_blocks(s->kv) < need && s->n_running > 0)
+            break;
+        queue_remove_at(s, 0);
+        admit_item(s, it, entry, reuse);
+        changed = true;
+    }
+    return changed;
+}
+
+/* ---- one step ---- */
+
+/* A running sequence that feeds one token: a decode step (or a one-token prompt). */
+static bool feeds_one(const struct seq *q) { return q->n_hist - q->n_kv == 1; }
+
+/* Sequences of fork_pending requests other than 0 wait for sequence 0's prompt. */
+static bool waits_for_fork(const struct seq *q) { return q->req->fork_pending && q->index > 0; }
+
+static int single_feeds_after(const struct sched *s, int k)
+{
+    int n = 0;
+    for (int i = k + 1; i < s->n_running; i++) {
+        const struct seq *q = s->slot_seq[s->order[i]];
+        n += !waits_for_fork(q) && feeds_one(q);
+    }
+    return n;
+}
+
+static void batch_add(struct sched *s, struct seq *q, int n)
+{
+    bool logits = q->n_kv + n == q->n_hist;
+    for (int i = 0; i < n; i++) {
+        int t = s->n_tokens++;
+        s->b_token[t] = q->hist[q->n_kv + i];
+        s->b_seq[t] = q->slot;
+        s->b_pos[t] = q->n_kv + i;
+        s->b_logits[t] = logits && i == n - 1;
+    }
+    s->fed[s->n_fed++] = (struct fed){q, n, logits};
+    /* Tokens fed other than a decode step's are prompt (or recomputation) work. */
+    bool decode = n == 1 && q->n_kv >= q->req->n_prompt;
+    if (!decode)
+        s->stats.prompt_tokens_computed += n;
+}
+
+/* Fills the batch, oldest sequence first: one token of every sequence that decodes,
+ * prompt chunks within the chunk budget and the room decodes after it still need. */
+static void build_batch(struct sched *s)
+{
+    s->n_fed = s->n_tokens = 0;
+    int64_t budget = s->chunk_tokens;
+    for (int k = 0; k < s->n_running; k++) {
+        struct seq *q = s->slot_seq[s->order[k]];
+        if (waits_for_fork(q))
+            continue;
+        int64_t n = 1;
+        bool partial = !feeds_one(q);
+        if (partial) {
+            n = min64(min64(q->n_hist - q->n_kv, budget), s->max_batch - s->n_tokens - single_feeds_after(s, k));
+            if (n <= 0)
+                continue;
+        }
+        n = make_room(s, k, q, n, partial);
+        if (n == 0)
+            continue; /* q is gone from order[]; so is everything after it */
+        if (partial)
+            budget -= n;
+        batch_add(s, q, (int)n);
+    }
+}
+
+/* Log-softmax of the raw logits in double, and the n_top most probable tokens. */
+static void fill_logprobs(const float *row, int n_vocab, int32_t tok, int n_top, struct sched_token *t)
+{
+    double max = -INFINITY, sum = 0;
+    for (int i = 0; i < n_vocab; i++)
+        max = row[i] > max ? row[i] : max;
+    for (int i = 0; i < n_vocab; i++)
+        sum += exp((double)row[i] - max);
+    double lse = max + log(sum);
+    t->logprob = (float)((double)row[tok] - lse);
+    int n = 0;
+    for (int32_t i = 0; i < n_vocab && n_top > 0; i++) {
+        /* Strictly greater: among equal logits the lower id, seen first, stays ahead. */
+        if (n == n_top && !(row[i] > row[t->top_token[n - 1]]))
+            continue;
+        int p = n < n_top ? n++ : n - 1;
+        while (p > 0 && row[i] > row[t->top_token[p - 1]]) {
+            t->top_token[p] = t->top_token[p - 1];
+            p--;
+        }
+        t->top_token[p] = i;
+    }
+    t->n_top = n;
+    for (int i = 0; i < n; i++)
+        t->top_logprob[i] = (float)((double)row[t->top_token[i]] - lse);
+}
+
+/* Samples q's next token from row and reports it; may finish q. */
+static void sample_and_report(struct sched *s, struct seq *q, const float *row)
+{
+    struct request *r = q->req;
+    struct sample_params p = r->sample;
+    p.seed += (uint64_t)q->index;
+    float prob = 1.0f;
+    int32_t tok = sample_token(s->smp, &p, row, q->hist, q->n_hist, q->n_hist, &prob);
+    if (tok < 0) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "sampling failed: %s", cairn_strerror(tok));
+        finish_seq(s, q, SCHED_FINISH_ERROR, msg);
+        return;
+    }
+    if (!r->ignore_eos && s->cfg.tok && tok_is_eog(s->cfg.tok, tok)) {
+        finish_seq(s, q, SCHED_FINISH_STOP, NULL);
+        return;
+    }
+    q->hist[q->n_hist++] = tok;
+    struct sched_token t = {.token = tok, .prob = prob};
+    if (r->logprobs)
+        fill_logprobs(row, s->n_vocab, tok, r->top_logprobs, &t);
+    int64_t index = q->generated++;
+    s->stats.generated_tokens++;
+    int stop = s->cb.token ? s->cb.token(s->cb.ctx, r->id, q->index, index, &t) : 0;
+    if (stop)
+        finish_seq(s, q, SCHED_FINISH_STOPPED, NULL);
+    else if (q->generated >= r->max_tokens || q->n_hist >= s->cfg.ctx)
+        finish_seq(s, q, SCHED_FINISH_LENGTH, NULL);
+}
+
+/* Sequence 0 has read the prompt: the others share its KV and sample from its logits. */
+static void fork_and_report(struct sched *s, struct seq *lead, const float *row)
+{
+    struct request *r = lead->req;
+    r->fork_pending = false;
+    int n = r->n_seqs;
+    for (int i = 1; i < n; i++) {
+        struct seq *q = &r->seqs[i];
+        if (kv_fork(s->kv, lead->slot, q->slot) == 0)
+            q->n_kv = lead->n_kv;
+    }
+    /* r is freed when its last sequence finishes, which ends the loop. */
+    for (int i = 0; i < n; i++)
+        sample_and_report(s, &r->seqs[i], row);
+}
+
+static void fail_all(struct sched *s, const char *msg)
+{
+    while (s->live)
+        finish_request(s, s->live, SCHED_FINISH_ERROR, msg);
+}
+
+int sched_step(struct sched *s, char *err, size_t errlen)
+{
+    bool worked = admit(s);
+    if (s->n_running == 0)
+        return worked;
+    build_batch(s);
+    if (s->n_fed == 0)
+        return 1; /* everything was preempted or finished while making room */
+    struct batch b = {.n = s->n_tokens, .token = s->b_token, .seq = s->b_seq, .pos = s->b_pos, .logits = s->b_logits};
+    char msg[256];
+    int rc = engine_forward(s->e, s->kv, &b, s->logits, msg, sizeof msg);
+    if (rc) {
+        fail_all(s, msg);
+        return cairn_fail(err, errlen, rc, "%s", msg);
+    }
+    s->stats.steps++;
+    s->stats.last_batch = s->n_tokens;
+    const float *row = s->logits;
+    for (int i = 0; i < s->n_fed; i++) {
+        struct fed *f = &s->fed[i];
+        f->seq->n_kv += f->n;
+        if (!f->logits)
+            continue;
+        if (f->seq->req->fork_pending)
+            fork_and_report(s, f->seq, row);
+        else
+            sample_and_report(s, f->seq, row);
+        row += s->n_vocab;
+    }
+    return 1;
+}
+
+/* ---- requests in ---- */
+
+static int check_sampling(const struct sched *s, const struct sample_params *p, char *err, size_t errlen)
+{
+    const char *bad = NULL;
+    if (isnan(p->temperature))
+        bad = "temperature is NaN";
+    else if (!(p->top_p > 0 && p->top_p <= 1))
+        bad = "top_p outside (0, 1]";
+    else if (!(p->min_p >= 0 && p->min_p <= 1))
+        bad = "min_p outside [0, 1]";
+    else if (!(isfinite(p->repeat_penalty) && p->repeat_penalty > 0))
+        bad = "repeat_penalty must be finite and > 0";
+    else if (!isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty))
+        bad = "presence and frequency penalties must be finite";
+    else if (p->penalty_last_n < -1)
+        bad = "penalty_last_n below -1";
+    else if (p->n_bias < 0 || (p->n_bias > 0 && !p->bias))
+        bad = "logit bias count without entries";
+    if (bad)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "sampling: %s", bad);
+    for (int i = 0; i < p->n_bias; i++) {
+        if (p->bias[i].token < 0 || p->bias[i].token >= s->n_vocab)
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "sampling: logit bias token %d outside the vocabulary of %d",
+                              p->bias[i].token, s->n_vocab);
+        if (isnan(p->bias[i].bias))
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "sampling: logit bias of token %d is NaN", p->bias[i].token);
+    }
+    return 0;
+}
+
+static int check_request(const struct sched *s, const struct sched_request *r, char *err, size_t errlen)
+{
+    if (!r || !r->prompt || r->n_prompt < 1)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "the prompt is empty");
+    if (r->n_prompt >= s->cfg.ctx)
+        return cairn_fail(err, errlen, CAIRN_ERANGE, "prompt of %lld tokens does not fit the context of %lld",
+                          (long long)r->n_prompt, (long long)s->cfg.ctx);
+    for (int64_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= s->n_vocab)
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "prompt token %lld: id %d outside the vocabulary of %d",
+                              (long long)i, r->prompt[i], s->n_vocab);
+    if (r->max_tokens < 1)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "max_tokens %lld (at least 1)", (long long)r->max_tokens);
+    if (r->n_seqs < 1 || r->n_seqs > SCHED_MAX_SEQS_PER_REQUEST || r->n_seqs > s->cfg.slots)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "n_seqs %d outside 1..%d", r->n_seqs,
+                          s->cfg.slots < SCHED_MAX_SEQS_PER_REQUEST ? s->cfg.slots : SCHED_MAX_SEQS_PER_REQUEST);
+    if (r->top_logprobs < 0 || r->top_logprobs > SCHED_MAX_TOP_LOGPROBS)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "top_logprobs %d outside 0..%d", r->top_logprobs,
+                          SCHED_MAX_TOP_LOGPROBS);
+    return check_sampling(s, &r->sample, err, errlen);
+}
+
+static struct request *request_new(const struct sched *s, const struct sched_request *rq)
+{
+    struct request *r = calloc(1, sizeof *r + (size_t)rq->n_seqs * sizeof r->seqs[0]);
+    if (!r)
+        return NULL;
+    r->id = rq->id;
+    r->n_prompt = rq->n_prompt;
+    r->max_tokens = rq->max_tokens;
+    r->n_seqs = r->live = rq->n_seqs;
+    r->ignore_eos = rq->ignore_eos;
+    r->logprobs = rq->logprobs;
+    r->top_logprobs = rq->logprobs ? rq->top_logprobs : 0;
+    r->sample = rq->sample;
+    if (rq->sample.n_bias > 0) {
+        r->bias = malloc((size_t)rq->sample.n_bias * sizeof *r->bias);
+        if (!r->bias)
+            goto fail;
+        memcpy(r->bias, rq->sample.bias, (size_t)rq->sample.n_bias * sizeof *r->bias);
+    }
+    r->sample.bias = r->bias;
+    /* History for the prompt and what may be generated, within the context. */
+    int64_t cap = rq->max_tokens > s->cfg.ctx - rq->n_prompt ? s->cfg.ctx : rq->n_prompt + rq->max_tokens;
+    for (int i = 0; i < r->n_seqs; i++) {
+        struct seq *q = &r->seqs[i];
+        q->req = r;
+        q->index = i;
+        q->state = SEQ_QUEUED;
+        q->slot = -1;
+        q->cap = cap;
+        q->hist = malloc((size_t)cap * sizeof *q->hist);
+        if (!q->hist)
+            goto fail;
+        memcpy(q->hist, rq->prompt, (size_t)rq->n_prompt * sizeof *q->hist);
+        q->n_hist = rq->n_prompt;
+    }
+    return r;
+fail:
+    request_free(r);
+    return NULL;
+}
+
+int sched_submit(struct sched *s, const struct sched_request *rq, char *err, size_t errlen)
+{
+    int rc = check_request(s, rq, err, errlen);
+    if (rc)
+        return rc;
+    if (find_request(s, rq->id))
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "request %llu is already live", (unsigned long long)rq->id);
+    if (s->q_count >= s->cfg.queue_max)
+        return cairn_fail(err, errlen, CAIRN_EFULL, "the queue is full (%d requests waiting)", s->q_count);
+    struct request *r = request_new(s, rq);
+    if (!r)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory for a request of %d sequences", rq->n_seqs);
+    r->next = s->live;
+    if (s->live)
+        s->live->prev = r;
+    s->live = r;
+    queue_push_back(s, (struct queue_item){r, -1});
+    return 0;
+}
+
+void sched_cancel(struct sched *s, uint64_t id)
+{
+    struct request *r = find_request(s, id);
+    if (r)
+        finish_request(s, r, SCHED_FINISH_CANCELLED, NULL);
+}
+
+/* ---- lifetime ---- */
+
+int sched_kv_seqs(const struct sched_config *cfg) { return cfg ? cfg->slots + cfg->cache_seqs : 0; }
+
+static int check_config(const struct engine *e, const struct kv_cache *kv, const struct sched_config *c, char *err,
+                        size_t errlen)
+{
+    const struct model *m = engine_model(e);
+    if (!m->first || !m->last)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "the scheduler needs a whole model (layers [%d, %d) of %d)",
+                          m->layer_begin, m->layer_end, m->hp.n_layers);
+    if (c->slots < 1 || c->slots > SCHED_MAX_SLOTS)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "slots %d outside 1..%d", c->slots, SCHED_MAX_SLOTS);
+    if (c->slots > engine_max_batch(e))
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "slots %d exceed the engine's max_batch %d", c->slots,
+                          engine_max_batch(e));
+    if (c->ctx < 2)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "ctx %lld (at least 2)", (long long)c->ctx);
+    if (c->chunk_tokens < 0)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "chunk_tokens %d is negative", c->chunk_tokens);
+    if (c->queue_max < 0 || c->queue_max > (1 << 20))
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "queue_max %d outside 0..%d", c->queue_max, 1 << 20);
+    if (c->cache_seqs < 0 || c->cache_seqs > SCHED_MAX_CACHE_SEQS)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "cache_seqs %d outside 0..%d", c->cache_seqs,
+                          SCHED_MAX_CACHE_SEQS);
+    const struct kv_config *kc = kv_config(kv);
+    if (kc->max_seqs < sched_kv_seqs(c))
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "the KV cache has %d sequence ids; slots + cache_seqs need %d",
+                          kc->max_seqs, sched_kv_seqs(c));
+    if (kv_free_blocks(kv) != kc->n_blocks)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "the KV cache is not empty");
+    return 0;
+}
+
+int sched_create(struct sched **out, struct engine *e, struct kv_cache *kv, const struct sched_config *cfg,
+                 const struct sched_callbacks *cb, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!e || !kv || !cfg)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "the scheduler needs an engine, a KV cache and a config");
+    int rc = check_config(e, kv, cfg, err, errlen);
+    if (rc)
+        return rc;
+    struct sched *s = calloc(1, sizeof *s);
+    if (!s)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    s->e = e;
+    s->kv = kv;
+    s->cfg = *cfg;
+    if (s->cfg.queue_max == 0)
+        s->cfg.queue_max = 4 * cfg->slots;
+    if (cb)
+        s->cb = *cb;
+    s->n_vocab = engine_model(e)->hp.n_vocab;
+    s->max_batch = engine_max_batch(e);
+    s->chunk_tokens = cfg->chunk_tokens ? cfg->chunk_tokens : s->max_batch - cfg->slots;
+    if (s->chunk_tokens < 1)
+        s->chunk_tokens = 1;
+    s->block_tokens = kv_config(kv)->block_tokens;
+    s->n_blocks = kv_config(kv)->n_blocks;
+    /* Preempted units go back to the queue beside the waiting requests: at most one per slot. */
+    s->q_cap = s->cfg.queue_max + cfg->slots;
+    size_t slots = (size_t)cfg->slots, mb = (size_t)s->max_batch;
+    s->slot_seq = calloc(slots, sizeof *s->slot_seq);
+    s->order = calloc(slots, sizeof *s->order);
+    s->queue = calloc((size_t)s->q_cap, sizeof *s->queue);
+    s->cache = calloc((size_t)cfg->cache_seqs + 1, sizeof *s->cache);
+    s->b_token = calloc(mb, sizeof *s->b_token);
+    s->b_seq = calloc(mb, sizeof *s->b_seq);
+    s->b_pos = calloc(mb, sizeof *s->b_pos);
+    s->b_logits = calloc(mb, sizeof *s->b_logits);
+    s->fed = calloc(slots, sizeof *s->fed);
+    s->logits = malloc(slots * (size_t)s->n_vocab * sizeof *s->logits);
+    if (!s->slot_seq || !s->order || !s->queue || !s->cache || !s->b_token || !s->b_seq || !s->b_pos ||
+        !s->b_logits || !s->fed || !s->logits || sample_create(&s->smp, s->n_vocab)) {
+        sched_release(s);
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory for a scheduler of %d slots", cfg->slots);
+    }
+    *out = s;
+    return 0;
+}
+
+void sched_release(struct sched *s)
+{
+    if (!s)
+        return;
+    while (s->live) /* also what a done callback submits meanwhile */
+        finish_request(s, s->live, SCHED_FINISH_CANCELLED, NULL);
+    for (int i = 0; s->cache && i < s->cfg.cache_seqs; i++)
+        if (s->cache[i].tokens)
+            cache_evict(s, i);
+    sample_release(s->smp);
+    free(s->slot_seq);
+    free(s->order);
+    free(s->queue);
+    free(s->cache);
+    free(s->b_token);
+    free(s->b_seq);
+    free(s->b_pos);
+    free(s->b_logits);
+    free(s->fed);
+    free(s->logits);
+    free(s);
+}
+
+/* ---- queries ---- */
+
+bool sched_idle(const struct sched *s) { return s->n_running == 0 && s->q_count == 0; }
+
+void sched_get_stats(const struct sched *s, struct sched_stats *out)
+{
+    *out = s->stats;
+    out->running = s->n_running;
+    out->queued = s->q_count;
+    out->cached = s->n_cached;
+    out->kv_blocks_total = s->n_blocks;
+    out->kv_blocks_used = s->n_blocks - kv_free_blocks(s->kv);
+}
+
+const char *sched_finish_name(int why)
+{
+    static const char *const names[SCHED_FINISH_COUNT] = {"stop", "length", "stopped", "cancelled", "error"};
+    return why >= 0 && why < SCHED_FINISH_COUNT ? names[why] : NULL;
+}
