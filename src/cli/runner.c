@@ -1,21 +1,30 @@
 /* cairn runner: one model instance's shard on this node, started by the node's
  * supervisor (cluster/supervisor.h) and speaking cluster/runner_proto.h on fd 3. It
  * reports Idle -> Connecting -> Loading -> WarmingUp -> Ready, runs TextGeneration tasks
- * one at a time (Running, then Ready again) streaming token ids back, and exits when the
- * node asks (ShuttingDown -> Shutdown), when the node is gone (EOF on fd 4 or on the
- * socket), or after reporting Failed. */
+ * through the continuous-batching scheduler (engine/sched.h; Running while any runs,
+ * Ready when idle): token tasks stream token ids back, text tasks (params) are rendered
+ * with the model's chat template and stream text (runner_text.h). It exits when the node
+ * asks (ShuttingDown -> Shutdown), when the node is gone (EOF on fd 4 or on the socket),
+ * or after reporting Failed. */
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/mem.h"
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/runner_text.h"
 #include "cluster/runner_proto.h"
+#include "cluster/textgen.h"
 #include "cluster/state.h"
 #include "engine/engine.h"
 #include "engine/kv.h"
 #include "engine/sample.h"
+#include "engine/sched.h"
+#include "gguf/gguf.h"
 #include "model/model.h"
+#include "tok/chat.h"
+#include "tok/reasoning.h"
 #include "tok/tok.h"
+#include "tok/toolcall.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -27,8 +36,22 @@
 #include <string.h>
 #include <unistd.h>
 
-#define QUEUE_CAP 64
 #define WARMUP_TOKENS 4
+#define MAX_TASKS 1024 /* tasks held at once (queued in the scheduler or running) */
+
+/* A task being generated. */
+struct rtask {
+    char id[IDS_ID_MAX + 1];
+    uint64_t sched_id;
+    bool text;                 /* params task: text out; else token ids out */
+    int n_seqs, n_done;
+    int64_t generated;
+    enum runner_finish finish; /* of the whole task, from its sequences */
+    char *error;
+    struct text_seq *seqs[TEXTGEN_MAX_N];
+    char *stops[TEXTGEN_MAX_STOP]; /* for stop_sequence in seq_done */
+    int n_stops;
+};
 
 struct runner {
     struct runner_config cfg;
@@ -38,19 +61,20 @@ struct runner {
     struct model *m;
     struct engine *e;
     struct kv_cache *kv;
-    struct sampler *smp;
+    struct sched *sched;
     struct tok *tk;
+    struct chat *chat;
+    struct reasoning_info think;  /* of the chat template */
+    enum toolcall_format tools;   /* of the chat template */
     int64_t ctx;
     int max_batch;
-    float *out;        /* max(n_vocab, WARMUP_TOKENS * n_embd) floats */
-    int32_t *history;  /* ctx entries */
+    float *out;        /* WARMUP_TOKENS * max(n_vocab, n_embd) floats */
     int32_t *seqs;     /* max_batch zeros */
     int64_t *pos;      /* max_batch */
-    uint8_t *want;     /* max_batch */
-    struct runner_task queue[QUEUE_CAP];
-    size_t q_head, q_len;
-    const char *current;   /* id of the task running, or NULL */
-    bool cancel_current, shutdown;
+    struct rtask *tasks[MAX_TASKS];
+    int n_tasks;
+    uint64_t next_sched_id;
+    bool busy, shutdown;
 };
 
 static void usage(void)
@@ -113,6 +137,27 @@ static void send_done(struct runner *r, const char *task_id, enum runner_finish 
     send_msg(r, &m);
 }
 
+/* A start, output or seq_done message with body's members; takes body. */
+static void send_body(struct runner *r, enum runner_msg_type type, const char *task_id, json_t *body)
+{
+    if (!body) {
+        fprintf(stderr, "cairn runner: out of memory; a message of task %s is lost\n", task_id);
+        return;
+    }
+    struct runner_msg m = {.type = type, .body = body};
+    snprintf(m.task_id, sizeof m.task_id, "%s", task_id);
+    send_msg(r, &m);
+    json_decref(body);
+}
+
+/* A text task refused before it started: start with the error and its HTTP status, then
+ * done. */
+static void refuse_text(struct runner *r, const char *task_id, int status, const char *error)
+{
+    send_body(r, RUNNER_MSG_START, task_id, json_pack("{s:s, s:i}", "error", error, "status", status));
+    send_done(r, task_id, RUNNER_FINISH_ERROR, 0, error);
+}
+
 static void heartbeat_if_due(struct runner *r)
 {
     if (clock_ns() - r->last_sent >= (int64_t)r->cfg.heartbeat_ms * 1000000) {
@@ -121,34 +166,363 @@ static void heartbeat_if_due(struct runner *r)
     }
 }
 
+/* ---- tasks ---- */
+
+static struct rtask *task_by_sched(struct runner *r, uint64_t id, int *at)
+{
+    for (int i = 0; i < r->n_tasks; i++)
+        if (r->tasks[i]->sched_id == id) {
+            if (at)
+                *at = i;
+            return r->tasks[i];
+        }
+    return NULL;
+}
+
+static struct rtask *task_by_id(struct runner *r, const char *id)
+{
+    for (int i = 0; i < r->n_tasks; i++)
+        if (!strcmp(r->tasks[i]->id, id))
+            return r->tasks[i];
+    return NULL;
+}
+
+static void task_free(struct rtask *t)
+{
+    if (!t)
+        return;
+    for (int i = 0; i < TEXTGEN_MAX_N; i++)
+        text_seq_release(t->seqs[i]);
+    for (int i = 0; i < t->n_stops; i++)
+        free(t->stops[i]);
+    free(t->error);
+    free(t);
+}
+
+static void task_drop(struct runner *r, int at)
+{
+    task_free(r->tasks[at]);
+    r->tasks[at] = r->tasks[--r->n_tasks];
+}
+
+/* Sends what a sequence's text made ready. */
+static void flush_text(struct runner *r, struct rtask *t, int seq)
+{
+    const char *content, *reasoning;
+    json_t *logprobs;
+    if (!text_seq_take(t->seqs[seq], &content, &reasoning, &logprobs))
+        return;
+    json_t *body = json_pack("{s:i, s:s, s:s}", "seq", seq, "content", content, "reasoning", reasoning);
+    if (body && logprobs)
+        json_object_set(body, "logprobs", logprobs);
+    json_decref(logprobs);
+    send_body(r, RUNNER_MSG_OUTPUT, t->id, body);
+}
+
+static int on_token(void *ctx, uint64_t id, int seq, int64_t index, const struct sched_token *tok)
+{
+    struct runner *r = ctx;
+    struct rtask *t = task_by_sched(r, id, NULL);
+    if (!t)
+        return 1;
+    t->generated++;
+    if (!t->text) {
+        struct runner_msg m = {.type = RUNNER_MSG_TOKEN, .token = tok->token, .index = index};
+        snprintf(m.task_id, sizeof m.task_id, "%s", t->id);
+        send_msg(r, &m);
+        return 0;
+    }
+    int rc = text_seq_token(t->seqs[seq], tok);
+    flush_text(r, t, seq);
+    if (rc < 0) {
+        fprintf(stderr, "cairn runner: task %s: out of memory in its text\n", t->id);
+        return 1;
+    }
+    return rc;
+}
+
+static const char *seq_finish_name(enum sched_finish why, bool tool_calls)
+{
+    switch (why) {
+    case SCHED_FINISH_STOP:
+    case SCHED_FINISH_STOPPED:
+        return tool_calls ? "tool_calls" : "stop";
+    case SCHED_FINISH_LENGTH:
+        return tool_calls ? "tool_calls" : "length";
+    case SCHED_FINISH_CANCELLED:
+        return "cancelled";
+    default:
+        return "error";
+    }
+}
+
+/* The task's finish from its sequences': an error wins, then cancelled, then length. */
+static void merge_finish(struct rtask *t, enum sched_finish why, const char *error)
+{
+    enum runner_finish f = why == SCHED_FINISH_ERROR       ? RUNNER_FINISH_ERROR
+                           : why == SCHED_FINISH_CANCELLED ? RUNNER_FINISH_CANCELLED
+                           : why == SCHED_FINISH_LENGTH    ? RUNNER_FINISH_LENGTH
+                                                           : RUNNER_FINISH_STOP;
+    static const int rank[RUNNER_FINISH_COUNT] = {[RUNNER_FINISH_STOP] = 0, [RUNNER_FINISH_LENGTH] = 1,
+                                                  [RUNNER_FINISH_CANCELLED] = 2, [RUNNER_FINISH_ERROR] = 3};
+    if (t->n_done == 0 || rank[f] > rank[t->finish])
+        t->finish = f;
+    if (error && !t->error)
+        t->error = strdup(error);
+}
+
+static void on_done(void *ctx, uint64_t id, int seq, enum sched_finish why, const struct sched_usage *u,
+                    const char *error)
+{
+    struct runner *r = ctx;
+    int at;
+    struct rtask *t = task_by_sched(r, id, &at);
+    if (!t)
+        return;
+    merge_finish(t, why, error);
+    if (t->text) {
+        json_t *calls = NULL;
+        if (text_seq_finish(t->seqs[seq], &calls))
+            fprintf(stderr, "cairn runner: task %s: out of memory finishing its text\n", t->id);
+        flush_text(r, t, seq);
+        int matched = text_seq_stop_matched(t->seqs[seq]);
+        json_t *body = json_pack("{s:i, s:s, s:s?, s:I, s:I, s:I, s:i, s:i}", "seq", seq, "finish",
+                                 seq_finish_name(why, calls != NULL), "stop_sequence",
+                                 matched >= 0 && matched < t->n_stops ? t->stops[matched] : NULL,
+                                 "completion_tokens", (json_int_t)u->generated_tokens, "prompt_tokens",
+                                 (json_int_t)u->prompt_tokens, "cached_tokens", (json_int_t)u->cached_tokens,
+                                 "draft_tokens", 0, "accepted_draft_tokens", 0);
+        if (body)
+            json_object_set_new(body, "tool_calls", calls ? calls : json_null());
+        else
+            json_decref(calls);
+        send_body(r, RUNNER_MSG_SEQ_DONE, t->id, body);
+    }
+    if (++t->n_done < t->n_seqs)
+        return;
+    send_done(r, t->id, t->finish, t->generated, t->finish == RUNNER_FINISH_ERROR ? t->error : NULL);
+    task_drop(r, at);
+}
+
+static struct sample_params sampling_of(const struct runner_sampling *s)
+{
+    struct sample_params sp = sample_defaults();
+    sp.temperature = s->temperature;
+    sp.top_k = s->top_k;
+    sp.top_p = s->top_p;
+    sp.min_p = s->min_p;
+    sp.repeat_penalty = s->repeat_penalty;
+    sp.presence_penalty = s->presence_penalty;
+    sp.frequency_penalty = s->frequency_penalty;
+    sp.penalty_last_n = s->penalty_last_n;
+    sp.seed = s->seed;
+    return sp;
+}
+
+/* Adds t to the table and the scheduler; on failure t is freed and err says why. Returns
+ * 0 or the CAIRN_E* code. */
+static int start_task(struct runner *r, struct rtask *t, struct sched_request *rq, char *err, size_t errlen)
+{
+    if (r->n_tasks == MAX_TASKS) {
+        task_free(t);
+        return cairn_fail(err, errlen, CAIRN_EFULL, "the runner holds %d tasks", MAX_TASKS);
+    }
+    t->sched_id = rq->id = ++r->next_sched_id;
+    r->tasks[r->n_tasks++] = t;
+    int rc = sched_submit(r->sched, rq, err, errlen);
+    if (rc)
+        task_drop(r, r->n_tasks - 1);
+    return rc;
+}
+
+static bool pipeline_refused(struct runner *r, char *err, size_t errlen)
+{
+    const struct model *m = r->m;
+    if (m->first && m->last)
+        return false;
+    snprintf(err, errlen, "this runner holds layers [%d, %d) of %d; generation across runners needs the "
+             "pipeline data plane, which is not built yet", m->layer_begin, m->layer_end, m->hp.n_layers);
+    return true;
+}
+
+static void token_task(struct runner *r, struct runner_task *tt)
+{
+    char err[512];
+    if (pipeline_refused(r, err, sizeof err)) {
+        send_done(r, tt->task_id, RUNNER_FINISH_ERROR, 0, err);
+        return;
+    }
+    struct rtask *t = calloc(1, sizeof *t);
+    if (!t) {
+        send_done(r, tt->task_id, RUNNER_FINISH_ERROR, 0, "out of memory");
+        return;
+    }
+    snprintf(t->id, sizeof t->id, "%s", tt->task_id);
+    t->n_seqs = 1;
+    struct sched_request rq = {.prompt = tt->tokens, .n_prompt = tt->n_tokens, .max_tokens = tt->max_tokens,
+                               .n_seqs = 1, .sample = sampling_of(&tt->sampling), .ignore_eos = tt->ignore_eos};
+    if (start_task(r, t, &rq, err, sizeof err)) {
+        fprintf(stderr, "cairn runner: task %s: %s\n", tt->task_id, err);
+        send_done(r, tt->task_id, RUNNER_FINISH_ERROR, 0, err);
+    }
+}
+
+/* Messages as the template sees them: tool call arguments given as JSON text become
+ * objects (templates write them with tojson). */
+static json_t *template_messages(const json_t *messages)
+{
+    json_t *msgs = json_deep_copy(messages);
+    size_t i, k;
+    json_t *m, *call;
+    json_array_foreach(msgs, i, m) {
+        json_array_foreach(json_object_get(m, "tool_calls"), k, call) {
+            json_t *fn = json_object_get(call, "function");
+            const char *args = json_string_value(json_object_get(fn, "arguments"));
+            json_t *obj = args ? json_loads(args, 0, NULL) : NULL;
+            if (obj)
+                json_object_set_new(fn, "arguments", obj);
+        }
+    }
+    return msgs;
+}
+
+/* The prompt of p as token ids (*ids malloc'd) and, for chat, the rendered text's state
+ * of reasoning (*opens_think). Returns 0 or an HTTP status with err. */
+static int prompt_of(struct runner *r, const struct textgen_params *p, int32_t **ids, int64_t *n, bool *opens_think,
+                     char *err, size_t errlen)
+{
+    char *text = NULL;
+    size_t len = 0;
+    *opens_think = false;
+    if (p->messages) {
+        json_t *vars = p->template_kwargs ? json_deep_copy(p->template_kwargs) : json_object();
+        json_t *msgs = template_messages(p->messages);
+        if (!vars || !msgs || json_object_set_new(vars, "messages", msgs) ||
+            (p->tools && json_object_set(vars, "tools", p->tools))) {
+            json_decref(vars);
+            snprintf(err, errlen, "out of memory");
+            return 500;
+        }
+        int rc = chat_render(r->chat, vars, p->add_generation_prompt, &text, &len, err, errlen);
+        json_decref(vars);
+        if (rc)
+            return rc == CAIRN_EINVAL ? 400 : 500;
+        *opens_think = reasoning_prompt_open(text, len, r->think.open, r->think.close);
+    }
+    const char *src = text ? text : p->prompt;
+    int rc = chat_tokenize(r->chat, src, text ? len : strlen(p->prompt), ids, n, err, errlen);
+    free(text);
+    if (rc)
+        return rc == CAIRN_ERANGE ? 413 : 500;
+    if (*n < 1) {
+        snprintf(err, errlen, "the prompt is empty");
+        return 400;
+    }
+    if (*n >= r->ctx) {
+        snprintf(err, errlen, "the prompt has %lld tokens; the context holds %lld", (long long)*n, (long long)r->ctx);
+        return 413;
+    }
+    return 0;
+}
+
+static void text_task(struct runner *r, struct runner_task *tt)
+{
+    char err[1024];
+    struct textgen_params p;
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    bool opens_think = false;
+    int status = 0;
+    struct rtask *t = NULL;
+    if (pipeline_refused(r, err, sizeof err)) {
+        status = 501;
+        goto refuse_noparams;
+    }
+    if (!r->chat) {
+        snprintf(err, sizeof err, "this model has no tokenizer: only token tasks can run");
+        status = 501;
+        goto refuse_noparams;
+    }
+    if (textgen_params_from_json(tt->params, &p, err, sizeof err)) {
+        status = 400;
+        goto refuse_noparams;
+    }
+    if ((status = prompt_of(r, &p, &ids, &n, &opens_think, err, sizeof err)))
+        goto refuse;
+    if (!(t = calloc(1, sizeof *t))) {
+        snprintf(err, sizeof err, "out of memory");
+        status = 500;
+        goto refuse;
+    }
+    snprintf(t->id, sizeof t->id, "%s", tt->task_id);
+    t->text = true;
+    t->n_seqs = p.n;
+    for (int i = 0; i < p.n_stop; i++)
+        if ((t->stops[t->n_stops] = strdup(p.stop[i])))
+            t->n_stops++;
+    struct text_seq_opts to = {.tok = r->tk, .stops = (const char *const *)p.stop, .n_stops = (size_t)p.n_stop,
+                               .reasoning = p.reasoning && r->think.uses_tags,
+                               .reasoning_opts = {.open = r->think.open, .close = r->think.close,
+                                                  .start_in_reasoning = opens_think},
+                               .tools = json_array_size(p.tools) ? r->tools : TOOLCALL_NONE,
+                               .id_seed = p.sampling.seed ^ (uint64_t)clock_ns(), .logprobs = p.logprobs};
+    for (int i = 0; i < p.n; i++) {
+        if (text_seq_create(&t->seqs[i], &to, err, sizeof err)) {
+            status = 400;
+            goto refuse;
+        }
+    }
+    struct logit_bias bias[TEXTGEN_MAX_BIAS];
+    for (int i = 0; i < p.n_bias; i++)
+        bias[i] = (struct logit_bias){.token = p.bias[i].token, .bias = p.bias[i].bias};
+    struct sched_request rq = {.prompt = ids, .n_prompt = n, .n_seqs = p.n, .sample = sampling_of(&p.sampling),
+                               .ignore_eos = p.ignore_eos, .logprobs = p.logprobs,
+                               .top_logprobs = p.logprobs ? p.top_logprobs : 0};
+    rq.sample.bias = bias;
+    rq.sample.n_bias = p.n_bias;
+    rq.max_tokens = p.max_tokens > 0 && p.max_tokens < r->ctx - n ? p.max_tokens : r->ctx - n;
+    /* start goes first: the scheduler reports nothing before the next step */
+    send_body(r, RUNNER_MSG_START, t->id, json_pack("{s:I, s:i}", "prompt_tokens", (json_int_t)n, "cached_tokens", 0));
+    int rc = start_task(r, t, &rq, err, sizeof err);
+    t = NULL; /* owned by the table, or freed */
+    if (rc) {
+        /* started already: end it with an error (the status is lost, the text says why) */
+        send_done(r, tt->task_id, RUNNER_FINISH_ERROR, 0, err);
+    }
+    free(ids);
+    textgen_params_clear(&p);
+    return;
+refuse:
+    textgen_params_clear(&p);
+refuse_noparams:
+    free(ids);
+    task_free(t);
+    fprintf(stderr, "cairn runner: task %s refused: %s\n", tt->task_id, err);
+    refuse_text(r, tt->task_id, status, err);
+}
+
+static void cancel_task(struct runner *r, const char *task_id)
+{
+    struct rtask *t = task_by_id(r, task_id);
+    if (t)
+        sched_cancel(r->sched, t->sched_id); /* its done callbacks end it */
+}
+
 static void handle(struct runner *r, struct runner_msg *m)
 {
     switch (m->type) {
     case RUNNER_MSG_TASK:
-        if (r->q_len == QUEUE_CAP) {
-            send_done(r, m->task.task_id, RUNNER_FINISH_ERROR, 0, "the runner's task queue is full");
+        if (task_by_id(r, m->task.task_id)) {
+            send_done(r, m->task.task_id, RUNNER_FINISH_ERROR, 0, "a task with this id is running");
             break;
         }
-        r->queue[(r->q_head + r->q_len++) % QUEUE_CAP] = m->task;
-        memset(&m->task, 0, sizeof m->task); /* moved into the queue */
+        if (m->task.params)
+            text_task(r, &m->task);
+        else
+            token_task(r, &m->task);
         break;
     case RUNNER_MSG_CANCEL:
-        if (r->current && !strcmp(r->current, m->task_id)) {
-            r->cancel_current = true;
-            break;
-        }
-        for (size_t i = 0; i < r->q_len; i++) {
-            struct runner_task *t = &r->queue[(r->q_head + i) % QUEUE_CAP];
-            if (strcmp(t->task_id, m->task_id))
-                continue;
-            send_done(r, t->task_id, RUNNER_FINISH_CANCELLED, 0, NULL);
-            runner_task_clear(t);
-            for (size_t k = i; k + 1 < r->q_len; k++)
-                r->queue[(r->q_head + k) % QUEUE_CAP] = r->queue[(r->q_head + k + 1) % QUEUE_CAP];
-            memset(&r->queue[(r->q_head + r->q_len - 1) % QUEUE_CAP], 0, sizeof(struct runner_task));
-            r->q_len--;
-            break;
-        }
+        cancel_task(r, m->task_id);
         break;
     case RUNNER_MSG_SHUTDOWN:
         r->shutdown = true;
@@ -192,121 +566,28 @@ static void pump(struct runner *r, int timeout_ms)
     }
 }
 
-static int forward(struct runner *r, const int32_t *tokens, const float *embd, int n, int64_t pos0, char *err,
-                   size_t errlen)
-{
-    for (int k = 0; k < n; k++) {
-        r->pos[k] = pos0 + k;
-        r->want[k] = k == n - 1;
-    }
-    struct batch b = {.n = n, .token = tokens, .embd = embd, .seq = r->seqs, .pos = r->pos, .logits = r->want};
-    return engine_forward(r->e, r->kv, &b, r->out, err, errlen);
-}
-
 static int warm_up(struct runner *r, char *err, size_t errlen)
 {
     int32_t toks[WARMUP_TOKENS];
+    int64_t pos[WARMUP_TOKENS];
     int n = WARMUP_TOKENS < r->m->hp.n_vocab ? WARMUP_TOKENS : r->m->hp.n_vocab;
     if (n > r->ctx)
         n = (int)r->ctx;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         toks[i] = i;
+        pos[i] = i;
+    }
     float *embd = NULL;
     if (!r->m->first) {
         embd = calloc((size_t)n * (size_t)r->m->hp.n_embd, sizeof *embd);
         if (!embd)
             return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     }
-    int rc = forward(r, r->m->first ? toks : NULL, embd, n, 0, err, errlen);
+    struct batch b = {.n = n, .token = r->m->first ? toks : NULL, .embd = embd, .seq = r->seqs, .pos = pos};
+    int rc = engine_forward(r->e, r->kv, &b, r->out, err, errlen);
     free(embd);
     kv_seq_clear(r->kv, 0);
     return rc;
-}
-
-static void run_task(struct runner *r, struct runner_task *t)
-{
-    char err[512];
-    int64_t generated = 0;
-    enum runner_finish finish = RUNNER_FINISH_LENGTH;
-    r->current = t->task_id;
-    r->cancel_current = false;
-    send_status(r, CLUSTER_RUNNER_RUNNING, NULL);
-    const struct model *m = r->m;
-    if (!m->first || !m->last) {
-        snprintf(err, sizeof err, "this runner holds layers [%d, %d) of %d; generation across runners needs the "
-                 "pipeline data plane, which is not built yet", m->layer_begin, m->layer_end, m->hp.n_layers);
-        goto fail;
-    }
-    if (t->n_tokens + t->max_tokens > r->ctx) {
-        snprintf(err, sizeof err, "prompt of %lld tokens + %lld to generate does not fit the context of %lld",
-                 (long long)t->n_tokens, (long long)t->max_tokens, (long long)r->ctx);
-        goto fail;
-    }
-    for (int64_t i = 0; i < t->n_tokens; i++)
-        if (t->tokens[i] >= m->hp.n_vocab) {
-            snprintf(err, sizeof err, "token %d is outside the vocabulary of %d", t->tokens[i], m->hp.n_vocab);
-            goto fail;
-        }
-    struct sample_params sp = sample_defaults();
-    sp.temperature = t->sampling.temperature;
-    sp.top_k = t->sampling.top_k;
-    sp.top_p = t->sampling.top_p;
-    sp.min_p = t->sampling.min_p;
-    sp.repeat_penalty = t->sampling.repeat_penalty;
-    sp.presence_penalty = t->sampling.presence_penalty;
-    sp.frequency_penalty = t->sampling.frequency_penalty;
-    sp.penalty_last_n = t->sampling.penalty_last_n;
-    sp.seed = t->sampling.seed;
-
-    kv_seq_clear(r->kv, 0);
-    memcpy(r->history, t->tokens, (size_t)t->n_tokens * sizeof *r->history);
-    int64_t n_hist = t->n_tokens;
-    for (int64_t i = 0; i < t->n_tokens; i += r->max_batch) {
-        int n = (int)(t->n_tokens - i < r->max_batch ? t->n_tokens - i : r->max_batch);
-        if (forward(r, t->tokens + i, NULL, n, i, err, sizeof err))
-            goto fail;
-        heartbeat_if_due(r);
-        pump(r, 0);
-        if (r->cancel_current || r->shutdown) {
-            finish = RUNNER_FINISH_CANCELLED;
-            goto done;
-        }
-    }
-    for (;;) {
-        int32_t tok = sample_token(r->smp, &sp, r->out, r->history, n_hist, n_hist, NULL);
-        if (tok < 0) {
-            snprintf(err, sizeof err, "invalid sampling parameters (%s)", cairn_strerror(tok));
-            goto fail;
-        }
-        r->history[n_hist++] = tok;
-        if (!t->ignore_eos && r->tk && tok_is_eog(r->tk, tok)) {
-            finish = RUNNER_FINISH_STOP;
-            break;
-        }
-        struct runner_msg msg = {.type = RUNNER_MSG_TOKEN, .token = tok, .index = generated};
-        memcpy(msg.task_id, t->task_id, sizeof msg.task_id);
-        send_msg(r, &msg);
-        if (++generated == t->max_tokens)
-            break;
-        pump(r, 0);
-        if (r->cancel_current || r->shutdown) {
-            finish = RUNNER_FINISH_CANCELLED;
-            break;
-        }
-        if (forward(r, &tok, NULL, 1, n_hist - 1, err, sizeof err))
-            goto fail;
-    }
-done:
-    send_done(r, t->task_id, finish, generated, NULL);
-    goto out;
-fail:
-    fprintf(stderr, "cairn runner: task %s: %s\n", t->task_id, err);
-    send_done(r, t->task_id, RUNNER_FINISH_ERROR, generated, err);
-out:
-    kv_seq_clear(r->kv, 0);
-    r->current = NULL;
-    if (!r->shutdown)
-        send_status(r, CLUSTER_RUNNER_READY, NULL);
 }
 
 /* Loads the slice and sizes every buffer; err says why not. */
@@ -320,48 +601,82 @@ static int load(struct runner *r, char *err, size_t errlen)
     r->ctx = r->cfg.ctx ? r->cfg.ctx : (m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096);
     r->max_batch = r->ctx < 512 ? (int)r->ctx : 512;
     struct engine_config ec = {.n_threads = r->cfg.threads, .max_batch = r->max_batch, .max_ctx = r->ctx};
-    struct kv_config kc = engine_kv_config(m, r->ctx, r->cfg.slots, 16);
+    struct sched_config sc = {.slots = r->cfg.slots, .ctx = r->ctx, .cache_seqs = r->cfg.slots};
+    /* The KV pool holds RUNNER_KV_POOL_CTXS full contexts, shared by the slots; sequences
+     * past it are preempted (the master counts the same). */
+    struct kv_config kc = engine_kv_config(m, r->ctx * RUNNER_KV_POOL_CTXS, 1, 16);
+    kc.max_seqs = sched_kv_seqs(&sc);
     int64_t avail = mem_available();
     if (avail > 0 && kv_bytes_for(&kc) > (uint64_t)avail)
-        return cairn_fail(err, errlen, CAIRN_ENOMEM, "a KV cache for %lld positions x %d slots needs %.1f MiB, "
-                          "%.1f MiB available", (long long)r->ctx, r->cfg.slots,
-                          (double)kv_bytes_for(&kc) / (1 << 20), (double)avail / (1 << 20));
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "a KV cache for %lld positions needs %.1f MiB, %.1f MiB available",
+                          (long long)(r->ctx * RUNNER_KV_POOL_CTXS), (double)kv_bytes_for(&kc) / (1 << 20),
+                          (double)avail / (1 << 20));
     if ((rc = engine_create(&r->e, m, &ec, err, errlen)) || (rc = kv_create(&r->kv, &kc, err, errlen)))
         return rc;
-    if (m->last && sample_create(&r->smp, m->hp.n_vocab))
-        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
-    if (m->first && m->last && tok_load(&r->tk, m->file, err, errlen)) {
-        fprintf(stderr, "cairn runner: no tokenizer (%s): end-of-generation tokens are not known\n", err);
-        r->tk = NULL;
+    if (m->first && m->last) {
+        if (tok_load(&r->tk, m->file, err, errlen)) {
+            /* token tasks still work; text tasks are refused */
+            fprintf(stderr, "cairn runner: no tokenizer (%s): text tasks will be refused\n", err);
+            r->tk = NULL;
+        }
+        if (r->tk && (rc = chat_create(&r->chat, m->file, r->tk, err, errlen)))
+            return rc;
+        struct gguf_str tmpl = {0};
+        if (gguf_get_str(m->file, "tokenizer.chat_template", &tmpl) == 0 && tmpl.ptr) {
+            reasoning_detect(tmpl.ptr, (size_t)tmpl.len, &r->think);
+            r->tools = toolcall_detect(tmpl.ptr, (size_t)tmpl.len);
+        } else {
+            reasoning_detect("", 0, &r->think);
+        }
+        sc.tok = r->tk;
+        struct sched_callbacks cb = {.token = on_token, .done = on_done, .ctx = r};
+        if ((rc = sched_create(&r->sched, r->e, r->kv, &sc, &cb, err, errlen)))
+            return rc;
     }
-    size_t out_n = (size_t)m->hp.n_vocab;
-    if ((size_t)WARMUP_TOKENS * (size_t)m->hp.n_embd > out_n)
-        out_n = (size_t)WARMUP_TOKENS * (size_t)m->hp.n_embd;
-    r->out = malloc(out_n * sizeof *r->out);
-    r->history = malloc((size_t)r->ctx * sizeof *r->history);
+    size_t out_n = (size_t)m->hp.n_vocab > (size_t)m->hp.n_embd ? (size_t)m->hp.n_vocab : (size_t)m->hp.n_embd;
+    r->out = malloc(WARMUP_TOKENS * out_n * sizeof *r->out);
     r->seqs = calloc((size_t)r->max_batch, sizeof *r->seqs);
-    r->pos = malloc((size_t)r->max_batch * sizeof *r->pos);
-    r->want = calloc((size_t)r->max_batch, 1);
-    if (!r->out || !r->history || !r->seqs || !r->pos || !r->want)
+    if (!r->out || !r->seqs)
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     return 0;
 }
 
 static void release(struct runner *r)
 {
-    for (size_t i = 0; i < QUEUE_CAP; i++)
-        runner_task_clear(&r->queue[i]);
+    sched_release(r->sched); /* cancels what is left: done callbacks while the socket is open */
+    r->sched = NULL;
+    while (r->n_tasks)
+        task_drop(r, r->n_tasks - 1);
     runner_lines_free(&r->in);
     free(r->out);
-    free(r->history);
     free(r->seqs);
-    free(r->pos);
-    free(r->want);
+    chat_release(r->chat);
     tok_release(r->tk);
-    sample_release(r->smp);
     kv_release(r->kv);
     engine_release(r->e);
     model_release(r->m);
+}
+
+/* Runs the scheduler until asked to shut down. */
+static void serve(struct runner *r)
+{
+    char err[512];
+    while (!r->shutdown) {
+        bool idle = !r->sched || sched_idle(r->sched);
+        if (idle == r->busy) { /* Running while anything runs, Ready when idle */
+            r->busy = !idle;
+            send_status(r, r->busy ? CLUSTER_RUNNER_RUNNING : CLUSTER_RUNNER_READY, NULL);
+        }
+        if (idle) {
+            int64_t left_ms = r->cfg.heartbeat_ms - (clock_ns() - r->last_sent) / 1000000;
+            pump(r, left_ms > 0 ? (int)left_ms : 0);
+        } else {
+            pump(r, 0);
+            if (!r->shutdown && sched_step(r->sched, err, sizeof err) < 0)
+                fprintf(stderr, "cairn runner: a step failed: %s\n", err);
+        }
+        heartbeat_if_due(r);
+    }
 }
 
 static char *read_stdin(void)
@@ -494,22 +809,8 @@ int cli_runner(int argc, char **argv)
         return 1;
     }
     send_status(&r, CLUSTER_RUNNER_READY, NULL);
-    while (!r.shutdown) {
-        if (r.q_len) {
-            struct runner_task *t = &r.queue[r.q_head];
-            run_task(&r, t);
-            runner_task_clear(t);
-            r.q_head = (r.q_head + 1) % QUEUE_CAP;
-            r.q_len--;
-            continue;
-        }
-        int64_t left_ms = r.cfg.heartbeat_ms - (clock_ns() - r.last_sent) / 1000000;
-        pump(&r, left_ms > 0 ? (int)left_ms : 0);
-        heartbeat_if_due(&r);
-    }
+    serve(&r);
     send_status(&r, CLUSTER_RUNNER_SHUTTING_DOWN, NULL);
-    for (; r.q_len; r.q_len--, r.q_head = (r.q_head + 1) % QUEUE_CAP)
-        send_done(&r, r.queue[r.q_head].task_id, RUNNER_FINISH_CANCELLED, 0, "the runner is shutting down");
     release(&r);
     send_status(&r, CLUSTER_RUNNER_SHUTDOWN, NULL);
     return 0;

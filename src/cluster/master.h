@@ -25,10 +25,11 @@
 #include "cluster/command.h"
 #include "cluster/event.h"
 #include "cluster/place.h"
+#include "cluster/runner_proto.h"
 #include "cluster/state.h"
 
 #define MASTER_CTX_LEN 4096 /* positions of KV cache counted per instance (capped by the model's) */
-#define MASTER_SLOTS 1      /* sequences counted per instance */
+#define MASTER_SLOTS RUNNER_KV_POOL_CTXS /* full contexts of KV counted per instance */
 #define MASTER_KV_ELEM_BYTES 2 /* F16 */
 #define MASTER_EDGE_RTT_SLACK_US 1000 /* reported rtt changes below max(this, 50%) make no event */
 

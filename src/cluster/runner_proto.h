@@ -57,6 +57,7 @@
 #define RUNNER_MAX_GENERATE ((int64_t)1 << 24)
 #define RUNNER_PATH_MAX 4096
 #define RUNNER_MAX_SEQS 256 /* sequences of one task */
+#define RUNNER_KV_POOL_CTXS 2 /* the KV pool of a runner holds this many full contexts */
 
 /* A runner's config. JSON {"instance_id", "runner_id", "model_path", "layer_begin",
  * "layer_end", "ctx", "slots", "threads", "heartbeat_ms"}; all but the ids and the

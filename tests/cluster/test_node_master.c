@@ -220,7 +220,7 @@ static void test_place(void)
     one.n_shards = 2;
     sh[0] = (struct cluster_shard){.rank = 0, .world_size = 2, .layer_begin = 0, .layer_end = 4};
     sh[1] = (struct cluster_shard){.rank = 1, .world_size = 2, .layer_begin = 4, .layer_end = 10};
-    uint64_t kv = 2 * 8 * 128 * 2 * (uint64_t)MASTER_CTX_LEN; /* per layer */
+    uint64_t kv = 2 * 8 * 128 * 2 * (uint64_t)MASTER_CTX_LEN * MASTER_SLOTS; /* per layer */
     uint64_t b0 = master_shard_bytes(&cards[0], NULL, &one, 0);
     uint64_t b1 = master_shard_bytes(&cards[0], NULL, &one, 1);
     CHECK(b0 == 4 * (100 * MIB + kv) + 50 * MIB, "rank 0 holds its layers and the embedding: %llu",
