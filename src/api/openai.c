@@ -1,0 +1,1350 @@
+/* OpenAI endpoints: requests checked field by field into textgen_params, generation
+ * events turned into chunks (streamed) or one object (not streamed).
+ *
+ * Lifetime of a request (struct oreq): three parties may still touch it, each marked
+ * under r->mu: the handler until it returns (handler_live), the backend until END or
+ * ERROR was delivered or cancel returned (gen_live), and whoever is cancelling (the
+ * stream's close callback, or the thread that cuts off a client too slow to read) until
+ * cancel returned (cancelling). Whoever clears the last mark frees it, once. Freeing
+ * releases the http_stream, which waits for a close callback already claimed on another
+ * thread; that callback then sees gen_live false and returns without calling cancel, so
+ * the wait is short. cancel (which may wait for a callback of the backend in flight) is
+ * never called with r->mu held nor from the backend's callback, and that callback
+ * waits for nothing but r->mu. */
+#define _GNU_SOURCE
+#include "api/openai.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "api/apiutil.h"
+#include "api/sse.h"
+#include "base/err.h"
+#include "base/log.h"
+#include "cluster/ids.h"
+
+#define MAX_TOOLS 1024
+
+enum api_kind { KIND_CHAT, KIND_COMPLETION };
+
+/* What a request asks of the reply rather than of the generation. */
+struct req_opts {
+    bool stream, include_usage;
+};
+
+struct choice {
+    struct apiutil_buf content, reasoning; /* not streamed: collected text */
+    json_t *tool_calls;                    /* not streamed: from SEQ_DONE, or NULL */
+    json_t *logprobs;                      /* not streamed: chat-form entries, or NULL */
+    size_t text_bytes;                     /* streamed completions: text sent so far */
+    char finish[16];
+    bool done;
+};
+
+struct oreq {
+    const struct gen *g;
+    enum api_kind kind;
+    char id[48];
+    int64_t created;
+    char model[IDS_MODEL_MAX + 1];
+    int n;
+    bool stream, include_usage, logprobs;
+    struct http_stream *s; /* the deferred reply, released when r is freed */
+    uint64_t handle;
+
+    pthread_mutex_t mu;
+    bool handler_live, gen_live, freeing; /* see the top of the file */
+    int cancelling;
+    bool started; /* START seen (streamed: the SSE reply started) */
+    bool ended;   /* nothing more goes to the client (replied, finished or closed) */
+    struct gen_usage start_usage, seq_usage;
+    struct choice *choices; /* n */
+};
+
+/* ---------- JSON helpers ---------- */
+
+static bool put(json_t *o, const char *key, json_t *v)
+{
+    return v && json_object_set_new(o, key, v) == 0;
+}
+
+/* A JSON string of s; when s is not valid UTF-8 (text from a peer), each non-ASCII byte
+ * becomes '?'. */
+static json_t *text_json(const char *s)
+{
+    json_t *j = json_string(s ? s : "");
+    if (j)
+        return j;
+    char *copy = strdup(s);
+    if (!copy)
+        return NULL;
+    for (char *c = copy; *c; c++)
+        if ((unsigned char)*c >= 0x80)
+            *c = '?';
+    j = json_string(copy);
+    free(copy);
+    return j;
+}
+
+/* OpenAI's error object for status. */
+static json_t *error_json(int status, const char *message, const char *param)
+{
+    const char *code = status == 404 ? "model_not_found"
+                       : status == 413 ? "context_length_exceeded"
+                                       : NULL;
+    json_t *e = json_object(), *o = json_object();
+    if (!e || !o || !put(e, "message", text_json(message)) ||
+        !put(e, "type", json_string(status >= 500 ? "server_error" : "invalid_request_error")) ||
+        !put(e, "param", param && param[0] ? text_json(param) : json_null()) ||
+        !put(e, "code", code ? json_string(code) : json_null()) || json_object_set(o, "error", e)) {
+        json_decref(e);
+        json_decref(o);
+        return NULL;
+    }
+    json_decref(e);
+    return o;
+}
+
+static int clamp_status(int st)
+{
+    return st >= 400 && st <= 599 ? st : 500;
+}
+
+static void reply_error(struct http_request *req, int status, const char *message,
+                        const char *param)
+{
+    if (status == 503)
+        http_reply_header(req, "Retry-After", "1");
+    json_t *j = error_json(status, message, param);
+    if (j)
+        http_reply_json(req, status, j);
+    else
+        http_reply_error(req, 500, "server_error", "out of memory");
+}
+
+static void stream_reply_error(struct http_stream *s, int status, const char *message)
+{
+    if (status == 503)
+        http_stream_header(s, "Retry-After", "1");
+    json_t *j = error_json(status, message, NULL);
+    if (j)
+        http_stream_reply_json(s, status, j);
+    else
+        http_stream_reply_error(s, 500, "server_error", "out of memory");
+}
+
+/* ---------- request fields ---------- */
+
+static int oom(void)
+{
+    return CAIRN_ENOMEM;
+}
+
+static int parse_model(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+{
+    const json_t *m = json_object_get(body, "model");
+    if (!m || json_is_null(m))
+        return apiutil_fail(e, "model", "required");
+    if (!json_is_string(m))
+        return apiutil_fail(e, "model", "expected a string");
+    if (!ids_valid_model(json_string_value(m)))
+        return apiutil_fail(e, "model", "not a valid model id (1..%d of A-Z a-z 0-9 ._:/@+-)",
+                            IDS_MODEL_MAX);
+    snprintf(p->model, sizeof p->model, "%s", json_string_value(m));
+    return 0;
+}
+
+/* Optional string member key of o at path; *out borrowed or NULL. */
+static int opt_string(const json_t *o, const char *path, const char *key, const char **out,
+                      struct apiutil_err *e)
+{
+    const json_t *v = json_object_get(o, key);
+    *out = NULL;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_string(v)) {
+        char p[APIUTIL_PARAM_MAX];
+        ids_path(p, sizeof p, "%s%s%s", path, path[0] ? "." : "", key);
+        return apiutil_fail(e, p, "expected a string");
+    }
+    *out = json_string_value(v);
+    return 0;
+}
+
+/* An assistant message's tool_calls, checked and normalized into *out. */
+static int parse_tool_calls(const json_t *tc, const char *path, json_t **out,
+                            struct apiutil_err *e)
+{
+    char p[APIUTIL_PARAM_MAX];
+    *out = NULL;
+    if (!tc || json_is_null(tc))
+        return 0;
+    if (!json_is_array(tc))
+        return apiutil_fail(e, path, "expected an array of tool calls");
+    json_t *arr = json_array();
+    if (!arr)
+        return oom();
+    size_t i;
+    json_t *c;
+    json_array_foreach(tc, i, c) {
+        ids_path(p, sizeof p, "%s[%zu]", path, i);
+        const char *id = NULL, *type = NULL, *name = NULL;
+        const json_t *fn = json_is_object(c) ? json_object_get(c, "function") : NULL;
+        int rc = 0;
+        if (!json_is_object(c))
+            rc = apiutil_fail(e, p, "expected a tool call object");
+        else if ((rc = opt_string(c, p, "id", &id, e)) || (rc = opt_string(c, p, "type", &type, e)))
+            ;
+        else if (type && strcmp(type, "function") != 0)
+            rc = apiutil_fail(e, p, "type \"%s\" is not supported, only \"function\"", type);
+        else if (!json_is_object(fn))
+            rc = apiutil_fail(e, p, "function: expected an object");
+        if (rc) {
+            json_decref(arr);
+            return rc;
+        }
+        ids_path(p, sizeof p, "%s[%zu].function", path, i);
+        const json_t *args = json_object_get(fn, "arguments");
+        if ((rc = opt_string(fn, p, "name", &name, e)) ||
+            (!name && (rc = apiutil_fail(e, p, "name: required")))) {
+            json_decref(arr);
+            return rc;
+        }
+        if (args && !json_is_null(args) && !json_is_string(args) && !json_is_object(args)) {
+            json_decref(arr);
+            ids_path(p, sizeof p, "%s[%zu].function.arguments", path, i);
+            return apiutil_fail(e, p, "expected a JSON text or an object");
+        }
+        json_t *f = json_object(), *call = json_object();
+        bool ok = f && call && put(f, "name", json_string(name)) &&
+                  put(f, "arguments", args && !json_is_null(args) ? json_deep_copy(args)
+                                                                  : json_string("{}")) &&
+                  (!id || put(call, "id", json_string(id))) &&
+                  put(call, "type", json_string("function")) &&
+                  json_object_set(call, "function", f) == 0 && json_array_append(arr, call) == 0;
+        json_decref(f);
+        json_decref(call);
+        if (!ok) {
+            json_decref(arr);
+            return oom();
+        }
+    }
+    *out = arr;
+    return 0;
+}
+
+static int parse_message(const json_t *m, size_t i, json_t **out, struct apiutil_err *e)
+{
+    char path[APIUTIL_PARAM_MAX], p[APIUTIL_PARAM_MAX];
+    ids_path(path, sizeof path, "messages[%zu]", i);
+    *out = NULL;
+    if (!json_is_object(m))
+        return apiutil_fail(e, path, "expected a message object");
+    const json_t *role = json_object_get(m, "role");
+    ids_path(p, sizeof p, "%s.role", path);
+    if (!role || json_is_null(role))
+        return apiutil_fail(e, p, "required");
+    if (!json_is_string(role))
+        return apiutil_fail(e, p, "expected a string");
+    const char *r = json_string_value(role);
+    if (strcmp(r, "developer") == 0)
+        r = "system";
+    bool assistant = strcmp(r, "assistant") == 0;
+    if (strcmp(r, "system") && strcmp(r, "user") && !assistant && strcmp(r, "tool"))
+        return apiutil_fail(e, p, "unknown role \"%s\" (system, developer, user, assistant or tool)",
+                            r);
+    const char *call_id, *name, *reasoning;
+    int rc;
+    if ((rc = opt_string(m, path, "tool_call_id", &call_id, e)) ||
+        (rc = opt_string(m, path, "name", &name, e)) ||
+        (rc = opt_string(m, path, "reasoning_content", &reasoning, e)))
+        return rc;
+    json_t *calls = NULL;
+    ids_path(p, sizeof p, "%s.tool_calls", path);
+    const json_t *tc = json_object_get(m, "tool_calls");
+    if (tc && !json_is_null(tc) && !assistant)
+        return apiutil_fail(e, p, "only assistant messages carry tool calls");
+    if ((rc = parse_tool_calls(tc, p, &calls, e)))
+        return rc;
+    char *text = NULL;
+    ids_path(p, sizeof p, "%s.content", path);
+    if ((rc = apiutil_flatten_content(json_object_get(m, "content"), p, &text, e))) {
+        json_decref(calls);
+        return rc;
+    }
+    if (!text && !assistant) {
+        json_decref(calls);
+        return apiutil_fail(e, p, "required for a %s message", r);
+    }
+    json_t *msg = json_object();
+    bool ok = msg && put(msg, "role", json_string(r)) &&
+              put(msg, "content", text ? json_string(text) : json_null()) &&
+              (!calls || json_object_set(msg, "tool_calls", calls) == 0) &&
+              (!call_id || put(msg, "tool_call_id", json_string(call_id))) &&
+              (!name || put(msg, "name", json_string(name))) &&
+              (!reasoning || put(msg, "reasoning_content", json_string(reasoning)));
+    free(text);
+    json_decref(calls);
+    if (!ok) {
+        json_decref(msg);
+        return oom();
+    }
+    *out = msg;
+    return 0;
+}
+
+static int parse_messages(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+{
+    const json_t *ms = json_object_get(body, "messages");
+    if (!ms || json_is_null(ms))
+        return apiutil_fail(e, "messages", "required");
+    if (!json_is_array(ms))
+        return apiutil_fail(e, "messages", "expected an array of messages");
+    size_t n = json_array_size(ms);
+    if (n == 0 || n > TEXTGEN_MAX_MESSAGES)
+        return apiutil_fail(e, "messages", "%zu messages, expected 1..%d", n, TEXTGEN_MAX_MESSAGES);
+    p->messages = json_array();
+    if (!p->messages)
+        return oom();
+    for (size_t i = 0; i < n; i++) {
+        json_t *m;
+        int rc = parse_message(json_array_get(ms, i), i, &m, e);
+        if (rc)
+            return rc;
+        if (json_array_append_new(p->messages, m))
+            return oom();
+    }
+    return 0;
+}
+
+static int parse_prompt(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+{
+    const json_t *v = json_object_get(body, "prompt");
+    if (!v || json_is_null(v))
+        return apiutil_fail(e, "prompt", "required");
+    if (json_is_array(v)) {
+        if (json_array_size(v) != 1)
+            return apiutil_fail(e, "prompt", "an array of %zu prompts; one prompt is supported",
+                                json_array_size(v));
+        v = json_array_get(v, 0);
+        if (!json_is_string(v))
+            return apiutil_fail(e, "prompt[0]", "expected a string (token arrays are not supported)");
+    } else if (!json_is_string(v)) {
+        return apiutil_fail(e, "prompt", "expected a string or an array of one string");
+    }
+    p->prompt = strndup(json_string_value(v), json_string_length(v));
+    return p->prompt ? 0 : oom();
+}
+
+static int parse_stop(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+{
+    const json_t *v = json_object_get(body, "stop");
+    if (!v || json_is_null(v))
+        return 0;
+    bool single = json_is_string(v);
+    if (!single && !json_is_array(v))
+        return apiutil_fail(e, "stop", "expected a string or an array of strings");
+    size_t n = single ? 1 : json_array_size(v);
+    if (n > TEXTGEN_MAX_STOP)
+        return apiutil_fail(e, "stop", "%zu stop strings, at most %d", n, TEXTGEN_MAX_STOP);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *s = single ? v : json_array_get(v, i);
+        char path[32];
+        ids_path(path, sizeof path, single ? "stop" : "stop[%zu]", i);
+        if (!json_is_string(s))
+            return apiutil_fail(e, path, "expected a string");
+        size_t len = json_string_length(s);
+        if (len < 1 || len > TEXTGEN_MAX_STOP_BYTES)
+            return apiutil_fail(e, path, "%zu bytes, expected 1..%d", len, TEXTGEN_MAX_STOP_BYTES);
+        if (!(p->stop[p->n_stop] = strndup(json_string_value(s), len)))
+            return oom();
+        p->n_stop++;
+    }
+    return 0;
+}
+
+static int parse_logit_bias(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+{
+    const json_t *v = json_object_get(body, "logit_bias");
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_object(v))
+        return apiutil_fail(e, "logit_bias", "expected an object of token ids to biases");
+    size_t n = json_object_size(v);
+    if (n > TEXTGEN_MAX_BIAS)
+        return apiutil_fail(e, "logit_bias", "%zu entries, at most %d", n, TEXTGEN_MAX_BIAS);
+    if (n == 0)
+        return 0;
+    p->bias = calloc(n, sizeof *p->bias);
+    if (!p->bias)
+        return oom();
+    const char *key;
+    json_t *b;
+    json_object_foreach((json_t *)v, key, b) {
+        char path[APIUTIL_PARAM_MAX];
+        ids_path(path, sizeof path, "logit_bias.%s", key);
+        size_t klen = strlen(key);
+        bool digits = klen > 0 && klen <= 10 && strspn(key, "0123456789") == klen;
+        long long id = digits ? strtoll(key, NULL, 10) : -1;
+        if (id < 0 || id > INT32_MAX)
+            return apiutil_fail(e, path, "the key is not a token id (a decimal integer)");
+        if (!json_is_number(b))
+            return apiutil_fail(e, path, "expected a number");
+        double d = json_number_value(b);
+        if (!(d >= -100 && d <= 100))
+            return apiutil_fail(e, path, "%g is out of range, expected [-100, 100]", d);
+        p->bias[p->n_bias].token = (int32_t)id;
+        p->bias[p->n_bias].bias = (float)d;
+        p->n_bias++;
+    }
+    return 0;
+}
+
+static int parse_sampling(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+{
+    struct runner_sampling *s = &p->sampling;
+    double d;
+    bool given;
+    int64_t k, seed = -1;
+    int rc;
+    if ((rc = apiutil_opt_number(body, "temperature", 0, 2, false, &d, &given, e)))
+        return rc;
+    if (given)
+        s->temperature = (float)d;
+    if ((rc = apiutil_opt_number(body, "top_p", 0, 1, true, &d, &given, e)))
+        return rc;
+    if (given)
+        s->top_p = (float)d;
+    if ((rc = apiutil_opt_number(body, "min_p", 0, 1, false, &d, &given, e)))
+        return rc;
+    if (given)
+        s->min_p = (float)d;
+    if ((rc = apiutil_opt_number(body, "presence_penalty", -2, 2, false, &d, &given, e)))
+        return rc;
+    if (given)
+        s->presence_penalty = (float)d;
+    if ((rc = apiutil_opt_number(body, "frequency_penalty", -2, 2, false, &d, &given, e)))
+        return rc;
+    if (given)
+        s->frequency_penalty = (float)d;
+    if ((rc = apiutil_opt_number(body, "repetition_penalty", 0, 100, true, &d, &given, e)))
+        return rc;
+    if (given)
+        s->repeat_penalty = (float)d;
+    if ((rc = apiutil_opt_int(body, "top_k", -1, 1 << 24, &k, &given, e)))
+        return rc;
+    if (given)
+        s->top_k = k > 0 ? (int)k : 0; /* -1 and 0: off */
+    if ((rc = apiutil_opt_int(body, "seed", -1, IDS_COUNTER_MAX, &seed, NULL, e)))
+        return rc;
+    /* OpenAI draws a fresh seed for each unseeded request; so do we (-1 asks the same). */
+    s->seed = seed >= 0 ? (uint64_t)seed : apiutil_random_u64() & (uint64_t)IDS_COUNTER_MAX;
+    return 0;
+}
+
+static int parse_max_tokens(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+{
+    int64_t a = 0, b = 0;
+    bool ga, gb;
+    int rc;
+    if ((rc = apiutil_opt_int(body, "max_tokens", 1, IDS_COUNTER_MAX, &a, &ga, e)) ||
+        (rc = apiutil_opt_int(body, "max_completion_tokens", 1, IDS_COUNTER_MAX, &b, &gb, e)))
+        return rc;
+    int64_t n = gb ? b : ga ? a : 0; /* the newer name wins */
+    p->max_tokens = n > RUNNER_MAX_GENERATE ? RUNNER_MAX_GENERATE : n;
+    return 0;
+}
+
+static int parse_logprobs(enum api_kind kind, const json_t *body, struct textgen_params *p,
+                          struct apiutil_err *e)
+{
+    bool given;
+    int64_t top = 0;
+    int rc;
+    if (kind == KIND_COMPLETION) {
+        /* The legacy API's "logprobs" is the number of alternatives (0: only the
+         * sampled token); true and false are taken too. */
+        const json_t *v = json_object_get(body, "logprobs");
+        if (json_is_boolean(v)) {
+            p->logprobs = json_is_true(v);
+            return 0;
+        }
+        if ((rc = apiutil_opt_int(body, "logprobs", 0, TEXTGEN_MAX_TOP_LOGPROBS, &top, &given, e)))
+            return rc;
+        p->logprobs = given;
+        p->top_logprobs = (int)top;
+        return 0;
+    }
+    if ((rc = apiutil_opt_bool(body, "logprobs", &p->logprobs, NULL, e)) ||
+        (rc = apiutil_opt_int(body, "top_logprobs", 0, TEXTGEN_MAX_TOP_LOGPROBS, &top, &given, e)))
+        return rc;
+    p->top_logprobs = (int)top;
+    return 0;
+}
+
+static int parse_tools(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+{
+    const json_t *v = json_object_get(body, "tools");
+    char path[APIUTIL_PARAM_MAX];
+    if (v && !json_is_null(v)) {
+        if (!json_is_array(v))
+            return apiutil_fail(e, "tools", "expected an array of tools");
+        if (json_array_size(v) > MAX_TOOLS)
+            return apiutil_fail(e, "tools", "%zu tools, at most %d", json_array_size(v), MAX_TOOLS);
+        size_t i;
+        json_t *t;
+        json_array_foreach(v, i, t) {
+            ids_path(path, sizeof path, "tools[%zu]", i);
+            const char *type, *name, *desc;
+            const json_t *fn = json_is_object(t) ? json_object_get(t, "function") : NULL;
+            int rc = 0;
+            if (!json_is_object(t))
+                return apiutil_fail(e, path, "expected a tool object");
+            if ((rc = opt_string(t, path, "type", &type, e)))
+                return rc;
+            if (type && strcmp(type, "function") != 0)
+                return apiutil_fail(e, path, "type \"%s\" is not supported, only \"function\"", type);
+            if (!json_is_object(fn))
+                return apiutil_fail(e, path, "function: expected an object");
+            ids_path(path, sizeof path, "tools[%zu].function", i);
+            if ((rc = opt_string(fn, path, "name", &name, e)) ||
+                (rc = opt_string(fn, path, "description", &desc, e)))
+                return rc;
+            if (!name || !name[0])
+                return apiutil_fail(e, path, "name: required");
+            const json_t *params = json_object_get(fn, "parameters");
+            if (params && !json_is_null(params) && !json_is_object(params))
+                return apiutil_fail(e, path, "parameters: expected a JSON schema object");
+            json_t *f = json_object(), *tool = json_object();
+            if (!p->tools)
+                p->tools = json_array();
+            bool ok = f && tool && p->tools && put(f, "name", json_string(name)) &&
+                      (!desc || put(f, "description", json_string(desc))) &&
+                      (!params || json_is_null(params) ||
+                       put(f, "parameters", json_deep_copy(params))) &&
+                      put(tool, "type", json_string("function")) &&
+                      json_object_set(tool, "function", f) == 0 &&
+                      json_array_append(p->tools, tool) == 0;
+            json_decref(f);
+            json_decref(tool);
+            if (!ok)
+                return oom();
+        }
+    }
+    const json_t *tc = json_object_get(body, "tool_choice");
+    if (!tc || json_is_null(tc))
+        return 0;
+    if (json_is_string(tc)) {
+        const char *c = json_string_value(tc);
+        if (strcmp(c, "none") == 0) { /* no tools offered to the model */
+            json_decref(p->tools);
+            p->tools = NULL;
+            return 0;
+        }
+        if (strcmp(c, "auto") == 0 || strcmp(c, "required") == 0)
+            return 0;
+        return apiutil_fail(e, "tool_choice", "\"%s\" is not one of none, auto, required", c);
+    }
+    const json_t *fn = json_is_object(tc) ? json_object_get(tc, "function") : NULL;
+    const json_t *type = json_is_object(tc) ? json_object_get(tc, "type") : NULL;
+    if (!json_is_object(tc) || !json_is_string(type) ||
+        strcmp(json_string_value(type), "function") != 0 || !json_is_object(fn) ||
+        !json_is_string(json_object_get(fn, "name")))
+        return apiutil_fail(e, "tool_choice",
+                            "expected none, auto, required or {\"type\": \"function\", "
+                            "\"function\": {\"name\": ...}}");
+    return 0;
+}
+
+static int parse_template_kwargs(const json_t *body, struct textgen_params *p,
+                                 struct apiutil_err *e)
+{
+    const char *effort = NULL;
+    bool thinking, given;
+    int rc;
+    if ((rc = opt_string(body, "", "reasoning_effort", &effort, e)))
+        return rc;
+    if (effort && strcmp(effort, "none") && strcmp(effort, "minimal") && strcmp(effort, "low") &&
+        strcmp(effort, "medium") && strcmp(effort, "high"))
+        return apiutil_fail(e, "reasoning_effort", "\"%s\" is not one of none, minimal, low, medium, high",
+                            effort);
+    if ((rc = apiutil_opt_bool(body, "enable_thinking", &thinking, &given, e)))
+        return rc;
+    const json_t *kw = json_object_get(body, "chat_template_kwargs");
+    if (kw && !json_is_null(kw) && !json_is_object(kw))
+        return apiutil_fail(e, "chat_template_kwargs", "expected an object");
+    if (!effort && !given && (!kw || json_is_null(kw) || json_object_size(kw) == 0))
+        return 0;
+    json_t *o = json_object();
+    if (!o)
+        return oom();
+    p->template_kwargs = o;
+    if (effort && strcmp(effort, "none") == 0) {
+        if (!put(o, "enable_thinking", json_false()))
+            return oom();
+    } else if (effort && !put(o, "reasoning_effort", json_string(effort))) {
+        return oom();
+    }
+    if (given && !put(o, "enable_thinking", json_boolean(thinking)))
+        return oom();
+    if (json_is_object(kw) && json_object_update(o, (json_t *)kw))
+        return oom();
+    return 0;
+}
+
+static int parse_misc(enum api_kind kind, const json_t *body, struct textgen_params *p,
+                      struct req_opts *o, struct apiutil_err *e)
+{
+    int64_t n = 1;
+    int rc;
+    if ((rc = apiutil_opt_int(body, "n", 1, TEXTGEN_MAX_N, &n, NULL, e)) ||
+        (rc = apiutil_opt_bool(body, "ignore_eos", &p->ignore_eos, NULL, e)) ||
+        (rc = apiutil_opt_bool(body, "stream", &o->stream, NULL, e)))
+        return rc;
+    p->n = (int)n;
+    const json_t *so = json_object_get(body, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so))
+            return apiutil_fail(e, "stream_options", "expected an object");
+        bool inc = false;
+        if (apiutil_opt_bool(so, "include_usage", &inc, NULL, e))
+            return apiutil_fail(e, "stream_options.include_usage", "expected true or false");
+        o->include_usage = inc && o->stream;
+    }
+    const json_t *rf = json_object_get(body, "response_format");
+    if (rf && !json_is_null(rf)) {
+        const json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+        if (!json_is_string(t))
+            return apiutil_fail(e, "response_format", "expected {\"type\": \"text\"}");
+        const char *type = json_string_value(t);
+        if (strcmp(type, "json_object") == 0 || strcmp(type, "json_schema") == 0)
+            return apiutil_fail(e, "response_format", "\"%s\" is not supported (constrained "
+                                "decoding is not implemented); only \"text\"", type);
+        if (strcmp(type, "text") != 0)
+            return apiutil_fail(e, "response_format", "unknown type \"%s\"", type);
+    }
+    if (kind == KIND_COMPLETION)
+        p->reasoning = false; /* a raw prompt's text comes back whole */
+    return 0;
+}
+
+/* Checks every field the API knows into p and o; CAIRN_EFORMAT (400, e says where) or
+ * CAIRN_ENOMEM. */
+static int parse_request(enum api_kind kind, const json_t *body, struct textgen_params *p,
+                         struct req_opts *o, struct apiutil_err *e)
+{
+    if (!json_is_object(body))
+        return apiutil_fail(e, "", "the request body must be a JSON object");
+    int rc;
+    if ((rc = parse_model(body, p, e)))
+        return rc;
+    if (kind == KIND_CHAT) {
+        if ((rc = parse_messages(body, p, e)) || (rc = parse_tools(body, p, e)) ||
+            (rc = parse_template_kwargs(body, p, e)))
+            return rc;
+    } else if ((rc = parse_prompt(body, p, e))) {
+        return rc;
+    }
+    if ((rc = parse_max_tokens(body, p, e)) || (rc = parse_sampling(body, p, e)) ||
+        (rc = parse_stop(body, p, e)) || (rc = parse_logit_bias(body, p, e)) ||
+        (rc = parse_logprobs(kind, body, p, e)) || (rc = parse_misc(kind, body, p, o, e)))
+        return rc;
+    return 0;
+}
+
+/* ---------- replies ---------- */
+
+static void cut_off(struct oreq *r);
+
+static json_t *usage_json(const struct oreq *r, const struct gen_usage *end)
+{
+    const struct gen_usage *st = &r->start_usage, *sq = &r->seq_usage;
+    int64_t prompt = end && end->prompt_tokens ? end->prompt_tokens : st->prompt_tokens;
+    int64_t cached = end && end->cached_tokens ? end->cached_tokens : st->cached_tokens;
+    int64_t compl = end && end->completion_tokens ? end->completion_tokens : sq->completion_tokens;
+    int64_t draft = end && end->draft_tokens ? end->draft_tokens : sq->draft_tokens;
+    int64_t acc = end && end->accepted_draft_tokens ? end->accepted_draft_tokens
+                                                     : sq->accepted_draft_tokens;
+    return json_pack("{s:I,s:I,s:I,s:{s:I},s:I,s:I}", "prompt_tokens", (json_int_t)prompt,
+                     "completion_tokens", (json_int_t)compl, "total_tokens",
+                     (json_int_t)(prompt + compl), "prompt_tokens_details", "cached_tokens",
+                     (json_int_t)cached, "draft_tokens", (json_int_t)draft,
+                     "accepted_draft_tokens", (json_int_t)acc);
+}
+
+/* One tool call of the backend in OpenAI's form (arguments as JSON text); with index
+ * >= 0 it carries "index" as streamed deltas do. */
+static json_t *tool_call_json(const json_t *tc, long index)
+{
+    const json_t *fn = json_object_get(tc, "function");
+    const json_t *id = json_object_get(tc, "id"), *args = json_object_get(fn, "arguments");
+    const char *name = json_string_value(json_object_get(fn, "name"));
+    char gen_id[40], *args_text = NULL;
+    if (!json_is_string(id))
+        apiutil_random_id(gen_id, sizeof gen_id, "call_");
+    if (args && !json_is_string(args) && !json_is_null(args))
+        args_text = json_dumps(args, JSON_COMPACT | JSON_ENCODE_ANY);
+    json_t *f = json_pack("{s:s,s:s}", "name", name ? name : "", "arguments",
+                          args_text ? args_text : json_is_string(args) ? json_string_value(args) : "{}");
+    free(args_text);
+    json_t *c = json_object();
+    bool ok = f && c && (index < 0 || put(c, "index", json_integer(index))) &&
+              put(c, "id", json_string(json_is_string(id) ? json_string_value(id) : gen_id)) &&
+              put(c, "type", json_string("function")) && json_object_set(c, "function", f) == 0;
+    json_decref(f);
+    if (!ok) {
+        json_decref(c);
+        return NULL;
+    }
+    return c;
+}
+
+static json_t *tool_calls_json(const json_t *calls, bool indexed)
+{
+    json_t *arr = json_array();
+    size_t i;
+    json_t *tc;
+    json_array_foreach(calls, i, tc) {
+        if (!arr || json_array_append_new(arr, tool_call_json(tc, indexed ? (long)i : -1))) {
+            json_decref(arr);
+            return NULL;
+        }
+    }
+    return arr;
+}
+
+/* The legacy completions' logprobs object of chat-form entries; text offsets start at
+ * *offset, which advances by each token's bytes. */
+static json_t *completion_logprobs(const json_t *entries, size_t *offset)
+{
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    json_t *o = json_object();
+    bool ok = tokens && lps && tops && offs && o;
+    size_t i;
+    json_t *en;
+    json_array_foreach(entries, i, en) {
+        if (!ok)
+            break;
+        const json_t *tok = json_object_get(en, "token");
+        const char *t = json_is_string(tok) ? json_string_value(tok) : "";
+        json_t *top = json_object();
+        size_t k;
+        json_t *alt;
+        json_array_foreach(json_object_get(en, "top_logprobs"), k, alt) {
+            const char *at = json_string_value(json_object_get(alt, "token"));
+            if (top && at)
+                json_object_set_new(top, at, json_real(json_number_value(json_object_get(alt, "logprob"))));
+        }
+        ok = top && json_array_append_new(tokens, json_string(t)) == 0 &&
+             json_array_append_new(lps, json_real(json_number_value(json_object_get(en, "logprob")))) == 0 &&
+             json_array_append_new(tops, top) == 0 &&
+             json_array_append_new(offs, json_integer((json_int_t)*offset)) == 0;
+        *offset += strlen(t);
+    }
+    ok = ok && json_object_set(o, "tokens", tokens) == 0 && json_object_set(o, "token_logprobs", lps) == 0 &&
+         json_object_set(o, "top_logprobs", tops) == 0 && json_object_set(o, "text_offset", offs) == 0;
+    json_decref(tokens);
+    json_decref(lps);
+    json_decref(tops);
+    json_decref(offs);
+    if (!ok) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+static json_t *response_head(const struct oreq *r, const char *object)
+{
+    return json_pack("{s:s,s:s,s:I,s:s}", "id", r->id, "object", object, "created",
+                     (json_int_t)r->created, "model", r->model);
+}
+
+/* The finish_reason OpenAI names for a sequence's finish. */
+static const char *finish_reason(const char *finish, bool tool_calls)
+{
+    if (finish && strcmp(finish, "length") == 0)
+        return "length";
+    if (tool_calls || (finish && strcmp(finish, "tool_calls") == 0))
+        return "tool_calls";
+    return "stop";
+}
+
+static bool has_calls(const json_t *calls)
+{
+    return json_is_array(calls) && json_array_size(calls) > 0;
+}
+
+/* The whole reply of a request that was not streamed; r->mu held. */
+static json_t *full_response(struct oreq *r, const struct gen_usage *end)
+{
+    json_t *o = response_head(r, r->kind == KIND_CHAT ? "chat.completion" : "text_completion");
+    json_t *choices = json_array();
+    bool ok = o && choices;
+    for (int i = 0; ok && i < r->n; i++) {
+        struct choice *c = &r->choices[i];
+        bool calls = has_calls(c->tool_calls);
+        json_t *ch = json_object(), *lp = NULL;
+        ok = ch && put(ch, "index", json_integer(i));
+        if (r->kind == KIND_CHAT) {
+            json_t *msg = json_object();
+            const char *text = apiutil_buf_str(&c->content);
+            ok = ok && msg && put(msg, "role", json_string("assistant")) &&
+                 put(msg, "content", calls && !text[0] ? json_null() : text_json(text)) &&
+                 (!c->reasoning.len ||
+                  put(msg, "reasoning_content", text_json(apiutil_buf_str(&c->reasoning)))) &&
+                 (!calls || put(msg, "tool_calls", tool_calls_json(c->tool_calls, false)));
+            ok = ok && json_object_set(ch, "message", msg) == 0;
+            json_decref(msg);
+            if (r->logprobs)
+                lp = json_pack("{s:o}", "content",
+                               c->logprobs ? json_incref(c->logprobs) : json_array());
+        } else {
+            ok = ok && put(ch, "text", text_json(apiutil_buf_str(&c->content)));
+            size_t off = 0;
+            if (r->logprobs) {
+                json_t *none = c->logprobs ? NULL : json_array();
+                lp = completion_logprobs(c->logprobs ? c->logprobs : none, &off);
+                json_decref(none);
+            }
+        }
+        ok = ok && (r->logprobs ? put(ch, "logprobs", lp) : put(ch, "logprobs", json_null())) &&
+             put(ch, "finish_reason", json_string(finish_reason(c->finish, calls))) &&
+             json_array_append(choices, ch) == 0;
+        json_decref(ch);
+    }
+    ok = ok && json_object_set(o, "choices", choices) == 0 && put(o, "usage", usage_json(r, end));
+    json_decref(choices);
+    if (!ok) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* Queues one SSE chunk with choices and usage (both taken; choices NULL means out of
+ * memory); r->mu held. A closed or overflowing stream ends the request's output. */
+static void send_chunk(struct oreq *r, json_t *choices, json_t *usage)
+{
+    if (r->ended) {
+        json_decref(choices);
+        json_decref(usage);
+        return;
+    }
+    json_t *o = response_head(r, r->kind == KIND_CHAT ? "chat.completion.chunk" : "text_completion");
+    bool ok = o && choices && json_object_set(o, "choices", choices) == 0;
+    json_decref(choices);
+    if (ok && r->include_usage)
+        ok = put(o, "usage", usage ? usage : json_null());
+    else
+        json_decref(usage);
+    int rc = ok ? sse_json(r->s, NULL, o) : CAIRN_ENOMEM;
+    json_decref(o);
+    if (rc) {
+        if (rc == CAIRN_ENOMEM)
+            http_stream_finish(r->s);
+        r->ended = true;
+        if (rc == CAIRN_EFULL)
+            cut_off(r);
+    }
+}
+
+/* One choice of a chunk: chat ({"delta"}, taken; NULL is {}) or completion ({"text"});
+ * logprobs taken (NULL is null). NULL when out of memory. */
+static json_t *chunk_choice(const struct oreq *r, int index, json_t *delta, const char *text,
+                            json_t *logprobs, const char *finish)
+{
+    json_t *c = json_object();
+    bool ok = c && put(c, "index", json_integer(index));
+    if (r->kind == KIND_CHAT) {
+        if (!delta)
+            delta = json_object();
+        ok = ok && delta && json_object_set(c, "delta", delta) == 0;
+    } else {
+        ok = ok && put(c, "text", text_json(text ? text : ""));
+    }
+    json_decref(delta);
+    if (!logprobs)
+        logprobs = json_null();
+    ok = ok && json_object_set(c, "logprobs", logprobs) == 0 &&
+         put(c, "finish_reason", finish ? json_string(finish) : json_null());
+    json_decref(logprobs);
+    if (!ok) {
+        json_decref(c);
+        return NULL;
+    }
+    return c;
+}
+
+static json_t *one(json_t *choice)
+{
+    json_t *a = json_array();
+    if (!a || !choice || json_array_append_new(a, choice)) {
+        json_decref(a);
+        return NULL;
+    }
+    return a;
+}
+
+/* Ends the stream with an error event (no [DONE]); r->mu held. */
+static void stream_error_event(struct oreq *r, int status, const char *message)
+{
+    if (r->ended)
+        return;
+    json_t *j = error_json(status, message, NULL);
+    if (j)
+        sse_json(r->s, NULL, j);
+    json_decref(j);
+    http_stream_finish(r->s);
+    r->ended = true;
+}
+
+/* Starts the SSE reply once; r->mu held. */
+static void stream_begin(struct oreq *r)
+{
+    if (r->started)
+        return;
+    r->started = true;
+    if (r->ended)
+        return;
+    if (sse_start_deferred(r->s)) {
+        r->ended = true;
+        return;
+    }
+    if (r->kind != KIND_CHAT)
+        return;
+    for (int i = 0; i < r->n; i++)
+        send_chunk(r, one(chunk_choice(r, i, json_pack("{s:s,s:s}", "role", "assistant",
+                                                        "content", ""),
+                                       NULL, NULL, NULL)),
+                   NULL);
+}
+
+static void stream_event(struct oreq *r, const struct gen_event *ev)
+{
+    struct choice *c = ev->seq >= 0 && ev->seq < r->n ? &r->choices[ev->seq] : NULL;
+    switch (ev->kind) {
+    case GEN_EVENT_START:
+        r->start_usage = ev->usage;
+        stream_begin(r);
+        break;
+    case GEN_EVENT_DELTA: {
+        stream_begin(r);
+        const char *content = ev->content ? ev->content : "";
+        const char *reasoning = ev->reasoning ? ev->reasoning : "";
+        if (!c || (!content[0] && !reasoning[0] && !ev->logprobs))
+            break;
+        json_t *lp = NULL, *delta = NULL;
+        char *text = NULL;
+        if (r->kind == KIND_CHAT) {
+            delta = json_object();
+            if (delta && content[0])
+                put(delta, "content", text_json(content));
+            if (delta && reasoning[0])
+                put(delta, "reasoning_content", text_json(reasoning));
+            if (ev->logprobs)
+                lp = json_pack("{s:o}", "content", json_deep_copy(ev->logprobs));
+        } else {
+            /* A raw completion has no reasoning channel; any such text stays in place. */
+            if (asprintf(&text, "%s%s", reasoning, content) < 0)
+                text = NULL;
+            if (ev->logprobs)
+                lp = completion_logprobs(ev->logprobs, &c->text_bytes);
+        }
+        send_chunk(r, one(chunk_choice(r, ev->seq, delta, text, lp, NULL)), NULL);
+        free(text);
+        break;
+    }
+    case GEN_EVENT_SEQ_DONE: {
+        if (!c || c->done)
+            break;
+        stream_begin(r);
+        c->done = true;
+        r->seq_usage.completion_tokens += ev->usage.completion_tokens;
+        r->seq_usage.draft_tokens += ev->usage.draft_tokens;
+        r->seq_usage.accepted_draft_tokens += ev->usage.accepted_draft_tokens;
+        const char *finish = ev->finish ? ev->finish : "stop";
+        if (strcmp(finish, "cancelled") == 0 || strcmp(finish, "error") == 0) {
+            stream_error_event(r, strcmp(finish, "error") == 0 ? 500 : 503,
+                               strcmp(finish, "error") == 0 ? "generation failed"
+                                                            : "generation was cancelled");
+            break;
+        }
+        bool calls = r->kind == KIND_CHAT && has_calls(ev->tool_calls);
+        if (calls) {
+            json_t *delta = json_object();
+            if (delta)
+                put(delta, "tool_calls", tool_calls_json(ev->tool_calls, true));
+            send_chunk(r, one(chunk_choice(r, ev->seq, delta, NULL, NULL, NULL)), NULL);
+        }
+        send_chunk(r, one(chunk_choice(r, ev->seq, NULL, "", NULL, finish_reason(finish, calls))),
+                   NULL);
+        break;
+    }
+    case GEN_EVENT_END:
+        stream_begin(r);
+        if (r->include_usage)
+            send_chunk(r, json_array(), usage_json(r, &ev->usage));
+        if (!r->ended) {
+            sse_done(r->s);
+            http_stream_finish(r->s);
+            r->ended = true;
+        }
+        break;
+    case GEN_EVENT_ERROR:
+        if (!r->started) {
+            r->started = true;
+            if (!r->ended)
+                stream_reply_error(r->s, clamp_status(ev->status),
+                                   ev->message ? ev->message : "generation failed");
+            r->ended = true;
+        } else {
+            stream_error_event(r, clamp_status(ev->status),
+                               ev->message ? ev->message : "generation failed");
+        }
+        break;
+    }
+}
+
+static void collect_event(struct oreq *r, const struct gen_event *ev)
+{
+    struct choice *c = ev->seq >= 0 && ev->seq < r->n ? &r->choices[ev->seq] : NULL;
+    switch (ev->kind) {
+    case GEN_EVENT_START:
+        r->started = true;
+        r->start_usage = ev->usage;
+        break;
+    case GEN_EVENT_DELTA: {
+        if (!c || c->done)
+            break;
+        const char *content = ev->content ? ev->content : "";
+        const char *reasoning = ev->reasoning ? ev->reasoning : "";
+        bool ok = true;
+        if (r->kind == KIND_CHAT)
+            ok = apiutil_buf_add(&c->reasoning, reasoning, strlen(reasoning)) == 0;
+        else
+            ok = apiutil_buf_add(&c->content, reasoning, strlen(reasoning)) == 0;
+        ok = ok && apiutil_buf_add(&c->content, content, strlen(content)) == 0;
+        if (ok && ev->logprobs && r->logprobs) {
+            json_t *copy = json_deep_copy(ev->logprobs);
+            if (!c->logprobs)
+                c->logprobs = json_array();
+            ok = copy && c->logprobs && json_array_extend(c->logprobs, copy) == 0;
+            json_decref(copy);
+        }
+        if (!ok) {
+            stream_reply_error(r->s, 500, "out of memory");
+            r->ended = true;
+        }
+        break;
+    }
+    case GEN_EVENT_SEQ_DONE:
+        if (!c || c->done)
+            break;
+        c->done = true;
+        snprintf(c->finish, sizeof c->finish, "%s", ev->finish ? ev->finish : "stop");
+        if (has_calls(ev->tool_calls))
+            c->tool_calls = json_deep_copy(ev->tool_calls);
+        r->seq_usage.completion_tokens += ev->usage.completion_tokens;
+        r->seq_usage.draft_tokens += ev->usage.draft_tokens;
+        r->seq_usage.accepted_draft_tokens += ev->usage.accepted_draft_tokens;
+        break;
+    case GEN_EVENT_END: {
+        for (int i = 0; i < r->n; i++) {
+            const char *f = r->choices[i].finish;
+            if (strcmp(f, "error") == 0 || strcmp(f, "cancelled") == 0) {
+                bool error = strcmp(f, "error") == 0;
+                stream_reply_error(r->s, error ? 500 : 503,
+                                   error ? "generation failed" : "generation was cancelled");
+                r->ended = true;
+                return;
+            }
+        }
+        json_t *o = full_response(r, &ev->usage);
+        if (o)
+            http_stream_reply_json(r->s, 200, o);
+        else
+            stream_reply_error(r->s, 500, "out of memory");
+        r->ended = true;
+        break;
+    }
+    case GEN_EVENT_ERROR:
+        stream_reply_error(r->s, clamp_status(ev->status),
+                           ev->message ? ev->message : "generation failed");
+        r->ended = true;
+        break;
+    }
+}
+
+/* ---------- request lifetime ---------- */
+
+static void oreq_free(struct oreq *r)
+{
+    if (!r)
+        return;
+    http_stream_release(r->s);
+    for (int i = 0; r->choices && i < r->n; i++) {
+        apiutil_buf_free(&r->choices[i].content);
+        apiutil_buf_free(&r->choices[i].reasoning);
+        json_decref(r->choices[i].tool_calls);
+        json_decref(r->choices[i].logprobs);
+    }
+    free(r->choices);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+/* True when the caller cleared the last flag and must free r; r->mu held. */
+static bool take_free(struct oreq *r)
+{
+    if (r->handler_live || r->gen_live || r->cancelling || r->freeing)
+        return false;
+    r->freeing = true;
+    return true;
+}
+
+static void on_event(void *arg, const struct gen_event *ev)
+{
+    struct oreq *r = arg;
+    pthread_mutex_lock(&r->mu);
+    if (!r->ended) {
+        if (r->stream)
+            stream_event(r, ev);
+        else
+            collect_event(r, ev);
+    }
+    bool free_now = false;
+    if (ev->kind == GEN_EVENT_END || ev->kind == GEN_EVENT_ERROR) {
+        r->gen_live = false;
+        free_now = take_free(r);
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (free_now)
+        oreq_free(r);
+}
+
+/* Cancels the generation if it still runs, then drops the caller's mark on
+ * r->cancelling (taken under r->mu), which may free r. */
+static void cancel_and_drop(struct oreq *r)
+{
+    pthread_mutex_lock(&r->mu);
+    bool cancel = r->gen_live;
+    pthread_mutex_unlock(&r->mu);
+    if (cancel)
+        r->g->ops->cancel(r->g->self, r->handle);
+    pthread_mutex_lock(&r->mu);
+    if (cancel)
+        r->gen_live = false; /* no event runs after cancel returned */
+    r->cancelling--;
+    bool free_now = take_free(r);
+    pthread_mutex_unlock(&r->mu);
+    if (free_now)
+        oreq_free(r);
+}
+
+static void on_close(void *arg, struct http_stream *s, enum http_stream_state why)
+{
+    struct oreq *r = arg;
+    (void)s;
+    (void)why;
+    pthread_mutex_lock(&r->mu);
+    if (r->freeing) { /* the freer waits in http_stream_release for this to return */
+        pthread_mutex_unlock(&r->mu);
+        return;
+    }
+    r->cancelling++;
+    r->ended = true;
+    pthread_mutex_unlock(&r->mu);
+    cancel_and_drop(r);
+}
+
+static void *cancel_thread(void *arg)
+{
+    cancel_and_drop(arg);
+    return NULL;
+}
+
+/* The client reads too slowly and its stream was shut (TOO_SLOW, which runs no close
+ * callback); r->mu held, on the backend's callback, which must not cancel (cancel may
+ * wait for this very callback), so a short-lived thread does. */
+static void cut_off(struct oreq *r)
+{
+    if (!r->gen_live || r->cancelling)
+        return;
+    pthread_attr_t a;
+    pthread_t th;
+    if (pthread_attr_init(&a))
+        return;
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    r->cancelling++;
+    if (pthread_create(&th, &a, cancel_thread, r)) {
+        r->cancelling--; /* the generation runs to its end unseen */
+        log_warn("openai: %s: could not start a thread to cancel a stream too slow to read",
+                 r->id);
+    }
+    pthread_attr_destroy(&a);
+}
+
+static struct oreq *oreq_new(const struct gen *g, enum api_kind kind,
+                             const struct textgen_params *p, const struct req_opts *o)
+{
+    struct oreq *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->choices = calloc((size_t)p->n, sizeof *r->choices);
+    if (!r->choices) {
+        free(r);
+        return NULL;
+    }
+    pthread_mutex_init(&r->mu, NULL);
+    r->g = g;
+    r->kind = kind;
+    r->n = p->n;
+    r->stream = o->stream;
+    r->include_usage = o->include_usage;
+    r->logprobs = p->logprobs;
+    r->created = (int64_t)time(NULL);
+    snprintf(r->model, sizeof r->model, "%s", p->model);
+    apiutil_random_id(r->id, sizeof r->id, kind == KIND_CHAT ? "chatcmpl-" : "cmpl-");
+    return r;
+}
+
+static void handle_generation(struct http_request *req, const struct gen *g, enum api_kind kind)
+{
+    struct textgen_params p;
+    textgen_params_init(&p);
+    struct req_opts o = {0};
+    struct apiutil_err e = {{0}, {0}};
+    const json_t *body = http_req_json(req);
+    int rc = body ? parse_request(kind, body, &p, &o, &e)
+                  : apiutil_fail(&e, "", "the request body must be a JSON object");
+    if (rc) {
+        textgen_params_clear(&p);
+        if (rc == CAIRN_ENOMEM)
+            reply_error(req, 500, "out of memory", NULL);
+        else
+            reply_error(req, 400, e.message, e.param);
+        return;
+    }
+    struct oreq *r = oreq_new(g, kind, &p, &o);
+    if (!r || http_reply_defer(req, &r->s)) {
+        textgen_params_clear(&p);
+        oreq_free(r);
+        reply_error(req, 500, "out of memory", NULL);
+        return;
+    }
+    r->handler_live = true;
+    r->gen_live = true;
+    char err[512] = "";
+    int st = g->ops->submit(g->self, &p, on_event, r, &r->handle, err, sizeof err);
+    textgen_params_clear(&p);
+    if (st) {
+        pthread_mutex_lock(&r->mu);
+        r->gen_live = false;
+        r->ended = true;
+        pthread_mutex_unlock(&r->mu);
+        stream_reply_error(r->s, clamp_status(st), err[0] ? err : "the request was refused");
+    } else {
+        http_stream_on_close(r->s, on_close, r);
+    }
+    pthread_mutex_lock(&r->mu);
+    r->handler_live = false;
+    bool free_now = take_free(r);
+    pthread_mutex_unlock(&r->mu);
+    if (free_now)
+        oreq_free(r);
+}
+
+static void h_chat(struct http_request *req, void *ctx)
+{
+    handle_generation(req, ctx, KIND_CHAT);
+}
+
+static void h_completions(struct http_request *req, void *ctx)
+{
+    handle_generation(req, ctx, KIND_COMPLETION);
+}
+
+/* ---------- models ---------- */
+
+static json_t *model_json(const json_t *card, int64_t created)
+{
+    return json_pack("{s:s,s:s,s:I,s:s}", "id", json_string_value(json_object_get(card, "id")),
+                     "object", "model", "created", (json_int_t)created, "owned_by", "cairn");
+}
+
+static void h_models(struct http_request *req, void *ctx)
+{
+    const struct gen *g = ctx;
+    json_t *cards = g->ops->models(g->self);
+    json_t *data = json_array();
+    bool ok = cards && data;
+    int64_t now = (int64_t)time(NULL);
+    size_t i;
+    json_t *card;
+    json_array_foreach(cards, i, card) {
+        if (ok && json_is_string(json_object_get(card, "id")))
+            ok = json_array_append_new(data, model_json(card, now)) == 0;
+    }
+    json_decref(cards);
+    json_t *o = ok ? json_pack("{s:s,s:o}", "object", "list", "data", data) : NULL;
+    if (!o) {
+        if (!ok)
+            json_decref(data);
+        reply_error(req, 500, "out of memory", NULL);
+        return;
+    }
+    http_reply_json(req, 200, o);
+}
+
+static void h_model(struct http_request *req, void *ctx)
+{
+    const struct gen *g = ctx;
+    const char *id = http_req_param(req, "id");
+    json_t *cards = g->ops->models(g->self);
+    if (!cards) {
+        reply_error(req, 500, "out of memory", NULL);
+        return;
+    }
+    json_t *found = NULL;
+    size_t i;
+    json_t *card;
+    json_array_foreach(cards, i, card) {
+        const char *cid = json_string_value(json_object_get(card, "id"));
+        if (!found && cid && id && strcmp(cid, id) == 0)
+            found = model_json(card, (int64_t)time(NULL));
+    }
+    json_decref(cards);
+    if (found) {
+        http_reply_json(req, 200, found);
+        return;
+    }
+    char msg[400];
+    snprintf(msg, sizeof msg, "The model '%.300s' does not exist", id ? id : "");
+    reply_error(req, 404, msg, "model");
+}
+
+int openai_register(struct http_server *srv, const struct gen *g, char *err, size_t errlen)
+{
+    static const struct {
+        const char *method, *pattern;
+        http_handler_fn fn;
+    } routes[] = {
+        {"POST", "/v1/chat/completions", h_chat},
+        {"POST", "/v1/completions", h_completions},
+        {"GET", "/v1/models", h_models},
+        {"GET", "/v1/models/*id", h_model},
+    };
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
+        /* Handlers only read through g; the route context is untyped. */
+        int rc = http_route(srv, routes[i].method, routes[i].pattern, routes[i].fn, (void *)g);
+        if (rc)
+            return cairn_fail(err, errlen, rc, "route %s %s: %s", routes[i].method,
+                              routes[i].pattern, cairn_strerror(rc));
+    }
+    return 0;
+}
