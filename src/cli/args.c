@@ -82,3 +82,40 @@ int64_t args_int_list(struct args *a, const char *name, const char *s, int32_t *
     }
     return n;
 }
+
+char *args_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t k = fread(buf + n, 1, cap - n, f);
+        n += k;
+        if (n < cap)
+            break;
+        char *nb = cap < ((size_t)1 << 30) ? realloc(buf, cap * 2) : NULL;
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf || bad) {
+        free(buf);
+        return NULL;
+    }
+    char *z = realloc(buf, n + 1); /* NUL-terminated for text */
+    if (!z) {
+        free(buf);
+        return NULL;
+    }
+    z[n] = 0;
+    *len = n;
+    return z;
+}

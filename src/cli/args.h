@@ -24,4 +24,10 @@ double args_float(struct args *a, const char *name, const char *s, double lo, do
 /* Parses "1,2,3" into ids (at most max); returns the count or -1 (message printed). */
 int64_t args_int_list(struct args *a, const char *name, const char *s, int32_t *ids, int64_t max);
 
+#include <stddef.h>
+
+/* Whole file as NUL-terminated bytes (malloc'd; *len without the NUL), NULL when it cannot
+ * be read (up to 1 GiB). */
+char *args_read_file(const char *path, size_t *len);
+
 #endif

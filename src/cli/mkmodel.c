@@ -15,7 +15,8 @@ static void usage(void)
     fprintf(stderr,
             "usage: cairn mkmodel (--shape NAME | --arch A --n-embd N --n-layers N --n-head N [--n-head-kv N]\n"
             "                      --n-ff N [--head-dim N]) [--type T] [--vocab VOCAB.gguf | --vocab-size N]\n"
-            "                      [--seed N] [--ctx N] [--script FILE | --script-ids ID,ID,...] -o OUT.gguf\n"
+            "                      [--seed N] [--ctx N] [--script FILE | --script-ids ID,ID,...]\n"
+            "                      [--chat-template FILE.jinja] -o OUT.gguf\n"
             "       cairn mkmodel --draft-of TARGET.gguf --layers K -o OUT.gguf\n"
             "  --script: a model whose greedy continuation of the script's first token is the rest of\n"
             "            the script (text tokenized with the vocabulary, control tokens parsed); each\n"
@@ -99,7 +100,7 @@ int cli_mkmodel(int argc, char **argv)
     snprintf(s.type, sizeof s.type, "q8_0");
     s.seed = 1;
     const char *shape = NULL, *arch = NULL, *vocab = NULL, *out = NULL, *v;
-    const char *draft_of = NULL, *script_file = NULL, *script_ids = NULL;
+    const char *draft_of = NULL, *script_file = NULL, *script_ids = NULL, *template_file = NULL;
     int64_t draft_layers = 0;
     int64_t n_embd = 0, n_layers = 0, n_head = 0, n_head_kv = 0, n_ff = 0, head_dim = 0, ctx = 0, vocab_size = 0;
     for (; a.i < argc && !a.bad; a.i++) {
@@ -121,6 +122,7 @@ int cli_mkmodel(int argc, char **argv)
         else if (args_opt(&a, "--layers", &v)) draft_layers = args_int(&a, "--layers", v, 1, 1024);
         else if (args_opt(&a, "--script", &v)) script_file = v;
         else if (args_opt(&a, "--script-ids", &v)) script_ids = v;
+        else if (args_opt(&a, "--chat-template", &v)) template_file = v;
         else if (args_opt(&a, "-h|--help", NULL)) { usage(); return 0; }
         else {
             fprintf(stderr, "cairn mkmodel: unknown option '%s'\n", argv[a.i]);
@@ -181,11 +183,21 @@ int cli_mkmodel(int argc, char **argv)
         fprintf(stderr, "cairn mkmodel: --vocab VOCAB.gguf (a real vocabulary) or --vocab-size N is required\n");
         return 2;
     }
+    char *tmpl = NULL;
+    if (template_file) {
+        size_t len = 0;
+        if (!(tmpl = args_read_file(template_file, &len))) {
+            fprintf(stderr, "cairn mkmodel: cannot read the chat template %s\n", template_file);
+            return 1;
+        }
+        s.chat_template = tmpl;
+    }
     int rc;
     if (script_file || script_ids)
         rc = write_script(&a, &s, vocab, script_file, script_ids, out, err, sizeof err);
     else
         rc = synth_write(&s, vocab, out, err, sizeof err);
+    free(tmpl);
     if (a.bad)
         return 2;
     if (rc) {

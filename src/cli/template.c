@@ -28,36 +28,6 @@ static void usage(FILE *f)
             "  --vars F                 a JSON object of variables, applied before the above\n");
 }
 
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t k = fread(buf + n, 1, cap - n, f);
-        n += k;
-        if (n < cap)
-            break;
-        char *nb = cap < ((size_t)1 << 30) ? realloc(buf, cap * 2) : NULL;
-        if (!nb) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = nb;
-        cap *= 2;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!buf || bad) {
-        free(buf);
-        return NULL;
-    }
-    *len = n;
-    return buf;
-}
 
 static json_t *load_json(const char *path, const char *what)
 {
@@ -135,7 +105,7 @@ int cli_template(int argc, char **argv)
     char err[512];
     size_t len = 0;
     if (tpath) {
-        if (!(src = read_file(tpath, &len))) {
+        if (!(src = args_read_file(tpath, &len))) {
             fprintf(stderr, "cairn template: cannot read %s\n", tpath);
             goto done;
         }

@@ -270,15 +270,18 @@ static int add(struct writer_ctx *c, const char *name, int layer, int64_t rows, 
     return 0;
 }
 
-static int copy_vocab(struct gguf_writer *w, const char *vocab_path, int *n_vocab, char *err, size_t errlen)
+static int copy_vocab(struct gguf_writer *w, const char *vocab_path, bool skip_template, int *n_vocab, char *err,
+                      size_t errlen)
 {
+    static const char tmpl_key[] = "tokenizer.chat_template";
     struct gguf_file *v;
     int rc = gguf_open(&v, vocab_path, err, errlen);
     if (rc)
         return rc;
     for (int64_t i = 0; i < gguf_n_kv(v) && !rc; i++) {
         struct gguf_str key = gguf_kv_key(v, i);
-        if (key.len > 10 && !memcmp(key.ptr, "tokenizer.", 10))
+        bool is_tmpl = key.len == sizeof tmpl_key - 1 && !memcmp(key.ptr, tmpl_key, key.len);
+        if (key.len > 10 && !memcmp(key.ptr, "tokenizer.", 10) && !(skip_template && is_tmpl))
             rc = gguf_writer_copy_kv(w, v, i);
     }
     struct gguf_array toks;
@@ -331,10 +334,15 @@ static int write_model(const struct synth_spec *s, const char *vocab_path, struc
 #undef KEY
     int n_vocab = s->vocab_size;
     if (vocab_path) {
-        if ((rc = copy_vocab(c.w, vocab_path, &n_vocab, err, errlen)))
+        if ((rc = copy_vocab(c.w, vocab_path, s->chat_template != NULL, &n_vocab, err, errlen)))
             goto out;
     } else if (n_vocab < 2) {
         rc = cairn_fail(err, errlen, CAIRN_EINVAL, "a vocabulary file or a vocabulary size is needed");
+        goto out;
+    }
+    if (s->chat_template &&
+        (rc = gguf_writer_set_str(c.w, "tokenizer.chat_template", s->chat_template, strlen(s->chat_template)))) {
+        cairn_fail(err, errlen, rc, "cannot write the chat template");
         goto out;
     }
     if (script && script->n_next != n_vocab) {

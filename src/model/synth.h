@@ -17,6 +17,8 @@ struct synth_spec {
     char type[16];        /* "q4_k_m", "q8_0", "f16", ... */
     uint64_t seed;
     int vocab_size;       /* used only without a vocab file: a byte-level stand-in */
+    const char *chat_template; /* tokenizer.chat_template to write (replacing the vocab
+                                  file's), or NULL */
 };
 
 /* Fills spec with a named shape: tiny, small, llama-1b, llama-8b, qwen-0.5b, qwen3-0.6b.
