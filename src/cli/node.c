@@ -1,6 +1,10 @@
 /* cairn node: the control plane of this machine (cluster/node.h) and its HTTP API
  * (api/routes_cluster.h), until SIGINT or SIGTERM. */
 #include "api/http.h"
+#include "api/anthropic.h"
+#include "api/gen_node.h"
+#include "api/ollama.h"
+#include "api/openai.h"
 #include "api/routes_cluster.h"
 #include "base/err.h"
 #include "base/log.h"
@@ -189,6 +193,7 @@ int cli_node(int argc, char **argv)
     struct node *node = NULL;
     struct http_server *srv = NULL;
     struct routes_cluster *routes = NULL;
+    struct gen_node *gen = NULL;
     struct worker *worker = NULL;
     int rc = 0;
     if (!no_worker) {
@@ -222,6 +227,17 @@ int cli_node(int argc, char **argv)
         rc = http_server_create(&srv, &hc, err, sizeof err);
         if (!rc)
             rc = routes_cluster_create(&routes, srv, node, 0, err, sizeof err);
+        if (!rc)
+            rc = gen_node_create(&gen, node, err, sizeof err);
+        struct gen g = gen ? gen_node_gen(gen) : (struct gen){0};
+        if (!rc)
+            rc = gen_node_routes(gen, srv, err, sizeof err);
+        if (!rc)
+            rc = openai_register(srv, &g, err, sizeof err);
+        if (!rc)
+            rc = ollama_register(srv, &g, err, sizeof err);
+        if (!rc)
+            rc = anthropic_register(srv, &g, err, sizeof err);
         if (rc) {
             fprintf(stderr, "cairn node: API: %s\n", err);
             goto out;
@@ -247,6 +263,7 @@ int cli_node(int argc, char **argv)
     log_info("cairn node %s: %s, stopping", node_id(node), sig == SIGINT ? "SIGINT" : "SIGTERM");
 out:
     http_server_stop(srv);
+    gen_node_release(gen); /* requests still in flight end with an error */
     routes_cluster_release(routes);
     if (worker)
         worker_stop(worker); /* runners end before the node that reports them */
