@@ -34,6 +34,7 @@ static void usage(void)
             "                  [--discovery off|auto|IFACE] [--no-api] [--no-worker] [--force-master]\n"
             "                  [--models-dir DIR] [--data-dir DIR] [--memory-limit BYTES|NNG]\n"
             "                  [--node-timeout SECONDS] [--api-key KEY] [--cors ORIGIN]... [-v|-q]\n"
+            "                  [--parallel N] [-t|--threads N] [--ctx-size N]\n"
             "Joins (or starts) a cluster and serves its API until SIGINT/SIGTERM.\n"
             "  --api-port      HTTP API port (52415; 0 = any free port)\n"
             "  --api-host      address the API listens on (127.0.0.1)\n"
@@ -44,6 +45,9 @@ static void usage(void)
             "  --discovery     LAN beacons: off (default for now), auto, or one interface\n"
             "  --memory-limit  memory this node offers to models (e.g. 8G, 512M, or bytes)\n"
             "  --node-timeout  a node unheard this long leaves the cluster (30)\n"
+            "  --parallel      sequences each runner decodes at once (8); more requests queue\n"
+            "  -t, --threads   compute threads of each runner (2)\n"
+            "  --ctx-size      positions per sequence (the model's, at most 4096)\n"
             "  data: $XDG_DATA_HOME/cairn (node id, event log); models: $CAIRN_MODELS_DIR or\n"
             "  $XDG_DATA_HOME/cairn/models\n");
 }
@@ -100,6 +104,7 @@ int cli_node(int argc, char **argv)
     const char *models_dir = getenv("CAIRN_MODELS_DIR"), *data_dir = NULL, *api_key = NULL;
     const char *api_host = "127.0.0.1", *bind = NULL;
     int64_t api_port = 52415, cluster_port = 52416, node_timeout = 30, memory_limit = 0;
+    int64_t parallel = 0, threads = 0, ctx_size = 0;
     bool no_api = false, no_worker = false, force_master = false;
     enum log_level level = LOG_INFO;
     for (; a.i < argc && !a.bad; a.i++) {
@@ -132,6 +137,9 @@ int cli_node(int argc, char **argv)
         }
         else if (args_opt(&a, "--node-timeout", &v)) node_timeout = args_int(&a, "--node-timeout", v, 1, 86400);
         else if (args_opt(&a, "--api-key", &v)) api_key = v;
+        else if (args_opt(&a, "--parallel", &v)) parallel = args_int(&a, "--parallel", v, 1, 256);
+        else if (args_opt(&a, "-t|--threads", &v)) threads = args_int(&a, "--threads", v, 1, 512);
+        else if (args_opt(&a, "--ctx-size", &v)) ctx_size = args_int(&a, "--ctx-size", v, 16, 1 << 24);
         else if (args_opt(&a, "--cors", &v)) {
             if (n_cors == MAX_CORS) {
                 fprintf(stderr, "cairn node: at most %d --cors\n", MAX_CORS);
@@ -202,6 +210,9 @@ int cli_node(int argc, char **argv)
         struct supervisor_config sc;
         supervisor_config_defaults(&sc);
         sc.argv = runner_argv;
+        sc.runner_slots = (int)parallel;
+        sc.runner_threads = (int)threads;
+        sc.runner_ctx = ctx_size;
         rc = worker_create(&worker, &sc, err, sizeof err);
         if (rc) {
             fprintf(stderr, "cairn node: worker: %s\n", err);

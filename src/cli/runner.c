@@ -481,14 +481,15 @@ static void text_task(struct runner *r, struct runner_task *tt)
     rq.sample.bias = bias;
     rq.sample.n_bias = p.n_bias;
     rq.max_tokens = p.max_tokens > 0 && p.max_tokens < r->ctx - n ? p.max_tokens : r->ctx - n;
-    /* start goes first: the scheduler reports nothing before the next step */
-    send_body(r, RUNNER_MSG_START, t->id, json_pack("{s:I, s:i}", "prompt_tokens", (json_int_t)n, "cached_tokens", 0));
     int rc = start_task(r, t, &rq, err, sizeof err);
     t = NULL; /* owned by the table, or freed */
     if (rc) {
-        /* started already: end it with an error (the status is lost, the text says why) */
-        send_done(r, tt->task_id, RUNNER_FINISH_ERROR, 0, err);
+        status = rc == CAIRN_EFULL ? 503 : rc == CAIRN_ERANGE ? 413 : rc == CAIRN_EINVAL ? 400 : 500;
+        goto refuse;
     }
+    /* the scheduler reports nothing before its next step: start still comes first */
+    send_body(r, RUNNER_MSG_START, tt->task_id,
+              json_pack("{s:I, s:i}", "prompt_tokens", (json_int_t)n, "cached_tokens", 0));
     free(ids);
     textgen_params_clear(&p);
     return;

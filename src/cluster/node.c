@@ -864,6 +864,14 @@ static void start_term(struct node *n, int64_t term, int64_t now)
              (long long)n->state->last_term, (long long)n->state->last_index);
 }
 
+/* Task commands come with every request: their lines would drown the log. */
+static enum log_level command_log_level(const struct command *c)
+{
+    return c->kind == COMMAND_TEXT_GENERATION || c->kind == COMMAND_CANCEL_TASK || c->kind == COMMAND_FINISH_TASK
+               ? LOG_DEBUG
+               : LOG_INFO;
+}
+
 /* A command from another node (we are master, or we answer that we are not). */
 static void run_remote_command(struct node *n, const char *from, const char *data, size_t len)
 {
@@ -896,7 +904,7 @@ static void run_remote_command(struct node *n, const char *from, const char *dat
         master_events_clear(&evs);
         res.term = n->state->last_term;
         res.index = n->state->last_index;
-        log_info("node %s: %s from %s: %s", n->id, command_kind_name((int)c.kind), from,
+        log_msg(command_log_level(&c), "node %s: %s from %s: %s", n->id, command_kind_name((int)c.kind), from,
                  res.code ? res.message : "done");
     }
     send_json(n, from, NODE_T_COMMAND_RESULT, command_result_to_jsonv(&res));
@@ -1245,8 +1253,8 @@ static void run_pendings(struct node *n, int64_t now)
                 master_events_clear(&evs);
                 p->res.term = n->state->last_term;
                 p->res.index = n->state->last_index;
-                log_info("node %s: %s: %s", n->id, command_kind_name((int)p->cmd->kind),
-                         p->res.code ? p->res.message : "done");
+                log_msg(command_log_level(p->cmd), "node %s: %s: %s", n->id,
+                       command_kind_name((int)p->cmd->kind), p->res.code ? p->res.message : "done");
                 p->st = P_DONE;
                 any = true;
             } else if (m[0]) {

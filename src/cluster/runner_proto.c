@@ -33,7 +33,7 @@ void runner_config_defaults(struct runner_config *c)
 {
     memset(c, 0, sizeof *c);
     c->layer_end = -1;
-    c->slots = 1;
+    c->slots = RUNNER_DEFAULT_SLOTS;
     c->threads = 2;
     c->heartbeat_ms = 1000;
 }
@@ -150,7 +150,7 @@ int runner_config_from_json(const json_t *j, struct runner_config *out, char *er
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "config.model_path: not a path of 1..%d bytes",
                           RUNNER_PATH_MAX - 1);
     memcpy(out->model_path, json_string_value(mp), json_string_length(mp) + 1);
-    int64_t begin = 0, end = -1, ctx = 0, slots = 1, threads = 2, hb = 1000;
+    int64_t begin = 0, end = -1, ctx = 0, slots = RUNNER_DEFAULT_SLOTS, threads = 2, hb = 1000;
     if ((rc = opt_int(j, path, "layer_begin", 0, 65535, &begin, err, errlen)) ||
         (rc = opt_int(j, path, "layer_end", -1, 65536, &end, err, errlen)) ||
         (rc = opt_int(j, path, "ctx", 0, 1 << 24, &ctx, err, errlen)) ||

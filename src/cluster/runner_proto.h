@@ -57,6 +57,7 @@
 #define RUNNER_MAX_GENERATE ((int64_t)1 << 24)
 #define RUNNER_PATH_MAX 4096
 #define RUNNER_MAX_SEQS 256 /* sequences of one task */
+#define RUNNER_DEFAULT_SLOTS 8 /* sequences decoded at once (cairn node --parallel) */
 #define RUNNER_KV_POOL_CTXS 2 /* the KV pool of a runner holds this many full contexts */
 
 /* A runner's config. JSON {"instance_id", "runner_id", "model_path", "layer_begin",
@@ -68,7 +69,7 @@ struct runner_config {
     int layer_begin;  /* 0 */
     int layer_end;    /* -1: to the last layer */
     int64_t ctx;      /* positions per sequence; 0: the model's, at most 4096 */
-    int slots;        /* sequences held at once, 1..256 (1) */
+    int slots;        /* sequences decoded at once, 1..256 (RUNNER_DEFAULT_SLOTS) */
     int threads;      /* 1..512 (2) */
     int heartbeat_ms; /* 10..600000 (1000) */
 };

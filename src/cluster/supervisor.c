@@ -754,6 +754,12 @@ int supervisor_start(struct supervisor *s, const struct runner_config *cfg, char
     }
     r->cfg = *cfg;
     r->cfg.heartbeat_ms = s->cfg.heartbeat_ms;
+    if (s->cfg.runner_slots)
+        r->cfg.slots = s->cfg.runner_slots;
+    if (s->cfg.runner_threads)
+        r->cfg.threads = s->cfg.runner_threads;
+    if (s->cfg.runner_ctx)
+        r->cfg.ctx = s->cfg.runner_ctx;
     r->pidfd = r->sock = r->node_wr = r->errfd = -1;
     if ((rc = spawn(s, r, err, errlen))) {
         free_runner(r);

@@ -50,6 +50,10 @@ struct supervisor_config {
     int backoff_max_ms;       /* (30000) */
     int max_failures;         /* consecutive failures before giving up (5) */
     int stable_ms;            /* Ready for this long resets the failure count (60000) */
+    /* Given to every runner instead of the plan's values when not 0 (cairn node
+     * --parallel, --threads, --ctx-size). */
+    int runner_slots, runner_threads;
+    int64_t runner_ctx;
 };
 
 enum supervisor_event_kind {

@@ -68,7 +68,7 @@ static void test_hand(void)
         CHECK(a[0].kind == PLAN_START && !strcmp(a[0].runner_id, "i1-r0") &&
                   !strcmp(a[0].cfg.runner_id, "i1-r0") && !strcmp(a[0].cfg.instance_id, "i1") &&
                   !strcmp(a[0].cfg.model_path, "/models/m1.gguf") && a[0].cfg.layer_begin == 0 &&
-                  a[0].cfg.layer_end == 4 && a[0].cfg.slots == 1,
+                  a[0].cfg.layer_end == 4 && a[0].cfg.slots == RUNNER_DEFAULT_SLOTS,
               "start i1: kind %d %s %s %s %d..%d", a[0].kind, a[0].cfg.runner_id, a[0].cfg.instance_id,
               a[0].cfg.model_path, a[0].cfg.layer_begin, a[0].cfg.layer_end);
         CHECK(a[1].kind == PLAN_START && !strcmp(a[1].runner_id, "i2-r1") && a[1].cfg.layer_begin == 4 &&
