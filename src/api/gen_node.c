@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "cluster/command.h"
 #include "cluster/ids.h"
+#include "gguf/gguf.h"
 
 /* ---- figures for /metrics ---- */
 
@@ -506,12 +507,34 @@ static void mark_ready(void *ctx, const struct cluster_state *s)
     }
 }
 
+/* The chat template of a model whose file this node has, as JSON text or null. */
+static json_t *chat_template_of(struct gen_node *g, const char *model_id)
+{
+    struct catalog_card card;
+    char err[256];
+    json_t *out = NULL;
+    struct gguf_file *f = NULL;
+    struct gguf_str t = {0};
+    if (node_card(g->node, model_id, &card, err, sizeof err) == 0 && card.path && card.chat_template &&
+        gguf_open(&f, card.path, err, sizeof err) == 0 && gguf_get_str(f, "tokenizer.chat_template", &t) == 0)
+        out = json_stringn(t.ptr, (size_t)t.len);
+    gguf_close(f);
+    catalog_card_clear(&card);
+    return out ? out : json_null();
+}
+
 static json_t *op_models(void *self)
 {
     struct gen_node *g = self;
     struct models_ctx m = {.models = node_models_json(g->node)};
     if (m.models)
         node_read_state(g->node, mark_ready, &m);
+    size_t i;
+    json_t *card;
+    json_array_foreach(m.models, i, card) {
+        const char *id = json_string_value(json_object_get(card, "id"));
+        json_object_set_new(card, "chat_template", id ? chat_template_of(g, id) : json_null());
+    }
     return m.models;
 }
 

@@ -134,7 +134,8 @@ enum http_stream_state {
 
 /* Called once when a stream closes as GONE or STOPPED (not on the writer's own finish
  * or a write that returned EFULL), on the connection's or the stopping thread, without
- * locks held. It may call http_stream_* on s except release, and must not block long. */
+ * locks held. It may call http_stream_* on s and must not block long; it may release s
+ * as its last act (the stream then frees itself once the connection is done with it). */
 typedef void (*http_stream_close_fn)(void *arg, struct http_stream *s,
                                      enum http_stream_state why);
 

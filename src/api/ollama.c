@@ -28,9 +28,7 @@
 #include "base/log.h"
 #include "cluster/ids.h"
 
-#ifndef CAIRN_VERSION
-#define CAIRN_VERSION "0.1.0" /* as cli/cli.h; the api layer cannot include cli */
-#endif
+#include "base/version.h"
 
 #define ERR_MAX 512
 #define NAME_SHOWN 300 /* bytes of a client's model name quoted in an error */

@@ -3,7 +3,7 @@
 #ifndef CAIRN_CLI_H
 #define CAIRN_CLI_H
 
-#define CAIRN_VERSION "0.1.0"
+#include "base/version.h"
 
 int cli_version(int argc, char **argv);
 /* cairn tokenize -m MODEL [--ids] [--special] [--no-bos] [--file F | TEXT] [--bench] */
