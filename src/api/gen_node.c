@@ -2,6 +2,7 @@
 #include "api/gen_node.h"
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -58,8 +59,18 @@ struct req {
     int64_t missing_since_ms; /* task not in the state since; 0 = seen */
 };
 
+/* The latest figures a runner sent with its start and seq_done lines. */
+struct runner_figures {
+    char instance_id[IDS_ID_MAX + 1];
+    int64_t running, queued, slots, kv_used, kv_total, preemptions;
+};
+
+#define MAX_FIGURES 64
+
 struct gen_node {
     struct node *node;
+    struct runner_figures runners[MAX_FIGURES];
+    int n_runners;
     pthread_mutex_t mu; /* requests, figures; held while delivering events */
     struct req **live;
     size_t n_live, cap_live;
@@ -205,6 +216,28 @@ static void on_done(struct gen_node *g, size_t at, const json_t *j)
     remove_at(g, at);
 }
 
+/* Keeps the stats member of a runner line by instance (under mu). */
+static void keep_stats(struct gen_node *g, const char *instance_id, const json_t *j)
+{
+    const json_t *st = json_object_get(j, "stats");
+    if (!json_is_object(st))
+        return;
+    struct runner_figures *f = NULL;
+    for (int i = 0; i < g->n_runners && !f; i++)
+        if (!strcmp(g->runners[i].instance_id, instance_id))
+            f = &g->runners[i];
+    if (!f) {
+        f = &g->runners[g->n_runners < MAX_FIGURES ? g->n_runners++ : MAX_FIGURES - 1];
+        snprintf(f->instance_id, sizeof f->instance_id, "%s", instance_id);
+    }
+    f->running = member_int(st, "running");
+    f->queued = member_int(st, "queued");
+    f->slots = member_int(st, "slots");
+    f->kv_used = member_int(st, "kv_blocks_used");
+    f->kv_total = member_int(st, "kv_blocks_total");
+    f->preemptions = member_int(st, "preemptions");
+}
+
 static void on_line(void *ctx, const char *line, size_t len)
 {
     struct gen_node *g = ctx;
@@ -220,6 +253,7 @@ static void on_line(void *ctx, const char *line, size_t len)
     size_t at;
     struct req *r = find_task(g, task, &at);
     if (r) {
+        keep_stats(g, r->instance_id, j);
         if (!strcmp(type, "start"))
             on_start(g, at, j);
         else if (!strcmp(type, "output") && r->started)
@@ -746,6 +780,9 @@ static void h_metrics(struct http_request *req, void *ctx)
         queued += !g->live[i]->started;
         running += g->live[i]->started;
     }
+    struct runner_figures rf[MAX_FIGURES];
+    int n_rf = g->n_runners;
+    memcpy(rf, g->runners, (size_t)n_rf * sizeof rf[0]);
     pthread_mutex_unlock(&g->mu);
     add(&t, "# HELP cairn_requests_total Generation requests by outcome.\n# TYPE cairn_requests_total counter\n");
     add(&t, "cairn_requests_total{outcome=\"ok\"} %llu\n", (unsigned long long)f.ok);
@@ -761,6 +798,27 @@ static void h_metrics(struct http_request *req, void *ctx)
                 f.accepted_draft_tokens);
     add_gauge(&t, "cairn_requests_queued", "Requests of this node waiting for their runner to start them.", queued);
     add_gauge(&t, "cairn_requests_running", "Requests of this node generating.", running);
+    static const struct {
+        const char *name, *type, *help;
+        size_t off;
+    } per_instance[] = {
+        {"cairn_runner_busy_slots", "gauge", "Sequences decoding in the instance's runner (at its last report).",
+         offsetof(struct runner_figures, running)},
+        {"cairn_runner_slots", "gauge", "Slots of the instance's runner.", offsetof(struct runner_figures, slots)},
+        {"cairn_runner_queue_length", "gauge", "Requests waiting in the instance's runner.",
+         offsetof(struct runner_figures, queued)},
+        {"cairn_kv_cache_blocks_used", "gauge", "KV cache blocks in use.", offsetof(struct runner_figures, kv_used)},
+        {"cairn_kv_cache_blocks_total", "gauge", "KV cache blocks in all.", offsetof(struct runner_figures, kv_total)},
+        {"cairn_runner_preemptions_total", "counter", "Sequences preempted for KV room.",
+         offsetof(struct runner_figures, preemptions)},
+    };
+    for (size_t k = 0; k < sizeof per_instance / sizeof per_instance[0]; k++) {
+        add(&t, "# HELP %s %s\n# TYPE %s %s\n", per_instance[k].name, per_instance[k].help, per_instance[k].name,
+            per_instance[k].type);
+        for (int i = 0; i < n_rf; i++)
+            add(&t, "%s{instance=\"%s\"} %lld\n", per_instance[k].name, rf[i].instance_id,
+                (long long)*(const int64_t *)((const char *)&rf[i] + per_instance[k].off));
+    }
     add_hist(&t, "cairn_time_to_first_token_seconds", "From request to its first text.", &f.ttft);
     add_hist(&t, "cairn_inter_token_latency_seconds", "Between text deltas of one sequence.", &f.itl);
     add_hist(&t, "cairn_request_duration_seconds", "From request to its end.", &f.duration);

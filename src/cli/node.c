@@ -233,7 +233,7 @@ int cli_node(int argc, char **argv)
             .port = (uint16_t)api_port,
             .api_key = api_key,
             .cors_origins = n_cors ? cors : NULL,
-            .access_log = level >= LOG_DEBUG,
+            .access_log = level >= LOG_INFO, /* one line per request, off with -q */
         };
         rc = http_server_create(&srv, &hc, err, sizeof err);
         if (!rc)

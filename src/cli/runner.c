@@ -137,6 +137,18 @@ static void send_done(struct runner *r, const char *task_id, enum runner_finish 
     send_msg(r, &m);
 }
 
+/* The scheduler's figures, carried by start and seq_done messages to the node whose API
+ * holds the request (its /metrics). */
+static void add_sched_stats(struct runner *r, json_t *body)
+{
+    struct sched_stats st;
+    sched_get_stats(r->sched, &st);
+    json_object_set_new(body, "stats",
+                        json_pack("{s:i, s:i, s:i, s:I, s:I, s:I}", "running", st.running, "queued", st.queued, "slots",
+                                  r->cfg.slots, "kv_blocks_used", (json_int_t)st.kv_blocks_used, "kv_blocks_total",
+                                  (json_int_t)st.kv_blocks_total, "preemptions", (json_int_t)st.preemptions));
+}
+
 /* A start, output or seq_done message with body's members; takes body. */
 static void send_body(struct runner *r, enum runner_msg_type type, const char *task_id, json_t *body)
 {
@@ -144,6 +156,8 @@ static void send_body(struct runner *r, enum runner_msg_type type, const char *t
         fprintf(stderr, "cairn runner: out of memory; a message of task %s is lost\n", task_id);
         return;
     }
+    if (type != RUNNER_MSG_OUTPUT && r->sched && !json_object_get(body, "error"))
+        add_sched_stats(r, body);
     struct runner_msg m = {.type = type, .body = body};
     snprintf(m.task_id, sizeof m.task_id, "%s", task_id);
     send_msg(r, &m);
