@@ -72,6 +72,7 @@ struct gen_node {
     struct runner_figures runners[MAX_FIGURES];
     int n_runners;
     pthread_mutex_t mu; /* requests, figures; held while delivering events */
+    pthread_mutex_t place_mu; /* one on-demand placement at a time */
     struct req **live;
     size_t n_live, cap_live;
     uint64_t next_handle;
@@ -364,10 +365,16 @@ static int ready_instance(struct gen_node *g, struct pick *p, char *err, size_t 
     find_ready(g, p);
     if (p->instance_id[0])
         return 0;
+    /* One placement at a time: requests that arrive together for a model not placed yet
+     * must not each place an instance. */
+    pthread_mutex_lock(&g->place_mu);
+    if (!p->any)
+        find_ready(g, p);
     if (!p->any) {
         char id[IDS_MODEL_MAX + 1];
         catalog_id(g, p->model, id, sizeof id);
         if (!id[0]) {
+            pthread_mutex_unlock(&g->place_mu);
             snprintf(err, errlen, "model '%s' not found", p->model);
             return 404;
         }
@@ -381,11 +388,13 @@ static int ready_instance(struct gen_node *g, struct pick *p, char *err, size_t 
         int rc = node_command(g->node, &c, GEN_NODE_COMMAND_MS, &res);
         command_clear(&c);
         if (rc) {
+            pthread_mutex_unlock(&g->place_mu);
             snprintf(err, errlen, "model '%s' cannot be placed: %s", p->model, res.message);
             return rc == CAIRN_EFULL ? 503 : gen_http_status(rc) == 500 ? 503 : gen_http_status(rc);
         }
         log_info("gen: placed model %s on demand (instance %s)", id, res.instance_id);
     }
+    pthread_mutex_unlock(&g->place_mu);
     int64_t deadline = mono_ms() + GEN_NODE_READY_WAIT_MS;
     while (mono_ms() < deadline) {
         struct timespec ts = {0, 50 * 1000000L};
@@ -659,9 +668,11 @@ int gen_node_create(struct gen_node **out, struct node *node, char *err, size_t 
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     g->node = node;
     pthread_mutex_init(&g->mu, NULL);
+    pthread_mutex_init(&g->place_mu, NULL);
     pthread_cond_init(&g->cv, NULL);
     if (pthread_create(&g->thread, NULL, watch_main, g)) {
         pthread_cond_destroy(&g->cv);
+        pthread_mutex_destroy(&g->place_mu);
         pthread_mutex_destroy(&g->mu);
         free(g);
         return cairn_fail(err, errlen, CAIRN_EIO, "gen: cannot start a thread");
@@ -688,6 +699,7 @@ void gen_node_release(struct gen_node *g)
     free(g->live);
     free(g->cancels);
     pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->place_mu);
     pthread_mutex_destroy(&g->mu);
     free(g);
 }
