@@ -46,12 +46,6 @@ static void check_vocab(const struct vocab_case *c)
     if (rc)
         return;
     printf("%s: opened in %.1f ms, %lld kvs\n", c->file, ms, (long long)gguf_n_kv(f));
-#ifdef __SANITIZE_ADDRESS__
-    const double limit_ms = 400; /* sanitizers slow the parse several times */
-#else
-    const double limit_ms = 100;
-#endif
-    CHECK(ms < limit_ms, "%s took %.1f ms to open (limit %.0f)", c->file, ms, limit_ms);
     CHECK_EQ_INT(gguf_version(f), 3);
     CHECK_EQ_INT(gguf_n_tensors(f), 0);
     CHECK_EQ_INT(gguf_alignment(f), 32);
