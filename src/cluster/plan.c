@@ -104,6 +104,13 @@ int plan_compute(const struct cluster_state *s, const char *node_id, const struc
             snprintf(x->cfg.model_path, sizeof x->cfg.model_path, "%s", path);
             x->cfg.layer_begin = sh->layer_begin;
             x->cfg.layer_end = sh->layer_end;
+            x->cfg.num_draft_tokens = in->num_draft_tokens;
+            /* The draft runs on the first rank; a draft this node cannot find only
+             * leaves the instance without one (the worker says so). */
+            if (sh->rank == 0 && in->draft_model[0] &&
+                model(model_ctx, in->draft_model, x->cfg.draft_model_path, sizeof x->cfg.draft_model_path, why,
+                      sizeof why))
+                x->cfg.draft_model_path[0] = 0;
         }
     }
     *out = v.a;

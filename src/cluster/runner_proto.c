@@ -19,7 +19,7 @@ static const char *name_at(const char *const *names, int n, int v)
 const char *runner_msg_type_name(int v)
 {
     static const char *const names[] = {"status", "heartbeat", "token", "done", "task", "cancel", "shutdown",
-                                         "start", "output", "seq_done"};
+                                         "start", "output", "seq_done", "draft"};
     return name_at(names, RUNNER_MSG_TYPE_COUNT, v);
 }
 
@@ -35,6 +35,7 @@ void runner_config_defaults(struct runner_config *c)
     c->layer_end = -1;
     c->slots = RUNNER_DEFAULT_SLOTS;
     c->threads = 2;
+    c->num_draft_tokens = 4;
     c->heartbeat_ms = 1000;
 }
 
@@ -100,7 +101,9 @@ json_t *runner_config_to_json(const struct runner_config *c)
               put(o, "runner_id", json_string(c->runner_id)) && put(o, "model_path", json_string(path)) &&
               put(o, "layer_begin", json_integer(c->layer_begin)) && put(o, "layer_end", json_integer(c->layer_end)) &&
               put(o, "ctx", json_integer(c->ctx)) && put(o, "slots", json_integer(c->slots)) &&
-              put(o, "threads", json_integer(c->threads)) && put(o, "heartbeat_ms", json_integer(c->heartbeat_ms));
+              put(o, "threads", json_integer(c->threads)) && put(o, "heartbeat_ms", json_integer(c->heartbeat_ms)) &&
+              put(o, "draft_model_path", ids_json_string_or_null(c->draft_model_path, true)) &&
+              put(o, "num_draft_tokens", json_integer(c->num_draft_tokens));
     free(path);
     if (!ok) {
         json_decref(o);
@@ -150,14 +153,24 @@ int runner_config_from_json(const json_t *j, struct runner_config *out, char *er
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "config.model_path: not a path of 1..%d bytes",
                           RUNNER_PATH_MAX - 1);
     memcpy(out->model_path, json_string_value(mp), json_string_length(mp) + 1);
-    int64_t begin = 0, end = -1, ctx = 0, slots = RUNNER_DEFAULT_SLOTS, threads = 2, hb = 1000;
+    json_t *dp = json_object_get(j, "draft_model_path");
+    if (dp && !json_is_null(dp)) {
+        if (!json_is_string(dp) || json_string_length(dp) >= RUNNER_PATH_MAX ||
+            strlen(json_string_value(dp)) != json_string_length(dp))
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "config.draft_model_path: not a path of 0..%d bytes",
+                              RUNNER_PATH_MAX - 1);
+        memcpy(out->draft_model_path, json_string_value(dp), json_string_length(dp) + 1);
+    }
+    int64_t begin = 0, end = -1, ctx = 0, slots = RUNNER_DEFAULT_SLOTS, threads = 2, hb = 1000, k = 4;
     if ((rc = opt_int(j, path, "layer_begin", 0, 65535, &begin, err, errlen)) ||
         (rc = opt_int(j, path, "layer_end", -1, 65536, &end, err, errlen)) ||
         (rc = opt_int(j, path, "ctx", 0, 1 << 24, &ctx, err, errlen)) ||
         (rc = opt_int(j, path, "slots", 1, 256, &slots, err, errlen)) ||
         (rc = opt_int(j, path, "threads", 1, 512, &threads, err, errlen)) ||
-        (rc = opt_int(j, path, "heartbeat_ms", 10, 600000, &hb, err, errlen)))
+        (rc = opt_int(j, path, "heartbeat_ms", 10, 600000, &hb, err, errlen)) ||
+        (rc = opt_int(j, path, "num_draft_tokens", 0, CLUSTER_MAX_DRAFT_TOKENS, &k, err, errlen)))
         return rc;
+    out->num_draft_tokens = (int)k;
     if (end >= 0 && end <= begin)
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "config.layer_end: %lld is not above layer_begin %lld",
                           (long long)end, (long long)begin);
@@ -286,6 +299,9 @@ char *runner_msg_encode(const struct runner_msg *m, size_t *len)
     case RUNNER_MSG_CANCEL:
         ok = ids_valid_id(m->task_id) && put(o, "task_id", json_string(m->task_id));
         break;
+    case RUNNER_MSG_DRAFT:
+        ok = json_is_object(m->body) && json_object_update(o, m->body) == 0 && put(o, "type", json_string(type));
+        break;
     case RUNNER_MSG_START:
     case RUNNER_MSG_OUTPUT:
     case RUNNER_MSG_SEQ_DONE:
@@ -386,7 +402,7 @@ static int decode(const json_t *j, struct runner_msg *out, char *err, size_t err
         return rc;
     out->type = (enum runner_msg_type)type;
     const char *path = runner_msg_type_name(type);
-    int64_t v;
+    int64_t v = 0;
     switch (out->type) {
     case RUNNER_MSG_STATUS:
         if ((rc = ids_json_enum(j, path, "status", cluster_runner_status_name, CLUSTER_RUNNER_STATUS_COUNT,
@@ -417,6 +433,17 @@ static int decode(const json_t *j, struct runner_msg *out, char *err, size_t err
         return rc;
     case RUNNER_MSG_CANCEL:
         return ids_json_id(j, path, "task_id", out->task_id, err, errlen);
+    case RUNNER_MSG_DRAFT: {
+        json_t *mp = json_object_get(j, "model_path");
+        if (mp && !json_is_null(mp) && (!json_is_string(mp) || json_string_length(mp) >= RUNNER_PATH_MAX))
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "draft.model_path: not a path");
+        if ((rc = opt_int(j, path, "num_draft_tokens", 0, CLUSTER_MAX_DRAFT_TOKENS, &v, err, errlen)))
+            return rc;
+        if (!(out->body = json_deep_copy(j)))
+            return CAIRN_ENOMEM;
+        json_object_del(out->body, "type");
+        return 0;
+    }
     case RUNNER_MSG_START:
     case RUNNER_MSG_OUTPUT:
     case RUNNER_MSG_SEQ_DONE:

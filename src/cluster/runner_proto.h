@@ -34,6 +34,8 @@
  *    sequences and post-processes their text (stop strings, reasoning, tool calls)
  *   {"type":"cancel","task_id"}           finish a queued or running task as cancelled
  *   {"type":"shutdown"}                   cancel everything, report ShuttingDown, Shutdown, exit 0
+ *   {"type":"draft","model_path":path|null,"num_draft_tokens"}   load (or drop) the draft
+ *    model of speculative decoding; requests in flight keep running
  * Unknown members are ignored (newer peers may add some); unknown types are refused.
  *
  * State machine: Idle -> Connecting -> Loading -> WarmingUp -> Ready, then Running while
@@ -61,8 +63,9 @@
 #define RUNNER_KV_POOL_CTXS 2 /* the KV pool of a runner holds this many full contexts */
 
 /* A runner's config. JSON {"instance_id", "runner_id", "model_path", "layer_begin",
- * "layer_end", "ctx", "slots", "threads", "heartbeat_ms"}; all but the ids and the
- * model path may be left out (defaults below). */
+ * "layer_end", "ctx", "slots", "threads", "heartbeat_ms", "draft_model_path",
+ * "num_draft_tokens"}; all but the ids and the model path may be left out (defaults
+ * below). */
 struct runner_config {
     char instance_id[IDS_ID_MAX + 1], runner_id[IDS_ID_MAX + 1];
     char model_path[RUNNER_PATH_MAX];
@@ -72,6 +75,8 @@ struct runner_config {
     int slots;        /* sequences decoded at once, 1..256 (RUNNER_DEFAULT_SLOTS) */
     int threads;      /* 1..512 (2) */
     int heartbeat_ms; /* 10..600000 (1000) */
+    char draft_model_path[RUNNER_PATH_MAX]; /* speculative decoding's draft, "" = none */
+    int num_draft_tokens; /* 0..CLUSTER_MAX_DRAFT_TOKENS (4) */
 };
 
 /* Sampling of a TextGeneration task, as engine/sample.h takes it. */
@@ -102,6 +107,7 @@ enum runner_msg_type {
     RUNNER_MSG_START,
     RUNNER_MSG_OUTPUT,
     RUNNER_MSG_SEQ_DONE,
+    RUNNER_MSG_DRAFT,
     RUNNER_MSG_TYPE_COUNT
 };
 
@@ -124,7 +130,8 @@ struct runner_msg {
     int64_t n_generated;         /* DONE */
     struct runner_task task;     /* TASK */
     json_t *body;                /* START, OUTPUT, SEQ_DONE: the members besides type and
-                                    task_id (owned object) */
+                                    task_id (owned object); DRAFT: {"model_path",
+                                    "num_draft_tokens"} */
 };
 
 /* Static names: "status", "heartbeat", ... / "stop", "length", ...; NULL out of range. */

@@ -793,6 +793,30 @@ int supervisor_stop(struct supervisor *s, const char *runner_id)
     return rc;
 }
 
+int supervisor_set_draft(struct supervisor *s, const char *runner_id, const char *path, int num_draft_tokens)
+{
+    pthread_mutex_lock(&s->mu);
+    struct sup_runner *r = find(s, runner_id);
+    int rc = r ? 0 : CAIRN_ENOTFOUND;
+    if (r) {
+        /* kept in the config, so a restarted runner starts with it */
+        snprintf(r->cfg.draft_model_path, sizeof r->cfg.draft_model_path, "%s", path ? path : "");
+        r->cfg.num_draft_tokens = num_draft_tokens;
+        if (r->phase == PH_RUNNING && !r->want_stop) {
+            struct runner_msg m = {.type = RUNNER_MSG_DRAFT};
+            m.body = json_pack("{s:s?, s:i}", "model_path", path && path[0] ? path : NULL, "num_draft_tokens",
+                               num_draft_tokens);
+            rc = m.body ? queue_out(r, &m) : CAIRN_ENOMEM;
+            json_decref(m.body);
+            flush_out(r);
+            if (r->out_len)
+                wake(s);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
 static bool task_valid(const struct runner_task *t)
 {
     if (t->params)

@@ -116,6 +116,10 @@ int supervisor_stop(struct supervisor *s, const char *runner_id);
 int supervisor_submit(struct supervisor *s, const char *runner_id, const struct runner_task *t, char *err,
                       size_t errlen);
 
+/* Sets the draft model of a runner (path NULL or "": none): sent to it now when it runs,
+ * and given to it when it restarts. CAIRN_ENOTFOUND for an unknown id, CAIRN_ENOMEM. */
+int supervisor_set_draft(struct supervisor *s, const char *runner_id, const char *path, int num_draft_tokens);
+
 /* Asks a runner to cancel a task (finished with RUNNER_FINISH_CANCELLED). CAIRN_ENOTFOUND
  * when the runner or the task in flight is unknown. */
 int supervisor_cancel(struct supervisor *s, const char *runner_id, const char *task_id);

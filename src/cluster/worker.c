@@ -24,6 +24,8 @@ struct wrunner {
     pid_t pid;
     bool supervised;
     bool want_delete; /* gave up: its instance is to be deleted (once) */
+    char draft_path[RUNNER_PATH_MAX]; /* the draft it was given ("" none) */
+    int draft_k;
 };
 
 /* A task handed to one of this node's runners, until its runner says done. */
@@ -302,6 +304,35 @@ static void dispatch_tasks(struct worker *w, const struct cluster_state *st)
     }
 }
 
+/* Gives the first-rank runners of instances whose draft model changed the new one
+ * (InstanceDraftModelUpdated), loaded while requests keep running. */
+static void update_drafts(struct worker *w, const struct cluster_state *st)
+{
+    for (size_t i = 0; i < st->n_instances; i++) {
+        const struct cluster_instance *in = &st->instances[i];
+        if (!in->n_shards || strcmp(in->shards[0].node_id, w->node_id))
+            continue;
+        char path[RUNNER_PATH_MAX] = "", why[512];
+        if (in->draft_model[0] && model_path(w->node, in->draft_model, path, sizeof path, why, sizeof why)) {
+            log_warn("worker: instance %s runs without its draft: %s", in->id, why);
+            path[0] = 0;
+        }
+        pthread_mutex_lock(&w->mu);
+        struct wrunner *x = find(w, in->shards[0].runner_id);
+        bool changed = x && x->supervised && (strcmp(x->draft_path, path) || x->draft_k != in->num_draft_tokens);
+        if (changed) {
+            snprintf(x->draft_path, sizeof x->draft_path, "%s", path);
+            x->draft_k = in->num_draft_tokens;
+        }
+        pthread_mutex_unlock(&w->mu);
+        if (changed) {
+            log_info("worker: runner %s: draft %s, %d tokens", in->shards[0].runner_id, path[0] ? path : "(none)",
+                     in->num_draft_tokens);
+            supervisor_set_draft(w->sup, in->shards[0].runner_id, path, in->num_draft_tokens);
+        }
+    }
+}
+
 /* Sends the FinishTask commands queued by task_done. */
 static void send_finishes(struct worker *w)
 {
@@ -345,6 +376,7 @@ static void replan(struct worker *w)
     }
     free(held);
     dispatch_tasks(w, st);
+    update_drafts(w, st);
     cluster_state_release(st);
     for (size_t i = 0; i < n_acts; i++) {
         const struct plan_action *a = &acts[i];
@@ -371,6 +403,8 @@ static void replan(struct worker *w)
                     x->supervised = true;
                     x->status = CLUSTER_RUNNER_IDLE;
                     x->pid = supervisor_pid(w->sup, a->runner_id);
+                    snprintf(x->draft_path, sizeof x->draft_path, "%s", a->cfg.draft_model_path);
+                    x->draft_k = a->cfg.num_draft_tokens;
                 }
             }
             pthread_mutex_unlock(&w->mu);
