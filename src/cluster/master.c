@@ -262,12 +262,29 @@ static void no_fit_reason(const struct place_result *pr, size_t n_nodes, char *b
     snprintf(buf, n, "%s", pr->cands[0].reason);
 }
 
+/* Refuses a draft whose vocabulary does not match the model's. */
+static int check_draft(const struct master_env *env, const char *model_id, const char *draft,
+                       struct command_result *res)
+{
+    char err[512] = "";
+    if (!draft[0] || !env->draft_check)
+        return 0;
+    int rc = env->draft_check(env->card_ctx, model_id, draft, err, sizeof err);
+    if (rc)
+        return refuse(res, rc == CAIRN_ENOMEM ? rc : CAIRN_EFORMAT, "draft_model %s cannot serve %s: %s", draft,
+                      model_id, err);
+    return 0;
+}
+
 static int place(const struct cluster_state *s, const struct master_env *env,
                  const struct command *c, struct master_events *out, struct command_result *res)
 {
     struct place_result pr;
     char err[512] = "";
     const char *draft = c->place_instance.draft_model;
+    int checked = check_draft(env, c->place_instance.model_id, draft, res);
+    if (checked)
+        return checked;
     int rc = master_previews(s, env, c->place_instance.model_id, c->place_instance.sharding,
                              c->place_instance.min_nodes, draft, &pr, err, sizeof err);
     if (rc) {
@@ -467,6 +484,9 @@ int master_command(const struct cluster_state *s, const struct master_env *env,
             refuse(res, rc, "%s", err);
             break;
         }
+        if ((rc = check_draft(env, cluster_state_find_instance(s, id)->model_id, c->set_draft_model.draft_model,
+                              res)))
+            break;
         struct event *e = add_event(out, EVENT_INSTANCE_DRAFT_MODEL_UPDATED);
         if (!e) {
             rc = refuse(res, CAIRN_ENOMEM, "out of memory");

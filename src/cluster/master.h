@@ -43,9 +43,15 @@ typedef int (*master_card_fn)(void *ctx, const char *model_id, struct catalog_ca
 /* Writes a fresh id into dst (IDS_ID_MAX + 1 bytes); 0 or a CAIRN_E* code. */
 typedef int (*master_id_fn)(void *ctx, char *dst, char *err, size_t errlen);
 
+/* Whether draft_id may serve model_id in speculative decoding (vocab.h): 0, or a code
+ * with the reason. */
+typedef int (*master_draft_fn)(void *ctx, const char *model_id, const char *draft_id, char *err,
+                               size_t errlen);
+
 struct master_env {
     master_card_fn card; /* required */
     void *card_ctx;
+    master_draft_fn draft_check; /* NULL: drafts are not checked; ctx: card_ctx */
     master_id_fn new_id; /* NULL: ids_random */
     void *id_ctx;
 };

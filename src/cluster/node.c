@@ -20,6 +20,7 @@
 #include "cluster/eventlog.h"
 #include "cluster/link.h"
 #include "cluster/nodeinfo.h"
+#include "cluster/vocab.h"
 
 #define HEARTBEAT_MS_DEFAULT 500
 #define LINK_SILENCE_MS_DEFAULT 3000
@@ -1521,6 +1522,22 @@ static void *node_main(void *arg)
     return NULL;
 }
 
+/* master_draft_fn over this node's catalog: both files are here. */
+static int node_draft_check(void *ctx, const char *model_id, const char *draft_id, char *err, size_t errlen)
+{
+    struct catalog_card a, b;
+    int rc = node_card(ctx, model_id, &a, err, errlen);
+    if (!rc)
+        rc = node_card(ctx, draft_id, &b, err, errlen);
+    else
+        memset(&b, 0, sizeof b);
+    if (!rc)
+        rc = a.path && b.path ? vocab_compatible_files(a.path, b.path, err, errlen) : 0;
+    catalog_card_clear(&a);
+    catalog_card_clear(&b);
+    return rc;
+}
+
 /* ---- life ---- */
 
 int node_create(struct node **out, const struct node_config *cfg, char *err, size_t errlen)
@@ -1555,6 +1572,7 @@ int node_create(struct node **out, const struct node_config *cfg, char *err, siz
     pthread_mutex_init(&n->out_mu, NULL);
     n->outq_tail = &n->outq;
     n->env.card = node_card;
+    n->env.draft_check = node_draft_check;
     n->env.card_ctx = n;
     int rc;
     n->data_dir = strdup(cfg->data_dir);
