@@ -202,6 +202,7 @@ int cli_node(int argc, char **argv)
     struct http_server *srv = NULL;
     struct routes_cluster *routes = NULL;
     struct gen_node *gen = NULL;
+    struct gen g = {0}; /* the front-ends keep a pointer: it lives as long as the server */
     struct worker *worker = NULL;
     int rc = 0;
     if (!no_worker) {
@@ -240,7 +241,8 @@ int cli_node(int argc, char **argv)
             rc = routes_cluster_create(&routes, srv, node, 0, err, sizeof err);
         if (!rc)
             rc = gen_node_create(&gen, node, err, sizeof err);
-        struct gen g = gen ? gen_node_gen(gen) : (struct gen){0};
+        if (gen)
+            g = gen_node_gen(gen);
         if (!rc)
             rc = gen_node_routes(gen, srv, err, sizeof err);
         if (!rc)
