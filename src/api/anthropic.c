@@ -9,15 +9,12 @@
  * reference once cancel has returned (no callback runs after that). */
 #include "api/anthropic.h"
 
-#include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
-#include "api/sse.h"
-#include "base/clock.h"
+#include "api/apireq.h"
+#include "api/apiutil.h"
 #include "base/err.h"
 #include "base/log.h"
 #include "cluster/ids.h"
@@ -26,81 +23,6 @@
 #define NAME_SHOWN 300 /* bytes of a client's model name quoted in an error */
 
 /* ---------- small helpers ---------- */
-
-/* A growable NUL-terminated text. */
-struct tbuf {
-    char *p;
-    size_t len, cap;
-};
-
-static int tbuf_add(struct tbuf *b, const char *s, size_t n)
-{
-    if (n > SIZE_MAX / 4 - b->len)
-        return CAIRN_ENOMEM;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q)
-            return CAIRN_ENOMEM;
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return 0;
-}
-
-static const char *tbuf_str(const struct tbuf *b) { return b->p ? b->p : ""; }
-
-static void tbuf_free(struct tbuf *b)
-{
-    free(b->p);
-    memset(b, 0, sizeof *b);
-}
-
-static uint64_t random_u64(void)
-{
-    uint64_t v = 0;
-    if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v)
-        v = (uint64_t)clock_ns() * 0x9e3779b97f4a7c15ull;
-    return v;
-}
-
-/* prefix and 24 random hex digits ("msg_...", "toolu_..."). */
-static void random_id(char *dst, size_t cap, const char *prefix)
-{
-    uint64_t a = random_u64(), b = random_u64();
-    snprintf(dst, cap, "%s%016llx%08llx", prefix, (unsigned long long)a, (unsigned long long)(b & 0xffffffffu));
-}
-
-/* A JSON string of text that may hold invalid UTF-8 (a backend message): such bytes
- * become '?'. */
-static json_t *text_json(const char *text)
-{
-    json_t *j = json_string(text ? text : "");
-    if (j || !text)
-        return j;
-    char *copy = strdup(text);
-    if (!copy)
-        return NULL;
-    for (char *c = copy; *c; c++)
-        if ((unsigned char)*c >= 0x80)
-            *c = '?';
-    j = json_string(copy);
-    free(copy);
-    return j;
-}
-
-static bool put(json_t *o, const char *key, json_t *v) { return v && json_object_set_new(o, key, v) == 0; }
-
-static const char *str(const json_t *o, const char *key)
-{
-    const char *s = json_string_value(json_object_get(o, key));
-    return s ? s : "";
-}
 
 static bool absent(const json_t *v) { return !v || json_is_null(v); }
 
@@ -127,10 +49,11 @@ static const char *error_type(int status)
 }
 
 /* {"type": "error", "error": {"type", "message"}} for an Anthropic status. */
-static json_t *error_json(int status, const char *msg)
+static json_t *error_json(int status, const char *msg, const char *param)
 {
+    (void)param;
     json_t *e = json_pack("{s:s}", "type", error_type(status));
-    if (!e || !put(e, "message", text_json(msg))) {
+    if (!e || !apiutil_put(e, "message", apiutil_text_json(msg))) {
         json_decref(e);
         return NULL;
     }
@@ -154,99 +77,64 @@ static int anthropic_status(int status, const char *msg, char *out, size_t cap)
 
 static void reply_error(struct http_request *req, int status, const char *msg)
 {
-    if (status == 529)
-        http_reply_header(req, "Retry-After", "1");
-    http_reply_json(req, status, error_json(status, msg));
+    apiutil_reply_error(req, error_json, status, msg, NULL);
 }
 
 /* ---------- checked request members ---------- */
 
-/* Optional number member in [lo, hi] ((lo, hi] with lo_open); absent or null leaves
- * *out. */
-static int opt_number(const json_t *o, const char *key, double lo, double hi, bool lo_open, float *out,
-                      char *err, size_t errlen)
-{
-    const json_t *v = json_object_get(o, key);
-    if (absent(v))
-        return 0;
-    double d = json_number_value(v);
-    if (!json_is_number(v) || !isfinite(d) || d > hi || (lo_open ? d <= lo : d < lo))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: expected a number in %c%g, %g]", key,
-                          lo_open ? '(' : '[', lo, hi);
-    *out = (float)d;
-    return 0;
-}
-
-/* An integer (or a real with an integral value) into *out; false when v is neither. */
-static bool int_value(const json_t *v, int64_t *out)
-{
-    if (json_is_integer(v)) {
-        *out = json_integer_value(v);
-        return true;
-    }
-    double d = json_real_value(v);
-    if (json_is_real(v) && isfinite(d) && d == floor(d) && fabs(d) < 9.0e15) {
-        *out = (int64_t)d;
-        return true;
-    }
-    return false;
-}
-
 /* ---------- messages ---------- */
 
 /* Text blocks ([{"type": "text", "text"}]) or a string, joined with "\n" into out. */
-static int text_blocks(const json_t *c, const char *path, struct tbuf *out, char *err, size_t errlen)
+static int text_blocks(const json_t *c, const char *path, struct strbuf *out, struct apiutil_err *e)
 {
     if (absent(c))
         return 0;
     if (json_is_string(c))
-        return tbuf_add(out, json_string_value(c), json_string_length(c)) ? cairn_fail(err, errlen, CAIRN_ENOMEM,
-                                                                                        "out of memory")
-                                                                          : 0;
+        return strbuf_put(out, json_string_value(c), json_string_length(c)) ? CAIRN_ENOMEM : 0;
     if (!json_is_array(c))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: expected a string or an array of text blocks", path);
+        return apiutil_fail(e, NULL, "%s: expected a string or an array of text blocks", path);
     size_t j;
     const json_t *b;
     json_array_foreach(c, j, b) {
         const char *type = json_string_value(json_object_get(b, "type"));
         const json_t *text = json_object_get(b, "text");
         if (!type)
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s[%zu].type: expected a string", path, j);
+            return apiutil_fail(e, NULL, "%s[%zu].type: expected a string", path, j);
         if (!strcmp(type, "image") || !strcmp(type, "document"))
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s[%zu]: %s content is not supported (text models only)",
-                              path, j, type);
+            return apiutil_fail(e, NULL, "%s[%zu]: %s content is not supported (text models only)",
+                                path, j, type);
         if (strcmp(type, "text") != 0)
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s[%zu].type: expected \"text\"", path, j);
+            return apiutil_fail(e, NULL, "%s[%zu].type: expected \"text\"", path, j);
         if (!json_is_string(text))
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s[%zu].text: expected a string", path, j);
-        if ((j > 0 && tbuf_add(out, "\n", 1)) || tbuf_add(out, json_string_value(text), json_string_length(text)))
-            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+            return apiutil_fail(e, NULL, "%s[%zu].text: expected a string", path, j);
+        if ((j > 0 && strbuf_put(out, "\n", 1)) || strbuf_put(out, json_string_value(text), json_string_length(text)))
+            return CAIRN_ENOMEM;
     }
     return 0;
 }
 
-static int append_msg(json_t *out, const char *role, const char *content, char *err, size_t errlen)
+static int append_msg(json_t *out, const char *role, const char *content)
 {
     json_t *m = json_pack("{s:s,s:s}", "role", role, "content", content);
     if (!m || json_array_append_new(out, m) != 0)
-        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+        return CAIRN_ENOMEM;
     return 0;
 }
 
 /* Refuses a block that no message may hold here; 0 for the types the caller handles. */
-static int other_block(const char *type, const char *path, char *err, size_t errlen)
+static int other_block(const char *type, const char *path, struct apiutil_err *e)
 {
     if (!strcmp(type, "image") || !strcmp(type, "document"))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: %s content is not supported (text models only)", path,
-                          type);
-    return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.type: unsupported content block type '%.64s'", path, type);
+        return apiutil_fail(e, NULL, "%s: %s content is not supported (text models only)", path,
+                            type);
+    return apiutil_fail(e, NULL, "%s.type: unsupported content block type '%.64s'", path, type);
 }
 
 /* A user message's blocks: text joined into a user message, each tool_result a "tool"
  * message, in their order. */
-static int user_blocks(const json_t *blocks, const char *path, json_t *out, char *err, size_t errlen)
+static int user_blocks(const json_t *blocks, const char *path, json_t *out, struct apiutil_err *e)
 {
-    struct tbuf text = {0};
+    struct strbuf text = {0};
     bool have_text = false, emitted = false;
     int rc = 0;
     size_t j;
@@ -256,70 +144,70 @@ static int user_blocks(const json_t *blocks, const char *path, json_t *out, char
         snprintf(bp, sizeof bp, "%s[%zu]", path, j);
         const char *type = json_string_value(json_object_get(b, "type"));
         if (!type) {
-            rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.type: expected a string", bp);
+            rc = apiutil_fail(e, NULL, "%s.type: expected a string", bp);
             break;
         }
         if (!strcmp(type, "text")) {
             const json_t *t = json_object_get(b, "text");
             if (!json_is_string(t)) {
-                rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.text: expected a string", bp);
+                rc = apiutil_fail(e, NULL, "%s.text: expected a string", bp);
                 break;
             }
-            if ((have_text && tbuf_add(&text, "\n", 1)) || tbuf_add(&text, json_string_value(t), json_string_length(t))) {
-                rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+            if ((have_text && strbuf_put(&text, "\n", 1)) || strbuf_put(&text, json_string_value(t), json_string_length(t))) {
+                rc = CAIRN_ENOMEM;
                 break;
             }
             have_text = true;
         } else if (!strcmp(type, "tool_result")) {
             const json_t *id = json_object_get(b, "tool_use_id"), *is_err = json_object_get(b, "is_error");
             if (!json_is_string(id) || json_string_length(id) == 0) {
-                rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.tool_use_id: expected a string", bp);
+                rc = apiutil_fail(e, NULL, "%s.tool_use_id: expected a string", bp);
                 break;
             }
             if (!absent(is_err) && !json_is_boolean(is_err)) {
-                rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.is_error: expected true or false", bp);
+                rc = apiutil_fail(e, NULL, "%s.is_error: expected true or false", bp);
                 break;
             }
             if (have_text) { /* text before a result stays before it */
-                if ((rc = append_msg(out, "user", tbuf_str(&text), err, errlen)))
+                if ((rc = append_msg(out, "user", apiutil_text(&text))))
                     break;
-                tbuf_free(&text);
+                strbuf_free(&text);
                 have_text = false;
             }
-            struct tbuf result = {0};
+            struct strbuf result = {0};
             char cp[144];
             snprintf(cp, sizeof cp, "%s.content", bp);
-            rc = text_blocks(json_object_get(b, "content"), cp, &result, err, errlen);
+            rc = text_blocks(json_object_get(b, "content"), cp, &result, e);
             json_t *m = rc ? NULL
                            : json_pack("{s:s,s:O,s:s}", "role", "tool", "tool_call_id", (json_t *)id, "content",
-                                       tbuf_str(&result));
-            tbuf_free(&result);
+                                       apiutil_text(&result));
+            strbuf_free(&result);
             if (!rc && (!m || json_array_append_new(out, m) != 0))
-                rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+                rc = CAIRN_ENOMEM;
             if (rc)
                 break;
             emitted = true;
         } else if (!strcmp(type, "tool_use") || !strcmp(type, "thinking")) {
-            rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.type: %s blocks belong to assistant messages", bp, type);
+            rc = apiutil_fail(e, NULL, "%s.type: %s blocks belong to assistant messages", bp, type);
             break;
         } else {
-            rc = other_block(type, bp, err, errlen);
+            rc = other_block(type, bp, e);
             break;
         }
     }
     if (!rc && (have_text || !emitted))
-        rc = append_msg(out, "user", tbuf_str(&text), err, errlen);
-    tbuf_free(&text);
+        rc = append_msg(out, "user", apiutil_text(&text));
+    strbuf_free(&text);
     return rc;
 }
 
 /* An assistant message's blocks: text, thinking as reasoning_content, tool_use as
  * tool_calls with the input as the arguments object. */
-static int assistant_blocks(const json_t *blocks, const char *path, json_t *out, char *err, size_t errlen)
+static int assistant_blocks(const json_t *blocks, const char *path, json_t *out, struct apiutil_err *e)
 {
-    struct tbuf text = {0}, thinking = {0};
+    struct strbuf text = {0}, thinking = {0};
     json_t *calls = json_array(), *m = NULL;
-    int rc = calls ? 0 : cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    int rc = calls ? 0 : CAIRN_ENOMEM;
     size_t j;
     const json_t *b;
     json_array_foreach(blocks, j, b) {
@@ -329,15 +217,15 @@ static int assistant_blocks(const json_t *blocks, const char *path, json_t *out,
         snprintf(bp, sizeof bp, "%s[%zu]", path, j);
         const char *type = json_string_value(json_object_get(b, "type"));
         if (!type) {
-            rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.type: expected a string", bp);
+            rc = apiutil_fail(e, NULL, "%s.type: expected a string", bp);
         } else if (!strcmp(type, "text") || !strcmp(type, "thinking")) {
             bool is_text = !strcmp(type, "text");
             const json_t *t = json_object_get(b, type);
-            struct tbuf *dst = is_text ? &text : &thinking;
+            struct strbuf *dst = is_text ? &text : &thinking;
             if (!json_is_string(t))
-                rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.%s: expected a string", bp, type);
-            else if ((dst->len && tbuf_add(dst, "\n", 1)) || tbuf_add(dst, json_string_value(t), json_string_length(t)))
-                rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+                rc = apiutil_fail(e, NULL, "%s.%s: expected a string", bp, type);
+            else if ((dst->len && strbuf_put(dst, "\n", 1)) || strbuf_put(dst, json_string_value(t), json_string_length(t)))
+                rc = CAIRN_ENOMEM;
         } else if (!strcmp(type, "redacted_thinking")) {
             continue; /* opaque: nothing a local model can read */
         } else if (!strcmp(type, "tool_use")) {
@@ -345,51 +233,51 @@ static int assistant_blocks(const json_t *blocks, const char *path, json_t *out,
                          *input = json_object_get(b, "input");
             json_t *call = NULL;
             if (!json_is_string(id) || json_string_length(id) == 0)
-                rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.id: expected a string", bp);
+                rc = apiutil_fail(e, NULL, "%s.id: expected a string", bp);
             else if (!json_is_string(name) || json_string_length(name) == 0)
-                rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.name: expected a string", bp);
+                rc = apiutil_fail(e, NULL, "%s.name: expected a string", bp);
             else if (!absent(input) && !json_is_object(input))
-                rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.input: expected an object", bp);
+                rc = apiutil_fail(e, NULL, "%s.input: expected an object", bp);
             else if (!(call = json_pack("{s:O,s:s,s:{s:O,s:o}}", "id", (json_t *)id, "type", "function", "function",
                                         "name", (json_t *)name, "arguments",
                                         absent(input) ? json_object() : json_deep_copy(input))) ||
                      json_array_append_new(calls, call) != 0)
-                rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+                rc = CAIRN_ENOMEM;
         } else if (!strcmp(type, "tool_result")) {
-            rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.type: tool_result blocks belong to user messages", bp);
+            rc = apiutil_fail(e, NULL, "%s.type: tool_result blocks belong to user messages", bp);
         } else {
-            rc = other_block(type, bp, err, errlen);
+            rc = other_block(type, bp, e);
         }
     }
     if (!rc) {
-        m = json_pack("{s:s,s:s}", "role", "assistant", "content", tbuf_str(&text));
+        m = json_pack("{s:s,s:s}", "role", "assistant", "content", apiutil_text(&text));
         if (!m || json_array_append_new(out, m) != 0 ||
-            (thinking.len && !put(m, "reasoning_content", json_string(tbuf_str(&thinking)))) ||
+            (thinking.len && !apiutil_put(m, "reasoning_content", json_string(apiutil_text(&thinking)))) ||
             (json_array_size(calls) && json_object_set(m, "tool_calls", calls) != 0))
-            rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+            rc = CAIRN_ENOMEM;
     }
     json_decref(calls);
-    tbuf_free(&text);
-    tbuf_free(&thinking);
+    strbuf_free(&text);
+    strbuf_free(&thinking);
     return rc;
 }
 
-static int read_messages(const json_t *body, json_t *out, char *err, size_t errlen)
+static int read_messages(const json_t *body, json_t *out, struct apiutil_err *e)
 {
     const json_t *sys = json_object_get(body, "system"), *msgs = json_object_get(body, "messages");
-    struct tbuf st = {0};
-    int rc = text_blocks(sys, "system", &st, err, errlen);
+    struct strbuf st = {0};
+    int rc = text_blocks(sys, "system", &st, e);
     if (!rc && st.len)
-        rc = append_msg(out, "system", tbuf_str(&st), err, errlen);
-    tbuf_free(&st);
+        rc = append_msg(out, "system", apiutil_text(&st));
+    strbuf_free(&st);
     if (rc)
         return rc;
     if (absent(msgs))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "messages: field required");
+        return apiutil_fail(e, NULL, "messages: field required");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "messages: expected a non-empty array");
+        return apiutil_fail(e, NULL, "messages: expected a non-empty array");
     if (json_array_size(msgs) > TEXTGEN_MAX_MESSAGES)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "messages: at most %d messages", TEXTGEN_MAX_MESSAGES);
+        return apiutil_fail(e, NULL, "messages: at most %d messages", TEXTGEN_MAX_MESSAGES);
     size_t i;
     const json_t *m;
     json_array_foreach(msgs, i, m) {
@@ -398,18 +286,18 @@ static int read_messages(const json_t *body, json_t *out, char *err, size_t errl
         const char *role = json_string_value(json_object_get(m, "role"));
         const json_t *c = json_object_get(m, "content");
         if (!json_is_object(m))
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: expected an object", path);
+            return apiutil_fail(e, NULL, "%s: expected an object", path);
         if (!role || (strcmp(role, "user") != 0 && strcmp(role, "assistant") != 0))
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.role: expected \"user\" or \"assistant\"", path);
+            return apiutil_fail(e, NULL, "%s.role: expected \"user\" or \"assistant\"", path);
         bool user = !strcmp(role, "user");
         char cp[80];
         snprintf(cp, sizeof cp, "%s.content", path);
         if (json_is_string(c))
-            rc = append_msg(out, role, json_string_value(c), err, errlen);
+            rc = append_msg(out, role, json_string_value(c));
         else if (json_is_array(c))
-            rc = user ? user_blocks(c, cp, out, err, errlen) : assistant_blocks(c, cp, out, err, errlen);
+            rc = user ? user_blocks(c, cp, out, e) : assistant_blocks(c, cp, out, e);
         else
-            rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: expected a string or an array of content blocks", cp);
+            rc = apiutil_fail(e, NULL, "%s: expected a string or an array of content blocks", cp);
         if (rc)
             return rc;
     }
@@ -418,35 +306,36 @@ static int read_messages(const json_t *body, json_t *out, char *err, size_t errl
 
 /* ---------- tools, thinking, the rest ---------- */
 
-static int read_tools(const json_t *body, struct textgen_params *p, char *err, size_t errlen)
+static int read_tools(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
 {
     const json_t *tools = json_object_get(body, "tools"), *choice = json_object_get(body, "tool_choice");
     if (!absent(tools)) {
         if (!json_is_array(tools))
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "tools: expected an array");
+            return apiutil_fail(e, NULL, "tools: expected an array");
         if (json_array_size(tools) && !(p->tools = json_array()))
-            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+            return CAIRN_ENOMEM;
         size_t i;
         const json_t *t;
         json_array_foreach(tools, i, t) {
             const json_t *type = json_object_get(t, "type"), *name = json_object_get(t, "name"),
                          *desc = json_object_get(t, "description"), *schema = json_object_get(t, "input_schema");
             if (!json_is_object(t))
-                return cairn_fail(err, errlen, CAIRN_EFORMAT, "tools[%zu]: expected an object", i);
+                return apiutil_fail(e, NULL, "tools[%zu]: expected an object", i);
             if (!absent(type) && !(json_is_string(type) && !strcmp(json_string_value(type), "custom")))
-                return cairn_fail(err, errlen, CAIRN_EFORMAT,
-                                  "tools[%zu].type: only client tools (\"custom\", with input_schema) are supported", i);
+                return apiutil_fail(e, NULL,
+                                    "tools[%zu].type: only client tools (\"custom\", with input_schema) are supported",
+                                    i);
             if (!json_is_string(name) || json_string_length(name) == 0)
-                return cairn_fail(err, errlen, CAIRN_EFORMAT, "tools[%zu].name: expected a string", i);
+                return apiutil_fail(e, NULL, "tools[%zu].name: expected a string", i);
             if (!absent(desc) && !json_is_string(desc))
-                return cairn_fail(err, errlen, CAIRN_EFORMAT, "tools[%zu].description: expected a string", i);
+                return apiutil_fail(e, NULL, "tools[%zu].description: expected a string", i);
             if (!json_is_object(schema))
-                return cairn_fail(err, errlen, CAIRN_EFORMAT, "tools[%zu].input_schema: expected an object", i);
+                return apiutil_fail(e, NULL, "tools[%zu].input_schema: expected an object", i);
             json_t *f = json_pack("{s:O,s:O}", "name", (json_t *)name, "parameters", (json_t *)schema);
             json_t *o = f ? json_pack("{s:s,s:o}", "type", "function", "function", f) : NULL;
             if (!o || json_array_append_new(p->tools, o) != 0 ||
                 (json_is_string(desc) && json_object_set(f, "description", (json_t *)desc) != 0))
-                return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+                return CAIRN_ENOMEM;
         }
     }
     if (absent(choice))
@@ -454,200 +343,123 @@ static int read_tools(const json_t *body, struct textgen_params *p, char *err, s
     const char *type = json_string_value(json_object_get(choice, "type"));
     const json_t *dp = json_object_get(choice, "disable_parallel_tool_use");
     if (!json_is_object(choice))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "tool_choice: expected an object");
+        return apiutil_fail(e, NULL, "tool_choice: expected an object");
     if (!type || (strcmp(type, "auto") && strcmp(type, "any") && strcmp(type, "tool") && strcmp(type, "none")))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "tool_choice.type: expected auto, any, tool or none");
+        return apiutil_fail(e, NULL, "tool_choice.type: expected auto, any, tool or none");
     if (!absent(dp) && !json_is_boolean(dp))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "tool_choice.disable_parallel_tool_use: expected true or false");
+        return apiutil_fail(e, NULL, "tool_choice.disable_parallel_tool_use: expected true or false");
     if (!strcmp(type, "none")) {
         json_decref(p->tools);
         p->tools = NULL;
     } else if (!strcmp(type, "tool")) {
         const char *name = json_string_value(json_object_get(choice, "name"));
         if (!name)
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "tool_choice.name: expected a string");
+            return apiutil_fail(e, NULL, "tool_choice.name: expected a string");
         json_t *only = NULL;
         size_t i;
         json_t *t;
         json_array_foreach(p->tools, i, t)
-            if (!only && !strcmp(str(json_object_get(t, "function"), "name"), name))
+            if (!only && !strcmp(apiutil_str(json_object_get(t, "function"), "name"), name))
                 only = json_pack("[O]", t);
         if (!only)
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "tool_choice.name: no tool named '%.64s'", name);
+            return apiutil_fail(e, NULL, "tool_choice.name: no tool named '%.64s'", name);
         json_decref(p->tools);
         p->tools = only;
     }
     return 0;
 }
 
-static int read_thinking(const json_t *body, struct textgen_params *p, char *err, size_t errlen)
+static int read_thinking(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
 {
     const json_t *t = json_object_get(body, "thinking");
     if (absent(t))
         return 0;
     if (!json_is_object(t))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "thinking: expected an object");
+        return apiutil_fail(e, NULL, "thinking: expected an object");
     const char *type = json_string_value(json_object_get(t, "type"));
     if (!type || (strcmp(type, "enabled") && strcmp(type, "disabled") && strcmp(type, "adaptive")))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "thinking.type: expected enabled, disabled or adaptive");
+        return apiutil_fail(e, NULL, "thinking.type: expected enabled, disabled or adaptive");
     const json_t *budget = json_object_get(t, "budget_tokens");
     int64_t b;
-    if (!absent(budget) && (!int_value(budget, &b) || b < 1))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "thinking.budget_tokens: expected an integer >= 1");
+    if (!absent(budget) && (!apiutil_int_value(budget, &b) || b < 1))
+        return apiutil_fail(e, NULL, "thinking.budget_tokens: expected an integer >= 1");
     if (!(p->template_kwargs = json_pack("{s:b}", "enable_thinking", strcmp(type, "disabled") != 0)))
-        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
-    return 0;
-}
-
-static int read_stop(const json_t *body, struct textgen_params *p, char *err, size_t errlen)
-{
-    const json_t *stop = json_object_get(body, "stop_sequences");
-    if (absent(stop))
-        return 0;
-    if (!json_is_array(stop) || json_array_size(stop) > TEXTGEN_MAX_STOP)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "stop_sequences: expected an array of at most %d strings",
-                          TEXTGEN_MAX_STOP);
-    size_t i;
-    const json_t *v;
-    json_array_foreach(stop, i, v) {
-        size_t len = json_string_length(v);
-        if (!json_is_string(v) || len < 1 || len > TEXTGEN_MAX_STOP_BYTES)
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "stop_sequences[%zu]: expected a string of 1..%d bytes", i,
-                              TEXTGEN_MAX_STOP_BYTES);
-        if (!(p->stop[p->n_stop] = strdup(json_string_value(v))))
-            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
-        p->n_stop++;
-    }
+        return CAIRN_ENOMEM;
     return 0;
 }
 
 /* The whole request into p (textgen_params_init'ed); *model borrowed from body. */
-static int read_request(const json_t *body, struct textgen_params *p, bool *stream, const char **model, char *err,
-                        size_t errlen)
+static int read_request(const json_t *body, struct textgen_params *p, bool *stream, const char **model, struct apiutil_err *e)
 {
     const json_t *m = json_object_get(body, "model"), *mt = json_object_get(body, "max_tokens"),
-                 *st = json_object_get(body, "stream"), *meta = json_object_get(body, "metadata"),
-                 *tk = json_object_get(body, "top_k");
-    int64_t n;
+                 *meta = json_object_get(body, "metadata");
+    int64_t n, top_k;
+    double t, top_p;
+    bool given_k, given_t, given_p;
     int rc;
     if (absent(m))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "model: field required");
+        return apiutil_fail(e, NULL, "model: field required");
     if (!json_is_string(m) || json_string_length(m) == 0)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "model: expected a non-empty string");
+        return apiutil_fail(e, NULL, "model: expected a non-empty string");
     *model = json_string_value(m);
     if (absent(mt))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "max_tokens: field required");
-    if (!int_value(mt, &n) || n < 1)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "max_tokens: expected an integer >= 1");
+        return apiutil_fail(e, NULL, "max_tokens: field required");
+    if (!apiutil_int_value(mt, &n) || n < 1)
+        return apiutil_fail(e, NULL, "max_tokens: expected an integer >= 1");
     p->max_tokens = n > RUNNER_MAX_GENERATE ? RUNNER_MAX_GENERATE : n;
-    if (!absent(st) && !json_is_boolean(st))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "stream: expected true or false");
-    *stream = json_is_true(st);
-    if (!absent(meta) && !json_is_object(meta))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "metadata: expected an object");
-    if (!absent(tk) && (!int_value(tk, &n) || n < 0 || n > (1 << 24)))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "top_k: expected an integer in [0, %d]", 1 << 24);
-    if (!absent(tk))
-        p->sampling.top_k = (int)n;
-    p->sampling.seed = random_u64() & (((uint64_t)1 << 53) - 1);
-    if ((rc = opt_number(body, "temperature", 0, 1, false, &p->sampling.temperature, err, errlen)) ||
-        (rc = opt_number(body, "top_p", 0, 1, true, &p->sampling.top_p, err, errlen)) ||
-        (rc = read_stop(body, p, err, errlen)) || (rc = read_tools(body, p, err, errlen)) ||
-        (rc = read_thinking(body, p, err, errlen)))
+    if ((rc = apiutil_opt_bool(body, NULL, "stream", stream, NULL, e)))
         return rc;
+    if (!absent(meta) && !json_is_object(meta))
+        return apiutil_fail(e, NULL, "metadata: expected an object");
+    if ((rc = apiutil_opt_int(body, NULL, "top_k", 0, 1 << 24, &top_k, &given_k, e)) ||
+        (rc = apiutil_opt_number(body, NULL, "temperature", 0, 1, false, &t, &given_t, e)) ||
+        (rc = apiutil_opt_number(body, NULL, "top_p", 0, 1, true, &top_p, &given_p, e)) ||
+        (rc = apiutil_opt_stop(body, NULL, "stop_sequences", false, p, e)) ||
+        (rc = read_tools(body, p, e)) || (rc = read_thinking(body, p, e)))
+        return rc;
+    if (given_k)
+        p->sampling.top_k = (int)top_k;
+    if (given_t)
+        p->sampling.temperature = (float)t;
+    if (given_p)
+        p->sampling.top_p = (float)top_p;
+    p->sampling.seed = apiutil_random_seed();
     if (!(p->messages = json_array()))
-        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
-    return read_messages(body, p->messages, err, errlen);
+        return CAIRN_ENOMEM;
+    return read_messages(body, p->messages, e);
 }
 
 /* ---------- generation ---------- */
 
 enum block { BLOCK_NONE, BLOCK_TEXT, BLOCK_THINKING };
 
+/* A request's state (apireq's self): set by the handler, then used by the event
+ * callback alone. */
 struct areq {
-    pthread_mutex_t mu; /* the lifecycle fields below */
-    int refs;           /* the handler's and the generation's */
-    bool gen_live;      /* events may still come */
-    bool have_handle, cancel_wanted, cancelling;
-    uint64_t handle;
-
-    /* Set by the handler before submit, then used by the event callbacks alone (events
-     * of one request come one at a time, in order). */
-    const struct gen *g;
-    struct http_stream *s;
-    bool stream;
-    bool started; /* START seen */
-    bool over;    /* the reply is complete, or failed */
-    char *model;  /* the name the client gave, echoed */
+    char *model; /* the name the client gave, echoed */
     char id[48];
     char *stops[TEXTGEN_MAX_STOP]; /* the client's stop sequences */
     int n_stops;
     int64_t prompt_tokens, cached_tokens, output_tokens;
     const char *stop_reason;
     char *stop_sequence;
-    int next_index;  /* streamed: index of the next content block */
-    enum block open; /* streamed: the block being written */
-    struct tbuf text, thinking; /* whole reply */
-    json_t *tool_uses;          /* whole reply: tool_use blocks */
+    int next_index;               /* streamed: index of the next content block */
+    enum block open;              /* streamed: the block being written */
+    struct strbuf text, thinking; /* whole reply */
+    json_t *tool_uses;            /* whole reply: tool_use blocks */
 };
 
-static void areq_unref(struct areq *r)
+static void areq_free(void *self)
 {
-    pthread_mutex_lock(&r->mu);
-    bool last = --r->refs == 0;
-    pthread_mutex_unlock(&r->mu);
-    if (!last)
-        return;
-    /* The last reference may go inside the stream's close callback (after a cancel);
-     * releasing there is safe: http.c's release skips waiting for the callback running
-     * on its own thread, and the thread that fired it holds its own reference. */
-    http_stream_release(r->s);
-    pthread_mutex_destroy(&r->mu);
+    struct areq *r = self;
     free(r->model);
     for (int i = 0; i < r->n_stops; i++)
         free(r->stops[i]);
     free(r->stop_sequence);
-    tbuf_free(&r->text);
-    tbuf_free(&r->thinking);
+    strbuf_free(&r->text);
+    strbuf_free(&r->thinking);
     json_decref(r->tool_uses);
     free(r);
-}
-
-/* Cancels the generation (claimed by setting cancelling) and drops its reference. */
-static void areq_cancel(struct areq *r)
-{
-    r->g->ops->cancel(r->g->self, r->handle);
-    pthread_mutex_lock(&r->mu);
-    r->gen_live = false;
-    pthread_mutex_unlock(&r->mu);
-    areq_unref(r);
-}
-
-/* Close callback: the client went away or the server is stopping. */
-static void on_close(void *arg, struct http_stream *s, enum http_stream_state why)
-{
-    struct areq *r = arg;
-    (void)s;
-    (void)why;
-    pthread_mutex_lock(&r->mu);
-    bool cancel = false;
-    if (r->gen_live && !r->cancelling) {
-        if (r->have_handle)
-            cancel = r->cancelling = true;
-        else
-            r->cancel_wanted = true; /* submit has not returned: the handler cancels */
-    }
-    pthread_mutex_unlock(&r->mu);
-    if (cancel)
-        areq_cancel(r);
-}
-
-/* Sends one event whose data is j (taken); a failed write ends the reply. */
-static void send_event(struct areq *r, const char *event, json_t *j)
-{
-    if (!j || sse_json(r->s, event, j) != 0)
-        r->over = true;
-    json_decref(j);
 }
 
 static json_t *usage_json(const struct areq *r, int64_t output)
@@ -663,9 +475,9 @@ static json_t *message_json(const struct areq *r, json_t *content, bool final)
 {
     json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:o}", "id", r->id, "type", "message", "role", "assistant", "model",
                           r->model, "content", content);
-    bool ok = o && put(o, "stop_reason", final ? json_string(r->stop_reason) : json_null()) &&
-              put(o, "stop_sequence", final && r->stop_sequence ? json_string(r->stop_sequence) : json_null()) &&
-              put(o, "usage", usage_json(r, final ? r->output_tokens : 0));
+    bool ok = o && apiutil_put(o, "stop_reason", final ? json_string(r->stop_reason) : json_null()) &&
+              apiutil_put(o, "stop_sequence", final && r->stop_sequence ? json_string(r->stop_sequence) : json_null()) &&
+              apiutil_put(o, "usage", usage_json(r, final ? r->output_tokens : 0));
     if (!ok) {
         json_decref(o);
         return NULL;
@@ -673,52 +485,38 @@ static json_t *message_json(const struct areq *r, json_t *content, bool final)
     return o;
 }
 
-static void fail(struct areq *r, int backend_status, const char *msg)
-{
-    char text[ERR_MAX];
-    int status = anthropic_status(backend_status, msg, text, sizeof text);
-    r->over = true;
-    if (r->stream && r->started) {
-        json_t *e = error_json(status, text);
-        if (e)
-            sse_json(r->s, "error", e);
-        json_decref(e);
-        http_stream_finish(r->s);
-        return;
-    }
-    if (status == 529)
-        http_stream_header(r->s, "Retry-After", "1");
-    http_stream_reply_json(r->s, status, error_json(status, text));
-}
-
-static void close_block(struct areq *r)
+static void close_block(struct apireq *a, struct areq *r)
 {
     if (r->open == BLOCK_NONE)
         return;
     r->open = BLOCK_NONE;
-    send_event(r, "content_block_stop", json_pack("{s:s,s:i}", "type", "content_block_stop", "index", r->next_index - 1));
+    apireq_send(a, "content_block_stop",
+                json_pack("{s:s,s:i}", "type", "content_block_stop", "index", r->next_index - 1));
 }
 
-static void open_block(struct areq *r, json_t *block)
+static void open_block(struct apireq *a, struct areq *r, json_t *block)
 {
-    send_event(r, "content_block_start",
-               json_pack("{s:s,s:i,s:o}", "type", "content_block_start", "index", r->next_index, "content_block", block));
+    apireq_send(a, "content_block_start",
+                json_pack("{s:s,s:i,s:o}", "type", "content_block_start", "index", r->next_index, "content_block",
+                          block));
     r->next_index++;
 }
 
 /* Streams text into a block of kind, opening one when another kind is open. */
-static void block_delta(struct areq *r, enum block kind, const char *text)
+static void block_delta(struct apireq *a, struct areq *r, enum block kind, const char *text)
 {
     bool is_text = kind == BLOCK_TEXT;
     if (r->open != kind) {
-        close_block(r);
-        open_block(r, is_text ? json_pack("{s:s,s:s}", "type", "text", "text", "")
-                              : json_pack("{s:s,s:s,s:s}", "type", "thinking", "thinking", "", "signature", ""));
+        close_block(a, r);
+        open_block(a, r,
+                   is_text ? json_pack("{s:s,s:s}", "type", "text", "text", "")
+                           : json_pack("{s:s,s:s,s:s}", "type", "thinking", "thinking", "", "signature", ""));
         r->open = kind;
     }
-    send_event(r, "content_block_delta",
-               json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_delta", "index", r->next_index - 1, "delta",
-                         "type", is_text ? "text_delta" : "thinking_delta", is_text ? "text" : "thinking", text));
+    apireq_send(a, "content_block_delta",
+                json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_delta", "index", r->next_index - 1,
+                          "delta", "type", is_text ? "text_delta" : "thinking_delta", is_text ? "text" : "thinking",
+                          text));
 }
 
 /* Gen's tool call as a tool_use block (input: the arguments parsed as an object). */
@@ -729,24 +527,25 @@ static json_t *tool_use_json(const json_t *call)
                                          : json_loads(json_string_value(args) ? json_string_value(args) : "",
                                                       JSON_DECODE_ANY, NULL);
     if (!json_is_object(input)) {
-        log_warn("anthropic: tool call %s: arguments are not a JSON object", str(fn, "name"));
+        log_warn("anthropic: tool call %s: arguments are not a JSON object", apiutil_str(fn, "name"));
         json_decref(input);
         input = json_object();
     }
     char idbuf[48];
-    const char *id = str(call, "id");
+    const char *id = apiutil_str(call, "id");
     if (!*id) {
-        random_id(idbuf, sizeof idbuf, "toolu_");
+        apiutil_random_id(idbuf, sizeof idbuf, "toolu_");
         id = idbuf;
     }
-    return json_pack("{s:s,s:s,s:s,s:o}", "type", "tool_use", "id", id, "name", str(fn, "name"), "input", input);
+    return json_pack("{s:s,s:s,s:s,s:o}", "type", "tool_use", "id", id, "name", apiutil_str(fn, "name"), "input",
+                     input);
 }
 
-static void seq_done(struct areq *r, const struct gen_event *ev)
+static void seq_done(struct apireq *a, struct areq *r, const struct gen_event *ev)
 {
     const char *finish = ev->finish ? ev->finish : "stop";
     if (!strcmp(finish, "error") || !strcmp(finish, "cancelled")) {
-        fail(r, 500, !strcmp(finish, "error") ? "generation failed" : "generation was cancelled");
+        apireq_fail(a, 500, !strcmp(finish, "error") ? "generation failed" : "generation was cancelled");
         return;
     }
     r->output_tokens = ev->usage.completion_tokens;
@@ -763,31 +562,31 @@ static void seq_done(struct areq *r, const struct gen_event *ev)
     json_array_foreach(ev->tool_calls, i, call) {
         json_t *b = tool_use_json(call);
         if (!b) {
-            fail(r, 500, "out of memory");
+            apireq_fail(a, 500, "out of memory");
             return;
         }
-        if (!r->stream) {
+        if (!apireq_streamed(a)) {
             if (json_array_append_new(r->tool_uses, b) != 0)
-                fail(r, 500, "out of memory");
+                apireq_fail(a, 500, "out of memory");
             continue;
         }
-        close_block(r);
+        close_block(a, r);
         json_t *input = json_incref(json_object_get(b, "input"));
         char *partial = json_dumps(input, JSON_COMPACT);
         json_object_set_new(b, "input", json_object());
-        open_block(r, b);
-        send_event(r, "content_block_delta",
-                   partial ? json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_delta", "index", r->next_index - 1,
-                                       "delta", "type", "input_json_delta", "partial_json", partial)
-                           : NULL);
-        send_event(r, "content_block_stop",
-                   json_pack("{s:s,s:i}", "type", "content_block_stop", "index", r->next_index - 1));
+        open_block(a, r, b);
+        apireq_send(a, "content_block_delta",
+                    partial ? json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_delta", "index",
+                                        r->next_index - 1, "delta", "type", "input_json_delta", "partial_json", partial)
+                            : NULL);
+        apireq_send(a, "content_block_stop",
+                    json_pack("{s:s,s:i}", "type", "content_block_stop", "index", r->next_index - 1));
         free(partial);
         json_decref(input);
     }
 }
 
-static void end(struct areq *r, const struct gen_event *ev)
+static void end(struct apireq *a, struct areq *r, const struct gen_event *ev)
 {
     if (ev->usage.prompt_tokens > 0) {
         r->prompt_tokens = ev->usage.prompt_tokens;
@@ -796,111 +595,92 @@ static void end(struct areq *r, const struct gen_event *ev)
     r->output_tokens = ev->usage.completion_tokens;
     if (!r->stop_reason)
         r->stop_reason = "end_turn";
-    if (r->stream) {
-        close_block(r);
+    if (apireq_streamed(a)) {
+        close_block(a, r);
         if (r->next_index == 0) { /* nothing came: one empty text block, as a reply has */
-            open_block(r, json_pack("{s:s,s:s}", "type", "text", "text", ""));
+            open_block(a, r, json_pack("{s:s,s:s}", "type", "text", "text", ""));
             r->open = BLOCK_TEXT;
-            close_block(r);
+            close_block(a, r);
         }
-        send_event(r, "message_delta",
-                   json_pack("{s:s,s:{s:s,s:o},s:{s:I}}", "type", "message_delta", "delta", "stop_reason",
-                             r->stop_reason, "stop_sequence", r->stop_sequence ? json_string(r->stop_sequence) : json_null(),
-                             "usage", "output_tokens", (json_int_t)r->output_tokens));
-        send_event(r, "message_stop", json_pack("{s:s}", "type", "message_stop"));
-        r->over = true;
-        http_stream_finish(r->s);
+        apireq_send(a, "message_delta",
+                    json_pack("{s:s,s:{s:s,s:o},s:{s:I}}", "type", "message_delta", "delta", "stop_reason",
+                              r->stop_reason, "stop_sequence",
+                              r->stop_sequence ? json_string(r->stop_sequence) : json_null(), "usage",
+                              "output_tokens", (json_int_t)r->output_tokens));
+        apireq_send(a, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+        apireq_finish(a);
         return;
     }
     json_t *content = json_array();
     bool ok = content != NULL;
     if (ok && r->thinking.len)
         ok = json_array_append_new(content, json_pack("{s:s,s:s,s:s}", "type", "thinking", "thinking",
-                                                      tbuf_str(&r->thinking), "signature", "")) == 0;
+                                                      apiutil_text(&r->thinking), "signature", "")) == 0;
     if (ok && (r->text.len || (!r->thinking.len && !json_array_size(r->tool_uses))))
-        ok = json_array_append_new(content, json_pack("{s:s,s:s}", "type", "text", "text", tbuf_str(&r->text))) == 0;
+        ok = json_array_append_new(content,
+                                   json_pack("{s:s,s:s}", "type", "text", "text", apiutil_text(&r->text))) == 0;
     ok = ok && json_array_extend(content, r->tool_uses) == 0;
     json_t *msg = ok ? message_json(r, content, true) : NULL;
     if (!ok)
         json_decref(content);
-    if (!msg) {
-        fail(r, 500, "out of memory");
-        return;
-    }
-    r->over = true;
-    http_stream_reply_json(r->s, 200, msg);
+    apireq_reply(a, msg);
 }
 
-static void handle_event(struct areq *r, const struct gen_event *ev)
+static void on_event(struct apireq *a, void *self, const struct gen_event *ev)
 {
-    if (r->over)
-        return;
+    struct areq *r = self;
+    bool stream = apireq_streamed(a);
     switch (ev->kind) {
     case GEN_EVENT_START:
-        r->started = true;
         r->prompt_tokens = ev->usage.prompt_tokens;
         r->cached_tokens = ev->usage.cached_tokens;
-        if (!r->stream)
+        if (!stream)
             break;
-        if (sse_start_deferred(r->s) != 0) {
-            r->over = true;
-            break;
-        }
-        send_event(r, "message_start",
-                   json_pack("{s:s,s:o}", "type", "message_start", "message", message_json(r, json_array(), false)));
-        send_event(r, "ping", json_pack("{s:s}", "type", "ping"));
+        apireq_send(a, "message_start",
+                    json_pack("{s:s,s:o}", "type", "message_start", "message", message_json(r, json_array(), false)));
+        apireq_send(a, "ping", json_pack("{s:s}", "type", "ping"));
         break;
     case GEN_EVENT_DELTA: {
         const char *c = ev->content ? ev->content : "", *t = ev->reasoning ? ev->reasoning : "";
         if (ev->seq != 0)
             break;
-        if (*t && r->stream)
-            block_delta(r, BLOCK_THINKING, t);
-        else if (*t && tbuf_add(&r->thinking, t, strlen(t)))
-            fail(r, 500, "out of memory");
-        if (*c && r->stream && !r->over)
-            block_delta(r, BLOCK_TEXT, c);
-        else if (*c && !r->stream && tbuf_add(&r->text, c, strlen(c)))
-            fail(r, 500, "out of memory");
+        if (*t && stream)
+            block_delta(a, r, BLOCK_THINKING, t);
+        else if (*t && strbuf_put(&r->thinking, t, strlen(t)))
+            apireq_fail(a, 500, "out of memory");
+        if (*c && stream && !apireq_over(a))
+            block_delta(a, r, BLOCK_TEXT, c);
+        else if (*c && !stream && strbuf_put(&r->text, c, strlen(c)))
+            apireq_fail(a, 500, "out of memory");
         break;
     }
     case GEN_EVENT_SEQ_DONE:
         if (ev->seq == 0)
-            seq_done(r, ev);
+            seq_done(a, r, ev);
         break;
     case GEN_EVENT_END:
-        end(r, ev);
+        end(a, r, ev);
         break;
-    case GEN_EVENT_ERROR:
-        fail(r, ev->status, ev->message && *ev->message ? ev->message : "generation failed");
+    case GEN_EVENT_ERROR: /* apireq's */
         break;
     }
 }
 
-static void on_event(void *arg, const struct gen_event *ev)
-{
-    struct areq *r = arg;
-    pthread_mutex_lock(&r->mu);
-    bool cancelling = r->cancelling;
-    pthread_mutex_unlock(&r->mu);
-    if (!cancelling)
-        handle_event(r, ev);
-    if (ev->kind != GEN_EVENT_END && ev->kind != GEN_EVENT_ERROR)
-        return;
-    pthread_mutex_lock(&r->mu);
-    bool mine = !r->cancelling; /* else the canceller drops the reference */
-    if (mine)
-        r->gen_live = false;
-    pthread_mutex_unlock(&r->mu);
-    if (mine)
-        areq_unref(r);
-}
+static const struct apireq_api ANTHROPIC_API = {
+    .name = "anthropic",
+    .framing = APIREQ_SSE,
+    .error_event = "error",
+    .error_json = error_json,
+    .backend_status = anthropic_status,
+    .event = on_event,
+    .free = areq_free,
+};
 
 static void h_messages(struct http_request *req, void *ctx)
 {
     const struct gen *g = ctx;
     const json_t *body = http_req_json(req);
-    char err[ERR_MAX] = "";
+    struct apiutil_err e = {{0}, {0}};
     const char *model = NULL;
     bool stream = false;
     struct textgen_params p;
@@ -909,16 +689,17 @@ static void h_messages(struct http_request *req, void *ctx)
         reply_error(req, 400, "request body: expected a JSON object");
         return;
     }
-    int rc = read_request(body, &p, &stream, &model, err, sizeof err);
+    int rc = read_request(body, &p, &stream, &model, &e);
     if (rc) {
         textgen_params_clear(&p);
-        reply_error(req, rc == CAIRN_ENOMEM ? 500 : 400, err);
+        reply_error(req, rc == CAIRN_ENOMEM ? 500 : 400, rc == CAIRN_ENOMEM ? "out of memory" : e.message);
         return;
     }
     if (!ids_valid_model(model)) { /* no model can have that id */
+        char msg[ERR_MAX];
         textgen_params_clear(&p);
-        snprintf(err, sizeof err, "model '%.*s' not found", NAME_SHOWN, model);
-        reply_error(req, 404, err);
+        snprintf(msg, sizeof msg, "model '%.*s' not found", NAME_SHOWN, model);
+        reply_error(req, 404, msg);
         return;
     }
     snprintf(p.model, sizeof p.model, "%s", model);
@@ -927,53 +708,20 @@ static void h_messages(struct http_request *req, void *ctx)
     bool ok = r && (r->model = strdup(model)) && (r->tool_uses = json_array());
     for (int i = 0; ok && i < p.n_stop; i++)
         ok = (r->stops[r->n_stops++] = strdup(p.stop[i])) != NULL;
-    if (!ok || http_reply_defer(req, &r->s) != 0) {
-        if (r) {
-            for (int i = 0; i < r->n_stops; i++)
-                free(r->stops[i]);
-            free(r->model);
-            json_decref(r->tool_uses);
-        }
-        free(r);
+    if (!ok) {
+        if (r)
+            areq_free(r);
         textgen_params_clear(&p);
         reply_error(req, 500, "out of memory");
         return;
     }
-    pthread_mutex_init(&r->mu, NULL);
-    r->refs = 2;
-    r->gen_live = true;
-    r->g = g;
-    r->stream = stream;
-    random_id(r->id, sizeof r->id, "msg_");
-    http_stream_on_close(r->s, on_close, r);
-
-    uint64_t handle = 0;
-    err[0] = 0;
-    int status = g->ops->submit(g->self, &p, on_event, r, &handle, err, sizeof err);
-    textgen_params_clear(&p); /* submit took what p owned */
-    if (status != 0) {
-        pthread_mutex_lock(&r->mu);
-        r->gen_live = false;
-        pthread_mutex_unlock(&r->mu);
-        fail(r, status, err[0] ? err : "request refused");
-        areq_unref(r); /* no event will come */
-    } else {
-        pthread_mutex_lock(&r->mu);
-        r->handle = handle;
-        r->have_handle = true;
-        bool cancel = r->cancel_wanted && r->gen_live && !r->cancelling;
-        if (cancel)
-            r->cancelling = true;
-        pthread_mutex_unlock(&r->mu);
-        if (cancel)
-            areq_cancel(r);
-    }
-    areq_unref(r);
+    apiutil_random_id(r->id, sizeof r->id, "msg_");
+    apireq_run(req, g, &ANTHROPIC_API, r, stream, &p);
 }
 
 int anthropic_register(struct http_server *srv, const struct gen *g, char *err, size_t errlen)
 {
-    int rc = http_route(srv, "POST", "/v1/messages", h_messages, (void *)g);
+    int rc = http_route_errors(srv, "POST", "/v1/messages", h_messages, (void *)g, error_json);
     if (rc)
         return cairn_fail(err, errlen, rc, "anthropic: route POST /v1/messages: %s", cairn_strerror(rc));
     return 0;

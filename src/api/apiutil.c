@@ -29,6 +29,12 @@ int apiutil_fail(struct apiutil_err *e, const char *param, const char *fmt, ...)
     return CAIRN_EFORMAT;
 }
 
+void apiutil_member_path(char *dst, size_t cap, const char *path, const char *key)
+{
+    bool top = !path || !path[0];
+    ids_path(dst, cap, "%s%s%s", top ? "" : path, top ? "" : ".", key);
+}
+
 /* The member, or NULL when missing or JSON null. */
 static const json_t *member(const json_t *obj, const char *key, bool *given)
 {
@@ -40,57 +46,109 @@ static const json_t *member(const json_t *obj, const char *key, bool *given)
     return v;
 }
 
-int apiutil_opt_number(const json_t *obj, const char *key, double lo, double hi, bool lo_open,
-                       double *out, bool *given, struct apiutil_err *e)
+bool apiutil_int_value(const json_t *v, int64_t *out)
+{
+    if (json_is_integer(v)) {
+        *out = (int64_t)json_integer_value(v);
+        return true;
+    }
+    double d = json_is_real(v) ? json_real_value(v) : NAN;
+    /* Below 2^53 every integral double is exact and converts without overflow. */
+    if (!isfinite(d) || d != floor(d) || fabs(d) >= 9007199254740992.0)
+        return false;
+    *out = (int64_t)d;
+    return true;
+}
+
+int apiutil_opt_number(const json_t *obj, const char *path, const char *key, double lo, double hi,
+                       bool lo_open, double *out, bool *given, struct apiutil_err *e)
 {
     const json_t *v = member(obj, key, given);
     if (!v)
         return 0;
-    if (!json_is_number(v))
-        return apiutil_fail(e, key, "expected a number");
-    double d = json_number_value(v);
-    if (!isfinite(d) || d > hi || (lo_open ? d <= lo : d < lo))
-        return apiutil_fail(e, key, "%g is out of range, expected %s%g, %g]", d,
-                            lo_open ? "(" : "[", lo, hi);
+    double d = json_is_number(v) ? json_number_value(v) : NAN;
+    if (!isfinite(d) || d > hi || (lo_open ? d <= lo : d < lo)) {
+        char p[APIUTIL_PARAM_MAX];
+        apiutil_member_path(p, sizeof p, path, key);
+        return apiutil_fail(e, p, "expected a number in %s%g, %g]", lo_open ? "(" : "[", lo, hi);
+    }
     *out = d;
     return 0;
 }
 
-int apiutil_opt_int(const json_t *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
-                    bool *given, struct apiutil_err *e)
+int apiutil_opt_int(const json_t *obj, const char *path, const char *key, int64_t lo, int64_t hi,
+                    int64_t *out, bool *given, struct apiutil_err *e)
 {
     const json_t *v = member(obj, key, given);
     if (!v)
         return 0;
     int64_t n;
-    if (json_is_integer(v)) {
-        n = (int64_t)json_integer_value(v);
-    } else if (json_is_real(v)) {
-        double d = json_real_value(v);
-        /* Only integral values inside [lo, hi] convert; bounds are exact for |x| < 2^53. */
-        if (!isfinite(d) || d != floor(d) || d < (double)lo || d > (double)hi)
-            return apiutil_fail(e, key, "expected an integer in [%lld, %lld]", (long long)lo,
-                                (long long)hi);
-        n = (int64_t)d;
-    } else {
-        return apiutil_fail(e, key, "expected an integer");
+    if (!apiutil_int_value(v, &n) || n < lo || n > hi) {
+        char p[APIUTIL_PARAM_MAX];
+        apiutil_member_path(p, sizeof p, path, key);
+        return apiutil_fail(e, p, "expected an integer in [%lld, %lld]", (long long)lo,
+                            (long long)hi);
     }
-    if (n < lo || n > hi)
-        return apiutil_fail(e, key, "%lld is out of range, expected [%lld, %lld]", (long long)n,
-                            (long long)lo, (long long)hi);
     *out = n;
     return 0;
 }
 
-int apiutil_opt_bool(const json_t *obj, const char *key, bool *out, bool *given,
+int apiutil_opt_bool(const json_t *obj, const char *path, const char *key, bool *out, bool *given,
                      struct apiutil_err *e)
 {
     const json_t *v = member(obj, key, given);
     if (!v)
         return 0;
-    if (!json_is_boolean(v))
-        return apiutil_fail(e, key, "expected true or false");
+    if (!json_is_boolean(v)) {
+        char p[APIUTIL_PARAM_MAX];
+        apiutil_member_path(p, sizeof p, path, key);
+        return apiutil_fail(e, p, "expected true or false");
+    }
     *out = json_is_true(v);
+    return 0;
+}
+
+int apiutil_opt_string(const json_t *obj, const char *path, const char *key, const char **out,
+                       struct apiutil_err *e)
+{
+    const json_t *v = member(obj, key, NULL);
+    *out = NULL;
+    if (!v)
+        return 0;
+    if (!json_is_string(v)) {
+        char p[APIUTIL_PARAM_MAX];
+        apiutil_member_path(p, sizeof p, path, key);
+        return apiutil_fail(e, p, "expected a string");
+    }
+    *out = json_string_value(v);
+    return 0;
+}
+
+int apiutil_opt_stop(const json_t *obj, const char *path, const char *key, bool one_string,
+                     struct textgen_params *p, struct apiutil_err *e)
+{
+    const json_t *v = member(obj, key, NULL);
+    if (!v)
+        return 0;
+    char name[APIUTIL_PARAM_MAX], at[APIUTIL_PARAM_MAX];
+    apiutil_member_path(name, sizeof name, path, key);
+    bool single = one_string && json_is_string(v);
+    if ((!single && !json_is_array(v)) || json_array_size(v) > TEXTGEN_MAX_STOP)
+        return apiutil_fail(e, name, "expected %san array of at most %d strings",
+                            one_string ? "a string or " : "", TEXTGEN_MAX_STOP);
+    size_t n = single ? 1 : json_array_size(v);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *s = single ? v : json_array_get(v, i);
+        size_t len = json_string_length(s);
+        ids_path(at, sizeof at, single ? "%s" : "%s[%zu]", name, i);
+        if (!json_is_string(s) || len < 1 || len > TEXTGEN_MAX_STOP_BYTES)
+            return apiutil_fail(e, at, "expected a string of 1..%d bytes", TEXTGEN_MAX_STOP_BYTES);
+        if (p->n_stop >= TEXTGEN_MAX_STOP)
+            return apiutil_fail(e, name, "at most %d stop strings", TEXTGEN_MAX_STOP);
+        if (!(p->stop[p->n_stop] = strndup(json_string_value(s), len)))
+            return CAIRN_ENOMEM;
+        p->n_stop++;
+    }
     return 0;
 }
 
@@ -106,7 +164,7 @@ int apiutil_flatten_content(const json_t *content, const char *path, char **out,
     }
     if (!json_is_array(content))
         return apiutil_fail(e, path, "expected a string or an array of content parts");
-    struct apiutil_buf b = {0};
+    struct strbuf b = {0};
     char p[APIUTIL_PARAM_MAX];
     size_t i;
     json_t *part;
@@ -126,51 +184,84 @@ int apiutil_flatten_content(const json_t *content, const char *path, char **out,
         } else if (!json_is_string(text)) {
             ids_path(p, sizeof p, "%s[%zu].text", path, i);
             rc = apiutil_fail(e, p, "expected a string");
-        } else if ((i > 0 && apiutil_buf_add(&b, "\n", 1)) ||
-                   apiutil_buf_add(&b, json_string_value(text), json_string_length(text))) {
+        } else if ((i > 0 && strbuf_put(&b, "\n", 1)) ||
+                   strbuf_put(&b, json_string_value(text), json_string_length(text))) {
             rc = CAIRN_ENOMEM;
         }
         if (rc) {
-            apiutil_buf_free(&b);
+            strbuf_free(&b);
             return rc;
         }
     }
-    if (!b.p && apiutil_buf_add(&b, "", 0))
+    if (!b.p && strbuf_put(&b, "", 0))
         return CAIRN_ENOMEM;
     *out = b.p;
     return 0;
 }
 
-int apiutil_buf_add(struct apiutil_buf *b, const char *s, size_t n)
-{
-    if (n > SIZE_MAX / 4 || b->len > SIZE_MAX / 4)
-        return CAIRN_ENOMEM;
-    if (!b->p || b->cap - b->len <= n) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap - b->len <= n)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return CAIRN_ENOMEM;
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n)
-        memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return 0;
-}
-
-const char *apiutil_buf_str(const struct apiutil_buf *b)
+const char *apiutil_text(const struct strbuf *b)
 {
     return b->p ? b->p : "";
 }
 
-void apiutil_buf_free(struct apiutil_buf *b)
+json_t *apiutil_text_json(const char *s)
 {
-    free(b->p);
-    memset(b, 0, sizeof *b);
+    json_t *j = json_string(s ? s : "");
+    if (j || !s)
+        return j;
+    char *copy = strdup(s);
+    if (!copy)
+        return NULL;
+    for (char *c = copy; *c; c++)
+        if ((unsigned char)*c >= 0x80)
+            *c = '?';
+    j = json_string(copy);
+    free(copy);
+    return j;
+}
+
+bool apiutil_put(json_t *o, const char *key, json_t *v)
+{
+    return v && json_object_set_new(o, key, v) == 0;
+}
+
+const char *apiutil_str(const json_t *o, const char *key)
+{
+    const char *s = json_string_value(json_object_get(o, key));
+    return s ? s : "";
+}
+
+static int clamp_status(int status)
+{
+    return status >= 400 && status <= 599 ? status : 500;
+}
+
+void apiutil_reply_error(struct http_request *req, http_error_fn fmt, int status,
+                         const char *message, const char *param)
+{
+    status = clamp_status(status);
+    json_t *j = fmt(status, message, param);
+    if (!j) {
+        http_reply_error(req, 500, "server_error", "out of memory");
+        return;
+    }
+    if (status == 503 || status == 529)
+        http_reply_header(req, "Retry-After", "1");
+    http_reply_json(req, status, j);
+}
+
+void apiutil_stream_reply_error(struct http_stream *s, http_error_fn fmt, int status,
+                                const char *message, const char *param)
+{
+    status = clamp_status(status);
+    json_t *j = fmt(status, message, param);
+    if (!j) {
+        http_stream_reply_error(s, 500, "server_error", "out of memory");
+        return;
+    }
+    if (status == 503 || status == 529)
+        http_stream_header(s, "Retry-After", "1");
+    http_stream_reply_json(s, status, j);
 }
 
 uint64_t apiutil_random_u64(void)
@@ -184,6 +275,11 @@ uint64_t apiutil_random_u64(void)
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
+}
+
+uint64_t apiutil_random_seed(void)
+{
+    return apiutil_random_u64() & (uint64_t)IDS_COUNTER_MAX;
 }
 
 void apiutil_random_id(char *dst, size_t cap, const char *prefix)

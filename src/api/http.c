@@ -49,6 +49,7 @@ struct route {
     int nseg;
     http_handler_fn fn;
     void *ctx;
+    http_error_fn errors; /* the route's error shape, or NULL */
 };
 
 struct hdr {
@@ -739,7 +740,17 @@ static enum MHD_Result queue_error(struct http_request *req, int status, const c
 {
     va_list ap;
     va_start(ap, fmt);
-    char *text = error_text(status, type, fmt, ap);
+    char *text = NULL;
+    if (req->route && req->route->errors) { /* the route's API answers in its own shape */
+        char msg[1024];
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        fix_utf8(msg);
+        json_t *j = req->route->errors(status, msg, NULL);
+        text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+        json_decref(j);
+    } else {
+        text = error_text(status, type, fmt, ap);
+    }
     va_end(ap);
     if (!text)
         return MHD_NO;
@@ -1066,6 +1077,12 @@ static bool same_shape(const struct route *a, const struct route *b)
 int http_route(struct http_server *srv, const char *method, const char *pattern,
                http_handler_fn fn, void *ctx)
 {
+    return http_route_errors(srv, method, pattern, fn, ctx, NULL);
+}
+
+int http_route_errors(struct http_server *srv, const char *method, const char *pattern,
+                      http_handler_fn fn, void *ctx, http_error_fn errors)
+{
     if (!srv || !method || !pattern || !fn || pattern[0] != '/' || !method[0])
         return CAIRN_EINVAL;
     if (srv->started)
@@ -1084,6 +1101,7 @@ int http_route(struct http_server *srv, const char *method, const char *pattern,
     r.pattern = strdup(pattern);
     r.fn = fn;
     r.ctx = ctx;
+    r.errors = errors;
     if (!r.segs || !r.method || !r.pattern) {
         route_free(&r);
         return CAIRN_ENOMEM;

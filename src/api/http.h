@@ -40,6 +40,10 @@ struct http_config {
  * else the client gets 500. req is valid only until the handler returns. */
 typedef void (*http_handler_fn)(struct http_request *req, void *ctx);
 
+/* An API's error body for an HTTP status and message (param: the request field it is
+ * about, or NULL); a new object, NULL when out of memory. */
+typedef json_t *(*http_error_fn)(int status, const char *message, const char *param);
+
 /* Binds the listening socket (close-on-exec) without serving yet; *out owned by the
  * caller (http_server_release). Fails with a message on bad config or bind errors. */
 int http_server_create(struct http_server **out, const struct http_config *cfg, char *err,
@@ -56,6 +60,13 @@ uint16_t http_server_port(const struct http_server *srv);
  * pattern, ESTATE once started, ENOMEM. */
 int http_route(struct http_server *srv, const char *method, const char *pattern,
                http_handler_fn fn, void *ctx);
+
+/* As http_route; besides, the server's own error replies on this route (body too
+ * large, JSON that is malformed or nested too deep, a handler that made no reply) take
+ * their body from errors (param NULL), so that an API answers in its own error shape.
+ * errors NULL: http_reply_error's shape, as with http_route. */
+int http_route_errors(struct http_server *srv, const char *method, const char *pattern,
+                      http_handler_fn fn, void *ctx, http_error_fn errors);
 
 /* Starts serving on the socket bound by create. */
 int http_server_start(struct http_server *srv, char *err, size_t errlen);

@@ -12,71 +12,25 @@
 #include "api/ollama.h"
 
 #include <ctype.h>
-#include <math.h>
-#include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 
+#include "api/apireq.h"
+#include "api/apiutil.h"
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
-#include "cluster/ids.h"
-
 #include "base/version.h"
+#include "cluster/ids.h"
 
 #define ERR_MAX 512
 #define NAME_SHOWN 300 /* bytes of a client's model name quoted in an error */
 
 /* ---------- small helpers ---------- */
-
-/* A growable NUL-terminated text. */
-struct tbuf {
-    char *p;
-    size_t len, cap;
-};
-
-static int tbuf_add(struct tbuf *b, const char *s, size_t n)
-{
-    if (n > SIZE_MAX / 4 - b->len)
-        return CAIRN_ENOMEM;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q)
-            return CAIRN_ENOMEM;
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return 0;
-}
-
-static const char *tbuf_str(const struct tbuf *b) { return b->p ? b->p : ""; }
-
-static void tbuf_free(struct tbuf *b)
-{
-    free(b->p);
-    memset(b, 0, sizeof *b);
-}
-
-/* A seed for a request that names none (Ollama's default is a random one). */
-static uint64_t random_seed(void)
-{
-    uint64_t v = 0;
-    if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v)
-        v = (uint64_t)clock_ns() * 0x9e3779b97f4a7c15ull;
-    return v & (((uint64_t)1 << 53) - 1);
-}
 
 /* Time as RFC 3339 in UTC with nanoseconds, as Ollama writes "created_at". */
 static void rfc3339(char *buf, size_t cap, time_t sec, long nsec)
@@ -95,129 +49,37 @@ static void rfc3339_now(char *buf, size_t cap)
     rfc3339(buf, cap, ts.tv_sec, ts.tv_nsec);
 }
 
-/* A JSON string of text that may hold invalid UTF-8 (a backend message): such bytes
- * become '?'. */
-static json_t *text_json(const char *text)
+/* Ollama's error body: {"error": message}. */
+static json_t *error_json(int status, const char *message, const char *param)
 {
-    json_t *j = json_string(text ? text : "");
-    if (j || !text)
-        return j;
-    char *copy = strdup(text);
-    if (!copy)
-        return NULL;
-    for (char *c = copy; *c; c++)
-        if ((unsigned char)*c >= 0x80)
-            *c = '?';
-    j = json_string(copy);
-    free(copy);
-    return j;
-}
-
-static json_t *error_json(const char *msg)
-{
+    (void)status;
+    (void)param;
     json_t *o = json_object();
-    if (o && json_object_set_new(o, "error", text_json(msg)) != 0) {
+    if (o && !apiutil_put(o, "error", apiutil_text_json(message))) {
         json_decref(o);
         o = NULL;
     }
     return o;
 }
 
-static void reply_error(struct http_request *req, int status, const char *msg)
+static void reply_error(struct http_request *req, int status, const char *message)
 {
-    if (status == 503)
-        http_reply_header(req, "Retry-After", "1");
-    http_reply_json(req, status, error_json(msg));
+    apiutil_reply_error(req, error_json, status, message, NULL);
 }
-
-static bool put(json_t *o, const char *key, json_t *v) { return v && json_object_set_new(o, key, v) == 0; }
 
 /* ---------- checked request members ---------- */
 
-/* Optional number member key of o in [lo, hi] ((lo, hi] with lo_open); absent or null
- * leaves *out and sets *given false. path prefixes the field's name in errors. */
-static int opt_number(const json_t *o, const char *path, const char *key, double lo, double hi,
-                      bool lo_open, double *out, bool *given, char *err, size_t errlen)
-{
-    const json_t *v = json_object_get(o, key);
-    *given = false;
-    if (!v || json_is_null(v))
-        return 0;
-    double d = json_number_value(v);
-    if (!json_is_number(v) || !isfinite(d) || d > hi || (lo_open ? d <= lo : d < lo))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s%s%s: expected a number in %c%g, %g]", path,
-                          *path ? "." : "", key, lo_open ? '(' : '[', lo, hi);
-    *out = d;
-    *given = true;
-    return 0;
-}
-
-/* As opt_number for an integer (a real with an integral value counts: JavaScript
- * clients may send 100.0). */
-static int opt_int(const json_t *o, const char *path, const char *key, int64_t lo, int64_t hi,
-                   int64_t *out, bool *given, char *err, size_t errlen)
-{
-    const json_t *v = json_object_get(o, key);
-    *given = false;
-    if (!v || json_is_null(v))
-        return 0;
-    bool ok = false;
-    int64_t x = 0;
-    if (json_is_integer(v)) {
-        x = json_integer_value(v);
-        ok = true;
-    } else if (json_is_real(v)) {
-        double d = json_real_value(v);
-        if (isfinite(d) && d == floor(d) && fabs(d) < 9.0e15) {
-            x = (int64_t)d;
-            ok = true;
-        }
-    }
-    if (!ok || x < lo || x > hi)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s%s%s: expected an integer in [%lld, %lld]", path,
-                          *path ? "." : "", key, (long long)lo, (long long)hi);
-    *out = x;
-    *given = true;
-    return 0;
-}
-
-static int opt_bool(const json_t *o, const char *key, bool *out, char *err, size_t errlen)
-{
-    const json_t *v = json_object_get(o, key);
-    if (!v || json_is_null(v))
-        return 0;
-    if (!json_is_boolean(v))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: expected true or false", key);
-    *out = json_is_true(v);
-    return 0;
-}
-
-/* Optional string member: *out borrowed (NULL when absent or null). */
-static int opt_string(const json_t *o, const char *path, const char *key, const char **out, char *err,
-                      size_t errlen)
-{
-    const json_t *v = json_object_get(o, key);
-    *out = NULL;
-    if (!v || json_is_null(v))
-        return 0;
-    if (!json_is_string(v))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s%s%s: expected a string", path, *path ? "." : "",
-                          key);
-    *out = json_string_value(v);
-    return 0;
-}
-
 /* "images": absent, null or empty; any image is refused (text-only models). */
-static int no_images(const json_t *o, const char *path, char *err, size_t errlen)
+static int no_images(const json_t *o, const char *path, struct apiutil_err *e)
 {
     const json_t *v = json_object_get(o, "images");
     if (!v || json_is_null(v))
         return 0;
     if (!json_is_array(v))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s%simages: expected an array", path, *path ? "." : "");
+        return apiutil_fail(e, NULL, "%s%simages: expected an array", path, *path ? "." : "");
     if (json_array_size(v) > 0)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s%simages: images are not supported (text models only)",
-                          path, *path ? "." : "");
+        return apiutil_fail(e, NULL, "%s%simages: images are not supported (text models only)", path,
+                            *path ? "." : "");
     return 0;
 }
 
@@ -228,15 +90,15 @@ static const char *const ROLES[] = {"system", "user", "assistant", "tool"};
 /* An Ollama tool call {"function": {"name", "arguments": object}} as the common form's
  * {"id", "type": "function", "function": {"name", "arguments": object}}. */
 static int tool_call_in(const json_t *call, const char *path, size_t msg_i, size_t j, json_t *out_arr,
-                        char *err, size_t errlen)
+                        struct apiutil_err *e)
 {
     const json_t *fn = json_object_get(call, "function");
     if (!json_is_object(call) || !json_is_object(fn))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.tool_calls[%zu].function: expected an object", path, j);
+        return apiutil_fail(e, NULL, "%s.tool_calls[%zu].function: expected an object", path, j);
     const json_t *name = json_object_get(fn, "name");
     if (!json_is_string(name) || json_string_length(name) == 0)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.tool_calls[%zu].function.name: expected a string", path,
-                          j);
+        return apiutil_fail(e, NULL, "%s.tool_calls[%zu].function.name: expected a string", path,
+                            j);
     const json_t *args = json_object_get(fn, "arguments");
     json_t *obj = NULL;
     if (!args || json_is_null(args))
@@ -250,8 +112,8 @@ static int tool_call_in(const json_t *call, const char *path, size_t msg_i, size
         obj = NULL;
     }
     if (!obj)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.tool_calls[%zu].function.arguments: expected an object",
-                          path, j);
+        return apiutil_fail(e, NULL, "%s.tool_calls[%zu].function.arguments: expected an object",
+                            path, j);
     char idbuf[64];
     const char *id = json_string_value(json_object_get(call, "id"));
     if (!id || !*id) {
@@ -261,12 +123,12 @@ static int tool_call_in(const json_t *call, const char *path, size_t msg_i, size
     json_t *o = json_pack("{s:s,s:s,s:{s:O,s:o}}", "id", id, "type", "function", "function", "name", (json_t *)name,
                           "arguments", obj);
     if (!o || json_array_append_new(out_arr, o) != 0)
-        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+        return CAIRN_ENOMEM;
     return 0;
 }
 
 /* /api/chat's messages in the common form (textgen.h). */
-static int chat_messages(const json_t *msgs, json_t *out, char *err, size_t errlen)
+static int chat_messages(const json_t *msgs, json_t *out, struct apiutil_err *e)
 {
     size_t i;
     const json_t *m;
@@ -274,112 +136,112 @@ static int chat_messages(const json_t *msgs, json_t *out, char *err, size_t errl
         char path[48];
         snprintf(path, sizeof path, "messages[%zu]", i);
         if (!json_is_object(m))
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: expected an object", path);
+            return apiutil_fail(e, NULL, "%s: expected an object", path);
         const char *role = json_string_value(json_object_get(m, "role"));
         bool known = false;
         for (size_t k = 0; role && k < sizeof ROLES / sizeof ROLES[0]; k++)
             known |= strcmp(role, ROLES[k]) == 0;
         if (!known)
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.role: expected system, user, assistant or tool", path);
+            return apiutil_fail(e, NULL, "%s.role: expected system, user, assistant or tool", path);
         const char *content, *thinking, *tool_name, *name, *tool_call_id;
         int rc;
-        if ((rc = opt_string(m, path, "content", &content, err, errlen)) ||
-            (rc = opt_string(m, path, "thinking", &thinking, err, errlen)) ||
-            (rc = opt_string(m, path, "tool_name", &tool_name, err, errlen)) ||
-            (rc = opt_string(m, path, "name", &name, err, errlen)) ||
-            (rc = opt_string(m, path, "tool_call_id", &tool_call_id, err, errlen)) ||
-            (rc = no_images(m, path, err, errlen)))
+        if ((rc = apiutil_opt_string(m, path, "content", &content, e)) ||
+            (rc = apiutil_opt_string(m, path, "thinking", &thinking, e)) ||
+            (rc = apiutil_opt_string(m, path, "tool_name", &tool_name, e)) ||
+            (rc = apiutil_opt_string(m, path, "name", &name, e)) ||
+            (rc = apiutil_opt_string(m, path, "tool_call_id", &tool_call_id, e)) ||
+            (rc = no_images(m, path, e)))
             return rc;
         json_t *o = json_pack("{s:s,s:s}", "role", role, "content", content ? content : "");
         if (!o || json_array_append_new(out, o) != 0)
-            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
-        if (thinking && *thinking && !put(o, "reasoning_content", json_string(thinking)))
-            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
-        if ((tool_name || name) && !put(o, "name", json_string(tool_name ? tool_name : name)))
-            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
-        if (tool_call_id && !put(o, "tool_call_id", json_string(tool_call_id)))
-            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+            return CAIRN_ENOMEM;
+        if (thinking && *thinking && !apiutil_put(o, "reasoning_content", json_string(thinking)))
+            return CAIRN_ENOMEM;
+        if ((tool_name || name) && !apiutil_put(o, "name", json_string(tool_name ? tool_name : name)))
+            return CAIRN_ENOMEM;
+        if (tool_call_id && !apiutil_put(o, "tool_call_id", json_string(tool_call_id)))
+            return CAIRN_ENOMEM;
         const json_t *tc = json_object_get(m, "tool_calls");
         if (!tc || json_is_null(tc))
             continue;
         if (!json_is_array(tc))
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.tool_calls: expected an array", path);
+            return apiutil_fail(e, NULL, "%s.tool_calls: expected an array", path);
         if (json_array_size(tc) == 0)
             continue;
         json_t *calls = json_array();
-        if (!put(o, "tool_calls", calls))
-            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+        if (!apiutil_put(o, "tool_calls", calls))
+            return CAIRN_ENOMEM;
         size_t j;
         const json_t *call;
         json_array_foreach(tc, j, call)
-            if ((rc = tool_call_in(call, path, i, j, calls, err, errlen)))
+            if ((rc = tool_call_in(call, path, i, j, calls, e)))
                 return rc;
     }
     return 0;
 }
 
 /* "tools": [{"type": "function", "function": {"name", "description", "parameters"}}]. */
-static int read_tools(const json_t *body, struct textgen_params *p, char *err, size_t errlen)
+static int read_tools(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
 {
     const json_t *tools = json_object_get(body, "tools");
     if (!tools || json_is_null(tools))
         return 0;
     if (!json_is_array(tools))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "tools: expected an array");
+        return apiutil_fail(e, NULL, "tools: expected an array");
     if (json_array_size(tools) == 0)
         return 0;
     if (!(p->tools = json_array()))
-        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+        return CAIRN_ENOMEM;
     size_t i;
     const json_t *t;
     json_array_foreach(tools, i, t) {
         const json_t *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
         if (!json_is_object(t))
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "tools[%zu]: expected an object", i);
+            return apiutil_fail(e, NULL, "tools[%zu]: expected an object", i);
         if (type && !(json_is_string(type) && strcmp(json_string_value(type), "function") == 0))
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "tools[%zu].type: expected \"function\"", i);
+            return apiutil_fail(e, NULL, "tools[%zu].type: expected \"function\"", i);
         if (!json_is_object(fn))
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "tools[%zu].function: expected an object", i);
+            return apiutil_fail(e, NULL, "tools[%zu].function: expected an object", i);
         const json_t *name = json_object_get(fn, "name"), *desc = json_object_get(fn, "description"),
                      *params = json_object_get(fn, "parameters");
         if (!json_is_string(name) || json_string_length(name) == 0)
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "tools[%zu].function.name: expected a string", i);
+            return apiutil_fail(e, NULL, "tools[%zu].function.name: expected a string", i);
         if (desc && !json_is_null(desc) && !json_is_string(desc))
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "tools[%zu].function.description: expected a string", i);
+            return apiutil_fail(e, NULL, "tools[%zu].function.description: expected a string", i);
         if (params && !json_is_null(params) && !json_is_object(params))
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "tools[%zu].function.parameters: expected an object", i);
+            return apiutil_fail(e, NULL, "tools[%zu].function.parameters: expected an object", i);
         json_t *f = json_pack("{s:O}", "name", (json_t *)name);
         json_t *o = f ? json_pack("{s:s,s:o}", "type", "function", "function", f) : NULL;
         if (!o || json_array_append_new(p->tools, o) != 0 ||
             (json_is_string(desc) && json_object_set(f, "description", (json_t *)desc) != 0) ||
             (json_is_object(params) && json_object_set(f, "parameters", (json_t *)params) != 0))
-            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+            return CAIRN_ENOMEM;
     }
     return 0;
 }
 
 /* "options" into the sampling parameters, max_tokens and stop strings. */
-static int read_options(const json_t *body, struct textgen_params *p, char *err, size_t errlen)
+static int read_options(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
 {
     const json_t *o = json_object_get(body, "options");
     struct runner_sampling *s = &p->sampling;
-    s->seed = random_seed();
+    s->seed = apiutil_random_seed();
     if (!o || json_is_null(o))
         return 0;
     if (!json_is_object(o))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "options: expected an object");
+        return apiutil_fail(e, NULL, "options: expected an object");
     const char *path = "options";
     double d = 0;
     int64_t x = 0;
     bool given;
     int rc;
 #define NUM(key, lo, hi, open, dst)                                                             \
-    if ((rc = opt_number(o, path, key, lo, hi, open, &d, &given, err, errlen)))                \
+    if ((rc = apiutil_opt_number(o, path, key, lo, hi, open, &d, &given, e)))                \
         return rc;                                                                              \
     if (given)                                                                                  \
         dst = (float)d;
 #define INT(key, lo, hi, dst)                                                                   \
-    if ((rc = opt_int(o, path, key, lo, hi, &x, &given, err, errlen)))                         \
+    if ((rc = apiutil_opt_int(o, path, key, lo, hi, &x, &given, e)))                         \
         return rc;                                                                              \
     if (given)                                                                                  \
         dst = (int)x;
@@ -393,41 +255,23 @@ static int read_options(const json_t *body, struct textgen_params *p, char *err,
     INT("repeat_last_n", -1, 1 << 24, s->penalty_last_n)
 #undef NUM
 #undef INT
-    if ((rc = opt_int(o, path, "seed", INT64_MIN, IDS_COUNTER_MAX, &x, &given, err, errlen)))
+    if ((rc = apiutil_opt_int(o, path, "seed", INT64_MIN, IDS_COUNTER_MAX, &x, &given, e)))
         return rc;
     if (given && x >= 0)
         s->seed = (uint64_t)x;
-    if ((rc = opt_int(o, path, "num_ctx", 0, INT64_MAX, &x, &given, err, errlen)))
+    if ((rc = apiutil_opt_int(o, path, "num_ctx", 0, INT64_MAX, &x, &given, e)))
         return rc; /* accepted and ignored: the instance's context is fixed when placed */
-    if ((rc = opt_int(o, path, "num_predict", -2, INT64_MAX, &x, &given, err, errlen)))
+    if ((rc = apiutil_opt_int(o, path, "num_predict", -2, INT64_MAX, &x, &given, e)))
         return rc;
     if (given && x == 0)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT,
-                          "options.num_predict: 0 generates nothing; expected -1 (no limit) or a count");
+        return apiutil_fail(e, "options.num_predict", "0 generates nothing; expected -1 (no limit) or a count");
     if (given)
         p->max_tokens = x < 0 ? 0 : x > RUNNER_MAX_GENERATE ? RUNNER_MAX_GENERATE : x;
-    const json_t *stop = json_object_get(o, "stop");
-    if (!stop || json_is_null(stop))
-        return 0;
-    if (!json_is_array(stop) || json_array_size(stop) > TEXTGEN_MAX_STOP)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "options.stop: expected an array of at most %d strings",
-                          TEXTGEN_MAX_STOP);
-    size_t i;
-    const json_t *v;
-    json_array_foreach(stop, i, v) {
-        size_t len = json_string_length(v);
-        if (!json_is_string(v) || len < 1 || len > TEXTGEN_MAX_STOP_BYTES)
-            return cairn_fail(err, errlen, CAIRN_EFORMAT, "options.stop[%zu]: expected a string of 1..%d bytes", i,
-                              TEXTGEN_MAX_STOP_BYTES);
-        if (!(p->stop[p->n_stop] = strdup(json_string_value(v))))
-            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
-        p->n_stop++;
-    }
-    return 0;
+    return apiutil_opt_stop(o, path, "stop", false, p, e);
 }
 
 /* "think": true/false or a level, into the template's kwargs. */
-static int read_think(const json_t *body, struct textgen_params *p, char *err, size_t errlen)
+static int read_think(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
 {
     const json_t *v = json_object_get(body, "think");
     if (!v || json_is_null(v))
@@ -435,74 +279,74 @@ static int read_think(const json_t *body, struct textgen_params *p, char *err, s
     const char *level = json_string_value(v);
     bool is_level = level && (!strcmp(level, "low") || !strcmp(level, "medium") || !strcmp(level, "high"));
     if (!json_is_boolean(v) && !is_level)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "think: expected true, false, \"low\", \"medium\" or \"high\"");
+        return apiutil_fail(e, NULL, "think: expected true, false, \"low\", \"medium\" or \"high\"");
     p->template_kwargs = json_pack("{s:b}", "enable_thinking", is_level || json_is_true(v));
-    if (!p->template_kwargs || (is_level && !put(p->template_kwargs, "reasoning_effort", json_string(level))))
-        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    if (!p->template_kwargs || (is_level && !apiutil_put(p->template_kwargs, "reasoning_effort", json_string(level))))
+        return CAIRN_ENOMEM;
     return 0;
 }
 
 /* Members both generation endpoints share. */
-static int read_common(const json_t *body, struct textgen_params *p, bool *stream, bool *unload, char *err,
-                       size_t errlen)
+static int read_common(const json_t *body, struct textgen_params *p, bool *stream, bool *unload,
+                       struct apiutil_err *e)
 {
     int rc;
-    if ((rc = opt_bool(body, "stream", stream, err, errlen)) || (rc = read_options(body, p, err, errlen)) ||
-        (rc = read_think(body, p, err, errlen)))
+    if ((rc = apiutil_opt_bool(body, NULL, "stream", stream, NULL, e)) || (rc = read_options(body, p, e)) ||
+        (rc = read_think(body, p, e)))
         return rc;
     const json_t *fmt = json_object_get(body, "format");
     if (fmt && !json_is_null(fmt) && !(json_is_string(fmt) && json_string_length(fmt) == 0))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT,
+        return apiutil_fail(e, NULL,
                           "format: structured output (\"json\" or a schema) is not supported");
     const json_t *ka = json_object_get(body, "keep_alive");
     if (ka && !json_is_null(ka) && !json_is_string(ka) && !json_is_number(ka))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "keep_alive: expected a duration (\"5m\") or seconds");
+        return apiutil_fail(e, NULL, "keep_alive: expected a duration (\"5m\") or seconds");
     *unload = ka && ((json_is_number(ka) && json_number_value(ka) == 0) ||
                      (json_is_string(ka) && strspn(json_string_value(ka), "0") == json_string_length(ka) &&
                       json_string_length(ka) > 0));
     return 0;
 }
 
-static int chat_params(const json_t *body, struct textgen_params *p, bool *load, char *err, size_t errlen)
+static int chat_params(const json_t *body, struct textgen_params *p, bool *load, struct apiutil_err *e)
 {
     const json_t *msgs = json_object_get(body, "messages");
     int rc;
     if (msgs && !json_is_null(msgs) && !json_is_array(msgs))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "messages: expected an array");
+        return apiutil_fail(e, NULL, "messages: expected an array");
     size_t n = json_array_size(msgs);
     if (n > TEXTGEN_MAX_MESSAGES)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "messages: %zu messages, at most %d", n,
-                          TEXTGEN_MAX_MESSAGES);
+        return apiutil_fail(e, NULL, "messages: %zu messages, at most %d", n,
+                            TEXTGEN_MAX_MESSAGES);
     *load = n == 0;
     if (!(p->messages = json_array()))
-        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
-    if ((rc = chat_messages(msgs, p->messages, err, errlen)) || (rc = read_tools(body, p, err, errlen)))
+        return CAIRN_ENOMEM;
+    if ((rc = chat_messages(msgs, p->messages, e)) || (rc = read_tools(body, p, e)))
         return rc;
     return 0;
 }
 
-static int generate_params(const json_t *body, struct textgen_params *p, bool *load, char *err, size_t errlen)
+static int generate_params(const json_t *body, struct textgen_params *p, bool *load, struct apiutil_err *e)
 {
     const char *prompt, *system, *tmpl, *suffix;
     bool raw = false;
     int rc;
-    if ((rc = opt_string(body, "", "prompt", &prompt, err, errlen)) ||
-        (rc = opt_string(body, "", "system", &system, err, errlen)) ||
-        (rc = opt_string(body, "", "template", &tmpl, err, errlen)) ||
-        (rc = opt_string(body, "", "suffix", &suffix, err, errlen)) ||
-        (rc = opt_bool(body, "raw", &raw, err, errlen)) || (rc = no_images(body, "", err, errlen)))
+    if ((rc = apiutil_opt_string(body, NULL, "prompt", &prompt, e)) ||
+        (rc = apiutil_opt_string(body, NULL, "system", &system, e)) ||
+        (rc = apiutil_opt_string(body, NULL, "template", &tmpl, e)) ||
+        (rc = apiutil_opt_string(body, NULL, "suffix", &suffix, e)) ||
+        (rc = apiutil_opt_bool(body, NULL, "raw", &raw, NULL, e)) || (rc = no_images(body, "", e)))
         return rc;
     if (suffix && *suffix)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "suffix: fill-in-the-middle is not supported");
+        return apiutil_fail(e, NULL, "suffix: fill-in-the-middle is not supported");
     const json_t *ctx = json_object_get(body, "context");
     if (ctx && !json_is_null(ctx) && !json_is_array(ctx))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "context: expected an array");
+        return apiutil_fail(e, NULL, "context: expected an array");
     *load = !prompt || !*prompt;
     if (*load)
         return 0;
     if (raw) {
         if (!(p->prompt = strdup(prompt)))
-            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+            return CAIRN_ENOMEM;
         return 0;
     }
     p->messages = json_array();
@@ -512,7 +356,7 @@ static int generate_params(const json_t *body, struct textgen_params *p, bool *l
               (!sys || json_array_append(p->messages, sys) == 0) && json_array_append(p->messages, user) == 0;
     json_decref(sys);
     json_decref(user);
-    return ok ? 0 : cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    return ok ? 0 : CAIRN_ENOMEM;
 }
 
 /* ---------- models ---------- */
@@ -539,12 +383,6 @@ static const json_t *find_model(const json_t *models, const char *name)
 }
 
 static double num(const json_t *o, const char *key) { return json_number_value(json_object_get(o, key)); }
-
-static const char *str(const json_t *o, const char *key)
-{
-    const char *s = json_string_value(json_object_get(o, key));
-    return s ? s : "";
-}
 
 /* Parameters of a dense transformer from its card's shape: embeddings (and the head
  * when not tied), attention and feed-forward weights, norms. */
@@ -604,16 +442,16 @@ static json_t *details_json(const json_t *c)
 {
     char size[32];
     human_count(param_count(c), size, sizeof size);
-    const char *arch = str(c, "architecture");
+    const char *arch = apiutil_str(c, "architecture");
     return json_pack("{s:s,s:s,s:s,s:[s],s:s,s:s}", "parent_model", "", "format", "gguf", "family", arch,
-                     "families", arch, "parameter_size", size, "quantization_level", quant_level(str(c, "file")));
+                     "families", arch, "parameter_size", size, "quantization_level", quant_level(apiutil_str(c, "file")));
 }
 
 /* The file's modification time where this node can see the file, else now. */
 static void modified_at(const json_t *c, char *buf, size_t cap)
 {
     struct stat st;
-    if (stat(str(c, "file"), &st) == 0)
+    if (stat(apiutil_str(c, "file"), &st) == 0)
         rfc3339(buf, cap, st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
     else
         rfc3339_now(buf, cap);
@@ -623,12 +461,12 @@ static void modified_at(const json_t *c, char *buf, size_t cap)
 static json_t *model_entry(const json_t *c, bool ps)
 {
     char name[IDS_MODEL_MAX + 16], mod[64];
-    listed_name(str(c, "id"), name, sizeof name);
+    listed_name(apiutil_str(c, "id"), name, sizeof name);
     modified_at(c, mod, sizeof mod);
     json_t *o = json_pack("{s:s,s:s,s:s,s:I,s:s,s:o}", "name", name, "model", name, "modified_at", mod, "size",
-                          (json_int_t)num(c, "bytes"), "digest", str(c, "sha256"), "details", details_json(c));
+                          (json_int_t)num(c, "bytes"), "digest", apiutil_str(c, "sha256"), "details", details_json(c));
     /* An instance stays until it is deleted: it never expires the way Ollama's do. */
-    if (o && ps && !(put(o, "expires_at", json_string("9999-12-31T23:59:59Z")) && put(o, "size_vram", json_integer(0)))) {
+    if (o && ps && !(apiutil_put(o, "expires_at", json_string("9999-12-31T23:59:59Z")) && apiutil_put(o, "size_vram", json_integer(0)))) {
         json_decref(o);
         o = NULL;
     }
@@ -674,21 +512,21 @@ static void h_version(struct http_request *req, void *ctx)
 
 static json_t *show_json(const json_t *c)
 {
-    const char *arch = str(c, "architecture");
+    const char *arch = apiutil_str(c, "architecture");
     const char *tmpl = json_string_value(json_object_get(c, "chat_template"));
     char mod[64], key[96];
     modified_at(c, mod, sizeof mod);
-    struct tbuf mf = {0};
-    bool ok = tbuf_add(&mf, "# Modelfile generated by cairn\nFROM ", 36) == 0 &&
-              tbuf_add(&mf, str(c, "file"), strlen(str(c, "file"))) == 0 && tbuf_add(&mf, "\n", 1) == 0;
+    struct strbuf mf = {0};
+    bool ok = strbuf_put(&mf, "# Modelfile generated by cairn\nFROM ", 36) == 0 &&
+              strbuf_put(&mf, apiutil_str(c, "file"), strlen(apiutil_str(c, "file"))) == 0 && strbuf_put(&mf, "\n", 1) == 0;
     if (ok && tmpl)
-        ok = tbuf_add(&mf, "TEMPLATE \"\"\"", 12) == 0 && tbuf_add(&mf, tmpl, strlen(tmpl)) == 0 &&
-             tbuf_add(&mf, "\"\"\"\n", 4) == 0;
+        ok = strbuf_put(&mf, "TEMPLATE \"\"\"", 12) == 0 && strbuf_put(&mf, tmpl, strlen(tmpl)) == 0 &&
+             strbuf_put(&mf, "\"\"\"\n", 4) == 0;
     json_t *info = json_object(), *caps = json_pack("[s]", "completion");
-    ok = ok && info && caps && put(info, "general.architecture", json_string(arch)) &&
-         put(info, "general.parameter_count", json_integer((json_int_t)param_count(c)));
-    if (ok && *str(c, "name"))
-        ok = put(info, "general.name", json_string(str(c, "name")));
+    ok = ok && info && caps && apiutil_put(info, "general.architecture", json_string(arch)) &&
+         apiutil_put(info, "general.parameter_count", json_integer((json_int_t)param_count(c)));
+    if (ok && *apiutil_str(c, "name"))
+        ok = apiutil_put(info, "general.name", json_string(apiutil_str(c, "name")));
     static const char *const fields[][2] = {
         {"context_length", "context_length"},     {"embedding_length", "hidden_size"},
         {"block_count", "n_layers"},              {"feed_forward_length", "feed_forward_size"},
@@ -696,32 +534,32 @@ static json_t *show_json(const json_t *c)
         {"attention.key_length", "head_dim"},     {"vocab_size", "vocab_size"}};
     for (size_t i = 0; ok && i < sizeof fields / sizeof fields[0]; i++) {
         snprintf(key, sizeof key, "%s.%s", arch, fields[i][0]);
-        ok = put(info, key, json_integer((json_int_t)num(c, fields[i][1])));
+        ok = apiutil_put(info, key, json_integer((json_int_t)num(c, fields[i][1])));
     }
     if (ok && tmpl && strstr(tmpl, "tools"))
         ok = json_array_append_new(caps, json_string("tools")) == 0;
     if (ok && tmpl && (strstr(tmpl, "<think>") || strstr(tmpl, "enable_thinking") || strstr(tmpl, "reasoning_content")))
         ok = json_array_append_new(caps, json_string("thinking")) == 0;
-    json_t *o = ok ? json_pack("{s:s,s:s,s:s,s:s,s:o,s:O,s:O,s:s}", "license", "", "modelfile", tbuf_str(&mf),
+    json_t *o = ok ? json_pack("{s:s,s:s,s:s,s:s,s:o,s:O,s:O,s:s}", "license", "", "modelfile", apiutil_text(&mf),
                                "parameters", "", "template", tmpl ? tmpl : "", "details", details_json(c),
                                "model_info", info, "capabilities", caps, "modified_at", mod)
                    : NULL;
     json_decref(info);
     json_decref(caps);
-    tbuf_free(&mf);
+    strbuf_free(&mf);
     return o;
 }
 
 /* The model a request names ("model", or "name" where allowed): 400 when missing. */
-static int request_model(const json_t *body, bool name_too, const char **out, char *err, size_t errlen)
+static int request_model(const json_t *body, bool name_too, const char **out, struct apiutil_err *e)
 {
     const json_t *v = json_object_get(body, "model");
     if ((!v || json_is_null(v)) && name_too)
         v = json_object_get(body, "name");
     if (v && !json_is_null(v) && !json_is_string(v))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "model: expected a string");
+        return apiutil_fail(e, NULL, "model: expected a string");
     if (!v || json_is_null(v) || json_string_length(v) == 0)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "model is required");
+        return apiutil_fail(e, NULL, "model is required");
     *out = json_string_value(v);
     return 0;
 }
@@ -736,8 +574,9 @@ static void h_show(struct http_request *req, void *ctx)
         reply_error(req, 400, "request body: expected a JSON object");
         return;
     }
-    if (request_model(body, true, &name, err, sizeof err)) {
-        reply_error(req, 400, err);
+    struct apiutil_err e = {{0}, {0}};
+    if (request_model(body, true, &name, &e)) {
+        reply_error(req, 400, e.message);
         return;
     }
     json_t *models = g->ops->models(g->self);
@@ -761,75 +600,26 @@ static void h_show(struct http_request *req, void *ctx)
 
 enum kind { KIND_CHAT, KIND_GENERATE };
 
+/* A generation request's state (apireq's self): set by the handler, then used by the
+ * event callback alone. */
 struct oreq {
-    pthread_mutex_t mu; /* the lifecycle fields below */
-    int refs;           /* the handler's and the generation's */
-    bool gen_live;      /* events may still come */
-    bool have_handle, cancel_wanted, cancelling;
-    uint64_t handle;
-
-    /* Set by the handler before submit, then used by the event callbacks alone (events
-     * of one request come one at a time, in order). */
-    const struct gen *g;
-    struct http_stream *s;
     enum kind kind;
-    bool stream;
-    char *model;   /* the name the client gave, echoed */
-    bool started;  /* START seen */
-    bool over;     /* the reply is complete, or failed */
+    char *model; /* the name the client gave, echoed */
     int64_t t0, t_start, t_first;
     int64_t prompt_tokens, eval_tokens;
     const char *done_reason;
-    struct tbuf content, thinking;
+    struct strbuf content, thinking;
     json_t *tool_calls; /* Ollama-shaped, or NULL */
 };
 
-static void oreq_unref(struct oreq *r)
+static void oreq_free(void *self)
 {
-    pthread_mutex_lock(&r->mu);
-    bool last = --r->refs == 0;
-    pthread_mutex_unlock(&r->mu);
-    if (!last)
-        return;
-    /* The last reference may go inside the stream's close callback (after a cancel);
-     * releasing there is safe: http.c's release skips waiting for the callback running
-     * on its own thread, and the thread that fired it holds its own reference. */
-    http_stream_release(r->s);
-    pthread_mutex_destroy(&r->mu);
+    struct oreq *r = self;
     free(r->model);
-    tbuf_free(&r->content);
-    tbuf_free(&r->thinking);
+    strbuf_free(&r->content);
+    strbuf_free(&r->thinking);
     json_decref(r->tool_calls);
     free(r);
-}
-
-/* Cancels the generation (claimed by setting cancelling) and drops its reference. */
-static void oreq_cancel(struct oreq *r)
-{
-    r->g->ops->cancel(r->g->self, r->handle);
-    pthread_mutex_lock(&r->mu);
-    r->gen_live = false;
-    pthread_mutex_unlock(&r->mu);
-    oreq_unref(r);
-}
-
-/* Close callback: the client went away or the server is stopping. */
-static void on_close(void *arg, struct http_stream *s, enum http_stream_state why)
-{
-    struct oreq *r = arg;
-    (void)s;
-    (void)why;
-    pthread_mutex_lock(&r->mu);
-    bool cancel = false;
-    if (r->gen_live && !r->cancelling) {
-        if (r->have_handle)
-            cancel = r->cancelling = true;
-        else
-            r->cancel_wanted = true; /* submit has not returned: the handler cancels */
-    }
-    pthread_mutex_unlock(&r->mu);
-    if (cancel)
-        oreq_cancel(r);
 }
 
 /* {"model", "created_at"} of every reply object. */
@@ -845,34 +635,10 @@ static bool add_text(const struct oreq *r, json_t *o, const char *content, const
                      const json_t *tool_calls)
 {
     if (r->kind == KIND_GENERATE)
-        return put(o, "response", json_string(content)) && (!*thinking || put(o, "thinking", json_string(thinking)));
+        return apiutil_put(o, "response", json_string(content)) && (!*thinking || apiutil_put(o, "thinking", json_string(thinking)));
     json_t *m = json_pack("{s:s,s:s}", "role", "assistant", "content", content);
-    return put(o, "message", m) && (!*thinking || put(m, "thinking", json_string(thinking))) &&
+    return apiutil_put(o, "message", m) && (!*thinking || apiutil_put(m, "thinking", json_string(thinking))) &&
            (!tool_calls || json_object_set(m, "tool_calls", (json_t *)tool_calls) == 0);
-}
-
-/* Writes one NDJSON line; a failed write (client gone or too slow) ends the reply. */
-static void write_line(struct oreq *r, json_t *o)
-{
-    if (!o || http_stream_json_line(r->s, o) != 0)
-        r->over = true;
-    json_decref(o);
-}
-
-static void fail(struct oreq *r, int status, const char *msg)
-{
-    r->over = true;
-    if (r->stream && r->started) {
-        json_t *o = error_json(msg);
-        if (o)
-            http_stream_json_line(r->s, o);
-        json_decref(o);
-        http_stream_finish(r->s);
-        return;
-    }
-    if (status == 503)
-        http_stream_header(r->s, "Retry-After", "1");
-    http_stream_reply_json(r->s, status, error_json(msg));
 }
 
 /* Gen's tool calls (arguments as JSON text) in Ollama's shape (arguments as an object). */
@@ -888,11 +654,11 @@ static json_t *tool_calls_out(const json_t *calls)
                                            : json_loads(json_string_value(args) ? json_string_value(args) : "",
                                                         JSON_DECODE_ANY, NULL);
         if (!json_is_object(obj)) {
-            log_warn("ollama: tool call %s: arguments are not a JSON object", str(fn, "name"));
+            log_warn("ollama: tool call %s: arguments are not a JSON object", apiutil_str(fn, "name"));
             json_decref(obj);
             obj = json_object();
         }
-        json_t *o = json_pack("{s:s,s:{s:s,s:o}}", "id", str(c, "id"), "function", "name", str(fn, "name"),
+        json_t *o = json_pack("{s:s,s:{s:s,s:o}}", "id", apiutil_str(c, "id"), "function", "name", apiutil_str(fn, "name"),
                               "arguments", obj);
         if (!o || json_array_append_new(arr, o) != 0) {
             json_decref(arr);
@@ -902,46 +668,54 @@ static json_t *tool_calls_out(const json_t *calls)
     return arr;
 }
 
-static void reply_final(struct oreq *r)
+static void reply_final(struct apireq *a, struct oreq *r)
 {
     int64_t t_end = clock_ns(), t_start = r->t_start ? r->t_start : r->t0;
     int64_t t_first = r->t_first ? r->t_first : t_end;
     json_t *o = reply_base(r);
-    bool whole = !r->stream;
-    bool ok = o && add_text(r, o, whole ? tbuf_str(&r->content) : "", whole ? tbuf_str(&r->thinking) : "",
-                            whole ? r->tool_calls : NULL) &&
-              put(o, "done", json_true()) && put(o, "done_reason", json_string(r->done_reason ? r->done_reason : "stop")) &&
-              put(o, "total_duration", json_integer(t_end - r->t0)) &&
-              put(o, "load_duration", json_integer(t_start - r->t0)) &&
-              put(o, "prompt_eval_count", json_integer(r->prompt_tokens)) &&
-              put(o, "prompt_eval_duration", json_integer(t_first - t_start)) &&
-              put(o, "eval_count", json_integer(r->eval_tokens)) &&
-              put(o, "eval_duration", json_integer(t_end - t_first));
+    bool whole = !apireq_streamed(a);
+    bool ok = o &&
+              add_text(r, o, whole ? apiutil_text(&r->content) : "", whole ? apiutil_text(&r->thinking) : "",
+                       whole ? r->tool_calls : NULL) &&
+              apiutil_put(o, "done", json_true()) &&
+              apiutil_put(o, "done_reason", json_string(r->done_reason ? r->done_reason : "stop")) &&
+              apiutil_put(o, "total_duration", json_integer(t_end - r->t0)) &&
+              apiutil_put(o, "load_duration", json_integer(t_start - r->t0)) &&
+              apiutil_put(o, "prompt_eval_count", json_integer(r->prompt_tokens)) &&
+              apiutil_put(o, "prompt_eval_duration", json_integer(t_first - t_start)) &&
+              apiutil_put(o, "eval_count", json_integer(r->eval_tokens)) &&
+              apiutil_put(o, "eval_duration", json_integer(t_end - t_first));
     if (!ok) {
         json_decref(o);
-        fail(r, 500, "out of memory");
-        return;
-    }
-    r->over = true;
-    if (r->stream) {
-        write_line(r, o);
-        http_stream_finish(r->s);
+        apireq_fail(a, 500, "out of memory");
+    } else if (whole) {
+        apireq_reply(a, o);
     } else {
-        http_stream_reply_json(r->s, 200, o);
+        apireq_send(a, NULL, o);
+        apireq_finish(a);
     }
 }
 
-static void handle_event(struct oreq *r, const struct gen_event *ev)
+/* A line of a streamed reply that is not the last: text or tool calls. */
+static void send_part(struct apireq *a, struct oreq *r, const char *content, const char *thinking,
+                      const json_t *tool_calls)
 {
-    if (r->over)
-        return;
+    json_t *o = reply_base(r);
+    if (o && (!add_text(r, o, content, thinking, tool_calls) || !apiutil_put(o, "done", json_false()))) {
+        json_decref(o);
+        o = NULL;
+    }
+    apireq_send(a, NULL, o);
+}
+
+static void on_event(struct apireq *a, void *self, const struct gen_event *ev)
+{
+    struct oreq *r = self;
+    bool stream = apireq_streamed(a);
     switch (ev->kind) {
     case GEN_EVENT_START:
-        r->started = true;
         r->t_start = clock_ns();
         r->prompt_tokens = ev->usage.prompt_tokens;
-        if (r->stream && http_stream_start(r->s, 200, "application/x-ndjson") != 0)
-            r->over = true;
         break;
     case GEN_EVENT_DELTA: {
         const char *c = ev->content ? ev->content : "", *t = ev->reasoning ? ev->reasoning : "";
@@ -949,16 +723,10 @@ static void handle_event(struct oreq *r, const struct gen_event *ev)
             break;
         if (!r->t_first)
             r->t_first = clock_ns();
-        if (r->stream) {
-            json_t *o = reply_base(r);
-            if (o && (!add_text(r, o, c, t, NULL) || !put(o, "done", json_false()))) {
-                json_decref(o);
-                o = NULL;
-            }
-            write_line(r, o);
-        } else if (tbuf_add(&r->content, c, strlen(c)) || tbuf_add(&r->thinking, t, strlen(t))) {
-            fail(r, 500, "out of memory");
-        }
+        if (stream)
+            send_part(a, r, c, t, NULL);
+        else if (strbuf_put(&r->content, c, strlen(c)) || strbuf_put(&r->thinking, t, strlen(t)))
+            apireq_fail(a, 500, "out of memory");
         break;
     }
     case GEN_EVENT_SEQ_DONE: {
@@ -966,64 +734,45 @@ static void handle_event(struct oreq *r, const struct gen_event *ev)
         if (ev->seq != 0)
             break;
         if (!strcmp(finish, "error") || !strcmp(finish, "cancelled")) {
-            fail(r, 500, !strcmp(finish, "error") ? "generation failed" : "generation was cancelled");
+            apireq_fail(a, 500, !strcmp(finish, "error") ? "generation failed" : "generation was cancelled");
             break;
         }
         r->done_reason = !strcmp(finish, "length") ? "length" : "stop";
         r->eval_tokens = ev->usage.completion_tokens;
         if (!ev->tool_calls || json_array_size(ev->tool_calls) == 0)
             break;
-        if (!(r->tool_calls = tool_calls_out(ev->tool_calls))) {
-            fail(r, 500, "out of memory");
-        } else if (r->stream && r->kind == KIND_CHAT) {
-            json_t *o = reply_base(r);
-            if (o && (!add_text(r, o, "", "", r->tool_calls) || !put(o, "done", json_false()))) {
-                json_decref(o);
-                o = NULL;
-            }
-            write_line(r, o);
-        }
+        if (!(r->tool_calls = tool_calls_out(ev->tool_calls)))
+            apireq_fail(a, 500, "out of memory");
+        else if (stream && r->kind == KIND_CHAT)
+            send_part(a, r, "", "", r->tool_calls);
         break;
     }
     case GEN_EVENT_END:
         if (ev->usage.prompt_tokens > 0)
             r->prompt_tokens = ev->usage.prompt_tokens;
         r->eval_tokens = ev->usage.completion_tokens;
-        reply_final(r);
+        reply_final(a, r);
         break;
-    case GEN_EVENT_ERROR:
-        fail(r, ev->status >= 400 && ev->status <= 599 ? ev->status : 500,
-             ev->message && *ev->message ? ev->message : "generation failed");
+    case GEN_EVENT_ERROR: /* apireq's */
         break;
     }
 }
 
-static void on_event(void *arg, const struct gen_event *ev)
-{
-    struct oreq *r = arg;
-    pthread_mutex_lock(&r->mu);
-    bool cancelling = r->cancelling;
-    pthread_mutex_unlock(&r->mu);
-    if (!cancelling)
-        handle_event(r, ev);
-    if (ev->kind != GEN_EVENT_END && ev->kind != GEN_EVENT_ERROR)
-        return;
-    pthread_mutex_lock(&r->mu);
-    bool mine = !r->cancelling; /* else the canceller drops the reference */
-    if (mine)
-        r->gen_live = false;
-    pthread_mutex_unlock(&r->mu);
-    if (mine)
-        oreq_unref(r);
-}
+static const struct apireq_api OLLAMA_API = {
+    .name = "ollama",
+    .framing = APIREQ_NDJSON,
+    .error_json = error_json,
+    .event = on_event,
+    .free = oreq_free,
+};
 
 /* Ollama's answer to a request without prompt or messages: the model is "loaded". */
 static void reply_load(struct http_request *req, enum kind kind, const char *model, bool unload)
 {
     struct oreq shape = {.kind = kind, .model = (char *)model};
     json_t *o = reply_base(&shape);
-    if (!o || !add_text(&shape, o, "", "", NULL) || !put(o, "done", json_true()) ||
-        !put(o, "done_reason", json_string(unload ? "unload" : "load"))) {
+    if (!o || !add_text(&shape, o, "", "", NULL) || !apiutil_put(o, "done", json_true()) ||
+        !apiutil_put(o, "done_reason", json_string(unload ? "unload" : "load"))) {
         json_decref(o);
         reply_error(req, 500, "out of memory");
         return;
@@ -1044,21 +793,21 @@ static void generate(struct http_request *req, const struct gen *g, enum kind ki
         reply_error(req, 400, "request body: expected a JSON object");
         return;
     }
-    int rc = request_model(body, false, &name, err, sizeof err);
+    struct apiutil_err e = {{0}, {0}};
+    int rc = request_model(body, false, &name, &e);
     if (!rc)
-        rc = kind == KIND_CHAT ? chat_params(body, &p, &load, err, sizeof err)
-                               : generate_params(body, &p, &load, err, sizeof err);
+        rc = kind == KIND_CHAT ? chat_params(body, &p, &load, &e) : generate_params(body, &p, &load, &e);
     if (!rc)
-        rc = read_common(body, &p, &stream, &unload, err, sizeof err);
+        rc = read_common(body, &p, &stream, &unload, &e);
     if (rc) {
         textgen_params_clear(&p);
-        reply_error(req, gen_http_status(rc), err);
+        reply_error(req, gen_http_status(rc), rc == CAIRN_ENOMEM ? "out of memory" : e.message);
         return;
     }
     json_t *models = g->ops->models(g->self);
     const json_t *card = models ? find_model(models, name) : NULL;
     if (card)
-        snprintf(p.model, sizeof p.model, "%s", str(card, "id"));
+        snprintf(p.model, sizeof p.model, "%s", apiutil_str(card, "id"));
     json_decref(models);
     if (!card) {
         textgen_params_clear(&p);
@@ -1077,45 +826,15 @@ static void generate(struct http_request *req, const struct gen *g, enum kind ki
     }
 
     struct oreq *r = calloc(1, sizeof *r);
-    if (!r || !(r->model = strdup(name)) || http_reply_defer(req, &r->s) != 0) {
-        if (r)
-            free(r->model);
+    if (!r || !(r->model = strdup(name))) {
         free(r);
         textgen_params_clear(&p);
         reply_error(req, 500, "out of memory");
         return;
     }
-    pthread_mutex_init(&r->mu, NULL);
-    r->refs = 2;
-    r->gen_live = true;
-    r->g = g;
     r->kind = kind;
-    r->stream = stream;
     r->t0 = t0;
-    http_stream_on_close(r->s, on_close, r);
-
-    uint64_t handle = 0;
-    err[0] = 0;
-    int status = g->ops->submit(g->self, &p, on_event, r, &handle, err, sizeof err);
-    textgen_params_clear(&p); /* submit took what p owned; a no-op but for clarity */
-    if (status != 0) {
-        pthread_mutex_lock(&r->mu);
-        r->gen_live = false;
-        pthread_mutex_unlock(&r->mu);
-        fail(r, status >= 400 && status <= 599 ? status : 500, err[0] ? err : "request refused");
-        oreq_unref(r); /* no event will come */
-    } else {
-        pthread_mutex_lock(&r->mu);
-        r->handle = handle;
-        r->have_handle = true;
-        bool cancel = r->cancel_wanted && r->gen_live && !r->cancelling;
-        if (cancel)
-            r->cancelling = true;
-        pthread_mutex_unlock(&r->mu);
-        if (cancel)
-            oreq_cancel(r);
-    }
-    oreq_unref(r);
+    apireq_run(req, g, &OLLAMA_API, r, stream, &p);
 }
 
 static void h_chat(struct http_request *req, void *ctx) { generate(req, ctx, KIND_CHAT); }
@@ -1132,7 +851,7 @@ int ollama_register(struct http_server *srv, const struct gen *g, char *err, siz
         {"POST", "/api/show", h_show}, {"GET", "/api/ps", h_ps},             {"GET", "/api/version", h_version},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
-        int rc = http_route(srv, routes[i].method, routes[i].path, routes[i].fn, (void *)g);
+        int rc = http_route_errors(srv, routes[i].method, routes[i].path, routes[i].fn, (void *)g, error_json);
         if (rc)
             return cairn_fail(err, errlen, rc, "ollama: route %s %s: %s", routes[i].method, routes[i].path,
                               cairn_strerror(rc));

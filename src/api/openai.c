@@ -1,30 +1,18 @@
 /* OpenAI endpoints: requests checked field by field into textgen_params, generation
- * events turned into chunks (streamed) or one object (not streamed).
- *
- * Lifetime of a request (struct oreq): three parties may still touch it, each marked
- * under r->mu: the handler until it returns (handler_live), the backend until END or
- * ERROR was delivered or cancel returned (gen_live), and whoever is cancelling (the
- * stream's close callback, or the thread that cuts off a client too slow to read) until
- * cancel returned (cancelling). Whoever clears the last mark frees it, once. Freeing
- * releases the http_stream, which waits for a close callback already claimed on another
- * thread; that callback then sees gen_live false and returns without calling cancel, so
- * the wait is short. cancel (which may wait for a callback of the backend in flight) is
- * never called with r->mu held nor from the backend's callback, and that callback
- * waits for nothing but r->mu. */
+ * events turned into chunks (streamed) or one object (not streamed). The request's life
+ * (submit, cancel on hang-up, the one free) is apireq's. */
 #define _GNU_SOURCE
 #include "api/openai.h"
 
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "api/apireq.h"
 #include "api/apiutil.h"
-#include "api/sse.h"
 #include "base/err.h"
-#include "base/log.h"
 #include "cluster/ids.h"
 
 #define MAX_TOOLS 1024
@@ -37,58 +25,25 @@ struct req_opts {
 };
 
 struct choice {
-    struct apiutil_buf content, reasoning; /* not streamed: collected text */
-    json_t *tool_calls;                    /* not streamed: from SEQ_DONE, or NULL */
-    json_t *logprobs;                      /* not streamed: chat-form entries, or NULL */
-    size_t text_bytes;                     /* streamed completions: text sent so far */
+    struct strbuf content, reasoning; /* not streamed: collected text */
+    json_t *tool_calls;               /* not streamed: from SEQ_DONE, or NULL */
+    json_t *logprobs;                 /* not streamed: chat-form entries, or NULL */
+    size_t text_bytes;                /* streamed completions: text sent so far */
     char finish[16];
     bool done;
 };
 
+/* A generation request's state (apireq's self): used by the event callback alone. */
 struct oreq {
-    const struct gen *g;
     enum api_kind kind;
     char id[48];
     int64_t created;
     char model[IDS_MODEL_MAX + 1];
     int n;
-    bool stream, include_usage, logprobs;
-    struct http_stream *s; /* the deferred reply, released when r is freed */
-    uint64_t handle;
-
-    pthread_mutex_t mu;
-    bool handler_live, gen_live, freeing; /* see the top of the file */
-    int cancelling;
-    bool started; /* START seen (streamed: the SSE reply started) */
-    bool ended;   /* nothing more goes to the client (replied, finished or closed) */
+    bool include_usage, logprobs;
     struct gen_usage start_usage, seq_usage;
     struct choice *choices; /* n */
 };
-
-/* ---------- JSON helpers ---------- */
-
-static bool put(json_t *o, const char *key, json_t *v)
-{
-    return v && json_object_set_new(o, key, v) == 0;
-}
-
-/* A JSON string of s; when s is not valid UTF-8 (text from a peer), each non-ASCII byte
- * becomes '?'. */
-static json_t *text_json(const char *s)
-{
-    json_t *j = json_string(s ? s : "");
-    if (j)
-        return j;
-    char *copy = strdup(s);
-    if (!copy)
-        return NULL;
-    for (char *c = copy; *c; c++)
-        if ((unsigned char)*c >= 0x80)
-            *c = '?';
-    j = json_string(copy);
-    free(copy);
-    return j;
-}
 
 /* OpenAI's error object for status. */
 static json_t *error_json(int status, const char *message, const char *param)
@@ -97,10 +52,10 @@ static json_t *error_json(int status, const char *message, const char *param)
                        : status == 413 ? "context_length_exceeded"
                                        : NULL;
     json_t *e = json_object(), *o = json_object();
-    if (!e || !o || !put(e, "message", text_json(message)) ||
-        !put(e, "type", json_string(status >= 500 ? "server_error" : "invalid_request_error")) ||
-        !put(e, "param", param && param[0] ? text_json(param) : json_null()) ||
-        !put(e, "code", code ? json_string(code) : json_null()) || json_object_set(o, "error", e)) {
+    if (!e || !o || !apiutil_put(e, "message", apiutil_text_json(message)) ||
+        !apiutil_put(e, "type", json_string(status >= 500 ? "server_error" : "invalid_request_error")) ||
+        !apiutil_put(e, "param", param && param[0] ? apiutil_text_json(param) : json_null()) ||
+        !apiutil_put(e, "code", code ? json_string(code) : json_null()) || json_object_set(o, "error", e)) {
         json_decref(e);
         json_decref(o);
         return NULL;
@@ -109,32 +64,10 @@ static json_t *error_json(int status, const char *message, const char *param)
     return o;
 }
 
-static int clamp_status(int st)
-{
-    return st >= 400 && st <= 599 ? st : 500;
-}
-
 static void reply_error(struct http_request *req, int status, const char *message,
                         const char *param)
 {
-    if (status == 503)
-        http_reply_header(req, "Retry-After", "1");
-    json_t *j = error_json(status, message, param);
-    if (j)
-        http_reply_json(req, status, j);
-    else
-        http_reply_error(req, 500, "server_error", "out of memory");
-}
-
-static void stream_reply_error(struct http_stream *s, int status, const char *message)
-{
-    if (status == 503)
-        http_stream_header(s, "Retry-After", "1");
-    json_t *j = error_json(status, message, NULL);
-    if (j)
-        http_stream_reply_json(s, status, j);
-    else
-        http_stream_reply_error(s, 500, "server_error", "out of memory");
+    apiutil_reply_error(req, error_json, status, message, param);
 }
 
 /* ---------- request fields ---------- */
@@ -155,23 +88,6 @@ static int parse_model(const json_t *body, struct textgen_params *p, struct apiu
         return apiutil_fail(e, "model", "not a valid model id (1..%d of A-Z a-z 0-9 ._:/@+-)",
                             IDS_MODEL_MAX);
     snprintf(p->model, sizeof p->model, "%s", json_string_value(m));
-    return 0;
-}
-
-/* Optional string member key of o at path; *out borrowed or NULL. */
-static int opt_string(const json_t *o, const char *path, const char *key, const char **out,
-                      struct apiutil_err *e)
-{
-    const json_t *v = json_object_get(o, key);
-    *out = NULL;
-    if (!v || json_is_null(v))
-        return 0;
-    if (!json_is_string(v)) {
-        char p[APIUTIL_PARAM_MAX];
-        ids_path(p, sizeof p, "%s%s%s", path, path[0] ? "." : "", key);
-        return apiutil_fail(e, p, "expected a string");
-    }
-    *out = json_string_value(v);
     return 0;
 }
 
@@ -197,7 +113,7 @@ static int parse_tool_calls(const json_t *tc, const char *path, json_t **out,
         int rc = 0;
         if (!json_is_object(c))
             rc = apiutil_fail(e, p, "expected a tool call object");
-        else if ((rc = opt_string(c, p, "id", &id, e)) || (rc = opt_string(c, p, "type", &type, e)))
+        else if ((rc = apiutil_opt_string(c, p, "id", &id, e)) || (rc = apiutil_opt_string(c, p, "type", &type, e)))
             ;
         else if (type && strcmp(type, "function") != 0)
             rc = apiutil_fail(e, p, "type \"%s\" is not supported, only \"function\"", type);
@@ -209,7 +125,7 @@ static int parse_tool_calls(const json_t *tc, const char *path, json_t **out,
         }
         ids_path(p, sizeof p, "%s[%zu].function", path, i);
         const json_t *args = json_object_get(fn, "arguments");
-        if ((rc = opt_string(fn, p, "name", &name, e)) ||
+        if ((rc = apiutil_opt_string(fn, p, "name", &name, e)) ||
             (!name && (rc = apiutil_fail(e, p, "name: required")))) {
             json_decref(arr);
             return rc;
@@ -220,11 +136,11 @@ static int parse_tool_calls(const json_t *tc, const char *path, json_t **out,
             return apiutil_fail(e, p, "expected a JSON text or an object");
         }
         json_t *f = json_object(), *call = json_object();
-        bool ok = f && call && put(f, "name", json_string(name)) &&
-                  put(f, "arguments", args && !json_is_null(args) ? json_deep_copy(args)
+        bool ok = f && call && apiutil_put(f, "name", json_string(name)) &&
+                  apiutil_put(f, "arguments", args && !json_is_null(args) ? json_deep_copy(args)
                                                                   : json_string("{}")) &&
-                  (!id || put(call, "id", json_string(id))) &&
-                  put(call, "type", json_string("function")) &&
+                  (!id || apiutil_put(call, "id", json_string(id))) &&
+                  apiutil_put(call, "type", json_string("function")) &&
                   json_object_set(call, "function", f) == 0 && json_array_append(arr, call) == 0;
         json_decref(f);
         json_decref(call);
@@ -259,9 +175,9 @@ static int parse_message(const json_t *m, size_t i, json_t **out, struct apiutil
                             r);
     const char *call_id, *name, *reasoning;
     int rc;
-    if ((rc = opt_string(m, path, "tool_call_id", &call_id, e)) ||
-        (rc = opt_string(m, path, "name", &name, e)) ||
-        (rc = opt_string(m, path, "reasoning_content", &reasoning, e)))
+    if ((rc = apiutil_opt_string(m, path, "tool_call_id", &call_id, e)) ||
+        (rc = apiutil_opt_string(m, path, "name", &name, e)) ||
+        (rc = apiutil_opt_string(m, path, "reasoning_content", &reasoning, e)))
         return rc;
     json_t *calls = NULL;
     ids_path(p, sizeof p, "%s.tool_calls", path);
@@ -281,12 +197,12 @@ static int parse_message(const json_t *m, size_t i, json_t **out, struct apiutil
         return apiutil_fail(e, p, "required for a %s message", r);
     }
     json_t *msg = json_object();
-    bool ok = msg && put(msg, "role", json_string(r)) &&
-              put(msg, "content", text ? json_string(text) : json_null()) &&
+    bool ok = msg && apiutil_put(msg, "role", json_string(r)) &&
+              apiutil_put(msg, "content", text ? json_string(text) : json_null()) &&
               (!calls || json_object_set(msg, "tool_calls", calls) == 0) &&
-              (!call_id || put(msg, "tool_call_id", json_string(call_id))) &&
-              (!name || put(msg, "name", json_string(name))) &&
-              (!reasoning || put(msg, "reasoning_content", json_string(reasoning)));
+              (!call_id || apiutil_put(msg, "tool_call_id", json_string(call_id))) &&
+              (!name || apiutil_put(msg, "name", json_string(name))) &&
+              (!reasoning || apiutil_put(msg, "reasoning_content", json_string(reasoning)));
     free(text);
     json_decref(calls);
     if (!ok) {
@@ -340,33 +256,6 @@ static int parse_prompt(const json_t *body, struct textgen_params *p, struct api
     return p->prompt ? 0 : oom();
 }
 
-static int parse_stop(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
-{
-    const json_t *v = json_object_get(body, "stop");
-    if (!v || json_is_null(v))
-        return 0;
-    bool single = json_is_string(v);
-    if (!single && !json_is_array(v))
-        return apiutil_fail(e, "stop", "expected a string or an array of strings");
-    size_t n = single ? 1 : json_array_size(v);
-    if (n > TEXTGEN_MAX_STOP)
-        return apiutil_fail(e, "stop", "%zu stop strings, at most %d", n, TEXTGEN_MAX_STOP);
-    for (size_t i = 0; i < n; i++) {
-        const json_t *s = single ? v : json_array_get(v, i);
-        char path[32];
-        ids_path(path, sizeof path, single ? "stop" : "stop[%zu]", i);
-        if (!json_is_string(s))
-            return apiutil_fail(e, path, "expected a string");
-        size_t len = json_string_length(s);
-        if (len < 1 || len > TEXTGEN_MAX_STOP_BYTES)
-            return apiutil_fail(e, path, "%zu bytes, expected 1..%d", len, TEXTGEN_MAX_STOP_BYTES);
-        if (!(p->stop[p->n_stop] = strndup(json_string_value(s), len)))
-            return oom();
-        p->n_stop++;
-    }
-    return 0;
-}
-
 static int parse_logit_bias(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
 {
     const json_t *v = json_object_get(body, "logit_bias");
@@ -411,38 +300,38 @@ static int parse_sampling(const json_t *body, struct textgen_params *p, struct a
     bool given;
     int64_t k, seed = -1;
     int rc;
-    if ((rc = apiutil_opt_number(body, "temperature", 0, 2, false, &d, &given, e)))
+    if ((rc = apiutil_opt_number(body, NULL, "temperature", 0, 2, false, &d, &given, e)))
         return rc;
     if (given)
         s->temperature = (float)d;
-    if ((rc = apiutil_opt_number(body, "top_p", 0, 1, true, &d, &given, e)))
+    if ((rc = apiutil_opt_number(body, NULL, "top_p", 0, 1, true, &d, &given, e)))
         return rc;
     if (given)
         s->top_p = (float)d;
-    if ((rc = apiutil_opt_number(body, "min_p", 0, 1, false, &d, &given, e)))
+    if ((rc = apiutil_opt_number(body, NULL, "min_p", 0, 1, false, &d, &given, e)))
         return rc;
     if (given)
         s->min_p = (float)d;
-    if ((rc = apiutil_opt_number(body, "presence_penalty", -2, 2, false, &d, &given, e)))
+    if ((rc = apiutil_opt_number(body, NULL, "presence_penalty", -2, 2, false, &d, &given, e)))
         return rc;
     if (given)
         s->presence_penalty = (float)d;
-    if ((rc = apiutil_opt_number(body, "frequency_penalty", -2, 2, false, &d, &given, e)))
+    if ((rc = apiutil_opt_number(body, NULL, "frequency_penalty", -2, 2, false, &d, &given, e)))
         return rc;
     if (given)
         s->frequency_penalty = (float)d;
-    if ((rc = apiutil_opt_number(body, "repetition_penalty", 0, 100, true, &d, &given, e)))
+    if ((rc = apiutil_opt_number(body, NULL, "repetition_penalty", 0, 100, true, &d, &given, e)))
         return rc;
     if (given)
         s->repeat_penalty = (float)d;
-    if ((rc = apiutil_opt_int(body, "top_k", -1, 1 << 24, &k, &given, e)))
+    if ((rc = apiutil_opt_int(body, NULL, "top_k", -1, 1 << 24, &k, &given, e)))
         return rc;
     if (given)
         s->top_k = k > 0 ? (int)k : 0; /* -1 and 0: off */
-    if ((rc = apiutil_opt_int(body, "seed", -1, IDS_COUNTER_MAX, &seed, NULL, e)))
+    if ((rc = apiutil_opt_int(body, NULL, "seed", -1, IDS_COUNTER_MAX, &seed, NULL, e)))
         return rc;
     /* OpenAI draws a fresh seed for each unseeded request; so do we (-1 asks the same). */
-    s->seed = seed >= 0 ? (uint64_t)seed : apiutil_random_u64() & (uint64_t)IDS_COUNTER_MAX;
+    s->seed = seed >= 0 ? (uint64_t)seed : apiutil_random_seed();
     return 0;
 }
 
@@ -451,8 +340,8 @@ static int parse_max_tokens(const json_t *body, struct textgen_params *p, struct
     int64_t a = 0, b = 0;
     bool ga, gb;
     int rc;
-    if ((rc = apiutil_opt_int(body, "max_tokens", 1, IDS_COUNTER_MAX, &a, &ga, e)) ||
-        (rc = apiutil_opt_int(body, "max_completion_tokens", 1, IDS_COUNTER_MAX, &b, &gb, e)))
+    if ((rc = apiutil_opt_int(body, NULL, "max_tokens", 1, IDS_COUNTER_MAX, &a, &ga, e)) ||
+        (rc = apiutil_opt_int(body, NULL, "max_completion_tokens", 1, IDS_COUNTER_MAX, &b, &gb, e)))
         return rc;
     int64_t n = gb ? b : ga ? a : 0; /* the newer name wins */
     p->max_tokens = n > RUNNER_MAX_GENERATE ? RUNNER_MAX_GENERATE : n;
@@ -473,14 +362,14 @@ static int parse_logprobs(enum api_kind kind, const json_t *body, struct textgen
             p->logprobs = json_is_true(v);
             return 0;
         }
-        if ((rc = apiutil_opt_int(body, "logprobs", 0, TEXTGEN_MAX_TOP_LOGPROBS, &top, &given, e)))
+        if ((rc = apiutil_opt_int(body, NULL, "logprobs", 0, TEXTGEN_MAX_TOP_LOGPROBS, &top, &given, e)))
             return rc;
         p->logprobs = given;
         p->top_logprobs = (int)top;
         return 0;
     }
-    if ((rc = apiutil_opt_bool(body, "logprobs", &p->logprobs, NULL, e)) ||
-        (rc = apiutil_opt_int(body, "top_logprobs", 0, TEXTGEN_MAX_TOP_LOGPROBS, &top, &given, e)))
+    if ((rc = apiutil_opt_bool(body, NULL, "logprobs", &p->logprobs, NULL, e)) ||
+        (rc = apiutil_opt_int(body, NULL, "top_logprobs", 0, TEXTGEN_MAX_TOP_LOGPROBS, &top, &given, e)))
         return rc;
     p->top_logprobs = (int)top;
     return 0;
@@ -504,15 +393,15 @@ static int parse_tools(const json_t *body, struct textgen_params *p, struct apiu
             int rc = 0;
             if (!json_is_object(t))
                 return apiutil_fail(e, path, "expected a tool object");
-            if ((rc = opt_string(t, path, "type", &type, e)))
+            if ((rc = apiutil_opt_string(t, path, "type", &type, e)))
                 return rc;
             if (type && strcmp(type, "function") != 0)
                 return apiutil_fail(e, path, "type \"%s\" is not supported, only \"function\"", type);
             if (!json_is_object(fn))
                 return apiutil_fail(e, path, "function: expected an object");
             ids_path(path, sizeof path, "tools[%zu].function", i);
-            if ((rc = opt_string(fn, path, "name", &name, e)) ||
-                (rc = opt_string(fn, path, "description", &desc, e)))
+            if ((rc = apiutil_opt_string(fn, path, "name", &name, e)) ||
+                (rc = apiutil_opt_string(fn, path, "description", &desc, e)))
                 return rc;
             if (!name || !name[0])
                 return apiutil_fail(e, path, "name: required");
@@ -522,11 +411,11 @@ static int parse_tools(const json_t *body, struct textgen_params *p, struct apiu
             json_t *f = json_object(), *tool = json_object();
             if (!p->tools)
                 p->tools = json_array();
-            bool ok = f && tool && p->tools && put(f, "name", json_string(name)) &&
-                      (!desc || put(f, "description", json_string(desc))) &&
+            bool ok = f && tool && p->tools && apiutil_put(f, "name", json_string(name)) &&
+                      (!desc || apiutil_put(f, "description", json_string(desc))) &&
                       (!params || json_is_null(params) ||
-                       put(f, "parameters", json_deep_copy(params))) &&
-                      put(tool, "type", json_string("function")) &&
+                       apiutil_put(f, "parameters", json_deep_copy(params))) &&
+                      apiutil_put(tool, "type", json_string("function")) &&
                       json_object_set(tool, "function", f) == 0 &&
                       json_array_append(p->tools, tool) == 0;
             json_decref(f);
@@ -566,13 +455,13 @@ static int parse_template_kwargs(const json_t *body, struct textgen_params *p,
     const char *effort = NULL;
     bool thinking, given;
     int rc;
-    if ((rc = opt_string(body, "", "reasoning_effort", &effort, e)))
+    if ((rc = apiutil_opt_string(body, NULL, "reasoning_effort", &effort, e)))
         return rc;
     if (effort && strcmp(effort, "none") && strcmp(effort, "minimal") && strcmp(effort, "low") &&
         strcmp(effort, "medium") && strcmp(effort, "high"))
         return apiutil_fail(e, "reasoning_effort", "\"%s\" is not one of none, minimal, low, medium, high",
                             effort);
-    if ((rc = apiutil_opt_bool(body, "enable_thinking", &thinking, &given, e)))
+    if ((rc = apiutil_opt_bool(body, NULL, "enable_thinking", &thinking, &given, e)))
         return rc;
     const json_t *kw = json_object_get(body, "chat_template_kwargs");
     if (kw && !json_is_null(kw) && !json_is_object(kw))
@@ -584,12 +473,12 @@ static int parse_template_kwargs(const json_t *body, struct textgen_params *p,
         return oom();
     p->template_kwargs = o;
     if (effort && strcmp(effort, "none") == 0) {
-        if (!put(o, "enable_thinking", json_false()))
+        if (!apiutil_put(o, "enable_thinking", json_false()))
             return oom();
-    } else if (effort && !put(o, "reasoning_effort", json_string(effort))) {
+    } else if (effort && !apiutil_put(o, "reasoning_effort", json_string(effort))) {
         return oom();
     }
-    if (given && !put(o, "enable_thinking", json_boolean(thinking)))
+    if (given && !apiutil_put(o, "enable_thinking", json_boolean(thinking)))
         return oom();
     if (json_is_object(kw) && json_object_update(o, (json_t *)kw))
         return oom();
@@ -601,9 +490,9 @@ static int parse_misc(enum api_kind kind, const json_t *body, struct textgen_par
 {
     int64_t n = 1;
     int rc;
-    if ((rc = apiutil_opt_int(body, "n", 1, TEXTGEN_MAX_N, &n, NULL, e)) ||
-        (rc = apiutil_opt_bool(body, "ignore_eos", &p->ignore_eos, NULL, e)) ||
-        (rc = apiutil_opt_bool(body, "stream", &o->stream, NULL, e)))
+    if ((rc = apiutil_opt_int(body, NULL, "n", 1, TEXTGEN_MAX_N, &n, NULL, e)) ||
+        (rc = apiutil_opt_bool(body, NULL, "ignore_eos", &p->ignore_eos, NULL, e)) ||
+        (rc = apiutil_opt_bool(body, NULL, "stream", &o->stream, NULL, e)))
         return rc;
     p->n = (int)n;
     const json_t *so = json_object_get(body, "stream_options");
@@ -611,8 +500,8 @@ static int parse_misc(enum api_kind kind, const json_t *body, struct textgen_par
         if (!json_is_object(so))
             return apiutil_fail(e, "stream_options", "expected an object");
         bool inc = false;
-        if (apiutil_opt_bool(so, "include_usage", &inc, NULL, e))
-            return apiutil_fail(e, "stream_options.include_usage", "expected true or false");
+        if ((rc = apiutil_opt_bool(so, "stream_options", "include_usage", &inc, NULL, e)))
+            return rc;
         o->include_usage = inc && o->stream;
     }
     const json_t *rf = json_object_get(body, "response_format");
@@ -650,15 +539,13 @@ static int parse_request(enum api_kind kind, const json_t *body, struct textgen_
         return rc;
     }
     if ((rc = parse_max_tokens(body, p, e)) || (rc = parse_sampling(body, p, e)) ||
-        (rc = parse_stop(body, p, e)) || (rc = parse_logit_bias(body, p, e)) ||
+        (rc = apiutil_opt_stop(body, NULL, "stop", true, p, e)) || (rc = parse_logit_bias(body, p, e)) ||
         (rc = parse_logprobs(kind, body, p, e)) || (rc = parse_misc(kind, body, p, o, e)))
         return rc;
     return 0;
 }
 
 /* ---------- replies ---------- */
-
-static void cut_off(struct oreq *r);
 
 static json_t *usage_json(const struct oreq *r, const struct gen_usage *end)
 {
@@ -692,9 +579,9 @@ static json_t *tool_call_json(const json_t *tc, long index)
                           args_text ? args_text : json_is_string(args) ? json_string_value(args) : "{}");
     free(args_text);
     json_t *c = json_object();
-    bool ok = f && c && (index < 0 || put(c, "index", json_integer(index))) &&
-              put(c, "id", json_string(json_is_string(id) ? json_string_value(id) : gen_id)) &&
-              put(c, "type", json_string("function")) && json_object_set(c, "function", f) == 0;
+    bool ok = f && c && (index < 0 || apiutil_put(c, "index", json_integer(index))) &&
+              apiutil_put(c, "id", json_string(json_is_string(id) ? json_string_value(id) : gen_id)) &&
+              apiutil_put(c, "type", json_string("function")) && json_object_set(c, "function", f) == 0;
     json_decref(f);
     if (!ok) {
         json_decref(c);
@@ -779,7 +666,7 @@ static bool has_calls(const json_t *calls)
     return json_is_array(calls) && json_array_size(calls) > 0;
 }
 
-/* The whole reply of a request that was not streamed; r->mu held. */
+/* The whole reply of a request that was not streamed. */
 static json_t *full_response(struct oreq *r, const struct gen_usage *end)
 {
     json_t *o = response_head(r, r->kind == KIND_CHAT ? "chat.completion" : "text_completion");
@@ -789,22 +676,22 @@ static json_t *full_response(struct oreq *r, const struct gen_usage *end)
         struct choice *c = &r->choices[i];
         bool calls = has_calls(c->tool_calls);
         json_t *ch = json_object(), *lp = NULL;
-        ok = ch && put(ch, "index", json_integer(i));
+        ok = ch && apiutil_put(ch, "index", json_integer(i));
         if (r->kind == KIND_CHAT) {
             json_t *msg = json_object();
-            const char *text = apiutil_buf_str(&c->content);
-            ok = ok && msg && put(msg, "role", json_string("assistant")) &&
-                 put(msg, "content", calls && !text[0] ? json_null() : text_json(text)) &&
+            const char *text = apiutil_text(&c->content);
+            ok = ok && msg && apiutil_put(msg, "role", json_string("assistant")) &&
+                 apiutil_put(msg, "content", calls && !text[0] ? json_null() : apiutil_text_json(text)) &&
                  (!c->reasoning.len ||
-                  put(msg, "reasoning_content", text_json(apiutil_buf_str(&c->reasoning)))) &&
-                 (!calls || put(msg, "tool_calls", tool_calls_json(c->tool_calls, false)));
+                  apiutil_put(msg, "reasoning_content", apiutil_text_json(apiutil_text(&c->reasoning)))) &&
+                 (!calls || apiutil_put(msg, "tool_calls", tool_calls_json(c->tool_calls, false)));
             ok = ok && json_object_set(ch, "message", msg) == 0;
             json_decref(msg);
             if (r->logprobs)
                 lp = json_pack("{s:o}", "content",
                                c->logprobs ? json_incref(c->logprobs) : json_array());
         } else {
-            ok = ok && put(ch, "text", text_json(apiutil_buf_str(&c->content)));
+            ok = ok && apiutil_put(ch, "text", apiutil_text_json(apiutil_text(&c->content)));
             size_t off = 0;
             if (r->logprobs) {
                 json_t *none = c->logprobs ? NULL : json_array();
@@ -812,12 +699,12 @@ static json_t *full_response(struct oreq *r, const struct gen_usage *end)
                 json_decref(none);
             }
         }
-        ok = ok && (r->logprobs ? put(ch, "logprobs", lp) : put(ch, "logprobs", json_null())) &&
-             put(ch, "finish_reason", json_string(finish_reason(c->finish, calls))) &&
+        ok = ok && (r->logprobs ? apiutil_put(ch, "logprobs", lp) : apiutil_put(ch, "logprobs", json_null())) &&
+             apiutil_put(ch, "finish_reason", json_string(finish_reason(c->finish, calls))) &&
              json_array_append(choices, ch) == 0;
         json_decref(ch);
     }
-    ok = ok && json_object_set(o, "choices", choices) == 0 && put(o, "usage", usage_json(r, end));
+    ok = ok && json_object_set(o, "choices", choices) == 0 && apiutil_put(o, "usage", usage_json(r, end));
     json_decref(choices);
     if (!ok) {
         json_decref(o);
@@ -827,30 +714,21 @@ static json_t *full_response(struct oreq *r, const struct gen_usage *end)
 }
 
 /* Queues one SSE chunk with choices and usage (both taken; choices NULL means out of
- * memory); r->mu held. A closed or overflowing stream ends the request's output. */
-static void send_chunk(struct oreq *r, json_t *choices, json_t *usage)
+ * memory). */
+static void send_chunk(struct apireq *a, struct oreq *r, json_t *choices, json_t *usage)
 {
-    if (r->ended) {
-        json_decref(choices);
-        json_decref(usage);
-        return;
-    }
     json_t *o = response_head(r, r->kind == KIND_CHAT ? "chat.completion.chunk" : "text_completion");
     bool ok = o && choices && json_object_set(o, "choices", choices) == 0;
     json_decref(choices);
     if (ok && r->include_usage)
-        ok = put(o, "usage", usage ? usage : json_null());
+        ok = apiutil_put(o, "usage", usage ? usage : json_null());
     else
         json_decref(usage);
-    int rc = ok ? sse_json(r->s, NULL, o) : CAIRN_ENOMEM;
-    json_decref(o);
-    if (rc) {
-        if (rc == CAIRN_ENOMEM)
-            http_stream_finish(r->s);
-        r->ended = true;
-        if (rc == CAIRN_EFULL)
-            cut_off(r);
+    if (!ok) {
+        json_decref(o);
+        o = NULL;
     }
+    apireq_send(a, NULL, o);
 }
 
 /* One choice of a chunk: chat ({"delta"}, taken; NULL is {}) or completion ({"text"});
@@ -859,19 +737,19 @@ static json_t *chunk_choice(const struct oreq *r, int index, json_t *delta, cons
                             json_t *logprobs, const char *finish)
 {
     json_t *c = json_object();
-    bool ok = c && put(c, "index", json_integer(index));
+    bool ok = c && apiutil_put(c, "index", json_integer(index));
     if (r->kind == KIND_CHAT) {
         if (!delta)
             delta = json_object();
         ok = ok && delta && json_object_set(c, "delta", delta) == 0;
     } else {
-        ok = ok && put(c, "text", text_json(text ? text : ""));
+        ok = ok && apiutil_put(c, "text", apiutil_text_json(text ? text : ""));
     }
     json_decref(delta);
     if (!logprobs)
         logprobs = json_null();
     ok = ok && json_object_set(c, "logprobs", logprobs) == 0 &&
-         put(c, "finish_reason", finish ? json_string(finish) : json_null());
+         apiutil_put(c, "finish_reason", finish ? json_string(finish) : json_null());
     json_decref(logprobs);
     if (!ok) {
         json_decref(c);
@@ -890,50 +768,28 @@ static json_t *one(json_t *choice)
     return a;
 }
 
-/* Ends the stream with an error event (no [DONE]); r->mu held. */
-static void stream_error_event(struct oreq *r, int status, const char *message)
+/* The error a sequence's finish stands for, or NULL with *status untouched. */
+static const char *finish_error(const char *finish, int *status)
 {
-    if (r->ended)
-        return;
-    json_t *j = error_json(status, message, NULL);
-    if (j)
-        sse_json(r->s, NULL, j);
-    json_decref(j);
-    http_stream_finish(r->s);
-    r->ended = true;
+    bool error = strcmp(finish, "error") == 0;
+    if (!error && strcmp(finish, "cancelled") != 0)
+        return NULL;
+    *status = error ? 500 : 503;
+    return error ? "generation failed" : "generation was cancelled";
 }
 
-/* Starts the SSE reply once; r->mu held. */
-static void stream_begin(struct oreq *r)
-{
-    if (r->started)
-        return;
-    r->started = true;
-    if (r->ended)
-        return;
-    if (sse_start_deferred(r->s)) {
-        r->ended = true;
-        return;
-    }
-    if (r->kind != KIND_CHAT)
-        return;
-    for (int i = 0; i < r->n; i++)
-        send_chunk(r, one(chunk_choice(r, i, json_pack("{s:s,s:s}", "role", "assistant",
-                                                        "content", ""),
-                                       NULL, NULL, NULL)),
-                   NULL);
-}
-
-static void stream_event(struct oreq *r, const struct gen_event *ev)
+static void stream_event(struct apireq *a, struct oreq *r, const struct gen_event *ev)
 {
     struct choice *c = ev->seq >= 0 && ev->seq < r->n ? &r->choices[ev->seq] : NULL;
     switch (ev->kind) {
     case GEN_EVENT_START:
-        r->start_usage = ev->usage;
-        stream_begin(r);
+        for (int i = 0; r->kind == KIND_CHAT && i < r->n; i++)
+            send_chunk(a, r, one(chunk_choice(r, i, json_pack("{s:s,s:s}", "role", "assistant",
+                                                               "content", ""),
+                                              NULL, NULL, NULL)),
+                       NULL);
         break;
     case GEN_EVENT_DELTA: {
-        stream_begin(r);
         const char *content = ev->content ? ev->content : "";
         const char *reasoning = ev->reasoning ? ev->reasoning : "";
         if (!c || (!content[0] && !reasoning[0] && !ev->logprobs))
@@ -943,9 +799,9 @@ static void stream_event(struct oreq *r, const struct gen_event *ev)
         if (r->kind == KIND_CHAT) {
             delta = json_object();
             if (delta && content[0])
-                put(delta, "content", text_json(content));
+                apiutil_put(delta, "content", apiutil_text_json(content));
             if (delta && reasoning[0])
-                put(delta, "reasoning_content", text_json(reasoning));
+                apiutil_put(delta, "reasoning_content", apiutil_text_json(reasoning));
             if (ev->logprobs)
                 lp = json_pack("{s:o}", "content", json_deep_copy(ev->logprobs));
         } else {
@@ -955,80 +811,51 @@ static void stream_event(struct oreq *r, const struct gen_event *ev)
             if (ev->logprobs)
                 lp = completion_logprobs(ev->logprobs, &c->text_bytes);
         }
-        send_chunk(r, one(chunk_choice(r, ev->seq, delta, text, lp, NULL)), NULL);
+        send_chunk(a, r, one(chunk_choice(r, ev->seq, delta, text, lp, NULL)), NULL);
         free(text);
         break;
     }
     case GEN_EVENT_SEQ_DONE: {
-        if (!c || c->done)
-            break;
-        stream_begin(r);
-        c->done = true;
-        r->seq_usage.completion_tokens += ev->usage.completion_tokens;
-        r->seq_usage.draft_tokens += ev->usage.draft_tokens;
-        r->seq_usage.accepted_draft_tokens += ev->usage.accepted_draft_tokens;
-        const char *finish = ev->finish ? ev->finish : "stop";
-        if (strcmp(finish, "cancelled") == 0 || strcmp(finish, "error") == 0) {
-            stream_error_event(r, strcmp(finish, "error") == 0 ? 500 : 503,
-                               strcmp(finish, "error") == 0 ? "generation failed"
-                                                            : "generation was cancelled");
+        const char *finish = ev->finish ? ev->finish : "stop", *error;
+        int status;
+        if ((error = finish_error(finish, &status))) {
+            apireq_fail(a, status, error);
             break;
         }
         bool calls = r->kind == KIND_CHAT && has_calls(ev->tool_calls);
         if (calls) {
             json_t *delta = json_object();
             if (delta)
-                put(delta, "tool_calls", tool_calls_json(ev->tool_calls, true));
-            send_chunk(r, one(chunk_choice(r, ev->seq, delta, NULL, NULL, NULL)), NULL);
+                apiutil_put(delta, "tool_calls", tool_calls_json(ev->tool_calls, true));
+            send_chunk(a, r, one(chunk_choice(r, ev->seq, delta, NULL, NULL, NULL)), NULL);
         }
-        send_chunk(r, one(chunk_choice(r, ev->seq, NULL, "", NULL, finish_reason(finish, calls))),
+        send_chunk(a, r, one(chunk_choice(r, ev->seq, NULL, "", NULL, finish_reason(finish, calls))),
                    NULL);
         break;
     }
     case GEN_EVENT_END:
-        stream_begin(r);
         if (r->include_usage)
-            send_chunk(r, json_array(), usage_json(r, &ev->usage));
-        if (!r->ended) {
-            sse_done(r->s);
-            http_stream_finish(r->s);
-            r->ended = true;
-        }
+            send_chunk(a, r, json_array(), usage_json(r, &ev->usage));
+        apireq_send_text(a, NULL, "[DONE]");
+        apireq_finish(a);
         break;
-    case GEN_EVENT_ERROR:
-        if (!r->started) {
-            r->started = true;
-            if (!r->ended)
-                stream_reply_error(r->s, clamp_status(ev->status),
-                                   ev->message ? ev->message : "generation failed");
-            r->ended = true;
-        } else {
-            stream_error_event(r, clamp_status(ev->status),
-                               ev->message ? ev->message : "generation failed");
-        }
+    case GEN_EVENT_ERROR: /* apireq's */
         break;
     }
 }
 
-static void collect_event(struct oreq *r, const struct gen_event *ev)
+static void collect_event(struct apireq *a, struct oreq *r, const struct gen_event *ev)
 {
     struct choice *c = ev->seq >= 0 && ev->seq < r->n ? &r->choices[ev->seq] : NULL;
     switch (ev->kind) {
-    case GEN_EVENT_START:
-        r->started = true;
-        r->start_usage = ev->usage;
-        break;
     case GEN_EVENT_DELTA: {
-        if (!c || c->done)
+        if (!c)
             break;
         const char *content = ev->content ? ev->content : "";
         const char *reasoning = ev->reasoning ? ev->reasoning : "";
-        bool ok = true;
-        if (r->kind == KIND_CHAT)
-            ok = apiutil_buf_add(&c->reasoning, reasoning, strlen(reasoning)) == 0;
-        else
-            ok = apiutil_buf_add(&c->content, reasoning, strlen(reasoning)) == 0;
-        ok = ok && apiutil_buf_add(&c->content, content, strlen(content)) == 0;
+        bool ok = strbuf_put(r->kind == KIND_CHAT ? &c->reasoning : &c->content, reasoning,
+                             strlen(reasoning)) == 0 &&
+                  strbuf_put(&c->content, content, strlen(content)) == 0;
         if (ok && ev->logprobs && r->logprobs) {
             json_t *copy = json_deep_copy(ev->logprobs);
             if (!c->logprobs)
@@ -1036,161 +863,78 @@ static void collect_event(struct oreq *r, const struct gen_event *ev)
             ok = copy && c->logprobs && json_array_extend(c->logprobs, copy) == 0;
             json_decref(copy);
         }
-        if (!ok) {
-            stream_reply_error(r->s, 500, "out of memory");
-            r->ended = true;
-        }
+        if (!ok)
+            apireq_fail(a, 500, "out of memory");
         break;
     }
     case GEN_EVENT_SEQ_DONE:
-        if (!c || c->done)
-            break;
-        c->done = true;
         snprintf(c->finish, sizeof c->finish, "%s", ev->finish ? ev->finish : "stop");
         if (has_calls(ev->tool_calls))
             c->tool_calls = json_deep_copy(ev->tool_calls);
-        r->seq_usage.completion_tokens += ev->usage.completion_tokens;
-        r->seq_usage.draft_tokens += ev->usage.draft_tokens;
-        r->seq_usage.accepted_draft_tokens += ev->usage.accepted_draft_tokens;
         break;
     case GEN_EVENT_END: {
         for (int i = 0; i < r->n; i++) {
-            const char *f = r->choices[i].finish;
-            if (strcmp(f, "error") == 0 || strcmp(f, "cancelled") == 0) {
-                bool error = strcmp(f, "error") == 0;
-                stream_reply_error(r->s, error ? 500 : 503,
-                                   error ? "generation failed" : "generation was cancelled");
-                r->ended = true;
+            int status;
+            const char *error = finish_error(r->choices[i].finish, &status);
+            if (error) {
+                apireq_fail(a, status, error);
                 return;
             }
         }
-        json_t *o = full_response(r, &ev->usage);
-        if (o)
-            http_stream_reply_json(r->s, 200, o);
-        else
-            stream_reply_error(r->s, 500, "out of memory");
-        r->ended = true;
+        apireq_reply(a, full_response(r, &ev->usage));
         break;
     }
+    case GEN_EVENT_START:
     case GEN_EVENT_ERROR:
-        stream_reply_error(r->s, clamp_status(ev->status),
-                           ev->message ? ev->message : "generation failed");
-        r->ended = true;
         break;
     }
 }
 
-/* ---------- request lifetime ---------- */
-
-static void oreq_free(struct oreq *r)
+static void on_event(struct apireq *a, void *self, const struct gen_event *ev)
 {
-    if (!r)
-        return;
-    http_stream_release(r->s);
+    struct oreq *r = self;
+    struct choice *c = ev->seq >= 0 && ev->seq < r->n ? &r->choices[ev->seq] : NULL;
+    if (ev->kind == GEN_EVENT_START)
+        r->start_usage = ev->usage;
+    if ((ev->kind == GEN_EVENT_DELTA || ev->kind == GEN_EVENT_SEQ_DONE) && (!c || c->done))
+        return; /* no such choice, or one that has finished */
+    if (ev->kind == GEN_EVENT_SEQ_DONE) {
+        c->done = true;
+        r->seq_usage.completion_tokens += ev->usage.completion_tokens;
+        r->seq_usage.draft_tokens += ev->usage.draft_tokens;
+        r->seq_usage.accepted_draft_tokens += ev->usage.accepted_draft_tokens;
+    }
+    if (apireq_streamed(a))
+        stream_event(a, r, ev);
+    else
+        collect_event(a, r, ev);
+}
+
+/* ---------- requests ---------- */
+
+static void oreq_free(void *self)
+{
+    struct oreq *r = self;
     for (int i = 0; r->choices && i < r->n; i++) {
-        apiutil_buf_free(&r->choices[i].content);
-        apiutil_buf_free(&r->choices[i].reasoning);
+        strbuf_free(&r->choices[i].content);
+        strbuf_free(&r->choices[i].reasoning);
         json_decref(r->choices[i].tool_calls);
         json_decref(r->choices[i].logprobs);
     }
     free(r->choices);
-    pthread_mutex_destroy(&r->mu);
     free(r);
 }
 
-/* True when the caller cleared the last flag and must free r; r->mu held. */
-static bool take_free(struct oreq *r)
-{
-    if (r->handler_live || r->gen_live || r->cancelling || r->freeing)
-        return false;
-    r->freeing = true;
-    return true;
-}
+static const struct apireq_api OPENAI_API = {
+    .name = "openai",
+    .framing = APIREQ_SSE,
+    .error_json = error_json,
+    .event = on_event,
+    .free = oreq_free,
+};
 
-static void on_event(void *arg, const struct gen_event *ev)
-{
-    struct oreq *r = arg;
-    pthread_mutex_lock(&r->mu);
-    if (!r->ended) {
-        if (r->stream)
-            stream_event(r, ev);
-        else
-            collect_event(r, ev);
-    }
-    bool free_now = false;
-    if (ev->kind == GEN_EVENT_END || ev->kind == GEN_EVENT_ERROR) {
-        r->gen_live = false;
-        free_now = take_free(r);
-    }
-    pthread_mutex_unlock(&r->mu);
-    if (free_now)
-        oreq_free(r);
-}
-
-/* Cancels the generation if it still runs, then drops the caller's mark on
- * r->cancelling (taken under r->mu), which may free r. */
-static void cancel_and_drop(struct oreq *r)
-{
-    pthread_mutex_lock(&r->mu);
-    bool cancel = r->gen_live;
-    pthread_mutex_unlock(&r->mu);
-    if (cancel)
-        r->g->ops->cancel(r->g->self, r->handle);
-    pthread_mutex_lock(&r->mu);
-    if (cancel)
-        r->gen_live = false; /* no event runs after cancel returned */
-    r->cancelling--;
-    bool free_now = take_free(r);
-    pthread_mutex_unlock(&r->mu);
-    if (free_now)
-        oreq_free(r);
-}
-
-static void on_close(void *arg, struct http_stream *s, enum http_stream_state why)
-{
-    struct oreq *r = arg;
-    (void)s;
-    (void)why;
-    pthread_mutex_lock(&r->mu);
-    if (r->freeing) { /* the freer waits in http_stream_release for this to return */
-        pthread_mutex_unlock(&r->mu);
-        return;
-    }
-    r->cancelling++;
-    r->ended = true;
-    pthread_mutex_unlock(&r->mu);
-    cancel_and_drop(r);
-}
-
-static void *cancel_thread(void *arg)
-{
-    cancel_and_drop(arg);
-    return NULL;
-}
-
-/* The client reads too slowly and its stream was shut (TOO_SLOW, which runs no close
- * callback); r->mu held, on the backend's callback, which must not cancel (cancel may
- * wait for this very callback), so a short-lived thread does. */
-static void cut_off(struct oreq *r)
-{
-    if (!r->gen_live || r->cancelling)
-        return;
-    pthread_attr_t a;
-    pthread_t th;
-    if (pthread_attr_init(&a))
-        return;
-    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-    r->cancelling++;
-    if (pthread_create(&th, &a, cancel_thread, r)) {
-        r->cancelling--; /* the generation runs to its end unseen */
-        log_warn("openai: %s: could not start a thread to cancel a stream too slow to read",
-                 r->id);
-    }
-    pthread_attr_destroy(&a);
-}
-
-static struct oreq *oreq_new(const struct gen *g, enum api_kind kind,
-                             const struct textgen_params *p, const struct req_opts *o)
+static struct oreq *oreq_new(enum api_kind kind, const struct textgen_params *p,
+                             const struct req_opts *o)
 {
     struct oreq *r = calloc(1, sizeof *r);
     if (!r)
@@ -1200,11 +944,8 @@ static struct oreq *oreq_new(const struct gen *g, enum api_kind kind,
         free(r);
         return NULL;
     }
-    pthread_mutex_init(&r->mu, NULL);
-    r->g = g;
     r->kind = kind;
     r->n = p->n;
-    r->stream = o->stream;
     r->include_usage = o->include_usage;
     r->logprobs = p->logprobs;
     r->created = (int64_t)time(NULL);
@@ -1222,41 +963,16 @@ static void handle_generation(struct http_request *req, const struct gen *g, enu
     const json_t *body = http_req_json(req);
     int rc = body ? parse_request(kind, body, &p, &o, &e)
                   : apiutil_fail(&e, "", "the request body must be a JSON object");
-    if (rc) {
+    struct oreq *r = rc ? NULL : oreq_new(kind, &p, &o);
+    if (!r) {
         textgen_params_clear(&p);
-        if (rc == CAIRN_ENOMEM)
-            reply_error(req, 500, "out of memory", NULL);
-        else
+        if (rc && rc != CAIRN_ENOMEM)
             reply_error(req, 400, e.message, e.param);
+        else
+            reply_error(req, 500, "out of memory", NULL);
         return;
     }
-    struct oreq *r = oreq_new(g, kind, &p, &o);
-    if (!r || http_reply_defer(req, &r->s)) {
-        textgen_params_clear(&p);
-        oreq_free(r);
-        reply_error(req, 500, "out of memory", NULL);
-        return;
-    }
-    r->handler_live = true;
-    r->gen_live = true;
-    char err[512] = "";
-    int st = g->ops->submit(g->self, &p, on_event, r, &r->handle, err, sizeof err);
-    textgen_params_clear(&p);
-    if (st) {
-        pthread_mutex_lock(&r->mu);
-        r->gen_live = false;
-        r->ended = true;
-        pthread_mutex_unlock(&r->mu);
-        stream_reply_error(r->s, clamp_status(st), err[0] ? err : "the request was refused");
-    } else {
-        http_stream_on_close(r->s, on_close, r);
-    }
-    pthread_mutex_lock(&r->mu);
-    r->handler_live = false;
-    bool free_now = take_free(r);
-    pthread_mutex_unlock(&r->mu);
-    if (free_now)
-        oreq_free(r);
+    apireq_run(req, g, &OPENAI_API, r, o.stream, &p);
 }
 
 static void h_chat(struct http_request *req, void *ctx)
@@ -1341,7 +1057,8 @@ int openai_register(struct http_server *srv, const struct gen *g, char *err, siz
     };
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
         /* Handlers only read through g; the route context is untyped. */
-        int rc = http_route(srv, routes[i].method, routes[i].pattern, routes[i].fn, (void *)g);
+        int rc = http_route_errors(srv, routes[i].method, routes[i].pattern, routes[i].fn,
+                                   (void *)g, error_json);
         if (rc)
             return cairn_fail(err, errlen, rc, "route %s %s: %s", routes[i].method,
                               routes[i].pattern, cairn_strerror(rc));
