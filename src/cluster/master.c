@@ -641,10 +641,43 @@ static int report_edges(const struct cluster_state *s, const char *from, const j
     return rc;
 }
 
+/* A node's downloads (download.h): NodeDownloadProgress for each one that differs from
+ * the state's. Downloads it no longer lists stay (a Completed one says the node has the
+ * file). */
+static int report_downloads(const struct cluster_state *s, const char *from, const json_t *arr,
+                            struct master_events *out, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        char p[IDS_PATH_MAX];
+        struct cluster_download d;
+        ids_path(p, sizeof p, "report.downloads[%zu]", i);
+        int rc = cluster_download_from_json(json_array_get(arr, i), p, &d, err, errlen);
+        if (!rc && strcmp(d.node_id, from))
+            rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.node_id: %s is not the reporting node", p, d.node_id);
+        if (rc) {
+            cluster_download_clear(&d);
+            return rc;
+        }
+        const struct cluster_download *cur = cluster_state_find_download(s, from, d.model_id);
+        if (cur && cur->status == d.status && cur->bytes_done == d.bytes_done && cur->bytes_total == d.bytes_total &&
+            !strcmp(cur->error ? cur->error : "", d.error ? d.error : "")) {
+            cluster_download_clear(&d);
+            continue;
+        }
+        struct event *e = add_event(out, EVENT_NODE_DOWNLOAD_PROGRESS);
+        if (!e) {
+            cluster_download_clear(&d);
+            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+        }
+        e->node_download_progress = d;
+    }
+    return 0;
+}
+
 int master_report_events(const struct cluster_state *s, const char *from, const json_t *report,
                          int64_t now_ms, struct master_events *out, char *err, size_t errlen)
 {
-    static const char *const keys[] = {"node_id", "info", "runners", "edges", NULL};
+    static const char *const keys[] = {"node_id", "info", "runners", "edges", "downloads", NULL};
     char id[IDS_ID_MAX + 1];
     size_t mark = out->n;
     json_t *v;
@@ -676,6 +709,11 @@ int master_report_events(const struct cluster_state *s, const char *from, const 
         rc = json_is_array(v) ? report_edges(s, id, v, out, err, errlen)
                               : cairn_fail(err, errlen, CAIRN_EFORMAT,
                                            "report.edges: must be an array or null");
+    v = json_object_get(report, "downloads");
+    if (!rc && v && !json_is_null(v))
+        rc = json_is_array(v) ? report_downloads(s, id, v, out, err, errlen)
+                              : cairn_fail(err, errlen, CAIRN_EFORMAT,
+                                           "report.downloads: must be an array or null");
     for (size_t i = mark; !rc && i < out->n; i++)
         rc = validate(&out->ev[i], err, errlen);
     if (rc)

@@ -95,7 +95,9 @@ int master_command(const struct cluster_state *s, const struct master_env *env,
  * (authenticated by the link); report is
  *   {"node_id": from, "info": node info (state.h)|null,
  *    "runners": [runner]|null (every runner of that node: missing ones are deleted),
- *    "edges": [{"to", "rtt_us", "throughput_bytes_per_s"}]|null (every link from it)}
+ *    "edges": [{"to", "rtt_us", "throughput_bytes_per_s"}]|null (every link from it),
+ *    "downloads": [download]|null (its model downloads, NodeDownloadProgress where they
+ *    differ from s; optional)}
  * Info becomes NodeGatheredInfo stamped now_ms; runners and edges give events only
  * where they differ from s (edge rtt: see MASTER_EDGE_RTT_SLACK_US). CAIRN_EFORMAT
  * naming the field (nothing appended), CAIRN_ENOMEM. */

@@ -75,6 +75,7 @@ struct node {
 
     pthread_mutex_t cat_mu;
     struct catalog *catalog;
+    struct download_mgr *downloads; /* NULL without a models dir */
     int64_t cat_scanned_ms;
     struct master_env env;
 
@@ -333,6 +334,11 @@ int node_card(void *ctx, const char *model_id, struct catalog_card *out, char *e
 }
 
 const struct master_env *node_master_env(const struct node *n) { return &n->env; }
+
+struct download_mgr *node_downloads(struct node *n) { return n->downloads; }
+
+/* A download's status changed: the next report carries it (NODE_REPORT_MIN_MS apart). */
+static void downloads_changed(void *ctx) { node_report_now(ctx); }
 
 struct models_ctx {
     json_t *arr;
@@ -1045,6 +1051,8 @@ static void maybe_report(struct node *n, int64_t now)
         json_object_set_new(report, "info", info) ||
         json_object_set_new(report, "runners",
                             n->runners ? (n->runners(n->runners_ctx) ?: json_null()) : json_null()) ||
+        json_object_set_new(report, "downloads",
+                            n->downloads ? (download_mgr_json(n->downloads) ?: json_null()) : json_null()) ||
         json_object_set(report, "edges", edges)) {
         json_decref(report);
         json_decref(edges);
@@ -1589,6 +1597,10 @@ int node_create(struct node **out, const struct node_config *cfg, char *err, siz
         goto fail;
     if (n->models_dir && (rc = catalog_create(&n->catalog, n->models_dir, err, errlen)))
         goto fail;
+    struct download_config dlc = {.models_dir = n->models_dir, .node_id = n->id, .secret = cfg->secret,
+                                  .api_key = cfg->api_key};
+    if (n->models_dir && (rc = download_mgr_create(&n->downloads, &dlc, downloads_changed, n, err, errlen)))
+        goto fail;
     if ((rc = log_open(n, err, errlen)))
         goto fail;
     struct link_config lc = {
@@ -1688,6 +1700,7 @@ void node_release(struct node *n)
     if (!n)
         return;
     node_stop(n);
+    download_mgr_release(n->downloads); /* cancels a fetch in progress; its partial file stays */
     /* Callers wait on pend_cv only inside node_command, which they finish before. */
     election_release(n->el);
     catalog_release(n->catalog);

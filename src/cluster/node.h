@@ -36,6 +36,7 @@
 
 #include "cluster/catalog.h"
 #include "cluster/command.h"
+#include "cluster/download.h"
 #include "cluster/master.h"
 #include "cluster/state.h"
 
@@ -79,6 +80,7 @@ struct node_config {
     const char *discovery;       /* "off" (NULL), "auto" or an interface name */
     node_runners_fn runners;     /* NULL: runners are not reported */
     void *runners_ctx;
+    const char *api_key;         /* the peers' API key, sent when fetching models (download.h) */
 };
 
 /* What a node says about itself (GET /state carries the rest). */
@@ -152,6 +154,11 @@ const struct master_env *node_master_env(const struct node *n);
  * ids of nodes known to have the file (this one, and nodes with a completed download
  * of it). NULL when out of memory. Any thread. */
 json_t *node_models_json(struct node *n);
+
+/* The node's model downloads (download.h: files fetched from peers into models_dir,
+ * reported to the master as the report's "downloads"), or NULL without a models dir.
+ * Valid until node_release. Any thread. */
+struct download_mgr *node_downloads(struct node *n);
 
 /* Path of this node's event log (for readers on other threads with their own handle). */
 const char *node_log_path(const struct node *n);

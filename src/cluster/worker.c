@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "cluster/command.h"
 #include "cluster/catalog.h"
+#include "cluster/download.h"
 #include "cluster/plan.h"
 
 struct wrunner {
@@ -351,6 +352,30 @@ static void send_finishes(struct worker *w)
     w->n_finish = 0;
 }
 
+/* A shard whose model file is not here is fetched from a peer (download.h) instead of
+ * failing: true while its download runs (no runner yet; a plan after it starts one),
+ * false with why set when the file cannot be had that way. */
+static bool fetching(struct worker *w, const struct cluster_state *st, const struct plan_action *a, char *why,
+                     size_t whylen)
+{
+    struct download_mgr *dl = node_downloads(w->node);
+    const struct cluster_instance *in = cluster_state_find_instance(st, a->instance_id);
+    why[0] = 0;
+    if (!dl || !in)
+        return false;
+    struct catalog_card card;
+    char ignored[256];
+    int rc = node_card(w->node, in->model_id, &card, ignored, sizeof ignored);
+    catalog_card_clear(&card);
+    if (rc != CAIRN_ENOTFOUND)
+        return false; /* here but unusable: the plan's reason stands */
+    char msg[PLAN_REASON_MAX];
+    if (!download_mgr_ensure(dl, st, in->model_id, msg, sizeof msg))
+        return true;
+    snprintf(why, whylen, "model %s is not here and cannot be fetched: %s", in->model_id, msg);
+    return false;
+}
+
 static void replan(struct worker *w)
 {
     struct cluster_state *st = NULL;
@@ -377,7 +402,6 @@ static void replan(struct worker *w)
     free(held);
     dispatch_tasks(w, st);
     update_drafts(w, st);
-    cluster_state_release(st);
     for (size_t i = 0; i < n_acts; i++) {
         const struct plan_action *a = &acts[i];
         char err[1024];
@@ -409,12 +433,16 @@ static void replan(struct worker *w)
             }
             pthread_mutex_unlock(&w->mu);
         } else if (a->kind == PLAN_FAIL) {
-            log_warn("worker: runner %s cannot start: %s", a->runner_id, a->reason);
+            char why[1024];
+            if (fetching(w, st, a, why, sizeof why))
+                continue;
+            const char *reason = why[0] ? why : a->reason;
+            log_warn("worker: runner %s cannot start: %s", a->runner_id, reason);
             pthread_mutex_lock(&w->mu);
             struct wrunner *x = add(w, a->runner_id, a->instance_id);
             if (x) {
                 x->status = CLUSTER_RUNNER_FAILED;
-                set_error(x, a->reason);
+                set_error(x, reason);
             }
             pthread_mutex_unlock(&w->mu);
         } else {
@@ -435,6 +463,7 @@ static void replan(struct worker *w)
             pthread_mutex_unlock(&w->mu);
         }
     }
+    cluster_state_release(st);
     if (n_acts)
         node_report_now(w->node);
     free(acts);

@@ -7,6 +7,7 @@
  * partial deleted), a file larger than the disk, refused tokens both ways, and the
  * manager's thread with its status and its cancel on release. Every wait is bounded. */
 #include "cluster/download.h"
+#include "cluster/master.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -216,6 +217,70 @@ static void test_sources(void)
     /* The master asking: never itself. */
     n = download_sources(s, "n-master", "m1", src, 8);
     CHECK(n == 3 && !strcmp(src[0].node_id, "n-has"), "from the master: %zu %s", n, n ? src[0].node_id : "");
+    cluster_state_release(s);
+}
+
+/* ---- reports: the master turns a node's downloads into NodeDownloadProgress ---- */
+
+static size_t report_events(struct cluster_state *s, const char *from, const char *text, int *rc_out,
+                            struct master_events *evs)
+{
+    json_error_t je;
+    json_t *j = json_loads(text, 0, &je);
+    CHECK(j != NULL, "report JSON: %s", je.text);
+    memset(evs, 0, sizeof *evs);
+    *rc_out = master_report_events(s, from, j, 1000, evs, err, sizeof err);
+    json_decref(j);
+    return evs->n;
+}
+
+static void test_report(void)
+{
+    struct cluster_state *s = cluster_state_create();
+    s->last_term = 1; /* as if a term had started */
+    struct master_events evs;
+    int rc;
+    const char *rep = "{\"node_id\": \"n1\", \"info\": null, \"runners\": null, \"edges\": null, \"downloads\":"
+                      " [{\"node_id\": \"n1\", \"model_id\": \"m1\", \"bytes_done\": 10, \"bytes_total\": 100,"
+                      " \"status\": \"Ongoing\", \"error\": null}]}";
+    size_t n = report_events(s, "n1", rep, &rc, &evs);
+    CHECK(rc == 0 && n == 1 && evs.ev[0].kind == EVENT_NODE_DOWNLOAD_PROGRESS &&
+              evs.ev[0].node_download_progress.bytes_done == 10 &&
+              !strcmp(evs.ev[0].node_download_progress.model_id, "m1"),
+          "first report: rc %d, %zu events (%s)", rc, n, err);
+    if (rc == 0 && n == 1) {
+        evs.ev[0].term = 1;
+        evs.ev[0].index = 1;
+        CHECK(cluster_apply(s, &evs.ev[0], err, sizeof err) == 0, "apply: %s", err);
+    }
+    master_events_clear(&evs);
+    CHECK(cluster_state_find_download(s, "n1", "m1") != NULL, "download not in the state");
+    n = report_events(s, "n1", rep, &rc, &evs);
+    CHECK(rc == 0 && n == 0, "same report again: rc %d, %zu events", rc, n);
+    master_events_clear(&evs);
+    /* Progress, then a refusal of anything that is not the sender's own or not valid. */
+    const char *more = "{\"node_id\": \"n1\", \"downloads\": [{\"node_id\": \"n1\", \"model_id\": \"m1\","
+                       " \"bytes_done\": 100, \"bytes_total\": 100, \"status\": \"Completed\", \"error\": null}]}";
+    n = report_events(s, "n1", more, &rc, &evs);
+    CHECK(rc == 0 && n == 1 && evs.ev[0].node_download_progress.status == CLUSTER_DOWNLOAD_COMPLETED,
+          "progress: rc %d, %zu events", rc, n);
+    master_events_clear(&evs);
+    static const char *const bad[] = {
+        "{\"node_id\": \"n1\", \"downloads\": [{\"node_id\": \"n2\", \"model_id\": \"m1\", \"bytes_done\": 1,"
+        " \"bytes_total\": 1, \"status\": \"Completed\", \"error\": null}]}",
+        "{\"node_id\": \"n1\", \"downloads\": [{\"node_id\": \"n1\", \"model_id\": \"m1\", \"bytes_done\": 2,"
+        " \"bytes_total\": 1, \"status\": \"Ongoing\", \"error\": null}]}",
+        "{\"node_id\": \"n1\", \"downloads\": [{\"node_id\": \"n1\", \"model_id\": \"m1\", \"bytes_done\": 1,"
+        " \"bytes_total\": 1, \"status\": \"Done\", \"error\": null}]}",
+        "{\"node_id\": \"n1\", \"downloads\": {}}",
+        NULL,
+    };
+    for (size_t i = 0; bad[i]; i++) {
+        n = report_events(s, "n1", bad[i], &rc, &evs);
+        CHECK(rc == CAIRN_EFORMAT && n == 0 && strstr(err, "downloads"), "bad report %zu: rc %d, %zu events, %s", i,
+              rc, n, err);
+        master_events_clear(&evs);
+    }
     cluster_state_release(s);
 }
 
@@ -707,6 +772,7 @@ int main(void)
     test_auth();
     test_paths();
     test_sources();
+    test_report();
     test_fetch();
     test_mgr();
 
