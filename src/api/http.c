@@ -738,8 +738,9 @@ static enum MHD_Result queue_error(struct http_request *req, int status, const c
 static enum MHD_Result queue_error(struct http_request *req, int status, const char *type,
                                    const char *fmt, ...)
 {
-    va_list ap;
+    va_list ap, ap2;
     va_start(ap, fmt);
+    va_copy(ap2, ap);
     char *text = NULL;
     if (req->route && req->route->errors) { /* the route's API answers in its own shape */
         char msg[1024];
@@ -748,9 +749,10 @@ static enum MHD_Result queue_error(struct http_request *req, int status, const c
         json_t *j = req->route->errors(status, msg, NULL);
         text = j ? json_dumps(j, JSON_COMPACT) : NULL;
         json_decref(j);
-    } else {
-        text = error_text(status, type, fmt, ap);
     }
+    if (!text)
+        text = error_text(status, type, fmt, ap2);
+    va_end(ap2);
     va_end(ap);
     if (!text)
         return MHD_NO;

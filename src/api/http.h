@@ -64,7 +64,7 @@ int http_route(struct http_server *srv, const char *method, const char *pattern,
 /* As http_route; besides, the server's own error replies on this route (body too
  * large, JSON that is malformed or nested too deep, a handler that made no reply) take
  * their body from errors (param NULL), so that an API answers in its own error shape.
- * errors NULL: http_reply_error's shape, as with http_route. */
+ * errors NULL (or an errors that returns NULL): http_reply_error's shape. */
 int http_route_errors(struct http_server *srv, const char *method, const char *pattern,
                       http_handler_fn fn, void *ctx, http_error_fn errors);
 

@@ -1,4 +1,4 @@
-/* HTTP server tests over real sockets on 127.0.0.1, with a small client written here:
+/* HTTP server tests over real sockets on 127.0.0.1, with a small client (rawhttp.h):
  * routing, limits, JSON, auth, CORS, SSE streams, disconnects, garbage, concurrency,
  * stop. Every wait is bounded (socket timeouts, deadlines). */
 #define _GNU_SOURCE
@@ -21,191 +21,19 @@
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
+#include "rawhttp.h"
 #include "testutil.h"
 
-#define IO_TIMEOUT_S 10
-#define MAX_RESP (64u << 20)
+/* ---------- the client (rawhttp.h) ---------- */
 
-/* ---------- a tiny HTTP client ---------- */
-
-static int tcp_connect(uint16_t port)
+static int raw_request(uint16_t port, const void *req, size_t len, struct rh_resp *r)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct timeval tv = {.tv_sec = IO_TIMEOUT_S};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static int send_all(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n > 0) {
-        ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
-        if (w <= 0)
-            return -1;
-        c += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* Reads until EOF, error or timeout; returns bytes read (buffer malloc'd). */
-static size_t read_all(int fd, char **out)
-{
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap + 1);
-    for (;;) {
-        if (n == cap) {
-            if (cap >= MAX_RESP)
-                break;
-            cap *= 2;
-            buf = realloc(buf, cap + 1);
-        }
-        ssize_t r = recv(fd, buf + n, cap - n, 0);
-        if (r <= 0)
-            break;
-        n += (size_t)r;
-    }
-    buf[n] = 0;
-    *out = buf;
-    return n;
-}
-
-struct resp {
-    int status;      /* 0 when no response came */
-    char *raw;       /* everything read (the head's end is overwritten with NUL) */
-    size_t raw_len;
-    char *head;      /* header block inside raw */
-    char *body;      /* decoded body (malloc'd, NUL-terminated) */
-    size_t body_len;
-    bool complete;   /* the body ended as framed (length reached or last chunk seen) */
-};
-
-static void resp_free(struct resp *r)
-{
-    free(r->raw);
-    free(r->body);
-    memset(r, 0, sizeof *r);
-}
-
-/* Header value (copied into buf) or NULL. */
-static const char *resp_header(const struct resp *r, const char *name, char *buf, size_t cap)
-{
-    if (!r->head)
-        return NULL;
-    size_t nl = strlen(name);
-    for (const char *line = strstr(r->head, "\r\n"); line && line[2];
-         line = strstr(line + 2, "\r\n")) {
-        const char *l = line + 2;
-        if (strncasecmp(l, name, nl) == 0 && l[nl] == ':') {
-            const char *v = l + nl + 1;
-            while (*v == ' ')
-                v++;
-            size_t vl = strcspn(v, "\r\n");
-            if (vl >= cap)
-                vl = cap - 1;
-            memcpy(buf, v, vl);
-            buf[vl] = 0;
-            return buf;
-        }
-    }
-    return NULL;
-}
-
-/* Decodes a chunked body; returns true when the last chunk was seen. */
-static bool dechunk(const char *p, size_t n, char **out, size_t *out_len)
-{
-    char *b = malloc(n + 1);
-    size_t len = 0, i = 0;
-    bool done = false;
-    while (i < n) {
-        char *end;
-        unsigned long sz = strtoul(p + i, &end, 16);
-        const char *crlf = memmem(p + i, n - i, "\r\n", 2);
-        if (!crlf || end == p + i)
-            break;
-        i = (size_t)(crlf - p) + 2;
-        if (sz == 0) {
-            done = true;
-            break;
-        }
-        if (i + sz > n)
-            break;
-        memcpy(b + len, p + i, sz);
-        len += sz;
-        i += sz + 2;
-    }
-    b[len] = 0;
-    *out = b;
-    *out_len = len;
-    return done;
-}
-
-static void parse_resp(struct resp *r, size_t n)
-{
-    char *hend = memmem(r->raw, n, "\r\n\r\n", 4);
-    if (!hend || sscanf(r->raw, "HTTP/1.%*d %d", &r->status) != 1) {
-        r->status = 0;
-        r->body = calloc(1, 1);
-        return;
-    }
-    hend[2] = 0; /* head ends after its last CRLF */
-    r->head = r->raw;
-    char *b = hend + 4;
-    size_t bl = n - (size_t)(b - r->raw);
-    char v[64];
-    if (resp_header(r, "Transfer-Encoding", v, sizeof v) && strcasecmp(v, "chunked") == 0) {
-        r->complete = dechunk(b, bl, &r->body, &r->body_len);
-        return;
-    }
-    size_t cl = bl;
-    if (resp_header(r, "Content-Length", v, sizeof v))
-        cl = strtoul(v, NULL, 10);
-    r->complete = bl >= cl;
-    if (cl > bl)
-        cl = bl;
-    r->body = malloc(cl + 1);
-    memcpy(r->body, b, cl);
-    r->body[cl] = 0;
-    r->body_len = cl;
-}
-
-/* Sends raw bytes on a new connection and reads the reply until the server closes or
- * timeout_s passes. */
-static int raw_request_t(uint16_t port, const void *req, size_t len, struct resp *r,
-                         int timeout_s)
-{
-    memset(r, 0, sizeof *r);
-    int fd = tcp_connect(port);
-    if (fd < 0)
-        return -1;
-    struct timeval tv = {.tv_sec = timeout_s};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    int rc = send_all(fd, req, len);
-    size_t n = read_all(fd, &r->raw);
-    close(fd);
-    r->raw_len = n;
-    parse_resp(r, n);
-    return rc;
-}
-
-static int raw_request(uint16_t port, const void *req, size_t len, struct resp *r)
-{
-    return raw_request_t(port, req, len, r, IO_TIMEOUT_S);
+    return rh_raw(port, req, len, r, RH_IO_TIMEOUT_S);
 }
 
 /* One request with Connection: close; extra is "Name: value\r\n" lines or NULL. */
 static int request(uint16_t port, const char *method, const char *path, const char *extra,
-                   const char *body, struct resp *r)
+                   const char *body, struct rh_resp *r)
 {
     size_t blen = body ? strlen(body) : 0;
     char *req = malloc(blen + 4096);
@@ -218,16 +46,6 @@ static int request(uint16_t port, const char *method, const char *path, const ch
     int rc = raw_request(port, req, (size_t)n + blen, r);
     free(req);
     return rc;
-}
-
-static json_t *resp_json(const struct resp *r)
-{
-    return r->body ? json_loads(r->body, 0, NULL) : NULL;
-}
-
-static const char *jstr(json_t *j, const char *key)
-{
-    return json_string_value(json_object_get(j, key));
 }
 
 static const char *err_field(json_t *j, const char *key)
@@ -616,6 +434,63 @@ static void test_sse_format(void)
     CHECK_EQ_INT(sse_format(buf, sizeof buf, NULL, "1\r", "x"), -1);
 }
 
+/* An API's error body for the server's own refusals on its routes (http_route_errors). */
+static json_t *shaped_error(int status, const char *message, const char *param)
+{
+    if (strstr(message, "nested deeper"))
+        return NULL; /* a formatter that fails: the default shape stands in */
+    return json_pack("{s:s,s:i,s:s,s:b}", "shape", "test", "status", status, "message", message,
+                     "param", param != NULL);
+}
+
+/* The server's own error replies (too large, malformed, too deep, no reply) take the
+ * shape of the route's API; other routes and requests that match none keep the default. */
+static void test_error_shape(void)
+{
+    struct http_config cfg = {.max_body_bytes = 64, .max_json_depth = 4};
+    struct http_server *srv = NULL;
+    char err[256] = "";
+    CHECK(http_server_create(&srv, &cfg, err, sizeof err) == 0, "server: %s", err);
+    if (!srv)
+        return;
+    CHECK_EQ_INT(http_route_errors(srv, "POST", "/shaped", h_echo, NULL, shaped_error), 0);
+    CHECK_EQ_INT(http_route_errors(srv, "GET", "/shaped/noreply", h_noreply, NULL, shaped_error), 0);
+    CHECK_EQ_INT(http_route_errors(srv, "POST", "/plain", h_echo, NULL, NULL), 0);
+    CHECK_EQ_INT(http_route_errors(srv, "POST", "/shaped", h_echo, NULL, NULL), CAIRN_EINVAL);
+    CHECK(http_server_start(srv, err, sizeof err) == 0, "start: %s", err);
+    uint16_t port = http_server_port(srv);
+    const char *ct = "Content-Type: application/json\r\n";
+    const struct {
+        const char *method, *path, *body;
+        int status;
+        const char *message; /* prefix; NULL: the default shape */
+    } cases[] = {
+        {"POST", "/shaped", "{\"a\":", 400, "malformed JSON"},
+        {"POST", "/shaped", "0123456789012345678901234567890123456789012345678901234567890123456789", 413,
+         "request body over the limit"},
+        {"GET", "/shaped/noreply", NULL, 500, "handler made no reply"},
+        {"POST", "/shaped", "[[[[[1]]]]]", 400, NULL},
+        {"POST", "/plain", "{\"a\":", 400, NULL},
+        {"POST", "/nowhere", "{}", 404, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct rh_resp r;
+        request(port, cases[i].method, cases[i].path, ct, cases[i].body, &r);
+        json_t *j = rh_json(&r);
+        const char *m = cases[i].message ? rh_jstr(j, "message") : err_field(j, "message");
+        bool shape = cases[i].message
+                         ? rh_streq(rh_jstr(j, "shape"), "test") && rh_jint(j, "status") == cases[i].status &&
+                               json_is_false(json_object_get(j, "param")) && m &&
+                               strncmp(m, cases[i].message, strlen(cases[i].message)) == 0
+                         : m && rh_jint(json_object_get(j, "error"), "code") == cases[i].status;
+        CHECK(r.status == cases[i].status && shape, "%s %s: %d %s", cases[i].method, cases[i].path,
+              r.status, r.body);
+        json_decref(j);
+        rh_free(&r);
+    }
+    http_server_release(srv);
+}
+
 static void test_route_errors(struct bg *b)
 {
     struct http_server *srv = NULL;
@@ -638,10 +513,10 @@ static void test_route_errors(struct bg *b)
     CHECK_EQ_INT(http_server_start(srv, err, sizeof err), 0);
     CHECK_EQ_INT(http_route(srv, "GET", "/late", h_hello, NULL), CAIRN_ESTATE);
     CHECK_EQ_INT(http_server_start(srv, err, sizeof err), CAIRN_ESTATE);
-    struct resp r;
+    struct rh_resp r;
     request(http_server_port(srv), "GET", "/", NULL, NULL, &r);
     CHECK(r.status == 200 && strcmp(r.body, "hello") == 0, "GET /: %d [%s]", r.status, r.body);
-    resp_free(&r);
+    rh_free(&r);
     http_server_release(srv);
 
     /* Bad configurations fail with a message. */
@@ -680,88 +555,88 @@ static void test_routing(uint16_t port)
         {"HEAD", "/instance/x", NULL, NULL, NULL, NULL, NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        struct resp r;
+        struct rh_resp r;
         request(port, cases[i].method, cases[i].path, NULL, NULL, &r);
         CHECK(r.status == 200, "%s %s: status %d", cases[i].method, cases[i].path, r.status);
         if (!cases[i].route) { /* HEAD: headers of the GET, no body */
             CHECK(r.body_len == 0, "HEAD body %zu bytes", r.body_len);
-            resp_free(&r);
+            rh_free(&r);
             continue;
         }
-        json_t *j = resp_json(&r);
-        const char *route = jstr(j, "route");
+        json_t *j = rh_json(&r);
+        const char *route = rh_jstr(j, "route");
         CHECK(route && strcmp(route, cases[i].route) == 0, "%s %s: route %s, want %s",
               cases[i].method, cases[i].path, route ? route : "(none)", cases[i].route);
         const char *kv[2][2] = {{cases[i].k1, cases[i].v1}, {cases[i].k2, cases[i].v2}};
         for (int k = 0; k < 2; k++) {
             if (!kv[k][0])
                 continue;
-            const char *v = jstr(j, kv[k][0]);
+            const char *v = rh_jstr(j, kv[k][0]);
             CHECK(v && strcmp(v, kv[k][1]) == 0, "%s: param %s = %s, want %s", cases[i].path,
                   kv[k][0], v ? v : "(none)", kv[k][1]);
         }
         json_decref(j);
-        resp_free(&r);
+        rh_free(&r);
     }
 
     /* Query arguments, request headers, extra reply headers. */
-    struct resp r;
+    struct rh_resp r;
     request(port, "GET", "/query?q=hello%20world&x=1", "X-Test: yes\r\n", NULL, &r);
-    json_t *j = resp_json(&r);
+    json_t *j = rh_json(&r);
     char v[64];
-    CHECK(r.status == 200 && jstr(j, "q") && strcmp(jstr(j, "q"), "hello world") == 0 &&
-              jstr(j, "h") && strcmp(jstr(j, "h"), "yes") == 0 && !jstr(j, "missing") &&
-              jstr(j, "remote") && strcmp(jstr(j, "remote"), "127.0.0.1") == 0,
+    CHECK(r.status == 200 && rh_jstr(j, "q") && strcmp(rh_jstr(j, "q"), "hello world") == 0 &&
+              rh_jstr(j, "h") && strcmp(rh_jstr(j, "h"), "yes") == 0 && !rh_jstr(j, "missing") &&
+              rh_jstr(j, "remote") && strcmp(rh_jstr(j, "remote"), "127.0.0.1") == 0,
           "query: %d %s", r.status, r.body);
-    CHECK(resp_header(&r, "X-Reply", v, sizeof v) && strcmp(v, "1") == 0, "X-Reply missing");
+    CHECK(rh_header(&r, "X-Reply", v, sizeof v) && strcmp(v, "1") == 0, "X-Reply missing");
     json_decref(j);
-    resp_free(&r);
+    rh_free(&r);
 
     /* Unknown path: 404 in the error shape. */
     request(port, "GET", "/nope", NULL, NULL, &r);
-    j = resp_json(&r);
+    j = rh_json(&r);
     json_t *code = json_object_get(json_object_get(j, "error"), "code");
     CHECK(r.status == 404 && err_field(j, "type") && strcmp(err_field(j, "type"), "not_found") == 0 &&
               strstr(err_field(j, "message"), "/nope") && json_integer_value(code) == 404,
           "404: %d %s", r.status, r.body);
-    CHECK(resp_header(&r, "Content-Type", v, sizeof v) && strcmp(v, "application/json") == 0,
+    CHECK(rh_header(&r, "Content-Type", v, sizeof v) && strcmp(v, "application/json") == 0,
           "404 content type");
     json_decref(j);
-    resp_free(&r);
+    rh_free(&r);
 
     /* A path that does not start with '/' and one with very many segments. */
     raw_request(port, "GET * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 46, &r);
     CHECK(r.status == 404 || r.status == 400, "GET *: %d", r.status);
-    resp_free(&r);
+    rh_free(&r);
     char deep[2048] = "/a";
     for (int i = 0; i < 300; i++)
         strcat(deep, "/z");
     request(port, "GET", deep, NULL, NULL, &r);
-    j = resp_json(&r);
-    CHECK(r.status == 200 && jstr(j, "rest") && strlen(jstr(j, "rest")) == 599,
+    j = rh_json(&r);
+    CHECK(r.status == 200 && rh_jstr(j, "rest") && strlen(rh_jstr(j, "rest")) == 599,
           "deep rest: %d", r.status);
     json_decref(j);
-    resp_free(&r);
+    rh_free(&r);
     deep[1] = 'q';
     request(port, "GET", deep, NULL, NULL, &r);
     CHECK(r.status == 404, "deep unknown: %d", r.status);
-    resp_free(&r);
+    rh_free(&r);
 
     /* Known path, other method: 405 with Allow. */
     request(port, "POST", "/instance/abc", NULL, "{}", &r);
     CHECK(r.status == 405, "405: %d %s", r.status, r.body);
-    CHECK(resp_header(&r, "Allow", v, sizeof v) && strstr(v, "GET") && strstr(v, "DELETE") &&
+    CHECK(rh_header(&r, "Allow", v, sizeof v) && strstr(v, "GET") && strstr(v, "DELETE") &&
               !strstr(v, "POST"),
-          "Allow: %s", resp_header(&r, "Allow", v, sizeof v) ? v : "(none)");
-    resp_free(&r);
+          "Allow: %s", rh_header(&r, "Allow", v, sizeof v) ? v : "(none)");
+    rh_free(&r);
     request(port, "PATCH", "/hello", NULL, NULL, &r);
     CHECK(r.status == 405, "PATCH /hello: %d", r.status);
-    resp_free(&r);
+    rh_free(&r);
 
     /* A handler that makes no reply gets 500; a second reply is refused. */
     request(port, "GET", "/noreply", NULL, NULL, &r);
     CHECK(r.status == 500, "noreply: %d", r.status);
-    resp_free(&r);
+    rh_free(&r);
 
     /* A large buffered reply arrives whole. */
     request(port, "GET", "/big", NULL, NULL, &r);
@@ -769,7 +644,7 @@ static void test_routing(uint16_t port)
     for (size_t i = 0; same && i < r.body_len; i++)
         same = r.body[i] == (char)('a' + i % 26);
     CHECK(r.status == 200 && same, "big: %d, %zu bytes", r.status, r.body_len);
-    resp_free(&r);
+    rh_free(&r);
 }
 
 /* One access log line per request, through base/log at info level. */
@@ -784,11 +659,11 @@ static void test_access_log(uint16_t port)
     dup2(tmp, 2);
     enum log_level level = log_get_level();
     log_set_level(LOG_INFO);
-    struct resp r;
+    struct rh_resp r;
     request(port, "GET", "/instance/logged?x=1", NULL, NULL, &r);
-    resp_free(&r);
+    rh_free(&r);
     request(port, "POST", "/nope", NULL, "{}", &r);
-    resp_free(&r);
+    rh_free(&r);
     /* The line is written when the request completes, just after the reply went out. */
     char buf[4096] = "";
     for (int i = 0; i < 200; i++) {
@@ -812,13 +687,13 @@ static void test_access_log(uint16_t port)
 
 static void test_twice(uint16_t port, struct bg *b)
 {
-    struct resp r;
+    struct rh_resp r;
     request(port, "GET", "/twice", NULL, NULL, &r);
     CHECK(r.status == 200 && strcmp(r.body, "first") == 0, "twice: %d %s", r.status, r.body);
     pthread_mutex_lock(&b->mu);
     CHECK_EQ_INT(b->rc, CAIRN_ESTATE);
     pthread_mutex_unlock(&b->mu);
-    resp_free(&r);
+    rh_free(&r);
 }
 
 static void test_keepalive_connection(uint16_t port)
@@ -826,51 +701,51 @@ static void test_keepalive_connection(uint16_t port)
     /* Two pipelined requests on one connection, the second closing it. */
     const char *two = "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
                       "GET /instance/k HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-    struct resp r;
+    struct rh_resp r;
     raw_request(port, two, strlen(two), &r);
     CHECK(r.status == 200 && memmem(r.raw, r.raw_len, "\nhello", 6) &&
               memmem(r.raw, r.raw_len, "\"id\":\"k\"", 8),
           "pipelined: %d, %zu bytes", r.status, r.raw_len);
-    resp_free(&r);
+    rh_free(&r);
 }
 
 static void test_json(uint16_t port)
 {
     const char *ct = "Content-Type: application/json\r\n";
-    struct resp r;
+    struct rh_resp r;
     const char *doc = "{\"a\":[1,2,{\"b\":\"c\\u00e9\"}],\"n\":null,\"f\":1.5}";
     request(port, "POST", "/echo", ct, doc, &r);
-    json_t *want = json_loads(doc, 0, NULL), *got = resp_json(&r);
+    json_t *want = json_loads(doc, 0, NULL), *got = rh_json(&r);
     CHECK(r.status == 200 && json_equal(want, got), "echo: %d %s", r.status, r.body);
     json_decref(want);
     json_decref(got);
-    resp_free(&r);
+    rh_free(&r);
 
     /* JSON sent without a JSON content type is still parsed when it parses. */
     request(port, "PUT", "/echo", "Content-Type: application/x-www-form-urlencoded\r\n",
             "{\"k\":1}", &r);
-    got = resp_json(&r);
+    got = rh_json(&r);
     CHECK(r.status == 200 && json_integer_value(json_object_get(got, "k")) == 1,
           "form-typed json: %d %s", r.status, r.body);
     json_decref(got);
-    resp_free(&r);
+    rh_free(&r);
     /* ... and a body that is not JSON reaches the handler raw. */
     request(port, "POST", "/echo", "Content-Type: text/plain\r\n", "{not json", &r);
-    got = resp_json(&r);
-    CHECK(r.status == 200 && jstr(got, "raw") && strcmp(jstr(got, "raw"), "{not json") == 0,
+    got = rh_json(&r);
+    CHECK(r.status == 200 && rh_jstr(got, "raw") && strcmp(rh_jstr(got, "raw"), "{not json") == 0,
           "raw body: %d %s", r.status, r.body);
     json_decref(got);
-    resp_free(&r);
+    rh_free(&r);
 
     const char *bad[] = {"{\"a\":", "{\"a\" 1}", "[1,2,]", "{\"s\":\"\xff\xfe\"}", "nul\x01l"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         request(port, "POST", "/echo", ct, bad[i], &r);
-        got = resp_json(&r);
+        got = rh_json(&r);
         const char *m = err_field(got, "message");
         CHECK(r.status == 400 && m && strstr(m, "malformed JSON"), "bad json %zu: %d %s", i,
               r.status, r.body);
         json_decref(got);
-        resp_free(&r);
+        rh_free(&r);
     }
 
     /* Nesting: the limit (8) passes, one more is refused naming the limit, also when the
@@ -885,7 +760,7 @@ static void test_json(uint16_t port)
         nest[k] = 0;
         for (int typed = 0; typed < 2; typed++) {
             request(port, "POST", "/echo", typed ? ct : NULL, nest, &r);
-            got = resp_json(&r);
+            got = rh_json(&r);
             const char *m = err_field(got, "message");
             if (depth == 8)
                 CHECK(r.status == 200, "depth 8: %d %s", r.status, r.body);
@@ -893,12 +768,12 @@ static void test_json(uint16_t port)
                 CHECK(r.status == 400 && m && strstr(m, "8 levels"), "depth 9: %d %s",
                       r.status, r.body);
             json_decref(got);
-            resp_free(&r);
+            rh_free(&r);
         }
     }
     request(port, "POST", "/echo", ct, "{\"s\":\"[[[[[[[[[[[[[[[[[[[[{{{{{{{{{{\"}", &r);
     CHECK(r.status == 200, "brackets in a string: %d %s", r.status, r.body);
-    resp_free(&r);
+    rh_free(&r);
 }
 
 static void test_body_limit(uint16_t port)
@@ -911,11 +786,11 @@ static void test_body_limit(uint16_t port)
         memcpy(body, "{\"s\":\"", 6);
         memcpy(body + n - 2, "\"}", 2);
         body[n] = 0;
-        struct resp r;
+        struct rh_resp r;
         request(port, "POST", "/echo", "Content-Type: application/json\r\n", body, &r);
-        json_t *j = resp_json(&r);
+        json_t *j = rh_json(&r);
         if (extra == 0) {
-            CHECK(r.status == 200 && jstr(j, "s") && strlen(jstr(j, "s")) == 4088,
+            CHECK(r.status == 200 && rh_jstr(j, "s") && strlen(rh_jstr(j, "s")) == 4088,
                   "4096 bytes: %d", r.status);
         } else {
             CHECK(r.status == 413 && err_field(j, "message") &&
@@ -923,7 +798,7 @@ static void test_body_limit(uint16_t port)
                   "4097 bytes: %d %s", r.status, r.body);
         }
         json_decref(j);
-        resp_free(&r);
+        rh_free(&r);
     }
     free(body);
 
@@ -931,32 +806,32 @@ static void test_body_limit(uint16_t port)
     int64_t t0 = clock_ns();
     const char *hdr = "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n"
                       "Content-Type: application/json\r\n\r\n";
-    struct resp r;
+    struct rh_resp r;
     raw_request(port, hdr, strlen(hdr), &r);
     CHECK(r.status == 413, "huge Content-Length: %d", r.status);
     CHECK(clock_ns() - t0 < 5000000000LL, "413 took %.2f s", (double)(clock_ns() - t0) * 1e-9);
-    resp_free(&r);
+    rh_free(&r);
     /* Also before authentication-free routes read anything with Expect: 100-continue. */
     const char *expect = "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 99999\r\n"
                          "Expect: 100-continue\r\n\r\n";
     raw_request(port, expect, strlen(expect), &r);
     CHECK(r.status == 413, "Expect 100-continue over limit: %d", r.status);
-    resp_free(&r);
+    rh_free(&r);
 
     /* A chunked body over the limit: the connection is dropped, no 200. */
-    int fd = tcp_connect(port);
+    int fd = rh_connect(port);
     const char *ch = "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
-    send_all(fd, ch, strlen(ch));
+    rh_send_all(fd, ch, strlen(ch));
     char chunk[1100];
     int len = snprintf(chunk, sizeof chunk, "400\r\n");
     memset(chunk + len, 'a', 1024);
     memcpy(chunk + len + 1024, "\r\n", 2);
     for (int i = 0; i < 16; i++)
-        if (send_all(fd, chunk, (size_t)len + 1026) != 0)
+        if (rh_send_all(fd, chunk, (size_t)len + 1026) != 0)
             break;
-    send_all(fd, "0\r\n\r\n", 5);
+    rh_send_all(fd, "0\r\n\r\n", 5);
     char *raw;
-    size_t n = read_all(fd, &raw);
+    size_t n = rh_read_all(fd, &raw, NULL);
     close(fd);
     CHECK(n == 0 || strncmp(raw, "HTTP/1.1 200", 12) != 0, "chunked over limit answered: %.40s",
           raw);
@@ -987,25 +862,25 @@ static void test_auth_cors(struct bg *b)
         {"x-api-key: nope\r\n", 401},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        struct resp r;
+        struct rh_resp r;
         request(port, "GET", "/hello", cases[i].hdr, NULL, &r);
         CHECK(r.status == cases[i].want, "auth case %zu (%s): %d, want %d", i,
               cases[i].hdr ? cases[i].hdr : "none", r.status, cases[i].want);
         if (cases[i].want == 401) {
-            json_t *j = resp_json(&r);
+            json_t *j = rh_json(&r);
             char v[64];
             CHECK(err_field(j, "type") && strcmp(err_field(j, "type"), "authentication_error") == 0,
                   "401 body %s", r.body);
-            CHECK(resp_header(&r, "WWW-Authenticate", v, sizeof v) != NULL, "no WWW-Authenticate");
+            CHECK(rh_header(&r, "WWW-Authenticate", v, sizeof v) != NULL, "no WWW-Authenticate");
             json_decref(j);
         }
-        resp_free(&r);
+        rh_free(&r);
     }
     /* Unknown paths are not revealed to a client without the key. */
-    struct resp r;
+    struct rh_resp r;
     request(port, "GET", "/nope", NULL, NULL, &r);
     CHECK(r.status == 401, "unauthenticated 404: %d", r.status);
-    resp_free(&r);
+    rh_free(&r);
 
     /* Preflight from an allowed origin: no key needed, methods and headers granted. */
     char v[256];
@@ -1014,59 +889,59 @@ static void test_auth_cors(struct bg *b)
             "Access-Control-Request-Headers: authorization, content-type\r\n",
             NULL, &r);
     CHECK(r.status == 204, "preflight: %d %s", r.status, r.body);
-    CHECK(resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v) &&
+    CHECK(rh_header(&r, "Access-Control-Allow-Origin", v, sizeof v) &&
               strcmp(v, "http://ok.example") == 0,
-          "ACAO: %s", resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v) ? v : "(none)");
-    CHECK(resp_header(&r, "Access-Control-Allow-Methods", v, sizeof v) && strstr(v, "DELETE") &&
+          "ACAO: %s", rh_header(&r, "Access-Control-Allow-Origin", v, sizeof v) ? v : "(none)");
+    CHECK(rh_header(&r, "Access-Control-Allow-Methods", v, sizeof v) && strstr(v, "DELETE") &&
               strstr(v, "GET"),
-          "ACAM: %s", resp_header(&r, "Access-Control-Allow-Methods", v, sizeof v) ? v : "(none)");
-    CHECK(resp_header(&r, "Access-Control-Allow-Headers", v, sizeof v) &&
+          "ACAM: %s", rh_header(&r, "Access-Control-Allow-Methods", v, sizeof v) ? v : "(none)");
+    CHECK(rh_header(&r, "Access-Control-Allow-Headers", v, sizeof v) &&
               strcasestr(v, "authorization"),
           "ACAH missing");
-    CHECK(resp_header(&r, "Access-Control-Max-Age", v, sizeof v) != NULL, "no max-age");
-    resp_free(&r);
+    CHECK(rh_header(&r, "Access-Control-Max-Age", v, sizeof v) != NULL, "no max-age");
+    rh_free(&r);
     /* Preflight from another origin: refused, no CORS headers. */
     request(port, "OPTIONS", "/hello",
             "Origin: http://evil.example\r\nAccess-Control-Request-Method: GET\r\n", NULL, &r);
-    CHECK(r.status == 403 && !resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v),
+    CHECK(r.status == 403 && !rh_header(&r, "Access-Control-Allow-Origin", v, sizeof v),
           "evil preflight: %d", r.status);
-    resp_free(&r);
+    rh_free(&r);
     /* Preflight for an unknown path. */
     request(port, "OPTIONS", "/nope",
             "Origin: http://ok.example\r\nAccess-Control-Request-Method: GET\r\n", NULL, &r);
     CHECK(r.status == 404, "preflight unknown: %d", r.status);
-    resp_free(&r);
+    rh_free(&r);
     /* Header names that are not a token list are not echoed. */
     request(port, "OPTIONS", "/hello",
             "Origin: http://ok.example\r\nAccess-Control-Request-Method: GET\r\n"
             "Access-Control-Request-Headers: x;y=\"z\"\r\n",
             NULL, &r);
-    CHECK(r.status == 204 && resp_header(&r, "Access-Control-Allow-Headers", v, sizeof v) &&
+    CHECK(r.status == 204 && rh_header(&r, "Access-Control-Allow-Headers", v, sizeof v) &&
               !strchr(v, ';'),
           "odd ACRH: %d %s", r.status, v);
-    resp_free(&r);
+    rh_free(&r);
     /* Actual requests: the allowed origin is echoed, even on errors; others are not. */
     request(port, "GET", "/hello",
             "Origin: http://also.example\r\nAuthorization: Bearer s3cret-key\r\n", NULL, &r);
-    CHECK(r.status == 200 && resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v) &&
+    CHECK(r.status == 200 && rh_header(&r, "Access-Control-Allow-Origin", v, sizeof v) &&
               strcmp(v, "http://also.example") == 0,
           "CORS GET: %d", r.status);
-    resp_free(&r);
+    rh_free(&r);
     request(port, "GET", "/hello", "Origin: http://ok.example\r\n", NULL, &r);
-    CHECK(r.status == 401 && resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v),
+    CHECK(r.status == 401 && rh_header(&r, "Access-Control-Allow-Origin", v, sizeof v),
           "CORS 401 without ACAO: %d", r.status);
-    resp_free(&r);
+    rh_free(&r);
     request(port, "GET", "/hello",
             "Origin: http://evil.example\r\nAuthorization: Bearer s3cret-key\r\n", NULL, &r);
-    CHECK(r.status == 200 && !resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v),
+    CHECK(r.status == 200 && !rh_header(&r, "Access-Control-Allow-Origin", v, sizeof v),
           "evil GET: %d", r.status);
-    resp_free(&r);
+    rh_free(&r);
     /* Plain OPTIONS lists the methods. */
     request(port, "OPTIONS", "/echo", NULL, NULL, &r);
-    CHECK(r.status == 204 && resp_header(&r, "Allow", v, sizeof v) && strstr(v, "POST") &&
+    CHECK(r.status == 204 && rh_header(&r, "Allow", v, sizeof v) && strstr(v, "POST") &&
               strstr(v, "PUT"),
           "OPTIONS: %d", r.status);
-    resp_free(&r);
+    rh_free(&r);
     http_server_release(srv);
 
     /* "*" allows any origin. */
@@ -1076,10 +951,10 @@ static void test_auth_cors(struct bg *b)
     if (!srv)
         return;
     request(http_server_port(srv), "GET", "/hello", "Origin: https://x.test\r\n", NULL, &r);
-    CHECK(r.status == 200 && resp_header(&r, "Access-Control-Allow-Origin", v, sizeof v) &&
+    CHECK(r.status == 200 && rh_header(&r, "Access-Control-Allow-Origin", v, sizeof v) &&
               strcmp(v, "https://x.test") == 0,
           "any origin: %d", r.status);
-    resp_free(&r);
+    rh_free(&r);
     http_server_release(srv);
 }
 
@@ -1108,11 +983,11 @@ static int parse_sse(const char *text, char out[][32], int n, int *pings)
 static void test_sse100(uint16_t port, struct bg *b)
 {
     bg_reset(b);
-    struct resp r;
+    struct rh_resp r;
     request(port, "GET", "/sse100", NULL, NULL, &r);
     CHECK(bg_join(b, 10000), "sse100 writer did not finish");
     char v[64];
-    CHECK(r.status == 200 && resp_header(&r, "Content-Type", v, sizeof v) &&
+    CHECK(r.status == 200 && rh_header(&r, "Content-Type", v, sizeof v) &&
               strncmp(v, "text/event-stream", 17) == 0,
           "sse100: %d", r.status);
     CHECK(r.complete, "sse100 stream not terminated cleanly");
@@ -1132,7 +1007,7 @@ static void test_sse100(uint16_t port, struct bg *b)
     CHECK_EQ_INT(b->writes, 100);
     CHECK_EQ_INT(b->rc, 0);
     CHECK_EQ_INT(b->cb_calls, 0); /* the writer's own finish does not call back */
-    resp_free(&r);
+    rh_free(&r);
 }
 
 /* A real client (curl, when installed) reads the same stream and posts JSON. */
@@ -1180,7 +1055,7 @@ static void test_curl(uint16_t port, struct bg *b)
 static void test_ndjson(uint16_t port, struct bg *b)
 {
     bg_reset(b);
-    struct resp r;
+    struct rh_resp r;
     request(port, "GET", "/ndjson", NULL, NULL, &r);
     CHECK(bg_join(b, 10000), "ndjson writer did not finish");
     int lines = 0;
@@ -1192,19 +1067,19 @@ static void test_ndjson(uint16_t port, struct bg *b)
         *nl = 0;
         json_t *j = json_loads(line, 0, NULL);
         ok = j && json_integer_value(json_object_get(j, "n")) == lines &&
-             strcmp(jstr(j, "text"), "line\nbreak") == 0;
+             strcmp(rh_jstr(j, "text"), "line\nbreak") == 0;
         json_decref(j);
         lines++;
         line = nl + 1;
     }
     CHECK(ok && lines == 20, "ndjson: %d, %d lines ok=%d", r.status, lines, ok);
-    resp_free(&r);
+    rh_free(&r);
 }
 
 static void test_sse_keepalive(uint16_t port, struct bg *b)
 {
     bg_reset(b);
-    struct resp r;
+    struct rh_resp r;
     request(port, "GET", "/sse_late", NULL, NULL, &r);
     CHECK(bg_join(b, 10000), "sse_late writer did not finish");
     static char data[4][32];
@@ -1212,16 +1087,16 @@ static void test_sse_keepalive(uint16_t port, struct bg *b)
     int n = parse_sse(r.body ? r.body : "", data, 4, &pings);
     CHECK(n == 1 && strcmp(data[0], "late") == 0 && pings >= 1, "keepalive: %d events, %d pings",
           n, pings);
-    resp_free(&r);
+    rh_free(&r);
 }
 
 /* The client reads three events and hangs up; the writer must see it. */
 static void test_disconnect_mid_stream(uint16_t port, struct bg *b)
 {
     bg_reset(b);
-    int fd = tcp_connect(port);
+    int fd = rh_connect(port);
     const char *req = "GET /tick HTTP/1.1\r\nHost: x\r\n\r\n";
-    send_all(fd, req, strlen(req));
+    rh_send_all(fd, req, strlen(req));
     char buf[8192];
     size_t n = 0;
     int events = 0;
@@ -1254,10 +1129,10 @@ static void test_disconnect_mid_stream(uint16_t port, struct bg *b)
 static void test_disconnect_early(uint16_t port, struct bg *b, const char *path)
 {
     bg_reset(b);
-    int fd = tcp_connect(port);
+    int fd = rh_connect(port);
     char req[128];
     snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path);
-    send_all(fd, req, strlen(req));
+    rh_send_all(fd, req, strlen(req));
     CHECK(bg_wait_stream(b, 5000), "%s: handler did not run", path);
     int64_t t_close = clock_ns();
     close(fd);
@@ -1275,10 +1150,10 @@ static void test_disconnect_early(uint16_t port, struct bg *b, const char *path)
 static void test_head_stream(uint16_t port, struct bg *b)
 {
     bg_reset(b);
-    struct resp r;
+    struct rh_resp r;
     request(port, "HEAD", "/idle", NULL, NULL, &r);
     CHECK(r.status == 200 && r.body_len == 0, "HEAD /idle: %d, %zu bytes", r.status, r.body_len);
-    resp_free(&r);
+    rh_free(&r);
     CHECK(bg_join(b, 6000), "HEAD: writer did not finish");
     CHECK(b->st == HTTP_STREAM_GONE, "HEAD: state %d", b->st);
 }
@@ -1295,15 +1170,15 @@ static void test_ipv6(struct bg *b)
     CHECK(http_route(srv, "GET", "/hello", h_hello, b) == 0, "route");
     CHECK(http_server_start(srv, err, sizeof err) == 0, "start ::1: %s", err);
     int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct timeval tv = {.tv_sec = IO_TIMEOUT_S};
+    struct timeval tv = {.tv_sec = RH_IO_TIMEOUT_S};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons(http_server_port(srv))};
     a.sin6_addr = in6addr_loopback;
     bool ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
     const char *req = "GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     char *raw = NULL;
-    if (ok && send_all(fd, req, strlen(req)) == 0)
-        read_all(fd, &raw);
+    if (ok && rh_send_all(fd, req, strlen(req)) == 0)
+        rh_read_all(fd, &raw, NULL);
     CHECK(raw && strncmp(raw, "HTTP/1.1 200", 12) == 0, "IPv6 reply: %.20s", raw ? raw : "");
     free(raw);
     close(fd);
@@ -1313,28 +1188,28 @@ static void test_ipv6(struct bg *b)
 static void test_defer(uint16_t port, struct bg *b)
 {
     bg_reset(b);
-    struct resp r;
+    struct rh_resp r;
     request(port, "GET", "/defer", NULL, NULL, &r);
     CHECK(bg_join(b, 5000), "defer writer did not finish");
-    json_t *j = resp_json(&r);
+    json_t *j = rh_json(&r);
     char v[16];
-    CHECK(r.status == 202 && jstr(j, "late") && strcmp(jstr(j, "late"), "reply") == 0,
+    CHECK(r.status == 202 && rh_jstr(j, "late") && strcmp(rh_jstr(j, "late"), "reply") == 0,
           "deferred: %d %s", r.status, r.body);
-    CHECK(resp_header(&r, "X-Late", v, sizeof v) != NULL, "deferred header missing");
+    CHECK(rh_header(&r, "X-Late", v, sizeof v) != NULL, "deferred header missing");
     CHECK_EQ_INT(b->rc, 0);
     json_decref(j);
-    resp_free(&r);
+    rh_free(&r);
 }
 
 /* A client that never reads: the writer gets EFULL, never blocks, and others are served. */
 static void test_slow_client(uint16_t port, struct bg *b)
 {
     bg_reset(b);
-    int fd = tcp_connect(port);
+    int fd = rh_connect(port);
     int small = 4096;
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
     const char *req = "GET /flood HTTP/1.1\r\nHost: x\r\n\r\n";
-    send_all(fd, req, strlen(req));
+    rh_send_all(fd, req, strlen(req));
     int64_t t0 = clock_ns();
     CHECK(bg_join(b, 20000), "flood writer did not finish");
     double s = (double)(clock_ns() - t0) * 1e-9;
@@ -1343,24 +1218,24 @@ static void test_slow_client(uint16_t port, struct bg *b)
     CHECK(b->writes < 256 * 1024, "flood wrote %d KiB", b->writes);
     printf("slow client cut off after %d KiB in %.2f s\n", b->writes, s);
     close(fd);
-    struct resp r;
+    struct rh_resp r;
     request(port, "GET", "/hello", NULL, NULL, &r);
     CHECK(r.status == 200, "after flood: %d", r.status);
-    resp_free(&r);
+    rh_free(&r);
 }
 
 static void test_garbage(uint16_t port)
 {
     /* Garbage, a half-sent request and a half-sent body stay open while others are served. */
-    int g = tcp_connect(port), h = tcp_connect(port), k = tcp_connect(port);
+    int g = rh_connect(port), h = rh_connect(port), k = rh_connect(port);
     char junk[4096];
     uint64_t st = 42;
     for (size_t i = 0; i < sizeof junk; i++)
         junk[i] = (char)test_rand_u64(&st);
-    send_all(g, "\x01\x02\x03 GARBAGE\r\n\r\n", 15);
-    send_all(g, junk, sizeof junk);
-    send_all(h, "GET /hello HTTP/1.1\r\nHost: x\r\nX-Half", 36);
-    send_all(k, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"a\":", 58);
+    rh_send_all(g, "\x01\x02\x03 GARBAGE\r\n\r\n", 15);
+    rh_send_all(g, junk, sizeof junk);
+    rh_send_all(h, "GET /hello HTTP/1.1\r\nHost: x\r\nX-Half", 36);
+    rh_send_all(k, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"a\":", 58);
     const char *bad[] = {
         "GET /hello HTTP/9.9\r\n\r\n",
         "GET /hello HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
@@ -1370,20 +1245,20 @@ static void test_garbage(uint16_t port)
         "GET /hello\r\n\r\n",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        struct resp r;
-        raw_request_t(port, bad[i], strlen(bad[i]), &r, 1); /* some wait for more bytes */
+        struct rh_resp r;
+        rh_raw(port, bad[i], strlen(bad[i]), &r, 1); /* some wait for more bytes */
         CHECK(r.status != 200 || i == 5, "bad request %zu answered %d", i, r.status);
-        resp_free(&r);
-        struct resp ok;
+        rh_free(&r);
+        struct rh_resp ok;
         request(port, "GET", "/hello", NULL, NULL, &ok);
         CHECK(ok.status == 200 && strcmp(ok.body, "hello") == 0, "after bad %zu: %d", i,
               ok.status);
-        resp_free(&ok);
+        rh_free(&ok);
     }
-    struct resp r;
+    struct rh_resp r;
     request(port, "GET", "/hello", NULL, NULL, &r);
     CHECK(r.status == 200, "while garbage connections are open: %d", r.status);
-    resp_free(&r);
+    rh_free(&r);
     close(g);
     close(h);
     close(k);
@@ -1398,11 +1273,11 @@ struct conc {
 static void *conc_main(void *arg)
 {
     struct conc *c = arg;
-    struct resp r;
+    struct rh_resp r;
     request(c->port, "GET", "/sleep", NULL, NULL, &r);
     c->status = r.status;
     snprintf(c->body, sizeof c->body, "%s", r.body ? r.body : "");
-    resp_free(&r);
+    rh_free(&r);
     return NULL;
 }
 
@@ -1443,12 +1318,12 @@ static void test_stop(struct bg *b)
         return;
     uint16_t port = http_server_port(srv);
     bg_reset(b);
-    int fd = tcp_connect(port);
+    int fd = rh_connect(port);
     const char *req = "GET /tick HTTP/1.1\r\nHost: x\r\n\r\n";
-    send_all(fd, req, strlen(req));
+    rh_send_all(fd, req, strlen(req));
     CHECK(bg_wait_stream(b, 5000), "tick handler did not run");
     usleep(50 * 1000);
-    int idle = tcp_connect(port); /* an idle keep-alive connection */
+    int idle = rh_connect(port); /* an idle keep-alive connection */
     int64_t t0 = clock_ns();
     http_server_stop(srv);
     double s = (double)(clock_ns() - t0) * 1e-9;
@@ -1457,14 +1332,14 @@ static void test_stop(struct bg *b)
     CHECK(b->st == HTTP_STREAM_STOPPED && b->cb_calls == 1 && b->cb_why == HTTP_STREAM_STOPPED,
           "after stop: state %d, %d callbacks why %d", b->st, b->cb_calls, b->cb_why);
     char *raw;
-    size_t n = read_all(fd, &raw);
+    size_t n = rh_read_all(fd, &raw, NULL);
     CHECK(n > 0 && strstr(raw, "data: tick 0") && strstr(raw, "\r\n0\r\n\r\n"),
           "stream did not end cleanly: %zu bytes", n);
     free(raw);
     close(fd);
     close(idle);
     /* Refused once stopped. */
-    fd = tcp_connect(port);
+    fd = rh_connect(port);
     CHECK(fd < 0, "connect after stop succeeded");
     if (fd >= 0)
         close(fd);
@@ -1477,16 +1352,16 @@ static void test_stop(struct bg *b)
     if (!srv)
         return;
     bg_reset(b);
-    fd = tcp_connect(http_server_port(srv));
+    fd = rh_connect(http_server_port(srv));
     req = "GET /defer_wait HTTP/1.1\r\nHost: x\r\n\r\n";
-    send_all(fd, req, strlen(req));
+    rh_send_all(fd, req, strlen(req));
     CHECK(bg_wait_stream(b, 5000), "defer_wait handler did not run");
     http_server_stop(srv);
-    struct resp r = {0};
-    size_t rn = read_all(fd, &r.raw);
-    parse_resp(&r, rn);
+    struct rh_resp r = {0};
+    r.raw_len = rh_read_all(fd, &r.raw, NULL);
+    rh_parse(&r);
     CHECK(r.status == 503, "deferred at stop: %d", r.status);
-    resp_free(&r);
+    rh_free(&r);
     close(fd);
     CHECK(bg_join(b, 5000), "defer_wait writer did not finish");
     CHECK(b->st == HTTP_STREAM_STOPPED, "deferred state %d", b->st);
@@ -1506,6 +1381,7 @@ int main(void)
     test_json_depth();
     test_sse_format();
     test_route_errors(&b);
+    test_error_shape();
 
     struct http_config cfg = {
         .max_body_bytes = 4096,

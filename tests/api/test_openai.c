@@ -1,32 +1,30 @@
-/* OpenAI front-end tests: a real HTTP server on 127.0.0.1 with openai_register over a
- * fake generation backend written here. The fake records the textgen_params each
- * submit got and plays a script of events on its own thread (text, reasoning, tool
- * calls, errors, or a generation that never ends so that cancel can be watched). Its
- * cancel waits for a callback in flight, as a real backend's must, so the front-end's
- * lifetime rules are tested against the strict contract. Every wait is bounded. */
+/* OpenAI front-end tests: a real HTTP server on 127.0.0.1 with openai_register over the
+ * fake generation backend (fake_gen.h), playing scripts written here: text of n
+ * sequences with logprobs, reasoning, tool calls, errors, a flood, or a generation
+ * that never ends so that cancel can be watched. The fake's cancel waits for a callback
+ * in flight, as a real backend's must, so the front-end's lifetime rules are tested
+ * against the strict contract. Every wait is bounded. */
 #define _GNU_SOURCE
 #include "api/openai.h"
 
 #include <arpa/inet.h>
-#include <errno.h>
 #include <netinet/in.h>
-#include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "api/http.h"
-#include "base/clock.h"
 #include "base/err.h"
+#include "fake_gen.h"
+#include "rawhttp.h"
 #include "testutil.h"
 
-#define IO_TIMEOUT_S 10
 
-/* ---------- the fake backend ---------- */
+/* ---------- the scripts ---------- */
 
 enum fake_mode {
     FAKE_TEXT,         /* per sequence s: "Hel", "lo", " s<s>", then stop */
@@ -36,42 +34,16 @@ enum fake_mode {
     FAKE_ERROR_AFTER,  /* START, a delta, ERROR 500 */
     FAKE_SEQ_ERROR,    /* START, a delta, SEQ_DONE "error", END */
     FAKE_HANG,         /* START, a delta per sequence, then waits for cancel */
-    FAKE_SYNC,         /* FAKE_TEXT delivered inside submit, on the caller's thread */
+    FAKE_SYNC,         /* FAKE_TEXT, played inside submit (the fake's sync) */
     FAKE_FLOOD,        /* 4 KiB deltas, FLOOD_DELTAS of them (seconds) unless cancelled */
 };
 
 #define FLOOD_DELTAS 20000
 
-struct fake {
-    pthread_mutex_t mu; /* held while a callback runs, so cancel waits for it */
-    pthread_cond_t cond;
-    enum fake_mode mode;
-    int submit_status;  /* nonzero: submit refuses with it */
-    int delta_sleep_us; /* between deltas */
-    struct textgen_params last; /* what the last submit got */
-    int submits, cancels, stray_cancels, double_cancels;
-    bool cancelled, running, have_thread;
-    pthread_t th;
-    gen_event_fn fn;
-    void *ctx;
-    uint64_t handle;
-};
-
 static void sleep_us(long us)
 {
     struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
     nanosleep(&ts, NULL);
-}
-
-/* Delivers ev unless cancelled; false when the script must stop. */
-static bool emit(struct fake *f, struct gen_event *ev)
-{
-    pthread_mutex_lock(&f->mu);
-    bool go = !f->cancelled;
-    if (go)
-        f->fn(f->ctx, ev);
-    pthread_mutex_unlock(&f->mu);
-    return go;
 }
 
 static json_t *fake_logprobs(const char *token)
@@ -81,85 +53,79 @@ static json_t *fake_logprobs(const char *token)
                      "logprob", -0.5, "bytes", (int)(unsigned char)token[0]);
 }
 
-static void play(struct fake *f)
+static void play(struct fake_gen_req *q)
 {
-    int n = f->last.n > 0 ? f->last.n : 1;
-    bool lp = f->last.logprobs;
+    struct fake_gen *f = q->f;
+    int n = q->n;
+    bool lp = q->logprobs;
     struct gen_event ev = {.kind = GEN_EVENT_START, .usage = {.prompt_tokens = 7, .cached_tokens = 3}};
-    if (f->mode == FAKE_ERROR_BEFORE) {
+    if (q->script == FAKE_ERROR_BEFORE) {
         ev = (struct gen_event){.kind = GEN_EVENT_ERROR, .status = 503, .message = "all runners busy"};
-        emit(f, &ev);
+        fake_gen_emit(q, &ev);
         return;
     }
-    if (!emit(f, &ev))
+    if (!fake_gen_emit(q, &ev))
         return;
-    if (f->mode == FAKE_FLOOD) {
+    if (q->script == FAKE_FLOOD) {
         static char big[4097];
         memset(big, 'x', sizeof big - 1);
         for (int i = 0; i < FLOOD_DELTAS; i++) {
             ev = (struct gen_event){.kind = GEN_EVENT_DELTA, .content = big, .reasoning = ""};
-            if (!emit(f, &ev))
+            if (!fake_gen_emit(q, &ev))
                 return;
             if (f->delta_sleep_us)
                 sleep_us(f->delta_sleep_us);
         }
         ev = (struct gen_event){.kind = GEN_EVENT_SEQ_DONE, .finish = "length"};
-        if (emit(f, &ev)) {
+        if (fake_gen_emit(q, &ev)) {
             ev = (struct gen_event){.kind = GEN_EVENT_END};
-            emit(f, &ev);
+            fake_gen_emit(q, &ev);
         }
         return;
     }
-    if (f->mode == FAKE_HANG || f->mode == FAKE_ERROR_AFTER || f->mode == FAKE_SEQ_ERROR) {
+    if (q->script == FAKE_HANG || q->script == FAKE_ERROR_AFTER || q->script == FAKE_SEQ_ERROR) {
         for (int s = 0; s < n; s++) {
             ev = (struct gen_event){.kind = GEN_EVENT_DELTA, .seq = s, .content = "Hel", .reasoning = ""};
-            if (!emit(f, &ev))
+            if (!fake_gen_emit(q, &ev))
                 return;
         }
-        if (f->mode == FAKE_ERROR_AFTER) {
+        if (q->script == FAKE_ERROR_AFTER) {
             ev = (struct gen_event){.kind = GEN_EVENT_ERROR, .status = 500, .message = "runner crashed"};
-            emit(f, &ev);
+            fake_gen_emit(q, &ev);
             return;
         }
-        if (f->mode == FAKE_SEQ_ERROR) {
+        if (q->script == FAKE_SEQ_ERROR) {
             for (int s = 0; s < n; s++) {
                 ev = (struct gen_event){.kind = GEN_EVENT_SEQ_DONE, .seq = s, .finish = "error"};
-                if (!emit(f, &ev))
+                if (!fake_gen_emit(q, &ev))
                     return;
             }
             ev = (struct gen_event){.kind = GEN_EVENT_END};
-            emit(f, &ev);
+            fake_gen_emit(q, &ev);
             return;
         }
         /* Waits for cancel (3 s at most: a front-end that never cancels gets END and
          * fails the test instead of hanging it). */
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += 3;
-        pthread_mutex_lock(&f->mu);
-        while (!f->cancelled)
-            if (pthread_cond_timedwait(&f->cond, &f->mu, &until) == ETIMEDOUT)
-                break;
-        pthread_mutex_unlock(&f->mu);
+        fake_gen_wait_cancel(q, 3000);
         ev = (struct gen_event){.kind = GEN_EVENT_END};
-        emit(f, &ev);
+        fake_gen_emit(q, &ev);
         return;
     }
     for (int s = 0; s < n; s++) {
         char last[16];
         snprintf(last, sizeof last, " s%d", s);
         const char *parts[] = {"Hel", "lo", last};
-        int nparts = f->mode == FAKE_TOOLS ? 0 : 3;
-        if (f->mode == FAKE_REASONING) {
+        int nparts = q->script == FAKE_TOOLS ? 0 : 3;
+        if (q->script == FAKE_REASONING) {
             ev = (struct gen_event){.kind = GEN_EVENT_DELTA, .seq = s, .content = "", .reasoning = "think"};
-            if (!emit(f, &ev))
+            if (!fake_gen_emit(q, &ev))
                 return;
         }
         for (int i = 0; i < nparts; i++) {
             json_t *l = lp ? fake_logprobs(parts[i]) : NULL;
             ev = (struct gen_event){.kind = GEN_EVENT_DELTA, .seq = s, .content = parts[i],
                                     .reasoning = "", .logprobs = l};
-            bool go = emit(f, &ev);
+            bool go = fake_gen_emit(q, &ev);
             json_decref(l);
             if (!go)
                 return;
@@ -167,13 +133,13 @@ static void play(struct fake *f)
                 sleep_us(f->delta_sleep_us);
         }
         json_t *calls = NULL;
-        if (f->mode == FAKE_TOOLS)
+        if (q->script == FAKE_TOOLS)
             calls = json_pack("[{s:s,s:s,s:{s:s,s:s}}]", "id", "call_abc", "type", "function",
                               "function", "name", "get_weather", "arguments", "{\"city\":\"Paris\"}");
         ev = (struct gen_event){.kind = GEN_EVENT_SEQ_DONE, .seq = s,
                                 .finish = calls ? "tool_calls" : "stop", .tool_calls = calls,
                                 .usage = {.completion_tokens = 3}};
-        bool go = emit(f, &ev);
+        bool go = fake_gen_emit(q, &ev);
         json_decref(calls);
         if (!go)
             return;
@@ -182,295 +148,10 @@ static void play(struct fake *f)
                             .usage = {.prompt_tokens = 7, .cached_tokens = 3,
                                       .completion_tokens = 3 * n, .draft_tokens = 4,
                                       .accepted_draft_tokens = 2}};
-    emit(f, &ev);
+    fake_gen_emit(q, &ev);
 }
 
-static void *fake_thread(void *arg)
-{
-    struct fake *f = arg;
-    play(f);
-    pthread_mutex_lock(&f->mu);
-    f->running = false;
-    pthread_cond_broadcast(&f->cond);
-    pthread_mutex_unlock(&f->mu);
-    return NULL;
-}
-
-/* Waits for the script of the last request to end (bounded); joins its thread. */
-static bool fake_join(struct fake *f)
-{
-    int64_t until = clock_ns() + (int64_t)10 * 1000000000;
-    pthread_mutex_lock(&f->mu);
-    while (f->running && clock_ns() < until) {
-        pthread_mutex_unlock(&f->mu);
-        sleep_us(1000);
-        pthread_mutex_lock(&f->mu);
-    }
-    bool done = !f->running;
-    bool join = done && f->have_thread;
-    f->have_thread = false;
-    pthread_mutex_unlock(&f->mu);
-    if (join)
-        pthread_join(f->th, NULL);
-    return done;
-}
-
-static int fake_submit(void *self, struct textgen_params *p, gen_event_fn fn, void *ctx,
-                       uint64_t *handle, char *err, size_t errlen)
-{
-    struct fake *f = self;
-    fake_join(f);
-    pthread_mutex_lock(&f->mu);
-    textgen_params_clear(&f->last);
-    f->last = *p;
-    memset(p, 0, sizeof *p);
-    f->submits++;
-    if (f->submit_status) {
-        int st = f->submit_status;
-        snprintf(err, errlen, "refused with %d", st);
-        pthread_mutex_unlock(&f->mu);
-        return st;
-    }
-    f->fn = fn;
-    f->ctx = ctx;
-    f->handle++;
-    *handle = f->handle;
-    f->cancelled = false;
-    f->running = true;
-    pthread_mutex_unlock(&f->mu);
-    if (f->mode == FAKE_SYNC) {
-        fake_thread(f);
-        return 0;
-    }
-    pthread_mutex_lock(&f->mu);
-    f->have_thread = pthread_create(&f->th, NULL, fake_thread, f) == 0;
-    if (!f->have_thread)
-        f->running = false;
-    pthread_mutex_unlock(&f->mu);
-    return f->have_thread ? 0 : 500;
-}
-
-static void fake_cancel(void *self, uint64_t handle)
-{
-    struct fake *f = self;
-    pthread_mutex_lock(&f->mu); /* waits for a callback in flight */
-    if (handle == f->handle && f->running && !f->cancelled) {
-        f->cancelled = true;
-        f->cancels++;
-    } else if (handle == f->handle && f->cancelled) {
-        f->double_cancels++;
-    } else {
-        f->stray_cancels++; /* after END: allowed, a no-op */
-    }
-    pthread_cond_broadcast(&f->cond);
-    pthread_mutex_unlock(&f->mu);
-}
-
-static json_t *fake_models(void *self)
-{
-    (void)self;
-    return json_pack("[{s:s,s:b,s:n},{s:s,s:b,s:n},{s:b}]", "id", "tiny-model", "ready", 1,
-                     "chat_template", "id", "org/other-7b", "ready", 0, "chat_template",
-                     "ready", 0);
-}
-
-static const struct gen_ops fake_ops = {fake_submit, fake_cancel, fake_models};
-
-static void fake_init(struct fake *f)
-{
-    memset(f, 0, sizeof *f);
-    pthread_mutex_init(&f->mu, NULL);
-    pthread_cond_init(&f->cond, NULL);
-    textgen_params_init(&f->last);
-}
-
-static void fake_reset(struct fake *f, enum fake_mode mode)
-{
-    fake_join(f);
-    pthread_mutex_lock(&f->mu);
-    f->mode = mode;
-    f->submit_status = 0;
-    f->delta_sleep_us = 0;
-    f->submits = f->cancels = f->stray_cancels = f->double_cancels = 0;
-    textgen_params_clear(&f->last);
-    pthread_mutex_unlock(&f->mu);
-}
-
-static int fake_count(struct fake *f, const int *field)
-{
-    pthread_mutex_lock(&f->mu);
-    int v = *field;
-    pthread_mutex_unlock(&f->mu);
-    return v;
-}
-
-/* ---------- a small HTTP client ---------- */
-
-static int tcp_connect(uint16_t port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct timeval tv = {.tv_sec = IO_TIMEOUT_S};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static bool send_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w <= 0)
-            return false;
-        p += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
-
-struct resp {
-    int status;
-    char *raw;  /* all bytes received, NUL-terminated */
-    size_t raw_len;
-    char *body; /* de-chunked body (malloc'd) */
-};
-
-static void resp_free(struct resp *r)
-{
-    free(r->raw);
-    free(r->body);
-    memset(r, 0, sizeof *r);
-}
-
-/* Header value of the response into buf, or NULL. */
-static const char *resp_header(const struct resp *r, const char *name, char *buf, size_t cap)
-{
-    const char *end = r->raw ? strstr(r->raw, "\r\n\r\n") : NULL;
-    size_t nl = strlen(name);
-    for (const char *l = r->raw ? strstr(r->raw, "\r\n") : NULL; l && l < end;
-         l = strstr(l + 2, "\r\n")) {
-        const char *h = l + 2;
-        if (strncasecmp(h, name, nl) == 0 && h[nl] == ':') {
-            h += nl + 1;
-            while (*h == ' ')
-                h++;
-            size_t len = strcspn(h, "\r\n");
-            if (len >= cap)
-                len = cap - 1;
-            memcpy(buf, h, len);
-            buf[len] = 0;
-            return buf;
-        }
-    }
-    return NULL;
-}
-
-static void resp_parse(struct resp *r)
-{
-    char *head_end = r->raw ? strstr(r->raw, "\r\n\r\n") : NULL;
-    if (!head_end || sscanf(r->raw, "HTTP/1.%*d %d", &r->status) != 1) {
-        r->status = 0;
-        r->body = strdup("");
-        return;
-    }
-    const char *b = head_end + 4;
-    size_t bl = r->raw_len - (size_t)(b - r->raw);
-    char te[32];
-    r->body = malloc(bl + 1);
-    size_t len = 0;
-    if (resp_header(r, "Transfer-Encoding", te, sizeof te) && strcasecmp(te, "chunked") == 0) {
-        size_t i = 0;
-        while (i < bl) {
-            char *end;
-            unsigned long sz = strtoul(b + i, &end, 16);
-            const char *crlf = memmem(b + i, bl - i, "\r\n", 2);
-            if (!crlf || sz == 0)
-                break;
-            i = (size_t)(crlf - b) + 2;
-            if (i + sz > bl)
-                sz = bl - i;
-            memcpy(r->body + len, b + i, sz);
-            len += sz;
-            i += sz + 2;
-        }
-    } else {
-        memcpy(r->body, b, bl);
-        len = bl;
-    }
-    r->body[len] = 0;
-}
-
-/* Reads until EOF or timeout, or (stop_at not NULL) until the bytes hold stop_at. */
-static void read_resp(int fd, struct resp *r, const char *stop_at)
-{
-    size_t cap = 8192;
-    r->raw = malloc(cap + 1);
-    r->raw_len = 0;
-    for (;;) {
-        if (r->raw_len == cap) {
-            cap *= 2;
-            r->raw = realloc(r->raw, cap + 1);
-        }
-        ssize_t n = recv(fd, r->raw + r->raw_len, cap - r->raw_len, 0);
-        if (n <= 0)
-            break;
-        r->raw_len += (size_t)n;
-        r->raw[r->raw_len] = 0;
-        if (stop_at && strstr(r->raw, stop_at))
-            break;
-    }
-    r->raw[r->raw_len] = 0;
-}
-
-/* Opens a connection and sends a request; the socket, or -1. */
-static int send_request(uint16_t port, const char *method, const char *path, const char *ctype,
-                        const char *body)
-{
-    int fd = tcp_connect(port);
-    if (fd < 0)
-        return -1;
-    size_t blen = body ? strlen(body) : 0;
-    char head[512];
-    int n = snprintf(head, sizeof head,
-                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                     "%s%s%sContent-Length: %zu\r\n\r\n",
-                     method, path, ctype ? "Content-Type: " : "", ctype ? ctype : "",
-                     ctype ? "\r\n" : "", blen);
-    if (!send_all(fd, head, (size_t)n) || (blen && !send_all(fd, body, blen))) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static void request_ct(uint16_t port, const char *method, const char *path, const char *ctype,
-                       const char *body, struct resp *r)
-{
-    memset(r, 0, sizeof *r);
-    int fd = send_request(port, method, path, ctype, body);
-    if (fd >= 0) {
-        read_resp(fd, r, NULL);
-        close(fd);
-    }
-    resp_parse(r);
-}
-
-static void post(uint16_t port, const char *path, const char *body, struct resp *r)
-{
-    request_ct(port, "POST", path, "application/json", body, r);
-}
-
-static json_t *resp_json(const struct resp *r)
-{
-    return json_loads(r->body ? r->body : "", 0, NULL);
-}
+/* ---------- reading replies ---------- */
 
 /* The data of each SSE event of body, in order (a JSON array of strings). */
 static json_t *sse_data(const char *body)
@@ -487,11 +168,6 @@ static json_t *sse_data(const char *body)
     return out;
 }
 
-static bool streq(const char *a, const char *b)
-{
-    return a && b && strcmp(a, b) == 0;
-}
-
 static const char *jpath_str(const json_t *j, const char *k1, const char *k2)
 {
     const json_t *v = json_object_get(j, k1);
@@ -503,7 +179,7 @@ static const char *jpath_str(const json_t *j, const char *k1, const char *k2)
 /* ---------- fixture ---------- */
 
 struct fixture {
-    struct fake fake;
+    struct fake_gen fake;
     struct gen gen;
     struct http_server *srv;
     uint16_t port;
@@ -511,14 +187,21 @@ struct fixture {
 
 static bool fixture_start(struct fixture *fx, size_t stream_queue)
 {
-    fake_init(&fx->fake);
-    fx->gen = (struct gen){.ops = &fake_ops, .self = &fx->fake};
+    fake_gen_init(&fx->fake);
+    fx->fake.play = play;
+    json_decref(fx->fake.models);
+    fx->fake.models = json_pack("[{s:s,s:b,s:n},{s:s,s:b,s:n},{s:b}]", "id", "tiny-model", "ready", 1,
+                                "chat_template", "id", "org/other-7b", "ready", 0, "chat_template",
+                                "ready", 0);
+    fx->gen = (struct gen){.ops = &fake_gen_ops, .self = &fx->fake};
     struct http_config cfg = {.stop_grace_ms = 500, .stream_queue_bytes = stream_queue};
     char err[256] = "";
     int rc = http_server_create(&fx->srv, &cfg, err, sizeof err);
     CHECK(rc == 0, "http_server_create: %s", err);
-    if (rc)
+    if (rc) {
+        fake_gen_release(&fx->fake);
         return false;
+    }
     rc = openai_register(fx->srv, &fx->gen, err, sizeof err);
     CHECK(rc == 0, "openai_register: %s", err);
     CHECK_EQ_INT(openai_register(fx->srv, &fx->gen, err, sizeof err), CAIRN_EINVAL);
@@ -531,57 +214,55 @@ static bool fixture_start(struct fixture *fx, size_t stream_queue)
 static void fixture_stop(struct fixture *fx)
 {
     http_server_release(fx->srv);
-    fake_join(&fx->fake);
-    textgen_params_clear(&fx->fake.last);
-    pthread_mutex_destroy(&fx->fake.mu);
-    pthread_cond_destroy(&fx->fake.cond);
+    CHECK_EQ_INT(fx->fake.cancels_in_callback, 0);
+    fake_gen_release(&fx->fake);
 }
 
 /* ---------- tests ---------- */
 
 static void test_params_mapping(struct fixture *fx)
 {
-    struct fake *f = &fx->fake;
-    fake_reset(f, FAKE_TEXT);
-    struct resp r;
-    post(fx->port, "/v1/chat/completions",
-         "{\"model\":\"tiny-model\",\"messages\":["
-         "{\"role\":\"developer\",\"content\":\"be brief\"},"
-         "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"part one\"},"
-         "{\"type\":\"text\",\"text\":\"part two\"}],\"name\":\"bob\"},"
-         "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":"
-         "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
-         "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"42\"}],"
-         "\"max_tokens\":10,\"max_completion_tokens\":33,\"temperature\":0.5,\"top_p\":0.9,"
-         "\"top_k\":7,\"min_p\":0.1,\"seed\":42,\"presence_penalty\":0.5,"
-         "\"frequency_penalty\":-0.5,\"repetition_penalty\":1.1,\"stop\":[\"a\",\"bb\"],"
-         "\"n\":2,\"logit_bias\":{\"15\":-100,\"7\":2.5},\"logprobs\":true,\"top_logprobs\":3,"
-         "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
-         "\"description\":\"d\",\"parameters\":{\"type\":\"object\"}}}],\"tool_choice\":\"auto\","
-         "\"user\":\"u1\",\"response_format\":{\"type\":\"text\"},\"some_future_field\":[1],"
-         "\"reasoning_effort\":\"none\",\"chat_template_kwargs\":{\"foo\":1},\"ignore_eos\":true}",
-         &r);
+    struct fake_gen *f = &fx->fake;
+    fake_gen_reset(f, FAKE_TEXT);
+    struct rh_resp r;
+    rh_post(fx->port, "/v1/chat/completions",
+            "{\"model\":\"tiny-model\",\"messages\":["
+            "{\"role\":\"developer\",\"content\":\"be brief\"},"
+            "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"part one\"},"
+            "{\"type\":\"text\",\"text\":\"part two\"}],\"name\":\"bob\"},"
+            "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":"
+            "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+            "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"42\"}],"
+            "\"max_tokens\":10,\"max_completion_tokens\":33,\"temperature\":0.5,\"top_p\":0.9,"
+            "\"top_k\":7,\"min_p\":0.1,\"seed\":42,\"presence_penalty\":0.5,"
+            "\"frequency_penalty\":-0.5,\"repetition_penalty\":1.1,\"stop\":[\"a\",\"bb\"],"
+            "\"n\":2,\"logit_bias\":{\"15\":-100,\"7\":2.5},\"logprobs\":true,\"top_logprobs\":3,"
+            "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+            "\"description\":\"d\",\"parameters\":{\"type\":\"object\"}}}],\"tool_choice\":\"auto\","
+            "\"user\":\"u1\",\"response_format\":{\"type\":\"text\"},\"some_future_field\":[1],"
+            "\"reasoning_effort\":\"none\",\"chat_template_kwargs\":{\"foo\":1},\"ignore_eos\":true}",
+            &r);
     CHECK(r.status == 200, "status %d body %s", r.status, r.body);
-    fake_join(f);
+    fake_gen_join(f);
     pthread_mutex_lock(&f->mu);
     const struct textgen_params *p = &f->last;
     CHECK(strcmp(p->model, "tiny-model") == 0, "model %s", p->model);
     CHECK(p->prompt == NULL, "prompt set");
     CHECK_EQ_INT(json_array_size(p->messages), 4);
     const json_t *m = p->messages;
-    CHECK(streq(jpath_str(json_array_get(m, 0), "role", NULL), "system"), "developer -> system");
-    CHECK(streq(jpath_str(json_array_get(m, 0), "content", NULL), "be brief"), "content 0");
+    CHECK(rh_streq(jpath_str(json_array_get(m, 0), "role", NULL), "system"), "developer -> system");
+    CHECK(rh_streq(jpath_str(json_array_get(m, 0), "content", NULL), "be brief"), "content 0");
     const char *flat = jpath_str(json_array_get(m, 1), "content", NULL);
     CHECK(flat && strcmp(flat, "part one\npart two") == 0, "flattened [%s]", flat ? flat : "(null)");
-    CHECK(streq(jpath_str(json_array_get(m, 1), "name", NULL), "bob"), "name kept");
+    CHECK(rh_streq(jpath_str(json_array_get(m, 1), "name", NULL), "bob"), "name kept");
     const json_t *a = json_array_get(m, 2);
     CHECK(json_is_null(json_object_get(a, "content")), "assistant content null kept");
     const json_t *tc = json_array_get(json_object_get(a, "tool_calls"), 0);
-    CHECK(tc && streq(jpath_str(tc, "function", "name"), "f") &&
-              streq(jpath_str(tc, "id", NULL), "c1"),
+    CHECK(tc && rh_streq(jpath_str(tc, "function", "name"), "f") &&
+              rh_streq(jpath_str(tc, "id", NULL), "c1"),
           "assistant tool_calls kept");
-    CHECK(streq(jpath_str(json_array_get(m, 3), "role", NULL), "tool") &&
-              streq(jpath_str(json_array_get(m, 3), "tool_call_id", NULL), "c1"),
+    CHECK(rh_streq(jpath_str(json_array_get(m, 3), "role", NULL), "tool") &&
+              rh_streq(jpath_str(json_array_get(m, 3), "tool_call_id", NULL), "c1"),
           "tool message");
     CHECK_EQ_INT(p->max_tokens, 33);
     CHECK(p->sampling.temperature == 0.5f && p->sampling.top_p == 0.9f && p->sampling.top_k == 7 &&
@@ -602,7 +283,7 @@ static void test_params_mapping(struct fixture *fx)
     CHECK(p->n_bias == 2 && b15 && b7, "logit_bias (%d)", p->n_bias);
     CHECK(p->logprobs && p->top_logprobs == 3, "logprobs %d %d", p->logprobs, p->top_logprobs);
     CHECK(json_array_size(p->tools) == 1 &&
-              streq(jpath_str(json_array_get(p->tools, 0), "function", "name"), "get_weather") &&
+              rh_streq(jpath_str(json_array_get(p->tools, 0), "function", "name"), "get_weather") &&
               json_is_object(json_object_get(json_object_get(json_array_get(p->tools, 0), "function"),
                                              "parameters")),
           "tools");
@@ -611,7 +292,7 @@ static void test_params_mapping(struct fixture *fx)
           "template_kwargs from reasoning_effort none and chat_template_kwargs");
     CHECK(p->ignore_eos && p->reasoning && p->add_generation_prompt, "flags");
     pthread_mutex_unlock(&f->mu);
-    resp_free(&r);
+    rh_free(&r);
 
     /* Small variations, one field at a time. */
     struct {
@@ -635,9 +316,9 @@ static void test_params_mapping(struct fixture *fx)
         snprintf(body, sizeof body,
                  "{\"model\":\"tiny-model\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s}",
                  cases[i].extra);
-        post(fx->port, "/v1/chat/completions", body, &r);
+        rh_post(fx->port, "/v1/chat/completions", body, &r);
         CHECK(r.status == 200, "case %zu: status %d %s", i, r.status, r.body);
-        fake_join(f);
+        fake_gen_join(f);
         pthread_mutex_lock(&f->mu);
         const json_t *kw = p->template_kwargs;
         switch (cases[i].check) {
@@ -652,7 +333,7 @@ static void test_params_mapping(struct fixture *fx)
                   "enable_thinking false");
             break;
         case 4:
-            CHECK(streq(json_string_value(json_object_get(kw, "reasoning_effort")), "high") &&
+            CHECK(rh_streq(json_string_value(json_object_get(kw, "reasoning_effort")), "high") &&
                       !json_object_get(kw, "enable_thinking"),
                   "reasoning_effort high");
             break;
@@ -678,19 +359,19 @@ static void test_params_mapping(struct fixture *fx)
             break;
         }
         pthread_mutex_unlock(&f->mu);
-        resp_free(&r);
+        rh_free(&r);
     }
 
     /* Unseeded requests draw different seeds. */
     uint64_t seeds[3];
     for (int i = 0; i < 3; i++) {
-        post(fx->port, "/v1/chat/completions",
-             "{\"model\":\"tiny-model\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &r);
-        fake_join(f);
+        rh_post(fx->port, "/v1/chat/completions",
+                "{\"model\":\"tiny-model\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &r);
+        fake_gen_join(f);
         pthread_mutex_lock(&f->mu);
         seeds[i] = f->last.sampling.seed;
         pthread_mutex_unlock(&f->mu);
-        resp_free(&r);
+        rh_free(&r);
     }
     CHECK(seeds[0] != seeds[1] || seeds[1] != seeds[2], "seeds %llu %llu %llu",
           (unsigned long long)seeds[0], (unsigned long long)seeds[1], (unsigned long long)seeds[2]);
@@ -701,15 +382,15 @@ static void test_params_mapping(struct fixture *fx)
         char body[256];
         snprintf(body, sizeof body, "{\"model\":\"tiny-model\",%s,\"logprobs\":2,\"max_tokens\":4}",
                  prompts[i]);
-        post(fx->port, "/v1/completions", body, &r);
+        rh_post(fx->port, "/v1/completions", body, &r);
         CHECK(r.status == 200, "completions %d: %d %s", i, r.status, r.body);
-        fake_join(f);
+        fake_gen_join(f);
         pthread_mutex_lock(&f->mu);
         CHECK(p->prompt && strcmp(p->prompt, "Once upon") == 0 && !p->messages, "prompt %d", i);
         CHECK(p->logprobs && p->top_logprobs == 2 && p->max_tokens == 4 && !p->reasoning,
               "completion params");
         pthread_mutex_unlock(&f->mu);
-        resp_free(&r);
+        rh_free(&r);
     }
 }
 
@@ -727,19 +408,20 @@ static void check_usage(const json_t *u, int n)
 
 static void test_nonstream(struct fixture *fx)
 {
-    struct fake *f = &fx->fake;
+    struct fake_gen *f = &fx->fake;
     enum fake_mode modes[] = {FAKE_TEXT, FAKE_SYNC, FAKE_REASONING};
     for (size_t k = 0; k < 3; k++) {
-        fake_reset(f, modes[k]);
-        struct resp r;
-        post(fx->port, "/v1/chat/completions",
+        fake_gen_reset(f, modes[k]);
+        f->sync = modes[k] == FAKE_SYNC;
+        struct rh_resp r;
+        rh_post(fx->port, "/v1/chat/completions",
              "{\"model\":\"tiny-model\",\"n\":2,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
              &r);
         CHECK(r.status == 200, "mode %zu status %d %s", k, r.status, r.body);
-        json_t *j = resp_json(&r);
-        CHECK(j && streq(jpath_str(j, "object", NULL), "chat.completion"), "object");
+        json_t *j = rh_json(&r);
+        CHECK(j && rh_streq(jpath_str(j, "object", NULL), "chat.completion"), "object");
         CHECK(jpath_str(j, "id", NULL) && strncmp(jpath_str(j, "id", NULL), "chatcmpl-", 9) == 0, "id");
-        CHECK(j && streq(jpath_str(j, "model", NULL), "tiny-model"), "model");
+        CHECK(j && rh_streq(jpath_str(j, "model", NULL), "tiny-model"), "model");
         CHECK(j && json_integer_value(json_object_get(j, "created")) > 1600000000, "created");
         const json_t *ch = json_object_get(j, "choices");
         CHECK_EQ_INT(json_array_size(ch), 2);
@@ -749,11 +431,11 @@ static void test_nonstream(struct fixture *fx)
             snprintf(want, sizeof want, "Hello s%d", i);
             const json_t *msg = json_object_get(c, "message");
             CHECK(json_integer_value(json_object_get(c, "index")) == i, "index");
-            CHECK(streq(jpath_str(msg, "role", NULL), "assistant"), "role");
+            CHECK(rh_streq(jpath_str(msg, "role", NULL), "assistant"), "role");
             const char *content = jpath_str(msg, "content", NULL);
             CHECK(content && strcmp(content, want) == 0, "content [%s] want [%s]",
                   content ? content : "(null)", want);
-            CHECK(streq(jpath_str(c, "finish_reason", NULL), "stop"), "finish");
+            CHECK(rh_streq(jpath_str(c, "finish_reason", NULL), "stop"), "finish");
             CHECK(json_is_null(json_object_get(c, "logprobs")), "logprobs null");
             CHECK(!json_object_get(msg, "tool_calls"), "no tool_calls");
             const char *rc = jpath_str(msg, "reasoning_content", NULL);
@@ -764,34 +446,34 @@ static void test_nonstream(struct fixture *fx)
         }
         check_usage(json_object_get(j, "usage"), 2);
         json_decref(j);
-        resp_free(&r);
+        rh_free(&r);
     }
 
     /* Logprobs, chat form. */
-    fake_reset(f, FAKE_TEXT);
-    struct resp r;
-    post(fx->port, "/v1/chat/completions",
-         "{\"model\":\"tiny-model\",\"logprobs\":true,\"top_logprobs\":1,"
-         "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &r);
-    json_t *j = resp_json(&r);
+    fake_gen_reset(f, FAKE_TEXT);
+    struct rh_resp r;
+    rh_post(fx->port, "/v1/chat/completions",
+            "{\"model\":\"tiny-model\",\"logprobs\":true,\"top_logprobs\":1,"
+            "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &r);
+    json_t *j = rh_json(&r);
     const json_t *lc = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0),
                                                        "logprobs"), "content");
-    CHECK(json_array_size(lc) == 3 && streq(jpath_str(json_array_get(lc, 1), "token", NULL), "lo"),
+    CHECK(json_array_size(lc) == 3 && rh_streq(jpath_str(json_array_get(lc, 1), "token", NULL), "lo"),
           "chat logprobs %s", r.body);
     json_decref(j);
-    resp_free(&r);
+    rh_free(&r);
 
     /* Completions, with legacy logprobs. */
-    fake_reset(f, FAKE_TEXT);
-    post(fx->port, "/v1/completions", "{\"model\":\"tiny-model\",\"prompt\":\"x\",\"logprobs\":1}", &r);
+    fake_gen_reset(f, FAKE_TEXT);
+    rh_post(fx->port, "/v1/completions", "{\"model\":\"tiny-model\",\"prompt\":\"x\",\"logprobs\":1}", &r);
     CHECK(r.status == 200, "completions %d %s", r.status, r.body);
-    j = resp_json(&r);
+    j = rh_json(&r);
     const json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
-    CHECK(j && streq(jpath_str(j, "object", NULL), "text_completion") &&
+    CHECK(j && rh_streq(jpath_str(j, "object", NULL), "text_completion") &&
               jpath_str(j, "id", NULL) && strncmp(jpath_str(j, "id", NULL), "cmpl-", 5) == 0,
           "completion object");
-    CHECK(c0 && streq(jpath_str(c0, "text", NULL), "Hello s0") &&
-              streq(jpath_str(c0, "finish_reason", NULL), "stop"),
+    CHECK(c0 && rh_streq(jpath_str(c0, "text", NULL), "Hello s0") &&
+              rh_streq(jpath_str(c0, "finish_reason", NULL), "stop"),
           "completion choice %s", r.body);
     const json_t *lp = json_object_get(c0, "logprobs");
     const json_t *offs = json_object_get(lp, "text_offset");
@@ -804,12 +486,12 @@ static void test_nonstream(struct fixture *fx)
           "completion logprobs %s", r.body);
     check_usage(json_object_get(j, "usage"), 1);
     json_decref(j);
-    resp_free(&r);
+    rh_free(&r);
 }
 
 /* Parses a streamed reply: every event but [DONE] as JSON into *chunks; true when the
  * last event was [DONE]. */
-static bool stream_chunks(const struct resp *r, json_t **chunks)
+static bool stream_chunks(const struct rh_resp *r, json_t **chunks)
 {
     json_t *data = sse_data(r->body);
     *chunks = json_array();
@@ -817,7 +499,7 @@ static bool stream_chunks(const struct resp *r, json_t **chunks)
     size_t i;
     json_t *d;
     json_array_foreach(data, i, d) {
-        done = streq(json_string_value(d), "[DONE]");
+        done = rh_streq(json_string_value(d), "[DONE]");
         if (!done)
             json_array_append_new(*chunks, json_loads(json_string_value(d), 0, NULL));
     }
@@ -827,19 +509,19 @@ static bool stream_chunks(const struct resp *r, json_t **chunks)
 
 static void test_stream(struct fixture *fx)
 {
-    struct fake *f = &fx->fake;
+    struct fake_gen *f = &fx->fake;
     for (int usage = 0; usage < 2; usage++) {
-        fake_reset(f, FAKE_REASONING);
+        fake_gen_reset(f, FAKE_REASONING);
         f->delta_sleep_us = 1000;
-        struct resp r;
+        struct rh_resp r;
         char body[512];
         snprintf(body, sizeof body,
                  "{\"model\":\"tiny-model\",\"n\":2,\"stream\":true,%s\"messages\":"
                  "[{\"role\":\"user\",\"content\":\"hi\"}]}",
                  usage ? "\"stream_options\":{\"include_usage\":true}," : "");
-        post(fx->port, "/v1/chat/completions", body, &r);
+        rh_post(fx->port, "/v1/chat/completions", body, &r);
         char ct[128];
-        CHECK(r.status == 200 && resp_header(&r, "Content-Type", ct, sizeof ct) &&
+        CHECK(r.status == 200 && rh_header(&r, "Content-Type", ct, sizeof ct) &&
                   strncmp(ct, "text/event-stream", 17) == 0,
               "stream status %d", r.status);
         json_t *chunks;
@@ -857,7 +539,7 @@ static void test_stream(struct fixture *fx)
             const char *id = jpath_str(c, "id", NULL);
             ids_same &= id && id0 && strcmp(id, id0) == 0;
             objects_ok &= jpath_str(c, "object", NULL) &&
-                          streq(jpath_str(c, "object", NULL), "chat.completion.chunk");
+                          rh_streq(jpath_str(c, "object", NULL), "chat.completion.chunk");
             const json_t *ch = json_object_get(c, "choices");
             if (usage && i == n - 1) {
                 CHECK(json_array_size(ch) == 0, "usage chunk has no choices");
@@ -875,7 +557,7 @@ static void test_stream(struct fixture *fx)
             if (!first_seen[idx]) {
                 first_seen[idx] = true;
                 role_first[idx] = jpath_str(delta, "role", NULL) &&
-                                  streq(jpath_str(delta, "role", NULL), "assistant");
+                                  rh_streq(jpath_str(delta, "role", NULL), "assistant");
             }
             if (finishes[idx])
                 after_finish = true;
@@ -903,14 +585,14 @@ static void test_stream(struct fixture *fx)
             CHECK_EQ_INT(finishes[s], 1);
         }
         json_decref(chunks);
-        resp_free(&r);
+        rh_free(&r);
     }
 
     /* Completions stream. */
-    fake_reset(f, FAKE_TEXT);
-    struct resp r;
-    post(fx->port, "/v1/completions",
-         "{\"model\":\"tiny-model\",\"prompt\":\"x\",\"stream\":true,\"logprobs\":0}", &r);
+    fake_gen_reset(f, FAKE_TEXT);
+    struct rh_resp r;
+    rh_post(fx->port, "/v1/completions",
+            "{\"model\":\"tiny-model\",\"prompt\":\"x\",\"stream\":true,\"logprobs\":0}", &r);
     json_t *chunks;
     CHECK(stream_chunks(&r, &chunks), "completion stream [DONE]");
     char text[64] = "";
@@ -918,7 +600,7 @@ static void test_stream(struct fixture *fx)
     size_t i;
     json_t *c;
     json_array_foreach(chunks, i, c) {
-        CHECK(streq(jpath_str(c, "object", NULL), "text_completion"), "object");
+        CHECK(rh_streq(jpath_str(c, "object", NULL), "text_completion"), "object");
         const json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
         const char *t = jpath_str(ch, "text", NULL);
         if (t)
@@ -932,37 +614,37 @@ static void test_stream(struct fixture *fx)
     CHECK(strcmp(text, "Hello s0") == 0 && last_finish && strcmp(last_finish, "stop") == 0,
           "completion stream text [%s]", text);
     json_decref(chunks);
-    resp_free(&r);
+    rh_free(&r);
 }
 
 static void test_tool_calls(struct fixture *fx)
 {
-    struct fake *f = &fx->fake;
+    struct fake_gen *f = &fx->fake;
     const char *req = "{\"model\":\"tiny-model\",%s\"messages\":[{\"role\":\"user\",\"content\":\"w?\"}],"
                       "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}]}";
     char body[512];
-    fake_reset(f, FAKE_TOOLS);
+    fake_gen_reset(f, FAKE_TOOLS);
     snprintf(body, sizeof body, req, "");
-    struct resp r;
-    post(fx->port, "/v1/chat/completions", body, &r);
-    json_t *j = resp_json(&r);
+    struct rh_resp r;
+    rh_post(fx->port, "/v1/chat/completions", body, &r);
+    json_t *j = rh_json(&r);
     const json_t *c = json_array_get(json_object_get(j, "choices"), 0);
     const json_t *msg = json_object_get(c, "message");
     const json_t *tc = json_array_get(json_object_get(msg, "tool_calls"), 0);
     CHECK(r.status == 200 && json_is_null(json_object_get(msg, "content")), "content null: %s", r.body);
-    CHECK(streq(jpath_str(c, "finish_reason", NULL), "tool_calls"), "finish tool_calls");
-    CHECK(tc && streq(jpath_str(tc, "id", NULL), "call_abc") &&
-              streq(jpath_str(tc, "type", NULL), "function") &&
-              streq(jpath_str(tc, "function", "name"), "get_weather") &&
-              streq(jpath_str(tc, "function", "arguments"), "{\"city\":\"Paris\"}") &&
+    CHECK(rh_streq(jpath_str(c, "finish_reason", NULL), "tool_calls"), "finish tool_calls");
+    CHECK(tc && rh_streq(jpath_str(tc, "id", NULL), "call_abc") &&
+              rh_streq(jpath_str(tc, "type", NULL), "function") &&
+              rh_streq(jpath_str(tc, "function", "name"), "get_weather") &&
+              rh_streq(jpath_str(tc, "function", "arguments"), "{\"city\":\"Paris\"}") &&
               !json_object_get(tc, "index"),
           "tool call %s", r.body);
     json_decref(j);
-    resp_free(&r);
+    rh_free(&r);
 
-    fake_reset(f, FAKE_TOOLS);
+    fake_gen_reset(f, FAKE_TOOLS);
     snprintf(body, sizeof body, req, "\"stream\":true,");
-    post(fx->port, "/v1/chat/completions", body, &r);
+    rh_post(fx->port, "/v1/chat/completions", body, &r);
     json_t *chunks;
     CHECK(stream_chunks(&r, &chunks), "[DONE]");
     bool saw_call = false, saw_finish = false;
@@ -975,9 +657,9 @@ static void test_tool_calls(struct fixture *fx)
         if (t0) {
             saw_call = json_integer_value(json_object_get(t0, "index")) == 0 &&
                        json_is_integer(json_object_get(t0, "index")) &&
-                       streq(jpath_str(t0, "id", NULL), "call_abc") &&
-                       streq(jpath_str(t0, "function", "name"), "get_weather") &&
-                       streq(jpath_str(t0, "function", "arguments"), "{\"city\":\"Paris\"}");
+                       rh_streq(jpath_str(t0, "id", NULL), "call_abc") &&
+                       rh_streq(jpath_str(t0, "function", "name"), "get_weather") &&
+                       rh_streq(jpath_str(t0, "function", "arguments"), "{\"city\":\"Paris\"}");
         }
         const char *fr = jpath_str(choice, "finish_reason", NULL);
         if (fr)
@@ -985,13 +667,13 @@ static void test_tool_calls(struct fixture *fx)
     }
     CHECK(saw_call && saw_finish, "streamed tool call and finish: %s", r.body);
     json_decref(chunks);
-    resp_free(&r);
+    rh_free(&r);
 }
 
 static void test_bad_requests(struct fixture *fx)
 {
-    struct fake *f = &fx->fake;
-    fake_reset(f, FAKE_TEXT);
+    struct fake_gen *f = &fx->fake;
+    fake_gen_reset(f, FAKE_TEXT);
     const char *msgs = "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]";
     static const struct {
         const char *path, *ctype, *body, *param; /* param NULL: JSON null */
@@ -1063,42 +745,42 @@ static void test_bad_requests(struct fixture *fx)
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char body[2048];
         snprintf(body, sizeof body, cases[i].body, msgs);
-        struct resp r;
-        request_ct(fx->port, "POST", cases[i].path, cases[i].ctype, body, &r);
-        json_t *j = resp_json(&r);
+        struct rh_resp r;
+        rh_request(fx->port, "POST", cases[i].path, cases[i].ctype, body, &r);
+        json_t *j = rh_json(&r);
         const json_t *e = json_object_get(j, "error");
         const json_t *param = json_object_get(e, "param");
         bool param_ok = cases[i].param ? json_is_string(param) &&
-                                             streq(json_string_value(param), cases[i].param)
+                                             rh_streq(json_string_value(param), cases[i].param)
                                        : json_is_null(param);
         CHECK(r.status == 400 && param_ok && json_is_string(json_object_get(e, "message")) &&
-                  streq(jpath_str(e, "type", NULL), "invalid_request_error") &&
+                  rh_streq(jpath_str(e, "type", NULL), "invalid_request_error") &&
                   json_is_null(json_object_get(e, "code")),
               "case %zu (%s): status %d, want param %s, got %s", i, cases[i].body, r.status,
               cases[i].param ? cases[i].param : "null", r.body);
         json_decref(j);
-        resp_free(&r);
+        rh_free(&r);
     }
-    CHECK_EQ_INT(fake_count(f, &f->submits), 0);
+    CHECK_EQ_INT(fake_gen_count(f, &f->submits), 0);
 
     /* A JSON body that does not parse, sent as JSON, is refused by the server itself. */
-    struct resp r;
-    post(fx->port, "/v1/chat/completions", "{\"model\":", &r);
+    struct rh_resp r;
+    rh_post(fx->port, "/v1/chat/completions", "{\"model\":", &r);
     CHECK(r.status == 400, "malformed JSON as application/json: %d", r.status);
-    resp_free(&r);
-    post(fx->port, "/v1/chat/completions", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\x28\"}]}", &r);
+    rh_free(&r);
+    rh_post(fx->port, "/v1/chat/completions", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\x28\"}]}", &r);
     CHECK(r.status == 400, "invalid UTF-8 as application/json: %d", r.status);
-    resp_free(&r);
+    rh_free(&r);
 }
 
-static void check_error(const struct resp *r, int status, const char *type, const char *code)
+static void check_error(const struct rh_resp *r, int status, const char *type, const char *code)
 {
-    json_t *j = resp_json(r);
+    json_t *j = rh_json(r);
     const json_t *e = json_object_get(j, "error");
     const json_t *c = json_object_get(e, "code");
-    bool code_ok = code ? json_is_string(c) && streq(json_string_value(c), code) : json_is_null(c);
+    bool code_ok = code ? json_is_string(c) && rh_streq(json_string_value(c), code) : json_is_null(c);
     CHECK(r->status == status && jpath_str(e, "type", NULL) &&
-              streq(jpath_str(e, "type", NULL), type) && code_ok &&
+              rh_streq(jpath_str(e, "type", NULL), type) && code_ok &&
               json_is_string(json_object_get(e, "message")),
           "want %d %s %s, got %d %s", status, type, code ? code : "null", r->status, r->body);
     json_decref(j);
@@ -1106,47 +788,47 @@ static void check_error(const struct resp *r, int status, const char *type, cons
 
 static void test_backend_errors(struct fixture *fx)
 {
-    struct fake *f = &fx->fake;
+    struct fake_gen *f = &fx->fake;
     const char *chat = "{\"model\":\"tiny-model\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]%s}";
     char body[256];
     for (int stream = 0; stream < 2; stream++) {
         snprintf(body, sizeof body, chat, stream ? ",\"stream\":true" : "");
-        struct resp r;
+        struct rh_resp r;
         char ra[16];
-        fake_reset(f, FAKE_TEXT);
-        f->submit_status = 404;
-        post(fx->port, "/v1/chat/completions", body, &r);
+        fake_gen_reset(f, FAKE_TEXT);
+        f->refuse_status = 404;
+        rh_post(fx->port, "/v1/chat/completions", body, &r);
         check_error(&r, 404, "invalid_request_error", "model_not_found");
-        CHECK(!resp_header(&r, "Retry-After", ra, sizeof ra), "no Retry-After on 404");
-        resp_free(&r);
+        CHECK(!rh_header(&r, "Retry-After", ra, sizeof ra), "no Retry-After on 404");
+        rh_free(&r);
 
-        fake_reset(f, FAKE_TEXT);
-        f->submit_status = 413;
-        post(fx->port, "/v1/chat/completions", body, &r);
+        fake_gen_reset(f, FAKE_TEXT);
+        f->refuse_status = 413;
+        rh_post(fx->port, "/v1/chat/completions", body, &r);
         check_error(&r, 413, "invalid_request_error", "context_length_exceeded");
-        resp_free(&r);
+        rh_free(&r);
 
-        fake_reset(f, FAKE_TEXT);
-        f->submit_status = 503;
-        post(fx->port, "/v1/chat/completions", body, &r);
+        fake_gen_reset(f, FAKE_TEXT);
+        f->refuse_status = 503;
+        rh_post(fx->port, "/v1/chat/completions", body, &r);
         check_error(&r, 503, "server_error", NULL);
-        CHECK(resp_header(&r, "Retry-After", ra, sizeof ra) && strcmp(ra, "1") == 0, "Retry-After: 1");
-        resp_free(&r);
+        CHECK(rh_header(&r, "Retry-After", ra, sizeof ra) && strcmp(ra, "1") == 0, "Retry-After: 1");
+        rh_free(&r);
 
         /* An ERROR before START is a plain JSON error, streamed or not. */
-        fake_reset(f, FAKE_ERROR_BEFORE);
-        post(fx->port, "/v1/chat/completions", body, &r);
+        fake_gen_reset(f, FAKE_ERROR_BEFORE);
+        rh_post(fx->port, "/v1/chat/completions", body, &r);
         check_error(&r, 503, "server_error", NULL);
-        CHECK(resp_header(&r, "Retry-After", ra, sizeof ra) && strcmp(ra, "1") == 0,
+        CHECK(rh_header(&r, "Retry-After", ra, sizeof ra) && strcmp(ra, "1") == 0,
               "Retry-After on ERROR 503");
         CHECK(strstr(r.body, "all runners busy") != NULL, "message kept: %s", r.body);
-        resp_free(&r);
+        rh_free(&r);
 
         /* After START: an error object (the stream's last event, no [DONE]). */
         enum fake_mode late[] = {FAKE_ERROR_AFTER, FAKE_SEQ_ERROR};
         for (int k = 0; k < 2; k++) {
-            fake_reset(f, late[k]);
-            post(fx->port, "/v1/chat/completions", body, &r);
+            fake_gen_reset(f, late[k]);
+            rh_post(fx->port, "/v1/chat/completions", body, &r);
             if (!stream) {
                 check_error(&r, 500, "server_error", NULL);
             } else {
@@ -1154,12 +836,12 @@ static void test_backend_errors(struct fixture *fx)
                 bool done = stream_chunks(&r, &chunks);
                 const json_t *last = json_array_get(chunks, json_array_size(chunks) - 1);
                 CHECK(r.status == 200 && !done && json_is_object(json_object_get(last, "error")) &&
-                          streq(jpath_str(json_object_get(last, "error"), "type", NULL),
+                          rh_streq(jpath_str(json_object_get(last, "error"), "type", NULL),
                                  "server_error"),
                       "late error %d: %s", k, r.body);
                 json_decref(chunks);
             }
-            resp_free(&r);
+            rh_free(&r);
         }
     }
 }
@@ -1167,85 +849,76 @@ static void test_backend_errors(struct fixture *fx)
 /* Opens a stream and reads until marker; the socket (the caller closes it), or -1. */
 static int open_until(uint16_t port, const char *path, const char *body, const char *marker)
 {
-    int fd = send_request(port, "POST", path, "application/json", body);
+    int fd = rh_open(port, "POST", path, "application/json", body);
     if (fd < 0)
         return -1;
-    struct resp r = {0};
-    read_resp(fd, &r, marker);
-    bool seen = r.raw && strstr(r.raw, marker);
-    CHECK(seen, "marker %s not seen: %s", marker, r.raw ? r.raw : "");
-    resp_free(&r);
+    char *raw = NULL;
+    rh_read_all(fd, &raw, marker);
+    CHECK(strstr(raw, marker) != NULL, "marker %s not seen: %s", marker, raw);
+    free(raw);
     return fd;
-}
-
-static bool wait_count(struct fake *f, const int *field, int want, int ms)
-{
-    int64_t until = clock_ns() + (int64_t)ms * 1000000;
-    while (fake_count(f, field) < want && clock_ns() < until)
-        sleep_us(1000);
-    return fake_count(f, field) >= want;
 }
 
 static void test_disconnect(struct fixture *fx)
 {
-    struct fake *f = &fx->fake;
+    struct fake_gen *f = &fx->fake;
     const char *stream_body = "{\"model\":\"tiny-model\",\"stream\":true,\"n\":2,"
                               "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
     /* Streamed: the client reads the first content and hangs up. */
-    fake_reset(f, FAKE_HANG);
+    fake_gen_reset(f, FAKE_HANG);
     int fd = open_until(fx->port, "/v1/chat/completions", stream_body, "\"content\":\"Hel\"");
     CHECK(fd >= 0, "connect");
     if (fd >= 0)
         close(fd);
-    CHECK(wait_count(f, &f->cancels, 1, 5000), "cancel after hang-up");
+    CHECK(fake_gen_wait_count(f, &f->cancels, 1, 5000), "cancel after hang-up");
     sleep_us(100000);
-    CHECK_EQ_INT(fake_count(f, &f->cancels), 1);
-    CHECK_EQ_INT(fake_count(f, &f->stray_cancels), 0);
-    CHECK_EQ_INT(fake_count(f, &f->double_cancels), 0);
-    CHECK(fake_join(f), "script ended");
+    CHECK_EQ_INT(fake_gen_count(f, &f->cancels), 1);
+    CHECK_EQ_INT(fake_gen_count(f, &f->cancels_after_end), 0);
+    CHECK_EQ_INT(fake_gen_count(f, &f->double_cancels), 0);
+    CHECK(fake_gen_join(f), "script ended");
 
     /* Not streamed: the client gives up while waiting. */
-    fake_reset(f, FAKE_HANG);
-    fd = send_request(fx->port, "POST", "/v1/chat/completions", "application/json",
-                      "{\"model\":\"tiny-model\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}");
-    CHECK(wait_count(f, &f->submits, 1, 5000), "submitted");
+    fake_gen_reset(f, FAKE_HANG);
+    fd = rh_open(fx->port, "POST", "/v1/chat/completions", "application/json",
+                 "{\"model\":\"tiny-model\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}");
+    CHECK(fake_gen_wait_count(f, &f->submits, 1, 5000), "submitted");
     sleep_us(20000);
     if (fd >= 0)
         close(fd);
-    CHECK(wait_count(f, &f->cancels, 1, 5000), "cancel after hang-up (not streamed)");
+    CHECK(fake_gen_wait_count(f, &f->cancels, 1, 5000), "cancel after hang-up (not streamed)");
     sleep_us(50000);
-    CHECK_EQ_INT(fake_count(f, &f->cancels), 1);
-    CHECK(fake_join(f), "script ended");
+    CHECK_EQ_INT(fake_gen_count(f, &f->cancels), 1);
+    CHECK(fake_gen_join(f), "script ended");
 
     /* A request that ended normally is not cancelled when its client leaves. */
-    fake_reset(f, FAKE_TEXT);
-    struct resp r;
-    post(fx->port, "/v1/chat/completions", stream_body, &r);
+    fake_gen_reset(f, FAKE_TEXT);
+    struct rh_resp r;
+    rh_post(fx->port, "/v1/chat/completions", stream_body, &r);
     CHECK(r.status == 200, "status %d", r.status);
-    resp_free(&r);
-    fake_join(f);
+    rh_free(&r);
+    fake_gen_join(f);
     sleep_us(20000);
-    CHECK_EQ_INT(fake_count(f, &f->cancels) + fake_count(f, &f->stray_cancels), 0);
+    CHECK_EQ_INT(fake_gen_count(f, &f->cancels) + fake_gen_count(f, &f->cancels_after_end), 0);
 
     /* Hang-ups at random points of a stream racing its end: at most one cancel each,
      * never a callback after it (the fake counts), nothing leaked (ASan). */
     uint64_t seed = 12345;
     int total_cancels = 0, total_submits = 0;
     for (int it = 0; it < 40; it++) {
-        fake_reset(f, FAKE_TEXT);
+        fake_gen_reset(f, FAKE_TEXT);
         f->delta_sleep_us = (int)(test_rand_u64(&seed) % 3000);
-        fd = send_request(fx->port, "POST", "/v1/chat/completions", "application/json", stream_body);
+        fd = rh_open(fx->port, "POST", "/v1/chat/completions", "application/json", stream_body);
         if (fd < 0) {
             CHECK(0, "connect %d", it);
             continue;
         }
         sleep_us((long)(test_rand_u64(&seed) % 12000));
         close(fd);
-        CHECK(fake_join(f), "script %d ended", it);
+        CHECK(fake_gen_join(f), "script %d ended", it);
         sleep_us(2000);
-        CHECK(fake_count(f, &f->double_cancels) == 0, "iteration %d: cancelled twice", it);
-        total_cancels += fake_count(f, &f->cancels);
-        total_submits += fake_count(f, &f->submits);
+        CHECK(fake_gen_count(f, &f->double_cancels) == 0, "iteration %d: cancelled twice", it);
+        total_cancels += fake_gen_count(f, &f->cancels);
+        total_submits += fake_gen_count(f, &f->submits);
     }
     printf("hang-ups: %d requests reached the backend, %d were cancelled\n", total_submits,
            total_cancels);
@@ -1256,13 +929,13 @@ static void test_stop_cancels(void)
     struct fixture fx;
     if (!fixture_start(&fx, 0))
         return;
-    fake_reset(&fx.fake, FAKE_HANG);
+    fake_gen_reset(&fx.fake, FAKE_HANG);
     int fd = open_until(fx.port, "/v1/chat/completions",
                         "{\"model\":\"tiny-model\",\"stream\":true,\"messages\":[{\"role\":"
                         "\"user\",\"content\":\"hi\"}]}",
                         "\"content\":\"Hel\"");
     http_server_stop(fx.srv);
-    CHECK_EQ_INT(fake_count(&fx.fake, &fx.fake.cancels), 1);
+    CHECK_EQ_INT(fake_gen_count(&fx.fake, &fx.fake.cancels), 1);
     if (fd >= 0)
         close(fd);
     fixture_stop(&fx);
@@ -1275,8 +948,8 @@ static void test_too_slow(void)
     struct fixture fx;
     if (!fixture_start(&fx, 4096))
         return;
-    struct fake *f = &fx.fake;
-    fake_reset(f, FAKE_FLOOD);
+    struct fake_gen *f = &fx.fake;
+    fake_gen_reset(f, FAKE_FLOOD);
     f->delta_sleep_us = 200; /* the cancel has time to come */
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int small = 4096;
@@ -1289,47 +962,47 @@ static void test_too_slow(void)
                      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                      "application/json\r\nContent-Length: %zu\r\n\r\n%s",
                      strlen(body), body);
-    bool sent = connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && send_all(fd, head, (size_t)n);
+    bool sent = connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && rh_send_all(fd, head, (size_t)n) == 0;
     CHECK(sent, "request sent");
-    CHECK(wait_count(f, &f->cancels, 1, 20000), "a stream too slow to read cancels its generation");
-    CHECK(fake_join(f), "flood ended");
+    CHECK(fake_gen_wait_count(f, &f->cancels, 1, 20000), "a stream too slow to read cancels its generation");
+    CHECK(fake_gen_join(f), "flood ended");
     close(fd);
     fixture_stop(&fx);
 }
 
 static void test_models(struct fixture *fx)
 {
-    struct resp r;
-    request_ct(fx->port, "GET", "/v1/models", NULL, NULL, &r);
-    json_t *j = resp_json(&r);
+    struct rh_resp r;
+    rh_request(fx->port, "GET", "/v1/models", NULL, NULL, &r);
+    json_t *j = rh_json(&r);
     const json_t *data = json_object_get(j, "data");
-    CHECK(r.status == 200 && streq(jpath_str(j, "object", NULL), "list") &&
+    CHECK(r.status == 200 && rh_streq(jpath_str(j, "object", NULL), "list") &&
               json_array_size(data) == 2,
           "models %d %s", r.status, r.body);
     const json_t *m1 = json_array_get(data, 1);
-    CHECK(m1 && streq(jpath_str(m1, "id", NULL), "org/other-7b") &&
-              streq(jpath_str(m1, "object", NULL), "model") &&
-              streq(jpath_str(m1, "owned_by", NULL), "cairn") &&
+    CHECK(m1 && rh_streq(jpath_str(m1, "id", NULL), "org/other-7b") &&
+              rh_streq(jpath_str(m1, "object", NULL), "model") &&
+              rh_streq(jpath_str(m1, "owned_by", NULL), "cairn") &&
               json_is_integer(json_object_get(m1, "created")) && json_object_size(m1) == 4,
           "model entry %s", r.body);
     json_decref(j);
-    resp_free(&r);
+    rh_free(&r);
 
-    request_ct(fx->port, "GET", "/v1/models/org/other-7b", NULL, NULL, &r);
-    j = resp_json(&r);
-    CHECK(r.status == 200 && streq(jpath_str(j, "id", NULL), "org/other-7b"), "one model: %s",
+    rh_request(fx->port, "GET", "/v1/models/org/other-7b", NULL, NULL, &r);
+    j = rh_json(&r);
+    CHECK(r.status == 200 && rh_streq(jpath_str(j, "id", NULL), "org/other-7b"), "one model: %s",
           r.body);
     json_decref(j);
-    resp_free(&r);
+    rh_free(&r);
 
-    request_ct(fx->port, "GET", "/v1/models/nope", NULL, NULL, &r);
+    rh_request(fx->port, "GET", "/v1/models/nope", NULL, NULL, &r);
     check_error(&r, 404, "invalid_request_error", "model_not_found");
-    j = resp_json(&r);
-    CHECK(streq(jpath_str(json_object_get(j, "error"), "param", NULL), "model") &&
+    j = rh_json(&r);
+    CHECK(rh_streq(jpath_str(json_object_get(j, "error"), "param", NULL), "model") &&
               strstr(r.body, "The model 'nope' does not exist"),
           "404 names the model: %s", r.body);
     json_decref(j);
-    resp_free(&r);
+    rh_free(&r);
 }
 
 int main(void)
