@@ -1,12 +1,7 @@
-/* Anthropic Messages endpoint (anthropic.h).
- *
- * A request lives in a struct areq shared by the handler (until it returns), the
- * backend (until END or ERROR was delivered, or cancel returned) and the stream's close
- * callback. The first two hold a reference each; the close callback holds none but
- * cannot outlive the stream, which is released only with the last reference. Who ends
- * the generation is decided under r->mu: the event callback at END or ERROR unless a
- * cancel was claimed first, in which case the canceller drops the generation's
- * reference once cancel has returned (no callback runs after that). */
+/* Anthropic Messages endpoint (anthropic.h): content blocks checked into
+ * textgen_params, events turned into SSE events or one message. A request's life
+ * (submit, cancel on hang-up, the one free) is apireq's; its struct areq is the reply's
+ * state. */
 #include "api/anthropic.h"
 
 #include <stdio.h>

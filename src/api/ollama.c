@@ -1,13 +1,6 @@
-/* Ollama-compatible endpoints (ollama.h).
- *
- * A generation request lives in a struct oreq shared by three parties: the handler
- * (until it returns), the backend (until END or ERROR was delivered, or cancel
- * returned) and the stream's close callback (which may run until the stream is
- * released). The first two hold a reference each; the close callback holds none but
- * cannot outlive the stream, and the stream is released only when the last reference
- * goes. Who ends the generation is decided under r->mu: the event callback at END or
- * ERROR unless a cancel was claimed first, in which case the canceller drops the
- * generation's reference once cancel has returned (no callback runs after that). */
+/* Ollama-compatible endpoints (ollama.h): requests checked into textgen_params, events
+ * turned into NDJSON lines or one object. A generation request's life (submit, cancel
+ * on hang-up, the one free) is apireq's; its struct oreq is the reply's state. */
 #define _GNU_SOURCE /* strcasestr */
 #include "api/ollama.h"
 
