@@ -306,8 +306,12 @@ static void penalize(struct sampler *s, const struct sample_params *p, const int
     }
 }
 
-int32_t sample_token(struct sampler *s, const struct sample_params *p, const float *logits,
-                     const int32_t *history, int64_t n_history, int64_t pos, float *prob)
+/* Steps 1-2: *out gets the logits after bias and penalties (the caller's logits when
+ * neither applies), +inf clamped to FLT_MAX, and *max_out their largest. Returns 0,
+ * the error of validate, or CAIRN_ERANGE when every token is banned. */
+static int prepare(struct sampler *s, const struct sample_params *p, const float *logits,
+                   const int32_t *history, int64_t n_history, int64_t pos, const float **out,
+                   float *max_out)
 {
     int64_t w;
     int rc = validate(s, p, logits, history, n_history, pos, &w);
@@ -336,13 +340,33 @@ int32_t sample_token(struct sampler *s, const struct sample_params *p, const flo
     }
     if (max == -INFINITY)
         return CAIRN_ERANGE; /* every token is banned */
+    *out = src;
+    *max_out = max;
+    return 0;
+}
+
+/* Greedy: the first token holding the largest value. */
+static int32_t arg_max(const float *src, float max)
+{
+    int32_t arg = 0;
+    while (src[arg] != max)
+        arg++;
+    return arg;
+}
+
+int32_t sample_token(struct sampler *s, const struct sample_params *p, const float *logits,
+                     const int32_t *history, int64_t n_history, int64_t pos, float *prob)
+{
+    const float *src;
+    float max;
+    int rc = prepare(s, p, logits, history, n_history, pos, &src, &max);
+    if (rc)
+        return rc;
+    int n = s->n_vocab;
     if (p->temperature <= 0) {
-        int32_t arg = 0;
-        while (src[arg] != max)
-            arg++;
         if (prob)
             *prob = 1.0f;
-        return arg;
+        return arg_max(src, max);
     }
 
     /* Candidates: the top k, or every token. exp() is evaluated only where it can
@@ -422,4 +446,66 @@ int32_t sample_token(struct sampler *s, const struct sample_params *p, const flo
     if (prob)
         *prob = (float)(chosen->e / kept);
     return chosen->id;
+}
+
+int sample_dist(struct sampler *s, const struct sample_params *p, const float *logits,
+                const int32_t *history, int64_t n_history, int32_t *ids, float *probs)
+{
+    const float *src;
+    float max;
+    int rc = prepare(s, p, logits, history, n_history, 0, &src, &max);
+    if (rc)
+        return rc;
+    int n = s->n_vocab;
+    if (p->temperature <= 0) {
+        ids[0] = arg_max(src, max);
+        probs[0] = 1.0f;
+        return 1;
+    }
+    /* The candidates and bars of sample_token, without its histogram (which only finds
+     * the same prefix faster). */
+    struct cand *c = s->cand;
+    int use_k = p->top_k > 0 && p->top_k < n;
+    int64_t m_in = use_k ? top_k(src, n, p->top_k, c) : n, m = 0;
+    double t = p->temperature, lmax = max, min_p = p->min_p;
+    double x_keep = -s->x_cut;
+    if (min_p > 0 && log(min_p) - 1e-9 > x_keep)
+        x_keep = log(min_p) - 1e-9;
+    double x_exp = p->top_p < 1 ? -s->x_cut : x_keep;
+    double z = 0, kept = 0;
+    for (int64_t i = 0; i < m_in; i++) {
+        float l = use_k ? c[i].logit : src[i];
+        double x = ((double)l - lmax) / t;
+        if (!(x >= x_exp))
+            continue;
+        double e = exp(x);
+        z += e;
+        if (x >= x_keep && e >= min_p) {
+            c[m++] = (struct cand){e, l, use_k ? c[i].id : (int32_t)i};
+            kept += e;
+        }
+    }
+    if (p->top_p < 1 && kept >= p->top_p * z)
+        m = wselect(c, m, p->top_p * z, &kept) + 1;
+    for (int64_t i = 0; i < m; i++) {
+        ids[i] = c[i].id;
+        probs[i] = (float)(c[i].e / kept);
+    }
+    return (int)m;
+}
+
+int32_t sample_pick(const float *probs, int n, double u)
+{
+    if (n <= 0)
+        return CAIRN_EINVAL;
+    double total = 0;
+    for (int i = 0; i < n; i++)
+        total += probs[i];
+    double target = u * total, cum = 0;
+    for (int i = 0; i < n; i++) {
+        cum += probs[i];
+        if (cum > target)
+            return i;
+    }
+    return n - 1;
 }

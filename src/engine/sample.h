@@ -72,6 +72,21 @@ void sample_release(struct sampler *s); /* accepts NULL */
 int32_t sample_token(struct sampler *s, const struct sample_params *p, const float *logits,
                      const int32_t *history, int64_t n_history, int64_t pos, float *prob);
 
+/* The distribution sample_token draws from: the tokens kept after step 7 with their
+ * probabilities after renormalization (step 8), in no particular order; ids and probs
+ * must hold n_vocab entries. Greedy gives its one token with probability 1. Returns the
+ * number of tokens kept (>= 1), or the errors of sample_token (pos is not needed: the
+ * distribution does not depend on it). Allocates nothing; the probabilities are those
+ * sample_token reports, up to the order of rounding. */
+int sample_dist(struct sampler *s, const struct sample_params *p, const float *logits,
+                const int32_t *history, int64_t n_history, int32_t *ids, float *probs);
+
+/* Index of the entry of probs[0..n) (weights, not necessarily normalized) that u in
+ * [0,1) selects: the first whose cumulative weight exceeds u times the total, in the
+ * given order; each entry is chosen with probability weight / total when u is uniform.
+ * CAIRN_EINVAL for n <= 0. */
+int32_t sample_pick(const float *probs, int n, double u);
+
 /* The u of step 8: the (pos+1)-th output of a splitmix64 generator started at seed, that
  * is mix64(seed + (pos + 1) * 0x9e3779b97f4a7c15) with splitmix64's finalizer, top 53
  * bits scaled to [0,1). */

@@ -10,10 +10,26 @@
 
 #define SCHED_MAX_SLOTS 256
 #define SCHED_MAX_CACHE_SEQS 4096
+/* A sequence whose draft cache lags by more than this many tokens catches up in chunks
+ * (without drafting) instead of feeding them all in its first draft forward. */
+#define SCHED_DRAFT_LAG 16
+/* Adaptive k: the acceptance rate a sequence starts from, to which it drifts back while
+ * it does not draft, and the weight of each new observation. */
+#define ACC_PRIOR 0.75
+#define ACC_DECAY 0.05
+#define ACC_WEIGHT (1.0 / 16)
+/* The draft's, the acceptance test's and the residual's draws use the request's seed
+ * with these mixed in, apart from each other and from sample_token's. */
+#define SEED_DRAFT 0x5bd1e9955bd1e995ull
+#define SEED_ACCEPT 0x2545f4914f6cdd1dull
+#define SEED_RESIDUAL 0xd6e8feb86659fd93ull
 
 /* ---- state ---- */
 
 enum seq_state { SEQ_QUEUED, SEQ_RUNNING, SEQ_DONE };
+
+/* Where a sequence's draft tokens come from in a step. */
+enum spec_mode { SPEC_NONE, SPEC_MODEL, SPEC_LOOKUP };
 
 /* One sequence of a request. Its history holds the prompt then the generated tokens;
  * the KV cache holds the first n_kv of them while it runs. */
@@ -28,6 +44,22 @@ struct seq {
     int64_t generated;
     int64_t cached;       /* prompt tokens reused at its first admission */
     bool admitted;        /* admitted once: cached is final */
+
+    /* Speculation. The draft's KV cache (same sequence id as the slot) holds hist[0..d_kv). */
+    int64_t d_kv;
+    double acc;           /* running acceptance rate of its drafts (adaptive k) */
+    int64_t drafted, accepted;
+    /* This step: drafts go to hist[n_hist .. n_hist + k_eff) (scratch beyond the history:
+     * k never exceeds what the sequence may still generate), plan_k of them fed to the
+     * target; catch_up: context tokens fed to the draft without drafting. */
+    enum spec_mode mode;
+    int plan_k, k_eff, d_row;
+    int64_t catch_up;
+    /* Sampled model drafts: the distribution draft j was drawn from (q_n entries of the
+     * arena from q_off; 0: one token with probability 1) and the drafted token's q. */
+    int64_t q_off[SCHED_MAX_DRAFT];
+    int q_n[SCHED_MAX_DRAFT];
+    double q_tot[SCHED_MAX_DRAFT], q_x[SCHED_MAX_DRAFT];
 };
 
 struct request {
@@ -39,6 +71,7 @@ struct request {
     bool fork_pending;    /* sequence 0 prefills the prompt for all; the others wait in their slots */
     bool ignore_eos, logprobs;
     int top_logprobs;
+    int num_draft, lookup_ngram;
     struct sample_params sample; /* .bias points to bias */
     struct logit_bias *bias;     /* owned copy */
     struct seq seqs[];
@@ -58,10 +91,11 @@ struct cache_entry {
     uint64_t last_used;
 };
 
-/* What one running sequence puts into the batch. */
+/* What one running sequence puts into the batch: n tokens from batch index at, of which
+ * the last `drafts` are draft tokens (all n then want logits). */
 struct fed {
     struct seq *seq;
-    int n;
+    int n, drafts, at;
     bool logits;
 };
 
@@ -94,7 +128,25 @@ struct sched {
     uint8_t *b_logits;
     struct fed *fed; /* [slots] */
     int n_fed, n_tokens;
-    float *logits;   /* [slots][n_vocab] */
+    float *logits;   /* [logit_rows][n_vocab]: slots rows, grown for draft tokens */
+    int64_t logit_rows;
+
+    /* Speculation. */
+    struct sched_spec_options opt;
+    struct engine *draft;    /* NULL: none */
+    struct kv_cache *dkv;
+    int draft_k, d_max_batch, d_block_tokens;
+    double draft_cost;       /* a draft token relative to a target decode step (weights) */
+    int32_t *d_token, *d_seq; /* draft batch buffers [d_max_batch] */
+    int64_t *d_pos;
+    uint8_t *d_logits;
+    float *d_out;            /* [slots][n_vocab] */
+    int32_t *q_ids;          /* arena of the draft distributions of one step [q_cap] */
+    float *q_probs;
+    int64_t a_used, a_cap;
+    int32_t *p_ids;          /* a target distribution [n_vocab] */
+    float *p_probs, *r_w;    /* its probabilities, residual weights [n_vocab] */
+    float *q_dense;          /* [n_vocab] zeros between uses */
 
     struct sched_stats stats;
 };
@@ -275,6 +327,10 @@ static void slot_take(struct sched *s, struct seq *q)
     q->slot = slot;
     q->state = SEQ_RUNNING;
     q->n_kv = 0;
+    q->d_kv = 0;
+    q->mode = SPEC_NONE;
+    q->plan_k = q->k_eff = 0;
+    q->catch_up = 0;
 }
 
 static int order_index(const struct sched *s, int slot)
@@ -293,11 +349,16 @@ static void slot_release(struct sched *s, struct seq *q, bool keep)
     memmove(s->order + k, s->order + k + 1, (size_t)(s->n_running - k - 1) * sizeof *s->order);
     s->n_running--;
     s->slot_seq[slot] = NULL;
-    if (keep)
+    if (keep) {
+        kv_truncate(s->kv, slot, q->n_kv); /* rejected draft positions, if any */
         cache_keep(s, q, slot);
+    }
     kv_seq_clear(s->kv, slot);
+    if (s->dkv)
+        kv_seq_clear(s->dkv, slot);
     q->slot = -1;
     q->n_kv = 0;
+    q->d_kv = 0;
 }
 
 /* ---- finishing ---- */
@@ -308,7 +369,9 @@ static void finish_seq(struct sched *s, struct seq *q, enum sched_finish why, co
     if (q->state == SEQ_RUNNING)
         slot_release(s, q, why == SCHED_FINISH_STOP || why == SCHED_FINISH_LENGTH || why == SCHED_FINISH_STOPPED);
     q->state = SEQ_DONE;
-    struct sched_usage usage = {r->n_prompt, q->cached, q->generated};
+    struct sched_usage usage = {.prompt_tokens = r->n_prompt, .cached_tokens = q->cached,
+                                .generated_tokens = q->generated, .draft_tokens = q->drafted,
+                                .accepted_draft_tokens = q->accepted};
     uint64_t id = r->id;
     int index = q->index;
     bool last = --r->live == 0;
@@ -503,25 +566,77 @@ static int single_feeds_after(const struct sched *s, int k)
     return n;
 }
 
-static void batch_add(struct sched *s, struct seq *q, int n)
+/* Tokens the decoding sequences after order[k] put into the batch (drafts included). */
+static int tokens_after(const struct sched *s, int k)
 {
-    bool logits = q->n_kv + n == q->n_hist;
+    int n = 0;
+    for (int i = k + 1; i < s->n_running; i++) {
+        const struct seq *q = s->slot_seq[s->order[i]];
+        if (!waits_for_fork(q) && feeds_one(q))
+            n += 1 + q->plan_k;
+    }
+    return n;
+}
+
+static void batch_add(struct sched *s, struct seq *q, int n, int drafts)
+{
+    bool logits = drafts > 0 || q->n_kv + n == q->n_hist;
+    int at = s->n_tokens;
     for (int i = 0; i < n; i++) {
         int t = s->n_tokens++;
-        s->b_token[t] = q->hist[q->n_kv + i];
+        /* A model's drafts are written once drafted (run_drafts); until then the last token. */
+        s->b_token[t] = q->hist[q->n_kv + (q->mode == SPEC_MODEL ? 0 : i)];
         s->b_seq[t] = q->slot;
         s->b_pos[t] = q->n_kv + i;
-        s->b_logits[t] = logits && i == n - 1;
+        s->b_logits[t] = drafts > 0 || (logits && i == n - 1);
     }
-    s->fed[s->n_fed++] = (struct fed){q, n, logits};
+    s->fed[s->n_fed++] = (struct fed){q, n, drafts, at, logits};
     /* Tokens fed other than a decode step's are prompt (or recomputation) work. */
-    bool decode = n == 1 && q->n_kv >= q->req->n_prompt;
+    bool decode = n == 1 + drafts && q->n_kv >= q->req->n_prompt;
     if (!decode)
         s->stats.prompt_tokens_computed += n;
 }
 
-/* Fills the batch, oldest sequence first: one token of every sequence that decodes,
- * prompt chunks within the chunk budget and the room decodes after it still need. */
+/* q (order[k]) gives up drafting this step; the draft context it would have fed still
+ * goes to the draft (its room is reserved). */
+static void drop_plan(struct seq *q)
+{
+    if (q->mode == SPEC_MODEL)
+        q->catch_up = q->n_hist - q->d_kv;
+    q->mode = SPEC_NONE;
+    q->plan_k = q->k_eff = 0;
+}
+
+/* Takes target KV room for q's last token and plan_k drafts, if that leaves blocks for
+ * the sequences after it (one per decode, and a chunk's worth for prompts), evicting
+ * cached prefixes as a decode would: drafting never preempts a sequence. */
+static bool room_for_drafts(struct sched *s, int k, struct seq *q)
+{
+    int bt = s->block_tokens;
+    int64_t n = 1 + q->plan_k;
+    int64_t need = blocks_for(q->n_kv + n, bt) - blocks_for(q->n_kv, bt);
+    if (q->n_kv % bt) {
+        int64_t nb;
+        const int32_t *table = kv_seq_blocks(s->kv, q->slot, &nb);
+        need += kv_block_refs(s->kv, table[nb - 1]) > 1;
+    }
+    int64_t prompt = 0;
+    for (int i = k + 1; i < s->n_running; i++) {
+        const struct seq *o = s->slot_seq[s->order[i]];
+        if (!waits_for_fork(o) && !feeds_one(o))
+            prompt += o->n_hist - o->n_kv;
+    }
+    prompt = min64(prompt, s->chunk_tokens);
+    int64_t reserve = single_feeds_after(s, k) + blocks_for(prompt, bt) + (prompt > 0);
+    while (kv_free_blocks(s->kv) < need + reserve)
+        if (!cache_evict_lru(s, -1))
+            return false;
+    return kv_prepare(s->kv, q->slot, q->n_kv, n) == 0;
+}
+
+/* Fills the batch, oldest sequence first: one token of every sequence that decodes (with
+ * its drafts), prompt chunks within the chunk budget and the room decodes after it still
+ * need. */
 static void build_batch(struct sched *s)
 {
     s->n_fed = s->n_tokens = 0;
@@ -533,18 +648,364 @@ static void build_batch(struct sched *s)
         int64_t n = 1;
         bool partial = !feeds_one(q);
         if (partial) {
-            n = min64(min64(q->n_hist - q->n_kv, budget), s->max_batch - s->n_tokens - single_feeds_after(s, k));
+            n = min64(min64(q->n_hist - q->n_kv, budget), s->max_batch - s->n_tokens - tokens_after(s, k));
             if (n <= 0)
                 continue;
+        } else if (q->plan_k > 0) {
+            if (room_for_drafts(s, k, q)) {
+                batch_add(s, q, 1 + q->plan_k, q->plan_k);
+                continue;
+            }
+            drop_plan(q);
         }
         n = make_room(s, k, q, n, partial);
         if (n == 0)
             continue; /* q is gone from order[]; so is everything after it */
         if (partial)
             budget -= n;
-        batch_add(s, q, (int)n);
+        batch_add(s, q, (int)n, 0);
     }
 }
+
+/* ---- speculation: planning ---- */
+
+/* q's source of drafts and the k its request asks for. */
+static enum spec_mode seq_mode(const struct sched *s, const struct seq *q, int *k)
+{
+    const struct request *r = q->req;
+    if (r->num_draft == 0)
+        return SPEC_NONE;
+    if (r->lookup_ngram > 0) {
+        *k = r->num_draft < 0 ? s->opt.lookup_tokens : r->num_draft;
+        return SPEC_LOOKUP;
+    }
+    if (!s->draft)
+        return SPEC_NONE;
+    *k = r->num_draft < 0 ? s->draft_k : r->num_draft;
+    return SPEC_MODEL;
+}
+
+/* Blocks the draft cache takes for q to grow by n positions (its blocks are never shared). */
+static int64_t draft_blocks(const struct sched *s, const struct seq *q, int64_t n)
+{
+    return blocks_for(q->d_kv + n, s->d_block_tokens) - blocks_for(q->d_kv, s->d_block_tokens);
+}
+
+/* The k up to kmax that gives the most expected tokens per cost at q's acceptance rate a:
+ * (1 + a + ... + a^k) / (1 + k (cost + verify_cost)); 0 when none beats not drafting,
+ * and then a drifts back towards the prior so that drafting is tried again later. */
+static int choose_k(const struct sched *s, struct seq *q, int kmax, double cost)
+{
+    if (!s->opt.adaptive)
+        return kmax;
+    double a = q->acc, power = 1, expect = 1, best_v = 1;
+    int best = 0;
+    for (int k = 1; k <= kmax; k++) {
+        power *= a;
+        expect += power;
+        double v = expect / (1 + k * (cost + s->opt.verify_cost));
+        if (v > best_v * (1 + 1e-9)) {
+            best_v = v;
+            best = k;
+        }
+    }
+    if (best == 0)
+        q->acc += (ACC_PRIOR - q->acc) * ACC_DECAY;
+    return best;
+}
+
+/* Prompt lookup: the latest earlier occurrence of the longest n-gram (max_n down to 1
+ * tokens) that ends q's history; the k tokens after it are copied to hist[n_hist..).
+ * The copy may run into the tokens it writes, so a repeating pattern goes on. Returns
+ * the tokens drafted (0 when nothing matches). */
+static int lookup_draft(struct seq *q, int max_n, int k)
+{
+    int32_t *h = q->hist;
+    int64_t n = q->n_hist;
+    for (int g = max_n; g >= 1; g--) {
+        if (g >= n)
+            continue;
+        const int32_t *tail = h + n - g;
+        for (int64_t i = n - g - 1; i >= 0; i--) {
+            if (h[i] != tail[0] || memcmp(h + i, tail, (size_t)g * sizeof *h))
+                continue;
+            for (int j = 0; j < k; j++)
+                h[n + j] = h[i + g + j];
+            return k;
+        }
+    }
+    return 0;
+}
+
+static bool logits_reserve(struct sched *s, int64_t rows)
+{
+    if (rows <= s->logit_rows)
+        return true;
+    float *p = realloc(s->logits, (size_t)rows * (size_t)s->n_vocab * sizeof *p);
+    if (!p)
+        return false;
+    s->logits = p;
+    s->logit_rows = rows;
+    return true;
+}
+
+/* Decides, before the batch is built, which decoding sequences draft this step and how
+ * many tokens (prompt lookup drafts them here), and which sequences feed their context to
+ * the draft to catch up. Draft tokens take the target batch's room left after one token
+ * per decoding sequence and a prompt chunk; the draft's batch and cache room is shared
+ * out oldest first. */
+static void plan_speculation(struct sched *s)
+{
+    s->a_used = 0;
+    int n_dec = 0;
+    int64_t prompt = 0;
+    for (int k = 0; k < s->n_running; k++) {
+        struct seq *q = s->slot_seq[s->order[k]];
+        q->mode = SPEC_NONE;
+        q->plan_k = q->k_eff = 0;
+        q->catch_up = 0;
+        if (waits_for_fork(q))
+            continue;
+        if (feeds_one(q))
+            n_dec++;
+        else
+            prompt += q->n_hist - q->n_kv;
+    }
+    if (s->opt.max_decoding > 0 && n_dec > s->opt.max_decoding)
+        return;
+    int64_t room = s->max_batch - n_dec - min64(prompt, s->chunk_tokens), drafts = 0;
+    int64_t d_room = s->draft ? s->d_max_batch : 0, d_free = s->draft ? kv_free_blocks(s->dkv) : 0;
+    double model_cost = s->opt.draft_cost >= 0 ? s->opt.draft_cost : s->draft_cost;
+    for (int i = 0; i < s->n_running && room > 0; i++) {
+        struct seq *q = s->slot_seq[s->order[i]];
+        int kreq = 0;
+        enum spec_mode mode = waits_for_fork(q) || !feeds_one(q) ? SPEC_NONE : seq_mode(s, q, &kreq);
+        if (mode == SPEC_NONE)
+            continue;
+        /* Drafts never pass what the sequence may still generate: at most left tokens
+         * come out of a step, the last of them the target's own. */
+        int64_t left = min64(q->req->max_tokens - q->generated, s->cfg.ctx - q->n_hist);
+        int kmax = (int)min64(min64(kreq, left - 1), room);
+        if (kmax <= 0)
+            continue;
+        int k;
+        if (mode == SPEC_MODEL) {
+            int64_t pending = q->n_hist - q->d_kv;
+            if (pending < 1 || pending > SCHED_DRAFT_LAG)
+                continue; /* a lagging draft catches up first (below) */
+            if (!(k = choose_k(s, q, kmax, model_cost)))
+                continue;
+            int64_t blocks = draft_blocks(s, q, pending + k - 1);
+            if (pending > d_room || blocks > d_free)
+                continue;
+            d_room -= pending;
+            d_free -= blocks;
+        } else {
+            if (!(k = choose_k(s, q, kmax, 0)) || !(k = lookup_draft(q, q->req->lookup_ngram, k)))
+                continue;
+            q->k_eff = k;
+            for (int j = 0; j < k; j++) {
+                q->q_n[j] = 0;
+                q->q_x[j] = 1;
+            }
+        }
+        q->mode = mode;
+        q->plan_k = k;
+        room -= k;
+        drafts += k;
+    }
+    for (int i = 0; s->draft && i < s->n_running; i++) {
+        struct seq *q = s->slot_seq[s->order[i]];
+        int kreq;
+        if (q->mode != SPEC_NONE || waits_for_fork(q) || seq_mode(s, q, &kreq) != SPEC_MODEL)
+            continue;
+        int64_t lag = q->n_hist - q->d_kv;
+        if (feeds_one(q) && lag <= SCHED_DRAFT_LAG)
+            continue; /* fed with its next drafts */
+        int64_t c = min64(min64(lag, s->chunk_tokens), d_room);
+        int bt = s->d_block_tokens;
+        c = min64(c, (blocks_for(q->d_kv, bt) + d_free) * bt - q->d_kv);
+        if (c <= 0)
+            continue;
+        q->catch_up = c;
+        d_room -= c;
+        d_free -= draft_blocks(s, q, c);
+    }
+    if (drafts > 0 && !logits_reserve(s, s->n_running + drafts))
+        for (int i = 0; i < s->n_running; i++) {
+            struct seq *q = s->slot_seq[s->order[i]];
+            if (q->plan_k > 0)
+                drop_plan(q);
+        }
+}
+
+/* ---- speculation: drafting ---- */
+
+static struct sample_params seq_params(const struct seq *q)
+{
+    struct sample_params p = q->req->sample;
+    p.seed += (uint64_t)q->index;
+    return p;
+}
+
+static bool arena_reserve(struct sched *s, int64_t n)
+{
+    if (s->a_used + n <= s->a_cap)
+        return true;
+    int64_t cap = s->a_cap ? s->a_cap : 4096;
+    while (cap < s->a_used + n)
+        cap *= 2;
+    int32_t *ids = realloc(s->q_ids, (size_t)cap * sizeof *ids);
+    if (!ids)
+        return false;
+    s->q_ids = ids;
+    float *probs = realloc(s->q_probs, (size_t)cap * sizeof *probs);
+    if (!probs)
+        return false;
+    s->q_probs = probs;
+    s->a_cap = cap;
+    return true;
+}
+
+/* Draws q's draft token j from the draft's logits row with the request's parameters
+ * (penalties see the drafts before j), keeping the distribution for verification.
+ * False when it cannot (q then drafts no further this step). */
+static bool draft_sample(struct sched *s, struct seq *q, const float *row, int j)
+{
+    struct sample_params p = seq_params(q);
+    p.seed ^= SEED_DRAFT;
+    int64_t pos = q->n_hist + j;
+    int32_t tok;
+    if (p.temperature <= 0) {
+        tok = sample_token(s->smp, &p, row, q->hist, pos, pos, NULL);
+        q->q_n[j] = 0;
+        q->q_x[j] = 1;
+    } else {
+        if (!arena_reserve(s, s->n_vocab))
+            return false;
+        int32_t *ids = s->q_ids + s->a_used;
+        float *probs = s->q_probs + s->a_used;
+        int n = sample_dist(s->smp, &p, row, q->hist, pos, ids, probs);
+        if (n < 1)
+            return false;
+        double total = 0;
+        for (int i = 0; i < n; i++)
+            total += probs[i];
+        int32_t i = sample_pick(probs, n, sample_uniform(p.seed, pos));
+        tok = ids[i];
+        q->q_off[j] = s->a_used;
+        q->q_n[j] = n;
+        q->q_tot[j] = total;
+        q->q_x[j] = probs[i] / total;
+        s->a_used += n;
+    }
+    if (tok < 0)
+        return false;
+    q->hist[pos] = tok;
+    q->k_eff = j + 1;
+    return true;
+}
+
+static void draft_add(struct sched *s, int *n, int32_t tok, int seq, int64_t pos, bool logits)
+{
+    s->d_token[*n] = tok;
+    s->d_seq[*n] = seq;
+    s->d_pos[*n] = pos;
+    s->d_logits[*n] = logits;
+    (*n)++;
+}
+
+static bool draft_forward(struct sched *s, int n)
+{
+    struct batch b = {.n = n, .token = s->d_token, .seq = s->d_seq, .pos = s->d_pos, .logits = s->d_logits};
+    char msg[256];
+    s->stats.draft_forwards++;
+    if (engine_forward(s->draft, s->dkv, &b, s->d_out, msg, sizeof msg) == 0)
+        return true;
+    s->stats.draft_failures++;
+    return false;
+}
+
+/* Drafted by the model: fed to the target with its drafts this step. */
+static bool model_drafter(const struct fed *f) { return f->drafts > 0 && f->seq->mode == SPEC_MODEL; }
+
+/* Runs the draft model: a first forward with each drafting sequence's context not yet in
+ * the draft's cache (its logits giving draft 0) and the catch-up chunks, then one
+ * forward per further draft position over the sequences still drafting. Writes the
+ * drafts into the target's batch; a sequence whose drafting stopped early (a failed
+ * forward, a failed draw) keeps its remaining batch positions with the placeholder token,
+ * and their logits are ignored. */
+static void run_drafts(struct sched *s)
+{
+    if (!s->draft)
+        return;
+    int n = 0, rows = 0, kmax = 0;
+    for (int i = 0; i < s->n_fed; i++) {
+        const struct fed *f = &s->fed[i];
+        if (!model_drafter(f))
+            continue;
+        struct seq *q = f->seq;
+        for (int64_t p = q->d_kv; p < q->n_hist; p++)
+            draft_add(s, &n, q->hist[p], q->slot, p, p == q->n_hist - 1);
+        q->d_row = rows++;
+        kmax = q->plan_k > kmax ? q->plan_k : kmax;
+    }
+    int64_t caught = 0;
+    for (int k = 0; k < s->n_running; k++) {
+        struct seq *q = s->slot_seq[s->order[k]];
+        for (int64_t p = q->d_kv; p < q->d_kv + q->catch_up; p++)
+            draft_add(s, &n, q->hist[p], q->slot, p, false);
+        caught += q->catch_up;
+    }
+    bool ok = n == 0 || draft_forward(s, n);
+    if (ok && n > 0) {
+        s->stats.draft_prefill_tokens += caught;
+        for (int k = 0; k < s->n_running; k++) {
+            struct seq *q = s->slot_seq[s->order[k]];
+            q->d_kv += q->catch_up;
+        }
+        for (int i = 0; i < s->n_fed; i++)
+            if (model_drafter(&s->fed[i])) {
+                struct seq *q = s->fed[i].seq;
+                q->d_kv = q->n_hist;
+                draft_sample(s, q, s->d_out + (size_t)q->d_row * s->n_vocab, 0);
+            }
+    }
+    for (int j = 1; ok && j < kmax; j++) {
+        n = 0;
+        for (int i = 0; i < s->n_fed; i++) {
+            struct seq *q = s->fed[i].seq;
+            if (model_drafter(&s->fed[i]) && q->k_eff == j && j < q->plan_k)
+                draft_add(s, &n, q->hist[q->n_hist + j - 1], q->slot, q->n_hist + j - 1, true);
+        }
+        if (n == 0 || !(ok = draft_forward(s, n)))
+            break;
+        rows = 0;
+        for (int i = 0; i < s->n_fed; i++) {
+            struct seq *q = s->fed[i].seq;
+            if (model_drafter(&s->fed[i]) && q->k_eff == j && j < q->plan_k) {
+                q->d_kv = q->n_hist + j;
+                draft_sample(s, q, s->d_out + (size_t)rows++ * s->n_vocab, j);
+            }
+        }
+    }
+    /* The draft cache holds exactly hist[0..d_kv) of each sequence (a failed forward may
+     * have reserved more). */
+    for (int k = 0; k < s->n_running; k++) {
+        struct seq *q = s->slot_seq[s->order[k]];
+        kv_truncate(s->dkv, q->slot, q->d_kv);
+    }
+    for (int i = 0; i < s->n_fed; i++) {
+        const struct fed *f = &s->fed[i];
+        if (!model_drafter(f))
+            continue;
+        struct seq *q = f->seq;
+        for (int j = 0; j < q->k_eff; j++)
+            s->b_token[f->at + 1 + j] = q->hist[q->n_hist + j];
+    }
+}
+
+/* ---- sampling and reporting ---- */
 
 /* Log-softmax of the raw logits in double, and the n_top most probable tokens. */
 static void fill_logprobs(const float *row, int n_vocab, int32_t tok, int n_top, struct sched_token *t)
@@ -573,23 +1034,21 @@ static void fill_logprobs(const float *row, int n_vocab, int32_t tok, int n_top,
         t->top_logprob[i] = (float)((double)row[t->top_token[i]] - lse);
 }
 
-/* Samples q's next token from row and reports it; may finish q. */
-static void sample_and_report(struct sched *s, struct seq *q, const float *row)
+static void finish_sampling_error(struct sched *s, struct seq *q, int rc)
+{
+    char msg[96];
+    snprintf(msg, sizeof msg, "sampling failed: %s", cairn_strerror(rc));
+    finish_seq(s, q, SCHED_FINISH_ERROR, msg);
+}
+
+/* Reports tok as q's next token (row: the target's logits that chose it, for logprobs).
+ * Returns false when q finished (its request may be freed). */
+static bool report_token(struct sched *s, struct seq *q, int32_t tok, float prob, const float *row)
 {
     struct request *r = q->req;
-    struct sample_params p = r->sample;
-    p.seed += (uint64_t)q->index;
-    float prob = 1.0f;
-    int32_t tok = sample_token(s->smp, &p, row, q->hist, q->n_hist, q->n_hist, &prob);
-    if (tok < 0) {
-        char msg[96];
-        snprintf(msg, sizeof msg, "sampling failed: %s", cairn_strerror(tok));
-        finish_seq(s, q, SCHED_FINISH_ERROR, msg);
-        return;
-    }
     if (!r->ignore_eos && s->cfg.tok && tok_is_eog(s->cfg.tok, tok)) {
         finish_seq(s, q, SCHED_FINISH_STOP, NULL);
-        return;
+        return false;
     }
     q->hist[q->n_hist++] = tok;
     struct sched_token t = {.token = tok, .prob = prob};
@@ -598,10 +1057,131 @@ static void sample_and_report(struct sched *s, struct seq *q, const float *row)
     int64_t index = q->generated++;
     s->stats.generated_tokens++;
     int stop = s->cb.token ? s->cb.token(s->cb.ctx, r->id, q->index, index, &t) : 0;
-    if (stop)
+    if (stop) {
         finish_seq(s, q, SCHED_FINISH_STOPPED, NULL);
-    else if (q->generated >= r->max_tokens || q->n_hist >= s->cfg.ctx)
+        return false;
+    }
+    if (q->generated >= r->max_tokens || q->n_hist >= s->cfg.ctx) {
         finish_seq(s, q, SCHED_FINISH_LENGTH, NULL);
+        return false;
+    }
+    return true;
+}
+
+/* Samples q's next token from row and reports it; may finish q. */
+static void sample_and_report(struct sched *s, struct seq *q, const float *row)
+{
+    struct sample_params p = seq_params(q);
+    float prob = 1.0f;
+    int32_t tok = sample_token(s->smp, &p, row, q->hist, q->n_hist, q->n_hist, &prob);
+    if (tok < 0)
+        finish_sampling_error(s, q, tok);
+    else
+        report_token(s, q, tok, prob, row);
+}
+
+/* Verifies draft j of q (at hist[n_hist]) against the target's row for that position.
+ * Greedy: kept when it is the target's argmax, which is the token either way. Sampled:
+ * kept with probability min(1, p(x) / q(x)); else the token is drawn from
+ * norm(max(0, p - q)). Returns the token (negative: a sampling error), *kept and the
+ * token's probability under p. */
+static int32_t verify_draft(struct sched *s, struct seq *q, const float *row, int j, bool *kept, float *prob)
+{
+    struct sample_params p = seq_params(q);
+    int64_t pos = q->n_hist;
+    int32_t x = q->hist[pos];
+    if (p.temperature <= 0) {
+        int32_t t = sample_token(s->smp, &p, row, q->hist, pos, pos, prob);
+        *kept = t == x;
+        return t;
+    }
+    int n = sample_dist(s->smp, &p, row, q->hist, pos, s->p_ids, s->p_probs);
+    if (n < 1)
+        return n < 0 ? n : CAIRN_ERANGE;
+    double total = 0, px = 0;
+    for (int i = 0; i < n; i++)
+        total += s->p_probs[i];
+    for (int i = 0; i < n; i++)
+        if (s->p_ids[i] == x)
+            px = s->p_probs[i] / total;
+    if (sample_uniform(p.seed ^ SEED_ACCEPT, pos) * q->q_x[j] < px) {
+        *kept = true;
+        *prob = (float)px;
+        return x;
+    }
+    *kept = false;
+    /* The residual over p's tokens (only they can have p > q), with q spread densely. */
+    if (q->q_n[j] == 0) {
+        s->q_dense[x] = 1;
+    } else {
+        for (int i = 0; i < q->q_n[j]; i++)
+            s->q_dense[s->q_ids[q->q_off[j] + i]] = (float)(s->q_probs[q->q_off[j] + i] / q->q_tot[j]);
+    }
+    double w_sum = 0;
+    for (int i = 0; i < n; i++) {
+        double w = s->p_probs[i] / total - s->q_dense[s->p_ids[i]];
+        s->r_w[i] = w > 0 ? (float)w : 0.0f;
+        w_sum += s->r_w[i];
+    }
+    if (q->q_n[j] == 0) {
+        s->q_dense[x] = 0;
+    } else {
+        for (int i = 0; i < q->q_n[j]; i++)
+            s->q_dense[s->q_ids[q->q_off[j] + i]] = 0;
+    }
+    double u = sample_uniform(p.seed ^ SEED_RESIDUAL, pos);
+    /* No residual mass is p == q up to rounding, where x would have been kept. */
+    int32_t i = sample_pick(w_sum > 0 ? s->r_w : s->p_probs, n, u);
+    *prob = (float)(s->p_probs[i] / total);
+    return s->p_ids[i];
+}
+
+/* q fed its last token and k drafts: reports the drafts the target keeps, then the
+ * target's own next token (the one replacing the first rejected draft, or one more after
+ * all k), one by one; rolls back the rejected positions in both caches. May finish q. */
+static void verify_and_report(struct sched *s, struct seq *q, const float *rows)
+{
+    int k = q->k_eff;
+    int64_t h = q->n_hist;
+    bool model = q->mode == SPEC_MODEL;
+    int accepted = 0;
+    q->drafted += k;
+    s->stats.draft_tokens += k;
+    for (int j = 0; j <= k; j++) {
+        const float *row = rows + (size_t)j * s->n_vocab;
+        bool kept = false;
+        float prob = 1.0f;
+        int32_t tok;
+        if (j < k) {
+            tok = verify_draft(s, q, row, j, &kept, &prob);
+        } else {
+            struct sample_params p = seq_params(q);
+            tok = sample_token(s->smp, &p, row, q->hist, q->n_hist, q->n_hist, &prob);
+        }
+        if (tok < 0) {
+            q->n_kv = q->n_hist;
+            finish_sampling_error(s, q, tok);
+            return;
+        }
+        if (j < k) {
+            q->acc += ((kept ? 1.0 : 0.0) - q->acc) * ACC_WEIGHT;
+            if (kept) {
+                accepted++;
+                q->accepted++;
+                s->stats.accepted_draft_tokens++;
+            }
+        }
+        q->n_kv = q->n_hist; /* the KV holds every token before this one */
+        if (!report_token(s, q, tok, prob, row))
+            return;
+        if (j < k && !kept)
+            break;
+    }
+    kv_truncate(s->kv, q->slot, q->n_kv);
+    if (model && s->dkv) {
+        q->d_kv = min64(q->d_kv, h + accepted);
+        kv_truncate(s->dkv, q->slot, q->d_kv);
+    }
 }
 
 /* Sequence 0 has read the prompt: the others share its KV and sample from its logits. */
@@ -631,9 +1211,11 @@ int sched_step(struct sched *s, char *err, size_t errlen)
     bool worked = admit(s);
     if (s->n_running == 0)
         return worked;
+    plan_speculation(s);
     build_batch(s);
     if (s->n_fed == 0)
         return 1; /* everything was preempted or finished while making room */
+    run_drafts(s);
     struct batch b = {.n = s->n_tokens, .token = s->b_token, .seq = s->b_seq, .pos = s->b_pos, .logits = s->b_logits};
     char msg[256];
     int rc = engine_forward(s->e, s->kv, &b, s->logits, msg, sizeof msg);
@@ -649,11 +1231,13 @@ int sched_step(struct sched *s, char *err, size_t errlen)
         f->seq->n_kv += f->n;
         if (!f->logits)
             continue;
-        if (f->seq->req->fork_pending)
+        if (f->drafts > 0)
+            verify_and_report(s, f->seq, row);
+        else if (f->seq->req->fork_pending)
             fork_and_report(s, f->seq, row);
         else
             sample_and_report(s, f->seq, row);
-        row += s->n_vocab;
+        row += (size_t)(1 + f->drafts) * s->n_vocab;
     }
     return 1;
 }
@@ -708,6 +1292,12 @@ static int check_request(const struct sched *s, const struct sched_request *r, c
     if (r->top_logprobs < 0 || r->top_logprobs > SCHED_MAX_TOP_LOGPROBS)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "top_logprobs %d outside 0..%d", r->top_logprobs,
                           SCHED_MAX_TOP_LOGPROBS);
+    if (r->num_draft_tokens < -1 || r->num_draft_tokens > SCHED_MAX_DRAFT)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "num_draft_tokens %d outside -1..%d", r->num_draft_tokens,
+                          SCHED_MAX_DRAFT);
+    if (r->lookup_ngram < 0 || r->lookup_ngram > SCHED_MAX_LOOKUP_NGRAM)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "lookup_ngram %d outside 0..%d", r->lookup_ngram,
+                          SCHED_MAX_LOOKUP_NGRAM);
     return check_sampling(s, &r->sample, err, errlen);
 }
 
@@ -723,6 +1313,8 @@ static struct request *request_new(const struct sched *s, const struct sched_req
     r->ignore_eos = rq->ignore_eos;
     r->logprobs = rq->logprobs;
     r->top_logprobs = rq->logprobs ? rq->top_logprobs : 0;
+    r->num_draft = rq->num_draft_tokens;
+    r->lookup_ngram = rq->lookup_ngram;
     r->sample = rq->sample;
     if (rq->sample.n_bias > 0) {
         r->bias = malloc((size_t)rq->sample.n_bias * sizeof *r->bias);
@@ -739,6 +1331,7 @@ static struct request *request_new(const struct sched *s, const struct sched_req
         q->index = i;
         q->state = SEQ_QUEUED;
         q->slot = -1;
+        q->acc = ACC_PRIOR;
         q->cap = cap;
         q->hist = malloc((size_t)cap * sizeof *q->hist);
         if (!q->hist)
@@ -852,8 +1445,16 @@ int sched_create(struct sched **out, struct engine *e, struct kv_cache *kv, cons
     s->b_logits = calloc(mb, sizeof *s->b_logits);
     s->fed = calloc(slots, sizeof *s->fed);
     s->logits = malloc(slots * (size_t)s->n_vocab * sizeof *s->logits);
+    s->logit_rows = cfg->slots;
+    s->opt = sched_spec_defaults();
+    size_t nv = (size_t)s->n_vocab;
+    s->p_ids = malloc(nv * sizeof *s->p_ids);
+    s->p_probs = malloc(nv * sizeof *s->p_probs);
+    s->r_w = malloc(nv * sizeof *s->r_w);
+    s->q_dense = calloc(nv, sizeof *s->q_dense);
     if (!s->slot_seq || !s->order || !s->queue || !s->cache || !s->b_token || !s->b_seq || !s->b_pos ||
-        !s->b_logits || !s->fed || !s->logits || sample_create(&s->smp, s->n_vocab)) {
+        !s->b_logits || !s->fed || !s->logits || !s->p_ids || !s->p_probs || !s->r_w || !s->q_dense ||
+        sample_create(&s->smp, s->n_vocab)) {
         sched_release(s);
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory for a scheduler of %d slots", cfg->slots);
     }
@@ -881,7 +1482,122 @@ void sched_release(struct sched *s)
     free(s->b_logits);
     free(s->fed);
     free(s->logits);
+    free(s->d_token);
+    free(s->d_seq);
+    free(s->d_pos);
+    free(s->d_logits);
+    free(s->d_out);
+    free(s->q_ids);
+    free(s->q_probs);
+    free(s->p_ids);
+    free(s->p_probs);
+    free(s->r_w);
+    free(s->q_dense);
     free(s);
+}
+
+/* ---- speculation settings ---- */
+
+struct sched_spec_options sched_spec_defaults(void)
+{
+    return (struct sched_spec_options){
+        .adaptive = false, .max_decoding = 16, .lookup_tokens = 4, .draft_cost = -1.0f, .verify_cost = 0.05f};
+}
+
+int sched_set_spec_options(struct sched *s, const struct sched_spec_options *o, char *err, size_t errlen)
+{
+    if (!o)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "no options");
+    if (o->max_decoding < 0)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "max_decoding %d is negative", o->max_decoding);
+    if (o->lookup_tokens < 1 || o->lookup_tokens > SCHED_MAX_DRAFT)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "lookup_tokens %d outside 1..%d", o->lookup_tokens,
+                          SCHED_MAX_DRAFT);
+    if (!isfinite(o->draft_cost))
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "draft_cost is not finite");
+    if (!(isfinite(o->verify_cost) && o->verify_cost >= 0))
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "verify_cost must be finite and >= 0");
+    s->opt = *o;
+    return 0;
+}
+
+/* Forgets the draft: its cache sequences are cleared and nothing lags behind it. */
+static void drop_draft(struct sched *s)
+{
+    for (int i = 0; s->dkv && i < s->cfg.slots; i++)
+        kv_seq_clear(s->dkv, i);
+    for (int k = 0; k < s->n_running; k++)
+        s->slot_seq[s->order[k]]->d_kv = 0;
+    free(s->d_token);
+    free(s->d_seq);
+    free(s->d_pos);
+    free(s->d_logits);
+    free(s->d_out);
+    s->d_token = s->d_seq = NULL;
+    s->d_pos = NULL;
+    s->d_logits = NULL;
+    s->d_out = NULL;
+    s->draft = NULL;
+    s->dkv = NULL;
+}
+
+int sched_set_draft(struct sched *s, struct engine *draft, struct kv_cache *draft_kv, int num_draft_tokens,
+                    char *err, size_t errlen)
+{
+    if (!draft) {
+        drop_draft(s);
+        return 0;
+    }
+    const struct model *dm = engine_model(draft), *tm = engine_model(s->e);
+    if (!draft_kv)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "the draft needs a KV cache");
+    if (num_draft_tokens < 1 || num_draft_tokens > SCHED_MAX_DRAFT)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "num_draft_tokens %d outside 1..%d", num_draft_tokens,
+                          SCHED_MAX_DRAFT);
+    if (!dm->first || !dm->last)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "the draft must be a whole model (layers [%d, %d) of %d)",
+                          dm->layer_begin, dm->layer_end, dm->hp.n_layers);
+    if (dm->hp.n_vocab != tm->hp.n_vocab)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "the draft's vocabulary of %d differs from the target's %d",
+                          dm->hp.n_vocab, tm->hp.n_vocab);
+    if (engine_max_batch(draft) < s->cfg.slots)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "the draft engine's max_batch %d is below slots %d",
+                          engine_max_batch(draft), s->cfg.slots);
+    const struct kv_config *kc = kv_config(draft_kv);
+    struct kv_config want = engine_kv_config(dm, 1, 1, kc->block_tokens);
+    if (kc->n_layers != want.n_layers || kc->kv_dim != want.kv_dim)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "the draft KV cache does not match the draft model's shape");
+    if (kc->max_seqs < s->cfg.slots)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "the draft KV cache has %d sequence ids; slots need %d",
+                          kc->max_seqs, s->cfg.slots);
+    if (draft_kv != s->dkv && kv_free_blocks(draft_kv) != kc->n_blocks)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "the draft KV cache is not empty");
+    size_t mb = (size_t)engine_max_batch(draft);
+    int32_t *tok = malloc(mb * sizeof *tok), *seq = malloc(mb * sizeof *seq);
+    int64_t *pos = malloc(mb * sizeof *pos);
+    uint8_t *want_logits = malloc(mb);
+    float *out = malloc((size_t)s->cfg.slots * (size_t)s->n_vocab * sizeof *out);
+    if (!tok || !seq || !pos || !want_logits || !out) {
+        free(tok);
+        free(seq);
+        free(pos);
+        free(want_logits);
+        free(out);
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory for the draft's buffers");
+    }
+    drop_draft(s);
+    s->draft = draft;
+    s->dkv = draft_kv;
+    s->draft_k = num_draft_tokens;
+    s->d_max_batch = (int)mb;
+    s->d_block_tokens = kc->block_tokens;
+    s->draft_cost = tm->weight_bytes ? (double)dm->weight_bytes / (double)tm->weight_bytes : 0;
+    s->d_token = tok;
+    s->d_seq = seq;
+    s->d_pos = pos;
+    s->d_logits = want_logits;
+    s->d_out = out;
+    return 0;
 }
 
 /* ---- queries ---- */

@@ -21,6 +21,27 @@
  * Sequences of one request (n_seqs > 1, OpenAI's `n`) share the prompt's KV: the prompt
  * is prefilled once and forked; sequence i samples with seed + i.
  *
+ * Speculative decoding: with a draft model set (sched_set_draft: a second engine and KV
+ * cache over a small model of the same vocabulary), every decoding sequence that drafts
+ * gets k tokens proposed by the draft (k draft forwards per step, each over all drafting
+ * sequences), sampled from the draft's distribution with the request's own parameters;
+ * the step's one target forward then holds each such sequence's last token and its k
+ * drafts beside the other sequences' decode tokens and prompt chunks. Greedy requests
+ * keep the longest prefix the target's argmax agrees with, then the target's own next
+ * token, so their tokens are exactly those without a draft. Sampled requests use
+ * rejection sampling (Leviathan et al. 2023, Chen et al. 2023): draft token x is kept
+ * with probability min(1, p(x)/q(x)), p the target's distribution after the request's
+ * sampling steps and q the one the draft drew from; at the first rejection a token is
+ * drawn from norm(max(0, p - q)); when all k are kept one more is drawn from p. Each
+ * token is thus distributed exactly as without a draft. Draws are per (seed, position):
+ * the draft's, the acceptance test's and the residual's from seeds derived from the
+ * request's, the extra token's as sample_token's; a sampled request's tokens are
+ * deterministic and batch invariant for a given drafting schedule (the k of each step),
+ * but differ from the tokens it draws without drafting. Rejected positions are dropped
+ * from both KV caches. Prompt lookup (per request) drafts without a model: the tokens
+ * that followed the latest earlier occurrence of the longest n-gram ending the
+ * sequence (q is then one token with probability 1).
+ *
  * Threading: one thread calls everything (the runner's loop); callbacks run inside
  * sched_step, sched_cancel and sched_release on that thread. A callback may call
  * sched_submit, sched_idle and sched_get_stats, nothing else (to stop a sequence from the
@@ -39,6 +60,8 @@
 
 #define SCHED_MAX_TOP_LOGPROBS 20
 #define SCHED_MAX_SEQS_PER_REQUEST 128
+#define SCHED_MAX_DRAFT 16        /* draft tokens per sequence and step */
+#define SCHED_MAX_LOOKUP_NGRAM 8  /* longest n-gram prompt lookup matches */
 
 enum sched_finish {
     SCHED_FINISH_STOP,      /* an end-of-generation token (not reported as a token) */
@@ -81,6 +104,8 @@ struct sched_usage {
     int64_t prompt_tokens;    /* of the request's prompt */
     int64_t cached_tokens;    /* prompt tokens not computed thanks to prefix reuse (first admission) */
     int64_t generated_tokens; /* tokens reported (eog not counted) */
+    int64_t draft_tokens;     /* tokens drafted for it (draft model or prompt lookup) */
+    int64_t accepted_draft_tokens; /* drafted tokens the target kept */
 };
 
 struct sched_request {
@@ -93,6 +118,13 @@ struct sched_request {
     bool ignore_eos;       /* end-of-generation tokens are reported like others */
     bool logprobs;
     int top_logprobs;      /* 0..SCHED_MAX_TOP_LOGPROBS, with logprobs */
+    /* Speculation: tokens drafted per step, at most SCHED_MAX_DRAFT; -1: the default
+     * (sched_set_draft's, or with prompt lookup sched_spec_options.lookup_tokens); 0:
+     * none (also what a zeroed request gets). */
+    int num_draft_tokens;
+    /* > 0: draft by prompt lookup, matching n-grams of lookup_ngram down to 1 tokens
+     * (at most SCHED_MAX_LOOKUP_NGRAM), instead of with the draft model; 0: off. */
+    int lookup_ngram;
 };
 
 /* index counts tokens of that sequence from 0. Return 0 to go on, 1 to finish the
@@ -119,6 +151,23 @@ struct sched_stats {
      * positions reused from the prefix cache, re-admissions included. */
     int64_t steps, prompt_tokens_computed, cached_tokens, generated_tokens, preemptions;
     int64_t last_batch;       /* tokens in the last step's forward */
+    /* Speculation: tokens drafted and kept; draft_forwards: draft engine_forward calls;
+     * draft_prefill_tokens: context tokens run through the draft to catch up (a prompt,
+     * or everything after the draft was set); draft_failures: draft forwards that failed
+     * (the step then went on without those drafts). */
+    int64_t draft_tokens, accepted_draft_tokens, draft_forwards, draft_prefill_tokens, draft_failures;
+};
+
+/* Tuning of speculation for the whole scheduler. */
+struct sched_spec_options {
+    bool adaptive;     /* each sequence drafts the k (up to its request's) that its running
+                          acceptance rate makes best, possibly none for a while */
+    int max_decoding;  /* no drafting in a step where more sequences decode; 0: no limit */
+    int lookup_tokens; /* k of prompt lookup requests asking for the default, 1..SCHED_MAX_DRAFT */
+    float draft_cost;  /* adaptive: a draft token's cost relative to a target decode step;
+                          < 0: the ratio of the two models' weight bytes */
+    float verify_cost; /* adaptive: extra cost of each verified token beyond the first,
+                          relative to a target decode step, >= 0 */
 };
 
 struct sched;
@@ -152,6 +201,26 @@ int sched_step(struct sched *s, char *err, size_t errlen);
 bool sched_idle(const struct sched *s);
 
 void sched_get_stats(const struct sched *s, struct sched_stats *out);
+
+/* Defaults: not adaptive, max_decoding 16, lookup_tokens 4, draft_cost -1, verify_cost 0.05. */
+struct sched_spec_options sched_spec_defaults(void);
+
+/* Replaces the options (CAIRN_EINVAL naming a field out of range). */
+int sched_set_spec_options(struct sched *s, const struct sched_spec_options *o, char *err, size_t errlen);
+
+/* Sets the draft model: an engine over a whole model with the target's vocabulary, its
+ * KV cache with at least `slots` sequence ids (empty, unless it is the one set now),
+ * both borrowed until the draft is replaced or dropped or the scheduler released, and
+ * the default number of tokens drafted per step (1..SCHED_MAX_DRAFT). draft NULL drops
+ * the draft (draft_kv and num_draft_tokens are then ignored). May be called between
+ * steps while sequences run: the old draft's KV sequences are cleared; running
+ * sequences prefill their context into the new draft's cache (in chunks, within the
+ * step's chunk budget) and draft once it has caught up; nothing they generate changes.
+ * The draft engine's max_batch must be >= slots and its max_ctx >= ctx. CAIRN_EINVAL
+ * with a message; on error the previous draft stays. Allocates scratch for slots rows
+ * of logits (CAIRN_ENOMEM). */
+int sched_set_draft(struct sched *s, struct engine *draft, struct kv_cache *draft_kv, int num_draft_tokens,
+                    char *err, size_t errlen);
 
 /* Static name: "stop", "length", "stopped", "cancelled", "error"; NULL out of range. */
 const char *sched_finish_name(int why);

@@ -360,18 +360,24 @@ static int write_model(const struct synth_spec *s, const char *vocab_path, struc
     if (s->llama3_rope && (rc = add(&c, "rope_freqs.weight", -1, 1, s->head_dim / 2, FILL_ROPE_FREQS, 0)))
         goto out;
     bool bias = !strcmp(a, "qwen2"), qk_norm = !strcmp(a, "qwen3");
+    if (s->out_scale < 0 || !isfinite(s->out_scale) || s->scale_from < 0) {
+        rc = cairn_fail(err, errlen, CAIRN_EINVAL, "output scale %g from layer %d: the scale must be finite and >= 0",
+                        (double)s->out_scale, s->scale_from);
+        goto out;
+    }
     for (int il = 0; il < s->n_layers && !rc; il++) {
         char t[96];
+        float w_out = s->out_scale > 0 && il >= s->scale_from ? w * s->out_scale : w;
 #define T(suffix) (snprintf(t, sizeof t, "blk.%d.%s", il, suffix), t)
         if ((rc = add(&c, T("attn_norm.weight"), il, 1, s->n_embd, FILL_NORM_WEIGHT, 0.05f)) ||
             (rc = add(&c, T("attn_q.weight"), il, q_dim, s->n_embd, FILL_NORMAL, w)) ||
             (rc = add(&c, T("attn_k.weight"), il, kv_dim, s->n_embd, FILL_NORMAL, w)) ||
             (rc = add(&c, T("attn_v.weight"), il, kv_dim, s->n_embd, FILL_NORMAL, w)) ||
-            (rc = add(&c, T("attn_output.weight"), il, s->n_embd, q_dim, FILL_NORMAL, w)) ||
+            (rc = add(&c, T("attn_output.weight"), il, s->n_embd, q_dim, FILL_NORMAL, w_out)) ||
             (rc = add(&c, T("ffn_norm.weight"), il, 1, s->n_embd, FILL_NORM_WEIGHT, 0.05f)) ||
             (rc = add(&c, T("ffn_gate.weight"), il, s->n_ff, s->n_embd, FILL_NORMAL, w)) ||
             (rc = add(&c, T("ffn_up.weight"), il, s->n_ff, s->n_embd, FILL_NORMAL, w)) ||
-            (rc = add(&c, T("ffn_down.weight"), il, s->n_embd, s->n_ff, FILL_NORMAL, w)))
+            (rc = add(&c, T("ffn_down.weight"), il, s->n_embd, s->n_ff, FILL_NORMAL, w_out)))
             break;
         if (bias && ((rc = add(&c, T("attn_q.bias"), il, 1, q_dim, FILL_NORMAL, w)) ||
                      (rc = add(&c, T("attn_k.bias"), il, 1, kv_dim, FILL_NORMAL, w)) ||

@@ -19,6 +19,12 @@ struct synth_spec {
     int vocab_size;       /* used only without a vocab file: a byte-level stand-in */
     const char *chat_template; /* tokenizer.chat_template to write (replacing the vocab
                                   file's), or NULL */
+    /* With out_scale > 0, the attention output and FFN down weights of layers >= scale_from
+     * are scaled by out_scale: those layers then change the residual stream less, so a
+     * draft of the first scale_from layers (synth_write_draft) agrees with the model more
+     * often the smaller out_scale is. 0: off. */
+    int scale_from;
+    float out_scale;
 };
 
 /* Fills spec with a named shape: tiny, small, llama-1b, llama-8b, qwen-0.5b, qwen3-0.6b.
