@@ -488,13 +488,17 @@ static int parse_template_kwargs(const json_t *body, struct textgen_params *p,
 static int parse_misc(enum api_kind kind, const json_t *body, struct textgen_params *p,
                       struct req_opts *o, struct apiutil_err *e)
 {
-    int64_t n = 1;
+    int64_t n = 1, k = -1;
     int rc;
+    /* ignore_eos, num_draft_tokens and prompt_lookup are cairn's (and llama.cpp's) own */
     if ((rc = apiutil_opt_int(body, NULL, "n", 1, TEXTGEN_MAX_N, &n, NULL, e)) ||
         (rc = apiutil_opt_bool(body, NULL, "ignore_eos", &p->ignore_eos, NULL, e)) ||
+        (rc = apiutil_opt_int(body, NULL, "num_draft_tokens", -1, TEXTGEN_MAX_DRAFT, &k, NULL, e)) ||
+        (rc = apiutil_opt_bool(body, NULL, "prompt_lookup", &p->prompt_lookup, NULL, e)) ||
         (rc = apiutil_opt_bool(body, NULL, "stream", &o->stream, NULL, e)))
         return rc;
     p->n = (int)n;
+    p->num_draft_tokens = (int)k;
     const json_t *so = json_object_get(body, "stream_options");
     if (so && !json_is_null(so)) {
         if (!json_is_object(so))

@@ -15,6 +15,7 @@ void textgen_params_init(struct textgen_params *p)
     p->add_generation_prompt = true;
     p->n = 1;
     p->reasoning = true;
+    p->num_draft_tokens = -1;
     p->sampling = runner_sampling_defaults();
 }
 
@@ -43,7 +44,9 @@ json_t *textgen_params_to_json(const struct textgen_params *p)
               put(o, "max_tokens", json_integer(p->max_tokens)) && put(o, "n", json_integer(p->n)) &&
               put(o, "logprobs", json_boolean(p->logprobs)) && put(o, "top_logprobs", json_integer(p->top_logprobs)) &&
               put(o, "sampling", runner_sampling_to_json(&p->sampling)) &&
-              put(o, "ignore_eos", json_boolean(p->ignore_eos)) && put(o, "reasoning", json_boolean(p->reasoning));
+              put(o, "ignore_eos", json_boolean(p->ignore_eos)) && put(o, "reasoning", json_boolean(p->reasoning)) &&
+              put(o, "num_draft_tokens", json_integer(p->num_draft_tokens)) &&
+              put(o, "prompt_lookup", json_boolean(p->prompt_lookup));
     if (ok && p->messages)
         ok = json_object_set(o, "messages", p->messages) == 0;
     if (ok && p->prompt)
@@ -206,7 +209,7 @@ static int read_params(const json_t *j, struct textgen_params *p, char *err, siz
             return cairn_fail(err, errlen, CAIRN_EFORMAT, "template_kwargs: not an object");
         p->template_kwargs = json_incref((json_t *)kw);
     }
-    int64_t n = p->n, top = p->top_logprobs;
+    int64_t n = p->n, top = p->top_logprobs, k = p->num_draft_tokens;
     if ((rc = opt_bool(j, "add_generation_prompt", &p->add_generation_prompt, err, errlen)) ||
         (rc = opt_int(j, "max_tokens", 0, RUNNER_MAX_GENERATE, &p->max_tokens, err, errlen)) ||
         (rc = opt_int(j, "n", 1, TEXTGEN_MAX_N, &n, err, errlen)) ||
@@ -214,11 +217,14 @@ static int read_params(const json_t *j, struct textgen_params *p, char *err, siz
         (rc = opt_int(j, "top_logprobs", 0, TEXTGEN_MAX_TOP_LOGPROBS, &top, err, errlen)) ||
         (rc = opt_bool(j, "ignore_eos", &p->ignore_eos, err, errlen)) ||
         (rc = opt_bool(j, "reasoning", &p->reasoning, err, errlen)) ||
+        (rc = opt_int(j, "num_draft_tokens", -1, TEXTGEN_MAX_DRAFT, &k, err, errlen)) ||
+        (rc = opt_bool(j, "prompt_lookup", &p->prompt_lookup, err, errlen)) ||
         (rc = runner_sampling_from_json(json_object_get(j, "sampling"), "sampling", &p->sampling, err, errlen)) ||
         (rc = read_stop(j, p, err, errlen)) || (rc = read_bias(j, p, err, errlen)))
         return rc;
     p->n = (int)n;
     p->top_logprobs = (int)top;
+    p->num_draft_tokens = (int)k;
     return 0;
 }
 

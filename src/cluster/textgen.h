@@ -11,7 +11,9 @@
  *    TEXTGEN_MAX_STOP, each 1..TEXTGEN_MAX_STOP_BYTES bytes), "n": 1..TEXTGEN_MAX_N,
  *    "logprobs": bool, "top_logprobs": 0..TEXTGEN_MAX_TOP_LOGPROBS,
  *    "sampling": {runner_sampling members}, "logit_bias": {"<token id>": bias},
- *    "ignore_eos": bool, "reasoning": bool (true: think-tag text goes apart)}
+ *    "ignore_eos": bool, "reasoning": bool (true: think-tag text goes apart),
+ *    "num_draft_tokens": -1 (the instance's)..TEXTGEN_MAX_DRAFT, "prompt_lookup": bool
+ *    (speculative drafts copied from the context instead of a draft model)}
  * Messages are in OpenAI's shape: {"role": "system"|"user"|"assistant"|"tool",
  * "content": text|null, "tool_calls": [{"id", "type": "function", "function":
  * {"name", "arguments": JSON text or object}}], "tool_call_id", "name"}; content parts
@@ -35,6 +37,7 @@
 #define TEXTGEN_MAX_TOP_LOGPROBS 20
 #define TEXTGEN_MAX_BIAS 1024
 #define TEXTGEN_MAX_MESSAGES 4096
+#define TEXTGEN_MAX_DRAFT 16
 
 struct textgen_bias {
     int32_t token;
@@ -59,10 +62,12 @@ struct textgen_params {
     int n_bias;
     bool ignore_eos;
     bool reasoning;
+    int num_draft_tokens; /* -1: the instance's; 0: no speculation for this request */
+    bool prompt_lookup;
 };
 
 /* Zeroes p and sets the defaults: add_generation_prompt, n 1, reasoning,
- * runner_sampling_defaults(). */
+ * runner_sampling_defaults(), num_draft_tokens -1. */
 void textgen_params_init(struct textgen_params *p);
 
 /* Frees what p owns and zeroes it; accepts a zeroed one. */
