@@ -6,6 +6,13 @@ pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev python3 pytho
       curl iproute2)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+# node and npm run the end-to-end tests (tests/e2e; Debian 12's node 18 is enough). A node
+# from elsewhere (e.g. NodeSource, which bundles npm) is kept as it is.
+if ! command -v node >/dev/null 2>&1; then
+  missing+=(nodejs npm)
+elif ! command -v npm >/dev/null 2>&1; then
+  missing+=(npm)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
   $SUDO apt-get update -qq

@@ -4,6 +4,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 jobs=$(nproc)
+# The client packages of the end-to-end tests (pinned in tests/e2e/package-lock.json).
+if command -v npm >/dev/null 2>&1; then
+  (cd tests/e2e && npm ci --prefer-offline --no-audit --no-fund --loglevel=error >/dev/null) ||
+    { echo "npm ci in tests/e2e failed" >&2; exit 1; }
+else
+  echo "npm is missing: the e2e tests will be skipped" >&2
+fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 (cd build && ctest --output-on-failure -j"$jobs")
