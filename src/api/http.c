@@ -789,6 +789,24 @@ int http_reply_bytes(struct http_request *req, int status, const char *content_t
     return queue_body(req, status, content_type, copy, len, NULL) == MHD_YES ? 0 : CAIRN_EIO;
 }
 
+int http_reply_file(struct http_request *req, int status, const char *content_type, int fd,
+                    uint64_t offset, uint64_t len)
+{
+    int rc = reply_check(req);
+    if (rc || offset > (uint64_t)INT64_MAX - len) {
+        close(fd);
+        return rc ? rc : CAIRN_ERANGE;
+    }
+    struct MHD_Response *resp = MHD_create_response_from_fd_at_offset64(len, fd, offset);
+    if (!resp) {
+        close(fd);
+        return CAIRN_ENOMEM;
+    }
+    if (content_type)
+        MHD_add_response_header(resp, "Content-Type", content_type);
+    return queue(req, status, resp, NULL, len) == MHD_YES ? 0 : CAIRN_EIO;
+}
+
 int http_reply_json(struct http_request *req, int status, json_t *body)
 {
     int rc = reply_check(req);

@@ -122,6 +122,12 @@ int http_reply_text(struct http_request *req, int status, const char *text);
 int http_reply_bytes(struct http_request *req, int status, const char *content_type,
                      const void *data, size_t len);
 
+/* Replies len bytes of the open file fd from offset (sent by the server from the file,
+ * nothing copied; for HEAD only the headers). Takes fd: it is closed when the reply is
+ * done, and on failure. */
+int http_reply_file(struct http_request *req, int status, const char *content_type, int fd,
+                    uint64_t offset, uint64_t len);
+
 /* Starts a streamed reply (chunked; the connection closes when it ends) and gives the
  * handler a stream any thread may write until it finishes. Sending starts when the
  * handler returns; what is written before that waits in the queue (stream_queue_bytes

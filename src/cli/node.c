@@ -6,6 +6,7 @@
 #include "api/ollama.h"
 #include "api/openai.h"
 #include "api/routes_cluster.h"
+#include "api/routes_files.h"
 #include "base/err.h"
 #include "base/log.h"
 #include "cli/args.h"
@@ -197,10 +198,12 @@ int cli_node(int argc, char **argv)
         .memory_limit = memory_limit,
         .node_timeout_ms = (int)(node_timeout * 1000),
         .discovery = discovery,
+        .api_key = api_key, /* models are fetched from peers' APIs with the same key */
     };
     struct node *node = NULL;
     struct http_server *srv = NULL;
     struct routes_cluster *routes = NULL;
+    struct routes_files *files = NULL;
     struct gen_node *gen = NULL;
     struct gen g = {0}; /* the front-ends keep a pointer: it lives as long as the server */
     struct worker *worker = NULL;
@@ -239,6 +242,9 @@ int cli_node(int argc, char **argv)
         rc = http_server_create(&srv, &hc, err, sizeof err);
         if (!rc)
             rc = routes_cluster_create(&routes, srv, node, 0, err, sizeof err);
+        struct routes_files_config fc = {.node_id = node_id(node), .secret = secret, .card = node_card, .card_ctx = node};
+        if (!rc)
+            rc = routes_files_create(&files, srv, &fc, err, sizeof err);
         if (!rc)
             rc = gen_node_create(&gen, node, err, sizeof err);
         if (gen)
@@ -278,6 +284,7 @@ out:
     http_server_stop(srv);
     gen_node_release(gen); /* requests still in flight end with an error */
     routes_cluster_release(routes);
+    routes_files_release(files);
     if (worker)
         worker_stop(worker); /* runners end before the node that reports them */
     node_stop(node);
