@@ -14,6 +14,7 @@
 #include "cli/runner_text.h"
 #include "cluster/runner_proto.h"
 #include "cluster/textgen.h"
+#include "cluster/vocab.h"
 #include "cluster/state.h"
 #include "engine/engine.h"
 #include "engine/kv.h"
@@ -62,6 +63,10 @@ struct runner {
     struct engine *e;
     struct kv_cache *kv;
     struct sched *sched;
+    struct model *draft_m; /* speculative decoding's draft, or NULL */
+    struct engine *draft_e;
+    struct kv_cache *draft_kv;
+    char draft_path[RUNNER_PATH_MAX];
     struct tok *tk;
     struct chat *chat;
     struct reasoning_info think;  /* of the chat template */
@@ -305,7 +310,8 @@ static void on_done(void *ctx, uint64_t id, int seq, enum sched_finish why, cons
                                  matched >= 0 && matched < t->n_stops ? t->stops[matched] : NULL,
                                  "completion_tokens", (json_int_t)u->generated_tokens, "prompt_tokens",
                                  (json_int_t)u->prompt_tokens, "cached_tokens", (json_int_t)u->cached_tokens,
-                                 "draft_tokens", 0, "accepted_draft_tokens", 0);
+                                 "draft_tokens", (int)u->draft_tokens, "accepted_draft_tokens",
+                                 (int)u->accepted_draft_tokens);
         if (body)
             json_object_set_new(body, "tool_calls", calls ? calls : json_null());
         else
@@ -494,6 +500,8 @@ static void text_task(struct runner *r, struct runner_task *tt)
                                .top_logprobs = p.logprobs ? p.top_logprobs : 0};
     rq.sample.bias = bias;
     rq.sample.n_bias = p.n_bias;
+    rq.num_draft_tokens = p.num_draft_tokens;
+    rq.lookup_ngram = p.prompt_lookup ? 3 : 0; /* n-grams of 3 down to 1, as llama.cpp's lookup */
     rq.max_tokens = p.max_tokens > 0 && p.max_tokens < r->ctx - n ? p.max_tokens : r->ctx - n;
     int rc = start_task(r, t, &rq, err, sizeof err);
     t = NULL; /* owned by the table, or freed */
@@ -514,6 +522,60 @@ refuse_noparams:
     task_free(t);
     fprintf(stderr, "cairn runner: task %s refused: %s\n", tt->task_id, err);
     refuse_text(r, tt->task_id, status, err);
+}
+
+static void release_draft(struct model *m, struct engine *e, struct kv_cache *kv)
+{
+    kv_release(kv);
+    engine_release(e);
+    model_release(m);
+}
+
+/* Loads the draft at path (NULL or "": drops the draft) and hands it to the scheduler;
+ * requests keep running through the switch. On failure the previous draft stays. */
+static int set_draft(struct runner *r, const char *path, int k, char *err, size_t errlen)
+{
+    if (!r->sched)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "this runner does not generate (a pipeline stage)");
+    struct model *m = NULL;
+    struct engine *e = NULL;
+    struct kv_cache *kv = NULL;
+    int rc = 0;
+    if (k > SCHED_MAX_DRAFT)
+        k = SCHED_MAX_DRAFT;
+    if (path && path[0] && k > 0) {
+        struct model_load_opts lo = {.layer_begin = 0, .layer_end = -1};
+        struct engine_config ec = {.n_threads = r->cfg.threads, .max_batch = r->max_batch, .max_ctx = r->ctx};
+        if ((rc = model_load(&m, path, &lo, err, errlen)) || (rc = vocab_compatible(r->m->file, m->file, err, errlen)) ||
+            (rc = engine_create(&e, m, &ec, err, errlen)))
+            goto fail;
+        struct kv_config kc = engine_kv_config(m, r->ctx * RUNNER_KV_POOL_CTXS, 1, 16);
+        kc.max_seqs = r->cfg.slots;
+        if ((rc = kv_create(&kv, &kc, err, errlen)))
+            goto fail;
+    }
+    if ((rc = sched_set_draft(r->sched, e, kv, e ? k : 0, err, errlen)))
+        goto fail;
+    release_draft(r->draft_m, r->draft_e, r->draft_kv);
+    r->draft_m = m;
+    r->draft_e = e;
+    r->draft_kv = kv;
+    snprintf(r->draft_path, sizeof r->draft_path, "%s", e ? path : "");
+    fprintf(stderr, "cairn runner: draft %s (%d tokens)\n", e ? path : "dropped", k);
+    return 0;
+fail:
+    release_draft(m, e, kv);
+    return rc;
+}
+
+static void draft_message(struct runner *r, const json_t *body)
+{
+    const char *path = json_string_value(json_object_get(body, "model_path"));
+    json_t *kj = json_object_get(body, "num_draft_tokens");
+    int k = json_is_integer(kj) ? (int)json_integer_value(kj) : r->cfg.num_draft_tokens;
+    char err[1024];
+    if (set_draft(r, path, k, err, sizeof err))
+        fprintf(stderr, "cairn runner: draft %s refused: %s\n", path ? path : "(none)", err);
 }
 
 static void cancel_task(struct runner *r, const char *task_id)
@@ -538,6 +600,9 @@ static void handle(struct runner *r, struct runner_msg *m)
         break;
     case RUNNER_MSG_CANCEL:
         cancel_task(r, m->task_id);
+        break;
+    case RUNNER_MSG_DRAFT:
+        draft_message(r, m->body);
         break;
     case RUNNER_MSG_SHUTDOWN:
         r->shutdown = true;
@@ -660,6 +725,7 @@ static void release(struct runner *r)
 {
     sched_release(r->sched); /* cancels what is left: done callbacks while the socket is open */
     r->sched = NULL;
+    release_draft(r->draft_m, r->draft_e, r->draft_kv);
     while (r->n_tasks)
         task_drop(r, r->n_tasks - 1);
     runner_lines_free(&r->in);
@@ -823,6 +889,9 @@ int cli_runner(int argc, char **argv)
         release(&r);
         return 1;
     }
+    if (r.cfg.draft_model_path[0] && r.cfg.num_draft_tokens > 0 &&
+        set_draft(&r, r.cfg.draft_model_path, r.cfg.num_draft_tokens, err, sizeof err))
+        fprintf(stderr, "cairn runner: serving without the draft %s: %s\n", r.cfg.draft_model_path, err);
     send_status(&r, CLUSTER_RUNNER_READY, NULL);
     serve(&r);
     send_status(&r, CLUSTER_RUNNER_SHUTTING_DOWN, NULL);
