@@ -1,6 +1,8 @@
 /* cairn bench: prefill and decode speed, like llama-bench, plus the decode roofline
  * (bytes read per token against memory bandwidth measured in the same run) and the
- * cost of one forward over B = 1..16 tokens relative to B = 1. */
+ * cost of one forward over B = 1..16 tokens relative to B = 1. With --draft (or
+ * --lookup): speculative decoding through the scheduler, its acceptance rate, costs,
+ * and measured against predicted speed-up. */
 #include "base/clock.h"
 #include "base/cpu.h"
 #include "base/err.h"
@@ -10,9 +12,11 @@
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "engine/kv.h"
+#include "engine/sched.h"
 #include "model/model.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,11 +137,259 @@ static int run(struct bench *bn, int n)
     return engine_forward(bn->e, bn->kv, &b, bn->logits, bn->err, sizeof bn->err);
 }
 
+/* ---- speculative decoding ---- */
+
+struct spec_bench {
+    struct model *tm, *dm;
+    struct engine *te, *de;
+    int32_t *prompt;
+    int64_t n_prompt, n_gen, ctx;
+    int k, lookup;
+    char err[512];
+};
+
+/* One engine with a cache holding a context of n_ctx tokens of sequence 0, for timing
+ * forwards of a few more tokens (dropped after each run, so every run sees the same
+ * context). */
+struct probe {
+    struct engine *e;
+    struct kv_cache *kv;
+    int64_t n_ctx;
+    int32_t *seq;
+    int64_t *pos;
+    uint8_t *want;
+    float *out;
+};
+
+static void probe_release(struct probe *p)
+{
+    kv_release(p->kv);
+    free(p->seq);
+    free(p->pos);
+    free(p->want);
+    free(p->out);
+}
+
+static int probe_open(struct probe *p, struct spec_bench *sb, struct engine *e, const struct model *m, int max_n)
+{
+    memset(p, 0, sizeof *p);
+    p->e = e;
+    p->n_ctx = sb->n_prompt;
+    struct kv_config kc = engine_kv_config(m, sb->ctx, 1, 16);
+    int64_t total = p->n_ctx > max_n ? p->n_ctx : max_n;
+    p->seq = calloc((size_t)total, sizeof *p->seq);
+    p->pos = malloc((size_t)total * sizeof *p->pos);
+    p->want = calloc((size_t)total, 1);
+    p->out = malloc((size_t)max_n * (size_t)m->hp.n_vocab * sizeof *p->out);
+    if (!p->seq || !p->pos || !p->want || !p->out || kv_create(&p->kv, &kc, sb->err, sizeof sb->err))
+        return -1;
+    for (int64_t i = 0; i < p->n_ctx; i++)
+        p->pos[i] = i;
+    p->want[p->n_ctx - 1] = 1;
+    struct batch b = {.n = (int)p->n_ctx, .token = sb->prompt, .seq = p->seq, .pos = p->pos, .logits = p->want};
+    return engine_forward(e, p->kv, &b, p->out, sb->err, sizeof sb->err);
+}
+
+/* Seconds of one forward of n tokens (all with logits) after the context; < 0 on error. */
+static double probe_time(struct probe *p, struct spec_bench *sb, int n)
+{
+    for (int i = 0; i < n; i++) {
+        p->pos[i] = p->n_ctx + i;
+        p->want[i] = 1;
+    }
+    struct batch b = {.n = n, .token = sb->prompt, .seq = p->seq, .pos = p->pos, .logits = p->want};
+    double t0 = clock_sec();
+    if (engine_forward(p->e, p->kv, &b, p->out, sb->err, sizeof sb->err))
+        return -1;
+    double t = clock_sec() - t0;
+    kv_truncate(p->kv, 0, p->n_ctx);
+    return t;
+}
+
+/* Median times of a target decode step, a verification of k+1 tokens and a draft step
+ * (0 without a draft model), measured in turn so that a noisy machine slows all alike. */
+static int measure_costs(struct spec_bench *sb, int reps, double *t_t, double *t_v, double *t_d)
+{
+    struct probe pt, pd;
+    double *t = malloc(3 * (size_t)reps * sizeof *t);
+    int rc = t ? 0 : -1;
+    memset(&pd, 0, sizeof pd);
+    if (rc || probe_open(&pt, sb, sb->te, sb->tm, sb->k + 1) || (sb->de && probe_open(&pd, sb, sb->de, sb->dm, 1)))
+        rc = -1;
+    for (int r = 0; r < reps && !rc; r++) {
+        t[r] = probe_time(&pt, sb, 1);
+        t[reps + r] = probe_time(&pt, sb, sb->k + 1);
+        t[2 * reps + r] = sb->de ? probe_time(&pd, sb, 1) : 0;
+        if (t[r] < 0 || t[reps + r] < 0 || t[2 * reps + r] < 0)
+            rc = -1;
+    }
+    if (!rc) {
+        *t_t = median(t, reps);
+        *t_v = median(t + reps, reps);
+        *t_d = median(t + 2 * reps, reps);
+    }
+    probe_release(&pt);
+    probe_release(&pd);
+    free(t);
+    return rc;
+}
+
+struct gen_run {
+    int32_t *tok;
+    int64_t n;
+    double t_first, t_last; /* when the first and last tokens came */
+};
+
+static int gen_token(void *ctx, uint64_t id, int seq, int64_t index, const struct sched_token *t)
+{
+    (void)id;
+    (void)seq;
+    struct gen_run *g = ctx;
+    g->t_last = clock_sec();
+    if (index == 0)
+        g->t_first = g->t_last;
+    g->tok[g->n++] = t->token;
+    return 0;
+}
+
+/* Generates n_gen greedy tokens after the prompt through the scheduler, with the draft
+ * (or prompt lookup) when spec is set. Returns decode tokens per second (after the first
+ * token) or -1; *st gets the scheduler's counts. */
+static double generate(struct spec_bench *sb, bool spec, struct gen_run *g, struct sched_stats *st)
+{
+    struct sched_config cfg = {.slots = 1, .ctx = sb->ctx, .chunk_tokens = (int)sb->n_prompt};
+    struct kv_config kc = engine_kv_config(sb->tm, sb->ctx, sched_kv_seqs(&cfg), 16);
+    struct kv_cache *kv = NULL, *dkv = NULL;
+    struct sched *s = NULL;
+    struct sched_callbacks cb = {gen_token, NULL, g};
+    double tps = -1;
+    g->n = 0;
+    if (kv_create(&kv, &kc, sb->err, sizeof sb->err) || sched_create(&s, sb->te, kv, &cfg, &cb, sb->err, sizeof sb->err))
+        goto out;
+    if (spec && sb->de) {
+        struct kv_config dc = engine_kv_config(sb->dm, sb->ctx, 1, 16);
+        if (kv_create(&dkv, &dc, sb->err, sizeof sb->err) ||
+            sched_set_draft(s, sb->de, dkv, sb->k, sb->err, sizeof sb->err))
+            goto out;
+    }
+    struct sample_params sp = sample_defaults();
+    sp.temperature = 0;
+    struct sched_request r = {.id = 1, .prompt = sb->prompt, .n_prompt = sb->n_prompt, .max_tokens = sb->n_gen,
+                              .n_seqs = 1, .sample = sp, .ignore_eos = true,
+                              .num_draft_tokens = spec ? sb->k : 0, .lookup_ngram = spec ? sb->lookup : 0};
+    if (sched_submit(s, &r, sb->err, sizeof sb->err))
+        goto out;
+    while (!sched_idle(s))
+        if (sched_step(s, sb->err, sizeof sb->err) < 0)
+            goto out;
+    sched_get_stats(s, st);
+    if (g->n > 1 && g->t_last > g->t_first)
+        tps = (double)(g->n - 1) / (g->t_last - g->t_first);
+out:
+    sched_release(s);
+    kv_release(dkv);
+    kv_release(kv);
+    return tps;
+}
+
+static int bench_draft(const char *target, const char *draft, int k, int lookup, int64_t n_prompt, int64_t n_gen,
+                       int threads, int reps)
+{
+    struct spec_bench sb = {.k = k, .lookup = lookup, .n_prompt = n_prompt, .n_gen = n_gen};
+    struct gen_run plain = {0}, spec = {0};
+    int ret = 1;
+    sb.ctx = n_prompt + n_gen + k + 16;
+    int max_batch = (int)(n_prompt > k + 1 ? n_prompt : k + 1);
+    struct engine_config ec = {.n_threads = threads, .max_batch = max_batch, .max_ctx = sb.ctx};
+    if (model_load(&sb.tm, target, NULL, sb.err, sizeof sb.err) || engine_create(&sb.te, sb.tm, &ec, sb.err, sizeof sb.err) ||
+        (draft && (model_load(&sb.dm, draft, NULL, sb.err, sizeof sb.err) ||
+                   engine_create(&sb.de, sb.dm, &ec, sb.err, sizeof sb.err)))) {
+        fprintf(stderr, "cairn bench: %s\n", sb.err);
+        goto out;
+    }
+    sb.prompt = malloc((size_t)max_batch * sizeof *sb.prompt);
+    plain.tok = malloc((size_t)n_gen * sizeof *plain.tok);
+    spec.tok = malloc((size_t)n_gen * sizeof *spec.tok);
+    if (!sb.prompt || !plain.tok || !spec.tok) {
+        fprintf(stderr, "cairn bench: out of memory\n");
+        goto out;
+    }
+    uint64_t x = 12345;
+    for (int i = 0; i < max_batch; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        sb.prompt[i] = (int32_t)(3 + (x >> 33) % (uint64_t)(sb.tm->hp.n_vocab - 3));
+    }
+    printf("target: %s (%d layers, %.1f MiB of weights)\n", target, sb.tm->hp.n_layers,
+           (double)sb.tm->weight_bytes / (1 << 20));
+    if (draft)
+        printf("draft:  %s (%d layers, %.1f MiB of weights), k = %d\n", draft, sb.dm->hp.n_layers,
+               (double)sb.dm->weight_bytes / (1 << 20), k);
+    else
+        printf("draft:  prompt lookup (n-grams of %d..1 tokens), k = %d\n", lookup, k);
+    printf("prompt: %lld random tokens; %lld greedy tokens generated; %d threads\n", (long long)n_prompt,
+           (long long)n_gen, threads);
+
+    /* Costs relative to one target decode step, after the prompt's context. */
+    double t_t, t_v, t_d;
+    if (measure_costs(&sb, 16 * reps, &t_t, &t_v, &t_d) || t_t <= 0) {
+        fprintf(stderr, "cairn bench: %s\n", sb.err);
+        goto out;
+    }
+    double c = t_d / t_t, v = t_v / t_t;
+    printf("target decode step %.2f ms; draft step %.2f ms (c = %.3f); verifying %d tokens %.2f ms (v = %.3f)\n",
+           t_t * 1e3, t_d * 1e3, c, k + 1, t_v * 1e3, v);
+
+    double *tp = malloc((size_t)reps * sizeof *tp), *ts = malloc((size_t)reps * sizeof *ts);
+    struct sched_stats st = {0}, st_plain = {0};
+    bool same = true;
+    for (int r = 0; r < reps && tp && ts; r++) {
+        tp[r] = generate(&sb, false, &plain, &st_plain);
+        ts[r] = generate(&sb, true, &spec, &st);
+        if (tp[r] <= 0 || ts[r] <= 0) {
+            fprintf(stderr, "cairn bench: generation failed: %s\n", sb.err);
+            free(tp);
+            free(ts);
+            goto out;
+        }
+        same = same && plain.n == spec.n && !memcmp(plain.tok, spec.tok, (size_t)plain.n * sizeof *plain.tok);
+    }
+    if (!tp || !ts) {
+        free(tp);
+        free(ts);
+        goto out;
+    }
+    double tps_plain = median(tp, reps), tps_spec = median(ts, reps);
+    free(tp);
+    free(ts);
+    int64_t acc = st.accepted_draft_tokens, rej = st.draft_rejections;
+    double alpha = acc + rej > 0 ? (double)acc / (double)(acc + rej) : 0;
+    double expect = alpha < 1 ? (1 - pow(alpha, k + 1)) / (1 - alpha) : k + 1;
+    double predicted = expect / (k * c + v), measured = tps_spec / tps_plain;
+    printf("plain decode: %.2f tok/s (%lld steps); speculative: %.2f tok/s (%lld steps, %lld draft forwards)\n",
+           tps_plain, (long long)st_plain.steps, tps_spec, (long long)st.steps, (long long)st.draft_forwards);
+    printf("drafted %lld, accepted %lld, rejections %lld: alpha = accepted / (accepted + rejections) = %.3f\n",
+           (long long)st.draft_tokens, (long long)acc, (long long)rej, alpha);
+    printf("speed-up: measured %.2fx; predicted %.2fx = ((1 - alpha^(k+1)) / (1 - alpha)) / (k c + v) = %.2f / %.3f\n",
+           measured, predicted, expect, k * c + v);
+    printf("efficiency (measured / predicted): %.2f\n", measured / predicted);
+    printf("greedy tokens identical to the plain run: %s\n", same ? "yes" : "NO");
+    ret = same ? 0 : 1;
+out:
+    free(sb.prompt);
+    free(plain.tok);
+    free(spec.tok);
+    engine_release(sb.de);
+    engine_release(sb.te);
+    model_release(sb.dm);
+    model_release(sb.tm);
+    return ret;
+}
+
 int cli_bench(int argc, char **argv)
 {
     struct args a = {argc, argv, 1, "bench", false};
-    const char *model_path = NULL, *v;
-    int64_t n_prompt = 512, n_gen = 128, threads = 2, reps = 3, max_b = 16, bw_mib = 1024;
+    const char *model_path = NULL, *draft_path = NULL, *v;
+    int64_t n_prompt = 512, n_gen = 128, threads = 2, reps = 3, max_b = 16, bw_mib = 1024, draft_k = 4, lookup = 0;
     for (; a.i < argc && !a.bad; a.i++) {
         if (args_opt(&a, "-m|--model", &v)) model_path = v;
         else if (args_opt(&a, "-p|--n-prompt", &v)) n_prompt = args_int(&a, "-p", v, 0, 1 << 16);
@@ -146,8 +398,20 @@ int cli_bench(int argc, char **argv)
         else if (args_opt(&a, "-r|--repetitions", &v)) reps = args_int(&a, "-r", v, 1, 100);
         else if (args_opt(&a, "--batch-curve", &v)) max_b = args_int(&a, "--batch-curve", v, 0, 64);
         else if (args_opt(&a, "--bandwidth-mib", &v)) bw_mib = args_int(&a, "--bandwidth-mib", v, 1, 1 << 20);
+        else if (args_opt(&a, "--draft", &v)) draft_path = v;
+        else if (args_opt(&a, "--draft-tokens", &v)) draft_k = args_int(&a, "--draft-tokens", v, 1, SCHED_MAX_DRAFT);
+        else if (args_opt(&a, "--lookup", &v)) lookup = args_int(&a, "--lookup", v, 1, SCHED_MAX_LOOKUP_NGRAM);
         else if (args_opt(&a, "-h|--help", NULL)) {
-            fprintf(stderr, "usage: cairn bench -m MODEL.gguf [-p 512] [-n 128] [-t 2] [-r 3] [--batch-curve 16]\n");
+            fprintf(stderr,
+                    "usage: cairn bench -m MODEL.gguf [-p 512] [-n 128] [-t 2] [-r 3] [--batch-curve 16]\n"
+                    "       cairn bench -m TARGET.gguf (--draft DRAFT.gguf | --lookup N) [--draft-tokens K]\n"
+                    "                   [-p 512] [-n 128] [-t 2] [-r 3]\n"
+                    "  --draft, --lookup: speculative decoding of -n greedy tokens after -p random prompt\n"
+                    "  tokens, drafting K tokens (default 4) per step with the draft model or by prompt lookup\n"
+                    "  of n-grams of N..1 tokens. Prints alpha (accepted / (accepted + rejections)), the\n"
+                    "  draft's cost per token c and the cost v of verifying K+1 tokens, both relative to one\n"
+                    "  target decode step, the measured speed-up against decoding without drafts, and\n"
+                    "  efficiency = measured / predicted, predicted = ((1-alpha^(K+1))/(1-alpha)) / (K c + v).\n");
             return 0;
         } else {
             fprintf(stderr, "cairn bench: unknown option '%s'\n", argv[a.i]);
@@ -159,6 +423,17 @@ int cli_bench(int argc, char **argv)
     if (!model_path) {
         fprintf(stderr, "cairn bench: -m MODEL is required\n");
         return 2;
+    }
+    if (draft_path && lookup) {
+        fprintf(stderr, "cairn bench: --draft and --lookup are two modes; give one\n");
+        return 2;
+    }
+    if (draft_path || lookup) {
+        if (n_prompt < 1 || n_gen < 2) {
+            fprintf(stderr, "cairn bench: speculative decoding needs -p >= 1 and -n >= 2\n");
+            return 2;
+        }
+        return bench_draft(model_path, draft_path, (int)draft_k, (int)lookup, n_prompt, n_gen, (int)threads, (int)reps);
     }
     struct bench bn = {0};
     struct pool *bwp = NULL;

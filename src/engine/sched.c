@@ -1169,6 +1169,8 @@ static void verify_and_report(struct sched *s, struct seq *q, const float *rows)
                 accepted++;
                 q->accepted++;
                 s->stats.accepted_draft_tokens++;
+            } else {
+                s->stats.draft_rejections++;
             }
         }
         q->n_kv = q->n_hist; /* the KV holds every token before this one */

@@ -151,11 +151,14 @@ struct sched_stats {
      * positions reused from the prefix cache, re-admissions included. */
     int64_t steps, prompt_tokens_computed, cached_tokens, generated_tokens, preemptions;
     int64_t last_batch;       /* tokens in the last step's forward */
-    /* Speculation: tokens drafted and kept; draft_forwards: draft engine_forward calls;
-     * draft_prefill_tokens: context tokens run through the draft to catch up (a prompt,
-     * or everything after the draft was set); draft_failures: draft forwards that failed
-     * (the step then went on without those drafts). */
-    int64_t draft_tokens, accepted_draft_tokens, draft_forwards, draft_prefill_tokens, draft_failures;
+    /* Speculation: tokens drafted and kept; draft_rejections: drafts the target rejected
+     * (at most one per sequence and step; the drafts after it are not evaluated), so that
+     * accepted / (accepted + rejections) estimates the acceptance rate alpha;
+     * draft_forwards: draft engine_forward calls; draft_prefill_tokens: context tokens run
+     * through the draft to catch up (a prompt, or everything after the draft was set);
+     * draft_failures: draft forwards that failed (the step went on without those drafts). */
+    int64_t draft_tokens, accepted_draft_tokens, draft_rejections, draft_forwards, draft_prefill_tokens,
+        draft_failures;
 };
 
 /* Tuning of speculation for the whole scheduler. */

@@ -505,6 +505,9 @@ static void test_greedy_pairs(const struct fixture *fx)
                 CHECK(r->logprob[t] == ref->rec[i][0].logprob[t] && r->prob[t] == 1.0f,
                       "%s: token %d: logprob %.9g vs %.9g", name, t, r->logprob[t], ref->rec[i][0].logprob[t]);
         }
+        CHECK((st.draft_rejections > 0) == (accepted < drafted) && st.draft_rejections <= drafted - accepted,
+              "%s: %lld rejections, %lld of %lld accepted", name, (long long)st.draft_rejections, (long long)accepted,
+              (long long)drafted);
         CHECK(st.draft_tokens == drafted && st.accepted_draft_tokens == accepted,
               "%s: totals %lld/%lld, per sequence %lld/%lld", name, (long long)st.draft_tokens,
               (long long)st.accepted_draft_tokens, (long long)drafted, (long long)accepted);
