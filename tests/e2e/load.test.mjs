@@ -1,5 +1,5 @@
 // Clients that go away and clients that come all at once. A stream aborted mid-way by its
-// client (each SDK's own abort) is cancelled on the node, the streams beside it finish
+// client (each SDK's own abort), or a whole answer given up, is cancelled on the node, the streams beside it finish
 // unchanged, and the slots come back; 64 clients at once against --parallel 8 each get an
 // answer or a refusal (503; 529 overloaded_error on the Anthropic API, as Anthropic does),
 // none hangs, and the node serves normally afterwards.
@@ -49,7 +49,7 @@ async function waitMetrics(ok, ms = 30_000 * SLOW) {
   }
 }
 
-test('aborted streams are cancelled; the streams beside them are unaffected', T, async () => {
+test('aborted requests are cancelled; the streams beside them are unaffected', T, async () => {
   // The survivor's answer alone first, to compare with its answer beside the aborts.
   const survivorBody = { model: MODEL, messages: msg('Keep talking about rivers.'), max_tokens: 40, temperature: 0 };
   const alone = (await openai.chat.completions.create(survivorBody)).choices[0].message.content;
@@ -115,6 +115,18 @@ test('aborted streams are cancelled; the streams beside them are unaffected', T,
     return { error: null, n };
   })();
 
+  // A whole (not streamed) answer whose client gives up: aborted once the streams above
+  // have started, so that it is generating too.
+  const wholeAbort = new AbortController();
+  const wholeDone = openai.chat.completions.create({ model: MODEL, messages: msg('Talk about oceans.'),
+    max_tokens: LONG, temperature: 0 }, { signal: wholeAbort.signal }).then(() => 'answered', (e) => e.constructor.name);
+  (async () => {
+    while (firstChunks < 3)
+      await sleep(20);
+    await sleep(200);
+    wholeAbort.abort();
+  })();
+
   const survivor = openai.chat.completions.create({ ...survivorBody, stream: true }).then(async (s) => {
     let text = '', finish = null;
     for await (const chunk of s) {
@@ -124,8 +136,8 @@ test('aborted streams are cancelled; the streams beside them are unaffected', T,
     return { text, finish };
   });
 
-  const [oa, an, ol, sv] = await within(120_000 * SLOW, Promise.all([oaDone, anDone, olDone, survivor]),
-    'the streams');
+  const [oa, an, ol, sv, whole] = await within(120_000 * SLOW,
+    Promise.all([oaDone, anDone, olDone, survivor, wholeDone]), 'the streams');
   assert.equal(firstChunks, 3, 'each aborted stream had started');
   // Each loop ended long before the LONG tokens asked for (a few chunks may have been in
   // flight), quietly (OpenAI, Anthropic) or with the SDK's abort error (Ollama).
@@ -133,12 +145,13 @@ test('aborted streams are cancelled; the streams beside them are unaffected', T,
     assert.ok(r.n < LONG / 4, `${name}: ${r.n} chunks after the abort`);
     assert.ok(r.error === null || /Abort/.test(r.error), `${name}: ${r.error}`);
   }
+  assert.equal(whole, 'APIUserAbortError', 'the whole answer was aborted');
   assert.equal(sv.text, alone, 'the survivor\'s answer is the one it gets alone');
   assert.ok(sv.finish === 'length' || sv.finish === 'stop');
 
-  // The node notices the three disconnects, cancels them and frees their slots.
-  const v = await waitMetrics((m) => m.cancelled >= before.cancelled + 3 && m.running === 0);
-  assert.ok(v.cancelled >= before.cancelled + 3, `cancelled ${before.cancelled} -> ${v.cancelled}`);
+  // The node notices the four disconnects, cancels them and frees their slots.
+  const v = await waitMetrics((m) => m.cancelled >= before.cancelled + 4 && m.running === 0);
+  assert.equal(v.cancelled, before.cancelled + 4, 'cancelled');
   assert.equal(v.running, 0);
   assert.equal(v.queued, 0);
 

@@ -147,6 +147,14 @@ test('wrong methods and paths: 4xx', T, async () => {
   }
 });
 
+test('an Ollama endpoint cairn lacks answers in Ollama\'s error shape', { ...T,
+  todo: 'unknown /api/ paths answer {"error": {...}} (OpenAI\'s shape); the ollama SDK shows "[object Object]"' },
+async () => {
+  const r = await http(`${node.url}/api/embed`, { body: { model: MODEL, input: 'x' } });
+  assert.ok(r.status >= 400 && r.status < 500, `status ${r.status}`);
+  assert.equal(typeof r.json?.error, 'string', r.text);
+});
+
 test('the node is healthy and serving after all of them', T, async () => {
   const h = await http(`${node.url}/health`, { method: 'GET' });
   assert.equal(h.status, 200, h.text);

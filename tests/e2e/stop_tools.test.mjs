@@ -180,6 +180,18 @@ test('OpenAI tool call and its result', T, async () => {
   assert.equal(again.choices[0].finish_reason, 'tool_calls');
 });
 
+test('OpenAI n=2 with tools: two choices, each with its own call id', { ...T,
+  todo: 'both choices carry the same tool_calls[0].id' }, async () => {
+  const r = await openai.chat.completions.create({ model: TOOL, messages: ask, tools: openaiTools, max_tokens: 64,
+    temperature: 0, n: 2 });
+  assert.equal(r.choices.length, 2);
+  for (const c of r.choices) {
+    assert.equal(c.finish_reason, 'tool_calls');
+    assert.deepEqual(JSON.parse(c.message.tool_calls[0].function.arguments), { city: 'Paris' });
+  }
+  assert.notEqual(r.choices[0].message.tool_calls[0].id, r.choices[1].message.tool_calls[0].id);
+});
+
 test('Anthropic tool_use and tool_result', T, async () => {
   const tools = [{ name: 'get_weather', description: 'Current weather of a city', input_schema: weatherParams }];
   const body = { model: TOOL, messages: ask, tools, max_tokens: 64, temperature: 0 };
