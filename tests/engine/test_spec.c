@@ -572,6 +572,34 @@ static void test_greedy_pairs(const struct fixture *fx)
     }
     CHECK_EQ_INT(stop->misuse, 0);
     free(stop);
+
+    /* The context ends generation inside a step's drafts: 20 + 4 = ctx 24, and a request
+     * of one token (nothing to draft). */
+    struct collector *full = collector_new(), *limited = collector_new();
+    struct spec q = {0};
+    random_prompt(&q, 20, fx->m[M_TARGET]->hp.n_vocab, 4040);
+    q.max_tokens = 8;
+    q.sp = greedy();
+    q.num_draft = -1;
+    run_batch(fx, M_TARGET, -1, &q, 1, full, NULL);
+    if (rig_open(&g, fx, M_TARGET, (struct sched_config){.slots = 2, .ctx = 24}, 0, limited) == 0) {
+        rig_draft(&g, fx, M_TARGET, K);
+        submit(&g, &q, 0);
+        struct spec one = q;
+        one.max_tokens = 1;
+        submit(&g, &one, 1);
+        run_idle(&g);
+        const struct rec *r = &limited->rec[0][0];
+        CHECK(r->why == SCHED_FINISH_LENGTH && r->n == 4 && memcmp(r->tok, full->rec[0][0].tok, 4 * sizeof(int32_t)) == 0,
+              "ctx 24 with drafts: %s after %d tokens", sched_finish_name(r->why), r->n);
+        r = &limited->rec[1][0];
+        CHECK(r->n == 1 && r->tok[0] == full->rec[0][0].tok[0] && r->usage.draft_tokens == 0,
+              "max_tokens 1: %d tokens, %lld drafted", r->n, (long long)r->usage.draft_tokens);
+        rig_close(&g);
+    }
+    CHECK_EQ_INT(full->misuse + limited->misuse, 0);
+    free(full);
+    free(limited);
 }
 
 /* ---- 3: preemption with drafts ---- */
