@@ -134,6 +134,9 @@ struct script {
     const int32_t *next;  /* next[t] or -1 */
     int n_next;
     int embd_type;        /* type of token_embd, to rebuild its rows as the engine reads them */
+    /* Predecessors of each token u: pred[pred_start[u] .. pred_start[u + 1]) are the t with
+     * next[t] == u, in increasing order (so a head row is built without scanning next[]). */
+    int32_t *pred_start, *pred;
 };
 
 struct tensor_fill {
@@ -185,9 +188,8 @@ static int script_head_row(const struct tensor_fill *t, int64_t u, float *row, f
     struct tensor_fill emb = *t;
     emb.kind = FILL_NORMAL;
     emb.scale = 0.02f;
-    for (int tok = 0; tok < sc->n_next; tok++) {
-        if (sc->next[tok] != u)
-            continue;
+    for (int32_t k = sc->pred_start[u]; k < sc->pred_start[u + 1]; k++) {
+        int tok = sc->pred[k];
         random_row(&emb, "token_embd.weight", tok, tmp);
         int rc = kern_quantize_row(sc->embd_type, tmp, qbuf, t->cols);
         if (rc)
@@ -407,7 +409,34 @@ int synth_write_script(const struct synth_spec *spec, const char *vocab_path, co
     struct synth_spec s = *spec;
     s.tied = 0; /* the head is built apart from the embeddings */
     struct script sc = {.next = next, .n_next = n_next};
-    return write_model(&s, vocab_path, &sc, path, err, errlen);
+    sc.pred_start = calloc((size_t)n_next + 1, sizeof *sc.pred_start);
+    sc.pred = malloc(((size_t)n_next + 1) * sizeof *sc.pred);
+    if (!sc.pred_start || !sc.pred) {
+        free(sc.pred_start);
+        free(sc.pred);
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    }
+    /* counting sort of the tokens by their successor */
+    for (int t = 0; t < n_next; t++)
+        if (next[t] >= 0 && next[t] < n_next)
+            sc.pred_start[next[t] + 1]++;
+    for (int u = 0; u < n_next; u++)
+        sc.pred_start[u + 1] += sc.pred_start[u];
+    int32_t *fill = malloc(((size_t)n_next + 1) * sizeof *fill);
+    if (!fill) {
+        free(sc.pred_start);
+        free(sc.pred);
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    }
+    memcpy(fill, sc.pred_start, ((size_t)n_next + 1) * sizeof *fill);
+    for (int t = 0; t < n_next; t++)
+        if (next[t] >= 0 && next[t] < n_next)
+            sc.pred[fill[next[t]]++] = t;
+    free(fill);
+    int rc = write_model(&s, vocab_path, &sc, path, err, errlen);
+    free(sc.pred_start);
+    free(sc.pred);
+    return rc;
 }
 
 int synth_script_next(const int32_t *seq, int64_t n, int32_t *next, int n_vocab, char *err, size_t errlen)
