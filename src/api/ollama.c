@@ -834,6 +834,16 @@ static void h_chat(struct http_request *req, void *ctx) { generate(req, ctx, KIN
 
 static void h_generate(struct http_request *req, void *ctx) { generate(req, ctx, KIND_GENERATE); }
 
+/* Paths under /api that Ollama has and cairn does not (embed, pull, ...): answered in
+ * Ollama's error shape, so its clients show the message. */
+static void h_unknown(struct http_request *req, void *ctx)
+{
+    (void)ctx;
+    char msg[300];
+    snprintf(msg, sizeof msg, "%.200s %s is not served by cairn", http_req_method(req), http_req_path(req));
+    reply_error(req, 404, msg);
+}
+
 int ollama_register(struct http_server *srv, const struct gen *g, char *err, size_t errlen)
 {
     static const struct {
@@ -842,6 +852,7 @@ int ollama_register(struct http_server *srv, const struct gen *g, char *err, siz
     } routes[] = {
         {"POST", "/api/chat", h_chat}, {"POST", "/api/generate", h_generate}, {"GET", "/api/tags", h_tags},
         {"POST", "/api/show", h_show}, {"GET", "/api/ps", h_ps},             {"GET", "/api/version", h_version},
+        {"GET", "/api/*rest", h_unknown}, {"POST", "/api/*rest", h_unknown}, {"DELETE", "/api/*rest", h_unknown},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         int rc = http_route_errors(srv, routes[i].method, routes[i].path, routes[i].fn, (void *)g, error_json);

@@ -487,6 +487,7 @@ static void text_task(struct runner *r, struct runner_task *tt)
                                .tools = json_array_size(p.tools) ? r->tools : TOOLCALL_NONE,
                                .id_seed = p.sampling.seed ^ (uint64_t)clock_ns(), .logprobs = p.logprobs};
     for (int i = 0; i < p.n; i++) {
+        to.id_seed += 0x9e3779b97f4a7c15ull; /* each choice its own tool call ids */
         if (text_seq_create(&t->seqs[i], &to, err, sizeof err)) {
             status = 400;
             goto refuse;

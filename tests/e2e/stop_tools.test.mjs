@@ -180,8 +180,7 @@ test('OpenAI tool call and its result', T, async () => {
   assert.equal(again.choices[0].finish_reason, 'tool_calls');
 });
 
-test('OpenAI n=2 with tools: two choices, each with its own call id', { ...T,
-  todo: 'both choices carry the same tool_calls[0].id' }, async () => {
+test('OpenAI n=2 with tools: two choices, each with its own call id', T, async () => {
   const r = await openai.chat.completions.create({ model: TOOL, messages: ask, tools: openaiTools, max_tokens: 64,
     temperature: 0, n: 2 });
   assert.equal(r.choices.length, 2);
