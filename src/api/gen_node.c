@@ -139,7 +139,7 @@ static void on_start(struct gen_node *g, size_t at, const json_t *j)
     }
     r->started = true;
     r->total.prompt_tokens = member_int(j, "prompt_tokens");
-    r->total.cached_tokens = member_int(j, "cached_tokens");
+    r->total.cached_tokens = member_int(j, "cached_tokens"); /* known at admission */
     g->fig.prompt_tokens += (uint64_t)r->total.prompt_tokens;
     struct gen_event ev = {.kind = GEN_EVENT_START, .usage = r->total};
     r->fn(r->ctx, &ev);
@@ -171,8 +171,6 @@ static void on_seq_done(struct req *r, const json_t *j)
     struct gen_usage u = {.completion_tokens = member_int(j, "completion_tokens"),
                           .draft_tokens = member_int(j, "draft_tokens"),
                           .accepted_draft_tokens = member_int(j, "accepted_draft_tokens")};
-    if (seq == 0) /* the prompt's reuse, known once the runner admitted it */
-        r->total.cached_tokens = member_int(j, "cached_tokens");
     r->total.completion_tokens += u.completion_tokens;
     r->total.draft_tokens += u.draft_tokens;
     r->total.accepted_draft_tokens += u.accepted_draft_tokens;

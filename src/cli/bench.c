@@ -261,7 +261,7 @@ static double generate(struct spec_bench *sb, bool spec, struct gen_run *g, stru
     struct kv_config kc = engine_kv_config(sb->tm, sb->ctx, sched_kv_seqs(&cfg), 16);
     struct kv_cache *kv = NULL, *dkv = NULL;
     struct sched *s = NULL;
-    struct sched_callbacks cb = {gen_token, NULL, g};
+    struct sched_callbacks cb = {.token = gen_token, .ctx = g};
     double tps = -1;
     g->n = 0;
     if (kv_create(&kv, &kc, sb->err, sizeof sb->err) || sched_create(&s, sb->te, kv, &cfg, &cb, sb->err, sizeof sb->err))

@@ -260,6 +260,17 @@ static int on_token(void *ctx, uint64_t id, int seq, int64_t index, const struct
     return rc;
 }
 
+/* A text task got its slots: start, with the prompt tokens its prefix reuse saved. */
+static void on_admitted(void *ctx, uint64_t id, const struct sched_usage *u)
+{
+    struct runner *r = ctx;
+    struct rtask *t = task_by_sched(r, id, NULL);
+    if (t && t->text)
+        send_body(r, RUNNER_MSG_START, t->id,
+                  json_pack("{s:I, s:I}", "prompt_tokens", (json_int_t)u->prompt_tokens, "cached_tokens",
+                            (json_int_t)u->cached_tokens));
+}
+
 static const char *seq_finish_name(enum sched_finish why, bool tool_calls)
 {
     switch (why) {
@@ -510,9 +521,7 @@ static void text_task(struct runner *r, struct runner_task *tt)
         status = rc == CAIRN_EFULL ? 503 : rc == CAIRN_ERANGE ? 413 : rc == CAIRN_EINVAL ? 400 : 500;
         goto refuse;
     }
-    /* the scheduler reports nothing before its next step: start still comes first */
-    send_body(r, RUNNER_MSG_START, tt->task_id,
-              json_pack("{s:I, s:i}", "prompt_tokens", (json_int_t)n, "cached_tokens", 0));
+    /* start follows when the scheduler admits it (on_admitted) */
     free(ids);
     textgen_params_clear(&p);
     return;
@@ -710,7 +719,7 @@ static int load(struct runner *r, char *err, size_t errlen)
             reasoning_detect("", 0, &r->think);
         }
         sc.tok = r->tk;
-        struct sched_callbacks cb = {.token = on_token, .done = on_done, .ctx = r};
+        struct sched_callbacks cb = {.token = on_token, .done = on_done, .admitted = on_admitted, .ctx = r};
         if ((rc = sched_create(&r->sched, r->e, r->kv, &sc, &cb, err, errlen)))
             return rc;
     }

@@ -507,12 +507,17 @@ static void admit_item(struct sched *s, struct queue_item it, int entry, int64_t
     } else {
         reuse = 0;
     }
+    bool first_admission = !lead->admitted;
     for (int i = first; i < first + count; i++) {
         if (!r->seqs[i].admitted)
             r->seqs[i].cached = reuse;
         r->seqs[i].admitted = true;
     }
     r->fork_pending = count > 1;
+    if (first_admission && it.seq < 0 && s->cb.admitted) {
+        struct sched_usage u = {.prompt_tokens = r->n_prompt, .cached_tokens = reuse};
+        s->cb.admitted(s->cb.ctx, r->id, &u);
+    }
 }
 
 /* Admits queue items in order while slots and KV blocks allow; an item that waits

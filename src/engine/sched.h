@@ -135,9 +135,14 @@ typedef int (*sched_token_fn)(void *ctx, uint64_t id, int seq, int64_t index,
 typedef void (*sched_done_fn)(void *ctx, uint64_t id, int seq, enum sched_finish why,
                               const struct sched_usage *usage, const char *error);
 
+/* Once per request, when it first gets its slots (prompt and cached prompt tokens
+ * known); optional. */
+typedef void (*sched_admitted_fn)(void *ctx, uint64_t id, const struct sched_usage *usage);
+
 struct sched_callbacks {
     sched_token_fn token;
     sched_done_fn done;
+    sched_admitted_fn admitted; /* NULL: not told */
     void *ctx;
 };
 

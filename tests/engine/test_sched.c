@@ -53,6 +53,8 @@ struct collector {
     int stop_at[MAX_IDS]; /* the token callback returns 1 at this many tokens (0: never) */
     int64_t steps;
     int misuse; /* callbacks out of order, after done, or for unknown ids */
+    int admitted[MAX_IDS];        /* admitted callbacks per request (must be 1 before tokens) */
+    int64_t admitted_cached[MAX_IDS];
     /* When request then_after is done, its done callback submits `then` to `s`. */
     struct sched *s;
     uint64_t then_after;
@@ -68,7 +70,7 @@ static int on_token(void *ctx, uint64_t id, int seq, int64_t index, const struct
         return 1;
     }
     struct rec *r = &c->rec[id][seq];
-    if (r->n_done || index != r->n || r->n >= MAX_GEN) {
+    if (r->n_done || index != r->n || r->n >= MAX_GEN || c->admitted[id] != 1) {
         c->misuse++;
         return 1;
     }
@@ -95,11 +97,26 @@ static void on_done(void *ctx, uint64_t id, int seq, enum sched_finish why, cons
     r->usage = *u;
     if ((why == SCHED_FINISH_ERROR) != (error != NULL) || u->generated_tokens != r->n)
         c->misuse++;
+    if (c->admitted[id] && u->cached_tokens != c->admitted_cached[id])
+        c->misuse++; /* the admission told another reuse than the usage */
     snprintf(r->error, sizeof r->error, "%s", error ? error : "");
     if (c->then && id == c->then_after) {
         c->then_rc = sched_submit(c->s, c->then, NULL, 0);
         c->then = NULL;
     }
+}
+
+static void on_admitted(void *ctx, uint64_t id, const struct sched_usage *u)
+{
+    struct collector *c = ctx;
+    if (id >= MAX_IDS) {
+        c->misuse++;
+        return;
+    }
+    c->admitted[id]++;
+    c->admitted_cached[id] = u->cached_tokens;
+    if (c->admitted[id] != 1 || c->rec[id][0].n)
+        c->misuse++;
 }
 
 static struct collector *collector_new(void) { return calloc(1, sizeof(struct collector)); }
@@ -162,7 +179,7 @@ static int rig_open(struct rig *g, const struct fixture *fx, struct engine *e, s
     struct kv_config kc = engine_kv_config(fx->m, cfg.ctx, sched_kv_seqs(&cfg), BT);
     if (n_blocks)
         kc.n_blocks = n_blocks;
-    struct sched_callbacks cb = {on_token, on_done, c};
+    struct sched_callbacks cb = {.token = on_token, .done = on_done, .admitted = on_admitted, .ctx = c};
     if (kv_create(&g->kv, &kc, err, sizeof err) || sched_create(&g->s, e ? e : fx->e, g->kv, &cfg, &cb, err, sizeof err)) {
         CHECK(0, "rig: %s", err);
         kv_release(g->kv);
@@ -956,6 +973,7 @@ static void test_ends(const struct fixture *fx)
         CHECK(c->then_rc == 0 && st.queued == 1 && c->rec[12][0].n_done == 1,
               "submit from a done callback: %d, %d queued", c->then_rc, st.queued);
         memset(&c->rec[12][0], 0, sizeof c->rec[12][0]);
+        c->admitted[12] = 0; /* the same id, a new request */
         run_idle(&g, c);
         CHECK(c->rec[12][0].n == 2 && c->rec[12][0].n_done == 1, "resubmitted request: %d tokens", c->rec[12][0].n);
         rig_close(&g);

@@ -218,7 +218,7 @@ static int rig_open(struct rig *g, const struct fixture *fx, int target, struct 
     struct kv_config kc = engine_kv_config(fx->m[target], cfg.ctx, sched_kv_seqs(&cfg), BT);
     if (n_blocks)
         kc.n_blocks = n_blocks;
-    struct sched_callbacks cb = {on_token, on_done, c};
+    struct sched_callbacks cb = {.token = on_token, .done = on_done, .ctx = c};
     g->slots = cfg.slots;
     g->ctx = cfg.ctx;
     if (kv_create(&g->kv, &kc, err, sizeof err) ||
