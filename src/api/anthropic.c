@@ -597,11 +597,13 @@ static void end(struct apireq *a, struct areq *r, const struct gen_event *ev)
             r->open = BLOCK_TEXT;
             close_block(a, r);
         }
+        /* usage as Anthropic sends it now: every count, cumulative (the SDK takes the
+         * cache counts from here) */
         apireq_send(a, "message_delta",
-                    json_pack("{s:s,s:{s:s,s:o},s:{s:I}}", "type", "message_delta", "delta", "stop_reason",
+                    json_pack("{s:s,s:{s:s,s:o},s:o}", "type", "message_delta", "delta", "stop_reason",
                               r->stop_reason, "stop_sequence",
                               r->stop_sequence ? json_string(r->stop_sequence) : json_null(), "usage",
-                              "output_tokens", (json_int_t)r->output_tokens));
+                              usage_json(r, r->output_tokens)));
         apireq_send(a, "message_stop", json_pack("{s:s}", "type", "message_stop"));
         apireq_finish(a);
         return;

@@ -298,7 +298,8 @@ static void test_streams(uint16_t port)
           "text delta");
     CHECK(rh_json_same(json_object_get(json_array_get(events, 7), "data"),
                        "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},"
-                       "\"usage\":{\"output_tokens\":3}}"),
+                       "\"usage\":{\"input_tokens\":5,\"output_tokens\":3,\"cache_creation_input_tokens\":0,"
+                       "\"cache_read_input_tokens\":2}}"),
           "message_delta");
     json_decref(events);
     json_decref(w);
