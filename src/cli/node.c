@@ -17,6 +17,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -35,7 +36,7 @@ static void usage(void)
             "                  [--discovery off|auto|IFACE] [--no-api] [--no-worker] [--force-master]\n"
             "                  [--models-dir DIR] [--data-dir DIR] [--memory-limit BYTES|NNG]\n"
             "                  [--node-timeout SECONDS] [--api-key KEY] [--cors ORIGIN]... [-v|-q]\n"
-            "                  [--parallel N] [-t|--threads N] [--ctx-size N]\n"
+            "                  [--parallel N] [-t|--threads N] [--ctx-size N] [--log-file PATH|-]\n"
             "Joins (or starts) a cluster and serves its API until SIGINT/SIGTERM.\n"
             "  --api-port      HTTP API port (52415; 0 = any free port)\n"
             "  --api-host      address the API listens on (127.0.0.1)\n"
@@ -49,6 +50,8 @@ static void usage(void)
             "  --parallel      sequences each runner decodes at once (8); more requests queue\n"
             "  -t, --threads   compute threads of each runner (2)\n"
             "  --ctx-size      positions per sequence (the model's, at most 4096)\n"
+            "  --log-file      also log to PATH (default: $XDG_CACHE_HOME/cairn/node.log, or\n"
+            "                  DATA_DIR/node.log with --data-dir; '-': stderr only)\n"
             "  data: $XDG_DATA_HOME/cairn (node id, event log); models: $CAIRN_MODELS_DIR or\n"
             "  $XDG_DATA_HOME/cairn/models\n");
 }
@@ -82,6 +85,29 @@ static int64_t parse_bytes(const char *s)
     return (int64_t)bytes;
 }
 
+/* $XDG_CACHE_HOME/cairn, or ~/.cache/cairn, made when missing. */
+static int cache_dir(char *out, size_t n)
+{
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int w;
+    if (xdg && xdg[0] == '/')
+        w = snprintf(out, n, "%s/cairn", xdg);
+    else if (home && home[0])
+        w = snprintf(out, n, "%s/.cache/cairn", home);
+    else
+        return -1;
+    if (w < 0 || (size_t)w >= n)
+        return -1;
+    for (char *p = out + 1; *p; p++) { /* mkdir -p */
+        if (*p != '/')
+            continue;
+        *p = 0;
+        mkdir(out, 0755);
+        *p = '/';
+    }
+    return mkdir(out, 0755) == 0 || errno == EEXIST ? 0 : -1;
+}
+
 /* $XDG_DATA_HOME/cairn[/sub], or ~/.local/share/cairn[/sub]. */
 static int data_path(char *out, size_t n, const char *sub)
 {
@@ -103,7 +129,7 @@ int cli_node(int argc, char **argv)
     size_t n_peers = 0, n_cors = 0;
     const char *ns = NULL, *secret = getenv("CAIRN_CLUSTER_SECRET"), *discovery = "off";
     const char *models_dir = getenv("CAIRN_MODELS_DIR"), *data_dir = NULL, *api_key = NULL;
-    const char *api_host = "127.0.0.1", *bind = NULL;
+    const char *api_host = "127.0.0.1", *bind = NULL, *log_file = NULL;
     int64_t api_port = 52415, cluster_port = 52416, node_timeout = 30, memory_limit = 0;
     int64_t parallel = 0, threads = 0, ctx_size = 0;
     bool no_api = false, no_worker = false, force_master = false;
@@ -138,6 +164,7 @@ int cli_node(int argc, char **argv)
         }
         else if (args_opt(&a, "--node-timeout", &v)) node_timeout = args_int(&a, "--node-timeout", v, 1, 86400);
         else if (args_opt(&a, "--api-key", &v)) api_key = v;
+        else if (args_opt(&a, "--log-file", &v)) log_file = v;
         else if (args_opt(&a, "--parallel", &v)) parallel = args_int(&a, "--parallel", v, 1, 256);
         else if (args_opt(&a, "-t|--threads", &v)) threads = args_int(&a, "--threads", v, 1, 512);
         else if (args_opt(&a, "--ctx-size", &v)) ctx_size = args_int(&a, "--ctx-size", v, 16, 1 << 24);
@@ -162,6 +189,15 @@ int cli_node(int argc, char **argv)
     cors[n_cors] = NULL;
     log_set_level(level);
 
+    /* Logs: --log-file, else the cache dir (a node with its own --data-dir logs there, so
+     * nodes sharing a machine do not share a file); "-" keeps them on stderr only. */
+    char log_buf[4096];
+    if (!log_file && !data_dir && cache_dir(log_buf, sizeof log_buf - 16) == 0) {
+        strcat(log_buf, "/node.log");
+        log_file = log_buf;
+    } else if (!log_file && data_dir && snprintf(log_buf, sizeof log_buf, "%s/node.log", data_dir) < (int)sizeof log_buf) {
+        log_file = log_buf;
+    }
     char data_buf[4096], models_buf[4096];
     if (!data_dir) {
         if (data_path(data_buf, sizeof data_buf, NULL)) {
@@ -231,6 +267,9 @@ int cli_node(int argc, char **argv)
         worker_release(worker);
         return 1;
     }
+    /* after node_create, which made the data dir */
+    if (log_file && strcmp(log_file, "-") && log_open_file(log_file))
+        fprintf(stderr, "cairn node: cannot log to %s: %s (stderr only)\n", log_file, strerror(errno));
     if (!no_api) {
         struct http_config hc = {
             .bind_addr = api_host,
@@ -291,5 +330,6 @@ out:
     http_server_release(srv);
     node_release(node);
     worker_release(worker);
+    log_close_file();
     return rc ? 1 : 0;
 }
