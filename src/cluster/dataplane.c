@@ -39,8 +39,9 @@ _Static_assert(offsetof(struct dp_ctl, pos) == 16, "dp_ctl layout");
 #define RBUF_SIZE ((size_t)64 << 10) /* staging buffer of the reader */
 #define CONNECT_RETRY_MS 100
 #define REJECT_DRAIN_MS 500        /* after a REJECT, wait this long for the peer to close */
-#define HELLO_FIXED 48             /* HELLO bytes before the id strings */
+#define HELLO_FIXED 56             /* HELLO bytes before the id strings */
 #define HB_PAYLOAD 24
+#define CREDIT_PAYLOAD 8
 #define ACT_FIXED 24
 #define RES_FIXED 32
 #define CTL_FIXED 16
@@ -94,8 +95,11 @@ void dp_hdr_pack(uint8_t out[DP_HDR_SIZE], const struct dp_hdr *h)
 
 static bool known_type(int t)
 {
-    return (t >= DP_T_HELLO && t <= DP_T_GOODBYE) || (t >= DP_T_ACTIVATIONS && t <= DP_T_CONTROL);
+    return (t >= DP_T_HELLO && t <= DP_T_CREDIT) || (t >= DP_T_ACTIVATIONS && t <= DP_T_CONTROL);
 }
+
+/* Frames that count against the receiver's window. */
+static bool data_type(int t) { return t >= DP_T_ACTIVATIONS && t <= DP_T_CONTROL; }
 
 static bool handshake_type(int t) { return t >= DP_T_HELLO && t <= DP_T_REJECT; }
 
@@ -108,6 +112,7 @@ static const char *type_name(int t)
     case DP_T_REJECT: return "REJECT";
     case DP_T_HEARTBEAT: return "HEARTBEAT";
     case DP_T_GOODBYE: return "GOODBYE";
+    case DP_T_CREDIT: return "CREDIT";
     case DP_T_ACTIVATIONS: return "ACTIVATIONS";
     case DP_T_RESULT: return "RESULT";
     case DP_T_CONTROL: return "CONTROL";
@@ -141,6 +146,8 @@ int dp_hdr_parse(const uint8_t in[DP_HDR_SIZE], struct dp_hdr *h, size_t max_pay
     size_t limit = handshake_type(h->type) ? DP_HANDSHAKE_MAX : max_payload;
     if (h->type == DP_T_HEARTBEAT)
         limit = HB_PAYLOAD;
+    else if (h->type == DP_T_CREDIT)
+        limit = CREDIT_PAYLOAD;
     if (h->len > limit)
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s payload of %" PRIu32 " bytes over the limit of %zu",
                           type_name(h->type), h->len, limit);
@@ -212,6 +219,7 @@ struct frame {
     uint8_t *hdr, *payload;
     size_t len;       /* payload bytes */
     size_t mem;       /* bytes counted against its queue */
+    size_t wire;      /* header and payload: what a data frame counts against the window */
     int type;
     int64_t t_queued; /* send: clock_ns when queued */
     float *x;         /* receive: decoded activations when they did not travel as F32 */
@@ -233,6 +241,7 @@ static struct frame *frame_new(size_t len)
     f->hdr = f->payload - DP_HDR_SIZE;
     f->len = len;
     f->mem = DATA_OFF + len;
+    f->wire = DP_HDR_SIZE + len;
     return f;
 }
 
@@ -271,7 +280,8 @@ struct dp_conn {
     /* settings (after defaults) */
     int rank, peer_rank;
     int max_inflight;
-    size_t max_payload, tx_cap, rx_cap;
+    size_t max_payload, tx_cap, rx_cap; /* rx_cap is our window, announced in HELLO */
+    uint64_t peer_window;
     int64_t hb_ns, dead_ns, linger_ns;
     bool payload_crc;
     void (*notify)(void *arg);
@@ -292,6 +302,13 @@ struct dp_conn {
     int win_n;
     bool closing;
     int64_t close_deadline;
+    /* flow control: totals of data-frame bytes (header and payload) */
+    uint64_t sent_data;       /* handed to the socket */
+    uint64_t peer_consumed;   /* the peer's last CREDIT */
+    uint64_t recv_data;       /* received */
+    uint64_t consumed;        /* returned by dp_recv (or dropped) */
+    uint64_t announced;       /* consumed as of our last CREDIT */
+    int64_t stall_since;      /* clock_ns when the head frame began waiting for credit; 0 */
     char close_reason[DP_REASON_MAX + 1];
     struct dp_stats st;
 
@@ -453,6 +470,7 @@ struct hello {
     int32_t rank;
     uint64_t epoch;
     uint8_t nonce[DP_NONCE_BYTES];
+    uint64_t window; /* bytes of data frames the sender of the HELLO will buffer */
     char instance[DP_ID_MAX + 1];
     char model[DP_ID_MAX + 1];
 };
@@ -475,6 +493,7 @@ static size_t hello_pack(const struct hello *h, uint8_t *out)
     put_u32(out + 4, (uint32_t)h->rank);
     put_u64(out + 8, h->epoch);
     memcpy(out + 16, h->nonce, DP_NONCE_BYTES);
+    put_u64(out + 48, h->window);
     size_t o = HELLO_FIXED;
     put_u16(out + o, (uint16_t)li);
     memcpy(out + o + 2, h->instance, li);
@@ -503,6 +522,9 @@ static int hello_parse(const uint8_t *p, size_t len, struct hello *h, bool *vers
         return cairn_fail(why, whylen, CAIRN_EFORMAT, "malformed HELLO");
     h->epoch = get_u64(p + 8);
     memcpy(h->nonce, p + 16, DP_NONCE_BYTES);
+    h->window = get_u64(p + 48);
+    if (h->window < DP_MIN_WINDOW || h->window > DP_MAX_WINDOW)
+        return cairn_fail(why, whylen, CAIRN_EFORMAT, "malformed HELLO: window of %" PRIu64 " bytes", h->window);
     size_t o = HELLO_FIXED;
     size_t li = get_u16(p + o);
     if (li > DP_ID_MAX || o + 2 + li + 2 > len || !valid_id((const char *)p + o + 2, li))
@@ -643,10 +665,11 @@ static bool hello_matches(const struct hello *me, const struct hello *peer, int 
 
 /* Runs the handshake on a connected socket; fills *peer_rank. Errors say who refused. */
 static int handshake(int fd, const struct dp_config *cfg, uint16_t version, bool connector,
-                     int64_t deadline, int *peer_rank, char *err, size_t errlen)
+                     int64_t deadline, int *peer_rank, uint64_t *peer_window, char *err, size_t errlen)
 {
     const char *secret = cfg->secret && cfg->secret[0] ? cfg->secret : NULL;
-    struct hello me = {.version = version, .rank = cfg->rank, .epoch = cfg->epoch};
+    struct hello me = {.version = version, .rank = cfg->rank, .epoch = cfg->epoch,
+                       .window = cfg->recv_queue_bytes ? cfg->recv_queue_bytes : DP_QUEUE_BYTES_DEFAULT};
     randombytes_buf(me.nonce, sizeof me.nonce);
     snprintf(me.instance, sizeof me.instance, "%s", cfg->instance_id);
     snprintf(me.model, sizeof me.model, "%s", cfg->model_id);
@@ -655,6 +678,7 @@ static int handshake(int fd, const struct dp_config *cfg, uint16_t version, bool
     char why[DP_REASON_MAX + 1];
     int type = 0;
     *peer_rank = -1;
+    *peer_window = 0;
 
     int rc = hs_send(fd, DP_T_HELLO, mine, mine_len, deadline, err, errlen);
     if (!rc)
@@ -672,6 +696,7 @@ static int handshake(int fd, const struct dp_config *cfg, uint16_t version, bool
         return cairn_fail(err, errlen, CAIRN_EIO, "%s", why);
     }
     *peer_rank = peer.rank;
+    *peer_window = peer.window;
     if (!hello_matches(&me, &peer, cfg->peer_rank, why, sizeof why)) {
         hs_reject(fd, why);
         return cairn_fail(err, errlen, CAIRN_EIO, "refused: %s", why);
@@ -986,6 +1011,25 @@ static int frame_done(struct dp_conn *c, struct frame *f, const struct out *o)
         pthread_mutex_unlock(&c->mu);
         return 0;
     }
+    case DP_T_CREDIT: {
+        uint64_t v = f->len == CREDIT_PAYLOAD ? get_u64(f->payload) : 0;
+        bool ok = f->len == CREDIT_PAYLOAD;
+        frame_free(f);
+        pthread_mutex_lock(&c->mu);
+        c->st.frames_received++;
+        if (ok && v >= c->peer_consumed && v <= c->sent_data)
+            c->peer_consumed = v;
+        else
+            ok = false;
+        uint64_t sent = c->sent_data;
+        pthread_mutex_unlock(&c->mu);
+        if (!ok) {
+            snprintf(why, sizeof why, "CREDIT for %" PRIu64 " bytes of %" PRIu64 " sent", v, sent);
+            fail_protocol(c, o, why);
+            return -1;
+        }
+        return 0;
+    }
     case DP_T_ACTIVATIONS: rc = decode_act(f, why, sizeof why); break;
     case DP_T_RESULT: rc = decode_result(f, why, sizeof why); break;
     case DP_T_CONTROL: rc = decode_control(f, why, sizeof why); break;
@@ -994,6 +1038,17 @@ static int frame_done(struct dp_conn *c, struct frame *f, const struct out *o)
         snprintf(why, sizeof why, "unexpected %s after the handshake", type_name(h->type));
         rc = CAIRN_EFORMAT;
         break;
+    }
+    if (!rc && data_type(h->type)) {
+        pthread_mutex_lock(&c->mu);
+        uint64_t r = c->recv_data - c->announced, w = c->rx_cap;
+        if (r + f->wire <= w || r < w / 4)
+            c->recv_data += f->wire;
+        else
+            rc = cairn_fail(why, sizeof why, CAIRN_EFORMAT,
+                            "the peer overran the flow-control window (%" PRIu64 " + %zu bytes uncredited, window %"
+                            PRIu64 ")", r, f->wire, w);
+        pthread_mutex_unlock(&c->mu);
     }
     if (rc) {
         frame_free(f);
@@ -1020,7 +1075,7 @@ static int frame_done(struct dp_conn *c, struct frame *f, const struct out *o)
     } else if (h->type == DP_T_CONTROL)
         c->st.controls_received++;
     if (closing) {
-        frame_free(f); /* nobody reads any more */
+        frame_free(f); /* nobody reads any more; no credit is needed either */
     } else {
         if (c->rxt)
             c->rxt->next = f;
@@ -1088,21 +1143,11 @@ static int consume(struct dp_conn *c, const uint8_t *p, size_t n, const struct o
     return 0;
 }
 
-static bool rx_full(struct dp_conn *c)
-{
-    pthread_mutex_lock(&c->mu);
-    bool full = !c->closing && c->rx_bytes >= c->rx_cap;
-    pthread_mutex_unlock(&c->mu);
-    return full;
-}
-
-/* Reads what the socket has, while the receive queue has room. Returns -1 when the
+/* Reads what the socket has (the peer's flow control bounds it). Returns -1 when the
  * connection ended. */
 static int do_read(struct dp_conn *c, const struct out *o)
 {
     for (int round = 0; round < 64; round++) {
-        if (rx_full(c))
-            return 0;
         ssize_t r;
         bool direct = c->in_f && c->in_f->len - c->in_got >= RBUF_SIZE;
         if (direct)
@@ -1154,7 +1199,22 @@ static int do_read(struct dp_conn *c, const struct out *o)
     return 0;
 }
 
-/* Picks what to write next when nothing is being written. */
+/* May the head frame go now (under mu)? Tracks how long it waited for credit. */
+static bool has_credit(struct dp_conn *c, const struct frame *f, int64_t now)
+{
+    uint64_t u = c->sent_data - c->peer_consumed, w = c->peer_window;
+    bool ok = !data_type(f->type) || u + f->wire <= w || u < w / 4;
+    if (!ok && !c->stall_since)
+        c->stall_since = now;
+    if (ok && c->stall_since) {
+        c->st.credit_wait_us += (now - c->stall_since) / 1000;
+        c->stall_since = 0;
+    }
+    return ok;
+}
+
+/* Picks what to write next when nothing is being written: a heartbeat that is due,
+ * our credit, the head of the send queue when the peer's window allows, a goodbye. */
 static void next_out(struct dp_conn *c, struct out *o, uint8_t *ibuf, int64_t now, int64_t *next_hb,
                      bool *bye_queued)
 {
@@ -1172,13 +1232,21 @@ static void next_out(struct dp_conn *c, struct out *o, uint8_t *ibuf, int64_t no
         *o = (struct out){.p = ibuf, .len = DP_HDR_SIZE + HB_PAYLOAD};
         *next_hb = now + c->hb_ns;
         c->st.heartbeats_sent++;
-    } else if (c->txh) {
+    } else if (!closing && c->consumed - c->announced >= c->rx_cap / 4) {
+        put_u64(ibuf + DP_HDR_SIZE, c->consumed);
+        struct dp_hdr h = {.version = DP_WIRE_VERSION, .type = DP_T_CREDIT, .len = CREDIT_PAYLOAD};
+        dp_hdr_pack(ibuf, &h);
+        *o = (struct out){.p = ibuf, .len = DP_HDR_SIZE + CREDIT_PAYLOAD};
+        c->announced = c->consumed;
+    } else if (c->txh && has_credit(c, c->txh, now)) {
         struct frame *f = c->txh;
         c->txh = f->next;
         if (!c->txh)
             c->txt = NULL;
+        if (data_type(f->type))
+            c->sent_data += f->wire;
         *o = (struct out){.p = f->hdr, .len = DP_HDR_SIZE + f->len, .f = f};
-    } else if (closing && !*bye_queued) {
+    } else if (closing && !c->txh && !*bye_queued) {
         size_t n = pack_goodbye(ibuf, 0, c->close_reason);
         *o = (struct out){.p = ibuf, .len = n, .is_bye = true};
         *bye_queued = true;
@@ -1244,34 +1312,26 @@ static void *io_main(void *arg)
         pthread_mutex_lock(&c->mu);
         bool closing = c->closing;
         int64_t close_deadline = c->close_deadline;
-        bool paused = !closing && c->rx_bytes >= c->rx_cap;
         pthread_mutex_unlock(&c->mu);
         if (closing && now >= close_deadline) {
             conn_end(c, false, "closed: %s%s", c->close_reason, bye_sent ? "" : " (queue not flushed in time)");
             break;
         }
         int64_t last_rx = atomic_load(&c->last_rx);
-        if (paused) { /* our reader is slow, not the peer: its silence does not count */
-            atomic_store(&c->last_rx, now);
-            last_rx = now;
-        } else if (now - last_rx > c->dead_ns) {
+        if (now - last_rx > c->dead_ns) {
             conn_end(c, true, "rank %d silent for %" PRId64 " ms (dead after %" PRId64 " ms)", c->peer_rank,
                      (now - last_rx) / MS, c->dead_ns / MS);
             break;
         }
         int64_t wake_at = bye_queued ? now + 1000 * MS : next_hb;
-        if (!paused && last_rx + c->dead_ns + MS < wake_at)
+        if (last_rx + c->dead_ns + MS < wake_at)
             wake_at = last_rx + c->dead_ns + MS;
         if (closing && close_deadline < wake_at)
             wake_at = close_deadline;
         int timeout = wake_at <= now ? 0 : (int)((wake_at - now + MS - 1) / MS);
-        struct pollfd pfd[2] = {{.fd = c->wake[0], .events = POLLIN}, {.fd = c->fd, .events = 0}};
-        if (!paused)
-            pfd[1].events |= POLLIN;
+        struct pollfd pfd[2] = {{.fd = c->wake[0], .events = POLLIN}, {.fd = c->fd, .events = POLLIN}};
         if (wr == 1)
             pfd[1].events |= POLLOUT;
-        if (!pfd[1].events)
-            pfd[1].fd = -1; /* paused with nothing to write: a hang-up waits for room */
         int pr = poll(pfd, 2, timeout);
         if (pr < 0 && errno != EINTR) {
             conn_end(c, true, "poll: %s", strerror(errno));
@@ -1285,25 +1345,15 @@ static void *io_main(void *arg)
             }
         }
         if (pfd[1].revents & (POLLIN | POLLHUP | POLLERR)) {
-            if (paused) {
-                int e = 0;
-                socklen_t el = sizeof e;
-                getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &e, &el);
-                if (e) {
-                    conn_end(c, true, "socket error with rank %d: %s", c->peer_rank, strerror(e));
-                    break;
-                }
-            } else {
-                int rr = do_read(c, &o);
-                pthread_mutex_lock(&c->mu);
-                bool pushed = c->pushed;
-                c->pushed = false;
-                pthread_mutex_unlock(&c->mu);
-                if (pushed && c->notify && rr == 0)
-                    c->notify(c->notify_arg);
-                if (rr < 0)
-                    break;
-            }
+            int rr = do_read(c, &o);
+            pthread_mutex_lock(&c->mu);
+            bool pushed = c->pushed;
+            c->pushed = false;
+            pthread_mutex_unlock(&c->mu);
+            if (pushed && c->notify && rr == 0)
+                c->notify(c->notify_arg);
+            if (rr < 0)
+                break;
         }
     }
     if (o.f)
@@ -1329,6 +1379,9 @@ static int check_config(const struct dp_config *cfg, char *err, size_t errlen)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "bad rank %d / peer rank %d", cfg->rank, cfg->peer_rank);
     if (cfg->max_inflight < 0 || cfg->max_inflight > 4096)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "max_inflight %d out of 0..4096", cfg->max_inflight);
+    if (cfg->recv_queue_bytes && (cfg->recv_queue_bytes < DP_MIN_WINDOW || cfg->recv_queue_bytes > DP_MAX_WINDOW))
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "recv_queue_bytes %zu out of %zu..%zu", cfg->recv_queue_bytes,
+                          DP_MIN_WINDOW, DP_MAX_WINDOW);
     if (cfg->max_payload > DP_MAX_PAYLOAD_LIMIT)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "max_payload over %zu", DP_MAX_PAYLOAD_LIMIT);
     if (cfg->heartbeat_ms < 0 || cfg->dead_ms < 0 || cfg->user_timeout_ms < 0 || cfg->handshake_ms < 0 ||
@@ -1338,7 +1391,7 @@ static int check_config(const struct dp_config *cfg, char *err, size_t errlen)
 }
 
 static int conn_create(struct dp_conn **out, int fd, const struct dp_config *cfg, bool connector,
-                       int peer_rank, char *err, size_t errlen)
+                       int peer_rank, uint64_t peer_window, char *err, size_t errlen)
 {
     struct dp_conn *c = calloc(1, sizeof *c);
     if (!c)
@@ -1352,6 +1405,7 @@ static int conn_create(struct dp_conn **out, int fd, const struct dp_config *cfg
     c->max_payload = cfg->max_payload ? cfg->max_payload : DP_MAX_PAYLOAD_DEFAULT;
     c->tx_cap = cfg->send_queue_bytes ? cfg->send_queue_bytes : DP_QUEUE_BYTES_DEFAULT;
     c->rx_cap = cfg->recv_queue_bytes ? cfg->recv_queue_bytes : DP_QUEUE_BYTES_DEFAULT;
+    c->peer_window = peer_window;
     c->hb_ns = (cfg->heartbeat_ms ? cfg->heartbeat_ms : DP_HEARTBEAT_MS_DEFAULT) * MS;
     c->dead_ns = (cfg->dead_ms ? cfg->dead_ms : DP_DEAD_MS_DEFAULT) * MS;
     c->linger_ns = (cfg->close_linger_ms ? cfg->close_linger_ms : DP_CLOSE_LINGER_MS_DEFAULT) * MS;
@@ -1498,19 +1552,20 @@ int dp_accept(struct dp_listener *l, const struct dp_config *cfg, int timeout_ms
         addr_text(&ss, addr, sizeof addr);
     char why[DP_REASON_MAX + 64];
     int peer_rank = -1;
+    uint64_t peer_window = 0;
     rc = set_sockopts(fd, cfg->user_timeout_ms ? cfg->user_timeout_ms : DP_USER_TIMEOUT_MS_DEFAULT, why,
                       sizeof why);
     if (!rc) {
         int64_t hs_deadline = clock_ns() + (cfg->handshake_ms ? cfg->handshake_ms : DP_HANDSHAKE_MS_DEFAULT) * MS;
         rc = handshake(fd, cfg, cfg->proto_version ? cfg->proto_version : DP_PROTO_VERSION, false, hs_deadline,
-                       &peer_rank, why, sizeof why);
+                       &peer_rank, &peer_window, why, sizeof why);
     }
     if (rc) {
         close(fd);
         log_warn("dataplane rank %d: handshake with %s failed: %s", cfg->rank, addr, why);
         return cairn_fail(err, errlen, CAIRN_EIO, "handshake with %s: %s", addr, why);
     }
-    rc = conn_create(out, fd, cfg, false, peer_rank, err, errlen);
+    rc = conn_create(out, fd, cfg, false, peer_rank, peer_window, err, errlen);
     if (rc) {
         close(fd);
         return rc;
@@ -1598,19 +1653,20 @@ int dp_connect(struct dp_conn **out, const char *host, int port, const struct dp
     }
     char why[DP_REASON_MAX + 64];
     int peer_rank = -1;
+    uint64_t peer_window = 0;
     rc = set_sockopts(fd, cfg->user_timeout_ms ? cfg->user_timeout_ms : DP_USER_TIMEOUT_MS_DEFAULT, why,
                       sizeof why);
     if (!rc) {
         int64_t hs_deadline = clock_ns() + (cfg->handshake_ms ? cfg->handshake_ms : DP_HANDSHAKE_MS_DEFAULT) * MS;
         rc = handshake(fd, cfg, cfg->proto_version ? cfg->proto_version : DP_PROTO_VERSION, true, hs_deadline,
-                       &peer_rank, why, sizeof why);
+                       &peer_rank, &peer_window, why, sizeof why);
     }
     if (rc) {
         close(fd);
         log_warn("dataplane rank %d: handshake with %s:%d failed: %s", cfg->rank, host, port, why);
         return cairn_fail(err, errlen, CAIRN_EIO, "handshake with %s:%d: %s", host, port, why);
     }
-    rc = conn_create(out, fd, cfg, true, peer_rank, err, errlen);
+    rc = conn_create(out, fd, cfg, true, peer_rank, peer_window, err, errlen);
     if (rc)
         close(fd);
     return rc;
@@ -1895,14 +1951,19 @@ int dp_recv(struct dp_conn *c, struct dp_frame *f, int timeout_ms, char *err, si
     }
     c->st.recv_wait_us += (clock_ns() - t0) / 1000;
     int rc = 0;
-    bool was_full = false;
+    bool credit = false;
     if (c->rxh) {
         struct frame *q = c->rxh;
         c->rxh = q->next;
         if (!c->rxh)
             c->rxt = NULL;
-        was_full = c->rx_bytes >= c->rx_cap;
         c->rx_bytes -= q->mem;
+        if (data_type(q->type)) {
+            /* wake the I/O thread only when this take crosses the credit threshold */
+            uint64_t before = c->consumed - c->announced, q4 = c->rx_cap / 4;
+            c->consumed += q->wire;
+            credit = before < q4 && c->consumed - c->announced >= q4;
+        }
         q->next = NULL;
         c->cur = q;
         *f = q->view;
@@ -1912,7 +1973,7 @@ int dp_recv(struct dp_conn *c, struct dp_frame *f, int timeout_ms, char *err, si
     }
     pthread_mutex_unlock(&c->mu);
     frame_free(old);
-    if (was_full)
+    if (credit)
         wake_io(c);
     return rc;
 }

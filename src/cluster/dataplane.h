@@ -39,8 +39,11 @@
  *   HEARTBEAT: 0 u64 sender's clock (ns), 8 u64 the last clock value received from the
  *     peer (0 before one), 16 u64 ns since it was received. Consumed by the connection.
  *   GOODBYE: 0 i32 code, 4 u16 reason length, 6 u16 0, 8 reason bytes.
+ *   CREDIT: 0 u64 total bytes (headers included) of data frames (ACTIVATIONS, RESULT,
+ *     CONTROL) the sender's reader has taken so far. Consumed by the connection.
  *   HELLO: 0 u16 protocol version, 2 u16 0, 4 i32 rank, 8 u64 epoch, 16 nonce[32],
- *     48 u16 instance id length, id, u16 model identity length, identity.
+ *     48 u64 receive window (bytes), 56 u16 instance id length, id, u16 model identity
+ *     length, identity. Version and rank keep their offsets in every version.
  *   AUTH: 0 u8 proof length (0 or 32), proof.   OK: empty.   REJECT: reason bytes.
  * Every field is checked on receipt; a frame that fails any check (magic, version,
  * header CRC, unknown type or flag, length over max_payload, sizes that do not add up
@@ -58,16 +61,22 @@
  * connection (a runner has at most two) rather than one shared poll thread keeps each
  * connection's failure and flow control independent.
  *
- * Flow control. The send queue holds at most send_queue_bytes (a frame is admitted
- * when it fits, or when the queue is empty, so frames up to max_payload always pass);
- * at most max_inflight ACTIVATIONS frames may be outstanding: a slot is taken by
- * dp_send_activations and released when a RESULT with the same step arrives on this
- * connection (chain topology) or by dp_inflight_done (ring topology, where results
- * come back on another connection). With max_inflight = the number of stages and
- * queues that hold that many frames, no rank of the ring ever waits on a full peer,
- * so the ring cannot deadlock. The receive queue holds about recv_queue_bytes; while
- * it is full the I/O thread stops reading (TCP then pushes back on the sender) and
- * does not count the peer's silence against it.
+ * Flow control. Each side announces a receive window W (recv_queue_bytes) in its HELLO
+ * and grants credit as its reader takes frames (CREDIT, once a quarter of W has been
+ * taken). A data frame of s bytes leaves the send queue only while the bytes sent and
+ * not yet credited, U, satisfy U + s <= W or U < W/4 (so frames larger than W still
+ * pass); a peer that sends beyond that is cut off. The I/O thread therefore always
+ * reads its socket: the kernel buffers never fill behind a slow reader (which would
+ * let TCP_USER_TIMEOUT kill a healthy link), heartbeats are always heard, and the
+ * receive queue holds at most max(W, W/4 + max_payload) bytes of frames (decoded
+ * F16/BF16/Q8_0 activations take up to 4x their wire size). The send queue holds at
+ * most send_queue_bytes (a frame is admitted when it fits, or when the queue is
+ * empty, so frames up to max_payload always pass). At most max_inflight ACTIVATIONS
+ * frames may be outstanding: a slot is taken by dp_send_activations and released when
+ * a RESULT with the same step arrives on this connection (chain topology) or by
+ * dp_inflight_done (ring topology, where results come back on another connection).
+ * With max_inflight = the number of stages, no rank of the ring ever waits on a full
+ * peer for long, so the ring cannot deadlock.
  *
  * Dead peers: a socket error or EOF ends the connection at once; TCP_USER_TIMEOUT
  * (user_timeout_ms) and keepalive (1 s idle, 1 s interval, 3 probes) bound a lost link
@@ -76,7 +85,8 @@
  * Ownership: dp_connect and dp_accept return a connection the caller releases with
  * dp_close. Strings of struct dp_config are copied. Frames from dp_recv point into the
  * connection and stay valid until the next dp_recv or dp_close on it. dp_send_* may be
- * called from any thread; dp_recv from one thread at a time. */
+ * called from any thread; dp_recv from one thread at a time; dp_close when no other
+ * call on the connection is running. */
 #ifndef CAIRN_CLUSTER_DATAPLANE_H
 #define CAIRN_CLUSTER_DATAPLANE_H
 
@@ -101,6 +111,8 @@
 #define DP_MAX_PAYLOAD_DEFAULT ((size_t)128 << 20)
 #define DP_MAX_PAYLOAD_LIMIT ((size_t)1 << 31)
 #define DP_QUEUE_BYTES_DEFAULT ((size_t)32 << 20)
+#define DP_MIN_WINDOW ((size_t)64 << 10)    /* smallest receive queue (flow-control window) */
+#define DP_MAX_WINDOW ((size_t)1 << 34)
 #define DP_HEARTBEAT_MS_DEFAULT 500
 #define DP_DEAD_MS_DEFAULT 3000
 #define DP_USER_TIMEOUT_MS_DEFAULT 5000
@@ -114,6 +126,7 @@ enum dp_type {
     DP_T_REJECT = 4,
     DP_T_HEARTBEAT = 5,
     DP_T_GOODBYE = 6,
+    DP_T_CREDIT = 7,
     DP_T_ACTIVATIONS = 16,
     DP_T_RESULT = 17,
     DP_T_CONTROL = 18,
@@ -229,7 +242,7 @@ struct dp_config {
     int max_inflight;        /* ACTIVATIONS frames without a result; 0 = no count limit */
     size_t max_payload;      /* largest frame payload accepted or sent; 0 = default */
     size_t send_queue_bytes; /* 0 = default */
-    size_t recv_queue_bytes; /* 0 = default */
+    size_t recv_queue_bytes; /* our flow-control window; 0 = default, else >= DP_MIN_WINDOW */
     int heartbeat_ms;        /* 0 = default (500) */
     int dead_ms;             /* peer dead after this much silence; 0 = default (3000) */
     int user_timeout_ms;     /* TCP_USER_TIMEOUT; 0 = default (5000) */
@@ -254,6 +267,7 @@ struct dp_stats {
     int64_t send_wait_us;   /* callers waited in dp_send_* for queue room or an in-flight slot */
     int64_t recv_wait_us;   /* callers waited in dp_recv for a frame */
     int64_t queue_us;       /* data frames, summed: from queued to last byte handed to the kernel */
+    int64_t credit_wait_us; /* time a queued frame waited for the peer's window (its reader is behind) */
     uint64_t steps_done;    /* ACTIVATIONS whose slot was released by a RESULT or dp_inflight_done */
     int64_t step_rtt_us;    /* summed over steps_done: dp_send_activations to release */
     int64_t step_rtt_max_us;
@@ -282,7 +296,7 @@ int dp_accept(struct dp_listener *l, const struct dp_config *cfg, int timeout_ms
 
 /* Connects to host:port and runs the handshake, retrying a refused or unreachable
  * connection every 100 ms until timeout_ms has passed (the next rank may not listen
- * yet). Returns 0 with *out set, CAIRN_EINVAL for a bad config, or CAIRN_EIO (err
+ * yet; timeout_ms <= 0: one attempt); the handshake then has handshake_ms. Returns 0 with *out set, CAIRN_EINVAL for a bad config, or CAIRN_EIO (err
  * says why: timed out, refused by the handshake with the reason, ...). */
 int dp_connect(struct dp_conn **out, const char *host, int port, const struct dp_config *cfg,
                int timeout_ms, char *err, size_t errlen);

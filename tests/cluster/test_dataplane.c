@@ -122,13 +122,15 @@ static bool ping(struct dp_conn *a, struct dp_conn *b, uint64_t step)
 
 /* ---- a proxy that forwards one connection and can inject bytes between frames ---- */
 
+#define INJECT_MAX ((size_t)128 << 10)
+
 struct proxy {
     int lfd, port, target_port;
     int cfd, sfd; /* client side, server side */
     pthread_t th;
     atomic_bool stop, blackhole;
     pthread_mutex_t mu;
-    uint8_t inject[4096];
+    uint8_t *inject; /* INJECT_MAX bytes */
     size_t inject_len;
     bool inject_pending, close_after;
     atomic_bool injected;
@@ -244,6 +246,7 @@ static void proxy_start(struct proxy *p, int target_port)
     memset(p, 0, sizeof *p);
     p->cfd = p->sfd = -1;
     p->target_port = target_port;
+    p->inject = malloc(INJECT_MAX);
     pthread_mutex_init(&p->mu, NULL);
     p->lfd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET};
@@ -276,6 +279,7 @@ static void proxy_stop(struct proxy *p)
     if (p->sfd >= 0)
         close(p->sfd);
     pthread_mutex_destroy(&p->mu);
+    free(p->inject);
 }
 
 /* ---- headers and checksums ---- */
@@ -774,8 +778,9 @@ static void test_inflight(struct dp_listener *l)
     dp_close(b, NULL);
 }
 
-/* A receiver that does not read: the sender's queue fills and refuses, nothing is
- * lost, and neither side takes the pause for a dead peer. */
+/* A receiver that does not read for longer than TCP_USER_TIMEOUT and dead_ms: the
+ * receiver's window and then the sender's queue fill and the sender is refused; the
+ * link survives, both sides keep hearing heartbeats, and nothing is lost. */
 static void test_queue_bound(struct dp_listener *l)
 {
     struct dp_config ca, cb;
@@ -800,26 +805,32 @@ static void test_queue_bound(struct dp_listener *l)
             break;
     }
     CHECK(rc == CAIRN_EFULL && strstr(err, "send queue full"), "queue fills: rc %d '%s' after %d", rc, err, sent);
-    CHECK(sent < 200, "%d frames of 256 KiB accepted before the queue filled", sent);
+    CHECK(sent >= 4 && sent <= 12, "%d frames of 256 KiB accepted (1 MiB window + 1 MiB queue)", sent);
     struct dp_stats st;
     dp_get_stats(a, &st);
     CHECK(st.send_queued <= (1 << 20) + (300 << 10), "send queue holds %zu bytes", st.send_queued);
     /* longer than dead_ms: b is paused by its reader, a still hears b's heartbeats */
-    struct timespec ts = {3, 600000000};
+    struct timespec ts = {6, 0};
     nanosleep(&ts, NULL);
-    CHECK(dp_peer_alive(a) && dp_peer_alive(b), "both alive after 3.6 s of back-pressure: '%s' '%s'", dp_error(a),
+    CHECK(dp_peer_alive(a) && dp_peer_alive(b), "both alive after 6 s of back-pressure: '%s' '%s'", dp_error(a),
           dp_error(b));
     dp_get_stats(a, &st);
     CHECK(st.hb_rtt_us >= 0 && st.hb_rtt_us < 1000000 && st.hb_rtt_min_us >= 0 && st.hb_rtt_min_us <= st.hb_rtt_us,
           "heartbeat round trip %lld us (min %lld)", (long long)st.hb_rtt_us, (long long)st.hb_rtt_min_us);
-    CHECK(st.heartbeats_received >= 6, "%llu heartbeats in 3.6 s", (unsigned long long)st.heartbeats_received);
+    CHECK(st.heartbeats_received >= 10, "%llu heartbeats in 6 s", (unsigned long long)st.heartbeats_received);
+    CHECK(st.credit_wait_us == 0 && st.send_queued > 0, "still waiting for credit: %lld us so far, %zu queued",
+          (long long)st.credit_wait_us, st.send_queued);
     dp_get_stats(b, &st);
-    CHECK(st.recv_queued <= (1 << 20) + (600 << 10), "receive queue holds %zu bytes", st.recv_queued);
+    CHECK(st.recv_queued <= (1 << 20) + 4 * 1024, "receive queue holds %zu bytes (window 1 MiB)", st.recv_queued);
+    CHECK(st.heartbeats_received >= 10, "b heard %llu heartbeats", (unsigned long long)st.heartbeats_received);
     struct dp_frame f;
     int got = 0;
     while (got < sent && dp_recv(b, &f, 5000, err, sizeof err) == 1)
         got += f.type == DP_T_ACTIVATIONS && f.act.step == (uint64_t)got && f.act.x[0] == (float)got;
     CHECK_EQ_INT(got, sent);
+    dp_get_stats(a, &st);
+    CHECK(st.credit_wait_us >= 5000000, "a waited %lld us for credit", (long long)st.credit_wait_us);
+    CHECK(st.send_queued == 0, "send queue drained: %zu", st.send_queued);
     dp_close(a, NULL);
     dp_close(b, NULL);
     free(x);
@@ -1030,9 +1041,11 @@ static void test_garbage(struct dp_listener *l)
         {"payload crc", "checksum"},
         {"unknown type", "unknown frame type"},
         {"late hello", "unexpected HELLO"},
+        {"window overrun", "overran the flow-control window"},
+        {"bad credit", "CREDIT for"},
     };
+    uint8_t *buf = malloc(INJECT_MAX);
     for (size_t i = 0; i < sizeof post / sizeof post[0]; i++) {
-        uint8_t buf[512];
         size_t n = 0;
         bool close_after = false;
         switch (i) {
@@ -1057,12 +1070,30 @@ static void test_garbage(struct dp_listener *l)
         case 7: n = mk_frame(buf, 1, DP_T_CONTROL, DP_F_PAYLOAD_CRC, 16, 12345, act_bad, 16); break;
         case 8: n = mk_frame(buf, 1, 99, 0, 0, 0, "", 0); break;
         case 9: n = mk_frame(buf, 1, DP_T_HELLO, 0, 8, 0, "12345678", 8); break;
+        case 10: { /* five well-formed frames of 20 KiB into a 64 KiB window nobody reads */
+            const uint32_t ne = 5000;
+            size_t plen = 40 + 4 * (size_t)ne;
+            uint8_t *pl = calloc(1, plen);
+            uint32_t one = 1;
+            memcpy(pl + 8, &one, 4);
+            memcpy(pl + 12, &ne, 4);
+            for (int k = 0; k < 5; k++)
+                n += mk_frame(buf + n, 1, DP_T_ACTIVATIONS, 0, (uint32_t)plen, 0, pl, plen);
+            free(pl);
+            break;
+        }
+        case 11: { /* credit for bytes never sent */
+            uint64_t v = (uint64_t)1 << 40;
+            n = mk_frame(buf, 1, DP_T_CREDIT, 0, 8, 0, &v, 8);
+            break;
+        }
         }
         struct proxy p;
         proxy_start(&p, dp_listener_port(l));
         struct dp_config ca, cb;
         base_cfg(&ca, 0, 1);
         base_cfg(&cb, 1, 0);
+        cb.recv_queue_bytes = DP_MIN_WINDOW;
         struct dp_conn *a = NULL, *b = NULL;
         int rca, rcb;
         char ea[ERRLEN], eb[ERRLEN];
@@ -1074,10 +1105,16 @@ static void test_garbage(struct dp_listener *l)
             continue;
         }
         CHECK(ping(a, b, 1), "%s: proxied pair works", post[i].name);
+        int64_t t0 = clock_ns();
         proxy_inject(&p, buf, n, close_after);
         struct dp_frame f;
         int rc;
-        int64_t t0 = clock_ns();
+        while (!atomic_load(&p.injected) && ms_since(t0) < 2000) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+        struct timespec settle = {0, 100000000}; /* b's reader stays away while the bytes land */
+        nanosleep(&settle, NULL);
         while ((rc = dp_recv(b, &f, 5000, eb, sizeof eb)) == 1) {
         }
         CHECK(rc == CAIRN_EIO && strstr(eb, post[i].want), "%s: acceptor rc %d '%s'", post[i].name, rc, eb);
@@ -1093,6 +1130,7 @@ static void test_garbage(struct dp_listener *l)
         proxy_stop(&p);
         CHECK(ping(g1, g2, gstep++) && ping(g2, g1, gstep++), "good connection after %s", post[i].name);
     }
+    free(buf);
     CHECK(dp_peer_alive(g1) && dp_peer_alive(g2), "good connection alive");
     dp_close(g1, NULL);
     dp_close(g2, NULL);
