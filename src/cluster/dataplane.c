@@ -1039,17 +1039,6 @@ static int frame_done(struct dp_conn *c, struct frame *f, const struct out *o)
         rc = CAIRN_EFORMAT;
         break;
     }
-    if (!rc && data_type(h->type)) {
-        pthread_mutex_lock(&c->mu);
-        uint64_t r = c->recv_data - c->announced, w = c->rx_cap;
-        if (r + f->wire <= w || r < w / 4)
-            c->recv_data += f->wire;
-        else
-            rc = cairn_fail(why, sizeof why, CAIRN_EFORMAT,
-                            "the peer overran the flow-control window (%" PRIu64 " + %zu bytes uncredited, window %"
-                            PRIu64 ")", r, f->wire, w);
-        pthread_mutex_unlock(&c->mu);
-    }
     if (rc) {
         frame_free(f);
         if (rc == CAIRN_ENOMEM)
@@ -1117,6 +1106,21 @@ static int consume(struct dp_conn *c, const uint8_t *p, size_t n, const struct o
             if (dp_hdr_parse(c->in_hdr, &c->in_h, c->max_payload, why, sizeof why)) {
                 fail_protocol(c, o, why);
                 return -1;
+            }
+            if (data_type(c->in_h.type)) { /* the window is checked before anything is allocated */
+                size_t wire = DP_HDR_SIZE + (size_t)c->in_h.len;
+                pthread_mutex_lock(&c->mu);
+                uint64_t r = c->recv_data - c->announced, w = c->rx_cap;
+                bool ok = r + wire <= w || r < w / 4;
+                if (ok)
+                    c->recv_data += wire;
+                pthread_mutex_unlock(&c->mu);
+                if (!ok) {
+                    snprintf(why, sizeof why, "the peer overran the flow-control window (%" PRIu64 " + %zu bytes "
+                             "uncredited, window %" PRIu64 ")", r, wire, w);
+                    fail_protocol(c, o, why);
+                    return -1;
+                }
             }
             c->in_f = frame_new(c->in_h.len);
             if (!c->in_f) {

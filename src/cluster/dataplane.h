@@ -9,15 +9,17 @@
  * last rank to rank 0 over the ring's closing link.
  *
  * Handshake (both sides send, then check; dp_connect and dp_accept run it before they
- * return). Each side sends HELLO {protocol version, rank, epoch, nonce, instance id,
- * model identity}; each checks the peer's against its own config (protocol version,
- * instance id, epoch, model identity, and the peer's rank when peer_rank >= 0); then
- * each sends AUTH with a proof of the cluster secret: HMAC-SHA256 keyed with the
- * secret over a label, the peer's nonce and its own HELLO payload (empty without a
- * secret, which only a secret-less peer accepts); then OK. A side that finds a
- * mismatch sends REJECT with the reason and closes; both callers get a message that
- * names the field and both values ("epoch: ours 3, peer's 2"), the side that did not
- * find it prefixed "peer refused: ".
+ * return). Each side sends HELLO {protocol version, rank, epoch, nonce, receive window,
+ * instance id, model identity}; each checks the peer's against its own config:
+ * protocol version, instance id, epoch, model identity, a rank other than its own,
+ * and the rank it expects (peer_rank >= 0). Then each sends AUTH, its proof of the
+ * cluster secret: HMAC-SHA256 keyed with the secret over a label, the prover's role
+ * (connector or acceptor) and both HELLO payloads (so both nonces); without a secret
+ * the proof is empty, which only a secret-less peer accepts. Then OK. A side that
+ * finds a mismatch sends REJECT with the reason and closes; both callers get an error
+ * that names the field and both sides' values by rank ("epoch mismatch: rank 1 is at
+ * epoch 8, rank 0 at 7"), prefixed "refused by the peer: " on the side that only
+ * heard it.
  *
  * Frames: a DP_HDR_SIZE header, little-endian:
  *     0 u32 magic DP_MAGIC ("CDPF" in memory order)   8 u32 payload length
@@ -78,9 +80,10 @@
  * With max_inflight = the number of stages, no rank of the ring ever waits on a full
  * peer for long, so the ring cannot deadlock.
  *
- * Dead peers: a socket error or EOF ends the connection at once; TCP_USER_TIMEOUT
- * (user_timeout_ms) and keepalive (1 s idle, 1 s interval, 3 probes) bound a lost link
- * to about 5 s; heartbeats catch a peer whose process hangs with its socket open.
+ * Dead peers: a socket error or EOF (a process that exits or is killed) ends the
+ * connection at once; a lost link or a hung process is caught by heartbeat silence
+ * (dead_ms, 3 s), and the kernel ends it too by TCP_USER_TIMEOUT (user_timeout_ms of
+ * unacknowledged data) and keepalive (1 s idle, 1 s interval, 3 probes).
  *
  * Ownership: dp_connect and dp_accept return a connection the caller releases with
  * dp_close. Strings of struct dp_config are copied. Frames from dp_recv point into the
