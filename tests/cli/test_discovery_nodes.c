@@ -1,0 +1,599 @@
+/* End to end: real `cairn node` processes find each other by UDP beacons alone
+ * (--discovery IFACE, no --peer), inside network namespaces this test makes.
+ *
+ *   cairn-dn-PID-br   a bridge, and the bridge end of every veth pair
+ *   cairn-dn-PID-0..2 one node each (default cluster namespace), 10.213.7.1-3/24
+ *   cairn-dn-PID-3    a node with --namespace other, 10.213.7.4/24, same bridge
+ *
+ * Each node's GET /state (asked inside its network namespace) must list the three
+ * nodes and one master, the same on all three, within 60 s; the time that took is
+ * printed, not asserted. The fourth node reaches node 0 over the bridge (its API
+ * answers from there) yet never joins, nor does it hear of anyone. SIGTERM exits 0.
+ *
+ * SAFETY: nothing here beacons on the machine's real interfaces. The veth ends are
+ * created straight inside the test's namespaces; each node is started by a child that
+ * enters its namespace with setns and checks it is no longer in ours before exec, and
+ * it beacons on an interface name that exists only there. The test's own sockets are
+ * opened inside a namespace and used from here. Namespaces are deleted at the end,
+ * also on failure, and by a janitor process when the test dies any other way; nodes
+ * die with the test (PR_SET_PDEATHSIG). Without root, `ip`, or a kernel that lets us
+ * make the namespaces, the test prints "skipped" and passes. */
+#define _GNU_SOURCE /* setns, pipe2 */
+#include "testutil.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define N_NODES 4    /* three that must join, and one of another cluster namespace */
+#define N_JOIN 3
+#define N_NETNS (N_NODES + 1) /* one per node, and the bridge's */
+#define BR N_NODES            /* index of the bridge namespace in ns_names */
+#define API_PORT 52415        /* the same in every namespace: they do not share ports */
+#define CLUSTER_PORT 52416
+#define SUBNET "10.213.7."
+#define OTHER_NS "other"
+#define JOIN_LIMIT_S 60
+#define SETTLE_S 5 /* beacons keep flowing this long after the join, to show the outsider stays out */
+
+struct proc {
+    pid_t pid;
+    char id[80];
+    char addr[32];
+    char ifname[16];
+    char log[512];
+};
+
+static char dir[256];
+static char ns_names[N_NETNS][64];
+static char home_ns[64];  /* readlink of /proc/self/ns/net, e.g. "net:[4026531840]" */
+static int home_fd = -1;  /* our own network namespace, to come back to */
+static bool lost_home;    /* setns back to it failed: stop at once */
+static bool outsider_in;  /* a joining node's state named the node of another namespace */
+static struct proc nodes[N_NODES];
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Runs argv (searched in PATH); its output only when verbose. Exit status, or -1. */
+static int run(const char *const *argv, bool verbose)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        if (!verbose) {
+            int nul = open("/dev/null", O_WRONLY);
+            if (nul >= 0) {
+                dup2(nul, 1);
+                dup2(nul, 2);
+            }
+        }
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void delete_namespaces(void)
+{
+    for (int i = 0; i < N_NETNS; i++) {
+        if (!ns_names[i][0])
+            continue;
+        const char *del[] = {"ip", "netns", "del", ns_names[i], NULL};
+        run(del, false);
+    }
+}
+
+/* A process that deletes the namespaces (and the temp dir) once the test is gone,
+ * however it ends: it reads a pipe whose only writer is the test until the end of file. */
+static pid_t start_janitor(int *wfd)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC))
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(p[0]);
+        close(p[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        close(p[1]);
+        setsid();
+        signal(SIGINT, SIG_IGN);
+        signal(SIGTERM, SIG_IGN);
+        signal(SIGHUP, SIG_IGN);
+        char c;
+        ssize_t r;
+        while ((r = read(p[0], &c, 1)) != 0)
+            if (r < 0 && errno != EINTR)
+                break;
+        delete_namespaces();
+        if (!getenv("CAIRN_TEST_KEEP")) {
+            const char *rm[] = {"rm", "-rf", dir, NULL};
+            run(rm, false);
+        }
+        _exit(0);
+    }
+    close(p[0]);
+    *wfd = p[1];
+    return pid;
+}
+
+/* A socket (SOCK_STREAM) that lives in the network namespace ns_names[ns]; we come
+ * back to ours before returning. -1 on failure (lost_home set when we could not come
+ * back). */
+static int socket_in(int ns)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/run/netns/%s", ns_names[ns]);
+    int nsfd = open(path, O_RDONLY | O_CLOEXEC);
+    if (nsfd < 0)
+        return -1;
+    int fd = -1;
+    if (setns(nsfd, CLONE_NEWNET) == 0) {
+        fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (setns(home_fd, CLONE_NEWNET) != 0) {
+            fprintf(stderr, "cannot return to our network namespace: %s\n", strerror(errno));
+            lost_home = true;
+            if (fd >= 0)
+                close(fd);
+            fd = -1;
+        }
+    }
+    close(nsfd);
+    return fd;
+}
+
+/* GET path from addr:port, connecting from inside namespace ns (HTTP/1.1, Connection:
+ * close). The status (the body into out), or -1 when no answer came within 5 s. */
+static int http_get_in(int ns, const char *addr, int port, const char *path, char *out, size_t cap)
+{
+    out[0] = 0;
+    int fd = socket_in(ns);
+    if (fd < 0)
+        return -1;
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    char req[512];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", path, addr);
+    if (inet_pton(AF_INET, addr, &a.sin_addr) != 1 || connect(fd, (struct sockaddr *)&a, sizeof a) ||
+        send(fd, req, (size_t)n, MSG_NOSIGNAL) != n) {
+        close(fd);
+        return -1;
+    }
+    static char buf[1 << 20];
+    size_t len = 0;
+    for (;;) {
+        ssize_t r = recv(fd, buf + len, sizeof buf - 1 - len, 0);
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+        if (len == sizeof buf - 1)
+            break;
+    }
+    close(fd);
+    buf[len] = 0;
+    int status = -1;
+    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
+        return -1;
+    const char *body = strstr(buf, "\r\n\r\n");
+    snprintf(out, cap, "%s", body ? body + 4 : "");
+    return status;
+}
+
+/* GET /state of node i, parsed; NULL when it does not answer 200 with JSON. */
+static json_t *state_of(int i)
+{
+    static char out[1 << 20];
+    if (http_get_in(i, nodes[i].addr, API_PORT, "/state", out, sizeof out) != 200)
+        return NULL;
+    return json_loads(out, 0, NULL);
+}
+
+/* Starts node i in namespace ns_names[i], beaconing on its veth end; cluster_ns is
+ * its --namespace, or NULL. */
+static void start_node(int i, const char *cluster_ns)
+{
+    struct proc *p = &nodes[i];
+    char api[16], cl[16], data[512], models[512], nspath[128];
+    snprintf(api, sizeof api, "%d", API_PORT);
+    snprintf(cl, sizeof cl, "%d", CLUSTER_PORT);
+    snprintf(data, sizeof data, "%s/data%d", dir, i);
+    snprintf(models, sizeof models, "%s/models", dir);
+    snprintf(p->log, sizeof p->log, "%s/node%d.log", dir, i);
+    snprintf(nspath, sizeof nspath, "/run/netns/%s", ns_names[i]);
+    const char *argv[32];
+    int k = 0;
+    argv[k++] = CAIRN_BINARY;
+    argv[k++] = "node";
+    argv[k++] = "--discovery";
+    argv[k++] = p->ifname;
+    argv[k++] = "--api-host";
+    argv[k++] = p->addr;
+    argv[k++] = "--api-port";
+    argv[k++] = api;
+    argv[k++] = "--cluster-port";
+    argv[k++] = cl;
+    argv[k++] = "--data-dir";
+    argv[k++] = data;
+    argv[k++] = "--models-dir";
+    argv[k++] = models;
+    argv[k++] = "--memory-limit";
+    argv[k++] = "1G";
+    argv[k++] = "--log-file";
+    argv[k++] = "-";
+    argv[k++] = "-v";
+    if (cluster_ns) {
+        argv[k++] = "--namespace";
+        argv[k++] = cluster_ns;
+    }
+    argv[k] = NULL;
+    pid_t parent = getpid();
+    p->id[0] = 0;
+    p->pid = fork();
+    if (p->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+        if (getppid() != parent)
+            _exit(1);
+        FILE *f = fopen(p->log, "w");
+        if (f) {
+            dup2(fileno(f), 1);
+            dup2(fileno(f), 2);
+        }
+        int nsfd = open(nspath, O_RDONLY | O_CLOEXEC);
+        if (nsfd < 0 || setns(nsfd, CLONE_NEWNET) != 0) {
+            fprintf(stderr, "test: cannot enter %s: %s\n", nspath, strerror(errno));
+            _exit(126);
+        }
+        char now[64];
+        ssize_t n = readlink("/proc/self/ns/net", now, sizeof now - 1);
+        if (n <= 0 || ((now[n] = 0), !strcmp(now, home_ns))) {
+            fprintf(stderr, "test: still in the initial network namespace, not starting a node\n");
+            _exit(125);
+        }
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+}
+
+/* The end of node i's log, without the API's access lines (the test's polling). */
+static void print_log_tail(int i)
+{
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "grep -v ' info: http ' '%s' | tail -n 30 1>&2", nodes[i].log);
+    fprintf(stderr, "---- node %d log (%s) ----\n", i, nodes[i].id);
+    if (system(cmd) != 0)
+        fprintf(stderr, "(no log)\n");
+}
+
+/* What node i's /state holds: its nodes and master. */
+static void print_state(int i)
+{
+    json_t *j = state_of(i);
+    json_t *ns = json_object_get(j, "nodes");
+    const char *m = json_string_value(json_object_get(json_object_get(j, "master"), "node_id"));
+    fprintf(stderr, "node %d (%s): %s, master %s, nodes:", i, nodes[i].id, j ? "state" : "no state",
+            m ? m : "(none)");
+    const char *key;
+    json_t *v;
+    json_object_foreach(ns, key, v)
+        fprintf(stderr, " %s", key);
+    fputc('\n', stderr);
+    json_decref(j);
+}
+
+/* true when node i's log holds text. */
+static bool log_has(int i, const char *text)
+{
+    FILE *f = fopen(nodes[i].log, "r");
+    char line[4096];
+    bool found = false;
+    while (f && !found && fgets(line, sizeof line, f))
+        found = strstr(line, text) != NULL;
+    if (f)
+        fclose(f);
+    return found;
+}
+
+/* Waits up to limit_s for pid to exit; its exit status, or -1 (then it is killed). */
+static int wait_exit(pid_t pid, double limit_s)
+{
+    double t0 = now_s();
+    int st;
+    while (now_s() - t0 < limit_s) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+        if (r < 0)
+            return -1;
+        sleep_ms(50);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return -1;
+}
+
+static void kill_nodes(void)
+{
+    for (int i = 0; i < N_NODES; i++)
+        if (nodes[i].pid > 0) {
+            kill(nodes[i].pid, SIGKILL);
+            waitpid(nodes[i].pid, NULL, 0);
+            nodes[i].pid = 0;
+        }
+}
+
+/* Reads every node's /node_id (bound: 30 s for all); false when one never answers. */
+static bool read_ids(void)
+{
+    static char out[4096];
+    double t0 = now_s();
+    int have = 0;
+    while (have < N_NODES && now_s() - t0 < 30 && !lost_home) {
+        for (int i = 0; i < N_NODES; i++) {
+            if (nodes[i].id[0] || http_get_in(i, nodes[i].addr, API_PORT, "/node_id", out, sizeof out) != 200)
+                continue;
+            json_t *j = json_loads(out, 0, NULL);
+            const char *id = json_string_value(json_object_get(j, "node_id"));
+            if (id && id[0]) {
+                snprintf(nodes[i].id, sizeof nodes[i].id, "%s", id);
+                have++;
+            }
+            json_decref(j);
+        }
+        if (have < N_NODES)
+            sleep_ms(200);
+    }
+    return have == N_NODES;
+}
+
+/* true when node i's /state lists exactly the joining nodes and a master among them
+ * (its id into master); sets outsider_in when it names the outsider. */
+static bool sees_all(int i, char *master, size_t mcap)
+{
+    json_t *j = state_of(i);
+    json_t *ns = json_object_get(j, "nodes");
+    const char *m = json_string_value(json_object_get(json_object_get(j, "master"), "node_id"));
+    if (json_object_get(ns, nodes[N_JOIN].id) || (m && !strcmp(m, nodes[N_JOIN].id)))
+        outsider_in = true;
+    bool ok = json_is_object(ns) && json_object_size(ns) == N_JOIN && m;
+    for (int k = 0; ok && k < N_JOIN; k++)
+        ok = json_object_get(ns, nodes[k].id) != NULL;
+    bool master_ours = false;
+    for (int k = 0; ok && k < N_JOIN; k++)
+        master_ours |= !strcmp(m, nodes[k].id);
+    ok = ok && master_ours;
+    if (ok)
+        snprintf(master, mcap, "%s", m);
+    json_decref(j);
+    return ok;
+}
+
+/* Waits until the three joining nodes each see all three and name the same master;
+ * seconds it took, or -1 after limit_s. */
+static double wait_joined(double limit_s, char *master, size_t mcap)
+{
+    double t0 = now_s();
+    while (now_s() - t0 < limit_s && !lost_home && !outsider_in) {
+        char m[N_JOIN][80];
+        bool ok = true;
+        for (int i = 0; i < N_JOIN && ok; i++)
+            ok = sees_all(i, m[i], sizeof m[i]) && !strcmp(m[i], m[0]);
+        if (ok) {
+            snprintf(master, mcap, "%s", m[0]);
+            return now_s() - t0;
+        }
+        sleep_ms(250);
+    }
+    return -1;
+}
+
+/* The namespaces, the bridge and one veth pair per node; false (and a message saying
+ * which command failed) when the kernel or the container refuses. */
+static bool make_network(void)
+{
+    const char *br = ns_names[BR];
+    char brdev[16];
+    snprintf(brdev, sizeof brdev, "cdb%d", (int)getpid());
+    for (int i = 0; i < N_NETNS; i++) {
+        const char *add[] = {"ip", "netns", "add", ns_names[i], NULL};
+        if (run(add, true) != 0) {
+            printf("skipped: `ip netns add %s` failed (no network namespaces here)\n", ns_names[i]);
+            ns_names[i][0] = 0; /* not ours to delete */
+            for (int k = i + 1; k < N_NETNS; k++)
+                ns_names[k][0] = 0;
+            return false;
+        }
+    }
+    const char *bridge[][12] = {
+        {"ip", "-n", br, "link", "set", "lo", "up", NULL},
+        {"ip", "-n", br, "link", "add", brdev, "type", "bridge", NULL},
+        {"ip", "-n", br, "link", "set", brdev, "up", NULL},
+    };
+    for (size_t c = 0; c < sizeof bridge / sizeof bridge[0]; c++)
+        if (run(bridge[c], true) != 0) {
+            printf("skipped: `ip -n %s link ...` (the bridge) failed: the kernel refuses\n", br);
+            return false;
+        }
+    for (int i = 0; i < N_NODES; i++) {
+        const char *ns = ns_names[i];
+        char peer[16], cidr[40];
+        snprintf(peer, sizeof peer, "cdp%d%c", (int)getpid() % 1000000, 'a' + i);
+        snprintf(cidr, sizeof cidr, "%s/24", nodes[i].addr);
+        /* Both ends are made inside their namespaces, never in ours. */
+        const char *cmds[][16] = {
+            {"ip", "link", "add", nodes[i].ifname, "netns", ns, "type", "veth", "peer", "name", peer,
+             "netns", br, NULL},
+            {"ip", "-n", br, "link", "set", peer, "master", brdev, NULL},
+            {"ip", "-n", br, "link", "set", peer, "up", NULL},
+            {"ip", "-n", ns, "addr", "add", cidr, "brd", "+", "dev", nodes[i].ifname, NULL},
+            {"ip", "-n", ns, "link", "set", "lo", "up", NULL},
+            {"ip", "-n", ns, "link", "set", nodes[i].ifname, "up", NULL},
+        };
+        for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++)
+            if (run(cmds[c], true) != 0) {
+                printf("skipped: `%s %s %s %s %s` failed: the kernel refuses the test network\n", cmds[c][0],
+                       cmds[c][1], cmds[c][2], cmds[c][3], cmds[c][4]);
+                return false;
+            }
+    }
+    return true;
+}
+
+int main(void)
+{
+    if (geteuid() != 0) {
+        printf("skipped: needs root to create network namespaces\n");
+        return test_main_end();
+    }
+    const char *ver[] = {"ip", "-V", NULL};
+    if (run(ver, false) != 0) {
+        printf("skipped: no usable `ip` (iproute2)\n");
+        return test_main_end();
+    }
+    ssize_t hl = readlink("/proc/self/ns/net", home_ns, sizeof home_ns - 1);
+    home_fd = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    if (hl <= 0 || home_fd < 0) {
+        printf("skipped: cannot read /proc/self/ns/net\n");
+        return test_main_end();
+    }
+    home_ns[hl] = 0;
+    int pid = (int)getpid();
+    for (int i = 0; i < N_NETNS; i++) {
+        if (i == BR)
+            snprintf(ns_names[i], sizeof ns_names[i], "cairn-dn-%d-br", pid);
+        else
+            snprintf(ns_names[i], sizeof ns_names[i], "cairn-dn-%d-%d", pid, i);
+    }
+    for (int i = 0; i < N_NODES; i++) {
+        snprintf(nodes[i].addr, sizeof nodes[i].addr, SUBNET "%d", i + 1);
+        /* names that exist only inside the test namespaces (at most 15 bytes) */
+        snprintf(nodes[i].ifname, sizeof nodes[i].ifname, "cdn%d%c", pid % 1000000, 'a' + i);
+    }
+    snprintf(dir, sizeof dir, "/tmp/cairn-test-dn-%d", pid);
+    mkdir(dir, 0700);
+    char path[512];
+    snprintf(path, sizeof path, "%s/models", dir);
+    mkdir(path, 0700);
+
+    int wfd = -1;
+    pid_t janitor = start_janitor(&wfd);
+    if (janitor < 0) {
+        printf("skipped: cannot fork the janitor that deletes the namespaces\n");
+        return test_main_end();
+    }
+    bool net = make_network();
+    char master[80] = "";
+    static char out[1 << 16];
+    if (!net)
+        goto out;
+
+    double t0 = now_s();
+    for (int i = 0; i < N_NODES; i++)
+        start_node(i, i < N_JOIN ? NULL : OTHER_NS);
+    bool up = read_ids();
+    CHECK(up, "every node's API answers /node_id inside its namespace (bound 30 s)");
+    if (!up)
+        goto fail;
+    double joined = wait_joined(JOIN_LIMIT_S, master, sizeof master);
+    CHECK(!outsider_in, "no joining node names the outsider %s (--namespace " OTHER_NS ")", nodes[N_JOIN].id);
+    CHECK(joined >= 0, "the three nodes each list all three and the same master (bound %d s)", JOIN_LIMIT_S);
+    if (joined < 0)
+        goto fail;
+    printf("figure: three nodes see each other %.2f s after start (beacons alone)\n", now_s() - t0);
+    printf("master: %s\n", master);
+    for (int i = 0; i < N_JOIN; i++)
+        CHECK(log_has(i, "discovery: found node"), "node %d found its peers by discovery (see its log)", i);
+
+    /* The outsider shares the bridge (node 0's API answers it over it), yet stays out. */
+    int st = http_get_in(N_JOIN, nodes[0].addr, API_PORT, "/node_id", out, sizeof out);
+    CHECK(st == 200 && strstr(out, nodes[0].id), "node 0's API answers from the outsider's namespace: %d %s",
+          st, out);
+    sleep_ms(SETTLE_S * 1000);
+    CHECK(wait_joined(10, master, sizeof master) >= 0 && !outsider_in,
+          "still exactly the three nodes after %d s more, the outsider not among them", SETTLE_S);
+    for (int i = 0; i < N_JOIN; i++) {
+        json_t *j = state_of(i);
+        char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+        CHECK(text && !strstr(text, nodes[N_JOIN].id), "node %d's state never names the outsider %s", i,
+              nodes[N_JOIN].id);
+        free(text);
+        json_decref(j);
+    }
+    json_t *j3 = state_of(N_JOIN);
+    json_t *ns3 = json_object_get(j3, "nodes");
+    CHECK(json_object_size(ns3) == 1 && json_object_get(ns3, nodes[N_JOIN].id),
+          "the outsider's state holds only itself (%zu nodes)", json_object_size(ns3));
+    json_decref(j3);
+    CHECK(!log_has(N_JOIN, "discovery: found node"), "the outsider found nobody by discovery");
+
+    /* SIGTERM: clean exits. */
+    for (int i = 0; i < N_NODES; i++) {
+        kill(nodes[i].pid, SIGTERM);
+        int code = wait_exit(nodes[i].pid, 15);
+        nodes[i].pid = 0;
+        CHECK(code == 0, "node %d exits 0 on SIGTERM (got %d)", i, code);
+        if (code != 0)
+            print_log_tail(i);
+    }
+    goto out;
+
+fail:
+    for (int i = 0; i < N_NODES; i++)
+        print_state(i);
+    for (int i = 0; i < N_NODES; i++)
+        print_log_tail(i);
+out:
+    kill_nodes();
+    delete_namespaces();
+    close(wfd);
+    if (wait_exit(janitor, 30) != 0)
+        fprintf(stderr, "the janitor did not end cleanly\n");
+    for (int i = 0; i < N_NETNS; i++) {
+        if (!ns_names[i][0])
+            continue;
+        snprintf(path, sizeof path, "/run/netns/%s", ns_names[i]);
+        CHECK(access(path, F_OK) != 0, "namespace %s still there after the test", ns_names[i]);
+    }
+    CHECK(!lost_home, "the test came back to its own network namespace every time");
+    close(home_fd);
+    if (getenv("CAIRN_TEST_KEEP"))
+        printf("kept %s\n", dir);
+    else
+        run((const char *[]){"rm", "-rf", dir, NULL}, false);
+    return test_main_end();
+}
