@@ -261,16 +261,9 @@ int cli_node(int argc, char **argv)
         nc.runners = worker_runners_json;
         nc.runners_ctx = worker;
     }
-    rc = node_create(&node, &nc, err, sizeof err);
-    if (rc) {
-        fprintf(stderr, "cairn node: %s\n", err);
-        worker_release(worker);
-        return 1;
-    }
-    /* after node_create, which made the data dir */
-    if (log_file && strcmp(log_file, "-") && log_open_file(log_file))
-        fprintf(stderr, "cairn node: cannot log to %s: %s (stderr only)\n", log_file, strerror(errno));
     if (!no_api) {
+        /* Bound before the node exists, so that its beacons and reports carry the real
+         * API port (also with --api-port 0); the routes come once the node is made. */
         struct http_config hc = {
             .bind_addr = api_host,
             .port = (uint16_t)api_port,
@@ -278,9 +271,25 @@ int cli_node(int argc, char **argv)
             .cors_origins = n_cors ? cors : NULL,
             .access_log = level >= LOG_INFO, /* one line per request, off with -q */
         };
-        rc = http_server_create(&srv, &hc, err, sizeof err);
-        if (!rc)
-            rc = routes_cluster_create(&routes, srv, node, 0, err, sizeof err);
+        if (http_server_create(&srv, &hc, err, sizeof err)) {
+            fprintf(stderr, "cairn node: API: %s\n", err);
+            worker_release(worker);
+            return 1;
+        }
+        nc.api_port = http_server_port(srv);
+    }
+    rc = node_create(&node, &nc, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "cairn node: %s\n", err);
+        http_server_release(srv);
+        worker_release(worker);
+        return 1;
+    }
+    /* after node_create, which made the data dir */
+    if (log_file && strcmp(log_file, "-") && log_open_file(log_file))
+        fprintf(stderr, "cairn node: cannot log to %s: %s (stderr only)\n", log_file, strerror(errno));
+    if (srv) {
+        rc = routes_cluster_create(&routes, srv, node, 0, err, sizeof err);
         struct routes_files_config fc = {.node_id = node_id(node), .secret = secret, .card = node_card, .card_ctx = node};
         if (!rc)
             rc = routes_files_create(&files, srv, &fc, err, sizeof err);
