@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds cairn, writes a synthetic model of Llama-3.2-1B's shape (seeded random weights,
-# Llama 3's real vocabulary), generates from it and measures it. Nothing is downloaded.
+# Llama 3's real vocabulary and chat template), generates from it, measures it, then
+# serves it: a `cairn node` on loopback answers an OpenAI chat request and a streamed
+# Ollama one, and stops. Nothing is downloaded.
 #   usage: scripts/quickstart.sh [SHAPE] [TYPE]      (default: llama-1b q4_0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +14,23 @@ vocab=../shared/testdata/vocab/ggml-vocab-llama-bpe.gguf
 case "$shape" in qwen*) vocab=../shared/testdata/vocab/ggml-vocab-qwen2.gguf ;; tiny|small) vocab=../shared/testdata/vocab/ggml-vocab-llama-spm.gguf ;; esac
 model=build/models/$shape-$type.gguf
 mkdir -p build/models
-[ -f "$model" ] || ./build/cairn mkmodel --shape "$shape" --type "$type" --vocab "$vocab" -o "$model"
+tmpl=../shared/testdata/templates/meta-llama-Llama-3.2-3B-Instruct.jinja
+case "$shape" in qwen*) tmpl=../shared/testdata/templates/Qwen-Qwen2.5-7B-Instruct.jinja ;; esac
+[ -f "$model" ] || ./build/cairn mkmodel --shape "$shape" --type "$type" --vocab "$vocab" --chat-template "$tmpl" -o "$model"
 ./build/cairn generate -m "$model" -p "The cairn on the hill" -n 32 --seed 7 --temp 0.8 --top-p 0.9 -t "$(nproc)"
 ./build/cairn bench -m "$model" -p 128 -n 32 -r 2 --batch-curve 8 -t "$(nproc)"
+
+# Serving: a node of its own (loopback, discovery off, its own data dir), two requests.
+port=18435
+data=$(mktemp -d)
+./build/cairn node --api-port $port --cluster-port 0 --models-dir build/models --data-dir "$data" -t "$(nproc)" -q &
+node_pid=$!
+trap 'kill $node_pid 2>/dev/null; wait $node_pid 2>/dev/null; rm -rf "$data"' EXIT
+for _ in $(seq 1 100); do curl -sf localhost:$port/v1/models >/dev/null && break; sleep 0.2; done
+id=$(basename "$model" .gguf)
+echo "== POST /v1/chat/completions ($id, placed on demand)"
+curl -s localhost:$port/v1/chat/completions -d "{\"model\":\"$id\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":16}"
+echo
+echo "== POST /api/chat (Ollama, streamed)"
+curl -s localhost:$port/api/chat -d "{\"model\":\"$id\",\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"options\":{\"num_predict\":4}}"
+echo
