@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# Serving speed of `cairn node` against llama-server on the same GGUF file, same threads,
+# everything on 127.0.0.1, through the OpenAI /v1/completions API (streamed):
+#   1. aggregate decode tok/s at 1, 2, 4, 8 and 16 concurrent streams (128-token prompt,
+#      128 generated with ignore_eos), and the ratio to one stream;
+#   2. time to first token of a 128-token prompt against the engine's prefill of it;
+#   3. while a 2000-token prompt is prefilled: the inter-token gaps of 4 running streams
+#      (p99 against their median) and the long prompt's TTFT against its TTFT alone.
+# Both servers stay up side by side (idle, they take no CPU) and each measure runs
+# against one and then the other, REPS times, so both see the same machine load; the
+# table shows each one's best run (highest tok/s, lowest TTFT, lowest p99 ratio) and the
+# load average. On a shared machine other work distorts every figure: llama.cpp's
+# spinning thread barrier collapses when its threads lose their cores, cairn's pool
+# yields; so llama.cpp runs with OMP_WAIT_POLICY=passive (its OpenMP threads sleep at a
+# barrier instead of spinning: 2-3x faster here while other work runs), unless
+# --ref-wait default. The load generator is bench/serve_load.mjs (plain node).
+# llama.cpp comes from ../shared/tools/llama-ref.sh (built outside the project); without
+# its llama-server the comparison is skipped unless --build-ref builds it (slow).
+#   usage: bench/serve.sh [-q TYPE] [-t THREADS] [-r REPS] [--port N] [--build-ref] [--no-ref]
+#                         [--ref-wait passive|default] [--perf]
+#          (defaults: q4_0, 2 threads, 2 runs, ports 18671 and 18672)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+type=q4_0 threads=2 reps=2 port=18671 build_ref=0 no_ref=0 perf=0 ref_wait=passive
+while [ $# -gt 0 ]; do
+  case $1 in
+    -q|--type) type=$2; shift 2 ;;
+    -t|--threads) threads=$2; shift 2 ;;
+    -r|--reps) reps=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;;
+    --build-ref) build_ref=1; shift ;;
+    --no-ref) no_ref=1; shift ;;
+    --perf) perf=1; shift ;;
+    --ref-wait) ref_wait=$2; shift 2 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) echo "serve.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+for v in "$threads" "$reps" "$port"; do
+  [[ $v =~ ^[0-9]+$ ]] && [ "$v" -ge 1 ] || { echo "serve.sh: '$v' is not a positive integer" >&2; exit 2; }
+done
+case $ref_wait in
+  passive) refenv=(env OMP_WAIT_POLICY=PASSIVE) ;;
+  default) refenv=(env) ;;
+  *) echo "serve.sh: --ref-wait passive or default, not '$ref_wait'" >&2; exit 2 ;;
+esac
+command -v node >/dev/null || { echo "serve.sh: node is required for the load generator" >&2; exit 1; }
+nice=""
+nice -n -20 true 2>/dev/null && nice="nice -n -20"
+
+bd=build-bench
+cmake -S . -B $bd -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build $bd -j2 --target cairn >/dev/null
+cairn=$bd/cairn
+mdir=$bd/serve-models
+name=llama-1b-$type
+model=$mdir/$name.gguf
+mkdir -p "$mdir"
+[ -f "$model" ] || $cairn mkmodel --shape llama-1b --type "$type" \
+    --vocab ../shared/testdata/vocab/ggml-vocab-llama-bpe.gguf -o "$model" >/dev/null
+load() { timeout 600 $nice node bench/serve_load.mjs "$@"; }
+out=$bd/serve-results.jsonl
+: >"$out"
+echo "{\"mode\":\"meta\",\"model\":\"llama-1b $type ($(basename "$model"))\",\"threads\":$threads,\"reps\":$reps,\"cpus\":$(nproc),\"ref_wait\":\"$ref_wait\"}" >>"$out"
+
+# The prompts must count exactly as many tokens as asked (BOS included).
+for n in 128 2000; do
+  for salt in 0 4321 15000; do
+    got=$(node bench/serve_load.mjs prompt --tokens $n --salt $salt | $cairn tokenize -m "$model" --ids | wc -w)
+    [ "$got" = "$n" ] || { echo "serve.sh: the $n-token prompt (salt $salt) tokenizes to $got tokens" >&2; exit 1; }
+  done
+done
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+# wait_ready URL SECONDS: until a 1-token completion succeeds (the first places the model).
+wait_ready() {
+  local t=0
+  until curl -sf -m 120 "$1/v1/completions" -H 'content-type: application/json' \
+      -d "{\"model\":\"$name\",\"prompt\":\"the\",\"max_tokens\":1,\"temperature\":0}" >/dev/null 2>&1; do
+    sleep 1; t=$((t + 1))
+    [ $t -lt "$2" ] || { echo "serve.sh: $1 did not answer in $2 s" >&2; return 1; }
+  done
+}
+
+# stop PID: ends one server this script started.
+stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+
+# Engine alone: prefill of 128 and 2000 tokens, decode, and the batch-cost curve.
+echo "== engine: cairn bench" >&2
+eng=$($nice $cairn bench -m "$model" -p 128 -n 64 -t "$threads" -r 5 --batch-curve 16 --bandwidth-mib 256)
+pp=$(sed -n 's/^pp128: .*, \([0-9.]*\) s).*/\1/p' <<<"$eng")
+echo "{\"mode\":\"prefill\",\"server\":\"cairn\",\"prompt_tokens\":128,\"ms\":$(awk "BEGIN{print $pp*1000}")}" >>"$out"
+tg=$(sed -n 's/^tg64: \([0-9.]*\) tok.*/\1/p' <<<"$eng")
+curve=$(sed -n 's/^ *B= *\([0-9]*\): *[0-9.]* ms *x[0-9.]* *(\([0-9.]*\) tok\/s)/\1 \2/p' <<<"$eng" |
+       awk '$1==1 {b=$2} $1~/^(1|2|4|8|16)$/ {printf "%sB=%s %s tok/s x%.2f", sep, $1, $2, $2/b; sep=", "}')
+echo "{\"mode\":\"engine\",\"server\":\"cairn\",\"text\":\"cairn: prefill 128 tokens $(awk "BEGIN{printf \"%.1f\", $pp*1000}") ms; decode $tg tok/s; batch: $curve\"}" >>"$out"
+eng2=$($nice $cairn bench -m "$model" -p 2000 -n 0 -t "$threads" -r 1 --batch-curve 0 --bandwidth-mib 256)
+pp2=$(sed -n 's/^pp2000: .*, \([0-9.]*\) s).*/\1/p' <<<"$eng2")
+echo "{\"mode\":\"prefill\",\"server\":\"cairn\",\"prompt_tokens\":2000,\"ms\":$(awk "BEGIN{print $pp2*1000}")}" >>"$out"
+
+# llama.cpp: its engine's prefill times and its server, if built.
+ref=${LLAMA_REF_BIN:-$HOME/.cache/llama-ref/llama.cpp/build/bin}
+if [ $no_ref = 0 ] && [ ! -x "$ref/llama-server" ] && [ $build_ref = 1 ]; then
+  ref=$(bash ../shared/tools/llama-ref.sh | tail -1)
+fi
+servers=(cairn)
+if [ $no_ref = 1 ]; then
+  echo "== llama-server: skipped (--no-ref)" >&2
+elif [ ! -x "$ref/llama-server" ]; then
+  echo "== llama-server: skipped ($ref/llama-server is not built; --build-ref builds it with ../shared/tools/llama-ref.sh)" >&2
+else
+  servers+=(llama.cpp)
+  if [ -x "$ref/llama-bench" ]; then
+    echo "== engine: llama-bench" >&2
+    for n in 128 2000; do
+      ms=$($nice "${refenv[@]}" "$ref/llama-bench" -m "$model" -p $n -n 0 -t "$threads" -r $((n > 128 ? 1 : 5)) -o json 2>/dev/null |
+           node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{console.log(JSON.parse(s)[0].avg_ns/1e6)})') || ms=""
+      [ -z "$ms" ] || echo "{\"mode\":\"prefill\",\"server\":\"llama.cpp\",\"prompt_tokens\":$n,\"ms\":$ms}" >>"$out"
+    done
+  fi
+fi
+declare -A url=([cairn]=http://127.0.0.1:$port [llama.cpp]=http://127.0.0.1:$((port + 1)))
+declare -A pid=()
+
+# start SLOTS: every server with SLOTS slots (both stay up; an idle one takes no CPU), so
+# that each measure runs against one and then the other under the same machine load.
+start() {
+  local data=$bd/serve-data
+  rm -rf "$data"
+  $nice $cairn node --api-port "$port" --cluster-port 0 --models-dir "$mdir" --data-dir "$data" \
+      --discovery off -q -t "$threads" --parallel "$1" >$bd/serve-node.log 2>&1 &
+  pid[cairn]=$!
+  pids+=("$!")
+  wait_ready "${url[cairn]}" 180
+  if [ ${#servers[@]} -gt 1 ]; then
+    # ctx is divided among the slots: each gets 2304 positions (2000-token prompt + streams).
+    $nice "${refenv[@]}" "$ref/llama-server" -m "$model" -a "$name" --host 127.0.0.1 --port $((port + 1)) -t "$threads" \
+        -tb "$threads" -np "$1" -c $(($1 * 2304)) >$bd/serve-llama.log 2>&1 &
+    pid[llama.cpp]=$!
+    pids+=("$!")
+    wait_ready "${url[llama.cpp]}" 180
+  fi
+}
+stop_all() { for s in "${servers[@]}"; do stop "${pid[$s]}"; done; }
+
+# each MODE ARGS...: one run of a measure against every server in turn.
+each() {
+  for s in "${servers[@]}"; do
+    echo "== $s: $*" >&2
+    load "$@" --url "${url[$s]}" --model "$name" --server "$s" >>"$out"
+  done
+}
+loadavg() { echo "{\"mode\":\"load\",\"loadavg\":$(cut -d' ' -f1 /proc/loadavg)}" >>"$out"; }
+
+start 8
+if [ $perf = 1 ]; then
+  runner=$(pgrep -P "${pid[cairn]}" -f ' runner ' | head -1)
+  echo "== perf: cairn runner $runner and node ${pid[cairn]} during 8 streams" >&2
+  perf record -F 499 -g -o $bd/serve-runner.perf -p "$runner" -- sleep 20 2>/dev/null &
+  p1=$!
+  perf record -F 499 -g -o $bd/serve-node.perf -p "${pid[cairn]}" -- sleep 20 2>/dev/null &
+  p2=$!
+  load streams --url "${url[cairn]}" --model "$name" --server cairn-perf --n 8 --timeout-s 300 >/dev/null
+  wait $p1 $p2 || true
+  for w in runner node; do
+    echo "-- perf: where the $w's time went (self time, top symbols; 9980 samples = one core busy for the 20 s)"
+    { perf report -i $bd/serve-$w.perf --no-children --sort dso,symbol --stdio -g none 2>/dev/null |
+        grep -E '^# Samples|^ +[0-9]' | head -25; } || true
+  done
+fi
+for r in $(seq "$reps"); do
+  loadavg
+  for n in 1 2 4 8; do
+    each streams --n $n --timeout-s 300
+  done
+  each ttft --prompt-tokens 128 --reps 5 --timeout-s 120
+  each ttft --prompt-tokens 2000 --reps 1 --timeout-s 300
+  each interfere --streams 4 --long-tokens 2000 --timeout-s 400
+done
+stop_all
+start 16
+for r in $(seq "$reps"); do
+  loadavg
+  each streams --n 16 --timeout-s 400
+done
+stop_all
+
+node bench/serve_load.mjs table "$out"

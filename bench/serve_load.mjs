@@ -1,0 +1,354 @@
+// Load generator for bench/serve.sh: streams OpenAI /v1/completions requests at a server
+// (cairn node or llama-server) on 127.0.0.1 and times each SSE chunk as it arrives.
+// Plain node (>= 18), no packages. Every mode prints one JSON object on stdout.
+//
+//   node bench/serve_load.mjs prompt    --tokens N [--salt K]     the prompt text of N tokens
+//   node bench/serve_load.mjs streams   --url U --model M --n N [--prompt-tokens 128] [--gen 128]
+//   node bench/serve_load.mjs ttft      --url U --model M [--prompt-tokens 128] [--reps 5]
+//   node bench/serve_load.mjs interfere --url U --model M [--streams 4] [--long-tokens 2000]
+//   node bench/serve_load.mjs table     FILE.jsonl                  the Markdown summary
+//
+// Prompts: BOS plus words that are one token each under the llama-bpe vocabulary, so a
+// prompt of N tokens is N - 1 words; serve.sh checks the count with `cairn tokenize`,
+// and every reply's usage.prompt_tokens is checked against it. The first two words come
+// from a request counter (--salt offsets it), so no two prompts share a cached prefix
+// beyond BOS. Requests ask for temperature 0 and ignore_eos, so each generates exactly
+// max_tokens tokens; the count reported is usage.completion_tokens.
+import http from 'node:http';
+import fs from 'node:fs';
+import { performance } from 'node:perf_hooks';
+
+const WORDS = (
+  'the of and to in is that for it as was with be by on not he this are or his from at ' +
+  'which but have an they you were her she there been one all we their has would when if ' +
+  'so no will can more other into some could them than then its time only new first any ' +
+  'these may after most also made over did many before must through back years where much ' +
+  'your way well down should because each just those people how too little state good very ' +
+  'make world still own see men work long get here between both life being under never day ' +
+  'same another know while last might us great old year off come since against go came right'
+).split(' ');
+
+function die(msg) {
+  process.stderr.write(`serve_load: ${msg}\n`);
+  process.exit(1);
+}
+
+function parseArgs(argv) {
+  const o = { _: [] };
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    if (!a.startsWith('--')) { o._.push(a); continue; }
+    if (i + 1 >= argv.length) die(`${a} needs a value`);
+    o[a.slice(2)] = argv[++i];
+  }
+  return o;
+}
+
+function intArg(o, name, def, lo, hi) {
+  if (o[name] === undefined) return def;
+  const v = Number(o[name]);
+  if (!Number.isInteger(v) || v < lo || v > hi) die(`--${name} ${o[name]}: expected an integer in ${lo}..${hi}`);
+  return v;
+}
+
+// The text of a prompt of `tokens` tokens (BOS included); `k` picks its first two words.
+function promptText(tokens, k) {
+  const n = WORDS.length, words = [];
+  words.push(WORDS[k % n], WORDS[Math.floor(k / n) % n]);
+  for (let i = 2; i < tokens - 1; i++) words.push(WORDS[(i * 7 + 3) % n]);
+  return words.slice(0, tokens - 1).join(' ');
+}
+
+let counter = 0, salt = 0, deadline = Infinity;
+
+function pct(sorted, p) {
+  if (!sorted.length) return NaN;
+  const i = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1));
+  return sorted[i];
+}
+const sortNum = (a) => [...a].sort((x, y) => x - y);
+const median = (a) => {
+  const s = sortNum(a), n = s.length;
+  return n === 0 ? NaN : n % 2 ? s[(n - 1) / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+};
+const round = (x, d = 2) => (Number.isFinite(x) ? Number(x.toFixed(d)) : null);
+
+// One streamed completion. Resolves with times (ms, performance.now()) of sending, of
+// every chunk that carries a choice, the end, and the usage the server reported.
+// onChunk(req) runs after each chunk; req.abort() ends it early (outcome 'aborted').
+function streamCompletion(cfg, tokens, maxTokens, onChunk) {
+  const prompt = promptText(tokens, salt + counter++);
+  const body = JSON.stringify({
+    model: cfg.model, prompt, max_tokens: maxTokens, temperature: 0, ignore_eos: true,
+    stream: true, stream_options: { include_usage: true },
+  });
+  const u = new URL('/v1/completions', cfg.url);
+  return new Promise((resolve) => {
+    const r = {
+      sent: performance.now(), chunks: [], usage: null, status: 0, error: null, outcome: 'ok',
+      promptTokens: tokens, abort: null, done: false,
+    };
+    let buf = '';
+    const finish = (outcome, error) => {
+      if (r.done) return;
+      r.done = true;
+      r.end = performance.now();
+      if (outcome) r.outcome = outcome;
+      if (error) r.error = error;
+      clearTimeout(timer);
+      resolve(r);
+    };
+    const req = http.request({
+      host: u.hostname, port: u.port, path: u.pathname, method: 'POST', agent: false,
+      headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) },
+    });
+    const timer = setTimeout(() => { req.destroy(); finish('timeout', 'timed out'); },
+                             Math.max(1, deadline - performance.now()));
+    r.abort = () => { req.destroy(); finish('aborted'); };
+    req.on('error', (e) => finish('error', e.message));
+    req.on('response', (res) => {
+      r.status = res.statusCode;
+      res.setEncoding('utf8');
+      if (res.statusCode !== 200) {
+        let t = '';
+        res.on('data', (d) => { t += d; });
+        res.on('end', () => finish('error', `HTTP ${res.statusCode}: ${t.slice(0, 300)}`));
+        return;
+      }
+      res.on('data', (d) => {
+        const now = performance.now();
+        buf += d;
+        let i;
+        while ((i = buf.indexOf('\n\n')) >= 0) {
+          const ev = buf.slice(0, i);
+          buf = buf.slice(i + 2);
+          for (const line of ev.split('\n')) {
+            if (!line.startsWith('data:')) continue;
+            const data = line.slice(5).trim();
+            if (data === '[DONE]') continue;
+            let j;
+            try { j = JSON.parse(data); } catch { continue; }
+            if (j.usage) r.usage = j.usage;
+            if (Array.isArray(j.choices) && j.choices.length) {
+              r.chunks.push(now);
+              if (onChunk && !r.done) onChunk(r);
+            }
+          }
+        }
+      });
+      res.on('end', () => finish());
+      res.on('error', (e) => finish('error', e.message));
+    });
+    req.end(body);
+  });
+}
+
+function generated(r) {
+  return r.usage && Number.isInteger(r.usage.completion_tokens) ? r.usage.completion_tokens : r.chunks.length;
+}
+
+// Problems worth a line in the table: failures and prompts that did not count as asked.
+function checkReplies(rs, wantGen) {
+  const notes = [];
+  for (const r of rs) {
+    if (r.outcome !== 'ok' && r.outcome !== 'aborted') notes.push(`${r.outcome}: ${r.error}`);
+    if (r.usage && r.usage.prompt_tokens !== undefined && r.usage.prompt_tokens !== r.promptTokens)
+      notes.push(`prompt counted ${r.usage.prompt_tokens} tokens, not ${r.promptTokens}`);
+    if (wantGen && r.outcome === 'ok' && generated(r) !== wantGen)
+      notes.push(`generated ${generated(r)} tokens, not ${wantGen}`);
+  }
+  return [...new Set(notes)];
+}
+
+function cached(rs) {
+  let m = 0;
+  for (const r of rs) {
+    const c = r.usage && r.usage.prompt_tokens_details ? r.usage.prompt_tokens_details.cached_tokens : 0;
+    if (c > m) m = c;
+  }
+  return m;
+}
+
+// N streams at once. decode_tps: each stream's tokens after its first over the time
+// between its first and last chunk, summed (the rate while all N decode);
+// e2e_tps: every generated token over the wall time from the first send to the last end.
+async function modeStreams(o, cfg) {
+  const n = intArg(o, 'n', 1, 1, 256), pt = intArg(o, 'prompt-tokens', 128, 2, 8192);
+  const gen = intArg(o, 'gen', 128, 2, 8192);
+  const t0 = performance.now();
+  const rs = await Promise.all(Array.from({ length: n }, () => streamCompletion(cfg, pt, gen)));
+  const t1 = performance.now();
+  let decode = 0, total = 0;
+  const ttft = [];
+  for (const r of rs) {
+    const g = generated(r);
+    total += g;
+    if (r.chunks.length >= 2) decode += (g - 1) / ((r.chunks[r.chunks.length - 1] - r.chunks[0]) / 1e3);
+    if (r.chunks.length) ttft.push(r.chunks[0] - r.sent);
+  }
+  return {
+    mode: 'streams', n, prompt_tokens: pt, gen, tokens: total, decode_tps: round(decode),
+    e2e_tps: round(total / ((t1 - t0) / 1e3)), ttft_ms_median: round(median(ttft), 1),
+    ttft_ms_max: round(Math.max(...ttft), 1), cached_max: cached(rs), notes: checkReplies(rs, gen),
+  };
+}
+
+// TTFT of one streamed request at a time (max_tokens 1): send to first chunk.
+async function modeTtft(o, cfg) {
+  const pt = intArg(o, 'prompt-tokens', 128, 2, 8192), reps = intArg(o, 'reps', 5, 1, 100);
+  const t = [], rs = [];
+  for (let i = 0; i < reps; i++) {
+    const r = await streamCompletion(cfg, pt, 1);
+    rs.push(r);
+    if (r.chunks.length) t.push(r.chunks[0] - r.sent);
+  }
+  const s = sortNum(t);
+  return {
+    mode: 'ttft', prompt_tokens: pt, reps, ttft_ms_min: round(s[0], 2), ttft_ms_median: round(median(s), 2),
+    cached_max: cached(rs), notes: checkReplies(rs, 1),
+  };
+}
+
+// `streams` streams decode; once each has `warm` chunks a long prompt arrives. The
+// streams stop `after` chunks past the long prompt's first token. Gaps between chunks
+// of the streams: median over every gap; p99 over every gap; and the gaps that overlap
+// the long prompt's prefill (from its send to its first chunk): p99 and max.
+async function modeInterfere(o, cfg) {
+  const ns = intArg(o, 'streams', 4, 1, 64), pt = intArg(o, 'prompt-tokens', 128, 2, 8192);
+  const lt = intArg(o, 'long-tokens', 2000, 2, 16384), warm = intArg(o, 'warm', 24, 2, 1000);
+  const after = intArg(o, 'after', 24, 1, 1000), maxGen = intArg(o, 'max-gen', 1024, 8, 16384);
+  let long = null, longFirst = null, stopAt = Infinity;
+  const streams = [];
+  const launchLong = () => {
+    long = streamCompletion(cfg, lt, 4, (lr) => {
+      if (longFirst === null) {
+        longFirst = lr.chunks[0];
+        stopAt = Math.max(...streams.map((s) => s.r ? s.r.chunks.length : 0)) + after;
+      }
+    });
+  };
+  const ps = [];
+  for (let i = 0; i < ns; i++) {
+    const s = { r: null };
+    streams.push(s);
+    ps.push(streamCompletion(cfg, pt, maxGen, (r) => {
+      s.r = r;
+      if (long === null && streams.every((x) => x.r && x.r.chunks.length >= warm)) launchLong();
+      if (r.chunks.length >= stopAt) r.abort();
+    }));
+  }
+  const rs = await Promise.all(ps);
+  if (long === null) die('the streams ended before every one reached --warm chunks');
+  const lr = await long;
+  const longSent = lr.sent, longEnd = lr.chunks.length ? lr.chunks[0] : lr.end;
+  const all = [], during = [];
+  for (const r of rs) {
+    for (let i = 1; i < r.chunks.length; i++) {
+      const a = r.chunks[i - 1], b = r.chunks[i];
+      all.push(b - a);
+      if (b > longSent && a < longEnd) during.push(b - a);
+    }
+  }
+  const sa = sortNum(all), sd = sortNum(during), med = median(sa);
+  return {
+    mode: 'interfere', streams: ns, long_tokens: lt, itl_ms_median: round(med), itl_ms_p99: round(pct(sa, 99)),
+    during_n: sd.length, during_ms_p99: round(pct(sd, 99)), during_ms_max: round(sd[sd.length - 1]),
+    p99_ratio: round(pct(sd, 99) / med), long_ttft_ms: round(lr.chunks.length ? lr.chunks[0] - lr.sent : NaN, 1),
+    cached_max: cached([...rs, lr]),
+    notes: checkReplies([...rs, lr], 0).concat(lr.chunks.length ? [] : ['the long prompt gave no token']),
+  };
+}
+
+// ---------- the Markdown summary of serve.sh's results ----------
+
+function modeTable(o) {
+  const file = o._[1];
+  if (!file) die('table needs the results file');
+  const rows = fs.readFileSync(file, 'utf8').split('\n').filter((l) => l.trim()).map((l) => JSON.parse(l));
+  const servers = [...new Set(rows.map((r) => r.server))];
+  const get = (server, f) => rows.filter((r) => r.server === server && f(r));
+  const best = (xs, key, max = true) =>
+    xs.filter((x) => Number.isFinite(x[key])).sort((a, b) => (max ? b[key] - a[key] : a[key] - b[key]))[0];
+  const out = [];
+  const meta = rows.find((r) => r.mode === 'meta');
+  const loads = rows.filter((r) => r.mode === 'load').map((r) => r.loadavg);
+  if (meta) out.push(`${meta.model}, ${meta.threads} threads, ${meta.reps} runs of each measure (best shown)` +
+                     (loads.length ? `; 1-minute load average ${Math.min(...loads)} to ${Math.max(...loads)} ` +
+                      `on ${meta.cpus} CPUs as the runs began` : '') +
+                     (meta.ref_wait ? `; llama.cpp's OMP_WAIT_POLICY: ${meta.ref_wait}` : '') + '\n');
+  out.push('Aggregate decode tokens/s (each stream: 128-token prompt, 128 generated; ratio to 1 stream; end-to-end tok/s in brackets)\n');
+  const levels = [...new Set(rows.filter((r) => r.mode === 'streams').map((r) => r.n))].sort((a, b) => a - b);
+  out.push(`| server | ${levels.map((n) => `${n} stream${n > 1 ? 's' : ''}`).join(' | ')} |`);
+  out.push(`|---|${levels.map(() => '---:').join('|')}|`);
+  for (const s of servers) {
+    const base = best(get(s, (r) => r.mode === 'streams' && r.n === 1), 'decode_tps');
+    const cells = levels.map((n) => {
+      const b = best(get(s, (r) => r.mode === 'streams' && r.n === n), 'decode_tps');
+      if (!b) return '-';
+      const ratio = base ? ` x${(b.decode_tps / base.decode_tps).toFixed(2)}` : '';
+      return `${b.decode_tps.toFixed(1)}${ratio} (${b.e2e_tps.toFixed(1)})`;
+    });
+    if (cells.some((c) => c !== '-')) out.push(`| ${s} | ${cells.join(' | ')} |`);
+  }
+  const eng = rows.filter((r) => r.mode === 'engine');
+  if (eng.length) {
+    out.push('');
+    out.push('Engine alone (`cairn bench`): prefill ms, decode tok/s, and one forward over B sequences (tok/s, ratio to B = 1)\n');
+    for (const e of eng) out.push(`- ${e.text}`);
+  }
+  out.push('');
+  out.push('Latency\n');
+  out.push('| server | TTFT 128-token prompt (min / median ms) | engine prefill 128 (ms) | TTFT - prefill (ms) | ' +
+           'ITL median / p99 (ms), 4 streams | ITL p99 / max during 2000-token prefill (ms) | p99 ratio | ' +
+           '2000-token TTFT under load / alone (ms) | ratio |');
+  out.push('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
+  for (const s of servers) {
+    const t = best(get(s, (r) => r.mode === 'ttft' && r.prompt_tokens === 128), 'ttft_ms_min', false);
+    const alone = best(get(s, (r) => r.mode === 'ttft' && r.prompt_tokens !== 128), 'ttft_ms_min', false);
+    const pf = get(s, (r) => r.mode === 'prefill' && r.prompt_tokens === 128)[0];
+    const it = best(get(s, (r) => r.mode === 'interfere'), 'p99_ratio', false);
+    if (!t && !it) continue;
+    const c = [];
+    c.push(t ? `${t.ttft_ms_min.toFixed(1)} / ${t.ttft_ms_median.toFixed(1)}` : '-');
+    c.push(pf ? pf.ms.toFixed(1) : '-');
+    c.push(t && pf ? (t.ttft_ms_min - pf.ms).toFixed(1) : '-');
+    c.push(it ? `${it.itl_ms_median.toFixed(1)} / ${it.itl_ms_p99.toFixed(1)}` : '-');
+    c.push(it ? `${it.during_ms_p99.toFixed(1)} / ${it.during_ms_max.toFixed(1)} (${it.during_n} gaps)` : '-');
+    c.push(it ? `x${it.p99_ratio.toFixed(2)}` : '-');
+    c.push(it && alone ? `${it.long_ttft_ms.toFixed(0)} / ${alone.ttft_ms_min.toFixed(0)}` : '-');
+    c.push(it && alone ? `x${(it.long_ttft_ms / alone.ttft_ms_min).toFixed(2)}` : '-');
+    out.push(`| ${s} | ${c.join(' | ')} |`);
+  }
+  const pf2 = rows.filter((r) => r.mode === 'prefill' && r.prompt_tokens !== 128);
+  for (const p of pf2) out.push(`\n${p.server}: engine prefill of ${p.prompt_tokens} tokens alone: ${p.ms.toFixed(0)} ms`);
+  const notes = rows.filter((r) => r.notes && r.notes.length);
+  if (notes.length) {
+    out.push('\nNotes:');
+    for (const r of notes) out.push(`- ${r.server} ${r.mode}${r.n ? ` n=${r.n}` : ''}: ${r.notes.join('; ')}`);
+  }
+  return out.join('\n');
+}
+
+async function main() {
+  const o = parseArgs(process.argv.slice(2));
+  const mode = o._[0];
+  if (mode === 'prompt') {
+    process.stdout.write(promptText(intArg(o, 'tokens', 128, 2, 16384), intArg(o, 'salt', 0, 0, 1e9)));
+    return;
+  }
+  if (mode === 'table') {
+    process.stdout.write(modeTable(o) + '\n');
+    return;
+  }
+  const cfg = { url: o.url, model: o.model };
+  if (!cfg.url || !cfg.model) die('--url and --model are required');
+  salt = intArg(o, 'salt', Math.floor(Math.random() * 1e6), 0, 1e9);
+  deadline = performance.now() + intArg(o, 'timeout-s', 300, 1, 3600) * 1e3;
+  const modes = { streams: modeStreams, ttft: modeTtft, interfere: modeInterfere };
+  if (!modes[mode]) die(`unknown mode '${mode}' (prompt, streams, ttft, interfere, table)`);
+  const res = await modes[mode](o, cfg);
+  if (o.server) res.server = o.server;
+  process.stdout.write(JSON.stringify(res) + '\n');
+}
+
+main().catch((e) => die(e.stack || String(e)));
