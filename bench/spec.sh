@@ -227,8 +227,9 @@ echo
 echo "alpha = accepted / (accepted + rejections); c = one draft step, v = verifying k+1 tokens, both"
 echo "in target decode steps; predicted = ((1 - alpha^(k+1)) / (1 - alpha)) / (k c + v); efficiency ="
 echo "measured / predicted. llama.cpp: its own prompt, so its acceptance differs; speed-up against"
-echo "llama-bench tg$nllama on the same file just before and after (unsteady: those two differ by over 25%). Prompt lookup drafts only where an n-gram matches, so its"
-echo "predicted figure (drafts at every step) is an upper bound."
+echo "llama-bench tg$nllama on the same file just before and after (unsteady: those two differ by"
+echo "over 25%, the machine's load changed). Prompt lookup drafts only where an n-gram matches, so"
+echo "its predicted figure (drafts at every step) is an upper bound."
 echo
 echo "Draft cost split: c = shared + L x per-layer, a least-squares line through the mean c of each"
 echo "draft size L (over every F and k; the targets of one type cost the same per step):"
