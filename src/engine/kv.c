@@ -30,6 +30,8 @@ struct kv_cache {
     struct kv_seq *seqs; /* [max_seqs] */
     int32_t *tables;     /* mapping of max_seqs * n_blocks entries */
     size_t tables_bytes;
+    void (*observer)(void *arg, const struct kv_op *op); /* NULL: none */
+    void *observer_arg;
 };
 
 /* Sizes of a config, or an error message when it is invalid or overflows. */
@@ -184,6 +186,20 @@ static struct kv_seq *seq_of(const struct kv_cache *kv, int seq)
     return &kv->seqs[seq];
 }
 
+static void notify(struct kv_cache *kv, enum kv_op_kind kind, int seq, int seq2, int64_t pos, int64_t n)
+{
+    if (kv->observer) {
+        struct kv_op op = {.kind = kind, .seq = seq, .seq2 = seq2, .pos = pos, .n = n};
+        kv->observer(kv->observer_arg, &op);
+    }
+}
+
+void kv_set_observer(struct kv_cache *kv, void (*fn)(void *arg, const struct kv_op *op), void *arg)
+{
+    kv->observer = fn;
+    kv->observer_arg = fn ? arg : NULL;
+}
+
 static int64_t blocks_for(int64_t len, int bt) { return len / bt + (len % bt != 0); }
 
 static void block_unref(struct kv_cache *kv, int32_t b)
@@ -241,6 +257,7 @@ int kv_prepare(struct kv_cache *kv, int seq, int64_t pos, int64_t n)
     while (s->n_blocks < want)
         s->table[s->n_blocks++] = block_take(kv);
     s->len = pos + n;
+    notify(kv, KV_OP_PREPARE, seq, 0, pos, n);
     return 0;
 }
 
@@ -284,6 +301,7 @@ void kv_truncate(struct kv_cache *kv, int seq, int64_t pos)
     if (!s || pos < 0 || pos >= s->len)
         return;
     seq_drop(kv, s, blocks_for(pos, kv->cfg.block_tokens), pos);
+    notify(kv, KV_OP_TRUNCATE, seq, 0, pos, 0);
 }
 
 void kv_seq_clear(struct kv_cache *kv, int seq) { kv_truncate(kv, seq, 0); }
@@ -301,6 +319,7 @@ int kv_fork(struct kv_cache *kv, int src, int dst)
     }
     d->n_blocks = s->n_blocks;
     d->len = s->len;
+    notify(kv, KV_OP_FORK, src, dst, 0, 0);
     return 0;
 }
 

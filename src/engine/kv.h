@@ -75,6 +75,21 @@ void kv_seq_clear(struct kv_cache *kv, int seq);
  * CAIRN_EINVAL for ids out of range or src == dst, CAIRN_ESTATE when dst is not empty. */
 int kv_fork(struct kv_cache *kv, int src, int dst);
 
+/* One change to a sequence, as an observer sees it (to mirror a cache elsewhere). */
+enum kv_op_kind { KV_OP_PREPARE = 1, KV_OP_TRUNCATE, KV_OP_FORK };
+struct kv_op {
+    enum kv_op_kind kind;
+    int seq, seq2; /* FORK: seq = src, seq2 = dst */
+    int64_t pos, n; /* PREPARE: pos, n; TRUNCATE: pos (0 for kv_seq_clear) */
+};
+
+/* Sets the one observer of the cache's sequence operations, called synchronously after
+ * each successful kv_prepare (seq, pos, n), kv_truncate / kv_seq_clear (seq, pos) that
+ * changed something, and successful kv_fork (seq = src, seq2 = dst); NULL fn removes
+ * it. Replaying the ops in order on an empty cache of the same config reproduces every
+ * block table exactly. fn must not call back into the cache. */
+void kv_set_observer(struct kv_cache *kv, void (*fn)(void *arg, const struct kv_op *op), void *arg);
+
 /* Blocks held by no sequence. */
 int64_t kv_free_blocks(const struct kv_cache *kv);
 /* Reference count of a block (for tests); CAIRN_EINVAL for a block out of range. */

@@ -499,6 +499,146 @@ static void test_random(int type, uint64_t seed, int steps)
     kv_release(kv);
 }
 
+/* ---- observer: a second cache replaying the recorded ops stays identical ---- */
+
+struct oplog {
+    struct kv_op ops[64];
+    int n, dropped;
+};
+
+static void record_op(void *arg, const struct kv_op *op)
+{
+    struct oplog *l = arg;
+    if (l->n < (int)(sizeof l->ops / sizeof l->ops[0]))
+        l->ops[l->n++] = *op;
+    else
+        l->dropped++;
+}
+
+static int replay(struct kv_cache *kv, const struct kv_op *op)
+{
+    switch (op->kind) {
+    case KV_OP_PREPARE: return kv_prepare(kv, op->seq, op->pos, op->n);
+    case KV_OP_TRUNCATE: kv_truncate(kv, op->seq, op->pos); return 0;
+    case KV_OP_FORK: return kv_fork(kv, op->seq, op->seq2);
+    }
+    return -1;
+}
+
+/* Block tables, lengths, refs and free count of a and b are equal; prints the first difference. */
+static bool same_caches(struct kv_cache *a, struct kv_cache *b, int step)
+{
+    const struct kv_config *c = kv_config(a);
+    for (int s = 0; s < c->max_seqs; s++) {
+        int64_t na, nb;
+        const int32_t *ta = kv_seq_blocks(a, s, &na), *tb = kv_seq_blocks(b, s, &nb);
+        if (kv_seq_len(a, s) != kv_seq_len(b, s) || na != nb || memcmp(ta, tb, (size_t)na * sizeof *ta)) {
+            fprintf(stderr, "step %d seq %d: len %lld/%lld, %lld/%lld blocks, tables %s\n", step, s,
+                    (long long)kv_seq_len(a, s), (long long)kv_seq_len(b, s), (long long)na, (long long)nb,
+                    na == nb && !memcmp(ta, tb, (size_t)na * sizeof *ta) ? "equal" : "differ");
+            return false;
+        }
+    }
+    for (int32_t blk = 0; blk < c->n_blocks; blk++)
+        if (kv_block_refs(a, blk) != kv_block_refs(b, blk)) {
+            fprintf(stderr, "step %d block %d: refs %d/%d\n", step, blk, kv_block_refs(a, blk),
+                    kv_block_refs(b, blk));
+            return false;
+        }
+    if (kv_free_blocks(a) != kv_free_blocks(b)) {
+        fprintf(stderr, "step %d: free %lld/%lld\n", step, (long long)kv_free_blocks(a),
+                (long long)kv_free_blocks(b));
+        return false;
+    }
+    return true;
+}
+
+static void test_observer(uint64_t seed, int steps)
+{
+    enum { S = 5, BT = 4, NB = 14 };
+    struct kv_cache *a = make(1, 4, BT, NB, S, DT_F32), *b = make(1, 4, BT, NB, S, DT_F32);
+    if (!a || !b) {
+        kv_release(a);
+        kv_release(b);
+        return;
+    }
+    static struct oplog log;
+    memset(&log, 0, sizeof log);
+    kv_set_observer(a, record_op, &log);
+    uint64_t rng = seed;
+    int bad = 0, cows = 0, fulls = 0, noops = 0, recorded = 0, kinds[4] = {0};
+    for (int step = 0; step < steps && !bad; step++) {
+        int s = (int)(test_rand_u64(&rng) % S), op = (int)(test_rand_u64(&rng) % 10);
+        int64_t len = kv_seq_len(a, s);
+        int before = log.n;
+        if (op < 5) {
+            int64_t pos = test_rand_u64(&rng) % 2 ? len : (int64_t)(test_rand_u64(&rng) % (uint64_t)(len + 1));
+            int64_t n = (int64_t)(test_rand_u64(&rng) % 9), nb;
+            const int32_t *t = kv_seq_blocks(a, s, &nb);
+            bool shared = n > 0 && pos % BT && kv_block_refs(a, t[pos / BT]) > 1;
+            int rc = kv_prepare(a, s, pos, n);
+            fulls += rc == CAIRN_EFULL;
+            cows += rc == 0 && shared;
+            if ((rc == 0) != (log.n == before + 1)) {
+                fprintf(stderr, "step %d: prepare returned %d and recorded %d ops\n", step, rc, log.n - before);
+                bad++;
+            }
+        } else if (op < 7) {
+            int64_t pos = op == 6 ? 0 : (int64_t)(test_rand_u64(&rng) % (uint64_t)(len + 2));
+            if (op == 6)
+                kv_seq_clear(a, s);
+            else
+                kv_truncate(a, s, pos);
+            bool changed = pos < len;
+            noops += !changed;
+            if (log.n != before + changed) {
+                fprintf(stderr, "step %d: truncate(%d, %lld) of len %lld recorded %d ops\n", step, s, (long long)pos,
+                        (long long)len, log.n - before);
+                bad++;
+            }
+        } else {
+            int d = (int)(test_rand_u64(&rng) % S);
+            if (test_rand_u64(&rng) % 2)
+                kv_seq_clear(a, d); /* so that most forks succeed */
+            before = log.n;
+            int rc = kv_fork(a, s, d);
+            if ((rc == 0) != (log.n == before + 1)) {
+                fprintf(stderr, "step %d: fork returned %d and recorded %d ops\n", step, rc, log.n - before);
+                bad++;
+            }
+        }
+        /* Replay in batches of a few steps, as a pipeline sends them once per forward. */
+        if (test_rand_u64(&rng) % 4 == 0 || step == steps - 1) {
+            for (int i = 0; i < log.n; i++) {
+                kinds[log.ops[i].kind]++;
+                int rc = replay(b, &log.ops[i]);
+                if (rc) {
+                    fprintf(stderr, "step %d: replaying op %d (kind %d) failed: %d\n", step, i, log.ops[i].kind, rc);
+                    bad++;
+                }
+            }
+            recorded += log.n;
+            log.n = 0;
+            if (!same_caches(a, b, step))
+                bad++;
+        }
+    }
+    CHECK(bad == 0 && log.dropped == 0, "observer replay (seed %llu): %d mismatches, %d ops dropped",
+          (unsigned long long)seed, bad, log.dropped);
+    CHECK(cows > 10 && fulls > 10 && noops > 10 && kinds[KV_OP_FORK] > 10 && kinds[KV_OP_TRUNCATE] > 10,
+          "coverage: %d copies on write, %d EFULL, %d no-op truncates, %d forks, %d truncates", cows, fulls, noops,
+          kinds[KV_OP_FORK], kinds[KV_OP_TRUNCATE]);
+    printf("observer seed %llu: %d ops replayed, %d copies on write, %d EFULL\n", (unsigned long long)seed, recorded,
+           cows, fulls);
+    /* Removed, it sees nothing more. */
+    kv_set_observer(a, NULL, &log);
+    CHECK_EQ_INT(kv_prepare(a, 0, 0, 1), 0);
+    kv_seq_clear(a, 0);
+    CHECK_EQ_INT(log.n, 0);
+    kv_release(a);
+    kv_release(b);
+}
+
 int main(void)
 {
     test_config();
@@ -509,5 +649,7 @@ int main(void)
     test_random(DT_F16, 1, 20000);
     test_random(DT_F32, 2, 20000);
     test_random(DT_F16, 3, 20000);
+    test_observer(4, 5000);
+    test_observer(5, 5000);
     return test_main_end();
 }
