@@ -1224,8 +1224,9 @@ int sched_step(struct sched *s, char *err, size_t errlen)
         return 1; /* everything was preempted or finished while making room */
     run_drafts(s);
     struct batch b = {.n = s->n_tokens, .token = s->b_token, .seq = s->b_seq, .pos = s->b_pos, .logits = s->b_logits};
-    char msg[256];
-    int rc = engine_forward(s->e, s->kv, &b, s->logits, msg, sizeof msg);
+    char msg[512];
+    int rc = s->cfg.forward ? s->cfg.forward(s->cfg.forward_ctx, s->kv, &b, s->logits, msg, sizeof msg)
+                            : engine_forward(s->e, s->kv, &b, s->logits, msg, sizeof msg);
     if (rc) {
         fail_all(s, msg);
         return cairn_fail(err, errlen, rc, "%s", msg);
@@ -1387,9 +1388,10 @@ static int check_config(const struct engine *e, const struct kv_cache *kv, const
                         size_t errlen)
 {
     const struct model *m = engine_model(e);
-    if (!m->first || !m->last)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "the scheduler needs a whole model (layers [%d, %d) of %d)",
-                          m->layer_begin, m->layer_end, m->hp.n_layers);
+    if (!m->first || (!m->last && !c->forward))
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "the scheduler needs %s (layers [%d, %d) of %d)",
+                          c->forward ? "the first slice" : "a whole model", m->layer_begin, m->layer_end,
+                          m->hp.n_layers);
     if (c->slots < 1 || c->slots > SCHED_MAX_SLOTS)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "slots %d outside 1..%d", c->slots, SCHED_MAX_SLOTS);
     if (c->slots > engine_max_batch(e))

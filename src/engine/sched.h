@@ -82,6 +82,14 @@ struct sched_config {
                          (stats.queued, preempted sequences included); 0: 4 * slots */
     int cache_seqs;   /* finished sequences kept for prefix reuse; 0: none */
     const struct tok *tok; /* end-of-generation tokens (tok_is_eog); NULL: none */
+    /* The target's forward pass; NULL: engine_forward on the sched's engine. A pipeline's
+     * rank 0 sets it to run the batch through every rank (cluster/pipeline.h); the
+     * sched's engine is then only the first slice. Same contract as engine_forward
+     * (logits: a row of n_vocab per wanted token, in batch order). The draft model's
+     * forwards stay local. */
+    int (*forward)(void *ctx, struct kv_cache *kv, const struct batch *b, float *logits, char *err,
+                   size_t errlen);
+    void *forward_ctx;
 };
 
 /* Sequence ids the KV cache must have for cfg: slots + cache_seqs. */
@@ -180,7 +188,8 @@ struct sched_spec_options {
 
 struct sched;
 
-/* Creates a scheduler over engine e (a whole model: first and last slice) and cache kv
+/* Creates a scheduler over engine e (a whole model: first and last slice; with
+ * cfg->forward set, at least the first slice) and cache kv
  * (empty, with at least sched_kv_seqs(cfg) sequence ids); both borrowed, must outlive
  * it. CAIRN_EINVAL naming the bad field, CAIRN_ENOMEM. */
 int sched_create(struct sched **out, struct engine *e, struct kv_cache *kv,
