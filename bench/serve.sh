@@ -3,7 +3,8 @@
 # everything on 127.0.0.1, through the OpenAI /v1/completions API (streamed):
 #   1. aggregate decode tok/s at 1, 2, 4, 8 and 16 concurrent streams (128-token prompt,
 #      128 generated with ignore_eos), and the ratio to one stream;
-#   2. time to first token of a 128-token prompt against the engine's prefill of it;
+#   2. time to first token of a 128-token prompt against the engine's prefill of it
+#      (`cairn bench -p 128 -n 0`, `llama-bench -p 128 -n 0`, run just before);
 #   3. while a 2000-token prompt is prefilled: the inter-token gaps of 4 running streams
 #      (p99 against their median) and the long prompt's TTFT against its TTFT alone.
 # Both servers stay up side by side (idle, they take no CPU) and each measure runs
@@ -11,9 +12,9 @@
 # table shows each one's best run (highest tok/s, lowest TTFT, lowest p99 ratio) and the
 # load average. On a shared machine other work distorts every figure: llama.cpp's
 # spinning thread barrier collapses when its threads lose their cores, cairn's pool
-# yields; so llama.cpp runs with OMP_WAIT_POLICY=passive (its OpenMP threads sleep at a
-# barrier instead of spinning: 2-3x faster here while other work runs), unless
-# --ref-wait default. The load generator is bench/serve_load.mjs (plain node).
+# yields. --ref-wait passive runs llama.cpp with OMP_WAIT_POLICY=passive (its OpenMP
+# threads sleep at a barrier instead of spinning): 2-3x faster here while other work
+# runs, 15-25% slower on an idle machine. The load generator is bench/serve_load.mjs.
 # llama.cpp comes from ../shared/tools/llama-ref.sh (built outside the project); without
 # its llama-server the comparison is skipped unless --build-ref builds it (slow).
 #   usage: bench/serve.sh [-q TYPE] [-t THREADS] [-r REPS] [--port N] [--build-ref] [--no-ref]
@@ -21,7 +22,7 @@
 #          (defaults: q4_0, 2 threads, 2 runs, ports 18671 and 18672)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-type=q4_0 threads=2 reps=2 port=18671 build_ref=0 no_ref=0 perf=0 ref_wait=passive
+type=q4_0 threads=2 reps=2 port=18671 build_ref=0 no_ref=0 perf=0 ref_wait=default
 while [ $# -gt 0 ]; do
   case $1 in
     -q|--type) type=$2; shift 2 ;;
@@ -91,7 +92,6 @@ stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 echo "== engine: cairn bench" >&2
 eng=$($nice $cairn bench -m "$model" -p 128 -n 64 -t "$threads" -r 5 --batch-curve 16 --bandwidth-mib 256)
 pp=$(sed -n 's/^pp128: .*, \([0-9.]*\) s).*/\1/p' <<<"$eng")
-echo "{\"mode\":\"prefill\",\"server\":\"cairn\",\"prompt_tokens\":128,\"ms\":$(awk "BEGIN{print $pp*1000}")}" >>"$out"
 tg=$(sed -n 's/^tg64: \([0-9.]*\) tok.*/\1/p' <<<"$eng")
 curve=$(sed -n 's/^ *B= *\([0-9]*\): *[0-9.]* ms *x[0-9.]* *(\([0-9.]*\) tok\/s)/\1 \2/p' <<<"$eng" |
        awk '$1==1 {b=$2} $1~/^(1|2|4|8|16)$/ {printf "%sB=%s %s tok/s x%.2f", sep, $1, $2, $2/b; sep=", "}')
@@ -99,6 +99,18 @@ echo "{\"mode\":\"engine\",\"server\":\"cairn\",\"text\":\"cairn: prefill 128 to
 eng2=$($nice $cairn bench -m "$model" -p 2000 -n 0 -t "$threads" -r 1 --batch-curve 0 --bandwidth-mib 256)
 pp2=$(sed -n 's/^pp2000: .*, \([0-9.]*\) s).*/\1/p' <<<"$eng2")
 echo "{\"mode\":\"prefill\",\"server\":\"cairn\",\"prompt_tokens\":2000,\"ms\":$(awk "BEGIN{print $pp2*1000}")}" >>"$out"
+
+# prefill SERVER N: ms for the engine alone to prefill N tokens (warm weights).
+prefill() {
+  if [ "$1" = cairn ]; then
+    # the median of 3 runs: the first also faults the mapped weights in
+    $nice $cairn bench -m "$model" -p "$2" -n 0 -t "$threads" -r 3 --batch-curve 0 --bandwidth-mib 16 |
+        sed -n 's/^pp[0-9]*: .*, \([0-9.]*\) s).*/\1/p' | awk '{print $1 * 1000}'
+  else
+    $nice "${refenv[@]}" "$ref/llama-bench" -m "$model" -p "$2" -n 0 -t "$threads" -r 1 -o json 2>/dev/null |
+        node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{console.log(JSON.parse(s)[0].avg_ns/1e6)})'
+  fi
+}
 
 # llama.cpp: its engine's prefill times and its server, if built.
 ref=${LLAMA_REF_BIN:-$HOME/.cache/llama-ref/llama.cpp/build/bin}
@@ -114,11 +126,8 @@ else
   servers+=(llama.cpp)
   if [ -x "$ref/llama-bench" ]; then
     echo "== engine: llama-bench" >&2
-    for n in 128 2000; do
-      ms=$($nice "${refenv[@]}" "$ref/llama-bench" -m "$model" -p $n -n 0 -t "$threads" -r $((n > 128 ? 1 : 5)) -o json 2>/dev/null |
-           node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{console.log(JSON.parse(s)[0].avg_ns/1e6)})') || ms=""
-      [ -z "$ms" ] || echo "{\"mode\":\"prefill\",\"server\":\"llama.cpp\",\"prompt_tokens\":$n,\"ms\":$ms}" >>"$out"
-    done
+    ms=$(prefill llama.cpp 2000) || ms=""
+    [ -z "$ms" ] || echo "{\"mode\":\"prefill\",\"server\":\"llama.cpp\",\"prompt_tokens\":2000,\"ms\":$ms}" >>"$out"
   fi
 fi
 declare -A url=([cairn]=http://127.0.0.1:$port [llama.cpp]=http://127.0.0.1:$((port + 1)))
@@ -145,11 +154,24 @@ start() {
 }
 stop_all() { for s in "${servers[@]}"; do stop "${pid[$s]}"; done; }
 
-# each MODE ARGS...: one run of a measure against every server in turn.
+# cpu_s PID: CPU seconds the process has used (user + system).
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+
+# each MODE ARGS...: one run of a measure against every server in turn; for cairn's
+# streams, the cores its runner and node used meanwhile (the runner's cores below its
+# threads: the machine was busy or the runner waited).
 each() {
   for s in "${servers[@]}"; do
     echo "== $s: $*" >&2
+    local runner="" r0 n0 t0
+    if [ "$s" = cairn ] && [ "$1" = streams ]; then
+      runner=$(pgrep -P "${pid[cairn]}" -f ' runner ' | head -1) || runner=""
+    fi
+    [ -z "$runner" ] || { r0=$(cpu_s "$runner"); n0=$(cpu_s "${pid[cairn]}"); t0=$(date +%s.%N); }
     load "$@" --url "${url[$s]}" --model "$name" --server "$s" >>"$out"
+    [ -z "$runner" ] || awk -v r0="$r0" -v r1="$(cpu_s "$runner")" -v n0="$n0" -v n1="$(cpu_s "${pid[cairn]}")" \
+        -v t0="$t0" -v t1="$(date +%s.%N)" -v n="$3" \
+        'BEGIN {printf "{\"mode\":\"cpu\",\"server\":\"cairn\",\"n\":%d,\"runner_cores\":%.2f,\"node_cores\":%.3f}\n", n, (r1 - r0) / (t1 - t0), (n1 - n0) / (t1 - t0)}' >>"$out"
   done
 }
 loadavg() { echo "{\"mode\":\"load\",\"loadavg\":$(cut -d' ' -f1 /proc/loadavg)}" >>"$out"; }
@@ -175,7 +197,16 @@ for r in $(seq "$reps"); do
   for n in 1 2 4 8; do
     each streams --n $n --timeout-s 300
   done
-  each ttft --prompt-tokens 128 --reps 5 --timeout-s 120
+  # TTFT through HTTP right after the engine's own prefill of as many tokens, in pairs,
+  # so that both see the same load; the table sets the lowest of each against the other.
+  for i in 1 2 3; do
+    for s in "${servers[@]}"; do
+      echo "== $s: engine prefill and TTFT of 128 tokens" >&2
+      ms=$(prefill "$s" 128) || ms=""
+      [ -z "$ms" ] || echo "{\"mode\":\"prefill\",\"server\":\"$s\",\"prompt_tokens\":128,\"ms\":$ms}" >>"$out"
+      load ttft --prompt-tokens 128 --reps 2 --timeout-s 120 --url "${url[$s]}" --model "$name" --server "$s" >>"$out"
+    done
+  done
   each ttft --prompt-tokens 2000 --reps 1 --timeout-s 300
   each interfere --streams 4 --long-tokens 2000 --timeout-s 400
 done

@@ -129,6 +129,7 @@ function streamCompletion(cfg, tokens, maxTokens, onChunk) {
             let j;
             try { j = JSON.parse(data); } catch { continue; }
             if (j.usage) r.usage = j.usage;
+            if (j.timings) r.timings = j.timings;
             if (Array.isArray(j.choices) && j.choices.length) {
               r.chunks.push(now);
               if (onChunk && !r.done) onChunk(r);
@@ -169,42 +170,58 @@ function cached(rs) {
   return m;
 }
 
-// N streams at once. decode_tps: each stream's tokens after its first over the time
-// between its first and last chunk, summed (the rate while all N decode);
-// e2e_tps: every generated token over the wall time from the first send to the last end.
+// N streams at once. decode_tps: the rate while all N decode, from the last stream's
+// first token to the first stream's last one: the chunks of every stream in that window
+// (each stream's chunks weighted by its tokens per chunk) over its length; null when the
+// window holds fewer than 2 chunks a stream. e2e_tps: every generated token over the wall
+// time from the first send to the last end.
 async function modeStreams(o, cfg) {
   const n = intArg(o, 'n', 1, 1, 256), pt = intArg(o, 'prompt-tokens', 128, 2, 8192);
   const gen = intArg(o, 'gen', 128, 2, 8192);
   const t0 = performance.now();
   const rs = await Promise.all(Array.from({ length: n }, () => streamCompletion(cfg, pt, gen)));
   const t1 = performance.now();
-  let decode = 0, total = 0;
+  let total = 0, inWindow = 0;
   const ttft = [];
+  const ok = rs.every((r) => r.chunks.length >= 2);
+  const w0 = ok ? Math.max(...rs.map((r) => r.chunks[0])) : 0;
+  const w1 = ok ? Math.min(...rs.map((r) => r.chunks[r.chunks.length - 1])) : 0;
+  let enough = ok && w1 > w0;
   for (const r of rs) {
     const g = generated(r);
     total += g;
-    if (r.chunks.length >= 2) decode += (g - 1) / ((r.chunks[r.chunks.length - 1] - r.chunks[0]) / 1e3);
     if (r.chunks.length) ttft.push(r.chunks[0] - r.sent);
+    if (!enough) continue;
+    const k = r.chunks.filter((t) => t > w0 && t <= w1).length;
+    if (k < 2) enough = false;
+    inWindow += (k * g) / r.chunks.length;
   }
+  const decode = enough ? inWindow / ((w1 - w0) / 1e3) : NaN;
   return {
     mode: 'streams', n, prompt_tokens: pt, gen, tokens: total, decode_tps: round(decode),
+    window_s: round((w1 - w0) / 1e3),
     e2e_tps: round(total / ((t1 - t0) / 1e3)), ttft_ms_median: round(median(ttft), 1),
     ttft_ms_max: round(Math.max(...ttft), 1), cached_max: cached(rs), notes: checkReplies(rs, gen),
   };
 }
 
-// TTFT of one streamed request at a time (max_tokens 1): send to first chunk.
+// TTFT of one streamed request at a time (max_tokens 1): send to first chunk. Where the
+// server reports its own prefill time of the request (llama-server: timings.prompt_ms),
+// overhead_ms is TTFT less that time, the same request's cost outside the engine.
 async function modeTtft(o, cfg) {
   const pt = intArg(o, 'prompt-tokens', 128, 2, 8192), reps = intArg(o, 'reps', 5, 1, 100);
-  const t = [], rs = [];
+  const t = [], rs = [], over = [];
   for (let i = 0; i < reps; i++) {
     const r = await streamCompletion(cfg, pt, 1);
     rs.push(r);
-    if (r.chunks.length) t.push(r.chunks[0] - r.sent);
+    if (!r.chunks.length) continue;
+    t.push(r.chunks[0] - r.sent);
+    if (r.timings && Number.isFinite(r.timings.prompt_ms)) over.push(r.chunks[0] - r.sent - r.timings.prompt_ms);
   }
   const s = sortNum(t);
   return {
     mode: 'ttft', prompt_tokens: pt, reps, ttft_ms_min: round(s[0], 2), ttft_ms_median: round(median(s), 2),
+    overhead_ms: over.length ? round(median(over), 2) : null,
     cached_max: cached(rs), notes: checkReplies(rs, 1),
   };
 }
@@ -290,6 +307,14 @@ function modeTable(o) {
     });
     if (cells.some((c) => c !== '-')) out.push(`| ${s} | ${cells.join(' | ')} |`);
   }
+  const cpu = rows.filter((r) => r.mode === 'cpu');
+  if (cpu.length) {
+    const ns = [...new Set(cpu.map((r) => r.n))].sort((a, b) => a - b);
+    out.push(`\nCores the cairn runner used while N streams ran, each run (of ${meta ? meta.threads : '?'} threads; ` +
+             'fewer: the machine was busy or the runner waited); the node process in brackets: ' +
+             ns.map((n) => `${n}: ${cpu.filter((r) => r.n === n).map((r) => `${r.runner_cores} (${r.node_cores})`).join(', ')}`)
+               .join('; '));
+  }
   const eng = rows.filter((r) => r.mode === 'engine');
   if (eng.length) {
     out.push('');
@@ -299,25 +324,31 @@ function modeTable(o) {
   out.push('');
   out.push('Latency\n');
   out.push('| server | TTFT 128-token prompt (min / median ms) | engine prefill 128 (min ms) | TTFT - prefill (ms) | ' +
+           'TTFT - the prefill time the server reports for the same request (median ms) | ' +
            'ITL median / p99 (ms), 4 streams | ITL p99 / max during 2000-token prefill (ms) | p99 ratio | ' +
            '2000-token TTFT beside 4 streams / alone (ms) | ratio |');
-  out.push('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
+  out.push('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
+  // ITL columns come from the run with the lowest p99 ratio; the 2000-token TTFTs are
+  // the lowest of their runs.
   for (const s of servers) {
     const ts = get(s, (r) => r.mode === 'ttft' && r.prompt_tokens === 128);
     const t = best(ts, 'ttft_ms_min', false);
     const alone = best(get(s, (r) => r.mode === 'ttft' && r.prompt_tokens !== 128), 'ttft_ms_min', false);
     const pf = best(get(s, (r) => r.mode === 'prefill' && r.prompt_tokens === 128), 'ms', false);
-    const it = best(get(s, (r) => r.mode === 'interfere'), 'p99_ratio', false);
+    const its = get(s, (r) => r.mode === 'interfere');
+    const it = best(its, 'p99_ratio', false), lt = best(its, 'long_ttft_ms', false);
     if (!t && !it) continue;
     const c = [];
     c.push(t ? `${t.ttft_ms_min.toFixed(1)} / ${median(ts.map((r) => r.ttft_ms_median)).toFixed(1)}` : '-');
     c.push(pf ? pf.ms.toFixed(1) : '-');
     c.push(t && pf ? (t.ttft_ms_min - pf.ms).toFixed(1) : '-');
+    const ov = ts.map((r) => r.overhead_ms).filter(Number.isFinite);
+    c.push(ov.length ? median(ov).toFixed(1) : 'not reported');
     c.push(it ? `${it.itl_ms_median.toFixed(1)} / ${it.itl_ms_p99.toFixed(1)}` : '-');
     c.push(it ? `${it.during_ms_p99.toFixed(1)} / ${it.during_ms_max.toFixed(1)} (${it.during_n} gaps)` : '-');
     c.push(it ? `x${it.p99_ratio.toFixed(2)}` : '-');
-    c.push(it && alone ? `${it.long_ttft_ms.toFixed(0)} / ${alone.ttft_ms_min.toFixed(0)}` : '-');
-    c.push(it && alone ? `x${(it.long_ttft_ms / alone.ttft_ms_min).toFixed(2)}` : '-');
+    c.push(lt && alone ? `${lt.long_ttft_ms.toFixed(0)} / ${alone.ttft_ms_min.toFixed(0)}` : '-');
+    c.push(lt && alone ? `x${(lt.long_ttft_ms / alone.ttft_ms_min).toFixed(2)}` : '-');
     out.push(`| ${s} | ${c.join(' | ')} |`);
   }
   const pf2 = rows.filter((r) => r.mode === 'prefill' && r.prompt_tokens !== 128);
