@@ -1,5 +1,6 @@
 #include "engine/sched.h"
 
+#include "base/clock.h"
 #include "base/err.h"
 
 #include <assert.h>
@@ -99,6 +100,14 @@ struct fed {
     bool logits;
 };
 
+/* Pacing of prompt chunks beside decoding sequences (sched_config.chunk_tokens): a step
+ * with prompt tokens aims at SCHED_PACE_STEPS times a decode step; its chunk is never
+ * cut below SCHED_PACE_MIN tokens, and is SCHED_PACE_FIRST before anything is timed. */
+#define SCHED_PACE_STEPS 3.0
+#define SCHED_PACE_MIN 8
+#define SCHED_PACE_FIRST 32
+#define SCHED_PACE_EMA 0.25 /* weight of the newest step in the running means */
+
 struct sched {
     struct engine *e;
     struct kv_cache *kv;
@@ -106,6 +115,10 @@ struct sched {
     struct sched_callbacks cb;
     struct sampler *smp;
     int n_vocab, max_batch, chunk_tokens, block_tokens;
+    bool paced;                 /* chunk_tokens was left to the scheduler */
+    double pace_decode_ns;      /* running mean of a step without prompt tokens; 0: none yet */
+    double pace_prompt_ns;      /* running mean of one prompt token's share of a step; 0: none yet */
+    int step_prompt, step_decoding; /* this step's prompt tokens and decoding sequences */
     int64_t n_blocks;
 
     struct seq **slot_seq; /* [slots]: the running sequence of each slot, or NULL */
@@ -598,8 +611,12 @@ static void batch_add(struct sched *s, struct seq *q, int n, int drafts)
     s->fed[s->n_fed++] = (struct fed){q, n, drafts, at, logits};
     /* Tokens fed other than a decode step's are prompt (or recomputation) work. */
     bool decode = n == 1 + drafts && q->n_kv >= q->req->n_prompt;
-    if (!decode)
+    if (!decode) {
         s->stats.prompt_tokens_computed += n;
+        s->step_prompt += n;
+    } else {
+        s->step_decoding++;
+    }
 }
 
 /* q (order[k]) gives up drafting this step; the draft context it would have fed still
@@ -639,13 +656,43 @@ static bool room_for_drafts(struct sched *s, int k, struct seq *q)
     return kv_prepare(s->kv, q->slot, q->n_kv, n) == 0;
 }
 
+/* Prompt tokens this step may take: chunk_tokens, or while sequences decode and the
+ * chunk is paced, as many as keep the step near SCHED_PACE_STEPS decode steps. */
+static int64_t prompt_budget(const struct sched *s)
+{
+    if (!s->paced || single_feeds_after(s, -1) == 0)
+        return s->chunk_tokens;
+    int64_t n = SCHED_PACE_FIRST;
+    if (s->pace_decode_ns > 0 && s->pace_prompt_ns > 0)
+        n = (int64_t)((SCHED_PACE_STEPS - 1) * s->pace_decode_ns / s->pace_prompt_ns);
+    return n < SCHED_PACE_MIN ? SCHED_PACE_MIN : n > s->chunk_tokens ? s->chunk_tokens : n;
+}
+
+static double ema(double mean, double x) { return mean > 0 ? mean + SCHED_PACE_EMA * (x - mean) : x; }
+
+/* Times a step for pacing: a decode-only step updates the decode mean; a step with
+ * prompt tokens the per-token mean, from what it took beyond its decodes' share. */
+static void pace_update(struct sched *s, int64_t ns)
+{
+    if (!s->paced)
+        return;
+    if (s->step_prompt == 0) {
+        s->pace_decode_ns = ema(s->pace_decode_ns, (double)ns);
+        return;
+    }
+    double beyond = (double)ns - (s->step_decoding ? s->pace_decode_ns : 0);
+    if (beyond > 0)
+        s->pace_prompt_ns = ema(s->pace_prompt_ns, beyond / s->step_prompt);
+}
+
 /* Fills the batch, oldest sequence first: one token of every sequence that decodes (with
  * its drafts), prompt chunks within the chunk budget and the room decodes after it still
  * need. */
 static void build_batch(struct sched *s)
 {
     s->n_fed = s->n_tokens = 0;
-    int64_t budget = s->chunk_tokens;
+    s->step_prompt = s->step_decoding = 0;
+    int64_t budget = prompt_budget(s);
     for (int k = 0; k < s->n_running; k++) {
         struct seq *q = s->slot_seq[s->order[k]];
         if (waits_for_fork(q))
@@ -1218,6 +1265,7 @@ int sched_step(struct sched *s, char *err, size_t errlen)
     bool worked = admit(s);
     if (s->n_running == 0)
         return worked;
+    int64_t t0 = clock_ns();
     plan_speculation(s);
     build_batch(s);
     if (s->n_fed == 0)
@@ -1247,6 +1295,7 @@ int sched_step(struct sched *s, char *err, size_t errlen)
             sample_and_report(s, f->seq, row);
         row += (size_t)(1 + f->drafts) * s->n_vocab;
     }
+    pace_update(s, clock_ns() - t0);
     return 1;
 }
 
@@ -1437,6 +1486,7 @@ int sched_create(struct sched **out, struct engine *e, struct kv_cache *kv, cons
     s->n_vocab = engine_model(e)->hp.n_vocab;
     s->max_batch = engine_max_batch(e);
     s->chunk_tokens = cfg->chunk_tokens ? cfg->chunk_tokens : s->max_batch - cfg->slots;
+    s->paced = cfg->chunk_tokens == 0;
     if (s->chunk_tokens < 1)
         s->chunk_tokens = 1;
     s->block_tokens = kv_config(kv)->block_tokens;

@@ -77,7 +77,10 @@ struct sched_config {
     int64_t ctx;      /* positions per sequence (prompt + generated), >= 2; at most the
                          engine's max_ctx (engine_forward refuses later positions) */
     int chunk_tokens; /* prompt tokens prefilled per step over all sequences; 0: the
-                         engine's max_batch minus slots (at least 1) */
+                         engine's max_batch minus slots (at least 1), and paced: while
+                         sequences decode, a step's prompt tokens are cut so that the
+                         step takes about SCHED_PACE_STEPS decode steps (timed as they
+                         run), keeping the decoding streams' token gaps even */
     int queue_max;    /* sched_submit refuses a request while this many queue items wait
                          (stats.queued, preempted sequences included); 0: 4 * slots */
     int cache_seqs;   /* finished sequences kept for prefix reuse; 0: none */
