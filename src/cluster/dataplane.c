@@ -885,6 +885,7 @@ static bool ctl_ok(const struct dp_ctl *o)
     case DP_CTL_TRUNCATE: return o->seq2 == 0 && o->pos >= 0;
     case DP_CTL_FORK: return o->seq2 >= 0 && o->seq2 != o->seq && o->pos == 0;
     case DP_CTL_CLEAR_ALL: return o->seq == 0 && o->seq2 == 0 && o->pos == 0;
+    case DP_CTL_PREPARE: return o->seq2 >= 0 && o->pos >= 0;
     default: return false;
     }
 }

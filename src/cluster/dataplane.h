@@ -200,14 +200,16 @@ enum dp_ctl_op {
     DP_CTL_CANCEL = 3,    /* seq was cancelled: discard its pending work, then clear it */
     DP_CTL_FORK = 4,      /* seq2 (empty) shares seq's positions (kv_fork) */
     DP_CTL_CLEAR_ALL = 5, /* drop every sequence */
+    DP_CTL_PREPARE = 6,   /* seq gets room for positions [pos, pos + seq2) (kv_prepare), so a
+                             mirrored cache takes the same blocks in the same order */
 };
 
 struct dp_ctl {
     uint32_t op;        /* enum dp_ctl_op */
     int32_t seq;        /* >= 0 (CLEAR_ALL: 0) */
-    int32_t seq2;       /* FORK: destination, >= 0; otherwise 0 */
+    int32_t seq2;       /* FORK: destination, >= 0; PREPARE: positions, >= 0; otherwise 0 */
     uint32_t reserved;  /* 0 */
-    int64_t pos;        /* TRUNCATE: >= 0; otherwise 0 */
+    int64_t pos;        /* TRUNCATE, PREPARE: >= 0; otherwise 0 */
 };
 static_assert(sizeof(struct dp_ctl) == 24, "dp_ctl is its wire layout");
 

@@ -1,0 +1,118 @@
+/* The runner side of a pipeline-parallel instance (issue 7): one model split by layer
+ * ranges over ranks 0..W-1, each a separate process with its own slice, KV cache and
+ * data-plane links (cluster/dataplane.h).
+ *
+ * Topology: a ring. Rank r holds `next`, its connection to rank (r+1) % W, and `prev`,
+ * the one from rank (r-1+W) % W (for W = 2 two connections between the same pair).
+ * Activations flow 0 -> 1 -> ... -> W-1; the last rank sends a LOGITS RESULT (the rows
+ * of the wanted tokens, F32, in batch order) over its `next` to rank 0, which receives
+ * it on `prev`.
+ *
+ * Rank 0 holds the scheduler (engine/sched.h) and sets pipeline_forward as its target
+ * forward: a step runs rank 0's slice, sends the KV operations the scheduler made since
+ * the last step (CONTROL), then the activations, and waits for the RESULT. One step is
+ * in flight at a time, so the ring never holds more than one micro-batch.
+ *
+ * KV mirror: every rank's cache must hold the same sequences in the same blocks as rank
+ * 0's (so all caches are created with the same block_tokens, n_blocks and max_seqs,
+ * e.g. engine_kv_config with the same arguments, and start empty). Rank 0 observes its cache (kv_set_observer) and replays, on every other rank and
+ * in order with the activations, each kv_prepare / kv_truncate / kv_seq_clear / kv_fork
+ * the scheduler made (as DP_CTL_PREPARE / TRUNCATE / CLEAR / FORK). The kv_prepare calls
+ * engine_forward makes itself are not sent: each rank's engine_forward makes the same
+ * ones from the same batch. When rank 0's forward fails part-way, the prepares it made
+ * are sent with the next step; when another rank's fails, that rank and the ranks after
+ * it (from the error RESULT's entries) make the prepares their engine_forward did not
+ * (rank 0's succeeded), so the mirror stays exact and the pipeline usable. Rank 0's slice runs before anything is sent, so a step that fails
+ * locally sends nothing.
+ *
+ * Errors: an engine error on rank r > 0 becomes a RESULT with status < 0, the message
+ * ("rank r: ...") and, as its entries, every token's (seq, pos) (kind TOKENS, token 0),
+ * passed along the ring to rank 0; pipeline_forward then fails with CAIRN_EIO and the
+ * message. A link that ends (dp_error), a send that cannot proceed, a
+ * frame out of protocol or a KV operation that cannot be mirrored breaks the pipeline
+ * for good (every later call fails the same way, pipeline_alive is false); a step whose
+ * RESULT does not come within timeout_ms fails alone (its late RESULT is dropped).
+ *
+ * Threads: pipeline_forward (rank 0) and pipeline_serve (ranks > 0) are called from one
+ * thread, the one that owns the kv and the engine; pipeline_alive and
+ * pipeline_get_stats from any thread. The connections stay the caller's: pipeline_
+ * release does not close them, and only this module may dp_recv on `prev` while the
+ * pipeline exists. */
+#ifndef CAIRN_CLUSTER_PIPELINE_H
+#define CAIRN_CLUSTER_PIPELINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cluster/dataplane.h"
+#include "engine/engine.h"
+#include "engine/kv.h"
+
+#define PIPELINE_TIMEOUT_MS_DEFAULT 30000
+
+struct pipeline_config {
+    int rank, world_size;        /* 0 <= rank < world_size, world_size >= 2 */
+    struct engine *e;            /* this rank's slice (borrowed) */
+    struct kv_cache *kv;         /* this rank's cache (borrowed); rank 0: the sched's cache */
+    struct dp_conn *next, *prev; /* borrowed, already connected (ring, see above) */
+    int wire_dtype;              /* activations on the wire: 0/DT_F32 (default), DT_F16, DT_BF16, DT_Q8_0 */
+    int timeout_ms;              /* rank 0: longest wait for a step's result before failing it;
+                                    every rank: longest wait for send room (0: 30000) */
+};
+
+struct pipeline;
+
+/* Checks the config (ranks, slices: rank 0 holds the first layers and not the last, the
+ * last rank the last layers; the cache matches the slice; each link's peer has the
+ * expected rank; a Q8_0 wire needs n_embd a multiple of 32), allocates the buffers for
+ * the engine's max_batch and sets the kv observer (replacing any other).
+ * CAIRN_EINVAL naming the field, CAIRN_ENOMEM. The caller releases with pipeline_release. */
+int pipeline_create(struct pipeline **out, const struct pipeline_config *cfg, char *err, size_t errlen);
+/* Removes the kv observer and frees; the connections, engine and cache stay the
+ * caller's. Accepts NULL. */
+void pipeline_release(struct pipeline *p);
+
+/* Rank 0: sched_config.forward (p is the struct pipeline *). Runs the local slice, sends
+ * the pending KV ops (CONTROL) then the activations to rank 1, waits for the RESULT from
+ * the last rank on prev, copies the logits rows (one per wanted token, in batch order)
+ * to `logits`. A link that ends, a RESULT with status < 0, a timeout: CAIRN_EIO with the
+ * reason (naming the rank and peer); a local engine error: its code and message;
+ * CAIRN_ESTATE when called on a rank other than 0 or with another cache. */
+int pipeline_forward(void *p, struct kv_cache *kv, const struct batch *b, float *logits, char *err, size_t errlen);
+
+/* Ranks > 0: waits up to timeout_ms (-1: no limit) for the next frame from prev and
+ * handles it: CONTROL -> the ops applied to this rank's cache and sent on to next (not
+ * the last rank); ACTIVATIONS -> engine_forward on this slice, then the activations to
+ * next, or (last rank) a LOGITS RESULT to rank 0; RESULT (an error from an earlier rank)
+ * -> sent on to next. An engine error is sent on as a RESULT with status < 0 and
+ * "rank r: <message>" (see Errors above). Returns 1 when it handled a frame, 0 on timeout, CAIRN_EIO when a
+ * link ended or the pipeline broke (err: which link and why), CAIRN_ESTATE on rank 0. */
+int pipeline_serve(struct pipeline *p, int timeout_ms, char *err, size_t errlen);
+
+/* False, with why filled, once either link has ended or gone silent, the pipeline broke
+ * or (ranks > 0) this rank's cache stopped mirroring rank 0's (see above). */
+bool pipeline_alive(const struct pipeline *p, char *why, size_t whylen);
+
+/* Counters since create. Rank 0: a step is one pipeline_forward; compute_us its own
+ * slice; send_us in dp_send_* (queue room, encoding); wait_us from the activations sent
+ * to the RESULT received, i.e. the other ranks' compute plus every hop on the wire (the
+ * wire's share: wait_us minus the other ranks' compute_us). Ranks > 0: a step is one
+ * ACTIVATIONS frame handled; wait_us is idle time in pipeline_serve waiting for a frame
+ * (stage idle time). */
+struct pipeline_stats {
+    uint64_t steps;         /* steps handled (failed ones included) */
+    uint64_t failures;      /* steps that ended with an error */
+    uint64_t tokens;        /* tokens through this slice */
+    uint64_t ctl_ops;       /* KV ops sent (rank 0) or applied (others) */
+    int64_t compute_us;     /* engine_forward on this slice */
+    int64_t wait_us;
+    int64_t wait_max_us;    /* longest single wait of rank 0 for a RESULT */
+    int64_t send_us;
+    int64_t ctl_us;         /* ranks > 0: applying KV ops */
+    int64_t next_rtt_us, prev_rtt_us; /* last heartbeat round trip of each link; -1 before one */
+    uint64_t bytes_sent, bytes_received; /* both links, on the wire */
+};
+void pipeline_get_stats(const struct pipeline *p, struct pipeline_stats *out);
+
+#endif
