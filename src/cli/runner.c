@@ -5,13 +5,22 @@
  * Ready when idle): token tasks stream token ids back, text tasks (params) are rendered
  * with the model's chat template and stream text (runner_text.h). It exits when the node
  * asks (ShuttingDown -> Shutdown), when the node is gone (EOF on fd 4 or on the socket),
- * or after reporting Failed. */
+ * or after reporting Failed.
+ *
+ * A pipelined instance's runner (world_size > 1) holds one layer range: it listens for
+ * the data plane at start (its port in every status), loads and warms up, then reports
+ * Connecting until the node says where its next rank is ("peers"), connects both ways
+ * (runner_link.h) and reports Ready. Rank 0 runs the scheduler as above, its forward
+ * pass going through every rank (cluster/pipeline.h); the other ranks only serve the
+ * stage. A link that ends fails the runner (its requests end with the error). */
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/mem.h"
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/runner_link.h"
 #include "cli/runner_text.h"
+#include "cluster/pipeline.h"
 #include "cluster/runner_proto.h"
 #include "cluster/textgen.h"
 #include "cluster/vocab.h"
@@ -38,6 +47,7 @@
 #include <unistd.h>
 
 #define WARMUP_TOKENS 4
+#define CONNECT_MS 60000 /* a pipelined runner's data-plane links must be up this soon after "peers" */
 #define MAX_TASKS 1024 /* tasks held at once (queued in the scheduler or running) */
 
 /* A task being generated. */
@@ -80,6 +90,11 @@ struct runner {
     int n_tasks;
     uint64_t next_sched_id;
     bool busy, shutdown;
+    /* pipelined (cfg.world_size > 1) */
+    struct runner_link link;
+    struct pipeline *pipe;
+    struct runner_peers peers;
+    bool have_peers;
 };
 
 static void usage(void)
@@ -131,7 +146,8 @@ static void send_msg(struct runner *r, const struct runner_msg *m)
 
 static void send_status(struct runner *r, enum cluster_runner_status st, const char *error)
 {
-    struct runner_msg m = {.type = RUNNER_MSG_STATUS, .status = st, .error = (char *)error};
+    struct runner_msg m = {.type = RUNNER_MSG_STATUS, .status = st, .error = (char *)error,
+                           .data_port = runner_link_port(&r->link)};
     send_msg(r, &m);
 }
 
@@ -369,10 +385,10 @@ static int start_task(struct runner *r, struct rtask *t, struct sched_request *r
 static bool pipeline_refused(struct runner *r, char *err, size_t errlen)
 {
     const struct model *m = r->m;
-    if (m->first && m->last)
+    if (r->sched)
         return false;
-    snprintf(err, errlen, "this runner holds layers [%d, %d) of %d; generation across runners needs the "
-             "pipeline data plane, which is not built yet", m->layer_begin, m->layer_end, m->hp.n_layers);
+    snprintf(err, errlen, "this runner holds layers [%d, %d) of %d and is not its pipeline's first rank: "
+             "tasks go to rank 0", m->layer_begin, m->layer_end, m->hp.n_layers);
     return true;
 }
 
@@ -617,6 +633,15 @@ static void handle(struct runner *r, struct runner_msg *m)
     case RUNNER_MSG_SHUTDOWN:
         r->shutdown = true;
         break;
+    case RUNNER_MSG_PEERS:
+        if (r->cfg.world_size < 2 || r->link.next) {
+            fprintf(stderr, "cairn runner: ignored a 'peers' message (%s)\n",
+                    r->link.next ? "connected already" : "not pipelined");
+            break;
+        }
+        r->peers = m->peers;
+        r->have_peers = true;
+        break;
     default:
         fprintf(stderr, "cairn runner: ignored a '%s' message from the node\n", runner_msg_type_name(m->type));
     }
@@ -680,6 +705,16 @@ static int warm_up(struct runner *r, char *err, size_t errlen)
     return rc;
 }
 
+/* Rank 0's target forward: the batch through every rank of the pipeline. */
+static int pipe_forward(void *ctx, struct kv_cache *kv, const struct batch *b, float *logits, char *err,
+                        size_t errlen)
+{
+    struct runner *r = ctx;
+    if (!r->pipe)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "the pipeline is not connected");
+    return pipeline_forward(r->pipe, kv, b, logits, err, errlen);
+}
+
 /* Loads the slice and sizes every buffer; err says why not. */
 static int load(struct runner *r, char *err, size_t errlen)
 {
@@ -703,7 +738,11 @@ static int load(struct runner *r, char *err, size_t errlen)
                           (double)avail / (1 << 20));
     if ((rc = engine_create(&r->e, m, &ec, err, errlen)) || (rc = kv_create(&r->kv, &kc, err, errlen)))
         return rc;
-    if (m->first && m->last) {
+    if (m->first) { /* the whole model, or a pipeline's rank 0: it schedules and samples */
+        if (r->cfg.world_size > 1) {
+            sc.forward = pipe_forward;
+            sc.forward_ctx = r;
+        }
         if (tok_load(&r->tk, m->file, err, errlen)) {
             /* token tasks still work; text tasks are refused */
             fprintf(stderr, "cairn runner: no tokenizer (%s): text tasks will be refused\n", err);
@@ -733,11 +772,14 @@ static int load(struct runner *r, char *err, size_t errlen)
 
 static void release(struct runner *r)
 {
+    pipeline_release(r->pipe); /* before the scheduler and the cache it observes */
+    r->pipe = NULL;
     sched_release(r->sched); /* cancels what is left: done callbacks while the socket is open */
     r->sched = NULL;
     release_draft(r->draft_m, r->draft_e, r->draft_kv);
     while (r->n_tasks)
         task_drop(r, r->n_tasks - 1);
+    runner_link_close(&r->link, "the runner is stopping");
     runner_lines_free(&r->in);
     free(r->out);
     free(r->seqs);
@@ -748,11 +790,22 @@ static void release(struct runner *r)
     model_release(r->m);
 }
 
-/* Runs the scheduler until asked to shut down. */
-static void serve(struct runner *r)
+/* Runs until asked to shut down (0), or until a pipeline link ends (CAIRN_EIO, why
+ * says which and how; rank 0's requests have ended with the error by then). */
+static int serve(struct runner *r, char *why, size_t whylen)
 {
     char err[512];
     while (!r->shutdown) {
+        if (r->pipe && !r->sched) { /* a later stage: only the data plane's frames */
+            pump(r, 0);
+            int rc = pipeline_serve(r->pipe, 50, why, whylen);
+            if (rc < 0)
+                return rc;
+            heartbeat_if_due(r);
+            continue;
+        }
+        if (r->pipe && !pipeline_alive(r->pipe, why, whylen))
+            return CAIRN_EIO;
         bool idle = !r->sched || sched_idle(r->sched);
         if (idle == r->busy) { /* Running while anything runs, Ready when idle */
             r->busy = !idle;
@@ -760,14 +813,54 @@ static void serve(struct runner *r)
         }
         if (idle) {
             int64_t left_ms = r->cfg.heartbeat_ms - (clock_ns() - r->last_sent) / 1000000;
+            if (r->pipe && left_ms > 100)
+                left_ms = 100; /* notice a dead link while idle */
             pump(r, left_ms > 0 ? (int)left_ms : 0);
         } else {
             pump(r, 0);
-            if (!r->shutdown && sched_step(r->sched, err, sizeof err) < 0)
+            if (!r->shutdown && sched_step(r->sched, err, sizeof err) < 0) {
                 fprintf(stderr, "cairn runner: a step failed: %s\n", err);
+                if (r->pipe) {
+                    snprintf(why, whylen, "%s", err);
+                    return CAIRN_EIO;
+                }
+            }
         }
         heartbeat_if_due(r);
     }
+    return 0;
+}
+
+/* While connecting: heartbeats and the node's messages; nonzero to give up. */
+static int connect_tick(void *ctx)
+{
+    struct runner *r = ctx;
+    pump(r, 0);
+    heartbeat_if_due(r);
+    return r->shutdown;
+}
+
+/* A pipelined runner after warm-up: waits for "peers", then links both ways. */
+static int connect_pipeline(struct runner *r, char *err, size_t errlen)
+{
+    send_status(r, CLUSTER_RUNNER_CONNECTING, NULL);
+    while (!r->have_peers && !r->shutdown) {
+        pump(r, 100);
+        heartbeat_if_due(r);
+    }
+    if (r->shutdown)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "asked to stop");
+    int rc = runner_link_connect(&r->link, &r->cfg, &r->peers, CONNECT_MS, connect_tick, r, err, errlen);
+    if (rc)
+        return rc;
+    struct pipeline_config pc = {.rank = r->cfg.rank, .world_size = r->cfg.world_size, .e = r->e, .kv = r->kv,
+                                 .next = r->link.next, .prev = r->link.prev};
+    if ((rc = pipeline_create(&r->pipe, &pc, err, errlen)))
+        return rc;
+    fprintf(stderr, "cairn runner: rank %d of %d linked: next rank %d at %s, previous rank %d from %s\n",
+            r->cfg.rank, r->cfg.world_size, dp_peer_rank(r->link.next), dp_peer_addr(r->link.next),
+            dp_peer_rank(r->link.prev), dp_peer_addr(r->link.prev));
+    return 0;
 }
 
 static char *read_stdin(void)
@@ -883,13 +976,26 @@ int cli_runner(int argc, char **argv)
         }
     }
 
+    bool piped = r.cfg.world_size > 1;
+    int rc = piped ? runner_link_listen(&r.link, err, sizeof err) : 0;
     send_status(&r, CLUSTER_RUNNER_IDLE, NULL);
-    send_status(&r, CLUSTER_RUNNER_CONNECTING, NULL); /* one runner per instance: no peers to reach yet */
-    send_status(&r, CLUSTER_RUNNER_LOADING, NULL);
-    int rc = load(&r, err, sizeof err);
+    if (!piped)
+        send_status(&r, CLUSTER_RUNNER_CONNECTING, NULL); /* one runner per instance: no peers to reach */
+    if (!rc) {
+        send_status(&r, CLUSTER_RUNNER_LOADING, NULL);
+        rc = load(&r, err, sizeof err);
+    }
     if (!rc) {
         send_status(&r, CLUSTER_RUNNER_WARMING_UP, NULL);
         rc = warm_up(&r, err, sizeof err);
+    }
+    if (!rc && piped)
+        rc = connect_pipeline(&r, err, sizeof err);
+    if (rc && r.shutdown) { /* asked to stop before it was ready */
+        send_status(&r, CLUSTER_RUNNER_SHUTTING_DOWN, NULL);
+        release(&r);
+        send_status(&r, CLUSTER_RUNNER_SHUTDOWN, NULL);
+        return 0;
     }
     if (rc) {
         fprintf(stderr, "cairn runner: %s: %s\n", r.cfg.model_path, err);
@@ -903,7 +1009,17 @@ int cli_runner(int argc, char **argv)
         set_draft(&r, r.cfg.draft_model_path, r.cfg.num_draft_tokens, err, sizeof err))
         fprintf(stderr, "cairn runner: serving without the draft %s: %s\n", r.cfg.draft_model_path, err);
     send_status(&r, CLUSTER_RUNNER_READY, NULL);
-    serve(&r);
+    if ((rc = serve(&r, err, sizeof err))) {
+        fprintf(stderr, "cairn runner: the pipeline broke: %s\n", err);
+        char why[1100];
+        snprintf(why, sizeof why, "pipeline rank %d of %d: %s", r.cfg.rank, r.cfg.world_size, err);
+        send_status(&r, CLUSTER_RUNNER_FAILED, why);
+        pipeline_release(r.pipe);
+        r.pipe = NULL;
+        runner_link_close(&r.link, why); /* the other ranks learn why */
+        release(&r);
+        return 1;
+    }
     send_status(&r, CLUSTER_RUNNER_SHUTTING_DOWN, NULL);
     release(&r);
     send_status(&r, CLUSTER_RUNNER_SHUTDOWN, NULL);

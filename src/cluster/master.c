@@ -527,6 +527,7 @@ static bool runner_same(const struct cluster_runner *a, const struct cluster_run
 {
     return !strcmp(a->instance_id, b->instance_id) && !strcmp(a->node_id, b->node_id) &&
            a->status == b->status && a->restart_count == b->restart_count &&
+           a->data_port == b->data_port &&
            !strcmp(a->error ? a->error : "", b->error ? b->error : "");
 }
 

@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
@@ -56,6 +58,12 @@ struct rtt {
     int64_t us;
 };
 
+/* A peer's address as its cluster link sees it: where we connected, or where it came from. */
+struct peer_addr {
+    char id[IDS_ID_MAX + 1];
+    char addr[LINK_ADDR_MAX];
+};
+
 struct node {
     char id[IDS_ID_MAX + 1];
     char *data_dir, *models_dir, *log_path;
@@ -79,9 +87,13 @@ struct node {
     int64_t cat_scanned_ms;
     struct master_env env;
 
-    pthread_mutex_t mu; /* state and status */
+    pthread_mutex_t mu; /* state, status and peer addresses */
     struct cluster_state *state;
     struct node_status status;
+    struct peer_addr *peer_addrs; /* the links' peers as the node thread last saw them */
+    size_t n_peer_addrs;
+    int64_t peer_addrs_ms;
+    char dp_secret[65];           /* data-plane secret (hex), "" without a cluster secret */
 
     pthread_t thread;
     bool running;
@@ -470,12 +482,44 @@ static void update_status(struct node *n)
         snprintf(st.master, sizeof st.master, "%s", election_master(n->el));
     st.cluster_port = link_port(n->link);
     st.n_peers = link_peers(n->link, peers, 0);
+    int64_t now = mono_ms();
+    struct link_peer *all = NULL;
+    size_t k = 0;
+    if (now - n->peer_addrs_ms >= 250 && (all = malloc(NODE_MAX_PEERS * sizeof *all))) {
+        n->peer_addrs_ms = now;
+        k = link_peers(n->link, all, NODE_MAX_PEERS);
+        k = k < NODE_MAX_PEERS ? k : NODE_MAX_PEERS;
+    }
     pthread_mutex_lock(&n->mu);
+    if (all) {
+        n->n_peer_addrs = 0;
+        for (size_t i = 0; i < k; i++) {
+            if (!ids_valid_id(all[i].id) || !all[i].addr[0])
+                continue;
+            struct peer_addr *p = &n->peer_addrs[n->n_peer_addrs++];
+            snprintf(p->id, sizeof p->id, "%s", all[i].id);
+            snprintf(p->addr, sizeof p->addr, "%s", all[i].addr);
+        }
+    }
     st.last_term = n->state->last_term;
     st.last_index = n->state->last_index;
     n->status = st;
     pthread_mutex_unlock(&n->mu);
+    free(all);
 }
+
+bool node_peer_addr(struct node *n, const char *peer_id, char *out, size_t len)
+{
+    bool found = false;
+    pthread_mutex_lock(&n->mu);
+    for (size_t i = 0; i < n->n_peer_addrs && !found; i++)
+        if ((found = !strcmp(n->peer_addrs[i].id, peer_id)))
+            snprintf(out, len, "%s", n->peer_addrs[i].addr);
+    pthread_mutex_unlock(&n->mu);
+    return found;
+}
+
+const char *node_dataplane_secret(const struct node *n) { return n->dp_secret; }
 
 /* ---- the log ---- */
 
@@ -810,7 +854,61 @@ static void heard_drop(struct node *n, const char *id)
     }
 }
 
-/* Times out the nodes of the state unheard for node_timeout_ms. */
+/* What a PlaceInstance needs to place an instance again. */
+struct replacement {
+    char model_id[IDS_MODEL_MAX + 1], draft_model[IDS_MODEL_MAX + 1];
+    enum cluster_sharding sharding;
+    int num_draft_tokens;
+};
+
+/* The instances with a shard on node_id (at most max); *n_out of them. */
+static struct replacement *instances_on(const struct cluster_state *s, const char *node_id, size_t *n_out)
+{
+    struct replacement *r = calloc(s->n_instances ? s->n_instances : 1, sizeof *r);
+    *n_out = 0;
+    for (size_t i = 0; r && i < s->n_instances; i++) {
+        const struct cluster_instance *in = &s->instances[i];
+        bool on = false;
+        for (size_t k = 0; k < in->n_shards && !on; k++)
+            on = !strcmp(in->shards[k].node_id, node_id);
+        if (!on)
+            continue;
+        struct replacement *x = &r[(*n_out)++];
+        memcpy(x->model_id, in->model_id, sizeof x->model_id);
+        memcpy(x->draft_model, in->draft_model, sizeof x->draft_model);
+        x->sharding = in->sharding;
+        x->num_draft_tokens = in->num_draft_tokens;
+    }
+    return r;
+}
+
+/* Places again the instances a timed-out node took down, on the nodes left, where they
+ * fit (issue 7: the cluster keeps serving when a machine drops out). */
+static void place_again(struct node *n, const struct replacement *r, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        struct command c;
+        struct command_result res;
+        command_init(&c, COMMAND_PLACE_INSTANCE);
+        memcpy(c.place_instance.model_id, r[i].model_id, sizeof c.place_instance.model_id);
+        memcpy(c.place_instance.draft_model, r[i].draft_model, sizeof c.place_instance.draft_model);
+        c.place_instance.sharding = r[i].sharding;
+        c.place_instance.min_nodes = 1;
+        c.place_instance.num_draft_tokens = r[i].num_draft_tokens;
+        struct master_events evs = {0};
+        if (master_command(n->state, &n->env, &c, &evs, &res) == 0) {
+            emit(n, &evs);
+            log_info("node %s: model %s placed again as instance %s", n->id, r[i].model_id, res.instance_id);
+        } else {
+            log_warn("node %s: model %s cannot be placed again: %s", n->id, r[i].model_id, res.message);
+        }
+        master_events_clear(&evs);
+        command_clear(&c);
+    }
+}
+
+/* Times out the nodes of the state unheard for node_timeout_ms, and places their
+ * instances again. */
 static void check_timeouts(struct node *n, int64_t now)
 {
     for (size_t i = 0; i < n->state->n_nodes; i++) {
@@ -832,7 +930,12 @@ static void check_timeouts(struct node *n, int64_t now)
         event_init(&e, EVENT_NODE_TIMED_OUT, 0, 0);
         snprintf(e.node_timed_out.node_id, sizeof e.node_timed_out.node_id, "%s", id);
         heard_drop(n, id);
+        size_t n_lost = 0;
+        struct replacement *lost = instances_on(n->state, id, &n_lost);
         emit_one(n, &e);
+        if (lost)
+            place_again(n, lost, n_lost);
+        free(lost);
         i = (size_t)-1; /* the table changed: start over */
     }
 }
@@ -1588,7 +1691,18 @@ int node_create(struct node **out, const struct node_config *cfg, char *err, siz
     size_t plen = strlen(cfg->data_dir) + sizeof "/events.db";
     n->log_path = malloc(plen);
     n->state = cluster_state_create();
-    if (!n->data_dir || (cfg->models_dir && !n->models_dir) || !n->log_path || !n->state) {
+    n->peer_addrs = calloc(NODE_MAX_PEERS, sizeof *n->peer_addrs);
+    if (cfg->secret && cfg->secret[0] && sodium_init() >= 0) {
+        /* runners get a key derived from the cluster secret, never the secret itself */
+        static const char label[] = "cairn data plane v1";
+        unsigned char mac[crypto_auth_hmacsha256_BYTES];
+        crypto_auth_hmacsha256_state hs;
+        crypto_auth_hmacsha256_init(&hs, (const unsigned char *)cfg->secret, strlen(cfg->secret));
+        crypto_auth_hmacsha256_update(&hs, (const unsigned char *)label, sizeof label - 1);
+        crypto_auth_hmacsha256_final(&hs, mac);
+        sodium_bin2hex(n->dp_secret, sizeof n->dp_secret, mac, sizeof mac);
+    }
+    if (!n->data_dir || !n->peer_addrs || (cfg->models_dir && !n->models_dir) || !n->log_path || !n->state) {
         rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
         goto fail;
     }
@@ -1711,6 +1825,7 @@ void node_release(struct node *n)
     free(n->data_dir);
     free(n->models_dir);
     free(n->log_path);
+    free(n->peer_addrs);
     pthread_mutex_destroy(&n->mu);
     pthread_mutex_destroy(&n->cat_mu);
     pthread_mutex_destroy(&n->sub_mu);

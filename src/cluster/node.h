@@ -163,6 +163,14 @@ struct download_mgr *node_downloads(struct node *n);
 /* Path of this node's event log (for readers on other threads with their own handle). */
 const char *node_log_path(const struct node *n);
 
+/* The address this node's cluster link reaches peer_id at (the endpoint it connected
+ * to, or the IP the peer came from), refreshed every 250 ms: false when no link is up. */
+bool node_peer_addr(struct node *n, const char *peer_id, char *out, size_t len);
+
+/* The key the data planes of this node's runners prove (hex HMAC-SHA256 of a label under
+ * the cluster secret), "" without a secret. */
+const char *node_dataplane_secret(const struct node *n);
+
 /* Called by the node thread for every event it applies, with the event's JSON text;
  * must not block or call the node. */
 typedef void (*node_event_fn)(void *ctx, const char *json, size_t len, int64_t term,

@@ -105,6 +105,11 @@ int plan_compute(const struct cluster_state *s, const char *node_id, const struc
             x->cfg.layer_begin = sh->layer_begin;
             x->cfg.layer_end = sh->layer_end;
             x->cfg.num_draft_tokens = in->num_draft_tokens;
+            x->cfg.rank = sh->rank;
+            x->cfg.world_size = (int)in->n_shards;
+            x->cfg.epoch = in->epoch;
+            /* the data plane's handshake refuses ranks that name the model otherwise */
+            snprintf(x->cfg.model_identity, sizeof x->cfg.model_identity, "%.*s", DP_ID_MAX, in->model_id);
             /* The draft runs on the first rank; a draft this node cannot find only
              * leaves the instance without one (the worker says so). */
             if (sh->rank == 0 && in->draft_model[0] &&

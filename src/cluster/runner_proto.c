@@ -19,7 +19,7 @@ static const char *name_at(const char *const *names, int n, int v)
 const char *runner_msg_type_name(int v)
 {
     static const char *const names[] = {"status", "heartbeat", "token", "done", "task", "cancel", "shutdown",
-                                         "start", "output", "seq_done", "draft"};
+                                         "start", "output", "seq_done", "draft", "peers"};
     return name_at(names, RUNNER_MSG_TYPE_COUNT, v);
 }
 
@@ -37,6 +37,7 @@ void runner_config_defaults(struct runner_config *c)
     c->threads = 2;
     c->num_draft_tokens = 4;
     c->heartbeat_ms = 1000;
+    c->world_size = 1;
 }
 
 struct runner_sampling runner_sampling_defaults(void)
@@ -103,7 +104,10 @@ json_t *runner_config_to_json(const struct runner_config *c)
               put(o, "ctx", json_integer(c->ctx)) && put(o, "slots", json_integer(c->slots)) &&
               put(o, "threads", json_integer(c->threads)) && put(o, "heartbeat_ms", json_integer(c->heartbeat_ms)) &&
               put(o, "draft_model_path", ids_json_string_or_null(c->draft_model_path, true)) &&
-              put(o, "num_draft_tokens", json_integer(c->num_draft_tokens));
+              put(o, "num_draft_tokens", json_integer(c->num_draft_tokens)) &&
+              put(o, "rank", json_integer(c->rank)) && put(o, "world_size", json_integer(c->world_size)) &&
+              put(o, "epoch", json_integer(c->epoch)) &&
+              put(o, "model_identity", json_string(c->model_identity));
     free(path);
     if (!ok) {
         json_decref(o);
@@ -162,15 +166,33 @@ int runner_config_from_json(const json_t *j, struct runner_config *out, char *er
         memcpy(out->draft_model_path, json_string_value(dp), json_string_length(dp) + 1);
     }
     int64_t begin = 0, end = -1, ctx = 0, slots = RUNNER_DEFAULT_SLOTS, threads = 2, hb = 1000, k = 4;
+    int64_t rank = 0, world = 1;
     if ((rc = opt_int(j, path, "layer_begin", 0, 65535, &begin, err, errlen)) ||
         (rc = opt_int(j, path, "layer_end", -1, 65536, &end, err, errlen)) ||
         (rc = opt_int(j, path, "ctx", 0, 1 << 24, &ctx, err, errlen)) ||
         (rc = opt_int(j, path, "slots", 1, 256, &slots, err, errlen)) ||
         (rc = opt_int(j, path, "threads", 1, 512, &threads, err, errlen)) ||
         (rc = opt_int(j, path, "heartbeat_ms", 10, 600000, &hb, err, errlen)) ||
-        (rc = opt_int(j, path, "num_draft_tokens", 0, CLUSTER_MAX_DRAFT_TOKENS, &k, err, errlen)))
+        (rc = opt_int(j, path, "num_draft_tokens", 0, CLUSTER_MAX_DRAFT_TOKENS, &k, err, errlen)) ||
+        (rc = opt_int(j, path, "world_size", 1, CLUSTER_MAX_SHARDS, &world, err, errlen)) ||
+        (rc = opt_int(j, path, "rank", 0, world - 1, &rank, err, errlen)) ||
+        (rc = opt_int(j, path, "epoch", 0, IDS_COUNTER_MAX, &out->epoch, err, errlen)))
         return rc;
+    json_t *mi = json_object_get(j, "model_identity");
+    if (mi && !json_is_null(mi)) {
+        size_t n = json_is_string(mi) ? json_string_length(mi) : DP_ID_MAX + 1;
+        const char *v = n <= DP_ID_MAX ? json_string_value(mi) : "";
+        bool printable = strlen(v) == n;
+        for (size_t i = 0; i < n && printable; i++)
+            printable = v[i] > 0x20 && v[i] < 0x7f;
+        if (!printable)
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "config.model_identity: not 0..%d printable ASCII bytes",
+                              DP_ID_MAX);
+        memcpy(out->model_identity, v, n + 1);
+    }
     out->num_draft_tokens = (int)k;
+    out->rank = (int)rank;
+    out->world_size = (int)world;
     if (end >= 0 && end <= begin)
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "config.layer_end: %lld is not above layer_begin %lld",
                           (long long)end, (long long)begin);
@@ -271,6 +293,56 @@ static json_t *task_to_json(json_t *o, const struct runner_task *t)
     return ok ? o : NULL;
 }
 
+static bool peers_to_json(json_t *o, const struct runner_peers *p)
+{
+    json_t *hosts = json_array();
+    bool ok = p->n_hosts >= 1 && p->n_hosts <= RUNNER_MAX_PEER_HOSTS && p->next_port > 0 && p->next_port < 65536 &&
+              p->next_rank >= 0 && p->epoch >= 0 && put(o, "epoch", json_integer(p->epoch)) &&
+              put(o, "secret", p->secret[0] ? json_string(p->secret) : json_null()) &&
+              put(o, "next_rank", json_integer(p->next_rank)) && put(o, "next_port", json_integer(p->next_port)) &&
+              put(o, "hosts", hosts);
+    for (int i = 0; ok && i < p->n_hosts; i++)
+        ok = p->hosts[i][0] && json_array_append_new(hosts, json_string(p->hosts[i])) == 0;
+    return ok;
+}
+
+static int peers_from_json(const json_t *j, struct runner_peers *p, char *err, size_t errlen)
+{
+    const char *path = "peers";
+    int64_t rank, port;
+    int rc;
+    if ((rc = ids_json_int(j, path, "epoch", 0, IDS_COUNTER_MAX, &p->epoch, err, errlen)) ||
+        (rc = ids_json_int(j, path, "next_rank", 0, CLUSTER_MAX_SHARDS - 1, &rank, err, errlen)) ||
+        (rc = ids_json_int(j, path, "next_port", 1, 65535, &port, err, errlen)))
+        return rc;
+    p->next_rank = (int)rank;
+    p->next_port = (int)port;
+    json_t *sec = json_object_get(j, "secret");
+    if (sec && !json_is_null(sec)) {
+        if (!json_is_string(sec) || json_string_length(sec) >= sizeof p->secret ||
+            strlen(json_string_value(sec)) != json_string_length(sec))
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "peers.secret: not a text of 0..%zu bytes",
+                              sizeof p->secret - 1);
+        memcpy(p->secret, json_string_value(sec), json_string_length(sec) + 1);
+    }
+    json_t *hosts;
+    if ((rc = ids_json_member(j, path, "hosts", JSON_ARRAY, &hosts, err, errlen)))
+        return rc;
+    size_t n = json_array_size(hosts);
+    if (n < 1 || n > RUNNER_MAX_PEER_HOSTS)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "peers.hosts: %zu addresses, expected 1..%d", n,
+                          RUNNER_MAX_PEER_HOSTS);
+    for (size_t i = 0; i < n; i++) {
+        json_t *h = json_array_get(hosts, i);
+        if (!json_is_string(h) || json_string_length(h) < 1 || json_string_length(h) > IDS_ADDR_MAX ||
+            strlen(json_string_value(h)) != json_string_length(h))
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "peers.hosts[%zu]: not an address", i);
+        memcpy(p->hosts[i], json_string_value(h), json_string_length(h) + 1);
+    }
+    p->n_hosts = (int)n;
+    return 0;
+}
+
 char *runner_msg_encode(const struct runner_msg *m, size_t *len)
 {
     const char *type = runner_msg_type_name(m->type);
@@ -279,7 +351,11 @@ char *runner_msg_encode(const struct runner_msg *m, size_t *len)
     switch (ok ? m->type : RUNNER_MSG_TYPE_COUNT) {
     case RUNNER_MSG_STATUS:
         ok = cluster_runner_status_name(m->status) && put(o, "status", json_string(cluster_runner_status_name(m->status))) &&
-             put(o, "error", text_or_null(m->error));
+             put(o, "error", text_or_null(m->error)) &&
+             (m->data_port <= 0 || put(o, "data_port", json_integer(m->data_port)));
+        break;
+    case RUNNER_MSG_PEERS:
+        ok = peers_to_json(o, &m->peers);
         break;
     case RUNNER_MSG_HEARTBEAT:
     case RUNNER_MSG_SHUTDOWN:
@@ -408,7 +484,12 @@ static int decode(const json_t *j, struct runner_msg *out, char *err, size_t err
         if ((rc = ids_json_enum(j, path, "status", cluster_runner_status_name, CLUSTER_RUNNER_STATUS_COUNT,
                                 &out->status, err, errlen)))
             return rc;
+        if ((rc = opt_int(j, path, "data_port", 0, 65535, &v, err, errlen)))
+            return rc;
+        out->data_port = (int)v;
         return json_object_get(j, "error") ? ids_json_text(j, path, "error", &out->error, err, errlen) : 0;
+    case RUNNER_MSG_PEERS:
+        return peers_from_json(j, &out->peers, err, errlen);
     case RUNNER_MSG_HEARTBEAT:
     case RUNNER_MSG_SHUTDOWN:
         return 0;

@@ -11,7 +11,8 @@
  *
  * Runner -> node:
  *   {"type":"status","status":"Idle"|"Connecting"|"Loading"|"WarmingUp"|"Ready"|
- *    "Running"|"ShuttingDown"|"Shutdown"|"Failed","error":text|null}
+ *    "Running"|"ShuttingDown"|"Shutdown"|"Failed","error":text|null,"data_port"?}
+ *    (data_port: a pipelined runner's data-plane port, in every status once it listens)
  *   {"type":"heartbeat"}                  at least every heartbeat_ms when not busy
  *   {"type":"token","task_id","token","index"}   one generated token (index from 0)
  *   {"type":"done","task_id","finish":"stop"|"length"|"cancelled"|"error",
@@ -36,10 +37,14 @@
  *   {"type":"shutdown"}                   cancel everything, report ShuttingDown, Shutdown, exit 0
  *   {"type":"draft","model_path":path|null,"num_draft_tokens"}   load (or drop) the draft
  *    model of speculative decoding; requests in flight keep running
+ *   {"type":"peers","epoch","secret":text|null,"next_rank","next_port","hosts":[addr...]}
+ *    a pipelined runner's next rank (struct runner_peers); it connects there, accepts
+ *    its previous rank, and only then reports Ready
  * Unknown members are ignored (newer peers may add some); unknown types are refused.
  *
  * State machine: Idle -> Connecting -> Loading -> WarmingUp -> Ready, then Running while
- * a task runs and Ready again, ShuttingDown -> Shutdown on request; Failed with a reason
+ * a task runs and Ready again (a pipelined runner: Idle -> Loading -> WarmingUp ->
+ * Connecting, listening, until its data-plane links are up -> Ready), ShuttingDown -> Shutdown on request; Failed with a reason
  * from any state (the runner exits after reporting it). */
 #ifndef CAIRN_CLUSTER_RUNNER_PROTO_H
 #define CAIRN_CLUSTER_RUNNER_PROTO_H
@@ -50,6 +55,7 @@
 
 #include <jansson.h>
 
+#include "cluster/dataplane.h"
 #include "cluster/ids.h"
 
 #define RUNNER_FD_SOCK 3
@@ -64,8 +70,9 @@
 
 /* A runner's config. JSON {"instance_id", "runner_id", "model_path", "layer_begin",
  * "layer_end", "ctx", "slots", "threads", "heartbeat_ms", "draft_model_path",
- * "num_draft_tokens"}; all but the ids and the model path may be left out (defaults
- * below). */
+ * "num_draft_tokens", "rank", "world_size", "epoch", "model_identity"}; all but the ids
+ * and the model path may be left out (defaults below). It travels on the command line,
+ * so it holds nothing secret: the cluster secret comes in the "peers" message. */
 struct runner_config {
     char instance_id[IDS_ID_MAX + 1], runner_id[IDS_ID_MAX + 1];
     char model_path[RUNNER_PATH_MAX];
@@ -77,6 +84,24 @@ struct runner_config {
     int heartbeat_ms; /* 10..600000 (1000) */
     char draft_model_path[RUNNER_PATH_MAX]; /* speculative decoding's draft, "" = none */
     int num_draft_tokens; /* 0..CLUSTER_MAX_DRAFT_TOKENS (4) */
+    /* A pipelined instance (world_size > 1): this runner's rank, the instance's epoch
+     * and the model's identity, which the data plane's handshake compares. */
+    int rank;         /* 0..world_size-1 (0) */
+    int world_size;   /* 1..CLUSTER_MAX_SHARDS (1) */
+    int64_t epoch;    /* >= 0 (0) */
+    char model_identity[DP_ID_MAX + 1]; /* "" = the model file's size and name */
+};
+
+/* Where a pipelined runner's next rank listens, and what the data plane's handshake
+ * needs: node -> runner "peers" message {"epoch", "secret": text|null, "next_rank",
+ * "next_port", "hosts": [address, ...]} (hosts in the order to try). */
+#define RUNNER_MAX_PEER_HOSTS 16
+struct runner_peers {
+    int64_t epoch;
+    char secret[256]; /* "" = none */
+    int next_rank, next_port;
+    char hosts[RUNNER_MAX_PEER_HOSTS][IDS_ADDR_MAX + 1];
+    int n_hosts;
 };
 
 /* Sampling of a TextGeneration task, as engine/sample.h takes it. */
@@ -108,6 +133,7 @@ enum runner_msg_type {
     RUNNER_MSG_OUTPUT,
     RUNNER_MSG_SEQ_DONE,
     RUNNER_MSG_DRAFT,
+    RUNNER_MSG_PEERS,
     RUNNER_MSG_TYPE_COUNT
 };
 
@@ -122,6 +148,8 @@ enum runner_finish {
 struct runner_msg {
     enum runner_msg_type type;
     int status;                  /* STATUS: enum cluster_runner_status */
+    int data_port;               /* STATUS: the data plane's listening port, 0 = none */
+    struct runner_peers peers;   /* PEERS */
     char *error;                 /* STATUS (Failed), DONE: malloc'd text or NULL */
     char task_id[IDS_ID_MAX + 1]; /* TOKEN, DONE, CANCEL */
     int32_t token;               /* TOKEN */

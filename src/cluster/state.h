@@ -131,13 +131,15 @@ struct cluster_instance {
 };
 
 /* JSON {"runner_id", "instance_id", "node_id", "status", "error": text|null,
- * "restart_count"}; error only with status Failed. */
+ * "restart_count", "data_port"}; error only with status Failed; data_port (left out
+ * when 0) is where a pipelined runner's data plane listens on its node. */
 struct cluster_runner {
     char id[IDS_ID_MAX + 1];
     char instance_id[IDS_ID_MAX + 1], node_id[IDS_ID_MAX + 1];
     enum cluster_runner_status status;
     char *error;       /* malloc'd, NULL unless Failed (may be NULL then too) */
     int restart_count; /* 0..1000000 */
+    int data_port;     /* 0..65535, 0 = none */
 };
 
 /* JSON {"task_id", "kind", "instance_id", "node_id", "status", "acknowledged",

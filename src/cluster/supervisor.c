@@ -42,6 +42,7 @@ struct sup_runner {
     char tail[SUPERVISOR_TAIL];  /* ring of the last stderr bytes */
     size_t tail_len, tail_pos;
     enum cluster_runner_status status;
+    int data_port;               /* the process's data-plane port, 0 = none */
     int failures;                /* consecutive */
     int restarts;
     int64_t last_heard, ready_since, restart_at, kill_at; /* ns, 0: none */
@@ -118,6 +119,7 @@ static struct qevent *push(struct supervisor *s, enum supervisor_event_kind kind
     memcpy(e->instance_id, r->cfg.instance_id, sizeof e->instance_id);
     e->ev.restart_count = r->restarts;
     e->ev.pid = r->pid;
+    e->ev.data_port = r->data_port;
     return e;
 }
 
@@ -276,6 +278,7 @@ static int spawn(struct supervisor *s, struct sup_runner *r, char *err, size_t e
         goto out;
     }
     r->pid = pid;
+    r->data_port = 0; /* the new process listens anew */
 #ifdef SYS_pidfd_open
     r->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
 #else
@@ -395,6 +398,8 @@ static void handle_line(struct supervisor *s, struct sup_runner *r, const char *
             break;
         }
         r->status = (enum cluster_runner_status)m.status;
+        if (m.data_port > 0)
+            r->data_port = m.data_port;
         if (m.status == CLUSTER_RUNNER_SHUTDOWN)
             break; /* reported once the process is reaped */
         if ((m.status == CLUSTER_RUNNER_READY || m.status == CLUSTER_RUNNER_RUNNING) && !r->ready_since)
@@ -812,6 +817,22 @@ int supervisor_set_draft(struct supervisor *s, const char *runner_id, const char
             if (r->out_len)
                 wake(s);
         }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+int supervisor_set_peers(struct supervisor *s, const char *runner_id, const struct runner_peers *p)
+{
+    pthread_mutex_lock(&s->mu);
+    struct sup_runner *r = find(s, runner_id);
+    int rc = !r ? CAIRN_ENOTFOUND : r->phase != PH_RUNNING || r->want_stop ? CAIRN_ESTATE : 0;
+    if (!rc) {
+        struct runner_msg m = {.type = RUNNER_MSG_PEERS, .peers = *p};
+        rc = queue_out(r, &m);
+        flush_out(r);
+        if (r->out_len)
+            wake(s);
     }
     pthread_mutex_unlock(&s->mu);
     return rc;

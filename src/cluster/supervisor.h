@@ -72,6 +72,7 @@ struct supervisor_event {
     const char *error;                 /* STATUS Failed, DONE with an error, GAVE_UP; else NULL */
     int restart_count;                 /* STATUS, GAVE_UP: restarts of this runner so far */
     pid_t pid;                         /* STATUS: the process reporting (0 after it ended) */
+    int data_port;                     /* STATUS: its data-plane port (pipelined), 0 = none */
     const char *task_id;               /* TOKEN, DONE */
     int32_t token;                     /* TOKEN */
     int64_t index;                     /* TOKEN: position in the generated text, from 0 */
@@ -119,6 +120,11 @@ int supervisor_submit(struct supervisor *s, const char *runner_id, const struct 
 /* Sets the draft model of a runner (path NULL or "": none): sent to it now when it runs,
  * and given to it when it restarts. CAIRN_ENOTFOUND for an unknown id, CAIRN_ENOMEM. */
 int supervisor_set_draft(struct supervisor *s, const char *runner_id, const char *path, int num_draft_tokens);
+
+/* Tells a running pipelined runner where its next rank listens (a "peers" message; a
+ * restarted runner needs it again). CAIRN_ENOTFOUND for an unknown id, CAIRN_ESTATE
+ * when its process is not running, CAIRN_ENOMEM. */
+int supervisor_set_peers(struct supervisor *s, const char *runner_id, const struct runner_peers *p);
 
 /* Asks a runner to cancel a task (finished with RUNNER_FINISH_CANCELLED). CAIRN_ENOTFOUND
  * when the runner or the task in flight is unknown. */

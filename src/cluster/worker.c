@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "base/clock.h"
@@ -27,6 +28,9 @@ struct wrunner {
     bool want_delete; /* gave up: its instance is to be deleted (once) */
     char draft_path[RUNNER_PATH_MAX]; /* the draft it was given ("" none) */
     int draft_k;
+    int data_port;         /* where its data plane listens (pipelined), 0 = not yet */
+    pid_t peers_pid;       /* the process last told where its next rank is, and the */
+    int peers_port;        /* port it was told: a new process or port is told again */
 };
 
 /* A task handed to one of this node's runners, until its runner says done. */
@@ -214,6 +218,7 @@ static void on_sup_event(void *ctx, const struct supervisor_event *ev)
             x->status = ev->status;
             x->restart_count = ev->restart_count;
             x->pid = ev->pid;
+            x->data_port = ev->data_port;
             set_error(x, ev->error);
         }
     }
@@ -334,6 +339,109 @@ static void update_drafts(struct worker *w, const struct cluster_state *st)
     }
 }
 
+/* The host of a link endpoint ("tcp://host:port", "[v6]:port" or a bare address). */
+static void endpoint_host(const char *ep, char *out, size_t len)
+{
+    if (!strncmp(ep, "tcp://", 6))
+        ep += 6;
+    const char *end = ep + strlen(ep);
+    if (*ep == '[') {
+        const char *close = strchr(ep, ']');
+        end = close ? close : end;
+        ep++;
+    } else {
+        const char *colon = strchr(ep, ':');
+        if (colon && !strchr(colon + 1, ':')) /* host:port, not a bare IPv6 address */
+            end = colon;
+    }
+    snprintf(out, len, "%.*s", (int)(end - ep), ep);
+}
+
+static void add_host(struct runner_peers *p, const char *host)
+{
+    if (!host[0] || strlen(host) > IDS_ADDR_MAX || strchr(host, '%') || !strncasecmp(host, "fe80:", 5) ||
+        p->n_hosts == RUNNER_MAX_PEER_HOSTS)
+        return; /* link-local IPv6 needs a scope this node cannot name */
+    for (int i = 0; i < p->n_hosts; i++)
+        if (!strcmp(p->hosts[i], host))
+            return;
+    snprintf(p->hosts[p->n_hosts++], sizeof p->hosts[0], "%s", host);
+}
+
+/* Addresses to reach node_id's data plane at, best first: loopback for this node; else
+ * where this node's cluster link reaches it, then its other addresses (IPv4 first). */
+static void peer_hosts(struct worker *w, const struct cluster_state *st, const char *node_id,
+                       struct runner_peers *p)
+{
+    if (!strcmp(node_id, w->node_id)) {
+        add_host(p, "127.0.0.1");
+        return;
+    }
+    char ep[256], host[IDS_ADDR_MAX + 1];
+    if (node_peer_addr(w->node, node_id, ep, sizeof ep)) {
+        endpoint_host(ep, host, sizeof host);
+        add_host(p, host);
+    }
+    const struct cluster_node *nd = cluster_state_find_node(st, node_id);
+    for (int v6 = 0; nd && v6 < 2; v6++)
+        for (size_t i = 0; i < nd->info.n_ifaces; i++)
+            for (size_t k = 0; !nd->info.ifaces[i].loopback && k < nd->info.ifaces[i].n_addrs; k++) {
+                snprintf(host, sizeof host, "%s", nd->info.ifaces[i].addrs[k]);
+                char *slash = strchr(host, '/'); /* a prefix length */
+                if (slash)
+                    *slash = 0;
+                if ((strchr(host, ':') != NULL) == v6 && strncmp(host, "127.", 4) && strcmp(host, "::1"))
+                    add_host(p, host);
+            }
+}
+
+/* Tells each pipelined runner here that listens and waits where its next rank listens,
+ * once that runner has reported its port (a restarted process or a new port: again). */
+static void update_peers(struct worker *w, const struct cluster_state *st)
+{
+    for (size_t i = 0; i < st->n_instances; i++) {
+        const struct cluster_instance *in = &st->instances[i];
+        if (in->n_shards < 2)
+            continue;
+        for (size_t k = 0; k < in->n_shards; k++) {
+            const struct cluster_shard *sh = &in->shards[k];
+            if (strcmp(sh->node_id, w->node_id))
+                continue;
+            const struct cluster_shard *next = &in->shards[(k + 1) % in->n_shards];
+            const struct cluster_runner *nr = cluster_state_find_runner(st, next->runner_id);
+            if (!nr || nr->data_port <= 0 || nr->status == CLUSTER_RUNNER_FAILED)
+                continue;
+            pthread_mutex_lock(&w->mu);
+            struct wrunner *x = find(w, sh->runner_id);
+            bool due = x && x->supervised && x->pid > 0 && x->status == CLUSTER_RUNNER_CONNECTING &&
+                       x->data_port > 0 && (x->peers_pid != x->pid || x->peers_port != nr->data_port);
+            pid_t pid = x ? x->pid : 0;
+            pthread_mutex_unlock(&w->mu);
+            if (!due)
+                continue;
+            struct runner_peers p = {.epoch = in->epoch, .next_rank = next->rank, .next_port = nr->data_port};
+            snprintf(p.secret, sizeof p.secret, "%s", node_dataplane_secret(w->node));
+            peer_hosts(w, st, next->node_id, &p);
+            if (!p.n_hosts) {
+                log_warn("worker: runner %s: no address known for node %s (rank %d)", sh->runner_id,
+                         next->node_id, next->rank);
+                continue;
+            }
+            int rc = supervisor_set_peers(w->sup, sh->runner_id, &p);
+            log_info("worker: runner %s (rank %d): next rank %d at %s:%d (%d addresses)%s", sh->runner_id,
+                     sh->rank, next->rank, p.hosts[0], p.next_port, p.n_hosts, rc ? ": not sent" : "");
+            if (rc)
+                continue;
+            pthread_mutex_lock(&w->mu);
+            if ((x = find(w, sh->runner_id)) && x->pid == pid) {
+                x->peers_pid = pid;
+                x->peers_port = nr->data_port;
+            }
+            pthread_mutex_unlock(&w->mu);
+        }
+    }
+}
+
 /* Sends the FinishTask commands queued by task_done. */
 static void send_finishes(struct worker *w)
 {
@@ -402,6 +510,7 @@ static void replan(struct worker *w)
     free(held);
     dispatch_tasks(w, st);
     update_drafts(w, st);
+    update_peers(w, st);
     for (size_t i = 0; i < n_acts; i++) {
         const struct plan_action *a = &acts[i];
         char err[1024];
@@ -613,6 +722,7 @@ json_t *worker_runners_json(void *ctx)
         r.status = x->status;
         r.error = x->status == CLUSTER_RUNNER_FAILED ? x->error : NULL;
         r.restart_count = x->restart_count;
+        r.data_port = x->data_port;
         json_t *j = cluster_runner_to_json(&r);
         if (!j || json_array_append_new(arr, j)) {
             json_decref(arr);

@@ -673,6 +673,55 @@ static void test_proto(void)
               c2.layer_begin == 2 && c2.layer_end == 5 && c2.ctx == 256 && !strcmp(c2.runner_id, "r-9"),
           "config round trip: %s", err);
     json_decref(j);
+    /* A pipelined runner's rank, world size, epoch and model identity. */
+    c.rank = 2;
+    c.world_size = 3;
+    c.epoch = 7;
+    snprintf(c.model_identity, sizeof c.model_identity, "qwen:7b");
+    j = runner_config_to_json(&c);
+    CHECK(j && runner_config_from_json(j, &c2, err, sizeof err) == 0 && c2.rank == 2 && c2.world_size == 3 &&
+              c2.epoch == 7 && !strcmp(c2.model_identity, "qwen:7b"),
+          "pipelined config round trip: %s", err);
+    json_decref(j);
+    const char *badpipe[] = {
+        "{\"instance_id\":\"i\",\"runner_id\":\"r\",\"model_path\":\"/m\",\"rank\":3,\"world_size\":3}",
+        "{\"instance_id\":\"i\",\"runner_id\":\"r\",\"model_path\":\"/m\",\"world_size\":0}",
+        "{\"instance_id\":\"i\",\"runner_id\":\"r\",\"model_path\":\"/m\",\"epoch\":-1}",
+        "{\"instance_id\":\"i\",\"runner_id\":\"r\",\"model_path\":\"/m\",\"model_identity\":\"a b\"}",
+    };
+    for (size_t i = 0; i < sizeof badpipe / sizeof badpipe[0]; i++)
+        CHECK(runner_config_parse(badpipe[i], strlen(badpipe[i]), &c2, err, sizeof err) == CAIRN_EFORMAT,
+              "accepted %s", badpipe[i]);
+    /* peers, and a status with its data port */
+    const char *peers = "{\"type\":\"peers\",\"epoch\":4,\"secret\":\"abc\",\"next_rank\":1,\"next_port\":4100,"
+                        "\"hosts\":[\"127.0.0.1\",\"::1\"]}";
+    CHECK(runner_msg_decode(peers, strlen(peers), &m, err, sizeof err) == 0 && m.type == RUNNER_MSG_PEERS &&
+              m.peers.epoch == 4 && !strcmp(m.peers.secret, "abc") && m.peers.next_rank == 1 &&
+              m.peers.next_port == 4100 && m.peers.n_hosts == 2 && !strcmp(m.peers.hosts[1], "::1"),
+          "peers: %s", err);
+    line = runner_msg_encode(&m, &len);
+    struct runner_msg m3;
+    CHECK(line && runner_msg_decode(line, len, &m3, err, sizeof err) == 0 && !memcmp(&m3.peers, &m.peers, sizeof m.peers),
+          "peers round trip: %s", line ? line : "(null)");
+    free(line);
+    runner_msg_clear(&m3);
+    runner_msg_clear(&m);
+    const char *badpeers[] = {
+        "{\"type\":\"peers\",\"epoch\":4,\"next_rank\":1,\"next_port\":0,\"hosts\":[\"h\"]}",
+        "{\"type\":\"peers\",\"epoch\":4,\"next_rank\":1,\"next_port\":9,\"hosts\":[]}",
+        "{\"type\":\"peers\",\"epoch\":4,\"next_rank\":1,\"next_port\":9,\"hosts\":[3]}",
+        "{\"type\":\"peers\",\"epoch\":4,\"next_rank\":1,\"next_port\":9}",
+        "{\"type\":\"status\",\"status\":\"Connecting\",\"data_port\":70000}",
+    };
+    for (size_t i = 0; i < sizeof badpeers / sizeof badpeers[0]; i++) {
+        CHECK(runner_msg_decode(badpeers[i], strlen(badpeers[i]), &m, err, sizeof err) == CAIRN_EFORMAT,
+              "accepted %s", badpeers[i]);
+        runner_msg_clear(&m);
+    }
+    const char *withport = "{\"type\":\"status\",\"status\":\"Connecting\",\"data_port\":4100}";
+    CHECK(runner_msg_decode(withport, strlen(withport), &m, err, sizeof err) == 0 && m.data_port == 4100,
+          "status with a data port: %s", err);
+    runner_msg_clear(&m);
     const char *badcfg = "{\"instance_id\":\"i\",\"runner_id\":\"r\",\"model_path\":\"/m\",\"layer_begin\":3,"
                          "\"layer_end\":3}";
     CHECK(runner_config_parse(badcfg, strlen(badcfg), &c2, err, sizeof err) == CAIRN_EFORMAT &&

@@ -229,6 +229,15 @@ export async function startNode(dir, modelsDir, { parallel, args = [], expectMod
       return '';
     }
   };
+  /** The node's runner processes now, and a process's command line ("" once gone). */
+  node.runnerPidsNow = () => childPids(proc.pid).filter(isOurRunner);
+  node.cmdline = (pid) => {
+    try {
+      return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8');
+    } catch {
+      return '';
+    }
+  };
   node.stop = async () => {
     if (!live.has(node))
       return node.exit;
