@@ -63,6 +63,7 @@ struct req {
 struct runner_figures {
     char instance_id[IDS_ID_MAX + 1];
     int64_t running, queued, slots, kv_used, kv_total, preemptions;
+    int64_t pipe_steps, pipe_compute_us, pipe_wait_us, pipe_bytes; /* rank 0 of a pipeline; else 0 */
 };
 
 #define MAX_FIGURES 64
@@ -235,6 +236,10 @@ static void keep_stats(struct gen_node *g, const char *instance_id, const json_t
     f->kv_used = member_int(st, "kv_blocks_used");
     f->kv_total = member_int(st, "kv_blocks_total");
     f->preemptions = member_int(st, "preemptions");
+    f->pipe_steps = member_int(st, "pipeline_steps");
+    f->pipe_compute_us = member_int(st, "pipeline_compute_us");
+    f->pipe_wait_us = member_int(st, "pipeline_wait_us");
+    f->pipe_bytes = member_int(st, "pipeline_bytes");
 }
 
 static void on_line(void *ctx, const char *line, size_t len)
@@ -821,6 +826,15 @@ static void h_metrics(struct http_request *req, void *ctx)
         {"cairn_kv_cache_blocks_total", "gauge", "KV cache blocks in all.", offsetof(struct runner_figures, kv_total)},
         {"cairn_runner_preemptions_total", "counter", "Sequences preempted for KV room.",
          offsetof(struct runner_figures, preemptions)},
+        {"cairn_pipeline_steps_total", "counter", "Steps rank 0 sent around the pipeline (0: one node).",
+         offsetof(struct runner_figures, pipe_steps)},
+        {"cairn_pipeline_rank0_compute_microseconds_total", "counter", "Rank 0's time in its own layers.",
+         offsetof(struct runner_figures, pipe_compute_us)},
+        {"cairn_pipeline_wait_microseconds_total", "counter",
+         "Rank 0's time from sending a step's activations to its logits coming back (the other ranks and the wire).",
+         offsetof(struct runner_figures, pipe_wait_us)},
+        {"cairn_pipeline_bytes_total", "counter", "Bytes on rank 0's data-plane links.",
+         offsetof(struct runner_figures, pipe_bytes)},
     };
     for (size_t k = 0; k < sizeof per_instance / sizeof per_instance[0]; k++) {
         add(&t, "# HELP %s %s\n# TYPE %s %s\n", per_instance[k].name, per_instance[k].help, per_instance[k].name,

@@ -168,6 +168,15 @@ static void add_sched_stats(struct runner *r, json_t *body)
                         json_pack("{s:i, s:i, s:i, s:I, s:I, s:I}", "running", st.running, "queued", st.queued, "slots",
                                   r->cfg.slots, "kv_blocks_used", (json_int_t)st.kv_blocks_used, "kv_blocks_total",
                                   (json_int_t)st.kv_blocks_total, "preemptions", (json_int_t)st.preemptions));
+    if (r->pipe) { /* rank 0 of a pipeline: how its steps went around the ring */
+        struct pipeline_stats ps;
+        pipeline_get_stats(r->pipe, &ps);
+        json_t *o = json_object_get(body, "stats");
+        json_object_set_new(o, "pipeline_steps", json_integer((json_int_t)ps.steps));
+        json_object_set_new(o, "pipeline_compute_us", json_integer(ps.compute_us));
+        json_object_set_new(o, "pipeline_wait_us", json_integer(ps.wait_us));
+        json_object_set_new(o, "pipeline_bytes", json_integer((json_int_t)(ps.bytes_sent + ps.bytes_received)));
+    }
 }
 
 /* A start, output or seq_done message with body's members; takes body. */

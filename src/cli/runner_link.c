@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/clock.h"
@@ -34,6 +35,11 @@ static void link_config(struct dp_config *dc, const struct runner_config *cfg, c
     /* Rank 0 counts the steps it has in flight around the ring: one per stage at most, so
      * the ring cannot jam (the other ranks release theirs as they pass a step on). */
     dc->max_inflight = to_next && cfg->rank == 0 ? cfg->world_size : 0;
+    /* Benchmarks emulate a slower link with CAIRN_DP_DELAY_US (one-way, microseconds),
+     * inherited from the node, where tc netem is not available. */
+    const char *delay = getenv("CAIRN_DP_DELAY_US");
+    long us = delay ? strtol(delay, NULL, 10) : 0;
+    dc->emulate_delay_us = us > 0 && us <= 1000000 ? (int)us : 0;
 }
 
 struct connector {

@@ -283,6 +283,7 @@ struct dp_conn {
     size_t max_payload, tx_cap, rx_cap; /* rx_cap is our window, announced in HELLO */
     uint64_t peer_window;
     int64_t hb_ns, dead_ns, linger_ns;
+    int64_t delay_ns;         /* emulated one-way delay of data frames (dp_config.emulate_delay_us) */
     bool payload_crc;
     void (*notify)(void *arg);
     void *notify_arg;
@@ -1243,7 +1244,7 @@ static void next_out(struct dp_conn *c, struct out *o, uint8_t *ibuf, int64_t no
         dp_hdr_pack(ibuf, &h);
         *o = (struct out){.p = ibuf, .len = DP_HDR_SIZE + CREDIT_PAYLOAD};
         c->announced = c->consumed;
-    } else if (c->txh && has_credit(c, c->txh, now)) {
+    } else if (c->txh && has_credit(c, c->txh, now) && now >= c->txh->t_queued + c->delay_ns) {
         struct frame *f = c->txh;
         c->txh = f->next;
         if (!c->txh)
@@ -1333,11 +1334,18 @@ static void *io_main(void *arg)
             wake_at = last_rx + c->dead_ns + MS;
         if (closing && close_deadline < wake_at)
             wake_at = close_deadline;
-        int timeout = wake_at <= now ? 0 : (int)((wake_at - now + MS - 1) / MS);
+        if (c->delay_ns) { /* the head frame's emulated delay ends */
+            pthread_mutex_lock(&c->mu);
+            if (c->txh && c->txh->t_queued + c->delay_ns < wake_at)
+                wake_at = c->txh->t_queued + c->delay_ns;
+            pthread_mutex_unlock(&c->mu);
+        }
+        int64_t left = wake_at <= now ? 0 : wake_at - now;
+        struct timespec ts = {.tv_sec = left / 1000000000, .tv_nsec = left % 1000000000};
         struct pollfd pfd[2] = {{.fd = c->wake[0], .events = POLLIN}, {.fd = c->fd, .events = POLLIN}};
         if (wr == 1)
             pfd[1].events |= POLLOUT;
-        int pr = poll(pfd, 2, timeout);
+        int pr = ppoll(pfd, 2, &ts, NULL);
         if (pr < 0 && errno != EINTR) {
             conn_end(c, true, "poll: %s", strerror(errno));
             break;
@@ -1392,6 +1400,9 @@ static int check_config(const struct dp_config *cfg, char *err, size_t errlen)
     if (cfg->heartbeat_ms < 0 || cfg->dead_ms < 0 || cfg->user_timeout_ms < 0 || cfg->handshake_ms < 0 ||
         cfg->close_linger_ms < 0)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "negative timing in the config");
+    if (cfg->emulate_delay_us < 0 || cfg->emulate_delay_us > 1000000)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "emulate_delay_us %d outside 0..1000000",
+                          cfg->emulate_delay_us);
     return 0;
 }
 
@@ -1413,6 +1424,7 @@ static int conn_create(struct dp_conn **out, int fd, const struct dp_config *cfg
     c->peer_window = peer_window;
     c->hb_ns = (cfg->heartbeat_ms ? cfg->heartbeat_ms : DP_HEARTBEAT_MS_DEFAULT) * MS;
     c->dead_ns = (cfg->dead_ms ? cfg->dead_ms : DP_DEAD_MS_DEFAULT) * MS;
+    c->delay_ns = (int64_t)cfg->emulate_delay_us * 1000;
     c->linger_ns = (cfg->close_linger_ms ? cfg->close_linger_ms : DP_CLOSE_LINGER_MS_DEFAULT) * MS;
     c->payload_crc = cfg->payload_crc;
     c->notify = cfg->notify;

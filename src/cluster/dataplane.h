@@ -254,6 +254,9 @@ struct dp_config {
     int handshake_ms;        /* handshake deadline; 0 = default (5000) */
     int close_linger_ms;     /* dp_close waits this long to flush; 0 = default (1000) */
     bool payload_crc;        /* send a CRC32C of each payload (checked whenever present) */
+    /* Benchmarks: each data frame leaves no sooner than this long after it was queued, as
+     * over a link with this one-way delay (where tc netem is not at hand); 0 = none. */
+    int emulate_delay_us;    /* 0..1000000 */
     uint16_t proto_version;  /* 0 = DP_PROTO_VERSION (tests announce others) */
     /* Called by the I/O thread, without any lock held, after a frame was queued for
      * dp_recv or the connection ended; must be quick and must not call dp_close. A

@@ -778,6 +778,49 @@ static void test_inflight(struct dp_listener *l)
     dp_close(b, NULL);
 }
 
+/* emulate_delay_us: each data frame arrives no sooner than the delay after it was sent,
+ * in order, while heartbeats keep the link alive; a delay out of range is refused. */
+static void test_emulated_delay(struct dp_listener *l)
+{
+    struct dp_config ca, cb;
+    base_cfg(&ca, 0, 1);
+    base_cfg(&cb, 1, 0);
+    ca.emulate_delay_us = 30000;
+    struct dp_conn *a = NULL, *b = NULL;
+    if (!simple_pair(l, &ca, &cb, &a, &b))
+        return;
+    char err[ERRLEN];
+    float x[64] = {0};
+    int32_t seq = 0;
+    int64_t pos = 0;
+    struct dp_activations act = {.n = 1, .n_embd = 64, .seq = &seq, .pos = &pos, .x = x};
+    int64_t t0 = clock_ns();
+    for (int i = 1; i <= 3; i++) {
+        act.step = (uint64_t)i;
+        CHECK(dp_send_activations(a, &act, 1000, err, sizeof err) == 0, "step %d: %s", i, err);
+    }
+    struct dp_frame f;
+    for (int i = 1; i <= 3; i++) {
+        int rc = dp_recv(b, &f, 5000, err, sizeof err);
+        CHECK(rc == 1 && f.type == DP_T_ACTIVATIONS && f.act.step == (uint64_t)i, "step %d in order: rc %d", i, rc);
+        if (i == 1)
+            CHECK(ms_since(t0) >= 29, "first frame after %.1f ms (delay 30 ms)", ms_since(t0));
+    }
+    /* the other way: no delay configured on b */
+    int32_t tok = 1;
+    float lp = 0;
+    struct dp_result r = {.step = 1, .n = 1, .kind = DP_RESULT_TOKENS, .seq = &seq, .pos = &pos, .token = &tok,
+                          .logprob = &lp};
+    CHECK(dp_send_result(b, &r, 1000, err, sizeof err) == 0, "result: %s", err);
+    CHECK(dp_recv(a, &f, 5000, err, sizeof err) == 1 && f.type == DP_T_RESULT, "a got the result");
+    dp_close(a, NULL);
+    dp_close(b, NULL);
+    ca.emulate_delay_us = -1;
+    CHECK(dp_connect(&a, "127.0.0.1", dp_listener_port(l), &ca, 0, err, sizeof err) == CAIRN_EINVAL &&
+              strstr(err, "emulate_delay_us"),
+          "a negative delay is refused: %s", err);
+}
+
 /* A receiver that does not read for longer than TCP_USER_TIMEOUT and dead_ms: the
  * receiver's window and then the sender's queue fill and the sender is refused; the
  * link survives, both sides keep hearing heartbeats, and nothing is lost. */
@@ -1330,6 +1373,7 @@ int main(int argc, char **argv)
     test_frames(l, true);
     test_large(l);
     test_inflight(l);
+    test_emulated_delay(l);
     test_notify(l);
     test_garbage(l);
     test_dead_child(l, SIGKILL);

@@ -11,7 +11,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import OpenAI from 'openai';
-import { SLOW, SHARED, makeTempDir, removeTempDir, makeModel, startNode, runCairn, http, sleep,
+import { SLOW, SHARED, makeTempDir, removeTempDir, makeModel, startNode, runCairn, http, sleep, metric,
   assertStopsCleanly } from './cairn.mjs';
 
 const QWEN = 'qwen-pipe';
@@ -133,6 +133,9 @@ for (const model of [QWEN, LLAMA]) {
       const again = await Promise.all(PROMPTS.map((p) => complete(openai, model, p)));
       for (let i = 0; i < PROMPTS.length; i++)
         assert.equal(again[i].text, want[i], `${k} ranks, prefix reuse, prompt ${i}`);
+      // the steps went around the ring (rank 0's figures in /metrics)
+      assert.ok(await metric(a, `cairn_pipeline_steps_total{instance="${id}"}`) > 0, 'pipeline steps counted');
+      assert.ok(await metric(a, `cairn_pipeline_wait_microseconds_total{instance="${id}"}`) > 0);
       await remove(a, id);
     }
   });
