@@ -57,6 +57,8 @@ struct req {
     struct gen_usage total;
     int64_t submitted_ns, last_token_ns[TEXTGEN_MAX_N];
     int64_t missing_since_ms; /* task not in the state since; 0 = seen */
+    char runs_on[IDS_ID_MAX + 1]; /* node of the instance's first rank, "" = not known yet */
+    int64_t unlinked_since_ms;    /* no link to runs_on since; 0 = linked (or this node) */
 };
 
 /* The latest figures a runner sent with its start and seq_done lines. */
@@ -613,12 +615,37 @@ static void check_tasks(void *ctx, const struct cluster_state *s)
             fail_req(g, i, 503, "the instance serving this request was deleted");
             continue;
         }
+        const struct cluster_instance *in = t ? cluster_state_find_instance(s, t->instance_id) : NULL;
+        if (in && in->n_shards)
+            snprintf(r->runs_on, sizeof r->runs_on, "%s", in->shards[0].node_id);
         if (t) {
             r->missing_since_ms = 0;
         } else if (!r->missing_since_ms) {
             r->missing_since_ms = w->now;
         } else if (w->now - r->missing_since_ms > GEN_NODE_LOST_MS) {
             fail_req(g, i, 503, "the task was lost (its runner or node went away)");
+            continue;
+        }
+        i++;
+    }
+}
+
+/* Under g->mu (not the node's lock): ends requests whose task runs on a node this node
+ * has lost its link to. */
+static void check_links(struct gen_node *g, int64_t now)
+{
+    char addr[256];
+    for (size_t i = 0; i < g->n_live;) {
+        struct req *r = g->live[i];
+        if (!r->runs_on[0] || !strcmp(r->runs_on, node_id(g->node)) ||
+            node_peer_addr(g->node, r->runs_on, addr, sizeof addr)) {
+            r->unlinked_since_ms = 0;
+        } else if (!r->unlinked_since_ms) {
+            r->unlinked_since_ms = now;
+        } else if (now - r->unlinked_since_ms > GEN_NODE_UNLINKED_MS) {
+            char why[300];
+            snprintf(why, sizeof why, "lost the link to node %s, which runs this request", r->runs_on);
+            fail_req(g, i, 503, why);
             continue;
         }
         i++;
@@ -651,6 +678,7 @@ static void *watch_main(void *arg)
         }
         struct watch w = {.g = g, .now = mono_ms()};
         node_read_state(g->node, check_tasks, &w);
+        check_links(g, w.now);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         int64_t ns = ts.tv_nsec + (int64_t)GEN_NODE_CHECK_MS * 1000000;

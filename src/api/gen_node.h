@@ -4,7 +4,9 @@
  * it, the best placement is made first and waited for. The runner's output lines come
  * back through the node's task sink (node_set_task_sink) and become gen events. A
  * request whose task leaves the state, fails, or whose instance goes away without a
- * final line ends with an ERROR event (checked every GEN_NODE_CHECK_MS).
+ * final line ends with an ERROR event (checked every GEN_NODE_CHECK_MS), and so does one
+ * whose task runs on a node this node has had no link to for GEN_NODE_UNLINKED_MS (its
+ * output could not come back; the cluster would only notice at --node-timeout).
  *
  * It also keeps the serving figures for GET /metrics (Prometheus text) and says whether
  * any instance is ready for GET /health. */
@@ -20,6 +22,7 @@
 
 #define GEN_NODE_CHECK_MS 500
 #define GEN_NODE_LOST_MS 5000          /* a task gone from the state this long without a done line */
+#define GEN_NODE_UNLINKED_MS 500       /* no link to the node running a task this long: it failed */
 #define GEN_NODE_MAX_LIVE 1024         /* requests in flight on this node; more get 503 */
 #define GEN_NODE_READY_WAIT_MS 300000  /* longest wait for an instance to become ready */
 #define GEN_NODE_COMMAND_MS 15000

@@ -986,7 +986,7 @@ int cli_runner(int argc, char **argv)
     }
 
     bool piped = r.cfg.world_size > 1;
-    int rc = piped ? runner_link_listen(&r.link, err, sizeof err) : 0;
+    int rc = piped ? runner_link_listen(&r.link, r.cfg.data_bind, err, sizeof err) : 0;
     send_status(&r, CLUSTER_RUNNER_IDLE, NULL);
     if (!piped)
         send_status(&r, CLUSTER_RUNNER_CONNECTING, NULL); /* one runner per instance: no peers to reach */

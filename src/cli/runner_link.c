@@ -14,10 +14,10 @@
 #define CONNECT_TRY_MS 2000 /* each host gets this long (refused connections retried) per round */
 #define TICK_MS 100
 
-int runner_link_listen(struct runner_link *l, char *err, size_t errlen)
+int runner_link_listen(struct runner_link *l, const char *bind_addr, char *err, size_t errlen)
 {
     memset(l, 0, sizeof *l);
-    return dp_listen(&l->listener, NULL, 0, err, errlen);
+    return dp_listen(&l->listener, bind_addr && bind_addr[0] ? bind_addr : NULL, 0, err, errlen);
 }
 
 int runner_link_port(const struct runner_link *l) { return l->listener ? dp_listener_port(l->listener) : 0; }

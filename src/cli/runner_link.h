@@ -19,8 +19,9 @@ struct runner_link {
     struct dp_conn *next, *prev;
 };
 
-/* Listens on an ephemeral port of every IPv4 address (the node reports the port). */
-int runner_link_listen(struct runner_link *l, char *err, size_t errlen);
+/* Listens on an ephemeral port of bind_addr ("" or NULL: every IPv4 address); the node
+ * reports the port. */
+int runner_link_listen(struct runner_link *l, const char *bind_addr, char *err, size_t errlen);
 int runner_link_port(const struct runner_link *l);
 
 /* Connects to the next rank (each host of p in turn) and accepts the previous one, at

@@ -94,6 +94,7 @@ struct node {
     size_t n_peer_addrs;
     int64_t peer_addrs_ms;
     char dp_secret[65];           /* data-plane secret (hex), "" without a cluster secret */
+    char *bind_addr;              /* the cluster's bind address, NULL = every interface */
 
     pthread_t thread;
     bool running;
@@ -520,6 +521,8 @@ bool node_peer_addr(struct node *n, const char *peer_id, char *out, size_t len)
 }
 
 const char *node_dataplane_secret(const struct node *n) { return n->dp_secret; }
+
+const char *node_bind_addr(const struct node *n) { return n->bind_addr ? n->bind_addr : ""; }
 
 /* ---- the log ---- */
 
@@ -1692,6 +1695,7 @@ int node_create(struct node **out, const struct node_config *cfg, char *err, siz
     n->log_path = malloc(plen);
     n->state = cluster_state_create();
     n->peer_addrs = calloc(NODE_MAX_PEERS, sizeof *n->peer_addrs);
+    n->bind_addr = cfg->bind_addr ? strdup(cfg->bind_addr) : NULL;
     if (cfg->secret && cfg->secret[0] && sodium_init() >= 0) {
         /* runners get a key derived from the cluster secret, never the secret itself */
         static const char label[] = "cairn data plane v1";
@@ -1702,7 +1706,8 @@ int node_create(struct node **out, const struct node_config *cfg, char *err, siz
         crypto_auth_hmacsha256_final(&hs, mac);
         sodium_bin2hex(n->dp_secret, sizeof n->dp_secret, mac, sizeof mac);
     }
-    if (!n->data_dir || !n->peer_addrs || (cfg->models_dir && !n->models_dir) || !n->log_path || !n->state) {
+    if (!n->data_dir || !n->peer_addrs || (cfg->bind_addr && !n->bind_addr) || (cfg->models_dir && !n->models_dir) ||
+        !n->log_path || !n->state) {
         rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
         goto fail;
     }
@@ -1826,6 +1831,7 @@ void node_release(struct node *n)
     free(n->models_dir);
     free(n->log_path);
     free(n->peer_addrs);
+    free(n->bind_addr);
     pthread_mutex_destroy(&n->mu);
     pthread_mutex_destroy(&n->cat_mu);
     pthread_mutex_destroy(&n->sub_mu);

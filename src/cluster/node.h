@@ -171,6 +171,10 @@ bool node_peer_addr(struct node *n, const char *peer_id, char *out, size_t len);
  * the cluster secret), "" without a secret. */
 const char *node_dataplane_secret(const struct node *n);
 
+/* The address the cluster port is bound to ("" = every interface); the data planes of
+ * this node's runners listen there too. */
+const char *node_bind_addr(const struct node *n);
+
 /* Called by the node thread for every event it applies, with the event's JSON text;
  * must not block or call the node. */
 typedef void (*node_event_fn)(void *ctx, const char *json, size_t len, int64_t term,

@@ -107,7 +107,8 @@ json_t *runner_config_to_json(const struct runner_config *c)
               put(o, "num_draft_tokens", json_integer(c->num_draft_tokens)) &&
               put(o, "rank", json_integer(c->rank)) && put(o, "world_size", json_integer(c->world_size)) &&
               put(o, "epoch", json_integer(c->epoch)) &&
-              put(o, "model_identity", json_string(c->model_identity));
+              put(o, "model_identity", json_string(c->model_identity)) &&
+              put(o, "data_bind", json_string(c->data_bind));
     free(path);
     if (!ok) {
         json_decref(o);
@@ -189,6 +190,13 @@ int runner_config_from_json(const json_t *j, struct runner_config *out, char *er
             return cairn_fail(err, errlen, CAIRN_EFORMAT, "config.model_identity: not 0..%d printable ASCII bytes",
                               DP_ID_MAX);
         memcpy(out->model_identity, v, n + 1);
+    }
+    json_t *db = json_object_get(j, "data_bind");
+    if (db && !json_is_null(db)) {
+        if (!json_is_string(db) || json_string_length(db) > IDS_ADDR_MAX ||
+            strlen(json_string_value(db)) != json_string_length(db))
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "config.data_bind: not an address");
+        memcpy(out->data_bind, json_string_value(db), json_string_length(db) + 1);
     }
     out->num_draft_tokens = (int)k;
     out->rank = (int)rank;

@@ -70,7 +70,7 @@
 
 /* A runner's config. JSON {"instance_id", "runner_id", "model_path", "layer_begin",
  * "layer_end", "ctx", "slots", "threads", "heartbeat_ms", "draft_model_path",
- * "num_draft_tokens", "rank", "world_size", "epoch", "model_identity"}; all but the ids
+ * "num_draft_tokens", "rank", "world_size", "epoch", "model_identity", "data_bind"}; all but the ids
  * and the model path may be left out (defaults below). It travels on the command line,
  * so it holds nothing secret: the cluster secret comes in the "peers" message. */
 struct runner_config {
@@ -89,7 +89,9 @@ struct runner_config {
     int rank;         /* 0..world_size-1 (0) */
     int world_size;   /* 1..CLUSTER_MAX_SHARDS (1) */
     int64_t epoch;    /* >= 0 (0) */
-    char model_identity[DP_ID_MAX + 1]; /* "" = the model file's size and name */
+    char model_identity[DP_ID_MAX + 1]; /* "" = "unnamed" */
+    char data_bind[IDS_ADDR_MAX + 1];   /* address the data plane listens on ("" = every IPv4 one):
+                                           the node's cluster bind address */
 };
 
 /* Where a pipelined runner's next rank listens, and what the data plane's handshake

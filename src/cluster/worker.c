@@ -524,7 +524,9 @@ static void replan(struct worker *w)
                 continue;
             /* Started outside the lock: the supervisor may deliver events meanwhile only
              * from poll, which runs on this thread. */
-            int rc = supervisor_start(w->sup, &a->cfg, err, sizeof err);
+            struct runner_config cfg = a->cfg;
+            snprintf(cfg.data_bind, sizeof cfg.data_bind, "%s", node_bind_addr(w->node));
+            int rc = supervisor_start(w->sup, &cfg, err, sizeof err);
             pthread_mutex_lock(&w->mu);
             x = find(w, a->runner_id);
             if (x) {

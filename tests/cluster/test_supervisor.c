@@ -678,9 +678,10 @@ static void test_proto(void)
     c.world_size = 3;
     c.epoch = 7;
     snprintf(c.model_identity, sizeof c.model_identity, "qwen:7b");
+    snprintf(c.data_bind, sizeof c.data_bind, "10.0.0.2");
     j = runner_config_to_json(&c);
     CHECK(j && runner_config_from_json(j, &c2, err, sizeof err) == 0 && c2.rank == 2 && c2.world_size == 3 &&
-              c2.epoch == 7 && !strcmp(c2.model_identity, "qwen:7b"),
+              c2.epoch == 7 && !strcmp(c2.model_identity, "qwen:7b") && !strcmp(c2.data_bind, "10.0.0.2"),
           "pipelined config round trip: %s", err);
     json_decref(j);
     const char *badpipe[] = {
