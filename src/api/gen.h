@@ -27,6 +27,9 @@ struct gen_usage {
     int64_t cached_tokens;       /* prompt tokens reused from the prefix cache */
     int64_t draft_tokens;        /* speculative decoding: drafted */
     int64_t accepted_draft_tokens;
+    /* The runner's own times (0: not known): prompt_ms from the scheduler admitting the
+     * request to its first token (prefill), predicted_ms from there to the end. */
+    double prompt_ms, predicted_ms;
 };
 
 enum gen_event_kind {

@@ -125,6 +125,14 @@ static int64_t member_int(const json_t *j, const char *key)
     return json_is_integer(v) && json_integer_value(v) >= 0 ? (int64_t)json_integer_value(v) : 0;
 }
 
+/* A time in ms (a number >= 0), else 0. */
+static double member_ms(const json_t *j, const char *key)
+{
+    const json_t *v = json_object_get(j, key);
+    double d = json_is_number(v) ? json_number_value(v) : 0;
+    return d > 0 && d < 1e12 ? d : 0;
+}
+
 static const char *member_text(const json_t *j, const char *key)
 {
     const char *s = json_string_value(json_object_get(j, key));
@@ -174,6 +182,10 @@ static void on_seq_done(struct req *r, const json_t *j)
     struct gen_usage u = {.completion_tokens = member_int(j, "completion_tokens"),
                           .draft_tokens = member_int(j, "draft_tokens"),
                           .accepted_draft_tokens = member_int(j, "accepted_draft_tokens")};
+    u.prompt_ms = member_ms(j, "prompt_ms");
+    u.predicted_ms = member_ms(j, "predicted_ms");
+    r->total.prompt_ms = u.prompt_ms > r->total.prompt_ms ? u.prompt_ms : r->total.prompt_ms;
+    r->total.predicted_ms = u.predicted_ms > r->total.predicted_ms ? u.predicted_ms : r->total.predicted_ms;
     r->total.completion_tokens += u.completion_tokens;
     r->total.draft_tokens += u.draft_tokens;
     r->total.accepted_draft_tokens += u.accepted_draft_tokens;

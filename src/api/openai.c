@@ -567,6 +567,18 @@ static json_t *usage_json(const struct oreq *r, const struct gen_usage *end)
                      "accepted_draft_tokens", (json_int_t)acc);
 }
 
+/* llama-server's "timings" extension from the runner's own times, or NULL when unknown:
+ * clients and benchmarks set TTFT against the prefill time it reports. */
+static json_t *timings_json(const struct oreq *r, const struct gen_usage *u)
+{
+    if (!u || u->prompt_ms <= 0)
+        return NULL;
+    int64_t prompt = u->prompt_tokens ? u->prompt_tokens : r->start_usage.prompt_tokens;
+    int64_t cached = u->cached_tokens ? u->cached_tokens : r->start_usage.cached_tokens;
+    return json_pack("{s:I,s:f,s:I,s:f}", "prompt_n", (json_int_t)(prompt - cached), "prompt_ms", u->prompt_ms,
+                     "predicted_n", (json_int_t)u->completion_tokens, "predicted_ms", u->predicted_ms);
+}
+
 /* One tool call of the backend in OpenAI's form (arguments as JSON text); with index
  * >= 0 it carries "index" as streamed deltas do. */
 static json_t *tool_call_json(const json_t *tc, long index)
@@ -709,6 +721,8 @@ static json_t *full_response(struct oreq *r, const struct gen_usage *end)
         json_decref(ch);
     }
     ok = ok && json_object_set(o, "choices", choices) == 0 && apiutil_put(o, "usage", usage_json(r, end));
+    json_t *tm = timings_json(r, end);
+    ok = ok && (!tm || apiutil_put(o, "timings", tm));
     json_decref(choices);
     if (!ok) {
         json_decref(o);
@@ -717,13 +731,17 @@ static json_t *full_response(struct oreq *r, const struct gen_usage *end)
     return o;
 }
 
-/* Queues one SSE chunk with choices and usage (both taken; choices NULL means out of
- * memory). */
-static void send_chunk(struct apireq *a, struct oreq *r, json_t *choices, json_t *usage)
+/* Queues one SSE chunk with choices, usage and timings (all taken; choices NULL means out
+ * of memory; timings NULL: none). */
+static void send_chunk(struct apireq *a, struct oreq *r, json_t *choices, json_t *usage, json_t *timings)
 {
     json_t *o = response_head(r, r->kind == KIND_CHAT ? "chat.completion.chunk" : "text_completion");
     bool ok = o && choices && json_object_set(o, "choices", choices) == 0;
     json_decref(choices);
+    if (ok && timings)
+        ok = apiutil_put(o, "timings", timings);
+    else
+        json_decref(timings);
     if (ok && r->include_usage)
         ok = apiutil_put(o, "usage", usage ? usage : json_null());
     else
@@ -791,7 +809,7 @@ static void stream_event(struct apireq *a, struct oreq *r, const struct gen_even
             send_chunk(a, r, one(chunk_choice(r, i, json_pack("{s:s,s:s}", "role", "assistant",
                                                                "content", ""),
                                               NULL, NULL, NULL)),
-                       NULL);
+                       NULL, NULL);
         break;
     case GEN_EVENT_DELTA: {
         const char *content = ev->content ? ev->content : "";
@@ -815,7 +833,7 @@ static void stream_event(struct apireq *a, struct oreq *r, const struct gen_even
             if (ev->logprobs)
                 lp = completion_logprobs(ev->logprobs, &c->text_bytes);
         }
-        send_chunk(a, r, one(chunk_choice(r, ev->seq, delta, text, lp, NULL)), NULL);
+        send_chunk(a, r, one(chunk_choice(r, ev->seq, delta, text, lp, NULL)), NULL, NULL);
         free(text);
         break;
     }
@@ -831,15 +849,15 @@ static void stream_event(struct apireq *a, struct oreq *r, const struct gen_even
             json_t *delta = json_object();
             if (delta)
                 apiutil_put(delta, "tool_calls", tool_calls_json(ev->tool_calls, true));
-            send_chunk(a, r, one(chunk_choice(r, ev->seq, delta, NULL, NULL, NULL)), NULL);
+            send_chunk(a, r, one(chunk_choice(r, ev->seq, delta, NULL, NULL, NULL)), NULL, NULL);
         }
         send_chunk(a, r, one(chunk_choice(r, ev->seq, NULL, "", NULL, finish_reason(finish, calls))),
-                   NULL);
+                   NULL, timings_json(r, &ev->usage));
         break;
     }
     case GEN_EVENT_END:
         if (r->include_usage)
-            send_chunk(a, r, json_array(), usage_json(r, &ev->usage));
+            send_chunk(a, r, json_array(), usage_json(r, &ev->usage), NULL);
         apireq_send_text(a, NULL, "[DONE]");
         apireq_finish(a);
         break;

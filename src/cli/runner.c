@@ -62,6 +62,7 @@ struct rtask {
     struct text_seq *seqs[TEXTGEN_MAX_N];
     char *stops[TEXTGEN_MAX_STOP]; /* for stop_sequence in seq_done */
     int n_stops;
+    int64_t admitted_ns, first_token_ns[TEXTGEN_MAX_N]; /* for seq_done's prompt_ms, predicted_ms */
 };
 
 struct runner {
@@ -270,6 +271,8 @@ static int on_token(void *ctx, uint64_t id, int seq, int64_t index, const struct
     if (!t)
         return 1;
     t->generated++;
+    if (seq >= 0 && seq < TEXTGEN_MAX_N && !t->first_token_ns[seq])
+        t->first_token_ns[seq] = clock_ns();
     if (!t->text) {
         struct runner_msg m = {.type = RUNNER_MSG_TOKEN, .token = tok->token, .index = index};
         snprintf(m.task_id, sizeof m.task_id, "%s", t->id);
@@ -290,6 +293,8 @@ static void on_admitted(void *ctx, uint64_t id, const struct sched_usage *u)
 {
     struct runner *r = ctx;
     struct rtask *t = task_by_sched(r, id, NULL);
+    if (t && !t->admitted_ns)
+        t->admitted_ns = clock_ns();
     if (t && t->text)
         send_body(r, RUNNER_MSG_START, t->id,
                   json_pack("{s:I, s:I}", "prompt_tokens", (json_int_t)u->prompt_tokens, "cached_tokens",
@@ -348,6 +353,11 @@ static void on_done(void *ctx, uint64_t id, int seq, enum sched_finish why, cons
                                  (json_int_t)u->prompt_tokens, "cached_tokens", (json_int_t)u->cached_tokens,
                                  "draft_tokens", (int)u->draft_tokens, "accepted_draft_tokens",
                                  (int)u->accepted_draft_tokens);
+        int64_t first = seq < TEXTGEN_MAX_N ? t->first_token_ns[seq] : 0;
+        if (body && first && t->admitted_ns) {
+            json_object_set_new(body, "prompt_ms", json_real((double)(first - t->admitted_ns) / 1e6));
+            json_object_set_new(body, "predicted_ms", json_real((double)(clock_ns() - first) / 1e6));
+        }
         if (body)
             json_object_set_new(body, "tool_calls", calls ? calls : json_null());
         else

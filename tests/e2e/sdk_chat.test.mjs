@@ -47,15 +47,21 @@ test('OpenAI chat, whole and streamed', T, async () => {
   else
     assert.ok(r.usage.completion_tokens > 0 && r.usage.completion_tokens <= MAX);
   assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+  // llama-server's timings extension, from the runner's own clock
+  assert.ok(r.timings && r.timings.prompt_ms > 0 && r.timings.predicted_ms >= 0, JSON.stringify(r.timings));
+  assert.equal(r.timings.predicted_n, r.usage.completion_tokens);
+  assert.equal(r.timings.prompt_n, r.usage.prompt_tokens - (r.usage.prompt_tokens_details?.cached_tokens ?? 0));
 
   const stream = await openai.chat.completions.create({ model: MODEL, messages, max_tokens: MAX, temperature: 0,
     stream: true, stream_options: { include_usage: true } });
-  let text = '', finish = null, usage = null, chunks = 0;
+  let text = '', finish = null, usage = null, chunks = 0, timings = null;
   for await (const chunk of stream) {
     chunks++;
     assert.equal(chunk.object, 'chat.completion.chunk');
     if (chunk.usage)
       usage = chunk.usage;
+    if (chunk.timings)
+      timings = chunk.timings;
     for (const ch of chunk.choices) {
       assert.equal(ch.index, 0);
       text += ch.delta.content ?? '';
@@ -69,6 +75,8 @@ test('OpenAI chat, whole and streamed', T, async () => {
   assert.ok(usage, 'a usage chunk with include_usage');
   assert.equal(usage.prompt_tokens, r.usage.prompt_tokens);
   assert.equal(usage.completion_tokens, r.usage.completion_tokens);
+  assert.ok(timings && timings.prompt_ms > 0 && timings.predicted_n === usage.completion_tokens,
+    `timings with the finishing chunk: ${JSON.stringify(timings)}`);
   answers.openai = { text, prompt: r.usage.prompt_tokens, finish };
 });
 
