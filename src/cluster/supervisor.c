@@ -359,6 +359,17 @@ static void flush_out(struct sup_runner *r)
     }
 }
 
+/* Queues m for r's process and writes what the socket takes now; the poll thread is
+ * woken for the rest. Under s->mu. */
+static int send_now(struct supervisor *s, struct sup_runner *r, const struct runner_msg *m)
+{
+    int rc = queue_out(r, m);
+    flush_out(r);
+    if (r->out_len)
+        wake(s);
+    return rc;
+}
+
 static void drop_task(struct sup_runner *r, const char *task_id)
 {
     for (size_t i = 0; i < r->n_tasks; i++)
@@ -811,11 +822,8 @@ int supervisor_set_draft(struct supervisor *s, const char *runner_id, const char
             struct runner_msg m = {.type = RUNNER_MSG_DRAFT};
             m.body = json_pack("{s:s?, s:i}", "model_path", path && path[0] ? path : NULL, "num_draft_tokens",
                                num_draft_tokens);
-            rc = m.body ? queue_out(r, &m) : CAIRN_ENOMEM;
+            rc = m.body ? send_now(s, r, &m) : CAIRN_ENOMEM;
             json_decref(m.body);
-            flush_out(r);
-            if (r->out_len)
-                wake(s);
         }
     }
     pthread_mutex_unlock(&s->mu);
@@ -829,10 +837,7 @@ int supervisor_set_peers(struct supervisor *s, const char *runner_id, const stru
     int rc = !r ? CAIRN_ENOTFOUND : r->phase != PH_RUNNING || r->want_stop ? CAIRN_ESTATE : 0;
     if (!rc) {
         struct runner_msg m = {.type = RUNNER_MSG_PEERS, .peers = *p};
-        rc = queue_out(r, &m);
-        flush_out(r);
-        if (r->out_len)
-            wake(s);
+        rc = send_now(s, r, &m);
     }
     pthread_mutex_unlock(&s->mu);
     return rc;
@@ -893,10 +898,7 @@ int supervisor_cancel(struct supervisor *s, const char *runner_id, const char *t
     if (!rc) {
         struct runner_msg m = {.type = RUNNER_MSG_CANCEL};
         snprintf(m.task_id, sizeof m.task_id, "%s", task_id);
-        rc = queue_out(r, &m);
-        flush_out(r);
-        if (r->out_len)
-            wake(s);
+        rc = send_now(s, r, &m);
     }
     pthread_mutex_unlock(&s->mu);
     return rc;
