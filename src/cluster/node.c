@@ -53,9 +53,17 @@ struct heard {
     int64_t ms;
 };
 
-struct rtt {
+/* What this node measured of its link to one peer: the round trip of pings, the
+ * throughput of probes (one in flight at a time), when it last sent the peer outputs. */
+struct perf {
     char id[IDS_ID_MAX + 1];
-    int64_t us;
+    int64_t rtt_us;         /* smoothed; 0 = not measured */
+    int64_t tput;           /* bytes per second, smoothed; 0 = not measured */
+    bool probing;           /* a probe waits for its ack */
+    uint64_t probe_seq;     /* of the probe in flight (or the last one) */
+    int64_t probe_sent_ns;  /* clock_ns when it left */
+    int64_t next_probe_ms;  /* 0 = none planned (peer not up) */
+    int64_t last_output_ms; /* task outputs sent to it: the link is busy */
 };
 
 /* A peer's address as its cluster link sees it: where we connected, or where it came from. */
@@ -134,8 +142,11 @@ struct node {
     bool has_info, has_reported, report_due;
     int64_t last_report_ms;
     json_t *reported_edges;
-    struct rtt *rtts;
-    size_t n_rtts, cap_rtts;
+    struct perf *perfs;
+    size_t n_perfs, cap_perfs;
+    int probe_interval_ms;
+    uint64_t next_probe_seq;
+    uint8_t *probe_buf; /* NODE_PROBE_BYTES: a probe's payload (its sequence number, zeros) */
 };
 
 static int64_t mono_ms(void) { return clock_ns() / 1000000; }
@@ -166,6 +177,8 @@ static void drain_wake(struct node *n)
     }
 }
 
+static struct perf *perf_find(struct node *n, const char *id, bool create);
+
 /* Sends the queued task outputs (node thread). An output to a node that is not up is
  * dropped: that node's requests are failed by its own checks. */
 static void send_outputs(struct node *n)
@@ -176,8 +189,16 @@ static void send_outputs(struct node *n)
     n->outq_tail = &n->outq;
     n->outq_bytes = 0;
     pthread_mutex_unlock(&n->out_mu);
+    char last_dest[IDS_ID_MAX + 1] = "";
+    int64_t now = q ? mono_ms() : 0;
     while (q) {
         struct out_msg *next = q->next;
+        if (strcmp(last_dest, q->dest)) { /* the link to dest is busy: probes wait */
+            struct perf *pf = perf_find(n, q->dest, false);
+            if (pf)
+                pf->last_output_ms = now;
+            snprintf(last_dest, sizeof last_dest, "%s", q->dest);
+        }
         int rc = link_send(n->link, q->dest, NODE_T_TASK_OUTPUT, q->line, q->len);
         if (rc < 0)
             log_warn("node %s: task output to %s lost (%s)", n->id, q->dest, cairn_strerror(rc));
@@ -739,6 +760,12 @@ static void send_json(struct node *n, const char *to, int type, json_t *j)
     free(text);
 }
 
+/* A well-framed message from peer whose payload is malformed ("what: why"): logged. */
+static void strike(struct node *n, const char *peer, const char *what, const char *why)
+{
+    log_warn("node %s: %s from %s%s%s", n->id, what, peer, why ? ": " : "", why ? why : "");
+}
+
 static void election_send(void *ctx, const char *to, const char *json, size_t len)
 {
     struct node *n = ctx;
@@ -807,7 +834,7 @@ static void serve_request(struct node *n, const char *from, const json_t *j)
         ids_json_int(j, "request", "term", 0, IDS_COUNTER_MAX, &term, err, sizeof err) ||
         ids_json_int(j, "request", "index", 0, IDS_COUNTER_MAX, &index, err, sizeof err) ||
         ids_json_bool(j, "request", "full", &full, err, sizeof err)) {
-        log_warn("node %s: bad event request from %s: %s", n->id, from, err);
+        strike(n, from, "bad event request", err);
         return;
     }
     if (full || !n->log || pos_reached(n->state, term, index) == false) {
@@ -993,6 +1020,10 @@ static void run_remote_command(struct node *n, const char *from, const char *dat
     memset(&res, 0, sizeof res);
     char err[512];
     int rc = command_from_json(data, len, &c, err, sizeof err);
+    if (rc == CAIRN_ENOMEM) {
+        log_warn("node %s: command from %s: %s", n->id, from, err);
+        return;
+    }
     if (rc) {
         json_t *j = json_loadb(data, len, 0, NULL);
         const char *id = json_string_value(json_object_get(j, "command_id"));
@@ -1003,7 +1034,7 @@ static void run_remote_command(struct node *n, const char *from, const char *dat
             send_json(n, from, NODE_T_COMMAND_RESULT, command_result_to_jsonv(&res));
         }
         json_decref(j);
-        log_warn("node %s: bad command from %s: %s", n->id, from, err);
+        strike(n, from, "bad command", err);
         return;
     }
     if (!is_master(n)) {
@@ -1028,8 +1059,11 @@ static void run_report(struct node *n, const char *from, const json_t *report)
 {
     char err[512];
     struct master_events evs = {0};
-    if (master_report_events(n->state, from, report, wall_ms(), &evs, err, sizeof err))
-        log_warn("node %s: bad report from %s: %s", n->id, from, err);
+    int rc = master_report_events(n->state, from, report, wall_ms(), &evs, err, sizeof err);
+    if (rc == CAIRN_EFORMAT && strcmp(from, n->id))
+        strike(n, from, "bad report", err);
+    else if (rc)
+        log_warn("node %s: report from %s: %s", n->id, from, err);
     else
         emit(n, &evs);
     master_events_clear(&evs);
@@ -1037,25 +1071,25 @@ static void run_report(struct node *n, const char *from, const json_t *report)
 
 /* ---- reports of this node ---- */
 
-static struct rtt *rtt_find(struct node *n, const char *id, bool create)
+static struct perf *perf_find(struct node *n, const char *id, bool create)
 {
-    for (size_t i = 0; i < n->n_rtts; i++)
-        if (!strcmp(n->rtts[i].id, id))
-            return &n->rtts[i];
-    if (!create || n->n_rtts >= LINK_MAX_ROUTES)
+    for (size_t i = 0; i < n->n_perfs; i++)
+        if (!strcmp(n->perfs[i].id, id))
+            return &n->perfs[i];
+    if (!create || n->n_perfs >= LINK_MAX_ROUTES || !ids_valid_id(id))
         return NULL;
-    if (n->n_rtts == n->cap_rtts) {
-        size_t cap = n->cap_rtts ? 2 * n->cap_rtts : 16;
-        struct rtt *r = realloc(n->rtts, cap * sizeof *r);
-        if (!r)
+    if (n->n_perfs == n->cap_perfs) {
+        size_t cap = n->cap_perfs ? 2 * n->cap_perfs : 16;
+        struct perf *p = realloc(n->perfs, cap * sizeof *p);
+        if (!p)
             return NULL;
-        n->rtts = r;
-        n->cap_rtts = cap;
+        n->perfs = p;
+        n->cap_perfs = cap;
     }
-    struct rtt *r = &n->rtts[n->n_rtts++];
-    snprintf(r->id, sizeof r->id, "%s", id);
-    r->us = 0;
-    return r;
+    struct perf *p = &n->perfs[n->n_perfs++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->id, sizeof p->id, "%s", id);
+    return p;
 }
 
 /* Links to the peers up now, as a report's "edges". */
@@ -1069,15 +1103,24 @@ static json_t *current_edges(struct node *n)
     for (size_t i = 0; arr && i < k; i++) {
         if (!ids_valid_id(peers[i].id))
             continue;
-        struct rtt *r = rtt_find(n, peers[i].id, false);
+        const struct perf *p = perf_find(n, peers[i].id, false);
         json_array_append_new(arr, json_pack("{s:s, s:I, s:I}", "to", peers[i].id, "rtt_us",
-                                             (json_int_t)(r ? r->us : 0), "throughput_bytes_per_s",
-                                             (json_int_t)0));
+                                             (json_int_t)(p ? p->rtt_us : 0), "throughput_bytes_per_s",
+                                             (json_int_t)(p ? p->tput : 0)));
     }
     return arr;
 }
 
-/* True when the edges differ in their set of peers or by more than the rtt slack. */
+/* True when b and a are further apart than NODE_EDGE_THROUGHPUT_SLACK_PCT of the larger
+ * (from or to 0 is always a change). */
+static bool tput_moved(int64_t a, int64_t b)
+{
+    int64_t hi = a > b ? a : b, d = a > b ? a - b : b - a;
+    return d > 0 && (a == 0 || b == 0 || d > hi / 100 * NODE_EDGE_THROUGHPUT_SLACK_PCT);
+}
+
+/* True when the edges differ in their set of peers, by more than the rtt slack or by
+ * more than the throughput slack. */
 static bool edges_changed(const json_t *a, const json_t *b)
 {
     if (!a || !b || json_array_size(a) != json_array_size(b))
@@ -1094,6 +1137,9 @@ static bool edges_changed(const json_t *a, const json_t *b)
                 json_int_t q = json_integer_value(json_object_get(y, "rtt_us"));
                 json_int_t slack = p / 2 > MASTER_EDGE_RTT_SLACK_US ? p / 2 : MASTER_EDGE_RTT_SLACK_US;
                 if (p - q > slack || q - p > slack)
+                    return true;
+                if (tput_moved(json_integer_value(json_object_get(x, "throughput_bytes_per_s")),
+                               json_integer_value(json_object_get(y, "throughput_bytes_per_s"))))
                     return true;
             }
         }
@@ -1178,6 +1224,102 @@ static void maybe_report(struct node *n, int64_t now)
     n->last_report_ms = now;
 }
 
+/* ---- throughput probes ---- */
+
+/* A peer's link came up: its first probe goes soon (once pings gave a round trip). */
+static void probe_plan(struct node *n, const char *peer, int64_t now)
+{
+    struct perf *p = perf_find(n, peer, true);
+    if (!p)
+        return;
+    p->probing = false;
+    p->next_probe_ms = now + (n->probe_interval_ms < NODE_PROBE_FIRST_MS ? n->probe_interval_ms
+                                                                         : NODE_PROBE_FIRST_MS);
+}
+
+static void probe_stop(struct node *n, const char *peer)
+{
+    struct perf *p = perf_find(n, peer, false);
+    if (p) {
+        p->probing = false;
+        p->next_probe_ms = 0;
+    }
+}
+
+/* Sends the probes that are due: at most one in flight per peer, and none over a link
+ * that carried task outputs within NODE_PROBE_BUSY_MS (it waits, not the outputs). */
+static void send_probes(struct node *n, int64_t now)
+{
+    for (size_t i = 0; i < n->n_perfs; i++) {
+        struct perf *p = &n->perfs[i];
+        if (p->probing && now - p->probe_sent_ns / 1000000 >= NODE_PROBE_TIMEOUT_MS)
+            p->probing = false; /* the probe or its ack was lost */
+        if (p->probing || !p->next_probe_ms || now < p->next_probe_ms)
+            continue;
+        if (!link_peer_up(n->link, p->id)) {
+            p->next_probe_ms = 0;
+            continue;
+        }
+        if (p->last_output_ms && now - p->last_output_ms < NODE_PROBE_BUSY_MS) {
+            p->next_probe_ms = now + NODE_PROBE_BUSY_MS;
+            continue;
+        }
+        uint64_t seq = ++n->next_probe_seq;
+        for (int k = 0; k < 8; k++)
+            n->probe_buf[k] = (uint8_t)(seq >> (56 - 8 * k));
+        p->next_probe_ms = now + n->probe_interval_ms;
+        int64_t t = clock_ns();
+        if (link_send(n->link, p->id, NODE_T_PROBE, n->probe_buf, NODE_PROBE_BYTES) == 1) {
+            p->probing = true;
+            p->probe_seq = seq;
+            p->probe_sent_ns = t;
+        }
+    }
+}
+
+/* A peer's probe: answered at once with its sequence number and size. */
+static void on_probe(struct node *n, const char *from, const uint8_t *data, size_t len)
+{
+    if (len < 8) {
+        strike(n, from, "probe of fewer than 8 bytes", NULL);
+        return;
+    }
+    uint64_t seq = 0;
+    for (int k = 0; k < 8; k++)
+        seq = seq << 8 | data[k];
+    if (seq > (uint64_t)IDS_COUNTER_MAX) {
+        strike(n, from, "probe number out of range", NULL);
+        return;
+    }
+    send_json(n, from, NODE_T_CONTROL,
+              json_pack("{s:s, s:I, s:I}", "type", "probe_ack", "seq", (json_int_t)seq, "bytes",
+                        (json_int_t)len));
+}
+
+/* The ack of our probe: the probe's bytes took the time to the ack less a round trip
+ * (the ack's way back and the peer's reply time, as pings measure them). */
+static void on_probe_ack(struct node *n, const char *from, int64_t seq, int64_t bytes)
+{
+    struct perf *p = perf_find(n, from, false);
+    if (!p || !p->probing || (uint64_t)seq != p->probe_seq || bytes != (int64_t)NODE_PROBE_BYTES)
+        return; /* the ack of a probe given up on */
+    p->probing = false;
+    int64_t elapsed_us = (clock_ns() - p->probe_sent_ns) / 1000;
+    int64_t xfer_us = elapsed_us - p->rtt_us;
+    /* The round trip is a smoothed figure of small messages: where it takes up most of
+     * this probe's time (a fast link, or noise), it is not trusted with the rest. */
+    if (xfer_us < elapsed_us / 4)
+        xfer_us = elapsed_us / 4;
+    if (xfer_us < 1)
+        xfer_us = 1;
+    int64_t bps = bytes * 1000000 / xfer_us;
+    if (bps > IDS_BYTES_MAX)
+        bps = IDS_BYTES_MAX;
+    if (bps < 1)
+        bps = 1;
+    p->tput = p->tput ? (3 * p->tput + bps) / 4 : bps;
+}
+
 /* ---- control messages: peers, pings, head ---- */
 
 /* The endpoint to reach a peer at, "tcp://host:port". */
@@ -1213,6 +1355,10 @@ static void gossip(struct node *n, const char *to, int64_t now)
 static void on_peers(struct node *n, const char *from, const json_t *j)
 {
     const json_t *arr = json_object_get(j, "peers");
+    if (!json_is_array(arr)) {
+        strike(n, from, "peers message without a peers array", NULL);
+        return;
+    }
     size_t k = json_array_size(arr);
     if (k > NODE_MAX_PEERS)
         k = NODE_MAX_PEERS;
@@ -1220,7 +1366,12 @@ static void on_peers(struct node *n, const char *from, const json_t *j)
         const json_t *p = json_array_get(arr, i);
         const char *id = json_string_value(json_object_get(p, "id"));
         const char *ep = json_string_value(json_object_get(p, "endpoint"));
-        if (!id || !ep || !ids_valid_id(id) || !strcmp(id, n->id) || link_peer_up(n->link, id))
+        if (!id || !ep) {
+            strike(n, from, "peers message with an entry that is not {id, endpoint}", NULL);
+            return;
+        }
+        /* an id the link takes but the cluster does not: the peer's fault, not from's */
+        if (!ids_valid_id(id) || !strcmp(id, n->id) || link_peer_up(n->link, id))
             continue;
         char err[256];
         if (link_connect(n->link, ep, err, sizeof err))
@@ -1230,13 +1381,16 @@ static void on_peers(struct node *n, const char *from, const json_t *j)
     }
 }
 
+/* Control messages: {"type": "peers"|"ping"|"pong"|"head"|"probe_ack", ...}. A message
+ * that is not one of them, or lacks their fields, is a strike against its sender. */
 static void on_control(struct node *n, const char *from, const char *data, size_t len,
                        int64_t now)
 {
     json_t *j = json_loadb(data, len, JSON_REJECT_DUPLICATES, NULL);
     const char *type = json_string_value(json_object_get(j, "type"));
+    const char *bad = NULL;
     if (!type) {
-        log_warn("node %s: malformed control message from %s", n->id, from);
+        bad = "control message without a type";
     } else if (!strcmp(type, "peers")) {
         on_peers(n, from, j);
     } else if (!strcmp(type, "ping")) {
@@ -1244,18 +1398,34 @@ static void on_control(struct node *n, const char *from, const char *data, size_
         if (json_is_integer(t))
             send_json(n, from, NODE_T_CONTROL,
                       json_pack("{s:s, s:I}", "type", "pong", "t", json_integer_value(t)));
+        else
+            bad = "ping without an integer t";
     } else if (!strcmp(type, "pong")) {
         json_t *t = json_object_get(j, "t");
         int64_t us = clock_ns() / 1000 - (json_is_integer(t) ? json_integer_value(t) : 0);
-        struct rtt *r = json_is_integer(t) && us >= 0 && us < 60000000 ? rtt_find(n, from, true) : NULL;
-        if (r)
-            r->us = r->us ? (3 * r->us + us) / 4 : us;
+        struct perf *p = json_is_integer(t) && us >= 0 && us < 60000000 ? perf_find(n, from, true) : NULL;
+        if (p)
+            p->rtt_us = p->rtt_us ? (3 * p->rtt_us + us) / 4 : us;
+        if (!json_is_integer(t))
+            bad = "pong without an integer t";
     } else if (!strcmp(type, "head")) {
         json_t *t = json_object_get(j, "term"), *i = json_object_get(j, "index");
-        if (json_is_integer(t) && json_is_integer(i) && !strcmp(current_master(n), from) &&
-            !pos_reached(n->state, json_integer_value(t), json_integer_value(i)))
+        if (!json_is_integer(t) || !json_is_integer(i))
+            bad = "head without an integer term and index";
+        else if (!strcmp(current_master(n), from) &&
+                 !pos_reached(n->state, json_integer_value(t), json_integer_value(i)))
             request_events(n, false, now);
+    } else if (!strcmp(type, "probe_ack")) {
+        json_t *q = json_object_get(j, "seq"), *b = json_object_get(j, "bytes");
+        if (json_is_integer(q) && json_is_integer(b))
+            on_probe_ack(n, from, json_integer_value(q), json_integer_value(b));
+        else
+            bad = "probe_ack without an integer seq and bytes";
+    } else {
+        bad = "control message of an unknown type";
     }
+    if (bad)
+        strike(n, from, bad, NULL);
     json_decref(j);
 }
 
@@ -1266,8 +1436,12 @@ static void on_event(struct node *n, const char *from, const char *data, size_t 
 {
     struct event e;
     char err[512];
-    if (event_from_json(data, len, &e, err, sizeof err)) {
-        log_warn("node %s: malformed event from %s: %s", n->id, from, err);
+    int rc = event_from_json(data, len, &e, err, sizeof err);
+    if (rc) {
+        if (rc == CAIRN_EFORMAT)
+            strike(n, from, "malformed event", err);
+        else
+            log_warn("node %s: event from %s: %s", n->id, from, err);
         return;
     }
     election_claim(n->el, from, e.term, now);
@@ -1281,7 +1455,7 @@ static void on_event(struct node *n, const char *from, const char *data, size_t 
     if (!stale) {
         /* Encoded again from the checked event: the log and subscribers get canonical text. */
         char *json = event_to_json(&e);
-        int rc = json ? take_event(n, &e, json) : CAIRN_ENOMEM;
+        rc = json ? take_event(n, &e, json) : CAIRN_ENOMEM;
         free(json);
         if (rc == CAIRN_ESTATE || rc == CAIRN_EINVAL)
             request_events(n, false, now);
@@ -1297,8 +1471,12 @@ static void on_snapshot(struct node *n, const char *from, const char *data, size
     char err[512];
     if (strcmp(current_master(n), from))
         return;
-    if (cluster_state_from_json(data, len, &s, err, sizeof err)) {
-        log_warn("node %s: malformed snapshot from %s: %s", n->id, from, err);
+    int rc = cluster_state_from_json(data, len, &s, err, sizeof err);
+    if (rc) {
+        if (rc == CAIRN_EFORMAT)
+            strike(n, from, "malformed snapshot", err);
+        else
+            log_warn("node %s: snapshot from %s: %s", n->id, from, err);
         return;
     }
     /* An older answer that crossed newer events on another connection. */
@@ -1328,9 +1506,11 @@ static void on_result(struct node *n, const char *from, const char *data, size_t
     char err[256];
     json_t *j = json_loadb(data, len, JSON_REJECT_DUPLICATES, NULL);
     int rc = j ? command_result_from_jsonv(j, &r, err, sizeof err) : CAIRN_EFORMAT;
+    if (!j)
+        snprintf(err, sizeof err, "not JSON");
     json_decref(j);
     if (rc) {
-        log_warn("node %s: malformed command result from %s", n->id, from);
+        strike(n, from, "malformed command result", err);
         return;
     }
     pthread_mutex_lock(&n->pend_mu);
@@ -1492,6 +1672,7 @@ static void on_message(struct node *n, const struct link_msg *msg, int64_t now)
     case LINK_EV_PEER_UP:
         election_peer_up(n->el, msg->peer, now);
         gossip(n, NULL, now);
+        probe_plan(n, msg->peer, now);
         if (is_master(n)) {
             struct heard *h = heard_find(n, msg->peer, true, now);
             if (h)
@@ -1500,6 +1681,7 @@ static void on_message(struct node *n, const struct link_msg *msg, int64_t now)
         return;
     case LINK_EV_PEER_DOWN:
         election_peer_down(n->el, msg->peer, now);
+        probe_stop(n, msg->peer);
         return;
     case LINK_EV_MESSAGE:
         break;
@@ -1511,9 +1693,10 @@ static void on_message(struct node *n, const struct link_msg *msg, int64_t now)
     case LINK_T_ELECTION: {
         json_t *j = json_loadb(data, msg->len, JSON_REJECT_DUPLICATES, NULL);
         int rc = j ? election_receive(n->el, msg->peer, j, now, err, sizeof err) : CAIRN_EFORMAT;
-        if (rc)
-            log_warn("node %s: bad election message from %s: %s", n->id, msg->peer,
-                     j ? err : "not JSON");
+        if (rc == CAIRN_EFORMAT || rc == CAIRN_ENOTFOUND)
+            strike(n, msg->peer, "bad election message", j ? err : "not JSON");
+        else if (rc)
+            log_warn("node %s: election message from %s: %s", n->id, msg->peer, err);
         json_decref(j);
         break;
     }
@@ -1528,6 +1711,8 @@ static void on_message(struct node *n, const struct link_msg *msg, int64_t now)
             json_t *j = json_loadb(data, msg->len, JSON_REJECT_DUPLICATES, NULL);
             if (j)
                 serve_request(n, msg->peer, j);
+            else
+                strike(n, msg->peer, "event request", "not JSON");
             json_decref(j);
         }
         break;
@@ -1540,7 +1725,7 @@ static void on_message(struct node *n, const struct link_msg *msg, int64_t now)
             if (j)
                 run_report(n, msg->peer, j);
             else
-                log_warn("node %s: malformed report from %s", n->id, msg->peer);
+                strike(n, msg->peer, "report", "not JSON");
             json_decref(j);
             struct heard *h = heard_find(n, msg->peer, true, now);
             if (h)
@@ -1556,8 +1741,12 @@ static void on_message(struct node *n, const struct link_msg *msg, int64_t now)
     case NODE_T_TASK_OUTPUT:
         deliver_output(n, data, msg->len);
         break;
+    case NODE_T_PROBE:
+        on_probe(n, msg->peer, msg->data, msg->len);
+        break;
     default:
-        log_warn("node %s: message of unknown type %d from %s", n->id, msg->type, msg->peer);
+        snprintf(err, sizeof err, "%d", msg->type);
+        strike(n, msg->peer, "message of unknown type", err);
     }
 }
 
@@ -1601,6 +1790,7 @@ static void periodic(struct node *n, int64_t now)
                                 (json_int_t)n->state->last_index));
         }
     }
+    send_probes(n, now);
     maybe_report(n, now);
     drain_wake(n);
     run_pendings(n, now);
@@ -1660,8 +1850,8 @@ int node_create(struct node **out, const struct node_config *cfg, char *err, siz
     if (!cfg || !cfg->data_dir || !cfg->data_dir[0])
         return cairn_fail(err, errlen, CAIRN_EINVAL, "node: a data dir is required");
     if (cfg->memory_limit < 0 || cfg->node_timeout_ms < 0 || cfg->api_port < 0 ||
-        cfg->api_port > 65535)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "node: bad memory limit, timeout or port");
+        cfg->api_port > 65535 || cfg->probe_interval_ms < 0)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "node: bad memory limit, timeout, port or probe interval");
     struct node *n = calloc(1, sizeof *n);
     if (!n)
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
@@ -1680,6 +1870,8 @@ int node_create(struct node **out, const struct node_config *cfg, char *err, siz
     n->runners_ctx = cfg->runners_ctx;
     n->memory_limit = cfg->memory_limit;
     n->node_timeout_ms = cfg->node_timeout_ms ? cfg->node_timeout_ms : NODE_TIMEOUT_MS_DEFAULT;
+    n->probe_interval_ms = cfg->probe_interval_ms ? cfg->probe_interval_ms : NODE_PROBE_INTERVAL_MS;
+    n->probe_buf = calloc(1, NODE_PROBE_BYTES);
     atomic_store(&n->api_port, cfg->api_port);
     n->since_ms = wall_ms();
     n->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -1706,7 +1898,7 @@ int node_create(struct node **out, const struct node_config *cfg, char *err, siz
         crypto_auth_hmacsha256_final(&hs, mac);
         sodium_bin2hex(n->dp_secret, sizeof n->dp_secret, mac, sizeof mac);
     }
-    if (!n->data_dir || !n->peer_addrs || (cfg->bind_addr && !n->bind_addr) || (cfg->models_dir && !n->models_dir) ||
+    if (!n->data_dir || !n->peer_addrs || !n->probe_buf || (cfg->bind_addr && !n->bind_addr) || (cfg->models_dir && !n->models_dir) ||
         !n->log_path || !n->state) {
         rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
         goto fail;
@@ -1826,7 +2018,8 @@ void node_release(struct node *n)
     cluster_state_release(n->state);
     json_decref(n->reported_edges);
     free(n->heard);
-    free(n->rtts);
+    free(n->perfs);
+    free(n->probe_buf);
     free(n->data_dir);
     free(n->models_dir);
     free(n->log_path);

@@ -23,8 +23,19 @@
  * NODE_INFO_INTERVAL_MS and reported when nodeinfo_changed says so (or when the master
  * lacks it), at most once per NODE_REPORT_MIN_MS.
  *
+ * Topology: each node reports an edge to every peer it is linked to, with the round
+ * trip of pings (every NODE_GOSSIP_INTERVAL_MS) and the throughput of probes: a probe of
+ * NODE_PROBE_BYTES goes to each peer NODE_PROBE_FIRST_MS after its link comes up and
+ * then every probe_interval_ms, one in flight per peer, postponed while task outputs
+ * flow to that peer; the peer acks it at once, and bytes / (ack time - rtt) is a sample
+ * (both figures smoothed). A report goes out when an edge's rtt moves past
+ * MASTER_EDGE_RTT_SLACK_US or 50%, or its throughput past
+ * NODE_EDGE_THROUGHPUT_SLACK_PCT.
+ *
  * Wire types besides link.h's: NODE_T_COMMAND_RESULT (master -> requester, a
- * command_result) and NODE_T_CONTROL ({"type": "peers"|"ping"|"pong"|"head", ...}). */
+ * command_result), NODE_T_CONTROL ({"type": "peers"|"ping"|"pong"|"head"|"probe_ack",
+ * ...}), NODE_T_TASK_OUTPUT and NODE_T_PROBE (8 bytes of sequence number, big-endian,
+ * then zeros; answered by {"type": "probe_ack", "seq", "bytes"}). */
 #ifndef CAIRN_CLUSTER_NODE_H
 #define CAIRN_CLUSTER_NODE_H
 
@@ -43,6 +54,7 @@
 #define NODE_T_COMMAND_RESULT 22
 #define NODE_T_CONTROL 23
 #define NODE_T_TASK_OUTPUT 24 /* a runner's output line, relayed to the requester */
+#define NODE_T_PROBE 25       /* throughput probe: seq (u64 big-endian) and filler */
 
 #define NODE_TIMEOUT_MS_DEFAULT 30000   /* --node-timeout */
 #define NODE_INFO_INTERVAL_MS 2000      /* node info gathered this often */
@@ -56,6 +68,12 @@
 #define NODE_MAX_PEERS 256              /* endpoints given or taken per gossip message */
 #define NODE_MAX_SUBSCRIBERS 256
 #define NODE_MAX_OUTPUT_QUEUE ((size_t)64 << 20) /* bytes of task outputs waiting to be sent */
+#define NODE_PROBE_INTERVAL_MS 30000    /* throughput probes to each peer this often */
+#define NODE_PROBE_FIRST_MS 1000        /* the first one this long after the link comes up */
+#define NODE_PROBE_BYTES ((size_t)256 << 10)
+#define NODE_PROBE_TIMEOUT_MS 10000     /* a probe unacked this long is given up */
+#define NODE_PROBE_BUSY_MS 1000         /* a link that carried task outputs this recently waits */
+#define NODE_EDGE_THROUGHPUT_SLACK_PCT 25 /* smaller throughput moves are not reported */
 
 /* Hook of the runner supervisor: a new JSON array of this node's runners (each a runner
  * of state.h's JSON), or NULL when it cannot say (the report then leaves them as
@@ -81,6 +99,7 @@ struct node_config {
     node_runners_fn runners;     /* NULL: runners are not reported */
     void *runners_ctx;
     const char *api_key;         /* the peers' API key, sent when fetching models (download.h) */
+    int probe_interval_ms;       /* throughput probes; 0 = NODE_PROBE_INTERVAL_MS */
 };
 
 /* What a node says about itself (GET /state carries the rest). */

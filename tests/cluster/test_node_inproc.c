@@ -1,8 +1,8 @@
 /* Nodes inside this process over loopback: the persistent node id; two nodes that join
  * with a peer address agree on a master and on the state; commands go through the
  * master from either node; a subscriber sees the events; the master's stop elects the
- * other; a restarted node keeps its id, replays its log and follows (sticky). Every
- * wait is bounded. */
+ * other; a restarted node keeps its id, replays its log and follows (sticky); the
+ * edges between linked nodes carry a measured rtt and throughput. Every wait is bounded. */
 #include "cluster/link.h"
 #include "cluster/node.h"
 
@@ -55,20 +55,26 @@ static void test_id(void)
     CHECK(rc == CAIRN_EIO, "a dir that cannot be made: %d %s", rc, err);
 }
 
-static struct node *make_node_t(const char *name, const char *peer, bool force, int timeout_ms)
+/* Makes and starts a node with data in root/name; cfg (may be NULL) gives the other
+ * fields (its data dir, peers, bind address, force flag and limits are set here). */
+static struct node *make_node_cfg(const char *name, const char *peer, bool force, int timeout_ms,
+                                  const struct node_config *more)
 {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", root, name);
     const char *peers[1] = {peer};
-    struct node_config cfg = {
-        .data_dir = dir,
-        .bind_addr = "127.0.0.1",
-        .peers = peers,
-        .n_peers = peer ? 1 : 0,
-        .force_master = force,
-        .memory_limit = (int64_t)1 << 30,
-        .node_timeout_ms = timeout_ms,
-    };
+    struct node_config cfg;
+    if (more)
+        cfg = *more;
+    else
+        memset(&cfg, 0, sizeof cfg);
+    cfg.data_dir = dir;
+    cfg.bind_addr = "127.0.0.1";
+    cfg.peers = peers;
+    cfg.n_peers = peer ? 1 : 0;
+    cfg.force_master = force;
+    cfg.memory_limit = (int64_t)1 << 30;
+    cfg.node_timeout_ms = timeout_ms;
     struct node *n = NULL;
     int rc = node_create(&n, &cfg, err, sizeof err);
     CHECK(rc == 0, "create %s: %s", name, err);
@@ -77,6 +83,11 @@ static struct node *make_node_t(const char *name, const char *peer, bool force, 
     rc = node_start(n, err, sizeof err);
     CHECK(rc == 0, "start %s: %s", name, err);
     return n;
+}
+
+static struct node *make_node_t(const char *name, const char *peer, bool force, int timeout_ms)
+{
+    return make_node_cfg(name, peer, force, timeout_ms, NULL);
 }
 
 static struct node *make_node(const char *name, const char *peer, bool force)
@@ -232,6 +243,61 @@ static void test_timeout(void)
     node_release(m);
 }
 
+/* ---- topology ---- */
+
+struct edges {
+    const char *a, *b;
+    int64_t rtt[2], tput[2]; /* a->b, b->a; -1 when missing */
+};
+
+static void read_edges(void *ctx, const struct cluster_state *s)
+{
+    struct edges *e = ctx;
+    const struct cluster_edge *x = cluster_state_find_edge(s, e->a, e->b);
+    const struct cluster_edge *y = cluster_state_find_edge(s, e->b, e->a);
+    e->rtt[0] = x ? x->rtt_us : -1;
+    e->tput[0] = x ? x->throughput : -1;
+    e->rtt[1] = y ? y->rtt_us : -1;
+    e->tput[1] = y ? y->throughput : -1;
+}
+
+/* Waits until n's state holds both edges between a and b with an rtt and a throughput. */
+static bool wait_measured(struct node *n, struct edges *e, double limit)
+{
+    double t0 = now_s();
+    for (;;) {
+        node_read_state(n, read_edges, e);
+        if (e->rtt[0] > 0 && e->rtt[1] > 0 && e->tput[0] > 0 && e->tput[1] > 0)
+            return true;
+        if (now_s() - t0 >= limit)
+            return false;
+        sleep_ms(100);
+    }
+}
+
+/* Two linked nodes measure each other: the edges in the state (the follower's copy)
+ * carry an rtt from pings and a throughput from probes. */
+static void test_topology(void)
+{
+    struct node_config more = {.probe_interval_ms = 500};
+    struct node *a = make_node_cfg("pa", NULL, true, 60000, &more);
+    if (!a)
+        return;
+    char peer[64];
+    snprintf(peer, sizeof peer, "127.0.0.1:%d", node_cluster_port(a));
+    struct node *b = make_node_cfg("pb", peer, false, 60000, &more);
+    CHECK(b && wait_agree(a, b, 2, node_id(a), 30) >= 0, "the pair agrees");
+    struct edges e = {.a = node_id(a), .b = b ? node_id(b) : "?"};
+    double t0 = now_s();
+    bool ok = b && wait_measured(b, &e, 30);
+    CHECK(ok, "edges measured within 30 s: a->b rtt %lld us, %lld B/s; b->a rtt %lld us, %lld B/s",
+          (long long)e.rtt[0], (long long)e.tput[0], (long long)e.rtt[1], (long long)e.tput[1]);
+    printf("edges measured after %.2f s: a->b rtt %lld us %.1f MB/s, b->a rtt %lld us %.1f MB/s\n",
+           now_s() - t0, (long long)e.rtt[0], e.tput[0] / 1e6, (long long)e.rtt[1], e.tput[1] / 1e6);
+    node_release(b);
+    node_release(a);
+}
+
 /* A peer with the right secret that sends malformed payloads of every type: the node
  * logs and drops them, and keeps serving. */
 static void test_garbage(void)
@@ -298,6 +364,7 @@ int main(void)
     test_id();
     test_pair();
     test_timeout();
+    test_topology();
     test_garbage();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);

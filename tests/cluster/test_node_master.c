@@ -340,6 +340,28 @@ static void test_reports(void)
               cluster_state_find_edge(s, "d", "a"),
           "report applied");
 
+    /* Throughput: measured (from 0) is a change; moves within 25% are not; beyond are. */
+    json_t *tp_edge = json_array_get(json_object_get(report, "edges"), 0);
+    json_object_set_new(report, "info", json_null());
+    int64_t tputs[] = {100000000, 120000000, 80000000, 140000000, 0};
+    int want[] = {1, 0, 0, 1, 1};
+    for (size_t i = 0; i < sizeof tputs / sizeof tputs[0]; i++) {
+        json_object_set_new(tp_edge, "throughput_bytes_per_s", json_integer(tputs[i]));
+        rc = master_report_events(s, "d", report, 12500, &evs, err, sizeof err);
+        CHECK(rc == 0 && (int)evs.n == want[i] &&
+                  (!want[i] || (evs.ev[0].kind == EVENT_TOPOLOGY_EDGE_CREATED &&
+                                evs.ev[0].topology_edge_created.throughput == tputs[i])),
+              "throughput %lld after %lld: %zu events, want %d", (long long)tputs[i],
+              (long long)(i ? tputs[i - 1] : 0), evs.n, want[i]);
+        apply_all(s, &evs);
+        master_events_clear(&evs);
+    }
+    const struct cluster_edge *ed = cluster_state_find_edge(s, "d", "a");
+    CHECK(ed && ed->throughput == 0 && ed->rtt_us == 5000, "the edge as last changed: %lld %lld",
+          ed ? (long long)ed->throughput : -1LL, ed ? (long long)ed->rtt_us : -1LL);
+
+    json_object_set(report, "info", info);
+
     /* The same runners and an rtt within the slack: only the info again. */
     json_object_set_new(json_array_get(json_object_get(report, "edges"), 0), "rtt_us",
                         json_integer(5600));
