@@ -687,6 +687,23 @@ static int report_downloads(const struct cluster_state *s, const char *from, con
     return 0;
 }
 
+/* True when s holds node id with exactly this info (every field, compared as JSON). */
+static bool info_same(const struct cluster_state *s, const char *id, const struct cluster_node_info *info)
+{
+    const struct cluster_node *cur = cluster_state_find_node(s, id);
+    if (!cur)
+        return false;
+    json_t *a = cluster_node_info_to_json(&cur->info), *b = cluster_node_info_to_json(info);
+    bool same = a && b && json_equal(a, b);
+    json_decref(a);
+    json_decref(b);
+    return same;
+}
+
+/* Reports come with every change of a node's runners, downloads or links, each with the
+ * node's info: info equal to the state's makes no NodeGatheredInfo, so they do not
+ * flood the log (its last_seen_ms then stays at the last change; liveness is the link's,
+ * node.h). */
 int master_report_events(const struct cluster_state *s, const char *from, const json_t *report,
                          int64_t now_ms, struct master_events *out, char *err, size_t errlen)
 {
@@ -711,6 +728,8 @@ int master_report_events(const struct cluster_state *s, const char *from, const 
         e->node_gathered_info.when_ms = now_ms;
         rc = cluster_node_info_from_json(v, "report.info", &e->node_gathered_info.info, err,
                                          errlen);
+        if (!rc && info_same(s, id, &e->node_gathered_info.info))
+            truncate_events(out, out->n - 1);
     }
     v = json_object_get(report, "runners");
     if (!rc && v && !json_is_null(v))

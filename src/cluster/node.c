@@ -1197,8 +1197,11 @@ static void maybe_report(struct node *n, int64_t now)
         json_decref(edges);
         return;
     }
+    /* The info last reported until it moves past nodeinfo_changed's thresholds: the
+     * master makes no event for info it already holds. */
+    bool fresh = !n->has_reported || nodeinfo_changed(&n->reported, &n->info);
     json_t *report = json_object();
-    json_t *info = info_json(n, &n->info);
+    json_t *info = info_json(n, fresh ? &n->info : &n->reported);
     if (!report || !info || json_object_set_new(report, "node_id", json_string(n->id)) ||
         json_object_set_new(report, "info", info) ||
         json_object_set_new(report, "runners",
@@ -1216,7 +1219,8 @@ static void maybe_report(struct node *n, int64_t now)
     } else {
         send_json(n, m, LINK_T_REPORT, report);
     }
-    n->reported = n->info;
+    if (fresh)
+        n->reported = n->info;
     n->has_reported = true;
     json_decref(n->reported_edges);
     n->reported_edges = edges;

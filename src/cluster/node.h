@@ -32,6 +32,11 @@
  * MASTER_EDGE_RTT_SLACK_US or 50%, or its throughput past
  * NODE_EDGE_THROUGHPUT_SLACK_PCT.
  *
+ * Reports always carry the node's info, but the info last reported until
+ * nodeinfo_changed says it moved; the master makes NodeGatheredInfo only for info that
+ * differs from its state's, so repeated reports (runners, downloads, edges) add no event
+ * for it. A node's liveness is its link (the master's check_timeouts), not last_seen_ms.
+ *
  * Wire types besides link.h's: NODE_T_COMMAND_RESULT (master -> requester, a
  * command_result), NODE_T_CONTROL ({"type": "peers"|"ping"|"pong"|"head"|"probe_ack",
  * ...}), NODE_T_TASK_OUTPUT and NODE_T_PROBE (8 bytes of sequence number, big-endian,

@@ -2,7 +2,9 @@
  * with a peer address agree on a master and on the state; commands go through the
  * master from either node; a subscriber sees the events; the master's stop elects the
  * other; a restarted node keeps its id, replays its log and follows (sticky); the
- * edges between linked nodes carry a measured rtt and throughput. Every wait is bounded. */
+ * edges between linked nodes carry a measured rtt and throughput; an idle cluster whose
+ * nodes keep reporting adds next to no events while a runner's change still makes its
+ * own. Every wait is bounded. */
 #include "cluster/link.h"
 #include "cluster/node.h"
 
@@ -298,6 +300,150 @@ static void test_topology(void)
     node_release(a);
 }
 
+/* ---- report coalescing ---- */
+
+struct runner_hook {
+    const char *node_id;
+    atomic_int status;
+};
+
+static json_t *hook_runners(void *ctx)
+{
+    struct runner_hook *h = ctx;
+    return json_pack("[{s:s, s:s, s:s, s:s, s:n, s:i}]", "runner_id", "r-coal", "instance_id", "i-coal",
+                     "node_id", h->node_id, "status", cluster_runner_status_name(atomic_load(&h->status)),
+                     "error", "restart_count", 0);
+}
+
+struct kinds {
+    const char *b;
+    atomic_int total, info, info_b, edges, runner;
+};
+
+static void count_kinds(void *ctx, const char *json, size_t len, int64_t term, int64_t index)
+{
+    struct kinds *k = ctx;
+    (void)term;
+    (void)index;
+    json_t *j = json_loadb(json, len, 0, NULL);
+    const char *kind = json_string_value(json_object_get(j, "kind"));
+    const char *id = json_string_value(json_object_get(j, "node_id"));
+    atomic_fetch_add(&k->total, 1);
+    if (kind && !strcmp(kind, "NodeGatheredInfo")) {
+        atomic_fetch_add(&k->info, 1);
+        if (id && !strcmp(id, k->b))
+            atomic_fetch_add(&k->info_b, 1);
+    } else if (kind && !strcmp(kind, "TopologyEdgeCreated")) {
+        atomic_fetch_add(&k->edges, 1);
+    } else if (kind && !strcmp(kind, "RunnerStatusUpdated")) {
+        atomic_fetch_add(&k->runner, 1);
+    }
+    json_decref(j);
+}
+
+struct runner_seen {
+    int status; /* -1 when missing */
+};
+
+static void read_runner(void *ctx, const struct cluster_state *s)
+{
+    struct runner_seen *r = ctx;
+    const struct cluster_runner *x = cluster_state_find_runner(s, "r-coal");
+    r->status = x ? (int)x->status : -1;
+}
+
+/* Reports the nodes (and the test) ask for every 100 ms for `ms`. */
+static void chatter(struct node **all, size_t n, int ms)
+{
+    for (int t = 0; t < ms; t += 100) {
+        for (size_t i = 0; i < n; i++)
+            node_report_now(all[i]);
+        sleep_ms(100);
+    }
+}
+
+/* Three idle nodes whose supervisors keep asking for reports: the master adds next to
+ * no events (the info it holds is not repeated); a runner's status change still makes
+ * its RunnerStatusUpdated, and the info does not ride along with it. */
+static void test_coalesce(void)
+{
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/cb", root);
+    mkdir(dir, 0700);
+    snprintf(path, sizeof path, "%s/node_id", dir);
+    FILE *fp = fopen(path, "w");
+    CHECK(fp != NULL, "write %s", path);
+    if (!fp)
+        return;
+    fputs("coal-b\n", fp);
+    fclose(fp);
+    struct runner_hook hook = {.node_id = "coal-b"};
+    atomic_store(&hook.status, CLUSTER_RUNNER_LOADING);
+    struct node_config more = {.runners = hook_runners, .runners_ctx = &hook};
+    struct node *m = make_node_t("cm", NULL, true, 60000);
+    if (!m)
+        return;
+    char peer[64];
+    snprintf(peer, sizeof peer, "127.0.0.1:%d", node_cluster_port(m));
+    struct node *b = make_node_cfg("cb", peer, false, 60000, &more);
+    struct node *c = make_node_t("cc", peer, false, 60000);
+    if (!b || !c) {
+        node_release(b);
+        node_release(c);
+        node_release(m);
+        return;
+    }
+    CHECK(wait_agree(m, b, 3, node_id(m), 30) >= 0 && wait_agree(m, c, 3, node_id(m), 30) >= 0,
+          "three nodes agree");
+    struct node *all[] = {m, b, c};
+    /* Links measured both ways (first probes NODE_PROBE_FIRST_MS after each link). */
+    for (size_t i = 0; i < 3; i++) {
+        struct edges e = {.a = node_id(all[i]), .b = node_id(all[(i + 1) % 3])};
+        CHECK(wait_measured(m, &e, 30), "edges %s <-> %s measured", e.a, e.b);
+    }
+    struct runner_seen rs;
+    double t0 = now_s();
+    do {
+        sleep_ms(100);
+        node_read_state(m, read_runner, &rs);
+    } while (rs.status != CLUSTER_RUNNER_LOADING && now_s() - t0 < 10);
+    CHECK(rs.status == CLUSTER_RUNNER_LOADING, "b's runner is in the state (%d)", rs.status);
+    sleep_ms(1500); /* reports already under way */
+
+    struct kinds k = {.b = "coal-b"};
+    uint64_t token = 0;
+    CHECK(node_subscribe(m, count_kinds, &k, &token) == 0, "subscribe");
+    chatter(all, 3, 4000);
+    int total = atomic_load(&k.total), edges = atomic_load(&k.edges);
+    printf("idle for 4 s with reports asked every 100 ms: %d events (%d NodeGatheredInfo, %d TopologyEdgeCreated)\n",
+           total, atomic_load(&k.info), edges);
+    CHECK(total - edges <= 3 && atomic_load(&k.info) <= 3, "an idle cluster makes %d events besides %d of edges "
+          "(%d NodeGatheredInfo)", total - edges, edges, atomic_load(&k.info));
+    CHECK(edges <= 12, "%d edge events in 4 s: rtt noise is not coalesced", edges);
+
+    const int steps[] = {CLUSTER_RUNNER_WARMING_UP, CLUSTER_RUNNER_READY, CLUSTER_RUNNER_RUNNING,
+                         CLUSTER_RUNNER_READY};
+    int before = atomic_load(&k.runner), info_b = atomic_load(&k.info_b);
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        atomic_store(&hook.status, steps[i]);
+        t0 = now_s();
+        do {
+            chatter(all, 3, 100);
+            node_read_state(m, read_runner, &rs);
+        } while (rs.status != steps[i] && now_s() - t0 < 10);
+        CHECK(rs.status == steps[i], "step %zu: the master's state shows status %d (%d)", i, steps[i], rs.status);
+    }
+    int runner = atomic_load(&k.runner) - before;
+    info_b = atomic_load(&k.info_b) - info_b;
+    printf("4 runner changes: %d RunnerStatusUpdated, %d NodeGatheredInfo of that node\n", runner, info_b);
+    CHECK(runner >= 4, "each runner change makes its event: %d", runner);
+    CHECK(info_b <= 1, "the runner's reports repeat the node's info: %d NodeGatheredInfo", info_b);
+    node_unsubscribe(m, token);
+    node_release(c);
+    node_release(b);
+    node_release(m);
+}
+
 /* A peer with the right secret that sends malformed payloads of every type: the node
  * logs and drops them, and keeps serving. */
 static void test_garbage(void)
@@ -365,6 +511,7 @@ int main(void)
     test_pair();
     test_timeout();
     test_topology();
+    test_coalesce();
     test_garbage();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);

@@ -362,13 +362,29 @@ static void test_reports(void)
 
     json_object_set(report, "info", info);
 
-    /* The same runners and an rtt within the slack: only the info again. */
-    json_object_set_new(json_array_get(json_object_get(report, "edges"), 0), "rtt_us",
-                        json_integer(5600));
+    /* The same info (later), runners and an rtt within the slack: no event at all. */
+    json_t *edge = json_array_get(json_object_get(report, "edges"), 0);
+    json_object_set_new(edge, "rtt_us", json_integer(5600));
     rc = master_report_events(s, "d", report, 12400, &evs, err, sizeof err);
-    CHECK(rc == 0 && evs.n == 1 && evs.ev[0].kind == EVENT_NODE_GATHERED_INFO,
-          "unchanged runners and edges make no event: %zu", evs.n);
+    CHECK(rc == 0 && evs.n == 0, "a report that changes nothing makes no event: rc %d, %zu events (first %s)",
+          rc, evs.n, evs.n ? event_kind_name((int)evs.ev[0].kind) : "-");
     master_events_clear(&evs);
+
+    /* The info moves: NodeGatheredInfo with it, and nothing else. */
+    json_object_set_new(json_object_get(report, "info"), "memory_available_bytes", json_integer((json_int_t)(3 * GIB)));
+    rc = master_report_events(s, "d", report, 12450, &evs, err, sizeof err);
+    CHECK(rc == 0 && evs.n == 1 && evs.ev[0].kind == EVENT_NODE_GATHERED_INFO &&
+              evs.ev[0].node_gathered_info.info.memory_available == (int64_t)(3 * GIB) &&
+              evs.ev[0].node_gathered_info.when_ms == 12450,
+          "changed info makes its event: rc %d, %zu events", rc, evs.n);
+    apply_all(s, &evs);
+    master_events_clear(&evs);
+    rc = master_report_events(s, "d", report, 12460, &evs, err, sizeof err);
+    CHECK(rc == 0 && evs.n == 0, "then the same info again makes none: %zu", evs.n);
+    master_events_clear(&evs);
+    const struct cluster_node *nd = cluster_state_find_node(s, "d");
+    CHECK(nd && nd->last_seen_ms == 12450, "last_seen_ms stays at the last change: %lld",
+          nd ? (long long)nd->last_seen_ms : -1LL);
 
     /* r1 changes, r2 is gone, the edge to a is gone; no info this time. */
     json_object_set_new(report, "info", json_null());
