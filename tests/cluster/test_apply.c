@@ -1,7 +1,9 @@
 /* cluster_apply: a hand-written history replayed to known states; the effect of each
  * kind; the position rules (gaps, stale terms, new terms) leaving a refused state
  * byte-identical; and thousands of seeded random events checked for determinism, state
- * JSON round trips and snapshot + replay == full replay. */
+ * JSON round trips and snapshot + replay == full replay. With CAIRN_BENCH=1 it only
+ * times cluster_apply over CAIRN_BENCH_EVENTS (1000000) random events and prints
+ * "figure: apply N events/s" (bench/cluster.sh); the normal run times 5000. */
 #include "cluster/event.h"
 
 #include "base/err.h"
@@ -9,6 +11,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- helpers ---- */
 
@@ -749,8 +752,85 @@ static void test_sorted(void)
     cluster_state_release(s);
 }
 
+/* ---- speed ---- */
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Applies n random events (the generator's term snapshots among them) to a fresh state
+ * and prints the rate. The events are made beforehand in chunks (each applied to the
+ * generator's own state, which they need), so only cluster_apply is timed; the timed
+ * state must end equal to the generator's. */
+static void bench_apply(int n)
+{
+    enum { CHUNK = 4096 };
+    struct gen g = {.rng = 7, .term = 1, .index = 0, .clock_ms = 1700000000000};
+    struct event *log = calloc(CHUNK, sizeof *log);
+    struct cluster_state *gs = cluster_state_create(), *s = cluster_state_create();
+    char err[512];
+    int done = 0, snapshots = 0, refused = 0;
+    double all_s = 0, snap_s = 0;
+    while (log && gs && s && done < n) {
+        int m = 0;
+        for (; m < CHUNK && done + m < n; m++) {
+            if (done + m == 0) {
+                event_init(&log[0], EVENT_STATE_SNAPSHOT, 1, 0);
+                log[0].state_snapshot.state = cluster_state_create();
+            } else {
+                random_event(&g, gs, &log[m]);
+            }
+            if (cluster_apply(gs, &log[m], err, sizeof err) && refused++ < 3)
+                CHECK(false, "event %d refused by the generator's state: %s", done + m, err);
+        }
+        int bad = 0;
+        double t0 = mono_s();
+        for (int i = 0; i < m; i++) {
+            if (log[i].kind != EVENT_STATE_SNAPSHOT) {
+                bad += cluster_apply(s, &log[i], err, sizeof err) != 0;
+                continue;
+            }
+            double ts = mono_s();
+            bad += cluster_apply(s, &log[i], err, sizeof err) != 0;
+            snap_s += mono_s() - ts;
+            snapshots++;
+        }
+        all_s += mono_s() - t0;
+        if (bad && refused++ < 3)
+            CHECK(false, "%d events of %d..%d refused, the last: %s", bad, done, done + m - 1, err);
+        refused += bad;
+        for (int i = 0; i < m; i++)
+            event_clear(&log[i]);
+        done += m;
+    }
+    char *a = gs ? cluster_state_to_json(gs) : NULL, *b = s ? cluster_state_to_json(s) : NULL;
+    CHECK(done == n && refused == 0 && a && b && !strcmp(a, b),
+          "%d of %d events applied, %d refused, states %s", done, n, refused,
+          a && b && !strcmp(a, b) ? "equal" : "differ");
+    CHECK(s && s->n_nodes > 0 && s->n_runners > 0, "the history leaves nodes and runners");
+    if (all_s > 0 && all_s > snap_s)
+        printf("figure: apply %.0f events/s (%d random events, %d of them term snapshots; "
+               "%.0f events/s without those)\n",
+               done / all_s, done, snapshots, (done - snapshots) / (all_s - snap_s));
+    free(a);
+    free(b);
+    free(log);
+    cluster_state_release(gs);
+    cluster_state_release(s);
+}
+
 int main(void)
 {
+    const char *bench = getenv("CAIRN_BENCH");
+    if (bench && *bench && strcmp(bench, "0")) {
+        const char *ev = getenv("CAIRN_BENCH_EVENTS");
+        long n = ev ? strtol(ev, NULL, 10) : 1000000;
+        bench_apply(n > 0 && n <= 100000000 ? (int)n : 1000000);
+        return test_main_end();
+    }
     test_history();
     test_kinds();
     test_positions();
@@ -758,5 +838,6 @@ int main(void)
     test_random(1, 3000);
     test_random(0xcafef00d, 3000);
     test_random(42, 1500);
+    bench_apply(5000);
     return test_main_end();
 }
