@@ -50,6 +50,7 @@ struct route {
     size_t rid_len;
     char peer[LINK_ID_MAX];       /* node id from the handshake, "" before */
     int port;                     /* the cluster port the peer announced */
+    int fd;                       /* in: the TCP socket its last message came on, -1 unknown */
     int strikes;
     int64_t last_rx, last_tx, last_hello, last_fail_log; /* clock_ns */
 };
@@ -102,6 +103,7 @@ struct link {
 
     zmq_msg_t held; /* payload of the message link_poll returned last */
     bool has_held;
+    const struct route *held_route; /* where it came from (compared, never read: link_strike) */
 
     int wake_fd; /* + 1: 0 is none (link_set_wake_fd) */
 
@@ -425,6 +427,8 @@ static void remove_route(struct link *l, size_t i, const char *why)
     set_unready(l, r, why);
     l->routes[i] = l->routes[--l->n_routes];
     l->gen++;
+    if (l->held_route == r)
+        l->held_route = NULL;
     free_route(r, 0);
 }
 
@@ -599,13 +603,15 @@ static int parse_intro(zmq_msg_t *body, char ns[LINK_NS_MAX], int *port, char *w
     return rc;
 }
 
-static int deliver(struct link *l, const char *peer, const struct link_hdr *h, zmq_msg_t *body, struct link_msg *out)
+static int deliver(struct link *l, const struct route *r, const struct link_hdr *h, zmq_msg_t *body,
+                   struct link_msg *out)
 {
     zmq_msg_init(&l->held);
     zmq_msg_move(&l->held, body);
     l->has_held = true;
+    l->held_route = r;
     out->event = LINK_EV_MESSAGE;
-    snprintf(out->peer, sizeof out->peer, "%s", peer);
+    snprintf(out->peer, sizeof out->peer, "%s", r->peer);
     out->type = h->type;
     out->data = zmq_msg_data(&l->held);
     out->len = zmq_msg_size(&l->held);
@@ -714,6 +720,7 @@ static void hello_in(struct link *l, struct route *r, const uint8_t *rid, size_t
         }
         memcpy(r->rid, rid, rid_len);
         r->rid_len = rid_len;
+        r->fd = fd;
         snprintf(r->endpoint, sizeof r->endpoint, "%s", addr);
         snprintf(r->peer, sizeof r->peer, "%s", h->sender);
     }
@@ -781,11 +788,13 @@ static int read_router(struct link *l, struct link_msg *out)
         goto done;
     }
     r->last_rx = clock_ns();
+    if (fd >= 0)
+        r->fd = fd;
     if (h.type == LINK_T_BYE) {
         r->dead = true;
         set_unready(l, r, "it said bye");
     } else if (h.type >= LINK_T_APP_FIRST) {
-        got = r->ready ? deliver(l, r->peer, &h, &parts[2], out) : 0;
+        got = r->ready ? deliver(l, r, &h, &parts[2], out) : 0;
     }
 done:
     close_parts(parts, kept);
@@ -803,6 +812,60 @@ static void strike_out(struct link *l, struct route *r, const char *why)
         log_warn("link %s: closed the connection to %s at %s after %d malformed messages", l->id, route_name(r),
                  r->endpoint, n);
         remove_route_ptr(l, r, "cut after malformed messages");
+    }
+}
+
+void link_strike(struct link *l, const char *peer, const char *why)
+{
+    if (!l || !peer)
+        return;
+    struct route *r = NULL;
+    for (size_t i = 0; i < l->n_routes && !r; i++)
+        if (l->routes[i] == l->held_route && !l->routes[i]->dead && !strcmp(l->routes[i]->peer, peer))
+            r = l->routes[i];
+    /* Not the message link_poll returned last: the peer's connection heard from last. */
+    for (size_t i = 0; i < l->n_routes && !r; i++) {
+        struct route *c = l->routes[i];
+        if (live(c) && !strcmp(c->peer, peer))
+            r = c;
+    }
+    for (size_t i = 0; r && r != l->held_route && i < l->n_routes; i++) {
+        struct route *c = l->routes[i];
+        if (live(c) && !strcmp(c->peer, peer) && c->last_rx > r->last_rx)
+            r = c;
+    }
+    if (!r)
+        return;
+    if (!why)
+        why = "malformed payload";
+    bool last = r->strikes + 1 >= LINK_MAX_STRIKES;
+    if (r->out)
+        strike_out(l, r, why); /* may free r */
+    else
+        strike_in(l, r, r->rid, r->rid_len, r->endpoint, r->fd, why);
+    /* Its handshake proved who sent these: the peer's other connections go too. */
+    for (size_t i = 0; last && i < l->n_routes;) {
+        struct route *c = l->routes[i];
+        if (!live(c) || strcmp(c->peer, peer)) {
+            i++;
+            continue;
+        }
+        l->stats.cut++;
+        log_warn("link %s: cut the other connection of %s (%s %s) after its malformed messages", l->id, peer,
+                 c->out ? "to" : "from", c->endpoint);
+        if (c->out) {
+            remove_route_ptr(l, c, "cut after malformed messages");
+            continue; /* routes[i] is another route now */
+        }
+        struct stranger *s = stranger_find(l, c->rid, c->rid_len, true);
+        if (s) {
+            s->banned = true;
+            s->last = clock_ns();
+        }
+        c->dead = true;
+        set_unready(l, c, "cut after malformed messages");
+        shutdown_conn(c->fd, c->endpoint);
+        i++;
     }
 }
 
@@ -884,7 +947,7 @@ static int read_dealer(struct link *l, struct route *r, struct link_msg *out)
         if (h.type == LINK_T_BYE)
             set_unready(l, r, "it said bye");
         else if (h.type >= LINK_T_APP_FIRST)
-            got = deliver(l, r->peer, &h, &parts[1], out);
+            got = deliver(l, r, &h, &parts[1], out);
     }
 done:
     close_parts(parts, kept);
@@ -1070,6 +1133,7 @@ int link_poll(struct link *l, int timeout_ms, struct link_msg *out)
         zmq_msg_close(&l->held);
         l->has_held = false;
     }
+    l->held_route = NULL;
     memset(out, 0, sizeof *out);
     int64_t deadline = timeout_ms < 0 ? INT64_MAX : clock_ns() + (int64_t)timeout_ms * MS;
     for (;;) {
@@ -1445,6 +1509,7 @@ int link_connect(struct link *l, const char *endpoint, char *err, size_t errlen)
     if (!r)
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     r->out = true;
+    r->fd = -1;
     snprintf(r->endpoint, sizeof r->endpoint, "%s", endpoint);
     r->sock = zmq_socket(l->ctx, ZMQ_DEALER);
     int rc;
@@ -1491,6 +1556,8 @@ int link_disconnect(struct link *l, const char *endpoint)
         set_unready(l, r, "disconnected by us");
         l->routes[i] = l->routes[--l->n_routes];
         l->gen++;
+        if (l->held_route == r)
+            l->held_route = NULL;
         free_route(r, bye ? BYE_LINGER_MS : 0);
         return 0;
     }

@@ -16,7 +16,9 @@
  * length (u32), sender node id (64 bytes, NUL-padded). A message with another frame
  * count, a short or long header, a bad magic, version, type, sender or length is
  * dropped and its sender logged; after LINK_MAX_STRIKES such messages the connection is
- * cut (ours closed; theirs shut down and its routing id ignored). A frame over max_msg
+ * cut (ours closed; theirs shut down and its routing id ignored). The application
+ * counts well-framed messages with bad payloads against the same limit (link_strike).
+ * A frame over max_msg
  * makes ZeroMQ close the connection (ZMQ_MAXMSGSIZE). The link keeps serving everyone
  * else.
  *
@@ -160,6 +162,14 @@ size_t link_peers(const struct link *l, struct link_peer *out, size_t max);
 
 /* True when peer (a node id) is up. */
 bool link_peer_up(const struct link *l, const char *peer);
+
+/* The application found the payload of a message from peer malformed: logs why and
+ * counts a strike against the connection the message came on (the one of the message
+ * link_poll returned last when it is peer's; else peer's connection heard from last),
+ * as for a malformed frame. At LINK_MAX_STRIKES that connection is cut, and with it
+ * every other connection of peer (its handshake proved its id): peer goes down (it may
+ * connect again). Call it once per message. No-op for a peer not up. */
+void link_strike(struct link *l, const char *peer, const char *why);
 
 /* Counters since creation. */
 void link_get_stats(const struct link *l, struct link_stats *out);

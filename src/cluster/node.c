@@ -760,10 +760,13 @@ static void send_json(struct node *n, const char *to, int type, json_t *j)
     free(text);
 }
 
-/* A well-framed message from peer whose payload is malformed ("what: why"): logged. */
+/* A well-framed message from peer whose payload is malformed ("what: why"): a strike
+ * against its connection (link.h: cut after LINK_MAX_STRIKES). */
 static void strike(struct node *n, const char *peer, const char *what, const char *why)
 {
-    log_warn("node %s: %s from %s%s%s", n->id, what, peer, why ? ": " : "", why ? why : "");
+    char line[600];
+    snprintf(line, sizeof line, "%s%s%s", what, why ? ": " : "", why ? why : "");
+    link_strike(n->link, peer, line);
 }
 
 static void election_send(void *ctx, const char *to, const char *json, size_t len)

@@ -37,6 +37,10 @@
  * differs from its state's, so repeated reports (runners, downloads, edges) add no event
  * for it. A node's liveness is its link (the master's check_timeouts), not last_seen_ms.
  *
+ * Peers that send well-framed messages with malformed payloads (not JSON, missing or
+ * wrong fields, unknown types) are logged and struck (link_strike): after
+ * LINK_MAX_STRIKES their connection is cut, and the node keeps serving the others.
+ *
  * Wire types besides link.h's: NODE_T_COMMAND_RESULT (master -> requester, a
  * command_result), NODE_T_CONTROL ({"type": "peers"|"ping"|"pong"|"head"|"probe_ack",
  * ...}), NODE_T_TASK_OUTPUT and NODE_T_PROBE (8 bytes of sequence number, big-endian,

@@ -814,6 +814,90 @@ static void test_garbage(void)
     node_close(&b);
 }
 
+/* ---- strikes from the application --------------------------------------------------------------- */
+
+/* Polls x for up to ms until a message from peer comes; strikes it when strike is set. */
+static bool take_and_strike(struct node *x, const char *peer, bool strike, int ms)
+{
+    int64_t end = clock_ns() + (int64_t)ms * MS;
+    struct link_msg m;
+    while (clock_ns() < end) {
+        if (link_poll(x->l, 10, &m) != 1)
+            continue;
+        record(x, &m);
+        if (m.event == LINK_EV_MESSAGE && !strcmp(m.peer, peer)) {
+            if (strike)
+                link_strike(x->l, peer, "test: bad payload");
+            return true;
+        }
+    }
+    return false;
+}
+
+/* link_strike counts against the connection a message came on, with the frame strikes:
+ * LINK_MAX_STRIKES cut it, on the bound side (the connector comes back under a new
+ * routing id) and on the connecting side (its connection is closed); other peers and
+ * the counts below the limit are untouched. */
+static void test_app_strikes(void)
+{
+    struct node a, b, c;
+    if (node_open(&a, "a", "", NULL, 0, 0) || node_open(&b, "b", "", NULL, 0, 0) ||
+        node_open(&c, "c", "", NULL, 0, 0))
+        return;
+    struct node *all[] = {&a, &b, &c};
+    CHECK(link_connect(b.l, endpoint_of(&a), errbuf, sizeof errbuf) == 0, "b connects to a");
+    CHECK(link_connect(c.l, endpoint_of(&a), errbuf, sizeof errbuf) == 0, "c connects to a");
+    CHECK(wait_up(all, 3, &a, "b", 10000) && wait_up(all, 3, &b, "a", 10000) && wait_up(all, 3, &a, "c", 10000) &&
+              wait_up(all, 3, &c, "a", 10000),
+          "a, b, c not up");
+    link_strike(a.l, "nobody", "no such peer"); /* a no-op */
+    struct link_stats st0, st;
+    link_get_stats(a.l, &st0);
+    CHECK(st0.malformed == 0, "no strikes yet: %llu", (unsigned long long)st0.malformed);
+
+    /* a (the bound side) strikes b's messages: b stays up until the fifth. */
+    struct node *only_a[] = {&a}, *only_b[] = {&b};
+    for (int i = 1; i <= LINK_MAX_STRIKES; i++) {
+        char text[32];
+        snprintf(text, sizeof text, "bad %d", i);
+        CHECK(link_send(b.l, "a", LINK_T_COMMAND, text, strlen(text)) == 1, "b sends '%s'", text);
+        CHECK(take_and_strike(&a, "b", true, 5000), "a got '%s'", text);
+        link_get_stats(a.l, &st);
+        CHECK(st.malformed - st0.malformed == (uint64_t)i, "strike %d counted: %llu", i,
+              (unsigned long long)(st.malformed - st0.malformed));
+        if (i < LINK_MAX_STRIKES)
+            CHECK(link_peer_up(a.l, "b") && st.cut == st0.cut, "b still up after %d strikes", i);
+    }
+    CHECK(st.cut - st0.cut == 1 && !link_peer_up(a.l, "b"), "b cut after %d strikes (cut +%llu)", LINK_MAX_STRIKES,
+          (unsigned long long)(st.cut - st0.cut));
+    CHECK(wait_event(only_b, 1, &b, LINK_EV_PEER_DOWN, "a", 5000), "b saw its connection cut");
+    CHECK(link_peer_up(a.l, "c"), "c untouched");
+    exchange(all, 3, &c, &a, "c still served");
+    /* b reconnects (a new routing id), its strikes start again. */
+    CHECK(wait_up(all, 3, &a, "b", 10000) && wait_up(all, 3, &b, "a", 10000), "b did not come back");
+    exchange(all, 3, &b, &a, "b back");
+    link_get_stats(a.l, &st0);
+
+    /* c (the connecting side) strikes a's messages: it closes its own connection. */
+    for (int i = 1; i <= LINK_MAX_STRIKES; i++) {
+        char text[32];
+        snprintf(text, sizeof text, "worse %d", i);
+        CHECK(link_send(a.l, "c", LINK_T_COMMAND, text, strlen(text)) == 1, "a sends '%s'", text);
+        CHECK(take_and_strike(&c, "a", true, 5000), "c got '%s'", text);
+    }
+    CHECK(!link_peer_up(c.l, "a"), "c closed its connection to a");
+    link_get_stats(c.l, &st);
+    CHECK(st.malformed == LINK_MAX_STRIKES && st.cut == 1, "c: malformed %llu cut %llu", (unsigned long long)st.malformed,
+          (unsigned long long)st.cut);
+    CHECK(wait_event(only_a, 1, &a, LINK_EV_PEER_DOWN, "c", 10000), "a saw c go");
+    exchange(all, 3, &a, &b, "b still served");
+    link_get_stats(a.l, &st);
+    CHECK(st.malformed == st0.malformed, "a struck nothing meanwhile");
+    node_close(&a);
+    node_close(&b);
+    node_close(&c);
+}
+
 /* ---- liveness ---------------------------------------------------------------------------------- */
 
 static void test_timeout(void)
@@ -889,6 +973,7 @@ int main(void)
     test_zap();
     test_namespace();
     test_garbage();
+    test_app_strikes();
     test_timeout();
     zsys_shutdown();
     return test_main_end();
