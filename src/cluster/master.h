@@ -98,8 +98,9 @@ int master_command(const struct cluster_state *s, const struct master_env *env,
  *    "edges": [{"to", "rtt_us", "throughput_bytes_per_s"}]|null (every link from it),
  *    "downloads": [download]|null (its model downloads, NodeDownloadProgress where they
  *    differ from s; optional)}
- * Info becomes NodeGatheredInfo stamped now_ms; runners and edges give events only
- * where they differ from s (edge rtt: see MASTER_EDGE_RTT_SLACK_US). CAIRN_EFORMAT
+ * Info becomes NodeGatheredInfo stamped now_ms, runners and edges give events, only
+ * where they differ from s (edges: rtt beyond MASTER_EDGE_RTT_SLACK_US, throughput
+ * beyond 25%), so an idle cluster's reports add nothing to the log. CAIRN_EFORMAT
  * naming the field (nothing appended), CAIRN_ENOMEM. */
 int master_report_events(const struct cluster_state *s, const char *from, const json_t *report,
                          int64_t now_ms, struct master_events *out, char *err, size_t errlen);
