@@ -533,16 +533,12 @@ static bool runner_same(const struct cluster_runner *a, const struct cluster_run
 
 static int64_t abs64(int64_t x) { return x < 0 ? -x : x; }
 
-/* Reported throughputs closer than this to the state's make no event (node.h's
- * NODE_EDGE_THROUGHPUT_SLACK_PCT: the node reports no smaller move either). */
-#define EDGE_THROUGHPUT_SLACK_PCT 25
-
-/* True when throughputs a and b (bytes/s) are within the slack of the larger; from or to
- * 0 (not measured) is always a change. */
+/* True when throughputs a and b (bytes/s) are within MASTER_EDGE_THROUGHPUT_SLACK_PCT of
+ * the larger; from or to 0 (not measured) is always a change. */
 static bool throughput_close(int64_t a, int64_t b)
 {
     int64_t hi = a > b ? a : b;
-    return a == b || (a && b && abs64(a - b) <= hi / 100 * EDGE_THROUGHPUT_SLACK_PCT);
+    return a == b || (a && b && abs64(a - b) <= hi / 100 * MASTER_EDGE_THROUGHPUT_SLACK_PCT);
 }
 
 static int report_runners(const struct cluster_state *s, const char *from, const json_t *arr,

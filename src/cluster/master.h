@@ -32,6 +32,8 @@
 #define MASTER_SLOTS RUNNER_KV_POOL_CTXS /* full contexts of KV counted per instance */
 #define MASTER_KV_ELEM_BYTES 2 /* F16 */
 #define MASTER_EDGE_RTT_SLACK_US 1000 /* reported rtt changes below max(this, 50%) make no event */
+#define MASTER_EDGE_THROUGHPUT_SLACK_PCT 25 /* throughput changes within this % of the larger make
+                                              no event (and a node reports none) */
 
 /* Looks up the usable card of model_id into *out (zeroed first; the caller clears it
  * with catalog_card_clear, also on failure). 0, CAIRN_ENOTFOUND when the model is
@@ -100,7 +102,7 @@ int master_command(const struct cluster_state *s, const struct master_env *env,
  *    differ from s; optional)}
  * Info becomes NodeGatheredInfo stamped now_ms, runners and edges give events, only
  * where they differ from s (edges: rtt beyond MASTER_EDGE_RTT_SLACK_US, throughput
- * beyond 25%), so an idle cluster's reports add nothing to the log. CAIRN_EFORMAT
+ * beyond MASTER_EDGE_THROUGHPUT_SLACK_PCT), so an idle cluster's reports add nothing to the log. CAIRN_EFORMAT
  * naming the field (nothing appended), CAIRN_ENOMEM. */
 int master_report_events(const struct cluster_state *s, const char *from, const json_t *report,
                          int64_t now_ms, struct master_events *out, char *err, size_t errlen);

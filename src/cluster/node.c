@@ -1114,12 +1114,12 @@ static json_t *current_edges(struct node *n)
     return arr;
 }
 
-/* True when b and a are further apart than NODE_EDGE_THROUGHPUT_SLACK_PCT of the larger
+/* True when b and a are further apart than MASTER_EDGE_THROUGHPUT_SLACK_PCT of the larger
  * (from or to 0 is always a change). */
 static bool tput_moved(int64_t a, int64_t b)
 {
     int64_t hi = a > b ? a : b, d = a > b ? a - b : b - a;
-    return d > 0 && (a == 0 || b == 0 || d > hi / 100 * NODE_EDGE_THROUGHPUT_SLACK_PCT);
+    return d > 0 && (a == 0 || b == 0 || d > hi / 100 * MASTER_EDGE_THROUGHPUT_SLACK_PCT);
 }
 
 /* True when the edges differ in their set of peers, by more than the rtt slack or by

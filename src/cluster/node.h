@@ -30,7 +30,7 @@
  * flow to that peer; the peer acks it at once, and bytes / (ack time - rtt) is a sample
  * (both figures smoothed). A report goes out when an edge's rtt moves past
  * MASTER_EDGE_RTT_SLACK_US or 50%, or its throughput past
- * NODE_EDGE_THROUGHPUT_SLACK_PCT.
+ * MASTER_EDGE_THROUGHPUT_SLACK_PCT (the master makes no event for smaller moves either).
  *
  * Reports always carry the node's info, but the info last reported until
  * nodeinfo_changed says it moved; the master makes NodeGatheredInfo only for info that
@@ -82,7 +82,6 @@
 #define NODE_PROBE_BYTES ((size_t)256 << 10)
 #define NODE_PROBE_TIMEOUT_MS 10000     /* a probe unacked this long is given up */
 #define NODE_PROBE_BUSY_MS 1000         /* a link that carried task outputs this recently waits */
-#define NODE_EDGE_THROUGHPUT_SLACK_PCT 25 /* smaller throughput moves are not reported */
 
 /* Hook of the runner supervisor: a new JSON array of this node's runners (each a runner
  * of state.h's JSON), or NULL when it cannot say (the report then leaves them as
