@@ -24,8 +24,11 @@ struct pipeline {
     bool observing;         /* the kv observer is ours */
     int next_rank, prev_rank;
 
-    /* Rank 0: the step last sent, and the KV ops recorded since the last step. */
+    /* Rank 0: the step last sent, the steps sent whose RESULT is not collected yet
+     * (oldest first, at most world_size), and the KV ops recorded since the last step. */
     uint64_t step;
+    struct pending *pend;
+    int pend_head, n_pend;
     struct dp_ctl *ops;
     int n_ops, cap_ops;
     bool ops_lost;          /* an op could not be recorded: the mirror is unknown */
@@ -35,7 +38,7 @@ struct pipeline {
     float *logits;          /* last rank: logits_rows x n_vocab */
     int64_t logits_rows;
     uint8_t *want;          /* rank 0: max_batch */
-    int32_t *w_seq;         /* wanted tokens' seq and pos: max_batch */
+    int32_t *w_seq;         /* last rank: its RESULT's (seq, pos) entries, max_batch */
     int64_t *w_pos;
 
     /* Ranks > 0: the first KV op that could not be applied; written by the serving
@@ -46,6 +49,15 @@ struct pipeline {
     pthread_mutex_t mu;     /* guards broken and st */
     char broken[DP_REASON_MAX]; /* "" while usable */
     struct pipeline_stats st;
+};
+
+/* Rank 0: a step in flight, and the (seq, pos) of its wanted tokens that its RESULT
+ * must carry, in batch order. */
+struct pending {
+    uint64_t step;
+    int tokens, n_want;
+    int32_t *w_seq; /* max_batch each */
+    int64_t *w_pos;
 };
 
 static int64_t now_us(void) { return clock_ns() / 1000; }
@@ -253,7 +265,17 @@ int pipeline_create(struct pipeline **out, const struct pipeline_config *cfg, ch
     p->want = malloc(mb);
     p->w_seq = malloc(mb * sizeof *p->w_seq);
     p->w_pos = malloc(mb * sizeof *p->w_pos);
-    if ((!p->last && !p->act) || !p->want || !p->w_seq || !p->w_pos) {
+    bool pend_ok = p->w_seq && p->w_pos;
+    if (cfg->rank == 0) {
+        p->pend = calloc((size_t)cfg->world_size, sizeof *p->pend);
+        pend_ok = p->pend != NULL;
+        for (int i = 0; pend_ok && i < cfg->world_size; i++) {
+            p->pend[i].w_seq = malloc(mb * sizeof *p->pend[i].w_seq);
+            p->pend[i].w_pos = malloc(mb * sizeof *p->pend[i].w_pos);
+            pend_ok = p->pend[i].w_seq && p->pend[i].w_pos;
+        }
+    }
+    if ((!p->last && !p->act) || !p->want || !pend_ok) {
         rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "pipeline: out of memory for a batch of %d x %d", p->max_batch,
                         p->n_embd);
         pipeline_release(p);
@@ -278,6 +300,11 @@ void pipeline_release(struct pipeline *p)
     free(p->want);
     free(p->w_seq);
     free(p->w_pos);
+    for (int i = 0; p->pend && i < p->cfg.world_size; i++) {
+        free(p->pend[i].w_seq);
+        free(p->pend[i].w_pos);
+    }
+    free(p->pend);
     free(p);
 }
 
@@ -303,9 +330,11 @@ static int send_ops(struct pipeline *p, uint64_t step, char *err, size_t errlen)
     return 0;
 }
 
-/* Waits for step's RESULT on prev and copies its rows to logits. */
-static int wait_result(struct pipeline *p, uint64_t step, int n_want, float *logits, char *err, size_t errlen)
+/* Waits for the RESULT of pending step w on prev and copies its rows to logits. */
+static int wait_result(struct pipeline *p, const struct pending *w, float *logits, char *err, size_t errlen)
 {
+    uint64_t step = w->step;
+    int n_want = w->n_want;
     char why[DP_REASON_MAX];
     int64_t t0 = now_us(), deadline = t0 + (int64_t)p->cfg.timeout_ms * 1000;
     int rc = 0;
@@ -367,9 +396,9 @@ static int wait_result(struct pipeline *p, uint64_t step, int n_want, float *log
             break;
         }
         for (int i = 0; i < n_want; i++)
-            if (r->seq[i] != p->w_seq[i] || r->pos[i] != p->w_pos[i]) {
+            if (r->seq[i] != w->w_seq[i] || r->pos[i] != w->w_pos[i]) {
                 rc = breaks(p, err, errlen, "step %" PRIu64 ": result row %d is sequence %d position %" PRId64
-                            ", expected %d at %" PRId64, step, i, r->seq[i], r->pos[i], p->w_seq[i], p->w_pos[i]);
+                            ", expected %d at %" PRId64, step, i, r->seq[i], r->pos[i], w->w_seq[i], w->w_pos[i]);
                 goto out;
             }
         if (n_want)
@@ -386,11 +415,13 @@ out:;
     return rc;
 }
 
-int pipeline_forward(void *pv, struct kv_cache *kv, const struct batch *b, float *logits, char *err, size_t errlen)
+int pipeline_submit(void *pv, struct kv_cache *kv, const struct batch *b, char *err, size_t errlen)
 {
     struct pipeline *p = pv;
     if (p->cfg.rank != 0 || kv != p->cfg.kv)
-        return cairn_fail(err, errlen, CAIRN_ESTATE, "pipeline_forward: only rank 0 runs steps, on its own cache");
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "pipeline_submit: only rank 0 runs steps, on its own cache");
+    if (p->n_pend == p->cfg.world_size)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "pipeline_submit: %d steps in flight already", p->n_pend);
     if (is_broken(p, err, errlen)) {
         count_step(p, b->n, true);
         return CAIRN_EIO;
@@ -410,32 +441,59 @@ int pipeline_forward(void *pv, struct kv_cache *kv, const struct batch *b, float
         return rc;
     }
     p->n_ops = mark;
-    uint64_t step = ++p->step;
-
-    int n_want = 0;
+    struct pending *w = &p->pend[(p->pend_head + p->n_pend) % p->cfg.world_size];
+    w->step = ++p->step;
+    w->tokens = b->n;
+    w->n_want = 0;
     for (int i = 0; i < b->n; i++) {
         p->want[i] = !b->logits || b->logits[i];
         if (p->want[i]) {
-            p->w_seq[n_want] = b->seq[i];
-            p->w_pos[n_want++] = b->pos[i];
+            w->w_seq[w->n_want] = b->seq[i];
+            w->w_pos[w->n_want++] = b->pos[i];
         }
     }
     t0 = now_us();
-    rc = send_ops(p, step, err, errlen);
+    rc = send_ops(p, w->step, err, errlen);
     if (!rc) {
         char why[DP_REASON_MAX];
-        struct dp_activations a = {.step = step, .n = b->n, .n_embd = p->n_embd, .wire_dtype = p->cfg.wire_dtype,
+        struct dp_activations a = {.step = w->step, .n = b->n, .n_embd = p->n_embd, .wire_dtype = p->cfg.wire_dtype,
                                    .seq = b->seq, .pos = b->pos, .want = p->want, .x = p->act};
         if ((rc = dp_send_activations(p->cfg.next, &a, p->cfg.timeout_ms, why, sizeof why)))
-            rc = breaks(p, err, errlen, "step %" PRIu64 ": sending %d activations to rank %d (%s): %s", step, b->n,
-                        p->next_rank, dp_peer_addr(p->cfg.next), why);
+            rc = breaks(p, err, errlen, "step %" PRIu64 ": sending %d activations to rank %d (%s): %s", w->step,
+                        b->n, p->next_rank, dp_peer_addr(p->cfg.next), why);
     }
     stat_add(p, &p->st.send_us, now_us() - t0);
-    if (!rc)
-        rc = wait_result(p, step, n_want, logits, err, errlen);
-    count_step(p, b->n, rc != 0);
+    if (rc) {
+        count_step(p, b->n, true);
+        return rc;
+    }
+    p->n_pend++;
+    return 0;
+}
+
+int pipeline_collect(void *pv, float *logits, char *err, size_t errlen)
+{
+    struct pipeline *p = pv;
+    if (p->cfg.rank != 0 || p->n_pend == 0)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "pipeline_collect: no step in flight");
+    const struct pending *w = &p->pend[p->pend_head];
+    p->pend_head = (p->pend_head + 1) % p->cfg.world_size;
+    p->n_pend--;
+    int rc = is_broken(p, err, errlen) ? CAIRN_EIO : wait_result(p, w, logits, err, errlen);
+    count_step(p, w->tokens, rc != 0);
     return rc;
 }
+
+int pipeline_forward(void *pv, struct kv_cache *kv, const struct batch *b, float *logits, char *err, size_t errlen)
+{
+    struct pipeline *p = pv;
+    if (p->n_pend > 0)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "pipeline_forward: %d steps in flight", p->n_pend);
+    int rc = pipeline_submit(pv, kv, b, err, errlen);
+    return rc ? rc : pipeline_collect(pv, logits, err, errlen);
+}
+
+int pipeline_queued_ops(const struct pipeline *p) { return p->n_ops; }
 
 /* ---- ranks > 0 ---- */
 

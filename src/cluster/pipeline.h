@@ -8,10 +8,14 @@
  * of the wanted tokens, F32, in batch order) over its `next` to rank 0, which receives
  * it on `prev`.
  *
- * Rank 0 holds the scheduler (engine/sched.h) and sets pipeline_forward as its target
- * forward: a step runs rank 0's slice, sends the KV operations the scheduler made since
- * the last step (CONTROL), then the activations, and waits for the RESULT. One step is
- * in flight at a time, so the ring never holds more than one micro-batch.
+ * Rank 0 holds the scheduler (engine/sched.h) and sets pipeline_submit and
+ * pipeline_collect as its target forward's halves (or pipeline_forward, both at once): a
+ * step runs rank 0's slice, sends the KV operations the scheduler made since the last
+ * step (CONTROL), then the activations; its RESULT is collected later. Up to world_size
+ * steps are in flight, one micro-batch per stage, so every rank can compute at once;
+ * RESULTs come back in the order the steps were sent (each rank handles its frames in
+ * order), and the data plane's in-flight limit (world_size) keeps the ring from ever
+ * holding more.
  *
  * KV mirror: every rank's cache must hold the same sequences in the same blocks as rank
  * 0's (so all caches are created with the same block_tokens, n_blocks and max_seqs,
@@ -33,7 +37,7 @@
  * for good (every later call fails the same way, pipeline_alive is false); a step whose
  * RESULT does not come within timeout_ms fails alone (its late RESULT is dropped).
  *
- * Threads: pipeline_forward (rank 0) and pipeline_serve (ranks > 0) are called from one
+ * Threads: pipeline_submit/collect/forward (rank 0) and pipeline_serve (ranks > 0) are called from one
  * thread, the one that owns the kv and the engine; pipeline_alive and
  * pipeline_get_stats from any thread. The connections stay the caller's: pipeline_
  * release does not close them, and only this module may dp_recv on `prev` while the
@@ -73,12 +77,22 @@ int pipeline_create(struct pipeline **out, const struct pipeline_config *cfg, ch
  * caller's. Accepts NULL. */
 void pipeline_release(struct pipeline *p);
 
-/* Rank 0: sched_config.forward (p is the struct pipeline *). Runs the local slice, sends
- * the pending KV ops (CONTROL) then the activations to rank 1, waits for the RESULT from
- * the last rank on prev, copies the logits rows (one per wanted token, in batch order)
- * to `logits`. A link that ends, a RESULT with status < 0, a timeout: CAIRN_EIO with the
- * reason (naming the rank and peer); a local engine error: its code and message;
- * CAIRN_ESTATE when called on a rank other than 0 or with another cache. */
+/* Rank 0: sched_config.submit (p is the struct pipeline *). Runs the local slice, sends
+ * the pending KV ops (CONTROL) then the activations to rank 1, and returns; b is not
+ * used after. A local engine error: its code and message, nothing sent; a send that
+ * fails breaks the pipeline (CAIRN_EIO); CAIRN_ESTATE when called on a rank other than
+ * 0, with another cache, or with world_size steps in flight. */
+int pipeline_submit(void *p, struct kv_cache *kv, const struct batch *b, char *err, size_t errlen);
+
+/* Rank 0: sched_config.collect. Waits for the RESULT of the oldest step in flight from
+ * the last rank on prev and copies its logits rows (one per wanted token, in batch
+ * order) to `logits`. A link that ends, a RESULT with status < 0, a timeout: CAIRN_EIO
+ * with the reason (naming the rank and peer); the step is no longer in flight either
+ * way. CAIRN_ESTATE when nothing is in flight. */
+int pipeline_collect(void *p, float *logits, char *err, size_t errlen);
+
+/* Rank 0: sched_config.forward, submit then collect (CAIRN_ESTATE while steps are in
+ * flight). */
 int pipeline_forward(void *p, struct kv_cache *kv, const struct batch *b, float *logits, char *err, size_t errlen);
 
 /* Ranks > 0: waits up to timeout_ms (-1: no limit) for the next frame from prev and
@@ -90,14 +104,20 @@ int pipeline_forward(void *p, struct kv_cache *kv, const struct batch *b, float 
  * link ended or the pipeline broke (err: which link and why), CAIRN_ESTATE on rank 0. */
 int pipeline_serve(struct pipeline *p, int timeout_ms, char *err, size_t errlen);
 
+/* Rank 0: KV ops recorded since the last step was sent (they go with the next one); its
+ * thread only. While none are and no step is in flight, every rank's cache equals rank
+ * 0's. */
+int pipeline_queued_ops(const struct pipeline *p);
+
 /* False, with why filled, once either link has ended or gone silent, the pipeline broke
  * or (ranks > 0) this rank's cache stopped mirroring rank 0's (see above). */
 bool pipeline_alive(const struct pipeline *p, char *why, size_t whylen);
 
-/* Counters since create. Rank 0: a step is one pipeline_forward; compute_us its own
- * slice; send_us in dp_send_* (queue room, encoding); wait_us from the activations sent
- * to the RESULT received, i.e. the other ranks' compute plus every hop on the wire (the
- * wire's share: wait_us minus the other ranks' compute_us). Ranks > 0: a step is one
+/* Counters since create. Rank 0: a step is one submitted batch; compute_us its own
+ * slice; send_us in dp_send_* (queue room, encoding); wait_us time spent in
+ * pipeline_collect waiting for RESULTs: with one step in flight the other ranks' compute
+ * plus every hop on the wire (the wire's share: wait_us minus the other ranks'
+ * compute_us), with several the part of it rank 0 could not fill with other batches. Ranks > 0: a step is one
  * ACTIVATIONS frame handled; wait_us is idle time in pipeline_serve waiting for a frame
  * (stage idle time). */
 struct pipeline_stats {

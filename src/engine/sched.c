@@ -61,6 +61,12 @@ struct seq {
     int64_t q_off[SCHED_MAX_DRAFT];
     int q_n[SCHED_MAX_DRAFT];
     double q_tot[SCHED_MAX_DRAFT], q_x[SCHED_MAX_DRAFT];
+
+    /* Micro-batches (sched_config.lanes): picked for the batch being built; while a batch
+     * that holds it is in flight, that lane and its entry in the lane's fed[]. */
+    bool pick;
+    struct lane *flight;
+    int fed_idx;
 };
 
 struct request {
@@ -95,9 +101,33 @@ struct cache_entry {
 /* What one running sequence puts into the batch: n tokens from batch index at, of which
  * the last `drafts` are draft tokens (all n then want logits). */
 struct fed {
-    struct seq *seq;
+    struct seq *seq; /* NULL once it finished while its batch was in flight */
     int n, drafts, at;
     bool logits;
+};
+
+/* One micro-batch: what a forward pass is built in and its results are read from. With
+ * sched_config.lanes = 1 there is one, used by every step; with L > 1, up to L are in
+ * flight at once (submitted, their results not yet collected), each over sequences no
+ * other in-flight lane holds. Everything a step keeps from building its batch to reading
+ * its logits lives here. */
+struct lane {
+    /* Batch buffers, allocated once: max_batch tokens, a row of logits per slot (a
+     * sequence wants at most one row per step, more with drafts). */
+    int32_t *b_token, *b_seq;
+    int64_t *b_pos;
+    uint8_t *b_logits;
+    struct fed *fed; /* [slots] */
+    int n_fed, n_tokens;
+    float *logits;   /* [logit_rows][n_vocab]: slots rows, grown for draft tokens */
+    int64_t logit_rows;
+    /* Arena of the draft distributions drawn for this batch (read when verifying). */
+    int32_t *q_ids;
+    float *q_probs;
+    int64_t a_used, a_cap;
+    int step_prompt, step_decoding; /* prompt tokens and decoding sequences in the batch */
+    int64_t t0;                     /* when building it began (pacing) */
+    bool in_flight;
 };
 
 /* Pacing of prompt chunks beside decoding sequences (sched_config.chunk_tokens): a step
@@ -118,7 +148,6 @@ struct sched {
     bool paced;                 /* chunk_tokens was left to the scheduler */
     double pace_decode_ns;      /* running mean of a step without prompt tokens; 0: none yet */
     double pace_prompt_ns;      /* running mean of one prompt token's share of a step; 0: none yet */
-    int step_prompt, step_decoding; /* this step's prompt tokens and decoding sequences */
     int64_t n_blocks;
 
     struct seq **slot_seq; /* [slots]: the running sequence of each slot, or NULL */
@@ -134,15 +163,11 @@ struct sched {
     int n_cached;
     uint64_t tick;
 
-    /* Batch buffers, allocated once: max_batch tokens, a row of logits per slot (a
-     * sequence wants at most one row per step). */
-    int32_t *b_token, *b_seq;
-    int64_t *b_pos;
-    uint8_t *b_logits;
-    struct fed *fed; /* [slots] */
-    int n_fed, n_tokens;
-    float *logits;   /* [logit_rows][n_vocab]: slots rows, grown for draft tokens */
-    int64_t logit_rows;
+    /* Micro-batches: lane[n_lanes]; ln the one being built or read; flight[] the lanes
+     * in flight, oldest first (results are collected in submission order). */
+    struct lane *lane, *ln;
+    int n_lanes;
+    int flight[SCHED_MAX_LANES], n_flight;
 
     /* Speculation. */
     struct sched_spec_options opt;
@@ -154,9 +179,6 @@ struct sched {
     int64_t *d_pos;
     uint8_t *d_logits;
     float *d_out;            /* [slots][n_vocab] */
-    int32_t *q_ids;          /* arena of the draft distributions of one step [q_cap] */
-    float *q_probs;
-    int64_t a_used, a_cap;
     int32_t *p_ids;          /* a target distribution [n_vocab] */
     float *p_probs, *r_w;    /* its probabilities, residual weights [n_vocab] */
     float *q_dense;          /* [n_vocab] zeros between uses */
@@ -344,6 +366,8 @@ static void slot_take(struct sched *s, struct seq *q)
     q->mode = SPEC_NONE;
     q->plan_k = q->k_eff = 0;
     q->catch_up = 0;
+    q->pick = false;
+    q->flight = NULL;
 }
 
 static int order_index(const struct sched *s, int slot)
@@ -379,8 +403,14 @@ static void slot_release(struct sched *s, struct seq *q, bool keep)
 static void finish_seq(struct sched *s, struct seq *q, enum sched_finish why, const char *error)
 {
     struct request *r = q->req;
+    bool keep = why == SCHED_FINISH_STOP || why == SCHED_FINISH_LENGTH || why == SCHED_FINISH_STOPPED;
+    if (q->flight) { /* its batch's results, when they come, are not read for it */
+        q->flight->fed[q->fed_idx].seq = NULL;
+        q->flight = NULL;
+        keep = false;
+    }
     if (q->state == SEQ_RUNNING)
-        slot_release(s, q, why == SCHED_FINISH_STOP || why == SCHED_FINISH_LENGTH || why == SCHED_FINISH_STOPPED);
+        slot_release(s, q, keep);
     q->state = SEQ_DONE;
     struct sched_usage usage = {.prompt_tokens = r->n_prompt, .cached_tokens = q->cached,
                                 .generated_tokens = q->generated, .draft_tokens = q->drafted,
@@ -423,17 +453,21 @@ static void finish_unfit(struct sched *s, struct request *r, int seq, int64_t n_
 
 /* ---- preemption ---- */
 
-/* Index in order[] of the first sequence of the newest unit: the last running
- * sequence, or, while a request's prompt is prefilled for all its sequences, that
- * whole group (they were admitted together and are contiguous). */
+/* Index in order[] of the first sequence of the newest unit not in flight (-1: none):
+ * a running sequence, or, while a request's prompt is prefilled for all its sequences,
+ * that whole group (they were admitted together and are contiguous). */
 static int newest_unit(const struct sched *s)
 {
-    int k = s->n_running - 1;
-    const struct request *r = s->slot_seq[s->order[k]]->req;
-    if (r->fork_pending)
-        while (k > 0 && s->slot_seq[s->order[k - 1]]->req == r)
-            k--;
-    return k;
+    for (int k = s->n_running - 1; k >= 0; k--) {
+        const struct request *r = s->slot_seq[s->order[k]]->req;
+        bool busy = s->slot_seq[s->order[k]]->flight != NULL;
+        if (r->fork_pending)
+            while (k > 0 && s->slot_seq[s->order[k - 1]]->req == r)
+                busy |= s->slot_seq[s->order[--k]]->flight != NULL;
+        if (!busy)
+            return k;
+    }
+    return -1;
 }
 
 /* Puts the unit starting at order[first] back at the front of the queue; its KV is
@@ -476,8 +510,9 @@ static int64_t positions_free(const struct sched *s, const struct seq *q)
 
 /* Makes KV room for the next n positions of q (order[k]), or fewer when partial is set
  * (a prompt chunk). Evicts cached prefixes first, then preempts the newest running
- * units. Returns the positions prepared, 0 when q itself was preempted or finished
- * (being the newest); sequences after k in order[] may have been preempted. */
+ * units not in flight. Returns the positions prepared, 0 when q itself was preempted
+ * or finished (being the newest not in flight); sequences after k in order[] may have
+ * been preempted. */
 static int64_t make_room(struct sched *s, int k, struct seq *q, int64_t n, bool partial)
 {
     for (;;) {
@@ -493,7 +528,7 @@ static int64_t make_room(struct sched *s, int k, struct seq *q, int64_t n, bool 
             preempt_unit(s, first);
             continue;
         }
-        if (first == 0) /* q runs alone and still does not fit */
+        if (first == 0 && s->n_flight == 0) /* q runs alone and still does not fit */
             finish_unfit(s, q->req, q->req->fork_pending ? -1 : q->index, q->n_kv + n);
         else
             preempt_unit(s, first);
@@ -579,7 +614,7 @@ static int single_feeds_after(const struct sched *s, int k)
     int n = 0;
     for (int i = k + 1; i < s->n_running; i++) {
         const struct seq *q = s->slot_seq[s->order[i]];
-        n += !waits_for_fork(q) && feeds_one(q);
+        n += q->pick && feeds_one(q);
     }
     return n;
 }
@@ -590,7 +625,7 @@ static int tokens_after(const struct sched *s, int k)
     int n = 0;
     for (int i = k + 1; i < s->n_running; i++) {
         const struct seq *q = s->slot_seq[s->order[i]];
-        if (!waits_for_fork(q) && feeds_one(q))
+        if (q->pick && feeds_one(q))
             n += 1 + q->plan_k;
     }
     return n;
@@ -599,23 +634,23 @@ static int tokens_after(const struct sched *s, int k)
 static void batch_add(struct sched *s, struct seq *q, int n, int drafts)
 {
     bool logits = drafts > 0 || q->n_kv + n == q->n_hist;
-    int at = s->n_tokens;
+    int at = s->ln->n_tokens;
     for (int i = 0; i < n; i++) {
-        int t = s->n_tokens++;
+        int t = s->ln->n_tokens++;
         /* A model's drafts are written once drafted (run_drafts); until then the last token. */
-        s->b_token[t] = q->hist[q->n_kv + (q->mode == SPEC_MODEL ? 0 : i)];
-        s->b_seq[t] = q->slot;
-        s->b_pos[t] = q->n_kv + i;
-        s->b_logits[t] = drafts > 0 || (logits && i == n - 1);
+        s->ln->b_token[t] = q->hist[q->n_kv + (q->mode == SPEC_MODEL ? 0 : i)];
+        s->ln->b_seq[t] = q->slot;
+        s->ln->b_pos[t] = q->n_kv + i;
+        s->ln->b_logits[t] = drafts > 0 || (logits && i == n - 1);
     }
-    s->fed[s->n_fed++] = (struct fed){q, n, drafts, at, logits};
+    s->ln->fed[s->ln->n_fed++] = (struct fed){q, n, drafts, at, logits};
     /* Tokens fed other than a decode step's are prompt (or recomputation) work. */
     bool decode = n == 1 + drafts && q->n_kv >= q->req->n_prompt;
     if (!decode) {
         s->stats.prompt_tokens_computed += n;
-        s->step_prompt += n;
+        s->ln->step_prompt += n;
     } else {
-        s->step_decoding++;
+        s->ln->step_decoding++;
     }
 }
 
@@ -645,7 +680,7 @@ static bool room_for_drafts(struct sched *s, int k, struct seq *q)
     int64_t prompt = 0;
     for (int i = k + 1; i < s->n_running; i++) {
         const struct seq *o = s->slot_seq[s->order[i]];
-        if (!waits_for_fork(o) && !feeds_one(o))
+        if (o->pick && !feeds_one(o))
             prompt += o->n_hist - o->n_kv;
     }
     prompt = min64(prompt, s->chunk_tokens);
@@ -676,13 +711,13 @@ static void pace_update(struct sched *s, int64_t ns)
 {
     if (!s->paced)
         return;
-    if (s->step_prompt == 0) {
+    if (s->ln->step_prompt == 0) {
         s->pace_decode_ns = ema(s->pace_decode_ns, (double)ns);
         return;
     }
-    double beyond = (double)ns - (s->step_decoding ? s->pace_decode_ns : 0);
+    double beyond = (double)ns - (s->ln->step_decoding ? s->pace_decode_ns : 0);
     if (beyond > 0)
-        s->pace_prompt_ns = ema(s->pace_prompt_ns, beyond / s->step_prompt);
+        s->pace_prompt_ns = ema(s->pace_prompt_ns, beyond / s->ln->step_prompt);
 }
 
 /* Fills the batch, oldest sequence first: one token of every sequence that decodes (with
@@ -690,17 +725,17 @@ static void pace_update(struct sched *s, int64_t ns)
  * need. */
 static void build_batch(struct sched *s)
 {
-    s->n_fed = s->n_tokens = 0;
-    s->step_prompt = s->step_decoding = 0;
+    s->ln->n_fed = s->ln->n_tokens = 0;
+    s->ln->step_prompt = s->ln->step_decoding = 0;
     int64_t budget = prompt_budget(s);
     for (int k = 0; k < s->n_running; k++) {
         struct seq *q = s->slot_seq[s->order[k]];
-        if (waits_for_fork(q))
+        if (!q->pick)
             continue;
         int64_t n = 1;
         bool partial = !feeds_one(q);
         if (partial) {
-            n = min64(min64(q->n_hist - q->n_kv, budget), s->max_batch - s->n_tokens - tokens_after(s, k));
+            n = min64(min64(q->n_hist - q->n_kv, budget), s->max_batch - s->ln->n_tokens - tokens_after(s, k));
             if (n <= 0)
                 continue;
         } else if (q->plan_k > 0) {
@@ -791,13 +826,13 @@ static int lookup_draft(struct seq *q, int max_n, int k)
 
 static bool logits_reserve(struct sched *s, int64_t rows)
 {
-    if (rows <= s->logit_rows)
+    if (rows <= s->ln->logit_rows)
         return true;
-    float *p = realloc(s->logits, (size_t)rows * (size_t)s->n_vocab * sizeof *p);
+    float *p = realloc(s->ln->logits, (size_t)rows * (size_t)s->n_vocab * sizeof *p);
     if (!p)
         return false;
-    s->logits = p;
-    s->logit_rows = rows;
+    s->ln->logits = p;
+    s->ln->logit_rows = rows;
     return true;
 }
 
@@ -808,15 +843,17 @@ static bool logits_reserve(struct sched *s, int64_t rows)
  * out oldest first. */
 static void plan_speculation(struct sched *s)
 {
-    s->a_used = 0;
+    s->ln->a_used = 0;
     int n_dec = 0;
     int64_t prompt = 0;
     for (int k = 0; k < s->n_running; k++) {
         struct seq *q = s->slot_seq[s->order[k]];
+        if (q->flight)
+            continue; /* its plan is that of its batch in flight */
         q->mode = SPEC_NONE;
         q->plan_k = q->k_eff = 0;
         q->catch_up = 0;
-        if (waits_for_fork(q))
+        if (!q->pick)
             continue;
         if (feeds_one(q))
             n_dec++;
@@ -831,7 +868,7 @@ static void plan_speculation(struct sched *s)
     for (int i = 0; i < s->n_running && room > 0; i++) {
         struct seq *q = s->slot_seq[s->order[i]];
         int kreq = 0;
-        enum spec_mode mode = waits_for_fork(q) || !feeds_one(q) ? SPEC_NONE : seq_mode(s, q, &kreq);
+        enum spec_mode mode = !q->pick || !feeds_one(q) ? SPEC_NONE : seq_mode(s, q, &kreq);
         if (mode == SPEC_NONE)
             continue;
         /* Drafts never pass what the sequence may still generate: at most left tokens
@@ -869,7 +906,7 @@ static void plan_speculation(struct sched *s)
     for (int i = 0; s->draft && i < s->n_running; i++) {
         struct seq *q = s->slot_seq[s->order[i]];
         int kreq;
-        if (q->mode != SPEC_NONE || waits_for_fork(q) || seq_mode(s, q, &kreq) != SPEC_MODEL)
+        if (q->mode != SPEC_NONE || !q->pick || seq_mode(s, q, &kreq) != SPEC_MODEL)
             continue;
         int64_t lag = q->n_hist - q->d_kv;
         if (feeds_one(q) && lag <= SCHED_DRAFT_LAG)
@@ -886,7 +923,7 @@ static void plan_speculation(struct sched *s)
     if (drafts > 0 && !logits_reserve(s, s->n_running + drafts))
         for (int i = 0; i < s->n_running; i++) {
             struct seq *q = s->slot_seq[s->order[i]];
-            if (q->plan_k > 0)
+            if (q->pick && q->plan_k > 0)
                 drop_plan(q);
         }
 }
@@ -902,20 +939,20 @@ static struct sample_params seq_params(const struct seq *q)
 
 static bool arena_reserve(struct sched *s, int64_t n)
 {
-    if (s->a_used + n <= s->a_cap)
+    if (s->ln->a_used + n <= s->ln->a_cap)
         return true;
-    int64_t cap = s->a_cap ? s->a_cap : 4096;
-    while (cap < s->a_used + n)
+    int64_t cap = s->ln->a_cap ? s->ln->a_cap : 4096;
+    while (cap < s->ln->a_used + n)
         cap *= 2;
-    int32_t *ids = realloc(s->q_ids, (size_t)cap * sizeof *ids);
+    int32_t *ids = realloc(s->ln->q_ids, (size_t)cap * sizeof *ids);
     if (!ids)
         return false;
-    s->q_ids = ids;
-    float *probs = realloc(s->q_probs, (size_t)cap * sizeof *probs);
+    s->ln->q_ids = ids;
+    float *probs = realloc(s->ln->q_probs, (size_t)cap * sizeof *probs);
     if (!probs)
         return false;
-    s->q_probs = probs;
-    s->a_cap = cap;
+    s->ln->q_probs = probs;
+    s->ln->a_cap = cap;
     return true;
 }
 
@@ -935,8 +972,8 @@ static bool draft_sample(struct sched *s, struct seq *q, const float *row, int j
     } else {
         if (!arena_reserve(s, s->n_vocab))
             return false;
-        int32_t *ids = s->q_ids + s->a_used;
-        float *probs = s->q_probs + s->a_used;
+        int32_t *ids = s->ln->q_ids + s->ln->a_used;
+        float *probs = s->ln->q_probs + s->ln->a_used;
         int n = sample_dist(s->smp, &p, row, q->hist, pos, ids, probs);
         if (n < 1)
             return false;
@@ -945,11 +982,11 @@ static bool draft_sample(struct sched *s, struct seq *q, const float *row, int j
             total += probs[i];
         int32_t i = sample_pick(probs, n, sample_uniform(p.seed, pos));
         tok = ids[i];
-        q->q_off[j] = s->a_used;
+        q->q_off[j] = s->ln->a_used;
         q->q_n[j] = n;
         q->q_tot[j] = total;
         q->q_x[j] = probs[i] / total;
-        s->a_used += n;
+        s->ln->a_used += n;
     }
     if (tok < 0)
         return false;
@@ -992,8 +1029,8 @@ static void run_drafts(struct sched *s)
     if (!s->draft)
         return;
     int n = 0, rows = 0, kmax = 0;
-    for (int i = 0; i < s->n_fed; i++) {
-        const struct fed *f = &s->fed[i];
+    for (int i = 0; i < s->ln->n_fed; i++) {
+        const struct fed *f = &s->ln->fed[i];
         if (!model_drafter(f))
             continue;
         struct seq *q = f->seq;
@@ -1005,6 +1042,8 @@ static void run_drafts(struct sched *s)
     int64_t caught = 0;
     for (int k = 0; k < s->n_running; k++) {
         struct seq *q = s->slot_seq[s->order[k]];
+        if (!q->pick)
+            continue;
         for (int64_t p = q->d_kv; p < q->d_kv + q->catch_up; p++)
             draft_add(s, &n, q->hist[p], q->slot, p, false);
         caught += q->catch_up;
@@ -1014,28 +1053,28 @@ static void run_drafts(struct sched *s)
         s->stats.draft_prefill_tokens += caught;
         for (int k = 0; k < s->n_running; k++) {
             struct seq *q = s->slot_seq[s->order[k]];
-            q->d_kv += q->catch_up;
+            q->d_kv += q->pick ? q->catch_up : 0;
         }
-        for (int i = 0; i < s->n_fed; i++)
-            if (model_drafter(&s->fed[i])) {
-                struct seq *q = s->fed[i].seq;
+        for (int i = 0; i < s->ln->n_fed; i++)
+            if (model_drafter(&s->ln->fed[i])) {
+                struct seq *q = s->ln->fed[i].seq;
                 q->d_kv = q->n_hist;
                 draft_sample(s, q, s->d_out + (size_t)q->d_row * s->n_vocab, 0);
             }
     }
     for (int j = 1; ok && j < kmax; j++) {
         n = 0;
-        for (int i = 0; i < s->n_fed; i++) {
-            struct seq *q = s->fed[i].seq;
-            if (model_drafter(&s->fed[i]) && q->k_eff == j && j < q->plan_k)
+        for (int i = 0; i < s->ln->n_fed; i++) {
+            struct seq *q = s->ln->fed[i].seq;
+            if (model_drafter(&s->ln->fed[i]) && q->k_eff == j && j < q->plan_k)
                 draft_add(s, &n, q->hist[q->n_hist + j - 1], q->slot, q->n_hist + j - 1, true);
         }
         if (n == 0 || !(ok = draft_forward(s, n)))
             break;
         rows = 0;
-        for (int i = 0; i < s->n_fed; i++) {
-            struct seq *q = s->fed[i].seq;
-            if (model_drafter(&s->fed[i]) && q->k_eff == j && j < q->plan_k) {
+        for (int i = 0; i < s->ln->n_fed; i++) {
+            struct seq *q = s->ln->fed[i].seq;
+            if (model_drafter(&s->ln->fed[i]) && q->k_eff == j && j < q->plan_k) {
                 q->d_kv = q->n_hist + j;
                 draft_sample(s, q, s->d_out + (size_t)rows++ * s->n_vocab, j);
             }
@@ -1045,15 +1084,16 @@ static void run_drafts(struct sched *s)
      * have reserved more). */
     for (int k = 0; k < s->n_running; k++) {
         struct seq *q = s->slot_seq[s->order[k]];
-        kv_truncate(s->dkv, q->slot, q->d_kv);
+        if (q->pick)
+            kv_truncate(s->dkv, q->slot, q->d_kv);
     }
-    for (int i = 0; i < s->n_fed; i++) {
-        const struct fed *f = &s->fed[i];
+    for (int i = 0; i < s->ln->n_fed; i++) {
+        const struct fed *f = &s->ln->fed[i];
         if (!model_drafter(f))
             continue;
         struct seq *q = f->seq;
         for (int j = 0; j < q->k_eff; j++)
-            s->b_token[f->at + 1 + j] = q->hist[q->n_hist + j];
+            s->ln->b_token[f->at + 1 + j] = q->hist[q->n_hist + j];
     }
 }
 
@@ -1167,7 +1207,7 @@ static int32_t verify_draft(struct sched *s, struct seq *q, const float *row, in
         s->q_dense[x] = 1;
     } else {
         for (int i = 0; i < q->q_n[j]; i++)
-            s->q_dense[s->q_ids[q->q_off[j] + i]] = (float)(s->q_probs[q->q_off[j] + i] / q->q_tot[j]);
+            s->q_dense[s->ln->q_ids[q->q_off[j] + i]] = (float)(s->ln->q_probs[q->q_off[j] + i] / q->q_tot[j]);
     }
     double w_sum = 0;
     for (int i = 0; i < n; i++) {
@@ -1179,7 +1219,7 @@ static int32_t verify_draft(struct sched *s, struct seq *q, const float *row, in
         s->q_dense[x] = 0;
     } else {
         for (int i = 0; i < q->q_n[j]; i++)
-            s->q_dense[s->q_ids[q->q_off[j] + i]] = 0;
+            s->q_dense[s->ln->q_ids[q->q_off[j] + i]] = 0;
     }
     double u = sample_uniform(p.seed ^ SEED_RESIDUAL, pos);
     /* No residual mass is p == q up to rounding, where x would have been kept. */
@@ -1260,42 +1300,148 @@ static void fail_all(struct sched *s, const char *msg)
         finish_request(s, s->live, SCHED_FINISH_ERROR, msg);
 }
 
-int sched_step(struct sched *s, char *err, size_t errlen)
+/* Marks the sequences the next batch may hold (q->pick): every running one that can
+ * run, or with several lanes the oldest not in flight, up to an even share of them.
+ * Returns how many. */
+static int pick_sequences(struct sched *s)
 {
-    bool worked = admit(s);
-    if (s->n_running == 0)
-        return worked;
-    int64_t t0 = clock_ns();
+    int active = 0, picked = 0;
+    for (int k = 0; k < s->n_running; k++) {
+        struct seq *q = s->slot_seq[s->order[k]];
+        q->pick = false;
+        active += !waits_for_fork(q);
+    }
+    int share = (active + s->n_lanes - 1) / s->n_lanes;
+    for (int k = 0; k < s->n_running && picked < share; k++) {
+        struct seq *q = s->slot_seq[s->order[k]];
+        if (!waits_for_fork(q) && !q->flight) {
+            q->pick = true;
+            picked++;
+        }
+    }
+    return picked;
+}
+
+/* Builds the next batch in s->ln; false when nothing went into it. */
+static bool build_step(struct sched *s)
+{
+    s->ln->t0 = clock_ns();
+    s->ln->n_fed = 0;
+    if (pick_sequences(s) == 0)
+        return false;
     plan_speculation(s);
     build_batch(s);
-    if (s->n_fed == 0)
-        return 1; /* everything was preempted or finished while making room */
+    if (s->ln->n_fed == 0)
+        return false; /* everything was preempted or finished while making room */
     run_drafts(s);
-    struct batch b = {.n = s->n_tokens, .token = s->b_token, .seq = s->b_seq, .pos = s->b_pos, .logits = s->b_logits};
-    char msg[512];
-    int rc = s->cfg.forward ? s->cfg.forward(s->cfg.forward_ctx, s->kv, &b, s->logits, msg, sizeof msg)
-                            : engine_forward(s->e, s->kv, &b, s->logits, msg, sizeof msg);
-    if (rc) {
-        fail_all(s, msg);
-        return cairn_fail(err, errlen, rc, "%s", msg);
-    }
+    return true;
+}
+
+static struct batch lane_batch(const struct lane *l)
+{
+    return (struct batch){.n = l->n_tokens, .token = l->b_token, .seq = l->b_seq, .pos = l->b_pos,
+                          .logits = l->b_logits};
+}
+
+/* Reads the logits of s->ln's batch: each sequence that was in it samples (or verifies
+ * its drafts, or forks) and reports. */
+static void read_results(struct sched *s)
+{
+    struct lane *l = s->ln;
     s->stats.steps++;
-    s->stats.last_batch = s->n_tokens;
-    const float *row = s->logits;
-    for (int i = 0; i < s->n_fed; i++) {
-        struct fed *f = &s->fed[i];
+    s->stats.last_batch = l->n_tokens;
+    for (int i = 0; i < l->n_fed; i++)
+        if (l->fed[i].seq)
+            l->fed[i].seq->flight = NULL;
+    const float *row = l->logits;
+    for (int i = 0; i < l->n_fed; i++) {
+        struct fed *f = &l->fed[i];
+        const float *rows = row;
+        if (f->logits)
+            row += (size_t)(1 + f->drafts) * s->n_vocab;
+        if (!f->seq)
+            continue; /* finished while in flight */
         f->seq->n_kv += f->n;
         if (!f->logits)
             continue;
         if (f->drafts > 0)
-            verify_and_report(s, f->seq, row);
+            verify_and_report(s, f->seq, rows);
         else if (f->seq->req->fork_pending)
-            fork_and_report(s, f->seq, row);
+            fork_and_report(s, f->seq, rows);
         else
-            sample_and_report(s, f->seq, row);
-        row += (size_t)(1 + f->drafts) * s->n_vocab;
+            sample_and_report(s, f->seq, rows);
     }
-    pace_update(s, clock_ns() - t0);
+    pace_update(s, clock_ns() - l->t0);
+}
+
+/* lanes > 1: submits a batch into a lane not in flight. 1 when one went, 0 when no
+ * sequence could run, negative when the submit failed (everything finished). */
+static int submit_lane(struct sched *s, char *err, size_t errlen)
+{
+    int free_lane = 0;
+    while (s->lane[free_lane].in_flight)
+        free_lane++;
+    s->ln = &s->lane[free_lane];
+    if (!build_step(s))
+        return 0;
+    struct batch b = lane_batch(s->ln);
+    char msg[512];
+    int rc = s->cfg.submit(s->cfg.forward_ctx, s->kv, &b, msg, sizeof msg);
+    if (rc) {
+        fail_all(s, msg);
+        return cairn_fail(err, errlen, rc, "%s", msg);
+    }
+    for (int i = 0; i < s->ln->n_fed; i++) {
+        s->ln->fed[i].seq->flight = s->ln;
+        s->ln->fed[i].seq->fed_idx = i;
+    }
+    s->ln->in_flight = true;
+    s->flight[s->n_flight++] = free_lane;
+    return 1;
+}
+
+/* lanes > 1: collects the oldest batch in flight and reads its results. */
+static int collect_lane(struct sched *s, char *err, size_t errlen)
+{
+    s->ln = &s->lane[s->flight[0]];
+    memmove(s->flight, s->flight + 1, (size_t)(--s->n_flight) * sizeof *s->flight);
+    char msg[512];
+    int rc = s->cfg.collect(s->cfg.forward_ctx, s->ln->logits, msg, sizeof msg);
+    s->ln->in_flight = false;
+    if (rc) {
+        fail_all(s, msg); /* its sequences too: they are still marked in flight */
+        return cairn_fail(err, errlen, rc, "%s", msg);
+    }
+    read_results(s);
+    return 1;
+}
+
+int sched_step(struct sched *s, char *err, size_t errlen)
+{
+    bool worked = admit(s);
+    if (s->n_lanes > 1) {
+        if (s->n_flight < s->n_lanes && s->n_running > 0) {
+            int rc = submit_lane(s, err, errlen);
+            if (rc)
+                return rc;
+            worked = true; /* picking may have preempted or finished sequences */
+        }
+        return s->n_flight > 0 ? collect_lane(s, err, errlen) : worked;
+    }
+    if (s->n_running == 0)
+        return worked;
+    s->ln = &s->lane[0];
+    if (!build_step(s))
+        return 1;
+    struct batch b = lane_batch(s->ln);
+    char msg[512];
+    int rc = s->cfg.forward ? s->cfg.forward(s->cfg.forward_ctx, s->kv, &b, s->ln->logits, msg, sizeof msg)
+                            : engine_forward(s->e, s->kv, &b, s->ln->logits, msg, sizeof msg);
+    if (rc) {
+        fail_all(s, msg);
+        return cairn_fail(err, errlen, rc, "%s", msg);
+    }
+    read_results(s);
     return 1;
 }
 
@@ -1461,7 +1607,35 @@ static int check_config(const struct engine *e, const struct kv_cache *kv, const
                           kc->max_seqs, sched_kv_seqs(c));
     if (kv_free_blocks(kv) != kc->n_blocks)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "the KV cache is not empty");
+    if (c->lanes < 0 || c->lanes > SCHED_MAX_LANES)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "lanes %d outside 0..%d", c->lanes, SCHED_MAX_LANES);
+    if (c->lanes > 1 && (!c->submit || !c->collect))
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "lanes %d need submit and collect", c->lanes);
     return 0;
+}
+
+static bool lane_alloc(struct lane *l, size_t slots, size_t max_batch, size_t n_vocab)
+{
+    l->b_token = calloc(max_batch, sizeof *l->b_token);
+    l->b_seq = calloc(max_batch, sizeof *l->b_seq);
+    l->b_pos = calloc(max_batch, sizeof *l->b_pos);
+    l->b_logits = calloc(max_batch, sizeof *l->b_logits);
+    l->fed = calloc(slots, sizeof *l->fed);
+    l->logits = malloc(slots * n_vocab * sizeof *l->logits);
+    l->logit_rows = (int64_t)slots;
+    return l->b_token && l->b_seq && l->b_pos && l->b_logits && l->fed && l->logits;
+}
+
+static void lane_free(struct lane *l)
+{
+    free(l->b_token);
+    free(l->b_seq);
+    free(l->b_pos);
+    free(l->b_logits);
+    free(l->fed);
+    free(l->logits);
+    free(l->q_ids);
+    free(l->q_probs);
 }
 
 int sched_create(struct sched **out, struct engine *e, struct kv_cache *kv, const struct sched_config *cfg,
@@ -1498,21 +1672,19 @@ int sched_create(struct sched **out, struct engine *e, struct kv_cache *kv, cons
     s->order = calloc(slots, sizeof *s->order);
     s->queue = calloc((size_t)s->q_cap, sizeof *s->queue);
     s->cache = calloc((size_t)cfg->cache_seqs + 1, sizeof *s->cache);
-    s->b_token = calloc(mb, sizeof *s->b_token);
-    s->b_seq = calloc(mb, sizeof *s->b_seq);
-    s->b_pos = calloc(mb, sizeof *s->b_pos);
-    s->b_logits = calloc(mb, sizeof *s->b_logits);
-    s->fed = calloc(slots, sizeof *s->fed);
-    s->logits = malloc(slots * (size_t)s->n_vocab * sizeof *s->logits);
-    s->logit_rows = cfg->slots;
+    s->n_lanes = cfg->lanes > 1 ? cfg->lanes : 1;
+    s->lane = calloc((size_t)s->n_lanes, sizeof *s->lane);
+    bool lanes_ok = s->lane != NULL;
+    for (int i = 0; lanes_ok && i < s->n_lanes; i++)
+        lanes_ok = lane_alloc(&s->lane[i], slots, mb, (size_t)s->n_vocab);
+    s->ln = s->lane;
     s->opt = sched_spec_defaults();
     size_t nv = (size_t)s->n_vocab;
     s->p_ids = malloc(nv * sizeof *s->p_ids);
     s->p_probs = malloc(nv * sizeof *s->p_probs);
     s->r_w = malloc(nv * sizeof *s->r_w);
     s->q_dense = calloc(nv, sizeof *s->q_dense);
-    if (!s->slot_seq || !s->order || !s->queue || !s->cache || !s->b_token || !s->b_seq || !s->b_pos ||
-        !s->b_logits || !s->fed || !s->logits || !s->p_ids || !s->p_probs || !s->r_w || !s->q_dense ||
+    if (!s->slot_seq || !s->order || !s->queue || !s->cache || !lanes_ok || !s->p_ids || !s->p_probs || !s->r_w || !s->q_dense ||
         sample_create(&s->smp, s->n_vocab)) {
         sched_release(s);
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory for a scheduler of %d slots", cfg->slots);
@@ -1535,19 +1707,14 @@ void sched_release(struct sched *s)
     free(s->order);
     free(s->queue);
     free(s->cache);
-    free(s->b_token);
-    free(s->b_seq);
-    free(s->b_pos);
-    free(s->b_logits);
-    free(s->fed);
-    free(s->logits);
+    for (int i = 0; s->lane && i < s->n_lanes; i++)
+        lane_free(&s->lane[i]);
+    free(s->lane);
     free(s->d_token);
     free(s->d_seq);
     free(s->d_pos);
     free(s->d_logits);
     free(s->d_out);
-    free(s->q_ids);
-    free(s->q_probs);
     free(s->p_ids);
     free(s->p_probs);
     free(s->r_w);
@@ -1661,7 +1828,7 @@ int sched_set_draft(struct sched *s, struct engine *draft, struct kv_cache *draf
 
 /* ---- queries ---- */
 
-bool sched_idle(const struct sched *s) { return s->n_running == 0 && s->q_count == 0; }
+bool sched_idle(const struct sched *s) { return s->n_running == 0 && s->q_count == 0 && s->n_flight == 0; }
 
 void sched_get_stats(const struct sched *s, struct sched_stats *out)
 {

@@ -62,6 +62,7 @@
 #define SCHED_MAX_SEQS_PER_REQUEST 128
 #define SCHED_MAX_DRAFT 16        /* draft tokens per sequence and step */
 #define SCHED_MAX_LOOKUP_NGRAM 8  /* longest n-gram prompt lookup matches */
+#define SCHED_MAX_LANES 8         /* micro-batches in flight */
 
 enum sched_finish {
     SCHED_FINISH_STOP,      /* an end-of-generation token (not reported as a token) */
@@ -93,6 +94,18 @@ struct sched_config {
     int (*forward)(void *ctx, struct kv_cache *kv, const struct batch *b, float *logits, char *err,
                    size_t errlen);
     void *forward_ctx;
+    /* Micro-batches in flight (a pipeline of stages, each busy with another batch): 0 or
+     * 1, one forward at a time; L in 2..SCHED_MAX_LANES, the running sequences are split
+     * into up to L micro-batches of about running / L sequences each, and a step either
+     * submits one (submit: starts the forward of b and returns; b may be reused at once)
+     * or collects the oldest one's logits (collect: waits for the forward submitted
+     * first of those not collected, same logits contract as forward). Results come back
+     * in submission order. A sequence is in at most one micro-batch in flight, and is
+     * never preempted while it is; its tokens are the same as with one lane (the forward
+     * is batch invariant). submit and collect take forward_ctx; forward is then unused. */
+    int lanes;
+    int (*submit)(void *ctx, struct kv_cache *kv, const struct batch *b, char *err, size_t errlen);
+    int (*collect)(void *ctx, float *logits, char *err, size_t errlen);
 };
 
 /* Sequence ids the KV cache must have for cfg: slots + cache_seqs. */
@@ -199,7 +212,8 @@ int sched_create(struct sched **out, struct engine *e, struct kv_cache *kv,
                  const struct sched_config *cfg, const struct sched_callbacks *cb, char *err,
                  size_t errlen);
 
-/* Cancels everything still live (done callbacks with CANCELLED) and frees; accepts NULL. */
+/* Cancels everything still live (done callbacks with CANCELLED) and frees; accepts NULL.
+ * Micro-batches still in flight are abandoned: their forwards' owner must drop them. */
 void sched_release(struct sched *s);
 
 /* Queues a request. CAIRN_EFULL when the queue is full, CAIRN_ERANGE when the prompt
@@ -214,10 +228,14 @@ void sched_cancel(struct sched *s, uint64_t id);
 
 /* One step: admits what fits, runs one forward pass, samples, reports. Returns 1 when
  * it did work, 0 when there was nothing to do, or a negative code when the engine
- * failed (every live request then finished as ERROR with the message, err too). */
+ * failed (every live request then finished as ERROR with the message, err too).
+ * With lanes > 1 a step does one of the two halves: it submits a micro-batch while fewer
+ * than `lanes` are in flight and a sequence is free to run, else it collects the oldest
+ * one (samples, reports). A failed submit or collect finishes every live request; the
+ * micro-batches still in flight are collected by later steps, their results ignored. */
 int sched_step(struct sched *s, char *err, size_t errlen);
 
-/* True when nothing is running or queued. */
+/* True when nothing is running, queued or in flight. */
 bool sched_idle(const struct sched *s);
 
 void sched_get_stats(const struct sched *s, struct sched_stats *out);

@@ -131,6 +131,8 @@ struct ring {
     int W;
     struct rank r[MAX_W];
     int compared, mismatches; /* mirror checks after each step */
+    int lanes;
+    int in_flight, max_in_flight; /* steps submitted and not collected (lanes) */
 };
 
 struct ring_opts {
@@ -140,6 +142,7 @@ struct ring_opts {
     int timeout_ms;
     int64_t n_blocks;    /* 0: engine_kv_config's */
     int r1_max_batch;    /* rank 1's engine (0: MAX_BATCH) */
+    int lanes;           /* the scheduler's micro-batches in flight (0, 1: one step at a time) */
 };
 
 static struct dp_config link_config(int rank, int peer, int W)
@@ -309,15 +312,10 @@ static bool same_cache(const struct kv_cache *a, const struct kv_cache *b, char 
     return true;
 }
 
-/* The scheduler's target forward: pipeline_forward, then (the step having gone through
- * every rank, which now all wait for the next frame) each rank's cache against rank 0's. */
-static int ring_forward(void *ctx, struct kv_cache *kv, const struct batch *b, float *logits, char *err,
-                        size_t errlen)
+/* Each rank's cache against rank 0's, once every step sent has gone through every rank
+ * (which all wait for the next frame then). */
+static void compare_caches(struct ring *g)
 {
-    struct ring *g = ctx;
-    int rc = pipeline_forward(g->r[0].p, kv, b, logits, err, errlen);
-    if (rc)
-        return rc;
     for (int r = 1; r < g->W; r++) {
         char why[160];
         g->compared++;
@@ -326,7 +324,36 @@ static int ring_forward(void *ctx, struct kv_cache *kv, const struct batch *b, f
                 fprintf(stderr, "rank %d's cache differs from rank 0's: %s\n", r, why);
         }
     }
-    return 0;
+}
+
+/* The scheduler's target forward: pipeline_forward, then the caches compared. */
+static int ring_forward(void *ctx, struct kv_cache *kv, const struct batch *b, float *logits, char *err,
+                        size_t errlen)
+{
+    struct ring *g = ctx;
+    int rc = pipeline_forward(g->r[0].p, kv, b, logits, err, errlen);
+    if (!rc)
+        compare_caches(g);
+    return rc;
+}
+
+/* With lanes: the two halves, the caches compared whenever nothing is in flight. */
+static int ring_submit(void *ctx, struct kv_cache *kv, const struct batch *b, char *err, size_t errlen)
+{
+    struct ring *g = ctx;
+    int rc = pipeline_submit(g->r[0].p, kv, b, err, errlen);
+    if (!rc && ++g->in_flight > g->max_in_flight)
+        g->max_in_flight = g->in_flight;
+    return rc;
+}
+
+static int ring_collect(void *ctx, float *logits, char *err, size_t errlen)
+{
+    struct ring *g = ctx;
+    int rc = pipeline_collect(g->r[0].p, logits, err, errlen);
+    if (--g->in_flight == 0 && !rc && pipeline_queued_ops(g->r[0].p) == 0)
+        compare_caches(g);
+    return rc;
 }
 
 /* ---- requests and what the callbacks saw ---- */
@@ -466,6 +493,9 @@ static struct sched *sched_open(const struct fixture *fx, const struct setup *su
     if (g) {
         cfg.forward = ring_forward;
         cfg.forward_ctx = g;
+        cfg.lanes = g->lanes;
+        cfg.submit = ring_submit;
+        cfg.collect = ring_collect;
         e = g->r[0].e;
         kv = g->r[0].kv;
     } else {
@@ -544,6 +574,7 @@ static void check_pipeline(const struct fixture *fx, const struct setup *su, con
     ro.n_blocks = su->n_blocks;
     if (ring_open(&g, fx->path[su->model], &ro))
         return;
+    g.lanes = o->lanes;
     struct collector *c = calloc(1, sizeof *c);
     struct kv_cache *kv, *dkv;
     struct sched *s = c ? sched_open(fx, su, &g, &kv, &dkv, c) : NULL;
@@ -555,6 +586,7 @@ static void check_pipeline(const struct fixture *fx, const struct setup *su, con
         CHECK(bad == 0, "%s: %d of %d requests differ from the single-slice scheduler", label, bad, N_SUITE);
         CHECK(g.mismatches == 0 && g.compared > 0, "%s: caches differed from rank 0's after %d of %d steps", label,
               g.mismatches, g.compared);
+        CHECK(o->lanes < 2 || g.max_in_flight == o->lanes, "%s: at most %d steps in flight", label, g.max_in_flight);
         CHECK(st.cached_tokens > 0, "%s: the second round reused no prefix", label);
         if (su->draft)
             CHECK(st.draft_tokens > 0 && st.accepted_draft_tokens > 0, "%s: drafted %lld, accepted %lld", label,
@@ -585,6 +617,9 @@ static void test_equal(const struct fixture *fx)
     struct sched_stats st;
     const struct ring_opts llama2 = {.W = 2, .ends = {1, 6}}, llama3 = {.W = 3, .ends = {2, 3, 6}};
     const struct ring_opts qwen2 = {.W = 2, .ends = {3, 4}}, qwen3 = {.W = 3, .ends = {1, 2, 4}};
+    const struct ring_opts llama2_lanes = {.W = 2, .ends = {1, 6}, .lanes = 2};
+    const struct ring_opts llama3_lanes = {.W = 3, .ends = {2, 3, 6}, .lanes = 3};
+    const struct ring_opts qwen2_lanes = {.W = 2, .ends = {3, 4}, .lanes = 2};
     int n_vocab = fx->m[M_LLAMA]->hp.n_vocab;
 
     /* llama, greedy: 2 and 3 ranks, a draft on rank 0, a cache small enough to preempt. */
@@ -594,13 +629,17 @@ static void test_equal(const struct fixture *fx)
     if (ref) {
         check_pipeline(fx, &su, q, ref, &llama2, "llama greedy, 2 ranks");
         check_pipeline(fx, &su, q, ref, &llama3, "llama greedy, 3 ranks");
+        check_pipeline(fx, &su, q, ref, &llama2_lanes, "llama greedy, 2 ranks, 2 micro-batches");
+        check_pipeline(fx, &su, q, ref, &llama3_lanes, "llama greedy, 3 ranks, 3 micro-batches");
         struct setup tight = {.model = M_LLAMA, .n_blocks = 14};
         check_pipeline(fx, &tight, q, ref, &llama2, "llama greedy, 2 ranks, 14 KV blocks");
+        check_pipeline(fx, &tight, q, ref, &llama2_lanes, "llama greedy, 2 ranks, 2 micro-batches, 14 KV blocks");
         /* Greedy tokens with a draft are those without. */
         static struct req qd[N_SUITE];
         make_suite(qd, n_vocab, false, -1);
         struct setup sd = {.model = M_LLAMA, .draft = true};
         check_pipeline(fx, &sd, qd, ref, &llama3, "llama greedy, draft on rank 0, 3 ranks");
+        check_pipeline(fx, &sd, qd, ref, &llama3_lanes, "llama greedy, draft on rank 0, 3 ranks, 3 micro-batches");
     }
     free(ref);
 
@@ -608,8 +647,10 @@ static void test_equal(const struct fixture *fx)
      * drafting schedule is then the same). */
     make_suite(q, n_vocab, true, 0);
     ref = reference(fx, &su, q, &st);
-    if (ref)
+    if (ref) {
         check_pipeline(fx, &su, q, ref, &llama2, "llama sampled, 2 ranks");
+        check_pipeline(fx, &su, q, ref, &llama2_lanes, "llama sampled, 2 ranks, 2 micro-batches");
+    }
     free(ref);
     struct setup sd = {.model = M_LLAMA, .draft = true};
     make_suite(q, n_vocab, true, -1);
@@ -627,6 +668,7 @@ static void test_equal(const struct fixture *fx)
     if (ref) {
         check_pipeline(fx, &sq, q, ref, &qwen2, "qwen2 greedy, 2 ranks");
         check_pipeline(fx, &sq, q, ref, &qwen3, "qwen2 greedy, 3 ranks");
+        check_pipeline(fx, &sq, q, ref, &qwen2_lanes, "qwen2 greedy, 2 ranks, 2 micro-batches");
     }
     free(ref);
 }

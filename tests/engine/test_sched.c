@@ -2,7 +2,8 @@
  * llama SentencePiece vocabulary): a request's tokens are the same alone, in a batch of
  * eight, chunked, preempted, reusing a cached prefix or forked from a shared prompt, and
  * equal a plain prefill-then-argmax loop; stop, cancel, queue limits, bad requests,
- * requests that cannot fit, engine failure, logprobs. */
+ * requests that cannot fit, engine failure, logprobs; the same over micro-batches in
+ * flight (lanes). */
 #include "base/err.h"
 #include "engine/engine.h"
 #include "engine/kv.h"
@@ -10,6 +11,7 @@
 #include "engine/sched.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "async_fwd.h"
 #include "tok/tok.h"
 #include "testutil.h"
 
@@ -1028,6 +1030,179 @@ static void test_config(const struct fixture *fx)
     kv_release(kv);
 }
 
+/* ---- 11: micro-batches in flight (lanes) ---- */
+
+static int rig_open_lanes(struct rig *g, const struct fixture *fx, struct sched_config cfg, int lanes,
+                          struct async_fwd *a, bool deferred, int64_t n_blocks, struct collector *c)
+{
+    async_fwd_init(a, fx->e, deferred);
+    cfg.lanes = lanes;
+    cfg.submit = async_submit;
+    cfg.collect = async_collect;
+    cfg.forward_ctx = a;
+    int rc = rig_open(g, fx, NULL, cfg, n_blocks, c);
+    a->kv = g->kv;
+    return rc;
+}
+
+static void test_lanes(const struct fixture *fx)
+{
+    char err[512];
+    /* Eight requests, greedy and sampled, over 2 and 3 lanes, immediate and deferred, in a
+     * roomy cache and in one of 6 blocks (preemptions): each equals its run alone. */
+    for (int sample = 0; sample < 2; sample++) {
+        struct spec reqs[N_REQ];
+        make_eight(fx, reqs, sample);
+        struct collector *alone = collector_new();
+        run_alone(fx, reqs, N_REQ, alone);
+        for (int lanes = 2; lanes <= 3; lanes++)
+            for (int deferred = 0; deferred < 2; deferred++)
+                for (int small = 0; small < 2; small++) {
+                    char what[96];
+                    snprintf(what, sizeof what, "%s, %d lanes, %s%s", sample ? "sampled" : "greedy", lanes,
+                             deferred ? "deferred" : "immediate", small ? ", 6 blocks" : "");
+                    struct collector *c = collector_new();
+                    struct async_fwd a;
+                    struct rig g;
+                    struct sched_config cfg = {.slots = N_REQ};
+                    if (rig_open_lanes(&g, fx, cfg, lanes, &a, deferred, small ? 6 : 0, c) == 0) {
+                        for (int i = 0; i < N_REQ; i++)
+                            submit(&g, &reqs[i], (uint64_t)i);
+                        run_idle(&g, c);
+                        struct sched_stats st;
+                        sched_get_stats(g.s, &st);
+                        CHECK(a.max_in_flight == lanes, "%s: at most %d batches in flight", what, a.max_in_flight);
+                        CHECK(a.max_seqs <= (N_REQ + lanes - 1) / lanes, "%s: a batch held %d sequences", what,
+                              a.max_seqs);
+                        CHECK(a.submits == a.collects && a.submits == st.steps, "%s: %d submits, %d collects, "
+                              "%lld steps", what, a.submits, a.collects, (long long)st.steps);
+                        CHECK(!small || st.preemptions > 0, "%s: no preemption", what);
+                        CHECK_EQ_INT(st.kv_blocks_used, 0);
+                        CHECK_EQ_INT(a.misuse, 0);
+                        rig_close(&g);
+                    }
+                    async_fwd_free(&a);
+                    for (int i = 0; i < N_REQ; i++)
+                        check_same(what, i, &c->rec[i][0], &alone->rec[i][0]);
+                    CHECK_EQ_INT(c->misuse, 0);
+                    free(c);
+                }
+        free(alone);
+    }
+
+    /* n_seqs 3 beside two others over 2 lanes: the fork waits for its prompt's batch. */
+    struct spec three = {0}, one[3], others[2];
+    random_prompt(&three, 18, fx->n_vocab, 5);
+    three.max_tokens = 12;
+    three.sp = sampled(100);
+    three.n_seqs = 3;
+    for (int i = 0; i < 3; i++) {
+        one[i] = three;
+        one[i].n_seqs = 1;
+        one[i].sp.seed = 100 + (uint64_t)i;
+    }
+    for (int i = 0; i < 2; i++) {
+        memset(&others[i], 0, sizeof others[i]);
+        random_prompt(&others[i], 14, fx->n_vocab, 60 + (uint64_t)i);
+        others[i].max_tokens = 24;
+        others[i].sp = sampled(61 + (uint64_t)i);
+    }
+    struct collector *alone = collector_new(), *alone_others = collector_new(), *c = collector_new();
+    run_alone(fx, one, 3, alone);
+    run_alone(fx, others, 2, alone_others);
+    struct async_fwd a;
+    struct rig g;
+    struct sched_config cfg = {.slots = 5};
+    if (rig_open_lanes(&g, fx, cfg, 2, &a, true, 0, c) == 0) {
+        submit(&g, &others[0], 0);
+        submit(&g, &three, 5);
+        submit(&g, &others[1], 1);
+        run_idle(&g, c);
+        CHECK_EQ_INT(a.misuse, 0);
+        rig_close(&g);
+    }
+    async_fwd_free(&a);
+    for (int i = 0; i < 3; i++)
+        check_same("n_seqs 3 over 2 lanes", i, &c->rec[5][i], &alone->rec[i][0]);
+    for (int i = 0; i < 2; i++)
+        check_same("beside n_seqs 3 over 2 lanes", i, &c->rec[i][0], &alone_others->rec[i][0]);
+
+    /* Cancel while in flight: the cancelled request is done at once, its batch's results
+     * are dropped when collected, the others go on unchanged and every block comes back. */
+    memset(c, 0, sizeof *c);
+    if (rig_open_lanes(&g, fx, cfg, 2, &a, false, 0, c) == 0) {
+        submit(&g, &others[0], 0);
+        submit(&g, &others[1], 1);
+        for (int i = 0; i < 6; i++)
+            step(&g, c);
+        CHECK(a.count > 0, "cancel: nothing in flight after 6 steps");
+        sched_cancel(g.s, 1);
+        CHECK(c->rec[1][0].n_done == 1 && c->rec[1][0].why == SCHED_FINISH_CANCELLED, "cancel in flight: %d done",
+              c->rec[1][0].n_done);
+        int n_cancelled = c->rec[1][0].n;
+        run_idle(&g, c);
+        CHECK_EQ_INT(c->rec[1][0].n, n_cancelled);
+        CHECK_EQ_INT(c->rec[1][0].n_done, 1);
+        struct sched_stats st;
+        sched_get_stats(g.s, &st);
+        CHECK_EQ_INT(st.kv_blocks_used, 0);
+        CHECK_EQ_INT(a.misuse, 0);
+        rig_close(&g);
+    }
+    async_fwd_free(&a);
+    check_same("beside a request cancelled in flight", 0, &c->rec[0][0], &alone_others->rec[0][0]);
+    for (int k = 0; k < c->rec[1][0].n; k++)
+        CHECK(c->rec[1][0].tok[k] == alone_others->rec[1][0].tok[k], "cancelled request: token %d differs", k);
+
+    /* A failed collect finishes everything live as ERROR; the batch still in flight is
+     * collected later and ignored; the scheduler then serves new requests as before. */
+    memset(c, 0, sizeof *c);
+    if (rig_open_lanes(&g, fx, cfg, 2, &a, false, 0, c) == 0) {
+        a.fail_collect = 3;
+        submit(&g, &others[0], 0);
+        submit(&g, &others[1], 1);
+        int failures = 0;
+        for (int i = 0; i < 50 && !sched_idle(g.s); i++) {
+            c->steps++;
+            failures += sched_step(g.s, err, sizeof err) < 0;
+        }
+        CHECK(failures == 1 && strstr(err, "injected failure"), "failed collect: %d failures (%s)", failures, err);
+        for (int i = 0; i < 2; i++)
+            CHECK(c->rec[i][0].n_done == 1 && c->rec[i][0].why == SCHED_FINISH_ERROR &&
+                  strstr(c->rec[i][0].error, "injected"), "failed collect: request %d finished %s", i,
+                  sched_finish_name(c->rec[i][0].why));
+        CHECK(sched_idle(g.s) && a.count == 0, "failed collect: still %d in flight", a.count);
+        struct sched_stats st;
+        sched_get_stats(g.s, &st);
+        CHECK_EQ_INT(st.kv_blocks_used, 0);
+        submit(&g, &others[0], 2);
+        run_idle(&g, c);
+        CHECK_EQ_INT(a.misuse, 0);
+        rig_close(&g);
+    }
+    async_fwd_free(&a);
+    check_same("after a failed collect", 2, &c->rec[2][0], &alone_others->rec[0][0]);
+    CHECK_EQ_INT(alone->misuse + alone_others->misuse + c->misuse, 0);
+    free(alone);
+    free(alone_others);
+    free(c);
+
+    /* Config: lanes out of range, or without both halves. */
+    struct kv_cache *kv = NULL;
+    struct kv_config kc = engine_kv_config(fx->m, CTX, 2, BT);
+    if (kv_create(&kv, &kc, err, sizeof err) == 0) {
+        struct sched *s = NULL;
+        struct sched_config bad1 = {.slots = 2, .ctx = CTX, .lanes = SCHED_MAX_LANES + 1,
+                                    .submit = async_submit, .collect = async_collect};
+        struct sched_config bad2 = {.slots = 2, .ctx = CTX, .lanes = 2, .submit = async_submit};
+        CHECK(sched_create(&s, fx->e, kv, &bad1, NULL, err, sizeof err) == CAIRN_EINVAL && strstr(err, "lanes"),
+              "lanes %d accepted", SCHED_MAX_LANES + 1);
+        CHECK(sched_create(&s, fx->e, kv, &bad2, NULL, err, sizeof err) == CAIRN_EINVAL && strstr(err, "collect"),
+              "lanes without collect accepted");
+        kv_release(kv);
+    }
+}
+
 int main(void)
 {
     struct fixture fx;
@@ -1045,6 +1220,7 @@ int main(void)
     test_chunked_prefill(&fx);
     test_logprobs(&fx);
     test_ends(&fx);
+    test_lanes(&fx);
     fixture_close(&fx);
     return test_main_end();
 }

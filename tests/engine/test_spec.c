@@ -15,6 +15,7 @@
 #include "engine/sched.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "async_fwd.h"
 #include "tok/tok.h"
 #include "testutil.h"
 
@@ -1138,6 +1139,108 @@ static void test_refused(const struct fixture *fx)
 }
 
 /* Runs one test and says how long it took (the tests share a slow machine). */
+/* ---- 8: drafting over micro-batches in flight ---- */
+
+/* The eight greedy requests over 2 lanes of a deferred two-half forward (each batch runs
+ * only when collected, after the next was built): with the 2-layer draft from the start,
+ * and with drafts switched and dropped while batches are in flight; the tokens are those
+ * without a draft, and both caches end empty. */
+static void test_lanes(const struct fixture *fx)
+{
+    struct spec reqs[N_REQ];
+    make_eight(fx, reqs);
+    for (int phased = 0; phased < 2; phased++) {
+        const char *what = phased ? "2 lanes, drafts switched in flight" : "2 lanes, 2-layer draft";
+        struct collector *c = collector_new();
+        struct async_fwd a;
+        async_fwd_init(&a, fx->e[M_TARGET], true);
+        struct sched_config cfg = {.slots = N_REQ, .chunk_tokens = 8, .lanes = 2, .submit = async_submit,
+                                   .collect = async_collect, .forward_ctx = &a};
+        struct rig g;
+        if (rig_open(&g, fx, M_TARGET, cfg, 0, c) == 0) {
+            a.kv = g.kv;
+            if (!phased)
+                rig_draft(&g, fx, M_LAYERS, K);
+            for (int i = 0; i < N_REQ; i++)
+                submit(&g, &reqs[i], (uint64_t)i);
+            const int plan[] = {M_LAYERS, M_QUANT, -1, M_TARGET};
+            for (int phase = 0; phased && phase < 4 && !sched_idle(g.s); phase++) {
+                for (int k = 0; k < 5; k++)
+                    step(&g);
+                CHECK(a.count > 0, "%s: nothing in flight when switching", what);
+                rig_draft(&g, fx, plan[phase], 3);
+            }
+            run_idle(&g);
+            struct sched_stats st;
+            sched_get_stats(g.s, &st);
+            CHECK(st.draft_tokens > 0 && st.accepted_draft_tokens > 0, "%s: drafted %lld, accepted %lld", what,
+                  (long long)st.draft_tokens, (long long)st.accepted_draft_tokens);
+            CHECK(a.max_in_flight == 2 && a.max_seqs <= N_REQ / 2, "%s: %d in flight, %d sequences in a batch",
+                  what, a.max_in_flight, a.max_seqs);
+            CHECK_EQ_INT(st.kv_blocks_used, 0);
+            CHECK_EQ_INT(a.misuse, 0);
+            rig_close(&g);
+        }
+        async_fwd_free(&a);
+        for (int i = 0; i < N_REQ; i++)
+            check_same(what, i, &c->rec[i][0], &eight_ref->rec[i][0]);
+        CHECK_EQ_INT(c->misuse, 0);
+        free(c);
+    }
+
+    /* Sampled requests with drafts: short prompts read in one step and a draft with room
+     * for all, so every sequence drafts k tokens from its first decode on with 1 lane or
+     * 2; each lane verifies against the draft distributions its own batch drew, and the
+     * tokens are the same. */
+    struct spec sreqs[N_REQ];
+    for (int i = 0; i < N_REQ; i++) {
+        memset(&sreqs[i], 0, sizeof sreqs[i]);
+        random_prompt(&sreqs[i], 3 + i % 5, fx->m[M_TARGET]->hp.n_vocab, 2000 + (uint64_t)i);
+        sreqs[i].max_tokens = 20;
+        sreqs[i].sp = sample_defaults();
+        sreqs[i].sp.temperature = 0.9f;
+        sreqs[i].sp.seed = 300 + (uint64_t)i;
+        sreqs[i].num_draft = -1;
+    }
+    struct collector *by[2] = {collector_new(), collector_new()};
+    for (int lanes = 1; lanes <= 2; lanes++) {
+        struct async_fwd a;
+        async_fwd_init(&a, fx->e[M_TARGET], true);
+        struct sched_config cfg = {.slots = N_REQ, .chunk_tokens = MAX_BATCH - N_REQ, .lanes = lanes,
+                                   .submit = async_submit, .collect = async_collect, .forward_ctx = &a};
+        if (lanes == 1) {
+            cfg.submit = NULL;
+            cfg.collect = NULL;
+            cfg.forward_ctx = NULL;
+        }
+        struct rig g;
+        if (rig_open(&g, fx, M_TARGET, cfg, 0, by[lanes - 1]) == 0) {
+            a.kv = g.kv;
+            rig_draft(&g, fx, M_LAYERS, K);
+            for (int i = 0; i < N_REQ; i++)
+                submit(&g, &sreqs[i], (uint64_t)i);
+            run_idle(&g);
+            struct sched_stats st;
+            sched_get_stats(g.s, &st);
+            CHECK(st.draft_rejections > 0 && st.accepted_draft_tokens > 0, "sampled, %d lanes: %lld accepted, "
+                  "%lld rejections", lanes, (long long)st.accepted_draft_tokens, (long long)st.draft_rejections);
+            CHECK(lanes == 1 || a.max_in_flight == 2, "sampled, 2 lanes: %d in flight", a.max_in_flight);
+            CHECK_EQ_INT(a.misuse, 0);
+            rig_close(&g);
+        }
+        async_fwd_free(&a);
+    }
+    for (int i = 0; i < N_REQ; i++) {
+        check_same("sampled with drafts, 2 lanes vs 1", i, &by[1]->rec[i][0], &by[0]->rec[i][0]);
+        CHECK(by[0]->rec[i][0].usage.draft_tokens == by[1]->rec[i][0].usage.draft_tokens,
+              "sampled: request %d drafted %lld with 1 lane, %lld with 2", i,
+              (long long)by[0]->rec[i][0].usage.draft_tokens, (long long)by[1]->rec[i][0].usage.draft_tokens);
+    }
+    CHECK_EQ_INT(by[0]->misuse + by[1]->misuse, 0);
+    free(by[0]);
+    free(by[1]);
+}
+
 static void timed(const char *name, void (*fn)(const struct fixture *), const struct fixture *fx)
 {
     double t0 = clock_sec();
@@ -1166,6 +1269,7 @@ int main(void)
     timed("prompt lookup", test_lookup, &fx);
     timed("adaptive", test_adaptive, &fx);
     timed("sampling", test_sampling_exact, &fx);
+    timed("lanes", test_lanes, &fx);
     free(eight_ref);
     fixture_close(&fx);
     return test_main_end();
