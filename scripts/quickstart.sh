@@ -23,7 +23,8 @@ case "$shape" in qwen*) tmpl=../shared/testdata/templates/Qwen-Qwen2.5-7B-Instru
 # Serving: a node of its own (loopback, discovery off, its own data dir), two requests.
 port=18435
 data=$(mktemp -d)
-./build/cairn node --api-port $port --cluster-port 0 --models-dir build/models --data-dir "$data" -t "$(nproc)" -q &
+./build/cairn node --api-port $port --cluster-port 0 --bind 127.0.0.1 --discovery off --models-dir build/models \
+  --data-dir "$data" -t "$(nproc)" -q &
 node_pid=$!
 trap 'kill $node_pid 2>/dev/null; wait $node_pid 2>/dev/null; rm -rf "$data"' EXIT
 for _ in $(seq 1 100); do curl -sf localhost:$port/v1/models >/dev/null && break; sleep 0.2; done

@@ -28,8 +28,10 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2)
-        return cli_node(argc, argv); /* `cairn` alone: a node with everything on */
+    /* `cairn` alone is `cairn node` with its defaults: discovery, API and worker all on
+     * (a cluster of one until other nodes are heard); `cairn --opt...` passes node options. */
+    if (argc < 2 || (argv[1][0] == '-' && strcmp(argv[1], "-h") && strcmp(argv[1], "--help")))
+        return cli_node(argc, argv);
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(stdout);
         return 0;

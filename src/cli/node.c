@@ -44,7 +44,8 @@ static void usage(void)
             "  --bind          address the cluster port listens on (every interface)\n"
             "  --cluster-secret  encrypts and authenticates every link (or CAIRN_CLUSTER_SECRET)\n"
             "  --peer          a node to connect to, where discovery does not reach (repeatable)\n"
-            "  --discovery     LAN beacons: off (default for now), auto, or one interface\n"
+            "  --discovery     LAN beacons: auto (every interface that can broadcast; the\n"
+            "                  default), off (only --peer), or one interface\n"
             "  --memory-limit  memory this node offers to models (e.g. 8G, 512M, or bytes)\n"
             "  --node-timeout  a node unheard this long leaves the cluster (30)\n"
             "  --parallel      sequences each runner decodes at once (8); more requests queue\n"
@@ -127,7 +128,7 @@ int cli_node(int argc, char **argv)
     struct args a = {argc, argv, 1, "node", false};
     const char *peers[MAX_PEERS], *cors[MAX_CORS + 1], *v;
     size_t n_peers = 0, n_cors = 0;
-    const char *ns = NULL, *secret = getenv("CAIRN_CLUSTER_SECRET"), *discovery = "off";
+    const char *ns = NULL, *secret = getenv("CAIRN_CLUSTER_SECRET"), *discovery = "auto";
     const char *models_dir = getenv("CAIRN_MODELS_DIR"), *data_dir = NULL, *api_key = NULL;
     const char *api_host = "127.0.0.1", *bind = NULL, *log_file = NULL;
     int64_t api_port = 52415, cluster_port = 52416, node_timeout = 30, memory_limit = 0;
@@ -320,9 +321,9 @@ int cli_node(int argc, char **argv)
         fprintf(stderr, "cairn node: %s\n", err);
         goto out;
     }
-    log_info("cairn node %s: api %s:%d, cluster port %d%s", node_id(node), srv ? api_host : "(none)",
-             srv ? (int)http_server_port(srv) : 0, node_cluster_port(node),
-             force_master ? ", force master" : "");
+    log_info("cairn node %s: api %s:%d, cluster port %d, discovery %s, worker %s%s", node_id(node),
+             srv ? api_host : "(none)", srv ? (int)http_server_port(srv) : 0, node_cluster_port(node),
+             discovery, worker ? "on" : "off", force_master ? ", force master" : "");
 
     int sig = 0;
     while (sigwait(&stop_set, &sig) != 0)

@@ -1757,8 +1757,9 @@ static void on_message(struct node *n, const struct link_msg *msg, int64_t now)
     }
 }
 
-/* Discovery hook: with --discovery off (the default) there is no discovery object and
- * this does nothing; otherwise every node it hears of is connected to. */
+/* Discovery hook: with discovery off (node_config's NULL, `cairn node --discovery off`)
+ * there is no discovery object and this does nothing; otherwise every node it hears of
+ * is connected to. */
 static void discovery_hook(struct node *n)
 {
     if (!n->disc)

@@ -10,6 +10,11 @@
  * printed, not asserted. The fourth node reaches node 0 over the bridge (its API
  * answers from there) yet never joins, nor does it hear of anyone. SIGTERM exits 0.
  *
+ * Then plain `cairn`, with no arguments at all (HOME and XDG dirs in the test's dir), in
+ * namespaces 0 and 1: alone it is its own master, serves 127.0.0.1:52415 and runs a
+ * completion in a runner of its own (discovery, API and worker all on); the second finds
+ * it by beacons and follows it; both exit 0 on SIGTERM and no runner outlives them.
+ *
  * SAFETY: nothing here beacons on the machine's real interfaces. The veth ends are
  * created straight inside the test's namespaces; each node is started by a child that
  * enters its namespace with setns and checks it is no longer in ours before exec, and
@@ -22,6 +27,7 @@
 #include "testutil.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -176,22 +182,29 @@ static int socket_in(int ns)
     return fd;
 }
 
-/* GET path from addr:port, connecting from inside namespace ns (HTTP/1.1, Connection:
- * close). The status (the body into out), or -1 when no answer came within 5 s. */
-static int http_get_in(int ns, const char *addr, int port, const char *path, char *out, size_t cap)
+/* A request (body NULL: GET, else POST of JSON) to addr:port, connecting from inside
+ * namespace ns (HTTP/1.1, Connection: close). The status (the body into out), or -1
+ * when no answer came within timeout_s. */
+static int http_in(int ns, const char *addr, int port, const char *path, const char *body, int timeout_s,
+                   char *out, size_t cap)
 {
     out[0] = 0;
     int fd = socket_in(ns);
     if (fd < 0)
         return -1;
-    struct timeval tv = {5, 0};
+    struct timeval tv = {timeout_s, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    char req[512];
-    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", path, addr);
-    if (inet_pton(AF_INET, addr, &a.sin_addr) != 1 || connect(fd, (struct sockaddr *)&a, sizeof a) ||
-        send(fd, req, (size_t)n, MSG_NOSIGNAL) != n) {
+    char req[2048];
+    int n = body ? snprintf(req, sizeof req,
+                            "POST %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\nContent-Type: "
+                            "application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                            path, addr, strlen(body), body)
+                 : snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n",
+                            path, addr);
+    if (n < 0 || n >= (int)sizeof req || inet_pton(AF_INET, addr, &a.sin_addr) != 1 ||
+        connect(fd, (struct sockaddr *)&a, sizeof a) || send(fd, req, (size_t)n, MSG_NOSIGNAL) != n) {
         close(fd);
         return -1;
     }
@@ -210,9 +223,14 @@ static int http_get_in(int ns, const char *addr, int port, const char *path, cha
     int status = -1;
     if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
         return -1;
-    const char *body = strstr(buf, "\r\n\r\n");
-    snprintf(out, cap, "%s", body ? body + 4 : "");
+    const char *resp = strstr(buf, "\r\n\r\n");
+    snprintf(out, cap, "%s", resp ? resp + 4 : "");
     return status;
+}
+
+static int http_get_in(int ns, const char *addr, int port, const char *path, char *out, size_t cap)
+{
+    return http_in(ns, addr, port, path, NULL, 5, out, cap);
 }
 
 /* GET /state of node i, parsed; NULL when it does not answer 200 with JSON. */
@@ -224,18 +242,60 @@ static json_t *state_of(int i)
     return json_loads(out, 0, NULL);
 }
 
+/* Starts argv as p's process inside namespace ns_names[ns], its output into p->log;
+ * home, when not NULL, becomes its HOME, with XDG_DATA_HOME and XDG_CACHE_HOME under it
+ * and no CAIRN_* setting (a node then keeps everything in home). */
+static void spawn_in(struct proc *p, int ns, const char *const *argv, const char *home)
+{
+    char nspath[128];
+    snprintf(nspath, sizeof nspath, "/run/netns/%s", ns_names[ns]);
+    pid_t parent = getpid();
+    p->id[0] = 0;
+    p->pid = fork();
+    if (p->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+        if (getppid() != parent)
+            _exit(1);
+        FILE *f = fopen(p->log, "w");
+        if (f) {
+            dup2(fileno(f), 1);
+            dup2(fileno(f), 2);
+        }
+        if (home) {
+            char data[600], cache[600];
+            snprintf(data, sizeof data, "%s/data", home);
+            snprintf(cache, sizeof cache, "%s/cache", home);
+            if (setenv("HOME", home, 1) || setenv("XDG_DATA_HOME", data, 1) || setenv("XDG_CACHE_HOME", cache, 1) ||
+                unsetenv("CAIRN_CLUSTER_SECRET") || unsetenv("CAIRN_MODELS_DIR"))
+                _exit(124);
+        }
+        int nsfd = open(nspath, O_RDONLY | O_CLOEXEC);
+        if (nsfd < 0 || setns(nsfd, CLONE_NEWNET) != 0) {
+            fprintf(stderr, "test: cannot enter %s: %s\n", nspath, strerror(errno));
+            _exit(126);
+        }
+        char now[64];
+        ssize_t n = readlink("/proc/self/ns/net", now, sizeof now - 1);
+        if (n <= 0 || ((now[n] = 0), !strcmp(now, home_ns))) {
+            fprintf(stderr, "test: still in the initial network namespace, not starting a node\n");
+            _exit(125);
+        }
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+}
+
 /* Starts node i in namespace ns_names[i], beaconing on its veth end; cluster_ns is
  * its --namespace, or NULL. */
 static void start_node(int i, const char *cluster_ns)
 {
     struct proc *p = &nodes[i];
-    char api[16], cl[16], data[512], models[512], nspath[128];
+    char api[16], cl[16], data[512], models[512];
     snprintf(api, sizeof api, "%d", API_PORT);
     snprintf(cl, sizeof cl, "%d", CLUSTER_PORT);
     snprintf(data, sizeof data, "%s/data%d", dir, i);
     snprintf(models, sizeof models, "%s/models", dir);
     snprintf(p->log, sizeof p->log, "%s/node%d.log", dir, i);
-    snprintf(nspath, sizeof nspath, "/run/netns/%s", ns_names[i]);
     const char *argv[32];
     int k = 0;
     argv[k++] = CAIRN_BINARY;
@@ -262,32 +322,7 @@ static void start_node(int i, const char *cluster_ns)
         argv[k++] = cluster_ns;
     }
     argv[k] = NULL;
-    pid_t parent = getpid();
-    p->id[0] = 0;
-    p->pid = fork();
-    if (p->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
-        if (getppid() != parent)
-            _exit(1);
-        FILE *f = fopen(p->log, "w");
-        if (f) {
-            dup2(fileno(f), 1);
-            dup2(fileno(f), 2);
-        }
-        int nsfd = open(nspath, O_RDONLY | O_CLOEXEC);
-        if (nsfd < 0 || setns(nsfd, CLONE_NEWNET) != 0) {
-            fprintf(stderr, "test: cannot enter %s: %s\n", nspath, strerror(errno));
-            _exit(126);
-        }
-        char now[64];
-        ssize_t n = readlink("/proc/self/ns/net", now, sizeof now - 1);
-        if (n <= 0 || ((now[n] = 0), !strcmp(now, home_ns))) {
-            fprintf(stderr, "test: still in the initial network namespace, not starting a node\n");
-            _exit(125);
-        }
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
+    spawn_in(p, i, argv, NULL);
 }
 
 /* The end of node i's log, without the API's access lines (the test's polling). */
@@ -316,10 +351,10 @@ static void print_state(int i)
     json_decref(j);
 }
 
-/* true when node i's log holds text. */
-static bool log_has(int i, const char *text)
+/* true when the log at path holds text. */
+static bool file_has(const char *path, const char *text)
 {
-    FILE *f = fopen(nodes[i].log, "r");
+    FILE *f = fopen(path, "r");
     char line[4096];
     bool found = false;
     while (f && !found && fgets(line, sizeof line, f))
@@ -328,6 +363,8 @@ static bool log_has(int i, const char *text)
         fclose(f);
     return found;
 }
+
+static bool log_has(int i, const char *text) { return file_has(nodes[i].log, text); }
 
 /* Waits up to limit_s for pid to exit; its exit status, or -1 (then it is killed). */
 static int wait_exit(pid_t pid, double limit_s)
@@ -420,6 +457,225 @@ static double wait_joined(double limit_s, char *master, size_t mcap)
         sleep_ms(250);
     }
     return -1;
+}
+
+/* ---- Plain `cairn`: no arguments at all, everything on ---- */
+
+#define N_PLAIN 2 /* plain[k] runs in namespace k, after the four nodes above are gone */
+#define PLAIN_MODEL "tiny"
+static struct proc plain[N_PLAIN];
+
+/* Reads plain node k's /node_id (its API on 127.0.0.1 inside its namespace); bound 30 s. */
+static bool plain_id(int k)
+{
+    static char out[4096];
+    plain[k].id[0] = 0;
+    for (double t0 = now_s(); !plain[k].id[0] && now_s() - t0 < 30 && !lost_home;) {
+        if (http_get_in(k, "127.0.0.1", API_PORT, "/node_id", out, sizeof out) == 200) {
+            json_t *j = json_loads(out, 0, NULL);
+            const char *id = json_string_value(json_object_get(j, "node_id"));
+            if (id && id[0])
+                snprintf(plain[k].id, sizeof plain[k].id, "%s", id);
+            json_decref(j);
+        }
+        if (!plain[k].id[0])
+            sleep_ms(200);
+    }
+    return plain[k].id[0] != 0;
+}
+
+static json_t *plain_state(int k)
+{
+    static char out[1 << 20];
+    if (http_get_in(k, "127.0.0.1", API_PORT, "/state", out, sizeof out) != 200)
+        return NULL;
+    return json_loads(out, 0, NULL);
+}
+
+/* true when plain node k's /state lists exactly plain nodes 0..n-1 and names master. */
+static bool plain_sees(int k, int n, const char *master)
+{
+    json_t *j = plain_state(k);
+    json_t *ns = json_object_get(j, "nodes");
+    const char *m = json_string_value(json_object_get(json_object_get(j, "master"), "node_id"));
+    bool ok = json_is_object(ns) && json_object_size(ns) == (size_t)n && m && !strcmp(m, master);
+    for (int i = 0; ok && i < n; i++)
+        ok = json_object_get(ns, plain[i].id) != NULL;
+    json_decref(j);
+    return ok;
+}
+
+/* The runner processes among pid's children (from /proc/PID/task/TID/children); count. */
+static int runners_of(pid_t pid, pid_t *out, int max)
+{
+    char path[300];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d)) && n < max;) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/task/%s/children", (int)pid, e->d_name);
+        FILE *f = fopen(path, "r");
+        int c;
+        while (f && n < max && fscanf(f, "%d", &c) == 1) {
+            char cl[300], cmd[256] = "";
+            snprintf(cl, sizeof cl, "/proc/%d/cmdline", c);
+            FILE *g = fopen(cl, "r");
+            size_t len = g ? fread(cmd, 1, sizeof cmd - 1, g) : 0;
+            if (g)
+                fclose(g);
+            /* argv[1] is the sub-command: "cairn\0runner\0..." */
+            if (len > strlen(cmd) + 1 && !strncmp(cmd + strlen(cmd) + 1, "runner", 6))
+                out[n++] = (pid_t)c;
+        }
+        if (f)
+            fclose(f);
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* true while pid is a live process (not gone, not a zombie: those have no cmdline). */
+static bool alive(pid_t pid)
+{
+    char path[64], c;
+    snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
+    FILE *f = fopen(path, "r");
+    bool live = f && fread(&c, 1, 1, f) == 1;
+    if (f)
+        fclose(f);
+    return live;
+}
+
+static void print_plain_log(int k)
+{
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "grep -v ' info: http ' '%s' | tail -n 30 1>&2", plain[k].log);
+    fprintf(stderr, "---- plain node %d log (%s) ----\n", k, plain[k].id);
+    if (system(cmd) != 0)
+        fprintf(stderr, "(no log)\n");
+}
+
+/* `cairn` with no arguments, its HOME and XDG dirs in the test's dir: alone it is its
+ * own master with the worker on (a completion runs in a runner of its own) and the
+ * API on 127.0.0.1:52415; a second plain node on the same bridge finds it by beacons,
+ * and the first stays master. SIGTERM: both exit 0 and no runner outlives them. */
+static void test_plain(void)
+{
+    static char out[1 << 16];
+    char home[N_PLAIN][512], models[600], path[700], cmd[2400];
+    const char *const argv[] = {CAIRN_BINARY, NULL};
+    pid_t runners[16];
+    int n_runners = 0;
+    for (int k = 0; k < N_PLAIN; k++) {
+        snprintf(home[k], sizeof home[k], "%s/plain%d", dir, k);
+        snprintf(plain[k].log, sizeof plain[k].log, "%s/plain%d.log", dir, k);
+    }
+    /* the default models dir of the first: $XDG_DATA_HOME/cairn/models */
+    snprintf(models, sizeof models, "%s/data/cairn/models", home[0]);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && '%s' mkmodel --shape tiny --vocab '%s' -o '%s/" PLAIN_MODEL
+             ".gguf' >'%s/plain-mkmodel.log' 2>&1", models, CAIRN_BINARY,
+             test_data_path("vocab/ggml-vocab-llama-spm.gguf"), models, dir);
+    int rc = system(cmd);
+    CHECK(rc == 0, "mkmodel failed (%d), see %s/plain-mkmodel.log", rc, dir);
+    if (rc)
+        return;
+
+    spawn_in(&plain[0], 0, argv, home[0]);
+    bool up = plain_id(0);
+    CHECK(up, "plain `cairn` answers /node_id on 127.0.0.1:%d inside its namespace (bound 30 s)", API_PORT);
+    if (!up)
+        goto fail;
+    const char *a = plain[0].id;
+    bool alone = false;
+    for (double t0 = now_s(); !alone && now_s() - t0 < 30; sleep_ms(200))
+        alone = plain_sees(0, 1, a);
+    CHECK(alone, "plain `cairn` alone lists itself as the only node and as master (bound 30 s)");
+    json_t *s = plain_state(0);
+    json_t *info = json_object_get(json_object_get(json_object_get(s, "nodes"), a), "info");
+    json_int_t avail = json_integer_value(json_object_get(info, "memory_available_bytes"));
+    CHECK(avail > 0, "plain `cairn` offers memory to models (worker on; a --no-worker node offers 0): %lld",
+          (long long)avail);
+    json_decref(s);
+    CHECK(file_has(plain[0].log, "discovery auto, worker on"), "plain `cairn` logs discovery auto, worker on");
+    snprintf(path, sizeof path, "%s/cache/cairn/node.log", home[0]);
+    CHECK(file_has(path, "discovery auto"), "plain `cairn` logs to $XDG_CACHE_HOME/cairn/node.log");
+
+    /* Worker: a completion, placed on demand, runs in a runner of this node. */
+    rc = http_in(0, "127.0.0.1", API_PORT, "/v1/completions",
+                 "{\"model\":\"" PLAIN_MODEL "\",\"prompt\":\"Hello\",\"max_tokens\":4,\"temperature\":0}", 180, out,
+                 sizeof out);
+    CHECK(rc == 200 && strstr(out, "\"choices\""), "a completion on plain `cairn`: %d %.300s", rc, out);
+    s = plain_state(0);
+    json_t *rs = json_object_get(s, "runners");
+    const char *key;
+    json_t *r;
+    int mine = 0;
+    json_object_foreach(rs, key, r)
+        mine += !strcmp(json_string_value(json_object_get(r, "node_id")) ?: "", a);
+    json_decref(s);
+    CHECK(mine == 1, "plain `cairn`'s state holds one runner of its own (%d)", mine);
+    n_runners = runners_of(plain[0].pid, runners, 16);
+    CHECK(n_runners == 1, "plain `cairn` has one runner process (%d)", n_runners);
+
+    /* A second plain node on the bridge: found by beacons alone; the first stays master. */
+    double t0 = now_s();
+    spawn_in(&plain[1], 1, argv, home[1]);
+    up = plain_id(1);
+    CHECK(up, "the second plain `cairn` answers /node_id (bound 30 s)");
+    if (!up)
+        goto fail;
+    bool joined = false;
+    while (!joined && now_s() - t0 < JOIN_LIMIT_S && !lost_home) {
+        joined = plain_sees(0, 2, a) && plain_sees(1, 2, a);
+        if (!joined)
+            sleep_ms(250);
+    }
+    CHECK(joined, "two plain nodes each list both, the first as master (bound %d s)", JOIN_LIMIT_S);
+    if (!joined)
+        goto fail;
+    printf("figure: two plain `cairn` nodes see each other %.2f s after the second started\n", now_s() - t0);
+    /* The link came from whichever heard the other first; each hears the other's beacons
+     * within a few intervals. */
+    for (int k = 0; k < N_PLAIN; k++) {
+        bool found = false;
+        for (double t1 = now_s(); !found && now_s() - t1 < 15; sleep_ms(100))
+            found = file_has(plain[k].log, "discovery: found node");
+        CHECK(found, "plain node %d heard the other's beacons (bound 15 s)", k);
+    }
+
+    for (int k = 0; k < N_PLAIN; k++) {
+        kill(plain[k].pid, SIGTERM);
+        int code = wait_exit(plain[k].pid, 30);
+        plain[k].pid = 0;
+        CHECK(code == 0, "plain node %d exits 0 on SIGTERM (got %d)", k, code);
+        if (code != 0)
+            print_plain_log(k);
+    }
+    bool left = true;
+    for (double t1 = now_s(); left && now_s() - t1 < 10; sleep_ms(50)) {
+        left = false;
+        for (int i = 0; i < n_runners; i++)
+            left |= alive(runners[i]);
+    }
+    CHECK(!left, "no runner of plain `cairn` outlives it");
+    return;
+
+fail:
+    for (int k = 0; k < N_PLAIN; k++)
+        print_plain_log(k);
+}
+
+static void kill_plain(void)
+{
+    for (int k = 0; k < N_PLAIN; k++)
+        if (plain[k].pid > 0) {
+            kill(plain[k].pid, SIGKILL);
+            waitpid(plain[k].pid, NULL, 0);
+            plain[k].pid = 0;
+        }
 }
 
 /* The namespaces, the bridge and one veth pair per node; false (and a message saying
@@ -570,6 +826,7 @@ int main(void)
         if (code != 0)
             print_log_tail(i);
     }
+    test_plain();
     goto out;
 
 fail:
@@ -579,6 +836,7 @@ fail:
         print_log_tail(i);
 out:
     kill_nodes();
+    kill_plain();
     delete_namespaces();
     close(wfd);
     if (wait_exit(janitor, 30) != 0)
