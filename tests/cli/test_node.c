@@ -800,34 +800,8 @@ int main(void)
             print_log_tail(i);
     }
 
-    /* `cairn` alone starts a node (default ports: only when they are free here). */
-    int probe = socket(AF_INET, SOCK_STREAM, 0), probe2 = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(probe, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    setsockopt(probe2, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in a1 = {.sin_family = AF_INET, .sin_port = htons(52415)};
-    struct sockaddr_in a2 = {.sin_family = AF_INET, .sin_port = htons(52416)};
-    bool free_defaults = !bind(probe, (struct sockaddr *)&a1, sizeof a1) &&
-                         !bind(probe2, (struct sockaddr *)&a2, sizeof a2);
-    close(probe);
-    close(probe2);
-    if (free_defaults) {
-        snprintf(path, sizeof path, "%s/alone.log", dir);
-        char env_cmd[1024];
-        snprintf(env_cmd, sizeof env_cmd, "XDG_DATA_HOME=%s/xdg", dir);
-        putenv(env_cmd);
-        char *argv[] = {(char *)CAIRN_BINARY, NULL};
-        pid_t pid = spawn(path, argv);
-        nodes[5].pid = pid;
-        nodes[5].api = 52415;
-        bool served = read_id(5);
-        CHECK(served, "`cairn` with no arguments serves the API on 52415");
-        kill(pid, SIGTERM);
-        CHECK(wait_exit(pid, 15) == 0, "and exits 0 on SIGTERM");
-        nodes[5].pid = 0;
-    } else {
-        printf("skipped: ports 52415/52416 are in use here, `cairn` alone not tried\n");
-    }
+    /* `cairn` alone (discovery on) runs only inside network namespaces:
+     * tests/cli/test_discovery_nodes.c. */
 
 out:
     stop_all();
