@@ -724,14 +724,22 @@ static int warm_up(struct runner *r, char *err, size_t errlen)
     return rc;
 }
 
-/* Rank 0's target forward: the batch through every rank of the pipeline. */
-static int pipe_forward(void *ctx, struct kv_cache *kv, const struct batch *b, float *logits, char *err,
-                        size_t errlen)
+/* Rank 0's target forward in two halves: a micro-batch into the pipeline, and the
+ * oldest one's logits back from the last rank. */
+static int pipe_submit(void *ctx, struct kv_cache *kv, const struct batch *b, char *err, size_t errlen)
 {
     struct runner *r = ctx;
     if (!r->pipe)
         return cairn_fail(err, errlen, CAIRN_ESTATE, "the pipeline is not connected");
-    return pipeline_forward(r->pipe, kv, b, logits, err, errlen);
+    return pipeline_submit(r->pipe, kv, b, err, errlen);
+}
+
+static int pipe_collect(void *ctx, float *logits, char *err, size_t errlen)
+{
+    struct runner *r = ctx;
+    if (!r->pipe)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "the pipeline is not connected");
+    return pipeline_collect(r->pipe, logits, err, errlen);
 }
 
 /* Loads the slice and sizes every buffer; err says why not. */
@@ -759,7 +767,10 @@ static int load(struct runner *r, char *err, size_t errlen)
         return rc;
     if (m->first) { /* the whole model, or a pipeline's rank 0: it schedules and samples */
         if (r->cfg.world_size > 1) {
-            sc.forward = pipe_forward;
+            /* One micro-batch per stage: with enough sequences every rank computes at once. */
+            sc.lanes = r->cfg.world_size < SCHED_MAX_LANES ? r->cfg.world_size : SCHED_MAX_LANES;
+            sc.submit = pipe_submit;
+            sc.collect = pipe_collect;
             sc.forward_ctx = r;
         }
         if (tok_load(&r->tk, m->file, err, errlen)) {

@@ -1583,9 +1583,10 @@ static int check_config(const struct engine *e, const struct kv_cache *kv, const
                         size_t errlen)
 {
     const struct model *m = engine_model(e);
-    if (!m->first || (!m->last && !c->forward))
+    bool remote = c->forward || (c->lanes > 1 && c->submit); /* the rest of the model is elsewhere */
+    if (!m->first || (!m->last && !remote))
         return cairn_fail(err, errlen, CAIRN_EINVAL, "the scheduler needs %s (layers [%d, %d) of %d)",
-                          c->forward ? "the first slice" : "a whole model", m->layer_begin, m->layer_end,
+                          remote ? "the first slice" : "a whole model", m->layer_begin, m->layer_end,
                           m->hp.n_layers);
     if (c->slots < 1 || c->slots > SCHED_MAX_SLOTS)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "slots %d outside 1..%d", c->slots, SCHED_MAX_SLOTS);

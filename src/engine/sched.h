@@ -205,7 +205,7 @@ struct sched_spec_options {
 struct sched;
 
 /* Creates a scheduler over engine e (a whole model: first and last slice; with
- * cfg->forward set, at least the first slice) and cache kv
+ * cfg->forward, or lanes > 1 with submit and collect, at least the first slice) and cache kv
  * (empty, with at least sched_kv_seqs(cfg) sequence ids); both borrowed, must outlive
  * it. CAIRN_EINVAL naming the bad field, CAIRN_ENOMEM. */
 int sched_create(struct sched **out, struct engine *e, struct kv_cache *kv,

@@ -491,11 +491,14 @@ static struct sched *sched_open(const struct fixture *fx, const struct setup *su
     struct engine *e = fx->e[su->model];
     struct kv_cache *kv = NULL;
     if (g) {
-        cfg.forward = ring_forward;
         cfg.forward_ctx = g;
-        cfg.lanes = g->lanes;
-        cfg.submit = ring_submit;
-        cfg.collect = ring_collect;
+        if (g->lanes > 1) {
+            cfg.lanes = g->lanes;
+            cfg.submit = ring_submit;
+            cfg.collect = ring_collect;
+        } else {
+            cfg.forward = ring_forward;
+        }
         e = g->r[0].e;
         kv = g->r[0].kv;
     } else {
