@@ -442,10 +442,13 @@ int cli_bench(int argc, char **argv)
     int max_batch = (int)(n_prompt > max_b ? n_prompt : max_b);
     if (max_batch < 1)
         max_batch = 1;
-    if (model_load(&bn.m, model_path, NULL, bn.err, sizeof bn.err)) {
+    struct model_load_opts lo = {.layer_end = -1, .threads = (int)threads};
+    double t_load = clock_sec();
+    if (model_load(&bn.m, model_path, &lo, bn.err, sizeof bn.err)) {
         fprintf(stderr, "cairn bench: %s: %s\n", model_path, bn.err);
         return 1;
     }
+    t_load = clock_sec() - t_load;
     int n_seqs = max_b > 1 ? (int)max_b : 1;
     struct engine_config ec = {.n_threads = (int)threads, .max_batch = max_batch, .max_ctx = ctx};
     struct kv_config kc = engine_kv_config(bn.m, ctx, n_seqs, 16);
@@ -473,6 +476,7 @@ int cli_bench(int argc, char **argv)
            hp->n_embd, hp->n_vocab, (double)bn.m->file_bytes / (1 << 20));
     printf("cpu: %s; kernels: %s; threads: %lld\n", feats, kern_path_name(kern_mat_path(bn.m->output)),
            (long long)threads);
+    printf("load (map, check, repack on %lld threads): %.0f ms\n", (long long)threads, t_load * 1e3);
 
     /* Bandwidth with the engine's own thread count, measured in this run. */
     if (pool_create(&bwp, (int)threads))

@@ -6,6 +6,8 @@
 #include "gguf/gguf.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,6 +150,7 @@ struct loader {
     enum kern_path path;
     char *err;
     size_t errlen;
+    uint64_t weight_bytes; /* of what this loader loaded */
 };
 
 static const struct gguf_tensor *find_tensor(struct loader *ld, const char *name, int n_dims,
@@ -207,7 +210,7 @@ static int load_mat(struct loader *ld, struct kern_mat **out, const char *name, 
         return cairn_fail(ld->err, ld->errlen, rc, "tensor %s: %s", name, kerr);
     if (kern_mat_path(*out) != KERN_PATH_REF)
         drop_source_pages(t->data, t->size);
-    ld->m->weight_bytes += kern_mat_bytes(*out);
+    ld->weight_bytes += kern_mat_bytes(*out);
     return 0;
 }
 
@@ -225,7 +228,7 @@ static int load_vec(struct loader *ld, float **out, const char *name, int64_t n,
     if (!*out)
         return cairn_fail(ld->err, ld->errlen, CAIRN_ENOMEM, "out of memory for %s", name);
     kern_dequantize_row(t->type, t->data, *out, n);
-    ld->m->weight_bytes += (uint64_t)n * sizeof(float);
+    ld->weight_bytes += (uint64_t)n * sizeof(float);
     return 0;
 }
 
@@ -257,6 +260,89 @@ static int load_layer(struct loader *ld, int il, struct model_layer *L)
         return rc;
 #undef NAME
     return 0;
+}
+
+/* The output head (tied or not: the embedding lookup faults in the few rows it reads
+ * again when the source pages are dropped). */
+static int load_head(struct loader *ld)
+{
+    const struct model_hparams *hp = &ld->m->hp;
+    const char *head = hp->tied_output ? "token_embd.weight" : "output.weight";
+    int rc;
+    const struct gguf_tensor *t = find_tensor(ld, head, 2, hp->n_embd, hp->n_vocab, true, &rc);
+    if (!t)
+        return rc;
+    char kerr[256];
+    if ((rc = kern_mat_create(&ld->m->output, t->type, t->data, hp->n_vocab, hp->n_embd, ld->path, kerr, sizeof kerr)))
+        return cairn_fail(ld->err, ld->errlen, rc, "tensor %s: %s", head, kerr);
+    if (kern_mat_path(ld->m->output) != KERN_PATH_REF)
+        drop_source_pages(t->data, t->size);
+    ld->weight_bytes += kern_mat_bytes(ld->m->output);
+    return 0;
+}
+
+/* Repacking the matrices is most of a load: jobs (the head first, being the largest,
+ * then each layer) go to `threads` workers, each with a loader of its own. */
+#define LOAD_MAX_THREADS 16
+
+struct load_jobs {
+    struct model *m;
+    enum kern_path path;
+    int n_jobs;            /* head (when last) + layers */
+    bool head;
+    atomic_int next;
+    int *rc;               /* per job */
+    char (*err)[256];      /* per job */
+    uint64_t *bytes;       /* per job */
+};
+
+static void *load_worker(void *arg)
+{
+    struct load_jobs *j = arg;
+    for (int k; (k = atomic_fetch_add(&j->next, 1)) < j->n_jobs;) {
+        struct loader ld = {.m = j->m, .path = j->path, .err = j->err[k], .errlen = sizeof j->err[k]};
+        int layer = k - j->head;
+        j->rc[k] = layer < 0 ? load_head(&ld)
+                             : load_layer(&ld, j->m->layer_begin + layer, &j->m->layers[layer]);
+        j->bytes[k] = ld.weight_bytes;
+    }
+    return NULL;
+}
+
+static int load_matrices(struct model *m, const struct model_load_opts *opts, char *err, size_t errlen)
+{
+    struct load_jobs j = {.m = m, .path = opts->path, .head = m->last};
+    j.n_jobs = (m->layer_end - m->layer_begin) + j.head;
+    atomic_init(&j.next, 0);
+    j.rc = calloc((size_t)j.n_jobs, sizeof *j.rc);
+    j.err = calloc((size_t)j.n_jobs, sizeof *j.err);
+    j.bytes = calloc((size_t)j.n_jobs, sizeof *j.bytes);
+    if (!j.rc || !j.err || !j.bytes) {
+        free(j.rc);
+        free(j.err);
+        free(j.bytes);
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    }
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = opts->threads > 0 ? opts->threads : cpus > 0 ? (int)cpus : 1;
+    n = n > LOAD_MAX_THREADS ? LOAD_MAX_THREADS : n > j.n_jobs ? j.n_jobs : n;
+    pthread_t th[LOAD_MAX_THREADS];
+    int started = 0;
+    while (started < n - 1 && pthread_create(&th[started], NULL, load_worker, &j) == 0)
+        started++;
+    load_worker(&j); /* this thread too; it finishes whatever threads could not start */
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    int rc = 0;
+    for (int k = 0; k < j.n_jobs; k++) {
+        m->weight_bytes += j.bytes[k];
+        if (j.rc[k] && !rc) /* the first failure in file order, whatever the threads did */
+            rc = cairn_fail(err, errlen, j.rc[k], "%s", j.err[k]);
+    }
+    free(j.rc);
+    free(j.err);
+    free(j.bytes);
+    return rc;
 }
 
 int model_load(struct model **out, const char *path, const struct model_load_opts *opts, char *err, size_t errlen)
@@ -301,34 +387,18 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
         m->tok_embd_fd = open(path, O_RDONLY | O_CLOEXEC);
         drop_source_pages(emb->data, emb->size); /* rows are read with pread from here on */
     }
-    if (m->last) {
-        if ((rc = load_vec(&ld, &m->output_norm, "output_norm.weight", hp->n_embd, true)))
-            goto fail;
-        const char *head = hp->tied_output ? "token_embd.weight" : "output.weight";
-        const struct gguf_tensor *t = find_tensor(&ld, head, 2, hp->n_embd, hp->n_vocab, true, &rc);
-        if (!t)
-            goto fail;
-        char kerr[256];
-        if ((rc = kern_mat_create(&m->output, t->type, t->data, hp->n_vocab, hp->n_embd, opts->path, kerr, sizeof kerr))) {
-            rc = cairn_fail(err, errlen, rc, "tensor %s: %s", head, kerr);
-            goto fail;
-        }
-        /* Tied or not: the embedding lookup faults in the few rows it reads again. */
-        if (kern_mat_path(m->output) != KERN_PATH_REF)
-            drop_source_pages(t->data, t->size);
-        m->weight_bytes += kern_mat_bytes(m->output);
-    }
+    if (m->last && (rc = load_vec(&ld, &m->output_norm, "output_norm.weight", hp->n_embd, true)))
+        goto fail;
     if ((rc = load_vec(&ld, &m->rope_freq_factors, "rope_freqs.weight", hp->n_rot / 2, false)))
         goto fail;
-
     m->layers = calloc((size_t)(m->layer_end - m->layer_begin), sizeof *m->layers);
     if (!m->layers) {
         rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
         goto fail;
     }
-    for (int il = m->layer_begin; il < m->layer_end; il++)
-        if ((rc = load_layer(&ld, il, &m->layers[il - m->layer_begin])))
-            goto fail;
+    m->weight_bytes += ld.weight_bytes;
+    if ((rc = load_matrices(m, opts, err, errlen)))
+        goto fail;
     *out = m;
     return 0;
 fail:

@@ -88,6 +88,7 @@ struct model_load_opts {
     int layer_begin;         /* 0 */
     int layer_end;           /* -1: all */
     enum kern_path path;     /* KERN_PATH_AUTO */
+    int threads;             /* repacking the matrices: 0, one thread per online CPU (at most 16) */
 };
 
 /* Architecture description by name, or NULL when unsupported. */

@@ -232,6 +232,43 @@ static void check_model(const char *label, const struct synth_spec *spec, double
     unlink(path);
 }
 
+/* Loaded on one thread and on several, a model computes the same logits, bit for bit. */
+static void check_threads_same(const char *path)
+{
+    char err[512];
+    float *logits[2] = {NULL, NULL};
+    uint64_t bytes[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        struct model *m = NULL;
+        struct engine *e = NULL;
+        struct kv_cache *kv = NULL;
+        struct model_load_opts o = {.layer_end = -1, .threads = i ? 3 : 1};
+        struct engine_config ec = {.n_threads = 1, .max_batch = 4, .max_ctx = 16};
+        if (model_load(&m, path, &o, err, sizeof err) || engine_create(&e, m, &ec, err, sizeof err)) {
+            CHECK(0, "load on %d threads: %s", o.threads, err);
+        } else {
+            struct kv_config kc = engine_kv_config(m, 16, 1, 16);
+            int32_t tok[4] = {1, 17, 200, 5}, seq[4] = {0};
+            int64_t pos[4] = {0, 1, 2, 3};
+            uint8_t want[4] = {1, 1, 1, 1};
+            struct batch b = {.n = 4, .token = tok, .seq = seq, .pos = pos, .logits = want};
+            logits[i] = malloc(4 * (size_t)m->hp.n_vocab * sizeof(float));
+            bytes[i] = m->weight_bytes;
+            if (!logits[i] || kv_create(&kv, &kc, err, sizeof err) || engine_forward(e, kv, &b, logits[i], err, sizeof err))
+                CHECK(0, "forward after a load on %d threads: %s", o.threads, err);
+        }
+        if (i == 1 && logits[0] && logits[1] && m)
+            CHECK(bytes[0] == bytes[1] && !memcmp(logits[0], logits[1], 4 * (size_t)m->hp.n_vocab * sizeof(float)),
+                  "1 and 3 loading threads: %llu and %llu weight bytes, logits %s", (unsigned long long)bytes[0],
+                  (unsigned long long)bytes[1], memcmp(logits[0], logits[1], 4 * sizeof(float)) ? "differ" : "equal");
+        kv_release(kv);
+        engine_release(e);
+        model_release(m);
+    }
+    free(logits[0]);
+    free(logits[1]);
+}
+
 int main(void)
 {
     struct synth_spec base = {.arch = "llama", .n_layers = 2, .n_embd = 64, .n_ff = 160, .n_head = 4, .n_head_kv = 2,
@@ -267,5 +304,11 @@ int main(void)
     s.n_embd = 256, s.n_ff = 512, s.n_head = 4, s.head_dim = 64, s.n_layers = 3;
     snprintf(s.type, sizeof s.type, "q4_k_m"); /* Q4_K and Q6_K */
     check_model("llama-q4_k_m", &s, 0.1); /* 8-bit activations in blocks of 256 */
+    char path[128], err[512];
+    snprintf(path, sizeof path, "test_forward_threads_%d.gguf", (int)getpid());
+    s.n_layers = 5;
+    CHECK(synth_write(&s, NULL, path, err, sizeof err) == 0, "synth_write: %s", err);
+    check_threads_same(path);
+    unlink(path);
     return test_main_end();
 }

@@ -1,5 +1,6 @@
-/* Model loading: hyper-parameters from metadata, synthetic shapes, and refusals that
- * name what is wrong (architecture, tensor type, missing tensor, shape, metadata). */
+/* Model loading: hyper-parameters from metadata, synthetic shapes, refusals that name
+ * what is wrong (architecture, tensor type, missing tensor, shape, metadata), the same
+ * whatever the number of loading threads. */
 #include "base/dtype.h"
 #include "base/err.h"
 #include "gguf/gguf.h"
@@ -57,14 +58,23 @@ static int rewrite(const char *src, const char *dst, enum edit e)
     return rc;
 }
 
+/* Refused the same way whether the matrices load on one thread or several. */
 static void expect_refusal(const char *path, const char *what, int code, const char *needle)
 {
-    char err[512] = "";
-    struct model *m = NULL;
-    int rc = model_load(&m, path, NULL, err, sizeof err);
-    CHECK(rc == code && m == NULL && strstr(err, needle), "%s: rc %d (want %d), message '%s' lacks '%s'", what, rc,
-          code, err, needle);
-    model_release(m);
+    char first[512] = "";
+    for (int threads = 1; threads <= 4; threads += 3) {
+        char err[512] = "";
+        struct model *m = NULL;
+        struct model_load_opts o = {.layer_end = -1, .threads = threads};
+        int rc = model_load(&m, path, &o, err, sizeof err);
+        CHECK(rc == code && m == NULL && strstr(err, needle), "%s (%d threads): rc %d (want %d), message '%s' lacks "
+              "'%s'", what, threads, rc, code, err, needle);
+        if (threads == 1)
+            snprintf(first, sizeof first, "%s", err);
+        else
+            CHECK(!strcmp(err, first), "%s: '%s' on 4 threads, '%s' on 1", what, err, first);
+        model_release(m);
+    }
 }
 
 int main(void)
