@@ -277,6 +277,12 @@ static int apply_body(struct cluster_state *s, const struct event *e, char *err,
         return 0;
     case EVENT_STATE_SNAPSHOT:
         return snapshot(s, e, err, errlen);
+    case EVENT_INSTANCE_EPOCH_ADVANCED: {
+        struct cluster_instance *in = instance_mut(s, e->instance_epoch_advanced.instance_id);
+        if (in && e->instance_epoch_advanced.epoch > in->epoch)
+            in->epoch = e->instance_epoch_advanced.epoch;
+        return 0;
+    }
     default:
         return cairn_fail(err, errlen, CAIRN_EINVAL, "event: unknown kind %d", (int)e->kind);
     }

@@ -14,7 +14,7 @@ const char *event_kind_name(int kind)
         "InstanceDraftModelUpdated", "RunnerStatusUpdated", "RunnerDeleted",
         "NodeDownloadProgress", "TaskCreated",    "TaskStatusUpdated",
         "TaskAcknowledged",   "TaskDeleted",      "MasterElected",
-        "StateSnapshot",
+        "InstanceEpochAdvanced", "StateSnapshot",
     };
     _Static_assert(sizeof names / sizeof names[0] == EVENT_KIND_COUNT, "one name per kind");
     return kind >= 0 && kind < EVENT_KIND_COUNT ? names[kind] : NULL;
@@ -189,6 +189,10 @@ json_t *event_to_jsonv(const struct event *e)
         ok = e->state_snapshot.state &&
              put(o, "state", cluster_state_to_jsonv(e->state_snapshot.state));
         break;
+    case EVENT_INSTANCE_EPOCH_ADVANCED:
+        ok = put(o, "instance_id", json_string(e->instance_epoch_advanced.instance_id)) &&
+             put(o, "epoch", json_integer(e->instance_epoch_advanced.epoch));
+        break;
     default:
         ok = false;
         break;
@@ -230,6 +234,7 @@ static int body_from_json(const json_t *body, const char *path, struct event *e,
     static const char *const task_status_keys[] = {"task_id", "status", "error", NULL};
     static const char *const task_id_keys[] = {"task_id", NULL};
     static const char *const snapshot_keys[] = {"state", NULL};
+    static const char *const epoch_keys[] = {"instance_id", "epoch", NULL};
     char p[IDS_PATH_MAX];
     json_t *v;
     int rc, x = 0;
@@ -358,6 +363,15 @@ static int body_from_json(const json_t *body, const char *path, struct event *e,
                 snprintf(err, errlen, "%s.%s", path, inner);
             }
         }
+        return rc;
+    case EVENT_INSTANCE_EPOCH_ADVANCED:
+        rc = ids_json_keys(body, path, epoch_keys, err, errlen);
+        if (!rc)
+            rc = ids_json_id(body, path, "instance_id", e->instance_epoch_advanced.instance_id,
+                             err, errlen);
+        if (!rc)
+            rc = ids_json_int(body, path, "epoch", 1, IDS_COUNTER_MAX,
+                              &e->instance_epoch_advanced.epoch, err, errlen);
         return rc;
     default:
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: unknown kind", path);

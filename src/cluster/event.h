@@ -20,6 +20,7 @@
  *   TaskAcknowledged          task_id
  *   TaskDeleted               task_id
  *   MasterElected             node_id (the election term is the event's term)
+ *   InstanceEpochAdvanced     instance_id, epoch (1..IDS_COUNTER_MAX)
  *   StateSnapshot             state (whole state, see state.h) */
 #ifndef CAIRN_CLUSTER_EVENT_H
 #define CAIRN_CLUSTER_EVENT_H
@@ -47,6 +48,7 @@ enum event_kind {
     EVENT_TASK_ACKNOWLEDGED,
     EVENT_TASK_DELETED,
     EVENT_MASTER_ELECTED,
+    EVENT_INSTANCE_EPOCH_ADVANCED,
     EVENT_STATE_SNAPSHOT,
     EVENT_KIND_COUNT
 };
@@ -107,6 +109,10 @@ struct event {
         struct {
             struct cluster_state *state; /* owned */
         } state_snapshot;
+        struct {
+            char instance_id[IDS_ID_MAX + 1];
+            int64_t epoch;
+        } instance_epoch_advanced;
     };
 };
 
@@ -169,6 +175,8 @@ int event_validate(const struct event *e, char *err, size_t errlen);
  *   TaskAcknowledged   sets acknowledged (unknown task: no-op)
  *   TaskDeleted        removes the task
  *   MasterElected      master_node_id = node_id, master_term = the event's term
+ *   InstanceEpochAdvanced  sets the instance's epoch when the event's is higher (unknown
+ *                      instance or an epoch not above its own: no-op), so epochs only grow
  *   StateSnapshot      replaces everything with a copy of the snapshot's state
  * Removing what is absent is a no-op. e must be valid (from event_from_json, or
  * checked with event_validate before the master logs it). */

@@ -527,7 +527,7 @@ static bool runner_same(const struct cluster_runner *a, const struct cluster_run
 {
     return !strcmp(a->instance_id, b->instance_id) && !strcmp(a->node_id, b->node_id) &&
            a->status == b->status && a->restart_count == b->restart_count &&
-           a->data_port == b->data_port &&
+           a->data_port == b->data_port && a->epoch == b->epoch &&
            !strcmp(a->error ? a->error : "", b->error ? b->error : "");
 }
 
@@ -539,6 +539,41 @@ static bool throughput_close(int64_t a, int64_t b)
 {
     int64_t hi = a > b ? a : b;
     return a == b || (a && b && abs64(a - b) <= hi / 100 * MASTER_EDGE_THROUGHPUT_SLACK_PCT);
+}
+
+/* A rank of a pipelined instance that served at the instance's epoch (the state has it
+ * Ready or Running there) and now reports Failed or a restart: its KV is lost and the
+ * ring is broken, so the instance moves to the next epoch and every rank starts again
+ * (plan.h). A rank that fails before it ever served leaves the epoch alone: no rank
+ * linked with it yet, and its supervisor's restarts (bounded) join the same ring. */
+static bool ring_broken(const struct cluster_state *s, const struct cluster_runner *cur,
+                        const struct cluster_runner *r)
+{
+    const struct cluster_instance *in = cluster_state_find_instance(s, r->instance_id);
+    if (!in || in->n_shards < 2 || !cur || cur->epoch != in->epoch || r->epoch != in->epoch)
+        return false;
+    bool served = cur->status == CLUSTER_RUNNER_READY || cur->status == CLUSTER_RUNNER_RUNNING;
+    return served && (r->status == CLUSTER_RUNNER_FAILED || r->restart_count > cur->restart_count);
+}
+
+/* InstanceEpochAdvanced to the epoch after the state's, unless out holds one for it. */
+static int advance_epoch(const struct cluster_state *s, const char *instance_id,
+                         struct master_events *out, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < out->n; i++)
+        if (out->ev[i].kind == EVENT_INSTANCE_EPOCH_ADVANCED &&
+            !strcmp(out->ev[i].instance_epoch_advanced.instance_id, instance_id))
+            return 0;
+    const struct cluster_instance *in = cluster_state_find_instance(s, instance_id);
+    if (!in || in->epoch >= IDS_COUNTER_MAX)
+        return 0;
+    struct event *e = add_event(out, EVENT_INSTANCE_EPOCH_ADVANCED);
+    if (!e)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    snprintf(e->instance_epoch_advanced.instance_id, sizeof e->instance_epoch_advanced.instance_id,
+             "%s", instance_id);
+    e->instance_epoch_advanced.epoch = in->epoch + 1;
+    return 0;
 }
 
 static int report_runners(const struct cluster_state *s, const char *from, const json_t *arr,
@@ -560,12 +595,17 @@ static int report_runners(const struct cluster_state *s, const char *from, const
             cluster_runner_clear(&r);
             continue;
         }
+        bool broken = ring_broken(s, cur, &r);
+        char instance_id[IDS_ID_MAX + 1];
+        memcpy(instance_id, r.instance_id, sizeof instance_id);
         struct event *e = add_event(out, EVENT_RUNNER_STATUS_UPDATED);
         if (!e) {
             cluster_runner_clear(&r);
             return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
         }
         e->runner_status_updated = r;
+        if (broken && (rc = advance_epoch(s, instance_id, out, err, errlen)))
+            return rc;
     }
     for (size_t k = 0; k < s->n_runners; k++) {
         const struct cluster_runner *cur = &s->runners[k];

@@ -102,8 +102,12 @@ int master_command(const struct cluster_state *s, const struct master_env *env,
  *    differ from s; optional)}
  * Info becomes NodeGatheredInfo stamped now_ms, runners and edges give events, only
  * where they differ from s (edges: rtt beyond MASTER_EDGE_RTT_SLACK_US, throughput
- * beyond MASTER_EDGE_THROUGHPUT_SLACK_PCT), so an idle cluster's reports add nothing to the log. CAIRN_EFORMAT
- * naming the field (nothing appended), CAIRN_ENOMEM. */
+ * beyond MASTER_EDGE_THROUGHPUT_SLACK_PCT), so an idle cluster's reports add nothing to the log. A
+ * runner of a pipelined instance that the state has Ready or Running at the instance's
+ * epoch and that now reports Failed, or a higher restart_count, at that epoch also makes
+ * InstanceEpochAdvanced to the next epoch (once per instance and report): its KV is
+ * lost, so every rank starts again (plan.h). CAIRN_EFORMAT naming the field (nothing
+ * appended), CAIRN_ENOMEM. */
 int master_report_events(const struct cluster_state *s, const char *from, const json_t *report,
                          int64_t now_ms, struct master_events *out, char *err, size_t errlen);
 

@@ -66,7 +66,8 @@ int plan_compute(const struct cluster_state *s, const char *node_id, const struc
         const struct plan_runner *h = &held[i];
         if (h->status == CLUSTER_RUNNER_SHUTTING_DOWN || h->status == CLUSTER_RUNNER_SHUTDOWN)
             continue;
-        if (shard_here(s, node_id, h->instance_id, h->runner_id))
+        const struct cluster_instance *in = cluster_state_find_instance(s, h->instance_id);
+        if (shard_here(s, node_id, h->instance_id, h->runner_id) && h->epoch == in->epoch)
             continue;
         if (!push(&v, PLAN_STOP, h->runner_id, h->instance_id))
             goto oom;
@@ -88,6 +89,7 @@ int plan_compute(const struct cluster_state *s, const char *node_id, const struc
             struct plan_action *x = push(&v, rc ? PLAN_FAIL : PLAN_START, sh->runner_id, in->id);
             if (!x)
                 goto oom;
+            x->cfg.epoch = in->epoch;
             if (rc) {
                 /* The lookup's message names the model; a bare code gets it here. */
                 if (why[0])
@@ -99,6 +101,7 @@ int plan_compute(const struct cluster_state *s, const char *node_id, const struc
                 continue;
             }
             runner_config_defaults(&x->cfg);
+            x->cfg.epoch = in->epoch;
             snprintf(x->cfg.instance_id, sizeof x->cfg.instance_id, "%s", in->id);
             snprintf(x->cfg.runner_id, sizeof x->cfg.runner_id, "%s", sh->runner_id);
             snprintf(x->cfg.model_path, sizeof x->cfg.model_path, "%s", path);
@@ -107,7 +110,6 @@ int plan_compute(const struct cluster_state *s, const char *node_id, const struc
             x->cfg.num_draft_tokens = in->num_draft_tokens;
             x->cfg.rank = sh->rank;
             x->cfg.world_size = (int)in->n_shards;
-            x->cfg.epoch = in->epoch;
             /* the data plane's handshake refuses ranks that name the model otherwise */
             snprintf(x->cfg.model_identity, sizeof x->cfg.model_identity, "%.*s", DP_ID_MAX, in->model_id);
             /* The draft runs on the first rank; a draft this node cannot find only

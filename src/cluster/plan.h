@@ -2,7 +2,10 @@
  * does next (DESIGN.md). It reads the cluster state, the node's id and the runners the
  * node's supervisor holds now, and returns the runners to start (one per shard placed
  * on this node whose runner is not held), those to stop (held, but their instance is
- * gone or the shard is no longer on this node) and those that cannot start (the model
+ * gone, the shard is no longer on this node, or the runner was started for an older
+ * epoch of its instance: a rank's failure moved the instance to a new epoch, so every
+ * rank stops and, once gone, starts again with the new one) and those that cannot
+ * start (the model
  * file is unknown here: a Failed report with the reason). Actions come in a
  * deterministic order: stops in the order of the held runners, then starts and failures
  * in the state's instance order and rank order. Nothing else is touched. */
@@ -21,6 +24,7 @@
 struct plan_runner {
     char runner_id[IDS_ID_MAX + 1], instance_id[IDS_ID_MAX + 1];
     enum cluster_runner_status status;
+    int64_t epoch; /* of its config (runner_config.epoch) */
 };
 
 enum plan_action_kind {
@@ -32,7 +36,7 @@ enum plan_action_kind {
 struct plan_action {
     enum plan_action_kind kind;
     char runner_id[IDS_ID_MAX + 1], instance_id[IDS_ID_MAX + 1];
-    struct runner_config cfg;      /* START */
+    struct runner_config cfg;      /* START; FAIL: only cfg.epoch, the instance's */
     char reason[PLAN_REASON_MAX]; /* FAIL */
 };
 

@@ -604,7 +604,8 @@ json_t *cluster_runner_to_json(const struct cluster_runner *r)
               put(o, "status", json_string(cluster_runner_status_name(r->status))) &&
               put(o, "error", text_or_null(r->error)) &&
               put(o, "restart_count", json_integer(r->restart_count)) &&
-              (r->data_port <= 0 || put(o, "data_port", json_integer(r->data_port)));
+              (r->data_port <= 0 || put(o, "data_port", json_integer(r->data_port))) &&
+              (r->epoch <= 0 || put(o, "epoch", json_integer(r->epoch)));
     if (!ok) {
         json_decref(o);
         return NULL;
@@ -996,7 +997,7 @@ int cluster_runner_from_json(const json_t *j, const char *path, struct cluster_r
                              char *err, size_t errlen)
 {
     static const char *const keys[] = {"runner_id", "instance_id", "node_id", "status", "error",
-                                       "restart_count", "data_port", NULL};
+                                       "restart_count", "data_port", "epoch", NULL};
     int status = 0;
     memset(out, 0, sizeof *out);
     int rc = ids_json_keys(j, path, keys, err, errlen);
@@ -1014,6 +1015,8 @@ int cluster_runner_from_json(const json_t *j, const char *path, struct cluster_r
         rc = get_int(j, path, "restart_count", 0, 1000000, &out->restart_count, err, errlen);
     if (!rc && json_object_get(j, "data_port"))
         rc = get_int(j, path, "data_port", 0, 65535, &out->data_port, err, errlen);
+    if (!rc && json_object_get(j, "epoch"))
+        rc = ids_json_int(j, path, "epoch", 0, IDS_COUNTER_MAX, &out->epoch, err, errlen);
     if (!rc)
         rc = ids_json_text(j, path, "error", &out->error, err, errlen);
     if (!rc)

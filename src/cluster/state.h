@@ -127,12 +127,15 @@ struct cluster_instance {
     size_t n_shards;              /* 1..CLUSTER_MAX_SHARDS */
     char draft_model[IDS_MODEL_MAX + 1]; /* "" = none */
     int num_draft_tokens;         /* 0..CLUSTER_MAX_DRAFT_TOKENS */
-    int64_t epoch;                /* set by the master; a re-placement gets a higher one */
+    int64_t epoch;                /* set by the master; raised (InstanceEpochAdvanced) when a
+                                     rank fails, so every rank restarts and links anew */
 };
 
 /* JSON {"runner_id", "instance_id", "node_id", "status", "error": text|null,
- * "restart_count", "data_port"}; error only with status Failed; data_port (left out
- * when 0) is where a pipelined runner's data plane listens on its node. */
+ * "restart_count", "data_port", "epoch"}; error only with status Failed; data_port (left
+ * out when 0) is where a pipelined runner's data plane listens on its node; epoch (left
+ * out when 0) is the instance's epoch its process was started with: one below the
+ * instance's is a runner of an older ring, being replaced. */
 struct cluster_runner {
     char id[IDS_ID_MAX + 1];
     char instance_id[IDS_ID_MAX + 1], node_id[IDS_ID_MAX + 1];
@@ -140,6 +143,7 @@ struct cluster_runner {
     char *error;       /* malloc'd, NULL unless Failed (may be NULL then too) */
     int restart_count; /* 0..1000000 */
     int data_port;     /* 0..65535, 0 = none */
+    int64_t epoch;     /* 0..IDS_COUNTER_MAX, 0 = not said */
 };
 
 /* JSON {"task_id", "kind", "instance_id", "node_id", "status", "acknowledged",

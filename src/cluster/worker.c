@@ -29,8 +29,25 @@ struct wrunner {
     char draft_path[RUNNER_PATH_MAX]; /* the draft it was given ("" none) */
     int draft_k;
     int data_port;         /* where its data plane listens (pipelined), 0 = not yet */
+    int64_t epoch;         /* of its instance when it was started (its config's) */
+    int64_t stopped_for;   /* stopped because its instance moved to this epoch (0: no) */
     pid_t peers_pid;       /* the process last told where its next rank is, and the */
     int peers_port;        /* port it was told: a new process or port is told again */
+    /* Across the processes of this runner id, also those of earlier epochs: */
+    int restart_base;      /* restarts before this supervised entry */
+    int failures;          /* Failed in a row, reset after stable_ms Ready */
+    int64_t failed_ms, ready_ms; /* last Failed; Ready (or Running) since; 0: none */
+    bool delete_asked;     /* its instance's deletion was asked once */
+};
+
+/* A runner stopped for a new epoch of its instance hands its restarts and failures in a
+ * row to its next process (started no sooner than the backoff of those failures), so a
+ * rank that keeps failing is given up on (its instance deleted) as the supervisor would,
+ * however many epochs that takes. */
+struct wcarry {
+    char id[IDS_ID_MAX + 1];
+    int restarts, failures;
+    int64_t not_before_ms;
 };
 
 /* A task handed to one of this node's runners, until its runner says done. */
@@ -64,9 +81,65 @@ struct worker {
     size_t n_tasks, cap_tasks;
     struct wfinish *finish;
     size_t n_finish, cap_finish;
+    struct wcarry *carry; /* under mu */
+    size_t n_carry, cap_carry;
 };
 
+#define RESTARTS_MAX 1000000 /* a runner's restart_count in the state (state.h) */
+
 static int64_t now_ms(void) { return clock_ns() / 1000000; }
+
+/* The supervisor's restart delay after `failures` in a row. */
+static int64_t backoff_ms(const struct worker *w, int failures)
+{
+    int64_t d = w->sup_cfg.backoff_ms;
+    for (int i = 1; i < failures && d < w->sup_cfg.backoff_max_ms; i++)
+        d *= 2;
+    return failures < 1 ? 0 : d < w->sup_cfg.backoff_max_ms ? d : w->sup_cfg.backoff_max_ms;
+}
+
+static struct wcarry *carry_find(struct worker *w, const char *id)
+{
+    for (size_t i = 0; i < w->n_carry; i++)
+        if (!strcmp(w->carry[i].id, id))
+            return &w->carry[i];
+    return NULL;
+}
+
+static void carry_drop(struct worker *w, struct wcarry *c)
+{
+    size_t i = (size_t)(c - w->carry);
+    memmove(&w->carry[i], &w->carry[i + 1], (w->n_carry - i - 1) * sizeof *w->carry);
+    w->n_carry--;
+}
+
+/* Keeps what x hands to its next process (under mu); out of memory: it starts afresh. */
+static void carry_keep(struct worker *w, const struct wrunner *x)
+{
+    struct wcarry *c = carry_find(w, x->id);
+    if (!c) {
+        if (w->n_carry == w->cap_carry) {
+            size_t cap = w->cap_carry ? 2 * w->cap_carry : 8;
+            struct wcarry *p = realloc(w->carry, cap * sizeof *p);
+            if (!p)
+                return;
+            w->carry = p;
+            w->cap_carry = cap;
+        }
+        c = &w->carry[w->n_carry++];
+    }
+    snprintf(c->id, sizeof c->id, "%s", x->id);
+    c->restarts = x->restart_count < RESTARTS_MAX ? x->restart_count + 1 : RESTARTS_MAX;
+    c->failures = x->failures;
+    c->not_before_ms = x->failures ? x->failed_ms + backoff_ms(w, x->failures) : 0;
+}
+
+/* Restarts of x's runner id so far, within the state's bound. */
+static int restarts(const struct wrunner *x, const struct supervisor_event *ev)
+{
+    int64_t n = (int64_t)x->restart_base + ev->restart_count;
+    return n < RESTARTS_MAX ? (int)n : RESTARTS_MAX;
+}
 
 static struct wrunner *find(struct worker *w, const char *id)
 {
@@ -78,6 +151,8 @@ static struct wrunner *find(struct worker *w, const char *id)
 
 static void drop(struct worker *w, struct wrunner *x)
 {
+    if (x->stopped_for)
+        carry_keep(w, x);
     free(x->error);
     size_t i = (size_t)(x - w->r);
     memmove(&w->r[i], &w->r[i + 1], (w->n - i - 1) * sizeof *w->r);
@@ -170,18 +245,35 @@ static void task_done(struct worker *w, const struct supervisor_event *ev)
     struct wtask *t = task_find(w, ev->task_id);
     if (!t)
         return;
+    /* A task its client did not cancel, ended because its runner stopped for a new epoch
+     * of the instance (a rank failed), failed: the client gets an error, not a cancel. */
+    enum runner_finish finish = ev->finish;
+    const char *error = ev->error;
+    char why[160];
+    if (finish == RUNNER_FINISH_CANCELLED && !t->cancel_sent) {
+        pthread_mutex_lock(&w->mu);
+        struct wrunner *x = find(w, ev->runner_id);
+        int64_t epoch = x ? x->stopped_for : 0;
+        pthread_mutex_unlock(&w->mu);
+        if (epoch) {
+            snprintf(why, sizeof why, "a rank of instance %s failed: it moved to epoch %lld", ev->instance_id,
+                     (long long)epoch);
+            finish = RUNNER_FINISH_ERROR;
+            error = why;
+        }
+    }
     json_t *j = json_pack("{s:s, s:s, s:s, s:I, s:s?}", "type", "done", "task_id", t->id, "finish",
-                          runner_finish_name(ev->finish), "n_generated", (json_int_t)ev->n_generated, "error",
-                          ev->error);
+                          runner_finish_name(finish), "n_generated", (json_int_t)ev->n_generated, "error",
+                          error);
     char *line = j ? json_dumps(j, JSON_COMPACT) : NULL;
     if (line)
         relay(w, t->requester, line, strlen(line));
     free(line);
     json_decref(j);
-    enum cluster_task_status st = ev->finish == RUNNER_FINISH_ERROR       ? CLUSTER_TASK_FAILED
-                                  : ev->finish == RUNNER_FINISH_CANCELLED ? CLUSTER_TASK_CANCELLED
-                                                                          : CLUSTER_TASK_COMPLETE;
-    finish_later(w, t->id, st, ev->error);
+    enum cluster_task_status st = finish == RUNNER_FINISH_ERROR       ? CLUSTER_TASK_FAILED
+                                  : finish == RUNNER_FINISH_CANCELLED ? CLUSTER_TASK_CANCELLED
+                                                                      : CLUSTER_TASK_COMPLETE;
+    finish_later(w, t->id, st, error);
     size_t i = (size_t)(t - w->tasks);
     memmove(&w->tasks[i], &w->tasks[i + 1], (w->n_tasks - i - 1) * sizeof *w->tasks);
     w->n_tasks--;
@@ -209,14 +301,30 @@ static void on_sup_event(void *ctx, const struct supervisor_event *ev)
             x->status = CLUSTER_RUNNER_FAILED;
             x->supervised = false;
             x->pid = 0;
-            x->restart_count = ev->restart_count;
+            x->restart_count = restarts(x, ev);
             set_error(x, ev->error ? ev->error : "gave up");
-            x->want_delete = true;
+            if (!x->delete_asked) /* (the count of failures may have asked already) */
+                x->want_delete = x->delete_asked = true;
         } else if (ev->status == CLUSTER_RUNNER_SHUTDOWN) {
             drop(w, x); /* gone: the next report leaves it out (RunnerDeleted) */
         } else {
+            bool serving = ev->status == CLUSTER_RUNNER_READY || ev->status == CLUSTER_RUNNER_RUNNING;
+            if (!serving)
+                x->ready_ms = 0;
+            else if (!x->ready_ms)
+                x->ready_ms = now_ms();
+            if (ev->status == CLUSTER_RUNNER_FAILED) {
+                x->failures++;
+                x->failed_ms = now_ms();
+                /* Failures carried over epochs: give up as the supervisor would. */
+                if (x->failures >= w->sup_cfg.max_failures && !x->delete_asked) {
+                    x->want_delete = x->delete_asked = true;
+                    log_warn("worker: runner %s failed %d times in a row; deleting instance %s", x->id,
+                             x->failures, x->instance_id);
+                }
+            }
             x->status = ev->status;
-            x->restart_count = ev->restart_count;
+            x->restart_count = restarts(x, ev);
             x->pid = ev->pid;
             x->data_port = ev->data_port;
             set_error(x, ev->error);
@@ -289,7 +397,7 @@ static void dispatch_tasks(struct worker *w, const struct cluster_state *st)
             continue;
         pthread_mutex_lock(&w->mu);
         struct wrunner *x = find(w, rid);
-        bool ready = x && x->supervised &&
+        bool ready = x && x->supervised && x->epoch == in->epoch &&
                      (x->status == CLUSTER_RUNNER_READY || x->status == CLUSTER_RUNNER_RUNNING);
         pthread_mutex_unlock(&w->mu);
         if (!ready)
@@ -396,7 +504,10 @@ static void peer_hosts(struct worker *w, const struct cluster_state *st, const c
 }
 
 /* Tells each pipelined runner here that listens and waits where its next rank listens,
- * once that runner has reported its port (a restarted process or a new port: again). */
+ * once that runner has reported its port (a restarted process or a new port: again).
+ * Only runners of the instance's epoch are told, only of a next rank that reports that
+ * epoch, and with the epoch they were started for: the handshake then refuses any rank
+ * of another epoch, so an older ring's rank can never join the new one. */
 static void update_peers(struct worker *w, const struct cluster_state *st)
 {
     for (size_t i = 0; i < st->n_instances; i++) {
@@ -409,17 +520,19 @@ static void update_peers(struct worker *w, const struct cluster_state *st)
                 continue;
             const struct cluster_shard *next = &in->shards[(k + 1) % in->n_shards];
             const struct cluster_runner *nr = cluster_state_find_runner(st, next->runner_id);
-            if (!nr || nr->data_port <= 0 || nr->status == CLUSTER_RUNNER_FAILED)
+            if (!nr || nr->data_port <= 0 || nr->status == CLUSTER_RUNNER_FAILED || nr->epoch != in->epoch)
                 continue;
             pthread_mutex_lock(&w->mu);
             struct wrunner *x = find(w, sh->runner_id);
             bool due = x && x->supervised && x->pid > 0 && x->status == CLUSTER_RUNNER_CONNECTING &&
-                       x->data_port > 0 && (x->peers_pid != x->pid || x->peers_port != nr->data_port);
+                       x->epoch == in->epoch && x->data_port > 0 &&
+                       (x->peers_pid != x->pid || x->peers_port != nr->data_port);
             pid_t pid = x ? x->pid : 0;
+            int64_t epoch = x ? x->epoch : 0;
             pthread_mutex_unlock(&w->mu);
             if (!due)
                 continue;
-            struct runner_peers p = {.epoch = in->epoch, .next_rank = next->rank, .next_port = nr->data_port};
+            struct runner_peers p = {.epoch = epoch, .next_rank = next->rank, .next_port = nr->data_port};
             snprintf(p.secret, sizeof p.secret, "%s", node_dataplane_secret(w->node));
             peer_hosts(w, st, next->node_id, &p);
             if (!p.n_hosts) {
@@ -491,12 +604,27 @@ static void replan(struct worker *w)
     if (!st)
         return;
     pthread_mutex_lock(&w->mu);
+    int64_t now = now_ms();
+    for (size_t i = 0; i < w->n; i++)
+        if (w->r[i].ready_ms && now - w->r[i].ready_ms >= w->sup_cfg.stable_ms)
+            w->r[i].failures = 0;
+    /* What was carried for a runner no longer placed here is dropped. */
+    for (size_t i = w->n_carry; i-- > 0;) {
+        bool placed = false;
+        for (size_t k = 0; k < st->n_instances && !placed; k++)
+            for (size_t m = 0; m < st->instances[k].n_shards && !placed; m++)
+                placed = !strcmp(st->instances[k].shards[m].runner_id, w->carry[i].id) &&
+                         !strcmp(st->instances[k].shards[m].node_id, w->node_id);
+        if (!placed)
+            carry_drop(w, &w->carry[i]);
+    }
     struct plan_runner *held = calloc(w->n ? w->n : 1, sizeof *held);
     size_t n_held = w->n;
     for (size_t i = 0; held && i < w->n; i++) {
         snprintf(held[i].runner_id, sizeof held[i].runner_id, "%s", w->r[i].id);
         snprintf(held[i].instance_id, sizeof held[i].instance_id, "%s", w->r[i].instance_id);
         held[i].status = w->r[i].status;
+        held[i].epoch = w->r[i].epoch;
     }
     pthread_mutex_unlock(&w->mu);
     struct plan_action *acts = NULL;
@@ -515,10 +643,28 @@ static void replan(struct worker *w)
         const struct plan_action *a = &acts[i];
         char err[1024];
         if (a->kind == PLAN_START) {
-            log_info("worker: starting runner %s of instance %s (%s, layers %d..%d)", a->runner_id,
-                     a->instance_id, a->cfg.model_path, a->cfg.layer_begin, a->cfg.layer_end);
+            /* A runner stopped for a new epoch: its failures' backoff first. */
+            pthread_mutex_lock(&w->mu);
+            struct wcarry *c = carry_find(w, a->runner_id);
+            struct wcarry carried = {0};
+            if (c)
+                carried = *c;
+            bool wait = c && now_ms() < c->not_before_ms;
+            if (c && !wait)
+                carry_drop(w, c);
+            pthread_mutex_unlock(&w->mu);
+            if (wait)
+                continue;
+            log_info("worker: starting runner %s of instance %s (%s, layers %d..%d, epoch %lld)", a->runner_id,
+                     a->instance_id, a->cfg.model_path, a->cfg.layer_begin, a->cfg.layer_end,
+                     (long long)a->cfg.epoch);
             pthread_mutex_lock(&w->mu);
             struct wrunner *x = add(w, a->runner_id, a->instance_id);
+            if (x) {
+                x->epoch = a->cfg.epoch;
+                x->restart_base = x->restart_count = carried.restarts;
+                x->failures = carried.failures;
+            }
             pthread_mutex_unlock(&w->mu);
             if (!x)
                 continue;
@@ -553,15 +699,29 @@ static void replan(struct worker *w)
             struct wrunner *x = add(w, a->runner_id, a->instance_id);
             if (x) {
                 x->status = CLUSTER_RUNNER_FAILED;
+                x->epoch = a->cfg.epoch;
                 set_error(x, reason);
             }
             pthread_mutex_unlock(&w->mu);
         } else {
-            log_info("worker: stopping runner %s of instance %s", a->runner_id, a->instance_id);
+            /* Still placed here: stopped because its instance moved to a new epoch. */
+            const struct cluster_instance *in = cluster_state_find_instance(st, a->instance_id);
+            bool placed = false;
+            for (size_t k = 0; in && k < in->n_shards; k++)
+                placed = placed || (!strcmp(in->shards[k].runner_id, a->runner_id) &&
+                                    !strcmp(in->shards[k].node_id, w->node_id));
             pthread_mutex_lock(&w->mu);
             struct wrunner *x = find(w, a->runner_id);
             bool sup = x && x->supervised;
+            int64_t was = x ? x->epoch : 0;
+            if (x && placed)
+                x->stopped_for = in->epoch;
             pthread_mutex_unlock(&w->mu);
+            if (placed)
+                log_info("worker: stopping runner %s of instance %s: epoch %lld, the instance moved to %lld",
+                         a->runner_id, a->instance_id, (long long)was, (long long)in->epoch);
+            else
+                log_info("worker: stopping runner %s of instance %s", a->runner_id, a->instance_id);
             int rc = sup ? supervisor_stop(w->sup, a->runner_id) : CAIRN_ENOTFOUND;
             pthread_mutex_lock(&w->mu);
             x = find(w, a->runner_id);
@@ -704,6 +864,7 @@ void worker_release(struct worker *w)
     free(w->r);
     free(w->tasks);
     free(w->finish);
+    free(w->carry);
     pthread_mutex_destroy(&w->mu);
     free(w);
 }
@@ -725,6 +886,7 @@ json_t *worker_runners_json(void *ctx)
         r.error = x->status == CLUSTER_RUNNER_FAILED ? x->error : NULL;
         r.restart_count = x->restart_count;
         r.data_port = x->data_port;
+        r.epoch = x->epoch;
         json_t *j = cluster_runner_to_json(&r);
         if (!j || json_array_append_new(arr, j)) {
             json_decref(arr);

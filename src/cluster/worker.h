@@ -7,6 +7,13 @@
  * model file is unknown here, is reported Failed until its instance leaves this node;
  * a stopped runner is dropped once its process is gone. When the supervisor gives up
  * on a runner (max_failures in a row) the worker sends DeleteInstance for its instance.
+ * Each runner is reported with the epoch of its instance it was started for; when the
+ * instance moves to a new epoch (a rank failed) the plan stops it and starts it again,
+ * its tasks in flight end with an error, and a pipelined runner is told where its next
+ * rank listens only when both are of the instance's epoch. A runner id keeps its restart
+ * count and its failures in a row across epochs: its next process waits for the
+ * supervisor's backoff of those failures, and at max_failures in a row (none reset by
+ * stable_ms Ready) the worker sends DeleteInstance, as when the supervisor gives up.
  *
  * Use: worker_create, then node_create with .runners = worker_runners_json and
  * .runners_ctx = the worker, node_start, worker_start(w, node). To end: worker_stop

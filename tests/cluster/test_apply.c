@@ -329,6 +329,61 @@ static void test_kinds(void)
     cluster_state_release(s);
 }
 
+/* InstanceEpochAdvanced raises an instance's epoch and nothing else; epochs never go
+ * back, and an unknown instance is a no-op. Runners carry the epoch they started for. */
+static void test_epoch(void)
+{
+    struct cluster_state *s = fresh();
+    APPLY_OK(s, "{'kind':'InstanceCreated','term':1,'index':1,'instance':{'instance_id':'i1',"
+                "'model_id':'m1','sharding':'pipeline','shards':[{'node_id':'n1','runner_id':'r1',"
+                "'rank':0,'world_size':2,'layer_begin':0,'layer_end':2},{'node_id':'n2',"
+                "'runner_id':'r2','rank':1,'world_size':2,'layer_begin':2,'layer_end':4}],"
+                "'draft_model':null,'num_draft_tokens':4,'epoch':1}}");
+    APPLY_OK(s, "{'kind':'RunnerStatusUpdated','term':1,'index':2,'runner_id':'r1',"
+                "'instance_id':'i1','node_id':'n1','status':'Ready','error':null,"
+                "'restart_count':0,'data_port':4100,'epoch':1}");
+    APPLY_OK(s, "{'kind':'RunnerStatusUpdated','term':1,'index':3,'runner_id':'r2',"
+                "'instance_id':'i1','node_id':'n2','status':'Failed','error':'killed',"
+                "'restart_count':0,'epoch':1}");
+    const struct cluster_runner *r = cluster_state_find_runner(s, "r1");
+    CHECK(r && r->epoch == 1 && r->data_port == 4100, "runner r1 at epoch 1");
+    APPLY_OK(s, "{'kind':'InstanceEpochAdvanced','term':1,'index':4,'instance_id':'i1','epoch':2}");
+    const struct cluster_instance *in = cluster_state_find_instance(s, "i1");
+    CHECK(in && in->epoch == 2, "epoch 2, got %lld", in ? (long long)in->epoch : -1LL);
+    check_state(s,
+                "{'last_applied':{'term':1,'index':4},'master':{'node_id':null,'term':0},'nodes':{},"
+                "'edges':[],'instances':{'i1':{'instance_id':'i1','model_id':'m1','sharding':'pipeline',"
+                "'shards':[{'node_id':'n1','runner_id':'r1','rank':0,'world_size':2,'layer_begin':0,"
+                "'layer_end':2},{'node_id':'n2','runner_id':'r2','rank':1,'world_size':2,'layer_begin':2,"
+                "'layer_end':4}],'draft_model':null,'num_draft_tokens':4,'epoch':2}},"
+                "'runners':{'r1':{'runner_id':'r1','instance_id':'i1','node_id':'n1','status':'Ready',"
+                "'error':null,'restart_count':0,'data_port':4100,'epoch':1},'r2':{'runner_id':'r2',"
+                "'instance_id':'i1','node_id':'n2','status':'Failed','error':'killed','restart_count':0,"
+                "'epoch':1}},'tasks':{},'downloads':[]}",
+                "only the instance's epoch moved; runners keep theirs");
+    /* The same epoch again, an older one, an unknown instance: only the position moves. */
+    char *before = cluster_state_to_json(s);
+    APPLY_OK(s, "{'kind':'InstanceEpochAdvanced','term':1,'index':5,'instance_id':'i1','epoch':2}");
+    APPLY_OK(s, "{'kind':'InstanceEpochAdvanced','term':1,'index':6,'instance_id':'i1','epoch':1}");
+    APPLY_OK(s, "{'kind':'InstanceEpochAdvanced','term':1,'index':7,'instance_id':'i9','epoch':9}");
+    s->last_index = 4;
+    char *after = cluster_state_to_json(s);
+    s->last_index = 7;
+    CHECK(before && after && !strcmp(before, after), "no-op epochs changed the state\n %s\n %s", before, after);
+    free(before);
+    free(after);
+    APPLY_OK(s, "{'kind':'InstanceEpochAdvanced','term':1,'index':8,'instance_id':'i1','epoch':5}");
+    in = cluster_state_find_instance(s, "i1");
+    CHECK(in && in->epoch == 5, "a jump to epoch 5: %lld", in ? (long long)in->epoch : -1LL);
+    /* A runner reported again at the new epoch. */
+    APPLY_OK(s, "{'kind':'RunnerStatusUpdated','term':1,'index':9,'runner_id':'r2',"
+                "'instance_id':'i1','node_id':'n2','status':'Connecting','error':null,"
+                "'restart_count':0,'data_port':4200,'epoch':5}");
+    r = cluster_state_find_runner(s, "r2");
+    CHECK(r && r->epoch == 5 && r->status == CLUSTER_RUNNER_CONNECTING && !r->error, "r2 at epoch 5");
+    cluster_state_release(s);
+}
+
 /* ---- position rules ---- */
 
 static void expect_refused(struct cluster_state *s, const char *text, int code, const char *want)
@@ -532,6 +587,7 @@ static void random_event(struct gen *g, const struct cluster_state *s, struct ev
         r->status = (enum cluster_runner_status)rnd(g, CLUSTER_RUNNER_STATUS_COUNT);
         r->error = r->status == CLUSTER_RUNNER_FAILED ? maybe_text(g, "runner") : NULL;
         r->restart_count = (int)rnd(g, 6);
+        r->epoch = (int64_t)rnd(g, 4);
         break;
     }
     case EVENT_RUNNER_DELETED:
@@ -573,6 +629,10 @@ static void random_event(struct gen *g, const struct cluster_state *s, struct ev
         break;
     case EVENT_MASTER_ELECTED:
         pick_id(g, e->master_elected.node_id, "n", 8);
+        break;
+    case EVENT_INSTANCE_EPOCH_ADVANCED:
+        pick_id(g, e->instance_epoch_advanced.instance_id, "i", 7);
+        e->instance_epoch_advanced.epoch = 1 + (int64_t)rnd(g, 6);
         break;
     default:
         break;
@@ -833,6 +893,7 @@ int main(void)
     }
     test_history();
     test_kinds();
+    test_epoch();
     test_positions();
     test_sorted();
     test_random(1, 3000);

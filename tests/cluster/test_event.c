@@ -54,7 +54,7 @@ static char *canon(const char *text)
     "'edges':[{'from':'n1','to':'n2','rtt_us':250,'throughput_bytes_per_s':1250000000}],"   \
     "'instances':{'i1':" INSTANCE "},"                                                      \
     "'runners':{'r1':{'runner_id':'r1','instance_id':'i1','node_id':'n1','status':'Failed',"\
-    "'error':'oom','restart_count':2}},"                                                    \
+    "'error':'oom','restart_count':2,'epoch':2}},"                                                    \
     "'tasks':{'t1':{'task_id':'t1','kind':'TextGeneration','instance_id':'i1','node_id':'n1',"\
     "'status':'Running','acknowledged':true,'error':null,'params':{'prompt':'hi','t':0.7}}}," \
     "'downloads':[{'node_id':'n2','model_id':'org/tiny','bytes_done':5,'bytes_total':9,"     \
@@ -73,7 +73,8 @@ static const char *const valid[EVENT_KIND_COUNT] = {
     "{'kind':'InstanceDraftModelUpdated','term':1,'index':8,'instance_id':'i1',"
     "'draft_model':null,'num_draft_tokens':0}",
     "{'kind':'RunnerStatusUpdated','term':1,'index':9,'runner_id':'r1','instance_id':'i1',"
-    "'node_id':'n1','status':'Failed','error':'exit 137; stderr: killed','restart_count':1,'data_port':4100}",
+    "'node_id':'n1','status':'Failed','error':'exit 137; stderr: killed','restart_count':1,'data_port':4100,"
+    "'epoch':3}",
     "{'kind':'RunnerDeleted','term':1,'index':10,'runner_id':'r1'}",
     "{'kind':'NodeDownloadProgress','term':1,'index':11,'node_id':'n2','model_id':'org/tiny',"
     "'bytes_done':0,'bytes_total':0,'status':'Pending','error':null}",
@@ -85,6 +86,7 @@ static const char *const valid[EVENT_KIND_COUNT] = {
     "{'kind':'TaskAcknowledged','term':1,'index':14,'task_id':'t1'}",
     "{'kind':'TaskDeleted','term':1,'index':15,'task_id':'t1'}",
     "{'kind':'MasterElected','term':4,'index':1,'node_id':'n2'}",
+    "{'kind':'InstanceEpochAdvanced','term':1,'index':16,'instance_id':'i1','epoch':4}",
     "{'kind':'StateSnapshot','term':3,'index':0,'state':" STATE "}",
 };
 
@@ -149,6 +151,21 @@ static void test_decoded_values(void)
     text = dq(valid[EVENT_INSTANCE_DRAFT_MODEL_UPDATED]);
     CHECK(event_from_json(text, strlen(text), &e, err, sizeof err) == 0, "%s", err);
     CHECK(e.instance_draft_model_updated.draft_model[0] == '\0', "null draft reads as \"\"");
+    event_clear(&e);
+    free(text);
+
+    text = dq(valid[EVENT_INSTANCE_EPOCH_ADVANCED]);
+    CHECK(event_from_json(text, strlen(text), &e, err, sizeof err) == 0, "%s", err);
+    CHECK(!strcmp(e.instance_epoch_advanced.instance_id, "i1") && e.instance_epoch_advanced.epoch == 4,
+          "epoch advanced: %s %lld", e.instance_epoch_advanced.instance_id,
+          (long long)e.instance_epoch_advanced.epoch);
+    event_clear(&e);
+    free(text);
+
+    text = dq(valid[EVENT_RUNNER_STATUS_UPDATED]);
+    CHECK(event_from_json(text, strlen(text), &e, err, sizeof err) == 0, "%s", err);
+    CHECK(e.runner_status_updated.epoch == 3 && e.runner_status_updated.data_port == 4100,
+          "runner epoch %lld", (long long)e.runner_status_updated.epoch);
     event_clear(&e);
     free(text);
 
@@ -281,6 +298,15 @@ static const struct bad bad_cases[] = {
     {EVENT_RUNNER_STATUS_UPDATED, "'restart_count':1", "'restart_count':-1",
      "RunnerStatusUpdated.restart_count"},
     {EVENT_RUNNER_STATUS_UPDATED, "'data_port':4100", "'data_port':70000", "RunnerStatusUpdated.data_port"},
+    {EVENT_RUNNER_STATUS_UPDATED, "'epoch':3", "'epoch':-1", "RunnerStatusUpdated.epoch"},
+    {EVENT_RUNNER_STATUS_UPDATED, "'epoch':3", "'epoch':'3'", "RunnerStatusUpdated.epoch: must be an integer"},
+    {EVENT_INSTANCE_EPOCH_ADVANCED, "'epoch':4", "'epoch':0", "InstanceEpochAdvanced.epoch"},
+    {EVENT_INSTANCE_EPOCH_ADVANCED, "'epoch':4", "'epoch':9007199254740992", "InstanceEpochAdvanced.epoch"},
+    {EVENT_INSTANCE_EPOCH_ADVANCED, "'epoch':4", "'epoch':4.5", "InstanceEpochAdvanced.epoch: must be an integer"},
+    {EVENT_INSTANCE_EPOCH_ADVANCED, "'epoch':4", "'epoch':null", "InstanceEpochAdvanced.epoch: must be an integer"},
+    {EVENT_INSTANCE_EPOCH_ADVANCED, "'instance_id':'i1',", "", "InstanceEpochAdvanced.instance_id: missing"},
+    {EVENT_INSTANCE_EPOCH_ADVANCED, "'instance_id':'i1'", "'instance_id':'i 1'", "InstanceEpochAdvanced.instance_id"},
+    {EVENT_INSTANCE_EPOCH_ADVANCED, "'epoch':4", "'epoch':4,'rank':1", "InstanceEpochAdvanced: unknown field \"rank\""},
     {EVENT_RUNNER_STATUS_UPDATED, "'error':'exit 137; stderr: killed'", "'error':7",
      "RunnerStatusUpdated.error: must be a string or null"},
     {EVENT_NODE_DOWNLOAD_PROGRESS, "'bytes_done':0", "'bytes_done':1",
@@ -506,8 +532,9 @@ static void test_every_field(void)
         int failures = 0;
         for (size_t i = 0; i < n; i++) {
             json_t *orig = json_incref(json_object_get(m[i].parent, m[i].key));
-            /* optional fields: only a wrong type is refused */
-            bool optional = !strcmp(m[i].key, "data_port");
+            /* optional fields (a runner's data_port and epoch): only a wrong type is refused */
+            bool optional = !strcmp(m[i].key, "data_port") ||
+                            (!strcmp(m[i].key, "epoch") && json_object_get(m[i].parent, "restart_count"));
             for (int mode = optional; mode < 2; mode++) {
                 if (mode == 0)
                     json_object_del(m[i].parent, m[i].key);

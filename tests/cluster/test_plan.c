@@ -1,6 +1,7 @@
 /* plan_compute as a pure function: hand states (placed here -> start with the config;
  * deleted -> stop; shard elsewhere -> nothing; already held -> nothing; unknown model ->
- * a failure with its reason; stopping runners are left alone), and randomized states
+ * a failure with its reason; stopping runners are left alone; a runner of an older epoch
+ * of its instance -> stop, then start with the new epoch), and randomized states
  * where applying the actions to the held set reaches a fixed point (no more actions),
  * with the same actions for the same input. */
 #include "cluster/plan.h"
@@ -125,8 +126,9 @@ static size_t apply_actions(struct plan_runner *held, size_t n, const struct pla
 {
     for (size_t i = 0; i < na; i++) {
         if (a[i].kind == PLAN_START || a[i].kind == PLAN_FAIL) {
-            held[n++] = held_of(a[i].runner_id, a[i].instance_id,
-                                a[i].kind == PLAN_START ? CLUSTER_RUNNER_IDLE : CLUSTER_RUNNER_FAILED);
+            held[n] = held_of(a[i].runner_id, a[i].instance_id,
+                              a[i].kind == PLAN_START ? CLUSTER_RUNNER_IDLE : CLUSTER_RUNNER_FAILED);
+            held[n++].epoch = a[i].cfg.epoch;
             continue;
         }
         for (size_t k = 0; k < n; k++)
@@ -157,6 +159,69 @@ static size_t n_held_stopping(const struct plan_runner *held, size_t n)
     return k;
 }
 
+/* An instance moved to a new epoch (a rank failed): every rank held here that was
+ * started for an older one stops, whatever its status, and starts again once gone with
+ * the new epoch in its config; runners of other instances are left alone. */
+static void test_epoch(void)
+{
+    struct cluster_state *s = cluster_state_create();
+    const char *pair[] = {"me", "other"}, *here[] = {"me"};
+    put_instance(s, "p", "m1", pair, 2);
+    put_instance(s, "q", "m2", here, 1);
+    struct cluster_instance *in = (struct cluster_instance *)cluster_state_find_instance(s, "p");
+    in->epoch = 1;
+    ((struct cluster_instance *)cluster_state_find_instance(s, "q"))->epoch = 1;
+    struct plan_action *a = NULL;
+    size_t n = 0;
+    int rc = plan_compute(s, "me", NULL, 0, lookup, NULL, &a, &n);
+    CHECK(rc == 0 && n == 2 && a[0].kind == PLAN_START && a[0].cfg.epoch == 1 && a[0].cfg.rank == 0 &&
+              a[0].cfg.world_size == 2,
+          "first start carries epoch 1: n %zu epoch %lld", n, n ? (long long)a[0].cfg.epoch : -1LL);
+    free(a);
+
+    struct plan_runner held[] = {held_of("p-r0", "p", CLUSTER_RUNNER_READY), held_of("q-r0", "q", CLUSTER_RUNNER_READY)};
+    held[0].epoch = held[1].epoch = 1;
+    rc = plan_compute(s, "me", held, 2, lookup, NULL, &a, &n);
+    CHECK(rc == 0 && n == 0, "same epoch: nothing to do, %zu actions", n);
+    free(a);
+
+    in->epoch = 2;
+    static const enum cluster_runner_status live[] = {CLUSTER_RUNNER_IDLE, CLUSTER_RUNNER_CONNECTING,
+                                                      CLUSTER_RUNNER_LOADING, CLUSTER_RUNNER_WARMING_UP,
+                                                      CLUSTER_RUNNER_READY, CLUSTER_RUNNER_RUNNING,
+                                                      CLUSTER_RUNNER_FAILED};
+    for (size_t i = 0; i < sizeof live / sizeof live[0]; i++) {
+        held[0].status = live[i];
+        rc = plan_compute(s, "me", held, 2, lookup, NULL, &a, &n);
+        CHECK(rc == 0 && n == 1 && a[0].kind == PLAN_STOP && !strcmp(a[0].runner_id, "p-r0"),
+              "epoch 1 runner (%s) of an epoch 2 instance: stopped, n %zu kind %d",
+              cluster_runner_status_name(live[i]), n, n ? (int)a[0].kind : -1);
+        free(a);
+    }
+    held[0].status = CLUSTER_RUNNER_SHUTTING_DOWN;
+    rc = plan_compute(s, "me", held, 2, lookup, NULL, &a, &n);
+    CHECK(rc == 0 && n == 0, "stopping for the new epoch: nothing until it is gone, %zu", n);
+    free(a);
+    rc = plan_compute(s, "me", held + 1, 1, lookup, NULL, &a, &n);
+    CHECK(rc == 0 && n == 1 && a[0].kind == PLAN_START && !strcmp(a[0].runner_id, "p-r0") && a[0].cfg.epoch == 2 &&
+              a[0].cfg.layer_begin == 0 && a[0].cfg.layer_end == 4,
+          "gone: started again with epoch 2, n %zu epoch %lld", n, n ? (long long)a[0].cfg.epoch : -1LL);
+    free(a);
+    held[0].status = CLUSTER_RUNNER_CONNECTING;
+    held[0].epoch = 2;
+    rc = plan_compute(s, "me", held, 2, lookup, NULL, &a, &n);
+    CHECK(rc == 0 && n == 0, "the new epoch's runner stays, %zu", n);
+    free(a);
+
+    /* A shard that cannot start gets the instance's epoch with its failure. */
+    put_instance(s, "r", "missing-m3", pair, 2);
+    ((struct cluster_instance *)cluster_state_find_instance(s, "r"))->epoch = 5;
+    rc = plan_compute(s, "me", held, 2, lookup, NULL, &a, &n);
+    CHECK(rc == 0 && n == 1 && a[0].kind == PLAN_FAIL && a[0].cfg.epoch == 5, "fail with epoch 5: n %zu", n);
+    free(a);
+    cluster_state_release(s);
+}
+
 static void test_random(void)
 {
     uint64_t rng = 12345;
@@ -175,6 +240,7 @@ static void test_random(void)
             for (size_t k = 0; k < ns; k++)
                 on[k] = nodes[(first + k) % 3];
             put_instance(s, id, model, on, ns);
+            ((struct cluster_instance *)cluster_state_find_instance(s, id))->epoch = 1 + (int64_t)(test_rand_u64(&rng) % 3);
         }
         /* A held set: some right, some stale (instances that no longer exist). */
         struct plan_runner held[64];
@@ -186,6 +252,13 @@ static void test_random(void)
             snprintf(rid, sizeof rid, "%s-r0", iid);
             held[n++] = held_of(rid, iid, (enum cluster_runner_status)(test_rand_u64(&rng) % CLUSTER_RUNNER_STATUS_COUNT));
         }
+        /* And some of this node's shards held for an epoch that may be older. */
+        for (size_t i = 0; i < s->n_instances; i++)
+            for (size_t k = 0; k < s->instances[i].n_shards; k++)
+                if (!strcmp(s->instances[i].shards[k].node_id, "me") && test_rand_u64(&rng) % 2) {
+                    held[n] = held_of(s->instances[i].shards[k].runner_id, s->instances[i].id, CLUSTER_RUNNER_READY);
+                    held[n++].epoch = 1 + (int64_t)(test_rand_u64(&rng) % 3);
+                }
         struct plan_action *a = NULL, *b = NULL;
         size_t na = 0, nb = 0;
         int steps = 0;
@@ -220,8 +293,9 @@ static void test_random(void)
                     continue;
                 bool found = false;
                 for (size_t h = 0; h < n; h++)
-                    found = found || !strcmp(held[h].runner_id, sh->runner_id);
-                CHECK(found, "round %d: shard %s held", round, sh->runner_id);
+                    found = found || (!strcmp(held[h].runner_id, sh->runner_id) &&
+                                      held[h].epoch == s->instances[i].epoch);
+                CHECK(found, "round %d: shard %s held at its instance's epoch", round, sh->runner_id);
             }
         CHECK(n <= 64, "round %d: held set bounded (%zu)", round, n);
         cluster_state_release(s);
@@ -232,6 +306,7 @@ static void test_random(void)
 int main(void)
 {
     test_hand();
+    test_epoch();
     test_random();
     return test_main_end();
 }
