@@ -9,6 +9,7 @@
 #include "base/mem.h"
 #include "base/pool.h"
 #include "cli/args.h"
+#include "cli/bench_pipe.h"
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "engine/kv.h"
@@ -390,6 +391,7 @@ int cli_bench(int argc, char **argv)
     struct args a = {argc, argv, 1, "bench", false};
     const char *model_path = NULL, *draft_path = NULL, *v;
     int64_t n_prompt = 512, n_gen = 128, threads = 2, reps = 3, max_b = 16, bw_mib = 1024, draft_k = 4, lookup = 0;
+    int64_t ranks = 0, streams = 8, delay_us = 0;
     for (; a.i < argc && !a.bad; a.i++) {
         if (args_opt(&a, "-m|--model", &v)) model_path = v;
         else if (args_opt(&a, "-p|--n-prompt", &v)) n_prompt = args_int(&a, "-p", v, 0, 1 << 16);
@@ -401,6 +403,9 @@ int cli_bench(int argc, char **argv)
         else if (args_opt(&a, "--draft", &v)) draft_path = v;
         else if (args_opt(&a, "--draft-tokens", &v)) draft_k = args_int(&a, "--draft-tokens", v, 1, SCHED_MAX_DRAFT);
         else if (args_opt(&a, "--lookup", &v)) lookup = args_int(&a, "--lookup", v, 1, SCHED_MAX_LOOKUP_NGRAM);
+        else if (args_opt(&a, "--ranks", &v)) ranks = args_int(&a, "--ranks", v, 2, 8);
+        else if (args_opt(&a, "--streams", &v)) streams = args_int(&a, "--streams", v, 1, 256);
+        else if (args_opt(&a, "--delay-us", &v)) delay_us = args_int(&a, "--delay-us", v, 0, 1000000);
         else if (args_opt(&a, "-h|--help", NULL)) {
             fprintf(stderr,
                     "usage: cairn bench -m MODEL.gguf [-p 512] [-n 128] [-t 2] [-r 3] [--batch-curve 16]\n"
@@ -411,7 +416,13 @@ int cli_bench(int argc, char **argv)
                     "  of n-grams of N..1 tokens. Prints alpha (accepted / (accepted + rejections)), the\n"
                     "  draft's cost per token c and the cost v of verifying K+1 tokens, both relative to one\n"
                     "  target decode step, the measured speed-up against decoding without drafts, and\n"
-                    "  efficiency = measured / predicted, predicted = ((1-alpha^(K+1))/(1-alpha)) / (K c + v).\n");
+                    "  efficiency = measured / predicted, predicted = ((1-alpha^(K+1))/(1-alpha)) / (K c + v).\n"
+                    "       cairn bench -m MODEL.gguf --ranks W [-t 1] [--streams 8] [--delay-us 0] [-p 128] [-n 128]\n"
+                    "  --ranks: the model split by layers over W ranks of -t threads in this process, linked\n"
+                    "  in a ring over loopback TCP by the data plane (each frame held --delay-us, as over a\n"
+                    "  slower link), with one micro-batch in flight and with W, against one slice of W x -t\n"
+                    "  threads: greedy decode tokens/s of 1 and --streams streams, rank 0's time per step in\n"
+                    "  its own layers and waiting, the wire per step and per hop, each stage's idle time.\n");
             return 0;
         } else {
             fprintf(stderr, "cairn bench: unknown option '%s'\n", argv[a.i]);
@@ -423,6 +434,16 @@ int cli_bench(int argc, char **argv)
     if (!model_path) {
         fprintf(stderr, "cairn bench: -m MODEL is required\n");
         return 2;
+    }
+    if (ranks) {
+        struct bench_pipe_opts po = {.model_path = model_path, .ranks = (int)ranks, .threads = (int)threads,
+                                     .streams = (int)streams, .n_prompt = n_prompt, .n_gen = n_gen,
+                                     .delay_us = (int)delay_us};
+        if (po.n_prompt < 1 || po.n_gen < 2) {
+            fprintf(stderr, "cairn bench: --ranks needs -p >= 1 and -n >= 2\n");
+            return 2;
+        }
+        return bench_pipeline(&po);
     }
     if (draft_path && lookup) {
         fprintf(stderr, "cairn bench: --draft and --lookup are two modes; give one\n");
