@@ -8,6 +8,7 @@
 #include "model/synth.h"
 #include "testutil.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -77,6 +78,56 @@ static void expect_refusal(const char *path, const char *what, int code, const c
     }
 }
 
+/* Resident memory of this process in KiB (VmRSS), -1 when unreadable. */
+static long long rss_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long long kib = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %lld kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib;
+}
+
+/* A pipeline rank maps only its layers: loading a quarter of the layers makes a quarter
+ * of the weights resident, not the whole file. */
+static void check_slice_memory(void)
+{
+    char path[128], err[512];
+    snprintf(path, sizeof path, "test_model_slice_%d.gguf", (int)getpid());
+    struct synth_spec s = {.arch = "llama", .n_layers = 8, .n_embd = 512, .n_ff = 1536, .n_head = 8, .n_head_kv = 8,
+                           .head_dim = 64, .n_ctx = 256, .rope_base = 10000, .norm_eps = 1e-5f, .type = "q8_0",
+                           .seed = 9, .vocab_size = 320};
+    if (synth_write(&s, NULL, path, err, sizeof err)) {
+        CHECK(0, "synth_write: %s", err);
+        return;
+    }
+    long long grow[2] = {0, 0};
+    uint64_t bytes[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        struct model_load_opts o = {.layer_begin = 0, .layer_end = i ? -1 : 2};
+        struct model *m = NULL;
+        long long before = rss_kib();
+        if (model_load(&m, path, &o, err, sizeof err)) {
+            CHECK(0, "load: %s", err);
+            break;
+        }
+        grow[i] = rss_kib() - before;
+        bytes[i] = m->weight_bytes;
+        model_release(m);
+    }
+    unlink(path);
+    printf("resident growth: layers [0, 2) of 8: %lld KiB (%.1f MiB of weights), all 8: %lld KiB (%.1f MiB)\n",
+           grow[0], bytes[0] / 1048576.0, grow[1], bytes[1] / 1048576.0);
+    CHECK(bytes[0] * 3 < bytes[1], "weights of a quarter slice: %llu of %llu bytes", (unsigned long long)bytes[0],
+          (unsigned long long)bytes[1]);
+    CHECK(grow[1] > 0 && grow[0] * 5 < grow[1] * 2, "a quarter slice grew the RSS by %lld KiB, the whole model by %lld",
+          grow[0], grow[1]);
+}
+
 int main(void)
 {
     char path[128], bad[128];
@@ -143,6 +194,7 @@ int main(void)
         expect_refusal(bad, cases[i].what, cases[i].code, cases[i].needle);
     }
     expect_refusal("/nonexistent/model.gguf", "missing file", CAIRN_ENOTFOUND, "/nonexistent/model.gguf");
+    check_slice_memory();
     unlink(path);
     unlink(bad);
     return test_main_end();
