@@ -114,7 +114,8 @@ export async function makeScriptModel(modelsDir, name, segments) {
 
 const live = new Set(); // nodes not yet stopped
 
-function childPids(pid) {
+/** pids of pid's children (from /proc/PID/task/TID/children). */
+export function childPids(pid) {
   const out = [];
   let tasks = [];
   try {
@@ -333,4 +334,71 @@ export async function assertStopsCleanly(node) {
   if (!exit || exit.code !== 0)
     throw new Error(`cairn node exited ${JSON.stringify(exit)} on SIGTERM\n--- ${node.logPath} ---\n` +
       node.log().slice(-6000));
+}
+
+// ---- the cluster's state and instances ----
+
+/** GET /state of node, parsed (asserts 200). */
+export async function getState(node) {
+  const r = await http(`${node.url}/state`, { method: 'GET' });
+  if (r.status !== 200)
+    throw new Error(`GET /state: ${r.status} ${r.text}`);
+  return r.json;
+}
+
+/** Waits (bounded) until pred(state of node) is true; resolves that state, or throws with
+ * the last state and the end of the node's log. */
+export async function waitState(node, pred, what, ms = 120_000 * SLOW) {
+  const until = Date.now() + ms;
+  let s;
+  while (Date.now() < until) {
+    s = await getState(node);
+    if (pred(s))
+      return s;
+    await sleep(100);
+  }
+  throw new Error(`${what}: not within ${ms} ms; state: ${JSON.stringify(s).slice(0, 3000)}\n` +
+    node.log().split('\n').filter((l) => !l.includes(' info: http ')).slice(-40).join('\n'));
+}
+
+/** The cluster port node logged at start. */
+export function clusterPort(node) {
+  const m = /cluster port (\d+)/.exec(node.log());
+  if (!m)
+    throw new Error('the node did not log its cluster port');
+  return Number(m[1]);
+}
+
+/** pid of runner runnerId's process among node's children (its command line names it), or 0. */
+export function runnerPid(node, runnerId) {
+  for (const pid of node.runnerPidsNow())
+    if (node.cmdline(pid).includes(runnerId))
+      return pid;
+  return 0;
+}
+
+export const runnerServing = (r) => !!r && ['Ready', 'Running'].includes(r.status);
+
+/** true when every rank of instance id has a Ready or Running runner in state s. */
+export const instanceReady = (s, id) =>
+  !!s.instances[id] && s.instances[id].shards.every((sh) => runnerServing(s.runners[sh.runner_id]));
+
+/** POST /place_instance with body, then waits until the instance is ready; resolves
+ * { id, inst } (the instance as the state holds it). */
+export async function placeInstance(node, body) {
+  const r = await http(`${node.url}/place_instance`, { body });
+  if (r.status !== 200)
+    throw new Error(`place_instance ${JSON.stringify(body)}: ${r.status} ${r.text}`);
+  const id = r.json.instance_id;
+  const s = await waitState(node, (st) => instanceReady(st, id), `instance ${id} ready`);
+  return { id, inst: s.instances[id] };
+}
+
+/** DELETE /instance/id, then waits until neither it nor a runner of it is in the state. */
+export async function deleteInstance(node, id) {
+  const r = await http(`${node.url}/instance/${id}`, { method: 'DELETE' });
+  if (r.status !== 200)
+    throw new Error(`DELETE /instance/${id}: ${r.status} ${r.text}`);
+  await waitState(node, (s) => !s.instances[id] && !Object.values(s.runners).some((x) => x.instance_id === id),
+    `instance ${id} gone`);
 }
