@@ -1,6 +1,7 @@
 /* End to end with the cairn binary: real `cairn node` processes on 127.0.0.1 with
- * --discovery off and --peer, speaking HTTP to their APIs. Three nodes join and show
- * the same /state; a model made with `cairn mkmodel` is placed, seen everywhere and
+ * --discovery off and --peer, speaking HTTP to their APIs. Three nodes join (one takes
+ * the cluster secret from CAIRN_CLUSTER_SECRET, two from --cluster-secret) and show the
+ * same /state; a model made with `cairn mkmodel` is placed, seen everywhere and
  * deleted; an explicit instance's runner survives the master's kill -9 while another
  * node takes over (same runner, Ready, no restart, still answers a completion); a node
  * with a wrong cluster secret never appears; garbage on the API and cluster ports leaves
@@ -560,6 +561,7 @@ int main(void)
 {
     static char out[1 << 20];
     char body[2048], path[512], master[80];
+    unsetenv("CAIRN_CLUSTER_SECRET"); /* each node is given its secret, or none */
     snprintf(dir, sizeof dir, "/tmp/cairn-test-node-%d", (int)getpid());
     mkdir(dir, 0700);
     snprintf(path, sizeof path, "%s/models", dir);
@@ -576,7 +578,9 @@ int main(void)
     double t0 = now_s();
     start_node(0, -1, SECRET, "2G", NULL);
     start_node(1, 0, SECRET, "3G", NULL);
-    start_node(2, 0, SECRET, "4G", NULL);
+    setenv("CAIRN_CLUSTER_SECRET", SECRET, 1); /* node 2 takes the secret from the environment */
+    start_node(2, 0, NULL, "4G", NULL);
+    unsetenv("CAIRN_CLUSTER_SECRET");
     bool up = read_id(0) && read_id(1) && read_id(2);
     CHECK(up, "the three APIs answer /node_id");
     int all3[3] = {0, 1, 2};
