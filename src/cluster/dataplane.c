@@ -759,6 +759,42 @@ static int handshake(int fd, const struct dp_config *cfg, uint16_t version, bool
     return 0;
 }
 
+/* ---- asks and sampled results ---- */
+
+static bool ask_ok(const struct dp_ask *a)
+{
+    if (a->need == DP_ROW_LOGITS || a->need == DP_ROW_SKIP) {
+        struct dp_ask z = {.need = a->need};
+        return !memcmp(a, &z, sizeof z);
+    }
+    return a->need == DP_ROW_SAMPLE && a->n_top >= -1 && a->n_top <= DP_MAX_TOP && a->pos >= 0 &&
+           !isnan(a->temperature) && a->top_p > 0 && a->top_p <= 1 && a->min_p >= 0 && a->min_p <= 1 &&
+           isfinite(a->repeat_penalty) && a->repeat_penalty > 0 && isfinite(a->presence_penalty) &&
+           isfinite(a->frequency_penalty) && a->penalty_last_n >= -1 && a->n_bias <= DP_MAX_BIAS &&
+           a->n_hist <= DP_MAX_HIST;
+}
+
+/* Checks n asks and sums their bias entries and window tokens; the index of the first
+ * bad ask, or -1. */
+static int64_t asks_check(const struct dp_ask *asks, int64_t n, uint64_t *n_bias, uint64_t *n_hist)
+{
+    *n_bias = *n_hist = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!ask_ok(&asks[i]))
+            return i;
+        *n_bias += asks[i].n_bias;
+        *n_hist += asks[i].n_hist;
+    }
+    return -1;
+}
+
+/* Where a SAMPLED result's arrays lie after the need bytes (offsets from the start of
+ * the token array): sizes in bytes. */
+static uint64_t sampled_bytes(uint64_t n_sampled, uint64_t n_tops, uint64_t n_logits, uint64_t n_vocab)
+{
+    return 16 * n_sampled + 8 * n_tops + 4 * n_logits * n_vocab;
+}
+
 /* ---- decoding received frames (I/O thread) ---- */
 
 static int decode_act(struct frame *f, char *why, size_t wl)
@@ -769,33 +805,73 @@ static int decode_act(struct frame *f, char *why, size_t wl)
         return cairn_fail(why, wl, CAIRN_EFORMAT, "ACTIVATIONS of %zu bytes", len);
     struct dp_activations *a = &f->view.act;
     a->step = get_u64(p);
-    uint32_t n = get_u32(p + 8), ne = get_u32(p + 12), dt = get_u32(p + 16);
+    uint32_t n = get_u32(p + 8), ne = get_u32(p + 12), dt = get_u32(p + 16), na = get_u32(p + 20);
     if (n < 1 || n > DP_MAX_TOKENS || ne < 1 || ne > DP_MAX_EMBD)
         return cairn_fail(why, wl, CAIRN_EFORMAT, "ACTIVATIONS of %" PRIu32 " tokens x %" PRIu32, n, ne);
-    if (!wire_dtype_ok((int)dt) || get_u32(p + 20))
+    if (!wire_dtype_ok((int)dt))
         return cairn_fail(why, wl, CAIRN_EFORMAT, "ACTIVATIONS in unsupported type %" PRIu32, dt);
+    if (na > n)
+        return cairn_fail(why, wl, CAIRN_EFORMAT, "ACTIVATIONS of %" PRIu32 " tokens with %" PRIu32 " asks", n, na);
     int64_t row = dp_wire_bytes((int)dt, ne);
     if (row < 0)
         return cairn_fail(why, wl, CAIRN_EFORMAT, "ACTIVATIONS rows of %" PRIu32 " not blocks of %s", ne,
                           dtype_name((int)dt));
     size_t off = align8(ACT_FIXED + 13 * (size_t)n);
-    if ((uint64_t)len != (uint64_t)off + (uint64_t)n * (uint64_t)row)
+    uint64_t vals_end = (uint64_t)off + (uint64_t)n * (uint64_t)row;
+    uint64_t asks_off = na ? (vals_end + 7) & ~(uint64_t)7 : vals_end;
+    uint64_t base = asks_off + 64u * (uint64_t)na;
+    if ((uint64_t)len < base || (!na && (uint64_t)len != vals_end))
         return cairn_fail(why, wl, CAIRN_EFORMAT,
-                          "ACTIVATIONS of %" PRIu32 " x %" PRIu32 " %s need %" PRIu64 " bytes, got %zu", n, ne,
-                          dtype_name((int)dt), (uint64_t)off + (uint64_t)n * (uint64_t)row, len);
+                          "ACTIVATIONS of %" PRIu32 " x %" PRIu32 " %s with %" PRIu32 " asks need %" PRIu64
+                          " bytes, got %zu", n, ne, dtype_name((int)dt), na, base, len);
     a->n = (int)n;
     a->n_embd = (int)ne;
     a->wire_dtype = (int)dt;
     a->pos = (const int64_t *)(p + ACT_FIXED);
     a->seq = (const int32_t *)(p + ACT_FIXED + 8 * (size_t)n);
     a->want = p + ACT_FIXED + 12 * (size_t)n;
-    for (uint32_t i = 0; i < n; i++)
+    uint32_t n_want = 0;
+    for (uint32_t i = 0; i < n; i++) {
         if (a->pos[i] < 0 || a->seq[i] < 0 || a->want[i] > 1)
             return cairn_fail(why, wl, CAIRN_EFORMAT, "ACTIVATIONS token %" PRIu32 ": seq %d pos %" PRId64
                               " want %u", i, a->seq[i], a->pos[i], a->want[i]);
+        n_want += a->want[i];
+    }
     for (size_t i = ACT_FIXED + 13 * (size_t)n; i < off; i++)
         if (p[i])
             return cairn_fail(why, wl, CAIRN_EFORMAT, "ACTIVATIONS padding not zero");
+    a->n_asks = (int)na;
+    a->asks = NULL;
+    a->bias = NULL;
+    a->hist = NULL;
+    if (na) {
+        if (na != n_want)
+            return cairn_fail(why, wl, CAIRN_EFORMAT, "ACTIVATIONS with %" PRIu32 " asks for %" PRIu32
+                              " wanted tokens", na, n_want);
+        for (uint64_t i = vals_end; i < asks_off; i++)
+            if (p[i])
+                return cairn_fail(why, wl, CAIRN_EFORMAT, "ACTIVATIONS padding not zero");
+        a->asks = (const struct dp_ask *)(p + asks_off);
+        uint64_t nb, nh;
+        int64_t bad = asks_check(a->asks, na, &nb, &nh);
+        if (bad >= 0)
+            return cairn_fail(why, wl, CAIRN_EFORMAT, "ACTIVATIONS ask %" PRId64 " out of range (need %" PRIu32
+                              ", n_top %d, pos %" PRId64 ", %" PRIu32 " bias entries, %" PRIu32 " window tokens)",
+                              bad, a->asks[bad].need, a->asks[bad].n_top, a->asks[bad].pos, a->asks[bad].n_bias,
+                              a->asks[bad].n_hist);
+        if ((uint64_t)len != base + 8 * nb + 4 * nh)
+            return cairn_fail(why, wl, CAIRN_EFORMAT, "ACTIVATIONS asks with %" PRIu64 " bias entries and %" PRIu64
+                              " window tokens need %" PRIu64 " bytes, got %zu", nb, nh, base + 8 * nb + 4 * nh, len);
+        a->bias = (const struct dp_bias *)(p + base);
+        a->hist = (const int32_t *)(p + base + 8 * nb);
+        for (uint64_t i = 0; i < nb; i++)
+            if (a->bias[i].token < 0 || isnan(a->bias[i].bias))
+                return cairn_fail(why, wl, CAIRN_EFORMAT, "ACTIVATIONS bias entry %" PRIu64 ": token %d", i,
+                                  a->bias[i].token);
+        for (uint64_t i = 0; i < nh; i++)
+            if (a->hist[i] < 0)
+                return cairn_fail(why, wl, CAIRN_EFORMAT, "ACTIVATIONS window token %" PRIu64 ": %d", i, a->hist[i]);
+    }
     int64_t count = (int64_t)n * ne;
     if (dt == DT_F32) {
         a->x = (const float *)(p + off);
@@ -827,6 +903,64 @@ static int copy_text(struct frame *f, const uint8_t *s, size_t len, const char *
     return 0;
 }
 
+/* The rest of a SAMPLED RESULT, its header checked (entries from off). */
+static int decode_sampled(struct frame *f, uint32_t n, uint32_t nv, int32_t status, size_t off, char *why, size_t wl)
+{
+    const uint8_t *p = f->payload;
+    size_t len = f->len;
+    struct dp_result *r = &f->view.res;
+    uint64_t need_off = (uint64_t)off + 12u * (uint64_t)n, arr = (need_off + n + 7) & ~(uint64_t)7;
+    if ((uint64_t)len < arr)
+        return cairn_fail(why, wl, CAIRN_EFORMAT, "SAMPLED RESULT of %" PRIu32 " entries in %zu bytes", n, len);
+    r->pos = (const int64_t *)(p + off);
+    r->seq = (const int32_t *)(p + off + 8 * (size_t)n);
+    r->need = p + need_off;
+    uint64_t ns = 0, nl = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (r->pos[i] < 0 || r->seq[i] < 0 || r->need[i] < DP_ROW_LOGITS || r->need[i] > DP_ROW_SKIP)
+            return cairn_fail(why, wl, CAIRN_EFORMAT, "SAMPLED RESULT entry %" PRIu32 ": seq %d pos %" PRId64
+                              " need %u", i, r->seq[i], r->pos[i], r->need[i]);
+        ns += r->need[i] == DP_ROW_SAMPLE;
+        nl += r->need[i] == DP_ROW_LOGITS;
+    }
+    for (uint64_t i = need_off + n; i < arr; i++)
+        if (p[i])
+            return cairn_fail(why, wl, CAIRN_EFORMAT, "RESULT padding not zero");
+    if ((uint64_t)len < arr + 16 * ns)
+        return cairn_fail(why, wl, CAIRN_EFORMAT, "SAMPLED RESULT of %" PRIu64 " tokens in %zu bytes", ns, len);
+    const uint8_t *q = p + arr;
+    r->token = (const int32_t *)q;
+    r->prob = (const float *)(q + 4 * ns);
+    r->logprob = (const float *)(q + 8 * ns);
+    r->n_top = (const int32_t *)(q + 12 * ns);
+    uint64_t nt = 0;
+    for (uint64_t i = 0; i < ns; i++) {
+        if (r->token[i] <= DP_TOKEN_ERR_MIN || r->n_top[i] < 0 || r->n_top[i] > DP_MAX_TOP ||
+            (r->token[i] < 0 && r->n_top[i] != 0))
+            return cairn_fail(why, wl, CAIRN_EFORMAT, "SAMPLED RESULT token %" PRIu64 ": %d with %d top", i,
+                              r->token[i], r->n_top[i]);
+        nt += (uint64_t)r->n_top[i];
+    }
+    uint64_t want = arr + sampled_bytes(ns, nt, nl, nv);
+    if ((uint64_t)len != want)
+        return cairn_fail(why, wl, CAIRN_EFORMAT, "SAMPLED RESULT of %" PRIu64 " tokens, %" PRIu64 " top and %" PRIu64
+                          " logits rows of %" PRIu32 " needs %" PRIu64 " bytes, got %zu", ns, nt, nl, nv, want, len);
+    r->top_token = (const int32_t *)(q + 16 * ns);
+    r->top_logprob = (const float *)(q + 16 * ns + 4 * nt);
+    r->logits = (const float *)(q + 16 * ns + 8 * nt);
+    for (uint64_t i = 0; i < nt; i++)
+        if (r->top_token[i] < 0)
+            return cairn_fail(why, wl, CAIRN_EFORMAT, "SAMPLED RESULT top token %" PRIu64 ": %d", i, r->top_token[i]);
+    r->n = (int)n;
+    r->kind = DP_RESULT_SAMPLED;
+    r->n_vocab = (int)nv;
+    r->status = status;
+    r->n_sampled = (int)ns;
+    r->n_logits = (int)nl;
+    r->n_tops = (int)nt;
+    return copy_text(f, p + RES_FIXED, get_u16(p + 24), &r->message, why, wl);
+}
+
 static int decode_result(struct frame *f, char *why, size_t wl)
 {
     const uint8_t *p = f->payload;
@@ -840,11 +974,14 @@ static int decode_result(struct frame *f, char *why, size_t wl)
     size_t ml = get_u16(p + 24);
     if (n > DP_MAX_TOKENS)
         return cairn_fail(why, wl, CAIRN_EFORMAT, "RESULT of %" PRIu32 " entries", n);
-    if (kind == DP_RESULT_TOKENS ? nv != 0 : kind != DP_RESULT_LOGITS || nv < 1 || nv > DP_MAX_VOCAB)
+    if (kind == DP_RESULT_TOKENS ? nv != 0
+                                 : (kind != DP_RESULT_LOGITS && kind != DP_RESULT_SAMPLED) || nv < 1 || nv > DP_MAX_VOCAB)
         return cairn_fail(why, wl, CAIRN_EFORMAT, "RESULT kind %" PRIu32 " with n_vocab %" PRIu32, kind, nv);
     if (status > 0 || ml > DP_REASON_MAX || get_u16(p + 26) || get_u32(p + 28))
         return cairn_fail(why, wl, CAIRN_EFORMAT, "malformed RESULT header");
     size_t off = align8(RES_FIXED + ml);
+    if (kind == DP_RESULT_SAMPLED)
+        return decode_sampled(f, n, nv, status, off, why, wl);
     uint64_t need = (uint64_t)off + 12u * (uint64_t)n +
                     (kind == DP_RESULT_TOKENS ? 8u * (uint64_t)n : 4u * (uint64_t)n * nv);
     if ((uint64_t)len != need)
@@ -1813,6 +1950,8 @@ struct act_enc {
     const struct dp_activations *a;
     int dt;
     size_t off;
+    size_t vals_end, asks_off; /* asks: after the values, 8-aligned */
+    uint64_t n_bias, n_hist;
 };
 
 static void encode_act(uint8_t *p, const void *arg)
@@ -1833,6 +1972,17 @@ static void encode_act(uint8_t *p, const void *arg)
         memset(p + ACT_FIXED + 12 * n, 1, n);
     memset(p + ACT_FIXED + 13 * n, 0, e->off - (ACT_FIXED + 13 * n));
     kern_quantize_row(e->dt, a->x, p + e->off, (int64_t)a->n * a->n_embd);
+    put_u32(p + 20, (uint32_t)a->n_asks);
+    if (a->n_asks) {
+        memset(p + e->vals_end, 0, e->asks_off - e->vals_end);
+        uint8_t *q = p + e->asks_off;
+        memcpy(q, a->asks, 64 * (size_t)a->n_asks);
+        q += 64 * (size_t)a->n_asks;
+        if (e->n_bias)
+            memcpy(q, a->bias, 8 * e->n_bias);
+        if (e->n_hist)
+            memcpy(q + 8 * e->n_bias, a->hist, 4 * e->n_hist);
+    }
 }
 
 int dp_send_activations(struct dp_conn *c, const struct dp_activations *a, int timeout_ms, char *err,
@@ -1847,18 +1997,43 @@ int dp_send_activations(struct dp_conn *c, const struct dp_activations *a, int t
     if (row < 0)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "activations cannot travel as %s (rows of %d)",
                           dtype_name(dt), a->n_embd);
-    for (int i = 0; i < a->n; i++)
+    int n_want = 0;
+    for (int i = 0; i < a->n; i++) {
         if (a->seq[i] < 0 || a->pos[i] < 0 || (a->want && a->want[i] > 1))
             return cairn_fail(err, errlen, CAIRN_EINVAL, "token %d: seq %d pos %" PRId64, i, a->seq[i], a->pos[i]);
+        n_want += !a->want || a->want[i];
+    }
     size_t off = align8(ACT_FIXED + 13 * (size_t)a->n);
     size_t len = off + (size_t)a->n * (size_t)row;
-    struct act_enc e = {.a = a, .dt = dt, .off = off};
+    struct act_enc e = {.a = a, .dt = dt, .off = off, .vals_end = len, .asks_off = len};
+    if (a->n_asks) {
+        if (a->n_asks != n_want || !a->asks)
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "%d asks for %d wanted tokens", a->n_asks, n_want);
+        int64_t bad = asks_check(a->asks, a->n_asks, &e.n_bias, &e.n_hist);
+        if (bad >= 0)
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "ask %" PRId64 " out of range", bad);
+        if ((e.n_bias && !a->bias) || (e.n_hist && !a->hist))
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "asks without their bias entries or windows");
+        for (uint64_t i = 0; i < e.n_bias; i++)
+            if (a->bias[i].token < 0 || isnan(a->bias[i].bias))
+                return cairn_fail(err, errlen, CAIRN_EINVAL, "bias entry %" PRIu64 ": token %d", i, a->bias[i].token);
+        for (uint64_t i = 0; i < e.n_hist; i++)
+            if (a->hist[i] < 0)
+                return cairn_fail(err, errlen, CAIRN_EINVAL, "window token %" PRIu64 ": %d", i, a->hist[i]);
+        e.asks_off = align8(len);
+        uint64_t total = (uint64_t)e.asks_off + 64u * (uint64_t)a->n_asks + 8 * e.n_bias + 4 * e.n_hist;
+        if (total > c->max_payload)
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "ACTIVATIONS payload of %" PRIu64 " bytes over max_payload %zu",
+                              total, c->max_payload);
+        len = (size_t)total;
+    }
     return enqueue(c, DP_T_ACTIVATIONS, len, encode_act, &e, true, a->step, timeout_ms, err, errlen);
 }
 
 struct res_enc {
     const struct dp_result *r;
     size_t ml, off;
+    uint64_t ns, nt, nl; /* SAMPLED: tokens, top entries, logits rows */
 };
 
 static void encode_result(uint8_t *p, const void *arg)
@@ -1869,7 +2044,7 @@ static void encode_result(uint8_t *p, const void *arg)
     put_u64(p, r->step);
     put_u32(p + 8, (uint32_t)r->n);
     put_u32(p + 12, (uint32_t)r->kind);
-    put_u32(p + 16, r->kind == DP_RESULT_LOGITS ? (uint32_t)r->n_vocab : 0);
+    put_u32(p + 16, r->kind != DP_RESULT_TOKENS ? (uint32_t)r->n_vocab : 0);
     put_u32(p + 20, (uint32_t)r->status);
     put_u16(p + 24, (uint16_t)e->ml);
     put_u16(p + 26, 0);
@@ -1885,34 +2060,101 @@ static void encode_result(uint8_t *p, const void *arg)
         if (r->kind == DP_RESULT_TOKENS) {
             memcpy(q, r->token, 4 * n);
             memcpy(q + 4 * n, r->logprob, 4 * n);
-        } else {
+        } else if (r->kind == DP_RESULT_LOGITS) {
             memcpy(q, r->logits, 4 * n * (size_t)r->n_vocab);
+        } else {
+            memcpy(q, r->need, n);
+            size_t end = e->off + 13 * n, pad = align8(end) - end;
+            memset(q + n, 0, pad);
+            q += n + pad;
+            size_t ns = (size_t)e->ns, nt = (size_t)e->nt;
+            if (ns) {
+                memcpy(q, r->token, 4 * ns);
+                memcpy(q + 4 * ns, r->prob, 4 * ns);
+                memcpy(q + 8 * ns, r->logprob, 4 * ns);
+                memcpy(q + 12 * ns, r->n_top, 4 * ns);
+            }
+            q += 16 * ns;
+            if (nt) {
+                memcpy(q, r->top_token, 4 * nt);
+                memcpy(q + 4 * nt, r->top_logprob, 4 * nt);
+            }
+            q += 8 * nt;
+            if (e->nl)
+                memcpy(q, r->logits, 4 * (size_t)e->nl * (size_t)r->n_vocab);
         }
     }
 }
 
-int dp_send_result(struct dp_conn *c, const struct dp_result *r, int timeout_ms, char *err, size_t errlen)
+/* The payload length of r, with its SAMPLED counts; CAIRN_EINVAL when malformed. */
+static int result_len(const struct dp_result *r, uint64_t *len, uint64_t *ns, uint64_t *nt, uint64_t *nl,
+                      char *err, size_t errlen)
 {
     if (r->n < 0 || r->n > DP_MAX_TOKENS || r->status > 0)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "result of %d entries, status %d", r->n, r->status);
-    if (r->kind != DP_RESULT_TOKENS && r->kind != DP_RESULT_LOGITS)
+    if (r->kind != DP_RESULT_TOKENS && r->kind != DP_RESULT_LOGITS && r->kind != DP_RESULT_SAMPLED)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "result kind %d", (int)r->kind);
-    if (r->kind == DP_RESULT_LOGITS && (r->n_vocab < 1 || r->n_vocab > DP_MAX_VOCAB))
+    if (r->kind != DP_RESULT_TOKENS && (r->n_vocab < 1 || r->n_vocab > DP_MAX_VOCAB))
         return cairn_fail(err, errlen, CAIRN_EINVAL, "result n_vocab %d", r->n_vocab);
-    if (r->n && (!r->seq || !r->pos || (r->kind == DP_RESULT_TOKENS ? !r->token || !r->logprob : !r->logits)))
+    if (r->n && (!r->seq || !r->pos || (r->kind == DP_RESULT_TOKENS ? !r->token || !r->logprob
+                                        : r->kind == DP_RESULT_LOGITS ? !r->logits : !r->need)))
         return cairn_fail(err, errlen, CAIRN_EINVAL, "result without its arrays");
     for (int i = 0; i < r->n; i++)
-        if (r->seq[i] < 0 || r->pos[i] < 0 || (r->kind == DP_RESULT_TOKENS && r->token[i] < 0))
+        if (r->seq[i] < 0 || r->pos[i] < 0 || (r->kind == DP_RESULT_TOKENS && r->token[i] < 0) ||
+            (r->kind == DP_RESULT_SAMPLED && (r->need[i] < DP_ROW_LOGITS || r->need[i] > DP_ROW_SKIP)))
             return cairn_fail(err, errlen, CAIRN_EINVAL, "result entry %d: seq %d pos %" PRId64, i, r->seq[i],
                               r->pos[i]);
     size_t ml = r->message ? strnlen(r->message, DP_REASON_MAX) : 0;
+    uint64_t base = (uint64_t)align8(RES_FIXED + ml) + 12u * (uint64_t)r->n;
+    *ns = *nt = *nl = 0;
+    if (r->kind == DP_RESULT_TOKENS) {
+        *len = base + 8u * (uint64_t)r->n;
+        return 0;
+    }
+    if (r->kind == DP_RESULT_LOGITS) {
+        *len = base + 4u * (uint64_t)r->n * (uint64_t)r->n_vocab;
+        return 0;
+    }
+    for (int i = 0; i < r->n; i++) {
+        *ns += r->need[i] == DP_ROW_SAMPLE;
+        *nl += r->need[i] == DP_ROW_LOGITS;
+    }
+    if ((*ns && (!r->token || !r->prob || !r->logprob || !r->n_top)) || (*nl && !r->logits))
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "result without its arrays");
+    for (uint64_t i = 0; i < *ns; i++) {
+        if (r->token[i] <= DP_TOKEN_ERR_MIN || r->n_top[i] < 0 || r->n_top[i] > DP_MAX_TOP ||
+            (r->token[i] < 0 && r->n_top[i]))
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "sampled token %" PRIu64 ": %d with %d top", i, r->token[i],
+                              r->n_top[i]);
+        *nt += (uint64_t)r->n_top[i];
+    }
+    if (*nt && (!r->top_token || !r->top_logprob))
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "result without its top log-probabilities");
+    for (uint64_t i = 0; i < *nt; i++)
+        if (r->top_token[i] < 0)
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "top token %" PRIu64 ": %d", i, r->top_token[i]);
+    *len = align8(base + (uint64_t)r->n) + sampled_bytes(*ns, *nt, *nl, (uint64_t)r->n_vocab);
+    return 0;
+}
+
+uint64_t dp_result_wire_bytes(const struct dp_result *r)
+{
+    uint64_t len, ns, nt, nl;
+    return r && result_len(r, &len, &ns, &nt, &nl, NULL, 0) == 0 ? DP_HDR_SIZE + len : 0;
+}
+
+int dp_send_result(struct dp_conn *c, const struct dp_result *r, int timeout_ms, char *err, size_t errlen)
+{
+    uint64_t len, ns, nt, nl;
+    int rc = result_len(r, &len, &ns, &nt, &nl, err, errlen);
+    if (rc)
+        return rc;
+    size_t ml = r->message ? strnlen(r->message, DP_REASON_MAX) : 0;
     size_t off = align8(RES_FIXED + ml);
-    uint64_t len = (uint64_t)off + 12u * (uint64_t)r->n +
-                   (r->kind == DP_RESULT_TOKENS ? 8u * (uint64_t)r->n : 4u * (uint64_t)r->n * (uint64_t)r->n_vocab);
     if (len > c->max_payload)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "RESULT payload of %" PRIu64 " bytes over max_payload %zu", len,
                           c->max_payload);
-    struct res_enc e = {.r = r, .ml = ml, .off = off};
+    struct res_enc e = {.r = r, .ml = ml, .off = off, .ns = ns, .nt = nt, .nl = nl};
     return enqueue(c, DP_T_RESULT, (size_t)len, encode_result, &e, false, 0, timeout_ms, err, errlen);
 }
 

@@ -29,14 +29,19 @@
  * then the payload. Payload layouts (offsets in bytes from the payload's start, all
  * little-endian; "pad8" = zero bytes up to the next multiple of 8):
  *   ACTIVATIONS: 0 u64 step, 8 u32 n tokens, 12 u32 n_embd, 16 u32 dtype (DT_F32,
- *     DT_F16, DT_BF16 or DT_Q8_0), 20 u32 0, 24 i64 pos[n], i32 seq[n], u8 want[n]
- *     (0 or 1), pad8, values: n rows of n_embd in dtype (Q8_0: ggml's 34-byte blocks,
- *     n_embd a multiple of 32).
+ *     DT_F16, DT_BF16 or DT_Q8_0), 20 u32 n_asks (0, or the number of wanted tokens),
+ *     24 i64 pos[n], i32 seq[n], u8 want[n] (0 or 1), pad8, values: n rows of n_embd in
+ *     dtype (Q8_0: ggml's 34-byte blocks, n_embd a multiple of 32), pad8, then n_asks x
+ *     struct dp_ask (64 bytes each), the SAMPLE asks' bias entries (struct dp_bias, 8
+ *     bytes each, ask after ask) and their penalty windows (i32 tokens, ask after ask).
  *   RESULT: 0 u64 step, 8 u32 n entries, 12 u32 kind (DP_RESULT_*), 16 u32 n_vocab
- *     (LOGITS; 0 for TOKENS), 20 i32 status (0, or a negative CAIRN_E* code of the rank
- *     that failed), 24 u16 message length, 26 u16 0, 28 u32 0, 32 message bytes, pad8,
- *     i64 pos[n], i32 seq[n], then TOKENS: i32 token[n], f32 logprob[n]; LOGITS: f32
- *     logits[n x n_vocab].
+ *     (LOGITS, SAMPLED; 0 for TOKENS), 20 i32 status (0, or a negative CAIRN_E* code of
+ *     the rank that failed), 24 u16 message length, 26 u16 0, 28 u32 0, 32 message
+ *     bytes, pad8, i64 pos[n], i32 seq[n], then TOKENS: i32 token[n], f32 logprob[n];
+ *     LOGITS: f32 logits[n x n_vocab]; SAMPLED: u8 need[n] (enum dp_row_need), pad8, and
+ *     with S entries SAMPLE, L entries LOGITS and T the sum of n_top: i32 token[S], f32
+ *     prob[S], f32 logprob[S], i32 n_top[S], i32 top_token[T], f32 top_logprob[T], f32
+ *     logits[L x n_vocab].
  *   CONTROL: 0 u64 step, 8 u32 n ops, 12 u32 0, 16 n x struct dp_ctl (24 bytes each).
  *   HEARTBEAT: 0 u64 sender's clock (ns), 8 u64 the last clock value received from the
  *     peer (0 before one), 16 u64 ns since it was received. Consumed by the connection.
@@ -111,6 +116,10 @@
 #define DP_MAX_EMBD (1 << 20)
 #define DP_MAX_VOCAB (1 << 24)
 #define DP_MAX_CTL_OPS (1 << 16)
+#define DP_MAX_TOP 20                 /* top log-probabilities per sampled row */
+#define DP_MAX_BIAS (1 << 16)         /* logit bias entries per ask */
+#define DP_MAX_HIST (1 << 24)         /* penalty window tokens per ask */
+#define DP_TOKEN_ERR_MIN (-1000)      /* a sampled token below 0 is a CAIRN_E* code above this */
 #define DP_MAX_PAYLOAD_DEFAULT ((size_t)128 << 20)
 #define DP_MAX_PAYLOAD_LIMIT ((size_t)1 << 31)
 #define DP_QUEUE_BYTES_DEFAULT ((size_t)32 << 20)
@@ -159,10 +168,45 @@ uint32_t dp_crc32c(uint32_t crc, const void *buf, size_t len);
 
 /* ---- frames as the caller sees them ---- */
 
+/* What the last rank returns for one wanted token. */
+enum dp_row_need {
+    DP_ROW_LOGITS = 1, /* its row of logits */
+    DP_ROW_SAMPLE = 2, /* a token sampled there with the ask's parameters */
+    DP_ROW_SKIP = 3,   /* nothing (rank 0 will not read it) */
+};
+
+/* One wanted token's ask, in its wire layout: for SAMPLE the sampler's parameters
+ * (engine/sample.h, seed already the sequence's), the position drawn and how many top
+ * log-probabilities to return (-1: none, not even the token's); n_bias entries of logit
+ * bias and the n_hist tokens of the penalty window follow in the frame. LOGITS and
+ * SKIP asks have every other field 0. Checked on send and receipt: need, n_top in
+ * -1..DP_MAX_TOP, pos >= 0, temperature not NaN, top_p in (0, 1], min_p in [0, 1],
+ * repeat_penalty finite and > 0, presence and frequency penalties finite,
+ * penalty_last_n >= -1, n_bias <= DP_MAX_BIAS, n_hist <= DP_MAX_HIST, bias tokens and
+ * window tokens >= 0, biases not NaN. */
+struct dp_ask {
+    uint32_t need;      /* enum dp_row_need */
+    int32_t n_top;
+    int64_t pos;
+    uint64_t seed;
+    float temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
+    int32_t top_k, penalty_last_n;
+    uint32_t n_bias, n_hist;
+};
+static_assert(sizeof(struct dp_ask) == 64, "dp_ask is its wire layout");
+
+struct dp_bias {
+    int32_t token;
+    float bias;
+};
+static_assert(sizeof(struct dp_bias) == 8, "dp_bias is its wire layout");
+
 /* A micro-batch's activations. On send, x is n x n_embd F32 and wire_dtype says how
  * they travel (DT_F32, DT_F16, DT_BF16, DT_Q8_0; 0 is DT_F32); want may be NULL (all
  * tokens). On receive, x is always F32 (decoded), wire_dtype is how they travelled and
- * want is never NULL. */
+ * want is never NULL. With asks (n_asks = the number of wanted tokens), the last rank
+ * answers each wanted token as its ask says (a SAMPLED RESULT); without, with logits
+ * rows. */
 struct dp_activations {
     uint64_t step;
     int n;
@@ -172,26 +216,43 @@ struct dp_activations {
     const int64_t *pos;  /* n, >= 0 */
     const uint8_t *want; /* n, 0 or 1: logits wanted for this token */
     const float *x;      /* n x n_embd */
+    int n_asks;                 /* 0 or the wanted tokens */
+    const struct dp_ask *asks;  /* n_asks */
+    const struct dp_bias *bias; /* the SAMPLE asks' bias entries, ask after ask */
+    const int32_t *hist;        /* the SAMPLE asks' windows, ask after ask */
 };
 
-enum dp_result_kind { DP_RESULT_TOKENS = 1, DP_RESULT_LOGITS = 2 };
+enum dp_result_kind { DP_RESULT_TOKENS = 1, DP_RESULT_LOGITS = 2, DP_RESULT_SAMPLED = 3 };
 
 /* What the last rank sends back for a step: one entry per token whose logits were
- * wanted, either the sampled token and its log-probability or a row of logits. A
- * status < 0 says the step failed on some rank (message says why; n may be 0). */
+ * wanted: the sampled token and its log-probability (TOKENS), a row of logits
+ * (LOGITS), or what each token's ask asked for (SAMPLED). A status < 0 says the step
+ * failed on some rank (message says why; n may be 0). */
 struct dp_result {
     uint64_t step;
     int n;
     enum dp_result_kind kind;
-    int n_vocab;            /* LOGITS */
+    int n_vocab;            /* LOGITS, SAMPLED */
     int status;
     const char *message;    /* NUL-terminated, "" when none */
     const int32_t *seq;     /* n */
     const int64_t *pos;     /* n */
-    const int32_t *token;   /* TOKENS: n, >= 0 */
-    const float *logprob;   /* TOKENS: n */
-    const float *logits;    /* LOGITS: n x n_vocab */
+    const int32_t *token;   /* TOKENS: n, >= 0; SAMPLED: n_sampled, >= 0 or a sampler's
+                               error code (DP_TOKEN_ERR_MIN < token < 0, n_top 0) */
+    const float *logprob;   /* TOKENS: n; SAMPLED: n_sampled */
+    const float *logits;    /* LOGITS: n x n_vocab; SAMPLED: n_logits x n_vocab */
+    /* SAMPLED. On send the counts are derived from need; on receipt they are set. */
+    const uint8_t *need;        /* n, enum dp_row_need */
+    int n_sampled, n_logits, n_tops;
+    const float *prob;          /* n_sampled */
+    const int32_t *n_top;       /* n_sampled, 0..DP_MAX_TOP */
+    const int32_t *top_token;   /* n_tops (the sum of n_top), >= 0 */
+    const float *top_logprob;   /* n_tops */
 };
+
+/* Bytes a RESULT takes on the wire, header included (its counts as dp_send_result
+ * derives them); 0 when it is malformed. */
+uint64_t dp_result_wire_bytes(const struct dp_result *r);
 
 /* KV bookkeeping every rank applies to its own cache, in order with the activations. */
 enum dp_ctl_op {

@@ -602,6 +602,83 @@ static void test_frames(struct dp_listener *l, bool crc)
     CHECK(rc == 1 && f.type == DP_T_RESULT && f.res.status == CAIRN_EFULL && f.res.n == 0 &&
           strstr(f.res.message, "KV cache full"), "error result");
 
+    /* asks with the activations: every field back as sent, after values whose size is
+     * not a multiple of 8 (5 rows of 3 F16) */
+    {
+        struct dp_ask asks[3] = {
+            {.need = DP_ROW_SAMPLE, .n_top = 20, .pos = 2, .seed = 99, .temperature = 0.7f, .top_p = 0.9f,
+             .min_p = 0.05f, .repeat_penalty = 1.1f, .presence_penalty = -0.5f, .frequency_penalty = 0.25f,
+             .top_k = 40, .penalty_last_n = -1, .n_bias = 2, .n_hist = 3},
+            {.need = DP_ROW_LOGITS},
+            {.need = DP_ROW_SAMPLE, .n_top = -1, .pos = 100001, .top_p = 1, .repeat_penalty = 1, .n_hist = 1}};
+        struct dp_bias bias[2] = {{5, 2.5f}, {0, -INFINITY}};
+        int32_t hist[4] = {7, 8, 9, 151000};
+        struct dp_activations act = {.step = 150, .n = n, .n_embd = 3, .wire_dtype = DT_F16, .seq = seq, .pos = pos,
+                                     .want = want, .x = x, .n_asks = 3, .asks = asks, .bias = bias, .hist = hist};
+        CHECK(dp_send_activations(a, &act, 1000, err, sizeof err) == 0, "send asks: %s", err);
+        int rc = dp_recv(b, &f, 5000, err, sizeof err);
+        CHECK(rc == 1 && f.type == DP_T_ACTIVATIONS && f.act.n_asks == 3 && f.act.n_embd == 3, "asks arrive");
+        if (rc == 1 && f.type == DP_T_ACTIVATIONS && f.act.n_asks == 3)
+            CHECK(!memcmp(f.act.asks, asks, sizeof asks) && !memcmp(f.act.bias, bias, sizeof bias) &&
+                  !memcmp(f.act.hist, hist, sizeof hist), "asks, bias entries and windows as sent");
+        /* refused on send: a count that is not the wanted tokens', a field out of range */
+        act.n_asks = 2;
+        CHECK(dp_send_activations(a, &act, 0, err, sizeof err) == CAIRN_EINVAL, "2 asks for 3 wanted tokens");
+        act.n_asks = 3;
+        asks[0].n_top = 21;
+        CHECK(dp_send_activations(a, &act, 0, err, sizeof err) == CAIRN_EINVAL, "n_top 21");
+        asks[0].n_top = 0;
+        asks[0].temperature = NAN;
+        CHECK(dp_send_activations(a, &act, 0, err, sizeof err) == CAIRN_EINVAL, "temperature NaN");
+        asks[0].temperature = 1;
+        asks[1].pos = 3; /* a LOGITS ask with a field set */
+        CHECK(dp_send_activations(a, &act, 0, err, sizeof err) == CAIRN_EINVAL, "LOGITS ask with a position");
+        asks[1].pos = 0;
+        hist[1] = -2;
+        CHECK(dp_send_activations(a, &act, 0, err, sizeof err) == CAIRN_EINVAL, "window token -2");
+        hist[1] = 8;
+        bias[1].bias = NAN;
+        CHECK(dp_send_activations(a, &act, 0, err, sizeof err) == CAIRN_EINVAL, "bias NaN");
+    }
+
+    /* a SAMPLED result: tokens with and without top log-probabilities, a sampler's
+     * error, a logits row and a skipped row, in an odd count of entries */
+    {
+        int32_t sseq[5] = {1, 2, 3, 4, 5}, stok[3] = {42, -99, 7}, ntop[3] = {2, 0, 0}, ttok[2] = {42, 3};
+        int64_t spos[5] = {10, 11, 12, 13, 14};
+        uint8_t need[5] = {DP_ROW_SAMPLE, DP_ROW_LOGITS, DP_ROW_SAMPLE, DP_ROW_SKIP, DP_ROW_SAMPLE};
+        float prob[3] = {0.5f, 0, 1}, slp[3] = {-0.69f, 0, -0.01f}, tlp[2] = {-0.69f, -1.5f};
+        const int snv = 33;
+        float row[33];
+        fill_acts(row, snv);
+        struct dp_result rs = {.step = 160, .n = 5, .kind = DP_RESULT_SAMPLED, .n_vocab = snv, .message = "",
+                               .seq = sseq, .pos = spos, .need = need, .token = stok, .prob = prob, .logprob = slp,
+                               .n_top = ntop, .top_token = ttok, .top_logprob = tlp, .logits = row};
+        CHECK(dp_send_result(b, &rs, 1000, err, sizeof err) == 0, "send sampled: %s", err);
+        int rc = dp_recv(a, &f, 5000, err, sizeof err);
+        CHECK(rc == 1 && f.type == DP_T_RESULT && f.res.kind == DP_RESULT_SAMPLED && f.res.n == 5 &&
+              f.res.n_sampled == 3 && f.res.n_logits == 1 && f.res.n_tops == 2 && f.res.n_vocab == snv,
+              "sampled result: rc %d", rc);
+        if (rc == 1 && f.type == DP_T_RESULT && f.res.kind == DP_RESULT_SAMPLED && f.res.n_sampled == 3)
+            CHECK(!memcmp(f.res.need, need, sizeof need) && !memcmp(f.res.token, stok, sizeof stok) &&
+                  !memcmp(f.res.prob, prob, sizeof prob) && !memcmp(f.res.logprob, slp, sizeof slp) &&
+                  !memcmp(f.res.n_top, ntop, sizeof ntop) && !memcmp(f.res.top_token, ttok, sizeof ttok) &&
+                  !memcmp(f.res.top_logprob, tlp, sizeof tlp) && !memcmp(f.res.logits, row, sizeof row) &&
+                  !memcmp(f.res.seq, sseq, sizeof sseq) && !memcmp(f.res.pos, spos, sizeof spos),
+                  "sampled result values");
+        CHECK(dp_result_wire_bytes(&rs) == DP_HDR_SIZE + 32 + 60 + 5 + 7 + 48 + 16 + 4 * snv, "wire bytes %llu",
+              (unsigned long long)dp_result_wire_bytes(&rs));
+        ntop[1] = 1; /* an error token with top log-probabilities */
+        CHECK(dp_send_result(b, &rs, 0, err, sizeof err) == CAIRN_EINVAL, "error token with tops");
+        ntop[1] = 0;
+        stok[1] = DP_TOKEN_ERR_MIN;
+        CHECK(dp_send_result(b, &rs, 0, err, sizeof err) == CAIRN_EINVAL, "token %d", DP_TOKEN_ERR_MIN);
+        stok[1] = 5;
+        need[3] = 4;
+        CHECK(dp_send_result(b, &rs, 0, err, sizeof err) == CAIRN_EINVAL, "need 4");
+        CHECK(dp_result_wire_bytes(&rs) == 0, "wire bytes of a malformed result");
+    }
+
     /* control */
     struct dp_ctl ops[5] = {{.op = DP_CTL_CLEAR, .seq = 4},
                             {.op = DP_CTL_TRUNCATE, .seq = 9, .pos = 12},
@@ -662,7 +739,7 @@ static void test_frames(struct dp_listener *l, bool crc)
                               0, err, sizeof err) == CAIRN_EIO, "send after the end");
     struct dp_stats st;
     dp_get_stats(b, &st);
-    CHECK(st.activations_received == 15 && st.results_sent == 3 && st.controls_received == 1, "stats %llu %llu %llu",
+    CHECK(st.activations_received == 16 && st.results_sent == 4 && st.controls_received == 1, "stats %llu %llu %llu",
           (unsigned long long)st.activations_received, (unsigned long long)st.results_sent,
           (unsigned long long)st.controls_received);
     dp_close(b, NULL);
@@ -1071,9 +1148,43 @@ static void test_garbage(struct dp_listener *l)
         memcpy(act_neg + 12, &ne, 4);
         memcpy(act_neg + 24, &pos, 8);
     }
+    /* one token of 4 F32 with an ask: need (7: none such) at byte 56 */
+    uint8_t act_ask[120] = {0};
+    {
+        uint64_t step = 3;
+        uint32_t n = 1, ne = 4, na = 1, need = 7;
+        memcpy(act_ask, &step, 8);
+        memcpy(act_ask + 8, &n, 4);
+        memcpy(act_ask + 12, &ne, 4);
+        memcpy(act_ask + 20, &na, 4);
+        act_ask[36] = 1; /* wanted */
+        memcpy(act_ask + 56, &need, 4);
+    }
+    uint8_t act_unwanted[120];
+    memcpy(act_unwanted, act_ask, sizeof act_ask);
+    act_unwanted[36] = 0;
+    act_unwanted[56] = DP_ROW_LOGITS;
+    /* a SAMPLED RESULT of one entry (need at byte 44) and one token (n_top at byte 60) */
+    uint8_t res_sampled[64] = {0};
+    {
+        uint32_t n = 1, kind = DP_RESULT_SAMPLED, nv = 10;
+        int32_t ntop = 5;
+        memcpy(res_sampled + 8, &n, 4);
+        memcpy(res_sampled + 12, &kind, 4);
+        memcpy(res_sampled + 16, &nv, 4);
+        res_sampled[44] = 9;
+        memcpy(res_sampled + 60, &ntop, 4);
+    }
+    uint8_t res_short[64];
+    memcpy(res_short, res_sampled, sizeof res_sampled);
+    res_short[44] = DP_ROW_SAMPLE;
     struct {
         const char *name, *want;
     } post[] = {
+        {"ask need 7", "ask 0 out of range"},
+        {"ask for an unwanted token", "1 asks for 0 wanted tokens"},
+        {"sampled need 9", "need 9"},
+        {"sampled tops missing", "5 top and 0 logits rows of 10 needs 104 bytes"},
         {"random", "magic"},
         {"huge length", "over the limit"},
         {"version", "unsupported frame version"},
@@ -1091,7 +1202,11 @@ static void test_garbage(struct dp_listener *l)
     for (size_t i = 0; i < sizeof post / sizeof post[0]; i++) {
         size_t n = 0;
         bool close_after = false;
-        switch (i) {
+        switch ((int)i - 4) {
+        case -4: n = mk_frame(buf, 1, DP_T_ACTIVATIONS, 0, 120, 0, act_ask, 120); break;
+        case -3: n = mk_frame(buf, 1, DP_T_ACTIVATIONS, 0, 120, 0, act_unwanted, 120); break;
+        case -2: n = mk_frame(buf, 1, DP_T_RESULT, 0, 64, 0, res_sampled, 64); break;
+        case -1: n = mk_frame(buf, 1, DP_T_RESULT, 0, 64, 0, res_short, 64); break;
         case 0:
             for (n = 0; n < 100; n++)
                 buf[n] = (uint8_t)test_rand_u64(&rng);
