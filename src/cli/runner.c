@@ -742,6 +742,17 @@ static int pipe_collect(void *ctx, float *logits, char *err, size_t errlen)
     return pipeline_collect(r->pipe, logits, err, errlen);
 }
 
+/* What rank 0 needs back for each wanted row: the last rank samples what only needs a
+ * token, so a token instead of a row of logits crosses the network. */
+static int pipe_asks(void *ctx, const struct sched_ask *ask, int n, struct sched_token *answer, char *err,
+                     size_t errlen)
+{
+    struct runner *r = ctx;
+    if (!r->pipe)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "the pipeline is not connected");
+    return pipeline_asks(r->pipe, ask, n, answer, err, errlen);
+}
+
 /* Loads the slice and sizes every buffer; err says why not. */
 static int load(struct runner *r, char *err, size_t errlen)
 {
@@ -771,6 +782,7 @@ static int load(struct runner *r, char *err, size_t errlen)
             sc.lanes = r->cfg.world_size < SCHED_MAX_LANES ? r->cfg.world_size : SCHED_MAX_LANES;
             sc.submit = pipe_submit;
             sc.collect = pipe_collect;
+            sc.asks = pipe_asks;
             sc.forward_ctx = r;
         }
         if (tok_load(&r->tk, m->file, err, errlen)) {

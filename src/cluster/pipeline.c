@@ -4,6 +4,7 @@
 #include "base/dtype.h"
 #include "base/err.h"
 #include "base/log.h"
+#include "engine/sample.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -11,6 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+static_assert((int)DP_ROW_LOGITS == (int)SCHED_NEED_LOGITS && (int)DP_ROW_SAMPLE == (int)SCHED_NEED_SAMPLE &&
+                  (int)DP_ROW_SKIP == (int)SCHED_NEED_SKIP, "the wire's needs are the scheduler's");
+static_assert(DP_MAX_TOP == SCHED_MAX_TOP_LOGPROBS, "top log-probabilities on the wire");
 
 /* How often a wait looks at the other link: a rank waiting on prev learns within this
  * time that next has ended (the RESULT it waits for can then never come). */
@@ -32,6 +37,23 @@ struct pipeline {
     struct dp_ctl *ops;
     int n_ops, cap_ops;
     bool ops_lost;          /* an op could not be recorded: the mirror is unknown */
+    /* Rank 0: the asks staged by pipeline_asks for the next step (n_staged < 0: none),
+     * with their bias entries and windows, and where the answers go. */
+    int n_staged;
+    struct dp_ask *st_ask;              /* max_batch */
+    struct dp_bias *st_bias;
+    int32_t *st_hist;
+    size_t n_st_bias, cap_st_bias, n_st_hist, cap_st_hist;
+    struct sched_token *st_answer;
+
+    /* Last rank: sampling (rows of a SAMPLED RESULT, max_batch each; tops DP_MAX_TOP
+     * per row) and a bias list in the sampler's form. */
+    struct sampler *smp;
+    uint8_t *r_need;
+    int32_t *r_tok, *r_ntop, *r_top_tok;
+    float *r_prob, *r_lp, *r_top_lp;
+    struct logit_bias *lb;
+    size_t cap_lb;
 
     /* Buffers, allocated once (the last rank's logits grow to the largest step seen). */
     float *act;             /* max_batch x n_embd: this slice's output activations */
@@ -58,6 +80,9 @@ struct pending {
     int tokens, n_want;
     int32_t *w_seq; /* max_batch each */
     int64_t *w_pos;
+    bool asked;                 /* asks went with it: the RESULT answers each */
+    uint8_t *need;              /* max_batch: each wanted token's need */
+    struct sched_token *answer; /* the scheduler's, for the SAMPLE rows */
 };
 
 static int64_t now_us(void) { return clock_ns() / 1000; }
@@ -266,14 +291,28 @@ int pipeline_create(struct pipeline **out, const struct pipeline_config *cfg, ch
     p->w_seq = malloc(mb * sizeof *p->w_seq);
     p->w_pos = malloc(mb * sizeof *p->w_pos);
     bool pend_ok = p->w_seq && p->w_pos;
+    p->n_staged = -1;
     if (cfg->rank == 0) {
         p->pend = calloc((size_t)cfg->world_size, sizeof *p->pend);
-        pend_ok = p->pend != NULL;
+        p->st_ask = calloc(mb, sizeof *p->st_ask);
+        pend_ok = p->pend && p->st_ask;
         for (int i = 0; pend_ok && i < cfg->world_size; i++) {
             p->pend[i].w_seq = malloc(mb * sizeof *p->pend[i].w_seq);
             p->pend[i].w_pos = malloc(mb * sizeof *p->pend[i].w_pos);
-            pend_ok = p->pend[i].w_seq && p->pend[i].w_pos;
+            p->pend[i].need = malloc(mb);
+            pend_ok = p->pend[i].w_seq && p->pend[i].w_pos && p->pend[i].need;
         }
+    }
+    if (p->last) {
+        p->r_need = malloc(mb);
+        p->r_tok = malloc(mb * sizeof *p->r_tok);
+        p->r_ntop = malloc(mb * sizeof *p->r_ntop);
+        p->r_prob = malloc(mb * sizeof *p->r_prob);
+        p->r_lp = malloc(mb * sizeof *p->r_lp);
+        p->r_top_tok = malloc(mb * DP_MAX_TOP * sizeof *p->r_top_tok);
+        p->r_top_lp = malloc(mb * DP_MAX_TOP * sizeof *p->r_top_lp);
+        pend_ok = pend_ok && p->r_need && p->r_tok && p->r_ntop && p->r_prob && p->r_lp && p->r_top_tok &&
+                  p->r_top_lp && sample_create(&p->smp, p->n_vocab) == 0;
     }
     if ((!p->last && !p->act) || !p->want || !pend_ok) {
         rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "pipeline: out of memory for a batch of %d x %d", p->max_batch,
@@ -303,8 +342,21 @@ void pipeline_release(struct pipeline *p)
     for (int i = 0; p->pend && i < p->cfg.world_size; i++) {
         free(p->pend[i].w_seq);
         free(p->pend[i].w_pos);
+        free(p->pend[i].need);
     }
     free(p->pend);
+    free(p->st_ask);
+    free(p->st_bias);
+    free(p->st_hist);
+    sample_release(p->smp);
+    free(p->r_need);
+    free(p->r_tok);
+    free(p->r_ntop);
+    free(p->r_prob);
+    free(p->r_lp);
+    free(p->r_top_tok);
+    free(p->r_top_lp);
+    free(p->lb);
     free(p);
 }
 
@@ -389,20 +441,57 @@ static int wait_result(struct pipeline *p, const struct pending *w, float *logit
                             r->message[0] ? r->message : cairn_strerror(r->status));
             break;
         }
-        if (r->kind != DP_RESULT_LOGITS || r->n != n_want || r->n_vocab != p->n_vocab) {
-            rc = breaks(p, err, errlen, "step %" PRIu64 ": rank %d sent %d %s rows of %d, expected %d logits rows "
-                        "of %d", step, p->prev_rank, r->n, r->kind == DP_RESULT_LOGITS ? "logits" : "token", r->n_vocab,
-                        n_want, p->n_vocab);
+        enum dp_result_kind kind = w->asked && n_want > 0 ? DP_RESULT_SAMPLED : DP_RESULT_LOGITS;
+        if (r->kind != kind || r->n != n_want || r->n_vocab != p->n_vocab) {
+            rc = breaks(p, err, errlen, "step %" PRIu64 ": rank %d sent %d rows of kind %d (n_vocab %d), expected %d "
+                        "of kind %d (n_vocab %d)", step, p->prev_rank, r->n, (int)r->kind, r->n_vocab, n_want,
+                        (int)kind, p->n_vocab);
             break;
         }
         for (int i = 0; i < n_want; i++)
-            if (r->seq[i] != w->w_seq[i] || r->pos[i] != w->w_pos[i]) {
+            if (r->seq[i] != w->w_seq[i] || r->pos[i] != w->w_pos[i] ||
+                (kind == DP_RESULT_SAMPLED && r->need[i] != w->need[i])) {
                 rc = breaks(p, err, errlen, "step %" PRIu64 ": result row %d is sequence %d position %" PRId64
-                            ", expected %d at %" PRId64, step, i, r->seq[i], r->pos[i], w->w_seq[i], w->w_pos[i]);
+                            " (need %d), expected %d at %" PRId64 " (need %d)", step, i, r->seq[i], r->pos[i],
+                            kind == DP_RESULT_SAMPLED ? r->need[i] : DP_ROW_LOGITS, w->w_seq[i], w->w_pos[i],
+                            w->asked ? w->need[i] : DP_ROW_LOGITS);
                 goto out;
             }
-        if (n_want)
-            memcpy(logits, r->logits, (size_t)n_want * (size_t)p->n_vocab * sizeof *logits);
+        uint64_t sampled = 0, rows = 0, skipped = 0;
+        if (kind == DP_RESULT_LOGITS) {
+            if (n_want)
+                memcpy(logits, r->logits, (size_t)n_want * (size_t)p->n_vocab * sizeof *logits);
+            rows = (uint64_t)n_want;
+        } else {
+            int si = 0, li = 0, ti = 0;
+            for (int i = 0; i < n_want; i++) {
+                if (r->need[i] == DP_ROW_LOGITS) {
+                    memcpy(logits + (size_t)i * (size_t)p->n_vocab, r->logits + (size_t)li++ * (size_t)p->n_vocab,
+                           (size_t)p->n_vocab * sizeof *logits);
+                    rows++;
+                } else if (r->need[i] == DP_ROW_SAMPLE) {
+                    struct sched_token *t = &w->answer[i];
+                    memset(t, 0, sizeof *t);
+                    t->token = r->token[si];
+                    t->prob = r->prob[si];
+                    t->logprob = r->logprob[si];
+                    t->n_top = r->n_top[si++];
+                    for (int k = 0; k < t->n_top; k++, ti++) {
+                        t->top_token[k] = r->top_token[ti];
+                        t->top_logprob[k] = r->top_logprob[ti];
+                    }
+                    sampled++;
+                } else {
+                    skipped++;
+                }
+            }
+        }
+        pthread_mutex_lock(&p->mu);
+        p->st.rows_sampled += sampled;
+        p->st.rows_logits += rows;
+        p->st.rows_skipped += skipped;
+        p->st.result_bytes += dp_result_wire_bytes(r);
+        pthread_mutex_unlock(&p->mu);
         break;
     }
 out:;
@@ -430,6 +519,15 @@ int pipeline_submit(void *pv, struct kv_cache *kv, const struct batch *b, char *
         count_step(p, b->n, true);
         return breaks(p, err, errlen, "KV ops could not be recorded (out of memory): the ranks' caches differ");
     }
+    int n_staged = p->n_staged, n_want = 0;
+    p->n_staged = -1; /* the asks go with this step or not at all */
+    for (int i = 0; i < b->n; i++)
+        n_want += !b->logits || b->logits[i];
+    if (n_staged >= 0 && n_staged != n_want) {
+        count_step(p, b->n, true);
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "pipeline_submit: %d asks for %d wanted tokens", n_staged,
+                          n_want);
+    }
     /* The engine's own kv_prepare calls are recorded too; they are dropped below once the
      * slice has run, since every other rank's engine_forward makes them again. */
     int mark = p->n_ops;
@@ -452,12 +550,18 @@ int pipeline_submit(void *pv, struct kv_cache *kv, const struct batch *b, char *
             w->w_pos[w->n_want++] = b->pos[i];
         }
     }
+    w->asked = n_staged >= 0;
+    w->answer = p->st_answer;
+    for (int i = 0; i < n_staged; i++)
+        w->need[i] = (uint8_t)p->st_ask[i].need;
     t0 = now_us();
     rc = send_ops(p, w->step, err, errlen);
     if (!rc) {
         char why[DP_REASON_MAX];
         struct dp_activations a = {.step = w->step, .n = b->n, .n_embd = p->n_embd, .wire_dtype = p->cfg.wire_dtype,
-                                   .seq = b->seq, .pos = b->pos, .want = p->want, .x = p->act};
+                                   .seq = b->seq, .pos = b->pos, .want = p->want, .x = p->act,
+                                   .n_asks = n_staged > 0 ? n_staged : 0, .asks = p->st_ask, .bias = p->st_bias,
+                                   .hist = p->st_hist};
         if ((rc = dp_send_activations(p->cfg.next, &a, p->cfg.timeout_ms, why, sizeof why)))
             rc = breaks(p, err, errlen, "step %" PRIu64 ": sending %d activations to rank %d (%s): %s", w->step,
                         b->n, p->next_rank, dp_peer_addr(p->cfg.next), why);
@@ -468,6 +572,64 @@ int pipeline_submit(void *pv, struct kv_cache *kv, const struct batch *b, char *
         return rc;
     }
     p->n_pend++;
+    return 0;
+}
+
+static bool grow(void **buf, size_t *cap, size_t need, size_t size)
+{
+    if (need <= *cap)
+        return true;
+    size_t n = *cap ? *cap : 256;
+    while (n < need)
+        n *= 2;
+    void *b = realloc(*buf, n * size);
+    if (!b)
+        return false;
+    *buf = b;
+    *cap = n;
+    return true;
+}
+
+int pipeline_asks(void *pv, const struct sched_ask *ask, int n, struct sched_token *answer, char *err,
+                  size_t errlen)
+{
+    struct pipeline *p = pv;
+    if (p->cfg.rank != 0)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "pipeline_asks: only rank 0 runs steps");
+    p->n_staged = -1;
+    if (n < 0 || n > p->max_batch || (n && (!ask || !answer)))
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "pipeline_asks: %d asks (at most %d)", n, p->max_batch);
+    p->n_st_bias = p->n_st_hist = 0;
+    for (int i = 0; i < n; i++) {
+        const struct sched_ask *a = &ask[i];
+        struct dp_ask *d = &p->st_ask[i];
+        memset(d, 0, sizeof *d);
+        d->need = (uint32_t)a->need;
+        if (a->need == SCHED_NEED_LOGITS || a->need == SCHED_NEED_SKIP)
+            continue;
+        if (a->need != SCHED_NEED_SAMPLE || a->n_top < -1 || a->n_top > DP_MAX_TOP || a->pos < 0 ||
+            a->p.n_bias < 0 || a->p.n_bias > DP_MAX_BIAS || (a->p.n_bias && !a->p.bias) || a->n_window < 0 ||
+            a->n_window > DP_MAX_HIST || (a->n_window && !a->window))
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "pipeline_asks: ask %d (need %d, n_top %d, %d bias entries, "
+                              "a window of %" PRId64 ") cannot travel", i, a->need, a->n_top, a->p.n_bias, a->n_window);
+        const struct sample_params *sp = &a->p;
+        *d = (struct dp_ask){.need = DP_ROW_SAMPLE, .n_top = a->n_top, .pos = a->pos, .seed = sp->seed,
+                             .temperature = sp->temperature, .top_p = sp->top_p, .min_p = sp->min_p,
+                             .repeat_penalty = sp->repeat_penalty, .presence_penalty = sp->presence_penalty,
+                             .frequency_penalty = sp->frequency_penalty, .top_k = sp->top_k,
+                             .penalty_last_n = sp->penalty_last_n, .n_bias = (uint32_t)sp->n_bias,
+                             .n_hist = (uint32_t)a->n_window};
+        if (!grow((void **)&p->st_bias, &p->cap_st_bias, p->n_st_bias + (size_t)sp->n_bias, sizeof *p->st_bias) ||
+            !grow((void **)&p->st_hist, &p->cap_st_hist, p->n_st_hist + (size_t)a->n_window, sizeof *p->st_hist))
+            return cairn_fail(err, errlen, CAIRN_ENOMEM, "pipeline_asks: out of memory");
+        for (int k = 0; k < sp->n_bias; k++)
+            p->st_bias[p->n_st_bias++] = (struct dp_bias){.token = sp->bias[k].token, .bias = sp->bias[k].bias};
+        if (a->n_window)
+            memcpy(p->st_hist + p->n_st_hist, a->window, (size_t)a->n_window * sizeof *p->st_hist);
+        p->n_st_hist += (size_t)a->n_window;
+    }
+    p->n_staged = n;
+    p->st_answer = answer;
     return 0;
 }
 
@@ -580,6 +742,66 @@ static void complete_prepares(struct pipeline *p, uint64_t step, int n, const in
     }
 }
 
+/* Last rank: answers a step's asks from its logits rows (n_asks of them in p->logits):
+ * samples the SAMPLE rows, packs the LOGITS rows to the front of p->logits, and makes r
+ * a SAMPLED result of them. CAIRN_ENOMEM when a bias list does not fit. */
+static int answer_asks(struct pipeline *p, const struct dp_activations *a, struct dp_result *r)
+{
+    const struct dp_bias *bias = a->bias;
+    const int32_t *hist = a->hist;
+    size_t nv = (size_t)p->n_vocab;
+    int ns = 0, nl = 0, nt = 0, skipped = 0;
+    for (int i = 0; i < a->n_asks; i++) {
+        const struct dp_ask *d = &a->asks[i];
+        p->r_need[i] = (uint8_t)d->need;
+        if (d->need == DP_ROW_LOGITS) {
+            if (nl != i)
+                memmove(p->logits + (size_t)nl * nv, p->logits + (size_t)i * nv, nv * sizeof *p->logits);
+            nl++;
+            continue;
+        }
+        if (d->need != DP_ROW_SAMPLE) {
+            skipped++;
+            continue;
+        }
+        if (!grow((void **)&p->lb, &p->cap_lb, d->n_bias, sizeof *p->lb))
+            return CAIRN_ENOMEM;
+        for (uint32_t k = 0; k < d->n_bias; k++)
+            p->lb[k] = (struct logit_bias){.token = bias[k].token, .bias = bias[k].bias};
+        struct sched_ask sa = {
+            .need = SCHED_NEED_SAMPLE, .n_top = d->n_top, .pos = d->pos, .window = hist, .n_window = d->n_hist,
+            .p = {.temperature = d->temperature, .top_k = d->top_k, .top_p = d->top_p, .min_p = d->min_p,
+                  .repeat_penalty = d->repeat_penalty, .presence_penalty = d->presence_penalty,
+                  .frequency_penalty = d->frequency_penalty, .penalty_last_n = d->penalty_last_n, .seed = d->seed,
+                  .bias = p->lb, .n_bias = (int)d->n_bias}};
+        bias += d->n_bias;
+        hist += d->n_hist;
+        struct sched_token t;
+        sched_sample_row(p->smp, p->n_vocab, &sa, p->logits + (size_t)i * nv, &t);
+        p->r_tok[ns] = t.token;
+        p->r_prob[ns] = t.prob;
+        p->r_lp[ns] = t.logprob;
+        p->r_ntop[ns++] = t.n_top;
+        memcpy(p->r_top_tok + nt, t.top_token, (size_t)t.n_top * sizeof *p->r_top_tok);
+        memcpy(p->r_top_lp + nt, t.top_logprob, (size_t)t.n_top * sizeof *p->r_top_lp);
+        nt += t.n_top;
+    }
+    r->kind = DP_RESULT_SAMPLED;
+    r->need = p->r_need;
+    r->token = p->r_tok;
+    r->prob = p->r_prob;
+    r->logprob = p->r_lp;
+    r->n_top = p->r_ntop;
+    r->top_token = p->r_top_tok;
+    r->top_logprob = p->r_top_lp;
+    pthread_mutex_lock(&p->mu);
+    p->st.rows_sampled += (uint64_t)ns;
+    p->st.rows_logits += (uint64_t)nl;
+    p->st.rows_skipped += (uint64_t)skipped;
+    pthread_mutex_unlock(&p->mu);
+    return 0;
+}
+
 static int handle_activations(struct pipeline *p, const struct dp_activations *a, char *err, size_t errlen)
 {
     char msg[DP_REASON_MAX], why[DP_REASON_MAX - 32];
@@ -623,7 +845,8 @@ static int handle_activations(struct pipeline *p, const struct dp_activations *a
     int rc;
     if (!p->last) {
         struct dp_activations o = {.step = a->step, .n = a->n, .n_embd = p->n_embd, .wire_dtype = p->cfg.wire_dtype,
-                                   .seq = a->seq, .pos = a->pos, .want = a->want, .x = p->act};
+                                   .seq = a->seq, .pos = a->pos, .want = a->want, .x = p->act,
+                                   .n_asks = a->n_asks, .asks = a->asks, .bias = a->bias, .hist = a->hist};
         rc = dp_send_activations(p->cfg.next, &o, p->cfg.timeout_ms, why, sizeof why);
         /* Results bypass this link (they go from the last rank to rank 0): rank 0 bounds
          * the steps in flight, so this link's slot is released as soon as it is taken. */
@@ -638,6 +861,15 @@ static int handle_activations(struct pipeline *p, const struct dp_activations *a
             }
         struct dp_result r = {.step = a->step, .n = n_want, .kind = DP_RESULT_LOGITS, .n_vocab = p->n_vocab,
                               .message = "", .seq = p->w_seq, .pos = p->w_pos, .logits = p->logits};
+        if (!a->n_asks) {
+            pthread_mutex_lock(&p->mu);
+            p->st.rows_logits += (uint64_t)n_want;
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (a->n_asks && answer_asks(p, a, &r) < 0) {
+            snprintf(msg, sizeof msg, "rank %d: out of memory for a logit bias list", p->cfg.rank);
+            return send_error(p, a, CAIRN_ENOMEM, msg, err, errlen);
+        }
         rc = dp_send_result(p->cfg.next, &r, p->cfg.timeout_ms, why, sizeof why);
     }
     stat_add(p, &p->st.send_us, now_us() - t0);

@@ -4,9 +4,13 @@
  *
  * Topology: a ring. Rank r holds `next`, its connection to rank (r+1) % W, and `prev`,
  * the one from rank (r-1+W) % W (for W = 2 two connections between the same pair).
- * Activations flow 0 -> 1 -> ... -> W-1; the last rank sends a LOGITS RESULT (the rows
- * of the wanted tokens, F32, in batch order) over its `next` to rank 0, which receives
- * it on `prev`.
+ * Activations flow 0 -> 1 -> ... -> W-1; the last rank sends a RESULT over its `next` to
+ * rank 0, which receives it on `prev`: the logits rows of the wanted tokens (F32, in
+ * batch order), or, when rank 0 sent asks with the step (pipeline_asks, the
+ * scheduler's sched_config.asks), what each ask needs: a token sampled on the last rank
+ * with the request's parameters (sched_sample_row: the same tokens, log-probabilities
+ * included, as rank 0 would draw from the row), the row, or nothing. A sampled token
+ * costs 16 bytes (plus 8 per top log-probability) instead of 4 * n_vocab.
  *
  * Rank 0 holds the scheduler (engine/sched.h) and sets pipeline_submit and
  * pipeline_collect as its target forward's halves (or pipeline_forward, both at once): a
@@ -52,6 +56,7 @@
 #include "cluster/dataplane.h"
 #include "engine/engine.h"
 #include "engine/kv.h"
+#include "engine/sched.h"
 
 #define PIPELINE_TIMEOUT_MS_DEFAULT 30000
 
@@ -90,6 +95,16 @@ int pipeline_submit(void *p, struct kv_cache *kv, const struct batch *b, char *e
  * with the reason (naming the rank and peer); the step is no longer in flight either
  * way. CAIRN_ESTATE when nothing is in flight. */
 int pipeline_collect(void *p, float *logits, char *err, size_t errlen);
+
+/* Rank 0: sched_config.asks. Stages the asks (copied) for the next pipeline_submit or
+ * pipeline_forward, which sends them with its activations (they must then be as many
+ * as its wanted tokens, else that submit fails with CAIRN_ESTATE); its collect fills
+ * answer (valid until then) for the SAMPLE asks and the logits rows of the LOGITS ones.
+ * CAIRN_EINVAL for an ask the wire cannot carry (n over max_batch, a need, n_top,
+ * window or bias list out of range: dataplane.h, struct dp_ask), CAIRN_ENOMEM,
+ * CAIRN_ESTATE on a rank other than 0. */
+int pipeline_asks(void *p, const struct sched_ask *ask, int n, struct sched_token *answer, char *err,
+                  size_t errlen);
 
 /* Rank 0: sched_config.forward, submit then collect (CAIRN_ESTATE while steps are in
  * flight). */
@@ -132,6 +147,12 @@ struct pipeline_stats {
     int64_t ctl_us;         /* ranks > 0: applying KV ops */
     int64_t next_rtt_us, prev_rtt_us; /* last heartbeat round trip of each link; -1 before one */
     uint64_t bytes_sent, bytes_received; /* both links, on the wire */
+    /* Wanted rows, by what came back for them (rank 0) or what this rank did with them
+     * (last rank): a token sampled on the last rank, a row of logits, nothing (a skipped
+     * row); result_bytes: rank 0, the RESULT frames of its steps on the wire, headers
+     * included (per wanted row: result_bytes / (rows_sampled + rows_logits + rows_skipped)). */
+    uint64_t rows_sampled, rows_logits, rows_skipped;
+    uint64_t result_bytes;
 };
 void pipeline_get_stats(const struct pipeline *p, struct pipeline_stats *out);
 

@@ -121,6 +121,11 @@ struct lane {
     int n_fed, n_tokens;
     float *logits;   /* [logit_rows][n_vocab]: slots rows, grown for draft tokens */
     int64_t logit_rows;
+    /* sched_config.asks: what each wanted row of the batch asked for, and the answers
+     * (logit_rows each). */
+    struct sched_ask *asks;
+    struct sched_token *answers;
+    int n_asks;
     /* Arena of the draft distributions drawn for this batch (read when verifying). */
     int32_t *q_ids;
     float *q_probs;
@@ -828,7 +833,13 @@ static bool logits_reserve(struct sched *s, int64_t rows)
 {
     if (rows <= s->ln->logit_rows)
         return true;
-    float *p = realloc(s->ln->logits, (size_t)rows * (size_t)s->n_vocab * sizeof *p);
+    struct sched_ask *a = realloc(s->ln->asks, (size_t)rows * sizeof *a);
+    if (a)
+        s->ln->asks = a;
+    struct sched_token *t = a ? realloc(s->ln->answers, (size_t)rows * sizeof *t) : NULL;
+    if (t)
+        s->ln->answers = t;
+    float *p = t ? realloc(s->ln->logits, (size_t)rows * (size_t)s->n_vocab * sizeof *p) : NULL;
     if (!p)
         return false;
     s->ln->logits = p;
@@ -868,7 +879,10 @@ static void plan_speculation(struct sched *s)
     for (int i = 0; i < s->n_running && room > 0; i++) {
         struct seq *q = s->slot_seq[s->order[i]];
         int kreq = 0;
-        enum spec_mode mode = !q->pick || !feeds_one(q) ? SPEC_NONE : seq_mode(s, q, &kreq);
+        /* A request's prompt that is read for several sequences is sampled once per
+         * sequence from its last row (fork_and_report): never with drafts, even when
+         * that last token is all the cache did not hold. */
+        enum spec_mode mode = !q->pick || !feeds_one(q) || q->req->fork_pending ? SPEC_NONE : seq_mode(s, q, &kreq);
         if (mode == SPEC_NONE)
             continue;
         /* Drafts never pass what the sequence may still generate: at most left tokens
@@ -1133,9 +1147,26 @@ static void finish_sampling_error(struct sched *s, struct seq *q, int rc)
     finish_seq(s, q, SCHED_FINISH_ERROR, msg);
 }
 
-/* Reports tok as q's next token (row: the target's logits that chose it, for logprobs).
- * Returns false when q finished (its request may be freed). */
-static bool report_token(struct sched *s, struct seq *q, int32_t tok, float prob, const float *row)
+int32_t sched_sample_row(struct sampler *smp, int n_vocab, const struct sched_ask *a, const float *row,
+                         struct sched_token *out)
+{
+    memset(out, 0, sizeof *out);
+    float prob = 1.0f;
+    int32_t tok = sample_token(smp, &a->p, row, a->window, a->n_window, a->pos, &prob);
+    out->token = tok;
+    if (tok < 0)
+        return tok;
+    out->prob = prob;
+    if (a->n_top >= 0)
+        fill_logprobs(row, n_vocab, tok, a->n_top, out);
+    return tok;
+}
+
+/* Reports tok as q's next token (row: the target's logits that chose it, for logprobs;
+ * or ans, the forward's answer with them). Returns false when q finished (its request
+ * may be freed). */
+static bool report_token(struct sched *s, struct seq *q, int32_t tok, float prob, const float *row,
+                         const struct sched_token *ans)
 {
     struct request *r = q->req;
     if (!r->ignore_eos && s->cfg.tok && tok_is_eog(s->cfg.tok, tok)) {
@@ -1144,8 +1175,14 @@ static bool report_token(struct sched *s, struct seq *q, int32_t tok, float prob
     }
     q->hist[q->n_hist++] = tok;
     struct sched_token t = {.token = tok, .prob = prob};
-    if (r->logprobs)
+    if (r->logprobs && ans) {
+        t.logprob = ans->logprob;
+        t.n_top = ans->n_top;
+        memcpy(t.top_token, ans->top_token, (size_t)ans->n_top * sizeof t.top_token[0]);
+        memcpy(t.top_logprob, ans->top_logprob, (size_t)ans->n_top * sizeof t.top_logprob[0]);
+    } else if (r->logprobs) {
         fill_logprobs(row, s->n_vocab, tok, r->top_logprobs, &t);
+    }
     int64_t index = q->generated++;
     s->stats.generated_tokens++;
     int stop = s->cb.token ? s->cb.token(s->cb.ctx, r->id, q->index, index, &t) : 0;
@@ -1160,16 +1197,19 @@ static bool report_token(struct sched *s, struct seq *q, int32_t tok, float prob
     return true;
 }
 
-/* Samples q's next token from row and reports it; may finish q. */
-static void sample_and_report(struct sched *s, struct seq *q, const float *row)
+/* Samples q's next token from row (or takes the forward's answer ans) and reports it;
+ * may finish q. */
+static void sample_and_report(struct sched *s, struct seq *q, const float *row, const struct sched_token *ans)
 {
     struct sample_params p = seq_params(q);
     float prob = 1.0f;
-    int32_t tok = sample_token(s->smp, &p, row, q->hist, q->n_hist, q->n_hist, &prob);
+    int32_t tok = ans ? ans->token : sample_token(s->smp, &p, row, q->hist, q->n_hist, q->n_hist, &prob);
+    if (ans)
+        prob = ans->prob;
     if (tok < 0)
         finish_sampling_error(s, q, tok);
     else
-        report_token(s, q, tok, prob, row);
+        report_token(s, q, tok, prob, row, ans);
 }
 
 /* Verifies draft j of q (at hist[n_hist]) against the target's row for that position.
@@ -1228,10 +1268,19 @@ static int32_t verify_draft(struct sched *s, struct seq *q, const float *row, in
     return s->p_ids[i];
 }
 
+/* The forward's answer for the wanted row `ans + j` of the lane being read, or NULL
+ * when the row came back as logits. */
+static const struct sched_token *answer_at(const struct sched *s, const struct sched_token *ans, int j)
+{
+    const struct lane *l = s->ln;
+    int64_t w = ans + j - l->answers;
+    return w < l->n_asks && l->asks[w].need == SCHED_NEED_SAMPLE ? ans + j : NULL;
+}
+
 /* q fed its last token and k drafts: reports the drafts the target keeps, then the
  * target's own next token (the one replacing the first rejected draft, or one more after
  * all k), one by one; rolls back the rejected positions in both caches. May finish q. */
-static void verify_and_report(struct sched *s, struct seq *q, const float *rows)
+static void verify_and_report(struct sched *s, struct seq *q, const float *rows, const struct sched_token *ans)
 {
     int k = q->k_eff;
     int64_t h = q->n_hist;
@@ -1241,10 +1290,15 @@ static void verify_and_report(struct sched *s, struct seq *q, const float *rows)
     s->stats.draft_tokens += k;
     for (int j = 0; j <= k; j++) {
         const float *row = rows + (size_t)j * s->n_vocab;
+        const struct sched_token *a = ans ? answer_at(s, ans, j) : NULL;
         bool kept = false;
         float prob = 1.0f;
         int32_t tok;
-        if (j < k) {
+        if (a) { /* a greedy verification or the last row, sampled by the forward */
+            tok = a->token;
+            prob = a->prob;
+            kept = j < k && tok == q->hist[q->n_hist];
+        } else if (j < k) {
             tok = verify_draft(s, q, row, j, &kept, &prob);
         } else {
             struct sample_params p = seq_params(q);
@@ -1266,7 +1320,7 @@ static void verify_and_report(struct sched *s, struct seq *q, const float *rows)
             }
         }
         q->n_kv = q->n_hist; /* the KV holds every token before this one */
-        if (!report_token(s, q, tok, prob, row))
+        if (!report_token(s, q, tok, prob, row, a))
             return;
         if (j < k && !kept)
             break;
@@ -1291,7 +1345,7 @@ static void fork_and_report(struct sched *s, struct seq *lead, const float *row)
     }
     /* r is freed when its last sequence finishes, which ends the loop. */
     for (int i = 0; i < n; i++)
-        sample_and_report(s, &r->seqs[i], row);
+        sample_and_report(s, &r->seqs[i], row, NULL);
 }
 
 static void fail_all(struct sched *s, const char *msg)
@@ -1343,6 +1397,56 @@ static struct batch lane_batch(const struct lane *l)
                           .logits = l->b_logits};
 }
 
+/* q's ask for sampling the token at pos (its history before pos is hist[0..pos)):
+ * the window is what sample_token's penalties read (sample.h, step 2). */
+static struct sched_ask ask_sample(const struct sched *s, const struct seq *q, int64_t pos)
+{
+    const struct request *r = q->req;
+    struct sched_ask a = {.need = SCHED_NEED_SAMPLE, .n_top = r->logprobs ? r->top_logprobs : -1, .pos = pos,
+                          .p = seq_params(q)};
+    const struct sample_params *p = &a.p;
+    bool penalize = p->repeat_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0;
+    int64_t w = !penalize || p->penalty_last_n == 0                    ? 0
+                : p->penalty_last_n < 0 || p->penalty_last_n > pos ? pos
+                                                                   : p->penalty_last_n;
+    a.window = q->hist + pos - w;
+    a.n_window = w;
+    /* A window and bias list as large as the row: the row itself is no dearer. */
+    if (w + 2 * (int64_t)p->n_bias >= s->n_vocab)
+        return (struct sched_ask){.need = SCHED_NEED_LOGITS};
+    return a;
+}
+
+/* sched_config.asks: an ask per wanted row of s->ln's batch, passed to the forward. A
+ * sampled request's draft rows need p for rejection sampling (LOGITS) but its last row
+ * only a token; a greedy one's rows are all argmaxes; rows after the drafts drafted
+ * (a draft that stopped early) are not read; a forked prompt samples once per sequence
+ * from its row. */
+static int send_asks(struct sched *s, char *err, size_t errlen)
+{
+    struct lane *l = s->ln;
+    int n = 0;
+    for (int i = 0; i < l->n_fed; i++) {
+        const struct fed *f = &l->fed[i];
+        const struct seq *q = f->seq;
+        if (!f->logits)
+            continue;
+        if (f->drafts > 0) {
+            bool greedy = q->req->sample.temperature <= 0;
+            for (int j = 0; j <= f->drafts; j++)
+                l->asks[n++] = j > q->k_eff                ? (struct sched_ask){.need = SCHED_NEED_SKIP}
+                               : greedy || j == q->k_eff ? ask_sample(s, q, q->n_hist + j)
+                                                         : (struct sched_ask){.need = SCHED_NEED_LOGITS};
+        } else if (q->req->fork_pending) {
+            l->asks[n++] = (struct sched_ask){.need = SCHED_NEED_LOGITS};
+        } else {
+            l->asks[n++] = ask_sample(s, q, q->n_hist);
+        }
+    }
+    l->n_asks = n;
+    return s->cfg.asks(s->cfg.forward_ctx, l->asks, n, l->answers, err, errlen);
+}
+
 /* Reads the logits of s->ln's batch: each sequence that was in it samples (or verifies
  * its drafts, or forks) and reports. */
 static void read_results(struct sched *s)
@@ -1354,22 +1458,26 @@ static void read_results(struct sched *s)
         if (l->fed[i].seq)
             l->fed[i].seq->flight = NULL;
     const float *row = l->logits;
+    int w = 0; /* wanted rows before this sequence's */
     for (int i = 0; i < l->n_fed; i++) {
         struct fed *f = &l->fed[i];
         const float *rows = row;
-        if (f->logits)
+        const struct sched_token *ans = l->n_asks ? l->answers + w : NULL;
+        if (f->logits) {
             row += (size_t)(1 + f->drafts) * s->n_vocab;
+            w += 1 + f->drafts;
+        }
         if (!f->seq)
             continue; /* finished while in flight */
         f->seq->n_kv += f->n;
         if (!f->logits)
             continue;
         if (f->drafts > 0)
-            verify_and_report(s, f->seq, rows);
+            verify_and_report(s, f->seq, rows, ans);
         else if (f->seq->req->fork_pending)
             fork_and_report(s, f->seq, rows);
         else
-            sample_and_report(s, f->seq, rows);
+            sample_and_report(s, f->seq, rows, ans ? answer_at(s, ans, 0) : NULL);
     }
     pace_update(s, clock_ns() - l->t0);
 }
@@ -1386,7 +1494,10 @@ static int submit_lane(struct sched *s, char *err, size_t errlen)
         return 0;
     struct batch b = lane_batch(s->ln);
     char msg[512];
-    int rc = s->cfg.submit(s->cfg.forward_ctx, s->kv, &b, msg, sizeof msg);
+    s->ln->n_asks = 0;
+    int rc = s->cfg.asks ? send_asks(s, msg, sizeof msg) : 0;
+    if (!rc)
+        rc = s->cfg.submit(s->cfg.forward_ctx, s->kv, &b, msg, sizeof msg);
     if (rc) {
         fail_all(s, msg);
         return cairn_fail(err, errlen, rc, "%s", msg);
@@ -1435,7 +1546,10 @@ int sched_step(struct sched *s, char *err, size_t errlen)
         return 1;
     struct batch b = lane_batch(s->ln);
     char msg[512];
-    int rc = s->cfg.forward ? s->cfg.forward(s->cfg.forward_ctx, s->kv, &b, s->ln->logits, msg, sizeof msg)
+    s->ln->n_asks = 0;
+    int rc = s->cfg.asks ? send_asks(s, msg, sizeof msg) : 0;
+    if (!rc)
+        rc = s->cfg.forward ? s->cfg.forward(s->cfg.forward_ctx, s->kv, &b, s->ln->logits, msg, sizeof msg)
                             : engine_forward(s->e, s->kv, &b, s->ln->logits, msg, sizeof msg);
     if (rc) {
         fail_all(s, msg);
@@ -1612,6 +1726,8 @@ static int check_config(const struct engine *e, const struct kv_cache *kv, const
         return cairn_fail(err, errlen, CAIRN_EINVAL, "lanes %d outside 0..%d", c->lanes, SCHED_MAX_LANES);
     if (c->lanes > 1 && (!c->submit || !c->collect))
         return cairn_fail(err, errlen, CAIRN_EINVAL, "lanes %d need submit and collect", c->lanes);
+    if (c->asks && !remote)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "asks need a forward (or submit and collect) to answer them");
     return 0;
 }
 
@@ -1623,8 +1739,10 @@ static bool lane_alloc(struct lane *l, size_t slots, size_t max_batch, size_t n_
     l->b_logits = calloc(max_batch, sizeof *l->b_logits);
     l->fed = calloc(slots, sizeof *l->fed);
     l->logits = malloc(slots * n_vocab * sizeof *l->logits);
+    l->asks = calloc(slots, sizeof *l->asks);
+    l->answers = calloc(slots, sizeof *l->answers);
     l->logit_rows = (int64_t)slots;
-    return l->b_token && l->b_seq && l->b_pos && l->b_logits && l->fed && l->logits;
+    return l->b_token && l->b_seq && l->b_pos && l->b_logits && l->fed && l->logits && l->asks && l->answers;
 }
 
 static void lane_free(struct lane *l)
@@ -1635,6 +1753,8 @@ static void lane_free(struct lane *l)
     free(l->b_logits);
     free(l->fed);
     free(l->logits);
+    free(l->asks);
+    free(l->answers);
     free(l->q_ids);
     free(l->q_probs);
 }

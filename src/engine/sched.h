@@ -73,6 +73,37 @@ enum sched_finish {
     SCHED_FINISH_COUNT
 };
 
+struct sched_token;
+
+/* What the forward returns for one wanted token (sched_config.asks). */
+enum sched_need {
+    SCHED_NEED_LOGITS = 1, /* its row of logits */
+    SCHED_NEED_SAMPLE = 2, /* the token sched_sample_row draws from the row */
+    SCHED_NEED_SKIP = 3,   /* nothing: the scheduler will not read it */
+};
+
+/* One wanted token's ask. SAMPLE: the sequence's parameters (seed already + its index;
+ * bias points into the scheduler), the position drawn, the penalty window (the tokens
+ * of the history the penalties read: its last penalty_last_n, or all with -1, none
+ * when no penalty applies) and how many top log-probabilities to return (-1: no
+ * log-probabilities at all). Other needs leave the rest zero. */
+struct sched_ask {
+    int need;               /* enum sched_need */
+    int n_top;              /* -1, or 0..SCHED_MAX_TOP_LOGPROBS */
+    int64_t pos;
+    struct sample_params p;
+    const int32_t *window;  /* n_window tokens */
+    int64_t n_window;
+};
+
+/* Samples row (n_vocab logits) for ask a exactly as the scheduler samples a row itself:
+ * sample_token over the window at a->pos, then with n_top >= 0 the token's and the
+ * n_top most probable tokens' log-softmax of the raw row. Fills out (zeroed first; on
+ * a sampler error out->token is its negative code) and returns out->token. smp has
+ * n_vocab's scratch; allocates nothing. */
+int32_t sched_sample_row(struct sampler *smp, int n_vocab, const struct sched_ask *a, const float *row,
+                         struct sched_token *out);
+
 struct sched_config {
     int slots;        /* sequences running at once, 1..256 */
     int64_t ctx;      /* positions per sequence (prompt + generated), >= 2; at most the
@@ -106,6 +137,23 @@ struct sched_config {
     int lanes;
     int (*submit)(void *ctx, struct kv_cache *kv, const struct batch *b, char *err, size_t errlen);
     int (*collect)(void *ctx, float *logits, char *err, size_t errlen);
+    /* Sampling where the logits are (a pipeline's last rank, so that a token instead of
+     * a row of n_vocab floats crosses the network); NULL: the scheduler samples every
+     * row itself. With forward, or submit and collect, set: right before each forward
+     * or submit the scheduler calls asks(forward_ctx, ask, n, answer) with one ask per
+     * wanted token of that batch, in batch order (struct sched_ask; ask and what it
+     * points to stay valid until that forward or submit returns). That forward (or its
+     * collect) then writes, for ask i, answer[i] as sched_sample_row computes it from the
+     * row (SAMPLE), or the row's logits at their usual place (LOGITS), or nothing (SKIP);
+     * logits rows of SAMPLE and SKIP asks are not read. answer stays the forward's until
+     * its results are collected. Rows whose reader needs the whole distribution (a
+     * sampled request's drafts, verified by rejection sampling; the prompt's last token
+     * of a request with n_seqs > 1, sampled once per sequence) ask LOGITS, and so does a
+     * row whose penalty window and bias list weigh as much as its logits. Tokens are
+     * the same either way (the sampler is deterministic). A negative return fails the
+     * step like a failed forward. */
+    int (*asks)(void *ctx, const struct sched_ask *ask, int n, struct sched_token *answer, char *err,
+                size_t errlen);
 };
 
 /* Sequence ids the KV cache must have for cfg: slots + cache_seqs. */

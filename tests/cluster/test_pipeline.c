@@ -11,7 +11,11 @@
  * and the late result is dropped; a rank whose links close makes the next step fail
  * with CAIRN_EIO within a bounded time, every request ends with an error and the
  * pipeline stays down; bad configs are refused. F16 and Q8_0 on the wire run and
- * report how many tokens match. */
+ * report how many tokens match. With asks (sched_config.asks, the default here) the last
+ * rank samples: tokens, probabilities and log-probabilities (top 0..20) are bit for bit
+ * the single-slice scheduler's, with penalties, logit bias and 2-3 sequences per
+ * request, greedy and sampled, with drafts; rows sampled remotely cost rank 0 a few
+ * bytes (checked against n_vocab * 4); rank 0 sampling everything still works. */
 #include "base/clock.h"
 #include "base/dtype.h"
 #include "base/err.h"
@@ -38,7 +42,7 @@
 #define CACHE_SEQS 8
 #define MAX_W 3
 #define MAX_GEN 24
-#define MAX_IDS 32
+#define MAX_IDS 64  /* request id + N_SUITE * sequence index */
 #define N_SUITE 17 /* requests of a suite: 1 alone, 8 concurrent, 8 reusing their prompts */
 #define K_DRAFT 3
 
@@ -133,6 +137,7 @@ struct ring {
     int compared, mismatches; /* mirror checks after each step */
     int lanes;
     int in_flight, max_in_flight; /* steps submitted and not collected (lanes) */
+    bool asks;                    /* the last rank samples what it can (sched_config.asks) */
 };
 
 struct ring_opts {
@@ -143,6 +148,7 @@ struct ring_opts {
     int64_t n_blocks;    /* 0: engine_kv_config's */
     int r1_max_batch;    /* rank 1's engine (0: MAX_BATCH) */
     int lanes;           /* the scheduler's micro-batches in flight (0, 1: one step at a time) */
+    bool rank0_samples;  /* no asks: every wanted row comes back as logits */
 };
 
 static struct dp_config link_config(int rank, int peer, int W)
@@ -356,20 +362,41 @@ static int ring_collect(void *ctx, float *logits, char *err, size_t errlen)
     return rc;
 }
 
+static int ring_asks(void *ctx, const struct sched_ask *ask, int n, struct sched_token *answer, char *err,
+                     size_t errlen)
+{
+    struct ring *g = ctx;
+    return pipeline_asks(g->r[0].p, ask, n, answer, err, errlen);
+}
+
 /* ---- requests and what the callbacks saw ---- */
 
 struct req {
     int32_t prompt[64];
     int n_prompt, max_tokens, num_draft;
     struct sample_params sp;
+    int n_seqs;              /* 0: 1 */
+    bool logprobs;
+    int top_logprobs;
+    struct logit_bias bias[4];
 };
 
+/* What one sequence (request id + N_SUITE * its index) was told. */
 struct rec {
     int n, n_done;
     int32_t tok[MAX_GEN];
+    uint64_t digest;         /* of every field of every token reported (logprobs included) */
     enum sched_finish why;
     char error[512];
 };
+
+static uint64_t mix(uint64_t h, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
 
 struct collector {
     struct rec rec[MAX_IDS];
@@ -380,10 +407,17 @@ struct collector {
 static int on_token(void *ctx, uint64_t id, int seq, int64_t index, const struct sched_token *t)
 {
     struct collector *c = ctx;
-    (void)seq;
+    id += (uint64_t)seq * N_SUITE;
     if (id >= MAX_IDS || index != c->rec[id].n || c->rec[id].n >= MAX_GEN)
         return 1;
     c->rec[id].tok[c->rec[id].n++] = t->token;
+    uint64_t h = c->rec[id].digest ? c->rec[id].digest : 0xcbf29ce484222325ull;
+    h = mix(h, &t->token, sizeof t->token);
+    h = mix(h, &t->prob, sizeof t->prob);
+    h = mix(h, &t->logprob, sizeof t->logprob);
+    h = mix(h, &t->n_top, sizeof t->n_top);
+    h = mix(h, t->top_token, (size_t)t->n_top * sizeof t->top_token[0]);
+    c->rec[id].digest = mix(h, t->top_logprob, (size_t)t->n_top * sizeof t->top_logprob[0]);
     if (c->kill_at_flag && ++c->total == c->kill_at)
         atomic_store(c->kill_at_flag, 1);
     return 0;
@@ -393,8 +427,8 @@ static void on_done(void *ctx, uint64_t id, int seq, enum sched_finish why, cons
                     const char *error)
 {
     struct collector *c = ctx;
-    (void)seq;
     (void)u;
+    id += (uint64_t)seq * N_SUITE;
     if (id >= MAX_IDS)
         return;
     c->rec[id].n_done++;
@@ -437,11 +471,51 @@ static void make_suite(struct req *q, int n_vocab, bool sampled, int num_draft)
     }
 }
 
+/* make_suite's requests with what the last rank must sample alike: log-probabilities
+ * (0..20 alternatives), repetition, presence and frequency penalties over windows of
+ * 16, all and 3 tokens, logit bias, and 2 or 3 sequences per request. */
+static void make_rich_suite(struct req *q, int n_vocab, bool sampled, int num_draft)
+{
+    make_suite(q, n_vocab, sampled, num_draft);
+    for (int i = 0; i < N_SUITE; i++) {
+        struct sample_params *p = &q[i].sp;
+        switch (i % 4) {
+        case 1:
+            q[i].logprobs = true;
+            q[i].top_logprobs = i % 6;
+            p->repeat_penalty = 1.3f;
+            p->penalty_last_n = 16;
+            break;
+        case 2:
+            q[i].logprobs = true;
+            q[i].top_logprobs = SCHED_MAX_TOP_LOGPROBS;
+            p->presence_penalty = 0.5f;
+            p->frequency_penalty = 0.3f;
+            p->penalty_last_n = -1;
+            break;
+        case 3:
+            q[i].bias[0] = (struct logit_bias){.token = q[i].prompt[0], .bias = 4.0f};
+            q[i].bias[1] = (struct logit_bias){.token = 7, .bias = -100.0f};
+            p->n_bias = 2;
+            q[i].n_seqs = 2;
+            p->repeat_penalty = 0.9f;
+            p->penalty_last_n = 3;
+            break;
+        default:
+            q[i].n_seqs = i == 0 ? 1 : 3;
+            q[i].logprobs = true;
+            q[i].top_logprobs = 2;
+        }
+    }
+}
+
 static void submit(struct sched *s, const struct req *q, uint64_t id)
 {
     char err[512];
     struct sched_request r = {.id = id, .prompt = q->prompt, .n_prompt = q->n_prompt, .max_tokens = q->max_tokens,
-                              .n_seqs = 1, .sample = q->sp, .num_draft_tokens = q->num_draft};
+                              .n_seqs = q->n_seqs ? q->n_seqs : 1, .sample = q->sp, .num_draft_tokens = q->num_draft,
+                              .logprobs = q->logprobs, .top_logprobs = q->top_logprobs};
+    r.sample.bias = r.sample.n_bias ? q->bias : NULL;
     CHECK(sched_submit(s, &r, err, sizeof err) == 0, "submit %llu: %s", (unsigned long long)id, err);
 }
 
@@ -499,6 +573,8 @@ static struct sched *sched_open(const struct fixture *fx, const struct setup *su
         } else {
             cfg.forward = ring_forward;
         }
+        if (g->asks)
+            cfg.asks = ring_asks;
         e = g->r[0].e;
         kv = g->r[0].kv;
     } else {
@@ -534,13 +610,17 @@ static void sched_close(struct sched *s, struct kv_cache *kv, struct kv_cache *d
     kv_release(dkv);
 }
 
+/* Sequences 0..n-1 of the suite (and the further sequences of its requests, where
+ * any): the same tokens, with the same probabilities and log-probabilities. */
 static int compare(const char *label, const struct collector *want, const struct collector *got, int n)
 {
     int bad = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < MAX_IDS; i++) {
         const struct rec *a = &want->rec[i], *b = &got->rec[i];
+        if (i >= n && a->n_done == 0 && b->n_done == 0)
+            continue;
         bool same = a->n == b->n && !memcmp(a->tok, b->tok, (size_t)a->n * sizeof a->tok[0]) && a->why == b->why &&
-                    a->n_done == 1 && b->n_done == 1 && a->why != SCHED_FINISH_ERROR;
+                    a->n_done == 1 && b->n_done == 1 && a->why != SCHED_FINISH_ERROR && a->digest == b->digest;
         if (!same && bad++ < 3) {
             fprintf(stderr, "%s: request %d differs (%s %d tokens, done %d / %s %d tokens, done %d %s)\n", label, i,
                     sched_finish_name(a->why), a->n, a->n_done, sched_finish_name(b->why), b->n, b->n_done, b->error);
@@ -571,6 +651,10 @@ static struct collector *reference(const struct fixture *fx, const struct setup 
 static void check_pipeline(const struct fixture *fx, const struct setup *su, const struct req *q,
                            const struct collector *ref, const struct ring_opts *o, const char *label)
 {
+    int n_vocab = fx->m[su->model]->hp.n_vocab;
+    const char *only = getenv("CAIRN_TEST_ONLY"); /* a label's part: run just those */
+    if (only && !strstr(label, only))
+        return;
     struct ring g;
     int64_t t0 = clock_ns();
     struct ring_opts ro = *o;
@@ -578,6 +662,7 @@ static void check_pipeline(const struct fixture *fx, const struct setup *su, con
     if (ring_open(&g, fx->path[su->model], &ro))
         return;
     g.lanes = o->lanes;
+    g.asks = !o->rank0_samples;
     struct collector *c = calloc(1, sizeof *c);
     struct kv_cache *kv, *dkv;
     struct sched *s = c ? sched_open(fx, su, &g, &kv, &dkv, c) : NULL;
@@ -602,11 +687,42 @@ static void check_pipeline(const struct fixture *fx, const struct setup *su, con
               label, (unsigned long long)ps.steps, (unsigned long long)ps.failures, (long long)st.steps);
         char why[256];
         CHECK(pipeline_alive(g.r[0].p, why, sizeof why), "%s: not alive: %s", label, why);
+        /* What came back: rows sampled on the last rank cost a few bytes, not a row of
+         * n_vocab floats; the last rank counted the same rows. */
+        struct pipeline_stats pl;
+        pipeline_get_stats(g.r[g.W - 1].p, &pl);
+        uint64_t rows = ps.rows_sampled + ps.rows_logits + ps.rows_skipped, row_bytes = 4 * (uint64_t)n_vocab;
+        CHECK(pl.rows_sampled == ps.rows_sampled && pl.rows_logits == ps.rows_logits &&
+                  pl.rows_skipped == ps.rows_skipped,
+              "%s: the last rank sampled %llu rows, rank 0 got %llu", label, (unsigned long long)pl.rows_sampled,
+              (unsigned long long)ps.rows_sampled);
+        if (g.asks) {
+            CHECK(ps.rows_sampled > 0, "%s: %llu rows sampled remotely, %llu as logits", label,
+                  (unsigned long long)ps.rows_sampled, (unsigned long long)ps.rows_logits);
+            /* Logits rows as they were, everything else under 256 bytes a row (20 top
+             * log-probabilities take 176), and the whole of what rank 0 received under
+             * a tenth of what every row as logits would have cost. */
+            CHECK(ps.result_bytes < ps.rows_logits * (row_bytes + 64) + (rows - ps.rows_logits) * 256 +
+                                        (uint64_t)st.steps * 128,
+                  "%s: %llu result bytes for %llu rows (%llu of logits)", label, (unsigned long long)ps.result_bytes,
+                  (unsigned long long)rows, (unsigned long long)ps.rows_logits);
+            if (ps.rows_logits == 0)
+                CHECK(ps.bytes_received * 10 < rows * row_bytes, "%s: rank 0 received %llu bytes for %llu rows of "
+                      "%llu bytes", label, (unsigned long long)ps.bytes_received, (unsigned long long)rows,
+                      (unsigned long long)row_bytes);
+        } else {
+            CHECK(ps.rows_sampled == 0 && ps.rows_logits == rows && ps.result_bytes >= rows * row_bytes,
+                  "%s: rank 0 samples, yet %llu rows came sampled", label, (unsigned long long)ps.rows_sampled);
+        }
         printf("%s: %lld steps, %lld cached tokens, %lld preemptions, drafts %lld/%lld; rank 0 compute %.0f ms, "
-               "send %.0f ms, wait %.0f ms (max %.1f), %llu KV ops, %.1f MB sent; %.2f s\n", label,
+               "send %.0f ms, wait %.0f ms (max %.1f), %llu KV ops, %.1f MB sent, %.3f MB received; rows %llu sampled "
+               "on rank %d, %llu logits, %llu skipped: %.1f result bytes a row (a logits row: %llu); %.2f s\n", label,
                (long long)st.steps, (long long)st.cached_tokens, (long long)st.preemptions,
                (long long)st.accepted_draft_tokens, (long long)st.draft_tokens, ps.compute_us / 1e3, ps.send_us / 1e3,
                ps.wait_us / 1e3, ps.wait_max_us / 1e3, (unsigned long long)ps.ctl_ops, ps.bytes_sent / 1e6,
+               ps.bytes_received / 1e6, (unsigned long long)ps.rows_sampled, g.W - 1,
+               (unsigned long long)ps.rows_logits, (unsigned long long)ps.rows_skipped,
+               rows ? (double)ps.result_bytes / (double)rows : 0.0, (unsigned long long)row_bytes,
                (double)(clock_ns() - t0) / 1e9);
         sched_close(s, kv, dkv);
     }
@@ -662,6 +778,39 @@ static void test_equal(const struct fixture *fx)
         CHECK(st.draft_tokens > 0, "the sampled reference drafted nothing");
         check_pipeline(fx, &sd, q, ref, &llama2, "llama sampled, draft on rank 0, 2 ranks");
     }
+    free(ref);
+
+    /* What the last rank samples for rank 0: log-probabilities, penalties, logit bias,
+     * several sequences per request; greedy and sampled, with and without drafts (a
+     * sampled request's draft rows come back as logits for rejection sampling). */
+    const struct ring_opts llama2_rank0 = {.W = 2, .ends = {1, 6}, .rank0_samples = true};
+    make_rich_suite(q, n_vocab, false, 0);
+    ref = reference(fx, &su, q, &st);
+    if (ref) {
+        check_pipeline(fx, &su, q, ref, &llama2, "llama greedy rich, 2 ranks");
+        check_pipeline(fx, &su, q, ref, &llama2_rank0, "llama greedy rich, 2 ranks, rank 0 samples");
+        check_pipeline(fx, &su, q, ref, &llama3_lanes, "llama greedy rich, 3 ranks, 3 micro-batches");
+        const struct ring_opts l3r0 = {.W = 3, .ends = {2, 3, 6}, .lanes = 3, .rank0_samples = true};
+        check_pipeline(fx, &su, q, ref, &l3r0, "llama greedy rich, 3 ranks, 3 micro-batches, rank 0 samples");
+        static struct req qd[N_SUITE];
+        make_rich_suite(qd, n_vocab, false, -1);
+        check_pipeline(fx, &sd, qd, ref, &llama2_lanes, "llama greedy rich, draft on rank 0, 2 ranks, 2 micro-batches");
+        const struct ring_opts l2r0 = {.W = 2, .ends = {1, 6}, .lanes = 2, .rank0_samples = true};
+        check_pipeline(fx, &sd, qd, ref, &l2r0, "llama greedy rich, draft on rank 0, 2 ranks, 2 micro-batches, rank 0 samples");
+        check_pipeline(fx, &sd, qd, ref, &llama2, "llama greedy rich, draft on rank 0, 2 ranks");
+    }
+    free(ref);
+    make_rich_suite(q, n_vocab, true, 0);
+    ref = reference(fx, &su, q, &st);
+    if (ref) {
+        check_pipeline(fx, &su, q, ref, &llama2_lanes, "llama sampled rich, 2 ranks, 2 micro-batches");
+        check_pipeline(fx, &su, q, ref, &llama3, "llama sampled rich, 3 ranks");
+    }
+    free(ref);
+    make_rich_suite(q, n_vocab, true, -1);
+    ref = reference(fx, &sd, q, &st);
+    if (ref)
+        check_pipeline(fx, &sd, q, ref, &llama2, "llama sampled rich, draft on rank 0, 2 ranks");
     free(ref);
 
     /* qwen2 (grouped-query attention, QKV biases), greedy. */
@@ -891,6 +1040,11 @@ static void test_kill(const struct fixture *fx, int W, int victim)
         rc = run_idle(s, err, sizeof err);
         CHECK(rc == CAIRN_EIO && (double)(clock_ns() - t0) / 1e9 < 1 && c->rec[5].why == SCHED_FINISH_ERROR,
               "after the kill: %d %s", rc, err);
+        /* The ranks after the victim hear of it from their own links: give them time to
+         * (rank 0 may have failed first). */
+        for (int r = victim + 1; r < W; r++)
+            for (int i = 0; i < 300 && !atomic_load(&g.r[r].t_exit); i++)
+                usleep(10000);
         ring_stop(&g);
         for (int r = victim + 1; r < W; r++)
             CHECK(g.r[r].exit_rc == CAIRN_EIO && (strstr(g.r[r].exit_err, "ended") || strstr(g.r[r].exit_err, "closed")) &&

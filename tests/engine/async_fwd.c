@@ -1,8 +1,10 @@
 #include "async_fwd.h"
 
 #include "base/err.h"
+#include "engine/sample.h"
 #include "model/model.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,8 +17,51 @@ void async_fwd_init(struct async_fwd *a, struct engine *e, bool deferred)
 
 void async_fwd_free(struct async_fwd *a)
 {
-    for (int i = 0; i < SCHED_MAX_LANES; i++)
+    for (int i = 0; i < SCHED_MAX_LANES; i++) {
         free(a->slot[i].logits);
+        free(a->slot[i].windows);
+        free(a->slot[i].bias);
+    }
+    sample_release(a->smp);
+}
+
+int async_asks(void *ctx, const struct sched_ask *ask, int n, struct sched_token *answer, char *err, size_t errlen)
+{
+    struct async_fwd *a = ctx;
+    int n_vocab = engine_model(a->e)->hp.n_vocab;
+    if (a->count == SCHED_MAX_LANES || n > ASYNC_FWD_MAX_BATCH || (!a->smp && sample_create(&a->smp, n_vocab))) {
+        a->misuse++;
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "async_asks: misuse");
+    }
+    struct async_flight *f = &a->slot[(a->head + a->count) % SCHED_MAX_LANES];
+    int64_t nw = 0, nb = 0;
+    for (int i = 0; i < n; i++) {
+        nw += ask[i].n_window;
+        nb += ask[i].p.n_bias;
+    }
+    free(f->windows);
+    free(f->bias);
+    f->windows = malloc((size_t)(nw + 1) * sizeof *f->windows);
+    f->bias = malloc((size_t)(nb + 1) * sizeof *f->bias);
+    if (!f->windows || !f->bias)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "async_asks: out of memory");
+    nw = nb = 0;
+    for (int i = 0; i < n; i++) {
+        f->ask[i] = ask[i];
+        if (ask[i].n_window)
+            memcpy(f->windows + nw, ask[i].window, (size_t)ask[i].n_window * sizeof *f->windows);
+        if (ask[i].p.n_bias)
+            memcpy(f->bias + nb, ask[i].p.bias, (size_t)ask[i].p.n_bias * sizeof *f->bias);
+        f->ask[i].window = f->windows + nw;
+        f->ask[i].p.bias = f->bias + nb;
+        nw += ask[i].n_window;
+        nb += ask[i].p.n_bias;
+    }
+    f->n_asks = n;
+    f->answer = answer;
+    a->staged = true;
+    a->asks_calls++;
+    return 0;
 }
 
 static int distinct_seqs(const struct async_flight *f)
@@ -45,6 +90,8 @@ int async_submit(void *ctx, struct kv_cache *kv, const struct batch *b, char *er
         return cairn_fail(err, errlen, CAIRN_ESTATE, "async_submit: misuse");
     }
     struct async_flight *f = &a->slot[(a->head + a->count) % SCHED_MAX_LANES];
+    f->asked = a->staged;
+    a->staged = false;
     f->n = b->n;
     f->n_want = 0;
     memcpy(f->tok, b->token, (size_t)b->n * sizeof *f->tok);
@@ -53,6 +100,10 @@ int async_submit(void *ctx, struct kv_cache *kv, const struct batch *b, char *er
     memcpy(f->want, b->logits, (size_t)b->n);
     for (int i = 0; i < b->n; i++)
         f->n_want += f->want[i];
+    if (f->asked && f->n_asks != f->n_want) {
+        a->misuse++;
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "async_submit: %d asks for %d wanted rows", f->n_asks, f->n_want);
+    }
     for (int k = 0; k < a->count; k++) {
         const struct async_flight *o = &a->slot[(a->head + k) % SCHED_MAX_LANES];
         for (int i = 0; i < f->n; i++)
@@ -93,5 +144,18 @@ int async_collect(void *ctx, float *logits, char *err, size_t errlen)
         return cairn_fail(err, errlen, f->rc, "%s", f->err);
     size_t n_vocab = (size_t)engine_model(a->e)->hp.n_vocab;
     memcpy(logits, f->logits, (size_t)f->n_want * n_vocab * sizeof *logits);
+    for (int i = 0; f->asked && i < f->n_asks; i++) {
+        float *row = logits + (size_t)i * n_vocab;
+        if (f->ask[i].need == SCHED_NEED_SAMPLE) {
+            sched_sample_row(a->smp, (int)n_vocab, &f->ask[i], row, &f->answer[i]);
+            a->sampled++;
+        } else if (f->ask[i].need == SCHED_NEED_SKIP) {
+            a->skipped++;
+        } else {
+            continue;
+        }
+        for (size_t k = 0; k < n_vocab; k++)
+            row[k] = NAN;
+    }
     return 0;
 }

@@ -1056,15 +1056,17 @@ static void test_lanes(const struct fixture *fx)
         struct collector *alone = collector_new();
         run_alone(fx, reqs, N_REQ, alone);
         for (int lanes = 2; lanes <= 3; lanes++)
-            for (int deferred = 0; deferred < 2; deferred++)
+            for (int deferred = 0; deferred < 3; deferred++) /* 2: deferred, answering asks */
                 for (int small = 0; small < 2; small++) {
                     char what[96];
                     snprintf(what, sizeof what, "%s, %d lanes, %s%s", sample ? "sampled" : "greedy", lanes,
-                             deferred ? "deferred" : "immediate", small ? ", 6 blocks" : "");
+                             deferred == 2 ? "asks" : deferred ? "deferred" : "immediate", small ? ", 6 blocks" : "");
                     struct collector *c = collector_new();
                     struct async_fwd a;
                     struct rig g;
                     struct sched_config cfg = {.slots = N_REQ};
+                    if (deferred == 2)
+                        cfg.asks = async_asks;
                     if (rig_open_lanes(&g, fx, cfg, lanes, &a, deferred, small ? 6 : 0, c) == 0) {
                         for (int i = 0; i < N_REQ; i++)
                             submit(&g, &reqs[i], (uint64_t)i);
@@ -1077,6 +1079,9 @@ static void test_lanes(const struct fixture *fx)
                         CHECK(a.submits == a.collects && a.submits == st.steps, "%s: %d submits, %d collects, "
                               "%lld steps", what, a.submits, a.collects, (long long)st.steps);
                         CHECK(!small || st.preemptions > 0, "%s: no preemption", what);
+                        CHECK(deferred < 2 || (a.asks_calls == a.submits && a.sampled == st.generated_tokens),
+                              "%s: %d asks for %d submits, %d rows sampled for %lld tokens", what, a.asks_calls,
+                              a.submits, a.sampled, (long long)st.generated_tokens);
                         CHECK_EQ_INT(st.kv_blocks_used, 0);
                         CHECK_EQ_INT(a.misuse, 0);
                         rig_close(&g);

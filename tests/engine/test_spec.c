@@ -1150,12 +1150,14 @@ static void test_lanes(const struct fixture *fx)
     struct spec reqs[N_REQ];
     make_eight(fx, reqs);
     for (int phased = 0; phased < 2; phased++) {
-        const char *what = phased ? "2 lanes, drafts switched in flight" : "2 lanes, 2-layer draft";
+        const char *what = phased ? "2 lanes, drafts switched in flight, asks" : "2 lanes, 2-layer draft";
         struct collector *c = collector_new();
         struct async_fwd a;
         async_fwd_init(&a, fx->e[M_TARGET], true);
         struct sched_config cfg = {.slots = N_REQ, .chunk_tokens = 8, .lanes = 2, .submit = async_submit,
                                    .collect = async_collect, .forward_ctx = &a};
+        if (phased) /* greedy drafts verified by tokens sampled "remotely" */
+            cfg.asks = async_asks;
         struct rig g;
         if (rig_open(&g, fx, M_TARGET, cfg, 0, c) == 0) {
             a.kv = g.kv;
@@ -1179,6 +1181,8 @@ static void test_lanes(const struct fixture *fx)
                   what, a.max_in_flight, a.max_seqs);
             CHECK_EQ_INT(st.kv_blocks_used, 0);
             CHECK_EQ_INT(a.misuse, 0);
+            CHECK(!phased || (a.sampled > 0 && a.asks_calls == a.submits), "%s: %d rows sampled, %d asks", what,
+                  a.sampled, a.asks_calls);
             rig_close(&g);
         }
         async_fwd_free(&a);
@@ -1202,19 +1206,24 @@ static void test_lanes(const struct fixture *fx)
         sreqs[i].sp.seed = 300 + (uint64_t)i;
         sreqs[i].num_draft = -1;
     }
-    struct collector *by[2] = {collector_new(), collector_new()};
-    for (int lanes = 1; lanes <= 2; lanes++) {
+    /* Run 2 answers asks: drafts' rows come back as logits for rejection sampling, the
+     * row after them as a token. */
+    struct collector *by[3] = {collector_new(), collector_new(), collector_new()};
+    for (int run = 0; run < 3; run++) {
+        int lanes = run ? 2 : 1;
         struct async_fwd a;
         async_fwd_init(&a, fx->e[M_TARGET], true);
         struct sched_config cfg = {.slots = N_REQ, .chunk_tokens = MAX_BATCH - N_REQ, .lanes = lanes,
                                    .submit = async_submit, .collect = async_collect, .forward_ctx = &a};
+        if (run == 2)
+            cfg.asks = async_asks;
         if (lanes == 1) {
             cfg.submit = NULL;
             cfg.collect = NULL;
             cfg.forward_ctx = NULL;
         }
         struct rig g;
-        if (rig_open(&g, fx, M_TARGET, cfg, 0, by[lanes - 1]) == 0) {
+        if (rig_open(&g, fx, M_TARGET, cfg, 0, by[run]) == 0) {
             a.kv = g.kv;
             rig_draft(&g, fx, M_LAYERS, K);
             for (int i = 0; i < N_REQ; i++)
@@ -1225,6 +1234,7 @@ static void test_lanes(const struct fixture *fx)
             CHECK(st.draft_rejections > 0 && st.accepted_draft_tokens > 0, "sampled, %d lanes: %lld accepted, "
                   "%lld rejections", lanes, (long long)st.accepted_draft_tokens, (long long)st.draft_rejections);
             CHECK(lanes == 1 || a.max_in_flight == 2, "sampled, 2 lanes: %d in flight", a.max_in_flight);
+            CHECK(run < 2 || a.sampled > 0, "sampled, 2 lanes, asks: nothing sampled by the forward");
             CHECK_EQ_INT(a.misuse, 0);
             rig_close(&g);
         }
@@ -1232,13 +1242,15 @@ static void test_lanes(const struct fixture *fx)
     }
     for (int i = 0; i < N_REQ; i++) {
         check_same("sampled with drafts, 2 lanes vs 1", i, &by[1]->rec[i][0], &by[0]->rec[i][0]);
+        check_same("sampled with drafts, 2 lanes answering asks vs 1", i, &by[2]->rec[i][0], &by[0]->rec[i][0]);
         CHECK(by[0]->rec[i][0].usage.draft_tokens == by[1]->rec[i][0].usage.draft_tokens,
               "sampled: request %d drafted %lld with 1 lane, %lld with 2", i,
               (long long)by[0]->rec[i][0].usage.draft_tokens, (long long)by[1]->rec[i][0].usage.draft_tokens);
     }
-    CHECK_EQ_INT(by[0]->misuse + by[1]->misuse, 0);
+    CHECK_EQ_INT(by[0]->misuse + by[1]->misuse + by[2]->misuse, 0);
     free(by[0]);
     free(by[1]);
+    free(by[2]);
 }
 
 static void timed(const char *name, void (*fn)(const struct fixture *), const struct fixture *fx)
