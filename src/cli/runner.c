@@ -177,6 +177,10 @@ static void add_sched_stats(struct runner *r, json_t *body)
         json_object_set_new(o, "pipeline_compute_us", json_integer(ps.compute_us));
         json_object_set_new(o, "pipeline_wait_us", json_integer(ps.wait_us));
         json_object_set_new(o, "pipeline_bytes", json_integer((json_int_t)(ps.bytes_sent + ps.bytes_received)));
+        /* What came back per wanted row: a token sampled on the last rank, or logits. */
+        json_object_set_new(o, "pipeline_result_bytes", json_integer((json_int_t)ps.result_bytes));
+        json_object_set_new(o, "pipeline_rows_sampled", json_integer((json_int_t)ps.rows_sampled));
+        json_object_set_new(o, "pipeline_rows_logits", json_integer((json_int_t)ps.rows_logits));
     }
 }
 
