@@ -117,7 +117,7 @@
 #define DP_MAX_VOCAB (1 << 24)
 #define DP_MAX_CTL_OPS (1 << 16)
 #define DP_MAX_TOP 20                 /* top log-probabilities per sampled row */
-#define DP_MAX_BIAS (1 << 16)         /* logit bias entries per ask */
+#define DP_MAX_BIAS (1 << 24)         /* logit bias entries per ask (as many as a vocabulary) */
 #define DP_MAX_HIST (1 << 24)         /* penalty window tokens per ask */
 #define DP_TOKEN_ERR_MIN (-1000)      /* a sampled token below 0 is a CAIRN_E* code above this */
 #define DP_MAX_PAYLOAD_DEFAULT ((size_t)128 << 20)

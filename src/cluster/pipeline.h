@@ -91,7 +91,9 @@ int pipeline_submit(void *p, struct kv_cache *kv, const struct batch *b, char *e
 
 /* Rank 0: sched_config.collect. Waits for the RESULT of the oldest step in flight from
  * the last rank on prev and copies its logits rows (one per wanted token, in batch
- * order) to `logits`. A link that ends, a RESULT with status < 0, a timeout: CAIRN_EIO
+ * order) to `logits`; with asks, only the rows of LOGITS asks, and the SAMPLE asks'
+ * answers to the answer array pipeline_asks was given (a RESULT whose rows do not
+ * match the asks breaks the pipeline). A link that ends, a RESULT with status < 0, a timeout: CAIRN_EIO
  * with the reason (naming the rank and peer); the step is no longer in flight either
  * way. CAIRN_ESTATE when nothing is in flight. */
 int pipeline_collect(void *p, float *logits, char *err, size_t errlen);
