@@ -83,6 +83,7 @@ struct worker {
     size_t n_finish, cap_finish;
     struct wcarry *carry; /* under mu */
     size_t n_carry, cap_carry;
+    int64_t replan_at_ms; /* worker thread: plan again then (a start waits), 0: none */
 };
 
 #define RESTARTS_MAX 1000000 /* a runner's restart_count in the state (state.h) */
@@ -653,8 +654,11 @@ static void replan(struct worker *w)
             if (c && !wait)
                 carry_drop(w, c);
             pthread_mutex_unlock(&w->mu);
-            if (wait)
+            if (wait) {
+                if (!w->replan_at_ms || carried.not_before_ms < w->replan_at_ms)
+                    w->replan_at_ms = carried.not_before_ms;
                 continue;
+            }
             log_info("worker: starting runner %s of instance %s (%s, layers %d..%d, epoch %lld)", a->runner_id,
                      a->instance_id, a->cfg.model_path, a->cfg.layer_begin, a->cfg.layer_end,
                      (long long)a->cfg.epoch);
@@ -770,8 +774,10 @@ static void *worker_main(void *arg)
     int64_t next = 0;
     while (!atomic_load(&w->stop)) {
         int64_t now = now_ms();
-        if (atomic_exchange(&w->dirty, false) || now >= next) {
+        bool due = w->replan_at_ms && now >= w->replan_at_ms;
+        if (atomic_exchange(&w->dirty, false) || now >= next || due) {
             next = now + WORKER_REPLAN_MS;
+            w->replan_at_ms = 0;
             replan(w);
         }
         if (supervisor_poll(w->sup, WORKER_POLL_MS) < 0) {
