@@ -252,9 +252,14 @@ test('garbage on a pipelined runner\'s data port: the ranks and their answers st
 });
 
 test('SIGINT: the runners stop, the log is flushed, the node exits 0', T, async () => {
-  const s = await getState(a);
-  if (!Object.keys(s.instances).some((id) => instanceReady(s, id)))
-    await placeInstance(a, { model_id: MODEL });
+  // An explicit instance on this node: nodes stopped above stay in the state until their
+  // timeout, and a placement could pick one of them.
+  const aid = (await http(`${a.url}/node_id`, { method: 'GET' })).json.node_id;
+  const card = (await http(`${a.url}/models`, { method: 'GET' })).json.models.find((m) => m.id === MODEL);
+  const shards = [{ node_id: aid, layer_begin: 0, layer_end: card.n_layers }];
+  const r = await http(`${a.url}/instance`, { body: { instance: { instance_id: 'sigint', model_id: MODEL, shards } } });
+  assert.equal(r.status, 200, r.text);
+  await waitState(a, (st) => instanceReady(st, 'sigint'), 'instance sigint ready');
   const pids = a.runnerPidsNow();
   assert.ok(pids.length >= 1, 'a runner runs');
   a.proc.kill('SIGINT');
