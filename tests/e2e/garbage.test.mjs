@@ -11,7 +11,7 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
-import { BINARY, SLOW, makeTempDir, removeTempDir, makeModel, startNode, http, sleep, assertStopsCleanly, childPids,
+import { BINARY, SLOW, makeTempDir, removeTempDir, makeModel, startNode, http, within, assertStopsCleanly, childPids,
   getState, waitState, clusterPort, runnerPid, runnerServing, instanceReady, placeInstance, deleteInstance }
   from './cairn.mjs';
 
@@ -205,7 +205,7 @@ test('a --no-api --no-worker node joins, offers no memory, serves no API and is 
     const two = await http(`${a.url}/place_instance`, { body: { model_id: MODEL, sharding: 'pipeline', min_nodes: 2 } });
     assert.equal(two.status, 409, `two nodes with one that runs nothing: ${two.status} ${two.text}`);
     c.kill('SIGTERM');
-    const exit = await Promise.race([exited, sleep(30_000 * SLOW).then(() => null)]);
+    const exit = await within(30_000 * SLOW, exited, 'the exit on SIGTERM');
     assert.deepEqual(exit, { code: 0, signal: null }, log().slice(-3000));
   } finally {
     c.kill('SIGKILL');
@@ -263,7 +263,7 @@ test('SIGINT: the runners stop, the log is flushed, the node exits 0', T, async 
   const pids = a.runnerPidsNow();
   assert.ok(pids.length >= 1, 'a runner runs');
   a.proc.kill('SIGINT');
-  const exit = await Promise.race([a.exited, sleep(30_000 * SLOW).then(() => null)]);
+  const exit = await within(30_000 * SLOW, a.exited, 'the exit on SIGINT');
   assert.deepEqual(exit, { code: 0, signal: null }, a.log().slice(-4000));
   // The node waited for its runners: none is left (a zombie has no command line).
   const left = pids.filter((p) => fs.existsSync(`/proc/${p}/cmdline`) && fs.readFileSync(`/proc/${p}/cmdline`).length);
