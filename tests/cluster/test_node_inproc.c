@@ -4,7 +4,9 @@
  * other; a restarted node keeps its id, replays its log and follows (sticky); the
  * edges between linked nodes carry a measured rtt and throughput; an idle cluster whose
  * nodes keep reporting adds next to no events while a runner's change still makes its
- * own; a peer sending malformed payloads is cut while the node serves the others.
+ * own; a peer sending malformed payloads is cut while the node serves the others; a
+ * node that was timed out comes back in the same term and replays the events it missed
+ * from the master's log (asked since its last position), not a snapshot.
  * Every wait is bounded. */
 #include "cluster/link.h"
 #include "cluster/node.h"
@@ -227,7 +229,28 @@ static void test_pair(void)
     node_release(follower);
 }
 
-/* A node that goes away for longer than the node timeout leaves the state. */
+struct catch_up {
+    const char *id;
+    atomic_int timed_out, snapshots;
+};
+
+static void on_catch_up(void *ctx, const char *json, size_t len, int64_t term, int64_t index)
+{
+    struct catch_up *c = ctx;
+    (void)term;
+    (void)index;
+    json_t *j = json_loadb(json, len, 0, NULL);
+    const char *kind = json_string_value(json_object_get(j, "kind"));
+    const char *node = json_string_value(json_object_get(j, "node_id"));
+    if (kind && !strcmp(kind, "NodeTimedOut") && node && !strcmp(node, c->id))
+        atomic_fetch_add(&c->timed_out, 1);
+    if (kind && !strcmp(kind, "StateSnapshot"))
+        atomic_fetch_add(&c->snapshots, 1);
+    json_decref(j);
+}
+
+/* A node unheard for the timeout leaves the state; when it comes back it catches up
+ * from the master's log. */
 static void test_timeout(void)
 {
     struct node *m = make_node_t("tm", NULL, true, 2000);
@@ -238,11 +261,44 @@ static void test_timeout(void)
     struct node *f = make_node_t("tf", peer, false, 2000);
     double t = f ? wait_agree(m, f, 2, node_id(m), 30) : -1;
     CHECK(t >= 0, "the force-master leads the pair");
+    char fid[IDS_ID_MAX + 1] = "";
+    if (f)
+        snprintf(fid, sizeof fid, "%s", node_id(f));
     node_release(f);
     double t0 = now_s();
     t = wait_agree(m, NULL, 1, node_id(m), 30);
     CHECK(t >= 0, "the departed node is timed out (bound 30 s)");
     printf("node timed out %.2f s after it left (timeout 2 s)\n", now_s() - t0);
+
+    /* It comes back with its log, in the same term: it asks for the log since its last
+     * position and replays what it missed one event at a time (its own NodeTimedOut
+     * among them), not a snapshot. */
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/tf", root);
+    const char *peers[1] = {peer};
+    struct node_config cfg = {.data_dir = dir, .bind_addr = "127.0.0.1", .peers = peers, .n_peers = 1,
+                              .memory_limit = (int64_t)1 << 30, .node_timeout_ms = 2000};
+    struct catch_up cu = {.id = fid};
+    struct node *back = NULL;
+    uint64_t token = 0;
+    int rc = node_create(&back, &cfg, err, sizeof err);
+    CHECK(rc == 0, "create tf again: %s", err);
+    if (!rc) {
+        CHECK(!strcmp(node_id(back), fid), "tf keeps its id: %s %s", node_id(back), fid);
+        CHECK(node_subscribe(back, on_catch_up, &cu, &token) == 0, "subscribe before the start");
+        rc = node_start(back, err, sizeof err);
+        CHECK(rc == 0, "start tf again: %s", err);
+        t = rc ? -1 : wait_agree(m, back, 2, node_id(m), 30);
+        CHECK(t >= 0, "the node that came back follows the same master with the same state (bound 30 s)");
+        CHECK(atomic_load(&cu.timed_out) == 1, "it replayed its own NodeTimedOut (%d times)",
+              atomic_load(&cu.timed_out));
+        CHECK(atomic_load(&cu.snapshots) == 0, "no snapshot was needed (%d)", atomic_load(&cu.snapshots));
+        struct node_status st;
+        node_get_status(back, &st);
+        CHECK(st.term == 1, "still term 1 (%lld)", (long long)st.term);
+        node_unsubscribe(back, token);
+        node_release(back);
+    }
     node_release(m);
 }
 
