@@ -2,7 +2,8 @@
  * in a ring over loopback TCP by the real data plane (cluster/dataplane.h, optionally
  * with an emulated link delay), with rank 0's scheduler driving it as a runner does,
  * against the same requests on one slice holding every layer with all the threads.
- * Greedy decoding of S streams: aggregate tokens/s, and where the time of a step goes
+ * Greedy decoding of S streams (sampled on the last rank, as runners do): aggregate
+ * tokens/s, and where the time of a step goes
  * (rank 0's own layers, waiting for the ring, the wire per hop, each stage's idle time).
  * Node start-up, HTTP and placement stay out of the figures (bench/pipeline.sh covers
  * the whole path). */
@@ -95,28 +96,55 @@ static void bp_ring_close(struct bp_ring *g)
     memset(g, 0, sizeof *g);
 }
 
-/* W ranks of equal layer counts, each with its own engine of `threads` threads. */
-static int bp_ring_open(struct bp_ring *g, const char *path, int W, int threads, int slots, int64_t ctx,
-                        int delay_us, char *err, size_t errlen)
+/* Weight bytes read per token by a slice (one thread: just for sizing). */
+static int slice_bytes(const char *path, int begin, int end, uint64_t *bytes, struct model_hparams *hp, char *err,
+                       size_t errlen)
+{
+    struct model *m = NULL;
+    struct model_load_opts mo = {.layer_begin = begin, .layer_end = end, .threads = 1};
+    if (model_load(&m, path, &mo, err, errlen))
+        return -1;
+    *bytes = m->weight_bytes;
+    if (hp)
+        *hp = m->hp;
+    model_release(m);
+    return 0;
+}
+
+/* Layer ranges of W ranks with equal work per token: the last rank's head counts as the
+ * layers its bytes are worth, so that rank gets fewer layers (balanced = false: equal
+ * layer counts). ends[r] is rank r's layer_end. */
+static int split_layers(const char *path, int W, bool balanced, int *ends, char *err, size_t errlen)
+{
+    struct model_hparams hp;
+    uint64_t first = 0, last = 0;
+    if (slice_bytes(path, 0, 1, &first, &hp, err, errlen))
+        return -1;
+    int n = hp.n_layers;
+    if (n < W)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "%d ranks need at least %d layers; the model has %d", W, W, n);
+    if (balanced && n > 1 && slice_bytes(path, n - 1, n, &last, NULL, err, errlen))
+        return -1;
+    double layer = (double)first, head = balanced && n > 1 && last > first ? (double)(last - first) : 0;
+    double share = (n * layer + head) / W;
+    for (int r = 0; r < W; r++) {
+        int end = r == W - 1 ? n : (int)((r + 1) * share / layer + 0.5);
+        int lo = (r ? ends[r - 1] : 0) + 1, hi = n - (W - 1 - r);
+        ends[r] = end < lo ? lo : end > hi ? hi : end;
+    }
+    return 0;
+}
+
+/* W ranks over the layer ranges ends[], each with its own engine of `threads` threads. */
+static int bp_ring_open(struct bp_ring *g, const char *path, int W, const int *ends, int threads, int slots,
+                        int64_t ctx, int delay_us, char *err, size_t errlen)
 {
     memset(g, 0, sizeof *g);
     g->W = W;
-    struct model_hparams hp;
-    {
-        struct model *whole = NULL;
-        struct model_load_opts mo = {.layer_begin = 0, .layer_end = 1};
-        if (model_load(&whole, path, &mo, err, errlen))
-            return -1;
-        hp = whole->hp;
-        model_release(whole);
-    }
-    if (hp.n_layers < W)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "%d ranks need at least %d layers; the model has %d", W, W,
-                          hp.n_layers);
     struct sched_config sc = {.slots = slots};
     for (int r = 0; r < W; r++) {
         struct bp_rank *k = &g->r[r];
-        struct model_load_opts mo = {.layer_begin = hp.n_layers * r / W, .layer_end = hp.n_layers * (r + 1) / W};
+        struct model_load_opts mo = {.layer_begin = r ? ends[r - 1] : 0, .layer_end = ends[r]};
         struct engine_config ec = {.n_threads = threads, .max_batch = 512, .max_ctx = ctx};
         struct kv_config kc;
         if (model_load(&k->m, path, &mo, err, errlen) || engine_create(&k->e, k->m, &ec, err, errlen))
@@ -217,6 +245,8 @@ static double bp_decode(struct engine *e, struct kv_cache *kv, struct bp_ring *g
         sc.forward = pipeline_forward;
         sc.forward_ctx = g->r[0].p;
     }
+    if (g)
+        sc.asks = pipeline_asks; /* the last rank samples, as in a runner */
     struct sched_callbacks cb = {.token = bp_token, .done = bp_done, .ctx = &run};
     struct sched *s = NULL;
     if (sched_create(&s, e, kv, &sc, &cb, err, errlen))
@@ -287,11 +317,14 @@ int bench_pipeline(const struct bench_pipe_opts *o)
            "(ms) | ring per step beyond compute, per hop (us) | stage idle | \n|---|---:|---:|---:|---:|---:|---|\n",
            o->streams);
     printf("| one slice, %d threads | %.1f | %.1f | 1.00 | - | - | - |\n", W * o->threads, whole[0], whole[1]);
-    int lanes_list[2] = {1, W};
-    for (int li = 0; li < 2; li++) {
-        int lanes = lanes_list[li];
+    /* One micro-batch and W, over equal layer counts; W over layers balanced for work. */
+    int lanes_list[3] = {1, W, W};
+    for (int li = 0; li < 3; li++) {
+        int lanes = lanes_list[li], ends[BP_MAX_RANKS];
+        bool balanced = li == 2;
         struct bp_ring g;
-        if (bp_ring_open(&g, o->model_path, W, o->threads, o->streams, ctx, o->delay_us, err, sizeof err)) {
+        if (split_layers(o->model_path, W, balanced, ends, err, sizeof err) ||
+            bp_ring_open(&g, o->model_path, W, ends, o->threads, o->streams, ctx, o->delay_us, err, sizeof err)) {
             fprintf(stderr, "cairn bench: ring of %d: %s\n", W, err);
             return 1;
         }
@@ -335,9 +368,13 @@ int bench_pipeline(const struct bench_pipe_opts *o)
         char wire[64] = "-";
         if (lanes == 1)
             snprintf(wire, sizeof wire, "%.0f, %.0f", send + wait - others, (send + wait - others) / W);
-        printf("| %d ranks x %d thread%s, %d micro-batch%s | %.1f | %.1f | %.2f | %.2f / %.2f | %s | %s |\n", W,
-               o->threads, o->threads > 1 ? "s" : "", lanes, lanes > 1 ? "es" : "", tps[0], tps[1],
-               tps[1] / whole[1], own / 1e3, wait / 1e3, wire, idle);
+        char layers[64];
+        size_t lat = 0;
+        for (int r = 0; r < W; r++)
+            lat += (size_t)snprintf(layers + lat, sizeof layers - lat, "%s%d", r ? "+" : "", ends[r] - (r ? ends[r - 1] : 0));
+        printf("| %d ranks x %d thread%s (layers %s%s), %d micro-batch%s | %.1f | %.1f | %.2f | %.2f / %.2f | %s | %s |\n",
+               W, o->threads, o->threads > 1 ? "s" : "", layers, balanced ? ", head counted" : "", lanes,
+               lanes > 1 ? "es" : "", tps[0], tps[1], tps[1] / whole[1], own / 1e3, wait / 1e3, wire, idle);
         bp_ring_close(&g);
     }
     return 0;
