@@ -10,7 +10,8 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import OpenAI from 'openai';
-import { SLOW, makeTempDir, removeTempDir, makeModel, startNode, http, sleep, assertStopsCleanly } from './cairn.mjs';
+import { SLOW, makeTempDir, removeTempDir, makeModel, startNode, http, sleep, assertStopsCleanly, getState,
+  clusterPort, waitState as waitStateFor } from './cairn.mjs';
 
 const MODEL = 'qwen-epoch';
 const MAX = 24;
@@ -18,30 +19,8 @@ const T = { timeout: 600_000 * SLOW };
 const PROMPTS = ['Hello', 'Tell me about cats.', 'What is 2+2?'];
 let dir, nodes = [];
 
-function clusterPort(node) {
-  const m = /cluster port (\d+)/.exec(node.log());
-  assert.ok(m, 'the node logs its cluster port');
-  return Number(m[1]);
-}
-
-async function state(node) {
-  const r = await http(`${node.url}/state`, { method: 'GET' });
-  assert.equal(r.status, 200);
-  return r.json;
-}
-
-async function waitState(node, pred, what, ms = 180_000 * SLOW) {
-  const until = Date.now() + ms;
-  let s;
-  while (Date.now() < until) {
-    s = await state(node);
-    if (pred(s))
-      return s;
-    await sleep(200);
-  }
-  throw new Error(`${what}: not within ${ms} ms; state: ${JSON.stringify(s).slice(0, 4000)}\n` +
-    nodes.map((n) => n.log().slice(-3000)).join('\n---\n'));
-}
+// Epoch changes restart every rank: a longer bound than the default.
+const waitState = (node, pred, what) => waitStateFor(node, pred, what, 180_000 * SLOW);
 
 // Every rank's runner Ready (or Running) and started for the instance's epoch.
 const servingAt = (s, id, epoch) => {
@@ -134,7 +113,7 @@ test('a rank killed mid-stream moves the instance to a new epoch; every rank res
     assert.ok(again.every((p, i) => p > 0 && p !== pids[i]), `both ranks run in new processes: ${pids} -> ${again}`);
     assert.deepEqual(s.instances[id].shards, inst.shards, 'the same shards');
     // The other node applied the same events.
-    const sb = await state(nodes[1]);
+    const sb = await getState(nodes[1]);
     assert.equal(sb.instances[id]?.epoch, epoch, 'node b sees the same epoch');
     assert.deepEqual(await answers(openai), want, 'greedy answers after the new epoch equal those before');
 

@@ -12,7 +12,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import OpenAI from 'openai';
 import { SLOW, SHARED, QWEN_TEMPLATE, makeTempDir, removeTempDir, startNode, runCairn, http, sleep,
-  assertStopsCleanly } from './cairn.mjs';
+  assertStopsCleanly, getState, waitState, clusterPort, placeInstance } from './cairn.mjs';
 
 const MODEL = 'llama-layers';
 const MAX = 24;
@@ -24,36 +24,6 @@ const PROMPTS = ['Hello', 'Tell me about cats.', 'What is 2+2?', 'Name a colour.
 const SHAPE = ['--arch', 'llama', '--n-embd', '256', '--n-layers', '12', '--n-head', '4', '--n-head-kv', '2',
   '--n-ff', '2048', '--ctx', '256', '--seed', '11', '--type', 'q8_0'];
 let dir, models, nodes = [];
-
-function clusterPort(node) {
-  const m = /cluster port (\d+)/.exec(node.log());
-  assert.ok(m, 'the node logs its cluster port');
-  return Number(m[1]);
-}
-
-async function state(node) {
-  const r = await http(`${node.url}/state`, { method: 'GET' });
-  assert.equal(r.status, 200);
-  return r.json;
-}
-
-async function waitState(node, pred, what, ms = 120_000 * SLOW) {
-  const until = Date.now() + ms;
-  let s;
-  while (Date.now() < until) {
-    s = await state(node);
-    if (pred(s))
-      return s;
-    await sleep(200);
-  }
-  throw new Error(`${what}: not within ${ms} ms; state: ${JSON.stringify(s).slice(0, 3000)}\n` +
-    nodes.map((n) => n.log().slice(-3000)).join('\n---\n'));
-}
-
-const ready = (s, id) => {
-  const inst = s.instances[id];
-  return inst && inst.shards.every((sh) => ['Ready', 'Running'].includes(s.runners[sh.runner_id]?.status));
-};
 
 async function previews(node) {
   const r = await http(`${node.url}/instance/previews?model_id=${MODEL}&min_nodes=1`, { method: 'GET' });
@@ -80,11 +50,7 @@ async function answers(node) {
 }
 
 async function place(node) {
-  const r = await http(`${node.url}/place_instance`, { body: { model_id: MODEL, min_nodes: 1 } });
-  assert.equal(r.status, 200, r.text);
-  const id = r.json.instance_id;
-  const s = await waitState(node, (st) => ready(st, id), `instance ${id} ready`);
-  return s.instances[id];
+  return (await placeInstance(node, { model_id: MODEL, min_nodes: 1 })).inst;
 }
 
 before(async () => {
@@ -141,7 +107,7 @@ test('two nodes that each offer 3/4 of the model: refused on one, split over two
   const refused = await http(`${a.url}/place_instance`, { body: { model_id: MODEL, min_nodes: 1 } });
   assert.ok(refused.status >= 400 && refused.status < 600, `refused: ${refused.status} ${refused.text}`);
   assert.match(refused.text, MEMORY_REASON);
-  assert.deepEqual((await state(a)).instances, {}, 'nothing placed');
+  assert.deepEqual((await getState(a)).instances, {}, 'nothing placed');
 
   const b = await startNode(dir, models, { name: 'b', parallel: 2, expectModels: [MODEL],
     args: [...args, '--peer', `127.0.0.1:${clusterPort(a)}`] });

@@ -12,7 +12,7 @@ import assert from 'node:assert/strict';
 import path from 'node:path';
 import OpenAI from 'openai';
 import { SLOW, SHARED, makeTempDir, removeTempDir, makeModel, startNode, runCairn, http, sleep, metric,
-  assertStopsCleanly } from './cairn.mjs';
+  assertStopsCleanly, getState, waitState, clusterPort, instanceReady, placeInstance, deleteInstance } from './cairn.mjs';
 
 const QWEN = 'qwen-pipe';
 const DRAFT = 'qwen-pipe-draft';
@@ -22,52 +22,6 @@ const T = { timeout: 600_000 * SLOW };
 const PROMPTS = ['Hello', 'Tell me about cats.', 'What is 2+2?', 'Why is the sky blue?', 'Name a colour.',
   'Count to five.', 'Write a haiku.', 'What is a pipeline?'];
 let dir, nodes = [];
-
-function clusterPort(node) {
-  const m = /cluster port (\d+)/.exec(node.log());
-  assert.ok(m, 'the node logs its cluster port');
-  return Number(m[1]);
-}
-
-async function state(node) {
-  const r = await http(`${node.url}/state`, { method: 'GET' });
-  assert.equal(r.status, 200);
-  return r.json;
-}
-
-// Waits (bounded) until pred(state) is true; returns that state.
-async function waitState(node, pred, what, ms = 120_000 * SLOW) {
-  const until = Date.now() + ms;
-  let s;
-  while (Date.now() < until) {
-    s = await state(node);
-    if (pred(s))
-      return s;
-    await sleep(200);
-  }
-  throw new Error(`${what}: not within ${ms} ms; state: ${JSON.stringify(s).slice(0, 3000)}\n` +
-    nodes.map((n) => n.log().slice(-3000)).join('\n---\n'));
-}
-
-const ready = (s, id) => {
-  const inst = s.instances[id];
-  return inst && inst.shards.every((sh) => ['Ready', 'Running'].includes(s.runners[sh.runner_id]?.status));
-};
-
-async function place(node, body) {
-  const r = await http(`${node.url}/place_instance`, { body });
-  assert.equal(r.status, 200, r.text);
-  const id = r.json.instance_id;
-  const s = await waitState(node, (st) => ready(st, id), `instance ${id} ready`);
-  return { id, inst: s.instances[id] };
-}
-
-async function remove(node, id) {
-  const r = await http(`${node.url}/instance/${id}`, { method: 'DELETE' });
-  assert.equal(r.status, 200, r.text);
-  await waitState(node, (s) => !s.instances[id] && !Object.values(s.runners).some((x) => x.instance_id === id),
-    `instance ${id} gone`);
-}
 
 function client(node) {
   return new OpenAI({ baseURL: `${node.url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 300_000 * SLOW });
@@ -110,16 +64,16 @@ for (const model of [QWEN, LLAMA]) {
   test(`${model}: pipelined greedy answers equal the single node's, alone and 8 at once`, T, async () => {
     const a = nodes[0];
     const openai = client(a);
-    const one = await place(a, { model_id: model, min_nodes: 1 });
+    const one = await placeInstance(a, { model_id: model, min_nodes: 1 });
     assert.equal(one.inst.shards.length, 1);
     const want = [];
     for (const p of PROMPTS)
       want.push((await complete(openai, model, p)).text);
     assert.ok(new Set(want).size > 1, 'different prompts give different answers');
-    await remove(a, one.id);
+    await deleteInstance(a, one.id);
 
     for (const k of [2, 3]) {
-      const { id, inst } = await place(a, { model_id: model, sharding: 'pipeline', min_nodes: k });
+      const { id, inst } = await placeInstance(a, { model_id: model, sharding: 'pipeline', min_nodes: k });
       assert.equal(inst.shards.length, k, JSON.stringify(inst));
       assert.equal(new Set(inst.shards.map((s) => s.node_id)).size, k, 'one rank per node');
       assert.equal(inst.shards[0].layer_begin, 0);
@@ -136,7 +90,7 @@ for (const model of [QWEN, LLAMA]) {
       // the steps went around the ring (rank 0's figures in /metrics)
       assert.ok(await metric(a, `cairn_pipeline_steps_total{instance="${id}"}`) > 0, 'pipeline steps counted');
       assert.ok(await metric(a, `cairn_pipeline_wait_microseconds_total{instance="${id}"}`) > 0);
-      await remove(a, id);
+      await deleteInstance(a, id);
     }
   });
 }
@@ -144,10 +98,10 @@ for (const model of [QWEN, LLAMA]) {
 test('a draft model on rank 0 keeps the pipelined answers exact', T, async () => {
   const a = nodes[0];
   const openai = client(a);
-  const plain = await place(a, { model_id: QWEN, sharding: 'pipeline', min_nodes: 2 });
+  const plain = await placeInstance(a, { model_id: QWEN, sharding: 'pipeline', min_nodes: 2 });
   const want = await Promise.all(PROMPTS.slice(0, 4).map((p) => complete(openai, QWEN, p)));
-  await remove(a, plain.id);
-  const { id } = await place(a, { model_id: QWEN, sharding: 'pipeline', min_nodes: 2, draft_model: DRAFT,
+  await deleteInstance(a, plain.id);
+  const { id } = await placeInstance(a, { model_id: QWEN, sharding: 'pipeline', min_nodes: 2, draft_model: DRAFT,
     num_draft_tokens: 4 });
   const got = await Promise.all(PROMPTS.slice(0, 4).map((p) => complete(openai, QWEN, p)));
   let drafted = 0;
@@ -156,7 +110,7 @@ test('a draft model on rank 0 keeps the pipelined answers exact', T, async () =>
     drafted += got[i].usage.draft_tokens ?? 0;
   }
   assert.ok(drafted > 0, 'the draft proposed tokens');
-  await remove(a, id);
+  await deleteInstance(a, id);
 });
 
 // pid of the runner process of runner_id, among the children of the nodes.
@@ -171,7 +125,7 @@ function runnerPid(runnerId) {
 test('SIGKILL of the second rank mid-stream: an error, then the instance serves again', T, async () => {
   const a = nodes[0];
   const openai = client(a);
-  const { id, inst } = await place(a, { model_id: QWEN, sharding: 'pipeline', min_nodes: 2 });
+  const { id, inst } = await placeInstance(a, { model_id: QWEN, sharding: 'pipeline', min_nodes: 2 });
   const victim = runnerPid(inst.shards[1].runner_id);
   assert.ok(victim > 0, 'the rank 1 runner process is found');
   const stream = await openai.completions.create({ model: QWEN, prompt: PROMPTS[1], max_tokens: 4000,
@@ -191,21 +145,21 @@ test('SIGKILL of the second rank mid-stream: an error, then the instance serves 
   assert.ok(failed, 'the stream ends with an error, not a normal finish');
   assert.ok(Date.now() - t0 < 60_000 * SLOW, 'the error came within bounds');
   // the instance (this one or its re-placement) serves again
-  const s = await waitState(a, (st) => Object.keys(st.instances).some((i) => ready(st, i)), 'an instance ready again');
-  const again = Object.keys(s.instances).find((i) => ready(s, i));
+  const s = await waitState(a, (st) => Object.keys(st.instances).some((i) => instanceReady(st, i)), 'an instance ready again');
+  const again = Object.keys(s.instances).find((i) => instanceReady(s, i));
   assert.ok(again);
   const r = await complete(openai, QWEN, PROMPTS[0]);
   assert.equal(typeof r.text, 'string');
   assert.ok(r.usage.completion_tokens === MAX);
-  await remove(a, again);
+  await deleteInstance(a, again);
   if (again !== id)
-    assert.equal((await state(a)).instances[id], undefined);
+    assert.equal((await getState(a)).instances[id], undefined);
 });
 
 test('a node that dies mid-stream: an error, its instance placed again on the nodes left', T, async () => {
   const a = nodes[0], c = nodes[2];
   const openai = client(a);
-  const { id, inst } = await place(a, { model_id: QWEN, sharding: 'pipeline', min_nodes: 3 });
+  const { id, inst } = await placeInstance(a, { model_id: QWEN, sharding: 'pipeline', min_nodes: 3 });
   const cId = (await (await fetch(`${c.url}/node_id`)).json()).node_id;
   assert.ok(inst.shards.some((sh) => sh.node_id === cId), 'node c holds a rank');
   const stream = await openai.completions.create({ model: QWEN, prompt: PROMPTS[2], max_tokens: 4000,
@@ -225,13 +179,13 @@ test('a node that dies mid-stream: an error, its instance placed again on the no
   assert.ok(failed, 'the stream ends with an error');
   assert.ok(Date.now() - t0 < 60_000 * SLOW, 'within bounds');
   const s = await waitState(a, (st) => !st.nodes[cId] && !st.instances[id] &&
-    Object.keys(st.instances).some((i) => st.instances[i].model_id === QWEN && ready(st, i)),
+    Object.keys(st.instances).some((i) => st.instances[i].model_id === QWEN && instanceReady(st, i)),
   'the instance placed again without node c');
   const again = Object.keys(s.instances).find((i) => s.instances[i].model_id === QWEN);
   assert.ok(s.instances[again].shards.every((sh) => sh.node_id !== cId));
   const r = await complete(openai, QWEN, PROMPTS[0]);
   assert.equal(r.usage.completion_tokens, MAX);
-  await remove(a, again);
+  await deleteInstance(a, again);
   await c.stop();
 });
 
