@@ -738,6 +738,16 @@ static int pipe_submit(void *ctx, struct kv_cache *kv, const struct batch *b, ch
     return pipeline_submit(r->pipe, kv, b, err, errlen);
 }
 
+/* The same in one call, when one micro-batch is in flight at a time. */
+static int pipe_forward(void *ctx, struct kv_cache *kv, const struct batch *b, float *logits, char *err,
+                        size_t errlen)
+{
+    struct runner *r = ctx;
+    if (!r->pipe)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "the pipeline is not connected");
+    return pipeline_forward(r->pipe, kv, b, logits, err, errlen);
+}
+
 static int pipe_collect(void *ctx, float *logits, char *err, size_t errlen)
 {
     struct runner *r = ctx;
@@ -782,8 +792,13 @@ static int load(struct runner *r, char *err, size_t errlen)
         return rc;
     if (m->first) { /* the whole model, or a pipeline's rank 0: it schedules and samples */
         if (r->cfg.world_size > 1) {
-            /* One micro-batch per stage: with enough sequences every rank computes at once. */
+            /* One micro-batch per stage: with enough sequences every rank computes at once.
+             * CAIRN_MICRO_BATCHES (1..SCHED_MAX_LANES) overrides it, for benchmarks. */
             sc.lanes = r->cfg.world_size < SCHED_MAX_LANES ? r->cfg.world_size : SCHED_MAX_LANES;
+            const char *mb = getenv("CAIRN_MICRO_BATCHES");
+            if (mb && atoi(mb) >= 1 && atoi(mb) <= SCHED_MAX_LANES)
+                sc.lanes = atoi(mb);
+            sc.forward = pipe_forward;
             sc.submit = pipe_submit;
             sc.collect = pipe_collect;
             sc.asks = pipe_asks;
