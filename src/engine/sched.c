@@ -1482,6 +1482,26 @@ static void read_results(struct sched *s)
     pace_update(s, clock_ns() - l->t0);
 }
 
+/* Sends s->ln's asks, then runs its forward (lanes 1) or submits it (lanes > 1). On
+ * failure every live request finishes with the message. */
+static int start_forward(struct sched *s, char *err, size_t errlen)
+{
+    struct batch b = lane_batch(s->ln);
+    char msg[512];
+    s->ln->n_asks = 0;
+    int rc = s->cfg.asks ? send_asks(s, msg, sizeof msg) : 0;
+    if (!rc && s->n_lanes > 1)
+        rc = s->cfg.submit(s->cfg.forward_ctx, s->kv, &b, msg, sizeof msg);
+    else if (!rc)
+        rc = s->cfg.forward ? s->cfg.forward(s->cfg.forward_ctx, s->kv, &b, s->ln->logits, msg, sizeof msg)
+                            : engine_forward(s->e, s->kv, &b, s->ln->logits, msg, sizeof msg);
+    if (rc) {
+        fail_all(s, msg);
+        return cairn_fail(err, errlen, rc, "%s", msg);
+    }
+    return 0;
+}
+
 /* lanes > 1: submits a batch into a lane not in flight. 1 when one went, 0 when no
  * sequence could run, negative when the submit failed (everything finished). */
 static int submit_lane(struct sched *s, char *err, size_t errlen)
@@ -1492,16 +1512,9 @@ static int submit_lane(struct sched *s, char *err, size_t errlen)
     s->ln = &s->lane[free_lane];
     if (!build_step(s))
         return 0;
-    struct batch b = lane_batch(s->ln);
-    char msg[512];
-    s->ln->n_asks = 0;
-    int rc = s->cfg.asks ? send_asks(s, msg, sizeof msg) : 0;
-    if (!rc)
-        rc = s->cfg.submit(s->cfg.forward_ctx, s->kv, &b, msg, sizeof msg);
-    if (rc) {
-        fail_all(s, msg);
-        return cairn_fail(err, errlen, rc, "%s", msg);
-    }
+    int rc = start_forward(s, err, errlen);
+    if (rc)
+        return rc;
     for (int i = 0; i < s->ln->n_fed; i++) {
         s->ln->fed[i].seq->flight = s->ln;
         s->ln->fed[i].seq->fed_idx = i;
@@ -1544,17 +1557,9 @@ int sched_step(struct sched *s, char *err, size_t errlen)
     s->ln = &s->lane[0];
     if (!build_step(s))
         return 1;
-    struct batch b = lane_batch(s->ln);
-    char msg[512];
-    s->ln->n_asks = 0;
-    int rc = s->cfg.asks ? send_asks(s, msg, sizeof msg) : 0;
-    if (!rc)
-        rc = s->cfg.forward ? s->cfg.forward(s->cfg.forward_ctx, s->kv, &b, s->ln->logits, msg, sizeof msg)
-                            : engine_forward(s->e, s->kv, &b, s->ln->logits, msg, sizeof msg);
-    if (rc) {
-        fail_all(s, msg);
-        return cairn_fail(err, errlen, rc, "%s", msg);
-    }
+    int rc = start_forward(s, err, errlen);
+    if (rc)
+        return rc;
     read_results(s);
     return 1;
 }

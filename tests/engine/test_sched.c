@@ -537,18 +537,32 @@ static void test_prefix_reuse(const struct fixture *fx)
 
 /* ---- 5: n_seqs ---- */
 
-static void test_n_seqs(const struct fixture *fx)
+/* A request of 3 sampled sequences (seeds 100..102), the same as 3 requests of one, and
+ * two other sampled requests to run beside it. */
+static void make_forked(const struct fixture *fx, struct spec *three, struct spec one[3], struct spec others[2])
 {
-    struct spec one[3], three = {0};
-    random_prompt(&three, 18, fx->n_vocab, 5);
-    three.max_tokens = 12;
-    three.sp = sampled(100);
-    three.n_seqs = 3;
+    memset(three, 0, sizeof *three);
+    random_prompt(three, 18, fx->n_vocab, 5);
+    three->max_tokens = 12;
+    three->sp = sampled(100);
+    three->n_seqs = 3;
     for (int i = 0; i < 3; i++) {
-        one[i] = three;
+        one[i] = *three;
         one[i].n_seqs = 1;
         one[i].sp.seed = 100 + (uint64_t)i;
     }
+    for (int i = 0; i < 2; i++) {
+        memset(&others[i], 0, sizeof others[i]);
+        random_prompt(&others[i], 14, fx->n_vocab, 60 + (uint64_t)i);
+        others[i].max_tokens = 24;
+        others[i].sp = sampled(61 + (uint64_t)i);
+    }
+}
+
+static void test_n_seqs(const struct fixture *fx)
+{
+    struct spec one[3], three, others[2];
+    make_forked(fx, &three, one, others);
     struct collector *alone = collector_new(), *c = collector_new();
     run_alone(fx, one, 3, alone);
     struct rig g;
@@ -577,13 +591,6 @@ static void test_n_seqs(const struct fixture *fx)
 
     /* The same between two other requests in a cache of 5 blocks: preempted sequences
      * (forked ones recompute their own prompt) still give the same tokens. */
-    struct spec others[2];
-    for (int i = 0; i < 2; i++) {
-        memset(&others[i], 0, sizeof others[i]);
-        random_prompt(&others[i], 14, fx->n_vocab, 60 + (uint64_t)i);
-        others[i].max_tokens = 24;
-        others[i].sp = sampled(61 + (uint64_t)i);
-    }
     struct collector *small = collector_new(), *alone_others = collector_new();
     run_alone(fx, others, 2, alone_others);
     if (rig_open(&g, fx, NULL, cfg, 5, small) == 0) {
@@ -1096,22 +1103,8 @@ static void test_lanes(const struct fixture *fx)
     }
 
     /* n_seqs 3 beside two others over 2 lanes: the fork waits for its prompt's batch. */
-    struct spec three = {0}, one[3], others[2];
-    random_prompt(&three, 18, fx->n_vocab, 5);
-    three.max_tokens = 12;
-    three.sp = sampled(100);
-    three.n_seqs = 3;
-    for (int i = 0; i < 3; i++) {
-        one[i] = three;
-        one[i].n_seqs = 1;
-        one[i].sp.seed = 100 + (uint64_t)i;
-    }
-    for (int i = 0; i < 2; i++) {
-        memset(&others[i], 0, sizeof others[i]);
-        random_prompt(&others[i], 14, fx->n_vocab, 60 + (uint64_t)i);
-        others[i].max_tokens = 24;
-        others[i].sp = sampled(61 + (uint64_t)i);
-    }
+    struct spec three, one[3], others[2];
+    make_forked(fx, &three, one, others);
     struct collector *alone = collector_new(), *alone_others = collector_new(), *c = collector_new();
     run_alone(fx, one, 3, alone);
     run_alone(fx, others, 2, alone_others);
