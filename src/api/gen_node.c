@@ -66,6 +66,7 @@ struct runner_figures {
     char instance_id[IDS_ID_MAX + 1];
     int64_t running, queued, slots, kv_used, kv_total, preemptions;
     int64_t pipe_steps, pipe_compute_us, pipe_wait_us, pipe_bytes; /* rank 0 of a pipeline; else 0 */
+    int64_t pipe_result_bytes, pipe_rows_sampled, pipe_rows_logits;
 };
 
 #define MAX_FIGURES 64
@@ -254,6 +255,9 @@ static void keep_stats(struct gen_node *g, const char *instance_id, const json_t
     f->pipe_compute_us = member_int(st, "pipeline_compute_us");
     f->pipe_wait_us = member_int(st, "pipeline_wait_us");
     f->pipe_bytes = member_int(st, "pipeline_bytes");
+    f->pipe_result_bytes = member_int(st, "pipeline_result_bytes");
+    f->pipe_rows_sampled = member_int(st, "pipeline_rows_sampled");
+    f->pipe_rows_logits = member_int(st, "pipeline_rows_logits");
 }
 
 static void on_line(void *ctx, const char *line, size_t len)
@@ -875,6 +879,13 @@ static void h_metrics(struct http_request *req, void *ctx)
          offsetof(struct runner_figures, pipe_wait_us)},
         {"cairn_pipeline_bytes_total", "counter", "Bytes on rank 0's data-plane links.",
          offsetof(struct runner_figures, pipe_bytes)},
+        {"cairn_pipeline_result_bytes_total", "counter", "Bytes of the results that came back from the last rank.",
+         offsetof(struct runner_figures, pipe_result_bytes)},
+        {"cairn_pipeline_rows_sampled_total", "counter", "Tokens the last rank sampled (a few bytes each).",
+         offsetof(struct runner_figures, pipe_rows_sampled)},
+        {"cairn_pipeline_rows_logits_total", "counter",
+         "Tokens whose whole logits row came back (sampled drafts, forked prompts).",
+         offsetof(struct runner_figures, pipe_rows_logits)},
     };
     for (size_t k = 0; k < sizeof per_instance / sizeof per_instance[0]; k++) {
         add(&t, "# HELP %s %s\n# TYPE %s %s\n", per_instance[k].name, per_instance[k].help, per_instance[k].name,

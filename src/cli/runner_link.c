@@ -44,7 +44,7 @@ static void link_config(struct dp_config *dc, const struct runner_config *cfg, c
 
 struct connector {
     const struct runner_config *cfg;
-    const struct runner_peers *p;
+    struct runner_peers p; /* a copy: the caller's may change while we connect (a new "peers") */
     int64_t deadline_ns;
     atomic_bool give_up, done;
     struct dp_conn *conn;
@@ -56,20 +56,20 @@ static void *connect_main(void *arg)
 {
     struct connector *c = arg;
     struct dp_config dc;
-    link_config(&dc, c->cfg, c->p, c->p->next_rank, true);
+    link_config(&dc, c->cfg, &c->p, c->p.next_rank, true);
     c->rc = CAIRN_EIO;
     snprintf(c->err, sizeof c->err, "no address to try");
     while (!c->conn && !atomic_load(&c->give_up) && clock_ns() < c->deadline_ns) {
-        for (int i = 0; i < c->p->n_hosts && !c->conn && !atomic_load(&c->give_up); i++) {
+        for (int i = 0; i < c->p.n_hosts && !c->conn && !atomic_load(&c->give_up); i++) {
             int64_t left_ms = (c->deadline_ns - clock_ns()) / 1000000;
             if (left_ms <= 0)
                 break;
             char why[400];
-            int rc = dp_connect(&c->conn, c->p->hosts[i], c->p->next_port, &dc,
+            int rc = dp_connect(&c->conn, c->p.hosts[i], c->p.next_port, &dc,
                                 left_ms < CONNECT_TRY_MS ? (int)left_ms : CONNECT_TRY_MS, why, sizeof why);
             if (rc) {
                 c->conn = NULL;
-                snprintf(c->err, sizeof c->err, "%s:%d: %s", c->p->hosts[i], c->p->next_port, why);
+                snprintf(c->err, sizeof c->err, "%s:%d: %s", c->p.hosts[i], c->p.next_port, why);
             }
         }
     }
@@ -82,7 +82,7 @@ int runner_link_connect(struct runner_link *l, const struct runner_config *cfg, 
                         int timeout_ms, int (*tick)(void *ctx), void *ctx, char *err, size_t errlen)
 {
     int W = cfg->world_size, prev_rank = (cfg->rank - 1 + W) % W;
-    struct connector c = {.cfg = cfg, .p = p, .deadline_ns = clock_ns() + (int64_t)timeout_ms * 1000000};
+    struct connector c = {.cfg = cfg, .p = *p, .deadline_ns = clock_ns() + (int64_t)timeout_ms * 1000000};
     pthread_t th;
     if (pthread_create(&th, NULL, connect_main, &c))
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "cannot start a thread");

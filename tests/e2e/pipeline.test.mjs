@@ -90,6 +90,12 @@ for (const model of [QWEN, LLAMA]) {
       // the steps went around the ring (rank 0's figures in /metrics)
       assert.ok(await metric(a, `cairn_pipeline_steps_total{instance="${id}"}`) > 0, 'pipeline steps counted');
       assert.ok(await metric(a, `cairn_pipeline_wait_microseconds_total{instance="${id}"}`) > 0);
+      // greedy tokens were sampled on the last rank: a few bytes each came back, no logits rows
+      const sampled = await metric(a, `cairn_pipeline_rows_sampled_total{instance="${id}"}`);
+      const bytes = await metric(a, `cairn_pipeline_result_bytes_total{instance="${id}"}`);
+      assert.ok(sampled >= PROMPTS.length * 2 * MAX, `rows sampled on the last rank: ${sampled}`);
+      assert.equal(await metric(a, `cairn_pipeline_rows_logits_total{instance="${id}"}`), 0, 'no logits rows');
+      assert.ok(bytes > 0 && bytes / sampled < 256, `${bytes} bytes back for ${sampled} tokens`);
       await deleteInstance(a, id);
     }
   });
