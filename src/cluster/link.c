@@ -64,13 +64,9 @@ struct stranger {
     int64_t last;
 };
 
-#define RECENT_BYES 16
-#define BYE_MEMORY_NS (10 * 1000000000LL)
-
 struct notice {
     enum link_event event;
     char peer[LINK_ID_MAX];
-    bool bye;
 };
 
 /* What the ZAP thread reads; written before the thread starts, except denied. */
@@ -104,14 +100,6 @@ struct link {
 
     struct notice *notices;
     size_t notice_head, n_notices, cap_notices;
-
-    /* Peers that said bye on a connection lately (a ring): a peer shutting down says it on
-     * every connection, but its last one may end by the socket closing first. */
-    struct {
-        char peer[LINK_ID_MAX];
-        int64_t ns;
-    } byes[RECENT_BYES];
-    int next_bye;
 
     zmq_msg_t held; /* payload of the message link_poll returned last */
     bool has_held;
@@ -292,7 +280,7 @@ static void close_parts(zmq_msg_t *parts, int n)
 
 static void set_int(void *sock, int opt, int v) { zmq_setsockopt(sock, opt, &v, sizeof v); }
 
-static int push_notice(struct link *l, enum link_event ev, const char *peer, bool bye)
+static int push_notice(struct link *l, enum link_event ev, const char *peer)
 {
     if (l->notice_head + l->n_notices == l->cap_notices) {
         if (l->notice_head) {
@@ -312,7 +300,6 @@ static int push_notice(struct link *l, enum link_event ev, const char *peer, boo
     struct notice *n = &l->notices[l->notice_head + l->n_notices++];
     n->event = ev;
     snprintf(n->peer, sizeof n->peer, "%s", peer);
-    n->bye = bye;
     return 0;
 }
 
@@ -326,7 +313,6 @@ static bool pop_notice(struct link *l, struct link_msg *out)
         l->notice_head = 0;
     out->event = n->event;
     memcpy(out->peer, n->peer, sizeof out->peer);
-    out->bye = n->bye;
     out->type = 0;
     out->data = NULL;
     out->len = 0;
@@ -355,30 +341,9 @@ static void set_ready(struct link *l, struct route *r)
     bool was_up = peer_live(l, r->peer);
     r->ready = true;
     if (!was_up) {
-        for (int i = 0; i < RECENT_BYES; i++) /* it is back: its old byes are void */
-            if (!strcmp(l->byes[i].peer, r->peer))
-                l->byes[i].ns = 0;
         log_info("link %s: peer %s up (%s %s)", l->id, r->peer, r->out ? "connected to" : "from", r->endpoint);
-        push_notice(l, LINK_EV_PEER_UP, r->peer, false);
+        push_notice(l, LINK_EV_PEER_UP, r->peer);
     }
-}
-
-#define SAID_BYE "it said bye"
-
-/* peer said bye within BYE_MEMORY_NS (bye: records that it does now). */
-static bool recent_bye(struct link *l, const char *peer, bool bye)
-{
-    int64_t now = clock_ns();
-    if (bye) {
-        snprintf(l->byes[l->next_bye].peer, sizeof l->byes[0].peer, "%s", peer);
-        l->byes[l->next_bye].ns = now;
-        l->next_bye = (l->next_bye + 1) % RECENT_BYES;
-        return true;
-    }
-    for (int i = 0; i < RECENT_BYES; i++)
-        if (l->byes[i].ns && now - l->byes[i].ns < BYE_MEMORY_NS && !strcmp(l->byes[i].peer, peer))
-            return true;
-    return false;
 }
 
 static void set_unready(struct link *l, struct route *r, const char *why)
@@ -386,10 +351,9 @@ static void set_unready(struct link *l, struct route *r, const char *why)
     if (!r->ready)
         return;
     r->ready = false;
-    bool bye = recent_bye(l, r->peer, !strcmp(why, SAID_BYE));
     if (!peer_live(l, r->peer)) {
         log_info("link %s: peer %s down (%s)", l->id, r->peer, why);
-        push_notice(l, LINK_EV_PEER_DOWN, r->peer, bye);
+        push_notice(l, LINK_EV_PEER_DOWN, r->peer);
     } else {
         log_debug("link %s: one connection of %s closed (%s)", l->id, r->peer, why);
     }
@@ -647,7 +611,6 @@ static int deliver(struct link *l, const struct route *r, const struct link_hdr 
     l->has_held = true;
     l->held_route = r;
     out->event = LINK_EV_MESSAGE;
-    out->bye = false;
     snprintf(out->peer, sizeof out->peer, "%s", r->peer);
     out->type = h->type;
     out->data = zmq_msg_data(&l->held);
@@ -829,7 +792,7 @@ static int read_router(struct link *l, struct link_msg *out)
         r->fd = fd;
     if (h.type == LINK_T_BYE) {
         r->dead = true;
-        set_unready(l, r, SAID_BYE);
+        set_unready(l, r, "it said bye");
     } else if (h.type >= LINK_T_APP_FIRST) {
         got = r->ready ? deliver(l, r, &h, &parts[2], out) : 0;
     }
@@ -982,7 +945,7 @@ static int read_dealer(struct link *l, struct route *r, struct link_msg *out)
         }
         r->last_rx = clock_ns();
         if (h.type == LINK_T_BYE)
-            set_unready(l, r, SAID_BYE);
+            set_unready(l, r, "it said bye");
         else if (h.type >= LINK_T_APP_FIRST)
             got = deliver(l, r, &h, &parts[1], out);
     }

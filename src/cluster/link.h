@@ -89,8 +89,7 @@ struct link_config {
 enum link_event {
     LINK_EV_MESSAGE = 1, /* a message from peer */
     LINK_EV_PEER_UP,     /* peer finished a handshake; it had no live connection before */
-    LINK_EV_PEER_DOWN,   /* the last live connection to peer ended (bye, silence, cut); .bye
-                            when it ended with the peer's bye (it is shutting down) */
+    LINK_EV_PEER_DOWN,   /* the last live connection to peer ended (bye, silence, cut) */
 };
 
 /* What link_poll returns. data points into the link and stays valid until the next
@@ -101,7 +100,6 @@ struct link_msg {
     int type;         /* LINK_EV_MESSAGE: its type */
     const void *data; /* LINK_EV_MESSAGE: payload (not NUL-terminated) */
     size_t len;
-    bool bye;         /* LINK_EV_PEER_DOWN: the peer said bye on its last connection */
 };
 
 struct link_peer {

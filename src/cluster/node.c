@@ -133,11 +133,6 @@ struct node {
     bool followed_confirmed;
     struct heard *heard;
     size_t n_heard, cap_heard;
-    /* Peers whose last connection ended with their bye (shutting down): the master times
-     * them out at once instead of after node_timeout_ms. Kept across terms, so a new
-     * master knows who left; dropped when the peer comes back. */
-    char left[NODE_LEFT_MAX][IDS_ID_MAX + 1];
-    int n_left;
     int64_t next_timeout_ms, next_head_ms, next_gossip_ms, next_info_ms;
     int64_t since_snapshot;
     int64_t last_request_ms;
@@ -861,30 +856,6 @@ static void serve_request(struct node *n, const char *from, const json_t *j)
     }
 }
 
-static int left_index(const struct node *n, const char *id)
-{
-    for (int i = 0; i < n->n_left; i++)
-        if (!strcmp(n->left[i], id))
-            return i;
-    return -1;
-}
-
-/* A peer said bye (left) or came back (!left). The oldest entry makes room. */
-static void note_left(struct node *n, const char *id, bool left)
-{
-    int i = left_index(n, id);
-    if (!left) {
-        if (i >= 0)
-            memmove(n->left[i], n->left[i + 1], (size_t)(--n->n_left - i) * sizeof n->left[0]);
-        return;
-    }
-    if (i >= 0)
-        return;
-    if (n->n_left == NODE_LEFT_MAX)
-        memmove(n->left[0], n->left[1], (size_t)(--n->n_left) * sizeof n->left[0]);
-    snprintf(n->left[n->n_left++], sizeof n->left[0], "%s", id);
-}
-
 static struct heard *heard_find(struct node *n, const char *id, bool create, int64_t now)
 {
     for (size_t i = 0; i < n->n_heard; i++)
@@ -969,8 +940,8 @@ static void place_again(struct node *n, const struct replacement *r, size_t coun
     }
 }
 
-/* Times out the nodes of the state unheard for node_timeout_ms, or that said bye, and
- * places their instances again. */
+/* Times out the nodes of the state unheard for node_timeout_ms, and places their
+ * instances again. */
 static void check_timeouts(struct node *n, int64_t now)
 {
     for (size_t i = 0; i < n->state->n_nodes; i++) {
@@ -984,14 +955,10 @@ static void check_timeouts(struct node *n, int64_t now)
             h->ms = now;
             continue;
         }
-        bool left = left_index(n, id) >= 0;
-        if (now - h->ms < n->node_timeout_ms && !left)
+        if (now - h->ms < n->node_timeout_ms)
             continue;
-        if (left)
-            log_info("node %s: node %s said bye: timed out", n->id, id);
-        else
-            log_info("node %s: node %s unheard for %lld ms: timed out", n->id, id, (long long)(now - h->ms));
-        note_left(n, id, false);
+        log_info("node %s: node %s unheard for %lld ms: timed out", n->id, id,
+                 (long long)(now - h->ms));
         struct event e;
         event_init(&e, EVENT_NODE_TIMED_OUT, 0, 0);
         snprintf(e.node_timed_out.node_id, sizeof e.node_timed_out.node_id, "%s", id);
@@ -1710,7 +1677,6 @@ static void on_message(struct node *n, const struct link_msg *msg, int64_t now)
     char err[256];
     switch (msg->event) {
     case LINK_EV_PEER_UP:
-        note_left(n, msg->peer, false);
         election_peer_up(n->el, msg->peer, now);
         gossip(n, NULL, now);
         probe_plan(n, msg->peer, now);
@@ -1723,8 +1689,6 @@ static void on_message(struct node *n, const struct link_msg *msg, int64_t now)
     case LINK_EV_PEER_DOWN:
         election_peer_down(n->el, msg->peer, now);
         probe_stop(n, msg->peer);
-        if (msg->bye)
-            note_left(n, msg->peer, true);
         return;
     case LINK_EV_MESSAGE:
         break;

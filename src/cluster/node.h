@@ -65,8 +65,7 @@
 #define NODE_T_TASK_OUTPUT 24 /* a runner's output line, relayed to the requester */
 #define NODE_T_PROBE 25       /* throughput probe: seq (u64 big-endian) and filler */
 
-#define NODE_TIMEOUT_MS_DEFAULT 30000   /* --node-timeout (a node that says bye leaves at once) */
-#define NODE_LEFT_MAX 64                /* peers remembered as having said bye */
+#define NODE_TIMEOUT_MS_DEFAULT 30000   /* --node-timeout */
 #define NODE_INFO_INTERVAL_MS 2000      /* node info gathered this often */
 #define NODE_REPORT_MIN_MS 1000         /* at most one report per this */
 #define NODE_GOSSIP_INTERVAL_MS 2000    /* peers and pings sent this often */
