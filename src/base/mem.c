@@ -1,7 +1,9 @@
 #include "base/mem.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* Value in kB of the line starting with `key` in a /proc file, as bytes. */
 static int64_t proc_kb(const char *path, const char *key)
@@ -27,3 +29,18 @@ int64_t mem_available(void) { return proc_kb("/proc/meminfo", "MemAvailable:"); 
 int64_t mem_total(void) { return proc_kb("/proc/meminfo", "MemTotal:"); }
 int64_t mem_rss(void) { return proc_kb("/proc/self/status", "VmRSS:"); }
 int64_t mem_peak_rss(void) { return proc_kb("/proc/self/status", "VmHWM:"); }
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+void *mem_alloc_stream(size_t size)
+{
+    size = (size + 63) / 64 * 64;
+    if (size < HUGE_PAGE)
+        return aligned_alloc(64, size ? size : 64);
+    void *p = NULL;
+    if (posix_memalign(&p, HUGE_PAGE, size) != 0)
+        return NULL;
+    /* Only advice: where huge pages are off or short, the block keeps small pages. */
+    (void)madvise(p, size, MADV_HUGEPAGE);
+    return p;
+}

@@ -2,6 +2,7 @@
 #ifndef CAIRN_BASE_MEM_H
 #define CAIRN_BASE_MEM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* MemAvailable of /proc/meminfo in bytes, or -1 when unknown. */
@@ -11,5 +12,10 @@ int64_t mem_total(void);
 /* Resident set of this process now (VmRSS) and at its peak (VmHWM), in bytes, or -1. */
 int64_t mem_rss(void);
 int64_t mem_peak_rss(void);
+
+/* Memory for a large block that is streamed end to end (weights, the bandwidth probe):
+ * 64-byte aligned, and from 2 MiB up aligned to 2 MiB and advised to use huge pages,
+ * so a stream crosses a TLB entry per 2 MiB instead of per 4 KiB. Release with free. */
+void *mem_alloc_stream(size_t size);
 
 #endif

@@ -22,29 +22,46 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define BATCH_CURVE_STEPS 8 /* forwards timed per repetition of the batch curve */
+
 struct bw_job {
     const uint64_t *buf;
     size_t n;
+    int style; /* enum bw_style */
     uint64_t sums[64];
 };
 
-/* Sums a range with the widest loads this CPU has and software prefetch, as the kernels
- * read weights, so the figure is the ceiling they can reach (plain scalar loads
- * understate it by a third on this machine). */
-__attribute__((target("avx512f"))) static uint64_t sum_avx512(const uint64_t *p, long n)
+/* Read styles of the bandwidth ceiling: plain loads, and software prefetch as the
+ * kernels may do it. The ceiling is the best of them, so no kernel's choice of prefetch
+ * is flattered by a slow reference. */
+enum bw_style { BW_PLAIN, BW_PF_L1, BW_PF_L2, N_BW_STYLES };
+
+/* Sums a range with the widest loads this CPU has (plain scalar loads understate the
+ * bandwidth by a third on these machines). */
+#define SUM_AVX512_LOOP(PF)                                                                 \
+    for (; i + 32 <= n; i += 32) {                                                         \
+        PF;                                                                                \
+        a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(p + i));                              \
+        a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(p + i + 8));                          \
+        a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p + i + 16));                         \
+        a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p + i + 24));                         \
+    }
+#define PF4(dist, hint)                                                                     \
+    do {                                                                                   \
+        for (int l = 0; l < 4; l++)                                                        \
+            _mm_prefetch((const char *)(p + i) + (dist) + 64 * l, hint);                   \
+    } while (0)
+
+__attribute__((target("avx512f"))) static uint64_t sum_avx512(const uint64_t *p, long n, enum bw_style style)
 {
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
     long i = 0;
-    for (; i + 32 <= n; i += 32) {
-        _mm_prefetch((const char *)(p + i) + 2048, _MM_HINT_T0);
-        _mm_prefetch((const char *)(p + i) + 2112, _MM_HINT_T0);
-        _mm_prefetch((const char *)(p + i) + 2176, _MM_HINT_T0);
-        _mm_prefetch((const char *)(p + i) + 2240, _MM_HINT_T0);
-        a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(p + i));
-        a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(p + i + 8));
-        a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p + i + 16));
-        a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p + i + 24));
-    }
+    if (style == BW_PF_L1)
+        SUM_AVX512_LOOP(PF4(2048, _MM_HINT_T0))
+    else if (style == BW_PF_L2)
+        SUM_AVX512_LOOP(PF4(8192, _MM_HINT_T1))
+    else
+        SUM_AVX512_LOOP((void)0)
     return (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
 }
 
@@ -84,14 +101,15 @@ static void bw_read(void *ctx, int ith, int nth)
     pool_split((long)j->n, 1024, ith, nth, &lo, &hi);
     const struct cpu_features *f = cpu_features();
     const uint64_t *p = j->buf + lo;
-    uint64_t s = f->avx512f ? sum_avx512(p, hi - lo) : f->avx2 ? sum_avx2(p, hi - lo) : sum_scalar(p, hi - lo);
+    uint64_t s = f->avx512f ? sum_avx512(p, hi - lo, (enum bw_style)j->style) : f->avx2 ? sum_avx2(p, hi - lo) : sum_scalar(p, hi - lo);
     j->sums[ith % 64] = s;
 }
 
-/* Read bandwidth in bytes/s over a block of `bytes` (>= 1 GiB), best of reps. */
+/* Read bandwidth in bytes/s over a block of `bytes` (>= 1 GiB), best of reps (the read
+ * styles taken in turn). */
 static double measure_bandwidth(struct pool *p, size_t bytes, int reps)
 {
-    uint64_t *buf = malloc(bytes);
+    uint64_t *buf = mem_alloc_stream(bytes);
     if (!buf)
         return 0;
     size_t n = bytes / sizeof *buf;
@@ -100,6 +118,7 @@ static double measure_bandwidth(struct pool *p, size_t bytes, int reps)
     struct bw_job j = {.buf = buf, .n = n};
     double best = 0;
     for (int r = 0; r < reps; r++) {
+        j.style = r % N_BW_STYLES;
         double t0 = clock_sec();
         pool_run(p, bw_read, &j);
         double bw = (double)bytes / (clock_sec() - t0);
@@ -459,7 +478,9 @@ int cli_bench(int argc, char **argv)
     struct bench bn = {0};
     struct pool *bwp = NULL;
     int ret = 1;
-    int64_t ctx = n_prompt + n_gen + 16;
+    /* room for the prompt and generation, or for the batch curve's positions */
+    int64_t ctx = n_prompt + n_gen > reps * BATCH_CURVE_STEPS ? n_prompt + n_gen : reps * BATCH_CURVE_STEPS;
+    ctx += 16;
     int max_batch = (int)(n_prompt > max_b ? n_prompt : max_b);
     if (max_batch < 1)
         max_batch = 1;
@@ -503,7 +524,7 @@ int cli_bench(int argc, char **argv)
     if (pool_create(&bwp, (int)threads))
         goto out;
     /* Shared machines vary: the ceiling is the best of reads before and after decode. */
-    double bw = measure_bandwidth(bwp, (size_t)bw_mib << 20, 10);
+    double bw = measure_bandwidth(bwp, (size_t)bw_mib << 20, 12);
     printf("memory read bandwidth (%lld MiB block, %lld threads): %.2f GB/s\n", (long long)bw_mib, (long long)threads, bw / 1e9);
 
     double *t = malloc((size_t)reps * sizeof *t);
@@ -531,6 +552,16 @@ int cli_bench(int argc, char **argv)
     /* Bytes one decode step reads: every weight of the slice once, plus one embedding row. */
     double bytes_per_tok = (double)bn.m->weight_bytes + (double)bn.m->tok_embd_row_bytes;
     if (n_gen > 0) {
+        /* Each run is paired with a bandwidth reading taken right after it (best of the
+         * read styles), so a neighbour's load on this shared machine weighs on both
+         * sides of the ratio alike; the figure is the median of the runs' ratios. */
+        double *bw_run = malloc((size_t)reps * sizeof *bw_run), *ratio = malloc((size_t)reps * sizeof *ratio);
+        if (!bw_run || !ratio) {
+            free(bw_run);
+            free(ratio);
+            free(t);
+            goto out;
+        }
         memset(bn.want, 0, nb);
         bn.want[0] = 1;
         for (int r = 0; r < reps; r++) {
@@ -540,25 +571,27 @@ int cli_bench(int argc, char **argv)
                 bn.pos[0] = i;
                 if (run(&bn, 1)) {
                     fprintf(stderr, "cairn bench: %s\n", bn.err);
+                    free(bw_run);
+                    free(ratio);
                     free(t);
                     goto out;
                 }
             }
             t[r] = clock_sec() - t0;
+            bw_run[r] = measure_bandwidth(bwp, (size_t)bw_mib << 20, N_BW_STYLES);
+            ratio[r] = ((double)n_gen / t[r]) * bytes_per_tok / bw_run[r];
         }
-        double med = median(t, (int)reps);
-        double bw_after = measure_bandwidth(bwp, (size_t)bw_mib << 20, 10);
-        if (bw_after > bw) {
-            printf("memory read bandwidth after decode: %.2f GB/s (the higher figure is the ceiling)\n", bw_after / 1e9);
-            bw = bw_after;
-        }
-        double tps = (double)n_gen / med, roof = bw / bytes_per_tok;
-        printf("tg%lld: %.2f tok/s (median of %lld); reads %.1f MiB/token; roofline %.2f tok/s; %.1f%% of roofline\n",
-               (long long)n_gen, tps, (long long)reps, bytes_per_tok / (1 << 20), roof, 100.0 * tps / roof);
+        double tps = (double)n_gen / median(t, (int)reps), bw_med = median(bw_run, (int)reps);
+        printf("tg%lld: %.2f tok/s (median of %lld); reads %.1f MiB/token; bandwidth beside the runs %.2f GB/s "
+               "(median); roofline %.2f tok/s; %.1f%% of roofline (median of the runs' ratios)\n",
+               (long long)n_gen, tps, (long long)reps, bytes_per_tok / (1 << 20), bw_med / 1e9,
+               bw_med / bytes_per_tok, 100.0 * median(ratio, (int)reps));
+        free(bw_run);
+        free(ratio);
     }
     if (max_b > 0) {
         /* B sequences each decode one token per forward; cost relative to B = 1. */
-        const int steps = 8;
+        const int steps = BATCH_CURVE_STEPS;
         double base = 0;
         printf("batch cost (one forward over B tokens of B sequences, relative to B = 1):\n");
         for (int B = 1; B <= max_b; B++) {

@@ -6,6 +6,8 @@
 #include "engine/vec.h"
 
 #include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,22 +52,79 @@ struct mm_item {
     size_t ldy;
 };
 
+/* The products of one job are shared out in units of row groups by guided
+ * self-scheduling: each claim takes a share of what is left (at least MM_MIN_CLAIM
+ * bytes of weights), so a thread slowed by a neighbour on this shared machine takes
+ * less instead of holding the others at the barrier. Every row is still computed
+ * whole by one call, so which thread takes it changes no bit. */
+#define MM_MIN_CLAIM (32 << 10)
+
 struct mm_job {
     struct mm_item item[3];
     int n_items;
     int B;
+    long unit_rows[3];   /* rows per unit of each item */
+    long first_unit[4];  /* item i's units are [first_unit[i], first_unit[i+1]) */
+    long min_claim;      /* units */
+    _Atomic long next;   /* first unit not yet claimed */
 };
+
+static bool mm_claim(struct mm_job *j, int nth, long *lo, long *hi)
+{
+    long total = j->first_unit[j->n_items];
+    long cur = atomic_load_explicit(&j->next, memory_order_relaxed);
+    for (;;) {
+        if (cur >= total)
+            return false;
+        long n = (total - cur) / (2L * nth);
+        n = n < j->min_claim ? j->min_claim : n;
+        n = n > total - cur ? total - cur : n;
+        if (atomic_compare_exchange_weak_explicit(&j->next, &cur, cur + n, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *lo = cur;
+            *hi = cur + n;
+            return true;
+        }
+    }
+}
 
 static void mm_run(void *ctx, int ith, int nth)
 {
+    (void)ith;
     struct mm_job *j = ctx;
-    for (int i = 0; i < j->n_items; i++) {
-        const struct mm_item *it = &j->item[i];
-        long lo, hi;
-        pool_split((long)kern_mat_rows(it->m), kern_mat_row_align(it->m), ith, nth, &lo, &hi);
-        if (hi > lo)
-            kern_matmul(it->m, it->xq, it->ldx, j->B, it->y, it->ldy, lo, hi);
+    long lo, hi;
+    while (mm_claim(j, nth, &lo, &hi)) {
+        for (int i = 0; i < j->n_items; i++) {
+            long a = lo > j->first_unit[i] ? lo : j->first_unit[i];
+            long b = hi < j->first_unit[i + 1] ? hi : j->first_unit[i + 1];
+            if (a >= b)
+                continue;
+            const struct mm_item *it = &j->item[i];
+            int64_t rows = kern_mat_rows(it->m);
+            int64_t r0 = (a - j->first_unit[i]) * j->unit_rows[i];
+            int64_t r1 = (b - j->first_unit[i]) * j->unit_rows[i];
+            kern_matmul(it->m, it->xq, it->ldx, j->B, it->y, it->ldy, r0, r1 < rows ? r1 : rows);
+        }
     }
+}
+
+/* Runs the products of items (at most 3, all over the same B activation rows). */
+static void matmul_items(struct engine *e, int B, const struct mm_item *items, int n_items)
+{
+    struct mm_job j = {.n_items = n_items, .B = B};
+    size_t bytes = 0;
+    for (int i = 0; i < n_items; i++) {
+        j.item[i] = items[i];
+        j.unit_rows[i] = kern_mat_row_align(items[i].m);
+        j.first_unit[i + 1] = j.first_unit[i] + (kern_mat_rows(items[i].m) + j.unit_rows[i] - 1) / j.unit_rows[i];
+        bytes += kern_mat_bytes(items[i].m);
+    }
+    long units = j.first_unit[n_items];
+    size_t unit_bytes = units ? bytes / (size_t)units : 1;
+    j.min_claim = (long)(MM_MIN_CLAIM / (unit_bytes ? unit_bytes : 1));
+    j.min_claim = j.min_claim < 1 ? 1 : j.min_claim;
+    atomic_init(&j.next, 0);
+    pool_run(e->pool, mm_run, &j);
 }
 
 /* Quantizes B rows of x (length n) into the activation formats the listed matrices use. */
@@ -485,20 +544,20 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         pool_run(e->pool, norm_run, &nj);
         const struct kern_mat *qkv[3] = {L->wq, L->wk, L->wv};
         quantize_for(e, e->xn, n_embd, DIM_EMBD, B, qkv, 3);
-        struct mm_job mj = {.n_items = 3, .B = B};
-        mj.item[0] = mm_item_for(e, L->wq, DIM_EMBD, e->q, (size_t)e->q_dim);
-        mj.item[1] = mm_item_for(e, L->wk, DIM_EMBD, e->k, (size_t)e->kv_dim);
-        mj.item[2] = mm_item_for(e, L->wv, DIM_EMBD, e->v, (size_t)e->kv_dim);
-        pool_run(e->pool, mm_run, &mj);
+        struct mm_item qkv_items[3] = {
+            mm_item_for(e, L->wq, DIM_EMBD, e->q, (size_t)e->q_dim),
+            mm_item_for(e, L->wk, DIM_EMBD, e->k, (size_t)e->kv_dim),
+            mm_item_for(e, L->wv, DIM_EMBD, e->v, (size_t)e->kv_dim),
+        };
+        matmul_items(e, B, qkv_items, 3);
         struct qkv_post_job pj = {e, L, kv, il, B};
         pool_run(e->pool, qkv_post_run, &pj);
         struct attn_job aj = {e, kv, b, il};
         pool_run(e->pool, attn_run, &aj);
         const struct kern_mat *wo[1] = {L->wo};
         quantize_for(e, e->attn, e->q_dim, DIM_Q, B, wo, 1);
-        mj = (struct mm_job){.n_items = 1, .B = B};
-        mj.item[0] = mm_item_for(e, L->wo, DIM_Q, e->tmp, (size_t)n_embd);
-        pool_run(e->pool, mm_run, &mj);
+        struct mm_item wo_item = mm_item_for(e, L->wo, DIM_Q, e->tmp, (size_t)n_embd);
+        matmul_items(e, B, &wo_item, 1);
         struct ew_job add = {e->x, e->tmp, (int64_t)B * n_embd, 0};
         pool_run(e->pool, ew_run, &add);
 
@@ -507,17 +566,17 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         pool_run(e->pool, norm_run, &nj);
         const struct kern_mat *gu[2] = {L->w_gate, L->w_up};
         quantize_for(e, e->xn, n_embd, DIM_EMBD, B, gu, 2);
-        mj = (struct mm_job){.n_items = 2, .B = B};
-        mj.item[0] = mm_item_for(e, L->w_gate, DIM_EMBD, e->gate, (size_t)hp->n_ff);
-        mj.item[1] = mm_item_for(e, L->w_up, DIM_EMBD, e->up, (size_t)hp->n_ff);
-        pool_run(e->pool, mm_run, &mj);
+        struct mm_item gu_items[2] = {
+            mm_item_for(e, L->w_gate, DIM_EMBD, e->gate, (size_t)hp->n_ff),
+            mm_item_for(e, L->w_up, DIM_EMBD, e->up, (size_t)hp->n_ff),
+        };
+        matmul_items(e, B, gu_items, 2);
         struct ew_job act = {e->gate, e->up, (int64_t)B * hp->n_ff, 1};
         pool_run(e->pool, ew_run, &act);
         const struct kern_mat *down[1] = {L->w_down};
         quantize_for(e, e->gate, hp->n_ff, DIM_FF, B, down, 1);
-        mj = (struct mm_job){.n_items = 1, .B = B};
-        mj.item[0] = mm_item_for(e, L->w_down, DIM_FF, e->tmp, (size_t)n_embd);
-        pool_run(e->pool, mm_run, &mj);
+        struct mm_item down_item = mm_item_for(e, L->w_down, DIM_FF, e->tmp, (size_t)n_embd);
+        matmul_items(e, B, &down_item, 1);
         pool_run(e->pool, ew_run, &add);
     }
 
@@ -535,8 +594,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
     pool_run(e->pool, norm_run, &nj);
     const struct kern_mat *head[1] = {m->output};
     quantize_for(e, e->xn, n_embd, DIM_EMBD, n_out, head, 1);
-    struct mm_job mj = {.n_items = 1, .B = n_out};
-    mj.item[0] = mm_item_for(e, m->output, DIM_EMBD, out, (size_t)hp->n_vocab);
-    pool_run(e->pool, mm_run, &mj);
+    struct mm_item head_item = mm_item_for(e, m->output, DIM_EMBD, out, (size_t)hp->n_vocab);
+    matmul_items(e, n_out, &head_item, 1);
     return 0;
 }

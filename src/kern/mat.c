@@ -1,5 +1,6 @@
 /* Weight matrices prepared for products: the run-time choice of kernel path and the
  * repacking of quantized weights into the interleaved layout of simd_mat.h. */
+#include "base/mem.h"
 #include "kern/kern.h"
 
 #include <stdbool.h>
@@ -317,7 +318,7 @@ int kern_mat_create(struct kern_mat **out, int type, const void *data, int64_t r
          * quantized types interleaved, float types copied as they are. */
         size_t size = v->tile > 0 ? (size_t)((rows + v->G - 1) / v->G) * (size_t)v->nblk * v->tile
                                   : m->bytes;
-        m->packed = aligned_alloc(64, (size + 63) / 64 * 64);
+        m->packed = mem_alloc_stream(size);
         if (!m->packed) {
             free(m);
             return cairn_fail(err, errlen, CAIRN_ENOMEM, "kern_mat: no memory for %zu bytes",

@@ -18,11 +18,20 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-INLINE __m512i bcast4(const int8_t *p)
+/* acc += w (unsigned bytes) . the 4 signed bytes at p, broadcast to every lane. The
+ * broadcast is folded into VPDPBUSD's memory operand ({1to16}), which the intrinsic does
+ * not do: a separate broadcast per product took a register each, and at 8 activation
+ * rows the kernels spilled. */
+INLINE __m512i dp_bcast(__m512i acc, __m512i w, const int8_t *p)
 {
+#ifdef DP_INTRIN
     int32_t v;
     memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
+    return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(v));
+#else
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)(const void *)p));
+    return acc;
+#endif
 }
 
 INLINE __m512 half16(const uint8_t *p)
@@ -36,14 +45,16 @@ INLINE __m512i load64(const uint8_t *p)
 }
 
 /* Software prefetch of the weights PF_AHEAD bytes ahead of the stream: measured faster
- * from DRAM at every B, most of all when B > 1 consumes weights slowly. */
+ * from DRAM at every B, most of all when B > 1 consumes weights slowly. Into L2 (T1), not
+ * L1: with both cores streaming, Q4_0 and Q4_K decode reached 3-8% more of the read
+ * bandwidth than with T0 (fewer L1 fill buffers held by lines not yet needed). */
 #define PF_AHEAD 8192
 INLINE void prefetch_tile(const uint8_t *t, size_t tile)
 {
     /* one prefetch per cache line: the lines that start within this tile */
     uintptr_t a = ((uintptr_t)t + PF_AHEAD + 63) & ~(uintptr_t)63;
     for (uintptr_t e = (uintptr_t)t + PF_AHEAD + tile; a < e; a += 64)
-        _mm_prefetch((const char *)a, _MM_HINT_T0);
+        _mm_prefetch((const char *)a, _MM_HINT_T1);
 }
 
 /* Bit s of each byte of a bit plane moved to bit 4 (other bits garbage). */
@@ -110,8 +121,29 @@ INLINE void group_q32(const int type, const int NB, const uint8_t *tiles, int64_
                 __m512i w = load64(t + 64 * kg);
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++)
-                    s[b] = _mm512_dpbusd_epi32(s[b], w, bcast4(xa[b]->q + 4 * kg));
+                    s[b] = dp_bcast(s[b], w, xa[b]->q + 4 * kg);
             }
+        } else if (!q5) {
+            /* High nibbles stay in place (16 times their value) in sums of their own,
+             * shifted down once per block: one shift instead of four. */
+            __m512i sh[NB_MAX];
+#pragma GCC unroll 16
+            for (int b = 0; b < NB; b++)
+                sh[b] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; v++) {
+                __m512i w = load64(t + 64 * v);
+                __m512i wl = _mm512_and_si512(w, m4);
+                __m512i wh = _mm512_andnot_si512(m4, w);
+#pragma GCC unroll 16
+                for (int b = 0; b < NB; b++) {
+                    s[b] = dp_bcast(s[b], wl, xa[b]->q + 4 * v);
+                    sh[b] = dp_bcast(sh[b], wh, xa[b]->q + 16 + 4 * v);
+                }
+            }
+#pragma GCC unroll 16
+            for (int b = 0; b < NB; b++)
+                s[b] = _mm512_add_epi32(s[b], _mm512_srai_epi32(sh[b], 4));
         } else {
 #pragma GCC unroll 4
             for (int v = 0; v < 4; v++) {
@@ -125,8 +157,8 @@ INLINE void group_q32(const int type, const int NB, const uint8_t *tiles, int64_
                 }
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++) {
-                    s[b] = _mm512_dpbusd_epi32(s[b], wl, bcast4(xa[b]->q + 4 * v));
-                    s[b] = _mm512_dpbusd_epi32(s[b], wh, bcast4(xa[b]->q + 16 + 4 * v));
+                    s[b] = dp_bcast(s[b], wl, xa[b]->q + 4 * v);
+                    s[b] = dp_bcast(s[b], wh, xa[b]->q + 16 + 4 * v);
                 }
             }
         }
@@ -175,7 +207,38 @@ INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t 
             xa[b] = (const struct act_q8_256 *)(x + (size_t)b * ldx) + i;
             is[b] = _mm512_setzero_si512();
         }
-        for (int j = 0; j < 8; j++) {
+        if (!k5 && NB <= 4) {
+            /* Q4_K, few rows: each nibble vector is loaded once for both sub-blocks of
+             * its pair; the odd one's nibbles stay high (16 times its sum) and are
+             * shifted down once per sub-block instead of once per vector. */
+            for (int u = 0; u < 4; u++) {
+                const uint8_t *tq = t + 64 * 8 * u;
+                __m512i dl[NB_MAX], dh[NB_MAX];
+#pragma GCC unroll 16
+                for (int b = 0; b < NB; b++)
+                    dl[b] = dh[b] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (int p = 0; p < 8; p++) {
+                    __m512i w = load64(tq + 64 * p);
+                    __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_andnot_si512(m4, w);
+#pragma GCC unroll 16
+                    for (int b = 0; b < NB; b++) {
+                        dl[b] = dp_bcast(dl[b], wl, xa[b]->q + 64 * u + 4 * p);
+                        dh[b] = dp_bcast(dh[b], wh, xa[b]->q + 64 * u + 32 + 4 * p);
+                    }
+                }
+                __m512i scl = _mm512_cvtepu8_epi32(
+                    _mm_loadu_si128((const __m128i *)(t + scoff + G * 2 * u)));
+                __m512i sch = _mm512_cvtepu8_epi32(
+                    _mm_loadu_si128((const __m128i *)(t + scoff + G * (2 * u + 1))));
+#pragma GCC unroll 16
+                for (int b = 0; b < NB; b++) {
+                    __m512i lo = _mm512_mullo_epi32(dl[b], scl);
+                    __m512i hi = _mm512_mullo_epi32(_mm512_srai_epi32(dh[b], 4), sch);
+                    is[b] = _mm512_add_epi32(is[b], _mm512_add_epi32(lo, hi));
+                }
+            }
+        } else for (int j = 0; j < 8; j++) {
             const uint8_t *tq = t + 64 * 8 * (j / 2);
             __m512i dt[NB_MAX];
 #pragma GCC unroll 16
@@ -189,7 +252,7 @@ INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t 
                     w = or_bit4(w, plane_bit4(load64(t + KM_Q5_K_QH(G) + 64 * j), p));
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++)
-                    dt[b] = _mm512_dpbusd_epi32(dt[b], w, bcast4(xa[b]->q + 32 * j + 4 * p));
+                    dt[b] = dp_bcast(dt[b], w, xa[b]->q + 32 * j + 4 * p);
             }
             __m512i sc =
                 _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(t + scoff + G * j)));
@@ -266,7 +329,7 @@ INLINE void group_q6k(const int NB, const uint8_t *tiles, int64_t nblk, const ui
                 w = _mm512_or_si512(w, _mm512_and_si512(h, m2));
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++)
-                    dt[b] = _mm512_dpbusd_epi32(dt[b], w, bcast4(xa[b]->q + 16 * j + 4 * s));
+                    dt[b] = dp_bcast(dt[b], w, xa[b]->q + 16 * j + 4 * s);
             }
             /* sc pairs (sc[2u], sc[2u+1]) per row as int16 in each int32 lane */
             __m512i scp = _mm512_cvtepi8_epi16(

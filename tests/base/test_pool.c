@@ -1,8 +1,11 @@
 #include "base/pool.h"
 #include "base/err.h"
+#include "base/mem.h"
 #include "testutil.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 struct job {
@@ -54,5 +57,19 @@ int main(void)
     }
     CHECK(pool_create(&(struct pool *){0}, 0) == CAIRN_EINVAL, "0 threads accepted");
     pool_release(NULL);
+    /* Blocks for streamed weights: 64-byte aligned, huge-page aligned from 2 MiB up,
+     * and wholly writable. */
+    size_t sizes[] = {1, 100, 4096, (size_t)2 << 20, ((size_t)5 << 20) + 12345};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        unsigned char *b = mem_alloc_stream(sizes[i]);
+        CHECK(b != NULL, "mem_alloc_stream(%zu) failed", sizes[i]);
+        uintptr_t align = sizes[i] >= ((size_t)2 << 20) ? (uintptr_t)2 << 20 : 64;
+        CHECK((uintptr_t)b % align == 0, "block of %zu bytes at %p not aligned to %lu", sizes[i], (void *)b,
+              (unsigned long)align);
+        memset(b, 0xa5, sizes[i]);
+        CHECK(b[sizes[i] - 1] == 0xa5, "last byte of %zu not written", sizes[i]);
+        free(b);
+    }
+
     return test_main_end();
 }

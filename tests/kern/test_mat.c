@@ -97,11 +97,11 @@ static bool path_on_cpu(enum kern_path p)
 /* One (type, shape, weight mode) case over all paths, batch sizes and splits. */
 static void check_case(int type, int64_t rows, int64_t cols, int mode, uint64_t *rng)
 {
-    static const int Bs_all[] = {1, 2, 3, 5, 8, 16, 33}, Bs_big[] = {1, 9, 33};
+    static const int Bs_all[] = {1, 2, 3, 4, 5, 8, 16, 33}, Bs_big[] = {1, 9, 33};
     /* big shapes: fewer batch sizes (one pass, two chunks, many), to bound the run time */
     bool big = rows * cols > 100000;
     const int *Bs = big ? Bs_big : Bs_all;
-    size_t nBs = big ? 3 : 7;
+    size_t nBs = big ? 3 : 8;
     void *w = make_weights(type, rows, cols, mode, rng);
     size_t ldx = kern_act_row_bytes(type, cols) + 8;
     size_t ldy = (size_t)rows + 3;
