@@ -24,14 +24,8 @@
  * rows the kernels spilled. */
 INLINE __m512i dp_bcast(__m512i acc, __m512i w, const int8_t *p)
 {
-#ifdef DP_INTRIN
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(v));
-#else
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)(const void *)p));
     return acc;
-#endif
 }
 
 INLINE __m512 half16(const uint8_t *p)
@@ -326,7 +320,7 @@ INLINE void group_q6k(const int NB, const uint8_t *tiles, int64_t nblk, const ui
                             : s == 1 ? _mm512_slli_epi16(hv, 2)
                             : s == 2 ? hv
                                      : _mm512_srli_epi16(hv, 2);
-                w = _mm512_or_si512(w, _mm512_and_si512(h, m2));
+                w = _mm512_ternarylogic_epi32(w, h, m2, 0xf8); /* w | (h & m2) */
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++)
                     dt[b] = dp_bcast(dt[b], w, xa[b]->q + 16 * j + 4 * s);
