@@ -38,6 +38,12 @@ struct wrunner {
     int failures;          /* Failed in a row, reset after stable_ms Ready */
     int64_t failed_ms, ready_ms; /* last Failed; Ready (or Running) since; 0: none */
     bool delete_asked;     /* its instance's deletion was asked once */
+    /* A Failed not yet carried by a report: reports are at most one per
+     * NODE_REPORT_MIN_MS, the first restart comes after backoff_ms (as long), so the
+     * next report may already see the new process; it reports this Failed first. */
+    bool failed_unreported;
+    int failed_restart_count;
+    char *failed_error;
 };
 
 /* A runner stopped for a new epoch of its instance hands its restarts and failures in a
@@ -155,6 +161,7 @@ static void drop(struct worker *w, struct wrunner *x)
     if (x->stopped_for)
         carry_keep(w, x);
     free(x->error);
+    free(x->failed_error);
     size_t i = (size_t)(x - w->r);
     memmove(&w->r[i], &w->r[i + 1], (w->n - i - 1) * sizeof *w->r);
     w->n--;
@@ -329,6 +336,12 @@ static void on_sup_event(void *ctx, const struct supervisor_event *ev)
             x->pid = ev->pid;
             x->data_port = ev->data_port;
             set_error(x, ev->error);
+            if (ev->status == CLUSTER_RUNNER_FAILED) {
+                free(x->failed_error);
+                x->failed_error = x->error ? strdup(x->error) : NULL;
+                x->failed_restart_count = x->restart_count;
+                x->failed_unreported = true;
+            }
         }
     }
     pthread_mutex_unlock(&w->mu);
@@ -865,8 +878,10 @@ void worker_release(struct worker *w)
         return;
     worker_stop(w);
     supervisor_release(w->sup);
-    for (size_t i = 0; i < w->n; i++)
+    for (size_t i = 0; i < w->n; i++) {
         free(w->r[i].error);
+        free(w->r[i].failed_error);
+    }
     free(w->r);
     free(w->tasks);
     free(w->finish);
@@ -883,7 +898,7 @@ json_t *worker_runners_json(void *ctx)
     json_t *arr = json_array();
     pthread_mutex_lock(&w->mu);
     for (size_t i = 0; arr && i < w->n; i++) {
-        const struct wrunner *x = &w->r[i];
+        struct wrunner *x = &w->r[i];
         struct cluster_runner r = {0};
         snprintf(r.id, sizeof r.id, "%s", x->id);
         snprintf(r.instance_id, sizeof r.instance_id, "%s", x->instance_id);
@@ -893,6 +908,14 @@ json_t *worker_runners_json(void *ctx)
         r.restart_count = x->restart_count;
         r.data_port = x->data_port;
         r.epoch = x->epoch;
+        if (x->failed_unreported && x->status != CLUSTER_RUNNER_FAILED) {
+            r.status = CLUSTER_RUNNER_FAILED;
+            r.error = x->failed_error;
+            r.restart_count = x->failed_restart_count;
+            r.data_port = 0;
+            node_report_now(w->node); /* its present status in the report after this one */
+        }
+        x->failed_unreported = false;
         json_t *j = cluster_runner_to_json(&r);
         if (!j || json_array_append_new(arr, j)) {
             json_decref(arr);

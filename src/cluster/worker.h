@@ -52,7 +52,9 @@ void worker_stop(struct worker *w);
 void worker_release(struct worker *w);
 
 /* node_runners_fn: a new JSON array of the runners this node holds (ctx: the worker);
- * NULL before worker_start or when out of memory. Any thread. */
+ * NULL before worker_start or when out of memory. Any thread. A runner that failed
+ * since the last call is listed as Failed (with that failure's error) even if it has
+ * restarted since: each failure reaches the master once, whatever the report rate. */
 json_t *worker_runners_json(void *ctx);
 
 /* Process id of a runner, 0 when it has none or is unknown. Any thread. */

@@ -1,6 +1,7 @@
 /* The worker inside one node in this process, with the real `cairn runner`: a placed
  * instance gets its runner started and reported Ready in the state; deleting the
- * instance stops the runner process and removes the runner from the state; a runner that
+ * instance stops the runner process and removes the runner from the state; a runner
+ * killed is reported Failed even though it restarts before the next report; a runner that
  * always fails gets its instance deleted once the supervisor gives up. (A model that
  * cannot be found is refused by the master at placement; plan's FAIL is tested in
  * test_plan.) Every wait is bounded; skipped
@@ -155,6 +156,33 @@ static void test_worker(const char *models, bool give_up)
         printf("  runner Ready in the state %.2f s after PlaceInstance\n", took);
         pid_t pid = worker_runner_pid(w, l.runner_id);
         CHECK(pid > 0 && kill(pid, 0) == 0, "runner process %d alive", (int)pid);
+
+        /* Killed: it restarts after 100 ms, well before the next report may go (at most
+         * one per NODE_REPORT_MIN_MS), yet the state shows it Failed, then Ready again. */
+        if (pid > 0)
+            kill(pid, SIGKILL);
+        bool seen_failed = false;
+        t0 = clock_sec();
+        took = -1;
+        while (clock_sec() - t0 < 30) {
+            node_read_state(n, look_fn, &l);
+            if (l.has_runner && l.status == CLUSTER_RUNNER_FAILED && !seen_failed) {
+                seen_failed = true;
+                CHECK(strstr(l.error, "SIGKILL") != NULL, "the Failed runner's error names the signal: '%s'",
+                      l.error);
+            }
+            pid_t now_pid = worker_runner_pid(w, l.runner_id);
+            if (seen_failed && l.has_runner && l.status == CLUSTER_RUNNER_READY && now_pid > 0 && now_pid != pid) {
+                took = clock_sec() - t0;
+                break;
+            }
+            sleep_ms(10);
+        }
+        CHECK(seen_failed, "the killed runner was reported Failed (last status %s)",
+              cluster_runner_status_name(l.status));
+        CHECK(took >= 0, "the killed runner Ready again within 30 s (last: %s, pid %d, was %d)",
+              cluster_runner_status_name(l.status), (int)worker_runner_pid(w, l.runner_id), (int)pid);
+        pid = worker_runner_pid(w, l.runner_id);
 
         struct command c;
         struct command_result res;
