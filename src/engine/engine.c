@@ -265,6 +265,25 @@ static void qkv_post_run(void *ctx, int ith, int nth)
     }
 }
 
+/* The cache slots of a sequence's positions 0, 1, 2, ... in turn (kv.h: position p is
+ * at table[p / bt] * bt + p % bt), without a division per position. */
+struct slot_walk {
+    const int32_t *table;
+    int bt;
+    int64_t block;
+    int in_block;
+};
+
+static inline int64_t slot_next(struct slot_walk *w)
+{
+    int64_t slot = (int64_t)w->table[w->block] * w->bt + w->in_block;
+    if (++w->in_block == w->bt) {
+        w->in_block = 0;
+        w->block++;
+    }
+    return slot;
+}
+
 /* Causal attention of every (token, head) over its own sequence's cache. */
 struct attn_job {
     struct engine *e;
@@ -301,38 +320,47 @@ static void attn_run(void *ctx, int ith, int nth)
         int64_t head_off = (int64_t)(h / group) * hd;
         float max = -INFINITY;
         if (f16) {
+            /* The cached rows are cold (decode streams every weight through the caches
+             * between two layers' attention) and scattered over blocks: asking for all
+             * of them first, K and V, overlaps their misses instead of taking each in
+             * turn (the attention of a decode step took several times its arithmetic). */
             const uint16_t **rows = e->rows + (int64_t)ith * e->cfg.max_ctx;
-            for (int64_t p = 0; p < n_pos; p++)
-                rows[p] = k_base + ((int64_t)table[p / bt] * bt + p % bt) * kv_dim + head_off;
+            struct slot_walk w = {table, bt, 0, 0};
+            for (int64_t p = 0; p < n_pos; p++) {
+                int64_t off = slot_next(&w) * kv_dim + head_off;
+                rows[p] = k_base + off;
+                for (int64_t c = 0; c < hd; c += 32) {
+                    __builtin_prefetch(k_base + off + c, 0, 2);
+                    __builtin_prefetch(v_base + off + c, 0, 2);
+                }
+            }
             vec->dots_f16(q, rows, n_pos, hd, scores);
             for (int64_t p = 0; p < n_pos; p++) {
                 scores[p] = scores[p] * scale;
                 max = scores[p] > max ? scores[p] : max;
             }
         } else {
+            struct slot_walk w = {table, bt, 0, 0};
             for (int64_t p = 0; p < n_pos; p++) {
-                int64_t slot = (int64_t)table[p / bt] * bt + p % bt;
-                float s = vec->dot_f32(q, (const float *)kv_k(j->kv, j->layer, slot) + head_off, hd) * scale;
+                float s = vec->dot_f32(q, (const float *)kv_k(j->kv, j->layer, slot_next(&w)) + head_off, hd) * scale;
                 scores[p] = s;
                 max = s > max ? s : max;
             }
         }
+        vec->exp_sub(scores, max, n_pos);
         float sum = 0.0f;
-        for (int64_t p = 0; p < n_pos; p++) {
-            scores[p] = expf(scores[p] - max);
+        for (int64_t p = 0; p < n_pos; p++)
             sum = sum + scores[p];
-        }
         memset(acc, 0, (size_t)hd * sizeof(float));
         if (f16) {
             const uint16_t **rows = e->rows + (int64_t)ith * e->cfg.max_ctx;
             for (int64_t p = 0; p < n_pos; p++)
-                rows[p] = v_base + ((int64_t)table[p / bt] * bt + p % bt) * kv_dim + head_off;
+                rows[p] = v_base + (rows[p] - k_base); /* the same slot's V row */
             vec->wsum_f16(acc, scores, rows, n_pos, hd);
         } else {
-            for (int64_t p = 0; p < n_pos; p++) {
-                int64_t slot = (int64_t)table[p / bt] * bt + p % bt;
-                vec->axpy_f32(acc, scores[p], (const float *)kv_v(j->kv, j->layer, slot) + head_off, hd);
-            }
+            struct slot_walk w = {table, bt, 0, 0};
+            for (int64_t p = 0; p < n_pos; p++)
+                vec->axpy_f32(acc, scores[p], (const float *)kv_v(j->kv, j->layer, slot_next(&w)) + head_off, hd);
         }
         float inv = 1.0f / sum;
         float *out = e->attn + (int64_t)b * e->q_dim + (int64_t)h * hd;
@@ -343,6 +371,7 @@ static void attn_run(void *ctx, int ith, int nth)
 
 /* x += tmp, and for the feed-forward: gate = silu(gate) * up. */
 struct ew_job {
+    const struct vec_ops *vec;
     float *a;
     const float *b;
     int64_t n; /* elements in all */
@@ -358,10 +387,7 @@ static void ew_run(void *ctx, int ith, int nth)
         for (long i = lo; i < hi; i++)
             j->a[i] = j->a[i] + j->b[i];
     } else {
-        for (long i = lo; i < hi; i++) {
-            float g = j->a[i];
-            j->a[i] = (g / (1.0f + expf(-g))) * j->b[i];
-        }
+        j->vec->silu_mul(j->a + lo, j->b + lo, hi - lo);
     }
 }
 
@@ -558,7 +584,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         quantize_for(e, e->attn, e->q_dim, DIM_Q, B, wo, 1);
         struct mm_item wo_item = mm_item_for(e, L->wo, DIM_Q, e->tmp, (size_t)n_embd);
         matmul_items(e, B, &wo_item, 1);
-        struct ew_job add = {e->x, e->tmp, (int64_t)B * n_embd, 0};
+        struct ew_job add = {e->vec, e->x, e->tmp, (int64_t)B * n_embd, 0};
         pool_run(e->pool, ew_run, &add);
 
         /* feed-forward block */
@@ -571,7 +597,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
             mm_item_for(e, L->w_up, DIM_EMBD, e->up, (size_t)hp->n_ff),
         };
         matmul_items(e, B, gu_items, 2);
-        struct ew_job act = {e->gate, e->up, (int64_t)B * hp->n_ff, 1};
+        struct ew_job act = {e->vec, e->gate, e->up, (int64_t)B * hp->n_ff, 1};
         pool_run(e->pool, ew_run, &act);
         const struct kern_mat *down[1] = {L->w_down};
         quantize_for(e, e->gate, hp->n_ff, DIM_FF, B, down, 1);

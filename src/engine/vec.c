@@ -3,6 +3,7 @@
 #include "base/cpu.h"
 #include "kern/kern.h"
 
+#include <math.h>
 #include <string.h>
 
 static float reduce16(float lane[16])
@@ -59,8 +60,45 @@ static void wsum_f16_ref(float *acc, const float *w, const uint16_t *const *rows
         axpy_f16_ref(acc, w[p], rows[p], hd);
 }
 
+/* vec.h's exp, one float at a time. The clamps are written as the SIMD max/min
+ * instructions behave: max(LO, t) is LO > t ? LO : t, so a NaN t passes through. */
+static float exp_ref(float t)
+{
+    t = VEC_EXP_LO > t ? VEC_EXP_LO : t;
+    t = VEC_EXP_HI < t ? VEC_EXP_HI : t;
+    float n = t * VEC_EXP_LOG2E;
+    n = n + VEC_EXP_ROUND;
+    n = n - VEC_EXP_ROUND;
+    float r = fmaf(n, -VEC_EXP_C1, t);
+    r = fmaf(n, -VEC_EXP_C2, r);
+    float p = fmaf(VEC_EXP_P0, r, VEC_EXP_P1);
+    p = fmaf(p, r, VEC_EXP_P2);
+    p = fmaf(p, r, VEC_EXP_P3);
+    p = fmaf(p, r, VEC_EXP_P4);
+    p = fmaf(p, r, VEC_EXP_P5);
+    float e = fmaf(p, r * r, r);
+    e = e + 1.0f;
+    /* n is a whole number in [-126, 127]; a NaN converts as CVTTPS2DQ does it */
+    uint32_t bits = ((n == n ? (uint32_t)(int32_t)n : 0x80000000u) + 127u) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return e * scale;
+}
+
+static void exp_sub_ref(float *x, float sub, int64_t n)
+{
+    for (int64_t k = 0; k < n; k++)
+        x[k] = exp_ref(x[k] - sub);
+}
+
+static void silu_mul_ref(float *a, const float *b, int64_t n)
+{
+    for (int64_t k = 0; k < n; k++)
+        a[k] = (a[k] / (1.0f + exp_ref(-a[k]))) * b[k];
+}
+
 static const struct vec_ops ref_ops = {dot_f32_ref, dot_f16_ref, axpy_f16_ref, axpy_f32_ref, to_f16_ref,
-                                       dots_f16_ref, wsum_f16_ref};
+                                       dots_f16_ref, wsum_f16_ref, exp_sub_ref, silu_mul_ref};
 
 const struct vec_ops *vec_ops_ref(void) { return &ref_ops; }
 

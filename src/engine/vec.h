@@ -3,6 +3,8 @@
  *   dot products: 16 lanes, element k into lane k%16 with lane += a*b (a multiply then
  *   an add, never fused), then for s = 8,4,2,1: lane[l] += lane[l+s]; result lane[0].
  *   axpy: y[k] = y[k] + a*x[k] (multiply then add).
+ *   exp: the steps of VEC_EXP below (fused multiply-adds where it says fma, which every
+ *   path has: the scalar reference calls fmaf), about 2 ulp from exp over all floats.
  * vec_init picks the SIMD variant for this CPU; the scalar ones are the reference. */
 #ifndef CAIRN_ENGINE_VEC_H
 #define CAIRN_ENGINE_VEC_H
@@ -20,7 +22,29 @@ struct vec_ops {
      * calls, with the accumulators kept in registers. */
     void (*dots_f16)(const float *q, const uint16_t *const *rows, int64_t n, int64_t hd, float *out);
     void (*wsum_f16)(float *acc, const float *w, const uint16_t *const *rows, int64_t n, int64_t hd);
+    void (*exp_sub)(float *x, float sub, int64_t n);          /* x[k] = exp(x[k] - sub) */
+    void (*silu_mul)(float *a, const float *b, int64_t n);    /* a[k] = silu(a[k]) * b[k] */
 };
+
+/* exp(t) in fixed steps (Cephes' expf: t clamped to [EXP_LO, EXP_HI], n = t*log2(e)
+ * rounded to nearest even by adding and subtracting 1.5*2^23, r = t - n*ln2 in two fma
+ * steps, a degree-7 polynomial in r, times 2^n built in the exponent bits). Inputs below
+ * EXP_LO give about 1.6e-38 instead of a smaller number (or 0), above EXP_HI about
+ * 1.65e38 instead of a larger one (or inf): no caller tells these apart. NaN stays NaN.
+ * (The shift of the exponent works mod 2^32, so the NaN case builds no undefined value.)
+ * silu(a) = (a / (1 + exp(-a))). */
+#define VEC_EXP_LO (-87.0f)
+#define VEC_EXP_HI 88.0f
+#define VEC_EXP_LOG2E 1.44269504088896341f
+#define VEC_EXP_ROUND 12582912.0f
+#define VEC_EXP_C1 0.693359375f
+#define VEC_EXP_C2 (-2.12194440e-4f)
+#define VEC_EXP_P0 1.9875691500E-4f
+#define VEC_EXP_P1 1.3981999507E-3f
+#define VEC_EXP_P2 8.3334519073E-3f
+#define VEC_EXP_P3 4.1665795894E-2f
+#define VEC_EXP_P4 1.6666665459E-1f
+#define VEC_EXP_P5 5.0000001201E-1f
 
 /* The reference (scalar) variant. */
 const struct vec_ops *vec_ops_ref(void);

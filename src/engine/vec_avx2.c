@@ -107,6 +107,63 @@ static void wsum_f16(float *acc, const float *w, const uint16_t *const *rows, in
             acc[k] = acc[k] + w[p] * half_to_float(rows[p][k]);
 }
 
-static const struct vec_ops avx2_ops = {dot_f32, dot_f16, axpy_f16, axpy_f32, to_f16, dots_f16, wsum_f16};
+/* vec.h's exp on 8 lanes. */
+static inline __m256 exp8(__m256 t)
+{
+    t = _mm256_max_ps(_mm256_set1_ps(VEC_EXP_LO), t); /* a NaN t passes */
+    t = _mm256_min_ps(_mm256_set1_ps(VEC_EXP_HI), t);
+    __m256 n = _mm256_mul_ps(t, _mm256_set1_ps(VEC_EXP_LOG2E));
+    n = _mm256_add_ps(n, _mm256_set1_ps(VEC_EXP_ROUND));
+    n = _mm256_sub_ps(n, _mm256_set1_ps(VEC_EXP_ROUND));
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-VEC_EXP_C1), t);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-VEC_EXP_C2), r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(VEC_EXP_P0), r, _mm256_set1_ps(VEC_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(VEC_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(VEC_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(VEC_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(VEC_EXP_P5));
+    __m256 e = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+    e = _mm256_add_ps(e, _mm256_set1_ps(1.0f));
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(e, _mm256_castsi256_ps(bits));
+}
+
+/* Lanes [0, rem) of an 8-lane mask for maskload/maskstore. */
+static inline __m256i tail8(int64_t rem)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)rem), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static void exp_sub(float *x, float sub, int64_t n)
+{
+    __m256 vs = _mm256_set1_ps(sub);
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        _mm256_storeu_ps(x + k, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + k), vs)));
+    if (k < n) {
+        __m256i m = tail8(n - k);
+        _mm256_maskstore_ps(x + k, m, exp8(_mm256_sub_ps(_mm256_maskload_ps(x + k, m), vs)));
+    }
+}
+
+static inline __m256 silu_mul8(__m256 a, __m256 b)
+{
+    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), a));
+    return _mm256_mul_ps(_mm256_div_ps(a, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), b);
+}
+
+static void silu_mul(float *a, const float *b, int64_t n)
+{
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        _mm256_storeu_ps(a + k, silu_mul8(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k)));
+    if (k < n) {
+        __m256i m = tail8(n - k);
+        _mm256_maskstore_ps(a + k, m, silu_mul8(_mm256_maskload_ps(a + k, m), _mm256_maskload_ps(b + k, m)));
+    }
+}
+
+static const struct vec_ops avx2_ops = {dot_f32, dot_f16, axpy_f16, axpy_f32, to_f16, dots_f16, wsum_f16,
+                                        exp_sub, silu_mul};
 
 const struct vec_ops *vec_ops_avx2(void) { return &avx2_ops; }

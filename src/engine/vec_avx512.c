@@ -130,6 +130,57 @@ static void wsum_f16(float *acc, const float *w, const uint16_t *const *rows, in
     }
 }
 
-static const struct vec_ops avx512_ops = {dot_f32, dot_f16, axpy_f16, axpy_f32, to_f16, dots_f16, wsum_f16};
+/* vec.h's exp on 16 lanes. */
+static inline __m512 exp16(__m512 t)
+{
+    t = _mm512_max_ps(_mm512_set1_ps(VEC_EXP_LO), t); /* a NaN t passes */
+    t = _mm512_min_ps(_mm512_set1_ps(VEC_EXP_HI), t);
+    __m512 n = _mm512_mul_ps(t, _mm512_set1_ps(VEC_EXP_LOG2E));
+    n = _mm512_add_ps(n, _mm512_set1_ps(VEC_EXP_ROUND));
+    n = _mm512_sub_ps(n, _mm512_set1_ps(VEC_EXP_ROUND));
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-VEC_EXP_C1), t);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-VEC_EXP_C2), r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(VEC_EXP_P0), r, _mm512_set1_ps(VEC_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VEC_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VEC_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VEC_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VEC_EXP_P5));
+    __m512 e = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+    e = _mm512_add_ps(e, _mm512_set1_ps(1.0f));
+    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(e, _mm512_castsi512_ps(bits));
+}
+
+static void exp_sub(float *x, float sub, int64_t n)
+{
+    __m512 vs = _mm512_set1_ps(sub);
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16)
+        _mm512_storeu_ps(x + k, exp16(_mm512_sub_ps(_mm512_loadu_ps(x + k), vs)));
+    if (k < n) {
+        __mmask16 m = tail_mask(n - k);
+        _mm512_mask_storeu_ps(x + k, m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + k), vs)));
+    }
+}
+
+static inline __m512 silu_mul16(__m512 a, __m512 b)
+{
+    __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), a));
+    return _mm512_mul_ps(_mm512_div_ps(a, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), b);
+}
+
+static void silu_mul(float *a, const float *b, int64_t n)
+{
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16)
+        _mm512_storeu_ps(a + k, silu_mul16(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k)));
+    if (k < n) {
+        __mmask16 m = tail_mask(n - k);
+        _mm512_mask_storeu_ps(a + k, m, silu_mul16(_mm512_maskz_loadu_ps(m, a + k), _mm512_maskz_loadu_ps(m, b + k)));
+    }
+}
+
+static const struct vec_ops avx512_ops = {dot_f32, dot_f16, axpy_f16, axpy_f32, to_f16, dots_f16, wsum_f16,
+                                          exp_sub, silu_mul};
 
 const struct vec_ops *vec_ops_avx512(void) { return &avx512_ops; }

@@ -8,6 +8,41 @@
 
 #define MAXN 300
 
+/* The reference exp against double precision: every float in [-87, 88] at a stride,
+ * within 2 ulp (relative 2.4e-7); the clamps, NaN, and silu within 3 ulp. */
+static void test_exp_accuracy(const struct vec_ops *ref)
+{
+    double worst = 0;
+    float worst_at = 0;
+    int n = 0;
+    for (float t = -87.0f; t <= 88.0f; t = nextafterf(t, INFINITY) + fabsf(t) * 1e-6f + 1e-6f, n++) {
+        float x = t;
+        ref->exp_sub(&x, 0.0f, 1);
+        double want = exp((double)t), rel = fabs((double)x - want) / want;
+        if (rel > worst) {
+            worst = rel;
+            worst_at = t;
+        }
+    }
+    CHECK(worst <= 2.4e-7, "exp: worst relative error %.3g at %.9g over %d points", worst, worst_at, n);
+    printf("exp: %d points in [-87, 88], worst relative error %.3g (at %.9g)\n", n, worst, worst_at);
+    float edge[5] = {-1000.0f, 1000.0f, -INFINITY, INFINITY, NAN};
+    ref->exp_sub(edge, 0.0f, 5);
+    CHECK(edge[0] > 0 && edge[0] < 2e-38f, "exp(-1000) = %g, tiny and not negative", edge[0]);
+    CHECK(edge[1] > 1e38f && isfinite(edge[1]), "exp(1000) = %g, huge and finite", edge[1]);
+    CHECK(edge[2] > 0 && edge[2] < 2e-38f && edge[3] > 1e38f, "exp(-inf) = %g, exp(inf) = %g", edge[2], edge[3]);
+    CHECK(isnan(edge[4]), "exp(NaN) = %g", edge[4]);
+    double worst_silu = 0;
+    for (int i = -4000; i <= 4000; i++) {
+        float g = (float)i * 0.01f, one = 1.0f;
+        ref->silu_mul(&g, &one, 1);
+        double x = (double)((float)i * 0.01f), want = x / (1.0 + exp(-x));
+        double rel = fabs((double)g - want) / (fabs(want) + 1e-30);
+        worst_silu = rel > worst_silu ? rel : worst_silu;
+    }
+    CHECK(worst_silu <= 3.6e-7, "silu: worst relative error %.3g over [-40, 40]", worst_silu);
+}
+
 int main(void)
 {
     const struct vec_ops *ref = vec_ops_ref();
@@ -60,8 +95,22 @@ int main(void)
             ref->to_f16(h0, a, n);
             ops->to_f16(h1, a, n);
             bad += memcmp(h0, h1, (size_t)n * sizeof *h0) != 0;
+            /* exp and silu over a range wider than the clamps, with a NaN now and then */
+            for (int i = 0; i < n; i++)
+                y0[i] = y1[i] = test_rand_float(&seed) * 100.0f;
+            if (rep % 7 == 0)
+                y0[n / 2] = y1[n / 2] = NAN;
+            ref->exp_sub(y0, b[0], n);
+            ops->exp_sub(y1, b[0], n);
+            bad += memcmp(y0, y1, (size_t)n * sizeof *y0) != 0;
+            for (int i = 0; i < n; i++)
+                y0[i] = y1[i] = a[i] * 30.0f / scale;
+            ref->silu_mul(y0, b, n);
+            ops->silu_mul(y1, b, n);
+            bad += memcmp(y0, y1, (size_t)n * sizeof *y0) != 0;
         }
-        CHECK(bad == 0, "%s: %d of 2400 results differ from the reference in bits", names[v], bad);
+        CHECK(bad == 0, "%s: %d of 3200 results differ from the reference in bits", names[v], bad);
     }
+    test_exp_accuracy(ref);
     return test_main_end();
 }
