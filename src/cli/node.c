@@ -47,7 +47,8 @@ static void usage(void)
             "  --discovery     LAN beacons: auto (every interface that can broadcast; the\n"
             "                  default), off (only --peer), or one interface\n"
             "  --memory-limit  memory this node offers to models (e.g. 8G, 512M, or bytes)\n"
-            "  --node-timeout  a node unheard this long leaves the cluster (30)\n"
+            "  --node-timeout  a node unheard this long leaves the cluster (30); one stopped\n"
+            "                  with SIGINT/SIGTERM tells its peers and leaves at once\n"
             "  --parallel      sequences each runner decodes at once (8); more requests queue\n"
             "  -t, --threads   compute threads of each runner (2)\n"
             "  --ctx-size      positions per sequence (the model's, at most 4096)\n"
@@ -133,6 +134,7 @@ int cli_node(int argc, char **argv)
     const char *api_host = "127.0.0.1", *bind = NULL, *log_file = NULL;
     int64_t api_port = 52415, cluster_port = 52416, node_timeout = 30, memory_limit = 0;
     int64_t parallel = 0, threads = 0, ctx_size = 0;
+    int sig = 0; /* the signal that stopped us; 0 on a failed start */
     bool no_api = false, no_worker = false, force_master = false;
     enum log_level level = LOG_INFO;
     for (; a.i < argc && !a.bad; a.i++) {
@@ -325,7 +327,6 @@ int cli_node(int argc, char **argv)
              srv ? api_host : "(none)", srv ? (int)http_server_port(srv) : 0, node_cluster_port(node),
              discovery, worker ? "on" : "off", force_master ? ", force master" : "");
 
-    int sig = 0;
     while (sigwait(&stop_set, &sig) != 0)
         ;
     log_info("cairn node %s: %s, stopping", node_id(node), sig == SIGINT ? "SIGINT" : "SIGTERM");
@@ -336,6 +337,8 @@ out:
     routes_files_release(files);
     if (worker)
         worker_stop(worker); /* runners end before the node that reports them */
+    if (sig)
+        node_leave(node); /* the others take it out of the cluster now, not after the timeout */
     node_stop(node);
     http_server_release(srv);
     node_release(node);

@@ -107,6 +107,8 @@ struct node {
     pthread_t thread;
     bool running;
     atomic_bool stop;
+    atomic_bool leave_asked; /* node_leave: say leave to the peers */
+    atomic_bool leave_done;  /* every live peer acknowledged it, or the wait ran out */
 
     pthread_mutex_t pend_mu;
     pthread_cond_t pend_cv;
@@ -133,6 +135,16 @@ struct node {
     bool followed_confirmed;
     struct heard *heard;
     size_t n_heard, cap_heard;
+    /* Peers that said they leave (node_leave): the master times them out at once instead
+     * of after node_timeout_ms. Kept across terms, so the next master knows who left when
+     * the leaver was the master; dropped when the peer comes back. */
+    char left[NODE_LEFT_MAX][IDS_ID_MAX + 1];
+    int n_left;
+    /* Our own leave: the peers still to acknowledge it, until leave_deadline_ms. */
+    bool leaving;
+    char leave_wait[NODE_LEFT_MAX][IDS_ID_MAX + 1];
+    int n_leave_wait;
+    int64_t leave_deadline_ms;
     int64_t next_timeout_ms, next_head_ms, next_gossip_ms, next_info_ms;
     int64_t since_snapshot;
     int64_t last_request_ms;
@@ -940,8 +952,32 @@ static void place_again(struct node *n, const struct replacement *r, size_t coun
     }
 }
 
-/* Times out the nodes of the state unheard for node_timeout_ms, and places their
- * instances again. */
+static int left_index(const struct node *n, const char *id)
+{
+    for (int i = 0; i < n->n_left; i++)
+        if (!strcmp(n->left[i], id))
+            return i;
+    return -1;
+}
+
+/* A peer said it leaves (left) or came back (!left). The oldest entry makes room. */
+static void note_left(struct node *n, const char *id, bool left)
+{
+    int i = left_index(n, id);
+    if (!left) {
+        if (i >= 0)
+            memmove(n->left[i], n->left[i + 1], (size_t)(--n->n_left - i) * sizeof n->left[0]);
+        return;
+    }
+    if (i >= 0)
+        return;
+    if (n->n_left == NODE_LEFT_MAX)
+        memmove(n->left[0], n->left[1], (size_t)(--n->n_left) * sizeof n->left[0]);
+    snprintf(n->left[n->n_left++], sizeof n->left[0], "%s", id);
+}
+
+/* Times out the nodes of the state that said they leave or were unheard for
+ * node_timeout_ms, and places their instances again. */
 static void check_timeouts(struct node *n, int64_t now)
 {
     for (size_t i = 0; i < n->state->n_nodes; i++) {
@@ -951,14 +987,18 @@ static void check_timeouts(struct node *n, int64_t now)
         struct heard *h = heard_find(n, id, true, now);
         if (!h)
             continue;
-        if (link_peer_up(n->link, id)) {
+        bool left = left_index(n, id) >= 0;
+        if (!left && link_peer_up(n->link, id)) {
             h->ms = now;
             continue;
         }
-        if (now - h->ms < n->node_timeout_ms)
+        if (!left && now - h->ms < n->node_timeout_ms)
             continue;
-        log_info("node %s: node %s unheard for %lld ms: timed out", n->id, id,
-                 (long long)(now - h->ms));
+        if (left)
+            log_info("node %s: node %s left the cluster", n->id, id);
+        else
+            log_info("node %s: node %s unheard for %lld ms: timed out", n->id, id, (long long)(now - h->ms));
+        note_left(n, id, false);
         struct event e;
         event_init(&e, EVENT_NODE_TIMED_OUT, 0, 0);
         snprintf(e.node_timed_out.node_id, sizeof e.node_timed_out.node_id, "%s", id);
@@ -1184,6 +1224,8 @@ static void gather_info(struct node *n, int64_t now)
 
 static void maybe_report(struct node *n, int64_t now)
 {
+    if (n->leaving) /* a report would put us back in the state */
+        return;
     if (now >= n->next_info_ms)
         gather_info(n, now);
     if (atomic_exchange(&n->report_asked, false))
@@ -1388,8 +1430,46 @@ static void on_peers(struct node *n, const char *from, const json_t *j)
     }
 }
 
-/* Control messages: {"type": "peers"|"ping"|"pong"|"head"|"probe_ack", ...}. A message
- * that is not one of them, or lacks their fields, is a strike against its sender. */
+/* A peer's "leave": it is stopping (node_leave). Noted, so that whoever is master now or
+ * later times it out at once, and acknowledged, so that it knows we read it before it
+ * closes its links. */
+static void on_leave(struct node *n, const char *from, int64_t now)
+{
+    log_info("node %s: node %s says it leaves", n->id, from);
+    note_left(n, from, true);
+    n->next_timeout_ms = now; /* the master's next check is on this pass */
+    send_json(n, from, NODE_T_CONTROL, json_pack("{s:s}", "type", "leave_ack"));
+}
+
+static void on_leave_ack(struct node *n, const char *from)
+{
+    for (int i = 0; i < n->n_leave_wait; i++)
+        if (!strcmp(n->leave_wait[i], from)) {
+            memmove(n->leave_wait[i], n->leave_wait[i + 1], (size_t)(--n->n_leave_wait - i) * sizeof n->leave_wait[0]);
+            return;
+        }
+}
+
+/* Our leave starts: "leave" to every live peer; node_main waits for their acks. */
+static void start_leave(struct node *n, int64_t now)
+{
+    struct link_peer peers[NODE_LEFT_MAX];
+    size_t k = link_peers(n->link, peers, NODE_LEFT_MAX);
+    n->leaving = true;
+    n->leave_deadline_ms = now + NODE_LEAVE_WAIT_MS;
+    n->n_leave_wait = 0;
+    for (size_t i = 0; i < k && i < NODE_LEFT_MAX; i++) {
+        if (!ids_valid_id(peers[i].id) || !link_peer_up(n->link, peers[i].id))
+            continue;
+        snprintf(n->leave_wait[n->n_leave_wait++], sizeof n->leave_wait[0], "%.*s", IDS_ID_MAX, peers[i].id);
+        send_json(n, peers[i].id, NODE_T_CONTROL, json_pack("{s:s}", "type", "leave"));
+    }
+    log_info("node %s: leaving the cluster (%d peers to tell)", n->id, n->n_leave_wait);
+}
+
+/* Control messages: {"type": "peers"|"ping"|"pong"|"head"|"probe_ack"|"leave"|"leave_ack",
+ * ...}. A message that is not one of them, or lacks their fields, is a strike against its
+ * sender. */
 static void on_control(struct node *n, const char *from, const char *data, size_t len,
                        int64_t now)
 {
@@ -1422,6 +1502,10 @@ static void on_control(struct node *n, const char *from, const char *data, size_
         else if (!strcmp(current_master(n), from) &&
                  !pos_reached(n->state, json_integer_value(t), json_integer_value(i)))
             request_events(n, false, now);
+    } else if (!strcmp(type, "leave")) {
+        on_leave(n, from, now);
+    } else if (!strcmp(type, "leave_ack")) {
+        on_leave_ack(n, from);
     } else if (!strcmp(type, "probe_ack")) {
         json_t *q = json_object_get(j, "seq"), *b = json_object_get(j, "bytes");
         if (json_is_integer(q) && json_is_integer(b))
@@ -1677,6 +1761,7 @@ static void on_message(struct node *n, const struct link_msg *msg, int64_t now)
     char err[256];
     switch (msg->event) {
     case LINK_EV_PEER_UP:
+        note_left(n, msg->peer, false); /* back (a new process, or it never went) */
         election_peer_up(n->el, msg->peer, now);
         gossip(n, NULL, now);
         probe_plan(n, msg->peer, now);
@@ -1830,6 +1915,16 @@ static void *node_main(void *arg)
             nanosleep(&ts, NULL);
         }
         periodic(n, mono_ms());
+        if (atomic_load(&n->leave_asked) && !atomic_load(&n->leave_done)) {
+            int64_t now = mono_ms();
+            if (!n->leaving)
+                start_leave(n, now);
+            if (n->n_leave_wait == 0 || now >= n->leave_deadline_ms) {
+                if (n->n_leave_wait)
+                    log_warn("node %s: %d peers did not acknowledge our leave", n->id, n->n_leave_wait);
+                atomic_store(&n->leave_done, true);
+            }
+        }
     }
     return NULL;
 }
@@ -1986,6 +2081,19 @@ int node_start(struct node *n, char *err, size_t errlen)
         return cairn_fail(err, errlen, CAIRN_EIO, "node thread: %s", strerror(e));
     n->running = true;
     return 0;
+}
+
+void node_leave(struct node *n)
+{
+    if (!n || !n->running)
+        return;
+    atomic_store(&n->leave_asked, true);
+    wake_node(n);
+    /* the node thread gives up after NODE_LEAVE_WAIT_MS; this bound only guards it */
+    for (int i = 0; i < (NODE_LEAVE_WAIT_MS + 2000) / 10 && !atomic_load(&n->leave_done); i++) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
 }
 
 void node_stop(struct node *n)

@@ -65,7 +65,9 @@
 #define NODE_T_TASK_OUTPUT 24 /* a runner's output line, relayed to the requester */
 #define NODE_T_PROBE 25       /* throughput probe: seq (u64 big-endian) and filler */
 
-#define NODE_TIMEOUT_MS_DEFAULT 30000   /* --node-timeout */
+#define NODE_TIMEOUT_MS_DEFAULT 30000   /* --node-timeout (a node that leaves goes at once) */
+#define NODE_LEFT_MAX 64                /* peers remembered as having left; peers told we leave */
+#define NODE_LEAVE_WAIT_MS 2000         /* node_leave waits this long for the peers' acks */
 #define NODE_INFO_INTERVAL_MS 2000      /* node info gathered this often */
 #define NODE_REPORT_MIN_MS 1000         /* at most one report per this */
 #define NODE_GOSSIP_INTERVAL_MS 2000    /* peers and pings sent this often */
@@ -132,6 +134,14 @@ int node_create(struct node **out, const struct node_config *cfg, char *err, siz
 
 /* Starts the node thread. */
 int node_start(struct node *n, char *err, size_t errlen);
+
+/* Leaves the cluster before stopping: tells every live peer "leave" and waits until each
+ * acknowledged it (at most NODE_LEAVE_WAIT_MS), and reports nothing more. The peers
+ * remember it; the master (this one, or the next if we were it) takes this node out of
+ * the state at once, placing its instances again, instead of after node_timeout_ms. It
+ * comes back when it connects again. Without it (a crash, or node_stop alone) the
+ * others wait for the timeout. */
+void node_leave(struct node *n);
 
 /* Stops the node thread (commands in flight fail), says bye to the peers, closes the
  * log. Idempotent; node_release calls it. */
