@@ -499,6 +499,8 @@ static int op_submit(void *self, struct textgen_params *p, gen_event_fn fn, void
     r->handle = ++g->next_handle;
     *handle = r->handle;
     g->live[g->n_live++] = r;
+    if (g->n_live == 1)
+        pthread_cond_signal(&g->cv); /* the watcher sleeps while nothing is live */
     pthread_mutex_unlock(&g->mu);
 
     struct command_result res;
@@ -700,7 +702,9 @@ static void *watch_main(void *arg)
         int64_t ns = ts.tv_nsec + (int64_t)GEN_NODE_CHECK_MS * 1000000;
         ts.tv_sec += ns / 1000000000;
         ts.tv_nsec = ns % 1000000000;
-        if (!g->stop && !g->n_cancels)
+        if (!g->stop && !g->n_cancels && !g->n_live)
+            pthread_cond_wait(&g->cv, &g->mu); /* nothing to watch until a request comes */
+        else if (!g->stop && !g->n_cancels)
             pthread_cond_timedwait(&g->cv, &g->mu, &ts);
     }
     pthread_mutex_unlock(&g->mu);

@@ -308,6 +308,14 @@ void discovery_release(struct discovery *d)
 
 int discovery_fd(const struct discovery *d) { return d ? d->fd : -1; }
 
+int64_t discovery_due_ms(const struct discovery *d)
+{
+    if (!d || d->off)
+        return -1;
+    int64_t left = d->next_send - clock_ns();
+    return left > 0 ? (left + MS - 1) / MS : 0;
+}
+
 void discovery_get_stats(const struct discovery *d, struct discovery_stats *out)
 {
     if (d && out)

@@ -130,6 +130,10 @@ int discovery_poll(struct discovery *d, int timeout_ms, struct discovery_peer *o
  * "off" mode. Owned by d. */
 int discovery_fd(const struct discovery *d);
 
+/* Milliseconds until the next beacon round is due (0: due now; -1 in "off" mode): a
+ * caller polling discovery_fd in its own loop sleeps no longer than this. */
+int64_t discovery_due_ms(const struct discovery *d);
+
 /* Counters since creation. */
 void discovery_get_stats(const struct discovery *d, struct discovery_stats *out);
 

@@ -105,11 +105,19 @@ bool election_confirmed(const struct election *e) { return e->confirmed; }
 
 /* ---- peers ---- */
 
-static struct peer *find_peer(struct election *e, const char *id, bool create)
+static const struct peer *known_peer(const struct election *e, const char *id)
 {
     for (size_t i = 0; i < e->n_peers; i++)
         if (!strcmp(e->peers[i].id, id))
             return &e->peers[i];
+    return NULL;
+}
+
+static struct peer *find_peer(struct election *e, const char *id, bool create)
+{
+    const struct peer *known = known_peer(e, id);
+    if (known)
+        return &e->peers[known - e->peers];
     if (!create || !ids_valid_id(id) || e->n_peers >= ELECTION_MAX_PEERS)
         return NULL;
     if (e->n_peers == e->cap_peers) {
@@ -126,9 +134,9 @@ static struct peer *find_peer(struct election *e, const char *id, bool create)
     return p;
 }
 
-static bool peer_is_up(struct election *e, const char *id)
+static bool peer_is_up(const struct election *e, const char *id)
 {
-    struct peer *p = find_peer(e, id, false);
+    const struct peer *p = known_peer(e, id);
     return p && p->up;
 }
 
@@ -418,11 +426,11 @@ int election_receive(struct election *e, const char *from, const json_t *msg, in
 }
 
 /* The master we follow: a --force-master node takes over from one without the flag. */
-static bool should_take_over(struct election *e)
+static bool should_take_over(const struct election *e)
 {
     if (!e->force || e->role != ELECTION_FOLLOWER || !e->confirmed)
         return false;
-    struct peer *m = find_peer(e, e->master, false);
+    const struct peer *m = known_peer(e, e->master);
     return m && m->has_status && !m->force;
 }
 
@@ -467,7 +475,13 @@ int64_t election_due_ms(const struct election *e, int64_t now_ms)
         due = e->started_ms + e->settle_ms;
     if (e->role == ELECTION_CANDIDATE && e->deadline_ms < due)
         due = e->deadline_ms;
-    if (e->role == ELECTION_FOLLOWER && e->followed_ms + e->confirm_ms < due)
+    /* A follower's confirm deadline matters only while its master is unconfirmed or
+     * down (election_tick then campaigns); once passed with a confirmed, reachable master
+     * it is no deadline at all, and counting it made every follower poll without sleeping. */
+    if (e->role == ELECTION_FOLLOWER && (!e->confirmed || !peer_is_up(e, e->master)) &&
+        e->followed_ms + e->confirm_ms < due)
         due = e->followed_ms + e->confirm_ms;
+    if (e->role == ELECTION_FOLLOWER && should_take_over(e))
+        due = now_ms;
     return due > now_ms ? due - now_ms : 0;
 }

@@ -105,7 +105,7 @@ struct link {
     bool has_held;
     const struct route *held_route; /* where it came from (compared, never read: link_strike) */
 
-    int wake_fd; /* + 1: 0 is none (link_set_wake_fd) */
+    int wake_fds[LINK_WAKE_FDS]; /* + 1: 0 is none (link_set_wake_fd) */
 
     zmq_pollitem_t *items;
     struct route **item_route;
@@ -1050,7 +1050,7 @@ static int64_t next_due(const struct link *l)
 
 static int build_items(struct link *l, size_t *n_out)
 {
-    size_t need = 3 + 2 * l->n_routes;
+    size_t need = 2 + LINK_WAKE_FDS + 2 * l->n_routes;
     if (need > l->cap_items) {
         zmq_pollitem_t *it = realloc(l->items, need * sizeof *it);
         if (it)
@@ -1074,8 +1074,10 @@ static int build_items(struct link *l, size_t *n_out)
         l->item_route[n] = NULL;
         l->item_kind[n++] = ITEM_ROUTER_MON;
     }
-    if (l->wake_fd) {
-        l->items[n] = (zmq_pollitem_t){.fd = l->wake_fd - 1, .events = ZMQ_POLLIN};
+    for (int i = 0; i < LINK_WAKE_FDS; i++) {
+        if (!l->wake_fds[i])
+            continue;
+        l->items[n] = (zmq_pollitem_t){.fd = l->wake_fds[i] - 1, .events = ZMQ_POLLIN};
         l->item_route[n] = NULL;
         l->item_kind[n++] = ITEM_WAKE;
     }
@@ -1177,7 +1179,11 @@ int link_poll(struct link *l, int timeout_ms, struct link_msg *out)
     }
 }
 
-void link_set_wake_fd(struct link *l, int fd) { l->wake_fd = fd >= 0 ? fd + 1 : 0; }
+void link_set_wake_fd(struct link *l, int slot, int fd)
+{
+    if (l && slot >= 0 && slot < LINK_WAKE_FDS)
+        l->wake_fds[slot] = fd >= 0 ? fd + 1 : 0;
+}
 
 /* ---- peers and stats -------------------------------------------------------------------- */
 

@@ -154,8 +154,11 @@ int link_send(struct link *l, const char *peer, int type, const void *payload, s
 int link_poll(struct link *l, int timeout_ms, struct link_msg *out);
 
 /* Makes link_poll return 0 as soon as fd is readable (the caller drains it): a way for
- * other threads to wake the thread that polls. -1: none. */
-void link_set_wake_fd(struct link *l, int fd);
+ * other threads to wake the thread that polls, or for it to wait on a socket of its own
+ * (discovery's) in the same sleep. Up to LINK_WAKE_FDS fds; slot is 0..LINK_WAKE_FDS-1,
+ * fd -1 clears it. */
+#define LINK_WAKE_FDS 2
+void link_set_wake_fd(struct link *l, int slot, int fd);
 
 /* Peers that are up, each once; fills at most max entries, returns how many are up. */
 size_t link_peers(const struct link *l, struct link_peer *out, size_t max);

@@ -478,7 +478,11 @@ static void notify(struct node *n, const char *json, int64_t term, int64_t index
 
 /* ---- state access ---- */
 
-void node_report_now(struct node *n) { atomic_store(&n->report_asked, true); }
+void node_report_now(struct node *n)
+{
+    atomic_store(&n->report_asked, true);
+    wake_node(n);
+}
 
 void node_read_state(struct node *n, void (*fn)(void *ctx, const struct cluster_state *s),
                      void *ctx)
@@ -1891,15 +1895,60 @@ static void periodic(struct node *n, int64_t now)
     update_status(n);
 }
 
+static void due_at(int64_t *due, int64_t t)
+{
+    if (t < *due)
+        *due = t;
+}
+
+/* Milliseconds the node thread may sleep: until the earliest deadline of periodic() and
+ * of the election, at most NODE_POLL_MS. Everything else that gives the thread work
+ * wakes it: link messages and peer notices, discovery's socket, and the eventfd that
+ * commands, task outputs, report requests and node_leave write to. A deadline that has
+ * passed is acted on by the pass that computes it, so this is 0 only while work waits. */
+static int64_t next_wait_ms(struct node *n, int64_t now)
+{
+    int64_t due = now + NODE_POLL_MS;
+    due_at(&due, now + election_due_ms(n->el, now));
+    due_at(&due, n->next_gossip_ms);
+    due_at(&due, n->next_info_ms);
+    if (n->sync_at)
+        due_at(&due, n->sync_at);
+    if (is_master(n)) {
+        due_at(&due, n->next_timeout_ms);
+        due_at(&due, n->next_head_ms);
+    }
+    if (n->report_due && !n->leaving)
+        due_at(&due, n->last_report_ms + NODE_REPORT_MIN_MS);
+    for (size_t i = 0; i < n->n_perfs; i++) {
+        const struct perf *p = &n->perfs[i];
+        if (p->probing)
+            due_at(&due, p->probe_sent_ns / 1000000 + NODE_PROBE_TIMEOUT_MS);
+        else if (p->next_probe_ms)
+            due_at(&due, p->next_probe_ms);
+    }
+    if (n->leaving && !atomic_load(&n->leave_done))
+        due_at(&due, n->leave_deadline_ms);
+    int64_t beacon = discovery_due_ms(n->disc);
+    if (beacon >= 0)
+        due_at(&due, now + beacon);
+    /* Commands queued for a master that is not known yet or could not be sent to: they
+     * are retried (and time out after NODE_NO_MASTER_WAIT_MS) on a short beat. */
+    pthread_mutex_lock(&n->pend_mu);
+    for (struct pending *p = n->pend; p; p = p->next)
+        if (p->st == P_QUEUED)
+            due_at(&due, now + NODE_RETRY_MS);
+    pthread_mutex_unlock(&n->pend_mu);
+    return due > now ? due - now : 0;
+}
+
 static void *node_main(void *arg)
 {
     struct node *n = arg;
     struct link_msg msg;
     while (!atomic_load(&n->stop)) {
         int64_t now = mono_ms();
-        int64_t wait = election_due_ms(n->el, now);
-        if (wait > NODE_POLL_MS)
-            wait = NODE_POLL_MS;
+        int64_t wait = next_wait_ms(n, now);
         int rc = link_poll(n->link, (int)wait, &msg);
         for (int i = 0; rc == 1 && i < 256; i++) {
             now = mono_ms();
@@ -1911,7 +1960,7 @@ static void *node_main(void *arg)
         }
         if (rc < 0) {
             log_error("node %s: link poll failed (%d)", n->id, rc);
-            struct timespec ts = {0, NODE_POLL_MS * 1000000L};
+            struct timespec ts = {0, NODE_RETRY_MS * 1000000L};
             nanosleep(&ts, NULL);
         }
         periodic(n, mono_ms());
@@ -2028,7 +2077,7 @@ int node_create(struct node **out, const struct node_config *cfg, char *err, siz
     };
     if ((rc = link_create(&n->link, &lc, err, errlen)))
         goto fail;
-    link_set_wake_fd(n->link, n->wake_fd);
+    link_set_wake_fd(n->link, 0, n->wake_fd);
     for (size_t i = 0; i < cfg->n_peers; i++) {
         char ep[LINK_ADDR_MAX];
         const char *p = cfg->peers[i];
@@ -2061,6 +2110,7 @@ int node_create(struct node **out, const struct node_config *cfg, char *err, siz
         };
         if ((rc = discovery_create(&n->disc, &dc, err, errlen)))
             goto fail;
+        link_set_wake_fd(n->link, 1, discovery_fd(n->disc)); /* beacons wake the loop */
     }
     update_status(n);
     log_info("node %s: cluster port %d, data in %s, models in %s", n->id, link_port(n->link),

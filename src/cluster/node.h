@@ -72,7 +72,8 @@
 #define NODE_REPORT_MIN_MS 1000         /* at most one report per this */
 #define NODE_GOSSIP_INTERVAL_MS 2000    /* peers and pings sent this often */
 #define NODE_HEAD_INTERVAL_MS 1000      /* the master announces its position this often */
-#define NODE_POLL_MS 50                 /* longest wait of the node thread */
+#define NODE_POLL_MS 1000               /* longest sleep of the node thread (a safety net) */
+#define NODE_RETRY_MS 50                /* commands waiting for a master are retried this often */
 #define NODE_NO_MASTER_WAIT_MS 3000     /* a command waits this long for a master */
 #define NODE_COMPACT_EVERY 1000         /* events between the master's snapshots */
 #define NODE_REQUEST_BATCH 1000         /* events sent per EVENT_REQUEST */

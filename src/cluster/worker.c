@@ -646,7 +646,7 @@ static void replan(struct worker *w)
     if (!held || plan_compute(st, w->node_id, held, n_held, model_path, w->node, &acts, &n_acts)) {
         free(held);
         cluster_state_release(st);
-        atomic_store(&w->dirty, true); /* try again */
+        w->replan_at_ms = now_ms() + WORKER_POLL_MS; /* try again soon */
         return;
     }
     free(held);
@@ -793,7 +793,14 @@ static void *worker_main(void *arg)
             w->replan_at_ms = 0;
             replan(w);
         }
-        if (supervisor_poll(w->sup, WORKER_POLL_MS) < 0) {
+        /* Sleep until the next plan is due; node events and task starts wake the
+         * supervisor's poll, and runners' sockets and timers end it on their own. */
+        int64_t until = next;
+        if (w->replan_at_ms && w->replan_at_ms < until)
+            until = w->replan_at_ms;
+        now = now_ms();
+        int64_t wait = atomic_load(&w->dirty) ? 0 : until > now ? until - now : 0;
+        if (supervisor_poll(w->sup, (int)wait) < 0) {
             struct timespec ts = {0, WORKER_POLL_MS * 1000000L};
             nanosleep(&ts, NULL);
         }
@@ -860,6 +867,7 @@ void worker_stop(struct worker *w)
     if (!w || !w->started || w->joined)
         return;
     atomic_store(&w->stop, true);
+    supervisor_wake(w->sup); /* the thread may sleep up to WORKER_REPLAN_MS */
     pthread_join(w->thread, NULL);
     node_unsubscribe(w->node, w->sub_token);
     w->joined = true;

@@ -30,7 +30,7 @@
 #include "cluster/supervisor.h"
 
 #define WORKER_REPLAN_MS 1000    /* plan at least this often */
-#define WORKER_POLL_MS 50        /* longest wait of the worker thread */
+#define WORKER_POLL_MS 50        /* a failed plan is tried again after this; stop's poll */
 #define WORKER_STOP_WAIT_MS 8000 /* worker_stop waits this long for runners to end */
 #define WORKER_COMMAND_MS 5000   /* wait for the master's answer to a DeleteInstance */
 

@@ -1,7 +1,9 @@
 /* Elections of whole clusters on a fake network and a fake clock: nodes that start
  * together agree on one master; a node that joins later follows it (sticky), even when
  * it ranks higher; a lost master is replaced within a few seconds; --force-master takes
- * over; two halves of a split cluster converge when they meet; garbage is refused. */
+ * over; two halves of a split cluster converge when they meet; garbage is refused;
+ * and an election and a failover work when nodes are ticked only when election_due_ms
+ * says so (or a message comes), with few ticks while settled. */
 #include "cluster/election.h"
 
 #include <stdlib.h>
@@ -36,6 +38,11 @@ struct sim {
     struct msg queue[MAX_QUEUE];
     int n_queue;
     int64_t now;
+    /* Tick a node only when election_due_ms says something is due or a message came,
+     * as the node thread does (it sleeps until then); ticks counts those calls. */
+    bool due_driven;
+    bool got[MAX_NODES];
+    int64_t ticks[MAX_NODES];
 };
 
 static char err[512];
@@ -144,6 +151,7 @@ static void deliver(struct sim *s)
         struct msg *m = &batch[i];
         if (s->nodes[m->to].alive && s->link[m->from][m->to]) {
             json_t *j = json_loads(m->json, 0, NULL);
+            s->got[m->to] = true;
             int rc = election_receive(s->nodes[m->to].e, name(m->from), j, s->now, err, sizeof err);
             CHECK(rc == 0, "%s -> %s refused %s: %s", name(m->from), name(m->to), m->json, err);
             json_decref(j);
@@ -155,10 +163,16 @@ static void deliver(struct sim *s)
 static void step(struct sim *s)
 {
     s->now += STEP_MS;
+    memset(s->got, 0, sizeof s->got);
     deliver(s);
-    for (int i = 0; i < s->n; i++)
-        if (s->nodes[i].alive)
-            election_tick(s->nodes[i].e, s->now);
+    for (int i = 0; i < s->n; i++) {
+        if (!s->nodes[i].alive)
+            continue;
+        if (s->due_driven && !s->got[i] && election_due_ms(s->nodes[i].e, s->now) > 0)
+            continue;
+        s->ticks[i]++;
+        election_tick(s->nodes[i].e, s->now);
+    }
 }
 
 /* The master every live node agrees on and has confirmed, or -1. */
@@ -275,6 +289,49 @@ static void test_start_together(void)
     sim_free(s);
 }
 
+/* The node thread sleeps for election_due_ms: elections must work when a node is ticked
+ * only then (or when a message comes), and a settled cluster must have little to do. A
+ * follower's confirm deadline, long passed, once counted as due for ever, so every
+ * follower's thread polled without sleeping (issue 14). */
+static void test_due_driven(void)
+{
+    struct sim *s = &sim;
+    s->due_driven = true;
+    start_node(s, 0, 1000, false, 0);
+    start_node(s, 1, 900, false, 0);
+    start_node(s, 2, 1100, false, 0);
+    connect_all(s);
+    int64_t ms = 0;
+    int m = settle(s, 10000, &ms);
+    CHECK(m == 1, "due-driven: the most senior node leads: got %d after %lld ms", m, (long long)ms);
+    CHECK(ms <= ELECTION_SETTLE_MS + 2 * ELECTION_CAMPAIGN_MS, "due-driven: agreed within %lld ms",
+          (long long)ms);
+
+    /* Settled, over 10 s past the confirm deadline: each node is due only for its
+     * statuses (one a second) and ticks for the statuses it hears (two peers). */
+    for (int i = 0; i < 300; i++)
+        step(s);
+    int64_t before[MAX_NODES];
+    memcpy(before, s->ticks, sizeof before);
+    for (int i = 0; i < 1000; i++) /* 10 s */
+        step(s);
+    for (int i = 0; i < 3; i++) {
+        int64_t t = s->ticks[i] - before[i];
+        CHECK(t <= 3 * 10000 / ELECTION_STATUS_MS + 3, "%s ticked %lld times in 10 quiet s", name(i), (long long)t);
+        int64_t due = election_due_ms(s->nodes[i].e, s->now);
+        CHECK(due > 0 && due <= ELECTION_STATUS_MS, "%s: next due in %lld ms", name(i), (long long)due);
+    }
+    CHECK(agreed_master(s) == 1, "still agreed on n1");
+
+    /* The master dies: the followers' deadlines bring a new one without other ticks. */
+    kill_node(s, 1);
+    m = settle(s, 10000, &ms);
+    CHECK(m == 0, "due-driven: n0 (the most senior left) leads: got %d", m);
+    CHECK(ms <= ELECTION_CONFIRM_MS + 2 * ELECTION_CAMPAIGN_MS + 500, "due-driven: new master within %lld ms",
+          (long long)ms);
+    sim_free(s);
+}
+
 static void test_split(void)
 {
     struct sim *s = &sim;
@@ -342,6 +399,7 @@ int main(void)
 {
     log_set_level(LOG_WARN);
     test_start_together();
+    test_due_driven();
     test_split();
     test_garbage();
     return test_main_end();
