@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sodium.h>
@@ -39,6 +40,18 @@ static const char *const CURVE_CONTEXT = "cairn link curve v1";
 static const char *const AUTH_CONTEXT = "cairn link auth v1";
 static const char *const ZAP_ENDPOINT = "inproc://zeromq.zap.01";
 
+/* How link_poll waits on one ZeroMQ socket. A socket signals through a file descriptor
+ * (ZMQ_FD) that is edge-triggered: it turns readable when the socket's state may have
+ * changed, and any send or receive on the socket may consume that edge. So a socket is
+ * quiet only after ZMQ_EVENTS showed nothing to read with no send or receive since;
+ * link_poll asks ZMQ_EVENTS of the other sockets only and sleeps in one poll() on every
+ * descriptor. (zmq_poll asked every socket every time, two system calls each: with many
+ * peers that was most of an idle node's work.) Zeroed: descriptor unknown, not quiet. */
+struct zwatch {
+    int fd1;    /* ZMQ_FD + 1; 0 until asked */
+    bool quiet;
+};
+
 /* One connection: one we opened (a DEALER), or one a peer opened to our ROUTER. */
 struct route {
     bool out;
@@ -51,6 +64,7 @@ struct route {
     char peer[LINK_ID_MAX];       /* node id from the handshake, "" before */
     int port;                     /* the cluster port the peer announced */
     int fd;                       /* in: the TCP socket its last message came on, -1 unknown */
+    struct zwatch sock_w, mon_w;  /* out: how link_poll waits on the DEALER and its monitor */
     int strikes;
     int64_t last_rx, last_tx, last_hello, last_fail_log; /* clock_ns */
 };
@@ -107,7 +121,10 @@ struct link {
 
     int wake_fds[LINK_WAKE_FDS]; /* + 1: 0 is none (link_set_wake_fd) */
 
-    zmq_pollitem_t *items;
+    struct zwatch router_w, router_mon_w;
+    zmq_pollitem_t *items;  /* socket, or fd for ITEM_WAKE */
+    struct zwatch **item_w; /* NULL for ITEM_WAKE */
+    struct pollfd *pfds;
     struct route **item_route;
     enum item_kind *item_kind;
     size_t cap_items, rr;
@@ -457,10 +474,20 @@ static int send_frames(struct link *l, void *sock, const uint8_t *rid, size_t ri
     return 0;
 }
 
+/* A send on sock may have consumed its descriptor's edge: ask ZMQ_EVENTS again. */
+static void touched(struct link *l, struct route *r)
+{
+    if (r && r->out)
+        r->sock_w.quiet = false;
+    else
+        l->router_w.quiet = false;
+}
+
 /* Sends on a route; an incoming route whose connection is gone is marked dead. */
 static int send_route(struct link *l, struct route *r, int type, const void *payload, size_t len)
 {
     r->last_tx = clock_ns();
+    touched(l, r);
     int rc = r->out ? send_frames(l, r->sock, NULL, 0, type, payload, len)
                     : send_frames(l, l->router, r->rid, r->rid_len, type, payload, len);
     if (rc == CAIRN_ENOTFOUND && !r->out) {
@@ -500,8 +527,10 @@ static void send_reason(struct link *l, const uint8_t *rid, size_t rid_len, int 
 {
     json_t *j = json_pack("{s:s}", "reason", reason);
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    if (s)
+    if (s) {
         send_frames(l, l->router, rid, rid_len, type, s, strlen(s));
+        touched(l, NULL);
+    }
     free(s);
     json_decref(j);
 }
@@ -778,8 +807,10 @@ static int read_router(struct link *l, struct link_msg *out)
     }
     if (!r) {
         /* Probably a peer whose connection we timed out: ask it to say HELLO again. */
-        if (h.type != LINK_T_BYE)
+        if (h.type != LINK_T_BYE) {
             send_frames(l, l->router, rid, rid_len, LINK_T_WHO, NULL, 0);
+            touched(l, NULL);
+        }
         goto done;
     }
     if (strcmp(h.sender, r->peer)) {
@@ -1048,54 +1079,77 @@ static int64_t next_due(const struct link *l)
 
 /* ---- poll -------------------------------------------------------------------------------- */
 
+static bool grow_items(struct link *l, size_t need)
+{
+    if (need <= l->cap_items)
+        return true;
+    zmq_pollitem_t *it = realloc(l->items, need * sizeof *it);
+    if (it)
+        l->items = it;
+    struct zwatch **iw = realloc(l->item_w, need * sizeof *iw);
+    if (iw)
+        l->item_w = iw;
+    struct pollfd *pf = realloc(l->pfds, need * sizeof *pf);
+    if (pf)
+        l->pfds = pf;
+    struct route **ir = realloc(l->item_route, need * sizeof *ir);
+    if (ir)
+        l->item_route = ir;
+    enum item_kind *ik = realloc(l->item_kind, need * sizeof *ik);
+    if (ik)
+        l->item_kind = ik;
+    if (!it || !iw || !pf || !ir || !ik)
+        return false;
+    l->cap_items = need;
+    return true;
+}
+
+static void add_item(struct link *l, size_t *n, enum item_kind kind, void *sock, int fd, struct zwatch *w,
+                     struct route *r)
+{
+    if (w && !w->fd1) {
+        int zfd = -1;
+        size_t sz = sizeof zfd;
+        if (zmq_getsockopt(sock, ZMQ_FD, &zfd, &sz) == 0 && zfd >= 0)
+            w->fd1 = zfd + 1;
+    }
+    size_t k = (*n)++;
+    l->items[k] = (zmq_pollitem_t){.socket = sock, .fd = fd};
+    l->item_w[k] = w;
+    l->pfds[k] = (struct pollfd){.fd = w ? w->fd1 - 1 : fd, .events = POLLIN};
+    l->item_route[k] = r;
+    l->item_kind[k] = kind;
+}
+
 static int build_items(struct link *l, size_t *n_out)
 {
-    size_t need = 2 + LINK_WAKE_FDS + 2 * l->n_routes;
-    if (need > l->cap_items) {
-        zmq_pollitem_t *it = realloc(l->items, need * sizeof *it);
-        if (it)
-            l->items = it;
-        struct route **ir = realloc(l->item_route, need * sizeof *ir);
-        if (ir)
-            l->item_route = ir;
-        enum item_kind *ik = realloc(l->item_kind, need * sizeof *ik);
-        if (ik)
-            l->item_kind = ik;
-        if (!it || !ir || !ik)
-            return CAIRN_ENOMEM;
-        l->cap_items = need;
-    }
+    if (!grow_items(l, 2 + LINK_WAKE_FDS + 2 * l->n_routes))
+        return CAIRN_ENOMEM;
     size_t n = 0;
-    l->items[n] = (zmq_pollitem_t){.socket = l->router, .events = ZMQ_POLLIN};
-    l->item_route[n] = NULL;
-    l->item_kind[n++] = ITEM_ROUTER;
-    if (l->router_mon) {
-        l->items[n] = (zmq_pollitem_t){.socket = l->router_mon, .events = ZMQ_POLLIN};
-        l->item_route[n] = NULL;
-        l->item_kind[n++] = ITEM_ROUTER_MON;
-    }
-    for (int i = 0; i < LINK_WAKE_FDS; i++) {
-        if (!l->wake_fds[i])
-            continue;
-        l->items[n] = (zmq_pollitem_t){.fd = l->wake_fds[i] - 1, .events = ZMQ_POLLIN};
-        l->item_route[n] = NULL;
-        l->item_kind[n++] = ITEM_WAKE;
-    }
+    add_item(l, &n, ITEM_ROUTER, l->router, -1, &l->router_w, NULL);
+    if (l->router_mon)
+        add_item(l, &n, ITEM_ROUTER_MON, l->router_mon, -1, &l->router_mon_w, NULL);
+    for (int i = 0; i < LINK_WAKE_FDS; i++)
+        if (l->wake_fds[i])
+            add_item(l, &n, ITEM_WAKE, NULL, l->wake_fds[i] - 1, NULL, NULL);
     for (size_t i = 0; i < l->n_routes; i++) {
         struct route *r = l->routes[i];
         if (!r->out)
             continue;
-        l->items[n] = (zmq_pollitem_t){.socket = r->sock, .events = ZMQ_POLLIN};
-        l->item_route[n] = r;
-        l->item_kind[n++] = ITEM_DEALER;
-        if (r->mon) {
-            l->items[n] = (zmq_pollitem_t){.socket = r->mon, .events = ZMQ_POLLIN};
-            l->item_route[n] = r;
-            l->item_kind[n++] = ITEM_DEALER_MON;
-        }
+        add_item(l, &n, ITEM_DEALER, r->sock, -1, &r->sock_w, r);
+        if (r->mon)
+            add_item(l, &n, ITEM_DEALER_MON, r->mon, -1, &r->mon_w, r);
     }
     *n_out = n;
     return 0;
+}
+
+/* Whether a socket has a message to read (ZMQ_EVENTS); this may consume its edge. */
+static bool zsock_readable(void *sock)
+{
+    int ev = 0;
+    size_t sz = sizeof ev;
+    return zmq_getsockopt(sock, ZMQ_EVENTS, &ev, &sz) == 0 && (ev & ZMQ_POLLIN);
 }
 
 /* Reads up to DRAIN_BATCH messages from item k; 1 when out was filled. Stops early when
@@ -1148,32 +1202,50 @@ int link_poll(struct link *l, int timeout_ms, struct link_msg *out)
         size_t n;
         if (build_items(l, &n))
             return CAIRN_ENOMEM;
-        int64_t until = next_due(l);
-        if (deadline < until)
-            until = deadline;
-        long wait_ms = until == INT64_MAX ? -1 : until <= now ? 0 : (long)((until - now + MS - 1) / MS);
-        int rc = zmq_poll(l->items, (int)n, wait_ms);
-        if (rc < 0) {
-            if (errno == EINTR)
-                return 0;
-            log_error("link %s: zmq_poll: %s", l->id, zmq_strerror(errno));
-            return CAIRN_EIO;
-        }
-        for (size_t i = 0; rc > 0 && i < n; i++) {
+        /* First the sockets that may hold messages, in turn from where the last call
+         * left off; a socket found empty is quiet until its descriptor signals or a
+         * send or receive touches it. */
+        bool read_some = false;
+        for (size_t i = 0; i < n; i++) {
             size_t k = (l->rr + i) % n;
-            if (!(l->items[k].revents & ZMQ_POLLIN))
+            struct zwatch *w = l->item_w[k];
+            if (!w || w->quiet)
                 continue;
-            if (l->item_kind[k] == ITEM_WAKE)
-                return 0; /* the owner has work of its own; it drains the fd */
+            if (!zsock_readable(l->items[k].socket)) {
+                w->quiet = w->fd1 != 0; /* a socket without a descriptor is asked every time */
+                continue;
+            }
             uint64_t gen = l->gen;
             if (drain(l, k, out)) {
                 l->rr = k + 1;
                 return 1;
             }
+            read_some = true;
             if (l->n_notices || l->gen != gen)
-                break;
+                break; /* the items may point at freed routes: build them again */
         }
         l->rr++;
+        if (read_some)
+            continue; /* what was read may have left more, or made notices */
+        int64_t until = next_due(l);
+        if (deadline < until)
+            until = deadline;
+        now = clock_ns();
+        int wait_ms = until == INT64_MAX ? -1 : until <= now ? 0 : (int)((until - now + MS - 1) / MS);
+        int rc = poll(l->pfds, n, wait_ms);
+        if (rc < 0) {
+            if (errno == EINTR)
+                return 0;
+            log_error("link %s: poll: %s", l->id, strerror(errno));
+            return CAIRN_EIO;
+        }
+        for (size_t k = 0; rc > 0 && k < n; k++) {
+            if (!l->pfds[k].revents)
+                continue;
+            if (l->item_kind[k] == ITEM_WAKE)
+                return 0; /* the owner has work of its own; it drains the fd */
+            l->item_w[k]->quiet = false;
+        }
         if (clock_ns() >= deadline && !l->n_notices)
             return 0;
     }
@@ -1599,6 +1671,8 @@ void link_release(struct link *l)
         zmq_ctx_term(l->ctx);
     free(l->notices);
     free(l->items);
+    free(l->item_w);
+    free(l->pfds);
     free(l->item_route);
     free(l->item_kind);
     sodium_memzero(l->sk, sizeof l->sk);

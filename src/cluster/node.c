@@ -63,6 +63,7 @@ struct perf {
     uint64_t probe_seq;     /* of the probe in flight (or the last one) */
     int64_t probe_sent_ns;  /* clock_ns when it left */
     int64_t next_probe_ms;  /* 0 = none planned (peer not up) */
+    int64_t probe_every_ms; /* probe_interval_ms, doubled while the figure holds steady */
     int64_t last_output_ms; /* task outputs sent to it: the link is busy */
 };
 
@@ -1230,17 +1231,24 @@ static void maybe_report(struct node *n, int64_t now)
 {
     if (n->leaving) /* a report would put us back in the state */
         return;
-    if (now >= n->next_info_ms)
+    bool info_due = now >= n->next_info_ms;
+    if (info_due)
         gather_info(n, now);
     if (atomic_exchange(&n->report_asked, false))
         n->report_due = true;
+    const char *master = current_master(n);
+    /* A master that does not list us (timed out, or it started from an older state). */
+    if (master[0] && !strcmp(n->state->master_node_id, master) && !cluster_state_find_node(n->state, n->id))
+        n->report_due = true;
+    /* The links' figures are compared with the last report's on the info timer, not on
+     * every pass of the loop (a pass follows every message: with many peers, building
+     * the edges each time was most of an idle node's work). */
+    if (!info_due && !n->report_due)
+        return;
     json_t *edges = current_edges(n);
     if (edges && edges_changed(edges, n->reported_edges))
         n->report_due = true;
-    const char *m = current_master(n);
-    /* A master that does not list us (timed out, or it started from an older state). */
-    if (m[0] && !strcmp(n->state->master_node_id, m) && !cluster_state_find_node(n->state, n->id))
-        n->report_due = true;
+    const char *m = master;
     if (!n->report_due || !n->has_info || !m[0] || now - n->last_report_ms < NODE_REPORT_MIN_MS ||
         !edges) {
         json_decref(edges);
@@ -1286,6 +1294,7 @@ static void probe_plan(struct node *n, const char *peer, int64_t now)
     if (!p)
         return;
     p->probing = false;
+    p->probe_every_ms = n->probe_interval_ms;
     p->next_probe_ms = now + (n->probe_interval_ms < NODE_PROBE_FIRST_MS ? n->probe_interval_ms
                                                                          : NODE_PROBE_FIRST_MS);
 }
@@ -1320,7 +1329,7 @@ static void send_probes(struct node *n, int64_t now)
         uint64_t seq = ++n->next_probe_seq;
         for (int k = 0; k < 8; k++)
             n->probe_buf[k] = (uint8_t)(seq >> (56 - 8 * k));
-        p->next_probe_ms = now + n->probe_interval_ms;
+        p->next_probe_ms = now + (p->probe_every_ms ? p->probe_every_ms : n->probe_interval_ms);
         int64_t t = clock_ns();
         if (link_send(n->link, p->id, NODE_T_PROBE, n->probe_buf, NODE_PROBE_BYTES) == 1) {
             p->probing = true;
@@ -1370,7 +1379,19 @@ static void on_probe_ack(struct node *n, const char *from, int64_t seq, int64_t 
         bps = IDS_BYTES_MAX;
     if (bps < 1)
         bps = 1;
+    int64_t before = p->tput;
     p->tput = p->tput ? (3 * p->tput + bps) / 4 : bps;
+    /* Every pair of nodes probes both ways: at a steady figure the next probe waits twice
+     * as long (up to NODE_PROBE_BACKOFF times the interval), so an idle cluster of many
+     * nodes neither streams probes nor makes an event of each one's noise; a figure that
+     * moves brings the interval back. */
+    int64_t most = (int64_t)n->probe_interval_ms * NODE_PROBE_BACKOFF;
+    if (before && !tput_moved(before, p->tput))
+        p->probe_every_ms = 2 * p->probe_every_ms < most ? 2 * p->probe_every_ms : most;
+    else
+        p->probe_every_ms = n->probe_interval_ms;
+    if (p->next_probe_ms)
+        p->next_probe_ms = p->probe_sent_ns / 1000000 + p->probe_every_ms;
 }
 
 /* ---- control messages: peers, pings, head ---- */

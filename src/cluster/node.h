@@ -26,7 +26,8 @@
  * Topology: each node reports an edge to every peer it is linked to, with the round
  * trip of pings (every NODE_GOSSIP_INTERVAL_MS) and the throughput of probes: a probe of
  * NODE_PROBE_BYTES goes to each peer NODE_PROBE_FIRST_MS after its link comes up and
- * then every probe_interval_ms, one in flight per peer, postponed while task outputs
+ * then every probe_interval_ms (twice as seldom after each sample within the throughput
+ * slack, up to NODE_PROBE_BACKOFF times), one in flight per peer, postponed while task outputs
  * flow to that peer; the peer acks it at once, and bytes / (ack time - rtt) is a sample
  * (both figures smoothed). A report goes out when an edge's rtt moves past
  * MASTER_EDGE_RTT_SLACK_US or 50%, or its throughput past
@@ -70,7 +71,7 @@
 #define NODE_LEAVE_WAIT_MS 2000         /* node_leave waits this long for the peers' acks */
 #define NODE_INFO_INTERVAL_MS 2000      /* node info gathered this often */
 #define NODE_REPORT_MIN_MS 1000         /* at most one report per this */
-#define NODE_GOSSIP_INTERVAL_MS 2000    /* peers and pings sent this often */
+#define NODE_GOSSIP_INTERVAL_MS 10000   /* peers and pings sent this often (and when a link comes up) */
 #define NODE_HEAD_INTERVAL_MS 1000      /* the master announces its position this often */
 #define NODE_POLL_MS 1000               /* longest sleep of the node thread (a safety net) */
 #define NODE_RETRY_MS 50                /* commands waiting for a master are retried this often */
@@ -80,7 +81,8 @@
 #define NODE_MAX_PEERS 256              /* endpoints given or taken per gossip message */
 #define NODE_MAX_SUBSCRIBERS 256
 #define NODE_MAX_OUTPUT_QUEUE ((size_t)64 << 20) /* bytes of task outputs waiting to be sent */
-#define NODE_PROBE_INTERVAL_MS 30000    /* throughput probes to each peer this often */
+#define NODE_PROBE_INTERVAL_MS 30000    /* throughput probes to each peer this often... */
+#define NODE_PROBE_BACKOFF 16           /* ...to this many times as seldom while steady */
 #define NODE_PROBE_FIRST_MS 1000        /* the first one this long after the link comes up */
 #define NODE_PROBE_BYTES ((size_t)256 << 10)
 #define NODE_PROBE_TIMEOUT_MS 10000     /* a probe unacked this long is given up */
