@@ -57,7 +57,7 @@ struct req {
     struct gen_usage total;
     int64_t submitted_ns, last_token_ns[TEXTGEN_MAX_N];
     int64_t missing_since_ms; /* task not in the state since; 0 = seen */
-    char runs_on[IDS_ID_MAX + 1]; /* node of the instance's first rank, "" = not known yet */
+    char runs_on[IDS_ID_MAX + 1]; /* node of the instance's first rank: only its lines count */
     int64_t unlinked_since_ms;    /* no link to runs_on since; 0 = linked (or this node) */
 };
 
@@ -157,11 +157,24 @@ static void on_start(struct gen_node *g, size_t at, const json_t *j)
     r->fn(r->ctx, &ev);
 }
 
+/* The line's "seq": an integer in [0, n_seqs) of r, else false (the line is refused: it
+ * would index the request's arrays). */
+static bool seq_of(const struct req *r, const json_t *j, int *seq)
+{
+    const json_t *v = json_object_get(j, "seq");
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= r->n_seqs)
+        return false;
+    *seq = (int)json_integer_value(v);
+    return true;
+}
+
 static void on_output(struct gen_node *g, struct req *r, const json_t *j)
 {
-    int seq = (int)member_int(j, "seq");
-    if (seq >= r->n_seqs)
+    int seq;
+    if (!seq_of(r, j, &seq)) {
+        log_warn("gen: task %s: an output line without a valid seq (0..%d) was refused", r->task_id, r->n_seqs - 1);
         return;
+    }
     int64_t now = clock_ns();
     if (!r->any_token)
         hist_add(&g->fig.ttft, (double)(now - r->submitted_ns) / 1e9);
@@ -177,9 +190,11 @@ static void on_output(struct gen_node *g, struct req *r, const json_t *j)
 
 static void on_seq_done(struct req *r, const json_t *j)
 {
-    int seq = (int)member_int(j, "seq");
-    if (seq >= r->n_seqs)
+    int seq;
+    if (!seq_of(r, j, &seq)) {
+        log_warn("gen: task %s: a seq_done line without a valid seq (0..%d) was refused", r->task_id, r->n_seqs - 1);
         return;
+    }
     struct gen_usage u = {.completion_tokens = member_int(j, "completion_tokens"),
                           .draft_tokens = member_int(j, "draft_tokens"),
                           .accepted_draft_tokens = member_int(j, "accepted_draft_tokens")};
@@ -260,7 +275,7 @@ static void keep_stats(struct gen_node *g, const char *instance_id, const json_t
     f->pipe_rows_logits = member_int(st, "pipeline_rows_logits");
 }
 
-static void on_line(void *ctx, const char *line, size_t len)
+static void on_line(void *ctx, const char *from, const char *line, size_t len)
 {
     struct gen_node *g = ctx;
     json_t *j = json_loadb(line, len, 0, NULL);
@@ -274,7 +289,12 @@ static void on_line(void *ctx, const char *line, size_t len)
     pthread_mutex_lock(&g->mu);
     size_t at;
     struct req *r = find_task(g, task, &at);
-    if (r) {
+    if (r && strcmp(from, r->runs_on)) {
+        /* Only the node that runs the task's first rank speaks for it: another peer
+         * could otherwise write into someone else's answer. */
+        log_warn("gen: task %s: an output line from node %.64s, which does not run it (%s does), was refused",
+                 task, from, r->runs_on);
+    } else if (r) {
         keep_stats(g, r->instance_id, j);
         if (!strcmp(type, "start"))
             on_start(g, at, j);
@@ -304,6 +324,7 @@ struct pick {
     struct gen_node *g;
     const char *model;
     char instance_id[IDS_ID_MAX + 1]; /* ready one, "" none */
+    char runs_on[IDS_ID_MAX + 1];     /* the node of its first rank */
     char model_id[IDS_MODEL_MAX + 1]; /* the id as the cluster writes it */
     bool any;                         /* an instance of the model exists (maybe loading) */
     char failure[512];                /* a Failed runner's reason */
@@ -348,13 +369,14 @@ static void pick_instance(void *ctx, const struct cluster_state *s)
         if (load < best_load) {
             best_load = load;
             snprintf(p->instance_id, sizeof p->instance_id, "%s", in->id);
+            snprintf(p->runs_on, sizeof p->runs_on, "%s", in->shards[0].node_id);
         }
     }
 }
 
 static void find_ready(struct gen_node *g, struct pick *p)
 {
-    p->instance_id[0] = p->failure[0] = 0;
+    p->instance_id[0] = p->failure[0] = p->runs_on[0] = 0;
     p->any = false;
     pthread_mutex_lock(&g->mu);
     node_read_state(g->node, pick_instance, p);
@@ -460,6 +482,7 @@ static int op_submit(void *self, struct textgen_params *p, gen_event_fn fn, void
     }
     snprintf(p->model, sizeof p->model, "%s", pk.model_id);
     snprintf(r->instance_id, sizeof r->instance_id, "%s", pk.instance_id);
+    snprintf(r->runs_on, sizeof r->runs_on, "%s", pk.runs_on);
     r->fn = fn;
     r->ctx = ctx;
     r->n_seqs = p->n;

@@ -24,7 +24,7 @@
 #include "cluster/nodeinfo.h"
 #include "cluster/vocab.h"
 
-#define HEARTBEAT_MS_DEFAULT 500
+#define HEARTBEAT_MS_DEFAULT 1000
 #define LINK_SILENCE_MS_DEFAULT 3000
 #define REQUEST_RETRY_MS 500
 #define CATALOG_RESCAN_MS 1000
@@ -228,20 +228,20 @@ void node_set_task_sink(struct node *n, node_task_output_fn fn, void *ctx)
     pthread_mutex_unlock(&n->out_mu);
 }
 
-static void deliver_output(struct node *n, const char *line, size_t len)
+static void deliver_output(struct node *n, const char *from, const char *line, size_t len)
 {
     pthread_mutex_lock(&n->out_mu);
     node_task_output_fn fn = n->sink;
     void *ctx = n->sink_ctx;
     pthread_mutex_unlock(&n->out_mu);
     if (fn)
-        fn(ctx, line, len);
+        fn(ctx, from, line, len);
 }
 
 int node_send_task_output(struct node *n, const char *dest, const char *line, size_t len)
 {
     if (!strcmp(dest, n->id)) {
-        deliver_output(n, line, len);
+        deliver_output(n, n->id, line, len);
         return 0;
     }
     struct out_msg *m = malloc(sizeof *m + len);
@@ -1856,7 +1856,7 @@ static void on_message(struct node *n, const struct link_msg *msg, int64_t now)
         on_control(n, msg->peer, data, msg->len, now);
         break;
     case NODE_T_TASK_OUTPUT:
-        deliver_output(n, data, msg->len);
+        deliver_output(n, msg->peer, data, msg->len);
         break;
     case NODE_T_PROBE:
         on_probe(n, msg->peer, msg->data, msg->len);

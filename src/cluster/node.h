@@ -107,7 +107,7 @@ struct node_config {
     bool worker;                 /* runs runners; without, it offers no memory to placement */
     int64_t memory_limit;        /* bytes this node may offer; 0 = no limit */
     int node_timeout_ms;         /* 0 = NODE_TIMEOUT_MS_DEFAULT */
-    int heartbeat_ms, link_timeout_ms; /* link timers; 0 = 500 and 3000 */
+    int heartbeat_ms, link_timeout_ms; /* link timers; 0 = 1000 and 3000 */
     const char *discovery;       /* "off" (NULL), "auto" or an interface name */
     node_runners_fn runners;     /* NULL: runners are not reported */
     void *runners_ctx;
@@ -229,10 +229,12 @@ void node_unsubscribe(struct node *n, uint64_t token);
 
 /* Task outputs (runner_proto.h's start/output/seq_done/done lines) travel directly
  * from the node whose runner made them to the node whose API holds the request, not
- * through the event log. The sink receives the lines for this node: on the node thread
- * for lines from peers, on the sender's thread for lines of this node's own runners.
- * It must not block or call the node. NULL: lines are dropped. Any thread. */
-typedef void (*node_task_output_fn)(void *ctx, const char *line, size_t len);
+ * through the event log. The sink receives the lines for this node with the id of the
+ * node they came from (this node's own for its runners' lines; the sink accepts a line
+ * only from the node that runs its task): on the node thread for lines from peers, on
+ * the sender's thread for lines of this node's own runners. It must not block or call
+ * the node. NULL: lines are dropped. Any thread. */
+typedef void (*node_task_output_fn)(void *ctx, const char *from, const char *line, size_t len);
 void node_set_task_sink(struct node *n, node_task_output_fn fn, void *ctx);
 
 /* Sends one output line to node dest (this node: straight to the sink). CAIRN_EFULL when
