@@ -6,11 +6,16 @@
  * node takes over (same runner, Ready, no restart, still answers a completion); a node
  * with a wrong cluster secret never appears; garbage on the API and cluster ports leaves
  * the nodes serving; SIGTERM exits 0. A node with --api-key and --cors refuses every
- * route without the key and answers CORS only for its origin. Every wait is bounded; the
+ * route without the key and answers CORS only for its origin. A rogue peer of an open
+ * cluster that forges a task's output lines is refused, and the request ends with the
+ * runner's own text. Every wait is bounded; the
  * measured times are printed as "figure:" lines (bench/cluster.sh collects them; they
  * are not assertions). Children die with
  * this process (PR_SET_PDEATHSIG), and the temp dir is removed at the end. */
 #include "testutil.h"
+
+#include "cluster/link.h"
+#include "cluster/node.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -374,13 +379,15 @@ static int64_t rss_kib(pid_t pid)
 }
 
 /* Reads an SSE stream on fd until a line holds want or limit_s passes. */
-static bool sse_wait(int fd, const char *want, double limit_s)
+/* Reads an SSE stream from fd into buf until it holds want (true), the peer closes it or
+ * limit_s passes (false). */
+static bool sse_collect(int fd, const char *want, double limit_s, char *buf, size_t cap)
 {
-    static char buf[1 << 18];
     size_t len = 0;
+    buf[0] = 0;
     double t0 = now_s();
-    while (now_s() - t0 < limit_s && len < sizeof buf - 1) {
-        ssize_t r = recv(fd, buf + len, sizeof buf - 1 - len, 0);
+    while (now_s() - t0 < limit_s && len < cap - 1) {
+        ssize_t r = recv(fd, buf + len, cap - 1 - len, 0);
         if (r == 0)
             return false;
         if (r < 0) {
@@ -394,6 +401,12 @@ static bool sse_wait(int fd, const char *want, double limit_s)
             return true;
     }
     return false;
+}
+
+static bool sse_wait(int fd, const char *want, double limit_s)
+{
+    static char buf[1 << 18];
+    return sse_collect(fd, want, limit_s, buf, sizeof buf);
 }
 
 static int run_cmd(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -557,6 +570,135 @@ done:
     }
 }
 
+/* A child process of node whose command line holds "runner", or 0. Children are listed
+ * by the thread that made them (the worker's), so every thread's list is read. */
+static pid_t runner_child(pid_t node)
+{
+    char path[128], buf[4096];
+    snprintf(path, sizeof path, "cat /proc/%d/task/*/children 2>/dev/null", (int)node);
+    FILE *f = popen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        pclose(f);
+    buf[n] = 0;
+    for (char *tok = strtok(buf, " \n"); tok; tok = strtok(NULL, " \n")) {
+        char cmd[1024];
+        snprintf(path, sizeof path, "/proc/%s/cmdline", tok);
+        FILE *c = fopen(path, "r");
+        size_t k = c ? fread(cmd, 1, sizeof cmd - 1, c) : 0;
+        if (c)
+            fclose(c);
+        for (size_t i = 0; i < k; i++)
+            cmd[i] = cmd[i] ? cmd[i] : ' ';
+        cmd[k] = 0;
+        if (strstr(cmd, "runner"))
+            return (pid_t)atoi(tok);
+    }
+    return 0;
+}
+
+/* The id of a task in node i's /state into id; false when there is none. */
+static bool some_task(int i, char *id, size_t cap)
+{
+    json_t *s = get_json(nodes[i].api, "/state");
+    const char *key;
+    json_t *v;
+    bool found = false;
+    json_object_foreach(json_object_get(s, "tasks"), key, v) {
+        snprintf(id, cap, "%s", key);
+        found = true;
+        break;
+    }
+    json_decref(s);
+    return found;
+}
+
+/* A peer of an open cluster (no secret) that forges a task's output: a rogue process
+ * speaking the link protocol joins node 5, and while node 5's runner is stopped with a
+ * request in flight, sends output lines for that task, with the seq of a real sequence,
+ * 2147483648, -1, a string and none, each with the text EVIL, and a "done". The node
+ * refuses every line (only the node that runs the task speaks for it), says so in its
+ * log, and the request ends with the runner's own text once it runs again. */
+static void test_forged_output(void)
+{
+    static char out[1 << 18];
+    char err[256], task[128];
+    start_node(5, -1, NULL, "2G", NULL);
+    struct proc *p = &nodes[5];
+    CHECK(read_id(5), "the open node answers /node_id");
+    int st = 0;
+    for (double t0 = now_s(); now_s() - t0 < 60 && st != 200; sleep_ms(200))
+        st = complete(5, out, sizeof out);
+    CHECK(st == 200, "node 5 places m1 and answers (%d: %.200s)", st, out);
+
+    struct link *rogue = NULL;
+    struct link_config lc = {.node_id = "rogue-peer-0001", .bind_addr = "127.0.0.1"};
+    CHECK(link_create(&rogue, &lc, err, sizeof err) == 0, "rogue link: %s", err);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", p->cluster);
+    CHECK(rogue && link_connect(rogue, ep, err, sizeof err) == 0, "rogue connects: %s", err);
+    bool joined = false;
+    struct link_msg msg;
+    for (double t0 = now_s(); rogue && now_s() - t0 < 20 && !joined;)
+        joined = link_poll(rogue, 100, &msg) == 1 && msg.event == LINK_EV_PEER_UP && !strcmp(msg.peer, p->id);
+    CHECK(joined, "the rogue is linked to node 5 (an open cluster lets it)");
+
+    pid_t runner = runner_child(p->pid);
+    CHECK(runner > 0, "node 5 has a runner");
+    int fd = -1;
+    bool have_task = false;
+    if (joined && runner > 0) {
+        kill(runner, SIGSTOP);
+        const char *body = "{\"model\":\"m1\",\"prompt\":\"hi\",\"max_tokens\":8,\"temperature\":0,"
+                           "\"ignore_eos\":true,\"stream\":true}";
+        char req[1024];
+        snprintf(req, sizeof req,
+                 "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
+        fd = connect_to(p->api, 5000);
+        CHECK(fd >= 0 && send_all(fd, req, strlen(req)), "the streamed request is sent");
+        for (double t0 = now_s(); now_s() - t0 < 20 && !have_task; sleep_ms(50))
+            have_task = some_task(5, task, sizeof task);
+        CHECK(have_task, "the request's task is in node 5's state");
+    }
+    if (have_task) {
+        const char *seqs[] = {"0", "2147483648", "-1", "\"0\"", NULL};
+        for (int k = 0; k < 5; k++) {
+            char line[512];
+            if (seqs[k])
+                snprintf(line, sizeof line, "{\"type\":\"output\",\"task_id\":\"%s\",\"seq\":%s,\"content\":\"EVIL\"}",
+                         task, seqs[k]);
+            else
+                snprintf(line, sizeof line, "{\"type\":\"output\",\"task_id\":\"%s\",\"content\":\"EVIL\"}", task);
+            CHECK(link_send(rogue, p->id, NODE_T_TASK_OUTPUT, line, strlen(line)) == 1, "forged line %d sent", k);
+            snprintf(line, sizeof line, "{\"type\":\"start\",\"task_id\":\"%s\",\"prompt_tokens\":1}", task);
+            link_send(rogue, p->id, NODE_T_TASK_OUTPUT, line, strlen(line));
+        }
+        char done[256];
+        snprintf(done, sizeof done, "{\"type\":\"done\",\"task_id\":\"%s\",\"finish\":\"error\",\"error\":\"EVIL\"}",
+                 task);
+        link_send(rogue, p->id, NODE_T_TASK_OUTPUT, done, strlen(done));
+        for (double t0 = now_s(); now_s() - t0 < 1;) /* let them arrive while the runner sleeps */
+            link_poll(rogue, 100, &msg);
+    }
+    if (runner > 0)
+        kill(runner, SIGCONT);
+    if (fd >= 0) {
+        bool whole = sse_collect(fd, "[DONE]", 60, out, sizeof out);
+        close(fd);
+        CHECK(whole, "the streamed request ends with [DONE]: %.300s", out);
+        CHECK(!strstr(out, "EVIL"), "no forged text reached the client: %.300s", out);
+    }
+    link_release(rogue);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "grep -c 'output line from node rogue-peer-0001.*was refused' '%s' >/dev/null", p->log);
+    CHECK(!have_task || run_cmd("%s", cmd) == 0, "node 5 logged why it refused the rogue's lines");
+    CHECK(complete(5, out, sizeof out) == 200, "node 5 still answers after the rogue's lines");
+    kill(p->pid, SIGTERM);
+    CHECK(wait_exit(p->pid, 30) == 0, "node 5 exits 0 on SIGTERM");
+    p->pid = 0;
+}
+
 int main(void)
 {
     static char out[1 << 20];
@@ -573,6 +715,7 @@ int main(void)
     CHECK(rc == 0, "mkmodel failed (%d), see %s/mkmodel.log", rc, dir);
 
     test_api_key_cors();
+    test_forged_output();
 
     /* Three nodes join through node 0. */
     double t0 = now_s();
