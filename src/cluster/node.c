@@ -64,6 +64,7 @@ struct perf {
     int64_t probe_sent_ns;  /* clock_ns when it left */
     int64_t next_probe_ms;  /* 0 = none planned (peer not up) */
     int64_t probe_every_ms; /* probe_interval_ms, doubled while the figure holds steady */
+    int64_t told_ms;        /* first told of it while not linked (should_connect); 0 = not */
     int64_t last_output_ms; /* task outputs sent to it: the link is busy */
 };
 
@@ -1294,6 +1295,7 @@ static void probe_plan(struct node *n, const char *peer, int64_t now)
     if (!p)
         return;
     p->probing = false;
+    p->told_ms = 0;
     p->probe_every_ms = n->probe_interval_ms;
     p->next_probe_ms = now + (n->probe_interval_ms < NODE_PROBE_FIRST_MS ? n->probe_interval_ms
                                                                          : NODE_PROBE_FIRST_MS);
@@ -1426,7 +1428,26 @@ static void gossip(struct node *n, const char *to, int64_t now)
     (void)now;
 }
 
-static void on_peers(struct node *n, const char *from, const json_t *j)
+/* Whether to connect to a peer we were told of (by gossip or discovery) and are not
+ * linked to. Both nodes of a pair hear of each other at about the same time, and if both
+ * connected, every pair would keep two connections, each with heartbeats both ways: the
+ * node with the smaller id connects, the other waits NODE_CONNECT_DEFER_MS for it before
+ * connecting itself (so a peer that cannot reach us is still linked). */
+static bool should_connect(struct node *n, const char *peer, int64_t now)
+{
+    if (strcmp(n->id, peer) < 0)
+        return true;
+    struct perf *p = perf_find(n, peer, true);
+    if (!p)
+        return true;
+    if (!p->told_ms) {
+        p->told_ms = now;
+        return false;
+    }
+    return now - p->told_ms >= NODE_CONNECT_DEFER_MS;
+}
+
+static void on_peers(struct node *n, const char *from, const json_t *j, int64_t now)
 {
     const json_t *arr = json_object_get(j, "peers");
     if (!json_is_array(arr)) {
@@ -1445,7 +1466,7 @@ static void on_peers(struct node *n, const char *from, const json_t *j)
             return;
         }
         /* an id the link takes but the cluster does not: the peer's fault, not from's */
-        if (!ids_valid_id(id) || !strcmp(id, n->id) || link_peer_up(n->link, id))
+        if (!ids_valid_id(id) || !strcmp(id, n->id) || link_peer_up(n->link, id) || !should_connect(n, id, now))
             continue;
         char err[256];
         if (link_connect(n->link, ep, err, sizeof err))
@@ -1504,7 +1525,7 @@ static void on_control(struct node *n, const char *from, const char *data, size_
     if (!type) {
         bad = "control message without a type";
     } else if (!strcmp(type, "peers")) {
-        on_peers(n, from, j);
+        on_peers(n, from, j, now);
     } else if (!strcmp(type, "ping")) {
         json_t *t = json_object_get(j, "t");
         if (json_is_integer(t))
@@ -1870,7 +1891,7 @@ static void on_message(struct node *n, const struct link_msg *msg, int64_t now)
 /* Discovery hook: with discovery off (node_config's NULL, `cairn node --discovery off`)
  * there is no discovery object and this does nothing; otherwise every node it hears of
  * is connected to. */
-static void discovery_hook(struct node *n)
+static void discovery_hook(struct node *n, int64_t now)
 {
     if (!n->disc)
         return;
@@ -1880,7 +1901,8 @@ static void discovery_hook(struct node *n)
             continue;
         char ep[LINK_ADDR_MAX], err[256];
         snprintf(ep, sizeof ep, "tcp://%s:%d", p.addr, p.cluster_port);
-        if (!link_peer_up(n->link, p.node_id) && link_connect(n->link, ep, err, sizeof err))
+        if (!link_peer_up(n->link, p.node_id) && should_connect(n, p.node_id, now) &&
+            link_connect(n->link, ep, err, sizeof err))
             log_debug("node %s: discovered %s at %s: %s", n->id, p.node_id, ep, err);
     }
 }
@@ -1890,7 +1912,7 @@ static void periodic(struct node *n, int64_t now)
     election_tick(n->el, now);
     after_election(n, now);
     check_sync(n, now);
-    discovery_hook(n);
+    discovery_hook(n, now);
     if (now >= n->next_gossip_ms) {
         n->next_gossip_ms = now + NODE_GOSSIP_INTERVAL_MS;
         gossip(n, NULL, now);

@@ -72,6 +72,7 @@
 #define NODE_INFO_INTERVAL_MS 2000      /* node info gathered this often */
 #define NODE_REPORT_MIN_MS 1000         /* at most one report per this */
 #define NODE_GOSSIP_INTERVAL_MS 10000   /* peers and pings sent this often (and when a link comes up) */
+#define NODE_CONNECT_DEFER_MS 5000     /* a peer with a smaller id gets this long to connect to us */
 #define NODE_HEAD_INTERVAL_MS 1000      /* the master announces its position this often */
 #define NODE_POLL_MS 1000               /* longest sleep of the node thread (a safety net) */
 #define NODE_RETRY_MS 50                /* commands waiting for a master are retried this often */
