@@ -96,24 +96,23 @@ test('a master and two followers with nothing placed sleep', T, async () => {
   await assertIdle('nothing placed', 0);
 });
 
-test('an instance on a follower: its node and runner sleep between requests', T, async () => {
+/** Places an instance of MODEL (body's sharding and min_nodes), answers one request,
+ * then asserts that every process sleeps; deletes the instance. */
+async function idleWithInstance(what, body, ranks) {
   const a = nodes[0];
-  const { id, inst } = await placeInstance(a, { model_id: MODEL, min_nodes: 1 });
-  assert.equal(inst.shards.length, 1);
+  const { id, inst } = await placeInstance(a, { model_id: MODEL, ...body });
+  assert.equal(inst.shards.length, ranks);
   const r = await http(`${a.url}/v1/completions`, { body: { model: MODEL, prompt: 'Hello', max_tokens: 8 } });
   assert.equal(r.status, 200, r.text);
   await sleep(1000);
-  await assertIdle('one instance on a follower', 1);
+  await assertIdle(what, ranks);
   await deleteInstance(a, id);
+}
+
+test('an instance on a follower: its node and runner sleep between requests', T, async () => {
+  await idleWithInstance('one instance on a follower', { min_nodes: 1 }, 1);
 });
 
 test('a two-rank pipeline instance sleeps between requests', T, async () => {
-  const a = nodes[0];
-  const { id, inst } = await placeInstance(a, { model_id: MODEL, sharding: 'pipeline', min_nodes: 2 });
-  assert.equal(inst.shards.length, 2);
-  const r = await http(`${a.url}/v1/completions`, { body: { model: MODEL, prompt: 'Hello', max_tokens: 8 } });
-  assert.equal(r.status, 200, r.text);
-  await sleep(1000);
-  await assertIdle('a two-rank pipeline', 2);
-  await deleteInstance(a, id);
+  await idleWithInstance('a two-rank pipeline', { sharding: 'pipeline', min_nodes: 2 }, 2);
 });
