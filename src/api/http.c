@@ -62,6 +62,10 @@ struct http_server {
     char **cors;     /* allowed origins (owned) */
     size_t n_cors;
     bool cors_any;
+    char **hosts;    /* Host names allowed besides IP literals, localhost and ours (owned) */
+    size_t n_hosts;
+    bool hosts_any;
+    char own_host[256]; /* gethostname(), "" if unknown */
     unsigned max_connections, idle_timeout_s, keepalive_ms, stop_grace_ms;
     size_t max_body, stream_queue;
     int max_depth;
@@ -1215,6 +1219,64 @@ static void request_free(struct http_request *req)
     free(req);
 }
 
+/* Copies a NULL-terminated list of strings (a "*" among them sets *any). */
+static int copy_list(const char *const *src, char ***dst, size_t *n, bool *any)
+{
+    for (const char *const *o = src; o && *o; o++) {
+        char **c = realloc(*dst, (*n + 1) * sizeof *c);
+        if (!c)
+            return CAIRN_ENOMEM;
+        *dst = c;
+        if (!((*dst)[*n] = strdup(*o)))
+            return CAIRN_ENOMEM;
+        if (strcmp(*o, "*") == 0)
+            *any = true;
+        (*n)++;
+    }
+    return 0;
+}
+
+/* Whether a request's Host header names this server in a way a web page cannot forge
+ * by DNS rebinding: no header (HTTP/1.0), an IP literal, localhost (or a name under
+ * .localhost), this machine's name (also NAME.local), or one of cfg.allowed_hosts. A
+ * page on evil.example that rebinds its name to 127.0.0.1 sends Host: evil.example. */
+static bool host_allowed(const struct http_server *srv, const char *host)
+{
+    if (!host || srv->hosts_any)
+        return true;
+    char name[256];
+    size_t len = strlen(host);
+    if (len == 0 || len >= sizeof name)
+        return false;
+    if (host[0] == '[') { /* [IPv6]:port */
+        const char *end = strchr(host, ']');
+        if (!end || (end[1] && end[1] != ':'))
+            return false;
+        snprintf(name, sizeof name, "%.*s", (int)(end - host - 1), host + 1);
+        struct in6_addr a6;
+        return inet_pton(AF_INET6, name, &a6) == 1;
+    }
+    const char *colon = strchr(host, ':');
+    snprintf(name, sizeof name, "%.*s", colon ? (int)(colon - host) : (int)len, host);
+    if (colon && strspn(colon + 1, "0123456789") != strlen(colon + 1))
+        return false;
+    size_t n = strlen(name);
+    if (n && name[n - 1] == '.') /* "localhost." is localhost */
+        name[--n] = 0;
+    struct in_addr a4;
+    if (inet_pton(AF_INET, name, &a4) == 1)
+        return true;
+    if (!strcasecmp(name, "localhost") || (n > 10 && !strcasecmp(name + n - 10, ".localhost")))
+        return true;
+    size_t own = strlen(srv->own_host);
+    if (own && !strncasecmp(name, srv->own_host, own) && (!name[own] || !strcasecmp(name + own, ".local")))
+        return true;
+    for (size_t i = 0; i < srv->n_hosts; i++)
+        if (!strcasecmp(name, srv->hosts[i]))
+            return true;
+    return false;
+}
+
 static const char *origin_allowed(const struct http_server *srv, const char *origin)
 {
     if (!origin)
@@ -1292,6 +1354,16 @@ static enum MHD_Result request_begin(struct http_request *req)
     if (atomic_load(&srv->stopping)) {
         http_reply_header(req, "Connection", "close");
         return queue_error(req, 503, "unavailable", "server is stopping");
+    }
+    const char *host = http_req_header(req, "Host");
+    if (!host_allowed(srv, host)) {
+        char shown[128];
+        log_clean(shown, sizeof shown, host);
+        http_reply_header(req, "Connection", "close");
+        return queue_error(req, 403, "forbidden",
+                           "Host %s is not this server's address (a web page may be trying to reach it); "
+                           "start the node with --allowed-host NAME to allow a name",
+                           shown);
     }
     req->origin_ok = origin_allowed(srv, http_req_header(req, "Origin"));
     struct path_segs ps;
@@ -1547,17 +1619,12 @@ int http_server_create(struct http_server **out, const struct http_config *cfg, 
         rc = cairn_fail(err, errlen, CAIRN_EINVAL, "max_body_bytes too large");
         goto fail;
     }
-    for (const char *const *o = cfg->cors_origins; o && *o; o++) {
-        char **c = realloc(srv->cors, (srv->n_cors + 1) * sizeof *c);
-        if (!c)
-            goto err;
-        srv->cors = c;
-        if (!(srv->cors[srv->n_cors] = strdup(*o)))
-            goto err;
-        if (strcmp(*o, "*") == 0)
-            srv->cors_any = true;
-        srv->n_cors++;
-    }
+    if (copy_list(cfg->cors_origins, &srv->cors, &srv->n_cors, &srv->cors_any) ||
+        copy_list(cfg->allowed_hosts, &srv->hosts, &srv->n_hosts, &srv->hosts_any))
+        goto err;
+    if (gethostname(srv->own_host, sizeof srv->own_host))
+        srv->own_host[0] = 0;
+    srv->own_host[sizeof srv->own_host - 1] = 0;
 
     union {
         struct sockaddr sa;
@@ -1690,6 +1757,9 @@ void http_server_release(struct http_server *srv)
     for (size_t i = 0; i < srv->n_cors; i++)
         free(srv->cors[i]);
     free(srv->cors);
+    for (size_t i = 0; i < srv->n_hosts; i++)
+        free(srv->hosts[i]);
+    free(srv->hosts);
     free(srv->bind_addr);
     free(srv->api_key);
     pthread_mutex_destroy(&srv->mu);

@@ -28,6 +28,8 @@ struct http_config {
     int max_json_depth;              /* deeper JSON bodies get 400 [64] */
     const char *api_key;             /* NULL or "": no auth; else Bearer or x-api-key */
     const char *const *cors_origins; /* NULL-terminated; "*" allows any; NULL: no CORS */
+    const char *const *allowed_hosts; /* Host names allowed besides IP literals, localhost
+                                        and this machine's name (NULL-terminated; "*" any) */
     unsigned idle_timeout_s;         /* idle or half-sent request closed after [30] */
     size_t stream_queue_bytes;       /* unsent bytes a stream may hold [1 MiB] */
     unsigned keepalive_ms;           /* idle SSE streams send a comment this often [15000] */

@@ -27,6 +27,7 @@
 
 #define MAX_PEERS 64
 #define MAX_CORS 16
+#define MAX_ALLOWED_HOSTS 16
 
 static void usage(void)
 {
@@ -35,7 +36,8 @@ static void usage(void)
             "                  [--namespace NS] [--cluster-secret S] [--peer HOST:PORT]...\n"
             "                  [--discovery off|auto|IFACE] [--no-api] [--no-worker] [--force-master]\n"
             "                  [--models-dir DIR] [--data-dir DIR] [--memory-limit BYTES|NNG]\n"
-            "                  [--node-timeout SECONDS] [--api-key KEY] [--cors ORIGIN]... [-v|-q]\n"
+            "                  [--node-timeout SECONDS] [--api-key KEY] [--cors ORIGIN]...\n"
+            "                  [--allowed-host NAME]... [-v|-q]\n"
             "                  [--parallel N] [-t|--threads N] [--ctx-size N] [--log-file PATH|-]\n"
             "Joins (or starts) a cluster and serves its API until SIGINT/SIGTERM.\n"
             "  --api-port      HTTP API port (52415; 0 = any free port)\n"
@@ -47,6 +49,9 @@ static void usage(void)
             "  --discovery     LAN beacons: auto (every interface that can broadcast; the\n"
             "                  default), off (only --peer), or one interface\n"
             "  --memory-limit  memory this node offers to models (e.g. 8G, 512M, or bytes)\n"
+            "  --allowed-host  a name the API answers to besides IP addresses, localhost and\n"
+            "                  this machine's name (repeatable; '*': any). Other Host headers\n"
+            "                  get 403, so a web page cannot reach the API by DNS rebinding\n"
             "  --node-timeout  a node unheard this long leaves the cluster (30); one stopped\n"
             "                  with SIGINT/SIGTERM tells its peers and leaves at once\n"
             "  --parallel      sequences each runner decodes at once (8); more requests queue\n"
@@ -127,8 +132,8 @@ static int data_path(char *out, size_t n, const char *sub)
 int cli_node(int argc, char **argv)
 {
     struct args a = {argc, argv, 1, "node", false};
-    const char *peers[MAX_PEERS], *cors[MAX_CORS + 1], *v;
-    size_t n_peers = 0, n_cors = 0;
+    const char *peers[MAX_PEERS], *cors[MAX_CORS + 1], *hosts[MAX_ALLOWED_HOSTS + 1], *v;
+    size_t n_peers = 0, n_cors = 0, n_hosts = 0;
     const char *ns = NULL, *secret = getenv("CAIRN_CLUSTER_SECRET"), *discovery = "auto";
     const char *models_dir = getenv("CAIRN_MODELS_DIR"), *data_dir = NULL, *api_key = NULL;
     const char *api_host = "127.0.0.1", *bind = NULL, *log_file = NULL;
@@ -178,6 +183,13 @@ int cli_node(int argc, char **argv)
             }
             cors[n_cors++] = v;
         }
+        else if (args_opt(&a, "--allowed-host", &v)) {
+            if (n_hosts == MAX_ALLOWED_HOSTS) {
+                fprintf(stderr, "cairn node: at most %d --allowed-host\n", MAX_ALLOWED_HOSTS);
+                return 2;
+            }
+            hosts[n_hosts++] = v;
+        }
         else if (args_opt(&a, "-v|--verbose", NULL)) level = LOG_DEBUG;
         else if (args_opt(&a, "-q|--quiet", NULL)) level = LOG_WARN;
         else if (args_opt(&a, "-h|--help", NULL)) { usage(); return 0; }
@@ -190,6 +202,7 @@ int cli_node(int argc, char **argv)
     if (a.bad)
         return 2;
     cors[n_cors] = NULL;
+    hosts[n_hosts] = NULL;
     log_set_level(level);
 
     /* Logs: --log-file, else the cache dir (a node with its own --data-dir logs there, so
@@ -272,6 +285,7 @@ int cli_node(int argc, char **argv)
             .port = (uint16_t)api_port,
             .api_key = api_key,
             .cors_origins = n_cors ? cors : NULL,
+            .allowed_hosts = hosts,
             .access_log = level >= LOG_INFO, /* one line per request, off with -q */
         };
         if (http_server_create(&srv, &hc, err, sizeof err)) {

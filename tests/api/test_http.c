@@ -605,7 +605,8 @@ static void test_routing(uint16_t port)
     rh_free(&r);
 
     /* A path that does not start with '/' and one with very many segments. */
-    raw_request(port, "GET * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 46, &r);
+    const char *star = "GET * HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    raw_request(port, star, strlen(star), &r);
     CHECK(r.status == 404 || r.status == 400, "GET *: %d", r.status);
     rh_free(&r);
     char deep[2048] = "/a";
@@ -699,8 +700,8 @@ static void test_twice(uint16_t port, struct bg *b)
 static void test_keepalive_connection(uint16_t port)
 {
     /* Two pipelined requests on one connection, the second closing it. */
-    const char *two = "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
-                      "GET /instance/k HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    const char *two = "GET /hello HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+                      "GET /instance/k HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
     struct rh_resp r;
     raw_request(port, two, strlen(two), &r);
     CHECK(r.status == 200 && memmem(r.raw, r.raw_len, "\nhello", 6) &&
@@ -776,6 +777,83 @@ static void test_json(uint16_t port)
     rh_free(&r);
 }
 
+/* GET /hello with the Host line host (NULL: none, HTTP/1.0); the status. */
+static int hello_as(uint16_t port, const char *host)
+{
+    char req[512];
+    if (host)
+        snprintf(req, sizeof req, "GET /hello HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host);
+    else
+        snprintf(req, sizeof req, "GET /hello HTTP/1.0\r\n\r\n");
+    struct rh_resp r;
+    raw_request(port, req, strlen(req), &r);
+    int st = r.status;
+    if (st == 403) {
+        json_t *j = rh_json(&r);
+        const char *m = err_field(j, "message");
+        CHECK(m && strstr(m, "--allowed-host"), "a refused Host says how to allow it: %s", r.body);
+        json_decref(j);
+    }
+    rh_free(&r);
+    return st;
+}
+
+/* DNS rebinding: a page on a name the attacker controls, pointed at 127.0.0.1, reaches
+ * the server with that name in Host. Only IP literals, localhost, this machine's name
+ * and the configured names are answered; every route refuses the others with 403. */
+static void test_host(uint16_t port)
+{
+    const char *ok[] = {"127.0.0.1", "127.0.0.1:8080", "localhost", "LocalHost:52415", "localhost.",
+                        "app.localhost:3000", "[::1]:52415", "[::1]", "10.1.2.3", NULL};
+    for (int i = 0; ok[i]; i++)
+        CHECK(hello_as(port, ok[i]) == 200, "Host %s is answered", ok[i]);
+    CHECK(hello_as(port, NULL) == 200, "a request without Host (HTTP/1.0) is answered");
+    char own[256];
+    if (gethostname(own, sizeof own) == 0 && own[0]) {
+        own[sizeof own - 1] = 0;
+        CHECK(hello_as(port, own) == 200, "this machine's name %s is answered", own);
+        char local[300];
+        snprintf(local, sizeof local, "%s.local:52415", own);
+        CHECK(hello_as(port, local) == 200, "%s is answered", local);
+    }
+    const char *bad[] = {"evil.example", "evil.example:52415", "127.0.0.1.evil.example", "localhost.evil.example",
+                         "127.0.0.1:80x", "[::1", "[::1]x", "", "evil.localhostx", NULL};
+    for (int i = 0; bad[i]; i++)
+        CHECK(hello_as(port, bad[i]) == 403, "Host '%s' is refused", bad[i]);
+    /* A POST with a body and the event stream are refused the same way. */
+    struct rh_resp r;
+    const char *post = "POST /echo HTTP/1.1\r\nHost: evil.example\r\nContent-Type: application/json\r\n"
+                       "Content-Length: 7\r\nConnection: close\r\n\r\n{\"k\":1}";
+    raw_request(port, post, strlen(post), &r);
+    CHECK(r.status == 403, "POST with a foreign Host: %d", r.status);
+    rh_free(&r);
+    const char *sse = "GET /sse100 HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n";
+    raw_request(port, sse, strlen(sse), &r);
+    CHECK(r.status == 403, "a stream with a foreign Host: %d", r.status);
+    rh_free(&r);
+}
+
+/* --allowed-host names: answered (any port, any case); "*" answers every name. */
+static void test_allowed_hosts(struct bg *b)
+{
+    const char *names[] = {"my.box", NULL};
+    struct http_config cfg = {.allowed_hosts = names};
+    struct http_server *srv = start_server(&cfg, b);
+    if (!srv)
+        return;
+    uint16_t port = http_server_port(srv);
+    CHECK(hello_as(port, "my.box:8080") == 200 && hello_as(port, "MY.BOX") == 200, "an allowed name is answered");
+    CHECK(hello_as(port, "other.box") == 403, "another name is still refused");
+    http_server_release(srv);
+    const char *any[] = {"*", NULL};
+    cfg.allowed_hosts = any;
+    srv = start_server(&cfg, b);
+    if (!srv)
+        return;
+    CHECK(hello_as(http_server_port(srv), "other.box") == 200, "\"*\" answers every name");
+    http_server_release(srv);
+}
+
 static void test_body_limit(uint16_t port)
 {
     /* max_body_bytes = 4096: exactly 4096 passes, 4097 is refused. */
@@ -804,7 +882,7 @@ static void test_body_limit(uint16_t port)
 
     /* A huge Content-Length is refused from the headers alone: the body is never sent. */
     int64_t t0 = clock_ns();
-    const char *hdr = "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n"
+    const char *hdr = "POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000000000\r\n"
                       "Content-Type: application/json\r\n\r\n";
     struct rh_resp r;
     raw_request(port, hdr, strlen(hdr), &r);
@@ -812,7 +890,7 @@ static void test_body_limit(uint16_t port)
     CHECK(clock_ns() - t0 < 5000000000LL, "413 took %.2f s", (double)(clock_ns() - t0) * 1e-9);
     rh_free(&r);
     /* Also before authentication-free routes read anything with Expect: 100-continue. */
-    const char *expect = "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 99999\r\n"
+    const char *expect = "POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 99999\r\n"
                          "Expect: 100-continue\r\n\r\n";
     raw_request(port, expect, strlen(expect), &r);
     CHECK(r.status == 413, "Expect 100-continue over limit: %d", r.status);
@@ -820,7 +898,7 @@ static void test_body_limit(uint16_t port)
 
     /* A chunked body over the limit: the connection is dropped, no 200. */
     int fd = rh_connect(port);
-    const char *ch = "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+    const char *ch = "POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n";
     rh_send_all(fd, ch, strlen(ch));
     char chunk[1100];
     int len = snprintf(chunk, sizeof chunk, "400\r\n");
@@ -1095,7 +1173,7 @@ static void test_disconnect_mid_stream(uint16_t port, struct bg *b)
 {
     bg_reset(b);
     int fd = rh_connect(port);
-    const char *req = "GET /tick HTTP/1.1\r\nHost: x\r\n\r\n";
+    const char *req = "GET /tick HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
     rh_send_all(fd, req, strlen(req));
     char buf[8192];
     size_t n = 0;
@@ -1131,7 +1209,7 @@ static void test_disconnect_early(uint16_t port, struct bg *b, const char *path)
     bg_reset(b);
     int fd = rh_connect(port);
     char req[128];
-    snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path);
+    snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", path);
     rh_send_all(fd, req, strlen(req));
     CHECK(bg_wait_stream(b, 5000), "%s: handler did not run", path);
     int64_t t_close = clock_ns();
@@ -1175,7 +1253,7 @@ static void test_ipv6(struct bg *b)
     struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons(http_server_port(srv))};
     a.sin6_addr = in6addr_loopback;
     bool ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
-    const char *req = "GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    const char *req = "GET /hello HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
     char *raw = NULL;
     if (ok && rh_send_all(fd, req, strlen(req)) == 0)
         rh_read_all(fd, &raw, NULL);
@@ -1208,7 +1286,7 @@ static void test_slow_client(uint16_t port, struct bg *b)
     int fd = rh_connect(port);
     int small = 4096;
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-    const char *req = "GET /flood HTTP/1.1\r\nHost: x\r\n\r\n";
+    const char *req = "GET /flood HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
     rh_send_all(fd, req, strlen(req));
     int64_t t0 = clock_ns();
     CHECK(bg_join(b, 20000), "flood writer did not finish");
@@ -1234,13 +1312,13 @@ static void test_garbage(uint16_t port)
         junk[i] = (char)test_rand_u64(&st);
     rh_send_all(g, "\x01\x02\x03 GARBAGE\r\n\r\n", 15);
     rh_send_all(g, junk, sizeof junk);
-    rh_send_all(h, "GET /hello HTTP/1.1\r\nHost: x\r\nX-Half", 36);
-    rh_send_all(k, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"a\":", 58);
+    rh_send_all(h, "GET /hello HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Half", 44);
+    rh_send_all(k, "POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{\"a\":", 66);
     const char *bad[] = {
         "GET /hello HTTP/9.9\r\n\r\n",
-        "GET /hello HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
-        "GET /hello HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n",
-        "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        "GET /hello HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -5\r\n\r\n",
+        "GET /hello HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 99999999999999999999999\r\n\r\n",
+        "POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
         "\r\n\r\n\r\n",
         "GET /hello\r\n\r\n",
     };
@@ -1319,7 +1397,7 @@ static void test_stop(struct bg *b)
     uint16_t port = http_server_port(srv);
     bg_reset(b);
     int fd = rh_connect(port);
-    const char *req = "GET /tick HTTP/1.1\r\nHost: x\r\n\r\n";
+    const char *req = "GET /tick HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
     rh_send_all(fd, req, strlen(req));
     CHECK(bg_wait_stream(b, 5000), "tick handler did not run");
     usleep(50 * 1000);
@@ -1353,7 +1431,7 @@ static void test_stop(struct bg *b)
         return;
     bg_reset(b);
     fd = rh_connect(http_server_port(srv));
-    req = "GET /defer_wait HTTP/1.1\r\nHost: x\r\n\r\n";
+    req = "GET /defer_wait HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
     rh_send_all(fd, req, strlen(req));
     CHECK(bg_wait_stream(b, 5000), "defer_wait handler did not run");
     http_server_stop(srv);
@@ -1395,6 +1473,7 @@ int main(void)
     if (srv) {
         uint16_t port = http_server_port(srv);
         test_routing(port);
+        test_host(port);
         test_twice(port, &b);
         test_access_log(port);
         test_keepalive_connection(port);
@@ -1416,6 +1495,7 @@ int main(void)
         http_server_release(srv);
     }
     test_auth_cors(&b);
+    test_allowed_hosts(&b);
     test_ipv6(&b);
     test_stop(&b);
     pthread_mutex_destroy(&b.mu);

@@ -959,7 +959,7 @@ static void test_too_slow(void)
     const char *body = "{\"model\":\"tiny-model\",\"stream\":true,\"prompt\":\"x\"}";
     char head[256];
     int n = snprintf(head, sizeof head,
-                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                      "application/json\r\nContent-Length: %zu\r\n\r\n%s",
                      strlen(body), body);
     bool sent = connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && rh_send_all(fd, head, (size_t)n) == 0;

@@ -175,7 +175,7 @@ static const char *hdr(const struct reply *r, const char *name)
 static void request(char *out, size_t n, const char *method, const char *id, const char *node, const char *token,
                     const char *extra)
 {
-    snprintf(out, n, "%s %s%s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s%s%s%s%s%s%s\r\n", method,
+    snprintf(out, n, "%s %s%s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s%s%s%s%s%s%s\r\n", method,
              DOWNLOAD_ROUTE_PREFIX, id, node ? "X-Cairn-Node: " : "", node ? node : "", node ? "\r\n" : "",
              token ? "X-Cairn-Auth: " : "", token ? token : "", token ? "\r\n" : "", extra ? extra : "");
 }
@@ -368,7 +368,7 @@ static int http_simple(int port, const char *method, const char *path, const cha
 {
     char req[4096];
     snprintf(req, sizeof req,
-             "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+             "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n"
              "Content-Length: %zu\r\n\r\n%s",
              method, path, body ? strlen(body) : 0, body ? body : "");
     struct reply r;

@@ -8,7 +8,7 @@
  * the nodes serving; SIGTERM exits 0. A node with --api-key and --cors refuses every
  * route without the key and answers CORS only for its origin. A rogue peer of an open
  * cluster that forges a task's output lines is refused, and the request ends with the
- * runner's own text. Every wait is bounded; the
+ * runner's own text; a foreign Host header is refused on every route (DNS rebinding). Every wait is bounded; the
  * measured times are printed as "figure:" lines (bench/cluster.sh collects them; they
  * are not assertions). Children die with
  * this process (PR_SET_PDEATHSIG), and the temp dir is removed at the end. */
@@ -518,7 +518,7 @@ static void test_api_key_cors(void)
     st = http_ex(p->api, "GET", "/events", "Accept: text/event-stream\r\n", NULL, out, sizeof out, NULL, 0);
     CHECK(st == 401, "SSE /events without the key: %d %s", st, out);
     int fd = connect_to(p->api, 2000);
-    const char *sse = "GET /events HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n" AUTH "\r\n";
+    const char *sse = "GET /events HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n" AUTH "\r\n";
     CHECK(fd >= 0 && send_all(fd, sse, strlen(sse)) && sse_wait(fd, "200", 10),
           "SSE /events with the key starts with 200");
     if (fd >= 0)
@@ -613,6 +613,45 @@ static bool some_task(int i, char *id, size_t cap)
     return found;
 }
 
+/* The status of one request to node p's API with Host: host (body: JSON or NULL). */
+static int status_with_host(const struct proc *p, const char *method, const char *path, const char *host,
+                            const char *body)
+{
+    int fd = connect_to(p->api, 5000);
+    if (fd < 0)
+        return -1;
+    char req[1024], buf[256];
+    int n = snprintf(req, sizeof req,
+                     "%s %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n%s",
+                     method, path, host, body ? strlen(body) : 0, body ? body : "");
+    int status = -1;
+    if (n > 0 && (size_t)n < sizeof req && send_all(fd, req, (size_t)n)) {
+        ssize_t r = recv(fd, buf, sizeof buf - 1, 0);
+        buf[r > 0 ? r : 0] = 0;
+        if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
+            status = -1;
+    }
+    close(fd);
+    return status;
+}
+
+/* DNS rebinding: a page whose name points at the node reaches it with that name in
+ * Host; the node answers only IP literals, localhost, its machine's name and its
+ * --allowed-host names (node 5 allows cairn.test). */
+static void check_hosts(const struct proc *p)
+{
+    const char *place = "{\"model_id\":\"m1\",\"min_nodes\":1}";
+    const char *chat = "{\"model\":\"m1\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2}";
+    CHECK(status_with_host(p, "POST", "/place_instance", "evil.example", place) == 403,
+          "place_instance with a foreign Host is refused");
+    CHECK(status_with_host(p, "POST", "/v1/chat/completions", "evil.example:80", chat) == 403,
+          "a chat with a foreign Host is refused");
+    CHECK(status_with_host(p, "GET", "/events", "evil.example", NULL) == 403, "/events with a foreign Host is refused");
+    CHECK(status_with_host(p, "GET", "/node_id", "cairn.test:52415", NULL) == 200, "an --allowed-host name is answered");
+    CHECK(status_with_host(p, "GET", "/node_id", "localhost:52415", NULL) == 200, "localhost is answered");
+}
+
 /* A peer of an open cluster (no secret) that forges a task's output: a rogue process
  * speaking the link protocol joins node 5, and while node 5's runner is stopped with a
  * request in flight, sends output lines for that task, with the seq of a real sequence,
@@ -623,9 +662,11 @@ static void test_forged_output(void)
 {
     static char out[1 << 18];
     char err[256], task[128];
-    start_node(5, -1, NULL, "2G", NULL);
+    const char *extra[] = {"--allowed-host", "cairn.test", NULL};
+    start_node(5, -1, NULL, "2G", extra);
     struct proc *p = &nodes[5];
     CHECK(read_id(5), "the open node answers /node_id");
+    check_hosts(p);
     int st = 0;
     for (double t0 = now_s(); now_s() - t0 < 60 && st != 200; sleep_ms(200))
         st = complete(5, out, sizeof out);
@@ -800,7 +841,7 @@ int main(void)
 
     /* An SSE stream on node 2 sees what the cluster does. */
     int sse = connect_to(nodes[2].api, 1000);
-    const char *sse_req = "GET /events HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n";
+    const char *sse_req = "GET /events HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n";
     /* The stream's headers come once it is subscribed, so nothing placed after is missed. */
     CHECK(sse >= 0 && send_all(sse, sse_req, strlen(sse_req)) && sse_wait(sse, "\r\n\r\n", 10),
           "the SSE stream on node 2 starts");
