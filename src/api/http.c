@@ -1347,6 +1347,24 @@ static bool authorized(struct http_request *req)
     return token && ct_equal(token, key);
 }
 
+static bool json_content_type(const char *ct);
+
+/* A browser's request with a body that is not declared JSON: what a web page can send
+ * to any address without a CORS preflight (a form, text/plain), so a page the user visits
+ * could drive the API. Browsers always send Origin (and Sec-Fetch-Site) with such a
+ * request; curl and the SDKs send neither, so `curl -d` keeps working. */
+static bool browser_non_json_body(struct http_request *req)
+{
+    const char *m = req->method;
+    if (strcmp(m, "POST") && strcmp(m, "PUT") && strcmp(m, "PATCH") && strcmp(m, "DELETE"))
+        return false;
+    if (!http_req_header(req, "Origin") && !http_req_header(req, "Sec-Fetch-Site"))
+        return false;
+    const char *cl = http_req_header(req, "Content-Length");
+    bool body = (cl && strspn(cl, "0") != strlen(cl)) || http_req_header(req, "Transfer-Encoding");
+    return body && !json_content_type(http_req_header(req, "Content-Type"));
+}
+
 /* First call, headers only: everything that can be refused before the body is read. */
 static enum MHD_Result request_begin(struct http_request *req)
 {
@@ -1389,6 +1407,14 @@ static enum MHD_Result request_begin(struct http_request *req)
     if (set_params(req, r, &ps))
         return MHD_NO;
     req->route = r;
+    if (browser_non_json_body(req)) {
+        char shown[128];
+        const char *ct = http_req_header(req, "Content-Type");
+        log_clean(shown, sizeof shown, ct ? ct : "(none)");
+        http_reply_header(req, "Connection", "close"); /* the body is not read */
+        return queue_error(req, 415, "invalid_request_error",
+                           "a request from a web page must send Content-Type: application/json (got %s)", shown);
+    }
     const char *cl = http_req_header(req, "Content-Length");
     if (cl) {
         char *end;

@@ -730,6 +730,24 @@ static void test_json(uint16_t port)
           "form-typed json: %d %s", r.status, r.body);
     json_decref(got);
     rh_free(&r);
+    /* A web page's form or text/plain POST (Origin or Sec-Fetch-Site present) is refused
+     * with 415: pages can send those anywhere without a preflight. JSON from a page, and
+     * any type from a client that is not a browser (curl -d), are taken. */
+    const char *page[] = {"Origin: http://evil.example\r\nContent-Type: text/plain\r\n",
+                          "Origin: null\r\nContent-Type: application/x-www-form-urlencoded\r\n",
+                          "Sec-Fetch-Site: cross-site\r\nContent-Type: multipart/form-data; boundary=x\r\n",
+                          "Origin: http://evil.example\r\n"};
+    for (size_t i = 0; i < sizeof page / sizeof *page; i++) {
+        request(port, "POST", "/echo", page[i], "{\"k\":1}", &r);
+        got = rh_json(&r);
+        const char *m = err_field(got, "message");
+        CHECK(r.status == 415 && m && strstr(m, "application/json"), "page body %zu: %d %s", i, r.status, r.body);
+        json_decref(got);
+        rh_free(&r);
+    }
+    request(port, "POST", "/echo", "Origin: http://127.0.0.1\r\nContent-Type: application/json\r\n", "{\"k\":1}", &r);
+    CHECK(r.status == 200, "a page's JSON body is taken: %d %s", r.status, r.body);
+    rh_free(&r);
     /* ... and a body that is not JSON reaches the handler raw. */
     request(port, "POST", "/echo", "Content-Type: text/plain\r\n", "{not json", &r);
     got = rh_json(&r);

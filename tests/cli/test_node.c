@@ -613,18 +613,20 @@ static bool some_task(int i, char *id, size_t cap)
     return found;
 }
 
-/* The status of one request to node p's API with Host: host (body: JSON or NULL). */
+/* The status of one request to node p's API with Host: host, the header lines in
+ * headers (default: a JSON content type) and body (or NULL). */
 static int status_with_host(const struct proc *p, const char *method, const char *path, const char *host,
-                            const char *body)
+                            const char *headers, const char *body)
 {
     int fd = connect_to(p->api, 5000);
     if (fd < 0)
         return -1;
     char req[1024], buf[256];
     int n = snprintf(req, sizeof req,
-                     "%s %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                     "%s %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n%s"
                      "Content-Length: %zu\r\n\r\n%s",
-                     method, path, host, body ? strlen(body) : 0, body ? body : "");
+                     method, path, host, headers ? headers : "Content-Type: application/json\r\n",
+                     body ? strlen(body) : 0, body ? body : "");
     int status = -1;
     if (n > 0 && (size_t)n < sizeof req && send_all(fd, req, (size_t)n)) {
         ssize_t r = recv(fd, buf, sizeof buf - 1, 0);
@@ -643,13 +645,21 @@ static void check_hosts(const struct proc *p)
 {
     const char *place = "{\"model_id\":\"m1\",\"min_nodes\":1}";
     const char *chat = "{\"model\":\"m1\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2}";
-    CHECK(status_with_host(p, "POST", "/place_instance", "evil.example", place) == 403,
+    CHECK(status_with_host(p, "POST", "/place_instance", "evil.example", NULL, place) == 403,
           "place_instance with a foreign Host is refused");
-    CHECK(status_with_host(p, "POST", "/v1/chat/completions", "evil.example:80", chat) == 403,
+    CHECK(status_with_host(p, "POST", "/v1/chat/completions", "evil.example:80", NULL, chat) == 403,
           "a chat with a foreign Host is refused");
-    CHECK(status_with_host(p, "GET", "/events", "evil.example", NULL) == 403, "/events with a foreign Host is refused");
-    CHECK(status_with_host(p, "GET", "/node_id", "cairn.test:52415", NULL) == 200, "an --allowed-host name is answered");
-    CHECK(status_with_host(p, "GET", "/node_id", "localhost:52415", NULL) == 200, "localhost is answered");
+    CHECK(status_with_host(p, "GET", "/events", "evil.example", NULL, NULL) == 403,
+          "/events with a foreign Host is refused");
+    CHECK(status_with_host(p, "GET", "/node_id", "cairn.test:52415", NULL, NULL) == 200,
+          "an --allowed-host name is answered");
+    CHECK(status_with_host(p, "GET", "/node_id", "localhost:52415", NULL, NULL) == 200, "localhost is answered");
+    /* A page on another site posting text/plain (no preflight needed) to the real address. */
+    const char *page = "Origin: http://evil.example\r\nContent-Type: text/plain\r\n";
+    CHECK(status_with_host(p, "POST", "/place_instance", "127.0.0.1", page, place) == 415,
+          "a page's text/plain place_instance is refused");
+    CHECK(status_with_host(p, "POST", "/v1/chat/completions", "localhost", page, chat) == 415,
+          "a page's text/plain chat is refused");
 }
 
 /* A peer of an open cluster (no secret) that forges a task's output: a rogue process
