@@ -203,6 +203,18 @@ int cli_node(int argc, char **argv)
         return 2;
     cors[n_cors] = NULL;
     hosts[n_hosts] = NULL;
+    /* The runners are children of this process: they must not inherit the secret (a
+     * runner has no use for it; the data plane's key is derived and sent to it). */
+    static char secret_copy[1024];
+    if (secret && secret == getenv("CAIRN_CLUSTER_SECRET")) {
+        if (strlen(secret) >= sizeof secret_copy) {
+            fprintf(stderr, "cairn node: CAIRN_CLUSTER_SECRET is longer than %zu bytes\n", sizeof secret_copy - 1);
+            return 2;
+        }
+        snprintf(secret_copy, sizeof secret_copy, "%s", secret);
+        secret = secret_copy;
+    }
+    unsetenv("CAIRN_CLUSTER_SECRET");
     log_set_level(level);
 
     /* Logs: --log-file, else the cache dir (a node with its own --data-dir logs there, so

@@ -770,9 +770,11 @@ int main(void)
 
     /* Three nodes join through node 0. */
     double t0 = now_s();
+    /* Node 2 takes the secret from the environment; all three have it there, so that the
+     * runner of whichever holds an instance shows it was not passed on. */
+    setenv("CAIRN_CLUSTER_SECRET", SECRET, 1);
     start_node(0, -1, SECRET, "2G", NULL);
     start_node(1, 0, SECRET, "3G", NULL);
-    setenv("CAIRN_CLUSTER_SECRET", SECRET, 1); /* node 2 takes the secret from the environment */
     start_node(2, 0, NULL, "4G", NULL);
     unsetenv("CAIRN_CLUSTER_SECRET");
     bool up = read_id(0) && read_id(1) && read_id(2);
@@ -942,6 +944,11 @@ int main(void)
     CHECK(runner_of(holder, "keep-me", rid, sizeof rid, rstatus, sizeof rstatus, &restarts),
           "keep-me's runner before the kill");
     printf("keep-me: runner %s on node %d, %s, %d restarts\n", rid, holder, rstatus, restarts);
+    pid_t rpid = runner_child(nodes[holder].pid);
+    char envp[128];
+    snprintf(envp, sizeof envp, "/proc/%d/environ", (int)rpid);
+    CHECK(rpid > 0 && run_cmd("tr '\\0' '\\n' < %s | grep -q '^CAIRN_CLUSTER_SECRET='", envp) == 1,
+          "the runner (pid %d) does not inherit CAIRN_CLUSTER_SECRET", (int)rpid);
 
     /* kill -9 the master: another node takes over, the instance stays. */
     int survivors[2] = {holder, other};
