@@ -11,6 +11,8 @@
 #define _GNU_SOURCE
 #include "api/http.h"
 
+#include "api/hosts.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
@@ -1236,47 +1238,6 @@ static int copy_list(const char *const *src, char ***dst, size_t *n, bool *any)
     return 0;
 }
 
-/* Whether a request's Host header names this server in a way a web page cannot forge
- * by DNS rebinding: no header (HTTP/1.0), an IP literal, localhost (or a name under
- * .localhost), this machine's name (also NAME.local), or one of cfg.allowed_hosts. A
- * page on evil.example that rebinds its name to 127.0.0.1 sends Host: evil.example. */
-static bool host_allowed(const struct http_server *srv, const char *host)
-{
-    if (!host || srv->hosts_any)
-        return true;
-    char name[256];
-    size_t len = strlen(host);
-    if (len == 0 || len >= sizeof name)
-        return false;
-    if (host[0] == '[') { /* [IPv6]:port */
-        const char *end = strchr(host, ']');
-        if (!end || (end[1] && end[1] != ':'))
-            return false;
-        snprintf(name, sizeof name, "%.*s", (int)(end - host - 1), host + 1);
-        struct in6_addr a6;
-        return inet_pton(AF_INET6, name, &a6) == 1;
-    }
-    const char *colon = strchr(host, ':');
-    snprintf(name, sizeof name, "%.*s", colon ? (int)(colon - host) : (int)len, host);
-    if (colon && strspn(colon + 1, "0123456789") != strlen(colon + 1))
-        return false;
-    size_t n = strlen(name);
-    if (n && name[n - 1] == '.') /* "localhost." is localhost */
-        name[--n] = 0;
-    struct in_addr a4;
-    if (inet_pton(AF_INET, name, &a4) == 1)
-        return true;
-    if (!strcasecmp(name, "localhost") || (n > 10 && !strcasecmp(name + n - 10, ".localhost")))
-        return true;
-    size_t own = strlen(srv->own_host);
-    if (own && !strncasecmp(name, srv->own_host, own) && (!name[own] || !strcasecmp(name + own, ".local")))
-        return true;
-    for (size_t i = 0; i < srv->n_hosts; i++)
-        if (!strcasecmp(name, srv->hosts[i]))
-            return true;
-    return false;
-}
-
 static const char *origin_allowed(const struct http_server *srv, const char *origin)
 {
     if (!origin)
@@ -1374,7 +1335,7 @@ static enum MHD_Result request_begin(struct http_request *req)
         return queue_error(req, 503, "unavailable", "server is stopping");
     }
     const char *host = http_req_header(req, "Host");
-    if (!host_allowed(srv, host)) {
+    if (!srv->hosts_any && !http_host_allowed(host, srv->own_host, (const char *const *)srv->hosts, srv->n_hosts)) {
         char shown[128];
         log_clean(shown, sizeof shown, host);
         http_reply_header(req, "Connection", "close");

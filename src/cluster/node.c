@@ -1249,8 +1249,7 @@ static void maybe_report(struct node *n, int64_t now)
     json_t *edges = current_edges(n);
     if (edges && edges_changed(edges, n->reported_edges))
         n->report_due = true;
-    const char *m = master;
-    if (!n->report_due || !n->has_info || !m[0] || now - n->last_report_ms < NODE_REPORT_MIN_MS ||
+    if (!n->report_due || !n->has_info || !master[0] || now - n->last_report_ms < NODE_REPORT_MIN_MS ||
         !edges) {
         json_decref(edges);
         return;
@@ -1271,11 +1270,11 @@ static void maybe_report(struct node *n, int64_t now)
         json_decref(edges);
         return;
     }
-    if (!strcmp(m, n->id)) {
+    if (!strcmp(master, n->id)) {
         run_report(n, n->id, report);
         json_decref(report);
     } else {
-        send_json(n, m, LINK_T_REPORT, report);
+        send_json(n, master, LINK_T_REPORT, report);
     }
     if (fresh)
         n->reported = n->info;
