@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Figures of the cluster control plane (issue 4), measured on one machine:
-#   - events applied per second by the pure cluster_apply: tests/cluster/test_apply.c
+#   - events applied per second by the pure cluster_apply: tests/ctl/test_apply.c
 #     with CAIRN_BENCH=1 applies EVENTS random events (made beforehand; a term snapshot
 #     about every 200) to a fresh state, and says the rate with and without snapshots;
 #   - from tests/cli/test_node.c, real `cairn node` processes on 127.0.0.1 with

@@ -10,7 +10,7 @@
 
 #include "base/clock.h"
 #include "base/err.h"
-#include "cluster/ids.h"
+#include "proto/ids.h"
 
 int apiutil_fail(struct apiutil_err *e, const char *param, const char *fmt, ...)
 {

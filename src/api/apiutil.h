@@ -13,8 +13,8 @@
 #include <jansson.h>
 
 #include "api/http.h"
-#include "cluster/textgen.h"
-#include "tok/stopstr.h"
+#include "proto/textgen.h"
+#include "base/strbuf.h"
 
 #define APIUTIL_PARAM_MAX 128
 #define APIUTIL_MSG_MAX 512

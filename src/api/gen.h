@@ -1,5 +1,5 @@
 /* Text generation as the API front-ends (openai.c, ollama.c, anthropic.c) see it: submit
- * a request in the common form (cluster/textgen.h), then receive its events until END or
+ * a request in the common form (proto/textgen.h), then receive its events until END or
  * ERROR. The real backend (gen_node.c) resolves the model to a ready instance (placing
  * one when the cluster has the model but no instance), turns the request into a
  * TextGeneration command and relays what the runner streams back; tests of the
@@ -19,7 +19,7 @@
 
 #include <jansson.h>
 
-#include "cluster/textgen.h"
+#include "proto/textgen.h"
 
 struct gen_usage {
     int64_t prompt_tokens;

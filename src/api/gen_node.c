@@ -13,8 +13,8 @@
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
-#include "cluster/command.h"
-#include "cluster/ids.h"
+#include "ctl/command.h"
+#include "proto/ids.h"
 #include "gguf/gguf.h"
 
 /* ---- figures for /metrics ---- */

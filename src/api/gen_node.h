@@ -18,7 +18,7 @@
 
 #include "api/gen.h"
 #include "api/http.h"
-#include "cluster/node.h"
+#include "node/node.h"
 
 #define GEN_NODE_CHECK_MS 500
 #define GEN_NODE_LOST_MS 5000          /* a task gone from the state this long without a done line */

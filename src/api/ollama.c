@@ -18,7 +18,7 @@
 #include "base/err.h"
 #include "base/log.h"
 #include "base/version.h"
-#include "cluster/ids.h"
+#include "proto/ids.h"
 
 #define ERR_MAX 512
 #define NAME_SHOWN 300 /* bytes of a client's model name quoted in an error */

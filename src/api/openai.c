@@ -13,7 +13,7 @@
 #include "api/apireq.h"
 #include "api/apiutil.h"
 #include "base/err.h"
-#include "cluster/ids.h"
+#include "proto/ids.h"
 
 #define MAX_TOOLS 1024
 

@@ -8,7 +8,7 @@
 #include "api/sse.h"
 #include "base/err.h"
 #include "base/log.h"
-#include "cluster/eventlog.h"
+#include "node/eventlog.h"
 
 /* An SSE client of /events: subscribed to the node until its stream closes. */
 struct ev_stream {

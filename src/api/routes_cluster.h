@@ -1,4 +1,4 @@
-/* The cluster's HTTP endpoints over a node (cluster/node.h):
+/* The cluster's HTTP endpoints over a node (node/node.h):
  *   GET    /node_id                     {"node_id"}
  *   GET    /state                       the whole state (state.h's JSON)
  *   GET    /state/<key>/<key>...        a part of it by key path (array parts by index)
@@ -25,7 +25,7 @@
 #include <stddef.h>
 
 #include "api/http.h"
-#include "cluster/node.h"
+#include "node/node.h"
 
 #define ROUTES_COMMAND_TIMEOUT_MS 15000
 #define ROUTES_EVENTS_LIMIT 1000

@@ -16,8 +16,8 @@
 
 #include "base/err.h"
 #include "base/log.h"
-#include "cluster/catalog.h"
-#include "cluster/download.h"
+#include "node/catalog.h"
+#include "node/download.h"
 
 struct hash_entry {
     char *path;

@@ -1,4 +1,4 @@
-/* Model files for peers (cluster/download.h has the protocol):
+/* Model files for peers (node/download.h has the protocol):
  *   GET|HEAD /files/models/<id>   the GGUF file of model id, whole (200) or one
  *                                 "Range: bytes=a-b" (206 with Content-Range; 416, with
  *                                 the file's size in Content-Range, for a range it
@@ -15,7 +15,7 @@
 #include <stddef.h>
 
 #include "api/http.h"
-#include "cluster/master.h"
+#include "ctl/master.h"
 
 #define ROUTES_FILES_CACHE 64 /* file hashes kept */
 

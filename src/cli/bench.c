@@ -8,7 +8,7 @@
 #include "base/err.h"
 #include "base/mem.h"
 #include "base/pool.h"
-#include "cli/args.h"
+#include "base/args.h"
 #include "cli/bench_pipe.h"
 #include "cli/cli.h"
 #include "engine/engine.h"

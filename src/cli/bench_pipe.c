@@ -1,5 +1,5 @@
 /* cairn bench --ranks W: a model split by layers over W ranks in this one process, linked
- * in a ring over loopback TCP by the real data plane (cluster/dataplane.h, optionally
+ * in a ring over loopback TCP by the real data plane (runner/dataplane.h, optionally
  * with an emulated link delay), with rank 0's scheduler driving it as a runner does,
  * against the same requests on one slice holding every layer with all the threads.
  * Greedy decoding of S streams (sampled on the last rank, as runners do): aggregate
@@ -9,8 +9,8 @@
  * the whole path). */
 #include "base/clock.h"
 #include "base/err.h"
-#include "cluster/dataplane.h"
-#include "cluster/pipeline.h"
+#include "runner/dataplane.h"
+#include "runner/pipeline.h"
 #include "engine/engine.h"
 #include "engine/kv.h"
 #include "engine/sched.h"

@@ -1,7 +1,7 @@
 /* Sub-commands of the cairn binary. Each takes (argc, argv) with argv[0] = its name
  * and returns the process exit code: 0 ok, 1 failure, 2 bad usage. */
-#ifndef CAIRN_CLI_H
-#define CAIRN_CLI_H
+#ifndef CAIRN_CLI_CLI_H
+#define CAIRN_CLI_CLI_H
 
 #include "base/version.h"
 
@@ -15,7 +15,5 @@ int cli_bench(int argc, char **argv);
 int cli_template(int argc, char **argv);
 /* cairn node [--api-port N] [--peer HOST:PORT]... (see its --help); runs until SIGINT/SIGTERM */
 int cli_node(int argc, char **argv);
-/* cairn runner --config JSON|- (or -m MODEL ...): a runner process (cluster/runner_proto.h) */
-int cli_runner(int argc, char **argv);
 
 #endif

@@ -1,13 +1,13 @@
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/mem.h"
-#include "cli/args.h"
+#include "base/args.h"
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "engine/kv.h"
 #include "engine/sample.h"
 #include "model/model.h"
-#include "tok/chat.h"
+#include "tmpl/chat.h"
 #include "tok/tok.h"
 
 #include <stdio.h>

@@ -1,5 +1,6 @@
 /* cairn: one binary, many sub-commands. */
 #include "cli/cli.h"
+#include "runner/runner.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -16,7 +17,7 @@ static const struct command {
     {"bench", cli_bench, "measure prefill and decode speed against the memory roofline"},
     {"template", cli_template, "render a chat template (as Hugging Face renders it)"},
     {"node", cli_node, "run this machine's node of a cluster (the default with no command)"},
-    {"runner", cli_runner, "serve one instance's layers for a node (started by cairn node)"},
+    {"runner", runner_main, "serve one instance's layers for a node (started by cairn node)"},
 };
 
 static void usage(FILE *f)

@@ -1,5 +1,5 @@
 #include "base/err.h"
-#include "cli/args.h"
+#include "base/args.h"
 #include "cli/cli.h"
 #include "gguf/gguf.h"
 #include "model/synth.h"

@@ -1,4 +1,4 @@
-/* cairn node: the control plane of this machine (cluster/node.h) and its HTTP API
+/* cairn node: the control plane of this machine (node/node.h) and its HTTP API
  * (api/routes_cluster.h), until SIGINT or SIGTERM. */
 #include "api/http.h"
 #include "api/anthropic.h"
@@ -9,11 +9,11 @@
 #include "api/routes_files.h"
 #include "base/err.h"
 #include "base/log.h"
-#include "cli/args.h"
+#include "base/args.h"
 #include "cli/cli.h"
-#include "cluster/node.h"
-#include "cluster/supervisor.h"
-#include "cluster/worker.h"
+#include "node/node.h"
+#include "node/supervisor.h"
+#include "node/worker.h"
 
 #include <ctype.h>
 #include <errno.h>

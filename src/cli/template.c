@@ -1,11 +1,11 @@
 /* cairn template: renders a chat template the way Hugging Face's tooling does and prints
  * only the rendered prompt (no trailing newline added). */
-#include "cli/args.h"
+#include "base/args.h"
 #include "cli/cli.h"
 
 #include "base/err.h"
 #include "gguf/gguf.h"
-#include "tok/tmpl.h"
+#include "tmpl/tmpl.h"
 
 #include <jansson.h>
 #include <stdio.h>

@@ -6,8 +6,8 @@
  * was chunked, or the thread count. Every element is computed by one thread in one
  * fixed order (kern.h states the order of the matrix products; the vector helpers in
  * vec.h that of norms, RoPE and attention). */
-#ifndef CAIRN_ENGINE_H
-#define CAIRN_ENGINE_H
+#ifndef CAIRN_ENGINE_ENGINE_H
+#define CAIRN_ENGINE_ENGINE_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -118,7 +118,7 @@ struct sched_config {
     int cache_seqs;   /* finished sequences kept for prefix reuse; 0: none */
     const struct tok *tok; /* end-of-generation tokens (tok_is_eog); NULL: none */
     /* The target's forward pass; NULL: engine_forward on the sched's engine. A pipeline's
-     * rank 0 sets it to run the batch through every rank (cluster/pipeline.h); the
+     * rank 0 sets it to run the batch through every rank (runner/pipeline.h); the
      * sched's engine is then only the first slice. Same contract as engine_forward
      * (logits: a row of n_vocab per wanted token, in batch order). The draft model's
      * forwards stay local. */

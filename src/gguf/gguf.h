@@ -8,8 +8,8 @@
  *   "tensor 3 'blk.0.attn_q.weight': data [4096, 8192) past end of file (6000 bytes) at offset 812".
  * Strings returned point into the mapping (not NUL-terminated; use the length) and live
  * until gguf_close. */
-#ifndef CAIRN_GGUF_H
-#define CAIRN_GGUF_H
+#ifndef CAIRN_GGUF_GGUF_H
+#define CAIRN_GGUF_GGUF_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -33,8 +33,8 @@
  * Paths: a scalar reference (*_ref, the definition above, on GGUF's own row layout),
  * AVX2+FMA, AVX-512 VNNI, and AMX where the OS grants tile state. Fast paths may keep
  * weights in a repacked layout prepared once at load (struct kern_mat). */
-#ifndef CAIRN_KERN_H
-#define CAIRN_KERN_H
+#ifndef CAIRN_KERN_KERN_H
+#define CAIRN_KERN_KERN_H
 
 #include <stddef.h>
 #include <stdint.h>

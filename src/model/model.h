@@ -7,8 +7,8 @@
  * Weights stay in the mmapped file where the kernels read them in place; when the
  * kernel path repacks a matrix, the file pages of the source are dropped after the
  * copy, so resident memory stays about one copy of the weights. */
-#ifndef CAIRN_MODEL_H
-#define CAIRN_MODEL_H
+#ifndef CAIRN_MODEL_MODEL_H
+#define CAIRN_MODEL_MODEL_H
 
 #include <stdbool.h>
 #include <stddef.h>

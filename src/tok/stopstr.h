@@ -1,5 +1,4 @@
-/* Stop strings (OpenAI `stop`, Anthropic `stop_sequences`) over streamed text, and the
- * growable text buffer the streaming text filters of tok write into.
+/* Stop strings (OpenAI `stop`, Anthropic `stop_sequences`) over streamed text.
  *
  * The filter is fed the generated text piece by piece (pieces may split a stop string
  * anywhere). It passes on what can no longer be part of a stop string and holds back
@@ -18,24 +17,7 @@
 
 #include <stddef.h>
 
-/* A growable byte string owned by whoever declared it: p holds len bytes followed by a
- * NUL (p is NULL while nothing was ever put). Start from {0}; reuse after
- * strbuf_clear; free with strbuf_free. */
-struct strbuf {
-    char *p;
-    size_t len, cap;
-};
-
-/* Makes room for n more bytes (and the NUL) so that the next puts of up to n bytes in
- * total cannot fail. 0, CAIRN_ENOMEM or CAIRN_ERANGE (size overflow); b unchanged on
- * failure. */
-int strbuf_reserve(struct strbuf *b, size_t n);
-/* Appends n bytes of s (s may be NULL when n is 0). Errors as strbuf_reserve. */
-int strbuf_put(struct strbuf *b, const char *s, size_t n);
-/* Empties b, keeping its memory. */
-void strbuf_clear(struct strbuf *b);
-/* Frees b's memory and empties it; b may then be reused. */
-void strbuf_free(struct strbuf *b);
+#include "base/strbuf.h"
 
 #define STOPSTR_MAX 16          /* stop strings per filter */
 #define STOPSTR_MAX_LEN 1024    /* bytes per stop string */

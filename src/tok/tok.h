@@ -10,8 +10,8 @@
  * A struct tok is immutable after tok_load: encode, decode and streams may run on it
  * from any number of threads at once (every call allocates its own scratch). It copies
  * what it needs from the GGUF file, which may be closed after tok_load. */
-#ifndef CAIRN_TOK_H
-#define CAIRN_TOK_H
+#ifndef CAIRN_TOK_TOK_H
+#define CAIRN_TOK_TOK_H
 
 #include <stddef.h>
 #include <stdint.h>

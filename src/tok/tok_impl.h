@@ -1,6 +1,6 @@
 /* Private to src/tok/tok*.c: the tokenizer object and helpers shared by its files. */
-#ifndef CAIRN_TOK_IMPL_H
-#define CAIRN_TOK_IMPL_H
+#ifndef CAIRN_TOK_TOK_IMPL_H
+#define CAIRN_TOK_TOK_IMPL_H
 
 #include "tok/tok.h"
 

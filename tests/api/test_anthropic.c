@@ -644,8 +644,9 @@ static void test_disconnects(uint16_t port)
     }
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    test_begin(argc, argv);
     log_set_level(LOG_ERROR);
     fake_gen_init(&F);
 
@@ -658,11 +659,11 @@ int main(void)
     CHECK(http_server_start(srv, err, sizeof err) == 0, "start: %s", err);
     uint16_t port = http_server_port(srv);
 
-    test_mapping(port);
-    test_streams(port);
-    test_errors(port);
+    RUN(test_mapping, port);
+    RUN(test_streams, port);
+    RUN(test_errors, port);
     CHECK_EQ_INT(F.cancels, 0); /* no request that ran to its end was cancelled */
-    test_disconnects(port);
+    RUN(test_disconnects, port);
     CHECK_EQ_INT(F.cancels, 3);
     CHECK_EQ_INT(F.cancels_after_end, 0);
 

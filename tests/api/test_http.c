@@ -1464,8 +1464,9 @@ static void test_stop(struct bg *b)
     http_server_release(srv);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    test_begin(argc, argv);
     signal(SIGPIPE, SIG_IGN);
     if (getenv("HTTP_TEST_DEBUG"))
         log_set_level(LOG_DEBUG);
@@ -1474,10 +1475,10 @@ int main(void)
     pthread_mutex_init(&b.mu, NULL);
     pthread_cond_init(&b.cond, NULL);
 
-    test_json_depth();
-    test_sse_format();
-    test_route_errors(&b);
-    test_error_shape();
+    RUN(test_json_depth);
+    RUN(test_sse_format);
+    RUN(test_route_errors, &b);
+    RUN(test_error_shape);
 
     struct http_config cfg = {
         .max_body_bytes = 4096,
@@ -1490,32 +1491,32 @@ int main(void)
     struct http_server *srv = start_server(&cfg, &b);
     if (srv) {
         uint16_t port = http_server_port(srv);
-        test_routing(port);
-        test_host(port);
-        test_twice(port, &b);
-        test_access_log(port);
-        test_keepalive_connection(port);
-        test_json(port);
-        test_body_limit(port);
-        test_sse100(port, &b);
-        test_ndjson(port, &b);
-        test_curl(port, &b);
-        test_sse_keepalive(port, &b);
-        test_disconnect_mid_stream(port, &b);
-        test_disconnect_early(port, &b, "/idle");
-        test_disconnect_early(port, &b, "/defer_wait");
-        test_disconnect_early(port, &b, "/late_cb");
-        test_head_stream(port, &b);
-        test_defer(port, &b);
-        test_slow_client(port, &b);
-        test_garbage(port);
-        test_concurrent(port);
+        RUN(test_routing, port);
+        RUN(test_host, port);
+        RUN(test_twice, port, &b);
+        RUN(test_access_log, port);
+        RUN(test_keepalive_connection, port);
+        RUN(test_json, port);
+        RUN(test_body_limit, port);
+        RUN(test_sse100, port, &b);
+        RUN(test_ndjson, port, &b);
+        RUN(test_curl, port, &b);
+        RUN(test_sse_keepalive, port, &b);
+        RUN(test_disconnect_mid_stream, port, &b);
+        RUN(test_disconnect_early, port, &b, "/idle");
+        RUN(test_disconnect_early, port, &b, "/defer_wait");
+        RUN(test_disconnect_early, port, &b, "/late_cb");
+        RUN(test_head_stream, port, &b);
+        RUN(test_defer, port, &b);
+        RUN(test_slow_client, port, &b);
+        RUN(test_garbage, port);
+        RUN(test_concurrent, port);
         http_server_release(srv);
     }
-    test_auth_cors(&b);
-    test_allowed_hosts(&b);
-    test_ipv6(&b);
-    test_stop(&b);
+    RUN(test_auth_cors, &b);
+    RUN(test_allowed_hosts, &b);
+    RUN(test_ipv6, &b);
+    RUN(test_stop, &b);
     pthread_mutex_destroy(&b.mu);
     pthread_cond_destroy(&b.cond);
     return test_main_end();

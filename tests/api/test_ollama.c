@@ -18,7 +18,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
-#include "cli/cli.h" /* CAIRN_VERSION, to check /api/version against */
+#include "base/version.h" /* CAIRN_VERSION, to check /api/version against */
 #include "fake_gen.h"
 #include "rawhttp.h"
 #include "testutil.h"
@@ -678,8 +678,9 @@ static void test_parallel(uint16_t port)
     CHECK_EQ_INT(ok, 8);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    test_begin(argc, argv);
     log_set_level(LOG_ERROR);
     fake_gen_init(&F);
     snprintf(tmpdir, sizeof tmpdir, "/tmp/cairn-ollama-XXXXXX");
@@ -700,17 +701,17 @@ int main(void)
     CHECK(http_server_start(srv, err, sizeof err) == 0, "start: %s", err);
     uint16_t port = http_server_port(srv);
 
-    test_version(port);
-    test_tags_ps_show(port);
-    test_chat_mapping(port);
-    test_chat_stream(port);
-    test_tools(port);
-    test_generate(port);
-    test_errors(port);
+    RUN(test_version, port);
+    RUN(test_tags_ps_show, port);
+    RUN(test_chat_mapping, port);
+    RUN(test_chat_stream, port);
+    RUN(test_tools, port);
+    RUN(test_generate, port);
+    RUN(test_errors, port);
     int cancels = F.cancels;
     CHECK_EQ_INT(cancels, 0); /* no request that ran to its end was cancelled */
-    test_disconnects(port);
-    test_parallel(port);
+    RUN(test_disconnects, port);
+    RUN(test_parallel, port);
     CHECK_EQ_INT(F.cancels, cancels + 3);
     CHECK_EQ_INT(F.cancels_after_end, 0);
 

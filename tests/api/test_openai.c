@@ -1005,22 +1005,23 @@ static void test_models(struct fixture *fx)
     rh_free(&r);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    test_begin(argc, argv);
     signal(SIGPIPE, SIG_IGN);
     struct fixture fx;
     if (fixture_start(&fx, 0)) {
-        test_params_mapping(&fx);
-        test_nonstream(&fx);
-        test_stream(&fx);
-        test_tool_calls(&fx);
-        test_bad_requests(&fx);
-        test_backend_errors(&fx);
-        test_disconnect(&fx);
-        test_models(&fx);
+        RUN(test_params_mapping, &fx);
+        RUN(test_nonstream, &fx);
+        RUN(test_stream, &fx);
+        RUN(test_tool_calls, &fx);
+        RUN(test_bad_requests, &fx);
+        RUN(test_backend_errors, &fx);
+        RUN(test_disconnect, &fx);
+        RUN(test_models, &fx);
         fixture_stop(&fx);
     }
-    test_stop_cancels();
-    test_too_slow();
+    RUN(test_stop_cancels);
+    RUN(test_too_slow);
     return test_main_end();
 }

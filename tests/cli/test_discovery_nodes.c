@@ -730,22 +730,20 @@ static bool make_network(void)
     return true;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    test_begin(argc, argv);
     if (geteuid() != 0) {
-        printf("skipped: needs root to create network namespaces\n");
-        return test_main_end();
+        return test_skip("needs root to create network namespaces");
     }
     const char *ver[] = {"ip", "-V", NULL};
     if (run(ver, false) != 0) {
-        printf("skipped: no usable `ip` (iproute2)\n");
-        return test_main_end();
+        return test_skip("no usable `ip` (iproute2)");
     }
     ssize_t hl = readlink("/proc/self/ns/net", home_ns, sizeof home_ns - 1);
     home_fd = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
     if (hl <= 0 || home_fd < 0) {
-        printf("skipped: cannot read /proc/self/ns/net\n");
-        return test_main_end();
+        return test_skip("cannot read /proc/self/ns/net");
     }
     home_ns[hl] = 0;
     int pid = (int)getpid();
@@ -769,8 +767,7 @@ int main(void)
     int wfd = -1;
     pid_t janitor = start_janitor(&wfd);
     if (janitor < 0) {
-        printf("skipped: cannot fork the janitor that deletes the namespaces\n");
-        return test_main_end();
+        return test_skip("cannot fork the janitor that deletes the namespaces");
     }
     bool net = make_network();
     char master[80] = "";
@@ -826,7 +823,7 @@ int main(void)
         if (code != 0)
             print_log_tail(i);
     }
-    test_plain();
+    RUN(test_plain);
     goto out;
 
 fail:
@@ -853,5 +850,7 @@ out:
         printf("kept %s\n", dir);
     else
         run((const char *[]){"rm", "-rf", dir, NULL}, false);
+    if (!net && !test_failed)
+        return TEST_SKIPPED; /* make_network said why */
     return test_main_end();
 }

@@ -1,4 +1,4 @@
-/* Model files between nodes (cluster/download.h, api/routes_files.h).
+/* Model files between nodes (node/download.h, api/routes_files.h).
  *
  * In this process: the real HTTP server with GET|HEAD /files/models/<id> over a
  * folder of files, spoken to over a socket: whole file, one range (206 and its
@@ -41,8 +41,8 @@
 #include "api/routes_files.h"
 #include "base/err.h"
 #include "base/log.h"
-#include "cluster/catalog.h"
-#include "cluster/download.h"
+#include "node/catalog.h"
+#include "node/download.h"
 
 #define SECRET "download-secret"
 #define FILE_BYTES ((1 << 20) + 333)
@@ -601,8 +601,9 @@ out:
             CHECK(wait_exit(nodes[i].pid, 20) == 0, "node %d did not exit cleanly on SIGTERM", i);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    test_begin(argc, argv);
     signal(SIGPIPE, SIG_IGN);
     log_set_level(LOG_WARN);
     snprintf(dir, sizeof dir, "/tmp/cairn-test-dlnodes-%d", (int)getpid());
@@ -617,8 +618,8 @@ int main(void)
     crypto_hash_sha256(h, data, FILE_BYTES);
     sodium_bin2hex(data_sha, sizeof data_sha, h, sizeof h);
 
-    test_inprocess();
-    test_two_nodes();
+    RUN(test_inprocess);
+    RUN(test_two_nodes);
 
     free(data);
     char cmd[400];

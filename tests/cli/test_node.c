@@ -14,8 +14,8 @@
  * this process (PR_SET_PDEATHSIG), and the temp dir is removed at the end. */
 #include "testutil.h"
 
-#include "cluster/link.h"
-#include "cluster/node.h"
+#include "net/link.h"
+#include "node/node.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -750,8 +750,9 @@ static void test_forged_output(void)
     p->pid = 0;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    test_begin(argc, argv);
     static char out[1 << 20];
     char body[2048], path[512], master[80];
     unsetenv("CAIRN_CLUSTER_SECRET"); /* each node is given its secret, or none */
@@ -765,8 +766,8 @@ int main(void)
                      CAIRN_BINARY, vocab, dir, dir);
     CHECK(rc == 0, "mkmodel failed (%d), see %s/mkmodel.log", rc, dir);
 
-    test_api_key_cors();
-    test_forged_output();
+    RUN(test_api_key_cors);
+    RUN(test_forged_output);
 
     /* Three nodes join through node 0. */
     double t0 = now_s();

@@ -639,17 +639,18 @@ static void test_observer(uint64_t seed, int steps)
     kv_release(b);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    test_config();
-    test_fill_and_rollback(DT_F16);
-    test_fill_and_rollback(DT_F32);
-    test_fork_cow();
-    test_full();
-    test_random(DT_F16, 1, 20000);
-    test_random(DT_F32, 2, 20000);
-    test_random(DT_F16, 3, 20000);
-    test_observer(4, 5000);
-    test_observer(5, 5000);
+    test_begin(argc, argv);
+    RUN(test_config);
+    RUN(test_fill_and_rollback, DT_F16);
+    RUN(test_fill_and_rollback, DT_F32);
+    RUN(test_fork_cow);
+    RUN(test_full);
+    RUN(test_random, DT_F16, 1, 20000);
+    RUN(test_random, DT_F32, 2, 20000);
+    RUN(test_random, DT_F16, 3, 20000);
+    RUN(test_observer, 4, 5000);
+    RUN(test_observer, 5, 5000);
     return test_main_end();
 }

@@ -705,14 +705,15 @@ static void test_big_vocab(void)
     sample_release(s);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    test_defaults_and_errors();
-    test_greedy();
-    test_determinism();
-    test_distributions();
-    test_penalties_and_bias();
-    test_against_reference();
-    test_big_vocab();
+    test_begin(argc, argv);
+    RUN(test_defaults_and_errors);
+    RUN(test_greedy);
+    RUN(test_determinism);
+    RUN(test_distributions);
+    RUN(test_penalties_and_bias);
+    RUN(test_against_reference);
+    RUN(test_big_vocab);
     return test_main_end();
 }

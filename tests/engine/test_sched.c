@@ -1201,24 +1201,25 @@ static void test_lanes(const struct fixture *fx)
     }
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    test_begin(argc, argv);
     struct fixture fx;
     if (fixture_open(&fx)) {
         CHECK(0, "cannot build the test model");
         return test_main_end();
     }
-    test_config(&fx);
-    test_batch_equals_alone(&fx, false);
-    test_batch_equals_alone(&fx, true);
-    test_preemption(&fx);
-    test_prefix_reuse(&fx);
-    test_n_seqs(&fx);
-    test_stop_cancel_limits(&fx);
-    test_chunked_prefill(&fx);
-    test_logprobs(&fx);
-    test_ends(&fx);
-    test_lanes(&fx);
+    RUN(test_config, &fx);
+    RUN(test_batch_equals_alone, &fx, false);
+    RUN(test_batch_equals_alone, &fx, true);
+    RUN(test_preemption, &fx);
+    RUN(test_prefix_reuse, &fx);
+    RUN(test_n_seqs, &fx);
+    RUN(test_stop_cancel_limits, &fx);
+    RUN(test_chunked_prefill, &fx);
+    RUN(test_logprobs, &fx);
+    RUN(test_ends, &fx);
+    RUN(test_lanes, &fx);
     fixture_close(&fx);
     return test_main_end();
 }

@@ -1260,9 +1260,10 @@ static void timed(const char *name, void (*fn)(const struct fixture *), const st
     printf("  [%s: %.1f s]\n", name, clock_sec() - t0);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    test_sample_dist();
+    test_begin(argc, argv);
+    RUN(test_sample_dist);
     struct fixture fx;
     if (fixture_open(&fx)) {
         CHECK(0, "cannot build the test models");

@@ -43,8 +43,9 @@ static void test_exp_accuracy(const struct vec_ops *ref)
     CHECK(worst_silu <= 3.6e-7, "silu: worst relative error %.3g over [-40, 40]", worst_silu);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    test_begin(argc, argv);
     const struct vec_ops *ref = vec_ops_ref();
     const char *names[] = {"avx2", "avx512"};
     uint64_t seed = 42;
@@ -111,6 +112,6 @@ int main(void)
         }
         CHECK(bad == 0, "%s: %d of 3200 results differ from the reference in bits", names[v], bad);
     }
-    test_exp_accuracy(ref);
+    RUN(test_exp_accuracy, ref);
     return test_main_end();
 }

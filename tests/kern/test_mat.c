@@ -293,10 +293,11 @@ static void bench(void)
     bench_type(DT_Q4_K, 16384, 8192, true, &rng);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    test_errors();
-    test_bitwise();
+    test_begin(argc, argv);
+    RUN(test_errors);
+    RUN(test_bitwise);
     const char *b = getenv("CAIRN_KERN_BENCH");
     if (b && strcmp(b, "1") == 0)
         bench();

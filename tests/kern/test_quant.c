@@ -577,14 +577,15 @@ static void test_errors(void)
         CHECK_EQ_INT(kern_quantize_row(types[t], bad, q, 256), 0);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    test_f16();
-    test_bf16();
-    test_hand_blocks();
-    test_independent_decode();
-    test_q8_0_formula();
-    test_quantize_error();
-    test_errors();
+    test_begin(argc, argv);
+    RUN(test_f16);
+    RUN(test_bf16);
+    RUN(test_hand_blocks);
+    RUN(test_independent_decode);
+    RUN(test_q8_0_formula);
+    RUN(test_quantize_error);
+    RUN(test_errors);
     return test_main_end();
 }

@@ -463,13 +463,14 @@ static void test_zero_activations(void)
     }
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    test_act_row_bytes();
-    test_act_quantize();
-    test_lane_order();
-    test_zero_activations();
+    test_begin(argc, argv);
+    RUN(test_act_row_bytes);
+    RUN(test_act_quantize);
+    RUN(test_lane_order);
+    RUN(test_zero_activations);
     for (int t = 0; t < NTYPES; t++)
-        test_matmul_type(all_types[t]);
+        RUN(test_matmul_type, all_types[t]);
     return test_main_end();
 }

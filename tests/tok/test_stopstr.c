@@ -9,7 +9,7 @@
 #include "testutil.h"
 #include "tok/reasoning.h"
 #include "tok/stopstr.h"
-#include "tok/tmpl.h"
+#include "tmpl/tmpl.h"
 
 /* ---- stop strings ---- */
 
@@ -614,18 +614,19 @@ static void test_reasoning_rendered(void)
     }
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    test_strbuf();
-    test_stop_cases();
-    test_stop_utf8_pieces();
-    test_stop_random();
-    test_stop_bounds();
-    test_stop_errors();
-    test_reasoning_cases();
-    test_reasoning_random();
-    test_reasoning_state();
-    test_reasoning_detect();
-    test_reasoning_rendered();
+    test_begin(argc, argv);
+    RUN(test_strbuf);
+    RUN(test_stop_cases);
+    RUN(test_stop_utf8_pieces);
+    RUN(test_stop_random);
+    RUN(test_stop_bounds);
+    RUN(test_stop_errors);
+    RUN(test_reasoning_cases);
+    RUN(test_reasoning_random);
+    RUN(test_reasoning_state);
+    RUN(test_reasoning_detect);
+    RUN(test_reasoning_rendered);
     return test_main_end();
 }

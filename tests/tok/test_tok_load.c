@@ -267,17 +267,18 @@ static void test_refusals(void)
     free_vocab(&v);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    test_begin(argc, argv);
     log_set_level(LOG_ERROR); /* the files carry a bad padding id on purpose */
     snprintf(tmpdir, sizeof tmpdir, "/tmp/cairn_tok_XXXXXX");
     if (!mkdtemp(tmpdir)) {
         perror("mkdtemp");
         return 1;
     }
-    test_pre_tokenizers();
-    test_spm_synthetic();
-    test_refusals();
+    RUN(test_pre_tokenizers);
+    RUN(test_spm_synthetic);
+    RUN(test_refusals);
     static const char *const names[] = {"bpe.gguf", "spm.gguf", "bad.gguf"};
     for (size_t i = 0; i < 3; i++) {
         char p[512];

@@ -298,17 +298,18 @@ static void test_threads(const char *name)
     tok_release(t);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    test_round_trips("llama-bpe", 11);
-    test_round_trips("qwen2", 12);
-    test_round_trips("gpt-2", 13);
-    test_round_trips("llama-spm", 14);
-    test_long("llama-bpe");
-    test_long("qwen2");
-    test_long("gpt-2");
-    test_long("llama-spm");
-    test_threads("qwen2");
-    test_threads("llama-spm");
+    test_begin(argc, argv);
+    RUN(test_round_trips, "llama-bpe", 11);
+    RUN(test_round_trips, "qwen2", 12);
+    RUN(test_round_trips, "gpt-2", 13);
+    RUN(test_round_trips, "llama-spm", 14);
+    RUN(test_long, "llama-bpe");
+    RUN(test_long, "qwen2");
+    RUN(test_long, "gpt-2");
+    RUN(test_long, "llama-spm");
+    RUN(test_threads, "qwen2");
+    RUN(test_threads, "llama-spm");
     return test_main_end();
 }

@@ -264,13 +264,14 @@ static void test_stream(const char *name, uint64_t seed)
     tok_release(t);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    test_qwen2();
-    test_llama_bpe();
-    test_spm();
-    test_stream("llama-spm", 1);
-    test_stream("gpt-2", 2);
-    test_stream("qwen2", 3);
+    test_begin(argc, argv);
+    RUN(test_qwen2);
+    RUN(test_llama_bpe);
+    RUN(test_spm);
+    RUN(test_stream, "llama-spm", 1);
+    RUN(test_stream, "gpt-2", 2);
+    RUN(test_stream, "qwen2", 3);
     return test_main_end();
 }

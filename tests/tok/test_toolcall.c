@@ -10,7 +10,7 @@
 
 #include "base/err.h"
 #include "testutil.h"
-#include "tok/tmpl.h"
+#include "tmpl/tmpl.h"
 #include "tok/toolcall.h"
 
 #define SEED 0x1234abcdull
@@ -558,17 +558,18 @@ static void test_roundtrip(void)
     CHECK(tried >= 8, "only %d templates with a tool call format", tried);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    test_hermes();
-    test_llama3();
-    test_mistral();
-    test_none();
-    test_streaming();
-    test_max_held();
-    test_ids();
-    test_many_markers();
-    test_detect();
-    test_roundtrip();
+    test_begin(argc, argv);
+    RUN(test_hermes);
+    RUN(test_llama3);
+    RUN(test_mistral);
+    RUN(test_none);
+    RUN(test_streaming);
+    RUN(test_max_held);
+    RUN(test_ids);
+    RUN(test_many_markers);
+    RUN(test_detect);
+    RUN(test_roundtrip);
     return test_main_end();
 }

@@ -1,0 +1,238 @@
+/* TextGeneration task parameters (textgen.h). */
+#include "proto/textgen.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+
+void textgen_params_init(struct textgen_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->add_generation_prompt = true;
+    p->n = 1;
+    p->reasoning = true;
+    p->num_draft_tokens = -1;
+    p->sampling = runner_sampling_defaults();
+}
+
+void textgen_params_clear(struct textgen_params *p)
+{
+    if (!p)
+        return;
+    json_decref(p->messages);
+    json_decref(p->tools);
+    json_decref(p->template_kwargs);
+    free(p->prompt);
+    for (int i = 0; i < p->n_stop; i++)
+        free(p->stop[i]);
+    free(p->bias);
+    memset(p, 0, sizeof *p);
+}
+
+static bool put(json_t *o, const char *key, json_t *v) { return v && json_object_set_new(o, key, v) == 0; }
+
+json_t *textgen_params_to_json(const struct textgen_params *p)
+{
+    json_t *o = json_object();
+    json_t *stop = json_array(), *bias = json_object();
+    bool ok = o && stop && bias && put(o, "model", json_string(p->model)) &&
+              put(o, "add_generation_prompt", json_boolean(p->add_generation_prompt)) &&
+              put(o, "max_tokens", json_integer(p->max_tokens)) && put(o, "n", json_integer(p->n)) &&
+              put(o, "logprobs", json_boolean(p->logprobs)) && put(o, "top_logprobs", json_integer(p->top_logprobs)) &&
+              put(o, "sampling", runner_sampling_to_json(&p->sampling)) &&
+              put(o, "ignore_eos", json_boolean(p->ignore_eos)) && put(o, "reasoning", json_boolean(p->reasoning)) &&
+              put(o, "num_draft_tokens", json_integer(p->num_draft_tokens)) &&
+              put(o, "prompt_lookup", json_boolean(p->prompt_lookup));
+    if (ok && p->messages)
+        ok = json_object_set(o, "messages", p->messages) == 0;
+    if (ok && p->prompt)
+        ok = put(o, "prompt", json_string(p->prompt));
+    if (ok && p->tools)
+        ok = json_object_set(o, "tools", p->tools) == 0;
+    if (ok && p->template_kwargs)
+        ok = json_object_set(o, "template_kwargs", p->template_kwargs) == 0;
+    for (int i = 0; ok && i < p->n_stop; i++)
+        ok = json_array_append_new(stop, json_string(p->stop[i])) == 0;
+    for (int i = 0; ok && i < p->n_bias; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "%d", (int)p->bias[i].token);
+        ok = put(bias, key, json_real(p->bias[i].bias));
+    }
+    ok = ok && json_object_set(o, "stop", stop) == 0 && json_object_set(o, "logit_bias", bias) == 0;
+    json_decref(stop);
+    json_decref(bias);
+    if (!ok) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+static int opt_bool(const json_t *j, const char *key, bool *dst, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(j, key);
+    if (!v)
+        return 0;
+    if (!json_is_boolean(v))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: not a boolean", key);
+    *dst = json_is_true(v);
+    return 0;
+}
+
+static int opt_int(const json_t *j, const char *key, int64_t lo, int64_t hi, int64_t *dst, char *err,
+                   size_t errlen)
+{
+    json_t *v = json_object_get(j, key);
+    if (!v)
+        return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: not an integer in [%lld, %lld]", key, (long long)lo,
+                          (long long)hi);
+    *dst = json_integer_value(v);
+    return 0;
+}
+
+static const char *const roles[] = {"system", "user", "assistant", "tool"};
+
+static int check_messages(const json_t *msgs, char *err, size_t errlen)
+{
+    size_t n = json_array_size(msgs);
+    if (n == 0 || n > TEXTGEN_MAX_MESSAGES)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "messages: %zu messages, expected 1..%d", n,
+                          TEXTGEN_MAX_MESSAGES);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *m = json_array_get(msgs, i);
+        if (!json_is_object(m))
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "messages[%zu]: not an object", i);
+        const char *role = json_string_value(json_object_get(m, "role"));
+        bool known = false;
+        for (size_t k = 0; role && k < sizeof roles / sizeof roles[0]; k++)
+            known |= !strcmp(role, roles[k]);
+        if (!known)
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "messages[%zu].role: expected system, user, assistant or tool", i);
+        const json_t *c = json_object_get(m, "content");
+        if (c && !json_is_string(c) && !json_is_null(c))
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "messages[%zu].content: not text", i);
+        const json_t *tc = json_object_get(m, "tool_calls");
+        if (tc && !json_is_array(tc) && !json_is_null(tc))
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "messages[%zu].tool_calls: not an array", i);
+    }
+    return 0;
+}
+
+static int read_stop(const json_t *j, struct textgen_params *p, char *err, size_t errlen)
+{
+    const json_t *stop = json_object_get(j, "stop");
+    if (!stop || json_is_null(stop))
+        return 0;
+    if (!json_is_array(stop) || json_array_size(stop) > TEXTGEN_MAX_STOP)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "stop: expected an array of at most %d strings",
+                          TEXTGEN_MAX_STOP);
+    for (size_t i = 0; i < json_array_size(stop); i++) {
+        const json_t *s = json_array_get(stop, i);
+        size_t len = json_string_length(s);
+        if (!json_is_string(s) || len < 1 || len > TEXTGEN_MAX_STOP_BYTES)
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "stop[%zu]: expected text of 1..%d bytes", i,
+                              TEXTGEN_MAX_STOP_BYTES);
+        if (!(p->stop[p->n_stop] = strdup(json_string_value(s))))
+            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+        p->n_stop++;
+    }
+    return 0;
+}
+
+static int read_bias(const json_t *j, struct textgen_params *p, char *err, size_t errlen)
+{
+    const json_t *bias = json_object_get(j, "logit_bias");
+    if (!bias || json_is_null(bias))
+        return 0;
+    if (!json_is_object(bias) || json_object_size(bias) > TEXTGEN_MAX_BIAS)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "logit_bias: expected an object of at most %d entries",
+                          TEXTGEN_MAX_BIAS);
+    if (json_object_size(bias) && !(p->bias = calloc(json_object_size(bias), sizeof *p->bias)))
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)bias, key, v) {
+        char *end;
+        errno = 0;
+        long id = strtol(key, &end, 10);
+        if (!*key || *end || errno || id < 0 || id > INT32_MAX)
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "logit_bias: '%.32s' is not a token id", key);
+        if (!json_is_number(v) || !isfinite(json_number_value(v)))
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "logit_bias.%.32s: not a number", key);
+        p->bias[p->n_bias].token = (int32_t)id;
+        p->bias[p->n_bias].bias = (float)json_number_value(v);
+        p->n_bias++;
+    }
+    return 0;
+}
+
+static int read_params(const json_t *j, struct textgen_params *p, char *err, size_t errlen)
+{
+    if (!json_is_object(j))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "params: not an object");
+    int rc = ids_json_model(j, "params", "model", false, p->model, err, errlen);
+    if (rc)
+        return rc;
+    const json_t *msgs = json_object_get(j, "messages"), *prompt = json_object_get(j, "prompt");
+    if (msgs && json_is_null(msgs))
+        msgs = NULL;
+    if (prompt && json_is_null(prompt))
+        prompt = NULL;
+    if (!msgs == !prompt)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "params: exactly one of messages and prompt is needed");
+    if (msgs) {
+        if (!json_is_array(msgs))
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "messages: not an array");
+        if ((rc = check_messages(msgs, err, errlen)))
+            return rc;
+        p->messages = json_incref((json_t *)msgs);
+    } else {
+        if (!json_is_string(prompt))
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "prompt: not text");
+        if (!(p->prompt = strdup(json_string_value(prompt))))
+            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    }
+    const json_t *tools = json_object_get(j, "tools"), *kw = json_object_get(j, "template_kwargs");
+    if (tools && !json_is_null(tools)) {
+        if (!json_is_array(tools))
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "tools: not an array");
+        p->tools = json_incref((json_t *)tools);
+    }
+    if (kw && !json_is_null(kw)) {
+        if (!json_is_object(kw))
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "template_kwargs: not an object");
+        p->template_kwargs = json_incref((json_t *)kw);
+    }
+    int64_t n = p->n, top = p->top_logprobs, k = p->num_draft_tokens;
+    if ((rc = opt_bool(j, "add_generation_prompt", &p->add_generation_prompt, err, errlen)) ||
+        (rc = opt_int(j, "max_tokens", 0, RUNNER_MAX_GENERATE, &p->max_tokens, err, errlen)) ||
+        (rc = opt_int(j, "n", 1, TEXTGEN_MAX_N, &n, err, errlen)) ||
+        (rc = opt_bool(j, "logprobs", &p->logprobs, err, errlen)) ||
+        (rc = opt_int(j, "top_logprobs", 0, TEXTGEN_MAX_TOP_LOGPROBS, &top, err, errlen)) ||
+        (rc = opt_bool(j, "ignore_eos", &p->ignore_eos, err, errlen)) ||
+        (rc = opt_bool(j, "reasoning", &p->reasoning, err, errlen)) ||
+        (rc = opt_int(j, "num_draft_tokens", -1, TEXTGEN_MAX_DRAFT, &k, err, errlen)) ||
+        (rc = opt_bool(j, "prompt_lookup", &p->prompt_lookup, err, errlen)) ||
+        (rc = runner_sampling_from_json(json_object_get(j, "sampling"), "sampling", &p->sampling, err, errlen)) ||
+        (rc = read_stop(j, p, err, errlen)) || (rc = read_bias(j, p, err, errlen)))
+        return rc;
+    p->n = (int)n;
+    p->top_logprobs = (int)top;
+    p->num_draft_tokens = (int)k;
+    return 0;
+}
+
+int textgen_params_from_json(const json_t *j, struct textgen_params *out, char *err, size_t errlen)
+{
+    textgen_params_init(out);
+    int rc = read_params(j, out, err, errlen);
+    if (rc)
+        textgen_params_clear(out);
+    return rc;
+}

@@ -1,0 +1,84 @@
+/* A TextGeneration task's parameters: what an API front-end (OpenAI, Ollama, Anthropic)
+ * asks for, in one common form. The API node builds them, they travel in the
+ * TaskCreated event's "params" and in the task message to the runner, and the runner
+ * renders the chat template, tokenizes, generates and post-processes the text (stop
+ * strings, reasoning, tool calls) by them.
+ *
+ * JSON (every member optional but model and one of messages/prompt):
+ *   {"model": id, "messages": [message] | "prompt": text, "tools": [tool] | null,
+ *    "template_kwargs": object | null, "add_generation_prompt": bool (true),
+ *    "max_tokens": n (0: until the context is full), "stop": [text] (at most
+ *    TEXTGEN_MAX_STOP, each 1..TEXTGEN_MAX_STOP_BYTES bytes), "n": 1..TEXTGEN_MAX_N,
+ *    "logprobs": bool, "top_logprobs": 0..TEXTGEN_MAX_TOP_LOGPROBS,
+ *    "sampling": {runner_sampling members}, "logit_bias": {"<token id>": bias},
+ *    "ignore_eos": bool, "reasoning": bool (true: think-tag text goes apart),
+ *    "num_draft_tokens": -1 (the instance's)..TEXTGEN_MAX_DRAFT, "prompt_lookup": bool
+ *    (speculative drafts copied from the context instead of a draft model)}
+ * Messages are in OpenAI's shape: {"role": "system"|"user"|"assistant"|"tool",
+ * "content": text|null, "tool_calls": [{"id", "type": "function", "function":
+ * {"name", "arguments": JSON text or object}}], "tool_call_id", "name"}; content parts
+ * are flattened to text by the front-end. Tools: [{"type": "function", "function":
+ * {"name", "description", "parameters"}}]. */
+#ifndef CAIRN_PROTO_TEXTGEN_H
+#define CAIRN_PROTO_TEXTGEN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "proto/ids.h"
+#include "proto/runner_proto.h"
+
+#define TEXTGEN_MAX_STOP 16
+#define TEXTGEN_MAX_STOP_BYTES 1024
+#define TEXTGEN_MAX_N 16
+#define TEXTGEN_MAX_TOP_LOGPROBS 20
+#define TEXTGEN_MAX_BIAS 1024
+#define TEXTGEN_MAX_MESSAGES 4096
+#define TEXTGEN_MAX_DRAFT 16
+
+struct textgen_bias {
+    int32_t token;
+    float bias; /* finite; -100 or less bans the token */
+};
+
+struct textgen_params {
+    char model[IDS_MODEL_MAX + 1];
+    json_t *messages;        /* owned array, or NULL with prompt */
+    char *prompt;            /* malloc'd raw prompt (no template), or NULL with messages */
+    json_t *tools;           /* owned array or NULL */
+    json_t *template_kwargs; /* owned object or NULL */
+    bool add_generation_prompt;
+    int64_t max_tokens;      /* 0: until end of generation or a full context */
+    char *stop[TEXTGEN_MAX_STOP]; /* malloc'd */
+    int n_stop;
+    int n;                   /* sequences (choices) */
+    bool logprobs;
+    int top_logprobs;
+    struct runner_sampling sampling;
+    struct textgen_bias *bias; /* malloc'd, n_bias entries */
+    int n_bias;
+    bool ignore_eos;
+    bool reasoning;
+    int num_draft_tokens; /* -1: the instance's; 0: no speculation for this request */
+    bool prompt_lookup;
+};
+
+/* Zeroes p and sets the defaults: add_generation_prompt, n 1, reasoning,
+ * runner_sampling_defaults(), num_draft_tokens -1. */
+void textgen_params_init(struct textgen_params *p);
+
+/* Frees what p owns and zeroes it; accepts a zeroed one. */
+void textgen_params_clear(struct textgen_params *p);
+
+/* New JSON object of p; NULL when out of memory. */
+json_t *textgen_params_to_json(const struct textgen_params *p);
+
+/* Checks every member of j and fills *out (textgen_params_init first; cleared again on
+ * failure). CAIRN_EFORMAT naming the member ("stop[2]: ..."), CAIRN_ENOMEM. */
+int textgen_params_from_json(const json_t *j, struct textgen_params *out, char *err,
+                             size_t errlen);
+
+#endif

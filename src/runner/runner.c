@@ -1,0 +1,1090 @@
+/* cairn runner: one model instance's shard on this node, started by the node's
+ * supervisor (node/supervisor.h) and speaking proto/runner_proto.h on fd 3. It
+ * reports Idle -> Connecting -> Loading -> WarmingUp -> Ready, runs TextGeneration tasks
+ * through the continuous-batching scheduler (engine/sched.h; Running while any runs,
+ * Ready when idle): token tasks stream token ids back, text tasks (params) are rendered
+ * with the model's chat template and stream text (runner_text.h). It exits when the node
+ * asks (ShuttingDown -> Shutdown), when the node is gone (EOF on fd 4 or on the socket),
+ * or after reporting Failed.
+ *
+ * A pipelined instance's runner (world_size > 1) holds one layer range: it listens for
+ * the data plane at start (its port in every status), loads and warms up, then reports
+ * Connecting until the node says where its next rank is ("peers"), connects both ways
+ * (runner_link.h) and reports Ready. Rank 0 runs the scheduler as above, its forward
+ * pass going through every rank (runner/pipeline.h); the other ranks only serve the
+ * stage. A link that ends fails the runner (its requests end with the error). */
+#include "base/clock.h"
+#include "base/err.h"
+#include "base/mem.h"
+#include "base/args.h"
+#include "runner/runner.h"
+#include "runner/runner_link.h"
+#include "runner/runner_text.h"
+#include "runner/pipeline.h"
+#include "proto/runner_proto.h"
+#include "proto/textgen.h"
+#include "gguf/vocab.h"
+#include "proto/status.h"
+#include "engine/engine.h"
+#include "engine/kv.h"
+#include "engine/sample.h"
+#include "engine/sched.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
+#include "tmpl/chat.h"
+#include "tok/reasoning.h"
+#include "tok/tok.h"
+#include "tok/toolcall.h"
+
+_Static_assert(DP_ID_MAX == RUNNER_IDENTITY_MAX, "the data plane carries the identity the node gives");
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define WARMUP_TOKENS 4
+#define CONNECT_MS 60000 /* a pipelined runner's data-plane links must be up this soon after "peers" */
+#define MAX_TASKS 1024 /* tasks held at once (queued in the scheduler or running) */
+
+/* A task being generated. */
+struct rtask {
+    char id[IDS_ID_MAX + 1];
+    uint64_t sched_id;
+    bool text;                 /* params task: text out; else token ids out */
+    int n_seqs, n_done;
+    int64_t generated;
+    enum runner_finish finish; /* of the whole task, from its sequences */
+    char *error;
+    struct text_seq *seqs[TEXTGEN_MAX_N];
+    char *stops[TEXTGEN_MAX_STOP]; /* for stop_sequence in seq_done */
+    int n_stops;
+    int64_t admitted_ns, first_token_ns[TEXTGEN_MAX_N]; /* for seq_done's prompt_ms, predicted_ms */
+};
+
+struct runner {
+    struct runner_config cfg;
+    int sock;
+    struct runner_lines in;
+    int64_t last_sent; /* ns */
+    struct model *m;
+    struct engine *e;
+    struct kv_cache *kv;
+    struct sched *sched;
+    struct model *draft_m; /* speculative decoding's draft, or NULL */
+    struct engine *draft_e;
+    struct kv_cache *draft_kv;
+    char draft_path[RUNNER_PATH_MAX];
+    struct tok *tk;
+    struct chat *chat;
+    struct reasoning_info think;  /* of the chat template */
+    enum toolcall_format tools;   /* of the chat template */
+    int64_t ctx;
+    int max_batch;
+    float *out;        /* WARMUP_TOKENS * max(n_vocab, n_embd) floats */
+    int32_t *seqs;     /* max_batch zeros */
+    int64_t *pos;      /* max_batch */
+    struct rtask *tasks[MAX_TASKS];
+    int n_tasks;
+    uint64_t next_sched_id;
+    bool busy, shutdown;
+    /* pipelined (cfg.world_size > 1) */
+    struct runner_link link;
+    struct pipeline *pipe;
+    struct runner_peers peers;
+    bool have_peers;
+};
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: cairn runner --config JSON|-   (as cairn node starts it; '-' reads the JSON from stdin)\n"
+            "       cairn runner -m MODEL.gguf [--layers B:E] [--ctx N] [--slots N] [-t THREADS]\n"
+            "                    [--heartbeat-ms N] [--instance ID] [--runner ID] [--sock-fd N] [--node-fd N]\n"
+            "Speaks JSON lines on the socket at --sock-fd (3) and exits when --node-fd (4; -1: none)\n"
+            "reaches end of file. See src/proto/runner_proto.h for the messages.\n");
+}
+
+/* The node is gone: nothing is left to report to, so leave at once. */
+static void node_gone(void)
+{
+    static const char msg[] = "cairn runner: the node is gone; exiting\n";
+    ssize_t w = write(2, msg, sizeof msg - 1);
+    (void)w;
+    _exit(0);
+}
+
+static void *watch_node(void *arg)
+{
+    int fd = (int)(intptr_t)arg;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int n = poll(&p, 1, -1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 || (p.revents & (POLLHUP | POLLERR | POLLNVAL)))
+            node_gone();
+        char b[64];
+        ssize_t got = read(fd, b, sizeof b);
+        if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN))
+            node_gone();
+    }
+    return NULL;
+}
+
+static void send_msg(struct runner *r, const struct runner_msg *m)
+{
+    int rc = runner_msg_send(r->sock, m);
+    if (rc == CAIRN_EIO)
+        node_gone();
+    if (rc)
+        fprintf(stderr, "cairn runner: cannot encode a '%s' message\n", runner_msg_type_name(m->type));
+    r->last_sent = clock_ns();
+}
+
+static void send_status(struct runner *r, enum cluster_runner_status st, const char *error)
+{
+    struct runner_msg m = {.type = RUNNER_MSG_STATUS, .status = st, .error = (char *)error,
+                           .data_port = runner_link_port(&r->link)};
+    send_msg(r, &m);
+}
+
+static void send_done(struct runner *r, const char *task_id, enum runner_finish finish, int64_t n, const char *error)
+{
+    struct runner_msg m = {.type = RUNNER_MSG_DONE, .finish = finish, .n_generated = n, .error = (char *)error};
+    snprintf(m.task_id, sizeof m.task_id, "%s", task_id);
+    send_msg(r, &m);
+}
+
+/* The scheduler's figures, carried by start and seq_done messages to the node whose API
+ * holds the request (its /metrics). */
+static void add_sched_stats(struct runner *r, json_t *body)
+{
+    struct sched_stats st;
+    sched_get_stats(r->sched, &st);
+    json_object_set_new(body, "stats",
+                        json_pack("{s:i, s:i, s:i, s:I, s:I, s:I}", "running", st.running, "queued", st.queued, "slots",
+                                  r->cfg.slots, "kv_blocks_used", (json_int_t)st.kv_blocks_used, "kv_blocks_total",
+                                  (json_int_t)st.kv_blocks_total, "preemptions", (json_int_t)st.preemptions));
+    if (r->pipe) { /* rank 0 of a pipeline: how its steps went around the ring */
+        struct pipeline_stats ps;
+        pipeline_get_stats(r->pipe, &ps);
+        json_t *o = json_object_get(body, "stats");
+        json_object_set_new(o, "pipeline_steps", json_integer((json_int_t)ps.steps));
+        json_object_set_new(o, "pipeline_compute_us", json_integer(ps.compute_us));
+        json_object_set_new(o, "pipeline_wait_us", json_integer(ps.wait_us));
+        json_object_set_new(o, "pipeline_bytes", json_integer((json_int_t)(ps.bytes_sent + ps.bytes_received)));
+        /* What came back per wanted row: a token sampled on the last rank, or logits. */
+        json_object_set_new(o, "pipeline_result_bytes", json_integer((json_int_t)ps.result_bytes));
+        json_object_set_new(o, "pipeline_rows_sampled", json_integer((json_int_t)ps.rows_sampled));
+        json_object_set_new(o, "pipeline_rows_logits", json_integer((json_int_t)ps.rows_logits));
+    }
+}
+
+/* A start, output or seq_done message with body's members; takes body. */
+static void send_body(struct runner *r, enum runner_msg_type type, const char *task_id, json_t *body)
+{
+    if (!body) {
+        fprintf(stderr, "cairn runner: out of memory; a message of task %s is lost\n", task_id);
+        return;
+    }
+    if (type != RUNNER_MSG_OUTPUT && r->sched && !json_object_get(body, "error"))
+        add_sched_stats(r, body);
+    struct runner_msg m = {.type = type, .body = body};
+    snprintf(m.task_id, sizeof m.task_id, "%s", task_id);
+    send_msg(r, &m);
+    json_decref(body);
+}
+
+/* A text task refused before it started: start with the error and its HTTP status, then
+ * done. */
+static void refuse_text(struct runner *r, const char *task_id, int status, const char *error)
+{
+    send_body(r, RUNNER_MSG_START, task_id, json_pack("{s:s, s:i}", "error", error, "status", status));
+    send_done(r, task_id, RUNNER_FINISH_ERROR, 0, error);
+}
+
+static void heartbeat_if_due(struct runner *r)
+{
+    if (clock_ns() - r->last_sent >= (int64_t)r->cfg.heartbeat_ms * 1000000) {
+        struct runner_msg m = {.type = RUNNER_MSG_HEARTBEAT};
+        send_msg(r, &m);
+    }
+}
+
+/* ---- tasks ---- */
+
+static struct rtask *task_by_sched(struct runner *r, uint64_t id, int *at)
+{
+    for (int i = 0; i < r->n_tasks; i++)
+        if (r->tasks[i]->sched_id == id) {
+            if (at)
+                *at = i;
+            return r->tasks[i];
+        }
+    return NULL;
+}
+
+static struct rtask *task_by_id(struct runner *r, const char *id)
+{
+    for (int i = 0; i < r->n_tasks; i++)
+        if (!strcmp(r->tasks[i]->id, id))
+            return r->tasks[i];
+    return NULL;
+}
+
+static void task_free(struct rtask *t)
+{
+    if (!t)
+        return;
+    for (int i = 0; i < TEXTGEN_MAX_N; i++)
+        text_seq_release(t->seqs[i]);
+    for (int i = 0; i < t->n_stops; i++)
+        free(t->stops[i]);
+    free(t->error);
+    free(t);
+}
+
+static void task_drop(struct runner *r, int at)
+{
+    task_free(r->tasks[at]);
+    r->tasks[at] = r->tasks[--r->n_tasks];
+}
+
+/* Sends what a sequence's text made ready. */
+static void flush_text(struct runner *r, struct rtask *t, int seq)
+{
+    const char *content, *reasoning;
+    json_t *logprobs;
+    if (!text_seq_take(t->seqs[seq], &content, &reasoning, &logprobs))
+        return;
+    json_t *body = json_pack("{s:i, s:s, s:s}", "seq", seq, "content", content, "reasoning", reasoning);
+    if (body && logprobs)
+        json_object_set(body, "logprobs", logprobs);
+    json_decref(logprobs);
+    send_body(r, RUNNER_MSG_OUTPUT, t->id, body);
+}
+
+static int on_token(void *ctx, uint64_t id, int seq, int64_t index, const struct sched_token *tok)
+{
+    struct runner *r = ctx;
+    struct rtask *t = task_by_sched(r, id, NULL);
+    if (!t)
+        return 1;
+    t->generated++;
+    if (seq >= 0 && seq < TEXTGEN_MAX_N && !t->first_token_ns[seq])
+        t->first_token_ns[seq] = clock_ns();
+    if (!t->text) {
+        struct runner_msg m = {.type = RUNNER_MSG_TOKEN, .token = tok->token, .index = index};
+        snprintf(m.task_id, sizeof m.task_id, "%s", t->id);
+        send_msg(r, &m);
+        return 0;
+    }
+    int rc = text_seq_token(t->seqs[seq], tok);
+    flush_text(r, t, seq);
+    if (rc < 0) {
+        fprintf(stderr, "cairn runner: task %s: out of memory in its text\n", t->id);
+        return 1;
+    }
+    return rc;
+}
+
+/* A text task got its slots: start, with the prompt tokens its prefix reuse saved. */
+static void on_admitted(void *ctx, uint64_t id, const struct sched_usage *u)
+{
+    struct runner *r = ctx;
+    struct rtask *t = task_by_sched(r, id, NULL);
+    if (t && !t->admitted_ns)
+        t->admitted_ns = clock_ns();
+    if (t && t->text)
+        send_body(r, RUNNER_MSG_START, t->id,
+                  json_pack("{s:I, s:I}", "prompt_tokens", (json_int_t)u->prompt_tokens, "cached_tokens",
+                            (json_int_t)u->cached_tokens));
+}
+
+static const char *seq_finish_name(enum sched_finish why, bool tool_calls)
+{
+    switch (why) {
+    case SCHED_FINISH_STOP:
+    case SCHED_FINISH_STOPPED:
+        return tool_calls ? "tool_calls" : "stop";
+    case SCHED_FINISH_LENGTH:
+        return tool_calls ? "tool_calls" : "length";
+    case SCHED_FINISH_CANCELLED:
+        return "cancelled";
+    default:
+        return "error";
+    }
+}
+
+/* The task's finish from its sequences': an error wins, then cancelled, then length. */
+static void merge_finish(struct rtask *t, enum sched_finish why, const char *error)
+{
+    enum runner_finish f = why == SCHED_FINISH_ERROR       ? RUNNER_FINISH_ERROR
+                           : why == SCHED_FINISH_CANCELLED ? RUNNER_FINISH_CANCELLED
+                           : why == SCHED_FINISH_LENGTH    ? RUNNER_FINISH_LENGTH
+                                                           : RUNNER_FINISH_STOP;
+    static const int rank[RUNNER_FINISH_COUNT] = {[RUNNER_FINISH_STOP] = 0, [RUNNER_FINISH_LENGTH] = 1,
+                                                  [RUNNER_FINISH_CANCELLED] = 2, [RUNNER_FINISH_ERROR] = 3};
+    if (t->n_done == 0 || rank[f] > rank[t->finish])
+        t->finish = f;
+    if (error && !t->error)
+        t->error = strdup(error);
+}
+
+static void on_done(void *ctx, uint64_t id, int seq, enum sched_finish why, const struct sched_usage *u,
+                    const char *error)
+{
+    struct runner *r = ctx;
+    int at;
+    struct rtask *t = task_by_sched(r, id, &at);
+    if (!t)
+        return;
+    merge_finish(t, why, error);
+    if (t->text) {
+        json_t *calls = NULL;
+        if (text_seq_finish(t->seqs[seq], &calls))
+            fprintf(stderr, "cairn runner: task %s: out of memory finishing its text\n", t->id);
+        flush_text(r, t, seq);
+        int matched = text_seq_stop_matched(t->seqs[seq]);
+        json_t *body = json_pack("{s:i, s:s, s:s?, s:I, s:I, s:I, s:i, s:i}", "seq", seq, "finish",
+                                 seq_finish_name(why, calls != NULL), "stop_sequence",
+                                 matched >= 0 && matched < t->n_stops ? t->stops[matched] : NULL,
+                                 "completion_tokens", (json_int_t)u->generated_tokens, "prompt_tokens",
+                                 (json_int_t)u->prompt_tokens, "cached_tokens", (json_int_t)u->cached_tokens,
+                                 "draft_tokens", (int)u->draft_tokens, "accepted_draft_tokens",
+                                 (int)u->accepted_draft_tokens);
+        int64_t first = seq < TEXTGEN_MAX_N ? t->first_token_ns[seq] : 0;
+        if (body && first && t->admitted_ns) {
+            json_object_set_new(body, "prompt_ms", json_real((double)(first - t->admitted_ns) / 1e6));
+            json_object_set_new(body, "predicted_ms", json_real((double)(clock_ns() - first) / 1e6));
+        }
+        if (body)
+            json_object_set_new(body, "tool_calls", calls ? calls : json_null());
+        else
+            json_decref(calls);
+        send_body(r, RUNNER_MSG_SEQ_DONE, t->id, body);
+    }
+    if (++t->n_done < t->n_seqs)
+        return;
+    send_done(r, t->id, t->finish, t->generated, t->finish == RUNNER_FINISH_ERROR ? t->error : NULL);
+    task_drop(r, at);
+}
+
+static struct sample_params sampling_of(const struct runner_sampling *s)
+{
+    struct sample_params sp = sample_defaults();
+    sp.temperature = s->temperature;
+    sp.top_k = s->top_k;
+    sp.top_p = s->top_p;
+    sp.min_p = s->min_p;
+    sp.repeat_penalty = s->repeat_penalty;
+    sp.presence_penalty = s->presence_penalty;
+    sp.frequency_penalty = s->frequency_penalty;
+    sp.penalty_last_n = s->penalty_last_n;
+    sp.seed = s->seed;
+    return sp;
+}
+
+/* Adds t to the table and the scheduler; on failure t is freed and err says why. Returns
+ * 0 or the CAIRN_E* code. */
+static int start_task(struct runner *r, struct rtask *t, struct sched_request *rq, char *err, size_t errlen)
+{
+    if (r->n_tasks == MAX_TASKS) {
+        task_free(t);
+        return cairn_fail(err, errlen, CAIRN_EFULL, "the runner holds %d tasks", MAX_TASKS);
+    }
+    t->sched_id = rq->id = ++r->next_sched_id;
+    r->tasks[r->n_tasks++] = t;
+    int rc = sched_submit(r->sched, rq, err, errlen);
+    if (rc)
+        task_drop(r, r->n_tasks - 1);
+    return rc;
+}
+
+static bool pipeline_refused(struct runner *r, char *err, size_t errlen)
+{
+    const struct model *m = r->m;
+    if (r->sched)
+        return false;
+    snprintf(err, errlen, "this runner holds layers [%d, %d) of %d and is not its pipeline's first rank: "
+             "tasks go to rank 0", m->layer_begin, m->layer_end, m->hp.n_layers);
+    return true;
+}
+
+static void token_task(struct runner *r, struct runner_task *tt)
+{
+    char err[512];
+    if (pipeline_refused(r, err, sizeof err)) {
+        send_done(r, tt->task_id, RUNNER_FINISH_ERROR, 0, err);
+        return;
+    }
+    struct rtask *t = calloc(1, sizeof *t);
+    if (!t) {
+        send_done(r, tt->task_id, RUNNER_FINISH_ERROR, 0, "out of memory");
+        return;
+    }
+    snprintf(t->id, sizeof t->id, "%s", tt->task_id);
+    t->n_seqs = 1;
+    struct sched_request rq = {.prompt = tt->tokens, .n_prompt = tt->n_tokens, .max_tokens = tt->max_tokens,
+                               .n_seqs = 1, .sample = sampling_of(&tt->sampling), .ignore_eos = tt->ignore_eos};
+    if (start_task(r, t, &rq, err, sizeof err)) {
+        fprintf(stderr, "cairn runner: task %s: %s\n", tt->task_id, err);
+        send_done(r, tt->task_id, RUNNER_FINISH_ERROR, 0, err);
+    }
+}
+
+/* Messages as the template sees them: tool call arguments given as JSON text become
+ * objects (templates write them with tojson). */
+static json_t *template_messages(const json_t *messages)
+{
+    json_t *msgs = json_deep_copy(messages);
+    size_t i, k;
+    json_t *m, *call;
+    json_array_foreach(msgs, i, m) {
+        json_array_foreach(json_object_get(m, "tool_calls"), k, call) {
+            json_t *fn = json_object_get(call, "function");
+            const char *args = json_string_value(json_object_get(fn, "arguments"));
+            json_t *obj = args ? json_loads(args, 0, NULL) : NULL;
+            if (obj)
+                json_object_set_new(fn, "arguments", obj);
+        }
+    }
+    return msgs;
+}
+
+/* The prompt of p as token ids (*ids malloc'd) and, for chat, the rendered text's state
+ * of reasoning (*opens_think). Returns 0 or an HTTP status with err. */
+static int prompt_of(struct runner *r, const struct textgen_params *p, int32_t **ids, int64_t *n, bool *opens_think,
+                     char *err, size_t errlen)
+{
+    char *text = NULL;
+    size_t len = 0;
+    *opens_think = false;
+    if (p->messages) {
+        json_t *vars = p->template_kwargs ? json_deep_copy(p->template_kwargs) : json_object();
+        json_t *msgs = template_messages(p->messages);
+        if (!vars || !msgs || json_object_set_new(vars, "messages", msgs) ||
+            (p->tools && json_object_set(vars, "tools", p->tools))) {
+            json_decref(vars);
+            snprintf(err, errlen, "out of memory");
+            return 500;
+        }
+        int rc = chat_render(r->chat, vars, p->add_generation_prompt, &text, &len, err, errlen);
+        json_decref(vars);
+        if (rc)
+            return rc == CAIRN_EINVAL ? 400 : 500;
+        *opens_think = reasoning_prompt_open(text, len, r->think.open, r->think.close);
+    }
+    const char *src = text ? text : p->prompt;
+    int rc = chat_tokenize(r->chat, src, text ? len : strlen(p->prompt), ids, n, err, errlen);
+    free(text);
+    if (rc)
+        return rc == CAIRN_ERANGE ? 413 : 500;
+    if (*n < 1) {
+        snprintf(err, errlen, "the prompt is empty");
+        return 400;
+    }
+    if (*n >= r->ctx) {
+        snprintf(err, errlen, "the prompt has %lld tokens; the context holds %lld", (long long)*n, (long long)r->ctx);
+        return 413;
+    }
+    return 0;
+}
+
+static void text_task(struct runner *r, struct runner_task *tt)
+{
+    char err[1024];
+    struct textgen_params p;
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    bool opens_think = false;
+    int status = 0;
+    struct rtask *t = NULL;
+    if (pipeline_refused(r, err, sizeof err)) {
+        status = 501;
+        goto refuse_noparams;
+    }
+    if (!r->chat) {
+        snprintf(err, sizeof err, "this model has no tokenizer: only token tasks can run");
+        status = 501;
+        goto refuse_noparams;
+    }
+    if (textgen_params_from_json(tt->params, &p, err, sizeof err)) {
+        status = 400;
+        goto refuse_noparams;
+    }
+    if ((status = prompt_of(r, &p, &ids, &n, &opens_think, err, sizeof err)))
+        goto refuse;
+    if (!(t = calloc(1, sizeof *t))) {
+        snprintf(err, sizeof err, "out of memory");
+        status = 500;
+        goto refuse;
+    }
+    snprintf(t->id, sizeof t->id, "%s", tt->task_id);
+    t->text = true;
+    t->n_seqs = p.n;
+    for (int i = 0; i < p.n_stop; i++)
+        if ((t->stops[t->n_stops] = strdup(p.stop[i])))
+            t->n_stops++;
+    struct text_seq_opts to = {.tok = r->tk, .stops = (const char *const *)p.stop, .n_stops = (size_t)p.n_stop,
+                               .reasoning = p.reasoning && r->think.uses_tags,
+                               .reasoning_opts = {.open = r->think.open, .close = r->think.close,
+                                                  .start_in_reasoning = opens_think},
+                               .tools = json_array_size(p.tools) ? r->tools : TOOLCALL_NONE,
+                               .id_seed = p.sampling.seed ^ (uint64_t)clock_ns(), .logprobs = p.logprobs};
+    for (int i = 0; i < p.n; i++) {
+        to.id_seed += 0x9e3779b97f4a7c15ull; /* each choice its own tool call ids */
+        if (text_seq_create(&t->seqs[i], &to, err, sizeof err)) {
+            status = 400;
+            goto refuse;
+        }
+    }
+    struct logit_bias bias[TEXTGEN_MAX_BIAS];
+    for (int i = 0; i < p.n_bias; i++)
+        bias[i] = (struct logit_bias){.token = p.bias[i].token, .bias = p.bias[i].bias};
+    struct sched_request rq = {.prompt = ids, .n_prompt = n, .n_seqs = p.n, .sample = sampling_of(&p.sampling),
+                               .ignore_eos = p.ignore_eos, .logprobs = p.logprobs,
+                               .top_logprobs = p.logprobs ? p.top_logprobs : 0};
+    rq.sample.bias = bias;
+    rq.sample.n_bias = p.n_bias;
+    rq.num_draft_tokens = p.num_draft_tokens;
+    rq.lookup_ngram = p.prompt_lookup ? 3 : 0; /* n-grams of 3 down to 1, as llama.cpp's lookup */
+    rq.max_tokens = p.max_tokens > 0 && p.max_tokens < r->ctx - n ? p.max_tokens : r->ctx - n;
+    int rc = start_task(r, t, &rq, err, sizeof err);
+    t = NULL; /* owned by the table, or freed */
+    if (rc) {
+        status = rc == CAIRN_EFULL ? 503 : rc == CAIRN_ERANGE ? 413 : rc == CAIRN_EINVAL ? 400 : 500;
+        goto refuse;
+    }
+    /* start follows when the scheduler admits it (on_admitted) */
+    free(ids);
+    textgen_params_clear(&p);
+    return;
+refuse:
+    textgen_params_clear(&p);
+refuse_noparams:
+    free(ids);
+    task_free(t);
+    fprintf(stderr, "cairn runner: task %s refused: %s\n", tt->task_id, err);
+    refuse_text(r, tt->task_id, status, err);
+}
+
+static void release_draft(struct model *m, struct engine *e, struct kv_cache *kv)
+{
+    kv_release(kv);
+    engine_release(e);
+    model_release(m);
+}
+
+/* Loads the draft at path (NULL or "": drops the draft) and hands it to the scheduler;
+ * requests keep running through the switch. On failure the previous draft stays. */
+static int set_draft(struct runner *r, const char *path, int k, char *err, size_t errlen)
+{
+    if (!r->sched)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "this runner does not generate (a pipeline stage)");
+    struct model *m = NULL;
+    struct engine *e = NULL;
+    struct kv_cache *kv = NULL;
+    int rc = 0;
+    if (k > SCHED_MAX_DRAFT)
+        k = SCHED_MAX_DRAFT;
+    if (path && path[0] && k > 0) {
+        struct model_load_opts lo = {.layer_begin = 0, .layer_end = -1};
+        struct engine_config ec = {.n_threads = r->cfg.threads, .max_batch = r->max_batch, .max_ctx = r->ctx};
+        if ((rc = model_load(&m, path, &lo, err, errlen)) || (rc = vocab_compatible(r->m->file, m->file, err, errlen)) ||
+            (rc = engine_create(&e, m, &ec, err, errlen)))
+            goto fail;
+        struct kv_config kc = engine_kv_config(m, r->ctx * RUNNER_KV_POOL_CTXS, 1, 16);
+        kc.max_seqs = r->cfg.slots;
+        if ((rc = kv_create(&kv, &kc, err, errlen)))
+            goto fail;
+    }
+    if ((rc = sched_set_draft(r->sched, e, kv, e ? k : 0, err, errlen)))
+        goto fail;
+    release_draft(r->draft_m, r->draft_e, r->draft_kv);
+    r->draft_m = m;
+    r->draft_e = e;
+    r->draft_kv = kv;
+    snprintf(r->draft_path, sizeof r->draft_path, "%s", e ? path : "");
+    fprintf(stderr, "cairn runner: draft %s (%d tokens)\n", e ? path : "dropped", k);
+    return 0;
+fail:
+    release_draft(m, e, kv);
+    return rc;
+}
+
+static void draft_message(struct runner *r, const json_t *body)
+{
+    const char *path = json_string_value(json_object_get(body, "model_path"));
+    json_t *kj = json_object_get(body, "num_draft_tokens");
+    int k = json_is_integer(kj) ? (int)json_integer_value(kj) : r->cfg.num_draft_tokens;
+    char err[1024];
+    if (set_draft(r, path, k, err, sizeof err))
+        fprintf(stderr, "cairn runner: draft %s refused: %s\n", path ? path : "(none)", err);
+}
+
+static void cancel_task(struct runner *r, const char *task_id)
+{
+    struct rtask *t = task_by_id(r, task_id);
+    if (t)
+        sched_cancel(r->sched, t->sched_id); /* its done callbacks end it */
+}
+
+static void handle(struct runner *r, struct runner_msg *m)
+{
+    switch (m->type) {
+    case RUNNER_MSG_TASK:
+        if (task_by_id(r, m->task.task_id)) {
+            send_done(r, m->task.task_id, RUNNER_FINISH_ERROR, 0, "a task with this id is running");
+            break;
+        }
+        if (m->task.params)
+            text_task(r, &m->task);
+        else
+            token_task(r, &m->task);
+        break;
+    case RUNNER_MSG_CANCEL:
+        cancel_task(r, m->task_id);
+        break;
+    case RUNNER_MSG_DRAFT:
+        draft_message(r, m->body);
+        break;
+    case RUNNER_MSG_SHUTDOWN:
+        r->shutdown = true;
+        break;
+    case RUNNER_MSG_PEERS:
+        if (r->cfg.world_size < 2 || r->link.next) {
+            fprintf(stderr, "cairn runner: ignored a 'peers' message (%s)\n",
+                    r->link.next ? "connected already" : "not pipelined");
+            break;
+        }
+        r->peers = m->peers;
+        r->have_peers = true;
+        break;
+    default:
+        fprintf(stderr, "cairn runner: ignored a '%s' message from the node\n", runner_msg_type_name(m->type));
+    }
+}
+
+/* Reads and handles what the node sent, waiting up to timeout_ms for something. */
+static void pump(struct runner *r, int timeout_ms)
+{
+    struct pollfd p = {.fd = r->sock, .events = POLLIN};
+    int n = poll(&p, 1, timeout_ms);
+    if (n <= 0)
+        return;
+    int rc = runner_lines_fill(&r->in, r->sock);
+    if (rc == RUNNER_LINES_AGAIN)
+        return;
+    if (rc == RUNNER_LINES_EOF || rc == CAIRN_EIO)
+        node_gone();
+    if (rc < 0) {
+        fprintf(stderr, "cairn runner: reading from the node: %s\n", cairn_strerror(rc));
+        node_gone();
+    }
+    const char *line;
+    size_t len;
+    int got;
+    while ((got = runner_lines_next(&r->in, &line, &len)) == 1) {
+        struct runner_msg m;
+        char err[256];
+        if (runner_msg_decode(line, len, &m, err, sizeof err))
+            fprintf(stderr, "cairn runner: bad message from the node: %s\n", err);
+        else
+            handle(r, &m);
+        runner_msg_clear(&m);
+    }
+    if (got < 0) {
+        fprintf(stderr, "cairn runner: a message line from the node is too long\n");
+        node_gone();
+    }
+}
+
+static int warm_up(struct runner *r, char *err, size_t errlen)
+{
+    int32_t toks[WARMUP_TOKENS];
+    int64_t pos[WARMUP_TOKENS];
+    int n = WARMUP_TOKENS < r->m->hp.n_vocab ? WARMUP_TOKENS : r->m->hp.n_vocab;
+    if (n > r->ctx)
+        n = (int)r->ctx;
+    for (int i = 0; i < n; i++) {
+        toks[i] = i;
+        pos[i] = i;
+    }
+    float *embd = NULL;
+    if (!r->m->first) {
+        embd = calloc((size_t)n * (size_t)r->m->hp.n_embd, sizeof *embd);
+        if (!embd)
+            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    }
+    struct batch b = {.n = n, .token = r->m->first ? toks : NULL, .embd = embd, .seq = r->seqs, .pos = pos};
+    int rc = engine_forward(r->e, r->kv, &b, r->out, err, errlen);
+    free(embd);
+    kv_seq_clear(r->kv, 0);
+    return rc;
+}
+
+/* Rank 0's target forward in two halves: a micro-batch into the pipeline, and the
+ * oldest one's logits back from the last rank. */
+static int pipe_submit(void *ctx, struct kv_cache *kv, const struct batch *b, char *err, size_t errlen)
+{
+    struct runner *r = ctx;
+    if (!r->pipe)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "the pipeline is not connected");
+    return pipeline_submit(r->pipe, kv, b, err, errlen);
+}
+
+/* The same in one call, when one micro-batch is in flight at a time. */
+static int pipe_forward(void *ctx, struct kv_cache *kv, const struct batch *b, float *logits, char *err,
+                        size_t errlen)
+{
+    struct runner *r = ctx;
+    if (!r->pipe)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "the pipeline is not connected");
+    return pipeline_forward(r->pipe, kv, b, logits, err, errlen);
+}
+
+static int pipe_collect(void *ctx, float *logits, char *err, size_t errlen)
+{
+    struct runner *r = ctx;
+    if (!r->pipe)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "the pipeline is not connected");
+    return pipeline_collect(r->pipe, logits, err, errlen);
+}
+
+/* What rank 0 needs back for each wanted row: the last rank samples what only needs a
+ * token, so a token instead of a row of logits crosses the network. */
+static int pipe_asks(void *ctx, const struct sched_ask *ask, int n, struct sched_token *answer, char *err,
+                     size_t errlen)
+{
+    struct runner *r = ctx;
+    if (!r->pipe)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "the pipeline is not connected");
+    return pipeline_asks(r->pipe, ask, n, answer, err, errlen);
+}
+
+/* Loads the slice and sizes every buffer; err says why not. */
+static int load(struct runner *r, char *err, size_t errlen)
+{
+    struct model_load_opts lo = {.layer_begin = r->cfg.layer_begin, .layer_end = r->cfg.layer_end};
+    int rc = model_load(&r->m, r->cfg.model_path, &lo, err, errlen);
+    if (rc)
+        return rc;
+    const struct model *m = r->m;
+    r->ctx = r->cfg.ctx ? r->cfg.ctx : (m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096);
+    r->max_batch = r->ctx < 512 ? (int)r->ctx : 512;
+    struct engine_config ec = {.n_threads = r->cfg.threads, .max_batch = r->max_batch, .max_ctx = r->ctx};
+    struct sched_config sc = {.slots = r->cfg.slots, .ctx = r->ctx, .cache_seqs = r->cfg.slots};
+    /* The KV pool holds RUNNER_KV_POOL_CTXS full contexts, shared by the slots; sequences
+     * past it are preempted (the master counts the same). */
+    struct kv_config kc = engine_kv_config(m, r->ctx * RUNNER_KV_POOL_CTXS, 1, 16);
+    kc.max_seqs = sched_kv_seqs(&sc);
+    int64_t avail = mem_available();
+    if (avail > 0 && kv_bytes_for(&kc) > (uint64_t)avail)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "a KV cache for %lld positions needs %.1f MiB, %.1f MiB available",
+                          (long long)(r->ctx * RUNNER_KV_POOL_CTXS), (double)kv_bytes_for(&kc) / (1 << 20),
+                          (double)avail / (1 << 20));
+    if ((rc = engine_create(&r->e, m, &ec, err, errlen)) || (rc = kv_create(&r->kv, &kc, err, errlen)))
+        return rc;
+    if (m->first) { /* the whole model, or a pipeline's rank 0: it schedules and samples */
+        if (r->cfg.world_size > 1) {
+            /* One micro-batch per stage: with enough sequences every rank computes at once.
+             * CAIRN_MICRO_BATCHES (1..SCHED_MAX_LANES) overrides it, for benchmarks. */
+            sc.lanes = r->cfg.world_size < SCHED_MAX_LANES ? r->cfg.world_size : SCHED_MAX_LANES;
+            const char *mb = getenv("CAIRN_MICRO_BATCHES");
+            if (mb && atoi(mb) >= 1 && atoi(mb) <= SCHED_MAX_LANES)
+                sc.lanes = atoi(mb);
+            sc.forward = pipe_forward;
+            sc.submit = pipe_submit;
+            sc.collect = pipe_collect;
+            sc.asks = pipe_asks;
+            sc.forward_ctx = r;
+        }
+        if (tok_load(&r->tk, m->file, err, errlen)) {
+            /* token tasks still work; text tasks are refused */
+            fprintf(stderr, "cairn runner: no tokenizer (%s): text tasks will be refused\n", err);
+            r->tk = NULL;
+        }
+        if (r->tk && (rc = chat_create(&r->chat, m->file, r->tk, err, errlen)))
+            return rc;
+        struct gguf_str tmpl = {0};
+        if (gguf_get_str(m->file, "tokenizer.chat_template", &tmpl) == 0 && tmpl.ptr) {
+            reasoning_detect(tmpl.ptr, (size_t)tmpl.len, &r->think);
+            r->tools = toolcall_detect(tmpl.ptr, (size_t)tmpl.len);
+        } else {
+            reasoning_detect("", 0, &r->think);
+        }
+        sc.tok = r->tk;
+        struct sched_callbacks cb = {.token = on_token, .done = on_done, .admitted = on_admitted, .ctx = r};
+        if ((rc = sched_create(&r->sched, r->e, r->kv, &sc, &cb, err, errlen)))
+            return rc;
+    }
+    size_t out_n = (size_t)m->hp.n_vocab > (size_t)m->hp.n_embd ? (size_t)m->hp.n_vocab : (size_t)m->hp.n_embd;
+    r->out = malloc(WARMUP_TOKENS * out_n * sizeof *r->out);
+    r->seqs = calloc((size_t)r->max_batch, sizeof *r->seqs);
+    if (!r->out || !r->seqs)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    return 0;
+}
+
+static void release(struct runner *r)
+{
+    pipeline_release(r->pipe); /* before the scheduler and the cache it observes */
+    r->pipe = NULL;
+    sched_release(r->sched); /* cancels what is left: done callbacks while the socket is open */
+    r->sched = NULL;
+    release_draft(r->draft_m, r->draft_e, r->draft_kv);
+    while (r->n_tasks)
+        task_drop(r, r->n_tasks - 1);
+    runner_link_close(&r->link, "the runner is stopping");
+    runner_lines_free(&r->in);
+    free(r->out);
+    free(r->seqs);
+    chat_release(r->chat);
+    tok_release(r->tk);
+    kv_release(r->kv);
+    engine_release(r->e);
+    model_release(r->m);
+}
+
+/* Runs until asked to shut down (0), or until a pipeline link ends (CAIRN_EIO, why
+ * says which and how; rank 0's requests have ended with the error by then). */
+static int serve(struct runner *r, char *why, size_t whylen)
+{
+    char err[512];
+    while (!r->shutdown) {
+        if (r->pipe && !r->sched) { /* a later stage: only the data plane's frames */
+            pump(r, 0);
+            int rc = pipeline_serve(r->pipe, 50, why, whylen);
+            if (rc < 0)
+                return rc;
+            heartbeat_if_due(r);
+            continue;
+        }
+        if (r->pipe && !pipeline_alive(r->pipe, why, whylen))
+            return CAIRN_EIO;
+        bool idle = !r->sched || sched_idle(r->sched);
+        if (idle == r->busy) { /* Running while anything runs, Ready when idle */
+            r->busy = !idle;
+            send_status(r, r->busy ? CLUSTER_RUNNER_RUNNING : CLUSTER_RUNNER_READY, NULL);
+        }
+        if (idle) {
+            int64_t left_ms = r->cfg.heartbeat_ms - (clock_ns() - r->last_sent) / 1000000;
+            if (r->pipe && left_ms > 100)
+                left_ms = 100; /* notice a dead link while idle */
+            pump(r, left_ms > 0 ? (int)left_ms : 0);
+        } else {
+            pump(r, 0);
+            if (!r->shutdown && sched_step(r->sched, err, sizeof err) < 0) {
+                fprintf(stderr, "cairn runner: a step failed: %s\n", err);
+                if (r->pipe) {
+                    snprintf(why, whylen, "%s", err);
+                    return CAIRN_EIO;
+                }
+            }
+        }
+        heartbeat_if_due(r);
+    }
+    return 0;
+}
+
+/* While connecting: heartbeats and the node's messages; nonzero to give up. */
+static int connect_tick(void *ctx)
+{
+    struct runner *r = ctx;
+    pump(r, 0);
+    heartbeat_if_due(r);
+    return r->shutdown;
+}
+
+/* A pipelined runner after warm-up: waits for "peers", then links both ways. */
+static int connect_pipeline(struct runner *r, char *err, size_t errlen)
+{
+    send_status(r, CLUSTER_RUNNER_CONNECTING, NULL);
+    while (!r->have_peers && !r->shutdown) {
+        pump(r, 100);
+        heartbeat_if_due(r);
+    }
+    if (r->shutdown)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "asked to stop");
+    int rc = runner_link_connect(&r->link, &r->cfg, &r->peers, CONNECT_MS, connect_tick, r, err, errlen);
+    if (rc)
+        return rc;
+    struct pipeline_config pc = {.rank = r->cfg.rank, .world_size = r->cfg.world_size, .e = r->e, .kv = r->kv,
+                                 .next = r->link.next, .prev = r->link.prev};
+    if ((rc = pipeline_create(&r->pipe, &pc, err, errlen)))
+        return rc;
+    fprintf(stderr, "cairn runner: rank %d of %d linked: next rank %d at %s, previous rank %d from %s\n",
+            r->cfg.rank, r->cfg.world_size, dp_peer_rank(r->link.next), dp_peer_addr(r->link.next),
+            dp_peer_rank(r->link.prev), dp_peer_addr(r->link.prev));
+    return 0;
+}
+
+static char *read_stdin(void)
+{
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t got = fread(buf + len, 1, cap - len, stdin);
+        len += got;
+        if (got == 0)
+            break;
+        if (len == cap) {
+            char *p = cap < ((size_t)1 << 20) ? realloc(buf, cap * 2) : NULL;
+            if (!p) {
+                free(buf);
+                return NULL;
+            }
+            buf = p;
+            cap *= 2;
+        }
+    }
+    if (buf)
+        buf[len < cap ? len : cap - 1] = 0;
+    return buf;
+}
+
+int runner_main(int argc, char **argv)
+{
+    struct args a = {argc, argv, 1, "runner", false};
+    struct runner r = {0};
+    runner_config_defaults(&r.cfg);
+    snprintf(r.cfg.instance_id, sizeof r.cfg.instance_id, "local");
+    snprintf(r.cfg.runner_id, sizeof r.cfg.runner_id, "local");
+    const char *v, *layers = NULL;
+    int64_t sock_fd = RUNNER_FD_SOCK, node_fd = RUNNER_FD_NODE;
+    char err[1024];
+    for (; a.i < argc && !a.bad; a.i++) {
+        if (args_opt(&a, "--config", &v)) {
+            char *text = !strcmp(v, "-") ? read_stdin() : NULL;
+            const char *json = !strcmp(v, "-") ? text : v;
+            if (!json || runner_config_parse(json, strlen(json), &r.cfg, err, sizeof err)) {
+                fprintf(stderr, "cairn runner: --config: %s\n", json ? err : "cannot read stdin");
+                free(text);
+                return 2;
+            }
+            free(text);
+        } else if (args_opt(&a, "-m|--model", &v)) {
+            snprintf(r.cfg.model_path, sizeof r.cfg.model_path, "%s", v);
+        } else if (args_opt(&a, "--layers", &v)) {
+            layers = v;
+        } else if (args_opt(&a, "--ctx", &v)) {
+            r.cfg.ctx = args_int(&a, "--ctx", v, 1, 1 << 24);
+        } else if (args_opt(&a, "--slots", &v)) {
+            r.cfg.slots = (int)args_int(&a, "--slots", v, 1, 256);
+        } else if (args_opt(&a, "-t|--threads", &v)) {
+            r.cfg.threads = (int)args_int(&a, "--threads", v, 1, 512);
+        } else if (args_opt(&a, "--heartbeat-ms", &v)) {
+            r.cfg.heartbeat_ms = (int)args_int(&a, "--heartbeat-ms", v, 10, 600000);
+        } else if (args_opt(&a, "--instance", &v)) {
+            snprintf(r.cfg.instance_id, sizeof r.cfg.instance_id, "%s", v);
+        } else if (args_opt(&a, "--runner", &v)) {
+            snprintf(r.cfg.runner_id, sizeof r.cfg.runner_id, "%s", v);
+        } else if (args_opt(&a, "--sock-fd", &v)) {
+            sock_fd = args_int(&a, "--sock-fd", v, 0, 1 << 20);
+        } else if (args_opt(&a, "--node-fd", &v)) {
+            node_fd = args_int(&a, "--node-fd", v, -1, 1 << 20);
+        } else if (args_opt(&a, "-h|--help", NULL)) {
+            usage();
+            return 0;
+        } else {
+            fprintf(stderr, "cairn runner: unknown option '%s'\n", argv[a.i]);
+            usage();
+            return 2;
+        }
+    }
+    if (a.bad)
+        return 2;
+    if (layers) {
+        int b, e, used = 0;
+        if (sscanf(layers, "%d:%d%n", &b, &e, &used) != 2 || layers[used] || b < 0 || e <= b) {
+            fprintf(stderr, "cairn runner: --layers wants BEGIN:END with 0 <= BEGIN < END\n");
+            return 2;
+        }
+        r.cfg.layer_begin = b;
+        r.cfg.layer_end = e;
+    }
+    if (!r.cfg.model_path[0] || !ids_valid_id(r.cfg.instance_id) || !ids_valid_id(r.cfg.runner_id)) {
+        fprintf(stderr, "cairn runner: a model path (--config or -m) and valid ids are required\n");
+        usage();
+        return 2;
+    }
+    r.sock = (int)sock_fd;
+    if (fcntl(r.sock, F_GETFD) < 0) {
+        fprintf(stderr, "cairn runner: no socket on fd %d (cairn node starts runners)\n", r.sock);
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    if (node_fd >= 0) {
+        if (fcntl((int)node_fd, F_GETFD) < 0) {
+            fprintf(stderr, "cairn runner: no node pipe on fd %d\n", (int)node_fd);
+            return 2;
+        }
+        pthread_t th;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&at, 64 * 1024);
+        int e = pthread_create(&th, &at, watch_node, (void *)(intptr_t)node_fd);
+        pthread_attr_destroy(&at);
+        if (e) {
+            fprintf(stderr, "cairn runner: cannot watch the node: %s\n", strerror(e));
+            return 1;
+        }
+    }
+
+    bool piped = r.cfg.world_size > 1;
+    int rc = piped ? runner_link_listen(&r.link, r.cfg.data_bind, err, sizeof err) : 0;
+    send_status(&r, CLUSTER_RUNNER_IDLE, NULL);
+    if (!piped)
+        send_status(&r, CLUSTER_RUNNER_CONNECTING, NULL); /* one runner per instance: no peers to reach */
+    if (!rc) {
+        send_status(&r, CLUSTER_RUNNER_LOADING, NULL);
+        rc = load(&r, err, sizeof err);
+    }
+    if (!rc) {
+        send_status(&r, CLUSTER_RUNNER_WARMING_UP, NULL);
+        rc = warm_up(&r, err, sizeof err);
+    }
+    if (!rc && piped)
+        rc = connect_pipeline(&r, err, sizeof err);
+    if (rc && r.shutdown) { /* asked to stop before it was ready */
+        send_status(&r, CLUSTER_RUNNER_SHUTTING_DOWN, NULL);
+        release(&r);
+        send_status(&r, CLUSTER_RUNNER_SHUTDOWN, NULL);
+        return 0;
+    }
+    if (rc) {
+        fprintf(stderr, "cairn runner: %s: %s\n", r.cfg.model_path, err);
+        char why[RUNNER_PATH_MAX + 1100];
+        snprintf(why, sizeof why, "%s: %s", r.cfg.model_path, err);
+        send_status(&r, CLUSTER_RUNNER_FAILED, why);
+        release(&r);
+        return 1;
+    }
+    if (r.cfg.draft_model_path[0] && r.cfg.num_draft_tokens > 0 &&
+        set_draft(&r, r.cfg.draft_model_path, r.cfg.num_draft_tokens, err, sizeof err))
+        fprintf(stderr, "cairn runner: serving without the draft %s: %s\n", r.cfg.draft_model_path, err);
+    send_status(&r, CLUSTER_RUNNER_READY, NULL);
+    if ((rc = serve(&r, err, sizeof err))) {
+        fprintf(stderr, "cairn runner: the pipeline broke: %s\n", err);
+        char why[1100];
+        snprintf(why, sizeof why, "pipeline rank %d of %d: %s", r.cfg.rank, r.cfg.world_size, err);
+        send_status(&r, CLUSTER_RUNNER_FAILED, why);
+        pipeline_release(r.pipe);
+        r.pipe = NULL;
+        runner_link_close(&r.link, why); /* the other ranks learn why */
+        release(&r);
+        return 1;
+    }
+    send_status(&r, CLUSTER_RUNNER_SHUTTING_DOWN, NULL);
+    release(&r);
+    send_status(&r, CLUSTER_RUNNER_SHUTDOWN, NULL);
+    return 0;
+}

@@ -1,0 +1,79 @@
+/* TextGeneration params: JSON round trip and refusal of bad members, naming them. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "proto/textgen.h"
+#include "testutil.h"
+
+static int parse(const char *text, struct textgen_params *p, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *j = json_loads(text, 0, &je);
+    if (!j)
+        return -1000;
+    int rc = textgen_params_from_json(j, p, err, errlen);
+    json_decref(j);
+    return rc;
+}
+
+static void test_round_trip(void)
+{
+    struct textgen_params p;
+    char err[256];
+    int rc = parse("{\"model\":\"m1\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":7,"
+                   "\"stop\":[\"a\",\"bc\"],\"n\":2,\"logprobs\":true,\"top_logprobs\":3,"
+                   "\"sampling\":{\"temperature\":0.5,\"seed\":9},\"logit_bias\":{\"12\":-100,\"5\":2.5},"
+                   "\"template_kwargs\":{\"enable_thinking\":false},\"reasoning\":false}",
+                   &p, err, sizeof err);
+    CHECK(rc == 0, "parse: %s", err);
+    CHECK(!strcmp(p.model, "m1") && p.max_tokens == 7 && p.n_stop == 2 && !strcmp(p.stop[1], "bc"), "fields");
+    CHECK(p.n == 2 && p.logprobs && p.top_logprobs == 3 && !p.reasoning && p.add_generation_prompt, "flags");
+    CHECK(p.sampling.temperature == 0.5f && p.sampling.seed == 9 && p.sampling.top_k == 40, "sampling");
+    CHECK(p.n_bias == 2, "bias entries %d", p.n_bias);
+    json_t *j = textgen_params_to_json(&p);
+    struct textgen_params q;
+    CHECK(j && textgen_params_from_json(j, &q, err, sizeof err) == 0, "re-read: %s", err);
+    json_t *k = textgen_params_to_json(&q);
+    CHECK(json_equal(j, k), "round trip differs");
+    json_decref(j);
+    json_decref(k);
+    textgen_params_clear(&q);
+    textgen_params_clear(&p);
+}
+
+static void test_refusals(void)
+{
+    static const struct {
+        const char *json, *field;
+    } cases[] = {
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "model"},
+        {"{\"model\":\"m\"}", "exactly one"},
+        {"{\"model\":\"m\",\"prompt\":\"a\",\"messages\":[]}", "exactly one"},
+        {"{\"model\":\"m\",\"messages\":[]}", "messages"},
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"robot\",\"content\":\"x\"}]}", "messages[0].role"},
+        {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":3}]}", "messages[0].content"},
+        {"{\"model\":\"m\",\"prompt\":\"a\",\"n\":17}", "n:"},
+        {"{\"model\":\"m\",\"prompt\":\"a\",\"max_tokens\":-1}", "max_tokens"},
+        {"{\"model\":\"m\",\"prompt\":\"a\",\"stop\":[\"\"]}", "stop[0]"},
+        {"{\"model\":\"m\",\"prompt\":\"a\",\"logit_bias\":{\"x\":1}}", "logit_bias"},
+        {"{\"model\":\"m\",\"prompt\":\"a\",\"sampling\":{\"top_p\":0}}", "sampling.top_p"},
+        {"{\"model\":\"m\",\"prompt\":\"a\",\"top_logprobs\":21}", "top_logprobs"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct textgen_params p;
+        char err[256] = "";
+        int rc = parse(cases[i].json, &p, err, sizeof err);
+        CHECK(rc == CAIRN_EFORMAT && strstr(err, cases[i].field), "case %zu: rc %d, '%s' lacks '%s'", i, rc, err,
+              cases[i].field);
+        CHECK(p.messages == NULL && p.prompt == NULL && p.n_stop == 0, "case %zu: not cleared", i);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    test_begin(argc, argv);
+    RUN(test_round_trip);
+    RUN(test_refusals);
+    return test_main_end();
+}
