@@ -16,6 +16,7 @@
 #include "ctl/command.h"
 #include "proto/ids.h"
 #include "gguf/gguf.h"
+#include "node/taskbody.h"
 
 /* ---- figures for /metrics ---- */
 
@@ -466,6 +467,8 @@ static int op_submit(void *self, struct textgen_params *p, gen_event_fn fn, void
     int status = 0;
     struct command c;
     command_init(&c, COMMAND_TEXT_GENERATION);
+    char *body = NULL;
+    size_t body_len = 0;
     struct req *r = calloc(1, sizeof *r);
     if (!r) {
         snprintf(err, errlen, "out of memory");
@@ -487,10 +490,18 @@ static int op_submit(void *self, struct textgen_params *p, gen_event_fn fn, void
     r->ctx = ctx;
     r->n_seqs = p->n;
     r->submitted_ns = clock_ns();
-    c.text_generation.params = textgen_params_to_json(p);
-    if (!c.text_generation.params) {
+    json_t *params = textgen_params_to_json(p);
+    if (!params) {
         snprintf(err, errlen, "out of memory");
         status = 500;
+        goto out;
+    }
+    /* The body goes straight to the node of the first rank, never through the master's
+     * log (node/taskbody.h); the command carries its size only. */
+    int brc = taskbody_encode(r->task_id, params, &body, &body_len, &c.text_generation.bytes, err, errlen);
+    json_decref(params);
+    if (brc) {
+        status = brc == CAIRN_ERANGE ? 413 : 500;
         goto out;
     }
     snprintf(c.text_generation.task_id, sizeof c.text_generation.task_id, "%s", r->task_id);
@@ -527,7 +538,12 @@ static int op_submit(void *self, struct textgen_params *p, gen_event_fn fn, void
     pthread_mutex_unlock(&g->mu);
 
     struct command_result res;
-    int rc = node_command(g->node, &c, GEN_NODE_COMMAND_MS, &res);
+    int rc = node_send_task_body(g->node, r->runs_on, body, body_len);
+    if (rc)
+        snprintf(res.message, sizeof res.message, "the request cannot be sent to node %s: %s", r->runs_on,
+                 cairn_strerror(rc));
+    else
+        rc = node_command(g->node, &c, GEN_NODE_COMMAND_MS, &res);
     if (rc) {
         pthread_mutex_lock(&g->mu);
         size_t at;
@@ -548,6 +564,7 @@ ok:
     r = NULL;
 out:
     free(r);
+    free(body);
     command_clear(&c);
     textgen_params_clear(p);
     return status;

@@ -191,9 +191,7 @@ static int task_created(struct cluster_state *s, const struct event *e, char *er
     memcpy(t.instance_id, e->task_created.instance_id, sizeof t.instance_id);
     memcpy(t.node_id, e->task_created.node_id, sizeof t.node_id);
     t.status = CLUSTER_TASK_PENDING;
-    t.params = e->task_created.params ? json_deep_copy(e->task_created.params) : json_object();
-    if (!t.params)
-        return oom("TaskCreated", err, errlen);
+    t.bytes = e->task_created.bytes;
     if (cluster_state_put_task(s, &t)) {
         cluster_task_clear(&t);
         return oom("TaskCreated", err, errlen);

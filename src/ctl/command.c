@@ -25,8 +25,6 @@ void command_clear(struct command *c)
 {
     if (c->kind == COMMAND_CREATE_INSTANCE)
         cluster_instance_clear(&c->create_instance);
-    if (c->kind == COMMAND_TEXT_GENERATION)
-        json_decref(c->text_generation.params);
     memset(c, 0, sizeof *c);
 }
 
@@ -67,10 +65,10 @@ json_t *command_to_jsonv(const struct command *c)
              put(o, "num_draft_tokens", json_integer(c->set_draft_model.num_draft_tokens));
         break;
     case COMMAND_TEXT_GENERATION:
-        ok = ok && c->text_generation.params && put(o, "task_id", json_string(c->text_generation.task_id)) &&
+        ok = ok && put(o, "task_id", json_string(c->text_generation.task_id)) &&
              put(o, "instance_id", json_string(c->text_generation.instance_id)) &&
              put(o, "node_id", json_string(c->text_generation.node_id)) &&
-             json_object_set(o, "params", c->text_generation.params) == 0;
+             put(o, "bytes", json_integer(c->text_generation.bytes));
         break;
     case COMMAND_CANCEL_TASK:
         ok = ok && put(o, "task_id", json_string(c->cancel_task.task_id));
@@ -164,9 +162,8 @@ static int body_from_json(const json_t *body, const char *path, struct command *
         if (!rc)
             rc = ids_json_id(body, path, "node_id", c->text_generation.node_id, err, errlen);
         if (!rc)
-            rc = ids_json_member(body, path, "params", JSON_OBJECT, &v, err, errlen);
-        if (!rc)
-            c->text_generation.params = json_incref(v);
+            rc = ids_json_int(body, path, "bytes", 1, (int64_t)CLUSTER_MAX_PARAMS, &c->text_generation.bytes, err,
+                              errlen);
         return rc;
     case COMMAND_CANCEL_TASK:
         return ids_json_id(body, path, "task_id", c->cancel_task.task_id, err, errlen);
@@ -201,7 +198,7 @@ int command_from_jsonv(const json_t *j, struct command *out, char *err, size_t e
     static const char *const draft_keys[] = {"kind", "command_id", "instance_id", "draft_model",
                                              "num_draft_tokens", NULL};
     static const char *const textgen_keys[] = {"kind", "command_id", "task_id", "instance_id", "node_id",
-                                               "params", NULL};
+                                               "bytes", NULL};
     static const char *const cancel_keys[] = {"kind", "command_id", "task_id", NULL};
     static const char *const finish_keys[] = {"kind", "command_id", "task_id", "status", "error", NULL};
     static const char *const *const keys[] = {place_keys,   create_keys, delete_keys, draft_keys,

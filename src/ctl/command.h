@@ -10,8 +10,9 @@
  *   CreateInstance         instance (an instance as in state.h)
  *   DeleteInstance         instance_id
  *   SetInstanceDraftModel  instance_id, draft_model (model id|null), num_draft_tokens
- *   TextGeneration         task_id, instance_id, node_id (whose API holds the request),
- *                          params (textgen.h's object)
+ *   TextGeneration         task_id, instance_id, node_id (whose API holds the request: the
+ *                          sender), bytes (of the request body, sent to the first rank's
+ *                          node apart: node/taskbody.h)
  *   CancelTask             task_id (the client went away)
  *   FinishTask             task_id, status ("Complete"|"Failed"|"Cancelled"), error (text|null)
  *
@@ -45,7 +46,7 @@ enum command_kind {
 };
 
 /* One command. The member of the union named after the kind holds its fields;
- * create_instance's shards and text_generation's params are owned by the command and
+ * create_instance's shards are owned by the command and
  * freed by command_clear. */
 struct command {
     enum command_kind kind;
@@ -69,7 +70,7 @@ struct command {
         } set_draft_model;
         struct {
             char task_id[IDS_ID_MAX + 1], instance_id[IDS_ID_MAX + 1], node_id[IDS_ID_MAX + 1];
-            json_t *params; /* owned object */
+            int64_t bytes; /* of the request body, which goes to the instance's first rank, not here */
         } text_generation;
         struct {
             char task_id[IDS_ID_MAX + 1];

@@ -43,9 +43,6 @@ void event_clear(struct event *e)
     case EVENT_NODE_DOWNLOAD_PROGRESS:
         cluster_download_clear(&e->node_download_progress);
         break;
-    case EVENT_TASK_CREATED:
-        json_decref(e->task_created.params);
-        break;
     case EVENT_TASK_STATUS_UPDATED:
         free(e->task_status_updated.error);
         break;
@@ -74,12 +71,6 @@ int event_copy(struct event *dst, const struct event *src)
         break;
     case EVENT_NODE_DOWNLOAD_PROGRESS:
         rc = cluster_download_copy(&dst->node_download_progress, &src->node_download_progress);
-        break;
-    case EVENT_TASK_CREATED:
-        if (src->task_created.params) {
-            dst->task_created.params = json_deep_copy(src->task_created.params);
-            rc = dst->task_created.params ? 0 : CAIRN_ENOMEM;
-        }
         break;
     case EVENT_TASK_STATUS_UPDATED:
         if (src->task_status_updated.error) {
@@ -167,8 +158,7 @@ json_t *event_to_jsonv(const struct event *e)
              put(o, "task_kind", json_string(cluster_task_kind_name(e->task_created.kind))) &&
              put(o, "instance_id", json_string(e->task_created.instance_id)) &&
              put(o, "node_id", json_string(e->task_created.node_id)) &&
-             put(o, "params", e->task_created.params ? json_deep_copy(e->task_created.params)
-                                                     : json_object());
+             put(o, "bytes", json_integer(e->task_created.bytes));
         break;
     case EVENT_TASK_STATUS_UPDATED:
         ok = put(o, "task_id", json_string(e->task_status_updated.task_id)) &&
@@ -230,7 +220,7 @@ static int body_from_json(const json_t *body, const char *path, struct event *e,
                                              NULL};
     static const char *const runner_id_keys[] = {"runner_id", NULL};
     static const char *const task_keys[] = {"task_id", "task_kind", "instance_id", "node_id",
-                                            "params", NULL};
+                                            "bytes", NULL};
     static const char *const task_status_keys[] = {"task_id", "status", "error", NULL};
     static const char *const task_id_keys[] = {"task_id", NULL};
     static const char *const snapshot_keys[] = {"state", NULL};
@@ -316,16 +306,8 @@ static int body_from_json(const json_t *body, const char *path, struct event *e,
         if (!rc)
             rc = ids_json_id(body, path, "node_id", e->task_created.node_id, err, errlen);
         if (!rc)
-            rc = ids_json_member(body, path, "params", JSON_OBJECT, &v, err, errlen);
-        if (!rc) {
-            ids_path(p, sizeof p, "%s.params", path);
-            rc = cluster_params_check(v, p, err, errlen);
-        }
-        if (!rc) {
-            e->task_created.params = json_deep_copy(v);
-            if (!e->task_created.params)
-                rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "%s.params: out of memory", path);
-        }
+            rc = ids_json_int(body, path, "bytes", 1, (int64_t)CLUSTER_MAX_PARAMS, &e->task_created.bytes, err,
+                              errlen);
         return rc;
     case EVENT_TASK_STATUS_UPDATED:
         rc = ids_json_keys(body, path, task_status_keys, err, errlen);

@@ -15,7 +15,7 @@
  *   RunnerStatusUpdated       runner_id, instance_id, node_id, status, error, restart_count
  *   RunnerDeleted             runner_id
  *   NodeDownloadProgress      node_id, model_id, bytes_done, bytes_total, status, error
- *   TaskCreated               task_id, task_kind, instance_id, node_id, params (object)
+ *   TaskCreated               task_id, task_kind, instance_id, node_id, bytes (of the request body)
  *   TaskStatusUpdated         task_id, status, error (text|null, only with Failed)
  *   TaskAcknowledged          task_id
  *   TaskDeleted               task_id
@@ -90,7 +90,7 @@ struct event {
             char task_id[IDS_ID_MAX + 1];
             enum cluster_task_kind kind;
             char instance_id[IDS_ID_MAX + 1], node_id[IDS_ID_MAX + 1];
-            json_t *params; /* owned reference to an object; NULL stands for {} */
+            int64_t bytes; /* of the request body (never in the log: DESIGN.md) */
         } task_created;
         struct {
             char task_id[IDS_ID_MAX + 1];

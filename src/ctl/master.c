@@ -405,7 +405,7 @@ static int text_generation(const struct cluster_state *s, const struct command *
     e->task_created.kind = CLUSTER_TASK_TEXT_GENERATION;
     snprintf(e->task_created.instance_id, sizeof e->task_created.instance_id, "%s", iid);
     snprintf(e->task_created.node_id, sizeof e->task_created.node_id, "%s", c->text_generation.node_id);
-    e->task_created.params = json_incref(c->text_generation.params);
+    e->task_created.bytes = c->text_generation.bytes;
     snprintf(res->instance_id, sizeof res->instance_id, "%s", iid);
     return 0;
 }

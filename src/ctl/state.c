@@ -348,7 +348,6 @@ int cluster_runner_copy(struct cluster_runner *dst, const struct cluster_runner 
 void cluster_task_clear(struct cluster_task *t)
 {
     free(t->error);
-    json_decref(t->params);
     memset(t, 0, sizeof *t);
 }
 
@@ -357,8 +356,7 @@ int cluster_task_copy(struct cluster_task *dst, const struct cluster_task *src)
     bool ok = true;
     *dst = *src;
     dst->error = dup_opt(src->error, &ok);
-    dst->params = src->params ? json_deep_copy(src->params) : NULL;
-    if (!ok || (src->params && !dst->params)) {
+    if (!ok) {
         cluster_task_clear(dst);
         return CAIRN_ENOMEM;
     }
@@ -615,7 +613,7 @@ static json_t *task_to_json(const struct cluster_task *t)
               put(o, "status", json_string(cluster_task_status_name(t->status))) &&
               put(o, "acknowledged", json_boolean(t->acknowledged)) &&
               put(o, "error", text_or_null(t->error)) &&
-              put(o, "params", t->params ? json_deep_copy(t->params) : json_object());
+              put(o, "bytes", json_integer(t->bytes));
     if (!ok) {
         json_decref(o);
         return NULL;
@@ -1019,24 +1017,12 @@ int cluster_runner_from_json(const json_t *j, const char *path, struct cluster_r
     return rc;
 }
 
-int cluster_params_check(const json_t *params, const char *path, char *err, size_t errlen)
-{
-    if (!json_is_object(params))
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: must be an object", path);
-    size_t n = json_dumpb(params, NULL, 0, JSON_COMPACT);
-    if (n > CLUSTER_MAX_PARAMS)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: %zu bytes of JSON, more than %zu",
-                          path, n, CLUSTER_MAX_PARAMS);
-    return 0;
-}
-
 static int task_from_json(const json_t *j, const char *path, struct cluster_task *out,
                           char *err, size_t errlen)
 {
     static const char *const keys[] = {"task_id", "kind", "instance_id", "node_id", "status",
-                                       "acknowledged", "error", "params", NULL};
+                                       "acknowledged", "error", "bytes", NULL};
     int kind = 0, status = 0;
-    json_t *params;
     memset(out, 0, sizeof *out);
     int rc = ids_json_keys(j, path, keys, err, errlen);
     if (!rc)
@@ -1056,17 +1042,7 @@ static int task_from_json(const json_t *j, const char *path, struct cluster_task
     if (!rc)
         rc = ids_json_bool(j, path, "acknowledged", &out->acknowledged, err, errlen);
     if (!rc)
-        rc = ids_json_member(j, path, "params", JSON_OBJECT, &params, err, errlen);
-    if (!rc) {
-        char p[IDS_PATH_MAX + 8];
-        ids_path(p, sizeof p, "%s.params", path);
-        rc = cluster_params_check(params, p, err, errlen);
-    }
-    if (!rc) {
-        out->params = json_deep_copy(params);
-        if (!out->params)
-            rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "%s.params: out of memory", path);
-    }
+        rc = ids_json_int(j, path, "bytes", 1, (int64_t)CLUSTER_MAX_PARAMS, &out->bytes, err, errlen);
     if (!rc)
         rc = ids_json_text(j, path, "error", &out->error, err, errlen);
     if (!rc)

@@ -133,8 +133,10 @@ struct cluster_runner {
 };
 
 /* JSON {"task_id", "kind", "instance_id", "node_id", "status", "acknowledged",
- * "error": text|null, "params": object}. node_id is the node whose API holds the
- * request; params is opaque to the state (the request as the API passes it on). */
+ * "error": text|null, "bytes"}. node_id is the node whose API holds the request; the
+ * request itself (prompt, messages, tools) is never in the state or the log: that node
+ * sends it straight to the node of the instance's first rank (node/taskbody.h), and bytes
+ * says how big it is. */
 struct cluster_task {
     char id[IDS_ID_MAX + 1];
     enum cluster_task_kind kind;
@@ -142,7 +144,7 @@ struct cluster_task {
     enum cluster_task_status status;
     bool acknowledged;
     char *error;    /* malloc'd, NULL unless Failed (may be NULL then too) */
-    json_t *params; /* owned reference to an object, never NULL in a state */
+    int64_t bytes;  /* of the request body, 1..CLUSTER_MAX_PARAMS */
 };
 
 /* JSON {"node_id", "model_id", "bytes_done", "bytes_total", "status", "error"};
@@ -255,10 +257,6 @@ int cluster_download_copy(struct cluster_download *dst, const struct cluster_dow
 json_t *cluster_download_to_json(const struct cluster_download *d);
 int cluster_download_from_json(const json_t *j, const char *path, struct cluster_download *out,
                                char *err, size_t errlen);
-
-/* Checks that params is an object whose compact JSON is at most CLUSTER_MAX_PARAMS
- * bytes (path names it in the message). */
-int cluster_params_check(const json_t *params, const char *path, char *err, size_t errlen);
 
 /* Table updates for apply.c and the decoders. put moves *elem into the table (replacing
  * and clearing an element with the same key) and zeroes *elem; CAIRN_ENOMEM leaves both

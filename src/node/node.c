@@ -124,6 +124,9 @@ struct node {
     size_t outq_bytes;
     node_task_output_fn sink;
     void *sink_ctx;
+    pthread_mutex_t body_mu; /* held while the body sink runs: unsetting it waits for the call */
+    node_task_output_fn body_sink;
+    void *body_sink_ctx;
 
     pthread_mutex_t sub_mu;
     struct sub subs[NODE_MAX_SUBSCRIBERS];
@@ -169,6 +172,7 @@ static int64_t mono_ms(void) { return clock_ns() / 1000000; }
 struct out_msg {
     struct out_msg *next;
     char dest[IDS_ID_MAX + 1];
+    int type; /* NODE_T_TASK_OUTPUT or NODE_T_TASK_BODY */
     size_t len;
     char line[];
 };
@@ -193,8 +197,8 @@ static void drain_wake(struct node *n)
 
 static struct perf *perf_find(struct node *n, const char *id, bool create);
 
-/* Sends the queued task outputs (node thread). An output to a node that is not up is
- * dropped: that node's requests are failed by its own checks. */
+/* Sends the queued task outputs and bodies (node thread). A message to a node that is not
+ * up is dropped: the requester's and the first rank's own deadlines fail its task. */
 static void send_outputs(struct node *n)
 {
     pthread_mutex_lock(&n->out_mu);
@@ -213,9 +217,10 @@ static void send_outputs(struct node *n)
                 pf->last_output_ms = now;
             snprintf(last_dest, sizeof last_dest, "%s", q->dest);
         }
-        int rc = link_send(n->link, q->dest, NODE_T_TASK_OUTPUT, q->line, q->len);
+        int rc = link_send(n->link, q->dest, q->type, q->line, q->len);
         if (rc < 0)
-            log_warn("node %s: task output to %s lost (%s)", n->id, q->dest, cairn_strerror(rc));
+            log_warn("node %s: task %s to %s lost (%s)", n->id, q->type == NODE_T_TASK_BODY ? "body" : "output",
+                     q->dest, cairn_strerror(rc));
         free(q);
         q = next;
     }
@@ -229,8 +234,23 @@ void node_set_task_sink(struct node *n, node_task_output_fn fn, void *ctx)
     pthread_mutex_unlock(&n->out_mu);
 }
 
-static void deliver_output(struct node *n, const char *from, const char *line, size_t len)
+void node_set_task_body_sink(struct node *n, node_task_output_fn fn, void *ctx)
 {
+    pthread_mutex_lock(&n->body_mu);
+    n->body_sink = fn;
+    n->body_sink_ctx = ctx;
+    pthread_mutex_unlock(&n->body_mu);
+}
+
+static void deliver(struct node *n, int type, const char *from, const char *line, size_t len)
+{
+    if (type == NODE_T_TASK_BODY) {
+        pthread_mutex_lock(&n->body_mu);
+        if (n->body_sink)
+            n->body_sink(n->body_sink_ctx, from, line, len);
+        pthread_mutex_unlock(&n->body_mu);
+        return;
+    }
     pthread_mutex_lock(&n->out_mu);
     node_task_output_fn fn = n->sink;
     void *ctx = n->sink_ctx;
@@ -239,10 +259,10 @@ static void deliver_output(struct node *n, const char *from, const char *line, s
         fn(ctx, from, line, len);
 }
 
-int node_send_task_output(struct node *n, const char *dest, const char *line, size_t len)
+static int send_task_msg(struct node *n, int type, const char *dest, const char *line, size_t len)
 {
     if (!strcmp(dest, n->id)) {
-        deliver_output(n, n->id, line, len);
+        deliver(n, type, n->id, line, len);
         return 0;
     }
     struct out_msg *m = malloc(sizeof *m + len);
@@ -250,6 +270,7 @@ int node_send_task_output(struct node *n, const char *dest, const char *line, si
         return CAIRN_ENOMEM;
     m->next = NULL;
     snprintf(m->dest, sizeof m->dest, "%s", dest);
+    m->type = type;
     m->len = len;
     memcpy(m->line, line, len);
     pthread_mutex_lock(&n->out_mu);
@@ -264,6 +285,16 @@ int node_send_task_output(struct node *n, const char *dest, const char *line, si
     pthread_mutex_unlock(&n->out_mu);
     wake_node(n);
     return 0;
+}
+
+int node_send_task_output(struct node *n, const char *dest, const char *line, size_t len)
+{
+    return send_task_msg(n, NODE_T_TASK_OUTPUT, dest, line, len);
+}
+
+int node_send_task_body(struct node *n, const char *dest, const char *body, size_t len)
+{
+    return send_task_msg(n, NODE_T_TASK_BODY, dest, body, len);
 }
 
 static int64_t wall_ms(void)
@@ -1086,7 +1117,14 @@ static void run_remote_command(struct node *n, const char *from, const char *dat
         strike(n, from, "bad command", err);
         return;
     }
-    if (!is_master(n)) {
+    if (c.kind == COMMAND_TEXT_GENERATION && strcmp(c.text_generation.node_id, from)) {
+        /* A node asks for its own requests only: the outputs go to node_id. */
+        snprintf(res.command_id, sizeof res.command_id, "%s", c.id);
+        res.code = CAIRN_EINVAL;
+        snprintf(res.message, sizeof res.message, "a TextGeneration from node %s names node %s as its requester", from,
+                 c.text_generation.node_id);
+        strike(n, from, "bad command", "a TextGeneration naming another node as its requester");
+    } else if (!is_master(n)) {
         snprintf(res.command_id, sizeof res.command_id, "%s", c.id);
         res.code = CAIRN_EIO;
         snprintf(res.message, sizeof res.message, "node %s is not the master", n->id);
@@ -1876,7 +1914,8 @@ static void on_message(struct node *n, const struct link_msg *msg, int64_t now)
         on_control(n, msg->peer, data, msg->len, now);
         break;
     case NODE_T_TASK_OUTPUT:
-        deliver_output(n, msg->peer, data, msg->len);
+    case NODE_T_TASK_BODY:
+        deliver(n, msg->type, msg->peer, data, msg->len);
         break;
     case NODE_T_PROBE:
         on_probe(n, msg->peer, msg->data, msg->len);
@@ -2070,6 +2109,7 @@ int node_create(struct node **out, const struct node_config *cfg, char *err, siz
     n->since_ms = wall_ms();
     n->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     pthread_mutex_init(&n->out_mu, NULL);
+    pthread_mutex_init(&n->body_mu, NULL);
     n->outq_tail = &n->outq;
     n->env.card = node_card;
     n->env.draft_check = node_draft_check;
@@ -2243,6 +2283,7 @@ void node_release(struct node *n)
         free(q);
     }
     pthread_mutex_destroy(&n->out_mu);
+    pthread_mutex_destroy(&n->body_mu);
     if (n->wake_fd >= 0)
         close(n->wake_fd);
     free(n);

@@ -44,7 +44,7 @@
  *
  * Wire types besides link.h's: NODE_T_COMMAND_RESULT (master -> requester, a
  * command_result), NODE_T_CONTROL ({"type": "peers"|"ping"|"pong"|"head"|"probe_ack",
- * ...}), NODE_T_TASK_OUTPUT and NODE_T_PROBE (8 bytes of sequence number, big-endian,
+ * ...}), NODE_T_TASK_OUTPUT, NODE_T_TASK_BODY and NODE_T_PROBE (8 bytes of sequence number, big-endian,
  * then zeros; answered by {"type": "probe_ack", "seq", "bytes"}). */
 #ifndef CAIRN_NODE_NODE_H
 #define CAIRN_NODE_NODE_H
@@ -65,6 +65,7 @@
 #define NODE_T_CONTROL 23
 #define NODE_T_TASK_OUTPUT 24 /* a runner's output line, relayed to the requester */
 #define NODE_T_PROBE 25       /* throughput probe: seq (u64 big-endian) and filler */
+#define NODE_T_TASK_BODY 26   /* a request body, from the requester to the first rank's node */
 
 #define NODE_TIMEOUT_MS_DEFAULT 30000   /* --node-timeout (a node that leaves goes at once) */
 #define NODE_LEFT_MAX 64                /* peers remembered as having left; peers told we leave */
@@ -241,6 +242,12 @@ void node_set_task_sink(struct node *n, node_task_output_fn fn, void *ctx);
 /* Sends one output line to node dest (this node: straight to the sink). CAIRN_EFULL when
  * NODE_MAX_OUTPUT_QUEUE bytes are waiting, CAIRN_ENOMEM. Any thread. */
 int node_send_task_output(struct node *n, const char *dest, const char *line, size_t len);
+
+/* Request bodies (node/taskbody.h's messages) travel the same way the other way: from the
+ * node whose API holds a request to the node of its instance's first rank, whose worker
+ * hands them to the runner. The body sink gets them as the task sink gets outputs. */
+void node_set_task_body_sink(struct node *n, node_task_output_fn fn, void *ctx);
+int node_send_task_body(struct node *n, const char *dest, const char *body, size_t len);
 
 /* Reads or makes the persistent node id of data_dir into id (IDS_ID_MAX + 1 bytes):
  * the file `node_id` holds it; a missing file is made once (random id, written

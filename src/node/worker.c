@@ -16,6 +16,7 @@
 #include "ctl/command.h"
 #include "node/catalog.h"
 #include "node/download.h"
+#include "node/taskbody.h"
 #include "ctl/plan.h"
 
 struct wrunner {
@@ -63,6 +64,16 @@ struct wtask {
     bool cancel_sent;
 };
 
+/* A Pending task of a first rank here, waiting for its body (node/taskbody.h) or for its
+ * runner to be ready. */
+struct wwait {
+    char id[IDS_ID_MAX + 1];
+    int64_t since_ms; /* when this worker first saw it Pending */
+    json_t *params;   /* its body once taken, NULL before */
+    bool failed;      /* given up: a FinishTask Failed is on its way */
+    bool seen;        /* still Pending in the state of this pass */
+};
+
 /* A FinishTask to send to the master (after the supervisor's poll, off its callback). */
 struct wfinish {
     char task_id[IDS_ID_MAX + 1];
@@ -87,6 +98,9 @@ struct worker {
     size_t n_tasks, cap_tasks;
     struct wfinish *finish;
     size_t n_finish, cap_finish;
+    struct wwait *waits;
+    size_t n_waits, cap_waits;
+    struct taskbody_store *bodies; /* filled on the node thread */
     struct wcarry *carry; /* under mu */
     size_t n_carry, cap_carry;
     int64_t replan_at_ms; /* worker thread: plan again then (a start waits), 0: none */
@@ -383,6 +397,93 @@ static int model_path(void *ctx, const char *model_id, char *path, size_t pathle
     return rc;
 }
 
+/* ---- request bodies (node/taskbody.h) ---- */
+
+/* Body sink of the node (node thread): files the body and wakes the worker. */
+static void on_task_body(void *ctx, const char *from, const char *msg, size_t len)
+{
+    struct worker *w = ctx;
+    char err[512];
+    int rc = taskbody_put(w->bodies, from, msg, len, now_ms(), err, sizeof err);
+    if (rc) {
+        log_warn("worker: task body from node %s refused: %s", from, err);
+        return;
+    }
+    atomic_store(&w->dirty, true);
+    supervisor_wake(w->sup);
+}
+
+static struct wwait *wait_find(struct worker *w, const char *id)
+{
+    for (size_t i = 0; i < w->n_waits; i++)
+        if (!strcmp(w->waits[i].id, id))
+            return &w->waits[i];
+    return NULL;
+}
+
+/* The wait of task id, begun now when new; NULL when out of memory. */
+static struct wwait *wait_get(struct worker *w, const char *id)
+{
+    struct wwait *wt = wait_find(w, id);
+    if (wt)
+        return wt;
+    if (w->n_waits == w->cap_waits) {
+        size_t cap = w->cap_waits ? 2 * w->cap_waits : 16;
+        struct wwait *v = realloc(w->waits, cap * sizeof *v);
+        if (!v)
+            return NULL;
+        w->waits = v;
+        w->cap_waits = cap;
+    }
+    wt = &w->waits[w->n_waits++];
+    memset(wt, 0, sizeof *wt);
+    snprintf(wt->id, sizeof wt->id, "%s", id);
+    wt->since_ms = now_ms();
+    return wt;
+}
+
+static void wait_drop(struct worker *w, struct wwait *wt)
+{
+    json_decref(wt->params);
+    *wt = w->waits[--w->n_waits];
+}
+
+/* Takes the body of Pending task t, sent by its requester; true when wt has it. A body
+ * that does not come within TASKBODY_WAIT_MS fails the task. */
+static bool take_body(struct worker *w, struct wwait *wt, const struct cluster_task *t)
+{
+    char err[512];
+    int rc = taskbody_take(w->bodies, t->id, t->node_id, &wt->params, err, sizeof err);
+    if (rc == CAIRN_EINVAL)
+        log_warn("worker: %s", err);
+    if (!rc)
+        return true;
+    int64_t waited = now_ms() - wt->since_ms;
+    if (waited < TASKBODY_WAIT_MS) {
+        int64_t at = wt->since_ms + TASKBODY_WAIT_MS;
+        if (!w->replan_at_ms || at < w->replan_at_ms)
+            w->replan_at_ms = at;
+        return false;
+    }
+    char why[COMMAND_MESSAGE_MAX];
+    snprintf(why, sizeof why, "the request of task %s never arrived from node %s (waited %lld ms)", t->id, t->node_id,
+             (long long)waited);
+    log_warn("worker: %s", why);
+    wt->failed = true;
+    finish_later(w, t->id, CLUSTER_TASK_FAILED, why);
+    return false;
+}
+
+/* Ends the waits of tasks no longer Pending here (seen cleared before each pass). */
+static void waits_sweep(struct worker *w)
+{
+    for (size_t i = w->n_waits; i-- > 0;)
+        if (!w->waits[i].seen)
+            wait_drop(w, &w->waits[i]);
+    for (size_t i = 0; i < w->n_waits; i++)
+        w->waits[i].seen = false;
+}
+
 /* Hands Pending tasks of instances whose first rank runs here to that runner once it is
  * Ready, and cancels those the master marked Cancelled. */
 static void dispatch_tasks(struct worker *w, const struct cluster_state *st)
@@ -407,7 +508,15 @@ static void dispatch_tasks(struct worker *w, const struct cluster_state *st)
             }
             continue;
         }
-        if (t->status != CLUSTER_TASK_PENDING || held || !t->params)
+        if (t->status != CLUSTER_TASK_PENDING || held)
+            continue;
+        struct wwait *wt = wait_get(w, t->id);
+        if (!wt)
+            continue;
+        wt->seen = true;
+        if (wt->failed)
+            continue;
+        if (!wt->params && !take_body(w, wt, t))
             continue;
         pthread_mutex_lock(&w->mu);
         struct wrunner *x = find(w, rid);
@@ -418,18 +527,20 @@ static void dispatch_tasks(struct worker *w, const struct cluster_state *st)
             continue;
         struct runner_task rt = {0};
         snprintf(rt.task_id, sizeof rt.task_id, "%s", t->id);
-        rt.params = t->params; /* borrowed for the call */
+        rt.params = wt->params; /* borrowed for the call */
         char err[512];
         int rc = supervisor_submit(w->sup, rid, &rt, err, sizeof err);
         if (rc) {
             log_warn("worker: task %s to runner %s: %s", t->id, rid, err);
             continue;
         }
+        wait_drop(w, wt);
         if (!task_add(w, t->id, rid, t->node_id)) {
             supervisor_cancel(w->sup, rid, t->id);
             log_error("worker: out of memory; task %s cancelled", t->id);
         }
     }
+    waits_sweep(w);
 }
 
 /* Gives the first-rank runners of instances whose draft model changed the new one
@@ -834,8 +945,11 @@ int worker_create(struct worker **out, const struct supervisor_config *sup, char
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     pthread_mutex_init(&w->mu, NULL);
     w->sup_cfg = *sup;
-    int rc = supervisor_create(&w->sup, &w->sup_cfg, on_sup_event, w, err, errlen);
+    w->bodies = taskbody_create();
+    int rc = w->bodies ? supervisor_create(&w->sup, &w->sup_cfg, on_sup_event, w, err, errlen)
+                       : cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     if (rc) {
+        taskbody_release(w->bodies);
         pthread_mutex_destroy(&w->mu);
         free(w);
         return rc;
@@ -854,7 +968,9 @@ int worker_start(struct worker *w, struct node *n, char *err, size_t errlen)
     if (rc)
         return cairn_fail(err, errlen, rc, "worker: cannot subscribe to the node's events");
     atomic_store(&w->dirty, true);
+    node_set_task_body_sink(n, on_task_body, w);
     if (pthread_create(&w->thread, NULL, worker_main, w)) {
+        node_set_task_body_sink(n, NULL, NULL);
         node_unsubscribe(n, w->sub_token);
         return cairn_fail(err, errlen, CAIRN_EIO, "worker: cannot start a thread");
     }
@@ -866,6 +982,7 @@ void worker_stop(struct worker *w)
 {
     if (!w || !w->started || w->joined)
         return;
+    node_set_task_body_sink(w->node, NULL, NULL); /* waits for a call in progress */
     atomic_store(&w->stop, true);
     supervisor_wake(w->sup); /* the thread may sleep up to WORKER_REPLAN_MS */
     pthread_join(w->thread, NULL);
@@ -893,6 +1010,10 @@ void worker_release(struct worker *w)
     free(w->r);
     free(w->tasks);
     free(w->finish);
+    while (w->n_waits)
+        wait_drop(w, &w->waits[0]);
+    free(w->waits);
+    taskbody_release(w->bodies);
     free(w->carry);
     pthread_mutex_destroy(&w->mu);
     free(w);

@@ -12,6 +12,7 @@
  * measured times are printed as "figure:" lines (bench/cluster.sh collects them; they
  * are not assertions). Children die with
  * this process (PR_SET_PDEATHSIG), and the temp dir is removed at the end. */
+#define _GNU_SOURCE /* memmem */
 #include "testutil.h"
 
 #include "net/link.h"
@@ -19,6 +20,7 @@
 
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <netinet/in.h>
@@ -668,6 +670,113 @@ static void check_hosts(const struct proc *p)
  * 2147483648, -1, a string and none, each with the text EVIL, and a "done". The node
  * refuses every line (only the node that runs the task speaks for it), says so in its
  * log, and the request ends with the runner's own text once it runs again. */
+/* The id of the first instance in node i's state into id; false when it has none. */
+static bool some_instance(int i, char *id, size_t cap)
+{
+    json_t *s = get_json(nodes[i].api, "/state");
+    const char *key;
+    json_t *v;
+    bool found = false;
+    json_object_foreach(json_object_get(s, "instances"), key, v) {
+        snprintf(id, cap, "%s", key);
+        found = true;
+        break;
+    }
+    json_decref(s);
+    return found;
+}
+
+/* The rogue asks node 5 (its master) for a TextGeneration: naming another node as the
+ * requester is refused at once; naming itself is taken, but it never sends the body, so
+ * the first rank's worker fails the task with a reason within seconds. */
+static void rogue_text_generation(struct link *rogue, const struct proc *p)
+{
+    char iid[128] = "", cmd[512];
+    CHECK(some_instance(5, iid, sizeof iid), "node 5 has an instance");
+    const char *requesters[] = {p->id, "rogue-peer-0001"};
+    int code[2] = {1, 1};
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd,
+                 "{\"kind\":\"TextGeneration\",\"command_id\":\"rogue-cmd-%d\",\"task_id\":\"rogue-task-%d\","
+                 "\"instance_id\":\"%s\",\"node_id\":\"%s\",\"bytes\":10}",
+                 k, k, iid, requesters[k]);
+        CHECK(link_send(rogue, p->id, LINK_T_COMMAND, cmd, strlen(cmd)) == 1, "rogue command %d sent", k);
+        struct link_msg msg;
+        for (double t0 = now_s(); now_s() - t0 < 10 && code[k] == 1;) {
+            if (link_poll(rogue, 100, &msg) != 1 || msg.event != LINK_EV_MESSAGE || msg.type != NODE_T_COMMAND_RESULT)
+                continue;
+            json_t *j = json_loadb(msg.data, msg.len, 0, NULL);
+            if (j && strstr(json_string_value(json_object_get(j, "command_id")) ?: "", k ? "-1" : "-0"))
+                code[k] = (int)json_integer_value(json_object_get(j, "code"));
+            json_decref(j);
+        }
+    }
+    CHECK(code[0] < 0, "a TextGeneration naming node 5 as requester is refused (code %d)", code[0]);
+    CHECK(code[1] == 0, "a TextGeneration naming the rogue itself is taken (code %d)", code[1]);
+    /* A finished task leaves the state at once: its end is read from the log. */
+    bool failed = false;
+    static char out[1 << 20];
+    for (double t0 = now_s(); code[1] == 0 && now_s() - t0 < 40 && !failed; sleep_ms(200)) {
+        struct link_msg msg;
+        link_poll(rogue, 0, &msg); /* keep the rogue's link serviced while it waits */
+        failed = http(p->api, "GET", "/events", NULL, out, sizeof out) == 200 &&
+                 strstr(out, "the request of task rogue-task-1 never arrived");
+    }
+    CHECK(failed, "the task whose body never came fails with a reason within 40 s");
+    CHECK(!strstr(out, "rogue-task-0"), "the refused command made no task");
+}
+
+/* Whether the file at path holds the bytes of s. */
+static bool file_has(const char *path, const char *s)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return false;
+    size_t n = strlen(s), cap = 1 << 20, len = 0;
+    char *buf = malloc(cap + n);
+    bool found = false;
+    size_t got;
+    while (buf && !found && (got = fread(buf + len, 1, cap, f)) > 0) {
+        len += got;
+        found = memmem(buf, len, s, n) != NULL;
+        size_t keep = len < n ? len : n - 1; /* a match may straddle two reads */
+        memmove(buf, buf + len - keep, keep);
+        len = keep;
+    }
+    free(buf);
+    fclose(f);
+    return found;
+}
+
+/* A request's text never enters the replicated state: not in any node's /state or
+ * /events, nor in any file of its data folder (the event log among them). */
+static void check_marker_nowhere(const int *idx, int n, const char *marker)
+{
+    char out[1 << 16], path[600];
+    for (int k = 0; k < n; k++) {
+        int i = idx[k];
+        static char big[4 << 20];
+        CHECK(http(nodes[i].api, "GET", "/state", NULL, big, sizeof big) == 200 && !strstr(big, marker),
+              "node %d's /state lacks the prompt", i);
+        CHECK(http(nodes[i].api, "GET", "/events", NULL, big, sizeof big) == 200 && strstr(big, "TaskCreated") &&
+                  !strstr(big, marker),
+              "node %d's /events has the task but not its prompt", i);
+        snprintf(path, sizeof path, "%s/data%d", dir, i);
+        DIR *d = opendir(path);
+        int files = 0;
+        for (struct dirent *e; d && (e = readdir(d));) {
+            if (e->d_name[0] == '.')
+                continue;
+            snprintf(out, sizeof out, "%s/%s", path, e->d_name);
+            files++;
+            CHECK(!file_has(out, marker), "%s lacks the prompt", out);
+        }
+        if (d)
+            closedir(d);
+        CHECK(files >= 2, "node %d's data folder holds its files (%d)", i, files);
+    }
+}
+
 static void test_forged_output(void)
 {
     static char out[1 << 18];
@@ -740,10 +849,15 @@ static void test_forged_output(void)
         CHECK(whole, "the streamed request ends with [DONE]: %.300s", out);
         CHECK(!strstr(out, "EVIL"), "no forged text reached the client: %.300s", out);
     }
+    if (joined)
+        rogue_text_generation(rogue, p);
     link_release(rogue);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "grep -c 'output line from node rogue-peer-0001.*was refused' '%s' >/dev/null", p->log);
     CHECK(!have_task || run_cmd("%s", cmd) == 0, "node 5 logged why it refused the rogue's lines");
+    snprintf(cmd, sizeof cmd, "grep -q 'request of task rogue-task-1 never arrived from node rogue-peer-0001' '%s'",
+             p->log);
+    CHECK(!joined || run_cmd("%s", cmd) == 0, "node 5 logged why it failed the rogue's task");
     CHECK(complete(5, out, sizeof out) == 200, "node 5 still answers after the rogue's lines");
     kill(p->pid, SIGTERM);
     CHECK(wait_exit(p->pid, 30) == 0, "node 5 exits 0 on SIGTERM");
@@ -942,6 +1056,12 @@ int main(int argc, char **argv)
     CHECK(ready, "keep-me's runner is Ready within 120 s (runner '%s', status '%s')", rid, rstatus);
     st = complete(other, out, sizeof out);
     CHECK(st == 200, "keep-me answers a completion asked of node %d: %d %.300s", other, st, out);
+    char marker[64], req[256];
+    snprintf(marker, sizeof marker, "MARKER-%d-qz", (int)getpid());
+    snprintf(req, sizeof req, "{\"model\":\"m1\",\"prompt\":\"%s\",\"max_tokens\":2,\"temperature\":0}", marker);
+    st = http(nodes[other].api, "POST", "/v1/completions", req, out, sizeof out);
+    CHECK(st == 200, "a prompt with a marker is answered through node %d: %d %.200s", other, st, out);
+    check_marker_nowhere(all3, 3, marker);
     CHECK(runner_of(holder, "keep-me", rid, sizeof rid, rstatus, sizeof rstatus, &restarts),
           "keep-me's runner before the kill");
     printf("keep-me: runner %s on node %d, %s, %d restarts\n", rid, holder, rstatus, restarts);

@@ -127,7 +127,7 @@ static void test_history(void)
                 "'error':null}");
     APPLY_OK(s, "{'kind':'TaskCreated','term':1,'index':10,'task_id':'t1',"
                 "'task_kind':'TextGeneration','instance_id':'i1','node_id':'n1',"
-                "'params':{'prompt':'hi'}}");
+                "'bytes':15}");
     APPLY_OK(s, "{'kind':'TaskAcknowledged','term':1,'index':11,'task_id':'t1'}");
     APPLY_OK(s, "{'kind':'TaskStatusUpdated','term':1,'index':12,'task_id':'t1',"
                 "'status':'Running','error':null}");
@@ -151,14 +151,14 @@ static void test_history(void)
                 "'restart_count':0}},"
                 "'tasks':{'t1':{'task_id':'t1','kind':'TextGeneration','instance_id':'i1',"
                 "'node_id':'n1','status':'Running','acknowledged':true,'error':null,"
-                "'params':{'prompt':'hi'}}},"
+                "'bytes':15}},"
                 "'downloads':[{'node_id':'n2','model_id':'m1','bytes_done':50,"
                 "'bytes_total':100,'status':'Ongoing','error':null}]}",
                 "after 14 events");
 
     /* A finished task of i1 stays as it is when i1 goes. */
     APPLY_OK(s, "{'kind':'TaskCreated','term':1,'index':15,'task_id':'t2',"
-                "'task_kind':'TextGeneration','instance_id':'i1','node_id':'n2','params':{}}");
+                "'task_kind':'TextGeneration','instance_id':'i1','node_id':'n2','bytes':2}");
     APPLY_OK(s, "{'kind':'TaskStatusUpdated','term':1,'index':16,'task_id':'t2',"
                 "'status':'Complete','error':null}");
 
@@ -181,10 +181,10 @@ static void test_history(void)
                 "'restart_count':0}},"
                 "'tasks':{'t1':{'task_id':'t1','kind':'TextGeneration','instance_id':'i1',"
                 "'node_id':'n1','status':'Failed','acknowledged':true,"
-                "'error':'node n2 timed out','params':{'prompt':'hi'}},"
+                "'error':'node n2 timed out','bytes':15},"
                 "'t2':{'task_id':'t2','kind':'TextGeneration','instance_id':'i1',"
                 "'node_id':'n2','status':'Complete','acknowledged':false,'error':null,"
-                "'params':{}}},'downloads':[]}",
+                "'bytes':2}},'downloads':[]}",
                 "after NodeTimedOut");
     APPLY_OK(s, "{'kind':'TaskDeleted','term':1,'index':20,'task_id':'t1'}");
     CHECK(s->n_tasks == 1 && cluster_state_find_task(s, "t2"), "task t1 deleted");
@@ -288,10 +288,10 @@ static void test_kinds(void)
 
     /* A task failing carries its error; another status clears it. */
     APPLY_OK(s, "{'kind':'TaskCreated','term':1,'index':23,'task_id':'t1',"
-                "'task_kind':'TextGeneration','instance_id':'i1','node_id':'n1','params':{}}");
+                "'task_kind':'TextGeneration','instance_id':'i1','node_id':'n1','bytes':2}");
     const struct cluster_task *t = cluster_state_find_task(s, "t1");
     CHECK(t && t->status == CLUSTER_TASK_PENDING && !t->acknowledged && !t->error &&
-              json_is_object(t->params) && json_object_size(t->params) == 0,
+              t->bytes == 2,
           "new task");
     APPLY_OK(s, "{'kind':'TaskStatusUpdated','term':1,'index':24,'task_id':'t1',"
                 "'status':'Failed','error':'no runner'}");
@@ -608,11 +608,7 @@ static void random_event(struct gen *g, const struct cluster_state *s, struct ev
         e->task_created.kind = CLUSTER_TASK_TEXT_GENERATION;
         pick_id(g, e->task_created.instance_id, "i", 6);
         pick_id(g, e->task_created.node_id, "n", 8);
-        if (rnd(g, 4)) /* else NULL, which stands for {} */
-            e->task_created.params = json_pack(
-                "{s:s, s:I, s:f, s:[{s:s}]}", "prompt", "hello", "max_tokens",
-                (json_int_t)rnd(g, 4096), "temperature", (double)rnd(g, 1000) / 7.0, "stop",
-                "text", "\n");
+        e->task_created.bytes = 1 + (int64_t)rnd(g, CLUSTER_MAX_PARAMS);
         break;
     }
     case EVENT_TASK_STATUS_UPDATED:

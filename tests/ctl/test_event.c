@@ -56,7 +56,7 @@ static char *canon(const char *text)
     "'runners':{'r1':{'runner_id':'r1','instance_id':'i1','node_id':'n1','status':'Failed',"\
     "'error':'oom','restart_count':2,'epoch':2}},"                                                    \
     "'tasks':{'t1':{'task_id':'t1','kind':'TextGeneration','instance_id':'i1','node_id':'n1',"\
-    "'status':'Running','acknowledged':true,'error':null,'params':{'prompt':'hi','t':0.7}}}," \
+    "'status':'Running','acknowledged':true,'error':null,'bytes':24}}," \
     "'downloads':[{'node_id':'n2','model_id':'org/tiny','bytes_done':5,'bytes_total':9,"     \
     "'status':'Ongoing','error':null}]}"
 
@@ -79,8 +79,7 @@ static const char *const valid[EVENT_KIND_COUNT] = {
     "{'kind':'NodeDownloadProgress','term':1,'index':11,'node_id':'n2','model_id':'org/tiny',"
     "'bytes_done':0,'bytes_total':0,'status':'Pending','error':null}",
     "{'kind':'TaskCreated','term':1,'index':12,'task_id':'t1','task_kind':'TextGeneration',"
-    "'instance_id':'i1','node_id':'n1','params':{'messages':[{'role':'user','content':'hi'}],"
-    "'temperature':0.7,'max_tokens':16}}",
+    "'instance_id':'i1','node_id':'n1','bytes':68}",
     "{'kind':'TaskStatusUpdated','term':1,'index':13,'task_id':'t1','status':'Failed',"
     "'error':'runner r1 failed'}",
     "{'kind':'TaskAcknowledged','term':1,'index':14,'task_id':'t1'}",
@@ -315,7 +314,10 @@ static const struct bad bad_cases[] = {
      "NodeDownloadProgress.status"},
     {EVENT_TASK_CREATED, "'task_kind':'TextGeneration'", "'task_kind':'ImageGeneration'",
      "TaskCreated.task_kind: \"ImageGeneration\" is not one of TextGeneration"},
-    {EVENT_TASK_CREATED, "'params':{", "'params':[],'p':{", "TaskCreated: unknown field \"p\""},
+    {EVENT_TASK_CREATED, "'bytes':68", "'bytes':68,'params':{'prompt':'hi'}",
+     "TaskCreated: unknown field \"params\""},
+    {EVENT_TASK_CREATED, "'bytes':68", "'bytes':0", "TaskCreated.bytes"},
+    {EVENT_TASK_CREATED, "'bytes':68", "'bytes':1048577", "TaskCreated.bytes"},
     {EVENT_TASK_CREATED, "'instance_id':'i1',", "", "TaskCreated.instance_id: missing"},
     {EVENT_TASK_STATUS_UPDATED, "'status':'Failed'", "'status':'Complete'",
      "TaskStatusUpdated.error: must be null unless status is Failed"},
@@ -334,8 +336,8 @@ static const struct bad bad_cases[] = {
      "StateSnapshot.state.master.node_id"},
     {EVENT_STATE_SNAPSHOT, "'acknowledged':true", "'acknowledged':'yes'",
      "StateSnapshot.state.tasks.t1.acknowledged: must be a boolean"},
-    {EVENT_STATE_SNAPSHOT, "'params':{'prompt':'hi','t':0.7}", "'params':'hi'",
-     "StateSnapshot.state.tasks.t1.params: must be an object"},
+    {EVENT_STATE_SNAPSHOT, "'bytes':24}", "'bytes':'hi'}",
+     "StateSnapshot.state.tasks.t1.bytes: must be an integer"},
     {EVENT_STATE_SNAPSHOT, "'status':'Ongoing','error':null}]",
      "'status':'Ongoing','error':null},{'node_id':'n2','model_id':'org/tiny','bytes_done':5,"
      "'bytes_total':9,'status':'Ongoing','error':null}]",
@@ -440,16 +442,13 @@ static void test_huge_strings(void)
         {"{\"kind\":\"TaskStatusUpdated\",\"term\":1,\"index\":0,\"task_id\":\"t\","
          "\"status\":\"Failed\",\"error\":\"",
          "\"}", "TaskStatusUpdated.error: 2097152 bytes, more than 8192"},
-        {"{\"kind\":\"TaskCreated\",\"term\":1,\"index\":0,\"task_id\":\"t\",\"task_kind\":"
-         "\"TextGeneration\",\"instance_id\":\"i\",\"node_id\":\"n\",\"params\":{\"p\":\"",
-         "\"}}", "TaskCreated.params: 2097160 bytes of JSON, more than 1048576"},
         {"{\"kind\":\"\"", "\"}", "event.kind: 2097152 bytes"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         size_t n = strlen(cases[i][0]) + big + strlen(cases[i][1]) + 1;
         char *text = malloc(n);
         snprintf(text, n, "%s%s%s", cases[i][0], s, cases[i][1]);
-        if (i == 3) /* a huge kind: the string opens inside the prefix */
+        if (i == 2) /* a huge kind: the string opens inside the prefix */
             snprintf(text, n, "{\"kind\":\"%s\"}", s);
         char what[32];
         snprintf(what, sizeof what, "huge %zu", i);
@@ -471,8 +470,7 @@ static void test_huge_strings(void)
     free(deep);
 }
 
-/* Collects (parent, key) of every object member below j, skipping the opaque params and
- * the entries of the state's id-keyed maps (a state may well lack any one of them). */
+/* Collects (parent, key) of every object member below j, skipping the entries of the state's id-keyed maps (a state may well lack any one of them). */
 struct member {
     json_t *parent;
     char key[64];
@@ -495,8 +493,7 @@ static void collect(json_t *j, bool is_map, struct member *out, size_t *n, size_
                 snprintf(out[*n].key, sizeof out[*n].key, "%s", key);
                 (*n)++;
             }
-            if (strcmp(key, "params") != 0)
-                collect(v, !is_map && id_map(key), out, n, max);
+            collect(v, !is_map && id_map(key), out, n, max);
         }
     } else if (json_is_array(j)) {
         size_t i;

@@ -105,13 +105,13 @@ static const char *const history[] = {
     "{'kind':'NodeDownloadProgress','term':1,'index':6,'node_id':'n2','model_id':'m1',"
     "'bytes_done':1,'bytes_total':2,'status':'Failed','error':'gone'}",
     "{'kind':'TaskCreated','term':1,'index':7,'task_id':'t1','task_kind':'TextGeneration',"
-    "'instance_id':'i1','node_id':'n1','params':{'prompt':'hi','n':[1,2,3]}}",
+    "'instance_id':'i1','node_id':'n1','bytes':30}",
     "{'kind':'TaskCreated','term':1,'index':8,'task_id':'t2','task_kind':'TextGeneration',"
-    "'instance_id':'i1','node_id':'n2','params':{}}",
+    "'instance_id':'i1','node_id':'n2','bytes':2}",
     "{'kind':'TaskStatusUpdated','term':1,'index':9,'task_id':'t2','status':'Failed',"
     "'error':'bad'}",
     "{'kind':'TaskCreated','term':1,'index':10,'task_id':'t0','task_kind':'TextGeneration',"
-    "'instance_id':'i1','node_id':'n1','params':{}}",
+    "'instance_id':'i1','node_id':'n1','bytes':2}",
 };
 
 /* The next event to apply to that state, one of each kind that allocates or removes. */
@@ -130,7 +130,7 @@ static const char *const next[] = {
     "{'kind':'NodeDownloadProgress','term':1,'index':11,'node_id':'n1','model_id':'m1',"
     "'bytes_done':1,'bytes_total':2,'status':'Failed','error':'gone'}",
     "{'kind':'TaskCreated','term':1,'index':11,'task_id':'t3','task_kind':'TextGeneration',"
-    "'instance_id':'i1','node_id':'n1','params':{'a':{'b':[1,{'c':2}]}}}",
+    "'instance_id':'i1','node_id':'n1','bytes':21}",
     "{'kind':'TaskStatusUpdated','term':1,'index':11,'task_id':'t1','status':'Failed',"
     "'error':'x'}",
     "{'kind':'StateSnapshot','term':2,'index':0,'state':{'last_applied':{'term':1,'index':1},"
@@ -138,7 +138,7 @@ static const char *const next[] = {
     "'info':" INFO "}},'edges':[],'instances':{},'runners':{'r1':{'runner_id':'r1',"
     "'instance_id':'i1','node_id':'n1','status':'Failed','error':'boom','restart_count':1}},"
     "'tasks':{'t1':{'task_id':'t1','kind':'TextGeneration','instance_id':'i1','node_id':'n1',"
-    "'status':'Failed','acknowledged':true,'error':'e','params':{'x':1}}},"
+    "'status':'Failed','acknowledged':true,'error':'e','bytes':7}},"
     "'downloads':[{'node_id':'n2','model_id':'m1','bytes_done':1,'bytes_total':2,"
     "'status':'Failed','error':'gone'}]}}",
 };
