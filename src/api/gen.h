@@ -86,8 +86,5 @@ struct gen {
     void *self;
 };
 
-/* HTTP status of a CAIRN_E* code met while submitting: ENOTFOUND 404, ERANGE 413,
- * EFULL 503, EFORMAT/EINVAL 400, others 500. */
-int gen_http_status(int code);
 
 #endif

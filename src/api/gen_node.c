@@ -17,6 +17,7 @@
 #include "proto/ids.h"
 #include "gguf/gguf.h"
 #include "node/taskbody.h"
+#include "proto/taskmsg.h"
 
 /* ---- figures for /metrics ---- */
 
@@ -65,9 +66,7 @@ struct req {
 /* The latest figures a runner sent with its start and seq_done lines. */
 struct runner_figures {
     char instance_id[IDS_ID_MAX + 1];
-    int64_t running, queued, slots, kv_used, kv_total, preemptions;
-    int64_t pipe_steps, pipe_compute_us, pipe_wait_us, pipe_bytes; /* rank 0 of a pipeline; else 0 */
-    int64_t pipe_result_bytes, pipe_rows_sampled, pipe_rows_logits;
+    struct task_stats s; /* pipeline members 0 unless rank 0 of a pipeline */
 };
 
 #define MAX_FIGURES 64
@@ -121,61 +120,37 @@ static void fail_req(struct gen_node *g, size_t at, int status, const char *mess
 
 /* ---- output lines from the runners ---- */
 
-static int64_t member_int(const json_t *j, const char *key)
-{
-    json_t *v = json_object_get(j, key);
-    return json_is_integer(v) && json_integer_value(v) >= 0 ? (int64_t)json_integer_value(v) : 0;
-}
-
-/* A time in ms (a number >= 0), else 0. */
-static double member_ms(const json_t *j, const char *key)
-{
-    const json_t *v = json_object_get(j, key);
-    double d = json_is_number(v) ? json_number_value(v) : 0;
-    return d > 0 && d < 1e12 ? d : 0;
-}
-
-static const char *member_text(const json_t *j, const char *key)
-{
-    const char *s = json_string_value(json_object_get(j, key));
-    return s ? s : "";
-}
-
-static void on_start(struct gen_node *g, size_t at, const json_t *j)
+static void on_start(struct gen_node *g, size_t at, const struct task_msg *m)
 {
     struct req *r = g->live[at];
-    const char *error = json_string_value(json_object_get(j, "error"));
-    if (error) {
-        int64_t status = member_int(j, "status");
-        fail_req(g, at, status >= 400 && status < 600 ? (int)status : 500, error);
+    if (m->error) {
+        fail_req(g, at, m->status, m->error);
         return;
     }
     r->started = true;
-    r->total.prompt_tokens = member_int(j, "prompt_tokens");
-    r->total.cached_tokens = member_int(j, "cached_tokens"); /* known at admission */
+    r->total.prompt_tokens = m->prompt_tokens;
+    r->total.cached_tokens = m->cached_tokens; /* known at admission */
     g->fig.prompt_tokens += (uint64_t)r->total.prompt_tokens;
     struct gen_event ev = {.kind = GEN_EVENT_START, .usage = r->total};
     r->fn(r->ctx, &ev);
 }
 
-/* The line's "seq": an integer in [0, n_seqs) of r, else false (the line is refused: it
- * would index the request's arrays). */
-static bool seq_of(const struct req *r, const json_t *j, int *seq)
+/* Whether the line's seq (already within RUNNER_MAX_SEQS) is one of r's sequences: it
+ * indexes the request's arrays, so a line for another is refused. */
+static bool seq_ok(const struct req *r, const struct task_msg *m)
 {
-    const json_t *v = json_object_get(j, "seq");
-    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= r->n_seqs)
-        return false;
-    *seq = (int)json_integer_value(v);
-    return true;
+    if (m->seq < r->n_seqs)
+        return true;
+    log_warn("gen: task %s: a %s line for sequence %d of %d was refused", r->task_id, runner_msg_type_name(m->type),
+             m->seq, r->n_seqs);
+    return false;
 }
 
-static void on_output(struct gen_node *g, struct req *r, const json_t *j)
+static void on_output(struct gen_node *g, struct req *r, const struct task_msg *m)
 {
-    int seq;
-    if (!seq_of(r, j, &seq)) {
-        log_warn("gen: task %s: an output line without a valid seq (0..%d) was refused", r->task_id, r->n_seqs - 1);
+    if (!seq_ok(r, m))
         return;
-    }
+    int seq = m->seq;
     int64_t now = clock_ns();
     if (!r->any_token)
         hist_add(&g->fig.ttft, (double)(now - r->submitted_ns) / 1e9);
@@ -183,44 +158,35 @@ static void on_output(struct gen_node *g, struct req *r, const json_t *j)
         hist_add(&g->fig.itl, (double)(now - r->last_token_ns[seq]) / 1e9);
     r->any_token = true;
     r->last_token_ns[seq] = now;
-    const json_t *lp = json_object_get(j, "logprobs");
-    struct gen_event ev = {.kind = GEN_EVENT_DELTA, .seq = seq, .content = member_text(j, "content"),
-                           .reasoning = member_text(j, "reasoning"), .logprobs = json_is_array(lp) ? lp : NULL};
+    struct gen_event ev = {.kind = GEN_EVENT_DELTA, .seq = seq, .content = m->content, .reasoning = m->reasoning,
+                           .logprobs = m->logprobs};
     r->fn(r->ctx, &ev);
 }
 
-static void on_seq_done(struct req *r, const json_t *j)
+static void on_seq_done(struct req *r, const struct task_msg *m)
 {
-    int seq;
-    if (!seq_of(r, j, &seq)) {
-        log_warn("gen: task %s: a seq_done line without a valid seq (0..%d) was refused", r->task_id, r->n_seqs - 1);
+    if (!seq_ok(r, m))
         return;
-    }
-    struct gen_usage u = {.completion_tokens = member_int(j, "completion_tokens"),
-                          .draft_tokens = member_int(j, "draft_tokens"),
-                          .accepted_draft_tokens = member_int(j, "accepted_draft_tokens")};
-    u.prompt_ms = member_ms(j, "prompt_ms");
-    u.predicted_ms = member_ms(j, "predicted_ms");
+    struct gen_usage u = {.completion_tokens = m->completion_tokens, .draft_tokens = m->draft_tokens,
+                          .accepted_draft_tokens = m->accepted_draft_tokens, .prompt_ms = m->prompt_ms,
+                          .predicted_ms = m->predicted_ms};
     r->total.prompt_ms = u.prompt_ms > r->total.prompt_ms ? u.prompt_ms : r->total.prompt_ms;
     r->total.predicted_ms = u.predicted_ms > r->total.predicted_ms ? u.predicted_ms : r->total.predicted_ms;
     r->total.completion_tokens += u.completion_tokens;
     r->total.draft_tokens += u.draft_tokens;
     r->total.accepted_draft_tokens += u.accepted_draft_tokens;
-    const json_t *tc = json_object_get(j, "tool_calls");
-    const char *finish = json_string_value(json_object_get(j, "finish"));
-    struct gen_event ev = {.kind = GEN_EVENT_SEQ_DONE, .seq = seq, .finish = finish ? finish : "stop",
-                           .stop_sequence = json_string_value(json_object_get(j, "stop_sequence")),
-                           .tool_calls = json_is_array(tc) ? tc : NULL, .usage = u};
+    struct gen_event ev = {.kind = GEN_EVENT_SEQ_DONE, .seq = m->seq, .finish = task_seq_finish_name(m->seq_finish),
+                           .stop_sequence = m->stop_sequence, .tool_calls = m->tool_calls, .usage = u};
     r->fn(r->ctx, &ev);
     r->seqs_done++;
 }
 
-static void on_done(struct gen_node *g, size_t at, const json_t *j)
+static void on_done(struct gen_node *g, size_t at, const struct task_msg *m)
 {
     struct req *r = g->live[at];
-    const char *finish = member_text(j, "finish");
-    const char *error = json_string_value(json_object_get(j, "error"));
-    if (!strcmp(finish, "error")) {
+    const char *finish = runner_finish_name(m->finish);
+    const char *error = m->error;
+    if (m->finish == RUNNER_FINISH_ERROR) {
         fail_req(g, at, r->started ? 500 : 503, error ? error : "the runner failed");
         return;
     }
@@ -238,7 +204,7 @@ static void on_done(struct gen_node *g, size_t at, const json_t *j)
     g->fig.draft_tokens += (uint64_t)r->total.draft_tokens;
     g->fig.accepted_draft_tokens += (uint64_t)r->total.accepted_draft_tokens;
     hist_add(&g->fig.duration, (double)(clock_ns() - r->submitted_ns) / 1e9);
-    if (!strcmp(finish, "cancelled"))
+    if (m->finish == RUNNER_FINISH_CANCELLED)
         g->fig.cancelled++;
     else
         g->fig.ok++;
@@ -248,10 +214,9 @@ static void on_done(struct gen_node *g, size_t at, const json_t *j)
 }
 
 /* Keeps the stats member of a runner line by instance (under mu). */
-static void keep_stats(struct gen_node *g, const char *instance_id, const json_t *j)
+static void keep_stats(struct gen_node *g, const char *instance_id, const struct task_msg *m)
 {
-    const json_t *st = json_object_get(j, "stats");
-    if (!json_is_object(st))
+    if (!m->has_stats)
         return;
     struct runner_figures *f = NULL;
     for (int i = 0; i < g->n_runners && !f; i++)
@@ -261,53 +226,39 @@ static void keep_stats(struct gen_node *g, const char *instance_id, const json_t
         f = &g->runners[g->n_runners < MAX_FIGURES ? g->n_runners++ : MAX_FIGURES - 1];
         snprintf(f->instance_id, sizeof f->instance_id, "%s", instance_id);
     }
-    f->running = member_int(st, "running");
-    f->queued = member_int(st, "queued");
-    f->slots = member_int(st, "slots");
-    f->kv_used = member_int(st, "kv_blocks_used");
-    f->kv_total = member_int(st, "kv_blocks_total");
-    f->preemptions = member_int(st, "preemptions");
-    f->pipe_steps = member_int(st, "pipeline_steps");
-    f->pipe_compute_us = member_int(st, "pipeline_compute_us");
-    f->pipe_wait_us = member_int(st, "pipeline_wait_us");
-    f->pipe_bytes = member_int(st, "pipeline_bytes");
-    f->pipe_result_bytes = member_int(st, "pipeline_result_bytes");
-    f->pipe_rows_sampled = member_int(st, "pipeline_rows_sampled");
-    f->pipe_rows_logits = member_int(st, "pipeline_rows_logits");
+    f->s = m->stats;
 }
 
 static void on_line(void *ctx, const char *from, const char *line, size_t len)
 {
     struct gen_node *g = ctx;
-    json_t *j = json_loadb(line, len, 0, NULL);
-    const char *type = json_string_value(json_object_get(j, "type"));
-    const char *task = json_string_value(json_object_get(j, "task_id"));
-    if (!type || !task) {
-        log_warn("gen: a malformed output line was dropped");
-        json_decref(j);
+    struct task_msg m;
+    char err[256];
+    if (task_msg_decode(line, len, &m, err, sizeof err)) {
+        log_warn("gen: a task line from node %.64s was refused: %s", from, err);
         return;
     }
     pthread_mutex_lock(&g->mu);
     size_t at;
-    struct req *r = find_task(g, task, &at);
+    struct req *r = find_task(g, m.task_id, &at);
     if (r && strcmp(from, r->runs_on)) {
         /* Only the node that runs the task's first rank speaks for it: another peer
          * could otherwise write into someone else's answer. */
         log_warn("gen: task %s: an output line from node %.64s, which does not run it (%s does), was refused",
-                 task, from, r->runs_on);
+                 m.task_id, from, r->runs_on);
     } else if (r) {
-        keep_stats(g, r->instance_id, j);
-        if (!strcmp(type, "start"))
-            on_start(g, at, j);
-        else if (!strcmp(type, "output") && r->started)
-            on_output(g, r, j);
-        else if (!strcmp(type, "seq_done") && r->started)
-            on_seq_done(r, j);
-        else if (!strcmp(type, "done"))
-            on_done(g, at, j);
+        keep_stats(g, r->instance_id, &m);
+        if (m.type == RUNNER_MSG_START)
+            on_start(g, at, &m);
+        else if (m.type == RUNNER_MSG_OUTPUT && r->started)
+            on_output(g, r, &m);
+        else if (m.type == RUNNER_MSG_SEQ_DONE && r->started)
+            on_seq_done(r, &m);
+        else if (m.type == RUNNER_MSG_DONE)
+            on_done(g, at, &m);
     }
     pthread_mutex_unlock(&g->mu);
-    json_decref(j);
+    task_msg_clear(&m);
 }
 
 /* ---- instances ---- */
@@ -434,7 +385,7 @@ static int ready_instance(struct gen_node *g, struct pick *p, char *err, size_t 
         if (rc) {
             pthread_mutex_unlock(&g->place_mu);
             snprintf(err, errlen, "model '%s' cannot be placed: %s", p->model, res.message);
-            return rc == CAIRN_EFULL ? 503 : gen_http_status(rc) == 500 ? 503 : gen_http_status(rc);
+            return rc == CAIRN_EFULL ? 503 : cairn_http_status(rc) == 500 ? 503 : cairn_http_status(rc);
         }
         log_info("gen: placed model %s on demand (instance %s)", id, res.instance_id);
     }
@@ -556,7 +507,7 @@ static int op_submit(void *self, struct textgen_params *p, gen_event_fn fn, void
         if (!still) /* it already ended (an ERROR was delivered): report success */
             goto ok;
         snprintf(err, errlen, "%s", res.message);
-        status = rc == CAIRN_EIO ? 503 : gen_http_status(rc);
+        status = rc == CAIRN_EIO ? 503 : cairn_http_status(rc);
         r = NULL;
         goto out;
     }
@@ -906,30 +857,30 @@ static void h_metrics(struct http_request *req, void *ctx)
         size_t off;
     } per_instance[] = {
         {"cairn_runner_busy_slots", "gauge", "Sequences decoding in the instance's runner (at its last report).",
-         offsetof(struct runner_figures, running)},
-        {"cairn_runner_slots", "gauge", "Slots of the instance's runner.", offsetof(struct runner_figures, slots)},
+         offsetof(struct runner_figures, s.running)},
+        {"cairn_runner_slots", "gauge", "Slots of the instance's runner.", offsetof(struct runner_figures, s.slots)},
         {"cairn_runner_queue_length", "gauge", "Requests waiting in the instance's runner.",
-         offsetof(struct runner_figures, queued)},
-        {"cairn_kv_cache_blocks_used", "gauge", "KV cache blocks in use.", offsetof(struct runner_figures, kv_used)},
-        {"cairn_kv_cache_blocks_total", "gauge", "KV cache blocks in all.", offsetof(struct runner_figures, kv_total)},
+         offsetof(struct runner_figures, s.queued)},
+        {"cairn_kv_cache_blocks_used", "gauge", "KV cache blocks in use.", offsetof(struct runner_figures, s.kv_blocks_used)},
+        {"cairn_kv_cache_blocks_total", "gauge", "KV cache blocks in all.", offsetof(struct runner_figures, s.kv_blocks_total)},
         {"cairn_runner_preemptions_total", "counter", "Sequences preempted for KV room.",
-         offsetof(struct runner_figures, preemptions)},
+         offsetof(struct runner_figures, s.preemptions)},
         {"cairn_pipeline_steps_total", "counter", "Steps rank 0 sent around the pipeline (0: one node).",
-         offsetof(struct runner_figures, pipe_steps)},
+         offsetof(struct runner_figures, s.pipeline_steps)},
         {"cairn_pipeline_rank0_compute_microseconds_total", "counter", "Rank 0's time in its own layers.",
-         offsetof(struct runner_figures, pipe_compute_us)},
+         offsetof(struct runner_figures, s.pipeline_compute_us)},
         {"cairn_pipeline_wait_microseconds_total", "counter",
          "Rank 0's time from sending a step's activations to its logits coming back (the other ranks and the wire).",
-         offsetof(struct runner_figures, pipe_wait_us)},
+         offsetof(struct runner_figures, s.pipeline_wait_us)},
         {"cairn_pipeline_bytes_total", "counter", "Bytes on rank 0's data-plane links.",
-         offsetof(struct runner_figures, pipe_bytes)},
+         offsetof(struct runner_figures, s.pipeline_bytes)},
         {"cairn_pipeline_result_bytes_total", "counter", "Bytes of the results that came back from the last rank.",
-         offsetof(struct runner_figures, pipe_result_bytes)},
+         offsetof(struct runner_figures, s.pipeline_result_bytes)},
         {"cairn_pipeline_rows_sampled_total", "counter", "Tokens the last rank sampled (a few bytes each).",
-         offsetof(struct runner_figures, pipe_rows_sampled)},
+         offsetof(struct runner_figures, s.pipeline_rows_sampled)},
         {"cairn_pipeline_rows_logits_total", "counter",
          "Tokens whose whole logits row came back (sampled drafts, forked prompts).",
-         offsetof(struct runner_figures, pipe_rows_logits)},
+         offsetof(struct runner_figures, s.pipeline_rows_logits)},
     };
     for (size_t k = 0; k < sizeof per_instance / sizeof per_instance[0]; k++) {
         add(&t, "# HELP %s %s\n# TYPE %s %s\n", per_instance[k].name, per_instance[k].help, per_instance[k].name,

@@ -794,7 +794,7 @@ static void generate(struct http_request *req, const struct gen *g, enum kind ki
         rc = read_common(body, &p, &stream, &unload, &e);
     if (rc) {
         textgen_params_clear(&p);
-        reply_error(req, gen_http_status(rc), rc == CAIRN_ENOMEM ? "out of memory" : e.message);
+        reply_error(req, cairn_http_status(rc), rc == CAIRN_ENOMEM ? "out of memory" : e.message);
         return;
     }
     json_t *models = g->ops->models(g->self);

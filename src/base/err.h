@@ -32,4 +32,9 @@ const char *cairn_strerror(int err);
 int cairn_fail(char *err, size_t errlen, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* The HTTP status a client gets for a CAIRN_E* code (the one table: the API and the
+ * runner's refusals use it): 0 200, ENOTFOUND 404, ERANGE 413 (too large), EFULL 503,
+ * EFORMAT and EINVAL 400, others 500. */
+int cairn_http_status(int code);
+
 #endif

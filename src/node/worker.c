@@ -17,6 +17,7 @@
 #include "node/catalog.h"
 #include "node/download.h"
 #include "node/taskbody.h"
+#include "proto/taskmsg.h"
 #include "ctl/plan.h"
 
 struct wrunner {
@@ -284,9 +285,10 @@ static void task_done(struct worker *w, const struct supervisor_event *ev)
             error = why;
         }
     }
-    json_t *j = json_pack("{s:s, s:s, s:s, s:I, s:s?}", "type", "done", "task_id", t->id, "finish",
-                          runner_finish_name(finish), "n_generated", (json_int_t)ev->n_generated, "error",
-                          error);
+    struct task_msg done = {.type = RUNNER_MSG_DONE, .finish = finish, .n_generated = ev->n_generated,
+                            .error = error};
+    memcpy(done.task_id, t->id, sizeof done.task_id);
+    json_t *j = task_msg_to_json(&done);
     char *line = j ? json_dumps(j, JSON_COMPACT) : NULL;
     if (line)
         relay(w, t->requester, line, strlen(line));

@@ -2,6 +2,7 @@
 
 #include "base/err.h"
 #include "proto/status.h"
+#include "proto/taskmsg.h"
 
 #include <errno.h>
 #include <math.h>
@@ -535,17 +536,18 @@ static int decode(const json_t *j, struct runner_msg *out, char *err, size_t err
     }
     case RUNNER_MSG_START:
     case RUNNER_MSG_OUTPUT:
-    case RUNNER_MSG_SEQ_DONE:
-        if ((rc = ids_json_id(j, path, "task_id", out->task_id, err, errlen)))
+    case RUNNER_MSG_SEQ_DONE: { /* every member checked (taskmsg.h), then relayed as it is */
+        struct task_msg tm;
+        if ((rc = task_msg_from_json((json_t *)j, &tm, err, errlen)))
             return rc;
-        if (out->type != RUNNER_MSG_START &&
-            (rc = ids_json_int(j, path, "seq", 0, RUNNER_MAX_SEQS - 1, &v, err, errlen)))
-            return rc;
+        memcpy(out->task_id, tm.task_id, sizeof out->task_id);
+        task_msg_clear(&tm);
         if (!(out->body = json_deep_copy(j)))
             return CAIRN_ENOMEM;
         json_object_del(out->body, "type");
         json_object_del(out->body, "task_id");
         return 0;
+    }
     default:
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "message.type: unknown");
     }

@@ -22,6 +22,7 @@
 #include "runner/runner_text.h"
 #include "runner/pipeline.h"
 #include "proto/runner_proto.h"
+#include "proto/taskmsg.h"
 #include "proto/textgen.h"
 #include "gguf/vocab.h"
 #include "proto/status.h"
@@ -163,49 +164,65 @@ static void send_done(struct runner *r, const char *task_id, enum runner_finish 
 
 /* The scheduler's figures, carried by start and seq_done messages to the node whose API
  * holds the request (its /metrics). */
-static void add_sched_stats(struct runner *r, json_t *body)
+static void get_task_stats(struct runner *r, struct task_stats *s)
 {
     struct sched_stats st;
     sched_get_stats(r->sched, &st);
-    json_object_set_new(body, "stats",
-                        json_pack("{s:i, s:i, s:i, s:I, s:I, s:I}", "running", st.running, "queued", st.queued, "slots",
-                                  r->cfg.slots, "kv_blocks_used", (json_int_t)st.kv_blocks_used, "kv_blocks_total",
-                                  (json_int_t)st.kv_blocks_total, "preemptions", (json_int_t)st.preemptions));
+    *s = (struct task_stats){.running = st.running, .queued = st.queued, .slots = r->cfg.slots,
+                             .kv_blocks_used = st.kv_blocks_used, .kv_blocks_total = st.kv_blocks_total,
+                             .preemptions = st.preemptions};
     if (r->pipe) { /* rank 0 of a pipeline: how its steps went around the ring */
         struct pipeline_stats ps;
         pipeline_get_stats(r->pipe, &ps);
-        json_t *o = json_object_get(body, "stats");
-        json_object_set_new(o, "pipeline_steps", json_integer((json_int_t)ps.steps));
-        json_object_set_new(o, "pipeline_compute_us", json_integer(ps.compute_us));
-        json_object_set_new(o, "pipeline_wait_us", json_integer(ps.wait_us));
-        json_object_set_new(o, "pipeline_bytes", json_integer((json_int_t)(ps.bytes_sent + ps.bytes_received)));
+        s->pipeline = true;
+        s->pipeline_steps = (int64_t)ps.steps;
+        s->pipeline_compute_us = ps.compute_us;
+        s->pipeline_wait_us = ps.wait_us;
+        s->pipeline_bytes = (int64_t)(ps.bytes_sent + ps.bytes_received);
         /* What came back per wanted row: a token sampled on the last rank, or logits. */
-        json_object_set_new(o, "pipeline_result_bytes", json_integer((json_int_t)ps.result_bytes));
-        json_object_set_new(o, "pipeline_rows_sampled", json_integer((json_int_t)ps.rows_sampled));
-        json_object_set_new(o, "pipeline_rows_logits", json_integer((json_int_t)ps.rows_logits));
+        s->pipeline_result_bytes = (int64_t)ps.result_bytes;
+        s->pipeline_rows_sampled = (int64_t)ps.rows_sampled;
+        s->pipeline_rows_logits = (int64_t)ps.rows_logits;
     }
 }
 
-/* A start, output or seq_done message with body's members; takes body. */
-static void send_body(struct runner *r, enum runner_msg_type type, const char *task_id, json_t *body)
+/* Sends a start, output or seq_done message (proto/taskmsg.h); start and seq_done get the
+ * scheduler's figures. */
+static void send_task_msg(struct runner *r, struct task_msg *tm)
 {
+    if (tm->type != RUNNER_MSG_OUTPUT && r->sched && !tm->error) {
+        get_task_stats(r, &tm->stats);
+        tm->has_stats = true;
+    }
+    json_t *body = task_msg_to_json(tm);
     if (!body) {
-        fprintf(stderr, "cairn runner: out of memory; a message of task %s is lost\n", task_id);
+        fprintf(stderr, "cairn runner: a '%s' message of task %s cannot be encoded; it is lost\n",
+                runner_msg_type_name(tm->type), tm->task_id);
         return;
     }
-    if (type != RUNNER_MSG_OUTPUT && r->sched && !json_object_get(body, "error"))
-        add_sched_stats(r, body);
-    struct runner_msg m = {.type = type, .body = body};
-    snprintf(m.task_id, sizeof m.task_id, "%s", task_id);
+    json_object_del(body, "type"); /* runner_msg adds them again */
+    json_object_del(body, "task_id");
+    struct runner_msg m = {.type = tm->type, .body = body};
+    memcpy(m.task_id, tm->task_id, sizeof m.task_id);
     send_msg(r, &m);
     json_decref(body);
+}
+
+static struct task_msg task_msg_of(enum runner_msg_type type, const char *task_id)
+{
+    struct task_msg m = {.type = type};
+    snprintf(m.task_id, sizeof m.task_id, "%s", task_id);
+    return m;
 }
 
 /* A text task refused before it started: start with the error and its HTTP status, then
  * done. */
 static void refuse_text(struct runner *r, const char *task_id, int status, const char *error)
 {
-    send_body(r, RUNNER_MSG_START, task_id, json_pack("{s:s, s:i}", "error", error, "status", status));
+    struct task_msg m = task_msg_of(RUNNER_MSG_START, task_id);
+    m.error = error;
+    m.status = status;
+    send_task_msg(r, &m);
     send_done(r, task_id, RUNNER_FINISH_ERROR, 0, error);
 }
 
@@ -263,11 +280,13 @@ static void flush_text(struct runner *r, struct rtask *t, int seq)
     json_t *logprobs;
     if (!text_seq_take(t->seqs[seq], &content, &reasoning, &logprobs))
         return;
-    json_t *body = json_pack("{s:i, s:s, s:s}", "seq", seq, "content", content, "reasoning", reasoning);
-    if (body && logprobs)
-        json_object_set(body, "logprobs", logprobs);
+    struct task_msg m = task_msg_of(RUNNER_MSG_OUTPUT, t->id);
+    m.seq = seq;
+    m.content = content;
+    m.reasoning = reasoning;
+    m.logprobs = logprobs;
+    send_task_msg(r, &m);
     json_decref(logprobs);
-    send_body(r, RUNNER_MSG_OUTPUT, t->id, body);
 }
 
 static int on_token(void *ctx, uint64_t id, int seq, int64_t index, const struct sched_token *tok)
@@ -301,24 +320,26 @@ static void on_admitted(void *ctx, uint64_t id, const struct sched_usage *u)
     struct rtask *t = task_by_sched(r, id, NULL);
     if (t && !t->admitted_ns)
         t->admitted_ns = clock_ns();
-    if (t && t->text)
-        send_body(r, RUNNER_MSG_START, t->id,
-                  json_pack("{s:I, s:I}", "prompt_tokens", (json_int_t)u->prompt_tokens, "cached_tokens",
-                            (json_int_t)u->cached_tokens));
+    if (t && t->text) {
+        struct task_msg m = task_msg_of(RUNNER_MSG_START, t->id);
+        m.prompt_tokens = u->prompt_tokens;
+        m.cached_tokens = u->cached_tokens;
+        send_task_msg(r, &m);
+    }
 }
 
-static const char *seq_finish_name(enum sched_finish why, bool tool_calls)
+static enum task_seq_finish seq_finish_of(enum sched_finish why, bool tool_calls)
 {
     switch (why) {
     case SCHED_FINISH_STOP:
     case SCHED_FINISH_STOPPED:
-        return tool_calls ? "tool_calls" : "stop";
+        return tool_calls ? TASK_SEQ_TOOL_CALLS : TASK_SEQ_STOP;
     case SCHED_FINISH_LENGTH:
-        return tool_calls ? "tool_calls" : "length";
+        return tool_calls ? TASK_SEQ_TOOL_CALLS : TASK_SEQ_LENGTH;
     case SCHED_FINISH_CANCELLED:
-        return "cancelled";
+        return TASK_SEQ_CANCELLED;
     default:
-        return "error";
+        return TASK_SEQ_ERROR;
     }
 }
 
@@ -352,23 +373,24 @@ static void on_done(void *ctx, uint64_t id, int seq, enum sched_finish why, cons
             fprintf(stderr, "cairn runner: task %s: out of memory finishing its text\n", t->id);
         flush_text(r, t, seq);
         int matched = text_seq_stop_matched(t->seqs[seq]);
-        json_t *body = json_pack("{s:i, s:s, s:s?, s:I, s:I, s:I, s:i, s:i}", "seq", seq, "finish",
-                                 seq_finish_name(why, calls != NULL), "stop_sequence",
-                                 matched >= 0 && matched < t->n_stops ? t->stops[matched] : NULL,
-                                 "completion_tokens", (json_int_t)u->generated_tokens, "prompt_tokens",
-                                 (json_int_t)u->prompt_tokens, "cached_tokens", (json_int_t)u->cached_tokens,
-                                 "draft_tokens", (int)u->draft_tokens, "accepted_draft_tokens",
-                                 (int)u->accepted_draft_tokens);
+        struct task_msg m = task_msg_of(RUNNER_MSG_SEQ_DONE, t->id);
+        m.seq = seq;
+        m.seq_finish = seq_finish_of(why, calls != NULL);
+        m.stop_sequence = matched >= 0 && matched < t->n_stops ? t->stops[matched] : NULL;
+        m.tool_calls = calls;
+        m.completion_tokens = u->generated_tokens;
+        m.prompt_tokens = u->prompt_tokens;
+        m.cached_tokens = u->cached_tokens;
+        m.draft_tokens = u->draft_tokens;
+        m.accepted_draft_tokens = u->accepted_draft_tokens;
         int64_t first = seq < TEXTGEN_MAX_N ? t->first_token_ns[seq] : 0;
-        if (body && first && t->admitted_ns) {
-            json_object_set_new(body, "prompt_ms", json_real((double)(first - t->admitted_ns) / 1e6));
-            json_object_set_new(body, "predicted_ms", json_real((double)(clock_ns() - first) / 1e6));
+        if (first && t->admitted_ns) {
+            int64_t now = clock_ns();
+            m.prompt_ms = first > t->admitted_ns ? (double)(first - t->admitted_ns) / 1e6 : 0;
+            m.predicted_ms = now > first ? (double)(now - first) / 1e6 : 0;
         }
-        if (body)
-            json_object_set_new(body, "tool_calls", calls ? calls : json_null());
-        else
-            json_decref(calls);
-        send_body(r, RUNNER_MSG_SEQ_DONE, t->id, body);
+        send_task_msg(r, &m);
+        json_decref(calls);
     }
     if (++t->n_done < t->n_seqs)
         return;
@@ -478,14 +500,14 @@ static int prompt_of(struct runner *r, const struct textgen_params *p, int32_t *
         int rc = chat_render(r->chat, vars, p->add_generation_prompt, &text, &len, err, errlen);
         json_decref(vars);
         if (rc)
-            return rc == CAIRN_EINVAL ? 400 : 500;
+            return cairn_http_status(rc);
         *opens_think = reasoning_prompt_open(text, len, r->think.open, r->think.close);
     }
     const char *src = text ? text : p->prompt;
     int rc = chat_tokenize(r->chat, src, text ? len : strlen(p->prompt), ids, n, err, errlen);
     free(text);
     if (rc)
-        return rc == CAIRN_ERANGE ? 413 : 500;
+        return cairn_http_status(rc);
     if (*n < 1) {
         snprintf(err, errlen, "the prompt is empty");
         return 400;
@@ -559,7 +581,7 @@ static void text_task(struct runner *r, struct runner_task *tt)
     int rc = start_task(r, t, &rq, err, sizeof err);
     t = NULL; /* owned by the table, or freed */
     if (rc) {
-        status = rc == CAIRN_EFULL ? 503 : rc == CAIRN_ERANGE ? 413 : rc == CAIRN_EINVAL ? 400 : 500;
+        status = cairn_http_status(rc);
         goto refuse;
     }
     /* start follows when the scheduler admits it (on_admitted) */

@@ -826,17 +826,19 @@ static void test_forged_output(void)
         for (int k = 0; k < 5; k++) {
             char line[512];
             if (seqs[k])
-                snprintf(line, sizeof line, "{\"type\":\"output\",\"task_id\":\"%s\",\"seq\":%s,\"content\":\"EVIL\"}",
+                snprintf(line, sizeof line,
+                         "{\"type\":\"output\",\"task_id\":\"%s\",\"seq\":%s,\"content\":\"EVIL\",\"reasoning\":\"\"}",
                          task, seqs[k]);
             else
                 snprintf(line, sizeof line, "{\"type\":\"output\",\"task_id\":\"%s\",\"content\":\"EVIL\"}", task);
             CHECK(link_send(rogue, p->id, NODE_T_TASK_OUTPUT, line, strlen(line)) == 1, "forged line %d sent", k);
-            snprintf(line, sizeof line, "{\"type\":\"start\",\"task_id\":\"%s\",\"prompt_tokens\":1}", task);
+            snprintf(line, sizeof line, "{\"type\":\"start\",\"task_id\":\"%s\",\"prompt_tokens\":1,\"cached_tokens\":0}",
+                     task);
             link_send(rogue, p->id, NODE_T_TASK_OUTPUT, line, strlen(line));
         }
         char done[256];
-        snprintf(done, sizeof done, "{\"type\":\"done\",\"task_id\":\"%s\",\"finish\":\"error\",\"error\":\"EVIL\"}",
-                 task);
+        snprintf(done, sizeof done,
+                 "{\"type\":\"done\",\"task_id\":\"%s\",\"finish\":\"error\",\"n_generated\":0,\"error\":\"EVIL\"}", task);
         link_send(rogue, p->id, NODE_T_TASK_OUTPUT, done, strlen(done));
         for (double t0 = now_s(); now_s() - t0 < 1;) /* let them arrive while the runner sleeps */
             link_poll(rogue, 100, &msg);
@@ -853,8 +855,12 @@ static void test_forged_output(void)
         rogue_text_generation(rogue, p);
     link_release(rogue);
     char cmd[700];
-    snprintf(cmd, sizeof cmd, "grep -c 'output line from node rogue-peer-0001.*was refused' '%s' >/dev/null", p->log);
-    CHECK(!have_task || run_cmd("%s", cmd) == 0, "node 5 logged why it refused the rogue's lines");
+    snprintf(cmd, sizeof cmd, "grep -c 'output line from node rogue-peer-0001, which does not run it' '%s' >/dev/null",
+             p->log);
+    CHECK(!have_task || run_cmd("%s", cmd) == 0, "node 5 logged why it refused the rogue's well-formed lines");
+    snprintf(cmd, sizeof cmd, "grep -c 'task line from node rogue-peer-0001 was refused: output.seq' '%s' >/dev/null",
+             p->log);
+    CHECK(!have_task || run_cmd("%s", cmd) == 0, "node 5 logged why it refused the rogue's malformed lines");
     snprintf(cmd, sizeof cmd, "grep -q 'request of task rogue-task-1 never arrived from node rogue-peer-0001' '%s'",
              p->log);
     CHECK(!joined || run_cmd("%s", cmd) == 0, "node 5 logged why it failed the rogue's task");

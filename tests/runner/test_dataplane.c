@@ -950,6 +950,12 @@ static void test_queue_bound(struct dp_listener *l)
     CHECK_EQ_INT(got, sent);
     dp_get_stats(a, &st);
     CHECK(st.credit_wait_us >= 5000000, "a waited %lld us for credit", (long long)st.credit_wait_us);
+    /* b has every frame; a's sender thread counts the last write a moment after it. */
+    for (int i = 0; i < 500 && st.send_queued; i++) {
+        struct timespec pause = {0, 10 * 1000000L};
+        nanosleep(&pause, NULL);
+        dp_get_stats(a, &st);
+    }
     CHECK(st.send_queued == 0, "send queue drained: %zu", st.send_queued);
     dp_close(a, NULL);
     dp_close(b, NULL);

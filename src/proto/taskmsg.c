@@ -1,0 +1,330 @@
+#include "proto/taskmsg.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "base/err.h"
+
+#define MS_MAX 1e12 /* a time in ms: 0 <= t < 31 years */
+
+const char *task_seq_finish_name(int v)
+{
+    static const char *const names[] = {"stop", "length", "tool_calls", "cancelled", "error"};
+    return v >= 0 && v < TASK_SEQ_FINISH_COUNT ? names[v] : NULL;
+}
+
+/* ---- reading ---- */
+
+static int get_int(const json_t *j, const char *path, const char *key, int64_t hi, int64_t *dst, char *err,
+                   size_t errlen)
+{
+    return ids_json_int(j, path, key, 0, hi, dst, err, errlen);
+}
+
+/* An optional integer in [0, IDS_COUNTER_MAX]: 0 when absent. */
+static int opt_count(const json_t *j, const char *path, const char *key, int64_t *dst, char *err, size_t errlen)
+{
+    *dst = 0;
+    return json_object_get(j, key) ? get_int(j, path, key, IDS_COUNTER_MAX, dst, err, errlen) : 0;
+}
+
+/* A required string (any length the line allows) into *dst, borrowed from j. */
+static int get_str(const json_t *j, const char *path, const char *key, const char **dst, char *err, size_t errlen)
+{
+    const json_t *v = json_object_get(j, key);
+    if (!v)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.%s: missing", path, key);
+    if (!json_is_string(v))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.%s: must be a string", path, key);
+    *dst = json_string_value(v);
+    return 0;
+}
+
+/* A string or null (absent counts as null) into *dst. */
+static int opt_str(const json_t *j, const char *path, const char *key, const char **dst, char *err, size_t errlen)
+{
+    const json_t *v = json_object_get(j, key);
+    *dst = NULL;
+    if (!v || json_is_null(v))
+        return 0;
+    return get_str(j, path, key, dst, err, errlen);
+}
+
+/* An array or null (absent counts as null) into *dst. */
+static int opt_array(const json_t *j, const char *path, const char *key, const json_t **dst, char *err,
+                     size_t errlen)
+{
+    const json_t *v = json_object_get(j, key);
+    *dst = NULL;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_array(v))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.%s: must be an array or null", path, key);
+    *dst = v;
+    return 0;
+}
+
+static int opt_ms(const json_t *j, const char *path, const char *key, double *dst, char *err, size_t errlen)
+{
+    const json_t *v = json_object_get(j, key);
+    *dst = 0;
+    if (!v)
+        return 0;
+    double d = json_is_number(v) ? json_number_value(v) : -1;
+    if (!(d >= 0 && d < MS_MAX))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.%s: must be a time in ms, 0 <= t < %.0f", path, key, MS_MAX);
+    *dst = d;
+    return 0;
+}
+
+static int read_stats(const json_t *j, const char *path, struct task_msg *m, char *err, size_t errlen)
+{
+    const json_t *st = json_object_get(j, "stats");
+    if (!st)
+        return 0;
+    char p[64];
+    snprintf(p, sizeof p, "%s.stats", path);
+    if (!json_is_object(st))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: must be an object", p);
+    struct task_stats *s = &m->stats;
+    struct {
+        const char *key;
+        int64_t *dst;
+    } f[] = {{"running", &s->running},
+             {"queued", &s->queued},
+             {"slots", &s->slots},
+             {"kv_blocks_used", &s->kv_blocks_used},
+             {"kv_blocks_total", &s->kv_blocks_total},
+             {"preemptions", &s->preemptions},
+             {"pipeline_steps", &s->pipeline_steps},
+             {"pipeline_compute_us", &s->pipeline_compute_us},
+             {"pipeline_wait_us", &s->pipeline_wait_us},
+             {"pipeline_bytes", &s->pipeline_bytes},
+             {"pipeline_result_bytes", &s->pipeline_result_bytes},
+             {"pipeline_rows_sampled", &s->pipeline_rows_sampled},
+             {"pipeline_rows_logits", &s->pipeline_rows_logits}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        int rc = i < 6 ? get_int(st, p, f[i].key, IDS_COUNTER_MAX, f[i].dst, err, errlen)
+                       : opt_count(st, p, f[i].key, f[i].dst, err, errlen);
+        if (rc)
+            return rc;
+    }
+    s->pipeline = json_object_get(st, "pipeline_steps") != NULL;
+    m->has_stats = true;
+    return 0;
+}
+
+static int read_seq(const json_t *j, const char *path, struct task_msg *m, char *err, size_t errlen)
+{
+    int64_t v = 0;
+    int rc = get_int(j, path, "seq", RUNNER_MAX_SEQS - 1, &v, err, errlen);
+    m->seq = (int)v;
+    return rc;
+}
+
+static int read_start(const json_t *j, struct task_msg *m, char *err, size_t errlen)
+{
+    int rc;
+    if (json_object_get(j, "error")) {
+        int64_t status = 0;
+        if ((rc = get_str(j, "start", "error", &m->error, err, errlen)) ||
+            (rc = ids_json_int(j, "start", "status", 400, 599, &status, err, errlen)))
+            return rc;
+        m->status = (int)status;
+        return 0;
+    }
+    if ((rc = get_int(j, "start", "prompt_tokens", IDS_COUNTER_MAX, &m->prompt_tokens, err, errlen)) ||
+        (rc = get_int(j, "start", "cached_tokens", m->prompt_tokens, &m->cached_tokens, err, errlen)))
+        return rc;
+    return read_stats(j, "start", m, err, errlen);
+}
+
+static int read_output(const json_t *j, struct task_msg *m, char *err, size_t errlen)
+{
+    int rc;
+    if ((rc = read_seq(j, "output", m, err, errlen)) || (rc = get_str(j, "output", "content", &m->content, err, errlen)) ||
+        (rc = get_str(j, "output", "reasoning", &m->reasoning, err, errlen)))
+        return rc;
+    return opt_array(j, "output", "logprobs", &m->logprobs, err, errlen);
+}
+
+static int read_seq_done(const json_t *j, struct task_msg *m, char *err, size_t errlen)
+{
+    const char *p = "seq_done";
+    int fin = 0, rc;
+    if ((rc = read_seq(j, p, m, err, errlen)) ||
+        (rc = ids_json_enum(j, p, "finish", task_seq_finish_name, TASK_SEQ_FINISH_COUNT, &fin, err, errlen)) ||
+        (rc = opt_str(j, p, "stop_sequence", &m->stop_sequence, err, errlen)) ||
+        (rc = opt_array(j, p, "tool_calls", &m->tool_calls, err, errlen)) ||
+        (rc = get_int(j, p, "completion_tokens", IDS_COUNTER_MAX, &m->completion_tokens, err, errlen)) ||
+        (rc = opt_count(j, p, "prompt_tokens", &m->prompt_tokens, err, errlen)) ||
+        (rc = opt_count(j, p, "cached_tokens", &m->cached_tokens, err, errlen)) ||
+        (rc = opt_count(j, p, "draft_tokens", &m->draft_tokens, err, errlen)) ||
+        (rc = opt_count(j, p, "accepted_draft_tokens", &m->accepted_draft_tokens, err, errlen)) ||
+        (rc = opt_ms(j, p, "prompt_ms", &m->prompt_ms, err, errlen)) ||
+        (rc = opt_ms(j, p, "predicted_ms", &m->predicted_ms, err, errlen)))
+        return rc;
+    if (m->accepted_draft_tokens > m->draft_tokens)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "seq_done.accepted_draft_tokens: %lld, more than the %lld drafted",
+                          (long long)m->accepted_draft_tokens, (long long)m->draft_tokens);
+    m->seq_finish = (enum task_seq_finish)fin;
+    return read_stats(j, p, m, err, errlen);
+}
+
+static int read_done(const json_t *j, struct task_msg *m, char *err, size_t errlen)
+{
+    int fin = 0, rc;
+    if ((rc = ids_json_enum(j, "done", "finish", runner_finish_name, RUNNER_FINISH_COUNT, &fin, err, errlen)) ||
+        (rc = get_int(j, "done", "n_generated", IDS_COUNTER_MAX, &m->n_generated, err, errlen)) ||
+        (rc = opt_str(j, "done", "error", &m->error, err, errlen)))
+        return rc;
+    m->finish = (enum runner_finish)fin;
+    return 0;
+}
+
+int task_msg_decode(const char *line, size_t len, struct task_msg *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    if (len && line[len - 1] == '\n')
+        len--;
+    json_error_t je;
+    json_t *j = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
+    if (!j)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "task line: not JSON (%s)", je.text);
+    int rc = task_msg_from_json(j, out, err, errlen);
+    json_decref(j);
+    return rc;
+}
+
+int task_msg_from_json(json_t *j, struct task_msg *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    out->root = json_incref(j);
+    const char *type = json_string_value(json_object_get(j, "type"));
+    int rc;
+    if (!json_is_object(j) || !type)
+        rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "task line: not an object with a \"type\"");
+    else if (!strcmp(type, "start"))
+        out->type = RUNNER_MSG_START, rc = 0;
+    else if (!strcmp(type, "output"))
+        out->type = RUNNER_MSG_OUTPUT, rc = 0;
+    else if (!strcmp(type, "seq_done"))
+        out->type = RUNNER_MSG_SEQ_DONE, rc = 0;
+    else if (!strcmp(type, "done"))
+        out->type = RUNNER_MSG_DONE, rc = 0;
+    else
+        rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "task line: type \"%.32s\" is not one of start, output, "
+                        "seq_done, done", type);
+    if (!rc)
+        rc = ids_json_id(j, type, "task_id", out->task_id, err, errlen);
+    if (!rc) {
+        switch (out->type) {
+        case RUNNER_MSG_START:
+            rc = read_start(j, out, err, errlen);
+            break;
+        case RUNNER_MSG_OUTPUT:
+            rc = read_output(j, out, err, errlen);
+            break;
+        case RUNNER_MSG_SEQ_DONE:
+            rc = read_seq_done(j, out, err, errlen);
+            break;
+        default:
+            rc = read_done(j, out, err, errlen);
+        }
+    }
+    if (rc)
+        task_msg_clear(out);
+    return rc;
+}
+
+void task_msg_clear(struct task_msg *m)
+{
+    json_decref(m->root);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- writing ---- */
+
+static bool put(json_t *o, const char *key, json_t *v)
+{
+    return v && json_object_set_new(o, key, v) == 0;
+}
+
+static bool put_count(json_t *o, const char *key, int64_t v)
+{
+    return v >= 0 && v <= IDS_COUNTER_MAX && put(o, key, json_integer(v));
+}
+
+static json_t *stats_to_json(const struct task_stats *s)
+{
+    json_t *o = json_object();
+    bool ok = o && put_count(o, "running", s->running) && put_count(o, "queued", s->queued) &&
+              put_count(o, "slots", s->slots) && put_count(o, "kv_blocks_used", s->kv_blocks_used) &&
+              put_count(o, "kv_blocks_total", s->kv_blocks_total) && put_count(o, "preemptions", s->preemptions);
+    if (ok && s->pipeline)
+        ok = put_count(o, "pipeline_steps", s->pipeline_steps) &&
+             put_count(o, "pipeline_compute_us", s->pipeline_compute_us) &&
+             put_count(o, "pipeline_wait_us", s->pipeline_wait_us) &&
+             put_count(o, "pipeline_bytes", s->pipeline_bytes) &&
+             put_count(o, "pipeline_result_bytes", s->pipeline_result_bytes) &&
+             put_count(o, "pipeline_rows_sampled", s->pipeline_rows_sampled) &&
+             put_count(o, "pipeline_rows_logits", s->pipeline_rows_logits);
+    if (!ok) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+static bool seq_ok(int seq) { return seq >= 0 && seq < RUNNER_MAX_SEQS; }
+
+static bool ms_ok(double ms) { return ms >= 0 && ms < MS_MAX; }
+
+json_t *task_msg_to_json(const struct task_msg *m)
+{
+    json_t *o = json_object();
+    const char *type = runner_msg_type_name(m->type);
+    bool ok = o && ids_valid_id(m->task_id) && put(o, "type", json_string(type ? type : "")) &&
+              put(o, "task_id", json_string(m->task_id));
+    switch (m->type) {
+    case RUNNER_MSG_START:
+        if (m->error)
+            ok = ok && m->status >= 400 && m->status <= 599 && put(o, "error", json_string(m->error)) &&
+                 put(o, "status", json_integer(m->status));
+        else
+            ok = ok && m->cached_tokens <= m->prompt_tokens && put_count(o, "prompt_tokens", m->prompt_tokens) &&
+                 put_count(o, "cached_tokens", m->cached_tokens);
+        break;
+    case RUNNER_MSG_OUTPUT:
+        ok = ok && seq_ok(m->seq) && put(o, "seq", json_integer(m->seq)) &&
+             put(o, "content", json_string(m->content ? m->content : "")) &&
+             put(o, "reasoning", json_string(m->reasoning ? m->reasoning : "")) &&
+             (!m->logprobs || (json_is_array(m->logprobs) && json_object_set(o, "logprobs", (json_t *)m->logprobs) == 0));
+        break;
+    case RUNNER_MSG_SEQ_DONE:
+        ok = ok && seq_ok(m->seq) && task_seq_finish_name(m->seq_finish) &&
+             m->accepted_draft_tokens <= m->draft_tokens && ms_ok(m->prompt_ms) && ms_ok(m->predicted_ms) &&
+             put(o, "seq", json_integer(m->seq)) && put(o, "finish", json_string(task_seq_finish_name(m->seq_finish))) &&
+             put(o, "stop_sequence", ids_json_string_or_null(m->stop_sequence, false)) &&
+             put(o, "tool_calls", m->tool_calls ? json_deep_copy(m->tool_calls) : json_null()) &&
+             put_count(o, "completion_tokens", m->completion_tokens) && put_count(o, "prompt_tokens", m->prompt_tokens) &&
+             put_count(o, "cached_tokens", m->cached_tokens) && put_count(o, "draft_tokens", m->draft_tokens) &&
+             put_count(o, "accepted_draft_tokens", m->accepted_draft_tokens) &&
+             (!m->prompt_ms || put(o, "prompt_ms", json_real(m->prompt_ms))) &&
+             (!m->predicted_ms || put(o, "predicted_ms", json_real(m->predicted_ms)));
+        break;
+    case RUNNER_MSG_DONE:
+        ok = ok && runner_finish_name(m->finish) && put(o, "finish", json_string(runner_finish_name(m->finish))) &&
+             put_count(o, "n_generated", m->n_generated) && put(o, "error", ids_json_string_or_null(m->error, false));
+        break;
+    default:
+        ok = false;
+    }
+    if (ok && m->has_stats && (m->type == RUNNER_MSG_START || m->type == RUNNER_MSG_SEQ_DONE))
+        ok = put(o, "stats", stats_to_json(&m->stats));
+    if (!ok) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
