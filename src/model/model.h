@@ -1,7 +1,7 @@
 /* A model slice: the weights of layers [layer_begin, layer_end) of a GGUF model, ready
  * for the engine. The first slice (layer_begin == 0) also holds the token embeddings;
  * the last (layer_end == n_layers) the final norm and the output head. Architectures
- * are described as data (arch.c): which tensors a layer has and which options apply,
+ * are described as data (model/arch.h): which tensors a layer has and which options apply,
  * so that the forward pass has one code path for all of them.
  *
  * Weights stay in the mmapped file where the kernels read them in place; when the
@@ -15,42 +15,9 @@
 #include <stdint.h>
 
 #include "kern/kern.h"
+#include "model/arch.h"
 
 struct gguf_file;
-
-enum rope_order {
-    ROPE_NORMAL = 0, /* rotate pairs (2i, 2i+1): llama */
-    ROPE_NEOX = 2,   /* rotate pairs (i, i + rot_dim/2): qwen2, qwen3 */
-};
-
-/* What distinguishes one architecture from another, as data. */
-struct arch_desc {
-    const char *name;       /* general.architecture */
-    enum rope_order rope;
-    bool qkv_bias;          /* attn_{q,k,v}.bias present (qwen2) */
-    bool qk_norm;           /* per-head RMS norm of q and k before RoPE (qwen3) */
-};
-
-/* Hyper-parameters, all read from the file's metadata. */
-struct model_hparams {
-    char arch[32];
-    int n_layers;
-    int n_embd;             /* hidden size */
-    int n_ff;               /* feed-forward size */
-    int n_head;
-    int n_head_kv;
-    int head_dim;           /* key/value length per head */
-    int n_rot;              /* dimensions rotated by RoPE (<= head_dim) */
-    int n_vocab;
-    int64_t n_ctx_train;
-    float norm_eps;
-    float rope_base;
-    float rope_linear_scale; /* positions are divided by it (1: none) */
-    enum rope_order rope;
-    bool qkv_bias;
-    bool qk_norm;
-    bool tied_output;        /* no output.weight: the head is token_embd */
-};
 
 struct model_layer {
     struct kern_mat *wq;     /* (n_head*head_dim, n_embd) */
@@ -90,12 +57,6 @@ struct model_load_opts {
     enum kern_path path;     /* KERN_PATH_AUTO */
     int threads;             /* repacking the matrices: 0, one thread per online CPU (at most 16) */
 };
-
-/* Architecture description by name, or NULL when unsupported. */
-const struct arch_desc *model_find_arch(const char *name);
-
-/* Reads hyper-parameters from an open file's metadata (validated). */
-int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, char *err, size_t errlen);
 
 /* Opens `path` and loads a slice. Unsupported architectures and tensor types, missing
  * tensors and wrong shapes are refused with their names. */

@@ -4,7 +4,7 @@
 #include "base/err.h"
 #include "base/log.h"
 #include "gguf/gguf.h"
-#include "model/model.h"
+#include "model/arch.h"
 
 #include <dirent.h>
 #include <errno.h>

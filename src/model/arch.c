@@ -1,0 +1,139 @@
+#include "model/arch.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "base/log.h"
+#include "gguf/gguf.h"
+
+static const struct arch_desc archs[] = {
+    {.name = "llama", .rope = ROPE_NORMAL},
+    {.name = "qwen2", .rope = ROPE_NEOX, .qkv_bias = true},
+    {.name = "qwen3", .rope = ROPE_NEOX, .qk_norm = true},
+};
+
+const struct arch_desc *model_find_arch(const char *name)
+{
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (!strcmp(archs[i].name, name))
+            return &archs[i];
+    return NULL;
+}
+
+/* Reads "<arch>.<key>" as an integer; absent keys take def (def < 0: required). */
+static int arch_int(const struct gguf_file *f, const char *arch, const char *key, int64_t def,
+                    int64_t lo, int64_t hi, int64_t *out, char *err, size_t errlen)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    int rc = gguf_get_i64(f, full, out);
+    if (rc == CAIRN_ENOTFOUND) {
+        if (def < 0)
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "metadata key %s is missing", full);
+        *out = def;
+        return 0;
+    }
+    if (rc)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "metadata key %s is not an integer", full);
+    if (*out < lo || *out > hi)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "metadata key %s = %lld outside [%lld, %lld]",
+                          full, (long long)*out, (long long)lo, (long long)hi);
+    return 0;
+}
+
+static int arch_float(const struct gguf_file *f, const char *arch, const char *key, float def,
+                      float *out, char *err, size_t errlen)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    int rc = gguf_get_f32(f, full, out);
+    if (rc == CAIRN_ENOTFOUND) {
+        *out = def;
+        return 0;
+    }
+    if (rc || !isfinite(*out) || *out <= 0)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "metadata key %s is not a positive number", full);
+    return 0;
+}
+
+int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, char *err, size_t errlen)
+{
+    memset(hp, 0, sizeof *hp);
+    struct gguf_str s;
+    if (gguf_get_str(f, "general.architecture", &s))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "metadata key general.architecture is missing");
+    if (s.len >= sizeof hp->arch)
+        return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "architecture name too long");
+    memcpy(hp->arch, s.ptr, s.len);
+    hp->arch[s.len] = 0;
+    const struct arch_desc *a = model_find_arch(hp->arch);
+    if (!a)
+        return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED,
+                          "architecture '%s' is not supported (supported: llama, qwen2, qwen3)", hp->arch);
+    int64_t v;
+    int rc;
+#define GET_INT(field, key, def, lo, hi)                                             \
+    if ((rc = arch_int(f, hp->arch, key, def, lo, hi, &v, err, errlen)) != 0)       \
+        return rc;                                                                   \
+    hp->field = (int)v;
+    GET_INT(n_layers, "block_count", -1, 1, 4096);
+    GET_INT(n_embd, "embedding_length", -1, 1, 1 << 17);
+    GET_INT(n_ff, "feed_forward_length", -1, 1, 1 << 20);
+    GET_INT(n_head, "attention.head_count", -1, 1, 4096);
+    GET_INT(n_head_kv, "attention.head_count_kv", hp->n_head, 1, hp->n_head);
+    GET_INT(head_dim, "attention.key_length", hp->n_embd / hp->n_head, 2, 4096);
+    GET_INT(n_rot, "rope.dimension_count", hp->head_dim, 2, hp->head_dim);
+#undef GET_INT
+    if ((rc = arch_int(f, hp->arch, "context_length", 4096, 1, (int64_t)1 << 30, &hp->n_ctx_train, err, errlen)))
+        return rc;
+    int64_t vhead;
+    if ((rc = arch_int(f, hp->arch, "attention.value_length", hp->head_dim, 1, 4096, &vhead, err, errlen)))
+        return rc;
+    if (vhead != hp->head_dim)
+        return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "value length %lld differs from key length %d",
+                          (long long)vhead, hp->head_dim);
+    if (hp->n_head % hp->n_head_kv)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "head_count %d is not a multiple of head_count_kv %d",
+                          hp->n_head, hp->n_head_kv);
+    if (hp->n_rot % 2 || hp->head_dim % 2)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "rope dimension %d / head dim %d must be even",
+                          hp->n_rot, hp->head_dim);
+    if ((rc = arch_float(f, hp->arch, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->norm_eps, err, errlen)) ||
+        (rc = arch_float(f, hp->arch, "rope.freq_base", 10000.0f, &hp->rope_base, err, errlen)))
+        return rc;
+    hp->rope_linear_scale = 1.0f;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", hp->arch);
+    if (gguf_get_str(f, key, &s) == 0) {
+        if (s.len == 6 && !memcmp(s.ptr, "linear", 6)) {
+            if ((rc = arch_float(f, hp->arch, "rope.scaling.factor", 1.0f, &hp->rope_linear_scale, err, errlen)))
+                return rc;
+        } else if (!(s.len == 4 && !memcmp(s.ptr, "none", 4))) {
+            /* Llama 3 sets its scaling through rope_freqs.weight; YaRN is not done yet. */
+            log_warn("rope scaling '%.*s' is not applied; positions beyond the trained context degrade",
+                     (int)s.len, s.ptr);
+        }
+    }
+    hp->rope = a->rope;
+    hp->qk_norm = a->qk_norm;
+    hp->qkv_bias = a->qkv_bias;
+
+    int64_t n_vocab = -1;
+    struct gguf_array arr;
+    if (gguf_get_arr(f, "tokenizer.ggml.tokens", &arr) == 0)
+        n_vocab = (int64_t)arr.n;
+    const struct gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
+    if (emb && emb->n_dims == 2) {
+        if (n_vocab >= 0 && n_vocab != emb->ne[1])
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "token_embd.weight has %lld rows but the vocabulary %lld tokens",
+                              (long long)emb->ne[1], (long long)n_vocab);
+        n_vocab = emb->ne[1];
+    }
+    if (n_vocab < 1 || n_vocab > (1 << 24))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "vocabulary size unknown or out of range");
+    hp->n_vocab = (int)n_vocab;
+    hp->tied_output = gguf_find_tensor(f, "output.weight") == NULL;
+    return 0;
+}

@@ -1,0 +1,53 @@
+/* Architectures as data, and the hyper-parameters of a GGUF model read from its
+ * metadata alone: what the node's catalog and placement need to know of a model without
+ * loading its weights (model.h loads them). */
+#ifndef CAIRN_MODEL_ARCH_H
+#define CAIRN_MODEL_ARCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct gguf_file;
+
+enum rope_order {
+    ROPE_NORMAL = 0, /* rotate pairs (2i, 2i+1): llama */
+    ROPE_NEOX = 2,   /* rotate pairs (i, i + rot_dim/2): qwen2, qwen3 */
+};
+
+/* What distinguishes one architecture from another, as data. */
+struct arch_desc {
+    const char *name;       /* general.architecture */
+    enum rope_order rope;
+    bool qkv_bias;          /* attn_{q,k,v}.bias present (qwen2) */
+    bool qk_norm;           /* per-head RMS norm of q and k before RoPE (qwen3) */
+};
+
+/* Hyper-parameters, all read from the file's metadata. */
+struct model_hparams {
+    char arch[32];
+    int n_layers;
+    int n_embd;             /* hidden size */
+    int n_ff;               /* feed-forward size */
+    int n_head;
+    int n_head_kv;
+    int head_dim;           /* key/value length per head */
+    int n_rot;              /* dimensions rotated by RoPE (<= head_dim) */
+    int n_vocab;
+    int64_t n_ctx_train;
+    float norm_eps;
+    float rope_base;
+    float rope_linear_scale; /* positions are divided by it (1: none) */
+    enum rope_order rope;
+    bool qkv_bias;
+    bool qk_norm;
+    bool tied_output;        /* no output.weight: the head is token_embd */
+};
+
+/* Architecture description by name, or NULL when unsupported. */
+const struct arch_desc *model_find_arch(const char *name);
+
+/* Reads hyper-parameters from an open file's metadata (validated). */
+int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, char *err, size_t errlen);
+
+#endif
