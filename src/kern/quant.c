@@ -1,14 +1,16 @@
 /* Dequantization of GGUF rows to float, with ggml's block layouts and its float
  * formulas (so our values equal ggml's bit for bit). */
 #include "kern/kern.h"
+#include "kern/convert.h"
 #include "kern/quant.h"
 
 #include <string.h>
 
 #include "base/err.h"
 
-static void deq_q4_0(const struct block_q4_0 *b, float *y, int64_t nb)
+void kern_deq_q4_0(const void *src, float *y, int64_t nb)
 {
+    const struct block_q4_0 *b = src;
     for (int64_t i = 0; i < nb; i++, b++, y += QK32) {
         float d = kern_f16_to_f32(b->d);
         for (int j = 0; j < QK32 / 2; j++) {
@@ -18,8 +20,9 @@ static void deq_q4_0(const struct block_q4_0 *b, float *y, int64_t nb)
     }
 }
 
-static void deq_q4_1(const struct block_q4_1 *b, float *y, int64_t nb)
+void kern_deq_q4_1(const void *src, float *y, int64_t nb)
 {
+    const struct block_q4_1 *b = src;
     for (int64_t i = 0; i < nb; i++, b++, y += QK32) {
         float d = kern_f16_to_f32(b->d), m = kern_f16_to_f32(b->m);
         for (int j = 0; j < QK32 / 2; j++) {
@@ -34,8 +37,9 @@ static uint32_t load_u32le(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static void deq_q5_0(const struct block_q5_0 *b, float *y, int64_t nb)
+void kern_deq_q5_0(const void *src, float *y, int64_t nb)
 {
+    const struct block_q5_0 *b = src;
     for (int64_t i = 0; i < nb; i++, b++, y += QK32) {
         float d = kern_f16_to_f32(b->d);
         uint32_t qh = load_u32le(b->qh);
@@ -48,8 +52,9 @@ static void deq_q5_0(const struct block_q5_0 *b, float *y, int64_t nb)
     }
 }
 
-static void deq_q5_1(const struct block_q5_1 *b, float *y, int64_t nb)
+void kern_deq_q5_1(const void *src, float *y, int64_t nb)
 {
+    const struct block_q5_1 *b = src;
     for (int64_t i = 0; i < nb; i++, b++, y += QK32) {
         float d = kern_f16_to_f32(b->d), m = kern_f16_to_f32(b->m);
         uint32_t qh = load_u32le(b->qh);
@@ -62,8 +67,9 @@ static void deq_q5_1(const struct block_q5_1 *b, float *y, int64_t nb)
     }
 }
 
-static void deq_q8_0(const struct block_q8_0 *b, float *y, int64_t nb)
+void kern_deq_q8_0(const void *src, float *y, int64_t nb)
 {
+    const struct block_q8_0 *b = src;
     for (int64_t i = 0; i < nb; i++, b++, y += QK32) {
         float d = kern_f16_to_f32(b->d);
         for (int j = 0; j < QK32; j++)
@@ -73,8 +79,9 @@ static void deq_q8_0(const struct block_q8_0 *b, float *y, int64_t nb)
 
 /* Q4_K: 4 chunks of 64; chunk c holds sub-blocks 2c (low nibbles of qs[32c..32c+31])
  * and 2c+1 (high nibbles). */
-static void deq_q4_k(const struct block_q4_K *b, float *y, int64_t nb)
+void kern_deq_q4_k(const void *src, float *y, int64_t nb)
 {
+    const struct block_q4_K *b = src;
     for (int64_t i = 0; i < nb; i++, b++) {
         float d = kern_f16_to_f32(b->d), dmin = kern_f16_to_f32(b->dmin);
         const uint8_t *q = b->qs;
@@ -93,8 +100,9 @@ static void deq_q4_k(const struct block_q4_K *b, float *y, int64_t nb)
 }
 
 /* Q5_K: as Q4_K; the fifth bit of element l of sub-block j is bit j of qh[l]. */
-static void deq_q5_k(const struct block_q5_K *b, float *y, int64_t nb)
+void kern_deq_q5_k(const void *src, float *y, int64_t nb)
 {
+    const struct block_q5_K *b = src;
     for (int64_t i = 0; i < nb; i++, b++) {
         float d = kern_f16_to_f32(b->d), dmin = kern_f16_to_f32(b->dmin);
         const uint8_t *q = b->qs;
@@ -115,48 +123,13 @@ static void deq_q5_k(const struct block_q5_K *b, float *y, int64_t nb)
 /* Q6_K: two halves of 128; in half h, element 32k + l (k = 0..3, l = 0..31) has its low
  * 4 bits in ql[64h + l + 32(k&1)] (low nibble for k < 2, high for k >= 2) and its high
  * 2 bits at bit 2k of qh[32h + l]; its scale is scales[(128h + 32k + l) / 16]. */
-static void deq_q6_k(const struct block_q6_K *b, float *y, int64_t nb)
+void kern_deq_q6_k(const void *src, float *y, int64_t nb)
 {
+    const struct block_q6_K *b = src;
     for (int64_t i = 0; i < nb; i++, b++) {
         float d = kern_f16_to_f32(b->d);
         for (int e = 0; e < QK_K; e++)
             y[e] = d * (float)b->scales[e / 16] * (float)(kern_q6k_get(b, e) - 32);
         y += QK_K;
-    }
-}
-
-int kern_dequantize_row(int type, const void *src, float *dst, int64_t n)
-{
-    const struct dtype_info *t = dtype_info(type);
-    if (!t || !t->supported)
-        return CAIRN_EUNSUPPORTED;
-    if (n < 0 || n % t->block_elems)
-        return CAIRN_EINVAL;
-    int64_t nb = n / t->block_elems;
-    switch (type) {
-    case DT_F32:
-        memcpy(dst, src, (size_t)n * sizeof(float));
-        return 0;
-    case DT_F16: {
-        const uint16_t *h = src;
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = kern_f16_to_f32(h[i]);
-        return 0;
-    }
-    case DT_BF16: {
-        const uint16_t *h = src;
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = kern_bf16_to_f32(h[i]);
-        return 0;
-    }
-    case DT_Q4_0: deq_q4_0(src, dst, nb); return 0;
-    case DT_Q4_1: deq_q4_1(src, dst, nb); return 0;
-    case DT_Q5_0: deq_q5_0(src, dst, nb); return 0;
-    case DT_Q5_1: deq_q5_1(src, dst, nb); return 0;
-    case DT_Q8_0: deq_q8_0(src, dst, nb); return 0;
-    case DT_Q4_K: deq_q4_k(src, dst, nb); return 0;
-    case DT_Q5_K: deq_q5_k(src, dst, nb); return 0;
-    case DT_Q6_K: deq_q6_k(src, dst, nb); return 0;
-    default: return CAIRN_EUNSUPPORTED;
     }
 }

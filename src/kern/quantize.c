@@ -4,6 +4,7 @@
  * element's quant again for the stored scales. Everything is scalar and sums run in a
  * fixed lane order, so results are identical for any build and machine. */
 #include "kern/kern.h"
+#include "kern/convert.h"
 #include "kern/quant.h"
 
 #include <math.h>
@@ -73,8 +74,9 @@ static void store_u32le(uint8_t *p, uint32_t v)
     p[3] = (uint8_t)(v >> 24);
 }
 
-static void quant_q4_0(const float *x, struct block_q4_0 *y, int64_t nb)
+void kern_quant_q4_0(const float *x, void *dst, int64_t nb)
 {
+    struct block_q4_0 *y = dst;
     for (int64_t i = 0; i < nb; i++, y++, x += QK32) {
         float d = signed_absmax(x, QK32) / -8.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -87,8 +89,9 @@ static void quant_q4_0(const float *x, struct block_q4_0 *y, int64_t nb)
     }
 }
 
-static void quant_q4_1(const float *x, struct block_q4_1 *y, int64_t nb)
+void kern_quant_q4_1(const float *x, void *dst, int64_t nb)
 {
+    struct block_q4_1 *y = dst;
     for (int64_t i = 0; i < nb; i++, y++, x += QK32) {
         float mn, mx;
         min_max(x, QK32, &mn, &mx);
@@ -104,8 +107,9 @@ static void quant_q4_1(const float *x, struct block_q4_1 *y, int64_t nb)
     }
 }
 
-static void quant_q5_0(const float *x, struct block_q5_0 *y, int64_t nb)
+void kern_quant_q5_0(const float *x, void *dst, int64_t nb)
 {
+    struct block_q5_0 *y = dst;
     for (int64_t i = 0; i < nb; i++, y++, x += QK32) {
         float d = signed_absmax(x, QK32) / -16.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -121,8 +125,9 @@ static void quant_q5_0(const float *x, struct block_q5_0 *y, int64_t nb)
     }
 }
 
-static void quant_q5_1(const float *x, struct block_q5_1 *y, int64_t nb)
+void kern_quant_q5_1(const float *x, void *dst, int64_t nb)
 {
+    struct block_q5_1 *y = dst;
     for (int64_t i = 0; i < nb; i++, y++, x += QK32) {
         float mn, mx;
         min_max(x, QK32, &mn, &mx);
@@ -141,8 +146,9 @@ static void quant_q5_1(const float *x, struct block_q5_1 *y, int64_t nb)
     }
 }
 
-static void quant_q8_0(const float *x, struct block_q8_0 *y, int64_t nb)
+void kern_quant_q8_0(const float *x, void *dst, int64_t nb)
 {
+    struct block_q8_0 *y = dst;
     for (int64_t i = 0; i < nb; i++, y++, x += QK32) {
         float amax = 0.0f;
         for (int j = 0; j < QK32; j++)
@@ -323,8 +329,9 @@ static void k4_quants(const float *x, int nmax, uint16_t d, uint16_t dmin,
 #define Q5K_R0 (-1.0f)
 #define Q5K_RSTEP 0.2f
 
-static void quant_q4_k(const float *x, struct block_q4_K *y, int64_t nb)
+void kern_quant_q4_k(const float *x, void *dst, int64_t nb)
 {
+    struct block_q4_K *y = dst;
     uint8_t L[QK_K];
     for (int64_t i = 0; i < nb; i++, y++, x += QK_K) {
         k4_scales(x, 15, Q4K_NCAND, Q4K_R0, Q4K_RSTEP, &y->d, &y->dmin, y->scales);
@@ -335,8 +342,9 @@ static void quant_q4_k(const float *x, struct block_q4_K *y, int64_t nb)
     }
 }
 
-static void quant_q5_k(const float *x, struct block_q5_K *y, int64_t nb)
+void kern_quant_q5_k(const float *x, void *dst, int64_t nb)
 {
+    struct block_q5_K *y = dst;
     uint8_t L[QK_K];
     for (int64_t i = 0; i < nb; i++, y++, x += QK_K) {
         k4_scales(x, 31, Q5K_NCAND, Q5K_R0, Q5K_RSTEP, &y->d, &y->dmin, y->scales);
@@ -389,8 +397,9 @@ static float fit_scale_sym(const float *x)
     return bs;
 }
 
-static void quant_q6_k(const float *x, struct block_q6_K *y, int64_t nb)
+void kern_quant_q6_k(const float *x, void *dst, int64_t nb)
 {
+    struct block_q6_K *y = dst;
     uint8_t L[QK_K];
     for (int64_t i = 0; i < nb; i++, y++, x += QK_K) {
         float s[16], max_s = 0.0f;
@@ -417,41 +426,5 @@ static void quant_q6_k(const float *x, struct block_q6_K *y, int64_t nb)
                                               (Lh[l + 64] >> 4) << 4 | (Lh[l + 96] >> 4) << 6);
             }
         }
-    }
-}
-
-int kern_quantize_row(int type, const float *src, void *dst, int64_t n)
-{
-    const struct dtype_info *t = dtype_info(type);
-    if (!t || !t->supported)
-        return CAIRN_EUNSUPPORTED;
-    if (n < 0 || n % t->block_elems)
-        return CAIRN_EINVAL;
-    int64_t nb = n / t->block_elems;
-    switch (type) {
-    case DT_F32:
-        memcpy(dst, src, (size_t)n * sizeof(float));
-        return 0;
-    case DT_F16: {
-        uint16_t *h = dst;
-        for (int64_t i = 0; i < n; i++)
-            h[i] = kern_f32_to_f16(src[i]);
-        return 0;
-    }
-    case DT_BF16: {
-        uint16_t *h = dst;
-        for (int64_t i = 0; i < n; i++)
-            h[i] = kern_f32_to_bf16(src[i]);
-        return 0;
-    }
-    case DT_Q4_0: quant_q4_0(src, dst, nb); return 0;
-    case DT_Q4_1: quant_q4_1(src, dst, nb); return 0;
-    case DT_Q5_0: quant_q5_0(src, dst, nb); return 0;
-    case DT_Q5_1: quant_q5_1(src, dst, nb); return 0;
-    case DT_Q8_0: quant_q8_0(src, dst, nb); return 0;
-    case DT_Q4_K: quant_q4_k(src, dst, nb); return 0;
-    case DT_Q5_K: quant_q5_k(src, dst, nb); return 0;
-    case DT_Q6_K: quant_q6_k(src, dst, nb); return 0;
-    default: return CAIRN_EUNSUPPORTED;
     }
 }
