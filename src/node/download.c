@@ -2,6 +2,7 @@
 #include "node/download.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -193,11 +194,42 @@ int download_disk_check(const char *dir, uint64_t need, char *err, size_t errlen
     uint64_t unit = st.f_frsize ? st.f_frsize : st.f_bsize;
     uint64_t avail = (uint64_t)st.f_bavail;
     uint64_t free_bytes = unit && avail > UINT64_MAX / unit ? UINT64_MAX : avail * unit;
-    if (need > free_bytes)
+    if (need > free_bytes || free_bytes - need < DOWNLOAD_DISK_HEADROOM)
         return cairn_fail(err, errlen, CAIRN_EFULL,
-                          "not enough disk space in %s: %" PRIu64 " bytes needed, %" PRIu64 " free", dir, need,
-                          free_bytes);
+                          "not enough disk space in %s: %" PRIu64 " bytes needed and %" PRIu64 " kept free, %" PRIu64
+                          " free",
+                          dir, need, DOWNLOAD_DISK_HEADROOM, free_bytes);
     return 0;
+}
+
+/* Whether a file name is a partial download's: "." + something + ".gguf.partial". */
+static bool partial_name(const char *name)
+{
+    static const char tail[] = ".gguf.partial";
+    size_t n = strlen(name), t = sizeof tail - 1;
+    return name[0] == '.' && n > t + 1 && !strcmp(name + n - t, tail);
+}
+
+int download_clean_partials(const char *models_dir, int64_t max_age_s, int64_t now_s)
+{
+    DIR *d = opendir(models_dir);
+    if (!d)
+        return 0;
+    int deleted = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        char path[4096];
+        struct stat st;
+        if (!partial_name(e->d_name) || snprintf(path, sizeof path, "%s/%s", models_dir, e->d_name) >= (int)sizeof path ||
+            lstat(path, &st) || !S_ISREG(st.st_mode) || now_s - (int64_t)st.st_mtime <= max_age_s)
+            continue;
+        if (unlink(path) == 0) {
+            log_info("downloads: deleted %s, untouched for %lld days", path,
+                     (long long)((now_s - (int64_t)st.st_mtime) / 86400));
+            deleted++;
+        }
+    }
+    closedir(d);
+    return deleted;
 }
 
 /* mkdir -p */
@@ -902,6 +934,7 @@ int download_mgr_create(struct download_mgr **out, const struct download_config 
     m->cfg.api_key = m->api_key;
     m->changed = changed;
     m->ctx = ctx;
+    download_clean_partials(m->models_dir, DOWNLOAD_PARTIAL_MAX_AGE_S, (int64_t)time(NULL));
     pthread_mutex_init(&m->mu, NULL);
     pthread_cond_init(&m->cv, NULL);
     *out = m;

@@ -55,6 +55,8 @@
 #define DOWNLOAD_MAX_SOURCES 32       /* nodes tried per fetch */
 #define DOWNLOAD_MAX_URLS 8           /* addresses tried per node */
 #define DOWNLOAD_URL_MAX 96           /* "http://[v6 address]:port" */
+#define DOWNLOAD_DISK_HEADROOM ((uint64_t)256 << 20) /* left free beyond a download (logs, the event log, the OS) */
+#define DOWNLOAD_PARTIAL_MAX_AGE_S (7 * 86400) /* a partial file untouched this long is deleted at start */
 
 /* --- Range requests (serving side) --- */
 
@@ -89,9 +91,15 @@ int download_auth_check(const char *secret, const char *node_id, const char *wha
 int download_paths(const char *models_dir, const char *model_id, char *final_path,
                    char *partial_path, size_t n);
 
-/* 0 when need bytes fit in the free space of dir's file system (statvfs, f_bavail),
- * CAIRN_EFULL naming both sizes, CAIRN_EIO when it cannot be read. */
+/* 0 when need bytes fit in the free space of dir's file system (statvfs, f_bavail) with
+ * DOWNLOAD_DISK_HEADROOM to spare, CAIRN_EFULL naming the sizes, CAIRN_EIO when it
+ * cannot be read. */
 int download_disk_check(const char *dir, uint64_t need, char *err, size_t errlen);
+
+/* Deletes the partial files ("."<id>".gguf.partial") of models_dir whose last change is
+ * more than max_age_s before now_s (a download given up long ago would hold its disk
+ * space for ever); fresher ones stay, to be resumed. Returns how many it deleted. */
+int download_clean_partials(const char *models_dir, int64_t max_age_s, int64_t now_s);
 
 /* --- Sources --- */
 

@@ -23,6 +23,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -158,6 +159,14 @@ static void test_paths(void)
     CHECK_EQ_INT(download_disk_check(root, 1, err, sizeof err), 0);
     int rc = download_disk_check(root, (uint64_t)1 << 62, err, sizeof err);
     CHECK(rc == CAIRN_EFULL && strstr(err, "not enough disk"), "huge need: %d %s", rc, err);
+    /* The headroom: a file that fits but would leave less than it free is refused. */
+    struct statvfs sv;
+    if (statvfs(root, &sv) == 0 && (uint64_t)sv.f_bavail * sv.f_frsize > 4 * DOWNLOAD_DISK_HEADROOM) {
+        uint64_t free_now = (uint64_t)sv.f_bavail * sv.f_frsize;
+        rc = download_disk_check(root, free_now - DOWNLOAD_DISK_HEADROOM / 2, err, sizeof err);
+        CHECK(rc == CAIRN_EFULL && strstr(err, "kept free"), "a file eating the headroom: %d %s", rc, err);
+        CHECK_EQ_INT(download_disk_check(root, free_now - 2 * DOWNLOAD_DISK_HEADROOM, err, sizeof err), 0);
+    }
     CHECK_EQ_INT(download_disk_check("/nonexistent/cairn", 1, err, sizeof err), CAIRN_EIO);
 }
 
@@ -173,6 +182,41 @@ static const char *node_json(const char *id, int api_port, const char *ifaces)
              " \"api_port\": %d, \"cluster_port\": 9}}",
              id, id, ifaces, api_port);
     return b;
+}
+
+static bool exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Partial files untouched for longer than the limit go at start; fresh ones (to resume)
+ * and other files stay. */
+static void test_clean_partials(void)
+{
+    char dir[300], path[400];
+    snprintf(dir, sizeof dir, "%s/clean", root);
+    mkdir(dir, 0755);
+    const char *names[] = {".old.gguf.partial", ".fresh.gguf.partial", "old.gguf", ".old-but-not.partial"};
+    int64_t now = (int64_t)time(NULL);
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        FILE *f = fopen(path, "w");
+        CHECK(f && fputs("x", f) >= 0, "wrote %s", path);
+        if (f)
+            fclose(f);
+        if (i != 1) { /* all but the fresh one: last changed 8 days ago */
+            struct timespec t[2] = {{.tv_sec = now - 8 * 86400}, {.tv_sec = now - 8 * 86400}};
+            CHECK(utimensat(AT_FDCWD, path, t, 0) == 0, "aged %s", path);
+        }
+    }
+    CHECK_EQ_INT(download_clean_partials(dir, DOWNLOAD_PARTIAL_MAX_AGE_S, now), 1);
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        CHECK(exists(path) == (i != 0), "%s %s", names[i], i ? "stays" : "is deleted");
+    }
+    CHECK_EQ_INT(download_clean_partials(dir, DOWNLOAD_PARTIAL_MAX_AGE_S, now + 2 * DOWNLOAD_PARTIAL_MAX_AGE_S), 1);
+    CHECK_EQ_INT(download_clean_partials("/nonexistent/cairn", DOWNLOAD_PARTIAL_MAX_AGE_S, now), 0);
 }
 
 static void test_sources(void)
@@ -533,11 +577,6 @@ static bool same_as_data(const char *path)
     return same;
 }
 
-static bool exists(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0;
-}
 
 static void paths_of(const char *dir, const char *model, char *fin, char *part)
 {
@@ -772,6 +811,7 @@ int main(int argc, char **argv)
     RUN(test_range);
     RUN(test_auth);
     RUN(test_paths);
+    RUN(test_clean_partials);
     RUN(test_sources);
     RUN(test_report);
     RUN(test_fetch);
