@@ -52,6 +52,7 @@ enum bw_style { BW_PLAIN, BW_PF_L1, BW_PF_L2, N_BW_STYLES };
             _mm_prefetch((const char *)(p + i) + (dist) + 64 * l, hint);                   \
     } while (0)
 
+/* Sums n words with 512-bit loads, prefetching as style says. */
 __attribute__((target("avx512f"))) static uint64_t sum_avx512(const uint64_t *p, long n, enum bw_style style)
 {
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
@@ -65,6 +66,7 @@ __attribute__((target("avx512f"))) static uint64_t sum_avx512(const uint64_t *p,
     return (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
 }
 
+/* Sums n words with 256-bit loads. */
 __attribute__((target("avx2"))) static uint64_t sum_avx2(const uint64_t *p, long n)
 {
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
@@ -82,6 +84,7 @@ __attribute__((target("avx2"))) static uint64_t sum_avx2(const uint64_t *p, long
     return lanes[0] + lanes[1] + lanes[2] + lanes[3];
 }
 
+/* Sums n words (a multiple of 4) with scalar loads. */
 static uint64_t sum_scalar(const uint64_t *p, long n)
 {
     uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -94,6 +97,7 @@ static uint64_t sum_scalar(const uint64_t *p, long n)
     return s0 + s1 + s2 + s3;
 }
 
+/* A pool task: sums this thread's share of the block, with the widest loads there are. */
 static void bw_read(void *ctx, int ith, int nth)
 {
     struct bw_job *j = ctx;
@@ -128,29 +132,38 @@ static double measure_bandwidth(struct pool *p, size_t bytes, int reps)
     return best;
 }
 
+/* qsort order of doubles. */
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
+/* The median of n values (sorts them). */
 static double median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* The plain bench of one model: what it holds, each released by bench_release. */
 struct bench {
     struct model *m;
     struct engine *e;
     struct kv_cache *kv;
-    float *logits;
-    int32_t *tokens, *seqs;
+    struct kv_config kc;
+    int n_seqs;              /* sequences of the cache: the batch curve's largest B, or 1 */
+    size_t nb;               /* positions of one batch: the prompt, or the batch curve's largest B */
+    float *logits;           /* nb x n_vocab */
+    int32_t *tokens, *seqs;  /* nb each */
     int64_t *pos;
     uint8_t *want;
+    struct pool *bwp;        /* threads of the bandwidth reads */
+    double *t;               /* -r: the times of one measurement's runs */
     char err[512];
 };
 
+/* One forward of the first n positions of the batch buffers. */
 static int run(struct bench *bn, int n)
 {
     struct batch b = {.n = n, .token = bn->tokens, .seq = bn->seqs, .pos = bn->pos, .logits = bn->want};
@@ -181,6 +194,7 @@ struct probe {
     float *out;
 };
 
+/* Releases what p holds (not its engine). */
 static void probe_release(struct probe *p)
 {
     kv_release(p->kv);
@@ -190,6 +204,7 @@ static void probe_release(struct probe *p)
     free(p->out);
 }
 
+/* Makes p's cache and runs the prompt into it, for forwards of up to max_n tokens after it. */
 static int probe_open(struct probe *p, struct spec_bench *sb, struct engine *e, const struct model *m, int max_n)
 {
     memset(p, 0, sizeof *p);
@@ -260,6 +275,7 @@ struct gen_run {
     double t_first, t_last; /* when the first and last tokens came */
 };
 
+/* The scheduler's token callback: records the token and when it came. */
 static int gen_token(void *ctx, uint64_t id, int seq, int64_t index, const struct sched_token *t)
 {
     (void)id;
@@ -312,9 +328,23 @@ out:
     return tps;
 }
 
-static int bench_draft(const char *target, const char *draft, int k, int lookup, int64_t n_prompt, int64_t n_gen,
-                       int threads, int reps)
+/* The command line. */
+struct bench_opts {
+    const char *model_path, *draft_path;
+    int64_t n_prompt, n_gen, threads, reps;
+    int64_t max_b, bw_mib;                 /* the batch curve's largest B; the bandwidth block */
+    int64_t draft_k, lookup;               /* --draft-tokens; --lookup's n-gram (0: none) */
+    int64_t ranks, streams, delay_us;      /* --ranks (0: none) */
+};
+
+/* Speculative decoding with the draft model or prompt lookup against plain decoding: costs,
+ * acceptance, measured and predicted speed-up; 0, or 1 (message printed, or tokens that
+ * differ from the plain run's). */
+static int bench_draft(const struct bench_opts *o)
 {
+    const char *target = o->model_path, *draft = o->draft_path;
+    int k = (int)o->draft_k, lookup = (int)o->lookup, threads = (int)o->threads, reps = (int)o->reps;
+    int64_t n_prompt = o->n_prompt, n_gen = o->n_gen;
     struct spec_bench sb = {.k = k, .lookup = lookup, .n_prompt = n_prompt, .n_gen = n_gen};
     struct gen_run plain = {0}, spec = {0};
     int ret = 1;
@@ -405,239 +435,317 @@ out:
     return ret;
 }
 
-int cli_bench(int argc, char **argv)
+/* Prints the command's options to stderr. */
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: cairn bench -m MODEL.gguf [-p 512] [-n 128] [-t 2] [-r 3] [--batch-curve 16]\n"
+            "       cairn bench -m TARGET.gguf (--draft DRAFT.gguf | --lookup N) [--draft-tokens K]\n"
+            "                   [-p 512] [-n 128] [-t 2] [-r 3]\n"
+            "  --draft, --lookup: speculative decoding of -n greedy tokens after -p random prompt\n"
+            "  tokens, drafting K tokens (default 4) per step with the draft model or by prompt lookup\n"
+            "  of n-grams of N..1 tokens. Prints alpha (accepted / (accepted + rejections)), the\n"
+            "  draft's cost per token c and the cost v of verifying K+1 tokens, both relative to one\n"
+            "  target decode step, the measured speed-up against decoding without drafts, and\n"
+            "  efficiency = measured / predicted, predicted = ((1-alpha^(K+1))/(1-alpha)) / (K c + v).\n"
+            "       cairn bench -m MODEL.gguf --ranks W [-t 1] [--streams 8] [--delay-us 0] [-p 128] [-n 128]\n"
+            "  --ranks: the model split by layers over W ranks of -t threads in this process, linked\n"
+            "  in a ring over loopback TCP by the data plane (each frame held --delay-us, as over a\n"
+            "  slower link), with one micro-batch in flight and with W, against one slice of W x -t\n"
+            "  threads: greedy decode tokens/s of 1 and --streams streams, rank 0's time per step in\n"
+            "  its own layers and waiting, the wire per step and per hop, each stage's idle time.\n");
+}
+
+/* Reads the options into o; CLI_GO_ON, or the exit code. */
+static int parse_opts(struct bench_opts *o, int argc, char **argv)
 {
     struct args a = {argc, argv, 1, "bench", false};
-    const char *model_path = NULL, *draft_path = NULL, *v;
-    int64_t n_prompt = 512, n_gen = 128, threads = 2, reps = 3, max_b = 16, bw_mib = 1024, draft_k = 4, lookup = 0;
-    int64_t ranks = 0, streams = 8, delay_us = 0;
+    const char *v;
+    *o = (struct bench_opts){.n_prompt = 512, .n_gen = 128, .threads = 2, .reps = 3, .max_b = 16, .bw_mib = 1024,
+                             .draft_k = 4, .streams = 8};
     for (; a.i < argc && !a.bad; a.i++) {
-        if (args_opt(&a, "-m|--model", &v)) model_path = v;
-        else if (args_opt(&a, "-p|--n-prompt", &v)) n_prompt = args_int(&a, "-p", v, 0, 1 << 16);
-        else if (args_opt(&a, "-n|--n-gen", &v)) n_gen = args_int(&a, "-n", v, 0, 1 << 16);
-        else if (args_opt(&a, "-t|--threads", &v)) threads = args_int(&a, "-t", v, 1, 512);
-        else if (args_opt(&a, "-r|--repetitions", &v)) reps = args_int(&a, "-r", v, 1, 100);
-        else if (args_opt(&a, "--batch-curve", &v)) max_b = args_int(&a, "--batch-curve", v, 0, 64);
-        else if (args_opt(&a, "--bandwidth-mib", &v)) bw_mib = args_int(&a, "--bandwidth-mib", v, 1, 1 << 20);
-        else if (args_opt(&a, "--draft", &v)) draft_path = v;
-        else if (args_opt(&a, "--draft-tokens", &v)) draft_k = args_int(&a, "--draft-tokens", v, 1, SCHED_MAX_DRAFT);
-        else if (args_opt(&a, "--lookup", &v)) lookup = args_int(&a, "--lookup", v, 1, SCHED_MAX_LOOKUP_NGRAM);
-        else if (args_opt(&a, "--ranks", &v)) ranks = args_int(&a, "--ranks", v, 2, 8);
-        else if (args_opt(&a, "--streams", &v)) streams = args_int(&a, "--streams", v, 1, 256);
-        else if (args_opt(&a, "--delay-us", &v)) delay_us = args_int(&a, "--delay-us", v, 0, 1000000);
-        else if (args_opt(&a, "-h|--help", NULL)) {
-            fprintf(stderr,
-                    "usage: cairn bench -m MODEL.gguf [-p 512] [-n 128] [-t 2] [-r 3] [--batch-curve 16]\n"
-                    "       cairn bench -m TARGET.gguf (--draft DRAFT.gguf | --lookup N) [--draft-tokens K]\n"
-                    "                   [-p 512] [-n 128] [-t 2] [-r 3]\n"
-                    "  --draft, --lookup: speculative decoding of -n greedy tokens after -p random prompt\n"
-                    "  tokens, drafting K tokens (default 4) per step with the draft model or by prompt lookup\n"
-                    "  of n-grams of N..1 tokens. Prints alpha (accepted / (accepted + rejections)), the\n"
-                    "  draft's cost per token c and the cost v of verifying K+1 tokens, both relative to one\n"
-                    "  target decode step, the measured speed-up against decoding without drafts, and\n"
-                    "  efficiency = measured / predicted, predicted = ((1-alpha^(K+1))/(1-alpha)) / (K c + v).\n"
-                    "       cairn bench -m MODEL.gguf --ranks W [-t 1] [--streams 8] [--delay-us 0] [-p 128] [-n 128]\n"
-                    "  --ranks: the model split by layers over W ranks of -t threads in this process, linked\n"
-                    "  in a ring over loopback TCP by the data plane (each frame held --delay-us, as over a\n"
-                    "  slower link), with one micro-batch in flight and with W, against one slice of W x -t\n"
-                    "  threads: greedy decode tokens/s of 1 and --streams streams, rank 0's time per step in\n"
-                    "  its own layers and waiting, the wire per step and per hop, each stage's idle time.\n");
-            return 0;
-        } else {
+        if (args_opt(&a, "-m|--model", &v)) o->model_path = v;
+        else if (args_opt(&a, "-p|--n-prompt", &v)) o->n_prompt = args_int(&a, "-p", v, 0, 1 << 16);
+        else if (args_opt(&a, "-n|--n-gen", &v)) o->n_gen = args_int(&a, "-n", v, 0, 1 << 16);
+        else if (args_opt(&a, "-t|--threads", &v)) o->threads = args_int(&a, "-t", v, 1, 512);
+        else if (args_opt(&a, "-r|--repetitions", &v)) o->reps = args_int(&a, "-r", v, 1, 100);
+        else if (args_opt(&a, "--batch-curve", &v)) o->max_b = args_int(&a, "--batch-curve", v, 0, 64);
+        else if (args_opt(&a, "--bandwidth-mib", &v)) o->bw_mib = args_int(&a, "--bandwidth-mib", v, 1, 1 << 20);
+        else if (args_opt(&a, "--draft", &v)) o->draft_path = v;
+        else if (args_opt(&a, "--draft-tokens", &v)) o->draft_k = args_int(&a, "--draft-tokens", v, 1, SCHED_MAX_DRAFT);
+        else if (args_opt(&a, "--lookup", &v)) o->lookup = args_int(&a, "--lookup", v, 1, SCHED_MAX_LOOKUP_NGRAM);
+        else if (args_opt(&a, "--ranks", &v)) o->ranks = args_int(&a, "--ranks", v, 2, 8);
+        else if (args_opt(&a, "--streams", &v)) o->streams = args_int(&a, "--streams", v, 1, 256);
+        else if (args_opt(&a, "--delay-us", &v)) o->delay_us = args_int(&a, "--delay-us", v, 0, 1000000);
+        else if (args_opt(&a, "-h|--help", NULL)) { usage(); return 0; }
+        else {
             fprintf(stderr, "cairn bench: unknown option '%s'\n", argv[a.i]);
             return 2;
         }
     }
     if (a.bad)
         return 2;
-    if (!model_path) {
+    if (!o->model_path) {
         fprintf(stderr, "cairn bench: -m MODEL is required\n");
         return 2;
     }
-    if (ranks) {
-        struct bench_pipe_opts po = {.model_path = model_path, .ranks = (int)ranks, .threads = (int)threads,
-                                     .streams = (int)streams, .n_prompt = n_prompt, .n_gen = n_gen,
-                                     .delay_us = (int)delay_us};
-        if (po.n_prompt < 1 || po.n_gen < 2) {
-            fprintf(stderr, "cairn bench: --ranks needs -p >= 1 and -n >= 2\n");
-            return 2;
-        }
-        return bench_pipeline(&po);
-    }
-    if (draft_path && lookup) {
-        fprintf(stderr, "cairn bench: --draft and --lookup are two modes; give one\n");
+    return CLI_GO_ON;
+}
+
+/* The pipelined model of --ranks against one slice (bench_pipe.c). */
+static int bench_ranks(const struct bench_opts *o)
+{
+    struct bench_pipe_opts po = {.model_path = o->model_path, .ranks = (int)o->ranks, .threads = (int)o->threads,
+                                 .streams = (int)o->streams, .n_prompt = o->n_prompt, .n_gen = o->n_gen,
+                                 .delay_us = (int)o->delay_us};
+    if (po.n_prompt < 1 || po.n_gen < 2) {
+        fprintf(stderr, "cairn bench: --ranks needs -p >= 1 and -n >= 2\n");
         return 2;
     }
-    if (draft_path || lookup) {
-        if (n_prompt < 1 || n_gen < 2) {
-            fprintf(stderr, "cairn bench: speculative decoding needs -p >= 1 and -n >= 2\n");
-            return 2;
-        }
-        return bench_draft(model_path, draft_path, (int)draft_k, (int)lookup, n_prompt, n_gen, (int)threads, (int)reps);
-    }
-    struct bench bn = {0};
-    struct pool *bwp = NULL;
-    int ret = 1;
+    return bench_pipeline(&po);
+}
+
+/* Loads the model (its time in *t_load) and makes the engine, the cache for the prompt
+ * and generation or the batch curve, and the batch buffers; 0, or -1 (message printed). */
+static int bench_open(struct bench *bn, const struct bench_opts *o, double *t_load)
+{
     /* room for the prompt and generation, or for the batch curve's positions */
-    int64_t ctx = n_prompt + n_gen > reps * BATCH_CURVE_STEPS ? n_prompt + n_gen : reps * BATCH_CURVE_STEPS;
+    int64_t steps = o->reps * BATCH_CURVE_STEPS;
+    int64_t ctx = o->n_prompt + o->n_gen > steps ? o->n_prompt + o->n_gen : steps;
     ctx += 16;
-    int max_batch = (int)(n_prompt > max_b ? n_prompt : max_b);
+    int max_batch = (int)(o->n_prompt > o->max_b ? o->n_prompt : o->max_b);
     if (max_batch < 1)
         max_batch = 1;
-    struct model_load_opts lo = {.layer_end = -1, .threads = (int)threads};
-    double t_load = clock_sec();
-    if (model_load(&bn.m, model_path, &lo, bn.err, sizeof bn.err)) {
-        fprintf(stderr, "cairn bench: %s: %s\n", model_path, bn.err);
-        return 1;
+    struct model_load_opts lo = {.layer_end = -1, .threads = (int)o->threads};
+    *t_load = clock_sec();
+    if (model_load(&bn->m, o->model_path, &lo, bn->err, sizeof bn->err)) {
+        fprintf(stderr, "cairn bench: %s: %s\n", o->model_path, bn->err);
+        return -1;
     }
-    t_load = clock_sec() - t_load;
-    int n_seqs = max_b > 1 ? (int)max_b : 1;
-    struct engine_config ec = {.n_threads = (int)threads, .max_batch = max_batch, .max_ctx = ctx};
-    struct kv_config kc = engine_kv_config(bn.m, ctx, n_seqs, 16);
-    if (engine_create(&bn.e, bn.m, &ec, bn.err, sizeof bn.err) || kv_create(&bn.kv, &kc, bn.err, sizeof bn.err)) {
-        fprintf(stderr, "cairn bench: %s\n", bn.err);
-        goto out;
+    *t_load = clock_sec() - *t_load;
+    bn->n_seqs = o->max_b > 1 ? (int)o->max_b : 1;
+    struct engine_config ec = {.n_threads = (int)o->threads, .max_batch = max_batch, .max_ctx = ctx};
+    bn->kc = engine_kv_config(bn->m, ctx, bn->n_seqs, 16);
+    if (engine_create(&bn->e, bn->m, &ec, bn->err, sizeof bn->err) ||
+        kv_create(&bn->kv, &bn->kc, bn->err, sizeof bn->err)) {
+        fprintf(stderr, "cairn bench: %s\n", bn->err);
+        return -1;
     }
-    size_t nb = (size_t)max_batch;
-    bn.logits = malloc(nb * (size_t)bn.m->hp.n_vocab * sizeof(float));
-    bn.tokens = malloc(nb * sizeof *bn.tokens);
-    bn.seqs = calloc(nb, sizeof *bn.seqs);
-    bn.pos = malloc(nb * sizeof *bn.pos);
-    bn.want = calloc(nb, 1);
-    if (!bn.logits || !bn.tokens || !bn.seqs || !bn.pos || !bn.want) {
+    size_t nb = bn->nb = (size_t)max_batch;
+    bn->logits = malloc(nb * (size_t)bn->m->hp.n_vocab * sizeof(float));
+    bn->tokens = malloc(nb * sizeof *bn->tokens);
+    bn->seqs = calloc(nb, sizeof *bn->seqs);
+    bn->pos = malloc(nb * sizeof *bn->pos);
+    bn->want = calloc(nb, 1);
+    if (!bn->logits || !bn->tokens || !bn->seqs || !bn->pos || !bn->want) {
         fprintf(stderr, "cairn bench: out of memory\n");
-        goto out;
+        return -1;
     }
     for (size_t i = 0; i < nb; i++)
-        bn.tokens[i] = (int32_t)((i * 7919 + 13) % (size_t)bn.m->hp.n_vocab);
+        bn->tokens[i] = (int32_t)((i * 7919 + 13) % (size_t)bn->m->hp.n_vocab);
+    return 0;
+}
 
-    const struct model_hparams *hp = &bn.m->hp;
+/* Prints the model, the CPU and kernels, and the load time. */
+static void print_header(const struct bench *bn, const struct bench_opts *o, double t_load)
+{
+    const struct model_hparams *hp = &bn->m->hp;
     char feats[256];
     cpu_features_string(cpu_features(), feats, sizeof feats);
-    printf("model: %s (%s, %d layers, n_embd %d, vocab %d, %.1f MiB file)\n", model_path, hp->arch, hp->n_layers,
-           hp->n_embd, hp->n_vocab, (double)bn.m->file_bytes / (1 << 20));
-    printf("cpu: %s; kernels: %s; threads: %lld\n", feats, kern_path_name(kern_mat_path(bn.m->output)),
-           (long long)threads);
-    printf("load (map, check, repack on %lld threads): %.0f ms\n", (long long)threads, t_load * 1e3);
+    printf("model: %s (%s, %d layers, n_embd %d, vocab %d, %.1f MiB file)\n", o->model_path, hp->arch, hp->n_layers,
+           hp->n_embd, hp->n_vocab, (double)bn->m->file_bytes / (1 << 20));
+    printf("cpu: %s; kernels: %s; threads: %lld\n", feats, kern_path_name(kern_mat_path(bn->m->output)),
+           (long long)o->threads);
+    printf("load (map, check, repack on %lld threads): %.0f ms\n", (long long)o->threads, t_load * 1e3);
+}
 
-    /* Bandwidth with the engine's own thread count, measured in this run. */
-    if (pool_create(&bwp, (int)threads))
-        goto out;
-    /* Shared machines vary: the ceiling is the best of reads before and after decode. */
-    double bw = measure_bandwidth(bwp, (size_t)bw_mib << 20, 12);
-    printf("memory read bandwidth (%lld MiB block, %lld threads): %.2f GB/s\n", (long long)bw_mib, (long long)threads, bw / 1e9);
-
-    double *t = malloc((size_t)reps * sizeof *t);
-    if (!t)
-        goto out;
-    if (n_prompt > 0) {
-        for (int r = 0; r < reps; r++) {
-            kv_seq_clear(bn.kv, 0);
-            for (int64_t i = 0; i < n_prompt; i++) {
-                bn.pos[i] = i;
-                bn.want[i] = i == n_prompt - 1;
-            }
-            double t0 = clock_sec();
-            if (run(&bn, (int)n_prompt)) {
-                fprintf(stderr, "cairn bench: %s\n", bn.err);
-                free(t);
-                goto out;
-            }
-            t[r] = clock_sec() - t0;
+/* Prompt processing: -p tokens in one forward, median of -r runs into pp tok/s; 0, or -1
+ * (message printed). */
+static int bench_prompt(struct bench *bn, const struct bench_opts *o)
+{
+    int64_t n_prompt = o->n_prompt;
+    for (int r = 0; r < o->reps; r++) {
+        kv_seq_clear(bn->kv, 0);
+        for (int64_t i = 0; i < n_prompt; i++) {
+            bn->pos[i] = i;
+            bn->want[i] = i == n_prompt - 1;
         }
-        double med = median(t, (int)reps);
-        printf("pp%lld: %.2f tok/s (median of %lld, %.3f s)\n", (long long)n_prompt, (double)n_prompt / med,
-               (long long)reps, med);
+        double t0 = clock_sec();
+        if (run(bn, (int)n_prompt)) {
+            fprintf(stderr, "cairn bench: %s\n", bn->err);
+            return -1;
+        }
+        bn->t[r] = clock_sec() - t0;
     }
+    double med = median(bn->t, (int)o->reps);
+    printf("pp%lld: %.2f tok/s (median of %lld, %.3f s)\n", (long long)n_prompt, (double)n_prompt / med,
+           (long long)o->reps, med);
+    return 0;
+}
+
+/* Token generation: -n decode steps of one token, median of -r runs into tg tok/s, and
+ * the share of the roofline that bytes read per token and bandwidth allow; 0, or -1
+ * (message printed, or out of memory). */
+static int bench_decode(struct bench *bn, const struct bench_opts *o)
+{
+    int64_t n_gen = o->n_gen;
+    int reps = (int)o->reps;
     /* Bytes one decode step reads: every weight of the slice once, plus one embedding row. */
-    double bytes_per_tok = (double)bn.m->weight_bytes + (double)bn.m->tok_embd_row_bytes;
-    if (n_gen > 0) {
-        /* Each run is paired with a bandwidth reading taken right after it (best of the
-         * read styles), so a neighbour's load on this shared machine weighs on both
-         * sides of the ratio alike; the figure is the median of the runs' ratios. */
-        double *bw_run = malloc((size_t)reps * sizeof *bw_run), *ratio = malloc((size_t)reps * sizeof *ratio);
-        if (!bw_run || !ratio) {
-            free(bw_run);
-            free(ratio);
-            free(t);
-            goto out;
+    double bytes_per_tok = (double)bn->m->weight_bytes + (double)bn->m->tok_embd_row_bytes;
+    /* Each run is paired with a bandwidth reading taken right after it (best of the
+     * read styles), so a neighbour's load on this shared machine weighs on both
+     * sides of the ratio alike; the figure is the median of the runs' ratios. */
+    double *bw_run = malloc((size_t)reps * sizeof *bw_run), *ratio = malloc((size_t)reps * sizeof *ratio);
+    int rc = bw_run && ratio ? 0 : -1;
+    if (!rc) {
+        memset(bn->want, 0, bn->nb);
+        bn->want[0] = 1;
+    }
+    for (int r = 0; r < reps && !rc; r++) {
+        kv_seq_clear(bn->kv, 0);
+        double t0 = clock_sec();
+        for (int64_t i = 0; i < n_gen && !rc; i++) {
+            bn->pos[0] = i;
+            rc = run(bn, 1);
         }
-        memset(bn.want, 0, nb);
-        bn.want[0] = 1;
-        for (int r = 0; r < reps; r++) {
-            kv_seq_clear(bn.kv, 0);
-            double t0 = clock_sec();
-            for (int64_t i = 0; i < n_gen; i++) {
-                bn.pos[0] = i;
-                if (run(&bn, 1)) {
-                    fprintf(stderr, "cairn bench: %s\n", bn.err);
-                    free(bw_run);
-                    free(ratio);
-                    free(t);
-                    goto out;
-                }
-            }
-            t[r] = clock_sec() - t0;
-            bw_run[r] = measure_bandwidth(bwp, (size_t)bw_mib << 20, N_BW_STYLES);
-            ratio[r] = ((double)n_gen / t[r]) * bytes_per_tok / bw_run[r];
+        if (rc) {
+            fprintf(stderr, "cairn bench: %s\n", bn->err);
+            break;
         }
-        double tps = (double)n_gen / median(t, (int)reps), bw_med = median(bw_run, (int)reps);
+        bn->t[r] = clock_sec() - t0;
+        bw_run[r] = measure_bandwidth(bn->bwp, (size_t)o->bw_mib << 20, N_BW_STYLES);
+        ratio[r] = ((double)n_gen / bn->t[r]) * bytes_per_tok / bw_run[r];
+    }
+    if (!rc) {
+        double tps = (double)n_gen / median(bn->t, reps), bw_med = median(bw_run, reps);
         printf("tg%lld: %.2f tok/s (median of %lld); reads %.1f MiB/token; bandwidth beside the runs %.2f GB/s "
                "(median); roofline %.2f tok/s; %.1f%% of roofline (median of the runs' ratios)\n",
                (long long)n_gen, tps, (long long)reps, bytes_per_tok / (1 << 20), bw_med / 1e9,
-               bw_med / bytes_per_tok, 100.0 * median(ratio, (int)reps));
-        free(bw_run);
-        free(ratio);
+               bw_med / bytes_per_tok, 100.0 * median(ratio, reps));
     }
-    if (max_b > 0) {
-        /* B sequences each decode one token per forward; cost relative to B = 1. */
-        const int steps = BATCH_CURVE_STEPS;
-        double base = 0;
-        printf("batch cost (one forward over B tokens of B sequences, relative to B = 1):\n");
-        for (int B = 1; B <= max_b; B++) {
-            for (int s = 0; s < n_seqs; s++)
-                kv_seq_clear(bn.kv, s);
-            for (int r = 0; r < reps; r++) {
-                double t0 = clock_sec();
-                for (int k = 0; k < steps; k++) {
-                    for (int i = 0; i < B; i++) {
-                        bn.seqs[i] = i;
-                        bn.pos[i] = (int64_t)r * steps + k;
-                        bn.want[i] = 1;
-                    }
-                    if (run(&bn, B)) {
-                        fprintf(stderr, "cairn bench: %s\n", bn.err);
-                        free(t);
-                        goto out;
-                    }
+    free(bw_run);
+    free(ratio);
+    return rc ? -1 : 0;
+}
+
+/* The batch curve: B sequences each decode one token per forward, B = 1..--batch-curve,
+ * cost relative to B = 1; 0, or -1 (message printed). */
+static int bench_batch_curve(struct bench *bn, const struct bench_opts *o)
+{
+    const int steps = BATCH_CURVE_STEPS;
+    double base = 0;
+    printf("batch cost (one forward over B tokens of B sequences, relative to B = 1):\n");
+    for (int B = 1; B <= o->max_b; B++) {
+        for (int s = 0; s < bn->n_seqs; s++)
+            kv_seq_clear(bn->kv, s);
+        for (int r = 0; r < o->reps; r++) {
+            double t0 = clock_sec();
+            for (int k = 0; k < steps; k++) {
+                for (int i = 0; i < B; i++) {
+                    bn->seqs[i] = i;
+                    bn->pos[i] = (int64_t)r * steps + k;
+                    bn->want[i] = 1;
                 }
-                t[r] = (clock_sec() - t0) / steps;
+                if (run(bn, B)) {
+                    fprintf(stderr, "cairn bench: %s\n", bn->err);
+                    return -1;
+                }
             }
-            double med = median(t, (int)reps);
-            if (B == 1)
-                base = med;
-            printf("  B=%2d: %7.2f ms  x%.2f  (%.1f tok/s)\n", B, med * 1e3, med / base, B / med);
+            bn->t[r] = (clock_sec() - t0) / steps;
         }
-        memset(bn.seqs, 0, nb * sizeof *bn.seqs);
+        double med = median(bn->t, (int)o->reps);
+        if (B == 1)
+            base = med;
+        printf("  B=%2d: %7.2f ms  x%.2f  (%.1f tok/s)\n", B, med * 1e3, med / base, B / med);
     }
-    free(t);
-    pool_release(bwp);
-    bwp = NULL;
-    /* Resident memory against what the model and cache need (the bandwidth block is freed). */
-    double mib = 1 << 20;
-    printf("resident memory: %.1f MiB now (model file %.1f MiB, weights read %.1f MiB, KV %.1f MiB)\n",
-           (double)mem_rss() / mib, (double)bn.m->file_bytes / mib, (double)bn.m->weight_bytes / mib,
-           (double)kv_bytes_for(&kc) / mib);
-    ret = 0;
-out:
-    pool_release(bwp);
-    free(bn.logits);
-    free(bn.tokens);
-    free(bn.seqs);
-    free(bn.pos);
-    free(bn.want);
-    kv_release(bn.kv);
-    engine_release(bn.e);
-    model_release(bn.m);
+    memset(bn->seqs, 0, bn->nb * sizeof *bn->seqs);
+    return 0;
+}
+
+/* Memory read bandwidth, then prompt processing, token generation and the batch curve as
+ * asked; 0, or -1 (message printed where there is one). */
+static int bench_speeds(struct bench *bn, const struct bench_opts *o)
+{
+    /* Bandwidth with the engine's own thread count, measured in this run. */
+    if (pool_create(&bn->bwp, (int)o->threads))
+        return -1;
+    /* Shared machines vary: the ceiling is the best of reads before and after decode. */
+    double bw = measure_bandwidth(bn->bwp, (size_t)o->bw_mib << 20, 12);
+    printf("memory read bandwidth (%lld MiB block, %lld threads): %.2f GB/s\n", (long long)o->bw_mib,
+           (long long)o->threads, bw / 1e9);
+    bn->t = malloc((size_t)o->reps * sizeof *bn->t);
+    if (!bn->t)
+        return -1;
+    if (o->n_prompt > 0 && bench_prompt(bn, o))
+        return -1;
+    if (o->n_gen > 0 && bench_decode(bn, o))
+        return -1;
+    if (o->max_b > 0 && bench_batch_curve(bn, o))
+        return -1;
+    return 0;
+}
+
+/* Releases what bn holds. */
+static void bench_release(struct bench *bn)
+{
+    free(bn->t);
+    pool_release(bn->bwp);
+    free(bn->logits);
+    free(bn->tokens);
+    free(bn->seqs);
+    free(bn->pos);
+    free(bn->want);
+    kv_release(bn->kv);
+    engine_release(bn->e);
+    model_release(bn->m);
+}
+
+/* The plain bench of one model: load, bandwidth, pp, tg against the roofline, the batch
+ * curve and resident memory; 0, or 1. */
+static int bench_model(const struct bench_opts *o)
+{
+    struct bench bn = {0};
+    double t_load;
+    int ret = 1;
+    if (bench_open(&bn, o, &t_load)) {
+        bench_release(&bn);
+        return 1;
+    }
+    print_header(&bn, o, t_load);
+    if (!bench_speeds(&bn, o)) {
+        free(bn.t);
+        bn.t = NULL;
+        pool_release(bn.bwp);
+        bn.bwp = NULL;
+        /* Resident memory against what the model and cache need (the bandwidth block is freed). */
+        double mib = 1 << 20;
+        printf("resident memory: %.1f MiB now (model file %.1f MiB, weights read %.1f MiB, KV %.1f MiB)\n",
+               (double)mem_rss() / mib, (double)bn.m->file_bytes / mib, (double)bn.m->weight_bytes / mib,
+               (double)kv_bytes_for(&bn.kc) / mib);
+        ret = 0;
+    }
+    bench_release(&bn);
     return ret;
+}
+
+int cli_bench(int argc, char **argv)
+{
+    struct bench_opts o;
+    int ret = parse_opts(&o, argc, argv);
+    if (ret != CLI_GO_ON)
+        return ret;
+    if (o.ranks)
+        return bench_ranks(&o);
+    if (o.draft_path && o.lookup) {
+        fprintf(stderr, "cairn bench: --draft and --lookup are two modes; give one\n");
+        return 2;
+    }
+    if (o.draft_path || o.lookup) {
+        if (o.n_prompt < 1 || o.n_gen < 2) {
+            fprintf(stderr, "cairn bench: speculative decoding needs -p >= 1 and -n >= 2\n");
+            return 2;
+        }
+        return bench_draft(&o);
+    }
+    return bench_model(&o);
 }

@@ -5,6 +5,10 @@
 
 #include "base/version.h"
 
+/* What a sub-command's option parser returns when the command goes on; otherwise it
+ * returns the exit code to end with (0 after --help, 2 on bad usage). */
+#define CLI_GO_ON (-1)
+
 int cli_version(int argc, char **argv);
 /* cairn tokenize -m MODEL [--ids] [--special] [--no-bos] [--file F | TEXT] [--bench] */
 int cli_tokenize(int argc, char **argv);

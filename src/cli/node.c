@@ -29,6 +29,7 @@
 #define MAX_CORS 16
 #define MAX_ALLOWED_HOSTS 16
 
+/* Prints the command's options to stderr. */
 static void usage(void)
 {
     fprintf(stderr,
@@ -129,69 +130,92 @@ static int data_path(char *out, size_t n, const char *sub)
     return w < 0 || (size_t)w >= n ? -1 : 0;
 }
 
-int cli_node(int argc, char **argv)
+/* The command line, and the buffers that the paths and the secret it settles on may
+ * point into (they live as long as the node). */
+struct node_opts {
+    const char *peers[MAX_PEERS], *cors[MAX_CORS + 1], *hosts[MAX_ALLOWED_HOSTS + 1]; /* cors, hosts: NULL-ended */
+    size_t n_peers, n_cors, n_hosts;
+    const char *ns, *secret, *discovery, *models_dir, *data_dir, *api_key, *api_host, *bind, *log_file;
+    int64_t api_port, cluster_port, node_timeout, memory_limit;
+    int64_t parallel, threads, ctx_size; /* of each runner; 0: the supervisor's default */
+    bool no_api, no_worker, force_master;
+    enum log_level level;
+    char secret_buf[1024], log_buf[4096], data_buf[4096], models_buf[4096];
+};
+
+/* The node and what serves it, each released by shut_down. */
+struct node_app {
+    struct node *node;
+    struct http_server *srv;        /* NULL with --no-api */
+    struct routes_cluster *routes;
+    struct routes_files *files;
+    struct gen_node *gen;
+    struct gen g;                   /* the front-ends keep a pointer: it lives as long as the server */
+    struct worker *worker;          /* NULL with --no-worker */
+    char err[1024];
+};
+
+/* Appends v to a repeatable option's list of at most max; -1 (message printed) when it
+ * is full. */
+static int push(const char **list, size_t *n, size_t max, const char *v, const char *name)
+{
+    if (*n == max) {
+        fprintf(stderr, "cairn node: at most %zu %s\n", max, name);
+        return -1;
+    }
+    list[(*n)++] = v;
+    return 0;
+}
+
+/* Reads the options into o; CLI_GO_ON, or the exit code. */
+static int parse_opts(struct node_opts *o, int argc, char **argv)
 {
     struct args a = {argc, argv, 1, "node", false};
-    const char *peers[MAX_PEERS], *cors[MAX_CORS + 1], *hosts[MAX_ALLOWED_HOSTS + 1], *v;
-    size_t n_peers = 0, n_cors = 0, n_hosts = 0;
-    const char *ns = NULL, *secret = getenv("CAIRN_CLUSTER_SECRET"), *discovery = "auto";
-    const char *models_dir = getenv("CAIRN_MODELS_DIR"), *data_dir = NULL, *api_key = NULL;
-    const char *api_host = "127.0.0.1", *bind = NULL, *log_file = NULL;
-    int64_t api_port = 52415, cluster_port = 52416, node_timeout = 30, memory_limit = 0;
-    int64_t parallel = 0, threads = 0, ctx_size = 0;
-    int sig = 0; /* the signal that stopped us; 0 on a failed start */
-    bool no_api = false, no_worker = false, force_master = false;
-    enum log_level level = LOG_INFO;
+    const char *v;
+    *o = (struct node_opts){.secret = getenv("CAIRN_CLUSTER_SECRET"), .discovery = "auto",
+                            .models_dir = getenv("CAIRN_MODELS_DIR"), .api_host = "127.0.0.1",
+                            .api_port = 52415, .cluster_port = 52416, .node_timeout = 30, .level = LOG_INFO};
     for (; a.i < argc && !a.bad; a.i++) {
-        if (args_opt(&a, "--api-port", &v)) api_port = args_int(&a, "--api-port", v, 0, 65535);
-        else if (args_opt(&a, "--api-host", &v)) api_host = v;
-        else if (args_opt(&a, "--cluster-port", &v)) cluster_port = args_int(&a, "--cluster-port", v, 0, 65535);
-        else if (args_opt(&a, "--bind", &v)) bind = v;
-        else if (args_opt(&a, "--namespace", &v)) ns = v;
-        else if (args_opt(&a, "--cluster-secret", &v)) secret = v;
+        if (args_opt(&a, "--api-port", &v)) o->api_port = args_int(&a, "--api-port", v, 0, 65535);
+        else if (args_opt(&a, "--api-host", &v)) o->api_host = v;
+        else if (args_opt(&a, "--cluster-port", &v)) o->cluster_port = args_int(&a, "--cluster-port", v, 0, 65535);
+        else if (args_opt(&a, "--bind", &v)) o->bind = v;
+        else if (args_opt(&a, "--namespace", &v)) o->ns = v;
+        else if (args_opt(&a, "--cluster-secret", &v)) o->secret = v;
         else if (args_opt(&a, "--peer", &v)) {
-            if (n_peers == MAX_PEERS) {
-                fprintf(stderr, "cairn node: at most %d --peer\n", MAX_PEERS);
+            if (push(o->peers, &o->n_peers, MAX_PEERS, v, "--peer"))
                 return 2;
-            }
-            peers[n_peers++] = v;
         }
-        else if (args_opt(&a, "--discovery", &v)) discovery = v;
-        else if (args_opt(&a, "--no-api", NULL)) no_api = true;
-        else if (args_opt(&a, "--no-worker", NULL)) no_worker = true;
-        else if (args_opt(&a, "--force-master", NULL)) force_master = true;
-        else if (args_opt(&a, "--models-dir", &v)) models_dir = v;
-        else if (args_opt(&a, "--data-dir", &v)) data_dir = v;
+        else if (args_opt(&a, "--discovery", &v)) o->discovery = v;
+        else if (args_opt(&a, "--no-api", NULL)) o->no_api = true;
+        else if (args_opt(&a, "--no-worker", NULL)) o->no_worker = true;
+        else if (args_opt(&a, "--force-master", NULL)) o->force_master = true;
+        else if (args_opt(&a, "--models-dir", &v)) o->models_dir = v;
+        else if (args_opt(&a, "--data-dir", &v)) o->data_dir = v;
         else if (args_opt(&a, "--memory-limit", &v)) {
-            memory_limit = parse_bytes(v);
-            if (memory_limit < 0) {
+            o->memory_limit = parse_bytes(v);
+            if (o->memory_limit < 0) {
                 fprintf(stderr, "cairn node: bad value for --memory-limit: '%s' (bytes, or a number "
                                 "with K, M, G or T)\n", v);
                 return 2;
             }
         }
-        else if (args_opt(&a, "--node-timeout", &v)) node_timeout = args_int(&a, "--node-timeout", v, 1, 86400);
-        else if (args_opt(&a, "--api-key", &v)) api_key = v;
-        else if (args_opt(&a, "--log-file", &v)) log_file = v;
-        else if (args_opt(&a, "--parallel", &v)) parallel = args_int(&a, "--parallel", v, 1, 256);
-        else if (args_opt(&a, "-t|--threads", &v)) threads = args_int(&a, "--threads", v, 1, 512);
-        else if (args_opt(&a, "--ctx-size", &v)) ctx_size = args_int(&a, "--ctx-size", v, 16, 1 << 24);
+        else if (args_opt(&a, "--node-timeout", &v)) o->node_timeout = args_int(&a, "--node-timeout", v, 1, 86400);
+        else if (args_opt(&a, "--api-key", &v)) o->api_key = v;
+        else if (args_opt(&a, "--log-file", &v)) o->log_file = v;
+        else if (args_opt(&a, "--parallel", &v)) o->parallel = args_int(&a, "--parallel", v, 1, 256);
+        else if (args_opt(&a, "-t|--threads", &v)) o->threads = args_int(&a, "--threads", v, 1, 512);
+        else if (args_opt(&a, "--ctx-size", &v)) o->ctx_size = args_int(&a, "--ctx-size", v, 16, 1 << 24);
         else if (args_opt(&a, "--cors", &v)) {
-            if (n_cors == MAX_CORS) {
-                fprintf(stderr, "cairn node: at most %d --cors\n", MAX_CORS);
+            if (push(o->cors, &o->n_cors, MAX_CORS, v, "--cors"))
                 return 2;
-            }
-            cors[n_cors++] = v;
         }
         else if (args_opt(&a, "--allowed-host", &v)) {
-            if (n_hosts == MAX_ALLOWED_HOSTS) {
-                fprintf(stderr, "cairn node: at most %d --allowed-host\n", MAX_ALLOWED_HOSTS);
+            if (push(o->hosts, &o->n_hosts, MAX_ALLOWED_HOSTS, v, "--allowed-host"))
                 return 2;
-            }
-            hosts[n_hosts++] = v;
         }
-        else if (args_opt(&a, "-v|--verbose", NULL)) level = LOG_DEBUG;
-        else if (args_opt(&a, "-q|--quiet", NULL)) level = LOG_WARN;
+        else if (args_opt(&a, "-v|--verbose", NULL)) o->level = LOG_DEBUG;
+        else if (args_opt(&a, "-q|--quiet", NULL)) o->level = LOG_WARN;
         else if (args_opt(&a, "-h|--help", NULL)) { usage(); return 0; }
         else {
             fprintf(stderr, "cairn node: unknown option '%s'\n", argv[a.i]);
@@ -201,174 +225,246 @@ int cli_node(int argc, char **argv)
     }
     if (a.bad)
         return 2;
-    cors[n_cors] = NULL;
-    hosts[n_hosts] = NULL;
+    o->cors[o->n_cors] = NULL;
+    o->hosts[o->n_hosts] = NULL;
+    return CLI_GO_ON;
+}
+
+/* Keeps a secret from CAIRN_CLUSTER_SECRET in o and takes it out of the environment; 0,
+ * or 2 (message printed) when it is too long. */
+static int take_secret(struct node_opts *o)
+{
     /* The runners are children of this process: they must not inherit the secret (a
      * runner has no use for it; the data plane's key is derived and sent to it). */
-    static char secret_copy[1024];
-    if (secret && secret == getenv("CAIRN_CLUSTER_SECRET")) {
-        if (strlen(secret) >= sizeof secret_copy) {
-            fprintf(stderr, "cairn node: CAIRN_CLUSTER_SECRET is longer than %zu bytes\n", sizeof secret_copy - 1);
+    if (o->secret && o->secret == getenv("CAIRN_CLUSTER_SECRET")) {
+        if (strlen(o->secret) >= sizeof o->secret_buf) {
+            fprintf(stderr, "cairn node: CAIRN_CLUSTER_SECRET is longer than %zu bytes\n",
+                    sizeof o->secret_buf - 1);
             return 2;
         }
-        snprintf(secret_copy, sizeof secret_copy, "%s", secret);
-        secret = secret_copy;
+        snprintf(o->secret_buf, sizeof o->secret_buf, "%s", o->secret);
+        o->secret = o->secret_buf;
     }
     unsetenv("CAIRN_CLUSTER_SECRET");
-    log_set_level(level);
+    return 0;
+}
 
+/* The log file, data dir and models dir that were not given; 0, or 2 (message printed)
+ * when no data dir can be named. */
+static int default_paths(struct node_opts *o)
+{
     /* Logs: --log-file, else the cache dir (a node with its own --data-dir logs there, so
      * nodes sharing a machine do not share a file); "-" keeps them on stderr only. */
-    char log_buf[4096];
-    if (!log_file && !data_dir && cache_dir(log_buf, sizeof log_buf - 16) == 0) {
-        strcat(log_buf, "/node.log");
-        log_file = log_buf;
-    } else if (!log_file && data_dir && snprintf(log_buf, sizeof log_buf, "%s/node.log", data_dir) < (int)sizeof log_buf) {
-        log_file = log_buf;
+    if (!o->log_file && !o->data_dir && cache_dir(o->log_buf, sizeof o->log_buf - 16) == 0) {
+        strcat(o->log_buf, "/node.log");
+        o->log_file = o->log_buf;
+    } else if (!o->log_file && o->data_dir &&
+               snprintf(o->log_buf, sizeof o->log_buf, "%s/node.log", o->data_dir) < (int)sizeof o->log_buf) {
+        o->log_file = o->log_buf;
     }
-    char data_buf[4096], models_buf[4096];
-    if (!data_dir) {
-        if (data_path(data_buf, sizeof data_buf, NULL)) {
+    if (!o->data_dir) {
+        if (data_path(o->data_buf, sizeof o->data_buf, NULL)) {
             fprintf(stderr, "cairn node: no --data-dir, and neither XDG_DATA_HOME nor HOME is set\n");
             return 2;
         }
-        data_dir = data_buf;
+        o->data_dir = o->data_buf;
     }
-    if (!models_dir || !models_dir[0]) {
-        models_dir = data_path(models_buf, sizeof models_buf, "models") ? NULL : models_buf;
+    if (!o->models_dir || !o->models_dir[0]) {
+        o->models_dir = data_path(o->models_buf, sizeof o->models_buf, "models") ? NULL : o->models_buf;
     }
+    return 0;
+}
 
-    /* Signals are taken by sigwait below: block them before any thread starts (ZeroMQ's,
-     * the HTTP server's, the node's), so every thread inherits the mask. */
-    sigset_t stop_set;
-    sigemptyset(&stop_set);
-    sigaddset(&stop_set, SIGINT);
-    sigaddset(&stop_set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop_set, NULL);
+/* Blocks SIGINT and SIGTERM (taken by sigwait later; set gets them) and ignores SIGPIPE. */
+static void block_stop_signals(sigset_t *set)
+{
+    /* Before any thread starts (ZeroMQ's, the HTTP server's, the node's), so every
+     * thread inherits the mask. */
+    sigemptyset(set);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, set, NULL);
     signal(SIGPIPE, SIG_IGN);
+}
 
-    char err[1024];
-    struct node_config nc = {
-        .data_dir = data_dir,
-        .models_dir = models_dir,
-        .ns = ns,
-        .secret = secret,
-        .bind_addr = bind,
-        .cluster_port = (int)cluster_port,
-        .peers = peers,
-        .n_peers = n_peers,
-        .force_master = force_master,
-        .worker = !no_worker,
-        .memory_limit = memory_limit,
-        .node_timeout_ms = (int)(node_timeout * 1000),
-        .discovery = discovery,
-        .api_key = api_key, /* models are fetched from peers' APIs with the same key */
-    };
-    struct node *node = NULL;
-    struct http_server *srv = NULL;
-    struct routes_cluster *routes = NULL;
-    struct routes_files *files = NULL;
-    struct gen_node *gen = NULL;
-    struct gen g = {0}; /* the front-ends keep a pointer: it lives as long as the server */
-    struct worker *worker = NULL;
-    int rc = 0;
-    if (!no_worker) {
-        /* Runners are this same binary: `cairn runner`, one per placed shard of this node. */
-        static const char *const runner_argv[] = {"/proc/self/exe", "runner", NULL};
-        struct supervisor_config sc;
-        supervisor_config_defaults(&sc);
-        sc.argv = runner_argv;
-        sc.runner_slots = (int)parallel;
-        sc.runner_threads = (int)threads;
-        sc.runner_ctx = ctx_size;
-        rc = worker_create(&worker, &sc, err, sizeof err);
-        if (rc) {
-            fprintf(stderr, "cairn node: worker: %s\n", err);
-            return 1;
-        }
-        nc.runners = worker_runners_json;
-        nc.runners_ctx = worker;
-    }
-    if (!no_api) {
-        /* Bound before the node exists, so that its beacons and reports carry the real
-         * API port (also with --api-port 0); the routes come once the node is made. */
-        struct http_config hc = {
-            .bind_addr = api_host,
-            .port = (uint16_t)api_port,
-            .api_key = api_key,
-            .cors_origins = n_cors ? cors : NULL,
-            .allowed_hosts = hosts,
-            .access_log = level >= LOG_INFO, /* one line per request, off with -q */
-        };
-        if (http_server_create(&srv, &hc, err, sizeof err)) {
-            fprintf(stderr, "cairn node: API: %s\n", err);
-            worker_release(worker);
-            return 1;
-        }
-        nc.api_port = http_server_port(srv);
-    }
-    rc = node_create(&node, &nc, err, sizeof err);
-    if (rc) {
-        fprintf(stderr, "cairn node: %s\n", err);
-        http_server_release(srv);
-        worker_release(worker);
+/* Makes the worker that runs this node's runners, and names it in nc; 0, or 1 (message
+ * printed). */
+static int create_worker(struct node_app *app, const struct node_opts *o, struct node_config *nc)
+{
+    /* Runners are this same binary: `cairn runner`, one per placed shard of this node. */
+    static const char *const runner_argv[] = {"/proc/self/exe", "runner", NULL};
+    struct supervisor_config sc;
+    supervisor_config_defaults(&sc);
+    sc.argv = runner_argv;
+    sc.runner_slots = (int)o->parallel;
+    sc.runner_threads = (int)o->threads;
+    sc.runner_ctx = o->ctx_size;
+    if (worker_create(&app->worker, &sc, app->err, sizeof app->err)) {
+        fprintf(stderr, "cairn node: worker: %s\n", app->err);
         return 1;
     }
-    /* after node_create, which made the data dir */
-    if (log_file && strcmp(log_file, "-") && log_open_file(log_file))
-        fprintf(stderr, "cairn node: cannot log to %s: %s (stderr only)\n", log_file, strerror(errno));
-    if (srv) {
-        rc = routes_cluster_create(&routes, srv, node, 0, err, sizeof err);
-        struct routes_files_config fc = {.node_id = node_id(node), .secret = secret, .card = node_card, .card_ctx = node};
-        if (!rc)
-            rc = routes_files_create(&files, srv, &fc, err, sizeof err);
-        if (!rc)
-            rc = gen_node_create(&gen, node, err, sizeof err);
-        if (gen)
-            g = gen_node_gen(gen);
-        if (!rc)
-            rc = gen_node_routes(gen, srv, err, sizeof err);
-        if (!rc)
-            rc = openai_register(srv, &g, err, sizeof err);
-        if (!rc)
-            rc = ollama_register(srv, &g, err, sizeof err);
-        if (!rc)
-            rc = anthropic_register(srv, &g, err, sizeof err);
-        if (rc) {
-            fprintf(stderr, "cairn node: API: %s\n", err);
-            goto out;
-        }
-        node_set_api_port(node, http_server_port(srv));
-    }
-    rc = node_start(node, err, sizeof err);
-    if (!rc && worker)
-        rc = worker_start(worker, node, err, sizeof err);
-    if (!rc && srv)
-        rc = http_server_start(srv, err, sizeof err);
-    if (rc) {
-        fprintf(stderr, "cairn node: %s\n", err);
-        goto out;
-    }
-    log_info("cairn node %s: api %s:%d, cluster port %d, discovery %s, worker %s%s", node_id(node),
-             srv ? api_host : "(none)", srv ? (int)http_server_port(srv) : 0, node_cluster_port(node),
-             discovery, worker ? "on" : "off", force_master ? ", force master" : "");
+    nc->runners = worker_runners_json;
+    nc->runners_ctx = app->worker;
+    return 0;
+}
 
-    while (sigwait(&stop_set, &sig) != 0)
-        ;
-    log_info("cairn node %s: %s, stopping", node_id(node), sig == SIGINT ? "SIGINT" : "SIGTERM");
-out:
-    http_server_stop(srv);
-    gen_node_release(gen); /* requests still in flight end with an error */
-    routes_cluster_release(routes);
-    routes_files_release(files);
-    if (worker)
-        worker_stop(worker); /* runners end before the node that reports them */
+/* Binds the API's port, and puts it in nc; 0, or 1 (message printed). */
+static int bind_api(struct node_app *app, const struct node_opts *o, struct node_config *nc)
+{
+    /* Bound before the node exists, so that its beacons and reports carry the real
+     * API port (also with --api-port 0); the routes come once the node is made. */
+    struct http_config hc = {
+        .bind_addr = o->api_host,
+        .port = (uint16_t)o->api_port,
+        .api_key = o->api_key,
+        .cors_origins = o->n_cors ? o->cors : NULL,
+        .allowed_hosts = o->hosts,
+        .access_log = o->level >= LOG_INFO, /* one line per request, off with -q */
+    };
+    if (http_server_create(&app->srv, &hc, app->err, sizeof app->err)) {
+        fprintf(stderr, "cairn node: API: %s\n", app->err);
+        return 1;
+    }
+    nc->api_port = http_server_port(app->srv);
+    return 0;
+}
+
+/* Makes the worker (unless --no-worker), binds the API (unless --no-api) and makes the
+ * node; 0, or 1 (message printed, what was made released). */
+static int create(struct node_app *app, const struct node_opts *o)
+{
+    struct node_config nc = {
+        .data_dir = o->data_dir,
+        .models_dir = o->models_dir,
+        .ns = o->ns,
+        .secret = o->secret,
+        .bind_addr = o->bind,
+        .cluster_port = (int)o->cluster_port,
+        .peers = o->peers,
+        .n_peers = o->n_peers,
+        .force_master = o->force_master,
+        .worker = !o->no_worker,
+        .memory_limit = o->memory_limit,
+        .node_timeout_ms = (int)(o->node_timeout * 1000),
+        .discovery = o->discovery,
+        .api_key = o->api_key, /* models are fetched from peers' APIs with the same key */
+    };
+    if (!o->no_worker && create_worker(app, o, &nc))
+        return 1;
+    if (!o->no_api && bind_api(app, o, &nc)) {
+        worker_release(app->worker);
+        app->worker = NULL;
+        return 1;
+    }
+    if (node_create(&app->node, &nc, app->err, sizeof app->err)) {
+        fprintf(stderr, "cairn node: %s\n", app->err);
+        http_server_release(app->srv);
+        worker_release(app->worker);
+        app->srv = NULL;
+        app->worker = NULL;
+        return 1;
+    }
+    return 0;
+}
+
+/* Puts the cluster's, the files', the generation's and the front-ends' (OpenAI, Ollama,
+ * Anthropic) routes on the API, if there is one; 0, or nonzero (message printed). */
+static int add_routes(struct node_app *app, const struct node_opts *o)
+{
+    if (!app->srv)
+        return 0;
+    char *err = app->err;
+    size_t errlen = sizeof app->err;
+    int rc = routes_cluster_create(&app->routes, app->srv, app->node, 0, err, errlen);
+    struct routes_files_config fc = {.node_id = node_id(app->node), .secret = o->secret, .card = node_card,
+                                     .card_ctx = app->node};
+    if (!rc)
+        rc = routes_files_create(&app->files, app->srv, &fc, err, errlen);
+    if (!rc)
+        rc = gen_node_create(&app->gen, app->node, err, errlen);
+    if (app->gen)
+        app->g = gen_node_gen(app->gen);
+    if (!rc)
+        rc = gen_node_routes(app->gen, app->srv, err, errlen);
+    if (!rc)
+        rc = openai_register(app->srv, &app->g, err, errlen);
+    if (!rc)
+        rc = ollama_register(app->srv, &app->g, err, errlen);
+    if (!rc)
+        rc = anthropic_register(app->srv, &app->g, err, errlen);
+    if (rc) {
+        fprintf(stderr, "cairn node: API: %s\n", err);
+        return rc;
+    }
+    node_set_api_port(app->node, http_server_port(app->srv));
+    return 0;
+}
+
+/* Starts the node, then the worker and the API; 0, or nonzero (message printed). */
+static int start(struct node_app *app)
+{
+    int rc = node_start(app->node, app->err, sizeof app->err);
+    if (!rc && app->worker)
+        rc = worker_start(app->worker, app->node, app->err, sizeof app->err);
+    if (!rc && app->srv)
+        rc = http_server_start(app->srv, app->err, sizeof app->err);
+    if (rc)
+        fprintf(stderr, "cairn node: %s\n", app->err);
+    return rc;
+}
+
+/* Stops and releases all app holds; sig (the signal that stopped the node, 0 on a failed
+ * start) has the node tell its peers it leaves. */
+static void shut_down(struct node_app *app, int sig)
+{
+    http_server_stop(app->srv);
+    gen_node_release(app->gen); /* requests still in flight end with an error */
+    routes_cluster_release(app->routes);
+    routes_files_release(app->files);
+    if (app->worker)
+        worker_stop(app->worker); /* runners end before the node that reports them */
     if (sig)
-        node_leave(node); /* the others take it out of the cluster now, not after the timeout */
-    node_stop(node);
-    http_server_release(srv);
-    node_release(node);
-    worker_release(worker);
+        node_leave(app->node); /* the others take it out of the cluster now, not after the timeout */
+    node_stop(app->node);
+    http_server_release(app->srv);
+    node_release(app->node);
+    worker_release(app->worker);
     log_close_file();
+}
+
+int cli_node(int argc, char **argv)
+{
+    struct node_opts o;
+    int rc = parse_opts(&o, argc, argv);
+    if (rc != CLI_GO_ON)
+        return rc;
+    if (take_secret(&o))
+        return 2;
+    log_set_level(o.level);
+    if (default_paths(&o))
+        return 2;
+    sigset_t stop_set;
+    block_stop_signals(&stop_set);
+
+    struct node_app app = {0};
+    if (create(&app, &o))
+        return 1;
+    /* after node_create, which made the data dir */
+    if (o.log_file && strcmp(o.log_file, "-") && log_open_file(o.log_file))
+        fprintf(stderr, "cairn node: cannot log to %s: %s (stderr only)\n", o.log_file, strerror(errno));
+    int sig = 0; /* the signal that stopped us; 0 on a failed start */
+    rc = add_routes(&app, &o);
+    if (!rc)
+        rc = start(&app);
+    if (!rc) {
+        log_info("cairn node %s: api %s:%d, cluster port %d, discovery %s, worker %s%s", node_id(app.node),
+                 app.srv ? o.api_host : "(none)", app.srv ? (int)http_server_port(app.srv) : 0,
+                 node_cluster_port(app.node), o.discovery, app.worker ? "on" : "off",
+                 o.force_master ? ", force master" : "");
+        while (sigwait(&stop_set, &sig) != 0)
+            ;
+        log_info("cairn node %s: %s, stopping", node_id(app.node), sig == SIGINT ? "SIGINT" : "SIGTERM");
+    }
+    shut_down(&app, sig);
     return rc ? 1 : 0;
 }
