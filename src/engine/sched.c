@@ -1,4 +1,7 @@
-#include "engine/sched.h"
+/* The continuous-batching scheduler: admission, the prefix cache, preemption, batch
+ * building, sampling and reporting. Speculative decoding (drafts, their verification and
+ * rollback) is in spec.c; the state both share is in sched_int.h. */
+#include "engine/sched_int.h"
 
 #include "base/clock.h"
 #include "base/err.h"
@@ -11,78 +14,14 @@
 
 #define SCHED_MAX_SLOTS 256
 #define SCHED_MAX_CACHE_SEQS 4096
-/* A sequence whose draft cache lags by more than this many tokens catches up in chunks
- * (without drafting) instead of feeding them all in its first draft forward. */
-#define SCHED_DRAFT_LAG 16
-/* Adaptive k: the acceptance rate a sequence starts from, to which it drifts back while
- * it does not draft, and the weight of each new observation. */
-#define ACC_PRIOR 0.75
-#define ACC_DECAY 0.05
-#define ACC_WEIGHT (1.0 / 16)
-/* The draft's, the acceptance test's and the residual's draws use the request's seed
- * with these mixed in, apart from each other and from sample_token's. */
-#define SEED_DRAFT 0x5bd1e9955bd1e995ull
-#define SEED_ACCEPT 0x2545f4914f6cdd1dull
-#define SEED_RESIDUAL 0xd6e8feb86659fd93ull
 
-/* ---- state ---- */
-
-enum seq_state { SEQ_QUEUED, SEQ_RUNNING, SEQ_DONE };
-
-/* Where a sequence's draft tokens come from in a step. */
-enum spec_mode { SPEC_NONE, SPEC_MODEL, SPEC_LOOKUP };
-
-/* One sequence of a request. Its history holds the prompt then the generated tokens;
- * the KV cache holds the first n_kv of them while it runs. */
-struct seq {
-    struct request *req;
-    int index;            /* within the request: it samples with seed + index */
-    enum seq_state state;
-    int slot;             /* while running: its slot, which is also its KV sequence id */
-    int32_t *hist;        /* n_hist of cap tokens; owned (handed to the prefix cache at the end) */
-    int64_t n_hist, cap;
-    int64_t n_kv;
-    int64_t generated;
-    int64_t cached;       /* prompt tokens reused at its first admission */
-    bool admitted;        /* admitted once: cached is final */
-
-    /* Speculation. The draft's KV cache (same sequence id as the slot) holds hist[0..d_kv). */
-    int64_t d_kv;
-    double acc;           /* running acceptance rate of its drafts (adaptive k) */
-    int64_t drafted, accepted;
-    /* This step: drafts go to hist[n_hist .. n_hist + k_eff) (scratch beyond the history:
-     * k never exceeds what the sequence may still generate), plan_k of them fed to the
-     * target; catch_up: context tokens fed to the draft without drafting. */
-    enum spec_mode mode;
-    int plan_k, k_eff, d_row;
-    int64_t catch_up;
-    /* Sampled model drafts: the distribution draft j was drawn from (q_n entries of the
-     * arena from q_off; 0: one token with probability 1) and the drafted token's q. */
-    int64_t q_off[SCHED_MAX_DRAFT];
-    int q_n[SCHED_MAX_DRAFT];
-    double q_tot[SCHED_MAX_DRAFT], q_x[SCHED_MAX_DRAFT];
-
-    /* Micro-batches (sched_config.lanes): picked for the batch being built; while a batch
-     * that holds it is in flight, that lane and its entry in the lane's fed[]. */
-    bool pick;
-    struct lane *flight;
-    int fed_idx;
-};
-
-struct request {
-    struct request *prev, *next; /* the list of live requests */
-    uint64_t id;
-    int64_t n_prompt, max_tokens;
-    int n_seqs;
-    int live;             /* sequences not finished */
-    bool fork_pending;    /* sequence 0 prefills the prompt for all; the others wait in their slots */
-    bool ignore_eos, logprobs;
-    int top_logprobs;
-    int num_draft, lookup_ngram;
-    struct sample_params sample; /* .bias points to bias */
-    struct logit_bias *bias;     /* owned copy */
-    struct seq seqs[];
-};
+/* Pacing of prompt chunks beside decoding sequences (sched_config.chunk_tokens): a step
+ * with prompt tokens aims at SCHED_PACE_STEPS times a decode step; its chunk is never
+ * cut below SCHED_PACE_MIN tokens, and is SCHED_PACE_FIRST before anything is timed. */
+#define SCHED_PACE_STEPS 3.0
+#define SCHED_PACE_MIN 8
+#define SCHED_PACE_FIRST 32
+#define SCHED_PACE_EMA 0.25 /* weight of the newest step in the running means */
 
 /* A waiting unit of work: a request not started (seq < 0: all its sequences, prefilled
  * together), or one preempted sequence. */
@@ -97,103 +36,6 @@ struct cache_entry {
     int64_t n;       /* positions in the KV cache (tokens[0..n)) */
     uint64_t last_used;
 };
-
-/* What one running sequence puts into the batch: n tokens from batch index at, of which
- * the last `drafts` are draft tokens (all n then want logits). */
-struct fed {
-    struct seq *seq; /* NULL once it finished while its batch was in flight */
-    int n, drafts, at;
-    bool logits;
-};
-
-/* One micro-batch: what a forward pass is built in and its results are read from. With
- * sched_config.lanes = 1 there is one, used by every step; with L > 1, up to L are in
- * flight at once (submitted, their results not yet collected), each over sequences no
- * other in-flight lane holds. Everything a step keeps from building its batch to reading
- * its logits lives here. */
-struct lane {
-    /* Batch buffers, allocated once: max_batch tokens, a row of logits per slot (a
-     * sequence wants at most one row per step, more with drafts). */
-    int32_t *b_token, *b_seq;
-    int64_t *b_pos;
-    uint8_t *b_logits;
-    struct fed *fed; /* [slots] */
-    int n_fed, n_tokens;
-    float *logits;   /* [logit_rows][n_vocab]: slots rows, grown for draft tokens */
-    int64_t logit_rows;
-    /* sched_config.asks: what each wanted row of the batch asked for, and the answers
-     * (logit_rows each). */
-    struct sched_ask *asks;
-    struct sched_token *answers;
-    int n_asks;
-    /* Arena of the draft distributions drawn for this batch (read when verifying). */
-    int32_t *q_ids;
-    float *q_probs;
-    int64_t a_used, a_cap;
-    int step_prompt, step_decoding; /* prompt tokens and decoding sequences in the batch */
-    int64_t t0;                     /* when building it began (pacing) */
-    bool in_flight;
-};
-
-/* Pacing of prompt chunks beside decoding sequences (sched_config.chunk_tokens): a step
- * with prompt tokens aims at SCHED_PACE_STEPS times a decode step; its chunk is never
- * cut below SCHED_PACE_MIN tokens, and is SCHED_PACE_FIRST before anything is timed. */
-#define SCHED_PACE_STEPS 3.0
-#define SCHED_PACE_MIN 8
-#define SCHED_PACE_FIRST 32
-#define SCHED_PACE_EMA 0.25 /* weight of the newest step in the running means */
-
-struct sched {
-    struct engine *e;
-    struct kv_cache *kv;
-    struct sched_config cfg;
-    struct sched_callbacks cb;
-    struct sampler *smp;
-    int n_vocab, max_batch, chunk_tokens, block_tokens;
-    bool paced;                 /* chunk_tokens was left to the scheduler */
-    double pace_decode_ns;      /* running mean of a step without prompt tokens; 0: none yet */
-    double pace_prompt_ns;      /* running mean of one prompt token's share of a step; 0: none yet */
-    int64_t n_blocks;
-
-    struct seq **slot_seq; /* [slots]: the running sequence of each slot, or NULL */
-    int *order;            /* [slots]: slots of running sequences, oldest admission first */
-    int n_running;
-
-    struct queue_item *queue; /* ring of q_cap items */
-    int q_head, q_count, q_cap;
-
-    struct request *live;  /* list of requests not finished */
-
-    struct cache_entry *cache; /* [cache_seqs] */
-    int n_cached;
-    uint64_t tick;
-
-    /* Micro-batches: lane[n_lanes]; ln the one being built or read; flight[] the lanes
-     * in flight, oldest first (results are collected in submission order). */
-    struct lane *lane, *ln;
-    int n_lanes;
-    int flight[SCHED_MAX_LANES], n_flight;
-
-    /* Speculation. */
-    struct sched_spec_options opt;
-    struct engine *draft;    /* NULL: none */
-    struct kv_cache *dkv;
-    int draft_k, d_max_batch, d_block_tokens;
-    double draft_cost;       /* a draft token relative to a target decode step (weights) */
-    int32_t *d_token, *d_seq; /* draft batch buffers [d_max_batch] */
-    int64_t *d_pos;
-    uint8_t *d_logits;
-    float *d_out;            /* [slots][n_vocab] */
-    int32_t *p_ids;          /* a target distribution [n_vocab] */
-    float *p_probs, *r_w;    /* its probabilities, residual weights [n_vocab] */
-    float *q_dense;          /* [n_vocab] zeros between uses */
-
-    struct sched_stats stats;
-};
-
-static int64_t blocks_for(int64_t positions, int bt) { return (positions + bt - 1) / bt; }
-
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---- queue ---- */
 
@@ -306,7 +148,7 @@ static int cache_lookup(const struct sched *s, const int32_t *tokens, int64_t li
         const struct cache_entry *c = &s->cache[i];
         if (!c->tokens)
             continue;
-        int64_t m = common_prefix(c->tokens, tokens, min64(c->n, limit));
+        int64_t m = common_prefix(c->tokens, tokens, sched_min64(c->n, limit));
         if (m > *reuse) {
             *reuse = m;
             best = i;
@@ -325,7 +167,7 @@ static void cache_keep(struct sched *s, struct seq *q, int slot)
         return;
     for (int i = 0; i < s->cfg.cache_seqs; i++) {
         struct cache_entry *c = &s->cache[i];
-        if (!c->tokens || common_prefix(c->tokens, q->hist, min64(c->n, n)) < min64(c->n, n))
+        if (!c->tokens || common_prefix(c->tokens, q->hist, sched_min64(c->n, n)) < sched_min64(c->n, n))
             continue;
         if (c->n >= n) {
             c->last_used = ++s->tick;
@@ -449,7 +291,7 @@ static void finish_unfit(struct sched *s, struct request *r, int seq, int64_t n_
 {
     char msg[160];
     snprintf(msg, sizeof msg, "%lld tokens need %lld KV blocks; the cache holds %lld", (long long)n_tokens,
-             (long long)blocks_for(n_tokens, s->block_tokens), (long long)s->n_blocks);
+             (long long)sched_blocks_for(n_tokens, s->block_tokens), (long long)s->n_blocks);
     if (seq < 0)
         finish_request(s, r, SCHED_FINISH_ERROR, msg);
     else
@@ -525,7 +367,7 @@ static int64_t make_room(struct sched *s, int k, struct seq *q, int64_t n, bool 
             return n;
         if (cache_evict_lru(s, -1))
             continue;
-        int64_t fit = partial ? min64(positions_free(s, q), n) : 0;
+        int64_t fit = partial ? sched_min64(positions_free(s, q), n) : 0;
         if (fit > 0 && kv_prepare(s->kv, q->slot, q->n_kv, fit) == 0)
             return fit;
         int first = newest_unit(s);
@@ -582,7 +424,7 @@ static bool admit(struct sched *s)
         struct queue_item it = *queue_at(s, 0);
         struct seq *lead = &it.req->seqs[it.seq < 0 ? 0 : it.seq];
         int need_slots = it.seq < 0 ? it.req->n_seqs : 1;
-        if (blocks_for(lead->n_hist, s->block_tokens) > s->n_blocks) {
+        if (sched_blocks_for(lead->n_hist, s->block_tokens) > s->n_blocks) {
             queue_remove_at(s, 0);
             finish_unfit(s, it.req, it.seq, lead->n_hist);
             changed = true;
@@ -594,7 +436,7 @@ static bool admit(struct sched *s)
         int entry = cache_lookup(s, lead->hist, lead->n_hist - 1, &reuse);
         /* Room for its tokens and the first generated one, plus a block per forked
          * sequence; a partly reused last block is copied. */
-        int64_t need = blocks_for(lead->n_hist + 1, s->block_tokens) - reuse / s->block_tokens + need_slots - 1;
+        int64_t need = sched_blocks_for(lead->n_hist + 1, s->block_tokens) - reuse / s->block_tokens + need_slots - 1;
         while (kv_free_blocks(s->kv) < need && cache_evict_lru(s, entry))
             ;
         if (kv_free_blocks(s->kv) < need && s->n_running > 0)
@@ -608,9 +450,6 @@ static bool admit(struct sched *s)
 
 /* ---- one step ---- */
 
-/* A running sequence that feeds one token: a decode step (or a one-token prompt). */
-static bool feeds_one(const struct seq *q) { return q->n_hist - q->n_kv == 1; }
-
 /* Sequences of fork_pending requests other than 0 wait for sequence 0's prompt. */
 static bool waits_for_fork(const struct seq *q) { return q->req->fork_pending && q->index > 0; }
 
@@ -619,7 +458,7 @@ static int single_feeds_after(const struct sched *s, int k)
     int n = 0;
     for (int i = k + 1; i < s->n_running; i++) {
         const struct seq *q = s->slot_seq[s->order[i]];
-        n += q->pick && feeds_one(q);
+        n += q->pick && sched_feeds_one(q);
     }
     return n;
 }
@@ -630,7 +469,7 @@ static int tokens_after(const struct sched *s, int k)
     int n = 0;
     for (int i = k + 1; i < s->n_running; i++) {
         const struct seq *q = s->slot_seq[s->order[i]];
-        if (q->pick && feeds_one(q))
+        if (q->pick && sched_feeds_one(q))
             n += 1 + q->plan_k;
     }
     return n;
@@ -642,7 +481,7 @@ static void batch_add(struct sched *s, struct seq *q, int n, int drafts)
     int at = s->ln->n_tokens;
     for (int i = 0; i < n; i++) {
         int t = s->ln->n_tokens++;
-        /* A model's drafts are written once drafted (run_drafts); until then the last token. */
+        /* A model's drafts are written once drafted (spec_run_drafts); until then the last token. */
         s->ln->b_token[t] = q->hist[q->n_kv + (q->mode == SPEC_MODEL ? 0 : i)];
         s->ln->b_seq[t] = q->slot;
         s->ln->b_pos[t] = q->n_kv + i;
@@ -659,16 +498,6 @@ static void batch_add(struct sched *s, struct seq *q, int n, int drafts)
     }
 }
 
-/* q (order[k]) gives up drafting this step; the draft context it would have fed still
- * goes to the draft (its room is reserved). */
-static void drop_plan(struct seq *q)
-{
-    if (q->mode == SPEC_MODEL)
-        q->catch_up = q->n_hist - q->d_kv;
-    q->mode = SPEC_NONE;
-    q->plan_k = q->k_eff = 0;
-}
-
 /* Takes target KV room for q's last token and plan_k drafts, if that leaves blocks for
  * the sequences after it (one per decode, and a chunk's worth for prompts), evicting
  * cached prefixes as a decode would: drafting never preempts a sequence. */
@@ -676,7 +505,7 @@ static bool room_for_drafts(struct sched *s, int k, struct seq *q)
 {
     int bt = s->block_tokens;
     int64_t n = 1 + q->plan_k;
-    int64_t need = blocks_for(q->n_kv + n, bt) - blocks_for(q->n_kv, bt);
+    int64_t need = sched_blocks_for(q->n_kv + n, bt) - sched_blocks_for(q->n_kv, bt);
     if (q->n_kv % bt) {
         int64_t nb;
         const int32_t *table = kv_seq_blocks(s->kv, q->slot, &nb);
@@ -685,11 +514,11 @@ static bool room_for_drafts(struct sched *s, int k, struct seq *q)
     int64_t prompt = 0;
     for (int i = k + 1; i < s->n_running; i++) {
         const struct seq *o = s->slot_seq[s->order[i]];
-        if (o->pick && !feeds_one(o))
+        if (o->pick && !sched_feeds_one(o))
             prompt += o->n_hist - o->n_kv;
     }
-    prompt = min64(prompt, s->chunk_tokens);
-    int64_t reserve = single_feeds_after(s, k) + blocks_for(prompt, bt) + (prompt > 0);
+    prompt = sched_min64(prompt, s->chunk_tokens);
+    int64_t reserve = single_feeds_after(s, k) + sched_blocks_for(prompt, bt) + (prompt > 0);
     while (kv_free_blocks(s->kv) < need + reserve)
         if (!cache_evict_lru(s, -1))
             return false;
@@ -738,9 +567,9 @@ static void build_batch(struct sched *s)
         if (!q->pick)
             continue;
         int64_t n = 1;
-        bool partial = !feeds_one(q);
+        bool partial = !sched_feeds_one(q);
         if (partial) {
-            n = min64(min64(q->n_hist - q->n_kv, budget), s->max_batch - s->ln->n_tokens - tokens_after(s, k));
+            n = sched_min64(sched_min64(q->n_hist - q->n_kv, budget), s->max_batch - s->ln->n_tokens - tokens_after(s, k));
             if (n <= 0)
                 continue;
         } else if (q->plan_k > 0) {
@@ -748,7 +577,7 @@ static void build_batch(struct sched *s)
                 batch_add(s, q, 1 + q->plan_k, q->plan_k);
                 continue;
             }
-            drop_plan(q);
+            spec_drop_plan(q);
         }
         n = make_room(s, k, q, n, partial);
         if (n == 0)
@@ -759,359 +588,14 @@ static void build_batch(struct sched *s)
     }
 }
 
-/* ---- speculation: planning ---- */
+/* ---- sampling and reporting ---- */
 
-/* q's source of drafts and the k its request asks for. */
-static enum spec_mode seq_mode(const struct sched *s, const struct seq *q, int *k)
-{
-    const struct request *r = q->req;
-    if (r->num_draft == 0)
-        return SPEC_NONE;
-    if (r->lookup_ngram > 0) {
-        *k = r->num_draft < 0 ? s->opt.lookup_tokens : r->num_draft;
-        return SPEC_LOOKUP;
-    }
-    if (!s->draft)
-        return SPEC_NONE;
-    *k = r->num_draft < 0 ? s->draft_k : r->num_draft;
-    return SPEC_MODEL;
-}
-
-/* Blocks the draft cache takes for q to grow by n positions (its blocks are never shared). */
-static int64_t draft_blocks(const struct sched *s, const struct seq *q, int64_t n)
-{
-    return blocks_for(q->d_kv + n, s->d_block_tokens) - blocks_for(q->d_kv, s->d_block_tokens);
-}
-
-/* The k up to kmax that gives the most expected tokens per cost at q's acceptance rate a:
- * (1 + a + ... + a^k) / (1 + k (cost + verify_cost)); 0 when none beats not drafting,
- * and then a drifts back towards the prior so that drafting is tried again later. */
-static int choose_k(const struct sched *s, struct seq *q, int kmax, double cost)
-{
-    if (!s->opt.adaptive)
-        return kmax;
-    double a = q->acc, power = 1, expect = 1, best_v = 1;
-    int best = 0;
-    for (int k = 1; k <= kmax; k++) {
-        power *= a;
-        expect += power;
-        double v = expect / (1 + k * (cost + s->opt.verify_cost));
-        if (v > best_v * (1 + 1e-9)) {
-            best_v = v;
-            best = k;
-        }
-    }
-    if (best == 0)
-        q->acc += (ACC_PRIOR - q->acc) * ACC_DECAY;
-    return best;
-}
-
-/* Prompt lookup: the latest earlier occurrence of the longest n-gram (max_n down to 1
- * tokens) that ends q's history; the k tokens after it are copied to hist[n_hist..).
- * The copy may run into the tokens it writes, so a repeating pattern goes on. Returns
- * the tokens drafted (0 when nothing matches). */
-static int lookup_draft(struct seq *q, int max_n, int k)
-{
-    int32_t *h = q->hist;
-    int64_t n = q->n_hist;
-    for (int g = max_n; g >= 1; g--) {
-        if (g >= n)
-            continue;
-        const int32_t *tail = h + n - g;
-        for (int64_t i = n - g - 1; i >= 0; i--) {
-            if (h[i] != tail[0] || memcmp(h + i, tail, (size_t)g * sizeof *h))
-                continue;
-            for (int j = 0; j < k; j++)
-                h[n + j] = h[i + g + j];
-            return k;
-        }
-    }
-    return 0;
-}
-
-static bool logits_reserve(struct sched *s, int64_t rows)
-{
-    if (rows <= s->ln->logit_rows)
-        return true;
-    struct sched_ask *a = realloc(s->ln->asks, (size_t)rows * sizeof *a);
-    if (a)
-        s->ln->asks = a;
-    struct sched_token *t = a ? realloc(s->ln->answers, (size_t)rows * sizeof *t) : NULL;
-    if (t)
-        s->ln->answers = t;
-    float *p = t ? realloc(s->ln->logits, (size_t)rows * (size_t)s->n_vocab * sizeof *p) : NULL;
-    if (!p)
-        return false;
-    s->ln->logits = p;
-    s->ln->logit_rows = rows;
-    return true;
-}
-
-/* Decides, before the batch is built, which decoding sequences draft this step and how
- * many tokens (prompt lookup drafts them here), and which sequences feed their context to
- * the draft to catch up. Draft tokens take the target batch's room left after one token
- * per decoding sequence and a prompt chunk; the draft's batch and cache room is shared
- * out oldest first. */
-static void plan_speculation(struct sched *s)
-{
-    s->ln->a_used = 0;
-    int n_dec = 0;
-    int64_t prompt = 0;
-    for (int k = 0; k < s->n_running; k++) {
-        struct seq *q = s->slot_seq[s->order[k]];
-        if (q->flight)
-            continue; /* its plan is that of its batch in flight */
-        q->mode = SPEC_NONE;
-        q->plan_k = q->k_eff = 0;
-        q->catch_up = 0;
-        if (!q->pick)
-            continue;
-        if (feeds_one(q))
-            n_dec++;
-        else
-            prompt += q->n_hist - q->n_kv;
-    }
-    if (s->opt.max_decoding > 0 && n_dec > s->opt.max_decoding)
-        return;
-    int64_t room = s->max_batch - n_dec - min64(prompt, s->chunk_tokens), drafts = 0;
-    int64_t d_room = s->draft ? s->d_max_batch : 0, d_free = s->draft ? kv_free_blocks(s->dkv) : 0;
-    double model_cost = s->opt.draft_cost >= 0 ? s->opt.draft_cost : s->draft_cost;
-    for (int i = 0; i < s->n_running && room > 0; i++) {
-        struct seq *q = s->slot_seq[s->order[i]];
-        int kreq = 0;
-        /* A request's prompt that is read for several sequences is sampled once per
-         * sequence from its last row (fork_and_report): never with drafts, even when
-         * that last token is all the cache did not hold. */
-        enum spec_mode mode = !q->pick || !feeds_one(q) || q->req->fork_pending ? SPEC_NONE : seq_mode(s, q, &kreq);
-        if (mode == SPEC_NONE)
-            continue;
-        /* Drafts never pass what the sequence may still generate: at most left tokens
-         * come out of a step, the last of them the target's own. */
-        int64_t left = min64(q->req->max_tokens - q->generated, s->cfg.ctx - q->n_hist);
-        int kmax = (int)min64(min64(kreq, left - 1), room);
-        if (kmax <= 0)
-            continue;
-        int k;
-        if (mode == SPEC_MODEL) {
-            int64_t pending = q->n_hist - q->d_kv;
-            if (pending < 1 || pending > SCHED_DRAFT_LAG)
-                continue; /* a lagging draft catches up first (below) */
-            if (!(k = choose_k(s, q, kmax, model_cost)))
-                continue;
-            int64_t blocks = draft_blocks(s, q, pending + k - 1);
-            if (pending > d_room || blocks > d_free)
-                continue;
-            d_room -= pending;
-            d_free -= blocks;
-        } else {
-            if (!(k = choose_k(s, q, kmax, 0)) || !(k = lookup_draft(q, q->req->lookup_ngram, k)))
-                continue;
-            q->k_eff = k;
-            for (int j = 0; j < k; j++) {
-                q->q_n[j] = 0;
-                q->q_x[j] = 1;
-            }
-        }
-        q->mode = mode;
-        q->plan_k = k;
-        room -= k;
-        drafts += k;
-    }
-    for (int i = 0; s->draft && i < s->n_running; i++) {
-        struct seq *q = s->slot_seq[s->order[i]];
-        int kreq;
-        if (q->mode != SPEC_NONE || !q->pick || seq_mode(s, q, &kreq) != SPEC_MODEL)
-            continue;
-        int64_t lag = q->n_hist - q->d_kv;
-        if (feeds_one(q) && lag <= SCHED_DRAFT_LAG)
-            continue; /* fed with its next drafts */
-        int64_t c = min64(min64(lag, s->chunk_tokens), d_room);
-        int bt = s->d_block_tokens;
-        c = min64(c, (blocks_for(q->d_kv, bt) + d_free) * bt - q->d_kv);
-        if (c <= 0)
-            continue;
-        q->catch_up = c;
-        d_room -= c;
-        d_free -= draft_blocks(s, q, c);
-    }
-    if (drafts > 0 && !logits_reserve(s, s->n_running + drafts))
-        for (int i = 0; i < s->n_running; i++) {
-            struct seq *q = s->slot_seq[s->order[i]];
-            if (q->pick && q->plan_k > 0)
-                drop_plan(q);
-        }
-}
-
-/* ---- speculation: drafting ---- */
-
-static struct sample_params seq_params(const struct seq *q)
+struct sample_params sched_seq_params(const struct seq *q)
 {
     struct sample_params p = q->req->sample;
     p.seed += (uint64_t)q->index;
     return p;
 }
-
-static bool arena_reserve(struct sched *s, int64_t n)
-{
-    if (s->ln->a_used + n <= s->ln->a_cap)
-        return true;
-    int64_t cap = s->ln->a_cap ? s->ln->a_cap : 4096;
-    while (cap < s->ln->a_used + n)
-        cap *= 2;
-    int32_t *ids = realloc(s->ln->q_ids, (size_t)cap * sizeof *ids);
-    if (!ids)
-        return false;
-    s->ln->q_ids = ids;
-    float *probs = realloc(s->ln->q_probs, (size_t)cap * sizeof *probs);
-    if (!probs)
-        return false;
-    s->ln->q_probs = probs;
-    s->ln->a_cap = cap;
-    return true;
-}
-
-/* Draws q's draft token j from the draft's logits row with the request's parameters
- * (penalties see the drafts before j), keeping the distribution for verification.
- * False when it cannot (q then drafts no further this step). */
-static bool draft_sample(struct sched *s, struct seq *q, const float *row, int j)
-{
-    struct sample_params p = seq_params(q);
-    p.seed ^= SEED_DRAFT;
-    int64_t pos = q->n_hist + j;
-    int32_t tok;
-    if (p.temperature <= 0) {
-        tok = sample_token(s->smp, &p, row, q->hist, pos, pos, NULL);
-        q->q_n[j] = 0;
-        q->q_x[j] = 1;
-    } else {
-        if (!arena_reserve(s, s->n_vocab))
-            return false;
-        int32_t *ids = s->ln->q_ids + s->ln->a_used;
-        float *probs = s->ln->q_probs + s->ln->a_used;
-        int n = sample_dist(s->smp, &p, row, q->hist, pos, ids, probs);
-        if (n < 1)
-            return false;
-        double total = 0;
-        for (int i = 0; i < n; i++)
-            total += probs[i];
-        int32_t i = sample_pick(probs, n, sample_uniform(p.seed, pos));
-        tok = ids[i];
-        q->q_off[j] = s->ln->a_used;
-        q->q_n[j] = n;
-        q->q_tot[j] = total;
-        q->q_x[j] = probs[i] / total;
-        s->ln->a_used += n;
-    }
-    if (tok < 0)
-        return false;
-    q->hist[pos] = tok;
-    q->k_eff = j + 1;
-    return true;
-}
-
-static void draft_add(struct sched *s, int *n, int32_t tok, int seq, int64_t pos, bool logits)
-{
-    s->d_token[*n] = tok;
-    s->d_seq[*n] = seq;
-    s->d_pos[*n] = pos;
-    s->d_logits[*n] = logits;
-    (*n)++;
-}
-
-static bool draft_forward(struct sched *s, int n)
-{
-    struct batch b = {.n = n, .token = s->d_token, .seq = s->d_seq, .pos = s->d_pos, .logits = s->d_logits};
-    char msg[256];
-    s->stats.draft_forwards++;
-    if (engine_forward(s->draft, s->dkv, &b, s->d_out, msg, sizeof msg) == 0)
-        return true;
-    s->stats.draft_failures++;
-    return false;
-}
-
-/* Drafted by the model: fed to the target with its drafts this step. */
-static bool model_drafter(const struct fed *f) { return f->drafts > 0 && f->seq->mode == SPEC_MODEL; }
-
-/* Runs the draft model: a first forward with each drafting sequence's context not yet in
- * the draft's cache (its logits giving draft 0) and the catch-up chunks, then one
- * forward per further draft position over the sequences still drafting. Writes the
- * drafts into the target's batch; a sequence whose drafting stopped early (a failed
- * forward, a failed draw) keeps its remaining batch positions with the placeholder token,
- * and their logits are ignored. */
-static void run_drafts(struct sched *s)
-{
-    if (!s->draft)
-        return;
-    int n = 0, rows = 0, kmax = 0;
-    for (int i = 0; i < s->ln->n_fed; i++) {
-        const struct fed *f = &s->ln->fed[i];
-        if (!model_drafter(f))
-            continue;
-        struct seq *q = f->seq;
-        for (int64_t p = q->d_kv; p < q->n_hist; p++)
-            draft_add(s, &n, q->hist[p], q->slot, p, p == q->n_hist - 1);
-        q->d_row = rows++;
-        kmax = q->plan_k > kmax ? q->plan_k : kmax;
-    }
-    int64_t caught = 0;
-    for (int k = 0; k < s->n_running; k++) {
-        struct seq *q = s->slot_seq[s->order[k]];
-        if (!q->pick)
-            continue;
-        for (int64_t p = q->d_kv; p < q->d_kv + q->catch_up; p++)
-            draft_add(s, &n, q->hist[p], q->slot, p, false);
-        caught += q->catch_up;
-    }
-    bool ok = n == 0 || draft_forward(s, n);
-    if (ok && n > 0) {
-        s->stats.draft_prefill_tokens += caught;
-        for (int k = 0; k < s->n_running; k++) {
-            struct seq *q = s->slot_seq[s->order[k]];
-            q->d_kv += q->pick ? q->catch_up : 0;
-        }
-        for (int i = 0; i < s->ln->n_fed; i++)
-            if (model_drafter(&s->ln->fed[i])) {
-                struct seq *q = s->ln->fed[i].seq;
-                q->d_kv = q->n_hist;
-                draft_sample(s, q, s->d_out + (size_t)q->d_row * s->n_vocab, 0);
-            }
-    }
-    for (int j = 1; ok && j < kmax; j++) {
-        n = 0;
-        for (int i = 0; i < s->ln->n_fed; i++) {
-            struct seq *q = s->ln->fed[i].seq;
-            if (model_drafter(&s->ln->fed[i]) && q->k_eff == j && j < q->plan_k)
-                draft_add(s, &n, q->hist[q->n_hist + j - 1], q->slot, q->n_hist + j - 1, true);
-        }
-        if (n == 0 || !(ok = draft_forward(s, n)))
-            break;
-        rows = 0;
-        for (int i = 0; i < s->ln->n_fed; i++) {
-            struct seq *q = s->ln->fed[i].seq;
-            if (model_drafter(&s->ln->fed[i]) && q->k_eff == j && j < q->plan_k) {
-                q->d_kv = q->n_hist + j;
-                draft_sample(s, q, s->d_out + (size_t)rows++ * s->n_vocab, j);
-            }
-        }
-    }
-    /* The draft cache holds exactly hist[0..d_kv) of each sequence (a failed forward may
-     * have reserved more). */
-    for (int k = 0; k < s->n_running; k++) {
-        struct seq *q = s->slot_seq[s->order[k]];
-        if (q->pick)
-            kv_truncate(s->dkv, q->slot, q->d_kv);
-    }
-    for (int i = 0; i < s->ln->n_fed; i++) {
-        const struct fed *f = &s->ln->fed[i];
-        if (!model_drafter(f))
-            continue;
-        struct seq *q = f->seq;
-        for (int j = 0; j < q->k_eff; j++)
-            s->ln->b_token[f->at + 1 + j] = q->hist[q->n_hist + j];
-    }
-}
-
-/* ---- sampling and reporting ---- */
 
 /* Log-softmax of the raw logits in double, and the n_top most probable tokens. */
 static void fill_logprobs(const float *row, int n_vocab, int32_t tok, int n_top, struct sched_token *t)
@@ -1140,7 +624,7 @@ static void fill_logprobs(const float *row, int n_vocab, int32_t tok, int n_top,
         t->top_logprob[i] = (float)((double)row[t->top_token[i]] - lse);
 }
 
-static void finish_sampling_error(struct sched *s, struct seq *q, int rc)
+void sched_finish_sampling_error(struct sched *s, struct seq *q, int rc)
 {
     char msg[96];
     snprintf(msg, sizeof msg, "sampling failed: %s", cairn_strerror(rc));
@@ -1162,11 +646,8 @@ int32_t sched_sample_row(struct sampler *smp, int n_vocab, const struct sched_as
     return tok;
 }
 
-/* Reports tok as q's next token (row: the target's logits that chose it, for logprobs;
- * or ans, the forward's answer with them). Returns false when q finished (its request
- * may be freed). */
-static bool report_token(struct sched *s, struct seq *q, int32_t tok, float prob, const float *row,
-                         const struct sched_token *ans)
+bool sched_report_token(struct sched *s, struct seq *q, int32_t tok, float prob, const float *row,
+                        const struct sched_token *ans)
 {
     struct request *r = q->req;
     if (!r->ignore_eos && s->cfg.tok && tok_is_eog(s->cfg.tok, tok)) {
@@ -1201,135 +682,22 @@ static bool report_token(struct sched *s, struct seq *q, int32_t tok, float prob
  * may finish q. */
 static void sample_and_report(struct sched *s, struct seq *q, const float *row, const struct sched_token *ans)
 {
-    struct sample_params p = seq_params(q);
+    struct sample_params p = sched_seq_params(q);
     float prob = 1.0f;
     int32_t tok = ans ? ans->token : sample_token(s->smp, &p, row, q->hist, q->n_hist, q->n_hist, &prob);
     if (ans)
         prob = ans->prob;
     if (tok < 0)
-        finish_sampling_error(s, q, tok);
+        sched_finish_sampling_error(s, q, tok);
     else
-        report_token(s, q, tok, prob, row, ans);
+        sched_report_token(s, q, tok, prob, row, ans);
 }
 
-/* Verifies draft j of q (at hist[n_hist]) against the target's row for that position.
- * Greedy: kept when it is the target's argmax, which is the token either way. Sampled:
- * kept with probability min(1, p(x) / q(x)); else the token is drawn from
- * norm(max(0, p - q)). Returns the token (negative: a sampling error), *kept and the
- * token's probability under p. */
-static int32_t verify_draft(struct sched *s, struct seq *q, const float *row, int j, bool *kept, float *prob)
-{
-    struct sample_params p = seq_params(q);
-    int64_t pos = q->n_hist;
-    int32_t x = q->hist[pos];
-    if (p.temperature <= 0) {
-        int32_t t = sample_token(s->smp, &p, row, q->hist, pos, pos, prob);
-        *kept = t == x;
-        return t;
-    }
-    int n = sample_dist(s->smp, &p, row, q->hist, pos, s->p_ids, s->p_probs);
-    if (n < 1)
-        return n < 0 ? n : CAIRN_ERANGE;
-    double total = 0, px = 0;
-    for (int i = 0; i < n; i++)
-        total += s->p_probs[i];
-    for (int i = 0; i < n; i++)
-        if (s->p_ids[i] == x)
-            px = s->p_probs[i] / total;
-    if (sample_uniform(p.seed ^ SEED_ACCEPT, pos) * q->q_x[j] < px) {
-        *kept = true;
-        *prob = (float)px;
-        return x;
-    }
-    *kept = false;
-    /* The residual over p's tokens (only they can have p > q), with q spread densely. */
-    if (q->q_n[j] == 0) {
-        s->q_dense[x] = 1;
-    } else {
-        for (int i = 0; i < q->q_n[j]; i++)
-            s->q_dense[s->ln->q_ids[q->q_off[j] + i]] = (float)(s->ln->q_probs[q->q_off[j] + i] / q->q_tot[j]);
-    }
-    double w_sum = 0;
-    for (int i = 0; i < n; i++) {
-        double w = s->p_probs[i] / total - s->q_dense[s->p_ids[i]];
-        s->r_w[i] = w > 0 ? (float)w : 0.0f;
-        w_sum += s->r_w[i];
-    }
-    if (q->q_n[j] == 0) {
-        s->q_dense[x] = 0;
-    } else {
-        for (int i = 0; i < q->q_n[j]; i++)
-            s->q_dense[s->ln->q_ids[q->q_off[j] + i]] = 0;
-    }
-    double u = sample_uniform(p.seed ^ SEED_RESIDUAL, pos);
-    /* No residual mass is p == q up to rounding, where x would have been kept. */
-    int32_t i = sample_pick(w_sum > 0 ? s->r_w : s->p_probs, n, u);
-    *prob = (float)(s->p_probs[i] / total);
-    return s->p_ids[i];
-}
-
-/* The forward's answer for the wanted row `ans + j` of the lane being read, or NULL
- * when the row came back as logits. */
-static const struct sched_token *answer_at(const struct sched *s, const struct sched_token *ans, int j)
+const struct sched_token *sched_answer_at(const struct sched *s, const struct sched_token *ans, int j)
 {
     const struct lane *l = s->ln;
     int64_t w = ans + j - l->answers;
     return w < l->n_asks && l->asks[w].need == SCHED_NEED_SAMPLE ? ans + j : NULL;
-}
-
-/* q fed its last token and k drafts: reports the drafts the target keeps, then the
- * target's own next token (the one replacing the first rejected draft, or one more after
- * all k), one by one; rolls back the rejected positions in both caches. May finish q. */
-static void verify_and_report(struct sched *s, struct seq *q, const float *rows, const struct sched_token *ans)
-{
-    int k = q->k_eff;
-    int64_t h = q->n_hist;
-    bool model = q->mode == SPEC_MODEL;
-    int accepted = 0;
-    q->drafted += k;
-    s->stats.draft_tokens += k;
-    for (int j = 0; j <= k; j++) {
-        const float *row = rows + (size_t)j * s->n_vocab;
-        const struct sched_token *a = ans ? answer_at(s, ans, j) : NULL;
-        bool kept = false;
-        float prob = 1.0f;
-        int32_t tok;
-        if (a) { /* a greedy verification or the last row, sampled by the forward */
-            tok = a->token;
-            prob = a->prob;
-            kept = j < k && tok == q->hist[q->n_hist];
-        } else if (j < k) {
-            tok = verify_draft(s, q, row, j, &kept, &prob);
-        } else {
-            struct sample_params p = seq_params(q);
-            tok = sample_token(s->smp, &p, row, q->hist, q->n_hist, q->n_hist, &prob);
-        }
-        if (tok < 0) {
-            q->n_kv = q->n_hist;
-            finish_sampling_error(s, q, tok);
-            return;
-        }
-        if (j < k) {
-            q->acc += ((kept ? 1.0 : 0.0) - q->acc) * ACC_WEIGHT;
-            if (kept) {
-                accepted++;
-                q->accepted++;
-                s->stats.accepted_draft_tokens++;
-            } else {
-                s->stats.draft_rejections++;
-            }
-        }
-        q->n_kv = q->n_hist; /* the KV holds every token before this one */
-        if (!report_token(s, q, tok, prob, row, a))
-            return;
-        if (j < k && !kept)
-            break;
-    }
-    kv_truncate(s->kv, q->slot, q->n_kv);
-    if (model && s->dkv) {
-        q->d_kv = min64(q->d_kv, h + accepted);
-        kv_truncate(s->dkv, q->slot, q->d_kv);
-    }
 }
 
 /* Sequence 0 has read the prompt: the others share its KV and sample from its logits. */
@@ -1383,11 +751,11 @@ static bool build_step(struct sched *s)
     s->ln->n_fed = 0;
     if (pick_sequences(s) == 0)
         return false;
-    plan_speculation(s);
+    spec_plan(s);
     build_batch(s);
     if (s->ln->n_fed == 0)
         return false; /* everything was preempted or finished while making room */
-    run_drafts(s);
+    spec_run_drafts(s);
     return true;
 }
 
@@ -1403,7 +771,7 @@ static struct sched_ask ask_sample(const struct sched *s, const struct seq *q, i
 {
     const struct request *r = q->req;
     struct sched_ask a = {.need = SCHED_NEED_SAMPLE, .n_top = r->logprobs ? r->top_logprobs : -1, .pos = pos,
-                          .p = seq_params(q)};
+                          .p = sched_seq_params(q)};
     const struct sample_params *p = &a.p;
     bool penalize = p->repeat_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0;
     int64_t w = !penalize || p->penalty_last_n == 0                    ? 0
@@ -1473,11 +841,11 @@ static void read_results(struct sched *s)
         if (!f->logits)
             continue;
         if (f->drafts > 0)
-            verify_and_report(s, f->seq, rows, ans);
+            spec_verify_and_report(s, f->seq, rows, ans);
         else if (f->seq->req->fork_pending)
             fork_and_report(s, f->seq, rows);
         else
-            sample_and_report(s, f->seq, rows, ans ? answer_at(s, ans, 0) : NULL);
+            sample_and_report(s, f->seq, rows, ans ? sched_answer_at(s, ans, 0) : NULL);
     }
     pace_update(s, clock_ns() - l->t0);
 }
@@ -1653,7 +1021,7 @@ static struct request *request_new(const struct sched *s, const struct sched_req
         q->index = i;
         q->state = SEQ_QUEUED;
         q->slot = -1;
-        q->acc = ACC_PRIOR;
+        q->acc = SPEC_ACC_PRIOR;
         q->cap = cap;
         q->hist = malloc((size_t)cap * sizeof *q->hist);
         if (!q->hist)
@@ -1846,110 +1214,6 @@ void sched_release(struct sched *s)
     free(s->r_w);
     free(s->q_dense);
     free(s);
-}
-
-/* ---- speculation settings ---- */
-
-struct sched_spec_options sched_spec_defaults(void)
-{
-    return (struct sched_spec_options){
-        .adaptive = false, .max_decoding = 16, .lookup_tokens = 4, .draft_cost = -1.0f, .verify_cost = 0.05f};
-}
-
-int sched_set_spec_options(struct sched *s, const struct sched_spec_options *o, char *err, size_t errlen)
-{
-    if (!o)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "no options");
-    if (o->max_decoding < 0)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "max_decoding %d is negative", o->max_decoding);
-    if (o->lookup_tokens < 1 || o->lookup_tokens > SCHED_MAX_DRAFT)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "lookup_tokens %d outside 1..%d", o->lookup_tokens,
-                          SCHED_MAX_DRAFT);
-    if (!isfinite(o->draft_cost))
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "draft_cost is not finite");
-    if (!(isfinite(o->verify_cost) && o->verify_cost >= 0))
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "verify_cost must be finite and >= 0");
-    s->opt = *o;
-    return 0;
-}
-
-/* Forgets the draft: its cache sequences are cleared and nothing lags behind it. */
-static void drop_draft(struct sched *s)
-{
-    for (int i = 0; s->dkv && i < s->cfg.slots; i++)
-        kv_seq_clear(s->dkv, i);
-    for (int k = 0; k < s->n_running; k++)
-        s->slot_seq[s->order[k]]->d_kv = 0;
-    free(s->d_token);
-    free(s->d_seq);
-    free(s->d_pos);
-    free(s->d_logits);
-    free(s->d_out);
-    s->d_token = s->d_seq = NULL;
-    s->d_pos = NULL;
-    s->d_logits = NULL;
-    s->d_out = NULL;
-    s->draft = NULL;
-    s->dkv = NULL;
-}
-
-int sched_set_draft(struct sched *s, struct engine *draft, struct kv_cache *draft_kv, int num_draft_tokens,
-                    char *err, size_t errlen)
-{
-    if (!draft) {
-        drop_draft(s);
-        return 0;
-    }
-    const struct model *dm = engine_model(draft), *tm = engine_model(s->e);
-    if (!draft_kv)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "the draft needs a KV cache");
-    if (num_draft_tokens < 1 || num_draft_tokens > SCHED_MAX_DRAFT)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "num_draft_tokens %d outside 1..%d", num_draft_tokens,
-                          SCHED_MAX_DRAFT);
-    if (!dm->first || !dm->last)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "the draft must be a whole model (layers [%d, %d) of %d)",
-                          dm->layer_begin, dm->layer_end, dm->hp.n_layers);
-    if (dm->hp.n_vocab != tm->hp.n_vocab)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "the draft's vocabulary of %d differs from the target's %d",
-                          dm->hp.n_vocab, tm->hp.n_vocab);
-    if (engine_max_batch(draft) < s->cfg.slots)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "the draft engine's max_batch %d is below slots %d",
-                          engine_max_batch(draft), s->cfg.slots);
-    const struct kv_config *kc = kv_config(draft_kv);
-    struct kv_config want = engine_kv_config(dm, 1, 1, kc->block_tokens);
-    if (kc->n_layers != want.n_layers || kc->kv_dim != want.kv_dim)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "the draft KV cache does not match the draft model's shape");
-    if (kc->max_seqs < s->cfg.slots)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "the draft KV cache has %d sequence ids; slots need %d",
-                          kc->max_seqs, s->cfg.slots);
-    if (draft_kv != s->dkv && kv_free_blocks(draft_kv) != kc->n_blocks)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "the draft KV cache is not empty");
-    size_t mb = (size_t)engine_max_batch(draft);
-    int32_t *tok = malloc(mb * sizeof *tok), *seq = malloc(mb * sizeof *seq);
-    int64_t *pos = malloc(mb * sizeof *pos);
-    uint8_t *want_logits = malloc(mb);
-    float *out = malloc((size_t)s->cfg.slots * (size_t)s->n_vocab * sizeof *out);
-    if (!tok || !seq || !pos || !want_logits || !out) {
-        free(tok);
-        free(seq);
-        free(pos);
-        free(want_logits);
-        free(out);
-        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory for the draft's buffers");
-    }
-    drop_draft(s);
-    s->draft = draft;
-    s->dkv = draft_kv;
-    s->draft_k = num_draft_tokens;
-    s->d_max_batch = (int)mb;
-    s->d_block_tokens = kc->block_tokens;
-    s->draft_cost = tm->weight_bytes ? (double)dm->weight_bytes / (double)tm->weight_bytes : 0;
-    s->d_token = tok;
-    s->d_seq = seq;
-    s->d_pos = pos;
-    s->d_logits = want_logits;
-    s->d_out = out;
-    return 0;
 }
 
 /* ---- queries ---- */
