@@ -42,3 +42,18 @@ bool http_host_allowed(const char *host, const char *own, const char *const *nam
             return true;
     return false;
 }
+
+bool http_addr_is_loopback(const char *addr)
+{
+    if (!addr || !addr[0] || !strcasecmp(addr, "localhost"))
+        return true;
+    struct in_addr v4;
+    struct in6_addr v6;
+    if (inet_pton(AF_INET, addr, &v4) == 1)
+        return (ntohl(v4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, addr, &v6) != 1)
+        return false;
+    if (IN6_IS_ADDR_LOOPBACK(&v6))
+        return true;
+    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+}

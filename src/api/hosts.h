@@ -11,3 +11,8 @@
  * for none) or own + ".local", and any of the n names (case-insensitive; a trailing dot
  * is ignored). False for everything else, malformed ports included. */
 bool http_host_allowed(const char *host, const char *own, const char *const *names, size_t n);
+
+/* True when a listening address reaches only this machine: NULL or "" (the default,
+ * 127.0.0.1), 127.0.0.0/8, ::1, ::ffff:127.x.x.x, "localhost". False for "0.0.0.0",
+ * "::", any other address or name. */
+bool http_addr_is_loopback(const char *addr);

@@ -10,7 +10,9 @@
 #include "base/err.h"
 #include "base/log.h"
 #include "base/args.h"
+#include "api/hosts.h"
 #include "cli/cli.h"
+#include "cli/credentials.h"
 #include "node/node.h"
 #include "node/supervisor.h"
 #include "node/worker.h"
@@ -34,18 +36,23 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: cairn node [--api-port N] [--api-host ADDR] [--cluster-port N] [--bind ADDR]\n"
-            "                  [--namespace NS] [--cluster-secret S] [--peer HOST:PORT]...\n"
+            "                  [--namespace NS] [--cluster-secret-file PATH] [--peer HOST:PORT]...\n"
             "                  [--discovery off|auto|IFACE] [--no-api] [--no-worker] [--force-master]\n"
             "                  [--models-dir DIR] [--data-dir DIR] [--memory-limit BYTES|NNG]\n"
-            "                  [--node-timeout SECONDS] [--api-key KEY] [--cors ORIGIN]...\n"
+            "                  [--node-timeout SECONDS] [--api-key-file PATH] [--api-insecure]\n"
+            "                  [--cors ORIGIN]...\n"
             "                  [--allowed-host NAME]... [-v|-q]\n"
             "                  [--parallel N] [-t|--threads N] [--ctx-size N] [--log-file PATH|-]\n"
             "Joins (or starts) a cluster and serves its API until SIGINT/SIGTERM.\n"
             "  --api-port      HTTP API port (52415; 0 = any free port)\n"
-            "  --api-host      address the API listens on (127.0.0.1)\n"
+            "  --api-host      address the API listens on (127.0.0.1). Any other address\n"
+            "                  needs an API key: --api-key-file, CAIRN_API_KEY, or one made at\n"
+            "                  first start in DATA_DIR/api_key (--api-insecure: none)\n"
             "  --cluster-port  node-to-node port (52416; 0 = any free port)\n"
             "  --bind          address the cluster port listens on (every interface)\n"
-            "  --cluster-secret  encrypts and authenticates every link (or CAIRN_CLUSTER_SECRET)\n"
+            "  --cluster-secret-file  the cluster secret (first line), which encrypts and\n"
+            "                  authenticates every link; or CAIRN_CLUSTER_SECRET. Without one\n"
+            "                  the cluster is open: any machine on the network can join it\n"
             "  --peer          a node to connect to, where discovery does not reach (repeatable)\n"
             "  --discovery     LAN beacons: auto (every interface that can broadcast; the\n"
             "                  default), off (only --peer), or one interface\n"
@@ -140,7 +147,9 @@ struct node_opts {
     int64_t parallel, threads, ctx_size; /* of each runner; 0: the supervisor's default */
     bool no_api, no_worker, force_master;
     enum log_level level;
-    char secret_buf[1024], log_buf[4096], data_buf[4096], models_buf[4096];
+    const char *secret_file, *api_key_file;
+    bool secret_on_argv, api_insecure;
+    char secret_buf[1024], key_buf[300], log_buf[4096], data_buf[4096], models_buf[4096];
 };
 
 /* The node and what serves it, each released by shut_down. */
@@ -181,7 +190,10 @@ static int parse_opts(struct node_opts *o, int argc, char **argv)
         else if (args_opt(&a, "--cluster-port", &v)) o->cluster_port = args_int(&a, "--cluster-port", v, 0, 65535);
         else if (args_opt(&a, "--bind", &v)) o->bind = v;
         else if (args_opt(&a, "--namespace", &v)) o->ns = v;
-        else if (args_opt(&a, "--cluster-secret", &v)) o->secret = v;
+        else if (args_opt(&a, "--cluster-secret", &v)) o->secret = v, o->secret_on_argv = true;
+        else if (args_opt(&a, "--cluster-secret-file", &v)) o->secret_file = v;
+        else if (args_opt(&a, "--api-key-file", &v)) o->api_key_file = v;
+        else if (args_opt(&a, "--api-insecure", NULL)) o->api_insecure = true;
         else if (args_opt(&a, "--peer", &v)) {
             if (push(o->peers, &o->n_peers, MAX_PEERS, v, "--peer"))
                 return 2;
@@ -230,13 +242,20 @@ static int parse_opts(struct node_opts *o, int argc, char **argv)
     return CLI_GO_ON;
 }
 
-/* Keeps a secret from CAIRN_CLUSTER_SECRET in o and takes it out of the environment; 0,
- * or 2 (message printed) when it is too long. */
+/* Settles the cluster secret: --cluster-secret-file, else CAIRN_CLUSTER_SECRET, else
+ * --cluster-secret (warned: `ps` shows it), kept in o; takes CAIRN_CLUSTER_SECRET and
+ * CAIRN_API_KEY out of the environment. 0, or 2 (message printed). */
 static int take_secret(struct node_opts *o)
 {
-    /* The runners are children of this process: they must not inherit the secret (a
-     * runner has no use for it; the data plane's key is derived and sent to it). */
-    if (o->secret && o->secret == getenv("CAIRN_CLUSTER_SECRET")) {
+    char err[512];
+    const char *env = getenv("CAIRN_CLUSTER_SECRET");
+    if (o->secret_file) {
+        if (cred_read_file(o->secret_file, "cluster secret", o->secret_buf, sizeof o->secret_buf, err, sizeof err)) {
+            fprintf(stderr, "cairn node: %s\n", err);
+            return 2;
+        }
+        o->secret = o->secret_buf;
+    } else if (o->secret && o->secret == env) {
         if (strlen(o->secret) >= sizeof o->secret_buf) {
             fprintf(stderr, "cairn node: CAIRN_CLUSTER_SECRET is longer than %zu bytes\n",
                     sizeof o->secret_buf - 1);
@@ -244,8 +263,50 @@ static int take_secret(struct node_opts *o)
         }
         snprintf(o->secret_buf, sizeof o->secret_buf, "%s", o->secret);
         o->secret = o->secret_buf;
+    } else if (o->secret_on_argv) {
+        fprintf(stderr, "cairn node: warning: --cluster-secret is visible to every user of this machine (ps); "
+                        "use --cluster-secret-file or CAIRN_CLUSTER_SECRET\n");
     }
+    /* The runners are children of this process: they must not inherit the secret (a
+     * runner has no use for it; the data plane's key is derived and sent to it). */
     unsetenv("CAIRN_CLUSTER_SECRET");
+    return 0;
+}
+
+/* Settles the API key: --api-key-file, CAIRN_API_KEY, --api-key; none is needed on a
+ * loopback address or with --api-insecure, else the one kept in the data dir (made at
+ * first start and shown once). 0, or 2 (message printed). */
+static int take_api_key(struct node_opts *o)
+{
+    char err[512];
+    const char *env = getenv("CAIRN_API_KEY");
+    int rc = 0;
+    if (o->api_key_file) {
+        rc = cred_read_file(o->api_key_file, "API key", o->key_buf, sizeof o->key_buf, err, sizeof err);
+        o->api_key = o->key_buf;
+    } else if (!o->api_key && env) {
+        if (snprintf(o->key_buf, sizeof o->key_buf, "%s", env) >= (int)sizeof o->key_buf)
+            rc = cairn_fail(err, sizeof err, CAIRN_ERANGE, "CAIRN_API_KEY is longer than %zu bytes",
+                            sizeof o->key_buf - 1);
+        o->api_key = o->key_buf;
+    }
+    unsetenv("CAIRN_API_KEY");
+    if (!rc && !o->api_key && !o->no_api && !o->api_insecure && !http_addr_is_loopback(o->api_host)) {
+        bool created = false;
+        rc = cred_api_key(o->data_dir, o->key_buf, sizeof o->key_buf, &created, err, sizeof err);
+        if (!rc) {
+            o->api_key = o->key_buf;
+            fprintf(stderr,
+                    "cairn node: the API on %s answers requests with this key only "
+                    "(Authorization: Bearer KEY, or x-api-key: KEY)%s:\n  %s\n"
+                    "  (kept in %s/api_key; --api-insecure serves without one)\n",
+                    o->api_host, created ? ", made now" : "", o->api_key, o->data_dir);
+        }
+    }
+    if (rc) {
+        fprintf(stderr, "cairn node: %s\n", err);
+        return 2;
+    }
     return 0;
 }
 
@@ -441,7 +502,7 @@ int cli_node(int argc, char **argv)
     if (take_secret(&o))
         return 2;
     log_set_level(o.level);
-    if (default_paths(&o))
+    if (default_paths(&o) || take_api_key(&o))
         return 2;
     sigset_t stop_set;
     block_stop_signals(&stop_set);
@@ -461,6 +522,10 @@ int cli_node(int argc, char **argv)
                  app.srv ? o.api_host : "(none)", app.srv ? (int)http_server_port(app.srv) : 0,
                  node_cluster_port(app.node), o.discovery, app.worker ? "on" : "off",
                  o.force_master ? ", force master" : "");
+        if (!o.secret || !o.secret[0])
+            log_warn("cairn node %s: this cluster is open: any machine on the network can join it, read its "
+                     "state and requests, and run models on it (--cluster-secret-file or CAIRN_CLUSTER_SECRET "
+                     "seals it)", node_id(app.node));
         while (sigwait(&stop_set, &sig) != 0)
             ;
         log_info("cairn node %s: %s, stopping", node_id(app.node), sig == SIGINT ? "SIGINT" : "SIGTERM");

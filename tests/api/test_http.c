@@ -2,6 +2,7 @@
  * routing, limits, JSON, auth, CORS, SSE streams, disconnects, garbage, concurrency,
  * stop. Every wait is bounded (socket timeouts, deadlines). */
 #define _GNU_SOURCE
+#include "api/hosts.h"
 #include "api/http.h"
 #include "api/sse.h"
 
@@ -819,6 +820,18 @@ static int hello_as(uint16_t port, const char *host)
 /* DNS rebinding: a page on a name the attacker controls, pointed at 127.0.0.1, reaches
  * the server with that name in Host. Only IP literals, localhost, this machine's name
  * and the configured names are answered; every route refuses the others with 403. */
+/* Which listening addresses count as this machine only (an API elsewhere needs a key). */
+static void test_loopback_addr(void)
+{
+    const char *yes[] = {NULL, "", "127.0.0.1", "127.1.2.3", "::1", "localhost", "LocalHost", "::ffff:127.0.0.9"};
+    const char *no[] = {"0.0.0.0", "::", "192.168.1.5", "10.0.0.1", "fe80::1", "::ffff:10.0.0.1", "my.box",
+                        "128.0.0.1", "127.0.0.1.example", " 127.0.0.1"};
+    for (size_t i = 0; i < sizeof yes / sizeof *yes; i++)
+        CHECK(http_addr_is_loopback(yes[i]), "'%s' is loopback", yes[i] ? yes[i] : "(null)");
+    for (size_t i = 0; i < sizeof no / sizeof *no; i++)
+        CHECK(!http_addr_is_loopback(no[i]), "'%s' is not loopback", no[i]);
+}
+
 static void test_host(uint16_t port)
 {
     const char *ok[] = {"127.0.0.1", "127.0.0.1:8080", "localhost", "LocalHost:52415", "localhost.",
@@ -1492,6 +1505,7 @@ int main(int argc, char **argv)
     if (srv) {
         uint16_t port = http_server_port(srv);
         RUN(test_routing, port);
+        RUN(test_loopback_addr);
         RUN(test_host, port);
         RUN(test_twice, port, &b);
         RUN(test_access_log, port);

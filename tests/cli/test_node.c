@@ -474,6 +474,70 @@ static int complete(int i, char *out, size_t cap)
 /* One node with --api-key and --cors: every route wants the key (Bearer or x-api-key),
  * a listed Origin is echoed in Access-Control-Allow-Origin (on refusals too, so a page
  * can read them), another gets no allow header, and a preflight needs no key. */
+/* Reads the first line of a file into buf; false when it cannot. */
+static bool read_line(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    bool ok = f && fgets(buf, (int)cap, f);
+    if (f)
+        fclose(f);
+    if (ok)
+        buf[strcspn(buf, "\r\n")] = 0;
+    return ok;
+}
+
+/* Stops node i with SIGTERM (bound 30 s). */
+static void stop_node(int i)
+{
+    if (nodes[i].pid <= 0)
+        return;
+    kill(nodes[i].pid, SIGTERM);
+    CHECK(wait_exit(nodes[i].pid, 30) == 0, "node %d exits 0 on SIGTERM", i);
+    nodes[i].pid = 0;
+}
+
+/* An API on an address other machines reach wants a key: made at first start (shown,
+ * kept in the data dir with mode 0600, the same after a restart), or none with
+ * --api-insecure. The node listens on 0.0.0.0 for a few seconds; every request goes to
+ * 127.0.0.1. */
+static void test_api_exposed(void)
+{
+    static char out[1 << 16];
+    char key[256] = "", key2[256] = "", path[600], auth[400];
+    const char *extra[] = {"--api-host", "0.0.0.0", NULL};
+    for (int round = 0; round < 2; round++) {
+        start_node(4, -1, NULL, "1G", extra);
+        struct proc *p = &nodes[4];
+        int st = -1;
+        for (double t0 = now_s(); now_s() - t0 < 20 && st != 401; sleep_ms(100))
+            st = http(p->api, "GET", "/node_id", NULL, out, sizeof out);
+        CHECK(st == 401, "round %d: without a key the exposed API answers 401: %d %.200s", round, st, out);
+        snprintf(path, sizeof path, "%s/data4/api_key", dir);
+        struct stat sb;
+        CHECK(read_line(path, round ? key2 : key, sizeof key) && stat(path, &sb) == 0 && (sb.st_mode & 0777) == 0600,
+              "round %d: the key is kept in %s, mode 0600", round, path);
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", round ? key2 : key);
+        st = http_ex(p->api, "GET", "/node_id", auth, NULL, out, sizeof out, NULL, 0);
+        CHECK(st == 200, "round %d: with the kept key: %d %.200s", round, st, out);
+        char cmd[800];
+        snprintf(cmd, sizeof cmd, "grep -q 'made now' '%s'", p->log);
+        CHECK(run_cmd("%s", cmd) == (round ? 1 : 0), "round %d: the log says the key was %s", round,
+              round ? "kept" : "made now");
+        snprintf(cmd, sizeof cmd, "grep -q 'this cluster is open' '%s'", p->log);
+        CHECK(run_cmd("%s", cmd) == 0, "a node without a secret warns that its cluster is open");
+        stop_node(4);
+    }
+    CHECK(key[0] && !strcmp(key, key2) && strlen(key) >= 32, "the same key after a restart (%zu hex digits)",
+          strlen(key));
+    const char *insecure[] = {"--api-host", "0.0.0.0", "--api-insecure", NULL};
+    start_node(4, -1, NULL, "1G", insecure);
+    int st = -1;
+    for (double t0 = now_s(); now_s() - t0 < 20 && st != 200; sleep_ms(100))
+        st = http(nodes[4].api, "GET", "/node_id", NULL, out, sizeof out);
+    CHECK(st == 200, "--api-insecure serves without a key: %d %.200s", st, out);
+    stop_node(4);
+}
+
 static void test_api_key_cors(void)
 {
     static char out[1 << 16];
@@ -887,6 +951,7 @@ int main(int argc, char **argv)
     CHECK(rc == 0, "mkmodel failed (%d), see %s/mkmodel.log", rc, dir);
 
     RUN(test_api_key_cors);
+    RUN(test_api_exposed);
     RUN(test_forged_output);
 
     /* Three nodes join through node 0. */
@@ -895,7 +960,15 @@ int main(int argc, char **argv)
      * runner of whichever holds an instance shows it was not passed on. */
     setenv("CAIRN_CLUSTER_SECRET", SECRET, 1);
     start_node(0, -1, SECRET, "2G", NULL);
-    start_node(1, 0, SECRET, "3G", NULL);
+    char secret_file[600];
+    snprintf(secret_file, sizeof secret_file, "%s/secret", dir);
+    FILE *sf = fopen(secret_file, "w");
+    CHECK(sf && fprintf(sf, "%s\n", SECRET) > 0, "secret file written");
+    if (sf)
+        fclose(sf);
+    chmod(secret_file, 0600);
+    const char *from_file[] = {"--cluster-secret-file", secret_file, NULL};
+    start_node(1, 0, NULL, "3G", from_file); /* the same secret, from a file */
     start_node(2, 0, NULL, "4G", NULL);
     unsetenv("CAIRN_CLUSTER_SECRET");
     bool up = read_id(0) && read_id(1) && read_id(2);

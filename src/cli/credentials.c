@@ -1,0 +1,107 @@
+/* Where `cairn node` takes its secrets from (README, "Security"): a file or the
+ * environment rather than the command line, which every user of the machine can read in
+ * `ps`; and an API key made at first start for an API that other machines can reach. */
+#include "cli/credentials.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/err.h"
+
+#define KEY_FILE "api_key"
+
+/* Whether s is a usable secret or key: printable ASCII without spaces. */
+static bool printable(const char *s)
+{
+    for (; *s; s++)
+        if (*s <= ' ' || *s > '~')
+            return false;
+    return true;
+}
+
+int cred_read_file(const char *path, const char *what, char *buf, size_t cap, char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return cairn_fail(err, errlen, CAIRN_EIO, "cannot open the %s file %s: %s", what, path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) == 0 && (st.st_mode & 077))
+        fprintf(stderr, "cairn node: warning: %s (the %s) can be read by other users (chmod 600 it)\n", path, what);
+    ssize_t n = read(fd, buf, cap);
+    close(fd);
+    if (n < 0)
+        return cairn_fail(err, errlen, CAIRN_EIO, "cannot read %s: %s", path, strerror(errno));
+    if ((size_t)n == cap)
+        return cairn_fail(err, errlen, CAIRN_ERANGE, "the %s in %s is longer than %zu bytes", what, path, cap - 1);
+    buf[n] = 0;
+    buf[strcspn(buf, "\r\n")] = 0; /* the first line */
+    if (!buf[0] || !printable(buf))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT,
+                          "the first line of %s must be the %s (printable characters, no spaces)", path, what);
+    return 0;
+}
+
+/* mkdir -p of dir with mode 0700 for the parts it makes. */
+static int make_dirs(const char *dir)
+{
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
+        return -1;
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = 0;
+        if (mkdir(p, 0700) && errno != EEXIST)
+            return -1;
+        *s = '/';
+    }
+    return mkdir(p, 0700) && errno != EEXIST ? -1 : 0;
+}
+
+/* Writes text to a new file path (mode 0600) and makes it and its folder durable. */
+static int write_new(const char *dir, const char *path, const char *text, char *err, size_t errlen)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return cairn_fail(err, errlen, CAIRN_EIO, "cannot create %s: %s", path, strerror(errno));
+    size_t len = strlen(text);
+    bool ok = write(fd, text, len) == (ssize_t)len && write(fd, "\n", 1) == 1 && fsync(fd) == 0;
+    ok = close(fd) == 0 && ok;
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ok = ok && dfd >= 0 && fsync(dfd) == 0;
+    if (dfd >= 0)
+        close(dfd);
+    if (!ok) {
+        unlink(path);
+        return cairn_fail(err, errlen, CAIRN_EIO, "cannot write %s: %s", path, strerror(errno));
+    }
+    return 0;
+}
+
+int cred_api_key(const char *data_dir, char *buf, size_t cap, bool *created, char *err, size_t errlen)
+{
+    *created = false;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/" KEY_FILE, data_dir);
+    if (access(path, F_OK) == 0)
+        return cred_read_file(path, "API key", buf, cap, err, errlen);
+    if (cap < 2 * CRED_KEY_BYTES + 1)
+        return cairn_fail(err, errlen, CAIRN_ERANGE, "no room for an API key");
+    if (sodium_init() < 0)
+        return cairn_fail(err, errlen, CAIRN_EIO, "libsodium cannot start");
+    unsigned char raw[CRED_KEY_BYTES];
+    randombytes_buf(raw, sizeof raw);
+    sodium_bin2hex(buf, cap, raw, sizeof raw);
+    sodium_memzero(raw, sizeof raw);
+    if (make_dirs(data_dir))
+        return cairn_fail(err, errlen, CAIRN_EIO, "cannot make %s: %s", data_dir, strerror(errno));
+    int rc = write_new(data_dir, path, buf, err, errlen);
+    if (!rc)
+        *created = true;
+    return rc;
+}
