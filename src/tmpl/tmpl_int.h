@@ -171,6 +171,11 @@ struct tmpl {
 /* Symbol id of a name, or -1 when the template never names it. */
 int tmpl_sym_find(const struct tmpl *t, const char *p, size_t n);
 
+/* After parsing (tmpl_check.c): bounds the tree depth and size, refuses what jinja2's
+ * compiler refuses, and sets the scope of each frame node. Returns 0 or a CAIRN_E*
+ * error with err filled. */
+int tmpl_check(struct tmpl *t, char *err, size_t errlen);
+
 /* ---- lexer (tmpl_lex.c) ---- */
 
 enum ttok_type {
@@ -222,6 +227,8 @@ size_t tmpl_utf8_dec(const char *p, size_t n, uint32_t *cp);
 size_t tmpl_utf8_enc(uint32_t cp, char *out);
 bool tmpl_utf8_valid(const char *p, size_t n);
 size_t tmpl_cp_count(const char *p, size_t n);
+/* Byte offset of code point index i (clamped to the string). */
+size_t tmpl_cp_off(const char *p, size_t n, int64_t i);
 bool tmpl_py_space(uint32_t cp);   /* str.isspace() */
 
 /* ---- render context ---- */
@@ -289,6 +296,15 @@ static inline struct tv tv_undef_hint(const char *hint)
     v.u.s.n = hint ? __builtin_strlen(hint) : 0;
     return v;
 }
+/* An undefined value from a failed lookup of name (kind: TU_NAME, TU_ATTR, TU_UNSAFE) on
+ * an object of type ot. */
+static inline struct tv tv_undef_attr(int ot, const char *name, size_t n, int kind)
+{
+    struct tv u = {.t = TV_UNDEF, .f = (uint8_t)kind, .ot = (uint8_t)ot};
+    u.u.s.p = name;
+    u.u.s.n = n;
+    return u;
+}
 static inline bool tv_is_num(const struct tv *v) { return v->t == TV_BOOL || v->t == TV_INT || v->t == TV_FLOAT; }
 static inline bool tv_is_intlike(const struct tv *v) { return v->t == TV_BOOL || v->t == TV_INT; }
 static inline int64_t tv_as_int(const struct tv *v) { return v->t == TV_BOOL ? (int64_t)v->u.b : v->u.i; }
@@ -338,34 +354,54 @@ struct tjson_opts {
 int tmpl_to_json(struct tctx *c, const struct tnode *at, struct tsb *b, const struct tv *v,
                  const struct tjson_opts *o, int level);
 
-/* evaluator services (tmpl_eval.c) */
+/* operations on values (tmpl_ops.c) */
+/* obj.name as the sandbox does it (falling back to obj[name]); undefined when missing. */
 int tmpl_getattr(struct tctx *c, const struct tnode *at, const struct tv *obj, const char *name,
                  size_t n, struct tv *out);
+/* obj[key] as the sandbox does it (falling back to obj.key); undefined when missing. */
 int tmpl_getitem(struct tctx *c, const struct tnode *at, const struct tv *obj, const struct tv *key,
                  struct tv *out);
 /* The items a for-loop over v visits (generators are consumed); not to be changed. */
 int tmpl_iterate(struct tctx *c, const struct tnode *at, const struct tv *v, struct tlist **out);
+/* Python's `needle in hay`. */
 int tmpl_contains(struct tctx *c, const struct tnode *at, const struct tv *hay, const struct tv *needle,
                   bool *res);
+/* len(v); TypeError for values without one. */
 int tmpl_len(struct tctx *c, const struct tnode *at, const struct tv *v, int64_t *out);
-int tmpl_call(struct tctx *c, const struct tnode *at, const struct tv *fn, const struct tv *args,
-              size_t nargs, const struct tkw *kw, size_t nkw, struct tv *out);
+/* a op b (enum tbinop) with Python's semantics. */
 int tmpl_binop(struct tctx *c, const struct tnode *at, int op, const struct tv *a, const struct tv *b,
                struct tv *out);
+/* obj[start:stop:step] for the N_GETITEM at (b: the N_SLICE); parts: start, stop and
+ * step, TV_NONE when not given. */
+int tmpl_slice(struct tctx *c, const struct tnode *at, const struct tv *obj, const struct tv *parts,
+               struct tv *out);
+/* Whether jinja2's optimizer would evaluate n at compile time (literals and operators on them). */
+bool tmpl_const_expr(const struct tnode *n);
 
-/* library (tmpl_lib.c) */
+/* evaluator services (tmpl_eval.c) */
+/* Calls a macro or builtin function value fn. */
+int tmpl_call(struct tctx *c, const struct tnode *at, const struct tv *fn, const struct tv *args,
+              size_t nargs, const struct tkw *kw, size_t nkw, struct tv *out);
+
+/* library: tests (tmpl_lib.c), filters (tmpl_filter.c), functions and methods
+ * (tmpl_func.c), str (tmpl_str.c, tmpl_fmt.c) */
 enum { TMPL_ID_UNKNOWN = -1, TMPL_ID_UNSUPPORTED = -2 };
+/* Filter id of a name, or TMPL_ID_UNKNOWN / TMPL_ID_UNSUPPORTED. */
 int tmpl_filter_id(const char *name, size_t n);
+/* Test id of a name, or TMPL_ID_UNKNOWN. */
 int tmpl_test_id(const char *name, size_t n);
 /* Method id of an attribute name on a value of type t (TV_STR, TV_DICT, ...), or -1;
  * *unsafe is set when the ImmutableSandboxedEnvironment forbids it. */
 int tmpl_method_id(int t, const char *name, size_t n, bool *unsafe);
+/* in | filter(args, kw) for a filter id. */
 int tmpl_apply_filter(struct tctx *c, const struct tnode *at, int id, const struct tv *in,
                       const struct tv *args, size_t nargs, const struct tkw *kw, size_t nkw,
                       struct tv *out);
+/* in is test(args, kw) for a test id, in *res. */
 int tmpl_apply_test(struct tctx *c, const struct tnode *at, int id, const struct tv *in,
                     const struct tv *args, size_t nargs, const struct tkw *kw, size_t nkw,
                     bool *res);
+/* Calls a builtin function or a method bound to fn->self. */
 int tmpl_call_builtin(struct tctx *c, const struct tnode *at, const struct tfunc *fn,
                       const struct tv *args, size_t nargs, const struct tkw *kw, size_t nkw,
                       struct tv *out);

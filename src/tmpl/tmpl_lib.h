@@ -1,5 +1,6 @@
-/* Private to tmpl_lib.c and tmpl_str.c: ids of builtin functions and methods, and the
- * string helpers the filters share with str's methods. */
+/* Private to the template library (tmpl_lib.c, tmpl_filter.c, tmpl_func.c, tmpl_str.c,
+ * tmpl_fmt.c): ids of builtin functions and methods, the helpers filters and methods
+ * share, and the string helpers the filters share with str's methods. */
 #ifndef CAIRN_TMPL_TMPL_LIB_H
 #define CAIRN_TMPL_TMPL_LIB_H
 
@@ -27,6 +28,30 @@ enum tfunc_id {
     MLOOP_CYCLE = 400, MLOOP_CHANGED,
 };
 
+/* Whether an argument was given (tmpl_bind leaves the others TV_MISSING). */
+static inline bool tv_given(const struct tv *v) { return v->t != TV_MISSING; }
+/* A list as a TV_LIST or TV_TUPLE value (t). */
+static inline struct tv tv_list(struct tlist *l, int t)
+{
+    struct tv v = {.t = (uint8_t)t};
+    v.u.l = l;
+    return v;
+}
+/* Whether the NUL-terminated name a is the n bytes at b. */
+static inline bool tmpl_name_eq(const char *a, const char *b, size_t n)
+{
+    return __builtin_strlen(a) == n && !__builtin_memcmp(a, b, n);
+}
+
+/* A new list of capacity cap in *l; an error in c when out of memory (tmpl_lib.c). */
+int tmpl_lib_list(struct tctx *c, const struct tnode *at, size_t cap, struct tlist **l);
+/* Appends v to l; an error in c when out of memory or l is too long. */
+int tmpl_lib_push(struct tctx *c, const struct tnode *at, struct tlist *l, struct tv v);
+/* The 2-tuple (a, b). */
+int tmpl_lib_pair(struct tctx *c, const struct tnode *at, struct tv a, struct tv b, struct tv *out);
+/* An iterator of kind (enum titer_kind) over l. */
+int tmpl_lib_iter(struct tctx *c, const struct tnode *at, struct tlist *l, int kind, struct tv *out);
+
 /* Python's case mappings that are not one code point to one (tmpl_case.c). */
 struct tmpl_case_row {
     uint32_t cp;
@@ -43,6 +68,9 @@ int tmpl_bind(struct tctx *c, const struct tnode *at, const char *fname, const c
 /* Method id of a str attribute name, or -1. */
 int tmpl_str_method_id(const char *name, size_t n);
 int tmpl_str_method(struct tctx *c, const struct tnode *at, int id, const struct tv *self, const struct tv *args,
+                    size_t nargs, const struct tkw *kw, size_t nkw, struct tv *out);
+/* str.format(*args, **kw) on fmt (tmpl_fmt.c). */
+int tmpl_str_format(struct tctx *c, const struct tnode *at, const struct tv *fmt, const struct tv *args,
                     size_t nargs, const struct tkw *kw, size_t nkw, struct tv *out);
 /* str.strip/lstrip/rstrip (which: 1 left, 2 right, 3 both); chars NULL or None: whitespace. */
 int tmpl_str_strip(struct tctx *c, const struct tnode *at, const struct tv *s, const struct tv *chars, int which,

@@ -1,13 +1,11 @@
-/* Template parser: jinja2's grammar (parser.py) into a tree of struct tnode, then a
- * check pass that does what jinja2's compiler refuses at compile time (unknown filters
- * and tests outside `if` and conditional expressions, loop controls outside loops). */
+/* Template parser: jinja2's grammar (parser.py) into a tree of struct tnode, then the
+ * checks of tmpl_check.c. */
 #include "tmpl/tmpl_int.h"
 
 #include "base/err.h"
 
 #include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define MAX_NEST 200
@@ -985,6 +983,227 @@ static void macro_flags(struct tnode *n)
     }
 }
 
+/* One parser per tag: each starts at the tag name, line its line. */
+
+static struct tnode *p_if(struct parser *P, uint32_t line)
+{
+    struct tnode *n = mk(P, N_IF, line);
+    if (!n)
+        return NULL;
+    next(P);
+    struct tnode *node = n;
+    static const char *const ends[] = {"elif", "else", "endif", NULL};
+    static const char *const endif[] = {"endif", NULL};
+    for (;;) {
+        if (!(node->a = p_tuple(P, false, false, NULL, false)))
+            return NULL;
+        if (!p_statements(P, ends, false, &node->v))
+            return NULL;
+        struct ttok *t2 = cur(P);
+        next(P);
+        if (is_name(t2, "elif")) {
+            struct tnode *e = mk(P, N_IF, cur(P)->line);
+            struct vb w = {0};
+            if (!e || !vb_push(P, &w, e))
+                return NULL;
+            e->flags |= NF_ELIF;
+            node->w = vb_vec(&w);
+            node = e;
+            continue;
+        }
+        if (is_name(t2, "else") && !p_statements(P, endif, true, &node->w))
+            return NULL;
+        break;
+    }
+    return n;
+}
+
+static struct tnode *p_for(struct parser *P, uint32_t line)
+{
+    struct tnode *n = mk(P, N_FOR, line);
+    if (!n)
+        return NULL;
+    next(P);
+    if (!(n->a = p_assign_target(P, false, "in")))
+        return NULL;
+    if (!is_name(cur(P), "in"))
+        return pfail(P, cur(P)->line, CAIRN_EFORMAT, "expected 'in' in for loop");
+    next(P);
+    if (!(n->b = p_tuple(P, false, false, "recursive", false)))
+        return NULL;
+    if (is_name(cur(P), "if")) {
+        next(P);
+        if (!(n->c = p_expression(P, true)))
+            return NULL;
+    }
+    if (is_name(cur(P), "recursive"))
+        return pfail(P, line, CAIRN_EUNSUPPORTED, "recursive for loops are not supported");
+    static const char *const ends[] = {"endfor", "else", NULL};
+    static const char *const endfor[] = {"endfor", NULL};
+    if (!p_statements(P, ends, false, &n->v))
+        return NULL;
+    bool has_else = is_name(cur(P), "else");
+    next(P);
+    if (has_else && !p_statements(P, endfor, true, &n->w))
+        return NULL;
+    return n;
+}
+
+static struct tnode *p_set(struct parser *P, uint32_t line)
+{
+    struct tnode *n;
+    next(P);
+    struct tnode *target = p_assign_target(P, true, NULL);
+    if (!target)
+        return NULL;
+    if (is_op(cur(P), O_ASSIGN)) {
+        next(P);
+        if (!(n = mk(P, N_SET, line)) || !(n->b = p_tuple(P, false, true, NULL, false)))
+            return NULL;
+        n->a = target;
+        return n;
+    }
+    if (!(n = mk(P, N_SETBLOCK, line)))
+        return NULL;
+    n->a = target;
+    if (is_op(cur(P), O_PIPE) && !(n->b = p_filter(P, NULL, false)))
+        return NULL;
+    static const char *const ends[] = {"endset", NULL};
+    if (!p_statements(P, ends, true, &n->v))
+        return NULL;
+    return n;
+}
+
+static struct tnode *p_macro(struct parser *P, uint32_t line)
+{
+    struct tnode *n = mk(P, N_MACRO, line);
+    if (!n)
+        return NULL;
+    next(P);
+    if (cur(P)->type != TK_NAME)
+        return pfail(P, cur(P)->line, CAIRN_EFORMAT, "expected macro name");
+    n->id = sym_intern(P->t, cur(P)->p, cur(P)->n);
+    if (n->id < 0)
+        return poom(P);
+    n->s = P->t->syms[n->id].p;
+    n->sn = cur(P)->n;
+    next(P);
+    static const char *const ends[] = {"endmacro", NULL};
+    if (!p_param_list(P, n) || !p_statements(P, ends, true, &n->v))
+        return NULL;
+    macro_flags(n);
+    return n;
+}
+
+static struct tnode *p_callblock(struct parser *P, uint32_t line)
+{
+    struct tnode *n = mk(P, N_CALLBLOCK, line);
+    if (!n)
+        return NULL;
+    next(P);
+    if (is_op(cur(P), O_LPAREN) && !p_param_list(P, n))
+        return NULL;
+    if (!(n->a = p_expression(P, true)))
+        return NULL;
+    if (n->a->kind != N_CALL)
+        return pfail(P, line, CAIRN_EFORMAT, "expected call");
+    static const char *const ends[] = {"endcall", NULL};
+    if (!p_statements(P, ends, true, &n->v))
+        return NULL;
+    macro_flags(n);
+    return n;
+}
+
+static struct tnode *p_filterblock(struct parser *P, uint32_t line)
+{
+    struct tnode *n = mk(P, N_FILTERBLOCK, line);
+    if (!n)
+        return NULL;
+    next(P);
+    if (!(n->a = p_filter(P, NULL, true)))
+        return NULL;
+    static const char *const ends[] = {"endfilter", NULL};
+    if (!p_statements(P, ends, true, &n->v))
+        return NULL;
+    return n;
+}
+
+static struct tnode *p_with(struct parser *P, uint32_t line)
+{
+    struct tnode *n = mk(P, N_WITH, line);
+    if (!n)
+        return NULL;
+    next(P);
+    struct vb assigns = {0};
+    while (cur(P)->type != TK_BLOCK_END) {
+        if (assigns.n && !expect_op(P, O_COMMA, ","))
+            return NULL;
+        struct tnode *s = mk(P, N_SET, cur(P)->line);
+        if (!s || !(s->a = p_assign_target(P, false, NULL)))
+            return NULL;
+        if (!expect_op(P, O_ASSIGN, "=") || !(s->b = p_expression(P, true)) || !vb_push(P, &assigns, s))
+            return NULL;
+    }
+    n->w = vb_vec(&assigns);
+    static const char *const ends[] = {"endwith", NULL};
+    if (!p_statements(P, ends, true, &n->v))
+        return NULL;
+    return n;
+}
+
+static struct tnode *p_generation(struct parser *P, uint32_t line)
+{
+    struct tnode *n = mk(P, N_SCOPE, line);
+    if (!n)
+        return NULL;
+    next(P);
+    static const char *const ends[] = {"endgeneration", NULL};
+    if (!p_statements(P, ends, true, &n->v))
+        return NULL;
+    return n;
+}
+
+static struct tnode *p_loop_control(struct parser *P, uint32_t line)
+{
+    struct tnode *n = mk(P, is_name(cur(P), "break") ? N_BREAK : N_CONTINUE, line);
+    if (!n)
+        return NULL;
+    next(P);
+    return n;
+}
+
+/* {% print a, b %}: one output per expression */
+static struct tnode *p_print(struct parser *P, uint32_t line)
+{
+    next(P);
+    struct vb outs = {0};
+    while (cur(P)->type != TK_BLOCK_END) {
+        if (outs.n && !expect_op(P, O_COMMA, ","))
+            return NULL;
+        struct tnode *o = mk(P, N_OUTPUT, cur(P)->line);
+        if (!o || !(o->a = p_expression(P, true)) || !vb_push(P, &outs, o))
+            return NULL;
+    }
+    struct tnode *n = mk(P, N_SCOPE, line);
+    if (!n)
+        return NULL;
+    n->flags = 1; /* not a new scope: printed in place */
+    n->v = vb_vec(&outs);
+    return n;
+}
+
+static const struct {
+    const char *name;
+    struct tnode *(*parse)(struct parser *P, uint32_t line);
+} tags[] = {
+    {"if", p_if}, {"for", p_for}, {"set", p_set}, {"macro", p_macro}, {"call", p_callblock},
+    {"filter", p_filterblock}, {"with", p_with}, {"generation", p_generation}, {"break", p_loop_control},
+    {"continue", p_loop_control}, {"print", p_print},
+};
+
+/* jinja2 has these; this interpreter refuses templates that use them */
+static const char *const tags_unsupported[] = {"extends", "include", "import", "from", "block", "autoescape"};
+
 static struct tnode *p_statement(struct parser *P)
 {
     struct ttok *tk = cur(P);
@@ -993,171 +1212,15 @@ static struct tnode *p_statement(struct parser *P)
         return pfail(P, line, CAIRN_EFORMAT, "tag name expected");
     if (!enter(P))
         return NULL;
-    struct tnode *n = NULL;
-    if (is_name(tk, "if")) {
-        if (!(n = mk(P, N_IF, line)))
-            return NULL;
-        next(P);
-        struct tnode *node = n;
-        static const char *const ends[] = {"elif", "else", "endif", NULL};
-        static const char *const endif[] = {"endif", NULL};
-        for (;;) {
-            if (!(node->a = p_tuple(P, false, false, NULL, false)))
-                return NULL;
-            if (!p_statements(P, ends, false, &node->v))
-                return NULL;
-            struct ttok *t2 = cur(P);
-            next(P);
-            if (is_name(t2, "elif")) {
-                struct tnode *e = mk(P, N_IF, cur(P)->line);
-                struct vb w = {0};
-                if (!e || !vb_push(P, &w, e))
-                    return NULL;
-                e->flags |= NF_ELIF;
-                node->w = vb_vec(&w);
-                node = e;
-                continue;
-            }
-            if (is_name(t2, "else") && !p_statements(P, endif, true, &node->w))
-                return NULL;
-            break;
+    for (size_t i = 0; i < sizeof tags / sizeof tags[0]; i++)
+        if (is_name(tk, tags[i].name)) {
+            struct tnode *n = tags[i].parse(P, line);
+            return n ? LEAVE(P, n) : NULL;
         }
-    } else if (is_name(tk, "for")) {
-        if (!(n = mk(P, N_FOR, line)))
-            return NULL;
-        next(P);
-        if (!(n->a = p_assign_target(P, false, "in")))
-            return NULL;
-        if (!is_name(cur(P), "in"))
-            return pfail(P, cur(P)->line, CAIRN_EFORMAT, "expected 'in' in for loop");
-        next(P);
-        if (!(n->b = p_tuple(P, false, false, "recursive", false)))
-            return NULL;
-        if (is_name(cur(P), "if")) {
-            next(P);
-            if (!(n->c = p_expression(P, true)))
-                return NULL;
-        }
-        if (is_name(cur(P), "recursive"))
-            return pfail(P, line, CAIRN_EUNSUPPORTED, "recursive for loops are not supported");
-        static const char *const ends[] = {"endfor", "else", NULL};
-        static const char *const endfor[] = {"endfor", NULL};
-        if (!p_statements(P, ends, false, &n->v))
-            return NULL;
-        bool has_else = is_name(cur(P), "else");
-        next(P);
-        if (has_else && !p_statements(P, endfor, true, &n->w))
-            return NULL;
-    } else if (is_name(tk, "set")) {
-        next(P);
-        struct tnode *target = p_assign_target(P, true, NULL);
-        if (!target)
-            return NULL;
-        if (is_op(cur(P), O_ASSIGN)) {
-            next(P);
-            if (!(n = mk(P, N_SET, line)) || !(n->b = p_tuple(P, false, true, NULL, false)))
-                return NULL;
-            n->a = target;
-        } else {
-            if (!(n = mk(P, N_SETBLOCK, line)))
-                return NULL;
-            n->a = target;
-            if (is_op(cur(P), O_PIPE) && !(n->b = p_filter(P, NULL, false)))
-                return NULL;
-            static const char *const ends[] = {"endset", NULL};
-            if (!p_statements(P, ends, true, &n->v))
-                return NULL;
-        }
-    } else if (is_name(tk, "macro")) {
-        if (!(n = mk(P, N_MACRO, line)))
-            return NULL;
-        next(P);
-        if (cur(P)->type != TK_NAME)
-            return pfail(P, cur(P)->line, CAIRN_EFORMAT, "expected macro name");
-        n->id = sym_intern(P->t, cur(P)->p, cur(P)->n);
-        if (n->id < 0)
-            return poom(P);
-        n->s = P->t->syms[n->id].p;
-        n->sn = cur(P)->n;
-        next(P);
-        static const char *const ends[] = {"endmacro", NULL};
-        if (!p_param_list(P, n) || !p_statements(P, ends, true, &n->v))
-            return NULL;
-        macro_flags(n);
-    } else if (is_name(tk, "call")) {
-        if (!(n = mk(P, N_CALLBLOCK, line)))
-            return NULL;
-        next(P);
-        if (is_op(cur(P), O_LPAREN) && !p_param_list(P, n))
-            return NULL;
-        if (!(n->a = p_expression(P, true)))
-            return NULL;
-        if (n->a->kind != N_CALL)
-            return pfail(P, line, CAIRN_EFORMAT, "expected call");
-        static const char *const ends[] = {"endcall", NULL};
-        if (!p_statements(P, ends, true, &n->v))
-            return NULL;
-        macro_flags(n);
-    } else if (is_name(tk, "filter")) {
-        if (!(n = mk(P, N_FILTERBLOCK, line)))
-            return NULL;
-        next(P);
-        if (!(n->a = p_filter(P, NULL, true)))
-            return NULL;
-        static const char *const ends[] = {"endfilter", NULL};
-        if (!p_statements(P, ends, true, &n->v))
-            return NULL;
-    } else if (is_name(tk, "with")) {
-        if (!(n = mk(P, N_WITH, line)))
-            return NULL;
-        next(P);
-        struct vb assigns = {0};
-        while (cur(P)->type != TK_BLOCK_END) {
-            if (assigns.n && !expect_op(P, O_COMMA, ","))
-                return NULL;
-            struct tnode *s = mk(P, N_SET, cur(P)->line);
-            if (!s || !(s->a = p_assign_target(P, false, NULL)))
-                return NULL;
-            if (!expect_op(P, O_ASSIGN, "=") || !(s->b = p_expression(P, true)) || !vb_push(P, &assigns, s))
-                return NULL;
-        }
-        n->w = vb_vec(&assigns);
-        static const char *const ends[] = {"endwith", NULL};
-        if (!p_statements(P, ends, true, &n->v))
-            return NULL;
-    } else if (is_name(tk, "generation")) {
-        if (!(n = mk(P, N_SCOPE, line)))
-            return NULL;
-        next(P);
-        static const char *const ends[] = {"endgeneration", NULL};
-        if (!p_statements(P, ends, true, &n->v))
-            return NULL;
-    } else if (is_name(tk, "break") || is_name(tk, "continue")) {
-        if (!(n = mk(P, is_name(tk, "break") ? N_BREAK : N_CONTINUE, line)))
-            return NULL;
-        next(P);
-    } else if (is_name(tk, "print")) {
-        /* {% print a, b %}: one output per expression */
-        next(P);
-        struct vb outs = {0};
-        while (cur(P)->type != TK_BLOCK_END) {
-            if (outs.n && !expect_op(P, O_COMMA, ","))
-                return NULL;
-            struct tnode *o = mk(P, N_OUTPUT, cur(P)->line);
-            if (!o || !(o->a = p_expression(P, true)) || !vb_push(P, &outs, o))
-                return NULL;
-        }
-        if (!(n = mk(P, N_SCOPE, line)))
-            return NULL;
-        n->flags = 1; /* not a new scope: printed in place */
-        n->v = vb_vec(&outs);
-    } else if (is_name(tk, "extends") || is_name(tk, "include") || is_name(tk, "import") ||
-               is_name(tk, "from") || is_name(tk, "block") || is_name(tk, "autoescape")) {
-        return pfail(P, line, CAIRN_EUNSUPPORTED, "tag '%.*s' is not supported", (int)tk->n, tk->p);
-    } else {
-        return pfail(P, line, CAIRN_EFORMAT, "Encountered unknown tag '%.*s'.", (int)(tk->n > 60 ? 60 : tk->n), tk->p);
-    }
-    return LEAVE(P, n);
+    for (size_t i = 0; i < sizeof tags_unsupported / sizeof tags_unsupported[0]; i++)
+        if (is_name(tk, tags_unsupported[i]))
+            return pfail(P, line, CAIRN_EUNSUPPORTED, "tag '%.*s' is not supported", (int)tk->n, tk->p);
+    return pfail(P, line, CAIRN_EFORMAT, "Encountered unknown tag '%.*s'.", (int)(tk->n > 60 ? 60 : tk->n), tk->p);
 }
 
 static bool p_subparse(struct parser *P, const char *const *end_tokens, struct nvec *out)
@@ -1202,453 +1265,6 @@ static bool p_subparse(struct parser *P, const char *const *end_tokens, struct n
     }
     *out = vb_vec(&body);
     return true;
-}
-
-/* ---- tree depth: long chains (x.a.a.a..., 1+1+1...) build deep trees without deep
- * parser recursion; the recursive walks below and the evaluator need a bound ---- */
-
-#define MAX_TREE_DEPTH 1000
-
-static bool check_depth(struct parser *P, const struct nvec *body)
-{
-    struct item { const struct tnode *n; uint32_t d; } *st = NULL;
-    size_t n = 0, cap = 0;
-    bool ok = true;
-    for (uint32_t i = 0; i < body->n && ok; i++) {
-        if (n == cap) {
-            cap = cap ? cap * 2 : 256;
-            struct item *ns = realloc(st, cap * sizeof *st);
-            if (!ns) {
-                poom(P);
-                ok = false;
-                break;
-            }
-            st = ns;
-        }
-        st[n++] = (struct item){body->v[i], 1};
-        while (n && ok) {
-            struct item it = st[--n];
-            if (it.d > MAX_TREE_DEPTH) {
-                pfail(P, it.n->line, CAIRN_EFULL, "expression nested more than %d levels", MAX_TREE_DEPTH);
-                ok = false;
-                break;
-            }
-            const struct tnode *kids[3] = {it.n->a, it.n->b, it.n->c};
-            size_t need = 3 + it.n->v.n + it.n->w.n;
-            if (n + need > cap) {
-                while (n + need > cap)
-                    cap *= 2;
-                struct item *ns = realloc(st, cap * sizeof *st);
-                if (!ns) {
-                    poom(P);
-                    ok = false;
-                    break;
-                }
-                st = ns;
-            }
-            for (int k = 0; k < 3; k++)
-                if (kids[k])
-                    st[n++] = (struct item){kids[k], it.d + 1};
-            for (uint32_t k = 0; k < it.n->v.n; k++)
-                st[n++] = (struct item){it.n->v.v[k], it.d + 1};
-            for (uint32_t k = 0; k < it.n->w.n; k++)
-                st[n++] = (struct item){it.n->w.v[k], it.d + 1};
-        }
-    }
-    free(st);
-    return ok;
-}
-
-/* ---- checks jinja2's compiler makes ---- */
-
-static bool check_node(struct parser *P, const struct tnode *n, bool soft, int loops);
-
-static bool check_vec(struct parser *P, const struct nvec *v, bool soft, int loops)
-{
-    for (uint32_t i = 0; i < v->n; i++)
-        if (!check_node(P, v->v[i], soft, loops))
-            return false;
-    return true;
-}
-
-static bool check_node(struct parser *P, const struct tnode *n, bool soft, int loops)
-{
-    if (!n)
-        return true;
-    switch (n->kind) {
-    case N_FILTER:
-    case N_TEST:
-        if ((n->flags & NF_UNKNOWN) && !soft) {
-            pfail(P, n->line, CAIRN_EFORMAT, "No %s named '%.*s'.", n->kind == N_FILTER ? "filter" : "test",
-                  (int)n->sn, n->s);
-            return false;
-        }
-        break;
-    case N_COND:
-        soft = true;
-        break;
-    case N_IF:
-        return check_node(P, n->a, true, loops) && check_vec(P, &n->v, true, loops) &&
-               check_vec(P, &n->w, true, loops);
-    case N_FOR:
-        return check_node(P, n->a, soft, loops) && check_node(P, n->b, soft, loops) &&
-               check_node(P, n->c, false, loops) && check_vec(P, &n->v, false, loops + 1) &&
-               check_vec(P, &n->w, false, loops);
-    case N_MACRO:
-    case N_CALLBLOCK:
-        for (uint32_t i = 0; i < n->w.n; i++)
-            if (!check_node(P, n->w.v[i]->a, false, 0))
-                return false;
-        return check_node(P, n->a, soft, loops) && check_vec(P, &n->v, false, 0);
-    case N_FILTERBLOCK:
-        return check_node(P, n->a, false, loops) && check_vec(P, &n->v, false, loops);
-    case N_SETBLOCK:
-        return check_node(P, n->b, false, loops) && check_vec(P, &n->v, false, loops);
-    case N_WITH:
-        return check_vec(P, &n->w, soft, loops) && check_vec(P, &n->v, false, loops);
-    case N_SCOPE:
-        return check_vec(P, &n->v, n->flags ? soft : false, loops);
-    case N_BREAK:
-    case N_CONTINUE:
-        if (!loops) {
-            pfail(P, n->line, CAIRN_EFORMAT, "'%s' outside loop", n->kind == N_BREAK ? "break" : "continue");
-            return false;
-        }
-        return true;
-    default:
-        break;
-    }
-    return check_node(P, n->a, soft, loops) && check_node(P, n->b, soft, loops) &&
-           check_node(P, n->c, soft, loops) && check_vec(P, &n->v, soft, loops) &&
-           check_vec(P, &n->w, soft, loops);
-}
-
-
-/* ---- jinja2's symbol tracking (idtracking.py), for the names each frame starts with
- * as undefined ---- */
-
-enum { R_NONE, R_RESOLVE, R_ALIAS, R_UNDEF, R_PARAM };
-
-struct symtab {
-    const struct symtab *parent;
-    uint8_t *ref;     /* per symbol: R_* */
-    uint8_t *stored;
-};
-
-/* Tables are malloc'd and freed as soon as their frame (or if-branch) is done; the work
- * is about (names x (ifs + frames)), which is bounded before the analysis starts. */
-static struct symtab *st_new(struct parser *P, const struct symtab *parent)
-{
-    uint32_t n = P->t->nsyms ? P->t->nsyms : 1;
-    struct symtab *s = malloc(sizeof *s);
-    uint8_t *mem = calloc(2, n);
-    if (!s || !mem) {
-        free(s);
-        free(mem);
-        return poom(P);
-    }
-    s->parent = parent;
-    s->ref = mem;
-    s->stored = mem + n;
-    return s;
-}
-
-static void st_free(struct symtab *s)
-{
-    if (s) {
-        free(s->ref);
-        free(s);
-    }
-}
-
-static struct symtab *st_copy(struct parser *P, const struct symtab *o)
-{
-    struct symtab *s = st_new(P, o->parent);
-    if (s)
-        memcpy(s->ref, o->ref, 2 * (size_t)(P->t->nsyms ? P->t->nsyms : 1));
-    return s;
-}
-
-static bool st_find(const struct symtab *s, int sym)
-{
-    for (; s; s = s->parent)
-        if (s->ref[sym])
-            return true;
-    return false;
-}
-
-static void st_load(struct symtab *s, int sym)
-{
-    if (!st_find(s, sym))
-        s->ref[sym] = R_RESOLVE;
-}
-
-static void st_store(struct symtab *s, int sym)
-{
-    s->stored[sym] = 1;
-    if (!s->ref[sym])
-        s->ref[sym] = st_find(s->parent, sym) ? R_ALIAS : R_UNDEF;
-}
-
-static void st_param(struct symtab *s, int sym)
-{
-    s->stored[sym] = 1;
-    s->ref[sym] = R_PARAM;
-}
-
-static void an_expr(struct symtab *s, const struct tnode *n)
-{
-    if (!n)
-        return;
-    if (n->kind == N_NAME) {
-        st_load(s, n->id);
-        return;
-    }
-    an_expr(s, n->a);
-    an_expr(s, n->b);
-    an_expr(s, n->c);
-    for (uint32_t i = 0; i < n->v.n; i++)
-        an_expr(s, n->v.v[i]);
-    for (uint32_t i = 0; i < n->w.n; i++)
-        an_expr(s, n->w.v[i]);
-}
-
-static void an_target(struct symtab *s, const struct tnode *n, bool param)
-{
-    if (n->kind == N_NAME) {
-        if (param)
-            st_param(s, n->id);
-        else
-            st_store(s, n->id);
-    } else if (n->kind == N_NSREF) {
-        st_load(s, n->id);
-    } else {
-        for (uint32_t i = 0; i < n->v.n; i++)
-            an_target(s, n->v.v[i], param);
-    }
-}
-
-struct frames { const struct tnode **v; uint32_t n, cap; };
-
-static bool frames_push(struct parser *P, struct frames *f, const struct tnode *n)
-{
-    if (f->n == f->cap) {
-        uint32_t cap = f->cap ? f->cap * 2 : 8;
-        const struct tnode **v = tmpl_alloc(&P->t->ar, cap * sizeof *v);
-        if (!v) {
-            poom(P);
-            return false;
-        }
-        if (f->n)
-            memcpy(v, f->v, f->n * sizeof *v);
-        f->v = v;
-        f->cap = cap;
-    }
-    f->v[f->n++] = n;
-    return true;
-}
-
-static bool an_stmts(struct parser *P, struct symtab *s, const struct nvec *body, struct frames *kids);
-
-/* visit_If: the body, the elifs together and the else are three branches; a name
- * assigned in only some of them keeps the outer (or template) value in the others. */
-static bool an_if(struct parser *P, struct symtab *s, const struct tnode *n, bool flat, struct frames *kids)
-{
-    an_expr(s, n->a);
-    struct symtab *br[3] = {0};
-    bool ok = true;
-    for (int i = 0; i < 3 && ok; i++)
-        ok = (br[i] = st_copy(P, s)) != NULL;
-    ok = ok && an_stmts(P, br[0], &n->v, kids);
-    const struct nvec *els = &n->w;
-    while (ok && flat && els->n == 1 && els->v[0]->kind == N_IF && (els->v[0]->flags & NF_ELIF)) {
-        ok = an_if(P, br[1], els->v[0], false, kids);
-        els = &els->v[0]->w;
-    }
-    ok = ok && (!flat || an_stmts(P, br[2], els, kids));
-    if (!ok) {
-        for (int i = 0; i < 3; i++)
-            st_free(br[i]);
-        return false;
-    }
-    uint32_t ns = P->t->nsyms;
-    for (uint32_t k = 0; k < ns; k++) {
-        int count = 0;
-        for (int i = 0; i < 3; i++)
-            count += br[i]->stored[k] && !s->stored[k];
-        for (int i = 0; i < 3; i++) {
-            if (br[i]->ref[k])
-                s->ref[k] = br[i]->ref[k];
-            if (br[i]->stored[k])
-                s->stored[k] = 1;
-        }
-        if (count > 0 && count < 3)
-            s->ref[k] = st_find(s->parent, (int)k) ? R_ALIAS : R_RESOLVE;
-    }
-    for (int i = 0; i < 3; i++)
-        st_free(br[i]);
-    return true;
-}
-
-static bool an_stmts(struct parser *P, struct symtab *s, const struct nvec *body, struct frames *kids)
-{
-    for (uint32_t i = 0; i < body->n; i++) {
-        const struct tnode *n = body->v[i];
-        switch (n->kind) {
-        case N_OUTPUT:
-            an_expr(s, n->a);
-            break;
-        case N_IF:
-            if (!an_if(P, s, n, true, kids))
-                return false;
-            break;
-        case N_FOR:
-            an_expr(s, n->b);
-            if (!frames_push(P, kids, n))
-                return false;
-            break;
-        case N_SET:
-            an_expr(s, n->b);
-            an_target(s, n->a, false);
-            break;
-        case N_SETBLOCK:
-            an_target(s, n->a, false);
-            if (!frames_push(P, kids, n))
-                return false;
-            break;
-        case N_MACRO:
-            st_store(s, n->id);
-            if (!frames_push(P, kids, n))
-                return false;
-            break;
-        case N_CALLBLOCK:
-            an_expr(s, n->a);
-            if (!frames_push(P, kids, n))
-                return false;
-            break;
-        case N_FILTERBLOCK:
-            an_expr(s, n->a);
-            if (!frames_push(P, kids, n))
-                return false;
-            break;
-        case N_WITH:
-            for (uint32_t k = 0; k < n->w.n; k++)
-                an_expr(s, n->w.v[k]->b);
-            if (!frames_push(P, kids, n))
-                return false;
-            break;
-        case N_SCOPE:
-            if (n->flags) {
-                if (!an_stmts(P, s, &n->v, kids))
-                    return false;
-            } else if (!frames_push(P, kids, n)) {
-                return false;
-            }
-            break;
-        default:
-            break;
-        }
-    }
-    return true;
-}
-
-static bool undef_list(struct parser *P, const struct symtab *s, const uint32_t **out, uint32_t *nout)
-{
-    uint32_t n = 0, ns = P->t->nsyms;
-    for (uint32_t k = 0; k < ns; k++)
-        n += s->ref[k] == R_UNDEF;
-    *nout = n;
-    *out = NULL;
-    if (!n)
-        return true;
-    uint32_t *v = tmpl_alloc(&P->t->ar, n * sizeof *v);
-    if (!v) {
-        poom(P);
-        return false;
-    }
-    n = 0;
-    for (uint32_t k = 0; k < ns; k++)
-        if (s->ref[k] == R_UNDEF)
-            v[n++] = k;
-    *out = v;
-    return true;
-}
-
-static bool an_frames(struct parser *P, const struct symtab *parent, const struct frames *kids);
-
-/* Analyzes one frame's statements, then the frames nested in it. */
-static bool an_frame(struct parser *P, struct symtab *s, const struct nvec *body, const uint32_t **undef,
-                     uint32_t *nundef)
-{
-    struct frames kids = {0};
-    return an_stmts(P, s, body, &kids) && undef_list(P, s, undef, nundef) && an_frames(P, s, &kids);
-}
-
-static bool an_frames(struct parser *P, const struct symtab *parent, const struct frames *kids)
-{
-    for (uint32_t i = 0; i < kids->n; i++) {
-        struct tnode *n = (struct tnode *)kids->v[i];
-        struct tscope *sc = tmpl_alloc(&P->t->ar, sizeof *sc);
-        if (!sc) {
-            poom(P);
-            return false;
-        }
-        struct symtab *s = st_new(P, parent);
-        if (!s)
-            return false;
-        n->scope = sc;
-        bool ok = true;
-        switch (n->kind) {
-        case N_FOR: {
-            an_target(s, n->a, true);
-            st_param(s, SYM_LOOP);
-            ok = an_frame(P, s, &n->v, &sc->undef, &sc->nundef);
-            struct symtab *e = ok ? st_new(P, parent) : NULL;
-            ok = e && an_frame(P, e, &n->w, &sc->undef_else, &sc->nundef_else);
-            st_free(e);
-            break;
-        }
-        case N_MACRO:
-        case N_CALLBLOCK:
-            for (uint32_t k = 0; k < n->w.n; k++)
-                st_param(s, n->w.v[k]->id);
-            if (n->flags & NF_USES_CALLER)
-                st_param(s, SYM_CALLER);
-            if (n->flags & NF_USES_VARARGS)
-                st_param(s, SYM_VARARGS);
-            if (n->flags & NF_USES_KWARGS)
-                st_param(s, SYM_KWARGS);
-            for (uint32_t k = 0; k < n->w.n; k++)
-                an_expr(s, n->w.v[k]->a);
-            ok = an_frame(P, s, &n->v, &sc->undef, &sc->nundef);
-            break;
-        case N_WITH:
-            for (uint32_t k = 0; k < n->w.n; k++)
-                an_target(s, n->w.v[k]->a, true);
-            ok = an_frame(P, s, &n->v, &sc->undef, &sc->nundef);
-            break;
-        default: /* set block, filter block, generation scope */
-            ok = an_frame(P, s, &n->v, &sc->undef, &sc->nundef);
-            break;
-        }
-        st_free(s);
-        if (!ok)
-            return false;
-    }
-    return true;
-}
-
-/* Statements that make the analysis copy or create a table: ifs and frames. */
-static uint64_t count_tables(const struct nvec *v)
-{
-    uint64_t k = 0;
-    for (uint32_t i = 0; i < v->n; i++) {
-        const struct tnode *n = v->v[i];
-        if (n->kind == N_IF || n->kind == N_FOR || n->kind == N_MACRO || n->kind == N_CALLBLOCK ||
-            n->kind == N_SETBLOCK || n->kind == N_FILTERBLOCK || n->kind == N_WITH || n->kind == N_SCOPE)
-            k += 1 + count_tables(&n->v) + count_tables(&n->w);
-    }
-    return k;
 }
 
 /* ---- entry points ---- */
@@ -1696,19 +1312,12 @@ int tmpl_parse(struct tmpl **out, const char *src, size_t len, char *err, size_t
     if ((rc = tmpl_lex(t, src, len, &toks, &ntoks, err, errlen)))
         goto err_quiet;
     struct parser P = {.t = t, .tk = toks, .n = ntoks, .err = err, .errlen = errlen};
-    struct symtab *root = NULL;
-    bool ok = p_subparse(&P, NULL, &t->body) && check_depth(&P, &t->body) && check_vec(&P, &t->body, false, 0);
-    if (ok && (uint64_t)t->nsyms * count_tables(&t->body) > 200000000) {
-        pfail(&P, 1, CAIRN_EFULL, "template too complex (%u names in %llu blocks)", t->nsyms,
-              (unsigned long long)count_tables(&t->body));
-        ok = false;
-    }
-    ok = ok && (root = st_new(&P, NULL)) && an_frame(&P, root, &t->body, &t->root.undef, &t->root.nundef);
-    st_free(root);
-    if (!ok) {
+    if (!p_subparse(&P, NULL, &t->body)) {
         rc = P.rc ? P.rc : CAIRN_EFORMAT;
         goto err_quiet;
     }
+    if ((rc = tmpl_check(t, err, errlen)))
+        goto err_quiet;
     *out = t;
     return 0;
 err:

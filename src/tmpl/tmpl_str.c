@@ -1,14 +1,11 @@
-/* Python's str for templates: the methods chat templates call, str.format,
- * printf-style `%`, case mapping (ASCII exactly, other letters through the C.UTF-8
- * locale's simple mappings) and markupsafe's escape. Indices count code points. */
+/* Python's str for templates: the methods chat templates call, case mapping (ASCII
+ * exactly, other letters through the C.UTF-8 locale's simple mappings) and markupsafe's
+ * escape. Indices count code points. str.format and `%` are in tmpl_fmt.c. */
 #define _GNU_SOURCE
 #include "tmpl/tmpl_lib.h"
 
 #include "base/err.h"
 
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <wctype.h>
 
@@ -87,23 +84,6 @@ static struct tv strv(const char *p, size_t n, uint8_t f)
     struct tv v = tv_str(p, n);
     v.f = f;
     return v;
-}
-
-static size_t cp_len(const char *p, size_t n)
-{
-    return tmpl_cp_count(p, n);
-}
-
-/* Byte offset of code point index i (clamped to the string). */
-static size_t cp_off(const char *p, size_t n, int64_t i)
-{
-    size_t off = 0;
-    for (int64_t k = 0; k < i && off < n; k++) {
-        off++;
-        while (off < n && ((unsigned char)p[off] & 0xC0) == 0x80)
-            off++;
-    }
-    return off;
 }
 
 /* ---- case mapping ---- */
@@ -540,7 +520,7 @@ static int split(struct tctx *c, const struct tnode *at, const struct tv *s, con
 static int sub_range(struct tctx *c, const struct tnode *at, const struct tv *s, const struct tv *start,
                      const struct tv *end, size_t *b0, size_t *b1, bool *empty)
 {
-    int64_t len = (int64_t)cp_len(s->u.s.p, s->u.s.n);
+    int64_t len = (int64_t)tmpl_cp_count(s->u.s.p, s->u.s.n);
     int64_t st = 0, en = len;
     *empty = false;
     if (start && start->t != TV_MISSING && start->t != TV_NONE) {
@@ -565,8 +545,8 @@ static int sub_range(struct tctx *c, const struct tnode *at, const struct tv *s,
     }
     if (en < st)
         en = st;
-    *b0 = cp_off(s->u.s.p, s->u.s.n, st);
-    *b1 = cp_off(s->u.s.p, s->u.s.n, en);
+    *b0 = tmpl_cp_off(s->u.s.p, s->u.s.n, st);
+    *b1 = tmpl_cp_off(s->u.s.p, s->u.s.n, en);
     return 0;
 }
 
@@ -626,7 +606,7 @@ static int find(struct tctx *c, const struct tnode *at, int id, const struct tv 
             return 0;
         }
         if (!m) {
-            *out = tv_int((int64_t)cp_len(p + b0, b1 - b0) + 1);
+            *out = tv_int((int64_t)tmpl_cp_count(p + b0, b1 - b0) + 1);
             return 0;
         }
         for (size_t i = b0; i + m <= b1;) {
@@ -660,7 +640,7 @@ static int find(struct tctx *c, const struct tnode *at, int id, const struct tv 
         *out = tv_int(-1);
         return 0;
     }
-    *out = tv_int((int64_t)cp_len(p, (size_t)pos));
+    *out = tv_int((int64_t)tmpl_cp_count(p, (size_t)pos));
     return 0;
 }
 
@@ -712,7 +692,7 @@ int tmpl_str_replace(struct tctx *c, const struct tnode *at, const struct tv *s,
 int tmpl_str_pad(struct tctx *c, const struct tnode *at, const struct tv *s, int64_t width, uint32_t fill,
                  char align, struct tv *out)
 {
-    int64_t len = (int64_t)cp_len(s->u.s.p, s->u.s.n);
+    int64_t len = (int64_t)tmpl_cp_count(s->u.s.p, s->u.s.n);
     if (width <= len) {
         *out = *s;
         return 0;
@@ -781,664 +761,6 @@ static int partition(struct tctx *c, const struct tnode *at, const struct tv *s,
     out->f = 0;
     out->u.l = l;
     return 0;
-}
-
-/* ---- str.format ---- */
-
-struct fspec {
-    uint32_t fill;
-    char align;  /* 0 when not given */
-    char sign;
-    bool alt, zero;
-    char grouping;
-    int64_t width, prec;  /* -1 when not given */
-    char type;
-};
-
-static int parse_spec(struct tctx *c, const struct tnode *at, const char *p, size_t n, struct fspec *f)
-{
-    memset(f, 0, sizeof *f);
-    f->fill = ' ';
-    f->width = f->prec = -1;
-    size_t i = 0;
-    if (n) {
-        uint32_t cp;
-        size_t k = tmpl_utf8_dec(p, n, &cp);
-        if (k < n && strchr("<>=^", p[k])) {
-            f->fill = cp;
-            f->align = p[k];
-            i = k + 1;
-        } else if (strchr("<>=^", p[0])) {
-            f->align = p[0];
-            i = 1;
-        }
-    }
-    if (i < n && (p[i] == '+' || p[i] == '-' || p[i] == ' '))
-        f->sign = p[i++];
-    if (i < n && p[i] == '#') {
-        f->alt = true;
-        i++;
-    }
-    if (i < n && p[i] == '0') {
-        f->zero = true;
-        i++;
-    }
-    if (i < n && p[i] >= '0' && p[i] <= '9') {
-        f->width = 0;
-        while (i < n && p[i] >= '0' && p[i] <= '9' && f->width < 100000000)
-            f->width = f->width * 10 + (p[i++] - '0');
-    }
-    if (i < n && (p[i] == ',' || p[i] == '_'))
-        f->grouping = p[i++];
-    if (i < n && p[i] == '.') {
-        i++;
-        if (i >= n || p[i] < '0' || p[i] > '9')
-            return tmpl_err(c, at, CAIRN_EFORMAT, "Format specifier missing precision");
-        f->prec = 0;
-        while (i < n && p[i] >= '0' && p[i] <= '9' && f->prec < 100000000)
-            f->prec = f->prec * 10 + (p[i++] - '0');
-    }
-    if (i < n)
-        f->type = p[i++];
-    if (i < n)
-        return tmpl_err(c, at, CAIRN_EFORMAT, "Invalid format specifier '%.*s'", (int)n, p);
-    if (f->width > (int64_t)c->max_str || f->prec > 10000)
-        return tmpl_err(c, at, CAIRN_EFULL, "format width or precision too large");
-    return 0;
-}
-
-/* Lays out sign + prefix + digits with fill/align/width (align '=' pads after the sign). */
-static int layout_number(struct tctx *c, const char *sign, const char *prefix,
-                         const char *digits, size_t nd, const struct fspec *f, struct tv *out)
-{
-    uint32_t fill = f->fill;
-    char align = f->align ? f->align : '>';
-    if (f->zero && !f->align) {
-        fill = '0';
-        align = '=';
-    }
-    size_t body = strlen(sign) + strlen(prefix) + nd;
-    int64_t pad = f->width > (int64_t)body ? f->width - (int64_t)body : 0;
-    char u[4];
-    size_t k = tmpl_utf8_enc(fill, u);
-    struct tsb b;
-    tmpl_sb_init(&b, c);
-    int64_t left = align == '<' ? 0 : align == '^' ? pad / 2 : align == '=' ? 0 : pad;
-    int64_t right = align == '<' ? pad : align == '^' ? pad - pad / 2 : 0;
-    for (int64_t i = 0; i < left; i++)
-        tmpl_sb_put(&b, u, k);
-    tmpl_sb_puts(&b, sign);
-    tmpl_sb_puts(&b, prefix);
-    if (align == '=')
-        for (int64_t i = 0; i < pad; i++)
-            tmpl_sb_put(&b, u, k);
-    tmpl_sb_put(&b, digits, nd);
-    for (int64_t i = 0; i < right; i++)
-        tmpl_sb_put(&b, u, k);
-    return tmpl_sb_to_str(c, &b, out);
-}
-
-static void group_digits(const char *in, size_t n, char sep, int every, char *out, size_t *on)
-{
-    /* in: integer digits only */
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        out[o++] = in[i];
-        size_t rest = n - i - 1;
-        if (sep && rest && rest % (size_t)every == 0)
-            out[o++] = sep;
-    }
-    *on = o;
-}
-
-static int format_int(struct tctx *c, const struct tnode *at, int64_t v, const struct fspec *f, struct tv *out)
-{
-    char type = f->type ? f->type : 'd';
-    if (type == 'n')
-        type = 'd';
-    if (type == 'c') {
-        if (v < 0 || v > 0x10FFFF)
-            return tmpl_err(c, at, CAIRN_EFORMAT, "%%c arg not in range(0x110000)");
-        char u[5];
-        size_t k = tmpl_utf8_enc((uint32_t)v, u);
-        return layout_number(c, "", "", u, k, f, out);
-    }
-    uint64_t mag = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    int base = type == 'b' ? 2 : type == 'o' ? 8 : (type == 'x' || type == 'X') ? 16 : 10;
-    if (!strchr("dboxX", type))
-        return tmpl_err(c, at, CAIRN_EFORMAT, "Unknown format code '%c' for object of type 'int'", type);
-    char tmp[80], digits[120];
-    int nt = 0;
-    do {
-        int d = (int)(mag % (uint64_t)base);
-        tmp[nt++] = (char)(d < 10 ? '0' + d : (type == 'X' ? 'A' : 'a') + d - 10);
-        mag /= (uint64_t)base;
-    } while (mag);
-    char fwd[80];
-    for (int i = 0; i < nt; i++)
-        fwd[i] = tmp[nt - 1 - i];
-    size_t nd;
-    group_digits(fwd, (size_t)nt, f->grouping, base == 10 ? 3 : 4, digits, &nd);
-    const char *sign = v < 0 ? "-" : f->sign == '+' ? "+" : f->sign == ' ' ? " " : "";
-    const char *prefix = !f->alt ? "" : type == 'b' ? "0b" : type == 'o' ? "0o" : type == 'x' ? "0x" : type == 'X' ? "0X" : "";
-    return layout_number(c, sign, prefix, digits, nd, f, out);
-}
-
-static int format_float(struct tctx *c, const struct tnode *at, double d, const struct fspec *f, struct tv *out)
-{
-    char type = f->type;
-    char buf[400];
-    double a = fabs(d);
-    bool neg = signbit(d) && !isnan(d);
-    if (type == 0 && f->prec < 0) {
-        tmpl_float_repr(a, buf);
-    } else if (type == 0) {
-        /* like 'g', but a fixed-point result keeps a digit after the point, and
-         * exponent notation starts one digit earlier (CPython's add_dot_0) */
-        int p = (int)(f->prec ? f->prec : 1);
-        if (isinf(a) || isnan(a)) {
-            strcpy(buf, isinf(a) ? "inf" : "nan");
-        } else {
-            char e[400];
-            snprintf(e, sizeof e, "%.*e", p - 1, a);
-            int decpt = atoi(strchr(e, 'e') + 1) + 1;
-            if (a == 0)
-                decpt = 1;
-            if (decpt <= -4 || decpt > p - 1) {
-                snprintf(buf, sizeof buf, "%.*g", p, a);
-                if (!strchr(buf, 'e')) {  /* %g chose fixed: force the exponent form */
-                    char *m = e, *x = strchr(e, 'e');
-                    *x = 0;
-                    if (strchr(m, '.')) {
-                        char *z = m + strlen(m) - 1;
-                        while (*z == '0')
-                            *z-- = 0;
-                        if (*z == '.')
-                            *z = 0;
-                    }
-                    snprintf(buf, sizeof buf, "%se%c%02d", m, decpt - 1 < 0 ? '-' : '+', abs(decpt - 1));
-                }
-            } else {
-                snprintf(buf, sizeof buf, "%.*f", p - decpt > 0 ? p - decpt : 0, a);
-                if (strchr(buf, '.')) {
-                    char *z = buf + strlen(buf) - 1;
-                    while (*z == '0')
-                        *z-- = 0;
-                    if (*z == '.')
-                        strcpy(z, ".0");
-                } else {
-                    strcat(buf, ".0");
-                }
-            }
-        }
-    } else if (strchr("eEfFgG%n", type)) {
-        char t = type == '%' ? 'f' : type == 'n' ? 'g' : type;
-        char fmt[16];
-        snprintf(fmt, sizeof fmt, "%%%s.*%c", f->alt ? "#" : "", t);
-        if (a > 1e300 && (t == 'f' || t == 'F'))
-            return tmpl_err(c, at, CAIRN_EUNSUPPORTED, "float too large to format");
-        snprintf(buf, sizeof buf - 2, fmt, (int)(f->prec < 0 ? 6 : f->prec), type == '%' ? a * 100 : a);
-        if (type == '%')
-            strcat(buf, "%");
-    } else {
-        return tmpl_err(c, at, CAIRN_EFORMAT, "Unknown format code '%c' for object of type 'float'", type);
-    }
-    /* grouping applies to the integer part */
-    char digits[500];
-    size_t nd = 0;
-    if (f->grouping && !isinf(a) && !isnan(a)) {
-        size_t ip = strspn(buf, "0123456789");
-        group_digits(buf, ip, f->grouping, 3, digits, &nd);
-        size_t rest = strlen(buf + ip);
-        memcpy(digits + nd, buf + ip, rest);
-        nd += rest;
-    } else {
-        nd = strlen(buf);
-        memcpy(digits, buf, nd);
-    }
-    const char *sign = neg ? "-" : f->sign == '+' ? "+" : f->sign == ' ' ? " " : "";
-    return layout_number(c, sign, "", digits, nd, f, out);
-}
-
-/* format(value, spec) */
-static int format_value(struct tctx *c, const struct tnode *at, const struct tv *v, const char *spec, size_t sn,
-                        struct tv *out)
-{
-    if (!sn)
-        return tmpl_str_of(c, at, v, out);
-    struct fspec f;
-    int rc = parse_spec(c, at, spec, sn, &f);
-    if (rc)
-        return rc;
-    if (v->t == TV_STR) {
-        if (f.type && f.type != 's')
-            return tmpl_err(c, at, CAIRN_EFORMAT, "Unknown format code '%c' for object of type 'str'", f.type);
-        if (f.sign || f.align == '=' || f.alt)
-            return tmpl_err(c, at, CAIRN_EFORMAT, "invalid format specifier for a string");
-        struct tv s = *v;
-        if (f.prec >= 0)
-            s.u.s.n = cp_off(s.u.s.p, s.u.s.n, f.prec);
-        uint32_t fill = f.fill;
-        char align = f.align ? f.align : '<';
-        if (f.zero && !f.align)
-            fill = '0';
-        return tmpl_str_pad(c, at, &s, f.width, fill, align, out);
-    }
-    if (tv_is_intlike(v)) {
-        if (f.type && strchr("eEfFgG%", f.type))
-            return format_float(c, at, (double)tv_as_int(v), &f, out);
-        return format_int(c, at, tv_as_int(v), &f, out);
-    }
-    if (v->t == TV_FLOAT)
-        return format_float(c, at, v->u.d, &f, out);
-    return tmpl_err(c, at, CAIRN_EFORMAT, "unsupported format string passed to %s.__format__", tmpl_type_name(v));
-}
-
-static int format_field_value(struct tctx *c, const struct tnode *at, const char *name, size_t n,
-                              const struct tv *args, size_t nargs, const struct tkw *kw, size_t nkw,
-                              size_t *autoidx, int *mode, struct tv *out)
-{
-    size_t i = 0;
-    while (i < n && name[i] != '.' && name[i] != '[')
-        i++;
-    int rc;
-    if (i == 0 || (name[0] >= '0' && name[0] <= '9')) {
-        size_t idx;
-        if (i == 0) {
-            if (*mode == 2)
-                return tmpl_err(c, at, CAIRN_EFORMAT, "cannot switch from manual field specification to automatic field numbering");
-            *mode = 1;
-            idx = (*autoidx)++;
-        } else {
-            if (*mode == 1)
-                return tmpl_err(c, at, CAIRN_EFORMAT, "cannot switch from automatic field numbering to manual field specification");
-            *mode = 2;
-            idx = 0;
-            for (size_t k = 0; k < i; k++) {
-                if (name[k] < '0' || name[k] > '9' || idx > 100000)
-                    return tmpl_err(c, at, CAIRN_EFORMAT, "bad field name in format string");
-                idx = idx * 10 + (size_t)(name[k] - '0');
-            }
-        }
-        if (idx >= nargs)
-            return tmpl_err(c, at, CAIRN_EFORMAT, "Replacement index %zu out of range for positional args tuple", idx);
-        *out = args[idx];
-    } else {
-        size_t k;
-        for (k = 0; k < nkw; k++)
-            if (kw[k].n == i && !memcmp(kw[k].name, name, i))
-                break;
-        if (k == nkw)
-            return tmpl_err(c, at, CAIRN_EFORMAT, "format key '%.*s' not given", (int)i, name);
-        *out = kw[k].v;
-    }
-    while (i < n) {
-        if (name[i] == '.') {
-            size_t st = ++i;
-            while (i < n && name[i] != '.' && name[i] != '[')
-                i++;
-            struct tv r;
-            if ((rc = tmpl_getattr(c, at, out, name + st, i - st, &r)))
-                return rc;
-            *out = r;
-        } else {
-            size_t st = ++i;
-            while (i < n && name[i] != ']')
-                i++;
-            if (i >= n)
-                return tmpl_err(c, at, CAIRN_EFORMAT, "Missing ']' in format string");
-            struct tv key = tv_str(name + st, i - st), r;
-            bool digits = i > st;
-            int64_t iv = 0;
-            for (size_t k = st; k < i && digits; k++) {
-                digits = name[k] >= '0' && name[k] <= '9';
-                iv = iv * 10 + (name[k] - '0');
-                if (iv > 1000000000)
-                    digits = false;
-            }
-            if (digits)
-                key = tv_int(iv);
-            i++;
-            if ((rc = tmpl_getitem(c, at, out, &key, &r)))
-                return rc;
-            *out = r;
-        }
-    }
-    return 0;
-}
-
-static int str_format(struct tctx *c, const struct tnode *at, const struct tv *fmt, const struct tv *args,
-                      size_t nargs, const struct tkw *kw, size_t nkw, struct tv *out)
-{
-    const char *p = fmt->u.s.p;
-    size_t n = fmt->u.s.n, autoidx = 0;
-    int mode = 0, rc;
-    struct tsb b;
-    tmpl_sb_init(&b, c);
-    for (size_t i = 0; i < n;) {
-        char ch = p[i];
-        if (ch == '}') {
-            if (i + 1 < n && p[i + 1] == '}') {
-                tmpl_sb_putc(&b, '}');
-                i += 2;
-                continue;
-            }
-            rc = tmpl_err(c, at, CAIRN_EFORMAT, "Single '}' encountered in format string");
-            goto fail;
-        }
-        if (ch != '{') {
-            tmpl_sb_putc(&b, ch);
-            i++;
-            continue;
-        }
-        if (i + 1 < n && p[i + 1] == '{') {
-            tmpl_sb_putc(&b, '{');
-            i += 2;
-            continue;
-        }
-        size_t st = ++i;
-        int depth = 1;
-        size_t bracket = 0;
-        while (i < n) {
-            if (p[i] == '[')
-                bracket++;
-            else if (p[i] == ']' && bracket)
-                bracket--;
-            else if (!bracket && p[i] == '{')
-                depth++;
-            else if (!bracket && p[i] == '}' && --depth == 0)
-                break;
-            i++;
-        }
-        if (i >= n) {
-            rc = tmpl_err(c, at, CAIRN_EFORMAT, "expected '}' before end of string");
-            goto fail;
-        }
-        const char *field = p + st;
-        size_t fl = i - st;
-        i++;
-        size_t name_end = 0;
-        bracket = 0;
-        while (name_end < fl && (bracket || (field[name_end] != '!' && field[name_end] != ':'))) {
-            if (field[name_end] == '[')
-                bracket++;
-            else if (field[name_end] == ']' && bracket)
-                bracket--;
-            name_end++;
-        }
-        char conv = 0;
-        const char *spec = "";
-        size_t sn = 0;
-        size_t j = name_end;
-        if (j < fl && field[j] == '!') {
-            if (j + 1 >= fl) {
-                rc = tmpl_err(c, at, CAIRN_EFORMAT, "end of string while looking for conversion specifier");
-                goto fail;
-            }
-            conv = field[j + 1];
-            j += 2;
-            if (j < fl && field[j] != ':') {
-                rc = tmpl_err(c, at, CAIRN_EFORMAT, "expected ':' after conversion specifier");
-                goto fail;
-            }
-        }
-        if (j < fl && field[j] == ':') {
-            spec = field + j + 1;
-            sn = fl - j - 1;
-        }
-        if (memchr(spec, '{', sn)) {
-            rc = tmpl_err(c, at, CAIRN_EUNSUPPORTED, "nested replacement fields in format specs are not supported");
-            goto fail;
-        }
-        struct tv v, s;
-        if ((rc = format_field_value(c, at, field, name_end, args, nargs, kw, nkw, &autoidx, &mode, &v)))
-            goto fail;
-        if (conv == 'r' || conv == 'a') {
-            struct tsb rb;
-            tmpl_sb_init(&rb, c);
-            if ((rc = tmpl_repr(c, at, &rb, &v)) || (rc = tmpl_sb_to_str(c, &rb, &v))) {
-                tmpl_sb_free(&rb);
-                goto fail;
-            }
-        } else if (conv == 's') {
-            if ((rc = tmpl_str_of(c, at, &v, &s)))
-                goto fail;
-            v = s;
-        } else if (conv) {
-            rc = tmpl_err(c, at, CAIRN_EFORMAT, "Unknown conversion specifier %c", conv);
-            goto fail;
-        }
-        if ((rc = format_value(c, at, &v, spec, sn, &s)))
-            goto fail;
-        tmpl_sb_put(&b, s.u.s.p, s.u.s.n);
-    }
-    return tmpl_sb_to_str(c, &b, out);
-fail:
-    tmpl_sb_free(&b);
-    return rc;
-}
-
-/* ---- printf-style % ---- */
-
-int tmpl_percent_format(struct tctx *c, const struct tnode *at, const struct tv *fmt, const struct tv *args,
-                        struct tv *out)
-{
-    const struct tv *pos = args;
-    size_t npos = 1, next = 0;
-    bool mapping = args->t == TV_DICT;
-    /* Python takes any non-tuple with __getitem__ (dict, list, Undefined) as a mapping:
-     * leaving it unused is then no error */
-    bool mapping_like = mapping || args->t == TV_LIST || args->t == TV_UNDEF;
-    if (args->t == TV_TUPLE) {
-        pos = args->u.l->v;
-        npos = args->u.l->n;
-    }
-    const char *p = fmt->u.s.p;
-    size_t n = fmt->u.s.n;
-    struct tsb b;
-    tmpl_sb_init(&b, c);
-    int rc;
-    bool used_key = false;
-    for (size_t i = 0; i < n;) {
-        if (p[i] != '%') {
-            tmpl_sb_putc(&b, p[i++]);
-            continue;
-        }
-        i++;
-        const struct tv *val = NULL;
-        struct tv keyed;
-        if (i < n && p[i] == '(') {
-            if (!mapping) {
-                rc = tmpl_err(c, at, CAIRN_EFORMAT, "format requires a mapping");
-                goto fail;
-            }
-            size_t st = ++i;
-            int depth = 1;
-            while (i < n && depth) {
-                if (p[i] == '(')
-                    depth++;
-                else if (p[i] == ')')
-                    depth--;
-                i++;
-            }
-            if (depth) {
-                rc = tmpl_err(c, at, CAIRN_EFORMAT, "incomplete format key");
-                goto fail;
-            }
-            long k = tmpl_dict_find_str(args->u.m, p + st, i - 1 - st);
-            if (k < 0) {
-                rc = tmpl_err(c, at, CAIRN_EFORMAT, "KeyError: '%.*s'", (int)(i - 1 - st), p + st);
-                goto fail;
-            }
-            keyed = args->u.m->v[k];
-            val = &keyed;
-            used_key = true;
-        }
-        char flags[8] = {0};
-        int nf = 0;
-        while (i < n && strchr("-+ #0", p[i]) && nf < 6)
-            flags[nf++] = p[i++];
-        int64_t width = -1, prec = -1;
-        if (i < n && p[i] == '*') {
-            if (next >= npos || !tv_is_intlike(&pos[next])) {
-                rc = tmpl_err(c, at, CAIRN_EFORMAT, "* wants int");
-                goto fail;
-            }
-            width = tv_as_int(&pos[next++]);
-            i++;
-        } else {
-            while (i < n && p[i] >= '0' && p[i] <= '9' && width < 100000000)
-                width = (width < 0 ? 0 : width * 10) + (p[i++] - '0');
-        }
-        if (i < n && p[i] == '.') {
-            i++;
-            prec = 0;
-            if (i < n && p[i] == '*') {
-                if (next >= npos || !tv_is_intlike(&pos[next])) {
-                    rc = tmpl_err(c, at, CAIRN_EFORMAT, "* wants int");
-                    goto fail;
-                }
-                prec = tv_as_int(&pos[next++]);
-                i++;
-            } else {
-                while (i < n && p[i] >= '0' && p[i] <= '9' && prec < 100000000)
-                    prec = prec * 10 + (p[i++] - '0');
-            }
-        }
-        while (i < n && (p[i] == 'h' || p[i] == 'l' || p[i] == 'L'))
-            i++;
-        if (i >= n) {
-            rc = tmpl_err(c, at, CAIRN_EFORMAT, "incomplete format");
-            goto fail;
-        }
-        char conv = p[i++];
-        if (conv == '%') {
-            tmpl_sb_putc(&b, '%');
-            continue;
-        }
-        if (width > (int64_t)c->max_str || prec > 10000) {
-            rc = tmpl_err(c, at, CAIRN_EFULL, "format width or precision too large");
-            goto fail;
-        }
-        if (!val) {
-            if (next >= npos) {
-                rc = tmpl_err(c, at, CAIRN_EFORMAT, "not enough arguments for format string");
-                goto fail;
-            } else {
-                val = &pos[next++];
-            }
-        }
-        bool left = strchr(flags, '-') != NULL;
-        struct tv s;
-        struct fspec f;
-        memset(&f, 0, sizeof f);
-        f.fill = ' ';
-        f.width = width;
-        f.prec = prec;
-        f.align = left ? '<' : 0;
-        f.zero = strchr(flags, '0') && !left;
-        f.alt = strchr(flags, '#') != NULL;
-        f.sign = strchr(flags, '+') ? '+' : strchr(flags, ' ') ? ' ' : 0;
-        switch (conv) {
-        case 's':
-        case 'r':
-        case 'a': {
-            struct tsb rb;
-            tmpl_sb_init(&rb, c);
-            rc = conv == 's' ? tmpl_to_str(c, at, &rb, val) : tmpl_repr(c, at, &rb, val);
-            if (rc || (rc = tmpl_sb_to_str(c, &rb, &s))) {
-                tmpl_sb_free(&rb);
-                goto fail;
-            }
-            if (prec >= 0)
-                s.u.s.n = cp_off(s.u.s.p, s.u.s.n, prec);
-            if ((rc = tmpl_str_pad(c, at, &s, width, ' ', left ? '<' : '>', &s)))
-                goto fail;
-            break;
-        }
-        case 'd':
-        case 'i':
-        case 'u':
-        case 'x':
-        case 'X':
-        case 'o': {
-            int64_t iv;
-            if (tv_is_intlike(val))
-                iv = tv_as_int(val);
-            else if (val->t == TV_FLOAT && conv != 'x' && conv != 'X' && conv != 'o' && fabs(val->u.d) < 9e18)
-                iv = (int64_t)val->u.d;
-            else {
-                rc = tmpl_err(c, at, CAIRN_EFORMAT, "%%%c format: a real number is required, not %s", conv,
-                              tmpl_type_name(val));
-                goto fail;
-            }
-            f.type = conv == 'i' || conv == 'u' ? 'd' : conv;
-            if (prec >= 0) {
-                /* precision is a minimum digit count */
-                struct fspec g = f;
-                g.width = prec;
-                g.zero = true;
-                g.align = 0;
-                g.sign = 0;
-                g.alt = false;
-                if ((rc = format_int(c, at, iv < 0 ? -iv : iv, &g, &s)))
-                    goto fail;
-                char sign[2] = {iv < 0 ? '-' : f.sign, 0};
-                const char *prefix = !f.alt ? "" : conv == 'o' ? "0o" : conv == 'x' ? "0x" : conv == 'X' ? "0X" : "";
-                f.prec = -1;
-                if ((rc = layout_number(c, sign, prefix, s.u.s.p, s.u.s.n, &f, &s)))
-                    goto fail;
-            } else if ((rc = format_int(c, at, iv, &f, &s))) {
-                goto fail;
-            }
-            break;
-        }
-        case 'e':
-        case 'E':
-        case 'f':
-        case 'F':
-        case 'g':
-        case 'G':
-            if (!tv_is_num(val)) {
-                rc = tmpl_err(c, at, CAIRN_EFORMAT, "must be real number, not %s", tmpl_type_name(val));
-                goto fail;
-            }
-            f.type = conv;
-            if ((rc = format_float(c, at, tv_as_float(val), &f, &s)))
-                goto fail;
-            break;
-        case 'c':
-            if (val->t == TV_STR && cp_len(val->u.s.p, val->u.s.n) == 1) {
-                s = *val;
-            } else if (tv_is_intlike(val)) {
-                f.type = 'c';
-                if ((rc = format_int(c, at, tv_as_int(val), &f, &s)))
-                    goto fail;
-                break;
-            } else {
-                rc = tmpl_err(c, at, CAIRN_EFORMAT, "%%c requires int or char");
-                goto fail;
-            }
-            if ((rc = tmpl_str_pad(c, at, &s, width, ' ', left ? '<' : '>', &s)))
-                goto fail;
-            break;
-        default:
-            rc = tmpl_err(c, at, CAIRN_EFORMAT, "unsupported format character '%c'", conv);
-            goto fail;
-        }
-        tmpl_sb_put(&b, s.u.s.p, s.u.s.n);
-    }
-    if (!mapping_like && next < npos && !used_key) {
-        rc = tmpl_err(c, at, CAIRN_EFORMAT, "not all arguments converted during string formatting");
-        goto fail;
-    }
-    rc = tmpl_sb_to_str(c, &b, out);
-    if (!rc)
-        out->f = fmt->f;
-    return rc;
-fail:
-    tmpl_sb_free(&b);
-    return rc;
 }
 
 /* ---- str methods ---- */
@@ -1547,6 +869,102 @@ static int predicate(struct tctx *c, int id, const struct tv *s, struct tv *out)
     return 0;
 }
 
+static int need_str(struct tctx *c, const struct tnode *at, const struct tv *v, const char *what)
+{
+    if (v->t != TV_STR)
+        return tmpl_err(c, at, CAIRN_EFORMAT, "%s must be str, not %s", what, tmpl_type_name(v));
+    return 0;
+}
+
+/* str.split and rsplit: a = {sep, maxsplit}. */
+static int split_method(struct tctx *c, const struct tnode *at, const struct tv *s, const struct tv *a, bool right,
+                        struct tv *out)
+{
+    int rc;
+    const struct tv *sep = a[0].t == TV_MISSING || a[0].t == TV_NONE ? NULL : &a[0];
+    if (sep && (rc = need_str(c, at, sep, "sep")))
+        return rc;
+    int64_t maxsplit = -1;
+    if (a[1].t != TV_MISSING) {
+        if (!tv_is_intlike(&a[1]))
+            return tmpl_err(c, at, CAIRN_EFORMAT, "maxsplit must be an integer");
+        maxsplit = tv_as_int(&a[1]);
+    }
+    return split(c, at, s, sep, maxsplit, right, out);
+}
+
+/* str.replace: a = {old, new, count}. */
+static int replace_method(struct tctx *c, const struct tnode *at, const struct tv *s, const struct tv *a,
+                          struct tv *out)
+{
+    int rc;
+    if (a[0].t == TV_MISSING || a[1].t == TV_MISSING)
+        return tmpl_err(c, at, CAIRN_EFORMAT, "replace expected at least 2 arguments");
+    if ((rc = need_str(c, at, &a[0], "replace() argument 1")) || (rc = need_str(c, at, &a[1], "replace() argument 2")))
+        return rc;
+    int64_t count = -1;
+    if (a[2].t != TV_MISSING) {
+        if (!tv_is_intlike(&a[2]))
+            return tmpl_err(c, at, CAIRN_EFORMAT, "replace() count must be an integer");
+        count = tv_as_int(&a[2]);
+    }
+    rc = tmpl_str_replace(c, at, s, &a[0], &a[1], count, out);
+    if (!rc)
+        out->f = s->f;
+    return rc;
+}
+
+/* str.center, ljust, rjust: a = {width, fillchar}. */
+static int justify(struct tctx *c, const struct tnode *at, const char *name, const struct tv *s,
+                   const struct tv *a, char align, struct tv *out)
+{
+    if (!tv_is_intlike(&a[0]))
+        return tmpl_err(c, at, CAIRN_EFORMAT, "%s() width must be an integer", name);
+    uint32_t fill = ' ';
+    if (a[1].t != TV_MISSING) {
+        if (a[1].t != TV_STR || tmpl_cp_count(a[1].u.s.p, a[1].u.s.n) != 1)
+            return tmpl_err(c, at, CAIRN_EFORMAT, "The fill character must be exactly one character long");
+        tmpl_utf8_dec(a[1].u.s.p, a[1].u.s.n, &fill);
+    }
+    return tmpl_str_pad(c, at, s, tv_as_int(&a[0]), fill, align, out);
+}
+
+static int zfill(struct tctx *c, const struct tnode *at, const struct tv *s, int64_t width, struct tv *out)
+{
+    const char *p = s->u.s.p;
+    size_t n = s->u.s.n;
+    char sign[2] = {0};
+    if (n && (p[0] == '+' || p[0] == '-')) {
+        sign[0] = p[0];
+        p++;
+        n--;
+    }
+    if (width > (int64_t)c->max_str)
+        return tmpl_err(c, at, CAIRN_EFULL, "string over the output limit");
+    size_t body = tmpl_cp_count(p, n) + (sign[0] ? 1 : 0);
+    struct tsb b;
+    tmpl_sb_init(&b, c);
+    tmpl_sb_puts(&b, sign);
+    for (int64_t i = (int64_t)body; i < width; i++)
+        tmpl_sb_putc(&b, '0');
+    tmpl_sb_put(&b, p, n);
+    return tmpl_sb_to_str(c, &b, out);
+}
+
+/* str.removeprefix (suffix false) and str.removesuffix. */
+static void remove_affix(const struct tv *s, const struct tv *affix, bool suffix, struct tv *out)
+{
+    *out = *s;
+    if (affix->u.s.n > s->u.s.n)
+        return;
+    if (!suffix && !memcmp(s->u.s.p, affix->u.s.p, affix->u.s.n)) {
+        out->u.s.p += affix->u.s.n;
+        out->u.s.n -= affix->u.s.n;
+    } else if (suffix && affix->u.s.n && !memcmp(s->u.s.p + s->u.s.n - affix->u.s.n, affix->u.s.p, affix->u.s.n)) {
+        out->u.s.n -= affix->u.s.n;
+    }
+}
+
 static const char *const str_method_names[MS_LAST - MS_FIRST] = {
     "capitalize", "casefold", "center", "count", "endswith", "find", "format", "index", "isalnum", "isalpha",
     "isascii", "isdecimal", "isdigit", "islower", "isnumeric", "isspace", "istitle", "isupper", "join", "ljust",
@@ -1563,13 +981,6 @@ int tmpl_str_method_id(const char *name, size_t n)
     return -1;
 }
 
-static int need_str(struct tctx *c, const struct tnode *at, const struct tv *v, const char *what)
-{
-    if (v->t != TV_STR)
-        return tmpl_err(c, at, CAIRN_EFORMAT, "%s must be str, not %s", what, tmpl_type_name(v));
-    return 0;
-}
-
 int tmpl_str_method(struct tctx *c, const struct tnode *at, int id, const struct tv *self, const struct tv *args,
                     size_t nargs, const struct tkw *kw, size_t nkw, struct tv *out)
 {
@@ -1577,7 +988,7 @@ int tmpl_str_method(struct tctx *c, const struct tnode *at, int id, const struct
     struct tv a[4];
     int rc;
     if (id == MS_FORMAT) {
-        rc = str_format(c, at, self, args, nargs, kw, nkw, out);
+        rc = tmpl_str_format(c, at, self, args, nargs, kw, nkw, out);
         if (!rc)
             out->f = self->f;
         return rc;
@@ -1616,19 +1027,9 @@ int tmpl_str_method(struct tctx *c, const struct tnode *at, int id, const struct
         BIND("chars");
         return tmpl_str_strip(c, at, self, &a[0], id == MS_STRIP ? 3 : id == MS_LSTRIP ? 1 : 2, out);
     case MS_SPLIT:
-    case MS_RSPLIT: {
+    case MS_RSPLIT:
         BIND("sep", "maxsplit");
-        const struct tv *sep = a[0].t == TV_MISSING || a[0].t == TV_NONE ? NULL : &a[0];
-        if (sep && (rc = need_str(c, at, sep, "sep")))
-            return rc;
-        int64_t maxsplit = -1;
-        if (a[1].t != TV_MISSING) {
-            if (!tv_is_intlike(&a[1]))
-                return tmpl_err(c, at, CAIRN_EFORMAT, "maxsplit must be an integer");
-            maxsplit = tv_as_int(&a[1]);
-        }
-        return split(c, at, self, sep, maxsplit, id == MS_RSPLIT, out);
-    }
+        return split_method(c, at, self, a, id == MS_RSPLIT, out);
     case MS_STARTSWITH:
     case MS_ENDSWITH: {
         BIND("prefix", "start", "end");
@@ -1640,23 +1041,9 @@ int tmpl_str_method(struct tctx *c, const struct tnode *at, int id, const struct
         *out = tv_bool(r);
         return 0;
     }
-    case MS_REPLACE: {
+    case MS_REPLACE:
         BIND("old", "new", "count");
-        if (a[0].t == TV_MISSING || a[1].t == TV_MISSING)
-            return tmpl_err(c, at, CAIRN_EFORMAT, "replace expected at least 2 arguments");
-        if ((rc = need_str(c, at, &a[0], "replace() argument 1")) || (rc = need_str(c, at, &a[1], "replace() argument 2")))
-            return rc;
-        int64_t count = -1;
-        if (a[2].t != TV_MISSING) {
-            if (!tv_is_intlike(&a[2]))
-                return tmpl_err(c, at, CAIRN_EFORMAT, "replace() count must be an integer");
-            count = tv_as_int(&a[2]);
-        }
-        rc = tmpl_str_replace(c, at, self, &a[0], &a[1], count, out);
-        if (!rc)
-            out->f = self->f;
-        return rc;
-    }
+        return replace_method(c, at, self, a, out);
     case MS_FIND:
     case MS_RFIND:
     case MS_INDEX:
@@ -1676,46 +1063,14 @@ int tmpl_str_method(struct tctx *c, const struct tnode *at, int id, const struct
         return rc;
     case MS_CENTER:
     case MS_LJUST:
-    case MS_RJUST: {
+    case MS_RJUST:
         BIND("width", "fillchar");
-        if (!tv_is_intlike(&a[0]))
-            return tmpl_err(c, at, CAIRN_EFORMAT, "%s() width must be an integer", name);
-        uint32_t fill = ' ';
-        if (a[1].t != TV_MISSING) {
-            if (a[1].t != TV_STR || cp_len(a[1].u.s.p, a[1].u.s.n) != 1)
-                return tmpl_err(c, at, CAIRN_EFORMAT, "The fill character must be exactly one character long");
-            tmpl_utf8_dec(a[1].u.s.p, a[1].u.s.n, &fill);
-        }
-        return tmpl_str_pad(c, at, self, tv_as_int(&a[0]), fill, id == MS_CENTER ? '^' : id == MS_LJUST ? '<' : '>', out);
-    }
-    case MS_ZFILL: {
+        return justify(c, at, name, self, a, id == MS_CENTER ? '^' : id == MS_LJUST ? '<' : '>', out);
+    case MS_ZFILL:
         BIND("width");
         if (!tv_is_intlike(&a[0]))
             return tmpl_err(c, at, CAIRN_EFORMAT, "zfill() width must be an integer");
-        struct fspec f;
-        memset(&f, 0, sizeof f);
-        f.width = tv_as_int(&a[0]);
-        f.fill = '0';
-        f.align = '=';
-        const char *p = self->u.s.p;
-        size_t n = self->u.s.n;
-        char sign[2] = {0};
-        if (n && (p[0] == '+' || p[0] == '-')) {
-            sign[0] = p[0];
-            p++;
-            n--;
-        }
-        if (f.width > (int64_t)c->max_str)
-            return tmpl_err(c, at, CAIRN_EFULL, "string over the output limit");
-        size_t body = cp_len(p, n) + (sign[0] ? 1 : 0);
-        struct tsb b;
-        tmpl_sb_init(&b, c);
-        tmpl_sb_puts(&b, sign);
-        for (int64_t i = (int64_t)body; i < f.width; i++)
-            tmpl_sb_putc(&b, '0');
-        tmpl_sb_put(&b, p, n);
-        return tmpl_sb_to_str(c, &b, out);
-    }
+        return zfill(c, at, self, tv_as_int(&a[0]), out);
     case MS_PARTITION:
     case MS_RPARTITION:
         BIND("sep");
@@ -1725,16 +1080,7 @@ int tmpl_str_method(struct tctx *c, const struct tnode *at, int id, const struct
         BIND("affix");
         if ((rc = need_str(c, at, &a[0], name)))
             return rc;
-        *out = *self;
-        if (a[0].u.s.n <= self->u.s.n) {
-            if (id == MS_REMOVEPREFIX && !memcmp(self->u.s.p, a[0].u.s.p, a[0].u.s.n)) {
-                out->u.s.p += a[0].u.s.n;
-                out->u.s.n -= a[0].u.s.n;
-            } else if (id == MS_REMOVESUFFIX && a[0].u.s.n &&
-                       !memcmp(self->u.s.p + self->u.s.n - a[0].u.s.n, a[0].u.s.p, a[0].u.s.n)) {
-                out->u.s.n -= a[0].u.s.n;
-            }
-        }
+        remove_affix(self, &a[0], id == MS_REMOVESUFFIX, out);
         return 0;
     case MS_SPLITLINES:
         BIND("keepends");

@@ -250,6 +250,17 @@ size_t tmpl_cp_count(const char *p, size_t n)
     return k;
 }
 
+size_t tmpl_cp_off(const char *p, size_t n, int64_t i)
+{
+    size_t off = 0;
+    for (int64_t k = 0; k < i && off < n; k++) {
+        off++;
+        while (off < n && ((unsigned char)p[off] & 0xC0) == 0x80)
+            off++;
+    }
+    return off;
+}
+
 bool tmpl_py_space(uint32_t cp)
 {
     if (cp < 0x80)

@@ -267,60 +267,55 @@ static int build_specials(struct tok *t)
     return 0;
 }
 
-int tok_load(struct tok **out, const struct gguf_file *f, char *err, size_t errlen)
+/* The vocabulary arrays of the GGUF metadata, checked for type and length. */
+struct vocab_meta {
+    enum tok_kind kind;
+    struct gguf_array toks, scores, types;
+    int have_scores, have_types;
+};
+
+static int read_vocab_meta(const struct gguf_file *f, struct vocab_meta *m, char *err, size_t errlen)
 {
-    *out = NULL;
-    struct gguf_str model, pre = {0};
+    struct gguf_str model;
     if (gguf_get_str(f, "tokenizer.ggml.model", &model))
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "tokenizer.ggml.model: missing or not a string");
-    enum tok_kind kind;
     if (model.len == 5 && !memcmp(model.ptr, "llama", 5))
-        kind = TOK_KIND_SPM;
+        m->kind = TOK_KIND_SPM;
     else if (model.len == 4 && !memcmp(model.ptr, "gpt2", 4))
-        kind = TOK_KIND_BPE;
+        m->kind = TOK_KIND_BPE;
     else
         return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED,
                           "tokenizer.ggml.model '%.*s' is not supported (llama, gpt2)",
                           (int)(model.len > 64 ? 64 : model.len), model.ptr);
 
-    struct gguf_array toks, scores = {0}, types = {0};
-    if (gguf_get_arr(f, "tokenizer.ggml.tokens", &toks) || toks.type != GGUF_STRING)
+    if (gguf_get_arr(f, "tokenizer.ggml.tokens", &m->toks) || m->toks.type != GGUF_STRING)
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "tokenizer.ggml.tokens: missing or not an array of strings");
-    if (toks.n == 0 || toks.n > (uint64_t)INT32_MAX / 2)
+    if (m->toks.n == 0 || m->toks.n > (uint64_t)INT32_MAX / 2)
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "tokenizer.ggml.tokens: %llu tokens",
-                          (unsigned long long)toks.n);
-    int have_scores = !gguf_get_arr(f, "tokenizer.ggml.scores", &scores);
-    if (have_scores && (scores.type != GGUF_FLOAT32 && scores.type != GGUF_INT32))
+                          (unsigned long long)m->toks.n);
+    m->have_scores = !gguf_get_arr(f, "tokenizer.ggml.scores", &m->scores);
+    if (m->have_scores && (m->scores.type != GGUF_FLOAT32 && m->scores.type != GGUF_INT32))
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "tokenizer.ggml.scores: not an array of float32/int32");
-    if (have_scores && scores.n < toks.n)
+    if (m->have_scores && m->scores.n < m->toks.n)
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "tokenizer.ggml.scores: %llu scores for %llu tokens",
-                          (unsigned long long)scores.n, (unsigned long long)toks.n);
-    int have_types = !gguf_get_arr(f, "tokenizer.ggml.token_type", &types);
-    if (have_types && (types.type > GGUF_INT64 || types.type == GGUF_FLOAT32 ||
-                       types.type == GGUF_BOOL || types.type == GGUF_STRING || types.type == GGUF_ARRAY))
+                          (unsigned long long)m->scores.n, (unsigned long long)m->toks.n);
+    m->have_types = !gguf_get_arr(f, "tokenizer.ggml.token_type", &m->types);
+    if (m->have_types && (m->types.type > GGUF_INT64 || m->types.type == GGUF_FLOAT32 ||
+                          m->types.type == GGUF_BOOL || m->types.type == GGUF_STRING || m->types.type == GGUF_ARRAY))
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "tokenizer.ggml.token_type: not an integer array");
-    if (have_types && types.n < toks.n)
+    if (m->have_types && m->types.n < m->toks.n)
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "tokenizer.ggml.token_type: %llu types for %llu tokens",
-                          (unsigned long long)types.n, (unsigned long long)toks.n);
+                          (unsigned long long)m->types.n, (unsigned long long)m->toks.n);
+    return 0;
+}
 
-    struct tok *t = calloc(1, sizeof *t);
-    if (!t)
-        return cairn_fail(err, errlen, CAIRN_ENOMEM, "tokenizer: out of memory");
-    int rc;
-    t->kind = kind;
-    t->n_vocab = (int32_t)toks.n;
-    if (!gguf_get_str(f, "tokenizer.ggml.pre", &pre) && pre.len > 0) {
-        if (pre.len >= sizeof t->pre) {
-            rc = cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "tokenizer.ggml.pre '%.40s...' is not a pre-tokenizer cairn knows", pre.ptr);
-            goto fail;
-        }
-        memcpy(t->pre, pre.ptr, pre.len);
-    } else {
-        strcpy(t->pre, "default");
-    }
+/* Texts, scores and attributes of every token. Returns 0 or a CAIRN_E* error, err filled. */
+static int read_vocab(struct tok *t, const struct gguf_file *f, const struct vocab_meta *m, char *err,
+                      size_t errlen)
+{
     for (int b = 0; b < 256; b++)
         t->byte_tok[b] = t->byte_sym[b] = -1;
-    if ((rc = tok_strtab_init(&t->st, t->n_vocab + 64)))
+    if (tok_strtab_init(&t->st, t->n_vocab + 64))
         goto oom;
     t->attr = malloc((size_t)t->n_vocab);
     t->eog = calloc((size_t)t->n_vocab, 1);
@@ -329,32 +324,36 @@ int tok_load(struct tok **out, const struct gguf_file *f, char *err, size_t errl
         goto oom;
 
     for (int32_t i = 0; i < t->n_vocab; i++) {
-        struct gguf_str s = gguf_arr_str(f, &toks, (uint64_t)i);
+        struct gguf_str s = gguf_arr_str(f, &m->toks, (uint64_t)i);
         char empty[32];
         if (s.len == 0) { /* as llama.cpp: an empty token gets a placeholder text */
             int l = snprintf(empty, sizeof empty, "[EMPTY_%d]", i);
             s.ptr = empty;
             s.len = (uint64_t)l;
         }
-        if (s.len > (1u << 20)) {
-            rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "tokenizer.ggml.tokens[%d]: %llu bytes", i,
-                            (unsigned long long)s.len);
-            goto fail;
-        }
-        if ((rc = tok_strtab_add(&t->st, s.ptr, s.len)) < 0)
+        if (s.len > (1u << 20))
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "tokenizer.ggml.tokens[%d]: %llu bytes", i,
+                              (unsigned long long)s.len);
+        if (tok_strtab_add(&t->st, s.ptr, s.len) < 0)
             goto oom;
-        t->score[i] = !have_scores ? 0.0f
-                      : scores.type == GGUF_FLOAT32 ? (float)gguf_arr_float(&scores, (uint64_t)i)
-                                                   : (float)gguf_arr_int(&scores, (uint64_t)i);
-        int64_t ty = have_types ? gguf_arr_int(&types, (uint64_t)i) : 1;
+        t->score[i] = !m->have_scores ? 0.0f
+                      : m->scores.type == GGUF_FLOAT32 ? (float)gguf_arr_float(&m->scores, (uint64_t)i)
+                                                      : (float)gguf_arr_int(&m->scores, (uint64_t)i);
+        int64_t ty = m->have_types ? gguf_arr_int(&m->types, (uint64_t)i) : 1;
         static const uint8_t type_attr[7] = {0, TOK_ATTR_NORMAL, TOK_ATTR_UNKNOWN, TOK_ATTR_CONTROL,
                                              TOK_ATTR_USER_DEFINED, TOK_ATTR_UNUSED, TOK_ATTR_BYTE};
         t->attr[i] = ty >= 0 && ty < 7 ? type_attr[ty] : 0;
     }
+    return 0;
+oom:
+    return cairn_fail(err, errlen, CAIRN_ENOMEM, "tokenizer: out of memory for %d tokens", t->n_vocab);
+}
 
-    /* defaults as llama.cpp, then metadata */
+/* Special token ids as llama.cpp defaults them, before the BPE merges are loaded. */
+static void default_ids(struct tok *t)
+{
     t->eot = t->eom = t->pad = -1;
-    if (kind == TOK_KIND_SPM) {
+    if (t->kind == TOK_KIND_SPM) {
         t->bos = 1;
         t->eos = 2;
         t->unk = 0;
@@ -364,8 +363,11 @@ int tok_load(struct tok **out, const struct gguf_file *f, char *err, size_t errl
         t->bos = t->eos = 11;
         t->unk = -1;
     }
-    if (kind == TOK_KIND_BPE && (rc = tok_bpe_load(t, f, err, errlen)))
-        goto fail;
+}
+
+/* Special token ids and flags from the metadata, over the defaults. */
+static void read_ids(struct tok *t, const struct gguf_file *f)
+{
     if (t->bos >= t->n_vocab)
         t->bos = -1;
     if (t->eos >= t->n_vocab)
@@ -393,21 +395,58 @@ int tok_load(struct tok **out, const struct gguf_file *f, char *err, size_t errl
         log_warn("tokenizer: add_eos_token is set but there is no EOS token; not adding one");
         t->add_eos = 0;
     }
+}
 
-    if (kind == TOK_KIND_SPM) {
-        for (int b = 0; b < 256; b++) {
-            char hex[8];
-            snprintf(hex, sizeof hex, "<0x%02X>", b);
-            int32_t id = find_text(t, hex);
-            if (id < 0) {
-                char c = (char)b;
-                id = tok_strtab_find(&t->st, &c, 1);
-            }
-            t->byte_tok[b] = id;
+/* SPM: the token of each byte, <0xXX> or else the byte itself. */
+static void find_byte_tokens(struct tok *t)
+{
+    for (int b = 0; b < 256; b++) {
+        char hex[8];
+        snprintf(hex, sizeof hex, "<0x%02X>", b);
+        int32_t id = find_text(t, hex);
+        if (id < 0) {
+            char c = (char)b;
+            id = tok_strtab_find(&t->st, &c, 1);
         }
+        t->byte_tok[b] = id;
     }
+}
+
+int tok_load(struct tok **out, const struct gguf_file *f, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct vocab_meta m = {0};
+    int rc;
+    if ((rc = read_vocab_meta(f, &m, err, errlen)))
+        return rc;
+
+    struct gguf_str pre = {0};
+    struct tok *t = calloc(1, sizeof *t);
+    if (!t)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "tokenizer: out of memory");
+    t->kind = m.kind;
+    t->n_vocab = (int32_t)m.toks.n;
+    if (!gguf_get_str(f, "tokenizer.ggml.pre", &pre) && pre.len > 0) {
+        if (pre.len >= sizeof t->pre) {
+            rc = cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "tokenizer.ggml.pre '%.40s...' is not a pre-tokenizer cairn knows", pre.ptr);
+            goto fail;
+        }
+        memcpy(t->pre, pre.ptr, pre.len);
+    } else {
+        strcpy(t->pre, "default");
+    }
+    if ((rc = read_vocab(t, f, &m, err, errlen)))
+        goto fail;
+
+    /* defaults as llama.cpp, then metadata */
+    default_ids(t);
+    if (t->kind == TOK_KIND_BPE && (rc = tok_bpe_load(t, f, err, errlen)))
+        goto fail;
+    read_ids(t, f);
+    if (t->kind == TOK_KIND_SPM)
+        find_byte_tokens(t);
     derive_eog(t, f);
-    if (kind == TOK_KIND_SPM && (rc = tok_spm_load(t))) /* after the final attributes */
+    if (t->kind == TOK_KIND_SPM && (rc = tok_spm_load(t))) /* after the final attributes */
         goto oom;
     if ((rc = build_texts(t)) || (rc = build_specials(t)))
         goto oom;
