@@ -13,6 +13,7 @@
 #include "api/hosts.h"
 #include "cli/cli.h"
 #include "cli/credentials.h"
+#include "net/keys.h"
 #include "node/node.h"
 #include "node/supervisor.h"
 #include "node/worker.h"
@@ -23,6 +24,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +152,7 @@ struct node_opts {
     const char *secret_file, *api_key_file;
     bool secret_on_argv, api_insecure;
     char secret_buf[1024], key_buf[300], log_buf[4096], data_buf[4096], models_buf[4096];
+    char cluster_key[KEYS_HEX]; /* the secret through Argon2id: what the node is given */
 };
 
 /* The node and what serves it, each released by shut_down. */
@@ -270,6 +273,16 @@ static int take_secret(struct node_opts *o)
     /* The runners are children of this process: they must not inherit the secret (a
      * runner has no use for it; the data plane's key is derived and sent to it). */
     unsetenv("CAIRN_CLUSTER_SECRET");
+    if (o->secret && o->secret[0]) {
+        if (keys_cluster_key(o->secret, o->ns, o->cluster_key, err, sizeof err)) {
+            fprintf(stderr, "cairn node: %s\n", err);
+            return 2;
+        }
+        sodium_memzero(o->secret_buf, sizeof o->secret_buf);
+        if (o->secret_on_argv) /* out of /proc/PID/cmdline from now on */
+            sodium_memzero((char *)o->secret, strlen(o->secret));
+        o->secret = o->cluster_key;
+    }
     return 0;
 }
 
@@ -292,15 +305,23 @@ static int take_api_key(struct node_opts *o)
     }
     unsetenv("CAIRN_API_KEY");
     if (!rc && !o->api_key && !o->no_api && !o->api_insecure && !http_addr_is_loopback(o->api_host)) {
+        /* A sealed cluster's nodes share a key derived from the cluster key (peers fetch
+         * models from each other's APIs with it); an open cluster's node makes its own. */
         bool created = false;
-        rc = cred_api_key(o->data_dir, o->key_buf, sizeof o->key_buf, &created, err, sizeof err);
+        if (o->secret && o->secret[0])
+            keys_api_key(o->secret, o->key_buf);
+        else
+            rc = cred_api_key(o->data_dir, o->key_buf, sizeof o->key_buf, &created, err, sizeof err);
         if (!rc) {
             o->api_key = o->key_buf;
             fprintf(stderr,
                     "cairn node: the API on %s answers requests with this key only "
-                    "(Authorization: Bearer KEY, or x-api-key: KEY)%s:\n  %s\n"
-                    "  (kept in %s/api_key; --api-insecure serves without one)\n",
-                    o->api_host, created ? ", made now" : "", o->api_key, o->data_dir);
+                    "(Authorization: Bearer KEY, or x-api-key: KEY)%s:\n  %s\n  (%s; --api-insecure serves "
+                    "without one)\n",
+                    o->api_host, created ? ", made now" : "", o->api_key,
+                    o->secret && o->secret[0] ? "the same on every node of this cluster, derived from its secret"
+                                              : "kept in DATA_DIR/api_key; peers fetch models with their own key, "
+                                                "so give every node the same --api-key-file, or seal the cluster");
         }
     }
     if (rc) {

@@ -304,6 +304,7 @@ static void start_node(int i, const char *cluster_ns)
     argv[k++] = p->ifname;
     argv[k++] = "--api-host";
     argv[k++] = p->addr;
+    argv[k++] = "--api-insecure"; /* a namespace of the test's own: no one else can reach it */
     argv[k++] = "--api-port";
     argv[k++] = api;
     argv[k++] = "--cluster-port";

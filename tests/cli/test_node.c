@@ -15,6 +15,7 @@
 #define _GNU_SOURCE /* memmem */
 #include "testutil.h"
 
+#include "net/keys.h"
 #include "net/link.h"
 #include "node/node.h"
 
@@ -529,9 +530,22 @@ static void test_api_exposed(void)
     }
     CHECK(key[0] && !strcmp(key, key2) && strlen(key) >= 32, "the same key after a restart (%zu hex digits)",
           strlen(key));
+    /* A sealed cluster's nodes share one key, derived from the secret. */
+    char ck[KEYS_HEX], derived[KEYS_HEX], err[256];
+    CHECK(keys_cluster_key(SECRET, "", ck, err, sizeof err) == 0, "cluster key: %s", err);
+    keys_api_key(ck, derived);
+    start_node(4, -1, SECRET, "1G", extra);
+    int st = -1;
+    for (double t0 = now_s(); now_s() - t0 < 20 && st != 401; sleep_ms(100))
+        st = http(nodes[4].api, "GET", "/node_id", NULL, out, sizeof out);
+    CHECK(st == 401, "a sealed node's exposed API wants a key: %d", st);
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", derived);
+    st = http_ex(nodes[4].api, "GET", "/node_id", auth, NULL, out, sizeof out, NULL, 0);
+    CHECK(st == 200 && strcmp(derived, key), "the key derived from the cluster secret answers: %d %.200s", st, out);
+    stop_node(4);
     const char *insecure[] = {"--api-host", "0.0.0.0", "--api-insecure", NULL};
     start_node(4, -1, NULL, "1G", insecure);
-    int st = -1;
+    st = -1;
     for (double t0 = now_s(); now_s() - t0 < 20 && st != 200; sleep_ms(100))
         st = http(nodes[4].api, "GET", "/node_id", NULL, out, sizeof out);
     CHECK(st == 200, "--api-insecure serves without a key: %d %.200s", st, out);

@@ -369,6 +369,7 @@ static void start_node(int i, bool with_peer)
     argv[k++] = "node";
     argv[k++] = "--api-host";
     argv[k++] = p->addr;
+    argv[k++] = "--api-insecure"; /* a namespace of the test's own: no one else can reach it */
     argv[k++] = "--api-port";
     argv[k++] = "0";
     argv[k++] = "--bind";
