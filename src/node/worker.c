@@ -700,6 +700,8 @@ static void send_finishes(struct worker *w)
     w->n_finish = 0;
 }
 
+/* ---- planning ---- */
+
 /* A shard whose model file is not here is fetched from a peer (download.h) instead of
  * failing: true while its download runs (no runner yet; a plan after it starts one),
  * false with why set when the file cannot be had that way. */
@@ -724,18 +726,33 @@ static bool fetching(struct worker *w, const struct cluster_state *st, const str
     return false;
 }
 
-static void replan(struct worker *w)
+/* What one plan works from, taken under one acquisition of mu: a copy of the node's
+ * state and the runners held as plan_compute takes them. Only this thread changes the
+ * table while it plans (the supervisor delivers its events from its poll, on this
+ * thread), so the copy holds for the whole pass; what the actions change, they write
+ * under mu. */
+struct wsnap {
+    struct cluster_state *st;
+    struct plan_runner *held; /* NULL when out of memory */
+    bool *supervised;         /* of held[i]: it has a process under the supervisor */
+    size_t n_held;
+};
+
+/* Takes the snapshot. Under the same acquisition, the failures in a row of runners Ready
+ * for stable_ms are forgotten, and what was carried for a runner no longer placed here
+ * is dropped. False when the state cannot be copied (nothing else done then). */
+static bool snap_take(struct worker *w, struct wsnap *s)
 {
-    struct cluster_state *st = NULL;
-    node_read_state(w->node, copy_state, &st);
-    if (!st)
-        return;
+    memset(s, 0, sizeof *s);
+    node_read_state(w->node, copy_state, &s->st);
+    if (!s->st)
+        return false;
+    const struct cluster_state *st = s->st;
     pthread_mutex_lock(&w->mu);
     int64_t now = now_ms();
     for (size_t i = 0; i < w->n; i++)
         if (w->r[i].ready_ms && now - w->r[i].ready_ms >= w->sup_cfg.stable_ms)
             w->r[i].failures = 0;
-    /* What was carried for a runner no longer placed here is dropped. */
     for (size_t i = w->n_carry; i-- > 0;) {
         bool placed = false;
         for (size_t k = 0; k < st->n_instances && !placed; k++)
@@ -745,126 +762,168 @@ static void replan(struct worker *w)
         if (!placed)
             carry_drop(w, &w->carry[i]);
     }
-    struct plan_runner *held = calloc(w->n ? w->n : 1, sizeof *held);
-    size_t n_held = w->n;
-    for (size_t i = 0; held && i < w->n; i++) {
-        snprintf(held[i].runner_id, sizeof held[i].runner_id, "%s", w->r[i].id);
-        snprintf(held[i].instance_id, sizeof held[i].instance_id, "%s", w->r[i].instance_id);
-        held[i].status = w->r[i].status;
-        held[i].epoch = w->r[i].epoch;
+    s->held = calloc(w->n ? w->n : 1, sizeof *s->held);
+    s->supervised = calloc(w->n ? w->n : 1, sizeof *s->supervised);
+    s->n_held = w->n;
+    for (size_t i = 0; s->held && s->supervised && i < w->n; i++) {
+        snprintf(s->held[i].runner_id, sizeof s->held[i].runner_id, "%s", w->r[i].id);
+        snprintf(s->held[i].instance_id, sizeof s->held[i].instance_id, "%s", w->r[i].instance_id);
+        s->held[i].status = w->r[i].status;
+        s->held[i].epoch = w->r[i].epoch;
+        s->supervised[i] = w->r[i].supervised;
     }
     pthread_mutex_unlock(&w->mu);
+    if (!s->supervised) {
+        free(s->held);
+        s->held = NULL;
+    }
+    return true;
+}
+
+static void snap_clear(struct wsnap *s)
+{
+    cluster_state_release(s->st);
+    free(s->held);
+    free(s->supervised);
+    memset(s, 0, sizeof *s);
+}
+
+/* PLAN_START: a runner stopped for a new epoch of its instance first waits for its
+ * failures' backoff (the next plan comes then); else it joins the table with the
+ * restarts and failures it carried, and its process is started. */
+static void start_runner(struct worker *w, const struct plan_action *a)
+{
+    pthread_mutex_lock(&w->mu);
+    struct wcarry *c = carry_find(w, a->runner_id);
+    struct wcarry carried = {0};
+    if (c)
+        carried = *c;
+    bool wait = c && now_ms() < c->not_before_ms;
+    if (c && !wait)
+        carry_drop(w, c);
+    struct wrunner *x = wait ? NULL : add(w, a->runner_id, a->instance_id);
+    if (x) {
+        x->epoch = a->cfg.epoch;
+        x->restart_base = x->restart_count = carried.restarts;
+        x->failures = carried.failures;
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (wait) {
+        if (!w->replan_at_ms || carried.not_before_ms < w->replan_at_ms)
+            w->replan_at_ms = carried.not_before_ms;
+        return;
+    }
+    log_info("worker: starting runner %s of instance %s (%s, layers %d..%d, epoch %lld)", a->runner_id,
+             a->instance_id, a->cfg.model_path, a->cfg.layer_begin, a->cfg.layer_end, (long long)a->cfg.epoch);
+    if (!x)
+        return;
+    /* Started outside the lock: the supervisor may deliver events meanwhile only from
+     * poll, which runs on this thread. */
+    char err[1024];
+    struct runner_config cfg = a->cfg;
+    snprintf(cfg.data_bind, sizeof cfg.data_bind, "%s", node_bind_addr(w->node));
+    int rc = supervisor_start(w->sup, &cfg, err, sizeof err);
+    pthread_mutex_lock(&w->mu);
+    x = find(w, a->runner_id);
+    if (x) {
+        if (rc) {
+            x->status = CLUSTER_RUNNER_FAILED;
+            set_error(x, err);
+            log_warn("worker: runner %s: %s", a->runner_id, err);
+        } else {
+            x->supervised = true;
+            x->status = CLUSTER_RUNNER_IDLE;
+            x->pid = supervisor_pid(w->sup, a->runner_id);
+            snprintf(x->draft_path, sizeof x->draft_path, "%s", a->cfg.draft_model_path);
+            x->draft_k = a->cfg.num_draft_tokens;
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* PLAN_FAIL: the runner joins the table as Failed with the reason, unless its model file
+ * is being fetched from a peer (a plan after the download starts it). */
+static void fail_runner(struct worker *w, const struct wsnap *s, const struct plan_action *a)
+{
+    char why[1024];
+    if (fetching(w, s->st, a, why, sizeof why))
+        return;
+    const char *reason = why[0] ? why : a->reason;
+    log_warn("worker: runner %s cannot start: %s", a->runner_id, reason);
+    pthread_mutex_lock(&w->mu);
+    struct wrunner *x = add(w, a->runner_id, a->instance_id);
+    if (x) {
+        x->status = CLUSTER_RUNNER_FAILED;
+        x->epoch = a->cfg.epoch;
+        set_error(x, reason);
+    }
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* PLAN_STOP: the supervisor stops the runner's process (ShuttingDown until it is gone);
+ * one without a process leaves the table at once. A runner still placed here was stopped
+ * because its instance moved to a new epoch: what it carries goes to its next process. */
+static void stop_runner(struct worker *w, const struct wsnap *s, const struct plan_action *a)
+{
+    const struct cluster_instance *in = cluster_state_find_instance(s->st, a->instance_id);
+    bool placed = false;
+    for (size_t k = 0; in && k < in->n_shards; k++)
+        placed = placed || (!strcmp(in->shards[k].runner_id, a->runner_id) &&
+                            !strcmp(in->shards[k].node_id, w->node_id));
+    bool sup = false;
+    int64_t was = 0;
+    for (size_t i = 0; i < s->n_held; i++) {
+        if (!strcmp(s->held[i].runner_id, a->runner_id)) {
+            sup = s->supervised[i];
+            was = s->held[i].epoch;
+            break;
+        }
+    }
+    if (placed)
+        log_info("worker: stopping runner %s of instance %s: epoch %lld, the instance moved to %lld", a->runner_id,
+                 a->instance_id, (long long)was, (long long)in->epoch);
+    else
+        log_info("worker: stopping runner %s of instance %s", a->runner_id, a->instance_id);
+    int rc = sup ? supervisor_stop(w->sup, a->runner_id) : CAIRN_ENOTFOUND;
+    pthread_mutex_lock(&w->mu);
+    struct wrunner *x = find(w, a->runner_id);
+    if (x && placed)
+        x->stopped_for = in->epoch;
+    if (x && rc)
+        drop(w, x);
+    else if (x) {
+        x->status = CLUSTER_RUNNER_SHUTTING_DOWN;
+        set_error(x, NULL);
+    }
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* One pass of the worker: from a snapshot, hands out tasks, drafts and next ranks, and
+ * carries out the plan's actions; a plan that cannot be made is tried again soon. */
+static void replan(struct worker *w)
+{
+    struct wsnap s;
+    if (!snap_take(w, &s))
+        return;
     struct plan_action *acts = NULL;
     size_t n_acts = 0;
-    if (!held || plan_compute(st, w->node_id, held, n_held, model_path, w->node, &acts, &n_acts)) {
-        free(held);
-        cluster_state_release(st);
+    if (!s.held || plan_compute(s.st, w->node_id, s.held, s.n_held, model_path, w->node, &acts, &n_acts)) {
+        snap_clear(&s);
         w->replan_at_ms = now_ms() + WORKER_POLL_MS; /* try again soon */
         return;
     }
-    free(held);
-    dispatch_tasks(w, st);
-    update_drafts(w, st);
-    update_peers(w, st);
+    dispatch_tasks(w, s.st);
+    update_drafts(w, s.st);
+    update_peers(w, s.st);
     for (size_t i = 0; i < n_acts; i++) {
-        const struct plan_action *a = &acts[i];
-        char err[1024];
-        if (a->kind == PLAN_START) {
-            /* A runner stopped for a new epoch: its failures' backoff first. */
-            pthread_mutex_lock(&w->mu);
-            struct wcarry *c = carry_find(w, a->runner_id);
-            struct wcarry carried = {0};
-            if (c)
-                carried = *c;
-            bool wait = c && now_ms() < c->not_before_ms;
-            if (c && !wait)
-                carry_drop(w, c);
-            pthread_mutex_unlock(&w->mu);
-            if (wait) {
-                if (!w->replan_at_ms || carried.not_before_ms < w->replan_at_ms)
-                    w->replan_at_ms = carried.not_before_ms;
-                continue;
-            }
-            log_info("worker: starting runner %s of instance %s (%s, layers %d..%d, epoch %lld)", a->runner_id,
-                     a->instance_id, a->cfg.model_path, a->cfg.layer_begin, a->cfg.layer_end,
-                     (long long)a->cfg.epoch);
-            pthread_mutex_lock(&w->mu);
-            struct wrunner *x = add(w, a->runner_id, a->instance_id);
-            if (x) {
-                x->epoch = a->cfg.epoch;
-                x->restart_base = x->restart_count = carried.restarts;
-                x->failures = carried.failures;
-            }
-            pthread_mutex_unlock(&w->mu);
-            if (!x)
-                continue;
-            /* Started outside the lock: the supervisor may deliver events meanwhile only
-             * from poll, which runs on this thread. */
-            struct runner_config cfg = a->cfg;
-            snprintf(cfg.data_bind, sizeof cfg.data_bind, "%s", node_bind_addr(w->node));
-            int rc = supervisor_start(w->sup, &cfg, err, sizeof err);
-            pthread_mutex_lock(&w->mu);
-            x = find(w, a->runner_id);
-            if (x) {
-                if (rc) {
-                    x->status = CLUSTER_RUNNER_FAILED;
-                    set_error(x, err);
-                    log_warn("worker: runner %s: %s", a->runner_id, err);
-                } else {
-                    x->supervised = true;
-                    x->status = CLUSTER_RUNNER_IDLE;
-                    x->pid = supervisor_pid(w->sup, a->runner_id);
-                    snprintf(x->draft_path, sizeof x->draft_path, "%s", a->cfg.draft_model_path);
-                    x->draft_k = a->cfg.num_draft_tokens;
-                }
-            }
-            pthread_mutex_unlock(&w->mu);
-        } else if (a->kind == PLAN_FAIL) {
-            char why[1024];
-            if (fetching(w, st, a, why, sizeof why))
-                continue;
-            const char *reason = why[0] ? why : a->reason;
-            log_warn("worker: runner %s cannot start: %s", a->runner_id, reason);
-            pthread_mutex_lock(&w->mu);
-            struct wrunner *x = add(w, a->runner_id, a->instance_id);
-            if (x) {
-                x->status = CLUSTER_RUNNER_FAILED;
-                x->epoch = a->cfg.epoch;
-                set_error(x, reason);
-            }
-            pthread_mutex_unlock(&w->mu);
-        } else {
-            /* Still placed here: stopped because its instance moved to a new epoch. */
-            const struct cluster_instance *in = cluster_state_find_instance(st, a->instance_id);
-            bool placed = false;
-            for (size_t k = 0; in && k < in->n_shards; k++)
-                placed = placed || (!strcmp(in->shards[k].runner_id, a->runner_id) &&
-                                    !strcmp(in->shards[k].node_id, w->node_id));
-            pthread_mutex_lock(&w->mu);
-            struct wrunner *x = find(w, a->runner_id);
-            bool sup = x && x->supervised;
-            int64_t was = x ? x->epoch : 0;
-            if (x && placed)
-                x->stopped_for = in->epoch;
-            pthread_mutex_unlock(&w->mu);
-            if (placed)
-                log_info("worker: stopping runner %s of instance %s: epoch %lld, the instance moved to %lld",
-                         a->runner_id, a->instance_id, (long long)was, (long long)in->epoch);
-            else
-                log_info("worker: stopping runner %s of instance %s", a->runner_id, a->instance_id);
-            int rc = sup ? supervisor_stop(w->sup, a->runner_id) : CAIRN_ENOTFOUND;
-            pthread_mutex_lock(&w->mu);
-            x = find(w, a->runner_id);
-            if (x && rc)
-                drop(w, x);
-            else if (x) {
-                x->status = CLUSTER_RUNNER_SHUTTING_DOWN;
-                set_error(x, NULL);
-            }
-            pthread_mutex_unlock(&w->mu);
-        }
+        if (acts[i].kind == PLAN_START)
+            start_runner(w, &acts[i]);
+        else if (acts[i].kind == PLAN_FAIL)
+            fail_runner(w, &s, &acts[i]);
+        else
+            stop_runner(w, &s, &acts[i]);
     }
-    cluster_state_release(st);
+    snap_clear(&s);
     if (n_acts)
         node_report_now(w->node);
     free(acts);
