@@ -109,7 +109,19 @@ static void h_state(struct http_request *req, void *ctx)
         reply_oom(req);
         return;
     }
-    http_reply_bytes(req, 200, "application/json", t.text, strlen(t.text));
+    /* Besides the replicated state, whether this node's cluster is open (no secret: any
+     * machine on the network may join it); spliced in front of the state's members. */
+    bool open = !node_dataplane_secret(r->node)[0];
+    size_t n = strlen(t.text);
+    char *text = n >= 2 && t.text[0] == '{' ? malloc(n + 16) : NULL;
+    if (!text) {
+        free(t.text);
+        reply_oom(req);
+        return;
+    }
+    int k = snprintf(text, n + 16, "{\"open\":%s%s%s", open ? "true" : "false", t.text[1] == '}' ? "" : ",", t.text + 1);
+    http_reply_bytes(req, 200, "application/json", text, (size_t)k);
+    free(text);
     free(t.text);
 }
 

@@ -1,6 +1,7 @@
 /* The cluster's HTTP endpoints over a node (node/node.h):
  *   GET    /node_id                     {"node_id"}
- *   GET    /state                       the whole state (state.h's JSON)
+ *   GET    /state                       the whole state (state.h's JSON), and "open": true
+ *                                       when this node's cluster has no secret
  *   GET    /state/<key>/<key>...        a part of it by key path (array parts by index)
  *   GET    /events                      this node's log: {"events": [...], "reset"}
  *          ?since_term=T&since_index=I&limit=N (1000, at most 10000); with

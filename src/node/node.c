@@ -224,6 +224,15 @@ int node_load_id(const char *data_dir, char *id, char *err, size_t errlen)
         return cairn_fail(err, errlen, CAIRN_EIO, "write %s: %s", path, strerror(e));
     }
     unlink(tmp);
+    /* The id's name in the folder must survive a power cut too: sync the folder. */
+    int dfd = open(data_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || fsync(dfd) != 0) {
+        int e = errno;
+        if (dfd >= 0)
+            close(dfd);
+        return cairn_fail(err, errlen, CAIRN_EIO, "sync %s: %s", data_dir, strerror(e));
+    }
+    close(dfd);
     return read_id_file(path, id, err, errlen);
 }
 

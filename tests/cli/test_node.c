@@ -863,6 +863,8 @@ static void test_forged_output(void)
     start_node(5, -1, NULL, "2G", extra);
     struct proc *p = &nodes[5];
     CHECK(read_id(5), "the open node answers /node_id");
+    int sst = http(p->api, "GET", "/state", NULL, out, sizeof out);
+    CHECK(sst == 200 && strstr(out, "\"open\":true"), "/state of a node without a secret says it is open");
     check_hosts(p);
     int st = 0;
     for (double t0 = now_s(); now_s() - t0 < 60 && st != 200; sleep_ms(200))
@@ -1133,6 +1135,8 @@ int main(int argc, char **argv)
           nodes[3].id);
     st = http(nodes[3].api, "GET", "/state", NULL, out, sizeof out);
     CHECK(st == 200 && !strstr(out, nodes[0].id), "nor are the others in its state");
+    st = http(nodes[1].api, "GET", "/state", NULL, out, sizeof out);
+    CHECK(st == 200 && strstr(out, "\"open\":false"), "/state of a sealed node says it is not open");
 
     int64_t rss = rss_kib(nodes[holder].pid);
     printf("figure: node RSS with one instance %lld KiB (its runner is another process)\n",
