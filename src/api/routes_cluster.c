@@ -8,7 +8,6 @@
 #include "api/sse.h"
 #include "base/err.h"
 #include "base/log.h"
-#include "node/eventlog.h"
 
 /* An SSE client of /events: subscribed to the node until its stream closes. */
 struct ev_stream {
@@ -169,10 +168,10 @@ struct collect {
     bool bad;
 };
 
-static int collect_one(void *ctx, const struct eventlog_event *ev)
+static int collect_one(void *ctx, const char *json, size_t len)
 {
     struct collect *c = ctx;
-    json_t *j = json_loadb(ev->json ? ev->json : "", ev->len, 0, NULL);
+    json_t *j = json_loadb(json, len, 0, NULL);
     if (!j || json_array_append_new(c->arr, j)) {
         c->bad = true;
         return 1;
@@ -270,15 +269,11 @@ static void h_events(struct http_request *req, void *ctx)
         !query_int(req, "since_index", 0, IDS_COUNTER_MAX, &index) ||
         !query_int(req, "limit", 1, ROUTES_EVENTS_MAX, &limit))
         return;
-    struct eventlog *log = NULL;
-    char err[512];
-    int rc = eventlog_open(&log, node_log_path(r->node), err, sizeof err);
+    char err[512] = "";
     struct collect c = {.arr = json_array()};
     int reset = 0;
-    if (!rc && c.arr)
-        rc = eventlog_read_since(log, term, index, collect_one, &c, (size_t)limit, &reset, err,
-                                 sizeof err);
-    eventlog_close(log);
+    int rc = c.arr ? node_read_events(r->node, term, index, (size_t)limit, collect_one, &c, &reset, err, sizeof err)
+                   : cairn_fail(err, sizeof err, CAIRN_ENOMEM, "out of memory");
     if (rc == CAIRN_ERANGE) {
         json_decref(c.arr);
         http_reply_error(req, 400, "invalid_request", "since: %s", err);

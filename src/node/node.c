@@ -301,7 +301,6 @@ void node_get_status(struct node *n, struct node_status *st)
 const char *node_id(const struct node *n) { return n->id; }
 int node_cluster_port(const struct node *n) { return link_port(n->link); }
 void node_set_api_port(struct node *n, int port) { atomic_store(&n->api_port, port); }
-const char *node_log_path(const struct node *n) { return n->log_path; }
 
 /* Refreshes what node_get_status returns (node thread). */
 static void update_status(struct node *n)

@@ -202,8 +202,13 @@ json_t *node_models_json(struct node *n);
  * Valid until node_release. Any thread. */
 struct download_mgr *node_downloads(struct node *n);
 
-/* Path of this node's event log (for readers on other threads with their own handle). */
-const char *node_log_path(const struct node *n);
+/* Calls fn with the JSON text of each event of this node's log after (term, index), at
+ * most max of them, oldest first (*reset: 1 when the log restarted from a snapshot and
+ * the first is one). Reads with a handle of its own, so any thread may call it while the
+ * node writes. Errors as eventlog_read_since (CAIRN_ERANGE for a position it lacks). */
+typedef int (*node_log_fn)(void *ctx, const char *json, size_t len);
+int node_read_events(struct node *n, int64_t term, int64_t index, size_t max, node_log_fn fn, void *ctx,
+                     int *reset, char *err, size_t errlen);
 
 /* The address this node's cluster link reaches peer_id at (the endpoint it connected
  * to, or the IP the peer came from), refreshed every 250 ms: false when no link is up. */

@@ -254,3 +254,28 @@ void node_check_sync(struct node *n, int64_t now)
     if (full || !node_pos_reached(s, term, 1))
         node_request_events(n, full, now);
 }
+
+/* ---- readers on other threads ---- */
+
+struct read_events {
+    node_log_fn fn;
+    void *ctx;
+};
+
+static int read_one(void *ctx, const struct eventlog_event *ev)
+{
+    struct read_events *r = ctx;
+    return r->fn(r->ctx, ev->json ? ev->json : "", ev->len);
+}
+
+int node_read_events(struct node *n, int64_t term, int64_t index, size_t max, node_log_fn fn, void *ctx,
+                     int *reset, char *err, size_t errlen)
+{
+    struct eventlog *log = NULL;
+    int rc = eventlog_open(&log, n->log_path, err, errlen);
+    struct read_events r = {fn, ctx};
+    if (!rc)
+        rc = eventlog_read_since(log, term, index, read_one, &r, max, reset, err, errlen);
+    eventlog_close(log);
+    return rc;
+}
