@@ -68,6 +68,16 @@ int http_server_create(struct http_server **out, const struct http_config *cfg, 
     srv->bind_addr = strdup(cfg->bind_addr ? cfg->bind_addr : "127.0.0.1");
     srv->api_key = cfg->api_key && cfg->api_key[0] ? strdup(cfg->api_key) : NULL;
     srv->max_connections = cfg->max_connections ? cfg->max_connections : 256;
+    srv->max_per_client = cfg->max_per_client ? cfg->max_per_client : 64;
+    srv->max_json_values = cfg->max_json_values ? cfg->max_json_values : (size_t)1 << 18;
+    srv->head_timeout_s = cfg->head_timeout_s ? cfg->head_timeout_s : 15;
+    srv->body_timeout_s = cfg->body_timeout_s ? cfg->body_timeout_s : 120;
+    pthread_mutex_init(&srv->guard_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&srv->guard_cv, &ca);
+    pthread_condattr_destroy(&ca);
     srv->max_body = cfg->max_body_bytes ? cfg->max_body_bytes : (size_t)16 << 20;
     srv->max_depth = cfg->max_json_depth > 0 ? cfg->max_json_depth : 64;
     srv->idle_timeout_s = cfg->idle_timeout_s ? cfg->idle_timeout_s : 30;
@@ -147,15 +157,20 @@ int http_server_start(struct http_server *srv, char *err, size_t errlen)
         return cairn_fail(err, errlen, CAIRN_ESTATE, "server already started");
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
                      MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG;
+    if (http_guard_start(srv))
+        return cairn_fail(err, errlen, CAIRN_EIO, "cannot start the HTTP deadline thread");
     srv->daemon = MHD_start_daemon(
         flags, 0, NULL, NULL, http_on_access, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv,
         MHD_OPTION_LISTEN_SOCKET, srv->listen_fd, MHD_OPTION_CONNECTION_LIMIT,
         srv->max_connections, MHD_OPTION_CONNECTION_TIMEOUT, srv->idle_timeout_s,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_NOTIFY_COMPLETED,
-        http_on_completed, srv, MHD_OPTION_END);
-    if (!srv->daemon)
+        http_on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, http_guard_notify, srv,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, srv->max_per_client, MHD_OPTION_END);
+    if (!srv->daemon) {
+        http_guard_stop(srv);
         return cairn_fail(err, errlen, CAIRN_EIO, "libmicrohttpd did not start on %s:%u",
                           srv->bind_addr, (unsigned)srv->port);
+    }
     srv->listen_fd = -1; /* the daemon closes it */
     srv->started = true;
     return 0;
@@ -176,6 +191,7 @@ void http_server_stop(struct http_server *srv)
      * the connection threads. */
     MHD_stop_daemon(srv->daemon);
     srv->daemon = NULL;
+    http_guard_stop(srv);
 }
 
 void http_server_release(struct http_server *srv)
@@ -196,5 +212,7 @@ void http_server_release(struct http_server *srv)
     free(srv->api_key);
     pthread_mutex_destroy(&srv->mu);
     pthread_cond_destroy(&srv->cond);
+    pthread_mutex_destroy(&srv->guard_mu);
+    pthread_cond_destroy(&srv->guard_cv);
     free(srv);
 }

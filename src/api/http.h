@@ -24,6 +24,12 @@ struct http_config {
     const char *bind_addr;           /* numeric IPv4/IPv6 address ["127.0.0.1"] */
     uint16_t port;                   /* 0: an ephemeral port, see http_server_port */
     unsigned max_connections;        /* open connections, one thread each [256] */
+    unsigned max_per_client;         /* open connections from one client address [64] */
+    size_t max_json_values;          /* a JSON body with more values gets 413 before it is
+                                        parsed: the parse's memory budget [262144] */
+    unsigned head_timeout_s;         /* a request head not whole this long after the
+                                        connection opened (or the last reply) closes it [15] */
+    unsigned body_timeout_s;         /* a body not whole this long after its head [120] */
     size_t max_body_bytes;           /* larger request bodies get 413 [16 MiB] */
     int max_json_depth;              /* deeper JSON bodies get 400 [64] */
     const char *api_key;             /* NULL or "": no auth; else Bearer or x-api-key */
@@ -85,6 +91,10 @@ void http_server_release(struct http_server *srv);
 /* Largest nesting depth of arrays and objects in JSON text (strings skipped), scanning
  * no further once the depth exceeds limit (then limit + 1 is returned). */
 int http_json_depth(const char *text, size_t len, int limit);
+
+/* The values a JSON text would make when parsed (objects, arrays, strings and keys,
+ * numbers, literals: each one allocation), counting no further than limit + 1. */
+size_t http_json_values(const char *text, size_t len, size_t limit);
 
 /* --- Request (valid inside the handler only; strings owned by the request) --- */
 

@@ -46,7 +46,8 @@ struct http_server {
     bool hosts_any;
     char own_host[256]; /* gethostname(), "" if unknown */
     unsigned max_connections, idle_timeout_s, keepalive_ms, stop_grace_ms;
-    size_t max_body, stream_queue;
+    unsigned max_per_client, head_timeout_s, body_timeout_s;
+    size_t max_body, stream_queue, max_json_values;
     int max_depth;
     bool access_log;
 
@@ -57,6 +58,14 @@ struct http_server {
     size_t n_routes, cap_routes;
     bool started, stopped;
     atomic_bool stopping;
+
+    /* deadlines of requests in (http_guard.c) */
+    pthread_mutex_t guard_mu;
+    pthread_cond_t guard_cv; /* CLOCK_MONOTONIC */
+    struct http_guard_conn *guarded;
+    pthread_t guard_thread;
+    bool guard_running, guard_stop;
+    uint64_t guard_cuts; /* connections closed for a deadline */
 
     pthread_mutex_t mu; /* guards the stream list */
     pthread_cond_t cond;
@@ -164,5 +173,20 @@ void http_stream_detach(struct http_stream *s, uint64_t *bytes);
 /* Closes every stream attached to a connection as STOPPED (writers stop, readers flush
  * what is queued) and waits up to stop_grace_ms for their connections to let them go. */
 void http_stop_streams(struct http_server *srv);
+
+/* ---- http_guard.c: deadlines a trickle of bytes does not reset ---- */
+
+#define HTTP_GUARD_HEAD 0 /* waiting for a request head */
+#define HTTP_GUARD_BODY 1 /* head in, waiting for the body */
+#define HTTP_GUARD_BUSY 2 /* handler or reply under way: no deadline */
+
+/* libmicrohttpd's MHD_OPTION_NOTIFY_CONNECTION: tracks a connection from its start. */
+void http_guard_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
+                       enum MHD_ConnectionNotificationCode toe);
+/* Moves conn to a phase (HTTP_GUARD_*), starting that phase's deadline now. */
+void http_guard_phase(struct http_server *srv, struct MHD_Connection *conn, int phase);
+/* Starts / stops the thread that closes connections past their deadline; 0 or -1. */
+int http_guard_start(struct http_server *srv);
+void http_guard_stop(struct http_server *srv);
 
 #endif

@@ -49,6 +49,37 @@ static bool ct_equal(const char *given, const char *key)
     }
     return diff == 0;
 }
+size_t http_json_values(const char *text, size_t len, size_t limit)
+{
+    size_t n = 0;
+    bool in_str = false, esc = false;
+    char prev = '[';     /* the last structural character outside strings */
+    for (size_t i = 0; i < len && n <= limit; i++) {
+        char c = text[i];
+        if (in_str) {
+            if (esc)
+                esc = false;
+            else if (c == '\\')
+                esc = true;
+            else if (c == '"')
+                in_str = false;
+            continue;
+        }
+        if (c == ' ' || c == '\t' || c == '\r' || c == '\n')
+            continue;
+        if (c == '"') {
+            in_str = true;
+            n++; /* a key or a string: each is a copy */
+        } else if (c == '{' || c == '[') {
+            n++;
+        } else if (strchr(":,[", prev) && c && strchr("-0123456789tfn", c)) {
+            n++; /* a number, true, false or null begins */
+        }
+        prev = c;
+    }
+    return n;
+}
+
 int http_json_depth(const char *text, size_t len, int limit)
 {
     int depth = 0, max = 0;
@@ -551,6 +582,11 @@ static bool prepare_json(struct http_request *req, enum MHD_Result *r)
     bool looks = req->body[i] == '{' || req->body[i] == '[';
     if (!declared && !looks)
         return true;
+    if (http_json_values(req->body, req->body_len, srv->max_json_values) > srv->max_json_values) {
+        *r = http_queue_error(req, 413, "invalid_request_error",
+                              "the JSON body has more than %zu values, over what this server parses", srv->max_json_values);
+        return false;
+    }
     if (http_json_depth(req->body, req->body_len, srv->max_depth) > srv->max_depth) {
         *r = http_queue_error(req, 400, "invalid_request_error",
                          "JSON nested deeper than the limit of %d levels", srv->max_depth);
@@ -570,6 +606,7 @@ static enum MHD_Result request_finish(struct http_request *req)
 {
     struct http_server *srv = req->srv;
     enum MHD_Result r = MHD_YES;
+    http_guard_phase(srv, req->conn, HTTP_GUARD_BUSY);
     if (!prepare_json(req, &r))
         return r;
     /* The handler and a deferred reply may take longer than the idle timeout; the
@@ -612,6 +649,7 @@ enum MHD_Result http_on_access(void *cls, struct MHD_Connection *conn, const cha
             MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         if (ci)
             req->sockfd = ci->connect_fd;
+        http_guard_phase(srv, conn, HTTP_GUARD_BODY); /* the head is in */
         ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
         if (ci && ci->client_addr) {
             const struct sockaddr *sa = ci->client_addr;
@@ -648,7 +686,7 @@ void http_on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
 {
     struct http_server *srv = cls;
     struct http_request *req = *req_cls;
-    (void)conn;
+    http_guard_phase(srv, conn, HTTP_GUARD_HEAD); /* a kept-alive connection waits for its next head */
     if (!req)
         return;
     *req_cls = NULL;

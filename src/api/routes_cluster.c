@@ -21,6 +21,7 @@ struct routes_cluster {
     int timeout_ms;
     pthread_mutex_t mu; /* streams */
     struct ev_stream *streams;
+    size_t n_streams;
 };
 
 int routes_cluster_status(int code)
@@ -190,6 +191,7 @@ static void sweep(struct routes_cluster *r, bool all)
             continue;
         }
         *pp = e->next;
+        r->n_streams--;
         node_unsubscribe(r->node, e->token);
         http_stream_release(e->s);
         free(e);
@@ -219,6 +221,14 @@ static bool wants_stream(struct http_request *req)
 static void h_events_stream(struct http_request *req, struct routes_cluster *r)
 {
     sweep(r, false);
+    pthread_mutex_lock(&r->mu);
+    size_t n = r->n_streams;
+    pthread_mutex_unlock(&r->mu);
+    if (n >= ROUTES_MAX_STREAMS) { /* below the server's connection cap: streams never take them all */
+        http_reply_header(req, "Retry-After", "5");
+        http_reply_error(req, 503, "unavailable", "this node serves %d event streams already", ROUTES_MAX_STREAMS);
+        return;
+    }
     struct ev_stream *e = calloc(1, sizeof *e);
     if (!e) {
         reply_oom(req);
@@ -237,6 +247,7 @@ static void h_events_stream(struct http_request *req, struct routes_cluster *r)
     pthread_mutex_lock(&r->mu);
     e->next = r->streams;
     r->streams = e;
+    r->n_streams++;
     pthread_mutex_unlock(&r->mu);
 }
 

@@ -31,6 +31,7 @@
 #define ROUTES_COMMAND_TIMEOUT_MS 15000
 #define ROUTES_EVENTS_LIMIT 1000
 #define ROUTES_EVENTS_MAX 10000
+#define ROUTES_MAX_STREAMS 64 /* /events streams at once (the server holds 256 connections) */
 
 struct routes_cluster;
 

@@ -10,12 +10,14 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1477,6 +1479,124 @@ static void test_stop(struct bg *b)
     http_server_release(srv);
 }
 
+/* A socket to 127.0.0.1:port from source address src (another loopback address is
+ * another client), or -1. */
+static int connect_from(const char *src, uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    inet_pton(AF_INET, src, &a.sin_addr);
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(port)};
+    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    struct timeval tv = {RH_IO_TIMEOUT_S, 0};
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || connect(fd, (struct sockaddr *)&to, sizeof to)) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+static double now_s(void) { return (double)clock_ns() / 1e9; }
+
+/* Sends text one byte every 300 ms until the server closes the connection; the seconds
+ * that took, or -1 when text ran out first. */
+static double trickle(int fd, const char *text)
+{
+    double t0 = now_s();
+    for (size_t i = 0; text[i]; i++) {
+        if (send(fd, text + i, 1, MSG_NOSIGNAL) != 1)
+            return now_s() - t0;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 300) == 1) {
+            char c;
+            if (recv(fd, &c, 1, 0) <= 0)
+                return now_s() - t0;
+        }
+    }
+    return -1;
+}
+
+/* Deadlines a trickle of bytes does not reset, connections per client, and the JSON
+ * parse's budget. */
+static void test_deadlines(struct bg *b)
+{
+    struct http_config cfg = {.max_body_bytes = 1 << 20, .head_timeout_s = 2, .body_timeout_s = 2,
+                              .idle_timeout_s = 30, .max_per_client = 8, .max_json_values = 1000};
+    struct http_server *srv = start_server(&cfg, b);
+    if (!srv)
+        return;
+    uint16_t port = http_server_port(srv);
+    /* a head sent a byte at a time, each well within the idle timeout */
+    char head[1024] = "GET /hello HTTP/1.1\r\n";
+    for (int i = 0; i < 30; i++)
+        strcat(head, "X-Slow: aaaaaaaaaa\r\n");
+    int fd = rh_connect(port);
+    double t = fd >= 0 ? trickle(fd, head) : -2;
+    CHECK(t >= 1.5 && t < 10, "a head trickled byte by byte is cut after its 2 s deadline (%.2f s)", t);
+    if (fd >= 0)
+        close(fd);
+    /* a body likewise, after a whole head */
+    fd = rh_connect(port);
+    const char *post =
+        "POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\nContent-Length: 200\r\n\r\n";
+    CHECK(fd >= 0 && rh_send_all(fd, post, strlen(post)) == 0, "a POST head sent");
+    char body[201];
+    memset(body, 'b', 200);
+    body[200] = 0;
+    t = fd >= 0 ? trickle(fd, body) : -2;
+    CHECK(t >= 1.5 && t < 10, "a body trickled byte by byte is cut after its 2 s deadline (%.2f s)", t);
+    if (fd >= 0)
+        close(fd);
+    /* one client's connections are capped; another client is still served */
+    int idle[8];
+    for (int i = 0; i < 8; i++)
+        idle[i] = rh_connect(port);
+    struct timespec settle = {0, 200 * 1000000L};
+    nanosleep(&settle, NULL);
+    struct rh_resp r = {0};
+    const char *ninth = "GET /hello HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    rh_raw(port, ninth, strlen(ninth), &r, 5);
+    CHECK(r.status == 0, "a ninth connection from the same client gets no reply (%d)", r.status);
+    rh_free(&r);
+    fd = connect_from("127.0.0.2", port);
+    const char *get = "GET /hello HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    char *raw = NULL;
+    if (fd >= 0 && rh_send_all(fd, get, strlen(get)) == 0)
+        rh_read_all(fd, &raw, NULL);
+    CHECK(raw && strstr(raw, " 200 "), "another client (127.0.0.2) is served: %.80s", raw ? raw : "(nothing)");
+    free(raw);
+    if (fd >= 0)
+        close(fd);
+    for (int i = 0; i < 8; i++)
+        if (idle[i] >= 0)
+            close(idle[i]);
+    nanosleep(&settle, NULL);
+    /* a JSON body with more values than the budget: 413 before it is parsed */
+    size_t n = 2000;
+    char *many = malloc(3 * n + 2);
+    size_t k = 0;
+    many[k++] = '[';
+    for (size_t i = 0; i < n; i++) {
+        memcpy(many + k, "{},", 3);
+        k += 3;
+    }
+    many[k - 1] = ']';
+    many[k] = 0;
+    rh_post(port, "/echo", many, &r);
+    CHECK(r.status == 413 && strstr(r.body, "values"), "2001 values over a budget of 1000: %d %.120s", r.status,
+          r.body);
+    rh_free(&r);
+    many[3 * 500] = ']'; /* 500 objects in an array: parsed */
+    many[3 * 500 + 1] = 0;
+    rh_post(port, "/echo", many, &r);
+    CHECK(r.status == 200, "501 values within the budget: %d %.120s", r.status, r.body);
+    rh_free(&r);
+    free(many);
+    http_server_release(srv);
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -1527,6 +1647,7 @@ int main(int argc, char **argv)
         RUN(test_concurrent, port);
         http_server_release(srv);
     }
+    RUN(test_deadlines, &b);
     RUN(test_auth_cors, &b);
     RUN(test_allowed_hosts, &b);
     RUN(test_ipv6, &b);

@@ -24,6 +24,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <poll.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -552,6 +554,104 @@ static void test_api_exposed(void)
     stop_node(4);
 }
 
+/* A non-blocking socket connecting to 127.0.0.1:port from source address src, or -1. */
+static int connect_nb(const char *src, int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    struct sockaddr_in from = {.sin_family = AF_INET}, to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, src, &from.sin_addr);
+    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&from, sizeof from) ||
+        (connect(fd, (struct sockaddr *)&to, sizeof to) && errno != EINPROGRESS)) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* One request from source address src (blocking, bound 10 s); the status, 0 if none. */
+static int request_from(const char *src, int port, const char *req, size_t len, char *out, size_t cap)
+{
+    out[0] = 0;
+    int fd = connect_nb(src, port);
+    if (fd < 0)
+        return 0;
+    int fl = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    struct pollfd pw = {.fd = fd, .events = POLLOUT};
+    struct timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    size_t got = 0;
+    if (poll(&pw, 1, 10000) == 1 && send_all(fd, req, len)) {
+        ssize_t n;
+        while (got + 1 < cap && (n = recv(fd, out + got, cap - 1 - got, 0)) > 0)
+            got += (size_t)n;
+    }
+    out[got] = 0;
+    close(fd);
+    int st = 0;
+    sscanf(out, "HTTP/1.%*d %d", &st);
+    return st;
+}
+
+/* Exhaustion: 300 slow-loris connections and 300 idle /events subscribers from one
+ * client leave another client's request answered; a 16 MiB body of 5.6 million empty
+ * objects is refused with 413 before it is parsed, and the node's RSS barely moves. */
+static void test_exhaustion(void)
+{
+    static char out[1 << 16];
+    start_node(4, -1, NULL, "1G", NULL);
+    struct proc *p = &nodes[4];
+    CHECK(read_id(4), "node 4 answers");
+    enum { N = 300 };
+    static int slow[N], sse[N];
+    const char *partial = "GET /state HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+    const char *sub = "GET /events HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n";
+    for (int i = 0; i < N; i++) {
+        slow[i] = connect_nb("127.0.0.1", p->api);
+        sse[i] = connect_nb("127.0.0.1", p->api);
+    }
+    sleep_ms(500);
+    int sent = 0;
+    for (int i = 0; i < N; i++) { /* what has connected by now gets its bytes */
+        sent += slow[i] >= 0 && send(slow[i], partial, strlen(partial), MSG_NOSIGNAL) > 0;
+        sent += sse[i] >= 0 && send(sse[i], sub, strlen(sub), MSG_NOSIGNAL) > 0;
+    }
+    printf("info: %d of %d hostile connections sent their bytes\n", sent, 2 * N);
+    int64_t rss0 = rss_kib(p->pid);
+    const char *get = "GET /node_id HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    double t0 = now_s();
+    int st = request_from("127.0.0.2", p->api, get, strlen(get), out, sizeof out);
+    double took = now_s() - t0;
+    CHECK(st == 200 && took < 10, "another client's request is answered beside them: %d in %.2f s", st, took);
+    printf("figure: a request beside 300 slow-loris and 300 idle SSE connections answered in %.3f s\n", took);
+    size_t n = (16u << 20) / 3, len = 3 * n + 1;
+    char *req = malloc(len + 512);
+    int h = snprintf(req, 512, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+                     "\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", len);
+    char *b = req + h;
+    b[0] = '[';
+    for (size_t i = 0; i < n; i++)
+        memcpy(b + 1 + 3 * i, "{},", 3);
+    b[len - 1] = ']';
+    st = request_from("127.0.0.2", p->api, req, (size_t)h + len, out, sizeof out);
+    free(req);
+    int64_t rss1 = rss_kib(p->pid);
+    CHECK(st == 413 && strstr(out, "values"), "a 16 MiB body of empty objects: %d %.200s", st, strstr(out, "\r\n\r\n"));
+    CHECK(rss0 > 0 && rss1 - rss0 < 64 * 1024, "the node's RSS grew by %lld KiB (< 64 MiB)", (long long)(rss1 - rss0));
+    printf("figure: RSS %lld -> %lld KiB across the 16 MiB body\n", (long long)rss0, (long long)rss1);
+    for (int i = 0; i < N; i++) {
+        if (slow[i] >= 0)
+            close(slow[i]);
+        if (sse[i] >= 0)
+            close(sse[i]);
+    }
+    CHECK(http(p->api, "GET", "/node_id", NULL, out, sizeof out) == 200, "node 4 still answers its usual client");
+    stop_node(4);
+}
+
 static void test_api_key_cors(void)
 {
     static char out[1 << 16];
@@ -968,6 +1068,7 @@ int main(int argc, char **argv)
 
     RUN(test_api_key_cors);
     RUN(test_api_exposed);
+    RUN(test_exhaustion);
     RUN(test_forged_output);
 
     /* Three nodes join through node 0. */
