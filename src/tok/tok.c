@@ -620,6 +620,12 @@ static int encode_fragment(const struct tok *t, struct tok_scratch *s, const cha
 int tok_encode(const struct tok *t, const char *text, size_t len, int add_special,
                int parse_special, int32_t *out, int64_t max, int64_t *n_out)
 {
+    return tok_encode_counted(t, text, len, add_special, parse_special, out, max, n_out, NULL);
+}
+
+int tok_encode_counted(const struct tok *t, const char *text, size_t len, int add_special, int parse_special,
+                       int32_t *out, int64_t max, int64_t *n_out, int64_t *work)
+{
     if (!t || (!text && len) || max < 0 || (!out && max > 0) || !n_out)
         return CAIRN_EINVAL;
     *n_out = 0;
@@ -657,6 +663,8 @@ int tok_encode(const struct tok *t, const char *text, size_t len, int add_specia
     if (s.out.n > max)
         rc = CAIRN_EFULL;
 done:
+    if (work)
+        *work = s.work;
     free(occ);
     tok_scratch_free(&s);
     return rc;

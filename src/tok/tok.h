@@ -78,6 +78,11 @@ size_t tok_max_token_text(const struct tok *t);
 int tok_encode(const struct tok *t, const char *text, size_t len, int add_special,
                int parse_special, int32_t *out, int64_t max, int64_t *n_out);
 
+/* As tok_encode, and *work (not NULL) gets the steps its merge queues took: a count of
+ * the work done, which tests compare across input sizes instead of timings. */
+int tok_encode_counted(const struct tok *t, const char *text, size_t len, int add_special, int parse_special,
+                       int32_t *out, int64_t max, int64_t *n_out, int64_t *work);
+
 /* The bytes one token renders to (SentencePiece ▁ as space, byte tokens as their byte,
  * byte-level BPE mapped back to bytes), without the leading-space rule. CONTROL and
  * UNKNOWN tokens render as nothing unless render_special. *len gets the length; returns

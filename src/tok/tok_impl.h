@@ -115,6 +115,7 @@ struct tok_scratch {
     int64_t sym_cap;
     void *heap;
     int64_t heap_n, heap_cap;
+    int64_t work;               /* heap steps taken: the merges' cost, for tests to count */
     void *rev;                  /* SentencePiece re-segmentation records */
     int64_t rev_n, rev_cap;
     pcre2_match_data *md;
@@ -167,8 +168,10 @@ int tok_spm_encode(const struct tok *t, struct tok_scratch *s, const char *text,
             return CAIRN_ENOMEM;                                                 \
         TYPE *h = s->heap;                                                       \
         int64_t i = s->heap_n++;                                                 \
+        s->work++;                                                               \
         while (i > 0) {                                                          \
             int64_t up = (i - 1) / 2;                                            \
+            s->work++;                                                           \
             if (!LESS(&p, &h[up]))                                               \
                 break;                                                           \
             h[i] = h[up];                                                        \
@@ -181,8 +184,10 @@ int tok_spm_encode(const struct tok *t, struct tok_scratch *s, const char *text,
     {                                                                            \
         TYPE *h = s->heap, top = h[0], last = h[--s->heap_n];                    \
         int64_t i = 0, n = s->heap_n;                                            \
+        s->work++;                                                               \
         for (;;) {                                                               \
             int64_t c = 2 * i + 1;                                               \
+            s->work++;                                                           \
             if (c >= n)                                                          \
                 break;                                                           \
             if (c + 1 < n && LESS(&h[c + 1], &h[c]))                             \
