@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/array.h"
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
@@ -469,17 +470,11 @@ static int op_submit(void *self, struct textgen_params *p, gen_event_fn fn, void
         status = 503;
         goto out;
     }
-    if (g->n_live == g->cap_live) {
-        size_t cap = g->cap_live ? 2 * g->cap_live : 16;
-        struct req **l = realloc(g->live, cap * sizeof *l);
-        if (!l) {
-            pthread_mutex_unlock(&g->mu);
-            snprintf(err, errlen, "out of memory");
-            status = 500;
-            goto out;
-        }
-        g->live = l;
-        g->cap_live = cap;
+    if (array_reserve(&g->live, &g->cap_live, g->n_live + 1, sizeof *g->live, 16)) {
+        pthread_mutex_unlock(&g->mu);
+        snprintf(err, errlen, "out of memory");
+        status = 500;
+        goto out;
     }
     r->handle = ++g->next_handle;
     *handle = r->handle;
@@ -528,15 +523,7 @@ static void op_cancel(void *self, uint64_t handle)
     for (size_t i = 0; i < g->n_live; i++) {
         if (g->live[i]->handle != handle)
             continue;
-        if (g->n_cancels == g->cap_cancels) {
-            size_t cap = g->cap_cancels ? 2 * g->cap_cancels : 16;
-            void *c = realloc(g->cancels, cap * sizeof *g->cancels);
-            if (c) {
-                g->cancels = c;
-                g->cap_cancels = cap;
-            }
-        }
-        if (g->n_cancels < g->cap_cancels)
+        if (!array_reserve(&g->cancels, &g->cap_cancels, g->n_cancels + 1, sizeof *g->cancels, 16))
             memcpy(g->cancels[g->n_cancels++], g->live[i]->task_id, sizeof g->cancels[0]);
         g->fig.cancelled++;
         remove_at(g, i);
@@ -790,14 +777,10 @@ static void add(struct text *t, const char *fmt, ...)
             t->len += (size_t)n;
             return;
         }
-        size_t cap = (t->cap ? t->cap : 4096) * 2 + (size_t)n;
-        char *b = realloc(t->buf, cap);
-        if (!b) {
+        if (array_reserve(&t->buf, &t->cap, t->len + (size_t)n + 1, 1, 4096)) {
             t->oom = true;
             return;
         }
-        t->buf = b;
-        t->cap = cap;
     }
 }
 

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/array.h"
+
 bool args_opt(struct args *a, const char *names, const char **value)
 {
     const char *arg = a->argv[a->i];
@@ -95,14 +97,11 @@ char *args_read_file(const char *path, size_t *len)
         n += k;
         if (n < cap)
             break;
-        char *nb = cap < ((size_t)1 << 30) ? realloc(buf, cap * 2) : NULL;
-        if (!nb) {
+        if (cap >= ((size_t)1 << 30) || array_reserve(&buf, &cap, n + 1, 1, 0)) {
             free(buf);
             buf = NULL;
             break;
         }
-        buf = nb;
-        cap *= 2;
     }
     int bad = ferror(f);
     fclose(f);

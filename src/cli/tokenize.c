@@ -1,4 +1,5 @@
 /* cairn tokenize: the tokens of a text under a model's tokenizer, and a benchmark. */
+#include "base/array.h"
 #include "base/clock.h"
 #include "base/err.h"
 #include "cli/cli.h"
@@ -32,14 +33,9 @@ static char *read_all(FILE *f, size_t *len)
         n += r;
         if (r == 0)
             break;
-        if (n == cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                return NULL;
-            }
-            buf = nb;
-            cap *= 2;
+        if (array_reserve(&buf, &cap, n + 1, 1, 0)) {
+            free(buf);
+            return NULL;
         }
     }
     if (buf && ferror(f)) {

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/array.h"
 #include "base/err.h"
 #include "base/log.h"
 
@@ -120,14 +121,8 @@ static struct peer *find_peer(struct election *e, const char *id, bool create)
         return &e->peers[known - e->peers];
     if (!create || !ids_valid_id(id) || e->n_peers >= ELECTION_MAX_PEERS)
         return NULL;
-    if (e->n_peers == e->cap_peers) {
-        size_t cap = e->cap_peers ? 2 * e->cap_peers : 8;
-        struct peer *p = realloc(e->peers, cap * sizeof *p);
-        if (!p)
-            return NULL;
-        e->peers = p;
-        e->cap_peers = cap;
-    }
+    if (array_reserve(&e->peers, &e->cap_peers, e->n_peers + 1, sizeof *e->peers, 8))
+        return NULL;
     struct peer *p = &e->peers[e->n_peers++];
     memset(p, 0, sizeof *p);
     snprintf(p->id, sizeof p->id, "%s", id);

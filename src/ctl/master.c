@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/array.h"
 #include "base/err.h"
 
 /* ---- model cards ---- */
@@ -27,14 +28,8 @@ void master_events_clear(struct master_events *out)
 /* A new zeroed event of kind at the end of out, or NULL when out of memory. */
 static struct event *add_event(struct master_events *out, enum event_kind kind)
 {
-    if (out->n == out->cap) {
-        size_t cap = out->cap ? 2 * out->cap : 4;
-        struct event *ev = realloc(out->ev, cap * sizeof *ev);
-        if (!ev)
-            return NULL;
-        out->ev = ev;
-        out->cap = cap;
-    }
+    if (array_reserve(&out->ev, &out->cap, out->n + 1, sizeof *out->ev, 4))
+        return NULL;
     struct event *e = &out->ev[out->n++];
     event_init(e, kind, 0, 0);
     return e;

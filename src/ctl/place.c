@@ -1,5 +1,6 @@
 #include "ctl/place.h"
 
+#include "base/array.h"
 #include "base/err.h"
 
 #include <stdarg.h>
@@ -394,14 +395,8 @@ static void fill_tensor(const struct ctx *c, const size_t *ord, uint32_t k, stru
 static struct place_candidate *cand_new(struct ctx *c, uint32_t k)
 {
     struct place_result *out = c->out;
-    if (out->n_cands == c->cap) {
-        size_t cap = c->cap ? c->cap * 2 : 16;
-        struct place_candidate *p = realloc(out->cands, cap * sizeof *p);
-        if (!p)
-            return NULL;
-        out->cands = p;
-        c->cap = cap;
-    }
+    if (array_reserve(&out->cands, &c->cap, out->n_cands + 1, sizeof *out->cands, 16))
+        return NULL;
     struct place_candidate *cd = &out->cands[out->n_cands];
     memset(cd, 0, sizeof *cd);
     if (k) {
@@ -694,22 +689,13 @@ static int heap_before(const struct heap *hp, size_t a, size_t b)
 
 static int heap_push(struct heap *hp, const struct ctx *c, const uint16_t *t)
 {
-    if (hp->used == hp->cap) {
-        size_t cap = hp->cap ? hp->cap * 2 : 64;
-        uint16_t *nt = realloc(hp->tuples, cap * hp->k * sizeof *nt);
-        if (!nt)
-            return CAIRN_ENOMEM;
-        hp->tuples = nt;
-        uint64_t *ns = realloc(hp->sums, cap * sizeof *ns);
-        if (!ns)
-            return CAIRN_ENOMEM;
-        hp->sums = ns;
-        size_t *nh = realloc(hp->h, cap * sizeof *nh);
-        if (!nh)
-            return CAIRN_ENOMEM;
-        hp->h = nh;
-        hp->cap = cap;
-    }
+    /* Three arrays of one capacity: each grows from a copy of it to the same size. */
+    size_t cap_t = hp->cap, cap_s = hp->cap, cap_h = hp->cap;
+    if (array_reserve(&hp->tuples, &cap_t, hp->used + 1, hp->k * sizeof *hp->tuples, 64) ||
+        array_reserve(&hp->sums, &cap_s, hp->used + 1, sizeof *hp->sums, 64) ||
+        array_reserve(&hp->h, &cap_h, hp->used + 1, sizeof *hp->h, 64))
+        return CAIRN_ENOMEM;
+    hp->cap = cap_t;
     size_t id = hp->used++;
     memcpy(&hp->tuples[id * hp->k], t, hp->k * sizeof *t);
     uint64_t sum = 0;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/array.h"
 #include "base/err.h"
 
 struct acts {
@@ -15,14 +16,8 @@ struct acts {
 static struct plan_action *push(struct acts *v, enum plan_action_kind kind, const char *runner_id,
                                 const char *instance_id)
 {
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 8;
-        struct plan_action *a = realloc(v->a, cap * sizeof *a);
-        if (!a)
-            return NULL;
-        v->a = a;
-        v->cap = cap;
-    }
+    if (array_reserve(&v->a, &v->cap, v->n + 1, sizeof *v->a, 8))
+        return NULL;
     struct plan_action *x = &v->a[v->n++];
     memset(x, 0, sizeof *x);
     x->kind = kind;

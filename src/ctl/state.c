@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/array.h"
 #include "base/err.h"
 
 /* ---- enum names ---- */
@@ -87,14 +88,8 @@ static int table_put(void **items, size_t *n, size_t *cap, const struct table_op
 {
     bool found;
     size_t i = lower_bound(*items, *n, ops, ops->key(elem), &found);
-    if (!found && *n == *cap) {
-        size_t ncap = *cap ? *cap * 2 : 8;
-        void *p = realloc(*items, ncap * ops->elem);
-        if (!p)
-            return CAIRN_ENOMEM;
-        *items = p;
-        *cap = ncap;
-    }
+    if (!found && array_reserve(items, cap, *n + 1, ops->elem, 8))
+        return CAIRN_ENOMEM;
     char *at = (char *)*items + i * ops->elem;
     if (found) {
         ops->clear(at);

@@ -5,6 +5,7 @@
  * the target's and the draft's KV caches. The scheduler's state is in sched_int.h. */
 #include "engine/sched_int.h"
 
+#include "base/array.h"
 #include "base/err.h"
 
 #include <math.h>
@@ -219,20 +220,12 @@ void spec_plan(struct sched *s)
 
 static bool arena_reserve(struct sched *s, int64_t n)
 {
-    if (s->ln->a_used + n <= s->ln->a_cap)
-        return true;
-    int64_t cap = s->ln->a_cap ? s->ln->a_cap : 4096;
-    while (cap < s->ln->a_used + n)
-        cap *= 2;
-    int32_t *ids = realloc(s->ln->q_ids, (size_t)cap * sizeof *ids);
-    if (!ids)
+    /* Two arrays of one capacity: each grows from a copy of it to the same size. */
+    size_t need = (size_t)(s->ln->a_used + n), cap = (size_t)s->ln->a_cap, cap2 = cap;
+    if (array_reserve(&s->ln->q_ids, &cap, need, sizeof *s->ln->q_ids, 4096) ||
+        array_reserve(&s->ln->q_probs, &cap2, need, sizeof *s->ln->q_probs, 4096))
         return false;
-    s->ln->q_ids = ids;
-    float *probs = realloc(s->ln->q_probs, (size_t)cap * sizeof *probs);
-    if (!probs)
-        return false;
-    s->ln->q_probs = probs;
-    s->ln->a_cap = cap;
+    s->ln->a_cap = (int64_t)cap; /* at most PTRDIFF_MAX */
     return true;
 }
 

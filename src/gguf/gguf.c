@@ -4,6 +4,7 @@
  * Memory grows with what has been parsed, never with a count read from the file. */
 #include "gguf/gguf.h"
 
+#include "base/array.h"
 #include "base/dtype.h"
 #include "base/err.h"
 
@@ -46,13 +47,14 @@ struct gguf_file {
     uint32_t version, alignment;
     uint64_t data_offset;
     int64_t n_kv;
-    uint64_t cap_kv;
+    size_t cap_kv;
     struct kv *kvs;
     int64_t n_tensors;
-    uint64_t cap_tensors, cap_tensor_off;
+    size_t cap_tensors, cap_tensor_off;
     struct gguf_tensor *tensors;
     uint64_t *tensor_off; /* file offset of each tensor info */
-    uint64_t n_stroff, cap_stroff;
+    uint64_t n_stroff;
+    size_t cap_stroff;
     uint64_t *stroff;     /* file offsets of the length fields of array strings */
     uint64_t kv_hcap, t_hcap; /* powers of two; slots hold index + 1, 0 is empty */
     int64_t *kv_hash, *t_hash;
@@ -157,23 +159,6 @@ static int take_str(struct rd *r, struct gguf_str *s, uint64_t maxlen, const cha
     return 0;
 }
 
-static int grow(void **p, uint64_t *cap, uint64_t need, size_t elem)
-{
-    if (need <= *cap)
-        return 0;
-    uint64_t nc = *cap ? *cap : 16;
-    while (nc < need)
-        nc = nc > UINT64_MAX / 2 ? need : nc * 2;
-    if (nc > SIZE_MAX / elem)
-        return CAIRN_ENOMEM;
-    void *q = realloc(*p, (size_t)nc * elem);
-    if (!q)
-        return CAIRN_ENOMEM;
-    *p = q;
-    *cap = nc;
-    return 0;
-}
-
 /* An array value: element type, count, elements. Strings of a top-level array are
  * indexed into f->stroff when `index` is set. */
 static int take_array(struct rd *r, struct gguf_file *f, int depth, bool index, enum gguf_vtype *type,
@@ -208,7 +193,7 @@ static int take_array(struct rd *r, struct gguf_file *f, int depth, bool index, 
             return fail_at(r, at_n, "array count %llu of strings needs at least %llu bytes but %llu remain", (ull)n,
                            n > UINT64_MAX / 8 ? UINT64_MAX : (ull)n * 8, (ull)left(r));
         if (index) {
-            if (grow((void **)&f->stroff, &f->cap_stroff, f->n_stroff + n, sizeof *f->stroff))
+            if (array_reserve(&f->stroff, &f->cap_stroff, f->n_stroff + n, sizeof *f->stroff, 16))
                 return cairn_fail(r->err, r->errlen, CAIRN_ENOMEM, "%s: out of memory indexing %llu strings",
                                   r->ctx, (ull)n);
         }
@@ -280,7 +265,7 @@ static int parse_kvs(struct rd *r, struct gguf_file *f, uint64_t n_kv)
 {
     int rc;
     for (uint64_t i = 0; i < n_kv; i++) {
-        if (grow((void **)&f->kvs, &f->cap_kv, i + 1, sizeof *f->kvs))
+        if (array_reserve(&f->kvs, &f->cap_kv, i + 1, sizeof *f->kvs, 16))
             return cairn_fail(r->err, r->errlen, CAIRN_ENOMEM, "out of memory reading kv %llu", (ull)i);
         struct kv *kv = &f->kvs[i];
         memset(kv, 0, sizeof *kv);
@@ -471,8 +456,8 @@ static int parse(struct gguf_file *f, char *err, size_t errlen)
 
     /* Tensor infos; arrays grow as infos are parsed. */
     for (uint64_t i = 0; i < n_t; i++) {
-        if (grow((void **)&f->tensors, &f->cap_tensors, i + 1, sizeof *f->tensors) ||
-            grow((void **)&f->tensor_off, &f->cap_tensor_off, i + 1, sizeof *f->tensor_off))
+        if (array_reserve(&f->tensors, &f->cap_tensors, i + 1, sizeof *f->tensors, 16) ||
+            array_reserve(&f->tensor_off, &f->cap_tensor_off, i + 1, sizeof *f->tensor_off, 16))
             return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory reading tensor %llu", (ull)i);
         if ((rc = parse_tensor(&r, f, i)))
             return rc;

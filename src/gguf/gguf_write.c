@@ -4,6 +4,7 @@
  * alignment, then each tensor's data padded with zeros to the alignment. */
 #include "gguf/gguf.h"
 
+#include "base/array.h"
 #include "base/dtype.h"
 #include "base/err.h"
 
@@ -65,23 +66,6 @@ void gguf_writer_release(struct gguf_writer *w)
     free(w);
 }
 
-static int reserve(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return 0;
-    size_t nc = *cap ? *cap * 2 : 16;
-    if (nc < need)
-        nc = need;
-    if (nc > SIZE_MAX / elem)
-        return CAIRN_ENOMEM;
-    void *q = realloc(*p, nc * elem);
-    if (!q)
-        return CAIRN_ENOMEM;
-    *p = q;
-    *cap = nc;
-    return 0;
-}
-
 static struct wkv *find_kv(struct gguf_writer *w, const char *key, size_t len)
 {
     for (size_t i = 0; i < w->n_kv; i++)
@@ -105,7 +89,7 @@ static int put_n(struct gguf_writer *w, const char *key, size_t klen, uint8_t *v
         return 0;
     }
     char *k = malloc(klen + 1);
-    if (!k || reserve((void **)&w->kvs, &w->cap_kv, w->n_kv + 1, sizeof *w->kvs)) {
+    if (!k || array_reserve(&w->kvs, &w->cap_kv, w->n_kv + 1, sizeof *w->kvs, 16)) {
         free(k);
         free(val);
         return CAIRN_ENOMEM;
@@ -291,7 +275,7 @@ int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, int type, in
     for (size_t i = 0; i < w->n_t; i++)
         if (!strcmp(w->ts[i].name, name))
             return CAIRN_EINVAL;
-    if (reserve((void **)&w->ts, &w->cap_t, w->n_t + 1, sizeof *w->ts))
+    if (array_reserve(&w->ts, &w->cap_t, w->n_t + 1, sizeof *w->ts, 16))
         return CAIRN_ENOMEM;
     w->ts[w->n_t++] = t;
     return 0;

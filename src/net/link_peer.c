@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "base/array.h"
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
@@ -26,15 +27,9 @@ static int push_notice(struct link *l, enum link_event ev, const char *peer)
         if (l->notice_head) {
             memmove(l->notices, l->notices + l->notice_head, l->n_notices * sizeof *l->notices);
             l->notice_head = 0;
-        } else {
-            size_t cap = l->cap_notices ? 2 * l->cap_notices : 16;
-            struct link_notice *n = realloc(l->notices, cap * sizeof *n);
-            if (!n) {
-                log_error("link %s: out of memory; peer %s notice lost", l->id, peer);
-                return CAIRN_ENOMEM;
-            }
-            l->notices = n;
-            l->cap_notices = cap;
+        } else if (array_reserve(&l->notices, &l->cap_notices, l->n_notices + 1, sizeof *l->notices, 16)) {
+            log_error("link %s: out of memory; peer %s notice lost", l->id, peer);
+            return CAIRN_ENOMEM;
         }
     }
     struct link_notice *n = &l->notices[l->notice_head + l->n_notices++];
@@ -130,14 +125,8 @@ static struct link_route *find_in_route(struct link *l, const uint8_t *rid, size
 
 int link_add_route(struct link *l, struct link_route *r)
 {
-    if (l->n_routes == l->cap_routes) {
-        size_t cap = l->cap_routes ? 2 * l->cap_routes : 8;
-        struct link_route **n = realloc(l->routes, cap * sizeof *n);
-        if (!n)
-            return CAIRN_ENOMEM;
-        l->routes = n;
-        l->cap_routes = cap;
-    }
+    if (array_reserve(&l->routes, &l->cap_routes, l->n_routes + 1, sizeof *l->routes, 8))
+        return CAIRN_ENOMEM;
     l->routes[l->n_routes++] = r;
     l->gen++;
     return 0;

@@ -1,5 +1,6 @@
 #include "node/catalog.h"
 
+#include "base/array.h"
 #include "base/dtype.h"
 #include "base/err.h"
 #include "base/log.h"
@@ -262,15 +263,9 @@ static int list_names(const char *dir, char ***names_out, size_t *n_out, bool *m
             log_warn("models folder %s: more than %d GGUF files, the rest are ignored", dir, CATALOG_MAX_FILES);
             break;
         }
-        if (n == cap) {
-            size_t ncap = cap ? 2 * cap : 16;
-            char **p = realloc(names, ncap * sizeof *p);
-            if (!p) {
-                rc = CAIRN_ENOMEM;
-                break;
-            }
-            names = p;
-            cap = ncap;
+        if (array_reserve(&names, &cap, n + 1, sizeof *names, 16)) {
+            rc = CAIRN_ENOMEM;
+            break;
         }
         if (!(names[n] = strdup(e->d_name))) {
             rc = CAIRN_ENOMEM;

@@ -19,6 +19,7 @@
 #include <curl/curl.h>
 #include <sodium.h>
 
+#include "base/array.h"
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
@@ -820,14 +821,8 @@ static struct dl_entry *entry_find(struct download_mgr *m, const char *model_id)
 
 static struct dl_entry *entry_add(struct download_mgr *m, const char *model_id)
 {
-    if (m->n == m->cap) {
-        size_t cap = m->cap ? 2 * m->cap : 8;
-        struct dl_entry *e = realloc(m->e, cap * sizeof *e);
-        if (!e)
-            return NULL;
-        m->e = e;
-        m->cap = cap;
-    }
+    if (array_reserve(&m->e, &m->cap, m->n + 1, sizeof *m->e, 8))
+        return NULL;
     size_t at = 0;
     while (at < m->n && strcmp(m->e[at].d.model_id, model_id) < 0)
         at++;

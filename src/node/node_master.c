@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/array.h"
 #include "base/err.h"
 #include "base/log.h"
 #include "node/node_int.h"
@@ -110,14 +111,8 @@ struct heard *node_heard_find(struct node *n, const char *id, bool create, int64
             return &n->heard[i];
     if (!create)
         return NULL;
-    if (n->n_heard == n->cap_heard) {
-        size_t cap = n->cap_heard ? 2 * n->cap_heard : 16;
-        struct heard *h = realloc(n->heard, cap * sizeof *h);
-        if (!h)
-            return NULL;
-        n->heard = h;
-        n->cap_heard = cap;
-    }
+    if (array_reserve(&n->heard, &n->cap_heard, n->n_heard + 1, sizeof *n->heard, 16))
+        return NULL;
     struct heard *h = &n->heard[n->n_heard++];
     snprintf(h->id, sizeof h->id, "%s", id);
     h->ms = now;

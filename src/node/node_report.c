@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/array.h"
 #include "base/log.h"
 #include "node/node_int.h"
 
@@ -16,14 +17,8 @@ struct perf *node_perf_find(struct node *n, const char *id, bool create)
             return &n->perfs[i];
     if (!create || n->n_perfs >= LINK_MAX_ROUTES || !ids_valid_id(id))
         return NULL;
-    if (n->n_perfs == n->cap_perfs) {
-        size_t cap = n->cap_perfs ? 2 * n->cap_perfs : 16;
-        struct perf *p = realloc(n->perfs, cap * sizeof *p);
-        if (!p)
-            return NULL;
-        n->perfs = p;
-        n->cap_perfs = cap;
-    }
+    if (array_reserve(&n->perfs, &n->cap_perfs, n->n_perfs + 1, sizeof *n->perfs, 16))
+        return NULL;
     struct perf *p = &n->perfs[n->n_perfs++];
     memset(p, 0, sizeof *p);
     snprintf(p->id, sizeof p->id, "%s", id);

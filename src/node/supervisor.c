@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "node/supervisor.h"
 
+#include "base/array.h"
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
@@ -102,15 +103,9 @@ void supervisor_wake(struct supervisor *s) { wake(s); }
 
 static struct qevent *push(struct supervisor *s, enum supervisor_event_kind kind, const struct sup_runner *r)
 {
-    if (s->nq == s->capq) {
-        size_t ncap = s->capq ? 2 * s->capq : 16;
-        struct qevent *p = realloc(s->q, ncap * sizeof *p);
-        if (!p) {
-            log_error("supervisor: out of memory, an event of runner %s is lost", r->cfg.runner_id);
-            return NULL;
-        }
-        s->q = p;
-        s->capq = ncap;
+    if (array_reserve(&s->q, &s->capq, s->nq + 1, sizeof *s->q, 16)) {
+        log_error("supervisor: out of memory, an event of runner %s is lost", r->cfg.runner_id);
+        return NULL;
     }
     struct qevent *e = &s->q[s->nq++];
     memset(e, 0, sizeof *e);
@@ -324,17 +319,9 @@ static int queue_out(struct sup_runner *r, const struct runner_msg *m)
     char *line = runner_msg_encode(m, &len);
     if (!line)
         return CAIRN_ENOMEM;
-    if (r->out_len + len > r->out_cap) {
-        size_t ncap = r->out_cap ? r->out_cap : 4096;
-        while (ncap < r->out_len + len)
-            ncap *= 2;
-        char *p = realloc(r->out, ncap);
-        if (!p) {
-            free(line);
-            return CAIRN_ENOMEM;
-        }
-        r->out = p;
-        r->out_cap = ncap;
+    if (array_reserve(&r->out, &r->out_cap, r->out_len + len, 1, 4096)) {
+        free(line);
+        return CAIRN_ENOMEM;
     }
     memcpy(r->out + r->out_len, line, len);
     r->out_len += len;
@@ -749,15 +736,9 @@ int supervisor_start(struct supervisor *s, const struct runner_config *cfg, char
         rc = cairn_fail(err, errlen, CAIRN_ESTATE, "runner %s is already supervised", cfg->runner_id);
         goto out;
     }
-    if (s->n == s->cap) {
-        size_t ncap = s->cap ? 2 * s->cap : 8;
-        struct sup_runner **p = realloc(s->runners, ncap * sizeof *p);
-        if (!p) {
-            rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
-            goto out;
-        }
-        s->runners = p;
-        s->cap = ncap;
+    if (array_reserve(&s->runners, &s->cap, s->n + 1, sizeof *s->runners, 8)) {
+        rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+        goto out;
     }
     r = calloc(1, sizeof *r);
     if (r)

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/array.h"
 #include "base/err.h"
 #include "ctl/state.h"
 #include "proto/ids.h"
@@ -130,16 +131,8 @@ int taskbody_put(struct taskbody_store *s, const char *from, const char *msg, si
         rc = cairn_fail(err, errlen, CAIRN_ESTATE, "task body: task %s already has one from %s", b.task_id, from);
     else if (s->n >= TASKBODY_MAX || s->bytes + b.bytes > TASKBODY_MAX_BYTES)
         rc = cairn_fail(err, errlen, CAIRN_EFULL, "task body: %zu bodies (%zu bytes) wait already", s->n, s->bytes);
-    if (!rc && s->n == s->cap) {
-        size_t cap = s->cap ? 2 * s->cap : 16;
-        struct body *v = realloc(s->v, cap * sizeof *v);
-        if (!v)
-            rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
-        else {
-            s->v = v;
-            s->cap = cap;
-        }
-    }
+    if (!rc && array_reserve(&s->v, &s->cap, s->n + 1, sizeof *s->v, 16))
+        rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     if (!rc) {
         s->v[s->n++] = b;
         s->bytes += b.bytes;

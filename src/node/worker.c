@@ -10,6 +10,7 @@
 #include <strings.h>
 #include <time.h>
 
+#include "base/array.h"
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
@@ -140,14 +141,8 @@ static void carry_keep(struct worker *w, const struct wrunner *x)
 {
     struct wcarry *c = carry_find(w, x->id);
     if (!c) {
-        if (w->n_carry == w->cap_carry) {
-            size_t cap = w->cap_carry ? 2 * w->cap_carry : 8;
-            struct wcarry *p = realloc(w->carry, cap * sizeof *p);
-            if (!p)
-                return;
-            w->carry = p;
-            w->cap_carry = cap;
-        }
+        if (array_reserve(&w->carry, &w->cap_carry, w->n_carry + 1, sizeof *w->carry, 8))
+            return;
         c = &w->carry[w->n_carry++];
     }
     snprintf(c->id, sizeof c->id, "%s", x->id);
@@ -193,14 +188,8 @@ static void set_error(struct wrunner *x, const char *error)
 /* Adds a runner (under mu); NULL when out of memory. */
 static struct wrunner *add(struct worker *w, const char *id, const char *instance_id)
 {
-    if (w->n == w->cap) {
-        size_t cap = w->cap ? w->cap * 2 : 8;
-        struct wrunner *r = realloc(w->r, cap * sizeof *r);
-        if (!r)
-            return NULL;
-        w->r = r;
-        w->cap = cap;
-    }
+    if (array_reserve(&w->r, &w->cap, w->n + 1, sizeof *w->r, 8))
+        return NULL;
     struct wrunner *x = &w->r[w->n++];
     memset(x, 0, sizeof *x);
     snprintf(x->id, sizeof x->id, "%s", id);
@@ -220,14 +209,8 @@ static struct wtask *task_find(struct worker *w, const char *id)
 
 static struct wtask *task_add(struct worker *w, const char *id, const char *runner_id, const char *requester)
 {
-    if (w->n_tasks == w->cap_tasks) {
-        size_t cap = w->cap_tasks ? 2 * w->cap_tasks : 16;
-        struct wtask *t = realloc(w->tasks, cap * sizeof *t);
-        if (!t)
-            return NULL;
-        w->tasks = t;
-        w->cap_tasks = cap;
-    }
+    if (array_reserve(&w->tasks, &w->cap_tasks, w->n_tasks + 1, sizeof *w->tasks, 16))
+        return NULL;
     struct wtask *t = &w->tasks[w->n_tasks++];
     memset(t, 0, sizeof *t);
     snprintf(t->id, sizeof t->id, "%s", id);
@@ -238,15 +221,9 @@ static struct wtask *task_add(struct worker *w, const char *id, const char *runn
 
 static void finish_later(struct worker *w, const char *task_id, enum cluster_task_status status, const char *error)
 {
-    if (w->n_finish == w->cap_finish) {
-        size_t cap = w->cap_finish ? 2 * w->cap_finish : 16;
-        struct wfinish *f = realloc(w->finish, cap * sizeof *f);
-        if (!f) {
-            log_error("worker: out of memory; task %s stays in the state", task_id);
-            return;
-        }
-        w->finish = f;
-        w->cap_finish = cap;
+    if (array_reserve(&w->finish, &w->cap_finish, w->n_finish + 1, sizeof *w->finish, 16)) {
+        log_error("worker: out of memory; task %s stays in the state", task_id);
+        return;
     }
     struct wfinish *f = &w->finish[w->n_finish++];
     snprintf(f->task_id, sizeof f->task_id, "%s", task_id);
@@ -429,14 +406,8 @@ static struct wwait *wait_get(struct worker *w, const char *id)
     struct wwait *wt = wait_find(w, id);
     if (wt)
         return wt;
-    if (w->n_waits == w->cap_waits) {
-        size_t cap = w->cap_waits ? 2 * w->cap_waits : 16;
-        struct wwait *v = realloc(w->waits, cap * sizeof *v);
-        if (!v)
-            return NULL;
-        w->waits = v;
-        w->cap_waits = cap;
-    }
+    if (array_reserve(&w->waits, &w->cap_waits, w->n_waits + 1, sizeof *w->waits, 16))
+        return NULL;
     wt = &w->waits[w->n_waits++];
     memset(wt, 0, sizeof *wt);
     snprintf(wt->id, sizeof wt->id, "%s", id);

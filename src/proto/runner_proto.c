@@ -1,5 +1,6 @@
 #include "proto/runner_proto.h"
 
+#include "base/array.h"
 #include "base/err.h"
 #include "proto/status.h"
 #include "proto/taskmsg.h"
@@ -603,14 +604,8 @@ int runner_lines_fill(struct runner_lines *r, int fd)
         memmove(r->buf, r->buf + r->start, r->len);
         r->start = 0;
     }
-    if (r->cap - r->start - r->len < 4096) {
-        size_t ncap = r->cap ? 2 * r->cap : 65536;
-        char *p = realloc(r->buf, ncap);
-        if (!p)
-            return CAIRN_ENOMEM;
-        r->buf = p;
-        r->cap = ncap;
-    }
+    if (array_reserve(&r->buf, &r->cap, r->start + r->len + 4096, 1, 65536))
+        return CAIRN_ENOMEM;
     ssize_t got = read(fd, r->buf + r->start + r->len, r->cap - r->start - r->len);
     if (got < 0)
         return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? RUNNER_LINES_AGAIN : CAIRN_EIO;

@@ -1,5 +1,6 @@
 #include "runner/pipeline.h"
 
+#include "base/array.h"
 #include "base/clock.h"
 #include "base/dtype.h"
 #include "base/err.h"
@@ -7,6 +8,7 @@
 #include "engine/sample.h"
 
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -35,7 +37,8 @@ struct pipeline {
     struct pending *pend;
     int pend_head, n_pend;
     struct dp_ctl *ops;
-    int n_ops, cap_ops;
+    int n_ops;
+    size_t cap_ops;
     bool ops_lost;          /* an op could not be recorded: the mirror is unknown */
     /* Rank 0: the asks staged by pipeline_asks for the next step (n_staged < 0: none),
      * with their bias entries and windows, and where the answers go. */
@@ -181,15 +184,10 @@ static void on_kv_op(void *arg, const struct kv_op *op)
         break;
     default: p->ops_lost = true; return;
     }
-    if (p->n_ops == p->cap_ops) {
-        int cap = p->cap_ops ? 2 * p->cap_ops : 64;
-        struct dp_ctl *n = cap > p->cap_ops ? realloc(p->ops, (size_t)cap * sizeof *n) : NULL;
-        if (!n) {
-            p->ops_lost = true;
-            return;
-        }
-        p->ops = n;
-        p->cap_ops = cap;
+    if (p->n_ops == INT_MAX ||
+        array_reserve(&p->ops, &p->cap_ops, (size_t)p->n_ops + 1, sizeof *p->ops, 64)) {
+        p->ops_lost = true;
+        return;
     }
     p->ops[p->n_ops++] = c;
 }
@@ -575,21 +573,6 @@ int pipeline_submit(void *pv, struct kv_cache *kv, const struct batch *b, char *
     return 0;
 }
 
-static bool grow(void **buf, size_t *cap, size_t need, size_t size)
-{
-    if (need <= *cap)
-        return true;
-    size_t n = *cap ? *cap : 256;
-    while (n < need)
-        n *= 2;
-    void *b = realloc(*buf, n * size);
-    if (!b)
-        return false;
-    *buf = b;
-    *cap = n;
-    return true;
-}
-
 int pipeline_asks(void *pv, const struct sched_ask *ask, int n, struct sched_token *answer, char *err,
                   size_t errlen)
 {
@@ -619,8 +602,10 @@ int pipeline_asks(void *pv, const struct sched_ask *ask, int n, struct sched_tok
                              .frequency_penalty = sp->frequency_penalty, .top_k = sp->top_k,
                              .penalty_last_n = sp->penalty_last_n, .n_bias = (uint32_t)sp->n_bias,
                              .n_hist = (uint32_t)a->n_window};
-        if (!grow((void **)&p->st_bias, &p->cap_st_bias, p->n_st_bias + (size_t)sp->n_bias, sizeof *p->st_bias) ||
-            !grow((void **)&p->st_hist, &p->cap_st_hist, p->n_st_hist + (size_t)a->n_window, sizeof *p->st_hist))
+        if (array_reserve(&p->st_bias, &p->cap_st_bias, p->n_st_bias + (size_t)sp->n_bias, sizeof *p->st_bias,
+                          256) ||
+            array_reserve(&p->st_hist, &p->cap_st_hist, p->n_st_hist + (size_t)a->n_window, sizeof *p->st_hist,
+                          256))
             return cairn_fail(err, errlen, CAIRN_ENOMEM, "pipeline_asks: out of memory");
         for (int k = 0; k < sp->n_bias; k++)
             p->st_bias[p->n_st_bias++] = (struct dp_bias){.token = sp->bias[k].token, .bias = sp->bias[k].bias};
@@ -764,7 +749,7 @@ static int answer_asks(struct pipeline *p, const struct dp_activations *a, struc
             skipped++;
             continue;
         }
-        if (!grow((void **)&p->lb, &p->cap_lb, d->n_bias, sizeof *p->lb))
+        if (array_reserve(&p->lb, &p->cap_lb, d->n_bias, sizeof *p->lb, 256))
             return CAIRN_ENOMEM;
         for (uint32_t k = 0; k < d->n_bias; k++)
             p->lb[k] = (struct logit_bias){.token = bias[k].token, .bias = bias[k].bias};

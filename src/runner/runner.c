@@ -13,6 +13,7 @@
  * (runner_link.h) and reports Ready. Rank 0 runs the scheduler as above, its forward
  * pass going through every rank (runner/pipeline.h); the other ranks only serve the
  * stage. A link that ends fails the runner (its requests end with the error). */
+#include "base/array.h"
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/mem.h"
@@ -957,14 +958,9 @@ static char *read_stdin(void)
         len += got;
         if (got == 0)
             break;
-        if (len == cap) {
-            char *p = cap < ((size_t)1 << 20) ? realloc(buf, cap * 2) : NULL;
-            if (!p) {
-                free(buf);
-                return NULL;
-            }
-            buf = p;
-            cap *= 2;
+        if (len == cap && (cap >= ((size_t)1 << 20) || array_reserve(&buf, &cap, len + 1, 1, 0))) {
+            free(buf);
+            return NULL;
         }
     }
     if (buf)

@@ -1,5 +1,6 @@
 #include "tmpl/chat.h"
 
+#include "base/array.h"
 #include "base/err.h"
 #include "base/log.h"
 #include "gguf/gguf.h"
@@ -68,14 +69,8 @@ bool chat_has_template(const struct chat *c) { return c->tmpl != NULL; }
 /* Appends to a growing buffer; returns false on allocation failure. */
 static bool append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
 {
-    if (*len + n + 1 > *cap) {
-        size_t nc = (*cap ? *cap * 2 : 256) + n;
-        char *nb = realloc(*buf, nc);
-        if (!nb)
-            return false;
-        *buf = nb;
-        *cap = nc;
-    }
+    if (array_reserve(buf, cap, *len + n + 1, 1, 256))
+        return false;
     memcpy(*buf + *len, s, n);
     *len += n;
     (*buf)[*len] = 0;

@@ -4,6 +4,7 @@
  * each frame starts with as undefined. */
 #include "tmpl/tmpl_int.h"
 
+#include "base/array.h"
 #include "base/err.h"
 
 #include <stdarg.h>
@@ -53,15 +54,10 @@ static bool check_depth(struct checker *K, const struct nvec *body)
     size_t n = 0, cap = 0;
     bool ok = true;
     for (uint32_t i = 0; i < body->n && ok; i++) {
-        if (n == cap) {
-            cap = cap ? cap * 2 : 256;
-            struct item *ns = realloc(st, cap * sizeof *st);
-            if (!ns) {
-                coom(K);
-                ok = false;
-                break;
-            }
-            st = ns;
+        if (array_reserve(&st, &cap, n + 1, sizeof *st, 256)) {
+            coom(K);
+            ok = false;
+            break;
         }
         st[n++] = (struct item){body->v[i], 1};
         while (n && ok) {
@@ -73,16 +69,10 @@ static bool check_depth(struct checker *K, const struct nvec *body)
             }
             const struct tnode *kids[3] = {it.n->a, it.n->b, it.n->c};
             size_t need = 3 + it.n->v.n + it.n->w.n;
-            if (n + need > cap) {
-                while (n + need > cap)
-                    cap *= 2;
-                struct item *ns = realloc(st, cap * sizeof *st);
-                if (!ns) {
-                    coom(K);
-                    ok = false;
-                    break;
-                }
-                st = ns;
+            if (array_reserve(&st, &cap, n + need, sizeof *st, 256)) {
+                coom(K);
+                ok = false;
+                break;
             }
             for (int k = 0; k < 3; k++)
                 if (kids[k])

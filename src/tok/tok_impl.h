@@ -123,11 +123,12 @@ struct tok_scratch {
     pcre2_jit_stack *jstack;
 };
 
-/* Grows the array *where (now old, *cap elements of elem bytes) to at least need
- * elements; 0 or CAIRN_ENOMEM (the array is kept). Use through TOK_RESERVE. */
-int tok_reserve(void *where, void *old, int64_t *cap, int64_t need, size_t elem);
+/* array_reserve (base/array.h) for the int64_t capacities of tok: grows the array whose
+ * pointer is at where (*cap elements of elem bytes) to at least need elements, doubling
+ * from 64; 0 or CAIRN_ENOMEM (the array is kept). Use through TOK_RESERVE. */
+int tok_reserve(void *where, int64_t *cap, int64_t need, size_t elem);
 #define TOK_RESERVE(ptr, cap, need, elem) \
-    ((int64_t)(need) <= (cap) ? 0 : tok_reserve(&(ptr), (ptr), &(cap), (int64_t)(need), (elem)))
+    ((int64_t)(need) <= (cap) ? 0 : tok_reserve(&(ptr), &(cap), (int64_t)(need), (elem)))
 void tok_scratch_free(struct tok_scratch *s);
 
 /* UTF-8 */

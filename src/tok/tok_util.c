@@ -1,6 +1,7 @@
 /* Helpers shared by the tokenizers: interned strings, id arrays, scratch, UTF-8. */
 #include "tok/tok_impl.h"
 
+#include "base/array.h"
 #include "base/err.h"
 
 #include <stdlib.h>
@@ -111,16 +112,8 @@ int32_t tok_strtab_add(struct tok_strtab *st, const char *s, size_t len)
         if (rc)
             return rc;
     }
-    if (len + 1 > st->blob_cap - st->blob_len) {
-        size_t nc = st->blob_cap * 2;
-        while (nc - st->blob_len < len + 1)
-            nc *= 2;
-        char *nb = realloc(st->blob, nc);
-        if (!nb)
-            return CAIRN_ENOMEM;
-        st->blob = nb;
-        st->blob_cap = nc;
-    }
+    if (array_reserve(&st->blob, &st->blob_cap, st->blob_len + len + 1, 1, 64))
+        return CAIRN_ENOMEM;
     memcpy(st->blob + st->blob_len, s, len);
     st->blob[st->blob_len + len] = 0;
     st->blob_len += len + 1;
@@ -135,32 +128,20 @@ int32_t tok_strtab_add(struct tok_strtab *st, const char *s, size_t len)
 
 int tok_ids_push(struct tok_ids *a, int32_t id)
 {
-    if (a->n == a->cap) {
-        int64_t nc = a->cap ? a->cap * 2 : 256;
-        int32_t *nv = realloc(a->v, (size_t)nc * sizeof *nv);
-        if (!nv)
-            return CAIRN_ENOMEM;
-        a->v = nv;
-        a->cap = nc;
-    }
+    if (TOK_RESERVE(a->v, a->cap, a->n + 1, sizeof *a->v))
+        return CAIRN_ENOMEM;
     a->v[a->n++] = id;
     return 0;
 }
 
-int tok_reserve(void *where, void *old, int64_t *cap, int64_t need, size_t elem)
+int tok_reserve(void *where, int64_t *cap, int64_t need, size_t elem)
 {
     if (need <= *cap)
         return 0;
-    int64_t nc = *cap ? *cap : 64;
-    while (nc < need)
-        nc *= 2;
-    if ((uint64_t)nc > SIZE_MAX / elem)
+    size_t nc = (size_t)*cap;
+    if (array_reserve(where, &nc, (size_t)need, elem, 64))
         return CAIRN_ENOMEM;
-    void *np = realloc(old, (size_t)nc * elem);
-    if (!np)
-        return CAIRN_ENOMEM;
-    memcpy(where, &np, sizeof np); /* *where is an object pointer of any type */
-    *cap = nc;
+    *cap = (int64_t)nc; /* at most PTRDIFF_MAX */
     return 0;
 }
 
