@@ -11,6 +11,7 @@
 #include "api/apireq.h"
 #include "api/apiutil.h"
 #include "base/err.h"
+#include "base/json.h"
 #include "base/log.h"
 #include "proto/ids.h"
 
@@ -80,28 +81,28 @@ static void reply_error(struct http_request *req, int status, const char *msg)
 /* ---------- messages ---------- */
 
 /* Text blocks ([{"type": "text", "text"}]) or a string, joined with "\n" into out. */
-static int text_blocks(const json_t *c, const char *path, struct strbuf *out, struct apiutil_err *e)
+static int text_blocks(const json_t *c, const char *path, struct strbuf *out, struct json_err *e)
 {
     if (absent(c))
         return 0;
     if (json_is_string(c))
         return strbuf_put(out, json_string_value(c), json_string_length(c)) ? CAIRN_ENOMEM : 0;
     if (!json_is_array(c))
-        return apiutil_fail(e, NULL, "%s: expected a string or an array of text blocks", path);
+        return json_fail(e, NULL, "%s: expected a string or an array of text blocks", path);
     size_t j;
     const json_t *b;
     json_array_foreach(c, j, b) {
         const char *type = json_string_value(json_object_get(b, "type"));
         const json_t *text = json_object_get(b, "text");
         if (!type)
-            return apiutil_fail(e, NULL, "%s[%zu].type: expected a string", path, j);
+            return json_fail(e, NULL, "%s[%zu].type: expected a string", path, j);
         if (!strcmp(type, "image") || !strcmp(type, "document"))
-            return apiutil_fail(e, NULL, "%s[%zu]: %s content is not supported (text models only)",
-                                path, j, type);
+            return json_fail(e, NULL, "%s[%zu]: %s content is not supported (text models only)",
+                             path, j, type);
         if (strcmp(type, "text") != 0)
-            return apiutil_fail(e, NULL, "%s[%zu].type: expected \"text\"", path, j);
+            return json_fail(e, NULL, "%s[%zu].type: expected \"text\"", path, j);
         if (!json_is_string(text))
-            return apiutil_fail(e, NULL, "%s[%zu].text: expected a string", path, j);
+            return json_fail(e, NULL, "%s[%zu].text: expected a string", path, j);
         if ((j > 0 && strbuf_put(out, "\n", 1)) || strbuf_put(out, json_string_value(text), json_string_length(text)))
             return CAIRN_ENOMEM;
     }
@@ -117,17 +118,17 @@ static int append_msg(json_t *out, const char *role, const char *content)
 }
 
 /* Refuses a block that no message may hold here; 0 for the types the caller handles. */
-static int other_block(const char *type, const char *path, struct apiutil_err *e)
+static int other_block(const char *type, const char *path, struct json_err *e)
 {
     if (!strcmp(type, "image") || !strcmp(type, "document"))
-        return apiutil_fail(e, NULL, "%s: %s content is not supported (text models only)", path,
-                            type);
-    return apiutil_fail(e, NULL, "%s.type: unsupported content block type '%.64s'", path, type);
+        return json_fail(e, NULL, "%s: %s content is not supported (text models only)", path,
+                         type);
+    return json_fail(e, NULL, "%s.type: unsupported content block type '%.64s'", path, type);
 }
 
 /* A user message's blocks: text joined into a user message, each tool_result a "tool"
  * message, in their order. */
-static int user_blocks(const json_t *blocks, const char *path, json_t *out, struct apiutil_err *e)
+static int user_blocks(const json_t *blocks, const char *path, json_t *out, struct json_err *e)
 {
     struct strbuf text = {0};
     bool have_text = false, emitted = false;
@@ -139,13 +140,13 @@ static int user_blocks(const json_t *blocks, const char *path, json_t *out, stru
         snprintf(bp, sizeof bp, "%s[%zu]", path, j);
         const char *type = json_string_value(json_object_get(b, "type"));
         if (!type) {
-            rc = apiutil_fail(e, NULL, "%s.type: expected a string", bp);
+            rc = json_fail(e, NULL, "%s.type: expected a string", bp);
             break;
         }
         if (!strcmp(type, "text")) {
             const json_t *t = json_object_get(b, "text");
             if (!json_is_string(t)) {
-                rc = apiutil_fail(e, NULL, "%s.text: expected a string", bp);
+                rc = json_fail(e, NULL, "%s.text: expected a string", bp);
                 break;
             }
             if ((have_text && strbuf_put(&text, "\n", 1)) || strbuf_put(&text, json_string_value(t), json_string_length(t))) {
@@ -156,11 +157,11 @@ static int user_blocks(const json_t *blocks, const char *path, json_t *out, stru
         } else if (!strcmp(type, "tool_result")) {
             const json_t *id = json_object_get(b, "tool_use_id"), *is_err = json_object_get(b, "is_error");
             if (!json_is_string(id) || json_string_length(id) == 0) {
-                rc = apiutil_fail(e, NULL, "%s.tool_use_id: expected a string", bp);
+                rc = json_fail(e, NULL, "%s.tool_use_id: expected a string", bp);
                 break;
             }
             if (!absent(is_err) && !json_is_boolean(is_err)) {
-                rc = apiutil_fail(e, NULL, "%s.is_error: expected true or false", bp);
+                rc = json_fail(e, NULL, "%s.is_error: expected true or false", bp);
                 break;
             }
             if (have_text) { /* text before a result stays before it */
@@ -183,7 +184,7 @@ static int user_blocks(const json_t *blocks, const char *path, json_t *out, stru
                 break;
             emitted = true;
         } else if (!strcmp(type, "tool_use") || !strcmp(type, "thinking")) {
-            rc = apiutil_fail(e, NULL, "%s.type: %s blocks belong to assistant messages", bp, type);
+            rc = json_fail(e, NULL, "%s.type: %s blocks belong to assistant messages", bp, type);
             break;
         } else {
             rc = other_block(type, bp, e);
@@ -198,7 +199,7 @@ static int user_blocks(const json_t *blocks, const char *path, json_t *out, stru
 
 /* An assistant message's blocks: text, thinking as reasoning_content, tool_use as
  * tool_calls with the input as the arguments object. */
-static int assistant_blocks(const json_t *blocks, const char *path, json_t *out, struct apiutil_err *e)
+static int assistant_blocks(const json_t *blocks, const char *path, json_t *out, struct json_err *e)
 {
     struct strbuf text = {0}, thinking = {0};
     json_t *calls = json_array(), *m = NULL;
@@ -212,13 +213,13 @@ static int assistant_blocks(const json_t *blocks, const char *path, json_t *out,
         snprintf(bp, sizeof bp, "%s[%zu]", path, j);
         const char *type = json_string_value(json_object_get(b, "type"));
         if (!type) {
-            rc = apiutil_fail(e, NULL, "%s.type: expected a string", bp);
+            rc = json_fail(e, NULL, "%s.type: expected a string", bp);
         } else if (!strcmp(type, "text") || !strcmp(type, "thinking")) {
             bool is_text = !strcmp(type, "text");
             const json_t *t = json_object_get(b, type);
             struct strbuf *dst = is_text ? &text : &thinking;
             if (!json_is_string(t))
-                rc = apiutil_fail(e, NULL, "%s.%s: expected a string", bp, type);
+                rc = json_fail(e, NULL, "%s.%s: expected a string", bp, type);
             else if ((dst->len && strbuf_put(dst, "\n", 1)) || strbuf_put(dst, json_string_value(t), json_string_length(t)))
                 rc = CAIRN_ENOMEM;
         } else if (!strcmp(type, "redacted_thinking")) {
@@ -228,18 +229,18 @@ static int assistant_blocks(const json_t *blocks, const char *path, json_t *out,
                          *input = json_object_get(b, "input");
             json_t *call = NULL;
             if (!json_is_string(id) || json_string_length(id) == 0)
-                rc = apiutil_fail(e, NULL, "%s.id: expected a string", bp);
+                rc = json_fail(e, NULL, "%s.id: expected a string", bp);
             else if (!json_is_string(name) || json_string_length(name) == 0)
-                rc = apiutil_fail(e, NULL, "%s.name: expected a string", bp);
+                rc = json_fail(e, NULL, "%s.name: expected a string", bp);
             else if (!absent(input) && !json_is_object(input))
-                rc = apiutil_fail(e, NULL, "%s.input: expected an object", bp);
+                rc = json_fail(e, NULL, "%s.input: expected an object", bp);
             else if (!(call = json_pack("{s:O,s:s,s:{s:O,s:o}}", "id", (json_t *)id, "type", "function", "function",
                                         "name", (json_t *)name, "arguments",
                                         absent(input) ? json_object() : json_deep_copy(input))) ||
                      json_array_append_new(calls, call) != 0)
                 rc = CAIRN_ENOMEM;
         } else if (!strcmp(type, "tool_result")) {
-            rc = apiutil_fail(e, NULL, "%s.type: tool_result blocks belong to user messages", bp);
+            rc = json_fail(e, NULL, "%s.type: tool_result blocks belong to user messages", bp);
         } else {
             rc = other_block(type, bp, e);
         }
@@ -257,7 +258,7 @@ static int assistant_blocks(const json_t *blocks, const char *path, json_t *out,
     return rc;
 }
 
-static int read_messages(const json_t *body, json_t *out, struct apiutil_err *e)
+static int read_messages(const json_t *body, json_t *out, struct json_err *e)
 {
     const json_t *sys = json_object_get(body, "system"), *msgs = json_object_get(body, "messages");
     struct strbuf st = {0};
@@ -268,11 +269,11 @@ static int read_messages(const json_t *body, json_t *out, struct apiutil_err *e)
     if (rc)
         return rc;
     if (absent(msgs))
-        return apiutil_fail(e, NULL, "messages: field required");
+        return json_fail(e, NULL, "messages: field required");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-        return apiutil_fail(e, NULL, "messages: expected a non-empty array");
+        return json_fail(e, NULL, "messages: expected a non-empty array");
     if (json_array_size(msgs) > TEXTGEN_MAX_MESSAGES)
-        return apiutil_fail(e, NULL, "messages: at most %d messages", TEXTGEN_MAX_MESSAGES);
+        return json_fail(e, NULL, "messages: at most %d messages", TEXTGEN_MAX_MESSAGES);
     size_t i;
     const json_t *m;
     json_array_foreach(msgs, i, m) {
@@ -281,9 +282,9 @@ static int read_messages(const json_t *body, json_t *out, struct apiutil_err *e)
         const char *role = json_string_value(json_object_get(m, "role"));
         const json_t *c = json_object_get(m, "content");
         if (!json_is_object(m))
-            return apiutil_fail(e, NULL, "%s: expected an object", path);
+            return json_fail(e, NULL, "%s: expected an object", path);
         if (!role || (strcmp(role, "user") != 0 && strcmp(role, "assistant") != 0))
-            return apiutil_fail(e, NULL, "%s.role: expected \"user\" or \"assistant\"", path);
+            return json_fail(e, NULL, "%s.role: expected \"user\" or \"assistant\"", path);
         bool user = !strcmp(role, "user");
         char cp[80];
         snprintf(cp, sizeof cp, "%s.content", path);
@@ -292,7 +293,7 @@ static int read_messages(const json_t *body, json_t *out, struct apiutil_err *e)
         else if (json_is_array(c))
             rc = user ? user_blocks(c, cp, out, e) : assistant_blocks(c, cp, out, e);
         else
-            rc = apiutil_fail(e, NULL, "%s: expected a string or an array of content blocks", cp);
+            rc = json_fail(e, NULL, "%s: expected a string or an array of content blocks", cp);
         if (rc)
             return rc;
     }
@@ -301,12 +302,12 @@ static int read_messages(const json_t *body, json_t *out, struct apiutil_err *e)
 
 /* ---------- tools, thinking, the rest ---------- */
 
-static int read_tools(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+static int read_tools(const json_t *body, struct textgen_params *p, struct json_err *e)
 {
     const json_t *tools = json_object_get(body, "tools"), *choice = json_object_get(body, "tool_choice");
     if (!absent(tools)) {
         if (!json_is_array(tools))
-            return apiutil_fail(e, NULL, "tools: expected an array");
+            return json_fail(e, NULL, "tools: expected an array");
         if (json_array_size(tools) && !(p->tools = json_array()))
             return CAIRN_ENOMEM;
         size_t i;
@@ -315,17 +316,17 @@ static int read_tools(const json_t *body, struct textgen_params *p, struct apiut
             const json_t *type = json_object_get(t, "type"), *name = json_object_get(t, "name"),
                          *desc = json_object_get(t, "description"), *schema = json_object_get(t, "input_schema");
             if (!json_is_object(t))
-                return apiutil_fail(e, NULL, "tools[%zu]: expected an object", i);
+                return json_fail(e, NULL, "tools[%zu]: expected an object", i);
             if (!absent(type) && !(json_is_string(type) && !strcmp(json_string_value(type), "custom")))
-                return apiutil_fail(e, NULL,
-                                    "tools[%zu].type: only client tools (\"custom\", with input_schema) are supported",
-                                    i);
+                return json_fail(e, NULL,
+                                 "tools[%zu].type: only client tools (\"custom\", with input_schema) are supported",
+                                 i);
             if (!json_is_string(name) || json_string_length(name) == 0)
-                return apiutil_fail(e, NULL, "tools[%zu].name: expected a string", i);
+                return json_fail(e, NULL, "tools[%zu].name: expected a string", i);
             if (!absent(desc) && !json_is_string(desc))
-                return apiutil_fail(e, NULL, "tools[%zu].description: expected a string", i);
+                return json_fail(e, NULL, "tools[%zu].description: expected a string", i);
             if (!json_is_object(schema))
-                return apiutil_fail(e, NULL, "tools[%zu].input_schema: expected an object", i);
+                return json_fail(e, NULL, "tools[%zu].input_schema: expected an object", i);
             json_t *f = json_pack("{s:O,s:O}", "name", (json_t *)name, "parameters", (json_t *)schema);
             json_t *o = f ? json_pack("{s:s,s:o}", "type", "function", "function", f) : NULL;
             if (!o || json_array_append_new(p->tools, o) != 0 ||
@@ -338,18 +339,18 @@ static int read_tools(const json_t *body, struct textgen_params *p, struct apiut
     const char *type = json_string_value(json_object_get(choice, "type"));
     const json_t *dp = json_object_get(choice, "disable_parallel_tool_use");
     if (!json_is_object(choice))
-        return apiutil_fail(e, NULL, "tool_choice: expected an object");
+        return json_fail(e, NULL, "tool_choice: expected an object");
     if (!type || (strcmp(type, "auto") && strcmp(type, "any") && strcmp(type, "tool") && strcmp(type, "none")))
-        return apiutil_fail(e, NULL, "tool_choice.type: expected auto, any, tool or none");
+        return json_fail(e, NULL, "tool_choice.type: expected auto, any, tool or none");
     if (!absent(dp) && !json_is_boolean(dp))
-        return apiutil_fail(e, NULL, "tool_choice.disable_parallel_tool_use: expected true or false");
+        return json_fail(e, NULL, "tool_choice.disable_parallel_tool_use: expected true or false");
     if (!strcmp(type, "none")) {
         json_decref(p->tools);
         p->tools = NULL;
     } else if (!strcmp(type, "tool")) {
         const char *name = json_string_value(json_object_get(choice, "name"));
         if (!name)
-            return apiutil_fail(e, NULL, "tool_choice.name: expected a string");
+            return json_fail(e, NULL, "tool_choice.name: expected a string");
         json_t *only = NULL;
         size_t i;
         json_t *t;
@@ -357,34 +358,34 @@ static int read_tools(const json_t *body, struct textgen_params *p, struct apiut
             if (!only && !strcmp(apiutil_str(json_object_get(t, "function"), "name"), name))
                 only = json_pack("[O]", t);
         if (!only)
-            return apiutil_fail(e, NULL, "tool_choice.name: no tool named '%.64s'", name);
+            return json_fail(e, NULL, "tool_choice.name: no tool named '%.64s'", name);
         json_decref(p->tools);
         p->tools = only;
     }
     return 0;
 }
 
-static int read_thinking(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+static int read_thinking(const json_t *body, struct textgen_params *p, struct json_err *e)
 {
     const json_t *t = json_object_get(body, "thinking");
     if (absent(t))
         return 0;
     if (!json_is_object(t))
-        return apiutil_fail(e, NULL, "thinking: expected an object");
+        return json_fail(e, NULL, "thinking: expected an object");
     const char *type = json_string_value(json_object_get(t, "type"));
     if (!type || (strcmp(type, "enabled") && strcmp(type, "disabled") && strcmp(type, "adaptive")))
-        return apiutil_fail(e, NULL, "thinking.type: expected enabled, disabled or adaptive");
+        return json_fail(e, NULL, "thinking.type: expected enabled, disabled or adaptive");
     const json_t *budget = json_object_get(t, "budget_tokens");
     int64_t b;
-    if (!absent(budget) && (!apiutil_int_value(budget, &b) || b < 1))
-        return apiutil_fail(e, NULL, "thinking.budget_tokens: expected an integer >= 1");
+    if (!absent(budget) && (!json_int_value(budget, &b) || b < 1))
+        return json_fail(e, NULL, "thinking.budget_tokens: expected an integer >= 1");
     if (!(p->template_kwargs = json_pack("{s:b}", "enable_thinking", strcmp(type, "disabled") != 0)))
         return CAIRN_ENOMEM;
     return 0;
 }
 
 /* The whole request into p (textgen_params_init'ed); *model borrowed from body. */
-static int read_request(const json_t *body, struct textgen_params *p, bool *stream, const char **model, struct apiutil_err *e)
+static int read_request(const json_t *body, struct textgen_params *p, bool *stream, const char **model, struct json_err *e)
 {
     const json_t *m = json_object_get(body, "model"), *mt = json_object_get(body, "max_tokens"),
                  *meta = json_object_get(body, "metadata");
@@ -393,22 +394,22 @@ static int read_request(const json_t *body, struct textgen_params *p, bool *stre
     bool given_k, given_t, given_p;
     int rc;
     if (absent(m))
-        return apiutil_fail(e, NULL, "model: field required");
+        return json_fail(e, NULL, "model: field required");
     if (!json_is_string(m) || json_string_length(m) == 0)
-        return apiutil_fail(e, NULL, "model: expected a non-empty string");
+        return json_fail(e, NULL, "model: expected a non-empty string");
     *model = json_string_value(m);
     if (absent(mt))
-        return apiutil_fail(e, NULL, "max_tokens: field required");
-    if (!apiutil_int_value(mt, &n) || n < 1)
-        return apiutil_fail(e, NULL, "max_tokens: expected an integer >= 1");
+        return json_fail(e, NULL, "max_tokens: field required");
+    if (!json_int_value(mt, &n) || n < 1)
+        return json_fail(e, NULL, "max_tokens: expected an integer >= 1");
     p->max_tokens = n > RUNNER_MAX_GENERATE ? RUNNER_MAX_GENERATE : n;
-    if ((rc = apiutil_opt_bool(body, NULL, "stream", stream, NULL, e)))
+    if ((rc = json_opt_bool(body, NULL, "stream", stream, NULL, e)))
         return rc;
     if (!absent(meta) && !json_is_object(meta))
-        return apiutil_fail(e, NULL, "metadata: expected an object");
-    if ((rc = apiutil_opt_int(body, NULL, "top_k", 0, 1 << 24, &top_k, &given_k, e)) ||
-        (rc = apiutil_opt_number(body, NULL, "temperature", 0, 1, false, &t, &given_t, e)) ||
-        (rc = apiutil_opt_number(body, NULL, "top_p", 0, 1, true, &top_p, &given_p, e)) ||
+        return json_fail(e, NULL, "metadata: expected an object");
+    if ((rc = json_opt_int(body, NULL, "top_k", 0, 1 << 24, &top_k, &given_k, e)) ||
+        (rc = json_opt_number(body, NULL, "temperature", 0, 1, false, &t, &given_t, e)) ||
+        (rc = json_opt_number(body, NULL, "top_p", 0, 1, true, &top_p, &given_p, e)) ||
         (rc = apiutil_opt_stop(body, NULL, "stop_sequences", false, p, e)) ||
         (rc = read_tools(body, p, e)) || (rc = read_thinking(body, p, e)))
         return rc;
@@ -677,7 +678,7 @@ static void h_messages(struct http_request *req, void *ctx)
 {
     const struct gen *g = ctx;
     const json_t *body = http_req_json(req);
-    struct apiutil_err e = {{0}, {0}};
+    struct json_err e = {{0}, {0}};
     const char *model = NULL;
     bool stream = false;
     struct textgen_params p;

@@ -1,8 +1,6 @@
 #define _GNU_SOURCE
 #include "api/apiutil.h"
 
-#include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,141 +8,30 @@
 
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/json.h"
 #include "proto/ids.h"
 
-int apiutil_fail(struct apiutil_err *e, const char *param, const char *fmt, ...)
-{
-    if (!e)
-        return CAIRN_EFORMAT;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    char why[APIUTIL_MSG_MAX - APIUTIL_PARAM_MAX - 2]; /* so param and why always fit */
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    if (e->param[0])
-        snprintf(e->message, sizeof e->message, "%s: %s", e->param, why);
-    else
-        snprintf(e->message, sizeof e->message, "%s", why);
-    return CAIRN_EFORMAT;
-}
-
-void apiutil_member_path(char *dst, size_t cap, const char *path, const char *key)
-{
-    bool top = !path || !path[0];
-    ids_path(dst, cap, "%s%s%s", top ? "" : path, top ? "" : ".", key);
-}
-
-/* The member, or NULL when missing or JSON null. */
-static const json_t *member(const json_t *obj, const char *key, bool *given)
-{
-    const json_t *v = json_object_get(obj, key);
-    if (v && json_is_null(v))
-        v = NULL;
-    if (given)
-        *given = v != NULL;
-    return v;
-}
-
-bool apiutil_int_value(const json_t *v, int64_t *out)
-{
-    if (json_is_integer(v)) {
-        *out = (int64_t)json_integer_value(v);
-        return true;
-    }
-    double d = json_is_real(v) ? json_real_value(v) : NAN;
-    /* Below 2^53 every integral double is exact and converts without overflow. */
-    if (!isfinite(d) || d != floor(d) || fabs(d) >= 9007199254740992.0)
-        return false;
-    *out = (int64_t)d;
-    return true;
-}
-
-int apiutil_opt_number(const json_t *obj, const char *path, const char *key, double lo, double hi,
-                       bool lo_open, double *out, bool *given, struct apiutil_err *e)
-{
-    const json_t *v = member(obj, key, given);
-    if (!v)
-        return 0;
-    double d = json_is_number(v) ? json_number_value(v) : NAN;
-    if (!isfinite(d) || d > hi || (lo_open ? d <= lo : d < lo)) {
-        char p[APIUTIL_PARAM_MAX];
-        apiutil_member_path(p, sizeof p, path, key);
-        return apiutil_fail(e, p, "expected a number in %s%g, %g]", lo_open ? "(" : "[", lo, hi);
-    }
-    *out = d;
-    return 0;
-}
-
-int apiutil_opt_int(const json_t *obj, const char *path, const char *key, int64_t lo, int64_t hi,
-                    int64_t *out, bool *given, struct apiutil_err *e)
-{
-    const json_t *v = member(obj, key, given);
-    if (!v)
-        return 0;
-    int64_t n;
-    if (!apiutil_int_value(v, &n) || n < lo || n > hi) {
-        char p[APIUTIL_PARAM_MAX];
-        apiutil_member_path(p, sizeof p, path, key);
-        return apiutil_fail(e, p, "expected an integer in [%lld, %lld]", (long long)lo,
-                            (long long)hi);
-    }
-    *out = n;
-    return 0;
-}
-
-int apiutil_opt_bool(const json_t *obj, const char *path, const char *key, bool *out, bool *given,
-                     struct apiutil_err *e)
-{
-    const json_t *v = member(obj, key, given);
-    if (!v)
-        return 0;
-    if (!json_is_boolean(v)) {
-        char p[APIUTIL_PARAM_MAX];
-        apiutil_member_path(p, sizeof p, path, key);
-        return apiutil_fail(e, p, "expected true or false");
-    }
-    *out = json_is_true(v);
-    return 0;
-}
-
-int apiutil_opt_string(const json_t *obj, const char *path, const char *key, const char **out,
-                       struct apiutil_err *e)
-{
-    const json_t *v = member(obj, key, NULL);
-    *out = NULL;
-    if (!v)
-        return 0;
-    if (!json_is_string(v)) {
-        char p[APIUTIL_PARAM_MAX];
-        apiutil_member_path(p, sizeof p, path, key);
-        return apiutil_fail(e, p, "expected a string");
-    }
-    *out = json_string_value(v);
-    return 0;
-}
-
 int apiutil_opt_stop(const json_t *obj, const char *path, const char *key, bool one_string,
-                     struct textgen_params *p, struct apiutil_err *e)
+                     struct textgen_params *p, struct json_err *e)
 {
-    const json_t *v = member(obj, key, NULL);
+    const json_t *v = json_opt_get(obj, key, NULL);
     if (!v)
         return 0;
-    char name[APIUTIL_PARAM_MAX], at[APIUTIL_PARAM_MAX];
-    apiutil_member_path(name, sizeof name, path, key);
+    char name[JSON_ERR_PATH_MAX], at[JSON_ERR_PATH_MAX];
+    json_member_path(name, sizeof name, path, key);
     bool single = one_string && json_is_string(v);
     if ((!single && !json_is_array(v)) || json_array_size(v) > TEXTGEN_MAX_STOP)
-        return apiutil_fail(e, name, "expected %san array of at most %d strings",
-                            one_string ? "a string or " : "", TEXTGEN_MAX_STOP);
+        return json_fail(e, name, "expected %san array of at most %d strings",
+                         one_string ? "a string or " : "", TEXTGEN_MAX_STOP);
     size_t n = single ? 1 : json_array_size(v);
     for (size_t i = 0; i < n; i++) {
         const json_t *s = single ? v : json_array_get(v, i);
         size_t len = json_string_length(s);
-        ids_path(at, sizeof at, single ? "%s" : "%s[%zu]", name, i);
+        json_path(at, sizeof at, single ? "%s" : "%s[%zu]", name, i);
         if (!json_is_string(s) || len < 1 || len > TEXTGEN_MAX_STOP_BYTES)
-            return apiutil_fail(e, at, "expected a string of 1..%d bytes", TEXTGEN_MAX_STOP_BYTES);
+            return json_fail(e, at, "expected a string of 1..%d bytes", TEXTGEN_MAX_STOP_BYTES);
         if (p->n_stop >= TEXTGEN_MAX_STOP)
-            return apiutil_fail(e, name, "at most %d stop strings", TEXTGEN_MAX_STOP);
+            return json_fail(e, name, "at most %d stop strings", TEXTGEN_MAX_STOP);
         if (!(p->stop[p->n_stop] = strndup(json_string_value(s), len)))
             return CAIRN_ENOMEM;
         p->n_stop++;
@@ -153,7 +40,7 @@ int apiutil_opt_stop(const json_t *obj, const char *path, const char *key, bool 
 }
 
 int apiutil_flatten_content(const json_t *content, const char *path, char **out,
-                            struct apiutil_err *e)
+                            struct json_err *e)
 {
     *out = NULL;
     if (!content || json_is_null(content))
@@ -163,9 +50,9 @@ int apiutil_flatten_content(const json_t *content, const char *path, char **out,
         return *out ? 0 : CAIRN_ENOMEM;
     }
     if (!json_is_array(content))
-        return apiutil_fail(e, path, "expected a string or an array of content parts");
+        return json_fail(e, path, "expected a string or an array of content parts");
     struct strbuf b = {0};
-    char p[APIUTIL_PARAM_MAX];
+    char p[JSON_ERR_PATH_MAX];
     size_t i;
     json_t *part;
     json_array_foreach(content, i, part) {
@@ -173,17 +60,17 @@ int apiutil_flatten_content(const json_t *content, const char *path, char **out,
         const json_t *text = json_is_object(part) ? json_object_get(part, "text") : NULL;
         int rc = 0;
         if (!json_is_object(part)) {
-            ids_path(p, sizeof p, "%s[%zu]", path, i);
-            rc = apiutil_fail(e, p, "expected a content part object");
+            json_path(p, sizeof p, "%s[%zu]", path, i);
+            rc = json_fail(e, p, "expected a content part object");
         } else if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0) {
-            ids_path(p, sizeof p, "%s[%zu].type", path, i);
-            rc = apiutil_fail(e, p, "%s%s%s content parts are not supported, only \"text\"",
-                              json_is_string(type) ? "\"" : "",
-                              json_is_string(type) ? json_string_value(type) : "untyped",
-                              json_is_string(type) ? "\"" : "");
+            json_path(p, sizeof p, "%s[%zu].type", path, i);
+            rc = json_fail(e, p, "%s%s%s content parts are not supported, only \"text\"",
+                           json_is_string(type) ? "\"" : "",
+                           json_is_string(type) ? json_string_value(type) : "untyped",
+                           json_is_string(type) ? "\"" : "");
         } else if (!json_is_string(text)) {
-            ids_path(p, sizeof p, "%s[%zu].text", path, i);
-            rc = apiutil_fail(e, p, "expected a string");
+            json_path(p, sizeof p, "%s[%zu].text", path, i);
+            rc = json_fail(e, p, "expected a string");
         } else if ((i > 0 && strbuf_put(&b, "\n", 1)) ||
                    strbuf_put(&b, json_string_value(text), json_string_length(text))) {
             rc = CAIRN_ENOMEM;

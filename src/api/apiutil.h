@@ -1,8 +1,9 @@
-/* Small helpers shared by the API front-ends (openai.c, ollama.c, anthropic.c): a
- * refusal that names the request field it is about, checked optional members of a
- * request object, OpenAI-style content parts flattened to text, JSON text that may hold
- * invalid UTF-8, error replies in an API's own shape, and random ids and seeds. Text
- * is gathered in tok's struct strbuf. Nothing here knows any one API's error shape. */
+/* Small helpers shared by the API front-ends (openai.c, ollama.c, anthropic.c): stop
+ * strings, OpenAI-style content parts flattened to text, JSON text that may hold
+ * invalid UTF-8, error replies in an API's own shape, and random ids and seeds. A
+ * refusal that names the request field it is about is base/json.h's struct json_err
+ * (json_fail), and optional members of a request are read with its json_opt_*. Text is
+ * gathered in base's struct strbuf. Nothing here knows any one API's error shape. */
 #ifndef CAIRN_API_APIUTIL_H
 #define CAIRN_API_APIUTIL_H
 
@@ -14,59 +15,22 @@
 
 #include "api/http.h"
 #include "proto/textgen.h"
+#include "base/json.h"
 #include "base/strbuf.h"
 
-#define APIUTIL_PARAM_MAX 128
-#define APIUTIL_MSG_MAX 512
-
-/* Why a request was refused: the field (a path such as "messages[2].content[0].type",
- * "" when it is about no one field) and a message that starts with that path. */
-struct apiutil_err {
-    char param[APIUTIL_PARAM_MAX];
-    char message[APIUTIL_MSG_MAX];
-};
-
-/* Fills e (when not NULL) with param and "param: <fmt...>" (just the text when param
- * is "" or NULL); returns CAIRN_EFORMAT, so a parser can `return apiutil_fail(...)`. */
-int apiutil_fail(struct apiutil_err *e, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* path "." key into dst (just key when path is NULL or ""), cut short to fit. */
-void apiutil_member_path(char *dst, size_t cap, const char *path, const char *key);
-
-/* An integer, or a real with an integral value below 2^53 in magnitude (JavaScript
- * clients send 100.0), into *out; false for anything else. */
-bool apiutil_int_value(const json_t *v, int64_t *out);
-
-/* Optional members key of object obj, whose own path is path (NULL or "" at the top:
- * errors then name "key", else "path.key"). A missing member or JSON null leaves *out
- * untouched and sets *given false (given may be NULL); a member of the wrong type or
- * out of range fails with CAIRN_EFORMAT: "key: expected a number in [lo, hi]" ("(lo"
- * with lo_open; the upper bound is always inclusive), "expected an integer in [lo,
- * hi]" (see apiutil_int_value), "expected true or false", "expected a string" (*out
- * then borrowed from obj). */
-int apiutil_opt_number(const json_t *obj, const char *path, const char *key, double lo, double hi,
-                       bool lo_open, double *out, bool *given, struct apiutil_err *e);
-int apiutil_opt_int(const json_t *obj, const char *path, const char *key, int64_t lo, int64_t hi,
-                    int64_t *out, bool *given, struct apiutil_err *e);
-int apiutil_opt_bool(const json_t *obj, const char *path, const char *key, bool *out, bool *given,
-                     struct apiutil_err *e);
-int apiutil_opt_string(const json_t *obj, const char *path, const char *key, const char **out,
-                       struct apiutil_err *e);
-
-/* Optional stop strings, member key of obj (path as above), appended to p->stop: an
- * array of at most TEXTGEN_MAX_STOP strings of 1..TEXTGEN_MAX_STOP_BYTES bytes, or
- * with one_string also a single string. CAIRN_EFORMAT naming the member or the entry
+/* Optional stop strings, member key of obj (path as for json_opt_*), appended to
+ * p->stop: an array of at most TEXTGEN_MAX_STOP strings of 1..TEXTGEN_MAX_STOP_BYTES
+ * bytes, or with one_string also a single string. CAIRN_EFORMAT naming the member or the entry
  * ("stop[1]: expected a string of 1..1024 bytes"), CAIRN_ENOMEM. */
 int apiutil_opt_stop(const json_t *obj, const char *path, const char *key, bool one_string,
-                     struct textgen_params *p, struct apiutil_err *e);
+                     struct textgen_params *p, struct json_err *e);
 
 /* Message content as text into *out (malloc'd, owned by the caller): a string as is, an
  * array of parts [{"type": "text", "text": string}] joined with "\n", JSON null as
  * *out = NULL. Any other part type or shape fails naming path (the content's own
  * path, e.g. "messages[1].content") and the part: "messages[1].content[0].type". */
 int apiutil_flatten_content(const json_t *content, const char *path, char **out,
-                            struct apiutil_err *e);
+                            struct json_err *e);
 
 /* The text of b ("" while b holds nothing; valid until b changes). */
 const char *apiutil_text(const struct strbuf *b);

@@ -16,6 +16,7 @@
 #include "api/apiutil.h"
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/json.h"
 #include "base/log.h"
 #include "base/version.h"
 #include "proto/ids.h"
@@ -63,16 +64,16 @@ static void reply_error(struct http_request *req, int status, const char *messag
 /* ---------- checked request members ---------- */
 
 /* "images": absent, null or empty; any image is refused (text-only models). */
-static int no_images(const json_t *o, const char *path, struct apiutil_err *e)
+static int no_images(const json_t *o, const char *path, struct json_err *e)
 {
     const json_t *v = json_object_get(o, "images");
     if (!v || json_is_null(v))
         return 0;
     if (!json_is_array(v))
-        return apiutil_fail(e, NULL, "%s%simages: expected an array", path, *path ? "." : "");
+        return json_fail(e, NULL, "%s%simages: expected an array", path, *path ? "." : "");
     if (json_array_size(v) > 0)
-        return apiutil_fail(e, NULL, "%s%simages: images are not supported (text models only)", path,
-                            *path ? "." : "");
+        return json_fail(e, NULL, "%s%simages: images are not supported (text models only)", path,
+                         *path ? "." : "");
     return 0;
 }
 
@@ -83,15 +84,15 @@ static const char *const ROLES[] = {"system", "user", "assistant", "tool"};
 /* An Ollama tool call {"function": {"name", "arguments": object}} as the common form's
  * {"id", "type": "function", "function": {"name", "arguments": object}}. */
 static int tool_call_in(const json_t *call, const char *path, size_t msg_i, size_t j, json_t *out_arr,
-                        struct apiutil_err *e)
+                        struct json_err *e)
 {
     const json_t *fn = json_object_get(call, "function");
     if (!json_is_object(call) || !json_is_object(fn))
-        return apiutil_fail(e, NULL, "%s.tool_calls[%zu].function: expected an object", path, j);
+        return json_fail(e, NULL, "%s.tool_calls[%zu].function: expected an object", path, j);
     const json_t *name = json_object_get(fn, "name");
     if (!json_is_string(name) || json_string_length(name) == 0)
-        return apiutil_fail(e, NULL, "%s.tool_calls[%zu].function.name: expected a string", path,
-                            j);
+        return json_fail(e, NULL, "%s.tool_calls[%zu].function.name: expected a string", path,
+                         j);
     const json_t *args = json_object_get(fn, "arguments");
     json_t *obj = NULL;
     if (!args || json_is_null(args))
@@ -105,8 +106,8 @@ static int tool_call_in(const json_t *call, const char *path, size_t msg_i, size
         obj = NULL;
     }
     if (!obj)
-        return apiutil_fail(e, NULL, "%s.tool_calls[%zu].function.arguments: expected an object",
-                            path, j);
+        return json_fail(e, NULL, "%s.tool_calls[%zu].function.arguments: expected an object",
+                         path, j);
     char idbuf[64];
     const char *id = json_string_value(json_object_get(call, "id"));
     if (!id || !*id) {
@@ -121,7 +122,7 @@ static int tool_call_in(const json_t *call, const char *path, size_t msg_i, size
 }
 
 /* /api/chat's messages in the common form (textgen.h). */
-static int chat_messages(const json_t *msgs, json_t *out, struct apiutil_err *e)
+static int chat_messages(const json_t *msgs, json_t *out, struct json_err *e)
 {
     size_t i;
     const json_t *m;
@@ -129,20 +130,20 @@ static int chat_messages(const json_t *msgs, json_t *out, struct apiutil_err *e)
         char path[48];
         snprintf(path, sizeof path, "messages[%zu]", i);
         if (!json_is_object(m))
-            return apiutil_fail(e, NULL, "%s: expected an object", path);
+            return json_fail(e, NULL, "%s: expected an object", path);
         const char *role = json_string_value(json_object_get(m, "role"));
         bool known = false;
         for (size_t k = 0; role && k < sizeof ROLES / sizeof ROLES[0]; k++)
             known |= strcmp(role, ROLES[k]) == 0;
         if (!known)
-            return apiutil_fail(e, NULL, "%s.role: expected system, user, assistant or tool", path);
+            return json_fail(e, NULL, "%s.role: expected system, user, assistant or tool", path);
         const char *content, *thinking, *tool_name, *name, *tool_call_id;
         int rc;
-        if ((rc = apiutil_opt_string(m, path, "content", &content, e)) ||
-            (rc = apiutil_opt_string(m, path, "thinking", &thinking, e)) ||
-            (rc = apiutil_opt_string(m, path, "tool_name", &tool_name, e)) ||
-            (rc = apiutil_opt_string(m, path, "name", &name, e)) ||
-            (rc = apiutil_opt_string(m, path, "tool_call_id", &tool_call_id, e)) ||
+        if ((rc = json_opt_string(m, path, "content", &content, e)) ||
+            (rc = json_opt_string(m, path, "thinking", &thinking, e)) ||
+            (rc = json_opt_string(m, path, "tool_name", &tool_name, e)) ||
+            (rc = json_opt_string(m, path, "name", &name, e)) ||
+            (rc = json_opt_string(m, path, "tool_call_id", &tool_call_id, e)) ||
             (rc = no_images(m, path, e)))
             return rc;
         json_t *o = json_pack("{s:s,s:s}", "role", role, "content", content ? content : "");
@@ -158,7 +159,7 @@ static int chat_messages(const json_t *msgs, json_t *out, struct apiutil_err *e)
         if (!tc || json_is_null(tc))
             continue;
         if (!json_is_array(tc))
-            return apiutil_fail(e, NULL, "%s.tool_calls: expected an array", path);
+            return json_fail(e, NULL, "%s.tool_calls: expected an array", path);
         if (json_array_size(tc) == 0)
             continue;
         json_t *calls = json_array();
@@ -174,13 +175,13 @@ static int chat_messages(const json_t *msgs, json_t *out, struct apiutil_err *e)
 }
 
 /* "tools": [{"type": "function", "function": {"name", "description", "parameters"}}]. */
-static int read_tools(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+static int read_tools(const json_t *body, struct textgen_params *p, struct json_err *e)
 {
     const json_t *tools = json_object_get(body, "tools");
     if (!tools || json_is_null(tools))
         return 0;
     if (!json_is_array(tools))
-        return apiutil_fail(e, NULL, "tools: expected an array");
+        return json_fail(e, NULL, "tools: expected an array");
     if (json_array_size(tools) == 0)
         return 0;
     if (!(p->tools = json_array()))
@@ -190,19 +191,19 @@ static int read_tools(const json_t *body, struct textgen_params *p, struct apiut
     json_array_foreach(tools, i, t) {
         const json_t *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
         if (!json_is_object(t))
-            return apiutil_fail(e, NULL, "tools[%zu]: expected an object", i);
+            return json_fail(e, NULL, "tools[%zu]: expected an object", i);
         if (type && !(json_is_string(type) && strcmp(json_string_value(type), "function") == 0))
-            return apiutil_fail(e, NULL, "tools[%zu].type: expected \"function\"", i);
+            return json_fail(e, NULL, "tools[%zu].type: expected \"function\"", i);
         if (!json_is_object(fn))
-            return apiutil_fail(e, NULL, "tools[%zu].function: expected an object", i);
+            return json_fail(e, NULL, "tools[%zu].function: expected an object", i);
         const json_t *name = json_object_get(fn, "name"), *desc = json_object_get(fn, "description"),
                      *params = json_object_get(fn, "parameters");
         if (!json_is_string(name) || json_string_length(name) == 0)
-            return apiutil_fail(e, NULL, "tools[%zu].function.name: expected a string", i);
+            return json_fail(e, NULL, "tools[%zu].function.name: expected a string", i);
         if (desc && !json_is_null(desc) && !json_is_string(desc))
-            return apiutil_fail(e, NULL, "tools[%zu].function.description: expected a string", i);
+            return json_fail(e, NULL, "tools[%zu].function.description: expected a string", i);
         if (params && !json_is_null(params) && !json_is_object(params))
-            return apiutil_fail(e, NULL, "tools[%zu].function.parameters: expected an object", i);
+            return json_fail(e, NULL, "tools[%zu].function.parameters: expected an object", i);
         json_t *f = json_pack("{s:O}", "name", (json_t *)name);
         json_t *o = f ? json_pack("{s:s,s:o}", "type", "function", "function", f) : NULL;
         if (!o || json_array_append_new(p->tools, o) != 0 ||
@@ -214,7 +215,7 @@ static int read_tools(const json_t *body, struct textgen_params *p, struct apiut
 }
 
 /* "options" into the sampling parameters, max_tokens and stop strings. */
-static int read_options(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+static int read_options(const json_t *body, struct textgen_params *p, struct json_err *e)
 {
     const json_t *o = json_object_get(body, "options");
     struct runner_sampling *s = &p->sampling;
@@ -222,19 +223,19 @@ static int read_options(const json_t *body, struct textgen_params *p, struct api
     if (!o || json_is_null(o))
         return 0;
     if (!json_is_object(o))
-        return apiutil_fail(e, NULL, "options: expected an object");
+        return json_fail(e, NULL, "options: expected an object");
     const char *path = "options";
     double d = 0;
     int64_t x = 0;
     bool given;
     int rc;
 #define NUM(key, lo, hi, open, dst)                                                             \
-    if ((rc = apiutil_opt_number(o, path, key, lo, hi, open, &d, &given, e)))                \
+    if ((rc = json_opt_number(o, path, key, lo, hi, open, &d, &given, e)))                \
         return rc;                                                                              \
     if (given)                                                                                  \
         dst = (float)d;
 #define INT(key, lo, hi, dst)                                                                   \
-    if ((rc = apiutil_opt_int(o, path, key, lo, hi, &x, &given, e)))                         \
+    if ((rc = json_opt_int(o, path, key, lo, hi, &x, &given, e)))                         \
         return rc;                                                                              \
     if (given)                                                                                  \
         dst = (int)x;
@@ -248,23 +249,23 @@ static int read_options(const json_t *body, struct textgen_params *p, struct api
     INT("repeat_last_n", -1, 1 << 24, s->penalty_last_n)
 #undef NUM
 #undef INT
-    if ((rc = apiutil_opt_int(o, path, "seed", INT64_MIN, IDS_COUNTER_MAX, &x, &given, e)))
+    if ((rc = json_opt_int(o, path, "seed", INT64_MIN, IDS_COUNTER_MAX, &x, &given, e)))
         return rc;
     if (given && x >= 0)
         s->seed = (uint64_t)x;
-    if ((rc = apiutil_opt_int(o, path, "num_ctx", 0, INT64_MAX, &x, &given, e)))
+    if ((rc = json_opt_int(o, path, "num_ctx", 0, INT64_MAX, &x, &given, e)))
         return rc; /* accepted and ignored: the instance's context is fixed when placed */
-    if ((rc = apiutil_opt_int(o, path, "num_predict", -2, INT64_MAX, &x, &given, e)))
+    if ((rc = json_opt_int(o, path, "num_predict", -2, INT64_MAX, &x, &given, e)))
         return rc;
     if (given && x == 0)
-        return apiutil_fail(e, "options.num_predict", "0 generates nothing; expected -1 (no limit) or a count");
+        return json_fail(e, "options.num_predict", "0 generates nothing; expected -1 (no limit) or a count");
     if (given)
         p->max_tokens = x < 0 ? 0 : x > RUNNER_MAX_GENERATE ? RUNNER_MAX_GENERATE : x;
     return apiutil_opt_stop(o, path, "stop", false, p, e);
 }
 
 /* "think": true/false or a level, into the template's kwargs. */
-static int read_think(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+static int read_think(const json_t *body, struct textgen_params *p, struct json_err *e)
 {
     const json_t *v = json_object_get(body, "think");
     if (!v || json_is_null(v))
@@ -272,7 +273,7 @@ static int read_think(const json_t *body, struct textgen_params *p, struct apiut
     const char *level = json_string_value(v);
     bool is_level = level && (!strcmp(level, "low") || !strcmp(level, "medium") || !strcmp(level, "high"));
     if (!json_is_boolean(v) && !is_level)
-        return apiutil_fail(e, NULL, "think: expected true, false, \"low\", \"medium\" or \"high\"");
+        return json_fail(e, NULL, "think: expected true, false, \"low\", \"medium\" or \"high\"");
     p->template_kwargs = json_pack("{s:b}", "enable_thinking", is_level || json_is_true(v));
     if (!p->template_kwargs || (is_level && !apiutil_put(p->template_kwargs, "reasoning_effort", json_string(level))))
         return CAIRN_ENOMEM;
@@ -281,35 +282,35 @@ static int read_think(const json_t *body, struct textgen_params *p, struct apiut
 
 /* Members both generation endpoints share. */
 static int read_common(const json_t *body, struct textgen_params *p, bool *stream, bool *unload,
-                       struct apiutil_err *e)
+                       struct json_err *e)
 {
     int rc;
-    if ((rc = apiutil_opt_bool(body, NULL, "stream", stream, NULL, e)) || (rc = read_options(body, p, e)) ||
+    if ((rc = json_opt_bool(body, NULL, "stream", stream, NULL, e)) || (rc = read_options(body, p, e)) ||
         (rc = read_think(body, p, e)))
         return rc;
     const json_t *fmt = json_object_get(body, "format");
     if (fmt && !json_is_null(fmt) && !(json_is_string(fmt) && json_string_length(fmt) == 0))
-        return apiutil_fail(e, NULL,
+        return json_fail(e, NULL,
                           "format: structured output (\"json\" or a schema) is not supported");
     const json_t *ka = json_object_get(body, "keep_alive");
     if (ka && !json_is_null(ka) && !json_is_string(ka) && !json_is_number(ka))
-        return apiutil_fail(e, NULL, "keep_alive: expected a duration (\"5m\") or seconds");
+        return json_fail(e, NULL, "keep_alive: expected a duration (\"5m\") or seconds");
     *unload = ka && ((json_is_number(ka) && json_number_value(ka) == 0) ||
                      (json_is_string(ka) && strspn(json_string_value(ka), "0") == json_string_length(ka) &&
                       json_string_length(ka) > 0));
     return 0;
 }
 
-static int chat_params(const json_t *body, struct textgen_params *p, bool *load, struct apiutil_err *e)
+static int chat_params(const json_t *body, struct textgen_params *p, bool *load, struct json_err *e)
 {
     const json_t *msgs = json_object_get(body, "messages");
     int rc;
     if (msgs && !json_is_null(msgs) && !json_is_array(msgs))
-        return apiutil_fail(e, NULL, "messages: expected an array");
+        return json_fail(e, NULL, "messages: expected an array");
     size_t n = json_array_size(msgs);
     if (n > TEXTGEN_MAX_MESSAGES)
-        return apiutil_fail(e, NULL, "messages: %zu messages, at most %d", n,
-                            TEXTGEN_MAX_MESSAGES);
+        return json_fail(e, NULL, "messages: %zu messages, at most %d", n,
+                         TEXTGEN_MAX_MESSAGES);
     *load = n == 0;
     if (!(p->messages = json_array()))
         return CAIRN_ENOMEM;
@@ -318,22 +319,22 @@ static int chat_params(const json_t *body, struct textgen_params *p, bool *load,
     return 0;
 }
 
-static int generate_params(const json_t *body, struct textgen_params *p, bool *load, struct apiutil_err *e)
+static int generate_params(const json_t *body, struct textgen_params *p, bool *load, struct json_err *e)
 {
     const char *prompt, *system, *tmpl, *suffix;
     bool raw = false;
     int rc;
-    if ((rc = apiutil_opt_string(body, NULL, "prompt", &prompt, e)) ||
-        (rc = apiutil_opt_string(body, NULL, "system", &system, e)) ||
-        (rc = apiutil_opt_string(body, NULL, "template", &tmpl, e)) ||
-        (rc = apiutil_opt_string(body, NULL, "suffix", &suffix, e)) ||
-        (rc = apiutil_opt_bool(body, NULL, "raw", &raw, NULL, e)) || (rc = no_images(body, "", e)))
+    if ((rc = json_opt_string(body, NULL, "prompt", &prompt, e)) ||
+        (rc = json_opt_string(body, NULL, "system", &system, e)) ||
+        (rc = json_opt_string(body, NULL, "template", &tmpl, e)) ||
+        (rc = json_opt_string(body, NULL, "suffix", &suffix, e)) ||
+        (rc = json_opt_bool(body, NULL, "raw", &raw, NULL, e)) || (rc = no_images(body, "", e)))
         return rc;
     if (suffix && *suffix)
-        return apiutil_fail(e, NULL, "suffix: fill-in-the-middle is not supported");
+        return json_fail(e, NULL, "suffix: fill-in-the-middle is not supported");
     const json_t *ctx = json_object_get(body, "context");
     if (ctx && !json_is_null(ctx) && !json_is_array(ctx))
-        return apiutil_fail(e, NULL, "context: expected an array");
+        return json_fail(e, NULL, "context: expected an array");
     *load = !prompt || !*prompt;
     if (*load)
         return 0;
@@ -544,15 +545,15 @@ static json_t *show_json(const json_t *c)
 }
 
 /* The model a request names ("model", or "name" where allowed): 400 when missing. */
-static int request_model(const json_t *body, bool name_too, const char **out, struct apiutil_err *e)
+static int request_model(const json_t *body, bool name_too, const char **out, struct json_err *e)
 {
     const json_t *v = json_object_get(body, "model");
     if ((!v || json_is_null(v)) && name_too)
         v = json_object_get(body, "name");
     if (v && !json_is_null(v) && !json_is_string(v))
-        return apiutil_fail(e, NULL, "model: expected a string");
+        return json_fail(e, NULL, "model: expected a string");
     if (!v || json_is_null(v) || json_string_length(v) == 0)
-        return apiutil_fail(e, NULL, "model is required");
+        return json_fail(e, NULL, "model is required");
     *out = json_string_value(v);
     return 0;
 }
@@ -567,7 +568,7 @@ static void h_show(struct http_request *req, void *ctx)
         reply_error(req, 400, "request body: expected a JSON object");
         return;
     }
-    struct apiutil_err e = {{0}, {0}};
+    struct json_err e = {{0}, {0}};
     if (request_model(body, true, &name, &e)) {
         reply_error(req, 400, e.message);
         return;
@@ -786,7 +787,7 @@ static void generate(struct http_request *req, const struct gen *g, enum kind ki
         reply_error(req, 400, "request body: expected a JSON object");
         return;
     }
-    struct apiutil_err e = {{0}, {0}};
+    struct json_err e = {{0}, {0}};
     int rc = request_model(body, false, &name, &e);
     if (!rc)
         rc = kind == KIND_CHAT ? chat_params(body, &p, &load, &e) : generate_params(body, &p, &load, &e);

@@ -13,6 +13,7 @@
 #include "api/apireq.h"
 #include "api/apiutil.h"
 #include "base/err.h"
+#include "base/json.h"
 #include "proto/ids.h"
 
 #define MAX_TOOLS 1024
@@ -77,63 +78,63 @@ static int oom(void)
     return CAIRN_ENOMEM;
 }
 
-static int parse_model(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+static int parse_model(const json_t *body, struct textgen_params *p, struct json_err *e)
 {
     const json_t *m = json_object_get(body, "model");
     if (!m || json_is_null(m))
-        return apiutil_fail(e, "model", "required");
+        return json_fail(e, "model", "required");
     if (!json_is_string(m))
-        return apiutil_fail(e, "model", "expected a string");
+        return json_fail(e, "model", "expected a string");
     if (!ids_valid_model(json_string_value(m)))
-        return apiutil_fail(e, "model", "not a valid model id (1..%d of A-Z a-z 0-9 ._:/@+-)",
-                            IDS_MODEL_MAX);
+        return json_fail(e, "model", "not a valid model id (1..%d of A-Z a-z 0-9 ._:/@+-)",
+                         IDS_MODEL_MAX);
     snprintf(p->model, sizeof p->model, "%s", json_string_value(m));
     return 0;
 }
 
 /* An assistant message's tool_calls, checked and normalized into *out. */
 static int parse_tool_calls(const json_t *tc, const char *path, json_t **out,
-                            struct apiutil_err *e)
+                            struct json_err *e)
 {
-    char p[APIUTIL_PARAM_MAX];
+    char p[JSON_ERR_PATH_MAX];
     *out = NULL;
     if (!tc || json_is_null(tc))
         return 0;
     if (!json_is_array(tc))
-        return apiutil_fail(e, path, "expected an array of tool calls");
+        return json_fail(e, path, "expected an array of tool calls");
     json_t *arr = json_array();
     if (!arr)
         return oom();
     size_t i;
     json_t *c;
     json_array_foreach(tc, i, c) {
-        ids_path(p, sizeof p, "%s[%zu]", path, i);
+        json_path(p, sizeof p, "%s[%zu]", path, i);
         const char *id = NULL, *type = NULL, *name = NULL;
         const json_t *fn = json_is_object(c) ? json_object_get(c, "function") : NULL;
         int rc = 0;
         if (!json_is_object(c))
-            rc = apiutil_fail(e, p, "expected a tool call object");
-        else if ((rc = apiutil_opt_string(c, p, "id", &id, e)) || (rc = apiutil_opt_string(c, p, "type", &type, e)))
+            rc = json_fail(e, p, "expected a tool call object");
+        else if ((rc = json_opt_string(c, p, "id", &id, e)) || (rc = json_opt_string(c, p, "type", &type, e)))
             ;
         else if (type && strcmp(type, "function") != 0)
-            rc = apiutil_fail(e, p, "type \"%s\" is not supported, only \"function\"", type);
+            rc = json_fail(e, p, "type \"%s\" is not supported, only \"function\"", type);
         else if (!json_is_object(fn))
-            rc = apiutil_fail(e, p, "function: expected an object");
+            rc = json_fail(e, p, "function: expected an object");
         if (rc) {
             json_decref(arr);
             return rc;
         }
-        ids_path(p, sizeof p, "%s[%zu].function", path, i);
+        json_path(p, sizeof p, "%s[%zu].function", path, i);
         const json_t *args = json_object_get(fn, "arguments");
-        if ((rc = apiutil_opt_string(fn, p, "name", &name, e)) ||
-            (!name && (rc = apiutil_fail(e, p, "name: required")))) {
+        if ((rc = json_opt_string(fn, p, "name", &name, e)) ||
+            (!name && (rc = json_fail(e, p, "name: required")))) {
             json_decref(arr);
             return rc;
         }
         if (args && !json_is_null(args) && !json_is_string(args) && !json_is_object(args)) {
             json_decref(arr);
-            ids_path(p, sizeof p, "%s[%zu].function.arguments", path, i);
-            return apiutil_fail(e, p, "expected a JSON text or an object");
+            json_path(p, sizeof p, "%s[%zu].function.arguments", path, i);
+            return json_fail(e, p, "expected a JSON text or an object");
         }
         json_t *f = json_object(), *call = json_object();
         bool ok = f && call && apiutil_put(f, "name", json_string(name)) &&
@@ -153,48 +154,48 @@ static int parse_tool_calls(const json_t *tc, const char *path, json_t **out,
     return 0;
 }
 
-static int parse_message(const json_t *m, size_t i, json_t **out, struct apiutil_err *e)
+static int parse_message(const json_t *m, size_t i, json_t **out, struct json_err *e)
 {
-    char path[APIUTIL_PARAM_MAX], p[APIUTIL_PARAM_MAX];
-    ids_path(path, sizeof path, "messages[%zu]", i);
+    char path[JSON_ERR_PATH_MAX], p[JSON_ERR_PATH_MAX];
+    json_path(path, sizeof path, "messages[%zu]", i);
     *out = NULL;
     if (!json_is_object(m))
-        return apiutil_fail(e, path, "expected a message object");
+        return json_fail(e, path, "expected a message object");
     const json_t *role = json_object_get(m, "role");
-    ids_path(p, sizeof p, "%s.role", path);
+    json_path(p, sizeof p, "%s.role", path);
     if (!role || json_is_null(role))
-        return apiutil_fail(e, p, "required");
+        return json_fail(e, p, "required");
     if (!json_is_string(role))
-        return apiutil_fail(e, p, "expected a string");
+        return json_fail(e, p, "expected a string");
     const char *r = json_string_value(role);
     if (strcmp(r, "developer") == 0)
         r = "system";
     bool assistant = strcmp(r, "assistant") == 0;
     if (strcmp(r, "system") && strcmp(r, "user") && !assistant && strcmp(r, "tool"))
-        return apiutil_fail(e, p, "unknown role \"%s\" (system, developer, user, assistant or tool)",
-                            r);
+        return json_fail(e, p, "unknown role \"%s\" (system, developer, user, assistant or tool)",
+                         r);
     const char *call_id, *name, *reasoning;
     int rc;
-    if ((rc = apiutil_opt_string(m, path, "tool_call_id", &call_id, e)) ||
-        (rc = apiutil_opt_string(m, path, "name", &name, e)) ||
-        (rc = apiutil_opt_string(m, path, "reasoning_content", &reasoning, e)))
+    if ((rc = json_opt_string(m, path, "tool_call_id", &call_id, e)) ||
+        (rc = json_opt_string(m, path, "name", &name, e)) ||
+        (rc = json_opt_string(m, path, "reasoning_content", &reasoning, e)))
         return rc;
     json_t *calls = NULL;
-    ids_path(p, sizeof p, "%s.tool_calls", path);
+    json_path(p, sizeof p, "%s.tool_calls", path);
     const json_t *tc = json_object_get(m, "tool_calls");
     if (tc && !json_is_null(tc) && !assistant)
-        return apiutil_fail(e, p, "only assistant messages carry tool calls");
+        return json_fail(e, p, "only assistant messages carry tool calls");
     if ((rc = parse_tool_calls(tc, p, &calls, e)))
         return rc;
     char *text = NULL;
-    ids_path(p, sizeof p, "%s.content", path);
+    json_path(p, sizeof p, "%s.content", path);
     if ((rc = apiutil_flatten_content(json_object_get(m, "content"), p, &text, e))) {
         json_decref(calls);
         return rc;
     }
     if (!text && !assistant) {
         json_decref(calls);
-        return apiutil_fail(e, p, "required for a %s message", r);
+        return json_fail(e, p, "required for a %s message", r);
     }
     json_t *msg = json_object();
     bool ok = msg && apiutil_put(msg, "role", json_string(r)) &&
@@ -213,16 +214,16 @@ static int parse_message(const json_t *m, size_t i, json_t **out, struct apiutil
     return 0;
 }
 
-static int parse_messages(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+static int parse_messages(const json_t *body, struct textgen_params *p, struct json_err *e)
 {
     const json_t *ms = json_object_get(body, "messages");
     if (!ms || json_is_null(ms))
-        return apiutil_fail(e, "messages", "required");
+        return json_fail(e, "messages", "required");
     if (!json_is_array(ms))
-        return apiutil_fail(e, "messages", "expected an array of messages");
+        return json_fail(e, "messages", "expected an array of messages");
     size_t n = json_array_size(ms);
     if (n == 0 || n > TEXTGEN_MAX_MESSAGES)
-        return apiutil_fail(e, "messages", "%zu messages, expected 1..%d", n, TEXTGEN_MAX_MESSAGES);
+        return json_fail(e, "messages", "%zu messages, expected 1..%d", n, TEXTGEN_MAX_MESSAGES);
     p->messages = json_array();
     if (!p->messages)
         return oom();
@@ -237,35 +238,35 @@ static int parse_messages(const json_t *body, struct textgen_params *p, struct a
     return 0;
 }
 
-static int parse_prompt(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+static int parse_prompt(const json_t *body, struct textgen_params *p, struct json_err *e)
 {
     const json_t *v = json_object_get(body, "prompt");
     if (!v || json_is_null(v))
-        return apiutil_fail(e, "prompt", "required");
+        return json_fail(e, "prompt", "required");
     if (json_is_array(v)) {
         if (json_array_size(v) != 1)
-            return apiutil_fail(e, "prompt", "an array of %zu prompts; one prompt is supported",
-                                json_array_size(v));
+            return json_fail(e, "prompt", "an array of %zu prompts; one prompt is supported",
+                             json_array_size(v));
         v = json_array_get(v, 0);
         if (!json_is_string(v))
-            return apiutil_fail(e, "prompt[0]", "expected a string (token arrays are not supported)");
+            return json_fail(e, "prompt[0]", "expected a string (token arrays are not supported)");
     } else if (!json_is_string(v)) {
-        return apiutil_fail(e, "prompt", "expected a string or an array of one string");
+        return json_fail(e, "prompt", "expected a string or an array of one string");
     }
     p->prompt = strndup(json_string_value(v), json_string_length(v));
     return p->prompt ? 0 : oom();
 }
 
-static int parse_logit_bias(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+static int parse_logit_bias(const json_t *body, struct textgen_params *p, struct json_err *e)
 {
     const json_t *v = json_object_get(body, "logit_bias");
     if (!v || json_is_null(v))
         return 0;
     if (!json_is_object(v))
-        return apiutil_fail(e, "logit_bias", "expected an object of token ids to biases");
+        return json_fail(e, "logit_bias", "expected an object of token ids to biases");
     size_t n = json_object_size(v);
     if (n > TEXTGEN_MAX_BIAS)
-        return apiutil_fail(e, "logit_bias", "%zu entries, at most %d", n, TEXTGEN_MAX_BIAS);
+        return json_fail(e, "logit_bias", "%zu entries, at most %d", n, TEXTGEN_MAX_BIAS);
     if (n == 0)
         return 0;
     p->bias = calloc(n, sizeof *p->bias);
@@ -274,18 +275,18 @@ static int parse_logit_bias(const json_t *body, struct textgen_params *p, struct
     const char *key;
     json_t *b;
     json_object_foreach((json_t *)v, key, b) {
-        char path[APIUTIL_PARAM_MAX];
-        ids_path(path, sizeof path, "logit_bias.%s", key);
+        char path[JSON_ERR_PATH_MAX];
+        json_path(path, sizeof path, "logit_bias.%s", key);
         size_t klen = strlen(key);
         bool digits = klen > 0 && klen <= 10 && strspn(key, "0123456789") == klen;
         long long id = digits ? strtoll(key, NULL, 10) : -1;
         if (id < 0 || id > INT32_MAX)
-            return apiutil_fail(e, path, "the key is not a token id (a decimal integer)");
+            return json_fail(e, path, "the key is not a token id (a decimal integer)");
         if (!json_is_number(b))
-            return apiutil_fail(e, path, "expected a number");
+            return json_fail(e, path, "expected a number");
         double d = json_number_value(b);
         if (!(d >= -100 && d <= 100))
-            return apiutil_fail(e, path, "%g is out of range, expected [-100, 100]", d);
+            return json_fail(e, path, "%g is out of range, expected [-100, 100]", d);
         p->bias[p->n_bias].token = (int32_t)id;
         p->bias[p->n_bias].bias = (float)d;
         p->n_bias++;
@@ -293,55 +294,55 @@ static int parse_logit_bias(const json_t *body, struct textgen_params *p, struct
     return 0;
 }
 
-static int parse_sampling(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+static int parse_sampling(const json_t *body, struct textgen_params *p, struct json_err *e)
 {
     struct runner_sampling *s = &p->sampling;
     double d;
     bool given;
     int64_t k, seed = -1;
     int rc;
-    if ((rc = apiutil_opt_number(body, NULL, "temperature", 0, 2, false, &d, &given, e)))
+    if ((rc = json_opt_number(body, NULL, "temperature", 0, 2, false, &d, &given, e)))
         return rc;
     if (given)
         s->temperature = (float)d;
-    if ((rc = apiutil_opt_number(body, NULL, "top_p", 0, 1, true, &d, &given, e)))
+    if ((rc = json_opt_number(body, NULL, "top_p", 0, 1, true, &d, &given, e)))
         return rc;
     if (given)
         s->top_p = (float)d;
-    if ((rc = apiutil_opt_number(body, NULL, "min_p", 0, 1, false, &d, &given, e)))
+    if ((rc = json_opt_number(body, NULL, "min_p", 0, 1, false, &d, &given, e)))
         return rc;
     if (given)
         s->min_p = (float)d;
-    if ((rc = apiutil_opt_number(body, NULL, "presence_penalty", -2, 2, false, &d, &given, e)))
+    if ((rc = json_opt_number(body, NULL, "presence_penalty", -2, 2, false, &d, &given, e)))
         return rc;
     if (given)
         s->presence_penalty = (float)d;
-    if ((rc = apiutil_opt_number(body, NULL, "frequency_penalty", -2, 2, false, &d, &given, e)))
+    if ((rc = json_opt_number(body, NULL, "frequency_penalty", -2, 2, false, &d, &given, e)))
         return rc;
     if (given)
         s->frequency_penalty = (float)d;
-    if ((rc = apiutil_opt_number(body, NULL, "repetition_penalty", 0, 100, true, &d, &given, e)))
+    if ((rc = json_opt_number(body, NULL, "repetition_penalty", 0, 100, true, &d, &given, e)))
         return rc;
     if (given)
         s->repeat_penalty = (float)d;
-    if ((rc = apiutil_opt_int(body, NULL, "top_k", -1, 1 << 24, &k, &given, e)))
+    if ((rc = json_opt_int(body, NULL, "top_k", -1, 1 << 24, &k, &given, e)))
         return rc;
     if (given)
         s->top_k = k > 0 ? (int)k : 0; /* -1 and 0: off */
-    if ((rc = apiutil_opt_int(body, NULL, "seed", -1, IDS_COUNTER_MAX, &seed, NULL, e)))
+    if ((rc = json_opt_int(body, NULL, "seed", -1, IDS_COUNTER_MAX, &seed, NULL, e)))
         return rc;
     /* OpenAI draws a fresh seed for each unseeded request; so do we (-1 asks the same). */
     s->seed = seed >= 0 ? (uint64_t)seed : apiutil_random_seed();
     return 0;
 }
 
-static int parse_max_tokens(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+static int parse_max_tokens(const json_t *body, struct textgen_params *p, struct json_err *e)
 {
     int64_t a = 0, b = 0;
     bool ga, gb;
     int rc;
-    if ((rc = apiutil_opt_int(body, NULL, "max_tokens", 1, IDS_COUNTER_MAX, &a, &ga, e)) ||
-        (rc = apiutil_opt_int(body, NULL, "max_completion_tokens", 1, IDS_COUNTER_MAX, &b, &gb, e)))
+    if ((rc = json_opt_int(body, NULL, "max_tokens", 1, IDS_COUNTER_MAX, &a, &ga, e)) ||
+        (rc = json_opt_int(body, NULL, "max_completion_tokens", 1, IDS_COUNTER_MAX, &b, &gb, e)))
         return rc;
     int64_t n = gb ? b : ga ? a : 0; /* the newer name wins */
     p->max_tokens = n > RUNNER_MAX_GENERATE ? RUNNER_MAX_GENERATE : n;
@@ -349,7 +350,7 @@ static int parse_max_tokens(const json_t *body, struct textgen_params *p, struct
 }
 
 static int parse_logprobs(enum api_kind kind, const json_t *body, struct textgen_params *p,
-                          struct apiutil_err *e)
+                          struct json_err *e)
 {
     bool given;
     int64_t top = 0;
@@ -362,52 +363,52 @@ static int parse_logprobs(enum api_kind kind, const json_t *body, struct textgen
             p->logprobs = json_is_true(v);
             return 0;
         }
-        if ((rc = apiutil_opt_int(body, NULL, "logprobs", 0, TEXTGEN_MAX_TOP_LOGPROBS, &top, &given, e)))
+        if ((rc = json_opt_int(body, NULL, "logprobs", 0, TEXTGEN_MAX_TOP_LOGPROBS, &top, &given, e)))
             return rc;
         p->logprobs = given;
         p->top_logprobs = (int)top;
         return 0;
     }
-    if ((rc = apiutil_opt_bool(body, NULL, "logprobs", &p->logprobs, NULL, e)) ||
-        (rc = apiutil_opt_int(body, NULL, "top_logprobs", 0, TEXTGEN_MAX_TOP_LOGPROBS, &top, &given, e)))
+    if ((rc = json_opt_bool(body, NULL, "logprobs", &p->logprobs, NULL, e)) ||
+        (rc = json_opt_int(body, NULL, "top_logprobs", 0, TEXTGEN_MAX_TOP_LOGPROBS, &top, &given, e)))
         return rc;
     p->top_logprobs = (int)top;
     return 0;
 }
 
-static int parse_tools(const json_t *body, struct textgen_params *p, struct apiutil_err *e)
+static int parse_tools(const json_t *body, struct textgen_params *p, struct json_err *e)
 {
     const json_t *v = json_object_get(body, "tools");
-    char path[APIUTIL_PARAM_MAX];
+    char path[JSON_ERR_PATH_MAX];
     if (v && !json_is_null(v)) {
         if (!json_is_array(v))
-            return apiutil_fail(e, "tools", "expected an array of tools");
+            return json_fail(e, "tools", "expected an array of tools");
         if (json_array_size(v) > MAX_TOOLS)
-            return apiutil_fail(e, "tools", "%zu tools, at most %d", json_array_size(v), MAX_TOOLS);
+            return json_fail(e, "tools", "%zu tools, at most %d", json_array_size(v), MAX_TOOLS);
         size_t i;
         json_t *t;
         json_array_foreach(v, i, t) {
-            ids_path(path, sizeof path, "tools[%zu]", i);
+            json_path(path, sizeof path, "tools[%zu]", i);
             const char *type, *name, *desc;
             const json_t *fn = json_is_object(t) ? json_object_get(t, "function") : NULL;
             int rc = 0;
             if (!json_is_object(t))
-                return apiutil_fail(e, path, "expected a tool object");
-            if ((rc = apiutil_opt_string(t, path, "type", &type, e)))
+                return json_fail(e, path, "expected a tool object");
+            if ((rc = json_opt_string(t, path, "type", &type, e)))
                 return rc;
             if (type && strcmp(type, "function") != 0)
-                return apiutil_fail(e, path, "type \"%s\" is not supported, only \"function\"", type);
+                return json_fail(e, path, "type \"%s\" is not supported, only \"function\"", type);
             if (!json_is_object(fn))
-                return apiutil_fail(e, path, "function: expected an object");
-            ids_path(path, sizeof path, "tools[%zu].function", i);
-            if ((rc = apiutil_opt_string(fn, path, "name", &name, e)) ||
-                (rc = apiutil_opt_string(fn, path, "description", &desc, e)))
+                return json_fail(e, path, "function: expected an object");
+            json_path(path, sizeof path, "tools[%zu].function", i);
+            if ((rc = json_opt_string(fn, path, "name", &name, e)) ||
+                (rc = json_opt_string(fn, path, "description", &desc, e)))
                 return rc;
             if (!name || !name[0])
-                return apiutil_fail(e, path, "name: required");
+                return json_fail(e, path, "name: required");
             const json_t *params = json_object_get(fn, "parameters");
             if (params && !json_is_null(params) && !json_is_object(params))
-                return apiutil_fail(e, path, "parameters: expected a JSON schema object");
+                return json_fail(e, path, "parameters: expected a JSON schema object");
             json_t *f = json_object(), *tool = json_object();
             if (!p->tools)
                 p->tools = json_array();
@@ -436,36 +437,36 @@ static int parse_tools(const json_t *body, struct textgen_params *p, struct apiu
         }
         if (strcmp(c, "auto") == 0 || strcmp(c, "required") == 0)
             return 0;
-        return apiutil_fail(e, "tool_choice", "\"%s\" is not one of none, auto, required", c);
+        return json_fail(e, "tool_choice", "\"%s\" is not one of none, auto, required", c);
     }
     const json_t *fn = json_is_object(tc) ? json_object_get(tc, "function") : NULL;
     const json_t *type = json_is_object(tc) ? json_object_get(tc, "type") : NULL;
     if (!json_is_object(tc) || !json_is_string(type) ||
         strcmp(json_string_value(type), "function") != 0 || !json_is_object(fn) ||
         !json_is_string(json_object_get(fn, "name")))
-        return apiutil_fail(e, "tool_choice",
-                            "expected none, auto, required or {\"type\": \"function\", "
-                            "\"function\": {\"name\": ...}}");
+        return json_fail(e, "tool_choice",
+                         "expected none, auto, required or {\"type\": \"function\", "
+                         "\"function\": {\"name\": ...}}");
     return 0;
 }
 
 static int parse_template_kwargs(const json_t *body, struct textgen_params *p,
-                                 struct apiutil_err *e)
+                                 struct json_err *e)
 {
     const char *effort = NULL;
     bool thinking, given;
     int rc;
-    if ((rc = apiutil_opt_string(body, NULL, "reasoning_effort", &effort, e)))
+    if ((rc = json_opt_string(body, NULL, "reasoning_effort", &effort, e)))
         return rc;
     if (effort && strcmp(effort, "none") && strcmp(effort, "minimal") && strcmp(effort, "low") &&
         strcmp(effort, "medium") && strcmp(effort, "high"))
-        return apiutil_fail(e, "reasoning_effort", "\"%s\" is not one of none, minimal, low, medium, high",
-                            effort);
-    if ((rc = apiutil_opt_bool(body, NULL, "enable_thinking", &thinking, &given, e)))
+        return json_fail(e, "reasoning_effort", "\"%s\" is not one of none, minimal, low, medium, high",
+                         effort);
+    if ((rc = json_opt_bool(body, NULL, "enable_thinking", &thinking, &given, e)))
         return rc;
     const json_t *kw = json_object_get(body, "chat_template_kwargs");
     if (kw && !json_is_null(kw) && !json_is_object(kw))
-        return apiutil_fail(e, "chat_template_kwargs", "expected an object");
+        return json_fail(e, "chat_template_kwargs", "expected an object");
     if (!effort && !given && (!kw || json_is_null(kw) || json_object_size(kw) == 0))
         return 0;
     json_t *o = json_object();
@@ -486,25 +487,25 @@ static int parse_template_kwargs(const json_t *body, struct textgen_params *p,
 }
 
 static int parse_misc(enum api_kind kind, const json_t *body, struct textgen_params *p,
-                      struct req_opts *o, struct apiutil_err *e)
+                      struct req_opts *o, struct json_err *e)
 {
     int64_t n = 1, k = -1;
     int rc;
     /* ignore_eos, num_draft_tokens and prompt_lookup are cairn's (and llama.cpp's) own */
-    if ((rc = apiutil_opt_int(body, NULL, "n", 1, TEXTGEN_MAX_N, &n, NULL, e)) ||
-        (rc = apiutil_opt_bool(body, NULL, "ignore_eos", &p->ignore_eos, NULL, e)) ||
-        (rc = apiutil_opt_int(body, NULL, "num_draft_tokens", -1, TEXTGEN_MAX_DRAFT, &k, NULL, e)) ||
-        (rc = apiutil_opt_bool(body, NULL, "prompt_lookup", &p->prompt_lookup, NULL, e)) ||
-        (rc = apiutil_opt_bool(body, NULL, "stream", &o->stream, NULL, e)))
+    if ((rc = json_opt_int(body, NULL, "n", 1, TEXTGEN_MAX_N, &n, NULL, e)) ||
+        (rc = json_opt_bool(body, NULL, "ignore_eos", &p->ignore_eos, NULL, e)) ||
+        (rc = json_opt_int(body, NULL, "num_draft_tokens", -1, TEXTGEN_MAX_DRAFT, &k, NULL, e)) ||
+        (rc = json_opt_bool(body, NULL, "prompt_lookup", &p->prompt_lookup, NULL, e)) ||
+        (rc = json_opt_bool(body, NULL, "stream", &o->stream, NULL, e)))
         return rc;
     p->n = (int)n;
     p->num_draft_tokens = (int)k;
     const json_t *so = json_object_get(body, "stream_options");
     if (so && !json_is_null(so)) {
         if (!json_is_object(so))
-            return apiutil_fail(e, "stream_options", "expected an object");
+            return json_fail(e, "stream_options", "expected an object");
         bool inc = false;
-        if ((rc = apiutil_opt_bool(so, "stream_options", "include_usage", &inc, NULL, e)))
+        if ((rc = json_opt_bool(so, "stream_options", "include_usage", &inc, NULL, e)))
             return rc;
         o->include_usage = inc && o->stream;
     }
@@ -512,13 +513,13 @@ static int parse_misc(enum api_kind kind, const json_t *body, struct textgen_par
     if (rf && !json_is_null(rf)) {
         const json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
         if (!json_is_string(t))
-            return apiutil_fail(e, "response_format", "expected {\"type\": \"text\"}");
+            return json_fail(e, "response_format", "expected {\"type\": \"text\"}");
         const char *type = json_string_value(t);
         if (strcmp(type, "json_object") == 0 || strcmp(type, "json_schema") == 0)
-            return apiutil_fail(e, "response_format", "\"%s\" is not supported (constrained "
-                                "decoding is not implemented); only \"text\"", type);
+            return json_fail(e, "response_format", "\"%s\" is not supported (constrained "
+                             "decoding is not implemented); only \"text\"", type);
         if (strcmp(type, "text") != 0)
-            return apiutil_fail(e, "response_format", "unknown type \"%s\"", type);
+            return json_fail(e, "response_format", "unknown type \"%s\"", type);
     }
     if (kind == KIND_COMPLETION)
         p->reasoning = false; /* a raw prompt's text comes back whole */
@@ -528,10 +529,10 @@ static int parse_misc(enum api_kind kind, const json_t *body, struct textgen_par
 /* Checks every field the API knows into p and o; CAIRN_EFORMAT (400, e says where) or
  * CAIRN_ENOMEM. */
 static int parse_request(enum api_kind kind, const json_t *body, struct textgen_params *p,
-                         struct req_opts *o, struct apiutil_err *e)
+                         struct req_opts *o, struct json_err *e)
 {
     if (!json_is_object(body))
-        return apiutil_fail(e, "", "the request body must be a JSON object");
+        return json_fail(e, "", "the request body must be a JSON object");
     int rc;
     if ((rc = parse_model(body, p, e)))
         return rc;
@@ -981,15 +982,15 @@ static void handle_generation(struct http_request *req, const struct gen *g, enu
     struct textgen_params p;
     textgen_params_init(&p);
     struct req_opts o = {0};
-    struct apiutil_err e = {{0}, {0}};
+    struct json_err e = {{0}, {0}};
     const json_t *body = http_req_json(req);
     int rc = body ? parse_request(kind, body, &p, &o, &e)
-                  : apiutil_fail(&e, "", "the request body must be a JSON object");
+                  : json_fail(&e, "", "the request body must be a JSON object");
     struct oreq *r = rc ? NULL : oreq_new(kind, &p, &o);
     if (!r) {
         textgen_params_clear(&p);
         if (rc && rc != CAIRN_ENOMEM)
-            reply_error(req, 400, e.message, e.param);
+            reply_error(req, 400, e.message, e.path);
         else
             reply_error(req, 500, "out of memory", NULL);
         return;

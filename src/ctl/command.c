@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "base/json.h"
 
 const char *command_kind_name(int kind)
 {
@@ -105,7 +106,7 @@ static int get_int(const json_t *j, const char *path, const char *key, int lo, i
                    char *err, size_t errlen)
 {
     int64_t v = 0;
-    int rc = ids_json_int(j, path, key, lo, hi, &v, err, errlen);
+    int rc = json_get_int(j, path, key, lo, hi, &v, err, errlen);
     if (!rc)
         *dst = (int)v;
     return rc;
@@ -117,13 +118,13 @@ static int body_from_json(const json_t *body, const char *path, struct command *
 {
     int rc, x = 0;
     json_t *v;
-    char p[IDS_PATH_MAX];
+    char p[JSON_PATH_MAX];
     switch (c->kind) {
     case COMMAND_PLACE_INSTANCE:
         rc = ids_json_model(body, path, "model_id", false, c->place_instance.model_id, err,
                             errlen);
         if (!rc)
-            rc = ids_json_enum(body, path, "sharding", cluster_sharding_name,
+            rc = json_get_enum(body, path, "sharding", cluster_sharding_name,
                                CLUSTER_SHARDING_COUNT, &x, err, errlen);
         c->place_instance.sharding = (enum cluster_sharding)x;
         if (!rc)
@@ -137,9 +138,9 @@ static int body_from_json(const json_t *body, const char *path, struct command *
                          &c->place_instance.num_draft_tokens, err, errlen);
         return rc;
     case COMMAND_CREATE_INSTANCE:
-        rc = ids_json_member(body, path, "instance", JSON_OBJECT, &v, err, errlen);
+        rc = json_get_member(body, path, "instance", JSON_OBJECT, &v, err, errlen);
         if (!rc) {
-            ids_path(p, sizeof p, "%s.instance", path);
+            json_path(p, sizeof p, "%s.instance", path);
             rc = cluster_instance_from_json(v, p, &c->create_instance, err, errlen);
         }
         return rc;
@@ -162,7 +163,7 @@ static int body_from_json(const json_t *body, const char *path, struct command *
         if (!rc)
             rc = ids_json_id(body, path, "node_id", c->text_generation.node_id, err, errlen);
         if (!rc)
-            rc = ids_json_int(body, path, "bytes", 1, (int64_t)CLUSTER_MAX_PARAMS, &c->text_generation.bytes, err,
+            rc = json_get_int(body, path, "bytes", 1, (int64_t)CLUSTER_MAX_PARAMS, &c->text_generation.bytes, err,
                               errlen);
         return rc;
     case COMMAND_CANCEL_TASK:
@@ -170,14 +171,14 @@ static int body_from_json(const json_t *body, const char *path, struct command *
     case COMMAND_FINISH_TASK: {
         rc = ids_json_id(body, path, "task_id", c->finish_task.task_id, err, errlen);
         if (!rc)
-            rc = ids_json_enum(body, path, "status", cluster_task_status_name, CLUSTER_TASK_STATUS_COUNT, &x, err,
+            rc = json_get_enum(body, path, "status", cluster_task_status_name, CLUSTER_TASK_STATUS_COUNT, &x, err,
                                errlen);
         c->finish_task.status = (enum cluster_task_status)x;
         if (!rc && (x == CLUSTER_TASK_PENDING || x == CLUSTER_TASK_RUNNING))
             rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.status: not a final status", path);
         char *error = NULL;
         if (!rc)
-            rc = ids_json_text(body, path, "error", &error, err, errlen);
+            rc = json_get_text(body, path, "error", IDS_TEXT_MAX, &error, err, errlen);
         if (!rc && error)
             snprintf(c->finish_task.error, sizeof c->finish_task.error, "%s", error);
         free(error);
@@ -208,13 +209,13 @@ int command_from_jsonv(const json_t *j, struct command *out, char *err, size_t e
     memset(out, 0, sizeof *out);
     if (!json_is_object(j))
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "command: must be an object");
-    int rc = ids_json_enum(j, "command", "kind", command_kind_name, COMMAND_KIND_COUNT, &kind,
+    int rc = json_get_enum(j, "command", "kind", command_kind_name, COMMAND_KIND_COUNT, &kind,
                            err, errlen);
     if (rc)
         return rc;
     const char *path = command_kind_name(kind);
     command_init(out, (enum command_kind)kind);
-    rc = ids_json_keys(j, path, keys[kind], err, errlen);
+    rc = json_get_keys(j, path, keys[kind], err, errlen);
     if (!rc)
         rc = ids_json_id(j, path, "command_id", out->id, err, errlen);
     if (!rc)
@@ -257,12 +258,12 @@ static int instance_request(const json_t *given, json_t **out, char *err, size_t
                                        "draft_model", "num_draft_tokens", "epoch", NULL};
     static const char *const shard_keys[] = {"node_id", "runner_id", "rank", "world_size",
                                              "layer_begin", "layer_end", NULL};
-    char id[IDS_ID_MAX + 1], p[IDS_PATH_MAX];
+    char id[IDS_ID_MAX + 1], p[JSON_PATH_MAX];
     json_t *shards;
     *out = NULL;
-    int rc = ids_json_keys(given, "instance", keys, err, errlen);
+    int rc = json_get_keys(given, "instance", keys, err, errlen);
     if (!rc)
-        rc = ids_json_member(given, "instance", "shards", JSON_ARRAY, &shards, err, errlen);
+        rc = json_get_member(given, "instance", "shards", JSON_ARRAY, &shards, err, errlen);
     if (rc)
         return rc;
     size_t n = json_array_size(shards);
@@ -285,8 +286,8 @@ static int instance_request(const json_t *given, json_t **out, char *err, size_t
     json_t *sh = json_object_get(o, "shards");
     for (size_t i = 0; ok && i < n; i++) {
         json_t *s = json_array_get(sh, i);
-        ids_path(p, sizeof p, "instance.shards[%zu]", i);
-        if ((rc = ids_json_keys(s, p, shard_keys, err, errlen)))
+        json_path(p, sizeof p, "instance.shards[%zu]", i);
+        if ((rc = json_get_keys(s, p, shard_keys, err, errlen)))
             goto fail;
         if (!json_object_get(s, "runner_id")) {
             if ((rc = ids_random(id, err, errlen)))
@@ -337,7 +338,7 @@ int command_from_request(enum command_kind kind, const json_t *body, const char 
     }
     switch (kind) {
     case COMMAND_PLACE_INSTANCE: {
-        rc = ids_json_keys(body, "body", place_keys, err, errlen);
+        rc = json_get_keys(body, "body", place_keys, err, errlen);
         if (rc)
             goto fail;
         j = json_deep_copy(body);
@@ -357,7 +358,7 @@ int command_from_request(enum command_kind kind, const json_t *body, const char 
     case COMMAND_CREATE_INSTANCE:
         given = json_object_get(body, "instance");
         if (given) {
-            if ((rc = ids_json_keys(body, "body", create_keys, err, errlen)))
+            if ((rc = json_get_keys(body, "body", create_keys, err, errlen)))
                 goto fail;
             if (!json_is_object(given)) {
                 rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "instance: must be an object");
@@ -375,7 +376,7 @@ int command_from_request(enum command_kind kind, const json_t *body, const char 
             goto fail;
         return 0;
     case COMMAND_SET_INSTANCE_DRAFT_MODEL:
-        rc = ids_json_keys(body, "body", draft_keys, err, errlen);
+        rc = json_get_keys(body, "body", draft_keys, err, errlen);
         if (rc)
             goto fail;
         if (!json_object_get(body, "draft_model")) {
@@ -440,19 +441,19 @@ int command_result_from_jsonv(const json_t *j, struct command_result *out, char 
     int64_t code = 0;
     char *msg = NULL;
     memset(out, 0, sizeof *out);
-    int rc = ids_json_keys(j, "result", keys, err, errlen);
+    int rc = json_get_keys(j, "result", keys, err, errlen);
     if (!rc)
         rc = ids_json_id(j, "result", "command_id", out->command_id, err, errlen);
     if (!rc)
-        rc = ids_json_int(j, "result", "code", CAIRN_ERR_FIRST_ + 1, 0, &code, err, errlen);
+        rc = json_get_int(j, "result", "code", CAIRN_ERR_FIRST_ + 1, 0, &code, err, errlen);
     if (!rc)
-        rc = ids_json_text(j, "result", "message", &msg, err, errlen);
+        rc = json_get_text(j, "result", "message", IDS_TEXT_MAX, &msg, err, errlen);
     if (!rc)
         rc = ids_json_id_or_null(j, "result", "instance_id", out->instance_id, err, errlen);
     if (!rc)
-        rc = ids_json_int(j, "result", "term", 0, IDS_COUNTER_MAX, &out->term, err, errlen);
+        rc = json_get_int(j, "result", "term", 0, IDS_COUNTER_MAX, &out->term, err, errlen);
     if (!rc)
-        rc = ids_json_int(j, "result", "index", 0, IDS_COUNTER_MAX, &out->index, err, errlen);
+        rc = json_get_int(j, "result", "index", 0, IDS_COUNTER_MAX, &out->index, err, errlen);
     if (rc) {
         free(msg);
         memset(out, 0, sizeof *out);

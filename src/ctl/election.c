@@ -6,6 +6,7 @@
 
 #include "base/array.h"
 #include "base/err.h"
+#include "base/json.h"
 #include "base/log.h"
 
 struct ballot {
@@ -332,15 +333,15 @@ static int on_status(struct election *e, struct peer *p, const json_t *msg, int6
     char master[IDS_ID_MAX + 1];
     int64_t term, since;
     bool force;
-    int rc = ids_json_keys(msg, "status", keys, err, errlen);
+    int rc = json_get_keys(msg, "status", keys, err, errlen);
     if (!rc)
-        rc = ids_json_int(msg, "status", "term", 0, IDS_COUNTER_MAX, &term, err, errlen);
+        rc = json_get_int(msg, "status", "term", 0, IDS_COUNTER_MAX, &term, err, errlen);
     if (!rc)
         rc = ids_json_id_or_null(msg, "status", "master", master, err, errlen);
     if (!rc)
-        rc = ids_json_bool(msg, "status", "force", &force, err, errlen);
+        rc = json_get_bool(msg, "status", "force", &force, err, errlen);
     if (!rc)
-        rc = ids_json_int(msg, "status", "since_ms", 0, IDS_COUNTER_MAX, &since, err, errlen);
+        rc = json_get_int(msg, "status", "since_ms", 0, IDS_COUNTER_MAX, &since, err, errlen);
     if (rc)
         return rc;
     p->has_status = true;
@@ -371,15 +372,15 @@ static int on_ballot(struct election *e, struct peer *p, const json_t *msg, int6
     struct ballot b;
     int64_t term;
     memset(&b, 0, sizeof b);
-    int rc = ids_json_keys(msg, "ballot", keys, err, errlen);
+    int rc = json_get_keys(msg, "ballot", keys, err, errlen);
     if (!rc)
-        rc = ids_json_int(msg, "ballot", "term", 1, IDS_COUNTER_MAX, &term, err, errlen);
+        rc = json_get_int(msg, "ballot", "term", 1, IDS_COUNTER_MAX, &term, err, errlen);
     if (!rc)
-        rc = ids_json_bool(msg, "ballot", "force", &b.force, err, errlen);
+        rc = json_get_bool(msg, "ballot", "force", &b.force, err, errlen);
     if (!rc)
-        rc = ids_json_bool(msg, "ballot", "incumbent", &b.incumbent, err, errlen);
+        rc = json_get_bool(msg, "ballot", "incumbent", &b.incumbent, err, errlen);
     if (!rc)
-        rc = ids_json_int(msg, "ballot", "since_ms", 0, IDS_COUNTER_MAX, &b.since_ms, err, errlen);
+        rc = json_get_int(msg, "ballot", "since_ms", 0, IDS_COUNTER_MAX, &b.since_ms, err, errlen);
     if (rc)
         return rc;
     snprintf(b.id, sizeof b.id, "%s", p->id);

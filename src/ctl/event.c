@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "base/json.h"
 
 const char *event_kind_name(int kind)
 {
@@ -225,54 +226,54 @@ static int body_from_json(const json_t *body, const char *path, struct event *e,
     static const char *const task_id_keys[] = {"task_id", NULL};
     static const char *const snapshot_keys[] = {"state", NULL};
     static const char *const epoch_keys[] = {"instance_id", "epoch", NULL};
-    char p[IDS_PATH_MAX];
+    char p[JSON_PATH_MAX];
     json_t *v;
     int rc, x = 0;
 
     switch (e->kind) {
     case EVENT_NODE_GATHERED_INFO:
-        rc = ids_json_keys(body, path, gathered_keys, err, errlen);
+        rc = json_get_keys(body, path, gathered_keys, err, errlen);
         if (!rc)
             rc = ids_json_id(body, path, "node_id", e->node_gathered_info.node_id, err, errlen);
         if (!rc)
-            rc = ids_json_int(body, path, "when_ms", 0, IDS_COUNTER_MAX,
+            rc = json_get_int(body, path, "when_ms", 0, IDS_COUNTER_MAX,
                               &e->node_gathered_info.when_ms, err, errlen);
         if (!rc)
-            rc = ids_json_member(body, path, "info", JSON_OBJECT, &v, err, errlen);
+            rc = json_get_member(body, path, "info", JSON_OBJECT, &v, err, errlen);
         if (!rc) {
-            ids_path(p, sizeof p, "%s.info", path);
+            json_path(p, sizeof p, "%s.info", path);
             rc = cluster_node_info_from_json(v, p, &e->node_gathered_info.info, err, errlen);
         }
         return rc;
     case EVENT_NODE_TIMED_OUT:
-        rc = ids_json_keys(body, path, node_keys, err, errlen);
+        rc = json_get_keys(body, path, node_keys, err, errlen);
         return rc ? rc : ids_json_id(body, path, "node_id", e->node_timed_out.node_id, err, errlen);
     case EVENT_TOPOLOGY_EDGE_CREATED:
         return cluster_edge_from_json(body, path, &e->topology_edge_created, err, errlen);
     case EVENT_TOPOLOGY_EDGE_DELETED:
-        rc = ids_json_keys(body, path, edge_keys, err, errlen);
+        rc = json_get_keys(body, path, edge_keys, err, errlen);
         if (!rc)
             rc = ids_json_id(body, path, "from", e->topology_edge_deleted.from, err, errlen);
         if (!rc)
             rc = ids_json_id(body, path, "to", e->topology_edge_deleted.to, err, errlen);
         return rc;
     case EVENT_INSTANCE_CREATED:
-        rc = ids_json_keys(body, path, instance_keys, err, errlen);
+        rc = json_get_keys(body, path, instance_keys, err, errlen);
         if (!rc)
-            rc = ids_json_member(body, path, "instance", JSON_OBJECT, &v, err, errlen);
+            rc = json_get_member(body, path, "instance", JSON_OBJECT, &v, err, errlen);
         if (!rc) {
-            ids_path(p, sizeof p, "%s.instance", path);
+            json_path(p, sizeof p, "%s.instance", path);
             rc = cluster_instance_from_json(v, p, &e->instance_created, err, errlen);
         }
         return rc;
     case EVENT_INSTANCE_DELETED:
-        rc = ids_json_keys(body, path, instance_id_keys, err, errlen);
+        rc = json_get_keys(body, path, instance_id_keys, err, errlen);
         return rc ? rc
                   : ids_json_id(body, path, "instance_id", e->instance_deleted.instance_id, err,
                                 errlen);
     case EVENT_INSTANCE_DRAFT_MODEL_UPDATED: {
         int64_t n = 0;
-        rc = ids_json_keys(body, path, draft_keys, err, errlen);
+        rc = json_get_keys(body, path, draft_keys, err, errlen);
         if (!rc)
             rc = ids_json_id(body, path, "instance_id",
                              e->instance_draft_model_updated.instance_id, err, errlen);
@@ -280,7 +281,7 @@ static int body_from_json(const json_t *body, const char *path, struct event *e,
             rc = ids_json_model(body, path, "draft_model", true,
                                 e->instance_draft_model_updated.draft_model, err, errlen);
         if (!rc)
-            rc = ids_json_int(body, path, "num_draft_tokens", 0, CLUSTER_MAX_DRAFT_TOKENS, &n,
+            rc = json_get_int(body, path, "num_draft_tokens", 0, CLUSTER_MAX_DRAFT_TOKENS, &n,
                               err, errlen);
         e->instance_draft_model_updated.num_draft_tokens = (int)n;
         return rc;
@@ -288,17 +289,17 @@ static int body_from_json(const json_t *body, const char *path, struct event *e,
     case EVENT_RUNNER_STATUS_UPDATED:
         return cluster_runner_from_json(body, path, &e->runner_status_updated, err, errlen);
     case EVENT_RUNNER_DELETED:
-        rc = ids_json_keys(body, path, runner_id_keys, err, errlen);
+        rc = json_get_keys(body, path, runner_id_keys, err, errlen);
         return rc ? rc
                   : ids_json_id(body, path, "runner_id", e->runner_deleted.runner_id, err, errlen);
     case EVENT_NODE_DOWNLOAD_PROGRESS:
         return cluster_download_from_json(body, path, &e->node_download_progress, err, errlen);
     case EVENT_TASK_CREATED:
-        rc = ids_json_keys(body, path, task_keys, err, errlen);
+        rc = json_get_keys(body, path, task_keys, err, errlen);
         if (!rc)
             rc = ids_json_id(body, path, "task_id", e->task_created.task_id, err, errlen);
         if (!rc)
-            rc = ids_json_enum(body, path, "task_kind", cluster_task_kind_name,
+            rc = json_get_enum(body, path, "task_kind", cluster_task_kind_name,
                                CLUSTER_TASK_KIND_COUNT, &x, err, errlen);
         e->task_created.kind = (enum cluster_task_kind)x;
         if (!rc)
@@ -306,19 +307,19 @@ static int body_from_json(const json_t *body, const char *path, struct event *e,
         if (!rc)
             rc = ids_json_id(body, path, "node_id", e->task_created.node_id, err, errlen);
         if (!rc)
-            rc = ids_json_int(body, path, "bytes", 1, (int64_t)CLUSTER_MAX_PARAMS, &e->task_created.bytes, err,
+            rc = json_get_int(body, path, "bytes", 1, (int64_t)CLUSTER_MAX_PARAMS, &e->task_created.bytes, err,
                               errlen);
         return rc;
     case EVENT_TASK_STATUS_UPDATED:
-        rc = ids_json_keys(body, path, task_status_keys, err, errlen);
+        rc = json_get_keys(body, path, task_status_keys, err, errlen);
         if (!rc)
             rc = ids_json_id(body, path, "task_id", e->task_status_updated.task_id, err, errlen);
         if (!rc)
-            rc = ids_json_enum(body, path, "status", cluster_task_status_name,
+            rc = json_get_enum(body, path, "status", cluster_task_status_name,
                                CLUSTER_TASK_STATUS_COUNT, &x, err, errlen);
         e->task_status_updated.status = (enum cluster_task_status)x;
         if (!rc)
-            rc = ids_json_text(body, path, "error", &e->task_status_updated.error, err, errlen);
+            rc = json_get_text(body, path, "error", IDS_TEXT_MAX, &e->task_status_updated.error, err, errlen);
         if (!rc && e->task_status_updated.error && x != CLUSTER_TASK_FAILED)
             rc = cairn_fail(err, errlen, CAIRN_EFORMAT,
                             "%s.error: must be null unless status is Failed", path);
@@ -327,16 +328,16 @@ static int body_from_json(const json_t *body, const char *path, struct event *e,
     case EVENT_TASK_DELETED: {
         char *id = e->kind == EVENT_TASK_DELETED ? e->task_deleted.task_id
                                                  : e->task_acknowledged.task_id;
-        rc = ids_json_keys(body, path, task_id_keys, err, errlen);
+        rc = json_get_keys(body, path, task_id_keys, err, errlen);
         return rc ? rc : ids_json_id(body, path, "task_id", id, err, errlen);
     }
     case EVENT_MASTER_ELECTED:
-        rc = ids_json_keys(body, path, node_keys, err, errlen);
+        rc = json_get_keys(body, path, node_keys, err, errlen);
         return rc ? rc : ids_json_id(body, path, "node_id", e->master_elected.node_id, err, errlen);
     case EVENT_STATE_SNAPSHOT:
-        rc = ids_json_keys(body, path, snapshot_keys, err, errlen);
+        rc = json_get_keys(body, path, snapshot_keys, err, errlen);
         if (!rc)
-            rc = ids_json_member(body, path, "state", JSON_OBJECT, &v, err, errlen);
+            rc = json_get_member(body, path, "state", JSON_OBJECT, &v, err, errlen);
         if (!rc) {
             rc = cluster_state_from_jsonv(v, &e->state_snapshot.state, err, errlen);
             if (rc && err && errlen) { /* root the state's own path under this event */
@@ -347,12 +348,12 @@ static int body_from_json(const json_t *body, const char *path, struct event *e,
         }
         return rc;
     case EVENT_INSTANCE_EPOCH_ADVANCED:
-        rc = ids_json_keys(body, path, epoch_keys, err, errlen);
+        rc = json_get_keys(body, path, epoch_keys, err, errlen);
         if (!rc)
             rc = ids_json_id(body, path, "instance_id", e->instance_epoch_advanced.instance_id,
                              err, errlen);
         if (!rc)
-            rc = ids_json_int(body, path, "epoch", 1, IDS_COUNTER_MAX,
+            rc = json_get_int(body, path, "epoch", 1, IDS_COUNTER_MAX,
                               &e->instance_epoch_advanced.epoch, err, errlen);
         return rc;
     default:
@@ -366,15 +367,15 @@ int event_from_jsonv(const json_t *j, struct event *out, char *err, size_t errle
     memset(out, 0, sizeof *out);
     if (!json_is_object(j))
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "event: must be an object");
-    int rc = ids_json_enum(j, "event", "kind", event_kind_name, EVENT_KIND_COUNT, &kind, err,
+    int rc = json_get_enum(j, "event", "kind", event_kind_name, EVENT_KIND_COUNT, &kind, err,
                            errlen);
     if (rc)
         return rc;
     const char *path = event_kind_name(kind);
     event_init(out, (enum event_kind)kind, 0, 0);
-    rc = ids_json_int(j, path, "term", 1, IDS_COUNTER_MAX, &out->term, err, errlen);
+    rc = json_get_int(j, path, "term", 1, IDS_COUNTER_MAX, &out->term, err, errlen);
     if (!rc)
-        rc = ids_json_int(j, path, "index", 0, IDS_COUNTER_MAX, &out->index, err, errlen);
+        rc = json_get_int(j, path, "index", 0, IDS_COUNTER_MAX, &out->index, err, errlen);
     if (rc) {
         event_clear(out);
         return rc;

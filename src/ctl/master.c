@@ -7,6 +7,7 @@
 
 #include "base/array.h"
 #include "base/err.h"
+#include "base/json.h"
 
 /* ---- model cards ---- */
 
@@ -576,9 +577,9 @@ static int report_runners(const struct cluster_state *s, const char *from, const
 {
     size_t n = json_array_size(arr);
     for (size_t i = 0; i < n; i++) {
-        char p[IDS_PATH_MAX];
+        char p[JSON_PATH_MAX];
         struct cluster_runner r;
-        ids_path(p, sizeof p, "report.runners[%zu]", i);
+        json_path(p, sizeof p, "report.runners[%zu]", i);
         int rc = cluster_runner_from_json(json_array_get(arr, i), p, &r, err, errlen);
         if (!rc && strcmp(r.node_id, from))
             rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.node_id: %s is not the reporting node",
@@ -631,18 +632,18 @@ static int report_edges(const struct cluster_state *s, const char *from, const j
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++) {
-        char p[IDS_PATH_MAX];
+        char p[JSON_PATH_MAX];
         const json_t *j = json_array_get(arr, i);
         struct cluster_edge edge;
         memset(&edge, 0, sizeof edge);
-        ids_path(p, sizeof p, "report.edges[%zu]", i);
-        rc = ids_json_keys(j, p, keys, err, errlen);
+        json_path(p, sizeof p, "report.edges[%zu]", i);
+        rc = json_get_keys(j, p, keys, err, errlen);
         if (!rc)
             rc = ids_json_id(j, p, "to", edge.to, err, errlen);
         if (!rc)
-            rc = ids_json_int(j, p, "rtt_us", 0, UINT32_MAX, &edge.rtt_us, err, errlen);
+            rc = json_get_int(j, p, "rtt_us", 0, UINT32_MAX, &edge.rtt_us, err, errlen);
         if (!rc)
-            rc = ids_json_int(j, p, "throughput_bytes_per_s", 0, IDS_BYTES_MAX, &edge.throughput,
+            rc = json_get_int(j, p, "throughput_bytes_per_s", 0, IDS_BYTES_MAX, &edge.throughput,
                               err, errlen);
         if (!rc && !strcmp(edge.to, from))
             rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.to: an edge to itself", p);
@@ -692,9 +693,9 @@ static int report_downloads(const struct cluster_state *s, const char *from, con
                             struct master_events *out, char *err, size_t errlen)
 {
     for (size_t i = 0; i < json_array_size(arr); i++) {
-        char p[IDS_PATH_MAX];
+        char p[JSON_PATH_MAX];
         struct cluster_download d;
-        ids_path(p, sizeof p, "report.downloads[%zu]", i);
+        json_path(p, sizeof p, "report.downloads[%zu]", i);
         int rc = cluster_download_from_json(json_array_get(arr, i), p, &d, err, errlen);
         if (!rc && strcmp(d.node_id, from))
             rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.node_id: %s is not the reporting node", p, d.node_id);
@@ -742,7 +743,7 @@ int master_report_events(const struct cluster_state *s, const char *from, const 
     char id[IDS_ID_MAX + 1];
     size_t mark = out->n;
     json_t *v;
-    int rc = ids_json_keys(report, "report", keys, err, errlen);
+    int rc = json_get_keys(report, "report", keys, err, errlen);
     if (!rc)
         rc = ids_json_id(report, "report", "node_id", id, err, errlen);
     if (!rc && (!from || strcmp(id, from)))

@@ -6,6 +6,7 @@
 
 #include "base/array.h"
 #include "base/err.h"
+#include "base/json.h"
 
 /* ---- enum names ---- */
 
@@ -695,7 +696,7 @@ static int get_int(const json_t *j, const char *path, const char *key, int64_t l
                    int *dst, char *err, size_t errlen)
 {
     int64_t v;
-    int rc = ids_json_int(j, path, key, lo, hi, &v, err, errlen);
+    int rc = json_get_int(j, path, key, lo, hi, &v, err, errlen);
     if (rc == 0)
         *dst = (int)v;
     return rc;
@@ -716,13 +717,13 @@ static int iface_from_json(const json_t *j, const char *path, struct cluster_ifa
 {
     static const char *const keys[] = {"name", "loopback", "addresses", NULL};
     json_t *addrs;
-    int rc = ids_json_keys(j, path, keys, err, errlen);
+    int rc = json_get_keys(j, path, keys, err, errlen);
     if (!rc)
-        rc = ids_json_name(j, path, "name", IDS_IFNAME_MAX, out->name, err, errlen);
+        rc = json_get_name(j, path, "name", IDS_IFNAME_MAX, out->name, err, errlen);
     if (!rc)
-        rc = ids_json_bool(j, path, "loopback", &out->loopback, err, errlen);
+        rc = json_get_bool(j, path, "loopback", &out->loopback, err, errlen);
     if (!rc)
-        rc = ids_json_member(j, path, "addresses", JSON_ARRAY, &addrs, err, errlen);
+        rc = json_get_member(j, path, "addresses", JSON_ARRAY, &addrs, err, errlen);
     if (rc)
         return rc;
     size_t n = json_array_size(addrs);
@@ -736,9 +737,9 @@ static int iface_from_json(const json_t *j, const char *path, struct cluster_ifa
     }
     out->n_addrs = n;
     for (size_t i = 0; i < n; i++) {
-        char p[IDS_PATH_MAX + 32];
-        ids_path(p, sizeof p, "%s.addresses[%zu]", path, i);
-        rc = ids_json_name_value(json_array_get(addrs, i), p, IDS_ADDR_MAX, out->addrs[i], err,
+        char p[JSON_PATH_MAX + 32];
+        json_path(p, sizeof p, "%s.addresses[%zu]", path, i);
+        rc = json_get_name_value(json_array_get(addrs, i), p, IDS_ADDR_MAX, out->addrs[i], err,
                                  errlen);
         if (rc)
             return rc;
@@ -755,35 +756,35 @@ int cluster_node_info_from_json(const json_t *j, const char *path, struct cluste
                                        "api_port", "cluster_port", NULL};
     json_t *ifaces;
     memset(out, 0, sizeof *out);
-    int rc = ids_json_keys(j, path, keys, err, errlen);
+    int rc = json_get_keys(j, path, keys, err, errlen);
     if (!rc)
-        rc = ids_json_int(j, path, "memory_total_bytes", 0, IDS_BYTES_MAX, &out->memory_total,
+        rc = json_get_int(j, path, "memory_total_bytes", 0, IDS_BYTES_MAX, &out->memory_total,
                           err, errlen);
     if (!rc)
-        rc = ids_json_int(j, path, "memory_available_bytes", 0, IDS_BYTES_MAX,
+        rc = json_get_int(j, path, "memory_available_bytes", 0, IDS_BYTES_MAX,
                           &out->memory_available, err, errlen);
     if (!rc)
-        rc = ids_json_int(j, path, "disk_free_bytes", 0, IDS_BYTES_MAX, &out->disk_free, err,
+        rc = json_get_int(j, path, "disk_free_bytes", 0, IDS_BYTES_MAX, &out->disk_free, err,
                           errlen);
     if (!rc)
-        rc = ids_json_int(j, path, "disk_total_bytes", 0, IDS_BYTES_MAX, &out->disk_total, err,
+        rc = json_get_int(j, path, "disk_total_bytes", 0, IDS_BYTES_MAX, &out->disk_total, err,
                           errlen);
     if (!rc)
-        rc = ids_json_name(j, path, "cpu_model", IDS_NAME_MAX, out->cpu_model, err, errlen);
+        rc = json_get_name(j, path, "cpu_model", IDS_NAME_MAX, out->cpu_model, err, errlen);
     if (!rc)
         rc = get_int(j, path, "cpu_cores", 0, 65536, &out->cpu_cores, err, errlen);
     if (!rc)
-        rc = ids_json_name(j, path, "isa", IDS_NAME_MAX, out->isa, err, errlen);
+        rc = json_get_name(j, path, "isa", IDS_NAME_MAX, out->isa, err, errlen);
     if (!rc)
-        rc = ids_json_name(j, path, "os", IDS_NAME_MAX, out->os, err, errlen);
+        rc = json_get_name(j, path, "os", IDS_NAME_MAX, out->os, err, errlen);
     if (!rc)
-        rc = ids_json_name(j, path, "hostname", IDS_NAME_MAX, out->hostname, err, errlen);
+        rc = json_get_name(j, path, "hostname", IDS_NAME_MAX, out->hostname, err, errlen);
     if (!rc)
         rc = get_int(j, path, "api_port", 0, 65535, &out->api_port, err, errlen);
     if (!rc)
         rc = get_int(j, path, "cluster_port", 0, 65535, &out->cluster_port, err, errlen);
     if (!rc)
-        rc = ids_json_member(j, path, "interfaces", JSON_ARRAY, &ifaces, err, errlen);
+        rc = json_get_member(j, path, "interfaces", JSON_ARRAY, &ifaces, err, errlen);
     if (rc)
         goto fail;
     size_t n = json_array_size(ifaces);
@@ -800,8 +801,8 @@ int cluster_node_info_from_json(const json_t *j, const char *path, struct cluste
         }
     }
     for (size_t i = 0; i < n; i++) {
-        char p[IDS_PATH_MAX + 32];
-        ids_path(p, sizeof p, "%s.interfaces[%zu]", path, i);
+        char p[JSON_PATH_MAX + 32];
+        json_path(p, sizeof p, "%s.interfaces[%zu]", path, i);
         out->n_ifaces++; /* counted first so a half-read entry is freed too */
         rc = iface_from_json(json_array_get(ifaces, i), p, &out->ifaces[i], err, errlen);
         if (rc)
@@ -819,17 +820,17 @@ static int node_from_json(const json_t *j, const char *path, struct cluster_node
     static const char *const keys[] = {"node_id", "last_seen_ms", "info", NULL};
     json_t *info;
     memset(out, 0, sizeof *out);
-    int rc = ids_json_keys(j, path, keys, err, errlen);
+    int rc = json_get_keys(j, path, keys, err, errlen);
     if (!rc)
         rc = ids_json_id(j, path, "node_id", out->id, err, errlen);
     if (!rc)
-        rc = ids_json_int(j, path, "last_seen_ms", 0, IDS_COUNTER_MAX, &out->last_seen_ms, err,
+        rc = json_get_int(j, path, "last_seen_ms", 0, IDS_COUNTER_MAX, &out->last_seen_ms, err,
                           errlen);
     if (!rc)
-        rc = ids_json_member(j, path, "info", JSON_OBJECT, &info, err, errlen);
+        rc = json_get_member(j, path, "info", JSON_OBJECT, &info, err, errlen);
     if (!rc) {
-        char p[IDS_PATH_MAX + 8];
-        ids_path(p, sizeof p, "%s.info", path);
+        char p[JSON_PATH_MAX + 8];
+        json_path(p, sizeof p, "%s.info", path);
         rc = cluster_node_info_from_json(info, p, &out->info, err, errlen);
     }
     return rc;
@@ -840,15 +841,15 @@ int cluster_edge_from_json(const json_t *j, const char *path, struct cluster_edg
 {
     static const char *const keys[] = {"from", "to", "rtt_us", "throughput_bytes_per_s", NULL};
     memset(out, 0, sizeof *out);
-    int rc = ids_json_keys(j, path, keys, err, errlen);
+    int rc = json_get_keys(j, path, keys, err, errlen);
     if (!rc)
         rc = ids_json_id(j, path, "from", out->from, err, errlen);
     if (!rc)
         rc = ids_json_id(j, path, "to", out->to, err, errlen);
     if (!rc)
-        rc = ids_json_int(j, path, "rtt_us", 0, UINT32_MAX, &out->rtt_us, err, errlen);
+        rc = json_get_int(j, path, "rtt_us", 0, UINT32_MAX, &out->rtt_us, err, errlen);
     if (!rc)
-        rc = ids_json_int(j, path, "throughput_bytes_per_s", 0, IDS_BYTES_MAX, &out->throughput,
+        rc = json_get_int(j, path, "throughput_bytes_per_s", 0, IDS_BYTES_MAX, &out->throughput,
                           err, errlen);
     if (!rc && strcmp(out->from, out->to) == 0)
         rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.to: equals from (\"%s\")", path, out->to);
@@ -860,7 +861,7 @@ static int shard_from_json(const json_t *j, const char *path, struct cluster_sha
 {
     static const char *const keys[] = {"node_id", "runner_id", "rank", "world_size",
                                        "layer_begin", "layer_end", NULL};
-    int rc = ids_json_keys(j, path, keys, err, errlen);
+    int rc = json_get_keys(j, path, keys, err, errlen);
     if (!rc)
         rc = ids_json_id(j, path, "node_id", out->node_id, err, errlen);
     if (!rc)
@@ -930,13 +931,13 @@ int cluster_instance_from_json(const json_t *j, const char *path, struct cluster
     json_t *shards;
     int sharding = 0;
     memset(out, 0, sizeof *out);
-    int rc = ids_json_keys(j, path, keys, err, errlen);
+    int rc = json_get_keys(j, path, keys, err, errlen);
     if (!rc)
         rc = ids_json_id(j, path, "instance_id", out->id, err, errlen);
     if (!rc)
         rc = ids_json_model(j, path, "model_id", false, out->model_id, err, errlen);
     if (!rc)
-        rc = ids_json_enum(j, path, "sharding", cluster_sharding_name, CLUSTER_SHARDING_COUNT,
+        rc = json_get_enum(j, path, "sharding", cluster_sharding_name, CLUSTER_SHARDING_COUNT,
                            &sharding, err, errlen);
     out->sharding = (enum cluster_sharding)sharding;
     if (!rc)
@@ -945,9 +946,9 @@ int cluster_instance_from_json(const json_t *j, const char *path, struct cluster
         rc = get_int(j, path, "num_draft_tokens", 0, CLUSTER_MAX_DRAFT_TOKENS,
                      &out->num_draft_tokens, err, errlen);
     if (!rc)
-        rc = ids_json_int(j, path, "epoch", 0, IDS_COUNTER_MAX, &out->epoch, err, errlen);
+        rc = json_get_int(j, path, "epoch", 0, IDS_COUNTER_MAX, &out->epoch, err, errlen);
     if (!rc)
-        rc = ids_json_member(j, path, "shards", JSON_ARRAY, &shards, err, errlen);
+        rc = json_get_member(j, path, "shards", JSON_ARRAY, &shards, err, errlen);
     if (rc)
         goto fail;
     size_t n = json_array_size(shards);
@@ -963,8 +964,8 @@ int cluster_instance_from_json(const json_t *j, const char *path, struct cluster
     }
     out->n_shards = n;
     for (size_t i = 0; i < n; i++) {
-        char p[IDS_PATH_MAX + 32];
-        ids_path(p, sizeof p, "%s.shards[%zu]", path, i);
+        char p[JSON_PATH_MAX + 32];
+        json_path(p, sizeof p, "%s.shards[%zu]", path, i);
         rc = shard_from_json(json_array_get(shards, i), p, &out->shards[i], err, errlen);
         if (rc)
             goto fail;
@@ -985,7 +986,7 @@ int cluster_runner_from_json(const json_t *j, const char *path, struct cluster_r
                                        "restart_count", "data_port", "epoch", NULL};
     int status = 0;
     memset(out, 0, sizeof *out);
-    int rc = ids_json_keys(j, path, keys, err, errlen);
+    int rc = json_get_keys(j, path, keys, err, errlen);
     if (!rc)
         rc = ids_json_id(j, path, "runner_id", out->id, err, errlen);
     if (!rc)
@@ -993,7 +994,7 @@ int cluster_runner_from_json(const json_t *j, const char *path, struct cluster_r
     if (!rc)
         rc = ids_json_id(j, path, "node_id", out->node_id, err, errlen);
     if (!rc)
-        rc = ids_json_enum(j, path, "status", cluster_runner_status_name,
+        rc = json_get_enum(j, path, "status", cluster_runner_status_name,
                            CLUSTER_RUNNER_STATUS_COUNT, &status, err, errlen);
     out->status = (enum cluster_runner_status)status;
     if (!rc)
@@ -1001,9 +1002,9 @@ int cluster_runner_from_json(const json_t *j, const char *path, struct cluster_r
     if (!rc && json_object_get(j, "data_port"))
         rc = get_int(j, path, "data_port", 0, 65535, &out->data_port, err, errlen);
     if (!rc && json_object_get(j, "epoch"))
-        rc = ids_json_int(j, path, "epoch", 0, IDS_COUNTER_MAX, &out->epoch, err, errlen);
+        rc = json_get_int(j, path, "epoch", 0, IDS_COUNTER_MAX, &out->epoch, err, errlen);
     if (!rc)
-        rc = ids_json_text(j, path, "error", &out->error, err, errlen);
+        rc = json_get_text(j, path, "error", IDS_TEXT_MAX, &out->error, err, errlen);
     if (!rc)
         rc = error_only_when_failed(out->error, out->status == CLUSTER_RUNNER_FAILED, path, err,
                                     errlen);
@@ -1019,11 +1020,11 @@ static int task_from_json(const json_t *j, const char *path, struct cluster_task
                                        "acknowledged", "error", "bytes", NULL};
     int kind = 0, status = 0;
     memset(out, 0, sizeof *out);
-    int rc = ids_json_keys(j, path, keys, err, errlen);
+    int rc = json_get_keys(j, path, keys, err, errlen);
     if (!rc)
         rc = ids_json_id(j, path, "task_id", out->id, err, errlen);
     if (!rc)
-        rc = ids_json_enum(j, path, "kind", cluster_task_kind_name, CLUSTER_TASK_KIND_COUNT, &kind,
+        rc = json_get_enum(j, path, "kind", cluster_task_kind_name, CLUSTER_TASK_KIND_COUNT, &kind,
                            err, errlen);
     out->kind = (enum cluster_task_kind)kind;
     if (!rc)
@@ -1031,15 +1032,15 @@ static int task_from_json(const json_t *j, const char *path, struct cluster_task
     if (!rc)
         rc = ids_json_id(j, path, "node_id", out->node_id, err, errlen);
     if (!rc)
-        rc = ids_json_enum(j, path, "status", cluster_task_status_name, CLUSTER_TASK_STATUS_COUNT,
+        rc = json_get_enum(j, path, "status", cluster_task_status_name, CLUSTER_TASK_STATUS_COUNT,
                            &status, err, errlen);
     out->status = (enum cluster_task_status)status;
     if (!rc)
-        rc = ids_json_bool(j, path, "acknowledged", &out->acknowledged, err, errlen);
+        rc = json_get_bool(j, path, "acknowledged", &out->acknowledged, err, errlen);
     if (!rc)
-        rc = ids_json_int(j, path, "bytes", 1, (int64_t)CLUSTER_MAX_PARAMS, &out->bytes, err, errlen);
+        rc = json_get_int(j, path, "bytes", 1, (int64_t)CLUSTER_MAX_PARAMS, &out->bytes, err, errlen);
     if (!rc)
-        rc = ids_json_text(j, path, "error", &out->error, err, errlen);
+        rc = json_get_text(j, path, "error", IDS_TEXT_MAX, &out->error, err, errlen);
     if (!rc)
         rc = error_only_when_failed(out->error, out->status == CLUSTER_TASK_FAILED, path, err,
                                     errlen);
@@ -1055,26 +1056,26 @@ int cluster_download_from_json(const json_t *j, const char *path, struct cluster
                                        "status", "error", NULL};
     int status = 0;
     memset(out, 0, sizeof *out);
-    int rc = ids_json_keys(j, path, keys, err, errlen);
+    int rc = json_get_keys(j, path, keys, err, errlen);
     if (!rc)
         rc = ids_json_id(j, path, "node_id", out->node_id, err, errlen);
     if (!rc)
         rc = ids_json_model(j, path, "model_id", false, out->model_id, err, errlen);
     if (!rc)
-        rc = ids_json_int(j, path, "bytes_done", 0, IDS_BYTES_MAX, &out->bytes_done, err, errlen);
+        rc = json_get_int(j, path, "bytes_done", 0, IDS_BYTES_MAX, &out->bytes_done, err, errlen);
     if (!rc)
-        rc = ids_json_int(j, path, "bytes_total", 0, IDS_BYTES_MAX, &out->bytes_total, err,
+        rc = json_get_int(j, path, "bytes_total", 0, IDS_BYTES_MAX, &out->bytes_total, err,
                           errlen);
     if (!rc && out->bytes_done > out->bytes_total)
         rc = cairn_fail(err, errlen, CAIRN_EFORMAT,
                         "%s.bytes_done: %lld is above bytes_total %lld", path,
                         (long long)out->bytes_done, (long long)out->bytes_total);
     if (!rc)
-        rc = ids_json_enum(j, path, "status", cluster_download_status_name,
+        rc = json_get_enum(j, path, "status", cluster_download_status_name,
                            CLUSTER_DOWNLOAD_STATUS_COUNT, &status, err, errlen);
     out->status = (enum cluster_download_status)status;
     if (!rc)
-        rc = ids_json_text(j, path, "error", &out->error, err, errlen);
+        rc = json_get_text(j, path, "error", IDS_TEXT_MAX, &out->error, err, errlen);
     if (!rc)
         rc = error_only_when_failed(out->error, out->status == CLUSTER_DOWNLOAD_FAILED, path, err,
                                     errlen);
@@ -1093,15 +1094,15 @@ static int read_map(struct cluster_state *s, const json_t *j, const char *key,
 {
     json_t *map, *v;
     const char *k;
-    int rc = ids_json_member(j, "state", key, JSON_OBJECT, &map, err, errlen);
+    int rc = json_get_member(j, "state", key, JSON_OBJECT, &map, err, errlen);
     if (rc)
         return rc;
     void *elem = calloc(1, ops->elem);
     if (!elem)
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "state.%s: out of memory", key);
     json_object_foreach(map, k, v) {
-        char p[IDS_PATH_MAX];
-        ids_path(p, sizeof p, "state.%s.%.*s", key, IDS_ID_MAX + 1, k);
+        char p[JSON_PATH_MAX];
+        json_path(p, sizeof p, "state.%s.%.*s", key, IDS_ID_MAX + 1, k);
         rc = decode(v, p, elem, err, errlen);
         if (rc)
             break;
@@ -1148,11 +1149,11 @@ static int task_insert(struct cluster_state *s, void *e) { return cluster_state_
 static int read_edges(struct cluster_state *s, const json_t *j, char *err, size_t errlen)
 {
     json_t *arr;
-    int rc = ids_json_member(j, "state", "edges", JSON_ARRAY, &arr, err, errlen);
+    int rc = json_get_member(j, "state", "edges", JSON_ARRAY, &arr, err, errlen);
     for (size_t i = 0; !rc && i < json_array_size(arr); i++) {
         char p[64];
         struct cluster_edge e;
-        ids_path(p, sizeof p, "state.edges[%zu]", i);
+        json_path(p, sizeof p, "state.edges[%zu]", i);
         rc = cluster_edge_from_json(json_array_get(arr, i), p, &e, err, errlen);
         if (!rc && cluster_state_find_edge(s, e.from, e.to))
             rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: a second edge %s -> %s", p, e.from,
@@ -1166,11 +1167,11 @@ static int read_edges(struct cluster_state *s, const json_t *j, char *err, size_
 static int read_downloads(struct cluster_state *s, const json_t *j, char *err, size_t errlen)
 {
     json_t *arr;
-    int rc = ids_json_member(j, "state", "downloads", JSON_ARRAY, &arr, err, errlen);
+    int rc = json_get_member(j, "state", "downloads", JSON_ARRAY, &arr, err, errlen);
     for (size_t i = 0; !rc && i < json_array_size(arr); i++) {
         char p[64];
         struct cluster_download d;
-        ids_path(p, sizeof p, "state.downloads[%zu]", i);
+        json_path(p, sizeof p, "state.downloads[%zu]", i);
         rc = cluster_download_from_json(json_array_get(arr, i), p, &d, err, errlen);
         if (rc)
             break;
@@ -1194,28 +1195,28 @@ int cluster_state_from_jsonv(const json_t *j, struct cluster_state **out, char *
     struct cluster_state *s = cluster_state_create();
     if (!s)
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "state: out of memory");
-    int rc = ids_json_keys(j, "state", keys, err, errlen);
+    int rc = json_get_keys(j, "state", keys, err, errlen);
     if (!rc)
-        rc = ids_json_member(j, "state", "last_applied", JSON_OBJECT, &last, err, errlen);
+        rc = json_get_member(j, "state", "last_applied", JSON_OBJECT, &last, err, errlen);
     if (!rc)
-        rc = ids_json_keys(last, "state.last_applied", (const char *const[]){"term", "index", NULL},
+        rc = json_get_keys(last, "state.last_applied", (const char *const[]){"term", "index", NULL},
                            err, errlen);
     if (!rc)
-        rc = ids_json_int(last, "state.last_applied", "term", 0, IDS_COUNTER_MAX, &s->last_term,
+        rc = json_get_int(last, "state.last_applied", "term", 0, IDS_COUNTER_MAX, &s->last_term,
                           err, errlen);
     if (!rc)
-        rc = ids_json_int(last, "state.last_applied", "index", 0, IDS_COUNTER_MAX, &s->last_index,
+        rc = json_get_int(last, "state.last_applied", "index", 0, IDS_COUNTER_MAX, &s->last_index,
                           err, errlen);
     if (!rc)
-        rc = ids_json_member(j, "state", "master", JSON_OBJECT, &master, err, errlen);
+        rc = json_get_member(j, "state", "master", JSON_OBJECT, &master, err, errlen);
     if (!rc)
-        rc = ids_json_keys(master, "state.master", (const char *const[]){"node_id", "term", NULL},
+        rc = json_get_keys(master, "state.master", (const char *const[]){"node_id", "term", NULL},
                            err, errlen);
     if (!rc)
         rc = ids_json_id_or_null(master, "state.master", "node_id", s->master_node_id, err,
                                  errlen);
     if (!rc)
-        rc = ids_json_int(master, "state.master", "term", 0, IDS_COUNTER_MAX, &s->master_term, err,
+        rc = json_get_int(master, "state.master", "term", 0, IDS_COUNTER_MAX, &s->master_term, err,
                           errlen);
     if (!rc)
         rc = read_map(s, j, "nodes", &node_ops, node_decode, node_insert, "node_id", err,

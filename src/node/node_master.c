@@ -8,6 +8,7 @@
 
 #include "base/array.h"
 #include "base/err.h"
+#include "base/json.h"
 #include "base/log.h"
 #include "node/node_int.h"
 
@@ -81,10 +82,10 @@ void node_serve_request(struct node *n, const char *from, const json_t *j)
     char err[256];
     int64_t term, index;
     bool full;
-    if (ids_json_keys(j, "request", keys, err, sizeof err) ||
-        ids_json_int(j, "request", "term", 0, IDS_COUNTER_MAX, &term, err, sizeof err) ||
-        ids_json_int(j, "request", "index", 0, IDS_COUNTER_MAX, &index, err, sizeof err) ||
-        ids_json_bool(j, "request", "full", &full, err, sizeof err)) {
+    if (json_get_keys(j, "request", keys, err, sizeof err) ||
+        json_get_int(j, "request", "term", 0, IDS_COUNTER_MAX, &term, err, sizeof err) ||
+        json_get_int(j, "request", "index", 0, IDS_COUNTER_MAX, &index, err, sizeof err) ||
+        json_get_bool(j, "request", "full", &full, err, sizeof err)) {
         node_strike(n, from, "bad event request", err);
         return;
     }

@@ -7,6 +7,7 @@
 
 #include "base/array.h"
 #include "base/err.h"
+#include "base/json.h"
 #include "ctl/state.h"
 #include "proto/ids.h"
 
@@ -98,11 +99,11 @@ static int decode(const char *msg, size_t len, struct body *b, char *err, size_t
     if (!j)
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "task body: not JSON (%s)", je.text);
     json_t *params = NULL;
-    int rc = ids_json_keys(j, "task body", keys, err, errlen);
+    int rc = json_get_keys(j, "task body", keys, err, errlen);
     if (!rc)
         rc = ids_json_id(j, "task body", "task_id", b->task_id, err, errlen);
     if (!rc)
-        rc = ids_json_member(j, "task body", "params", JSON_OBJECT, &params, err, errlen);
+        rc = json_get_member(j, "task body", "params", JSON_OBJECT, &params, err, errlen);
     if (!rc) {
         b->bytes = json_dumpb(params, NULL, 0, JSON_COMPACT);
         if (b->bytes == 0 || b->bytes > CLUSTER_MAX_PARAMS)

@@ -2,6 +2,7 @@
 
 #include "base/array.h"
 #include "base/err.h"
+#include "base/json.h"
 #include "proto/status.h"
 #include "proto/taskmsg.h"
 
@@ -125,7 +126,7 @@ static int opt_int(const json_t *j, const char *path, const char *key, int64_t l
 {
     if (!json_object_get(j, key))
         return 0;
-    return ids_json_int(j, path, key, lo, hi, dst, err, errlen);
+    return json_get_int(j, path, key, lo, hi, dst, err, errlen);
 }
 
 static int opt_float(const json_t *j, const char *path, const char *key, double lo, double hi, bool lo_open,
@@ -321,9 +322,9 @@ static int peers_from_json(const json_t *j, struct runner_peers *p, char *err, s
     const char *path = "peers";
     int64_t rank, port;
     int rc;
-    if ((rc = ids_json_int(j, path, "epoch", 0, IDS_COUNTER_MAX, &p->epoch, err, errlen)) ||
-        (rc = ids_json_int(j, path, "next_rank", 0, CLUSTER_MAX_SHARDS - 1, &rank, err, errlen)) ||
-        (rc = ids_json_int(j, path, "next_port", 1, 65535, &port, err, errlen)))
+    if ((rc = json_get_int(j, path, "epoch", 0, IDS_COUNTER_MAX, &p->epoch, err, errlen)) ||
+        (rc = json_get_int(j, path, "next_rank", 0, CLUSTER_MAX_SHARDS - 1, &rank, err, errlen)) ||
+        (rc = json_get_int(j, path, "next_port", 1, 65535, &port, err, errlen)))
         return rc;
     p->next_rank = (int)rank;
     p->next_port = (int)port;
@@ -336,7 +337,7 @@ static int peers_from_json(const json_t *j, struct runner_peers *p, char *err, s
         memcpy(p->secret, json_string_value(sec), json_string_length(sec) + 1);
     }
     json_t *hosts;
-    if ((rc = ids_json_member(j, path, "hosts", JSON_ARRAY, &hosts, err, errlen)))
+    if ((rc = json_get_member(j, path, "hosts", JSON_ARRAY, &hosts, err, errlen)))
         return rc;
     size_t n = json_array_size(hosts);
     if (n < 1 || n > RUNNER_MAX_PEER_HOSTS)
@@ -456,7 +457,7 @@ static int task_from_json(const json_t *j, struct runner_task *t, char *err, siz
         return 0;
     }
     json_t *toks;
-    if ((rc = ids_json_member(j, path, "tokens", JSON_ARRAY, &toks, err, errlen)))
+    if ((rc = json_get_member(j, path, "tokens", JSON_ARRAY, &toks, err, errlen)))
         return rc;
     size_t n = json_array_size(toks);
     if (n < 1 || (int64_t)n > RUNNER_MAX_PROMPT)
@@ -472,9 +473,9 @@ static int task_from_json(const json_t *j, struct runner_task *t, char *err, siz
         t->tokens[i] = (int32_t)json_integer_value(v);
     }
     t->n_tokens = (int64_t)n;
-    if ((rc = ids_json_int(j, path, "max_tokens", 1, RUNNER_MAX_GENERATE, &t->max_tokens, err, errlen)))
+    if ((rc = json_get_int(j, path, "max_tokens", 1, RUNNER_MAX_GENERATE, &t->max_tokens, err, errlen)))
         return rc;
-    if (json_object_get(j, "ignore_eos") && (rc = ids_json_bool(j, path, "ignore_eos", &t->ignore_eos, err, errlen)))
+    if (json_object_get(j, "ignore_eos") && (rc = json_get_bool(j, path, "ignore_eos", &t->ignore_eos, err, errlen)))
         return rc;
     return runner_sampling_from_json(json_object_get(j, "sampling"), "task.sampling", &t->sampling, err, errlen);
 }
@@ -484,20 +485,20 @@ static int decode(const json_t *j, struct runner_msg *out, char *err, size_t err
     if (!json_is_object(j))
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "message: not an object");
     int type, rc;
-    if ((rc = ids_json_enum(j, "message", "type", runner_msg_type_name, RUNNER_MSG_TYPE_COUNT, &type, err, errlen)))
+    if ((rc = json_get_enum(j, "message", "type", runner_msg_type_name, RUNNER_MSG_TYPE_COUNT, &type, err, errlen)))
         return rc;
     out->type = (enum runner_msg_type)type;
     const char *path = runner_msg_type_name(type);
     int64_t v = 0;
     switch (out->type) {
     case RUNNER_MSG_STATUS:
-        if ((rc = ids_json_enum(j, path, "status", cluster_runner_status_name, CLUSTER_RUNNER_STATUS_COUNT,
+        if ((rc = json_get_enum(j, path, "status", cluster_runner_status_name, CLUSTER_RUNNER_STATUS_COUNT,
                                 &out->status, err, errlen)))
             return rc;
         if ((rc = opt_int(j, path, "data_port", 0, 65535, &v, err, errlen)))
             return rc;
         out->data_port = (int)v;
-        return json_object_get(j, "error") ? ids_json_text(j, path, "error", &out->error, err, errlen) : 0;
+        return json_object_get(j, "error") ? json_get_text(j, path, "error", IDS_TEXT_MAX, &out->error, err, errlen) : 0;
     case RUNNER_MSG_PEERS:
         return peers_from_json(j, &out->peers, err, errlen);
     case RUNNER_MSG_HEARTBEAT:
@@ -505,18 +506,18 @@ static int decode(const json_t *j, struct runner_msg *out, char *err, size_t err
         return 0;
     case RUNNER_MSG_TOKEN:
         if ((rc = ids_json_id(j, path, "task_id", out->task_id, err, errlen)) ||
-            (rc = ids_json_int(j, path, "token", 0, INT32_MAX, &v, err, errlen)))
+            (rc = json_get_int(j, path, "token", 0, INT32_MAX, &v, err, errlen)))
             return rc;
         out->token = (int32_t)v;
-        return ids_json_int(j, path, "index", 0, RUNNER_MAX_GENERATE, &out->index, err, errlen);
+        return json_get_int(j, path, "index", 0, RUNNER_MAX_GENERATE, &out->index, err, errlen);
     case RUNNER_MSG_DONE: {
         int finish;
         if ((rc = ids_json_id(j, path, "task_id", out->task_id, err, errlen)) ||
-            (rc = ids_json_enum(j, path, "finish", runner_finish_name, RUNNER_FINISH_COUNT, &finish, err, errlen)) ||
-            (rc = ids_json_int(j, path, "n_generated", 0, RUNNER_MAX_GENERATE, &out->n_generated, err, errlen)))
+            (rc = json_get_enum(j, path, "finish", runner_finish_name, RUNNER_FINISH_COUNT, &finish, err, errlen)) ||
+            (rc = json_get_int(j, path, "n_generated", 0, RUNNER_MAX_GENERATE, &out->n_generated, err, errlen)))
             return rc;
         out->finish = (enum runner_finish)finish;
-        return json_object_get(j, "error") ? ids_json_text(j, path, "error", &out->error, err, errlen) : 0;
+        return json_object_get(j, "error") ? json_get_text(j, path, "error", IDS_TEXT_MAX, &out->error, err, errlen) : 0;
     }
     case RUNNER_MSG_TASK:
         rc = task_from_json(j, &out->task, err, errlen);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "base/json.h"
 
 #define MS_MAX 1e12 /* a time in ms: 0 <= t < 31 years */
 
@@ -18,7 +19,7 @@ const char *task_seq_finish_name(int v)
 static int get_int(const json_t *j, const char *path, const char *key, int64_t hi, int64_t *dst, char *err,
                    size_t errlen)
 {
-    return ids_json_int(j, path, key, 0, hi, dst, err, errlen);
+    return json_get_int(j, path, key, 0, hi, dst, err, errlen);
 }
 
 /* An optional integer in [0, IDS_COUNTER_MAX]: 0 when absent. */
@@ -128,7 +129,7 @@ static int read_start(const json_t *j, struct task_msg *m, char *err, size_t err
     if (json_object_get(j, "error")) {
         int64_t status = 0;
         if ((rc = get_str(j, "start", "error", &m->error, err, errlen)) ||
-            (rc = ids_json_int(j, "start", "status", 400, 599, &status, err, errlen)))
+            (rc = json_get_int(j, "start", "status", 400, 599, &status, err, errlen)))
             return rc;
         m->status = (int)status;
         return 0;
@@ -153,7 +154,7 @@ static int read_seq_done(const json_t *j, struct task_msg *m, char *err, size_t 
     const char *p = "seq_done";
     int fin = 0, rc;
     if ((rc = read_seq(j, p, m, err, errlen)) ||
-        (rc = ids_json_enum(j, p, "finish", task_seq_finish_name, TASK_SEQ_FINISH_COUNT, &fin, err, errlen)) ||
+        (rc = json_get_enum(j, p, "finish", task_seq_finish_name, TASK_SEQ_FINISH_COUNT, &fin, err, errlen)) ||
         (rc = opt_str(j, p, "stop_sequence", &m->stop_sequence, err, errlen)) ||
         (rc = opt_array(j, p, "tool_calls", &m->tool_calls, err, errlen)) ||
         (rc = get_int(j, p, "completion_tokens", IDS_COUNTER_MAX, &m->completion_tokens, err, errlen)) ||
@@ -174,7 +175,7 @@ static int read_seq_done(const json_t *j, struct task_msg *m, char *err, size_t 
 static int read_done(const json_t *j, struct task_msg *m, char *err, size_t errlen)
 {
     int fin = 0, rc;
-    if ((rc = ids_json_enum(j, "done", "finish", runner_finish_name, RUNNER_FINISH_COUNT, &fin, err, errlen)) ||
+    if ((rc = json_get_enum(j, "done", "finish", runner_finish_name, RUNNER_FINISH_COUNT, &fin, err, errlen)) ||
         (rc = get_int(j, "done", "n_generated", IDS_COUNTER_MAX, &m->n_generated, err, errlen)) ||
         (rc = opt_str(j, "done", "error", &m->error, err, errlen)))
         return rc;
