@@ -555,15 +555,23 @@ static int decode(const json_t *j, struct runner_msg *out, char *err, size_t err
     }
 }
 
-int runner_msg_decode(const char *line, size_t len, struct runner_msg *out, char *err, size_t errlen)
+json_t *runner_line_parse(const char *line, size_t len, const char *what, char *err, size_t errlen)
 {
-    memset(out, 0, sizeof *out);
     if (len && line[len - 1] == '\n')
         len--;
     json_error_t je;
     json_t *j = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
     if (!j)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "message: %s at column %d", je.text, je.column);
+        cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: not JSON (%s at column %d)", what, je.text, je.column);
+    return j;
+}
+
+int runner_msg_decode(const char *line, size_t len, struct runner_msg *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    json_t *j = runner_line_parse(line, len, "message", err, errlen);
+    if (!j)
+        return CAIRN_EFORMAT;
     int rc = decode(j, out, err, errlen);
     json_decref(j);
     if (rc == CAIRN_ENOMEM)

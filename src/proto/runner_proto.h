@@ -208,6 +208,10 @@ void runner_msg_clear(struct runner_msg *m);
  * range, an invalid task id, a task without tokens). */
 char *runner_msg_encode(const struct runner_msg *m, size_t *len);
 
+/* Parses one line of the protocol (a trailing '\n' allowed, duplicate keys refused);
+ * NULL with "<what>: not JSON (...)" in err when it is not JSON. */
+json_t *runner_line_parse(const char *line, size_t len, const char *what, char *err, size_t errlen);
+
 /* Decodes one line (without or with its '\n') into *out (zeroed first; release with
  * runner_msg_clear, also on failure). CAIRN_EFORMAT naming the member for bad input,
  * CAIRN_ENOMEM. */

@@ -186,12 +186,9 @@ static int read_done(const json_t *j, struct task_msg *m, char *err, size_t errl
 int task_msg_decode(const char *line, size_t len, struct task_msg *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
-    if (len && line[len - 1] == '\n')
-        len--;
-    json_error_t je;
-    json_t *j = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *j = runner_line_parse(line, len, "task line", err, errlen);
     if (!j)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "task line: not JSON (%s)", je.text);
+        return CAIRN_EFORMAT;
     int rc = task_msg_from_json(j, out, err, errlen);
     json_decref(j);
     return rc;

@@ -393,6 +393,27 @@ static struct http_server *start_server(const struct http_config *cfg, struct bg
 
 /* ---------- tests ---------- */
 
+/* The values a parse would make: containers, keys, strings, numbers and literals. */
+static void test_json_values(void)
+{
+    const struct {
+        const char *text;
+        size_t want;
+    } cases[] = {
+        {"{}", 1},
+        {"[]", 1},
+        {"{\"a\":\"x\\\"y,{[\",\"b\":[1,true,null,-2.5e3]}", 9}, /* an escaped quote; brackets in a string */
+        {"[{},{},{}]", 4},
+        {" [ 1 , 2 ] ", 3},
+        {"\"just a string\"", 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        size_t got = http_json_values(cases[i].text, strlen(cases[i].text), 100);
+        CHECK(got == cases[i].want, "values of %s: %zu, want %zu", cases[i].text, got, cases[i].want);
+    }
+    CHECK(http_json_values("[1,2,3,4,5,6,7,8,9]", 19, 3) <= 5, "counting stops past the limit");
+}
+
 static void test_json_depth(void)
 {
     const struct {
@@ -1609,6 +1630,7 @@ int main(int argc, char **argv)
     pthread_cond_init(&b.cond, NULL);
 
     RUN(test_json_depth);
+    RUN(test_json_values);
     RUN(test_sse_format);
     RUN(test_route_errors, &b);
     RUN(test_error_shape);
