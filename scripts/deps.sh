@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing cairn needs on Debian 12 (run as root, or with sudo).
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev python3 python3-jinja2
+pkgs=(build-essential clang cmake pkg-config libjansson-dev libpcre2-dev python3 python3-jinja2
       libczmq-dev libzmq3-dev libsodium-dev libmicrohttpd-dev libsqlite3-dev libcurl4-openssl-dev
       curl iproute2)
 missing=()

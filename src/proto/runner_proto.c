@@ -626,12 +626,13 @@ int runner_lines_fill(struct runner_lines *r, int fd)
 
 int runner_lines_next(struct runner_lines *r, const char **line, size_t *len)
 {
-    char *p = r->buf + r->start;
-    char *nl = r->len > r->scanned ? memchr(p + r->scanned, '\n', r->len - r->scanned) : NULL;
+    /* Nothing new to scan may mean no buffer yet (a zeroed reader): no pointer arithmetic on NULL. */
+    char *nl = r->len > r->scanned ? memchr(r->buf + r->start + r->scanned, '\n', r->len - r->scanned) : NULL;
     if (!nl) {
         r->scanned = r->len;
         return r->len > RUNNER_MAX_LINE ? CAIRN_EFORMAT : 0;
     }
+    char *p = r->buf + r->start;
     size_t n = (size_t)(nl - p);
     if (n > RUNNER_MAX_LINE)
         return CAIRN_EFORMAT;
