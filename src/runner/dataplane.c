@@ -191,7 +191,7 @@ static void fail_protocol(struct dp_conn *c, const struct out *o, const char *wh
     if (!o->p) {
         uint8_t buf[DP_IBUF_SIZE];
         char reason[DP_REASON_MAX + 1];
-        snprintf(reason, sizeof reason, "bad frame from rank %d: %s", c->peer_rank, why);
+        snprintf(reason, sizeof reason, "bad frame from rank %d: %.440s", c->peer_rank, why);
         size_t n = dp_pack_goodbye(buf, CAIRN_EFORMAT, reason);
         ssize_t r = send(c->fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
         (void)r;

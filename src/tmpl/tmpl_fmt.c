@@ -659,7 +659,7 @@ int tmpl_percent_format(struct tctx *c, const struct tnode *at, const struct tv 
         i++;
         const struct tv *val = NULL;
         struct tv keyed, s;
-        struct pconv pc;
+        struct pconv pc = {0}; /* percent_spec fills it on success; {0} keeps -O3 sure of it */
         if (i < n && p[i] == '(') {
             if ((rc = percent_key(c, at, p, n, &i, &pa, &keyed)))
                 goto fail;

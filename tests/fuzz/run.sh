@@ -13,7 +13,7 @@ command -v clang >/dev/null || { echo "run.sh: clang is required (apt-get instal
 out=build-fuzz
 mkdir -p "$out"
 flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Isrc)
-libs=($(pkg-config --cflags --libs jansson libpcre2-8) -lpthread -lm)
+libs=($(pkg-config --cflags --libs jansson libpcre2-8 libsodium) -lpthread -lm)
 # harness name -> the sources it needs
 declare -A srcs=(
   [fuzz_host]="src/api/hosts.c"
@@ -22,6 +22,7 @@ declare -A srcs=(
   [fuzz_tmpl]="src/tmpl/*.c src/tok/*.c src/gguf/*.c src/base/*.c"
   [fuzz_event]="src/ctl/*.c src/proto/*.c src/base/*.c"
   [fuzz_runner]="src/proto/*.c src/node/taskbody.c src/base/*.c"
+  [fuzz_dataplane]="src/runner/dataplane_wire.c src/kern/quant.c src/kern/quantize.c src/kern/convert.c src/kern/half.c src/base/*.c"
 )
 harnesses=("$@")
 [ ${#harnesses[@]} -gt 0 ] || harnesses=($(printf '%s\n' "${!srcs[@]}" | sort))
