@@ -680,10 +680,16 @@ fail:
     return rc;
 }
 
-static void deadline_ts(int64_t deadline, struct timespec *ts)
+/* Waits on cv (mu held) until signalled or until deadline (clock_ns time; INT64_MAX:
+ * none). The conditions use the monotonic clock that clock_ns reads. */
+static void wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t deadline)
 {
-    ts->tv_sec = deadline / 1000000000;
-    ts->tv_nsec = deadline % 1000000000;
+    if (deadline == INT64_MAX) {
+        pthread_cond_wait(cv, mu);
+        return;
+    }
+    struct timespec ts = {.tv_sec = deadline / 1000000000, .tv_nsec = deadline % 1000000000};
+    pthread_cond_timedwait(cv, mu, &ts);
 }
 
 /* Waits for room for a frame of mem bytes (and an in-flight slot when act), then
@@ -716,13 +722,7 @@ static int reserve(struct dp_conn *c, size_t mem, bool act, uint64_t step, int t
                                 c->tx_bytes, c->tx_cap);
             break;
         }
-        if (deadline == INT64_MAX) {
-            pthread_cond_wait(&c->tx_cv, &c->mu);
-        } else {
-            struct timespec ts;
-            deadline_ts(deadline, &ts);
-            pthread_cond_timedwait(&c->tx_cv, &c->mu, &ts);
-        }
+        wait_until(&c->tx_cv, &c->mu, deadline);
     }
     c->st.send_wait_us += (clock_ns() - t0) / 1000;
     if (rc)
@@ -848,13 +848,7 @@ int dp_recv(struct dp_conn *c, struct dp_frame *f, int timeout_ms, char *err, si
     while (!c->rxh && !atomic_load(&c->ended)) {
         if (clock_ns() >= deadline)
             break;
-        if (deadline == INT64_MAX) {
-            pthread_cond_wait(&c->rx_cv, &c->mu);
-        } else {
-            struct timespec ts;
-            deadline_ts(deadline, &ts);
-            pthread_cond_timedwait(&c->rx_cv, &c->mu, &ts);
-        }
+        wait_until(&c->rx_cv, &c->mu, deadline);
     }
     c->st.recv_wait_us += (clock_ns() - t0) / 1000;
     int rc = 0;
