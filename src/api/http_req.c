@@ -15,6 +15,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "base/array.h"
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
@@ -319,16 +320,8 @@ int http_route_errors(struct http_server *srv, const char *method, const char *p
     for (size_t i = 0; i < srv->n_routes && rc == 0; i++)
         if (same_shape(&srv->routes[i], &r))
             rc = CAIRN_EINVAL;
-    if (rc == 0 && srv->n_routes == srv->cap_routes) {
-        size_t cap = srv->cap_routes ? srv->cap_routes * 2 : 16;
-        struct route *rs = realloc(srv->routes, cap * sizeof *rs);
-        if (!rs)
-            rc = CAIRN_ENOMEM;
-        else {
-            srv->routes = rs;
-            srv->cap_routes = cap;
-        }
-    }
+    if (rc == 0 && array_reserve(&srv->routes, &srv->cap_routes, srv->n_routes + 1, sizeof *srv->routes, 16))
+        rc = CAIRN_ENOMEM;
     if (rc) {
         route_free(&r);
         return rc;
