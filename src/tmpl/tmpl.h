@@ -9,7 +9,8 @@
  * insertion order, None, jinja2's default Undefined (prints empty, is falsy, fails on
  * any other use); `{{ x }}` prints str(x) the way Python does ([1, 'a'], {'a': None}).
  * Templates and inputs are untrusted: output size, memory, evaluation steps and
- * recursion depth are bounded, so no template or input can crash or hang a render. */
+ * recursion depth are bounded, and so is a render's wall-clock time, so no template or
+ * input can crash or hang a render. */
 #ifndef CAIRN_TMPL_TMPL_H
 #define CAIRN_TMPL_TMPL_H
 
@@ -25,12 +26,16 @@ struct tmpl_limits {
     size_t max_memory;   /* bytes of working memory of one render */
     uint64_t max_steps;  /* expression and statement evaluations */
     int max_depth;       /* nested macro calls (jinja2 itself stops near 190) */
+    uint64_t max_ms;     /* wall-clock time of one render: steps are not all equal (a
+                            builtin may touch megabytes), so time is bounded too */
 };
 
 #define TMPL_DEFAULT_MAX_OUTPUT ((size_t)16 << 20)
 #define TMPL_DEFAULT_MAX_MEMORY ((size_t)256 << 20)
 #define TMPL_DEFAULT_MAX_STEPS 20000000ull
 #define TMPL_DEFAULT_MAX_DEPTH 200
+#define TMPL_DEFAULT_MAX_MS 5000ull
+#define TMPL_CLOCK_EVERY 1024 /* steps between two looks at the clock */
 
 /* Parses a template (UTF-8, len bytes, no NUL needed). On success *out owns the parsed
  * form (free with tmpl_free); it is immutable and may be rendered from many threads.

@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "tmpl/tmpl_int.h"
 
+#include "base/clock.h"
 #include "base/err.h"
 
 #include <math.h>
@@ -82,6 +83,9 @@ int tmpl_step(struct tctx *c, const struct tnode *at)
 {
     if (++c->steps > c->max_steps)
         return tmpl_err(c, at, CAIRN_EFULL, "template ran more than %llu steps", (unsigned long long)c->max_steps);
+    if (c->steps % TMPL_CLOCK_EVERY == 0 && clock_ns() - c->t0_ns > c->max_ns)
+        return tmpl_err(c, at, CAIRN_EFULL, "template ran longer than %lld ms",
+                        (long long)(c->max_ns / 1000000));
     return 0;
 }
 
@@ -610,8 +614,9 @@ static int eval_inner(struct tctx *c, struct tframe *f, const struct tnode *n, s
 
 static int eval(struct tctx *c, struct tframe *f, const struct tnode *n, struct tv *out)
 {
-    if (++c->steps > c->max_steps)
-        return tmpl_err(c, n, CAIRN_EFULL, "template ran more than %llu steps", (unsigned long long)c->max_steps);
+    int src = tmpl_step(c, n);
+    if (src)
+        return src;
     if (++c->depth > TMPL_MAX_NESTING) {
         c->depth--;
         return tmpl_err(c, n, CAIRN_EFULL, "evaluation nested more than %d levels", TMPL_MAX_NESTING);
@@ -928,6 +933,9 @@ int tmpl_render_limits(const struct tmpl *t, const json_t *vars, const struct tm
     c.ar.limit = lim && lim->max_memory ? lim->max_memory : TMPL_DEFAULT_MAX_MEMORY;
     c.max_steps = lim && lim->max_steps ? lim->max_steps : TMPL_DEFAULT_MAX_STEPS;
     c.max_depth = lim && lim->max_depth ? lim->max_depth : TMPL_DEFAULT_MAX_DEPTH;
+    uint64_t max_ms = lim && lim->max_ms ? lim->max_ms : TMPL_DEFAULT_MAX_MS;
+    c.max_ns = max_ms > (uint64_t)INT64_MAX / 1000000 ? INT64_MAX : (int64_t)max_ms * 1000000;
+    c.t0_ns = clock_ns();
     int rc = CAIRN_ENOMEM;
     struct tsb outb;
     tmpl_sb_init(&outb, &c);

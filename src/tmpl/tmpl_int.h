@@ -251,6 +251,7 @@ struct tctx {
     struct tarena ar;
     struct tsb *out;
     uint64_t steps, max_steps;
+    int64_t t0_ns, max_ns;     /* the render's start and wall-clock budget */
     int depth, macro_depth, max_depth;
     size_t max_str;
     struct tframe *root;

@@ -275,6 +275,11 @@ static void test_limits(void)
     src = "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = ns.l + [i] %}{% endfor %}";
     rc = render(src, strlen(src), NULL, &lim, &out, &n, err, sizeof err);
     CHECK(rc == CAIRN_EFULL && strstr(err, "memory"), "memory limit: %d %s", rc, err);
+    /* wall-clock budget: nine million loop turns with the step limit out of the way */
+    struct tmpl_limits timed = {.max_steps = (uint64_t)1 << 40, .max_ms = 20};
+    src = "{% for i in range(3000) %}{% for j in range(3000) %}{% endfor %}{% endfor %}";
+    rc = render(src, strlen(src), NULL, &timed, &out, &n, err, sizeof err);
+    CHECK(rc == CAIRN_EFULL && strstr(err, "longer than 20 ms"), "time limit: %d %s", rc, err);
 
     /* deep nesting in the source is refused at parse, not by overflowing the C stack */
     size_t deep = 100000;
