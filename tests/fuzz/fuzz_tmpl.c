@@ -20,8 +20,11 @@
     } while (0)
 
 static json_t *vars;
+/* No wall-clock budget here (a year): the two renders must agree, and a time limit
+ * could stop one and not the other; the step limit bounds them instead. */
 static const struct tmpl_limits lim = {
-    .max_output = 1 << 16, .max_memory = 64 << 20, .max_steps = 200000, .max_depth = 50};
+    .max_output = 1 << 16, .max_memory = 64 << 20, .max_steps = 200000, .max_depth = 50,
+    .max_ms = 365ull * 86400 * 1000};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
