@@ -12,6 +12,7 @@
 #include "base/err.h"
 #include "gguf/gguf.h"
 #include "tok/tok.h"
+#include "tok/tok_ref.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,57 +49,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     toks[0] = load("llama-bpe");
     toks[1] = load("llama-spm");
     return 0;
-}
-
-static int put_utf8(uint32_t cp, char *o)
-{
-    unsigned char *u = (unsigned char *)o;
-    if (cp < 0x80)
-        return u[0] = (unsigned char)cp, 1;
-    if (cp < 0x800)
-        return u[0] = (unsigned char)(0xc0 | cp >> 6), u[1] = (unsigned char)(0x80 | (cp & 0x3f)), 2;
-    if (cp < 0x10000)
-        return u[0] = (unsigned char)(0xe0 | cp >> 12), u[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3f)),
-               u[2] = (unsigned char)(0x80 | (cp & 0x3f)), 3;
-    return u[0] = (unsigned char)(0xf0 | cp >> 18), u[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3f)),
-           u[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3f)), u[3] = (unsigned char)(0x80 | (cp & 0x3f)), 4;
-}
-
-/* llama.cpp's cleaning for byte-level BPE: a byte that does not start a well-formed
- * sequence (overlong forms allowed) becomes U+FFFD. out holds 3 * n bytes. */
-static size_t clean_utf8(const unsigned char *s, size_t n, char *out)
-{
-    size_t i = 0, o = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        size_t need = c < 0x80 ? 1 : c < 0xc0 ? 0 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : c < 0xf8 ? 4 : 0;
-        uint32_t cp = need == 1 ? c : need == 2 ? (c & 0x1f) : need == 3 ? (c & 0x0f) : (c & 0x07);
-        int ok = need > 0 && i + need <= n;
-        for (size_t k = 1; ok && k < need; k++) {
-            ok = (s[i + k] & 0xc0) == 0x80;
-            cp = cp << 6 | (s[i + k] & 0x3f);
-        }
-        if (ok && (cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)))
-            ok = 0;
-        o += (size_t)put_utf8(ok ? cp : 0xfffd, out + o);
-        i += ok ? need : 1;
-    }
-    return o;
-}
-
-/* SentencePiece keeps every byte, except that U+2581 reads as a space. */
-static size_t spm_expect(const char *s, size_t n, char *out)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (i + 3 <= n && !memcmp(s + i, "\xe2\x96\x81", 3)) {
-            out[o++] = ' ';
-            i += 2;
-        } else {
-            out[o++] = s[i];
-        }
-    }
-    return o;
 }
 
 /* Encodes, first into a buffer that is likely too small; returns the ids (malloc'd). */
@@ -168,12 +118,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int64_t i = 0; i < n; i++)
             CHECK(ids[i] >= 0 && ids[i] < tok_n_vocab(t));
         char *back = decode(t, ids, n, 0, &len);
-        wl = tok_kind(t) == TOK_KIND_SPM ? spm_expect(s, size, want) : clean_utf8(data, size, want);
+        wl = tok_kind(t) == TOK_KIND_SPM ? spm_expect(s, size, want) : ref_clean(data, size, want);
         if (len != wl || memcmp(back, want, wl))
             fprintf(stderr, "fuzz_tok: %s: %zu bytes decode to %zu, expected %zu\n", tok_pre(t), size, len, wl);
         CHECK(len == wl && !memcmp(back, want, wl));
         char *streamed = stream(t, ids, n, 3 * len + 8, &sl), *clean = malloc(3 * len + 1);
-        if (clean_utf8((const unsigned char *)back, len, clean) == len && !memcmp(clean, back, len))
+        if (ref_clean((const unsigned char *)back, len, clean) == len && !memcmp(clean, back, len))
             CHECK(sl == len && !memcmp(streamed, back, len)); /* valid UTF-8 streams unchanged */
         free(clean);
         free(streamed);

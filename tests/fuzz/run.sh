@@ -12,7 +12,7 @@ shift || true
 command -v clang >/dev/null || { echo "run.sh: clang is required (apt-get install clang)" >&2; exit 2; }
 out=build-fuzz
 mkdir -p "$out"
-flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Isrc)
+flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Isrc -Itests)
 libs=($(pkg-config --cflags --libs jansson libpcre2-8 libsodium) -lpthread -lm)
 # harness name -> the sources it needs
 declare -A srcs=(
