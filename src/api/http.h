@@ -88,13 +88,7 @@ void http_server_stop(struct http_server *srv);
 /* Stops the server and frees it; accepts NULL. */
 void http_server_release(struct http_server *srv);
 
-/* Largest nesting depth of arrays and objects in JSON text (strings skipped), scanning
- * no further once the depth exceeds limit (then limit + 1 is returned). */
-int http_json_depth(const char *text, size_t len, int limit);
-
-/* The values a JSON text would make when parsed (objects, arrays, strings and keys,
- * numbers, literals: each one allocation), counting no further than limit + 1. */
-size_t http_json_values(const char *text, size_t len, size_t limit);
+#include "api/json_scan.h" /* http_json_depth, http_json_values */
 
 /* --- Request (valid inside the handler only; strings owned by the request) --- */
 
