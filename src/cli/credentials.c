@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "base/err.h"
+#include "base/files.h"
 
 #define KEY_FILE "api_key"
 
@@ -46,23 +47,6 @@ int cred_read_file(const char *path, const char *what, char *buf, size_t cap, ch
     return 0;
 }
 
-/* mkdir -p of dir with mode 0700 for the parts it makes. */
-static int make_dirs(const char *dir)
-{
-    char p[4096];
-    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
-        return -1;
-    for (char *s = p + 1; *s; s++) {
-        if (*s != '/')
-            continue;
-        *s = 0;
-        if (mkdir(p, 0700) && errno != EEXIST)
-            return -1;
-        *s = '/';
-    }
-    return mkdir(p, 0700) && errno != EEXIST ? -1 : 0;
-}
-
 /* Writes text to a new file path (mode 0600) and makes it and its folder durable. */
 static int write_new(const char *dir, const char *path, const char *text, char *err, size_t errlen)
 {
@@ -72,10 +56,7 @@ static int write_new(const char *dir, const char *path, const char *text, char *
     size_t len = strlen(text);
     bool ok = write(fd, text, len) == (ssize_t)len && write(fd, "\n", 1) == 1 && fsync(fd) == 0;
     ok = close(fd) == 0 && ok;
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    ok = ok && dfd >= 0 && fsync(dfd) == 0;
-    if (dfd >= 0)
-        close(dfd);
+    ok = ok && files_sync(dir, O_RDONLY | O_DIRECTORY) == 0;
     if (!ok) {
         unlink(path);
         return cairn_fail(err, errlen, CAIRN_EIO, "cannot write %s: %s", path, strerror(errno));
@@ -98,9 +79,9 @@ int cred_api_key(const char *data_dir, char *buf, size_t cap, bool *created, cha
     randombytes_buf(raw, sizeof raw);
     sodium_bin2hex(buf, cap, raw, sizeof raw);
     sodium_memzero(raw, sizeof raw);
-    if (make_dirs(data_dir))
-        return cairn_fail(err, errlen, CAIRN_EIO, "cannot make %s: %s", data_dir, strerror(errno));
-    int rc = write_new(data_dir, path, buf, err, errlen);
+    int rc = files_make_dirs(data_dir, 0700, err, errlen);
+    if (!rc)
+        rc = write_new(data_dir, path, buf, err, errlen);
     if (!rc)
         *created = true;
     return rc;

@@ -22,6 +22,7 @@
 #include "base/array.h"
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/files.h"
 #include "base/log.h"
 #include "node/catalog.h"
 
@@ -231,26 +232,6 @@ int download_clean_partials(const char *models_dir, int64_t max_age_s, int64_t n
     }
     closedir(d);
     return deleted;
-}
-
-/* mkdir -p */
-static int make_dirs(const char *dir, char *err, size_t errlen)
-{
-    char p[4096];
-    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
-        return cairn_fail(err, errlen, CAIRN_ERANGE, "path too long: %s", dir);
-    for (char *s = p + 1;; s++) {
-        if (*s == '/' || !*s) {
-            char c = *s;
-            *s = 0;
-            if (mkdir(p, 0755) && errno != EEXIST)
-                return cairn_fail(err, errlen, CAIRN_EIO, "cannot create %s: %s", p, strerror(errno));
-            *s = c;
-            if (!c)
-                break;
-        }
-    }
-    return 0;
 }
 
 /* ---- sources ---- */
@@ -637,16 +618,6 @@ out:
 }
 
 /* fsync of a file or folder by path. */
-static int sync_path(const char *path, int flags)
-{
-    int fd = open(path, flags | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    int rc = fsync(fd);
-    close(fd);
-    return rc;
-}
-
 /* Checks the partial file's hash, then moves it in place. */
 static int finish(struct fetch *f, const char *sha, char *err, size_t errlen)
 {
@@ -659,11 +630,11 @@ static int finish(struct fetch *f, const char *sha, char *err, size_t errlen)
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "model %s: SHA-256 %s of the downloaded file is not the source's %s",
                           f->model_id, got, sha);
     }
-    if (sync_path(f->partial_path, O_RDONLY))
+    if (files_sync(f->partial_path, O_RDONLY))
         return cairn_fail(err, errlen, CAIRN_EIO, "cannot sync %s: %s", f->partial_path, strerror(errno));
     if (rename(f->partial_path, f->final_path))
         return cairn_fail(err, errlen, CAIRN_EIO, "cannot rename %s: %s", f->partial_path, strerror(errno));
-    sync_path(f->cfg->models_dir, O_RDONLY | O_DIRECTORY);
+    files_sync(f->cfg->models_dir, O_RDONLY | O_DIRECTORY);
     return 0;
 }
 
@@ -682,7 +653,7 @@ static int run_fetch(struct fetch *f, const struct download_source *src, size_t 
     struct stat st;
     if (!stat(f->final_path, &st))
         return cairn_fail(err, errlen, CAIRN_ESTATE, "%s exists already", f->final_path);
-    int rc = make_dirs(cfg->models_dir, err, errlen);
+    int rc = files_make_dirs(cfg->models_dir, 0755, err, errlen);
     if (rc)
         return rc;
     int attempts = cfg->max_attempts > 0 ? cfg->max_attempts : DOWNLOAD_MAX_ATTEMPTS;

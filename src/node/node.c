@@ -18,6 +18,7 @@
 #include <sodium.h>
 
 #include "base/err.h"
+#include "base/files.h"
 #include "base/log.h"
 #include "node/node_int.h"
 
@@ -154,26 +155,6 @@ int node_send_task_body(struct node *n, const char *dest, const char *body, size
 
 /* ---- node id ---- */
 
-/* mkdir -p; 0 or CAIRN_EIO. */
-static int make_dirs(const char *path, char *err, size_t errlen)
-{
-    char buf[4096];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-        return cairn_fail(err, errlen, CAIRN_EIO, "path too long: %.64s...", path);
-    for (char *p = buf + 1; ; p++) {
-        if (*p == '/' || !*p) {
-            char c = *p;
-            *p = 0;
-            if (mkdir(buf, 0700) != 0 && errno != EEXIST)
-                return cairn_fail(err, errlen, CAIRN_EIO, "mkdir %s: %s", buf, strerror(errno));
-            *p = c;
-            if (!c)
-                break;
-        }
-    }
-    return 0;
-}
-
 static int read_id_file(const char *path, char *id, char *err, size_t errlen)
 {
     char buf[IDS_ID_MAX + 4];
@@ -198,7 +179,7 @@ static int read_id_file(const char *path, char *id, char *err, size_t errlen)
 int node_load_id(const char *data_dir, char *id, char *err, size_t errlen)
 {
     char path[4096], tmp[4200];
-    int rc = make_dirs(data_dir, err, errlen);
+    int rc = files_make_dirs(data_dir, 0700, err, errlen);
     if (rc)
         return rc;
     snprintf(path, sizeof path, "%s/node_id", data_dir);
@@ -225,14 +206,8 @@ int node_load_id(const char *data_dir, char *id, char *err, size_t errlen)
     }
     unlink(tmp);
     /* The id's name in the folder must survive a power cut too: sync the folder. */
-    int dfd = open(data_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0 || fsync(dfd) != 0) {
-        int e = errno;
-        if (dfd >= 0)
-            close(dfd);
-        return cairn_fail(err, errlen, CAIRN_EIO, "sync %s: %s", data_dir, strerror(e));
-    }
-    close(dfd);
+    if (files_sync(data_dir, O_RDONLY | O_DIRECTORY))
+        return cairn_fail(err, errlen, CAIRN_EIO, "sync %s: %s", data_dir, strerror(errno));
     return read_id_file(path, id, err, errlen);
 }
 
