@@ -515,12 +515,15 @@ static bool prepare_json(struct http_request *req, enum MHD_Result *r)
     bool looks = req->body[i] == '{' || req->body[i] == '[';
     if (!declared && !looks)
         return true;
-    if (http_json_values(req->body, req->body_len, srv->max_json_values) > srv->max_json_values) {
+    int depth;
+    size_t values;
+    http_json_scan(req->body, req->body_len, srv->max_depth, srv->max_json_values, &depth, &values);
+    if (values > srv->max_json_values) {
         *r = http_queue_error(req, 413, "invalid_request_error",
                               "the JSON body has more than %zu values, over what this server parses", srv->max_json_values);
         return false;
     }
-    if (http_json_depth(req->body, req->body_len, srv->max_depth) > srv->max_depth) {
+    if (depth > srv->max_depth) {
         *r = http_queue_error(req, 400, "invalid_request_error",
                          "JSON nested deeper than the limit of %d levels", srv->max_depth);
         return false;

@@ -13,4 +13,10 @@ int http_json_depth(const char *text, size_t len, int limit);
  * numbers, literals: each one allocation), counting no further than limit + 1. */
 size_t http_json_values(const char *text, size_t len, size_t limit);
 
+/* Both in one pass over text: *depth_out as http_json_depth (limit depth_limit) and
+ * *values_out as http_json_values (limit values_limit); the scan stops once either is
+ * past its limit. */
+void http_json_scan(const char *text, size_t len, int depth_limit, size_t values_limit, int *depth_out,
+                    size_t *values_out);
+
 #endif

@@ -35,6 +35,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     if (http_json_values(text, size, 3) > 4)
         abort(); /* counting stops just past the limit */
+    int d1;
+    size_t v1;
+    http_json_scan(text, size, 64, 1000000, &d1, &v1);
+    if ((d1 <= 64 && v1 <= 1000000) && (d1 != depth || v1 != values))
+        abort(); /* one pass gives what the two give */
     json_t *j = json_loadb(text, size, JSON_DECODE_ANY, NULL);
     if (j) {
         int d = 0;
