@@ -864,6 +864,9 @@ static void h_metrics(struct http_request *req, void *ctx)
         {"cairn_pipeline_rows_logits_total", "counter",
          "Tokens whose whole logits row came back (sampled drafts, forked prompts).",
          offsetof(struct runner_figures, s.pipeline_rows_logits)},
+        {"cairn_pipeline_sealed_bytes_total", "counter",
+         "Bytes rank 0 sent encrypted on its data-plane links (all of them in a cluster with a secret).",
+         offsetof(struct runner_figures, s.pipeline_sealed_bytes)},
     };
     for (size_t k = 0; k < sizeof per_instance / sizeof per_instance[0]; k++) {
         add(&t, "# HELP %s %s\n# TYPE %s %s\n", per_instance[k].name, per_instance[k].help, per_instance[k].name,

@@ -335,6 +335,7 @@ struct bench_opts {
     int64_t max_b, bw_mib;                 /* the batch curve's largest B; the bandwidth block */
     int64_t draft_k, lookup;               /* --draft-tokens; --lookup's n-gram (0: none) */
     int64_t ranks, streams, delay_us;      /* --ranks (0: none) */
+    bool sealed;                           /* --sealed */
 };
 
 /* Speculative decoding with the draft model or prompt lookup against plain decoding: costs,
@@ -448,12 +449,13 @@ static void usage(void)
             "  draft's cost per token c and the cost v of verifying K+1 tokens, both relative to one\n"
             "  target decode step, the measured speed-up against decoding without drafts, and\n"
             "  efficiency = measured / predicted, predicted = ((1-alpha^(K+1))/(1-alpha)) / (K c + v).\n"
-            "       cairn bench -m MODEL.gguf --ranks W [-t 1] [--streams 8] [--delay-us 0] [-p 128] [-n 128]\n"
+            "       cairn bench -m MODEL.gguf --ranks W [-t 1] [--streams 8] [--delay-us 0] [--sealed] [-p 128] [-n 128]\n"
             "  --ranks: the model split by layers over W ranks of -t threads in this process, linked\n"
             "  in a ring over loopback TCP by the data plane (each frame held --delay-us, as over a\n"
             "  slower link), with one micro-batch in flight and with W, against one slice of W x -t\n"
             "  threads: greedy decode tokens/s of 1 and --streams streams, rank 0's time per step in\n"
-            "  its own layers and waiting, the wire per step and per hop, each stage's idle time.\n");
+            "  its own layers and waiting, the wire per step and per hop, each stage's idle time.\n"
+            "  --sealed: the links encrypted and authenticated, as in a cluster with a secret.\n");
 }
 
 /* Reads the options into o; CLI_GO_ON, or the exit code. */
@@ -477,6 +479,7 @@ static int parse_opts(struct bench_opts *o, int argc, char **argv)
         else if (args_opt(&a, "--ranks", &v)) o->ranks = args_int(&a, "--ranks", v, 2, 8);
         else if (args_opt(&a, "--streams", &v)) o->streams = args_int(&a, "--streams", v, 1, 256);
         else if (args_opt(&a, "--delay-us", &v)) o->delay_us = args_int(&a, "--delay-us", v, 0, 1000000);
+        else if (args_opt(&a, "--sealed", NULL)) o->sealed = true;
         else if (args_opt(&a, "-h|--help", NULL)) { usage(); return 0; }
         else {
             fprintf(stderr, "cairn bench: unknown option '%s'\n", argv[a.i]);
@@ -497,7 +500,7 @@ static int bench_ranks(const struct bench_opts *o)
 {
     struct bench_pipe_opts po = {.model_path = o->model_path, .ranks = (int)o->ranks, .threads = (int)o->threads,
                                  .streams = (int)o->streams, .n_prompt = o->n_prompt, .n_gen = o->n_gen,
-                                 .delay_us = (int)o->delay_us};
+                                 .delay_us = (int)o->delay_us, .sealed = o->sealed};
     if (po.n_prompt < 1 || po.n_gen < 2) {
         fprintf(stderr, "cairn bench: --ranks needs -p >= 1 and -n >= 2\n");
         return 2;

@@ -53,11 +53,12 @@ struct bp_accept {
     char err[256];
 };
 
-static struct dp_config bp_link(int rank, int peer, int W, int delay_us)
+/* sealed: the links prove and encrypt with a key, as a sealed cluster's runners do. */
+static struct dp_config bp_link(int rank, int peer, int W, int delay_us, bool sealed)
 {
     return (struct dp_config){.instance_id = "bench", .epoch = 1, .model_id = "bench", .rank = rank,
                               .peer_rank = peer, .max_inflight = rank == 0 ? W : 0, .close_linger_ms = 100,
-                              .emulate_delay_us = delay_us};
+                              .emulate_delay_us = delay_us, .secret = sealed ? "cairn bench key" : NULL};
 }
 
 static void *bp_accept_main(void *arg)
@@ -137,7 +138,7 @@ static int split_layers(const char *path, int W, bool balanced, int *ends, char 
 
 /* W ranks over the layer ranges ends[], each with its own engine of `threads` threads. */
 static int bp_ring_open(struct bp_ring *g, const char *path, int W, const int *ends, int threads, int slots,
-                        int64_t ctx, int delay_us, char *err, size_t errlen)
+                        int64_t ctx, int delay_us, bool sealed, char *err, size_t errlen)
 {
     memset(g, 0, sizeof *g);
     g->W = W;
@@ -156,7 +157,7 @@ static int bp_ring_open(struct bp_ring *g, const char *path, int W, const int *e
     struct bp_accept acc[BP_MAX_RANKS];
     pthread_t ath[BP_MAX_RANKS];
     for (int r = 0; r < W; r++) {
-        acc[r] = (struct bp_accept){.l = g->r[r].l, .cfg = bp_link(r, (r - 1 + W) % W, W, delay_us)};
+        acc[r] = (struct bp_accept){.l = g->r[r].l, .cfg = bp_link(r, (r - 1 + W) % W, W, delay_us, sealed)};
         if (pthread_create(&ath[r], NULL, bp_accept_main, &acc[r])) {
             for (int i = 0; i < r; i++)
                 pthread_join(ath[i], NULL); /* they give up after their timeout */
@@ -166,7 +167,7 @@ static int bp_ring_open(struct bp_ring *g, const char *path, int W, const int *e
     }
     int crc = 0;
     for (int r = 0; r < W && !crc; r++) {
-        struct dp_config cc = bp_link(r, (r + 1) % W, W, delay_us);
+        struct dp_config cc = bp_link(r, (r + 1) % W, W, delay_us, sealed);
         crc = dp_connect(&g->r[r].next, "127.0.0.1", dp_listener_port(g->r[(r + 1) % W].l), &cc, 10000, err, errlen);
     }
     for (int r = 0; r < W; r++) {
@@ -288,8 +289,9 @@ int bench_pipeline(const struct bench_pipe_opts *o)
     int W = o->ranks, streams[2] = {1, o->streams};
     int64_t ctx = o->n_prompt + o->n_gen + 32;
     printf("model: %s, %d ranks of %d thread%s (equal layer counts) vs one slice of %d threads; link delay %d us "
-           "each way; prompt %lld, %lld greedy tokens per stream\n", o->model_path, W, o->threads,
-           o->threads > 1 ? "s" : "", W * o->threads, o->delay_us, (long long)o->n_prompt, (long long)o->n_gen);
+           "each way, %s; prompt %lld, %lld greedy tokens per stream\n", o->model_path, W, o->threads,
+           o->threads > 1 ? "s" : "", W * o->threads, o->delay_us, o->sealed ? "sealed" : "in clear",
+           (long long)o->n_prompt, (long long)o->n_gen);
     /* The whole model on one slice. */
     double whole[2] = {0, 0};
     {
@@ -324,7 +326,8 @@ int bench_pipeline(const struct bench_pipe_opts *o)
         bool balanced = li == 2;
         struct bp_ring g;
         if (split_layers(o->model_path, W, balanced, ends, err, sizeof err) ||
-            bp_ring_open(&g, o->model_path, W, ends, o->threads, o->streams, ctx, o->delay_us, err, sizeof err)) {
+            bp_ring_open(&g, o->model_path, W, ends, o->threads, o->streams, ctx, o->delay_us, o->sealed, err,
+                         sizeof err)) {
             fprintf(stderr, "cairn bench: ring of %d: %s\n", W, err);
             return 1;
         }

@@ -2,6 +2,7 @@
 #ifndef CAIRN_CLI_BENCH_PIPE_H
 #define CAIRN_CLI_BENCH_PIPE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct bench_pipe_opts {
@@ -11,6 +12,7 @@ struct bench_pipe_opts {
     int streams;     /* concurrent streams of the second run (the first has 1) */
     int64_t n_prompt, n_gen;
     int delay_us;    /* emulated one-way delay of every link */
+    bool sealed;     /* links encrypted and authenticated, as in a sealed cluster */
 };
 
 /* Prints the table; 0, or 1 with a message on stderr. */

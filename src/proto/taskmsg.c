@@ -103,7 +103,8 @@ static int read_stats(const json_t *j, const char *path, struct task_msg *m, cha
              {"pipeline_bytes", &s->pipeline_bytes},
              {"pipeline_result_bytes", &s->pipeline_result_bytes},
              {"pipeline_rows_sampled", &s->pipeline_rows_sampled},
-             {"pipeline_rows_logits", &s->pipeline_rows_logits}};
+             {"pipeline_rows_logits", &s->pipeline_rows_logits},
+             {"pipeline_sealed_bytes", &s->pipeline_sealed_bytes}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         int rc = i < 6 ? get_int(st, p, f[i].key, IDS_COUNTER_MAX, f[i].dst, err, errlen)
                        : opt_count(st, p, f[i].key, f[i].dst, err, errlen);
@@ -266,7 +267,8 @@ static json_t *stats_to_json(const struct task_stats *s)
              put_count(o, "pipeline_bytes", s->pipeline_bytes) &&
              put_count(o, "pipeline_result_bytes", s->pipeline_result_bytes) &&
              put_count(o, "pipeline_rows_sampled", s->pipeline_rows_sampled) &&
-             put_count(o, "pipeline_rows_logits", s->pipeline_rows_logits);
+             put_count(o, "pipeline_rows_logits", s->pipeline_rows_logits) &&
+             put_count(o, "pipeline_sealed_bytes", s->pipeline_sealed_bytes);
     if (!ok) {
         json_decref(o);
         return NULL;

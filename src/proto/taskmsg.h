@@ -43,6 +43,7 @@ struct task_stats {
     bool pipeline; /* rank 0 of a pipeline: the members below are set */
     int64_t pipeline_steps, pipeline_compute_us, pipeline_wait_us, pipeline_bytes, pipeline_result_bytes,
         pipeline_rows_sampled, pipeline_rows_logits;
+    int64_t pipeline_sealed_bytes; /* rank 0's bytes sent in sealed (encrypted) frames */
 };
 
 struct task_msg {

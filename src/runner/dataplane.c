@@ -16,6 +16,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
@@ -41,19 +43,20 @@ struct frame {
 
 #define DATA_OFF ((sizeof(struct frame) + DP_HDR_SIZE + 15) & ~(size_t)15)
 
-static struct frame *frame_new(size_t len)
+/* A frame of len payload bytes, with room bytes more after them (a seal's tag). */
+static struct frame *frame_new(size_t len, size_t room)
 {
-    if (len > SIZE_MAX - DATA_OFF)
+    if (len > SIZE_MAX - DATA_OFF - room)
         return NULL;
-    struct frame *f = malloc(DATA_OFF + len);
+    struct frame *f = malloc(DATA_OFF + len + room);
     if (!f)
         return NULL;
     memset(f, 0, sizeof *f);
     f->payload = (uint8_t *)f + DATA_OFF;
     f->hdr = f->payload - DP_HDR_SIZE;
     f->len = len;
-    f->mem = DATA_OFF + len;
-    f->wire = DP_HDR_SIZE + len;
+    f->mem = DATA_OFF + len + room;
+    f->wire = DP_HDR_SIZE + len + room;
     return f;
 }
 
@@ -97,6 +100,8 @@ struct dp_conn {
     int64_t hb_ns, dead_ns, linger_ns;
     int64_t delay_ns;         /* emulated one-way delay of data frames (dp_config.emulate_delay_us) */
     bool payload_crc;
+    bool sealed;              /* frames are sealed with tx and opened with rx (I/O thread only) */
+    struct dp_seal_dir tx, rx;
     void (*notify)(void *arg);
     void *notify_arg;
     char peer_addr[INET6_ADDRSTRLEN + 8];
@@ -178,7 +183,7 @@ static void conn_end(struct dp_conn *c, bool error, const char *fmt, ...)
 /* ---- the I/O thread ---- */
 
 struct out {
-    const uint8_t *p;
+    uint8_t *p;
     size_t len, off;
     struct frame *f;  /* a queued frame, or NULL for ibuf */
     bool is_bye;
@@ -189,10 +194,12 @@ struct out {
 static void fail_protocol(struct dp_conn *c, const struct out *o, const char *why)
 {
     if (!o->p) {
-        uint8_t buf[DP_IBUF_SIZE];
+        uint8_t buf[DP_IBUF_SIZE + DP_SEAL_TAG];
         char reason[DP_REASON_MAX + 1];
         snprintf(reason, sizeof reason, "bad frame from rank %d: %.440s", c->peer_rank, why);
         size_t n = dp_pack_goodbye(buf, CAIRN_EFORMAT, reason);
+        if (c->sealed)
+            n = dp_seal_frame(&c->tx, buf, n - DP_HDR_SIZE);
         ssize_t r = send(c->fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
         (void)r;
     }
@@ -272,6 +279,16 @@ static int frame_done(struct dp_conn *c, struct frame *f, const struct out *o)
     char why[DP_REASON_MAX];
     int64_t now = clock_ns();
     const struct dp_hdr *h = &c->in_h;
+    if (c->sealed) {
+        long plain = dp_open_frame(&c->rx, c->in_hdr, f->payload, f->len);
+        if (plain < 0) {
+            frame_free(f);
+            fail_protocol(c, o, "a frame that does not open with this connection's key (forged, altered, replayed "
+                                "or reordered)");
+            return -1;
+        }
+        f->len = (size_t)plain; /* wire keeps the sealed size, which the window counts */
+    }
     if ((h->flags & DP_F_PAYLOAD_CRC) && dp_crc32c(0, f->payload, f->len) != h->payload_crc) {
         frame_free(f);
         fail_protocol(c, o, "bad payload checksum");
@@ -352,6 +369,11 @@ static int consume(struct dp_conn *c, const uint8_t *p, size_t n, const struct o
                 fail_protocol(c, o, why);
                 return -1;
             }
+            if (c->sealed != !!(c->in_h.flags & DP_F_SEALED)) {
+                fail_protocol(c, o, c->sealed ? "an unsealed frame on a sealed connection"
+                                              : "a sealed frame on a connection without a secret");
+                return -1;
+            }
             if (dp_type_is_data(c->in_h.type)) { /* the window is checked before anything is allocated */
                 size_t wire = DP_HDR_SIZE + (size_t)c->in_h.len;
                 pthread_mutex_lock(&c->mu);
@@ -367,7 +389,7 @@ static int consume(struct dp_conn *c, const uint8_t *p, size_t n, const struct o
                     return -1;
                 }
             }
-            c->in_f = frame_new(c->in_h.len);
+            c->in_f = frame_new(c->in_h.len, 0);
             if (!c->in_f) {
                 conn_end(c, true, "out of memory for a frame of %" PRIu32 " bytes", c->in_h.len);
                 return -1;
@@ -494,6 +516,8 @@ static void next_out(struct dp_conn *c, struct out *o, uint8_t *ibuf, int64_t no
         *bye_queued = true;
     }
     pthread_mutex_unlock(&c->mu);
+    if (o->p && c->sealed) /* sealed as it is picked: the nonces follow the order on the wire */
+        o->len = dp_seal_frame(&c->tx, o->p, o->len - DP_HDR_SIZE);
 }
 
 /* Writes until the socket is full or nothing is left. Returns 1 when it would block, 0
@@ -517,6 +541,8 @@ static int do_write(struct dp_conn *c, struct out *o, uint8_t *ibuf, int64_t *ne
         o->off += (size_t)n;
         pthread_mutex_lock(&c->mu);
         c->st.bytes_sent += (uint64_t)n;
+        if (c->sealed)
+            c->st.sealed_bytes_sent += (uint64_t)n;
         if (o->off == o->len) {
             c->st.frames_sent++;
             if (o->f) {
@@ -538,7 +564,7 @@ static int do_write(struct dp_conn *c, struct out *o, uint8_t *ibuf, int64_t *ne
 static void *io_main(void *arg)
 {
     struct dp_conn *c = arg;
-    uint8_t ibuf[DP_IBUF_SIZE];
+    uint8_t ibuf[DP_IBUF_SIZE + DP_SEAL_TAG];
     struct out o = {0};
     int64_t next_hb = clock_ns();
     bool bye_queued = false, bye_sent = false, wr_shut = false;
@@ -616,7 +642,8 @@ static void *io_main(void *arg)
 /* ---- connections: start, send, receive, close ---- */
 
 int dp_conn_start(struct dp_conn **out, int fd, const struct dp_config *cfg, bool connector, int peer_rank,
-                  uint64_t peer_window, const char *peer_addr, char *err, size_t errlen)
+                  uint64_t peer_window, const struct dp_seal_dir seal[2], const char *peer_addr, char *err,
+                  size_t errlen)
 {
     struct dp_conn *c = calloc(1, sizeof *c);
     if (!c)
@@ -635,7 +662,12 @@ int dp_conn_start(struct dp_conn **out, int fd, const struct dp_config *cfg, boo
     c->dead_ns = (cfg->dead_ms ? cfg->dead_ms : DP_DEAD_MS_DEFAULT) * MS;
     c->delay_ns = (int64_t)cfg->emulate_delay_us * 1000;
     c->linger_ns = (cfg->close_linger_ms ? cfg->close_linger_ms : DP_CLOSE_LINGER_MS_DEFAULT) * MS;
-    c->payload_crc = cfg->payload_crc;
+    c->payload_crc = cfg->payload_crc && !seal; /* a seal's tag covers the payload already */
+    c->sealed = seal != NULL;
+    if (seal) {
+        c->tx = seal[0];
+        c->rx = seal[1];
+    }
     c->notify = cfg->notify;
     c->notify_arg = cfg->notify_arg;
     c->st.hb_rtt_us = c->st.hb_rtt_min_us = -1;
@@ -754,13 +786,13 @@ static int enqueue(struct dp_conn *c, int type, size_t len, encode_fn enc, const
     if (len > c->max_payload)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "%s payload of %zu bytes over max_payload %zu",
                           dp_type_name(type), len, c->max_payload);
-    size_t mem = DATA_OFF + len;
+    size_t mem = DATA_OFF + len + (c->sealed ? DP_SEAL_TAG : 0); /* as frame_new counts it */
     pthread_mutex_lock(&c->mu);
     int rc = reserve(c, mem, act, step, timeout_ms, err, errlen);
     pthread_mutex_unlock(&c->mu);
     if (rc)
         return rc;
-    struct frame *f = frame_new(len);
+    struct frame *f = frame_new(len, c->sealed ? DP_SEAL_TAG : 0);
     if (!f) {
         pthread_mutex_lock(&c->mu);
         unreserve(c, mem, act, step);
@@ -935,5 +967,6 @@ void dp_close(struct dp_conn *c, const char *reason)
     pthread_cond_destroy(&c->tx_cv);
     pthread_cond_destroy(&c->rx_cv);
     pthread_mutex_destroy(&c->mu);
+    sodium_memzero(c, sizeof *c); /* the seal's keys */
     free(c);
 }

@@ -15,7 +15,12 @@
  * and the rank it expects (peer_rank >= 0). Then each sends AUTH, its proof of the
  * cluster secret: HMAC-SHA256 keyed with the secret over a label, the prover's role
  * (connector or acceptor) and both HELLO payloads (so both nonces); without a secret
- * the proof is empty, which only a secret-less peer accepts. Then OK. A side that
+ * the proof is empty, which only a secret-less peer accepts. Then OK. With a secret,
+ * every frame after the OK is sealed (dataplane_seal.c): its payload encrypted with
+ * ChaCha20-Poly1305 under a key per direction derived from the secret and both HELLOs,
+ * its header the associated data, the nonce the count of frames sent that way before it;
+ * such frames carry DP_F_SEALED, no payload CRC, and a length that counts the tag. A
+ * frame that does not open, or an unsealed one, ends the connection. A side that
  * finds a mismatch sends REJECT with the reason and closes; both callers get an error
  * that names the field and both sides' values by rank ("epoch mismatch: rank 1 is at
  * epoch 8, rank 0 at 7"), prefixed "refused by the peer: " on the side that only
@@ -145,7 +150,9 @@ enum dp_type {
 };
 
 #define DP_F_PAYLOAD_CRC 0x0001u
-#define DP_F_KNOWN DP_F_PAYLOAD_CRC
+#define DP_F_SEALED 0x0002u   /* payload encrypted, DP_SEAL_TAG bytes of tag after it (in len) */
+#define DP_F_KNOWN (DP_F_PAYLOAD_CRC | DP_F_SEALED)
+#define DP_SEAL_TAG 16        /* Poly1305 */
 
 /* A frame header as dp_hdr_pack writes it and dp_hdr_parse reads it. */
 struct dp_hdr {
@@ -329,6 +336,7 @@ struct dp_config {
 struct dp_stats {
     uint64_t frames_sent, frames_received;   /* every type, heartbeats included */
     uint64_t bytes_sent, bytes_received;     /* on the wire, headers included */
+    uint64_t sealed_bytes_sent;              /* of bytes_sent, in sealed frames (a cluster secret) */
     uint64_t activations_sent, activations_received;
     uint64_t results_sent, results_received;
     uint64_t controls_sent, controls_received;

@@ -138,12 +138,43 @@ bool dp_auth_wellformed(const uint8_t *p, size_t len);
 bool dp_auth_verify(const char *secret, bool connector, const struct dp_hellos *hs, const uint8_t *p,
                     int rank, int peer_rank, char *why, size_t whylen);
 
+/* The keyed MAC (HMAC-SHA256 with secret) over label (with its NUL), a role byte and
+ * both HELLO payloads: the AUTH proofs and the sealing keys. */
+void dp_hellos_mac(const char *secret, const char *label, uint8_t role, const struct dp_hellos *hs,
+                   uint8_t out[DP_PROOF_BYTES]);
+
+/* ---- sealing (dataplane_seal.c) ---- */
+
+/* One direction of a sealed connection: its key and how many frames it has sealed or
+ * opened (the nonce of the next one). */
+struct dp_seal_dir {
+    uint8_t key[32];
+    uint64_t n;
+};
+
+/* Both directions' keys of a connection whose handshake proved secret: distinct per
+ * direction and per connection (both HELLOs carry fresh nonces), so counting frames from
+ * 0 never repeats a nonce under a key. */
+void dp_seal_keys(const char *secret, const struct dp_hellos *hs, bool connector, struct dp_seal_dir *tx,
+                  struct dp_seal_dir *rx);
+/* Seals a whole frame in place: frame holds a header and plain_len payload bytes, with
+ * DP_SEAL_TAG bytes of room after them. The header is rewritten (DP_F_SEALED, no
+ * checksum, the length with the tag) and authenticated; the payload is encrypted.
+ * Returns the frame's new size. */
+size_t dp_seal_frame(struct dp_seal_dir *tx, uint8_t *frame, size_t plain_len);
+/* Opens a sealed payload of len bytes (tag included) in place, hdr being the frame's
+ * header as received. Returns the plain length, or -1 when the frame is not the next
+ * one sealed by the peer with its key (forged, altered, replayed, reordered). */
+long dp_open_frame(struct dp_seal_dir *rx, const uint8_t hdr[DP_HDR_SIZE], uint8_t *payload, size_t len);
+
 /* ---- between dataplane_open.c and dataplane.c ---- */
 
 /* Starts a connection on fd, whose handshake is done: takes fd on success only (the
  * caller closes it otherwise), copies what it needs of cfg, starts the I/O thread.
+ * seal: the send and receive keys when the handshake proved a secret, else NULL.
  * peer_addr names the peer in logs. Returns 0, CAIRN_ENOMEM or CAIRN_EIO. */
 int dp_conn_start(struct dp_conn **out, int fd, const struct dp_config *cfg, bool connector, int peer_rank,
-                  uint64_t peer_window, const char *peer_addr, char *err, size_t errlen);
+                  uint64_t peer_window, const struct dp_seal_dir seal[2], const char *peer_addr, char *err,
+                  size_t errlen);
 
 #endif

@@ -222,9 +222,10 @@ static int refuse(int fd, const char *prefix, const char *why, char *err, size_t
 }
 
 /* Runs the handshake on a connected socket: HELLO, AUTH, OK both ways; fills the peer's
- * rank and window. Errors say who refused. */
+ * rank and window, and with a secret the keys that seal the connection from now on
+ * (*sealed). Errors say who refused. */
 static int handshake(int fd, const struct dp_config *cfg, bool connector, int64_t deadline, int *peer_rank,
-                     uint64_t *peer_window, char *err, size_t errlen)
+                     uint64_t *peer_window, struct dp_seal_dir seal[2], bool *sealed, char *err, size_t errlen)
 {
     const char *secret = cfg->secret && cfg->secret[0] ? cfg->secret : NULL;
     struct dp_hello me = {.version = cfg->proto_version ? cfg->proto_version : DP_PROTO_VERSION,
@@ -270,7 +271,12 @@ static int handshake(int fd, const struct dp_config *cfg, bool connector, int64_
     if (!dp_auth_verify(secret, connector, &hs, buf, me.rank, peer.rank, why, sizeof why))
         return refuse(fd, "refused: ", why, err, errlen);
     rc = exchange(fd, DP_T_OK, NULL, 0, buf, &len, &type, deadline, err, errlen);
-    return rc ? rc : expect(type, buf, len, DP_T_OK, err, errlen);
+    if (!rc)
+        rc = expect(type, buf, len, DP_T_OK, err, errlen);
+    *sealed = !rc && secret;
+    if (*sealed)
+        dp_seal_keys(secret, &hs, connector, &seal[0], &seal[1]);
+    return rc;
 }
 
 /* ---- listen, accept, connect ---- */
@@ -374,11 +380,14 @@ static int finish(int fd, const struct dp_config *cfg, bool connector, const cha
     char why[DP_REASON_MAX + 64];
     int peer_rank = -1;
     uint64_t peer_window = 0;
+    struct dp_seal_dir seal[2];
+    bool sealed = false;
     int rc = set_sockopts(fd, cfg->user_timeout_ms ? cfg->user_timeout_ms : DP_USER_TIMEOUT_MS_DEFAULT, why,
                           sizeof why);
     if (!rc) {
         int64_t hs_deadline = clock_ns() + (cfg->handshake_ms ? cfg->handshake_ms : DP_HANDSHAKE_MS_DEFAULT) * MS;
-        rc = handshake(fd, cfg, connector, hs_deadline, &peer_rank, &peer_window, why, sizeof why);
+        rc = handshake(fd, cfg, connector, hs_deadline, &peer_rank, &peer_window, seal, &sealed, why,
+                       sizeof why);
     }
     if (rc) {
         close(fd);
@@ -387,7 +396,8 @@ static int finish(int fd, const struct dp_config *cfg, bool connector, const cha
     }
     char addr[INET6_ADDRSTRLEN + 8];
     peer_text(fd, addr, sizeof addr);
-    rc = dp_conn_start(out, fd, cfg, connector, peer_rank, peer_window, addr, err, errlen);
+    rc = dp_conn_start(out, fd, cfg, connector, peer_rank, peer_window, sealed ? seal : NULL, addr, err, errlen);
+    sodium_memzero(seal, sizeof seal);
     if (rc)
         close(fd);
     return rc;

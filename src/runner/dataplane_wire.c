@@ -122,11 +122,21 @@ int dp_hdr_parse(const uint8_t in[DP_HDR_SIZE], struct dp_hdr *h, size_t max_pay
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "unknown frame flags 0x%04x", h->flags);
     if (!(h->flags & DP_F_PAYLOAD_CRC) && h->payload_crc)
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "payload checksum set without its flag");
+    bool sealed = h->flags & DP_F_SEALED;
+    if (sealed && (h->flags & DP_F_PAYLOAD_CRC))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "a sealed frame with a payload checksum");
+    if (sealed && dp_type_is_handshake(h->type))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "a sealed %s frame", dp_type_name(h->type));
+    if (sealed && h->len < DP_SEAL_TAG)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "a sealed frame of %" PRIu32 " bytes, shorter than its tag",
+                          h->len);
     size_t limit = dp_type_is_handshake(h->type) ? DP_HANDSHAKE_MAX : max_payload;
     if (h->type == DP_T_HEARTBEAT)
         limit = HB_PAYLOAD;
     else if (h->type == DP_T_CREDIT)
         limit = CREDIT_PAYLOAD;
+    if (sealed)
+        limit += DP_SEAL_TAG;
     if (h->len > limit)
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s payload of %" PRIu32 " bytes over the limit of %zu",
                           dp_type_name(h->type), h->len, limit);
@@ -256,14 +266,13 @@ int dp_hello_parse(const uint8_t *p, size_t len, struct dp_hello *h, bool *versi
 
 /* HMAC-SHA256(secret, label || prover's role || connector's HELLO || acceptor's HELLO):
  * both nonces are in it, and the role keeps a proof from being reflected back. */
-static void auth_proof(const char *secret, bool prover_is_connector, const struct dp_hellos *hs,
-                       uint8_t out[DP_PROOF_BYTES])
+void dp_hellos_mac(const char *secret, const char *label, uint8_t role, const struct dp_hellos *hs,
+                   uint8_t out[DP_PROOF_BYTES])
 {
     crypto_auth_hmacsha256_state st;
-    uint8_t role = prover_is_connector ? 'C' : 'A';
     uint8_t l[2];
     crypto_auth_hmacsha256_init(&st, (const unsigned char *)secret, strlen(secret));
-    crypto_auth_hmacsha256_update(&st, (const unsigned char *)AUTH_LABEL, sizeof AUTH_LABEL);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)label, strlen(label) + 1); /* with its NUL */
     crypto_auth_hmacsha256_update(&st, &role, 1);
     put_u16(l, (uint16_t)hs->len_c);
     crypto_auth_hmacsha256_update(&st, l, 2);
@@ -272,6 +281,12 @@ static void auth_proof(const char *secret, bool prover_is_connector, const struc
     crypto_auth_hmacsha256_update(&st, l, 2);
     crypto_auth_hmacsha256_update(&st, hs->a, hs->len_a);
     crypto_auth_hmacsha256_final(&st, out);
+}
+
+static void auth_proof(const char *secret, bool prover_is_connector, const struct dp_hellos *hs,
+                       uint8_t out[DP_PROOF_BYTES])
+{
+    dp_hellos_mac(secret, AUTH_LABEL, prover_is_connector ? 'C' : 'A', hs, out);
 }
 
 bool dp_hello_matches(const struct dp_hello *me, const struct dp_hello *peer, int want_rank, char *why,

@@ -949,4 +949,5 @@ void pipeline_get_stats(const struct pipeline *p, struct pipeline_stats *out)
     out->prev_rtt_us = v.hb_rtt_us;
     out->bytes_sent = n.bytes_sent + v.bytes_sent;
     out->bytes_received = n.bytes_received + v.bytes_received;
+    out->sealed_bytes_sent = n.sealed_bytes_sent + v.sealed_bytes_sent;
 }

@@ -149,6 +149,7 @@ struct pipeline_stats {
     int64_t ctl_us;         /* ranks > 0: applying KV ops */
     int64_t next_rtt_us, prev_rtt_us; /* last heartbeat round trip of each link; -1 before one */
     uint64_t bytes_sent, bytes_received; /* both links, on the wire */
+    uint64_t sealed_bytes_sent;          /* of bytes_sent, encrypted (a sealed cluster's links) */
     /* Wanted rows, by what came back for them (rank 0) or what this rank did with them
      * (last rank): a token sampled on the last rank, a row of logits, nothing (a skipped
      * row); result_bytes: rank 0, the RESULT frames of its steps on the wire, headers

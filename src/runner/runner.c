@@ -180,6 +180,7 @@ static void get_task_stats(struct runner *r, struct task_stats *s)
         s->pipeline_compute_us = ps.compute_us;
         s->pipeline_wait_us = ps.wait_us;
         s->pipeline_bytes = (int64_t)(ps.bytes_sent + ps.bytes_received);
+        s->pipeline_sealed_bytes = (int64_t)ps.sealed_bytes_sent;
         /* What came back per wanted row: a token sampled on the last rank, or logits. */
         s->pipeline_result_bytes = (int64_t)ps.result_bytes;
         s->pipeline_rows_sampled = (int64_t)ps.rows_sampled;

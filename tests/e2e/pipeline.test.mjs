@@ -1,5 +1,5 @@
 // One model across several nodes (issue 7): `cairn node` processes on 127.0.0.1 joined
-// with --peer, an instance placed with "sharding":"pipeline" and min_nodes 2 or 3, each
+// with --peer and sealed by one cluster secret (so the data plane is encrypted), an instance placed with "sharding":"pipeline" and min_nodes 2 or 3, each
 // rank a runner process holding a layer range, linked rank to rank by the data plane.
 // Greedy answers equal those of a single-node instance of the same file, for a qwen2 and
 // a llama model, alone and 8 at once, and with a draft model on rank 0. SIGKILL of the
@@ -9,6 +9,7 @@
 // behind when the nodes stop.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
 import path from 'node:path';
 import OpenAI from 'openai';
 import { SLOW, SHARED, makeTempDir, removeTempDir, makeModel, startNode, runCairn, http, sleep, metric,
@@ -44,7 +45,9 @@ before(async () => {
   assert.equal(l.code, 0, l.stderr);
   const expect = [QWEN, DRAFT, LLAMA];
   // a node unheard for 4 s leaves the cluster (the test of a lost node waits for that)
-  const common = ['-t', '1', '--node-timeout', '4'];
+  const secret = path.join(dir, 'cluster-secret');
+  fs.writeFileSync(secret, 'pipeline-e2e-secret\n', { mode: 0o600 });
+  const common = ['-t', '1', '--node-timeout', '4', '--cluster-secret-file', secret];
   const a = await startNode(dir, models, { name: 'a', parallel: 8, expectModels: expect, args: common });
   nodes.push(a);
   const peer = ['--peer', `127.0.0.1:${clusterPort(a)}`, ...common];
@@ -96,6 +99,10 @@ for (const model of [QWEN, LLAMA]) {
       assert.ok(sampled >= PROMPTS.length * 2 * MAX, `rows sampled on the last rank: ${sampled}`);
       assert.equal(await metric(a, `cairn_pipeline_rows_logits_total{instance="${id}"}`), 0, 'no logits rows');
       assert.ok(bytes > 0 && bytes / sampled < 256, `${bytes} bytes back for ${sampled} tokens`);
+      // the cluster has a secret: what rank 0 sent went sealed (encrypted)
+      const sealed = await metric(a, `cairn_pipeline_sealed_bytes_total{instance="${id}"}`);
+      assert.ok(sealed > 0 && sealed <= await metric(a, `cairn_pipeline_bytes_total{instance="${id}"}`),
+        `sealed bytes ${sealed}`);
       await deleteInstance(a, id);
     }
   });

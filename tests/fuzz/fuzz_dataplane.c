@@ -2,13 +2,46 @@
  * arbitrary payloads: the first byte picks the frame type (activations, result,
  * control, goodbye, heartbeat, credit), the rest is the payload, 8-aligned as the
  * receiver holds it. A frame is decoded or refused with a reason; what decoding
- * allocated is freed. Built and run by tests/fuzz/run.sh (clang, ASan + UBSan). */
+ * allocated is freed. The same bytes as a sealed frame (header, then payload and tag)
+ * never open under a key that did not seal them, and as a payload they seal and open
+ * back to themselves. Built and run by tests/fuzz/run.sh (clang, ASan + UBSan). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/err.h"
 #include "runner/dataplane_int.h"
+
+static void seal_checks(const uint8_t *data, size_t size)
+{
+    struct dp_seal_dir tx = {.key = {1, 2, 3}}, rx = tx;
+    if (size >= DP_HDR_SIZE) { /* forged: whatever the bytes, they do not open */
+        uint8_t *q = malloc(size - DP_HDR_SIZE + 1);
+        if (!q)
+            return;
+        memcpy(q, data + DP_HDR_SIZE, size - DP_HDR_SIZE);
+        if (dp_open_frame(&rx, data, q, size - DP_HDR_SIZE) >= 0 || rx.n != 0)
+            abort();
+        free(q);
+    }
+    uint8_t *f = malloc(DP_HDR_SIZE + size + DP_SEAL_TAG);
+    if (!f)
+        return;
+    struct dp_hdr h = {.version = DP_WIRE_VERSION, .type = DP_T_CONTROL, .len = (uint32_t)size};
+    dp_hdr_pack(f, &h);
+    memcpy(f + DP_HDR_SIZE, data, size);
+    size_t whole = dp_seal_frame(&tx, f, size);
+    struct dp_hdr back;
+    char why[128];
+    if (whole != DP_HDR_SIZE + size + DP_SEAL_TAG || dp_hdr_parse(f, &back, 1u << 20, why, sizeof why) ||
+        !(back.flags & DP_F_SEALED) || back.len != size + DP_SEAL_TAG)
+        abort();
+    if (dp_open_frame(&rx, f, f + DP_HDR_SIZE, size + DP_SEAL_TAG) != (long)size || memcmp(f + DP_HDR_SIZE, data, size))
+        abort();
+    if (dp_open_frame(&rx, f, f + DP_HDR_SIZE, size + DP_SEAL_TAG) >= 0) /* a replay: the count moved on */
+        abort();
+    free(f);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -39,5 +72,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(d.text);
     }
     free(p);
+    seal_checks(data, size);
     return 0;
 }

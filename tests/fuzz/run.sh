@@ -23,7 +23,7 @@ declare -A srcs=(
   [fuzz_tmpl]="src/tmpl/*.c src/tok/*.c src/gguf/*.c src/base/*.c"
   [fuzz_event]="src/ctl/*.c src/proto/*.c src/base/*.c"
   [fuzz_runner]="src/proto/*.c src/node/taskbody.c src/base/*.c"
-  [fuzz_dataplane]="src/runner/dataplane_wire.c src/kern/quant.c src/kern/quantize.c src/kern/convert.c src/kern/half.c src/base/*.c"
+  [fuzz_dataplane]="src/runner/dataplane_wire.c src/runner/dataplane_seal.c src/kern/quant.c src/kern/quantize.c src/kern/convert.c src/kern/half.c src/base/*.c"
 )
 harnesses=("$@")
 [ ${#harnesses[@]} -gt 0 ] || harnesses=($(printf '%s\n' "${!srcs[@]}" | sort))

@@ -134,6 +134,9 @@ struct proxy {
     size_t inject_len;
     bool inject_pending, close_after;
     atomic_bool injected;
+    atomic_bool flip_next;  /* flip a bit of the next payload byte client -> server */
+    uint8_t *cap;           /* client -> server bytes as they came (INJECT_MAX at most) */
+    size_t cap_len;         /* under mu */
     /* frame boundaries of client -> server */
     uint8_t hdr[DP_HDR_SIZE];
     size_t hdr_got;
@@ -172,8 +175,21 @@ static void proxy_maybe_inject(struct proxy *p)
 
 static void proxy_c2s(struct proxy *p, const uint8_t *d, size_t n)
 {
+    pthread_mutex_lock(&p->mu);
+    size_t keep = n < INJECT_MAX - p->cap_len ? n : INJECT_MAX - p->cap_len;
+    memcpy(p->cap + p->cap_len, d, keep);
+    p->cap_len += keep;
+    pthread_mutex_unlock(&p->mu);
     while (n) {
         size_t k;
+        if (p->pay_left && atomic_exchange(&p->flip_next, false)) {
+            uint8_t b = d[0] ^ 0x01;
+            write_full(p->sfd, &b, 1);
+            p->pay_left--;
+            d++;
+            n--;
+            continue;
+        }
         if (p->pay_left) {
             k = p->pay_left < n ? (size_t)p->pay_left : n;
             p->pay_left -= k;
@@ -247,6 +263,7 @@ static void proxy_start(struct proxy *p, int target_port)
     p->cfd = p->sfd = -1;
     p->target_port = target_port;
     p->inject = malloc(INJECT_MAX);
+    p->cap = malloc(INJECT_MAX);
     pthread_mutex_init(&p->mu, NULL);
     p->lfd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET};
@@ -280,6 +297,7 @@ static void proxy_stop(struct proxy *p)
         close(p->sfd);
     pthread_mutex_destroy(&p->mu);
     free(p->inject);
+    free(p->cap);
 }
 
 /* ---- headers and checksums ---- */
@@ -522,13 +540,13 @@ static void test_handshake_refused(struct dp_listener *l)
 
 /* ---- frames ---- */
 
-static void test_frames(struct dp_listener *l, bool crc)
+static void test_frames(struct dp_listener *l, bool crc, const char *secret)
 {
     struct dp_config ca, cb;
     base_cfg(&ca, 0, 1);
     base_cfg(&cb, 1, 0);
     ca.payload_crc = cb.payload_crc = crc;
-    ca.secret = cb.secret = "s";
+    ca.secret = cb.secret = secret;
     struct dp_conn *a = NULL, *b = NULL;
     if (!simple_pair(l, &ca, &cb, &a, &b))
         return;
@@ -1317,6 +1335,143 @@ static void waker_notify(void *arg)
     pthread_mutex_unlock(&w->mu);
 }
 
+/* ---- sealed connections ---- */
+
+/* Where the last frame of type in p's capture starts (walking its headers); -1: none.
+ * *len gets its size. */
+static long last_frame_of(struct proxy *p, int type, size_t *len)
+{
+    long at = -1;
+    pthread_mutex_lock(&p->mu);
+    for (size_t off = 0; off + DP_HDR_SIZE <= p->cap_len;) {
+        uint32_t plen;
+        memcpy(&plen, p->cap + off + 8, 4);
+        size_t whole = DP_HDR_SIZE + (size_t)plen;
+        if (off + whole > p->cap_len)
+            break;
+        if (p->cap[off + 5] == type) {
+            at = (long)off;
+            *len = whole;
+        }
+        off += whole;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return at;
+}
+
+/* Sends 4 x 256 floats of one recognizable value from a to b through p; true when they
+ * arrive intact. Then reports whether 64 bytes of that value were seen on the wire. */
+static bool send_marked(struct proxy *p, struct dp_conn *a, struct dp_conn *b, bool *in_clear)
+{
+    enum { N = 4, NE = 256 };
+    static float x[N * NE];
+    for (int i = 0; i < N * NE; i++)
+        x[i] = 1234.5f;
+    int32_t seq[N] = {0, 1, 2, 3};
+    int64_t pos[N] = {0, 0, 0, 0};
+    struct dp_activations act = {.step = 42, .n = N, .n_embd = NE, .seq = seq, .pos = pos, .x = x};
+    char err[ERRLEN];
+    struct dp_frame f;
+    bool ok = dp_send_activations(a, &act, 2000, err, sizeof err) == 0 && dp_recv(b, &f, 5000, err, sizeof err) == 1 &&
+              f.type == DP_T_ACTIVATIONS && f.act.n == N && !memcmp(f.act.x, x, sizeof x);
+    uint8_t pattern[64];
+    for (int i = 0; i < 16; i++)
+        memcpy(pattern + 4 * i, &x[0], 4);
+    size_t got = 0;
+    for (int t = 0; t < 200 && got < sizeof x; t++) { /* the proxy may still be copying it */
+        pthread_mutex_lock(&p->mu);
+        got = p->cap_len;
+        pthread_mutex_unlock(&p->mu);
+        if (got < sizeof x)
+            usleep(10000);
+    }
+    pthread_mutex_lock(&p->mu);
+    *in_clear = memmem(p->cap, p->cap_len, pattern, sizeof pattern) != NULL;
+    pthread_mutex_unlock(&p->mu);
+    return ok;
+}
+
+/* With a secret, frames after the handshake are sealed: a proxy in the middle sees no
+ * activation values in clear (without a secret it does, so the check can fail), and a
+ * frame it alters, replays or slips in unsealed ends the connection with the reason. */
+static void test_sealed(struct dp_listener *l)
+{
+    const char *secrets[] = {NULL, "a cluster key"};
+    for (int k = 0; k < 2; k++) {
+        struct proxy p;
+        proxy_start(&p, dp_listener_port(l));
+        struct dp_config ca, cb;
+        base_cfg(&ca, 0, 1);
+        base_cfg(&cb, 1, 0);
+        ca.secret = cb.secret = secrets[k];
+        struct dp_conn *a = NULL, *b = NULL;
+        int rca, rcb;
+        char ea[ERRLEN], eb[ERRLEN];
+        bool in_clear = false;
+        if (pair_open(l, p.port, &ca, &cb, &a, &b, &rca, &rcb, ea, eb)) {
+            CHECK(send_marked(&p, a, b, &in_clear), "%s: the values arrive", k ? "sealed" : "open");
+            CHECK(in_clear == !k, "%s: the values are %s on the wire", k ? "sealed" : "open",
+                  in_clear ? "readable" : "not readable");
+            CHECK(ping(a, b, 7) && ping(b, a, 8), "%s: frames both ways", k ? "sealed" : "open");
+        } else {
+            CHECK(false, "proxied pair: %s / %s", ea, eb);
+        }
+        dp_close(a, NULL);
+        dp_close(b, NULL);
+        proxy_stop(&p);
+    }
+
+    /* tampering on a sealed connection */
+    const char *cases[] = {"flip", "replay", "unsealed"};
+    for (int c = 0; c < 3; c++) {
+        struct proxy p;
+        proxy_start(&p, dp_listener_port(l));
+        struct dp_config ca, cb;
+        base_cfg(&ca, 0, 1);
+        base_cfg(&cb, 1, 0);
+        ca.secret = cb.secret = "a cluster key";
+        struct dp_conn *a = NULL, *b = NULL;
+        int rca, rcb;
+        char ea[ERRLEN], eb[ERRLEN];
+        if (!pair_open(l, p.port, &ca, &cb, &a, &b, &rca, &rcb, ea, eb)) {
+            CHECK(false, "%s: proxied pair: %s / %s", cases[c], ea, eb);
+            proxy_stop(&p);
+            continue;
+        }
+        CHECK(ping(a, b, 1), "%s: the pair works", cases[c]);
+        const char *want = "does not open";
+        if (c == 0) {
+            atomic_store(&p.flip_next, true);
+            ping(a, b, 2);
+        } else if (c == 1) {
+            size_t len = 0;
+            long at = last_frame_of(&p, DP_T_ACTIVATIONS, &len);
+            CHECK(at >= 0, "replay: the ping's frame was captured");
+            if (at >= 0)
+                proxy_inject(&p, p.cap + at, len, false);
+        } else {
+            uint8_t buf[64], hb[24] = {0};
+            size_t n = mk_frame(buf, 1, DP_T_HEARTBEAT, 0, sizeof hb, 0, hb, sizeof hb);
+            proxy_inject(&p, buf, n, false);
+            want = "an unsealed frame on a sealed connection";
+        }
+        struct dp_frame f;
+        int rc;
+        while ((rc = dp_recv(b, &f, 5000, eb, sizeof eb)) == 1) {
+        }
+        CHECK(rc == CAIRN_EIO && strstr(eb, want), "%s: the acceptor ends the connection: rc %d '%s'", cases[c], rc,
+              eb);
+        while ((rc = dp_recv(a, &f, 5000, ea, sizeof ea)) == 1) {
+        }
+        CHECK(rc == CAIRN_EIO && strstr(ea, "bad frame"), "%s: the connector is told why: rc %d '%s'", cases[c], rc,
+              ea);
+        dp_close(a, NULL);
+        dp_close(b, NULL);
+        proxy_stop(&p);
+    }
+}
+
+
 static void test_notify(struct dp_listener *l)
 {
     struct waker w = {.count = 0};
@@ -1417,12 +1572,13 @@ static void *echo_main(void *arg)
     return NULL;
 }
 
-static void bench_one(struct dp_listener *l, int n, int ne, int dt, int reps)
+static void bench_one(struct dp_listener *l, int n, int ne, int dt, int reps, const char *secret)
 {
     struct dp_config ca, cb;
     base_cfg(&ca, 0, 1);
     base_cfg(&cb, 1, 0);
     ca.max_inflight = 1;
+    ca.secret = cb.secret = secret;
     struct dp_conn *a = NULL, *b = NULL;
     if (!simple_pair(l, &ca, &cb, &a, &b))
         return;
@@ -1453,8 +1609,8 @@ static void bench_one(struct dp_listener *l, int n, int ne, int dt, int reps)
     pthread_join(th, NULL);
     struct dp_stats st;
     dp_get_stats(a, &st);
-    printf("round trip %4d x %4d %-4s (%8lld bytes on the wire): %9.1f us (step rtt avg %.1f us, heartbeat rtt %lld us)\n",
-           n, ne, dtype_name(dt), (long long)(dp_wire_bytes(dt, (int64_t)n * ne) + 24 + 13 * n), us,
+    printf("round trip %4d x %4d %-4s %-6s (%8lld bytes on the wire): %9.1f us (step rtt avg %.1f us, heartbeat rtt "
+           "%lld us)\n", n, ne, dtype_name(dt), secret ? "sealed" : "open", (long long)(dp_wire_bytes(dt, (int64_t)n * ne) + 24 + 13 * n), us,
            st.steps_done ? (double)st.step_rtt_us / (double)st.steps_done : 0.0, (long long)st.hb_rtt_us);
     CHECK(st.steps_done == (uint64_t)(reps + 3), "steps done %llu", (unsigned long long)st.steps_done);
     dp_close(a, NULL);
@@ -1466,13 +1622,21 @@ static void bench_one(struct dp_listener *l, int n, int ne, int dt, int reps)
 
 static void test_bench(struct dp_listener *l)
 {
-    bench_one(l, 1, 2048, DT_F32, 2000);
-    bench_one(l, 1, 2048, DT_F16, 2000);
-    bench_one(l, 8, 2048, DT_F32, 1000);
-    bench_one(l, 512, 2048, DT_F32, 30);
-    bench_one(l, 512, 2048, DT_F16, 30);
-    bench_one(l, 512, 2048, DT_Q8_0, 30);
-    bench_one(l, 512, 4096, DT_F32, 20);
+    /* sealed beside open, alternately: the seal's cost is the difference */
+    for (int k = 0; k < 2; k++) {
+        bench_one(l, 1, 2048, DT_F32, 2000, NULL);
+        bench_one(l, 1, 2048, DT_F32, 2000, "bench key");
+    }
+    bench_one(l, 1, 2048, DT_F16, 2000, NULL);
+    bench_one(l, 8, 2048, DT_F32, 1000, NULL);
+    bench_one(l, 8, 2048, DT_F32, 1000, "bench key");
+    for (int k = 0; k < 2; k++) {
+        bench_one(l, 512, 2048, DT_F32, 30, NULL);
+        bench_one(l, 512, 2048, DT_F32, 30, "bench key");
+    }
+    bench_one(l, 512, 2048, DT_F16, 30, NULL);
+    bench_one(l, 512, 2048, DT_Q8_0, 30, NULL);
+    bench_one(l, 512, 4096, DT_F32, 20, NULL);
 }
 
 int main(int argc, char **argv)
@@ -1491,13 +1655,15 @@ int main(int argc, char **argv)
     RUN(test_encoding_error);
     RUN(test_handshake_ok, l);
     RUN(test_handshake_refused, l);
-    RUN(test_frames, l, false);
-    RUN(test_frames, l, true);
+    RUN(test_frames, l, false, NULL);
+    RUN(test_frames, l, true, NULL);
+    RUN(test_frames, l, false, "s"); /* sealed */
     RUN(test_large, l);
     RUN(test_inflight, l);
     RUN(test_emulated_delay, l);
     RUN(test_notify, l);
     RUN(test_garbage, l);
+    RUN(test_sealed, l);
     RUN(test_dead_child, l, SIGKILL);
     RUN(test_dead_child, l, SIGSTOP);
     RUN(test_blackhole, l);
