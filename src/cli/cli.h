@@ -3,6 +3,8 @@
 #ifndef CAIRN_CLI_CLI_H
 #define CAIRN_CLI_CLI_H
 
+#include <stddef.h>
+
 #include "base/version.h"
 
 /* What a sub-command's option parser returns when the command goes on; otherwise it
@@ -19,5 +21,14 @@ int cli_bench(int argc, char **argv);
 int cli_template(int argc, char **argv);
 /* cairn node [--api-port N] [--peer HOST:PORT]... (see its --help); runs until SIGINT/SIGTERM */
 int cli_node(int argc, char **argv);
+/* cairn node with a join token's secret (kept in the data dir), namespace and peers. */
+struct jointoken;
+int cli_node_join(int argc, char **argv, const struct jointoken *join);
+/* cairn seal [--data-dir DIR] [--namespace NS] [--address HOST:PORT]...: the join command */
+int cli_seal(int argc, char **argv);
+/* cairn join TOKEN [node options]: keeps the token's secret and runs the node */
+int cli_join(int argc, char **argv);
+/* $XDG_DATA_HOME/cairn[/sub], or ~/.local/share/cairn[/sub]; -1 when neither is set. */
+int cli_data_path(char *out, size_t n, const char *sub);
 
 #endif

@@ -64,20 +64,25 @@ static int write_new(const char *dir, const char *path, const char *text, char *
     return 0;
 }
 
-int cred_api_key(const char *data_dir, char *buf, size_t cap, bool *created, char *err, size_t errlen)
+/* The secret kept in data_dir/file, made now when there is none (nbytes random bytes as
+ * hex) and make is set; CAIRN_ENOTFOUND when there is none and make is not. */
+static int kept_or_made(const char *data_dir, const char *file, const char *what, size_t nbytes, bool make,
+                        char *buf, size_t cap, bool *created, char *err, size_t errlen)
 {
     *created = false;
     char path[4200];
-    snprintf(path, sizeof path, "%s/" KEY_FILE, data_dir);
+    snprintf(path, sizeof path, "%s/%s", data_dir, file);
     if (access(path, F_OK) == 0)
-        return cred_read_file(path, "API key", buf, cap, err, errlen);
-    if (cap < 2 * CRED_KEY_BYTES + 1)
-        return cairn_fail(err, errlen, CAIRN_ERANGE, "no room for an API key");
+        return cred_read_file(path, what, buf, cap, err, errlen);
+    if (!make)
+        return cairn_fail(err, errlen, CAIRN_ENOTFOUND, "no %s in %s", what, path);
+    if (cap < 2 * nbytes + 1 || nbytes > 64)
+        return cairn_fail(err, errlen, CAIRN_ERANGE, "no room for a %s", what);
     if (sodium_init() < 0)
         return cairn_fail(err, errlen, CAIRN_EIO, "libsodium cannot start");
-    unsigned char raw[CRED_KEY_BYTES];
-    randombytes_buf(raw, sizeof raw);
-    sodium_bin2hex(buf, cap, raw, sizeof raw);
+    unsigned char raw[64];
+    randombytes_buf(raw, nbytes);
+    sodium_bin2hex(buf, cap, raw, nbytes);
     sodium_memzero(raw, sizeof raw);
     int rc = files_make_dirs(data_dir, 0700, err, errlen);
     if (!rc)
@@ -85,4 +90,34 @@ int cred_api_key(const char *data_dir, char *buf, size_t cap, bool *created, cha
     if (!rc)
         *created = true;
     return rc;
+}
+
+int cred_api_key(const char *data_dir, char *buf, size_t cap, bool *created, char *err, size_t errlen)
+{
+    return kept_or_made(data_dir, KEY_FILE, "API key", CRED_KEY_BYTES, true, buf, cap, created, err, errlen);
+}
+
+int cred_cluster_secret(const char *data_dir, bool make, char *buf, size_t cap, bool *created, char *err,
+                        size_t errlen)
+{
+    return kept_or_made(data_dir, CRED_SECRET_FILE, "cluster secret", CRED_SECRET_BYTES, make, buf, cap, created,
+                        err, errlen);
+}
+
+int cred_store_secret(const char *data_dir, const char *secret, char *err, size_t errlen)
+{
+    char path[4200], kept[1024];
+    snprintf(path, sizeof path, "%s/" CRED_SECRET_FILE, data_dir);
+    if (access(path, F_OK) == 0) {
+        int rc = cred_read_file(path, "cluster secret", kept, sizeof kept, err, errlen);
+        bool same = !rc && !strcmp(kept, secret);
+        sodium_memzero(kept, sizeof kept);
+        if (rc || same)
+            return rc;
+        return cairn_fail(err, errlen, CAIRN_ESTATE,
+                          "this machine already belongs to another cluster (%s); remove that file to join this one",
+                          path);
+    }
+    int rc = files_make_dirs(data_dir, 0700, err, errlen);
+    return rc ? rc : write_new(data_dir, path, secret, err, errlen);
 }

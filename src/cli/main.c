@@ -17,6 +17,8 @@ static const struct command {
     {"bench", cli_bench, "measure prefill and decode speed against the memory roofline"},
     {"template", cli_template, "render a chat template (as Hugging Face renders it)"},
     {"node", cli_node, "run this machine's node of a cluster (the default with no command)"},
+    {"seal", cli_seal, "make this machine's cluster secret and print the command that joins others"},
+    {"join", cli_join, "join the sealed cluster of a token from `cairn seal`, then run the node"},
     {"runner", runner_main, "serve one instance's layers for a node (started by cairn node)"},
 };
 

@@ -13,6 +13,7 @@
 #include "api/hosts.h"
 #include "cli/cli.h"
 #include "cli/credentials.h"
+#include "net/jointoken.h"
 #include "net/keys.h"
 #include "node/node.h"
 #include "node/supervisor.h"
@@ -54,7 +55,8 @@ static void usage(void)
             "  --bind          address the cluster port listens on (every interface)\n"
             "  --cluster-secret-file  the cluster secret (first line), which encrypts and\n"
             "                  authenticates every link; or CAIRN_CLUSTER_SECRET. Without one\n"
-            "                  the cluster is open: any machine on the network can join it\n"
+            "                  the cluster is open: any machine on the network can join it,\n"
+            "                  unless DATA_DIR/cluster_secret holds one (`cairn seal`, `cairn join`)\n"
             "  --peer          a node to connect to, where discovery does not reach (repeatable)\n"
             "  --discovery     LAN beacons: auto (every interface that can broadcast; the\n"
             "                  default), off (only --peer), or one interface\n"
@@ -125,8 +127,7 @@ static int cache_dir(char *out, size_t n)
     return mkdir(out, 0755) == 0 || errno == EEXIST ? 0 : -1;
 }
 
-/* $XDG_DATA_HOME/cairn[/sub], or ~/.local/share/cairn[/sub]. */
-static int data_path(char *out, size_t n, const char *sub)
+int cli_data_path(char *out, size_t n, const char *sub)
 {
     const char *xdg = getenv("XDG_DATA_HOME"), *home = getenv("HOME");
     int w;
@@ -151,6 +152,7 @@ struct node_opts {
     enum log_level level;
     const char *secret_file, *api_key_file;
     bool secret_on_argv, api_insecure;
+    const struct jointoken *join; /* cairn join: the token's secret, namespace and peers */
     char secret_buf[1024], key_buf[300], log_buf[4096], data_buf[4096], models_buf[4096];
     char cluster_key[KEYS_HEX]; /* the secret through Argon2id: what the node is given */
 };
@@ -245,14 +247,31 @@ static int parse_opts(struct node_opts *o, int argc, char **argv)
     return CLI_GO_ON;
 }
 
-/* Settles the cluster secret: --cluster-secret-file, else CAIRN_CLUSTER_SECRET, else
- * --cluster-secret (warned: `ps` shows it), kept in o; takes CAIRN_CLUSTER_SECRET and
- * CAIRN_API_KEY out of the environment. 0, or 2 (message printed). */
+/* Settles the cluster secret: a join token's (then kept in the data dir), else
+ * --cluster-secret-file, else CAIRN_CLUSTER_SECRET, else --cluster-secret (warned: `ps`
+ * shows it), else the one kept in DATA_DIR/cluster_secret (`cairn seal`, `cairn join`),
+ * kept in o; takes CAIRN_CLUSTER_SECRET out of the environment. 0, or 2 (message
+ * printed). */
 static int take_secret(struct node_opts *o)
 {
     char err[512];
     const char *env = getenv("CAIRN_CLUSTER_SECRET");
-    if (o->secret_file) {
+    bool given = o->secret_file || o->secret_on_argv || (o->secret && o->secret == env);
+    if (o->join && given) {
+        fprintf(stderr, "cairn join: the secret comes from the token; drop --cluster-secret-file, "
+                        "--cluster-secret and CAIRN_CLUSTER_SECRET\n");
+        return 2;
+    }
+    if (o->join) {
+        if (cred_store_secret(o->data_dir, o->join->secret, err, sizeof err)) {
+            fprintf(stderr, "cairn join: %s\n", err);
+            return 2;
+        }
+        snprintf(o->secret_buf, sizeof o->secret_buf, "%s", o->join->secret);
+        o->secret = o->secret_buf;
+        fprintf(stderr, "cairn join: the cluster secret is kept in %s/" CRED_SECRET_FILE
+                        "; from now on `cairn` on this machine joins this cluster\n", o->data_dir);
+    } else if (o->secret_file) {
         if (cred_read_file(o->secret_file, "cluster secret", o->secret_buf, sizeof o->secret_buf, err, sizeof err)) {
             fprintf(stderr, "cairn node: %s\n", err);
             return 2;
@@ -269,6 +288,15 @@ static int take_secret(struct node_opts *o)
     } else if (o->secret_on_argv) {
         fprintf(stderr, "cairn node: warning: --cluster-secret is visible to every user of this machine (ps); "
                         "use --cluster-secret-file or CAIRN_CLUSTER_SECRET\n");
+    } else {
+        bool made;
+        int rc = cred_cluster_secret(o->data_dir, false, o->secret_buf, sizeof o->secret_buf, &made, err, sizeof err);
+        if (rc && rc != CAIRN_ENOTFOUND) {
+            fprintf(stderr, "cairn node: %s\n", err);
+            return 2;
+        }
+        if (!rc)
+            o->secret = o->secret_buf;
     }
     /* The runners are children of this process: they must not inherit the secret (a
      * runner has no use for it; the data plane's key is derived and sent to it). */
@@ -345,14 +373,14 @@ static int default_paths(struct node_opts *o)
         o->log_file = o->log_buf;
     }
     if (!o->data_dir) {
-        if (data_path(o->data_buf, sizeof o->data_buf, NULL)) {
+        if (cli_data_path(o->data_buf, sizeof o->data_buf, NULL)) {
             fprintf(stderr, "cairn node: no --data-dir, and neither XDG_DATA_HOME nor HOME is set\n");
             return 2;
         }
         o->data_dir = o->data_buf;
     }
     if (!o->models_dir || !o->models_dir[0]) {
-        o->models_dir = data_path(o->models_buf, sizeof o->models_buf, "models") ? NULL : o->models_buf;
+        o->models_dir = cli_data_path(o->models_buf, sizeof o->models_buf, "models") ? NULL : o->models_buf;
     }
     return 0;
 }
@@ -514,16 +542,34 @@ static void shut_down(struct node_app *app, int sig)
     log_close_file();
 }
 
-int cli_node(int argc, char **argv)
+/* A join token's namespace and addresses in o (the secret is take_secret's); 0, or 2
+ * (message printed). */
+static int take_join(struct node_opts *o, const struct jointoken *join)
+{
+    o->join = join;
+    if (!join)
+        return 0;
+    if (o->ns && strcmp(o->ns, join->ns)) {
+        fprintf(stderr, "cairn join: the token is for namespace '%s', not --namespace '%s'\n", join->ns, o->ns);
+        return 2;
+    }
+    o->ns = join->ns;
+    for (int i = 0; i < join->n_peers; i++)
+        if (push(o->peers, &o->n_peers, MAX_PEERS, join->peers[i], "--peer"))
+            return 2;
+    return 0;
+}
+
+int cli_node_join(int argc, char **argv, const struct jointoken *join)
 {
     struct node_opts o;
     int rc = parse_opts(&o, argc, argv);
     if (rc != CLI_GO_ON)
         return rc;
-    if (take_secret(&o))
+    if (take_join(&o, join) || default_paths(&o) || take_secret(&o))
         return 2;
     log_set_level(o.level);
-    if (default_paths(&o) || take_api_key(&o))
+    if (take_api_key(&o))
         return 2;
     sigset_t stop_set;
     block_stop_signals(&stop_set);
@@ -545,12 +591,18 @@ int cli_node(int argc, char **argv)
                  o.force_master ? ", force master" : "");
         if (!o.secret || !o.secret[0])
             log_warn("cairn node %s: this cluster is open: any machine on the network can join it, read its "
-                     "state and requests, and run models on it (--cluster-secret-file or CAIRN_CLUSTER_SECRET "
-                     "seals it)", node_id(app.node));
+                     "state and requests, and run models on it (`cairn seal` makes a secret and the command "
+                     "that joins other machines; or give one with --cluster-secret-file or CAIRN_CLUSTER_SECRET)",
+                     node_id(app.node));
         while (sigwait(&stop_set, &sig) != 0)
             ;
         log_info("cairn node %s: %s, stopping", node_id(app.node), sig == SIGINT ? "SIGINT" : "SIGTERM");
     }
     shut_down(&app, sig);
     return rc ? 1 : 0;
+}
+
+int cli_node(int argc, char **argv)
+{
+    return cli_node_join(argc, argv, NULL);
 }

@@ -189,12 +189,13 @@ for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP'])
 /** Starts `cairn node` on 127.0.0.1 with ports chosen by the kernel, models from
  * modelsDir, its data, logs and XDG dirs in dir. Resolves once /v1/models lists every
  * name in expectModels. The result has url, port, log() and stop(). */
-export async function startNode(dir, modelsDir, { parallel, args = [], expectModels = [], name = 'node' } = {}) {
+export async function startNode(dir, modelsDir, { parallel, args = [], expectModels = [], name = 'node',
+  command = ['node'] } = {}) {
   const dataDir = path.join(dir, `${name}-data`);
   fs.mkdirSync(dataDir, { recursive: true });
   const logPath = path.join(dir, `${name}.log`);
   const logFd = fs.openSync(logPath, 'a');
-  const argv = ['node', '--api-host', '127.0.0.1', '--api-port', '0', '--bind', '127.0.0.1', '--cluster-port', '0',
+  const argv = [...command, '--api-host', '127.0.0.1', '--api-port', '0', '--bind', '127.0.0.1', '--cluster-port', '0',
     '--discovery', 'off', '--models-dir', modelsDir, '--data-dir', dataDir];
   if (parallel)
     argv.push('--parallel', String(parallel));
