@@ -13,6 +13,7 @@
  * are not assertions). Children die with
  * this process (PR_SET_PDEATHSIG), and the temp dir is removed at the end. */
 #define _GNU_SOURCE /* memmem */
+#include "nodes.h"
 #include "testutil.h"
 
 #include "net/keys.h"
@@ -42,462 +43,39 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_NODES 6
 #define SECRET "e2e-secret"
 
-struct proc {
-    pid_t pid;
-    int api, cluster;
-    char id[80];
-    char log[512];
-};
 
-static char dir[256];
-static struct proc nodes[MAX_NODES];
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
-/* A TCP port free right now on 127.0.0.1. */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &len)) {
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    close(fd);
-    return ntohs(a.sin_port);
-}
 
-static int connect_to(int port, int timeout_ms)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (connect(fd, (struct sockaddr *)&a, sizeof a)) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
 
-static bool send_all(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w <= 0)
-            return false;
-        p += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
 
-/* One HTTP/1.1 request (Connection: close) with the extra header lines in headers (each
- * ending in \r\n, or NULL); the body of the answer into out and, when head is not NULL,
- * its status line and headers into head. Returns the status, or -1 when no answer came
- * within 10 s. */
-static int http_ex(int port, const char *method, const char *path, const char *headers,
-                   const char *body, char *out, size_t cap, char *head, size_t hcap)
-{
-    out[0] = 0;
-    if (head)
-        head[0] = 0;
-    int fd = connect_to(port, 10000);
-    if (fd < 0)
-        return -1;
-    char req[8192];
-    int n = snprintf(req, sizeof req,
-                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
-                     method, path, headers ? headers : "", body ? strlen(body) : 0,
-                     body ? body : "");
-    if (n < 0 || (size_t)n >= sizeof req || !send_all(fd, req, (size_t)n)) {
-        close(fd);
-        return -1;
-    }
-    static char buf[1 << 20];
-    size_t len = 0;
-    for (;;) {
-        ssize_t r = recv(fd, buf + len, sizeof buf - 1 - len, 0);
-        if (r <= 0)
-            break;
-        len += (size_t)r;
-        if (len == sizeof buf - 1)
-            break;
-    }
-    close(fd);
-    buf[len] = 0;
-    int status = -1;
-    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
-        return -1;
-    const char *b = strstr(buf, "\r\n\r\n");
-    snprintf(out, cap, "%s", b ? b + 4 : "");
-    if (head)
-        snprintf(head, hcap, "%.*s", b ? (int)(b - buf) + 2 : 0, buf);
-    return status;
-}
 
-static int http(int port, const char *method, const char *path, const char *body, char *out,
-                size_t cap)
-{
-    return http_ex(port, method, path, NULL, body, out, cap, NULL, 0);
-}
 
-/* The value of header name in head (from http_ex) into val; false when it is absent. */
-static bool header_of(const char *head, const char *name, char *val, size_t cap)
-{
-    size_t n = strlen(name);
-    for (const char *line = strstr(head, "\r\n"); line && line[2]; line = strstr(line + 2, "\r\n")) {
-        const char *l = line + 2;
-        if (strncasecmp(l, name, n) == 0 && l[n] == ':') {
-            l += n + 1;
-            while (*l == ' ')
-                l++;
-            const char *end = strstr(l, "\r\n");
-            snprintf(val, cap, "%.*s", end ? (int)(end - l) : (int)strlen(l), l);
-            return true;
-        }
-    }
-    val[0] = 0;
-    return false;
-}
 
-static json_t *get_json(int port, const char *path)
-{
-    static char out[1 << 20];
-    if (http(port, "GET", path, NULL, out, sizeof out) != 200)
-        return NULL;
-    return json_loads(out, 0, NULL);
-}
 
-static pid_t spawn(const char *log, char *const argv[])
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        FILE *f = fopen(log, "w");
-        if (f) {
-            dup2(fileno(f), 1);
-            dup2(fileno(f), 2);
-        }
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
-}
 
-/* Starts node i; peer is the index of a node to connect to, or -1; extra: more
- * arguments (NULL-terminated, at most 16), or NULL. */
-static void start_node(int i, int peer, const char *secret, const char *memory,
-                       const char *const *extra)
-{
-    struct proc *p = &nodes[i];
-    char api[16], cl[16], data[512], models[512], peer_arg[64];
-    p->api = free_port();
-    p->cluster = free_port();
-    snprintf(api, sizeof api, "%d", p->api);
-    snprintf(cl, sizeof cl, "%d", p->cluster);
-    snprintf(data, sizeof data, "%s/data%d", dir, i);
-    snprintf(models, sizeof models, "%s/models", dir);
-    snprintf(p->log, sizeof p->log, "%s/node%d.log", dir, i);
-    char *argv[48];
-    int k = 0;
-    argv[k++] = (char *)CAIRN_BINARY;
-    argv[k++] = "node";
-    argv[k++] = "--api-port";
-    argv[k++] = api;
-    argv[k++] = "--cluster-port";
-    argv[k++] = cl;
-    argv[k++] = "--bind";
-    argv[k++] = "127.0.0.1";
-    argv[k++] = "--data-dir";
-    argv[k++] = data;
-    argv[k++] = "--models-dir";
-    argv[k++] = models;
-    argv[k++] = "--discovery";
-    argv[k++] = "off";
-    argv[k++] = "--node-timeout";
-    argv[k++] = "120";
-    argv[k++] = "--memory-limit";
-    argv[k++] = (char *)memory;
-    argv[k++] = "-v";
-    if (secret) {
-        argv[k++] = "--cluster-secret";
-        argv[k++] = (char *)secret;
-    }
-    if (peer >= 0) {
-        snprintf(peer_arg, sizeof peer_arg, "127.0.0.1:%d", nodes[peer].cluster);
-        argv[k++] = "--peer";
-        argv[k++] = peer_arg;
-    }
-    for (int e = 0; extra && extra[e] && e < 16; e++)
-        argv[k++] = (char *)extra[e];
-    argv[k] = NULL;
-    p->pid = spawn(p->log, argv);
-    p->id[0] = 0;
-}
 
-/* Waits for node i's API and reads its id (bound: 20 s). */
-static bool read_id(int i)
-{
-    double t0 = now_s();
-    while (now_s() - t0 < 20) {
-        json_t *j = get_json(nodes[i].api, "/node_id");
-        const char *id = json_string_value(json_object_get(j, "node_id"));
-        if (id)
-            snprintf(nodes[i].id, sizeof nodes[i].id, "%s", id);
-        json_decref(j);
-        if (id)
-            return true;
-        sleep_ms(100);
-    }
-    return false;
-}
 
-static void print_log_tail(int i)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "tail -n 25 '%s' 1>&2", nodes[i].log);
-    fprintf(stderr, "---- node %d log (%s) ----\n", i, nodes[i].id);
-    if (system(cmd) != 0)
-        fprintf(stderr, "(no log)\n");
-}
 
-/* Waits up to limit_s for pid to exit; its exit status, or -1 (then it is killed). */
-static int wait_exit(pid_t pid, double limit_s)
-{
-    double t0 = now_s();
-    int st;
-    while (now_s() - t0 < limit_s) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-        if (r < 0)
-            return -1;
-        sleep_ms(50);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-    return -1;
-}
 
-static void stop_all(void)
-{
-    for (int i = 0; i < MAX_NODES; i++) {
-        if (nodes[i].pid > 0) {
-            kill(nodes[i].pid, SIGKILL);
-            waitpid(nodes[i].pid, NULL, 0);
-            nodes[i].pid = 0;
-        }
-    }
-}
 
-/* The /state text of each live node among idx[0..n); true when all are equal, hold
- * want_nodes nodes and name the same master (its id into master when not NULL). */
-static bool states_agree(const int *idx, int n, size_t want_nodes, char *master, size_t mcap)
-{
-    static char first[1 << 20], other[1 << 20];
-    if (http(nodes[idx[0]].api, "GET", "/state", NULL, first, sizeof first) != 200)
-        return false;
-    for (int k = 1; k < n; k++)
-        if (http(nodes[idx[k]].api, "GET", "/state", NULL, other, sizeof other) != 200 ||
-            strcmp(first, other))
-            return false;
-    json_t *j = json_loads(first, 0, NULL);
-    const char *m = json_string_value(json_object_get(json_object_get(j, "master"), "node_id"));
-    bool ok = m && json_object_size(json_object_get(j, "nodes")) == want_nodes;
-    if (ok && master)
-        snprintf(master, mcap, "%s", m);
-    json_decref(j);
-    return ok;
-}
 
-static double wait_agree(const int *idx, int n, size_t want_nodes, char *master, size_t mcap,
-                         double limit_s)
-{
-    double t0 = now_s();
-    while (now_s() - t0 < limit_s) {
-        if (states_agree(idx, n, want_nodes, master, mcap))
-            return now_s() - t0;
-        sleep_ms(100);
-    }
-    return -1;
-}
 
-static int index_of_id(const char *id)
-{
-    for (int i = 0; i < MAX_NODES; i++)
-        if (nodes[i].pid > 0 && !strcmp(nodes[i].id, id))
-            return i;
-    return -1;
-}
 
-/* Waits until GET path answers want on every node in idx (bound limit_s). */
-static bool wait_status(const int *idx, int n, const char *path, int want, double limit_s)
-{
-    static char out[1 << 16];
-    double t0 = now_s();
-    while (now_s() - t0 < limit_s) {
-        bool all = true;
-        for (int k = 0; k < n && all; k++)
-            all = http(nodes[idx[k]].api, "GET", path, NULL, out, sizeof out) == want;
-        if (all)
-            return true;
-        sleep_ms(100);
-    }
-    return false;
-}
 
-static int64_t rss_kib(pid_t pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    int64_t kib = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmRSS: %lld kB", (long long *)&kib) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kib;
-}
 
-/* Reads an SSE stream on fd until a line holds want or limit_s passes. */
-/* Reads an SSE stream from fd into buf until it holds want (true), the peer closes it or
- * limit_s passes (false). */
-static bool sse_collect(int fd, const char *want, double limit_s, char *buf, size_t cap)
-{
-    size_t len = 0;
-    buf[0] = 0;
-    double t0 = now_s();
-    while (now_s() - t0 < limit_s && len < cap - 1) {
-        ssize_t r = recv(fd, buf + len, cap - 1 - len, 0);
-        if (r == 0)
-            return false;
-        if (r < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-                continue;
-            return false;
-        }
-        len += (size_t)r;
-        buf[len] = 0;
-        if (strstr(buf, want))
-            return true;
-    }
-    return false;
-}
 
-static bool sse_wait(int fd, const char *want, double limit_s)
-{
-    static char buf[1 << 18];
-    return sse_collect(fd, want, limit_s, buf, sizeof buf);
-}
 
-static int run_cmd(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run_cmd(const char *fmt, ...)
-{
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
-/* The runner of instance iid's first shard in node i's /state: its id, status and
- * restart count; false when the instance or its runner is not there. */
-static bool runner_of(int i, const char *iid, char *rid, size_t rcap, char *status, size_t scap,
-                      int *restarts)
-{
-    json_t *s = get_json(nodes[i].api, "/state");
-    json_t *in = json_object_get(json_object_get(s, "instances"), iid);
-    const char *id = json_string_value(json_object_get(json_array_get(json_object_get(in, "shards"), 0),
-                                                       "runner_id"));
-    json_t *r = id ? json_object_get(json_object_get(s, "runners"), id) : NULL;
-    const char *st = json_string_value(json_object_get(r, "status"));
-    json_t *rc = json_object_get(r, "restart_count");
-    bool ok = st && json_is_integer(rc);
-    if (ok) {
-        snprintf(rid, rcap, "%s", id);
-        snprintf(status, scap, "%s", st);
-        *restarts = (int)json_integer_value(rc);
-    }
-    json_decref(s);
-    return ok;
-}
-
-static bool ready_status(const char *status)
-{
-    return !strcmp(status, "Ready") || !strcmp(status, "Running");
-}
-
-/* A greedy completion of 4 tokens of "hi" by model m1, asked of node i's API; the status
- * (200 only when the answer holds a text and 4 completion tokens), the body into out. */
-static int complete(int i, char *out, size_t cap)
-{
-    const char *body = "{\"model\":\"m1\",\"prompt\":\"hi\",\"max_tokens\":4,\"temperature\":0,"
-                       "\"ignore_eos\":true}";
-    int st = http(nodes[i].api, "POST", "/v1/completions", body, out, cap);
-    if (st != 200)
-        return st;
-    json_t *j = json_loads(out, 0, NULL);
-    json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
-    json_int_t tokens = json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens"));
-    bool whole = json_is_string(json_object_get(choice, "text")) && tokens == 4;
-    json_decref(j);
-    return whole ? 200 : 0;
-}
 
 #define KEY "k-3f9a"
 #define AUTH "Authorization: Bearer " KEY "\r\n"
 #define ORIGIN "http://example.test"
 
-/* One node with --api-key and --cors: every route wants the key (Bearer or x-api-key),
- * a listed Origin is echoed in Access-Control-Allow-Origin (on refusals too, so a page
- * can read them), another gets no allow header, and a preflight needs no key. */
-/* Reads the first line of a file into buf; false when it cannot. */
-static bool read_line(const char *path, char *buf, size_t cap)
-{
-    FILE *f = fopen(path, "r");
-    bool ok = f && fgets(buf, (int)cap, f);
-    if (f)
-        fclose(f);
-    if (ok)
-        buf[strcspn(buf, "\r\n")] = 0;
-    return ok;
-}
 
-/* Stops node i with SIGTERM (bound 30 s). */
-static void stop_node(int i)
-{
-    if (nodes[i].pid <= 0)
-        return;
-    kill(nodes[i].pid, SIGTERM);
-    CHECK(wait_exit(nodes[i].pid, 30) == 0, "node %d exits 0 on SIGTERM", i);
-    nodes[i].pid = 0;
-}
 
 /* An API on an address other machines reach wants a key: made at first start (shown,
  * kept in the data dir with mode 0600, the same after a restart), or none with
@@ -515,7 +93,7 @@ static void test_api_exposed(void)
         for (double t0 = now_s(); now_s() - t0 < 20 && st != 401; sleep_ms(100))
             st = http(p->api, "GET", "/node_id", NULL, out, sizeof out);
         CHECK(st == 401, "round %d: without a key the exposed API answers 401: %d %.200s", round, st, out);
-        snprintf(path, sizeof path, "%s/data4/api_key", dir);
+        snprintf(path, sizeof path, "%s/data4/api_key", nodes_dir);
         struct stat sb;
         CHECK(read_line(path, round ? key2 : key, sizeof key) && stat(path, &sb) == 0 && (sb.st_mode & 0777) == 0600,
               "round %d: the key is kept in %s, mode 0600", round, path);
@@ -658,6 +236,9 @@ static void test_exhaustion(void)
     stop_node(4);
 }
 
+/* One node with --api-key and --cors: every route wants the key (Bearer or x-api-key),
+ * a listed Origin is echoed in Access-Control-Allow-Origin (on refusals too, so a page
+ * can read them), another gets no allow header, and a preflight needs no key. */
 static void test_api_key_cors(void)
 {
     static char out[1 << 16];
@@ -756,48 +337,7 @@ done:
     }
 }
 
-/* A child process of node whose command line holds "runner", or 0. Children are listed
- * by the thread that made them (the worker's), so every thread's list is read. */
-static pid_t runner_child(pid_t node)
-{
-    char path[128], buf[4096];
-    snprintf(path, sizeof path, "cat /proc/%d/task/*/children 2>/dev/null", (int)node);
-    FILE *f = popen(path, "r");
-    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-    if (f)
-        pclose(f);
-    buf[n] = 0;
-    for (char *tok = strtok(buf, " \n"); tok; tok = strtok(NULL, " \n")) {
-        char cmd[1024];
-        snprintf(path, sizeof path, "/proc/%s/cmdline", tok);
-        FILE *c = fopen(path, "r");
-        size_t k = c ? fread(cmd, 1, sizeof cmd - 1, c) : 0;
-        if (c)
-            fclose(c);
-        for (size_t i = 0; i < k; i++)
-            cmd[i] = cmd[i] ? cmd[i] : ' ';
-        cmd[k] = 0;
-        if (strstr(cmd, "runner"))
-            return (pid_t)atoi(tok);
-    }
-    return 0;
-}
 
-/* The id of a task in node i's /state into id; false when there is none. */
-static bool some_task(int i, char *id, size_t cap)
-{
-    json_t *s = get_json(nodes[i].api, "/state");
-    const char *key;
-    json_t *v;
-    bool found = false;
-    json_object_foreach(json_object_get(s, "tasks"), key, v) {
-        snprintf(id, cap, "%s", key);
-        found = true;
-        break;
-    }
-    json_decref(s);
-    return found;
-}
 
 /* The status of one request to node p's API with Host: host, the header lines in
  * headers (default: a JSON content type) and body (or NULL). */
@@ -848,28 +388,13 @@ static void check_hosts(const struct proc *p)
           "a page's text/plain chat is refused");
 }
 
+
 /* A peer of an open cluster (no secret) that forges a task's output: a rogue process
  * speaking the link protocol joins node 5, and while node 5's runner is stopped with a
  * request in flight, sends output lines for that task, with the seq of a real sequence,
  * 2147483648, -1, a string and none, each with the text EVIL, and a "done". The node
  * refuses every line (only the node that runs the task speaks for it), says so in its
  * log, and the request ends with the runner's own text once it runs again. */
-/* The id of the first instance in node i's state into id; false when it has none. */
-static bool some_instance(int i, char *id, size_t cap)
-{
-    json_t *s = get_json(nodes[i].api, "/state");
-    const char *key;
-    json_t *v;
-    bool found = false;
-    json_object_foreach(json_object_get(s, "instances"), key, v) {
-        snprintf(id, cap, "%s", key);
-        found = true;
-        break;
-    }
-    json_decref(s);
-    return found;
-}
-
 /* The rogue asks node 5 (its master) for a TextGeneration: naming another node as the
  * requester is refused at once; naming itself is taken, but it never sends the body, so
  * the first rank's worker fails the task with a reason within seconds. */
@@ -910,27 +435,6 @@ static void rogue_text_generation(struct link *rogue, const struct proc *p)
     CHECK(!strstr(out, "rogue-task-0"), "the refused command made no task");
 }
 
-/* Whether the file at path holds the bytes of s. */
-static bool file_has(const char *path, const char *s)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return false;
-    size_t n = strlen(s), cap = 1 << 20, len = 0;
-    char *buf = malloc(cap + n);
-    bool found = false;
-    size_t got;
-    while (buf && !found && (got = fread(buf + len, 1, cap, f)) > 0) {
-        len += got;
-        found = memmem(buf, len, s, n) != NULL;
-        size_t keep = len < n ? len : n - 1; /* a match may straddle two reads */
-        memmove(buf, buf + len - keep, keep);
-        len = keep;
-    }
-    free(buf);
-    fclose(f);
-    return found;
-}
 
 /* A request's text never enters the replicated state: not in any node's /state or
  * /events, nor in any file of its data folder (the event log among them). */
@@ -945,7 +449,7 @@ static void check_marker_nowhere(const int *idx, int n, const char *marker)
         CHECK(http(nodes[i].api, "GET", "/events", NULL, big, sizeof big) == 200 && strstr(big, "TaskCreated") &&
                   !strstr(big, marker),
               "node %d's /events has the task but not its prompt", i);
-        snprintf(path, sizeof path, "%s/data%d", dir, i);
+        snprintf(path, sizeof path, "%s/data%d", nodes_dir, i);
         DIR *d = opendir(path);
         int files = 0;
         for (struct dirent *e; d && (e = readdir(d));) {
@@ -1062,15 +566,8 @@ int main(int argc, char **argv)
     static char out[1 << 20];
     char body[2048], path[512], master[80];
     unsetenv("CAIRN_CLUSTER_SECRET"); /* each node is given its secret, or none */
-    snprintf(dir, sizeof dir, "/tmp/cairn-test-node-%d", (int)getpid());
-    mkdir(dir, 0700);
-    snprintf(path, sizeof path, "%s/models", dir);
-    mkdir(path, 0700);
-    char vocab[512];
-    snprintf(vocab, sizeof vocab, "%s", test_data_path("vocab/ggml-vocab-llama-spm.gguf"));
-    int rc = run_cmd("%s mkmodel --shape tiny --vocab %s -o %s/models/m1.gguf >%s/mkmodel.log 2>&1",
-                     CAIRN_BINARY, vocab, dir, dir);
-    CHECK(rc == 0, "mkmodel failed (%d), see %s/mkmodel.log", rc, dir);
+    if (!nodes_setup("node"))
+        return test_main_end();
 
     RUN(test_api_key_cors);
     RUN(test_api_exposed);
@@ -1084,7 +581,7 @@ int main(int argc, char **argv)
     setenv("CAIRN_CLUSTER_SECRET", SECRET, 1);
     start_node(0, -1, SECRET, "2G", NULL);
     char secret_file[600];
-    snprintf(secret_file, sizeof secret_file, "%s/secret", dir);
+    snprintf(secret_file, sizeof secret_file, "%s/secret", nodes_dir);
     FILE *sf = fopen(secret_file, "w");
     CHECK(sf && fprintf(sf, "%s\n", SECRET) > 0, "secret file written");
     if (sf)
@@ -1334,10 +831,6 @@ int main(int argc, char **argv)
      * tests/cli/test_discovery_nodes.c. */
 
 out:
-    stop_all();
-    if (getenv("CAIRN_TEST_KEEP"))
-        printf("kept %s\n", dir);
-    else
-        run_cmd("rm -rf '%s'", dir);
+    nodes_teardown();
     return test_main_end();
 }
