@@ -43,7 +43,7 @@ static void usage(void)
             "                  [--discovery off|auto|IFACE] [--no-api] [--no-worker] [--force-master]\n"
             "                  [--models-dir DIR] [--data-dir DIR] [--memory-limit BYTES|NNG]\n"
             "                  [--node-timeout SECONDS] [--api-key-file PATH] [--api-insecure]\n"
-            "                  [--cors ORIGIN]...\n"
+            "                  [--api-max-per-client N] [--cors ORIGIN]...\n"
             "                  [--allowed-host NAME]... [-v|-q]\n"
             "                  [--parallel N] [-t|--threads N] [--ctx-size N] [--log-file PATH|-]\n"
             "Joins (or starts) a cluster and serves its API until SIGINT/SIGTERM.\n"
@@ -51,6 +51,8 @@ static void usage(void)
             "  --api-host      address the API listens on (127.0.0.1). Any other address\n"
             "                  needs an API key: --api-key-file, CAIRN_API_KEY, or one made at\n"
             "                  first start in DATA_DIR/api_key (--api-insecure: none)\n"
+            "  --api-max-per-client  open API connections from one address (64; all of\n"
+            "                  loopback is one address, so raise it behind a local proxy)\n"
             "  --cluster-port  node-to-node port (52416; 0 = any free port)\n"
             "  --bind          address the cluster port listens on (every interface)\n"
             "  --cluster-secret-file  the cluster secret (first line), which encrypts and\n"
@@ -148,6 +150,7 @@ struct node_opts {
     const char *ns, *secret, *discovery, *models_dir, *data_dir, *api_key, *api_host, *bind, *log_file;
     int64_t api_port, cluster_port, node_timeout, memory_limit;
     int64_t parallel, threads, ctx_size; /* of each runner; 0: the supervisor's default */
+    int64_t api_per_client;              /* open API connections per client address; 0: the server's default */
     bool no_api, no_worker, force_master;
     enum log_level level;
     const char *secret_file, *api_key_file;
@@ -199,6 +202,8 @@ static int parse_opts(struct node_opts *o, int argc, char **argv)
         else if (args_opt(&a, "--cluster-secret-file", &v)) o->secret_file = v;
         else if (args_opt(&a, "--api-key-file", &v)) o->api_key_file = v;
         else if (args_opt(&a, "--api-insecure", NULL)) o->api_insecure = true;
+        else if (args_opt(&a, "--api-max-per-client", &v))
+            o->api_per_client = args_int(&a, "--api-max-per-client", v, 1, 256);
         else if (args_opt(&a, "--peer", &v)) {
             if (push(o->peers, &o->n_peers, MAX_PEERS, v, "--peer"))
                 return 2;
@@ -429,6 +434,7 @@ static int bind_api(struct node_app *app, const struct node_opts *o, struct node
         .api_key = o->api_key,
         .cors_origins = o->n_cors ? o->cors : NULL,
         .allowed_hosts = o->hosts,
+        .max_per_client = (unsigned)o->api_per_client,
         .access_log = o->level >= LOG_INFO, /* one line per request, off with -q */
     };
     if (http_server_create(&app->srv, &hc, app->err, sizeof app->err)) {
