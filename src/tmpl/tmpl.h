@@ -24,7 +24,9 @@ struct tmpl;
 struct tmpl_limits {
     size_t max_output;   /* bytes of rendered text, also of any one string value */
     size_t max_memory;   /* bytes of working memory of one render */
-    uint64_t max_steps;  /* expression and statement evaluations */
+    uint64_t max_steps;  /* expression and statement evaluations; a builtin, filter, test or
+                            operator on strings, lists or dicts counts one more for every 64
+                            bytes or entries it is given (TMPL_UNITS_PER_STEP) */
     int max_depth;       /* nested macro calls (jinja2 itself stops near 190) */
     uint64_t max_ms;     /* wall-clock time of one render: steps are not all equal (a
                             builtin may touch megabytes), so time is bounded too */

@@ -83,10 +83,33 @@ int tmpl_step(struct tctx *c, const struct tnode *at)
 {
     if (++c->steps > c->max_steps)
         return tmpl_err(c, at, CAIRN_EFULL, "template ran more than %llu steps", (unsigned long long)c->max_steps);
-    if (c->steps % TMPL_CLOCK_EVERY == 0 && clock_ns() - c->t0_ns > c->max_ns)
-        return tmpl_err(c, at, CAIRN_EFULL, "template ran longer than %lld ms",
-                        (long long)(c->max_ns / 1000000));
+    if (c->steps >= c->next_clock) {
+        c->next_clock = c->steps + TMPL_CLOCK_EVERY;
+        if (clock_ns() - c->t0_ns > c->max_ns)
+            return tmpl_err(c, at, CAIRN_EFULL, "template ran longer than %lld ms", (long long)(c->max_ns / 1000000));
+    }
     return 0;
+}
+
+/* What a builtin may touch of v: a string's bytes, a list's or a dict's entries. */
+static uint64_t weight(const struct tv *v)
+{
+    switch (v->t) {
+    case TV_STR: return v->u.s.n;
+    case TV_LIST:
+    case TV_TUPLE: return v->u.l->n;
+    case TV_DICT: return v->u.m->n;
+    default: return 0;
+    }
+}
+
+int tmpl_charge(struct tctx *c, const struct tnode *at, const struct tv *in, const struct tv *args, size_t nargs)
+{
+    uint64_t w = in ? weight(in) : 0;
+    for (size_t i = 0; i < nargs; i++)
+        w += weight(&args[i]);
+    c->steps += w / TMPL_UNITS_PER_STEP;
+    return tmpl_step(c, at);
 }
 
 /* ---- frames ---- */

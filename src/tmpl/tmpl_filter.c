@@ -1228,6 +1228,9 @@ static int bind_filter(struct tctx *c, const struct tnode *at, int id, const str
 int tmpl_apply_filter(struct tctx *c, const struct tnode *at, int id, const struct tv *in, const struct tv *args,
                       size_t nargs, const struct tkw *kw, size_t nkw, struct tv *out)
 {
+    int charged = tmpl_charge(c, at, in, args, nargs);
+    if (charged)
+        return charged;
     switch (id) {
     case F_FORMAT:
         return format_filter(c, at, in, args, nargs, kw, nkw, out);

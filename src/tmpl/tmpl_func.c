@@ -245,6 +245,8 @@ int tmpl_call_builtin(struct tctx *c, const struct tnode *at, const struct tfunc
     int id = fn->id, rc;
     const struct tv *self = &fn->self;
     struct tv a[3];
+    if ((rc = tmpl_charge(c, at, id < MS_FIRST ? NULL : self, args, nargs)))
+        return rc;
     if (id < MS_FIRST)
         return call_global(c, at, fn, args, nargs, kw, nkw, out);
     if (id < MS_LAST)

@@ -251,6 +251,7 @@ struct tctx {
     struct tarena ar;
     struct tsb *out;
     uint64_t steps, max_steps;
+    uint64_t next_clock;       /* steps at which to look at the clock next */
     int64_t t0_ns, max_ns;     /* the render's start and wall-clock budget */
     int depth, macro_depth, max_depth;
     size_t max_str;
@@ -276,6 +277,12 @@ int tmpl_oom(struct tctx *c, const struct tnode *at);
 /* The error an operation on an undefined value raises. */
 int tmpl_undef_err(struct tctx *c, const struct tnode *at, const struct tv *u);
 int tmpl_step(struct tctx *c, const struct tnode *at);
+/* A step of a builtin, weighted by what it may touch: one more step for every
+ * TMPL_UNITS_PER_STEP bytes of the strings, or entries of the lists and dicts, among in
+ * (may be NULL) and args, so that a loop of cheap-looking calls on megabytes runs out of
+ * steps rather than only of time. */
+#define TMPL_UNITS_PER_STEP 64
+int tmpl_charge(struct tctx *c, const struct tnode *at, const struct tv *in, const struct tv *args, size_t nargs);
 
 /* value constructors and containers (tmpl_val.c) */
 static inline struct tv tv_none(void) { struct tv v = {.t = TV_NONE}; return v; }

@@ -127,6 +127,8 @@ int tmpl_apply_test(struct tctx *c, const struct tnode *at, int id, const struct
 {
     int rc;
     struct tv a[1], r;
+    if ((rc = tmpl_charge(c, at, in, args, nargs)))
+        return rc;
     if (id <= T_EVEN || id == T_DIVISIBLEBY || id >= T_SAMEAS) {
         static const char *const one[] = {"other"};
         size_t need = id == T_ODD || id == T_EVEN || id == T_ESCAPED ? 0 : 1;

@@ -478,6 +478,11 @@ static double py_floordiv(double x, double y)
 int tmpl_binop(struct tctx *c, const struct tnode *at, int op, const struct tv *a, const struct tv *b, struct tv *out)
 {
     static const char *const names[] = {"+", "-", "*", "/", "//", "%", "**"};
+    if (!tv_is_num(a) || !tv_is_num(b)) {
+        int rc = tmpl_charge(c, at, a, b, 1);
+        if (rc)
+            return rc;
+    }
     if (tv_is_num(a) && tv_is_num(b)) {
         bool fl = a->t == TV_FLOAT || b->t == TV_FLOAT;
         int64_t x = tv_as_int(a), y = tv_as_int(b), r;
@@ -673,6 +678,9 @@ int tmpl_iterate(struct tctx *c, const struct tnode *at, const struct tv *v, str
 int tmpl_contains(struct tctx *c, const struct tnode *at, const struct tv *hay, const struct tv *needle, bool *res)
 {
     *res = false;
+    int charged = tmpl_charge(c, at, hay, needle, 1);
+    if (charged)
+        return charged;
     switch (hay->t) {
     case TV_STR:
         if (needle->t != TV_STR)
