@@ -17,6 +17,7 @@
 #include "ctl/command.h"
 #include "proto/ids.h"
 #include "gguf/gguf.h"
+#include "node/hubref.h"
 #include "node/taskbody.h"
 #include "proto/taskmsg.h"
 
@@ -415,6 +416,9 @@ static int op_submit(void *self, struct textgen_params *p, gen_event_fn fn, void
                      size_t errlen)
 {
     struct gen_node *g = self;
+    char canon[HUBREF_TEXT_MAX];
+    if (hubref_canonical(p->model, canon) && strlen(canon) < sizeof p->model) /* as typed: owner/repo:q4_k_m */
+        snprintf(p->model, sizeof p->model, "%s", canon);
     struct pick pk = {.g = g, .model = p->model};
     int status = 0;
     struct command c;

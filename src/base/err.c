@@ -40,6 +40,8 @@ int cairn_http_status(int code)
         return 413;
     case CAIRN_EFULL:
         return 503;
+    case CAIRN_EPERM:
+        return 403;
     case CAIRN_EFORMAT:
     case CAIRN_EINVAL:
         return 400;

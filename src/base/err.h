@@ -14,7 +14,8 @@
     X(RANGE, "value out of range")                           \
     X(NOTFOUND, "not found")                                 \
     X(FULL, "capacity exhausted")                            \
-    X(STATE, "operation not valid in this state")
+    X(STATE, "operation not valid in this state")            \
+    X(PERM, "not permitted")
 
 enum cairn_err {
     CAIRN_OK = 0,

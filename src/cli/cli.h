@@ -28,6 +28,10 @@ int cli_node_join(int argc, char **argv, const struct jointoken *join);
 int cli_seal(int argc, char **argv);
 /* cairn join TOKEN [node options]: keeps the token's secret and runs the node */
 int cli_join(int argc, char **argv);
+/* cairn pull REF, cairn ls, cairn rm REF: models from the hub in the models folder */
+int cli_pull(int argc, char **argv);
+int cli_ls(int argc, char **argv);
+int cli_rm(int argc, char **argv);
 /* $XDG_DATA_HOME/cairn[/sub], or ~/.local/share/cairn[/sub]; -1 when neither is set. */
 int cli_data_path(char *out, size_t n, const char *sub);
 

@@ -1,4 +1,5 @@
 #include "node/catalog.h"
+#include "node/hub.h"
 
 #include "base/array.h"
 #include "base/dtype.h"
@@ -138,6 +139,9 @@ int catalog_card_read(struct catalog_card *out, const char *path, char *err, siz
     memset(out, 0, sizeof *out);
     const char *base = strrchr(path, '/');
     catalog_id_from_file_name(base ? base + 1 : path, out->id);
+    char ref[HUBREF_TEXT_MAX];
+    if (hub_sidecar_id(path, ref)) /* a pulled model is named by its reference */
+        snprintf(out->id, sizeof out->id, "%.255s", ref); /* a valid id: 255 bytes at most */
     out->path = strdup(path);
     if (!out->path)
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");

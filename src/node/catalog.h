@@ -5,7 +5,8 @@
  *
  * Id rule: the file name without its ".gguf" ending, each byte outside the model-id
  * alphabet [A-Za-z0-9._:/@+-] replaced by '_', cut to IDS_MODEL_MAX bytes; a name that
- * would leave an empty id gives "_". general.name is shown on the card but never used
+ * would leave an empty id gives "_". A model pulled from the hub (node/hub.h) is named
+ * by the reference its sidecar file records instead. general.name is shown on the card but never used
  * as the id (two quantizations of one model share it). Two files whose ids collide: the
  * one whose file name sorts later is listed with an error.
  *

@@ -117,6 +117,16 @@ void hubref_text(const struct hub_ref *r, const char *tag, char *out)
         snprintf(out, HUBREF_TEXT_MAX, "hf.co/%s/%s:%s", r->owner, r->repo, tag ? tag : r->tag);
 }
 
+bool hubref_canonical(const char *text, char *out)
+{
+    struct hub_ref r;
+    out[0] = 0;
+    if (!hubref_looks_like(text) || hubref_parse(text, &r, NULL, 0))
+        return false;
+    hubref_text(&r, r.tag[0] || r.path[0] ? NULL : HUBREF_DEFAULT_TAG, out);
+    return true;
+}
+
 static const char *base_name(const char *path)
 {
     const char *s = strrchr(path, '/');
@@ -328,4 +338,36 @@ int hubref_choose(const struct hub_ref *r, const struct hub_file *files, size_t 
     else if (!hubref_file_tag(files[best].path, tag))
         snprintf(tag, HUBREF_TAG_MAX + 1, "GGUF");
     return gather(files, n, best, pick, n_pick, err, errlen);
+}
+
+/* id with '/' as '~', without ".gguf" and a split suffix: the stem of its local files. */
+static void local_stem(const char *id, char *out)
+{
+    snprintf(out, HUBREF_TEXT_MAX, "%s", id);
+    for (char *p = out; *p; p++)
+        if (*p == '/')
+            *p = '~';
+    int part, count;
+    size_t n = strlen(out);
+    if (hubref_split_part(out, &part, &count))
+        out[n - 20] = 0;
+    else if (ends_with_gguf(out))
+        out[n - 5] = 0;
+}
+
+void hubref_local_name(const char *id, int part, int parts, char *out)
+{
+    char stem[HUBREF_TEXT_MAX];
+    local_stem(id, stem);
+    if (parts > 1)
+        snprintf(out, HUBREF_TEXT_MAX, "%.400s-%05d-of-%05d.gguf", stem, part, parts);
+    else
+        snprintf(out, HUBREF_TEXT_MAX, "%.400s.gguf", stem);
+}
+
+void hubref_sidecar_name(const char *id, char *out)
+{
+    char stem[HUBREF_TEXT_MAX];
+    local_stem(id, stem);
+    snprintf(out, HUBREF_TEXT_MAX + 16, "%.400s.pull.json", stem);
 }

@@ -43,6 +43,11 @@ bool hubref_looks_like(const char *text);
  * none (NULL: r's own). */
 void hubref_text(const struct hub_ref *r, const char *tag, char *out);
 
+/* The model id a reference typed as text names (HUBREF_TEXT_MAX bytes): its canonical
+ * text, with HUBREF_DEFAULT_TAG when it names no tag. False (out "") when text does not
+ * look like a reference (hubref_looks_like): a local model's name stays as it is. */
+bool hubref_canonical(const char *text, char *out);
+
 /* One file of a repo's listing. */
 struct hub_file {
     const char *path;   /* in the repo */
@@ -64,6 +69,14 @@ int hubref_choose(const struct hub_ref *r, const struct hub_file *files, size_t 
  * ".gguf" and any split suffix that looks like one: Q4_K_M, IQ4_XS, F16, BF16...), upper
  * case, into tag (HUBREF_TAG_MAX + 1 bytes); false when it has none. */
 bool hubref_file_tag(const char *path, char *tag);
+
+/* The local file name of part `part` of `parts` of the model whose canonical text is id
+ * (HUBREF_TEXT_MAX bytes): id with '/' as '~', its ".gguf" and split suffix dropped, then
+ * "-0000k-of-0000n" when parts > 1, then ".gguf". A pulled model's files, and a peer's
+ * copy of them, have these names; the sidecar "<stem>.pull.json" names the model. */
+void hubref_local_name(const char *id, int part, int parts, char *out);
+/* The sidecar's file name for id (HUBREF_TEXT_MAX + 16 bytes). */
+void hubref_sidecar_name(const char *id, char *out);
 
 /* A split part's number and count ("-00002-of-00003.gguf": 2 and 3); false when path is
  * not a part. */

@@ -1,0 +1,221 @@
+/* cairn pull, ls and rm: models from the hub in this machine's models folder (node/hub.h).
+ *   cairn pull REF [--models-dir DIR] [--revision REV]   fetch (or find) a model
+ *   cairn ls [--models-dir DIR]                          the models here
+ *   cairn rm REF [--models-dir DIR]                      delete a pulled model's files
+ * A progress bar on a terminal, one line every few seconds otherwise; the exit status
+ * says whether it worked. */
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "base/args.h"
+#include "base/clock.h"
+#include "base/err.h"
+#include "base/log.h"
+#include "cli/cli.h"
+#include "node/catalog.h"
+#include "node/hub.h"
+
+#define LINE_EVERY_S 5 /* progress lines when stderr is not a terminal */
+
+/* $CAIRN_MODELS_DIR, else the data folder's models/ (as cairn node). */
+static const char *models_dir_default(char *buf, size_t cap)
+{
+    const char *env = getenv("CAIRN_MODELS_DIR");
+    if (env && env[0])
+        return env;
+    return cli_data_path(buf, cap, "models") ? NULL : buf;
+}
+
+static void human(double bytes, char *out, size_t cap)
+{
+    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (bytes >= 1024 && u < 4)
+        bytes /= 1024, u++;
+    snprintf(out, cap, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
+}
+
+struct bar {
+    bool tty;
+    int64_t t0, last;
+    uint64_t done0; /* bytes already here when the transfer started */
+    bool started;
+};
+
+static void on_progress(void *ctx, const struct hub_progress *p)
+{
+    struct bar *b = ctx;
+    int64_t now = clock_ns();
+    if (!strcmp(p->status, "listing")) {
+        fprintf(stderr, "pulling manifest\n");
+        return;
+    }
+    if (!b->started && !strcmp(p->status, "downloading")) {
+        b->started = true;
+        b->t0 = now;
+        b->done0 = p->done;
+    }
+    double secs = (double)(now - b->t0) / 1e9;
+    double rate = secs > 0.2 ? (double)(p->done - b->done0) / secs : 0;
+    double pct = p->total ? 100.0 * (double)p->done / (double)p->total : 100;
+    char done[32], total[32], speed[32], eta[32] = "-";
+    human((double)p->done, done, sizeof done);
+    human((double)p->total, total, sizeof total);
+    human(rate, speed, sizeof speed);
+    if (rate > 0 && p->total > p->done) {
+        int64_t s = (int64_t)((double)(p->total - p->done) / rate);
+        snprintf(eta, sizeof eta, "%" PRId64 ":%02" PRId64, s / 60, s % 60);
+    }
+    bool end = !strcmp(p->status, "success") || !strcmp(p->status, "verifying");
+    if (b->tty) {
+        int width = 30, fill = (int)(pct / 100 * width);
+        char bar[64];
+        for (int i = 0; i < width; i++)
+            bar[i] = i < fill ? '#' : '.';
+        bar[width] = 0;
+        fprintf(stderr, "\r%s part %d/%d [%s] %5.1f%% %s / %s  %s/s  ETA %s   ", p->status, p->part, p->parts, bar, pct,
+                done, total, speed, eta);
+        if (!strcmp(p->status, "success"))
+            fprintf(stderr, "\n");
+    } else if (end || now - b->last >= (int64_t)LINE_EVERY_S * 1000000000) {
+        b->last = now;
+        fprintf(stderr, "%s %s part %d/%d: %.1f%% (%s of %s, %s/s)\n", p->status, p->file[0] ? p->file : p->id,
+                p->part, p->parts, pct, done, total, speed);
+    }
+}
+
+static void usage(const char *cmd)
+{
+    if (!strcmp(cmd, "pull"))
+        fprintf(stderr,
+                "usage: cairn pull REF [--models-dir DIR] [--revision REV]\n"
+                "Fetches a GGUF model from the Hugging Face hub into the models folder (resumable,\n"
+                "verified by SHA-256). REF: hf.co/OWNER/REPO:TAG, OWNER/REPO:TAG (TAG a quantization,\n"
+                "e.g. Q4_K_M; without one, Q4_K_M or the repo's only model) or OWNER/REPO/FILE.gguf.\n"
+                "HF_TOKEN (gated and private repos), HF_ENDPOINT and HF_HUB_OFFLINE are honoured.\n"
+                "The model is then served under the canonical reference it prints.\n");
+    else if (!strcmp(cmd, "rm"))
+        fprintf(stderr, "usage: cairn rm REF [--models-dir DIR]\nDeletes a model's files from the models folder.\n");
+    else
+        fprintf(stderr, "usage: cairn ls [--models-dir DIR]\nLists the models in the models folder.\n");
+}
+
+/* The options shared by the three commands; the reference when want_ref. CLI_GO_ON or
+ * the exit code. */
+static int parse(int argc, char **argv, const char *cmd, bool want_ref, const char **ref, const char **dir,
+                 const char **revision, char *buf, size_t cap)
+{
+    struct args a = {argc, argv, 1, cmd, false};
+    const char *v;
+    *ref = NULL;
+    *dir = NULL;
+    for (; a.i < argc && !a.bad; a.i++) {
+        if (args_opt(&a, "--models-dir", &v)) *dir = v;
+        else if (revision && args_opt(&a, "--revision", &v)) *revision = v;
+        else if (args_opt(&a, "-h|--help", NULL)) { usage(cmd); return 0; }
+        else if (want_ref && !*ref && argv[a.i][0] != '-') *ref = argv[a.i];
+        else {
+            fprintf(stderr, "cairn %s: unexpected '%s'\n", cmd, argv[a.i]);
+            usage(cmd);
+            return 2;
+        }
+    }
+    if (a.bad)
+        return 2;
+    if (want_ref && !*ref) {
+        usage(cmd);
+        return 2;
+    }
+    if (!*dir && !(*dir = models_dir_default(buf, cap))) {
+        fprintf(stderr, "cairn %s: no --models-dir, and neither XDG_DATA_HOME nor HOME is set\n", cmd);
+        return 2;
+    }
+    return CLI_GO_ON;
+}
+
+static atomic_bool interrupted;
+static void on_signal(int sig)
+{
+    (void)sig;
+    atomic_store(&interrupted, true);
+}
+
+int cli_pull(int argc, char **argv)
+{
+    const char *ref, *dir, *revision = NULL;
+    char buf[4096], err[1024];
+    int rc = parse(argc, argv, "pull", true, &ref, &dir, &revision, buf, sizeof buf);
+    if (rc != CLI_GO_ON)
+        return rc;
+    log_set_level(LOG_WARN);
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    struct hub_config cfg = {.models_dir = dir, .revision = revision, .cancel = &interrupted};
+    struct bar b = {.tty = isatty(2)};
+    struct hub_pulled got;
+    rc = hub_pull(&cfg, ref, on_progress, &b, &got, err, sizeof err);
+    if (b.tty && b.started && rc)
+        fprintf(stderr, "\n");
+    if (rc) {
+        fprintf(stderr, "cairn pull: %s\n", atomic_load(&interrupted) ? "interrupted (run it again to resume)" : err);
+        return 1;
+    }
+    char size[32];
+    human((double)got.bytes, size, sizeof size);
+    printf("%s\n", got.id);
+    fprintf(stderr, "%s: %s, %s in %d file%s at commit %.12s (%s)\n", got.id, got.already ? "already here" : "pulled",
+            size, got.parts, got.parts > 1 ? "s" : "", got.commit, got.path);
+    return 0;
+}
+
+int cli_ls(int argc, char **argv)
+{
+    const char *ref, *dir;
+    char buf[4096], err[512];
+    int rc = parse(argc, argv, "ls", false, &ref, &dir, NULL, buf, sizeof buf);
+    if (rc != CLI_GO_ON)
+        return rc;
+    struct catalog *c = NULL;
+    if (catalog_create(&c, dir, err, sizeof err) || catalog_scan(c, err, sizeof err)) {
+        fprintf(stderr, "cairn ls: %s\n", err);
+        catalog_release(c);
+        return 1;
+    }
+    printf("%-60s %10s  %s\n", "NAME", "SIZE", "ARCH / ERROR");
+    for (size_t i = 0; i < catalog_count(c); i++) {
+        const struct catalog_card *k = catalog_at(c, i);
+        char size[32];
+        human((double)k->file_bytes, size, sizeof size);
+        printf("%-60s %10s  %s\n", k->id, size, k->error ? k->error : k->arch);
+    }
+    catalog_release(c);
+    return 0;
+}
+
+int cli_rm(int argc, char **argv)
+{
+    const char *ref, *dir;
+    char buf[4096], err[512], id[HUBREF_TEXT_MAX];
+    int rc = parse(argc, argv, "rm", true, &ref, &dir, NULL, buf, sizeof buf);
+    if (rc != CLI_GO_ON)
+        return rc;
+    /* a reference as typed names the canonical id; a local model is named as listed */
+    if (!hubref_canonical(ref, id))
+        snprintf(id, sizeof id, "%s", ref);
+    rc = hub_remove(dir, id, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "cairn rm: %s\n", err);
+        return 1;
+    }
+    fprintf(stderr, "deleted %s\n", id);
+    return 0;
+}

@@ -1,0 +1,101 @@
+/* Pulling models from the Hugging Face hub (issue 17): a model reference (hubref.h) is
+ * listed through the hub's API, pinned to the commit its revision names, and its files
+ * fetched into the models folder, resumable and verified.
+ *
+ * The hub's HTTP surface, as its own client uses it:
+ *   GET {endpoint}/api/models/{owner}/{repo}/revision/{revision}  {"sha": commit, ...}
+ *   GET {endpoint}/api/models/{owner}/{repo}/tree/{commit}?recursive=true
+ *       [{"type": "file", "path", "size", "lfs": {"oid": sha256, "size"}}, ...], more
+ *       pages named by a Link: <url>; rel="next" header
+ *   GET {endpoint}/{owner}/{repo}/resolve/{commit}/{path}  the file, usually a 302 to a
+ *       storage host (followed; the token is sent to the hub only), with X-Repo-Commit,
+ *       X-Linked-Etag ("sha256") and X-Linked-Size on the hub's answer
+ * HF_ENDPOINT, HF_TOKEN (a Bearer token for gated and private repos) and HF_HUB_OFFLINE
+ * are honoured as the hub's client does. 401/403 say to set HF_TOKEN (or that the token
+ * lacks access), 404 names what is missing from X-Error-Code, 429 and 5xx are retried
+ * after Retry-After (at most HUB_RETRY_AFTER_MAX_S) or a doubling wait.
+ *
+ * On disk: each file goes to models_dir/.<local>.partial, hashed (SHA-256) as its bytes
+ * arrive (a resumed file's existing bytes first), resumed with a Range request after an
+ * interruption (also by a later process), checked against the listing's LFS SHA-256
+ * before it is renamed to models_dir/<local>, where <local> is the reference's canonical
+ * text with '/' as '~' (hubref_local_name). A sidecar <stem>.pull.json records the
+ * reference, repo, commit and each file's hash; the catalog names the model by the
+ * reference it holds. It is written before the files are renamed into place (the first
+ * part last), so the catalog never lists a model under another name or part-way. */
+#ifndef CAIRN_NODE_HUB_H
+#define CAIRN_NODE_HUB_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "node/hubref.h"
+
+#define HUB_DEFAULT_ENDPOINT "https://huggingface.co"
+#define HUB_MAX_ATTEMPTS 8         /* per file; each resumes the last */
+#define HUB_BACKOFF_MS 1000        /* before the second attempt; doubled after each */
+#define HUB_BACKOFF_MAX_MS 30000
+#define HUB_RETRY_AFTER_MAX_S 120  /* a longer Retry-After is cut to this */
+#define HUB_STALL_S 60             /* a transfer without a byte for this long is retried */
+#define HUB_LIST_MAX_BYTES ((size_t)32 << 20) /* one page of a listing */
+#define HUB_LIST_MAX_PAGES 64
+#define HUB_LIST_MAX_FILES 20000
+#define HUB_PROGRESS_MS 250
+#define HUB_SIDECAR ".pull.json"
+
+struct hub_config {
+    const char *endpoint;   /* NULL: HF_ENDPOINT, else HUB_DEFAULT_ENDPOINT */
+    const char *token;      /* NULL: HF_TOKEN, if set */
+    bool offline;           /* or HF_HUB_OFFLINE=1: only what is already here */
+    const char *models_dir; /* required */
+    const char *revision;   /* NULL: "main" */
+    int max_attempts;       /* 0: HUB_MAX_ATTEMPTS */
+    int backoff_ms;         /* 0: HUB_BACKOFF_MS */
+    int stall_s;            /* 0: HUB_STALL_S */
+    const atomic_bool *cancel; /* set by another thread: stop (the partial files stay) */
+};
+
+/* Where a pull is, for a progress bar or Ollama's status lines. */
+struct hub_progress {
+    const char *status;   /* "listing", "downloading", "verifying", "success" */
+    const char *id;       /* the model's id (canonical reference); "" while listing */
+    const char *file;     /* the file being fetched (its path in the repo), or "" */
+    const char *sha256;   /* its hash, or "" */
+    int part, parts;      /* 1-based */
+    uint64_t file_done, file_total;
+    uint64_t done, total; /* bytes of every file of the model */
+};
+typedef void (*hub_progress_fn)(void *ctx, const struct hub_progress *p);
+
+/* What a pull left in the models folder. */
+struct hub_pulled {
+    char id[HUBREF_TEXT_MAX];
+    char commit[48];
+    char path[4096];      /* the first (or only) file */
+    uint64_t bytes;       /* of every file */
+    int parts;
+    uint64_t fetched;     /* bytes this pull downloaded (0 when the model was here) */
+    bool already;         /* the model, at the hub's commit, was here already */
+};
+
+/* Pulls ref into cfg->models_dir (see the top); blocks until done, failed or cancelled.
+ * 0 with *out filled; else, with the reason in err: CAIRN_EINVAL (a malformed
+ * reference), CAIRN_ENOTFOUND (no such repo, revision, tag or file), CAIRN_EPERM (gated
+ * or private: HF_TOKEN), CAIRN_EFORMAT (a file whose hash is not the hub's: deleted),
+ * CAIRN_EFULL (not enough disk), CAIRN_EIO (the hub could not be reached or kept
+ * failing), CAIRN_ESTATE (offline and not here; cancelled). */
+int hub_pull(const struct hub_config *cfg, const char *ref, hub_progress_fn fn, void *ctx, struct hub_pulled *out,
+             char *err, size_t errlen);
+
+/* Deletes model id from models_dir: a pulled model's files, partial files and sidecar,
+ * or a local model's one file (found by the catalog's id rule). CAIRN_ENOTFOUND when
+ * there is no such model, CAIRN_EIO when a file cannot be deleted. */
+int hub_remove(const char *models_dir, const char *id, char *err, size_t errlen);
+
+/* The id a sidecar file (models_dir/<stem>.pull.json) names for the GGUF file at gguf_path,
+ * into id (HUBREF_TEXT_MAX bytes); false when there is none or it is not valid. */
+bool hub_sidecar_id(const char *gguf_path, char *id);
+
+#endif

@@ -1,0 +1,169 @@
+// Models from the hub (issue 17) against a fake hub (fakehub.mjs) on 127.0.0.1, never the
+// real one: `cairn pull` by each reference form; a second pull finds the model here and
+// fetches nothing; a pull killed with SIGKILL part-way resumes, and the hub sends less
+// than 1.25x the file in all; a file whose bytes are not the listed SHA-256 is refused and
+// no model appears; a gated repo wants HF_TOKEN (and says so), which is sent to the hub
+// and not to the storage host; 429 with Retry-After is waited out; unknown repos, tags and
+// files are refused naming them; HF_HUB_OFFLINE finds what is here and nothing else;
+// `cairn ls` and `cairn rm`; and a node serves a pulled model under the reference as
+// typed (owner/repo:q8_0) through the OpenAI client.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFile, spawn } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import OpenAI from 'openai';
+import { BINARY, SHARED, SLOW, makeTempDir, removeTempDir, startNode, sleep } from './cairn.mjs';
+import { startFakeHub } from './fakehub.mjs';
+
+const T = { timeout: 300_000 * SLOW };
+const VOCAB = path.join(SHARED, 'testdata/vocab/ggml-vocab-llama-spm.gguf');
+let dir, hub, q8, f16;
+
+function cairn(args, env = {}, timeoutMs = 120_000 * SLOW) {
+  return new Promise((resolve) => {
+    const child = execFile(BINARY, args, { timeout: timeoutMs, maxBuffer: 16 << 20,
+      env: { ...process.env, HF_ENDPOINT: hub.url, HF_TOKEN: '', HF_HUB_OFFLINE: '', ...env } },
+    (err, stdout, stderr) => resolve({ code: err ? (typeof err.code === 'number' ? err.code : -1) : 0, stdout, stderr }));
+    child.stdin.end();
+  });
+}
+
+function mk(args) {
+  return new Promise((resolve, reject) => execFile(BINARY, ['mkmodel', ...args], (e) => (e ? reject(e) : resolve())));
+}
+
+const models = (name) => path.join(dir, name);
+
+before(async () => {
+  dir = makeTempDir();
+  await mk(['--shape', 'tiny', '--vocab', VOCAB, '--type', 'q8_0', '-o', path.join(dir, 'q8.gguf')]);
+  await mk(['--shape', 'tiny', '--vocab', VOCAB, '--type', 'f16', '-o', path.join(dir, 'f16.gguf')]);
+  q8 = fs.readFileSync(path.join(dir, 'q8.gguf'));
+  f16 = fs.readFileSync(path.join(dir, 'f16.gguf'));
+  hub = await startFakeHub({
+    pageSize: 2, // the listing comes in pages
+    repos: {
+      'test-org/Tiny-GGUF': { files: [{ path: 'README.md', bytes: Buffer.from('# tiny\n') },
+        { path: 'Tiny-Q8_0.gguf', bytes: q8 }, { path: 'Tiny-Q4_K_M.gguf', bytes: f16 },
+        { path: 'mmproj-Tiny-f16.gguf', bytes: Buffer.from('not a model') }] },
+      'test-org/Broken-GGUF': { files: [{ path: 'Broken-Q8_0.gguf', bytes: q8 }], corrupt: 'Broken-Q8_0.gguf' },
+      'test-org/Gated-GGUF': { files: [{ path: 'Gated-Q8_0.gguf', bytes: q8 }], gated: 'hf_good_token' },
+    },
+  });
+});
+
+after(async () => {
+  await hub?.close();
+  removeTempDir(dir);
+});
+
+test('pull by each reference form, then again: nothing fetched', T, async () => {
+  const d = models('forms');
+  const forms = [['test-org/Tiny-GGUF:q8_0', 'hf.co/test-org/Tiny-GGUF:Q8_0', q8],
+    ['hf.co/test-org/Tiny-GGUF', 'hf.co/test-org/Tiny-GGUF:Q4_K_M', f16],
+    ['https://huggingface.co/test-org/Tiny-GGUF/Tiny-Q8_0.gguf', 'hf.co/test-org/Tiny-GGUF/Tiny-Q8_0.gguf', q8]];
+  for (const [ref, id, bytes] of forms) {
+    const r = await cairn(['pull', ref, '--models-dir', d]);
+    assert.equal(r.code, 0, `${ref}: ${r.stderr}`);
+    assert.equal(r.stdout.trim(), id, 'the canonical reference is printed');
+    const local = path.join(d, `${id.replaceAll('/', '~').replace(/\.gguf$/, '')}.gguf`);
+    assert.ok(fs.readFileSync(local).equals(bytes), `${local} holds the repo's file`);
+    assert.ok(!fs.readdirSync(d).some((f) => f.endsWith('.partial')), 'no partial file left');
+  }
+  const before = hub.storageBytes;
+  const again = await cairn(['pull', 'test-org/Tiny-GGUF:Q8_0', '--models-dir', d]);
+  assert.equal(again.code, 0, again.stderr);
+  assert.match(again.stderr, /already here/);
+  assert.equal(hub.storageBytes, before, 'nothing fetched the second time');
+  const ls = await cairn(['ls', '--models-dir', d]);
+  assert.equal(ls.code, 0, ls.stderr);
+  for (const [, id] of forms)
+    assert.ok(ls.stdout.includes(id), `ls lists ${id}: ${ls.stdout}`);
+  const off = await cairn(['pull', 'test-org/Tiny-GGUF:Q8_0', '--models-dir', d], { HF_HUB_OFFLINE: '1' });
+  assert.equal(off.code, 0, off.stderr);
+  const offMissing = await cairn(['pull', 'test-org/Gated-GGUF:Q8_0', '--models-dir', d], { HF_HUB_OFFLINE: '1' });
+  assert.equal(offMissing.code, 1);
+  assert.match(offMissing.stderr, /HF_HUB_OFFLINE/);
+  const rm = await cairn(['rm', 'test-org/Tiny-GGUF', '--models-dir', d]);
+  assert.equal(rm.code, 0, rm.stderr);
+  const ls2 = await cairn(['ls', '--models-dir', d]);
+  assert.ok(!ls2.stdout.includes('Q4_K_M'), `rm took the default tag's model away: ${ls2.stdout}`);
+  assert.ok(ls2.stdout.includes('hf.co/test-org/Tiny-GGUF:Q8_0'), 'and left the others');
+});
+
+test('a pull killed part-way resumes; the hub sends less than 1.25x the file', T, async () => {
+  const d = models('resume');
+  hub.throttle = 4 << 20;
+  const sent0 = hub.storageBytes;
+  const child = spawn(BINARY, ['pull', 'test-org/Tiny-GGUF:Q4_K_M', '--models-dir', d],
+    { env: { ...process.env, HF_ENDPOINT: hub.url, HF_TOKEN: '' }, stdio: 'ignore' });
+  const partial = path.join(d, '.hf.co~test-org~Tiny-GGUF:Q4_K_M.gguf.partial');
+  const until = Date.now() + 60_000 * SLOW;
+  while (Date.now() < until) {
+    const size = fs.existsSync(partial) ? fs.statSync(partial).size : 0;
+    if (size > f16.length / 3)
+      break;
+    await sleep(20);
+  }
+  child.kill('SIGKILL');
+  await new Promise((resolve) => child.on('exit', resolve));
+  const have = fs.statSync(partial).size;
+  assert.ok(have > 0 && have < f16.length, `killed part-way (${have} of ${f16.length} bytes)`);
+  hub.throttle = 0;
+  const r = await cairn(['pull', 'test-org/Tiny-GGUF:Q4_K_M', '--models-dir', d]);
+  assert.equal(r.code, 0, r.stderr);
+  const sent = hub.storageBytes - sent0;
+  console.log(`figure: resumed pull of ${f16.length} bytes: the hub sent ${sent} (${(sent / f16.length).toFixed(3)}x)`);
+  assert.ok(sent < 1.25 * f16.length, `the hub sent ${sent} bytes for a file of ${f16.length}`);
+  assert.ok(fs.readFileSync(path.join(d, 'hf.co~test-org~Tiny-GGUF:Q4_K_M.gguf')).equals(f16), 'the file is whole');
+});
+
+test('a wrong hash, a gated repo, a busy hub, unknown names', T, async () => {
+  const d = models('errors');
+  const bad = await cairn(['pull', 'test-org/Broken-GGUF:Q8_0', '--models-dir', d]);
+  assert.equal(bad.code, 1);
+  assert.match(bad.stderr, /SHA-256 .* not the hub's/);
+  assert.ok(!fs.readdirSync(d).some((f) => f.includes('Broken')), `no file of it is left: ${fs.readdirSync(d)}`);
+
+  const gated = await cairn(['pull', 'test-org/Gated-GGUF:Q8_0', '--models-dir', d]);
+  assert.equal(gated.code, 1);
+  assert.match(gated.stderr, /gated or private .*set HF_TOKEN/);
+  const wrong = await cairn(['pull', 'test-org/Gated-GGUF:Q8_0', '--models-dir', d], { HF_TOKEN: 'hf_wrong' });
+  assert.equal(wrong.code, 1);
+  assert.match(wrong.stderr, /refused HF_TOKEN/);
+  hub.authSeen.length = 0;
+  hub.busy = 2;
+  const ok = await cairn(['pull', 'test-org/Gated-GGUF:Q8_0', '--models-dir', d], { HF_TOKEN: 'hf_good_token' });
+  assert.equal(ok.code, 0, ok.stderr);
+  assert.equal(hub.status429, 2, 'two 429s were answered, then waited out');
+  assert.ok(hub.authSeen.every((a) => a === 'Bearer hf_good_token'), 'the hub saw the token on its routes');
+
+  const cases = [['test-org/Nope-GGUF:Q8_0', /RepoNotFound/], ['test-org/Tiny-GGUF:Q5_K_M', /no Q5_K_M .*Q8_0, Q4_K_M/],
+    ['test-org/Tiny-GGUF/nope.gguf', /no file nope.gguf/], ['not a ref', /not a model reference/]];
+  for (const [ref, why] of cases) {
+    const r = await cairn(['pull', ref, '--models-dir', d]);
+    assert.equal(r.code, ref === 'not a ref' ? 1 : 1, `${ref}: ${r.stderr}`);
+    assert.match(r.stderr, why);
+  }
+});
+
+test('a node serves a pulled model under the reference as typed', T, async () => {
+  const d = models('serve');
+  const r = await cairn(['pull', 'test-org/Tiny-GGUF:Q8_0', '--models-dir', d]);
+  assert.equal(r.code, 0, r.stderr);
+  const node = await startNode(dir, d, { name: 'serve', expectModels: ['hf.co/test-org/Tiny-GGUF:Q8_0'] });
+  try {
+    const openai = new OpenAI({ baseURL: `${node.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const list = await openai.models.list();
+    assert.ok(list.data.some((m) => m.id === 'hf.co/test-org/Tiny-GGUF:Q8_0'), 'listed under its reference');
+    const c = await openai.completions.create({ model: 'test-org/Tiny-GGUF:q8_0', prompt: 'Hello', max_tokens: 4,
+      temperature: 0, ignore_eos: true });
+    assert.equal(c.usage.completion_tokens, 4, 'answered by the reference as typed');
+  } catch (e) {
+    console.log(node.log().split('\n').filter((l) => !l.includes(' http ')).slice(-30).join('\n'));
+    throw e;
+  } finally {
+    await node.stop();
+  }
+});
