@@ -44,6 +44,10 @@
 #define DOWNLOAD_AUTH_WINDOW_S 120    /* a token's time may differ this much from the server's */
 #define DOWNLOAD_AUTH_MAX 96          /* "<seconds>:<64 hex>" and the NUL */
 #define DOWNLOAD_SHA256_HEX 65        /* 64 hex digits and the NUL */
+#define DOWNLOAD_NONCE_BYTES 24       /* X-Cairn-Nonce: XChaCha20's nonce */
+#define DOWNLOAD_NONCE_HEX 49         /* 48 hex digits and the NUL */
+#define DOWNLOAD_SEAL_KEY_BYTES 32
+#define DOWNLOAD_SEALED "xchacha20"   /* X-Cairn-Sealed of a sealed body */
 #define DOWNLOAD_MAX_ATTEMPTS 6       /* attempts of one fetch (each resumes the last) */
 #define DOWNLOAD_BACKOFF_MS 500       /* wait before the second attempt; doubled after each */
 #define DOWNLOAD_BACKOFF_MAX_MS 8000
@@ -81,6 +85,24 @@ int download_auth_token(const char *secret, const char *node_id, const char *wha
  * the reason (missing, malformed, stale, wrong MAC) in err. */
 int download_auth_check(const char *secret, const char *node_id, const char *what,
                         const char *token, int64_t now_s, char *err, size_t errlen);
+
+/* --- Sealed bodies: a file's bytes XORed with an XChaCha20 keystream from their offset --- */
+
+/* The key of one transfer into key: BLAKE2b-256 keyed with BLAKE2b-256 of secret (any
+ * length of text; a node's is its cluster key), over "cairn file v1", node_id (the
+ * requester), route, sha256_hex (the file's) and nonce. CAIRN_EINVAL for a NULL or empty
+ * secret, node_id, route or hash; CAIRN_EIO when libsodium cannot start. */
+int download_seal_key(const char *secret, const char *node_id, const char *route, const char *sha256_hex,
+                      const uint8_t nonce[DOWNLOAD_NONCE_BYTES], uint8_t key[DOWNLOAD_SEAL_KEY_BYTES]);
+
+/* XORs the n bytes of buf, which sit at offset in the file, with the keystream of (key,
+ * nonce) from that offset: seals and unseals alike, at any offset and length. */
+void download_seal_xor(uint8_t *buf, size_t n, uint64_t offset, const uint8_t nonce[DOWNLOAD_NONCE_BYTES],
+                       const uint8_t key[DOWNLOAD_SEAL_KEY_BYTES]);
+
+/* Reads an X-Cairn-Nonce value (exactly 48 hex digits) into nonce; CAIRN_EINVAL for
+ * NULL or anything else. */
+int download_nonce_parse(const char *hex, uint8_t nonce[DOWNLOAD_NONCE_BYTES]);
 
 /* --- Files --- */
 

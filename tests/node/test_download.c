@@ -1,7 +1,8 @@
 /* Model downloads from peers (node/download.h): Range parsing, the HMAC tokens (good,
- * wrong secret, stale, wrong path or node, malformed), destination paths, sources from a
- * state, and download_fetch against a small HTTP server in this test (a thread on
- * 127.0.0.1) that serves a random file and can cut a reply short, lie about the hash or
+ * wrong secret, stale, wrong path or node, malformed), the sealed bodies' keystream at
+ * any offset against one run from offset 0, their keys and nonces, destination paths,
+ * sources from a state, and download_fetch against a small HTTP server in this test
+ * (a thread on 127.0.0.1) that serves a random file and can cut a reply short, lie about the hash or
  * the size, drag its feet, or answer as another node: a whole fetch, a resume after a
  * cut connection and after a restart (partial file left on disk), a hash mismatch (the
  * partial deleted), a file larger than the disk, refused tokens both ways, and the
@@ -142,6 +143,100 @@ static void test_auth(void)
     char tok2[DOWNLOAD_AUTH_MAX];
     download_auth_token(SECRET, "node-a", path, now + 1, tok2);
     CHECK(strcmp(strchr(tok, ':'), strchr(tok2, ':')) != 0, "same MAC for two times");
+}
+
+/* ---- sealed bodies ---- */
+
+/* Pieces at any offset and length match one keystream run from offset 0 (the reference),
+ * and unsealing what was sealed gives the bytes back. */
+static void test_seal(void)
+{
+    enum { N = 1000 };
+    uint8_t key[DOWNLOAD_SEAL_KEY_BYTES], nonce[DOWNLOAD_NONCE_BYTES], plain[N], ref[N], buf[N];
+    for (int i = 0; i < DOWNLOAD_NONCE_BYTES; i++)
+        nonce[i] = (uint8_t)(7 * i + 1);
+    CHECK_EQ_INT(download_seal_key(SECRET, "node-a", DOWNLOAD_ROUTE_PREFIX "m1", "ab12", nonce, key), 0);
+    uint64_t seed = 9;
+    for (int i = 0; i < N; i++)
+        plain[i] = (uint8_t)test_rand_u64(&seed);
+    memset(ref, 0, sizeof ref);
+    crypto_stream_xchacha20_xor(ref, ref, N, nonce, key); /* the keystream, bytes 0..N-1 */
+    static const size_t offs[] = {0, 1, 2, 63, 64, 65, 100, 127, 128, 129, 191, 500, 936, 999};
+    static const size_t lens[] = {0, 1, 2, 63, 64, 65, 127, 128, 129, 200, 1000};
+    int bad = 0;
+    for (size_t a = 0; a < sizeof offs / sizeof offs[0]; a++)
+        for (size_t b = 0; b < sizeof lens / sizeof lens[0]; b++) {
+            size_t off = offs[a], len = lens[b] < N - off ? lens[b] : N - off;
+            memcpy(buf, plain + off, len);
+            download_seal_xor(buf, len, off, nonce, key);
+            for (size_t i = 0; i < len; i++)
+                if (buf[i] != (plain[off + i] ^ ref[off + i])) {
+                    if (bad++ < 5)
+                        fprintf(stderr, "piece at %zu of %zu bytes: byte %zu is %02x, want %02x\n", off, len, i,
+                                buf[i], plain[off + i] ^ ref[off + i]);
+                    break;
+                }
+            download_seal_xor(buf, len, off, nonce, key);
+            if (memcmp(buf, plain + off, len) && bad++ < 5)
+                fprintf(stderr, "piece at %zu of %zu bytes: not unsealed back\n", off, len);
+        }
+    CHECK(bad == 0, "%d pieces differ from the reference keystream", bad);
+    /* A whole file sealed in pieces of odd sizes is the reference; a zero length
+     * touches nothing (nor does a NULL buffer). */
+    memcpy(buf, plain, N);
+    for (size_t off = 0, step = 1; off < N; off += step, step = step * 3 % 97 + 1)
+        download_seal_xor(buf + off, step < N - off ? step : N - off, off, nonce, key);
+    bool same = true;
+    for (int i = 0; i < N; i++)
+        same = same && buf[i] == (plain[i] ^ ref[i]);
+    CHECK(same, "pieces of odd sizes differ from one run");
+    download_seal_xor(NULL, 0, 77, nonce, key);
+    /* Offsets far into a file: the block counter goes past 32 bits. */
+    uint64_t far = ((uint64_t)1 << 40) + 3;
+    uint8_t two[130], one[130];
+    memset(two, 0, sizeof two);
+    memset(one, 0, sizeof one);
+    download_seal_xor(two, 61, far, nonce, key);
+    download_seal_xor(two + 61, sizeof two - 61, far + 61, nonce, key);
+    download_seal_xor(one, sizeof one, far, nonce, key);
+    CHECK(!memcmp(one, two, sizeof one) && memcmp(one, ref, sizeof one), "far offset");
+
+    /* The key depends on each field; the same fields give the same key. */
+    uint8_t k2[DOWNLOAD_SEAL_KEY_BYTES], n2[DOWNLOAD_NONCE_BYTES];
+    memcpy(n2, nonce, sizeof n2);
+    download_seal_key(SECRET, "node-a", DOWNLOAD_ROUTE_PREFIX "m1", "ab12", n2, k2);
+    CHECK(!memcmp(key, k2, sizeof key), "same fields, another key");
+    n2[23] ^= 1;
+    download_seal_key(SECRET, "node-a", DOWNLOAD_ROUTE_PREFIX "m1", "ab12", n2, k2);
+    CHECK(memcmp(key, k2, sizeof key), "another nonce, same key");
+    download_seal_key("other-secret", "node-a", DOWNLOAD_ROUTE_PREFIX "m1", "ab12", nonce, k2);
+    CHECK(memcmp(key, k2, sizeof key), "another secret, same key");
+    download_seal_key(SECRET, "node-b", DOWNLOAD_ROUTE_PREFIX "m1", "ab12", nonce, k2);
+    CHECK(memcmp(key, k2, sizeof key), "another node, same key");
+    download_seal_key(SECRET, "node-a", DOWNLOAD_ROUTE_PREFIX "m2", "ab12", nonce, k2);
+    CHECK(memcmp(key, k2, sizeof key), "another file, same key");
+    download_seal_key(SECRET, "node-a", DOWNLOAD_ROUTE_PREFIX "m1", "ab13", nonce, k2);
+    CHECK(memcmp(key, k2, sizeof key), "another hash, same key");
+    download_seal_key(SECRET, "node-a|", DOWNLOAD_ROUTE_PREFIX "m1", "ab12", nonce, k2);
+    CHECK(memcmp(key, k2, sizeof key), "fields moved across a boundary, same key");
+    CHECK_EQ_INT(download_seal_key("", "node-a", "/r", "ab", nonce, k2), CAIRN_EINVAL);
+    CHECK_EQ_INT(download_seal_key(SECRET, NULL, "/r", "ab", nonce, k2), CAIRN_EINVAL);
+    CHECK_EQ_INT(download_seal_key(SECRET, "node-a", "", "ab", nonce, k2), CAIRN_EINVAL);
+    CHECK_EQ_INT(download_seal_key(SECRET, "node-a", "/r", NULL, nonce, k2), CAIRN_EINVAL);
+
+    /* Nonces: exactly 48 hex digits. */
+    char hex[DOWNLOAD_NONCE_HEX];
+    sodium_bin2hex(hex, sizeof hex, nonce, sizeof nonce);
+    CHECK(download_nonce_parse(hex, n2) == 0 && !memcmp(n2, nonce, sizeof n2), "nonce '%s'", hex);
+    char bad_nonce[64];
+    static const char *const wrong[] = {"", "00", "0123456789abcdef0123456789abcdef0123456789abcde",
+                                        "0123456789abcdef0123456789abcdef0123456789abcdef0",
+                                        "0123456789abcdef0123456789abcdef0123456789abcdeg", NULL};
+    for (size_t i = 0; wrong[i]; i++)
+        CHECK(download_nonce_parse(wrong[i], n2) == CAIRN_EINVAL, "nonce '%s' accepted", wrong[i]);
+    snprintf(bad_nonce, sizeof bad_nonce, "%.47s ", hex);
+    CHECK(download_nonce_parse(bad_nonce, n2) == CAIRN_EINVAL, "nonce '%s' accepted", bad_nonce);
+    CHECK(download_nonce_parse(NULL, n2) == CAIRN_EINVAL, "no nonce accepted");
 }
 
 /* ---- paths and sources ---- */
@@ -810,6 +905,7 @@ int main(int argc, char **argv)
 
     RUN(test_range);
     RUN(test_auth);
+    RUN(test_seal);
     RUN(test_paths);
     RUN(test_clean_partials);
     RUN(test_sources);
