@@ -134,6 +134,18 @@ int http_reply_bytes(struct http_request *req, int status, const char *content_t
 int http_reply_file(struct http_request *req, int status, const char *content_type, int fd,
                     uint64_t offset, uint64_t len);
 
+/* Rewrites n bytes of a file reply in place before they are sent (file_offset: where
+ * buf[0] sits in the file). Runs on the connection's thread, one piece at a time. */
+typedef void (*http_xform_fn)(void *ctx, uint8_t *buf, size_t n, uint64_t file_offset);
+
+/* As http_reply_file, but the server reads the file piece by piece (pread at offset +
+ * position) and passes each piece through fn before sending it; Content-Length stays
+ * len. Takes fd and ctx: fd is closed and ctx_free(ctx) called (when not NULL) once the
+ * reply is done, and on failure. For HEAD only the headers go and fn never runs. */
+int http_reply_file_xform(struct http_request *req, int status, const char *content_type, int fd,
+                          uint64_t offset, uint64_t len, http_xform_fn fn, void *ctx,
+                          void (*ctx_free)(void *ctx));
+
 /* Starts a streamed reply (chunked; the connection closes when it ends) and gives the
  * handler a stream any thread may write until it finishes. Sending starts when the
  * handler returns; what is written before that waits in the queue (stream_queue_bytes

@@ -19,6 +19,7 @@
 #include "base/log.h"
 
 #define WAIT_SLICE_MS 1000 /* upper bound on one poll(), in case a wake-up is lost */
+#define XFORM_BLOCK (64 * 1024) /* bytes read and transformed at a time for a file reply */
 
 /* ---------- small helpers ---------- */
 
@@ -679,6 +680,67 @@ int http_reply_file(struct http_request *req, int status, const char *content_ty
     struct MHD_Response *resp = MHD_create_response_from_fd_at_offset64(len, fd, offset);
     if (!resp) {
         close(fd);
+        return CAIRN_ENOMEM;
+    }
+    if (content_type)
+        MHD_add_response_header(resp, "Content-Type", content_type);
+    return http_queue(req, status, resp, NULL, len) == MHD_YES ? 0 : CAIRN_EIO;
+}
+
+/* A file reply through a transform (http_reply_file_xform); owned by its response. */
+struct xform_body {
+    int fd;
+    uint64_t offset, len;
+    http_xform_fn fn;
+    void *ctx;
+    void (*ctx_free)(void *ctx);
+};
+
+static void xform_free(void *cls)
+{
+    struct xform_body *b = cls;
+    close(b->fd);
+    if (b->ctx_free)
+        b->ctx_free(b->ctx);
+    free(b);
+}
+
+static ssize_t xform_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct xform_body *b = cls;
+    if (pos >= b->len)
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    size_t want = b->len - pos < max ? (size_t)(b->len - pos) : max;
+    ssize_t r;
+    do
+        r = pread(b->fd, buf, want, (off_t)(b->offset + pos));
+    while (r < 0 && errno == EINTR);
+    if (r <= 0) /* a read error, or the file shrank: the client sees a short reply */
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    b->fn(b->ctx, (uint8_t *)buf, (size_t)r, b->offset + pos);
+    return r;
+}
+
+int http_reply_file_xform(struct http_request *req, int status, const char *content_type, int fd,
+                          uint64_t offset, uint64_t len, http_xform_fn fn, void *ctx,
+                          void (*ctx_free)(void *ctx))
+{
+    int rc = reply_check(req);
+    struct xform_body *b = NULL;
+    if (!rc && (!fn || offset > (uint64_t)INT64_MAX - len))
+        rc = CAIRN_ERANGE;
+    if (!rc && !(b = malloc(sizeof *b)))
+        rc = CAIRN_ENOMEM;
+    if (rc) {
+        close(fd);
+        if (ctx_free)
+            ctx_free(ctx);
+        return rc;
+    }
+    *b = (struct xform_body){.fd = fd, .offset = offset, .len = len, .fn = fn, .ctx = ctx, .ctx_free = ctx_free};
+    struct MHD_Response *resp = MHD_create_response_from_callback(len, XFORM_BLOCK, xform_read, b, xform_free);
+    if (!resp) {
+        xform_free(b);
         return CAIRN_ENOMEM;
     }
     if (content_type)
