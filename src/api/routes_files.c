@@ -104,18 +104,39 @@ static int file_hash(struct routes_files *r, const char *path, const struct stat
     return rc;
 }
 
+/* A sealed body's key and nonce (http_reply_file_xform's ctx). */
+struct seal {
+    uint8_t key[DOWNLOAD_SEAL_KEY_BYTES], nonce[DOWNLOAD_NONCE_BYTES];
+};
+
+static void seal_piece(void *ctx, uint8_t *buf, size_t n, uint64_t file_offset)
+{
+    struct seal *s = ctx;
+    download_seal_xor(buf, n, file_offset, s->nonce, s->key);
+}
+
+static void seal_free(void *ctx)
+{
+    if (!ctx)
+        return;
+    sodium_memzero(ctx, sizeof(struct seal));
+    free(ctx);
+}
+
 static void serve(struct http_request *req, void *ctx)
 {
     struct routes_files *r = ctx;
     const char *id = http_req_param(req, "id");
     char route[sizeof DOWNLOAD_ROUTE_PREFIX + IDS_MODEL_MAX], why[1024];
+    const char *who = NULL;
+    struct seal *seal = NULL; /* with a secret, a GET's body goes sealed */
     if (!id || !ids_valid_model(id)) {
         http_reply_error(req, 404, "not_found", "no such model file");
         return;
     }
     snprintf(route, sizeof route, "%s%s", DOWNLOAD_ROUTE_PREFIX, id);
     if (r->secret) {
-        const char *who = http_req_header(req, "X-Cairn-Node");
+        who = http_req_header(req, "X-Cairn-Node");
         if (!who || !ids_valid_id(who)) {
             http_reply_error(req, 401, "authentication_error", "X-Cairn-Node: a node id is required");
             return;
@@ -126,11 +147,24 @@ static void serve(struct http_request *req, void *ctx)
             http_reply_error(req, 401, "authentication_error", "X-Cairn-Auth: %s", why);
             return;
         }
+        if (strcmp(http_req_method(req), "HEAD")) { /* a HEAD has no body to seal */
+            if (!(seal = malloc(sizeof *seal))) {
+                http_reply_error(req, 500, "server_error", "out of memory");
+                return;
+            }
+            if (download_nonce_parse(http_req_header(req, "X-Cairn-Nonce"), seal->nonce)) {
+                free(seal);
+                http_reply_error(req, 400, "invalid_request_error",
+                                 "X-Cairn-Nonce: 48 hex digits are required: files of a sealed cluster go sealed");
+                return;
+            }
+        }
     }
     struct catalog_card card;
     int rc = r->card(r->card_ctx, id, &card, why, sizeof why);
     if (rc) {
         catalog_card_clear(&card);
+        free(seal);
         http_reply_error(req, rc == CAIRN_ENOTFOUND ? 404 : rc == CAIRN_ENOMEM ? 500 : 409,
                          rc == CAIRN_ENOTFOUND ? "not_found" : "conflict", "%s", why);
         return;
@@ -142,13 +176,17 @@ static void serve(struct http_request *req, void *ctx)
         if (fd >= 0)
             close(fd);
         catalog_card_clear(&card);
+        free(seal);
         return;
     }
     char hex[CATALOG_SHA256_HEX], etag[CATALOG_SHA256_HEX + 2], tok[DOWNLOAD_AUTH_MAX];
     rc = file_hash(r, card.path, &st, hex, why, sizeof why);
     catalog_card_clear(&card);
+    if (!rc && seal && download_seal_key(r->secret, who, route, hex, seal->nonce, seal->key))
+        rc = cairn_fail(why, sizeof why, CAIRN_EIO, "cannot make the transfer's key");
     if (rc) {
         close(fd);
+        seal_free(seal);
         http_reply_header(req, "Retry-After", "1");
         http_reply_error(req, 503, "unavailable", "model %s: %s", id, why);
         return;
@@ -174,6 +212,7 @@ static void serve(struct http_request *req, void *ctx)
         snprintf(cr, sizeof cr, "bytes */%" PRIu64, size);
         http_reply_header(req, "Content-Range", cr);
         close(fd);
+        seal_free(seal);
         http_reply_error(req, 416, "invalid_request_error", "%s", why);
         return;
     }
@@ -182,7 +221,13 @@ static void serve(struct http_request *req, void *ctx)
         snprintf(cr, sizeof cr, "bytes %" PRIu64 "-%" PRIu64 "/%" PRIu64, first, first + len - 1, size);
         http_reply_header(req, "Content-Range", cr);
     }
-    http_reply_file(req, partial ? 206 : 200, "application/octet-stream", fd, first, len);
+    if (!seal) {
+        http_reply_file(req, partial ? 206 : 200, "application/octet-stream", fd, first, len);
+        return;
+    }
+    http_reply_header(req, "X-Cairn-Sealed", DOWNLOAD_SEALED);
+    http_reply_file_xform(req, partial ? 206 : 200, "application/octet-stream", fd, first, len, seal_piece, seal,
+                          seal_free);
 }
 
 int routes_files_create(struct routes_files **out, struct http_server *srv,

@@ -7,7 +7,10 @@
  * Reply headers: X-Cairn-Sha256 (lowercase hex), ETag ("<sha256>"), Accept-Ranges,
  * X-Cairn-Node (this node) and, with a secret, X-Cairn-Auth over "<path>|<sha256>".
  * With a cluster secret a request needs X-Cairn-Node and a valid X-Cairn-Auth, else
- * 401. 404 for a model this node has no usable file of. The hash of a file is computed
+ * 401, and a GET needs X-Cairn-Nonce (48 hex), else 400: its body goes sealed
+ * (XChaCha20 from the file offset, X-Cairn-Sealed: xchacha20; download_seal_* in
+ * node/download.h), while HEAD and error replies carry no file bytes and go as they are.
+ * 404 for a model this node has no usable file of. The hash of a file is computed
  * on its first request (seconds per GiB) and kept while its (size, mtime) stay. */
 #ifndef CAIRN_API_ROUTES_FILES_H
 #define CAIRN_API_ROUTES_FILES_H

@@ -375,15 +375,23 @@ struct fetch {
     int64_t reported_ms;
 };
 
+/* A sealed GET's key and the buffer its body is unsealed in (curl's own is left alone). */
+struct seal {
+    uint8_t key[DOWNLOAD_SEAL_KEY_BYTES], nonce[DOWNLOAD_NONCE_BYTES];
+    const char *sha; /* the hash the key was made with, which the reply must name */
+    uint8_t buf[16384];
+};
+
 /* One HTTP request and what its reply said. */
 struct xfer {
     struct fetch *f;
     long status;
     bool headers_done;
     char sha[HDR_VALUE_MAX], node[HDR_VALUE_MAX], auth[HDR_VALUE_MAX], crange[HDR_VALUE_MAX];
-    char clen[HDR_VALUE_MAX];
+    char clen[HDR_VALUE_MAX], sealed[HDR_VALUE_MAX];
     /* GET only */
     int fd;
+    struct seal *seal;   /* with a secret: the body must come sealed */
     uint64_t have, size; /* bytes asked from (have), the file's size */
     uint64_t offset;     /* where the body goes in the file */
     uint64_t written;
@@ -411,7 +419,7 @@ static void keep_header(struct xfer *x, const char *line, size_t n)
     } keys[] = {
         {"x-cairn-sha256", offsetof(struct xfer, sha)},     {"x-cairn-node", offsetof(struct xfer, node)},
         {"x-cairn-auth", offsetof(struct xfer, auth)},      {"content-range", offsetof(struct xfer, crange)},
-        {"content-length", offsetof(struct xfer, clen)},
+        {"content-length", offsetof(struct xfer, clen)},   {"x-cairn-sealed", offsetof(struct xfer, sealed)},
     };
     const char *colon = memchr(line, ':', n);
     if (!colon)
@@ -438,6 +446,18 @@ static void keep_header(struct xfer *x, const char *line, size_t n)
  * source ignored the range: start again from zero). Returns false with x->bad set. */
 static bool accept_get(struct xfer *x)
 {
+    if ((x->status == 200 || x->status == 206) && x->seal) {
+        if (strcmp(x->sealed, DOWNLOAD_SEALED)) {
+            snprintf(x->bad, sizeof x->bad,
+                     "reply not sealed (X-Cairn-Sealed '%.64s'): a sealed cluster's files do not travel in clear",
+                     x->sealed);
+            return false;
+        }
+        if (strcmp(x->sha, x->seal->sha)) { /* the key is bound to the hash: these bytes would not unseal */
+            snprintf(x->bad, sizeof x->bad, "the source's file changed (SHA-256 %.64s, not %s)", x->sha, x->seal->sha);
+            return false;
+        }
+    }
     if (x->status == 206) {
         uint64_t a, b, total;
         const char *p = x->crange;
@@ -478,7 +498,7 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *arg)
         const char *sp = memchr(data, ' ', n);
         if (sp)
             st = strtol(sp + 1, NULL, 10);
-        struct xfer keep = {.f = x->f, .fd = x->fd, .have = x->have, .size = x->size, .status = st};
+        struct xfer keep = {.f = x->f, .fd = x->fd, .seal = x->seal, .have = x->have, .size = x->size, .status = st};
         *x = keep;
         return n;
     }
@@ -506,7 +526,17 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
     }
     size_t done = 0;
     while (done < n) {
-        ssize_t w = pwrite(x->fd, data + done, n - done, (off_t)(x->offset + x->written + done));
+        uint64_t at = x->offset + x->written + done;
+        const char *p = data + done;
+        size_t len = n - done;
+        if (x->seal) { /* unsealed piece by piece, each at its place in the file */
+            if (len > sizeof x->seal->buf)
+                len = sizeof x->seal->buf;
+            memcpy(x->seal->buf, p, len);
+            download_seal_xor(x->seal->buf, len, at, x->seal->nonce, x->seal->key);
+            p = (const char *)x->seal->buf;
+        }
+        ssize_t w = pwrite(x->fd, p, len, (off_t)at);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0) {
@@ -637,6 +667,7 @@ static int get_rest(struct fetch *f, const char *url, const char *sha, uint64_t 
     if (fd < 0)
         return cairn_fail(err, errlen, CAIRN_ESTATE, "cannot open %s: %s", f->partial_path, strerror(errno));
     struct xfer x = {.f = f, .fd = fd, .have = have, .size = size};
+    struct seal seal;
     struct curl_slist *hdrs = NULL;
     char curl_err[CURL_ERROR_SIZE];
     CURL *c = make_handle(f, url, &x, &hdrs, curl_err);
@@ -646,6 +677,25 @@ static int get_rest(struct fetch *f, const char *url, const char *sha, uint64_t 
     if (c) {
         snprintf(h, sizeof h, "If-Range: \"%s\"", sha);
         more = curl_slist_append(hdrs, h);
+    }
+    if (c && more && f->cfg->secret && f->cfg->secret[0]) {
+        /* A fresh nonce per GET: no two transfers share a keystream. */
+        char hex[DOWNLOAD_NONCE_HEX];
+        randombytes_buf(seal.nonce, sizeof seal.nonce);
+        seal.sha = sha;
+        if (download_seal_key(f->cfg->secret, f->cfg->node_id, f->route, sha, seal.nonce, seal.key)) {
+            rc = cairn_fail(err, errlen, CAIRN_ESTATE, "cannot make the transfer's key");
+            goto out;
+        }
+        x.seal = &seal;
+        sodium_bin2hex(hex, sizeof hex, seal.nonce, sizeof seal.nonce);
+        snprintf(h, sizeof h, "X-Cairn-Nonce: %s", hex);
+        struct curl_slist *with = curl_slist_append(more, h);
+        if (!with) {
+            rc = cairn_fail(err, errlen, CAIRN_ESTATE, "out of memory");
+            goto out;
+        }
+        more = with;
     }
     if (!c || !more) {
         rc = cairn_fail(err, errlen, CAIRN_ESTATE, "out of memory");
@@ -674,6 +724,7 @@ out:
     if (c)
         curl_easy_cleanup(c);
     curl_slist_free_all(more ? more : hdrs);
+    sodium_memzero(&seal, sizeof seal);
     if (close(fd) && !rc)
         rc = cairn_fail(err, errlen, CAIRN_ESTATE, "cannot write %s: %s", f->partial_path, strerror(errno));
     return rc;

@@ -12,9 +12,21 @@
  * DOWNLOAD_AUTH_WINDOW_S of the server's clock (path is DOWNLOAD_ROUTE_PREFIX + id). The
  * reply proves the server's side the same way, over "<server id>|<path>|<sha256>", so
  * the hash the downloader checks against comes from a holder of the secret. A token can
- * be replayed within its window for the same file only (files are not secret from
- * anyone who can watch the wire: the transfer is plain HTTP). Without a secret no token
- * is sent or checked (the API's own key still applies; the downloader sends it).
+ * be replayed within its window for the same file only. Without a secret no token is
+ * sent or checked, and the body travels in clear (the API's own key still applies; the
+ * downloader sends it).
+ *
+ * Sealed bodies with a cluster secret (download_seal_*): each GET carries a fresh random
+ * X-Cairn-Nonce (24 bytes, 48 hex; a GET without one gets 400), and the server sends the
+ * body XORed with an XChaCha20 keystream under a per-transfer key, keyed BLAKE2b over
+ * (requester id, path, the file's SHA-256, the nonce), with X-Cairn-Sealed: xchacha20.
+ * Byte o of the file meets keystream byte o, so ranges and resumes work as in clear and
+ * Content-Length stays the file's. The hash is in the key so that a request replayed
+ * after the file changed never gets the same keystream over other bytes. The stream
+ * cipher hides the bytes; it does not authenticate them: the SHA-256 of the whole file,
+ * checked against the authenticated hash, catches any change on the wire (the partial
+ * is then deleted, and the next fetch starts from zero). A sealed downloader refuses a
+ * GET reply that is not sealed, or whose hash is not the one it made the key with.
  *
  * Downloading side: download_fetch writes models_dir/.<id>.gguf.partial, resuming from
  * that file's size with a Range request after an interruption (bounded attempts with
@@ -86,7 +98,7 @@ int download_auth_token(const char *secret, const char *node_id, const char *wha
 int download_auth_check(const char *secret, const char *node_id, const char *what,
                         const char *token, int64_t now_s, char *err, size_t errlen);
 
-/* --- Sealed bodies: a file's bytes XORed with an XChaCha20 keystream from their offset --- */
+/* --- Sealed bodies (see the top) --- */
 
 /* The key of one transfer into key: BLAKE2b-256 keyed with BLAKE2b-256 of secret (any
  * length of text; a node's is its cluster key), over "cairn file v1", node_id (the
@@ -146,7 +158,7 @@ size_t download_sources(const struct cluster_state *s, const char *self_id, cons
 struct download_config {
     const char *models_dir; /* required */
     const char *node_id;    /* required: sent as X-Cairn-Node, the downloads' node_id */
-    const char *secret;     /* cluster secret; NULL or "" = none */
+    const char *secret;     /* cluster secret (tokens, sealed bodies); NULL or "" = none */
     const char *api_key;    /* sent as a Bearer token to the sources; NULL or "" = none */
     int max_attempts;       /* 0 = DOWNLOAD_MAX_ATTEMPTS */
     int backoff_ms;         /* 0 = DOWNLOAD_BACKOFF_MS */

@@ -3,9 +3,12 @@
  * In this process: the real HTTP server with GET|HEAD /files/models/<id> over a
  * folder of files, spoken to over a socket: whole file, one range (206 and its
  * Content-Range), a range past the end (416), If-Range of another file (whole), HEAD,
- * 401 without a token, with a stale one or one for another file, 404 for an unknown
- * model, the reply's own token; then download_fetch from it writes a byte-identical
- * file, and a server without a secret serves anyone.
+ * 401 without a token, with a stale one or one for another file, 400 for a GET without
+ * a nonce, 404 for an unknown model, the reply's own token; sealed bodies as a capture
+ * sees them (not the file, a repeated pattern nowhere, another nonce other bytes) that
+ * unseal to the file from their offset; then download_fetch from it writes a
+ * byte-identical file, resumes a partial file (a wrong one fails its hash, then comes
+ * whole), and a server without a secret serves anyone in clear.
  *
  * Two `cairn node` processes on 127.0.0.1 (--discovery off, --peer, separate
  * --models-dir, a cluster secret): A holds a model made by `cairn mkmodel` and offers
@@ -13,6 +16,7 @@
  * fetches it from A: /state shows B's download Completed with the file's size, B's
  * file is byte-identical, B's runner reaches Ready, and A's GET /models lists B among
  * the nodes with the model. Every wait is bounded; children die with this process. */
+#define _GNU_SOURCE /* memmem */
 #include "testutil.h"
 
 #include <arpa/inet.h>
@@ -180,6 +184,25 @@ static void request(char *out, size_t n, const char *method, const char *id, con
              token ? "X-Cairn-Auth: " : "", token ? token : "", token ? "\r\n" : "", extra ? extra : "");
 }
 
+/* A fresh nonce into nonce, and its header line into line. */
+static void new_nonce(uint8_t nonce[DOWNLOAD_NONCE_BYTES], char *line, size_t n)
+{
+    char hex[DOWNLOAD_NONCE_HEX];
+    randombytes_buf(nonce, DOWNLOAD_NONCE_BYTES);
+    sodium_bin2hex(hex, sizeof hex, nonce, DOWNLOAD_NONCE_BYTES);
+    snprintf(line, n, "X-Cairn-Nonce: %s\r\n", hex);
+}
+
+/* Unseals r's body, which starts at offset in the file of route and hash sha, as the
+ * requester "asker" holding SECRET would. */
+static void unseal(struct reply *r, uint64_t offset, const uint8_t nonce[DOWNLOAD_NONCE_BYTES], const char *route,
+                   const char *sha)
+{
+    uint8_t key[DOWNLOAD_SEAL_KEY_BYTES];
+    CHECK(download_seal_key(SECRET, "asker", route, sha, nonce, key) == 0, "seal key");
+    download_seal_xor(r->body, r->len, offset, nonce, key);
+}
+
 /* ---- in process ---- */
 
 static char files_dir[300];
@@ -254,11 +277,30 @@ static void test_inprocess(void)
     CHECK(r.status == 401, "token of another node: %d", r.status);
     reply_free(&r);
 
-    /* The whole file, its hash and the server's proof. */
+    /* A GET without a nonce, or with a malformed one: 400 (its body would go sealed). */
+    uint8_t nonce[DOWNLOAD_NONCE_BYTES];
+    char nl[128], extra[400];
     request(req, sizeof req, "GET", "f1", "asker", tok, NULL);
     http_raw(port, req, &r);
-    CHECK(r.status == 200 && r.len == FILE_BYTES && !memcmp(r.body, data, FILE_BYTES), "whole: %d, %zu bytes",
-          r.status, r.len);
+    CHECK(r.status == 400 && strstr((char *)r.body, "X-Cairn-Nonce"), "no nonce: %d %s", r.status, r.body);
+    reply_free(&r);
+    request(req, sizeof req, "GET", "f1", "asker", tok, "X-Cairn-Nonce: 0123456789abcdef\r\n");
+    http_raw(port, req, &r);
+    CHECK(r.status == 400, "short nonce: %d", r.status);
+    reply_free(&r);
+
+    /* The whole file, its hash and the server's proof; the body on the wire is not the
+     * file, and unseals to it. */
+    new_nonce(nonce, nl, sizeof nl);
+    request(req, sizeof req, "GET", "f1", "asker", tok, nl);
+    http_raw(port, req, &r);
+    const char *sealed = hdr(&r, "X-Cairn-Sealed");
+    CHECK(sealed && !strcmp(sealed, DOWNLOAD_SEALED), "X-Cairn-Sealed: %s", sealed ? sealed : "(none)");
+    CHECK(r.status == 200 && r.len == FILE_BYTES && memcmp(r.body, data, FILE_BYTES), "whole: %d, %zu bytes%s",
+          r.status, r.len, r.len == FILE_BYTES ? ", in clear" : "");
+    unsigned char *first_body = r.len == FILE_BYTES ? memcpy(malloc(FILE_BYTES), r.body, FILE_BYTES) : NULL;
+    unseal(&r, 0, nonce, route, data_sha);
+    CHECK(r.len == FILE_BYTES && !memcmp(r.body, data, FILE_BYTES), "whole: does not unseal to the file");
     const char *sha = hdr(&r, "X-Cairn-Sha256");
     CHECK(sha && !strcmp(sha, data_sha), "X-Cairn-Sha256: %s", sha ? sha : "(none)");
     const char *node = hdr(&r, "X-Cairn-Node");
@@ -272,35 +314,48 @@ static void test_inprocess(void)
           "reply proof: %s", proof ? err : "(none)");
     reply_free(&r);
 
-    /* One range; a range past the end; If-Range of another file sends it whole. */
-    request(req, sizeof req, "GET", "f1", "asker", tok, "Range: bytes=1000-1999\r\n");
+    /* Another nonce, another keystream: the same file looks different on the wire. */
+    new_nonce(nonce, nl, sizeof nl);
+    request(req, sizeof req, "GET", "f1", "asker", tok, nl);
+    http_raw(port, req, &r);
+    CHECK(r.status == 200 && r.len == FILE_BYTES && first_body && memcmp(r.body, first_body, FILE_BYTES),
+          "a second nonce: %d, %zu bytes, %s", r.status, r.len, first_body ? "the same bytes" : "");
+    free(first_body);
+    reply_free(&r);
+
+    /* One range (unsealed from its offset); a range past the end; If-Range of another
+     * file sends it whole. */
+    new_nonce(nonce, nl, sizeof nl);
+    snprintf(extra, sizeof extra, "Range: bytes=1000-1999\r\n%s", nl);
+    request(req, sizeof req, "GET", "f1", "asker", tok, extra);
     http_raw(port, req, &r);
     const char *cr = hdr(&r, "Content-Range");
     char want_cr[64];
     snprintf(want_cr, sizeof want_cr, "bytes 1000-1999/%d", FILE_BYTES);
-    CHECK(r.status == 206 && r.len == 1000 && !memcmp(r.body, data + 1000, 1000) && cr && !strcmp(cr, want_cr),
-          "range: %d, %zu bytes, %s", r.status, r.len, cr ? cr : "(no Content-Range)");
+    bool cr_ok = cr && !strcmp(cr, want_cr);
+    unseal(&r, 1000, nonce, route, data_sha);
+    CHECK(r.status == 206 && r.len == 1000 && !memcmp(r.body, data + 1000, 1000) && cr_ok, "range: %d, %zu bytes, %s",
+          r.status, r.len, cr_ok ? "" : "a wrong Content-Range");
     reply_free(&r);
-    char extra[200];
-    snprintf(extra, sizeof extra, "Range: bytes=%d-\r\n", FILE_BYTES);
+    snprintf(extra, sizeof extra, "Range: bytes=%d-\r\n%s", FILE_BYTES, nl);
     request(req, sizeof req, "GET", "f1", "asker", tok, extra);
     http_raw(port, req, &r);
     cr = hdr(&r, "Content-Range");
     snprintf(want_cr, sizeof want_cr, "bytes */%d", FILE_BYTES);
     CHECK(r.status == 416 && cr && !strcmp(cr, want_cr), "past the end: %d %s", r.status, cr ? cr : "");
     reply_free(&r);
-    snprintf(extra, sizeof extra, "Range: bytes=10-\r\nIf-Range: \"%064d\"\r\n", 0);
+    snprintf(extra, sizeof extra, "Range: bytes=10-\r\nIf-Range: \"%064d\"\r\n%s", 0, nl);
     request(req, sizeof req, "GET", "f1", "asker", tok, extra);
     http_raw(port, req, &r);
     CHECK(r.status == 200 && r.len == FILE_BYTES, "If-Range of another file: %d, %zu bytes", r.status, r.len);
     reply_free(&r);
-    snprintf(extra, sizeof extra, "Range: bytes=10-\r\nIf-Range: \"%s\"\r\n", data_sha);
+    snprintf(extra, sizeof extra, "Range: bytes=10-\r\nIf-Range: \"%s\"\r\n%s", data_sha, nl);
     request(req, sizeof req, "GET", "f1", "asker", tok, extra);
     http_raw(port, req, &r);
     CHECK(r.status == 206 && r.len == FILE_BYTES - 10, "If-Range of this file: %d, %zu bytes", r.status, r.len);
     reply_free(&r);
 
-    /* HEAD: headers only. */
+    /* HEAD: headers only, no nonce needed. */
     request(req, sizeof req, "HEAD", "f1", "asker", tok, NULL);
     http_raw(port, req, &r);
     const char *cl = hdr(&r, "Content-Length");
@@ -308,10 +363,38 @@ static void test_inprocess(void)
           "HEAD: %d, %zu body bytes, length %s", r.status, r.len, cl ? cl : "(none)");
     reply_free(&r);
 
+    /* What a capture of the wire shows: a file of one repeated 16-byte pattern, asked
+     * from an odd offset, holds the pattern nowhere in the body sent, and unseals back. */
+    static const char pattern[] = "cairn model file";
+    char path2[600], sha2[CATALOG_SHA256_HEX];
+    snprintf(path2, sizeof path2, "%s/f2.bin", files_dir);
+    unsigned char *pat = malloc(FILE_BYTES);
+    for (size_t i = 0; i < FILE_BYTES; i++)
+        pat[i] = (unsigned char)pattern[i % 16];
+    f = fopen(path2, "wb");
+    CHECK(f && fwrite(pat, 1, FILE_BYTES, f) == FILE_BYTES, "pattern file written");
+    if (f)
+        fclose(f);
+    CHECK(catalog_file_sha256(path2, sha2, NULL, NULL, err, sizeof err) == 0, "pattern hash: %s", err);
+    const char *route2 = DOWNLOAD_ROUTE_PREFIX "f2";
+    char tok_f2[DOWNLOAD_AUTH_MAX];
+    download_auth_token(SECRET, "asker", route2, (int64_t)time(NULL), tok_f2);
+    new_nonce(nonce, nl, sizeof nl);
+    snprintf(extra, sizeof extra, "Range: bytes=77-\r\n%s", nl);
+    request(req, sizeof req, "GET", "f2", "asker", tok_f2, extra);
+    http_raw(port, req, &r);
+    CHECK(r.status == 206 && r.len == FILE_BYTES - 77, "pattern: %d, %zu bytes", r.status, r.len);
+    CHECK(r.body && !memmem(r.body, r.len, pattern, 16) && !memmem(r.body, r.len, "cairn", 5),
+          "pattern: the body on the wire shows the file's bytes");
+    unseal(&r, 77, nonce, route2, sha2);
+    CHECK(r.len == FILE_BYTES - 77 && !memcmp(r.body, pat + 77, r.len), "pattern: does not unseal to the file");
+    reply_free(&r);
+    free(pat);
+
     /* An unknown model. */
     char tok2[DOWNLOAD_AUTH_MAX];
     download_auth_token(SECRET, "asker", DOWNLOAD_ROUTE_PREFIX "ghost", (int64_t)time(NULL), tok2);
-    request(req, sizeof req, "GET", "ghost", "asker", tok2, NULL);
+    request(req, sizeof req, "GET", "ghost", "asker", tok2, nl);
     http_raw(port, req, &r);
     CHECK(r.status == 404, "unknown model: %d", r.status);
     reply_free(&r);
@@ -329,6 +412,38 @@ static void test_inprocess(void)
     snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", fin, path);
     CHECK(rc == 0 && system(cmd) == 0, "fetched file differs");
 
+    /* A resume through the route: a partial of the first 123457 bytes (not a multiple
+     * of the cipher's 64-byte block) is completed from there. A partial whose first
+     * bytes are wrong shows that only the rest came: the whole fails its hash and is
+     * deleted, and the next fetch starts from zero. */
+    for (int wrong = 0; wrong < 2; wrong++) {
+        const char *id = wrong ? "f1-bad" : "f1-resume";
+        char fpath[700];
+        snprintf(fpath, sizeof fpath, "%s/%s.bin", files_dir, id);
+        CHECK(link(path, fpath) == 0, "link %s: %s", fpath, strerror(errno));
+        download_paths(models, id, fin, part, sizeof fin);
+        unsigned char *head = malloc(123457);
+        memcpy(head, data, 123457);
+        if (wrong)
+            memset(head + 5000, 0, 1000);
+        f = fopen(part, "wb");
+        CHECK(f && fwrite(head, 1, 123457, f) == 123457, "partial written");
+        if (f)
+            fclose(f);
+        free(head);
+        rc = download_fetch(&cfg, id, &src, 1, NULL, NULL, NULL, err, sizeof err);
+        snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", fin, path);
+        if (!wrong) {
+            CHECK(rc == 0 && system(cmd) == 0, "resume: %d %s", rc, err);
+            continue;
+        }
+        struct stat pst;
+        CHECK(rc == CAIRN_EFORMAT && strstr(err, "SHA-256") && stat(part, &pst) && stat(fin, &pst),
+              "resume over wrong bytes: %d %s", rc, err);
+        rc = download_fetch(&cfg, id, &src, 1, NULL, NULL, NULL, err, sizeof err);
+        CHECK(rc == 0 && system(cmd) == 0, "from zero after a failed hash: %d %s", rc, err);
+    }
+
     /* Without a secret the route is open (the API's own key aside). */
     struct routes_files_config open_fc = {.node_id = "holder", .card = card_of};
     rc = http_server_create(&open_srv, &hc, err, sizeof err);
@@ -342,6 +457,14 @@ static void test_inprocess(void)
         http_raw(http_server_port(open_srv), req, &r);
         CHECK(r.status == 206 && r.len == 5 && !memcmp(r.body, data + FILE_BYTES - 5, 5) && !hdr(&r, "X-Cairn-Auth"),
               "open server: %d %zu", r.status, r.len);
+        reply_free(&r);
+        /* A nonce changes nothing there: the file goes in clear, unmarked. */
+        new_nonce(nonce, nl, sizeof nl);
+        snprintf(extra, sizeof extra, "Range: bytes=-5\r\n%s", nl);
+        request(req, sizeof req, "GET", "f1", NULL, NULL, extra);
+        http_raw(http_server_port(open_srv), req, &r);
+        CHECK(r.status == 206 && r.len == 5 && !memcmp(r.body, data + FILE_BYTES - 5, 5) && !hdr(&r, "X-Cairn-Sealed"),
+              "open server with a nonce: %d %zu", r.status, r.len);
         reply_free(&r);
     }
 out:

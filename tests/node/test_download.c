@@ -1,12 +1,15 @@
 /* Model downloads from peers (node/download.h): Range parsing, the HMAC tokens (good,
  * wrong secret, stale, wrong path or node, malformed), the sealed bodies' keystream at
  * any offset against one run from offset 0, their keys and nonces, destination paths,
- * sources from a state, and download_fetch against a small HTTP server in this test
- * (a thread on 127.0.0.1) that serves a random file and can cut a reply short, lie about the hash or
- * the size, drag its feet, or answer as another node: a whole fetch, a resume after a
- * cut connection and after a restart (partial file left on disk), a hash mismatch (the
- * partial deleted), a file larger than the disk, refused tokens both ways, and the
- * manager's thread with its status and its cancel on release. Every wait is bounded. */
+ * sources from a state, and download_fetch against a small HTTP server in this test (a
+ * thread on 127.0.0.1) that serves a random file, sealed when it has a secret, and can
+ * cut a reply short, lie about the hash or the size, drag its feet, flip a bit on the
+ * wire, send a sealed cluster's file in clear, or answer as another node: a whole fetch,
+ * a resume after a cut connection and after a restart (partial file left on disk), a
+ * hash mismatch and a tampered body (the partial deleted, the next fetch from zero), a
+ * clear reply refused, a file larger than the disk, refused tokens both ways, and the
+ * manager's thread (an open cluster: no nonce sent) with its status and its cancel on
+ * release. Every wait is bounded. */
 #include "node/download.h"
 #include "ctl/master.h"
 
@@ -442,9 +445,11 @@ struct srv {
     uint64_t lie_size;    /* HEAD advertises this size (0: the real one) */
     int slow_ms;          /* per 8 KiB chunk of body */
     bool ignore_range;    /* answers 200 to a Range */
+    bool plain;           /* with a secret: sends the body in clear all the same */
+    int64_t flip_at;      /* flips the sent byte of the file at this offset once (-1: never) */
     /* what it saw */
     pthread_mutex_t mu;
-    int heads, gets, unauthorized;
+    int heads, gets, unauthorized, nonces, no_nonce;
     long long ranges[16]; /* start of each GET's range, -1 for none */
 };
 
@@ -510,8 +515,8 @@ static void handle(struct srv *s, int c)
     char path[512] = "", v[512], range_h[128], why[512];
     sscanf(req, "%*s %511s", path);
     const char *route = strstr(path, DOWNLOAD_ROUTE_PREFIX);
+    char who[128] = "";
     if (s->secret) {
-        char who[128] = "";
         header_of(req, "X-Cairn-Node", who, sizeof who);
         const char *tok = header_of(req, "X-Cairn-Auth", v, sizeof v);
         if (!route || download_auth_check(s->secret, who, route, tok, (int64_t)time(NULL), why, sizeof why)) {
@@ -534,7 +539,21 @@ static void handle(struct srv *s, int c)
         reply_status(c, 416, "Range Not Satisfiable");
         return;
     }
+    /* A sealed cluster's GET names its nonce, and its body goes sealed with it. */
+    uint8_t nonce[DOWNLOAD_NONCE_BYTES], key[DOWNLOAD_SEAL_KEY_BYTES];
+    bool has_nonce = !download_nonce_parse(header_of(req, "X-Cairn-Nonce", v, sizeof v), nonce);
+    bool seal = s->secret && !head && !s->plain;
+    if (s->secret && !head && !has_nonce) {
+        pthread_mutex_lock(&s->mu);
+        s->no_nonce++;
+        pthread_mutex_unlock(&s->mu);
+        reply_status(c, 400, "Bad Request");
+        return;
+    }
+    if (seal)
+        download_seal_key(s->secret, who, route, sha, nonce, key);
     pthread_mutex_lock(&s->mu);
+    s->nonces += has_nonce;
     bool cut = false;
     if (head)
         s->heads++;
@@ -560,15 +579,24 @@ static void handle(struct srv *s, int c)
     uint64_t advertised = head && s->lie_size ? s->lie_size : n;
     int hl = snprintf(h, sizeof h,
                       "HTTP/1.1 %d %s\r\nContent-Length: %" PRIu64 "\r\nX-Cairn-Sha256: %s\r\nETag: %s\r\n"
-                      "X-Cairn-Node: %s\r\n%s%s%s%sConnection: close\r\n\r\n",
+                      "X-Cairn-Node: %s\r\n%s%s%s%s%sConnection: close\r\n\r\n",
                       partial ? 206 : 200, partial ? "Partial Content" : "OK", advertised, sha, etag, s->node_id,
-                      auth[0] ? "X-Cairn-Auth: " : "", auth, auth[0] ? "\r\n" : "", cr);
+                      auth[0] ? "X-Cairn-Auth: " : "", auth, auth[0] ? "\r\n" : "", cr,
+                      seal ? "X-Cairn-Sealed: " DOWNLOAD_SEALED "\r\n" : "");
     if (!send_all(c, h, (size_t)hl) || head)
         return;
     uint64_t stop_at = cut && s->cut_bytes < n ? s->cut_bytes : n;
+    unsigned char piece[8192];
     for (uint64_t off = 0; off < stop_at && !s->stop;) {
         size_t chunk = stop_at - off < 8192 ? (size_t)(stop_at - off) : 8192;
-        if (!send_all(c, s->data + first + off, chunk))
+        memcpy(piece, s->data + first + off, chunk);
+        if (seal)
+            download_seal_xor(piece, chunk, first + off, nonce, key);
+        if (s->flip_at >= 0 && (uint64_t)s->flip_at >= first + off && (uint64_t)s->flip_at < first + off + chunk) {
+            piece[s->flip_at - (int64_t)(first + off)] ^= 0x20; /* a bit changed on the wire */
+            s->flip_at = -1;
+        }
+        if (!send_all(c, piece, chunk))
             return;
         off += chunk;
         if (s->slow_ms)
@@ -600,6 +628,7 @@ static bool srv_start(struct srv *s, const unsigned char *data, size_t size, con
     s->size = size;
     snprintf(s->sha, sizeof s->sha, "%s", sha);
     s->node_id = "src-node";
+    s->flip_at = -1;
     pthread_mutex_init(&s->mu, NULL);
     s->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -706,6 +735,7 @@ static void test_fetch(void)
           seen.last_done, seen.total);
     CHECK(s.gets == 1 && s.ranges[0] == -1 && s.unauthorized == 0, "whole: %d GETs, range %lld, %d refused", s.gets,
           s.ranges[0], s.unauthorized);
+    CHECK(s.nonces == 1 && s.no_nonce == 0, "whole: %d GETs with a nonce, %d without", s.nonces, s.no_nonce);
     /* The final file exists now: a second fetch refuses. */
     rc = download_fetch(&cfg, "whole", src, 1, NULL, NULL, NULL, err, sizeof err);
     CHECK(rc == CAIRN_ESTATE, "second fetch of a file in place: %d %s", rc, err);
@@ -735,6 +765,32 @@ static void test_fetch(void)
     rc = download_fetch(&cfg, "restart", src, 1, NULL, NULL, NULL, err, sizeof err);
     CHECK(rc == 0 && same_as_data(fin), "restart: %d %s", rc, err);
     CHECK(s.gets == 1 && s.ranges[0] == 123457, "restart: %d GETs from %lld", s.gets, s.ranges[0]);
+
+    /* A bit changed on the wire: the bytes unseal to something else, the hash check at
+     * the end refuses them and deletes the partial; the next fetch starts from zero. */
+    s.flip_at = 200001;
+    s.gets = 0;
+    rc = download_fetch(&cfg, "tampered", src, 1, NULL, NULL, NULL, err, sizeof err);
+    paths_of(dir, "tampered", fin, part);
+    CHECK(rc == CAIRN_EFORMAT && strstr(err, "SHA-256"), "tampered: %d %s", rc, err);
+    CHECK(!exists(fin) && !exists(part) && s.flip_at == -1, "tampered: a file stayed");
+    rc = download_fetch(&cfg, "tampered", src, 1, NULL, NULL, NULL, err, sizeof err);
+    CHECK(rc == 0 && same_as_data(fin), "after tampering: %d %s", rc, err);
+    CHECK(s.gets == 2 && s.ranges[1] == -1, "after tampering: %d GETs, the second from %lld", s.gets, s.ranges[1]);
+
+    /* A source that sends a sealed cluster's file in clear is refused before a byte is
+     * written. */
+    s.plain = true;
+    s.gets = 0;
+    struct download_config once = cfg;
+    once.max_attempts = 1;
+    rc = download_fetch(&once, "clear", src, 1, NULL, NULL, NULL, err, sizeof err);
+    paths_of(dir, "clear", fin, part);
+    struct stat pst;
+    CHECK(rc == CAIRN_EIO && strstr(err, "not sealed"), "clear reply: %d %s", rc, err);
+    CHECK(s.gets == 1 && !exists(fin) && (!exists(part) || (stat(part, &pst) == 0 && pst.st_size == 0)),
+          "clear reply: %d GETs, a file written", s.gets);
+    s.plain = false;
 
     /* A source that ignores the range sends it whole: the partial starts again. */
     paths_of(dir, "norange", fin, part);
@@ -851,6 +907,7 @@ static void test_mgr(void)
     paths_of(dir, "m1", fin, part);
     CHECK(same_as_data(fin), "m1: the file differs");
     CHECK(s.gets == 1, "m1: %d GETs (a second start must not fetch again)", s.gets);
+    CHECK(s.nonces == 0, "an open cluster's download sent a nonce (%d)", s.nonces);
     CHECK(atomic_load(&changes) >= 2, "changes: %d", atomic_load(&changes));
     json_t *j = download_mgr_json(m);
     json_t *e = json_array_get(j, 0);
