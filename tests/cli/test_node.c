@@ -232,7 +232,11 @@ static void test_exhaustion(void)
         if (sse[i] >= 0)
             close(sse[i]);
     }
-    CHECK(http(p->api, "GET", "/node_id", NULL, out, sizeof out) == 200, "node 4 still answers its usual client");
+    /* the server sees the 600 closes in its own time; until then 127.0.0.1 is at its limit */
+    int again = 0;
+    for (double t1 = now_s(); now_s() - t1 < 20 && again != 200; sleep_ms(200))
+        again = http(p->api, "GET", "/node_id", NULL, out, sizeof out);
+    CHECK(again == 200, "node 4 still answers its usual client once the hostile connections are closed: %d", again);
     stop_node(4);
 }
 
