@@ -13,12 +13,14 @@
 #ifndef CAIRN_API_GEN_H
 #define CAIRN_API_GEN_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include <jansson.h>
 
+#include "node/hub.h"
 #include "proto/textgen.h"
 
 struct gen_usage {
@@ -63,6 +65,10 @@ struct gen_event {
 
 typedef void (*gen_event_fn)(void *ctx, const struct gen_event *ev);
 
+/* The end of a pull: rc 0 with the model's id, or the HTTP status of the failure with
+ * its message. */
+typedef void (*gen_pull_done_fn)(void *ctx, int rc, const char *id, const char *message);
+
 struct gen_ops {
     /* Starts a request; takes what *p owns (p is cleared, also on failure). On success
      * *handle names it and events follow (fn with ctx, which must stay valid until END
@@ -79,6 +85,15 @@ struct gen_ops {
      * is ready) and "chat_template": template source text or null. NULL when out of
      * memory. */
     json_t *(*models)(void *self);
+    /* Pulls a model reference from the hub onto this node (node/hub.h) on a thread of its
+     * own: progress (fn) as it goes, then done once; ctx must stay valid until done ran.
+     * *cancel, set by another thread, stops it. Returns 0 (done will follow) or an HTTP
+     * status with err (done will not run). NULL: this gen cannot pull. */
+    int (*pull)(void *self, const char *ref, const atomic_bool *cancel, hub_progress_fn fn, gen_pull_done_fn done,
+                void *ctx, char *err, size_t errlen);
+    /* Deletes a model's files from this node: 0, or an HTTP status (404 unknown) with
+     * err. NULL: this gen cannot. */
+    int (*remove)(void *self, const char *model, char *err, size_t errlen);
 };
 
 struct gen {

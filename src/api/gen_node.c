@@ -17,6 +17,7 @@
 #include "ctl/command.h"
 #include "proto/ids.h"
 #include "gguf/gguf.h"
+#include "api/gen_pull.h"
 #include "node/hubref.h"
 #include "node/taskbody.h"
 #include "proto/taskmsg.h"
@@ -586,7 +587,21 @@ static json_t *op_models(void *self)
     return m.models;
 }
 
-static const struct gen_ops node_ops = {.submit = op_submit, .cancel = op_cancel, .models = op_models};
+static int op_pull(void *self, const char *ref, const atomic_bool *cancel, hub_progress_fn fn, gen_pull_done_fn done,
+                   void *ctx, char *err, size_t errlen)
+{
+    struct gen_node *g = self;
+    return gen_pull_start(g->node, ref, cancel, fn, done, ctx, err, errlen);
+}
+
+static int op_remove(void *self, const char *model, char *err, size_t errlen)
+{
+    struct gen_node *g = self;
+    return gen_pull_remove(g->node, model, err, errlen);
+}
+
+static const struct gen_ops node_ops = {.submit = op_submit, .cancel = op_cancel, .models = op_models,
+                                        .pull = op_pull, .remove = op_remove};
 
 struct gen gen_node_gen(struct gen_node *g) { return (struct gen){.ops = &node_ops, .self = g}; }
 

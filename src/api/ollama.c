@@ -3,6 +3,8 @@
  * on hang-up, the one free) is apireq's; its struct oreq is the reply's state. */
 #define _GNU_SOURCE /* strcasestr */
 #include "api/ollama.h"
+#include "api/ollama_pull.h"
+#include "node/hubref.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -359,6 +361,9 @@ static int generate_params(const json_t *body, struct textgen_params *p, bool *l
  * without a tag. */
 static const json_t *find_model(const json_t *models, const char *name)
 {
+    char canon[HUBREF_TEXT_MAX];
+    if (hubref_canonical(name, canon)) /* a pulled model, named as typed */
+        name = canon;
     size_t i, n = strlen(name);
     const json_t *m;
     json_array_foreach(models, i, m) {
@@ -853,6 +858,7 @@ int ollama_register(struct http_server *srv, const struct gen *g, char *err, siz
     } routes[] = {
         {"POST", "/api/chat", h_chat}, {"POST", "/api/generate", h_generate}, {"GET", "/api/tags", h_tags},
         {"POST", "/api/show", h_show}, {"GET", "/api/ps", h_ps},             {"GET", "/api/version", h_version},
+        {"POST", "/api/pull", ollama_h_pull}, {"DELETE", "/api/delete", ollama_h_delete},
         {"GET", "/api/*rest", h_unknown}, {"POST", "/api/*rest", h_unknown}, {"DELETE", "/api/*rest", h_unknown},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {

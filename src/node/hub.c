@@ -588,6 +588,8 @@ static int fetch_file(struct file_fetch *f, const char *url, const char *partial
             rc = 0;
         }
     }
+    if (!rc)
+        report(f, true); /* the whole file: the last word of "downloading" */
     if (!rc && f->r.etag[0]) { /* the hub's own word on the hash, beside the listing's */
         char tag[HDR_MAX];
         snprintf(tag, sizeof tag, "%s", f->r.etag + (f->r.etag[0] == '"'));

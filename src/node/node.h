@@ -192,6 +192,9 @@ int node_card(void *ctx, const char *model_id, struct catalog_card *out, char *e
 /* The master environment of this node (card lookup as node_card). */
 const struct master_env *node_master_env(const struct node *n);
 
+/* The models folder (the catalog's), or NULL when the node has none. */
+const char *node_models_dir(struct node *n);
+
 /* New JSON array of the catalog's cards (catalog_card_to_json), each with "nodes": the
  * ids of nodes known to have the file (this one, and nodes with a completed download
  * of it). NULL when out of memory. Any thread. */

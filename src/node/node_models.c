@@ -42,6 +42,8 @@ int node_card(void *ctx, const char *model_id, struct catalog_card *out, char *e
     return rc;
 }
 
+const char *node_models_dir(struct node *n) { return n->catalog ? catalog_dir(n->catalog) : NULL; }
+
 const struct master_env *node_master_env(const struct node *n) { return &n->env; }
 
 struct download_mgr *node_downloads(struct node *n) { return n->downloads; }

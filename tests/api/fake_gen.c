@@ -260,7 +260,7 @@ static json_t *fake_models(void *self)
     return m;
 }
 
-const struct gen_ops fake_gen_ops = {fake_submit, fake_cancel, fake_models};
+const struct gen_ops fake_gen_ops = {.submit = fake_submit, .cancel = fake_cancel, .models = fake_models};
 
 void fake_gen_init(struct fake_gen *f)
 {

@@ -13,6 +13,7 @@ import { execFile, spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import OpenAI from 'openai';
+import { Ollama } from 'ollama';
 import { BINARY, SHARED, SLOW, makeTempDir, removeTempDir, startNode, sleep } from './cairn.mjs';
 import { startFakeHub } from './fakehub.mjs';
 
@@ -160,6 +161,44 @@ test('a node serves a pulled model under the reference as typed', T, async () =>
     const c = await openai.completions.create({ model: 'test-org/Tiny-GGUF:q8_0', prompt: 'Hello', max_tokens: 4,
       temperature: 0, ignore_eos: true });
     assert.equal(c.usage.completion_tokens, 4, 'answered by the reference as typed');
+  } catch (e) {
+    console.log(node.log().split('\n').filter((l) => !l.includes(' http ')).slice(-30).join('\n'));
+    throw e;
+  } finally {
+    await node.stop();
+  }
+});
+
+test("Ollama's client pulls, lists and deletes through a node", T, async () => {
+  const d = models('ollama');
+  fs.mkdirSync(d, { recursive: true });
+  process.env.HF_ENDPOINT = hub.url; // the node pulls from the fake hub
+  process.env.HF_TOKEN = '';
+  const node = await startNode(dir, d, { name: 'ollama' });
+  try {
+    const ollama = new Ollama({ host: node.url });
+    const seen = [];
+    for await (const part of await ollama.pull({ model: 'test-org/Tiny-GGUF:Q8_0', stream: true }))
+      seen.push(part);
+    assert.equal(seen[0].status, 'pulling manifest');
+    const bytes = seen.filter((p) => p.digest);
+    assert.ok(bytes.length >= 1 && bytes.every((p) => p.digest.startsWith('sha256:') && p.total === q8.length),
+      `progress lines with the digest and total: ${JSON.stringify(bytes.slice(-2))}`);
+    assert.equal(bytes.at(-1).completed, q8.length);
+    assert.deepEqual(seen.slice(-2).map((p) => p.status), ['writing manifest', 'success']);
+    const list = await ollama.list();
+    assert.ok(list.models.some((m) => m.name === 'hf.co/test-org/Tiny-GGUF:Q8_0'), JSON.stringify(list.models));
+    const show = await ollama.show({ model: 'test-org/Tiny-GGUF:q8_0' });
+    assert.ok(show.modelfile.includes('FROM'), 'show finds the model as typed');
+    const once = await ollama.pull({ model: 'hf.co/test-org/Tiny-GGUF:Q4_K_M', stream: false });
+    assert.equal(once.status, 'success');
+    await assert.rejects(ollama.pull({ model: 'llama3.2', stream: false }), /hf\.co\/OWNER\/REPO:TAG/);
+    await assert.rejects(ollama.pull({ model: 'test-org/Nope-GGUF:Q8_0', stream: false }), /RepoNotFound/);
+    await ollama.delete({ model: 'hf.co/test-org/Tiny-GGUF:Q8_0' });
+    const after = await ollama.list();
+    assert.ok(!after.models.some((m) => m.name === 'hf.co/test-org/Tiny-GGUF:Q8_0'), 'deleted');
+    assert.ok(after.models.some((m) => m.name === 'hf.co/test-org/Tiny-GGUF:Q4_K_M'), 'the other stays');
+    await assert.rejects(ollama.delete({ model: 'nope' }), /not found|no model/);
   } catch (e) {
     console.log(node.log().split('\n').filter((l) => !l.includes(' http ')).slice(-30).join('\n'));
     throw e;
