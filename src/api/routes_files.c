@@ -249,10 +249,10 @@ int routes_files_create(struct routes_files **out, struct http_server *srv,
         routes_files_release(r);
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     }
-    int rc = http_route(srv, "GET", DOWNLOAD_ROUTE_PREFIX ":id", serve, r);
+    int rc = http_route(srv, "GET", DOWNLOAD_ROUTE_PREFIX "*id" /* a pulled model's id holds '/' */, serve, r);
     if (rc) {
         routes_files_release(r);
-        return cairn_fail(err, errlen, rc, "files: cannot add the route GET %s:id", DOWNLOAD_ROUTE_PREFIX);
+        return cairn_fail(err, errlen, rc, "files: cannot add the route GET %s*id", DOWNLOAD_ROUTE_PREFIX);
     }
     *out = r;
     return 0;

@@ -1,5 +1,6 @@
 /* Model files from peers (download.h). */
 #include "node/download.h"
+#include "node/hub.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -240,11 +241,19 @@ int download_nonce_parse(const char *hex, uint8_t nonce[DOWNLOAD_NONCE_BYTES])
 int download_paths(const char *models_dir, const char *model_id, char *final_path,
                    char *partial_path, size_t n)
 {
-    if (!models_dir || !models_dir[0] || !model_id || !ids_valid_model(model_id) ||
-        strchr(model_id, '/') || model_id[0] == '.')
+    char canon[HUBREF_TEXT_MAX], local[HUBREF_TEXT_MAX];
+    if (!models_dir || !models_dir[0] || !model_id || !ids_valid_model(model_id) || model_id[0] == '.')
         return CAIRN_EINVAL;
-    int a = snprintf(final_path, n, "%s/%s.gguf", models_dir, model_id);
-    int b = snprintf(partial_path, n, "%s/.%s.gguf.partial", models_dir, model_id);
+    if (strchr(model_id, '/')) { /* only a pulled model's id holds '/': its file has the pull's name */
+        if (!hubref_canonical(model_id, canon) || strcmp(canon, model_id))
+            return CAIRN_EINVAL;
+        hubref_local_name(model_id, 1, 1, local);
+        local[strlen(local) - 5] = 0; /* the stem: ".gguf" is added below */
+    } else {
+        snprintf(local, sizeof local, "%s", model_id);
+    }
+    int a = snprintf(final_path, n, "%s/%s.gguf", models_dir, local);
+    int b = snprintf(partial_path, n, "%s/.%s.gguf.partial", models_dir, local);
     if (a < 0 || b < 0 || (size_t)a >= n || (size_t)b >= n)
         return CAIRN_ERANGE;
     return 0;
@@ -745,6 +754,11 @@ static int finish(struct fetch *f, const char *sha, char *err, size_t errlen)
     }
     if (files_sync(f->partial_path, O_RDONLY))
         return cairn_fail(err, errlen, CAIRN_EIO, "cannot sync %s: %s", f->partial_path, strerror(errno));
+    /* A pulled model keeps its name: the sidecar goes first, so the catalog never lists
+     * the file under another. */
+    if (strchr(f->model_id, '/') && (rc = hub_sidecar_put(f->cfg->models_dir, f->model_id, got, f->d.bytes_total,
+                                                          err, errlen)))
+        return rc;
     if (rename(f->partial_path, f->final_path))
         return cairn_fail(err, errlen, CAIRN_EIO, "cannot rename %s: %s", f->partial_path, strerror(errno));
     files_sync(f->cfg->models_dir, O_RDONLY | O_DIRECTORY);

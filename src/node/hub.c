@@ -700,6 +700,24 @@ static int sidecar_write(const struct hub *h, const char *id, const struct hub_r
     return rc;
 }
 
+int hub_sidecar_put(const char *models_dir, const char *id, const char *sha256, uint64_t size, char *err,
+                    size_t errlen)
+{
+    char local[HUBREF_TEXT_MAX], name[HUBREF_TEXT_MAX + 16], path[4096], tmp[4200];
+    hubref_local_name(id, 1, 1, local);
+    hubref_sidecar_name(id, name);
+    json_t *j = json_pack("{s:s, s:s, s:s, s:[{s:s, s:s, s:s, s:I}]}", "ref", id, "commit", "", "source", "peer",
+                          "files", "path", local, "local", local, "sha256", sha256, "size", (json_int_t)size);
+    int rc = 0;
+    if (!j || !in_dir(models_dir, name, path, sizeof path))
+        rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "cannot write the sidecar of %s", id);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (!rc && (json_dump_file(j, tmp, JSON_INDENT(1)) || files_sync(tmp, O_RDONLY) || rename(tmp, path)))
+        rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot write %s: %s", path, strerror(errno));
+    json_decref(j);
+    return rc;
+}
+
 bool hub_sidecar_id(const char *gguf_path, char *id)
 {
     const char *slash = strrchr(gguf_path, '/');

@@ -89,6 +89,12 @@ struct hub_pulled {
 int hub_pull(const struct hub_config *cfg, const char *ref, hub_progress_fn fn, void *ctx, struct hub_pulled *out,
              char *err, size_t errlen);
 
+/* Records model id, fetched from a peer into its local file (hubref_local_name) with
+ * this hash and size, in a sidecar of models_dir, so the catalog names it as the peer
+ * does. */
+int hub_sidecar_put(const char *models_dir, const char *id, const char *sha256, uint64_t size, char *err,
+                    size_t errlen);
+
 /* Deletes model id from models_dir: a pulled model's files, partial files and sidecar,
  * or a local model's one file (found by the catalog's id rule). CAIRN_ENOTFOUND when
  * there is no such model, CAIRN_EIO when a file cannot be deleted. */

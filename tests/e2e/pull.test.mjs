@@ -14,7 +14,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import OpenAI from 'openai';
 import { Ollama } from 'ollama';
-import { BINARY, SHARED, SLOW, makeTempDir, removeTempDir, startNode, sleep } from './cairn.mjs';
+import { BINARY, SHARED, SLOW, makeTempDir, removeTempDir, startNode, sleep, http, waitState, clusterPort,
+  instanceReady } from './cairn.mjs';
 import { startFakeHub } from './fakehub.mjs';
 
 const T = { timeout: 300_000 * SLOW };
@@ -204,5 +205,43 @@ test("Ollama's client pulls, lists and deletes through a node", T, async () => {
     throw e;
   } finally {
     await node.stop();
+  }
+});
+
+test('a pulled model placed on a node that lacks it comes from its peer, under the same name', T, async () => {
+  const da = models('peer-a'), db = models('peer-b');
+  fs.mkdirSync(db, { recursive: true });
+  const r = await cairn(['pull', 'test-org/Tiny-GGUF:Q8_0', '--models-dir', da]);
+  assert.equal(r.code, 0, r.stderr);
+  const id = 'hf.co/test-org/Tiny-GGUF:Q8_0';
+  const a = await startNode(dir, da, { name: 'peer-a', expectModels: [id] });
+  const b = await startNode(dir, db, { name: 'peer-b', args: ['--peer', `127.0.0.1:${clusterPort(a)}`] });
+  try {
+    await waitState(a, (s) => Object.keys(s.nodes).length === 2, 'two nodes');
+    const card = (await http(`${a.url}/models`, { method: 'GET' })).json.models.find((m) => m.id === id);
+    assert.ok(card, 'node a lists the pulled model');
+    const bId = (await http(`${b.url}/node_id`, { method: 'GET' })).json.node_id;
+    const hubBytes = hub.storageBytes;
+    const body = { instance: { instance_id: 'on-b', model_id: id,
+      shards: [{ node_id: bId, layer_begin: 0, layer_end: card.n_layers }] } };
+    const placed = await http(`${a.url}/instance`, { body });
+    assert.equal(placed.status, 200, placed.text);
+    await waitState(a, (s) => instanceReady(s, 'on-b'), 'the instance on b is ready');
+    const openai = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const c = await openai.completions.create({ model: 'test-org/Tiny-GGUF:q8_0', prompt: 'Hello', max_tokens: 4,
+      temperature: 0, ignore_eos: true });
+    assert.equal(c.usage.completion_tokens, 4);
+    assert.ok(fs.readFileSync(path.join(db, 'hf.co~test-org~Tiny-GGUF:Q8_0.gguf')).equals(q8), 'b holds the file');
+    assert.equal(JSON.parse(fs.readFileSync(path.join(db, 'hf.co~test-org~Tiny-GGUF:Q8_0.pull.json'))).ref, id);
+    assert.equal(hub.storageBytes, hubBytes, 'from the peer, not the hub');
+    const listed = (await http(`${b.url}/v1/models`, { method: 'GET' })).json.data.map((m) => m.id);
+    assert.ok(listed.includes(id), `b lists it under its reference: ${listed}`);
+  } catch (e) {
+    for (const n of [a, b])
+      console.log(n.log().split('\n').filter((l) => !l.includes(' http ')).slice(-20).join('\n'));
+    throw e;
+  } finally {
+    await b.stop();
+    await a.stop();
   }
 });

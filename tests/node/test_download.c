@@ -250,6 +250,12 @@ static void test_paths(void)
     CHECK_EQ_INT(download_paths("/m", "llama-3.2:1b", a, b, sizeof a), 0);
     CHECK(!strcmp(a, "/m/llama-3.2:1b.gguf") && !strcmp(b, "/m/.llama-3.2:1b.gguf.partial"), "%s %s", a, b);
     CHECK_EQ_INT(download_paths("/m", "org/model", a, b, sizeof a), CAIRN_EINVAL);
+    /* a pulled model's id: its file has the pull's name (hubref_local_name) */
+    CHECK_EQ_INT(download_paths("/m", "hf.co/org/model:Q8_0", a, b, sizeof a), 0);
+    CHECK(!strcmp(a, "/m/hf.co~org~model:Q8_0.gguf") && !strcmp(b, "/m/.hf.co~org~model:Q8_0.gguf.partial"), "%s %s", a,
+          b);
+    CHECK_EQ_INT(download_paths("/m", "hf.co/org/model:q8_0", a, b, sizeof a), CAIRN_EINVAL); /* not canonical */
+    CHECK_EQ_INT(download_paths("/m", "hf.co/org/../x.gguf", a, b, sizeof a), CAIRN_EINVAL);
     CHECK_EQ_INT(download_paths("/m", ".hidden", a, b, sizeof a), CAIRN_EINVAL);
     CHECK_EQ_INT(download_paths("/m", "", a, b, sizeof a), CAIRN_EINVAL);
     CHECK_EQ_INT(download_paths("/m", "a b", a, b, sizeof a), CAIRN_EINVAL);
