@@ -9,6 +9,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static void usage(void)
 {
@@ -16,7 +17,8 @@ static void usage(void)
             "usage: cairn mkmodel (--shape NAME | --arch A --n-embd N --n-layers N --n-head N [--n-head-kv N]\n"
             "                      --n-ff N [--head-dim N]) [--type T] [--vocab VOCAB.gguf | --vocab-size N]\n"
             "                      [--seed N] [--ctx N] [--script FILE | --script-ids ID,ID,...]\n"
-            "                      [--chat-template FILE.jinja] [--scale-from K --scale F] -o OUT.gguf\n"
+            "                      [--chat-template FILE.jinja] [--scale-from K --scale F] [--split N]\n"
+            "                      -o OUT.gguf\n"
             "       cairn mkmodel --draft-of TARGET.gguf --layers K -o OUT.gguf\n"
             "  --scale-from K --scale F: multiply the attention output and FFN down weights of layers\n"
             "            K and up by F (> 0), so that those layers change the model's predictions\n"
@@ -24,6 +26,7 @@ static void usage(void)
             "            with it more often the smaller F is (F 1: as without the option). On the\n"
             "            small shape with --scale-from 3, F 0.5 to 0.1 gave greedy acceptance rates of\n"
             "            about 0.6 to 0.9 (it varies with the text); cairn bench --draft measures it\n"
+            "  --split N: write the model as N files in gguf-split's layout, OUT-00001-of-0000N.gguf ...\n"
             "  --script: a model whose greedy continuation of the script's first token is the rest of\n"
             "            the script (text tokenized with the vocabulary, control tokens parsed); each\n"
             "            token of the script must always be followed by the same token\n"
@@ -98,6 +101,23 @@ out:
     return rc;
 }
 
+/* --split N: the file at out becomes N parts in gguf-split's layout, named from out's
+ * stem ("m.gguf": "m-00001-of-0000N.gguf" ...), and out is removed. */
+static int split_file(const char *out, int n, char *err, size_t errlen)
+{
+    struct gguf_file *f = NULL;
+    int rc = gguf_open(&f, out, err, errlen);
+    char stem[4096];
+    size_t len = strlen(out);
+    snprintf(stem, sizeof stem, "%.*s", len > 5 && !strcmp(out + len - 5, ".gguf") ? (int)len - 5 : (int)len, out);
+    if (!rc)
+        rc = gguf_write_split(f, n, stem, err, errlen);
+    gguf_close(f);
+    if (!rc)
+        unlink(out);
+    return rc;
+}
+
 int cli_mkmodel(int argc, char **argv)
 {
     struct args a = {argc, argv, 1, "mkmodel", false};
@@ -107,7 +127,7 @@ int cli_mkmodel(int argc, char **argv)
     s.seed = 1;
     const char *shape = NULL, *arch = NULL, *vocab = NULL, *out = NULL, *v;
     const char *draft_of = NULL, *script_file = NULL, *script_ids = NULL, *template_file = NULL;
-    int64_t draft_layers = 0, scale_from = -1;
+    int64_t draft_layers = 0, scale_from = -1, split = 0;
     double out_scale = 0;
     int64_t n_embd = 0, n_layers = 0, n_head = 0, n_head_kv = 0, n_ff = 0, head_dim = 0, ctx = 0, vocab_size = 0;
     for (; a.i < argc && !a.bad; a.i++) {
@@ -132,6 +152,7 @@ int cli_mkmodel(int argc, char **argv)
         else if (args_opt(&a, "--chat-template", &v)) template_file = v;
         else if (args_opt(&a, "--scale-from", &v)) scale_from = args_int(&a, "--scale-from", v, 0, 1024);
         else if (args_opt(&a, "--scale", &v)) out_scale = args_float(&a, "--scale", v, 1e-6, 1e6);
+        else if (args_opt(&a, "--split", &v)) split = args_int(&a, "--split", v, 2, 999);
         else if (args_opt(&a, "-h|--help", NULL)) { usage(); return 0; }
         else {
             fprintf(stderr, "cairn mkmodel: unknown option '%s'\n", argv[a.i]);
@@ -219,6 +240,8 @@ int cli_mkmodel(int argc, char **argv)
     free(tmpl);
     if (a.bad)
         return 2;
+    if (!rc && split)
+        rc = split_file(out, (int)split, err, sizeof err);
     if (rc) {
         fprintf(stderr, "cairn mkmodel: %s\n", err);
         return 1;

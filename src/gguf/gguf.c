@@ -58,6 +58,9 @@ struct gguf_file {
     uint64_t *stroff;     /* file offsets of the length fields of array strings */
     uint64_t kv_hcap, t_hcap; /* powers of two; slots hold index + 1, 0 is empty */
     int64_t *kv_hash, *t_hash;
+    char *path;               /* gguf_open's; NULL for memory */
+    struct gguf_file **parts; /* a split model's other parts, whose tensors are in tensors[] */
+    int n_parts;
 };
 
 static const uint8_t vsize[GGUF_FLOAT64 + 1] = {
@@ -517,7 +520,8 @@ int gguf_open_memory(struct gguf_file **out, const void *data, size_t size, char
     return 0;
 }
 
-int gguf_open(struct gguf_file **out, const char *path, char *err, size_t errlen)
+/* Opens one file (one part of a split model). */
+static int open_one(struct gguf_file **out, const char *path, char *err, size_t errlen)
 {
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -559,9 +563,149 @@ int gguf_open(struct gguf_file **out, const char *path, char *err, size_t errlen
         return cairn_fail(err, errlen, rc, "%s: %s", path, msg);
     }
     f->mapped = map != NULL;
+    f->path = strdup(path);
+    if (!f->path) {
+        gguf_close(f);
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    }
     *out = f;
     return 0;
 }
+
+/* ---- split models (gguf-split) ----
+ * A model split by gguf-split is parts NAME-00001-of-0000N.gguf .. NAME-0000N-of-0000N.gguf,
+ * each a GGUF file: the first holds the key/values, every part "split.no" (0-based, u16),
+ * "split.count" and some of the tensors; the first also "split.tensors.count". Opening the
+ * first part opens the others by name and lists their tensors after its own, each
+ * pointing into its part's mapping; the key/values are the first part's. */
+
+#define SPLIT_MAX_PARTS 1000
+
+/* Part k's path from the first part's (its name ends "-00001-of-0000N.gguf"). */
+static bool part_path(const char *first, uint32_t k, uint32_t n, char *out, size_t cap)
+{
+    size_t len = strlen(first);
+    char tail[32];
+    snprintf(tail, sizeof tail, "-%05u-of-%05u.gguf", 1u, n);
+    if (len < strlen(tail) || strcmp(first + len - strlen(tail), tail))
+        return false;
+    int w = snprintf(out, cap, "%.*s-%05u-of-%05u.gguf", (int)(len - strlen(tail)), first, k, n);
+    return w > 0 && (size_t)w < cap;
+}
+
+/* Rebuilds the name index over every tensor; the index of a second tensor of a name
+ * already seen, -1 when all are distinct, -2 when out of memory. */
+static int64_t reindex(struct gguf_file *f)
+{
+    free(f->t_hash);
+    f->t_hcap = table_cap(f->n_tensors);
+    f->t_hash = calloc(f->t_hcap, sizeof *f->t_hash);
+    if (!f->t_hash)
+        return -2;
+    uint64_t m = f->t_hcap - 1;
+    for (int64_t i = 0; i < f->n_tensors; i++) {
+        size_t len = strlen(f->tensors[i].name);
+        if (tensor_lookup(f, f->tensors[i].name, len) >= 0)
+            return i;
+        uint64_t h = hash_bytes(f->tensors[i].name, len) & m;
+        while (f->t_hash[h])
+            h = (h + 1) & m;
+        f->t_hash[h] = i + 1;
+    }
+    return -1;
+}
+
+/* Adds the tensors of part p (number k, 0-based) after f's. */
+static int take_part(struct gguf_file *f, struct gguf_file *p, int k)
+{
+    if (array_reserve(&f->tensors, &f->cap_tensors, (size_t)(f->n_tensors + p->n_tensors), sizeof *f->tensors, 16))
+        return CAIRN_ENOMEM;
+    for (int64_t i = 0; i < p->n_tensors; i++) {
+        f->tensors[f->n_tensors] = p->tensors[i];
+        f->tensors[f->n_tensors++].part = k;
+    }
+    f->parts[f->n_parts++] = p;
+    return 0;
+}
+
+/* The split keys of a part: its number and the count; false when it has none. */
+static bool split_keys(const struct gguf_file *f, uint32_t *no, uint32_t *count)
+{
+    return gguf_get_u32(f, "split.count", count) == 0 && gguf_get_u32(f, "split.no", no) == 0;
+}
+
+/* Opens the other parts of f when f is the first part of a split model. */
+static int join_parts(struct gguf_file *f, char *err, size_t errlen)
+{
+    uint32_t no = 0, count = 1;
+    if (!split_keys(f, &no, &count) || count <= 1)
+        return 0;
+    if (no != 0)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s is part %u of %u of a split model: open its first part",
+                          f->path, no + 1, count);
+    int64_t want = 0;
+    if (count > SPLIT_MAX_PARTS || gguf_get_i64(f, "split.tensors.count", &want) || want < 0)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: a split model needs split.count <= %d and "
+                          "split.tensors.count", f->path, SPLIT_MAX_PARTS);
+    char path[4096];
+    if (!part_path(f->path, 1, count, path, sizeof path))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: the first of %u parts must be named NAME-00001-of-%05u.gguf",
+                          f->path, count, count);
+    f->parts = calloc(count - 1, sizeof *f->parts);
+    if (!f->parts)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    for (uint32_t k = 1; k < count; k++) {
+        part_path(f->path, k + 1, count, path, sizeof path);
+        struct gguf_file *p = NULL;
+        int rc = open_one(&p, path, err, errlen);
+        if (rc)
+            return rc == CAIRN_ENOTFOUND ? cairn_fail(err, errlen, rc, "part %u of %u of the split model is missing: "
+                                                      "%s", k + 1, count, path) : rc;
+        uint32_t pno = 0, pcount = 0;
+        if (!split_keys(p, &pno, &pcount) || pno != k || pcount != count) {
+            gguf_close(p);
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: split.no %u and split.count %u, expected %u of %u", path,
+                              pno + 1, pcount, k + 1, count);
+        }
+        if (take_part(f, p, (int)k)) {
+            gguf_close(p);
+            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+        }
+    }
+    if (f->n_tensors != want)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: the %u parts hold %lld tensors, split.tensors.count says %lld",
+                          f->path, count, (long long)f->n_tensors, (long long)want);
+    int64_t dup = reindex(f);
+    if (dup == -2)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    if (dup >= 0)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "tensor '%s' is in two parts (the second in part %d)",
+                          f->tensors[dup].name, f->tensors[dup].part + 1);
+    return 0;
+}
+
+int gguf_open(struct gguf_file **out, const char *path, char *err, size_t errlen)
+{
+    int rc = open_one(out, path, err, errlen);
+    if (!rc && (rc = join_parts(*out, err, errlen))) {
+        gguf_close(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+const char *gguf_tensor_file(const struct gguf_file *f, const struct gguf_tensor *t)
+{
+    return t->part > 0 && t->part <= f->n_parts ? f->parts[t->part - 1]->path : f->path;
+}
+
+uint64_t gguf_tensor_file_offset(const struct gguf_file *f, const struct gguf_tensor *t)
+{
+    const struct gguf_file *p = t->part > 0 && t->part <= f->n_parts ? f->parts[t->part - 1] : f;
+    return (uint64_t)((const uint8_t *)t->data - p->base);
+}
+
+int gguf_n_parts(const struct gguf_file *f) { return 1 + f->n_parts; }
 
 void gguf_close(struct gguf_file *f)
 {
@@ -569,6 +713,10 @@ void gguf_close(struct gguf_file *f)
         return;
     if (f->mapped)
         munmap((void *)f->base, f->size);
+    for (int i = 0; i < f->n_parts; i++)
+        gguf_close(f->parts[i]);
+    free(f->parts);
+    free(f->path);
     free(f->kvs);
     free(f->tensors);
     free(f->tensor_off);
@@ -585,7 +733,10 @@ uint32_t gguf_version(const struct gguf_file *f)
 
 uint64_t gguf_file_size(const struct gguf_file *f)
 {
-    return f->size;
+    uint64_t n = f->size;
+    for (int i = 0; i < f->n_parts; i++)
+        n += f->parts[i]->size;
+    return n;
 }
 
 uint32_t gguf_alignment(const struct gguf_file *f)

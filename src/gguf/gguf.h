@@ -49,11 +49,14 @@ struct gguf_tensor {
     uint64_t offset;             /* from the start of the data section */
     uint64_t size;               /* bytes */
     const void *data;            /* into the mapping */
+    int part;                    /* a split model's part (0-based) whose mapping holds data */
 };
 
 struct gguf_file;
 
-/* Opens and validates a file (read-only mmap). *out is NULL on failure. */
+/* Opens and validates a file (read-only mmap). The first part of a model split by
+ * gguf-split ("NAME-00001-of-0000N.gguf") opens its other parts too (by name, beside it)
+ * and lists every part's tensors; any other part is refused. *out is NULL on failure. */
 int gguf_open(struct gguf_file **out, const char *path, char *err, size_t errlen);
 
 /* Same over a caller's buffer, which must outlive the file object (used by tests to
@@ -64,6 +67,7 @@ int gguf_open_memory(struct gguf_file **out, const void *data, size_t size, char
 void gguf_close(struct gguf_file *f);
 
 uint32_t gguf_version(const struct gguf_file *f);
+/* Bytes of the model's files (every part of a split model). */
 uint64_t gguf_file_size(const struct gguf_file *f);
 uint32_t gguf_alignment(const struct gguf_file *f);
 /* Offset of the data section from the start of the file (the end of the tensor infos
@@ -103,6 +107,12 @@ double gguf_arr_float(const struct gguf_array *a, uint64_t i);
 int64_t gguf_n_tensors(const struct gguf_file *f);
 const struct gguf_tensor *gguf_tensor(const struct gguf_file *f, int64_t i);
 const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *f, const char *name);
+/* The file holding a tensor's data (a split model's part) and the data's offset in it,
+ * for readers that pread rather than map; NULL path for gguf_open_memory. */
+const char *gguf_tensor_file(const struct gguf_file *f, const struct gguf_tensor *t);
+uint64_t gguf_tensor_file_offset(const struct gguf_file *f, const struct gguf_tensor *t);
+/* Files of the model: 1, or a split model's parts. */
+int gguf_n_parts(const struct gguf_file *f);
 /* Elements of a tensor (product of ne). */
 int64_t gguf_tensor_nelems(const struct gguf_tensor *t);
 
@@ -144,5 +154,10 @@ int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, int type, in
 
 /* Writes the file (to path.tmp, then renamed). Alignment from general.alignment if set. */
 int gguf_writer_write(struct gguf_writer *w, const char *path, char *err, size_t errlen);
+
+/* Writes the model of src as n_parts files in gguf-split's layout (gguf_open reads it):
+ * "<stem>-0000k-of-0000n.gguf", the key/values in the first, "split.no", "split.count"
+ * and "split.tensors.count" in each, the tensors in order, about as many in each part. */
+int gguf_write_split(const struct gguf_file *src, int n_parts, const char *stem, char *err, size_t errlen);
 
 #endif

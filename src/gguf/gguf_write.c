@@ -420,3 +420,55 @@ int gguf_writer_write(struct gguf_writer *w, const char *path, char *err, size_t
     free(tmp);
     return rc;
 }
+
+/* ---- split models ---- */
+
+/* One part: split.* of part k of n, and for the first the other key/values too. */
+static int split_part(const struct gguf_file *src, int k, int n, int64_t first, int64_t end, const char *path,
+                      char *err, size_t errlen)
+{
+    struct gguf_writer *w = NULL;
+    int rc = gguf_writer_create(&w);
+    for (int64_t i = 0; !rc && i < gguf_n_kv(src); i++) {
+        struct gguf_str key = gguf_kv_key(src, i);
+        bool split_key = key.len > 6 && !memcmp(key.ptr, "split.", 6);
+        bool align = key.len == 17 && !memcmp(key.ptr, "general.alignment", 17);
+        if (!split_key && (k == 0 || align))
+            rc = gguf_writer_copy_kv(w, src, i);
+    }
+    uint16_t no = (uint16_t)k, count = (uint16_t)n;
+    if (!rc)
+        rc = gguf_writer_set_scalar(w, "split.no", GGUF_UINT16, &no);
+    if (!rc)
+        rc = gguf_writer_set_scalar(w, "split.count", GGUF_UINT16, &count);
+    if (!rc)
+        rc = gguf_writer_set_i32(w, "split.tensors.count", (int32_t)gguf_n_tensors(src));
+    for (int64_t i = first; !rc && i < end; i++) {
+        const struct gguf_tensor *t = gguf_tensor(src, i);
+        rc = gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, NULL, NULL);
+    }
+    if (rc)
+        cairn_fail(err, errlen, rc, "part %d of %d: cannot build it", k + 1, n);
+    else
+        rc = gguf_writer_write(w, path, err, errlen);
+    gguf_writer_release(w);
+    return rc;
+}
+
+int gguf_write_split(const struct gguf_file *src, int n_parts, const char *stem, char *err, size_t errlen)
+{
+    int64_t nt = gguf_n_tensors(src);
+    if (n_parts < 2 || n_parts > 99999 || n_parts > nt)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "%d parts of a model of %lld tensors (2 up to one per tensor)",
+                          n_parts, (long long)nt);
+    for (int k = 0; k < n_parts; k++) {
+        char path[4096];
+        int w = snprintf(path, sizeof path, "%s-%05d-of-%05d.gguf", stem, k + 1, n_parts);
+        if (w < 0 || (size_t)w >= sizeof path)
+            return cairn_fail(err, errlen, CAIRN_ERANGE, "the path of a part is too long");
+        int rc = split_part(src, k, n_parts, nt * k / n_parts, nt * (k + 1) / n_parts, path, err, errlen);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}

@@ -252,8 +252,8 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
         m->tok_embd = emb->data;
         m->tok_embd_type = emb->type;
         m->tok_embd_row_bytes = (size_t)dtype_row_bytes(emb->type, hp->n_embd);
-        m->tok_embd_offset = (uint64_t)((const char *)emb->data - (const char *)gguf_base(m->file));
-        m->tok_embd_fd = open(path, O_RDONLY | O_CLOEXEC);
+        m->tok_embd_offset = gguf_tensor_file_offset(m->file, emb); /* in its part, for a split model */
+        m->tok_embd_fd = open(gguf_tensor_file(m->file, emb), O_RDONLY | O_CLOEXEC);
         drop_source_pages(emb->data, emb->size); /* rows are read with pread from here on */
     }
     if (m->last && (rc = load_vec(&ld, &m->output_norm, "output_norm.weight", hp->n_embd, true)))

@@ -1,5 +1,6 @@
 #include "node/catalog.h"
 #include "node/hub.h"
+#include "node/hubref.h"
 
 #include "base/array.h"
 #include "base/dtype.h"
@@ -31,10 +32,14 @@ static bool model_id_byte(unsigned char ch)
            (ch && strchr("._:/@+-", ch) != NULL);
 }
 
+/* A model's file: a GGUF, not hidden, and not a later part of a split model (its first
+ * part stands for all of them). */
 static bool gguf_name(const char *name)
 {
     size_t len = strlen(name);
-    return name[0] != '.' && len > 5 && !strcasecmp(name + len - 5, ".gguf");
+    int part, count;
+    return name[0] != '.' && len > 5 && !strcasecmp(name + len - 5, ".gguf") &&
+           !(hubref_split_part(name, &part, &count) && part > 1);
 }
 
 void catalog_id_from_file_name(const char *file_name, char *id)

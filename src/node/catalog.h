@@ -1,7 +1,10 @@
 /* Model catalog: the GGUF files of a models folder, each described by a card read from
  * the file's own metadata (DESIGN.md, "Where things live on disk"). The scan lists the
  * regular files (symbolic links followed) directly in the folder whose name ends in
- * ".gguf" (any case) and does not start with '.'; sub-folders are not entered.
+ * ".gguf" (any case) and does not start with '.'; sub-folders are not entered. A model
+ * split by gguf-split is listed once, by its first part ("NAME-00001-of-0000N.gguf",
+ * whose id keeps that name); its card's tensors are those of every part, its file bytes
+ * and hash the first part's (what identifies the file for the card cache).
  *
  * Id rule: the file name without its ".gguf" ending, each byte outside the model-id
  * alphabet [A-Za-z0-9._:/@+-] replaced by '_', cut to IDS_MODEL_MAX bytes; a name that

@@ -20,7 +20,7 @@ import { startFakeHub } from './fakehub.mjs';
 
 const T = { timeout: 300_000 * SLOW };
 const VOCAB = path.join(SHARED, 'testdata/vocab/ggml-vocab-llama-spm.gguf');
-let dir, hub, q8, f16;
+let dir, hub, q8, f16, whole, parts;
 
 function cairn(args, env = {}, timeoutMs = 120_000 * SLOW) {
   return new Promise((resolve) => {
@@ -43,6 +43,11 @@ before(async () => {
   await mk(['--shape', 'tiny', '--vocab', VOCAB, '--type', 'f16', '-o', path.join(dir, 'f16.gguf')]);
   q8 = fs.readFileSync(path.join(dir, 'q8.gguf'));
   f16 = fs.readFileSync(path.join(dir, 'f16.gguf'));
+  // one model, whole and in 3 parts (gguf-split's layout)
+  await mk(['--shape', 'tiny', '--vocab', VOCAB, '--seed', '9', '-o', path.join(dir, 'whole.gguf')]);
+  await mk(['--shape', 'tiny', '--vocab', VOCAB, '--seed', '9', '--split', '3', '-o', path.join(dir, 'sp.gguf')]);
+  whole = fs.readFileSync(path.join(dir, 'whole.gguf'));
+  parts = [1, 2, 3].map((k) => fs.readFileSync(path.join(dir, `sp-0000${k}-of-00003.gguf`)));
   hub = await startFakeHub({
     pageSize: 2, // the listing comes in pages
     repos: {
@@ -51,6 +56,9 @@ before(async () => {
         { path: 'mmproj-Tiny-f16.gguf', bytes: Buffer.from('not a model') }] },
       'test-org/Broken-GGUF': { files: [{ path: 'Broken-Q8_0.gguf', bytes: q8 }], corrupt: 'Broken-Q8_0.gguf' },
       'test-org/Gated-GGUF': { files: [{ path: 'Gated-Q8_0.gguf', bytes: q8 }], gated: 'hf_good_token' },
+      'test-org/Whole-GGUF': { files: [{ path: 'Whole-Q8_0.gguf', bytes: whole }] },
+      'test-org/Split-GGUF': { files: parts.map((bytes, k) => ({ path: `Q8_0/Split-Q8_0-0000${k + 1}-of-00003.gguf`,
+        bytes })) },
     },
   });
 });
@@ -236,6 +244,71 @@ test('a pulled model placed on a node that lacks it comes from its peer, under t
     assert.equal(hub.storageBytes, hubBytes, 'from the peer, not the hub');
     const listed = (await http(`${b.url}/v1/models`, { method: 'GET' })).json.data.map((m) => m.id);
     assert.ok(listed.includes(id), `b lists it under its reference: ${listed}`);
+  } catch (e) {
+    for (const n of [a, b])
+      console.log(n.log().split('\n').filter((l) => !l.includes(' http ')).slice(-20).join('\n'));
+    throw e;
+  } finally {
+    await b.stop();
+    await a.stop();
+  }
+});
+
+test('a model in 3 parts pulls as one and answers as the whole file does, token for token', T, async () => {
+  const d = models('split');
+  for (const ref of ['test-org/Whole-GGUF:Q8_0', 'test-org/Split-GGUF:Q8_0']) {
+    const r = await cairn(['pull', ref, '--models-dir', d]);
+    assert.equal(r.code, 0, `${ref}: ${r.stderr}`);
+  }
+  const local = fs.readdirSync(d).filter((f) => f.includes('Split')).sort();
+  assert.deepEqual(local, ['hf.co~test-org~Split-GGUF:Q8_0-00001-of-00003.gguf',
+    'hf.co~test-org~Split-GGUF:Q8_0-00002-of-00003.gguf', 'hf.co~test-org~Split-GGUF:Q8_0-00003-of-00003.gguf',
+    'hf.co~test-org~Split-GGUF:Q8_0.pull.json'], 'three parts and a sidecar');
+  const ls = await cairn(['ls', '--models-dir', d]);
+  assert.equal(ls.stdout.split('\n').filter((l) => l.includes('Split-GGUF')).length, 1, `listed once: ${ls.stdout}`);
+  const node = await startNode(dir, d, { name: 'split',
+    expectModels: ['hf.co/test-org/Whole-GGUF:Q8_0', 'hf.co/test-org/Split-GGUF:Q8_0'] });
+  try {
+    const openai = new OpenAI({ baseURL: `${node.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const ids = (await openai.models.list()).data.map((m) => m.id);
+    assert.equal(ids.filter((id) => id.includes('Split')).length, 1, `one model, not three: ${ids}`);
+    const texts = new Set();
+    for (const prompt of ['Hello', 'The sky is', 'Numbers: 1 2 3']) {
+      const ask = (model) => openai.completions.create({ model, prompt, max_tokens: 6, temperature: 0,
+        ignore_eos: true, logprobs: 1 });
+      const a = await ask('test-org/Whole-GGUF:Q8_0'), b = await ask('test-org/Split-GGUF:Q8_0');
+      assert.equal(b.choices[0].text, a.choices[0].text, `the same tokens for '${prompt}'`);
+      assert.deepEqual(b.choices[0].logprobs.token_logprobs, a.choices[0].logprobs.token_logprobs,
+        `the same log-probabilities for '${prompt}'`);
+      texts.add(a.choices[0].text);
+    }
+    assert.ok(texts.size > 1, 'different prompts, different answers');
+  } catch (e) {
+    console.log(node.log().split('\n').filter((l) => !l.includes(' http ')).slice(-30).join('\n'));
+    throw e;
+  } finally {
+    await node.stop();
+  }
+});
+
+test('the 3-part model split over two nodes by layers answers as the whole file does', T, async () => {
+  const d = models('split'); // pulled by the test before; both nodes read this folder
+  const id = 'hf.co/test-org/Split-GGUF:Q8_0';
+  const a = await startNode(dir, d, { name: 'split-a', expectModels: [id] });
+  const b = await startNode(dir, d, { name: 'split-b', args: ['--peer', `127.0.0.1:${clusterPort(a)}`] });
+  try {
+    await waitState(a, (s) => Object.keys(s.nodes).length === 2, 'two nodes');
+    const openai = new OpenAI({ baseURL: `${a.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const ask = (model) => openai.completions.create({ model, prompt: 'The sky is', max_tokens: 6, temperature: 0,
+      ignore_eos: true, logprobs: 1 });
+    const want = await ask('test-org/Whole-GGUF:Q8_0');
+    const placed = await http(`${a.url}/place_instance`, { body: { model_id: id, sharding: 'pipeline', min_nodes: 2 } });
+    assert.equal(placed.status, 200, placed.text);
+    const s = await waitState(a, (st) => instanceReady(st, placed.json.instance_id), 'the pipeline is ready');
+    assert.equal(s.instances[placed.json.instance_id].shards.length, 2, 'two ranks');
+    const got = await ask(id);
+    assert.equal(got.choices[0].text, want.choices[0].text);
+    assert.deepEqual(got.choices[0].logprobs.token_logprobs, want.choices[0].logprobs.token_logprobs);
   } catch (e) {
     for (const n of [a, b])
       console.log(n.log().split('\n').filter((l) => !l.includes(' http ')).slice(-20).join('\n'));
