@@ -15,7 +15,6 @@
 #include "base/log.h"
 #include "proto/ids.h"
 
-#define ERR_MAX 512
 #define NAME_SHOWN 300 /* bytes of a client's model name quoted in an error */
 
 /* ---------- small helpers ---------- */
@@ -425,6 +424,23 @@ static int read_request(const json_t *body, struct textgen_params *p, bool *stre
     return read_messages(body, p->messages, e);
 }
 
+int anthropic_parse_request(const json_t *body, struct textgen_params *p, bool *stream, struct json_err *e)
+{
+    const char *model = NULL;
+    *stream = false;
+    if (!json_is_object(body))
+        return apiutil_parse_status(json_fail(e, NULL, "request body: expected a JSON object"), e);
+    int status = apiutil_parse_status(read_request(body, p, stream, &model, e), e);
+    if (status)
+        return status;
+    if (!ids_valid_model(model)) { /* no model can have that id */
+        json_fail(e, NULL, "model '%.*s' not found", NAME_SHOWN, model);
+        return 404;
+    }
+    snprintf(p->model, sizeof p->model, "%s", model);
+    return 0;
+}
+
 /* ---------- generation ---------- */
 
 enum block { BLOCK_NONE, BLOCK_TEXT, BLOCK_THINKING };
@@ -677,30 +693,17 @@ static const struct apireq_api ANTHROPIC_API = {
 static void h_messages(struct http_request *req, void *ctx)
 {
     const struct gen *g = ctx;
-    const json_t *body = http_req_json(req);
     struct json_err e = {{0}, {0}};
-    const char *model = NULL;
-    bool stream = false;
+    bool stream;
     struct textgen_params p;
     textgen_params_init(&p);
-    if (!json_is_object(body)) {
-        reply_error(req, 400, "request body: expected a JSON object");
-        return;
-    }
-    int rc = read_request(body, &p, &stream, &model, &e);
-    if (rc) {
+    int status = anthropic_parse_request(http_req_json(req), &p, &stream, &e);
+    if (status) {
         textgen_params_clear(&p);
-        reply_error(req, rc == CAIRN_ENOMEM ? 500 : 400, rc == CAIRN_ENOMEM ? "out of memory" : e.message);
+        reply_error(req, status, e.message);
         return;
     }
-    if (!ids_valid_model(model)) { /* no model can have that id */
-        char msg[ERR_MAX];
-        textgen_params_clear(&p);
-        snprintf(msg, sizeof msg, "model '%.*s' not found", NAME_SHOWN, model);
-        reply_error(req, 404, msg);
-        return;
-    }
-    snprintf(p.model, sizeof p.model, "%s", model);
+    const char *model = p.model; /* valid ids are kept whole */
 
     struct areq *r = calloc(1, sizeof *r);
     bool ok = r && (r->model = strdup(model)) && (r->tool_uses = json_array());

@@ -37,10 +37,21 @@
 #ifndef CAIRN_API_ANTHROPIC_H
 #define CAIRN_API_ANTHROPIC_H
 
+#include <stdbool.h>
 #include <stddef.h>
+
+#include <jansson.h>
 
 #include "api/gen.h"
 #include "api/http.h"
+#include "base/json.h"
+
+/* Checks the body of a POST to /v1/messages (parsed JSON, NULL when it is none) into p
+ * (textgen_params_init'ed; the caller clears it, also on failure; p->model is the
+ * model the client named) and *stream. Returns 0, or the HTTP status of the refusal
+ * (400; 404 for a model name no model can have; 500 out of memory) with e's message
+ * saying why (never empty). */
+int anthropic_parse_request(const json_t *body, struct textgen_params *p, bool *stream, struct json_err *e);
 
 /* Adds the route above to srv (before http_server_start). g (and what it points to)
  * must outlive the server: requests in flight use it until http_server_stop returns.

@@ -39,6 +39,15 @@ int apiutil_opt_stop(const json_t *obj, const char *path, const char *key, bool 
     return 0;
 }
 
+int apiutil_parse_status(int rc, struct json_err *e)
+{
+    if (rc == CAIRN_ENOMEM) {
+        json_fail(e, "", "out of memory");
+        return 500;
+    }
+    return rc ? cairn_http_status(rc) : 0;
+}
+
 int apiutil_flatten_content(const json_t *content, const char *path, char **out,
                             struct json_err *e)
 {

@@ -25,6 +25,11 @@
 int apiutil_opt_stop(const json_t *obj, const char *path, const char *key, bool one_string,
                      struct textgen_params *p, struct json_err *e);
 
+/* The HTTP status for the code a front-end's request parser returned: 0 for 0, 500 for
+ * CAIRN_ENOMEM (e then says "out of memory"), else cairn_http_status (400 for
+ * CAIRN_EFORMAT, whose e the parser filled). */
+int apiutil_parse_status(int rc, struct json_err *e);
+
 /* Message content as text into *out (malloc'd, owned by the caller): a string as is, an
  * array of parts [{"type": "text", "text": string}] joined with "\n", JSON null as
  * *out = NULL. Any other part type or shape fails naming path (the content's own

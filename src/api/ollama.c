@@ -79,6 +79,20 @@ static int no_images(const json_t *o, const char *path, struct json_err *e)
     return 0;
 }
 
+/* The model a request names ("model", or "name" where allowed): 400 when missing. */
+static int request_model(const json_t *body, bool name_too, const char **out, struct json_err *e)
+{
+    const json_t *v = json_object_get(body, "model");
+    if ((!v || json_is_null(v)) && name_too)
+        v = json_object_get(body, "name");
+    if (v && !json_is_null(v) && !json_is_string(v))
+        return json_fail(e, NULL, "model: expected a string");
+    if (!v || json_is_null(v) || json_string_length(v) == 0)
+        return json_fail(e, NULL, "model is required");
+    *out = json_string_value(v);
+    return 0;
+}
+
 /* ---------- request parameters ---------- */
 
 static const char *const ROLES[] = {"system", "user", "assistant", "tool"};
@@ -355,6 +369,27 @@ static int generate_params(const json_t *body, struct textgen_params *p, bool *l
     return ok ? 0 : CAIRN_ENOMEM;
 }
 
+static int parse_request(enum ollama_route route, const json_t *body, struct textgen_params *p,
+                         struct ollama_request *out, struct json_err *e)
+{
+    if (!json_is_object(body))
+        return json_fail(e, NULL, "request body: expected a JSON object");
+    int rc = request_model(body, false, &out->model, e);
+    if (!rc)
+        rc = route == OLLAMA_CHAT ? chat_params(body, p, &out->load, e)
+                                  : generate_params(body, p, &out->load, e);
+    if (!rc)
+        rc = read_common(body, p, &out->stream, &out->unload, e);
+    return rc;
+}
+
+int ollama_parse_request(enum ollama_route route, const json_t *body, struct textgen_params *p,
+                         struct ollama_request *out, struct json_err *e)
+{
+    *out = (struct ollama_request){.stream = true};
+    return apiutil_parse_status(parse_request(route, body, p, out, e), e);
+}
+
 /* ---------- models ---------- */
 
 /* The card of name among models (borrowed): an exact id, or "<id>:latest" for an id
@@ -549,20 +584,6 @@ static json_t *show_json(const json_t *c)
     return o;
 }
 
-/* The model a request names ("model", or "name" where allowed): 400 when missing. */
-static int request_model(const json_t *body, bool name_too, const char **out, struct json_err *e)
-{
-    const json_t *v = json_object_get(body, "model");
-    if ((!v || json_is_null(v)) && name_too)
-        v = json_object_get(body, "name");
-    if (v && !json_is_null(v) && !json_is_string(v))
-        return json_fail(e, NULL, "model: expected a string");
-    if (!v || json_is_null(v) || json_string_length(v) == 0)
-        return json_fail(e, NULL, "model is required");
-    *out = json_string_value(v);
-    return 0;
-}
-
 static void h_show(struct http_request *req, void *ctx)
 {
     const struct gen *g = ctx;
@@ -597,12 +618,10 @@ static void h_show(struct http_request *req, void *ctx)
 
 /* ---------- generation ---------- */
 
-enum kind { KIND_CHAT, KIND_GENERATE };
-
 /* A generation request's state (apireq's self): set by the handler, then used by the
  * event callback alone. */
 struct oreq {
-    enum kind kind;
+    enum ollama_route kind;
     char *model; /* the name the client gave, echoed */
     int64_t t0, t_start, t_first;
     int64_t prompt_tokens, eval_tokens;
@@ -633,7 +652,7 @@ static json_t *reply_base(const struct oreq *r)
 static bool add_text(const struct oreq *r, json_t *o, const char *content, const char *thinking,
                      const json_t *tool_calls)
 {
-    if (r->kind == KIND_GENERATE)
+    if (r->kind == OLLAMA_GENERATE)
         return apiutil_put(o, "response", json_string(content)) && (!*thinking || apiutil_put(o, "thinking", json_string(thinking)));
     json_t *m = json_pack("{s:s,s:s}", "role", "assistant", "content", content);
     return apiutil_put(o, "message", m) && (!*thinking || apiutil_put(m, "thinking", json_string(thinking))) &&
@@ -742,7 +761,7 @@ static void on_event(struct apireq *a, void *self, const struct gen_event *ev)
             break;
         if (!(r->tool_calls = tool_calls_out(ev->tool_calls)))
             apireq_fail(a, 500, "out of memory");
-        else if (stream && r->kind == KIND_CHAT)
+        else if (stream && r->kind == OLLAMA_CHAT)
             send_part(a, r, "", "", r->tool_calls);
         break;
     }
@@ -766,7 +785,7 @@ static const struct apireq_api OLLAMA_API = {
 };
 
 /* Ollama's answer to a request without prompt or messages: the model is "loaded". */
-static void reply_load(struct http_request *req, enum kind kind, const char *model, bool unload)
+static void reply_load(struct http_request *req, enum ollama_route kind, const char *model, bool unload)
 {
     struct oreq shape = {.kind = kind, .model = (char *)model};
     json_t *o = reply_base(&shape);
@@ -779,30 +798,21 @@ static void reply_load(struct http_request *req, enum kind kind, const char *mod
     http_reply_json(req, 200, o);
 }
 
-static void generate(struct http_request *req, const struct gen *g, enum kind kind)
+static void generate(struct http_request *req, const struct gen *g, enum ollama_route kind)
 {
     int64_t t0 = clock_ns();
-    const json_t *body = http_req_json(req);
     char err[ERR_MAX] = "";
-    const char *name = NULL;
     struct textgen_params p;
-    bool stream = true, load = false, unload = false;
-    textgen_params_init(&p);
-    if (!json_is_object(body)) {
-        reply_error(req, 400, "request body: expected a JSON object");
-        return;
-    }
+    struct ollama_request o;
     struct json_err e = {{0}, {0}};
-    int rc = request_model(body, false, &name, &e);
-    if (!rc)
-        rc = kind == KIND_CHAT ? chat_params(body, &p, &load, &e) : generate_params(body, &p, &load, &e);
-    if (!rc)
-        rc = read_common(body, &p, &stream, &unload, &e);
-    if (rc) {
+    textgen_params_init(&p);
+    int status = ollama_parse_request(kind, http_req_json(req), &p, &o, &e);
+    if (status) {
         textgen_params_clear(&p);
-        reply_error(req, cairn_http_status(rc), rc == CAIRN_ENOMEM ? "out of memory" : e.message);
+        reply_error(req, status, e.message);
         return;
     }
+    const char *name = o.model;
     json_t *models = g->ops->models(g->self);
     const json_t *card = models ? find_model(models, name) : NULL;
     if (card)
@@ -818,9 +828,9 @@ static void generate(struct http_request *req, const struct gen *g, enum kind ki
         }
         return;
     }
-    if (load) {
+    if (o.load) {
         textgen_params_clear(&p);
-        reply_load(req, kind, name, unload);
+        reply_load(req, kind, name, o.unload);
         return;
     }
 
@@ -833,12 +843,12 @@ static void generate(struct http_request *req, const struct gen *g, enum kind ki
     }
     r->kind = kind;
     r->t0 = t0;
-    apireq_run(req, g, &OLLAMA_API, r, stream, &p);
+    apireq_run(req, g, &OLLAMA_API, r, o.stream, &p);
 }
 
-static void h_chat(struct http_request *req, void *ctx) { generate(req, ctx, KIND_CHAT); }
+static void h_chat(struct http_request *req, void *ctx) { generate(req, ctx, OLLAMA_CHAT); }
 
-static void h_generate(struct http_request *req, void *ctx) { generate(req, ctx, KIND_GENERATE); }
+static void h_generate(struct http_request *req, void *ctx) { generate(req, ctx, OLLAMA_GENERATE); }
 
 /* Paths under /api that Ollama has and cairn does not (embed, pull, ...): answered in
  * Ollama's error shape, so its clients show the message. */

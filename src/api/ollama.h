@@ -41,10 +41,32 @@
 #ifndef CAIRN_API_OLLAMA_H
 #define CAIRN_API_OLLAMA_H
 
+#include <stdbool.h>
 #include <stddef.h>
+
+#include <jansson.h>
 
 #include "api/gen.h"
 #include "api/http.h"
+#include "base/json.h"
+
+enum ollama_route { OLLAMA_CHAT, OLLAMA_GENERATE };
+
+/* What a generation request asks besides its parameters. */
+struct ollama_request {
+    const char *model; /* the name the client gave, borrowed from the body */
+    bool stream;       /* true unless "stream": false */
+    bool load;         /* no messages (chat) or prompt (generate): the model-load call */
+    bool unload;       /* "keep_alive": 0 */
+};
+
+/* Checks the body of a POST to /api/chat (OLLAMA_CHAT) or /api/generate (parsed JSON,
+ * NULL when it is none) into p (textgen_params_init'ed; the caller clears it, also on
+ * failure; p->model is left for the caller to resolve from out->model) and out. Returns
+ * 0, or the HTTP status of the refusal (400; 500 out of memory) with e's message saying
+ * why (never empty). */
+int ollama_parse_request(enum ollama_route route, const json_t *body, struct textgen_params *p,
+                         struct ollama_request *out, struct json_err *e);
 
 /* Adds the routes above to srv (before http_server_start). g (and what it points to)
  * must outlive the server: requests in flight use it until http_server_stop returns.

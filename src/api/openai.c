@@ -18,13 +18,6 @@
 
 #define MAX_TOOLS 1024
 
-enum api_kind { KIND_CHAT, KIND_COMPLETION };
-
-/* What a request asks of the reply rather than of the generation. */
-struct req_opts {
-    bool stream, include_usage;
-};
-
 struct choice {
     struct strbuf content, reasoning; /* not streamed: collected text */
     json_t *tool_calls;               /* not streamed: from SEQ_DONE, or NULL */
@@ -36,7 +29,7 @@ struct choice {
 
 /* A generation request's state (apireq's self): used by the event callback alone. */
 struct oreq {
-    enum api_kind kind;
+    enum openai_route kind;
     char id[48];
     int64_t created;
     char model[IDS_MODEL_MAX + 1];
@@ -349,13 +342,13 @@ static int parse_max_tokens(const json_t *body, struct textgen_params *p, struct
     return 0;
 }
 
-static int parse_logprobs(enum api_kind kind, const json_t *body, struct textgen_params *p,
+static int parse_logprobs(enum openai_route kind, const json_t *body, struct textgen_params *p,
                           struct json_err *e)
 {
     bool given;
     int64_t top = 0;
     int rc;
-    if (kind == KIND_COMPLETION) {
+    if (kind == OPENAI_COMPLETION) {
         /* The legacy API's "logprobs" is the number of alternatives (0: only the
          * sampled token); true and false are taken too. */
         const json_t *v = json_object_get(body, "logprobs");
@@ -486,8 +479,8 @@ static int parse_template_kwargs(const json_t *body, struct textgen_params *p,
     return 0;
 }
 
-static int parse_misc(enum api_kind kind, const json_t *body, struct textgen_params *p,
-                      struct req_opts *o, struct json_err *e)
+static int parse_misc(enum openai_route kind, const json_t *body, struct textgen_params *p,
+                      struct openai_reply_opts *o, struct json_err *e)
 {
     int64_t n = 1, k = -1;
     int rc;
@@ -521,22 +514,22 @@ static int parse_misc(enum api_kind kind, const json_t *body, struct textgen_par
         if (strcmp(type, "text") != 0)
             return json_fail(e, "response_format", "unknown type \"%s\"", type);
     }
-    if (kind == KIND_COMPLETION)
+    if (kind == OPENAI_COMPLETION)
         p->reasoning = false; /* a raw prompt's text comes back whole */
     return 0;
 }
 
-/* Checks every field the API knows into p and o; CAIRN_EFORMAT (400, e says where) or
+/* Checks every field the API knows into p and o; CAIRN_EFORMAT (e says where) or
  * CAIRN_ENOMEM. */
-static int parse_request(enum api_kind kind, const json_t *body, struct textgen_params *p,
-                         struct req_opts *o, struct json_err *e)
+static int parse_request(enum openai_route kind, const json_t *body, struct textgen_params *p,
+                         struct openai_reply_opts *o, struct json_err *e)
 {
     if (!json_is_object(body))
         return json_fail(e, "", "the request body must be a JSON object");
     int rc;
     if ((rc = parse_model(body, p, e)))
         return rc;
-    if (kind == KIND_CHAT) {
+    if (kind == OPENAI_CHAT) {
         if ((rc = parse_messages(body, p, e)) || (rc = parse_tools(body, p, e)) ||
             (rc = parse_template_kwargs(body, p, e)))
             return rc;
@@ -548,6 +541,12 @@ static int parse_request(enum api_kind kind, const json_t *body, struct textgen_
         (rc = parse_logprobs(kind, body, p, e)) || (rc = parse_misc(kind, body, p, o, e)))
         return rc;
     return 0;
+}
+
+int openai_parse_request(enum openai_route route, const json_t *body, struct textgen_params *p,
+                         struct openai_reply_opts *o, struct json_err *e)
+{
+    return apiutil_parse_status(parse_request(route, body, p, o, e), e);
 }
 
 /* ---------- replies ---------- */
@@ -686,7 +685,7 @@ static bool has_calls(const json_t *calls)
 /* The whole reply of a request that was not streamed. */
 static json_t *full_response(struct oreq *r, const struct gen_usage *end)
 {
-    json_t *o = response_head(r, r->kind == KIND_CHAT ? "chat.completion" : "text_completion");
+    json_t *o = response_head(r, r->kind == OPENAI_CHAT ? "chat.completion" : "text_completion");
     json_t *choices = json_array();
     bool ok = o && choices;
     for (int i = 0; ok && i < r->n; i++) {
@@ -694,7 +693,7 @@ static json_t *full_response(struct oreq *r, const struct gen_usage *end)
         bool calls = has_calls(c->tool_calls);
         json_t *ch = json_object(), *lp = NULL;
         ok = ch && apiutil_put(ch, "index", json_integer(i));
-        if (r->kind == KIND_CHAT) {
+        if (r->kind == OPENAI_CHAT) {
             json_t *msg = json_object();
             const char *text = apiutil_text(&c->content);
             ok = ok && msg && apiutil_put(msg, "role", json_string("assistant")) &&
@@ -736,7 +735,7 @@ static json_t *full_response(struct oreq *r, const struct gen_usage *end)
  * of memory; timings NULL: none). */
 static void send_chunk(struct apireq *a, struct oreq *r, json_t *choices, json_t *usage, json_t *timings)
 {
-    json_t *o = response_head(r, r->kind == KIND_CHAT ? "chat.completion.chunk" : "text_completion");
+    json_t *o = response_head(r, r->kind == OPENAI_CHAT ? "chat.completion.chunk" : "text_completion");
     bool ok = o && choices && json_object_set(o, "choices", choices) == 0;
     json_decref(choices);
     if (ok && timings)
@@ -761,7 +760,7 @@ static json_t *chunk_choice(const struct oreq *r, int index, json_t *delta, cons
 {
     json_t *c = json_object();
     bool ok = c && apiutil_put(c, "index", json_integer(index));
-    if (r->kind == KIND_CHAT) {
+    if (r->kind == OPENAI_CHAT) {
         if (!delta)
             delta = json_object();
         ok = ok && delta && json_object_set(c, "delta", delta) == 0;
@@ -806,7 +805,7 @@ static void stream_event(struct apireq *a, struct oreq *r, const struct gen_even
     struct choice *c = ev->seq >= 0 && ev->seq < r->n ? &r->choices[ev->seq] : NULL;
     switch (ev->kind) {
     case GEN_EVENT_START:
-        for (int i = 0; r->kind == KIND_CHAT && i < r->n; i++)
+        for (int i = 0; r->kind == OPENAI_CHAT && i < r->n; i++)
             send_chunk(a, r, one(chunk_choice(r, i, json_pack("{s:s,s:s}", "role", "assistant",
                                                                "content", ""),
                                               NULL, NULL, NULL)),
@@ -819,7 +818,7 @@ static void stream_event(struct apireq *a, struct oreq *r, const struct gen_even
             break;
         json_t *lp = NULL, *delta = NULL;
         char *text = NULL;
-        if (r->kind == KIND_CHAT) {
+        if (r->kind == OPENAI_CHAT) {
             delta = json_object();
             if (delta && content[0])
                 apiutil_put(delta, "content", apiutil_text_json(content));
@@ -845,7 +844,7 @@ static void stream_event(struct apireq *a, struct oreq *r, const struct gen_even
             apireq_fail(a, status, error);
             break;
         }
-        bool calls = r->kind == KIND_CHAT && has_calls(ev->tool_calls);
+        bool calls = r->kind == OPENAI_CHAT && has_calls(ev->tool_calls);
         if (calls) {
             json_t *delta = json_object();
             if (delta)
@@ -876,7 +875,7 @@ static void collect_event(struct apireq *a, struct oreq *r, const struct gen_eve
             break;
         const char *content = ev->content ? ev->content : "";
         const char *reasoning = ev->reasoning ? ev->reasoning : "";
-        bool ok = strbuf_put(r->kind == KIND_CHAT ? &c->reasoning : &c->content, reasoning,
+        bool ok = strbuf_put(r->kind == OPENAI_CHAT ? &c->reasoning : &c->content, reasoning,
                              strlen(reasoning)) == 0 &&
                   strbuf_put(&c->content, content, strlen(content)) == 0;
         if (ok && ev->logprobs && r->logprobs) {
@@ -956,8 +955,8 @@ static const struct apireq_api OPENAI_API = {
     .free = oreq_free,
 };
 
-static struct oreq *oreq_new(enum api_kind kind, const struct textgen_params *p,
-                             const struct req_opts *o)
+static struct oreq *oreq_new(enum openai_route kind, const struct textgen_params *p,
+                             const struct openai_reply_opts *o)
 {
     struct oreq *r = calloc(1, sizeof *r);
     if (!r)
@@ -973,24 +972,22 @@ static struct oreq *oreq_new(enum api_kind kind, const struct textgen_params *p,
     r->logprobs = p->logprobs;
     r->created = (int64_t)time(NULL);
     snprintf(r->model, sizeof r->model, "%s", p->model);
-    apiutil_random_id(r->id, sizeof r->id, kind == KIND_CHAT ? "chatcmpl-" : "cmpl-");
+    apiutil_random_id(r->id, sizeof r->id, kind == OPENAI_CHAT ? "chatcmpl-" : "cmpl-");
     return r;
 }
 
-static void handle_generation(struct http_request *req, const struct gen *g, enum api_kind kind)
+static void handle_generation(struct http_request *req, const struct gen *g, enum openai_route kind)
 {
     struct textgen_params p;
     textgen_params_init(&p);
-    struct req_opts o = {0};
+    struct openai_reply_opts o = {0};
     struct json_err e = {{0}, {0}};
-    const json_t *body = http_req_json(req);
-    int rc = body ? parse_request(kind, body, &p, &o, &e)
-                  : json_fail(&e, "", "the request body must be a JSON object");
-    struct oreq *r = rc ? NULL : oreq_new(kind, &p, &o);
+    int status = openai_parse_request(kind, http_req_json(req), &p, &o, &e);
+    struct oreq *r = status ? NULL : oreq_new(kind, &p, &o);
     if (!r) {
         textgen_params_clear(&p);
-        if (rc && rc != CAIRN_ENOMEM)
-            reply_error(req, 400, e.message, e.path);
+        if (status)
+            reply_error(req, status, e.message, e.path);
         else
             reply_error(req, 500, "out of memory", NULL);
         return;
@@ -1000,12 +997,12 @@ static void handle_generation(struct http_request *req, const struct gen *g, enu
 
 static void h_chat(struct http_request *req, void *ctx)
 {
-    handle_generation(req, ctx, KIND_CHAT);
+    handle_generation(req, ctx, OPENAI_CHAT);
 }
 
 static void h_completions(struct http_request *req, void *ctx)
 {
-    handle_generation(req, ctx, KIND_COMPLETION);
+    handle_generation(req, ctx, OPENAI_COMPLETION);
 }
 
 /* ---------- models ---------- */

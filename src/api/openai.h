@@ -30,10 +30,28 @@
 #ifndef CAIRN_API_OPENAI_H
 #define CAIRN_API_OPENAI_H
 
+#include <stdbool.h>
 #include <stddef.h>
+
+#include <jansson.h>
 
 #include "api/gen.h"
 #include "api/http.h"
+#include "base/json.h"
+
+enum openai_route { OPENAI_CHAT, OPENAI_COMPLETION };
+
+/* What a request asks of the reply rather than of the generation. */
+struct openai_reply_opts {
+    bool stream, include_usage;
+};
+
+/* Checks the body of a POST to /v1/chat/completions (OPENAI_CHAT) or /v1/completions
+ * (parsed JSON, NULL when it is none) into p (textgen_params_init'ed; the caller clears
+ * it, also on failure) and o. Returns 0, or the HTTP status of the refusal (400; 500
+ * out of memory) with e saying why (message never empty; path the field, or ""). */
+int openai_parse_request(enum openai_route route, const json_t *body, struct textgen_params *p,
+                         struct openai_reply_opts *o, struct json_err *e);
 
 /* Adds the routes above to srv (before http_server_start). g (and what it points to)
  * must outlive the server: requests in flight hold it until they end. CAIRN_EINVAL or
