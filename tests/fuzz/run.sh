@@ -13,9 +13,10 @@ command -v clang >/dev/null || { echo "run.sh: clang is required (apt-get instal
 out=build-fuzz
 mkdir -p "$out"
 flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Isrc -Itests)
-libs=($(pkg-config --cflags --libs jansson libpcre2-8 libsodium) -lpthread -lm)
+libs=($(pkg-config --cflags --libs jansson libpcre2-8 libsodium libmicrohttpd libzmq) -lpthread -lm)
 # harness name -> the sources it needs
 declare -A srcs=(
+  [fuzz_api]="src/api/openai.c src/api/ollama.c src/api/anthropic.c src/api/apiutil.c src/api/apireq.c src/api/sse.c src/api/http*.c src/api/hosts.c src/api/json_scan.c src/ctl/*.c src/proto/*.c src/node/taskbody.c src/base/*.c"
   [fuzz_host]="src/api/hosts.c"
   [fuzz_jointoken]="src/net/jointoken.c src/base/err.c"
   [fuzz_hubref]="src/node/hubref.c src/base/err.c"
