@@ -271,10 +271,12 @@ static int parse_logit_bias(const json_t *body, struct textgen_params *p, struct
         char path[JSON_ERR_PATH_MAX];
         json_path(path, sizeof path, "logit_bias.%s", key);
         size_t klen = strlen(key);
-        bool digits = klen > 0 && klen <= 10 && strspn(key, "0123456789") == klen;
+        /* One spelling per id ("7", never "07"): keys are unique, so ids are too, and
+         * the runner, which reads them back from an object, gets every entry. */
+        bool digits = klen > 0 && klen <= 10 && strspn(key, "0123456789") == klen && (key[0] != '0' || klen == 1);
         long long id = digits ? strtoll(key, NULL, 10) : -1;
         if (id < 0 || id > INT32_MAX)
-            return json_fail(e, path, "the key is not a token id (a decimal integer)");
+            return json_fail(e, path, "the key is not a token id (a decimal integer without leading zeros)");
         if (!json_is_number(b))
             return json_fail(e, path, "expected a number");
         double d = json_number_value(b);

@@ -720,6 +720,7 @@ static void test_bad_requests(struct fixture *fx)
         {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"logit_bias\":{\"-5\":1}}", "logit_bias.-5"},
         {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"logit_bias\":{\"5\":101}}", "logit_bias.5"},
         {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"logit_bias\":{\"5\":\"x\"}}", "logit_bias.5"},
+        {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"logit_bias\":{\"7\":1,\"07\":2}}", "logit_bias.07"},
         {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"logprobs\":1}", "logprobs"},
         {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"logprobs\":true,\"top_logprobs\":50}", "top_logprobs"},
         {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"n\":100}", "n"},
@@ -1005,6 +1006,37 @@ static void test_models(struct fixture *fx)
     rh_free(&r);
 }
 
+/* Found by fuzz_api: "7" and "07" both named token 7, so the runner, reading the ids
+ * back from an object, got one entry of two. One spelling per id now. */
+static void test_logit_bias_ids(void)
+{
+    static const struct {
+        const char *bias;
+        int status, n_bias;
+    } cases[] = {
+        {"{\"0\":1,\"7\":2}", 0, 2},
+        {"{\"7\":1,\"07\":2}", 400, 0},
+        {"{\"00\":1}", 400, 0},
+        {"{\"2147483647\":-100}", 0, 1},
+        {"{\"2147483648\":1}", 400, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[256];
+        snprintf(text, sizeof text, "{\"model\":\"m\",\"prompt\":\"hi\",\"logit_bias\":%s}", cases[i].bias);
+        json_t *body = json_loads(text, 0, NULL);
+        struct textgen_params p;
+        struct openai_reply_opts o = {0};
+        struct json_err e = {{0}, {0}};
+        textgen_params_init(&p);
+        int status = openai_parse_request(OPENAI_COMPLETION, body, &p, &o, &e);
+        CHECK(status == cases[i].status && (status || p.n_bias == cases[i].n_bias) &&
+                  (!status || !strncmp(e.message, "logit_bias.", 11)),
+              "%s: status %d, %d entries, '%s'", cases[i].bias, status, p.n_bias, e.message);
+        textgen_params_clear(&p);
+        json_decref(body);
+    }
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -1023,5 +1055,6 @@ int main(int argc, char **argv)
     }
     RUN(test_stop_cancels);
     RUN(test_too_slow);
+    RUN(test_logit_bias_ids);
     return test_main_end();
 }
