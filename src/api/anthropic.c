@@ -296,6 +296,11 @@ static int read_messages(const json_t *body, json_t *out, struct json_err *e)
         if (rc)
             return rc;
     }
+    /* The system prompt and each tool result are messages of their own to the runner,
+     * which takes at most TEXTGEN_MAX_MESSAGES. */
+    if (json_array_size(out) > TEXTGEN_MAX_MESSAGES)
+        return json_fail(e, NULL, "messages: %zu messages once the system prompt and each tool_result are "
+                         "counted, at most %d", json_array_size(out), TEXTGEN_MAX_MESSAGES);
     return 0;
 }
 

@@ -644,6 +644,56 @@ static void test_disconnects(uint16_t port)
     }
 }
 
+/* A body of n user messages, with a system prompt when system, and one more user
+ * message of tool_results results; NULL when out of memory. */
+static json_t *many_messages(int n, bool system, int results)
+{
+    json_t *msgs = json_array(), *blocks = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", "hi"));
+    for (int i = 0; i < results; i++)
+        json_array_append_new(blocks, json_pack("{s:s,s:s,s:s}", "type", "tool_result", "tool_use_id", "t1",
+                                                "content", "ok"));
+    if (results)
+        json_array_append_new(msgs, json_pack("{s:s,s:O}", "role", "user", "content", blocks));
+    json_decref(blocks);
+    json_t *body = json_pack("{s:s,s:i,s:o}", "model", "qwen3", "max_tokens", 8, "messages", msgs);
+    if (body && system)
+        json_object_set_new(body, "system", json_string("be brief"));
+    return body;
+}
+
+/* The runner takes at most TEXTGEN_MAX_MESSAGES messages, and the system prompt and each
+ * tool_result are messages of their own there: 4096 messages and a system prompt were
+ * accepted here and refused by the runner. They are a 400 here now. */
+static void test_message_count(void)
+{
+    static const struct {
+        int n;
+        bool system;
+        int results, status;
+    } cases[] = {
+        {TEXTGEN_MAX_MESSAGES, false, 0, 0},
+        {TEXTGEN_MAX_MESSAGES - 1, true, 0, 0},
+        {TEXTGEN_MAX_MESSAGES, true, 0, 400},
+        {1, false, TEXTGEN_MAX_MESSAGES - 1, 0},
+        {1, false, TEXTGEN_MAX_MESSAGES, 400},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *body = many_messages(cases[i].n, cases[i].system, cases[i].results);
+        struct textgen_params p;
+        struct json_err e = {{0}, {0}};
+        bool stream;
+        textgen_params_init(&p);
+        int status = body ? anthropic_parse_request(body, &p, &stream, &e) : -1;
+        CHECK(status == cases[i].status && (status || json_array_size(p.messages) <= TEXTGEN_MAX_MESSAGES) &&
+                  (!status || !strncmp(e.message, "messages: ", 10)),
+              "case %zu: status %d, %zu messages, '%s'", i, status, json_array_size(p.messages), e.message);
+        textgen_params_clear(&p);
+        json_decref(body);
+    }
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -664,6 +714,7 @@ int main(int argc, char **argv)
     RUN(test_errors, port);
     CHECK_EQ_INT(F.cancels, 0); /* no request that ran to its end was cancelled */
     RUN(test_disconnects, port);
+    RUN(test_message_count);
     CHECK_EQ_INT(F.cancels, 3);
     CHECK_EQ_INT(F.cancels_after_end, 0);
 
