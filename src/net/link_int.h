@@ -139,6 +139,10 @@ char *link_intro_payload(const struct link *l, size_t *len);
  * and the port. CAIRN_EFORMAT with the reason in why. */
 int link_parse_intro(zmq_msg_t *body, char ns[LINK_NS_MAX], int *port, char *why, size_t whylen);
 
+/* The reason in a REJECT payload ({"reason"}) as printable text in dst (n bytes, cut
+ * short, '?' for unprintable bytes), or "no reason given"; returns dst. */
+const char *link_reject_reason(const void *payload, size_t len, char *dst, size_t n);
+
 /* ---- link_peer.c ---- */
 
 /* True when r's handshake is done and its connection not gone. */

@@ -578,13 +578,10 @@ int link_read_dealer(struct link *l, struct link_route *r, struct link_msg *out)
         welcome_out(l, r, &h, &parts[1]);
         break;
     case LINK_T_REJECT: {
-        json_t *j = json_loadb(zmq_msg_data(&parts[1]), zmq_msg_size(&parts[1]), 0, NULL);
-        const char *reason = json_string_value(json_object_get(j, "reason"));
         char shown[200];
         l->stats.refused++;
         log_error("link %s: %s at %s refused us: %s", l->id, h.sender, r->endpoint,
-                  reason ? link_printable(shown, sizeof shown, reason, strlen(reason)) : "no reason given");
-        json_decref(j);
+                  link_reject_reason(zmq_msg_data(&parts[1]), zmq_msg_size(&parts[1]), shown, sizeof shown));
         remove_route_ptr(l, r, "refused");
         break;
     }

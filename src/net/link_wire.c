@@ -225,6 +225,18 @@ int link_parse_intro(zmq_msg_t *body, char ns[LINK_NS_MAX], int *port, char *why
     return rc;
 }
 
+const char *link_reject_reason(const void *payload, size_t len, char *dst, size_t n)
+{
+    json_t *j = json_loadb(payload, len, 0, NULL);
+    const char *reason = json_string_value(json_object_get(j, "reason"));
+    if (reason)
+        link_printable(dst, n, reason, strlen(reason));
+    else
+        snprintf(dst, n, "%s", "no reason given");
+    json_decref(j);
+    return dst;
+}
+
 /* ---- text for logs ------------------------------------------------------------------- */
 
 const char *link_printable(char *dst, size_t n, const char *s, size_t len)
