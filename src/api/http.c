@@ -69,7 +69,7 @@ int http_server_create(struct http_server **out, const struct http_config *cfg, 
     srv->api_key = cfg->api_key && cfg->api_key[0] ? strdup(cfg->api_key) : NULL;
     srv->max_connections = cfg->max_connections ? cfg->max_connections : 256;
     srv->max_per_client = cfg->max_per_client ? cfg->max_per_client : 64;
-    srv->max_json_values = cfg->max_json_values ? cfg->max_json_values : (size_t)1 << 18;
+    srv->max_json_values = cfg->max_json_values ? cfg->max_json_values : HTTP_JSON_VALUES_DEFAULT;
     srv->head_timeout_s = cfg->head_timeout_s ? cfg->head_timeout_s : 15;
     srv->body_timeout_s = cfg->body_timeout_s ? cfg->body_timeout_s : 120;
     pthread_mutex_init(&srv->guard_mu, NULL);
@@ -79,7 +79,7 @@ int http_server_create(struct http_server **out, const struct http_config *cfg, 
     pthread_cond_init(&srv->guard_cv, &ca);
     pthread_condattr_destroy(&ca);
     srv->max_body = cfg->max_body_bytes ? cfg->max_body_bytes : (size_t)16 << 20;
-    srv->max_depth = cfg->max_json_depth > 0 ? cfg->max_json_depth : 64;
+    srv->max_depth = cfg->max_json_depth > 0 ? cfg->max_json_depth : HTTP_JSON_DEPTH_DEFAULT;
     srv->idle_timeout_s = cfg->idle_timeout_s ? cfg->idle_timeout_s : 30;
     srv->stream_queue = cfg->stream_queue_bytes ? cfg->stream_queue_bytes : (size_t)1 << 20;
     srv->keepalive_ms = cfg->keepalive_ms ? cfg->keepalive_ms : 15000;

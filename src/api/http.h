@@ -19,6 +19,9 @@ struct http_server;
 struct http_request;
 struct http_stream;
 
+#define HTTP_JSON_DEPTH_DEFAULT 64                   /* http_config.max_json_depth */
+#define HTTP_JSON_VALUES_DEFAULT ((size_t)1 << 18)   /* http_config.max_json_values */
+
 /* Zero fields take the defaults in brackets. */
 struct http_config {
     const char *bind_addr;           /* numeric IPv4/IPv6 address ["127.0.0.1"] */

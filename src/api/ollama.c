@@ -16,6 +16,7 @@
 
 #include "api/apireq.h"
 #include "api/apiutil.h"
+#include "api/json_scan.h"
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/json.h"
@@ -115,8 +116,19 @@ static int tool_call_in(const json_t *call, const char *path, size_t msg_i, size
         obj = json_object();
     else if (json_is_object(args))
         obj = json_deep_copy(args);
-    else if (json_is_string(args)) /* as OpenAI sends them, JSON text */
-        obj = json_loads(json_string_value(args), JSON_DECODE_ANY, NULL);
+    else if (json_is_string(args)) { /* as OpenAI sends them, JSON text */
+        /* Parsed here, so held to the limits of a body: else a string of 16 MiB would
+         * make millions of values, or nesting no later recursion expects. */
+        const char *text = json_string_value(args);
+        size_t len = json_string_length(args), values;
+        int depth;
+        http_json_scan(text, len, HTTP_JSON_DEPTH_DEFAULT, HTTP_JSON_VALUES_DEFAULT, &depth, &values);
+        if (depth > HTTP_JSON_DEPTH_DEFAULT || values > HTTP_JSON_VALUES_DEFAULT)
+            return json_fail(e, NULL,
+                             "%s.tool_calls[%zu].function.arguments: JSON text deeper than %d levels or of more "
+                             "than %zu values", path, j, HTTP_JSON_DEPTH_DEFAULT, HTTP_JSON_VALUES_DEFAULT);
+        obj = json_loadb(text, len, JSON_DECODE_ANY, NULL);
+    }
     if (obj && !json_is_object(obj)) {
         json_decref(obj);
         obj = NULL;

@@ -678,6 +678,56 @@ static void test_parallel(uint16_t port)
     CHECK_EQ_INT(ok, 8);
 }
 
+/* An assistant message whose one tool call has the arguments (JSON text) {"a": v}, v
+ * being levels nested arrays around items zeros; NULL when out of memory. */
+static json_t *args_body(size_t levels, size_t items)
+{
+    char *text = malloc(16 + 2 * levels + 2 * items), *at = text;
+    if (!text)
+        return NULL;
+    at += sprintf(at, "{\"a\":");
+    for (size_t i = 0; i < levels; i++)
+        *at++ = '[';
+    for (size_t i = 0; i < items; i++)
+        at += sprintf(at, i ? ",0" : "0");
+    for (size_t i = 0; i < levels; i++)
+        *at++ = ']';
+    sprintf(at, "}");
+    json_t *body = json_pack("{s:s,s:[{s:s,s:s,s:[{s:{s:s,s:s}}]}]}", "model", "m", "messages", "role", "assistant",
+                             "content", "", "tool_calls", "function", "name", "f", "arguments", text);
+    free(text);
+    return body;
+}
+
+/* Found by fuzz_api: tool call arguments sent as JSON text were parsed without the
+ * limits a body has, so a string could nest 2000 levels deep, or make millions of
+ * values out of 16 MiB. They are held to the body's limits now. */
+static void test_arguments_limits(void)
+{
+    static const struct {
+        size_t levels, items;
+        int status;
+    } cases[] = {
+        {HTTP_JSON_DEPTH_DEFAULT - 1, 0, 0}, /* {"a": [[...]]}: 64 levels in all */
+        {HTTP_JSON_DEPTH_DEFAULT, 0, 400},
+        {1000, 0, 400},
+        {1, HTTP_JSON_VALUES_DEFAULT - 3, 0}, /* the object, its key, the array */
+        {1, HTTP_JSON_VALUES_DEFAULT - 2, 400},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *body = args_body(cases[i].levels, cases[i].items);
+        struct textgen_params p;
+        struct ollama_request o;
+        struct json_err e = {{0}, {0}};
+        textgen_params_init(&p);
+        int status = body ? ollama_parse_request(OLLAMA_CHAT, body, &p, &o, &e) : -1;
+        CHECK(status == cases[i].status && (!status || strstr(e.message, "function.arguments: JSON text deeper")),
+              "case %zu: status %d '%s'", i, status, e.message);
+        textgen_params_clear(&p);
+        json_decref(body);
+    }
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -712,6 +762,7 @@ int main(int argc, char **argv)
     CHECK_EQ_INT(cancels, 0); /* no request that ran to its end was cancelled */
     RUN(test_disconnects, port);
     RUN(test_parallel, port);
+    RUN(test_arguments_limits);
     CHECK_EQ_INT(F.cancels, cancels + 3);
     CHECK_EQ_INT(F.cancels_after_end, 0);
 

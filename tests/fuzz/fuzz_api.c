@@ -2,13 +2,15 @@
  * route, the rest is the body, parsed as the server parses it (http_req.c: its depth and
  * value limits, jansson without options; a body that is not JSON reaches the handler as
  * NULL) and given to that route's parser: OpenAI chat and completions, Ollama chat and
- * generate, Anthropic messages (api/openai.c, ollama.c, anthropic.c), and the cluster's place, create and draft
- * model commands (ctl/command.c). A refusal must be a 4xx (500 only for out of memory)
- * with a message; accepted parameters must be within the documented limits (README,
- * "Security") and travel to the runner as gen_node sends them (taskbody) and come out
- * of the runner's own check the same; an accepted command must go over the wire to the
- * master and back unchanged. Built and run by run.sh. */
+ * generate, Anthropic messages (api/openai.c, ollama.c, anthropic.c), and the cluster's
+ * place, create and draft model commands (ctl/command.c). A refusal must be a 4xx (500
+ * only for out of memory) with a message. Accepted parameters must be within the
+ * documented limits (README, "Security"), nest no deeper than a body may, and reach the
+ * runner as gen_node sends them (taskbody), coming out of the runner's own check the
+ * same; an accepted command must go over the wire to the master and back unchanged.
+ * Built and run by run.sh. */
 #include "api/anthropic.h"
+#include "api/http.h"
 #include "api/json_scan.h"
 #include "api/ollama.h"
 #include "api/openai.h"
@@ -32,9 +34,9 @@
         }                                                                         \
     } while (0)
 
-/* The server's defaults (http.c): deeper or bigger bodies never reach a handler. */
-#define SERVER_MAX_DEPTH 64
-#define SERVER_MAX_VALUES ((size_t)1 << 18)
+/* The levels a front-end nests around a client's own values, at most: a tool call's
+ * arguments sit in params.messages[i].tool_calls[j].function. */
+#define FRONT_END_LEVELS 6
 
 enum route {
     R_OPENAI_CHAT,
@@ -66,6 +68,22 @@ static bool same_sampling(const struct runner_sampling *a, const struct runner_s
            a->repeat_penalty == b->repeat_penalty && a->presence_penalty == b->presence_penalty &&
            a->frequency_penalty == b->frequency_penalty && a->top_k == b->top_k &&
            a->penalty_last_n == b->penalty_last_n && a->seed == b->seed;
+}
+
+/* Nesting depth of j: 0 for a scalar. */
+static int depth(const json_t *j)
+{
+    int d = 0, dv;
+    const char *k;
+    json_t *v;
+    size_t i;
+    if (json_is_object(j))
+        json_object_foreach((json_t *)j, k, v) d = (dv = depth(v)) > d ? dv : d;
+    else if (json_is_array(j))
+        json_array_foreach(j, i, v) d = (dv = depth(v)) > d ? dv : d;
+    else
+        return 0;
+    return d + 1;
 }
 
 static bool same_json(const json_t *a, const json_t *b)
@@ -104,6 +122,11 @@ static void check_runner_reads(const struct textgen_params *p)
     char err[512] = "";
     json_t *j = textgen_params_to_json(p), *got = NULL;
     CHECK(j);
+    /* Nothing a client sends nests deeper than a body may (what a template walks). */
+    int d = depth(j);
+    if (d > HTTP_JSON_DEPTH_DEFAULT + FRONT_END_LEVELS)
+        fprintf(stderr, "params nested %d levels deep\n", d);
+    CHECK(d <= HTTP_JSON_DEPTH_DEFAULT + FRONT_END_LEVELS);
     char *body = NULL;
     size_t len = 0;
     int64_t bytes = 0;
@@ -231,9 +254,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (len) {
         int depth;
         size_t values;
-        http_json_scan(text, len, SERVER_MAX_DEPTH, SERVER_MAX_VALUES, &depth, &values);
-        if (depth > SERVER_MAX_DEPTH || values > SERVER_MAX_VALUES)
-            return 0; /* the server answers 400 or 413 itself */
+        http_json_scan(text, len, HTTP_JSON_DEPTH_DEFAULT, HTTP_JSON_VALUES_DEFAULT, &depth, &values);
+        if (depth > HTTP_JSON_DEPTH_DEFAULT || values > HTTP_JSON_VALUES_DEFAULT)
+            return 0; /* the server's defaults (http.h): it answers 400 or 413 itself */
         body = json_loadb(text, len, 0, NULL);
     }
     if (route <= R_ANTHROPIC)
