@@ -1,6 +1,7 @@
 #include "node/catalog.h"
 #include "node/hub.h"
 #include "node/hubref.h"
+#include "node/sha256.h"
 
 #include "base/array.h"
 #include "base/dtype.h"
@@ -12,7 +13,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -399,8 +399,6 @@ int catalog_file_sha256(const char *path, char *hex, uint64_t *size_out, int64_t
                         size_t errlen)
 {
     hex[0] = 0;
-    if (sodium_init() < 0)
-        return cairn_fail(err, errlen, CAIRN_EIO, "libsodium cannot start");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return cairn_fail(err, errlen, CAIRN_EIO, "cannot open %s: %s", path, strerror(errno));
@@ -416,8 +414,11 @@ int catalog_file_sha256(const char *path, char *hex, uint64_t *size_out, int64_t
         rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot stat %s: %s", path, strerror(errno));
         goto out;
     }
-    crypto_hash_sha256_state st;
-    crypto_hash_sha256_init(&st);
+    struct sha256 st = {0};
+    if (sha256_init(&st)) {
+        rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+        goto out;
+    }
     uint64_t total = 0;
     for (;;) {
         ssize_t got = read(fd, buf, cap);
@@ -425,21 +426,22 @@ int catalog_file_sha256(const char *path, char *hex, uint64_t *size_out, int64_t
             continue;
         if (got < 0) {
             rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot read %s: %s", path, strerror(errno));
+            sha256_drop(&st);
             goto out;
         }
         if (got == 0)
             break;
-        crypto_hash_sha256_update(&st, buf, (unsigned long long)got);
+        sha256_update(&st, buf, (size_t)got);
         total += (uint64_t)got;
     }
-    unsigned char digest[crypto_hash_sha256_BYTES];
-    crypto_hash_sha256_final(&st, digest);
+    char digest_hex[SHA256_HEX];
+    sha256_final_hex(&st, digest_hex);
     if (fstat(fd, &after) || after.st_size != before.st_size || mtime_of(&after) != mtime_of(&before) ||
         total != (uint64_t)before.st_size) {
         rc = cairn_fail(err, errlen, CAIRN_ESTATE, "%s changed while it was hashed", path);
         goto out;
     }
-    sodium_bin2hex(hex, CATALOG_SHA256_HEX, digest, sizeof digest);
+    memcpy(hex, digest_hex, SHA256_HEX);
     if (size_out)
         *size_out = (uint64_t)before.st_size;
     if (mtime_out)

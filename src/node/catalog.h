@@ -76,7 +76,7 @@ const struct catalog_card *catalog_find(const struct catalog *c, const char *id)
  * CAIRN_EIO when it cannot be read. */
 int catalog_sha256(struct catalog *c, const char *id, char *hex, char *err, size_t errlen);
 
-/* SHA-256 of a file (libsodium, streamed in 1 MiB reads) into hex; with size_out and
+/* SHA-256 of a file (node/sha256.h, streamed in 1 MiB reads) into hex; with size_out and
  * mtime_out not NULL, the file's (size, mtime) before reading; CAIRN_ESTATE when they
  * changed while it was read. CAIRN_EIO when it cannot be read. */
 int catalog_file_sha256(const char *path, char *hex, uint64_t *size_out, int64_t *mtime_out,

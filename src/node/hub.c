@@ -9,7 +9,6 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
-#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +24,7 @@
 #include "base/version.h"
 #include "node/catalog.h"
 #include "node/download.h"
+#include "node/sha256.h"
 #include "proto/ids.h"
 
 #define HDR_MAX 512
@@ -394,7 +394,7 @@ struct file_fetch {
     const struct hub *h;
     const struct hub_file *src;
     int fd;
-    crypto_hash_sha256_state sha;
+    struct sha256 sha;
     uint64_t have;          /* bytes in the partial file, all hashed */
     uint64_t fetched;       /* bytes this pull downloaded, all attempts */
     bool body_checked;      /* the answer's status was looked at */
@@ -424,7 +424,8 @@ static void report(struct file_fetch *f, bool force)
 /* (Re)hashes the partial file's bytes into f->sha; f->have is their count. */
 static int hash_partial(struct file_fetch *f, char *err, size_t errlen)
 {
-    crypto_hash_sha256_init(&f->sha);
+    if (sha256_init(&f->sha))
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     enum { BUF = 1 << 20 };
     unsigned char *buf = malloc(BUF);
     if (!buf)
@@ -436,7 +437,7 @@ static int hash_partial(struct file_fetch *f, char *err, size_t errlen)
         if (n <= 0)
             rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot read the partial file: %s", n < 0 ? strerror(errno) : "short");
         else
-            crypto_hash_sha256_update(&f->sha, buf, (unsigned long long)n);
+            sha256_update(&f->sha, buf, (size_t)n);
         at += n > 0 ? (uint64_t)n : 0;
     }
     free(buf);
@@ -464,7 +465,11 @@ static bool accept_body(struct file_fetch *f)
         return false;
     }
     f->have = 0;
-    crypto_hash_sha256_init(&f->sha);
+    if (sha256_init(&f->sha)) {
+        snprintf(f->bad, sizeof f->bad, "out of memory");
+        f->local = true;
+        return false;
+    }
     return true;
 }
 
@@ -495,7 +500,7 @@ static size_t on_file_body(char *data, size_t size, size_t nmemb, void *arg)
         }
         done += (size_t)w;
     }
-    crypto_hash_sha256_update(&f->sha, (const unsigned char *)data, n);
+    sha256_update(&f->sha, data, n);
     f->have += n;
     f->fetched += n;
     report(f, false);
@@ -572,8 +577,8 @@ static int fetch_file(struct file_fetch *f, const char *url, const char *partial
         f->have = 0;
     if (!rc && f->have)
         rc = hash_partial(f, err, errlen);
-    else
-        crypto_hash_sha256_init(&f->sha);
+    else if (!rc && sha256_init(&f->sha))
+        rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     report(f, true);
     for (int k = 0; !rc && f->have < f->src->size; k++) {
         if (k == f->h->attempts) {
@@ -599,10 +604,8 @@ static int fetch_file(struct file_fetch *f, const char *url, const char *partial
                             want, tag);
     }
     if (!rc) {
-        unsigned char d[crypto_hash_sha256_BYTES];
-        char hex[65];
-        crypto_hash_sha256_final(&f->sha, d);
-        sodium_bin2hex(hex, sizeof hex, d, sizeof d);
+        char hex[SHA256_HEX];
+        sha256_final_hex(&f->sha, hex);
         f->p.status = "verifying";
         report(f, true);
         if (strcmp(hex, want)) {
@@ -612,6 +615,7 @@ static int fetch_file(struct file_fetch *f, const char *url, const char *partial
                             f->src->path, hex, want);
         }
     }
+    sha256_drop(&f->sha); /* when it was not finished */
     if (fsync(f->fd) && !rc)
         rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot sync %s: %s", partial_path, strerror(errno));
     close(f->fd);
