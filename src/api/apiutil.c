@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "api/apiutil.h"
+#include "node/hubref.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,4 +184,13 @@ void apiutil_random_id(char *dst, size_t cap, const char *prefix)
     uint64_t a = apiutil_random_u64(), b = apiutil_random_u64();
     snprintf(dst, cap, "%s%016llx%08llx", prefix ? prefix : "", (unsigned long long)a,
              (unsigned long long)(b & 0xffffffffull));
+}
+
+void apiutil_missing_model(const char *name, char *out, size_t cap)
+{
+    if (hubref_looks_like(name))
+        snprintf(out, cap, "model '%.200s' is not on any node of the cluster: pull it first (cairn pull %.200s, or "
+                           "POST /api/pull)", name, name);
+    else
+        snprintf(out, cap, "model '%.200s' not found", name);
 }

@@ -71,4 +71,9 @@ uint64_t apiutil_random_seed(void);
  * short when it does not fit), e.g. "chatcmpl-3f9c...", "msg_..." or "call_...". */
 void apiutil_random_id(char *dst, size_t cap, const char *prefix);
 
+/* The 404 message for a model no node has: a hub reference gets how to pull it (a
+ * request does not pull: a typo must not start a download of gigabytes, and Ollama's
+ * clients pull first too). name is cut at 200 bytes. */
+void apiutil_missing_model(const char *name, char *out, size_t cap);
+
 #endif

@@ -17,6 +17,7 @@
 #include "ctl/command.h"
 #include "proto/ids.h"
 #include "gguf/gguf.h"
+#include "api/apiutil.h"
 #include "api/gen_pull.h"
 #include "node/hubref.h"
 #include "node/taskbody.h"
@@ -373,7 +374,7 @@ static int ready_instance(struct gen_node *g, struct pick *p, char *err, size_t 
         catalog_id(g, p->model, id, sizeof id);
         if (!id[0]) {
             pthread_mutex_unlock(&g->place_mu);
-            snprintf(err, errlen, "model '%s' not found", p->model);
+            apiutil_missing_model(p->model, err, errlen);
             return 404;
         }
         struct command c;

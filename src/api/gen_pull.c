@@ -8,16 +8,41 @@
 
 #include "base/err.h"
 #include "base/log.h"
+#include "node/download.h"
 #include "node/hubref.h"
 
 struct pull_job {
     char ref[HUBREF_TEXT_MAX];
     char models_dir[4096];
+    struct node *node;
     const atomic_bool *cancel;
     hub_progress_fn fn;
     gen_pull_done_fn done;
     void *ctx;
+    char id[IDS_MODEL_MAX + 1]; /* once the listing named it */
 };
+
+/* The pull as one of the node's downloads (in /state, /events and the reports). */
+static void note(struct pull_job *j, enum cluster_download_status status, int64_t done, int64_t total,
+                 const char *error)
+{
+    if (!j->id[0])
+        return;
+    struct cluster_download d = {.status = status, .bytes_done = done, .bytes_total = total, .error = (char *)error};
+    snprintf(d.node_id, sizeof d.node_id, "%s", node_id(j->node));
+    snprintf(d.model_id, sizeof d.model_id, "%s", j->id);
+    download_mgr_note(node_downloads(j->node), &d);
+}
+
+static void on_progress(void *ctx, const struct hub_progress *p)
+{
+    struct pull_job *j = ctx;
+    if (p->id[0] && !j->id[0] && strlen(p->id) <= IDS_MODEL_MAX)
+        snprintf(j->id, sizeof j->id, "%s", p->id);
+    note(j, !strcmp(p->status, "success") ? CLUSTER_DOWNLOAD_COMPLETED : CLUSTER_DOWNLOAD_ONGOING, (int64_t)p->done,
+         (int64_t)p->total, NULL);
+    j->fn(j->ctx, p);
+}
 
 /* The HTTP status of a failed pull: the hub's failures are a gateway's (502), a full
  * disk is 507, a gated repo 403. */
@@ -39,9 +64,11 @@ static void *pull_main(void *arg)
     struct hub_config cfg = {.models_dir = j->models_dir, .cancel = j->cancel};
     struct hub_pulled got;
     char err[1024];
-    int rc = hub_pull(&cfg, j->ref, j->fn, j->ctx, &got, err, sizeof err);
-    if (rc)
+    int rc = hub_pull(&cfg, j->ref, on_progress, j, &got, err, sizeof err);
+    if (rc) {
         log_warn("pull %s: %s", j->ref, err);
+        note(j, CLUSTER_DOWNLOAD_FAILED, 0, 0, err);
+    }
     j->done(j->ctx, rc ? pull_status(rc) : 0, rc ? "" : got.id, rc ? err : "");
     free(j);
     return NULL;
@@ -63,7 +90,7 @@ int gen_pull_start(struct node *n, const char *ref, const atomic_bool *cancel, h
         snprintf(err, errlen, "out of memory");
         return 500;
     }
-    *j = (struct pull_job){.cancel = cancel, .fn = fn, .done = done, .ctx = ctx};
+    *j = (struct pull_job){.node = n, .cancel = cancel, .fn = fn, .done = done, .ctx = ctx};
     snprintf(j->ref, sizeof j->ref, "%s", ref);
     snprintf(j->models_dir, sizeof j->models_dir, "%s", dir);
     pthread_t th;

@@ -835,7 +835,7 @@ static void generate(struct http_request *req, const struct gen *g, enum ollama_
         if (!models) {
             reply_error(req, 500, "out of memory");
         } else {
-            snprintf(err, sizeof err, "model '%.*s' not found", NAME_SHOWN, name);
+            apiutil_missing_model(name, err, sizeof err);
             reply_error(req, 404, err);
         }
         return;

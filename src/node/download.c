@@ -939,11 +939,13 @@ static void notify(struct download_mgr *m)
         m->changed(m->ctx);
 }
 
-static void on_fetch_progress(void *ctx, const struct cluster_download *d)
+/* Takes d's status into its entry (made when add and missing); under no lock. */
+static void take_progress(struct download_mgr *m, const struct cluster_download *d, bool add)
 {
-    struct download_mgr *m = ctx;
     pthread_mutex_lock(&m->mu);
     struct dl_entry *x = entry_find(m, d->model_id);
+    if (!x && add)
+        x = entry_add(m, d->model_id);
     if (x) {
         free(x->d.error);
         x->d.error = NULL;
@@ -957,6 +959,20 @@ static void on_fetch_progress(void *ctx, const struct cluster_download *d)
     }
     pthread_mutex_unlock(&m->mu);
     notify(m);
+}
+
+static void on_fetch_progress(void *ctx, const struct cluster_download *d) { take_progress(ctx, d, false); }
+
+void download_mgr_note(struct download_mgr *m, const struct cluster_download *d)
+{
+    if (!m || d->status == CLUSTER_DOWNLOAD_PENDING || !ids_valid_model(d->model_id) || d->bytes_done < 0 ||
+        d->bytes_done > d->bytes_total || d->bytes_total > IDS_BYTES_MAX) {
+        if (m)
+            log_warn("download %s: a status that a report could not carry (%lld of %lld bytes), dropped",
+                     d->model_id, (long long)d->bytes_done, (long long)d->bytes_total);
+        return;
+    }
+    take_progress(m, d, true);
 }
 
 static void *mgr_main(void *arg)

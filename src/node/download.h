@@ -215,6 +215,11 @@ int download_mgr_ensure(struct download_mgr *m, const struct cluster_state *s, c
  * cluster_download_clear); CAIRN_ENOTFOUND when there is none, CAIRN_ENOMEM. */
 int download_mgr_get(struct download_mgr *m, const char *model_id, struct cluster_download *out);
 
+/* Records the status of a download the manager does not run itself (a pull from the
+ * hub: Ongoing, Completed or Failed), so that it is reported with the others. m may be
+ * NULL (no models folder: nothing to record). Any thread. */
+void download_mgr_note(struct download_mgr *m, const struct cluster_download *d);
+
 /* New JSON array of the downloads (cluster_download_to_json each, in model id order),
  * NULL when out of memory: the report's "downloads". Any thread. */
 json_t *download_mgr_json(struct download_mgr *m);

@@ -834,8 +834,10 @@ static int fetch_all(const struct hub *h, const struct hub_ref *ref, const struc
     out->bytes = total;
     out->parts = (int)n_pick;
     ff.p.status = "success";
-    ff.have = ff.src->size;
-    report(&ff, true);
+    ff.p.file_done = ff.src->size;
+    ff.p.done = total;
+    if (fn)
+        fn(ctx, &ff.p);
     return 0;
 }
 

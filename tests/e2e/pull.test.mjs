@@ -197,11 +197,16 @@ test("Ollama's client pulls, lists and deletes through a node", T, async () => {
     assert.deepEqual(seen.slice(-2).map((p) => p.status), ['writing manifest', 'success']);
     const list = await ollama.list();
     assert.ok(list.models.some((m) => m.name === 'hf.co/test-org/Tiny-GGUF:Q8_0'), JSON.stringify(list.models));
+    // the pull is one of the node's downloads in the cluster's state
+    await waitState(node, (s) => (s.downloads ?? []).some((d) => d.model_id === 'hf.co/test-org/Tiny-GGUF:Q8_0' &&
+      d.status === 'Completed' && d.bytes_done === q8.length), 'the pull in /state as a Completed download');
     const show = await ollama.show({ model: 'test-org/Tiny-GGUF:q8_0' });
     assert.ok(show.modelfile.includes('FROM'), 'show finds the model as typed');
     const once = await ollama.pull({ model: 'hf.co/test-org/Tiny-GGUF:Q4_K_M', stream: false });
     assert.equal(once.status, 'success');
     await assert.rejects(ollama.pull({ model: 'llama3.2', stream: false }), /hf\.co\/OWNER\/REPO:TAG/);
+    await assert.rejects(ollama.generate({ model: 'test-org/Gated-GGUF:Q8_0', prompt: 'hi' }), /pull it first/,
+      'a request for a model no node has says to pull it');
     await assert.rejects(ollama.pull({ model: 'test-org/Nope-GGUF:Q8_0', stream: false }), /RepoNotFound/);
     await ollama.delete({ model: 'hf.co/test-org/Tiny-GGUF:Q8_0' });
     const after = await ollama.list();
