@@ -4,7 +4,8 @@
 //   GET /api/models/OWNER/REPO/tree/REV?recursive=true
 //       [{"type":"file","oid","size","path","lfs":{"oid","size","pointerSize"}}], pages of
 //       `pageSize` entries chained by `Link: <url>; rel="next"`
-//   GET|HEAD /OWNER/REPO/resolve/REV/PATH       302 to /storage/COMMIT-SHA256 with X-Repo-Commit,
+//   GET|HEAD /OWNER/REPO/resolve/REV/PATH       302 to STORAGE/storage/COMMIT-SHA256 (another
+//       port: another origin, as the hub's CDN is another host) with X-Repo-Commit,
 //       X-Linked-Etag ("sha256") and X-Linked-Size
 //   GET /storage/COMMIT-SHA256                   the bytes; one Range (206), 416 beyond
 // Errors as the hub gives them: 401 + X-Error-Code GatedRepo for a gated repo without a
@@ -12,13 +13,14 @@
 // 429 + Retry-After for the first `busy` storage requests. Options per repo: files
 // ({path, bytes}), gated (the token it accepts), corrupt (a path whose storage bytes are
 // not the listed ones). Hub-wide: throttle (bytes per second per storage response).
-// Counters: storageBytes (body bytes sent), requests (by kind), status429.
+// Counters: storageBytes (body bytes sent), requests (by kind), status429, and the
+// Authorization headers seen by the hub's routes (authSeen) and by the storage (storageAuth).
 import http from 'node:http';
 import crypto from 'node:crypto';
 
 export async function startFakeHub({ repos = {}, throttle = 0, busy = 0, pageSize = 1000 } = {}) {
   const hub = { storageBytes: 0, requests: { revision: 0, tree: 0, resolve: 0, storage: 0 }, status429: 0,
-    authSeen: [], throttle, busy };
+    authSeen: [], storageAuth: [], throttle, busy };
   const blobs = new Map(); // sha256 -> bytes served
   const commits = new Map();
   for (const [name, repo] of Object.entries(repos)) {
@@ -101,12 +103,13 @@ export async function startFakeHub({ repos = {}, throttle = 0, busy = 0, pageSiz
         const f = repo.files.find((x) => x.path === path);
         if (!f)
           return send(res, 404, { error: 'Entry not found' }, { 'x-error-code': 'EntryNotFound' });
-        res.writeHead(302, { location: `/storage/${f.key}?expires=1`, 'x-repo-commit': repo.commit,
+        res.writeHead(302, { location: `${hub.storageUrl}/storage/${f.key}?expires=1`, 'x-repo-commit': repo.commit,
           'x-linked-etag': `"${f.sha256}"`, 'x-linked-size': String(f.bytes.length), 'content-length': 0 });
         return res.end();
       }
       if (parts[1] === 'storage') {
         hub.requests.storage++;
+        hub.storageAuth.push(req.headers.authorization ?? '');
         if (hub.busy > 0) {
           hub.busy--;
           hub.status429++;
@@ -154,12 +157,17 @@ export async function startFakeHub({ repos = {}, throttle = 0, busy = 0, pageSiz
         res.destroy();
     }
   });
+  // the storage host is another origin (port), as the real hub's CDN is another host
+  const storage = http.createServer(server.listeners('request')[0]);
   await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  await new Promise((resolve) => storage.listen(0, '127.0.0.1', resolve));
   hub.port = server.address().port;
   hub.url = `http://127.0.0.1:${hub.port}`;
-  hub.close = () => new Promise((resolve) => {
-    server.closeAllConnections?.();
-    server.close(resolve);
+  hub.storageUrl = `http://127.0.0.1:${storage.address().port}`;
+  const closeOne = (srv) => new Promise((resolve) => {
+    srv.closeAllConnections?.();
+    srv.close(resolve);
   });
+  hub.close = () => Promise.all([closeOne(server), closeOne(storage)]);
   return hub;
 }

@@ -5,7 +5,8 @@
 // no model appears; a gated repo wants HF_TOKEN (and says so), which is sent to the hub
 // and not to the storage host; 429 with Retry-After is waited out; unknown repos, tags and
 // files are refused naming them; HF_HUB_OFFLINE finds what is here and nothing else;
-// `cairn ls` and `cairn rm`; and a node serves a pulled model under the reference as
+// a disk without room refuses the pull before fetching (a 32 MiB tmpfs, when one can be
+// mounted); `cairn ls` and `cairn rm`; and a node serves a pulled model under the reference as
 // typed (owner/repo:q8_0) through the OpenAI client.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -143,11 +144,15 @@ test('a wrong hash, a gated repo, a busy hub, unknown names', T, async () => {
   assert.equal(wrong.code, 1);
   assert.match(wrong.stderr, /refused HF_TOKEN/);
   hub.authSeen.length = 0;
+  hub.storageAuth.length = 0;
   hub.busy = 2;
   const ok = await cairn(['pull', 'test-org/Gated-GGUF:Q8_0', '--models-dir', d], { HF_TOKEN: 'hf_good_token' });
   assert.equal(ok.code, 0, ok.stderr);
   assert.equal(hub.status429, 2, 'two 429s were answered, then waited out');
-  assert.ok(hub.authSeen.every((a) => a === 'Bearer hf_good_token'), 'the hub saw the token on its routes');
+  assert.ok(hub.authSeen.length && hub.authSeen.every((a) => a === 'Bearer hf_good_token'),
+    'the hub saw the token on its routes');
+  assert.ok(hub.storageAuth.length && hub.storageAuth.every((a) => a === ''),
+    `the storage host never saw it: ${JSON.stringify(hub.storageAuth)}`);
 
   const cases = [['test-org/Nope-GGUF:Q8_0', /RepoNotFound/], ['test-org/Tiny-GGUF:Q5_K_M', /no Q5_K_M .*Q8_0, Q4_K_M/],
     ['test-org/Tiny-GGUF/nope.gguf', /no file nope.gguf/], ['not a ref', /not a model reference/]];
@@ -321,5 +326,26 @@ test('the 3-part model split over two nodes by layers answers as the whole file 
   } finally {
     await b.stop();
     await a.stop();
+  }
+});
+
+test('a disk without room for the model: refused before a byte is fetched, saying how much', T, async (t) => {
+  const d = models('small-disk');
+  fs.mkdirSync(d, { recursive: true });
+  const mount = await new Promise((resolve) => execFile('mount', ['-t', 'tmpfs', '-o', 'size=32m', 'tmpfs', d],
+    (err) => resolve(err)));
+  if (mount) {
+    t.skip(`cannot mount a small tmpfs here: ${mount.message}`);
+    return;
+  }
+  try {
+    const before = hub.storageBytes;
+    const r = await cairn(['pull', 'test-org/Tiny-GGUF:Q8_0', '--models-dir', d]);
+    assert.equal(r.code, 1, r.stderr);
+    assert.match(r.stderr, /not enough disk space in .* \d+ bytes needed and \d+ kept free, \d+ free/);
+    assert.equal(hub.storageBytes, before, 'nothing was fetched');
+    assert.deepEqual(fs.readdirSync(d), [], 'nothing was left');
+  } finally {
+    await new Promise((resolve) => execFile('umount', [d], resolve));
   }
 });
