@@ -676,7 +676,22 @@ static bool sidecar_complete(const char *models_dir, json_t *side, const char *c
     return true;
 }
 
-/* Writes the sidecar of a pull (through a temporary file and a rename). */
+/* Stores j (taken) as id's sidecar in models_dir, through a temporary file and a rename. */
+static int sidecar_store(const char *models_dir, const char *id, json_t *j, char *err, size_t errlen)
+{
+    char name[HUBREF_TEXT_MAX + 16], path[4096], tmp[4200];
+    hubref_sidecar_name(id, name);
+    int rc = 0;
+    if (!j || !in_dir(models_dir, name, path, sizeof path))
+        rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "cannot write the sidecar of %s", id);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (!rc && (json_dump_file(j, tmp, JSON_INDENT(1)) || files_sync(tmp, O_RDONLY) || rename(tmp, path)))
+        rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot write %s: %s", path, strerror(errno));
+    json_decref(j);
+    return rc;
+}
+
+/* Writes the sidecar of a pull. */
 static int sidecar_write(const struct hub *h, const char *id, const struct hub_ref *ref, const struct listing *l,
                          const size_t *pick, size_t n_pick, char *err, size_t errlen)
 {
@@ -690,36 +705,22 @@ static int sidecar_write(const struct hub *h, const char *id, const struct hub_r
     }
     char repo[2 * HUBREF_NAME_MAX + 2];
     snprintf(repo, sizeof repo, "%s/%s", ref->owner, ref->repo);
-    json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:o}", "ref", id, "repo", repo, "revision", h->revision, "commit",
-                          l->commit, "endpoint", h->endpoint, "files", files);
-    char name[HUBREF_TEXT_MAX + 16], path[4096], tmp[4200];
-    hubref_sidecar_name(id, name);
-    int rc = 0;
-    if (!j || !in_dir(h->cfg->models_dir, name, path, sizeof path))
-        rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "cannot write the sidecar of %s", id);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    if (!rc && (json_dump_file(j, tmp, JSON_INDENT(1)) || files_sync(tmp, O_RDONLY) || rename(tmp, path)))
-        rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot write %s: %s", path, strerror(errno));
-    json_decref(j);
-    return rc;
+    return sidecar_store(h->cfg->models_dir, id,
+                         json_pack("{s:s, s:s, s:s, s:s, s:s, s:o}", "ref", id, "repo", repo, "revision", h->revision,
+                                   "commit", l->commit, "endpoint", h->endpoint, "files", files),
+                         err, errlen);
 }
 
 int hub_sidecar_put(const char *models_dir, const char *id, const char *sha256, uint64_t size, char *err,
                     size_t errlen)
 {
-    char local[HUBREF_TEXT_MAX], name[HUBREF_TEXT_MAX + 16], path[4096], tmp[4200];
+    char local[HUBREF_TEXT_MAX];
     hubref_local_name(id, 1, 1, local);
-    hubref_sidecar_name(id, name);
-    json_t *j = json_pack("{s:s, s:s, s:s, s:[{s:s, s:s, s:s, s:I}]}", "ref", id, "commit", "", "source", "peer",
-                          "files", "path", local, "local", local, "sha256", sha256, "size", (json_int_t)size);
-    int rc = 0;
-    if (!j || !in_dir(models_dir, name, path, sizeof path))
-        rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "cannot write the sidecar of %s", id);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    if (!rc && (json_dump_file(j, tmp, JSON_INDENT(1)) || files_sync(tmp, O_RDONLY) || rename(tmp, path)))
-        rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot write %s: %s", path, strerror(errno));
-    json_decref(j);
-    return rc;
+    return sidecar_store(models_dir, id,
+                         json_pack("{s:s, s:s, s:s, s:[{s:s, s:s, s:s, s:I}]}", "ref", id, "commit", "", "source",
+                                   "peer", "files", "path", local, "local", local, "sha256", sha256, "size",
+                                   (json_int_t)size),
+                         err, errlen);
 }
 
 bool hub_sidecar_id(const char *gguf_path, char *id)
