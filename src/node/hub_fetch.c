@@ -1,0 +1,242 @@
+/* One file of a pull (hub_int.h): resumed, hashed as it arrives, checked. */
+#include <ctype.h>
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/err.h"
+#include "base/files.h"
+#include "base/log.h"
+#include "base/version.h"
+#include "node/catalog.h"
+#include "node/download.h"
+#include "node/hub_int.h"
+#include "node/sha256.h"
+#include "proto/ids.h"
+
+/* ---- one file ---- */
+
+
+static void report(struct file_fetch *f, bool force)
+{
+    int64_t now = clock_ns() / 1000000;
+    if (!f->fn || (!force && now - f->reported_ms < HUB_PROGRESS_MS))
+        return;
+    f->reported_ms = now;
+    f->p.file_done = f->have;
+    f->p.done = f->done_before + f->have;
+    f->fn(f->ctx, &f->p);
+}
+
+/* (Re)hashes the partial file's bytes into f->sha; f->have is their count. */
+static int hash_partial(struct file_fetch *f, char *err, size_t errlen)
+{
+    if (sha256_init(&f->sha))
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    enum { BUF = 1 << 20 };
+    unsigned char *buf = malloc(BUF);
+    if (!buf)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    int rc = 0;
+    for (uint64_t at = 0; at < f->have && !rc;) {
+        size_t want = f->have - at < BUF ? (size_t)(f->have - at) : BUF;
+        ssize_t n = pread(f->fd, buf, want, (off_t)at);
+        if (n <= 0)
+            rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot read the partial file: %s", n < 0 ? strerror(errno) : "short");
+        else
+            sha256_update(&f->sha, buf, (size_t)n);
+        at += n > 0 ? (uint64_t)n : 0;
+    }
+    free(buf);
+    return rc;
+}
+
+/* Whether the answer that brings a body continues our file: 206 from f->have, or 200
+ * (then the file starts again from its first byte). */
+static bool accept_body(struct file_fetch *f)
+{
+    if (f->r.status == 206) {
+        uint64_t a = 0;
+        if (sscanf(f->r.crange, "bytes %" SCNu64 "-", &a) != 1 || a != f->have) {
+            snprintf(f->bad, sizeof f->bad, "the storage answered Content-Range '%.200s' for bytes %" PRIu64 "-",
+                     f->r.crange, f->have);
+            return false;
+        }
+        return true;
+    }
+    if (f->r.status != 200)
+        return false;
+    if (f->have && ftruncate(f->fd, 0)) {
+        snprintf(f->bad, sizeof f->bad, "cannot truncate the partial file: %s", strerror(errno));
+        f->local = true;
+        return false;
+    }
+    f->have = 0;
+    if (sha256_init(&f->sha)) {
+        snprintf(f->bad, sizeof f->bad, "out of memory");
+        f->local = true;
+        return false;
+    }
+    return true;
+}
+
+static size_t on_file_body(char *data, size_t size, size_t nmemb, void *arg)
+{
+    struct file_fetch *f = arg;
+    size_t n = size * nmemb;
+    if (!f->body_checked) {
+        f->body_checked = true;
+        f->body_ok = accept_body(f);
+        if (!f->body_ok && f->bad[0])
+            return 0;
+    }
+    if (!f->body_ok)
+        return n; /* an error's body: not ours */
+    if (f->have + n > f->src->size) {
+        snprintf(f->bad, sizeof f->bad, "the storage sent more than the file's %" PRIu64 " bytes", f->src->size);
+        return 0;
+    }
+    for (size_t done = 0; done < n;) {
+        ssize_t w = pwrite(f->fd, data + done, n - done, (off_t)(f->have + done));
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            snprintf(f->bad, sizeof f->bad, "cannot write the partial file: %s", w < 0 ? strerror(errno) : "no room");
+            f->local = true;
+            return 0;
+        }
+        done += (size_t)w;
+    }
+    sha256_update(&f->sha, data, n);
+    f->have += n;
+    f->fetched += n;
+    report(f, false);
+    return n;
+}
+
+static int on_file_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
+{
+    (void)dt, (void)dn, (void)ut, (void)un;
+    struct file_fetch *f = arg;
+    return hub_cancelled(f->h) ? 1 : 0;
+}
+
+/* One GET of the rest of the file from url. 0 when the file is whole; CAIRN_EIO to try
+ * again (f->r says why); other codes end the fetch. */
+static int get_rest(struct file_fetch *f, const char *url, char *err, size_t errlen)
+{
+    char curl_err[CURL_ERROR_SIZE], range[48];
+    f->r = (struct reply){0};
+    f->body_checked = f->body_ok = false;
+    f->bad[0] = 0;
+    CURL *c = hub_handle(f->h, url, &f->r, curl_err);
+    if (!c)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    snprintf(range, sizeof range, "%" PRIu64 "-", f->have);
+    if (f->have)
+        curl_easy_setopt(c, CURLOPT_RANGE, range);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_file_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, f);
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_file_progress);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, f);
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, (long)f->h->stall_s);
+    CURLcode cc = curl_easy_perform(c);
+    curl_easy_cleanup(c);
+    const char *what = f->src->path;
+    if (hub_cancelled(f->h))
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "cancelled");
+    if (f->bad[0])
+        return cairn_fail(err, errlen, CAIRN_EIO, "%s: %s", what, f->bad);
+    if (cc != CURLE_OK) {
+        f->r.status = 0;
+        return cairn_fail(err, errlen, CAIRN_EIO, "%s: %s (%" PRIu64 " of %" PRIu64 " bytes here)", what,
+                          curl_err[0] ? curl_err : curl_easy_strerror(cc), f->have, f->src->size);
+    }
+    if (f->r.status == 416) { /* our partial is not a prefix of this file: start again */
+        if (ftruncate(f->fd, 0) == 0)
+            f->have = 0;
+        return cairn_fail(err, errlen, CAIRN_EIO, "%s: the storage refused the range %s", what, range);
+    }
+    if (hub_retryable(f->r.status))
+        return cairn_fail(err, errlen, CAIRN_EIO, "%s: HTTP %ld", what, f->r.status);
+    if (f->r.status != 200 && f->r.status != 206)
+        return hub_status_error(f->h, &f->r, what, err, errlen);
+    if (f->have != f->src->size)
+        return cairn_fail(err, errlen, CAIRN_EIO, "%s: the answer ended at %" PRIu64 " of %" PRIu64 " bytes", what,
+                          f->have, f->src->size);
+    return 0;
+}
+
+/* Fetches src into partial_path (resuming what is there) and checks its SHA-256: 0 when
+ * the partial file is whole and right. */
+int hub_fetch_file(struct file_fetch *f, const char *url, const char *partial_path, char *err, size_t errlen)
+{
+    const char *want = f->src->sha256;
+    f->fd = open(partial_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (f->fd < 0)
+        return cairn_fail(err, errlen, CAIRN_EIO, "cannot open %s: %s", partial_path, strerror(errno));
+    struct stat st;
+    int rc = fstat(f->fd, &st) ? CAIRN_EIO : 0;
+    f->have = rc ? 0 : (uint64_t)st.st_size;
+    if (f->have > f->src->size && !ftruncate(f->fd, 0))
+        f->have = 0;
+    if (!rc && f->have)
+        rc = hash_partial(f, err, errlen);
+    else if (!rc && sha256_init(&f->sha))
+        rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    report(f, true);
+    for (int k = 0; !rc && f->have < f->src->size; k++) {
+        if (k == f->h->attempts) {
+            rc = CAIRN_EIO; /* err holds the last reason */
+            break;
+        }
+        if (k)
+            hub_wait_before_retry(f->h, &f->r, k);
+        rc = get_rest(f, url, err, errlen);
+        if (rc == CAIRN_EIO && !f->local && !hub_cancelled(f->h)) {
+            log_warn("hub: %s", err);
+            rc = 0;
+        }
+    }
+    if (!rc)
+        report(f, true); /* the whole file: the last word of "downloading" */
+    if (!rc && f->r.etag[0]) { /* the hub's own word on the hash, beside the listing's */
+        char tag[HDR_MAX];
+        snprintf(tag, sizeof tag, "%s", f->r.etag + (f->r.etag[0] == '"'));
+        tag[strcspn(tag, "\"")] = 0;
+        if (want && hub_is_hex(tag, 64) && strcmp(tag, want))
+            rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: the hub lists SHA-256 %s but serves %s", f->src->path,
+                            want, tag);
+    }
+    if (!rc) {
+        char hex[SHA256_HEX];
+        sha256_final_hex(&f->sha, hex);
+        f->p.status = "verifying";
+        report(f, true);
+        if (strcmp(hex, want)) {
+            unlink(partial_path);
+            rc = cairn_fail(err, errlen, CAIRN_EFORMAT,
+                            "%s: the SHA-256 of the downloaded bytes is %s, not the hub's %s: the file was deleted",
+                            f->src->path, hex, want);
+        }
+    }
+    sha256_drop(&f->sha); /* when it was not finished */
+    if (fsync(f->fd) && !rc)
+        rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot sync %s: %s", partial_path, strerror(errno));
+    close(f->fd);
+    f->fd = -1;
+    return rc;
+}

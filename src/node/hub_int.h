@@ -1,0 +1,102 @@
+/* Private to the hub's three files, included by no other: hub_http.c (one exchange with
+ * the hub, its retries and errors; a repo's listing), hub_fetch.c (one file of a pull)
+ * and hub.c (the sidecar, a pull, removing a model). */
+#ifndef CAIRN_NODE_HUB_INT_H
+#define CAIRN_NODE_HUB_INT_H
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "node/hub.h"
+#include "node/sha256.h"
+
+#define HDR_MAX 512 /* longest reply header value kept */
+
+/* A pull's settings once the environment is read. */
+struct hub {
+    const struct hub_config *cfg;
+    char endpoint[512];
+    const char *token;
+    const char *revision;
+    bool offline;
+    int attempts, backoff_ms, stall_s;
+};
+
+/* What an answer said, as far as we read it. */
+struct reply {
+    long status;
+    char error_code[HDR_MAX]; /* X-Error-Code */
+    char retry_after[HDR_MAX];
+    char link[2048];          /* Link (listing pages) */
+    char commit[HDR_MAX];     /* X-Repo-Commit: the hub's answer, before a redirect */
+    char etag[HDR_MAX];       /* X-Linked-Etag */
+    char crange[HDR_MAX];     /* Content-Range of the last answer */
+    /* a body kept in memory (JSON) */
+    char *body;
+    size_t len, cap, max;
+    bool too_big;
+};
+
+/* A repo's files at a commit. */
+struct listing {
+    struct hub_file *f; /* paths and hashes owned */
+    size_t n, cap;
+    char commit[48];
+};
+
+/* One file being fetched, and the pull's progress. */
+struct file_fetch {
+    const struct hub *h;
+    const struct hub_file *src;
+    int fd;
+    struct sha256 sha;
+    uint64_t have;          /* bytes in the partial file, all hashed */
+    uint64_t fetched;       /* bytes this pull downloaded, all attempts */
+    bool body_checked;      /* the answer's status was looked at */
+    bool body_ok;           /* it carries our bytes */
+    char bad[512];
+    bool local;             /* bad is about this machine (no retry) */
+    struct reply r;
+    /* progress */
+    hub_progress_fn fn;
+    void *ctx;
+    struct hub_progress p;
+    uint64_t done_before;   /* bytes of the earlier parts */
+    int64_t reported_ms;
+};
+
+/* ---- hub_http.c ---- */
+
+/* libcurl's global start, once per process. */
+void hub_curl_init(void);
+bool hub_cancelled(const struct hub *h);
+/* Waits ms in slices, unless cancelled. */
+void hub_nap_ms(const struct hub *h, int64_t ms);
+/* A curl handle for url with the token (sent to the hub's host only: curl drops it on a
+ * redirect to another host), redirects followed, r's header callback. */
+CURL *hub_handle(const struct hub *h, const char *url, struct reply *r, char *curl_err);
+/* 429, 408 and 5xx are worth trying again. */
+bool hub_retryable(long status);
+/* The error of an answer that will not be retried: 401/403 say about HF_TOKEN, 404 names
+ * what X-Error-Code says is missing. */
+int hub_status_error(const struct hub *h, const struct reply *r, const char *what, char *err, size_t errlen);
+/* Waits before attempt k (from 1): Retry-After when the hub said one, else the doubling
+ * backoff. */
+void hub_wait_before_retry(const struct hub *h, const struct reply *r, int k);
+/* GET url as JSON into *out, retrying what is worth retrying; what names it in errors. */
+int hub_get_json(const struct hub *h, const char *url, const char *what, json_t **out, struct reply *r, char *err,
+                 size_t errlen);
+bool hub_is_hex(const char *s, size_t n);
+/* The revision's commit, then every file of the repo at that commit. */
+int hub_list_repo(const struct hub *h, const struct hub_ref *ref, struct listing *l, char *err, size_t errlen);
+void hub_listing_free(struct listing *l);
+
+/* ---- hub_fetch.c ---- */
+
+/* Fetches f->src from url into partial_path (resuming what is there) and checks its
+ * SHA-256: 0 when the partial file is whole and right. */
+int hub_fetch_file(struct file_fetch *f, const char *url, const char *partial_path, char *err, size_t errlen);
+
+#endif
