@@ -8,6 +8,7 @@
 #include "api/sse.h"
 #include "base/err.h"
 #include "base/log.h"
+#include "node/hub.h"
 
 /* An SSE client of /events: subscribed to the node until its stream closes. */
 struct ev_stream {
@@ -448,6 +449,28 @@ static void h_models(struct http_request *req, void *ctx)
         http_reply_json(req, 200, json_pack("{s:o}", "models", arr));
 }
 
+/* GET /hub/search?q=TEXT[&limit=N]: repos of the Hugging Face hub with GGUF files. */
+static void h_hub_search(struct http_request *req, void *ctx)
+{
+    (void)ctx;
+    const char *q = http_req_query(req, "q"), *lim = http_req_query(req, "limit");
+    char *end = NULL;
+    long limit = lim ? strtol(lim, &end, 10) : 20;
+    if (!q || !q[0] || strlen(q) > HUB_QUERY_MAX || (lim && (*end || limit < 1 || limit > HUB_SEARCH_MAX))) {
+        http_reply_error(req, 400, "invalid_request_error", "q: 1..%d bytes to search for; limit: 1..%d", HUB_QUERY_MAX,
+                         HUB_SEARCH_MAX);
+        return;
+    }
+    struct hub_config cfg = {.models_dir = "."};
+    json_t *found = NULL;
+    char err[512];
+    int rc = hub_search(&cfg, q, (int)limit, &found, err, sizeof err);
+    if (rc)
+        http_reply_error(req, rc == CAIRN_EINVAL ? 400 : rc == CAIRN_EPERM ? 403 : 502, "hub_error", "%s", err);
+    else
+        http_reply_json(req, 200, json_pack("{s:o}", "models", found));
+}
+
 /* ---- setup ---- */
 
 int routes_cluster_create(struct routes_cluster **out, struct http_server *srv,
@@ -469,6 +492,7 @@ int routes_cluster_create(struct routes_cluster **out, struct http_server *srv,
         {"DELETE", "/instance/:id", h_delete},
         {"PUT", "/instance/:id/draft_model", h_draft},
         {"GET", "/models", h_models},
+        {"GET", "/hub/search", h_hub_search},
     };
     *out = NULL;
     if (!srv || !node || command_timeout_ms < 0)

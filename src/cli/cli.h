@@ -32,6 +32,7 @@ int cli_join(int argc, char **argv);
 int cli_pull(int argc, char **argv);
 int cli_ls(int argc, char **argv);
 int cli_rm(int argc, char **argv);
+int cli_search(int argc, char **argv);
 /* $XDG_DATA_HOME/cairn[/sub], or ~/.local/share/cairn[/sub]; -1 when neither is set. */
 int cli_data_path(char *out, size_t n, const char *sub);
 

@@ -20,6 +20,7 @@ static const struct command {
     {"pull", cli_pull, "fetch a GGUF model from the Hugging Face hub (hf.co/OWNER/REPO:TAG)"},
     {"ls", cli_ls, "list the models in the models folder"},
     {"rm", cli_rm, "delete a model from the models folder"},
+    {"search", cli_search, "search the Hugging Face hub for GGUF models"},
     {"seal", cli_seal, "make this machine's cluster secret and print the command that joins others"},
     {"join", cli_join, "join the sealed cluster of a token from `cairn seal`, then run the node"},
     {"runner", runner_main, "serve one instance's layers for a node (started by cairn node)"},

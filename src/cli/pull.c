@@ -2,6 +2,7 @@
  *   cairn pull REF [--models-dir DIR] [--revision REV]   fetch (or find) a model
  *   cairn ls [--models-dir DIR]                          the models here
  *   cairn rm REF [--models-dir DIR]                      delete a pulled model's files
+ *   cairn search TEXT [--limit N]                        repos with GGUF files on the hub
  * A progress bar on a terminal, one line every few seconds otherwise; the exit status
  * says whether it worked. */
 #include <errno.h>
@@ -217,5 +218,46 @@ int cli_rm(int argc, char **argv)
         return 1;
     }
     fprintf(stderr, "deleted %s\n", id);
+    return 0;
+}
+
+int cli_search(int argc, char **argv)
+{
+    struct args a = {argc, argv, 1, "search", false};
+    const char *v, *query = NULL;
+    int64_t limit = 20;
+    for (; a.i < argc && !a.bad; a.i++) {
+        if (args_opt(&a, "--limit", &v)) limit = args_int(&a, "--limit", v, 1, HUB_SEARCH_MAX);
+        else if (args_opt(&a, "-h|--help", NULL)) {
+            fprintf(stderr, "usage: cairn search TEXT [--limit N]\nRepos of the Hugging Face hub with GGUF files whose "
+                            "names hold TEXT, most downloaded first\n(HF_ENDPOINT, HF_TOKEN as for cairn pull).\n");
+            return 0;
+        } else if (!query && argv[a.i][0] != '-') query = argv[a.i];
+        else {
+            fprintf(stderr, "cairn search: unexpected '%s'\n", argv[a.i]);
+            return 2;
+        }
+    }
+    if (a.bad || !query) {
+        fprintf(stderr, "usage: cairn search TEXT [--limit N]\n");
+        return 2;
+    }
+    struct hub_config cfg = {.models_dir = "."};
+    json_t *found = NULL;
+    char err[512];
+    if (hub_search(&cfg, query, (int)limit, &found, err, sizeof err)) {
+        fprintf(stderr, "cairn search: %s\n", err);
+        return 1;
+    }
+    printf("%-64s %12s %7s\n", "REFERENCE (cairn pull it, with :TAG)", "DOWNLOADS", "LIKES");
+    size_t i;
+    json_t *e;
+    json_array_foreach(found, i, e) {
+        printf("%-64s %12lld %7lld%s\n", json_string_value(json_object_get(e, "ref")),
+               (long long)json_integer_value(json_object_get(e, "downloads")),
+               (long long)json_integer_value(json_object_get(e, "likes")),
+               json_is_true(json_object_get(e, "gated")) ? "  (gated: HF_TOKEN)" : "");
+    }
+    json_decref(found);
     return 0;
 }

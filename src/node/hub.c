@@ -154,23 +154,6 @@ bool hub_sidecar_id(const char *gguf_path, char *id)
 
 /* ---- a pull ---- */
 
-static void settle(struct hub *h, const struct hub_config *cfg)
-{
-    const char *env = getenv("HF_ENDPOINT");
-    snprintf(h->endpoint, sizeof h->endpoint, "%s", cfg->endpoint ? cfg->endpoint : env && env[0] ? env : HUB_DEFAULT_ENDPOINT);
-    size_t n = strlen(h->endpoint);
-    while (n && h->endpoint[n - 1] == '/')
-        h->endpoint[--n] = 0;
-    h->cfg = cfg;
-    h->token = cfg->token ? cfg->token : getenv("HF_TOKEN");
-    const char *off = getenv("HF_HUB_OFFLINE");
-    h->offline = cfg->offline || (off && (!strcmp(off, "1") || !strcasecmp(off, "true") || !strcasecmp(off, "yes")));
-    h->revision = cfg->revision && cfg->revision[0] ? cfg->revision : "main";
-    h->attempts = cfg->max_attempts > 0 ? cfg->max_attempts : HUB_MAX_ATTEMPTS;
-    h->backoff_ms = cfg->backoff_ms > 0 ? cfg->backoff_ms : HUB_BACKOFF_MS;
-    h->stall_s = cfg->stall_s > 0 ? cfg->stall_s : HUB_STALL_S;
-}
-
 /* The pull when the hub is not to be asked: the model must be here already. */
 static int pull_offline(const struct hub *h, const struct hub_ref *ref, struct hub_pulled *out, char *err,
                         size_t errlen)
@@ -251,7 +234,7 @@ int hub_pull(const struct hub_config *cfg, const char *text, hub_progress_fn fn,
 {
     memset(out, 0, sizeof *out);
     struct hub h;
-    settle(&h, cfg);
+    hub_settle(&h, cfg);
     struct hub_ref ref;
     int rc = hubref_parse(text, &ref, err, errlen);
     if (rc)

@@ -31,6 +31,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "node/hubref.h"
 
 #define HUB_DEFAULT_ENDPOINT "https://huggingface.co"
@@ -88,6 +90,14 @@ struct hub_pulled {
  * failing), CAIRN_ESTATE (offline and not here; cancelled). */
 int hub_pull(const struct hub_config *cfg, const char *ref, hub_progress_fn fn, void *ctx, struct hub_pulled *out,
              char *err, size_t errlen);
+
+/* Searches the hub for repos with GGUF files whose names hold query (1..HUB_QUERY_MAX
+ * bytes), most downloaded first, at most limit (1..HUB_SEARCH_MAX): *out is a new JSON
+ * array of {"id": "OWNER/REPO", "ref": "hf.co/OWNER/REPO", "downloads", "likes",
+ * "gated"}; entries whose id is not a repo name are left out. Errors as hub_pull's. */
+#define HUB_QUERY_MAX 200
+#define HUB_SEARCH_MAX 100
+int hub_search(const struct hub_config *cfg, const char *query, int limit, json_t **out, char *err, size_t errlen);
 
 /* Records model id, fetched from a peer into its local file (hubref_local_name) with
  * this hash and size, in a sidecar of models_dir, so the catalog names it as the peer

@@ -31,6 +31,24 @@ static void curl_start(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
 
 void hub_curl_init(void) { pthread_once(&curl_once, curl_start); }
 
+void hub_settle(struct hub *h, const struct hub_config *cfg)
+{
+    const char *env = getenv("HF_ENDPOINT");
+    snprintf(h->endpoint, sizeof h->endpoint, "%s",
+             cfg->endpoint ? cfg->endpoint : env && env[0] ? env : HUB_DEFAULT_ENDPOINT);
+    size_t n = strlen(h->endpoint);
+    while (n && h->endpoint[n - 1] == '/')
+        h->endpoint[--n] = 0;
+    h->cfg = cfg;
+    h->token = cfg->token ? cfg->token : getenv("HF_TOKEN");
+    const char *off = getenv("HF_HUB_OFFLINE");
+    h->offline = cfg->offline || (off && (!strcmp(off, "1") || !strcasecmp(off, "true") || !strcasecmp(off, "yes")));
+    h->revision = cfg->revision && cfg->revision[0] ? cfg->revision : "main";
+    h->attempts = cfg->max_attempts > 0 ? cfg->max_attempts : HUB_MAX_ATTEMPTS;
+    h->backoff_ms = cfg->backoff_ms > 0 ? cfg->backoff_ms : HUB_BACKOFF_MS;
+    h->stall_s = cfg->stall_s > 0 ? cfg->stall_s : HUB_STALL_S;
+}
+
 bool hub_cancelled(const struct hub *h) { return h->cfg->cancel && atomic_load(h->cfg->cancel); }
 
 void hub_nap_ms(const struct hub *h, int64_t ms)
@@ -355,5 +373,53 @@ int hub_list_repo(const struct hub *h, const struct hub_ref *ref, struct listing
             break;
     }
     free(r.body);
+    return rc;
+}
+
+/* ---- search ---- */
+
+int hub_search(const struct hub_config *cfg, const char *query, int limit, json_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct hub h;
+    hub_settle(&h, cfg);
+    size_t qn = query ? strlen(query) : 0;
+    if (!qn || qn > HUB_QUERY_MAX || limit < 1 || limit > HUB_SEARCH_MAX)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "a search of 1..%d bytes for 1..%d repos", HUB_QUERY_MAX,
+                          HUB_SEARCH_MAX);
+    if (h.offline)
+        return cairn_fail(err, errlen, CAIRN_ESTATE, "HF_HUB_OFFLINE is set: no search");
+    hub_curl_init();
+    char *q = curl_easy_escape(NULL, query, (int)qn);
+    if (!q)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    char url[1024];
+    snprintf(url, sizeof url, "%s/api/models?search=%s&filter=gguf&sort=downloads&direction=-1&limit=%d", h.endpoint,
+             q, limit);
+    curl_free(q);
+    struct reply r = {0};
+    json_t *j = NULL;
+    int rc = hub_get_json(&h, url, "the hub's search", &j, &r, err, errlen);
+    free(r.body);
+    if (!rc && !json_is_array(j))
+        rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "the hub's search: not a list");
+    json_t *arr = rc ? NULL : json_array(), *e;
+    size_t i;
+    json_array_foreach(arr ? j : NULL, i, e) {
+        const char *id = json_string_value(json_object_get(e, "id"));
+        char ref[HUBREF_TEXT_MAX];
+        struct hub_ref hr;
+        if (!id || strlen(id) > 2 * HUBREF_NAME_MAX + 1 || hubref_parse(id, &hr, NULL, 0) || hr.tag[0] || hr.path[0] ||
+            (int)json_array_size(arr) == limit)
+            continue;
+        snprintf(ref, sizeof ref, "hf.co/%s/%s", hr.owner, hr.repo);
+        json_t *gated = json_object_get(e, "gated");
+        json_array_append_new(arr, json_pack("{s:s, s:s, s:I, s:I, s:b}", "id", id, "ref", ref, "downloads",
+                                             json_integer_value(json_object_get(e, "downloads")), "likes",
+                                             json_integer_value(json_object_get(e, "likes")), "gated",
+                                             json_is_string(gated) || json_is_true(gated)));
+    }
+    json_decref(j);
+    *out = arr;
     return rc;
 }

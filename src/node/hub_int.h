@@ -69,6 +69,8 @@ struct file_fetch {
 
 /* ---- hub_http.c ---- */
 
+/* The settings of cfg and the environment (HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE). */
+void hub_settle(struct hub *h, const struct hub_config *cfg);
 /* libcurl's global start, once per process. */
 void hub_curl_init(void);
 bool hub_cancelled(const struct hub *h);

@@ -1,5 +1,7 @@
 // A fake Hugging Face hub for tests: the HTTP surface cairn's hub client uses, answered
 // as the real hub answers it (shapes checked against huggingface_hub's client):
+//   GET /api/models?search=TEXT&filter=gguf&sort=downloads&limit=N   [{"id", "downloads",
+//       "likes", "gated"}], and one malformed entry a client must skip
 //   GET /api/models/OWNER/REPO/revision/REV    {"id", "sha", "gated", "private", "siblings"}
 //   GET /api/models/OWNER/REPO/tree/REV?recursive=true
 //       [{"type":"file","oid","size","path","lfs":{"oid","size","pointerSize"}}], pages of
@@ -63,6 +65,17 @@ export async function startFakeHub({ repos = {}, throttle = 0, busy = 0, pageSiz
     const url = new URL(req.url, 'http://x');
     const parts = url.pathname.split('/').map(decodeURIComponent);
     try {
+      if (parts[1] === 'api' && parts[2] === 'models' && parts.length === 3) { // search
+        const q = (url.searchParams.get('search') ?? '').toLowerCase();
+        const gguf = url.searchParams.get('filter') === 'gguf';
+        const limit = Number(url.searchParams.get('limit') ?? 1000);
+        const found = Object.entries(repos)
+          .filter(([name, r]) => name.toLowerCase().includes(q) && (!gguf || r.files.some((f) => f.path.endsWith('.gguf'))))
+          .map(([name, r]) => ({ id: name, downloads: r.downloads ?? 0, likes: r.likes ?? 0,
+            gated: r.gated ? 'manual' : false, tags: ['gguf'] }))
+          .sort((x, y) => y.downloads - x.downloads).slice(0, limit);
+        return send(res, 200, [...found, { id: 'not a repo name', downloads: 1 }]);
+      }
       if (parts[1] === 'api' && parts[2] === 'models' && parts[5] === 'revision') {
         hub.requests.revision++;
         const repo = repoOf(parts[3], parts[4], req, res);

@@ -52,16 +52,19 @@ before(async () => {
   hub = await startFakeHub({
     pageSize: 2, // the listing comes in pages
     repos: {
-      'test-org/Tiny-GGUF': { files: [{ path: 'README.md', bytes: Buffer.from('# tiny\n') },
+      'test-org/Tiny-GGUF': { downloads: 500, files: [{ path: 'README.md', bytes: Buffer.from('# tiny\n') },
         { path: 'Tiny-Q8_0.gguf', bytes: q8 }, { path: 'Tiny-Q4_K_M.gguf', bytes: f16 },
         { path: 'mmproj-Tiny-f16.gguf', bytes: Buffer.from('not a model') }] },
       'test-org/Broken-GGUF': { files: [{ path: 'Broken-Q8_0.gguf', bytes: q8 }], corrupt: 'Broken-Q8_0.gguf' },
       'test-org/Gated-GGUF': { files: [{ path: 'Gated-Q8_0.gguf', bytes: q8 }], gated: 'hf_good_token' },
-      'test-org/Whole-GGUF': { files: [{ path: 'Whole-Q8_0.gguf', bytes: whole }] },
+      'test-org/Whole-GGUF': { downloads: 900, files: [{ path: 'Whole-Q8_0.gguf', bytes: whole }] },
+      'test-org/Docs-Only': { downloads: 5000, files: [{ path: 'README.md', bytes: Buffer.from('no model') }] },
       'test-org/Split-GGUF': { files: parts.map((bytes, k) => ({ path: `Q8_0/Split-Q8_0-0000${k + 1}-of-00003.gguf`,
         bytes })) },
     },
   });
+  process.env.HF_ENDPOINT = hub.url; // nodes started here pull from the fake hub
+  process.env.HF_TOKEN = '';
 });
 
 after(async () => {
@@ -186,8 +189,6 @@ test('a node serves a pulled model under the reference as typed', T, async () =>
 test("Ollama's client pulls, lists and deletes through a node", T, async () => {
   const d = models('ollama');
   fs.mkdirSync(d, { recursive: true });
-  process.env.HF_ENDPOINT = hub.url; // the node pulls from the fake hub
-  process.env.HF_TOKEN = '';
   const node = await startNode(dir, d, { name: 'ollama' });
   try {
     const ollama = new Ollama({ host: node.url });
@@ -347,5 +348,23 @@ test('a disk without room for the model: refused before a byte is fetched, sayin
     assert.deepEqual(fs.readdirSync(d), [], 'nothing was left');
   } finally {
     await new Promise((resolve) => execFile('umount', [d], resolve));
+  }
+});
+
+test('search the hub: GGUF repos, most downloaded first, from the CLI and a node', T, async () => {
+  const r = await cairn(['search', 'test-org', '--limit', '3']);
+  assert.equal(r.code, 0, r.stderr);
+  const refs = r.stdout.split('\n').slice(1).filter(Boolean).map((l) => l.split(/\s+/)[0]);
+  assert.deepEqual(refs, ['hf.co/test-org/Whole-GGUF', 'hf.co/test-org/Tiny-GGUF', 'hf.co/test-org/Broken-GGUF'],
+    `most downloaded first, GGUF repos only, the malformed entry skipped: ${r.stdout}`);
+  const node = await startNode(dir, models('search'), { name: 'search' });
+  try {
+    const s = await http(`${node.url}/hub/search?q=gated`, { method: 'GET' });
+    assert.equal(s.status, 200, s.text);
+    assert.deepEqual(s.json.models.map((m) => [m.ref, m.gated]), [['hf.co/test-org/Gated-GGUF', true]]);
+    assert.equal((await http(`${node.url}/hub/search`, { method: 'GET' })).status, 400, 'q is required');
+    assert.equal((await http(`${node.url}/hub/search?q=x&limit=0`, { method: 'GET' })).status, 400);
+  } finally {
+    await node.stop();
   }
 });
