@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -104,6 +105,32 @@ bool send_all(int fd, const void *buf, size_t n)
     return true;
 }
 
+int http_read_reply(int fd, char *out, size_t cap, char *head, size_t hcap)
+{
+    out[0] = 0;
+    if (head)
+        head[0] = 0;
+    static char buf[1 << 20];
+    size_t len = 0;
+    for (;;) {
+        ssize_t r = recv(fd, buf + len, sizeof buf - 1 - len, 0);
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+        if (len == sizeof buf - 1)
+            break;
+    }
+    buf[len] = 0;
+    int status = -1;
+    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
+        return -1;
+    const char *b = strstr(buf, "\r\n\r\n");
+    snprintf(out, cap, "%s", b ? b + 4 : "");
+    if (head)
+        snprintf(head, hcap, "%.*s", b ? (int)(b - buf) + 2 : 0, buf);
+    return status;
+}
+
 /* One HTTP/1.1 request (Connection: close) with the extra header lines in headers (each
  * ending in \r\n, or NULL); the body of the answer into out and, when head is not NULL,
  * its status line and headers into head. Returns the status, or -1 when no answer came
@@ -127,25 +154,8 @@ int http_ex(int port, const char *method, const char *path, const char *headers,
         close(fd);
         return -1;
     }
-    static char buf[1 << 20];
-    size_t len = 0;
-    for (;;) {
-        ssize_t r = recv(fd, buf + len, sizeof buf - 1 - len, 0);
-        if (r <= 0)
-            break;
-        len += (size_t)r;
-        if (len == sizeof buf - 1)
-            break;
-    }
+    int status = http_read_reply(fd, out, cap, head, hcap);
     close(fd);
-    buf[len] = 0;
-    int status = -1;
-    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
-        return -1;
-    const char *b = strstr(buf, "\r\n\r\n");
-    snprintf(out, cap, "%s", b ? b + 4 : "");
-    if (head)
-        snprintf(head, hcap, "%.*s", b ? (int)(b - buf) + 2 : 0, buf);
     return status;
 }
 
@@ -268,9 +278,21 @@ bool read_id(int i)
 
 void print_log_tail(int i)
 {
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "tail -n 25 '%s' 1>&2", nodes[i].log);
-    fprintf(stderr, "---- node %d log (%s) ----\n", i, nodes[i].id);
+    print_tail(nodes[i].log, 25, NULL, "node %d log (%s)", i, nodes[i].id);
+}
+
+void print_tail(const char *path, int lines, const char *drop, const char *fmt, ...)
+{
+    char title[256], cmd[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(title, sizeof title, fmt, ap);
+    va_end(ap);
+    if (drop)
+        snprintf(cmd, sizeof cmd, "grep -v '%s' '%s' | tail -n %d 1>&2", drop, path, lines);
+    else
+        snprintf(cmd, sizeof cmd, "tail -n %d '%s' 1>&2", lines, path);
+    fprintf(stderr, "---- %s ----\n", title);
     if (system(cmd) != 0)
         fprintf(stderr, "(no log)\n");
 }
@@ -412,6 +434,29 @@ int run_cmd(const char *fmt, ...)
     vsnprintf(cmd, sizeof cmd, fmt, ap);
     va_end(ap);
     int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int run_argv(const char *const *argv, bool verbose)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        if (!verbose) {
+            int nul = open("/dev/null", O_WRONLY);
+            if (nul >= 0) {
+                dup2(nul, 1);
+                dup2(nul, 2);
+            }
+        }
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            return -1;
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 

@@ -2,7 +2,12 @@
  * ports (free at start), data dir under nodes_dir, --discovery off and joined by --peer;
  * HTTP to their APIs, their /state, their runners, bounded waits. Shared by the tests of
  * this folder (test_node.c, test_rogue.c). nodes_dir holds the models (m1, a tiny llama
- * made by nodes_setup) and every node's data and log; nodes_teardown removes it. */
+ * made by nodes_setup) and every node's data and log; nodes_teardown removes it.
+ *
+ * The helpers that do not touch nodes[] (clock, sockets, the HTTP reply reader, child
+ * processes, files, logs) serve the tests that start their nodes their own way too
+ * (test_download_nodes.c, and the network-namespace tests test_discovery_nodes.c and
+ * test_pipeline_netns.c, which keep their nodes in arrays of their own). */
 #ifndef CAIRN_TESTS_CLI_NODES_H
 #define CAIRN_TESTS_CLI_NODES_H
 
@@ -36,6 +41,11 @@ void sleep_ms(int ms);
 int free_port(void);
 int connect_to(int port, int timeout_ms);
 bool send_all(int fd, const void *buf, size_t n);
+/* Reads the HTTP answer on fd (connected, a Connection: close request sent) until the
+ * peer closes it, a receive times out or 1 MiB came; its body into out and, when head is
+ * not NULL, its status line and headers into head. Returns the status, or -1 when no
+ * status line came. fd stays the caller's to close. */
+int http_read_reply(int fd, char *out, size_t cap, char *head, size_t hcap);
 /* One HTTP/1.1 request (Connection: close) with the extra header lines in headers (each
  * ending in \r\n, or NULL); the body of the answer into out and, when head is not NULL,
  * its status line and headers into head. Returns the status, or -1 when no answer came
@@ -54,7 +64,12 @@ void start_node(int i, int peer, const char *secret, const char *memory,
     const char *const *extra);
 /* Waits for node i's API and reads its id (bound: 20 s). */
 bool read_id(int i);
+/* Prints the last lines of node i's log to stderr, under a title line. */
 void print_log_tail(int i);
+/* Prints "---- TITLE ----" (fmt) and the last lines of the file at path to stderr,
+ * leaving out the lines that hold drop (when not NULL); "(no log)" when tail fails. */
+void print_tail(const char *path, int lines, const char *drop, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* Waits up to limit_s for pid to exit; its exit status, or -1 (then it is killed). */
 int wait_exit(pid_t pid, double limit_s);
 void stop_all(void);
@@ -72,6 +87,9 @@ int64_t rss_kib(pid_t pid);
 bool sse_collect(int fd, const char *want, double limit_s, char *buf, size_t cap);
 bool sse_wait(int fd, const char *want, double limit_s);
 int run_cmd(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Runs argv (searched in PATH) and waits for it, its output shown only when verbose;
+ * its exit status, or -1. */
+int run_argv(const char *const *argv, bool verbose);
 /* The runner of instance iid's first shard in node i's /state: its id, status and
  * restart count; false when the instance or its runner is not there. */
 bool runner_of(int i, const char *iid, char *rid, size_t rcap, char *status, size_t scap,

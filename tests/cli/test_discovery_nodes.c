@@ -44,8 +44,9 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "nodes.h"
 
 #define N_NODES 4    /* three that must join, and one of another cluster namespace */
 #define N_JOIN 3
@@ -58,7 +59,7 @@
 #define JOIN_LIMIT_S 60
 #define SETTLE_S 5 /* beacons keep flowing this long after the join, to show the outsider stays out */
 
-struct proc {
+struct peer {
     pid_t pid;
     char id[80];
     char addr[32];
@@ -72,44 +73,7 @@ static char home_ns[64];  /* readlink of /proc/self/ns/net, e.g. "net:[402653184
 static int home_fd = -1;  /* our own network namespace, to come back to */
 static bool lost_home;    /* setns back to it failed: stop at once */
 static bool outsider_in;  /* a joining node's state named the node of another namespace */
-static struct proc nodes[N_NODES];
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* Runs argv (searched in PATH); its output only when verbose. Exit status, or -1. */
-static int run(const char *const *argv, bool verbose)
-{
-    pid_t pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        if (!verbose) {
-            int nul = open("/dev/null", O_WRONLY);
-            if (nul >= 0) {
-                dup2(nul, 1);
-                dup2(nul, 2);
-            }
-        }
-        execvp(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR)
-            return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+static struct peer peers[N_NODES];
 
 static void delete_namespaces(void)
 {
@@ -117,7 +81,7 @@ static void delete_namespaces(void)
         if (!ns_names[i][0])
             continue;
         const char *del[] = {"ip", "netns", "del", ns_names[i], NULL};
-        run(del, false);
+        run_argv(del, false);
     }
 }
 
@@ -148,7 +112,7 @@ static pid_t start_janitor(int *wfd)
         delete_namespaces();
         if (!getenv("CAIRN_TEST_KEEP")) {
             const char *rm[] = {"rm", "-rf", dir, NULL};
-            run(rm, false);
+            run_argv(rm, false);
         }
         _exit(0);
     }
@@ -204,27 +168,12 @@ static int http_in(int ns, const char *addr, int port, const char *path, const c
                  : snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n",
                             path, addr);
     if (n < 0 || n >= (int)sizeof req || inet_pton(AF_INET, addr, &a.sin_addr) != 1 ||
-        connect(fd, (struct sockaddr *)&a, sizeof a) || send(fd, req, (size_t)n, MSG_NOSIGNAL) != n) {
+        connect(fd, (struct sockaddr *)&a, sizeof a) || !send_all(fd, req, (size_t)n)) {
         close(fd);
         return -1;
     }
-    static char buf[1 << 20];
-    size_t len = 0;
-    for (;;) {
-        ssize_t r = recv(fd, buf + len, sizeof buf - 1 - len, 0);
-        if (r <= 0)
-            break;
-        len += (size_t)r;
-        if (len == sizeof buf - 1)
-            break;
-    }
+    int status = http_read_reply(fd, out, cap, NULL, 0);
     close(fd);
-    buf[len] = 0;
-    int status = -1;
-    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
-        return -1;
-    const char *resp = strstr(buf, "\r\n\r\n");
-    snprintf(out, cap, "%s", resp ? resp + 4 : "");
     return status;
 }
 
@@ -237,7 +186,7 @@ static int http_get_in(int ns, const char *addr, int port, const char *path, cha
 static json_t *state_of(int i)
 {
     static char out[1 << 20];
-    if (http_get_in(i, nodes[i].addr, API_PORT, "/state", out, sizeof out) != 200)
+    if (http_get_in(i, peers[i].addr, API_PORT, "/state", out, sizeof out) != 200)
         return NULL;
     return json_loads(out, 0, NULL);
 }
@@ -245,7 +194,7 @@ static json_t *state_of(int i)
 /* Starts argv as p's process inside namespace ns_names[ns], its output into p->log;
  * home, when not NULL, becomes its HOME, with XDG_DATA_HOME and XDG_CACHE_HOME under it
  * and no CAIRN_* setting (a node then keeps everything in home). */
-static void spawn_in(struct proc *p, int ns, const char *const *argv, const char *home)
+static void spawn_in(struct peer *p, int ns, const char *const *argv, const char *home)
 {
     char nspath[128];
     snprintf(nspath, sizeof nspath, "/run/netns/%s", ns_names[ns]);
@@ -287,9 +236,9 @@ static void spawn_in(struct proc *p, int ns, const char *const *argv, const char
 
 /* Starts node i in namespace ns_names[i], beaconing on its veth end; cluster_ns is
  * its --namespace, or NULL. */
-static void start_node(int i, const char *cluster_ns)
+static void start_peer(int i, const char *cluster_ns)
 {
-    struct proc *p = &nodes[i];
+    struct peer *p = &peers[i];
     char api[16], cl[16], data[512], models[512];
     snprintf(api, sizeof api, "%d", API_PORT);
     snprintf(cl, sizeof cl, "%d", CLUSTER_PORT);
@@ -327,13 +276,9 @@ static void start_node(int i, const char *cluster_ns)
 }
 
 /* The end of node i's log, without the API's access lines (the test's polling). */
-static void print_log_tail(int i)
+static void print_peer_log(int i)
 {
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "grep -v ' info: http ' '%s' | tail -n 30 1>&2", nodes[i].log);
-    fprintf(stderr, "---- node %d log (%s) ----\n", i, nodes[i].id);
-    if (system(cmd) != 0)
-        fprintf(stderr, "(no log)\n");
+    print_tail(peers[i].log, 30, " info: http ", "node %d log (%s)", i, peers[i].id);
 }
 
 /* What node i's /state holds: its nodes and master. */
@@ -342,7 +287,7 @@ static void print_state(int i)
     json_t *j = state_of(i);
     json_t *ns = json_object_get(j, "nodes");
     const char *m = json_string_value(json_object_get(json_object_get(j, "master"), "node_id"));
-    fprintf(stderr, "node %d (%s): %s, master %s, nodes:", i, nodes[i].id, j ? "state" : "no state",
+    fprintf(stderr, "node %d (%s): %s, master %s, nodes:", i, peers[i].id, j ? "state" : "no state",
             m ? m : "(none)");
     const char *key;
     json_t *v;
@@ -352,46 +297,15 @@ static void print_state(int i)
     json_decref(j);
 }
 
-/* true when the log at path holds text. */
-static bool file_has(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "r");
-    char line[4096];
-    bool found = false;
-    while (f && !found && fgets(line, sizeof line, f))
-        found = strstr(line, text) != NULL;
-    if (f)
-        fclose(f);
-    return found;
-}
-
-static bool log_has(int i, const char *text) { return file_has(nodes[i].log, text); }
-
-/* Waits up to limit_s for pid to exit; its exit status, or -1 (then it is killed). */
-static int wait_exit(pid_t pid, double limit_s)
-{
-    double t0 = now_s();
-    int st;
-    while (now_s() - t0 < limit_s) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-        if (r < 0)
-            return -1;
-        sleep_ms(50);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-    return -1;
-}
+static bool log_has(int i, const char *text) { return file_has(peers[i].log, text); }
 
 static void kill_nodes(void)
 {
     for (int i = 0; i < N_NODES; i++)
-        if (nodes[i].pid > 0) {
-            kill(nodes[i].pid, SIGKILL);
-            waitpid(nodes[i].pid, NULL, 0);
-            nodes[i].pid = 0;
+        if (peers[i].pid > 0) {
+            kill(peers[i].pid, SIGKILL);
+            waitpid(peers[i].pid, NULL, 0);
+            peers[i].pid = 0;
         }
 }
 
@@ -403,12 +317,12 @@ static bool read_ids(void)
     int have = 0;
     while (have < N_NODES && now_s() - t0 < 30 && !lost_home) {
         for (int i = 0; i < N_NODES; i++) {
-            if (nodes[i].id[0] || http_get_in(i, nodes[i].addr, API_PORT, "/node_id", out, sizeof out) != 200)
+            if (peers[i].id[0] || http_get_in(i, peers[i].addr, API_PORT, "/node_id", out, sizeof out) != 200)
                 continue;
             json_t *j = json_loads(out, 0, NULL);
             const char *id = json_string_value(json_object_get(j, "node_id"));
             if (id && id[0]) {
-                snprintf(nodes[i].id, sizeof nodes[i].id, "%s", id);
+                snprintf(peers[i].id, sizeof peers[i].id, "%s", id);
                 have++;
             }
             json_decref(j);
@@ -426,14 +340,14 @@ static bool sees_all(int i, char *master, size_t mcap)
     json_t *j = state_of(i);
     json_t *ns = json_object_get(j, "nodes");
     const char *m = json_string_value(json_object_get(json_object_get(j, "master"), "node_id"));
-    if (json_object_get(ns, nodes[N_JOIN].id) || (m && !strcmp(m, nodes[N_JOIN].id)))
+    if (json_object_get(ns, peers[N_JOIN].id) || (m && !strcmp(m, peers[N_JOIN].id)))
         outsider_in = true;
     bool ok = json_is_object(ns) && json_object_size(ns) == N_JOIN && m;
     for (int k = 0; ok && k < N_JOIN; k++)
-        ok = json_object_get(ns, nodes[k].id) != NULL;
+        ok = json_object_get(ns, peers[k].id) != NULL;
     bool master_ours = false;
     for (int k = 0; ok && k < N_JOIN; k++)
-        master_ours |= !strcmp(m, nodes[k].id);
+        master_ours |= !strcmp(m, peers[k].id);
     ok = ok && master_ours;
     if (ok)
         snprintf(master, mcap, "%s", m);
@@ -464,7 +378,7 @@ static double wait_joined(double limit_s, char *master, size_t mcap)
 
 #define N_PLAIN 2 /* plain[k] runs in namespace k, after the four nodes above are gone */
 #define PLAIN_MODEL "tiny"
-static struct proc plain[N_PLAIN];
+static struct peer plain[N_PLAIN];
 
 /* Reads plain node k's /node_id (its API on 127.0.0.1 inside its namespace); bound 30 s. */
 static bool plain_id(int k)
@@ -552,11 +466,7 @@ static bool alive(pid_t pid)
 
 static void print_plain_log(int k)
 {
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "grep -v ' info: http ' '%s' | tail -n 30 1>&2", plain[k].log);
-    fprintf(stderr, "---- plain node %d log (%s) ----\n", k, plain[k].id);
-    if (system(cmd) != 0)
-        fprintf(stderr, "(no log)\n");
+    print_tail(plain[k].log, 30, " info: http ", "plain node %d log (%s)", k, plain[k].id);
 }
 
 /* `cairn` with no arguments, its HOME and XDG dirs in the test's dir: alone it is its
@@ -688,7 +598,7 @@ static bool make_network(void)
     snprintf(brdev, sizeof brdev, "cdb%d", (int)getpid());
     for (int i = 0; i < N_NETNS; i++) {
         const char *add[] = {"ip", "netns", "add", ns_names[i], NULL};
-        if (run(add, true) != 0) {
+        if (run_argv(add, true) != 0) {
             printf("skipped: `ip netns add %s` failed (no network namespaces here)\n", ns_names[i]);
             ns_names[i][0] = 0; /* not ours to delete */
             for (int k = i + 1; k < N_NETNS; k++)
@@ -702,7 +612,7 @@ static bool make_network(void)
         {"ip", "-n", br, "link", "set", brdev, "up", NULL},
     };
     for (size_t c = 0; c < sizeof bridge / sizeof bridge[0]; c++)
-        if (run(bridge[c], true) != 0) {
+        if (run_argv(bridge[c], true) != 0) {
             printf("skipped: `ip -n %s link ...` (the bridge) failed: the kernel refuses\n", br);
             return false;
         }
@@ -710,19 +620,19 @@ static bool make_network(void)
         const char *ns = ns_names[i];
         char peer[16], cidr[40];
         snprintf(peer, sizeof peer, "cdp%d%c", (int)getpid() % 1000000, 'a' + i);
-        snprintf(cidr, sizeof cidr, "%s/24", nodes[i].addr);
+        snprintf(cidr, sizeof cidr, "%s/24", peers[i].addr);
         /* Both ends are made inside their namespaces, never in ours. */
         const char *cmds[][16] = {
-            {"ip", "link", "add", nodes[i].ifname, "netns", ns, "type", "veth", "peer", "name", peer,
+            {"ip", "link", "add", peers[i].ifname, "netns", ns, "type", "veth", "peer", "name", peer,
              "netns", br, NULL},
             {"ip", "-n", br, "link", "set", peer, "master", brdev, NULL},
             {"ip", "-n", br, "link", "set", peer, "up", NULL},
-            {"ip", "-n", ns, "addr", "add", cidr, "brd", "+", "dev", nodes[i].ifname, NULL},
+            {"ip", "-n", ns, "addr", "add", cidr, "brd", "+", "dev", peers[i].ifname, NULL},
             {"ip", "-n", ns, "link", "set", "lo", "up", NULL},
-            {"ip", "-n", ns, "link", "set", nodes[i].ifname, "up", NULL},
+            {"ip", "-n", ns, "link", "set", peers[i].ifname, "up", NULL},
         };
         for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++)
-            if (run(cmds[c], true) != 0) {
+            if (run_argv(cmds[c], true) != 0) {
                 printf("skipped: `%s %s %s %s %s` failed: the kernel refuses the test network\n", cmds[c][0],
                        cmds[c][1], cmds[c][2], cmds[c][3], cmds[c][4]);
                 return false;
@@ -738,7 +648,7 @@ int main(int argc, char **argv)
         return test_skip("needs root to create network namespaces");
     }
     const char *ver[] = {"ip", "-V", NULL};
-    if (run(ver, false) != 0) {
+    if (run_argv(ver, false) != 0) {
         return test_skip("no usable `ip` (iproute2)");
     }
     ssize_t hl = readlink("/proc/self/ns/net", home_ns, sizeof home_ns - 1);
@@ -755,9 +665,9 @@ int main(int argc, char **argv)
             snprintf(ns_names[i], sizeof ns_names[i], "cairn-dn-%d-%d", pid, i);
     }
     for (int i = 0; i < N_NODES; i++) {
-        snprintf(nodes[i].addr, sizeof nodes[i].addr, SUBNET "%d", i + 1);
+        snprintf(peers[i].addr, sizeof peers[i].addr, SUBNET "%d", i + 1);
         /* names that exist only inside the test namespaces (at most 15 bytes) */
-        snprintf(nodes[i].ifname, sizeof nodes[i].ifname, "cdn%d%c", pid % 1000000, 'a' + i);
+        snprintf(peers[i].ifname, sizeof peers[i].ifname, "cdn%d%c", pid % 1000000, 'a' + i);
     }
     snprintf(dir, sizeof dir, "/tmp/cairn-test-dn-%d", pid);
     mkdir(dir, 0700);
@@ -778,13 +688,13 @@ int main(int argc, char **argv)
 
     double t0 = now_s();
     for (int i = 0; i < N_NODES; i++)
-        start_node(i, i < N_JOIN ? NULL : OTHER_NS);
+        start_peer(i, i < N_JOIN ? NULL : OTHER_NS);
     bool up = read_ids();
     CHECK(up, "every node's API answers /node_id inside its namespace (bound 30 s)");
     if (!up)
         goto fail;
     double joined = wait_joined(JOIN_LIMIT_S, master, sizeof master);
-    CHECK(!outsider_in, "no joining node names the outsider %s (--namespace " OTHER_NS ")", nodes[N_JOIN].id);
+    CHECK(!outsider_in, "no joining node names the outsider %s (--namespace " OTHER_NS ")", peers[N_JOIN].id);
     CHECK(joined >= 0, "the three nodes each list all three and the same master (bound %d s)", JOIN_LIMIT_S);
     if (joined < 0)
         goto fail;
@@ -794,8 +704,8 @@ int main(int argc, char **argv)
         CHECK(log_has(i, "discovery: found node"), "node %d found its peers by discovery (see its log)", i);
 
     /* The outsider shares the bridge (node 0's API answers it over it), yet stays out. */
-    int st = http_get_in(N_JOIN, nodes[0].addr, API_PORT, "/node_id", out, sizeof out);
-    CHECK(st == 200 && strstr(out, nodes[0].id), "node 0's API answers from the outsider's namespace: %d %s",
+    int st = http_get_in(N_JOIN, peers[0].addr, API_PORT, "/node_id", out, sizeof out);
+    CHECK(st == 200 && strstr(out, peers[0].id), "node 0's API answers from the outsider's namespace: %d %s",
           st, out);
     sleep_ms(SETTLE_S * 1000);
     CHECK(wait_joined(10, master, sizeof master) >= 0 && !outsider_in,
@@ -803,26 +713,26 @@ int main(int argc, char **argv)
     for (int i = 0; i < N_JOIN; i++) {
         json_t *j = state_of(i);
         char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
-        CHECK(text && !strstr(text, nodes[N_JOIN].id), "node %d's state never names the outsider %s", i,
-              nodes[N_JOIN].id);
+        CHECK(text && !strstr(text, peers[N_JOIN].id), "node %d's state never names the outsider %s", i,
+              peers[N_JOIN].id);
         free(text);
         json_decref(j);
     }
     json_t *j3 = state_of(N_JOIN);
     json_t *ns3 = json_object_get(j3, "nodes");
-    CHECK(json_object_size(ns3) == 1 && json_object_get(ns3, nodes[N_JOIN].id),
+    CHECK(json_object_size(ns3) == 1 && json_object_get(ns3, peers[N_JOIN].id),
           "the outsider's state holds only itself (%zu nodes)", json_object_size(ns3));
     json_decref(j3);
     CHECK(!log_has(N_JOIN, "discovery: found node"), "the outsider found nobody by discovery");
 
     /* SIGTERM: clean exits. */
     for (int i = 0; i < N_NODES; i++) {
-        kill(nodes[i].pid, SIGTERM);
-        int code = wait_exit(nodes[i].pid, 15);
-        nodes[i].pid = 0;
+        kill(peers[i].pid, SIGTERM);
+        int code = wait_exit(peers[i].pid, 15);
+        peers[i].pid = 0;
         CHECK(code == 0, "node %d exits 0 on SIGTERM (got %d)", i, code);
         if (code != 0)
-            print_log_tail(i);
+            print_peer_log(i);
     }
     RUN(test_plain);
     goto out;
@@ -831,7 +741,7 @@ fail:
     for (int i = 0; i < N_NODES; i++)
         print_state(i);
     for (int i = 0; i < N_NODES; i++)
-        print_log_tail(i);
+        print_peer_log(i);
 out:
     kill_nodes();
     kill_plain();
@@ -850,7 +760,7 @@ out:
     if (getenv("CAIRN_TEST_KEEP"))
         printf("kept %s\n", dir);
     else
-        run((const char *[]){"rm", "-rf", dir, NULL}, false);
+        run_argv((const char *[]){"rm", "-rf", dir, NULL}, false);
     if (!net && !test_failed)
         return TEST_SKIPPED; /* make_network said why */
     return test_main_end();

@@ -19,25 +19,17 @@
 #define _GNU_SOURCE /* memmem */
 #include "testutil.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sodium.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/time.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,52 +39,13 @@
 #include "base/log.h"
 #include "node/catalog.h"
 #include "node/download.h"
+#include "nodes.h"
 
 #define SECRET "download-secret"
 #define FILE_BYTES ((1 << 20) + 333)
 
 static char dir[256];
 static char err[2048];
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &len)) {
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-static bool send_all(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w <= 0)
-            return false;
-        p += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
 
 /* A reply: status, the header block, the body (binary). */
 struct reply {
@@ -114,12 +67,8 @@ static void http_raw(int port, const char *req, struct reply *r)
 {
     memset(r, 0, sizeof *r);
     r->status = -1;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct timeval tv = {10, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) || !send_all(fd, req, strlen(req))) {
+    int fd = connect_to(port, 10000);
+    if (fd < 0 || !send_all(fd, req, strlen(req))) {
         if (fd >= 0)
             close(fd);
         return;
@@ -160,20 +109,7 @@ static void http_raw(int port, const char *req, struct reply *r)
 static const char *hdr(const struct reply *r, const char *name)
 {
     static char v[512];
-    const char *p = r->head;
-    size_t n = strlen(name);
-    while ((p = strstr(p, "\r\n"))) {
-        p += 2;
-        if (!strncasecmp(p, name, n) && p[n] == ':') {
-            p += n + 1;
-            while (*p == ' ')
-                p++;
-            const char *e = strstr(p, "\r\n");
-            snprintf(v, sizeof v, "%.*s", (int)(e ? e - p : (long)strlen(p)), p);
-            return v;
-        }
-    }
-    return NULL;
+    return header_of(r->head, name, v, sizeof v) ? v : NULL;
 }
 
 static void request(char *out, size_t n, const char *method, const char *id, const char *node, const char *token,
@@ -309,7 +245,7 @@ static void test_inprocess(void)
     char what[512], proof_copy[DOWNLOAD_AUTH_MAX] = "";
     snprintf(what, sizeof what, "%s|%s", route, data_sha);
     if (proof)
-        snprintf(proof_copy, sizeof proof_copy, "%s", proof);
+        snprintf(proof_copy, sizeof proof_copy, "%.*s", (int)sizeof proof_copy - 1, proof);
     CHECK(proof && download_auth_check(SECRET, "holder", what, proof_copy, (int64_t)time(NULL), err, sizeof err) == 0,
           "reply proof: %s", proof ? err : "(none)");
     reply_free(&r);
@@ -478,39 +414,9 @@ out:
 
 /* ---- two processes ---- */
 
-struct proc {
-    pid_t pid;
-    int api, cluster;
-    char id[80];
-    char log[512];
-};
-
-static struct proc nodes[2];
-
-static int http_simple(int port, const char *method, const char *path, const char *body, char *out, size_t cap)
-{
-    char req[4096];
-    snprintf(req, sizeof req,
-             "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n"
-             "Content-Length: %zu\r\n\r\n%s",
-             method, path, body ? strlen(body) : 0, body ? body : "");
-    struct reply r;
-    http_raw(port, req, &r);
-    snprintf(out, cap, "%s", r.body ? (char *)r.body : "");
-    int st = r.status;
-    reply_free(&r);
-    return st;
-}
-
-static json_t *get_json(int port, const char *path)
-{
-    static char out[1 << 20];
-    if (http_simple(port, "GET", path, NULL, out, sizeof out) != 200)
-        return NULL;
-    return json_loads(out, 0, NULL);
-}
-
-static void start_node(int i, const char *models, const char *memory, int peer, bool master)
+/* Node i (of nodes.h's nodes[]) with its own models dir, the cluster secret and one
+ * thread; data and log under dir. peer: the index of a node to connect to, or -1. */
+static void start_with_models(int i, const char *models, const char *memory, int peer, bool master)
 {
     struct proc *p = &nodes[i];
     char api[16], cl[16], data_dir[512], peer_arg[64];
@@ -551,55 +457,7 @@ static void start_node(int i, const char *models, const char *memory, int peer, 
         argv[k++] = peer_arg;
     }
     argv[k] = NULL;
-    p->pid = fork();
-    if (p->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        FILE *f = fopen(p->log, "w");
-        if (f) {
-            dup2(fileno(f), 1);
-            dup2(fileno(f), 2);
-        }
-        execv(argv[0], argv);
-        _exit(127);
-    }
-}
-
-static bool read_id(int i)
-{
-    for (double t0 = now_s(); now_s() - t0 < 20; sleep_ms(100)) {
-        json_t *j = get_json(nodes[i].api, "/node_id");
-        const char *id = json_string_value(json_object_get(j, "node_id"));
-        if (id)
-            snprintf(nodes[i].id, sizeof nodes[i].id, "%s", id);
-        json_decref(j);
-        if (id)
-            return true;
-    }
-    return false;
-}
-
-static void print_log_tail(int i)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "tail -n 30 '%s' 1>&2", nodes[i].log);
-    fprintf(stderr, "---- node %d log (%s) ----\n", i, nodes[i].id);
-    if (system(cmd) != 0)
-        fprintf(stderr, "(no log)\n");
-}
-
-static int wait_exit(pid_t pid, double limit_s)
-{
-    int st;
-    for (double t0 = now_s(); now_s() - t0 < limit_s; sleep_ms(50)) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-        if (r < 0)
-            return -1;
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-    return -1;
+    p->pid = spawn(p->log, argv);
 }
 
 /* In A's /state: B's download of m1 (status into st, sizes), and B's runner status. */
@@ -640,10 +498,8 @@ static void test_two_nodes(void)
     snprintf(model_a, sizeof model_a, "%s/m1.gguf", models_a);
     snprintf(model_b, sizeof model_b, "%s/m1.gguf", models_b);
     snprintf(vocab, sizeof vocab, "%s", test_data_path("vocab/ggml-vocab-llama-spm.gguf"));
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s mkmodel --shape tiny --vocab %s -o %s >%s/mkmodel.log 2>&1", CAIRN_BINARY, vocab,
-             model_a, dir);
-    int rc = system(cmd);
+    int rc = run_cmd("%s mkmodel --shape tiny --vocab %s -o %s >%s/mkmodel.log 2>&1", CAIRN_BINARY, vocab, model_a,
+                     dir);
     CHECK(rc == 0, "mkmodel failed (%d), see %s/mkmodel.log", rc, dir);
     if (rc)
         return;
@@ -651,8 +507,8 @@ static void test_two_nodes(void)
     stat(model_a, &st_a);
 
     /* A: the model, the master, next to no memory. B: memory, no model. */
-    start_node(0, models_a, "1K", -1, true);
-    start_node(1, models_b, "4G", 0, false);
+    start_with_models(0, models_a, "1K", -1, true);
+    start_with_models(1, models_b, "4G", 0, false);
     bool up = read_id(0) && read_id(1);
     CHECK(up, "both APIs answer /node_id");
     bool joined = false;
@@ -668,7 +524,7 @@ static void test_two_nodes(void)
     if (!joined)
         goto out;
     double t0 = now_s();
-    int st = http_simple(nodes[0].api, "POST", "/place_instance", "{\"model_id\":\"m1\"}", out, sizeof out);
+    int st = http(nodes[0].api, "POST", "/place_instance", "{\"model_id\":\"m1\"}", out, sizeof out);
     json_t *placed = json_loads(out, 0, NULL);
     char iid[80];
     snprintf(iid, sizeof iid, "%s", json_string_value(json_object_get(placed, "instance_id")) ?: "");
@@ -692,8 +548,7 @@ static void test_two_nodes(void)
     }
     CHECK(t_done >= 0 && done == (int64_t)st_a.st_size && total == (int64_t)st_a.st_size,
           "B's download in /state: '%s' %" PRId64 "/%" PRId64 " of %lld", dl, done, total, (long long)st_a.st_size);
-    snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", model_a, model_b);
-    CHECK(system(cmd) == 0, "B's file differs from A's");
+    CHECK(run_cmd("cmp -s '%s' '%s'", model_a, model_b) == 0, "B's file differs from A's");
     CHECK(t_ready >= 0, "B's runner reaches Ready after the download (now '%s')", runner);
     printf("figure: download Completed %.2f s, runner Ready %.2f s after placement\n", t_done, t_ready);
     json_t *models = get_json(nodes[0].api, "/models");
@@ -710,7 +565,7 @@ static void test_two_nodes(void)
     json_decref(models);
     CHECK(listed, "A's /models lists B among the nodes with m1");
     /* A's file route refuses a request without the secret's token. */
-    st = http_simple(nodes[0].api, "GET", DOWNLOAD_ROUTE_PREFIX "m1", NULL, out, sizeof out);
+    st = http(nodes[0].api, "GET", DOWNLOAD_ROUTE_PREFIX "m1", NULL, out, sizeof out);
     CHECK(st == 401, "A's file route without a token: %d", st);
 out:
     if (test_failed)

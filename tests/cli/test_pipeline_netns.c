@@ -47,6 +47,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "nodes.h"
+
 #if defined(__SANITIZE_ADDRESS__)
 #define SLOW 4 /* everything, runners included, is several times slower under ASan */
 #else
@@ -59,7 +61,7 @@
 #define NODE_TIMEOUT_S 5
 #define MAX_RUNNERS 64
 
-struct proc {
+struct peer {
     pid_t pid;
     char id[80];
     char addr[16];
@@ -76,53 +78,16 @@ static char ns_names[2][64];
 static char home_ns[64]; /* readlink of /proc/self/ns/net */
 static int home_fd = -1;
 static bool lost_home; /* setns back to our namespace failed: stop at once */
-static struct proc nodes[2];
+static struct peer peers[2];
 static pid_t janitor;
 static pid_t runners_seen[MAX_RUNNERS]; /* every runner process a node had while we looked */
 static int n_runners_seen;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* Runs argv (searched in PATH), its output shown only when verbose; exit status or -1. */
-static int run(const char *const *argv, bool verbose)
-{
-    pid_t pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        if (!verbose) {
-            int nul = open("/dev/null", O_WRONLY);
-            if (nul >= 0) {
-                dup2(nul, 1);
-                dup2(nul, 2);
-            }
-        }
-        execvp(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR)
-            return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static void delete_namespaces(void)
 {
     for (int i = 0; i < 2; i++)
         if (ns_names[i][0])
-            run((const char *[]){"ip", "netns", "del", ns_names[i], NULL}, false);
+            run_argv((const char *[]){"ip", "netns", "del", ns_names[i], NULL}, false);
 }
 
 /* A process that deletes the namespaces and the temp dir once the test is gone, however
@@ -151,7 +116,7 @@ static pid_t start_janitor(int *wfd)
                 break;
         delete_namespaces();
         if (!getenv("CAIRN_TEST_KEEP"))
-            run((const char *[]){"rm", "-rf", dir, NULL}, false);
+            run_argv((const char *[]){"rm", "-rf", dir, NULL}, false);
         _exit(0);
     }
     close(p[0]);
@@ -192,16 +157,16 @@ static int send_request(int i, const char *method, const char *path, const char 
         return -1;
     struct timeval tv = {5 * SLOW, 0};
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)nodes[i].api)};
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)peers[i].api)};
     char head[512];
     size_t blen = body ? strlen(body) : 0;
     int n = snprintf(head, sizeof head,
                      "%s %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\nContent-Type: application/json\r\n"
                      "Content-Length: %zu\r\n\r\n",
-                     method, path, nodes[i].addr, blen);
-    bool ok = inet_pton(AF_INET, nodes[i].addr, &a.sin_addr) == 1 &&
-              connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && send(fd, head, (size_t)n, MSG_NOSIGNAL) == n &&
-              (!blen || send(fd, body, blen, MSG_NOSIGNAL) == (ssize_t)blen);
+                     method, path, peers[i].addr, blen);
+    bool ok = inet_pton(AF_INET, peers[i].addr, &a.sin_addr) == 1 &&
+              connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && send_all(fd, head, (size_t)n) &&
+              send_all(fd, body, blen);
     if (!ok || fcntl(fd, F_SETFL, O_NONBLOCK) != 0) {
         close(fd);
         return -1;
@@ -313,7 +278,7 @@ static char *decode_body(const struct buf *b, bool *complete)
 
 /* One request to node i's API; the status (body into *out, malloc'd, the caller frees
  * it), or -1 when no whole reply came within limit_s. */
-static int http(int i, const char *method, const char *path, const char *body, double limit_s, char **out)
+static int http_in(int i, const char *method, const char *path, const char *body, double limit_s, char **out)
 {
     *out = NULL;
     int fd = send_request(i, method, path, body);
@@ -337,11 +302,11 @@ static int http(int i, const char *method, const char *path, const char *body, d
 }
 
 /* GET path of node i as JSON; NULL when it does not answer 200 with JSON within 10 s. */
-static json_t *get_json(int i, const char *path)
+static json_t *get_json_in(int i, const char *path)
 {
     char *out;
     json_t *j = NULL;
-    if (http(i, "GET", path, NULL, 10 * SLOW, &out) == 200)
+    if (http_in(i, "GET", path, NULL, 10 * SLOW, &out) == 200)
         j = json_loads(out, 0, NULL);
     free(out);
     return j;
@@ -354,9 +319,9 @@ static const char *str_of(json_t *o, const char *key)
 }
 
 /* Starts node i in its namespace; with_peer: told of node A with --peer. */
-static void start_node(int i, bool with_peer)
+static void start_peer(int i, bool with_peer)
 {
-    struct proc *p = &nodes[i];
+    struct peer *p = &peers[i];
     char data[512], models[512], nspath[128], peer_arg[64], timeout[16];
     snprintf(data, sizeof data, "%s/data-%c", dir, 'a' + i);
     snprintf(models, sizeof models, "%s/models", dir);
@@ -392,7 +357,7 @@ static void start_node(int i, bool with_peer)
     argv[k++] = "-";
     argv[k++] = "-v";
     if (with_peer) {
-        snprintf(peer_arg, sizeof peer_arg, "%s:%d", nodes[0].addr, nodes[0].cluster);
+        snprintf(peer_arg, sizeof peer_arg, "%s:%d", peers[0].addr, peers[0].cluster);
         argv[k++] = "--peer";
         argv[k++] = peer_arg;
     }
@@ -430,7 +395,7 @@ static void start_node(int i, bool with_peer)
  * then for its /node_id; false when it does not come, or the node exits. */
 static bool node_up(int i, double limit_s)
 {
-    struct proc *p = &nodes[i];
+    struct peer *p = &peers[i];
     char want[64], line[4096];
     snprintf(want, sizeof want, ": api %s:", p->addr);
     double t0 = now_s();
@@ -451,7 +416,7 @@ static bool node_up(int i, double limit_s)
             sleep_ms(50);
     }
     while (p->api && !p->id[0] && now_s() - t0 < limit_s) {
-        json_t *j = get_json(i, "/node_id");
+        json_t *j = get_json_in(i, "/node_id");
         snprintf(p->id, sizeof p->id, "%s", str_of(j, "node_id"));
         json_decref(j);
         if (!p->id[0])
@@ -463,55 +428,27 @@ static bool node_up(int i, double limit_s)
 /* true when node i's log holds text. */
 static bool log_has(int i, const char *text)
 {
-    FILE *f = fopen(nodes[i].log, "r");
-    char line[4096];
-    bool found = false;
-    while (f && !found && fgets(line, sizeof line, f))
-        found = strstr(line, text) != NULL;
-    if (f)
-        fclose(f);
-    return found;
+    return file_has(peers[i].log, text);
 }
 
-static void print_log_tail(int i)
+static void print_peer_log(int i)
 {
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "grep -v ' info: http ' '%s' | tail -n 40 1>&2", nodes[i].log);
-    fprintf(stderr, "---- node %c log (%s) ----\n", 'a' + i, nodes[i].id);
-    if (system(cmd) != 0)
-        fprintf(stderr, "(no log)\n");
+    print_tail(peers[i].log, 40, " info: http ", "node %c log (%s)", 'a' + i, peers[i].id);
 }
 
 static void print_state(void)
 {
-    json_t *s = get_json(0, "/state");
+    json_t *s = get_json_in(0, "/state");
     char *text = s ? json_dumps(s, JSON_COMPACT) : NULL;
     fprintf(stderr, "---- A's /state ----\n%.6000s\n", text ? text : "(no answer)");
     free(text);
     json_decref(s);
 }
 
-/* Waits up to limit_s for pid (our child) to exit; its exit status (128 + signal), or
- * -1 after killing it. */
-static int wait_exit(pid_t pid, double limit_s)
-{
-    int st;
-    for (double t0 = now_s(); now_s() - t0 < limit_s; sleep_ms(50)) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-        if (r < 0)
-            return -1;
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-    return -1;
-}
-
 /* true when node i (our child) has not exited. */
 static bool alive(int i)
 {
-    return nodes[i].pid > 0 && waitpid(nodes[i].pid, NULL, WNOHANG) == 0;
+    return peers[i].pid > 0 && waitpid(peers[i].pid, NULL, WNOHANG) == 0;
 }
 
 /* ---- processes ---- */
@@ -568,7 +505,7 @@ static bool is_runner(pid_t pid)
 static int runners_of(int i, pid_t *out, int max)
 {
     pid_t kids[MAX_RUNNERS];
-    int n = nodes[i].pid > 0 ? children_of(nodes[i].pid, kids, MAX_RUNNERS) : 0, k = 0;
+    int n = peers[i].pid > 0 ? children_of(peers[i].pid, kids, MAX_RUNNERS) : 0, k = 0;
     for (int c = 0; c < n; c++) {
         if (!is_runner(kids[c]))
             continue;
@@ -588,7 +525,7 @@ static bool in_ns_of(pid_t pid, int i)
 {
     char a[64], b[64], pa[64], pb[64];
     snprintf(pa, sizeof pa, "/proc/%d/ns/net", (int)pid);
-    snprintf(pb, sizeof pb, "/proc/%d/ns/net", (int)nodes[i].pid);
+    snprintf(pb, sizeof pb, "/proc/%d/ns/net", (int)peers[i].pid);
     ssize_t na = readlink(pa, a, sizeof a - 1), nb = readlink(pb, b, sizeof b - 1);
     if (na <= 0 || nb <= 0)
         return false;
@@ -607,7 +544,7 @@ static int leftover_runners(pid_t *out, int max)
             continue;
         bool ours = false;
         for (int i = 0; i < 2; i++)
-            ours |= kids[c] == nodes[i].pid;
+            ours |= kids[c] == peers[i].pid;
         if (!ours)
             waitpid(kids[c], NULL, WNOHANG); /* an orphan that already died */
         if (!ours && is_runner(kids[c]) && k < max)
@@ -626,10 +563,10 @@ static int leftover_runners(pid_t *out, int max)
 static void kill_everything(void)
 {
     for (int i = 0; i < 2; i++)
-        if (nodes[i].pid > 0) {
-            kill(nodes[i].pid, SIGKILL);
-            waitpid(nodes[i].pid, NULL, 0);
-            nodes[i].pid = 0;
+        if (peers[i].pid > 0) {
+            kill(peers[i].pid, SIGKILL);
+            waitpid(peers[i].pid, NULL, 0);
+            peers[i].pid = 0;
         }
     pid_t left[MAX_RUNNERS];
     sleep_ms(200);
@@ -645,10 +582,10 @@ static void kill_everything(void)
 /* true when A's /state lists exactly both nodes (want 2) or only A (want 1). */
 static bool a_lists(int want)
 {
-    json_t *s = get_json(0, "/state");
+    json_t *s = get_json_in(0, "/state");
     json_t *ns = json_object_get(s, "nodes");
-    bool ok = json_is_object(ns) && json_object_size(ns) == (size_t)want && json_object_get(ns, nodes[0].id) &&
-              (want == 1 || json_object_get(ns, nodes[1].id));
+    bool ok = json_is_object(ns) && json_object_size(ns) == (size_t)want && json_object_get(ns, peers[0].id) &&
+              (want == 1 || json_object_get(ns, peers[1].id));
     json_decref(s);
     return ok;
 }
@@ -666,7 +603,7 @@ static double wait_nodes(int want, double limit_s)
 static int place(const char *body, char *iid, size_t cap)
 {
     char *out;
-    int st = http(0, "POST", "/place_instance", body, 30 * SLOW, &out);
+    int st = http_in(0, "POST", "/place_instance", body, 30 * SLOW, &out);
     json_t *j = out ? json_loads(out, 0, NULL) : NULL;
     snprintf(iid, cap, "%s", str_of(j, "instance_id"));
     if (st != 200 || !iid[0])
@@ -693,7 +630,7 @@ static bool instance_ready(json_t *s, const char *iid)
 static json_t *wait_ready(const char *iid, double limit_s)
 {
     for (double t0 = now_s(); now_s() - t0 < limit_s && !lost_home; sleep_ms(200)) {
-        json_t *s = get_json(0, "/state");
+        json_t *s = get_json_in(0, "/state");
         json_t *shards = NULL;
         if (instance_ready(s, iid))
             shards = json_incref(json_object_get(json_object_get(json_object_get(s, "instances"), iid), "shards"));
@@ -710,11 +647,11 @@ static bool remove_instance(const char *iid, double limit_s)
 {
     char path[160], *out;
     snprintf(path, sizeof path, "/instance/%s", iid);
-    int st = http(0, "DELETE", path, NULL, 30 * SLOW, &out);
+    int st = http_in(0, "DELETE", path, NULL, 30 * SLOW, &out);
     CHECK(st == 200, "DELETE %s: %d %s", path, st, out ? out : "");
     free(out);
     for (double t0 = now_s(); st == 200 && now_s() - t0 < limit_s; sleep_ms(200)) {
-        json_t *s = get_json(0, "/state");
+        json_t *s = get_json_in(0, "/state");
         bool gone = s && !json_object_get(json_object_get(s, "instances"), iid);
         const char *rid;
         json_t *r;
@@ -728,13 +665,13 @@ static bool remove_instance(const char *iid, double limit_s)
 
 /* A greedy completion of prompt on A (max_tokens MAX_TOKENS); the status, the text
  * into text and the completion tokens into *tokens (-1 unknown). */
-static int complete(const char *prompt, char *text, size_t cap, int *tokens, double limit_s)
+static int complete_on_a(const char *prompt, char *text, size_t cap, int *tokens, double limit_s)
 {
     json_t *req = json_pack("{s:s, s:s, s:i, s:i, s:b}", "model", MODEL, "prompt", prompt, "max_tokens", MAX_TOKENS,
                             "temperature", 0, "ignore_eos", 1);
     char *body = json_dumps(req, JSON_COMPACT), *out;
     json_decref(req);
-    int st = http(0, "POST", "/v1/completions", body, limit_s, &out);
+    int st = http_in(0, "POST", "/v1/completions", body, limit_s, &out);
     free(body);
     json_t *j = out ? json_loads(out, 0, NULL) : NULL;
     snprintf(text, cap, "%s", str_of(json_array_get(json_object_get(j, "choices"), 0), "text"));
@@ -754,7 +691,7 @@ static double first_good_completion(double t0, double limit_s, char *text, size_
 {
     int tokens = -1;
     for (; now_s() - t0 < limit_s && !lost_home; sleep_ms(500)) {
-        *st = complete(prompts[0], text, cap, &tokens, 30 * SLOW);
+        *st = complete_on_a(prompts[0], text, cap, &tokens, 30 * SLOW);
         if (*st == 200 && tokens == MAX_TOKENS)
             return now_s() - t0;
     }
@@ -765,7 +702,7 @@ static double first_good_completion(double t0, double limit_s, char *text, size_
  * node other than i (into *elsewhere); ready ones into *ready. */
 static size_t model_instances(int i, size_t *elsewhere, size_t *ready)
 {
-    json_t *s = get_json(i, "/state");
+    json_t *s = get_json_in(i, "/state");
     size_t n = 0;
     *elsewhere = *ready = 0;
     const char *id;
@@ -778,7 +715,7 @@ static size_t model_instances(int i, size_t *elsewhere, size_t *ready)
         json_t *shards = json_object_get(in, "shards");
         bool away = false;
         for (size_t k = 0; k < json_array_size(shards); k++)
-            away |= strcmp(str_of(json_array_get(shards, k), "node_id"), nodes[i].id) != 0;
+            away |= strcmp(str_of(json_array_get(shards, k), "node_id"), peers[i].id) != 0;
         *elsewhere += away;
     }
     json_decref(s);
@@ -788,7 +725,7 @@ static size_t model_instances(int i, size_t *elsewhere, size_t *ready)
 /* The master node_id in node i's state, into out ("" when it does not answer). */
 static void master_of(int i, char *out, size_t cap)
 {
-    json_t *s = get_json(i, "/state");
+    json_t *s = get_json_in(i, "/state");
     snprintf(out, cap, "%s", str_of(json_object_get(s, "master"), "node_id"));
     json_decref(s);
 }
@@ -822,8 +759,8 @@ struct stream_end {
 /* Takes down B's veth end (inside B's namespace); true when `ip` says so. */
 static bool link_set(bool up)
 {
-    const char *argv[] = {"ip", "-n", ns_names[1], "link", "set", nodes[1].ifname, up ? "up" : "down", NULL};
-    return run(argv, true) == 0;
+    const char *argv[] = {"ip", "-n", ns_names[1], "link", "set", peers[1].ifname, up ? "up" : "down", NULL};
+    return run_argv(argv, true) == 0;
 }
 
 /* Counts the SSE data events of a text completion so far in raw (chunk framing in
@@ -916,7 +853,7 @@ static void stream_and_cut(double limit_s, struct stream_end *r)
 static bool make_network(void)
 {
     for (int i = 0; i < 2; i++) {
-        if (run((const char *[]){"ip", "netns", "add", ns_names[i], NULL}, true) != 0) {
+        if (run_argv((const char *[]){"ip", "netns", "add", ns_names[i], NULL}, true) != 0) {
             printf("skipped: `ip netns add %s` failed (no network namespaces here)\n", ns_names[i]);
             for (int k = i; k < 2; k++)
                 ns_names[k][0] = 0; /* not ours to delete */
@@ -925,20 +862,20 @@ static bool make_network(void)
     }
     char cidr[2][32];
     for (int i = 0; i < 2; i++)
-        snprintf(cidr[i], sizeof cidr[i], "%s/24", nodes[i].addr);
+        snprintf(cidr[i], sizeof cidr[i], "%s/24", peers[i].addr);
     /* Both ends are made straight inside their namespaces, never in ours. */
     const char *cmds[][16] = {
-        {"ip", "link", "add", nodes[0].ifname, "netns", ns_names[0], "type", "veth", "peer", "name", nodes[1].ifname,
+        {"ip", "link", "add", peers[0].ifname, "netns", ns_names[0], "type", "veth", "peer", "name", peers[1].ifname,
          "netns", ns_names[1], NULL},
-        {"ip", "-n", ns_names[0], "addr", "add", cidr[0], "dev", nodes[0].ifname, NULL},
-        {"ip", "-n", ns_names[1], "addr", "add", cidr[1], "dev", nodes[1].ifname, NULL},
+        {"ip", "-n", ns_names[0], "addr", "add", cidr[0], "dev", peers[0].ifname, NULL},
+        {"ip", "-n", ns_names[1], "addr", "add", cidr[1], "dev", peers[1].ifname, NULL},
         {"ip", "-n", ns_names[0], "link", "set", "lo", "up", NULL},
         {"ip", "-n", ns_names[1], "link", "set", "lo", "up", NULL},
-        {"ip", "-n", ns_names[0], "link", "set", nodes[0].ifname, "up", NULL},
-        {"ip", "-n", ns_names[1], "link", "set", nodes[1].ifname, "up", NULL},
+        {"ip", "-n", ns_names[0], "link", "set", peers[0].ifname, "up", NULL},
+        {"ip", "-n", ns_names[1], "link", "set", peers[1].ifname, "up", NULL},
     };
     for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++)
-        if (run(cmds[c], true) != 0) {
+        if (run_argv(cmds[c], true) != 0) {
             printf("skipped: `%s %s %s %s %s` failed: the kernel refuses the test network\n", cmds[c][0], cmds[c][1],
                    cmds[c][2], cmds[c][3], cmds[c][4]);
             return false;
@@ -963,12 +900,12 @@ static bool scenario(void)
         return false;
 
     /* 1. Two nodes, B told of A, each in its namespace. */
-    start_node(0, false);
+    start_peer(0, false);
     bool up = node_up(0, 30 * SLOW);
     CHECK(up, "node A reports its API and answers /node_id inside its namespace (bound %d s)", 30 * SLOW);
     if (!up)
         return false;
-    start_node(1, true);
+    start_peer(1, true);
     up = node_up(1, 30 * SLOW);
     CHECK(up, "node B reports its API and answers /node_id inside its namespace (bound %d s)", 30 * SLOW);
     if (!up)
@@ -993,7 +930,7 @@ static bool scenario(void)
     if (!shards)
         return false;
     for (int p = 0; p < N_PROMPTS; p++) {
-        st = complete(prompts[p], want[p], sizeof want[p], &tokens, 60 * SLOW);
+        st = complete_on_a(prompts[p], want[p], sizeof want[p], &tokens, 60 * SLOW);
         CHECK(st == 200 && tokens == MAX_TOKENS, "single node, prompt %d: %d, %d tokens: %s", p, st, tokens, want[p]);
         if (st != 200)
             return false;
@@ -1016,19 +953,19 @@ static bool scenario(void)
     size_t n_shards = json_array_size(shards);
     const char *n0 = str_of(json_array_get(shards, 0), "node_id"), *n1 = str_of(json_array_get(shards, 1), "node_id");
     bool split = n_shards == 2 && strcmp(n0, n1) != 0 &&
-                 (!strcmp(n0, nodes[0].id) || !strcmp(n0, nodes[1].id)) &&
-                 (!strcmp(n1, nodes[0].id) || !strcmp(n1, nodes[1].id));
+                 (!strcmp(n0, peers[0].id) || !strcmp(n0, peers[1].id)) &&
+                 (!strcmp(n1, peers[0].id) || !strcmp(n1, peers[1].id));
     CHECK(split, "2 shards on the two nodes: %zu shards, on %s and %s", n_shards, n0, n1);
     json_int_t lb1 = json_integer_value(json_object_get(json_array_get(shards, 1), "layer_begin")),
                le0 = json_integer_value(json_object_get(json_array_get(shards, 0), "layer_end"));
     CHECK(lb1 == le0 && lb1 > 0, "contiguous layer ranges: rank 0 ends at %lld, rank 1 begins at %lld",
           (long long)le0, (long long)lb1);
-    int r0 = !strcmp(n0, nodes[0].id) ? 0 : 1;
+    int r0 = !strcmp(n0, peers[0].id) ? 0 : 1;
     printf("info: rank 0 (the scheduler) on node %s\n", r0 == 0 ? "A, the API's" : "B, over the link");
     /* the ring goes over the veth: each rank is told of the other at the far address */
     char ring[2][64];
-    snprintf(ring[0], sizeof ring[0], "(rank 0): next rank 1 at %s:", nodes[!r0].addr);
-    snprintf(ring[1], sizeof ring[1], "(rank 1): next rank 0 at %s:", nodes[r0].addr);
+    snprintf(ring[0], sizeof ring[0], "(rank 0): next rank 1 at %s:", peers[!r0].addr);
+    snprintf(ring[1], sizeof ring[1], "(rank 1): next rank 0 at %s:", peers[r0].addr);
     CHECK(log_has(r0, ring[0]) && log_has(!r0, ring[1]), "the node logs say \"%s\" and \"%s\"", ring[0], ring[1]);
     json_decref(shards);
     for (int i = 0; i < 2; i++) {
@@ -1037,7 +974,7 @@ static bool scenario(void)
         CHECK(n == 1 && in_ns_of(r[0], i), "node %c has one runner process, in its namespace (%d)", 'a' + i, n);
     }
     for (int p = 0; p < N_PROMPTS; p++) {
-        st = complete(prompts[p], text, sizeof text, &tokens, 60 * SLOW);
+        st = complete_on_a(prompts[p], text, sizeof text, &tokens, 60 * SLOW);
         CHECK(st == 200 && tokens == MAX_TOKENS && !strcmp(text, want[p]),
               "pipelined, prompt %d: %d, %d tokens:\n  got  %s\n  want %s", p, st, tokens, text, want[p]);
     }
@@ -1062,9 +999,9 @@ static bool scenario(void)
     CHECK(se.error, "the stream ends with an error event (got none; %d events)", se.chunks);
     CHECK(alive(0), "node A is still running after the cut");
     char *out;
-    int hs = http(0, "GET", "/health", NULL, 10 * SLOW, &out);
+    int hs = http_in(0, "GET", "/health", NULL, 10 * SLOW, &out);
     free(out);
-    json_t *s = get_json(0, "/state");
+    json_t *s = get_json_in(0, "/state");
     CHECK((hs == 200 || hs == 503) && s, "node A answers GET /health (%d) and GET /state (%s) after the cut", hs,
           s ? "200" : "no answer");
     json_decref(s);
@@ -1087,24 +1024,24 @@ static bool scenario(void)
         size_t away, ready, n = model_instances(0, &away, &ready);
         CHECK(n >= 1 && away == 0, "while cut, A's instances of the model lie on A alone (%zu, %zu elsewhere)", n,
               away);
-        s = get_json(0, "/state");
+        s = get_json_in(0, "/state");
         CHECK(!json_object_get(json_object_get(s, "instances"), iid), "the pipelined instance %s left A's state",
               iid);
         json_decref(s);
     }
     /* B, alone on its side of the cut, has a view of its own: shown, not asserted */
     CHECK(alive(1), "node B is still running after the cut");
-    s = get_json(1, "/state");
+    s = get_json_in(1, "/state");
     char mb_cut[80];
     snprintf(mb_cut, sizeof mb_cut, "%s", str_of(json_object_get(s, "master"), "node_id"));
     json_decref(s);
     size_t b_away, b_ready, b_n = model_instances(1, &b_away, &b_ready);
     printf("info: while cut, B's master is %s; B's state holds %zu instance(s) of the model (%zu ready)\n",
-           !strcmp(mb_cut, nodes[1].id) ? "B itself" : !strcmp(mb_cut, nodes[0].id) ? "A" : "(none)", b_n, b_ready);
+           !strcmp(mb_cut, peers[1].id) ? "B itself" : !strcmp(mb_cut, peers[0].id) ? "A" : "(none)", b_n, b_ready);
 
     /* 5. The link comes back: B rejoins, the model answers again. */
     bool relinked = link_set(true);
-    CHECK(relinked, "ip link set %s up", nodes[1].ifname);
+    CHECK(relinked, "ip link set %s up", peers[1].ifname);
     double t_up = now_s();
     print_clock("link up");
     double back = wait_nodes(2, 60 * SLOW);
@@ -1130,7 +1067,7 @@ static bool scenario(void)
     size_t away, ready, n = model_instances(0, &away, &ready);
     printf("info: after the rejoin, A's state holds %zu instance(s) of the model (%zu ready, %zu with a shard on B); "
            "master %s\n",
-           n, ready, away, !strcmp(ma, nodes[0].id) ? "A" : !strcmp(ma, nodes[1].id) ? "B" : "?");
+           n, ready, away, !strcmp(ma, peers[0].id) ? "A" : !strcmp(ma, peers[1].id) ? "B" : "?");
     return true;
 }
 
@@ -1141,7 +1078,7 @@ int main(void)
     if (geteuid() != 0) {
         return test_skip("needs root to create network namespaces");
     }
-    if (run((const char *[]){"ip", "-V", NULL}, false) != 0) {
+    if (run_argv((const char *[]){"ip", "-V", NULL}, false) != 0) {
         return test_skip("no usable `ip` (iproute2)");
     }
     ssize_t hl = readlink("/proc/self/ns/net", home_ns, sizeof home_ns - 1);
@@ -1153,9 +1090,9 @@ int main(void)
     int pid = (int)getpid();
     for (int i = 0; i < 2; i++) {
         snprintf(ns_names[i], sizeof ns_names[i], "cairn-pn-%d-%c", pid, 'a' + i);
-        snprintf(nodes[i].addr, sizeof nodes[i].addr, "10.213.0.%d", i + 1);
+        snprintf(peers[i].addr, sizeof peers[i].addr, "10.213.0.%d", i + 1);
         /* names that exist only inside the test's namespaces (at most 15 bytes) */
-        snprintf(nodes[i].ifname, sizeof nodes[i].ifname, "cpn%d%c", pid % 1000000, 'a' + i);
+        snprintf(peers[i].ifname, sizeof peers[i].ifname, "cpn%d%c", pid % 1000000, 'a' + i);
     }
     snprintf(dir, sizeof dir, "/tmp/cairn-test-pn-%d", pid);
     mkdir(dir, 0700);
@@ -1174,20 +1111,20 @@ int main(void)
         if (!done || test_failed) {
             print_state();
             for (int i = 0; i < 2; i++)
-                print_log_tail(i);
+                print_peer_log(i);
         }
         /* 6. SIGTERM: both exit 0, and no runner outlives them. */
         for (int i = 0; i < 2; i++)
             runners_of(i, (pid_t[MAX_RUNNERS]){0}, MAX_RUNNERS);
         for (int i = 1; i >= 0; i--) {
-            if (nodes[i].pid <= 0)
+            if (peers[i].pid <= 0)
                 continue;
-            kill(nodes[i].pid, SIGTERM);
-            int code = wait_exit(nodes[i].pid, 30 * SLOW);
-            nodes[i].pid = 0;
+            kill(peers[i].pid, SIGTERM);
+            int code = wait_exit(peers[i].pid, 30 * SLOW);
+            peers[i].pid = 0;
             CHECK(code == 0, "node %c exits 0 on SIGTERM within %d s (got %d)", 'a' + i, 30 * SLOW, code);
             if (code != 0)
-                print_log_tail(i);
+                print_peer_log(i);
         }
         pid_t left[MAX_RUNNERS];
         int n_left = 0;
@@ -1213,7 +1150,7 @@ int main(void)
     if (getenv("CAIRN_TEST_KEEP"))
         printf("kept %s\n", dir);
     else
-        run((const char *[]){"rm", "-rf", dir, NULL}, false);
+        run_argv((const char *[]){"rm", "-rf", dir, NULL}, false);
     if (!net && !test_failed)
         return TEST_SKIPPED; /* make_network said why */
     return test_main_end();
