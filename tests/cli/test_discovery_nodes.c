@@ -23,35 +23,27 @@
  * also on failure, and by a janitor process when the test dies any other way; nodes
  * die with the test (PR_SET_PDEATHSIG). Without root, `ip`, or a kernel that lets us
  * make the namespaces, the test prints "skipped" and passes. */
-#define _GNU_SOURCE /* setns, pipe2 */
 #include "testutil.h"
 
-#include <arpa/inet.h>
 #include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
-#include <netinet/in.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "netns.h"
 #include "nodes.h"
 
 #define N_NODES 4    /* three that must join, and one of another cluster namespace */
 #define N_JOIN 3
 #define N_NETNS (N_NODES + 1) /* one per node, and the bridge's */
-#define BR N_NODES            /* index of the bridge namespace in ns_names */
+#define BR N_NODES            /* index of the bridge namespace in netns.names */
 #define API_PORT 52415        /* the same in every namespace: they do not share ports */
 #define CLUSTER_PORT 52416
 #define SUBNET "10.213.7."
@@ -68,83 +60,9 @@ struct peer {
 };
 
 static char dir[256];
-static char ns_names[N_NETNS][64];
-static char home_ns[64];  /* readlink of /proc/self/ns/net, e.g. "net:[4026531840]" */
-static int home_fd = -1;  /* our own network namespace, to come back to */
-static bool lost_home;    /* setns back to it failed: stop at once */
+static struct netns netns = {.n = N_NETNS, .home_fd = -1};
 static bool outsider_in;  /* a joining node's state named the node of another namespace */
 static struct peer peers[N_NODES];
-
-static void delete_namespaces(void)
-{
-    for (int i = 0; i < N_NETNS; i++) {
-        if (!ns_names[i][0])
-            continue;
-        const char *del[] = {"ip", "netns", "del", ns_names[i], NULL};
-        run_argv(del, false);
-    }
-}
-
-/* A process that deletes the namespaces (and the temp dir) once the test is gone,
- * however it ends: it reads a pipe whose only writer is the test until the end of file. */
-static pid_t start_janitor(int *wfd)
-{
-    int p[2];
-    if (pipe2(p, O_CLOEXEC))
-        return -1;
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(p[0]);
-        close(p[1]);
-        return -1;
-    }
-    if (pid == 0) {
-        close(p[1]);
-        setsid();
-        signal(SIGINT, SIG_IGN);
-        signal(SIGTERM, SIG_IGN);
-        signal(SIGHUP, SIG_IGN);
-        char c;
-        ssize_t r;
-        while ((r = read(p[0], &c, 1)) != 0)
-            if (r < 0 && errno != EINTR)
-                break;
-        delete_namespaces();
-        if (!getenv("CAIRN_TEST_KEEP")) {
-            const char *rm[] = {"rm", "-rf", dir, NULL};
-            run_argv(rm, false);
-        }
-        _exit(0);
-    }
-    close(p[0]);
-    *wfd = p[1];
-    return pid;
-}
-
-/* A socket (SOCK_STREAM) that lives in the network namespace ns_names[ns]; we come
- * back to ours before returning. -1 on failure (lost_home set when we could not come
- * back). */
-static int socket_in(int ns)
-{
-    char path[128];
-    snprintf(path, sizeof path, "/run/netns/%s", ns_names[ns]);
-    int nsfd = open(path, O_RDONLY | O_CLOEXEC);
-    if (nsfd < 0)
-        return -1;
-    int fd = -1;
-    if (setns(nsfd, CLONE_NEWNET) == 0) {
-        fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (setns(home_fd, CLONE_NEWNET) != 0) {
-            fprintf(stderr, "cannot return to our network namespace: %s\n", strerror(errno));
-            lost_home = true;
-            if (fd >= 0)
-                close(fd);
-            fd = -1;
-        }
-    }
-    close(nsfd);
-    return fd;
-}
 
 /* A request (body NULL: GET, else POST of JSON) to addr:port, connecting from inside
  * namespace ns (HTTP/1.1, Connection: close). The status (the body into out), or -1
@@ -153,13 +71,6 @@ static int http_in(int ns, const char *addr, int port, const char *path, const c
                    char *out, size_t cap)
 {
     out[0] = 0;
-    int fd = socket_in(ns);
-    if (fd < 0)
-        return -1;
-    struct timeval tv = {timeout_s, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     char req[2048];
     int n = body ? snprintf(req, sizeof req,
                             "POST %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\nContent-Type: "
@@ -167,12 +78,12 @@ static int http_in(int ns, const char *addr, int port, const char *path, const c
                             path, addr, strlen(body), body)
                  : snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n",
                             path, addr);
-    if (n < 0 || n >= (int)sizeof req || inet_pton(AF_INET, addr, &a.sin_addr) != 1 ||
-        connect(fd, (struct sockaddr *)&a, sizeof a) || !send_all(fd, req, (size_t)n)) {
-        close(fd);
+    if (n < 0 || n >= (int)sizeof req)
         return -1;
-    }
-    int status = http_read_reply(fd, out, cap, NULL, 0);
+    int fd = netns_connect(&netns, ns, addr, port, timeout_s);
+    if (fd < 0)
+        return -1;
+    int status = send_all(fd, req, (size_t)n) ? http_read_reply(fd, out, cap, NULL, 0) : -1;
     close(fd);
     return status;
 }
@@ -191,50 +102,23 @@ static json_t *state_of(int i)
     return json_loads(out, 0, NULL);
 }
 
-/* Starts argv as p's process inside namespace ns_names[ns], its output into p->log;
- * home, when not NULL, becomes its HOME, with XDG_DATA_HOME and XDG_CACHE_HOME under it
- * and no CAIRN_* setting (a node then keeps everything in home). */
+/* Starts argv as p's process inside namespace ns, its output into p->log; home, when
+ * not NULL, becomes its HOME, with XDG_DATA_HOME and XDG_CACHE_HOME under it and no
+ * CAIRN_* setting (a node then keeps everything in home). */
 static void spawn_in(struct peer *p, int ns, const char *const *argv, const char *home)
 {
-    char nspath[128];
-    snprintf(nspath, sizeof nspath, "/run/netns/%s", ns_names[ns]);
-    pid_t parent = getpid();
-    p->id[0] = 0;
-    p->pid = fork();
-    if (p->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
-        if (getppid() != parent)
-            _exit(1);
-        FILE *f = fopen(p->log, "w");
-        if (f) {
-            dup2(fileno(f), 1);
-            dup2(fileno(f), 2);
-        }
-        if (home) {
-            char data[600], cache[600];
-            snprintf(data, sizeof data, "%s/data", home);
-            snprintf(cache, sizeof cache, "%s/cache", home);
-            if (setenv("HOME", home, 1) || setenv("XDG_DATA_HOME", data, 1) || setenv("XDG_CACHE_HOME", cache, 1) ||
-                unsetenv("CAIRN_CLUSTER_SECRET") || unsetenv("CAIRN_MODELS_DIR"))
-                _exit(124);
-        }
-        int nsfd = open(nspath, O_RDONLY | O_CLOEXEC);
-        if (nsfd < 0 || setns(nsfd, CLONE_NEWNET) != 0) {
-            fprintf(stderr, "test: cannot enter %s: %s\n", nspath, strerror(errno));
-            _exit(126);
-        }
-        char now[64];
-        ssize_t n = readlink("/proc/self/ns/net", now, sizeof now - 1);
-        if (n <= 0 || ((now[n] = 0), !strcmp(now, home_ns))) {
-            fprintf(stderr, "test: still in the initial network namespace, not starting a node\n");
-            _exit(125);
-        }
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
+    char h[600], data[600], cache[600];
+    if (home) {
+        snprintf(h, sizeof h, "HOME=%s", home);
+        snprintf(data, sizeof data, "XDG_DATA_HOME=%s/data", home);
+        snprintf(cache, sizeof cache, "XDG_CACHE_HOME=%s/cache", home);
     }
+    const char *const env[] = {h, data, cache, "CAIRN_CLUSTER_SECRET", "CAIRN_MODELS_DIR", NULL};
+    p->id[0] = 0;
+    p->pid = netns_spawn(&netns, ns, p->log, argv, home ? env : NULL);
 }
 
-/* Starts node i in namespace ns_names[i], beaconing on its veth end; cluster_ns is
+/* Starts node i in namespace i, beaconing on its veth end; cluster_ns is
  * its --namespace, or NULL. */
 static void start_peer(int i, const char *cluster_ns)
 {
@@ -315,7 +199,7 @@ static bool read_ids(void)
     static char out[4096];
     double t0 = now_s();
     int have = 0;
-    while (have < N_NODES && now_s() - t0 < 30 && !lost_home) {
+    while (have < N_NODES && now_s() - t0 < 30 && !netns.lost_home) {
         for (int i = 0; i < N_NODES; i++) {
             if (peers[i].id[0] || http_get_in(i, peers[i].addr, API_PORT, "/node_id", out, sizeof out) != 200)
                 continue;
@@ -360,7 +244,7 @@ static bool sees_all(int i, char *master, size_t mcap)
 static double wait_joined(double limit_s, char *master, size_t mcap)
 {
     double t0 = now_s();
-    while (now_s() - t0 < limit_s && !lost_home && !outsider_in) {
+    while (now_s() - t0 < limit_s && !netns.lost_home && !outsider_in) {
         char m[N_JOIN][80];
         bool ok = true;
         for (int i = 0; i < N_JOIN && ok; i++)
@@ -385,7 +269,7 @@ static bool plain_id(int k)
 {
     static char out[4096];
     plain[k].id[0] = 0;
-    for (double t0 = now_s(); !plain[k].id[0] && now_s() - t0 < 30 && !lost_home;) {
+    for (double t0 = now_s(); !plain[k].id[0] && now_s() - t0 < 30 && !netns.lost_home;) {
         if (http_get_in(k, "127.0.0.1", API_PORT, "/node_id", out, sizeof out) == 200) {
             json_t *j = json_loads(out, 0, NULL);
             const char *id = json_string_value(json_object_get(j, "node_id"));
@@ -539,7 +423,7 @@ static void test_plain(void)
     if (!up)
         goto fail;
     bool joined = false;
-    while (!joined && now_s() - t0 < JOIN_LIMIT_S && !lost_home) {
+    while (!joined && now_s() - t0 < JOIN_LIMIT_S && !netns.lost_home) {
         joined = plain_sees(0, 2, a) && plain_sees(1, 2, a);
         if (!joined)
             sleep_ms(250);
@@ -593,19 +477,11 @@ static void kill_plain(void)
  * which command failed) when the kernel or the container refuses. */
 static bool make_network(void)
 {
-    const char *br = ns_names[BR];
+    const char *br = netns.names[BR];
     char brdev[16];
     snprintf(brdev, sizeof brdev, "cdb%d", (int)getpid());
-    for (int i = 0; i < N_NETNS; i++) {
-        const char *add[] = {"ip", "netns", "add", ns_names[i], NULL};
-        if (run_argv(add, true) != 0) {
-            printf("skipped: `ip netns add %s` failed (no network namespaces here)\n", ns_names[i]);
-            ns_names[i][0] = 0; /* not ours to delete */
-            for (int k = i + 1; k < N_NETNS; k++)
-                ns_names[k][0] = 0;
-            return false;
-        }
-    }
+    if (!netns_add(&netns))
+        return false;
     const char *bridge[][12] = {
         {"ip", "-n", br, "link", "set", "lo", "up", NULL},
         {"ip", "-n", br, "link", "add", brdev, "type", "bridge", NULL},
@@ -617,7 +493,7 @@ static bool make_network(void)
             return false;
         }
     for (int i = 0; i < N_NODES; i++) {
-        const char *ns = ns_names[i];
+        const char *ns = netns.names[i];
         char peer[16], cidr[40];
         snprintf(peer, sizeof peer, "cdp%d%c", (int)getpid() % 1000000, 'a' + i);
         snprintf(cidr, sizeof cidr, "%s/24", peers[i].addr);
@@ -644,25 +520,15 @@ static bool make_network(void)
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
-    if (geteuid() != 0) {
-        return test_skip("needs root to create network namespaces");
-    }
-    const char *ver[] = {"ip", "-V", NULL};
-    if (run_argv(ver, false) != 0) {
-        return test_skip("no usable `ip` (iproute2)");
-    }
-    ssize_t hl = readlink("/proc/self/ns/net", home_ns, sizeof home_ns - 1);
-    home_fd = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
-    if (hl <= 0 || home_fd < 0) {
-        return test_skip("cannot read /proc/self/ns/net");
-    }
-    home_ns[hl] = 0;
+    const char *why = netns_open(&netns);
+    if (why)
+        return test_skip("%s", why);
     int pid = (int)getpid();
     for (int i = 0; i < N_NETNS; i++) {
         if (i == BR)
-            snprintf(ns_names[i], sizeof ns_names[i], "cairn-dn-%d-br", pid);
+            snprintf(netns.names[i], sizeof netns.names[i], "cairn-dn-%d-br", pid);
         else
-            snprintf(ns_names[i], sizeof ns_names[i], "cairn-dn-%d-%d", pid, i);
+            snprintf(netns.names[i], sizeof netns.names[i], "cairn-dn-%d-%d", pid, i);
     }
     for (int i = 0; i < N_NODES; i++) {
         snprintf(peers[i].addr, sizeof peers[i].addr, SUBNET "%d", i + 1);
@@ -676,7 +542,7 @@ int main(int argc, char **argv)
     mkdir(path, 0700);
 
     int wfd = -1;
-    pid_t janitor = start_janitor(&wfd);
+    pid_t janitor = netns_janitor(&netns, dir, &wfd);
     if (janitor < 0) {
         return test_skip("cannot fork the janitor that deletes the namespaces");
     }
@@ -745,22 +611,7 @@ fail:
 out:
     kill_nodes();
     kill_plain();
-    delete_namespaces();
-    close(wfd);
-    if (wait_exit(janitor, 30) != 0)
-        fprintf(stderr, "the janitor did not end cleanly\n");
-    for (int i = 0; i < N_NETNS; i++) {
-        if (!ns_names[i][0])
-            continue;
-        snprintf(path, sizeof path, "/run/netns/%s", ns_names[i]);
-        CHECK(access(path, F_OK) != 0, "namespace %s still there after the test", ns_names[i]);
-    }
-    CHECK(!lost_home, "the test came back to its own network namespace every time");
-    close(home_fd);
-    if (getenv("CAIRN_TEST_KEEP"))
-        printf("kept %s\n", dir);
-    else
-        run_argv((const char *[]){"rm", "-rf", dir, NULL}, false);
+    netns_close(&netns, janitor, wfd, dir);
     if (!net && !test_failed)
         return TEST_SKIPPED; /* make_network said why */
     return test_main_end();

@@ -22,18 +22,14 @@
  * the test (PR_SET_PDEATHSIG) and runners orphaned by a node come to this process (a
  * child subreaper) to be checked and killed. Without root, `ip`, or a kernel that lets
  * us make the namespaces, the test prints "skipped" and passes. */
-#define _GNU_SOURCE /* setns, pipe2 */
 #include "testutil.h"
 
-#include <arpa/inet.h>
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <netinet/in.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -47,6 +43,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "netns.h"
 #include "nodes.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -74,99 +71,26 @@ struct peer {
 static const char *const prompts[N_PROMPTS] = {"Hello", "Tell me about cats.", "What is 2+2?"};
 
 static char dir[256];
-static char ns_names[2][64];
-static char home_ns[64]; /* readlink of /proc/self/ns/net */
-static int home_fd = -1;
-static bool lost_home; /* setns back to our namespace failed: stop at once */
+static struct netns netns = {.n = 2, .home_fd = -1};
 static struct peer peers[2];
 static pid_t janitor;
 static pid_t runners_seen[MAX_RUNNERS]; /* every runner process a node had while we looked */
 static int n_runners_seen;
 
-static void delete_namespaces(void)
-{
-    for (int i = 0; i < 2; i++)
-        if (ns_names[i][0])
-            run_argv((const char *[]){"ip", "netns", "del", ns_names[i], NULL}, false);
-}
-
-/* A process that deletes the namespaces and the temp dir once the test is gone, however
- * it ends: it reads a pipe whose only writer is the test until the end of file. */
-static pid_t start_janitor(int *wfd)
-{
-    int p[2];
-    if (pipe2(p, O_CLOEXEC))
-        return -1;
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(p[0]);
-        close(p[1]);
-        return -1;
-    }
-    if (pid == 0) {
-        close(p[1]);
-        setsid();
-        signal(SIGINT, SIG_IGN);
-        signal(SIGTERM, SIG_IGN);
-        signal(SIGHUP, SIG_IGN);
-        char c;
-        ssize_t r;
-        while ((r = read(p[0], &c, 1)) != 0)
-            if (r < 0 && errno != EINTR)
-                break;
-        delete_namespaces();
-        if (!getenv("CAIRN_TEST_KEEP"))
-            run_argv((const char *[]){"rm", "-rf", dir, NULL}, false);
-        _exit(0);
-    }
-    close(p[0]);
-    *wfd = p[1];
-    return pid;
-}
-
-/* A TCP socket made inside namespace ns_names[ns]; we are back in ours on return. -1 on
- * failure (lost_home set when we could not come back). */
-static int socket_in(int ns)
-{
-    char path[128];
-    snprintf(path, sizeof path, "/run/netns/%s", ns_names[ns]);
-    int nsfd = open(path, O_RDONLY | O_CLOEXEC);
-    if (nsfd < 0)
-        return -1;
-    int fd = -1;
-    if (setns(nsfd, CLONE_NEWNET) == 0) {
-        fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (setns(home_fd, CLONE_NEWNET) != 0) {
-            fprintf(stderr, "cannot return to our network namespace: %s\n", strerror(errno));
-            lost_home = true;
-            if (fd >= 0)
-                close(fd);
-            fd = -1;
-        }
-    }
-    close(nsfd);
-    return fd;
-}
-
 /* Connects, from inside node i's namespace, to node i's API and sends one request
  * (Connection: close). The socket (non-blocking once connected), or -1. */
 static int send_request(int i, const char *method, const char *path, const char *body)
 {
-    int fd = socket_in(i);
+    int fd = netns_connect(&netns, i, peers[i].addr, peers[i].api, 5 * SLOW);
     if (fd < 0)
         return -1;
-    struct timeval tv = {5 * SLOW, 0};
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)peers[i].api)};
     char head[512];
     size_t blen = body ? strlen(body) : 0;
     int n = snprintf(head, sizeof head,
                      "%s %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\nContent-Type: application/json\r\n"
                      "Content-Length: %zu\r\n\r\n",
                      method, path, peers[i].addr, blen);
-    bool ok = inet_pton(AF_INET, peers[i].addr, &a.sin_addr) == 1 &&
-              connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && send_all(fd, head, (size_t)n) &&
-              send_all(fd, body, blen);
+    bool ok = send_all(fd, head, (size_t)n) && send_all(fd, body, blen);
     if (!ok || fcntl(fd, F_SETFL, O_NONBLOCK) != 0) {
         close(fd);
         return -1;
@@ -322,11 +246,10 @@ static const char *str_of(json_t *o, const char *key)
 static void start_peer(int i, bool with_peer)
 {
     struct peer *p = &peers[i];
-    char data[512], models[512], nspath[128], peer_arg[64], timeout[16];
+    char data[512], models[512], peer_arg[64], timeout[16];
     snprintf(data, sizeof data, "%s/data-%c", dir, 'a' + i);
     snprintf(models, sizeof models, "%s/models", dir);
     snprintf(p->log, sizeof p->log, "%s/node-%c.log", dir, 'a' + i);
-    snprintf(nspath, sizeof nspath, "/run/netns/%s", ns_names[i]);
     snprintf(timeout, sizeof timeout, "%d", NODE_TIMEOUT_S);
     const char *argv[40];
     int k = 0;
@@ -362,33 +285,8 @@ static void start_peer(int i, bool with_peer)
         argv[k++] = peer_arg;
     }
     argv[k] = NULL;
-    pid_t parent = getpid();
-    p->pid = fork();
-    if (p->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
-        if (getppid() != parent)
-            _exit(1);
-        FILE *f = fopen(p->log, "w");
-        if (f) {
-            dup2(fileno(f), 1);
-            dup2(fileno(f), 2);
-        }
-        int nsfd = open(nspath, O_RDONLY | O_CLOEXEC);
-        if (nsfd < 0 || setns(nsfd, CLONE_NEWNET) != 0) {
-            fprintf(stderr, "test: cannot enter %s: %s\n", nspath, strerror(errno));
-            _exit(126);
-        }
-        char now[64];
-        ssize_t n = readlink("/proc/self/ns/net", now, sizeof now - 1);
-        if (n <= 0 || ((now[n] = 0), !strcmp(now, home_ns))) {
-            fprintf(stderr, "test: still in the initial network namespace, not starting a node\n");
-            _exit(125);
-        }
-        unsetenv("CAIRN_CLUSTER_SECRET");
-        unsetenv("CAIRN_MODELS_DIR");
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
+    const char *const env[] = {"CAIRN_CLUSTER_SECRET", "CAIRN_MODELS_DIR", NULL};
+    p->pid = netns_spawn(&netns, i, p->log, argv, env);
 }
 
 /* Waits (bound limit_s) until node i's log says where its API and cluster port are,
@@ -530,7 +428,7 @@ static bool in_ns_of(pid_t pid, int i)
     if (na <= 0 || nb <= 0)
         return false;
     a[na] = b[nb] = 0;
-    return !strcmp(a, b) && strcmp(a, home_ns) != 0;
+    return !strcmp(a, b) && strcmp(a, netns.home) != 0;
 }
 
 /* Runners still alive that were ever seen, or that are now orphans of ours (we are a
@@ -593,7 +491,7 @@ static bool a_lists(int want)
 /* Seconds until A's /state lists want nodes (see a_lists), or -1 after limit_s. */
 static double wait_nodes(int want, double limit_s)
 {
-    for (double t0 = now_s(); now_s() - t0 < limit_s && !lost_home; sleep_ms(200))
+    for (double t0 = now_s(); now_s() - t0 < limit_s && !netns.lost_home; sleep_ms(200))
         if (a_lists(want))
             return now_s() - t0;
     return -1;
@@ -629,7 +527,7 @@ static bool instance_ready(json_t *s, const char *iid)
 /* Waits until iid is ready; its shards (a new reference) or NULL after limit_s. */
 static json_t *wait_ready(const char *iid, double limit_s)
 {
-    for (double t0 = now_s(); now_s() - t0 < limit_s && !lost_home; sleep_ms(200)) {
+    for (double t0 = now_s(); now_s() - t0 < limit_s && !netns.lost_home; sleep_ms(200)) {
         json_t *s = get_json_in(0, "/state");
         json_t *shards = NULL;
         if (instance_ready(s, iid))
@@ -690,7 +588,7 @@ static int complete_on_a(const char *prompt, char *text, size_t cap, int *tokens
 static double first_good_completion(double t0, double limit_s, char *text, size_t cap, int *st)
 {
     int tokens = -1;
-    for (; now_s() - t0 < limit_s && !lost_home; sleep_ms(500)) {
+    for (; now_s() - t0 < limit_s && !netns.lost_home; sleep_ms(500)) {
         *st = complete_on_a(prompts[0], text, cap, &tokens, 30 * SLOW);
         if (*st == 200 && tokens == MAX_TOKENS)
             return now_s() - t0;
@@ -759,7 +657,7 @@ struct stream_end {
 /* Takes down B's veth end (inside B's namespace); true when `ip` says so. */
 static bool link_set(bool up)
 {
-    const char *argv[] = {"ip", "-n", ns_names[1], "link", "set", peers[1].ifname, up ? "up" : "down", NULL};
+    const char *argv[] = {"ip", "-n", netns.names[1], "link", "set", peers[1].ifname, up ? "up" : "down", NULL};
     return run_argv(argv, true) == 0;
 }
 
@@ -852,27 +750,21 @@ static void stream_and_cut(double limit_s, struct stream_end *r)
  * or the container refuses. */
 static bool make_network(void)
 {
-    for (int i = 0; i < 2; i++) {
-        if (run_argv((const char *[]){"ip", "netns", "add", ns_names[i], NULL}, true) != 0) {
-            printf("skipped: `ip netns add %s` failed (no network namespaces here)\n", ns_names[i]);
-            for (int k = i; k < 2; k++)
-                ns_names[k][0] = 0; /* not ours to delete */
-            return false;
-        }
-    }
+    if (!netns_add(&netns))
+        return false;
     char cidr[2][32];
     for (int i = 0; i < 2; i++)
         snprintf(cidr[i], sizeof cidr[i], "%s/24", peers[i].addr);
     /* Both ends are made straight inside their namespaces, never in ours. */
     const char *cmds[][16] = {
-        {"ip", "link", "add", peers[0].ifname, "netns", ns_names[0], "type", "veth", "peer", "name", peers[1].ifname,
-         "netns", ns_names[1], NULL},
-        {"ip", "-n", ns_names[0], "addr", "add", cidr[0], "dev", peers[0].ifname, NULL},
-        {"ip", "-n", ns_names[1], "addr", "add", cidr[1], "dev", peers[1].ifname, NULL},
-        {"ip", "-n", ns_names[0], "link", "set", "lo", "up", NULL},
-        {"ip", "-n", ns_names[1], "link", "set", "lo", "up", NULL},
-        {"ip", "-n", ns_names[0], "link", "set", peers[0].ifname, "up", NULL},
-        {"ip", "-n", ns_names[1], "link", "set", peers[1].ifname, "up", NULL},
+        {"ip", "link", "add", peers[0].ifname, "netns", netns.names[0], "type", "veth", "peer", "name", peers[1].ifname,
+         "netns", netns.names[1], NULL},
+        {"ip", "-n", netns.names[0], "addr", "add", cidr[0], "dev", peers[0].ifname, NULL},
+        {"ip", "-n", netns.names[1], "addr", "add", cidr[1], "dev", peers[1].ifname, NULL},
+        {"ip", "-n", netns.names[0], "link", "set", "lo", "up", NULL},
+        {"ip", "-n", netns.names[1], "link", "set", "lo", "up", NULL},
+        {"ip", "-n", netns.names[0], "link", "set", peers[0].ifname, "up", NULL},
+        {"ip", "-n", netns.names[1], "link", "set", peers[1].ifname, "up", NULL},
     };
     for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++)
         if (run_argv(cmds[c], true) != 0) {
@@ -1075,21 +967,12 @@ int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (geteuid() != 0) {
-        return test_skip("needs root to create network namespaces");
-    }
-    if (run_argv((const char *[]){"ip", "-V", NULL}, false) != 0) {
-        return test_skip("no usable `ip` (iproute2)");
-    }
-    ssize_t hl = readlink("/proc/self/ns/net", home_ns, sizeof home_ns - 1);
-    home_fd = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
-    if (hl <= 0 || home_fd < 0) {
-        return test_skip("cannot read /proc/self/ns/net");
-    }
-    home_ns[hl] = 0;
+    const char *why = netns_open(&netns);
+    if (why)
+        return test_skip("%s", why);
     int pid = (int)getpid();
     for (int i = 0; i < 2; i++) {
-        snprintf(ns_names[i], sizeof ns_names[i], "cairn-pn-%d-%c", pid, 'a' + i);
+        snprintf(netns.names[i], sizeof netns.names[i], "cairn-pn-%d-%c", pid, 'a' + i);
         snprintf(peers[i].addr, sizeof peers[i].addr, "10.213.0.%d", i + 1);
         /* names that exist only inside the test's namespaces (at most 15 bytes) */
         snprintf(peers[i].ifname, sizeof peers[i].ifname, "cpn%d%c", pid % 1000000, 'a' + i);
@@ -1100,7 +983,7 @@ int main(void)
     prctl(PR_SET_CHILD_SUBREAPER, 1);
 
     int wfd = -1;
-    janitor = start_janitor(&wfd);
+    janitor = netns_janitor(&netns, dir, &wfd);
     if (janitor < 0) {
         return test_skip("cannot fork the janitor that deletes the namespaces");
     }
@@ -1136,21 +1019,7 @@ int main(void)
         printf("info: whole test %.1f s\n", now_s() - t0);
     }
     kill_everything();
-    delete_namespaces();
-    close(wfd);
-    if (wait_exit(janitor, 30) != 0)
-        fprintf(stderr, "the janitor did not end cleanly\n");
-    for (int i = 0; i < 2; i++) {
-        char path[192];
-        snprintf(path, sizeof path, "/run/netns/%s", ns_names[i]);
-        CHECK(!ns_names[i][0] || access(path, F_OK) != 0, "namespace %s still there after the test", ns_names[i]);
-    }
-    CHECK(!lost_home, "the test came back to its own network namespace every time");
-    close(home_fd);
-    if (getenv("CAIRN_TEST_KEEP"))
-        printf("kept %s\n", dir);
-    else
-        run_argv((const char *[]){"rm", "-rf", dir, NULL}, false);
+    netns_close(&netns, janitor, wfd, dir);
     if (!net && !test_failed)
         return TEST_SKIPPED; /* make_network said why */
     return test_main_end();
