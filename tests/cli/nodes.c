@@ -585,6 +585,36 @@ bool some_instance(int i, char *id, size_t cap)
     return found;
 }
 
+int hold_stream(int i, pid_t runner, char *task, size_t cap, bool *have_task)
+{
+    kill(runner, SIGSTOP);
+    const char *body = "{\"model\":\"m1\",\"prompt\":\"hi\",\"max_tokens\":8,\"temperature\":0,"
+                       "\"ignore_eos\":true,\"stream\":true}";
+    char req[1024];
+    snprintf(req, sizeof req,
+             "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
+    int fd = connect_to(nodes[i].api, 5000);
+    CHECK(fd >= 0 && send_all(fd, req, strlen(req)), "the streamed request is sent");
+    *have_task = false;
+    for (double t0 = now_s(); now_s() - t0 < 20 && !*have_task; sleep_ms(50))
+        *have_task = some_task(i, task, cap);
+    CHECK(*have_task, "the request's task is in node %d's state", i);
+    return fd;
+}
+
+void release_stream(pid_t runner, int fd, char *out, size_t cap)
+{
+    if (runner > 0)
+        kill(runner, SIGCONT);
+    if (fd < 0)
+        return;
+    bool whole = sse_collect(fd, "[DONE]", 60, out, cap);
+    close(fd);
+    CHECK(whole, "the streamed request ends with [DONE]: %.300s", out);
+    CHECK(!strstr(out, "EVIL"), "no forged text reached the client: %.300s", out);
+}
+
 /* Whether the file at path holds the bytes of s. */
 bool file_has(const char *path, const char *s)
 {

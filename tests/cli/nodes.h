@@ -109,6 +109,14 @@ pid_t runner_child(pid_t node);
 bool some_task(int i, char *id, size_t cap);
 /* The id of the first instance in node i's state into id; false when it has none. */
 bool some_instance(int i, char *id, size_t cap);
+/* A request held in flight: stops runner (SIGSTOP), sends node i a streamed greedy
+ * completion of 8 tokens of "hi" by m1 and waits (bound 20 s) for its task in node i's
+ * state (its id into task; *have_task says whether it came). The socket, or -1. */
+int hold_stream(int i, pid_t runner, char *task, size_t cap, bool *have_task);
+/* Resumes runner (when > 0) and, when fd >= 0, reads the stream of hold_stream to its
+ * end (bound 60 s; into out), closes fd and checks that it ends with [DONE] and holds no
+ * "EVIL" (the text tests forge meanwhile). */
+void release_stream(pid_t runner, int fd, char *out, size_t cap);
 /* Whether the file at path holds the bytes of s. */
 bool file_has(const char *path, const char *s);
 

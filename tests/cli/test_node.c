@@ -501,20 +501,8 @@ static void test_forged_output(void)
     CHECK(runner > 0, "node 5 has a runner");
     int fd = -1;
     bool have_task = false;
-    if (joined && runner > 0) {
-        kill(runner, SIGSTOP);
-        const char *body = "{\"model\":\"m1\",\"prompt\":\"hi\",\"max_tokens\":8,\"temperature\":0,"
-                           "\"ignore_eos\":true,\"stream\":true}";
-        char req[1024];
-        snprintf(req, sizeof req,
-                 "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
-        fd = connect_to(p->api, 5000);
-        CHECK(fd >= 0 && send_all(fd, req, strlen(req)), "the streamed request is sent");
-        for (double t0 = now_s(); now_s() - t0 < 20 && !have_task; sleep_ms(50))
-            have_task = some_task(5, task, sizeof task);
-        CHECK(have_task, "the request's task is in node 5's state");
-    }
+    if (joined && runner > 0)
+        fd = hold_stream(5, runner, task, sizeof task, &have_task);
     if (have_task) {
         const char *seqs[] = {"0", "2147483648", "-1", "\"0\"", NULL};
         for (int k = 0; k < 5; k++) {
@@ -537,14 +525,7 @@ static void test_forged_output(void)
         for (double t0 = now_s(); now_s() - t0 < 1;) /* let them arrive while the runner sleeps */
             link_poll(rogue, 100, &msg);
     }
-    if (runner > 0)
-        kill(runner, SIGCONT);
-    if (fd >= 0) {
-        bool whole = sse_collect(fd, "[DONE]", 60, out, sizeof out);
-        close(fd);
-        CHECK(whole, "the streamed request ends with [DONE]: %.300s", out);
-        CHECK(!strstr(out, "EVIL"), "no forged text reached the client: %.300s", out);
-    }
+    release_stream(runner, fd, out, sizeof out);
     if (joined)
         rogue_text_generation(rogue, p);
     link_release(rogue);

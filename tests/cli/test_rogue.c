@@ -131,33 +131,14 @@ static void test_rogue(void)
     CHECK(runner > 0, "a node runs m1's runner");
     int fd = -1;
     bool have_task = false;
-    if (runner > 0) {
-        kill(runner, SIGSTOP);
-        const char *body = "{\"model\":\"m1\",\"prompt\":\"hi\",\"max_tokens\":8,\"temperature\":0,"
-                           "\"ignore_eos\":true,\"stream\":true}";
-        char req[1024];
-        snprintf(req, sizeof req,
-                 "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
-        fd = connect_to(nodes[0].api, 5000);
-        CHECK(fd >= 0 && send_all(fd, req, strlen(req)), "the streamed request is sent");
-        for (double t0 = now_s(); now_s() - t0 < 20 && !have_task; sleep_ms(50))
-            have_task = some_task(0, task, sizeof task);
-        CHECK(have_task, "the request's task is in node 0's state");
-    }
+    if (runner > 0)
+        fd = hold_stream(0, runner, task, sizeof task, &have_task);
     int file_port = 0, lfd = listen_any(&file_port);
     CHECK(lfd >= 0, "the rogue's file listener");
     if (have_task)
         for (int n = 0; n < 2; n++)
             rogue_attempts(n ? NULL : "not-" SECRET, &nodes[n], task, file_port);
-    if (runner > 0)
-        kill(runner, SIGCONT);
-    if (fd >= 0) {
-        bool whole = sse_collect(fd, "[DONE]", 60, out, sizeof out);
-        close(fd);
-        CHECK(whole, "the streamed request ends with [DONE]: %.300s", out);
-        CHECK(!strstr(out, "EVIL"), "no forged text reached the client: %.300s", out);
-    }
+    release_stream(runner, fd, out, sizeof out);
 
     /* Nothing the rogue sent took effect. */
     for (int i = 0; i < 2; i++) {
