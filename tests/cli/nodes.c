@@ -553,14 +553,15 @@ pid_t runner_child(pid_t node)
     return 0;
 }
 
-/* The id of a task in node i's /state into id; false when there is none. */
-bool some_task(int i, char *id, size_t cap)
+/* The first key of the object field (e.g. "tasks") of node i's /state into id; false
+ * when it is empty or absent. */
+static bool first_key(int i, const char *field, char *id, size_t cap)
 {
     json_t *s = get_json(nodes[i].api, "/state");
     const char *key;
     json_t *v;
     bool found = false;
-    json_object_foreach(json_object_get(s, "tasks"), key, v) {
+    json_object_foreach(json_object_get(s, field), key, v) {
         snprintf(id, cap, "%s", key);
         found = true;
         break;
@@ -569,20 +570,16 @@ bool some_task(int i, char *id, size_t cap)
     return found;
 }
 
+/* The id of a task in node i's /state into id; false when there is none. */
+bool some_task(int i, char *id, size_t cap)
+{
+    return first_key(i, "tasks", id, cap);
+}
+
 /* The id of the first instance in node i's state into id; false when it has none. */
 bool some_instance(int i, char *id, size_t cap)
 {
-    json_t *s = get_json(nodes[i].api, "/state");
-    const char *key;
-    json_t *v;
-    bool found = false;
-    json_object_foreach(json_object_get(s, "instances"), key, v) {
-        snprintf(id, cap, "%s", key);
-        found = true;
-        break;
-    }
-    json_decref(s);
-    return found;
+    return first_key(i, "instances", id, cap);
 }
 
 int hold_stream(int i, pid_t runner, char *task, size_t cap, bool *have_task)
