@@ -188,6 +188,9 @@ static int fetch_all(const struct hub *h, const struct hub_ref *ref, const struc
             return cairn_fail(err, errlen, CAIRN_ERANGE, "the models folder's path is too long");
         struct stat st;
         uint64_t have = stat(partial[k], &st) ? 0 : (uint64_t)st.st_size;
+        if (f->size > (uint64_t)IDS_BYTES_MAX - total) /* a hostile listing must not wrap the disk check */
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: the hub lists %" PRIu64 " bytes, more than a model may have",
+                              f->path, f->size);
         total += f->size;
         need += f->size > have ? f->size - have : 0;
     }

@@ -70,7 +70,8 @@ static void keep(char *dst, const char *v, size_t n)
         v++, n--;
     if (n >= HDR_MAX)
         n = HDR_MAX - 1;
-    memcpy(dst, v, n);
+    for (size_t i = 0; i < n; i++) /* the hub's words reach logs and error messages */
+        dst[i] = (unsigned char)v[i] < 0x20 || v[i] == 0x7f ? '?' : v[i];
     dst[n] = 0;
 }
 

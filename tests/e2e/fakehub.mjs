@@ -13,8 +13,9 @@
 // Errors as the hub gives them: 401 + X-Error-Code GatedRepo for a gated repo without a
 // valid token, 404 + X-Error-Code RepoNotFound / RevisionNotFound / EntryNotFound, and
 // 429 + Retry-After for the first `busy` storage requests. Options per repo: files
-// ({path, bytes}), gated (the token it accepts), corrupt (a path whose storage bytes are
-// not the listed ones). Hub-wide: throttle (bytes per second per storage response).
+// ({path, bytes, listedSize: a size the listing claims instead}), gated (the token it
+// accepts), corrupt (a path whose storage bytes are not the listed ones). Hub-wide:
+// throttle (bytes per second per storage response).
 // Counters: storageBytes (body bytes sent), requests (by kind), status429, and the
 // Authorization headers seen by the hub's routes (authSeen) and by the storage (storageAuth).
 import http from 'node:http';
@@ -95,8 +96,8 @@ export async function startFakeHub({ repos = {}, throttle = 0, busy = 0, pageSiz
           return send(res, 404, { error: 'Revision not found' }, { 'x-error-code': 'RevisionNotFound' });
         const all = [{ type: 'directory', oid: 'd'.repeat(40), size: 0, path: 'docs' },
           ...repo.files.map((f) => ({ type: 'file', oid: crypto.createHash('sha1').update(f.path).digest('hex'),
-            size: f.bytes.length, path: f.path,
-            lfs: { oid: f.listedSha256 ?? f.sha256, size: f.bytes.length, pointerSize: 134 } }))];
+            size: f.listedSize ?? f.bytes.length, path: f.path,
+            lfs: { oid: f.listedSha256 ?? f.sha256, size: f.listedSize ?? f.bytes.length, pointerSize: 134 } }))];
         const start = Number(url.searchParams.get('cursor') ?? 0);
         const page = all.slice(start, start + pageSize);
         const headers = {};

@@ -58,6 +58,8 @@ before(async () => {
       'test-org/Broken-GGUF': { files: [{ path: 'Broken-Q8_0.gguf', bytes: q8 }], corrupt: 'Broken-Q8_0.gguf' },
       'test-org/Gated-GGUF': { files: [{ path: 'Gated-Q8_0.gguf', bytes: q8 }], gated: 'hf_good_token' },
       'test-org/Whole-GGUF': { downloads: 900, files: [{ path: 'Whole-Q8_0.gguf', bytes: whole }] },
+      'test-org/Huge-GGUF': { files: [1, 2].map((k) => ({ path: `Huge-Q8_0-0000${k}-of-00002.gguf`, bytes: q8,
+        listedSize: 2 ** 52 })) },
       'test-org/Docs-Only': { downloads: 5000, files: [{ path: 'README.md', bytes: Buffer.from('no model') }] },
       'test-org/Split-GGUF': { files: parts.map((bytes, k) => ({ path: `Q8_0/Split-Q8_0-0000${k + 1}-of-00003.gguf`,
         bytes })) },
@@ -157,6 +159,9 @@ test('a wrong hash, a gated repo, a busy hub, unknown names', T, async () => {
   assert.ok(hub.storageAuth.length && hub.storageAuth.every((a) => a === ''),
     `the storage host never saw it: ${JSON.stringify(hub.storageAuth)}`);
 
+  const huge = await cairn(['pull', 'test-org/Huge-GGUF:Q8_0', '--models-dir', d]);
+  assert.equal(huge.code, 1);
+  assert.match(huge.stderr, /more than a model may have/, 'sizes a listing claims cannot wrap the disk check');
   const cases = [['test-org/Nope-GGUF:Q8_0', /RepoNotFound/], ['test-org/Tiny-GGUF:Q5_K_M', /no Q5_K_M .*Q8_0, Q4_K_M/],
     ['test-org/Tiny-GGUF/nope.gguf', /no file nope.gguf/], ['not a ref', /not a model reference/]];
   for (const [ref, why] of cases) {
