@@ -617,6 +617,14 @@ static json_t *task_to_json(const struct cluster_task *t)
     return o;
 }
 
+/* Seconds left at the download's rate; -1 when not Ongoing or no rate is known. */
+static int64_t download_eta(const struct cluster_download *d)
+{
+    if (d->status != CLUSTER_DOWNLOAD_ONGOING || d->bytes_per_s <= 0)
+        return -1;
+    return (d->bytes_total - d->bytes_done + d->bytes_per_s - 1) / d->bytes_per_s;
+}
+
 json_t *cluster_download_to_json(const struct cluster_download *d)
 {
     json_t *o = json_object();
@@ -624,6 +632,8 @@ json_t *cluster_download_to_json(const struct cluster_download *d)
               put(o, "model_id", json_string(d->model_id)) &&
               put(o, "bytes_done", json_integer(d->bytes_done)) &&
               put(o, "bytes_total", json_integer(d->bytes_total)) &&
+              put(o, "bytes_per_s", json_integer(d->bytes_per_s)) &&
+              put(o, "eta_s", download_eta(d) < 0 ? json_null() : json_integer(download_eta(d))) &&
               put(o, "status", json_string(cluster_download_status_name(d->status))) &&
               put(o, "error", text_or_null(d->error));
     if (!ok) {
@@ -1053,7 +1063,7 @@ int cluster_download_from_json(const json_t *j, const char *path, struct cluster
                                char *err, size_t errlen)
 {
     static const char *const keys[] = {"node_id", "model_id", "bytes_done", "bytes_total",
-                                       "status", "error", NULL};
+                                       "bytes_per_s", "eta_s", "status", "error", NULL};
     int status = 0;
     memset(out, 0, sizeof *out);
     int rc = json_get_keys(j, path, keys, err, errlen);
@@ -1070,10 +1080,17 @@ int cluster_download_from_json(const json_t *j, const char *path, struct cluster
         rc = cairn_fail(err, errlen, CAIRN_EFORMAT,
                         "%s.bytes_done: %lld is above bytes_total %lld", path,
                         (long long)out->bytes_done, (long long)out->bytes_total);
+    /* optional (older nodes send neither); eta_s is derived, so only its type is checked */
+    const json_t *rate = json_object_get(j, "bytes_per_s"), *eta = json_object_get(j, "eta_s");
+    if (!rc && rate && !json_is_null(rate))
+        rc = json_get_int(j, path, "bytes_per_s", 0, IDS_BYTES_MAX, &out->bytes_per_s, err, errlen);
     if (!rc)
         rc = json_get_enum(j, path, "status", cluster_download_status_name,
                            CLUSTER_DOWNLOAD_STATUS_COUNT, &status, err, errlen);
     out->status = (enum cluster_download_status)status;
+    if (!rc && eta && (json_is_null(eta) ? download_eta(out) >= 0
+                                         : !json_is_integer(eta) || json_integer_value(eta) != download_eta(out)))
+        rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.eta_s: not what the bytes left and the rate give", path);
     if (!rc)
         rc = json_get_text(j, path, "error", IDS_TEXT_MAX, &out->error, err, errlen);
     if (!rc)

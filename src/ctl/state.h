@@ -147,12 +147,15 @@ struct cluster_task {
     int64_t bytes;  /* of the request body, 1..CLUSTER_MAX_PARAMS */
 };
 
-/* JSON {"node_id", "model_id", "bytes_done", "bytes_total", "status", "error"};
- * bytes_done <= bytes_total; error only with status Failed. */
+/* JSON {"node_id", "model_id", "bytes_done", "bytes_total", "bytes_per_s", "eta_s",
+ * "status", "error"}; bytes_done <= bytes_total; error only with status Failed. eta_s is
+ * derived (the bytes left at the rate, while Ongoing with a rate; else null) and ignored
+ * when read; bytes_per_s is optional when read (0: not known). */
 struct cluster_download {
     char node_id[IDS_ID_MAX + 1];
     char model_id[IDS_MODEL_MAX + 1];
     int64_t bytes_done, bytes_total; /* 0..IDS_BYTES_MAX */
+    int64_t bytes_per_s;             /* lately, while Ongoing; 0: not known */
     enum cluster_download_status status;
     char *error; /* malloc'd, NULL unless Failed (may be NULL then too) */
 };

@@ -893,7 +893,35 @@ struct dl_entry {
     struct download_source *src; /* while Pending; malloc'd */
     size_t n_src;
     int64_t failed_ms; /* monotonic, when it failed */
+    int64_t sample_ms, sample_bytes; /* the last progress the rate was measured from */
 };
+
+#define RATE_SAMPLE_MS 500 /* the rate is measured over at least this long */
+
+/* The download's rate from its progress: bytes over time since the last sample, a
+ * quarter of each new measure into the rate (it moves, but not with every hiccup); 0
+ * when it is not Ongoing. Under mu. */
+static void update_rate(struct dl_entry *x, int64_t now)
+{
+    if (x->d.status != CLUSTER_DOWNLOAD_ONGOING || x->d.bytes_done < x->sample_bytes) {
+        x->d.bytes_per_s = 0;
+        x->sample_ms = now;
+        x->sample_bytes = x->d.bytes_done;
+        return;
+    }
+    int64_t dt = now - x->sample_ms;
+    if (!x->sample_ms || dt < RATE_SAMPLE_MS) {
+        if (!x->sample_ms) {
+            x->sample_ms = now;
+            x->sample_bytes = x->d.bytes_done;
+        }
+        return;
+    }
+    int64_t measured = (x->d.bytes_done - x->sample_bytes) * 1000 / dt;
+    x->d.bytes_per_s = x->d.bytes_per_s ? (3 * x->d.bytes_per_s + measured) / 4 : measured;
+    x->sample_ms = now;
+    x->sample_bytes = x->d.bytes_done;
+}
 
 struct download_mgr {
     char *models_dir, *node_id, *secret, *api_key;
@@ -952,6 +980,7 @@ static void take_progress(struct download_mgr *m, const struct cluster_download 
         x->d.status = d->status;
         x->d.bytes_done = d->bytes_done;
         x->d.bytes_total = d->bytes_total;
+        update_rate(x, mono_ms());
         if (d->status == CLUSTER_DOWNLOAD_FAILED) {
             x->d.error = strdup(d->error ? d->error : "download failed");
             x->failed_ms = mono_ms();

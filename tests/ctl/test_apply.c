@@ -123,7 +123,7 @@ static void test_history(void)
                 "'instance_id':'i1','node_id':'n2','status':'Ready','error':null,"
                 "'restart_count':0}");
     APPLY_OK(s, "{'kind':'NodeDownloadProgress','term':1,'index':9,'node_id':'n2',"
-                "'model_id':'m1','bytes_done':50,'bytes_total':100,'status':'Ongoing',"
+                "'model_id':'m1','bytes_done':50,'bytes_total':100,'bytes_per_s':20,'status':'Ongoing',"
                 "'error':null}");
     APPLY_OK(s, "{'kind':'TaskCreated','term':1,'index':10,'task_id':'t1',"
                 "'task_kind':'TextGeneration','instance_id':'i1','node_id':'n1',"
@@ -153,7 +153,7 @@ static void test_history(void)
                 "'node_id':'n1','status':'Running','acknowledged':true,'error':null,"
                 "'bytes':15}},"
                 "'downloads':[{'node_id':'n2','model_id':'m1','bytes_done':50,"
-                "'bytes_total':100,'status':'Ongoing','error':null}]}",
+                "'bytes_total':100,'bytes_per_s':20,'eta_s':3,'status':'Ongoing','error':null}]}",
                 "after 14 events");
 
     /* A finished task of i1 stays as it is when i1 goes. */

@@ -58,7 +58,7 @@ static char *canon(const char *text)
     "'tasks':{'t1':{'task_id':'t1','kind':'TextGeneration','instance_id':'i1','node_id':'n1',"\
     "'status':'Running','acknowledged':true,'error':null,'bytes':24}}," \
     "'downloads':[{'node_id':'n2','model_id':'org/tiny','bytes_done':5,'bytes_total':9,"     \
-    "'status':'Ongoing','error':null}]}"
+    "'bytes_per_s':3,'eta_s':2,'status':'Ongoing','error':null}]}"
 
 /* One valid event of each kind, in enum order. */
 static const char *const valid[EVENT_KIND_COUNT] = {
@@ -77,7 +77,7 @@ static const char *const valid[EVENT_KIND_COUNT] = {
     "'epoch':3}",
     "{'kind':'RunnerDeleted','term':1,'index':10,'runner_id':'r1'}",
     "{'kind':'NodeDownloadProgress','term':1,'index':11,'node_id':'n2','model_id':'org/tiny',"
-    "'bytes_done':0,'bytes_total':0,'status':'Pending','error':null}",
+    "'bytes_done':0,'bytes_total':0,'bytes_per_s':0,'eta_s':null,'status':'Pending','error':null}",
     "{'kind':'TaskCreated','term':1,'index':12,'task_id':'t1','task_kind':'TextGeneration',"
     "'instance_id':'i1','node_id':'n1','bytes':68}",
     "{'kind':'TaskStatusUpdated','term':1,'index':13,'task_id':'t1','status':'Failed',"
@@ -529,8 +529,10 @@ static void test_every_field(void)
         int failures = 0;
         for (size_t i = 0; i < n; i++) {
             json_t *orig = json_incref(json_object_get(m[i].parent, m[i].key));
-            /* optional fields (a runner's data_port and epoch): only a wrong type is refused */
-            bool optional = !strcmp(m[i].key, "data_port") ||
+            /* optional fields (a runner's data_port and epoch, a download's rate and
+             * ETA): only a wrong type is refused */
+            bool optional = !strcmp(m[i].key, "data_port") || !strcmp(m[i].key, "bytes_per_s") ||
+                            !strcmp(m[i].key, "eta_s") ||
                             (!strcmp(m[i].key, "epoch") && json_object_get(m[i].parent, "restart_count"));
             for (int mode = optional; mode < 2; mode++) {
                 if (mode == 0)

@@ -952,6 +952,45 @@ static void test_mgr(void)
     srv_stop(&s);
 }
 
+/* Downloads the manager does not run (pulls from the hub) are noted: a rate appears
+ * once half a second of progress was seen, goes when the download ends, and a status
+ * that no report could carry is dropped. */
+static void test_note(void)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/note", root);
+    struct download_config cfg = {.models_dir = dir, .node_id = "me"};
+    struct download_mgr *m = NULL;
+    CHECK(download_mgr_create(&m, &cfg, NULL, NULL, err, sizeof err) == 0, "mgr: %s", err);
+    if (!m)
+        return;
+    struct cluster_download d = {.node_id = "me", .model_id = "hf.co/o/r:Q8_0", .status = CLUSTER_DOWNLOAD_ONGOING,
+                                 .bytes_total = 100000000};
+    download_mgr_note(m, &d);
+    struct cluster_download got;
+    CHECK(download_mgr_get(m, d.model_id, &got) == 0 && got.status == CLUSTER_DOWNLOAD_ONGOING &&
+              got.bytes_per_s == 0, "noted, no rate yet");
+    cluster_download_clear(&got);
+    struct timespec ts = {0, 600 * 1000000L};
+    nanosleep(&ts, NULL);
+    d.bytes_done = 6000000;
+    download_mgr_note(m, &d);
+    CHECK(download_mgr_get(m, d.model_id, &got) == 0 && got.bytes_per_s > 0 && got.bytes_per_s <= 10000000,
+          "a rate after 600 ms: %lld bytes/s (6 MB in at least 0.6 s)", (long long)got.bytes_per_s);
+    cluster_download_clear(&got);
+    d.bytes_done = d.bytes_total = 7; /* another file: its size is below what the first reached */
+    d.status = CLUSTER_DOWNLOAD_COMPLETED;
+    download_mgr_note(m, &d);
+    CHECK(download_mgr_get(m, d.model_id, &got) == 0 && got.status == CLUSTER_DOWNLOAD_COMPLETED &&
+              got.bytes_per_s == 0, "done: no rate");
+    cluster_download_clear(&got);
+    d.bytes_done = 9; /* more than the total: no report could carry it */
+    download_mgr_note(m, &d);
+    CHECK(download_mgr_get(m, d.model_id, &got) == 0 && got.bytes_done == 7, "a bad status is dropped");
+    cluster_download_clear(&got);
+    download_mgr_release(m);
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -975,6 +1014,7 @@ int main(int argc, char **argv)
     RUN(test_report);
     RUN(test_fetch);
     RUN(test_mgr);
+    RUN(test_note);
 
     free(data);
     char cmd[400];
