@@ -38,6 +38,11 @@ function mk(args) {
 
 const models = (name) => path.join(dir, name);
 
+/** Prints the end of a node's log without its access lines (when a test fails). */
+function logTail(node, lines) {
+  console.log(node.log().split('\n').filter((l) => !l.includes(' http ')).slice(-lines).join('\n'));
+}
+
 before(async () => {
   dir = makeTempDir();
   await mk(['--shape', 'tiny', '--vocab', VOCAB, '--type', 'q8_0', '-o', path.join(dir, 'q8.gguf')]);
@@ -184,7 +189,7 @@ test('a node serves a pulled model under the reference as typed', T, async () =>
       temperature: 0, ignore_eos: true });
     assert.equal(c.usage.completion_tokens, 4, 'answered by the reference as typed');
   } catch (e) {
-    console.log(node.log().split('\n').filter((l) => !l.includes(' http ')).slice(-30).join('\n'));
+    logTail(node, 30);
     throw e;
   } finally {
     await node.stop();
@@ -225,7 +230,7 @@ test("Ollama's client pulls, lists and deletes through a node", T, async () => {
     assert.ok(after.models.some((m) => m.name === 'hf.co/test-org/Tiny-GGUF:Q4_K_M'), 'the other stays');
     await assert.rejects(ollama.delete({ model: 'nope' }), /not found|no model/);
   } catch (e) {
-    console.log(node.log().split('\n').filter((l) => !l.includes(' http ')).slice(-30).join('\n'));
+    logTail(node, 30);
     throw e;
   } finally {
     await node.stop();
@@ -262,7 +267,7 @@ test('a pulled model placed on a node that lacks it comes from its peer, under t
     assert.ok(listed.includes(id), `b lists it under its reference: ${listed}`);
   } catch (e) {
     for (const n of [a, b])
-      console.log(n.log().split('\n').filter((l) => !l.includes(' http ')).slice(-20).join('\n'));
+      logTail(n, 20);
     throw e;
   } finally {
     await b.stop();
@@ -300,7 +305,7 @@ test('a model in 3 parts pulls as one and answers as the whole file does, token 
     }
     assert.ok(texts.size > 1, 'different prompts, different answers');
   } catch (e) {
-    console.log(node.log().split('\n').filter((l) => !l.includes(' http ')).slice(-30).join('\n'));
+    logTail(node, 30);
     throw e;
   } finally {
     await node.stop();
@@ -327,7 +332,7 @@ test('the 3-part model split over two nodes by layers answers as the whole file 
     assert.deepEqual(got.choices[0].logprobs.token_logprobs, want.choices[0].logprobs.token_logprobs);
   } catch (e) {
     for (const n of [a, b])
-      console.log(n.log().split('\n').filter((l) => !l.includes(' http ')).slice(-20).join('\n'));
+      logTail(n, 20);
     throw e;
   } finally {
     await b.stop();
