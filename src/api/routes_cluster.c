@@ -4,11 +4,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "api/sse.h"
 #include "base/err.h"
 #include "base/log.h"
+#include "node/catalog.h"
 #include "node/hub.h"
+#include "node/hubref.h"
 
 /* An SSE client of /events: subscribed to the node until its stream closes. */
 struct ev_stream {
@@ -16,6 +19,8 @@ struct ev_stream {
     struct http_stream *s;
     uint64_t token;
 };
+
+#define ROUTES_HUB_HEADER_MS 60000 /* a hub model's header: read (or waited for) this long */
 
 struct routes_cluster {
     struct node *node;
@@ -322,12 +327,15 @@ static json_t *instance_json(struct routes_cluster *r, const char *id)
 }
 
 /* Runs a command built from the request and answers for it. */
-static void run_command(struct http_request *req, struct routes_cluster *r,
-                        enum command_kind kind, const char *instance_id, const char *done)
+/* Runs a command made from body (NULL: the request's) and answers with its result. A
+ * place command for a hub model whose header the master is still reading is asked
+ * again, for up to ROUTES_HUB_HEADER_MS. */
+static void run_command_body(struct http_request *req, struct routes_cluster *r, enum command_kind kind,
+                             const char *instance_id, const char *done, const json_t *given, bool hub_model)
 {
     struct command c;
     char err[COMMAND_MESSAGE_MAX];
-    const json_t *body = http_req_json(req);
+    const json_t *body = given ? given : http_req_json(req);
     size_t len = 0;
     http_req_body(req, &len);
     if (kind != COMMAND_DELETE_INSTANCE && !body) {
@@ -342,6 +350,11 @@ static void run_command(struct http_request *req, struct routes_cluster *r,
     }
     struct command_result res;
     rc = node_command(r->node, &c, r->timeout_ms, &res);
+    for (int waited = 0; hub_model && rc == CAIRN_ENOTFOUND && waited < ROUTES_HUB_HEADER_MS; waited += 500) {
+        struct timespec ts = {0, 500 * 1000000L};
+        nanosleep(&ts, NULL);
+        rc = node_command(r->node, &c, r->timeout_ms, &res);
+    }
     command_clear(&c);
     if (rc) {
         reply_code(req, rc, res.message);
@@ -357,9 +370,59 @@ static void run_command(struct http_request *req, struct routes_cluster *r,
                               in ? in : json_null()));
 }
 
+static void run_command(struct http_request *req, struct routes_cluster *r, enum command_kind kind,
+                        const char *instance_id, const char *done)
+{
+    run_command_body(req, r, kind, instance_id, done, NULL, false);
+}
+
+/* A model id as typed, for placement: a hub reference becomes the id its header (read
+ * here now, when this node has not yet) gives; anything else stays. 0, or an error
+ * already answered. */
+static int placeable_id(struct http_request *req, struct routes_cluster *r, const char *model, char *id, bool *hub)
+{
+    *hub = false;
+    char canon[HUBREF_TEXT_MAX], err[512];
+    if (!hubref_canonical(model, canon)) {
+        snprintf(id, HUBREF_TEXT_MAX, "%s", model);
+        return 0;
+    }
+    *hub = true;
+    struct catalog_card card;
+    int rc = node_card(r->node, canon, &card, err, sizeof err); /* pulled here already */
+    catalog_card_clear(&card);
+    if (!rc) {
+        snprintf(id, HUBREF_TEXT_MAX, "%s", canon);
+        return 0;
+    }
+    rc = node_hub_header(r->node, model, ROUTES_HUB_HEADER_MS, id, err, sizeof err);
+    if (rc)
+        http_reply_error(req, rc == CAIRN_ENOTFOUND ? 404 : rc == CAIRN_EPERM ? 403 : rc == CAIRN_EINVAL ? 400 : 502,
+                         "hub_error", "model %s: %s", model, err);
+    return rc;
+}
+
 static void h_place(struct http_request *req, void *ctx)
 {
-    run_command(req, ctx, COMMAND_PLACE_INSTANCE, NULL, "placed");
+    struct routes_cluster *r = ctx;
+    const json_t *body = http_req_json(req);
+    const char *model = json_string_value(json_object_get(body, "model_id"));
+    char id[HUBREF_TEXT_MAX];
+    bool hub = false;
+    if (!model || !hubref_looks_like(model)) {
+        run_command(req, ctx, COMMAND_PLACE_INSTANCE, NULL, "placed");
+        return;
+    }
+    if (placeable_id(req, r, model, id, &hub))
+        return;
+    json_t *copy = json_deep_copy(body);
+    if (!copy || json_object_set_new(copy, "model_id", json_string(id))) {
+        json_decref(copy);
+        reply_oom(req);
+        return;
+    }
+    run_command_body(req, r, COMMAND_PLACE_INSTANCE, NULL, "placed", copy, hub);
+    json_decref(copy);
 }
 
 static void h_create(struct http_request *req, void *ctx)
@@ -391,10 +454,15 @@ static void h_instance(struct http_request *req, void *ctx)
 static void h_previews(struct http_request *req, void *ctx)
 {
     struct routes_cluster *r = ctx;
-    const char *model = http_req_query(req, "model_id");
+    const char *typed = http_req_query(req, "model_id");
     const char *sharding = http_req_query(req, "sharding");
     const char *draft = http_req_query(req, "draft_model");
     long long min_nodes = 1;
+    char id[HUBREF_TEXT_MAX];
+    bool hub = false;
+    if (typed && hubref_looks_like(typed) && placeable_id(req, r, typed, id, &hub))
+        return;
+    const char *model = hub ? id : typed;
     if (!model || !ids_valid_model(model)) {
         http_reply_error(req, 400, "invalid_request", "model_id: %s",
                          model ? "not a valid model id" : "required");

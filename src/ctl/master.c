@@ -705,7 +705,7 @@ static int report_downloads(const struct cluster_state *s, const char *from, con
         }
         const struct cluster_download *cur = cluster_state_find_download(s, from, d.model_id);
         if (cur && cur->status == d.status && cur->bytes_done == d.bytes_done && cur->bytes_total == d.bytes_total &&
-            cur->bytes_per_s == d.bytes_per_s &&
+            cur->bytes_per_s == d.bytes_per_s && cur->layer_begin == d.layer_begin && cur->layer_end == d.layer_end &&
             !strcmp(cur->error ? cur->error : "", d.error ? d.error : "")) {
             cluster_download_clear(&d);
             continue;

@@ -80,11 +80,14 @@ int plan_compute(const struct cluster_state *s, const char *node_id, const struc
                 continue;
             char path[RUNNER_PATH_MAX], why[PLAN_REASON_MAX];
             why[0] = 0;
-            int rc = model(model_ctx, in->model_id, path, sizeof path, why, sizeof why);
+            int rc = model(model_ctx, in->model_id, sh->layer_begin, sh->layer_end, path, sizeof path, why,
+                           sizeof why);
             struct plan_action *x = push(&v, rc ? PLAN_FAIL : PLAN_START, sh->runner_id, in->id);
             if (!x)
                 goto oom;
             x->cfg.epoch = in->epoch;
+            x->cfg.layer_begin = sh->layer_begin; /* FAIL too: a fetch of the shard's layers */
+            x->cfg.layer_end = sh->layer_end;
             if (rc) {
                 /* The lookup's message names the model; a bare code gets it here. */
                 if (why[0])
@@ -110,7 +113,7 @@ int plan_compute(const struct cluster_state *s, const char *node_id, const struc
             /* The draft runs on the first rank; a draft this node cannot find only
              * leaves the instance without one (the worker says so). */
             if (sh->rank == 0 && in->draft_model[0] &&
-                model(model_ctx, in->draft_model, x->cfg.draft_model_path, sizeof x->cfg.draft_model_path, why,
+                model(model_ctx, in->draft_model, 0, -1, x->cfg.draft_model_path, sizeof x->cfg.draft_model_path, why,
                       sizeof why))
                 x->cfg.draft_model_path[0] = 0;
         }

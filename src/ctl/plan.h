@@ -36,15 +36,16 @@ enum plan_action_kind {
 struct plan_action {
     enum plan_action_kind kind;
     char runner_id[IDS_ID_MAX + 1], instance_id[IDS_ID_MAX + 1];
-    struct runner_config cfg;      /* START; FAIL: only cfg.epoch, the instance's */
+    struct runner_config cfg;      /* START; FAIL: only cfg.epoch (the instance's) and the layers */
     char reason[PLAN_REASON_MAX]; /* FAIL */
 };
 
-/* Finds the file of a model for this node: 0 with its path in path (pathlen bytes), or a
- * negative code with the reason (naming the model) in err, which becomes the FAIL
+/* Finds the file of a model for this node, for a shard of layers [layer_begin,
+ * layer_end) (a draft: 0, -1, the whole model): 0 with its path in path (pathlen bytes),
+ * or a negative code with the reason (naming the model) in err, which becomes the FAIL
  * action's reason. Must be deterministic for plan to be. */
-typedef int (*plan_model_fn)(void *ctx, const char *model_id, char *path, size_t pathlen, char *err,
-                             size_t errlen);
+typedef int (*plan_model_fn)(void *ctx, const char *model_id, int layer_begin, int layer_end, char *path,
+                             size_t pathlen, char *err, size_t errlen);
 
 /* Computes the actions for node_id (see the top) into *out (malloc'd, *n_out entries;
  * NULL and 0 when none; free()). Started runners get runner_config_defaults plus the

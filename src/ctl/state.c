@@ -636,6 +636,8 @@ json_t *cluster_download_to_json(const struct cluster_download *d)
               put(o, "eta_s", download_eta(d) < 0 ? json_null() : json_integer(download_eta(d))) &&
               put(o, "status", json_string(cluster_download_status_name(d->status))) &&
               put(o, "error", text_or_null(d->error));
+    if (ok && d->layer_end > 0)
+        ok = put(o, "layers", json_pack("[i, i]", d->layer_begin, d->layer_end));
     if (!ok) {
         json_decref(o);
         return NULL;
@@ -1063,7 +1065,7 @@ int cluster_download_from_json(const json_t *j, const char *path, struct cluster
                                char *err, size_t errlen)
 {
     static const char *const keys[] = {"node_id", "model_id", "bytes_done", "bytes_total",
-                                       "bytes_per_s", "eta_s", "status", "error", NULL};
+                                       "bytes_per_s", "eta_s", "status", "error", "layers", NULL};
     int status = 0;
     memset(out, 0, sizeof *out);
     int rc = json_get_keys(j, path, keys, err, errlen);
@@ -1096,6 +1098,16 @@ int cluster_download_from_json(const json_t *j, const char *path, struct cluster
     if (!rc)
         rc = error_only_when_failed(out->error, out->status == CLUSTER_DOWNLOAD_FAILED, path, err,
                                     errlen);
+    const json_t *layers = json_object_get(j, "layers");
+    if (!rc && layers && !json_is_null(layers)) {
+        json_int_t a = json_integer_value(json_array_get(layers, 0)), b = json_integer_value(json_array_get(layers, 1));
+        if (json_array_size(layers) != 2 || !json_is_integer(json_array_get(layers, 0)) ||
+            !json_is_integer(json_array_get(layers, 1)) || a < 0 || a >= b || b > CLUSTER_MAX_LAYERS)
+            rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s.layers: must be [begin, end) with 0 <= begin < end <= %d",
+                            path, CLUSTER_MAX_LAYERS);
+        else
+            out->layer_begin = (int)a, out->layer_end = (int)b;
+    }
     if (rc)
         cluster_download_clear(out);
     return rc;

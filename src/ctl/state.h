@@ -158,6 +158,9 @@ struct cluster_download {
     int64_t bytes_per_s;             /* lately, while Ongoing; 0: not known */
     enum cluster_download_status status;
     char *error; /* malloc'd, NULL unless Failed (may be NULL then too) */
+    int layer_begin, layer_end; /* a pipeline rank's share only ("layers": [begin, end)): the
+                                   bytes are those its layers read; 0, 0 (no "layers"): the
+                                   whole model */
 };
 
 struct cluster_state {

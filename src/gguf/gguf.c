@@ -61,6 +61,7 @@ struct gguf_file {
     char *path;               /* gguf_open's; NULL for memory */
     struct gguf_file **parts; /* a split model's other parts, whose tensors are in tensors[] */
     int n_parts;
+    uint64_t whole_size;      /* gguf_header_end: the file's size, of which base holds a prefix */
 };
 
 static const uint8_t vsize[GGUF_FLOAT64 + 1] = {
@@ -482,12 +483,12 @@ static int parse(struct gguf_file *f, char *err, size_t errlen)
         char q[80];
         quote(q, sizeof q, t->name, strlen(t->name));
         snprintf(r.ctx, sizeof r.ctx, "tensor %lld '%s'", (long long)i, q);
-        uint64_t start = f->data_offset + t->offset;
-        if (start < t->offset || start > f->size || t->size > f->size - start)
+        uint64_t start = f->data_offset + t->offset, bound = f->whole_size ? f->whole_size : f->size;
+        if (start < t->offset || start > bound || t->size > bound - start)
             return fail_at(&r, f->tensor_off[i],
                            "data [%llu, %llu) of the data section (at %llu) past end of file (%llu bytes)",
-                           (ull)t->offset, (ull)(t->offset + t->size), (ull)f->data_offset, (ull)f->size);
-        t->data = f->base + start;
+                           (ull)t->offset, (ull)(t->offset + t->size), (ull)f->data_offset, (ull)bound);
+        t->data = f->whole_size ? NULL : f->base + start; /* a prefix holds no data */
         size_t len = strlen(t->name);
         int64_t prev = tensor_lookup(f, t->name, len);
         if (prev >= 0)
@@ -518,6 +519,26 @@ int gguf_open_memory(struct gguf_file **out, const void *data, size_t size, char
     }
     *out = f;
     return 0;
+}
+
+int gguf_header_end(const void *data, size_t size, uint64_t file_size, uint64_t *end, char *err, size_t errlen)
+{
+    *end = 0;
+    if ((!data && size) || size > file_size || !file_size)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "gguf_header_end: %zu bytes of a %llu-byte file", size,
+                          (ull)file_size);
+    struct gguf_file *f = calloc(1, sizeof *f);
+    if (!f)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    static const uint8_t empty[1];
+    f->base = data ? data : empty;
+    f->size = size;
+    f->whole_size = file_size;
+    int rc = parse(f, err, errlen);
+    if (!rc)
+        *end = f->data_offset;
+    gguf_close(f);
+    return rc;
 }
 
 /* Opens one file (one part of a split model). */

@@ -63,6 +63,14 @@ int gguf_open(struct gguf_file **out, const char *path, char *err, size_t errlen
  * feed truncations and corruptions). */
 int gguf_open_memory(struct gguf_file **out, const void *data, size_t size, char *err, size_t errlen);
 
+/* Where the data section of a file_size-byte GGUF file starts (its header's end, padded
+ * to the alignment), read from the file's first size bytes (data), into *end: for a
+ * reader that holds a prefix (a model fetched by byte ranges). The header must lie whole
+ * in the prefix and its tensors within file_size; a prefix too short fails as a
+ * truncated file does (CAIRN_EFORMAT), so a caller that has fewer than file_size bytes
+ * reads more and asks again. */
+int gguf_header_end(const void *data, size_t size, uint64_t file_size, uint64_t *end, char *err, size_t errlen);
+
 /* Unmaps and frees; accepts NULL. */
 void gguf_close(struct gguf_file *f);
 

@@ -63,6 +63,20 @@ struct model_load_opts {
 int model_load(struct model **out, const char *path, const struct model_load_opts *opts,
                char *err, size_t errlen);
 
+/* A byte range of a model's file (of part `part` of a split model, 0 for the first). */
+struct model_extent {
+    int part;
+    uint64_t offset, len;
+};
+
+/* The byte ranges of f's tensors that model_load reads for layers [layer_begin,
+ * layer_end) (layer_end -1: to the last), sorted by part and offset, touching ranges
+ * joined: into *out (malloc'd, *n_out entries; the caller frees it). The file's header
+ * is not among them. CAIRN_EINVAL for a range outside the model, model_read_hparams'
+ * errors, CAIRN_ENOMEM. */
+int model_slice_extents(const struct gguf_file *f, int layer_begin, int layer_end, struct model_extent **out,
+                        size_t *n_out, char *err, size_t errlen);
+
 /* Releases everything, the file mapping included; accepts NULL. */
 void model_release(struct model *m);
 

@@ -352,7 +352,7 @@ size_t download_sources(const struct cluster_state *s, const char *self_id, cons
             const struct cluster_node *nd = &s->nodes[i];
             const struct cluster_download *d = cluster_state_find_download(s, nd->id, model_id);
             bool master = !strcmp(nd->id, s->master_node_id);
-            bool has = d && d->status == CLUSTER_DOWNLOAD_COMPLETED;
+            bool has = d && d->status == CLUSTER_DOWNLOAD_COMPLETED && !d->layer_end; /* a whole copy */
             bool take = pass == 0 ? master : pass == 1 ? !master && has : !master && !has;
             if (!take || !strcmp(nd->id, self_id) || nd->info.api_port <= 0)
                 continue;
@@ -980,6 +980,8 @@ static void take_progress(struct download_mgr *m, const struct cluster_download 
         x->d.status = d->status;
         x->d.bytes_done = d->bytes_done;
         x->d.bytes_total = d->bytes_total;
+        x->d.layer_begin = d->layer_begin;
+        x->d.layer_end = d->layer_end;
         update_rate(x, mono_ms());
         if (d->status == CLUSTER_DOWNLOAD_FAILED) {
             x->d.error = strdup(d->error ? d->error : "download failed");

@@ -30,18 +30,18 @@
 /* ---- the sidecar ---- */
 
 /* models_dir/name into out (cap bytes); false when it does not fit. */
-static bool in_dir(const char *dir, const char *name, char *out, size_t cap)
+bool hub_in_dir(const char *dir, const char *name, char *out, size_t cap)
 {
     int w = snprintf(out, cap, "%s/%s", dir, name);
     return w > 0 && (size_t)w < cap;
 }
 
 /* Reads models_dir's sidecar of id; NULL when there is none or it is not one. */
-static json_t *sidecar_load(const char *models_dir, const char *id)
+json_t *hub_sidecar_load(const char *models_dir, const char *id)
 {
     char name[HUBREF_TEXT_MAX + 16], path[4096];
     hubref_sidecar_name(id, name);
-    if (!in_dir(models_dir, name, path, sizeof path))
+    if (!hub_in_dir(models_dir, name, path, sizeof path))
         return NULL;
     json_t *j = json_load_file(path, 0, NULL);
     const char *ref = json_string_value(json_object_get(j, "ref"));
@@ -67,7 +67,7 @@ static bool sidecar_complete(const char *models_dir, json_t *side, const char *c
         const char *local = json_string_value(json_object_get(e, "local"));
         json_int_t size = json_integer_value(json_object_get(e, "size"));
         struct stat st;
-        if (!local || strchr(local, '/') || !in_dir(models_dir, local, path, sizeof path) || stat(path, &st) ||
+        if (!local || strchr(local, '/') || !hub_in_dir(models_dir, local, path, sizeof path) || stat(path, &st) ||
             (json_int_t)st.st_size != size)
             return false;
         if (i == 0)
@@ -81,12 +81,12 @@ static bool sidecar_complete(const char *models_dir, json_t *side, const char *c
 }
 
 /* Stores j (taken) as id's sidecar in models_dir, through a temporary file and a rename. */
-static int sidecar_store(const char *models_dir, const char *id, json_t *j, char *err, size_t errlen)
+int hub_sidecar_store(const char *models_dir, const char *id, json_t *j, char *err, size_t errlen)
 {
     char name[HUBREF_TEXT_MAX + 16], path[4096], tmp[4200];
     hubref_sidecar_name(id, name);
     int rc = 0;
-    if (!j || !in_dir(models_dir, name, path, sizeof path))
+    if (!j || !hub_in_dir(models_dir, name, path, sizeof path))
         rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "cannot write the sidecar of %s", id);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (!rc && (json_dump_file(j, tmp, JSON_INDENT(1)) || files_sync(tmp, O_RDONLY) || rename(tmp, path)))
@@ -96,8 +96,8 @@ static int sidecar_store(const char *models_dir, const char *id, json_t *j, char
 }
 
 /* Writes the sidecar of a pull. */
-static int sidecar_write(const struct hub *h, const char *id, const struct hub_ref *ref, const struct listing *l,
-                         const size_t *pick, size_t n_pick, char *err, size_t errlen)
+int hub_sidecar_write(const struct hub *h, const char *dir, const char *id, const struct hub_ref *ref,
+                      const struct listing *l, const size_t *pick, size_t n_pick, char *err, size_t errlen)
 {
     json_t *files = json_array();
     for (size_t k = 0; k < n_pick; k++) {
@@ -109,7 +109,7 @@ static int sidecar_write(const struct hub *h, const char *id, const struct hub_r
     }
     char repo[2 * HUBREF_NAME_MAX + 2];
     snprintf(repo, sizeof repo, "%s/%s", ref->owner, ref->repo);
-    return sidecar_store(h->cfg->models_dir, id,
+    return hub_sidecar_store(dir, id,
                          json_pack("{s:s, s:s, s:s, s:s, s:s, s:o}", "ref", id, "repo", repo, "revision", h->revision,
                                    "commit", l->commit, "endpoint", h->endpoint, "files", files),
                          err, errlen);
@@ -120,7 +120,7 @@ int hub_sidecar_put(const char *models_dir, const char *id, const char *sha256, 
 {
     char local[HUBREF_TEXT_MAX];
     hubref_local_name(id, 1, 1, local);
-    return sidecar_store(models_dir, id,
+    return hub_sidecar_store(models_dir, id,
                          json_pack("{s:s, s:s, s:s, s:[{s:s, s:s, s:s, s:I}]}", "ref", id, "commit", "", "source",
                                    "peer", "files", "path", local, "local", local, "sha256", sha256, "size",
                                    (json_int_t)size),
@@ -159,7 +159,7 @@ static int pull_offline(const struct hub *h, const struct hub_ref *ref, struct h
                         size_t errlen)
 {
     hubref_text(ref, ref->path[0] || ref->tag[0] ? NULL : HUBREF_DEFAULT_TAG, out->id);
-    json_t *side = sidecar_load(h->cfg->models_dir, out->id);
+    json_t *side = hub_sidecar_load(h->cfg->models_dir, out->id);
     bool here = side && sidecar_complete(h->cfg->models_dir, side, NULL, out);
     json_decref(side);
     if (!here)
@@ -183,8 +183,8 @@ static int fetch_all(const struct hub *h, const struct hub_ref *ref, const struc
         char local[HUBREF_TEXT_MAX], dot[HUBREF_TEXT_MAX + 16];
         hubref_local_name(out->id, (int)k + 1, (int)n_pick, local);
         snprintf(dot, sizeof dot, ".%s.partial", local);
-        if (!in_dir(h->cfg->models_dir, local, final[k], sizeof final[k]) ||
-            !in_dir(h->cfg->models_dir, dot, partial[k], sizeof partial[k]))
+        if (!hub_in_dir(h->cfg->models_dir, local, final[k], sizeof final[k]) ||
+            !hub_in_dir(h->cfg->models_dir, dot, partial[k], sizeof partial[k]))
             return cairn_fail(err, errlen, CAIRN_ERANGE, "the models folder's path is too long");
         struct stat st;
         uint64_t have = stat(partial[k], &st) ? 0 : (uint64_t)st.st_size;
@@ -213,7 +213,7 @@ static int fetch_all(const struct hub *h, const struct hub_ref *ref, const struc
     }
     out->fetched = ff.fetched;
     if (!rc)
-        rc = sidecar_write(h, out->id, ref, l, pick, n_pick, err, errlen);
+        rc = hub_sidecar_write(h, h->cfg->models_dir, out->id, ref, l, pick, n_pick, err, errlen);
     for (size_t k = n_pick; !rc && k-- > 0;) /* the first part last: the catalog lists a whole model */
         if (rename(partial[k], final[k]))
             rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot rename %s: %s", partial[k], strerror(errno));
@@ -263,7 +263,7 @@ int hub_pull(const struct hub_config *cfg, const char *text, hub_progress_fn fn,
             rc = cairn_fail(err, errlen, CAIRN_EINVAL, "%.300s: longer than a model id (%d bytes)", out->id,
                             IDS_MODEL_MAX);
     }
-    json_t *side = rc ? NULL : sidecar_load(cfg->models_dir, out->id);
+    json_t *side = rc ? NULL : hub_sidecar_load(cfg->models_dir, out->id);
     if (side && sidecar_complete(cfg->models_dir, side, l.commit, out)) {
         out->already = true;
         if (fn)
@@ -293,7 +293,7 @@ static bool unlink_file(const char *path, char *err, size_t errlen)
 
 int hub_remove(const char *models_dir, const char *id, char *err, size_t errlen)
 {
-    json_t *side = sidecar_load(models_dir, id);
+    json_t *side = hub_sidecar_load(models_dir, id);
     char path[4200];
     if (side) {
         bool ok = true;
@@ -305,15 +305,15 @@ int hub_remove(const char *models_dir, const char *id, char *err, size_t errlen)
             if (!local || strchr(local, '/') || local[0] == '.')
                 continue;
             snprintf(dot, sizeof dot, ".%s.partial", local);
-            if (in_dir(models_dir, local, path, sizeof path))
+            if (hub_in_dir(models_dir, local, path, sizeof path))
                 ok = ok && unlink_file(path, err, errlen);
-            if (in_dir(models_dir, dot, path, sizeof path))
+            if (hub_in_dir(models_dir, dot, path, sizeof path))
                 ok = ok && unlink_file(path, err, errlen);
         }
         json_decref(side);
         char name[HUBREF_TEXT_MAX + 16];
         hubref_sidecar_name(id, name);
-        if (ok && in_dir(models_dir, name, path, sizeof path))
+        if (ok && hub_in_dir(models_dir, name, path, sizeof path))
             ok = unlink_file(path, err, errlen);
         return ok ? 0 : CAIRN_EIO;
     }

@@ -110,6 +110,48 @@ int hub_sidecar_put(const char *models_dir, const char *id, const char *sha256, 
  * there is no such model, CAIRN_EIO when a file cannot be deleted. */
 int hub_remove(const char *models_dir, const char *id, char *err, size_t errlen);
 
+/* ---- models fetched by byte ranges (hub_sparse.c) ---- */
+
+#define HUB_SPARSE_DIR ".sparse"             /* in the models folder; the catalog does not enter it */
+#define HUB_HEADER_MAX ((uint64_t)64 << 20)  /* a GGUF header longer than this is refused */
+
+/* models_dir/.sparse into out (cap bytes); CAIRN_ERANGE when it does not fit. */
+int hub_sparse_dir(const char *models_dir, char *out, size_t cap);
+
+/* Reads the header of ref's GGUF file(s) from the hub into models_dir/.sparse (see
+ * hub_sparse.c): files of the model's sizes holding their headers only, so that a
+ * catalog of that folder reads the model's card (placement, previews) before any layer
+ * is here. id (HUBREF_TEXT_MAX bytes) gets the model's id. Already there at the hub's
+ * commit: 0 without fetching. Errors as hub_pull's; CAIRN_EFORMAT for a file with no
+ * GGUF header in its first HUB_HEADER_MAX bytes. */
+int hub_sparse_header(const struct hub_config *cfg, const char *ref, char *id, char *err, size_t errlen);
+
+struct hub_sparse_result {
+    char path[4200];    /* the first file, in .sparse (or moved into the models folder) */
+    uint64_t fetched;   /* bytes this call fetched */
+    uint64_t needed;    /* bytes the layers read, all of them here now */
+    bool promoted;      /* every byte is here: verified and moved into the models folder */
+};
+
+/* Fetches the byte ranges that layers [layer_begin, layer_end) (layer_end -1: to the
+ * last) of the sparse model id read (model_slice_extents) and lacks, each synced before
+ * the record names it, so a later call, in this process or another, asks only for what
+ * is still missing. fn hears the progress (done/total: bytes of those ranges). When every
+ * byte of the model is there, each file's SHA-256 is checked and the model moves into
+ * the models folder. CAIRN_ENOTFOUND without hub_sparse_header first; CAIRN_EFULL;
+ * CAIRN_EFORMAT when a hash differs (the sparse model is deleted); hub errors. */
+int hub_sparse_fill(const struct hub_config *cfg, const char *id, int layer_begin, int layer_end, hub_progress_fn fn,
+                    void *ctx, struct hub_sparse_result *out, char *err, size_t errlen);
+
+/* Whether the sparse model id holds every byte layers [layer_begin, layer_end) read;
+ * true with path (the first file) set. */
+bool hub_sparse_covers(const char *models_dir, const char *id, int layer_begin, int layer_end, char *path,
+                       size_t pathlen);
+
+/* Deletes the sparse model id (files, records, sidecar). CAIRN_ENOTFOUND when there is
+ * none, CAIRN_EIO. */
+int hub_sparse_remove(const char *models_dir, const char *id, char *err, size_t errlen);
+
 /* The id a sidecar file (models_dir/<stem>.pull.json) names for the GGUF file at gguf_path,
  * into id (HUBREF_TEXT_MAX bytes); false when there is none or it is not valid. */
 bool hub_sidecar_id(const char *gguf_path, char *id);

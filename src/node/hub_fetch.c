@@ -240,3 +240,109 @@ int hub_fetch_file(struct file_fetch *f, const char *url, const char *partial_pa
     f->fd = -1;
     return rc;
 }
+
+/* ---- a byte range ---- */
+
+struct range_fetch {
+    const struct hub *h;
+    int fd;
+    uint64_t offset, len, have; /* have: bytes of the range written */
+    bool checked, ok;
+    char bad[512];
+    struct reply r;
+    hub_range_fn fn;
+    void *ctx;
+};
+
+static size_t on_range_body(char *data, size_t size, size_t nmemb, void *arg)
+{
+    struct range_fetch *g = arg;
+    size_t n = size * nmemb;
+    if (!g->checked) {
+        g->checked = true;
+        uint64_t a = 0, b = 0;
+        g->ok = g->r.status == 206 && sscanf(g->r.crange, "bytes %" SCNu64 "-%" SCNu64, &a, &b) == 2 &&
+                a == g->offset + g->have && b == g->offset + g->len - 1;
+        if (!g->ok && g->r.status == 206) {
+            snprintf(g->bad, sizeof g->bad, "the storage answered Content-Range '%.200s' for bytes %" PRIu64 "-%" PRIu64,
+                     g->r.crange, g->offset + g->have, g->offset + g->len - 1);
+            return 0;
+        }
+        if (!g->ok && g->r.status == 200) {
+            snprintf(g->bad, sizeof g->bad, "the storage does not answer range requests (200 for bytes %" PRIu64 "-)",
+                     g->offset + g->have);
+            return 0;
+        }
+    }
+    if (!g->ok)
+        return n; /* an error's body */
+    if (n > g->len - g->have) {
+        snprintf(g->bad, sizeof g->bad, "the storage sent more than the %" PRIu64 " bytes asked for", g->len);
+        return 0;
+    }
+    for (size_t done = 0; done < n;) {
+        ssize_t w = pwrite(g->fd, data + done, n - done, (off_t)(g->offset + g->have + done));
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            snprintf(g->bad, sizeof g->bad, "cannot write the model file: %s", w < 0 ? strerror(errno) : "no room");
+            return 0;
+        }
+        done += (size_t)w;
+    }
+    g->have += n;
+    g->fn(g->ctx, n);
+    return n;
+}
+
+static int on_range_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
+{
+    (void)dt, (void)dn, (void)ut, (void)un;
+    return hub_cancelled(((struct range_fetch *)arg)->h) ? 1 : 0;
+}
+
+int hub_fetch_range(const struct hub *h, const char *url, int fd, uint64_t offset, uint64_t len, hub_range_fn fn,
+                    void *ctx, char *err, size_t errlen)
+{
+    struct range_fetch g = {.h = h, .fd = fd, .offset = offset, .len = len, .fn = fn, .ctx = ctx};
+    int rc = 0;
+    for (int k = 0; g.have < len; k++) {
+        if (k == h->attempts)
+            return CAIRN_EIO; /* err holds the last reason */
+        if (k)
+            hub_wait_before_retry(h, &g.r, k);
+        char curl_err[CURL_ERROR_SIZE], range[48];
+        g.r = (struct reply){0};
+        g.checked = g.ok = false;
+        g.bad[0] = 0;
+        CURL *c = hub_handle(h, url, &g.r, curl_err);
+        if (!c)
+            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+        snprintf(range, sizeof range, "%" PRIu64 "-%" PRIu64, offset + g.have, offset + len - 1);
+        curl_easy_setopt(c, CURLOPT_RANGE, range);
+        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_range_body);
+        curl_easy_setopt(c, CURLOPT_WRITEDATA, &g);
+        curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_range_progress);
+        curl_easy_setopt(c, CURLOPT_XFERINFODATA, &g);
+        curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+        curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+        curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, (long)h->stall_s);
+        CURLcode cc = curl_easy_perform(c);
+        curl_easy_cleanup(c);
+        if (hub_cancelled(h))
+            return cairn_fail(err, errlen, CAIRN_ESTATE, "cancelled");
+        if (g.bad[0])
+            return cairn_fail(err, errlen, CAIRN_EIO, "bytes %s: %s", range, g.bad);
+        if (cc != CURLE_OK)
+            rc = cairn_fail(err, errlen, CAIRN_EIO, "bytes %s: %s", range, curl_err[0] ? curl_err : curl_easy_strerror(cc));
+        else if (hub_retryable(g.r.status))
+            rc = cairn_fail(err, errlen, CAIRN_EIO, "bytes %s: HTTP %ld", range, g.r.status);
+        else if (g.r.status != 206)
+            return hub_status_error(h, &g.r, url, err, errlen);
+        else
+            continue; /* the loop's test says whether the range is whole */
+        log_warn("hub: %s", err);
+        (void)rc;
+    }
+    return 0;
+}

@@ -95,10 +95,30 @@ bool hub_is_hex(const char *s, size_t n);
 int hub_list_repo(const struct hub *h, const struct hub_ref *ref, struct listing *l, char *err, size_t errlen);
 void hub_listing_free(struct listing *l);
 
+/* ---- hub.c ---- */
+
+/* dir/name into out (cap bytes); false when it does not fit. */
+bool hub_in_dir(const char *dir, const char *name, char *out, size_t cap);
+/* dir's sidecar of id; NULL when there is none or it is not one. */
+json_t *hub_sidecar_load(const char *dir, const char *id);
+/* Stores j (taken) as id's sidecar in dir, through a temporary file and a rename. */
+int hub_sidecar_store(const char *dir, const char *id, json_t *j, char *err, size_t errlen);
+/* Writes the sidecar of the chosen files of a listing into dir. */
+int hub_sidecar_write(const struct hub *h, const char *dir, const char *id, const struct hub_ref *ref,
+                      const struct listing *l, const size_t *pick, size_t n_pick, char *err, size_t errlen);
+
 /* ---- hub_fetch.c ---- */
 
 /* Fetches f->src from url into partial_path (resuming what is there) and checks its
  * SHA-256: 0 when the partial file is whole and right. */
 int hub_fetch_file(struct file_fetch *f, const char *url, const char *partial_path, char *err, size_t errlen);
+
+/* Fetches bytes [offset, offset + len) of the file at url (a Range request, resumed
+ * within the range after a failure, as the pull's attempts allow) and writes them at the
+ * same offset of fd; *fetched counts the bytes that arrived (all attempts), and fn (not
+ * NULL) hears of them as they do. The answer must be a 206 for exactly that range. */
+typedef void (*hub_range_fn)(void *ctx, uint64_t bytes);
+int hub_fetch_range(const struct hub *h, const char *url, int fd, uint64_t offset, uint64_t len, hub_range_fn fn,
+                    void *ctx, char *err, size_t errlen);
 
 #endif

@@ -633,7 +633,7 @@ int node_create(struct node **out, const struct node_config *cfg, char *err, siz
     pthread_mutex_init(&n->out_mu, NULL);
     pthread_mutex_init(&n->body_mu, NULL);
     n->outq_tail = &n->outq;
-    n->env.card = node_card;
+    n->env.card = node_card_placeable;
     n->env.draft_check = node_draft_check;
     n->env.card_ctx = n;
     int rc;
@@ -667,6 +667,8 @@ int node_create(struct node **out, const struct node_config *cfg, char *err, siz
     struct download_config dlc = {.models_dir = n->models_dir, .node_id = n->id, .secret = cfg->secret,
                                   .api_key = cfg->api_key};
     if (n->models_dir && (rc = download_mgr_create(&n->downloads, &dlc, downloads_changed, n, err, errlen)))
+        goto fail;
+    if ((rc = node_hub_create(n, err, errlen)))
         goto fail;
     if ((rc = node_log_open(n, err, errlen)))
         goto fail;
@@ -776,6 +778,7 @@ void node_release(struct node *n)
     if (!n)
         return;
     node_stop(n);
+    node_hub_release(n); /* before the downloads: its jobs note into them */
     download_mgr_release(n->downloads); /* cancels a fetch in progress; its partial file stays */
     /* Callers wait on pend_cv only inside node_command, which they finish before. */
     election_release(n->el);

@@ -189,7 +189,35 @@ int node_command(struct node *n, struct command *c, int timeout_ms, struct comma
 int node_card(void *ctx, const char *model_id, struct catalog_card *out, char *err,
               size_t errlen);
 
-/* The master environment of this node (card lookup as node_card). */
+/* The card lookup of placement (the master's and previews'): node_card's, else, for a
+ * hub model's id (its canonical reference), the card read from its header (fetched
+ * into models_dir/.sparse, see node_hub_header); when there is none yet, a read of the
+ * header starts in the background and the answer is CAIRN_ENOTFOUND saying so, so a
+ * caller asks again. Never waits on the network. Any thread. */
+int node_card_placeable(void *ctx, const char *model_id, struct catalog_card *out, char *err, size_t errlen);
+
+/* Reads the header of hub model ref into models_dir/.sparse (hub_sparse_header, as one
+ * of the node's jobs: a read of the same reference already running is waited for) and
+ * waits up to timeout_ms for it: not on the node thread. id gets the model's id as the
+ * hub's listing resolved the reference (HUBREF_TEXT_MAX bytes). The hub's errors (a
+ * failed read is not tried again for NODE_HUB_RETRY_MS), or CAIRN_EIO when the wait
+ * ran out. */
+int node_hub_header(struct node *n, const char *ref, int timeout_ms, char *id, char *err, size_t errlen);
+
+/* The worker's question for a shard of hub model id whose layers [layer_begin,
+ * layer_end) are not here: 0 while a fetch of their byte ranges runs (started now when
+ * none does; its progress is one of the node's downloads, with "layers"), else the
+ * reason one failed lately, in why. */
+int node_hub_fill(struct node *n, const char *id, int layer_begin, int layer_end, char *why, size_t whylen);
+
+/* Whether the sparse copy of id holds every byte those layers read: true with the path
+ * to load it from. */
+bool node_hub_covers(struct node *n, const char *id, int layer_begin, int layer_end, char *path, size_t pathlen);
+
+/* Cancels this node's running hub jobs of id; CAIRN_ENOTFOUND when none runs. */
+int node_hub_cancel(struct node *n, const char *id);
+
+/* The master environment of this node (card lookup as node_card_placeable). */
 const struct master_env *node_master_env(const struct node *n);
 
 /* The models folder (the catalog's), or NULL when the node has none. */

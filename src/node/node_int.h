@@ -9,6 +9,7 @@
  *   node_report.c  node info and reports to the master, edges, throughput probes;
  *   node_gossip.c  control messages: peers and pings, connecting to peers, leave;
  *   node_models.c  the catalog as the node serves it (cards, models, drafts).
+ *   node_hub.c     hub models placed before they are here: headers, each rank's layers.
  * Everything here runs on the node thread unless its comment names a lock. */
 #ifndef CAIRN_NODE_NODE_INT_H
 #define CAIRN_NODE_NODE_INT_H
@@ -91,6 +92,7 @@ struct node {
     pthread_mutex_t cat_mu;
     struct catalog *catalog;
     struct download_mgr *downloads; /* NULL without a models dir */
+    struct node_hub *hub;           /* hub models placed before they are here (node_hub.c) */
     int64_t cat_scanned_ms;
     struct master_env env;
 
@@ -309,6 +311,10 @@ void node_note_left(struct node *n, const char *id, bool left);
 void node_start_leave(struct node *n, int64_t now);
 
 /* ---- node_models.c ---- */
+
+/* node_hub.c: its jobs and the catalog of headers (models_dir/.sparse). */
+int node_hub_create(struct node *n, char *err, size_t errlen);
+void node_hub_release(struct node *n); /* cancels the jobs and waits for their threads */
 
 /* master_draft_fn over this node's catalog (ctx: the node): both files are here and
  * their vocabularies agree. */

@@ -104,7 +104,7 @@ json_t *node_models_json(struct node *n)
 int node_draft_check(void *ctx, const char *model_id, const char *draft_id, char *err, size_t errlen)
 {
     struct catalog_card a, b;
-    int rc = node_card(ctx, model_id, &a, err, errlen);
+    int rc = node_card_placeable(ctx, model_id, &a, err, errlen);
     if (!rc)
         rc = node_card(ctx, draft_id, &b, err, errlen);
     else

@@ -17,6 +17,7 @@
 #include "ctl/command.h"
 #include "node/catalog.h"
 #include "node/download.h"
+#include "node/hubref.h"
 #include "node/taskbody.h"
 #include "proto/taskmsg.h"
 #include "ctl/plan.h"
@@ -361,11 +362,24 @@ static void copy_state(void *ctx, const struct cluster_state *s)
     *out = cluster_state_copy(s);
 }
 
-static int model_path(void *ctx, const char *model_id, char *path, size_t pathlen, char *err,
-                      size_t errlen)
+/* A hub model's canonical id (what its shards' layers may be fetched for). */
+static bool is_hub_id(const char *model_id)
+{
+    char canon[HUBREF_TEXT_MAX];
+    return hubref_canonical(model_id, canon) && !strcmp(canon, model_id);
+}
+
+/* plan_model_fn: the model's file in the catalog, else, for a hub model, its sparse copy
+ * when that holds every byte the shard's layers read. */
+static int model_path(void *ctx, const char *model_id, int layer_begin, int layer_end, char *path, size_t pathlen,
+                      char *err, size_t errlen)
 {
     struct catalog_card card;
     int rc = node_card(ctx, model_id, &card, err, errlen);
+    if (rc == CAIRN_ENOTFOUND && is_hub_id(model_id) && node_hub_covers(ctx, model_id, layer_begin, layer_end, path, pathlen)) {
+        catalog_card_clear(&card);
+        return 0;
+    }
     if (!rc) {
         if (!card.path || strlen(card.path) >= pathlen)
             rc = cairn_fail(err, errlen, CAIRN_ERANGE, "model path too long");
@@ -525,7 +539,7 @@ static void update_drafts(struct worker *w, const struct cluster_state *st)
         if (!in->n_shards || strcmp(in->shards[0].node_id, w->node_id))
             continue;
         char path[RUNNER_PATH_MAX] = "", why[512];
-        if (in->draft_model[0] && model_path(w->node, in->draft_model, path, sizeof path, why, sizeof why)) {
+        if (in->draft_model[0] && model_path(w->node, in->draft_model, 0, -1, path, sizeof path, why, sizeof why)) {
             log_warn("worker: instance %s runs without its draft: %s", in->id, why);
             path[0] = 0;
         }
@@ -673,6 +687,18 @@ static void send_finishes(struct worker *w)
 
 /* ---- planning ---- */
 
+/* Whether another node reports a whole copy of model_id (a Completed download). */
+static bool whole_copy_elsewhere(const struct cluster_state *st, const char *self, const char *model_id)
+{
+    for (size_t i = 0; i < st->n_downloads; i++) {
+        const struct cluster_download *d = &st->downloads[i];
+        if (d->status == CLUSTER_DOWNLOAD_COMPLETED && !d->layer_end && strcmp(d->node_id, self) &&
+            !strcmp(d->model_id, model_id))
+            return true;
+    }
+    return false;
+}
+
 /* A shard whose model file is not here is fetched from a peer (download.h) instead of
  * failing: true while its download runs (no runner yet; a plan after it starts one),
  * false with why set when the file cannot be had that way. */
@@ -691,6 +717,14 @@ static bool fetching(struct worker *w, const struct cluster_state *st, const str
     if (rc != CAIRN_ENOTFOUND)
         return false; /* here but unusable: the plan's reason stands */
     char msg[PLAN_REASON_MAX];
+    /* A hub model no node holds whole: this shard's layers come from the hub. */
+    if (is_hub_id(in->model_id) && !whole_copy_elsewhere(st, w->node_id, in->model_id)) {
+        if (!node_hub_fill(w->node, in->model_id, a->cfg.layer_begin, a->cfg.layer_end, msg, sizeof msg))
+            return true;
+        snprintf(why, whylen, "layers %d..%d of %s cannot be fetched from the hub: %s", a->cfg.layer_begin,
+                 a->cfg.layer_end, in->model_id, msg);
+        return false;
+    }
     if (!download_mgr_ensure(dl, st, in->model_id, msg, sizeof msg))
         return true;
     snprintf(why, whylen, "model %s is not here and cannot be fetched: %s", in->model_id, msg);

@@ -13,12 +13,16 @@
 #include "base/err.h"
 #include "testutil.h"
 
-static int lookup(void *ctx, const char *model_id, char *path, size_t pathlen, char *err,
-                  size_t errlen)
+static int lookup(void *ctx, const char *model_id, int layer_begin, int layer_end, char *path, size_t pathlen,
+                  char *err, size_t errlen)
 {
     (void)ctx;
     if (!strncmp(model_id, "missing", 7))
         return cairn_fail(err, errlen, CAIRN_ENOTFOUND, "no file for %s", model_id);
+    /* a model whose file holds only its first layers here (a rank's share of a hub model) */
+    if (!strncmp(model_id, "first4", 6) && (layer_begin != 0 || layer_end != 4))
+        return cairn_fail(err, errlen, CAIRN_ENOTFOUND, "layers %d..%d of %s are not here", layer_begin, layer_end,
+                          model_id);
     snprintf(path, pathlen, "/models/%s.gguf", model_id);
     return 0;
 }
@@ -63,7 +67,19 @@ static void test_hand(void)
     put_instance(s, "i4", "missing-m4", here, 1);
     struct plan_action *a = NULL;
     size_t n = 0;
-    int rc = plan_compute(s, "me", NULL, 0, lookup, NULL, &a, &n);
+    /* The lookup hears each shard's layers: rank 0 of first4 starts, rank 1 (layers 4..8)
+     * fails, and its action carries those layers for the fetch that follows. */
+    struct cluster_state *f4 = cluster_state_create();
+    const char *two_here[] = {"me", "me2"};
+    put_instance(f4, "f1", "first4-m", two_here, 2);
+    put_instance(f4, "f2", "first4-m", pair, 2);
+    int rc = plan_compute(f4, "me", NULL, 0, lookup, NULL, &a, &n);
+    CHECK(rc == 0 && n == 2 && a[0].kind == PLAN_START && a[1].kind == PLAN_FAIL && a[1].cfg.layer_begin == 4 &&
+              a[1].cfg.layer_end == 8 && strstr(a[1].reason, "layers 4..8"),
+          "shard layers reach the lookup: rc %d n %zu", rc, n);
+    free(a);
+    cluster_state_release(f4);
+    rc = plan_compute(s, "me", NULL, 0, lookup, NULL, &a, &n);
     CHECK(rc == 0 && n == 3, "nothing held: 3 actions, got rc %d n %zu", rc, n);
     if (n == 3) {
         CHECK(a[0].kind == PLAN_START && !strcmp(a[0].runner_id, "i1-r0") &&

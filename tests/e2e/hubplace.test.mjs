@@ -1,0 +1,112 @@
+// A hub model that no node has, placed across two nodes (issue 17, part 3), against a
+// fake hub (fakehub.mjs) on 127.0.0.1, never the real one: the previews of the reference
+// as typed come from its header alone; the placement makes each rank fetch its own
+// layers' byte ranges (a sparse file), not the whole file, and its answers equal those
+// of the same file placed whole on one node. Bytes per rank are printed for the record.
+// This model ties its head to the embeddings (as Llama 3.2 does), so both ranks read
+// the embeddings: a rank reads half the layers and the embeddings.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import OpenAI from 'openai';
+import { BINARY, SHARED, SLOW, makeTempDir, removeTempDir, startNode, http, waitState, clusterPort,
+  instanceReady, deleteInstance } from './cairn.mjs';
+import { execFile } from 'node:child_process';
+import { startFakeHub } from './fakehub.mjs';
+
+const T = { timeout: 600_000 * SLOW };
+const VOCAB = path.join(SHARED, 'testdata/vocab/ggml-vocab-llama-spm.gguf');
+// Layers large beside the embeddings, as in the models people run (the tiny shape is
+// all embeddings): 8 layers of 512.
+const SHAPE = ['--arch', 'llama', '--n-embd', '512', '--n-layers', '8', '--n-head', '8', '--n-head-kv', '4',
+  '--n-ff', '2048', '--seed', '11'];
+const REF = 'test-org/Pipe-GGUF:q8_0';
+const ID = 'hf.co/test-org/Pipe-GGUF:Q8_0';
+let dir, hub, file, nodes = [];
+
+const mk = (args) => new Promise((resolve, reject) =>
+  execFile(BINARY, ['mkmodel', ...args], (e) => (e ? reject(e) : resolve())));
+
+before(async () => {
+  dir = makeTempDir();
+  await mk([...SHAPE, '--vocab', VOCAB, '--type', 'q8_0', '-o', path.join(dir, 'pipe.gguf')]);
+  file = fs.readFileSync(path.join(dir, 'pipe.gguf'));
+  hub = await startFakeHub({ repos: { 'test-org/Pipe-GGUF': { files: [{ path: 'Pipe-Q8_0.gguf', bytes: file }] } } });
+  process.env.HF_ENDPOINT = hub.url;
+  process.env.HF_TOKEN = '';
+  for (const name of ['a', 'b']) {
+    const models = path.join(dir, `models-${name}`);
+    fs.mkdirSync(models);
+    const args = ['-t', '1'];
+    if (nodes.length)
+      args.push('--peer', `127.0.0.1:${clusterPort(nodes[0])}`);
+    nodes.push(await startNode(dir, models, { name, args }));
+  }
+  await waitState(nodes[0], (s) => Object.keys(s.nodes).length === 2, 'two nodes in the cluster');
+});
+
+after(async () => {
+  for (const n of nodes)
+    await n?.stop();
+  await hub?.close();
+  removeTempDir(dir);
+});
+
+const complete = (node, model, prompt) => new OpenAI({ baseURL: `${node.url}/v1`, apiKey: 'none' }).completions
+  .create({ model, prompt, max_tokens: 12, temperature: 0 }).then((r) => r.choices[0].text);
+
+test('a hub model no node has: previews from its header, then each rank fetches only its layers', T, async () => {
+  const [a, b] = nodes;
+  const fileBytes = file.length;
+  // previews, before any layer is anywhere
+  const pv = await http(`${b.url}/instance/previews?model_id=${encodeURIComponent(REF)}&sharding=pipeline&min_nodes=2`,
+    { method: 'GET' });
+  assert.equal(pv.status, 200, pv.text);
+  const fromHeader = hub.storageBytes;
+  assert.ok(fromHeader > 0 && fromHeader < fileBytes / 4, `the previews read the header only: ${fromHeader} of ${fileBytes}`);
+
+  const r = await http(`${b.url}/place_instance`, { body: { model_id: REF, sharding: 'pipeline', min_nodes: 2 } });
+  assert.equal(r.status, 200, r.text);
+  const id = r.json.instance_id;
+  const s = await waitState(a, (st) => instanceReady(st, id), `instance ${id} ready`, 300_000 * SLOW);
+  const inst = s.instances[id];
+  assert.equal(inst.model_id, ID, 'the instance names the model by its canonical reference');
+  assert.equal(inst.shards.length, 2);
+
+  // each node's download of the model is its rank's layers, and less than the file
+  const perRank = inst.shards.map((sh) => {
+    const d = s.downloads.find((x) => x.node_id === sh.node_id && x.model_id === ID);
+    assert.ok(d, `node ${sh.node_id} has a download of ${ID}: ${JSON.stringify(s.downloads)}`);
+    assert.equal(d.status, 'Completed');
+    assert.deepEqual(d.layers, [sh.layer_begin, sh.layer_end], 'the download is of the rank\'s layers');
+    return d.bytes_total;
+  });
+  for (const bytes of perRank)
+    assert.ok(bytes < 0.8 * fileBytes, `a rank reads ${bytes} of ${fileBytes} bytes`);
+  const served = hub.storageBytes;
+  console.log(`# file ${fileBytes} bytes; rank bytes ${perRank.join(', ')} (${perRank.map((x) =>
+    (x / fileBytes).toFixed(3)).join(', ')} of the file); hub storage sent ${served} in all ` +
+    `(${(served / fileBytes).toFixed(3)} x the file)`);
+  // Nothing was fetched twice by a node: the ranks' bytes and a first read of the
+  // header on each node (at most 1 MiB each; its tail is the start of the data).
+  assert.ok(served <= perRank[0] + perRank[1] + 2 * 1048576,
+    `the hub sent ${served} bytes for ranks of ${perRank.join(' + ')} bytes`);
+  for (const name of ['models-a', 'models-b'])
+    assert.ok(!fs.readdirSync(path.join(dir, name)).some((f) => f.endsWith('.gguf')),
+      `no whole model in ${name}: ${fs.readdirSync(path.join(dir, name))}`);
+
+  // the ranks' answers are the whole file's
+  const prompts = ['Once upon a time', 'The capital of France is', '1, 2, 3,'];
+  const got = [];
+  for (const p of prompts)
+    got.push(await complete(a, ID, p));
+  await deleteInstance(a, id);
+  fs.copyFileSync(path.join(dir, 'pipe.gguf'), path.join(dir, 'models-a', 'local-pipe.gguf'));
+  const one = await http(`${a.url}/place_instance`, { body: { model_id: 'local-pipe', min_nodes: 1 } });
+  assert.equal(one.status, 200, one.text);
+  await waitState(a, (st) => instanceReady(st, one.json.instance_id), 'the whole file placed');
+  for (let i = 0; i < prompts.length; i++)
+    assert.equal(await complete(a, 'local-pipe', prompts[i]), got[i], `prompt ${i}: the ranks answer as the whole file`);
+  assert.ok(new Set(got).size > 1, 'different prompts, different answers');
+});
