@@ -282,6 +282,8 @@ int hub_pull(const struct hub_config *cfg, const char *text, hub_progress_fn fn,
 
 /* ---- removing ---- */
 
+static int remove_whole(const char *models_dir, const char *id, char *err, size_t errlen);
+
 /* Unlinks path unless it is already gone; false (err set) when it cannot. */
 static bool unlink_file(const char *path, char *err, size_t errlen)
 {
@@ -292,6 +294,16 @@ static bool unlink_file(const char *path, char *err, size_t errlen)
 }
 
 int hub_remove(const char *models_dir, const char *id, char *err, size_t errlen)
+{
+    int sparse = hub_sparse_remove(models_dir, id, err, errlen); /* the layers a rank fetched */
+    if (sparse && sparse != CAIRN_ENOTFOUND)
+        return sparse;
+    int rc = remove_whole(models_dir, id, err, errlen);
+    return rc == CAIRN_ENOTFOUND && !sparse ? 0 : rc;
+}
+
+/* hub_remove of a model in the models folder itself. */
+static int remove_whole(const char *models_dir, const char *id, char *err, size_t errlen)
 {
     json_t *side = hub_sidecar_load(models_dir, id);
     char path[4200];

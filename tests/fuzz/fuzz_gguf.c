@@ -124,6 +124,20 @@ static void round_trip(const struct gguf_file *f)
     unlink(path);
 }
 
+/* gguf_header_end on prefixes of an accepted file: the whole file gives its data
+ * offset; a prefix that holds the header gives the same; a shorter one is refused. */
+static void header_prefixes(const struct gguf_file *f, const uint8_t *data, size_t size)
+{
+    uint64_t end = 0, want = gguf_data_offset(f);
+    char err[512];
+    CHECK(gguf_header_end(data, size, size, &end, err, sizeof err) == 0 && end == want);
+    size_t cuts[] = {0, 1, size / 3, size / 2, size - (size > 0)};
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+        int rc = gguf_header_end(data, cuts[i], size, &end, err, sizeof err);
+        CHECK(rc ? rc == CAIRN_EFORMAT && err[0] : end == want);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     uint8_t *copy = malloc(size ? size : 1);
@@ -139,8 +153,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(gguf_file_size(f) == size && gguf_base(f) == copy);
         walk(f, copy, size);
         round_trip(f);
+        header_prefixes(f, copy, size);
         gguf_close(f);
     }
+    /* a prefix of any input, said to be of a larger file: refused with a reason, or an end
+     * inside that prefix */
+    uint64_t end = 0;
+    size_t half = size / 2;
+    err[0] = 0;
+    rc = gguf_header_end(copy, half, (uint64_t)size + 4096, &end, err, sizeof err);
+    CHECK(rc ? err[0] != 0 : end <= (uint64_t)size + 4096);
     free(copy);
     return 0;
 }
