@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "api/routes_download.h"
 #include "api/sse.h"
 #include "base/err.h"
 #include "base/log.h"
@@ -93,11 +94,6 @@ struct state_text {
 static void state_to_text(void *ctx, const struct cluster_state *s)
 {
     ((struct state_text *)ctx)->text = cluster_state_to_json(s);
-}
-
-static void get_state_copy(void *ctx, const struct cluster_state *s)
-{
-    *(struct cluster_state **)ctx = cluster_state_copy(s);
 }
 
 static void h_node_id(struct http_request *req, void *ctx)
@@ -483,8 +479,7 @@ static void h_previews(struct http_request *req, void *ctx)
     if (!query_int(req, "min_nodes", 1, CLUSTER_MAX_SHARDS, &min_nodes))
         return;
     /* Placement reads model files: on a copy, so the node thread never waits for it. */
-    struct cluster_state *s = NULL;
-    node_read_state(r->node, get_state_copy, &s);
+    struct cluster_state *s = node_state_copy(r->node);
     if (!s) {
         reply_oom(req);
         return;
@@ -578,6 +573,11 @@ int routes_cluster_create(struct routes_cluster **out, struct http_server *srv,
             return cairn_fail(err, errlen, rc, "route %s %s: %s", routes[i].method,
                               routes[i].pattern, cairn_strerror(rc));
         }
+    }
+    int rc = routes_download_register(srv, node, err, errlen);
+    if (rc) {
+        routes_cluster_release(r);
+        return rc;
     }
     *out = r;
     return 0;

@@ -257,6 +257,18 @@ void node_report_now(struct node *n)
     node_wake(n);
 }
 
+static void copy_into(void *ctx, const struct cluster_state *s)
+{
+    *(struct cluster_state **)ctx = cluster_state_copy(s);
+}
+
+struct cluster_state *node_state_copy(struct node *n)
+{
+    struct cluster_state *s = NULL;
+    node_read_state(n, copy_into, &s);
+    return s;
+}
+
 void node_read_state(struct node *n, void (*fn)(void *ctx, const struct cluster_state *s),
                      void *ctx)
 {

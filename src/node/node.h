@@ -176,6 +176,10 @@ void node_get_status(struct node *n, struct node_status *st);
 void node_read_state(struct node *n, void (*fn)(void *ctx, const struct cluster_state *s),
                      void *ctx);
 
+/* A copy of the node's state (cluster_state_release it); NULL when out of memory. Any
+ * thread but the node's. */
+struct cluster_state *node_state_copy(struct node *n);
+
 /* Hands c to the master (the node thread sends it, or runs it when this node is the
  * master) and waits up to timeout_ms for its result, then until this node's state has
  * applied the events it produced, so a read that follows sees them. c->id is set here.
@@ -214,7 +218,13 @@ int node_hub_fill(struct node *n, const char *id, int layer_begin, int layer_end
  * to load it from. */
 bool node_hub_covers(struct node *n, const char *id, int layer_begin, int layer_end, char *path, size_t pathlen);
 
-/* Cancels this node's running hub jobs of id; CAIRN_ENOTFOUND when none runs. */
+/* Starts a pull of hub model ref (hub_pull) into this node's models folder, as one of
+ * its downloads, unless one runs: 0, or the reason one failed lately (tried again after
+ * a while), in why. */
+int node_hub_pull(struct node *n, const char *ref, char *why, size_t whylen);
+
+/* Cancels this node's running hub jobs of id (pulls, headers, layers; their partial
+ * files stay for a later resume); CAIRN_ENOTFOUND when none runs. */
 int node_hub_cancel(struct node *n, const char *id);
 
 /* The master environment of this node (card lookup as node_card_placeable). */

@@ -27,7 +27,7 @@
 #define NODE_HUB_RETRY_MS 30000
 #define NODE_HUB_MAX_JOBS 64
 
-enum job_kind { JOB_HEADER, JOB_FILL };
+enum job_kind { JOB_HEADER, JOB_FILL, JOB_PULL };
 enum job_state { JOB_RUNNING, JOB_DONE, JOB_FAILED };
 
 struct hub_job {
@@ -118,8 +118,21 @@ static void note(struct hub_job *j, enum cluster_download_status st, uint64_t do
 static void on_fill_progress(void *ctx, const struct hub_progress *p)
 {
     struct hub_job *j = ctx;
-    if (strcmp(p->status, "success"))
+    if (strcmp(p->status, "success") && p->total)
         note(j, CLUSTER_DOWNLOAD_ONGOING, p->done, p->total, NULL, false);
+}
+
+/* A whole pull (JOB_PULL): the job's id is the reference's canonical text; the download
+ * is noted under the model id the listing resolves, once it does. */
+static int run_pull(struct hub_job *j, const struct hub_config *cfg, char *err, size_t errlen)
+{
+    struct hub_pulled got;
+    int rc = hub_pull(cfg, j->id, on_fill_progress, j, &got, err, errlen);
+    if (rc)
+        note(j, CLUSTER_DOWNLOAD_FAILED, 0, 0, err, true);
+    else
+        note(j, CLUSTER_DOWNLOAD_COMPLETED, got.bytes, got.bytes, NULL, true);
+    return rc;
 }
 
 static void *job_main(void *arg)
@@ -135,6 +148,8 @@ static void *job_main(void *arg)
             rc = cairn_fail(err, sizeof err, CAIRN_ERANGE, "%.300s: longer than a model id", id);
         if (!rc)
             snprintf(j->got, sizeof j->got, "%s", id);
+    } else if (j->kind == JOB_PULL) {
+        rc = run_pull(j, &cfg, err, sizeof err);
     } else {
         struct hub_sparse_result res;
         rc = hub_sparse_fill(&cfg, j->id, j->layer_begin, j->layer_end, on_fill_progress, j, &res, err, sizeof err);
@@ -144,7 +159,8 @@ static void *job_main(void *arg)
             note(j, CLUSTER_DOWNLOAD_COMPLETED, res.needed, res.needed, NULL, res.promoted);
     }
     if (rc)
-        log_warn("node %s: %s of %s: %s", n->id, j->kind == JOB_HEADER ? "reading the header" : "fetching layers",
+        log_warn("node %s: %s of %s: %s", n->id,
+                 j->kind == JOB_HEADER ? "reading the header" : j->kind == JOB_PULL ? "pulling" : "fetching layers",
                  j->id, err);
     struct node_hub *h = n->hub;
     pthread_mutex_lock(&h->mu);
@@ -176,9 +192,11 @@ static struct hub_job *job_slot(struct node_hub *h)
 }
 
 /* Starts a job unless the same one runs: 0 while it runs, else the error of one that
- * failed less than NODE_HUB_RETRY_MS ago, with the reason in why. Callers ask only while
- * what the job makes is missing, so an ended job is started again. */
-static int job_ensure(struct node *n, enum job_kind kind, const char *id, int a, int b, char *why, size_t whylen)
+ * failed less than NODE_HUB_RETRY_MS ago (unless a person asked for it now), with the
+ * reason in why. Callers ask only while what the job makes is missing, so an ended job
+ * is started again. */
+static int job_ensure(struct node *n, enum job_kind kind, const char *id, int a, int b, bool asked, char *why,
+                      size_t whylen)
 {
     struct node_hub *h = n->hub;
     if (!h || !n->models_dir)
@@ -188,7 +206,7 @@ static int job_ensure(struct node *n, enum job_kind kind, const char *id, int a,
     int rc = 0;
     if (j && j->state == JOB_RUNNING)
         rc = 0;
-    else if (j && j->state == JOB_FAILED && mono_ms() - j->ended_ms < NODE_HUB_RETRY_MS)
+    else if (j && j->state == JOB_FAILED && !asked && mono_ms() - j->ended_ms < NODE_HUB_RETRY_MS)
         rc = cairn_fail(why, whylen, j->rc ? j->rc : CAIRN_EIO, "%s", j->error);
     else if (h->stopping)
         rc = cairn_fail(why, whylen, CAIRN_ESTATE, "the node is stopping");
@@ -258,7 +276,7 @@ int node_card_placeable(void *ctx, const char *model_id, struct catalog_card *ou
     rc = sparse_card(n, model_id, out, why, sizeof why);
     if (rc != CAIRN_ENOTFOUND)
         return rc ? cairn_fail(err, errlen, rc, "%s", why) : 0;
-    rc = job_ensure(n, JOB_HEADER, model_id, 0, 0, why, sizeof why);
+    rc = job_ensure(n, JOB_HEADER, model_id, 0, 0, false, why, sizeof why);
     if (rc)
         return cairn_fail(err, errlen, rc == CAIRN_ENOMEM ? rc : CAIRN_ENOTFOUND, "model %s: from the hub: %s", model_id,
                           why);
@@ -272,7 +290,7 @@ int node_hub_header(struct node *n, const char *ref, int timeout_ms, char *id, c
     id[0] = 0;
     if (!hubref_canonical(ref, canon) || strlen(canon) > IDS_MODEL_MAX)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "%.300s: not a hub model reference", ref);
-    int rc = job_ensure(n, JOB_HEADER, canon, 0, 0, err, errlen);
+    int rc = job_ensure(n, JOB_HEADER, canon, 0, 0, true, err, errlen);
     if (rc)
         return rc;
     struct node_hub *h = n->hub;
@@ -297,12 +315,20 @@ int node_hub_header(struct node *n, const char *ref, int timeout_ms, char *id, c
 
 int node_hub_fill(struct node *n, const char *id, int layer_begin, int layer_end, char *why, size_t whylen)
 {
-    return job_ensure(n, JOB_FILL, id, layer_begin, layer_end, why, whylen);
+    return job_ensure(n, JOB_FILL, id, layer_begin, layer_end, false, why, whylen);
 }
 
 bool node_hub_covers(struct node *n, const char *id, int layer_begin, int layer_end, char *path, size_t pathlen)
 {
     return n->models_dir && hub_sparse_covers(n->models_dir, id, layer_begin, layer_end, path, pathlen);
+}
+
+int node_hub_pull(struct node *n, const char *ref, char *why, size_t whylen)
+{
+    char canon[HUBREF_TEXT_MAX];
+    if (!hubref_canonical(ref, canon) || strlen(canon) > IDS_MODEL_MAX)
+        return cairn_fail(why, whylen, CAIRN_EINVAL, "%.300s: not a hub model reference", ref);
+    return job_ensure(n, JOB_PULL, canon, 0, 0, true, why, whylen);
 }
 
 int node_hub_cancel(struct node *n, const char *id)

@@ -356,12 +356,6 @@ static void on_node_event(void *ctx, const char *json, size_t len, int64_t term,
     supervisor_wake(w->sup); /* a new task should not wait for the poll's timeout */
 }
 
-static void copy_state(void *ctx, const struct cluster_state *s)
-{
-    struct cluster_state **out = ctx;
-    *out = cluster_state_copy(s);
-}
-
 /* A hub model's canonical id (what its shards' layers may be fetched for). */
 static bool is_hub_id(const char *model_id)
 {
@@ -749,7 +743,7 @@ struct wsnap {
 static bool snap_take(struct worker *w, struct wsnap *s)
 {
     memset(s, 0, sizeof *s);
-    node_read_state(w->node, copy_state, &s->st);
+    s->st = node_state_copy(w->node);
     if (!s->st)
         return false;
     const struct cluster_state *st = s->st;

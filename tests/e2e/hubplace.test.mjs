@@ -3,7 +3,8 @@
 // as typed come from its header alone; the placement makes each rank fetch its own
 // layers' byte ranges (a sparse file), not the whole file, and its answers equal those
 // of the same file placed whole on one node. Bytes per rank are printed for the record.
-// This model ties its head to the embeddings (as Llama 3.2 does), so both ranks read
+// Downloads on a given node through another node's API: start (a whole pull), cancel,
+// delete. This model ties its head to the embeddings (as Llama 3.2 does), so both ranks read
 // the embeddings: a rank reads half the layers and the embeddings.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -32,7 +33,8 @@ before(async () => {
   dir = makeTempDir();
   await mk([...SHAPE, '--vocab', VOCAB, '--type', 'q8_0', '-o', path.join(dir, 'pipe.gguf')]);
   file = fs.readFileSync(path.join(dir, 'pipe.gguf'));
-  hub = await startFakeHub({ repos: { 'test-org/Pipe-GGUF': { files: [{ path: 'Pipe-Q8_0.gguf', bytes: file }] } } });
+  hub = await startFakeHub({ repos: { 'test-org/Pipe-GGUF': { files: [{ path: 'Pipe-Q8_0.gguf', bytes: file }] },
+    'test-org/Other-GGUF': { files: [{ path: 'Other-Q8_0.gguf', bytes: file }] } } });
   process.env.HF_ENDPOINT = hub.url;
   process.env.HF_TOKEN = '';
   for (const name of ['a', 'b']) {
@@ -109,4 +111,40 @@ test('a hub model no node has: previews from its header, then each rank fetches 
   for (let i = 0; i < prompts.length; i++)
     assert.equal(await complete(a, 'local-pipe', prompts[i]), got[i], `prompt ${i}: the ranks answer as the whole file`);
   assert.ok(new Set(got).size > 1, 'different prompts, different answers');
+});
+
+test('downloads on a given node, asked of another node: start, cancel, delete', T, async () => {
+  const [a, b] = nodes;
+  const aId = (await http(`${a.url}/node_id`, { method: 'GET' })).json.node_id;
+  const OTHER = 'hf.co/test-org/Other-GGUF:Q8_0';
+  const nothing = await http(`${b.url}/download/cancel`, { body: { model: OTHER, node_id: aId } });
+  assert.equal(nothing.status, 404, nothing.text);
+  const bad = await http(`${b.url}/download/start`, { body: { node_id: aId } });
+  assert.equal(bad.status, 400, bad.text);
+
+  hub.throttle = 4 << 20; // slow enough to be cancelled part-way
+  const start = await http(`${b.url}/download/start`, { body: { model: 'test-org/Other-GGUF:q8_0', node_id: aId } });
+  assert.equal(start.status, 202, start.text);
+  assert.equal(start.json.node_id, aId, 'the node that started it is a');
+  await waitState(b, (s) => s.downloads.some((d) => d.node_id === aId && d.model_id === OTHER && d.status === 'Ongoing' &&
+    d.bytes_done > 0), 'the pull on a under way, seen from b');
+  const cancel = await http(`${b.url}/download/cancel`, { body: { model: OTHER, node_id: aId } });
+  assert.equal(cancel.status, 200, cancel.text);
+  await waitState(b, (s) => s.downloads.some((d) => d.node_id === aId && d.model_id === OTHER && d.status === 'Failed'),
+    'the cancelled pull ends');
+  hub.throttle = 0;
+  const again = await http(`${b.url}/download/start`, { body: { model: OTHER, node_id: aId } });
+  assert.equal(again.status, 202, again.text);
+  const s = await waitState(b, (st) => st.downloads.some((d) => d.node_id === aId && d.model_id === OTHER &&
+    d.status === 'Completed'), 'the pull on a completes');
+  const d = s.downloads.find((x) => x.node_id === aId && x.model_id === OTHER);
+  assert.equal(d.bytes_total, file.length);
+  assert.equal(d.layers, undefined, 'a whole copy');
+  const onA = () => fs.readdirSync(path.join(dir, 'models-a')).filter((f) => f.startsWith('hf.co~test-org~Other'));
+  assert.ok(onA().some((f) => f.endsWith('.gguf')), `the model is in a's folder: ${onA()}`);
+  const del = await http(`${b.url}/download/delete`, { body: { model: OTHER, node_id: aId } });
+  assert.equal(del.status, 200, del.text);
+  assert.deepEqual(onA().filter((f) => !f.startsWith('.')), [], 'deleted from a\'s folder');
+  const gone = await http(`${b.url}/download/delete`, { body: { model: OTHER, node_id: aId } });
+  assert.equal(gone.status, 404, gone.text);
 });
