@@ -10,6 +10,7 @@
 #include "api/sse.h"
 #include "base/err.h"
 #include "base/log.h"
+#include "node/cards.h"
 #include "node/catalog.h"
 #include "node/hub.h"
 #include "node/hubref.h"
@@ -512,6 +513,22 @@ static void h_models(struct http_request *req, void *ctx)
         http_reply_json(req, 200, json_pack("{s:o}", "models", arr));
 }
 
+/* GET /catalog[?q=TEXT]: the built-in cards (node/cards.h) whose words match. */
+static void h_catalog(struct http_request *req, void *ctx)
+{
+    (void)ctx;
+    const char *q = http_req_query(req, "q");
+    if (q && strlen(q) > HUB_QUERY_MAX) {
+        http_reply_error(req, 400, "invalid_request_error", "q: at most %d bytes", HUB_QUERY_MAX);
+        return;
+    }
+    json_t *found = cards_search(q, cards_count());
+    if (!found)
+        reply_oom(req);
+    else
+        http_reply_json(req, 200, json_pack("{s:o}", "models", found));
+}
+
 /* GET /hub/search?q=TEXT[&limit=N]: repos of the Hugging Face hub with GGUF files. */
 static void h_hub_search(struct http_request *req, void *ctx)
 {
@@ -556,6 +573,7 @@ int routes_cluster_create(struct routes_cluster **out, struct http_server *srv,
         {"PUT", "/instance/:id/draft_model", h_draft},
         {"GET", "/models", h_models},
         {"GET", "/hub/search", h_hub_search},
+        {"GET", "/catalog", h_catalog},
     };
     *out = NULL;
     if (!srv || !node || command_timeout_ms < 0)

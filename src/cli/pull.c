@@ -22,6 +22,7 @@
 #include "base/log.h"
 #include "cli/cli.h"
 #include "node/catalog.h"
+#include "node/cards.h"
 #include "node/hub.h"
 
 #define LINE_EVERY_S 5 /* progress lines when stderr is not a terminal */
@@ -230,7 +231,8 @@ int cli_search(int argc, char **argv)
         if (args_opt(&a, "--limit", &v)) limit = args_int(&a, "--limit", v, 1, HUB_SEARCH_MAX);
         else if (args_opt(&a, "-h|--help", NULL)) {
             fprintf(stderr, "usage: cairn search TEXT [--limit N]\nRepos of the Hugging Face hub with GGUF files whose "
-                            "names hold TEXT, most downloaded first\n(HF_ENDPOINT, HF_TOKEN as for cairn pull).\n");
+                            "names hold TEXT, most downloaded first\n(HF_ENDPOINT, HF_TOKEN as for cairn pull), after the models of cairn's "
+                            "built-in catalog\nwhose name, repo or architecture hold every word of TEXT.\n");
             return 0;
         } else if (!query && argv[a.i][0] != '-') query = argv[a.i];
         else {
@@ -242,6 +244,21 @@ int cli_search(int argc, char **argv)
         fprintf(stderr, "usage: cairn search TEXT [--limit N]\n");
         return 2;
     }
+    json_t *cat = cards_search(query, (size_t)limit), *e;
+    size_t i;
+    if (json_array_size(cat))
+        printf("%-64s %7s %6s %8s  %s\n", "IN CAIRN'S CATALOG", "PARAMS", "LAYERS", "CONTEXT", "Q4_K_M (about)");
+    json_array_foreach(cat, i, e) {
+        json_t *q4 = json_array_get(json_object_get(e, "quants"), 0);
+        printf("%-64s %6.1fB %6lld %8lld  %.1f GB\n", json_string_value(json_object_get(q4, "ref")),
+               json_real_value(json_object_get(e, "params_b")),
+               (long long)json_integer_value(json_object_get(e, "n_layers")),
+               (long long)json_integer_value(json_object_get(e, "context_length")),
+               (double)json_integer_value(json_object_get(q4, "approx_bytes")) / 1e9);
+    }
+    if (json_array_size(cat))
+        printf("\n");
+    json_decref(cat);
     struct hub_config cfg = {.models_dir = "."};
     json_t *found = NULL;
     char err[512];
@@ -249,9 +266,7 @@ int cli_search(int argc, char **argv)
         fprintf(stderr, "cairn search: %s\n", err);
         return 1;
     }
-    printf("%-64s %12s %7s\n", "REFERENCE (cairn pull it, with :TAG)", "DOWNLOADS", "LIKES");
-    size_t i;
-    json_t *e;
+    printf("%-64s %12s %7s\n", "ON THE HUB (cairn pull it, with :TAG)", "DOWNLOADS", "LIKES");
     json_array_foreach(found, i, e) {
         printf("%-64s %12lld %7lld%s\n", json_string_value(json_object_get(e, "ref")),
                (long long)json_integer_value(json_object_get(e, "downloads")),

@@ -61,6 +61,11 @@ const complete = (node, model, prompt) => new OpenAI({ baseURL: `${node.url}/v1`
 test('a hub model no node has: previews from its header, then each rank fetches only its layers', T, async () => {
   const [a, b] = nodes;
   const fileBytes = file.length;
+  const cat = await http(`${b.url}/catalog?q=${encodeURIComponent('llama 3.2')}`, { method: 'GET' });
+  assert.equal(cat.status, 200, cat.text);
+  assert.deepEqual(cat.json.models.map((m) => m.repo).sort(), ['bartowski/Llama-3.2-1B-Instruct-GGUF',
+    'bartowski/Llama-3.2-3B-Instruct-GGUF'], 'the catalog\'s Llama 3.2 cards');
+  assert.ok(cat.json.models[0].quants.every((q) => q.ref.startsWith('hf.co/bartowski/') && q.approx_bytes > 0));
   // previews, before any layer is anywhere
   const pv = await http(`${b.url}/instance/previews?model_id=${encodeURIComponent(REF)}&sharding=pipeline&min_nodes=2`,
     { method: 'GET' });
