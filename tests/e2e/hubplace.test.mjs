@@ -109,6 +109,28 @@ test('a hub model no node has: previews from its header, then each rank fetches 
   for (const p of prompts)
     got.push(await complete(a, ID, p));
   await deleteInstance(a, id);
+
+  // A later placement that puts every layer on one node fetches only what that node
+  // lacks; the model is then whole there, verified, and moved into its models folder.
+  const rank = inst.shards.find((sh) => sh.rank === 1);
+  const had = perRank[1];
+  const before = hub.storageBytes;
+  const shards = [{ node_id: rank.node_id, layer_begin: 0, layer_end: 8 }];
+  const cr = await http(`${a.url}/instance`, { body: { instance: { instance_id: 'whole', model_id: ID, shards } } });
+  assert.equal(cr.status, 200, cr.text);
+  const s2 = await waitState(a, (st) => instanceReady(st, 'whole'), 'instance whole ready', 300_000 * SLOW);
+  const rest = hub.storageBytes - before;
+  console.log(`# the rest of the model for one node: ${rest} bytes (it held ${had} of ${fileBytes})`);
+  assert.ok(rest <= fileBytes - had + 4096 && rest > 0, `fetched ${rest} bytes where ${fileBytes - had} were missing`);
+  const dWhole = s2.downloads.find((x) => x.node_id === rank.node_id && x.model_id === ID);
+  assert.equal(dWhole.status, 'Completed');
+  assert.equal(dWhole.layers, undefined, 'the node holds the whole model now');
+  const folder = rank.node_id === s2.master.node_id ? 'models-a' : 'models-b';
+  const holder = nodes[folder === 'models-a' ? 0 : 1];
+  assert.ok(fs.readdirSync(path.join(dir, folder)).includes('hf.co~test-org~Pipe-GGUF:Q8_0.gguf'),
+    `the whole model moved into ${folder}: ${fs.readdirSync(path.join(dir, folder))}`);
+  assert.equal(await complete(holder, ID, prompts[0]), got[0], 'the node alone answers as the ranks did');
+  await deleteInstance(a, 'whole');
   fs.copyFileSync(path.join(dir, 'pipe.gguf'), path.join(dir, 'models-a', 'local-pipe.gguf'));
   const one = await http(`${a.url}/place_instance`, { body: { model_id: 'local-pipe', min_nodes: 1 } });
   assert.equal(one.status, 200, one.text);
