@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -98,12 +99,14 @@ static void usage(const char *cmd)
 {
     if (!strcmp(cmd, "pull"))
         fprintf(stderr,
-                "usage: cairn pull REF [--models-dir DIR] [--revision REV]\n"
+                "usage: cairn pull REF [--models-dir DIR] [--revision REV] [--layers A:B]\n"
                 "Fetches a GGUF model from the Hugging Face hub into the models folder (resumable,\n"
                 "verified by SHA-256). REF: hf.co/OWNER/REPO:TAG, OWNER/REPO:TAG (TAG a quantization,\n"
                 "e.g. Q4_K_M; without one, Q4_K_M or the repo's only model) or OWNER/REPO/FILE.gguf.\n"
                 "HF_TOKEN (gated and private repos), HF_ENDPOINT and HF_HUB_OFFLINE are honoured.\n"
-                "The model is then served under the canonical reference it prints.\n");
+                "The model is then served under the canonical reference it prints. --layers A:B fetches\n"
+                "the header and only what layers [A, B) read (a pipeline rank's share), as a node does\n"
+                "when a placement gives it those layers.\n");
     else if (!strcmp(cmd, "rm"))
         fprintf(stderr, "usage: cairn rm REF [--models-dir DIR]\nDeletes a model's files from the models folder.\n");
     else
@@ -113,7 +116,7 @@ static void usage(const char *cmd)
 /* The options shared by the three commands; the reference when want_ref. CLI_GO_ON or
  * the exit code. */
 static int parse(int argc, char **argv, const char *cmd, bool want_ref, const char **ref, const char **dir,
-                 const char **revision, char *buf, size_t cap)
+                 const char **revision, const char **layers, char *buf, size_t cap)
 {
     struct args a = {argc, argv, 1, cmd, false};
     const char *v;
@@ -122,6 +125,7 @@ static int parse(int argc, char **argv, const char *cmd, bool want_ref, const ch
     for (; a.i < argc && !a.bad; a.i++) {
         if (args_opt(&a, "--models-dir", &v)) *dir = v;
         else if (revision && args_opt(&a, "--revision", &v)) *revision = v;
+        else if (layers && args_opt(&a, "--layers", &v)) *layers = v;
         else if (args_opt(&a, "-h|--help", NULL)) { usage(cmd); return 0; }
         else if (want_ref && !*ref && argv[a.i][0] != '-') *ref = argv[a.i];
         else {
@@ -150,11 +154,42 @@ static void on_signal(int sig)
     atomic_store(&interrupted, true);
 }
 
+/* cairn pull REF --layers A:B: the header, then only the byte ranges layers [A, B) read
+ * (a pipeline rank's share), into the models folder's .sparse (node/hub.h). */
+static int pull_layers(const struct hub_config *cfg, const char *ref, const char *layers, struct bar *b)
+{
+    int first, end, used = 0;
+    char err[1024], id[HUBREF_TEXT_MAX];
+    if (sscanf(layers, "%d:%d%n", &first, &end, &used) != 2 || layers[used] || first < 0 || end <= first) {
+        fprintf(stderr, "cairn pull: --layers wants A:B with 0 <= A < B (layers [A, B)), not '%s'\n", layers);
+        return 2;
+    }
+    struct hub_sparse_result res;
+    int rc = hub_sparse_header(cfg, ref, id, err, sizeof err);
+    if (!rc)
+        rc = hub_sparse_fill(cfg, id, first, end, on_progress, b, &res, err, sizeof err);
+    if (b->tty && b->started)
+        fprintf(stderr, "\n");
+    if (rc) {
+        fprintf(stderr, "cairn pull: %s\n", atomic_load(&interrupted) ? "interrupted (run it again to resume)" : err);
+        return 1;
+    }
+    struct stat st;
+    uint64_t file = stat(res.path, &st) ? 0 : (uint64_t)st.st_size;
+    printf("%s\n", id);
+    fprintf(stderr, "%s: layers %d..%d: %" PRIu64 " bytes read by them (%.3f of the first file's %" PRIu64
+                    "), %" PRIu64 " fetched now%s\n",
+            id, first, end, res.needed, file ? (double)res.needed / (double)file : 0.0, file, res.fetched,
+            res.promoted ? "; every byte is here: verified and moved into the models folder" : "");
+    return 0;
+}
+
 int cli_pull(int argc, char **argv)
 {
     const char *ref, *dir, *revision = NULL;
     char buf[4096], err[1024];
-    int rc = parse(argc, argv, "pull", true, &ref, &dir, &revision, buf, sizeof buf);
+    const char *layers = NULL;
+    int rc = parse(argc, argv, "pull", true, &ref, &dir, &revision, &layers, buf, sizeof buf);
     if (rc != CLI_GO_ON)
         return rc;
     log_set_level(LOG_WARN);
@@ -163,6 +198,8 @@ int cli_pull(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     struct hub_config cfg = {.models_dir = dir, .revision = revision, .cancel = &interrupted};
     struct bar b = {.tty = isatty(2)};
+    if (layers)
+        return pull_layers(&cfg, ref, layers, &b);
     struct hub_pulled got;
     rc = hub_pull(&cfg, ref, on_progress, &b, &got, err, sizeof err);
     if (b.tty && b.started && rc)
@@ -183,7 +220,7 @@ int cli_ls(int argc, char **argv)
 {
     const char *ref, *dir;
     char buf[4096], err[512];
-    int rc = parse(argc, argv, "ls", false, &ref, &dir, NULL, buf, sizeof buf);
+    int rc = parse(argc, argv, "ls", false, &ref, &dir, NULL, NULL, buf, sizeof buf);
     if (rc != CLI_GO_ON)
         return rc;
     struct catalog *c = NULL;
@@ -207,7 +244,7 @@ int cli_rm(int argc, char **argv)
 {
     const char *ref, *dir;
     char buf[4096], err[512], id[HUBREF_TEXT_MAX];
-    int rc = parse(argc, argv, "rm", true, &ref, &dir, NULL, buf, sizeof buf);
+    int rc = parse(argc, argv, "rm", true, &ref, &dir, NULL, NULL, buf, sizeof buf);
     if (rc != CLI_GO_ON)
         return rc;
     /* a reference as typed names the canonical id; a local model is named as listed */
