@@ -32,122 +32,8 @@
 #include "node/catalog.h"
 #include "node/download.h"
 #include "node/hub_int.h"
+#include "node/ranges.h"
 
-#define HAVE_SUFFIX ".have"
-#define HAVE_MAX_RANGES 65536 /* a record with more is refused (the fetch starts again) */
-
-/* ---- the record of the ranges a file holds ---- */
-
-struct have {
-    uint64_t size;
-    uint64_t (*r)[2]; /* [begin, end), sorted, apart */
-    size_t n, cap;
-};
-
-static void have_free(struct have *h)
-{
-    free(h->r);
-    memset(h, 0, sizeof *h);
-}
-
-static bool have_put(struct have *h, uint64_t a, uint64_t b)
-{
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? 2 * h->cap : 16;
-        void *r = realloc(h->r, cap * sizeof *h->r);
-        if (!r)
-            return false;
-        h->r = r;
-        h->cap = cap;
-    }
-    h->r[h->n][0] = a;
-    h->r[h->n][1] = b;
-    h->n++;
-    return true;
-}
-
-/* Adds [a, b): the ranges it touches become one. */
-static bool have_add(struct have *h, uint64_t a, uint64_t b)
-{
-    struct have out = {.size = h->size};
-    bool ok = true, placed = false;
-    for (size_t i = 0; i < h->n && ok; i++) {
-        uint64_t x = h->r[i][0], y = h->r[i][1];
-        if (y < a || x > b) {
-            if (!placed && x > b) {
-                ok = have_put(&out, a, b);
-                placed = true;
-            }
-            ok = ok && have_put(&out, x, y);
-        } else {
-            a = x < a ? x : a;
-            b = y > b ? y : b;
-        }
-    }
-    if (ok && !placed)
-        ok = have_put(&out, a, b);
-    if (!ok) {
-        have_free(&out);
-        return false;
-    }
-    have_free(h);
-    *h = out;
-    return true;
-}
-
-/* Bytes of [a, b) that h lacks. */
-static uint64_t have_missing(const struct have *h, uint64_t a, uint64_t b)
-{
-    uint64_t miss = b - a;
-    for (size_t i = 0; i < h->n; i++) {
-        uint64_t x = h->r[i][0] > a ? h->r[i][0] : a, y = h->r[i][1] < b ? h->r[i][1] : b;
-        if (x < y)
-            miss -= y - x;
-    }
-    return miss;
-}
-
-/* Reads path's record for a file of size bytes; a missing, malformed or other-sized one
- * reads as empty (its bytes are fetched again). */
-static void have_load(const char *path, uint64_t size, struct have *h)
-{
-    memset(h, 0, sizeof *h);
-    h->size = size;
-    json_t *j = json_load_file(path, 0, NULL), *e;
-    json_t *ranges = json_object_get(j, "ranges");
-    size_t i;
-    bool ok = (uint64_t)json_integer_value(json_object_get(j, "size")) == size && json_is_array(ranges) &&
-              json_array_size(ranges) <= HAVE_MAX_RANGES;
-    uint64_t last = 0;
-    json_array_foreach(ranges, i, e) {
-        json_int_t a = json_integer_value(json_array_get(e, 0)), b = json_integer_value(json_array_get(e, 1));
-        ok = ok && json_array_size(e) == 2 && a >= 0 && a < b && (uint64_t)b <= size && (i == 0 || (uint64_t)a > last);
-        ok = ok && have_put(h, (uint64_t)a, (uint64_t)b);
-        last = (uint64_t)b;
-        if (!ok)
-            break;
-    }
-    json_decref(j);
-    if (!ok) {
-        have_free(h);
-        h->size = size;
-    }
-}
-
-static int have_store(const char *path, const struct have *h, char *err, size_t errlen)
-{
-    json_t *ranges = json_array();
-    for (size_t i = 0; ranges && i < h->n; i++)
-        json_array_append_new(ranges, json_pack("[I, I]", (json_int_t)h->r[i][0], (json_int_t)h->r[i][1]));
-    json_t *j = json_pack("{s:I, s:o}", "size", (json_int_t)h->size, "ranges", ranges);
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int rc = 0;
-    if (!j || json_dump_file(j, tmp, 0) || files_sync(tmp, O_RDONLY) || rename(tmp, path))
-        rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot write %s: %s", path, strerror(errno));
-    json_decref(j);
-    return rc;
-}
 
 /* ---- paths ---- */
 
@@ -165,7 +51,7 @@ static bool part_paths(const char *dir, json_t *side, size_t k, char *file, char
     const char *local = json_string_value(json_object_get(e, "local"));
     json_int_t sz = json_integer_value(json_object_get(e, "size"));
     if (!local || !local[0] || local[0] == '.' || strchr(local, '/') || sz <= 0 || (uint64_t)sz > IDS_BYTES_MAX ||
-        !hub_in_dir(dir, local, file, cap) || snprintf(have, cap, "%s" HAVE_SUFFIX, file) >= (int)cap)
+        !hub_in_dir(dir, local, file, cap) || snprintf(have, cap, "%s" RANGES_SUFFIX, file) >= (int)cap)
         return false;
     *size = (uint64_t)sz;
     if (sha256)
@@ -273,7 +159,7 @@ int hub_sparse_header(const struct hub_config *cfg, const char *text, char *id, 
         }
         int w = snprintf(tmp, sizeof tmp, "%s/.%s.new", dir, local);
         if (w < 0 || (size_t)w >= sizeof tmp || !hub_in_dir(dir, local, final, sizeof final) ||
-            snprintf(have_path, sizeof have_path, "%s" HAVE_SUFFIX, final) >= (int)sizeof have_path) {
+            snprintf(have_path, sizeof have_path, "%s" RANGES_SUFFIX, final) >= (int)sizeof have_path) {
             rc = cairn_fail(err, errlen, CAIRN_ERANGE, "the models folder's path is too long");
             break;
         }
@@ -290,12 +176,12 @@ int hub_sparse_header(const struct hub_config *cfg, const char *text, char *id, 
         if (!rc && fsync(fd))
             rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot sync %s: %s", tmp, strerror(errno));
         close(fd);
-        struct have hv = {.size = f->size};
-        if (!rc && !have_add(&hv, 0, got))
+        struct ranges hv = {.size = f->size};
+        if (!rc && !ranges_add(&hv, 0, got))
             rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
         if (!rc)
-            rc = have_store(have_path, &hv, err, errlen);
-        have_free(&hv);
+            rc = ranges_store(have_path, &hv, err, errlen);
+        ranges_free(&hv);
         if (!rc && rename(tmp, final))
             rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot rename %s: %s", tmp, strerror(errno));
         if (rc)
@@ -331,13 +217,13 @@ struct sparse_model {
     char file[HUBREF_MAX_PARTS][4200], have_path[HUBREF_MAX_PARTS][4200];
     uint64_t size[HUBREF_MAX_PARTS];
     const char *sha256[HUBREF_MAX_PARTS], *repo_path[HUBREF_MAX_PARTS];
-    struct have have[HUBREF_MAX_PARTS];
+    struct ranges have[HUBREF_MAX_PARTS];
 };
 
 static void sparse_close(struct sparse_model *m)
 {
     for (size_t k = 0; k < m->parts; k++)
-        have_free(&m->have[k]);
+        ranges_free(&m->have[k]);
     json_decref(m->side);
     free(m);
 }
@@ -357,7 +243,7 @@ static struct sparse_model *sparse_open(const char *models_dir, const char *id, 
         ok = part_paths(m->dir, m->side, k, m->file[k], m->have_path[k], sizeof m->file[k], &m->size[k], &m->sha256[k],
                         &m->repo_path[k]);
         if (ok)
-            have_load(m->have_path[k], m->size[k], &m->have[k]);
+            ranges_load(m->have_path[k], m->size[k], &m->have[k]);
     }
     if (!ok) {
         cairn_fail(err, errlen, CAIRN_ENOTFOUND, "no header of %s in %s: place or preview it first", id, m->dir);
@@ -386,7 +272,7 @@ bool hub_sparse_covers(const char *models_dir, const char *id, int layer_begin, 
     bool ok = !slice_extents(m->file[0], layer_begin, layer_end, &ext, &n, err, sizeof err);
     for (size_t i = 0; ok && i < n; i++)
         ok = ext[i].part >= 0 && (size_t)ext[i].part < m->parts &&
-             !have_missing(&m->have[ext[i].part], ext[i].offset, ext[i].offset + ext[i].len);
+             !ranges_missing(&m->have[ext[i].part], ext[i].offset, ext[i].offset + ext[i].len);
     if (ok && (size_t)snprintf(path, pathlen, "%s", m->file[0]) >= pathlen)
         ok = false;
     free(ext);
@@ -479,7 +365,7 @@ int hub_sparse_fill(const struct hub_config *cfg, const char *id, int layer_begi
             rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: a tensor in part %d of %zu", id, ext[i].part + 1, m->parts);
             break;
         }
-        uint64_t miss = have_missing(&m->have[ext[i].part], ext[i].offset, ext[i].offset + ext[i].len);
+        uint64_t miss = ranges_missing(&m->have[ext[i].part], ext[i].offset, ext[i].offset + ext[i].len);
         fp.p.total += ext[i].len;
         fp.p.done += ext[i].len - miss;
         need += miss;
@@ -495,9 +381,9 @@ int hub_sparse_fill(const struct hub_config *cfg, const char *id, int layer_begi
         fn(ctx, &fp.p);
     for (size_t i = 0; !rc && i < n; i++) {
         size_t k = (size_t)ext[i].part;
-        struct have *hv = &m->have[k];
+        struct ranges *hv = &m->have[k];
         uint64_t a = ext[i].offset, b = ext[i].offset + ext[i].len;
-        if (!have_missing(hv, a, b))
+        if (!ranges_missing(hv, a, b))
             continue;
         char url[4096];
         snprintf(url, sizeof url, "%s/%s/%s/resolve/%s/%s", h.endpoint, ref.owner, ref.repo, commit,
@@ -510,28 +396,15 @@ int hub_sparse_fill(const struct hub_config *cfg, const char *id, int layer_begi
         fp.p.part = (int)k + 1;
         fp.p.file = m->repo_path[k] ? m->repo_path[k] : "";
         /* The holes of [a, b), one request each (the bytes already there are not asked for again). */
-        uint64_t at = a;
-        while (!rc && at < b) {
-            uint64_t hole_end = b;
-            for (size_t r = 0; r < hv->n; r++) {
-                if (hv->r[r][0] <= at && at < hv->r[r][1]) {
-                    at = hv->r[r][1];
-                    hole_end = 0;
-                    break;
-                }
-                if (hv->r[r][0] > at && hv->r[r][0] < hole_end)
-                    hole_end = hv->r[r][0];
-            }
-            if (!hole_end || at >= b)
-                continue;
-            rc = hub_fetch_range(&h, url, fd, at, hole_end - at, fill_bytes, &fp, err, errlen);
+        uint64_t hole, hole_end;
+        for (uint64_t at = a; !rc && ranges_next_hole(hv, at, b, &hole, &hole_end); at = hole_end) {
+            rc = hub_fetch_range(&h, url, fd, hole, hole_end - hole, fill_bytes, &fp, err, errlen);
             if (!rc && fdatasync(fd))
                 rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot sync %s: %s", m->file[k], strerror(errno));
-            if (!rc && !have_add(hv, at, hole_end))
+            if (!rc && !ranges_add(hv, hole, hole_end))
                 rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
             if (!rc)
-                rc = have_store(m->have_path[k], hv, err, errlen);
-            at = hole_end;
+                rc = ranges_store(m->have_path[k], hv, err, errlen);
         }
         close(fd);
     }

@@ -1,0 +1,35 @@
+/* Which byte ranges of a file are there: a file fetched by ranges (a pipeline rank's
+ * layers, node/hub.h; a pull over several connections) is written where its bytes go,
+ * with holes, and this record beside it, stored after the bytes it names are synced, so
+ * a later fetch (this process or another) asks only for the holes. On disk:
+ * {"size": N, "ranges": [[begin, end], ...]}, sorted and apart; a record that is not
+ * that reads as empty (its bytes are fetched again). */
+#ifndef CAIRN_NODE_RANGES_H
+#define CAIRN_NODE_RANGES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RANGES_SUFFIX ".have"
+#define RANGES_MAX 65536 /* a record with more is refused (read as empty) */
+
+struct ranges {
+    uint64_t size;
+    uint64_t (*r)[2]; /* [begin, end), sorted, apart */
+    size_t n, cap;
+};
+
+void ranges_free(struct ranges *h);
+/* Adds [a, b) (a < b); the ranges it touches become one. false when out of memory. */
+bool ranges_add(struct ranges *h, uint64_t a, uint64_t b);
+/* Bytes of [a, b) that h lacks. */
+uint64_t ranges_missing(const struct ranges *h, uint64_t a, uint64_t b);
+/* The first hole of [at, end) into [*hole, *hole_end): false when there is none. */
+bool ranges_next_hole(const struct ranges *h, uint64_t at, uint64_t end, uint64_t *hole, uint64_t *hole_end);
+/* Reads path's record of a file of size bytes into h (empty when missing or not valid). */
+void ranges_load(const char *path, uint64_t size, struct ranges *h);
+/* Stores h at path (a temporary file, synced, renamed). */
+int ranges_store(const char *path, const struct ranges *h, char *err, size_t errlen);
+
+#endif
