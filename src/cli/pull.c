@@ -99,14 +99,15 @@ static void usage(const char *cmd)
 {
     if (!strcmp(cmd, "pull"))
         fprintf(stderr,
-                "usage: cairn pull REF [--models-dir DIR] [--revision REV] [--layers A:B]\n"
+                "usage: cairn pull REF [--models-dir DIR] [--revision REV] [--layers A:B] [--connections N]\n"
                 "Fetches a GGUF model from the Hugging Face hub into the models folder (resumable,\n"
                 "verified by SHA-256). REF: hf.co/OWNER/REPO:TAG, OWNER/REPO:TAG (TAG a quantization,\n"
                 "e.g. Q4_K_M; without one, Q4_K_M or the repo's only model) or OWNER/REPO/FILE.gguf.\n"
                 "HF_TOKEN (gated and private repos), HF_ENDPOINT and HF_HUB_OFFLINE are honoured.\n"
                 "The model is then served under the canonical reference it prints. --layers A:B fetches\n"
                 "the header and only what layers [A, B) read (a pipeline rank's share), as a node does\n"
-                "when a placement gives it those layers.\n");
+                "when a placement gives it those layers. A file of 64 MiB or more comes over N connections\n"
+                "at once (4; --connections 1: one).\n");
     else if (!strcmp(cmd, "rm"))
         fprintf(stderr, "usage: cairn rm REF [--models-dir DIR]\nDeletes a model's files from the models folder.\n");
     else
@@ -116,7 +117,7 @@ static void usage(const char *cmd)
 /* The options shared by the three commands; the reference when want_ref. CLI_GO_ON or
  * the exit code. */
 static int parse(int argc, char **argv, const char *cmd, bool want_ref, const char **ref, const char **dir,
-                 const char **revision, const char **layers, char *buf, size_t cap)
+                 const char **revision, const char **layers, int64_t *connections, char *buf, size_t cap)
 {
     struct args a = {argc, argv, 1, cmd, false};
     const char *v;
@@ -126,6 +127,8 @@ static int parse(int argc, char **argv, const char *cmd, bool want_ref, const ch
         if (args_opt(&a, "--models-dir", &v)) *dir = v;
         else if (revision && args_opt(&a, "--revision", &v)) *revision = v;
         else if (layers && args_opt(&a, "--layers", &v)) *layers = v;
+        else if (connections && args_opt(&a, "--connections", &v))
+            *connections = args_int(&a, "--connections", v, 1, HUB_CONNECTIONS_MAX);
         else if (args_opt(&a, "-h|--help", NULL)) { usage(cmd); return 0; }
         else if (want_ref && !*ref && argv[a.i][0] != '-') *ref = argv[a.i];
         else {
@@ -189,14 +192,16 @@ int cli_pull(int argc, char **argv)
     const char *ref, *dir, *revision = NULL;
     char buf[4096], err[1024];
     const char *layers = NULL;
-    int rc = parse(argc, argv, "pull", true, &ref, &dir, &revision, &layers, buf, sizeof buf);
+    int64_t connections = 0;
+    int rc = parse(argc, argv, "pull", true, &ref, &dir, &revision, &layers, &connections, buf, sizeof buf);
     if (rc != CLI_GO_ON)
         return rc;
     log_set_level(LOG_WARN);
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    struct hub_config cfg = {.models_dir = dir, .revision = revision, .cancel = &interrupted};
+    struct hub_config cfg = {.models_dir = dir, .revision = revision, .cancel = &interrupted,
+                             .connections = (int)connections};
     struct bar b = {.tty = isatty(2)};
     if (layers)
         return pull_layers(&cfg, ref, layers, &b);
@@ -220,7 +225,7 @@ int cli_ls(int argc, char **argv)
 {
     const char *ref, *dir;
     char buf[4096], err[512];
-    int rc = parse(argc, argv, "ls", false, &ref, &dir, NULL, NULL, buf, sizeof buf);
+    int rc = parse(argc, argv, "ls", false, &ref, &dir, NULL, NULL, NULL, buf, sizeof buf);
     if (rc != CLI_GO_ON)
         return rc;
     struct catalog *c = NULL;
@@ -244,7 +249,7 @@ int cli_rm(int argc, char **argv)
 {
     const char *ref, *dir;
     char buf[4096], err[512], id[HUBREF_TEXT_MAX];
-    int rc = parse(argc, argv, "rm", true, &ref, &dir, NULL, NULL, buf, sizeof buf);
+    int rc = parse(argc, argv, "rm", true, &ref, &dir, NULL, NULL, NULL, buf, sizeof buf);
     if (rc != CLI_GO_ON)
         return rc;
     /* a reference as typed names the canonical id; a local model is named as listed */

@@ -24,6 +24,7 @@
 #include "node/catalog.h"
 #include "node/download.h"
 #include "node/hub_int.h"
+#include "node/ranges.h"
 #include "node/sha256.h"
 #include "proto/ids.h"
 
@@ -188,6 +189,14 @@ static int fetch_all(const struct hub *h, const struct hub_ref *ref, const struc
             return cairn_fail(err, errlen, CAIRN_ERANGE, "the models folder's path is too long");
         struct stat st;
         uint64_t have = stat(partial[k], &st) ? 0 : (uint64_t)st.st_size;
+        char have_path[4300];
+        snprintf(have_path, sizeof have_path, "%s" RANGES_SUFFIX, partial[k]);
+        if (have && !access(have_path, F_OK)) { /* a parallel fetch's file has holes: its record counts */
+            struct ranges r;
+            ranges_load(have_path, f->size, &r);
+            have = f->size - ranges_missing(&r, 0, f->size);
+            ranges_free(&r);
+        }
         if (f->size > (uint64_t)IDS_BYTES_MAX - total) /* a hostile listing must not wrap the disk check */
             return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: the hub lists %" PRIu64 " bytes, more than a model may have",
                               f->path, f->size);
@@ -319,6 +328,9 @@ static int remove_whole(const char *models_dir, const char *id, char *err, size_
             snprintf(dot, sizeof dot, ".%s.partial", local);
             if (hub_in_dir(models_dir, local, path, sizeof path))
                 ok = ok && unlink_file(path, err, errlen);
+            if (hub_in_dir(models_dir, dot, path, sizeof path))
+                ok = ok && unlink_file(path, err, errlen);
+            snprintf(dot, sizeof dot, ".%s.partial" RANGES_SUFFIX, local);
             if (hub_in_dir(models_dir, dot, path, sizeof path))
                 ok = ok && unlink_file(path, err, errlen);
         }

@@ -17,7 +17,11 @@
  *
  * On disk: each file goes to models_dir/.<local>.partial, hashed (SHA-256) as its bytes
  * arrive (a resumed file's existing bytes first), resumed with a Range request after an
- * interruption (also by a later process), checked against the listing's LFS SHA-256
+ * interruption (also by a later process); a file of HUB_PARALLEL_MIN bytes or more comes
+ * as HUB_CHUNK ranges over several connections at once, written where they go with a
+ * record of the ranges there (node/ranges.h, ".<local>.partial.have": a later pull asks
+ * only for the holes) and hashed in one pass once whole; either way it is checked
+ * against the listing's LFS SHA-256
  * before it is renamed to models_dir/<local>, where <local> is the reference's canonical
  * text with '/' as '~' (hubref_local_name). A sidecar <stem>.pull.json records the
  * reference, repo, commit and each file's hash; the catalog names the model by the
@@ -46,6 +50,10 @@
 #define HUB_LIST_MAX_FILES 20000
 #define HUB_PROGRESS_MS 250
 #define HUB_SIDECAR ".pull.json"
+#define HUB_CONNECTIONS 4          /* ranges of one file fetched at once (a CDN limits each connection) */
+#define HUB_CONNECTIONS_MAX 16
+#define HUB_PARALLEL_MIN ((uint64_t)64 << 20) /* smaller files come over one connection */
+#define HUB_CHUNK ((uint64_t)16 << 20)        /* one range request of a parallel fetch */
 
 struct hub_config {
     const char *endpoint;   /* NULL: HF_ENDPOINT, else HUB_DEFAULT_ENDPOINT */
@@ -57,6 +65,7 @@ struct hub_config {
     int backoff_ms;         /* 0: HUB_BACKOFF_MS */
     int stall_s;            /* 0: HUB_STALL_S */
     const atomic_bool *cancel; /* set by another thread: stop (the partial files stay) */
+    int connections;        /* per file of at least HUB_PARALLEL_MIN bytes: 0: HUB_CONNECTIONS; 1: one */
 };
 
 /* Where a pull is, for a progress bar or Ollama's status lines. */

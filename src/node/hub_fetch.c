@@ -22,6 +22,7 @@
 #include "node/catalog.h"
 #include "node/download.h"
 #include "node/hub_int.h"
+#include "node/ranges.h"
 #include "node/sha256.h"
 #include "proto/ids.h"
 
@@ -180,6 +181,109 @@ static int get_rest(struct file_fetch *f, const char *url, char *err, size_t err
     return 0;
 }
 
+/* ---- several connections at once ---- */
+
+struct par {
+    struct file_fetch *f;
+    const char *url, *have_path;
+    pthread_mutex_t mu;
+    struct ranges have;  /* under mu */
+    uint64_t next;       /* the next offset to hand out */
+    int rc;              /* the first failure */
+    char err[512];
+};
+
+/* The next chunk to fetch: the first hole from p->next, at most HUB_CHUNK long. */
+static bool take_chunk(struct par *p, uint64_t *a, uint64_t *b)
+{
+    pthread_mutex_lock(&p->mu);
+    bool got = !p->rc && !hub_cancelled(p->f->h) && ranges_next_hole(&p->have, p->next, p->f->src->size, a, b);
+    if (got) {
+        if (*b - *a > HUB_CHUNK)
+            *b = *a + HUB_CHUNK;
+        p->next = *b;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return got;
+}
+
+static void par_bytes(void *ctx, uint64_t n)
+{
+    struct par *p = ctx;
+    pthread_mutex_lock(&p->mu);
+    p->f->have += n;
+    p->f->fetched += n;
+    report(p->f, false);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void *par_main(void *arg)
+{
+    struct par *p = arg;
+    uint64_t a, b;
+    char err[512];
+    while (take_chunk(p, &a, &b)) {
+        int rc = hub_fetch_range(p->f->h, p->url, p->f->fd, a, b - a, par_bytes, p, err, sizeof err);
+        if (!rc && fdatasync(p->f->fd))
+            rc = cairn_fail(err, sizeof err, CAIRN_EIO, "cannot sync the partial file: %s", strerror(errno));
+        pthread_mutex_lock(&p->mu);
+        if (!rc && !ranges_add(&p->have, a, b))
+            rc = cairn_fail(err, sizeof err, CAIRN_ENOMEM, "out of memory");
+        if (!rc)
+            rc = ranges_store(p->have_path, &p->have, err, sizeof err);
+        if (rc && !p->rc) {
+            p->rc = rc;
+            snprintf(p->err, sizeof p->err, "%s", err);
+        }
+        pthread_mutex_unlock(&p->mu);
+    }
+    return NULL;
+}
+
+/* Fetches the holes of f's partial file (sized to the whole file, with its record at
+ * have_path) over the pull's connections; 0 once every byte is there. */
+static int fetch_parallel(struct file_fetch *f, const char *url, const char *have_path, char *err, size_t errlen)
+{
+    struct par p = {.f = f, .url = url, .have_path = have_path};
+    pthread_mutex_init(&p.mu, NULL);
+    ranges_load(have_path, f->src->size, &p.have);
+    f->have = f->src->size - ranges_missing(&p.have, 0, f->src->size);
+    report(f, true);
+    pthread_t th[HUB_CONNECTIONS_MAX];
+    int n = 0;
+    for (; n < f->h->connections; n++)
+        if (pthread_create(&th[n], NULL, par_main, &p))
+            break;
+    if (!n)
+        par_main(&p);
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+    int rc = p.rc;
+    if (hub_cancelled(f->h))
+        rc = cairn_fail(err, errlen, CAIRN_ESTATE, "cancelled");
+    else if (rc)
+        cairn_fail(err, errlen, rc, "%s: %s", f->src->path, p.err);
+    else if (ranges_missing(&p.have, 0, f->src->size))
+        rc = cairn_fail(err, errlen, CAIRN_EIO, "%s: holes remain after the fetch", f->src->path);
+    ranges_free(&p.have);
+    pthread_mutex_destroy(&p.mu);
+    return rc;
+}
+
+/* Whether a partial file is one of a parallel fetch (its record is there), or should
+ * become one: a fresh file of HUB_PARALLEL_MIN bytes or more, and more than one
+ * connection. A fresh one gets its (empty) record first, then its whole size. */
+static bool parallel_partial(struct file_fetch *f, const char *have_path, uint64_t have)
+{
+    if (!access(have_path, F_OK))
+        return true;
+    if (have || f->h->connections < 2 || f->src->size < HUB_PARALLEL_MIN)
+        return false;
+    struct ranges none = {.size = f->src->size};
+    char ignored[256];
+    return !ranges_store(have_path, &none, ignored, sizeof ignored) && !ftruncate(f->fd, (off_t)f->src->size);
+}
+
 /* Fetches src into partial_path (resuming what is there) and checks its SHA-256: 0 when
  * the partial file is whole and right. */
 int hub_fetch_file(struct file_fetch *f, const char *url, const char *partial_path, char *err, size_t errlen)
@@ -193,12 +297,21 @@ int hub_fetch_file(struct file_fetch *f, const char *url, const char *partial_pa
     f->have = rc ? 0 : (uint64_t)st.st_size;
     if (f->have > f->src->size && !ftruncate(f->fd, 0))
         f->have = 0;
-    if (!rc && f->have)
+    char have_path[4200];
+    snprintf(have_path, sizeof have_path, "%s" RANGES_SUFFIX, partial_path);
+    bool par = !rc && parallel_partial(f, have_path, f->have);
+    if (par) {
+        rc = fetch_parallel(f, url, have_path, err, errlen);
+        if (!rc) /* whole: hashed in one pass */
+            rc = hash_partial(f, err, errlen);
+    } else if (!rc && f->have) {
         rc = hash_partial(f, err, errlen);
-    else if (!rc && sha256_init(&f->sha))
+    } else if (!rc && sha256_init(&f->sha)) {
         rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
-    report(f, true);
-    for (int k = 0; !rc && f->have < f->src->size; k++) {
+    }
+    if (!par)
+        report(f, true);
+    for (int k = 0; !par && !rc && f->have < f->src->size; k++) {
         if (k == f->h->attempts) {
             rc = CAIRN_EIO; /* err holds the last reason */
             break;
@@ -228,11 +341,14 @@ int hub_fetch_file(struct file_fetch *f, const char *url, const char *partial_pa
         report(f, true);
         if (strcmp(hex, want)) {
             unlink(partial_path);
+            unlink(have_path);
             rc = cairn_fail(err, errlen, CAIRN_EFORMAT,
                             "%s: the SHA-256 of the downloaded bytes is %s, not the hub's %s: the file was deleted",
                             f->src->path, hex, want);
         }
     }
+    if (!rc && par)
+        unlink(have_path); /* whole and right: the record has done its work */
     sha256_drop(&f->sha); /* when it was not finished */
     if (fsync(f->fd) && !rc)
         rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot sync %s: %s", partial_path, strerror(errno));

@@ -47,6 +47,9 @@ void hub_settle(struct hub *h, const struct hub_config *cfg)
     h->attempts = cfg->max_attempts > 0 ? cfg->max_attempts : HUB_MAX_ATTEMPTS;
     h->backoff_ms = cfg->backoff_ms > 0 ? cfg->backoff_ms : HUB_BACKOFF_MS;
     h->stall_s = cfg->stall_s > 0 ? cfg->stall_s : HUB_STALL_S;
+    h->connections = cfg->connections > 0 ? cfg->connections : HUB_CONNECTIONS;
+    if (h->connections > HUB_CONNECTIONS_MAX)
+        h->connections = HUB_CONNECTIONS_MAX;
 }
 
 bool hub_cancelled(const struct hub *h) { return h->cfg->cancel && atomic_load(h->cfg->cancel); }

@@ -22,6 +22,7 @@ struct hub {
     const char *revision;
     bool offline;
     int attempts, backoff_ms, stall_s;
+    int connections;
 };
 
 /* What an answer said, as far as we read it. */

@@ -53,6 +53,28 @@ struct node_hub {
     struct catalog *sparse; /* of models_dir/.sparse: cards read from headers */
 };
 
+/* The hub models already in the models folder, as whole downloads of this node, so the
+ * cluster's state says which nodes hold them (peers then fetch from them, not the hub). */
+static void note_pulled(struct node *n)
+{
+    char why[256], canon[HUBREF_TEXT_MAX];
+    pthread_mutex_lock(&n->cat_mu);
+    if (catalog_scan(n->catalog, why, sizeof why))
+        log_warn("node %s: models folder: %s", n->id, why);
+    n->cat_scanned_ms = mono_ms();
+    for (size_t i = 0; i < catalog_count(n->catalog); i++) {
+        const struct catalog_card *c = catalog_at(n->catalog, i);
+        if (c->error || !hubref_canonical(c->id, canon) || strcmp(canon, c->id))
+            continue;
+        struct cluster_download d = {.status = CLUSTER_DOWNLOAD_COMPLETED, .bytes_done = (int64_t)c->file_bytes,
+                                     .bytes_total = (int64_t)c->file_bytes};
+        snprintf(d.node_id, sizeof d.node_id, "%s", n->id);
+        snprintf(d.model_id, sizeof d.model_id, "%s", c->id);
+        download_mgr_note(n->downloads, &d);
+    }
+    pthread_mutex_unlock(&n->cat_mu);
+}
+
 int node_hub_create(struct node *n, char *err, size_t errlen)
 {
     struct node_hub *h = calloc(1, sizeof *h);
@@ -67,6 +89,8 @@ int node_hub_create(struct node *n, char *err, size_t errlen)
                                                              : catalog_create(&h->sparse, dir, err, errlen);
     }
     n->hub = h;
+    if (!rc && n->catalog && n->downloads)
+        note_pulled(n);
     return rc;
 }
 
@@ -153,6 +177,12 @@ static void *job_main(void *arg)
     } else {
         struct hub_sparse_result res;
         rc = hub_sparse_fill(&cfg, j->id, j->layer_begin, j->layer_end, on_fill_progress, j, &res, err, sizeof err);
+        if (rc == CAIRN_ENOTFOUND) { /* placed by a master that had the model's card: the header first */
+            rc = hub_sparse_header(&cfg, j->id, id, err, sizeof err);
+            if (!rc)
+                rc = hub_sparse_fill(&cfg, j->id, j->layer_begin, j->layer_end, on_fill_progress, j, &res, err,
+                                     sizeof err);
+        }
         if (rc)
             note(j, CLUSTER_DOWNLOAD_FAILED, 0, 0, err, false);
         else

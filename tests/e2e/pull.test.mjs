@@ -11,6 +11,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
+import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import OpenAI from 'openai';
@@ -21,7 +22,7 @@ import { startFakeHub } from './fakehub.mjs';
 
 const T = { timeout: 300_000 * SLOW };
 const VOCAB = path.join(SHARED, 'testdata/vocab/ggml-vocab-llama-spm.gguf');
-let dir, hub, q8, f16, whole, parts;
+let dir, hub, q8, f16, whole, parts, big;
 
 function cairn(args, env = {}, timeoutMs = 120_000 * SLOW) {
   return new Promise((resolve) => {
@@ -54,6 +55,7 @@ before(async () => {
   await mk(['--shape', 'tiny', '--vocab', VOCAB, '--seed', '9', '--split', '3', '-o', path.join(dir, 'sp.gguf')]);
   whole = fs.readFileSync(path.join(dir, 'whole.gguf'));
   parts = [1, 2, 3].map((k) => fs.readFileSync(path.join(dir, `sp-0000${k}-of-00003.gguf`)));
+  big = crypto.randomBytes(80 << 20); // over 64 MiB: fetched over several connections
   hub = await startFakeHub({
     pageSize: 2, // the listing comes in pages
     repos: {
@@ -68,6 +70,7 @@ before(async () => {
       'test-org/Docs-Only': { downloads: 5000, files: [{ path: 'README.md', bytes: Buffer.from('no model') }] },
       'test-org/Split-GGUF': { files: parts.map((bytes, k) => ({ path: `Q8_0/Split-Q8_0-0000${k + 1}-of-00003.gguf`,
         bytes })) },
+      'test-org/Big-GGUF': { files: [{ path: 'Big-Q8_0.gguf', bytes: big }] },
     },
   });
   process.env.HF_ENDPOINT = hub.url; // nodes started here pull from the fake hub
@@ -139,6 +142,39 @@ test('a pull killed part-way resumes; the hub sends less than 1.25x the file', T
   assert.ok(sent < 1.25 * f16.length, `the hub sent ${sent} bytes for a file of ${f16.length}`);
   assert.ok(fs.readFileSync(path.join(d, 'hf.co~test-org~Tiny-GGUF:Q4_K_M.gguf')).equals(f16), 'the file is whole');
 });
+
+test('a large file comes in ranges over several connections; killed part-way, a pull fetches only its holes', T,
+  async () => {
+    const d = models('parallel');
+    hub.throttle = 8 << 20; // per connection, as a CDN limits each
+    const sent0 = hub.storageBytes;
+    const child = spawn(BINARY, ['pull', 'test-org/Big-GGUF:Q8_0', '--models-dir', d],
+      { env: { ...process.env, HF_ENDPOINT: hub.url, HF_TOKEN: '' }, stdio: 'ignore' });
+    const record = path.join(d, '.hf.co~test-org~Big-GGUF:Q8_0.gguf.partial.have');
+    const until = Date.now() + 60_000 * SLOW;
+    let ranges = [];
+    while (Date.now() < until && !ranges.length) {
+      try { ranges = JSON.parse(fs.readFileSync(record, 'utf8')).ranges; } catch { /* not yet */ }
+      await sleep(20);
+    }
+    const inFlight = hub.storageBytes - sent0;
+    child.kill('SIGKILL');
+    await new Promise((resolve) => child.on('exit', resolve));
+    assert.ok(ranges.length > 0, 'a range was recorded before the kill');
+    // four connections at once: more than one range's bytes had arrived when the first was whole
+    assert.ok(inFlight > 16 << 20, `${inFlight} bytes had arrived when the first 16 MiB range was recorded`);
+    hub.throttle = 0;
+    const r = await cairn(['pull', 'test-org/Big-GGUF:Q8_0', '--models-dir', d]);
+    assert.equal(r.code, 0, r.stderr);
+    const sent = hub.storageBytes - sent0;
+    console.log(`figure: a ${big.length}-byte pull over 4 connections, killed and resumed: the hub sent ${sent} ` +
+      `(${(sent / big.length).toFixed(3)}x)`);
+    // what was in flight at the kill is lost, at most one range per connection
+    assert.ok(sent <= big.length + 4 * (16 << 20), `the hub sent ${sent} bytes for a file of ${big.length}`);
+    assert.ok(fs.readFileSync(path.join(d, 'hf.co~test-org~Big-GGUF:Q8_0.gguf')).equals(big), 'the file is whole');
+    assert.ok(!fs.existsSync(record), 'the record of ranges is gone once the file is whole');
+    fs.rmSync(d, { recursive: true, force: true });
+  });
 
 test('a wrong hash, a gated repo, a busy hub, unknown names', T, async () => {
   const d = models('errors');
