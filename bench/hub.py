@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """cairn pull against curl on the same file from the same fake hub over loopback
-(bench/hub_serve.mjs), alternating, with and without a throttle: wall time, the ratio,
-and cairn's CPU time per GiB (it hashes SHA-256 as the bytes arrive).
+(bench/hub_serve.mjs), alternating, with and without a per-connection throttle (as a
+CDN limits each connection): wall time of cairn's default (4 connections for a file of
+64 MiB or more) and of --connections 1, curl's, the ratio, and cairn's CPU time per GiB
+(SHA-256 of every byte).
 Usage: python3 bench/hub.py [SIZE_MIB=1024] [RUNS=3] [THROTTLE_MIB_S=200]"""
 import os, resource, shutil, subprocess, sys, tempfile, time
 
@@ -27,7 +29,7 @@ def bench(limit):
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     url = hub.stdout.readline().strip()
     env = dict(os.environ, HF_ENDPOINT=url, HF_TOKEN="", HF_HUB_OFFLINE="")
-    res = {"cairn": [], "curl": [], "cpu": []}
+    res = {"cairn": [], "one": [], "curl": [], "cpu": []}
     tmp = tempfile.mkdtemp(prefix="cairn-bench-hub-")
     try:
         for _ in range(runs):
@@ -36,6 +38,9 @@ def bench(limit):
             wall, cpu = timed([cairn, "pull", "bench-org/Big-GGUF:Q8_0", "--models-dir", d], env)
             res["cairn"].append(wall)
             res["cpu"].append(cpu)
+            shutil.rmtree(d, ignore_errors=True)
+            wall, _ = timed([cairn, "pull", "bench-org/Big-GGUF:Q8_0", "--models-dir", d, "--connections", "1"], env)
+            res["one"].append(wall)
             out = os.path.join(tmp, "curl.out")
             wall, _ = timed(["curl", "-sfL", "-o", out, f"{url}/bench-org/Big-GGUF/resolve/main/Big-Q8_0.gguf"], env)
             res["curl"].append(wall)
@@ -46,12 +51,13 @@ def bench(limit):
         shutil.rmtree(tmp, ignore_errors=True)
     med = lambda xs: sorted(xs)[len(xs) // 2]
     label = f"throttled to {limit} MiB/s" if limit else "unthrottled"
-    print(f"| {size} MiB, {label} | {med(res['cairn']):.2f} | {med(res['curl']):.2f} | "
+    print(f"| {size} MiB, {label} | {med(res['cairn']):.2f} | {med(res['one']):.2f} | {med(res['curl']):.2f} | "
           f"{med(res['cairn']) / med(res['curl']):.2f} | {med(res['cpu']) / (size / 1024):.2f} |")
 
 
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 print(f"CPU: {cpu}; {runs} runs each, alternating; medians")
-print("| file | cairn pull (s) | curl -L (s) | cairn / curl | cairn CPU s per GiB |\n|---|---:|---:|---:|---:|")
+print("| file | cairn pull (s) | cairn --connections 1 (s) | curl -L (s) | cairn / curl | cairn CPU s per GiB |\n"
+      "|---|---:|---:|---:|---:|---:|")
 bench(0)
 bench(throttle)

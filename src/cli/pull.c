@@ -242,6 +242,22 @@ int cli_ls(int argc, char **argv)
         printf("%-60s %10s  %s\n", k->id, size, k->error ? k->error : k->arch);
     }
     catalog_release(c);
+    /* the models of which this machine holds some layers only (a pipeline rank's) */
+    char sparse[4200];
+    c = NULL;
+    if (!hub_sparse_dir(dir, sparse, sizeof sparse) && !catalog_create(&c, sparse, err, sizeof err) &&
+        !catalog_scan(c, err, sizeof err)) {
+        for (size_t i = 0; i < catalog_count(c); i++) {
+            const struct catalog_card *k = catalog_at(c, i);
+            struct stat st;
+            char here[32], whole[32];
+            human(stat(k->path, &st) ? 0.0 : (double)st.st_blocks * 512, here, sizeof here);
+            human((double)k->file_bytes, whole, sizeof whole);
+            printf("%-60s %10s  %s (layers only: %s of %s here)\n", k->id, whole, k->error ? k->error : k->arch, here,
+                   whole);
+        }
+    }
+    catalog_release(c);
     return 0;
 }
 
