@@ -129,6 +129,20 @@ static void forward(struct http_request *req, struct node *n, const char *target
     http_reply_json(req, (int)status, answer);
 }
 
+/* The request's model when it is for this node; a request for another node is sent on
+ * (and answered) here, a bad one refused: NULL then. */
+static const char *for_this_node(struct http_request *req, struct node *n, const char *route)
+{
+    const char *model, *target;
+    if (!read_body(req, n, &model, &target))
+        return NULL;
+    if (strcmp(target, node_id(n))) {
+        forward(req, n, target, route, model);
+        return NULL;
+    }
+    return model;
+}
+
 static void done(struct http_request *req, int status, const char *message, const char *model, struct node *n)
 {
     http_reply_json(req, status, json_pack("{s:s, s:s, s:s}", "message", message, "model", model, "node_id",
@@ -140,13 +154,9 @@ static void done(struct http_request *req, int status, const char *message, cons
 static void h_start(struct http_request *req, void *ctx)
 {
     struct node *n = ctx;
-    const char *model, *target;
-    if (!read_body(req, n, &model, &target))
+    const char *model = for_this_node(req, n, "/download/start");
+    if (!model)
         return;
-    if (strcmp(target, node_id(n))) {
-        forward(req, n, target, "/download/start", model);
-        return;
-    }
     char why[512];
     int rc;
     if (hubref_looks_like(model)) {
@@ -172,13 +182,9 @@ static void h_start(struct http_request *req, void *ctx)
 static void h_cancel(struct http_request *req, void *ctx)
 {
     struct node *n = ctx;
-    const char *model, *target;
-    if (!read_body(req, n, &model, &target))
+    const char *model = for_this_node(req, n, "/download/cancel");
+    if (!model)
         return;
-    if (strcmp(target, node_id(n))) {
-        forward(req, n, target, "/download/cancel", model);
-        return;
-    }
     char id[HUBREF_TEXT_MAX];
     if (!hubref_canonical(model, id))
         snprintf(id, sizeof id, "%s", model);
@@ -193,13 +199,9 @@ static void h_cancel(struct http_request *req, void *ctx)
 static void h_delete(struct http_request *req, void *ctx)
 {
     struct node *n = ctx;
-    const char *model, *target;
-    if (!read_body(req, n, &model, &target))
+    const char *model = for_this_node(req, n, "/download/delete");
+    if (!model)
         return;
-    if (strcmp(target, node_id(n))) {
-        forward(req, n, target, "/download/delete", model);
-        return;
-    }
     char err[512];
     int status = gen_pull_remove(n, model, err, sizeof err);
     if (status)

@@ -501,24 +501,33 @@ static int parse(struct gguf_file *f, char *err, size_t errlen)
     return 0;
 }
 
-int gguf_open_memory(struct gguf_file **out, const void *data, size_t size, char *err, size_t errlen)
+/* Parses size bytes at data (whole_size: of a file that long, 0: those bytes are the
+ * file) into a new *out. */
+static int parse_memory(struct gguf_file **out, const void *data, size_t size, uint64_t whole_size, char *err,
+                        size_t errlen)
 {
     *out = NULL;
-    if (!data && size)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "gguf_open_memory: NULL data with size %zu", size);
     struct gguf_file *f = calloc(1, sizeof *f);
     if (!f)
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     static const uint8_t empty[1];
     f->base = data ? data : empty;
     f->size = size;
+    f->whole_size = whole_size;
     int rc = parse(f, err, errlen);
-    if (rc) {
+    if (rc)
         gguf_close(f);
-        return rc;
-    }
-    *out = f;
-    return 0;
+    else
+        *out = f;
+    return rc;
+}
+
+int gguf_open_memory(struct gguf_file **out, const void *data, size_t size, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!data && size)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "gguf_open_memory: NULL data with size %zu", size);
+    return parse_memory(out, data, size, 0, err, errlen);
 }
 
 int gguf_header_end(const void *data, size_t size, uint64_t file_size, uint64_t *end, char *err, size_t errlen)
@@ -527,14 +536,8 @@ int gguf_header_end(const void *data, size_t size, uint64_t file_size, uint64_t 
     if ((!data && size) || size > file_size || !file_size)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "gguf_header_end: %zu bytes of a %llu-byte file", size,
                           (ull)file_size);
-    struct gguf_file *f = calloc(1, sizeof *f);
-    if (!f)
-        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
-    static const uint8_t empty[1];
-    f->base = data ? data : empty;
-    f->size = size;
-    f->whole_size = file_size;
-    int rc = parse(f, err, errlen);
+    struct gguf_file *f = NULL;
+    int rc = parse_memory(&f, data, size, file_size, err, errlen);
     if (!rc)
         *end = f->data_offset;
     gguf_close(f);

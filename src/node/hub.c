@@ -241,18 +241,40 @@ static int fetch_all(const struct hub *h, const struct hub_ref *ref, const struc
     return 0;
 }
 
+int hub_begin(const struct hub_config *cfg, const char *text, struct hub *h, struct hub_ref *ref, char *err,
+              size_t errlen)
+{
+    hub_settle(h, cfg);
+    int rc = hubref_parse(text, ref, err, errlen);
+    if (!rc && (!cfg->models_dir || !cfg->models_dir[0]))
+        rc = cairn_fail(err, errlen, CAIRN_EINVAL, "no models folder");
+    return rc;
+}
+
+int hub_resolve(const struct hub *h, const struct hub_ref *ref, struct listing *l, size_t pick[HUBREF_MAX_PARTS],
+                size_t *n_pick, char *id, char *err, size_t errlen)
+{
+    char tag[HUBREF_TAG_MAX + 1];
+    int rc = hub_list_repo(h, ref, l, err, errlen);
+    if (!rc)
+        rc = hubref_choose(ref, l->f, l->n, pick, n_pick, tag, err, errlen);
+    if (!rc) {
+        hubref_text(ref, tag[0] ? tag : NULL, id);
+        if (!ids_valid_model(id))
+            rc = cairn_fail(err, errlen, CAIRN_EINVAL, "%.300s: longer than a model id (%d bytes)", id, IDS_MODEL_MAX);
+    }
+    return rc;
+}
+
 int hub_pull(const struct hub_config *cfg, const char *text, hub_progress_fn fn, void *ctx, struct hub_pulled *out,
              char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     struct hub h;
-    hub_settle(&h, cfg);
     struct hub_ref ref;
-    int rc = hubref_parse(text, &ref, err, errlen);
+    int rc = hub_begin(cfg, text, &h, &ref, err, errlen);
     if (rc)
         return rc;
-    if (!cfg->models_dir || !cfg->models_dir[0])
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "no models folder");
     if ((rc = files_make_dirs(cfg->models_dir, 0755, err, errlen)))
         return rc;
     if (h.offline)
@@ -262,16 +284,7 @@ int hub_pull(const struct hub_config *cfg, const char *text, hub_progress_fn fn,
         fn(ctx, &(struct hub_progress){.status = "listing", .id = "", .file = "", .sha256 = ""});
     struct listing l = {0};
     size_t pick[HUBREF_MAX_PARTS], n_pick = 0;
-    char tag[HUBREF_TAG_MAX + 1];
-    rc = hub_list_repo(&h, &ref, &l, err, errlen);
-    if (!rc)
-        rc = hubref_choose(&ref, l.f, l.n, pick, &n_pick, tag, err, errlen);
-    if (!rc) {
-        hubref_text(&ref, tag[0] ? tag : NULL, out->id);
-        if (!ids_valid_model(out->id))
-            rc = cairn_fail(err, errlen, CAIRN_EINVAL, "%.300s: longer than a model id (%d bytes)", out->id,
-                            IDS_MODEL_MAX);
-    }
+    rc = hub_resolve(&h, &ref, &l, pick, &n_pick, out->id, err, errlen);
     json_t *side = rc ? NULL : hub_sidecar_load(cfg->models_dir, out->id);
     if (side && sidecar_complete(cfg->models_dir, side, l.commit, out)) {
         out->already = true;

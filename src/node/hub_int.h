@@ -98,6 +98,15 @@ void hub_listing_free(struct listing *l);
 
 /* ---- hub.c ---- */
 
+/* The start of every call on a reference: h settled from cfg and the environment, text
+ * parsed into ref, a models folder named. */
+int hub_begin(const struct hub_config *cfg, const char *text, struct hub *h, struct hub_ref *ref, char *err,
+              size_t errlen);
+/* Lists ref's repo at its revision's commit into l, chooses the files it names into pick
+ * (*n_pick of them) and writes the model's id (HUBREF_TEXT_MAX bytes). */
+int hub_resolve(const struct hub *h, const struct hub_ref *ref, struct listing *l, size_t pick[HUBREF_MAX_PARTS],
+                size_t *n_pick, char *id, char *err, size_t errlen);
+
 /* dir/name into out (cap bytes); false when it does not fit. */
 bool hub_in_dir(const char *dir, const char *name, char *out, size_t cap);
 /* dir's sidecar of id; NULL when there is none or it is not one. */

@@ -109,13 +109,10 @@ int hub_sparse_header(const struct hub_config *cfg, const char *text, char *id, 
 {
     id[0] = 0;
     struct hub h;
-    hub_settle(&h, cfg);
     struct hub_ref ref;
-    int rc = hubref_parse(text, &ref, err, errlen);
+    int rc = hub_begin(cfg, text, &h, &ref, err, errlen);
     if (rc)
         return rc;
-    if (!cfg->models_dir || !cfg->models_dir[0])
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "no models folder");
     if (h.offline)
         return cairn_fail(err, errlen, CAIRN_ESTATE, "HF_HUB_OFFLINE is set: %s cannot be read from the hub", text);
     char dir[4096];
@@ -126,15 +123,7 @@ int hub_sparse_header(const struct hub_config *cfg, const char *text, char *id, 
     hub_curl_init();
     struct listing l = {0};
     size_t pick[HUBREF_MAX_PARTS], n_pick = 0;
-    char tag[HUBREF_TAG_MAX + 1];
-    rc = hub_list_repo(&h, &ref, &l, err, errlen);
-    if (!rc)
-        rc = hubref_choose(&ref, l.f, l.n, pick, &n_pick, tag, err, errlen);
-    if (!rc) {
-        hubref_text(&ref, tag[0] ? tag : NULL, id);
-        if (!ids_valid_model(id))
-            rc = cairn_fail(err, errlen, CAIRN_EINVAL, "%.300s: longer than a model id (%d bytes)", id, IDS_MODEL_MAX);
-    }
+    rc = hub_resolve(&h, &ref, &l, pick, &n_pick, id, err, errlen);
     json_t *side = rc ? NULL : hub_sidecar_load(dir, id);
     const char *commit = json_string_value(json_object_get(side, "commit"));
     bool here = commit && !strcmp(commit, l.commit) && json_array_size(json_object_get(side, "files")) == n_pick;
@@ -342,9 +331,8 @@ int hub_sparse_fill(const struct hub_config *cfg, const char *id, int layer_begi
 {
     memset(out, 0, sizeof *out);
     struct hub h;
-    hub_settle(&h, cfg);
     struct hub_ref ref;
-    int rc = hubref_parse(id, &ref, err, errlen);
+    int rc = hub_begin(cfg, id, &h, &ref, err, errlen);
     if (rc)
         return rc;
     struct sparse_model *m = sparse_open(cfg->models_dir, id, err, errlen);
