@@ -85,8 +85,10 @@ int main(void)
     load_text(path, "{\"size\": 4096, \"ranges\": [[0, 10], [20, 4096]]}", &back);
     CHECK(back.n == 2 && ranges_missing(&back, 0, SIZE) == 10, "a valid record");
     ranges_free(&back);
+    char tmp[sizeof path + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
     unlink(path);
-    unlink(strcat(path, ".tmp"));
+    unlink(tmp);
     ranges_free(&h);
     return test_main_end();
 }
