@@ -54,6 +54,7 @@
 #define HUB_CONNECTIONS_MAX 16
 #define HUB_PARALLEL_MIN ((uint64_t)64 << 20) /* smaller files come over one connection */
 #define HUB_CHUNK ((uint64_t)16 << 20)        /* one range request of a parallel fetch */
+#define HUB_RECORD_EVERY ((uint64_t)2 << 20)  /* a connection's bytes are synced and recorded this often */
 
 struct hub_config {
     const char *endpoint;   /* NULL: HF_ENDPOINT, else HUB_DEFAULT_ENDPOINT */

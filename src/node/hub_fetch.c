@@ -207,14 +207,45 @@ static bool take_chunk(struct par *p, uint64_t *a, uint64_t *b)
     return got;
 }
 
+/* One connection's chunk: [a, a + got) has arrived, [a, a + recorded) is in the record. */
+struct conn {
+    struct par *p;
+    uint64_t a, got, recorded;
+};
+
+/* Syncs the bytes of c's chunk that arrived and records them (under p->mu): so a kill
+ * loses at most HUB_RECORD_EVERY per connection. */
+static int record(struct conn *c, char *err, size_t errlen)
+{
+    struct par *p = c->p;
+    if (c->got == c->recorded)
+        return 0;
+    if (fdatasync(p->f->fd))
+        return cairn_fail(err, errlen, CAIRN_EIO, "cannot sync the partial file: %s", strerror(errno));
+    pthread_mutex_lock(&p->mu);
+    int rc = ranges_add(&p->have, c->a + c->recorded, c->a + c->got) ? 0
+                                                                    : cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    if (!rc)
+        rc = ranges_store(p->have_path, &p->have, err, errlen);
+    pthread_mutex_unlock(&p->mu);
+    if (!rc)
+        c->recorded = c->got;
+    return rc;
+}
+
 static void par_bytes(void *ctx, uint64_t n)
 {
-    struct par *p = ctx;
+    struct conn *c = ctx;
+    struct par *p = c->p;
     pthread_mutex_lock(&p->mu);
     p->f->have += n;
     p->f->fetched += n;
     report(p->f, false);
     pthread_mutex_unlock(&p->mu);
+    c->got += n;
+    char ignored[256];
+    if (c->got - c->recorded >= HUB_RECORD_EVERY)
+        record(c, ignored, sizeof ignored); /* a failure here shows again at the chunk's end */
 }
 
 static void *par_main(void *arg)
@@ -223,14 +254,11 @@ static void *par_main(void *arg)
     uint64_t a, b;
     char err[512];
     while (take_chunk(p, &a, &b)) {
-        int rc = hub_fetch_range(p->f->h, p->url, p->f->fd, a, b - a, par_bytes, p, err, sizeof err);
-        if (!rc && fdatasync(p->f->fd))
-            rc = cairn_fail(err, sizeof err, CAIRN_EIO, "cannot sync the partial file: %s", strerror(errno));
+        struct conn c = {.p = p, .a = a};
+        int rc = hub_fetch_range(p->f->h, p->url, p->f->fd, a, b - a, par_bytes, &c, err, sizeof err);
+        int rrc = record(&c, err, sizeof err); /* what arrived stays, even when the rest failed */
+        rc = rc ? rc : rrc;
         pthread_mutex_lock(&p->mu);
-        if (!rc && !ranges_add(&p->have, a, b))
-            rc = cairn_fail(err, sizeof err, CAIRN_ENOMEM, "out of memory");
-        if (!rc)
-            rc = ranges_store(p->have_path, &p->have, err, sizeof err);
         if (rc && !p->rc) {
             p->rc = rc;
             snprintf(p->err, sizeof p->err, "%s", err);

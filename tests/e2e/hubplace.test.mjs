@@ -4,10 +4,11 @@
 // layers' byte ranges (a sparse file), not the whole file, and its answers equal those
 // of the same file placed whole on one node. Bytes per rank are printed for the record.
 // Downloads on a given node through another node's API: start (a whole pull), cancel,
-// delete. This model ties its head to the embeddings (as Llama 3.2 does), so both ranks read
+// delete; a node killed with SIGKILL mid-pull and started again resumes the pull. This model ties its head to the embeddings (as Llama 3.2 does), so both ranks read
 // the embeddings: a rank reads half the layers and the embeddings.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import OpenAI from 'openai';
@@ -24,7 +25,7 @@ const SHAPE = ['--arch', 'llama', '--n-embd', '512', '--n-layers', '8', '--n-hea
   '--n-ff', '2048', '--seed', '11'];
 const REF = 'test-org/Pipe-GGUF:q8_0';
 const ID = 'hf.co/test-org/Pipe-GGUF:Q8_0';
-let dir, hub, file, nodes = [];
+let dir, hub, file, large, nodes = [];
 
 const mk = (args) => new Promise((resolve, reject) =>
   execFile(BINARY, ['mkmodel', ...args], (e) => (e ? reject(e) : resolve())));
@@ -33,8 +34,10 @@ before(async () => {
   dir = makeTempDir();
   await mk([...SHAPE, '--vocab', VOCAB, '--type', 'q8_0', '-o', path.join(dir, 'pipe.gguf')]);
   file = fs.readFileSync(path.join(dir, 'pipe.gguf'));
+  large = Buffer.concat([file, crypto.randomBytes((80 << 20) - file.length)]); // over 64 MiB: 4 connections
   hub = await startFakeHub({ repos: { 'test-org/Pipe-GGUF': { files: [{ path: 'Pipe-Q8_0.gguf', bytes: file }] },
-    'test-org/Other-GGUF': { files: [{ path: 'Other-Q8_0.gguf', bytes: file }] } } });
+    'test-org/Other-GGUF': { files: [{ path: 'Other-Q8_0.gguf', bytes: file }] },
+    'test-org/Large-GGUF': { files: [{ path: 'Large-Q8_0.gguf', bytes: large }] } } });
   process.env.HF_ENDPOINT = hub.url;
   process.env.HF_TOKEN = '';
   for (const name of ['a', 'b']) {
@@ -174,4 +177,31 @@ test('downloads on a given node, asked of another node: start, cancel, delete', 
   assert.deepEqual(onA().filter((f) => !f.startsWith('.')), [], 'deleted from a\'s folder');
   const gone = await http(`${b.url}/download/delete`, { body: { model: OTHER, node_id: aId } });
   assert.equal(gone.status, 404, gone.text);
+});
+
+test('a node killed with SIGKILL mid-pull, started again, resumes: the hub sends less than 1.25x the file', T, async () => {
+  const b = nodes[1];
+  const bId = (await http(`${b.url}/node_id`, { method: 'GET' })).json.node_id;
+  const LARGE = 'hf.co/test-org/Large-GGUF:Q8_0';
+  hub.throttle = 8 << 20;
+  const sent0 = hub.storageBytes;
+  const start = await http(`${b.url}/download/start`, { body: { model: LARGE } });
+  assert.equal(start.status, 202, start.text);
+  await waitState(b, (s) => s.downloads.some((d) => d.node_id === bId && d.model_id === LARGE &&
+    d.bytes_done > large.length / 3), 'a third of the pull on b');
+  b.proc.kill('SIGKILL');
+  await b.exited;
+  hub.throttle = 0;
+  const models = path.join(dir, 'models-b');
+  const again = await startNode(dir, models, { name: 'b', args: ['-t', '1', '--peer', `127.0.0.1:${clusterPort(nodes[0])}`] });
+  nodes[1] = again;
+  const r = await http(`${again.url}/download/start`, { body: { model: LARGE } });
+  assert.equal(r.status, 202, r.text);
+  await waitState(again, (s) => s.downloads.some((d) => d.node_id === bId && d.model_id === LARGE &&
+    d.status === 'Completed'), 'the pull completes after the restart');
+  const sent = hub.storageBytes - sent0;
+  console.log(`# a ${large.length}-byte pull, its node killed and started again: the hub sent ${sent} ` +
+    `(${(sent / large.length).toFixed(3)}x)`);
+  assert.ok(sent < 1.25 * large.length, `the hub sent ${sent} bytes for a file of ${large.length}`);
+  assert.ok(fs.readFileSync(path.join(models, 'hf.co~test-org~Large-GGUF:Q8_0.gguf')).equals(large), 'whole and right');
 });

@@ -153,24 +153,23 @@ test('a large file comes in ranges over several connections; killed part-way, a 
     const record = path.join(d, '.hf.co~test-org~Big-GGUF:Q8_0.gguf.partial.have');
     const until = Date.now() + 60_000 * SLOW;
     let ranges = [];
-    while (Date.now() < until && !ranges.length) {
+    const recorded = () => ranges.reduce((n, [a, b]) => n + b - a, 0);
+    while (Date.now() < until && recorded() < big.length / 3) {
       try { ranges = JSON.parse(fs.readFileSync(record, 'utf8')).ranges; } catch { /* not yet */ }
       await sleep(20);
     }
-    const inFlight = hub.storageBytes - sent0;
     child.kill('SIGKILL');
     await new Promise((resolve) => child.on('exit', resolve));
-    assert.ok(ranges.length > 0, 'a range was recorded before the kill');
-    // four connections at once: more than one range's bytes had arrived when the first was whole
-    assert.ok(inFlight > 16 << 20, `${inFlight} bytes had arrived when the first 16 MiB range was recorded`);
+    // four connections at once, each on its own 16 MiB range: apart in the record
+    assert.ok(ranges.length >= 2, `ranges apart in the record before the kill: ${JSON.stringify(ranges)}`);
     hub.throttle = 0;
     const r = await cairn(['pull', 'test-org/Big-GGUF:Q8_0', '--models-dir', d]);
     assert.equal(r.code, 0, r.stderr);
     const sent = hub.storageBytes - sent0;
     console.log(`figure: a ${big.length}-byte pull over 4 connections, killed and resumed: the hub sent ${sent} ` +
       `(${(sent / big.length).toFixed(3)}x)`);
-    // what was in flight at the kill is lost, at most one range per connection
-    assert.ok(sent <= big.length + 4 * (16 << 20), `the hub sent ${sent} bytes for a file of ${big.length}`);
+    // what was in flight at the kill is lost: bytes not yet recorded (2 MiB a connection) and in the sockets
+    assert.ok(sent < 1.25 * big.length, `the hub sent ${sent} bytes for a file of ${big.length}`);
     assert.ok(fs.readFileSync(path.join(d, 'hf.co~test-org~Big-GGUF:Q8_0.gguf')).equals(big), 'the file is whole');
     assert.ok(!fs.existsSync(record), 'the record of ranges is gone once the file is whole');
     fs.rmSync(d, { recursive: true, force: true });
