@@ -32,7 +32,9 @@ enum job_state { JOB_RUNNING, JOB_DONE, JOB_FAILED };
 
 struct hub_job {
     enum job_kind kind;
-    char id[IDS_MODEL_MAX + 1];
+    char id[IDS_MODEL_MAX + 1];  /* what the job is known by: a model id, or a reference's canonical text */
+    char text[HUBREF_TEXT_MAX];  /* the reference as typed, which the hub resolves (no tag: the default, else
+                                    the only model) */
     int layer_begin, layer_end;
     enum job_state state;
     char error[512];
@@ -151,7 +153,7 @@ static void on_fill_progress(void *ctx, const struct hub_progress *p)
 static int run_pull(struct hub_job *j, const struct hub_config *cfg, char *err, size_t errlen)
 {
     struct hub_pulled got;
-    int rc = hub_pull(cfg, j->id, on_fill_progress, j, &got, err, errlen);
+    int rc = hub_pull(cfg, j->text, on_fill_progress, j, &got, err, errlen);
     if (rc)
         note(j, CLUSTER_DOWNLOAD_FAILED, 0, 0, err, true);
     else
@@ -167,7 +169,7 @@ static void *job_main(void *arg)
     char err[512], id[HUBREF_TEXT_MAX];
     int rc;
     if (j->kind == JOB_HEADER) {
-        rc = hub_sparse_header(&cfg, j->id, id, err, sizeof err);
+        rc = hub_sparse_header(&cfg, j->text, id, err, sizeof err);
         if (!rc && strlen(id) > IDS_MODEL_MAX)
             rc = cairn_fail(err, sizeof err, CAIRN_ERANGE, "%.300s: longer than a model id", id);
         if (!rc)
@@ -225,8 +227,8 @@ static struct hub_job *job_slot(struct node_hub *h)
  * failed less than NODE_HUB_RETRY_MS ago (unless a person asked for it now), with the
  * reason in why. Callers ask only while what the job makes is missing, so an ended job
  * is started again. */
-static int job_ensure(struct node *n, enum job_kind kind, const char *id, int a, int b, bool asked, char *why,
-                      size_t whylen)
+static int job_ensure(struct node *n, enum job_kind kind, const char *id, const char *text, int a, int b, bool asked,
+                      char *why, size_t whylen)
 {
     struct node_hub *h = n->hub;
     if (!h || !n->models_dir)
@@ -245,6 +247,7 @@ static int job_ensure(struct node *n, enum job_kind kind, const char *id, int a,
     else {
         *j = (struct hub_job){.kind = kind, .layer_begin = a, .layer_end = b, .state = JOB_RUNNING, .node = n};
         snprintf(j->id, sizeof j->id, "%s", id);
+        snprintf(j->text, sizeof j->text, "%s", text);
         pthread_t th;
         pthread_attr_t at;
         pthread_attr_init(&at);
@@ -306,7 +309,7 @@ int node_card_placeable(void *ctx, const char *model_id, struct catalog_card *ou
     rc = sparse_card(n, model_id, out, why, sizeof why);
     if (rc != CAIRN_ENOTFOUND)
         return rc ? cairn_fail(err, errlen, rc, "%s", why) : 0;
-    rc = job_ensure(n, JOB_HEADER, model_id, 0, 0, false, why, sizeof why);
+    rc = job_ensure(n, JOB_HEADER, model_id, model_id, 0, 0, false, why, sizeof why);
     if (rc)
         return cairn_fail(err, errlen, rc == CAIRN_ENOMEM ? rc : CAIRN_ENOTFOUND, "model %s: from the hub: %s", model_id,
                           why);
@@ -320,7 +323,7 @@ int node_hub_header(struct node *n, const char *ref, int timeout_ms, char *id, c
     id[0] = 0;
     if (!hubref_canonical(ref, canon) || strlen(canon) > IDS_MODEL_MAX)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "%.300s: not a hub model reference", ref);
-    int rc = job_ensure(n, JOB_HEADER, canon, 0, 0, true, err, errlen);
+    int rc = job_ensure(n, JOB_HEADER, canon, ref, 0, 0, true, err, errlen);
     if (rc)
         return rc;
     struct node_hub *h = n->hub;
@@ -345,7 +348,7 @@ int node_hub_header(struct node *n, const char *ref, int timeout_ms, char *id, c
 
 int node_hub_fill(struct node *n, const char *id, int layer_begin, int layer_end, char *why, size_t whylen)
 {
-    return job_ensure(n, JOB_FILL, id, layer_begin, layer_end, false, why, whylen);
+    return job_ensure(n, JOB_FILL, id, id, layer_begin, layer_end, false, why, whylen);
 }
 
 bool node_hub_covers(struct node *n, const char *id, int layer_begin, int layer_end, char *path, size_t pathlen)
@@ -358,7 +361,7 @@ int node_hub_pull(struct node *n, const char *ref, char *why, size_t whylen)
     char canon[HUBREF_TEXT_MAX];
     if (!hubref_canonical(ref, canon) || strlen(canon) > IDS_MODEL_MAX)
         return cairn_fail(why, whylen, CAIRN_EINVAL, "%.300s: not a hub model reference", ref);
-    return job_ensure(n, JOB_PULL, canon, 0, 0, true, why, whylen);
+    return job_ensure(n, JOB_PULL, canon, ref, 0, 0, true, why, whylen);
 }
 
 int node_hub_cancel(struct node *n, const char *id)

@@ -25,7 +25,9 @@ const SHAPE = ['--arch', 'llama', '--n-embd', '512', '--n-layers', '8', '--n-hea
   '--n-ff', '2048', '--seed', '11'];
 const REF = 'test-org/Pipe-GGUF:q8_0';
 const ID = 'hf.co/test-org/Pipe-GGUF:Q8_0';
-let dir, hub, file, large, nodes = [];
+let dir, hub, file, large, parts, nodes = [];
+const PROMPTS = ['Once upon a time', 'The capital of France is', '1, 2, 3,'];
+let wholeAnswers = []; // the whole file's, placed on one node
 
 const mk = (args) => new Promise((resolve, reject) =>
   execFile(BINARY, ['mkmodel', ...args], (e) => (e ? reject(e) : resolve())));
@@ -34,10 +36,14 @@ before(async () => {
   dir = makeTempDir();
   await mk([...SHAPE, '--vocab', VOCAB, '--type', 'q8_0', '-o', path.join(dir, 'pipe.gguf')]);
   file = fs.readFileSync(path.join(dir, 'pipe.gguf'));
+  await mk([...SHAPE, '--vocab', VOCAB, '--type', 'q8_0', '--split', '3', '-o', path.join(dir, 'sp.gguf')]);
+  parts = [1, 2, 3].map((k) => fs.readFileSync(path.join(dir, `sp-0000${k}-of-00003.gguf`)));
   large = Buffer.concat([file, crypto.randomBytes((80 << 20) - file.length)]); // over 64 MiB: 4 connections
   hub = await startFakeHub({ repos: { 'test-org/Pipe-GGUF': { files: [{ path: 'Pipe-Q8_0.gguf', bytes: file }] },
     'test-org/Other-GGUF': { files: [{ path: 'Other-Q8_0.gguf', bytes: file }] },
-    'test-org/Large-GGUF': { files: [{ path: 'Large-Q8_0.gguf', bytes: large }] } } });
+    'test-org/Large-GGUF': { files: [{ path: 'Large-Q8_0.gguf', bytes: large }] },
+    'test-org/Split-GGUF': { files: parts.map((bytes, k) => ({ path: `Split-Q8_0-0000${k + 1}-of-00003.gguf`, bytes })) },
+  } });
   process.env.HF_ENDPOINT = hub.url;
   process.env.HF_TOKEN = '';
   for (const name of ['a', 'b']) {
@@ -107,7 +113,7 @@ test('a hub model no node has: previews from its header, then each rank fetches 
       `no whole model in ${name}: ${fs.readdirSync(path.join(dir, name))}`);
 
   // the ranks' answers are the whole file's
-  const prompts = ['Once upon a time', 'The capital of France is', '1, 2, 3,'];
+  const prompts = PROMPTS;
   const got = [];
   for (const p of prompts)
     got.push(await complete(a, ID, p));
@@ -140,6 +146,8 @@ test('a hub model no node has: previews from its header, then each rank fetches 
   await waitState(a, (st) => instanceReady(st, one.json.instance_id), 'the whole file placed');
   for (let i = 0; i < prompts.length; i++)
     assert.equal(await complete(a, 'local-pipe', prompts[i]), got[i], `prompt ${i}: the ranks answer as the whole file`);
+  wholeAnswers = got;
+  await deleteInstance(a, one.json.instance_id);
   assert.ok(new Set(got).size > 1, 'different prompts, different answers');
 });
 
@@ -205,3 +213,24 @@ test('a node killed with SIGKILL mid-pull, started again, resumes: the hub sends
   assert.ok(sent < 1.25 * large.length, `the hub sent ${sent} bytes for a file of ${large.length}`);
   assert.ok(fs.readFileSync(path.join(models, 'hf.co~test-org~Large-GGUF:Q8_0.gguf')).equals(large), 'whole and right');
 });
+
+test('a model in 3 files that no node has, split over two nodes: each rank fetches its ranges of each file', T,
+  async () => {
+    assert.equal(wholeAnswers.length, PROMPTS.length, 'the first test gave the whole file\'s answers');
+    const a = nodes[0];
+    const ID3 = 'hf.co/test-org/Split-GGUF:Q8_0';
+    const r = await http(`${a.url}/place_instance`, { body: { model_id: 'test-org/Split-GGUF', sharding: 'pipeline',
+      min_nodes: 2 } });
+    assert.equal(r.status, 200, r.text);
+    const s = await waitState(a, (st) => instanceReady(st, r.json.instance_id), 'the split model placed',
+      300_000 * SLOW);
+    assert.equal(s.instances[r.json.instance_id].model_id, ID3);
+    const ranks = s.downloads.filter((d) => d.model_id === ID3);
+    assert.equal(ranks.length, 2, `a download per node: ${JSON.stringify(ranks)}`);
+    const total = parts.reduce((n, p) => n + p.length, 0);
+    for (const d of ranks)
+      assert.ok(d.layers && d.bytes_total < 0.8 * total, `a rank's share: ${JSON.stringify(d)}`);
+    for (let i = 0; i < PROMPTS.length; i++)
+      assert.equal(await complete(a, ID3, PROMPTS[i]), wholeAnswers[i], `prompt ${i}: as the whole file answers`);
+    await deleteInstance(a, r.json.instance_id);
+  });
