@@ -183,12 +183,16 @@ static int get_rest(struct file_fetch *f, const char *url, char *err, size_t err
 
 /* ---- several connections at once ---- */
 
+#define HASH_STEP ((size_t)8 << 20)
+
 struct par {
     struct file_fetch *f;
     const char *url, *have_path;
     pthread_mutex_t mu;
-    struct ranges have;  /* under mu */
+    pthread_cond_t cv;   /* a range recorded, or a connection done */
+    struct ranges have;  /* under mu, as the rest */
     uint64_t next;       /* the next offset to hand out */
+    int running;         /* connections at work */
     int rc;              /* the first failure */
     char err[512];
 };
@@ -227,6 +231,7 @@ static int record(struct conn *c, char *err, size_t errlen)
                                                                     : cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     if (!rc)
         rc = ranges_store(p->have_path, &p->have, err, errlen);
+    pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     if (!rc)
         c->recorded = c->got;
@@ -265,6 +270,10 @@ static void *par_main(void *arg)
         }
         pthread_mutex_unlock(&p->mu);
     }
+    pthread_mutex_lock(&p->mu);
+    p->running--;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -274,26 +283,75 @@ static int fetch_parallel(struct file_fetch *f, const char *url, const char *hav
 {
     struct par p = {.f = f, .url = url, .have_path = have_path};
     pthread_mutex_init(&p.mu, NULL);
-    ranges_load(have_path, f->src->size, &p.have);
-    f->have = f->src->size - ranges_missing(&p.have, 0, f->src->size);
+    pthread_cond_init(&p.cv, NULL);
+    uint64_t size = f->src->size;
+    ranges_load(have_path, size, &p.have);
+    f->have = size - ranges_missing(&p.have, 0, size);
     report(f, true);
+    int rc = sha256_init(&f->sha) ? cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory") : 0;
+    unsigned char *buf = rc ? NULL : malloc(HASH_STEP);
+    if (!rc && !buf)
+        rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     pthread_t th[HUB_CONNECTIONS_MAX];
     int n = 0;
-    for (; n < f->h->connections; n++)
-        if (pthread_create(&th[n], NULL, par_main, &p))
+    if (!rc && !pthread_create(&th[0], NULL, par_main, &p))
+        n = p.running = 1;
+    else if (!rc)
+        rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot start a thread");
+    /* One connection first; more when it proves slow (a CDN limits each one). Meanwhile
+     * this thread hashes the bytes as they become a prefix of the file. */
+    int64_t t0 = clock_ns() / 1000000;
+    uint64_t fetched0 = f->fetched, hashed = 0;
+    pthread_mutex_lock(&p.mu);
+    while (!rc) {
+        uint64_t prefix, ignored;
+        if (!ranges_next_hole(&p.have, 0, size, &prefix, &ignored))
+            prefix = size;
+        if (prefix > hashed) {
+            pthread_mutex_unlock(&p.mu);
+            size_t step = prefix - hashed < HASH_STEP ? (size_t)(prefix - hashed) : HASH_STEP;
+            ssize_t got = pread(f->fd, buf, step, (off_t)hashed);
+            pthread_mutex_lock(&p.mu);
+            if (got <= 0) {
+                rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot read the partial file back: %s",
+                                got < 0 ? strerror(errno) : "short");
+                break;
+            }
+            sha256_update(&f->sha, buf, (size_t)got);
+            hashed += (uint64_t)got;
+            continue;
+        }
+        if (!p.running)
             break;
-    if (!n)
-        par_main(&p);
+        int64_t ms = clock_ns() / 1000000 - t0;
+        if (n < f->h->connections && ms >= HUB_SLOW_AFTER_MS &&
+            (f->fetched - fetched0) * 1000 / (uint64_t)ms < HUB_FAST_CONNECTION) {
+            for (; n < f->h->connections && !pthread_create(&th[n], NULL, par_main, &p); n++)
+                p.running++;
+            log_info("hub: %s: %d connections (one brought %" PRIu64 " KiB/s)", f->src->path, n,
+                     (f->fetched - fetched0) / (uint64_t)ms * 1000 / 1024);
+        }
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 50 * 1000000L;
+        if (until.tv_nsec >= 1000000000L)
+            until.tv_sec++, until.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&p.cv, &p.mu, &until);
+    }
+    if (rc) /* the workers stop at their next chunk */
+        p.rc = p.rc ? p.rc : rc;
+    pthread_mutex_unlock(&p.mu);
     for (int i = 0; i < n; i++)
         pthread_join(th[i], NULL);
-    int rc = p.rc;
+    free(buf);
     if (hub_cancelled(f->h))
         rc = cairn_fail(err, errlen, CAIRN_ESTATE, "cancelled");
-    else if (rc)
-        cairn_fail(err, errlen, rc, "%s: %s", f->src->path, p.err);
-    else if (ranges_missing(&p.have, 0, f->src->size))
+    else if (!rc && p.rc)
+        rc = cairn_fail(err, errlen, p.rc, "%s: %s", f->src->path, p.err);
+    else if (!rc && hashed != size)
         rc = cairn_fail(err, errlen, CAIRN_EIO, "%s: holes remain after the fetch", f->src->path);
     ranges_free(&p.have);
+    pthread_cond_destroy(&p.cv);
     pthread_mutex_destroy(&p.mu);
     return rc;
 }
@@ -329,9 +387,7 @@ int hub_fetch_file(struct file_fetch *f, const char *url, const char *partial_pa
     snprintf(have_path, sizeof have_path, "%s" RANGES_SUFFIX, partial_path);
     bool par = !rc && parallel_partial(f, have_path, f->have);
     if (par) {
-        rc = fetch_parallel(f, url, have_path, err, errlen);
-        if (!rc) /* whole: hashed in one pass */
-            rc = hash_partial(f, err, errlen);
+        rc = fetch_parallel(f, url, have_path, err, errlen); /* hashed as its prefix grew */
     } else if (!rc && f->have) {
         rc = hash_partial(f, err, errlen);
     } else if (!rc && sha256_init(&f->sha)) {
