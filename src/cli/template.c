@@ -23,7 +23,7 @@ static void usage(FILE *f)
             "                           render_ref.py sets them, unless --var overrides)\n"
             "  --messages F             a JSON array of OpenAI-style messages\n"
             "  --tools F                a JSON array of tools\n"
-            "  --add-generation-prompt  set add_generation_prompt to true\n"
+            "  --add-generation-prompt  set add_generation_prompt to true (false without it)\n"
             "  --var NAME=JSON          any other template variable (repeatable)\n"
             "  --vars F                 a JSON object of variables, applied before the above\n");
 }
@@ -153,8 +153,9 @@ int cli_template(int argc, char **argv)
             goto done;
         json_object_set_new(vars, "tools", tools);
     }
-    if (agp)
-        json_object_set_new(vars, "add_generation_prompt", json_true());
+    /* absent means false, as the models' own tooling renders it (a template that takes an
+     * undefined add_generation_prompt for true would otherwise add one) */
+    json_object_set_new(vars, "add_generation_prompt", json_boolean(agp));
     json_object_update(vars, extra);
 
     int e = tmpl_parse(&t, src, len, err, sizeof err);

@@ -435,6 +435,23 @@ static void test_cli(void)
     snprintf(cmd, sizeof cmd, "%s template --messages %s 2>/dev/null", CAIRN_BINARY, mpath);
     rc = system(cmd);
     CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "missing --template is bad usage (%d)", rc);
+    /* add_generation_prompt is false without the flag, not undefined: a template that takes
+     * undefined for true adds no generation prompt then */
+    char gpath[] = "/tmp/cairn_tmpl_genXXXXXX";
+    int gd = mkstemp(gpath);
+    const char *gen = "{% if add_generation_prompt is not defined or add_generation_prompt %}GEN{% endif %}.";
+    CHECK(gd >= 0 && write(gd, gen, strlen(gen)) == (ssize_t)strlen(gen), "template file");
+    close(gd);
+    for (int flag = 0; flag <= 1; flag++) {
+        snprintf(cmd, sizeof cmd, "%s template --template %s --messages %s %s > %s", CAIRN_BINARY, gpath, mpath,
+                 flag ? "--add-generation-prompt" : "", opath);
+        rc = system(cmd);
+        got = read_all(opath, &n);
+        CHECK(rc == 0 && got && !strcmp(got, flag ? "GEN." : "."), "add_generation_prompt %s: '%s'",
+              flag ? "given" : "absent", got ? got : "");
+        free(got);
+    }
+    unlink(gpath);
     unlink(mpath);
     unlink(opath);
 }
