@@ -335,13 +335,17 @@ function previewPanel(id) {
       : null));
 }
 
-function downloadsOf(model) {
-  const rows = [];
-  for (const d of ui.state.downloads)
-    if (!model || d.model_id === model) rows.push({ ...d, via: 'cluster' });
-  for (const p of Object.values(ui.pulls))
-    if (!model || p.model_id === model) rows.push(p);
-  return rows;
+/** The downloads to show: the cluster's (from the state) that have not completed, and
+ * the pulls this page runs (which it can cancel by ending their stream). */
+function downloadsOf() {
+  const rows = new Map();
+  for (const p of Object.values(ui.pulls)) rows.set(`${p.node_id}\u0000${p.model_id}`, p);
+  for (const d of ui.state.downloads) {
+    if (d.status === 'Completed') continue;
+    const k = `${d.node_id}\u0000${d.model_id}`;
+    rows.set(k, { ...d, via: rows.has(k) ? 'pull' : 'cluster' });
+  }
+  return [...rows.values()];
 }
 
 async function pull(ref, nodeId) {

@@ -1,0 +1,244 @@
+// The dashboard (issue 18) in a real browser: Debian's chromium, driven by playwright-core,
+// against real `cairn node` processes on 127.0.0.1 (discovery off) and the fake hub.
+// A two-node cluster shows both nodes (short ids) and their link; SIGKILL of one removes
+// its card within the node timeout; a model pulled from the fake hub shows its progress
+// and then appears on disk; placing it from its preview makes an instance that becomes
+// ready; a chat typed into the page streams a script model's answer and the page shows
+// exactly that text (its Markdown rendered, its HTML left as text); the draft model set
+// from the page is the one in /state; Stop cancels a long answer (the node counts a
+// cancelled request); a node with --api-key gets its key from the page's prompt.
+// Screenshots of every page, light and dark, go to CAIRN_ARTIFACTS_DIR (default
+// e2e-artifacts/dashboard under the working directory: build/ under ctest).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { SHARED, SLOW, makeTempDir, removeTempDir, startNode, http, waitState, clusterPort, makeModel,
+  makeScriptModel, placeInstance, instanceReady, metric, runCairn, sleep } from './cairn.mjs';
+import { startFakeHub } from './fakehub.mjs';
+
+const CHROMIUM = process.env.CAIRN_CHROMIUM || '/usr/bin/chromium';
+const T = { timeout: 300_000 * SLOW };
+const WAIT = 60_000 * SLOW; // generous bound of each wait for the page
+const NODE_TIMEOUT_S = 4;
+const ARTIFACTS = process.env.CAIRN_ARTIFACTS_DIR || path.resolve('e2e-artifacts/dashboard');
+const ANSWER_SEGMENTS = ['The answer is `42`', ' and <img src=x onerror=alert(1)> stays text.'];
+const ANSWER_SHOWN = 'The answer is 42 and <img src=x onerror=alert(1)> stays text.';
+const PULLED = 'hf.co/test-org/Tiny-GGUF:Q8_0';
+
+let chromium = null;
+try {
+  ({ chromium } = await import('playwright-core'));
+} catch { /* skipped below */ }
+const skip = !chromium ? 'playwright-core is not installed (npm ci in tests/e2e)'
+  : !fs.existsSync(CHROMIUM) ? `no browser at ${CHROMIUM} (apt-get install chromium)` : false;
+
+let dir, models, hub, a, b, browser, page;
+const nodes = [];
+const pageErrors = [];
+
+before(async () => {
+  if (skip)
+    return;
+  dir = makeTempDir();
+  models = path.join(dir, 'models');
+  await Promise.all([
+    makeScriptModel(models, 'answer', [...ANSWER_SEGMENTS, '<|im_end|>']),
+    makeScriptModel(models, 'answer-draft', [...ANSWER_SEGMENTS, '<|im_end|>']),
+    makeModel(models, 'small'),
+  ]);
+  const tiny = path.join(dir, 'tiny.gguf');
+  const r = await runCairn(['mkmodel', '--shape', 'tiny', '--vocab', path.join(SHARED, 'testdata/vocab/ggml-vocab-llama-spm.gguf'),
+    '--type', 'q8_0', '-o', tiny]);
+  assert.equal(r.code, 0, r.stderr);
+  hub = await startFakeHub({ repos: { 'test-org/Tiny-GGUF': { downloads: 42,
+    files: [{ path: 'Tiny-Q8_0.gguf', bytes: fs.readFileSync(tiny) }] } } });
+  hub.throttle = 4 << 20; // ~4 s for the 16 MiB file: its progress can be seen
+  process.env.HF_ENDPOINT = hub.url;
+  process.env.HF_TOKEN = '';
+  fs.mkdirSync(ARTIFACTS, { recursive: true });
+  const profile = path.join(dir, 'chromium-profile');
+  browser = await chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM, headless: true, viewport: { width: 1440, height: 900 },
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  });
+  page = browser.pages()[0] || await browser.newPage();
+  page.setDefaultTimeout(WAIT);
+  page.on('pageerror', (e) => pageErrors.push(e.message));
+  page.on('dialog', (d) => d.accept()); // confirm() of deletes
+});
+
+after(async () => {
+  await browser?.close();
+  for (const n of nodes)
+    await n.stop();
+  await hub?.close();
+  removeTempDir(dir);
+});
+
+async function nodeId(node) {
+  return (await http(`${node.url}/node_id`, { method: 'GET' })).json.node_id;
+}
+
+/** Screenshots of the page now, light and dark. */
+async function shots(name) {
+  for (const scheme of ['light', 'dark']) {
+    await page.emulateMedia({ colorScheme: scheme });
+    await sleep(150); // one frame for the new colours
+    await page.screenshot({ path: path.join(ARTIFACTS, `${name}-${scheme}.png`) });
+  }
+  await page.emulateMedia({ colorScheme: 'light' });
+}
+
+async function tab(name) {
+  await page.click(`#tabs a[data-tab=${name}]`);
+  await page.waitForSelector(`#${name}:not([hidden])`);
+}
+
+test('the page is served from the binary with its headers', { ...T, skip }, async () => {
+  a = await startNode(dir, models, { name: 'a', args: ['--node-timeout', String(NODE_TIMEOUT_S)],
+    expectModels: ['answer', 'answer-draft', 'small'] });
+  nodes.push(a);
+  const r = await fetch(`${a.url}/`, { headers: { 'accept-encoding': 'gzip' } });
+  assert.equal(r.status, 200);
+  assert.match(r.headers.get('content-type'), /^text\/html/);
+  assert.match(r.headers.get('content-security-policy'), /default-src 'none'; script-src 'self'/);
+  assert.equal(r.headers.get('content-encoding'), 'gzip');
+  const etag = r.headers.get('etag');
+  assert.match(etag, /^"[0-9a-f]{32}"$/);
+  const again = await fetch(`${a.url}/`, { headers: { 'if-none-match': etag } });
+  assert.equal(again.status, 304, 'the ETag revalidates');
+  const js = await fetch(`${a.url}/assets/app.js`);
+  assert.match(js.headers.get('content-type'), /^text\/javascript/);
+  assert.equal((await fetch(`${a.url}/assets/nothing.js`)).status, 404);
+});
+
+test('a two-node cluster shows both nodes and their link; a killed node goes', { ...T, skip }, async () => {
+  b = await startNode(dir, models, { name: 'b', args: ['--node-timeout', String(NODE_TIMEOUT_S),
+    '--peer', `127.0.0.1:${clusterPort(a)}`] });
+  nodes.push(b);
+  const [aId, bId] = [await nodeId(a), await nodeId(b)];
+  await waitState(a, (s) => s.nodes[bId] && s.edges.some((e) => e.from === aId && e.to === bId), 'b joined and linked');
+  await page.goto(`${a.url}/#cluster`);
+  await page.waitForSelector('#live.ok');
+  for (const id of [aId, bId]) {
+    const card = page.locator(`[data-node="${id}"]`);
+    await card.waitFor();
+    assert.ok((await card.innerText()).includes(id.slice(0, 8)), `the card of ${id} shows its short id`);
+  }
+  await page.locator(`[data-link="${aId}>${bId}"]`).waitFor();
+  assert.match(await page.locator(`[data-link="${aId}>${bId}"]`).innerText(), /\d+\.\d\d ms/, 'the link shows its RTT');
+  assert.match(await page.locator(`[data-node="${aId}"]`).innerText(), /master/, 'a is master');
+  assert.match(await page.locator('#sealed').innerText(), /open cluster/);
+  await shots('cluster');
+
+  // SIGKILL: b says nothing, and the master times it out
+  const t0 = Date.now();
+  b.proc.kill('SIGKILL');
+  await page.locator(`[data-node="${bId}"]`).waitFor({ state: 'detached', timeout: (NODE_TIMEOUT_S * 1000 + 30_000) * SLOW });
+  console.log(`figure: b's card went ${((Date.now() - t0) / 1000).toFixed(1)} s after SIGKILL (node timeout ${NODE_TIMEOUT_S} s)`);
+  assert.equal(await page.locator(`[data-link*="${bId}"]`).count(), 0, 'and its links with it');
+  await b.stop();
+  nodes.splice(nodes.indexOf(b), 1);
+});
+
+test('a model pulled from the fake hub shows progress, then is on disk; its preview places it', { ...T, skip }, async () => {
+  await tab('models');
+  await page.fill('#pull-ref', PULLED);
+  await page.click('#pull-go');
+  const row = page.locator(`[data-download="${PULLED}"]`).first();
+  await row.waitFor();
+  await page.waitForFunction((ref) => /[1-9]\d*% · /.test(document.querySelector(`[data-download="${ref}"] .prog`)?.textContent || ''),
+    PULLED);
+  await shots('models-pulling');
+  const text = await row.innerText().catch(() => '');
+  console.log(`info: progress row: ${text.replace(/\s+/g, ' ')}`);
+  await page.locator(`[data-model="${PULLED}"]`).waitFor();
+  await row.waitFor({ state: 'detached' });
+
+  await page.click(`[data-previews="${PULLED}"]`);
+  const place = page.locator(`[data-preview="${PULLED}"] [data-place]`).first();
+  await place.waitFor();
+  assert.match(await page.locator(`[data-preview="${PULLED}"]`).innerText(), /0–\d+ \(\d+\)/, 'layers per node');
+  await shots('models-previews');
+  await place.click();
+  await page.waitForSelector('#instances:not([hidden])');
+  const s = await waitState(a, (st) => Object.values(st.instances).some((i) => i.model_id === PULLED &&
+    instanceReady(st, i.instance_id)), 'the pulled model placed and ready');
+  const inst = Object.values(s.instances).find((i) => i.model_id === PULLED);
+  const card = page.locator(`[data-instance="${inst.instance_id}"]`);
+  await card.locator('.pill.st-Ready, .pill.st-Running').waitFor();
+  assert.match(await card.innerText(), /Ready|Running/);
+  await http(`${a.url}/instance/${inst.instance_id}`, { method: 'DELETE' });
+  await card.waitFor({ state: 'detached' });
+});
+
+test('a chat streams the script model\'s answer; the page shows exactly that text', { ...T, skip }, async () => {
+  const { id } = await placeInstance(a, { model_id: 'answer' });
+  await tab('chat');
+  await page.selectOption('#chat-model', 'answer');
+  await page.fill('#chat-input', 'What is the answer?');
+  await page.press('#chat-input', 'Enter');
+  const content = page.locator('.msg.assistant .content').last();
+  await page.locator('#send:not([hidden])').waitFor();
+  assert.equal((await content.textContent()).trim(), ANSWER_SHOWN);
+  assert.equal(await content.locator('code').textContent(), '42', 'Markdown code is rendered');
+  assert.equal(await content.locator('img').count(), 0, 'the model\'s HTML is text');
+  assert.match(await page.locator('.msg.assistant .figures').last().textContent(), /first token [\d.]+ s/);
+  // kept in the browser's storage
+  await page.reload();
+  await tab('chat');
+  assert.equal((await page.locator('.msg.assistant .content').last().textContent()).trim(), ANSWER_SHOWN);
+  await shots('chat');
+
+  // the draft model, from the instances page
+  await tab('instances');
+  const card = page.locator(`[data-instance="${id}"]`);
+  await card.waitFor();
+  await card.locator('select.draft-model').selectOption('answer-draft');
+  await card.locator('input.num-draft').fill('3');
+  await card.locator('button.apply-draft').click();
+  await waitState(a, (s) => s.instances[id]?.draft_model === 'answer-draft' && s.instances[id].num_draft_tokens === 3,
+    'the draft model set from the page');
+  await page.waitForFunction((iid) => /answer-draft · 3 tokens/.test(document.querySelector(`[data-instance="${iid}"] .draft-now`)?.textContent || ''), id);
+  await shots('instances');
+  await tab('metrics');
+  await page.locator('.chart').first().waitFor();
+  await shots('metrics');
+});
+
+test('Stop cancels a long answer', { ...T, skip }, async () => {
+  await placeInstance(a, { model_id: 'small' });
+  const cancelled = await metric(a, 'cairn_requests_total{outcome="cancelled"}');
+  await tab('chat');
+  await page.selectOption('#chat-model', 'small');
+  await page.fill('#chat-max_tokens', '3000');
+  await page.dispatchEvent('#chat-max_tokens', 'change');
+  await page.fill('#chat-input', 'Tell me a very long story.');
+  await page.press('#chat-input', 'Enter');
+  await page.waitForFunction(() => (document.querySelector('.msg.assistant:last-child .content')?.textContent || '').length > 20);
+  await page.click('#stop');
+  await page.locator('#send:not([hidden])').waitFor();
+  assert.match(await page.locator('.msg.assistant .figures').last().textContent(), /stopped/);
+  const until = Date.now() + WAIT;
+  while (await metric(a, 'cairn_requests_total{outcome="cancelled"}') <= cancelled && Date.now() < until)
+    await sleep(100);
+  assert.ok(await metric(a, 'cairn_requests_total{outcome="cancelled"}') > cancelled, 'the node cancelled the request');
+});
+
+test('with --api-key the page asks for the key once', { ...T, skip }, async () => {
+  const k = await startNode(dir, models, { name: 'k', args: ['--api-key', 'sesame'], apiKey: 'sesame' });
+  nodes.push(k);
+  await page.goto(`${k.url}/#cluster`);
+  await page.locator('#keydlg[open]').waitFor();
+  await page.fill('#keyin', 'sesame');
+  await page.click('#keydlg button');
+  await page.waitForSelector('#live.ok');
+  await page.locator(`[data-node="${await http(`${k.url}/node_id`, { method: 'GET', headers: { authorization: 'Bearer sesame' } })
+    .then((r) => r.json.node_id)}"]`).waitFor();
+  await page.reload();
+  await page.waitForSelector('#live.ok'); // kept for the session: no second prompt
+  assert.equal(await page.locator('#keydlg[open]').count(), 0);
+  assert.deepEqual(pageErrors, [], 'no script error on the page');
+});
