@@ -478,7 +478,7 @@ function renderModels() {
           h('td', null, h('strong', null, m.id), m.error ? h('div', { class: 'err' }, m.error) : null),
           h('td', null, m.architecture || '–'), h('td', { class: 'num' }, fmtBytes(m.bytes)),
           h('td', { class: 'num' }, m.n_layers ?? '–'), h('td', { class: 'num' }, m.context_length ?? '–'),
-          h('td', null, (m.nodes || []).map((n) => h('span', { class: 'chip' }, shortId(n),
+          h('td', null, [...new Set(m.nodes || [])].map((n) => h('span', { class: 'chip' }, shortId(n),
             h('button', { class: 'x', title: `delete from ${nodeName(n)}`, onclick: () => removeModel(m.id, n) }, '×')))),
           h('td', null, h('button', { 'data-previews': m.id, onclick: () => {
             const p = ui.previews[m.id];

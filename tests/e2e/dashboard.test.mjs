@@ -203,9 +203,6 @@ test('a chat streams the script model\'s answer; the page shows exactly that tex
     'the draft model set from the page');
   await page.waitForFunction((iid) => /answer-draft · 3 tokens/.test(document.querySelector(`[data-instance="${iid}"] .draft-now`)?.textContent || ''), id);
   await shots('instances');
-  await tab('metrics');
-  await page.locator('.chart').first().waitFor();
-  await shots('metrics');
 });
 
 test('Stop cancels a long answer', { ...T, skip }, async () => {
@@ -225,6 +222,10 @@ test('Stop cancels a long answer', { ...T, skip }, async () => {
   while (await metric(a, 'cairn_requests_total{outcome="cancelled"}') <= cancelled && Date.now() < until)
     await sleep(100);
   assert.ok(await metric(a, 'cairn_requests_total{outcome="cancelled"}') > cancelled, 'the node cancelled the request');
+  await shots('chat-stopped');
+  await tab('metrics');
+  await page.locator('.chart polyline').first().waitFor();
+  await shots('metrics');
 });
 
 test('with --api-key the page asks for the key once', { ...T, skip }, async () => {
