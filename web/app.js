@@ -592,7 +592,7 @@ function chart(title, series, unit) {
   const W = 320, H = 90;
   const all = series.flatMap((s) => s.points.map((p) => p[1])).filter(Number.isFinite);
   const max = Math.max(1e-9, ...all);
-  const t1 = Date.now(), t0 = t1 - 5 * 60_000;
+  const t1 = Date.now(), t0 = Math.max(t1 - 5 * 60_000, (ui.samples[0]?.t ?? t1) - 1000); // fills while young
   const g = svg('svg', { viewBox: `0 0 ${W} ${H}`, class: 'chart', preserveAspectRatio: 'none' });
   g.append(svg('line', { x1: 0, y1: H - 0.5, x2: W, y2: H - 0.5, class: 'axis' }));
   series.forEach((s, k) => {

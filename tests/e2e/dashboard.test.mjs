@@ -224,7 +224,7 @@ test('Stop cancels a long answer', { ...T, skip }, async () => {
   assert.ok(await metric(a, 'cairn_requests_total{outcome="cancelled"}') > cancelled, 'the node cancelled the request');
   await shots('chat-stopped');
   await tab('metrics');
-  await page.locator('.chart polyline').first().waitFor();
+  await page.locator('.chart polyline').first().waitFor({ state: 'attached' });
   await shots('metrics');
 });
 
