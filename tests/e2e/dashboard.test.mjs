@@ -228,6 +228,37 @@ test('Stop cancels a long answer', { ...T, skip }, async () => {
   await shots('metrics');
 });
 
+test('the Markdown renderer makes text of hostile input', { ...T, skip }, async () => {
+  await page.goto(`${a.url}/#chat`);
+  const got = await page.evaluate(async () => {
+    const { markdown } = await import('/assets/md.js');
+    const cases = ['<script>window.pwned=1</script>', '<img src=x onerror="window.pwned=1">',
+      '[click](javascript:window.pwned=1)', '**<b>bold</b>**', '```html\n<script>x</script>\n```',
+      '```js\nlet s = "unclosed', '| a | b |\n|---|---|\n| <i>1</i> | `2` |', '> <svg onload=alert(1)>',
+      '- [x](https://example.com/"onmouseover="alert(1))'];
+    return cases.map((text) => {
+      const div = document.createElement('div');
+      div.append(markdown(text));
+      document.body.append(div);
+      const r = { text, shown: div.textContent, tags: [...div.querySelectorAll('*')].map((e) => e.tagName.toLowerCase()),
+        hrefs: [...div.querySelectorAll('a')].map((x) => x.getAttribute('href')),
+        handlers: [...div.querySelectorAll('*')].some((e) => [...e.attributes].some((at) => /^on/i.test(at.name))) };
+      div.remove();
+      return r;
+    }).concat([{ pwned: !!window.pwned }]);
+  });
+  for (const r of got.slice(0, -1)) {
+    assert.ok(!r.tags.some((t) => ['script', 'img', 'svg', 'b', 'i', 'iframe'].includes(t)), `${r.text}: tags ${r.tags}`);
+    assert.ok(!r.handlers, `${r.text}: no event handler attribute`);
+    assert.ok(r.hrefs.every((h) => /^https?:\/\//.test(h)), `${r.text}: links ${r.hrefs}`);
+  }
+  assert.equal(got.at(-1).pwned, false);
+  assert.equal(got[3].shown, '<b>bold</b>', 'HTML inside bold is text');
+  assert.ok(got[4].tags.includes('pre') && got[4].shown.includes('<script>x</script>'), 'fenced HTML is code text');
+  assert.ok(got[5].tags.includes('pre'), 'an unclosed fence (a stream mid-way) is code already');
+  assert.ok(got[6].tags.includes('table') && got[6].shown.includes('<i>1</i>'), 'a table, its cells text');
+});
+
 test('with --api-key the page asks for the key once', { ...T, skip }, async () => {
   const k = await startNode(dir, models, { name: 'k', args: ['--api-key', 'sesame'], apiKey: 'sesame' });
   nodes.push(k);
