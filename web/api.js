@@ -57,44 +57,42 @@ export async function call(path, opts) {
   return t ? JSON.parse(t) : null;
 }
 
-/** Reads an SSE body: onEvent(data, event name) for each event until it ends. */
-export async function readSSE(body, onEvent) {
-  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
-  let buf = '';
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return;
-    buf += value;
-    let cut;
-    while ((cut = buf.search(/\r?\n\r?\n/)) >= 0) {
-      const block = buf.slice(0, cut);
-      buf = buf.slice(cut).replace(/^\r?\n\r?\n/, '');
-      let data = [], name = 'message';
-      for (const line of block.split(/\r?\n/)) {
-        if (line.startsWith('data:')) data.push(line.slice(5).replace(/^ /, ''));
-        else if (line.startsWith('event:')) name = line.slice(6).trim();
-      }
-      if (data.length) onEvent(data.join('\n'), name);
-    }
-  }
-}
-
-/** Reads an NDJSON body: onLine(object) for each line. */
-export async function readNDJSON(body, onLine) {
+/** Reads a text body piece by piece: onPiece(text) for each piece that sep ends (and for
+ * what is left at the end). */
+async function readPieces(body, sep, onPiece) {
   const reader = body.pipeThrough(new TextDecoderStream()).getReader();
   let buf = '';
   for (;;) {
     const { value, done } = await reader.read();
     if (done) break;
     buf += value;
-    let nl;
-    while ((nl = buf.indexOf('\n')) >= 0) {
-      const line = buf.slice(0, nl).trim();
-      buf = buf.slice(nl + 1);
-      if (line) onLine(JSON.parse(line));
+    let m;
+    while ((m = sep.exec(buf))) {
+      onPiece(buf.slice(0, m.index));
+      buf = buf.slice(m.index + m[0].length);
     }
   }
-  if (buf.trim()) onLine(JSON.parse(buf));
+  if (buf.trim()) onPiece(buf);
+}
+
+/** Reads an SSE body: onEvent(data, event name) for each event until it ends. */
+export function readSSE(body, onEvent) {
+  return readPieces(body, /\r?\n\r?\n/, (block) => {
+    const data = [];
+    let name = 'message';
+    for (const line of block.split(/\r?\n/)) {
+      if (line.startsWith('data:')) data.push(line.slice(5).replace(/^ /, ''));
+      else if (line.startsWith('event:')) name = line.slice(6).trim();
+    }
+    if (data.length) onEvent(data.join('\n'), name);
+  });
+}
+
+/** Reads an NDJSON body: onLine(object) for each line. */
+export function readNDJSON(body, onLine) {
+  return readPieces(body, /\n/, (line) => {
+    if (line.trim()) onLine(JSON.parse(line));
+  });
 }
 
 // ---- the cluster's state ----
