@@ -1,12 +1,13 @@
 // The dashboard (issue 18) in a real browser: Debian's chromium, driven by playwright-core,
 // against real `cairn node` processes on 127.0.0.1 (discovery off) and the fake hub.
 // A two-node cluster shows both nodes (short ids) and their link; SIGKILL of one removes
-// its card within the node timeout; a model pulled from the fake hub shows its progress
-// and then appears on disk; placing it from its preview makes an instance that becomes
-// ready; a chat typed into the page streams a script model's answer and the page shows
-// exactly that text (its Markdown rendered, its HTML left as text); the draft model set
-// from the page is the one in /state; Stop cancels a long answer (the node counts a
-// cancelled request); a node with --api-key gets its key from the page's prompt.
+// its card within the node timeout; the hub is searched; a pull cancelled from the page
+// leaves no model; a model pulled from the fake hub shows its progress and then appears
+// on disk; placing it from its preview makes an instance that becomes ready; a chat typed
+// into the page streams a script model's answer and the page shows exactly that text (its
+// Markdown rendered, its HTML left as text); the draft model set from the page is the one
+// in /state; Stop cancels a long answer (the node counts a cancelled request); hostile
+// Markdown renders as text; a node with --api-key gets its key from the page's prompt.
 // Screenshots of every page, light and dark, go to CAIRN_ARTIFACTS_DIR (default
 // e2e-artifacts/dashboard under the working directory: build/ under ctest).
 import { test, before, after } from 'node:test';
@@ -53,14 +54,13 @@ before(async () => {
   assert.equal(r.code, 0, r.stderr);
   hub = await startFakeHub({ repos: { 'test-org/Tiny-GGUF': { downloads: 42,
     files: [{ path: 'Tiny-Q8_0.gguf', bytes: fs.readFileSync(tiny) }] } } });
-  hub.throttle = 4 << 20; // ~4 s for the 16 MiB file: its progress can be seen
   process.env.HF_ENDPOINT = hub.url;
   process.env.HF_TOKEN = '';
   fs.mkdirSync(ARTIFACTS, { recursive: true });
   const profile = path.join(dir, 'chromium-profile');
   browser = await chromium.launchPersistentContext(profile, {
     executablePath: CHROMIUM, headless: true, viewport: { width: 1440, height: 900 },
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--disable-quic', '--no-first-run',
       '--disable-background-networking', '--disable-component-update', '--disable-sync'],
   });
   page = browser.pages()[0] || await browser.newPage();
@@ -145,7 +145,24 @@ test('a two-node cluster shows both nodes and their link; a killed node goes', {
 
 test('a model pulled from the fake hub shows progress, then is on disk; its preview places it', { ...T, skip }, async () => {
   await tab('models');
+  await page.fill('#model-search', 'Tiny');
+  await page.press('#model-search', 'Enter');
+  assert.match(await page.locator('[data-repo="test-org/Tiny-GGUF"]').innerText(), /42 downloads/, 'the hub searched');
+
+  // a slow pull cancelled from the page: no model, and the hub stops sending
+  hub.throttle = 256 << 10;
   await page.fill('#pull-ref', PULLED);
+  await page.click('#pull-go');
+  const cancel = page.locator(`[data-download="${PULLED}"] button`, { hasText: 'Cancel' }).first();
+  await cancel.click();
+  await cancel.waitFor({ state: 'detached' });
+  const models = async () => (await http(`${a.url}/models`, { method: 'GET' })).json.models.map((m) => m.id);
+  assert.ok(!(await models()).includes(PULLED), 'a cancelled pull leaves no model');
+  const sent = hub.storageBytes;
+  await sleep(1500);
+  assert.ok(hub.storageBytes - sent < 256 << 10, `the hub stopped sending (${hub.storageBytes - sent} bytes in 1.5 s)`);
+
+  hub.throttle = 4 << 20; // ~4 s for the 16 MiB file: its progress can be seen
   await page.click('#pull-go');
   const row = page.locator(`[data-download="${PULLED}"]`).first();
   await row.waitFor();
