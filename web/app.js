@@ -533,6 +533,14 @@ function rate(name, label) { // per second between the last two samples
   return (vb - va) / ((b.t - a.t) / 1000);
 }
 
+/** An instance's tokens/s and draft acceptance between the last two samples, from the
+ * requests of this node that ended on it. */
+function instanceRates(id) {
+  const tps = rate('cairn_instance_completion_tokens_total', id);
+  const d = rate('cairn_instance_draft_tokens_total', id), acc = rate('cairn_instance_accepted_draft_tokens_total', id);
+  return `${fmtNum(tps)}` + (d > 0 ? ` · drafts accepted ${fmtNum((100 * acc) / d, 0)}%` : '');
+}
+
 function renderInstances() {
   const s = ui.state;
   const el = $('instances');
@@ -567,6 +575,7 @@ function renderInstances() {
             h('td', { class: 'num' }, r?.restart_count ?? '–'), h('td', { class: 'num' }, r?.epoch ?? '–'));
         }))),
       h('dl', { class: 'kv' },
+        h('dt', null, 'tokens/s'), h('dd', { class: 'inst-tps' }, instanceRates(id)),
         h('dt', null, 'sequences'), h('dd', null, `${last.cairn_runner_busy_slots?.[id] ?? '–'} running of ${last.cairn_runner_slots?.[id] ?? '–'} slots · ${last.cairn_runner_queue_length?.[id] ?? '–'} queued`),
         h('dt', null, 'KV cache'), h('dd', null, kvT ? `${kvU} of ${kvT} blocks (${Math.round((100 * kvU) / kvT)}%)` : '–'),
         h('dt', null, 'draft'), h('dd', { class: 'draft-now' }, inst.draft_model ? `${inst.draft_model} · ${inst.num_draft_tokens} tokens` : 'none')),
@@ -629,6 +638,9 @@ function renderMetrics() {
     h('div', { class: 'charts' },
       chart('tokens/s', [{ name: 'generated', points: deriv('cairn_completion_tokens_total') },
         { name: 'prompt', points: deriv('cairn_prompt_tokens_total') }], 'tok/s'),
+      chart('tokens/s per instance', [...ids].map((id) => ({ name: `${ui.state.instances[id]?.model_id || '?'} ${shortId(id)}`,
+        points: ui.samples.slice(1).map((s, i) => [s.t, Math.max(0, ((s.m.cairn_instance_completion_tokens_total?.[id] ?? NaN) -
+          (ui.samples[i].m.cairn_instance_completion_tokens_total?.[id] ?? NaN)) / ((s.t - ui.samples[i].t) / 1000))]) })), 'tok/s'),
       chart('requests/s', [{ name: 'all outcomes', points: deriv('cairn_requests_total') }], 'req/s'),
       chart('running sequences', per('cairn_runner_busy_slots'), ''),
       chart('queue', per('cairn_runner_queue_length'), ''),

@@ -209,6 +209,9 @@ test('a chat streams the script model\'s answer; the page shows exactly that tex
   assert.equal((await page.locator('.msg.assistant .content').last().textContent()).trim(), ANSWER_SHOWN);
   await shots('chat');
 
+  // the node counts the instance's tokens, for its tokens/s on the page
+  assert.ok(await metric(a, `cairn_instance_completion_tokens_total{instance="${id}"}`) > 0, 'per-instance tokens');
+
   // the draft model, from the instances page
   await tab('instances');
   const card = page.locator(`[data-instance="${id}"]`);
