@@ -15,7 +15,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { SHARED, SLOW, makeTempDir, removeTempDir, startNode, http, waitState, clusterPort, makeModel,
-  makeScriptModel, placeInstance, instanceReady, metric, runCairn, sleep } from './cairn.mjs';
+  makeScriptModel, placeInstance, instanceReady, metric, runCairn, sleep, assertStopsCleanly } from './cairn.mjs';
 import { startFakeHub } from './fakehub.mjs';
 
 const CHROMIUM = process.env.CAIRN_CHROMIUM || '/usr/bin/chromium';
@@ -293,4 +293,13 @@ test('with --api-key the page asks for the key once', { ...T, skip }, async () =
   await page.waitForSelector('#live.ok'); // kept for the session: no second prompt
   assert.equal(await page.locator('#keydlg[open]').count(), 0);
   assert.deepEqual(pageErrors, [], 'no script error on the page');
+});
+
+test('the nodes the page used stop cleanly (under ASan: no leak, no error)', { ...T, skip }, async () => {
+  await browser.close();
+  browser = null;
+  for (const n of [...nodes]) {
+    await assertStopsCleanly(n);
+    nodes.splice(nodes.indexOf(n), 1);
+  }
 });
