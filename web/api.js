@@ -212,6 +212,7 @@ export function liveState(onChange, onStatus) {
           if (!state) early.push(e);
           else take(e);
         });
+        reading.catch(() => {}); // awaited below; a resync before then is handled there
         state = await call('/state', { signal: ctl.signal });
         for (const e of early)
           if (e.term > state.last_applied.term || e.index > state.last_applied.index) take(e);

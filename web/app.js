@@ -689,7 +689,7 @@ function renderChatModels() {
   if (!sel || !ui.state || document.activeElement === sel) return;
   const ids = chatModels();
   const ready = new Set(Object.values(ui.state.instances).filter((i) => ['Ready', 'Running'].includes(instanceStatus(i))).map((i) => i.model_id));
-  if (!chat.settings.model && ids.length) chat.settings.model = [...ready][0] || ids[0];
+  if (!ids.includes(chat.settings.model) && ids.length) chat.settings.model = [...ready][0] || ids[0];
   fill(sel, ids.map((id) => h('option', { value: id, selected: id === chat.settings.model }, id + (ready.has(id) ? '' : ' (not placed)'))));
 }
 
