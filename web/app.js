@@ -449,6 +449,8 @@ function renderModels() {
   const q = ui.query.toLowerCase();
   const local = ui.models.filter((m) => !q || m.id.toLowerCase().includes(q) || (m.name || '').toLowerCase().includes(q));
   const dl = downloadsOf();
+  // previews asked for models that no node has (a catalog card, a hub reference)
+  const remote = Object.keys(ui.previews).filter((id) => ui.previews[id].open && !ui.models.some((m) => m.id === id));
   const pullIn = h('input', { id: 'pull-ref', placeholder: 'hf.co/OWNER/REPO:Q4_K_M', size: 40, value: ui.pullRef || '',
     oninput: (e) => { ui.pullRef = e.target.value; } });
   const pullNode = nodeSelect('pull-node');
@@ -486,18 +488,28 @@ function renderModels() {
           } }, ui.previews[m.id]?.open ? 'Hide' : 'Placements'))),
         previewPanel(m.id)]))),
       !local.length ? h('p', { class: 'muted' }, 'No model matches. Pull one from the hub.') : null),
+    remote.length ? h('div', { class: 'panel' }, h('h2', null, 'Placements of models not on disk'),
+      h('table', { class: 'grid', id: 'remote-previews' }, h('tbody', null, remote.map((id) => [
+        h('tr', null, h('td', { colspan: 6 }, h('strong', null, id)),
+          h('td', null, h('button', { onclick: () => { ui.previews[id].open = false; render(); } }, 'Hide'))),
+        previewPanel(id)])))) : null,
     ui.catalog ? h('div', { class: 'panel' }, h('h2', null, 'Catalog'),
-      h('table', { class: 'grid', id: 'catalog' }, h('tbody', null, ui.catalog.map((c) => h('tr', null,
+      h('table', { class: 'grid', id: 'catalog' }, h('tbody', null, ui.catalog.filter((c) => !q ||
+        `${c.id} ${c.repo}`.toLowerCase().includes(q)).map((c) => h('tr', { 'data-card': c.id },
         h('td', null, h('strong', null, c.id), c.gated ? h('span', { class: 'pill warn' }, 'gated') : null),
         h('td', null, c.arch || ''), h('td', null, c.params || ''), h('td', { class: 'num' }, c.ctx ?? ''),
-        h('td', null, (c.quants || []).map((qq) => h('button', { class: 'ghost', title: fmtBytes(qq.bytes),
-          onclick: () => pull(`hf.co/${c.repo}:${qq.tag}`, pullNode.value) }, `${qq.tag} ${fmtBytes(qq.bytes)}`))))))))
+        h('td', null, (c.quants || []).map((qq) => h('span', { class: 'chip' }, `${qq.tag} ${fmtBytes(qq.bytes)}`,
+          h('button', { class: 'x', title: `pull ${qq.tag} onto the chosen node`,
+            onclick: () => pull(`hf.co/${c.repo}:${qq.tag}`, pullNode.value) }, '↓'),
+          h('button', { class: 'x', title: `where ${qq.tag} would go`,
+            onclick: () => loadPreview(`hf.co/${c.repo}:${qq.tag}`) }, '⧉')))))))))
       : null,
     ui.hub.length ? h('div', { class: 'panel' }, h('h2', null, 'Hugging Face hub'),
       h('table', { class: 'grid', id: 'hub' }, h('tbody', null, ui.hub.map((r) => h('tr', { 'data-repo': r.id },
         h('td', null, h('strong', null, r.id), r.gated ? h('span', { class: 'pill warn' }, 'gated') : null),
         h('td', { class: 'num' }, `${r.downloads ?? 0} downloads`),
         h('td', null, h('button', { onclick: () => { ui.pullRef = pullIn.value = `hf.co/${r.id}`; pullIn.focus(); } }, 'Choose'),
+          ' ', h('button', { onclick: () => loadPreview(`hf.co/${r.id}`) }, 'Placements'),
           ' ', h('button', { class: 'primary', onclick: () => pull(`hf.co/${r.id}`, pullNode.value) }, 'Pull'))))))) : null);
   if (modelsFocus) {
     const f = document.getElementById(modelsFocus.id);

@@ -248,6 +248,33 @@ test('Stop cancels a long answer', { ...T, skip }, async () => {
   await shots('metrics');
 });
 
+test('the catalog and the cluster\'s downloads light up where the node has their routes', { ...T, skip }, async () => {
+  // Routes this node does not have yet, answered here as their specification says
+  // (GET /catalog, POST /download/start): the page uses them when they answer.
+  const started = [];
+  await page.route('**/catalog?*', (r) => r.fulfill({ status: 200, contentType: 'application/json',
+    body: JSON.stringify({ models: [{ id: 'tiny-card', repo: 'test-org/Tiny-GGUF', arch: 'llama', params: '15M',
+      quants: [{ tag: 'Q8_0', bytes: 16 << 20 }], ctx: 2048, gated: false }] }) }));
+  await page.route('**/download/start', (r) => {
+    started.push(JSON.parse(r.request().postData()));
+    return r.fulfill({ status: 200, contentType: 'application/json', body: '{}' });
+  });
+  try {
+    await page.goto(`${a.url}/?fresh#models`); // a new page: it asks for the routes again
+    const card = page.locator('[data-card="tiny-card"]');
+    await card.waitFor();
+    assert.match(await card.innerText(), /Q8_0 16 MiB/);
+    await card.locator('button[title^="pull Q8_0"]').click();
+    await page.waitForFunction(() => document.querySelector('#toasts')?.textContent.includes('pulling'));
+    assert.deepEqual(started, [{ model: 'hf.co/test-org/Tiny-GGUF:Q8_0', node_id: await nodeId(a) }]);
+    await card.locator('button[title^="where Q8_0"]').click();
+    await page.locator('[data-preview="hf.co/test-org/Tiny-GGUF:Q8_0"]').waitFor(); // candidates, or why none
+    await shots('models-catalog');
+  } finally {
+    await page.unrouteAll();
+  }
+});
+
 test('the Markdown renderer makes text of hostile input', { ...T, skip }, async () => {
   await page.goto(`${a.url}/#chat`);
   const got = await page.evaluate(async () => {
