@@ -275,6 +275,41 @@ test('the catalog and the cluster\'s downloads light up where the node has their
   }
 });
 
+test('reasoning shows collapsed, tool calls show, and an answer\'s drafted/accepted tokens', { ...T, skip }, async () => {
+  // An OpenAI stream as a reasoning model with tools and a draft model sends it, answered
+  // in the browser (no script model can say all of it): the page's rendering of each part.
+  const chunk = (delta, extra = {}) => `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', model: 'answer',
+    choices: [{ index: 0, delta, finish_reason: null }], ...extra })}\n\n`;
+  const body = chunk({ role: 'assistant', content: '' }) + chunk({ reasoning_content: 'First, <b>weigh</b> it.' }) +
+    chunk({ content: 'Calling the **tool**.' }) +
+    chunk({ tool_calls: [{ index: 0, id: 't1', type: 'function', function: { name: 'get_weather', arguments: '{"city":' } }] }) +
+    chunk({ tool_calls: [{ index: 0, function: { arguments: ' "Paris"}' } }] }) +
+    `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', choices: [{ index: 0, delta: {}, finish_reason: 'tool_calls' }] })}\n\n` +
+    `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', choices: [],
+      usage: { prompt_tokens: 9, completion_tokens: 12, draft_tokens: 8, accepted_draft_tokens: 6 } })}\n\n` +
+    'data: [DONE]\n\n';
+  await page.route('**/v1/chat/completions', (r) => r.fulfill({ status: 200, contentType: 'text/event-stream', body }));
+  try {
+    await page.goto(`${a.url}/?chat#chat`);
+    await page.locator('#chat-model option').first().waitFor({ state: 'attached' });
+    await page.click('.chats button.primary'); // a new conversation
+    await page.fill('#chat-input', 'Weather in Paris?');
+    await page.press('#chat-input', 'Enter');
+    const msg = page.locator('.msg.assistant').last();
+    await msg.locator('.figures').waitFor();
+    const details = msg.locator('details.reasoning');
+    assert.equal(await details.getAttribute('open'), null, 'reasoning is collapsed');
+    assert.equal((await details.locator('.md').textContent()).trim(), 'First, <b>weigh</b> it.');
+    assert.equal((await msg.locator('.content').textContent()).trim(), 'Calling the tool.');
+    assert.equal(await msg.locator('.tool strong').textContent(), 'get_weather');
+    assert.equal(await msg.locator('.tool pre').textContent(), '{"city": "Paris"}');
+    assert.match(await msg.locator('.figures').textContent(), /12 tokens .*drafted 8, accepted 6 \(75%\).*finish: tool_calls/);
+    await shots('chat-reasoning-tools');
+  } finally {
+    await page.unrouteAll();
+  }
+});
+
 test('the Markdown renderer makes text of hostile input', { ...T, skip }, async () => {
   await page.goto(`${a.url}/#chat`);
   const got = await page.evaluate(async () => {
