@@ -210,6 +210,7 @@ function renderCluster() {
             `${inst?.model_id || '?'} `, sh ? h('span', { class: 'muted' }, `layers ${sh.layer_begin}–${sh.layer_end}`) : null,
             h('span', { class: 'muted' }, ` ${r.status}`));
         }) : h('span', { class: 'muted' }, 'holds no model'),
+        onDisk(id),
         dls.map((d) => h('div', { class: 'hold' }, '↓ ', d.model_id, ' ', h('span', { class: 'muted' }, pct(d))))));
   });
   const links = s.edges.filter((e) => s.nodes[e.from] && s.nodes[e.to]).map((e) =>
@@ -232,6 +233,12 @@ function renderCluster() {
           : h('p', { class: 'muted' }, 'No links: a cluster of one.'))),
     h('h2', null, `Nodes (${ids.length})`),
     h('div', { class: 'cards', id: 'nodes' }, cards));
+}
+
+/** The models on a node's disk, as a line of the card. */
+function onDisk(id) {
+  const ids = ui.models.filter((m) => (m.nodes || []).includes(id)).map((m) => m.id);
+  return ids.length ? h('div', { class: 'hold muted disk' }, `on disk: ${ids.join(', ')}`) : null;
 }
 
 function pct(d) {
@@ -576,6 +583,10 @@ function renderInstances() {
       h('header', null, h('strong', null, inst.model_id), h('code', { class: 'nid', title: id }, shortId(id)),
         h('span', { class: `pill st-${st}` }, st), h('span', { class: 'muted' }, `${inst.sharding} · epoch ${inst.epoch}`),
         h('span', { class: 'spacer' }),
+        h('button', { class: 'ghost', title: 'chat with this model', onclick: () => {
+          chat.settings.model = inst.model_id;
+          location.hash = '#chat';
+        } }, 'Chat'),
         h('button', { class: 'ghost danger', onclick: () => deleteInstance(id) }, 'Delete')),
       h('table', { class: 'grid' }, h('thead', null, h('tr', null, ['rank', 'node', 'layers', 'runner', 'restarts', 'epoch'].map((x) => h('th', null, x)))),
         h('tbody', null, inst.shards.map((sh) => {
@@ -713,6 +724,7 @@ function figures(m) {
   if (f.tokens) parts.push(`${f.tokens} tokens`);
   if (Number.isFinite(f.tps)) parts.push(`${f.tps.toFixed(1)} tok/s`);
   if (f.drafted) parts.push(`drafted ${f.drafted}, accepted ${f.accepted} (${Math.round((100 * f.accepted) / f.drafted)}%)`);
+  if (f.live) parts.push('streaming…');
   if (f.stopped) parts.push('stopped');
   if (f.finish && f.finish !== 'stop') parts.push(`finish: ${f.finish}`);
   return h('div', { class: 'figures' }, parts.join(' · '));
@@ -838,6 +850,11 @@ async function send() {
         if (t.function?.arguments) slot.arguments += t.function.arguments;
       }
       if (ch.finish_reason) finish = ch.finish_reason;
+      if (first) { // the figures so far, from the pieces that came
+        const now = performance.now();
+        Object.assign(a.figures, { live: true, ttft: first - t0, tokens: chunks,
+          tps: chunks > 1 && now > first ? ((chunks - 1) * 1000) / (now - first) : NaN });
+      }
       paint();
     });
   } catch (e) {
@@ -846,7 +863,7 @@ async function send() {
   } finally {
     const t1 = performance.now();
     const tokens = usage?.completion_tokens ?? chunks;
-    Object.assign(a.figures, { ttft: first ? first - t0 : NaN, tokens,
+    Object.assign(a.figures, { live: false, ttft: first ? first - t0 : NaN, tokens,
       tps: first && t1 > first && tokens > 1 ? ((tokens - 1) * 1000) / (t1 - first) : NaN,
       drafted: usage?.draft_tokens || 0, accepted: usage?.accepted_draft_tokens || 0, finish });
     if (!a.tool_calls.length) delete a.tool_calls;
@@ -867,6 +884,15 @@ async function start() {
   setAuthHandler(askKey);
   loadChats();
   window.addEventListener('hashchange', () => showTab(location.hash.slice(1)));
+  document.addEventListener('keydown', (e) => {
+    if (e.ctrlKey || e.metaKey || e.altKey || e.target.closest('input, textarea, select, dialog')) return;
+    const tabs = ['cluster', 'models', 'instances', 'chat', 'metrics'];
+    if (e.key >= '1' && e.key <= '5') location.hash = `#${tabs[Number(e.key) - 1]}`;
+    else if (e.key === '/' && ui.tab === 'models') {
+      e.preventDefault();
+      $('model-search')?.focus();
+    }
+  });
   try {
     ui.self = (await call('/node_id')).node_id;
   } catch (e) {
