@@ -341,8 +341,11 @@ test('the Markdown renderer makes text of hostile input', { ...T, skip }, async 
   assert.ok(got[6].tags.includes('table') && got[6].shown.includes('<i>1</i>'), 'a table, its cells text');
 });
 
-test('with --api-key the page asks for the key once', { ...T, skip }, async () => {
-  const k = await startNode(dir, models, { name: 'k', args: ['--api-key', 'sesame'], apiKey: 'sesame' });
+test('with --api-key the page asks for the key once; a cluster with a secret shows sealed', { ...T, skip }, async () => {
+  const secret = path.join(dir, 'cluster-secret');
+  fs.writeFileSync(secret, 'dashboard-e2e-secret\n', { mode: 0o600 });
+  const k = await startNode(dir, models, { name: 'k', args: ['--api-key', 'sesame', '--cluster-secret-file', secret],
+    apiKey: 'sesame' });
   nodes.push(k);
   await page.goto(`${k.url}/#cluster`);
   await page.locator('#keydlg[open]').waitFor();
@@ -351,6 +354,7 @@ test('with --api-key the page asks for the key once', { ...T, skip }, async () =
   await page.waitForSelector('#live.ok');
   await page.locator(`[data-node="${await http(`${k.url}/node_id`, { method: 'GET', headers: { authorization: 'Bearer sesame' } })
     .then((r) => r.json.node_id)}"]`).waitFor();
+  assert.match(await page.locator('#sealed').innerText(), /sealed cluster/, 'a cluster with a secret is sealed');
   await page.reload();
   await page.waitForSelector('#live.ok'); // kept for the session: no second prompt
   assert.equal(await page.locator('#keydlg[open]').count(), 0);
