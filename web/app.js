@@ -506,10 +506,10 @@ function renderModels() {
         h('td', null, h('strong', null, c.id), c.gated ? h('span', { class: 'pill warn' }, 'gated') : null),
         h('td', null, c.arch || ''), h('td', null, c.params || ''), h('td', { class: 'num' }, c.ctx ?? ''),
         h('td', null, (c.quants || []).map((qq) => h('span', { class: 'chip' }, `${qq.tag} ${fmtBytes(qq.bytes)}`,
-          h('button', { class: 'x', title: `pull ${qq.tag} onto the chosen node`,
-            onclick: () => pull(`hf.co/${c.repo}:${qq.tag}`, pullNode.value) }, '↓'),
-          h('button', { class: 'x', title: `where ${qq.tag} would go`,
-            onclick: () => loadPreview(`hf.co/${c.repo}:${qq.tag}`) }, '⧉')))))))))
+          h('button', { class: 'link', title: `pull ${qq.tag} onto the chosen node`,
+            onclick: () => pull(`hf.co/${c.repo}:${qq.tag}`, pullNode.value) }, 'pull'),
+          h('button', { class: 'link', title: `where ${qq.tag} would go`,
+            onclick: () => loadPreview(`hf.co/${c.repo}:${qq.tag}`) }, 'placements')))))))))
       : null,
     ui.hub.length ? h('div', { class: 'panel' }, h('h2', null, 'Hugging Face hub'),
       h('table', { class: 'grid', id: 'hub' }, h('tbody', null, ui.hub.map((r) => h('tr', { 'data-repo': r.id },
