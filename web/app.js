@@ -163,9 +163,10 @@ function graph(s) {
     const [a, b] = k.split('|');
     const [x1, y1] = pos[a], [x2, y2] = pos[b];
     const rtt = Math.min(...es.map((e) => e.rtt_us));
+    const bw = Math.max(...es.map((e) => e.throughput_bytes_per_s || 0));
     g.append(svg('line', { x1, y1, x2, y2, class: 'edge' }),
       svg('text', { x: (x1 + x2) / 2, y: (y1 + y2) / 2 - 6, class: 'edge-label', 'text-anchor': 'middle' },
-        `${(rtt / 1000).toFixed(2)} ms`));
+        `${(rtt / 1000).toFixed(2)} ms${bw ? ` · ${fmtRate(bw)}` : ''}`));
   }
   for (const id of ids) {
     const [x, y] = pos[id];
