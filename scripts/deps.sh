@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(build-essential clang cmake pkg-config libjansson-dev libpcre2-dev python3 python3-jinja2
       libczmq-dev libzmq3-dev libsodium-dev libmicrohttpd-dev libsqlite3-dev libcurl4-openssl-dev libssl-dev
-      curl iproute2)
+      curl iproute2 chromium)  # chromium: the dashboard's browser tests (tests/e2e/dashboard.test.mjs)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 # node and npm run the end-to-end tests (tests/e2e; Debian 12's node 18 is enough). A node

@@ -71,6 +71,8 @@ struct req {
 struct runner_figures {
     char instance_id[IDS_ID_MAX + 1];
     struct task_stats s; /* pipeline members 0 unless rank 0 of a pipeline */
+    /* what this node's requests that ended on the instance generated and drafted */
+    int64_t completion_tokens, draft_tokens, accepted_draft_tokens;
 };
 
 #define MAX_FIGURES 64
@@ -185,6 +187,19 @@ static void on_seq_done(struct req *r, const struct task_msg *m)
     r->seqs_done++;
 }
 
+/* The figures of an instance, made when new (the last slot is reused when all are taken;
+ * under mu). */
+static struct runner_figures *figures_of(struct gen_node *g, const char *instance_id)
+{
+    for (int i = 0; i < g->n_runners; i++)
+        if (!strcmp(g->runners[i].instance_id, instance_id))
+            return &g->runners[i];
+    struct runner_figures *f = &g->runners[g->n_runners < MAX_FIGURES ? g->n_runners++ : MAX_FIGURES - 1];
+    memset(f, 0, sizeof *f);
+    snprintf(f->instance_id, sizeof f->instance_id, "%s", instance_id);
+    return f;
+}
+
 static void on_done(struct gen_node *g, size_t at, const struct task_msg *m)
 {
     struct req *r = g->live[at];
@@ -207,6 +222,10 @@ static void on_done(struct gen_node *g, size_t at, const struct task_msg *m)
     g->fig.cached_tokens += (uint64_t)r->total.cached_tokens;
     g->fig.draft_tokens += (uint64_t)r->total.draft_tokens;
     g->fig.accepted_draft_tokens += (uint64_t)r->total.accepted_draft_tokens;
+    struct runner_figures *rf = figures_of(g, r->instance_id);
+    rf->completion_tokens += r->total.completion_tokens;
+    rf->draft_tokens += r->total.draft_tokens;
+    rf->accepted_draft_tokens += r->total.accepted_draft_tokens;
     hist_add(&g->fig.duration, (double)(clock_ns() - r->submitted_ns) / 1e9);
     if (m->finish == RUNNER_FINISH_CANCELLED)
         g->fig.cancelled++;
@@ -220,17 +239,8 @@ static void on_done(struct gen_node *g, size_t at, const struct task_msg *m)
 /* Keeps the stats member of a runner line by instance (under mu). */
 static void keep_stats(struct gen_node *g, const char *instance_id, const struct task_msg *m)
 {
-    if (!m->has_stats)
-        return;
-    struct runner_figures *f = NULL;
-    for (int i = 0; i < g->n_runners && !f; i++)
-        if (!strcmp(g->runners[i].instance_id, instance_id))
-            f = &g->runners[i];
-    if (!f) {
-        f = &g->runners[g->n_runners < MAX_FIGURES ? g->n_runners++ : MAX_FIGURES - 1];
-        snprintf(f->instance_id, sizeof f->instance_id, "%s", instance_id);
-    }
-    f->s = m->stats;
+    if (m->has_stats)
+        figures_of(g, instance_id)->s = m->stats;
 }
 
 static void on_line(void *ctx, const char *from, const char *line, size_t len)
@@ -868,6 +878,13 @@ static void h_metrics(struct http_request *req, void *ctx)
         {"cairn_kv_cache_blocks_total", "gauge", "KV cache blocks in all.", offsetof(struct runner_figures, s.kv_blocks_total)},
         {"cairn_runner_preemptions_total", "counter", "Sequences preempted for KV room.",
          offsetof(struct runner_figures, s.preemptions)},
+        {"cairn_instance_completion_tokens_total", "counter", "Tokens generated for this node's requests to the instance.",
+         offsetof(struct runner_figures, completion_tokens)},
+        {"cairn_instance_draft_tokens_total", "counter", "Draft tokens proposed for this node's requests to the instance.",
+         offsetof(struct runner_figures, draft_tokens)},
+        {"cairn_instance_accepted_draft_tokens_total", "counter",
+         "Draft tokens accepted for this node's requests to the instance.",
+         offsetof(struct runner_figures, accepted_draft_tokens)},
         {"cairn_pipeline_steps_total", "counter", "Steps rank 0 sent around the pipeline (0: one node).",
          offsetof(struct runner_figures, s.pipeline_steps)},
         {"cairn_pipeline_rank0_compute_microseconds_total", "counter", "Rank 0's time in its own layers.",

@@ -79,6 +79,11 @@ int http_route(struct http_server *srv, const char *method, const char *pattern,
 int http_route_errors(struct http_server *srv, const char *method, const char *pattern,
                       http_handler_fn fn, void *ctx, http_error_fn errors);
 
+/* As http_route, for a route served without the API key (the dashboard's page and
+ * assets, which hold no data: the page asks for the key and sends it on every API call). */
+int http_route_open(struct http_server *srv, const char *method, const char *pattern,
+                    http_handler_fn fn, void *ctx);
+
 /* Starts serving on the socket bound by create. */
 int http_server_start(struct http_server *srv, char *err, size_t errlen);
 

@@ -27,6 +27,7 @@ struct route {
     http_handler_fn fn;
     void *ctx;
     http_error_fn errors; /* the route's error shape, or NULL */
+    bool open;            /* served without the API key (http_route_open) */
 };
 
 /* A header for a reply, in a list. */

@@ -210,8 +210,23 @@ int http_route(struct http_server *srv, const char *method, const char *pattern,
     return http_route_errors(srv, method, pattern, fn, ctx, NULL);
 }
 
+static int add_route(struct http_server *srv, const char *method, const char *pattern,
+                     http_handler_fn fn, void *ctx, http_error_fn errors, bool open);
+
 int http_route_errors(struct http_server *srv, const char *method, const char *pattern,
                       http_handler_fn fn, void *ctx, http_error_fn errors)
+{
+    return add_route(srv, method, pattern, fn, ctx, errors, false);
+}
+
+int http_route_open(struct http_server *srv, const char *method, const char *pattern,
+                    http_handler_fn fn, void *ctx)
+{
+    return add_route(srv, method, pattern, fn, ctx, NULL, true);
+}
+
+static int add_route(struct http_server *srv, const char *method, const char *pattern,
+                     http_handler_fn fn, void *ctx, http_error_fn errors, bool open)
 {
     if (!srv || !method || !pattern || !fn || pattern[0] != '/' || !method[0])
         return CAIRN_EINVAL;
@@ -232,6 +247,7 @@ int http_route_errors(struct http_server *srv, const char *method, const char *p
     r.fn = fn;
     r.ctx = ctx;
     r.errors = errors;
+    r.open = open;
     if (!r.segs || !r.method || !r.pattern) {
         route_free(&r);
         return CAIRN_ENOMEM;
@@ -427,12 +443,12 @@ static enum MHD_Result request_begin(struct http_request *req)
     bool path_ok = split_path(req->path, &ps);
     if (strcmp(req->method, "OPTIONS") == 0)
         return handle_options(req, &ps, path_ok);
-    if (!authorized(req)) {
+    bool known = false;
+    const struct route *r = path_ok ? find_route(srv, req->method, &ps, &known) : NULL;
+    if (!(r && r->open) && !authorized(req)) {
         http_reply_header(req, "WWW-Authenticate", "Bearer");
         return http_queue_error(req, 401, "authentication_error", "missing or invalid API key");
     }
-    bool known = false;
-    const struct route *r = path_ok ? find_route(srv, req->method, &ps, &known) : NULL;
     if (!r && known) {
         char methods[256];
         allowed_methods(srv, &ps, methods, sizeof methods);

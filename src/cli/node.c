@@ -7,6 +7,7 @@
 #include "api/openai.h"
 #include "api/routes_cluster.h"
 #include "api/routes_files.h"
+#include "api/routes_web.h"
 #include "base/err.h"
 #include "base/log.h"
 #include "base/args.h"
@@ -508,6 +509,8 @@ static int add_routes(struct node_app *app, const struct node_opts *o)
         rc = ollama_register(app->srv, &app->g, err, errlen);
     if (!rc)
         rc = anthropic_register(app->srv, &app->g, err, errlen);
+    if (!rc)
+        rc = routes_web_register(app->srv, err, errlen);
     if (rc) {
         fprintf(stderr, "cairn node: API: %s\n", err);
         return rc;

@@ -187,10 +187,11 @@ for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP'])
   });
 
 /** Starts `cairn node` on 127.0.0.1 with ports chosen by the kernel, models from
- * modelsDir, its data, logs and XDG dirs in dir. Resolves once /v1/models lists every
- * name in expectModels. The result has url, port, log() and stop(). */
+ * modelsDir, its data, logs and XDG dirs in dir. Resolves once /v1/models (asked with
+ * apiKey, when the node has one) lists every name in expectModels. The result has url,
+ * port, log() and stop(). */
 export async function startNode(dir, modelsDir, { parallel, args = [], expectModels = [], name = 'node',
-  command = ['node'] } = {}) {
+  command = ['node'], apiKey } = {}) {
   const dataDir = path.join(dir, `${name}-data`);
   fs.mkdirSync(dataDir, { recursive: true });
   const logPath = path.join(dir, `${name}.log`);
@@ -279,7 +280,8 @@ export async function startNode(dir, modelsDir, { parallel, args = [], expectMod
     if (node.exit)
       return fail(`cairn node exited (${JSON.stringify(node.exit)}) while starting`);
     try {
-      const r = await fetch(`${node.url}/v1/models`, { signal: AbortSignal.timeout(5000 * SLOW) });
+      const r = await fetch(`${node.url}/v1/models`, { signal: AbortSignal.timeout(5000 * SLOW),
+        headers: apiKey ? { authorization: `Bearer ${apiKey}` } : {} });
       if (r.ok) {
         const ids = new Set((await r.json()).data.map((m) => m.id));
         if (expectModels.every((m) => ids.has(m)))
