@@ -169,7 +169,7 @@ int hub_sparse_header(const struct hub_config *cfg, const char *text, char *id, 
         if (!rc && !ranges_add(&hv, 0, got))
             rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
         if (!rc)
-            rc = ranges_store(have_path, &hv, err, errlen);
+            rc = ranges_store(have_path, &hv, true, err, errlen);
         ranges_free(&hv);
         if (!rc && rename(tmp, final))
             rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot rename %s: %s", tmp, strerror(errno));
@@ -392,7 +392,7 @@ int hub_sparse_fill(const struct hub_config *cfg, const char *id, int layer_begi
             if (!rc && !ranges_add(hv, hole, hole_end))
                 rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
             if (!rc)
-                rc = ranges_store(m->have_path[k], hv, err, errlen);
+                rc = ranges_store(m->have_path[k], hv, true, err, errlen);
         }
         close(fd);
     }

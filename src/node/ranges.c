@@ -103,7 +103,7 @@ void ranges_load(const char *path, uint64_t size, struct ranges *h)
     }
 }
 
-int ranges_store(const char *path, const struct ranges *h, char *err, size_t errlen)
+int ranges_store(const char *path, const struct ranges *h, bool durable, char *err, size_t errlen)
 {
     json_t *ranges = json_array();
     for (size_t i = 0; ranges && i < h->n; i++)
@@ -112,7 +112,7 @@ int ranges_store(const char *path, const struct ranges *h, char *err, size_t err
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     int rc = 0;
-    if (!j || json_dump_file(j, tmp, 0) || files_sync(tmp, O_RDONLY) || rename(tmp, path))
+    if (!j || json_dump_file(j, tmp, 0) || (durable && files_sync(tmp, O_RDONLY)) || rename(tmp, path))
         rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot write %s: %s", path, strerror(errno));
     json_decref(j);
     return rc;

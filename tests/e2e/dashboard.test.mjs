@@ -9,9 +9,10 @@
 // Markdown rendered, its HTML left as text); the draft model set from the page is the one
 // in /state; Stop cancels a long answer (the node counts a cancelled request); hostile
 // Markdown renders as text; a node with --api-key gets its key from the page's prompt and
-// a cluster with a secret shows sealed. Routes this node lacks yet (/catalog,
-// /download/start) and a stream no script model can make (reasoning, tool calls, draft
-// figures) are answered inside the browser.
+// a cluster with a secret shows sealed; the built-in catalog's cards pull and preview.
+// What a test must see sent (POST /download/start of a catalog card) and a stream no
+// script model can make (reasoning, tool calls, draft figures) are answered inside the
+// browser.
 // Screenshots of every page, light and dark, go to CAIRN_ARTIFACTS_DIR (default
 // e2e-artifacts/dashboard under the working directory: build/ under ctest).
 import { test, before, after } from 'node:test';
@@ -261,27 +262,26 @@ test('Stop cancels a long answer', { ...T, skip }, async () => {
   await shots('metrics');
 });
 
-test('the catalog and the cluster\'s downloads light up where the node has their routes', { ...T, skip }, async () => {
-  // Routes this node does not have yet, answered here as their specification says
-  // (GET /catalog, POST /download/start): the page uses them when they answer.
+test('the built-in catalog: its cards, a pull through /download/start, placements of a card', { ...T, skip }, async () => {
+  // The node's own GET /catalog; POST /download/start is answered here (the fake hub has
+  // no such repo), to see what the page sends.
   const started = [];
-  await page.route('**/catalog?*', (r) => r.fulfill({ status: 200, contentType: 'application/json',
-    body: JSON.stringify({ models: [{ id: 'tiny-card', repo: 'test-org/Tiny-GGUF', arch: 'llama', params: '15M',
-      quants: [{ tag: 'Q8_0', bytes: 16 << 20 }], ctx: 2048, gated: false }] }) }));
   await page.route('**/download/start', (r) => {
     started.push(JSON.parse(r.request().postData()));
-    return r.fulfill({ status: 200, contentType: 'application/json', body: '{}' });
+    return r.fulfill({ status: 202, contentType: 'application/json', body: '{}' });
   });
   try {
     await page.goto(`${a.url}/?fresh#models`); // a new page: it asks for the routes again
-    const card = page.locator('[data-card="tiny-card"]');
+    const card = page.locator('[data-card="bartowski/Llama-3.2-1B-Instruct-GGUF"]');
     await card.waitFor();
-    assert.match(await card.innerText(), /Q8_0 16 MiB/);
-    await card.locator('button[title^="pull Q8_0"]').click();
+    assert.match(await card.innerText(), /Llama 3\.2 1B Instruct/);
+    assert.match(await card.innerText(), /Q4_K_M ≈\d/);
+    await card.locator('button[title^="pull Q4_K_M"]').click();
     await page.waitForFunction(() => document.querySelector('#toasts')?.textContent.includes('pulling'));
-    assert.deepEqual(started, [{ model: 'hf.co/test-org/Tiny-GGUF:Q8_0', node_id: await nodeId(a) }]);
-    await card.locator('button[title^="where Q8_0"]').click();
-    await page.locator('[data-preview="hf.co/test-org/Tiny-GGUF:Q8_0"]').waitFor(); // candidates, or why none
+    assert.deepEqual(started, [{ model: 'hf.co/bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M', node_id: await nodeId(a) }]);
+    await card.locator('button[title^="where Q4_K_M"]').click();
+    // the node asks the (fake) hub for the header: candidates, or why none
+    await page.locator('[data-preview="hf.co/bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M"]').waitFor();
     await shots('models-catalog');
   } finally {
     await page.unrouteAll();

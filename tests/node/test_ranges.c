@@ -66,7 +66,7 @@ int main(void)
     int fd = mkstemp(path);
     close(fd);
     char err[256];
-    CHECK(ranges_store(path, &h, err, sizeof err) == 0, "store: %s", err);
+    CHECK(ranges_store(path, &h, true, err, sizeof err) == 0, "store: %s", err);
     struct ranges back;
     ranges_load(path, SIZE, &back);
     CHECK(back.n == h.n && !memcmp(back.r, h.r, h.n * sizeof *h.r), "loaded back: %zu ranges of %zu", back.n, h.n);
