@@ -486,7 +486,7 @@ function renderModels() {
         h('thead', null, h('tr', null, ['model', 'arch', 'size', 'layers', 'context', 'nodes', ''].map((x) => h('th', null, x)))),
         h('tbody', null, local.map((m) => [h('tr', { 'data-model': m.id },
           h('td', null, h('strong', null, m.id), m.error ? h('div', { class: 'err' }, m.error) : null),
-          h('td', null, m.architecture || '–'), h('td', { class: 'num' }, fmtBytes(m.bytes)),
+          h('td', null, m.architecture || '–'), h('td', { class: 'num' }, fmtBytes(m.model_bytes ?? m.bytes)),
           h('td', { class: 'num' }, m.n_layers ?? '–'), h('td', { class: 'num' }, m.context_length ?? '–'),
           h('td', null, [...new Set(m.nodes || [])].map((n) => h('span', { class: 'chip' }, shortId(n),
             h('button', { class: 'x', title: `delete from ${nodeName(n)}`, onclick: () => removeModel(m.id, n) }, '×')))),

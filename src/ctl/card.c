@@ -54,6 +54,7 @@ json_t *catalog_card_to_json(const struct catalog_card *c)
         for (int l = 0; ok && l < c->n_layers; l++)
             ok = json_array_append_new(layers, json_integer((json_int_t)c->layer_bytes[l])) == 0;
         ok = ok && put(o, "name", json_string(c->name)) && put(o, "architecture", json_string(c->arch)) &&
+             put(o, "model_bytes", json_integer((json_int_t)c->model_bytes)) &&
              put(o, "n_layers", json_integer(c->n_layers)) && put(o, "hidden_size", json_integer(c->n_embd)) &&
              put(o, "feed_forward_size", json_integer(c->n_ff)) && put(o, "n_head", json_integer(c->n_head)) &&
              put(o, "n_head_kv", json_integer(c->n_head_kv)) && put(o, "head_dim", json_integer(c->head_dim)) &&

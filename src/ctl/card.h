@@ -21,7 +21,8 @@ struct catalog_card {
     char id[IDS_MODEL_MAX + 1];
     char *path;                 /* malloc'd: folder + "/" + file name */
     char *error;                /* malloc'd; NULL for a usable file */
-    uint64_t file_bytes;
+    uint64_t file_bytes;        /* of the file (a split model's first part: what the card cache keys on) */
+    uint64_t model_bytes;       /* of every part of the model (the file's, unless split) */
     int64_t mtime_ns;           /* modification time, ns since the epoch */
     char name[IDS_NAME_MAX + 1]; /* general.name (control bytes dropped) or "" */
     char arch[32];              /* general.architecture */
@@ -51,7 +52,7 @@ int catalog_card_copy(struct catalog_card *dst, const struct catalog_card *src);
  *    "feed_forward_size", "n_head", "n_head_kv", "head_dim", "context_length",
  *    "vocab_size", "chat_template", "tied_output", "layer_bytes": [..],
  *    "embedding_bytes", "head_bytes", "output_norm_bytes", "other_bytes",
- *    "weight_bytes", "kv_bytes_per_token_layer", "sha256": hex|null, "error": null}
+ *    "weight_bytes", "kv_bytes_per_token_layer", "model_bytes", "sha256": hex|null, "error": null}
  * and for an unusable file {"id", "file", "bytes", "error": text}. */
 json_t *catalog_card_to_json(const struct catalog_card *card);
 

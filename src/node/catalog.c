@@ -166,6 +166,7 @@ int catalog_card_read(struct catalog_card *out, const char *path, char *err, siz
     if ((rc = model_read_hparams(f, &hp, err, errlen)))
         goto out;
     memcpy(out->arch, hp.arch, sizeof out->arch);
+    out->model_bytes = gguf_file_size(f);
     out->n_layers = hp.n_layers;
     out->n_embd = hp.n_embd;
     out->n_ff = hp.n_ff;

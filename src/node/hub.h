@@ -17,12 +17,12 @@
  *
  * On disk: each file goes to models_dir/.<local>.partial, hashed (SHA-256) as its bytes
  * arrive (a resumed file's existing bytes first), resumed with a Range request after an
- * interruption (also by a later process); a file of HUB_PARALLEL_MIN bytes or more comes
- * as HUB_CHUNK ranges, written where they go with a record of the ranges there
- * (node/ranges.h, ".<local>.partial.have": a later pull asks only for the holes), over
- * one connection and, when that one brings less than HUB_FAST_CONNECTION bytes a second
- * (a CDN's limit per connection), over several at once, hashed as they become a prefix
- * of the file; either way it is checked
+ * interruption (also by a later process). When that one connection brings less than
+ * HUB_FAST_CONNECTION bytes a second after HUB_SLOW_AFTER_MS (a CDN's limit per
+ * connection) and HUB_PARALLEL_MIN bytes or more are left, the rest comes as HUB_CHUNK
+ * ranges over several connections at once, written where they go with a record of the
+ * ranges there (node/ranges.h, ".<local>.partial.have": a later pull asks only for the
+ * holes) and hashed as they become a prefix of the file. Either way the file is checked
  * against the listing's LFS SHA-256
  * before it is renamed to models_dir/<local>, where <local> is the reference's canonical
  * text with '/' as '~' (hubref_local_name). A sidecar <stem>.pull.json records the
@@ -54,11 +54,11 @@
 #define HUB_SIDECAR ".pull.json"
 #define HUB_CONNECTIONS 4          /* ranges of one file fetched at once (a CDN limits each connection) */
 #define HUB_CONNECTIONS_MAX 16
-#define HUB_PARALLEL_MIN ((uint64_t)64 << 20) /* smaller files come over one connection */
+#define HUB_PARALLEL_MIN ((uint64_t)64 << 20) /* less than this left: one connection finishes it */
 #define HUB_CHUNK ((uint64_t)16 << 20)        /* one range request of a parallel fetch */
 #define HUB_RECORD_EVERY ((uint64_t)2 << 20)  /* a connection's bytes are synced and recorded this often */
-#define HUB_SLOW_AFTER_MS 1000                 /* a parallel fetch starts with one connection; after this */
-#define HUB_FAST_CONNECTION ((uint64_t)64 << 20) /* ...below this many bytes/s it opens the others */
+#define HUB_SLOW_AFTER_MS 1000                 /* a file starts over one connection; after this */
+#define HUB_FAST_CONNECTION ((uint64_t)64 << 20) /* ...below this many bytes/s, the rest over several */
 
 struct hub_config {
     const char *endpoint;   /* NULL: HF_ENDPOINT, else HUB_DEFAULT_ENDPOINT */

@@ -126,11 +126,26 @@ static size_t on_file_body(char *data, size_t size, size_t nmemb, void *arg)
     return n;
 }
 
+/* Whether a connection that has brought `bytes` in `ms` is too slow to fetch the rest of
+ * f alone: after HUB_SLOW_AFTER_MS, below HUB_FAST_CONNECTION bytes a second, with more
+ * than HUB_PARALLEL_MIN left and more than one connection allowed. */
+static bool slow_alone(const struct file_fetch *f, uint64_t bytes, int64_t ms)
+{
+    return f->h->connections > 1 && ms >= HUB_SLOW_AFTER_MS && bytes * 1000 / (uint64_t)ms < HUB_FAST_CONNECTION &&
+           f->src->size - f->have >= HUB_PARALLEL_MIN;
+}
+
 static int on_file_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
 {
     (void)dt, (void)dn, (void)ut, (void)un;
     struct file_fetch *f = arg;
-    return hub_cancelled(f->h) ? 1 : 0;
+    if (hub_cancelled(f->h))
+        return 1;
+    if (f->body_ok && slow_alone(f, f->have - f->get_have0, clock_ns() / 1000000 - f->get_t0_ms)) {
+        f->go_parallel = true; /* stops this GET: the rest comes over several connections */
+        return 1;
+    }
+    return 0;
 }
 
 /* One GET of the rest of the file from url. 0 when the file is whole; CAIRN_EIO to try
@@ -141,6 +156,8 @@ static int get_rest(struct file_fetch *f, const char *url, char *err, size_t err
     f->r = (struct reply){0};
     f->body_checked = f->body_ok = false;
     f->bad[0] = 0;
+    f->get_t0_ms = clock_ns() / 1000000;
+    f->get_have0 = f->have;
     CURL *c = hub_handle(f->h, url, &f->r, curl_err);
     if (!c)
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
@@ -159,6 +176,8 @@ static int get_rest(struct file_fetch *f, const char *url, char *err, size_t err
     const char *what = f->src->path;
     if (hub_cancelled(f->h))
         return cairn_fail(err, errlen, CAIRN_ESTATE, "cancelled");
+    if (f->go_parallel)
+        return 0;
     if (f->bad[0])
         return cairn_fail(err, errlen, CAIRN_EIO, "%s: %s", what, f->bad);
     if (cc != CURLE_OK) {
@@ -279,8 +298,12 @@ static void *par_main(void *arg)
 
 /* Fetches the holes of f's partial file (sized to the whole file, with its record at
  * have_path) over the pull's connections; 0 once every byte is there. */
-static int fetch_parallel(struct file_fetch *f, const char *url, const char *have_path, char *err, size_t errlen)
+/* continuing: f->sha holds the hash of the file's first f->have bytes (a single
+ * connection's, handing over); else the hash starts here. */
+static int fetch_parallel(struct file_fetch *f, const char *url, const char *have_path, bool continuing, char *err,
+                          size_t errlen)
 {
+    uint64_t hashed = continuing ? f->have : 0;
     struct par p = {.f = f, .url = url, .have_path = have_path};
     pthread_mutex_init(&p.mu, NULL);
     pthread_cond_init(&p.cv, NULL);
@@ -288,7 +311,7 @@ static int fetch_parallel(struct file_fetch *f, const char *url, const char *hav
     ranges_load(have_path, size, &p.have);
     f->have = size - ranges_missing(&p.have, 0, size);
     report(f, true);
-    int rc = sha256_init(&f->sha) ? cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory") : 0;
+    int rc = !continuing && sha256_init(&f->sha) ? cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory") : 0;
     unsigned char *buf = rc ? NULL : malloc(HASH_STEP);
     if (!rc && !buf)
         rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
@@ -298,10 +321,11 @@ static int fetch_parallel(struct file_fetch *f, const char *url, const char *hav
         n = p.running = 1;
     else if (!rc)
         rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot start a thread");
-    /* One connection first; more when it proves slow (a CDN limits each one). Meanwhile
-     * this thread hashes the bytes as they become a prefix of the file. */
+    /* One connection first, more when it proves slow (a CDN limits each one), at once
+     * when one already did; meanwhile this thread hashes the bytes as they become a
+     * prefix of the file. */
     int64_t t0 = clock_ns() / 1000000;
-    uint64_t fetched0 = f->fetched, hashed = 0;
+    uint64_t fetched0 = f->fetched;
     pthread_mutex_lock(&p.mu);
     while (!rc) {
         uint64_t prefix, ignored;
@@ -324,12 +348,10 @@ static int fetch_parallel(struct file_fetch *f, const char *url, const char *hav
         if (!p.running)
             break;
         int64_t ms = clock_ns() / 1000000 - t0;
-        if (n < f->h->connections && ms >= HUB_SLOW_AFTER_MS &&
-            (f->fetched - fetched0) * 1000 / (uint64_t)ms < HUB_FAST_CONNECTION) {
+        if (n < f->h->connections && (continuing || slow_alone(f, f->fetched - fetched0, ms))) {
             for (; n < f->h->connections && !pthread_create(&th[n], NULL, par_main, &p); n++)
                 p.running++;
-            log_info("hub: %s: %d connections (one brought %" PRIu64 " KiB/s)", f->src->path, n,
-                     (f->fetched - fetched0) / (uint64_t)ms * 1000 / 1024);
+            log_info("hub: %s: %d connections (one was slow)", f->src->path, n);
         }
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
@@ -356,18 +378,18 @@ static int fetch_parallel(struct file_fetch *f, const char *url, const char *hav
     return rc;
 }
 
-/* Whether a partial file is one of a parallel fetch (its record is there), or should
- * become one: a fresh file of HUB_PARALLEL_MIN bytes or more, and more than one
- * connection. A fresh one gets its (empty) record first, then its whole size. */
-static bool parallel_partial(struct file_fetch *f, const char *have_path, uint64_t have)
+/* Turns a partial file of f->have bytes (a prefix) into one of a parallel fetch: its
+ * record of that prefix first, then the file's whole size. */
+static int to_parallel(struct file_fetch *f, const char *have_path, char *err, size_t errlen)
 {
-    if (!access(have_path, F_OK))
-        return true;
-    if (have || f->h->connections < 2 || f->src->size < HUB_PARALLEL_MIN)
-        return false;
-    struct ranges none = {.size = f->src->size};
-    char ignored[256];
-    return !ranges_store(have_path, &none, true, ignored, sizeof ignored) && !ftruncate(f->fd, (off_t)f->src->size);
+    struct ranges r = {.size = f->src->size};
+    int rc = f->have && !ranges_add(&r, 0, f->have) ? cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory") : 0;
+    if (!rc)
+        rc = ranges_store(have_path, &r, true, err, errlen);
+    if (!rc && ftruncate(f->fd, (off_t)f->src->size))
+        rc = cairn_fail(err, errlen, CAIRN_EIO, "cannot size the partial file: %s", strerror(errno));
+    ranges_free(&r);
+    return rc;
 }
 
 /* Fetches src into partial_path (resuming what is there) and checks its SHA-256: 0 when
@@ -385,9 +407,9 @@ int hub_fetch_file(struct file_fetch *f, const char *url, const char *partial_pa
         f->have = 0;
     char have_path[4200];
     snprintf(have_path, sizeof have_path, "%s" RANGES_SUFFIX, partial_path);
-    bool par = !rc && parallel_partial(f, have_path, f->have);
+    bool par = !rc && !access(have_path, F_OK); /* a parallel fetch's file, to resume */
     if (par) {
-        rc = fetch_parallel(f, url, have_path, err, errlen); /* hashed as its prefix grew */
+        rc = fetch_parallel(f, url, have_path, false, err, errlen); /* hashed as its prefix grows */
     } else if (!rc && f->have) {
         rc = hash_partial(f, err, errlen);
     } else if (!rc && sha256_init(&f->sha)) {
@@ -406,6 +428,12 @@ int hub_fetch_file(struct file_fetch *f, const char *url, const char *partial_pa
         if (rc == CAIRN_EIO && !f->local && !hub_cancelled(f->h)) {
             log_warn("hub: %s", err);
             rc = 0;
+        }
+        if (!rc && f->go_parallel) { /* the prefix so far is hashed: the rest in ranges */
+            par = true;
+            rc = to_parallel(f, have_path, err, errlen);
+            if (!rc)
+                rc = fetch_parallel(f, url, have_path, true, err, errlen);
         }
     }
     if (!rc)

@@ -66,6 +66,10 @@ struct file_fetch {
     struct hub_progress p;
     uint64_t done_before;   /* bytes of the earlier parts */
     int64_t reported_ms;
+    /* one connection that proves slow hands over to several (hub_fetch.c) */
+    int64_t get_t0_ms;      /* when the current GET started */
+    uint64_t get_have0;     /* f->have then */
+    bool go_parallel;       /* the GET was stopped to go on over several connections */
 };
 
 /* ---- hub_http.c ---- */

@@ -68,8 +68,8 @@ static void note_pulled(struct node *n)
         const struct catalog_card *c = catalog_at(n->catalog, i);
         if (c->error || !hubref_canonical(c->id, canon) || strcmp(canon, c->id))
             continue;
-        struct cluster_download d = {.status = CLUSTER_DOWNLOAD_COMPLETED, .bytes_done = (int64_t)c->file_bytes,
-                                     .bytes_total = (int64_t)c->file_bytes};
+        struct cluster_download d = {.status = CLUSTER_DOWNLOAD_COMPLETED, .bytes_done = (int64_t)c->model_bytes,
+                                     .bytes_total = (int64_t)c->model_bytes};
         snprintf(d.node_id, sizeof d.node_id, "%s", n->id);
         snprintf(d.model_id, sizeof d.model_id, "%s", c->id);
         download_mgr_note(n->downloads, &d);

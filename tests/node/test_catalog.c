@@ -220,6 +220,40 @@ static void sha256sum(const char *path, char *hex)
     }
 }
 
+/* A model in 3 parts is one card: its file's bytes are the first part's (the cache's
+ * key), its model bytes every part's. */
+static void test_split_bytes(void)
+{
+    char sub[600], stem[700], err[512];
+    snprintf(sub, sizeof sub, "%s/split", dir);
+    CHECK(mkdir(sub, 0755) == 0, "mkdir %s", sub);
+    snprintf(stem, sizeof stem, "%s/three", sub);
+    struct gguf_file *f = NULL;
+    CHECK(gguf_open(&f, path_in("llama-tiny.gguf"), err, sizeof err) == 0, "open: %s", err);
+    CHECK(f && gguf_write_split(f, 3, stem, err, sizeof err) == 0, "split: %s", err);
+    uint64_t whole = f ? gguf_file_size(f) : 0, parts = 0, first = 0;
+    gguf_close(f);
+    for (int k = 1; k <= 3; k++) {
+        char part[800];
+        struct stat st;
+        snprintf(part, sizeof part, "%s/three-%05d-of-00003.gguf", sub, k);
+        CHECK(stat(part, &st) == 0, "part %d written", k);
+        parts += (uint64_t)st.st_size;
+        first = k == 1 ? (uint64_t)st.st_size : first;
+    }
+    struct catalog *c = NULL;
+    CHECK(catalog_create(&c, sub, err, sizeof err) == 0 && catalog_scan(c, err, sizeof err) == 0, "scan: %s", err);
+    CHECK(c && catalog_count(c) == 1, "one card for the 3 parts");
+    const struct catalog_card *k = c && catalog_count(c) ? catalog_at(c, 0) : NULL;
+    CHECK(k && !k->error && k->file_bytes == first && k->model_bytes == parts && parts > whole / 2,
+          "split card: file %llu (first part %llu), model %llu (parts %llu)", k ? (unsigned long long)k->file_bytes : 0,
+          (unsigned long long)first, k ? (unsigned long long)k->model_bytes : 0, (unsigned long long)parts);
+    json_t *j = k ? catalog_card_to_json(k) : NULL;
+    CHECK(j && (uint64_t)json_integer_value(json_object_get(j, "model_bytes")) == parts, "model_bytes in the JSON");
+    json_decref(j);
+    catalog_release(c);
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -303,6 +337,8 @@ int main(int argc, char **argv)
               (unsigned long long)qk->embd_bytes);
     }
     RUN(test_errors, c);
+    CHECK(ll && ll->model_bytes == ll->file_bytes, "one file: the model's bytes are the file's");
+    RUN(test_split_bytes);
 
     /* JSON of a card. */
     json_t *j = ll ? catalog_card_to_json(ll) : NULL;
