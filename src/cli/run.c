@@ -249,6 +249,7 @@ static int converse(struct convo *c, const struct client *api, const char *insta
         enum lineedit_result r = lineedit_read(e, PROMPT, CONT_PROMPT, &text);
         if (r != LINEEDIT_TEXT)
             break;
+        atomic_store(&interrupted, false); /* a Ctrl-C that cleared a line being typed */
         if (!text[0]) {
             free(text);
             continue;
