@@ -213,6 +213,10 @@ static size_t on_stream(char *data, size_t size, size_t nmemb, void *arg)
 {
     struct stream *s = arg;
     size_t n = size * nmemb;
+    if (s->cancel && atomic_load(s->cancel)) { /* at once, not at the next progress call */
+        s->cancelled = true;
+        return 0;
+    }
     if (!s->status)
         curl_easy_getinfo(s->h, CURLINFO_RESPONSE_CODE, &s->status);
     if (s->status >= 400) /* kept whole (to its limit) for the message */
