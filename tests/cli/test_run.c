@@ -191,6 +191,30 @@ static void test_chat_in_terminal(void)
           "alone %lld, the first turn %lld)", turn2, whole, alone, turn1);
 
     mark = t.len;
+    term_send(&t, "/set temperature 0.5\r/set bogus 1\r/set\r");
+    CHECK(term_wait(&t, mark, "no setting 'bogus'", 10) && term_wait(&t, mark, "temperature 0.5\r\n", 10),
+          "/set takes a setting, refuses an unknown one and lists them: %s", t.buf + mark);
+
+    /* /draft sets the instance's draft model (the model itself will do: same vocabulary) */
+    char iid[80] = "";
+    CHECK(some_instance(0, iid, sizeof iid), "node 0 has the instance");
+    mark = t.len;
+    term_send(&t, "/draft qa 2\r");
+    CHECK(term_wait(&t, mark, "draft model qa set", 20), "/draft answers: %s", t.buf + mark);
+    char path[160];
+    snprintf(path, sizeof path, "/state/instances/%s", iid);
+    char draft[64] = "";
+    for (double t0 = now_s(); now_s() - t0 < 20 && !draft[0]; sleep_ms(100)) {
+        json_t *in = get_json(nodes[0].api, path);
+        snprintf(draft, sizeof draft, "%s", json_string_value(json_object_get(in, "draft_model")) ?: "");
+        json_decref(in);
+    }
+    CHECK(!strcmp(draft, "qa"), "the instance's draft model is qa ('%s')", draft);
+    mark = t.len;
+    term_send(&t, "/draft off\r");
+    CHECK(term_wait(&t, mark, "draft model dropped", 20), "/draft off answers: %s", t.buf + mark);
+
+    mark = t.len;
     term_send(&t, "/stats\r");
     CHECK(term_wait(&t, mark, "time to first token", 10) && term_wait(&t, mark, "drafted / accepted", 10),
           "/stats shows the last answer's figures: %s", t.buf + mark);
