@@ -18,6 +18,7 @@
 #include "testutil.h"
 
 #define ANSWER "Stones stacked high on the hill."
+#define THOUGHT "Pondering."
 #define TERM_BUF (256 * 1024)
 
 /* ---- a program in a pseudo-terminal ---- */
@@ -120,15 +121,17 @@ static long long prompt_tokens_of(int i, const char *messages)
     return n;
 }
 
-/* Writes models/qa.gguf: a script model (Qwen2's vocabulary and chat template) whose
- * greedy answer to any chat is ANSWER. */
-static bool make_script_model(void)
+/* Writes models/NAME.gguf: a script model (Qwen2's vocabulary, the chat template at
+ * template) whose greedy answer to any chat is text. */
+static bool make_script_model(const char *name, const char *template, const char *text)
 {
     char vocab[512], tmpl[512]; /* test_data_path's buffer is reused by each call */
     snprintf(vocab, sizeof vocab, "%s", test_data_path("vocab/ggml-vocab-qwen2.gguf"));
-    snprintf(tmpl, sizeof tmpl, "%s", test_data_path("templates/Qwen-Qwen2.5-7B-Instruct.jinja"));
+    snprintf(tmpl, sizeof tmpl, "%s", test_data_path(template));
     char ids[1400] = "", out[600];
-    const char *pieces[] = {"\n", ANSWER "<|im_end|>"}; /* the generation prompt's last token, then the answer */
+    char answer[256];
+    snprintf(answer, sizeof answer, "%s<|im_end|>", text);
+    const char *pieces[] = {"\n", answer}; /* the generation prompt's last token, then the answer */
     for (int k = 0; k < 2; k++) {
         char cmd[1024], path[400];
         snprintf(path, sizeof path, "%s/ids%d.txt", nodes_dir, k);
@@ -142,11 +145,10 @@ static bool make_script_model(void)
         snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%s", k ? "," : "", out);
     }
     int rc = run_cmd("%s mkmodel --arch qwen2 --n-embd 128 --n-layers 1 --n-head 4 --n-head-kv 2 --n-ff 128 "
-                     "--type q8_0 --vocab %s --chat-template %s --script-ids %s -o %s/models/qa.gguf "
-                     ">%s/mkmodel-qa.log 2>&1",
-                     CAIRN_BINARY, vocab, tmpl, ids, nodes_dir,
-                     nodes_dir);
-    CHECK(rc == 0, "the script model is made (%d), see %s/mkmodel-qa.log", rc, nodes_dir);
+                     "--type q8_0 --vocab %s --chat-template %s --script-ids %s -o %s/models/%s.gguf "
+                     ">%s/mkmodel-%s.log 2>&1",
+                     CAIRN_BINARY, vocab, tmpl, ids, nodes_dir, name, nodes_dir, name);
+    CHECK(rc == 0, "the script model %s is made (%d), see %s/mkmodel-%s.log", name, rc, nodes_dir, name);
     return rc == 0;
 }
 
@@ -267,6 +269,28 @@ static void test_pipe(void)
     CHECK(rc == 1, "a model the cluster does not have fails (%d)", rc);
 }
 
+/* A model that reasons: its thoughts dimmed on a terminal, apart in --json. */
+static void test_reasoning(void)
+{
+    static struct term t;
+    const char *argv[] = {CAIRN_BINARY, "run", "--host", host_of(0), "qthink", "Think first.", NULL};
+    CHECK(term_start(&t, argv), "cairn run starts in a pseudo-terminal");
+    int rc = term_exit(&t, 120);
+    CHECK(rc == 0 && strstr(t.buf, "\033[2m" THOUGHT "\033[0m") && strstr(t.buf, ANSWER),
+          "the reasoning is dimmed, then the answer (%d): %s", rc, t.buf);
+    char out[4096], path[400];
+    snprintf(path, sizeof path, "%s/think.out", nodes_dir);
+    rc = run_cmd("%s run --host %s qthink --json Think > %s 2>%s.err", CAIRN_BINARY, host_of(0), path, path);
+    json_t *j = rc == 0 && read_line(path, out, sizeof out) ? json_loads(out, 0, NULL) : NULL;
+    CHECK(!strcmp(json_string_value(json_object_get(j, "reasoning_content")) ?: "", THOUGHT) &&
+              !strcmp(json_string_value(json_object_get(j, "content")) ?: "", ANSWER),
+          "--json keeps the reasoning apart (%d): %s", rc, out);
+    json_decref(j);
+    rc = run_cmd("NO_COLOR=1 %s run --host %s qthink Think > %s 2>%s.err", CAIRN_BINARY, host_of(0), path, path);
+    CHECK(rc == 0 && !file_has(path, "\033[") && file_has(path, THOUGHT) && file_has(path, ANSWER),
+          "no colours when stdout is not a terminal (%d)", rc);
+}
+
 /* No node at --host (loopback): one is started for the session and stopped after it. */
 static void test_session_node(void)
 {
@@ -310,10 +334,18 @@ static void test_status_two_nodes(void)
     rc = run_cmd("%s ps --host %s > %s 2>&1", CAIRN_BINARY, host_of(0), path);
     CHECK(rc == 0 && file_has(path, "qa") && file_has(path, "tokens/s"), "cairn ps (%d), see %s", rc, path);
     rc = run_cmd("%s stop --host %s qa > %s 2>&1", CAIRN_BINARY, host_of(0), path);
-    char iid[80] = "";
     bool gone = false;
-    for (double t0 = now_s(); rc == 0 && now_s() - t0 < 20 && !gone; sleep_ms(100))
-        gone = !some_instance(0, iid, sizeof iid);
+    for (double t0 = now_s(); rc == 0 && now_s() - t0 < 20 && !gone; sleep_ms(100)) {
+        json_t *st = get_json(nodes[0].api, "/state");
+        const char *key;
+        json_t *in;
+        gone = st != NULL;
+        json_object_foreach(json_object_get(st, "instances"), key, in) {
+            if (!strcmp(json_string_value(json_object_get(in, "model_id")) ?: "", "qa"))
+                gone = false;
+        }
+        json_decref(st);
+    }
     CHECK(rc == 0 && gone, "cairn stop deletes the instance (%d), see %s", rc, path);
 }
 
@@ -326,6 +358,7 @@ int main(int argc, char **argv)
     if (test_listing()) {
         RUN(test_chat_in_terminal);
         RUN(test_pipe);
+        RUN(test_reasoning);
         RUN(test_session_node);
         RUN(test_status_two_nodes);
         return test_main_end();
@@ -335,11 +368,13 @@ int main(int argc, char **argv)
     char data[400];
     snprintf(data, sizeof data, "%s/home", nodes_dir);
     setenv("XDG_DATA_HOME", data, 1); /* cairn run's history */
-    if (make_script_model()) {
+    if (make_script_model("qa", "templates/Qwen-Qwen2.5-7B-Instruct.jinja", ANSWER) &&
+        make_script_model("qthink", "templates/Qwen-Qwen3-0.6B.jinja", "<think>" THOUGHT "</think>" ANSWER)) {
         start_node(0, -1, NULL, "4G", NULL);
         CHECK(read_id(0), "node 0 answers");
         RUN(test_chat_in_terminal);
         RUN(test_pipe);
+        RUN(test_reasoning);
         RUN(test_session_node);
         RUN(test_status_two_nodes);
     }
