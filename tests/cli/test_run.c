@@ -5,12 +5,16 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <pty.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -291,6 +295,150 @@ static void test_reasoning(void)
           "no colours when stdout is not a terminal (%d)", rc);
 }
 
+/* ---- a node that says what a test wants ---- */
+
+/* The answer the fake node streams to a chat request (the rest of its routes are fixed):
+ * a model qa with one ready instance. */
+static struct {
+    int listen_fd, port;
+    const char *chat;   /* the stream's body */
+    size_t chat_len;
+    atomic_bool stop;
+    pthread_t th;
+} fake;
+
+static void fake_reply(int fd, const char *type, const char *body, size_t len)
+{
+    char head[256];
+    int n = snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nConnection: close\r\n\r\n", type);
+    send_all(fd, head, (size_t)n);
+    send_all(fd, body, len);
+}
+
+static void fake_serve(int fd)
+{
+    char req[65536];
+    size_t len = 0;
+    const char *end = NULL;
+    for (int k = 0; k < 1000 && !end && len < sizeof req - 1; k++) { /* the head */
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 5000) != 1)
+            break;
+        ssize_t n = recv(fd, req + len, sizeof req - 1 - len, 0);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+        req[len] = 0;
+        end = strstr(req, "\r\n\r\n");
+    }
+    static const char state[] =
+        "{\"instances\":{\"i1\":{\"model_id\":\"qa\",\"shards\":[{\"runner_id\":\"r1\",\"node_id\":\"n1\","
+        "\"rank\":0,\"layer_begin\":0,\"layer_end\":1}]}},\"runners\":{\"r1\":{\"status\":\"Ready\"}},\"nodes\":{}}";
+    if (!end) /* no whole head: closed unanswered */
+        req[0] = 0;
+    if (!strncmp(req, "GET /node_id", 12))
+        fake_reply(fd, "application/json", "{\"node_id\":\"fake\"}", 19);
+    else if (!strncmp(req, "GET /models", 11))
+        fake_reply(fd, "application/json", "{\"models\":[{\"id\":\"qa\"}]}", 25);
+    else if (!strncmp(req, "GET /state", 10))
+        fake_reply(fd, "application/json", state, sizeof state - 1);
+    else if (!strncmp(req, "POST /v1/chat/completions", 25))
+        fake_reply(fd, "text/event-stream", fake.chat, fake.chat_len);
+    close(fd);
+}
+
+static void *fake_loop(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&fake.stop)) {
+        struct pollfd p = {.fd = fake.listen_fd, .events = POLLIN};
+        if (poll(&p, 1, 100) == 1) {
+            int fd = accept(fake.listen_fd, NULL, NULL);
+            if (fd >= 0)
+                fake_serve(fd);
+        }
+    }
+    return NULL;
+}
+
+static bool fake_start(void)
+{
+    fake.listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    if (fake.listen_fd < 0 || bind(fake.listen_fd, (struct sockaddr *)&a, sizeof a) ||
+        listen(fake.listen_fd, 16) || getsockname(fake.listen_fd, (struct sockaddr *)&a, &alen))
+        return false;
+    fake.port = ntohs(a.sin_port);
+    atomic_store(&fake.stop, false);
+    return pthread_create(&fake.th, NULL, fake_loop, NULL) == 0;
+}
+
+static void fake_stop(void)
+{
+    atomic_store(&fake.stop, true);
+    pthread_join(fake.th, NULL);
+    close(fake.listen_fd);
+}
+
+/* cairn run's exit status and stdout+stderr (into out) against the fake node streaming
+ * chat. */
+static int run_against_fake(const char *chat, size_t chat_len, char *out, size_t cap)
+{
+    fake.chat = chat, fake.chat_len = chat_len;
+    char path[400];
+    snprintf(path, sizeof path, "%s/fake.out", nodes_dir);
+    int rc = run_cmd("%s run --host 127.0.0.1:%d qa hi > %s 2>&1", CAIRN_BINARY, fake.port, path);
+    out[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (f) {
+        size_t n = fread(out, 1, cap - 1, f);
+        out[n] = 0;
+        fclose(f);
+    }
+    return rc;
+}
+
+/* What a node streams is held to limits and checked: an overlong line, a malformed chunk,
+ * an answer cut short and a tool call out of range end the answer with an error; a tool
+ * call is shown. */
+static void test_hostile_node(void)
+{
+    CHECK(fake_start(), "the fake node listens");
+    char out[8192];
+    size_t big = ((size_t)1 << 20) + 64;
+    char *line = malloc(big + 16);
+    memcpy(line, "data: ", 6);
+    memset(line + 6, 'a', big);
+    int rc = run_against_fake(line, big + 6, out, sizeof out);
+    CHECK(rc == 1 && strstr(out, "over 1048576 bytes"), "an overlong line is refused (%d): %.300s", rc, out);
+    free(line);
+
+    static const char malformed[] = "data: {\"choices\":[\n\n";
+    rc = run_against_fake(malformed, sizeof malformed - 1, out, sizeof out);
+    CHECK(rc == 1 && strstr(out, "malformed chunk"), "a malformed chunk is refused (%d): %.300s", rc, out);
+
+    static const char cut[] = "data: {\"choices\":[{\"delta\":{\"content\":\"half\"}}]}\n\n";
+    rc = run_against_fake(cut, sizeof cut - 1, out, sizeof out);
+    CHECK(rc == 1 && strstr(out, "half") && strstr(out, "before its end"), "an answer cut short fails (%d): %.300s",
+          rc, out);
+
+    static const char far[] = "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":99999999,"
+                              "\"function\":{\"name\":\"x\"}}]}}]}\n\n";
+    rc = run_against_fake(far, sizeof far - 1, out, sizeof out);
+    CHECK(rc == 1 && strstr(out, "out of range"), "a tool call index out of range is refused (%d): %.300s", rc, out);
+
+    static const char call[] =
+        "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"c1\",\"function\":{\"name\":"
+        "\"get_weather\",\"arguments\":\"{\\\"city\\\":\"}}]}}]}\n\n"
+        "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":"
+        "\"\\\"Paris\\\"}\"}}]},\"finish_reason\":\"tool_calls\"}]}\n\ndata: [DONE]\n\n";
+    rc = run_against_fake(call, sizeof call - 1, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "[tool call] get_weather({\"city\":\"Paris\"})"), "a tool call is shown (%d): %.300s",
+          rc, out);
+    fake_stop();
+}
+
 /* No node at --host (loopback): one is started for the session and stopped after it. */
 static void test_session_node(void)
 {
@@ -359,6 +507,7 @@ int main(int argc, char **argv)
         RUN(test_chat_in_terminal);
         RUN(test_pipe);
         RUN(test_reasoning);
+        RUN(test_hostile_node);
         RUN(test_session_node);
         RUN(test_status_two_nodes);
         return test_main_end();
@@ -375,6 +524,7 @@ int main(int argc, char **argv)
         RUN(test_chat_in_terminal);
         RUN(test_pipe);
         RUN(test_reasoning);
+        RUN(test_hostile_node);
         RUN(test_session_node);
         RUN(test_status_two_nodes);
     }
