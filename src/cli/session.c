@@ -71,6 +71,8 @@ struct pull_view {
     char error[512];
     char model[HUBREF_TEXT_MAX];
     bool success;
+    uint64_t done, total; /* of the file last reported */
+    const char *ref;
 };
 
 static int on_pull_line(void *ctx, char *line, size_t len)
@@ -85,22 +87,30 @@ static int on_pull_line(void *ctx, char *line, size_t len)
     if (error || !status) {
         snprintf(v->error, sizeof v->error, "%s", error ? error : "a malformed progress line from the node");
         rc = 1;
-    } else if (!strcmp(status, "success")) {
-        const char *m = json_string_value(json_object_get(j, "model"));
-        if (m)
-            snprintf(v->model, sizeof v->model, "%s", m);
-        v->success = true;
     } else {
+        /* Ollama's lines: "pulling manifest", "pulling DIGEST" with total and completed
+         * (of one file), "verifying sha256 digest", "writing manifest", "success" */
         json_int_t total = json_integer_value(json_object_get(j, "total"));
         json_int_t done = json_integer_value(json_object_get(j, "completed"));
-        bool bytes = json_object_get(j, "total") && total >= 0 && done >= 0 && done <= total;
-        struct hub_progress p = {.status = !strcmp(status, "pulling manifest") ? "listing"
-                                           : bytes                          ? "downloading"
-                                                                            : "verifying",
-                                 .id = "", .file = "", .sha256 = "", .part = 1, .parts = 1};
-        if (bytes)
-            p.file_done = p.done = (uint64_t)done, p.file_total = p.total = (uint64_t)total;
-        if (bytes || !strcmp(p.status, "listing"))
+        if (json_object_get(j, "total") && total >= 0 && done >= 0 && done <= total)
+            v->done = (uint64_t)done, v->total = (uint64_t)total;
+        struct hub_progress p = {.status = "downloading", .id = v->ref, .file = "", .sha256 = "", .part = 1, .parts = 1,
+                                 .file_done = v->done, .done = v->done, .file_total = v->total, .total = v->total};
+        if (!strcmp(status, "pulling manifest"))
+            p.status = "listing";
+        else if (!strcmp(status, "verifying sha256 digest"))
+            p.status = "verifying";
+        else if (!strcmp(status, "success"))
+            p.status = "success";
+        else if (!json_object_get(j, "total"))
+            p.status = NULL; /* "writing manifest" */
+        if (!strcmp(status, "success")) {
+            const char *m = json_string_value(json_object_get(j, "model"));
+            if (m)
+                snprintf(v->model, sizeof v->model, "%s", m);
+            v->success = true;
+        }
+        if (p.status)
             progress_show(&v->bar, &p);
     }
     json_decref(j);
@@ -112,7 +122,7 @@ static int pull(const struct client *api, const char *ref, const atomic_bool *ca
                 size_t errlen)
 {
     fprintf(stderr, "pulling %s onto the node\n", ref);
-    struct pull_view v = {.bar.tty = isatty(2)};
+    struct pull_view v = {.bar.tty = isatty(2), .ref = ref};
     json_t *body = json_pack("{s:s,s:b}", "model", ref, "stream", 1);
     bool cancelled = false;
     int status = client_stream(api, "/api/pull", body, cancel, on_pull_line, &v, &cancelled, err, errlen);
