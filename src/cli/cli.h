@@ -39,6 +39,8 @@ int cli_run(int argc, char **argv);
 int cli_status(int argc, char **argv);
 int cli_ps(int argc, char **argv);
 int cli_stop(int argc, char **argv);
+/* Where a running node's API is, in its data dir: "HOST:PORT" and a newline. */
+#define CLI_API_ADDRESS_FILE "api_address"
 /* $XDG_DATA_HOME/cairn[/sub], or ~/.local/share/cairn[/sub]; -1 when neither is set. */
 int cli_data_path(char *out, size_t n, const char *sub);
 

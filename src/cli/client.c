@@ -1,6 +1,7 @@
 /* The terminal's HTTP client of a node's API (client.h). */
 #include "cli/client.h"
 
+#include <ctype.h>
 #include <curl/curl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -8,15 +9,40 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "cli/cli.h"
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static void curl_start(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
 
+/* The address a node of this user's data dir noted (cli.h), into buf; NULL when there is
+ * none or it is not a plain HOST:PORT line. */
+static const char *noted_address(char *buf, size_t cap)
+{
+    char path[4096];
+    if (cli_data_path(path, sizeof path, CLI_API_ADDRESS_FILE))
+        return NULL;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return NULL;
+    bool ok = fgets(buf, (int)cap, f) != NULL;
+    fclose(f);
+    if (!ok)
+        return NULL;
+    buf[strcspn(buf, "\r\n")] = 0;
+    for (const char *p = buf; *p; p++) /* a name or an address, and a port */
+        if (!isalnum((unsigned char)*p) && !strchr(".:[]-", *p))
+            return NULL;
+    return buf[0] ? buf : NULL;
+}
+
 int client_init(struct client *c, const char *host, char *err, size_t errlen)
 {
     *c = (struct client){0};
+    char noted[300];
     if (!host || !host[0])
         host = getenv("CAIRN_HOST");
+    if (!host || !host[0])
+        host = noted_address(noted, sizeof noted);
     if (!host || !host[0])
         host = "127.0.0.1";
     const char *key = getenv("CAIRN_API_KEY");

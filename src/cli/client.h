@@ -23,7 +23,8 @@ struct client {
 };
 
 /* Settles the node's address: host ("HOST:PORT", "HOST", ":PORT" or an http:// URL),
- * else $CAIRN_HOST, else 127.0.0.1:52415; the key from $CAIRN_API_KEY. 0, or
+ * else $CAIRN_HOST, else the address a node of the user's data dir noted there
+ * (DATA_DIR/api_address), else 127.0.0.1:52415; the key from $CAIRN_API_KEY. 0, or
  * CAIRN_EINVAL with the reason in err. */
 int client_init(struct client *c, const char *host, char *err, size_t errlen);
 

@@ -1,6 +1,7 @@
 /* cairn run MODEL [PROMPT]: a chat with a model of the cluster from the terminal.
  *
- * Uses the node that answers at --host (else $CAIRN_HOST, else 127.0.0.1:52415), or
+ * Uses the node that answers at --host (else $CAIRN_HOST, else the address a node noted
+ * in the data dir, else 127.0.0.1:52415), or
  * starts one there for the session when none does (loopback only). The model is pulled
  * onto the node if it is a hub reference no node has, placed unless an instance exists,
  * then: with PROMPT, or stdin not a terminal, one answer (PROMPT, or all of stdin) and
@@ -50,7 +51,8 @@ static void usage(void)
             "                 [--set NAME=VALUE]... [--models-dir DIR] [--discovery off|auto|IFACE]\n"
             "                 [--cluster-port N] [--data-dir DIR]\n"
             "Chats with MODEL (a model of the cluster, or a hub reference, pulled when no node has it)\n"
-            "through the node at --host ($CAIRN_HOST, else 127.0.0.1:52415); with no node there, one\n"
+            "through the node at --host ($CAIRN_HOST, else DATA_DIR/api_address, else 127.0.0.1:52415);\n"
+            "with no node there, one\n"
             "is started for the session (the rest of the options are for it). With PROMPT, or stdin not\n"
             "a terminal, prints one answer and exits. --json: one JSON object per answer.\n"
             "In a chat: Ctrl-C stops an answer, Ctrl-C on an empty line or Ctrl-D leaves; a line ending\n"

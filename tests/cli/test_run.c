@@ -479,6 +479,12 @@ static void test_status_two_nodes(void)
     CHECK(rc == 0 && file_has(path, "cluster of 2 nodes") && file_has(path, id0) && file_has(path, id1) &&
               file_has(path, "master") && file_has(path, " qa ") && file_has(path, "rtt "),
           "cairn status lists both nodes, the link, the master and the instance (%d), see %s", rc, path);
+    /* without --host: the address node 0 noted in its data dir (here the user's) */
+    rc = run_cmd("mkdir -p %s/xdg0 && ln -sfn %s/data0 %s/xdg0/cairn && XDG_DATA_HOME=%s/xdg0 %s status > %s 2>&1",
+                 nodes_dir, nodes_dir, nodes_dir, nodes_dir, CAIRN_BINARY, path);
+    char via[96];
+    snprintf(via, sizeof via, "via http://%s", host_of(0));
+    CHECK(rc == 0 && file_has(path, via), "cairn status finds the node its data dir names (%d), see %s", rc, path);
     rc = run_cmd("%s ps --host %s > %s 2>&1", CAIRN_BINARY, host_of(0), path);
     CHECK(rc == 0 && file_has(path, "qa") && file_has(path, "tokens/s"), "cairn ps (%d), see %s", rc, path);
     rc = run_cmd("%s stop --host %s qa > %s 2>&1", CAIRN_BINARY, host_of(0), path);
