@@ -224,6 +224,17 @@ static void test_chat_in_terminal(void)
     term_send(&t, "/stats\r");
     CHECK(term_wait(&t, mark, "time to first token", 10) && term_wait(&t, mark, "drafted / accepted", 10),
           "/stats shows the last answer's figures: %s", t.buf + mark);
+    mark = t.len;
+    term_send(&t, "\033[A\r"); /* Up: the last line again, from the history */
+    CHECK(term_wait(&t, mark, "time to first token", 10), "Up and Enter run /stats again: %s", t.buf + mark);
+
+    /* an input of several lines: a """ block */
+    mark = t.len;
+    term_send(&t, "\"\"\"\rline one\r");
+    CHECK(term_wait(&t, mark, "... ", 10), "a block asks for more lines: %s", t.buf + mark);
+    term_send(&t, "line two\"\"\"\r");
+    CHECK(term_wait(&t, mark, ANSWER, 30) && term_wait(&t, mark, ANSWER "\r\n>>> ", 30),
+          "the block is asked as one question: %s", t.buf + mark);
 
     /* Ctrl-C with an answer on its way: the runner is stopped so the request stays in
      * flight until the client lets go of it. */
