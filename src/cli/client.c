@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "base/strbuf.h"
 #include "cli/cli.h"
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
@@ -74,31 +75,18 @@ int client_init(struct client *c, const char *host, char *err, size_t errlen)
 
 /* A body kept in memory, at most max bytes. */
 struct body {
-    char *buf;
-    size_t len, cap, max;
+    struct strbuf b;
+    size_t max;
     bool too_big;
 };
 
 static bool body_add(struct body *b, const char *data, size_t n)
 {
-    if (n > b->max - b->len) {
+    if (n > b->max - b->b.len) {
         b->too_big = true;
         return false;
     }
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->buf, cap);
-        if (!p)
-            return false;
-        b->buf = p;
-        b->cap = cap;
-    }
-    memcpy(b->buf + b->len, data, n);
-    b->len += n;
-    b->buf[b->len] = 0;
-    return true;
+    return strbuf_put(&b->b, data, n) == 0;
 }
 
 static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
@@ -187,13 +175,13 @@ int client_json(const struct client *c, const char *method, const char *path, co
         }
     }
     if (status >= 400)
-        error_of(status, b.buf, err, errlen);
-    else if (status && out && b.buf)
-        *out = json_loads(b.buf, 0, NULL);
+        error_of(status, b.b.p, err, errlen);
+    else if (status && out && b.b.p)
+        *out = json_loads(b.b.p, 0, NULL);
     curl_easy_cleanup(h);
     curl_slist_free_all(headers);
     free(text);
-    free(b.buf);
+    strbuf_free(&b.b);
     return status;
 }
 
@@ -211,11 +199,11 @@ int client_text(const struct client *c, const char *path, char **out, char *err,
         status = perform(h, c->base, err, errlen);
     }
     if (status >= 400)
-        error_of(status, b.buf, err, errlen);
+        error_of(status, b.b.p, err, errlen);
     if (status && status < 400 && !b.too_big)
-        *out = b.buf ? b.buf : strdup("");
+        *out = b.b.p ? b.b.p : strdup(""); /* the strbuf's bytes become the caller's */
     else
-        free(b.buf);
+        strbuf_free(&b.b);
     if (!*out && status < 400)
         status = 0;
     curl_easy_cleanup(h);
@@ -255,13 +243,14 @@ static size_t on_stream(char *data, size_t size, size_t nmemb, void *arg)
             }
             continue;
         }
-        size_t len = s->line.len;
-        if (len && s->line.buf[len - 1] == '\r')
+        size_t len = s->line.b.len;
+        if (len && s->line.b.p[len - 1] == '\r')
             len--;
-        char empty = 0, *text = s->line.buf ? s->line.buf : &empty;
+        char empty = 0, *text = s->line.b.p ? s->line.b.p : &empty;
         text[len] = 0;
-        s->line.len = 0;
-        if (s->fn(s->ctx, text, len)) {
+        int stop = s->fn(s->ctx, text, len);
+        strbuf_clear(&s->line.b);
+        if (stop) {
             s->stopped = true;
             return 0;
         }
@@ -312,19 +301,17 @@ int client_stream(const struct client *c, const char *path, const json_t *body, 
             status = 0;
         }
         if (status >= 400)
-            error_of(status, s.error.buf, err, errlen);
-        else if (status && s.line.len && !s.cancelled && !s.stopped) { /* a last line without its end */
-            s.line.buf[s.line.len] = 0;
-            fn(ctx, s.line.buf, s.line.len);
-        }
+            error_of(status, s.error.b.p, err, errlen);
+        else if (status && s.line.b.len && !s.cancelled && !s.stopped) /* a last line without its end */
+            fn(ctx, s.line.b.p, s.line.b.len);
     }
     if (cancelled)
         *cancelled = s.cancelled;
     curl_easy_cleanup(s.h);
     curl_slist_free_all(headers);
     free(text);
-    free(s.line.buf);
-    free(s.error.buf);
+    strbuf_free(&s.line.b);
+    strbuf_free(&s.error.b);
     return status;
 }
 
@@ -344,6 +331,6 @@ bool client_alive(const struct client *c)
     }
     curl_easy_cleanup(h);
     curl_slist_free_all(headers);
-    free(b.buf);
+    strbuf_free(&b.b);
     return status == 200;
 }

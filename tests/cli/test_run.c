@@ -514,6 +514,16 @@ static void test_status_two_nodes(void)
     CHECK(rc == 0 && gone, "cairn stop deletes the instance (%d), see %s", rc, path);
 }
 
+static void run_cases(void)
+{
+    RUN(test_chat_in_terminal);
+    RUN(test_pipe);
+    RUN(test_reasoning);
+    RUN(test_hostile_node);
+    RUN(test_session_node);
+    RUN(test_status_two_nodes);
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -521,12 +531,7 @@ int main(int argc, char **argv)
     unsetenv("CAIRN_HOST");
     unsetenv("CAIRN_API_KEY");
     if (test_listing()) {
-        RUN(test_chat_in_terminal);
-        RUN(test_pipe);
-        RUN(test_reasoning);
-        RUN(test_hostile_node);
-        RUN(test_session_node);
-        RUN(test_status_two_nodes);
+        run_cases();
         return test_main_end();
     }
     if (!nodes_setup("run"))
@@ -538,12 +543,7 @@ int main(int argc, char **argv)
         make_script_model("qthink", "templates/Qwen-Qwen3-0.6B.jinja", "<think>" THOUGHT "</think>" ANSWER)) {
         start_node(0, -1, NULL, "4G", NULL);
         CHECK(read_id(0), "node 0 answers");
-        RUN(test_chat_in_terminal);
-        RUN(test_pipe);
-        RUN(test_reasoning);
-        RUN(test_hostile_node);
-        RUN(test_session_node);
-        RUN(test_status_two_nodes);
+        run_cases();
     }
     nodes_teardown();
     return test_main_end();
