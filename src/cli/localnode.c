@@ -7,17 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "base/clock.h"
 #include "base/err.h"
-
-static void nap_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
-}
 
 /* The port of a loopback base URL ("http://127.0.0.1:PORT"), or NULL. */
 static const char *loopback_port(const char *base)
@@ -89,7 +82,7 @@ int localnode_start(struct localnode *n, const struct client *api, const struct 
         }
         if (client_alive(api))
             return 0;
-        nap_ms(100);
+        clock_sleep_ms(100);
     }
     localnode_stop(n);
     if (cancel && atomic_load(cancel))
@@ -108,7 +101,7 @@ void localnode_stop(struct localnode *n)
             n->pid = 0;
             return;
         }
-        nap_ms(50);
+        clock_sleep_ms(50);
     }
     kill(n->pid, SIGKILL);
     waitpid(n->pid, NULL, 0);

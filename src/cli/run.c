@@ -52,9 +52,9 @@ static void usage(void)
             "                 [--cluster-port N] [--data-dir DIR]\n"
             "Chats with MODEL (a model of the cluster, or a hub reference, pulled when no node has it)\n"
             "through the node at --host ($CAIRN_HOST, else DATA_DIR/api_address, else 127.0.0.1:52415);\n"
-            "with no node there, one\n"
-            "is started for the session (the rest of the options are for it). With PROMPT, or stdin not\n"
-            "a terminal, prints one answer and exits. --json: one JSON object per answer.\n"
+            "with no node there, one is started for the session (the rest of the options are for it).\n"
+            "With PROMPT, or stdin not a terminal, prints one answer and exits. --json: one JSON object\n"
+            "per answer. --set: a sampling setting (as /set in a chat).\n"
             "In a chat: Ctrl-C stops an answer, Ctrl-C on an empty line or Ctrl-D leaves; a line ending\n"
             "in \\ goes on, and \"\"\" opens a block that a line ending in \"\"\" closes. Type /help.\n");
 }

@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -12,12 +11,6 @@
 #include "cli/progress.h"
 
 #define POLL_MS 250
-
-static void nap_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
-}
 
 /* Whether s is an id as the cluster makes them (the node's own check is on its side;
  * this keeps what we print and put in paths plain). */
@@ -290,7 +283,7 @@ int session_ready(const struct client *api, const char *model, const atomic_bool
             fprintf(stderr, "  %s\n", phase);
             snprintf(last_phase, sizeof last_phase, "%s", phase);
         }
-        nap_ms(POLL_MS);
+        clock_sleep_ms(POLL_MS);
     }
     return rc;
 }

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "base/args.h"
@@ -28,12 +27,6 @@ static void on_sigint(int sig)
 {
     (void)sig;
     atomic_store(&stop_watch, true);
-}
-
-static void nap_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
 }
 
 static const char *str(const json_t *o, const char *key)
@@ -150,6 +143,8 @@ static void show_downloads(const json_t *state, FILE *f)
     json_t *e;
     bool any = false;
     json_array_foreach(d, i, e) {
+        if (!strcmp(str(e, "status"), "Completed")) /* in progress, or failed */
+            continue;
         if (!any)
             fprintf(f, "DOWNLOADS\n");
         any = true;
@@ -250,7 +245,7 @@ static int view_loop(const struct view_opts *o, const char *cmd, int (*show)(con
             return rc;
         int64_t until = clock_ns() + (int64_t)o->watch_s * 1000000000;
         while (!atomic_load(&stop_watch) && clock_ns() < until)
-            nap_ms(100);
+            clock_sleep_ms(100);
         if (!tty)
             fputs("\n", stdout);
     }
@@ -319,7 +314,7 @@ static int show_ps(const struct client *api, void *ctx, FILE *f)
     int64_t now = clock_ns();
     if (!v->at_ns) { /* a first round: a second sample a moment later gives the rate */
         v->tokens = tokens, v->at_ns = now;
-        nap_ms(SAMPLE_MS);
+        clock_sleep_ms(SAMPLE_MS);
         free(m);
         m = get_metrics(api);
         if (!m) {
