@@ -67,10 +67,12 @@ struct req {
     int64_t unlinked_since_ms;    /* no link to runs_on since; 0 = linked (or this node) */
 };
 
-/* The latest figures a runner sent with its start and seq_done lines. */
+/* The latest figures a runner sent with its start and seq_done lines, and the tokens
+ * this node's requests got from the instance (cairn ps takes its rate from them). */
 struct runner_figures {
     char instance_id[IDS_ID_MAX + 1];
     struct task_stats s; /* pipeline members 0 unless rank 0 of a pipeline */
+    int64_t completion_tokens;
 };
 
 #define MAX_FIGURES 64
@@ -185,6 +187,26 @@ static void on_seq_done(struct req *r, const struct task_msg *m)
     r->seqs_done++;
 }
 
+/* The figures of an instance (under mu), made when it has none (past MAX_FIGURES
+ * instances the last entry is reused). */
+static struct runner_figures *figures_of(struct gen_node *g, const char *instance_id)
+{
+    for (int i = 0; i < g->n_runners; i++)
+        if (!strcmp(g->runners[i].instance_id, instance_id))
+            return &g->runners[i];
+    struct runner_figures *f = &g->runners[g->n_runners < MAX_FIGURES ? g->n_runners++ : MAX_FIGURES - 1];
+    *f = (struct runner_figures){0};
+    snprintf(f->instance_id, sizeof f->instance_id, "%s", instance_id);
+    return f;
+}
+
+/* Keeps the stats member of a runner line by instance (under mu). */
+static void keep_stats(struct gen_node *g, const char *instance_id, const struct task_msg *m)
+{
+    if (m->has_stats)
+        figures_of(g, instance_id)->s = m->stats;
+}
+
 static void on_done(struct gen_node *g, size_t at, const struct task_msg *m)
 {
     struct req *r = g->live[at];
@@ -204,6 +226,7 @@ static void on_done(struct gen_node *g, size_t at, const struct task_msg *m)
         r->fn(r->ctx, &ev);
     }
     g->fig.completion_tokens += (uint64_t)r->total.completion_tokens;
+    figures_of(g, r->instance_id)->completion_tokens += r->total.completion_tokens;
     g->fig.cached_tokens += (uint64_t)r->total.cached_tokens;
     g->fig.draft_tokens += (uint64_t)r->total.draft_tokens;
     g->fig.accepted_draft_tokens += (uint64_t)r->total.accepted_draft_tokens;
@@ -215,22 +238,6 @@ static void on_done(struct gen_node *g, size_t at, const struct task_msg *m)
     struct gen_event ev = {.kind = GEN_EVENT_END, .usage = r->total};
     r->fn(r->ctx, &ev);
     remove_at(g, at);
-}
-
-/* Keeps the stats member of a runner line by instance (under mu). */
-static void keep_stats(struct gen_node *g, const char *instance_id, const struct task_msg *m)
-{
-    if (!m->has_stats)
-        return;
-    struct runner_figures *f = NULL;
-    for (int i = 0; i < g->n_runners && !f; i++)
-        if (!strcmp(g->runners[i].instance_id, instance_id))
-            f = &g->runners[i];
-    if (!f) {
-        f = &g->runners[g->n_runners < MAX_FIGURES ? g->n_runners++ : MAX_FIGURES - 1];
-        snprintf(f->instance_id, sizeof f->instance_id, "%s", instance_id);
-    }
-    f->s = m->stats;
 }
 
 static void on_line(void *ctx, const char *from, const char *line, size_t len)
@@ -895,6 +902,11 @@ static void h_metrics(struct http_request *req, void *ctx)
             add(&t, "%s{instance=\"%s\"} %lld\n", per_instance[k].name, rf[i].instance_id,
                 (long long)*(const int64_t *)((const char *)&rf[i] + per_instance[k].off));
     }
+    add(&t, "# HELP cairn_instance_completion_tokens_total Tokens this node's requests got from the instance.\n"
+            "# TYPE cairn_instance_completion_tokens_total counter\n");
+    for (int i = 0; i < n_rf; i++)
+        add(&t, "cairn_instance_completion_tokens_total{instance=\"%s\"} %lld\n", rf[i].instance_id,
+            (long long)rf[i].completion_tokens);
     add_hist(&t, "cairn_time_to_first_token_seconds", "From request to its first text.", &f.ttft);
     add_hist(&t, "cairn_inter_token_latency_seconds", "Between text deltas of one sequence.", &f.itl);
     add_hist(&t, "cairn_request_duration_seconds", "From request to its end.", &f.duration);

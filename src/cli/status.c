@@ -1,7 +1,7 @@
 /* cairn status, cairn ps and cairn stop: the cluster as a node's public API shows it.
  *   cairn status [--host H] [--watch [S]] [--json]  nodes (memory, load), links (RTT), the
  *                                                   master, instances (ranks, state), downloads
- *   cairn ps [--host H] [--watch [S]]               instances, their slots and the node's tokens/s
+ *   cairn ps [--host H] [--watch [S]]               instances: slots, queue, KV use, tokens/s
  *   cairn stop INSTANCE [--host H]                  deletes an instance (an id, its first
  *                                                   characters, or a model's id)
  * --watch redraws every S seconds (2) until Ctrl-C. */
@@ -282,11 +282,10 @@ int cli_status(int argc, char **argv)
     return rc != CLI_GO_ON ? rc : view_loop(&o, "status", show_status, &o);
 }
 
-/* ps: the node's counters between two rounds. */
+/* ps: the node's metrics of the round before, whose counters give the rates. */
 struct ps_view {
-    const struct view_opts *o;
-    double tokens;
-    int64_t at_ns;
+    char *prev;
+    int64_t prev_ns;
 };
 
 /* The node's metrics text; NULL with the reason printed. */
@@ -301,32 +300,33 @@ static char *get_metrics(const struct client *api)
     return text;
 }
 
+/* A counter's rate per second between the round before and now. */
+static double rate_of(const struct ps_view *v, const char *now, double secs, const char *series)
+{
+    double d = metric(now, series) - metric(v->prev, series);
+    return secs > 0 && d > 0 ? d / secs : 0;
+}
+
 static int show_ps(const struct client *api, void *ctx, FILE *f)
 {
     struct ps_view *v = ctx;
+    if (!v->prev) { /* a first round: a sample now and one a moment later give the rates */
+        v->prev = get_metrics(api);
+        v->prev_ns = clock_ns();
+        if (!v->prev)
+            return 1;
+        clock_sleep_ms(SAMPLE_MS);
+    }
     json_t *s = get_state(api, "ps");
     char *m = s ? get_metrics(api) : NULL;
     if (!m) {
         json_decref(s);
         return 1;
     }
-    double tokens = metric(m, "cairn_completion_tokens_total");
     int64_t now = clock_ns();
-    if (!v->at_ns) { /* a first round: a second sample a moment later gives the rate */
-        v->tokens = tokens, v->at_ns = now;
-        clock_sleep_ms(SAMPLE_MS);
-        free(m);
-        m = get_metrics(api);
-        if (!m) {
-            json_decref(s);
-            return 1;
-        }
-        tokens = metric(m, "cairn_completion_tokens_total");
-        now = clock_ns();
-    }
-    double rate = now > v->at_ns ? (tokens - v->tokens) / ((double)(now - v->at_ns) / 1e9) : 0;
-    v->tokens = tokens, v->at_ns = now;
-    fprintf(f, "%-10s %-40s %-8s %-10s %6s %6s %8s\n", "INSTANCE", "MODEL", "NODES", "STATE", "BUSY", "QUEUE", "KV USE");
+    double secs = (double)(now - v->prev_ns) / 1e9;
+    fprintf(f, "%-10s %-40s %-6s %-10s %6s %6s %7s %9s\n", "INSTANCE", "MODEL", "NODES", "STATE", "BUSY", "QUEUE",
+            "KV USE", "TOKENS/S");
     const char *id;
     json_t *in;
     json_object_foreach(json_object_get(s, "instances"), id, in) {
@@ -342,14 +342,19 @@ static int show_ps(const struct client *api, void *ctx, FILE *f)
         double used = metric(m, series);
         snprintf(series, sizeof series, "cairn_kv_cache_blocks_total{instance=\"%s\"}", id);
         double total = metric(m, series);
+        snprintf(series, sizeof series, "cairn_instance_completion_tokens_total{instance=\"%s\"}", id);
+        double rate = rate_of(v, m, secs, series);
         char busy_s[32];
         snprintf(busy_s, sizeof busy_s, "%.0f/%.0f", busy, slots);
-        fprintf(f, "%-10.8s %-40.40s %-8zu %-10.10s %6s %6.0f %7.0f%%\n", id, str(in, "model_id"),
-                json_array_size(json_object_get(in, "shards")), st, busy_s, queue, total > 0 ? 100 * used / total : 0);
+        fprintf(f, "%-10.8s %-40.40s %-6zu %-10.10s %6s %6.0f %6.0f%% %9.1f\n", id, str(in, "model_id"),
+                json_array_size(json_object_get(in, "shards")), st, busy_s, queue, total > 0 ? 100 * used / total : 0,
+                rate);
     }
-    fprintf(f, "this node: %.1f tokens/s generated, %.0f requests running, %.0f queued (via %s)\n", rate,
-            metric(m, "cairn_requests_running"), metric(m, "cairn_requests_queued"), api->base);
-    free(m);
+    fprintf(f, "tokens/s of this node's requests: %.1f; %.0f running, %.0f queued (via %s)\n",
+            rate_of(v, m, secs, "cairn_completion_tokens_total"), metric(m, "cairn_requests_running"),
+            metric(m, "cairn_requests_queued"), api->base);
+    free(v->prev);
+    v->prev = m, v->prev_ns = now;
     json_decref(s);
     return 0;
 }
@@ -358,8 +363,11 @@ int cli_ps(int argc, char **argv)
 {
     struct view_opts o = {0};
     int rc = parse_view(&o, argc, argv, "ps", false);
-    struct ps_view v = {.o = &o};
-    return rc != CLI_GO_ON ? rc : view_loop(&o, "ps", show_ps, &v);
+    struct ps_view v = {0};
+    if (rc == CLI_GO_ON)
+        rc = view_loop(&o, "ps", show_ps, &v);
+    free(v.prev);
+    return rc;
 }
 
 int cli_stop(int argc, char **argv)

@@ -524,8 +524,29 @@ static void test_status_two_nodes(void)
     if (f)
         fclose(f);
     CHECK(rc == 0 && rounds >= 2, "cairn status --watch redraws (%d rounds) and ends on SIGINT (%d)", rounds, rc);
+    /* ps's tokens/s per instance come from the node's counter of each instance's tokens:
+     * an answer adds its completion tokens to its instance's */
+    char iid[80] = "", series[160];
+    json_t *st = get_json(nodes[0].api, "/state");
+    const char *key;
+    json_t *in;
+    json_object_foreach(json_object_get(st, "instances"), key, in) {
+        if (!strcmp(json_string_value(json_object_get(in, "model_id")) ?: "", "qa"))
+            snprintf(iid, sizeof iid, "%s", key);
+    }
+    json_decref(st);
+    snprintf(series, sizeof series, "cairn_instance_completion_tokens_total{instance=\"%s\"}", iid);
+    long long before = metric(0, series);
+    rc = run_cmd("%s run --host %s qa --json Count > %s 2>/dev/null", CAIRN_BINARY, host_of(0), path);
+    json_t *j = rc == 0 && read_line(path, out, sizeof out) ? json_loads(out, 0, NULL) : NULL;
+    long long tokens = json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens"));
+    json_decref(j);
+    long long after = metric(0, series);
+    CHECK(tokens > 0 && after - (before < 0 ? 0 : before) == tokens,
+          "the instance's token counter grows by the answer's tokens (%lld -> %lld, %lld tokens)", before, after, tokens);
     rc = run_cmd("%s ps --host %s > %s 2>&1", CAIRN_BINARY, host_of(0), path);
-    CHECK(rc == 0 && file_has(path, "qa") && file_has(path, "tokens/s"), "cairn ps (%d), see %s", rc, path);
+    CHECK(rc == 0 && file_has(path, "qa") && file_has(path, "TOKENS/S") && file_has(path, "tokens/s of this node"),
+          "cairn ps (%d), see %s", rc, path);
     rc = run_cmd("%s stop --host %s qa > %s 2>&1", CAIRN_BINARY, host_of(0), path);
     bool gone = false;
     for (double t0 = now_s(); rc == 0 && now_s() - t0 < 20 && !gone; sleep_ms(100))
