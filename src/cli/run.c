@@ -233,7 +233,8 @@ static bool command(struct convo *c, const struct client *api, const char *insta
     return true;
 }
 
-/* The chat on the terminal; the exit code. */
+/* The chat on the terminal, until Ctrl-D, Ctrl-C on an empty line or /bye; the exit code
+ * (0: a failed answer is said and the chat goes on). */
 static int converse(struct convo *c, const struct client *api, const char *instance)
 {
     char hist[4096], err[1024];
@@ -243,7 +244,6 @@ static int converse(struct convo *c, const struct client *api, const char *insta
         return 1;
     }
     fprintf(stderr, "Ctrl-C stops an answer, Ctrl-D leaves, /help for more.\n");
-    int rc = 0;
     for (;;) {
         atomic_store(&interrupted, false);
         lineedit_drain(sig_pipe[0]);
@@ -269,7 +269,7 @@ static int converse(struct convo *c, const struct client *api, const char *insta
             break;
     }
     lineedit_close(e);
-    return rc;
+    return 0;
 }
 
 /* Applies --system and --set to the conversation; 0, or 2 (message printed). */
