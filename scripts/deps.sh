@@ -2,7 +2,7 @@
 # Installs what building and testing cairn needs on Debian 12 (run as root, or with sudo).
 set -euo pipefail
 pkgs=(build-essential clang cmake pkg-config libjansson-dev libpcre2-dev python3 python3-jinja2
-      libczmq-dev libzmq3-dev libsodium-dev libmicrohttpd-dev libsqlite3-dev libcurl4-openssl-dev libssl-dev
+      libczmq-dev libzmq3-dev libsodium-dev libmicrohttpd-dev libsqlite3-dev libcurl4-openssl-dev libssl-dev libedit-dev
       curl iproute2 chromium)  # chromium: the dashboard's browser tests (tests/e2e/dashboard.test.mjs)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds cairn, writes a synthetic model of Llama-3.2-1B's shape (seeded random weights,
 # Llama 3's real vocabulary and chat template), generates from it, measures it, then
-# serves it: a `cairn node` on loopback answers an OpenAI chat request and a streamed
-# Ollama one, and stops. Nothing is downloaded.
+# serves it: a `cairn node` on loopback answers an OpenAI chat request, a streamed Ollama
+# one and `cairn run` with a prompt, `cairn status` shows it, and, when this runs on a
+# terminal, `cairn run` opens a chat with the model (Ctrl-D leaves); then the node stops.
+# Nothing is downloaded. (The random weights make the answers gibberish: the machinery is
+# what is shown.)
 #   usage: scripts/quickstart.sh [SHAPE] [TYPE]      (default: llama-1b q4_0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,3 +38,11 @@ echo
 echo "== POST /api/chat (Ollama, streamed)"
 curl -s localhost:$port/api/chat -d "{\"model\":\"$id\",\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"options\":{\"num_predict\":4}}"
 echo
+echo "== cairn run (one answer, through the node)"
+./build/cairn run --host 127.0.0.1:$port "$id" --set max_tokens=24 "Hello"
+echo "== cairn status"
+./build/cairn status --host 127.0.0.1:$port
+if [ -t 0 ] && [ -t 1 ]; then
+  echo "== cairn run: a chat with $id (Ctrl-D leaves)"
+  ./build/cairn run --host 127.0.0.1:$port "$id" --set max_tokens=64
+fi

@@ -14,4 +14,11 @@ static inline int64_t clock_ns(void)
 
 static inline double clock_sec(void) { return (double)clock_ns() * 1e-9; }
 
+/* Sleeps ms milliseconds (less when a signal comes). */
+static inline void clock_sleep_ms(int64_t ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
 #endif

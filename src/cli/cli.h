@@ -33,6 +33,14 @@ int cli_pull(int argc, char **argv);
 int cli_ls(int argc, char **argv);
 int cli_rm(int argc, char **argv);
 int cli_search(int argc, char **argv);
+/* cairn run MODEL [PROMPT...]: a chat with a model of the cluster (see its --help) */
+int cli_run(int argc, char **argv);
+/* cairn status, ps, stop INSTANCE: the cluster through a node's public API */
+int cli_status(int argc, char **argv);
+int cli_ps(int argc, char **argv);
+int cli_stop(int argc, char **argv);
+/* Where a running node's API is, in its data dir: "HOST:PORT" and a newline. */
+#define CLI_API_ADDRESS_FILE "api_address"
 /* $XDG_DATA_HOME/cairn[/sub], or ~/.local/share/cairn[/sub]; -1 when neither is set. */
 int cli_data_path(char *out, size_t n, const char *sub);
 

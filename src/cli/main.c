@@ -10,6 +10,10 @@ static const struct command {
     int (*run)(int argc, char **argv);
     const char *help;
 } commands[] = {
+    {"run", cli_run, "chat with a model: pulled, placed and served by the cluster (or one answer to PROMPT)"},
+    {"status", cli_status, "the cluster: nodes, links, master, instances, downloads (--watch)"},
+    {"ps", cli_ps, "the instances and their throughput (--watch)"},
+    {"stop", cli_stop, "stop (delete) an instance"},
     {"version", cli_version, "print the version and the CPU features in use"},
     {"tokenize", cli_tokenize, "print the tokens of a text under a model's tokenizer (--bench: speed)"},
     {"mkmodel", cli_mkmodel, "write a synthetic GGUF model of a real architecture's shape"},

@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_PEERS 64
 #define MAX_CORS 16
@@ -551,6 +552,34 @@ static void shut_down(struct node_app *app, int sig)
     log_close_file();
 }
 
+/* Notes where the API listens in DATA_DIR/api_address ("HOST:PORT"), where cairn run,
+ * status, ps and stop look first; a node on every address is reached on loopback. */
+static void note_api_address(const struct node_opts *o, int port)
+{
+    char path[4200], tmp[4300];
+    const char *host = o->api_host;
+    if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::") || !strcmp(host, "[::]"))
+        host = "127.0.0.1";
+    if (snprintf(path, sizeof path, "%s/" CLI_API_ADDRESS_FILE, o->data_dir) >= (int)sizeof path)
+        return;
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return;
+    bool v6 = strchr(host, ':') && host[0] != '[';
+    bool ok = fprintf(f, v6 ? "[%s]:%d\n" : "%s:%d\n", host, port) > 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path))
+        unlink(tmp);
+}
+
+static void forget_api_address(const struct node_opts *o)
+{
+    char path[4200];
+    if (snprintf(path, sizeof path, "%s/" CLI_API_ADDRESS_FILE, o->data_dir) < (int)sizeof path)
+        unlink(path);
+}
+
 /* A join token's namespace and addresses in o (the secret is take_secret's); 0, or 2
  * (message printed). */
 static int take_join(struct node_opts *o, const struct jointoken *join)
@@ -603,8 +632,12 @@ int cli_node_join(int argc, char **argv, const struct jointoken *join)
                      "state and requests, and run models on it (`cairn seal` makes a secret and the command "
                      "that joins other machines; or give one with --cluster-secret-file or CAIRN_CLUSTER_SECRET)",
                      node_id(app.node));
+        if (app.srv)
+            note_api_address(&o, (int)http_server_port(app.srv));
         while (sigwait(&stop_set, &sig) != 0)
             ;
+        if (app.srv)
+            forget_api_address(&o);
         log_info("cairn node %s: %s, stopping", node_id(app.node), sig == SIGINT ? "SIGINT" : "SIGTERM");
     }
     shut_down(&app, sig);

@@ -22,11 +22,10 @@
 #include "base/err.h"
 #include "base/log.h"
 #include "cli/cli.h"
+#include "cli/progress.h"
 #include "node/catalog.h"
 #include "node/cards.h"
 #include "node/hub.h"
-
-#define LINE_EVERY_S 5 /* progress lines when stderr is not a terminal */
 
 /* $CAIRN_MODELS_DIR, else the data folder's models/ (as cairn node). */
 static const char *models_dir_default(char *buf, size_t cap)
@@ -35,64 +34,6 @@ static const char *models_dir_default(char *buf, size_t cap)
     if (env && env[0])
         return env;
     return cli_data_path(buf, cap, "models") ? NULL : buf;
-}
-
-static void human(double bytes, char *out, size_t cap)
-{
-    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (bytes >= 1024 && u < 4)
-        bytes /= 1024, u++;
-    snprintf(out, cap, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
-}
-
-struct bar {
-    bool tty;
-    int64_t t0, last;
-    uint64_t done0; /* bytes already here when the transfer started */
-    bool started;
-};
-
-static void on_progress(void *ctx, const struct hub_progress *p)
-{
-    struct bar *b = ctx;
-    int64_t now = clock_ns();
-    if (!strcmp(p->status, "listing")) {
-        fprintf(stderr, "pulling manifest\n");
-        return;
-    }
-    if (!b->started && !strcmp(p->status, "downloading")) {
-        b->started = true;
-        b->t0 = now;
-        b->done0 = p->done;
-    }
-    double secs = (double)(now - b->t0) / 1e9;
-    double rate = secs > 0.2 ? (double)(p->done - b->done0) / secs : 0;
-    double pct = p->total ? 100.0 * (double)p->done / (double)p->total : 100;
-    char done[32], total[32], speed[32], eta[32] = "-";
-    human((double)p->done, done, sizeof done);
-    human((double)p->total, total, sizeof total);
-    human(rate, speed, sizeof speed);
-    if (rate > 0 && p->total > p->done) {
-        int64_t s = (int64_t)((double)(p->total - p->done) / rate);
-        snprintf(eta, sizeof eta, "%" PRId64 ":%02" PRId64, s / 60, s % 60);
-    }
-    bool end = !strcmp(p->status, "success") || !strcmp(p->status, "verifying");
-    if (b->tty) {
-        int width = 30, fill = (int)(pct / 100 * width);
-        char bar[64];
-        for (int i = 0; i < width; i++)
-            bar[i] = i < fill ? '#' : '.';
-        bar[width] = 0;
-        fprintf(stderr, "\r%s part %d/%d [%s] %5.1f%% %s / %s  %s/s  ETA %s   ", p->status, p->part, p->parts, bar, pct,
-                done, total, speed, eta);
-        if (!strcmp(p->status, "success"))
-            fprintf(stderr, "\n");
-    } else if (end || now - b->last >= (int64_t)LINE_EVERY_S * 1000000000) {
-        b->last = now;
-        fprintf(stderr, "%s %s part %d/%d: %.1f%% (%s of %s, %s/s)\n", p->status, p->file[0] ? p->file : p->id,
-                p->part, p->parts, pct, done, total, speed);
-    }
 }
 
 static void usage(const char *cmd)
@@ -159,7 +100,7 @@ static void on_signal(int sig)
 
 /* cairn pull REF --layers A:B: the header, then only the byte ranges layers [A, B) read
  * (a pipeline rank's share), into the models folder's .sparse (node/hub.h). */
-static int pull_layers(const struct hub_config *cfg, const char *ref, const char *layers, struct bar *b)
+static int pull_layers(const struct hub_config *cfg, const char *ref, const char *layers, struct progress_bar *b)
 {
     int first, end, used = 0;
     char err[1024], id[HUBREF_TEXT_MAX];
@@ -170,10 +111,9 @@ static int pull_layers(const struct hub_config *cfg, const char *ref, const char
     struct hub_sparse_result res;
     int rc = hub_sparse_header(cfg, ref, id, err, sizeof err);
     if (!rc)
-        rc = hub_sparse_fill(cfg, id, first, end, on_progress, b, &res, err, sizeof err);
-    if (b->tty && b->started)
-        fprintf(stderr, "\n");
+        rc = hub_sparse_fill(cfg, id, first, end, progress_show, b, &res, err, sizeof err);
     if (rc) {
+        progress_end(b);
         fprintf(stderr, "cairn pull: %s\n", atomic_load(&interrupted) ? "interrupted (run it again to resume)" : err);
         return 1;
     }
@@ -202,19 +142,19 @@ int cli_pull(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     struct hub_config cfg = {.models_dir = dir, .revision = revision, .cancel = &interrupted,
                              .connections = (int)connections};
-    struct bar b = {.tty = isatty(2)};
+    struct progress_bar b = {.tty = isatty(2)};
     if (layers)
         return pull_layers(&cfg, ref, layers, &b);
     struct hub_pulled got;
-    rc = hub_pull(&cfg, ref, on_progress, &b, &got, err, sizeof err);
-    if (b.tty && b.started && rc)
-        fprintf(stderr, "\n");
+    rc = hub_pull(&cfg, ref, progress_show, &b, &got, err, sizeof err);
+    if (rc)
+        progress_end(&b);
     if (rc) {
         fprintf(stderr, "cairn pull: %s\n", atomic_load(&interrupted) ? "interrupted (run it again to resume)" : err);
         return 1;
     }
     char size[32];
-    human((double)got.bytes, size, sizeof size);
+    progress_human((double)got.bytes, size, sizeof size);
     printf("%s\n", got.id);
     fprintf(stderr, "%s: %s, %s in %d file%s at commit %.12s (%s)\n", got.id, got.already ? "already here" : "pulled",
             size, got.parts, got.parts > 1 ? "s" : "", got.commit, got.path);
@@ -238,7 +178,7 @@ int cli_ls(int argc, char **argv)
     for (size_t i = 0; i < catalog_count(c); i++) {
         const struct catalog_card *k = catalog_at(c, i);
         char size[32];
-        human((double)k->file_bytes, size, sizeof size);
+        progress_human((double)k->file_bytes, size, sizeof size);
         printf("%-60s %10s  %s\n", k->id, size, k->error ? k->error : k->arch);
     }
     catalog_release(c);
@@ -251,8 +191,8 @@ int cli_ls(int argc, char **argv)
             const struct catalog_card *k = catalog_at(c, i);
             struct stat st;
             char here[32], whole[32];
-            human(stat(k->path, &st) ? 0.0 : (double)st.st_blocks * 512, here, sizeof here);
-            human((double)k->file_bytes, whole, sizeof whole);
+            progress_human(stat(k->path, &st) ? 0.0 : (double)st.st_blocks * 512, here, sizeof here);
+            progress_human((double)k->file_bytes, whole, sizeof whole);
             printf("%-60s %10s  %s (layers only: %s of %s here)\n", k->id, whole, k->error ? k->error : k->arch, here,
                    whole);
         }

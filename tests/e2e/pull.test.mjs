@@ -6,8 +6,9 @@
 // and not to the storage host; 429 with Retry-After is waited out; unknown repos, tags and
 // files are refused naming them; HF_HUB_OFFLINE finds what is here and nothing else;
 // a disk without room refuses the pull before fetching (a 32 MiB tmpfs, when one can be
-// mounted); `cairn ls` and `cairn rm`; and a node serves a pulled model under the reference as
-// typed (owner/repo:q8_0) through the OpenAI client.
+// mounted); `cairn ls` and `cairn rm`; a node serves a pulled model under the reference as
+// typed (owner/repo:q8_0) through the OpenAI client; and `cairn run` of a reference no node
+// has pulls it onto its node (with the pull's progress), places it and answers.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
@@ -264,6 +265,35 @@ test("Ollama's client pulls, lists and deletes through a node", T, async () => {
     assert.ok(!after.models.some((m) => m.name === 'hf.co/test-org/Tiny-GGUF:Q8_0'), 'deleted');
     assert.ok(after.models.some((m) => m.name === 'hf.co/test-org/Tiny-GGUF:Q4_K_M'), 'the other stays');
     await assert.rejects(ollama.delete({ model: 'nope' }), /not found|no model/);
+  } catch (e) {
+    logTail(node, 30);
+    throw e;
+  } finally {
+    await node.stop();
+  }
+});
+
+test('cairn run pulls a hub model onto the node, places it and answers', T, async () => {
+  const d = models('run');
+  fs.mkdirSync(d, { recursive: true });
+  const node = await startNode(dir, d, { name: 'run' });
+  try {
+    const r = await cairn(['run', '--host', `127.0.0.1:${node.port}`, 'test-org/Whole-GGUF:q8_0', '--set', 'max_tokens=4',
+      '--set', 'temperature=0', 'Hello']);
+    assert.equal(r.code, 0, r.stderr);
+    assert.match(r.stderr, /pulling test-org\/Whole-GGUF:q8_0 onto the node/);
+    assert.match(r.stderr, /verifying test-org\/Whole-GGUF:q8_0 part 1\/1: 100\.0% \(16\.1 MiB of 16\.1 MiB/,
+      'the progress lines of the pull');
+    assert.match(r.stderr, /pulled hf\.co\/test-org\/Whole-GGUF:Q8_0/);
+    assert.match(r.stderr, /runs on 1 node:\n {2}rank 0 .* layers 0-5 \(6\)/, 'where it runs');
+    assert.ok(r.stdout.trim().length > 0, 'an answer');
+    const s = (await http(`${node.url}/state`, { method: 'GET' })).json;
+    assert.ok(s.downloads.some((x) => x.model_id === 'hf.co/test-org/Whole-GGUF:Q8_0' && x.status === 'Completed'),
+      'the pull is one of the node\'s downloads');
+    const again = await cairn(['run', '--host', `127.0.0.1:${node.port}`, 'test-org/Whole-GGUF:q8_0', '--set',
+      'max_tokens=2', 'Hi']);
+    assert.equal(again.code, 0, again.stderr);
+    assert.doesNotMatch(again.stderr, /pulling/, 'a model the cluster has is not pulled again');
   } catch (e) {
     logTail(node, 30);
     throw e;
