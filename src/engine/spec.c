@@ -31,7 +31,7 @@
 static enum spec_mode seq_mode(const struct sched *s, const struct seq *q, int *k)
 {
     const struct request *r = q->req;
-    if (r->num_draft == 0)
+    if (r->num_draft == 0 || q->gm) /* constrained sequences do not draft (yet) */
         return SPEC_NONE;
     if (r->lookup_ngram > 0) {
         *k = r->num_draft < 0 ? s->opt.lookup_tokens : r->num_draft;

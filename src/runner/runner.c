@@ -34,6 +34,7 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "tmpl/chat.h"
+#include "tok/grammar.h"
 #include "tok/reasoning.h"
 #include "tok/tok.h"
 #include "tok/toolcall.h"
@@ -67,6 +68,8 @@ struct rtask {
     char *stops[TEXTGEN_MAX_STOP]; /* for stop_sequence in seq_done */
     int n_stops;
     int64_t admitted_ns, first_token_ns[TEXTGEN_MAX_N]; /* for seq_done's prompt_ms, predicted_ms */
+    struct grammar *grammar;     /* constrained decoding: the task's grammar and its masks, or NULL */
+    struct grammar_ctx *gctx;
 };
 
 struct runner {
@@ -266,6 +269,8 @@ static void task_free(struct rtask *t)
     for (int i = 0; i < t->n_stops; i++)
         free(t->stops[i]);
     free(t->error);
+    grammar_ctx_release(t->gctx);
+    grammar_release(t->grammar);
     free(t);
 }
 
@@ -556,8 +561,20 @@ static void text_task(struct runner *r, struct runner_task *tt)
     for (int i = 0; i < p.n_stop; i++)
         if ((t->stops[t->n_stops] = strdup(p.stop[i])))
             t->n_stops++;
+    if (p.grammar) {
+        int grc = grammar_parse(&t->grammar, p.grammar, strlen(p.grammar), "root", err, sizeof err);
+        if (!grc)
+            grc = grammar_ctx_from_tok(&t->gctx, t->grammar, r->tk);
+        if (grc) {
+            if (grc == CAIRN_ENOMEM)
+                snprintf(err, sizeof err, "out of memory for the grammar");
+            status = cairn_http_status(grc);
+            goto refuse;
+        }
+    }
+    /* A constrained output is the content as it is: no think tags are taken out of it. */
     struct text_seq_opts to = {.tok = r->tk, .stops = (const char *const *)p.stop, .n_stops = (size_t)p.n_stop,
-                               .reasoning = p.reasoning && r->think.uses_tags,
+                               .reasoning = p.reasoning && r->think.uses_tags && !p.grammar,
                                .reasoning_opts = {.open = r->think.open, .close = r->think.close,
                                                   .start_in_reasoning = opens_think},
                                .tools = json_array_size(p.tools) ? r->tools : TOOLCALL_NONE,
@@ -579,6 +596,7 @@ static void text_task(struct runner *r, struct runner_task *tt)
     rq.sample.n_bias = p.n_bias;
     rq.num_draft_tokens = p.num_draft_tokens;
     rq.lookup_ngram = p.prompt_lookup ? 3 : 0; /* n-grams of 3 down to 1, as llama.cpp's lookup */
+    rq.grammar = t->gctx;
     rq.max_tokens = p.max_tokens > 0 && p.max_tokens < r->ctx - n ? p.max_tokens : r->ctx - n;
     int rc = start_task(r, t, &rq, err, sizeof err);
     t = NULL; /* owned by the table, or freed */
