@@ -68,8 +68,20 @@ struct rtask {
     char *stops[TEXTGEN_MAX_STOP]; /* for stop_sequence in seq_done */
     int n_stops;
     int64_t admitted_ns, first_token_ns[TEXTGEN_MAX_N]; /* for seq_done's prompt_ms, predicted_ms */
-    struct grammar *grammar;     /* constrained decoding: the task's grammar and its masks, or NULL */
+    struct grammar *grammar;     /* constrained decoding: the task's own grammar and masks, or NULL */
     struct grammar_ctx *gctx;
+    struct gcache *gent;         /* or the runner's cached ones it uses */
+};
+
+/* Compiled grammars kept for the requests that follow (a client sends the same schema
+ * again and again): the automaton and the masks it learned stay warm. */
+#define GCACHE_N 8
+struct gcache {
+    char *text;               /* GBNF, NULL: free entry */
+    struct grammar *g;
+    struct grammar_ctx *c;
+    int users;                /* tasks using it now */
+    uint64_t used;            /* tick of the last use */
 };
 
 struct runner {
@@ -103,6 +115,8 @@ struct runner {
     struct pipeline *pipe;
     struct runner_peers peers;
     bool have_peers;
+    struct gcache gcache[GCACHE_N];
+    uint64_t gtick;
 };
 
 static void usage(void)
@@ -271,6 +285,8 @@ static void task_free(struct rtask *t)
     free(t->error);
     grammar_ctx_release(t->gctx);
     grammar_release(t->grammar);
+    if (t->gent)
+        t->gent->users--;
     free(t);
 }
 
@@ -526,6 +542,51 @@ static int prompt_of(struct runner *r, const struct textgen_params *p, int32_t *
     return 0;
 }
 
+static void gcache_clear(struct gcache *e)
+{
+    grammar_ctx_release(e->c);
+    grammar_release(e->g);
+    free(e->text);
+    memset(e, 0, sizeof *e);
+}
+
+/* t's grammar for GBNF text: a cached one (t->gent), or one of its own when every entry
+ * is in use. 0 or the error of grammar_parse / grammar_ctx_from_tok. */
+static int grammar_for(struct runner *r, struct rtask *t, const char *text, char *err, size_t errlen)
+{
+    struct gcache *free_e = NULL;
+    for (int i = 0; i < GCACHE_N; i++) {
+        struct gcache *e = &r->gcache[i];
+        if (e->text && strcmp(e->text, text) == 0) {
+            e->users++;
+            e->used = ++r->gtick;
+            t->gent = e;
+            return 0;
+        }
+        if (e->users == 0 && (!free_e || !e->text || (free_e->text && e->used < free_e->used)))
+            free_e = e;
+    }
+    struct grammar *g = NULL;
+    struct grammar_ctx *c = NULL;
+    int rc = grammar_parse(&g, text, strlen(text), "root", err, errlen);
+    if (!rc)
+        rc = grammar_ctx_from_tok(&c, g, r->tk);
+    if (rc) {
+        grammar_release(g);
+        return rc;
+    }
+    char *copy = free_e ? strdup(text) : NULL;
+    if (!copy) {
+        t->grammar = g;
+        t->gctx = c;
+        return 0;
+    }
+    gcache_clear(free_e);
+    *free_e = (struct gcache){.text = copy, .g = g, .c = c, .users = 1, .used = ++r->gtick};
+    t->gent = free_e;
+    return 0;
+}
+
 static void text_task(struct runner *r, struct runner_task *tt)
 {
     char err[1024];
@@ -562,9 +623,7 @@ static void text_task(struct runner *r, struct runner_task *tt)
         if ((t->stops[t->n_stops] = strdup(p.stop[i])))
             t->n_stops++;
     if (p.grammar) {
-        int grc = grammar_parse(&t->grammar, p.grammar, strlen(p.grammar), "root", err, sizeof err);
-        if (!grc)
-            grc = grammar_ctx_from_tok(&t->gctx, t->grammar, r->tk);
+        int grc = grammar_for(r, t, p.grammar, err, sizeof err);
         if (grc) {
             if (grc == CAIRN_ENOMEM)
                 snprintf(err, sizeof err, "out of memory for the grammar");
@@ -596,7 +655,7 @@ static void text_task(struct runner *r, struct runner_task *tt)
     rq.sample.n_bias = p.n_bias;
     rq.num_draft_tokens = p.num_draft_tokens;
     rq.lookup_ngram = p.prompt_lookup ? 3 : 0; /* n-grams of 3 down to 1, as llama.cpp's lookup */
-    rq.grammar = t->gctx;
+    rq.grammar = t->gent ? t->gent->c : t->gctx;
     rq.max_tokens = p.max_tokens > 0 && p.max_tokens < r->ctx - n ? p.max_tokens : r->ctx - n;
     int rc = start_task(r, t, &rq, err, sizeof err);
     t = NULL; /* owned by the table, or freed */
@@ -884,6 +943,8 @@ static void release(struct runner *r)
     release_draft(r->draft_m, r->draft_e, r->draft_kv);
     while (r->n_tasks)
         task_drop(r, r->n_tasks - 1);
+    for (int i = 0; i < GCACHE_N; i++)
+        gcache_clear(&r->gcache[i]);
     runner_link_close(&r->link, "the runner is stopping");
     runner_lines_free(&r->in);
     free(r->out);

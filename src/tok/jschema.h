@@ -18,7 +18,8 @@
  * maximum, a negative minimum, uniqueItems, prefixItems, other formats, remote $refs.
  *
  * The output is compact JSON with at most one space after ':' and ','; strings have at
- * most GRAMMAR_MAX_REPEAT characters, numbers a bounded number of digits. */
+ * most maxLength characters (without one, any number: the budget of max_tokens ends
+ * them), numbers a bounded number of digits. */
 #ifndef CAIRN_TOK_JSCHEMA_H
 #define CAIRN_TOK_JSCHEMA_H
 
