@@ -327,9 +327,16 @@ static int prepare(struct sampler *s, const struct sample_params *p, const float
                 if (m == 0xffffffffu)
                     continue;
                 int end = i + 32 < n ? i + 32 : n;
-                for (int j = i; j < end; j++)
-                    if (!(m >> (j - i) & 1))
+                if (m == 0) {
+                    for (int j = i; j < end; j++)
                         s->work[j] = -INFINITY;
+                    continue;
+                }
+                for (; m != 0xffffffffu; m |= m + 1) /* each 0 bit, lowest first */
+                    if (i + __builtin_ctz(~m) < end)
+                        s->work[i + __builtin_ctz(~m)] = -INFINITY;
+                    else
+                        break;
             }
         for (int i = 0; i < p->n_bias; i++)
             s->work[p->bias[i].token] += p->bias[i].bias;
