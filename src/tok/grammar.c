@@ -234,7 +234,8 @@ static int cmp_range(const void *a, const void *b)
  * ASCII part when that is all, else a synthetic rule of UTF-8 alternatives. */
 static int emit_class(struct parser *p, uint32_t rule, struct range *r, size_t n, bool negate)
 {
-    qsort(r, n, sizeof *r, cmp_range);
+    if (n)
+        qsort(r, n, sizeof *r, cmp_range);
     /* Merge, then complement within [0, 0x10FFFF]; drop surrogates. */
     struct range *m = malloc((2 * n + 4) * sizeof *m);
     if (!m)
@@ -427,7 +428,8 @@ static struct el *cut_tail(struct parser *p, uint32_t rule, size_t from, size_t 
         oom(p);
         return NULL;
     }
-    memcpy(x, r->els + from, *n * sizeof *x);
+    if (*n)
+        memcpy(x, r->els + from, *n * sizeof *x);
     r->n = from;
     p->total -= *n;
     return x;
