@@ -90,6 +90,7 @@ static void request_free(struct request *r)
     for (int i = 0; i < r->n_seqs; i++) {
         free(r->seqs[i].hist);
         grammar_match_release(r->seqs[i].gm);
+        grammar_match_release(r->seqs[i].dgm);
     }
     free(r->bias);
     free(r);
@@ -690,12 +691,15 @@ bool sched_report_token(struct sched *s, struct seq *q, int32_t tok, float prob,
 
 int sched_grammar_allow(struct sched *s, struct seq *q, struct sample_params *p)
 {
-    (void)s;
-    if (!q->gm)
-        return 0;
-    int64_t left = sched_min64(q->req->max_tokens - q->generated, s->cfg.ctx - q->n_hist);
+    return q->gm ? sched_grammar_allow_at(s, q, q->gm, 0, p) : 0;
+}
+
+int sched_grammar_allow_at(struct sched *s, struct seq *q, struct grammar_match *m, int64_t j,
+                           struct sample_params *p)
+{
+    int64_t left = sched_min64(q->req->max_tokens - q->generated, s->cfg.ctx - q->n_hist) - j;
     const uint32_t *mask;
-    int rc = grammar_match_mask(q->gm, left, &mask);
+    int rc = grammar_match_mask(m, left, &mask);
     if (rc)
         return rc;
     p->allow = mask;

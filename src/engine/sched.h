@@ -204,8 +204,11 @@ struct sched_request {
      * near the end of max_tokens or the context only tokens after which the output can
      * still be completed (tok/grammar.h), so a finished sequence holds a complete output
      * whenever the budget allows one. A sequence whose output is complete finishes as
-     * STOP. Such sequences do not draft; with sched_config.asks their rows come back as
-     * logits and are sampled here. */
+     * STOP. Drafts (model or prompt lookup) are verified under the mask of the state
+     * the kept tokens lead to, so a rejected draft never reaches the matcher; a draft
+     * model's drafts are drawn under the grammar too (a scratch matcher per sequence
+     * follows them). With sched_config.asks their rows come back as logits and are
+     * sampled here. */
     struct grammar_ctx *grammar;
 };
 

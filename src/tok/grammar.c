@@ -1447,6 +1447,17 @@ int grammar_match_clone(struct grammar_match **out, const struct grammar_match *
     return 0;
 }
 
+int grammar_match_copy(struct grammar_match *dst, const struct grammar_match *src)
+{
+    if (!grow(&dst->cur.d, &dst->cur.cap, src->cur.n ? src->cur.n : 1))
+        return CAIRN_ENOMEM;
+    memcpy(dst->cur.d, src->cur.d, src->cur.n * sizeof *src->cur.d);
+    dst->cur.n = src->cur.n;
+    dst->cur.count = src->cur.count;
+    dst->c = src->c;
+    return 0;
+}
+
 int grammar_match_mask(struct grammar_match *m, int64_t budget, const uint32_t **mask)
 {
     struct grammar_ctx *c = m->c;

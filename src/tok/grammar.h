@@ -80,6 +80,8 @@ int grammar_match_create(struct grammar_match **out, struct grammar_ctx *c);
 void grammar_match_release(struct grammar_match *m); /* accepts NULL */
 /* A copy of m in its current state (speculation, forks). */
 int grammar_match_clone(struct grammar_match **out, const struct grammar_match *m);
+/* Puts dst in src's state (both of one ctx; dst's memory is reused). CAIRN_ENOMEM. */
+int grammar_match_copy(struct grammar_match *dst, const struct grammar_match *src);
 
 /* The tokens that may come next: bit i of (*mask)[i / 32] set when token i is allowed.
  * budget: tokens that may still be generated, this one included (< 0: no limit). The mask
