@@ -430,8 +430,13 @@ static int parse_tools(const json_t *body, struct textgen_params *p, struct json
             p->tools = NULL;
             return 0;
         }
-        if (strcmp(c, "auto") == 0 || strcmp(c, "required") == 0)
+        if (strcmp(c, "auto") == 0)
             return 0;
+        if (strcmp(c, "required") == 0) {
+            if (!json_array_size(p->tools))
+                return json_fail(e, "tool_choice", "\"required\" with no tools");
+            return (p->force_tool = strdup("")) ? 0 : oom();
+        }
         return json_fail(e, "tool_choice", "\"%s\" is not one of none, auto, required", c);
     }
     const json_t *fn = json_is_object(tc) ? json_object_get(tc, "function") : NULL;
@@ -442,7 +447,15 @@ static int parse_tools(const json_t *body, struct textgen_params *p, struct json
         return json_fail(e, "tool_choice",
                          "expected none, auto, required or {\"type\": \"function\", "
                          "\"function\": {\"name\": ...}}");
-    return 0;
+    const char *name = json_string_value(json_object_get(fn, "name"));
+    size_t i;
+    json_t *tool;
+    json_array_foreach(p->tools, i, tool) {
+        const char *n = json_string_value(json_object_get(json_object_get(tool, "function"), "name"));
+        if (n && strcmp(n, name) == 0)
+            return (p->force_tool = strdup(name)) ? 0 : oom();
+    }
+    return json_fail(e, "tool_choice.function.name", "no tool is named \"%.100s\"", name);
 }
 
 static int parse_template_kwargs(const json_t *body, struct textgen_params *p,

@@ -16,7 +16,9 @@
  *    (speculative drafts copied from the context instead of a draft model),
  *    "grammar": GBNF text (tok/grammar.h, start rule "root") the output must follow, at
  *    most TEXTGEN_MAX_GRAMMAR bytes; the API front-ends write it from response_format,
- *    format or grammar}
+ *    format or grammar, "force_tool": "" (a call of one of the tools must be the
+ *    output: tool_choice "required") or a tool's name (a call of that one), the runner
+ *    writing the grammar in the template's tool-call format}
  * Messages are in OpenAI's shape: {"role": "system"|"user"|"assistant"|"tool",
  * "content": text|null, "tool_calls": [{"id", "type": "function", "function":
  * {"name", "arguments": JSON text or object}}], "tool_call_id", "name"}; content parts
@@ -69,6 +71,7 @@ struct textgen_params {
     int num_draft_tokens; /* -1: the instance's; 0: no speculation for this request */
     bool prompt_lookup;
     char *grammar;        /* malloc'd GBNF text, or NULL: unconstrained */
+    char *force_tool;     /* malloc'd: "" any tool, or a tool's name; NULL: not forced */
 };
 
 /* Zeroes p and sets the defaults: add_generation_prompt, n 1, reasoning,

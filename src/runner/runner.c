@@ -35,6 +35,7 @@
 #include "model/model.h"
 #include "tmpl/chat.h"
 #include "tok/grammar.h"
+#include "tok/jschema.h"
 #include "tok/reasoning.h"
 #include "tok/tok.h"
 #include "tok/toolcall.h"
@@ -587,6 +588,103 @@ static int grammar_for(struct runner *r, struct rtask *t, const char *text, char
     return 0;
 }
 
+/* A GBNF literal of s into b. */
+static bool gbnf_literal(struct strbuf *b, const char *s)
+{
+    bool ok = strbuf_put(b, "\"", 1) == 0;
+    for (; *s && ok; s++) {
+        char esc[8];
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            snprintf(esc, sizeof esc, "\\%c", c);
+        else if (c < 0x20 || c == 0x7F)
+            snprintf(esc, sizeof esc, "\\x%02X", c);
+        else
+            esc[0] = (char)c, esc[1] = 0;
+        ok = strbuf_put(b, esc, strlen(esc)) == 0;
+    }
+    return ok && strbuf_put(b, "\"", 1) == 0;
+}
+
+/* tool_choice "required" or a named function: a grammar whose outputs are exactly one
+ * call, in the template's format, of one of the tools (or of the one named), its
+ * arguments following the tool's parameter schema. *out malloc'd. An HTTP status and err
+ * when the template has no format cairn constrains or a schema is refused. */
+static int tool_grammar(const struct runner *r, const struct textgen_params *p, char **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    const char *pre, *key;
+    if (r->tools == TOOLCALL_HERMES) {
+        pre = "<tool_call>\n{\"name\": ";
+        key = ", \"arguments\": ";
+    } else if (r->tools == TOOLCALL_LLAMA3) {
+        pre = "{\"name\": ";
+        key = ", \"parameters\": ";
+    } else {
+        snprintf(err, errlen, "tool_choice: this model's chat template has no tool-call format cairn can force (%s)",
+                 toolcall_format_name(r->tools));
+        return 400;
+    }
+    const char *post = r->tools == TOOLCALL_HERMES ? "}\n</tool_call>" : "}";
+    struct strbuf root = {0}, rules = {0};
+    bool ok = strbuf_put(&root, "root ::= ", 9) == 0;
+    int n = 0, status = 0;
+    size_t i;
+    json_t *tool;
+    json_array_foreach(p->tools, i, tool) {
+        const json_t *fn = json_object_get(tool, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (!name || (p->force_tool[0] && strcmp(name, p->force_tool) != 0))
+            continue;
+        const json_t *params = json_object_get(fn, "parameters");
+        json_t *any = json_pack("{s:s}", "type", "object");
+        char rule[32], *text = NULL, msg[512];
+        snprintf(rule, sizeof rule, "tool%d", n);
+        json_t *name_json = json_string(name);
+        char *name_text = name_json ? json_dumps(name_json, JSON_ENCODE_ANY) : NULL;
+        json_decref(name_json);
+        int rc = jschema_rules(json_is_object(params) ? params : any, rule, &text, msg, sizeof msg);
+        json_decref(any);
+        if (rc) {
+            snprintf(err, errlen, "tools[%zu].function.parameters: %s", i, msg);
+            status = cairn_http_status(rc == CAIRN_EUNSUPPORTED ? CAIRN_EFORMAT : rc);
+            free(name_text);
+            break;
+        }
+        ok = ok && (n == 0 || strbuf_put(&root, " | ", 3) == 0);
+        char ref[40];
+        snprintf(ref, sizeof ref, "call%d", n);
+        ok = ok && strbuf_put(&root, ref, strlen(ref)) == 0;
+        ok = ok && strbuf_put(&rules, ref, strlen(ref)) == 0 && strbuf_put(&rules, " ::= ", 5) == 0 &&
+             gbnf_literal(&rules, pre) && strbuf_put(&rules, " ", 1) == 0 && name_text &&
+             gbnf_literal(&rules, name_text) && strbuf_put(&rules, " ", 1) == 0 && gbnf_literal(&rules, key) &&
+             strbuf_put(&rules, " ", 1) == 0 && strbuf_put(&rules, rule, strlen(rule)) == 0 &&
+             strbuf_put(&rules, " ", 1) == 0 && gbnf_literal(&rules, post) && strbuf_put(&rules, "\n", 1) == 0 &&
+             strbuf_put(&rules, text, strlen(text)) == 0;
+        free(text);
+        free(name_text);
+        n++;
+    }
+    if (!status && n == 0) {
+        snprintf(err, errlen, "tool_choice: no tool to call");
+        status = 400;
+    }
+    const char *common = jschema_common_gbnf();
+    ok = ok && strbuf_put(&root, "\n", 1) == 0 && strbuf_put(&root, rules.p ? rules.p : "", rules.len) == 0 &&
+         strbuf_put(&root, common, strlen(common)) == 0;
+    strbuf_free(&rules);
+    if (!status && !ok) {
+        snprintf(err, errlen, "out of memory");
+        status = 500;
+    }
+    if (status) {
+        strbuf_free(&root);
+        return status;
+    }
+    *out = root.p;
+    return 0;
+}
+
 static void text_task(struct runner *r, struct runner_task *tt)
 {
     char err[1024];
@@ -622,6 +720,8 @@ static void text_task(struct runner *r, struct runner_task *tt)
     for (int i = 0; i < p.n_stop; i++)
         if ((t->stops[t->n_stops] = strdup(p.stop[i])))
             t->n_stops++;
+    if (p.force_tool && !p.grammar && (status = tool_grammar(r, &p, &p.grammar, err, sizeof err)))
+        goto refuse;
     if (p.grammar) {
         int grc = grammar_for(r, t, p.grammar, err, sizeof err);
         if (grc) {

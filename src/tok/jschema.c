@@ -40,6 +40,7 @@ const char *jschema_any_object_gbnf(void)
 
 struct gen {
     const json_t *root;
+    const char *pre; /* rule names start with it */
     struct strbuf out;     /* the rule being written */
     struct strbuf pending; /* rules finished */
     int n_rules, nodes;
@@ -226,7 +227,7 @@ static void object_body(struct gen *g, const json_t *s, const char *path, int de
             char p[512];
             sub_path(p, sizeof p, path, "additionalProperties", NULL);
             int r = node(g, addl, p, depth + 1);
-            putf(g, "\"{\" sp (jstring \":\" sp r%d (\",\" sp jstring \":\" sp r%d)*)? \"}\"", r, r);
+            putf(g, "\"{\" sp (jstring \":\" sp %sr%d (\",\" sp jstring \":\" sp %sr%d)*)? \"}\"", g->pre, r, g->pre, r);
         } else if (addl && json_is_false(addl)) {
             put(g, "\"{\" sp \"}\"");
         } else {
@@ -262,12 +263,12 @@ static void object_body(struct gen *g, const json_t *s, const char *path, int de
         kv[i] = g->n_rules++;
         struct strbuf keep = g->out;
         g->out = (struct strbuf){0};
-        putf(g, "r%d ::= ", kv[i]);
+        putf(g, "%sr%d ::= ", g->pre, kv[i]);
         json_t *ks = json_string(key);
         if (ks)
             put_json_literal(g, ks);
         json_decref(ks);
-        putf(g, " \":\" sp r%d\n", r);
+        putf(g, " \":\" sp %sr%d\n", g->pre, r);
         struct strbuf rule = g->out;
         g->out = keep;
         if (rule.p)
@@ -283,19 +284,19 @@ static void object_body(struct gen *g, const json_t *s, const char *path, int de
         bool first = true;
         for (i = 0; i < n; i++)
             if (is_req[i]) {
-                putf(g, first ? "r%d " : "\",\" sp r%d ", kv[i]);
+                putf(g, first ? "%sr%d " : "\",\" sp %sr%d ", g->pre, kv[i]);
                 first = false;
             }
         for (i = 0; i < n; i++)
             if (!is_req[i])
-                putf(g, "(\",\" sp r%d)? ", kv[i]);
+                putf(g, "(\",\" sp %sr%d)? ", g->pre, kv[i]);
     } else {
         /* The first property present starts the list; each later one is optional. */
         put(g, "(");
         for (i = 0; i < n; i++) {
-            putf(g, "%sr%d", i ? " | " : "", kv[i]);
+            putf(g, "%s%sr%d", i ? " | " : "", g->pre, kv[i]);
             for (size_t j = i + 1; j < n; j++)
-                putf(g, " (\",\" sp r%d)?", kv[j]);
+                putf(g, " (\",\" sp %sr%d)?", g->pre, kv[j]);
         }
         put(g, ")? ");
     }
@@ -318,9 +319,9 @@ static void array_body(struct gen *g, const json_t *s, const char *path, int dep
         return (void)gfail(g, CAIRN_EUNSUPPORTED, path, "unsupported JSON Schema keyword 'items' (not one schema)");
     if (items)
         r = node(g, items, p, depth + 1);
-    char item[32];
+    char item[96];
     if (r >= 0)
-        snprintf(item, sizeof item, "r%d", r);
+        snprintf(item, sizeof item, "%sr%d", g->pre, r);
     else
         snprintf(item, sizeof item, "jvalue");
     if (hi == 0)
@@ -396,7 +397,7 @@ static int node(struct gen *g, const json_t *s, const char *path, int depth)
         int r = g->n_rules++;
         struct strbuf keep = g->out;
         g->out = (struct strbuf){0};
-        putf(g, "r%d ::= jvalue\n", r);
+        putf(g, "%sr%d ::= jvalue\n", g->pre, r);
         pend(g, g->out.p ? g->out.p : "", g->out.len);
         strbuf_free(&g->out);
         g->out = keep;
@@ -433,7 +434,7 @@ static int node(struct gen *g, const json_t *s, const char *path, int depth)
         int t = node(g, d, json_string_value(ref), depth + 1);
         struct strbuf keep = g->out;
         g->out = (struct strbuf){0};
-        putf(g, "r%d ::= r%d\n", r, t);
+        putf(g, "%sr%d ::= %sr%d\n", g->pre, r, g->pre, t);
         pend(g, g->out.p ? g->out.p : "", g->out.len);
         strbuf_free(&g->out);
         g->out = keep;
@@ -442,7 +443,7 @@ static int node(struct gen *g, const json_t *s, const char *path, int depth)
     int r = g->n_rules++;
     struct strbuf keep = g->out;
     g->out = (struct strbuf){0};
-    putf(g, "r%d ::= ", r);
+    putf(g, "%sr%d ::= ", g->pre, r);
     const json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const"),
                  *any = json_object_get(s, "anyOf"), *all = json_object_get(s, "allOf"),
                  *type = json_object_get(s, "type"), *nullable = json_object_get(s, "nullable");
@@ -471,7 +472,7 @@ static int node(struct gen *g, const json_t *s, const char *path, int depth)
             int a = node(g, json_array_get(any, i), p, depth + 1);
             strbuf_free(&g->out);
             g->out = mine;
-            putf(g, "%sr%d", i ? " | " : "", a);
+            putf(g, "%s%sr%d", i ? " | " : "", g->pre, a);
         }
     } else if (all) {
         if (!json_is_array(all) || json_array_size(all) != 1)
@@ -484,7 +485,7 @@ static int node(struct gen *g, const json_t *s, const char *path, int depth)
             int a = node(g, json_array_get(all, 0), p, depth + 1);
             strbuf_free(&g->out);
             g->out = mine;
-            putf(g, "r%d", a);
+            putf(g, "%sr%d", g->pre, a);
         }
     } else if (json_is_string(type)) {
         struct strbuf mine = g->out;
@@ -534,14 +535,17 @@ static int node(struct gen *g, const json_t *s, const char *path, int depth)
     return r;
 }
 
-int jschema_to_gbnf(const json_t *schema, char **out, char *err, size_t errlen)
+/* Rules for schema (the top one named `top`), and with common the shared rules. */
+static int generate(const json_t *schema, const char *top, const char *pre, bool common, char **out, char *err,
+                    size_t errlen)
 {
     *out = NULL;
-    struct gen g = {.root = schema, .err = err, .errlen = errlen};
+    struct gen g = {.root = schema, .pre = pre, .err = err, .errlen = errlen};
     int r = node(&g, schema, "", 0);
     if (!g.rc) {
-        putf(&g, "root ::= r%d\n", r);
-        put(&g, COMMON);
+        putf(&g, "%s ::= %sr%d\n", top, pre, r);
+        if (common)
+            put(&g, COMMON);
         if (g.pending.p)
             put(&g, g.pending.p);
     }
@@ -553,3 +557,17 @@ int jschema_to_gbnf(const json_t *schema, char **out, char *err, size_t errlen)
     *out = g.out.p;
     return 0;
 }
+
+int jschema_to_gbnf(const json_t *schema, char **out, char *err, size_t errlen)
+{
+    return generate(schema, "root", "", true, out, err, errlen);
+}
+
+int jschema_rules(const json_t *schema, const char *name, char **out, char *err, size_t errlen)
+{
+    char pre[80];
+    snprintf(pre, sizeof pre, "%.60s-", name);
+    return generate(schema, name, pre, false, out, err, errlen);
+}
+
+const char *jschema_common_gbnf(void) { return COMMON; }

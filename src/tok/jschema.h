@@ -35,6 +35,15 @@
  * (a keyword of the wrong type, a $ref that resolves to nothing), CAIRN_ENOMEM. */
 int jschema_to_gbnf(const json_t *schema, char **out, char *err, size_t errlen);
 
+/* As jschema_to_gbnf, but the rules only: the schema's top rule is named `name` (at most
+ * 60 of [A-Za-z0-9-]), the others start with `name-`, and the shared rules
+ * (jschema_common_gbnf: sp, jstring, jvalue, ...) are left out, so that several
+ * schemas go into one grammar. */
+int jschema_rules(const json_t *schema, const char *name, char **out, char *err, size_t errlen);
+
+/* The shared rules every schema's rules use, once per grammar. */
+const char *jschema_common_gbnf(void);
+
 /* GBNF for any JSON object (OpenAI's json_object, Ollama's format "json"). */
 const char *jschema_any_object_gbnf(void);
 

@@ -164,6 +164,32 @@ test('a GBNF grammar on /v1/completions; stop strings still apply', T, async () 
   assert.equal(s.choices[0].text, 'abcd');
 });
 
+test('tool_choice required and named: every call parses and its arguments validate', T, async () => {
+  const tools = [0, 1, 2].map((k) => ({ type: 'function',
+    function: { name: `tool_${k}`, description: `tool ${k}`, parameters: SCHEMAS[10 + k] } }));
+  const ask = async (i) => {
+    const named = i % 2 === 1;
+    const tool_choice = named ? { type: 'function', function: { name: `tool_${i % 3}` } } : 'required';
+    const r = await openai.chat.completions.create({ model: TARGET, max_tokens: MAX_TOKENS, temperature: i % 3 === 0 ? 0 : 1,
+      seed: 40 + i, tools, tool_choice, messages: [{ role: 'user', content: `Call a tool (${i}).` }] });
+    const calls = r.choices[0].message.tool_calls;
+    assert.ok(Array.isArray(calls) && calls.length === 1, `request ${i}: ${JSON.stringify(r.choices[0].message)}`);
+    const { name, arguments: args } = calls[0].function;
+    const tool = tools.find((t) => t.function.name === name);
+    assert.ok(tool, `request ${i}: unknown tool ${name}`);
+    if (named)
+      assert.equal(name, `tool_${i % 3}`);
+    const v = JSON.parse(args);
+    assert.ok(ajv.validate(tool.function.parameters, v), `request ${i}: ${ajv.errorsText()}: ${args}`);
+    assert.equal(r.choices[0].finish_reason, 'tool_calls');
+  };
+  for (let b = 0; b < 12; b += 4)
+    await Promise.all([0, 1, 2, 3].map((j) => ask(b + j)));
+  const bad = await http(`${node.url}/v1/chat/completions`, { body: { model: TARGET, messages: [{ role: 'user', content: 'x' }],
+    tools, tool_choice: { type: 'function', function: { name: 'nope' } } } });
+  assert.equal(bad.status, 400);
+});
+
 test('unsupported keywords and bad grammars are a 400 naming them', T, async () => {
   const bad = async (body, re) => {
     const r = await http(`${node.url}/v1/chat/completions`, { body: { model: TARGET, messages: [{ role: 'user', content: 'x' }], ...body } });
