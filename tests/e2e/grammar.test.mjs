@@ -190,6 +190,21 @@ test('tool_choice required and named: every call parses and its arguments valida
   assert.equal(bad.status, 400);
 });
 
+test('Anthropic tool_choice any and tool: the answer is a tool_use whose input validates', T, async () => {
+  const tools = [0, 1].map((k) => ({ name: `t${k}`, description: 'x', input_schema: SCHEMAS[20 + k] }));
+  for (const [i, tool_choice] of [[0, { type: 'any' }], [1, { type: 'tool', name: 't1' }]]) {
+    const r = await http(`${node.url}/v1/messages`, { body: { model: TARGET, max_tokens: MAX_TOKENS, temperature: 1,
+      tools, tool_choice, messages: [{ role: 'user', content: 'use a tool' }] } });
+    assert.equal(r.status, 200, JSON.stringify(r.json));
+    const use = r.json.content.find((c) => c.type === 'tool_use');
+    assert.ok(use, JSON.stringify(r.json));
+    const tool = tools.find((t) => t.name === use.name);
+    assert.ok(tool && (i === 0 || use.name === 't1'), use.name);
+    assert.ok(ajv.validate(tool.input_schema, use.input), `${ajv.errorsText()}: ${JSON.stringify(use.input)}`);
+    assert.equal(r.json.stop_reason, 'tool_use');
+  }
+});
+
 test('unsupported keywords and bad grammars are a 400 naming them', T, async () => {
   const bad = async (body, re) => {
     const r = await http(`${node.url}/v1/chat/completions`, { body: { model: TARGET, messages: [{ role: 'user', content: 'x' }], ...body } });
