@@ -118,6 +118,7 @@ struct runner {
     bool have_peers;
     struct gcache gcache[GCACHE_N];
     uint64_t gtick;
+    struct grammar_vocab *gvocab; /* the vocabulary's trie, built at the first grammar */
 };
 
 static void usage(void)
@@ -570,8 +571,10 @@ static int grammar_for(struct runner *r, struct rtask *t, const char *text, char
     struct grammar *g = NULL;
     struct grammar_ctx *c = NULL;
     int rc = grammar_parse(&g, text, strlen(text), "root", err, errlen);
+    if (!rc && !r->gvocab)
+        rc = grammar_vocab_from_tok(&r->gvocab, r->tk);
     if (!rc)
-        rc = grammar_ctx_from_tok(&c, g, r->tk);
+        rc = grammar_ctx_create_shared(&c, g, r->gvocab);
     if (rc) {
         grammar_release(g);
         return rc;
@@ -1045,6 +1048,7 @@ static void release(struct runner *r)
         task_drop(r, r->n_tasks - 1);
     for (int i = 0; i < GCACHE_N; i++)
         gcache_clear(&r->gcache[i]);
+    grammar_vocab_release(r->gvocab);
     runner_link_close(&r->link, "the runner is stopping");
     runner_lines_free(&r->in);
     free(r->out);

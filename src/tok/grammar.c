@@ -1085,8 +1085,9 @@ struct dstate {
 #define DFA_MAX_STATES 8192
 #define MAX_MASKS 512
 
-struct grammar_ctx {
-    const struct grammar *g;
+/* A vocabulary as masks need it: a trie of every token's bytes. Shared by any number of
+ * ctxs (read only once built). */
+struct grammar_vocab {
     int32_t n_vocab;
     size_t words;
     struct tnode *nodes;
@@ -1097,6 +1098,12 @@ struct grammar_ctx {
     size_t *text_off;
     int32_t *eog_list;
     int32_t n_eog;
+};
+
+struct grammar_ctx {
+    const struct grammar *g;
+    const struct grammar_vocab *v;
+    struct grammar_vocab *own; /* v when the ctx made it */
     struct dstate *st;
     int32_t n_st;
     int32_t *htab; /* open addressing over st, size hcap */
@@ -1202,6 +1209,19 @@ static int32_t step(struct grammar_ctx *c, int32_t id, unsigned b)
     return nid;
 }
 
+void grammar_vocab_release(struct grammar_vocab *v)
+{
+    if (!v)
+        return;
+    free(v->nodes);
+    free(v->tok_next);
+    free(v->eog);
+    free(v->text);
+    free(v->text_off);
+    free(v->eog_list);
+    free(v);
+}
+
 static void ctx_free(struct grammar_ctx *c)
 {
     if (!c)
@@ -1210,12 +1230,7 @@ static void ctx_free(struct grammar_ctx *c)
         dfa_clear(c);
     free(c->st);
     free(c->htab);
-    free(c->nodes);
-    free(c->tok_next);
-    free(c->eog);
-    free(c->text);
-    free(c->text_off);
-    free(c->eog_list);
+    grammar_vocab_release(c->own);
     free(c->w.scratch);
     free(c->tmp.d);
     free(c->out_mask);
@@ -1224,7 +1239,7 @@ static void ctx_free(struct grammar_ctx *c)
 
 void grammar_ctx_release(struct grammar_ctx *c) { ctx_free(c); }
 
-int32_t grammar_ctx_n_vocab(const struct grammar_ctx *c) { return c->n_vocab; }
+int32_t grammar_ctx_n_vocab(const struct grammar_ctx *c) { return c->v->n_vocab; }
 
 void grammar_ctx_stats(const struct grammar_ctx *c, int64_t *walks, int64_t *hits)
 {
@@ -1232,92 +1247,123 @@ void grammar_ctx_stats(const struct grammar_ctx *c, int64_t *walks, int64_t *hit
     *hits = c->hits;
 }
 
-static int32_t trie_child(struct grammar_ctx *c, int32_t node, uint8_t b, bool create)
+static int32_t trie_child(struct grammar_vocab *v, int32_t node, uint8_t b)
 {
     int32_t prev = -1;
-    for (int32_t k = c->nodes[node].child; k >= 0; k = c->nodes[k].sibling) {
-        if (c->nodes[k].byte == b)
+    for (int32_t k = v->nodes[node].child; k >= 0; k = v->nodes[k].sibling) {
+        if (v->nodes[k].byte == b)
             return k;
         prev = k;
     }
-    if (!create)
-        return -1;
-    int32_t k = c->n_nodes++;
-    c->nodes[k] = (struct tnode){.child = -1, .sibling = -1, .token = -1, .byte = b};
+    int32_t k = v->n_nodes++;
+    v->nodes[k] = (struct tnode){.child = -1, .sibling = -1, .token = -1, .byte = b};
     if (prev < 0)
-        c->nodes[node].child = k;
+        v->nodes[node].child = k;
     else
-        c->nodes[prev].sibling = k;
+        v->nodes[prev].sibling = k;
     return k;
 }
 
-int grammar_ctx_create(struct grammar_ctx **out, const struct grammar *g, int32_t n, const char *const *bytes,
-                       const size_t *lens, const uint8_t *eog)
+int grammar_vocab_create(struct grammar_vocab **out, int32_t n, const char *const *bytes, const size_t *lens,
+                         const uint8_t *eog)
 {
     *out = NULL;
-    if (!g || n <= 0 || !bytes || !lens)
+    if (n <= 0 || !bytes || !lens)
         return CAIRN_EINVAL;
-    struct grammar_ctx *c = calloc(1, sizeof *c);
-    if (!c)
+    struct grammar_vocab *v = calloc(1, sizeof *v);
+    if (!v)
         return CAIRN_ENOMEM;
-    c->g = g;
-    c->n_vocab = n;
-    c->words = ((size_t)n + 31) / 32;
+    v->n_vocab = n;
+    v->words = ((size_t)n + 31) / 32;
     size_t total = 1;
     for (int32_t i = 0; i < n; i++)
         total += bytes[i] ? lens[i] : 0;
     if (total > INT32_MAX) {
-        ctx_free(c);
+        grammar_vocab_release(v);
         return CAIRN_ERANGE;
     }
-    c->nodes = malloc(total * sizeof *c->nodes);
-    c->tok_next = malloc((size_t)n * sizeof *c->tok_next);
-    c->eog = calloc((size_t)n, 1);
-    c->eog_list = malloc((size_t)n * sizeof *c->eog_list);
-    c->st = malloc(DFA_MAX_STATES * sizeof *c->st);
-    c->hcap = 4 * DFA_MAX_STATES;
-    c->htab = malloc((size_t)c->hcap * sizeof *c->htab);
-    c->out_mask = malloc(c->words * sizeof *c->out_mask);
-    c->text = malloc(total);
-    c->text_off = malloc(((size_t)n + 1) * sizeof *c->text_off);
-    c->w.g = g;
-    if (!c->text || !c->text_off || !c->nodes || !c->tok_next || !c->eog || !c->eog_list || !c->st || !c->htab || !c->out_mask) {
-        ctx_free(c);
+    v->nodes = malloc(total * sizeof *v->nodes);
+    v->tok_next = malloc((size_t)n * sizeof *v->tok_next);
+    v->eog = calloc((size_t)n, 1);
+    v->eog_list = malloc((size_t)n * sizeof *v->eog_list);
+    v->text = malloc(total);
+    v->text_off = malloc(((size_t)n + 1) * sizeof *v->text_off);
+    if (!v->text || !v->text_off || !v->nodes || !v->tok_next || !v->eog || !v->eog_list) {
+        grammar_vocab_release(v);
         return CAIRN_ENOMEM;
     }
-    for (int32_t i = 0; i < c->hcap; i++)
-        c->htab[i] = -1;
-    c->nodes[0] = (struct tnode){.child = -1, .sibling = -1, .token = -1};
-    c->n_nodes = 1;
+    v->nodes[0] = (struct tnode){.child = -1, .sibling = -1, .token = -1};
+    v->n_nodes = 1;
     size_t at = 0;
     for (int32_t i = 0; i < n; i++) {
-        c->text_off[i] = at;
+        v->text_off[i] = at;
         if (bytes[i] && lens[i] && !(eog && eog[i])) {
-            memcpy(c->text + at, bytes[i], lens[i]);
+            memcpy(v->text + at, bytes[i], lens[i]);
             at += lens[i];
         }
-        c->text_off[i + 1] = at;
+        v->text_off[i + 1] = at;
     }
     for (int32_t i = 0; i < n; i++) {
-        c->tok_next[i] = -1;
+        v->tok_next[i] = -1;
         if (eog && eog[i]) {
-            c->eog[i] = 1;
-            c->eog_list[c->n_eog++] = i;
+            v->eog[i] = 1;
+            v->eog_list[v->n_eog++] = i;
             continue;
         }
         if (!bytes[i] || !lens[i])
             continue;
         int32_t node = 0;
         for (size_t j = 0; j < lens[i]; j++)
-            node = trie_child(c, node, (uint8_t)bytes[i][j], true);
-        c->tok_next[i] = c->nodes[node].token;
-        c->nodes[node].token = i;
+            node = trie_child(v, node, (uint8_t)bytes[i][j]);
+        v->tok_next[i] = v->nodes[node].token;
+        v->nodes[node].token = i;
     }
+    *out = v;
+    return 0;
+}
+
+int grammar_ctx_create_shared(struct grammar_ctx **out, const struct grammar *g, const struct grammar_vocab *v)
+{
+    *out = NULL;
+    if (!g || !v)
+        return CAIRN_EINVAL;
+    struct grammar_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return CAIRN_ENOMEM;
+    c->g = g;
+    c->v = v;
+    c->st = malloc(DFA_MAX_STATES * sizeof *c->st);
+    c->hcap = 4 * DFA_MAX_STATES;
+    c->htab = malloc((size_t)c->hcap * sizeof *c->htab);
+    c->out_mask = malloc(v->words * sizeof *c->out_mask);
+    c->w.g = g;
+    if (!c->st || !c->htab || !c->out_mask) {
+        ctx_free(c);
+        return CAIRN_ENOMEM;
+    }
+    for (int32_t i = 0; i < c->hcap; i++)
+        c->htab[i] = -1;
     *out = c;
     return 0;
 }
 
-int grammar_ctx_from_tok(struct grammar_ctx **out, const struct grammar *g, const struct tok *t)
+int grammar_ctx_create(struct grammar_ctx **out, const struct grammar *g, int32_t n, const char *const *bytes,
+                       const size_t *lens, const uint8_t *eog)
+{
+    *out = NULL;
+    struct grammar_vocab *v = NULL;
+    int rc = grammar_vocab_create(&v, n, bytes, lens, eog);
+    if (!rc)
+        rc = grammar_ctx_create_shared(out, g, v);
+    if (rc) {
+        grammar_vocab_release(v);
+        return rc;
+    }
+    (*out)->own = v;
+    return 0;
+}
+
+int grammar_vocab_from_tok(struct grammar_vocab **out, const struct tok *t)
 {
     *out = NULL;
     int32_t n = tok_n_vocab(t);
@@ -1341,11 +1387,26 @@ int grammar_ctx_from_tok(struct grammar_ctx **out, const struct grammar *g, cons
         lens[i] = len;
     }
     if (!rc)
-        rc = grammar_ctx_create(out, g, n, (const char *const *)bytes, lens, eog);
+        rc = grammar_vocab_create(out, n, (const char *const *)bytes, lens, eog);
     for (int32_t i = 0; bytes && i < n; i++)
         free(bytes[i]);
     free(bytes), free(lens), free(eog), free(buf);
     return rc;
+}
+
+int grammar_ctx_from_tok(struct grammar_ctx **out, const struct grammar *g, const struct tok *t)
+{
+    *out = NULL;
+    struct grammar_vocab *v = NULL;
+    int rc = grammar_vocab_from_tok(&v, t);
+    if (!rc)
+        rc = grammar_ctx_create_shared(out, g, v);
+    if (rc) {
+        grammar_vocab_release(v);
+        return rc;
+    }
+    (*out)->own = v;
+    return 0;
 }
 
 /* ---- matcher ---- */
@@ -1365,8 +1426,8 @@ struct walk {
 static void walk(struct walk *wk, int32_t node, int32_t id)
 {
     struct grammar_ctx *c = wk->c;
-    for (int32_t k = c->nodes[node].child; k >= 0 && !wk->rc; k = c->nodes[k].sibling) {
-        uint8_t b = c->nodes[k].byte;
+    for (int32_t k = c->v->nodes[node].child; k >= 0 && !wk->rc; k = c->v->nodes[k].sibling) {
+        uint8_t b = c->v->nodes[k].byte;
         if (!set_has(c->st[id].tops, b))
             continue;
         int32_t nid = step(c, id, b);
@@ -1377,24 +1438,24 @@ static void walk(struct walk *wk, int32_t node, int32_t id)
         if (nid < 0)
             continue;
         int64_t m = c->st[nid].m;
-        if (c->nodes[k].token >= 0 && (wk->limit < 0 || m <= wk->limit)) {
-            for (int32_t t = c->nodes[k].token; t >= 0; t = c->tok_next[t])
+        if (c->v->nodes[k].token >= 0 && (wk->limit < 0 || m <= wk->limit)) {
+            for (int32_t t = c->v->nodes[k].token; t >= 0; t = c->v->tok_next[t])
                 set_bit(wk->mask, t);
             wk->mmax = m > wk->mmax ? m : wk->mmax;
         }
-        if (c->nodes[k].child >= 0)
+        if (c->v->nodes[k].child >= 0)
             walk(wk, k, nid);
     }
 }
 
 static int compute(struct grammar_ctx *c, int32_t id, int64_t limit, uint32_t *mask, int64_t *mmax)
 {
-    memset(mask, 0, c->words * sizeof *mask);
+    memset(mask, 0, c->v->words * sizeof *mask);
     struct walk wk = {.c = c, .mask = mask, .limit = limit, .mmax = 0};
     walk(&wk, 0, id);
     if (c->st[id].accepting)
-        for (int32_t i = 0; i < c->n_eog; i++)
-            set_bit(mask, c->eog_list[i]);
+        for (int32_t i = 0; i < c->v->n_eog; i++)
+            set_bit(mask, c->v->eog_list[i]);
     *mmax = wk.mmax;
     c->walks++;
     return wk.rc;
@@ -1465,7 +1526,7 @@ int grammar_match_mask(struct grammar_match *m, int64_t budget, const uint32_t *
         dfa_clear(c);
     int32_t id = intern(c, &m->cur);
     if (id == -1) {
-        memset(c->out_mask, 0, c->words * sizeof *c->out_mask);
+        memset(c->out_mask, 0, c->v->words * sizeof *c->out_mask);
         *mask = c->out_mask;
         return 0;
     }
@@ -1473,7 +1534,7 @@ int grammar_match_mask(struct grammar_match *m, int64_t budget, const uint32_t *
         return id;
     struct dstate *d = &c->st[id];
     if (!d->mask) {
-        d->mask = malloc(c->words * sizeof *d->mask);
+        d->mask = malloc(c->v->words * sizeof *d->mask);
         if (!d->mask)
             return CAIRN_ENOMEM;
         int rc = compute(c, id, -1, d->mask, &d->mask_mmax);
@@ -1535,9 +1596,9 @@ int grammar_match_accept_bytes(struct grammar_match *m, const char *s, size_t le
 int grammar_match_accept(struct grammar_match *m, int32_t id)
 {
     struct grammar_ctx *c = m->c;
-    if (id < 0 || id >= c->n_vocab)
+    if (id < 0 || id >= c->v->n_vocab)
         return CAIRN_ERANGE;
-    if (c->eog[id]) {
+    if (c->v->eog[id]) {
         if (!sset_accepting(&m->cur))
             return CAIRN_EINVAL;
         m->cur.n = 1;
@@ -1545,10 +1606,10 @@ int grammar_match_accept(struct grammar_match *m, int32_t id)
         m->cur.count = 1;
         return 0;
     }
-    size_t len = c->text_off[id + 1] - c->text_off[id];
+    size_t len = c->v->text_off[id + 1] - c->v->text_off[id];
     if (len == 0)
         return CAIRN_EINVAL; /* renders nothing: never part of a constrained output */
-    return grammar_match_accept_bytes(m, c->text + c->text_off[id], len);
+    return grammar_match_accept_bytes(m, c->v->text + c->v->text_off[id], len);
 }
 
 bool grammar_match_accepting(const struct grammar_match *m) { return sset_accepting(&m->cur); }

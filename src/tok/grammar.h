@@ -62,12 +62,27 @@ void grammar_release(struct grammar *g); /* accepts NULL */
 /* Whether the whole of s[0, len) is a complete output of g (a test and validation aid). */
 bool grammar_matches(const struct grammar *g, const char *s, size_t len);
 
-/* Binds g (borrowed, must outlive the ctx) to a vocabulary of n tokens: bytes[i] of
+struct grammar_vocab;
+
+/* A vocabulary of n tokens as masks need it (a trie of the tokens' bytes), built once and
+ * shared by the ctxs of any number of grammars: bytes[i] of lens[i] (NULL or 0: renders
+ * nothing), eog[i] nonzero for end-of-generation tokens (NULL: none). Copies what it
+ * needs. CAIRN_EINVAL, CAIRN_ERANGE, CAIRN_ENOMEM. */
+int grammar_vocab_create(struct grammar_vocab **out, int32_t n, const char *const *bytes, const size_t *lens,
+                         const uint8_t *eog);
+/* As grammar_vocab_create with t's tokens (tok_token_text without special rendering). */
+int grammar_vocab_from_tok(struct grammar_vocab **out, const struct tok *t);
+void grammar_vocab_release(struct grammar_vocab *v); /* accepts NULL */
+
+/* Binds g to v (both borrowed, must outlive the ctx). CAIRN_EINVAL, CAIRN_ENOMEM. */
+int grammar_ctx_create_shared(struct grammar_ctx **out, const struct grammar *g, const struct grammar_vocab *v);
+
+/* Binds g (borrowed, must outlive the ctx) to a vocabulary of its own, of n tokens: bytes[i] of
  * lens[i] (NULL or 0: renders nothing), eog[i] nonzero for end-of-generation tokens (NULL:
  * none). Copies what it needs. CAIRN_EINVAL, CAIRN_ENOMEM. */
 int grammar_ctx_create(struct grammar_ctx **out, const struct grammar *g, int32_t n, const char *const *bytes,
                        const size_t *lens, const uint8_t *eog);
-/* As grammar_ctx_create with t's tokens (tok_token_text without special rendering). */
+/* As grammar_ctx_create with t's tokens (grammar_vocab_from_tok). */
 int grammar_ctx_from_tok(struct grammar_ctx **out, const struct grammar *g, const struct tok *t);
 void grammar_ctx_release(struct grammar_ctx *c); /* accepts NULL */
 int32_t grammar_ctx_n_vocab(const struct grammar_ctx *c);
