@@ -1347,12 +1347,9 @@ int grammar_ctx_create_shared(struct grammar_ctx **out, const struct grammar *g,
     return 0;
 }
 
-int grammar_ctx_create(struct grammar_ctx **out, const struct grammar *g, int32_t n, const char *const *bytes,
-                       const size_t *lens, const uint8_t *eog)
+/* A ctx owning v, which was just made with result rc (v freed on any failure). */
+static int adopt(struct grammar_ctx **out, const struct grammar *g, struct grammar_vocab *v, int rc)
 {
-    *out = NULL;
-    struct grammar_vocab *v = NULL;
-    int rc = grammar_vocab_create(&v, n, bytes, lens, eog);
     if (!rc)
         rc = grammar_ctx_create_shared(out, g, v);
     if (rc) {
@@ -1361,6 +1358,15 @@ int grammar_ctx_create(struct grammar_ctx **out, const struct grammar *g, int32_
     }
     (*out)->own = v;
     return 0;
+}
+
+int grammar_ctx_create(struct grammar_ctx **out, const struct grammar *g, int32_t n, const char *const *bytes,
+                       const size_t *lens, const uint8_t *eog)
+{
+    *out = NULL;
+    struct grammar_vocab *v = NULL;
+    int rc = grammar_vocab_create(&v, n, bytes, lens, eog);
+    return adopt(out, g, v, rc);
 }
 
 int grammar_vocab_from_tok(struct grammar_vocab **out, const struct tok *t)
@@ -1399,14 +1405,7 @@ int grammar_ctx_from_tok(struct grammar_ctx **out, const struct grammar *g, cons
     *out = NULL;
     struct grammar_vocab *v = NULL;
     int rc = grammar_vocab_from_tok(&v, t);
-    if (!rc)
-        rc = grammar_ctx_create_shared(out, g, v);
-    if (rc) {
-        grammar_vocab_release(v);
-        return rc;
-    }
-    (*out)->own = v;
-    return 0;
+    return adopt(out, g, v, rc);
 }
 
 /* ---- matcher ---- */
