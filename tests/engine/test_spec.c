@@ -1316,11 +1316,13 @@ static void test_grammar_spec(const struct fixture *fx)
             sr[i].sp.top_k = 0;
             sr[i].sp.seed = 77 + (uint64_t)i;
         }
+        sr[2].n_seqs = 3; /* forked from one prompt: each sequence its own matcher */
         struct collector *out = collector_new();
         run_batch(fx, M_TARGET, d ? M_LAYERS : -1, sr, N_REQ, out, NULL);
         CHECK_EQ_INT(out->misuse, 0);
-        for (int i = 0; i < N_REQ; i++) {
-            const struct rec *r = &out->rec[i][0];
+        for (int k = 0; k < N_REQ + 2; k++) {
+            int i = k < N_REQ ? k : 2, seq = k < N_REQ ? 0 : k - N_REQ + 1;
+            const struct rec *r = &out->rec[i][seq];
             char text[4096];
             size_t len = 0;
             for (int t = 0; t < r->n; t++) {
@@ -1328,9 +1330,9 @@ static void test_grammar_spec(const struct fixture *fx)
                 if (tok_token_text(fx->tok, r->tok[t], 0, text + len, sizeof text - len - 1, &l) == 0)
                     len += l;
             }
-            CHECK(r->why == SCHED_FINISH_STOP && grammar_matches(g, text, len),
-                  "sampled%s %d: %s, '%.*s' does not match", d ? " with a draft" : "", i, sched_finish_name(r->why),
-                  (int)len, text);
+            CHECK(r->n_done == 1 && r->why == SCHED_FINISH_STOP && grammar_matches(g, text, len),
+                  "sampled%s %d/%d: %s, '%.*s' does not match", d ? " with a draft" : "", i, seq,
+                  sched_finish_name(r->why), (int)len, text);
         }
         free(out);
     }
