@@ -66,6 +66,23 @@ static void test_matches(void)
         {"root ::= \"\\u00e9\" . \"x\"\n", {"\xc3\xa9zx", "\xc3\xa9\xc3\xa9x"}, {"ex", "\xc3\xa9x"}},
         {"root ::= (\"a\" |\n  \"b\")+ # comment\n", {"a", "abba"}, {"", "c"}},
         {"root ::= \"x\"?\n", {"", "x"}, {"xx"}},
+        /* As llama.cpp's guide writes them: comments and newlines inside parentheses, an
+         * empty first alternative, classes with escapes, dashed names, {m,n}. */
+        {"# moves\nroot ::= (\n    # first\n    \"1. \" move \" \" move \"\\n\"\n\n"
+         "    ([1-9] [0-9]? \". \" move \" \" move \"\\n\")+\n)\n"
+         "move ::= (pawn | nonpawn | castle) [+#]?\npawn ::= [a-h] [1-8]\n"
+         "nonpawn ::= [NBKQR] [a-h] [1-8]\ncastle ::= \"O-O\" \"-O\"?\n",
+         {"1. e4 e5\n2. Nf3 Nc6\n", "1. O-O-O+ a1\n10. Qa1# b2\n"}, {"1. e4 e5\n", "1. e4 e5\n2. Nf9 a1\n"}},
+        {"char ::= [^\"\\\\\\x7F\\x00-\\x1F] | [\\\\] ([\"\\\\bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
+         "item ::= \"{\" space item-name-kv \",\" space item-age-kv \"}\" space\n"
+         "item-age ::= ([0-9] | ([1-8] [0-9] | [9] [0-9]) | \"1\" ([0-4] [0-9] | [5] \"0\")) space\n"
+         "item-age-kv ::= \"\\\"age\\\"\" space \":\" space item-age\n"
+         "item-name ::= \"\\\"\" char{1,100} \"\\\"\" space\n"
+         "item-name-kv ::= \"\\\"name\\\"\" space \":\" space item-name\n"
+         "root ::= \"[\" space item (\",\" space item){1,99} \"]\" space\n"
+         "space ::= | \" \" | \"\\n\" [ \\t]{0,20}\n",
+         {"[{\"name\": \"Al\", \"age\": 34},{\"name\":\"B\\n\",\"age\":150}]"},
+         {"[{\"name\": \"Al\", \"age\": 151},{\"name\":\"B\",\"age\":1}]", "[{\"name\":\"\",\"age\":1}]"}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct grammar *g = parse(cases[i].g);
