@@ -1082,6 +1082,14 @@ int sched_submit(struct sched *s, const struct sched_request *rq, char *err, siz
         return cairn_fail(err, errlen, CAIRN_ESTATE, "request %llu is already live", (unsigned long long)rq->id);
     if (s->q_count >= s->cfg.queue_max)
         return cairn_fail(err, errlen, CAIRN_EFULL, "the queue is full (%d requests waiting)", s->q_count);
+    if (rq->grammar) {
+        struct grammar_match *m = NULL;
+        int grc = grammar_match_create(&m, rq->grammar);
+        grammar_match_release(m);
+        if (grc == CAIRN_EFORMAT)
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "grammar: its start exceeds the matcher's limits "
+                              "(too deep or too ambiguous)");
+    }
     struct request *r = request_new(s, rq);
     if (!r)
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory for a request of %d sequences", rq->n_seqs);

@@ -885,6 +885,7 @@ struct work {
     uint32_t *scratch;
     size_t sn, scap;
     int depth;
+    int64_t steps; /* expansions in this advance (GRAMMAR_MAX_EXPAND) */
     bool over; /* a limit was hit */
 };
 
@@ -930,6 +931,12 @@ static int expand(struct work *w, size_t base, uint32_t len, struct sset *out)
 {
     const struct grammar *g = w->g;
     for (;;) {
+        /* Ambiguous empty alternatives can multiply the paths to the same stacks: the
+         * work of one step is bounded, past it the continuation counts as impossible. */
+        if (++w->steps > GRAMMAR_MAX_EXPAND) {
+            w->over = true;
+            return 0;
+        }
         if (len == 0)
             return sset_add(w, out, w->scratch + base, 0);
         uint32_t pos = w->scratch[base + len - 1];
@@ -988,6 +995,7 @@ static int advance(struct work *w, const struct sset *in, unsigned b, struct sse
         w->scratch[base + l - 1]++;
         w->sn = base + l;
         w->depth = 0;
+        w->steps = 0;
         int rc = expand(w, base, l, out);
         w->sn = base;
         if (rc)
@@ -1007,6 +1015,7 @@ static int start_set(struct work *w, struct sset *out)
         w->scratch[0] = g->alts[a];
         w->sn = 1;
         w->depth = 0;
+        w->steps = 0;
         int rc = expand(w, 0, 1, out);
         w->sn = 0;
         if (rc)

@@ -15,8 +15,10 @@
  * stack's top is a byte-set element the next byte must match; a byte advances every
  * stack whose top matches, expanding rule references until each new top is a byte set
  * (or the stack is empty: the output may end there). Left recursion is refused when the
- * grammar is compiled; stacks deeper than GRAMMAR_MAX_DEPTH or more than
- * GRAMMAR_MAX_STACKS of them are an error of the match (never a crash).
+ * grammar is compiled; stacks deeper than GRAMMAR_MAX_DEPTH, more than
+ * GRAMMAR_MAX_STACKS of them, or more than GRAMMAR_MAX_EXPAND expansion steps for one
+ * byte (ambiguous empty alternatives) are an error of the match (never a crash, never
+ * unbounded work).
  *
  * Token masks: a grammar_ctx binds a grammar to a vocabulary (a trie of every token's
  * bytes) and caches, per matcher state (the set of stacks), the bitmask of tokens that
@@ -47,6 +49,7 @@ struct tok;
 #define GRAMMAR_MAX_REPEAT 1000             /* m and n of {m,n} */
 #define GRAMMAR_MAX_DEPTH 512               /* positions on one stack */
 #define GRAMMAR_MAX_STACKS 512              /* stacks in one state */
+#define GRAMMAR_MAX_EXPAND 100000           /* expansion steps of one byte's advance */
 
 struct grammar;
 struct grammar_ctx;

@@ -225,6 +225,21 @@ static void test_limits(struct tok *t)
     grammar_match_release(m);
     grammar_ctx_release(c);
     grammar_release(g);
+    /* Empty alternatives doubling the paths at every reference: 2^40 paths to the start
+     * state; the work is bounded and the grammar refused where it is used. */
+    char text[512] = "root ::= ";
+    for (int i = 0; i < 40; i++)
+        strcat(text, "e ");
+    strcat(text, "\"x\"\ne ::= \"\" | \"\"\n");
+    g = parse(text);
+    c = NULL;
+    m = NULL;
+    CHECK(g && grammar_ctx_from_tok(&c, g, t) == 0, "ambiguous: ctx");
+    CHECK(c && grammar_match_create(&m, c) == CAIRN_EFORMAT, "ambiguous: the start state is refused");
+    CHECK(g && !grammar_matches(g, "x", 1), "ambiguous: refused by matches too");
+    grammar_match_release(m);
+    grammar_ctx_release(c);
+    grammar_release(g);
 }
 
 int main(int argc, char **argv)
