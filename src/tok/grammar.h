@@ -49,7 +49,7 @@ struct tok;
 #define GRAMMAR_MAX_REPEAT 1000             /* m and n of {m,n} */
 #define GRAMMAR_MAX_DEPTH 512               /* positions on one stack */
 #define GRAMMAR_MAX_STACKS 512              /* stacks in one state */
-#define GRAMMAR_MAX_EXPAND 100000           /* expansion steps of one byte's advance */
+#define GRAMMAR_MAX_EXPAND 20000            /* expansion steps of one byte's advance */
 
 struct grammar;
 struct grammar_ctx;
