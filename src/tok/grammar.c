@@ -30,6 +30,8 @@ struct grammar {
     uint32_t *alts;     /* start position of each alternative */
     int64_t *rest;      /* [n_elems]: fewest bytes from this position to the end of its alternative */
     uint32_t root;
+    uint32_t *rule_start; /* [n_rules + 1]: where each rule's elements start */
+    uint32_t *chain_k;  /* [n_rules]: k of a bounded repetition's rule R_k (x{m,n}), else 0 */
 };
 
 static bool set_has(const uint32_t *set, unsigned b) { return set[b >> 5] >> (b & 31) & 1; }
@@ -41,6 +43,7 @@ struct prule {
     struct el *els;
     size_t n, cap;
     bool defined;
+    uint32_t chain_k; /* R_k of a bounded repetition (repeat), else 0 */
 };
 
 struct parser {
@@ -464,6 +467,7 @@ static int repeat(struct parser *p, uint32_t rule, size_t from, int min, int max
             int64_t r = rule_new(p);
             if (r < 0)
                 break;
+            p->rules[r].chain_k = (uint32_t)k + 1; /* ids of one chain follow each other */
             emit_all(p, (uint32_t)r, x, n);
             if (prev >= 0)
                 emit(p, (uint32_t)r, E_REF, (uint32_t)prev);
@@ -794,6 +798,8 @@ void grammar_release(struct grammar *g)
     free(g->alt_off);
     free(g->alts);
     free(g->rest);
+    free(g->rule_start);
+    free(g->chain_k);
     free(g);
 }
 
@@ -839,7 +845,9 @@ int grammar_parse(struct grammar **out, const char *text, size_t len, const char
     g->alt_off = malloc((p.n_rules + 1) * sizeof *g->alt_off);
     g->alts = malloc(n_alts * sizeof *g->alts);
     g->sets = malloc((p.n_sets ? p.n_sets : 1) * (size_t)32);
-    if (!g->elems || !g->rest || !g->alt_off || !g->alts || !g->sets) {
+    g->rule_start = malloc((p.n_rules + 1) * sizeof *g->rule_start);
+    g->chain_k = malloc(p.n_rules * sizeof *g->chain_k);
+    if (!g->elems || !g->rest || !g->alt_off || !g->alts || !g->sets || !g->rule_start || !g->chain_k) {
         rc = oom(&p);
         goto done;
     }
@@ -848,6 +856,8 @@ int grammar_parse(struct grammar **out, const char *text, size_t len, const char
     g->n_sets = p.n_sets;
     uint32_t at = 0, na = 0;
     for (uint32_t i = 0; i < p.n_rules; i++) {
+        g->rule_start[i] = at;
+        g->chain_k[i] = p.rules[i].chain_k;
         g->alt_off[i] = na;
         g->alts[na++] = at;
         for (size_t j = 0; j < p.rules[i].n; j++) {
@@ -858,6 +868,7 @@ int grammar_parse(struct grammar **out, const char *text, size_t len, const char
         g->elems[at++] = (struct el){E_END, 0};
     }
     g->alt_off[p.n_rules] = na;
+    g->rule_start[p.n_rules] = at;
     g->n_elems = at;
     rc = analyse(g, &p);
 done:
@@ -1107,6 +1118,7 @@ struct grammar_vocab {
     size_t *text_off;
     int32_t *eog_list;
     int32_t n_eog;
+    size_t max_len;    /* bytes of the longest token */
 };
 
 struct grammar_ctx {
@@ -1122,6 +1134,13 @@ struct grammar_ctx {
     struct sset tmp;
     uint32_t *out_mask; /* the budget walk's result */
     int64_t walks, hits;
+    /* Masks are looked up by a state's key: its positions with those deep in a bounded
+     * repetition's chain moved to the chain's rule R_K, K = longest token + 2 (clamp,
+     * NULL when the grammar has no such chain). No token can tell R_k from R_K for
+     * k >= K, so the mask is the same, and a string of up to N characters costs one
+     * walk instead of one per character. */
+    uint32_t *clamp;
+    struct sset key;
 };
 
 struct grammar_match {
@@ -1243,6 +1262,8 @@ static void ctx_free(struct grammar_ctx *c)
     free(c->w.scratch);
     free(c->tmp.d);
     free(c->out_mask);
+    free(c->clamp);
+    free(c->key.d);
     free(c);
 }
 
@@ -1271,6 +1292,44 @@ static int32_t trie_child(struct grammar_vocab *v, int32_t node, uint8_t b)
     else
         v->nodes[prev].sibling = k;
     return k;
+}
+
+/* Lays the trie out in depth-first order (a node's first child right after it, its
+ * subtree contiguous), so that a walk reads memory mostly forwards. */
+static int preorder(struct grammar_vocab *v)
+{
+    int32_t n = v->n_nodes;
+    struct tnode *o = malloc((size_t)n * sizeof *o);
+    int32_t *stack = malloc((size_t)n * sizeof *stack), *map = malloc((size_t)n * sizeof *map);
+    if (!o || !stack || !map) {
+        free(o), free(stack), free(map);
+        return CAIRN_ENOMEM;
+    }
+    /* Numbering: pop a node, number it, push its children in reverse so that the first
+     * child comes out next. */
+    int32_t sp = 0, next = 0;
+    stack[sp++] = 0;
+    while (sp) {
+        int32_t k = stack[--sp];
+        map[k] = next++;
+        int32_t first = sp;
+        for (int32_t c = v->nodes[k].child; c >= 0; c = v->nodes[c].sibling)
+            stack[sp++] = c;
+        for (int32_t a = first, b = sp - 1; a < b; a++, b--) {
+            int32_t t = stack[a];
+            stack[a] = stack[b];
+            stack[b] = t;
+        }
+    }
+    for (int32_t k = 0; k < n; k++) {
+        struct tnode x = v->nodes[k];
+        o[map[k]] = (struct tnode){.child = x.child >= 0 ? map[x.child] : -1,
+                                   .sibling = x.sibling >= 0 ? map[x.sibling] : -1, .token = x.token, .byte = x.byte};
+    }
+    free(v->nodes);
+    v->nodes = o;
+    free(stack), free(map);
+    return 0;
 }
 
 int grammar_vocab_create(struct grammar_vocab **out, int32_t n, const char *const *bytes, const size_t *lens,
@@ -1321,11 +1380,17 @@ int grammar_vocab_create(struct grammar_vocab **out, int32_t n, const char *cons
         }
         if (!bytes[i] || !lens[i])
             continue;
+        v->max_len = lens[i] > v->max_len ? lens[i] : v->max_len;
         int32_t node = 0;
         for (size_t j = 0; j < lens[i]; j++)
             node = trie_child(v, node, (uint8_t)bytes[i][j]);
         v->tok_next[i] = v->nodes[node].token;
         v->nodes[node].token = i;
+    }
+    int rc = preorder(v);
+    if (rc) {
+        grammar_vocab_release(v);
+        return rc;
     }
     *out = v;
     return 0;
@@ -1352,6 +1417,27 @@ int grammar_ctx_create_shared(struct grammar_ctx **out, const struct grammar *g,
     }
     for (int32_t i = 0; i < c->hcap; i++)
         c->htab[i] = -1;
+    /* The clamp: R_k (k > K) of a chain to R_K, position for position (every R_k, k >= 2,
+     * of a chain has the same elements but the reference to R_(k-1)). */
+    uint64_t K = (uint64_t)v->max_len + 2;
+    for (uint32_t r = 0; r < g->n_rules; r++) {
+        if (g->chain_k[r] <= K || g->chain_k[r] < 2)
+            continue;
+        uint32_t t = r - (g->chain_k[r] - (uint32_t)K), len = g->rule_start[r + 1] - g->rule_start[r];
+        if (g->chain_k[t] != K || g->rule_start[t + 1] - g->rule_start[t] != len)
+            continue;
+        if (!c->clamp) {
+            c->clamp = malloc(g->n_elems * sizeof *c->clamp);
+            if (!c->clamp) {
+                ctx_free(c);
+                return CAIRN_ENOMEM;
+            }
+            for (uint32_t i = 0; i < g->n_elems; i++)
+                c->clamp[i] = i;
+        }
+        for (uint32_t i = 0; i < len; i++)
+            c->clamp[g->rule_start[r] + i] = g->rule_start[t] + i;
+    }
     *out = c;
     return 0;
 }
@@ -1532,7 +1618,24 @@ int grammar_match_mask(struct grammar_match *m, int64_t budget, const uint32_t *
     struct grammar_ctx *c = m->c;
     if (c->n_st >= DFA_MAX_STATES - 1024 || c->n_masks >= MAX_MASKS)
         dfa_clear(c);
-    int32_t id = intern(c, &m->cur);
+    const struct sset *key = &m->cur;
+    if (c->clamp) {
+        c->key.n = 0;
+        c->key.count = 0;
+        c->w.over = false;
+        for (size_t i = 0; i < m->cur.n; i += 1 + m->cur.d[i]) {
+            uint32_t l = m->cur.d[i];
+            if (!grow(&c->w.scratch, &c->w.scap, l ? l : 1))
+                return CAIRN_ENOMEM;
+            for (uint32_t j = 0; j < l; j++)
+                c->w.scratch[j] = c->clamp[m->cur.d[i + 1 + j]];
+            int rc = sset_add(&c->w, &c->key, c->w.scratch, l);
+            if (rc)
+                return rc;
+        }
+        key = &c->key;
+    }
+    int32_t id = intern(c, key);
     if (id == -1) {
         memset(c->out_mask, 0, c->v->words * sizeof *c->out_mask);
         *mask = c->out_mask;
@@ -1551,7 +1654,7 @@ int grammar_match_mask(struct grammar_match *m, int64_t budget, const uint32_t *
             uint32_t *keep = d->mask;
             d->mask = NULL;
             dfa_clear(c);
-            id = intern(c, &m->cur);
+            id = intern(c, key);
             if (id < 0) {
                 free(keep);
                 return id == -1 ? CAIRN_EFORMAT : id;

@@ -198,6 +198,11 @@ static void test_masks_brute_force(struct tok *t)
     check_masks(t, JSON_GBNF, 12, -1, 2);
     check_masks(t, "root ::= \"ab\" [0-9]+ (\" \" | \"xyz\")* \"!\"\n", 8, -1, 3);
     check_masks(t, "root ::= [^\"]* \"\\\"\"\n", 6, -1, 4);
+    /* Bounded repetitions longer than any token: masks are looked up by the state with
+     * its chain position clamped; they must still equal brute force, near the bound too. */
+    check_masks(t, "root ::= \"\\\"\" [a-z \\u00e9]{0,400} \"\\\"\" [0-9]{3,500} \"!\"\n", 10, -1, 5);
+    check_masks(t, "root ::= ([a-z]{1,3} \",\"){2,300} \".\"\n", 10, -1, 6);
+    check_masks(t, "root ::= [a-c]{0,140} \"x\"\n", 40, 60, 7);
 }
 
 static void test_budget(struct tok *t)
