@@ -1100,7 +1100,21 @@ struct dstate {
     bool accepting, done;
     uint32_t *mask;   /* cached token mask, or NULL */
     int64_t mask_mmax;
+    /* The allowed tokens after which the fewest bytes left differ from m, with that
+     * number: a budget mask is the cached one less those over the limit, or, where the
+     * limit is below m, just those within it. moved_full: too many to keep (a budget
+     * then walks the trie). */
+    struct mtok *moved;
+    int32_t n_moved;
+    bool moved_full;
 };
+
+struct mtok {
+    int32_t tok;
+    int32_t m;
+};
+
+#define MAX_MOVED 8192
 
 #define DFA_MAX_STATES 8192
 #define MAX_MASKS 512
@@ -1164,6 +1178,7 @@ static void dfa_clear(struct grammar_ctx *c)
         free(c->st[i].set);
         free(c->st[i].trans);
         free(c->st[i].mask);
+        free(c->st[i].moved);
     }
     c->n_st = 0;
     c->n_masks = 0;
@@ -1513,6 +1528,7 @@ struct walk {
     int64_t limit; /* < 0: none */
     int64_t mmax;
     int rc;
+    struct dstate *rec; /* records its moved tokens (a cached mask's walk), or NULL */
 };
 
 /* Depth-first over the trie from node in state id: every token whose bytes keep a live
@@ -1533,8 +1549,16 @@ static void walk(struct walk *wk, int32_t node, int32_t id)
             continue;
         int64_t m = c->st[nid].m;
         if (c->v->nodes[k].token >= 0 && (wk->limit < 0 || m <= wk->limit)) {
-            for (int32_t t = c->v->nodes[k].token; t >= 0; t = c->v->tok_next[t])
+            struct dstate *r = wk->rec;
+            for (int32_t t = c->v->nodes[k].token; t >= 0; t = c->v->tok_next[t]) {
                 set_bit(wk->mask, t);
+                if (r && m != r->m && !r->moved_full) {
+                    if (r->n_moved == MAX_MOVED)
+                        r->moved_full = true;
+                    else
+                        r->moved[r->n_moved++] = (struct mtok){t, (int32_t)(m < INT32_MAX ? m : INT32_MAX)};
+                }
+            }
             wk->mmax = m > wk->mmax ? m : wk->mmax;
         }
         if (c->v->nodes[k].child >= 0)
@@ -1546,6 +1570,14 @@ static int compute(struct grammar_ctx *c, int32_t id, int64_t limit, uint32_t *m
 {
     memset(mask, 0, c->v->words * sizeof *mask);
     struct walk wk = {.c = c, .mask = mask, .limit = limit, .mmax = 0};
+    if (limit < 0) { /* the cached mask: record the moved tokens */
+        struct dstate *d = &c->st[id];
+        d->n_moved = 0;
+        d->moved_full = false;
+        if (!d->moved && !(d->moved = malloc(MAX_MOVED * sizeof *d->moved)))
+            d->moved_full = true;
+        wk.rec = d;
+    }
     walk(&wk, 0, id);
     if (c->st[id].accepting)
         for (int32_t i = 0; i < c->v->n_eog; i++)
@@ -1677,8 +1709,25 @@ int grammar_match_mask(struct grammar_match *m, int64_t budget, const uint32_t *
         *mask = d->mask;
         return 0;
     }
+    int64_t limit = budget - 1 < 0 ? 0 : budget - 1;
+    if (!d->moved_full && d->moved) {
+        uint32_t *o = c->out_mask;
+        if (limit >= d->m) {
+            memcpy(o, d->mask, c->v->words * sizeof *o);
+            for (int32_t i = 0; i < d->n_moved; i++)
+                if (d->moved[i].m > limit)
+                    o[d->moved[i].tok >> 5] &= ~(1u << (d->moved[i].tok & 31));
+        } else { /* only tokens that bring the end nearer (never an end token: m > 0) */
+            memset(o, 0, c->v->words * sizeof *o);
+            for (int32_t i = 0; i < d->n_moved; i++)
+                if (d->moved[i].m <= limit)
+                    set_bit(o, d->moved[i].tok);
+        }
+        *mask = o;
+        return 0;
+    }
     int64_t mm;
-    int rc = compute(c, id, budget - 1 < 0 ? 0 : budget - 1, c->out_mask, &mm);
+    int rc = compute(c, id, limit, c->out_mask, &mm);
     if (rc)
         return rc == CAIRN_EFULL ? CAIRN_EFORMAT : rc;
     *mask = c->out_mask;

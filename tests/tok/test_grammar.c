@@ -209,6 +209,11 @@ static void test_budget(struct tok *t)
 {
     for (uint64_t seed = 10; seed < 14; seed++)
         check_masks(t, JSON_GBNF, 1000, 12 + (int64_t)seed, seed);
+    /* Tight budgets: the cached mask less the tokens over the limit, and below the
+     * state's own shortest ending only the tokens that bring it nearer. */
+    check_masks(t, JSON_GBNF, 1000, 3, 20);
+    check_masks(t, JSON_GBNF, 1000, 6, 21);
+    check_masks(t, "root ::= \"{\\\"k\\\": \\\"\" [a-z ]* \"\\\", \\\"n\\\": [\" [0-9]+ \"]}\"\n", 1000, 21, 22);
 }
 
 /* Stacks beyond the limits are an error of the match, not a crash: a deeply nested
