@@ -1,6 +1,6 @@
 // Decode speed with a JSON Schema against without, at 1 and 8 streams, through a real
 // `cairn node` (OpenAI /v1/completions, greedy, a short prompt so that decoding
-// dominates). Runs alternate (plain, schema, plain, schema, ...) so that a busy machine
+// dominates). Runs alternate (plain, schema, schema, plain, ...) so that a busy machine
 // weighs on both alike; prints each run and the medians.
 //   node bench/grammar_tps.mjs MODEL.gguf [TOKENS=48] [REPS=3] [THREADS=2]
 import path from 'node:path';
@@ -54,7 +54,7 @@ try {
   for (const streams of [1, 8]) {
     const got = { plain: [], schema: [] };
     for (let r = 0; r < REPS; r++)
-      for (const schema of [false, true]) {
+      for (const schema of r % 2 ? [true, false] : [false, true]) { // ABBA: neither always goes first
         const { tps, n } = await run(streams, schema);
         got[schema ? 'schema' : 'plain'].push(tps);
         console.log(`streams ${streams} ${schema ? 'schema' : 'plain '} run ${r}: ${n} tokens, ${tps.toFixed(2)} tok/s`);
