@@ -366,6 +366,9 @@ static int read_tools(const json_t *body, struct textgen_params *p, struct json_
         json_decref(p->tools);
         p->tools = only;
     }
+    /* any and tool: the output is a call (constrained decoding, in the template's format) */
+    if ((!strcmp(type, "any") || !strcmp(type, "tool")) && json_array_size(p->tools) && !(p->force_tool = strdup("")))
+        return CAIRN_ENOMEM;
     return 0;
 }
 

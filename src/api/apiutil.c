@@ -1,5 +1,8 @@
 #define _GNU_SOURCE
 #include "api/apiutil.h"
+
+#include "tok/grammar.h"
+#include "tok/jschema.h"
 #include "node/hubref.h"
 
 #include <stdio.h>
@@ -193,4 +196,44 @@ void apiutil_missing_model(const char *name, char *out, size_t cap)
                            "POST /api/pull)", name, name);
     else
         snprintf(out, cap, "model '%.200s' not found", name);
+}
+
+int apiutil_grammar_gbnf(const char *gbnf, size_t len, const char *path, struct textgen_params *p,
+                         struct json_err *e)
+{
+    if (len > TEXTGEN_MAX_GRAMMAR)
+        return json_fail(e, path, "a grammar of %zu bytes, at most %zu", len, TEXTGEN_MAX_GRAMMAR);
+    char err[512];
+    struct grammar *g = NULL;
+    int rc = grammar_parse(&g, gbnf, len, "root", err, sizeof err);
+    grammar_release(g);
+    if (rc == CAIRN_ENOMEM)
+        return rc;
+    if (rc)
+        return json_fail(e, path, "%s", err);
+    char *copy = malloc(len + 1);
+    if (!copy)
+        return CAIRN_ENOMEM;
+    memcpy(copy, gbnf, len);
+    copy[len] = 0;
+    free(p->grammar);
+    p->grammar = copy;
+    return 0;
+}
+
+int apiutil_grammar_schema(const json_t *schema, const char *path, struct textgen_params *p, struct json_err *e)
+{
+    if (!schema) {
+        const char *any = jschema_any_object_gbnf();
+        return apiutil_grammar_gbnf(any, strlen(any), path, p, e);
+    }
+    char *gbnf = NULL, err[512];
+    int rc = jschema_to_gbnf(schema, &gbnf, err, sizeof err);
+    if (rc == CAIRN_ENOMEM)
+        return rc;
+    if (rc)
+        return json_fail(e, path, "%s", err);
+    rc = apiutil_grammar_gbnf(gbnf, strlen(gbnf), path, p, e);
+    free(gbnf);
+    return rc;
 }

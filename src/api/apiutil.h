@@ -76,4 +76,15 @@ void apiutil_random_id(char *dst, size_t cap, const char *prefix);
  * clients pull first too). name is cut at 200 bytes. */
 void apiutil_missing_model(const char *name, char *out, size_t cap);
 
+/* Constrained decoding from a request: p->grammar gets GBNF text for a JSON Schema
+ * (schema not NULL: tok/jschema.h), or for any JSON object (schema NULL), and is checked
+ * by compiling it. CAIRN_EFORMAT naming path and, for a schema that uses what cairn does
+ * not cover, the keyword ("response_format.json_schema.schema: unsupported JSON Schema
+ * keyword 'pattern' at properties.name"), CAIRN_ENOMEM. */
+int apiutil_grammar_schema(const json_t *schema, const char *path, struct textgen_params *p, struct json_err *e);
+
+/* As apiutil_grammar_schema for GBNF text given as it is (llama.cpp's "grammar"). */
+int apiutil_grammar_gbnf(const char *gbnf, size_t len, const char *path, struct textgen_params *p,
+                         struct json_err *e);
+
 #endif

@@ -317,9 +317,16 @@ static int read_common(const json_t *body, struct textgen_params *p, bool *strea
         (rc = read_think(body, p, e)))
         return rc;
     const json_t *fmt = json_object_get(body, "format");
-    if (fmt && !json_is_null(fmt) && !(json_is_string(fmt) && json_string_length(fmt) == 0))
-        return json_fail(e, NULL,
-                          "format: structured output (\"json\" or a schema) is not supported");
+    if (fmt && !json_is_null(fmt) && !(json_is_string(fmt) && json_string_length(fmt) == 0)) {
+        if (json_is_string(fmt) && strcmp(json_string_value(fmt), "json") == 0)
+            rc = apiutil_grammar_schema(NULL, "format", p, e);
+        else if (json_is_object(fmt))
+            rc = apiutil_grammar_schema(fmt, "format", p, e);
+        else
+            rc = json_fail(e, "format", "expected \"json\" or a JSON Schema");
+        if (rc)
+            return rc;
+    }
     const json_t *ka = json_object_get(body, "keep_alive");
     if (ka && !json_is_null(ka) && !json_is_string(ka) && !json_is_number(ka))
         return json_fail(e, NULL, "keep_alive: expected a duration (\"5m\") or seconds");

@@ -430,8 +430,13 @@ static int parse_tools(const json_t *body, struct textgen_params *p, struct json
             p->tools = NULL;
             return 0;
         }
-        if (strcmp(c, "auto") == 0 || strcmp(c, "required") == 0)
+        if (strcmp(c, "auto") == 0)
             return 0;
+        if (strcmp(c, "required") == 0) {
+            if (!json_array_size(p->tools))
+                return json_fail(e, "tool_choice", "\"required\" with no tools");
+            return (p->force_tool = strdup("")) ? 0 : oom();
+        }
         return json_fail(e, "tool_choice", "\"%s\" is not one of none, auto, required", c);
     }
     const json_t *fn = json_is_object(tc) ? json_object_get(tc, "function") : NULL;
@@ -442,7 +447,15 @@ static int parse_tools(const json_t *body, struct textgen_params *p, struct json
         return json_fail(e, "tool_choice",
                          "expected none, auto, required or {\"type\": \"function\", "
                          "\"function\": {\"name\": ...}}");
-    return 0;
+    const char *name = json_string_value(json_object_get(fn, "name"));
+    size_t i;
+    json_t *tool;
+    json_array_foreach(p->tools, i, tool) {
+        const char *n = json_string_value(json_object_get(json_object_get(tool, "function"), "name"));
+        if (n && strcmp(n, name) == 0)
+            return (p->force_tool = strdup(name)) ? 0 : oom();
+    }
+    return json_fail(e, "tool_choice.function.name", "no tool is named \"%.100s\"", name);
 }
 
 static int parse_template_kwargs(const json_t *body, struct textgen_params *p,
@@ -508,13 +521,32 @@ static int parse_misc(enum openai_route kind, const json_t *body, struct textgen
     if (rf && !json_is_null(rf)) {
         const json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
         if (!json_is_string(t))
-            return json_fail(e, "response_format", "expected {\"type\": \"text\"}");
+            return json_fail(e, "response_format", "expected {\"type\": \"text\", \"json_object\" or \"json_schema\"}");
         const char *type = json_string_value(t);
-        if (strcmp(type, "json_object") == 0 || strcmp(type, "json_schema") == 0)
-            return json_fail(e, "response_format", "\"%s\" is not supported (constrained "
-                             "decoding is not implemented); only \"text\"", type);
-        if (strcmp(type, "text") != 0)
+        if (strcmp(type, "json_object") == 0) {
+            /* llama.cpp's server also takes a schema beside json_object */
+            const json_t *sc = json_object_get(rf, "schema");
+            if ((rc = apiutil_grammar_schema(json_is_object(sc) ? sc : NULL, "response_format", p, e)))
+                return rc;
+        } else if (strcmp(type, "json_schema") == 0) {
+            const json_t *js = json_object_get(rf, "json_schema");
+            const json_t *sc = json_is_object(js) ? json_object_get(js, "schema") : NULL;
+            if (!json_is_object(js))
+                return json_fail(e, "response_format.json_schema", "expected {\"name\", \"schema\", \"strict\"}");
+            if ((rc = apiutil_grammar_schema(sc ? sc : json_true(), "response_format.json_schema.schema", p, e)))
+                return rc;
+        } else if (strcmp(type, "text") != 0) {
             return json_fail(e, "response_format", "unknown type \"%s\"", type);
+        }
+    }
+    const json_t *gr = json_object_get(body, "grammar"); /* llama.cpp's: GBNF text */
+    if (gr && !json_is_null(gr)) {
+        if (!json_is_string(gr))
+            return json_fail(e, "grammar", "expected GBNF text");
+        if (p->grammar)
+            return json_fail(e, "grammar", "give either grammar or response_format, not both");
+        if ((rc = apiutil_grammar_gbnf(json_string_value(gr), json_string_length(gr), "grammar", p, e)))
+            return rc;
     }
     if (kind == OPENAI_COMPLETION)
         p->reasoning = false; /* a raw prompt's text comes back whole */

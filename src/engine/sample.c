@@ -319,8 +319,25 @@ static int prepare(struct sampler *s, const struct sample_params *p, const float
         return rc;
     int n = s->n_vocab;
     const float *src = logits; /* logits after steps 1-2 */
-    if (p->n_bias > 0 || w > 0) {
+    if (p->n_bias > 0 || w > 0 || p->allow) {
         memcpy(s->work, logits, (size_t)n * sizeof *s->work);
+        if (p->allow)
+            for (int i = 0; i < n; i += 32) {
+                uint32_t m = p->allow[i >> 5];
+                if (m == 0xffffffffu)
+                    continue;
+                int end = i + 32 < n ? i + 32 : n;
+                if (m == 0) {
+                    for (int j = i; j < end; j++)
+                        s->work[j] = -INFINITY;
+                    continue;
+                }
+                for (; m != 0xffffffffu; m |= m + 1) /* each 0 bit, lowest first */
+                    if (i + __builtin_ctz(~m) < end)
+                        s->work[i + __builtin_ctz(~m)] = -INFINITY;
+                    else
+                        break;
+            }
         for (int i = 0; i < p->n_bias; i++)
             s->work[p->bias[i].token] += p->bias[i].bias;
         if (w > 0)

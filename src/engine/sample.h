@@ -47,6 +47,9 @@ struct sample_params {
     uint64_t seed;
     const struct logit_bias *bias;
     int n_bias;
+    /* Constrained decoding: bit i of allow[i / 32] set when token i may be chosen; the
+     * others are banned (-inf) before step 1. NULL: every token. */
+    const uint32_t *allow;
 };
 
 /* Defaults: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, penalties off, window 64,

@@ -87,8 +87,11 @@ static void request_free(struct request *r)
 {
     if (!r)
         return;
-    for (int i = 0; i < r->n_seqs; i++)
+    for (int i = 0; i < r->n_seqs; i++) {
         free(r->seqs[i].hist);
+        grammar_match_release(r->seqs[i].gm);
+        grammar_match_release(r->seqs[i].dgm);
+    }
     free(r->bias);
     free(r);
 }
@@ -654,6 +657,10 @@ bool sched_report_token(struct sched *s, struct seq *q, int32_t tok, float prob,
         finish_seq(s, q, SCHED_FINISH_STOP, NULL);
         return false;
     }
+    if (q->gm && grammar_match_accept(q->gm, tok) != 0) {
+        finish_seq(s, q, SCHED_FINISH_ERROR, "constrained decoding: a token the grammar does not allow");
+        return false;
+    }
     q->hist[q->n_hist++] = tok;
     struct sched_token t = {.token = tok, .prob = prob};
     if (r->logprobs && ans) {
@@ -671,11 +678,32 @@ bool sched_report_token(struct sched *s, struct seq *q, int32_t tok, float prob,
         finish_seq(s, q, SCHED_FINISH_STOPPED, NULL);
         return false;
     }
+    if (q->gm && grammar_match_done(q->gm)) {
+        finish_seq(s, q, SCHED_FINISH_STOP, NULL);
+        return false;
+    }
     if (q->generated >= r->max_tokens || q->n_hist >= s->cfg.ctx) {
         finish_seq(s, q, SCHED_FINISH_LENGTH, NULL);
         return false;
     }
     return true;
+}
+
+int sched_grammar_allow(struct sched *s, struct seq *q, struct sample_params *p)
+{
+    return q->gm ? sched_grammar_allow_at(s, q, q->gm, 0, p) : 0;
+}
+
+int sched_grammar_allow_at(struct sched *s, struct seq *q, struct grammar_match *m, int64_t j,
+                           struct sample_params *p)
+{
+    int64_t left = sched_min64(q->req->max_tokens - q->generated, s->cfg.ctx - q->n_hist) - j;
+    const uint32_t *mask;
+    int rc = grammar_match_mask(m, left, &mask);
+    if (rc)
+        return rc;
+    p->allow = mask;
+    return 0;
 }
 
 /* Samples q's next token from row (or takes the forward's answer ans) and reports it;
@@ -684,6 +712,11 @@ static void sample_and_report(struct sched *s, struct seq *q, const float *row, 
 {
     struct sample_params p = sched_seq_params(q);
     float prob = 1.0f;
+    int rc = ans ? 0 : sched_grammar_allow(s, q, &p);
+    if (rc) {
+        sched_finish_sampling_error(s, q, rc);
+        return;
+    }
     int32_t tok = ans ? ans->token : sample_token(s->smp, &p, row, q->hist, q->n_hist, q->n_hist, &prob);
     if (ans)
         prob = ans->prob;
@@ -779,6 +812,8 @@ static struct sched_ask ask_sample(const struct sched *s, const struct seq *q, i
                                                                    : p->penalty_last_n;
     a.window = q->hist + pos - w;
     a.n_window = w;
+    if (q->gm) /* the mask is here: the row comes back and is sampled here */
+        return (struct sched_ask){.need = SCHED_NEED_LOGITS};
     /* A window and bias list as large as the row: the row itself is no dearer. */
     if (w + 2 * (int64_t)p->n_bias >= s->n_vocab)
         return (struct sched_ask){.need = SCHED_NEED_LOGITS};
@@ -1013,6 +1048,7 @@ static struct request *request_new(const struct sched *s, const struct sched_req
         memcpy(r->bias, rq->sample.bias, (size_t)rq->sample.n_bias * sizeof *r->bias);
     }
     r->sample.bias = r->bias;
+    r->sample.allow = NULL; /* set per step from the sequence's grammar */
     /* History for the prompt and what may be generated, within the context. */
     int64_t cap = rq->max_tokens > s->cfg.ctx - rq->n_prompt ? s->cfg.ctx : rq->n_prompt + rq->max_tokens;
     for (int i = 0; i < r->n_seqs; i++) {
@@ -1028,6 +1064,8 @@ static struct request *request_new(const struct sched *s, const struct sched_req
             goto fail;
         memcpy(q->hist, rq->prompt, (size_t)rq->n_prompt * sizeof *q->hist);
         q->n_hist = rq->n_prompt;
+        if (rq->grammar && grammar_match_create(&q->gm, rq->grammar))
+            goto fail;
     }
     return r;
 fail:
@@ -1044,6 +1082,14 @@ int sched_submit(struct sched *s, const struct sched_request *rq, char *err, siz
         return cairn_fail(err, errlen, CAIRN_ESTATE, "request %llu is already live", (unsigned long long)rq->id);
     if (s->q_count >= s->cfg.queue_max)
         return cairn_fail(err, errlen, CAIRN_EFULL, "the queue is full (%d requests waiting)", s->q_count);
+    if (rq->grammar) {
+        struct grammar_match *m = NULL;
+        int grc = grammar_match_create(&m, rq->grammar);
+        grammar_match_release(m);
+        if (grc == CAIRN_EFORMAT)
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "grammar: its start exceeds the matcher's limits "
+                              "(too deep or too ambiguous)");
+    }
     struct request *r = request_new(s, rq);
     if (!r)
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory for a request of %d sequences", rq->n_seqs);

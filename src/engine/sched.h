@@ -56,6 +56,7 @@
 #include "engine/engine.h"
 #include "engine/kv.h"
 #include "engine/sample.h"
+#include "tok/grammar.h"
 #include "tok/tok.h"
 
 #define SCHED_MAX_TOP_LOGPROBS 20
@@ -197,6 +198,18 @@ struct sched_request {
     /* > 0: draft by prompt lookup, matching n-grams of lookup_ngram down to 1 tokens
      * (at most SCHED_MAX_LOOKUP_NGRAM), instead of with the draft model; 0: off. */
     int lookup_ngram;
+    /* Constrained decoding: each sequence's tokens follow this grammar (borrowed; must
+     * outlive the request's done callbacks; NULL: none). Every sequence has its own
+     * matcher; sampling bans what the grammar does not allow (sample_params.allow), and
+     * near the end of max_tokens or the context only tokens after which the output can
+     * still be completed (tok/grammar.h), so a finished sequence holds a complete output
+     * whenever the budget allows one. A sequence whose output is complete finishes as
+     * STOP. Drafts (model or prompt lookup) are verified under the mask of the state
+     * the kept tokens lead to, so a rejected draft never reaches the matcher; a draft
+     * model's drafts are drawn under the grammar too (a scratch matcher per sequence
+     * follows them). With sched_config.asks their rows come back as logits and are
+     * sampled here. */
+    struct grammar_ctx *grammar;
 };
 
 /* index counts tokens of that sequence from 0. Return 0 to go on, 1 to finish the

@@ -33,6 +33,8 @@ struct seq {
     int64_t generated;
     int64_t cached;       /* prompt tokens reused at its first admission */
     bool admitted;        /* admitted once: cached is final */
+    struct grammar_match *gm; /* constrained decoding: where its output is; owned; NULL: none */
+    struct grammar_match *dgm; /* where its drafts of this step lead (model drafts); owned */
 
     /* Speculation. The draft's KV cache (same sequence id as the slot) holds hist[0..d_kv). */
     int64_t d_kv;
@@ -178,6 +180,13 @@ struct sample_params sched_seq_params(const struct seq *q);
  * may be freed). */
 bool sched_report_token(struct sched *s, struct seq *q, int32_t tok, float prob, const float *row,
                         const struct sched_token *ans);
+
+/* Constrained decoding: sets p->allow to the tokens q's grammar allows next (within
+ * what q may still generate); no-op without a grammar. 0 or the matcher's error. */
+int sched_grammar_allow(struct sched *s, struct seq *q, struct sample_params *p);
+/* As sched_grammar_allow for matcher m, j tokens past what q generated. */
+int sched_grammar_allow_at(struct sched *s, struct seq *q, struct grammar_match *m, int64_t j,
+                           struct sample_params *p);
 
 /* Finishes q with the error of a failed sampling (rc). */
 void sched_finish_sampling_error(struct sched *s, struct seq *q, int rc);

@@ -238,6 +238,13 @@ static bool draft_sample(struct sched *s, struct seq *q, const float *row, int j
     p.seed ^= SEED_DRAFT;
     int64_t pos = q->n_hist + j;
     int32_t tok;
+    /* Constrained: drafts follow the grammar from where the drafts before them lead. */
+    if (q->gm) {
+        if (j == 0 && (q->dgm ? grammar_match_copy(q->dgm, q->gm) : grammar_match_clone(&q->dgm, q->gm)))
+            return false;
+        if (grammar_match_done(q->dgm) || sched_grammar_allow_at(s, q, q->dgm, j, &p))
+            return false;
+    }
     if (p.temperature <= 0) {
         tok = sample_token(s->smp, &p, row, q->hist, pos, pos, NULL);
         q->q_n[j] = 0;
@@ -261,7 +268,7 @@ static bool draft_sample(struct sched *s, struct seq *q, const float *row, int j
         q->q_x[j] = probs[i] / total;
         s->ln->a_used += n;
     }
-    if (tok < 0)
+    if (tok < 0 || (q->gm && grammar_match_accept(q->dgm, tok)))
         return false;
     q->hist[pos] = tok;
     q->k_eff = j + 1;
@@ -382,6 +389,11 @@ static int32_t verify_draft(struct sched *s, struct seq *q, const float *row, in
     struct sample_params p = sched_seq_params(q);
     int64_t pos = q->n_hist;
     int32_t x = q->hist[pos];
+    /* Constrained: the target's distribution under the grammar where the kept drafts
+     * (already reported) have led; a rejected draft never reached the matcher. */
+    int rc = sched_grammar_allow(s, q, &p);
+    if (rc)
+        return rc;
     if (p.temperature <= 0) {
         int32_t t = sample_token(s->smp, &p, row, q->hist, pos, pos, prob);
         *kept = t == x;
@@ -453,7 +465,9 @@ void spec_verify_and_report(struct sched *s, struct seq *q, const float *rows, c
             tok = verify_draft(s, q, row, j, &kept, &prob);
         } else {
             struct sample_params p = sched_seq_params(q);
-            tok = sample_token(s->smp, &p, row, q->hist, q->n_hist, q->n_hist, &prob);
+            tok = sched_grammar_allow(s, q, &p);
+            if (tok == 0)
+                tok = sample_token(s->smp, &p, row, q->hist, q->n_hist, q->n_hist, &prob);
         }
         if (tok < 0) {
             q->n_kv = q->n_hist;

@@ -27,6 +27,8 @@ void textgen_params_clear(struct textgen_params *p)
     json_decref(p->tools);
     json_decref(p->template_kwargs);
     free(p->prompt);
+    free(p->grammar);
+    free(p->force_tool);
     for (int i = 0; i < p->n_stop; i++)
         free(p->stop[i]);
     free(p->bias);
@@ -51,6 +53,10 @@ json_t *textgen_params_to_json(const struct textgen_params *p)
         ok = json_object_set(o, "messages", p->messages) == 0;
     if (ok && p->prompt)
         ok = put(o, "prompt", json_string(p->prompt));
+    if (ok && p->grammar)
+        ok = put(o, "grammar", json_string(p->grammar));
+    if (ok && p->force_tool)
+        ok = put(o, "force_tool", json_string(p->force_tool));
     if (ok && p->tools)
         ok = json_object_set(o, "tools", p->tools) == 0;
     if (ok && p->template_kwargs)
@@ -196,6 +202,20 @@ static int read_params(const json_t *j, struct textgen_params *p, char *err, siz
         if (!json_is_string(prompt))
             return cairn_fail(err, errlen, CAIRN_EFORMAT, "prompt: not text");
         if (!(p->prompt = strdup(json_string_value(prompt))))
+            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    }
+    const json_t *grammar = json_object_get(j, "grammar");
+    if (grammar && !json_is_null(grammar)) {
+        if (!json_is_string(grammar) || json_string_length(grammar) > TEXTGEN_MAX_GRAMMAR)
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "grammar: not text of at most %zu bytes", TEXTGEN_MAX_GRAMMAR);
+        if (!(p->grammar = strdup(json_string_value(grammar))))
+            return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    }
+    const json_t *force = json_object_get(j, "force_tool");
+    if (force && !json_is_null(force)) {
+        if (!json_is_string(force) || json_string_length(force) > 256)
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "force_tool: not a tool name");
+        if (!(p->force_tool = strdup(json_string_value(force))))
             return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     }
     const json_t *tools = json_object_get(j, "tools"), *kw = json_object_get(j, "template_kwargs");

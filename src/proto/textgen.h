@@ -13,7 +13,12 @@
  *    "sampling": {runner_sampling members}, "logit_bias": {"<token id>": bias},
  *    "ignore_eos": bool, "reasoning": bool (true: think-tag text goes apart),
  *    "num_draft_tokens": -1 (the instance's)..TEXTGEN_MAX_DRAFT, "prompt_lookup": bool
- *    (speculative drafts copied from the context instead of a draft model)}
+ *    (speculative drafts copied from the context instead of a draft model),
+ *    "grammar": GBNF text (tok/grammar.h, start rule "root") the output must follow, at
+ *    most TEXTGEN_MAX_GRAMMAR bytes; the API front-ends write it from response_format,
+ *    format or grammar, "force_tool": "" (a call of one of the tools must be the
+ *    output: tool_choice "required") or a tool's name (a call of that one), the runner
+ *    writing the grammar in the template's tool-call format}
  * Messages are in OpenAI's shape: {"role": "system"|"user"|"assistant"|"tool",
  * "content": text|null, "tool_calls": [{"id", "type": "function", "function":
  * {"name", "arguments": JSON text or object}}], "tool_call_id", "name"}; content parts
@@ -38,6 +43,7 @@
 #define TEXTGEN_MAX_BIAS 1024
 #define TEXTGEN_MAX_MESSAGES 4096
 #define TEXTGEN_MAX_DRAFT 16
+#define TEXTGEN_MAX_GRAMMAR ((size_t)1 << 20)
 
 struct textgen_bias {
     int32_t token;
@@ -64,6 +70,8 @@ struct textgen_params {
     bool reasoning;
     int num_draft_tokens; /* -1: the instance's; 0: no speculation for this request */
     bool prompt_lookup;
+    char *grammar;        /* malloc'd GBNF text, or NULL: unconstrained */
+    char *force_tool;     /* malloc'd: "" any tool, or a tool's name; NULL: not forced */
 };
 
 /* Zeroes p and sets the defaults: add_generation_prompt, n 1, reasoning,

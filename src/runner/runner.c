@@ -34,6 +34,8 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "tmpl/chat.h"
+#include "tok/grammar.h"
+#include "tok/jschema.h"
 #include "tok/reasoning.h"
 #include "tok/tok.h"
 #include "tok/toolcall.h"
@@ -67,6 +69,20 @@ struct rtask {
     char *stops[TEXTGEN_MAX_STOP]; /* for stop_sequence in seq_done */
     int n_stops;
     int64_t admitted_ns, first_token_ns[TEXTGEN_MAX_N]; /* for seq_done's prompt_ms, predicted_ms */
+    struct grammar *grammar;     /* constrained decoding: the task's own grammar and masks, or NULL */
+    struct grammar_ctx *gctx;
+    struct gcache *gent;         /* or the runner's cached ones it uses */
+};
+
+/* Compiled grammars kept for the requests that follow (a client sends the same schema
+ * again and again): the automaton and the masks it learned stay warm. */
+#define GCACHE_N 8
+struct gcache {
+    char *text;               /* GBNF, NULL: free entry */
+    struct grammar *g;
+    struct grammar_ctx *c;
+    int users;                /* tasks using it now */
+    uint64_t used;            /* tick of the last use */
 };
 
 struct runner {
@@ -100,6 +116,9 @@ struct runner {
     struct pipeline *pipe;
     struct runner_peers peers;
     bool have_peers;
+    struct gcache gcache[GCACHE_N];
+    uint64_t gtick;
+    struct grammar_vocab *gvocab; /* the vocabulary's trie, built at the first grammar */
 };
 
 static void usage(void)
@@ -266,6 +285,10 @@ static void task_free(struct rtask *t)
     for (int i = 0; i < t->n_stops; i++)
         free(t->stops[i]);
     free(t->error);
+    grammar_ctx_release(t->gctx);
+    grammar_release(t->grammar);
+    if (t->gent)
+        t->gent->users--;
     free(t);
 }
 
@@ -521,6 +544,150 @@ static int prompt_of(struct runner *r, const struct textgen_params *p, int32_t *
     return 0;
 }
 
+static void gcache_clear(struct gcache *e)
+{
+    grammar_ctx_release(e->c);
+    grammar_release(e->g);
+    free(e->text);
+    memset(e, 0, sizeof *e);
+}
+
+/* t's grammar for GBNF text: a cached one (t->gent), or one of its own when every entry
+ * is in use. 0 or the error of grammar_parse / grammar_ctx_from_tok. */
+static int grammar_for(struct runner *r, struct rtask *t, const char *text, char *err, size_t errlen)
+{
+    struct gcache *free_e = NULL;
+    for (int i = 0; i < GCACHE_N; i++) {
+        struct gcache *e = &r->gcache[i];
+        if (e->text && strcmp(e->text, text) == 0) {
+            e->users++;
+            e->used = ++r->gtick;
+            t->gent = e;
+            return 0;
+        }
+        if (e->users == 0 && (!free_e || !e->text || (free_e->text && e->used < free_e->used)))
+            free_e = e;
+    }
+    struct grammar *g = NULL;
+    struct grammar_ctx *c = NULL;
+    int rc = grammar_parse(&g, text, strlen(text), "root", err, errlen);
+    if (!rc && !r->gvocab)
+        rc = grammar_vocab_from_tok(&r->gvocab, r->tk);
+    if (!rc)
+        rc = grammar_ctx_create_shared(&c, g, r->gvocab);
+    if (rc) {
+        grammar_release(g);
+        return rc;
+    }
+    char *copy = free_e ? strdup(text) : NULL;
+    if (!copy) {
+        t->grammar = g;
+        t->gctx = c;
+        return 0;
+    }
+    gcache_clear(free_e);
+    *free_e = (struct gcache){.text = copy, .g = g, .c = c, .users = 1, .used = ++r->gtick};
+    t->gent = free_e;
+    return 0;
+}
+
+/* A GBNF literal of s into b. */
+static bool gbnf_literal(struct strbuf *b, const char *s)
+{
+    bool ok = strbuf_put(b, "\"", 1) == 0;
+    for (; *s && ok; s++) {
+        char esc[8];
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            snprintf(esc, sizeof esc, "\\%c", c);
+        else if (c < 0x20 || c == 0x7F)
+            snprintf(esc, sizeof esc, "\\x%02X", c);
+        else
+            esc[0] = (char)c, esc[1] = 0;
+        ok = strbuf_put(b, esc, strlen(esc)) == 0;
+    }
+    return ok && strbuf_put(b, "\"", 1) == 0;
+}
+
+/* tool_choice "required" or a named function: a grammar whose outputs are exactly one
+ * call, in the template's format, of one of the tools (or of the one named), its
+ * arguments following the tool's parameter schema. *out malloc'd. An HTTP status and err
+ * when the template has no format cairn constrains or a schema is refused. */
+static int tool_grammar(const struct runner *r, const struct textgen_params *p, char **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    const char *pre, *key;
+    if (r->tools == TOOLCALL_HERMES) {
+        pre = "<tool_call>\n{\"name\": ";
+        key = ", \"arguments\": ";
+    } else if (r->tools == TOOLCALL_LLAMA3) {
+        pre = "{\"name\": ";
+        key = ", \"parameters\": ";
+    } else {
+        snprintf(err, errlen, "tool_choice: this model's chat template has no tool-call format cairn can force (%s)",
+                 toolcall_format_name(r->tools));
+        return 400;
+    }
+    const char *post = r->tools == TOOLCALL_HERMES ? "}\n</tool_call>" : "}";
+    struct strbuf root = {0}, rules = {0};
+    bool ok = strbuf_put(&root, "root ::= ", 9) == 0;
+    int n = 0, status = 0;
+    size_t i;
+    json_t *tool;
+    json_array_foreach(p->tools, i, tool) {
+        const json_t *fn = json_object_get(tool, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (!name || (p->force_tool[0] && strcmp(name, p->force_tool) != 0))
+            continue;
+        const json_t *params = json_object_get(fn, "parameters");
+        json_t *any = json_pack("{s:s}", "type", "object");
+        char rule[32], *text = NULL, msg[512];
+        snprintf(rule, sizeof rule, "tool%d", n);
+        json_t *name_json = json_string(name);
+        char *name_text = name_json ? json_dumps(name_json, JSON_ENCODE_ANY) : NULL;
+        json_decref(name_json);
+        int rc = jschema_rules(json_is_object(params) ? params : any, rule, &text, msg, sizeof msg);
+        json_decref(any);
+        if (rc) {
+            snprintf(err, errlen, "tools[%zu].function.parameters: %s", i, msg);
+            status = cairn_http_status(rc == CAIRN_EUNSUPPORTED ? CAIRN_EFORMAT : rc);
+            free(name_text);
+            break;
+        }
+        ok = ok && (n == 0 || strbuf_put(&root, " | ", 3) == 0);
+        char ref[40];
+        snprintf(ref, sizeof ref, "call%d", n);
+        ok = ok && strbuf_put(&root, ref, strlen(ref)) == 0;
+        ok = ok && strbuf_put(&rules, ref, strlen(ref)) == 0 && strbuf_put(&rules, " ::= ", 5) == 0 &&
+             gbnf_literal(&rules, pre) && strbuf_put(&rules, " ", 1) == 0 && name_text &&
+             gbnf_literal(&rules, name_text) && strbuf_put(&rules, " ", 1) == 0 && gbnf_literal(&rules, key) &&
+             strbuf_put(&rules, " ", 1) == 0 && strbuf_put(&rules, rule, strlen(rule)) == 0 &&
+             strbuf_put(&rules, " ", 1) == 0 && gbnf_literal(&rules, post) && strbuf_put(&rules, "\n", 1) == 0 &&
+             strbuf_put(&rules, text, strlen(text)) == 0;
+        free(text);
+        free(name_text);
+        n++;
+    }
+    if (!status && n == 0) {
+        snprintf(err, errlen, "tool_choice: no tool to call");
+        status = 400;
+    }
+    const char *common = jschema_common_gbnf();
+    ok = ok && strbuf_put(&root, "\n", 1) == 0 && strbuf_put(&root, rules.p ? rules.p : "", rules.len) == 0 &&
+         strbuf_put(&root, common, strlen(common)) == 0;
+    strbuf_free(&rules);
+    if (!status && !ok) {
+        snprintf(err, errlen, "out of memory");
+        status = 500;
+    }
+    if (status) {
+        strbuf_free(&root);
+        return status;
+    }
+    *out = root.p;
+    return 0;
+}
+
 static void text_task(struct runner *r, struct runner_task *tt)
 {
     char err[1024];
@@ -556,8 +723,20 @@ static void text_task(struct runner *r, struct runner_task *tt)
     for (int i = 0; i < p.n_stop; i++)
         if ((t->stops[t->n_stops] = strdup(p.stop[i])))
             t->n_stops++;
+    if (p.force_tool && !p.grammar && (status = tool_grammar(r, &p, &p.grammar, err, sizeof err)))
+        goto refuse;
+    if (p.grammar) {
+        int grc = grammar_for(r, t, p.grammar, err, sizeof err);
+        if (grc) {
+            if (grc == CAIRN_ENOMEM)
+                snprintf(err, sizeof err, "out of memory for the grammar");
+            status = cairn_http_status(grc);
+            goto refuse;
+        }
+    }
+    /* A constrained output is the content as it is: no think tags are taken out of it. */
     struct text_seq_opts to = {.tok = r->tk, .stops = (const char *const *)p.stop, .n_stops = (size_t)p.n_stop,
-                               .reasoning = p.reasoning && r->think.uses_tags,
+                               .reasoning = p.reasoning && r->think.uses_tags && !p.grammar,
                                .reasoning_opts = {.open = r->think.open, .close = r->think.close,
                                                   .start_in_reasoning = opens_think},
                                .tools = json_array_size(p.tools) ? r->tools : TOOLCALL_NONE,
@@ -579,6 +758,7 @@ static void text_task(struct runner *r, struct runner_task *tt)
     rq.sample.n_bias = p.n_bias;
     rq.num_draft_tokens = p.num_draft_tokens;
     rq.lookup_ngram = p.prompt_lookup ? 3 : 0; /* n-grams of 3 down to 1, as llama.cpp's lookup */
+    rq.grammar = t->gent ? t->gent->c : t->gctx;
     rq.max_tokens = p.max_tokens > 0 && p.max_tokens < r->ctx - n ? p.max_tokens : r->ctx - n;
     int rc = start_task(r, t, &rq, err, sizeof err);
     t = NULL; /* owned by the table, or freed */
@@ -866,6 +1046,9 @@ static void release(struct runner *r)
     release_draft(r->draft_m, r->draft_e, r->draft_kv);
     while (r->n_tasks)
         task_drop(r, r->n_tasks - 1);
+    for (int i = 0; i < GCACHE_N; i++)
+        gcache_clear(&r->gcache[i]);
+    grammar_vocab_release(r->gvocab);
     runner_link_close(&r->link, "the runner is stopping");
     runner_lines_free(&r->in);
     free(r->out);

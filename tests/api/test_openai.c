@@ -22,6 +22,7 @@
 #include "fake_gen.h"
 #include "rawhttp.h"
 #include "testutil.h"
+#include "tok/grammar.h"
 
 
 /* ---------- the scripts ---------- */
@@ -310,6 +311,11 @@ static void test_params_mapping(struct fixture *fx)
         {"\"seed\":-1", 8},
         {"\"enable_thinking\":true,\"reasoning_effort\":\"none\"", 9},
         {"\"max_tokens\":null,\"stop\":null,\"tools\":null,\"n\":null", 10},
+        {"\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":"
+         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}", 11},
+        {"\"response_format\":{\"type\":\"json_object\"}", 12},
+        {"\"grammar\":\"root ::= [a-z]+\\n\"", 13},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"t\"}}],\"tool_choice\":\"required\"", 14},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char body[1024];
@@ -341,7 +347,25 @@ static void test_params_mapping(struct fixture *fx)
             CHECK(json_is_true(json_object_get(kw, "enable_thinking")), "kwargs win");
             break;
         case 6:
-            CHECK(json_array_size(p->tools) == 1, "named tool_choice keeps tools");
+            CHECK(json_array_size(p->tools) == 1 && p->force_tool && strcmp(p->force_tool, "t") == 0,
+                  "named tool_choice keeps tools and forces the call");
+            break;
+        case 11:
+        case 12:
+        case 13: {
+            /* The grammar the runner gets: compiled, it takes what the request asked for. */
+            struct grammar *g = NULL;
+            char gerr[256];
+            const char *yes = cases[i].check == 11 ? "{\"a\": 5}" : cases[i].check == 12 ? "{\"x\":[]}" : "abc";
+            const char *no = cases[i].check == 11 ? "{\"a\": \"5\"}" : cases[i].check == 12 ? "[1]" : "ab1";
+            CHECK(p->grammar && grammar_parse(&g, p->grammar, strlen(p->grammar), "root", gerr, sizeof gerr) == 0 &&
+                      grammar_matches(g, yes, strlen(yes)) && !grammar_matches(g, no, strlen(no)) && !p->force_tool,
+                  "case %d: grammar %s", cases[i].check, p->grammar ? p->grammar : "(none)");
+            grammar_release(g);
+            break;
+        }
+        case 14:
+            CHECK(p->force_tool && p->force_tool[0] == 0 && !p->grammar, "tool_choice required forces a call");
             break;
         case 7:
             CHECK(p->max_tokens == 5 && p->sampling.top_k == 0 && p->sampling.temperature == 0.0f,
@@ -731,8 +755,10 @@ static void test_bad_requests(struct fixture *fx)
         {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"tools\":[{\"type\":\"retrieval\"}]}", "tools[0]"},
         {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"tools\":[{\"type\":\"function\",\"function\":{\"description\":\"x\"}}]}", "tools[0].function"},
         {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"tool_choice\":\"sometimes\"}", "tool_choice"},
-        {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"response_format\":{\"type\":\"json_object\"}}", "response_format"},
-        {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}}", "response_format"},
+        {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"response_format\":{\"type\":\"yaml\"}}", "response_format"},
+        {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":\"x\"}}", "response_format.json_schema"},
+        {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"multipleOf\":2}}}}}}", "response_format.json_schema.schema"},
+        {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"grammar\":\"root ::= foo\"}", "grammar"},
         {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"chat_template_kwargs\":[]}", "chat_template_kwargs"},
         {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"enable_thinking\":\"no\"}", "enable_thinking"},
         {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"reasoning_effort\":\"extreme\"}", "reasoning_effort"},

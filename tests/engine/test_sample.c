@@ -705,6 +705,53 @@ static void test_big_vocab(void)
     sample_release(s);
 }
 
+/* The allow mask: greedy picks the best allowed token, sampling only ever draws allowed
+ * ones, and sample_dist keeps only allowed ones, for masks of every density; a mask
+ * that allows nothing is CAIRN_ERANGE. */
+static void test_allow_mask(void)
+{
+    enum { N = 1000 };
+    struct sampler *s = NULL;
+    CHECK(sample_create(&s, N) == 0, "create");
+    float logits[N];
+    uint32_t allow[(N + 31) / 32];
+    int32_t ids[N];
+    float probs[N];
+    uint64_t r = 7;
+    for (int i = 0; i < N; i++)
+        logits[i] = test_rand_float(&r) * 4;
+    for (int density = 0; density <= 4; density++) {
+        for (int w = 0; w < (N + 31) / 32; w++) {
+            uint32_t a = (uint32_t)test_rand_u64(&r), b = (uint32_t)test_rand_u64(&r);
+            allow[w] = density == 0 ? (w == 5 ? 1u << 9 : 0) : density == 1 ? a & b : density == 2 ? a
+                     : density == 3 ? a | b : 0xffffffffu;
+        }
+        int32_t best = -1;
+        for (int i = 0; i < N; i++)
+            if ((allow[i >> 5] >> (i & 31) & 1) && (best < 0 || logits[i] > logits[best]))
+                best = i;
+        struct sample_params p = sample_defaults();
+        p.allow = allow;
+        p.temperature = 0;
+        CHECK_EQ_INT(sample_token(s, &p, logits, NULL, 0, 0, NULL), best);
+        p.temperature = 1.5f;
+        p.top_k = 0;
+        p.min_p = 0;
+        for (int pos = 0; pos < 200; pos++) {
+            int32_t t = sample_token(s, &p, logits, NULL, 0, pos, NULL);
+            CHECK(t >= 0 && (allow[t >> 5] >> (t & 31) & 1), "density %d pos %d: drew %d, not allowed", density, pos, t);
+        }
+        int k = sample_dist(s, &p, logits, NULL, 0, ids, probs);
+        for (int i = 0; i < k; i++)
+            CHECK(allow[ids[i] >> 5] >> (ids[i] & 31) & 1, "density %d: dist holds %d", density, ids[i]);
+    }
+    memset(allow, 0, sizeof allow);
+    struct sample_params p = sample_defaults();
+    p.allow = allow;
+    CHECK_EQ_INT(sample_token(s, &p, logits, NULL, 0, 0, NULL), CAIRN_ERANGE);
+    sample_release(s);
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -715,5 +762,6 @@ int main(int argc, char **argv)
     RUN(test_penalties_and_bias);
     RUN(test_against_reference);
     RUN(test_big_vocab);
+    RUN(test_allow_mask);
     return test_main_end();
 }

@@ -16,6 +16,7 @@
 #include "model/model.h"
 #include "model/synth.h"
 #include "async_fwd.h"
+#include "tok/grammar.h"
 #include "tok/tok.h"
 #include "testutil.h"
 
@@ -289,6 +290,7 @@ struct spec {
     int n_prompt, max_tokens, n_seqs, num_draft, lookup;
     bool logprobs;
     struct sample_params sp;
+    struct grammar_ctx *grammar;
 };
 
 static void random_prompt(struct spec *q, int n, int n_vocab, uint64_t seed)
@@ -310,7 +312,8 @@ static int submit(struct rig *g, const struct spec *q, uint64_t id)
     char err[512];
     struct sched_request r = {.id = id, .prompt = q->prompt, .n_prompt = q->n_prompt, .max_tokens = q->max_tokens,
                               .n_seqs = q->n_seqs ? q->n_seqs : 1, .sample = q->sp, .logprobs = q->logprobs,
-                              .num_draft_tokens = q->num_draft, .lookup_ngram = q->lookup};
+                              .num_draft_tokens = q->num_draft, .lookup_ngram = q->lookup,
+                              .grammar = q->grammar};
     int rc = sched_submit(g->s, &r, err, sizeof err);
     CHECK(rc == 0, "submit %llu: %s", (unsigned long long)id, err);
     return rc;
@@ -1253,6 +1256,97 @@ static void test_lanes(const struct fixture *fx)
     free(by[2]);
 }
 
+/* Constrained decoding under batching and speculation: eight requests under one
+ * grammar give, greedy, the same tokens alone, batched, with a draft model and with
+ * prompt lookup (drafts are drawn and verified under the grammar; rejected ones never
+ * reach the matcher); sampled ones, drafted or not, give text the grammar matches, and
+ * every output is complete within max_tokens. */
+static void test_grammar_spec(const struct fixture *fx)
+{
+    static const char *G = "root ::= \"{\\\"k\\\": \" num \", \\\"s\\\": \\\"\" [^\"\\\\]* \"\\\"}\"\n"
+                           "num ::= \"-\"? [0-9]+\n";
+    char err[256];
+    struct grammar *g = NULL;
+    struct grammar_ctx *c = NULL;
+    CHECK(grammar_parse(&g, G, strlen(G), "root", err, sizeof err) == 0, "grammar: %s", err);
+    if (!g || grammar_ctx_from_tok(&c, g, fx->tok)) {
+        CHECK(0, "grammar ctx");
+        grammar_release(g);
+        return;
+    }
+    struct spec reqs[N_REQ];
+    make_eight(fx, reqs);
+    for (int i = 0; i < N_REQ; i++) {
+        reqs[i].grammar = c;
+        reqs[i].max_tokens = 16 + 4 * i;
+        reqs[i].num_draft = -1;
+    }
+    struct collector *alone = collector_new(), *batch = collector_new(), *drafted = collector_new(),
+                     *lookup = collector_new();
+    for (int i = 0; i < N_REQ; i++) {
+        struct collector *one = collector_new();
+        run_batch(fx, M_TARGET, -1, &reqs[i], 1, one, NULL);
+        alone->rec[i][0] = one->rec[0][0];
+        alone->misuse += one->misuse;
+        free(one);
+    }
+    run_batch(fx, M_TARGET, -1, reqs, N_REQ, batch, NULL);
+    struct sched_stats st = {0};
+    run_batch(fx, M_TARGET, M_LAYERS, reqs, N_REQ, drafted, &st);
+    CHECK(st.draft_tokens > 0 && st.accepted_draft_tokens > 0, "constrained drafts: %lld drafted, %lld kept",
+          (long long)st.draft_tokens, (long long)st.accepted_draft_tokens);
+    struct spec lk[N_REQ];
+    memcpy(lk, reqs, sizeof lk);
+    for (int i = 0; i < N_REQ; i++)
+        lk[i].lookup = 3;
+    run_batch(fx, M_TARGET, -1, lk, N_REQ, lookup, NULL);
+    CHECK(alone->misuse + batch->misuse + drafted->misuse + lookup->misuse == 0, "callbacks misused");
+    for (int i = 0; i < N_REQ; i++) {
+        check_same("grammar: batched", i, &batch->rec[i][0], &alone->rec[i][0]);
+        check_same("grammar: draft model", i, &drafted->rec[i][0], &alone->rec[i][0]);
+        check_same("grammar: prompt lookup", i, &lookup->rec[i][0], &alone->rec[i][0]);
+    }
+    /* Sampled, with and without the draft: whatever comes must match, complete. */
+    for (int d = 0; d < 2; d++) {
+        struct spec sr[N_REQ];
+        memcpy(sr, reqs, sizeof sr);
+        for (int i = 0; i < N_REQ; i++) {
+            sr[i].sp = sample_defaults();
+            sr[i].sp.temperature = 1.0f;
+            sr[i].sp.top_k = 0;
+            sr[i].sp.seed = 77 + (uint64_t)i;
+        }
+        sr[2].n_seqs = 3; /* forked from one prompt: each sequence its own matcher */
+        struct collector *out = collector_new();
+        run_batch(fx, M_TARGET, d ? M_LAYERS : -1, sr, N_REQ, out, NULL);
+        CHECK_EQ_INT(out->misuse, 0);
+        for (int k = 0; k < N_REQ + 2; k++) {
+            int i = k < N_REQ ? k : 2, seq = k < N_REQ ? 0 : k - N_REQ + 1;
+            const struct rec *r = &out->rec[i][seq];
+            char text[4096];
+            size_t len = 0;
+            for (int t = 0; t < r->n; t++) {
+                size_t l = 0;
+                if (tok_token_text(fx->tok, r->tok[t], 0, text + len, sizeof text - len - 1, &l) == 0)
+                    len += l;
+            }
+            CHECK(r->n_done == 1 && r->why == SCHED_FINISH_STOP && grammar_matches(g, text, len),
+                  "sampled%s %d/%d: %s, '%.*s' does not match", d ? " with a draft" : "", i, seq,
+                  sched_finish_name(r->why), (int)len, text);
+        }
+        free(out);
+    }
+    for (int i = 0; i < N_REQ; i++)
+        CHECK(alone->rec[i][0].why == SCHED_FINISH_STOP, "greedy %d ends complete: %s", i,
+              sched_finish_name(alone->rec[i][0].why));
+    free(alone);
+    free(batch);
+    free(drafted);
+    free(lookup);
+    grammar_ctx_release(c);
+    grammar_release(g);
+}
+
 static void timed(const char *name, void (*fn)(const struct fixture *), const struct fixture *fx)
 {
     double t0 = clock_sec();
@@ -1283,6 +1377,7 @@ int main(int argc, char **argv)
     timed("adaptive", test_adaptive, &fx);
     timed("sampling", test_sampling_exact, &fx);
     timed("lanes", test_lanes, &fx);
+    timed("grammar", test_grammar_spec, &fx);
     free(eight_ref);
     fixture_close(&fx);
     return test_main_end();

@@ -15,7 +15,10 @@
  * rank samples: tokens, probabilities and log-probabilities (top 0..20) are bit for bit
  * the single-slice scheduler's, with penalties, logit bias and 2-3 sequences per
  * request, greedy and sampled, with drafts; rows sampled remotely cost rank 0 a few
- * bytes (checked against n_vocab * 4); rank 0 sampling everything still works. */
+ * bytes (checked against n_vocab * 4); rank 0 sampling everything still works. Requests
+ * under a grammar (every other one) give the single slice's tokens too, greedy and
+ * sampled, with micro-batches and with a draft: their rows come back as logits and rank 0
+ * samples them under the mask. */
 #include "base/clock.h"
 #include "base/dtype.h"
 #include "base/err.h"
@@ -28,6 +31,8 @@
 #include "model/model.h"
 #include "model/synth.h"
 #include "testutil.h"
+#include "tok/grammar.h"
+#include "tok/tok.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -379,6 +384,7 @@ struct req {
     bool logprobs;
     int top_logprobs;
     struct logit_bias bias[4];
+    struct grammar_ctx *grammar; /* constrained decoding, or NULL */
 };
 
 /* What one sequence (request id + N_SUITE * its index) was told. */
@@ -514,7 +520,8 @@ static void submit(struct sched *s, const struct req *q, uint64_t id)
     char err[512];
     struct sched_request r = {.id = id, .prompt = q->prompt, .n_prompt = q->n_prompt, .max_tokens = q->max_tokens,
                               .n_seqs = q->n_seqs ? q->n_seqs : 1, .sample = q->sp, .num_draft_tokens = q->num_draft,
-                              .logprobs = q->logprobs, .top_logprobs = q->top_logprobs};
+                              .logprobs = q->logprobs, .top_logprobs = q->top_logprobs,
+                              .grammar = q->grammar};
     r.sample.bias = r.sample.n_bias ? q->bias : NULL;
     CHECK(sched_submit(s, &r, err, sizeof err) == 0, "submit %llu: %s", (unsigned long long)id, err);
 }
@@ -812,6 +819,44 @@ static void test_equal(const struct fixture *fx)
     if (ref)
         check_pipeline(fx, &sd, q, ref, &llama2, "llama sampled rich, draft on rank 0, 2 ranks");
     free(ref);
+
+    /* Constrained decoding: every other request under a grammar; its rows come back as
+     * logits and rank 0 samples them under the mask; the tokens are the single slice's,
+     * greedy and sampled, with and without a draft. */
+    struct tok *tk = NULL;
+    struct grammar *gr = NULL;
+    struct grammar_ctx *gc = NULL;
+    char gerr[256];
+    static const char *G = "root ::= \"[\" [0-9]+ (\", \" [a-z]+)* \"]\"\n";
+    CHECK(tok_load(&tk, fx->m[M_LLAMA]->file, gerr, sizeof gerr) == 0 &&
+              grammar_parse(&gr, G, strlen(G), "root", gerr, sizeof gerr) == 0 && grammar_ctx_from_tok(&gc, gr, tk) == 0,
+          "grammar: %s", gerr);
+    for (int sampled = 0; gc && sampled < 2; sampled++) {
+        make_suite(q, n_vocab, sampled, 0);
+        for (int i = 0; i < N_SUITE; i += 2)
+            q[i].grammar = gc;
+        ref = reference(fx, &su, q, &st);
+        if (ref) {
+            check_pipeline(fx, &su, q, ref, &llama2, sampled ? "llama sampled constrained, 2 ranks"
+                                                             : "llama greedy constrained, 2 ranks");
+            check_pipeline(fx, &su, q, ref, &llama3_lanes, sampled ? "llama sampled constrained, 3 ranks, 3 micro-batches"
+                                                                   : "llama greedy constrained, 3 ranks, 3 micro-batches");
+        }
+        free(ref);
+    }
+    if (gc) {
+        static struct req qd[N_SUITE];
+        make_suite(qd, n_vocab, false, -1);
+        for (int i = 0; i < N_SUITE; i += 2)
+            qd[i].grammar = gc;
+        ref = reference(fx, &sd, qd, &st);
+        if (ref)
+            check_pipeline(fx, &sd, qd, ref, &llama2, "llama greedy constrained, draft on rank 0, 2 ranks");
+        free(ref);
+    }
+    grammar_ctx_release(gc);
+    grammar_release(gr);
+    tok_release(tk);
 
     /* qwen2 (grouped-query attention, QKV biases), greedy. */
     struct setup sq = {.model = M_QWEN};

@@ -1,0 +1,573 @@
+#include "tok/jschema.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+#include "base/strbuf.h"
+
+/* Shared rules every grammar ends with. */
+static const char *COMMON =
+    "sp ::= \" \"?\n"
+    "jchar ::= [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
+    "jstring ::= \"\\\"\" jchar* \"\\\"\"\n"
+    "jint ::= \"-\"? jnat\n"
+    "jnat ::= \"0\" | [1-9] [0-9]{0,15}\n"
+    "jfrac ::= (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})?\n"
+    "jnumber ::= jint jfrac\n"
+    "jvalue ::= jobject | jarray | jstring | jnumber | \"true\" | \"false\" | \"null\"\n"
+    "jobject ::= \"{\" sp (jstring \":\" sp jvalue (\",\" sp jstring \":\" sp jvalue)*)? \"}\"\n"
+    "jarray ::= \"[\" sp (jvalue (\",\" sp jvalue)*)? \"]\"\n"
+    "jdigit2 ::= [0-9]{2}\n"
+    "jdate ::= [0-9]{4} \"-\" (\"0\" [1-9] | \"1\" [0-2]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01])\n"
+    "jtime ::= ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? "
+    "(\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])\n"
+    "jhex ::= [0-9a-f]\n"
+    "juuid ::= jhex{8} \"-\" jhex{4} \"-\" jhex{4} \"-\" jhex{4} \"-\" jhex{12}\n";
+
+const char *jschema_any_object_gbnf(void)
+{
+    static char text[2048];
+    if (!text[0])
+        snprintf(text, sizeof text, "root ::= jobject\n%s", COMMON);
+    return text;
+}
+
+struct gen {
+    const json_t *root;
+    const char *pre; /* rule names start with it */
+    struct strbuf out;     /* the rule being written */
+    struct strbuf pending; /* rules finished */
+    int n_rules, nodes;
+    /* $refs resolved so far: their pointers and rule numbers. */
+    const json_t *refs[256];
+    int ref_rule[256];
+    int n_refs;
+    char *err;
+    size_t errlen;
+    int rc;
+};
+
+static int gfail(struct gen *g, int code, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int gfail(struct gen *g, int code, const char *path, const char *fmt, ...)
+{
+    if (g->rc)
+        return g->rc;
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    g->rc = cairn_fail(g->err, g->errlen, code, "%s at %s", msg, path[0] ? path : "the schema's root");
+    return g->rc;
+}
+
+static void put(struct gen *g, const char *s)
+{
+    if (!g->rc && strbuf_put(&g->out, s, strlen(s)))
+        g->rc = cairn_fail(g->err, g->errlen, CAIRN_ENOMEM, "out of memory");
+}
+
+static void putf(struct gen *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void putf(struct gen *g, const char *fmt, ...)
+{
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    put(g, buf);
+}
+
+/* A GBNF literal of the bytes of s. */
+static void put_literal(struct gen *g, const char *s, size_t n)
+{
+    put(g, "\"");
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\')
+            putf(g, "\\%c", c);
+        else if (c < 0x20 || c == 0x7F)
+            putf(g, "\\x%02X", c);
+        else {
+            char b[2] = {(char)c, 0};
+            put(g, b);
+        }
+    }
+    put(g, "\"");
+}
+
+/* A literal of v as compact JSON. */
+static void put_json_literal(struct gen *g, const json_t *v)
+{
+    char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!s) {
+        if (!g->rc)
+            g->rc = cairn_fail(g->err, g->errlen, CAIRN_ENOMEM, "out of memory");
+        return;
+    }
+    put_literal(g, s, strlen(s));
+    free(s);
+}
+
+static int node(struct gen *g, const json_t *s, const char *path, int depth);
+
+/* Adds a finished rule's text. */
+static void pend(struct gen *g, const char *s, size_t n)
+{
+    if (!g->rc && strbuf_put(&g->pending, s, n))
+        g->rc = cairn_fail(g->err, g->errlen, CAIRN_ENOMEM, "out of memory");
+}
+
+static const char *ANNOTATIONS[] = {"title", "description", "default", "examples", "$schema", "$id", "$comment",
+                                    "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "strict", NULL};
+
+static bool known(const char *k, const char *const *list)
+{
+    for (int i = 0; list[i]; i++)
+        if (strcmp(k, list[i]) == 0)
+            return true;
+    for (int i = 0; ANNOTATIONS[i]; i++)
+        if (strcmp(k, ANNOTATIONS[i]) == 0)
+            return true;
+    return false;
+}
+
+static void sub_path(char *dst, size_t cap, const char *path, const char *a, const char *b)
+{
+    snprintf(dst, cap, "%s%s%s%s%s", path, path[0] ? "." : "", a, b ? "." : "", b ? b : "");
+}
+
+static int64_t get_count(struct gen *g, const json_t *s, const char *key, const char *path, int64_t dflt)
+{
+    const json_t *v = json_object_get(s, key);
+    if (!v)
+        return dflt;
+    if (!json_is_integer(v) || json_integer_value(v) < 0) {
+        gfail(g, CAIRN_EFORMAT, path, "'%s' must be a non-negative integer", key);
+        return dflt;
+    }
+    return json_integer_value(v);
+}
+
+/* The string rule body for s (minLength, maxLength, format). */
+static void string_body(struct gen *g, const json_t *s, const char *path)
+{
+    const json_t *f = json_object_get(s, "format");
+    if (f) {
+        const char *fs = json_string_value(f);
+        if (!fs)
+            return (void)gfail(g, CAIRN_EFORMAT, path, "'format' must be a string");
+        if (json_object_get(s, "minLength") || json_object_get(s, "maxLength"))
+            return (void)gfail(g, CAIRN_EUNSUPPORTED, path, "unsupported JSON Schema keyword 'minLength' with 'format'");
+        if (strcmp(fs, "date") == 0)
+            put(g, "\"\\\"\" jdate \"\\\"\"");
+        else if (strcmp(fs, "time") == 0)
+            put(g, "\"\\\"\" jtime \"\\\"\"");
+        else if (strcmp(fs, "date-time") == 0)
+            put(g, "\"\\\"\" jdate \"T\" jtime \"\\\"\"");
+        else if (strcmp(fs, "uuid") == 0)
+            put(g, "\"\\\"\" juuid \"\\\"\"");
+        else
+            gfail(g, CAIRN_EUNSUPPORTED, path, "unsupported JSON Schema keyword 'format' (\"%.40s\")", fs);
+        return;
+    }
+    int64_t lo = get_count(g, s, "minLength", path, 0), hi = get_count(g, s, "maxLength", path, -1);
+    if (hi >= 0 && hi < lo)
+        return (void)gfail(g, CAIRN_EFORMAT, path, "maxLength below minLength");
+    if (lo > 1000 || hi > 1000)
+        return (void)gfail(g, CAIRN_EUNSUPPORTED, path, "unsupported JSON Schema keyword 'minLength'/'maxLength' over 1000");
+    if (hi < 0)
+        hi = 1000;
+    if (lo == 0 && hi == 1000)
+        put(g, "jstring");
+    else
+        putf(g, "\"\\\"\" jchar{%lld,%lld} \"\\\"\"", (long long)lo, (long long)hi);
+}
+
+/* The number rule body for s: integer or number; minimum 0 drops the sign,
+ * exclusiveMinimum 0 makes it positive. */
+static void number_body(struct gen *g, const json_t *s, const char *path, bool integer)
+{
+    const json_t *mn = json_object_get(s, "minimum"), *ex = json_object_get(s, "exclusiveMinimum");
+    if (mn && (!json_is_number(mn) || json_number_value(mn) != 0))
+        return (void)gfail(g, CAIRN_EUNSUPPORTED, path, "unsupported JSON Schema keyword 'minimum' (only 0 is)");
+    if (ex && (!json_is_number(ex) || json_number_value(ex) != 0))
+        return (void)gfail(g, CAIRN_EUNSUPPORTED, path,
+                           "unsupported JSON Schema keyword 'exclusiveMinimum' (only 0 is)");
+    if (ex)
+        put(g, integer ? "[1-9] [0-9]{0,15}"
+                       : "([1-9] [0-9]{0,15} (\".\" [0-9]{1,16})? | \"0.\" [0-9]{0,15} [1-9])");
+    else if (integer)
+        put(g, mn ? "jnat" : "jint");
+    else
+        put(g, mn ? "jnat jfrac" : "jnumber");
+}
+
+/* The object rule body. */
+static void object_body(struct gen *g, const json_t *s, const char *path, int depth)
+{
+    const json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required"),
+                 *addl = json_object_get(s, "additionalProperties");
+    if (props && !json_is_object(props))
+        return (void)gfail(g, CAIRN_EFORMAT, path, "'properties' must be an object");
+    if (req && !json_is_array(req))
+        return (void)gfail(g, CAIRN_EFORMAT, path, "'required' must be an array");
+    if (addl && !json_is_object(addl) && !json_is_boolean(addl))
+        return (void)gfail(g, CAIRN_EFORMAT, path, "'additionalProperties' must be a schema");
+    size_t n = props ? json_object_size(props) : 0;
+    if (n == 0) {
+        if (addl && json_is_object(addl)) {
+            char p[512];
+            sub_path(p, sizeof p, path, "additionalProperties", NULL);
+            int r = node(g, addl, p, depth + 1);
+            putf(g, "\"{\" sp (jstring \":\" sp %sr%d (\",\" sp jstring \":\" sp %sr%d)*)? \"}\"", g->pre, r, g->pre, r);
+        } else if (addl && json_is_false(addl)) {
+            put(g, "\"{\" sp \"}\"");
+        } else {
+            put(g, "jobject");
+        }
+        return;
+    }
+    for (size_t i = 0; req && i < json_array_size(req); i++) {
+        const char *k = json_string_value(json_array_get(req, i));
+        if (!k || !json_object_get(props, k))
+            return (void)gfail(g, CAIRN_EUNSUPPORTED, path,
+                               "'required' names a property not in 'properties' (%.40s)", k ? k : "not a string");
+    }
+    /* Each property's rule: "key" ":" sp value. */
+    int *kv = malloc(n * sizeof *kv);
+    bool *is_req = calloc(n, sizeof *is_req);
+    if (!kv || !is_req) {
+        free(kv), free(is_req);
+        if (!g->rc)
+            g->rc = cairn_fail(g->err, g->errlen, CAIRN_ENOMEM, "out of memory");
+        return;
+    }
+    const char *key;
+    const json_t *val;
+    size_t i = 0;
+    json_object_foreach((json_t *)props, key, val)
+    {
+        char p[512];
+        sub_path(p, sizeof p, path, "properties", key);
+        int r = node(g, val, p, depth + 1);
+        for (size_t j = 0; req && j < json_array_size(req); j++)
+            is_req[i] |= strcmp(json_string_value(json_array_get(req, j)), key) == 0;
+        kv[i] = g->n_rules++;
+        struct strbuf keep = g->out;
+        g->out = (struct strbuf){0};
+        putf(g, "%sr%d ::= ", g->pre, kv[i]);
+        json_t *ks = json_string(key);
+        if (ks)
+            put_json_literal(g, ks);
+        json_decref(ks);
+        putf(g, " \":\" sp %sr%d\n", g->pre, r);
+        struct strbuf rule = g->out;
+        g->out = keep;
+        if (rule.p)
+            pend(g, rule.p, rule.len);
+        strbuf_free(&rule);
+        i++;
+    }
+    int n_req = 0;
+    for (i = 0; i < n; i++)
+        n_req += is_req[i];
+    put(g, "\"{\" sp ");
+    if (n_req > 0) {
+        bool first = true;
+        for (i = 0; i < n; i++)
+            if (is_req[i]) {
+                putf(g, first ? "%sr%d " : "\",\" sp %sr%d ", g->pre, kv[i]);
+                first = false;
+            }
+        for (i = 0; i < n; i++)
+            if (!is_req[i])
+                putf(g, "(\",\" sp %sr%d)? ", g->pre, kv[i]);
+    } else {
+        /* The first property present starts the list; each later one is optional. */
+        put(g, "(");
+        for (i = 0; i < n; i++) {
+            putf(g, "%s%sr%d", i ? " | " : "", g->pre, kv[i]);
+            for (size_t j = i + 1; j < n; j++)
+                putf(g, " (\",\" sp %sr%d)?", g->pre, kv[j]);
+        }
+        put(g, ")? ");
+    }
+    put(g, "\"}\"");
+    free(kv), free(is_req);
+}
+
+static void array_body(struct gen *g, const json_t *s, const char *path, int depth)
+{
+    const json_t *items = json_object_get(s, "items");
+    int64_t lo = get_count(g, s, "minItems", path, 0), hi = get_count(g, s, "maxItems", path, -1);
+    if (hi >= 0 && hi < lo)
+        return (void)gfail(g, CAIRN_EFORMAT, path, "maxItems below minItems");
+    if (lo > 100 || hi > 1000)
+        return (void)gfail(g, CAIRN_EUNSUPPORTED, path, "unsupported JSON Schema keyword 'minItems'/'maxItems' over 100/1000");
+    char p[512];
+    sub_path(p, sizeof p, path, "items", NULL);
+    int r = -1;
+    if (items && !json_is_object(items) && !json_is_true(items))
+        return (void)gfail(g, CAIRN_EUNSUPPORTED, path, "unsupported JSON Schema keyword 'items' (not one schema)");
+    if (items)
+        r = node(g, items, p, depth + 1);
+    char item[96];
+    if (r >= 0)
+        snprintf(item, sizeof item, "%sr%d", g->pre, r);
+    else
+        snprintf(item, sizeof item, "jvalue");
+    if (hi == 0)
+        return (void)put(g, "\"[\" sp \"]\"");
+    if (lo == 0) {
+        putf(g, "\"[\" sp (%s (\",\" sp %s)", item, item);
+        if (hi < 0)
+            put(g, "*");
+        else
+            putf(g, "{0,%lld}", (long long)(hi - 1));
+        put(g, ")? \"]\"");
+    } else {
+        putf(g, "\"[\" sp %s (\",\" sp %s)", item, item);
+        if (hi < 0)
+            putf(g, "{%lld,}", (long long)(lo - 1));
+        else
+            putf(g, "{%lld,%lld}", (long long)(lo - 1), (long long)(hi - 1));
+        put(g, " \"]\"");
+    }
+}
+
+/* The body for one type name. */
+static void type_body(struct gen *g, const json_t *s, const char *t, const char *path, int depth)
+{
+    if (strcmp(t, "string") == 0)
+        string_body(g, s, path);
+    else if (strcmp(t, "integer") == 0)
+        number_body(g, s, path, true);
+    else if (strcmp(t, "number") == 0)
+        number_body(g, s, path, false);
+    else if (strcmp(t, "boolean") == 0)
+        put(g, "(\"true\" | \"false\")");
+    else if (strcmp(t, "null") == 0)
+        put(g, "\"null\"");
+    else if (strcmp(t, "object") == 0)
+        object_body(g, s, path, depth);
+    else if (strcmp(t, "array") == 0)
+        array_body(g, s, path, depth);
+    else
+        gfail(g, CAIRN_EFORMAT, path, "unknown type '%.40s'", t);
+}
+
+/* Resolves a local $ref. */
+static const json_t *resolve(struct gen *g, const char *ref, const char *path)
+{
+    const char *pre[] = {"#/$defs/", "#/definitions/"};
+    for (int i = 0; i < 2; i++) {
+        size_t n = strlen(pre[i]);
+        if (strncmp(ref, pre[i], n) == 0) {
+            const json_t *defs = json_object_get(g->root, i == 0 ? "$defs" : "definitions");
+            const json_t *d = defs ? json_object_get(defs, ref + n) : NULL;
+            if (!d)
+                gfail(g, CAIRN_EFORMAT, path, "$ref %.60s resolves to nothing", ref);
+            return d;
+        }
+    }
+    if (strcmp(ref, "#") == 0)
+        return g->root;
+    gfail(g, CAIRN_EUNSUPPORTED, path, "unsupported JSON Schema $ref '%.60s' (only #, #/$defs/NAME, #/definitions/NAME)", ref);
+    return NULL;
+}
+
+/* Writes the rule for schema s and returns its number. */
+static int node(struct gen *g, const json_t *s, const char *path, int depth)
+{
+    if (g->rc)
+        return 0;
+    if (depth > JSCHEMA_MAX_DEPTH)
+        return gfail(g, CAIRN_EUNSUPPORTED, path, "schema nested deeper than %d", JSCHEMA_MAX_DEPTH), 0;
+    if (++g->nodes > JSCHEMA_MAX_NODES)
+        return gfail(g, CAIRN_EUNSUPPORTED, path, "schema larger than %d nodes", JSCHEMA_MAX_NODES), 0;
+    if (json_is_true(s) || (json_is_object(s) && json_object_size(s) == 0)) {
+        int r = g->n_rules++;
+        struct strbuf keep = g->out;
+        g->out = (struct strbuf){0};
+        putf(g, "%sr%d ::= jvalue\n", g->pre, r);
+        pend(g, g->out.p ? g->out.p : "", g->out.len);
+        strbuf_free(&g->out);
+        g->out = keep;
+        return r;
+    }
+    if (!json_is_object(s))
+        return gfail(g, CAIRN_EUNSUPPORTED, path, "unsupported schema (not an object or true)"), 0;
+    static const char *const KNOWN[] = {"type", "properties", "required", "additionalProperties", "enum", "const",
+                                        "items", "minItems", "maxItems", "anyOf", "allOf", "$ref", "minLength",
+                                        "maxLength", "format", "minimum", "exclusiveMinimum", "nullable", NULL};
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)s, k, v)
+    {
+        if (!known(k, KNOWN))
+            return gfail(g, CAIRN_EUNSUPPORTED, path, "unsupported JSON Schema keyword '%.40s'", k), 0;
+    }
+    const json_t *ref = json_object_get(s, "$ref");
+    if (ref) {
+        if (!json_is_string(ref))
+            return gfail(g, CAIRN_EFORMAT, path, "'$ref' must be a string"), 0;
+        const json_t *d = resolve(g, json_string_value(ref), path);
+        if (!d)
+            return 0;
+        for (int i = 0; i < g->n_refs; i++)
+            if (g->refs[i] == d)
+                return g->ref_rule[i];
+        if (g->n_refs == 256)
+            return gfail(g, CAIRN_EUNSUPPORTED, path, "more than 256 $refs"), 0;
+        int r = g->n_rules++;
+        g->refs[g->n_refs] = d;
+        g->ref_rule[g->n_refs++] = r;
+        /* Defined through an alias rule so that recursion finds the number first. */
+        int t = node(g, d, json_string_value(ref), depth + 1);
+        struct strbuf keep = g->out;
+        g->out = (struct strbuf){0};
+        putf(g, "%sr%d ::= %sr%d\n", g->pre, r, g->pre, t);
+        pend(g, g->out.p ? g->out.p : "", g->out.len);
+        strbuf_free(&g->out);
+        g->out = keep;
+        return r;
+    }
+    int r = g->n_rules++;
+    struct strbuf keep = g->out;
+    g->out = (struct strbuf){0};
+    putf(g, "%sr%d ::= ", g->pre, r);
+    const json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const"),
+                 *any = json_object_get(s, "anyOf"), *all = json_object_get(s, "allOf"),
+                 *type = json_object_get(s, "type"), *nullable = json_object_get(s, "nullable");
+    bool nul = json_is_true(nullable);
+    if (nul)
+        put(g, "\"null\" | ");
+    if (cn) {
+        put_json_literal(g, cn);
+    } else if (en) {
+        if (!json_is_array(en) || json_array_size(en) == 0)
+            gfail(g, CAIRN_EFORMAT, path, "'enum' must be a non-empty array");
+        for (size_t i = 0; i < json_array_size(en); i++) {
+            if (i)
+                put(g, " | ");
+            put_json_literal(g, json_array_get(en, i));
+        }
+    } else if (any) {
+        if (!json_is_array(any) || json_array_size(any) == 0)
+            gfail(g, CAIRN_EFORMAT, path, "'anyOf' must be a non-empty array");
+        for (size_t i = 0; i < json_array_size(any) && !g->rc; i++) {
+            char p[512], idx[24];
+            snprintf(idx, sizeof idx, "%zu", i);
+            sub_path(p, sizeof p, path, "anyOf", idx);
+            struct strbuf mine = g->out;
+            g->out = (struct strbuf){0};
+            int a = node(g, json_array_get(any, i), p, depth + 1);
+            strbuf_free(&g->out);
+            g->out = mine;
+            putf(g, "%s%sr%d", i ? " | " : "", g->pre, a);
+        }
+    } else if (all) {
+        if (!json_is_array(all) || json_array_size(all) != 1)
+            gfail(g, CAIRN_EUNSUPPORTED, path, "unsupported JSON Schema keyword 'allOf' (more than one schema)");
+        else {
+            char p[512];
+            sub_path(p, sizeof p, path, "allOf", "0");
+            struct strbuf mine = g->out;
+            g->out = (struct strbuf){0};
+            int a = node(g, json_array_get(all, 0), p, depth + 1);
+            strbuf_free(&g->out);
+            g->out = mine;
+            putf(g, "%sr%d", g->pre, a);
+        }
+    } else if (json_is_string(type)) {
+        struct strbuf mine = g->out;
+        g->out = (struct strbuf){0};
+        type_body(g, s, json_string_value(type), path, depth);
+        struct strbuf body = g->out;
+        g->out = mine;
+        if (body.p)
+            put(g, body.p);
+        strbuf_free(&body);
+    } else if (json_is_array(type)) {
+        for (size_t i = 0; i < json_array_size(type) && !g->rc; i++) {
+            const char *t = json_string_value(json_array_get(type, i));
+            if (!t) {
+                gfail(g, CAIRN_EFORMAT, path, "'type' entries must be strings");
+                break;
+            }
+            struct strbuf mine = g->out;
+            g->out = (struct strbuf){0};
+            type_body(g, s, t, path, depth);
+            struct strbuf body = g->out;
+            g->out = mine;
+            putf(g, "%s(", i ? " | " : "");
+            if (body.p)
+                put(g, body.p);
+            put(g, ")");
+            strbuf_free(&body);
+        }
+    } else if (type) {
+        gfail(g, CAIRN_EFORMAT, path, "'type' must be a string or an array");
+    } else if (json_object_get(s, "properties")) {
+        struct strbuf mine = g->out;
+        g->out = (struct strbuf){0};
+        object_body(g, s, path, depth);
+        struct strbuf body = g->out;
+        g->out = mine;
+        if (body.p)
+            put(g, body.p);
+        strbuf_free(&body);
+    } else {
+        put(g, "jvalue");
+    }
+    put(g, "\n");
+    pend(g, g->out.p ? g->out.p : "", g->out.len);
+    strbuf_free(&g->out);
+    g->out = keep;
+    return r;
+}
+
+/* Rules for schema (the top one named `top`), and with common the shared rules. */
+static int generate(const json_t *schema, const char *top, const char *pre, bool common, char **out, char *err,
+                    size_t errlen)
+{
+    *out = NULL;
+    struct gen g = {.root = schema, .pre = pre, .err = err, .errlen = errlen};
+    int r = node(&g, schema, "", 0);
+    if (!g.rc) {
+        putf(&g, "%s ::= %sr%d\n", top, pre, r);
+        if (common)
+            put(&g, COMMON);
+        if (g.pending.p)
+            put(&g, g.pending.p);
+    }
+    strbuf_free(&g.pending);
+    if (g.rc) {
+        strbuf_free(&g.out);
+        return g.rc;
+    }
+    *out = g.out.p;
+    return 0;
+}
+
+int jschema_to_gbnf(const json_t *schema, char **out, char *err, size_t errlen)
+{
+    return generate(schema, "root", "", true, out, err, errlen);
+}
+
+int jschema_rules(const json_t *schema, const char *name, char **out, char *err, size_t errlen)
+{
+    char pre[80];
+    snprintf(pre, sizeof pre, "%.60s-", name);
+    return generate(schema, name, pre, false, out, err, errlen);
+}
+
+const char *jschema_common_gbnf(void) { return COMMON; }
