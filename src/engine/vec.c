@@ -97,8 +97,48 @@ static void silu_mul_ref(float *a, const float *b, int64_t n)
         a[k] = (a[k] / (1.0f + exp_ref(-a[k]))) * b[k];
 }
 
-static const struct vec_ops ref_ops = {dot_f32_ref, dot_f16_ref, axpy_f16_ref, axpy_f32_ref, to_f16_ref,
-                                       dots_f16_ref, wsum_f16_ref, exp_sub_ref, silu_mul_ref};
+static float elem(const void *p, int f16, int64_t i)
+{
+    return f16 ? kern_f16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static void attn_qk_ref(const float *q, int64_t ldq, int rows, const void *kt, int64_t ld, int n, int64_t hd,
+                        int f16, float *s, int64_t lds)
+{
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < n; j++) {
+            float acc = 0.0f;
+            for (int64_t d = 0; d < hd; d++)
+                acc = fmaf(q[r * ldq + d], elem(kt, f16, d * ld + j), acc);
+            s[r * lds + j] = acc;
+        }
+}
+
+static void attn_pv_ref(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
+                        const void *const *v, int64_t hd, int f16)
+{
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < n[r]; j++)
+            for (int64_t i = 0; i < hd; i++)
+                o[r * ldo + i] = fmaf(p[r * ldp + j], elem(v[j], f16, i), o[r * ldo + i]);
+}
+
+static float softmax_tile_ref(float *s, int64_t n, float *l)
+{
+    float m = s[0];
+    for (int64_t j = 1; j < n; j++)
+        m = s[j] > m ? s[j] : m;
+    exp_sub_ref(s, m, n);
+    float lane[16] = {0};
+    for (int64_t j = 0; j < n; j++)
+        lane[j % 16] = lane[j % 16] + s[j];
+    *l = reduce16(lane);
+    return m;
+}
+
+static const struct vec_ops ref_ops = {dot_f32_ref,  dot_f16_ref,  axpy_f16_ref, axpy_f32_ref,
+                                       to_f16_ref,   dots_f16_ref, wsum_f16_ref, exp_sub_ref,
+                                       silu_mul_ref, attn_qk_ref,  attn_pv_ref,  softmax_tile_ref};
 
 const struct vec_ops *vec_ops_ref(void) { return &ref_ops; }
 

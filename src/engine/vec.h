@@ -24,6 +24,23 @@ struct vec_ops {
     void (*wsum_f16)(float *acc, const float *w, const uint16_t *const *rows, int64_t n, int64_t hd);
     void (*exp_sub)(float *x, float sub, int64_t n);          /* x[k] = exp(x[k] - sub) */
     void (*silu_mul)(float *a, const float *b, int64_t n);    /* a[k] = silu(a[k]) * b[k] */
+
+    /* Tile products of attention (attn.h). Elements of K and V are IEEE half when f16 is
+     * nonzero, else float. Each result element is one chain of fused multiply-adds in a
+     * fixed order, so how a variant groups rows and keys into registers changes no bit:
+     *   attn_qk: s[r*lds + j] = fma(q[r*ldq + hd-1], K(hd-1, j), ... fma(q[r*ldq], K(0, j), 0))
+     *     for r < rows, j < n, where K(d, j) = kt[d*ld + j] (keys transposed: the
+     *     n keys of one dimension are contiguous). Reads no K(d, j) with j >= n.
+     *   attn_pv: for r < rows, for j = 0 .. n[r]-1 in turn:
+     *     o[r*ldo + i] = fma(p[r*ldp + j], v[j][i], o[r*ldo + i]) for i < hd.
+     *   softmax_tile: m = max of s[0..n) (n >= 1; NaN unspecified), s[j] = exp(s[j] - m)
+     *     as exp_sub, *l = their sum in dot_f32's 16 lanes (s[j] into lane j % 16, then the
+     *     tree); returns m. */
+    void (*attn_qk)(const float *q, int64_t ldq, int rows, const void *kt, int64_t ld, int n, int64_t hd,
+                    int f16, float *s, int64_t lds);
+    void (*attn_pv)(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
+                    const void *const *v, int64_t hd, int f16);
+    float (*softmax_tile)(float *s, int64_t n, float *l);
 };
 
 /* exp(t) in fixed steps (Cephes' expf: t clamped to [EXP_LO, EXP_HI], n = t*log2(e)

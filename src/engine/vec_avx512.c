@@ -180,7 +180,149 @@ static void silu_mul(float *a, const float *b, int64_t n)
     }
 }
 
-static const struct vec_ops avx512_ops = {dot_f32, dot_f16, axpy_f16, axpy_f32, to_f16, dots_f16, wsum_f16,
-                                          exp_sub, silu_mul};
+/* ---- attention tiles (vec.h): one fused multiply-add chain per result element ---- */
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE __m512 load16(const void *p, int f16, int64_t i, __mmask16 m)
+{
+    return f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i))
+               : _mm512_maskz_loadu_ps(m, (const float *)p + i);
+}
+
+/* R (constant, <= 8) rows by the 16 keys j0.. (mask m). */
+INLINE void qk_rows(const float *q, int64_t ldq, const int R, const void *kt, int64_t ld, int j0, __mmask16 m,
+                    int64_t hd, const int f16, float *s, int64_t lds)
+{
+    __m512 a[8];
+    for (int r = 0; r < R; r++)
+        a[r] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hd; d++) {
+        __m512 k = load16(kt, f16, d * ld + j0, m);
+        for (int r = 0; r < R; r++)
+            a[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * ldq + d]), k, a[r]);
+    }
+    for (int r = 0; r < R; r++)
+        _mm512_mask_storeu_ps(s + r * lds + j0, m, a[r]);
+}
+
+INLINE void qk_impl(const float *q, int64_t ldq, int rows, const void *kt, int64_t ld, int n, int64_t hd,
+                    const int f16, float *s, int64_t lds)
+{
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        __mmask16 m = n - j0 >= 16 ? (__mmask16)0xffff : tail_mask(n - j0);
+        int r = 0;
+        for (; r + 8 <= rows; r += 8)
+            qk_rows(q + r * ldq, ldq, 8, kt, ld, j0, m, hd, f16, s + r * lds, lds);
+        const float *qr = q + r * ldq;
+        float *sr = s + r * lds;
+        switch (rows - r) {
+        case 7: qk_rows(qr, ldq, 7, kt, ld, j0, m, hd, f16, sr, lds); break;
+        case 6: qk_rows(qr, ldq, 6, kt, ld, j0, m, hd, f16, sr, lds); break;
+        case 5: qk_rows(qr, ldq, 5, kt, ld, j0, m, hd, f16, sr, lds); break;
+        case 4: qk_rows(qr, ldq, 4, kt, ld, j0, m, hd, f16, sr, lds); break;
+        case 3: qk_rows(qr, ldq, 3, kt, ld, j0, m, hd, f16, sr, lds); break;
+        case 2: qk_rows(qr, ldq, 2, kt, ld, j0, m, hd, f16, sr, lds); break;
+        case 1: qk_rows(qr, ldq, 1, kt, ld, j0, m, hd, f16, sr, lds); break;
+        default: break;
+        }
+    }
+}
+
+static void attn_qk(const float *q, int64_t ldq, int rows, const void *kt, int64_t ld, int n, int64_t hd, int f16,
+                    float *s, int64_t lds)
+{
+    if (f16)
+        qk_impl(q, ldq, rows, kt, ld, n, hd, 1, s, lds);
+    else
+        qk_impl(q, ldq, rows, kt, ld, n, hd, 0, s, lds);
+}
+
+/* R (constant, <= 4) rows, keys [j0, j1), the 64 columns from c0 (chunk c of 16 under mask mc[c]). */
+INLINE void pv_rows(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
+                    const void *const *v, int64_t c0, const __mmask16 *mc, const int f16)
+{
+    __m512 a[4][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++)
+            a[r][c] = _mm512_maskz_loadu_ps(mc[c], o + r * ldo + c0 + 16 * c);
+    for (int j = j0; j < j1; j++) {
+        __m512 x[4];
+        for (int c = 0; c < 4; c++)
+            x[c] = load16(v[j], f16, c0 + 16 * c, mc[c]);
+        for (int r = 0; r < R; r++) {
+            __m512 pr = _mm512_set1_ps(p[r * ldp + j]);
+            for (int c = 0; c < 4; c++)
+                a[r][c] = _mm512_fmadd_ps(pr, x[c], a[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++)
+            _mm512_mask_storeu_ps(o + r * ldo + c0 + 16 * c, mc[c], a[r][c]);
+}
+
+INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
+                    const void *const *v, int64_t hd, const int f16)
+{
+    for (int64_t c0 = 0; c0 < hd; c0 += 64) {
+        __mmask16 mc[4];
+        for (int c = 0; c < 4; c++) {
+            int64_t w = hd - c0 - 16 * c;
+            mc[c] = w >= 16 ? (__mmask16)0xffff : w <= 0 ? (__mmask16)0 : tail_mask(w);
+        }
+        for (int r = 0; r < rows; r += 4) {
+            int R = rows - r < 4 ? rows - r : 4;
+            int jmin = n[r];
+            for (int g = 1; g < R; g++)
+                jmin = n[r + g] < jmin ? n[r + g] : jmin;
+            float *orow = o + r * ldo;
+            const float *prow = p + r * ldp;
+            switch (R) {
+            case 4: pv_rows(orow, ldo, 4, prow, ldp, 0, jmin, v, c0, mc, f16); break;
+            case 3: pv_rows(orow, ldo, 3, prow, ldp, 0, jmin, v, c0, mc, f16); break;
+            case 2: pv_rows(orow, ldo, 2, prow, ldp, 0, jmin, v, c0, mc, f16); break;
+            default: pv_rows(orow, ldo, 1, prow, ldp, 0, jmin, v, c0, mc, f16); break;
+            }
+            for (int g = 0; g < R; g++)
+                if (n[r + g] > jmin)
+                    pv_rows(orow + g * ldo, ldo, 1, prow + g * ldp, ldp, jmin, n[r + g], v, c0, mc, f16);
+        }
+    }
+}
+
+static void attn_pv(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
+                    const void *const *v, int64_t hd, int f16)
+{
+    if (f16)
+        pv_impl(o, ldo, rows, p, ldp, n, v, hd, 1);
+    else
+        pv_impl(o, ldo, rows, p, ldp, n, v, hd, 0);
+}
+
+static float softmax_tile(float *s, int64_t n, float *l)
+{
+    __m512 mx = _mm512_set1_ps(-__builtin_inff());
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16)
+        mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + k));
+    if (k < n) {
+        __mmask16 m = tail_mask(n - k);
+        mx = _mm512_mask_max_ps(mx, m, mx, _mm512_maskz_loadu_ps(m, s + k));
+    }
+    float m = _mm512_reduce_max_ps(mx);
+    exp_sub(s, m, n);
+    __m512 acc = _mm512_setzero_ps();
+    for (k = 0; k + 16 <= n; k += 16)
+        acc = _mm512_add_ps(acc, _mm512_loadu_ps(s + k));
+    if (k < n) {
+        __mmask16 mk = tail_mask(n - k);
+        acc = _mm512_mask_add_ps(acc, mk, acc, _mm512_maskz_loadu_ps(mk, s + k));
+    }
+    *l = reduce16(acc);
+    return m;
+}
+
+static const struct vec_ops avx512_ops = {dot_f32, dot_f16,  axpy_f16, axpy_f32, to_f16,  dots_f16,
+                                          wsum_f16, exp_sub, silu_mul, attn_qk,  attn_pv, softmax_tile};
 
 const struct vec_ops *vec_ops_avx512(void) { return &avx512_ops; }

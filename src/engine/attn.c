@@ -1,0 +1,343 @@
+#include "engine/attn.h"
+
+#include "base/dtype.h"
+#include "base/err.h"
+#include "kern/kern.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* About this many query rows (tokens x heads of one KV head's group) share a tile of K
+ * and V: enough to reuse each loaded key many times, few enough that the scores of a
+ * tile (rows x ATTN_TILE floats) stay in the core's caches. */
+#define ATTN_ROWS 32
+
+struct attn {
+    struct attn_shape sh;
+    int n_threads, max_batch;
+    int group;          /* query heads per KV head */
+    int qt;             /* tokens per query tile */
+    int rows;           /* qt * group */
+    int64_t n_tiles;    /* tiles of max_ctx positions */
+    size_t thread_floats;
+    float *buf;         /* per thread: q' (rows x hd), s (rows x T), o, o_t (rows x hd), m, l, m_t, l_t (rows) */
+    int32_t *nv;        /* per thread (rows): positions of the current tile each row sees */
+    const void **vrows; /* per thread (T): V row of each position of the tile */
+    int32_t *run_start, *run_len; /* (max_batch) query tiles of the batch */
+    int64_t *run_items; /* (max_batch + 1) first item of each run (split mode) */
+    float *split;       /* (ATTN_SPLIT_MAX x n_head x n_tiles x (hd + 2)) tile partials */
+};
+
+struct scratch {
+    float *q, *s, *o, *ot, *m, *l, *mt, *lt;
+    int32_t *nv;
+    const void **vrows;
+};
+
+static struct scratch scratch_of(struct attn *a, int ith)
+{
+    size_t R = (size_t)a->rows, hd = (size_t)a->sh.head_dim;
+    float *p = a->buf + (size_t)ith * a->thread_floats;
+    struct scratch s;
+    s.q = p;
+    s.s = s.q + R * hd;
+    s.o = s.s + R * ATTN_TILE;
+    s.ot = s.o + R * hd;
+    s.m = s.ot + R * hd;
+    s.l = s.m + R;
+    s.mt = s.l + R;
+    s.lt = s.mt + R;
+    s.nv = a->nv + (size_t)ith * R;
+    s.vrows = a->vrows + (size_t)ith * ATTN_TILE;
+    return s;
+}
+
+int attn_create(struct attn **out, const struct attn_shape *sh, int n_threads, int max_batch, int64_t max_ctx)
+{
+    *out = NULL;
+    struct attn *a = calloc(1, sizeof *a);
+    if (!a)
+        return CAIRN_ENOMEM;
+    a->sh = *sh;
+    a->n_threads = n_threads;
+    a->max_batch = max_batch;
+    a->group = sh->n_head / sh->n_head_kv;
+    a->qt = ATTN_ROWS / a->group > 1 ? ATTN_ROWS / a->group : 1;
+    a->rows = a->qt * a->group;
+    a->n_tiles = (max_ctx + ATTN_TILE - 1) / ATTN_TILE;
+    size_t R = (size_t)a->rows, hd = (size_t)sh->head_dim;
+    /* whole cache lines per thread, so threads never share one */
+    a->thread_floats = (R * (3 * hd + ATTN_TILE + 4) + 15) / 16 * 16;
+    size_t split = (size_t)ATTN_SPLIT_MAX * (size_t)sh->n_head * (size_t)a->n_tiles * (hd + 2);
+    a->buf = aligned_alloc(64, (size_t)n_threads * a->thread_floats * sizeof(float));
+    a->nv = calloc((size_t)n_threads * R, sizeof *a->nv);
+    a->vrows = calloc((size_t)n_threads * ATTN_TILE, sizeof *a->vrows);
+    a->run_start = calloc((size_t)max_batch, sizeof *a->run_start);
+    a->run_len = calloc((size_t)max_batch, sizeof *a->run_len);
+    a->run_items = calloc((size_t)max_batch + 1, sizeof *a->run_items);
+    a->split = calloc(split, sizeof *a->split); /* committed as touched */
+    if (!a->buf || !a->nv || !a->vrows || !a->run_start || !a->run_len || !a->run_items || !a->split) {
+        attn_release(a);
+        return CAIRN_ENOMEM;
+    }
+    *out = a;
+    return 0;
+}
+
+void attn_release(struct attn *a)
+{
+    if (!a)
+        return;
+    free(a->buf);
+    free(a->nv);
+    free(a->vrows);
+    free(a->run_start);
+    free(a->run_len);
+    free(a->run_items);
+    free(a->split);
+    free(a);
+}
+
+void attn_kv_write(struct kv_cache *kv, int layer, int64_t slot, const float *k, const float *v)
+{
+    const struct kv_config *c = kv_config(kv);
+    int bt = c->block_tokens;
+    int64_t off = slot % bt, kv_dim = c->kv_dim;
+    /* K element c of the token: block (slot - off) / bt, at [c][off] of the block */
+    int64_t k0 = (slot - off) * kv_dim + off;
+    if (c->type == DT_F16) {
+        uint16_t *kb = kv_k(kv, layer, 0), *vr = kv_v(kv, layer, slot);
+        for (int64_t i = 0; i < kv_dim; i++) {
+            kb[k0 + i * bt] = kern_f32_to_f16(k[i]);
+            vr[i] = kern_f32_to_f16(v[i]);
+        }
+    } else {
+        float *kb = kv_k(kv, layer, 0), *vr = kv_v(kv, layer, slot);
+        for (int64_t i = 0; i < kv_dim; i++)
+            kb[k0 + i * bt] = k[i];
+        memcpy(vr, v, (size_t)kv_dim * sizeof *vr);
+    }
+}
+
+struct attn_job {
+    struct attn *a;
+    const struct vec_ops *vec;
+    struct kv_cache *kv;
+    int layer;
+    const int32_t *seq;
+    const int64_t *pos;
+    const float *q;
+    float *out;
+    int n_runs;
+    bool split;
+    long n_items;
+    _Atomic long next;
+    const char *k_base, *v_base;
+    size_t esize;
+    int bt, f16;
+    int64_t kv_dim, q_dim;
+    float scale;
+};
+
+/* The partials (o_t, m_t, l_t) of rows [r0, R) over tile positions [t0, t0 + nmax) of a
+ * sequence's block table, each row seeing its first nv[r] of them (nv[r] >= 1). */
+static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *table, int h, int64_t t0, int r0,
+                         int R, int nmax)
+{
+    struct attn *a = j->a;
+    const struct vec_ops *vec = j->vec;
+    int hd = a->sh.head_dim, bt = j->bt;
+    int nr = R - r0;
+    for (int jj = 0; jj < nmax;) {
+        int64_t p = t0 + jj;
+        int off = (int)(p % bt);
+        int cnt = bt - off < nmax - jj ? bt - off : nmax - jj;
+        int64_t slot0 = (int64_t)table[p / bt] * bt;
+        const char *kt = j->k_base + j->esize * (size_t)(slot0 * j->kv_dim + (int64_t)h * hd * bt + off);
+        vec->attn_qk(sc->q + (size_t)r0 * hd, hd, nr, kt, bt, cnt, hd, j->f16, sc->s + (size_t)r0 * ATTN_TILE + jj,
+                     ATTN_TILE);
+        for (int c = 0; c < cnt; c++)
+            sc->vrows[jj + c] = j->v_base + j->esize * (size_t)((slot0 + off + c) * j->kv_dim + (int64_t)h * hd);
+        jj += cnt;
+    }
+    for (int r = r0; r < R; r++)
+        sc->mt[r] = vec->softmax_tile(sc->s + (size_t)r * ATTN_TILE, sc->nv[r], &sc->lt[r]);
+    memset(sc->ot + (size_t)r0 * hd, 0, (size_t)nr * (size_t)hd * sizeof(float));
+    vec->attn_pv(sc->ot + (size_t)r0 * hd, hd, nr, sc->s + (size_t)r0 * ATTN_TILE, ATTN_TILE, sc->nv + r0,
+                 sc->vrows, hd, j->f16);
+}
+
+/* The state (o, m, l) merged with a tile's partial; first: the state is the partial. */
+static void merge(const struct vec_ops *vec, float *o, float *m, float *l, const float *ot, float mt, float lt,
+                  int hd, bool first)
+{
+    if (first) {
+        memcpy(o, ot, (size_t)hd * sizeof *o);
+        *m = mt;
+        *l = lt;
+        return;
+    }
+    float mx = *m > mt ? *m : mt;
+    float f[2] = {*m, mt};
+    vec->exp_sub(f, mx, 2);
+    *l = *l * f[0] + lt * f[1];
+    for (int i = 0; i < hd; i++)
+        o[i] = o[i] * f[0] + ot[i] * f[1];
+    *m = mx;
+}
+
+static void finish_row(float *out, const float *o, float l, int hd)
+{
+    float inv = 1.0f / l;
+    for (int i = 0; i < hd; i++)
+        out[i] = o[i] * inv;
+}
+
+/* One item: the rows of run ri for KV head h over tiles [ta, tb). */
+static void run_item(struct attn_job *j, struct scratch *sc, int ri, int h, int64_t ta, int64_t tb)
+{
+    struct attn *a = j->a;
+    int hd = a->sh.head_dim, group = a->group;
+    int b0 = a->run_start[ri], len = a->run_len[ri];
+    int R = len * group;
+    int64_t n_blocks;
+    const int32_t *table = kv_seq_blocks(j->kv, j->seq[b0], &n_blocks);
+    for (int i = 0; i < len; i++)
+        for (int g = 0; g < group; g++) {
+            const float *q = j->q + (size_t)(b0 + i) * (size_t)j->q_dim + (size_t)(h * group + g) * (size_t)hd;
+            float *qs = sc->q + (size_t)(i * group + g) * hd;
+            for (int d = 0; d < hd; d++)
+                qs[d] = q[d] * j->scale;
+        }
+    for (int64_t t = ta; t < tb; t++) {
+        int64_t t0 = t * ATTN_TILE;
+        int r0 = R, nmax = 0;
+        for (int i = 0; i < len; i++) {
+            int64_t cnt = j->pos[b0 + i] + 1 - t0;
+            cnt = cnt < 0 ? 0 : cnt > ATTN_TILE ? ATTN_TILE : cnt;
+            for (int g = 0; g < group; g++)
+                sc->nv[i * group + g] = (int32_t)cnt;
+            if (cnt > 0 && r0 == R)
+                r0 = i * group; /* positions rise along a run: rows from r0 on see the tile */
+            nmax = cnt > nmax ? (int)cnt : nmax;
+        }
+        if (nmax == 0)
+            continue;
+        tile_partial(j, sc, table, h, t0, r0, R, nmax);
+        for (int r = r0; r < R; r++) {
+            float *ot = sc->ot + (size_t)r * hd;
+            if (j->split) {
+                int b = b0 + r / group, qh = h * group + r % group;
+                float *dst = a->split + ((size_t)(b * a->sh.n_head + qh) * (size_t)a->n_tiles + (size_t)t) * (size_t)(hd + 2);
+                memcpy(dst, ot, (size_t)hd * sizeof *dst);
+                dst[hd] = sc->mt[r];
+                dst[hd + 1] = sc->lt[r];
+            } else {
+                merge(j->vec, sc->o + (size_t)r * hd, &sc->m[r], &sc->l[r], ot, sc->mt[r], sc->lt[r], hd, t == 0);
+            }
+        }
+    }
+    if (j->split)
+        return;
+    for (int r = 0; r < R; r++) {
+        int b = b0 + r / group, qh = h * group + r % group;
+        finish_row(j->out + (size_t)b * (size_t)j->q_dim + (size_t)qh * hd, sc->o + (size_t)r * hd, sc->l[r], hd);
+    }
+}
+
+static void attn_work(void *ctx, int ith, int nth)
+{
+    (void)nth;
+    struct attn_job *j = ctx;
+    struct attn *a = j->a;
+    struct scratch sc = scratch_of(a, ith);
+    int n_kv = a->sh.n_head_kv;
+    for (;;) {
+        long w = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (w >= j->n_items)
+            return;
+        if (!j->split) {
+            /* the last runs first: later positions attend over more of the cache */
+            int ri = j->n_runs - 1 - (int)(w / n_kv);
+            int64_t last = j->pos[a->run_start[ri] + a->run_len[ri] - 1];
+            run_item(j, &sc, ri, (int)(w % n_kv), 0, last / ATTN_TILE + 1);
+            continue;
+        }
+        int ri = 0;
+        while (a->run_items[ri + 1] <= w)
+            ri++;
+        long k = w - a->run_items[ri];
+        long tiles = (a->run_items[ri + 1] - a->run_items[ri]) / n_kv;
+        run_item(j, &sc, ri, (int)(k / tiles), k % tiles, k % tiles + 1);
+    }
+}
+
+/* Split mode, second step: each (token, query head) merges its tiles in order. */
+static void merge_work(void *ctx, int ith, int nth)
+{
+    struct attn_job *j = ctx;
+    struct attn *a = j->a;
+    int hd = a->sh.head_dim, n_head = a->sh.n_head;
+    struct scratch sc = scratch_of(a, ith);
+    long n_pairs = 0;
+    for (int ri = 0; ri < j->n_runs; ri++)
+        n_pairs += (long)a->run_len[ri] * n_head;
+    long lo, hi;
+    pool_split(n_pairs, 1, ith, nth, &lo, &hi);
+    for (long w = lo; w < hi; w++) {
+        int b = (int)(w / n_head), qh = (int)(w % n_head);
+        const float *src = a->split + (size_t)(b * n_head + qh) * (size_t)a->n_tiles * (size_t)(hd + 2);
+        int64_t n_t = j->pos[b] / ATTN_TILE + 1;
+        for (int64_t t = 0; t < n_t; t++, src += hd + 2)
+            merge(j->vec, sc.o, sc.m, sc.l, src, src[hd], src[hd + 1], hd, t == 0);
+        finish_row(j->out + (size_t)b * (size_t)j->q_dim + (size_t)qh * hd, sc.o, sc.l[0], hd);
+    }
+}
+
+void attn_forward(struct attn *a, struct pool *pool, const struct vec_ops *vec, struct kv_cache *kv, int layer,
+                  int n, const int32_t *seq, const int64_t *pos, const float *q, float *out)
+{
+    const struct kv_config *kc = kv_config(kv);
+    int hd = a->sh.head_dim;
+    struct attn_job j = {.a = a, .vec = vec, .kv = kv, .layer = layer, .seq = seq, .pos = pos, .q = q, .out = out};
+    j.k_base = kv_k(kv, layer, 0);
+    j.v_base = kv_v(kv, layer, 0);
+    j.f16 = kc->type == DT_F16;
+    j.esize = j.f16 ? 2 : 4;
+    j.bt = kc->block_tokens;
+    j.kv_dim = kc->kv_dim;
+    j.q_dim = (int64_t)a->sh.n_head * hd;
+    j.scale = 1.0f / sqrtf((float)hd);
+    /* query tiles: runs of at most qt tokens of one sequence that follow each other */
+    int n_runs = 0;
+    int64_t max_pos = 0;
+    for (int b = 0; b < n; b++) {
+        max_pos = pos[b] > max_pos ? pos[b] : max_pos;
+        if (n_runs && seq[b] == seq[b - 1] && a->run_len[n_runs - 1] < a->qt) {
+            a->run_len[n_runs - 1]++;
+            continue;
+        }
+        a->run_start[n_runs] = b;
+        a->run_len[n_runs++] = 1;
+    }
+    j.n_runs = n_runs;
+    int n_kv = a->sh.n_head_kv;
+    j.split = n <= ATTN_SPLIT_MAX && max_pos >= ATTN_TILE;
+    if (j.split) {
+        a->run_items[0] = 0;
+        for (int ri = 0; ri < n_runs; ri++) {
+            int64_t last = pos[a->run_start[ri] + a->run_len[ri] - 1];
+            a->run_items[ri + 1] = a->run_items[ri] + (last / ATTN_TILE + 1) * n_kv;
+        }
+        j.n_items = (long)a->run_items[n_runs];
+    } else {
+        j.n_items = (long)n_runs * n_kv;
+    }
+    atomic_init(&j.next, 0);
+    pool_run(pool, attn_work, &j);
+    if (j.split)
+        pool_run(pool, merge_work, &j);
+}
