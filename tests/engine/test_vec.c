@@ -43,6 +43,50 @@ static void test_exp_accuracy(const struct vec_ops *ref)
     CHECK(worst_silu <= 3.6e-7, "silu: worst relative error %.3g over [-40, 40]", worst_silu);
 }
 
+/* attn_qk, attn_pv and softmax_tile on random shapes (rows 1-19, keys 1-40, head sizes
+ * 8-136, rows of different lengths, F16 and F32): the reference's bits. */
+static void test_attn_tiles(const struct vec_ops *ref, const struct vec_ops *ops, const char *name)
+{
+    enum { ROWS = 19, KEYS = 40, HD = 136 };
+    static float q[ROWS * HD], s0[ROWS * KEYS], s1[ROWS * KEYS], o0[ROWS * HD], o1[ROWS * HD], kf[HD * KEYS];
+    static uint16_t kh[HD * KEYS];
+    uint64_t seed = 5;
+    int bad = 0;
+    for (int rep = 0; rep < 300; rep++) {
+        int rows = 1 + (int)(test_rand_u64(&seed) % ROWS), n = 1 + (int)(test_rand_u64(&seed) % KEYS);
+        int hd = 8 * (1 + (int)(test_rand_u64(&seed) % (HD / 8))) - (rep % 5 == 0 ? 3 : 0);
+        int f16 = rep % 2;
+        for (int i = 0; i < ROWS * HD; i++) {
+            q[i] = test_rand_float(&seed) * 2.0f;
+            o0[i] = o1[i] = test_rand_float(&seed);
+        }
+        for (int i = 0; i < HD * KEYS; i++) {
+            kf[i] = test_rand_float(&seed);
+            kh[i] = kern_f32_to_f16(kf[i]);
+        }
+        const void *kt = f16 ? (const void *)kh : (const void *)kf;
+        ref->attn_qk(q, hd, rows, kt, KEYS, n, hd, f16, s0, KEYS);
+        ops->attn_qk(q, hd, rows, kt, KEYS, n, hd, f16, s1, KEYS);
+        for (int r = 0; r < rows; r++)
+            bad += memcmp(s0 + r * KEYS, s1 + r * KEYS, (size_t)n * sizeof *s0) != 0;
+        int32_t nr[ROWS];
+        for (int r = 0; r < rows; r++) {
+            nr[r] = 1 + (int)(test_rand_u64(&seed) % (unsigned)n);
+            float l0, l1;
+            float m0 = ref->softmax_tile(s0 + r * KEYS, nr[r], &l0), m1 = ops->softmax_tile(s1 + r * KEYS, nr[r], &l1);
+            bad += memcmp(&m0, &m1, sizeof m0) != 0 || memcmp(&l0, &l1, sizeof l0) != 0 ||
+                   memcmp(s0 + r * KEYS, s1 + r * KEYS, (size_t)nr[r] * sizeof *s0) != 0;
+        }
+        const void *v[KEYS];
+        for (int j = 0; j < n; j++)
+            v[j] = f16 ? (const void *)(kh + (j * 37) % (HD * KEYS - HD)) : (const void *)(kf + (j * 37) % (HD * KEYS - HD));
+        ref->attn_pv(o0, hd, rows, s0, KEYS, nr, v, hd, f16);
+        ops->attn_pv(o1, hd, rows, s0, KEYS, nr, v, hd, f16);
+        bad += memcmp(o0, o1, (size_t)(rows * hd) * sizeof *o0) != 0;
+    }
+    CHECK(bad == 0, "%s: %d attention tile results differ from the reference in bits", name, bad);
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -111,6 +155,7 @@ int main(int argc, char **argv)
             bad += memcmp(y0, y1, (size_t)n * sizeof *y0) != 0;
         }
         CHECK(bad == 0, "%s: %d of 3200 results differ from the reference in bits", names[v], bad);
+        RUN(test_attn_tiles, ref, ops, names[v]);
     }
     RUN(test_exp_accuracy, ref);
     return test_main_end();
