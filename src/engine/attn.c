@@ -101,24 +101,28 @@ void attn_release(struct attn *a)
     free(a);
 }
 
-void attn_kv_write(struct kv_cache *kv, int layer, int64_t slot, const float *k, const float *v)
+void attn_kv_write(struct kv_cache *kv, int layer, int64_t slot, int head_dim, const float *k, const float *v)
 {
     const struct kv_config *c = kv_config(kv);
     int bt = c->block_tokens;
     int64_t off = slot % bt, kv_dim = c->kv_dim;
     /* K element c of the token: block (slot - off) / bt, at [c][off] of the block */
     int64_t k0 = (slot - off) * kv_dim + off;
+    /* V element c = h*head_dim + d of the token: [h][off][d] of the block */
+    int64_t v0 = (slot - off) * kv_dim + off * head_dim;
+    int64_t head_stride = (int64_t)bt * head_dim;
     if (c->type == DT_F16) {
-        uint16_t *kb = kv_k(kv, layer, 0), *vr = kv_v(kv, layer, slot);
+        uint16_t *kb = kv_k(kv, layer, 0), *vb = kv_v(kv, layer, 0);
         for (int64_t i = 0; i < kv_dim; i++) {
             kb[k0 + i * bt] = kern_f32_to_f16(k[i]);
-            vr[i] = kern_f32_to_f16(v[i]);
+            vb[v0 + (i / head_dim) * head_stride + i % head_dim] = kern_f32_to_f16(v[i]);
         }
     } else {
-        float *kb = kv_k(kv, layer, 0), *vr = kv_v(kv, layer, slot);
-        for (int64_t i = 0; i < kv_dim; i++)
+        float *kb = kv_k(kv, layer, 0), *vb = kv_v(kv, layer, 0);
+        for (int64_t i = 0; i < kv_dim; i++) {
             kb[k0 + i * bt] = k[i];
-        memcpy(vr, v, (size_t)kv_dim * sizeof *vr);
+            vb[v0 + (i / head_dim) * head_stride + i % head_dim] = v[i];
+        }
     }
 }
 
@@ -151,6 +155,17 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
     const struct vec_ops *vec = j->vec;
     int hd = a->sh.head_dim, bt = j->bt;
     int nr = R - r0;
+    /* The tile's K and V of this head lie in pieces of one block each (2 KiB for 16
+     * positions of 64 dims), too short for the hardware to prefetch: asking for all of
+     * them first overlaps their misses (a decode step finds them cold). */
+    size_t piece = j->esize * (size_t)hd * (size_t)bt;
+    for (int64_t p = t0 - t0 % bt; p < t0 + nmax; p += bt) {
+        size_t at = j->esize * (size_t)((int64_t)table[p / bt] * bt * j->kv_dim + (int64_t)h * hd * bt);
+        for (size_t c = 0; c < piece; c += 64) {
+            __builtin_prefetch(j->k_base + at + c, 0, 2);
+            __builtin_prefetch(j->v_base + at + c, 0, 2);
+        }
+    }
     for (int jj = 0; jj < nmax;) {
         int64_t p = t0 + jj;
         int off = (int)(p % bt);
@@ -160,7 +175,7 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
         vec->attn_qk(sc->q + (size_t)r0 * hd, hd, nr, kt, bt, cnt, hd, j->f16, sc->s + (size_t)r0 * ATTN_TILE + jj,
                      ATTN_TILE);
         for (int c = 0; c < cnt; c++)
-            sc->vrows[jj + c] = j->v_base + j->esize * (size_t)((slot0 + off + c) * j->kv_dim + (int64_t)h * hd);
+            sc->vrows[jj + c] = j->v_base + j->esize * (size_t)(slot0 * j->kv_dim + ((int64_t)h * bt + off + c) * hd);
         jj += cnt;
     }
     for (int r = r0; r < R; r++)

@@ -17,9 +17,10 @@
  * sequence's K and V only: not of how the prompt was chunked, what else is in the batch,
  * which rows share a tile product, or which thread computed which tile.
  *
- * Cache layout (kv.h's blocks, read and written only here): V rows as kv.h says,
- * [slot][kv_dim]; K transposed within each block, [kv_head][head_dim][block_tokens], so
- * the keys of one dimension are contiguous (a tile product loads them as one vector). */
+ * Cache layout (kv.h's blocks, read and written only here), per block: K transposed,
+ * [kv_head][head_dim][block_tokens], so the keys of one dimension are contiguous (a tile
+ * product loads them as one vector); V [kv_head][block_tokens][head_dim], so one head's
+ * values of a block are contiguous too (decode streams them). */
 #ifndef CAIRN_ENGINE_ATTN_H
 #define CAIRN_ENGINE_ATTN_H
 
@@ -43,9 +44,9 @@ struct attn;
 int attn_create(struct attn **out, const struct attn_shape *sh, int n_threads, int max_batch, int64_t max_ctx);
 void attn_release(struct attn *a); /* accepts NULL */
 
-/* Writes one token's K and V (kv_dim floats each, heads in turn) at slot of a layer, in
+/* Writes one token's K and V (kv_dim floats each, heads of head_dim in turn) at slot of a layer, in
  * the cache's type (F16 rounded to nearest even, or F32) and layout. */
-void attn_kv_write(struct kv_cache *kv, int layer, int64_t slot, const float *k, const float *v);
+void attn_kv_write(struct kv_cache *kv, int layer, int64_t slot, int head_dim, const float *k, const float *v);
 
 /* out (n x n_head*head_dim) = attention of each token's q (n x n_head*head_dim) over
  * positions [0, pos[i]] of sequence seq[i], whose K and V must already be in the cache.

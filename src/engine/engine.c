@@ -252,7 +252,7 @@ static void qkv_post_run(void *ctx, int ith, int nth)
         const float *cs = e->rope_cs + b * hp->n_rot;
         rope_apply(hp, q, hp->n_head, cs);
         rope_apply(hp, k, hp->n_head_kv, cs);
-        attn_kv_write(j->kv, j->layer, e->slot[b], k, v);
+        attn_kv_write(j->kv, j->layer, e->slot[b], hp->head_dim, k, v);
     }
 }
 

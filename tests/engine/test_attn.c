@@ -79,7 +79,7 @@ static void fill(struct fix *f, uint64_t seed, float amp, const float *q_dir, in
                 if (q_dir && p == spike)
                     k[i] = q_dir[i % f->sh.head_dim] * 8.0f;
             }
-            attn_kv_write(f->kv, 0, kv_slot(f->kv, s, p), k, v);
+            attn_kv_write(f->kv, 0, kv_slot(f->kv, s, p), f->sh.head_dim, k, v);
             float *kk = f->k + ((size_t)s * (size_t)f->n_pos + (size_t)p) * (size_t)f->kv_dim;
             float *vv = f->v + ((size_t)s * (size_t)f->n_pos + (size_t)p) * (size_t)f->kv_dim;
             for (int64_t i = 0; i < f->kv_dim; i++) {
@@ -99,7 +99,7 @@ static void poison(struct fix *f, int seq, int64_t from)
     for (int64_t i = 0; i < f->kv_dim; i++)
         nan[i] = NAN;
     for (int64_t p = from; p < f->n_pos; p++)
-        attn_kv_write(f->kv, 0, kv_slot(f->kv, seq, p), nan, nan);
+        attn_kv_write(f->kv, 0, kv_slot(f->kv, seq, p), f->sh.head_dim, nan, nan);
     free(nan);
 }
 
@@ -108,7 +108,7 @@ static void restore(struct fix *f, int seq, int64_t from, int64_t to)
 {
     for (int64_t p = from; p < to; p++) {
         size_t o = ((size_t)seq * (size_t)f->n_pos + (size_t)p) * (size_t)f->kv_dim;
-        attn_kv_write(f->kv, 0, kv_slot(f->kv, seq, p), f->k + o, f->v + o);
+        attn_kv_write(f->kv, 0, kv_slot(f->kv, seq, p), f->sh.head_dim, f->k + o, f->v + o);
     }
 }
 
