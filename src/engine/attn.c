@@ -157,9 +157,10 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
     int nr = R - r0;
     /* The tile's K and V of this head lie in pieces of one block each (2 KiB for 16
      * positions of 64 dims), too short for the hardware to prefetch: asking for all of
-     * them first overlaps their misses (a decode step finds them cold). */
+     * them first overlaps their misses (a decode step finds them cold; prefill has
+     * them in cache from the tiles of other rows). */
     size_t piece = j->esize * (size_t)hd * (size_t)bt;
-    for (int64_t p = t0 - t0 % bt; p < t0 + nmax; p += bt) {
+    for (int64_t p = t0 - t0 % bt; j->split && p < t0 + nmax; p += bt) {
         size_t at = j->esize * (size_t)((int64_t)table[p / bt] * bt * j->kv_dim + (int64_t)h * hd * bt);
         for (size_t c = 0; c < piece; c += 64) {
             __builtin_prefetch(j->k_base + at + c, 0, 2);
