@@ -637,7 +637,7 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
     int reps = (int)o->reps;
     /* Bytes one decode step reads: every weight of the slice once, one embedding row, and
      * the K and V of every position before it (on average over the run). */
-    double kv_pos_bytes = 2.0 * bn->kc.n_layers * (double)bn->kc.kv_dim * (bn->kc.type == DT_F16 ? 2 : 4);
+    double kv_pos_bytes = (double)kv_bytes_for(&bn->kc) / ((double)bn->kc.n_blocks * bn->kc.block_tokens);
     double bytes_per_tok = (double)bn->m->weight_bytes + (double)bn->m->tok_embd_row_bytes +
                            kv_pos_bytes * ((double)o->depth + (double)(n_gen + 1) / 2.0);
     /* Each run is paired with a bandwidth reading taken right after it (best of the

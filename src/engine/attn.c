@@ -3,6 +3,7 @@
 #include "base/dtype.h"
 #include "base/err.h"
 #include "kern/kern.h"
+#include "kern/quant.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -101,27 +102,160 @@ void attn_release(struct attn *a)
     free(a);
 }
 
+/* Bytes of n elements of type (n a multiple of its block). */
+static size_t type_bytes(int type, int64_t n)
+{
+    const struct dtype_info *ti = dtype_info(type);
+    return (size_t)(n / ti->block_elems) * (size_t)ti->block_bytes;
+}
+
+/* GGUF's Q8_0 and Q4_0 blocks of 32 values as llama.cpp's reference quantizers make
+ * them for its KV cache (scale from the largest magnitude, round to nearest). */
+static void quant_q8_0(const float *x, struct block_q8_0 *b)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < 32; i++)
+        amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    b->d = kern_f32_to_f16(d);
+    for (int i = 0; i < 32; i++) {
+        float v = roundf(x[i] * id);
+        b->qs[i] = (int8_t)(v == v ? v : 0.0f); /* a NaN becomes 0, never an undefined conversion */
+    }
+}
+
+static void quant_q4_0(const float *x, struct block_q4_0 *b)
+{
+    float amax = 0.0f, max = 0.0f;
+    for (int i = 0; i < 32; i++)
+        if (fabsf(x[i]) > amax) {
+            amax = fabsf(x[i]);
+            max = x[i];
+        }
+    float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    b->d = kern_f32_to_f16(d);
+    for (int i = 0; i < 16; i++) {
+        float fl = x[i] * id + 8.5f, fh = x[i + 16] * id + 8.5f;
+        int lo = fl >= 0.0f && fl < 16.0f ? (int)fl : fl >= 16.0f ? 15 : 0; /* NaN: 0 */
+        int hi = fh >= 0.0f && fh < 16.0f ? (int)fh : fh >= 16.0f ? 15 : 0;
+        b->qs[i] = (uint8_t)(lo | hi << 4);
+    }
+}
+
+/* One head's 32-value blocks of x (hd values) in Q8_0 or Q4_0. */
+static void quant_head(int type, const float *x, int hd, void *dst)
+{
+    for (int c = 0; c < hd / 32; c++) {
+        if (type == DT_Q8_0)
+            quant_q8_0(x + 32 * c, (struct block_q8_0 *)dst + c);
+        else
+            quant_q4_0(x + 32 * c, (struct block_q4_0 *)dst + c);
+    }
+}
+
 void attn_kv_write(struct kv_cache *kv, int layer, int64_t slot, int head_dim, const float *k, const float *v)
 {
     const struct kv_config *c = kv_config(kv);
-    int bt = c->block_tokens;
-    int64_t off = slot % bt, kv_dim = c->kv_dim;
-    /* K element c of the token: block (slot - off) / bt, at [c][off] of the block */
-    int64_t k0 = (slot - off) * kv_dim + off;
-    /* V element c = h*head_dim + d of the token: [h][off][d] of the block */
-    int64_t v0 = (slot - off) * kv_dim + off * head_dim;
-    int64_t head_stride = (int64_t)bt * head_dim;
-    if (c->type == DT_F16) {
-        uint16_t *kb = kv_k(kv, layer, 0), *vb = kv_v(kv, layer, 0);
-        for (int64_t i = 0; i < kv_dim; i++) {
-            kb[k0 + i * bt] = kern_f32_to_f16(k[i]);
-            vb[v0 + (i / head_dim) * head_stride + i % head_dim] = kern_f32_to_f16(v[i]);
+    int bt = c->block_tokens, hd = head_dim;
+    int64_t off = slot % bt, n_kv = c->kv_dim / hd;
+    size_t k_head = type_bytes(c->type_k, hd), v_head = type_bytes(c->type_v, hd); /* one row of one head */
+    uint8_t *kb = (uint8_t *)kv_k(kv, layer, 0) + (size_t)(slot - off) * (size_t)n_kv * k_head;
+    uint8_t *vb = (uint8_t *)kv_v(kv, layer, 0) + (size_t)(slot - off) * (size_t)n_kv * v_head;
+    for (int64_t h = 0; h < n_kv; h++) {
+        const float *kh = k + h * hd, *vh = v + h * hd;
+        uint8_t *kp = kb + (size_t)h * (size_t)bt * k_head; /* the head's piece of the block */
+        uint8_t *vr = vb + ((size_t)h * (size_t)bt + (size_t)off) * v_head;
+        switch (c->type_k) {
+        case DT_F16:
+            for (int d = 0; d < hd; d++)
+                ((uint16_t *)kp)[d * bt + off] = kern_f32_to_f16(kh[d]);
+            break;
+        case DT_F32:
+            for (int d = 0; d < hd; d++)
+                ((float *)kp)[d * bt + off] = kh[d];
+            break;
+        default: {
+            /* codes transposed, then the scales [hd/32][bt] (vec.h attn_qk) */
+            union { struct block_q8_0 q8[8]; struct block_q4_0 q4[8]; } blk;
+            for (int c0 = 0; c0 < hd; c0 += 256) {
+                int w = hd - c0 < 256 ? hd - c0 : 256;
+                quant_head(c->type_k, kh + c0, w, &blk);
+                for (int cb = 0; cb < w / 32; cb++) {
+                    int cc = c0 / 32 + cb;
+                    if (c->type_k == DT_Q8_0) {
+                        for (int i = 0; i < 32; i++)
+                            ((int8_t *)kp)[(32 * cc + i) * bt + off] = blk.q8[cb].qs[i];
+                        ((uint16_t *)(kp + (size_t)hd * bt))[cc * bt + off] = blk.q8[cb].d;
+                    } else {
+                        for (int i = 0; i < 16; i++)
+                            kp[(16 * cc + i) * bt + off] = blk.q4[cb].qs[i];
+                        ((uint16_t *)(kp + (size_t)hd / 2 * bt))[cc * bt + off] = blk.q4[cb].d;
+                    }
+                }
+            }
         }
-    } else {
-        float *kb = kv_k(kv, layer, 0), *vb = kv_v(kv, layer, 0);
-        for (int64_t i = 0; i < kv_dim; i++) {
-            kb[k0 + i * bt] = k[i];
-            vb[v0 + (i / head_dim) * head_stride + i % head_dim] = v[i];
+        }
+        switch (c->type_v) {
+        case DT_F16:
+            for (int d = 0; d < hd; d++)
+                ((uint16_t *)vr)[d] = kern_f32_to_f16(vh[d]);
+            break;
+        case DT_F32:
+            memcpy(vr, vh, (size_t)hd * sizeof *vh);
+            break;
+        default:
+            quant_head(c->type_v, vh, hd, vr);
+        }
+    }
+}
+
+void attn_kv_read(struct kv_cache *kv, int layer, int64_t slot, int head_dim, float *k, float *v)
+{
+    const struct kv_config *c = kv_config(kv);
+    int bt = c->block_tokens, hd = head_dim;
+    int64_t off = slot % bt, n_kv = c->kv_dim / hd;
+    size_t k_head = type_bytes(c->type_k, hd), v_head = type_bytes(c->type_v, hd);
+    const uint8_t *kb = (const uint8_t *)kv_k(kv, layer, 0) + (size_t)(slot - off) * (size_t)n_kv * k_head;
+    const uint8_t *vb = (const uint8_t *)kv_v(kv, layer, 0) + (size_t)(slot - off) * (size_t)n_kv * v_head;
+    for (int64_t h = 0; h < n_kv; h++) {
+        float *kh = k + h * hd, *vh = v + h * hd;
+        const uint8_t *kp = kb + (size_t)h * (size_t)bt * k_head;
+        const uint8_t *vr = vb + ((size_t)h * (size_t)bt + (size_t)off) * v_head;
+        for (int d = 0; d < hd; d++) {
+            switch (c->type_k) {
+            case DT_F16: kh[d] = kern_f16_to_f32(((const uint16_t *)kp)[d * bt + off]); break;
+            case DT_F32: kh[d] = ((const float *)kp)[d * bt + off]; break;
+            case DT_Q8_0:
+                kh[d] = (float)((const int8_t *)kp)[d * bt + off] *
+                        kern_f16_to_f32(((const uint16_t *)(kp + (size_t)hd * bt))[d / 32 * bt + off]);
+                break;
+            default: {
+                uint8_t x = kp[(16 * (d / 32) + d % 16) * bt + off];
+                kh[d] = (float)((d % 32 < 16 ? x & 15 : x >> 4) - 8) *
+                        kern_f16_to_f32(((const uint16_t *)(kp + (size_t)hd / 2 * bt))[d / 32 * bt + off]);
+            }
+            }
+        }
+        switch (c->type_v) {
+        case DT_F16:
+            for (int d = 0; d < hd; d++)
+                vh[d] = kern_f16_to_f32(((const uint16_t *)vr)[d]);
+            break;
+        case DT_F32:
+            memcpy(vh, vr, (size_t)hd * sizeof *vh);
+            break;
+        case DT_Q8_0:
+            for (int d = 0; d < hd; d++) {
+                const struct block_q8_0 *b = (const struct block_q8_0 *)vr + d / 32;
+                vh[d] = (float)b->qs[d % 32] * kern_f16_to_f32(b->d);
+            }
+            break;
+        default:
+            for (int d = 0; d < hd; d++) {
+                const struct block_q4_0 *b = (const struct block_q4_0 *)vr + d / 32;
+                uint8_t x = b->qs[d % 16];
+                vh[d] = (float)((d % 32 < 16 ? x & 15 : x >> 4) - 8) * kern_f16_to_f32(b->d);
+            }
         }
     }
 }
@@ -140,8 +274,8 @@ struct attn_job {
     long n_items;
     _Atomic long next;
     const char *k_base, *v_base;
-    size_t esize;
-    int bt, f16;
+    size_t k_head, v_head; /* bytes of one head's K / V of one position */
+    int bt, type_k, type_v;
     int64_t kv_dim, q_dim;
     float scale;
 };
@@ -159,31 +293,39 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
      * positions of 64 dims), too short for the hardware to prefetch: asking for all of
      * them first overlaps their misses (a decode step finds them cold; prefill has
      * them in cache from the tiles of other rows). */
-    size_t piece = j->esize * (size_t)hd * (size_t)bt;
+    size_t k_piece = j->k_head * (size_t)bt, v_piece = j->v_head * (size_t)bt;
+    size_t n_kv = (size_t)a->sh.n_head_kv;
     for (int64_t p = t0 - t0 % bt; j->split && p < t0 + nmax; p += bt) {
-        size_t at = j->esize * (size_t)((int64_t)table[p / bt] * bt * j->kv_dim + (int64_t)h * hd * bt);
-        for (size_t c = 0; c < piece; c += 64) {
-            __builtin_prefetch(j->k_base + at + c, 0, 2);
-            __builtin_prefetch(j->v_base + at + c, 0, 2);
-        }
+        size_t blk = (size_t)table[p / bt];
+        const char *kp = j->k_base + (blk * n_kv + (size_t)h) * k_piece;
+        const char *vp = j->v_base + (blk * n_kv + (size_t)h) * v_piece;
+        for (size_t c = 0; c < k_piece; c += 64)
+            __builtin_prefetch(kp + c, 0, 2);
+        for (size_t c = 0; c < v_piece; c += 64)
+            __builtin_prefetch(vp + c, 0, 2);
     }
+    bool quant_k = j->type_k == DT_Q8_0 || j->type_k == DT_Q4_0;
+    size_t code_bytes = j->type_k == DT_Q8_0 ? (size_t)hd * bt : (size_t)hd / 2 * bt; /* before the scales */
+    size_t k_esize = j->type_k == DT_F16 ? 2 : j->type_k == DT_F32 ? 4 : 1;
     for (int jj = 0; jj < nmax;) {
         int64_t p = t0 + jj;
         int off = (int)(p % bt);
         int cnt = bt - off < nmax - jj ? bt - off : nmax - jj;
-        int64_t slot0 = (int64_t)table[p / bt] * bt;
-        const char *kt = j->k_base + j->esize * (size_t)(slot0 * j->kv_dim + (int64_t)h * hd * bt + off);
-        vec->attn_qk(sc->q + (size_t)r0 * hd, hd, nr, kt, bt, cnt, hd, j->f16, sc->s + (size_t)r0 * ATTN_TILE + jj,
-                     ATTN_TILE);
+        size_t blk = (size_t)table[p / bt];
+        const char *kp = j->k_base + (blk * n_kv + (size_t)h) * k_piece;
+        const char *vp = j->v_base + (blk * n_kv + (size_t)h) * v_piece;
+        const uint16_t *ks = quant_k ? (const uint16_t *)(kp + code_bytes) + off : NULL;
+        vec->attn_qk(sc->q + (size_t)r0 * hd, hd, nr, kp + k_esize * (size_t)off, ks, bt, cnt, hd, j->type_k,
+                     sc->s + (size_t)r0 * ATTN_TILE + jj, ATTN_TILE);
         for (int c = 0; c < cnt; c++)
-            sc->vrows[jj + c] = j->v_base + j->esize * (size_t)(slot0 * j->kv_dim + ((int64_t)h * bt + off + c) * hd);
+            sc->vrows[jj + c] = vp + (size_t)(off + c) * j->v_head;
         jj += cnt;
     }
     for (int r = r0; r < R; r++)
         sc->mt[r] = vec->softmax_tile(sc->s + (size_t)r * ATTN_TILE, sc->nv[r], &sc->lt[r]);
     memset(sc->ot + (size_t)r0 * hd, 0, (size_t)nr * (size_t)hd * sizeof(float));
     vec->attn_pv(sc->ot + (size_t)r0 * hd, hd, nr, sc->s + (size_t)r0 * ATTN_TILE, ATTN_TILE, sc->nv + r0,
-                 sc->vrows, hd, j->f16);
+                 sc->vrows, hd, j->type_v);
 }
 
 /* The state (o, m, l) merged with a tile's partial; first: the state is the partial. */
@@ -321,8 +463,10 @@ void attn_forward(struct attn *a, struct pool *pool, const struct vec_ops *vec, 
     struct attn_job j = {.a = a, .vec = vec, .kv = kv, .layer = layer, .seq = seq, .pos = pos, .q = q, .out = out};
     j.k_base = kv_k(kv, layer, 0);
     j.v_base = kv_v(kv, layer, 0);
-    j.f16 = kc->type == DT_F16;
-    j.esize = j.f16 ? 2 : 4;
+    j.type_k = kc->type_k;
+    j.type_v = kc->type_v;
+    j.k_head = type_bytes(kc->type_k, hd);
+    j.v_head = type_bytes(kc->type_v, hd);
     j.bt = kc->block_tokens;
     j.kv_dim = kc->kv_dim;
     j.q_dim = (int64_t)a->sh.n_head * hd;

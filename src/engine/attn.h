@@ -17,10 +17,13 @@
  * sequence's K and V only: not of how the prompt was chunked, what else is in the batch,
  * which rows share a tile product, or which thread computed which tile.
  *
- * Cache layout (kv.h's blocks, read and written only here), per block: K transposed,
- * [kv_head][head_dim][block_tokens], so the keys of one dimension are contiguous (a tile
- * product loads them as one vector); V [kv_head][block_tokens][head_dim], so one head's
- * values of a block are contiguous too (decode streams them). */
+ * Cache layout (kv.h's blocks, read and written only here), per block and KV head, a
+ * piece of block_tokens positions: K transposed, [head_dim][block_tokens] elements, so
+ * the keys of one dimension are contiguous (a tile product loads them as one vector);
+ * Q8_0 K as int8 codes [head_dim][block_tokens] then half scales [head_dim/32][block_tokens],
+ * Q4_0 K as bytes [head_dim/2][block_tokens] (vec.h's nibble order) then the scales; V
+ * [block_tokens][head_dim] elements or [block_tokens][head_dim/32] GGUF blocks. So one
+ * head's K and V of a block are contiguous too (decode streams them). */
 #ifndef CAIRN_ENGINE_ATTN_H
 #define CAIRN_ENGINE_ATTN_H
 
@@ -44,9 +47,14 @@ struct attn;
 int attn_create(struct attn **out, const struct attn_shape *sh, int n_threads, int max_batch, int64_t max_ctx);
 void attn_release(struct attn *a); /* accepts NULL */
 
-/* Writes one token's K and V (kv_dim floats each, heads of head_dim in turn) at slot of a layer, in
- * the cache's type (F16 rounded to nearest even, or F32) and layout. */
+/* Writes one token's K and V (kv_dim floats each, heads of head_dim in turn) at slot of a
+ * layer, in the cache's types and layout: F16 rounded to nearest even, F32, or Q8_0 and
+ * Q4_0 blocks of 32 values made as llama.cpp's reference quantizers make them (a
+ * position's K and V never depend on other positions). */
 void attn_kv_write(struct kv_cache *kv, int layer, int64_t slot, int head_dim, const float *k, const float *v);
+
+/* Reads back one token's K and V at slot as floats (quantized types: code times scale). */
+void attn_kv_read(struct kv_cache *kv, int layer, int64_t slot, int head_dim, float *k, float *v);
 
 /* out (n x n_head*head_dim) = attention of each token's q (n x n_head*head_dim) over
  * positions [0, pos[i]] of sequence seq[i], whose K and V must already be in the cache.

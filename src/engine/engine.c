@@ -289,7 +289,8 @@ struct kv_config engine_kv_config(const struct model *m, int64_t n_ctx, int n_se
         .block_tokens = block_tokens,
         .n_blocks = per_seq * n_seqs,
         .max_seqs = n_seqs,
-        .type = DT_F16,
+        .type_k = DT_F16,
+        .type_v = DT_F16,
     };
 }
 
@@ -392,6 +393,12 @@ static int check_batch(struct engine *e, struct kv_cache *kv, const struct batch
         return cairn_fail(err, errlen, CAIRN_EINVAL, "batch of %d tokens (engine takes 1..%d)", b->n, e->cfg.max_batch);
     if (kc->n_layers != m->layer_end - m->layer_begin || kc->kv_dim != e->kv_dim)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "KV cache shape does not match the model slice");
+    for (int i = 0; i < 2; i++) {
+        int t = i ? kc->type_v : kc->type_k;
+        if ((t == DT_Q8_0 || t == DT_Q4_0) && m->hp.head_dim % 32)
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "a %s cache of type %s needs a head size that is a multiple of 32 (this model's: %d)",
+                              i ? "V" : "K", dtype_name(t), m->hp.head_dim);
+    }
     if (m->first ? !b->token : !b->embd)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "batch lacks %s", m->first ? "tokens" : "input activations");
     for (int i = 0; i < b->n; i++) {

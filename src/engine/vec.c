@@ -1,9 +1,12 @@
 #include "engine/vec.h"
 
 #include "base/cpu.h"
+#include "base/dtype.h"
 #include "kern/kern.h"
+#include "kern/quant.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 static float reduce16(float lane[16])
@@ -97,30 +100,70 @@ static void silu_mul_ref(float *a, const float *b, int64_t n)
         a[k] = (a[k] / (1.0f + exp_ref(-a[k]))) * b[k];
 }
 
-static float elem(const void *p, int f16, int64_t i)
+/* K(d, j) of vec.h's attn_qk as its code (quantized) or value (F16/F32). */
+static float k_code(const void *kt, int type, int64_t ld, int64_t d, int64_t j)
 {
-    return f16 ? kern_f16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+    switch (type) {
+    case DT_F16: return kern_f16_to_f32(((const uint16_t *)kt)[d * ld + j]);
+    case DT_F32: return ((const float *)kt)[d * ld + j];
+    case DT_Q8_0: return (float)((const int8_t *)kt)[d * ld + j];
+    default: {
+        int64_t c = d / 32, i = d % 32;
+        uint8_t b = ((const uint8_t *)kt)[(16 * c + i % 16) * ld + j];
+        return (float)((i < 16 ? b & 15 : b >> 4) - 8);
+    }
+    }
 }
 
-static void attn_qk_ref(const float *q, int64_t ldq, int rows, const void *kt, int64_t ld, int n, int64_t hd,
-                        int f16, float *s, int64_t lds)
+static void attn_qk_ref(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
+                        int64_t hd, int type, float *s, int64_t lds)
 {
+    bool quant = type == DT_Q8_0 || type == DT_Q4_0;
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < n; j++) {
             float acc = 0.0f;
-            for (int64_t d = 0; d < hd; d++)
-                acc = fmaf(q[r * ldq + d], elem(kt, f16, d * ld + j), acc);
+            if (!quant) {
+                for (int64_t d = 0; d < hd; d++)
+                    acc = fmaf(q[r * ldq + d], k_code(kt, type, ld, d, j), acc);
+            } else {
+                for (int64_t c = 0; c < hd / 32; c++) {
+                    float u = 0.0f;
+                    for (int64_t d = 32 * c; d < 32 * c + 32; d++)
+                        u = fmaf(q[r * ldq + d], k_code(kt, type, ld, d, j), u);
+                    acc = fmaf(u, kern_f16_to_f32(ks[c * ld + j]), acc);
+                }
+            }
             s[r * lds + j] = acc;
         }
 }
 
 static void attn_pv_ref(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
-                        const void *const *v, int64_t hd, int f16)
+                        const void *const *v, int64_t hd, int type)
 {
     for (int r = 0; r < rows; r++)
-        for (int j = 0; j < n[r]; j++)
-            for (int64_t i = 0; i < hd; i++)
-                o[r * ldo + i] = fmaf(p[r * ldp + j], elem(v[j], f16, i), o[r * ldo + i]);
+        for (int j = 0; j < n[r]; j++) {
+            float pj = p[r * ldp + j], *y = o + r * ldo;
+            if (type == DT_F16 || type == DT_F32) {
+                for (int64_t i = 0; i < hd; i++)
+                    y[i] = fmaf(pj, type == DT_F16 ? kern_f16_to_f32(((const uint16_t *)v[j])[i]) : ((const float *)v[j])[i], y[i]);
+            } else if (type == DT_Q8_0) {
+                const struct block_q8_0 *b = v[j];
+                for (int64_t c = 0; c < hd / 32; c++) {
+                    float w = pj * kern_f16_to_f32(b[c].d);
+                    for (int i = 0; i < 32; i++)
+                        y[32 * c + i] = fmaf(w, (float)b[c].qs[i], y[32 * c + i]);
+                }
+            } else {
+                const struct block_q4_0 *b = v[j];
+                for (int64_t c = 0; c < hd / 32; c++) {
+                    float w = pj * kern_f16_to_f32(b[c].d);
+                    for (int i = 0; i < 32; i++) {
+                        uint8_t x = b[c].qs[i % 16];
+                        y[32 * c + i] = fmaf(w, (float)((i < 16 ? x & 15 : x >> 4) - 8), y[32 * c + i]);
+                    }
+                }
+            }
+        }
 }
 
 static float softmax_tile_ref(float *s, int64_t n, float *l)

@@ -25,21 +25,28 @@ struct vec_ops {
     void (*exp_sub)(float *x, float sub, int64_t n);          /* x[k] = exp(x[k] - sub) */
     void (*silu_mul)(float *a, const float *b, int64_t n);    /* a[k] = silu(a[k]) * b[k] */
 
-    /* Tile products of attention (attn.h). Elements of K and V are IEEE half when f16 is
-     * nonzero, else float. Each result element is one chain of fused multiply-adds in a
-     * fixed order, so how a variant groups rows and keys into registers changes no bit:
-     *   attn_qk: s[r*lds + j] = fma(q[r*ldq + hd-1], K(hd-1, j), ... fma(q[r*ldq], K(0, j), 0))
-     *     for r < rows, j < n, where K(d, j) = kt[d*ld + j] (keys transposed: the
-     *     n keys of one dimension are contiguous). Reads no K(d, j) with j >= n.
-     *   attn_pv: for r < rows, for j = 0 .. n[r]-1 in turn:
-     *     o[r*ldo + i] = fma(p[r*ldp + j], v[j][i], o[r*ldo + i]) for i < hd.
+    /* Tile products of attention (attn.h), K and V of type DT_F16, DT_F32, DT_Q8_0 or
+     * DT_Q4_0 (quantized: head_dim a multiple of 32). Each result element is a chain of
+     * fused multiply-adds in a fixed order, so how a variant groups rows and keys into
+     * registers changes no bit.
+     *   attn_qk: s[r*lds + j] for r < rows, j < n: with K(d, j) the element at kt[d*ld + j]
+     *     (keys transposed: the n keys of one dimension are contiguous),
+     *     F16/F32: fma(q[r*ldq + hd-1], K(hd-1, j), ... fma(q[r*ldq], K(0, j), 0));
+     *     Q8_0/Q4_0: per 32 dimensions c in turn, u_c = that chain over the 32 dims with the
+     *     integer codes as K, then s = fma(u_c, scale(c, j), s) from s = 0, where the half
+     *     scale(c, j) is at ks[c*ld + j]; Q8_0's codes are int8 at kt[d*ld + j]; Q4_0's
+     *     byte kt[(16c + i)*ld + j] holds dims 32c+i (low nibble) and 32c+16+i (high),
+     *     each nibble minus 8. Reads no K(d, j) with j >= n.
+     *   attn_pv: for r < rows, for j = 0 .. n[r]-1 in turn, o[r*ldo + i] += p[r*ldp + j] *
+     *     V_j[i] as o = fma(p, V_j[i], o) (F16/F32, v[j] the row of hd elements), or per 32
+     *     columns c with w = p * scale: o = fma(w, code, o) (v[j] hd/32 GGUF blocks).
      *   softmax_tile: m = max of s[0..n) (n >= 1; NaN unspecified), s[j] = exp(s[j] - m)
      *     as exp_sub, *l = their sum in dot_f32's 16 lanes (s[j] into lane j % 16, then the
      *     tree); returns m. */
-    void (*attn_qk)(const float *q, int64_t ldq, int rows, const void *kt, int64_t ld, int n, int64_t hd,
-                    int f16, float *s, int64_t lds);
+    void (*attn_qk)(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
+                    int64_t hd, int type, float *s, int64_t lds);
     void (*attn_pv)(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
-                    const void *const *v, int64_t hd, int f16);
+                    const void *const *v, int64_t hd, int type);
     float (*softmax_tile)(float *s, int64_t n, float *l);
 };
 

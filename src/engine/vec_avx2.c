@@ -2,6 +2,8 @@
  * reference (lanes 0-7 in one register, 8-15 in another; no fused multiply-add). */
 #include "engine/vec.h"
 
+#include "base/dtype.h"
+
 #include <immintrin.h>
 #include <math.h>
 
@@ -220,10 +222,15 @@ INLINE void qk_impl(const float *q, int64_t ldq, int rows, const void *kt, int64
         }
 }
 
-static void attn_qk(const float *q, int64_t ldq, int rows, const void *kt, int64_t ld, int n, int64_t hd, int f16,
-                    float *s, int64_t lds)
+/* Quantized K and V take the reference's code (the same bits, slower). */
+static void attn_qk(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
+                    int64_t hd, int type, float *s, int64_t lds)
 {
-    if (f16)
+    if (type != DT_F16 && type != DT_F32) {
+        vec_ops_ref()->attn_qk(q, ldq, rows, kt, ks, ld, n, hd, type, s, lds);
+        return;
+    }
+    if (type == DT_F16)
         qk_impl(q, ldq, rows, kt, ld, n, hd, 1, s, lds);
     else
         qk_impl(q, ldq, rows, kt, ld, n, hd, 0, s, lds);
@@ -283,9 +290,13 @@ INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp
 }
 
 static void attn_pv(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
-                    const void *const *v, int64_t hd, int f16)
+                    const void *const *v, int64_t hd, int type)
 {
-    if (f16)
+    if (type != DT_F16 && type != DT_F32) {
+        vec_ops_ref()->attn_pv(o, ldo, rows, p, ldp, n, v, hd, type);
+        return;
+    }
+    if (type == DT_F16)
         pv_impl(o, ldo, rows, p, ldp, n, v, hd, 1);
     else
         pv_impl(o, ldo, rows, p, ldp, n, v, hd, 0);

@@ -32,8 +32,8 @@ struct fix {
     int64_t n_pos;
 };
 
-static int fix_open(struct fix *f, struct attn_shape sh, int bt, int type, int n_seqs, int64_t n_pos, int max_batch,
-                    int threads)
+static int fix_open(struct fix *f, struct attn_shape sh, int bt, int type_k, int type_v, int n_seqs, int64_t n_pos,
+                    int max_batch, int threads)
 {
     memset(f, 0, sizeof *f);
     f->sh = sh;
@@ -44,7 +44,7 @@ static int fix_open(struct fix *f, struct attn_shape sh, int bt, int type, int n
     f->max_batch = max_batch;
     char err[256];
     struct kv_config kc = {.n_layers = 1, .kv_dim = f->kv_dim, .block_tokens = bt,
-                           .n_blocks = n_seqs * ((n_pos + bt - 1) / bt), .max_seqs = n_seqs, .type = type};
+                           .n_blocks = n_seqs * ((n_pos + bt - 1) / bt), .max_seqs = n_seqs, .type_k = type_k, .type_v = type_v};
     if (kv_create(&f->kv, &kc, err, sizeof err) || attn_create(&f->a, &sh, threads, max_batch, n_pos)) {
         fprintf(stderr, "kv/attn: %s\n", err);
         return -1;
@@ -67,7 +67,6 @@ static void fix_close(struct fix *f)
  * dominates the softmax of rows that look for it). */
 static void fill(struct fix *f, uint64_t seed, float amp, const float *q_dir, int64_t spike)
 {
-    int type = kv_config(f->kv)->type;
     float *k = malloc((size_t)f->kv_dim * sizeof *k), *v = malloc((size_t)f->kv_dim * sizeof *v);
     for (int s = 0; s < f->n_seqs; s++) {
         if (kv_prepare(f->kv, s, 0, f->n_pos))
@@ -80,12 +79,9 @@ static void fill(struct fix *f, uint64_t seed, float amp, const float *q_dir, in
                     k[i] = q_dir[i % f->sh.head_dim] * 8.0f;
             }
             attn_kv_write(f->kv, 0, kv_slot(f->kv, s, p), f->sh.head_dim, k, v);
-            float *kk = f->k + ((size_t)s * (size_t)f->n_pos + (size_t)p) * (size_t)f->kv_dim;
-            float *vv = f->v + ((size_t)s * (size_t)f->n_pos + (size_t)p) * (size_t)f->kv_dim;
-            for (int64_t i = 0; i < f->kv_dim; i++) {
-                kk[i] = type == DT_F16 ? kern_f16_to_f32(kern_f32_to_f16(k[i])) : k[i];
-                vv[i] = type == DT_F16 ? kern_f16_to_f32(kern_f32_to_f16(v[i])) : v[i];
-            }
+            /* the reference sees what the cache holds */
+            size_t o = ((size_t)s * (size_t)f->n_pos + (size_t)p) * (size_t)f->kv_dim;
+            attn_kv_read(f->kv, 0, kv_slot(f->kv, s, p), f->sh.head_dim, f->k + o, f->v + o);
         }
     }
     free(k);
@@ -144,20 +140,22 @@ static void ref_row(const struct fix *f, int seq, int64_t pos, const float *q, d
     free(s);
 }
 
-/* Random sequences of up to 32k positions (4k sanitized), F16 and F32 caches, GQA and
- * not: rows at chosen positions against float64, max error relative to the largest
- * output 2e-5 (F32 accumulation over 32k terms), with a spike key found from 32k away. */
+/* Random sequences of up to 32k positions (4k sanitized; the other shapes 8k), caches of F16, F32, Q8_0 and
+ * Q4_0 (K and V of different types too), GQA and not: rows at chosen positions against
+ * float64 over what the cache holds, max error relative to the largest output 2e-5
+ * (float accumulation over 32k terms), with a spike key found from 32k away. */
 static void test_reference(void)
 {
-    int64_t n_pos = SANITIZED ? 4096 : 32768;
-    struct attn_shape shapes[] = {{2, 1, 64}, {4, 2, 32}, {2, 2, 80}};
+    struct attn_shape shapes[] = {{2, 1, 64}, {4, 2, 32}, {2, 2, 96}};
+    const int tk[] = {DT_F16, DT_F32, DT_Q8_0, DT_Q4_0, DT_Q8_0}, tv[] = {DT_F16, DT_F32, DT_Q8_0, DT_Q4_0, DT_F16};
     uint64_t seed = 7;
     for (int si = 0; si < 3; si++)
-        for (int type = 0; type < 2; type++) {
+        for (int type = 0; type < 5; type++) {
             struct fix f;
             struct pool *pool = NULL;
             int bt = si == 2 ? 12 : 16; /* blocks that do not divide a tile, too */
-            if (fix_open(&f, shapes[si], bt, type ? DT_F32 : DT_F16, 1, n_pos, 8, 2) || pool_create(&pool, 2)) {
+            int64_t n_pos = (si == 0 ? 32768 : 8192) / (SANITIZED ? 8 : 1);
+            if (fix_open(&f, shapes[si], bt, tk[type], tv[type], 1, n_pos, 8, 2) || pool_create(&pool, 2)) {
                 CHECK(0, "setup");
                 return;
             }
@@ -178,8 +176,8 @@ static void test_reference(void)
                     double e = fabs(out[b * f.q_dim + i] - ref[i]);
                     err = e > err || e != e ? e : err;
                 }
-                CHECK(err <= 2e-5 * mx, "shape %d %s pos %lld: max error %.3g of %.3g", si, type ? "F32" : "F16",
-                      (long long)pos[b], err, mx);
+                CHECK(err <= 2e-5 * mx, "shape %d K %s V %s pos %lld: max error %.3g of %.3g", si, dtype_name(tk[type]),
+                      dtype_name(tv[type]), (long long)pos[b], err, mx);
             }
             free(q);
             free(out);
@@ -200,17 +198,16 @@ static void run_rows(struct fix *f, struct pool *pool, const struct vec_ops *vec
     attn_forward(f->a, pool, vec, f->kv, 0, (int)(to - from), seqs, pos, q + from * f->q_dim, out + from * f->q_dim);
 }
 
-/* A prompt of 16k positions (2k sanitized) in one call, then in chunks of random sizes
+/* A prompt of 16k positions (2k sanitized; 4k with Q8_0 K and Q4_0 V) in one call, then in chunks of random sizes
  * (1 to 700, and runs of 1-4 tokens that take the split path), with the positions not
  * yet "written" poisoned, with 1, 2 and 3 threads, and with another sequence's rows in
  * the same calls: every row the same bits. */
-static void test_chunked(void)
+static void chunked(int64_t n, int type_k, int type_v)
 {
-    int64_t n = SANITIZED ? 2048 : 16384;
     struct attn_shape sh = {2, 1, 32};
     struct fix f;
     struct pool *pools[3] = {NULL, NULL, NULL};
-    if (fix_open(&f, sh, 16, DT_F16, 2, n, (int)n, 3) || pool_create(&pools[0], 1) || pool_create(&pools[1], 2) ||
+    if (fix_open(&f, sh, 16, type_k, type_v, 2, n, (int)n, 3) || pool_create(&pools[0], 1) || pool_create(&pools[1], 2) ||
         pool_create(&pools[2], 3)) {
         CHECK(0, "setup");
         return;
@@ -266,8 +263,8 @@ static void test_chunked(void)
         at += c;
         calls++;
     }
-    CHECK(bad == 0 && bad_other == 0, "%d rows of %lld differ from one-shot prefill (%d of the other sequence) over %d calls",
-          bad, (long long)n, bad_other, calls);
+    CHECK(bad == 0 && bad_other == 0, "K %s V %s: %d rows of %lld differ from one-shot prefill (%d of the other sequence) over %d calls",
+          dtype_name(type_k), dtype_name(type_v), bad, (long long)n, bad_other, calls);
     free(q);
     free(q2);
     free(one);
@@ -282,18 +279,25 @@ static void test_chunked(void)
     fix_close(&f);
 }
 
+static void test_chunked(void)
+{
+    chunked(SANITIZED ? 2048 : 16384, DT_F16, DT_F16);
+    chunked(SANITIZED ? 1024 : 4096, DT_Q8_0, DT_Q4_0);
+}
+
 /* The reference, AVX2 and AVX-512 variants give the same bits for whole attention
- * calls (prefill and split decode), F16 and F32, with blocks of 4 and 16 positions. */
+ * calls (prefill and split decode), K and V of every type, blocks of 4 and 16 positions. */
 static void test_variants(void)
 {
     const char *names[] = {"avx2", "avx512"};
-    int64_t n = 700;
-    for (int type = 0; type < 2; type++)
+    int64_t n = SANITIZED ? 300 : 700;
+    const int types[] = {DT_F16, DT_F32, DT_Q8_0, DT_Q4_0};
+    for (int type = 0; type < 4; type++)
         for (int bti = 0; bti < 2; bti++) {
-            struct attn_shape sh = {4, 2, bti ? 40 : 64};
+            struct attn_shape sh = {4, 2, type >= 2 ? (bti ? 32 : 64) : (bti ? 40 : 64)};
             struct fix f;
             struct pool *pool = NULL;
-            if (fix_open(&f, sh, bti ? 4 : 16, type ? DT_F32 : DT_F16, 1, n, (int)n, 2) || pool_create(&pool, 2)) {
+            if (fix_open(&f, sh, bti ? 4 : 16, types[type], type >= 2 ? types[5 - type] : types[1 - type], 1, n, (int)n, 2) || pool_create(&pool, 2)) {
                 CHECK(0, "setup");
                 return;
             }
@@ -313,8 +317,8 @@ static void test_variants(void)
                     continue;
                 run_rows(&f, pool, ops, 0, 0, n - 3, q, got, seqs, pos);
                 run_rows(&f, pool, ops, 0, n - 3, n, q, got, seqs, pos);
-                CHECK(memcmp(want, got, nq * sizeof *got) == 0, "%s %s bt %d: differs from the reference", names[vi],
-                      type ? "F32" : "F16", bti ? 4 : 16);
+                CHECK(memcmp(want, got, nq * sizeof *got) == 0, "%s K %s bt %d: differs from the reference", names[vi],
+                      dtype_name(types[type]), bti ? 4 : 16);
             }
             free(q);
             free(want);

@@ -39,7 +39,7 @@ static int runner_open(struct runner *r, const char *path, int threads, int laye
     }
     struct engine_config ec = {.n_threads = threads, .max_batch = 64, .max_ctx = 256};
     struct kv_config kc = engine_kv_config(r->m, 256, MAX_SEQS, 4); /* small blocks: tables span several */
-    kc.type = kv_type;
+    kc.type_k = kc.type_v = kv_type;
     if (engine_create(&r->e, r->m, &ec, err, sizeof err) || kv_create(&r->kv, &kc, err, sizeof err)) {
         fprintf(stderr, "engine/kv: %s\n", err);
         return -1;

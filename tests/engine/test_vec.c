@@ -1,5 +1,7 @@
 /* Every SIMD variant of the forward pass's vector helpers gives the reference's bits. */
+#include "base/dtype.h"
 #include "engine/vec.h"
+#include "kern/quant.h"
 #include "kern/kern.h"
 #include "testutil.h"
 
@@ -44,18 +46,24 @@ static void test_exp_accuracy(const struct vec_ops *ref)
 }
 
 /* attn_qk, attn_pv and softmax_tile on random shapes (rows 1-19, keys 1-40, head sizes
- * 8-136, rows of different lengths, F16 and F32): the reference's bits. */
+ * 8-136, rows of different lengths; F16, F32, and Q8_0 and Q4_0 with head sizes a
+ * multiple of 32): the reference's bits. */
 static void test_attn_tiles(const struct vec_ops *ref, const struct vec_ops *ops, const char *name)
 {
     enum { ROWS = 19, KEYS = 40, HD = 136 };
     static float q[ROWS * HD], s0[ROWS * KEYS], s1[ROWS * KEYS], o0[ROWS * HD], o1[ROWS * HD], kf[HD * KEYS];
-    static uint16_t kh[HD * KEYS];
+    static uint16_t kh[HD * KEYS], ks[HD * KEYS];
+    static uint8_t kb[HD * KEYS];
+    static struct block_q8_0 v8[KEYS * HD / 32];
+    static struct block_q4_0 v4[KEYS * HD / 32];
+    const int types[4] = {DT_F16, DT_F32, DT_Q8_0, DT_Q4_0};
     uint64_t seed = 5;
     int bad = 0;
-    for (int rep = 0; rep < 300; rep++) {
+    for (int rep = 0; rep < 400; rep++) {
+        int type = types[rep % 4], quant = rep % 4 >= 2;
         int rows = 1 + (int)(test_rand_u64(&seed) % ROWS), n = 1 + (int)(test_rand_u64(&seed) % KEYS);
-        int hd = 8 * (1 + (int)(test_rand_u64(&seed) % (HD / 8))) - (rep % 5 == 0 ? 3 : 0);
-        int f16 = rep % 2;
+        int hd = quant ? 32 * (1 + (int)(test_rand_u64(&seed) % (HD / 32)))
+                       : 8 * (1 + (int)(test_rand_u64(&seed) % (HD / 8))) - (rep % 5 == 0 ? 3 : 0);
         for (int i = 0; i < ROWS * HD; i++) {
             q[i] = test_rand_float(&seed) * 2.0f;
             o0[i] = o1[i] = test_rand_float(&seed);
@@ -63,10 +71,19 @@ static void test_attn_tiles(const struct vec_ops *ref, const struct vec_ops *ops
         for (int i = 0; i < HD * KEYS; i++) {
             kf[i] = test_rand_float(&seed);
             kh[i] = kern_f32_to_f16(kf[i]);
+            ks[i] = kern_f32_to_f16(test_rand_float(&seed) * 0.1f);
+            kb[i] = (uint8_t)test_rand_u64(&seed);
         }
-        const void *kt = f16 ? (const void *)kh : (const void *)kf;
-        ref->attn_qk(q, hd, rows, kt, KEYS, n, hd, f16, s0, KEYS);
-        ops->attn_qk(q, hd, rows, kt, KEYS, n, hd, f16, s1, KEYS);
+        for (int i = 0; i < KEYS * HD / 32; i++) {
+            v8[i].d = v4[i].d = kern_f32_to_f16(test_rand_float(&seed) * 0.05f);
+            for (int e = 0; e < 32; e++)
+                v8[i].qs[e] = (int8_t)test_rand_u64(&seed);
+            for (int e = 0; e < 16; e++)
+                v4[i].qs[e] = (uint8_t)test_rand_u64(&seed);
+        }
+        const void *kt = type == DT_F16 ? (const void *)kh : type == DT_F32 ? (const void *)kf : (const void *)kb;
+        ref->attn_qk(q, hd, rows, kt, ks, KEYS, n, hd, type, s0, KEYS);
+        ops->attn_qk(q, hd, rows, kt, ks, KEYS, n, hd, type, s1, KEYS);
         for (int r = 0; r < rows; r++)
             bad += memcmp(s0 + r * KEYS, s1 + r * KEYS, (size_t)n * sizeof *s0) != 0;
         int32_t nr[ROWS];
@@ -78,10 +95,14 @@ static void test_attn_tiles(const struct vec_ops *ref, const struct vec_ops *ops
                    memcmp(s0 + r * KEYS, s1 + r * KEYS, (size_t)nr[r] * sizeof *s0) != 0;
         }
         const void *v[KEYS];
-        for (int j = 0; j < n; j++)
-            v[j] = f16 ? (const void *)(kh + (j * 37) % (HD * KEYS - HD)) : (const void *)(kf + (j * 37) % (HD * KEYS - HD));
-        ref->attn_pv(o0, hd, rows, s0, KEYS, nr, v, hd, f16);
-        ops->attn_pv(o1, hd, rows, s0, KEYS, nr, v, hd, f16);
+        for (int j = 0; j < n; j++) {
+            int at = (j * 37) % (HD * KEYS - HD);
+            v[j] = type == DT_F16 ? (const void *)(kh + at) : type == DT_F32 ? (const void *)(kf + at)
+                 : type == DT_Q8_0 ? (const void *)(v8 + (j * 3) % (KEYS * HD / 32 - HD / 32))
+                                   : (const void *)(v4 + (j * 3) % (KEYS * HD / 32 - HD / 32));
+        }
+        ref->attn_pv(o0, hd, rows, s0, KEYS, nr, v, hd, type);
+        ops->attn_pv(o1, hd, rows, s0, KEYS, nr, v, hd, type);
         bad += memcmp(o0, o1, (size_t)(rows * hd) * sizeof *o0) != 0;
     }
     CHECK(bad == 0, "%s: %d attention tile results differ from the reference in bits", name, bad);
