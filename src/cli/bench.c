@@ -334,6 +334,7 @@ struct bench_opts {
     const char *model_path, *draft_path;
     int64_t n_prompt, n_gen, threads, reps;
     int64_t depth;                         /* -d: positions of context before pp and tg */
+    int type_k, type_v;                    /* -ctk, -ctv: KV cache types */
     int64_t max_b, bw_mib;                 /* the batch curve's largest B; the bandwidth block */
     int64_t draft_k, lookup;               /* --draft-tokens; --lookup's n-gram (0: none) */
     int64_t ranks, streams, delay_us;      /* --ranks (0: none) */
@@ -445,6 +446,7 @@ static void usage(void)
             "usage: cairn bench -m MODEL.gguf [-p 512] [-n 128] [-d 0] [-t 2] [-r 3] [--batch-curve 16]\n"
             "  -d DEPTH: pp and tg measured after DEPTH positions of context (filled in forwards of\n"
             "  %d tokens, as llama-bench's -d); tg's roofline counts the K and V bytes each step reads\n"
+            "  -ctk, -ctv TYPE: the KV cache's K and V types, f16 (default), f32, q8_0 or q4_0\n"
             "       cairn bench -m TARGET.gguf (--draft DRAFT.gguf | --lookup N) [--draft-tokens K]\n"
             "                   [-p 512] [-n 128] [-t 2] [-r 3]\n"
             "  --draft, --lookup: speculative decoding of -n greedy tokens after -p random prompt\n"
@@ -469,12 +471,15 @@ static int parse_opts(struct bench_opts *o, int argc, char **argv)
     struct args a = {argc, argv, 1, "bench", false};
     const char *v;
     *o = (struct bench_opts){.n_prompt = 512, .n_gen = 128, .threads = 2, .reps = 3, .max_b = 16, .bw_mib = 1024,
+                             .type_k = DT_F16, .type_v = DT_F16,
                              .draft_k = 4, .streams = 8};
     for (; a.i < argc && !a.bad; a.i++) {
         if (args_opt(&a, "-m|--model", &v)) o->model_path = v;
         else if (args_opt(&a, "-p|--n-prompt", &v)) o->n_prompt = args_int(&a, "-p", v, 0, 1 << 16);
         else if (args_opt(&a, "-n|--n-gen", &v)) o->n_gen = args_int(&a, "-n", v, 0, 1 << 16);
         else if (args_opt(&a, "-d|--depth", &v)) o->depth = args_int(&a, "-d", v, 0, 1 << 20);
+        else if (args_opt(&a, "-ctk|--cache-type-k", &v)) o->type_k = cli_kv_type(&a, "-ctk", v);
+        else if (args_opt(&a, "-ctv|--cache-type-v", &v)) o->type_v = cli_kv_type(&a, "-ctv", v);
         else if (args_opt(&a, "-t|--threads", &v)) o->threads = args_int(&a, "-t", v, 1, 512);
         else if (args_opt(&a, "-r|--repetitions", &v)) o->reps = args_int(&a, "-r", v, 1, 100);
         else if (args_opt(&a, "--batch-curve", &v)) o->max_b = args_int(&a, "--batch-curve", v, 0, 64);
@@ -537,6 +542,8 @@ static int bench_open(struct bench *bn, const struct bench_opts *o, double *t_lo
     bn->n_seqs = o->max_b > 1 ? (int)o->max_b : 1;
     struct engine_config ec = {.n_threads = (int)o->threads, .max_batch = max_batch, .max_ctx = ctx};
     bn->kc = engine_kv_config(bn->m, ctx, bn->n_seqs, 16);
+    bn->kc.type_k = o->type_k;
+    bn->kc.type_v = o->type_v;
     if (engine_create(&bn->e, bn->m, &ec, bn->err, sizeof bn->err) ||
         kv_create(&bn->kv, &bn->kc, bn->err, sizeof bn->err)) {
         fprintf(stderr, "cairn bench: %s\n", bn->err);

@@ -294,6 +294,12 @@ struct kv_config engine_kv_config(const struct model *m, int64_t n_ctx, int n_se
     };
 }
 
+int engine_kv_type(const char *name)
+{
+    int t = dtype_from_name(name);
+    return t == DT_F16 || t == DT_F32 || t == DT_Q8_0 || t == DT_Q4_0 ? t : CAIRN_EINVAL;
+}
+
 static void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
 
 int engine_create(struct engine **out, const struct model *m, const struct engine_config *cfg, char *err, size_t errlen)
