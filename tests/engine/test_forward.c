@@ -290,6 +290,13 @@ int main(void)
     /* The default F16 cache rounds K and V to 11 bits. */
     kv_type = DT_F16;
     check_model("qwen3-bf16-kv16", &s, 5e-3);
+    /* Quantized caches (llama.cpp's -ctk/-ctv q8_0, q4_0): K and V rounded to 8 and 4
+     * bits in blocks of 32; every invariance still holds bit for bit. */
+    kv_type = DT_Q8_0;
+    check_model("qwen3-bf16-kvq8_0", &s, 0.05);
+    kv_type = DT_Q4_0;
+    check_model("qwen3-bf16-kvq4_0", &s, 0.6);
+    kv_type = DT_F16;
     /* 8-bit activations against quantized weights: the reference uses the same weights
      * but exact activations, so the tolerance is that of 8-bit activation rounding. */
     s = base;
