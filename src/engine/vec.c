@@ -25,44 +25,6 @@ static float dot_f32_ref(const float *a, const float *b, int64_t n)
     return reduce16(lane);
 }
 
-static float dot_f16_ref(const float *a, const uint16_t *b, int64_t n)
-{
-    float lane[16] = {0};
-    for (int64_t k = 0; k < n; k++)
-        lane[k % 16] = lane[k % 16] + a[k] * kern_f16_to_f32(b[k]);
-    return reduce16(lane);
-}
-
-static void axpy_f16_ref(float *y, float a, const uint16_t *x, int64_t n)
-{
-    for (int64_t k = 0; k < n; k++)
-        y[k] = y[k] + a * kern_f16_to_f32(x[k]);
-}
-
-static void axpy_f32_ref(float *y, float a, const float *x, int64_t n)
-{
-    for (int64_t k = 0; k < n; k++)
-        y[k] = y[k] + a * x[k];
-}
-
-static void to_f16_ref(uint16_t *dst, const float *src, int64_t n)
-{
-    for (int64_t k = 0; k < n; k++)
-        dst[k] = kern_f32_to_f16(src[k]);
-}
-
-static void dots_f16_ref(const float *q, const uint16_t *const *rows, int64_t n, int64_t hd, float *out)
-{
-    for (int64_t p = 0; p < n; p++)
-        out[p] = dot_f16_ref(q, rows[p], hd);
-}
-
-static void wsum_f16_ref(float *acc, const float *w, const uint16_t *const *rows, int64_t n, int64_t hd)
-{
-    for (int64_t p = 0; p < n; p++)
-        axpy_f16_ref(acc, w[p], rows[p], hd);
-}
-
 /* vec.h's exp, one float at a time. The clamps are written as the SIMD max/min
  * instructions behave: max(LO, t) is LO > t ? LO : t, so a NaN t passes through. */
 static float exp_ref(float t)
@@ -179,9 +141,8 @@ static float softmax_tile_ref(float *s, int64_t n, float *l)
     return m;
 }
 
-static const struct vec_ops ref_ops = {dot_f32_ref,  dot_f16_ref,  axpy_f16_ref, axpy_f32_ref,
-                                       to_f16_ref,   dots_f16_ref, wsum_f16_ref, exp_sub_ref,
-                                       silu_mul_ref, attn_qk_ref,  attn_pv_ref,  softmax_tile_ref};
+static const struct vec_ops ref_ops = {dot_f32_ref, exp_sub_ref, silu_mul_ref, attn_qk_ref, attn_pv_ref,
+                                       softmax_tile_ref};
 
 const struct vec_ops *vec_ops_ref(void) { return &ref_ops; }
 

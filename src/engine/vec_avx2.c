@@ -38,78 +38,6 @@ static float dot_f32(const float *a, const float *b, int64_t n)
     return reduce16(_mm256_loadu_ps(lane), _mm256_loadu_ps(lane + 8));
 }
 
-static float dot_f16(const float *a, const uint16_t *b, int64_t n)
-{
-    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 <= n; k += 16) {
-        __m256 b0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + k)));
-        __m256 b1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + k + 8)));
-        lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(a + k), b0));
-        hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(a + k + 8), b1));
-    }
-    float lane[16];
-    _mm256_storeu_ps(lane, lo);
-    _mm256_storeu_ps(lane + 8, hi);
-    for (; k < n; k++)
-        lane[k % 16] = lane[k % 16] + a[k] * half_to_float(b[k]);
-    return reduce16(_mm256_loadu_ps(lane), _mm256_loadu_ps(lane + 8));
-}
-
-static void axpy_f16(float *y, float a, const uint16_t *x, int64_t n)
-{
-    __m256 va = _mm256_set1_ps(a);
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8) {
-        __m256 vx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + k)));
-        _mm256_storeu_ps(y + k, _mm256_add_ps(_mm256_loadu_ps(y + k), _mm256_mul_ps(va, vx)));
-    }
-    for (; k < n; k++)
-        y[k] = y[k] + a * half_to_float(x[k]);
-}
-
-static void axpy_f32(float *y, float a, const float *x, int64_t n)
-{
-    __m256 va = _mm256_set1_ps(a);
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8)
-        _mm256_storeu_ps(y + k, _mm256_add_ps(_mm256_loadu_ps(y + k), _mm256_mul_ps(va, _mm256_loadu_ps(x + k))));
-    for (; k < n; k++)
-        y[k] = y[k] + a * x[k];
-}
-
-static void to_f16(uint16_t *dst, const float *src, int64_t n)
-{
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8)
-        _mm_storeu_si128((__m128i *)(dst + k), _mm256_cvtps_ph(_mm256_loadu_ps(src + k), _MM_FROUND_TO_NEAREST_INT));
-    for (; k < n; k++)
-        dst[k] = (uint16_t)_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(src[k]), _MM_FROUND_TO_NEAREST_INT), 0);
-}
-
-static void dots_f16(const float *q, const uint16_t *const *rows, int64_t n, int64_t hd, float *out)
-{
-    for (int64_t p = 0; p < n; p++)
-        out[p] = dot_f16(q, rows[p], hd);
-}
-
-/* Eight columns at a time over all rows, so each accumulator stays in a register. */
-static void wsum_f16(float *acc, const float *w, const uint16_t *const *rows, int64_t n, int64_t hd)
-{
-    int64_t k = 0;
-    for (; k + 8 <= hd; k += 8) {
-        __m256 a = _mm256_loadu_ps(acc + k);
-        for (int64_t p = 0; p < n; p++) {
-            __m256 vx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rows[p] + k)));
-            a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_set1_ps(w[p]), vx));
-        }
-        _mm256_storeu_ps(acc + k, a);
-    }
-    for (; k < hd; k++)
-        for (int64_t p = 0; p < n; p++)
-            acc[k] = acc[k] + w[p] * half_to_float(rows[p][k]);
-}
-
 /* vec.h's exp on 8 lanes. */
 static inline __m256 exp8(__m256 t)
 {
@@ -330,7 +258,6 @@ static float softmax_tile(float *s, int64_t n, float *l)
     return m;
 }
 
-static const struct vec_ops avx2_ops = {dot_f32, dot_f16,  axpy_f16, axpy_f32, to_f16,  dots_f16,
-                                        wsum_f16, exp_sub, silu_mul, attn_qk,  attn_pv, softmax_tile};
+static const struct vec_ops avx2_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile};
 
 const struct vec_ops *vec_ops_avx2(void) { return &avx2_ops; }

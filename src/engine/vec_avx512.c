@@ -35,105 +35,6 @@ static float dot_f32(const float *a, const float *b, int64_t n)
     return reduce16(acc);
 }
 
-static float dot_f16(const float *a, const uint16_t *b, int64_t n)
-{
-    __m512 acc = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 <= n; k += 16) {
-        __m512 vb = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + k)));
-        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(a + k), vb));
-    }
-    if (k < n) {
-        __mmask16 m = tail_mask(n - k);
-        __m512 vb = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, b + k));
-        acc = _mm512_mask_add_ps(acc, m, acc, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a + k), vb));
-    }
-    return reduce16(acc);
-}
-
-static void axpy_f16(float *y, float a, const uint16_t *x, int64_t n)
-{
-    __m512 va = _mm512_set1_ps(a);
-    int64_t k = 0;
-    for (; k + 16 <= n; k += 16) {
-        __m512 vx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + k)));
-        _mm512_storeu_ps(y + k, _mm512_add_ps(_mm512_loadu_ps(y + k), _mm512_mul_ps(va, vx)));
-    }
-    if (k < n) {
-        __mmask16 m = tail_mask(n - k);
-        __m512 vx = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + k));
-        _mm512_mask_storeu_ps(y + k, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + k), _mm512_mul_ps(va, vx)));
-    }
-}
-
-static void axpy_f32(float *y, float a, const float *x, int64_t n)
-{
-    __m512 va = _mm512_set1_ps(a);
-    int64_t k = 0;
-    for (; k + 16 <= n; k += 16)
-        _mm512_storeu_ps(y + k, _mm512_add_ps(_mm512_loadu_ps(y + k), _mm512_mul_ps(va, _mm512_loadu_ps(x + k))));
-    if (k < n) {
-        __mmask16 m = tail_mask(n - k);
-        _mm512_mask_storeu_ps(y + k, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + k), _mm512_mul_ps(va, _mm512_maskz_loadu_ps(m, x + k))));
-    }
-}
-
-static void to_f16(uint16_t *dst, const float *src, int64_t n)
-{
-    int64_t k = 0;
-    for (; k + 16 <= n; k += 16)
-        _mm256_storeu_si256((__m256i *)(dst + k), _mm512_cvtps_ph(_mm512_loadu_ps(src + k), _MM_FROUND_TO_NEAREST_INT));
-    if (k < n) {
-        __mmask16 m = tail_mask(n - k);
-        _mm256_mask_storeu_epi16(dst + k, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + k), _MM_FROUND_TO_NEAREST_INT));
-    }
-}
-
-/* Head sizes up to 256 keep q in registers; one reduction per row. */
-static void dots_f16(const float *q, const uint16_t *const *rows, int64_t n, int64_t hd, float *out)
-{
-    if (hd % 16 || hd > 256) {
-        for (int64_t p = 0; p < n; p++)
-            out[p] = dot_f16(q, rows[p], hd);
-        return;
-    }
-    int chunks = (int)(hd / 16);
-    __m512 vq[16];
-    for (int c = 0; c < chunks; c++)
-        vq[c] = _mm512_loadu_ps(q + 16 * c);
-    for (int64_t p = 0; p < n; p++) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int c = 0; c < chunks; c++) {
-            __m512 vk = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rows[p] + 16 * c)));
-            acc = _mm512_add_ps(acc, _mm512_mul_ps(vq[c], vk));
-        }
-        out[p] = reduce16(acc);
-    }
-}
-
-/* Sixteen columns at a time over all rows, so each accumulator stays in a register. */
-static void wsum_f16(float *acc, const float *w, const uint16_t *const *rows, int64_t n, int64_t hd)
-{
-    int64_t k = 0;
-    for (; k + 16 <= hd; k += 16) {
-        __m512 a = _mm512_loadu_ps(acc + k);
-        for (int64_t p = 0; p < n; p++) {
-            __m512 vx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rows[p] + k)));
-            a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_set1_ps(w[p]), vx));
-        }
-        _mm512_storeu_ps(acc + k, a);
-    }
-    if (k < hd) {
-        __mmask16 m = tail_mask(hd - k);
-        __m512 a = _mm512_maskz_loadu_ps(m, acc + k);
-        for (int64_t p = 0; p < n; p++) {
-            __m512 vx = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, rows[p] + k));
-            a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_set1_ps(w[p]), vx));
-        }
-        _mm512_mask_storeu_ps(acc + k, m, a);
-    }
-}
-
 /* vec.h's exp on 16 lanes. */
 static inline __m512 exp16(__m512 t)
 {
@@ -396,7 +297,6 @@ static float softmax_tile(float *s, int64_t n, float *l)
     return m;
 }
 
-static const struct vec_ops avx512_ops = {dot_f32, dot_f16,  axpy_f16, axpy_f32, to_f16,  dots_f16,
-                                          wsum_f16, exp_sub, silu_mul, attn_qk,  attn_pv, softmax_tile};
+static const struct vec_ops avx512_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile};
 
 const struct vec_ops *vec_ops_avx512(void) { return &avx512_ops; }
