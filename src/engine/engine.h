@@ -5,7 +5,7 @@
  * tokens at positions <= its own, never on what else is in the batch, how the prompt
  * was chunked, or the thread count. Every element is computed by one thread in one
  * fixed order (kern.h states the order of the matrix products; the vector helpers in
- * vec.h that of norms, RoPE and attention). */
+ * vec.h that of norms and RoPE; attn.h that of attention, tile by tile from position 0). */
 #ifndef CAIRN_ENGINE_ENGINE_H
 #define CAIRN_ENGINE_ENGINE_H
 
