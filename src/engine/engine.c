@@ -376,18 +376,38 @@ int engine_max_batch(const struct engine *e) { return e->cfg.max_batch; }
 
 /* ---- forward ---- */
 
+/* The pair of YaRN's ramp (arch.h): below dimension pair lo angles are kept, above hi
+ * interpolated (llama.cpp's ggml_rope_yarn_corr_dims). */
+static void yarn_dims(const struct model_hparams *hp, double *lo, double *hi)
+{
+    double n = hp->n_rot, ctx = (double)hp->rope_yarn_orig_ctx, base = hp->rope_base;
+    double d_fast = n * log(ctx / (hp->rope_yarn_beta_fast * 6.283185307179586)) / (2.0 * log(base));
+    double d_slow = n * log(ctx / (hp->rope_yarn_beta_slow * 6.283185307179586)) / (2.0 * log(base));
+    *lo = fmax(0.0, floor(d_fast));
+    *hi = fmin(n - 1.0, ceil(d_slow));
+}
+
 static void rope_table(const struct model *m, int64_t pos, float *cs)
 {
     const struct model_hparams *hp = &m->hp;
     int half = hp->n_rot / 2;
     double p = (double)pos / hp->rope_linear_scale;
+    double factor = hp->rope_yarn_factor, lo = 0.0, hi = 0.0, mscale = 1.0;
+    if (factor > 1.0) {
+        yarn_dims(hp, &lo, &hi);
+        mscale = hp->rope_yarn_attn_factor * (1.0 + 0.1 * log(factor));
+    }
     for (int i = 0; i < half; i++) {
         double freq = pow((double)hp->rope_base, -2.0 * i / hp->n_rot);
         if (m->rope_freq_factors)
             freq /= m->rope_freq_factors[i];
         double theta = p * freq;
-        cs[2 * i] = (float)cos(theta);
-        cs[2 * i + 1] = (float)sin(theta);
+        if (factor > 1.0) {
+            double keep = 1.0 - fmin(1.0, fmax(0.0, (i - lo) / fmax(0.001, hi - lo)));
+            theta = theta / factor * (1.0 - keep) + theta * keep;
+        }
+        cs[2 * i] = (float)(cos(theta) * mscale);
+        cs[2 * i + 1] = (float)(sin(theta) * mscale);
     }
 }
 

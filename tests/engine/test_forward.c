@@ -283,6 +283,10 @@ int main(void)
     snprintf(s.type, sizeof s.type, "f16");
     check_model("llama3-f16-tied", &s, 1e-4);
     s = base;
+    snprintf(s.arch, sizeof s.arch, "qwen2");
+    s.yarn_factor = 4.0f, s.rope_base = 1000.0f; /* YaRN (as Qwen2.5's long-context files) */
+    check_model("qwen2-f32-yarn", &s, 1e-4);
+    s = base;
     snprintf(s.arch, sizeof s.arch, "qwen3");
     s.head_dim = 32; /* q width 128 differs from n_embd 64, as in Qwen3 */
     snprintf(s.type, sizeof s.type, "bf16");
