@@ -270,7 +270,8 @@ struct attn_job {
     const float *q;
     float *out;
     int n_runs;
-    bool split;
+    bool split; /* each item one tile of one run and KV head; partials merged after */
+    bool cold;  /* a decode-sized batch: its K and V are not in cache */
     long n_items;
     _Atomic long next;
     const char *k_base, *v_base;
@@ -295,7 +296,7 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
      * them in cache from the tiles of other rows). */
     size_t k_piece = j->k_head * (size_t)bt, v_piece = j->v_head * (size_t)bt;
     size_t n_kv = (size_t)a->sh.n_head_kv;
-    for (int64_t p = t0 - t0 % bt; j->split && p < t0 + nmax; p += bt) {
+    for (int64_t p = t0 - t0 % bt; j->cold && p < t0 + nmax; p += bt) {
         size_t blk = (size_t)table[p / bt];
         const char *kp = j->k_base + (blk * n_kv + (size_t)h) * k_piece;
         const char *vp = j->v_base + (blk * n_kv + (size_t)h) * v_piece;
@@ -485,7 +486,10 @@ void attn_forward(struct attn *a, struct pool *pool, const struct vec_ops *vec, 
     }
     j.n_runs = n_runs;
     int n_kv = a->sh.n_head_kv;
-    j.split = n <= ATTN_SPLIT_MAX && max_pos >= ATTN_TILE;
+    /* Splitting the tiles costs a second pass over the threads (a barrier), worth it when
+     * KV heads alone would leave threads idle; either way gives the same bits. */
+    j.cold = n <= ATTN_SPLIT_MAX;
+    j.split = j.cold && max_pos >= ATTN_TILE && n_runs * n_kv < 2 * pool_threads(pool);
     if (j.split) {
         a->run_items[0] = 0;
         for (int ri = 0; ri < n_runs; ri++) {

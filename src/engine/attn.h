@@ -1,8 +1,8 @@
 /* Causal attention over the paged KV cache, tiled with an online softmax (the
  * flash-attention scheme): no score matrix of the whole sequence, K and V read once per
  * tile of query rows, and the work split over KV heads x query tiles (prefill) or KV heads
- * x KV tiles (batches of at most ATTN_SPLIT_MAX tokens), so one long sequence uses every
- * thread.
+ * x KV tiles (batches of at most ATTN_SPLIT_MAX tokens whose KV heads are fewer than twice
+ * the threads), so one long sequence uses every thread.
  *
  * The numerical contract (every path, every thread count, every batch): a query row at
  * position p attends to positions [0, p], cut into tiles of ATTN_TILE positions counted
