@@ -281,6 +281,26 @@ struct attn_job {
     float scale;
 };
 
+/* Asks for the K and V of KV head h at positions [p0, p1) of a sequence's block table.
+ * They lie in pieces of one block each (2 KiB for 16 positions of 64 dims), too short
+ * for the hardware to prefetch: a decode step, which finds them cold, asks for the next
+ * tile's while it computes one, so their misses overlap the work. */
+static void prefetch_tile(const struct attn_job *j, const int32_t *table, int h, int64_t p0, int64_t p1)
+{
+    int bt = j->bt;
+    size_t k_piece = j->k_head * (size_t)bt, v_piece = j->v_head * (size_t)bt;
+    size_t n_kv = (size_t)j->a->sh.n_head_kv;
+    for (int64_t p = p0 - p0 % bt; p < p1; p += bt) {
+        size_t blk = (size_t)table[p / bt];
+        const char *kp = j->k_base + (blk * n_kv + (size_t)h) * k_piece;
+        const char *vp = j->v_base + (blk * n_kv + (size_t)h) * v_piece;
+        for (size_t c = 0; c < k_piece; c += 64)
+            __builtin_prefetch(kp + c, 0, 2);
+        for (size_t c = 0; c < v_piece; c += 64)
+            __builtin_prefetch(vp + c, 0, 2);
+    }
+}
+
 /* The partials (o_t, m_t, l_t) of rows [r0, R) over tile positions [t0, t0 + nmax) of a
  * sequence's block table, each row seeing its first nv[r] of them (nv[r] >= 1). */
 static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *table, int h, int64_t t0, int r0,
@@ -290,21 +310,8 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
     const struct vec_ops *vec = j->vec;
     int hd = a->sh.head_dim, bt = j->bt;
     int nr = R - r0;
-    /* The tile's K and V of this head lie in pieces of one block each (2 KiB for 16
-     * positions of 64 dims), too short for the hardware to prefetch: asking for all of
-     * them first overlaps their misses (a decode step finds them cold; prefill has
-     * them in cache from the tiles of other rows). */
     size_t k_piece = j->k_head * (size_t)bt, v_piece = j->v_head * (size_t)bt;
     size_t n_kv = (size_t)a->sh.n_head_kv;
-    for (int64_t p = t0 - t0 % bt; j->cold && p < t0 + nmax; p += bt) {
-        size_t blk = (size_t)table[p / bt];
-        const char *kp = j->k_base + (blk * n_kv + (size_t)h) * k_piece;
-        const char *vp = j->v_base + (blk * n_kv + (size_t)h) * v_piece;
-        for (size_t c = 0; c < k_piece; c += 64)
-            __builtin_prefetch(kp + c, 0, 2);
-        for (size_t c = 0; c < v_piece; c += 64)
-            __builtin_prefetch(vp + c, 0, 2);
-    }
     bool quant_k = j->type_k == DT_Q8_0 || j->type_k == DT_Q4_0;
     size_t code_bytes = j->type_k == DT_Q8_0 ? (size_t)hd * bt : (size_t)hd / 2 * bt; /* before the scales */
     size_t k_esize = j->type_k == DT_F16 ? 2 : j->type_k == DT_F32 ? 4 : 1;
@@ -371,8 +378,13 @@ static void run_item(struct attn_job *j, struct scratch *sc, int ri, int h, int6
             for (int d = 0; d < hd; d++)
                 qs[d] = q[d] * j->scale;
         }
+    int64_t end = j->pos[b0 + len - 1] + 1; /* positions the run sees */
+    if (j->cold)
+        prefetch_tile(j, table, h, ta * ATTN_TILE, ta * ATTN_TILE + ATTN_TILE < end ? ta * ATTN_TILE + ATTN_TILE : end);
     for (int64_t t = ta; t < tb; t++) {
         int64_t t0 = t * ATTN_TILE;
+        if (j->cold && t0 + ATTN_TILE < end)
+            prefetch_tile(j, table, h, t0 + ATTN_TILE, t0 + 2 * ATTN_TILE < end ? t0 + 2 * ATTN_TILE : end);
         int r0 = R, nmax = 0;
         for (int i = 0; i < len; i++) {
             int64_t cnt = j->pos[b0 + i] + 1 - t0;
