@@ -281,30 +281,26 @@ struct attn_job {
     float scale;
 };
 
-/* Asks for the K and V of KV head h at positions [p0, p1) of a sequence's block table.
- * They lie in pieces of one block each (2 KiB for 16 positions of 64 dims), too short
- * for the hardware to prefetch: a decode step, which finds them cold, asks for the next
- * tile's while it computes one, so their misses overlap the work. */
-static void prefetch_tile(const struct attn_job *j, const int32_t *table, int h, int64_t p0, int64_t p1)
+/* Asks for the K or V piece (one block's positions, of KV head h: 2 KiB for 16
+ * positions of 64 dims) that holds position p. Pieces are too short for the hardware to
+ * prefetch; a decode finds them cold, so it asks for the K a few blocks ahead of the one
+ * it computes with, and for the V of that one before its scores are done. */
+#define PREFETCH_AHEAD 4 /* blocks */
+
+static void prefetch_piece(const struct attn_job *j, const int32_t *table, int h, int64_t p, bool v)
 {
     int bt = j->bt;
-    size_t k_piece = j->k_head * (size_t)bt, v_piece = j->v_head * (size_t)bt;
-    size_t n_kv = (size_t)j->a->sh.n_head_kv;
-    for (int64_t p = p0 - p0 % bt; p < p1; p += bt) {
-        size_t blk = (size_t)table[p / bt];
-        const char *kp = j->k_base + (blk * n_kv + (size_t)h) * k_piece;
-        const char *vp = j->v_base + (blk * n_kv + (size_t)h) * v_piece;
-        for (size_t c = 0; c < k_piece; c += 64)
-            __builtin_prefetch(kp + c, 0, 2);
-        for (size_t c = 0; c < v_piece; c += 64)
-            __builtin_prefetch(vp + c, 0, 2);
-    }
+    size_t piece = (v ? j->v_head : j->k_head) * (size_t)bt;
+    size_t blk = (size_t)table[p / bt];
+    const char *at = (v ? j->v_base : j->k_base) + (blk * (size_t)j->a->sh.n_head_kv + (size_t)h) * piece;
+    for (size_t c = 0; c < piece; c += 64)
+        __builtin_prefetch(at + c, 0, 2);
 }
 
 /* The partials (o_t, m_t, l_t) of rows [r0, R) over tile positions [t0, t0 + nmax) of a
  * sequence's block table, each row seeing its first nv[r] of them (nv[r] >= 1). */
 static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *table, int h, int64_t t0, int r0,
-                         int R, int nmax)
+                         int R, int nmax, int64_t end)
 {
     struct attn *a = j->a;
     const struct vec_ops *vec = j->vec;
@@ -323,6 +319,12 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
         const char *kp = j->k_base + (blk * n_kv + (size_t)h) * k_piece;
         const char *vp = j->v_base + (blk * n_kv + (size_t)h) * v_piece;
         const uint16_t *ks = quant_k ? (const uint16_t *)(kp + code_bytes) + off : NULL;
+        if (j->cold) {
+            int64_t ahead = p - off + PREFETCH_AHEAD * bt; /* below end: within the sequence's blocks */
+            if (ahead < end)
+                prefetch_piece(j, table, h, ahead, false);
+            prefetch_piece(j, table, h, p, true);
+        }
         vec->attn_qk(sc->q + (size_t)r0 * hd, hd, nr, kp + k_esize * (size_t)off, ks, bt, cnt, hd, j->type_k,
                      sc->s + (size_t)r0 * ATTN_TILE + jj, ATTN_TILE);
         for (int c = 0; c < cnt; c++)
@@ -379,12 +381,10 @@ static void run_item(struct attn_job *j, struct scratch *sc, int ri, int h, int6
                 qs[d] = q[d] * j->scale;
         }
     int64_t end = j->pos[b0 + len - 1] + 1; /* positions the run sees */
-    if (j->cold)
-        prefetch_tile(j, table, h, ta * ATTN_TILE, ta * ATTN_TILE + ATTN_TILE < end ? ta * ATTN_TILE + ATTN_TILE : end);
+    for (int64_t p = ta * ATTN_TILE; j->cold && p < end && p < ta * ATTN_TILE + PREFETCH_AHEAD * j->bt; p += j->bt)
+        prefetch_piece(j, table, h, p, false);
     for (int64_t t = ta; t < tb; t++) {
         int64_t t0 = t * ATTN_TILE;
-        if (j->cold && t0 + ATTN_TILE < end)
-            prefetch_tile(j, table, h, t0 + ATTN_TILE, t0 + 2 * ATTN_TILE < end ? t0 + 2 * ATTN_TILE : end);
         int r0 = R, nmax = 0;
         for (int i = 0; i < len; i++) {
             int64_t cnt = j->pos[b0 + i] + 1 - t0;
@@ -397,7 +397,7 @@ static void run_item(struct attn_job *j, struct scratch *sc, int ri, int h, int6
         }
         if (nmax == 0)
             continue;
-        tile_partial(j, sc, table, h, t0, r0, R, nmax);
+        tile_partial(j, sc, table, h, t0, r0, R, nmax, end);
         for (int r = r0; r < R; r++) {
             float *ot = sc->ot + (size_t)r * hd;
             if (j->split) {
