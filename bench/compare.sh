@@ -3,6 +3,9 @@
 # threads: decode (tg), prefill (pp), the decode roofline, and the batch-cost curve.
 # llama.cpp is built outside the project by ../shared/tools/llama-ref.sh (never committed).
 #   usage: bench/compare.sh [THREADS] [TYPES...]     (default: 2 q8_0 q4_0 q4_k_m)
+# LONG=1 adds the growth with context (first type only): prefill of 512, 4096, 16384 and
+# 32768 tokens, decode at depth 16384 with F16 and Q8_0 KV caches, against llama.cpp
+# with flash attention (-fa 1) on the same file and threads. It takes a long while.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=${1:-2}; shift || true
@@ -21,3 +24,18 @@ for t in "${types[@]}"; do
   "$ref/llama-batched-bench" -m "$m" -c 4096 -b 512 -ub 512 -npp 128 -ntg 32 -npl 1,2,4,8 -t "$threads" 2>/dev/null \
       | grep -E '^\|' || true
 done
+if [ "${LONG:-0}" = 1 ]; then
+  m=build/models/llama-1b-${types[0]}.gguf
+  echo "=== llama-1b ${types[0]}, $threads threads: growth with context ==="
+  for p in 512 4096 16384 32768; do
+    ./build/cairn bench -m "$m" -p "$p" -n 0 -t "$threads" -r 1 --batch-curve 0 | grep -E '^pp'
+  done
+  for ct in f16 q8_0; do
+    ./build/cairn bench -m "$m" -p 0 -n 32 -d 16384 -ctk $ct -ctv $ct -t "$threads" -r 1 --batch-curve 0 | grep -E '^tg'
+  done
+  "$ref/llama-bench" -m "$m" -fa 1 -p 512,4096,16384,32768 -n 0 -t "$threads" -r 1 -o md 2>/dev/null | grep -E '^\|' || true
+  for ct in f16 q8_0; do
+    "$ref/llama-bench" -m "$m" -fa 1 -ctk $ct -ctv $ct -p 0 -n 32 -d 16384 -t "$threads" -r 1 -o md 2>/dev/null \
+      | grep -E '^\|' || true
+  done
+fi

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define DEPTH_CHUNK 512     /* tokens per forward that fill -d's context */
 #define BATCH_CURVE_STEPS 8 /* forwards timed per repetition of the batch curve */
 
 struct bw_job {
@@ -332,6 +333,8 @@ out:
 struct bench_opts {
     const char *model_path, *draft_path;
     int64_t n_prompt, n_gen, threads, reps;
+    int64_t depth;                         /* -d: positions of context before pp and tg */
+    int type_k, type_v;                    /* -ctk, -ctv: KV cache types */
     int64_t max_b, bw_mib;                 /* the batch curve's largest B; the bandwidth block */
     int64_t draft_k, lookup;               /* --draft-tokens; --lookup's n-gram (0: none) */
     int64_t ranks, streams, delay_us;      /* --ranks (0: none) */
@@ -440,7 +443,10 @@ out:
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: cairn bench -m MODEL.gguf [-p 512] [-n 128] [-t 2] [-r 3] [--batch-curve 16]\n"
+            "usage: cairn bench -m MODEL.gguf [-p 512] [-n 128] [-d 0] [-t 2] [-r 3] [--batch-curve 16]\n"
+            "  -d DEPTH: pp and tg measured after DEPTH positions of context (filled in forwards of\n"
+            "  %d tokens, as llama-bench's -d); tg's roofline counts the K and V bytes each step reads\n"
+            "  -ctk, -ctv TYPE: the KV cache's K and V types, f16 (default), f32, q8_0 or q4_0\n"
             "       cairn bench -m TARGET.gguf (--draft DRAFT.gguf | --lookup N) [--draft-tokens K]\n"
             "                   [-p 512] [-n 128] [-t 2] [-r 3]\n"
             "  --draft, --lookup: speculative decoding of -n greedy tokens after -p random prompt\n"
@@ -455,7 +461,8 @@ static void usage(void)
             "  slower link), with one micro-batch in flight and with W, against one slice of W x -t\n"
             "  threads: greedy decode tokens/s of 1 and --streams streams, rank 0's time per step in\n"
             "  its own layers and waiting, the wire per step and per hop, each stage's idle time.\n"
-            "  --sealed: the links encrypted and authenticated, as in a cluster with a secret.\n");
+            "  --sealed: the links encrypted and authenticated, as in a cluster with a secret.\n",
+            DEPTH_CHUNK);
 }
 
 /* Reads the options into o; CLI_GO_ON, or the exit code. */
@@ -464,11 +471,15 @@ static int parse_opts(struct bench_opts *o, int argc, char **argv)
     struct args a = {argc, argv, 1, "bench", false};
     const char *v;
     *o = (struct bench_opts){.n_prompt = 512, .n_gen = 128, .threads = 2, .reps = 3, .max_b = 16, .bw_mib = 1024,
+                             .type_k = DT_F16, .type_v = DT_F16,
                              .draft_k = 4, .streams = 8};
     for (; a.i < argc && !a.bad; a.i++) {
         if (args_opt(&a, "-m|--model", &v)) o->model_path = v;
         else if (args_opt(&a, "-p|--n-prompt", &v)) o->n_prompt = args_int(&a, "-p", v, 0, 1 << 16);
         else if (args_opt(&a, "-n|--n-gen", &v)) o->n_gen = args_int(&a, "-n", v, 0, 1 << 16);
+        else if (args_opt(&a, "-d|--depth", &v)) o->depth = args_int(&a, "-d", v, 0, 1 << 20);
+        else if (args_opt(&a, "-ctk|--cache-type-k", &v)) o->type_k = cli_kv_type(&a, "-ctk", v);
+        else if (args_opt(&a, "-ctv|--cache-type-v", &v)) o->type_v = cli_kv_type(&a, "-ctv", v);
         else if (args_opt(&a, "-t|--threads", &v)) o->threads = args_int(&a, "-t", v, 1, 512);
         else if (args_opt(&a, "-r|--repetitions", &v)) o->reps = args_int(&a, "-r", v, 1, 100);
         else if (args_opt(&a, "--batch-curve", &v)) o->max_b = args_int(&a, "--batch-curve", v, 0, 64);
@@ -514,9 +525,11 @@ static int bench_open(struct bench *bn, const struct bench_opts *o, double *t_lo
 {
     /* room for the prompt and generation, or for the batch curve's positions */
     int64_t steps = o->reps * BATCH_CURVE_STEPS;
-    int64_t ctx = o->n_prompt + o->n_gen > steps ? o->n_prompt + o->n_gen : steps;
+    int64_t ctx = o->depth + o->n_prompt + o->n_gen > steps ? o->depth + o->n_prompt + o->n_gen : steps;
     ctx += 16;
     int max_batch = (int)(o->n_prompt > o->max_b ? o->n_prompt : o->max_b);
+    if (o->depth > 0 && max_batch < DEPTH_CHUNK)
+        max_batch = DEPTH_CHUNK;
     if (max_batch < 1)
         max_batch = 1;
     struct model_load_opts lo = {.layer_end = -1, .threads = (int)o->threads};
@@ -529,6 +542,8 @@ static int bench_open(struct bench *bn, const struct bench_opts *o, double *t_lo
     bn->n_seqs = o->max_b > 1 ? (int)o->max_b : 1;
     struct engine_config ec = {.n_threads = (int)o->threads, .max_batch = max_batch, .max_ctx = ctx};
     bn->kc = engine_kv_config(bn->m, ctx, bn->n_seqs, 16);
+    bn->kc.type_k = o->type_k;
+    bn->kc.type_v = o->type_v;
     if (engine_create(&bn->e, bn->m, &ec, bn->err, sizeof bn->err) ||
         kv_create(&bn->kv, &bn->kc, bn->err, sizeof bn->err)) {
         fprintf(stderr, "cairn bench: %s\n", bn->err);
@@ -562,15 +577,49 @@ static void print_header(const struct bench *bn, const struct bench_opts *o, dou
     printf("load (map, check, repack on %lld threads): %.0f ms\n", (long long)o->threads, t_load * 1e3);
 }
 
+/* Fills sequence 0 with -d positions of context, in forwards of up to DEPTH_CHUNK tokens,
+ * and prints how long that took; 0, or -1 (message printed). */
+static int bench_fill_depth(struct bench *bn, const struct bench_opts *o)
+{
+    kv_seq_clear(bn->kv, 0);
+    double t0 = clock_sec();
+    for (int64_t at = 0; at < o->depth;) {
+        int64_t c = o->depth - at < DEPTH_CHUNK ? o->depth - at : DEPTH_CHUNK;
+        for (int64_t i = 0; i < c; i++) {
+            bn->pos[i] = at + i;
+            bn->want[i] = i == c - 1;
+        }
+        if (run(bn, (int)c)) {
+            fprintf(stderr, "cairn bench: %s\n", bn->err);
+            return -1;
+        }
+        at += c;
+    }
+    double t = clock_sec() - t0;
+    printf("depth %lld: filled in %.3f s (chunks of %d, %.2f tok/s)\n", (long long)o->depth, t, DEPTH_CHUNK,
+           (double)o->depth / t);
+    return 0;
+}
+
+/* " @ d16384" after a figure measured at a depth, else "". */
+static const char *at_depth(const struct bench_opts *o)
+{
+    static char buf[32];
+    if (o->depth <= 0)
+        return "";
+    snprintf(buf, sizeof buf, " @ d%lld", (long long)o->depth);
+    return buf;
+}
+
 /* Prompt processing: -p tokens in one forward, median of -r runs into pp tok/s; 0, or -1
  * (message printed). */
 static int bench_prompt(struct bench *bn, const struct bench_opts *o)
 {
     int64_t n_prompt = o->n_prompt;
     for (int r = 0; r < o->reps; r++) {
-        kv_seq_clear(bn->kv, 0);
+        kv_truncate(bn->kv, 0, o->depth);
         for (int64_t i = 0; i < n_prompt; i++) {
-            bn->pos[i] = i;
+            bn->pos[i] = o->depth + i;
             bn->want[i] = i == n_prompt - 1;
         }
         double t0 = clock_sec();
@@ -581,8 +630,8 @@ static int bench_prompt(struct bench *bn, const struct bench_opts *o)
         bn->t[r] = clock_sec() - t0;
     }
     double med = median(bn->t, (int)o->reps);
-    printf("pp%lld: %.2f tok/s (median of %lld, %.3f s)\n", (long long)n_prompt, (double)n_prompt / med,
-           (long long)o->reps, med);
+    printf("pp%lld%s: %.2f tok/s (median of %lld, %.3f s; %.3f ms per token)\n", (long long)n_prompt, at_depth(o),
+           (double)n_prompt / med, (long long)o->reps, med, med * 1e3 / (double)n_prompt);
     return 0;
 }
 
@@ -593,8 +642,11 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
 {
     int64_t n_gen = o->n_gen;
     int reps = (int)o->reps;
-    /* Bytes one decode step reads: every weight of the slice once, plus one embedding row. */
-    double bytes_per_tok = (double)bn->m->weight_bytes + (double)bn->m->tok_embd_row_bytes;
+    /* Bytes one decode step reads: every weight of the slice once, one embedding row, and
+     * the K and V of every position before it (on average over the run). */
+    double kv_pos_bytes = (double)kv_bytes_for(&bn->kc) / ((double)bn->kc.n_blocks * bn->kc.block_tokens);
+    double bytes_per_tok = (double)bn->m->weight_bytes + (double)bn->m->tok_embd_row_bytes +
+                           kv_pos_bytes * ((double)o->depth + (double)(n_gen + 1) / 2.0);
     /* Each run is paired with a bandwidth reading taken right after it (best of the
      * read styles), so a neighbour's load on this shared machine weighs on both
      * sides of the ratio alike; the figure is the median of the runs' ratios. */
@@ -605,10 +657,10 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
         bn->want[0] = 1;
     }
     for (int r = 0; r < reps && !rc; r++) {
-        kv_seq_clear(bn->kv, 0);
+        kv_truncate(bn->kv, 0, o->depth);
         double t0 = clock_sec();
         for (int64_t i = 0; i < n_gen && !rc; i++) {
-            bn->pos[0] = i;
+            bn->pos[0] = o->depth + i;
             rc = run(bn, 1);
         }
         if (rc) {
@@ -621,9 +673,9 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
     }
     if (!rc) {
         double tps = (double)n_gen / median(bn->t, reps), bw_med = median(bw_run, reps);
-        printf("tg%lld: %.2f tok/s (median of %lld); reads %.1f MiB/token; bandwidth beside the runs %.2f GB/s "
+        printf("tg%lld%s: %.2f tok/s (median of %lld); reads %.1f MiB/token; bandwidth beside the runs %.2f GB/s "
                "(median); roofline %.2f tok/s; %.1f%% of roofline (median of the runs' ratios)\n",
-               (long long)n_gen, tps, (long long)reps, bytes_per_tok / (1 << 20), bw_med / 1e9,
+               (long long)n_gen, at_depth(o), tps, (long long)reps, bytes_per_tok / (1 << 20), bw_med / 1e9,
                bw_med / bytes_per_tok, 100.0 * median(ratio, reps));
     }
     free(bw_run);
@@ -678,6 +730,8 @@ static int bench_speeds(struct bench *bn, const struct bench_opts *o)
            (long long)o->threads, bw / 1e9);
     bn->t = malloc((size_t)o->reps * sizeof *bn->t);
     if (!bn->t)
+        return -1;
+    if (o->depth > 0 && bench_fill_depth(bn, o))
         return -1;
     if (o->n_prompt > 0 && bench_prompt(bn, o))
         return -1;

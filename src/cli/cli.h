@@ -17,6 +17,10 @@ int cli_tokenize(int argc, char **argv);
 int cli_mkmodel(int argc, char **argv);
 int cli_generate(int argc, char **argv);
 int cli_bench(int argc, char **argv);
+/* The KV cache type named by v for option opt (-ctk/-ctv), or DT_F16 after printing what
+ * is wrong and setting a->bad. */
+struct args;
+int cli_kv_type(struct args *a, const char *opt, const char *v);
 /* cairn template (-m MODEL | --template FILE) --messages FILE [--tools FILE] [--add-generation-prompt] [--var NAME=JSON] */
 int cli_template(int argc, char **argv);
 /* cairn node [--api-port N] [--peer HOST:PORT]... (see its --help); runs until SIGINT/SIGTERM */

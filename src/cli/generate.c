@@ -1,6 +1,7 @@
 /* cairn generate: one sequence from a model in this process, streamed to stdout as text
  * or token ids, with the timings of prompt and generation on stderr. */
 #include "base/clock.h"
+#include "base/dtype.h"
 #include "base/err.h"
 #include "base/mem.h"
 #include "base/args.h"
@@ -36,6 +37,7 @@ struct gen_opts {
     const char *model_path, *tokens, *text, *chat_msg, *system;
     bool print_ids, ignore_eos;
     int64_t n_predict, threads, ctx, batch;
+    int type_k, type_v; /* KV cache types */
     struct sample_params sp;
 };
 
@@ -66,7 +68,8 @@ static int parse_opts(struct gen_opts *o, int argc, char **argv)
 {
     struct args a = {argc, argv, 1, "generate", false};
     const char *v;
-    *o = (struct gen_opts){.n_predict = 128, .threads = 2, .batch = 512, .sp = sample_defaults()};
+    *o = (struct gen_opts){.n_predict = 128, .threads = 2, .batch = 512, .type_k = DT_F16, .type_v = DT_F16,
+                           .sp = sample_defaults()};
     struct sample_params *sp = &o->sp;
     for (; a.i < argc && !a.bad; a.i++) {
         if (args_opt(&a, "-m|--model", &v)) o->model_path = v;
@@ -80,6 +83,8 @@ static int parse_opts(struct gen_opts *o, int argc, char **argv)
         else if (args_opt(&a, "-t|--threads", &v)) o->threads = args_int(&a, "-t", v, 1, 512);
         else if (args_opt(&a, "-c|--ctx-size", &v)) o->ctx = args_int(&a, "--ctx-size", v, 1, 1 << 24);
         else if (args_opt(&a, "-b|--batch", &v)) o->batch = args_int(&a, "--batch", v, 1, 8192);
+        else if (args_opt(&a, "-ctk|--cache-type-k", &v)) o->type_k = cli_kv_type(&a, "-ctk", v);
+        else if (args_opt(&a, "-ctv|--cache-type-v", &v)) o->type_v = cli_kv_type(&a, "-ctv", v);
         else if (args_opt(&a, "--seed", &v)) sp->seed = (uint64_t)args_int(&a, "--seed", v, 0, INT64_MAX);
         else if (args_opt(&a, "--temp", &v)) sp->temperature = (float)args_float(&a, "--temp", v, 0, 100);
         else if (args_opt(&a, "--top-k", &v)) sp->top_k = (int)args_int(&a, "--top-k", v, 0, 1 << 24);
@@ -202,12 +207,24 @@ static int check_prompt(struct run *r, struct gen_opts *o)
     return 0;
 }
 
+int cli_kv_type(struct args *a, const char *opt, const char *v)
+{
+    int t = engine_kv_type(v);
+    if (t >= 0)
+        return t;
+    fprintf(stderr, "cairn %s: bad value for %s: '%s' (f16, f32, q8_0 or q4_0)\n", a->cmd, opt, v);
+    a->bad = true;
+    return DT_F16;
+}
+
 /* Makes the engine, the KV cache (when memory allows it), the sampler and the buffers;
  * 0, or 1 or 2 (message printed). */
 static int setup(struct run *r, const struct gen_opts *o)
 {
     struct engine_config ec = {.n_threads = (int)o->threads, .max_batch = (int)o->batch, .max_ctx = o->ctx};
     struct kv_config kc = engine_kv_config(r->m, o->ctx, 1, 16);
+    kc.type_k = o->type_k;
+    kc.type_v = o->type_v;
     int64_t avail = mem_available();
     if (avail > 0 && kv_bytes_for(&kc) > (uint64_t)avail) {
         fprintf(stderr, "cairn generate: a KV cache for %lld positions needs %.1f MiB but only %.1f MiB of memory "

@@ -3,6 +3,7 @@
 #include "base/dtype.h"
 #include "base/err.h"
 #include "base/pool.h"
+#include "engine/attn.h"
 #include "engine/vec.h"
 
 #include <math.h>
@@ -37,9 +38,7 @@ struct engine {
     int64_t *slot;   /* KV slot per token (B) */
     int32_t *out_rows; /* tokens whose logits are wanted (B) */
     void *embd_row;  /* one embedding row as stored in the file */
-    float *scores;   /* attention scratch per thread (n_threads, max_ctx) */
-    const uint16_t **rows; /* cached K or V rows of one head, per thread (n_threads, max_ctx) */
-    float *head_acc; /* per thread (n_threads, head_dim) */
+    struct attn *att; /* attention scratch */
 };
 
 /* ---- parallel jobs ---- */
@@ -232,7 +231,6 @@ static void qkv_post_run(void *ctx, int ith, int nth)
     const struct model_layer *L = j->L;
     long lo, hi;
     pool_split(j->B, 1, ith, nth, &lo, &hi);
-    int kv_type = kv_config(j->kv)->type;
     for (long b = lo; b < hi; b++) {
         float *q = e->q + b * e->q_dim, *k = e->k + b * e->kv_dim, *v = e->v + b * e->kv_dim;
         if (L->bq) {
@@ -254,118 +252,7 @@ static void qkv_post_run(void *ctx, int ith, int nth)
         const float *cs = e->rope_cs + b * hp->n_rot;
         rope_apply(hp, q, hp->n_head, cs);
         rope_apply(hp, k, hp->n_head_kv, cs);
-        void *kd = kv_k(j->kv, j->layer, e->slot[b]), *vd = kv_v(j->kv, j->layer, e->slot[b]);
-        if (kv_type == DT_F16) {
-            e->vec->to_f16(kd, k, e->kv_dim);
-            e->vec->to_f16(vd, v, e->kv_dim);
-        } else {
-            memcpy(kd, k, (size_t)e->kv_dim * sizeof(float));
-            memcpy(vd, v, (size_t)e->kv_dim * sizeof(float));
-        }
-    }
-}
-
-/* The cache slots of a sequence's positions 0, 1, 2, ... in turn (kv.h: position p is
- * at table[p / bt] * bt + p % bt), without a division per position. */
-struct slot_walk {
-    const int32_t *table;
-    int bt;
-    int64_t block;
-    int in_block;
-};
-
-static inline int64_t slot_next(struct slot_walk *w)
-{
-    int64_t slot = (int64_t)w->table[w->block] * w->bt + w->in_block;
-    if (++w->in_block == w->bt) {
-        w->in_block = 0;
-        w->block++;
-    }
-    return slot;
-}
-
-/* Causal attention of every (token, head) over its own sequence's cache. */
-struct attn_job {
-    struct engine *e;
-    struct kv_cache *kv;
-    const struct batch *batch;
-    int layer;
-};
-
-static void attn_run(void *ctx, int ith, int nth)
-{
-    struct attn_job *j = ctx;
-    struct engine *e = j->e;
-    const struct model_hparams *hp = &e->m->hp;
-    const struct vec_ops *vec = e->vec;
-    int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-    int bt = kv_config(j->kv)->block_tokens;
-    bool f16 = kv_config(j->kv)->type == DT_F16;
-    float scale = 1.0f / sqrtf((float)hd);
-    /* kv.h: a layer's rows are one array [n_blocks * block_tokens][kv_dim], indexed by slot. */
-    const uint16_t *k_base = kv_k(j->kv, j->layer, 0), *v_base = kv_v(j->kv, j->layer, 0);
-    int64_t kv_dim = e->kv_dim;
-    float *scores = e->scores + (int64_t)ith * e->cfg.max_ctx;
-    float *acc = e->head_acc + (int64_t)ith * hd;
-    /* (token, head) pairs dealt out in turn: later tokens of a prompt attend over more
-     * positions, so contiguous ranges would leave one thread with most of the work. */
-    long n_work = (long)j->batch->n * hp->n_head;
-    for (long w = ith; w < n_work; w += nth) {
-        int b = (int)(w / hp->n_head), h = (int)(w % hp->n_head);
-        int seq = j->batch->seq[b];
-        int64_t n_pos = j->batch->pos[b] + 1;
-        int64_t n_blocks;
-        const int32_t *table = kv_seq_blocks(j->kv, seq, &n_blocks);
-        const float *q = e->q + (int64_t)b * e->q_dim + (int64_t)h * hd;
-        int64_t head_off = (int64_t)(h / group) * hd;
-        float max = -INFINITY;
-        if (f16) {
-            /* The cached rows are cold (decode streams every weight through the caches
-             * between two layers' attention) and scattered over blocks: asking for all
-             * of them first, K and V, overlaps their misses instead of taking each in
-             * turn (the attention of a decode step took several times its arithmetic). */
-            const uint16_t **rows = e->rows + (int64_t)ith * e->cfg.max_ctx;
-            struct slot_walk w = {table, bt, 0, 0};
-            for (int64_t p = 0; p < n_pos; p++) {
-                int64_t off = slot_next(&w) * kv_dim + head_off;
-                rows[p] = k_base + off;
-                for (int64_t c = 0; c < hd; c += 32) {
-                    __builtin_prefetch(k_base + off + c, 0, 2);
-                    __builtin_prefetch(v_base + off + c, 0, 2);
-                }
-            }
-            vec->dots_f16(q, rows, n_pos, hd, scores);
-            for (int64_t p = 0; p < n_pos; p++) {
-                scores[p] = scores[p] * scale;
-                max = scores[p] > max ? scores[p] : max;
-            }
-        } else {
-            struct slot_walk w = {table, bt, 0, 0};
-            for (int64_t p = 0; p < n_pos; p++) {
-                float s = vec->dot_f32(q, (const float *)kv_k(j->kv, j->layer, slot_next(&w)) + head_off, hd) * scale;
-                scores[p] = s;
-                max = s > max ? s : max;
-            }
-        }
-        vec->exp_sub(scores, max, n_pos);
-        float sum = 0.0f;
-        for (int64_t p = 0; p < n_pos; p++)
-            sum = sum + scores[p];
-        memset(acc, 0, (size_t)hd * sizeof(float));
-        if (f16) {
-            const uint16_t **rows = e->rows + (int64_t)ith * e->cfg.max_ctx;
-            for (int64_t p = 0; p < n_pos; p++)
-                rows[p] = v_base + (rows[p] - k_base); /* the same slot's V row */
-            vec->wsum_f16(acc, scores, rows, n_pos, hd);
-        } else {
-            struct slot_walk w = {table, bt, 0, 0};
-            for (int64_t p = 0; p < n_pos; p++)
-                vec->axpy_f32(acc, scores[p], (const float *)kv_v(j->kv, j->layer, slot_next(&w)) + head_off, hd);
-        }
-        float inv = 1.0f / sum;
-        float *out = e->attn + (int64_t)b * e->q_dim + (int64_t)h * hd;
-        for (int i = 0; i < hd; i++)
-            out[i] = acc[i] * inv;
+        attn_kv_write(j->kv, j->layer, e->slot[b], hp->head_dim, k, v);
     }
 }
 
@@ -402,8 +289,15 @@ struct kv_config engine_kv_config(const struct model *m, int64_t n_ctx, int n_se
         .block_tokens = block_tokens,
         .n_blocks = per_seq * n_seqs,
         .max_seqs = n_seqs,
-        .type = DT_F16,
+        .type_k = DT_F16,
+        .type_v = DT_F16,
     };
+}
+
+int engine_kv_type(const char *name)
+{
+    int t = dtype_from_name(name);
+    return t == DT_F16 || t == DT_F32 || t == DT_Q8_0 || t == DT_Q4_0 ? t : CAIRN_EINVAL;
 }
 
 static void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
@@ -436,11 +330,10 @@ int engine_create(struct engine **out, const struct model *m, const struct engin
     e->slot = zalloc(B * sizeof *e->slot);
     e->out_rows = zalloc(B * sizeof *e->out_rows);
     e->embd_row = zalloc(m->tok_embd_row_bytes);
-    e->scores = zalloc((size_t)cfg->n_threads * (size_t)cfg->max_ctx * f);
-    e->rows = zalloc((size_t)cfg->n_threads * (size_t)cfg->max_ctx * sizeof *e->rows);
-    e->head_acc = zalloc((size_t)cfg->n_threads * (size_t)hp->head_dim * f);
+    struct attn_shape ash = {hp->n_head, hp->n_head_kv, hp->head_dim};
     bool ok = e->x && e->xn && e->tmp && e->q && e->attn && e->k && e->v && e->gate && e->up &&
-              e->rope_cs && e->slot && e->out_rows && e->scores && e->rows && e->head_acc && e->embd_row;
+              e->rope_cs && e->slot && e->out_rows && e->embd_row &&
+              attn_create(&e->att, &ash, cfg->n_threads, cfg->max_batch, cfg->max_ctx) == 0;
     int64_t dims[N_DIMS] = {hp->n_embd, e->q_dim, hp->n_ff};
     for (int k = 0; k < N_ACT_KINDS && ok; k++)
         for (int d = 0; d < N_DIMS && ok; d++) {
@@ -464,7 +357,8 @@ void engine_release(struct engine *e)
     if (!e)
         return;
     pool_release(e->pool);
-    float *bufs[] = {e->x, e->xn, e->tmp, e->q, e->attn, e->k, e->v, e->gate, e->up, e->rope_cs, e->scores, e->head_acc};
+    attn_release(e->att);
+    float *bufs[] = {e->x, e->xn, e->tmp, e->q, e->attn, e->k, e->v, e->gate, e->up, e->rope_cs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     for (int k = 0; k < N_ACT_KINDS; k++)
@@ -472,7 +366,6 @@ void engine_release(struct engine *e)
             free(e->act[k][d]);
     free(e->slot);
     free(e->out_rows);
-    free(e->rows);
     free(e->embd_row);
     free(e);
 }
@@ -483,18 +376,38 @@ int engine_max_batch(const struct engine *e) { return e->cfg.max_batch; }
 
 /* ---- forward ---- */
 
+/* The pair of YaRN's ramp (arch.h): below dimension pair lo angles are kept, above hi
+ * interpolated (llama.cpp's ggml_rope_yarn_corr_dims). */
+static void yarn_dims(const struct model_hparams *hp, double *lo, double *hi)
+{
+    double n = hp->n_rot, ctx = (double)hp->rope_yarn_orig_ctx, base = hp->rope_base;
+    double d_fast = n * log(ctx / (hp->rope_yarn_beta_fast * 6.283185307179586)) / (2.0 * log(base));
+    double d_slow = n * log(ctx / (hp->rope_yarn_beta_slow * 6.283185307179586)) / (2.0 * log(base));
+    *lo = fmax(0.0, floor(d_fast));
+    *hi = fmin(n - 1.0, ceil(d_slow));
+}
+
 static void rope_table(const struct model *m, int64_t pos, float *cs)
 {
     const struct model_hparams *hp = &m->hp;
     int half = hp->n_rot / 2;
     double p = (double)pos / hp->rope_linear_scale;
+    double factor = hp->rope_yarn_factor, lo = 0.0, hi = 0.0, mscale = 1.0;
+    if (factor > 1.0) {
+        yarn_dims(hp, &lo, &hi);
+        mscale = hp->rope_yarn_attn_factor * (1.0 + 0.1 * log(factor));
+    }
     for (int i = 0; i < half; i++) {
         double freq = pow((double)hp->rope_base, -2.0 * i / hp->n_rot);
         if (m->rope_freq_factors)
             freq /= m->rope_freq_factors[i];
         double theta = p * freq;
-        cs[2 * i] = (float)cos(theta);
-        cs[2 * i + 1] = (float)sin(theta);
+        if (factor > 1.0) {
+            double keep = 1.0 - fmin(1.0, fmax(0.0, (i - lo) / fmax(0.001, hi - lo)));
+            theta = theta / factor * (1.0 - keep) + theta * keep;
+        }
+        cs[2 * i] = (float)(cos(theta) * mscale);
+        cs[2 * i + 1] = (float)(sin(theta) * mscale);
     }
 }
 
@@ -506,6 +419,12 @@ static int check_batch(struct engine *e, struct kv_cache *kv, const struct batch
         return cairn_fail(err, errlen, CAIRN_EINVAL, "batch of %d tokens (engine takes 1..%d)", b->n, e->cfg.max_batch);
     if (kc->n_layers != m->layer_end - m->layer_begin || kc->kv_dim != e->kv_dim)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "KV cache shape does not match the model slice");
+    for (int i = 0; i < 2; i++) {
+        int t = i ? kc->type_v : kc->type_k;
+        if ((t == DT_Q8_0 || t == DT_Q4_0) && m->hp.head_dim % 32)
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "a %s cache of type %s needs a head size that is a multiple of 32 (this model's: %d)",
+                              i ? "V" : "K", dtype_name(t), m->hp.head_dim);
+    }
     if (m->first ? !b->token : !b->embd)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "batch lacks %s", m->first ? "tokens" : "input activations");
     for (int i = 0; i < b->n; i++) {
@@ -578,8 +497,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         matmul_items(e, B, qkv_items, 3);
         struct qkv_post_job pj = {e, L, kv, il, B};
         pool_run(e->pool, qkv_post_run, &pj);
-        struct attn_job aj = {e, kv, b, il};
-        pool_run(e->pool, attn_run, &aj);
+        attn_forward(e->att, e->pool, e->vec, kv, il, B, b->seq, b->pos, e->q, e->attn);
         const struct kern_mat *wo[1] = {L->wo};
         quantize_for(e, e->attn, e->q_dim, DIM_Q, B, wo, 1);
         struct mm_item wo_item = mm_item_for(e, L->wo, DIM_Q, e->tmp, (size_t)n_embd);

@@ -5,7 +5,7 @@
  * tokens at positions <= its own, never on what else is in the batch, how the prompt
  * was chunked, or the thread count. Every element is computed by one thread in one
  * fixed order (kern.h states the order of the matrix products; the vector helpers in
- * vec.h that of norms, RoPE and attention). */
+ * vec.h that of norms and RoPE; attn.h that of attention, tile by tile from position 0). */
 #ifndef CAIRN_ENGINE_ENGINE_H
 #define CAIRN_ENGINE_ENGINE_H
 
@@ -41,7 +41,12 @@ int engine_create(struct engine **out, const struct model *m, const struct engin
                   char *err, size_t errlen);
 void engine_release(struct engine *e); /* accepts NULL */
 
-/* KV cache config for this slice: n_ctx positions for each of n_seqs sequences. */
+/* The KV cache type of a name ("f16", "f32", "q8_0", "q4_0", any case, as llama.cpp's
+ * -ctk/-ctv), or CAIRN_EINVAL. */
+int engine_kv_type(const char *name);
+
+/* KV cache config for this slice: n_ctx positions for each of n_seqs sequences, K and V
+ * in F16 (set type_k / type_v for others). */
 struct kv_config engine_kv_config(const struct model *m, int64_t n_ctx, int n_seqs, int block_tokens);
 
 /* Runs the slice over the batch. out receives, for the last slice, one row of n_vocab

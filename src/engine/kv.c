@@ -20,10 +20,10 @@ struct kv_seq {
 
 struct kv_cache {
     struct kv_config cfg;
-    size_t row_bytes;    /* kv_dim * element size */
-    size_t block_bytes;  /* row_bytes * block_tokens */
-    size_t layer_bytes;  /* block_bytes * n_blocks: one K or V mapping */
-    uint8_t **k, **v;    /* [n_layers] mappings of layer_bytes */
+    size_t row_bytes[2];   /* K, V: bytes of kv_dim elements of their type */
+    size_t block_bytes[2]; /* row_bytes * block_tokens */
+    size_t layer_bytes[2]; /* block_bytes * n_blocks: one K or V mapping */
+    uint8_t **k, **v;      /* [n_layers] mappings of layer_bytes[0] / [1] */
     int32_t *refs;       /* [n_blocks] sequences holding each block */
     int32_t *free_stack; /* [n_blocks] free block ids, top at n_free - 1 */
     int64_t n_free;
@@ -36,7 +36,7 @@ struct kv_cache {
 
 /* Sizes of a config, or an error message when it is invalid or overflows. */
 struct kv_sizes {
-    size_t row_bytes, block_bytes, layer_bytes, tables_bytes;
+    size_t row_bytes[2], block_bytes[2], layer_bytes[2], tables_bytes;
     uint64_t total;
 };
 
@@ -52,9 +52,11 @@ static int compute_sizes(const struct kv_config *c, struct kv_sizes *s, char *er
 {
     if (!c)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "kv: no config");
-    if (c->type != DT_F16 && c->type != DT_F32)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "kv: type %s not supported (F16 or F32)",
-                          dtype_name(c->type));
+    int types[2] = {c->type_k, c->type_v};
+    for (int i = 0; i < 2; i++)
+        if (types[i] != DT_F16 && types[i] != DT_F32 && types[i] != DT_Q8_0 && types[i] != DT_Q4_0)
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "kv: %s type %s not supported (f16, f32, q8_0 or q4_0)",
+                              i ? "V" : "K", dtype_name(types[i]));
     if (c->n_layers <= 0 || c->kv_dim <= 0 || c->block_tokens <= 0 || c->n_blocks <= 0 ||
         c->max_seqs <= 0)
         return cairn_fail(err, errlen, CAIRN_EINVAL,
@@ -65,20 +67,27 @@ static int compute_sizes(const struct kv_config *c, struct kv_sizes *s, char *er
     if (c->n_blocks > INT32_MAX)
         return cairn_fail(err, errlen, CAIRN_ERANGE, "kv: n_blocks %lld exceeds block ids (int32)",
                           (long long)c->n_blocks);
-    size_t esize = c->type == DT_F16 ? 2 : 4;
-    size_t two_layers;
-    if ((uint64_t)c->kv_dim > SIZE_MAX || (uint64_t)c->n_blocks > SIZE_MAX ||
-        !mul_ok((size_t)c->kv_dim, esize, &s->row_bytes) ||
-        !mul_ok(s->row_bytes, (size_t)c->block_tokens, &s->block_bytes) ||
-        !mul_ok(s->block_bytes, (size_t)c->n_blocks, &s->layer_bytes) ||
-        !mul_ok(s->layer_bytes, 2 * (size_t)c->n_layers, &two_layers) ||
-        !mul_ok((size_t)c->max_seqs * sizeof(int32_t), (size_t)c->n_blocks, &s->tables_bytes) ||
-        s->layer_bytes > (size_t)INT64_MAX)
-        return cairn_fail(err, errlen, CAIRN_ERANGE,
-                          "kv: size overflows (%d layers x %lld blocks x %d tokens x %lld dims)",
-                          c->n_layers, (long long)c->n_blocks, c->block_tokens,
-                          (long long)c->kv_dim);
-    s->total = two_layers;
+    uint64_t total = 0;
+    for (int i = 0; i < 2; i++) {
+        const struct dtype_info *ti = dtype_info(types[i]);
+        if (c->kv_dim % ti->block_elems)
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "kv: %s type %s needs kv_dim %lld a multiple of %d",
+                              i ? "V" : "K", dtype_name(types[i]), (long long)c->kv_dim, (int)ti->block_elems);
+        size_t two_layers;
+        if ((uint64_t)c->kv_dim > SIZE_MAX || (uint64_t)c->n_blocks > SIZE_MAX ||
+            !mul_ok((size_t)(c->kv_dim / ti->block_elems), (size_t)ti->block_bytes, &s->row_bytes[i]) ||
+            !mul_ok(s->row_bytes[i], (size_t)c->block_tokens, &s->block_bytes[i]) ||
+            !mul_ok(s->block_bytes[i], (size_t)c->n_blocks, &s->layer_bytes[i]) ||
+            !mul_ok(s->layer_bytes[i], (size_t)c->n_layers, &two_layers) ||
+            !mul_ok((size_t)c->max_seqs * sizeof(int32_t), (size_t)c->n_blocks, &s->tables_bytes) ||
+            s->layer_bytes[i] > (size_t)INT64_MAX || total + two_layers < total)
+            return cairn_fail(err, errlen, CAIRN_ERANGE,
+                              "kv: size overflows (%d layers x %lld blocks x %d tokens x %lld dims)",
+                              c->n_layers, (long long)c->n_blocks, c->block_tokens,
+                              (long long)c->kv_dim);
+        total += two_layers;
+    }
+    s->total = total;
     return 0;
 }
 
@@ -105,9 +114,9 @@ void kv_release(struct kv_cache *kv)
         return;
     for (int l = 0; l < kv->cfg.n_layers; l++) {
         if (kv->k && kv->k[l])
-            munmap(kv->k[l], kv->layer_bytes);
+            munmap(kv->k[l], kv->layer_bytes[0]);
         if (kv->v && kv->v[l])
-            munmap(kv->v[l], kv->layer_bytes);
+            munmap(kv->v[l], kv->layer_bytes[1]);
     }
     if (kv->tables)
         munmap(kv->tables, kv->tables_bytes);
@@ -129,9 +138,9 @@ int kv_create(struct kv_cache **out, const struct kv_config *cfg, char *err, siz
     if (!kv)
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "kv: out of memory");
     kv->cfg = *cfg;
-    kv->row_bytes = s.row_bytes;
-    kv->block_bytes = s.block_bytes;
-    kv->layer_bytes = s.layer_bytes;
+    memcpy(kv->row_bytes, s.row_bytes, sizeof kv->row_bytes);
+    memcpy(kv->block_bytes, s.block_bytes, sizeof kv->block_bytes);
+    memcpy(kv->layer_bytes, s.layer_bytes, sizeof kv->layer_bytes);
     kv->tables_bytes = s.tables_bytes;
     size_t nb = (size_t)cfg->n_blocks;
     kv->k = calloc((size_t)cfg->n_layers, sizeof *kv->k);
@@ -151,16 +160,16 @@ int kv_create(struct kv_cache **out, const struct kv_config *cfg, char *err, siz
         goto fail;
     }
     for (int l = 0; l < cfg->n_layers; l++) {
-        kv->k[l] = map_lazy(s.layer_bytes);
+        kv->k[l] = map_lazy(s.layer_bytes[0]);
         if (!kv->k[l]) {
             rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "kv: mmap of %zu bytes for layer %d K: %s",
-                            s.layer_bytes, l, strerror(errno));
+                            s.layer_bytes[0], l, strerror(errno));
             goto fail;
         }
-        kv->v[l] = map_lazy(s.layer_bytes);
+        kv->v[l] = map_lazy(s.layer_bytes[1]);
         if (!kv->v[l]) {
             rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "kv: mmap of %zu bytes for layer %d V: %s",
-                            s.layer_bytes, l, strerror(errno));
+                            s.layer_bytes[1], l, strerror(errno));
             goto fail;
         }
     }
@@ -246,10 +255,10 @@ int kv_prepare(struct kv_cache *kv, int seq, int64_t pos, int64_t n)
     if (cow) {
         int32_t old = s->table[keep - 1];
         int32_t fresh = block_take(kv);
-        size_t off_old = (size_t)old * kv->block_bytes, off_new = (size_t)fresh * kv->block_bytes;
+        size_t kb = kv->block_bytes[0], vb = kv->block_bytes[1];
         for (int l = 0; l < kv->cfg.n_layers; l++) {
-            memcpy(kv->k[l] + off_new, kv->k[l] + off_old, kv->block_bytes);
-            memcpy(kv->v[l] + off_new, kv->v[l] + off_old, kv->block_bytes);
+            memcpy(kv->k[l] + (size_t)fresh * kb, kv->k[l] + (size_t)old * kb, kb);
+            memcpy(kv->v[l] + (size_t)fresh * vb, kv->v[l] + (size_t)old * vb, vb);
         }
         block_unref(kv, old);
         s->table[keep - 1] = fresh;
@@ -283,17 +292,17 @@ const int32_t *kv_seq_blocks(const struct kv_cache *kv, int seq, int64_t *n)
     return s ? s->table : NULL;
 }
 
-static void *row(const struct kv_cache *kv, uint8_t *const *base, int layer, int64_t slot)
+static void *row(const struct kv_cache *kv, int which, int layer, int64_t slot)
 {
     if (layer < 0 || layer >= kv->cfg.n_layers || slot < 0 ||
         slot >= kv->cfg.n_blocks * kv->cfg.block_tokens)
         return NULL;
-    return base[layer] + (size_t)slot * kv->row_bytes;
+    return (which ? kv->v : kv->k)[layer] + (size_t)slot * kv->row_bytes[which];
 }
 
-void *kv_k(struct kv_cache *kv, int layer, int64_t slot) { return row(kv, kv->k, layer, slot); }
+void *kv_k(struct kv_cache *kv, int layer, int64_t slot) { return row(kv, 0, layer, slot); }
 
-void *kv_v(struct kv_cache *kv, int layer, int64_t slot) { return row(kv, kv->v, layer, slot); }
+void *kv_v(struct kv_cache *kv, int layer, int64_t slot) { return row(kv, 1, layer, slot); }
 
 void kv_truncate(struct kv_cache *kv, int seq, int64_t pos)
 {

@@ -3,9 +3,11 @@
  * count and copied on write, so forking a prefix copies nothing. One kv_cache serves one
  * model slice: it holds only that slice's layers.
  *
- * Memory layout per layer and per K/V: [n_blocks][block_tokens][kv_dim] elements of
- * `type` (F16 by default, or F32), so the rows of one block are contiguous. A "slot" is
- * block * block_tokens + offset and indexes a row. */
+ * Memory per layer and per K/V: n_blocks blocks of block_tokens rows of kv_dim elements
+ * of the K or V type (F16 by default, F32, Q8_0 or Q4_0: then kv_dim / 32 blocks of
+ * GGUF's format per row); a block's bytes are contiguous. A "slot" is
+ * block * block_tokens + offset and names a row; how a block's bytes are laid out
+ * inside it is the attention's business (attn.h). */
 #ifndef CAIRN_ENGINE_KV_H
 #define CAIRN_ENGINE_KV_H
 
@@ -18,20 +20,21 @@ struct kv_config {
     int block_tokens;      /* positions per block, e.g. 16 */
     int64_t n_blocks;      /* blocks in the pool */
     int max_seqs;          /* sequence ids are [0, max_seqs) */
-    int type;              /* DT_F16 or DT_F32 */
+    int type_k, type_v;    /* DT_F16, DT_F32, DT_Q8_0 or DT_Q4_0 each */
 };
 
 struct kv_cache;
 
 /* Bytes a cache of this config allocates for K and V (for memory checks before creating
- * it): 2 * n_layers * n_blocks * block_tokens * kv_dim * element size; 0 when the config is
+ * it): n_layers * n_blocks * block_tokens * (K's + V's bytes of kv_dim elements); 0 when the config is
  * invalid or the size overflows. Bookkeeping adds 8 bytes per block, and block tables of
  * 4 bytes per block per sequence in use (reserved for max_seqs * n_blocks, committed as
  * sequences grow). Storage is mmapped and committed lazily, as rows are first written. */
 uint64_t kv_bytes_for(const struct kv_config *cfg);
 
 /* Creates an empty cache; the caller owns it (kv_release). Fails with CAIRN_EINVAL on a
- * non-positive size or a type other than F16/F32, CAIRN_ERANGE when sizes overflow or
+ * non-positive size, a type other than F16/F32/Q8_0/Q4_0 or a kv_dim a quantized type's
+ * blocks do not divide, CAIRN_ERANGE when sizes overflow or
  * n_blocks > INT32_MAX, CAIRN_ENOMEM when a mapping fails; err says which. Rows are 64-byte
  * aligned when row bytes are a multiple of 64 (each layer's K and V start page aligned).
  * Not thread-safe: calls that change sequences must not run concurrently with any call;
@@ -60,8 +63,9 @@ int64_t kv_slot(const struct kv_cache *kv, int seq, int64_t pos);
  * *n = 0 for a seq out of range. */
 const int32_t *kv_seq_blocks(const struct kv_cache *kv, int seq, int64_t *n);
 
-/* Row of K / V for a layer and slot (kv_dim elements of the cache's type). Rows of the
- * same block are contiguous. NULL for a layer or slot out of range. */
+/* Row of K / V for a layer and slot: slot * (bytes of kv_dim elements of the type) from
+ * the layer's start. Rows of the same block are contiguous. NULL for a layer or slot
+ * out of range. */
 void *kv_k(struct kv_cache *kv, int layer, int64_t slot);
 void *kv_v(struct kv_cache *kv, int layer, int64_t slot);
 

@@ -1,9 +1,12 @@
 #include "engine/vec.h"
 
 #include "base/cpu.h"
+#include "base/dtype.h"
 #include "kern/kern.h"
+#include "kern/quant.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 static float reduce16(float lane[16])
@@ -20,44 +23,6 @@ static float dot_f32_ref(const float *a, const float *b, int64_t n)
     for (int64_t k = 0; k < n; k++)
         lane[k % 16] = lane[k % 16] + a[k] * b[k];
     return reduce16(lane);
-}
-
-static float dot_f16_ref(const float *a, const uint16_t *b, int64_t n)
-{
-    float lane[16] = {0};
-    for (int64_t k = 0; k < n; k++)
-        lane[k % 16] = lane[k % 16] + a[k] * kern_f16_to_f32(b[k]);
-    return reduce16(lane);
-}
-
-static void axpy_f16_ref(float *y, float a, const uint16_t *x, int64_t n)
-{
-    for (int64_t k = 0; k < n; k++)
-        y[k] = y[k] + a * kern_f16_to_f32(x[k]);
-}
-
-static void axpy_f32_ref(float *y, float a, const float *x, int64_t n)
-{
-    for (int64_t k = 0; k < n; k++)
-        y[k] = y[k] + a * x[k];
-}
-
-static void to_f16_ref(uint16_t *dst, const float *src, int64_t n)
-{
-    for (int64_t k = 0; k < n; k++)
-        dst[k] = kern_f32_to_f16(src[k]);
-}
-
-static void dots_f16_ref(const float *q, const uint16_t *const *rows, int64_t n, int64_t hd, float *out)
-{
-    for (int64_t p = 0; p < n; p++)
-        out[p] = dot_f16_ref(q, rows[p], hd);
-}
-
-static void wsum_f16_ref(float *acc, const float *w, const uint16_t *const *rows, int64_t n, int64_t hd)
-{
-    for (int64_t p = 0; p < n; p++)
-        axpy_f16_ref(acc, w[p], rows[p], hd);
 }
 
 /* vec.h's exp, one float at a time. The clamps are written as the SIMD max/min
@@ -97,8 +62,87 @@ static void silu_mul_ref(float *a, const float *b, int64_t n)
         a[k] = (a[k] / (1.0f + exp_ref(-a[k]))) * b[k];
 }
 
-static const struct vec_ops ref_ops = {dot_f32_ref, dot_f16_ref, axpy_f16_ref, axpy_f32_ref, to_f16_ref,
-                                       dots_f16_ref, wsum_f16_ref, exp_sub_ref, silu_mul_ref};
+/* K(d, j) of vec.h's attn_qk as its code (quantized) or value (F16/F32). */
+static float k_code(const void *kt, int type, int64_t ld, int64_t d, int64_t j)
+{
+    switch (type) {
+    case DT_F16: return kern_f16_to_f32(((const uint16_t *)kt)[d * ld + j]);
+    case DT_F32: return ((const float *)kt)[d * ld + j];
+    case DT_Q8_0: return (float)((const int8_t *)kt)[d * ld + j];
+    default: {
+        int64_t c = d / 32, i = d % 32;
+        uint8_t b = ((const uint8_t *)kt)[(16 * c + i % 16) * ld + j];
+        return (float)((i < 16 ? b & 15 : b >> 4) - 8);
+    }
+    }
+}
+
+static void attn_qk_ref(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
+                        int64_t hd, int type, float *s, int64_t lds)
+{
+    bool quant = type == DT_Q8_0 || type == DT_Q4_0;
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < n; j++) {
+            float acc = 0.0f;
+            if (!quant) {
+                for (int64_t d = 0; d < hd; d++)
+                    acc = fmaf(q[r * ldq + d], k_code(kt, type, ld, d, j), acc);
+            } else {
+                for (int64_t c = 0; c < hd / 32; c++) {
+                    float u = 0.0f;
+                    for (int64_t d = 32 * c; d < 32 * c + 32; d++)
+                        u = fmaf(q[r * ldq + d], k_code(kt, type, ld, d, j), u);
+                    acc = fmaf(u, kern_f16_to_f32(ks[c * ld + j]), acc);
+                }
+            }
+            s[r * lds + j] = acc;
+        }
+}
+
+static void attn_pv_ref(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
+                        const void *const *v, int64_t hd, int type)
+{
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < n[r]; j++) {
+            float pj = p[r * ldp + j], *y = o + r * ldo;
+            if (type == DT_F16 || type == DT_F32) {
+                for (int64_t i = 0; i < hd; i++)
+                    y[i] = fmaf(pj, type == DT_F16 ? kern_f16_to_f32(((const uint16_t *)v[j])[i]) : ((const float *)v[j])[i], y[i]);
+            } else if (type == DT_Q8_0) {
+                const struct block_q8_0 *b = v[j];
+                for (int64_t c = 0; c < hd / 32; c++) {
+                    float w = pj * kern_f16_to_f32(b[c].d);
+                    for (int i = 0; i < 32; i++)
+                        y[32 * c + i] = fmaf(w, (float)b[c].qs[i], y[32 * c + i]);
+                }
+            } else {
+                const struct block_q4_0 *b = v[j];
+                for (int64_t c = 0; c < hd / 32; c++) {
+                    float w = pj * kern_f16_to_f32(b[c].d);
+                    for (int i = 0; i < 32; i++) {
+                        uint8_t x = b[c].qs[i % 16];
+                        y[32 * c + i] = fmaf(w, (float)((i < 16 ? x & 15 : x >> 4) - 8), y[32 * c + i]);
+                    }
+                }
+            }
+        }
+}
+
+static float softmax_tile_ref(float *s, int64_t n, float *l)
+{
+    float m = s[0];
+    for (int64_t j = 1; j < n; j++)
+        m = s[j] > m ? s[j] : m;
+    exp_sub_ref(s, m, n);
+    float lane[16] = {0};
+    for (int64_t j = 0; j < n; j++)
+        lane[j % 16] = lane[j % 16] + s[j];
+    *l = reduce16(lane);
+    return m;
+}
+
+static const struct vec_ops ref_ops = {dot_f32_ref, exp_sub_ref, silu_mul_ref, attn_qk_ref, attn_pv_ref,
+                                       softmax_tile_ref};
 
 const struct vec_ops *vec_ops_ref(void) { return &ref_ops; }
 

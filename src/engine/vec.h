@@ -2,7 +2,6 @@
  * order of float operations so results are identical on every path:
  *   dot products: 16 lanes, element k into lane k%16 with lane += a*b (a multiply then
  *   an add, never fused), then for s = 8,4,2,1: lane[l] += lane[l+s]; result lane[0].
- *   axpy: y[k] = y[k] + a*x[k] (multiply then add).
  *   exp: the steps of VEC_EXP below (fused multiply-adds where it says fma, which every
  *   path has: the scalar reference calls fmaf), about 2 ulp from exp over all floats.
  * vec_init picks the SIMD variant for this CPU; the scalar ones are the reference. */
@@ -13,17 +12,32 @@
 
 struct vec_ops {
     float (*dot_f32)(const float *a, const float *b, int64_t n);
-    float (*dot_f16)(const float *a, const uint16_t *b, int64_t n); /* b is IEEE half */
-    void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
-    void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
-    void (*to_f16)(uint16_t *dst, const float *src, int64_t n);     /* round to nearest even */
-    /* Attention over n cached rows of half floats: out[p] = dot_f16(q, rows[p], hd), and
-     * acc[i] = acc[i] + w[p]*rows[p][i] for p in order: the same bits as the single-row
-     * calls, with the accumulators kept in registers. */
-    void (*dots_f16)(const float *q, const uint16_t *const *rows, int64_t n, int64_t hd, float *out);
-    void (*wsum_f16)(float *acc, const float *w, const uint16_t *const *rows, int64_t n, int64_t hd);
     void (*exp_sub)(float *x, float sub, int64_t n);          /* x[k] = exp(x[k] - sub) */
     void (*silu_mul)(float *a, const float *b, int64_t n);    /* a[k] = silu(a[k]) * b[k] */
+
+    /* Tile products of attention (attn.h), K and V of type DT_F16, DT_F32, DT_Q8_0 or
+     * DT_Q4_0 (quantized: head_dim a multiple of 32). Each result element is a chain of
+     * fused multiply-adds in a fixed order, so how a variant groups rows and keys into
+     * registers changes no bit.
+     *   attn_qk: s[r*lds + j] for r < rows, j < n: with K(d, j) the element at kt[d*ld + j]
+     *     (keys transposed: the n keys of one dimension are contiguous),
+     *     F16/F32: fma(q[r*ldq + hd-1], K(hd-1, j), ... fma(q[r*ldq], K(0, j), 0));
+     *     Q8_0/Q4_0: per 32 dimensions c in turn, u_c = that chain over the 32 dims with the
+     *     integer codes as K, then s = fma(u_c, scale(c, j), s) from s = 0, where the half
+     *     scale(c, j) is at ks[c*ld + j]; Q8_0's codes are int8 at kt[d*ld + j]; Q4_0's
+     *     byte kt[(16c + i)*ld + j] holds dims 32c+i (low nibble) and 32c+16+i (high),
+     *     each nibble minus 8. Reads no K(d, j) with j >= n.
+     *   attn_pv: for r < rows, for j = 0 .. n[r]-1 in turn, o[r*ldo + i] += p[r*ldp + j] *
+     *     V_j[i] as o = fma(p, V_j[i], o) (F16/F32, v[j] the row of hd elements), or per 32
+     *     columns c with w = p * scale: o = fma(w, code, o) (v[j] hd/32 GGUF blocks).
+     *   softmax_tile: m = max of s[0..n) (n >= 1; NaN unspecified), s[j] = exp(s[j] - m)
+     *     as exp_sub, *l = their sum in dot_f32's 16 lanes (s[j] into lane j % 16, then the
+     *     tree); returns m. */
+    void (*attn_qk)(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
+                    int64_t hd, int type, float *s, int64_t lds);
+    void (*attn_pv)(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
+                    const void *const *v, int64_t hd, int type);
+    float (*softmax_tile)(float *s, int64_t n, float *l);
 };
 
 /* exp(t) in fixed steps (Cephes' expf: t clamped to [EXP_LO, EXP_HI], n = t*log2(e)

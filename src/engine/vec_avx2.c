@@ -2,7 +2,10 @@
  * reference (lanes 0-7 in one register, 8-15 in another; no fused multiply-add). */
 #include "engine/vec.h"
 
+#include "base/dtype.h"
+
 #include <immintrin.h>
+#include <math.h>
 
 /* lane[l] += lane[l+s] for s = 8, 4, 2, 1: the reference's tree, in registers. */
 static inline float reduce16(__m256 lo, __m256 hi)
@@ -33,78 +36,6 @@ static float dot_f32(const float *a, const float *b, int64_t n)
     for (; k < n; k++)
         lane[k % 16] = lane[k % 16] + a[k] * b[k];
     return reduce16(_mm256_loadu_ps(lane), _mm256_loadu_ps(lane + 8));
-}
-
-static float dot_f16(const float *a, const uint16_t *b, int64_t n)
-{
-    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 <= n; k += 16) {
-        __m256 b0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + k)));
-        __m256 b1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + k + 8)));
-        lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(a + k), b0));
-        hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(a + k + 8), b1));
-    }
-    float lane[16];
-    _mm256_storeu_ps(lane, lo);
-    _mm256_storeu_ps(lane + 8, hi);
-    for (; k < n; k++)
-        lane[k % 16] = lane[k % 16] + a[k] * half_to_float(b[k]);
-    return reduce16(_mm256_loadu_ps(lane), _mm256_loadu_ps(lane + 8));
-}
-
-static void axpy_f16(float *y, float a, const uint16_t *x, int64_t n)
-{
-    __m256 va = _mm256_set1_ps(a);
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8) {
-        __m256 vx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + k)));
-        _mm256_storeu_ps(y + k, _mm256_add_ps(_mm256_loadu_ps(y + k), _mm256_mul_ps(va, vx)));
-    }
-    for (; k < n; k++)
-        y[k] = y[k] + a * half_to_float(x[k]);
-}
-
-static void axpy_f32(float *y, float a, const float *x, int64_t n)
-{
-    __m256 va = _mm256_set1_ps(a);
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8)
-        _mm256_storeu_ps(y + k, _mm256_add_ps(_mm256_loadu_ps(y + k), _mm256_mul_ps(va, _mm256_loadu_ps(x + k))));
-    for (; k < n; k++)
-        y[k] = y[k] + a * x[k];
-}
-
-static void to_f16(uint16_t *dst, const float *src, int64_t n)
-{
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8)
-        _mm_storeu_si128((__m128i *)(dst + k), _mm256_cvtps_ph(_mm256_loadu_ps(src + k), _MM_FROUND_TO_NEAREST_INT));
-    for (; k < n; k++)
-        dst[k] = (uint16_t)_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(src[k]), _MM_FROUND_TO_NEAREST_INT), 0);
-}
-
-static void dots_f16(const float *q, const uint16_t *const *rows, int64_t n, int64_t hd, float *out)
-{
-    for (int64_t p = 0; p < n; p++)
-        out[p] = dot_f16(q, rows[p], hd);
-}
-
-/* Eight columns at a time over all rows, so each accumulator stays in a register. */
-static void wsum_f16(float *acc, const float *w, const uint16_t *const *rows, int64_t n, int64_t hd)
-{
-    int64_t k = 0;
-    for (; k + 8 <= hd; k += 8) {
-        __m256 a = _mm256_loadu_ps(acc + k);
-        for (int64_t p = 0; p < n; p++) {
-            __m256 vx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rows[p] + k)));
-            a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_set1_ps(w[p]), vx));
-        }
-        _mm256_storeu_ps(acc + k, a);
-    }
-    for (; k < hd; k++)
-        for (int64_t p = 0; p < n; p++)
-            acc[k] = acc[k] + w[p] * half_to_float(rows[p][k]);
 }
 
 /* vec.h's exp on 8 lanes. */
@@ -163,7 +94,170 @@ static void silu_mul(float *a, const float *b, int64_t n)
     }
 }
 
-static const struct vec_ops avx2_ops = {dot_f32, dot_f16, axpy_f16, axpy_f32, to_f16, dots_f16, wsum_f16,
-                                        exp_sub, silu_mul};
+/* ---- attention tiles (vec.h): one fused multiply-add chain per result element; 8 keys
+ * or 8 columns to a register, the ragged ends one element at a time ---- */
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE __m256 load8(const void *p, int f16, int64_t i)
+{
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)))
+               : _mm256_loadu_ps((const float *)p + i);
+}
+
+INLINE float elem(const void *p, int f16, int64_t i)
+{
+    return f16 ? half_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* R (constant, <= 4) rows by the 8 keys j0.. */
+INLINE void qk_rows(const float *q, int64_t ldq, const int R, const void *kt, int64_t ld, int j0, int64_t hd,
+                    const int f16, float *s, int64_t lds)
+{
+    __m256 a[4];
+    for (int r = 0; r < R; r++)
+        a[r] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; d++) {
+        __m256 k = load8(kt, f16, d * ld + j0);
+        for (int r = 0; r < R; r++)
+            a[r] = _mm256_fmadd_ps(_mm256_set1_ps(q[r * ldq + d]), k, a[r]);
+    }
+    for (int r = 0; r < R; r++)
+        _mm256_storeu_ps(s + r * lds + j0, a[r]);
+}
+
+INLINE void qk_impl(const float *q, int64_t ldq, int rows, const void *kt, int64_t ld, int n, int64_t hd,
+                    const int f16, float *s, int64_t lds)
+{
+    int j0 = 0;
+    for (; j0 + 8 <= n; j0 += 8) {
+        int r = 0;
+        for (; r + 4 <= rows; r += 4)
+            qk_rows(q + r * ldq, ldq, 4, kt, ld, j0, hd, f16, s + r * lds, lds);
+        switch (rows - r) {
+        case 3: qk_rows(q + r * ldq, ldq, 3, kt, ld, j0, hd, f16, s + r * lds, lds); break;
+        case 2: qk_rows(q + r * ldq, ldq, 2, kt, ld, j0, hd, f16, s + r * lds, lds); break;
+        case 1: qk_rows(q + r * ldq, ldq, 1, kt, ld, j0, hd, f16, s + r * lds, lds); break;
+        default: break;
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int j = j0; j < n; j++) {
+            float acc = 0.0f;
+            for (int64_t d = 0; d < hd; d++)
+                acc = fmaf(q[r * ldq + d], elem(kt, f16, d * ld + j), acc);
+            s[r * lds + j] = acc;
+        }
+}
+
+/* Quantized K and V take the reference's code (the same bits, slower). */
+static void attn_qk(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
+                    int64_t hd, int type, float *s, int64_t lds)
+{
+    if (type != DT_F16 && type != DT_F32) {
+        vec_ops_ref()->attn_qk(q, ldq, rows, kt, ks, ld, n, hd, type, s, lds);
+        return;
+    }
+    if (type == DT_F16)
+        qk_impl(q, ldq, rows, kt, ld, n, hd, 1, s, lds);
+    else
+        qk_impl(q, ldq, rows, kt, ld, n, hd, 0, s, lds);
+}
+
+/* R (constant, <= 2) rows, keys [j0, j1), NC (constant) chunks of 8 columns from c0. */
+INLINE void pv_rows(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
+                    const void *const *v, int64_t c0, const int NC, const int f16)
+{
+    __m256 a[2][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < NC; c++)
+            a[r][c] = _mm256_loadu_ps(o + r * ldo + c0 + 8 * c);
+    for (int j = j0; j < j1; j++) {
+        __m256 x[4];
+        for (int c = 0; c < NC; c++)
+            x[c] = load8(v[j], f16, c0 + 8 * c);
+        for (int r = 0; r < R; r++) {
+            __m256 pr = _mm256_set1_ps(p[r * ldp + j]);
+            for (int c = 0; c < NC; c++)
+                a[r][c] = _mm256_fmadd_ps(pr, x[c], a[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < NC; c++)
+            _mm256_storeu_ps(o + r * ldo + c0 + 8 * c, a[r][c]);
+}
+
+INLINE void pv_cols(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
+                    const void *const *v, int64_t c0, const int NC, const int f16)
+{
+    for (int r = 0; r < rows; r += 2) {
+        int R = rows - r < 2 ? rows - r : 2;
+        int jmin = R == 2 && n[r + 1] < n[r] ? n[r + 1] : n[r];
+        if (R == 2)
+            pv_rows(o + r * ldo, ldo, 2, p + r * ldp, ldp, 0, jmin, v, c0, NC, f16);
+        else
+            pv_rows(o + r * ldo, ldo, 1, p + r * ldp, ldp, 0, jmin, v, c0, NC, f16);
+        for (int g = 0; g < R; g++)
+            if (n[r + g] > jmin)
+                pv_rows(o + (r + g) * ldo, ldo, 1, p + (r + g) * ldp, ldp, jmin, n[r + g], v, c0, NC, f16);
+    }
+}
+
+INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
+                    const void *const *v, int64_t hd, const int f16)
+{
+    int64_t c0 = 0;
+    for (; c0 + 32 <= hd; c0 += 32)
+        pv_cols(o, ldo, rows, p, ldp, n, v, c0, 4, f16);
+    for (; c0 + 8 <= hd; c0 += 8)
+        pv_cols(o, ldo, rows, p, ldp, n, v, c0, 1, f16);
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < n[r]; j++)
+            for (int64_t i = c0; i < hd; i++)
+                o[r * ldo + i] = fmaf(p[r * ldp + j], elem(v[j], f16, i), o[r * ldo + i]);
+}
+
+static void attn_pv(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
+                    const void *const *v, int64_t hd, int type)
+{
+    if (type != DT_F16 && type != DT_F32) {
+        vec_ops_ref()->attn_pv(o, ldo, rows, p, ldp, n, v, hd, type);
+        return;
+    }
+    if (type == DT_F16)
+        pv_impl(o, ldo, rows, p, ldp, n, v, hd, 1);
+    else
+        pv_impl(o, ldo, rows, p, ldp, n, v, hd, 0);
+}
+
+static float softmax_tile(float *s, int64_t n, float *l)
+{
+    __m256 mx = _mm256_set1_ps(-__builtin_inff());
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + k));
+    float lane8[8];
+    _mm256_storeu_ps(lane8, mx);
+    float m = lane8[0];
+    for (int i = 1; i < 8; i++)
+        m = lane8[i] > m ? lane8[i] : m;
+    for (; k < n; k++)
+        m = s[k] > m ? s[k] : m;
+    exp_sub(s, m, n);
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (k = 0; k + 16 <= n; k += 16) {
+        lo = _mm256_add_ps(lo, _mm256_loadu_ps(s + k));
+        hi = _mm256_add_ps(hi, _mm256_loadu_ps(s + k + 8));
+    }
+    float lane[16];
+    _mm256_storeu_ps(lane, lo);
+    _mm256_storeu_ps(lane + 8, hi);
+    for (; k < n; k++)
+        lane[k % 16] = lane[k % 16] + s[k];
+    *l = reduce16(_mm256_loadu_ps(lane), _mm256_loadu_ps(lane + 8));
+    return m;
+}
+
+static const struct vec_ops avx2_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile};
 
 const struct vec_ops *vec_ops_avx2(void) { return &avx2_ops; }

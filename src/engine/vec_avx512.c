@@ -3,7 +3,11 @@
  * multiply-add), and the reduction tree done in registers. */
 #include "engine/vec.h"
 
+#include "base/dtype.h"
+#include "kern/quant.h"
+
 #include <immintrin.h>
+#include <stdbool.h>
 
 /* lane[l] += lane[l+s] for s = 8, 4, 2, 1: the reference's tree. */
 static inline float reduce16(__m512 v)
@@ -29,105 +33,6 @@ static float dot_f32(const float *a, const float *b, int64_t n)
         acc = _mm512_mask_add_ps(acc, m, acc, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a + k), _mm512_maskz_loadu_ps(m, b + k)));
     }
     return reduce16(acc);
-}
-
-static float dot_f16(const float *a, const uint16_t *b, int64_t n)
-{
-    __m512 acc = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 <= n; k += 16) {
-        __m512 vb = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + k)));
-        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(a + k), vb));
-    }
-    if (k < n) {
-        __mmask16 m = tail_mask(n - k);
-        __m512 vb = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, b + k));
-        acc = _mm512_mask_add_ps(acc, m, acc, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a + k), vb));
-    }
-    return reduce16(acc);
-}
-
-static void axpy_f16(float *y, float a, const uint16_t *x, int64_t n)
-{
-    __m512 va = _mm512_set1_ps(a);
-    int64_t k = 0;
-    for (; k + 16 <= n; k += 16) {
-        __m512 vx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + k)));
-        _mm512_storeu_ps(y + k, _mm512_add_ps(_mm512_loadu_ps(y + k), _mm512_mul_ps(va, vx)));
-    }
-    if (k < n) {
-        __mmask16 m = tail_mask(n - k);
-        __m512 vx = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + k));
-        _mm512_mask_storeu_ps(y + k, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + k), _mm512_mul_ps(va, vx)));
-    }
-}
-
-static void axpy_f32(float *y, float a, const float *x, int64_t n)
-{
-    __m512 va = _mm512_set1_ps(a);
-    int64_t k = 0;
-    for (; k + 16 <= n; k += 16)
-        _mm512_storeu_ps(y + k, _mm512_add_ps(_mm512_loadu_ps(y + k), _mm512_mul_ps(va, _mm512_loadu_ps(x + k))));
-    if (k < n) {
-        __mmask16 m = tail_mask(n - k);
-        _mm512_mask_storeu_ps(y + k, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + k), _mm512_mul_ps(va, _mm512_maskz_loadu_ps(m, x + k))));
-    }
-}
-
-static void to_f16(uint16_t *dst, const float *src, int64_t n)
-{
-    int64_t k = 0;
-    for (; k + 16 <= n; k += 16)
-        _mm256_storeu_si256((__m256i *)(dst + k), _mm512_cvtps_ph(_mm512_loadu_ps(src + k), _MM_FROUND_TO_NEAREST_INT));
-    if (k < n) {
-        __mmask16 m = tail_mask(n - k);
-        _mm256_mask_storeu_epi16(dst + k, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + k), _MM_FROUND_TO_NEAREST_INT));
-    }
-}
-
-/* Head sizes up to 256 keep q in registers; one reduction per row. */
-static void dots_f16(const float *q, const uint16_t *const *rows, int64_t n, int64_t hd, float *out)
-{
-    if (hd % 16 || hd > 256) {
-        for (int64_t p = 0; p < n; p++)
-            out[p] = dot_f16(q, rows[p], hd);
-        return;
-    }
-    int chunks = (int)(hd / 16);
-    __m512 vq[16];
-    for (int c = 0; c < chunks; c++)
-        vq[c] = _mm512_loadu_ps(q + 16 * c);
-    for (int64_t p = 0; p < n; p++) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int c = 0; c < chunks; c++) {
-            __m512 vk = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rows[p] + 16 * c)));
-            acc = _mm512_add_ps(acc, _mm512_mul_ps(vq[c], vk));
-        }
-        out[p] = reduce16(acc);
-    }
-}
-
-/* Sixteen columns at a time over all rows, so each accumulator stays in a register. */
-static void wsum_f16(float *acc, const float *w, const uint16_t *const *rows, int64_t n, int64_t hd)
-{
-    int64_t k = 0;
-    for (; k + 16 <= hd; k += 16) {
-        __m512 a = _mm512_loadu_ps(acc + k);
-        for (int64_t p = 0; p < n; p++) {
-            __m512 vx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rows[p] + k)));
-            a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_set1_ps(w[p]), vx));
-        }
-        _mm512_storeu_ps(acc + k, a);
-    }
-    if (k < hd) {
-        __mmask16 m = tail_mask(hd - k);
-        __m512 a = _mm512_maskz_loadu_ps(m, acc + k);
-        for (int64_t p = 0; p < n; p++) {
-            __m512 vx = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, rows[p] + k));
-            a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_set1_ps(w[p]), vx));
-        }
-        _mm512_mask_storeu_ps(acc + k, m, a);
-    }
 }
 
 /* vec.h's exp on 16 lanes. */
@@ -180,7 +85,218 @@ static void silu_mul(float *a, const float *b, int64_t n)
     }
 }
 
-static const struct vec_ops avx512_ops = {dot_f32, dot_f16, axpy_f16, axpy_f32, to_f16, dots_f16, wsum_f16,
-                                          exp_sub, silu_mul};
+/* ---- attention tiles (vec.h): one fused multiply-add chain per result element ---- */
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE __m512 load16(const void *p, int f16, int64_t i, __mmask16 m)
+{
+    return f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i))
+               : _mm512_maskz_loadu_ps(m, (const float *)p + i);
+}
+
+/* The codes of K(d, j0..j0+15) (mask m) of a quantized type, as floats. */
+INLINE __m512 load_codes(const void *kt, const int type, int64_t ld, int64_t d, int j0, __mmask16 m)
+{
+    if (type == DT_Q8_0)
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)kt + d * ld + j0)));
+    int64_t c = d / 32, i = d % 32;
+    __m512i x = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, (const uint8_t *)kt + (16 * c + i % 16) * ld + j0));
+    x = i < 16 ? _mm512_and_si512(x, _mm512_set1_epi32(15)) : _mm512_srli_epi32(x, 4);
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(x, _mm512_set1_epi32(8)));
+}
+
+/* R (constant, <= 8) rows by the 16 keys j0.. (mask m). */
+INLINE void qk_rows(const float *q, int64_t ldq, const int R, const void *kt, const uint16_t *ks, int64_t ld, int j0,
+                    __mmask16 m, int64_t hd, const int type, float *s, int64_t lds)
+{
+    __m512 a[8];
+    for (int r = 0; r < R; r++)
+        a[r] = _mm512_setzero_ps();
+    if (type == DT_F16 || type == DT_F32) {
+        for (int64_t d = 0; d < hd; d++) {
+            __m512 k = load16(kt, type == DT_F16, d * ld + j0, m);
+            for (int r = 0; r < R; r++)
+                a[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * ldq + d]), k, a[r]);
+        }
+    } else {
+        for (int64_t c = 0; c < hd / 32; c++) {
+            __m512 u[8];
+            for (int r = 0; r < R; r++)
+                u[r] = _mm512_setzero_ps();
+            for (int64_t d = 32 * c; d < 32 * c + 32; d++) {
+                __m512 k = load_codes(kt, type, ld, d, j0, m);
+                for (int r = 0; r < R; r++)
+                    u[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * ldq + d]), k, u[r]);
+            }
+            __m512 sc = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, ks + c * ld + j0));
+            for (int r = 0; r < R; r++)
+                a[r] = _mm512_fmadd_ps(u[r], sc, a[r]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        _mm512_mask_storeu_ps(s + r * lds + j0, m, a[r]);
+}
+
+INLINE void qk_impl(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
+                    int64_t hd, const int type, float *s, int64_t lds)
+{
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        __mmask16 m = n - j0 >= 16 ? (__mmask16)0xffff : tail_mask(n - j0);
+        int r = 0;
+        for (; r + 8 <= rows; r += 8)
+            qk_rows(q + r * ldq, ldq, 8, kt, ks, ld, j0, m, hd, type, s + r * lds, lds);
+        const float *qr = q + r * ldq;
+        float *sr = s + r * lds;
+        switch (rows - r) {
+        case 7: qk_rows(qr, ldq, 7, kt, ks, ld, j0, m, hd, type, sr, lds); break;
+        case 6: qk_rows(qr, ldq, 6, kt, ks, ld, j0, m, hd, type, sr, lds); break;
+        case 5: qk_rows(qr, ldq, 5, kt, ks, ld, j0, m, hd, type, sr, lds); break;
+        case 4: qk_rows(qr, ldq, 4, kt, ks, ld, j0, m, hd, type, sr, lds); break;
+        case 3: qk_rows(qr, ldq, 3, kt, ks, ld, j0, m, hd, type, sr, lds); break;
+        case 2: qk_rows(qr, ldq, 2, kt, ks, ld, j0, m, hd, type, sr, lds); break;
+        case 1: qk_rows(qr, ldq, 1, kt, ks, ld, j0, m, hd, type, sr, lds); break;
+        default: break;
+        }
+    }
+}
+
+static void attn_qk(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
+                    int64_t hd, int type, float *s, int64_t lds)
+{
+    switch (type) {
+    case DT_F16: qk_impl(q, ldq, rows, kt, ks, ld, n, hd, DT_F16, s, lds); break;
+    case DT_F32: qk_impl(q, ldq, rows, kt, ks, ld, n, hd, DT_F32, s, lds); break;
+    case DT_Q8_0: qk_impl(q, ldq, rows, kt, ks, ld, n, hd, DT_Q8_0, s, lds); break;
+    default: qk_impl(q, ldq, rows, kt, ks, ld, n, hd, DT_Q4_0, s, lds); break;
+    }
+}
+
+/* Columns [16c, 16c+16) of V_j's 64-column window from c0, as floats, and the scale of
+ * its 32-column block (quantized types; 1 otherwise, unused). */
+INLINE __m512 load_v(const void *vj, const int type, int64_t c0, int c, __mmask16 m)
+{
+    if (type == DT_F16 || type == DT_F32)
+        return load16(vj, type == DT_F16, c0 + 16 * c, m);
+    int64_t blk = (c0 + 16 * c) / 32;
+    int half = c % 2;
+    if (type == DT_Q8_0) {
+        const struct block_q8_0 *b = (const struct block_q8_0 *)vj + blk;
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, b->qs + 16 * half)));
+    }
+    const struct block_q4_0 *b = (const struct block_q4_0 *)vj + blk;
+    __m512i x = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, b->qs));
+    x = half ? _mm512_srli_epi32(x, 4) : _mm512_and_si512(x, _mm512_set1_epi32(15));
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(x, _mm512_set1_epi32(8)));
+}
+
+INLINE float v_scale(const void *vj, const int type, int64_t col)
+{
+    if (type == DT_Q8_0)
+        return _cvtsh_ss(((const struct block_q8_0 *)vj)[col / 32].d);
+    return _cvtsh_ss(((const struct block_q4_0 *)vj)[col / 32].d);
+}
+
+/* R (constant, <= 4) rows, keys [j0, j1), the 64 columns from c0 (chunk c of 16 under mask mc[c]). */
+INLINE void pv_rows(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
+                    const void *const *v, int64_t c0, const __mmask16 *mc, const int type)
+{
+    __m512 a[4][4];
+    bool quant = type == DT_Q8_0 || type == DT_Q4_0;
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++)
+            a[r][c] = _mm512_maskz_loadu_ps(mc[c], o + r * ldo + c0 + 16 * c);
+    for (int j = j0; j < j1; j++) {
+        __m512 x[4];
+        for (int c = 0; c < 4; c++)
+            x[c] = load_v(v[j], type, c0, c, mc[c]);
+        if (!quant) {
+            for (int r = 0; r < R; r++) {
+                __m512 pr = _mm512_set1_ps(p[r * ldp + j]);
+                for (int c = 0; c < 4; c++)
+                    a[r][c] = _mm512_fmadd_ps(pr, x[c], a[r][c]);
+            }
+        } else {
+            __m512 sc0 = _mm512_set1_ps(v_scale(v[j], type, c0));
+            __m512 sc1 = mc[2] ? _mm512_set1_ps(v_scale(v[j], type, c0 + 32)) : sc0;
+            for (int r = 0; r < R; r++) {
+                __m512 pr = _mm512_set1_ps(p[r * ldp + j]);
+                __m512 w0 = _mm512_mul_ps(pr, sc0), w1 = _mm512_mul_ps(pr, sc1);
+                a[r][0] = _mm512_fmadd_ps(w0, x[0], a[r][0]);
+                a[r][1] = _mm512_fmadd_ps(w0, x[1], a[r][1]);
+                a[r][2] = _mm512_fmadd_ps(w1, x[2], a[r][2]);
+                a[r][3] = _mm512_fmadd_ps(w1, x[3], a[r][3]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++)
+            _mm512_mask_storeu_ps(o + r * ldo + c0 + 16 * c, mc[c], a[r][c]);
+}
+
+INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
+                    const void *const *v, int64_t hd, const int type)
+{
+    for (int64_t c0 = 0; c0 < hd; c0 += 64) {
+        __mmask16 mc[4];
+        for (int c = 0; c < 4; c++) {
+            int64_t w = hd - c0 - 16 * c;
+            mc[c] = w >= 16 ? (__mmask16)0xffff : w <= 0 ? (__mmask16)0 : tail_mask(w);
+        }
+        for (int r = 0; r < rows; r += 4) {
+            int R = rows - r < 4 ? rows - r : 4;
+            int jmin = n[r];
+            for (int g = 1; g < R; g++)
+                jmin = n[r + g] < jmin ? n[r + g] : jmin;
+            float *orow = o + r * ldo;
+            const float *prow = p + r * ldp;
+            switch (R) {
+            case 4: pv_rows(orow, ldo, 4, prow, ldp, 0, jmin, v, c0, mc, type); break;
+            case 3: pv_rows(orow, ldo, 3, prow, ldp, 0, jmin, v, c0, mc, type); break;
+            case 2: pv_rows(orow, ldo, 2, prow, ldp, 0, jmin, v, c0, mc, type); break;
+            default: pv_rows(orow, ldo, 1, prow, ldp, 0, jmin, v, c0, mc, type); break;
+            }
+            for (int g = 0; g < R; g++)
+                if (n[r + g] > jmin)
+                    pv_rows(orow + g * ldo, ldo, 1, prow + g * ldp, ldp, jmin, n[r + g], v, c0, mc, type);
+        }
+    }
+}
+
+static void attn_pv(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
+                    const void *const *v, int64_t hd, int type)
+{
+    switch (type) {
+    case DT_F16: pv_impl(o, ldo, rows, p, ldp, n, v, hd, DT_F16); break;
+    case DT_F32: pv_impl(o, ldo, rows, p, ldp, n, v, hd, DT_F32); break;
+    case DT_Q8_0: pv_impl(o, ldo, rows, p, ldp, n, v, hd, DT_Q8_0); break;
+    default: pv_impl(o, ldo, rows, p, ldp, n, v, hd, DT_Q4_0); break;
+    }
+}
+
+static float softmax_tile(float *s, int64_t n, float *l)
+{
+    __m512 mx = _mm512_set1_ps(-__builtin_inff());
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16)
+        mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + k));
+    if (k < n) {
+        __mmask16 m = tail_mask(n - k);
+        mx = _mm512_mask_max_ps(mx, m, mx, _mm512_maskz_loadu_ps(m, s + k));
+    }
+    float m = _mm512_reduce_max_ps(mx);
+    exp_sub(s, m, n);
+    __m512 acc = _mm512_setzero_ps();
+    for (k = 0; k + 16 <= n; k += 16)
+        acc = _mm512_add_ps(acc, _mm512_loadu_ps(s + k));
+    if (k < n) {
+        __mmask16 mk = tail_mask(n - k);
+        acc = _mm512_mask_add_ps(acc, mk, acc, _mm512_maskz_loadu_ps(mk, s + k));
+    }
+    *l = reduce16(acc);
+    return m;
+}
+
+static const struct vec_ops avx512_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile};
 
 const struct vec_ops *vec_ops_avx512(void) { return &avx512_ops; }

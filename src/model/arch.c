@@ -110,8 +110,18 @@ int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, char
         if (s.len == 6 && !memcmp(s.ptr, "linear", 6)) {
             if ((rc = arch_float(f, hp->arch, "rope.scaling.factor", 1.0f, &hp->rope_linear_scale, err, errlen)))
                 return rc;
+        } else if (s.len == 4 && !memcmp(s.ptr, "yarn", 4)) {
+            if ((rc = arch_float(f, hp->arch, "rope.scaling.factor", 1.0f, &hp->rope_yarn_factor, err, errlen)) ||
+                (rc = arch_float(f, hp->arch, "rope.scaling.attn_factor", 1.0f, &hp->rope_yarn_attn_factor, err, errlen)) ||
+                (rc = arch_float(f, hp->arch, "rope.scaling.yarn_beta_fast", 32.0f, &hp->rope_yarn_beta_fast, err, errlen)) ||
+                (rc = arch_float(f, hp->arch, "rope.scaling.yarn_beta_slow", 1.0f, &hp->rope_yarn_beta_slow, err, errlen)) ||
+                (rc = arch_int(f, hp->arch, "rope.scaling.original_context_length", hp->n_ctx_train, 1, (int64_t)1 << 30,
+                               &hp->rope_yarn_orig_ctx, err, errlen)))
+                return rc;
+            if (hp->rope_yarn_factor <= 1.0f)
+                hp->rope_yarn_factor = 0.0f; /* no scaling */
         } else if (!(s.len == 4 && !memcmp(s.ptr, "none", 4))) {
-            /* Llama 3 sets its scaling through rope_freqs.weight; YaRN is not done yet. */
+            /* Llama 3 sets its scaling through rope_freqs.weight. */
             log_warn("rope scaling '%.*s' is not applied; positions beyond the trained context degrade",
                      (int)s.len, s.ptr);
         }

@@ -38,6 +38,12 @@ struct model_hparams {
     float norm_eps;
     float rope_base;
     float rope_linear_scale; /* positions are divided by it (1: none) */
+    /* YaRN (rope.scaling.type "yarn"; factor 0: not used): angles interpolated by 1/factor
+     * in the dimensions that turn slowly over orig_ctx positions, kept in those that turn
+     * fast, a ramp between (betas fast 32, slow 1 by default), cos and sin times
+     * attn_factor * (1 + 0.1 ln factor), as llama.cpp does. */
+    float rope_yarn_factor, rope_yarn_attn_factor, rope_yarn_beta_fast, rope_yarn_beta_slow;
+    int64_t rope_yarn_orig_ctx;
     enum rope_order rope;
     bool qkv_bias;
     bool qk_norm;

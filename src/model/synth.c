@@ -333,6 +333,11 @@ static int write_model(const struct synth_spec *s, const char *vocab_path, struc
     gguf_writer_set_u32(c.w, KEY("rope.dimension_count"), (uint32_t)s->head_dim);
     gguf_writer_set_f32(c.w, KEY("rope.freq_base"), s->rope_base);
     gguf_writer_set_f32(c.w, KEY("attention.layer_norm_rms_epsilon"), s->norm_eps);
+    if (s->yarn_factor > 1.0f) {
+        gguf_writer_set_str(c.w, KEY("rope.scaling.type"), "yarn", 4);
+        gguf_writer_set_f32(c.w, KEY("rope.scaling.factor"), s->yarn_factor);
+        gguf_writer_set_u32(c.w, KEY("rope.scaling.original_context_length"), (uint32_t)(s->n_ctx / s->yarn_factor));
+    }
 #undef KEY
     int n_vocab = s->vocab_size;
     if (vocab_path) {

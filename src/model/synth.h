@@ -14,6 +14,7 @@ struct synth_spec {
     float rope_base, norm_eps;
     int tied;             /* output head shares token_embd */
     int llama3_rope;      /* write rope_freqs.weight with Llama 3.1 scaling */
+    float yarn_factor;    /* > 1: rope.scaling.type yarn with this factor over n_ctx / factor */
     char type[16];        /* "q4_k_m", "q8_0", "f16", ... */
     uint64_t seed;
     int vocab_size;       /* used only without a vocab file: a byte-level stand-in */

@@ -61,18 +61,35 @@ static void rmsnorm(const double *x, const double *w, double *y, int64_t n, doub
         y[i] = x[i] * scale * w[i];
 }
 
+/* YaRN as the YaRN paper and llama.cpp's ggml_rope_yarn define it: each dimension pair's
+ * angle mixes extrapolation (1) and interpolation (1/factor) by a ramp over the pairs
+ * whose wavelength turns beta_fast .. beta_slow times in the original context. */
+static double yarn_theta(const struct model_hparams *hp, int i, double th_extrap)
+{
+    double s = hp->rope_yarn_factor, n = hp->n_rot;
+    double corr_fast = n * log((double)hp->rope_yarn_orig_ctx / (hp->rope_yarn_beta_fast * 6.283185307179586)) / (2 * log(hp->rope_base));
+    double corr_slow = n * log((double)hp->rope_yarn_orig_ctx / (hp->rope_yarn_beta_slow * 6.283185307179586)) / (2 * log(hp->rope_base));
+    double low = floor(corr_fast) < 0 ? 0 : floor(corr_fast), high = ceil(corr_slow) > n - 1 ? n - 1 : ceil(corr_slow);
+    double y = (i - low) / (high - low > 0.001 ? high - low : 0.001);
+    double ramp = 1.0 - (y < 0 ? 0 : y > 1 ? 1 : y);
+    return ramp * th_extrap + (1.0 - ramp) * (th_extrap / s);
+}
+
 static void rope(const struct model_hparams *hp, const double *factors, double *v, int64_t pos)
 {
     int half = hp->n_rot / 2;
+    double ms = hp->rope_yarn_factor > 1 ? hp->rope_yarn_attn_factor * (1 + 0.1 * log(hp->rope_yarn_factor)) : 1.0;
     for (int i = 0; i < half; i++) {
         double freq = pow(hp->rope_base, -2.0 * i / hp->n_rot);
         if (factors)
             freq /= factors[i];
         double th = (double)pos / hp->rope_linear_scale * freq;
+        if (hp->rope_yarn_factor > 1)
+            th = yarn_theta(hp, i, th);
         int i0 = hp->rope == ROPE_NEOX ? i : 2 * i, i1 = hp->rope == ROPE_NEOX ? i + half : 2 * i + 1;
         double a = v[i0], b = v[i1];
-        v[i0] = a * cos(th) - b * sin(th);
-        v[i1] = a * sin(th) + b * cos(th);
+        v[i0] = (a * cos(th) - b * sin(th)) * ms;
+        v[i1] = (a * sin(th) + b * cos(th)) * ms;
     }
 }
 

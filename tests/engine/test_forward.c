@@ -39,7 +39,7 @@ static int runner_open(struct runner *r, const char *path, int threads, int laye
     }
     struct engine_config ec = {.n_threads = threads, .max_batch = 64, .max_ctx = 256};
     struct kv_config kc = engine_kv_config(r->m, 256, MAX_SEQS, 4); /* small blocks: tables span several */
-    kc.type = kv_type;
+    kc.type_k = kc.type_v = kv_type;
     if (engine_create(&r->e, r->m, &ec, err, sizeof err) || kv_create(&r->kv, &kc, err, sizeof err)) {
         fprintf(stderr, "engine/kv: %s\n", err);
         return -1;
@@ -283,6 +283,10 @@ int main(void)
     snprintf(s.type, sizeof s.type, "f16");
     check_model("llama3-f16-tied", &s, 1e-4);
     s = base;
+    snprintf(s.arch, sizeof s.arch, "qwen2");
+    s.yarn_factor = 4.0f, s.rope_base = 1000.0f; /* YaRN (as Qwen2.5's long-context files) */
+    check_model("qwen2-f32-yarn", &s, 1e-4);
+    s = base;
     snprintf(s.arch, sizeof s.arch, "qwen3");
     s.head_dim = 32; /* q width 128 differs from n_embd 64, as in Qwen3 */
     snprintf(s.type, sizeof s.type, "bf16");
@@ -290,6 +294,13 @@ int main(void)
     /* The default F16 cache rounds K and V to 11 bits. */
     kv_type = DT_F16;
     check_model("qwen3-bf16-kv16", &s, 5e-3);
+    /* Quantized caches (llama.cpp's -ctk/-ctv q8_0, q4_0): K and V rounded to 8 and 4
+     * bits in blocks of 32; every invariance still holds bit for bit. */
+    kv_type = DT_Q8_0;
+    check_model("qwen3-bf16-kvq8_0", &s, 0.05);
+    kv_type = DT_Q4_0;
+    check_model("qwen3-bf16-kvq4_0", &s, 0.6);
+    kv_type = DT_F16;
     /* 8-bit activations against quantized weights: the reference uses the same weights
      * but exact activations, so the tolerance is that of 8-bit activation rounding. */
     s = base;

@@ -22,7 +22,7 @@ static void put_row(struct kv_cache *kv, int64_t slot, uint32_t stamp)
             void *r = is_v ? kv_v(kv, l, slot) : kv_k(kv, l, slot);
             for (int64_t j = 0; j < c->kv_dim; j++) {
                 uint32_t x = pattern(stamp, l, is_v, j);
-                if (c->type == DT_F16)
+                if (c->type_k == DT_F16)
                     ((uint16_t *)r)[j] = (uint16_t)x;
                 else
                     ((uint32_t *)r)[j] = x;
@@ -41,8 +41,8 @@ static bool row_is(struct kv_cache *kv, int64_t slot, uint32_t stamp)
                 return false;
             for (int64_t j = 0; j < c->kv_dim; j++) {
                 uint32_t x = pattern(stamp, l, is_v, j);
-                uint32_t got = c->type == DT_F16 ? ((const uint16_t *)r)[j] : ((const uint32_t *)r)[j];
-                if (got != (c->type == DT_F16 ? (uint16_t)x : x))
+                uint32_t got = c->type_k == DT_F16 ? ((const uint16_t *)r)[j] : ((const uint32_t *)r)[j];
+                if (got != (c->type_k == DT_F16 ? (uint16_t)x : x))
                     return false;
             }
         }
@@ -53,7 +53,7 @@ static struct kv_cache *make(int n_layers, int64_t kv_dim, int bt, int64_t n_blo
                              int type)
 {
     struct kv_config c = {.n_layers = n_layers, .kv_dim = kv_dim, .block_tokens = bt,
-                          .n_blocks = n_blocks, .max_seqs = max_seqs, .type = type};
+                          .n_blocks = n_blocks, .max_seqs = max_seqs, .type_k = type, .type_v = type};
     struct kv_cache *kv = NULL;
     char err[256] = "";
     int rc = kv_create(&kv, &c, err, sizeof err);
@@ -64,10 +64,10 @@ static struct kv_cache *make(int n_layers, int64_t kv_dim, int bt, int64_t n_blo
 static void test_config(void)
 {
     struct kv_config c = {.n_layers = 3, .kv_dim = 128, .block_tokens = 16, .n_blocks = 10,
-                          .max_seqs = 4, .type = DT_F16};
+                          .max_seqs = 4, .type_k = DT_F16, .type_v = DT_F16};
     CHECK(kv_bytes_for(&c) == 2ull * 3 * 10 * 16 * 128 * 2, "F16 bytes %llu",
           (unsigned long long)kv_bytes_for(&c));
-    c.type = DT_F32;
+    c.type_k = c.type_v = DT_F32;
     CHECK(kv_bytes_for(&c) == 2ull * 3 * 10 * 16 * 128 * 4, "F32 bytes %llu",
           (unsigned long long)kv_bytes_for(&c));
 
@@ -76,7 +76,7 @@ static void test_config(void)
     if (!kv)
         return;
     const struct kv_config *got = kv_config(kv);
-    CHECK(got->n_blocks == 10 && got->kv_dim == 128 && got->type == DT_F32, "config not kept");
+    CHECK(got->n_blocks == 10 && got->kv_dim == 128 && got->type_k == DT_F32, "config not kept");
     for (int l = 0; l < 3; l++) {
         uint8_t *first = kv_k(kv, l, 0), *last = kv_k(kv, l, 10 * 16 - 1);
         CHECK(((uintptr_t)first & 63) == 0, "layer %d K not 64-byte aligned", l);
@@ -104,19 +104,19 @@ static void test_config(void)
     kv_release(NULL);
 
     struct kv_config bad[] = {
-        {.n_layers = 0, .kv_dim = 8, .block_tokens = 4, .n_blocks = 4, .max_seqs = 1, .type = DT_F16},
-        {.n_layers = 1, .kv_dim = 0, .block_tokens = 4, .n_blocks = 4, .max_seqs = 1, .type = DT_F16},
-        {.n_layers = 1, .kv_dim = 8, .block_tokens = -4, .n_blocks = 4, .max_seqs = 1, .type = DT_F16},
-        {.n_layers = 1, .kv_dim = 8, .block_tokens = 4, .n_blocks = 0, .max_seqs = 1, .type = DT_F16},
-        {.n_layers = 1, .kv_dim = 8, .block_tokens = 4, .n_blocks = 4, .max_seqs = 0, .type = DT_F16},
-        {.n_layers = 1, .kv_dim = 8, .block_tokens = 4, .n_blocks = 4, .max_seqs = 1, .type = DT_Q4_0},
-        {.n_layers = 1, .kv_dim = 8, .block_tokens = 4, .n_blocks = 4, .max_seqs = 1, .type = 999},
+        {.n_layers = 0, .kv_dim = 8, .block_tokens = 4, .n_blocks = 4, .max_seqs = 1, .type_k = DT_F16, .type_v = DT_F16},
+        {.n_layers = 1, .kv_dim = 0, .block_tokens = 4, .n_blocks = 4, .max_seqs = 1, .type_k = DT_F16, .type_v = DT_F16},
+        {.n_layers = 1, .kv_dim = 8, .block_tokens = -4, .n_blocks = 4, .max_seqs = 1, .type_k = DT_F16, .type_v = DT_F16},
+        {.n_layers = 1, .kv_dim = 8, .block_tokens = 4, .n_blocks = 0, .max_seqs = 1, .type_k = DT_F16, .type_v = DT_F16},
+        {.n_layers = 1, .kv_dim = 8, .block_tokens = 4, .n_blocks = 4, .max_seqs = 0, .type_k = DT_F16, .type_v = DT_F16},
+        {.n_layers = 1, .kv_dim = 8, .block_tokens = 4, .n_blocks = 4, .max_seqs = 1, .type_k = DT_Q4_0, .type_v = DT_F16},
+        {.n_layers = 1, .kv_dim = 8, .block_tokens = 4, .n_blocks = 4, .max_seqs = 1, .type_k = 999, .type_v = DT_F16},
         {.n_layers = 1, .kv_dim = INT64_MAX / 2, .block_tokens = 4, .n_blocks = 4, .max_seqs = 1,
-         .type = DT_F32},
+         .type_k = DT_F32, .type_v = DT_F32},
         {.n_layers = 1000, .kv_dim = 1 << 20, .block_tokens = 1 << 20, .n_blocks = 1 << 20,
-         .max_seqs = 1, .type = DT_F16},
+         .max_seqs = 1, .type_k = DT_F16, .type_v = DT_F16},
         {.n_layers = 1, .kv_dim = 8, .block_tokens = 4, .n_blocks = 1ll << 32, .max_seqs = 1,
-         .type = DT_F16},
+         .type_k = DT_F16, .type_v = DT_F16},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         struct kv_cache *k = (struct kv_cache *)1;
@@ -130,7 +130,7 @@ static void test_config(void)
 
     /* A valid but unmappable size fails with a message, not a crash. */
     struct kv_config huge = {.n_layers = 2, .kv_dim = 1 << 20, .block_tokens = 1 << 10,
-                             .n_blocks = 1 << 20, .max_seqs = 1, .type = DT_F32};
+                             .n_blocks = 1 << 20, .max_seqs = 1, .type_k = DT_F32, .type_v = DT_F32};
     struct kv_cache *k = NULL;
     char err[256] = "";
     int rc = kv_create(&k, &huge, err, sizeof err);
@@ -146,7 +146,7 @@ static void test_config(void)
     if (mode == '2')
         return;
     struct kv_config big = {.n_layers = 32, .kv_dim = 1024, .block_tokens = 16,
-                            .n_blocks = 65536, .max_seqs = 256, .type = DT_F16};
+                            .n_blocks = 65536, .max_seqs = 256, .type_k = DT_F16, .type_v = DT_F16};
     rc = kv_create(&k, &big, err, sizeof err);
     CHECK(rc == 0, "lazily committed 128 GiB cache: rc %d %s", rc, err);
     if (rc == 0) {

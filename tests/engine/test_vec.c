@@ -1,5 +1,7 @@
 /* Every SIMD variant of the forward pass's vector helpers gives the reference's bits. */
+#include "base/dtype.h"
 #include "engine/vec.h"
+#include "kern/quant.h"
 #include "kern/kern.h"
 #include "testutil.h"
 
@@ -43,6 +45,69 @@ static void test_exp_accuracy(const struct vec_ops *ref)
     CHECK(worst_silu <= 3.6e-7, "silu: worst relative error %.3g over [-40, 40]", worst_silu);
 }
 
+/* attn_qk, attn_pv and softmax_tile on random shapes (rows 1-19, keys 1-40, head sizes
+ * 8-136, rows of different lengths; F16, F32, and Q8_0 and Q4_0 with head sizes a
+ * multiple of 32): the reference's bits. */
+static void test_attn_tiles(const struct vec_ops *ref, const struct vec_ops *ops, const char *name)
+{
+    enum { ROWS = 19, KEYS = 40, HD = 136 };
+    static float q[ROWS * HD], s0[ROWS * KEYS], s1[ROWS * KEYS], o0[ROWS * HD], o1[ROWS * HD], kf[HD * KEYS];
+    static uint16_t kh[HD * KEYS], ks[HD * KEYS];
+    static uint8_t kb[HD * KEYS];
+    static struct block_q8_0 v8[KEYS * HD / 32];
+    static struct block_q4_0 v4[KEYS * HD / 32];
+    const int types[4] = {DT_F16, DT_F32, DT_Q8_0, DT_Q4_0};
+    uint64_t seed = 5;
+    int bad = 0;
+    for (int rep = 0; rep < 400; rep++) {
+        int type = types[rep % 4], quant = rep % 4 >= 2;
+        int rows = 1 + (int)(test_rand_u64(&seed) % ROWS), n = 1 + (int)(test_rand_u64(&seed) % KEYS);
+        int hd = quant ? 32 * (1 + (int)(test_rand_u64(&seed) % (HD / 32)))
+                       : 8 * (1 + (int)(test_rand_u64(&seed) % (HD / 8))) - (rep % 5 == 0 ? 3 : 0);
+        for (int i = 0; i < ROWS * HD; i++) {
+            q[i] = test_rand_float(&seed) * 2.0f;
+            o0[i] = o1[i] = test_rand_float(&seed);
+        }
+        for (int i = 0; i < HD * KEYS; i++) {
+            kf[i] = test_rand_float(&seed);
+            kh[i] = kern_f32_to_f16(kf[i]);
+            ks[i] = kern_f32_to_f16(test_rand_float(&seed) * 0.1f);
+            kb[i] = (uint8_t)test_rand_u64(&seed);
+        }
+        for (int i = 0; i < KEYS * HD / 32; i++) {
+            v8[i].d = v4[i].d = kern_f32_to_f16(test_rand_float(&seed) * 0.05f);
+            for (int e = 0; e < 32; e++)
+                v8[i].qs[e] = (int8_t)test_rand_u64(&seed);
+            for (int e = 0; e < 16; e++)
+                v4[i].qs[e] = (uint8_t)test_rand_u64(&seed);
+        }
+        const void *kt = type == DT_F16 ? (const void *)kh : type == DT_F32 ? (const void *)kf : (const void *)kb;
+        ref->attn_qk(q, hd, rows, kt, ks, KEYS, n, hd, type, s0, KEYS);
+        ops->attn_qk(q, hd, rows, kt, ks, KEYS, n, hd, type, s1, KEYS);
+        for (int r = 0; r < rows; r++)
+            bad += memcmp(s0 + r * KEYS, s1 + r * KEYS, (size_t)n * sizeof *s0) != 0;
+        int32_t nr[ROWS];
+        for (int r = 0; r < rows; r++) {
+            nr[r] = 1 + (int)(test_rand_u64(&seed) % (unsigned)n);
+            float l0, l1;
+            float m0 = ref->softmax_tile(s0 + r * KEYS, nr[r], &l0), m1 = ops->softmax_tile(s1 + r * KEYS, nr[r], &l1);
+            bad += memcmp(&m0, &m1, sizeof m0) != 0 || memcmp(&l0, &l1, sizeof l0) != 0 ||
+                   memcmp(s0 + r * KEYS, s1 + r * KEYS, (size_t)nr[r] * sizeof *s0) != 0;
+        }
+        const void *v[KEYS];
+        for (int j = 0; j < n; j++) {
+            int at = (j * 37) % (HD * KEYS - HD);
+            v[j] = type == DT_F16 ? (const void *)(kh + at) : type == DT_F32 ? (const void *)(kf + at)
+                 : type == DT_Q8_0 ? (const void *)(v8 + (j * 3) % (KEYS * HD / 32 - HD / 32))
+                                   : (const void *)(v4 + (j * 3) % (KEYS * HD / 32 - HD / 32));
+        }
+        ref->attn_pv(o0, hd, rows, s0, KEYS, nr, v, hd, type);
+        ops->attn_pv(o1, hd, rows, s0, KEYS, nr, v, hd, type);
+        bad += memcmp(o0, o1, (size_t)(rows * hd) * sizeof *o0) != 0;
+    }
+    CHECK(bad == 0, "%s: %d attention tile results differ from the reference in bits", name, bad);
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -50,7 +115,6 @@ int main(int argc, char **argv)
     const char *names[] = {"avx2", "avx512"};
     uint64_t seed = 42;
     float a[MAXN], b[MAXN], y0[MAXN], y1[MAXN];
-    uint16_t h[MAXN], h0[MAXN], h1[MAXN];
     for (int v = 0; v < 2; v++) {
         const struct vec_ops *ops = vec_ops_variant(names[v]);
         if (!ops) {
@@ -64,38 +128,13 @@ int main(int argc, char **argv)
             for (int i = 0; i < n; i++) {
                 a[i] = test_rand_float(&seed) * scale;
                 b[i] = test_rand_float(&seed);
-                h[i] = kern_f32_to_f16(test_rand_float(&seed) * 4.0f);
             }
             for (int i = n; i < MAXN; i++) {
-                h[i] = kern_f32_to_f16(test_rand_float(&seed));
-                a[i] = b[i] = y0[i] = y1[i] = 0.0f;
+                a[i] = b[i] = 0.0f;
                 y0[i] = y1[i] = test_rand_float(&seed);
             }
             float r0 = ref->dot_f32(a, b, n), r1 = ops->dot_f32(a, b, n);
             bad += memcmp(&r0, &r1, sizeof r0) != 0;
-            r0 = ref->dot_f16(a, h, n), r1 = ops->dot_f16(a, h, n);
-            bad += memcmp(&r0, &r1, sizeof r0) != 0;
-            ref->axpy_f16(y0, a[0], h, n);
-            ops->axpy_f16(y1, a[0], h, n);
-            ref->axpy_f32(y0, b[1 % n], a, n);
-            ops->axpy_f32(y1, b[1 % n], a, n);
-            bad += memcmp(y0, y1, (size_t)n * sizeof *y0) != 0;
-            /* several rows at once: n rows of hd = 16..80 halves from h, shifted */
-            int hd = 16 * (1 + (int)(test_rand_u64(&seed) % 5)) - (rep % 3 == 0 ? 3 : 0);
-            const uint16_t *rows[MAXN];
-            int nr = n < MAXN - hd ? n : MAXN - hd;
-            for (int i = 0; i < nr; i++)
-                rows[i] = h + (i * 7) % (MAXN - hd);
-            float s0[MAXN], s1[MAXN];
-            ref->dots_f16(b, rows, nr, hd, s0);
-            ops->dots_f16(b, rows, nr, hd, s1);
-            bad += memcmp(s0, s1, (size_t)nr * sizeof *s0) != 0;
-            ref->wsum_f16(y0, a, rows, nr, hd);
-            ops->wsum_f16(y1, a, rows, nr, hd);
-            bad += memcmp(y0, y1, (size_t)hd * sizeof *y0) != 0;
-            ref->to_f16(h0, a, n);
-            ops->to_f16(h1, a, n);
-            bad += memcmp(h0, h1, (size_t)n * sizeof *h0) != 0;
             /* exp and silu over a range wider than the clamps, with a NaN now and then */
             for (int i = 0; i < n; i++)
                 y0[i] = y1[i] = test_rand_float(&seed) * 100.0f;
@@ -110,7 +149,8 @@ int main(int argc, char **argv)
             ops->silu_mul(y1, b, n);
             bad += memcmp(y0, y1, (size_t)n * sizeof *y0) != 0;
         }
-        CHECK(bad == 0, "%s: %d of 3200 results differ from the reference in bits", names[v], bad);
+        CHECK(bad == 0, "%s: %d of 1200 results differ from the reference in bits", names[v], bad);
+        RUN(test_attn_tiles, ref, ops, names[v]);
     }
     RUN(test_exp_accuracy, ref);
     return test_main_end();

@@ -1,0 +1,519 @@
+#include "engine/attn.h"
+
+#include "base/dtype.h"
+#include "base/err.h"
+#include "kern/kern.h"
+#include "kern/quant.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* About this many query rows (tokens x heads of one KV head's group) share a tile of K
+ * and V: enough to reuse each loaded key many times, few enough that the scores of a
+ * tile (rows x ATTN_TILE floats) stay in the core's caches. */
+#define ATTN_ROWS 32
+
+struct attn {
+    struct attn_shape sh;
+    int n_threads, max_batch;
+    int group;          /* query heads per KV head */
+    int qt;             /* tokens per query tile */
+    int rows;           /* qt * group */
+    int64_t n_tiles;    /* tiles of max_ctx positions */
+    size_t thread_floats;
+    float *buf;         /* per thread: q' (rows x hd), s (rows x T), o, o_t (rows x hd), m, l, m_t, l_t (rows) */
+    int32_t *nv;        /* per thread (rows): positions of the current tile each row sees */
+    const void **vrows; /* per thread (T): V row of each position of the tile */
+    int32_t *run_start, *run_len; /* (max_batch) query tiles of the batch */
+    int64_t *run_items; /* (max_batch + 1) first item of each run (split mode) */
+    float *split;       /* (ATTN_SPLIT_MAX x n_head x n_tiles x (hd + 2)) tile partials */
+};
+
+struct scratch {
+    float *q, *s, *o, *ot, *m, *l, *mt, *lt;
+    int32_t *nv;
+    const void **vrows;
+};
+
+static struct scratch scratch_of(struct attn *a, int ith)
+{
+    size_t R = (size_t)a->rows, hd = (size_t)a->sh.head_dim;
+    float *p = a->buf + (size_t)ith * a->thread_floats;
+    struct scratch s;
+    s.q = p;
+    s.s = s.q + R * hd;
+    s.o = s.s + R * ATTN_TILE;
+    s.ot = s.o + R * hd;
+    s.m = s.ot + R * hd;
+    s.l = s.m + R;
+    s.mt = s.l + R;
+    s.lt = s.mt + R;
+    s.nv = a->nv + (size_t)ith * R;
+    s.vrows = a->vrows + (size_t)ith * ATTN_TILE;
+    return s;
+}
+
+int attn_create(struct attn **out, const struct attn_shape *sh, int n_threads, int max_batch, int64_t max_ctx)
+{
+    *out = NULL;
+    struct attn *a = calloc(1, sizeof *a);
+    if (!a)
+        return CAIRN_ENOMEM;
+    a->sh = *sh;
+    a->n_threads = n_threads;
+    a->max_batch = max_batch;
+    a->group = sh->n_head / sh->n_head_kv;
+    a->qt = ATTN_ROWS / a->group > 1 ? ATTN_ROWS / a->group : 1;
+    a->rows = a->qt * a->group;
+    a->n_tiles = (max_ctx + ATTN_TILE - 1) / ATTN_TILE;
+    size_t R = (size_t)a->rows, hd = (size_t)sh->head_dim;
+    /* whole cache lines per thread, so threads never share one */
+    a->thread_floats = (R * (3 * hd + ATTN_TILE + 4) + 15) / 16 * 16;
+    size_t split = (size_t)ATTN_SPLIT_MAX * (size_t)sh->n_head * (size_t)a->n_tiles * (hd + 2);
+    a->buf = aligned_alloc(64, (size_t)n_threads * a->thread_floats * sizeof(float));
+    a->nv = calloc((size_t)n_threads * R, sizeof *a->nv);
+    a->vrows = calloc((size_t)n_threads * ATTN_TILE, sizeof *a->vrows);
+    a->run_start = calloc((size_t)max_batch, sizeof *a->run_start);
+    a->run_len = calloc((size_t)max_batch, sizeof *a->run_len);
+    a->run_items = calloc((size_t)max_batch + 1, sizeof *a->run_items);
+    a->split = calloc(split, sizeof *a->split); /* committed as touched */
+    if (!a->buf || !a->nv || !a->vrows || !a->run_start || !a->run_len || !a->run_items || !a->split) {
+        attn_release(a);
+        return CAIRN_ENOMEM;
+    }
+    *out = a;
+    return 0;
+}
+
+void attn_release(struct attn *a)
+{
+    if (!a)
+        return;
+    free(a->buf);
+    free(a->nv);
+    free(a->vrows);
+    free(a->run_start);
+    free(a->run_len);
+    free(a->run_items);
+    free(a->split);
+    free(a);
+}
+
+/* Bytes of n elements of type (n a multiple of its block). */
+static size_t type_bytes(int type, int64_t n)
+{
+    const struct dtype_info *ti = dtype_info(type);
+    return (size_t)(n / ti->block_elems) * (size_t)ti->block_bytes;
+}
+
+/* GGUF's Q8_0 and Q4_0 blocks of 32 values as llama.cpp's reference quantizers make
+ * them for its KV cache (scale from the largest magnitude, round to nearest). */
+static void quant_q8_0(const float *x, struct block_q8_0 *b)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < 32; i++)
+        amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    b->d = kern_f32_to_f16(d);
+    for (int i = 0; i < 32; i++) {
+        float v = roundf(x[i] * id);
+        b->qs[i] = (int8_t)(v == v ? v : 0.0f); /* a NaN becomes 0, never an undefined conversion */
+    }
+}
+
+static void quant_q4_0(const float *x, struct block_q4_0 *b)
+{
+    float amax = 0.0f, max = 0.0f;
+    for (int i = 0; i < 32; i++)
+        if (fabsf(x[i]) > amax) {
+            amax = fabsf(x[i]);
+            max = x[i];
+        }
+    float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    b->d = kern_f32_to_f16(d);
+    for (int i = 0; i < 16; i++) {
+        float fl = x[i] * id + 8.5f, fh = x[i + 16] * id + 8.5f;
+        int lo = fl >= 0.0f && fl < 16.0f ? (int)fl : fl >= 16.0f ? 15 : 0; /* NaN: 0 */
+        int hi = fh >= 0.0f && fh < 16.0f ? (int)fh : fh >= 16.0f ? 15 : 0;
+        b->qs[i] = (uint8_t)(lo | hi << 4);
+    }
+}
+
+/* One head's 32-value blocks of x (hd values) in Q8_0 or Q4_0. */
+static void quant_head(int type, const float *x, int hd, void *dst)
+{
+    for (int c = 0; c < hd / 32; c++) {
+        if (type == DT_Q8_0)
+            quant_q8_0(x + 32 * c, (struct block_q8_0 *)dst + c);
+        else
+            quant_q4_0(x + 32 * c, (struct block_q4_0 *)dst + c);
+    }
+}
+
+void attn_kv_write(struct kv_cache *kv, int layer, int64_t slot, int head_dim, const float *k, const float *v)
+{
+    const struct kv_config *c = kv_config(kv);
+    int bt = c->block_tokens, hd = head_dim;
+    int64_t off = slot % bt, n_kv = c->kv_dim / hd;
+    size_t k_head = type_bytes(c->type_k, hd), v_head = type_bytes(c->type_v, hd); /* one row of one head */
+    uint8_t *kb = (uint8_t *)kv_k(kv, layer, 0) + (size_t)(slot - off) * (size_t)n_kv * k_head;
+    uint8_t *vb = (uint8_t *)kv_v(kv, layer, 0) + (size_t)(slot - off) * (size_t)n_kv * v_head;
+    for (int64_t h = 0; h < n_kv; h++) {
+        const float *kh = k + h * hd, *vh = v + h * hd;
+        uint8_t *kp = kb + (size_t)h * (size_t)bt * k_head; /* the head's piece of the block */
+        uint8_t *vr = vb + ((size_t)h * (size_t)bt + (size_t)off) * v_head;
+        switch (c->type_k) {
+        case DT_F16:
+            for (int d = 0; d < hd; d++)
+                ((uint16_t *)kp)[d * bt + off] = kern_f32_to_f16(kh[d]);
+            break;
+        case DT_F32:
+            for (int d = 0; d < hd; d++)
+                ((float *)kp)[d * bt + off] = kh[d];
+            break;
+        default: {
+            /* codes transposed, then the scales [hd/32][bt] (vec.h attn_qk) */
+            union { struct block_q8_0 q8[8]; struct block_q4_0 q4[8]; } blk;
+            for (int c0 = 0; c0 < hd; c0 += 256) {
+                int w = hd - c0 < 256 ? hd - c0 : 256;
+                quant_head(c->type_k, kh + c0, w, &blk);
+                for (int cb = 0; cb < w / 32; cb++) {
+                    int cc = c0 / 32 + cb;
+                    if (c->type_k == DT_Q8_0) {
+                        for (int i = 0; i < 32; i++)
+                            ((int8_t *)kp)[(32 * cc + i) * bt + off] = blk.q8[cb].qs[i];
+                        ((uint16_t *)(kp + (size_t)hd * bt))[cc * bt + off] = blk.q8[cb].d;
+                    } else {
+                        for (int i = 0; i < 16; i++)
+                            kp[(16 * cc + i) * bt + off] = blk.q4[cb].qs[i];
+                        ((uint16_t *)(kp + (size_t)hd / 2 * bt))[cc * bt + off] = blk.q4[cb].d;
+                    }
+                }
+            }
+        }
+        }
+        switch (c->type_v) {
+        case DT_F16:
+            for (int d = 0; d < hd; d++)
+                ((uint16_t *)vr)[d] = kern_f32_to_f16(vh[d]);
+            break;
+        case DT_F32:
+            memcpy(vr, vh, (size_t)hd * sizeof *vh);
+            break;
+        default:
+            quant_head(c->type_v, vh, hd, vr);
+        }
+    }
+}
+
+void attn_kv_read(struct kv_cache *kv, int layer, int64_t slot, int head_dim, float *k, float *v)
+{
+    const struct kv_config *c = kv_config(kv);
+    int bt = c->block_tokens, hd = head_dim;
+    int64_t off = slot % bt, n_kv = c->kv_dim / hd;
+    size_t k_head = type_bytes(c->type_k, hd), v_head = type_bytes(c->type_v, hd);
+    const uint8_t *kb = (const uint8_t *)kv_k(kv, layer, 0) + (size_t)(slot - off) * (size_t)n_kv * k_head;
+    const uint8_t *vb = (const uint8_t *)kv_v(kv, layer, 0) + (size_t)(slot - off) * (size_t)n_kv * v_head;
+    for (int64_t h = 0; h < n_kv; h++) {
+        float *kh = k + h * hd, *vh = v + h * hd;
+        const uint8_t *kp = kb + (size_t)h * (size_t)bt * k_head;
+        const uint8_t *vr = vb + ((size_t)h * (size_t)bt + (size_t)off) * v_head;
+        for (int d = 0; d < hd; d++) {
+            switch (c->type_k) {
+            case DT_F16: kh[d] = kern_f16_to_f32(((const uint16_t *)kp)[d * bt + off]); break;
+            case DT_F32: kh[d] = ((const float *)kp)[d * bt + off]; break;
+            case DT_Q8_0:
+                kh[d] = (float)((const int8_t *)kp)[d * bt + off] *
+                        kern_f16_to_f32(((const uint16_t *)(kp + (size_t)hd * bt))[d / 32 * bt + off]);
+                break;
+            default: {
+                uint8_t x = kp[(16 * (d / 32) + d % 16) * bt + off];
+                kh[d] = (float)((d % 32 < 16 ? x & 15 : x >> 4) - 8) *
+                        kern_f16_to_f32(((const uint16_t *)(kp + (size_t)hd / 2 * bt))[d / 32 * bt + off]);
+            }
+            }
+        }
+        switch (c->type_v) {
+        case DT_F16:
+            for (int d = 0; d < hd; d++)
+                vh[d] = kern_f16_to_f32(((const uint16_t *)vr)[d]);
+            break;
+        case DT_F32:
+            memcpy(vh, vr, (size_t)hd * sizeof *vh);
+            break;
+        case DT_Q8_0:
+            for (int d = 0; d < hd; d++) {
+                const struct block_q8_0 *b = (const struct block_q8_0 *)vr + d / 32;
+                vh[d] = (float)b->qs[d % 32] * kern_f16_to_f32(b->d);
+            }
+            break;
+        default:
+            for (int d = 0; d < hd; d++) {
+                const struct block_q4_0 *b = (const struct block_q4_0 *)vr + d / 32;
+                uint8_t x = b->qs[d % 16];
+                vh[d] = (float)((d % 32 < 16 ? x & 15 : x >> 4) - 8) * kern_f16_to_f32(b->d);
+            }
+        }
+    }
+}
+
+struct attn_job {
+    struct attn *a;
+    const struct vec_ops *vec;
+    struct kv_cache *kv;
+    int layer;
+    const int32_t *seq;
+    const int64_t *pos;
+    const float *q;
+    float *out;
+    int n_runs;
+    bool split; /* each item one tile of one run and KV head; partials merged after */
+    bool cold;  /* a decode-sized batch: its K and V are not in cache */
+    long n_items;
+    _Atomic long next;
+    const char *k_base, *v_base;
+    size_t k_head, v_head; /* bytes of one head's K / V of one position */
+    int bt, type_k, type_v;
+    int64_t kv_dim, q_dim;
+    float scale;
+};
+
+/* Asks for the K or V piece (one block's positions, of KV head h: 2 KiB for 16
+ * positions of 64 dims) that holds position p. Pieces are too short for the hardware to
+ * prefetch; a decode finds them cold, so it asks for the K a few blocks ahead of the one
+ * it computes with, and for the V of that one before its scores are done. */
+#define PREFETCH_AHEAD 4 /* blocks */
+
+static void prefetch_piece(const struct attn_job *j, const int32_t *table, int h, int64_t p, bool v)
+{
+    int bt = j->bt;
+    size_t piece = (v ? j->v_head : j->k_head) * (size_t)bt;
+    size_t blk = (size_t)table[p / bt];
+    const char *at = (v ? j->v_base : j->k_base) + (blk * (size_t)j->a->sh.n_head_kv + (size_t)h) * piece;
+    for (size_t c = 0; c < piece; c += 64)
+        __builtin_prefetch(at + c, 0, 2);
+}
+
+/* The partials (o_t, m_t, l_t) of rows [r0, R) over tile positions [t0, t0 + nmax) of a
+ * sequence's block table, each row seeing its first nv[r] of them (nv[r] >= 1). */
+static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *table, int h, int64_t t0, int r0,
+                         int R, int nmax, int64_t end)
+{
+    struct attn *a = j->a;
+    const struct vec_ops *vec = j->vec;
+    int hd = a->sh.head_dim, bt = j->bt;
+    int nr = R - r0;
+    size_t k_piece = j->k_head * (size_t)bt, v_piece = j->v_head * (size_t)bt;
+    size_t n_kv = (size_t)a->sh.n_head_kv;
+    bool quant_k = j->type_k == DT_Q8_0 || j->type_k == DT_Q4_0;
+    size_t code_bytes = j->type_k == DT_Q8_0 ? (size_t)hd * bt : (size_t)hd / 2 * bt; /* before the scales */
+    size_t k_esize = j->type_k == DT_F16 ? 2 : j->type_k == DT_F32 ? 4 : 1;
+    for (int jj = 0; jj < nmax;) {
+        int64_t p = t0 + jj;
+        int off = (int)(p % bt);
+        int cnt = bt - off < nmax - jj ? bt - off : nmax - jj;
+        size_t blk = (size_t)table[p / bt];
+        const char *kp = j->k_base + (blk * n_kv + (size_t)h) * k_piece;
+        const char *vp = j->v_base + (blk * n_kv + (size_t)h) * v_piece;
+        const uint16_t *ks = quant_k ? (const uint16_t *)(kp + code_bytes) + off : NULL;
+        if (j->cold) {
+            int64_t ahead = p - off + PREFETCH_AHEAD * bt; /* below end: within the sequence's blocks */
+            if (ahead < end)
+                prefetch_piece(j, table, h, ahead, false);
+            prefetch_piece(j, table, h, p, true);
+        }
+        vec->attn_qk(sc->q + (size_t)r0 * hd, hd, nr, kp + k_esize * (size_t)off, ks, bt, cnt, hd, j->type_k,
+                     sc->s + (size_t)r0 * ATTN_TILE + jj, ATTN_TILE);
+        for (int c = 0; c < cnt; c++)
+            sc->vrows[jj + c] = vp + (size_t)(off + c) * j->v_head;
+        jj += cnt;
+    }
+    for (int r = r0; r < R; r++)
+        sc->mt[r] = vec->softmax_tile(sc->s + (size_t)r * ATTN_TILE, sc->nv[r], &sc->lt[r]);
+    memset(sc->ot + (size_t)r0 * hd, 0, (size_t)nr * (size_t)hd * sizeof(float));
+    vec->attn_pv(sc->ot + (size_t)r0 * hd, hd, nr, sc->s + (size_t)r0 * ATTN_TILE, ATTN_TILE, sc->nv + r0,
+                 sc->vrows, hd, j->type_v);
+}
+
+/* The state (o, m, l) merged with a tile's partial; first: the state is the partial. */
+static void merge(const struct vec_ops *vec, float *o, float *m, float *l, const float *ot, float mt, float lt,
+                  int hd, bool first)
+{
+    if (first) {
+        memcpy(o, ot, (size_t)hd * sizeof *o);
+        *m = mt;
+        *l = lt;
+        return;
+    }
+    float mx = *m > mt ? *m : mt;
+    float f[2] = {*m, mt};
+    vec->exp_sub(f, mx, 2);
+    *l = *l * f[0] + lt * f[1];
+    for (int i = 0; i < hd; i++)
+        o[i] = o[i] * f[0] + ot[i] * f[1];
+    *m = mx;
+}
+
+static void finish_row(float *out, const float *o, float l, int hd)
+{
+    float inv = 1.0f / l;
+    for (int i = 0; i < hd; i++)
+        out[i] = o[i] * inv;
+}
+
+/* One item: the rows of run ri for KV head h over tiles [ta, tb). */
+static void run_item(struct attn_job *j, struct scratch *sc, int ri, int h, int64_t ta, int64_t tb)
+{
+    struct attn *a = j->a;
+    int hd = a->sh.head_dim, group = a->group;
+    int b0 = a->run_start[ri], len = a->run_len[ri];
+    int R = len * group;
+    int64_t n_blocks;
+    const int32_t *table = kv_seq_blocks(j->kv, j->seq[b0], &n_blocks);
+    for (int i = 0; i < len; i++)
+        for (int g = 0; g < group; g++) {
+            const float *q = j->q + (size_t)(b0 + i) * (size_t)j->q_dim + (size_t)(h * group + g) * (size_t)hd;
+            float *qs = sc->q + (size_t)(i * group + g) * hd;
+            for (int d = 0; d < hd; d++)
+                qs[d] = q[d] * j->scale;
+        }
+    int64_t end = j->pos[b0 + len - 1] + 1; /* positions the run sees */
+    for (int64_t p = ta * ATTN_TILE; j->cold && p < end && p < ta * ATTN_TILE + PREFETCH_AHEAD * j->bt; p += j->bt)
+        prefetch_piece(j, table, h, p, false);
+    for (int64_t t = ta; t < tb; t++) {
+        int64_t t0 = t * ATTN_TILE;
+        int r0 = R, nmax = 0;
+        for (int i = 0; i < len; i++) {
+            int64_t cnt = j->pos[b0 + i] + 1 - t0;
+            cnt = cnt < 0 ? 0 : cnt > ATTN_TILE ? ATTN_TILE : cnt;
+            for (int g = 0; g < group; g++)
+                sc->nv[i * group + g] = (int32_t)cnt;
+            if (cnt > 0 && r0 == R)
+                r0 = i * group; /* positions rise along a run: rows from r0 on see the tile */
+            nmax = cnt > nmax ? (int)cnt : nmax;
+        }
+        if (nmax == 0)
+            continue;
+        tile_partial(j, sc, table, h, t0, r0, R, nmax, end);
+        for (int r = r0; r < R; r++) {
+            float *ot = sc->ot + (size_t)r * hd;
+            if (j->split) {
+                int b = b0 + r / group, qh = h * group + r % group;
+                float *dst = a->split + ((size_t)(b * a->sh.n_head + qh) * (size_t)a->n_tiles + (size_t)t) * (size_t)(hd + 2);
+                memcpy(dst, ot, (size_t)hd * sizeof *dst);
+                dst[hd] = sc->mt[r];
+                dst[hd + 1] = sc->lt[r];
+            } else {
+                merge(j->vec, sc->o + (size_t)r * hd, &sc->m[r], &sc->l[r], ot, sc->mt[r], sc->lt[r], hd, t == 0);
+            }
+        }
+    }
+    if (j->split)
+        return;
+    for (int r = 0; r < R; r++) {
+        int b = b0 + r / group, qh = h * group + r % group;
+        finish_row(j->out + (size_t)b * (size_t)j->q_dim + (size_t)qh * hd, sc->o + (size_t)r * hd, sc->l[r], hd);
+    }
+}
+
+static void attn_work(void *ctx, int ith, int nth)
+{
+    (void)nth;
+    struct attn_job *j = ctx;
+    struct attn *a = j->a;
+    struct scratch sc = scratch_of(a, ith);
+    int n_kv = a->sh.n_head_kv;
+    for (;;) {
+        long w = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (w >= j->n_items)
+            return;
+        if (!j->split) {
+            /* the last runs first: later positions attend over more of the cache */
+            int ri = j->n_runs - 1 - (int)(w / n_kv);
+            int64_t last = j->pos[a->run_start[ri] + a->run_len[ri] - 1];
+            run_item(j, &sc, ri, (int)(w % n_kv), 0, last / ATTN_TILE + 1);
+            continue;
+        }
+        int ri = 0;
+        while (a->run_items[ri + 1] <= w)
+            ri++;
+        long k = w - a->run_items[ri];
+        long tiles = (a->run_items[ri + 1] - a->run_items[ri]) / n_kv;
+        run_item(j, &sc, ri, (int)(k / tiles), k % tiles, k % tiles + 1);
+    }
+}
+
+/* Split mode, second step: each (token, query head) merges its tiles in order. */
+static void merge_work(void *ctx, int ith, int nth)
+{
+    struct attn_job *j = ctx;
+    struct attn *a = j->a;
+    int hd = a->sh.head_dim, n_head = a->sh.n_head;
+    struct scratch sc = scratch_of(a, ith);
+    long n_pairs = 0;
+    for (int ri = 0; ri < j->n_runs; ri++)
+        n_pairs += (long)a->run_len[ri] * n_head;
+    long lo, hi;
+    pool_split(n_pairs, 1, ith, nth, &lo, &hi);
+    for (long w = lo; w < hi; w++) {
+        int b = (int)(w / n_head), qh = (int)(w % n_head);
+        const float *src = a->split + (size_t)(b * n_head + qh) * (size_t)a->n_tiles * (size_t)(hd + 2);
+        int64_t n_t = j->pos[b] / ATTN_TILE + 1;
+        for (int64_t t = 0; t < n_t; t++, src += hd + 2)
+            merge(j->vec, sc.o, sc.m, sc.l, src, src[hd], src[hd + 1], hd, t == 0);
+        finish_row(j->out + (size_t)b * (size_t)j->q_dim + (size_t)qh * hd, sc.o, sc.l[0], hd);
+    }
+}
+
+void attn_forward(struct attn *a, struct pool *pool, const struct vec_ops *vec, struct kv_cache *kv, int layer,
+                  int n, const int32_t *seq, const int64_t *pos, const float *q, float *out)
+{
+    const struct kv_config *kc = kv_config(kv);
+    int hd = a->sh.head_dim;
+    struct attn_job j = {.a = a, .vec = vec, .kv = kv, .layer = layer, .seq = seq, .pos = pos, .q = q, .out = out};
+    j.k_base = kv_k(kv, layer, 0);
+    j.v_base = kv_v(kv, layer, 0);
+    j.type_k = kc->type_k;
+    j.type_v = kc->type_v;
+    j.k_head = type_bytes(kc->type_k, hd);
+    j.v_head = type_bytes(kc->type_v, hd);
+    j.bt = kc->block_tokens;
+    j.kv_dim = kc->kv_dim;
+    j.q_dim = (int64_t)a->sh.n_head * hd;
+    j.scale = 1.0f / sqrtf((float)hd);
+    /* query tiles: runs of at most qt tokens of one sequence that follow each other */
+    int n_runs = 0;
+    int64_t max_pos = 0;
+    for (int b = 0; b < n; b++) {
+        max_pos = pos[b] > max_pos ? pos[b] : max_pos;
+        if (n_runs && seq[b] == seq[b - 1] && a->run_len[n_runs - 1] < a->qt) {
+            a->run_len[n_runs - 1]++;
+            continue;
+        }
+        a->run_start[n_runs] = b;
+        a->run_len[n_runs++] = 1;
+    }
+    j.n_runs = n_runs;
+    int n_kv = a->sh.n_head_kv;
+    /* Splitting the tiles costs a second pass over the threads (a barrier), worth it when
+     * KV heads alone would leave threads idle; either way gives the same bits. */
+    j.cold = n <= ATTN_SPLIT_MAX;
+    j.split = j.cold && max_pos >= ATTN_TILE && n_runs * n_kv < 2 * pool_threads(pool);
+    if (j.split) {
+        a->run_items[0] = 0;
+        for (int ri = 0; ri < n_runs; ri++) {
+            int64_t last = pos[a->run_start[ri] + a->run_len[ri] - 1];
+            a->run_items[ri + 1] = a->run_items[ri] + (last / ATTN_TILE + 1) * n_kv;
+        }
+        j.n_items = (long)a->run_items[n_runs];
+    } else {
+        j.n_items = (long)n_runs * n_kv;
+    }
+    atomic_init(&j.next, 0);
+    pool_run(pool, attn_work, &j);
+    if (j.split)
+        pool_run(pool, merge_work, &j);
+}
