@@ -9,6 +9,7 @@
 #include "api/apiutil.h"
 #include "api/sse.h"
 #include "base/err.h"
+#include "base/thread.h"
 #include "base/log.h"
 
 #define ERR_MAX 512
@@ -104,15 +105,7 @@ static void cut_off(struct apireq *r)
     pthread_mutex_unlock(&r->mu);
     if (!cancel)
         return;
-    pthread_attr_t a;
-    pthread_t th;
-    bool started = pthread_attr_init(&a) == 0;
-    if (started) {
-        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-        started = pthread_create(&th, &a, cancel_thread, r) == 0;
-        pthread_attr_destroy(&a);
-    }
-    if (!started) {
+    if (thread_start_detached(cancel_thread, r, 0)) {
         pthread_mutex_lock(&r->mu);
         r->cancelling = false; /* the generation runs to its end unseen */
         pthread_mutex_unlock(&r->mu);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/err.h"
+#include "base/thread.h"
 #include "base/log.h"
 #include "node/download.h"
 #include "node/hubref.h"
@@ -93,12 +94,7 @@ int gen_pull_start(struct node *n, const char *ref, const atomic_bool *cancel, h
     *j = (struct pull_job){.node = n, .cancel = cancel, .fn = fn, .done = done, .ctx = ctx};
     snprintf(j->ref, sizeof j->ref, "%s", ref);
     snprintf(j->models_dir, sizeof j->models_dir, "%s", dir);
-    pthread_t th;
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    int e = pthread_create(&th, &at, pull_main, j);
-    pthread_attr_destroy(&at);
+    int e = thread_start_detached(pull_main, j, 0);
     if (e) {
         free(j);
         snprintf(err, errlen, "cannot start a thread: %s", strerror(e));

@@ -17,6 +17,7 @@
 
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/thread.h"
 #include "base/log.h"
 #include "node/catalog.h"
 #include "node/download.h"
@@ -248,11 +249,7 @@ static int job_ensure(struct node *n, enum job_kind kind, const char *id, const 
         *j = (struct hub_job){.kind = kind, .layer_begin = a, .layer_end = b, .state = JOB_RUNNING, .node = n};
         snprintf(j->id, sizeof j->id, "%s", id);
         snprintf(j->text, sizeof j->text, "%s", text);
-        pthread_t th;
-        pthread_attr_t at;
-        pthread_attr_init(&at);
-        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&th, &at, job_main, j)) {
+        if (thread_start_detached(job_main, j, 0)) {
             j->state = JOB_FAILED;
             j->rc = CAIRN_EIO;
             j->ended_ms = mono_ms();
@@ -263,7 +260,6 @@ static int job_ensure(struct node *n, enum job_kind kind, const char *id, const 
             if (kind == JOB_FILL)
                 note(j, CLUSTER_DOWNLOAD_ONGOING, 0, 0, NULL, false);
         }
-        pthread_attr_destroy(&at);
     }
     pthread_mutex_unlock(&h->mu);
     return rc;

@@ -16,6 +16,7 @@
 #include "base/array.h"
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/thread.h"
 #include "base/mem.h"
 #include "base/args.h"
 #include "runner/runner.h"
@@ -1228,13 +1229,7 @@ int runner_main(int argc, char **argv)
             fprintf(stderr, "cairn runner: no node pipe on fd %d\n", (int)node_fd);
             return 2;
         }
-        pthread_t th;
-        pthread_attr_t at;
-        pthread_attr_init(&at);
-        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        pthread_attr_setstacksize(&at, 64 * 1024);
-        int e = pthread_create(&th, &at, watch_node, (void *)(intptr_t)node_fd);
-        pthread_attr_destroy(&at);
+        int e = thread_start_detached(watch_node, (void *)(intptr_t)node_fd, 256 * 1024);
         if (e) {
             fprintf(stderr, "cairn runner: cannot watch the node: %s\n", strerror(e));
             return 1;
