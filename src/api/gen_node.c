@@ -394,6 +394,7 @@ static int ready_instance(struct gen_node *g, struct pick *p, char *err, size_t 
         c.place_instance.sharding = CLUSTER_SHARDING_PIPELINE;
         c.place_instance.min_nodes = 1;
         c.place_instance.num_draft_tokens = COMMAND_DEFAULT_DRAFT_TOKENS;
+        c.place_instance.kv = *node_place_kv(g->node);
         int rc = node_command(g->node, &c, GEN_NODE_COMMAND_MS, &res);
         command_clear(&c);
         if (rc) {

@@ -9,6 +9,7 @@
 #include "api/routes_download.h"
 #include "api/sse.h"
 #include "base/err.h"
+#include "base/json.h"
 #include "base/log.h"
 #include "node/cards.h"
 #include "node/catalog.h"
@@ -271,6 +272,43 @@ static bool query_int(struct http_request *req, const char *name, long long lo, 
     return true;
 }
 
+/* Fills what kv does not say (ctx, k, v: which) from this node's defaults. */
+static void place_kv_defaults(struct cluster_kv *kv, const struct cluster_kv *def, bool ctx, bool k, bool v)
+{
+    if (ctx)
+        kv->ctx_len = def->ctx_len;
+    if (k)
+        memcpy(kv->type_k, def->type_k, sizeof kv->type_k);
+    if (v)
+        memcpy(kv->type_v, def->type_v, sizeof kv->type_v);
+}
+
+/* The KV cache asked in the query (ctx_len, cache_type_k, cache_type_v), filled from
+ * this node's defaults where it says nothing; false when refused (answered). */
+static bool query_kv(struct http_request *req, const struct node *node, struct cluster_kv *kv)
+{
+    long long ctx_len = 0;
+    if (!query_int(req, "ctx_len", 1, CLUSTER_MAX_CTX, &ctx_len))
+        return false;
+    json_t *j = json_object();
+    const char *tk = http_req_query(req, "cache_type_k"), *tv = http_req_query(req, "cache_type_v");
+    bool ok = j && (!ctx_len || json_object_set_new(j, "ctx_len", json_integer(ctx_len)) == 0) &&
+              (!tk || json_object_set_new(j, "cache_type_k", json_string(tk)) == 0) &&
+              (!tv || json_object_set_new(j, "cache_type_v", json_string(tv)) == 0);
+    char err[256];
+    int rc = ok ? cluster_kv_from_json(j, "", kv, err, sizeof err) : CAIRN_ENOMEM;
+    json_decref(j);
+    if (rc) {
+        if (rc == CAIRN_ENOMEM)
+            reply_oom(req);
+        else
+            http_reply_error(req, 400, "invalid_request", "%s", err);
+        return false;
+    }
+    place_kv_defaults(kv, node_place_kv(node), !ctx_len, !tk, !tv);
+    return true;
+}
+
 static void h_events(struct http_request *req, void *ctx)
 {
     struct routes_cluster *r = ctx;
@@ -345,6 +383,9 @@ static void run_command_body(struct http_request *req, struct routes_cluster *r,
         reply_code(req, rc == CAIRN_ENOMEM ? rc : CAIRN_EFORMAT, err);
         return;
     }
+    if (kind == COMMAND_PLACE_INSTANCE)
+        place_kv_defaults(&c.place_instance.kv, node_place_kv(r->node), !json_opt_get(body, "ctx_len", NULL),
+                          !json_opt_get(body, "cache_type_k", NULL), !json_opt_get(body, "cache_type_v", NULL));
     struct command_result res;
     rc = node_command(r->node, &c, r->timeout_ms, &res);
     for (int waited = 0; hub_model && rc == CAIRN_ENOTFOUND && waited < ROUTES_HUB_HEADER_MS; waited += 500) {
@@ -479,6 +520,9 @@ static void h_previews(struct http_request *req, void *ctx)
     }
     if (!query_int(req, "min_nodes", 1, CLUSTER_MAX_SHARDS, &min_nodes))
         return;
+    struct cluster_kv kv;
+    if (!query_kv(req, r->node, &kv))
+        return;
     /* Placement reads model files: on a copy, so the node thread never waits for it. */
     struct cluster_state *s = node_state_copy(r->node);
     if (!s) {
@@ -487,7 +531,8 @@ static void h_previews(struct http_request *req, void *ctx)
     }
     struct place_result pr;
     char err[512];
-    int rc = master_previews(s, node_master_env(r->node), model, sh, (int)min_nodes, draft, &pr,
+    int64_t ctx_len = 0;
+    int rc = master_previews(s, node_master_env(r->node), model, sh, (int)min_nodes, draft, &kv, &ctx_len, &pr,
                              err, sizeof err);
     cluster_state_release(s);
     if (rc) {
@@ -497,6 +542,8 @@ static void h_previews(struct http_request *req, void *ctx)
     }
     json_t *j = place_result_to_json(&pr);
     place_result_free(&pr);
+    if (j && json_object_set_new(j, "ctx_len", json_integer(ctx_len)))
+        j = (json_decref(j), NULL);
     if (!j)
         reply_oom(req);
     else

@@ -1,5 +1,7 @@
 #include "base/dtype.h"
 
+#include <stddef.h>
+
 #include <strings.h>
 
 static const struct dtype_info table[DT_COUNT] = {
@@ -48,4 +50,21 @@ int64_t dtype_row_bytes(int type, int64_t n)
     if (!t || n < 0 || n % t->block_elems)
         return -1;
     return n / t->block_elems * t->block_bytes;
+}
+
+int dtype_kv_from_name(const char *name)
+{
+    int t = name ? dtype_from_name(name) : -1;
+    return dtype_kv_name(t) ? t : -1;
+}
+
+const char *dtype_kv_name(int type)
+{
+    switch (type) {
+    case DT_F16: return "f16";
+    case DT_F32: return "f32";
+    case DT_Q8_0: return "q8_0";
+    case DT_Q4_0: return "q4_0";
+    default: return NULL;
+    }
 }

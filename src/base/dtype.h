@@ -39,4 +39,10 @@ int dtype_from_name(const char *name);
  * the type is unknown. */
 int64_t dtype_row_bytes(int type, int64_t n);
 
+/* The types a KV cache may hold (F16, F32, Q8_0, Q4_0, as llama.cpp's -ctk/-ctv):
+ * the id for a name, case-insensitive, or -1 for any other; and the lowercase name of
+ * such an id ("q8_0"), or NULL for any other. */
+int dtype_kv_from_name(const char *name);
+const char *dtype_kv_name(int type);
+
 #endif

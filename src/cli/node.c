@@ -8,6 +8,7 @@
 #include "api/routes_cluster.h"
 #include "api/routes_files.h"
 #include "api/routes_web.h"
+#include "base/dtype.h"
 #include "base/err.h"
 #include "base/log.h"
 #include "base/args.h"
@@ -72,7 +73,11 @@ static void usage(void)
             "                  with SIGINT/SIGTERM tells its peers and leaves at once\n"
             "  --parallel      sequences each runner decodes at once (8); more requests queue\n"
             "  -t, --threads   compute threads of each runner (2)\n"
-            "  --ctx-size      positions per sequence (the model's, at most 4096)\n"
+            "  --ctx-size      positions per sequence of the models placed through this node's\n"
+            "                  API (default: the model's trained context where memory allows,\n"
+            "                  else the largest that fits, at least min(trained, 4096))\n"
+            "  -ctk, -ctv      the KV cache's K and V types for those placements: f16 (default),\n"
+            "                  f32, q8_0 or q4_0 (q8_0 holds about half the memory of f16)\n"
             "  --log-file      also log to PATH (default: $XDG_CACHE_HOME/cairn/node.log, or\n"
             "                  DATA_DIR/node.log with --data-dir; '-': stderr only)\n"
             "  data: $XDG_DATA_HOME/cairn (node id, event log); models: $CAIRN_MODELS_DIR or\n"
@@ -152,6 +157,7 @@ struct node_opts {
     const char *ns, *secret, *discovery, *models_dir, *data_dir, *api_key, *api_host, *bind, *log_file;
     int64_t api_port, cluster_port, node_timeout, memory_limit;
     int64_t parallel, threads, ctx_size; /* of each runner; 0: the supervisor's default */
+    int cache_type_k, cache_type_v;      /* of placements through this node (DT_F16) */
     int64_t api_per_client;              /* open API connections per client address; 0: the server's default */
     bool no_api, no_worker, force_master;
     enum log_level level;
@@ -193,7 +199,8 @@ static int parse_opts(struct node_opts *o, int argc, char **argv)
     const char *v;
     *o = (struct node_opts){.secret = getenv("CAIRN_CLUSTER_SECRET"), .discovery = "auto",
                             .models_dir = getenv("CAIRN_MODELS_DIR"), .api_host = "127.0.0.1",
-                            .api_port = 52415, .cluster_port = 52416, .node_timeout = 30, .level = LOG_INFO};
+                            .api_port = 52415, .cluster_port = 52416, .node_timeout = 30, .level = LOG_INFO,
+                            .cache_type_k = DT_F16, .cache_type_v = DT_F16};
     for (; a.i < argc && !a.bad; a.i++) {
         if (args_opt(&a, "--api-port", &v)) o->api_port = args_int(&a, "--api-port", v, 0, 65535);
         else if (args_opt(&a, "--api-host", &v)) o->api_host = v;
@@ -230,6 +237,8 @@ static int parse_opts(struct node_opts *o, int argc, char **argv)
         else if (args_opt(&a, "--parallel", &v)) o->parallel = args_int(&a, "--parallel", v, 1, 256);
         else if (args_opt(&a, "-t|--threads", &v)) o->threads = args_int(&a, "--threads", v, 1, 512);
         else if (args_opt(&a, "--ctx-size", &v)) o->ctx_size = args_int(&a, "--ctx-size", v, 16, 1 << 24);
+        else if (args_opt(&a, "-ctk|--cache-type-k", &v)) o->cache_type_k = cli_kv_type(&a, "-ctk", v);
+        else if (args_opt(&a, "-ctv|--cache-type-v", &v)) o->cache_type_v = cli_kv_type(&a, "-ctv", v);
         else if (args_opt(&a, "--cors", &v)) {
             if (push(o->cors, &o->n_cors, MAX_CORS, v, "--cors"))
                 return 2;
@@ -466,7 +475,12 @@ static int create(struct node_app *app, const struct node_opts *o)
         .node_timeout_ms = (int)(o->node_timeout * 1000),
         .discovery = o->discovery,
         .api_key = o->api_key, /* models are fetched from peers' APIs with the same key */
+        .place_kv = {.ctx_len = o->ctx_size},
     };
+    if (o->cache_type_k != DT_F16)
+        snprintf(nc.place_kv.type_k, sizeof nc.place_kv.type_k, "%s", dtype_kv_name(o->cache_type_k));
+    if (o->cache_type_v != DT_F16)
+        snprintf(nc.place_kv.type_v, sizeof nc.place_kv.type_v, "%s", dtype_kv_name(o->cache_type_v));
     if (!o->no_worker && create_worker(app, o, &nc))
         return 1;
     if (!o->no_api && bind_api(app, o, &nc)) {

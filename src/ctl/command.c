@@ -51,7 +51,8 @@ json_t *command_to_jsonv(const struct command *c)
              put(o, "sharding", json_string(sh)) &&
              put(o, "min_nodes", json_integer(c->place_instance.min_nodes)) &&
              put(o, "draft_model", ids_json_string_or_null(c->place_instance.draft_model, true)) &&
-             put(o, "num_draft_tokens", json_integer(c->place_instance.num_draft_tokens));
+             put(o, "num_draft_tokens", json_integer(c->place_instance.num_draft_tokens)) &&
+             cluster_kv_put(o, &c->place_instance.kv);
         break;
     }
     case COMMAND_CREATE_INSTANCE:
@@ -136,6 +137,8 @@ static int body_from_json(const json_t *body, const char *path, struct command *
         if (!rc)
             rc = get_int(body, path, "num_draft_tokens", 0, CLUSTER_MAX_DRAFT_TOKENS,
                          &c->place_instance.num_draft_tokens, err, errlen);
+        if (!rc)
+            rc = cluster_kv_from_json(body, path, &c->place_instance.kv, err, errlen);
         return rc;
     case COMMAND_CREATE_INSTANCE:
         rc = json_get_member(body, path, "instance", JSON_OBJECT, &v, err, errlen);
@@ -193,7 +196,7 @@ int command_from_jsonv(const json_t *j, struct command *out, char *err, size_t e
 {
     static const char *const place_keys[] = {"kind", "command_id", "model_id", "sharding",
                                              "min_nodes", "draft_model", "num_draft_tokens",
-                                             NULL};
+                                             "ctx_len", "cache_type_k", "cache_type_v", NULL};
     static const char *const create_keys[] = {"kind", "command_id", "instance", NULL};
     static const char *const delete_keys[] = {"kind", "command_id", "instance_id", NULL};
     static const char *const draft_keys[] = {"kind", "command_id", "instance_id", "draft_model",
@@ -311,8 +314,10 @@ fail:
 int command_from_request(enum command_kind kind, const json_t *body, const char *instance_id,
                          struct command *out, char *err, size_t errlen)
 {
-    static const char *const place_keys[] = {"model_id", "sharding", "min_nodes", "draft_model",
-                                             "num_draft_tokens", "instance_meta", NULL};
+    static const char *const place_keys[] = {"model_id",     "sharding",     "min_nodes",
+                                             "draft_model",  "num_draft_tokens", "instance_meta",
+                                             "ctx_len",      "cache_type_k", "cache_type_v",
+                                             NULL};
     static const char *const draft_keys[] = {"draft_model", "num_draft_tokens", NULL};
     static const char *const create_keys[] = {"instance", NULL};
     json_t *j = NULL, *given;

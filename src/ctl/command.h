@@ -6,7 +6,9 @@
  * Wire JSON: one flat object {"kind", "command_id", <fields of the kind>}; every field is
  * required (nullable ones as null) and unknown fields are refused:
  *   PlaceInstance          model_id, sharding ("pipeline"|"tensor"), min_nodes (1..256),
- *                          draft_model (model id|null), num_draft_tokens (0..256)
+ *                          draft_model (model id|null), num_draft_tokens (0..256), and
+ *                          optionally the KV cache's ctx_len, cache_type_k, cache_type_v
+ *                          (cluster_kv in state.h; without ctx_len the master chooses)
  *   CreateInstance         instance (an instance as in state.h)
  *   DeleteInstance         instance_id
  *   SetInstanceDraftModel  instance_id, draft_model (model id|null), num_draft_tokens
@@ -58,6 +60,7 @@ struct command {
             int min_nodes;                       /* 1..CLUSTER_MAX_SHARDS */
             char draft_model[IDS_MODEL_MAX + 1]; /* "" = none */
             int num_draft_tokens;                /* 0..CLUSTER_MAX_DRAFT_TOKENS */
+            struct cluster_kv kv;                /* ctx_len 0: the master chooses */
         } place_instance;
         struct cluster_instance create_instance;
         struct {

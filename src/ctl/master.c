@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/array.h"
+#include "base/dtype.h"
 #include "base/err.h"
 #include "base/json.h"
 
@@ -14,6 +15,22 @@
 uint32_t master_card_ctx(const struct catalog_card *c)
 {
     return c->n_ctx > 0 && c->n_ctx < MASTER_CTX_LEN ? (uint32_t)c->n_ctx : MASTER_CTX_LEN;
+}
+
+uint64_t master_kv_token_layer_bytes(const struct catalog_card *card, const struct cluster_kv *kv)
+{
+    int64_t kv_dim = (int64_t)(card->kv_bytes_per_token_layer / 4); /* the card counts F16 K and V */
+    int tk = kv && kv->type_k[0] ? dtype_kv_from_name(kv->type_k) : DT_F16;
+    int tv = kv && kv->type_v[0] ? dtype_kv_from_name(kv->type_v) : DT_F16;
+    int64_t k = dtype_row_bytes(tk, kv_dim), v = dtype_row_bytes(tv, kv_dim);
+    return k < 0 || v < 0 ? 0 : (uint64_t)k + (uint64_t)v;
+}
+
+/* Positions of the KV pool of an instance's runners (what the master counts). */
+static uint64_t pool_positions(const struct catalog_card *card, const struct cluster_kv *kv)
+{
+    int64_t ctx = kv && kv->ctx_len > 0 ? kv->ctx_len : (int64_t)master_card_ctx(card);
+    return (uint64_t)runner_kv_pool_positions(ctx);
 }
 
 /* ---- events ---- */
@@ -62,12 +79,12 @@ static uint64_t sat_mul(uint64_t a, uint64_t b)
     return a && b > UINT64_MAX / a ? UINT64_MAX : a * b;
 }
 
-static uint64_t draft_need(const struct catalog_card *draft)
+/* The draft's weights and F16 KV for a pool of `positions`. */
+static uint64_t draft_need(const struct catalog_card *draft, uint64_t positions)
 {
     if (!draft)
         return 0;
-    uint64_t kv = sat_mul(sat_mul(draft->kv_bytes_per_token_layer, (uint64_t)draft->n_layers),
-                          sat_mul(master_card_ctx(draft), MASTER_SLOTS));
+    uint64_t kv = sat_mul(sat_mul(draft->kv_bytes_per_token_layer, (uint64_t)draft->n_layers), positions);
     return sat_add(draft->weight_bytes, kv);
 }
 
@@ -84,8 +101,8 @@ uint64_t master_shard_bytes(const struct catalog_card *card, const struct catalo
     uint64_t layers = 0;
     for (uint32_t l = b; l < e; l++)
         layers = sat_add(layers, card->layer_bytes[l]);
-    uint64_t kv = sat_mul(sat_mul(card->kv_bytes_per_token_layer, e > b ? e - b : 0),
-                          sat_mul(master_card_ctx(card), MASTER_SLOTS));
+    uint64_t positions = pool_positions(card, &in->kv);
+    uint64_t kv = sat_mul(sat_mul(master_kv_token_layer_bytes(card, &in->kv), e > b ? e - b : 0), positions);
     uint64_t norm = card->output_norm_bytes + card->other_bytes;
     bool first = sh->rank == 0, last = (size_t)sh->rank + 1 == in->n_shards;
     uint64_t k = in->n_shards ? in->n_shards : 1;
@@ -105,7 +122,7 @@ uint64_t master_shard_bytes(const struct catalog_card *card, const struct catalo
         }
     }
     if (first)
-        total = sat_add(total, draft_need(draft));
+        total = sat_add(total, draft_need(draft, positions));
     return total;
 }
 
@@ -155,34 +172,23 @@ static int held_bytes(const struct cluster_state *s, const struct master_env *en
     return 0;
 }
 
-int master_previews(const struct cluster_state *s, const struct master_env *env,
-                    const char *model_id, enum cluster_sharding sharding, int min_nodes,
-                    const char *draft_model, struct place_result *res, char *err,
-                    size_t errlen)
+/* Placement over s for a context of ctx positions with kv's types. */
+static int previews_at(const struct cluster_state *s, const struct master_env *env,
+                       const struct catalog_card *card, const struct catalog_card *draft,
+                       enum cluster_sharding sharding, int min_nodes, const struct cluster_kv *kv,
+                       int64_t ctx, struct place_result *res, char *err, size_t errlen)
 {
-    struct catalog_card card, draft;
-    bool has_card = false, has_draft = false;
     struct place_node *nodes = NULL;
     struct place_link *links = NULL;
     uint64_t *held = NULL;
+    place_result_free(res);
     memset(res, 0, sizeof *res);
     res->best = -1;
-    memset(&card, 0, sizeof card);
-    memset(&draft, 0, sizeof draft);
-    if (min_nodes < 1 || min_nodes > CLUSTER_MAX_SHARDS)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "min_nodes: %d is outside [1, %d]",
-                          min_nodes, CLUSTER_MAX_SHARDS);
-    int rc = lookup(env, model_id, &card, &has_card, err, errlen);
-    if (!rc && !has_card)
-        rc = cairn_fail(err, errlen, CAIRN_EINVAL, "model_id: required");
-    if (!rc)
-        rc = lookup(env, draft_model, &draft, &has_draft, err, errlen);
-    if (rc)
-        goto out;
     size_t n = s->n_nodes < PLACE_MAX_NODES ? s->n_nodes : PLACE_MAX_NODES;
     nodes = calloc(n ? n : 1, sizeof *nodes);
     held = calloc(s->n_nodes ? s->n_nodes : 1, sizeof *held);
     links = calloc(s->n_edges ? s->n_edges : 1, sizeof *links);
+    int rc = 0;
     if (!nodes || !held || !links) {
         rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
         goto out;
@@ -211,19 +217,73 @@ int master_previews(const struct cluster_state *s, const struct master_env *env,
         .sharding = sharding == CLUSTER_SHARDING_TENSOR ? PLACE_TENSOR : PLACE_PIPELINE,
         .min_nodes = (uint32_t)min_nodes,
     };
-    if ((rc = catalog_card_place_model(&card, master_card_ctx(&card), MASTER_SLOTS, &req.model,
-                                       err, errlen)))
+    /* place counts kv_bytes_per_token_layer * ctx_len * n_slots: one pool of positions */
+    int64_t positions = runner_kv_pool_positions(ctx);
+    if ((rc = catalog_card_place_model(card, (uint32_t)positions, 1, &req.model, err, errlen)))
         goto out;
-    if (has_draft) {
-        req.model.draft_bytes = draft.weight_bytes;
-        req.model.draft_kv_bytes_per_token =
-            sat_mul(draft.kv_bytes_per_token_layer, (uint64_t)draft.n_layers);
+    req.model.kv_bytes_per_token_layer = master_kv_token_layer_bytes(card, kv);
+    if (draft) {
+        req.model.draft_bytes = draft->weight_bytes;
+        req.model.draft_kv_bytes_per_token = sat_mul(draft->kv_bytes_per_token_layer, (uint64_t)draft->n_layers);
     }
     rc = place_compute(&req, res, err, errlen);
 out:
     free(nodes);
     free(links);
     free(held);
+    return rc;
+}
+
+int master_previews(const struct cluster_state *s, const struct master_env *env,
+                    const char *model_id, enum cluster_sharding sharding, int min_nodes,
+                    const char *draft_model, const struct cluster_kv *kv, int64_t *ctx_len,
+                    struct place_result *res, char *err, size_t errlen)
+{
+    struct catalog_card card, draft;
+    bool has_card = false, has_draft = false;
+    struct cluster_kv none = {0};
+    if (!kv)
+        kv = &none;
+    memset(res, 0, sizeof *res);
+    res->best = -1;
+    memset(&card, 0, sizeof card);
+    memset(&draft, 0, sizeof draft);
+    if (min_nodes < 1 || min_nodes > CLUSTER_MAX_SHARDS)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "min_nodes: %d is outside [1, %d]",
+                          min_nodes, CLUSTER_MAX_SHARDS);
+    int rc = lookup(env, model_id, &card, &has_card, err, errlen);
+    if (!rc && !has_card)
+        rc = cairn_fail(err, errlen, CAIRN_EINVAL, "model_id: required");
+    if (!rc)
+        rc = lookup(env, draft_model, &draft, &has_draft, err, errlen);
+    if (rc)
+        goto out;
+    int64_t trained = card.n_ctx > 0 ? (card.n_ctx < CLUSTER_MAX_CTX ? card.n_ctx : CLUSTER_MAX_CTX) : MASTER_CTX_LEN;
+    if (kv->ctx_len > trained) {
+        rc = cairn_fail(err, errlen, CAIRN_EINVAL, "ctx_len: %lld is beyond %s's trained context of %lld positions",
+                        (long long)kv->ctx_len, model_id, (long long)trained);
+        goto out;
+    }
+    if (!master_kv_token_layer_bytes(&card, kv)) {
+        rc = cairn_fail(err, errlen, CAIRN_EINVAL,
+                        "cache_type_k/cache_type_v: %s's K and V rows of %lld values cannot be held as %s/%s "
+                        "(q8_0 and q4_0 need multiples of 32)",
+                        model_id, (long long)(card.kv_bytes_per_token_layer / 4), kv->type_k[0] ? kv->type_k : "f16",
+                        kv->type_v[0] ? kv->type_v : "f16");
+        goto out;
+    }
+    /* The context asked for, or the largest that fits from the trained one down. */
+    int64_t least = trained < MASTER_CTX_LEN ? trained : MASTER_CTX_LEN;
+    int64_t ctx = kv->ctx_len > 0 ? kv->ctx_len : trained;
+    for (;;) {
+        rc = previews_at(s, env, &card, has_draft ? &draft : NULL, sharding, min_nodes, kv, ctx, res, err, errlen);
+        if (rc || res->best >= 0 || kv->ctx_len > 0 || ctx <= least)
+            break;
+        ctx = ctx / 2 > least ? ctx / 2 : least;
+    }
+    if (ctx_len)
+        *ctx_len = ctx;
+out:
     catalog_card_clear(&card);
     catalog_card_clear(&draft);
     return rc;
@@ -281,8 +341,10 @@ static int place(const struct cluster_state *s, const struct master_env *env,
     int checked = check_draft(env, c->place_instance.model_id, draft, res);
     if (checked)
         return checked;
+    int64_t ctx = 0;
+    const struct cluster_kv *kv = &c->place_instance.kv;
     int rc = master_previews(s, env, c->place_instance.model_id, c->place_instance.sharding,
-                             c->place_instance.min_nodes, draft, &pr, err, sizeof err);
+                             c->place_instance.min_nodes, draft, kv, &ctx, &pr, err, sizeof err);
     if (rc) {
         place_result_free(&pr);
         if (rc == CAIRN_ENOTFOUND)
@@ -293,8 +355,18 @@ static int place(const struct cluster_state *s, const struct master_env *env,
         char why[PLACE_REASON_MAX];
         no_fit_reason(&pr, s->n_nodes, why, sizeof why);
         place_result_free(&pr);
-        return refuse(res, CAIRN_EFULL, "no placement of %s fits: %s",
-                      c->place_instance.model_id, why);
+        struct catalog_card card;
+        bool has = false;
+        double kv_gib = 0;
+        if (lookup(env, c->place_instance.model_id, &card, &has, err, sizeof err) == 0 && has)
+            kv_gib = (double)master_kv_token_layer_bytes(&card, kv) * card.n_layers *
+                     (double)runner_kv_pool_positions(ctx) / (1 << 30);
+        catalog_card_clear(&card);
+        return refuse(res, CAIRN_EFULL,
+                      "no placement of %s fits: %s (a context of %lld positions holds %.2f GiB of KV cache, "
+                      "K %s, V %s: a smaller ctx_len or cache_type q8_0 needs less)",
+                      c->place_instance.model_id, why, (long long)ctx, kv_gib, kv->type_k[0] ? kv->type_k : "f16",
+                      kv->type_v[0] ? kv->type_v : "f16");
     }
     const struct place_candidate *best = &pr.cands[pr.best];
     if (!best->executable) {
@@ -318,6 +390,8 @@ static int place(const struct cluster_state *s, const struct master_env *env,
     snprintf(in->draft_model, sizeof in->draft_model, "%s", draft);
     in->num_draft_tokens = c->place_instance.num_draft_tokens;
     in->epoch = 1;
+    in->kv = *kv;
+    in->kv.ctx_len = ctx;
     for (uint32_t i = 0; i < best->n_nodes; i++) {
         const struct place_share *sh = &best->shares[i];
         struct cluster_shard *d = &in->shards[i];

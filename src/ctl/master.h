@@ -9,9 +9,13 @@
  *
  * Memory a node can give: its reported memory_available (a node reports at most its
  * --memory-limit) minus what the instances already placed on it hold: their layers,
- * KV cache (MASTER_CTX_LEN positions, MASTER_SLOTS sequences, F16), embeddings on rank
- * 0 (with the draft model and its KV), norm and head on the last rank. Instances whose
- * model has no card count as holding nothing. */
+ * KV cache (a runner's pool for the instance's context, runner_kv_pool_positions, of
+ * its K and V types), embeddings on rank 0 (with the draft model and its F16 KV), norm
+ * and head on the last rank. Instances whose model has no card count as holding nothing.
+ *
+ * The context of a new instance: the one asked for (at most the model's trained
+ * context), or else the largest that fits, trying the trained context and halving it
+ * down to min(trained, MASTER_CTX_LEN). */
 #ifndef CAIRN_CTL_MASTER_H
 #define CAIRN_CTL_MASTER_H
 
@@ -28,9 +32,8 @@
 #include "proto/runner_proto.h"
 #include "ctl/state.h"
 
-#define MASTER_CTX_LEN 4096 /* positions of KV cache counted per instance (capped by the model's) */
-#define MASTER_SLOTS RUNNER_KV_POOL_CTXS /* full contexts of KV counted per instance */
-#define MASTER_KV_ELEM_BYTES 2 /* F16 */
+#define MASTER_CTX_LEN 4096 /* the least context placement falls back to (capped by the model's);
+                              also an instance's that does not say its own */
 #define MASTER_EDGE_RTT_SLACK_US 1000 /* reported rtt changes below max(this, 50%) make no event */
 #define MASTER_EDGE_THROUGHPUT_SLACK_PCT 25 /* throughput changes within this % of the larger make
                                               no event (and a node reports none) */
@@ -64,20 +67,26 @@ struct master_events {
     size_t n, cap;
 };
 
-/* Context positions counted for a model's KV cache: min(trained, MASTER_CTX_LEN). */
+/* Context positions of an instance that says none: min(trained, MASTER_CTX_LEN). */
 uint32_t master_card_ctx(const struct catalog_card *c);
+
+/* Bytes of K and V of one token in one layer of card's model, with kv's types; 0 when a
+ * type does not divide the model's KV rows (q8_0 and q4_0 need multiples of 32). */
+uint64_t master_kv_token_layer_bytes(const struct catalog_card *card, const struct cluster_kv *kv);
 
 /* Frees the events and zeroes *out; accepts a zeroed one. */
 void master_events_clear(struct master_events *out);
 
 /* Placement of model_id over s's nodes (see the top) into *res, released by the caller
- * with place_result_free even on failure. draft_model may be NULL or "". 0 (whether or
- * not a candidate was accepted), CAIRN_ENOTFOUND when a model has no card (message names
- * it), CAIRN_EINVAL for a bad min_nodes, CAIRN_ENOMEM. */
+ * with place_result_free even on failure, for the KV cache kv (NULL: f16 and the
+ * context chosen as at the top); *ctx_len (may be NULL) gets the context counted.
+ * draft_model may be NULL or "". 0 (whether or not a candidate was accepted),
+ * CAIRN_ENOTFOUND when a model has no card (message names it), CAIRN_EINVAL for a bad
+ * min_nodes, a context beyond the model's or a type its KV rows cannot hold, CAIRN_ENOMEM. */
 int master_previews(const struct cluster_state *s, const struct master_env *env,
                     const char *model_id, enum cluster_sharding sharding, int min_nodes,
-                    const char *draft_model, struct place_result *res, char *err,
-                    size_t errlen);
+                    const char *draft_model, const struct cluster_kv *kv, int64_t *ctx_len,
+                    struct place_result *res, char *err, size_t errlen);
 
 /* Bytes the shard i of instance in holds on its node, given the cards of its model and
  * of its draft (NULL when none or unknown). */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/array.h"
+#include "base/dtype.h"
 #include "base/err.h"
 
 struct acts {
@@ -106,6 +107,11 @@ int plan_compute(const struct cluster_state *s, const char *node_id, const struc
             x->cfg.layer_begin = sh->layer_begin;
             x->cfg.layer_end = sh->layer_end;
             x->cfg.num_draft_tokens = in->num_draft_tokens;
+            x->cfg.ctx = in->kv.ctx_len;
+            if (in->kv.type_k[0])
+                x->cfg.cache_type_k = dtype_kv_from_name(in->kv.type_k);
+            if (in->kv.type_v[0])
+                x->cfg.cache_type_v = dtype_kv_from_name(in->kv.type_v);
             x->cfg.rank = sh->rank;
             x->cfg.world_size = (int)in->n_shards;
             /* the data plane's handshake refuses ranks that name the model otherwise */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/array.h"
+#include "base/dtype.h"
 #include "base/err.h"
 #include "base/json.h"
 
@@ -568,7 +569,7 @@ json_t *cluster_instance_to_json(const struct cluster_instance *in)
          put(o, "sharding", json_string(cluster_sharding_name(in->sharding))) &&
          put(o, "draft_model", ids_json_string_or_null(in->draft_model, true)) &&
          put(o, "num_draft_tokens", json_integer(in->num_draft_tokens)) &&
-         put(o, "epoch", json_integer(in->epoch));
+         put(o, "epoch", json_integer(in->epoch)) && cluster_kv_put(o, &in->kv);
     if (ok) {
         ok = put(o, "shards", shards);
         shards = NULL;
@@ -935,11 +936,52 @@ static int shards_check(const struct cluster_instance *in, const char *path, cha
     return 0;
 }
 
+bool cluster_kv_put(json_t *o, const struct cluster_kv *kv)
+{
+    return (kv->ctx_len <= 0 || put(o, "ctx_len", json_integer(kv->ctx_len))) &&
+           (!kv->type_k[0] || put(o, "cache_type_k", json_string(kv->type_k))) &&
+           (!kv->type_v[0] || put(o, "cache_type_v", json_string(kv->type_v)));
+}
+
+/* Optional KV cache type j[key] into dst (CLUSTER_KV_TYPE_MAX + 1 bytes), "" for f16. */
+static int kv_type_from_json(const json_t *j, const char *path, const char *key, char *dst, char *err,
+                             size_t errlen)
+{
+    const json_t *v = json_object_get(j, key);
+    dst[0] = 0;
+    if (!v || json_is_null(v))
+        return 0;
+    int t = json_is_string(v) && strlen(json_string_value(v)) == json_string_length(v)
+                ? dtype_kv_from_name(json_string_value(v))
+                : -1;
+    if (t < 0)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s%s%s: expected \"f16\", \"f32\", \"q8_0\" or \"q4_0\"",
+                          path && path[0] ? path : "", path && path[0] ? "." : "", key);
+    if (t != DT_F16)
+        snprintf(dst, CLUSTER_KV_TYPE_MAX + 1, "%s", dtype_kv_name(t));
+    return 0;
+}
+
+int cluster_kv_from_json(const json_t *j, const char *path, struct cluster_kv *out, char *err,
+                         size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    int rc = 0;
+    if (json_object_get(j, "ctx_len") && !json_is_null(json_object_get(j, "ctx_len")))
+        rc = json_get_int(j, path, "ctx_len", 1, CLUSTER_MAX_CTX, &out->ctx_len, err, errlen);
+    if (!rc)
+        rc = kv_type_from_json(j, path, "cache_type_k", out->type_k, err, errlen);
+    if (!rc)
+        rc = kv_type_from_json(j, path, "cache_type_v", out->type_v, err, errlen);
+    return rc;
+}
+
 int cluster_instance_from_json(const json_t *j, const char *path, struct cluster_instance *out,
                                char *err, size_t errlen)
 {
-    static const char *const keys[] = {"instance_id", "model_id", "sharding", "shards",
-                                       "draft_model", "num_draft_tokens", "epoch", NULL};
+    static const char *const keys[] = {"instance_id", "model_id", "sharding", "shards", "draft_model",
+                                       "num_draft_tokens", "epoch", "ctx_len", "cache_type_k",
+                                       "cache_type_v", NULL};
     json_t *shards;
     int sharding = 0;
     memset(out, 0, sizeof *out);
@@ -959,6 +1001,8 @@ int cluster_instance_from_json(const json_t *j, const char *path, struct cluster
                      &out->num_draft_tokens, err, errlen);
     if (!rc)
         rc = json_get_int(j, path, "epoch", 0, IDS_COUNTER_MAX, &out->epoch, err, errlen);
+    if (!rc)
+        rc = cluster_kv_from_json(j, path, &out->kv, err, errlen);
     if (!rc)
         rc = json_get_member(j, path, "shards", JSON_ARRAY, &shards, err, errlen);
     if (rc)

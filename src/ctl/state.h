@@ -102,9 +102,22 @@ struct cluster_shard {
     int layer_begin, layer_end; /* [begin, end), 0 <= begin < end <= CLUSTER_MAX_LAYERS */
 };
 
+#define CLUSTER_MAX_CTX ((int64_t)1 << 24) /* positions per sequence */
+#define CLUSTER_KV_TYPE_MAX 7            /* bytes of a KV cache type's name ("q8_0") */
+
+/* The KV cache an instance asks of its runners: positions per sequence and the element
+ * types of K and V. JSON members of the instance (and of PlaceInstance), each left out
+ * when it has its default: "ctx_len" (1..CLUSTER_MAX_CTX; 0 = not said: the runner's
+ * default), "cache_type_k", "cache_type_v" ("f32"|"q8_0"|"q4_0"; "" = f16). */
+struct cluster_kv {
+    int64_t ctx_len;
+    char type_k[CLUSTER_KV_TYPE_MAX + 1], type_v[CLUSTER_KV_TYPE_MAX + 1];
+};
+
 /* JSON {"instance_id", "model_id", "sharding": "pipeline"|"tensor", "shards": [shard]
- * (rank order), "draft_model": model id|null, "num_draft_tokens", "epoch"}. Ranks are
- * 0..n-1 and node ids and runner ids are distinct within an instance. */
+ * (rank order), "draft_model": model id|null, "num_draft_tokens", "epoch"} and the
+ * members of cluster_kv. Ranks are 0..n-1 and node ids and runner ids are distinct
+ * within an instance. */
 struct cluster_instance {
     char id[IDS_ID_MAX + 1];
     char model_id[IDS_MODEL_MAX + 1];
@@ -115,6 +128,7 @@ struct cluster_instance {
     int num_draft_tokens;         /* 0..CLUSTER_MAX_DRAFT_TOKENS */
     int64_t epoch;                /* set by the master; raised (InstanceEpochAdvanced) when a
                                      rank fails, so every rank restarts and links anew */
+    struct cluster_kv kv;
 };
 
 /* JSON {"runner_id", "instance_id", "node_id", "status", "error": text|null,
@@ -246,6 +260,12 @@ int cluster_edge_from_json(const json_t *j, const char *path, struct cluster_edg
 void cluster_instance_clear(struct cluster_instance *in);
 int cluster_instance_copy(struct cluster_instance *dst, const struct cluster_instance *src);
 json_t *cluster_instance_to_json(const struct cluster_instance *in);
+/* The members of kv into object o (those with defaults left out); false when out of
+ * memory. Reads them from j (each optional; path names j in errors) into *out, which
+ * is zeroed first; a type is normalised ("F16" gives "", "Q8_0" gives "q8_0"). */
+bool cluster_kv_put(json_t *o, const struct cluster_kv *kv);
+int cluster_kv_from_json(const json_t *j, const char *path, struct cluster_kv *out, char *err,
+                         size_t errlen);
 int cluster_instance_from_json(const json_t *j, const char *path, struct cluster_instance *out,
                                char *err, size_t errlen);
 

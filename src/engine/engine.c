@@ -296,8 +296,8 @@ struct kv_config engine_kv_config(const struct model *m, int64_t n_ctx, int n_se
 
 int engine_kv_type(const char *name)
 {
-    int t = dtype_from_name(name);
-    return t == DT_F16 || t == DT_F32 || t == DT_Q8_0 || t == DT_Q4_0 ? t : CAIRN_EINVAL;
+    int t = dtype_kv_from_name(name);
+    return t >= 0 ? t : CAIRN_EINVAL;
 }
 
 static void *zalloc(size_t n) { return calloc(1, n ? n : 1); }

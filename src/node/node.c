@@ -344,6 +344,7 @@ bool node_peer_addr(struct node *n, const char *peer_id, char *out, size_t len)
 const char *node_dataplane_secret(const struct node *n) { return n->dp_secret; }
 
 const char *node_bind_addr(const struct node *n) { return n->bind_addr ? n->bind_addr : ""; }
+const struct cluster_kv *node_place_kv(const struct node *n) { return &n->place_kv; }
 
 /* ---- sending ---- */
 
@@ -656,6 +657,7 @@ int node_create(struct node **out, const struct node_config *cfg, char *err, siz
     n->state = cluster_state_create();
     n->peer_addrs = calloc(NODE_MAX_PEERS, sizeof *n->peer_addrs);
     n->bind_addr = cfg->bind_addr ? strdup(cfg->bind_addr) : NULL;
+    n->place_kv = cfg->place_kv;
     if (cfg->secret && cfg->secret[0] && sodium_init() >= 0) {
         /* runners get a key derived from the cluster secret, never the secret itself */
         static const char label[] = "cairn data plane v1";

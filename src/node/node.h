@@ -115,6 +115,8 @@ struct node_config {
     void *runners_ctx;
     const char *api_key;         /* the peers' API key, sent when fetching models (download.h) */
     int probe_interval_ms;       /* throughput probes; 0 = NODE_PROBE_INTERVAL_MS */
+    struct cluster_kv place_kv;  /* what placements asked through this node's API get where
+                                    they say nothing (--ctx-size, -ctk, -ctv) */
 };
 
 /* What a node says about itself (GET /state carries the rest). */
@@ -262,6 +264,9 @@ const char *node_dataplane_secret(const struct node *n);
 /* The address the cluster port is bound to ("" = every interface); the data planes of
  * this node's runners listen there too. */
 const char *node_bind_addr(const struct node *n);
+
+/* The KV cache placements asked through this node's API get where they say nothing. */
+const struct cluster_kv *node_place_kv(const struct node *n);
 
 /* Called by the node thread for every event it applies, with the event's JSON text;
  * must not block or call the node. */

@@ -73,6 +73,7 @@ struct peer_addr {
 };
 
 struct node {
+    struct cluster_kv place_kv; /* node_config's */
     char id[IDS_ID_MAX + 1];
     char *data_dir, *models_dir, *log_path;
     bool force_master, worker;

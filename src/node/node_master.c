@@ -135,6 +135,7 @@ struct replacement {
     char model_id[IDS_MODEL_MAX + 1], draft_model[IDS_MODEL_MAX + 1];
     enum cluster_sharding sharding;
     int num_draft_tokens;
+    struct cluster_kv kv; /* its types; the context is chosen again for the nodes left */
 };
 
 /* The instances with a shard on node_id (at most max); *n_out of them. */
@@ -154,6 +155,8 @@ static struct replacement *instances_on(const struct cluster_state *s, const cha
         memcpy(x->draft_model, in->draft_model, sizeof x->draft_model);
         x->sharding = in->sharding;
         x->num_draft_tokens = in->num_draft_tokens;
+        x->kv = in->kv;
+        x->kv.ctx_len = 0;
     }
     return r;
 }
@@ -171,6 +174,7 @@ static void place_again(struct node *n, const struct replacement *r, size_t coun
         c.place_instance.sharding = r[i].sharding;
         c.place_instance.min_nodes = 1;
         c.place_instance.num_draft_tokens = r[i].num_draft_tokens;
+        c.place_instance.kv = r[i].kv;
         struct master_events evs = {0};
         if (master_command(n->state, &n->env, &c, &evs, &res) == 0) {
             node_emit(n, &evs);

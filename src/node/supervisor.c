@@ -755,7 +755,7 @@ int supervisor_start(struct supervisor *s, const struct runner_config *cfg, char
         r->cfg.slots = s->cfg.runner_slots;
     if (s->cfg.runner_threads)
         r->cfg.threads = s->cfg.runner_threads;
-    if (s->cfg.runner_ctx)
+    if (s->cfg.runner_ctx && !r->cfg.ctx) /* the instance's context, placed for, comes first */
         r->cfg.ctx = s->cfg.runner_ctx;
     r->pidfd = r->sock = r->node_wr = r->errfd = -1;
     if ((rc = spawn(s, r, err, errlen))) {

@@ -1,6 +1,7 @@
 #include "proto/runner_proto.h"
 
 #include "base/array.h"
+#include "base/dtype.h"
 #include "base/err.h"
 #include "base/json.h"
 #include "proto/status.h"
@@ -41,6 +42,7 @@ void runner_config_defaults(struct runner_config *c)
     c->num_draft_tokens = 4;
     c->heartbeat_ms = 1000;
     c->world_size = 1;
+    c->cache_type_k = c->cache_type_v = DT_F16;
 }
 
 struct runner_sampling runner_sampling_defaults(void)
@@ -111,7 +113,9 @@ json_t *runner_config_to_json(const struct runner_config *c)
               put(o, "rank", json_integer(c->rank)) && put(o, "world_size", json_integer(c->world_size)) &&
               put(o, "epoch", json_integer(c->epoch)) &&
               put(o, "model_identity", json_string(c->model_identity)) &&
-              put(o, "data_bind", json_string(c->data_bind));
+              put(o, "data_bind", json_string(c->data_bind)) &&
+              put(o, "cache_type_k", json_string(dtype_kv_name(c->cache_type_k))) &&
+              put(o, "cache_type_v", json_string(dtype_kv_name(c->cache_type_v)));
     free(path);
     if (!ok) {
         json_decref(o);
@@ -193,6 +197,19 @@ int runner_config_from_json(const json_t *j, struct runner_config *out, char *er
             return cairn_fail(err, errlen, CAIRN_EFORMAT, "config.model_identity: not 0..%d printable ASCII bytes",
                               RUNNER_IDENTITY_MAX);
         memcpy(out->model_identity, v, n + 1);
+    }
+    const char *kvk[2] = {"cache_type_k", "cache_type_v"};
+    int *kvt[2] = {&out->cache_type_k, &out->cache_type_v};
+    for (int i = 0; i < 2; i++) {
+        json_t *t = json_object_get(j, kvk[i]);
+        *kvt[i] = DT_F16;
+        if (!t || json_is_null(t))
+            continue;
+        *kvt[i] = json_is_string(t) && strlen(json_string_value(t)) == json_string_length(t)
+                      ? dtype_kv_from_name(json_string_value(t))
+                      : -1;
+        if (*kvt[i] < 0)
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "config.%s: not one of f16, f32, q8_0, q4_0", kvk[i]);
     }
     json_t *db = json_object_get(j, "data_bind");
     if (db && !json_is_null(db)) {

@@ -67,11 +67,21 @@
 #define RUNNER_IDENTITY_MAX 128 /* instance and model identity on the data plane (DP_ID_MAX) */
 #define RUNNER_MAX_SEQS 256 /* sequences of one task */
 #define RUNNER_DEFAULT_SLOTS 8 /* sequences decoded at once (cairn node --parallel) */
-#define RUNNER_KV_POOL_CTXS 2 /* the KV pool of a runner holds this many full contexts */
+#define RUNNER_KV_POOL_EXTRA 4096 /* positions of a runner's KV pool beside one full context */
+
+/* Positions a runner's KV pool holds for sequences of up to ctx positions, shared by
+ * its slots (sequences past it are preempted; the master counts the same): two full
+ * contexts up to RUNNER_KV_POOL_EXTRA, then one and RUNNER_KV_POOL_EXTRA more, so a
+ * long context costs about its own size. */
+static inline int64_t runner_kv_pool_positions(int64_t ctx)
+{
+    return ctx + (ctx < RUNNER_KV_POOL_EXTRA ? ctx : RUNNER_KV_POOL_EXTRA);
+}
 
 /* A runner's config. JSON {"instance_id", "runner_id", "model_path", "layer_begin",
  * "layer_end", "ctx", "slots", "threads", "heartbeat_ms", "draft_model_path",
- * "num_draft_tokens", "rank", "world_size", "epoch", "model_identity", "data_bind"}; all but the ids
+ * "num_draft_tokens", "rank", "world_size", "epoch", "model_identity", "data_bind",
+ * "cache_type_k", "cache_type_v" ("f16", "f32", "q8_0", "q4_0")}; all but the ids
  * and the model path may be left out (defaults below). It travels on the command line,
  * so it holds nothing secret: the cluster secret comes in the "peers" message. */
 struct runner_config {
@@ -80,6 +90,7 @@ struct runner_config {
     int layer_begin;  /* 0 */
     int layer_end;    /* -1: to the last layer */
     int64_t ctx;      /* positions per sequence; 0: the model's, at most 4096 */
+    int cache_type_k, cache_type_v; /* the KV cache's types (base/dtype.h kv types; DT_F16) */
     int slots;        /* sequences decoded at once, 1..256 (RUNNER_DEFAULT_SLOTS) */
     int threads;      /* 1..512 (2) */
     int heartbeat_ms; /* 10..600000 (1000) */

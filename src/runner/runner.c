@@ -15,6 +15,7 @@
  * stage. A link that ends fails the runner (its requests end with the error). */
 #include "base/array.h"
 #include "base/clock.h"
+#include "base/dtype.h"
 #include "base/err.h"
 #include "base/thread.h"
 #include "base/mem.h"
@@ -126,10 +127,19 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: cairn runner --config JSON|-   (as cairn node starts it; '-' reads the JSON from stdin)\n"
-            "       cairn runner -m MODEL.gguf [--layers B:E] [--ctx N] [--slots N] [-t THREADS]\n"
+            "       cairn runner -m MODEL.gguf [--layers B:E] [--ctx N] [-ctk T] [-ctv T] [--slots N] [-t THREADS]\n"
             "                    [--heartbeat-ms N] [--instance ID] [--runner ID] [--sock-fd N] [--node-fd N]\n"
             "Speaks JSON lines on the socket at --sock-fd (3) and exits when --node-fd (4; -1: none)\n"
             "reaches end of file. See src/proto/runner_proto.h for the messages.\n");
+}
+
+/* A KV cache type given as opt, or -1 (message printed). */
+static int kv_type_arg(const char *opt, const char *v)
+{
+    int t = dtype_kv_from_name(v);
+    if (t < 0)
+        fprintf(stderr, "cairn runner: %s: '%s' is not one of f16, f32, q8_0, q4_0\n", opt, v);
+    return t;
 }
 
 /* The node is gone: nothing is left to report to, so leave at once. */
@@ -805,7 +815,7 @@ static int set_draft(struct runner *r, const char *path, int k, char *err, size_
         if ((rc = model_load(&m, path, &lo, err, errlen)) || (rc = vocab_compatible(r->m->file, m->file, err, errlen)) ||
             (rc = engine_create(&e, m, &ec, err, errlen)))
             goto fail;
-        struct kv_config kc = engine_kv_config(m, r->ctx * RUNNER_KV_POOL_CTXS, 1, 16);
+        struct kv_config kc = engine_kv_config(m, runner_kv_pool_positions(r->ctx), 1, 16);
         kc.max_seqs = r->cfg.slots;
         if ((rc = kv_create(&kv, &kc, err, errlen)))
             goto fail;
@@ -986,14 +996,17 @@ static int load(struct runner *r, char *err, size_t errlen)
     r->max_batch = r->ctx < 512 ? (int)r->ctx : 512;
     struct engine_config ec = {.n_threads = r->cfg.threads, .max_batch = r->max_batch, .max_ctx = r->ctx};
     struct sched_config sc = {.slots = r->cfg.slots, .ctx = r->ctx, .cache_seqs = r->cfg.slots};
-    /* The KV pool holds RUNNER_KV_POOL_CTXS full contexts, shared by the slots; sequences
-     * past it are preempted (the master counts the same). */
-    struct kv_config kc = engine_kv_config(m, r->ctx * RUNNER_KV_POOL_CTXS, 1, 16);
+    /* The KV pool (runner_kv_pool_positions) is shared by the slots; sequences past it
+     * are preempted (the master counts the same). */
+    int64_t pool = runner_kv_pool_positions(r->ctx);
+    struct kv_config kc = engine_kv_config(m, pool, 1, 16);
     kc.max_seqs = sched_kv_seqs(&sc);
+    kc.type_k = r->cfg.cache_type_k;
+    kc.type_v = r->cfg.cache_type_v;
     int64_t avail = mem_available();
     if (avail > 0 && kv_bytes_for(&kc) > (uint64_t)avail)
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "a KV cache for %lld positions needs %.1f MiB, %.1f MiB available",
-                          (long long)(r->ctx * RUNNER_KV_POOL_CTXS), (double)kv_bytes_for(&kc) / (1 << 20),
+                          (long long)pool, (double)kv_bytes_for(&kc) / (1 << 20),
                           (double)avail / (1 << 20));
     if ((rc = engine_create(&r->e, m, &ec, err, errlen)) || (rc = kv_create(&r->kv, &kc, err, errlen)))
         return rc;
@@ -1179,6 +1192,12 @@ int runner_main(int argc, char **argv)
             layers = v;
         } else if (args_opt(&a, "--ctx", &v)) {
             r.cfg.ctx = args_int(&a, "--ctx", v, 1, 1 << 24);
+        } else if (args_opt(&a, "-ctk|--cache-type-k", &v)) {
+            if ((r.cfg.cache_type_k = kv_type_arg("-ctk", v)) < 0)
+                return 2;
+        } else if (args_opt(&a, "-ctv|--cache-type-v", &v)) {
+            if ((r.cfg.cache_type_v = kv_type_arg("-ctv", v)) < 0)
+                return 2;
         } else if (args_opt(&a, "--slots", &v)) {
             r.cfg.slots = (int)args_int(&a, "--slots", v, 1, 256);
         } else if (args_opt(&a, "-t|--threads", &v)) {

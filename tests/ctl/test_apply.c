@@ -518,6 +518,11 @@ static void random_instance(struct gen *g, struct cluster_instance *in)
         snprintf(in->draft_model, sizeof in->draft_model, "org/draft%u", (unsigned)rnd(g, 2));
     in->num_draft_tokens = (int)rnd(g, 9);
     in->epoch = (int64_t)rnd(g, 5);
+    if (rnd(g, 2))
+        in->kv.ctx_len = (int64_t)1 << (8 + rnd(g, 10));
+    static const char *const kv_types[] = {"", "f32", "q8_0", "q4_0"};
+    snprintf(in->kv.type_k, sizeof in->kv.type_k, "%s", kv_types[rnd(g, 4)]);
+    snprintf(in->kv.type_v, sizeof in->kv.type_v, "%s", kv_types[rnd(g, 4)]);
 }
 
 /* A valid random event at the generator's next position; often about ids the state

@@ -40,6 +40,7 @@ static void refused(const char *text, int code, const char *field)
 static void test_wire(void)
 {
     struct command c;
+    char *text;
     command_init(&c, COMMAND_PLACE_INSTANCE);
     strcpy(c.id, "cmd.1");
     strcpy(c.place_instance.model_id, "org/model@q4+x");
@@ -48,7 +49,16 @@ static void test_wire(void)
     strcpy(c.place_instance.draft_model, "draft-1");
     c.place_instance.num_draft_tokens = 7;
     round_trip(&c);
-    char *text = command_to_json(&c);
+    c.place_instance.kv.ctx_len = 32768;
+    strcpy(c.place_instance.kv.type_v, "q4_0");
+    round_trip(&c);
+    text = command_to_json(&c);
+    CHECK(text && strstr(text, "\"ctx_len\":32768") && strstr(text, "\"cache_type_v\":\"q4_0\"") &&
+              !strstr(text, "cache_type_k"),
+          "the KV cache asked for travels, defaults left out: %s", text);
+    free(text);
+    c.place_instance.kv = (struct cluster_kv){0};
+    text = command_to_json(&c);
     CHECK(text && strstr(text, "\"kind\":\"PlaceInstance\"") && strstr(text, "\"min_nodes\":3") &&
               strstr(text, "\"sharding\":\"tensor\""),
           "PlaceInstance JSON: %s", text);
@@ -89,6 +99,9 @@ static void test_wire(void)
     }
     in->epoch = 1;
     round_trip(&c);
+    in->kv.ctx_len = 8192;
+    strcpy(in->kv.type_k, "q8_0");
+    round_trip(&c);
     command_clear(&c);
     CHECK(c.create_instance.shards == NULL, "clear frees and zeroes");
 
@@ -121,6 +134,14 @@ static void test_wire(void)
     refused("{\"kind\":\"PlaceInstance\",\"command_id\":\"c1\",\"model_id\":\"m m\","
             "\"sharding\":\"pipeline\",\"min_nodes\":1,\"draft_model\":null,\"num_draft_tokens\":4}",
             CAIRN_EFORMAT, "model_id");
+    refused("{\"kind\":\"PlaceInstance\",\"command_id\":\"c1\",\"model_id\":\"m\","
+            "\"sharding\":\"pipeline\",\"min_nodes\":1,\"draft_model\":null,\"num_draft_tokens\":4,"
+            "\"cache_type_k\":\"q5_1\"}",
+            CAIRN_EFORMAT, "cache_type_k");
+    refused("{\"kind\":\"PlaceInstance\",\"command_id\":\"c1\",\"model_id\":\"m\","
+            "\"sharding\":\"pipeline\",\"min_nodes\":1,\"draft_model\":null,\"num_draft_tokens\":4,"
+            "\"ctx_len\":0}",
+            CAIRN_EFORMAT, "ctx_len");
     refused("{\"kind\":\"SetInstanceDraftModel\",\"command_id\":\"c1\",\"instance_id\":\"i\","
             "\"draft_model\":null,\"num_draft_tokens\":257}",
             CAIRN_EFORMAT, "num_draft_tokens");

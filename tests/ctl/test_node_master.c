@@ -35,7 +35,7 @@ static void add_card(const char *id, int n_layers, uint64_t layer, uint64_t embd
     c->n_head = 32;
     c->n_head_kv = 8;
     c->head_dim = 128;
-    c->n_ctx = 8192;
+    c->n_ctx = 4096;
     c->tied_output = tied;
     c->layer_bytes = calloc((size_t)n_layers, sizeof *c->layer_bytes);
     for (int i = 0; i < n_layers; i++)
@@ -128,6 +128,9 @@ static int run(const struct cluster_state *s, struct command *c, struct master_e
     return rc;
 }
 
+static int place_kv(struct cluster_state *s, const char *model, const struct cluster_kv *kv,
+                    struct command_result *res, const struct cluster_instance **out);
+
 static int place(struct cluster_state *s, const char *model, int min_nodes, const char *draft,
                  struct command_result *res, const struct cluster_instance **out)
 {
@@ -151,7 +154,88 @@ static int place(struct cluster_state *s, const char *model, int min_nodes, cons
     return rc;
 }
 
+/* Places model with the KV cache kv (min_nodes 1, no draft). */
+static int place_kv(struct cluster_state *s, const char *model, const struct cluster_kv *kv,
+                    struct command_result *res, const struct cluster_instance **out)
+{
+    struct command c;
+    struct master_events evs = {0};
+    command_init(&c, COMMAND_PLACE_INSTANCE);
+    snprintf(c.place_instance.model_id, sizeof c.place_instance.model_id, "%s", model);
+    c.place_instance.min_nodes = 1;
+    c.place_instance.kv = *kv;
+    int rc = run(s, &c, &evs, res);
+    if (rc == 0)
+        apply_all(s, &evs);
+    master_events_clear(&evs);
+    *out = rc ? NULL : cluster_state_find_instance(s, res->instance_id);
+    return rc;
+}
+
 /* ---- tests ---- */
+
+/* The context of a placement: the trained one where it fits, else halved down to 4096;
+ * one asked for is kept or refused with the memory its KV needs; KV types count. */
+static void test_context(void)
+{
+    struct catalog_card *lc = &cards[n_cards];
+    add_card("long", 10, 100 * MIB, 50 * MIB, 50 * MIB, false);
+    lc->n_ctx = 32768;
+    struct cluster_state *s = new_state();
+    struct command_result res;
+    const struct cluster_instance *in;
+    struct cluster_kv kv = {0};
+    /* 1.1 GiB of weights, 40 KiB of F16 KV a position: 32768 (a pool of 36864) fits only on c */
+    int rc = place_kv(s, "long", &kv, &res, &in);
+    CHECK(rc == 0 && in && !strcmp(in->shards[0].node_id, "c") && in->kv.ctx_len == 32768,
+          "the trained context where it fits: rc %d %s ctx %lld", rc, res.message, in ? (long long)in->kv.ctx_len : -1);
+    uint64_t weights = 10 * 100 * MIB + 50 * MIB + 50 * MIB + 16384;
+    CHECK(in && master_shard_bytes(lc, NULL, in, 0) == weights + (uint64_t)36864 * 4096 * 10,
+          "it holds its weights and a pool of 36864 positions: %llu",
+          in ? (unsigned long long)master_shard_bytes(lc, NULL, in, 0) : 0ull);
+    /* b (2 GiB) takes the next one with half the context */
+    rc = place_kv(s, "long", &kv, &res, &in);
+    CHECK(rc == 0 && in && !strcmp(in->shards[0].node_id, "b") && in->kv.ctx_len == 16384,
+          "halved where the trained one does not fit: rc %d %s ctx %lld", rc, res.message,
+          in ? (long long)in->kv.ctx_len : -1);
+    /* asked for, it is kept: refused with the KV it needs */
+    kv.ctx_len = 32768;
+    rc = place_kv(s, "long", &kv, &res, &in);
+    CHECK(rc == CAIRN_EFULL && strstr(res.message, "32768 positions") && strstr(res.message, "1.41 GiB of KV"),
+          "a context asked for that fits nowhere: %d %s", rc, res.message);
+    kv.ctx_len = 65536;
+    rc = place_kv(s, "long", &kv, &res, &in);
+    CHECK(rc == CAIRN_EFORMAT && strstr(res.message, "beyond") && strstr(res.message, "32768"),
+          "beyond the trained context: %d %s", rc, res.message);
+    cluster_state_release(s);
+
+    /* q8_0 K and V: 1088 bytes a row of 1024 instead of 2048, counted so */
+    s = new_state();
+    kv = (struct cluster_kv){.ctx_len = 32768};
+    snprintf(kv.type_k, sizeof kv.type_k, "q8_0");
+    snprintf(kv.type_v, sizeof kv.type_v, "q8_0");
+    CHECK(master_kv_token_layer_bytes(lc, &kv) == 2 * 1088, "q8_0 bytes: %llu",
+          (unsigned long long)master_kv_token_layer_bytes(lc, &kv));
+    rc = place_kv(s, "long", &kv, &res, &in);
+    CHECK(rc == 0 && in && !strcmp(in->kv.type_k, "q8_0") && !strcmp(in->kv.type_v, "q8_0") &&
+              master_shard_bytes(lc, NULL, in, 0) == weights + (uint64_t)36864 * 2176 * 10,
+          "q8_0 KV placed and counted: rc %d %s", rc, res.message);
+    /* previews say which context they counted */
+    struct place_result pr;
+    int64_t ctx = 0;
+    rc = master_previews(s, &env, "long", CLUSTER_SHARDING_PIPELINE, 1, NULL, NULL, &ctx, &pr, err, sizeof err);
+    CHECK(rc == 0 && pr.best >= 0 && ctx == 16384, "previews count the context that fits: rc %d ctx %lld", rc,
+          (long long)ctx);
+    place_result_free(&pr);
+    /* a type the rows cannot hold */
+    lc->kv_bytes_per_token_layer = 4 * 40;
+    kv = (struct cluster_kv){0};
+    snprintf(kv.type_k, sizeof kv.type_k, "q4_0");
+    rc = place_kv(s, "long", &kv, &res, &in);
+    CHECK(rc == CAIRN_EFORMAT && strstr(res.message, "multiples of 32"), "q4_0 on rows of 40: %d %s", rc,
+          res.message);
+    cluster_state_release(s);
+}
 
 static void test_place(void)
 {
@@ -199,14 +283,14 @@ static void test_place(void)
 
     /* Previews say the same as placement, with every candidate. */
     struct place_result pr;
-    rc = master_previews(s, &env, "small", CLUSTER_SHARDING_PIPELINE, 1, NULL, &pr, err, sizeof err);
+    rc = master_previews(s, &env, "small", CLUSTER_SHARDING_PIPELINE, 1, NULL, NULL, NULL, &pr, err, sizeof err);
     CHECK(rc == 0 && pr.best >= 0 && pr.n_cands >= 3, "previews: rc %d best %ld cands %zu", rc,
           pr.best, pr.n_cands);
     place_result_free(&pr);
-    rc = master_previews(s, &env, "small", CLUSTER_SHARDING_PIPELINE, 0, NULL, &pr, err, sizeof err);
+    rc = master_previews(s, &env, "small", CLUSTER_SHARDING_PIPELINE, 0, NULL, NULL, NULL, &pr, err, sizeof err);
     CHECK(rc == CAIRN_EINVAL && strstr(err, "min_nodes"), "previews min_nodes 0: %s", err);
     place_result_free(&pr);
-    rc = master_previews(s, &env, "nope", CLUSTER_SHARDING_PIPELINE, 1, NULL, &pr, err, sizeof err);
+    rc = master_previews(s, &env, "nope", CLUSTER_SHARDING_PIPELINE, 1, NULL, NULL, NULL, &pr, err, sizeof err);
     CHECK(rc == CAIRN_ENOTFOUND, "previews of an unknown model: %d", rc);
     place_result_free(&pr);
     cluster_state_release(s);
@@ -220,7 +304,7 @@ static void test_place(void)
     one.n_shards = 2;
     sh[0] = (struct cluster_shard){.rank = 0, .world_size = 2, .layer_begin = 0, .layer_end = 4};
     sh[1] = (struct cluster_shard){.rank = 1, .world_size = 2, .layer_begin = 4, .layer_end = 10};
-    uint64_t kv = 2 * 8 * 128 * 2 * (uint64_t)MASTER_CTX_LEN * MASTER_SLOTS; /* per layer */
+    uint64_t kv = 2 * 8 * 128 * 2 * (uint64_t)runner_kv_pool_positions(MASTER_CTX_LEN); /* per layer */
     uint64_t b0 = master_shard_bytes(&cards[0], NULL, &one, 0);
     uint64_t b1 = master_shard_bytes(&cards[0], NULL, &one, 1);
     CHECK(b0 == 4 * (100 * MIB + kv) + 50 * MIB, "rank 0 holds its layers and the embedding: %llu",
@@ -469,6 +553,7 @@ int main(int argc, char **argv)
     RUN(test_commands);
     RUN(test_reports);
     RUN(test_replay);
+    RUN(test_context);
     for (int i = 0; i < n_cards; i++)
         catalog_card_clear(&cards[i]);
     return test_main_end();
