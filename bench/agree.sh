@@ -2,6 +2,8 @@
 # Checks that cairn and llama.cpp continue a prompt identically (greedy) on the same
 # synthetic GGUF files, for each architecture and a K-quant mix: a check of the file
 # writer, the architectures' semantics and the tokenizer against the reference.
+# RoPE scaling past a model's original context (YaRN, Llama 3) is checked on next-token
+# log-probabilities by bench/agree_rope.py: greedy loops of random models hardly see it.
 #   usage: bench/agree.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

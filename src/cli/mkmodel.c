@@ -18,7 +18,7 @@ static void usage(void)
             "                      --n-ff N [--head-dim N]) [--type T] [--vocab VOCAB.gguf | --vocab-size N]\n"
             "                      [--seed N] [--ctx N] [--script FILE | --script-ids ID,ID,...]\n"
             "                      [--chat-template FILE.jinja] [--scale-from K --scale F] [--split N]\n"
-            "                      -o OUT.gguf\n"
+            "                      [--yarn F | --llama3-rope] -o OUT.gguf\n"
             "       cairn mkmodel --draft-of TARGET.gguf --layers K -o OUT.gguf\n"
             "  --scale-from K --scale F: multiply the attention output and FFN down weights of layers\n"
             "            K and up by F (> 0), so that those layers change the model's predictions\n"
@@ -26,6 +26,8 @@ static void usage(void)
             "            with it more often the smaller F is (F 1: as without the option). On the\n"
             "            small shape with --scale-from 3, F 0.5 to 0.1 gave greedy acceptance rates of\n"
             "            about 0.6 to 0.9 (it varies with the text); cairn bench --draft measures it\n"
+            "  --yarn F: RoPE scaled by YaRN with factor F (> 1) over an original context of --ctx / F\n"
+            "  --llama3-rope: rope_freqs.weight with Llama 3.1's scaling (factor 32 over 8192 positions)\n"
             "  --split N: write the model as N files in gguf-split's layout, OUT-00001-of-0000N.gguf ...\n"
             "  --script: a model whose greedy continuation of the script's first token is the rest of\n"
             "            the script (text tokenized with the vocabulary, control tokens parsed); each\n"
@@ -128,7 +130,8 @@ int cli_mkmodel(int argc, char **argv)
     const char *shape = NULL, *arch = NULL, *vocab = NULL, *out = NULL, *v;
     const char *draft_of = NULL, *script_file = NULL, *script_ids = NULL, *template_file = NULL;
     int64_t draft_layers = 0, scale_from = -1, split = 0;
-    double out_scale = 0;
+    double out_scale = 0, yarn = 0;
+    bool llama3_rope = false;
     int64_t n_embd = 0, n_layers = 0, n_head = 0, n_head_kv = 0, n_ff = 0, head_dim = 0, ctx = 0, vocab_size = 0;
     for (; a.i < argc && !a.bad; a.i++) {
         if (args_opt(&a, "--shape", &v)) shape = v;
@@ -153,6 +156,8 @@ int cli_mkmodel(int argc, char **argv)
         else if (args_opt(&a, "--scale-from", &v)) scale_from = args_int(&a, "--scale-from", v, 0, 1024);
         else if (args_opt(&a, "--scale", &v)) out_scale = args_float(&a, "--scale", v, 1e-6, 1e6);
         else if (args_opt(&a, "--split", &v)) split = args_int(&a, "--split", v, 2, 999);
+        else if (args_opt(&a, "--yarn", &v)) yarn = args_float(&a, "--yarn", v, 1.0001, 1024);
+        else if (args_opt(&a, "--llama3-rope", NULL)) llama3_rope = true;
         else if (args_opt(&a, "-h|--help", NULL)) { usage(); return 0; }
         else {
             fprintf(stderr, "cairn mkmodel: unknown option '%s'\n", argv[a.i]);
@@ -216,6 +221,8 @@ int cli_mkmodel(int argc, char **argv)
     else if (!shape || n_embd || n_head)
         s.head_dim = s.n_embd / s.n_head; /* a shape's own head_dim stands unless resized */
     if (ctx) s.n_ctx = ctx;
+    if (yarn) s.yarn_factor = (float)yarn;
+    if (llama3_rope) s.llama3_rope = 1;
     s.vocab_size = (int)vocab_size;
     s.scale_from = (int)(scale_from >= 0 ? scale_from : 0);
     s.out_scale = (float)out_scale;
