@@ -18,7 +18,7 @@ static void usage(void)
             "                      --n-ff N [--head-dim N]) [--type T] [--vocab VOCAB.gguf | --vocab-size N]\n"
             "                      [--seed N] [--ctx N] [--script FILE | --script-ids ID,ID,...]\n"
             "                      [--chat-template FILE.jinja] [--scale-from K --scale F] [--split N]\n"
-            "                      [--yarn F | --llama3-rope] -o OUT.gguf\n"
+            "                      [--yarn F | --llama3-rope] [--add-tokens T1,T2,...] -o OUT.gguf\n"
             "       cairn mkmodel --draft-of TARGET.gguf --layers K -o OUT.gguf\n"
             "  --scale-from K --scale F: multiply the attention output and FFN down weights of layers\n"
             "            K and up by F (> 0), so that those layers change the model's predictions\n"
@@ -28,6 +28,9 @@ static void usage(void)
             "            about 0.6 to 0.9 (it varies with the text); cairn bench --draft measures it\n"
             "  --yarn F: RoPE scaled by YaRN with factor F (> 1) over an original context of --ctx / F\n"
             "  --llama3-rope: rope_freqs.weight with Llama 3.1's scaling (factor 32 over 8192 positions)\n"
+            "  --add-tokens: control tokens appended to the vocabulary (e.g. the harmony format's\n"
+            "            <|start|>,<|end|>,<|message|>,<|channel|>,<|constrain|>,<|return|>,<|call|>\n"
+            "            for a gpt-oss-shaped model on another vocabulary)\n"
             "  --split N: write the model as N files in gguf-split's layout, OUT-00001-of-0000N.gguf ...\n"
             "  --script: a model whose greedy continuation of the script's first token is the rest of\n"
             "            the script (text tokenized with the vocabulary, control tokens parsed); each\n"
@@ -51,7 +54,7 @@ static int write_script(struct args *a, const struct synth_spec *s, const char *
     if (vocab) {
         if ((rc = gguf_open(&vf, vocab, err, errlen)) || (rc = tok_load(&tk, vf, err, errlen)))
             goto out;
-        n_vocab = tok_n_vocab(tk);
+        n_vocab = tok_n_vocab(tk) + s->n_extra_tokens; /* --add-tokens come after the file's */
     }
     if (ids) {
         seq = malloc(strlen(ids) * sizeof *seq + sizeof *seq);
@@ -132,6 +135,7 @@ int cli_mkmodel(int argc, char **argv)
     int64_t draft_layers = 0, scale_from = -1, split = 0;
     double out_scale = 0, yarn = 0;
     bool llama3_rope = false;
+    const char *add_tokens = NULL;
     int64_t n_embd = 0, n_layers = 0, n_head = 0, n_head_kv = 0, n_ff = 0, head_dim = 0, ctx = 0, vocab_size = 0;
     for (; a.i < argc && !a.bad; a.i++) {
         if (args_opt(&a, "--shape", &v)) shape = v;
@@ -158,6 +162,7 @@ int cli_mkmodel(int argc, char **argv)
         else if (args_opt(&a, "--split", &v)) split = args_int(&a, "--split", v, 2, 999);
         else if (args_opt(&a, "--yarn", &v)) yarn = args_float(&a, "--yarn", v, 1.0001, 1024);
         else if (args_opt(&a, "--llama3-rope", NULL)) llama3_rope = true;
+        else if (args_opt(&a, "--add-tokens", &v)) add_tokens = v;
         else if (args_opt(&a, "-h|--help", NULL)) { usage(); return 0; }
         else {
             fprintf(stderr, "cairn mkmodel: unknown option '%s'\n", argv[a.i]);
@@ -239,12 +244,25 @@ int cli_mkmodel(int argc, char **argv)
         }
         s.chat_template = tmpl;
     }
+    char *extra_buf = add_tokens ? strdup(add_tokens) : NULL;
+    const char *extra[64];
+    for (char *save = NULL, *t = extra_buf ? strtok_r(extra_buf, ",", &save) : NULL; t; t = strtok_r(NULL, ",", &save)) {
+        if (s.n_extra_tokens == 64) {
+            fprintf(stderr, "cairn mkmodel: --add-tokens: at most 64 tokens\n");
+            free(extra_buf);
+            free(tmpl);
+            return 2;
+        }
+        extra[s.n_extra_tokens++] = t;
+    }
+    s.extra_tokens = extra;
     int rc;
     if (script_file || script_ids)
         rc = write_script(&a, &s, vocab, script_file, script_ids, out, err, sizeof err);
     else
         rc = synth_write(&s, vocab, out, err, sizeof err);
     free(tmpl);
+    free(extra_buf);
     if (a.bad)
         return 2;
     if (!rc && split)

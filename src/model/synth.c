@@ -272,25 +272,66 @@ static int add(struct writer_ctx *c, const char *name, int layer, int64_t rows, 
     return 0;
 }
 
-static int copy_vocab(struct gguf_writer *w, const char *vocab_path, bool skip_template, int *n_vocab, char *err,
-                      size_t errlen)
+/* The vocabulary's tokens, types and scores with extra control tokens appended. */
+static int extend_vocab(struct gguf_writer *w, const struct gguf_file *v, const struct synth_spec *s, char *err,
+                        size_t errlen)
 {
-    static const char tmpl_key[] = "tokenizer.chat_template";
+    struct gguf_array toks, types, scores;
+    bool has_types = gguf_get_arr(v, "tokenizer.ggml.token_type", &types) == 0;
+    bool has_scores = gguf_get_arr(v, "tokenizer.ggml.scores", &scores) == 0;
+    if (gguf_get_arr(v, "tokenizer.ggml.tokens", &toks) || (has_types && types.n != toks.n) ||
+        (has_scores && scores.n != toks.n))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "the vocabulary's tokens, types and scores do not agree");
+    uint64_t n = toks.n + (uint64_t)s->n_extra_tokens;
+    const char **strs = malloc(n * sizeof *strs);
+    uint64_t *lens = malloc(n * sizeof *lens);
+    int32_t *tt = malloc(n * sizeof *tt);
+    float *sc = malloc(n * sizeof *sc);
+    int rc = strs && lens && tt && sc ? 0 : cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    for (uint64_t i = 0; !rc && i < n; i++) {
+        bool extra = i >= toks.n;
+        struct gguf_str t = extra ? (struct gguf_str){0} : gguf_arr_str(v, &toks, i);
+        strs[i] = extra ? s->extra_tokens[i - toks.n] : t.ptr;
+        lens[i] = extra ? strlen(strs[i]) : t.len;
+        tt[i] = extra ? 3 /* CONTROL */ : has_types ? (int32_t)gguf_arr_int(&types, i) : 1;
+        sc[i] = extra ? 0.0f : has_scores ? (float)gguf_arr_float(&scores, i) : 0.0f;
+    }
+    if (!rc && ((rc = gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", strs, lens, n)) ||
+                (rc = gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_INT32, tt, n)) ||
+                (has_scores && (rc = gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_FLOAT32, sc, n)))))
+        cairn_fail(err, errlen, rc, "cannot write the extended vocabulary");
+    free(strs);
+    free(lens);
+    free(tt);
+    free(sc);
+    return rc;
+}
+
+static int copy_vocab(struct gguf_writer *w, const char *vocab_path, const struct synth_spec *s, int *n_vocab,
+                      char *err, size_t errlen)
+{
+    static const char *const replaced[] = {"tokenizer.chat_template", "tokenizer.ggml.tokens",
+                                           "tokenizer.ggml.token_type", "tokenizer.ggml.scores"};
     struct gguf_file *v;
     int rc = gguf_open(&v, vocab_path, err, errlen);
     if (rc)
         return rc;
     for (int64_t i = 0; i < gguf_n_kv(v) && !rc; i++) {
         struct gguf_str key = gguf_kv_key(v, i);
-        bool is_tmpl = key.len == sizeof tmpl_key - 1 && !memcmp(key.ptr, tmpl_key, key.len);
-        if (key.len > 10 && !memcmp(key.ptr, "tokenizer.", 10) && !(skip_template && is_tmpl))
+        bool skip = false;
+        for (size_t k = 0; k < 4 && !skip; k++)
+            skip = (k ? s->n_extra_tokens > 0 : s->chat_template != NULL) && key.len == strlen(replaced[k]) &&
+                   !memcmp(key.ptr, replaced[k], key.len);
+        if (key.len > 10 && !memcmp(key.ptr, "tokenizer.", 10) && !skip)
             rc = gguf_writer_copy_kv(w, v, i);
     }
     struct gguf_array toks;
     if (!rc && gguf_get_arr(v, "tokenizer.ggml.tokens", &toks) == 0)
-        *n_vocab = (int)toks.n;
+        *n_vocab = (int)toks.n + s->n_extra_tokens;
     else if (!rc)
         rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s has no tokenizer.ggml.tokens", vocab_path);
+    if (!rc && s->n_extra_tokens > 0)
+        rc = extend_vocab(w, v, s, err, errlen);
     gguf_close(v);
     return rc;
 }
@@ -341,7 +382,7 @@ static int write_model(const struct synth_spec *s, const char *vocab_path, struc
 #undef KEY
     int n_vocab = s->vocab_size;
     if (vocab_path) {
-        if ((rc = copy_vocab(c.w, vocab_path, s->chat_template != NULL, &n_vocab, err, errlen)))
+        if ((rc = copy_vocab(c.w, vocab_path, s, &n_vocab, err, errlen)))
             goto out;
     } else if (n_vocab < 2) {
         rc = cairn_fail(err, errlen, CAIRN_EINVAL, "a vocabulary file or a vocabulary size is needed");

@@ -26,6 +26,10 @@ struct synth_spec {
      * often the smaller out_scale is. 0: off. */
     int scale_from;
     float out_scale;
+    /* Control tokens appended to the vocabulary file's (e.g. the harmony format's
+     * <|channel|> ... for a gpt-oss-shaped model on the qwen2 vocabulary), or none. */
+    const char *const *extra_tokens;
+    int n_extra_tokens;
 };
 
 /* Fills spec with a named shape: tiny, small, llama-1b, llama-8b, qwen-0.5b, qwen3-0.6b.

@@ -104,6 +104,7 @@ struct runner {
     struct chat *chat;
     struct reasoning_info think;  /* of the chat template */
     enum toolcall_format tools;   /* of the chat template */
+    bool harmony;                 /* the chat template is gpt-oss's harmony format */
     int64_t ctx;
     int max_batch;
     float *out;        /* WARMUP_TOKENS * max(n_vocab, n_embd) floats */
@@ -498,13 +499,21 @@ static void token_task(struct runner *r, struct runner_task *tt)
 }
 
 /* Messages as the template sees them: tool call arguments given as JSON text become
- * objects (templates write them with tojson). */
-static json_t *template_messages(const json_t *messages)
+ * objects (templates write them with tojson); reasoning_content is also "thinking"; for
+ * harmony, a null content is left out. */
+static json_t *template_messages(const json_t *messages, bool harmony)
 {
     json_t *msgs = json_deep_copy(messages);
     size_t i, k;
     json_t *m, *call;
     json_array_foreach(msgs, i, m) {
+        /* gpt-oss's template reads an assistant turn's reasoning as "thinking", and looks
+         * for markers in any "content" it has, which a tool call's null content fails */
+        json_t *rc = json_object_get(m, "reasoning_content");
+        if (json_is_string(rc) && !json_object_get(m, "thinking"))
+            json_object_set(m, "thinking", rc);
+        if (harmony && json_is_null(json_object_get(m, "content")))
+            json_object_del(m, "content");
         json_array_foreach(json_object_get(m, "tool_calls"), k, call) {
             json_t *fn = json_object_get(call, "function");
             const char *args = json_string_value(json_object_get(fn, "arguments"));
@@ -526,7 +535,7 @@ static int prompt_of(struct runner *r, const struct textgen_params *p, int32_t *
     *opens_think = false;
     if (p->messages) {
         json_t *vars = p->template_kwargs ? json_deep_copy(p->template_kwargs) : json_object();
-        json_t *msgs = template_messages(p->messages);
+        json_t *msgs = template_messages(p->messages, r->harmony);
         if (!vars || !msgs || json_object_set_new(vars, "messages", msgs) ||
             (p->tools && json_object_set(vars, "tools", p->tools))) {
             json_decref(vars);
@@ -751,6 +760,7 @@ static void text_task(struct runner *r, struct runner_task *tt)
                                .reasoning_opts = {.open = r->think.open, .close = r->think.close,
                                                   .start_in_reasoning = opens_think},
                                .tools = json_array_size(p.tools) ? r->tools : TOOLCALL_NONE,
+                               .harmony = r->harmony && p.messages && !p.grammar,
                                .id_seed = p.sampling.seed ^ (uint64_t)clock_ns(), .logprobs = p.logprobs};
     for (int i = 0; i < p.n; i++) {
         to.id_seed += 0x9e3779b97f4a7c15ull; /* each choice its own tool call ids */
@@ -1035,6 +1045,7 @@ static int load(struct runner *r, char *err, size_t errlen)
         if (gguf_get_str(m->file, "tokenizer.chat_template", &tmpl) == 0 && tmpl.ptr) {
             reasoning_detect(tmpl.ptr, (size_t)tmpl.len, &r->think);
             r->tools = toolcall_detect(tmpl.ptr, (size_t)tmpl.len);
+            r->harmony = harmony_detect(tmpl.ptr, (size_t)tmpl.len);
         } else {
             reasoning_detect("", 0, &r->think);
         }

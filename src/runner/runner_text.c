@@ -13,6 +13,7 @@ struct text_seq {
     struct stopstr *stop;
     struct reasoning *reasoning; /* NULL: off */
     struct toolcall *tools;      /* NULL: off */
+    struct harmony *harmony;     /* NULL: off (then reasoning and tools may be on) */
     bool logprobs, stopped;
     char *piece;                 /* one token's text */
     size_t piece_cap;
@@ -28,7 +29,7 @@ int text_seq_create(struct text_seq **out, const struct text_seq_opts *o, char *
     if (!s)
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     s->tok = o->tok;
-    bool markers = o->tools == TOOLCALL_LLAMA3 || o->tools == TOOLCALL_MISTRAL; /* control tokens */
+    bool markers = o->tools == TOOLCALL_LLAMA3 || o->tools == TOOLCALL_MISTRAL || o->harmony; /* control tokens */
     tok_stream_init(&s->detok, o->tok, markers);
     s->logprobs = o->logprobs;
     s->piece_cap = 3 * (tok_max_token_text(o->tok) + 4);
@@ -36,9 +37,11 @@ int text_seq_create(struct text_seq **out, const struct text_seq_opts *o, char *
     int rc = s->piece ? 0 : cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     if (!rc)
         rc = stopstr_create(&s->stop, o->stops, o->n_stops, err, errlen);
-    if (!rc && o->reasoning)
+    if (!rc && o->harmony)
+        rc = harmony_create(&s->harmony, o->id_seed, err, errlen);
+    if (!rc && o->reasoning && !o->harmony)
         rc = reasoning_create(&s->reasoning, &o->reasoning_opts, err, errlen);
-    if (!rc && o->tools != TOOLCALL_NONE)
+    if (!rc && o->tools != TOOLCALL_NONE && !o->harmony)
         rc = toolcall_create(&s->tools, o->tools, o->id_seed, 0, err, errlen);
     if (rc) {
         text_seq_release(s);
@@ -55,6 +58,7 @@ void text_seq_release(struct text_seq *s)
     stopstr_release(s->stop);
     reasoning_release(s->reasoning);
     toolcall_release(s->tools);
+    harmony_release(s->harmony);
     free(s->piece);
     strbuf_free(&s->after_stop);
     strbuf_free(&s->reasoning_out);
@@ -69,6 +73,11 @@ static int pass_on(struct text_seq *s)
 {
     int rc = 0;
     struct strbuf *content = &s->after_stop;
+    if (s->harmony) {
+        rc = harmony_feed(s->harmony, content->p, content->len, &s->reasoning_out, &s->content_out);
+        strbuf_clear(content);
+        return rc;
+    }
     if (s->reasoning) {
         rc = reasoning_feed(s->reasoning, s->after_stop.p, s->after_stop.len, &s->reasoning_out,
                             &s->after_reasoning);
@@ -146,6 +155,15 @@ int text_seq_finish(struct text_seq *s, json_t **tool_calls)
         rc = stopstr_flush(s->stop, &s->after_stop) < 0 ? CAIRN_ENOMEM : 0;
     if (!rc)
         rc = pass_on(s);
+    if (!rc && s->harmony) {
+        json_t *calls = NULL;
+        rc = harmony_finish(s->harmony, &s->reasoning_out, &s->content_out, &calls);
+        if (!rc && json_array_size(calls) > 0)
+            *tool_calls = calls;
+        else
+            json_decref(calls);
+        return rc;
+    }
     if (!rc && s->reasoning) {
         rc = reasoning_flush(s->reasoning, &s->reasoning_out, &s->after_reasoning);
         if (!rc)

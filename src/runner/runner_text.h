@@ -1,6 +1,7 @@
 /* The text of one generated sequence, as a runner's text task streams it: token ids are
  * detokenized incrementally, then pass through the stop strings, the reasoning splitter
- * (think tags) and the tool-call splitter, in that order, so that a stop string ends the
+ * (think tags) and the tool-call splitter, in that order (or, for gpt-oss, the harmony
+ * splitter, which does both), so that a stop string ends the
  * text wherever it falls and no marker or tag reaches the client. What each token
  * makes ready is taken with text_seq_take; text_seq_finish flushes every stage and
  * returns the tool calls found. */
@@ -14,6 +15,7 @@
 #include <jansson.h>
 
 #include "engine/sched.h"
+#include "tok/harmony.h"
 #include "tok/reasoning.h"
 #include "tok/stopstr.h"
 #include "tok/tok.h"
@@ -26,6 +28,8 @@ struct text_seq_opts {
     bool reasoning;           /* split think tags (reasoning_opts below) */
     struct reasoning_opts reasoning_opts;
     enum toolcall_format tools; /* TOOLCALL_NONE: no tool calls parsed */
+    bool harmony;             /* gpt-oss's channels and calls (tok/harmony.h), instead of the
+                                 reasoning and tool-call splitters */
     uint64_t id_seed;         /* tool call ids */
     bool logprobs;
 };

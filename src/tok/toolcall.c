@@ -477,15 +477,14 @@ static uint64_t mix(uint64_t x)
     return x ^ (x >> 31);
 }
 
-/* The next id not yet used in calls: a prefix and nch letters or digits. */
-static void next_id(struct toolcall *t, const json_t *calls, char *out)
+void toolcall_new_id(uint64_t seed, uint64_t *counter, bool mistral, const json_t *calls,
+                     char out[TOOLCALL_ID_MAX])
 {
     static const char digits[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
-    bool mistral = t->fmt == TOOLCALL_MISTRAL;
     const char *prefix = mistral ? "" : "call_";
     size_t plen = strlen(prefix), nch = mistral ? 9 : 16;
     for (;;) {
-        uint64_t x = mix(t->seed ^ mix(t->counter++));
+        uint64_t x = mix(seed ^ mix((*counter)++));
         memcpy(out, prefix, plen);
         for (size_t i = 0; i < nch; i++) {
             x = mix(x + i);
@@ -534,8 +533,8 @@ int toolcall_finish(struct toolcall *t, struct strbuf *content, json_t **calls)
         if (strbuf_put(content, f.text.p, f.text.len))
             goto out;
         for (size_t k = 0; k < json_array_size(f.fns); k++) {
-            char id[32];
-            next_id(t, arr, id);
+            char id[TOOLCALL_ID_MAX];
+            toolcall_new_id(t->seed, &t->counter, t->fmt == TOOLCALL_MISTRAL, arr, id);
             json_t *call = json_pack("{s:s, s:s, s:O}", "id", id, "type", "function", "function",
                                      json_array_get(f.fns, k));
             if (!call || json_array_append_new(arr, call))

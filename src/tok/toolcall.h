@@ -29,6 +29,7 @@
 #define CAIRN_TOK_TOOLCALL_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -74,6 +75,13 @@ int toolcall_feed(struct toolcall *t, const char *text, size_t len, struct strbu
  * starts over. CAIRN_ENOMEM (with *calls NULL; content may have grown; the splitter
  * may only be released). */
 int toolcall_finish(struct toolcall *t, struct strbuf *content, json_t **calls);
+
+#define TOOLCALL_ID_MAX 32 /* bytes of a call id, with the NUL */
+
+/* A call id not yet used in calls (an array of calls, may be NULL): "call_" and 16
+ * letters or digits, or with mistral 9 and no prefix, from seed and *counter (advanced). */
+void toolcall_new_id(uint64_t seed, uint64_t *counter, bool mistral, const json_t *calls,
+                     char out[TOOLCALL_ID_MAX]);
 
 /* Whole text at once: toolcall_create, one feed, toolcall_finish. */
 int toolcall_parse(enum toolcall_format f, uint64_t id_seed, const char *text, size_t len,
