@@ -22,6 +22,9 @@ uint64_t master_kv_token_layer_bytes(const struct catalog_card *card, const stru
     int64_t kv_dim = (int64_t)(card->kv_bytes_per_token_layer / 4); /* the card counts F16 K and V */
     int tk = kv && kv->type_k[0] ? dtype_kv_from_name(kv->type_k) : DT_F16;
     int tv = kv && kv->type_v[0] ? dtype_kv_from_name(kv->type_v) : DT_F16;
+    /* the cache quantizes each head's row on its own (attn.h) */
+    if (card->head_dim < 1 || dtype_row_bytes(tk, card->head_dim) < 0 || dtype_row_bytes(tv, card->head_dim) < 0)
+        return 0;
     int64_t k = dtype_row_bytes(tk, kv_dim), v = dtype_row_bytes(tv, kv_dim);
     return k < 0 || v < 0 ? 0 : (uint64_t)k + (uint64_t)v;
 }
@@ -266,10 +269,9 @@ int master_previews(const struct cluster_state *s, const struct master_env *env,
     }
     if (!master_kv_token_layer_bytes(&card, kv)) {
         rc = cairn_fail(err, errlen, CAIRN_EINVAL,
-                        "cache_type_k/cache_type_v: %s's K and V rows of %lld values cannot be held as %s/%s "
+                        "cache_type_k/cache_type_v: %s's heads of %d values cannot be held as %s/%s "
                         "(q8_0 and q4_0 need multiples of 32)",
-                        model_id, (long long)(card.kv_bytes_per_token_layer / 4), kv->type_k[0] ? kv->type_k : "f16",
-                        kv->type_v[0] ? kv->type_v : "f16");
+                        model_id, card.head_dim, kv->type_k[0] ? kv->type_k : "f16", kv->type_v[0] ? kv->type_v : "f16");
         goto out;
     }
     /* The context asked for, or the largest that fits from the trained one down. */

@@ -71,7 +71,7 @@ struct master_events {
 uint32_t master_card_ctx(const struct catalog_card *c);
 
 /* Bytes of K and V of one token in one layer of card's model, with kv's types; 0 when a
- * type does not divide the model's KV rows (q8_0 and q4_0 need multiples of 32). */
+ * type does not divide the model's heads (q8_0 and q4_0 need multiples of 32). */
 uint64_t master_kv_token_layer_bytes(const struct catalog_card *card, const struct cluster_kv *kv);
 
 /* Frees the events and zeroes *out; accepts a zeroed one. */

@@ -227,12 +227,12 @@ static void test_context(void)
     CHECK(rc == 0 && pr.best >= 0 && ctx == 16384, "previews count the context that fits: rc %d ctx %lld", rc,
           (long long)ctx);
     place_result_free(&pr);
-    /* a type the rows cannot hold */
-    lc->kv_bytes_per_token_layer = 4 * 40;
+    /* a type the heads cannot hold */
+    lc->head_dim = 40;
     kv = (struct cluster_kv){0};
     snprintf(kv.type_k, sizeof kv.type_k, "q4_0");
     rc = place_kv(s, "long", &kv, &res, &in);
-    CHECK(rc == CAIRN_EFORMAT && strstr(res.message, "multiples of 32"), "q4_0 on rows of 40: %d %s", rc,
+    CHECK(rc == CAIRN_EFORMAT && strstr(res.message, "multiples of 32"), "q4_0 on heads of 40: %d %s", rc,
           res.message);
     cluster_state_release(s);
 }

@@ -108,6 +108,23 @@ for (const model of [QWEN, LLAMA]) {
   });
 }
 
+test('with a quantized KV cache (q8_0 K, q4_0 V), pipelined answers equal the single node\'s with it', T, async () => {
+  const a = nodes[0];
+  const openai = client(a);
+  const kv = { cache_type_k: 'q8_0', cache_type_v: 'q4_0' };
+  const one = await placeInstance(a, { model_id: QWEN, min_nodes: 1, ...kv });
+  assert.equal(one.inst.cache_type_k, 'q8_0');
+  const want = await Promise.all(PROMPTS.map((p) => complete(openai, QWEN, p)));
+  await deleteInstance(a, one.id);
+  const { id, inst } = await placeInstance(a, { model_id: QWEN, sharding: 'pipeline', min_nodes: 2, ...kv });
+  assert.equal(inst.shards.length, 2);
+  assert.equal(inst.cache_type_v, 'q4_0');
+  const got = await Promise.all(PROMPTS.map((p) => complete(openai, QWEN, p)));
+  for (let i = 0; i < PROMPTS.length; i++)
+    assert.equal(got[i].text, want[i].text, `2 ranks, q8_0/q4_0 KV, prompt ${i}`);
+  await deleteInstance(a, id);
+});
+
 test('a draft model on rank 0 keeps the pipelined answers exact', T, async () => {
   const a = nodes[0];
   const openai = client(a);
