@@ -280,6 +280,7 @@ async function loadPreview(id) {
   render();
   const q = new URLSearchParams({ model_id: id, sharding: p.sharding });
   if (p.draft) q.set('draft_model', p.draft);
+  for (const [k, v] of Object.entries(kvAsked(p))) q.set(k, v);
   try {
     p.data = await call(`/instance/previews?${q}`);
     p.error = null;
@@ -291,18 +292,28 @@ async function loadPreview(id) {
   render();
 }
 
+/** The KV cache a preview asks for: a context (none: the trained one where it fits) and
+ * K and V types (none: f16). */
+function kvAsked(p) {
+  const kv = {};
+  if (p.ctx) kv.ctx_len = Number(p.ctx);
+  if (p.kvType && p.kvType !== 'f16') kv.cache_type_k = kv.cache_type_v = p.kvType;
+  return kv;
+}
+
 async function place(id, candidate) {
   const p = ui.previews[id] || {};
   try {
     let r;
     if (!candidate) {
-      const body = { model_id: id, sharding: p.sharding || 'pipeline' };
+      const body = { model_id: id, sharding: p.sharding || 'pipeline', ...kvAsked(p) };
       if (p.draft) body.draft_model = p.draft;
       r = await call('/place_instance', { method: 'POST', body });
     } else {
       const n = candidate.shares.length;
+      // the context the preview counted, so the runners hold what placement counted
       r = await call('/instance', { method: 'POST', body: { instance: { model_id: id, sharding: p.sharding || 'pipeline',
-        draft_model: p.draft || null, num_draft_tokens: 4,
+        draft_model: p.draft || null, num_draft_tokens: 4, ...kvAsked(p), ctx_len: p.data?.ctx_len || undefined,
         shards: candidate.shares.map((sh) => ({ node_id: sh.node, rank: sh.rank, world_size: n,
           layer_begin: sh.layer_begin, layer_end: sh.layer_end })) } } });
     }
@@ -326,7 +337,13 @@ function previewPanel(id) {
       h('label', null, 'draft model ', h('select', { class: 'draft-select', onchange: (e) => { p.draft = e.target.value; loadPreview(id); } },
         h('option', { value: '' }, drafts.length ? 'none' : 'none (no model shares its vocabulary)'),
         drafts.map((x) => h('option', { value: x, selected: p.draft === x }, x)))),
+      h('label', null, 'context ', h('select', { class: 'ctx-select', onchange: (e) => { p.ctx = e.target.value; loadPreview(id); } },
+        h('option', { value: '' }, 'trained, where it fits'),
+        [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072].map((x) => h('option', { value: x, selected: Number(p.ctx) === x }, String(x))))),
+      h('label', null, 'KV cache ', h('select', { class: 'kv-select', onchange: (e) => { p.kvType = e.target.value; loadPreview(id); } },
+        ['f16', 'q8_0', 'q4_0'].map((x) => h('option', { value: x, selected: (p.kvType || 'f16') === x }, x)))),
       h('button', { class: 'primary', 'data-place-best': id, onclick: () => place(id) }, 'Place best'),
+      d?.ctx_len ? h('span', { class: 'muted ctx-counted' }, `counts ${d.ctx_len} positions a sequence`) : null,
       p.loading ? h('span', { class: 'muted' }, 'asking the cluster…') : null,
       p.error ? h('span', { class: 'err' }, p.error) : null),
     d ? h('table', { class: 'grid' },
@@ -606,6 +623,7 @@ function renderInstances() {
         h('dt', null, 'tokens/s'), h('dd', { class: 'inst-tps' }, instanceRates(id)),
         h('dt', null, 'sequences'), h('dd', null, `${last.cairn_runner_busy_slots?.[id] ?? '–'} running of ${last.cairn_runner_slots?.[id] ?? '–'} slots · ${last.cairn_runner_queue_length?.[id] ?? '–'} queued`),
         h('dt', null, 'KV cache'), h('dd', null, kvT ? `${kvU} of ${kvT} blocks (${Math.round((100 * kvU) / kvT)}%)` : '–'),
+        h('dt', null, 'context'), h('dd', { class: 'inst-ctx' }, `${inst.ctx_len ?? 'default'} positions · K ${inst.cache_type_k ?? 'f16'}, V ${inst.cache_type_v ?? 'f16'}`),
         h('dt', null, 'draft'), h('dd', { class: 'draft-now' }, inst.draft_model ? `${inst.draft_model} · ${inst.num_draft_tokens} tokens` : 'none')),
       h('div', { class: 'row' }, h('label', null, 'draft model ', draftSel), h('label', null, 'tokens ', nIn),
         h('button', { class: 'apply-draft', onclick: () => setDraft(id, draftSel.value, Number(nIn.value)) }, 'Apply')));

@@ -257,8 +257,9 @@ static bool fill(json_t *o, const char *key, json_t *v)
 /* The full instance object from what a client gave, defaults filled in. */
 static int instance_request(const json_t *given, json_t **out, char *err, size_t errlen)
 {
-    static const char *const keys[] = {"instance_id", "model_id", "sharding", "shards",
-                                       "draft_model", "num_draft_tokens", "epoch", NULL};
+    static const char *const keys[] = {"instance_id", "model_id", "sharding", "shards", "draft_model",
+                                       "num_draft_tokens", "epoch", "ctx_len", "cache_type_k",
+                                       "cache_type_v", NULL};
     static const char *const shard_keys[] = {"node_id", "runner_id", "rank", "world_size",
                                              "layer_begin", "layer_end", NULL};
     char id[IDS_ID_MAX + 1], p[JSON_PATH_MAX];

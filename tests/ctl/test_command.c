@@ -228,6 +228,18 @@ static void test_requests(void)
         CHECK(c.create_instance.n_shards == 2, "wrapped instance read");
         command_clear(&c);
     }
+    const char *with_kv = "{\"model_id\":\"m1\",\"ctx_len\":2048,\"cache_type_k\":\"Q8_0\",\"shards\":"
+                          "[{\"node_id\":\"a\",\"layer_begin\":0,\"layer_end\":3}]}";
+    if (!from_request(COMMAND_CREATE_INSTANCE, with_kv, NULL, &c)) {
+        CHECK(c.create_instance.kv.ctx_len == 2048 && !strcmp(c.create_instance.kv.type_k, "q8_0") &&
+                  !c.create_instance.kv.type_v[0],
+              "an explicit instance's KV cache read");
+        command_clear(&c);
+    }
+    bad_request(COMMAND_CREATE_INSTANCE,
+                "{\"model_id\":\"m1\",\"cache_type_v\":\"q6_k\",\"shards\":[{\"node_id\":\"a\",\"layer_begin\":0,"
+                "\"layer_end\":3}]}",
+                NULL, "cache_type_v");
     if (!from_request(COMMAND_CREATE_INSTANCE,
                       "{\"instance_id\":\"mine\",\"model_id\":\"m1\",\"shards\":[{\"node_id\":\"a\","
                       "\"runner_id\":\"r1\",\"layer_begin\":0,\"layer_end\":6}]}",

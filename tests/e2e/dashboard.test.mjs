@@ -193,14 +193,26 @@ test('a model pulled from the fake hub shows progress, then is on disk; its prev
   await place.waitFor();
   assert.match(await page.locator(`[data-preview="${PULLED}"]`).innerText(), /0–\d+ \(\d+\)/, 'layers per node');
   await shots('models-previews');
-  await place.click();
+  // a q8_0 KV cache does not fit heads of 48 values: the preview says so
+  await page.selectOption(`[data-preview="${PULLED}"] .kv-select`, 'q8_0');
+  await page.locator(`[data-preview="${PULLED}"] .err`, { hasText: 'heads of 48' }).waitFor();
+  // a context of 1024: the preview asks again and counts it
+  await page.selectOption(`[data-preview="${PULLED}"] .kv-select`, 'f16');
+  await page.selectOption(`[data-preview="${PULLED}"] .ctx-select`, '1024');
+  const counted = page.locator(`[data-preview="${PULLED}"] .ctx-counted`, { hasText: 'counts 1024 positions' });
+  await counted.waitFor();
+  const ctx = 1024;
+  await page.locator(`[data-preview="${PULLED}"] [data-place]`).first().click();
   await page.waitForSelector('#instances:not([hidden])');
   const s = await waitState(a, (st) => Object.values(st.instances).some((i) => i.model_id === PULLED &&
     instanceReady(st, i.instance_id)), 'the pulled model placed and ready');
   const inst = Object.values(s.instances).find((i) => i.model_id === PULLED);
+  assert.equal(inst.cache_type_k, undefined, 'f16, the default');
+  assert.equal(inst.ctx_len, ctx, 'the context the preview counted');
   const card = page.locator(`[data-instance="${inst.instance_id}"]`);
   await card.locator('.pill.st-Ready, .pill.st-Running').waitFor();
   assert.match(await card.innerText(), /Ready|Running/);
+  assert.match(await card.innerText(), new RegExp(`${ctx} positions · K f16, V f16`));
   await http(`${a.url}/instance/${inst.instance_id}`, { method: 'DELETE' });
   await card.waitFor({ state: 'detached' });
 });
