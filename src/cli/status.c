@@ -122,8 +122,14 @@ static void show_instances(const json_t *state, FILE *f)
         char st[64];
         instance_state(state, in, st, sizeof st);
         const char *draft = json_string_value(json_object_get(in, "draft_model"));
-        fprintf(f, "  %.8s  %s  %s  epoch %lld  %s%s%s\n", id, str(in, "model_id"), str(in, "sharding"),
-                num(in, "epoch"), st, draft ? "  draft " : "", draft ? draft : "");
+        const char *tk = json_string_value(json_object_get(in, "cache_type_k"));
+        const char *tv = json_string_value(json_object_get(in, "cache_type_v"));
+        char ctx[64] = "";
+        if (num(in, "ctx_len") > 0)
+            snprintf(ctx, sizeof ctx, "  ctx %lld", num(in, "ctx_len"));
+        fprintf(f, "  %.8s  %s  %s  epoch %lld  %s%s%s%s%s%s%s%s\n", id, str(in, "model_id"), str(in, "sharding"),
+                num(in, "epoch"), st, ctx, tk || tv ? "  kv " : "", tk || tv ? (tk ? tk : "f16") : "",
+                tk || tv ? "/" : "", tk || tv ? (tv ? tv : "f16") : "", draft ? "  draft " : "", draft ? draft : "");
         size_t i;
         json_t *sh;
         json_array_foreach(json_object_get(in, "shards"), i, sh) {

@@ -506,8 +506,9 @@ static void test_status_two_nodes(void)
     snprintf(id0, sizeof id0, "%.8s", nodes[0].id);
     snprintf(id1, sizeof id1, "%.8s", nodes[1].id);
     CHECK(rc == 0 && file_has(path, "cluster of 2 nodes") && file_has(path, id0) && file_has(path, id1) &&
-              file_has(path, "master") && file_has(path, " qa ") && file_has(path, "rtt "),
-          "cairn status lists both nodes, the link, the master and the instance (%d), see %s", rc, path);
+              file_has(path, "master") && file_has(path, " qa ") && file_has(path, "rtt ") && file_has(path, "  ctx "),
+          "cairn status lists both nodes, the link, the master and the instance with its context (%d), see %s", rc,
+          path);
     /* without --host: the address node 0 noted in its data dir (here the user's) */
     rc = run_cmd("mkdir -p %s/xdg0 && ln -sfn %s/data0 %s/xdg0/cairn && XDG_DATA_HOME=%s/xdg0 %s status > %s 2>&1",
                  nodes_dir, nodes_dir, nodes_dir, nodes_dir, CAIRN_BINARY, path);
