@@ -216,6 +216,37 @@ static void test_budget(struct tok *t)
     check_masks(t, "root ::= \"{\\\"k\\\": \\\"\" [a-z ]* \"\\\", \\\"n\\\": [\" [0-9]+ \"]}\"\n", 1000, 21, 22);
 }
 
+/* A budget below what any token can meet (the fewest bytes overestimate the tokens a
+ * real vocabulary needs) still allows the tokens that bring the end nearer, so sampling
+ * goes on and the output may be cut, never refused: 3 tokens for a 40-byte literal. */
+static void test_budget_unreachable(struct tok *t)
+{
+    struct grammar *g = parse("root ::= \"{\\\"name\\\": \\\"get_weather\\\", \\\"arguments\\\": {}}\"\n");
+    struct grammar_ctx *c = NULL;
+    struct grammar_match *m = NULL;
+    CHECK(g && grammar_ctx_from_tok(&c, g, t) == 0 && grammar_match_create(&m, c) == 0, "setup");
+    if (!m)
+        goto out;
+    CHECK(grammar_match_min_left(m) > 3, "min_left %lld", (long long)grammar_match_min_left(m));
+    const uint32_t *mask;
+    int32_t n = tok_n_vocab(t), allowed = 0, bad = 0;
+    CHECK(grammar_match_mask(m, 3, &mask) == 0, "mask");
+    int64_t before = grammar_match_min_left(m);
+    for (int32_t i = 0; i < n; i++)
+        if (mask[i >> 5] >> (i & 31) & 1) {
+            struct grammar_match *k = NULL;
+            grammar_match_clone(&k, m);
+            allowed++;
+            bad += !(grammar_match_accept(k, i) == 0 && grammar_match_min_left(k) < before);
+            grammar_match_release(k);
+        }
+    CHECK(allowed > 0 && bad == 0, "%d allowed, %d of them not nearer the end", allowed, bad);
+out:
+    grammar_match_release(m);
+    grammar_ctx_release(c);
+    grammar_release(g);
+}
+
 /* Stacks beyond the limits are an error of the match, not a crash: a deeply nested
  * grammar fed deeply nested input. */
 static void test_limits(struct tok *t)
@@ -283,6 +314,7 @@ int main(int argc, char **argv)
         return test_skip("no vocabulary");
     RUN(test_masks_brute_force, t);
     RUN(test_budget, t);
+    RUN(test_budget_unreachable, t);
     RUN(test_limits, t);
     tok_release(t);
     return test_main_end();
