@@ -231,21 +231,38 @@ static int parse_messages(const json_t *body, struct textgen_params *p, struct j
     return 0;
 }
 
+/* prompt: text, token ids, or an array of one of either. */
 static int parse_prompt(const json_t *body, struct textgen_params *p, struct json_err *e)
 {
     const json_t *v = json_object_get(body, "prompt");
+    const char *path = "prompt";
     if (!v || json_is_null(v))
         return json_fail(e, "prompt", "required");
-    if (json_is_array(v)) {
+    if (json_is_array(v) && json_array_size(v) > 0 && !json_is_integer(json_array_get(v, 0))) {
+        /* a batch of prompts: strings or arrays of token ids */
         if (json_array_size(v) != 1)
-            return json_fail(e, "prompt", "an array of %zu prompts; one prompt is supported",
+            return json_fail(e, "prompt", "an array of %zu prompts; one prompt is supported (send one request each)",
                              json_array_size(v));
         v = json_array_get(v, 0);
-        if (!json_is_string(v))
-            return json_fail(e, "prompt[0]", "expected a string (token arrays are not supported)");
-    } else if (!json_is_string(v)) {
-        return json_fail(e, "prompt", "expected a string or an array of one string");
+        path = "prompt[0]";
+        if (!json_is_string(v) && !json_is_array(v))
+            return json_fail(e, path, "expected a string or an array of token ids");
     }
+    if (json_is_array(v)) {
+        char err[JSON_ERR_MAX];
+        int rc = textgen_prompt_ids(v, &p->prompt_ids, &p->n_prompt_ids, err, sizeof err);
+        if (rc == CAIRN_ENOMEM)
+            return oom();
+        if (rc) { /* "prompt[i]: why" from textgen, under this request's path */
+            const char *colon = strchr(err, ':'), *sub = err + strlen("prompt");
+            char full[JSON_ERR_PATH_MAX];
+            json_path(full, sizeof full, "%s%.*s", path, colon && colon > sub ? (int)(colon - sub) : 0, sub);
+            return json_fail(e, full, "%s", colon ? colon + 2 : err);
+        }
+        return 0;
+    }
+    if (!json_is_string(v))
+        return json_fail(e, "prompt", "expected a string, token ids, or an array of one of them");
     p->prompt = strndup(json_string_value(v), json_string_length(v));
     return p->prompt ? 0 : oom();
 }

@@ -1,7 +1,8 @@
 /* OpenAI-compatible endpoints over a text generation backend (api/gen.h):
  *   POST /v1/chat/completions   chat.completion, or with "stream": true an SSE stream
  *                               of chat.completion.chunk objects ending "data: [DONE]"
- *   POST /v1/completions        text_completion (raw prompt, no template), same streaming
+ *   POST /v1/completions        text_completion (raw prompt, no template: text, token ids,
+ *                               or an array of one of them), same streaming
  *   GET  /v1/models             {"object": "list", "data": [{"id", "object": "model",
  *                                "created", "owned_by": "cairn"}]}
  *   GET  /v1/models/<id>        one of them (ids may hold '/'), 404 when unknown

@@ -16,6 +16,10 @@ static const char *COMMON =
     "sp ::= \" \"?\n"
     "jchar ::= [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
     "jstring ::= \"\\\"\" jchar* \"\\\"\"\n"
+    /* A length-bounded string's character: no code point above U+FFFF, which JSON Schema
+     * (and ajv, pydantic) count as one character but JavaScript (zod's .max) as two, so
+     * both counts agree. */
+    "jbchar ::= [^\"\\\\\\x7F\\x00-\\x1F\\U00010000-\\U0010FFFF] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
     "jint ::= \"-\"? jnat\n"
     "jnat ::= \"0\" | [1-9] [0-9]{0,15}\n"
     "jfrac ::= (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})?\n"
@@ -188,7 +192,7 @@ static void string_body(struct gen *g, const json_t *s, const char *path)
     if (lo == 0 && hi == 1000)
         put(g, "jstring");
     else
-        putf(g, "\"\\\"\" jchar{%lld,%lld} \"\\\"\"", (long long)lo, (long long)hi);
+        putf(g, "\"\\\"\" jbchar{%lld,%lld} \"\\\"\"", (long long)lo, (long long)hi);
 }
 
 /* The number rule body for s: integer or number; minimum 0 drops the sign,

@@ -765,7 +765,10 @@ static void test_bad_requests(struct fixture *fx)
         {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"reasoning_effort\":3}", "reasoning_effort"},
         {"/v1/completions", "application/json", "{\"model\":\"m\"}", "prompt"},
         {"/v1/completions", "application/json", "{\"model\":\"m\",\"prompt\":[\"a\",\"b\"]}", "prompt"},
-        {"/v1/completions", "application/json", "{\"model\":\"m\",\"prompt\":[[1,2]]}", "prompt[0]"},
+        {"/v1/completions", "application/json", "{\"model\":\"m\",\"prompt\":[[1,-2]]}", "prompt[0][1]"},
+        {"/v1/completions", "application/json", "{\"model\":\"m\",\"prompt\":[[1],[2]]}", "prompt"},
+        {"/v1/completions", "application/json", "{\"model\":\"m\",\"prompt\":[]}", "prompt"},
+        {"/v1/completions", "application/json", "{\"model\":\"m\",\"prompt\":[{}]}", "prompt[0]"},
         {"/v1/completions", "application/json", "{\"model\":\"m\",\"prompt\":5}", "prompt"},
         {"/v1/completions", "application/json", "{\"model\":\"m\",\"prompt\":\"x\",\"logprobs\":21}", "logprobs"},
     };

@@ -47,6 +47,11 @@ static void test_instances(void)
         {"{\"type\":\"array\",\"items\":{\"type\":\"number\"},\"minItems\":1,\"maxItems\":3}",
          {"[1]", "[1, 2.5,-3e2]"}, {"[]", "[1,2,3,4]", "[\"a\"]"}},
         {"{\"type\":[\"string\",\"null\"],\"maxLength\":3}", {"\"abc\"", "null", "\"\""}, {"\"abcd\"", "1"}},
+        /* A bounded string takes no character above U+FFFF (one for JSON Schema, two for
+         * JavaScript's length); an unbounded one does. */
+        {"{\"type\":\"string\",\"maxLength\":3}", {"\"\xc3\xa9t\xe6\x9c\x9f\"", "\"\\ud835\""},
+         {"\"\xf0\x9d\x96\x97\"", "\"ab\xf0\x9f\x98\x80\""}},
+        {"{\"type\":\"string\"}", {"\"\xf0\x9d\x96\x97\"", "\"ab\xf0\x9f\x98\x80\""}, {"1"}},
         {"{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"object\",\"properties\":{\"z\":{\"type\":\"string\","
          "\"format\":\"date\"}},\"required\":[\"z\"]}]}",
          {"7", "{\"z\":\"2024-02-29\"}"}, {"{\"z\":\"2024-13-01\"}", "\"7\""}},
