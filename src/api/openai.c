@@ -34,7 +34,7 @@ struct oreq {
     int64_t created;
     char model[IDS_MODEL_MAX + 1];
     int n;
-    bool include_usage, logprobs;
+    bool include_usage, logprobs, one_tool_call;
     struct gen_usage start_usage, seq_usage;
     struct choice *choices; /* n */
 };
@@ -523,6 +523,10 @@ static int parse_misc(enum openai_route kind, const json_t *body, struct textgen
         (rc = json_opt_bool(body, NULL, "prompt_lookup", &p->prompt_lookup, NULL, e)) ||
         (rc = json_opt_bool(body, NULL, "stream", &o->stream, NULL, e)))
         return rc;
+    bool parallel = true;
+    if ((rc = json_opt_bool(body, NULL, "parallel_tool_calls", &parallel, NULL, e)))
+        return rc;
+    o->one_tool_call = !parallel;
     p->n = (int)n;
     p->num_draft_tokens = (int)k;
     const json_t *so = json_object_get(body, "stream_options");
@@ -657,12 +661,14 @@ static json_t *tool_call_json(const json_t *tc, long index)
     return c;
 }
 
-static json_t *tool_calls_json(const json_t *calls, bool indexed)
+static json_t *tool_calls_json(const json_t *calls, bool indexed, bool first_only)
 {
     json_t *arr = json_array();
     size_t i;
     json_t *tc;
     json_array_foreach(calls, i, tc) {
+        if (first_only && i > 0)
+            break;
         if (!arr || json_array_append_new(arr, tool_call_json(tc, indexed ? (long)i : -1))) {
             json_decref(arr);
             return NULL;
@@ -751,7 +757,7 @@ static json_t *full_response(struct oreq *r, const struct gen_usage *end)
                  apiutil_put(msg, "content", calls && !text[0] ? json_null() : apiutil_text_json(text)) &&
                  (!c->reasoning.len ||
                   apiutil_put(msg, "reasoning_content", apiutil_text_json(apiutil_text(&c->reasoning)))) &&
-                 (!calls || apiutil_put(msg, "tool_calls", tool_calls_json(c->tool_calls, false)));
+                 (!calls || apiutil_put(msg, "tool_calls", tool_calls_json(c->tool_calls, false, r->one_tool_call)));
             ok = ok && json_object_set(ch, "message", msg) == 0;
             json_decref(msg);
             if (r->logprobs)
@@ -899,7 +905,7 @@ static void stream_event(struct apireq *a, struct oreq *r, const struct gen_even
         if (calls) {
             json_t *delta = json_object();
             if (delta)
-                apiutil_put(delta, "tool_calls", tool_calls_json(ev->tool_calls, true));
+                apiutil_put(delta, "tool_calls", tool_calls_json(ev->tool_calls, true, r->one_tool_call));
             send_chunk(a, r, one(chunk_choice(r, ev->seq, delta, NULL, NULL, NULL)), NULL, NULL);
         }
         send_chunk(a, r, one(chunk_choice(r, ev->seq, NULL, "", NULL, finish_reason(finish, calls))),
@@ -1020,6 +1026,7 @@ static struct oreq *oreq_new(enum openai_route kind, const struct textgen_params
     r->kind = kind;
     r->n = p->n;
     r->include_usage = o->include_usage;
+    r->one_tool_call = o->one_tool_call;
     r->logprobs = p->logprobs;
     r->created = (int64_t)time(NULL);
     snprintf(r->model, sizeof r->model, "%s", p->model);

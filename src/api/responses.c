@@ -529,6 +529,7 @@ static int parse_request(struct responses *r, const json_t *body, struct textgen
         rc = status == 500 ? CAIRN_ENOMEM : CAIRN_EFORMAT;
         goto out;
     }
+    q->one_tool_call = o.one_tool_call;
     const json_t *fmt;
     if ((rc = parse_text_format(body, p, &fmt, e)))
         goto out;
@@ -902,6 +903,8 @@ static void on_event(struct apireq *a, void *self, const struct gen_event *ev)
         snprintf(r->finish, sizeof r->finish, "%s", ev->finish ? ev->finish : "stop");
         if (json_is_array(ev->tool_calls) && json_array_size(ev->tool_calls))
             r->tool_calls = json_deep_copy(ev->tool_calls);
+        while (r->q.one_tool_call && json_array_size(r->tool_calls) > 1)
+            json_array_remove(r->tool_calls, json_array_size(r->tool_calls) - 1);
         break;
     case GEN_EVENT_END: {
         int status;

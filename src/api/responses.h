@@ -56,6 +56,7 @@ void responses_release(struct responses *r);
 /* What a request asks of the reply, and what the response object echoes. */
 struct responses_req {
     bool stream, store;
+    bool one_tool_call; /* parallel_tool_calls false */
     json_t *echo;  /* owned: the request's fields a response object repeats */
     json_t *input; /* owned: this request's input as chat messages (no instructions) */
 };
