@@ -126,10 +126,11 @@ static int store_chain(struct responses *r, const char *id, json_t *msgs, struct
     while (want[0]) {
         struct stored *s = n < RESPONSES_STORE_MAX ? store_find(r, want) : NULL;
         if (!s) {
-            rc = json_fail(e, "previous_response_id",
-                           n ? "response '%.64s' continues '%.64s', which is no longer stored"
-                             : "no stored response has id '%.64s'%.0s",
-                           n ? id : want, n ? want : "");
+            if (n)
+                rc = json_fail(e, "previous_response_id", "response '%.64s' continues '%.64s', which is no longer stored",
+                               id, want);
+            else
+                rc = json_fail(e, "previous_response_id", "no stored response has id '%.64s'", want);
             break;
         }
         chain[n++] = s;
@@ -981,10 +982,13 @@ static void h_get(struct http_request *req, void *ctx)
     struct responses *r = ctx;
     const char *id = http_req_param(req, "id");
     json_t *found = NULL;
+    bool stored = false;
     pthread_mutex_lock(&r->mu);
     struct stored *s = id ? store_find(r, id) : NULL;
-    if (s)
+    if (s) {
+        stored = true;
         found = json_deep_copy(s->response);
+    }
     pthread_mutex_unlock(&r->mu);
     if (found) {
         http_reply_json(req, 200, found);
@@ -992,7 +996,7 @@ static void h_get(struct http_request *req, void *ctx)
     }
     char msg[200];
     snprintf(msg, sizeof msg, "No response with id '%.64s' is stored", id ? id : "");
-    apiutil_reply_error(req, error_json, s ? 500 : 404, s ? "out of memory" : msg, s ? NULL : "id");
+    apiutil_reply_error(req, error_json, stored ? 500 : 404, stored ? "out of memory" : msg, stored ? NULL : "id");
 }
 
 int responses_register(struct responses *r, struct http_server *srv, char *err, size_t errlen)
