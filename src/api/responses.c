@@ -999,6 +999,32 @@ static void h_get(struct http_request *req, void *ctx)
     apiutil_reply_error(req, error_json, stored ? 500 : 404, stored ? "out of memory" : msg, stored ? NULL : "id");
 }
 
+static void h_delete(struct http_request *req, void *ctx)
+{
+    struct responses *r = ctx;
+    const char *id = http_req_param(req, "id");
+    bool found = false;
+    pthread_mutex_lock(&r->mu);
+    struct stored *s = id ? store_find(r, id) : NULL;
+    if (s) { /* a hole in the ring: eviction passes over it */
+        found = true;
+        r->bytes -= s->bytes;
+        stored_free(s);
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (!found) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "No response with id '%.64s' is stored", id ? id : "");
+        apiutil_reply_error(req, error_json, 404, msg, "id");
+        return;
+    }
+    json_t *o = json_pack("{s:s,s:s,s:b}", "id", id, "object", "response.deleted", "deleted", 1);
+    if (!o)
+        apiutil_reply_error(req, error_json, 500, "out of memory", NULL);
+    else
+        http_reply_json(req, 200, o);
+}
+
 int responses_register(struct responses *r, struct http_server *srv, char *err, size_t errlen)
 {
     static const struct {
@@ -1007,6 +1033,7 @@ int responses_register(struct responses *r, struct http_server *srv, char *err, 
     } routes[] = {
         {"POST", "/v1/responses", h_create},
         {"GET", "/v1/responses/:id", h_get},
+        {"DELETE", "/v1/responses/:id", h_delete},
     };
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
         int rc = http_route_errors(srv, routes[i].method, routes[i].pattern, routes[i].fn, r, error_json);

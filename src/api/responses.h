@@ -9,6 +9,8 @@
  *                             then response.completed, or response.incomplete when
  *                             max_output_tokens cut it), each with its sequence_number
  *   GET  /v1/responses/<id>   a stored response (404 when unknown or evicted)
+ *   DELETE /v1/responses/<id> drops a stored response ({"id", "object":
+ *                             "response.deleted", "deleted": true}; 404 when unknown)
  *
  * A request is turned into a chat completion's (openai.c checks the shared fields):
  * "input" is text (one user message) or items: messages (role user, assistant, system

@@ -257,6 +257,27 @@ static void test_store(uint16_t port)
     CHECK(r.status == 404, "GET unknown: %d", r.status);
     rh_free(&r);
 
+    /* DELETE drops one: GET and a chain through it then fail; a second DELETE is a 404 */
+    json_t *d = post(port, "{\"model\":\"q\",\"input\":\"to drop\"}", &status);
+    snprintf(path, sizeof path, "/v1/responses/%s", rh_jstr(d, "id"));
+    rh_request(port, "DELETE", path, NULL, NULL, &r);
+    json_t *del = rh_json(&r);
+    CHECK(r.status == 200 && json_is_true(json_object_get(del, "deleted")) &&
+              rh_streq(rh_jstr(del, "object"), "response.deleted") && rh_streq(rh_jstr(del, "id"), rh_jstr(d, "id")),
+          "DELETE: %s", r.body);
+    json_decref(del);
+    rh_free(&r);
+    rh_request(port, "DELETE", path, NULL, NULL, &r);
+    CHECK(r.status == 404, "DELETE twice: %d", r.status);
+    rh_free(&r);
+    rh_request(port, "GET", path, NULL, NULL, &r);
+    CHECK(r.status == 404, "GET deleted: %d", r.status);
+    rh_free(&r);
+    snprintf(body, sizeof body, "{\"model\":\"q\",\"input\":\"x\",\"previous_response_id\":\"%s\"}", rh_jstr(d, "id"));
+    json_decref(post(port, body, &status));
+    CHECK(status == 400, "chain through a deleted one: %d", status);
+    json_decref(d);
+
     json_t *c = post(port, "{\"model\":\"q\",\"input\":\"x\",\"store\":false}", &status);
     snprintf(path, sizeof path, "/v1/responses/%s", rh_jstr(c, "id"));
     rh_request(port, "GET", path, NULL, NULL, &r);

@@ -3,7 +3,7 @@
 // stream's typed events come in order with increasing sequence numbers, text.format
 // json_schema gives JSON that validates, a forced function tool gives a function_call
 // item whose arguments validate, function_call / function_call_output items go back in,
-// previous_response_id continues a stored response (and GET returns it), and bad
+// previous_response_id continues a stored response (GET returns it, DELETE drops it), and bad
 // requests are 400s naming the field.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -129,7 +129,7 @@ test('function tools: a forced call, then its output goes back in', T, async () 
   assert.ok(next.usage.input_tokens > r.usage.input_tokens, 'the call and its output reached the prompt');
 });
 
-test('previous_response_id continues a stored response; GET returns it', T, async () => {
+test('previous_response_id continues a stored response; GET returns it, DELETE drops it', T, async () => {
   const a = await openai.responses.create({ model: MODEL, input: 'My name is Ada.', max_output_tokens: 4,
     temperature: 0 });
   const b = await openai.responses.create({ model: MODEL, input: 'What is my name?', previous_response_id: a.id,
@@ -142,6 +142,9 @@ test('previous_response_id continues a stored response; GET returns it', T, asyn
   const got = await openai.responses.retrieve(a.id);
   assert.equal(got.id, a.id);
   assert.equal(outputText(got), outputText(a));
+
+  await openai.responses.delete(b.id);
+  await assert.rejects(openai.responses.retrieve(b.id), (e) => e.status === 404);
 
   const unstored = await openai.responses.create({ model: MODEL, input: 'x', store: false, max_output_tokens: 2 });
   await assert.rejects(openai.responses.retrieve(unstored.id), (e) => e.status === 404);
