@@ -34,7 +34,7 @@ struct oreq {
     int64_t created;
     char model[IDS_MODEL_MAX + 1];
     int n;
-    bool include_usage, logprobs;
+    bool include_usage, logprobs, one_tool_call;
     struct gen_usage start_usage, seq_usage;
     struct choice *choices; /* n */
 };
@@ -231,21 +231,38 @@ static int parse_messages(const json_t *body, struct textgen_params *p, struct j
     return 0;
 }
 
+/* prompt: text, token ids, or an array of one of either. */
 static int parse_prompt(const json_t *body, struct textgen_params *p, struct json_err *e)
 {
     const json_t *v = json_object_get(body, "prompt");
+    const char *path = "prompt";
     if (!v || json_is_null(v))
         return json_fail(e, "prompt", "required");
-    if (json_is_array(v)) {
+    if (json_is_array(v) && json_array_size(v) > 0 && !json_is_integer(json_array_get(v, 0))) {
+        /* a batch of prompts: strings or arrays of token ids */
         if (json_array_size(v) != 1)
-            return json_fail(e, "prompt", "an array of %zu prompts; one prompt is supported",
+            return json_fail(e, "prompt", "an array of %zu prompts; one prompt is supported (send one request each)",
                              json_array_size(v));
         v = json_array_get(v, 0);
-        if (!json_is_string(v))
-            return json_fail(e, "prompt[0]", "expected a string (token arrays are not supported)");
-    } else if (!json_is_string(v)) {
-        return json_fail(e, "prompt", "expected a string or an array of one string");
+        path = "prompt[0]";
+        if (!json_is_string(v) && !json_is_array(v))
+            return json_fail(e, path, "expected a string or an array of token ids");
     }
+    if (json_is_array(v)) {
+        char err[JSON_ERR_MAX];
+        int rc = textgen_prompt_ids(v, &p->prompt_ids, &p->n_prompt_ids, err, sizeof err);
+        if (rc == CAIRN_ENOMEM)
+            return oom();
+        if (rc) { /* "prompt[i]: why" from textgen, under this request's path */
+            const char *colon = strchr(err, ':'), *sub = err + strlen("prompt");
+            char full[JSON_ERR_PATH_MAX];
+            json_path(full, sizeof full, "%s%.*s", path, colon && colon > sub ? (int)(colon - sub) : 0, sub);
+            return json_fail(e, full, "%s", colon ? colon + 2 : err);
+        }
+        return 0;
+    }
+    if (!json_is_string(v))
+        return json_fail(e, "prompt", "expected a string, token ids, or an array of one of them");
     p->prompt = strndup(json_string_value(v), json_string_length(v));
     return p->prompt ? 0 : oom();
 }
@@ -506,6 +523,10 @@ static int parse_misc(enum openai_route kind, const json_t *body, struct textgen
         (rc = json_opt_bool(body, NULL, "prompt_lookup", &p->prompt_lookup, NULL, e)) ||
         (rc = json_opt_bool(body, NULL, "stream", &o->stream, NULL, e)))
         return rc;
+    bool parallel = true;
+    if ((rc = json_opt_bool(body, NULL, "parallel_tool_calls", &parallel, NULL, e)))
+        return rc;
+    o->one_tool_call = !parallel;
     p->n = (int)n;
     p->num_draft_tokens = (int)k;
     const json_t *so = json_object_get(body, "stream_options");
@@ -640,12 +661,14 @@ static json_t *tool_call_json(const json_t *tc, long index)
     return c;
 }
 
-static json_t *tool_calls_json(const json_t *calls, bool indexed)
+static json_t *tool_calls_json(const json_t *calls, bool indexed, bool first_only)
 {
     json_t *arr = json_array();
     size_t i;
     json_t *tc;
     json_array_foreach(calls, i, tc) {
+        if (first_only && i > 0)
+            break;
         if (!arr || json_array_append_new(arr, tool_call_json(tc, indexed ? (long)i : -1))) {
             json_decref(arr);
             return NULL;
@@ -734,7 +757,7 @@ static json_t *full_response(struct oreq *r, const struct gen_usage *end)
                  apiutil_put(msg, "content", calls && !text[0] ? json_null() : apiutil_text_json(text)) &&
                  (!c->reasoning.len ||
                   apiutil_put(msg, "reasoning_content", apiutil_text_json(apiutil_text(&c->reasoning)))) &&
-                 (!calls || apiutil_put(msg, "tool_calls", tool_calls_json(c->tool_calls, false)));
+                 (!calls || apiutil_put(msg, "tool_calls", tool_calls_json(c->tool_calls, false, r->one_tool_call)));
             ok = ok && json_object_set(ch, "message", msg) == 0;
             json_decref(msg);
             if (r->logprobs)
@@ -882,7 +905,7 @@ static void stream_event(struct apireq *a, struct oreq *r, const struct gen_even
         if (calls) {
             json_t *delta = json_object();
             if (delta)
-                apiutil_put(delta, "tool_calls", tool_calls_json(ev->tool_calls, true));
+                apiutil_put(delta, "tool_calls", tool_calls_json(ev->tool_calls, true, r->one_tool_call));
             send_chunk(a, r, one(chunk_choice(r, ev->seq, delta, NULL, NULL, NULL)), NULL, NULL);
         }
         send_chunk(a, r, one(chunk_choice(r, ev->seq, NULL, "", NULL, finish_reason(finish, calls))),
@@ -1003,6 +1026,7 @@ static struct oreq *oreq_new(enum openai_route kind, const struct textgen_params
     r->kind = kind;
     r->n = p->n;
     r->include_usage = o->include_usage;
+    r->one_tool_call = o->one_tool_call;
     r->logprobs = p->logprobs;
     r->created = (int64_t)time(NULL);
     snprintf(r->model, sizeof r->model, "%s", p->model);

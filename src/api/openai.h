@@ -1,15 +1,17 @@
 /* OpenAI-compatible endpoints over a text generation backend (api/gen.h):
  *   POST /v1/chat/completions   chat.completion, or with "stream": true an SSE stream
  *                               of chat.completion.chunk objects ending "data: [DONE]"
- *   POST /v1/completions        text_completion (raw prompt, no template), same streaming
+ *   POST /v1/completions        text_completion (raw prompt, no template: text, token ids,
+ *                               or an array of one of them), same streaming
  *   GET  /v1/models             {"object": "list", "data": [{"id", "object": "model",
  *                                "created", "owned_by": "cairn"}]}
  *   GET  /v1/models/<id>        one of them (ids may hold '/'), 404 when unknown
  *
  * Request fields follow OpenAI's reference (model, messages or prompt, max_tokens /
  * max_completion_tokens, temperature, top_p, stop, n, logprobs, top_logprobs,
- * logit_bias, presence/frequency_penalty, seed, tools, tool_choice, response_format,
- * stream, stream_options) plus the extensions of common local servers: top_k, min_p,
+ * logit_bias, presence/frequency_penalty, seed, tools, tool_choice, parallel_tool_calls
+ * (false: a choice carries only the model's first call), response_format, stream,
+ * stream_options) plus the extensions of common local servers: top_k, min_p,
  * repetition_penalty, ignore_eos, chat_template_kwargs, enable_thinking and
  * reasoning_effort (into the template's kwargs: reasoning_effort "none" sets
  * enable_thinking false, another level passes reasoning_effort; enable_thinking wins
@@ -44,6 +46,7 @@ enum openai_route { OPENAI_CHAT, OPENAI_COMPLETION };
 /* What a request asks of the reply rather than of the generation. */
 struct openai_reply_opts {
     bool stream, include_usage;
+    bool one_tool_call; /* parallel_tool_calls false: the first call of a choice only */
 };
 
 /* Checks the body of a POST to /v1/chat/completions (OPENAI_CHAT) or /v1/completions

@@ -5,6 +5,7 @@
 #include "api/gen_node.h"
 #include "api/ollama.h"
 #include "api/openai.h"
+#include "api/responses.h"
 #include "api/routes_cluster.h"
 #include "api/routes_files.h"
 #include "api/routes_web.h"
@@ -175,6 +176,7 @@ struct node_app {
     struct routes_cluster *routes;
     struct routes_files *files;
     struct gen_node *gen;
+    struct responses *responses; /* the Responses API's store */
     struct gen g;                   /* the front-ends keep a pointer: it lives as long as the server */
     struct worker *worker;          /* NULL with --no-worker */
     char err[1024];
@@ -520,6 +522,10 @@ static int add_routes(struct node_app *app, const struct node_opts *o)
         rc = gen_node_routes(app->gen, app->srv, err, errlen);
     if (!rc)
         rc = openai_register(app->srv, &app->g, err, errlen);
+    if (!rc && (rc = responses_create(&app->responses, &app->g)))
+        snprintf(err, errlen, "out of memory");
+    if (!rc)
+        rc = responses_register(app->responses, app->srv, err, errlen);
     if (!rc)
         rc = ollama_register(app->srv, &app->g, err, errlen);
     if (!rc)
@@ -561,6 +567,7 @@ static void shut_down(struct node_app *app, int sig)
         node_leave(app->node); /* the others take it out of the cluster now, not after the timeout */
     node_stop(app->node);
     http_server_release(app->srv);
+    responses_release(app->responses); /* no request holds it once the server is gone */
     node_release(app->node);
     worker_release(app->worker);
     log_close_file();

@@ -27,12 +27,39 @@ void textgen_params_clear(struct textgen_params *p)
     json_decref(p->tools);
     json_decref(p->template_kwargs);
     free(p->prompt);
+    free(p->prompt_ids);
     free(p->grammar);
     free(p->force_tool);
     for (int i = 0; i < p->n_stop; i++)
         free(p->stop[i]);
     free(p->bias);
     memset(p, 0, sizeof *p);
+}
+
+int textgen_prompt_ids(const json_t *a, int32_t **ids, int64_t *n, char *err, size_t errlen)
+{
+    *ids = NULL;
+    *n = 0;
+    size_t len = json_array_size(a);
+    if (!json_is_array(a) || len < 1 || (int64_t)len > TEXTGEN_MAX_PROMPT_IDS)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "prompt: expected 1..%lld token ids",
+                          (long long)TEXTGEN_MAX_PROMPT_IDS);
+    int32_t *out = malloc(len * sizeof *out);
+    if (!out)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    for (size_t i = 0; i < len; i++) {
+        const json_t *v = json_array_get(a, i);
+        json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (id < 0 || id > INT32_MAX) {
+            free(out);
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "prompt[%zu]: expected a token id (an integer 0..%d)", i,
+                              INT32_MAX);
+        }
+        out[i] = (int32_t)id;
+    }
+    *ids = out;
+    *n = (int64_t)len;
+    return 0;
 }
 
 static bool put(json_t *o, const char *key, json_t *v) { return v && json_object_set_new(o, key, v) == 0; }
@@ -53,6 +80,15 @@ json_t *textgen_params_to_json(const struct textgen_params *p)
         ok = json_object_set(o, "messages", p->messages) == 0;
     if (ok && p->prompt)
         ok = put(o, "prompt", json_string(p->prompt));
+    if (ok && p->prompt_ids) {
+        json_t *ids = json_array();
+        for (int64_t i = 0; ids && i < p->n_prompt_ids; i++)
+            if (json_array_append_new(ids, json_integer(p->prompt_ids[i]))) {
+                json_decref(ids);
+                ids = NULL;
+            }
+        ok = put(o, "prompt", ids);
+    }
     if (ok && p->grammar)
         ok = put(o, "grammar", json_string(p->grammar));
     if (ok && p->force_tool)
@@ -198,6 +234,9 @@ static int read_params(const json_t *j, struct textgen_params *p, char *err, siz
         if ((rc = check_messages(msgs, err, errlen)))
             return rc;
         p->messages = json_incref((json_t *)msgs);
+    } else if (json_is_array(prompt)) {
+        if ((rc = textgen_prompt_ids(prompt, &p->prompt_ids, &p->n_prompt_ids, err, errlen)))
+            return rc;
     } else {
         if (!json_is_string(prompt))
             return cairn_fail(err, errlen, CAIRN_EFORMAT, "prompt: not text");

@@ -5,7 +5,9 @@
  * strings, reasoning, tool calls) by them.
  *
  * JSON (every member optional but model and one of messages/prompt):
- *   {"model": id, "messages": [message] | "prompt": text, "tools": [tool] | null,
+ *   {"model": id, "messages": [message] | "prompt": text or [token id] (1 to
+ *    TEXTGEN_MAX_PROMPT_IDS ids, each 0..INT32_MAX; the runner checks them against its
+ *    vocabulary), "tools": [tool] | null,
  *    "template_kwargs": object | null, "add_generation_prompt": bool (true),
  *    "max_tokens": n (0: until the context is full), "stop": [text] (at most
  *    TEXTGEN_MAX_STOP, each 1..TEXTGEN_MAX_STOP_BYTES bytes), "n": 1..TEXTGEN_MAX_N,
@@ -44,6 +46,7 @@
 #define TEXTGEN_MAX_MESSAGES 4096
 #define TEXTGEN_MAX_DRAFT 16
 #define TEXTGEN_MAX_GRAMMAR ((size_t)1 << 20)
+#define TEXTGEN_MAX_PROMPT_IDS ((int64_t)1 << 20)
 
 struct textgen_bias {
     int32_t token;
@@ -54,6 +57,8 @@ struct textgen_params {
     char model[IDS_MODEL_MAX + 1];
     json_t *messages;        /* owned array, or NULL with prompt */
     char *prompt;            /* malloc'd raw prompt (no template), or NULL with messages */
+    int32_t *prompt_ids;     /* malloc'd: the raw prompt as token ids (n_prompt_ids), or NULL */
+    int64_t n_prompt_ids;
     json_t *tools;           /* owned array or NULL */
     json_t *template_kwargs; /* owned object or NULL */
     bool add_generation_prompt;
@@ -80,6 +85,11 @@ void textgen_params_init(struct textgen_params *p);
 
 /* Frees what p owns and zeroes it; accepts a zeroed one. */
 void textgen_params_clear(struct textgen_params *p);
+
+/* A prompt of token ids (a JSON array of 1..TEXTGEN_MAX_PROMPT_IDS integers in
+ * 0..INT32_MAX) into *ids (malloc'd, owned by the caller) and *n. CAIRN_EFORMAT naming
+ * "prompt" or the entry ("prompt[3]: ..."), CAIRN_ENOMEM. */
+int textgen_prompt_ids(const json_t *a, int32_t **ids, int64_t *n, char *err, size_t errlen);
 
 /* New JSON object of p; NULL when out of memory. */
 json_t *textgen_params_to_json(const struct textgen_params *p);

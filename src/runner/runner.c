@@ -548,11 +548,26 @@ static int prompt_of(struct runner *r, const struct textgen_params *p, int32_t *
             return cairn_http_status(rc);
         *opens_think = reasoning_prompt_open(text, len, r->think.open, r->think.close);
     }
-    const char *src = text ? text : p->prompt;
-    int rc = chat_tokenize(r->chat, src, text ? len : strlen(p->prompt), ids, n, err, errlen);
-    free(text);
-    if (rc)
-        return cairn_http_status(rc);
+    if (p->prompt_ids) { /* token ids as given: each must be in this model's vocabulary */
+        for (int64_t i = 0; i < p->n_prompt_ids; i++)
+            if (p->prompt_ids[i] >= r->m->hp.n_vocab) {
+                snprintf(err, errlen, "prompt[%lld]: token id %d is outside the vocabulary of %d tokens",
+                         (long long)i, (int)p->prompt_ids[i], (int)r->m->hp.n_vocab);
+                return 400;
+            }
+        if (!(*ids = malloc((size_t)p->n_prompt_ids * sizeof **ids))) {
+            snprintf(err, errlen, "out of memory");
+            return 500;
+        }
+        memcpy(*ids, p->prompt_ids, (size_t)p->n_prompt_ids * sizeof **ids);
+        *n = p->n_prompt_ids;
+    } else {
+        const char *src = text ? text : p->prompt;
+        int rc = chat_tokenize(r->chat, src, text ? len : strlen(p->prompt), ids, n, err, errlen);
+        free(text);
+        if (rc)
+            return cairn_http_status(rc);
+    }
     if (*n < 1) {
         snprintf(err, errlen, "the prompt is empty");
         return 400;

@@ -898,6 +898,19 @@ struct work {
     int depth;
     int64_t steps; /* expansions in this advance (GRAMMAR_MAX_EXPAND) */
     bool over; /* a limit was hit */
+    /* The intermediate stacks one advance has already expanded (flat: length, then
+     * positions), found through an open-addressed table of offsets + 1 stamped with the
+     * advance's generation, so a reset costs nothing. */
+    uint32_t *vis;
+    size_t vn, vcap;
+    struct vslot *vtab;
+    size_t vtcap, vcount;
+    uint32_t gen;
+};
+
+struct vslot {
+    uint32_t gen;
+    uint32_t off; /* offset + 1 into vis */
 };
 
 static bool grow(uint32_t **d, size_t *cap, size_t need)
@@ -913,6 +926,16 @@ static bool grow(uint32_t **d, size_t *cap, size_t need)
     *d = n;
     *cap = c;
     return true;
+}
+
+static uint64_t hash_stack(const uint32_t *d, size_t n)
+{
+    uint64_t h = 1469598103934665603ull ^ n;
+    for (size_t i = 0; i < n; i++) {
+        h ^= d[i];
+        h *= 1099511628211ull;
+    }
+    return h ^ h >> 29;
 }
 
 static int sset_add(struct work *w, struct sset *s, const uint32_t *stk, uint32_t len)
@@ -936,14 +959,66 @@ static int sset_add(struct work *w, struct sset *s, const uint32_t *stk, uint32_
     return 0;
 }
 
+/* Starts a new advance: nothing expanded yet. */
+static void visited_reset(struct work *w)
+{
+    w->vn = 0;
+    w->vcount = 0;
+    if (++w->gen == 0) { /* wrapped: stale stamps could look current */
+        for (size_t i = 0; i < w->vtcap; i++)
+            w->vtab[i].gen = 0;
+        w->gen = 1;
+    }
+}
+
+/* 1 when stk[0, len) was already expanded in this advance, else records it and gives 0;
+ * CAIRN_ENOMEM. */
+static int visited(struct work *w, const uint32_t *stk, uint32_t len)
+{
+    if (2 * (w->vcount + 1) > w->vtcap) {
+        size_t cap = w->vtcap ? 2 * w->vtcap : 256;
+        struct vslot *t = calloc(cap, sizeof *t);
+        if (!t)
+            return CAIRN_ENOMEM;
+        for (size_t i = 0; i < w->vtcap; i++) /* rehash the current generation's entries */
+            if (w->vtab[i].gen == w->gen) {
+                const uint32_t *e = w->vis + w->vtab[i].off - 1;
+                size_t h = (size_t)hash_stack(e + 1, e[0]) & (cap - 1);
+                while (t[h].gen == w->gen)
+                    h = (h + 1) & (cap - 1);
+                t[h] = w->vtab[i];
+            }
+        free(w->vtab);
+        w->vtab = t;
+        w->vtcap = cap;
+    }
+    size_t h = (size_t)hash_stack(stk, len) & (w->vtcap - 1);
+    for (; w->vtab[h].gen == w->gen; h = (h + 1) & (w->vtcap - 1)) {
+        const uint32_t *e = w->vis + w->vtab[h].off - 1;
+        if (e[0] == len && memcmp(e + 1, stk, len * sizeof *stk) == 0)
+            return 1;
+    }
+    if (w->vn + 1 + len >= UINT32_MAX || !grow(&w->vis, &w->vcap, w->vn + 1 + len))
+        return CAIRN_ENOMEM;
+    w->vis[w->vn] = len;
+    memcpy(w->vis + w->vn + 1, stk, len * sizeof *stk);
+    w->vtab[h] = (struct vslot){w->gen, (uint32_t)w->vn + 1};
+    w->vn += 1 + len;
+    w->vcount++;
+    return 0;
+}
+
 /* Expands the stack at scratch[base .. base+len) until its top is a byte set, adding
- * every result to out. */
+ * every result to out. What a stack expands to depends only on the stack, so one seen
+ * before in this advance is skipped: ambiguous empty alternatives (e ::= "" | "", a
+ * sequence of such e) reach the same stacks by exponentially many paths, and only the
+ * distinct stacks cost work. */
 static int expand(struct work *w, size_t base, uint32_t len, struct sset *out)
 {
     const struct grammar *g = w->g;
     for (;;) {
-        /* Ambiguous empty alternatives can multiply the paths to the same stacks: the
-         * work of one step is bounded, past it the continuation counts as impossible. */
+        /* The work of one step is bounded still (deep distinct stacks): past it the
+         * continuation counts as impossible. */
         if (++w->steps > GRAMMAR_MAX_EXPAND) {
             w->over = true;
             return 0;
@@ -952,6 +1027,13 @@ static int expand(struct work *w, size_t base, uint32_t len, struct sset *out)
             return sset_add(w, out, w->scratch + base, 0);
         uint32_t pos = w->scratch[base + len - 1];
         struct el e = g->elems[pos];
+        if (e.type != E_SET) {
+            int seen = visited(w, w->scratch + base, len);
+            if (seen < 0)
+                return seen;
+            if (seen)
+                return 0;
+        }
         if (e.type == E_END || e.type == E_ALT) {
             len--;
             continue;
@@ -993,6 +1075,7 @@ static int advance(struct work *w, const struct sset *in, unsigned b, struct sse
 {
     out->n = 0;
     out->count = 0;
+    visited_reset(w);
     for (size_t i = 0; i < in->n;) {
         uint32_t l = in->d[i];
         const uint32_t *stk = in->d + i + 1;
@@ -1019,6 +1102,7 @@ static int start_set(struct work *w, struct sset *out)
 {
     out->n = 0;
     out->count = 0;
+    visited_reset(w);
     const struct grammar *g = w->g;
     for (uint32_t a = g->alt_off[g->root]; a < g->alt_off[g->root + 1]; a++) {
         if (!grow(&w->scratch, &w->scap, 1))
@@ -1075,7 +1159,7 @@ bool grammar_matches(const struct grammar *g, const char *s, size_t len)
         b = t;
     }
     ok = ok && sset_accepting(&a);
-    free(a.d), free(b.d), free(w.scratch);
+    free(a.d), free(b.d), free(w.scratch), free(w.vis), free(w.vtab);
     return ok;
 }
 
@@ -1275,6 +1359,8 @@ static void ctx_free(struct grammar_ctx *c)
     free(c->htab);
     grammar_vocab_release(c->own);
     free(c->w.scratch);
+    free(c->w.vis);
+    free(c->w.vtab);
     free(c->tmp.d);
     free(c->out_mask);
     free(c->clamp);
@@ -1645,6 +1731,9 @@ int grammar_match_copy(struct grammar_match *dst, const struct grammar_match *sr
     return 0;
 }
 
+static bool mask_empty(const uint32_t *m, size_t words);
+static int budget_mask(struct grammar_ctx *c, struct dstate *d, int64_t limit);
+
 int grammar_match_mask(struct grammar_match *m, int64_t budget, const uint32_t **mask)
 {
     struct grammar_ctx *c = m->c;
@@ -1710,6 +1799,37 @@ int grammar_match_mask(struct grammar_match *m, int64_t budget, const uint32_t *
         return 0;
     }
     int64_t limit = budget - 1 < 0 ? 0 : budget - 1;
+    int rc = budget_mask(c, d, limit);
+    if (rc)
+        return rc;
+    if (mask_empty(c->out_mask, c->v->words)) {
+        /* Fewest bytes is an upper bound on the tokens an ending needs: with a real
+         * vocabulary's longer tokens the ending may still fit although no token brings
+         * the bytes within the budget. Then the tokens that bring the end nearer, or
+         * failing those every allowed one: the output may be cut, never refused. */
+        rc = budget_mask(c, d, d->m > 0 ? d->m - 1 : 0);
+        if (rc)
+            return rc;
+        if (mask_empty(c->out_mask, c->v->words))
+            memcpy(c->out_mask, d->mask, c->v->words * sizeof *c->out_mask);
+    }
+    *mask = c->out_mask;
+    return 0;
+}
+
+static bool mask_empty(const uint32_t *m, size_t words)
+{
+    for (size_t i = 0; i < words; i++)
+        if (m[i])
+            return false;
+    return true;
+}
+
+/* c->out_mask = the cached mask of d less the tokens after which more than limit bytes
+ * are left. */
+static int budget_mask(struct grammar_ctx *c, struct dstate *d, int64_t limit)
+{
+    int32_t id = (int32_t)(d - c->st);
     if (!d->moved_full && d->moved) {
         uint32_t *o = c->out_mask;
         if (limit >= d->m) {
@@ -1723,15 +1843,11 @@ int grammar_match_mask(struct grammar_match *m, int64_t budget, const uint32_t *
                 if (d->moved[i].m <= limit)
                     set_bit(o, d->moved[i].tok);
         }
-        *mask = o;
         return 0;
     }
     int64_t mm;
     int rc = compute(c, id, limit, c->out_mask, &mm);
-    if (rc)
-        return rc == CAIRN_EFULL ? CAIRN_EFORMAT : rc;
-    *mask = c->out_mask;
-    return 0;
+    return rc == CAIRN_EFULL ? CAIRN_EFORMAT : rc;
 }
 
 int grammar_match_accept_bytes(struct grammar_match *m, const char *s, size_t len)

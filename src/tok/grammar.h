@@ -17,8 +17,9 @@
  * (or the stack is empty: the output may end there). Left recursion is refused when the
  * grammar is compiled; stacks deeper than GRAMMAR_MAX_DEPTH, more than
  * GRAMMAR_MAX_STACKS of them, or more than GRAMMAR_MAX_EXPAND expansion steps for one
- * byte (ambiguous empty alternatives) are an error of the match (never a crash, never
- * unbounded work).
+ * byte are an error of the match (never a crash, never unbounded work). A stack already
+ * expanded in one byte's advance is not expanded again, so ambiguous empty alternatives
+ * (paths to the same stacks that multiply) cost only the distinct stacks.
  *
  * Token masks: a grammar_ctx binds a grammar to a vocabulary (a trie of every token's
  * bytes) and caches, per matcher state (the set of stacks), the bitmask of tokens that
@@ -29,7 +30,9 @@
  * Completion within a budget: each state knows the fewest bytes that complete the
  * output from it (m). Given the tokens left (budget), the mask keeps only tokens after
  * which m <= budget - 1, so a vocabulary that has every single byte as a token always
- * ends with a complete output when m of the start state fits the budget. (The cache
+ * ends with a complete output when m of the start state fits the budget, as long as no
+ * state on the way exceeds the limits above (a byte whose advance would is refused like
+ * one the grammar does not allow, which can cut off the shortest ending). (The cache
  * stores with each mask the largest m any of its tokens leads to; only when that does
  * not fit is the budget walk, uncached, done.)
  *

@@ -16,6 +16,10 @@ static const char *COMMON =
     "sp ::= \" \"?\n"
     "jchar ::= [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
     "jstring ::= \"\\\"\" jchar* \"\\\"\"\n"
+    /* A length-bounded string's character: no code point above U+FFFF, which JSON Schema
+     * (and ajv, pydantic) count as one character but JavaScript (zod's .max) as two, so
+     * both counts agree. */
+    "jbchar ::= [^\"\\\\\\x7F\\x00-\\x1F\\U00010000-\\U0010FFFF] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
     "jint ::= \"-\"? jnat\n"
     "jnat ::= \"0\" | [1-9] [0-9]{0,15}\n"
     "jfrac ::= (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})?\n"
@@ -181,31 +185,155 @@ static void string_body(struct gen *g, const json_t *s, const char *path)
     int64_t lo = get_count(g, s, "minLength", path, 0), hi = get_count(g, s, "maxLength", path, -1);
     if (hi >= 0 && hi < lo)
         return (void)gfail(g, CAIRN_EFORMAT, path, "maxLength below minLength");
-    if (lo > 1000 || hi > 1000)
-        return (void)gfail(g, CAIRN_EUNSUPPORTED, path, "unsupported JSON Schema keyword 'minLength'/'maxLength' over 1000");
-    if (hi < 0)
+    if (lo > 1000)
+        return (void)gfail(g, CAIRN_EUNSUPPORTED, path, "unsupported JSON Schema keyword 'minLength' over 1000");
+    bool has_max = hi >= 0;
+    if (hi > 1000 || hi < 0) /* a longer bound is met by at most 1000 characters too */
         hi = 1000;
-    if (lo == 0 && hi == 1000)
+    if (lo == 0 && !has_max)
         put(g, "jstring");
     else
-        putf(g, "\"\\\"\" jchar{%lld,%lld} \"\\\"\"", (long long)lo, (long long)hi);
+        putf(g, "\"\\\"\" jbchar{%lld,%lld} \"\\\"\"", (long long)lo, (long long)hi);
 }
 
-/* The number rule body for s: integer or number; minimum 0 drops the sign,
- * exclusiveMinimum 0 makes it positive. */
+/* Largest magnitude of an integer bound: doubles hold it exactly, and it has 15 digits,
+ * within jnat's 16. */
+#define INT_BOUND 999999999999999LL
+
+/* Digit strings x of n digits with a <= x <= b (a, b of n digits, a <= b). */
+static void digits_range(struct gen *g, const char *a, const char *b, size_t n)
+{
+    if (n == 0)
+        return;
+    if (a[0] == b[0]) {
+        putf(g, "\"%c\" ", a[0]);
+        digits_range(g, a + 1, b + 1, n - 1);
+        return;
+    }
+    char zeros[20], nines[20];
+    memset(zeros, '0', n - 1);
+    memset(nines, '9', n - 1);
+    bool a_low = memcmp(a + 1, zeros, n - 1) == 0, b_high = memcmp(b + 1, nines, n - 1) == 0;
+    char lo = a_low ? a[0] : (char)(a[0] + 1), hi = b_high ? b[0] : (char)(b[0] - 1);
+    bool first = true;
+    put(g, "(");
+    if (!a_low) { /* a's first digit, then at least the rest of a */
+        putf(g, "\"%c\" ", a[0]);
+        digits_range(g, a + 1, nines, n - 1);
+        first = false;
+    }
+    if (lo <= hi) { /* first digits strictly between: any rest */
+        putf(g, "%s[%c-%c]", first ? "" : " | ", lo, hi);
+        if (n > 1)
+            putf(g, " [0-9]{%zu}", n - 1);
+        first = false;
+    }
+    if (!b_high) { /* b's first digit, then at most the rest of b */
+        putf(g, "%s\"%c\" ", first ? "" : " | ", b[0]);
+        digits_range(g, zeros, b + 1, n - 1);
+    }
+    put(g, ")");
+}
+
+/* Decimal integers in [lo, hi], 0 <= lo <= hi <= INT_BOUND, as alternatives by length. */
+static void nonneg_range(struct gen *g, int64_t lo, int64_t hi)
+{
+    int64_t p = 1;
+    bool first = true;
+    put(g, "(");
+    for (int len = 1; len <= 15 && (len == 1 || p <= hi); len++, p *= 10) {
+        int64_t a = lo > (len == 1 ? 0 : p) ? lo : (len == 1 ? 0 : p), b = hi < p * 10 - 1 ? hi : p * 10 - 1;
+        if (a > b)
+            continue;
+        char as[20], bs[20];
+        snprintf(as, sizeof as, "%0*lld", len, (long long)a);
+        snprintf(bs, sizeof bs, "%0*lld", len, (long long)b);
+        put(g, first ? "" : " | ");
+        digits_range(g, as, bs, (size_t)len);
+        first = false;
+    }
+    put(g, ")");
+}
+
+/* An integer bound of s (minimum, maximum, exclusive...) into *v, rounded inwards;
+ * false when absent. */
+static bool int_bound(struct gen *g, const json_t *s, const char *key, bool lower, const char *path, int64_t *v)
+{
+    const json_t *b = json_object_get(s, key);
+    if (!b)
+        return false;
+    double d = json_number_value(b);
+    if (!json_is_number(b) || !(d >= -(double)INT_BOUND && d <= (double)INT_BOUND)) {
+        gfail(g, CAIRN_EUNSUPPORTED, path, "unsupported JSON Schema keyword '%s' (a number within +-%lld)", key,
+              (long long)INT_BOUND);
+        return false;
+    }
+    bool exclusive = strncmp(key, "exclusive", 9) == 0;
+    double r = lower ? ceil(d) : floor(d);
+    if (exclusive && r == d)
+        r += lower ? 1 : -1;
+    *v = (int64_t)r;
+    return true;
+}
+
+/* The integer rule body for s with minimum / maximum (exclusive or not). */
+static void integer_body(struct gen *g, const json_t *s, const char *path)
+{
+    int64_t lo = -INT_BOUND, hi = INT_BOUND, v;
+    bool bounded = false;
+    if (int_bound(g, s, "minimum", true, path, &v))
+        lo = v > lo ? v : lo, bounded = true;
+    if (int_bound(g, s, "exclusiveMinimum", true, path, &v))
+        lo = v > lo ? v : lo, bounded = true;
+    if (int_bound(g, s, "maximum", false, path, &v))
+        hi = v < hi ? v : hi, bounded = true;
+    if (int_bound(g, s, "exclusiveMaximum", false, path, &v))
+        hi = v < hi ? v : hi, bounded = true;
+    if (g->rc)
+        return;
+    if (!bounded) {
+        put(g, "jint");
+        return;
+    }
+    if (lo > hi)
+        return (void)gfail(g, CAIRN_EFORMAT, path, "no integer is within minimum and maximum");
+    if (lo == 0 && hi == INT_BOUND) {
+        put(g, "jnat");
+        return;
+    }
+    bool first = true;
+    if (lo < 0) { /* -x for x in [max(1, -hi), -lo] */
+        put(g, "\"-\" ");
+        nonneg_range(g, hi < 0 ? -hi : 1, -lo);
+        first = false;
+    }
+    if (hi >= 0) {
+        put(g, first ? "" : " | ");
+        nonneg_range(g, lo > 0 ? lo : 0, hi);
+    }
+}
+
+/* The number rule body for s: integer (any bounds) or number; for a number, minimum 0
+ * drops the sign and exclusiveMinimum 0 makes it positive. */
 static void number_body(struct gen *g, const json_t *s, const char *path, bool integer)
 {
+    if (integer) {
+        integer_body(g, s, path);
+        return;
+    }
     const json_t *mn = json_object_get(s, "minimum"), *ex = json_object_get(s, "exclusiveMinimum");
     if (mn && (!json_is_number(mn) || json_number_value(mn) != 0))
-        return (void)gfail(g, CAIRN_EUNSUPPORTED, path, "unsupported JSON Schema keyword 'minimum' (only 0 is)");
+        return (void)gfail(g, CAIRN_EUNSUPPORTED, path,
+                           "unsupported JSON Schema keyword 'minimum' on a number (only 0 is; integers take any)");
     if (ex && (!json_is_number(ex) || json_number_value(ex) != 0))
         return (void)gfail(g, CAIRN_EUNSUPPORTED, path,
-                           "unsupported JSON Schema keyword 'exclusiveMinimum' (only 0 is)");
+                           "unsupported JSON Schema keyword 'exclusiveMinimum' on a number (only 0 is; integers take any)");
+    if (json_object_get(s, "maximum") || json_object_get(s, "exclusiveMaximum"))
+        return (void)gfail(g, CAIRN_EUNSUPPORTED, path,
+                           "unsupported JSON Schema keyword '%s' on a number (integers take it)",
+                           json_object_get(s, "maximum") ? "maximum" : "exclusiveMaximum");
     if (ex)
-        put(g, integer ? "[1-9] [0-9]{0,15}"
-                       : "([1-9] [0-9]{0,15} (\".\" [0-9]{1,16})? | \"0.\" [0-9]{0,15} [1-9])");
-    else if (integer)
-        put(g, mn ? "jnat" : "jint");
+        put(g, "([1-9] [0-9]{0,15} (\".\" [0-9]{1,16})? | \"0.\" [0-9]{0,15} [1-9])");
     else
         put(g, mn ? "jnat jfrac" : "jnumber");
 }
@@ -407,7 +535,8 @@ static int node(struct gen *g, const json_t *s, const char *path, int depth)
         return gfail(g, CAIRN_EUNSUPPORTED, path, "unsupported schema (not an object or true)"), 0;
     static const char *const KNOWN[] = {"type", "properties", "required", "additionalProperties", "enum", "const",
                                         "items", "minItems", "maxItems", "anyOf", "allOf", "$ref", "minLength",
-                                        "maxLength", "format", "minimum", "exclusiveMinimum", "nullable", NULL};
+                                        "maxLength", "format", "minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum",
+                                        "nullable", "oneOf", "discriminator", NULL};
     const char *k;
     const json_t *v;
     json_object_foreach((json_t *)s, k, v)
@@ -446,6 +575,7 @@ static int node(struct gen *g, const json_t *s, const char *path, int depth)
     putf(g, "%sr%d ::= ", g->pre, r);
     const json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const"),
                  *any = json_object_get(s, "anyOf"), *all = json_object_get(s, "allOf"),
+                 *one = json_object_get(s, "oneOf"),
                  *type = json_object_get(s, "type"), *nullable = json_object_get(s, "nullable");
     bool nul = json_is_true(nullable);
     if (nul)
@@ -460,13 +590,20 @@ static int node(struct gen *g, const json_t *s, const char *path, int depth)
                 put(g, " | ");
             put_json_literal(g, json_array_get(en, i));
         }
-    } else if (any) {
+    } else if (any || one) {
+        /* oneOf is generated as anyOf: the branches clients send (tagged unions) do not
+         * overlap, so an answer matches one of them. */
+        const char *kw = any ? "anyOf" : "oneOf";
+        if (any && one)
+            gfail(g, CAIRN_EUNSUPPORTED, path, "unsupported JSON Schema keyword 'oneOf' beside 'anyOf'");
+        if (!any)
+            any = one;
         if (!json_is_array(any) || json_array_size(any) == 0)
-            gfail(g, CAIRN_EFORMAT, path, "'anyOf' must be a non-empty array");
+            gfail(g, CAIRN_EFORMAT, path, "'%s' must be a non-empty array", kw);
         for (size_t i = 0; i < json_array_size(any) && !g->rc; i++) {
             char p[512], idx[24];
             snprintf(idx, sizeof idx, "%zu", i);
-            sub_path(p, sizeof p, path, "anyOf", idx);
+            sub_path(p, sizeof p, path, kw, idx);
             struct strbuf mine = g->out;
             g->out = (struct strbuf){0};
             int a = node(g, json_array_get(any, i), p, depth + 1);

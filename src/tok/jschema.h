@@ -7,15 +7,20 @@
  * schema; required properties come first, then the optional ones, each at most once, in
  * the order given; with no properties, a schema for additionalProperties makes a map of
  * string keys), enum and const (any JSON values), items / minItems / maxItems, nested
- * objects and arrays, anyOf, allOf of one schema, $ref to #/$defs/NAME or
- * #/definitions/NAME (recursive ones included), minLength / maxLength, string formats
- * date, time, date-time, uuid, integer vs number, minimum / exclusiveMinimum >= 0 on
- * numbers (no minus sign), and the annotations (title, description, default, examples,
- * $schema, $id, $comment, deprecated, readOnly, writeOnly). {} and true accept any JSON
- * value. Anything else is refused with CAIRN_EUNSUPPORTED and a message naming the
- * keyword and where it is ("unsupported JSON Schema keyword 'pattern' at
- * properties.name"): oneOf, not, if/then/else, pattern, patternProperties, multipleOf,
- * maximum, a negative minimum, uniqueItems, prefixItems, other formats, remote $refs.
+ * objects and arrays, anyOf, oneOf (generated as anyOf: the unions clients send are
+ * tagged, so their branches do not overlap; OpenAPI's discriminator is an annotation),
+ * allOf of one schema, $ref to #/$defs/NAME or #/definitions/NAME (recursive ones
+ * included), minLength (at most 1000) / maxLength (over 1000 met by at most 1000
+ * characters; a bounded string takes no character above U+FFFF, which JavaScript counts
+ * as two), string formats date, time, date-time, uuid, integer vs number, integer
+ * minimum / maximum / exclusiveMinimum / exclusiveMaximum (any bounds within +-10^15,
+ * as digit ranges), minimum / exclusiveMinimum 0 on numbers (no minus sign), and the
+ * annotations (title, description, default, examples, $schema, $id, $comment,
+ * deprecated, readOnly, writeOnly). {} and true accept any JSON value. Anything else is
+ * refused with CAIRN_EUNSUPPORTED and a message naming the keyword and where it is
+ * ("unsupported JSON Schema keyword 'pattern' at properties.name"): not, if/then/else,
+ * pattern, patternProperties, multipleOf, other bounds on numbers, uniqueItems,
+ * prefixItems, minProperties, other formats, remote $refs.
  *
  * The output is compact JSON with at most one space after ':' and ','; strings have at
  * most maxLength characters (without one, any number: the budget of max_tokens ends

@@ -30,7 +30,7 @@
 enum fake_mode {
     FAKE_TEXT,         /* per sequence s: "Hel", "lo", " s<s>", then stop */
     FAKE_REASONING,    /* reasoning "think" first, then the text */
-    FAKE_TOOLS,        /* no text, one tool call, finish "tool_calls" */
+    FAKE_TOOLS,        /* no text, two tool calls, finish "tool_calls" */
     FAKE_ERROR_BEFORE, /* ERROR 503 before START */
     FAKE_ERROR_AFTER,  /* START, a delta, ERROR 500 */
     FAKE_SEQ_ERROR,    /* START, a delta, SEQ_DONE "error", END */
@@ -135,8 +135,10 @@ static void play(struct fake_gen_req *q)
         }
         json_t *calls = NULL;
         if (q->script == FAKE_TOOLS)
-            calls = json_pack("[{s:s,s:s,s:{s:s,s:s}}]", "id", "call_abc", "type", "function",
-                              "function", "name", "get_weather", "arguments", "{\"city\":\"Paris\"}");
+            calls = json_pack("[{s:s,s:s,s:{s:s,s:s}},{s:s,s:s,s:{s:s,s:s}}]", "id", "call_abc", "type",
+                              "function", "function", "name", "get_weather", "arguments", "{\"city\":\"Paris\"}",
+                              "id", "call_def", "type", "function", "function", "name", "get_time", "arguments",
+                              "{}");
         ev = (struct gen_event){.kind = GEN_EVENT_SEQ_DONE, .seq = s,
                                 .finish = calls ? "tool_calls" : "stop", .tool_calls = calls,
                                 .usage = {.completion_tokens = 3}};
@@ -692,6 +694,41 @@ static void test_tool_calls(struct fixture *fx)
     CHECK(saw_call && saw_finish, "streamed tool call and finish: %s", r.body);
     json_decref(chunks);
     rh_free(&r);
+
+    /* parallel_tool_calls false: only the first call, whole and streamed */
+    for (int stream = 0; stream < 2; stream++) {
+        for (int parallel = 0; parallel < 2; parallel++) {
+            char opts[80];
+            snprintf(opts, sizeof opts, "%s\"parallel_tool_calls\":%s,", stream ? "\"stream\":true," : "",
+                     parallel ? "true" : "false");
+            fake_gen_reset(f, FAKE_TOOLS);
+            snprintf(body, sizeof body, req, opts);
+            rh_post(fx->port, "/v1/chat/completions", body, &r);
+            size_t n_calls = 0;
+            if (stream) {
+                json_t *cs = NULL;
+                CHECK(stream_chunks(&r, &cs), "[DONE]");
+                json_array_foreach(cs, i, ch) {
+                    const json_t *choice = json_array_get(json_object_get(ch, "choices"), 0);
+                    n_calls += json_array_size(json_object_get(json_object_get(choice, "delta"), "tool_calls"));
+                }
+                json_decref(cs);
+            } else {
+                json_t *w = rh_json(&r);
+                const json_t *m = json_object_get(json_array_get(json_object_get(w, "choices"), 0), "message");
+                n_calls = json_array_size(json_object_get(m, "tool_calls"));
+                json_decref(w);
+            }
+            CHECK(r.status == 200 && n_calls == (parallel ? 2u : 1u), "stream %d parallel %d: %zu calls: %s", stream,
+                  parallel, n_calls, r.body);
+            rh_free(&r);
+        }
+    }
+    fake_gen_reset(f, FAKE_TEXT);
+    rh_post(fx->port, "/v1/chat/completions", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                                              "\"parallel_tool_calls\":1}", &r);
+    CHECK(r.status == 400 && strstr(r.body, "parallel_tool_calls"), "parallel_tool_calls 1: %s", r.body);
+    rh_free(&r);
 }
 
 static void test_bad_requests(struct fixture *fx)
@@ -765,7 +802,10 @@ static void test_bad_requests(struct fixture *fx)
         {"/v1/chat/completions", "application/json", "{\"model\":\"m\",%s,\"reasoning_effort\":3}", "reasoning_effort"},
         {"/v1/completions", "application/json", "{\"model\":\"m\"}", "prompt"},
         {"/v1/completions", "application/json", "{\"model\":\"m\",\"prompt\":[\"a\",\"b\"]}", "prompt"},
-        {"/v1/completions", "application/json", "{\"model\":\"m\",\"prompt\":[[1,2]]}", "prompt[0]"},
+        {"/v1/completions", "application/json", "{\"model\":\"m\",\"prompt\":[[1,-2]]}", "prompt[0][1]"},
+        {"/v1/completions", "application/json", "{\"model\":\"m\",\"prompt\":[[1],[2]]}", "prompt"},
+        {"/v1/completions", "application/json", "{\"model\":\"m\",\"prompt\":[]}", "prompt"},
+        {"/v1/completions", "application/json", "{\"model\":\"m\",\"prompt\":[{}]}", "prompt[0]"},
         {"/v1/completions", "application/json", "{\"model\":\"m\",\"prompt\":5}", "prompt"},
         {"/v1/completions", "application/json", "{\"model\":\"m\",\"prompt\":\"x\",\"logprobs\":21}", "logprobs"},
     };

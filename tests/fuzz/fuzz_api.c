@@ -2,7 +2,8 @@
  * route, the rest is the body, parsed as the server parses it (http_req.c: its depth and
  * value limits, jansson without options; a body that is not JSON reaches the handler as
  * NULL) and given to that route's parser: OpenAI chat and completions, Ollama chat and
- * generate, Anthropic messages (api/openai.c, ollama.c, anthropic.c), and the cluster's
+ * generate, Anthropic messages, OpenAI responses (api/openai.c, ollama.c, anthropic.c,
+ * responses.c), and the cluster's
  * place, create and draft model commands (ctl/command.c). A refusal must be a 4xx (500
  * only for out of memory) with a message. Accepted parameters must be within the
  * documented limits (README, "Security"), nest no deeper than a body may, and reach the
@@ -14,6 +15,7 @@
 #include "api/json_scan.h"
 #include "api/ollama.h"
 #include "api/openai.h"
+#include "api/responses.h"
 #include "base/err.h"
 #include "ctl/command.h"
 #include "node/taskbody.h"
@@ -47,6 +49,7 @@ enum route {
     R_PLACE,
     R_CREATE,
     R_DRAFT,
+    R_RESPONSES,
     R_COUNT
 };
 
@@ -95,7 +98,11 @@ static bool same_json(const json_t *a, const json_t *b)
 static void check_limits(const struct textgen_params *p)
 {
     CHECK(ids_valid_model(p->model));
-    CHECK(!p->messages != !p->prompt);
+    CHECK(!p->messages != (!p->prompt && !p->prompt_ids));
+    CHECK(!p->prompt || !p->prompt_ids);
+    CHECK(!p->prompt_ids || (p->n_prompt_ids >= 1 && p->n_prompt_ids <= TEXTGEN_MAX_PROMPT_IDS));
+    for (int64_t i = 0; p->prompt_ids && i < p->n_prompt_ids; i++)
+        CHECK(p->prompt_ids[i] >= 0);
     if (p->messages) {
         size_t n = json_array_size(p->messages);
         if (n < 1 || n > TEXTGEN_MAX_MESSAGES)
@@ -154,6 +161,8 @@ static void check_runner_reads(const struct textgen_params *p)
     CHECK(same_json(p->messages, q.messages) && same_json(p->tools, q.tools) &&
           same_json(p->template_kwargs, q.template_kwargs));
     CHECK(!p->prompt == !q.prompt && (!p->prompt || !strcmp(p->prompt, q.prompt)));
+    CHECK(p->n_prompt_ids == q.n_prompt_ids && !p->prompt_ids == !q.prompt_ids &&
+          (!p->prompt_ids || !memcmp(p->prompt_ids, q.prompt_ids, (size_t)p->n_prompt_ids * sizeof *p->prompt_ids)));
     CHECK(p->add_generation_prompt == q.add_generation_prompt && p->max_tokens == q.max_tokens && p->n == q.n &&
           p->logprobs == q.logprobs && p->top_logprobs == q.top_logprobs && p->ignore_eos == q.ignore_eos &&
           p->reasoning == q.reasoning && p->num_draft_tokens == q.num_draft_tokens &&
@@ -185,6 +194,12 @@ static void generation(enum route route, const json_t *body)
         struct openai_reply_opts o = {0};
         status = openai_parse_request(route == R_OPENAI_CHAT ? OPENAI_CHAT : OPENAI_COMPLETION, body, &p, &o, &e);
         CHECK(status || !o.include_usage || o.stream);
+    } else if (route == R_RESPONSES) {
+        struct responses_req q = {0};
+        status = responses_parse_request(NULL, body, &p, &q, &e);
+        CHECK(status || (json_is_array(q.input) && json_is_object(q.echo)));
+        CHECK(status || json_array_size(p.messages) >= json_array_size(q.input));
+        responses_req_clear(&q);
     } else if (route == R_ANTHROPIC) {
         bool stream;
         status = anthropic_parse_request(body, &p, &stream, &e);
@@ -259,7 +274,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             return 0; /* the server's defaults (http.h): it answers 400 or 413 itself */
         body = json_loadb(text, len, 0, NULL);
     }
-    if (route <= R_ANTHROPIC)
+    if (route <= R_ANTHROPIC || route == R_RESPONSES)
         generation(route, body);
     else
         command(route, body, bad_id ? "no such id" : "instance-1");

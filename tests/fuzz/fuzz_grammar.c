@@ -4,7 +4,8 @@
  *     run over a small vocabulary (every byte, and pieces cut from the input): at each
  *     step the mask must equal brute force (each token fed byte by byte to a copy of
  *     the matcher), every allowed token is accepted, and with a budget the walk ends in
- *     a complete output.
+ *     a complete output unless a state on the way hit the automaton's limits (a token
+ *     whose advance exceeds them is refused, so the shortest ending may be cut off).
  *   mode odd: a JSON Schema. Converting it either fails with a message or gives GBNF
  *     that compiles (a schema cairn accepts never makes a grammar it refuses).
  * Built and run by run.sh. */
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/err.h"
 #include "tok/grammar.h"
 #include "tok/jschema.h"
 
@@ -59,15 +61,25 @@ static void run_vocab(const struct grammar *g, const uint8_t *data, size_t size)
             must_end = false; /* the automaton's limits: an error, not a wrong answer */
             break;
         }
-        int32_t pick = -1, seen = 0, want = data[(size_t)step % size] % 8;
+        int32_t pick = -1, seen = 0, want = data[(size_t)step % size] % 8, n_ok = 0;
+        uint8_t ok[256 + EXTRA + 1], grammar_ok[256 + EXTRA + 1];
         for (int32_t t = 0; t < n; t++) {
             struct grammar_match *k = NULL;
             if (grammar_match_clone(&k, m))
                 abort();
-            bool ok = grammar_match_accept(k, t) == 0 && (budget < 0 || grammar_match_min_left(k) <= left - 1);
+            int arc = grammar_match_accept(k, t);
+            if (arc == CAIRN_EFORMAT)
+                must_end = false; /* past the limits: the guarantee holds within them */
+            grammar_ok[t] = arc == 0;
+            ok[t] = arc == 0 && (budget < 0 || grammar_match_min_left(k) <= left - 1);
+            n_ok += ok[t];
             grammar_match_release(k);
+        }
+        for (int32_t t = 0; t < n; t++) {
             bool bit = mask[t >> 5] >> (t & 31) & 1;
-            if (bit != ok)
+            /* Where no token keeps the ending within the budget, the mask falls back to
+             * tokens the grammar allows (the output may be cut, never refused). */
+            if (n_ok ? bit != ok[t] : bit && !grammar_ok[t])
                 abort(); /* the mask differs from brute force */
             if (bit && (pick < 0 || seen == want))
                 pick = t;

@@ -59,6 +59,10 @@ static void test_refusals(void)
         {"{\"model\":\"m\",\"prompt\":\"a\",\"logit_bias\":{\"x\":1}}", "logit_bias"},
         {"{\"model\":\"m\",\"prompt\":\"a\",\"sampling\":{\"top_p\":0}}", "sampling.top_p"},
         {"{\"model\":\"m\",\"prompt\":\"a\",\"top_logprobs\":21}", "top_logprobs"},
+        {"{\"model\":\"m\",\"prompt\":[]}", "prompt:"},
+        {"{\"model\":\"m\",\"prompt\":[1,-1]}", "prompt[1]"},
+        {"{\"model\":\"m\",\"prompt\":[1,2147483648]}", "prompt[1]"},
+        {"{\"model\":\"m\",\"prompt\":[1,\"a\"]}", "prompt[1]"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct textgen_params p;
@@ -66,8 +70,27 @@ static void test_refusals(void)
         int rc = parse(cases[i].json, &p, err, sizeof err);
         CHECK(rc == CAIRN_EFORMAT && strstr(err, cases[i].field), "case %zu: rc %d, '%s' lacks '%s'", i, rc, err,
               cases[i].field);
-        CHECK(p.messages == NULL && p.prompt == NULL && p.n_stop == 0, "case %zu: not cleared", i);
+        CHECK(p.messages == NULL && p.prompt == NULL && p.prompt_ids == NULL && p.n_stop == 0,
+              "case %zu: not cleared", i);
     }
+}
+
+/* A prompt of token ids goes over JSON and back as the same ids. */
+static void test_prompt_ids(void)
+{
+    struct textgen_params p, q;
+    char err[256] = "";
+    CHECK(parse("{\"model\":\"m\",\"prompt\":[0,7,2147483647]}", &p, err, sizeof err) == 0, "%s", err);
+    CHECK(p.n_prompt_ids == 3 && p.prompt_ids && p.prompt_ids[1] == 7 && p.prompt_ids[2] == INT32_MAX && !p.prompt,
+          "ids");
+    json_t *j = textgen_params_to_json(&p);
+    textgen_params_init(&q);
+    CHECK(j && textgen_params_from_json(j, &q, err, sizeof err) == 0, "%s", err);
+    CHECK(q.n_prompt_ids == 3 && q.prompt_ids && !memcmp(p.prompt_ids, q.prompt_ids, 3 * sizeof *q.prompt_ids),
+          "round trip");
+    json_decref(j);
+    textgen_params_clear(&q);
+    textgen_params_clear(&p);
 }
 
 int main(int argc, char **argv)
@@ -75,5 +98,6 @@ int main(int argc, char **argv)
     test_begin(argc, argv);
     RUN(test_round_trip);
     RUN(test_refusals);
+    RUN(test_prompt_ids);
     return test_main_end();
 }

@@ -216,6 +216,37 @@ static void test_budget(struct tok *t)
     check_masks(t, "root ::= \"{\\\"k\\\": \\\"\" [a-z ]* \"\\\", \\\"n\\\": [\" [0-9]+ \"]}\"\n", 1000, 21, 22);
 }
 
+/* A budget below what any token can meet (the fewest bytes overestimate the tokens a
+ * real vocabulary needs) still allows the tokens that bring the end nearer, so sampling
+ * goes on and the output may be cut, never refused: 3 tokens for a 40-byte literal. */
+static void test_budget_unreachable(struct tok *t)
+{
+    struct grammar *g = parse("root ::= \"{\\\"name\\\": \\\"get_weather\\\", \\\"arguments\\\": {}}\"\n");
+    struct grammar_ctx *c = NULL;
+    struct grammar_match *m = NULL;
+    CHECK(g && grammar_ctx_from_tok(&c, g, t) == 0 && grammar_match_create(&m, c) == 0, "setup");
+    if (!m)
+        goto out;
+    CHECK(grammar_match_min_left(m) > 3, "min_left %lld", (long long)grammar_match_min_left(m));
+    const uint32_t *mask;
+    int32_t n = tok_n_vocab(t), allowed = 0, bad = 0;
+    CHECK(grammar_match_mask(m, 3, &mask) == 0, "mask");
+    int64_t before = grammar_match_min_left(m);
+    for (int32_t i = 0; i < n; i++)
+        if (mask[i >> 5] >> (i & 31) & 1) {
+            struct grammar_match *k = NULL;
+            grammar_match_clone(&k, m);
+            allowed++;
+            bad += !(grammar_match_accept(k, i) == 0 && grammar_match_min_left(k) < before);
+            grammar_match_release(k);
+        }
+    CHECK(allowed > 0 && bad == 0, "%d allowed, %d of them not nearer the end", allowed, bad);
+out:
+    grammar_match_release(m);
+    grammar_ctx_release(c);
+    grammar_release(g);
+}
+
 /* Stacks beyond the limits are an error of the match, not a crash: a deeply nested
  * grammar fed deeply nested input. */
 static void test_limits(struct tok *t)
@@ -236,17 +267,38 @@ static void test_limits(struct tok *t)
     grammar_ctx_release(c);
     grammar_release(g);
     /* Empty alternatives doubling the paths at every reference: 2^40 paths to the start
-     * state; the work is bounded and the grammar refused where it is used. */
+     * state and to every state after a "y". Each distinct stack is expanded once per
+     * byte, so the grammar works, and within a budget it ends complete (the fuzzer found
+     * a state whose shortest ending was cut by the expansion limit). */
     char text[512] = "root ::= ";
     for (int i = 0; i < 40; i++)
         strcat(text, "e ");
-    strcat(text, "\"x\"\ne ::= \"\" | \"\"\n");
+    strcat(text, "\"x\"\ne ::= \"\" | \"\" | \"y\"\n");
     g = parse(text);
     c = NULL;
     m = NULL;
     CHECK(g && grammar_ctx_from_tok(&c, g, t) == 0, "ambiguous: ctx");
-    CHECK(c && grammar_match_create(&m, c) == CAIRN_EFORMAT, "ambiguous: the start state is refused");
-    CHECK(g && !grammar_matches(g, "x", 1), "ambiguous: refused by matches too");
+    CHECK(c && grammar_match_create(&m, c) == 0, "ambiguous: the start state is made");
+    CHECK(g && grammar_matches(g, "x", 1) && grammar_matches(g, "yyyx", 4), "ambiguous: x and yyyx match");
+    CHECK(g && !grammar_matches(g, "xy", 2), "ambiguous: xy does not");
+    for (int i = 0; m && i < 3; i++)
+        CHECK(grammar_match_accept_bytes(m, "y", 1) == 0, "ambiguous: y %d", i);
+    CHECK(m && grammar_match_min_left(m) == 1, "ambiguous: one byte left after yyy");
+    const uint32_t *am = NULL;
+    CHECK(m && grammar_match_mask(m, 1, &am) == 0, "ambiguous: budget mask");
+    int32_t allowed = 0, not_x = 0;
+    for (int32_t i = 0; am && i < tok_n_vocab(t); i++)
+        if (am[i >> 5] >> (i & 31) & 1) {
+            char xt[8];
+            size_t xl = 0;
+            allowed++;
+            bool yx = tok_token_text(t, i, 0, xt, sizeof xt, &xl) == 0 && xl >= 1 && xt[xl - 1] == 'x';
+            for (size_t k = 0; yx && k + 1 < xl; k++)
+                yx = xt[k] == 'y';
+            not_x += !yx;
+        }
+    CHECK(allowed >= 1 && not_x == 0, "ambiguous: a budget of 1 allows only y*x tokens (%d allowed, %d others)", allowed,
+          not_x);
     grammar_match_release(m);
     grammar_ctx_release(c);
     grammar_release(g);
@@ -262,6 +314,7 @@ int main(int argc, char **argv)
         return test_skip("no vocabulary");
     RUN(test_masks_brute_force, t);
     RUN(test_budget, t);
+    RUN(test_budget_unreachable, t);
     RUN(test_limits, t);
     tok_release(t);
     return test_main_end();

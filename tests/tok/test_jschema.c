@@ -47,6 +47,11 @@ static void test_instances(void)
         {"{\"type\":\"array\",\"items\":{\"type\":\"number\"},\"minItems\":1,\"maxItems\":3}",
          {"[1]", "[1, 2.5,-3e2]"}, {"[]", "[1,2,3,4]", "[\"a\"]"}},
         {"{\"type\":[\"string\",\"null\"],\"maxLength\":3}", {"\"abc\"", "null", "\"\""}, {"\"abcd\"", "1"}},
+        /* A bounded string takes no character above U+FFFF (one for JSON Schema, two for
+         * JavaScript's length); an unbounded one does. */
+        {"{\"type\":\"string\",\"maxLength\":3}", {"\"\xc3\xa9t\xe6\x9c\x9f\"", "\"\\ud835\""},
+         {"\"\xf0\x9d\x96\x97\"", "\"ab\xf0\x9f\x98\x80\""}},
+        {"{\"type\":\"string\"}", {"\"\xf0\x9d\x96\x97\"", "\"ab\xf0\x9f\x98\x80\""}, {"1"}},
         {"{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"object\",\"properties\":{\"z\":{\"type\":\"string\","
          "\"format\":\"date\"}},\"required\":[\"z\"]}]}",
          {"7", "{\"z\":\"2024-02-29\"}"}, {"{\"z\":\"2024-13-01\"}", "\"7\""}},
@@ -87,14 +92,18 @@ static void test_refusals(void)
         const char *schema, *word;
     } cases[] = {
         {"{\"type\":\"string\",\"pattern\":\"a+\"}", "'pattern'"},
-        {"{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\",\"maximum\":5}}}", "'maximum' at properties.n"},
-        {"{\"oneOf\":[{\"type\":\"integer\"}]}", "'oneOf'"},
+        {"{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"number\",\"maximum\":5}}}", "'maximum' on a number (integers take it) at properties.n"},
+        {"{\"not\":{\"type\":\"integer\"}}", "'not'"},
+        {"{\"oneOf\":[{\"type\":\"integer\"}],\"anyOf\":[{\"type\":\"null\"}]}", "'oneOf'"},
         {"{\"not\":{}}", "'not'"},
         {"{\"type\":\"string\",\"format\":\"hostname\"}", "'format'"},
         {"{\"$ref\":\"http://x/y\"}", "$ref"},
         {"{\"$ref\":\"#/$defs/missing\"}", "resolves to nothing"},
         {"{\"type\":\"array\",\"items\":[{}]}", "'items'"},
-        {"{\"type\":\"integer\",\"minimum\":3}", "'minimum'"},
+        {"{\"type\":\"number\",\"minimum\":3}", "'minimum'"},
+        {"{\"type\":\"number\",\"maximum\":3}", "'maximum'"},
+        {"{\"type\":\"string\",\"minLength\":1001}", "'minLength'"},
+        {"{\"type\":\"integer\",\"minimum\":1e16}", "'minimum'"},
         {"7", "not an object"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -121,10 +130,78 @@ static void test_refusals(void)
     json_decref(s);
 }
 
+/* Integer bounds against arithmetic: every integer of a window around the range, and
+ * spellings JSON does not allow (leading zeros, -0, +). */
+static void test_integer_ranges(void)
+{
+    static const long long ranges[][2] = {
+        {1, 10}, {0, 0}, {-5, 5}, {-273, 1250}, {7, 7}, {10, 99}, {100, 1000}, {-1000, -100}, {19, 2001},
+        {0, 999999}, {123, 123456}, {-99999, -1}, {-1, 0}, {5, 1000000}, {-1000000, 3},
+    };
+    int bad = 0;
+    for (size_t i = 0; i < sizeof ranges / sizeof *ranges; i++) {
+        long long lo = ranges[i][0], hi = ranges[i][1];
+        char schema[160];
+        snprintf(schema, sizeof schema, "{\"type\":\"integer\",\"minimum\":%lld,\"maximum\":%lld}", lo, hi);
+        struct grammar *g = compile(schema);
+        if (!g)
+            continue;
+        long long span = hi - lo < 3000 ? hi - lo : 3000;
+        for (long long x = lo - 1100; x <= lo + span + 1100; x++) {
+            char t[32];
+            snprintf(t, sizeof t, "%lld", x);
+            bool want = x >= lo && x <= hi, got = grammar_matches(g, t, strlen(t));
+            if (got != want && bad++ < 5)
+                CHECK(got == want, "%s: %s matches %d", schema, t, got);
+        }
+        for (long long x = hi - 1100; x <= hi + 1100; x++) {
+            char t[32];
+            snprintf(t, sizeof t, "%lld", x);
+            bool want = x >= lo && x <= hi, got = grammar_matches(g, t, strlen(t));
+            if (got != want && bad++ < 5)
+                CHECK(got == want, "%s: %s matches %d", schema, t, got);
+        }
+        CHECK(!grammar_matches(g, "-0", 2) && !grammar_matches(g, "+1", 2) && !grammar_matches(g, "007", 3),
+              "%s: odd spellings", schema);
+        grammar_release(g);
+    }
+    CHECK(bad == 0, "%d integers misjudged", bad);
+    /* exclusive bounds, one-sided bounds, fractional bounds rounded inwards */
+    struct grammar *g = compile("{\"type\":\"integer\",\"exclusiveMinimum\":-3,\"exclusiveMaximum\":4.5}");
+    CHECK(g && grammar_matches(g, "-2", 2) && grammar_matches(g, "4", 1) && !grammar_matches(g, "-3", 2) &&
+              !grammar_matches(g, "5", 1),
+          "exclusive");
+    grammar_release(g);
+    g = compile("{\"type\":\"integer\",\"minimum\":42}");
+    CHECK(g && grammar_matches(g, "42", 2) && grammar_matches(g, "123456789012345", 15) && !grammar_matches(g, "41", 2),
+          "minimum only");
+    grammar_release(g);
+    g = compile("{\"type\":\"integer\",\"maximum\":-7}");
+    CHECK(g && grammar_matches(g, "-7", 2) && grammar_matches(g, "-123456789", 10) && !grammar_matches(g, "-6", 2) &&
+              !grammar_matches(g, "0", 1),
+          "maximum only");
+    grammar_release(g);
+    /* maxLength over 1000 is met by at most 1000 characters; minLength over 1000 is refused */
+    g = compile("{\"type\":\"string\",\"maxLength\":50000}");
+    char long_s[1004];
+    memset(long_s, 'a', sizeof long_s);
+    long_s[0] = '"';
+    long_s[1001] = '"';
+    CHECK(g && grammar_matches(g, long_s, 1002) && grammar_matches(g, "\"\"", 2) &&
+              !grammar_matches(g, "\"\xf0\x9f\x98\x80\"", 6),
+          "maxLength 50000");
+    grammar_release(g);
+    g = compile("{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"string\",\"maxLength\":2}]}");
+    CHECK(g && grammar_matches(g, "12", 2) && grammar_matches(g, "\"ab\"", 4) && !grammar_matches(g, "true", 4),
+          "oneOf");
+    grammar_release(g);
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
     RUN(test_instances);
     RUN(test_refusals);
+    RUN(test_integer_ranges);
     return test_main_end();
 }
