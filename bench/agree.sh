@@ -40,8 +40,9 @@ for spec in "qwen3moe-tiny f32 qwen2" "qwen3moe-tiny f16 qwen2" "mixtral-tiny f3
   for _ in $(seq 60); do curl -sf 127.0.0.1:$port/health >/dev/null && break; sleep 0.5; done
   for p in "${prompts[@]}"; do
     ours=$(./build/cairn generate -m "$m" -p "$p" -n 32 --temp 0 -ctk f32 -ctv f32 2>/dev/null)
-    theirs=$(jq -n --arg p "$p" '{prompt: $p, n_predict: 32, temperature: 0, top_k: 1, cache_prompt: false}' |
-             curl -s 127.0.0.1:$port/completion -d @- | jq -r .content)
+    theirs=$(python3 -c 'import json,sys; print(json.dumps({"prompt": sys.argv[1], "n_predict": 32, "temperature": 0,
+             "top_k": 1, "cache_prompt": False}))' "$p" | curl -s 127.0.0.1:$port/completion -d @- |
+             python3 -c 'import json,sys; sys.stdout.write(json.load(sys.stdin)["content"])')
     if [ "$theirs" = "$ours" ]; then
       echo "same   $1 $2 '$p' (32 tokens)"
     elif [ "$2" = f32 ] || [ "$2" = f16 ]; then
