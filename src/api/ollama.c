@@ -437,8 +437,9 @@ static const json_t *find_model(const json_t *models, const char *name)
 
 static double num(const json_t *o, const char *key) { return json_number_value(json_object_get(o, key)); }
 
-/* Parameters of a dense transformer from its card's shape: embeddings (and the head
- * when not tied), attention and feed-forward weights, norms. */
+/* Parameters of a transformer from its card's shape: embeddings (and the head when not
+ * tied), attention and feed-forward weights (of a mixture: every expert and the router),
+ * norms. */
 static double param_count(const json_t *c)
 {
     double layers = num(c, "n_layers"), embd = num(c, "hidden_size"), ff = num(c, "feed_forward_size"),
@@ -446,7 +447,9 @@ static double param_count(const json_t *c)
            vocab = num(c, "vocab_size");
     bool tied = json_is_true(json_object_get(c, "tied_output"));
     double attn = 2 * embd * heads * hd + 2 * embd * kv * hd;
-    return layers * (attn + 3 * embd * ff + 2 * embd) + embd + vocab * embd * (tied ? 1 : 2);
+    double experts = num(c, "expert_count");
+    double ffn = experts > 0 ? experts * 3 * embd * num(c, "expert_feed_forward_size") + embd * experts : 3 * embd * ff;
+    return layers * (attn + ffn + 2 * embd) + embd + vocab * embd * (tied ? 1 : 2);
 }
 
 /* Ollama's "parameter_size" ("8.0B", "494.03M"). */

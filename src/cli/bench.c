@@ -564,6 +564,17 @@ static int bench_open(struct bench *bn, const struct bench_opts *o, double *t_lo
     return 0;
 }
 
+/* Bytes of all the experts' matrices of the slice (0 for a dense model). */
+static uint64_t expert_bytes_all(const struct model *m)
+{
+    uint64_t n = 0;
+    for (int l = 0; m->hp.n_expert > 0 && l < m->layer_end - m->layer_begin; l++)
+        for (int e = 0; e < m->hp.n_expert; e++)
+            n += kern_mat_bytes(m->layers[l].exp_gate[e]) + kern_mat_bytes(m->layers[l].exp_up[e]) +
+                 kern_mat_bytes(m->layers[l].exp_down[e]);
+    return n;
+}
+
 /* Prints the model, the CPU and kernels, and the load time. */
 static void print_header(const struct bench *bn, const struct bench_opts *o, double t_load)
 {
@@ -575,6 +586,10 @@ static void print_header(const struct bench *bn, const struct bench_opts *o, dou
     printf("cpu: %s; kernels: %s; threads: %lld\n", feats, kern_path_name(kern_mat_path(bn->m->output)),
            (long long)o->threads);
     printf("load (map, check, repack on %lld threads): %.0f ms\n", (long long)o->threads, t_load * 1e3);
+    if (hp->n_expert > 0)
+        printf("mixture of experts: %d of %d experts per token, each %d wide; weights %.1f MiB, of which a token "
+               "reads %.1f MiB (active)\n", hp->n_expert_used, hp->n_expert, hp->n_ff_exp,
+               (double)bn->m->all_weight_bytes / (1 << 20), (double)bn->m->weight_bytes / (1 << 20));
 }
 
 /* Fills sequence 0 with -d positions of context, in forwards of up to DEPTH_CHUNK tokens,
@@ -647,6 +662,9 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
     double kv_pos_bytes = (double)kv_bytes_for(&bn->kc) / ((double)bn->kc.n_blocks * bn->kc.block_tokens);
     double bytes_per_tok = (double)bn->m->weight_bytes + (double)bn->m->tok_embd_row_bytes +
                            kv_pos_bytes * ((double)o->depth + (double)(n_gen + 1) / 2.0);
+    /* Of a mixture of experts, the experts' bytes are those the engine counted as read. */
+    struct moe_stats s0 = engine_moe_stats(bn->e);
+    double moe_fixed = (double)bn->m->all_weight_bytes - (double)expert_bytes_all(bn->m);
     /* Each run is paired with a bandwidth reading taken right after it (best of the
      * read styles), so a neighbour's load on this shared machine weighs on both
      * sides of the ratio alike; the figure is the median of the runs' ratios. */
@@ -668,6 +686,11 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
             break;
         }
         bn->t[r] = clock_sec() - t0;
+        if (r == 0 && bn->m->hp.n_expert > 0) {
+            struct moe_stats s1 = engine_moe_stats(bn->e);
+            bytes_per_tok += moe_fixed + (double)(s1.expert_bytes - s0.expert_bytes) / (double)n_gen -
+                             (double)bn->m->weight_bytes;
+        }
         bw_run[r] = measure_bandwidth(bn->bwp, (size_t)o->bw_mib << 20, N_BW_STYLES);
         ratio[r] = ((double)n_gen / bn->t[r]) * bytes_per_tok / bw_run[r];
     }
@@ -693,6 +716,7 @@ static int bench_batch_curve(struct bench *bn, const struct bench_opts *o)
     for (int B = 1; B <= o->max_b; B++) {
         for (int s = 0; s < bn->n_seqs; s++)
             kv_seq_clear(bn->kv, s);
+        struct moe_stats s0 = engine_moe_stats(bn->e);
         for (int r = 0; r < o->reps; r++) {
             double t0 = clock_sec();
             for (int k = 0; k < steps; k++) {
@@ -708,10 +732,17 @@ static int bench_batch_curve(struct bench *bn, const struct bench_opts *o)
             }
             bn->t[r] = (clock_sec() - t0) / steps;
         }
+        struct moe_stats s1 = engine_moe_stats(bn->e);
         double med = median(bn->t, (int)o->reps);
         if (B == 1)
             base = med;
-        printf("  B=%2d: %7.2f ms  x%.2f  (%.1f tok/s)\n", B, med * 1e3, med / base, B / med);
+        printf("  B=%2d: %7.2f ms  x%.2f  (%.1f tok/s)", B, med * 1e3, med / base, B / med);
+        if (s1.steps > s0.steps) /* experts read per forward: each chosen expert once for all its tokens */
+            printf("  experts: %.1f runs, %.1f MiB per forward (%.1f MiB per token)",
+                   (double)(s1.expert_runs - s0.expert_runs) / (double)(steps * o->reps),
+                   (double)(s1.expert_bytes - s0.expert_bytes) / (double)(steps * o->reps) / (1 << 20),
+                   (double)(s1.expert_bytes - s0.expert_bytes) / (double)(steps * o->reps * B) / (1 << 20));
+        printf("\n");
     }
     memset(bn->seqs, 0, bn->nb * sizeof *bn->seqs);
     return 0;
@@ -776,8 +807,8 @@ static int bench_model(const struct bench_opts *o)
         bn.bwp = NULL;
         /* Resident memory against what the model and cache need (the bandwidth block is freed). */
         double mib = 1 << 20;
-        printf("resident memory: %.1f MiB now (model file %.1f MiB, weights read %.1f MiB, KV %.1f MiB)\n",
-               (double)mem_rss() / mib, (double)bn.m->file_bytes / mib, (double)bn.m->weight_bytes / mib,
+        printf("resident memory: %.1f MiB now (model file %.1f MiB, weights %.1f MiB, KV %.1f MiB)\n",
+               (double)mem_rss() / mib, (double)bn.m->file_bytes / mib, (double)bn.m->all_weight_bytes / mib,
                (double)kv_bytes_for(&bn.kc) / mib);
         ret = 0;
     }

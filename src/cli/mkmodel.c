@@ -18,6 +18,7 @@ static void usage(void)
             "                      --n-ff N [--head-dim N]) [--type T] [--vocab VOCAB.gguf | --vocab-size N]\n"
             "                      [--seed N] [--ctx N] [--script FILE | --script-ids ID,ID,...]\n"
             "                      [--chat-template FILE.jinja] [--scale-from K --scale F] [--split N]\n"
+            "                      [--n-expert N --n-expert-used K [--n-ff-exp N]]\n"
             "                      [--yarn F | --llama3-rope] [--add-tokens T1,T2,...] -o OUT.gguf\n"
             "       cairn mkmodel --draft-of TARGET.gguf --layers K -o OUT.gguf\n"
             "  --scale-from K --scale F: multiply the attention output and FFN down weights of layers\n"
@@ -31,6 +32,8 @@ static void usage(void)
             "  --add-tokens: control tokens appended to the vocabulary (e.g. the harmony format's\n"
             "            <|start|>,<|end|>,<|message|>,<|channel|>,<|constrain|>,<|return|>,<|call|>\n"
             "            for a gpt-oss-shaped model on another vocabulary)\n"
+            "  --n-expert N --n-expert-used K: a mixture of N experts, K per token (qwen3moe, whose\n"
+            "            experts are --n-ff-exp wide, or llama, whose experts are --n-ff wide); 0: dense\n"
             "  --split N: write the model as N files in gguf-split's layout, OUT-00001-of-0000N.gguf ...\n"
             "  --script: a model whose greedy continuation of the script's first token is the rest of\n"
             "            the script (text tokenized with the vocabulary, control tokens parsed); each\n"
@@ -137,6 +140,7 @@ int cli_mkmodel(int argc, char **argv)
     bool llama3_rope = false;
     const char *add_tokens = NULL;
     int64_t n_embd = 0, n_layers = 0, n_head = 0, n_head_kv = 0, n_ff = 0, head_dim = 0, ctx = 0, vocab_size = 0;
+    int64_t n_expert = -1, n_expert_used = 0, n_ff_exp = 0;
     for (; a.i < argc && !a.bad; a.i++) {
         if (args_opt(&a, "--shape", &v)) shape = v;
         else if (args_opt(&a, "--arch", &v)) arch = v;
@@ -152,6 +156,9 @@ int cli_mkmodel(int argc, char **argv)
         else if (args_opt(&a, "--n-head-kv", &v)) n_head_kv = args_int(&a, "--n-head-kv", v, 1, 1024);
         else if (args_opt(&a, "--n-ff", &v)) n_ff = args_int(&a, "--n-ff", v, 1, 1 << 18);
         else if (args_opt(&a, "--head-dim", &v)) head_dim = args_int(&a, "--head-dim", v, 2, 1024);
+        else if (args_opt(&a, "--n-expert", &v)) n_expert = args_int(&a, "--n-expert", v, 0, 1024);
+        else if (args_opt(&a, "--n-expert-used", &v)) n_expert_used = args_int(&a, "--n-expert-used", v, 1, 1024);
+        else if (args_opt(&a, "--n-ff-exp", &v)) n_ff_exp = args_int(&a, "--n-ff-exp", v, 1, 1 << 18);
         else if (args_opt(&a, "--draft-of", &v)) draft_of = v;
         else if (args_opt(&a, "--layers", &v)) draft_layers = args_int(&a, "--layers", v, 1, 1024);
         else if (args_opt(&a, "--script", &v)) script_file = v;
@@ -228,6 +235,11 @@ int cli_mkmodel(int argc, char **argv)
     if (ctx) s.n_ctx = ctx;
     if (yarn) s.yarn_factor = (float)yarn;
     if (llama3_rope) s.llama3_rope = 1;
+    if (n_expert >= 0) s.n_expert = (int)n_expert;
+    if (n_expert_used) s.n_expert_used = (int)n_expert_used;
+    if (n_ff_exp) s.n_ff_exp = (int)n_ff_exp;
+    if (s.n_expert > 0 && !strcmp(s.arch, "llama"))
+        s.n_ff_exp = s.n_ff; /* llama's experts are feed_forward_length wide */
     s.vocab_size = (int)vocab_size;
     s.scale_from = (int)(scale_from >= 0 ? scale_from : 0);
     s.out_scale = (float)out_scale;

@@ -66,6 +66,10 @@ json_t *catalog_card_to_json(const struct catalog_card *c)
              put(o, "output_norm_bytes", json_integer((json_int_t)c->output_norm_bytes)) &&
              put(o, "other_bytes", json_integer((json_int_t)c->other_bytes)) &&
              put(o, "weight_bytes", json_integer((json_int_t)c->weight_bytes)) &&
+             put(o, "active_bytes", json_integer((json_int_t)c->active_bytes)) &&
+             put(o, "expert_count", json_integer(c->n_expert)) &&
+             put(o, "expert_used_count", json_integer(c->n_expert_used)) &&
+             put(o, "expert_feed_forward_size", json_integer(c->n_ff_exp)) &&
              put(o, "kv_bytes_per_token_layer", json_integer((json_int_t)c->kv_bytes_per_token_layer)) &&
              put(o, "sha256", c->sha256[0] ? json_string(c->sha256) : json_null()) &&
              put(o, "error", json_null());

@@ -35,7 +35,13 @@ struct catalog_card {
     uint64_t head_bytes;        /* output.weight, or token_embd.weight when tied */
     uint64_t output_norm_bytes; /* output_norm.weight */
     uint64_t other_bytes;       /* every other tensor (rope_freqs.weight ...) */
-    uint64_t weight_bytes;      /* all tensors of the file once (a tied head counted once) */
+    uint64_t weight_bytes;      /* all tensors of the file once (a tied head counted once): what
+                                   memory placement counts */
+    int n_expert, n_expert_used, n_ff_exp; /* a mixture of experts, or 0 */
+    uint64_t active_bytes;      /* of those, what one token reads: weight_bytes less the experts
+                                   it does not use (n_expert - n_expert_used of n_expert of
+                                   every blk.N.*_exps.* tensor); weight_bytes when dense. For
+                                   speed estimates (decode reads this per token) */
     uint64_t kv_bytes_per_token_layer; /* F16 K and V: 2 * n_head_kv * head_dim * 2 */
     char sha256[CATALOG_SHA256_HEX]; /* lowercase hex, "" until computed */
 };
@@ -52,7 +58,9 @@ int catalog_card_copy(struct catalog_card *dst, const struct catalog_card *src);
  *    "feed_forward_size", "n_head", "n_head_kv", "head_dim", "context_length",
  *    "vocab_size", "chat_template", "tied_output", "layer_bytes": [..],
  *    "embedding_bytes", "head_bytes", "output_norm_bytes", "other_bytes",
- *    "weight_bytes", "kv_bytes_per_token_layer", "model_bytes", "sha256": hex|null, "error": null}
+ *    "weight_bytes", "active_bytes", "expert_count", "expert_used_count",
+ *    "expert_feed_forward_size", "kv_bytes_per_token_layer", "model_bytes", "sha256": hex|null,
+ *    "error": null}
  * and for an unusable file {"id", "file", "bytes", "error": text}. */
 json_t *catalog_card_to_json(const struct catalog_card *card);
 

@@ -4,6 +4,7 @@
 #include "base/err.h"
 #include "base/pool.h"
 #include "engine/attn.h"
+#include "engine/moe.h"
 #include "engine/vec.h"
 
 #include <math.h>
@@ -39,6 +40,7 @@ struct engine {
     int32_t *out_rows; /* tokens whose logits are wanted (B) */
     void *embd_row;  /* one embedding row as stored in the file */
     struct attn *att; /* attention scratch */
+    struct moe *moe;  /* mixture-of-experts scratch (n_expert > 0) or NULL */
 };
 
 /* ---- parallel jobs ---- */
@@ -344,6 +346,8 @@ int engine_create(struct engine **out, const struct model *m, const struct engin
             e->act[k][d] = aligned_alloc(64, (B * e->act_row[k][d] + 63) / 64 * 64);
             ok = e->act[k][d] != NULL;
         }
+    if (ok && hp->n_expert > 0)
+        ok = moe_create(&e->moe, hp, cfg->max_batch) == 0;
     if (!ok || pool_create(&e->pool, cfg->n_threads)) {
         engine_release(e);
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory for engine buffers (batch %d)", cfg->max_batch);
@@ -358,6 +362,7 @@ void engine_release(struct engine *e)
         return;
     pool_release(e->pool);
     attn_release(e->att);
+    moe_release(e->moe);
     float *bufs[] = {e->x, e->xn, e->tmp, e->q, e->attn, e->k, e->v, e->gate, e->up, e->rope_cs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
@@ -373,6 +378,11 @@ void engine_release(struct engine *e)
 const struct model *engine_model(const struct engine *e) { return e->m; }
 int engine_threads(const struct engine *e) { return e->cfg.n_threads; }
 int engine_max_batch(const struct engine *e) { return e->cfg.max_batch; }
+
+struct moe_stats engine_moe_stats(const struct engine *e)
+{
+    return e->moe ? moe_get_stats(e->moe) : (struct moe_stats){0};
+}
 
 /* ---- forward ---- */
 
@@ -508,6 +518,11 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         /* feed-forward block */
         nj = (struct norm_job){e, e->x, L->ffn_norm, e->xn, n_embd, B, NULL};
         pool_run(e->pool, norm_run, &nj);
+        if (L->router) {
+            moe_forward(e->moe, e->pool, e->vec, L, e->xn, B, e->tmp);
+            pool_run(e->pool, ew_run, &add);
+            continue;
+        }
         const struct kern_mat *gu[2] = {L->w_gate, L->w_up};
         quantize_for(e, e->xn, n_embd, DIM_EMBD, B, gu, 2);
         struct mm_item gu_items[2] = {

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "engine/kv.h"
+#include "engine/moe.h"
 #include "model/model.h"
 
 struct engine_config {
@@ -60,5 +61,8 @@ const struct model *engine_model(const struct engine *e);
 int engine_threads(const struct engine *e);
 /* The largest batch engine_forward accepts (engine_config.max_batch). */
 int engine_max_batch(const struct engine *e);
+
+/* The mixture-of-experts work done so far (zeros for a dense model). */
+struct moe_stats engine_moe_stats(const struct engine *e);
 
 #endif

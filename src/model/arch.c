@@ -9,9 +9,10 @@
 #include "gguf/gguf.h"
 
 static const struct arch_desc archs[] = {
-    {.name = "llama", .rope = ROPE_NORMAL},
+    {.name = "llama", .rope = ROPE_NORMAL, .moe = MOE_OPTIONAL},
     {.name = "qwen2", .rope = ROPE_NEOX, .qkv_bias = true},
     {.name = "qwen3", .rope = ROPE_NEOX, .qk_norm = true},
+    {.name = "qwen3moe", .rope = ROPE_NEOX, .qk_norm = true, .moe = MOE_REQUIRED},
 };
 
 const struct arch_desc *model_find_arch(const char *name)
@@ -58,6 +59,61 @@ static int arch_float(const struct gguf_file *f, const char *arch, const char *k
     return 0;
 }
 
+/* The experts' counts and sizes. llama.cpp's limits: at most 1024 experts, at least one
+ * used when there are experts, never more used than there are. */
+static int read_moe(const struct gguf_file *f, const struct arch_desc *a, struct model_hparams *hp, char *err,
+                    size_t errlen)
+{
+    int64_t n_expert, n_used, n_ff_exp;
+    int rc;
+    if (a->moe == MOE_NEVER)
+        return 0;
+    if ((rc = arch_int(f, hp->arch, "expert_count", a->moe == MOE_REQUIRED ? -1 : 0, 0, 1024, &n_expert, err,
+                       errlen)))
+        return rc;
+    if (n_expert == 0 && a->moe == MOE_OPTIONAL)
+        return 0;
+    char key[128];
+    snprintf(key, sizeof key, "%s.expert_count", hp->arch);
+    if (n_expert < 2)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "metadata key %s = %lld: a mixture needs at least 2 experts",
+                          key, (long long)n_expert);
+    if ((rc = arch_int(f, hp->arch, "expert_used_count", -1, 1, n_expert, &n_used, err, errlen)))
+        return rc;
+    /* llama.cpp: qwen3moe's experts are expert_feed_forward_length wide (n_ff / used
+     * without it); llama's are feed_forward_length wide. */
+    int64_t def = a->moe == MOE_REQUIRED ? hp->n_ff / n_used : hp->n_ff;
+    if (a->moe == MOE_REQUIRED) {
+        if ((rc = arch_int(f, hp->arch, "expert_feed_forward_length", def, 1, 1 << 20, &n_ff_exp, err, errlen)))
+            return rc;
+    } else {
+        n_ff_exp = def;
+    }
+    if (n_ff_exp < 1)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "expert feed-forward length %lld is not positive",
+                          (long long)n_ff_exp);
+    int norm = 1;
+    snprintf(key, sizeof key, "%s.expert_weights_norm", hp->arch);
+    rc = gguf_get_bool(f, key, &norm);
+    if (rc && rc != CAIRN_ENOTFOUND)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "metadata key %s is not a boolean", key);
+    snprintf(key, sizeof key, "%s.expert_gating_func", hp->arch);
+    int64_t gating;
+    if (gguf_get_i64(f, key, &gating) == 0 && gating != 1) /* 1: softmax, llama.cpp's numbering */
+        return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "metadata key %s = %lld: only softmax gating (1) is supported",
+                          key, (long long)gating);
+    snprintf(key, sizeof key, "%s.expert_shared_count", hp->arch);
+    int64_t shared;
+    if (gguf_get_i64(f, key, &shared) == 0 && shared != 0)
+        return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "metadata key %s = %lld: shared experts are not supported",
+                          key, (long long)shared);
+    hp->n_expert = (int)n_expert;
+    hp->n_expert_used = (int)n_used;
+    hp->n_ff_exp = (int)n_ff_exp;
+    hp->expert_norm = norm != 0;
+    return 0;
+}
+
 int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, char *err, size_t errlen)
 {
     memset(hp, 0, sizeof *hp);
@@ -71,7 +127,7 @@ int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, char
     const struct arch_desc *a = model_find_arch(hp->arch);
     if (!a)
         return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED,
-                          "architecture '%s' is not supported (supported: llama, qwen2, qwen3)", hp->arch);
+                          "architecture '%s' is not supported (supported: llama, qwen2, qwen3, qwen3moe)", hp->arch);
     int64_t v;
     int rc;
 #define GET_INT(field, key, def, lo, hi)                                             \
@@ -126,6 +182,8 @@ int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, char
                      (int)s.len, s.ptr);
         }
     }
+    if ((rc = read_moe(f, a, hp, err, errlen)))
+        return rc;
     hp->rope = a->rope;
     hp->qk_norm = a->qk_norm;
     hp->qkv_bias = a->qkv_bias;

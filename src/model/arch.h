@@ -15,12 +15,17 @@ enum rope_order {
     ROPE_NEOX = 2,   /* rotate pairs (i, i + rot_dim/2): qwen2, qwen3 */
 };
 
+/* Mixture of experts: never (dense), when the file says so ({arch}.expert_count > 0:
+ * llama files written from Mixtral), or always (qwen3moe). */
+enum arch_moe { MOE_NEVER = 0, MOE_OPTIONAL, MOE_REQUIRED };
+
 /* What distinguishes one architecture from another, as data. */
 struct arch_desc {
     const char *name;       /* general.architecture */
     enum rope_order rope;
     bool qkv_bias;          /* attn_{q,k,v}.bias present (qwen2) */
     bool qk_norm;           /* per-head RMS norm of q and k before RoPE (qwen3) */
+    enum arch_moe moe;      /* whether the feed-forward is a mixture of experts */
 };
 
 /* Hyper-parameters, all read from the file's metadata. */
@@ -48,6 +53,15 @@ struct model_hparams {
     bool qkv_bias;
     bool qk_norm;
     bool tied_output;        /* no output.weight: the head is token_embd */
+    /* Mixture of experts (n_expert 0: a dense feed-forward of n_ff). Each layer routes a
+     * token to n_expert_used of n_expert experts, each a SwiGLU feed-forward of n_ff_exp;
+     * with expert_norm the selected experts' router probabilities are divided by their
+     * sum ({arch}.expert_weights_norm, true unless the file says false, as llama.cpp
+     * always does for qwen3moe and llama). */
+    int n_expert;
+    int n_expert_used;
+    int n_ff_exp;
+    bool expert_norm;
 };
 
 /* Architecture description by name, or NULL when unsupported. */

@@ -19,7 +19,8 @@ struct loader {
     enum kern_path path;
     char *err;
     size_t errlen;
-    uint64_t weight_bytes; /* of what this loader loaded */
+    uint64_t weight_bytes; /* of what this loader loaded, read per token */
+    uint64_t all_bytes;    /* of what this loader loaded */
 };
 
 static const struct gguf_tensor *find_tensor(struct loader *ld, const char *name, int n_dims,
@@ -80,6 +81,7 @@ static int load_mat(struct loader *ld, struct kern_mat **out, const char *name, 
     if (kern_mat_path(*out) != KERN_PATH_REF)
         drop_source_pages(t->data, t->size);
     ld->weight_bytes += kern_mat_bytes(*out);
+    ld->all_bytes += kern_mat_bytes(*out);
     return 0;
 }
 
@@ -98,6 +100,67 @@ static int load_vec(struct loader *ld, float **out, const char *name, int64_t n,
         return cairn_fail(ld->err, ld->errlen, CAIRN_ENOMEM, "out of memory for %s", name);
     kern_dequantize_row(t->type, t->data, *out, n);
     ld->weight_bytes += (uint64_t)n * sizeof(float);
+    ld->all_bytes += (uint64_t)n * sizeof(float);
+    return 0;
+}
+
+/* One of a layer's 3-D expert tensors, [cols, rows, n_expert] in GGUF's order: a matrix
+ * per expert, each the next rows * row_bytes of the tensor's data. */
+static int load_experts(struct loader *ld, struct kern_mat ***out, const char *name, int64_t rows, int64_t cols)
+{
+    const struct model_hparams *hp = &ld->m->hp;
+    const struct gguf_tensor *t = gguf_find_tensor(ld->m->file, name);
+    if (!t)
+        return cairn_fail(ld->err, ld->errlen, CAIRN_EFORMAT, "tensor %s is missing", name);
+    int64_t ne2 = t->n_dims >= 3 ? t->ne[2] : 1;
+    bool extra = false;
+    for (int d = 3; d < t->n_dims; d++)
+        extra |= t->ne[d] != 1;
+    if (t->n_dims < 3 || extra || t->ne[0] != cols || t->ne[1] != rows || ne2 != hp->n_expert)
+        return cairn_fail(ld->err, ld->errlen, CAIRN_EFORMAT,
+                          "tensor %s has shape [%lld, %lld, %lld] (%d dimensions), expected [%lld, %lld, %d]", name,
+                          (long long)t->ne[0], (long long)(t->n_dims >= 2 ? t->ne[1] : 1), (long long)ne2,
+                          t->n_dims, (long long)cols, (long long)rows, hp->n_expert);
+    const struct dtype_info *ti = dtype_info(t->type);
+    if (!ti || !ti->supported)
+        return cairn_fail(ld->err, ld->errlen, CAIRN_EUNSUPPORTED, "tensor %s has type %s, which is not supported",
+                          name, dtype_name(t->type));
+    int64_t row_bytes = dtype_row_bytes(t->type, cols);
+    if (row_bytes <= 0 || (uint64_t)row_bytes * (uint64_t)rows * (uint64_t)hp->n_expert != t->size)
+        return cairn_fail(ld->err, ld->errlen, CAIRN_EFORMAT, "tensor %s: %llu bytes do not hold %d experts of %s rows",
+                          name, (unsigned long long)t->size, hp->n_expert, dtype_name(t->type));
+    *out = calloc((size_t)hp->n_expert, sizeof **out);
+    if (!*out)
+        return cairn_fail(ld->err, ld->errlen, CAIRN_ENOMEM, "out of memory for %s", name);
+    uint64_t expert_bytes = (uint64_t)row_bytes * (uint64_t)rows, all = 0;
+    for (int e = 0; e < hp->n_expert; e++) {
+        const char *data = (const char *)t->data + (uint64_t)e * expert_bytes;
+        char kerr[256];
+        int rc = kern_mat_create(&(*out)[e], t->type, data, rows, cols, ld->path, kerr, sizeof kerr);
+        if (rc)
+            return cairn_fail(ld->err, ld->errlen, rc, "tensor %s, expert %d: %s", name, e, kerr);
+        if (kern_mat_path((*out)[e]) != KERN_PATH_REF)
+            drop_source_pages(data, expert_bytes);
+        all += kern_mat_bytes((*out)[e]);
+    }
+    ld->all_bytes += all;
+    ld->weight_bytes += all / (uint64_t)hp->n_expert * (uint64_t)hp->n_expert_used;
+    return 0;
+}
+
+/* The router and the experts of a mixture-of-experts layer. */
+static int load_moe(struct loader *ld, int il, struct model_layer *L)
+{
+    const struct model_hparams *hp = &ld->m->hp;
+    char name[96];
+    int rc;
+#define NAME(suffix) (snprintf(name, sizeof name, "blk.%d.%s", il, suffix), name)
+    if ((rc = load_mat(ld, &L->router, NAME("ffn_gate_inp.weight"), hp->n_expert, hp->n_embd)) ||
+        (rc = load_experts(ld, &L->exp_gate, NAME("ffn_gate_exps.weight"), hp->n_ff_exp, hp->n_embd)) ||
+        (rc = load_experts(ld, &L->exp_up, NAME("ffn_up_exps.weight"), hp->n_ff_exp, hp->n_embd)) ||
+        (rc = load_experts(ld, &L->exp_down, NAME("ffn_down_exps.weight"), hp->n_embd, hp->n_ff_exp)))
+        return rc;
+#undef NAME
     return 0;
 }
 
@@ -113,11 +176,16 @@ static int load_layer(struct loader *ld, int il, struct model_layer *L)
         (rc = load_mat(ld, &L->wk, NAME("attn_k.weight"), kv_dim, hp->n_embd)) ||
         (rc = load_mat(ld, &L->wv, NAME("attn_v.weight"), kv_dim, hp->n_embd)) ||
         (rc = load_mat(ld, &L->wo, NAME("attn_output.weight"), hp->n_embd, q_dim)) ||
-        (rc = load_vec(ld, &L->ffn_norm, NAME("ffn_norm.weight"), hp->n_embd, true)) ||
-        (rc = load_mat(ld, &L->w_gate, NAME("ffn_gate.weight"), hp->n_ff, hp->n_embd)) ||
-        (rc = load_mat(ld, &L->w_up, NAME("ffn_up.weight"), hp->n_ff, hp->n_embd)) ||
-        (rc = load_mat(ld, &L->w_down, NAME("ffn_down.weight"), hp->n_embd, hp->n_ff)))
+        (rc = load_vec(ld, &L->ffn_norm, NAME("ffn_norm.weight"), hp->n_embd, true)))
         return rc;
+    if (hp->n_expert > 0) {
+        if ((rc = load_moe(ld, il, L)))
+            return rc;
+    } else if ((rc = load_mat(ld, &L->w_gate, NAME("ffn_gate.weight"), hp->n_ff, hp->n_embd)) ||
+               (rc = load_mat(ld, &L->w_up, NAME("ffn_up.weight"), hp->n_ff, hp->n_embd)) ||
+               (rc = load_mat(ld, &L->w_down, NAME("ffn_down.weight"), hp->n_embd, hp->n_ff))) {
+        return rc;
+    }
     /* Biases are part of qwen2; llama files may carry them too (some fine-tunes). */
     if ((rc = load_vec(ld, &L->bq, NAME("attn_q.bias"), q_dim, hp->qkv_bias)) ||
         (rc = load_vec(ld, &L->bk, NAME("attn_k.bias"), kv_dim, hp->qkv_bias)) ||
@@ -147,6 +215,7 @@ static int load_head(struct loader *ld)
     if (kern_mat_path(ld->m->output) != KERN_PATH_REF)
         drop_source_pages(t->data, t->size);
     ld->weight_bytes += kern_mat_bytes(ld->m->output);
+    ld->all_bytes += kern_mat_bytes(ld->m->output);
     return 0;
 }
 
@@ -163,6 +232,7 @@ struct load_jobs {
     int *rc;               /* per job */
     char (*err)[256];      /* per job */
     uint64_t *bytes;       /* per job */
+    uint64_t *all_bytes;   /* per job */
 };
 
 static void *load_worker(void *arg)
@@ -174,6 +244,7 @@ static void *load_worker(void *arg)
         j->rc[k] = layer < 0 ? load_head(&ld)
                              : load_layer(&ld, j->m->layer_begin + layer, &j->m->layers[layer]);
         j->bytes[k] = ld.weight_bytes;
+        j->all_bytes[k] = ld.all_bytes;
     }
     return NULL;
 }
@@ -186,10 +257,12 @@ static int load_matrices(struct model *m, const struct model_load_opts *opts, ch
     j.rc = calloc((size_t)j.n_jobs, sizeof *j.rc);
     j.err = calloc((size_t)j.n_jobs, sizeof *j.err);
     j.bytes = calloc((size_t)j.n_jobs, sizeof *j.bytes);
-    if (!j.rc || !j.err || !j.bytes) {
+    j.all_bytes = calloc((size_t)j.n_jobs, sizeof *j.all_bytes);
+    if (!j.rc || !j.err || !j.bytes || !j.all_bytes) {
         free(j.rc);
         free(j.err);
         free(j.bytes);
+        free(j.all_bytes);
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -205,12 +278,14 @@ static int load_matrices(struct model *m, const struct model_load_opts *opts, ch
     int rc = 0;
     for (int k = 0; k < j.n_jobs; k++) {
         m->weight_bytes += j.bytes[k];
+        m->all_weight_bytes += j.all_bytes[k];
         if (j.rc[k] && !rc) /* the first failure in file order, whatever the threads did */
             rc = cairn_fail(err, errlen, j.rc[k], "%s", j.err[k]);
     }
     free(j.rc);
     free(j.err);
     free(j.bytes);
+    free(j.all_bytes);
     return rc;
 }
 
@@ -266,6 +341,7 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
         goto fail;
     }
     m->weight_bytes += ld.weight_bytes;
+    m->all_weight_bytes += ld.all_bytes;
     if ((rc = load_matrices(m, opts, err, errlen)))
         goto fail;
     *out = m;
@@ -275,8 +351,20 @@ fail:
     return rc;
 }
 
-static void release_layer(struct model_layer *L)
+static void release_experts(struct kern_mat **x, int n)
 {
+    if (x)
+        for (int e = 0; e < n; e++)
+            kern_mat_release(x[e]);
+    free(x);
+}
+
+static void release_layer(struct model_layer *L, int n_expert)
+{
+    kern_mat_release(L->router);
+    release_experts(L->exp_gate, n_expert);
+    release_experts(L->exp_up, n_expert);
+    release_experts(L->exp_down, n_expert);
     struct kern_mat *mats[] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
         kern_mat_release(mats[i]);
@@ -291,7 +379,7 @@ void model_release(struct model *m)
         return;
     if (m->layers)
         for (int i = 0; i < m->layer_end - m->layer_begin; i++)
-            release_layer(&m->layers[i]);
+            release_layer(&m->layers[i], m->hp.n_expert);
     free(m->layers);
     kern_mat_release(m->output);
     free(m->output_norm);

@@ -31,6 +31,12 @@ struct model_layer {
     float *ffn_norm;         /* (n_embd) */
     float *bq, *bk, *bv;     /* biases or NULL */
     float *q_norm, *k_norm;  /* (head_dim) or NULL */
+    /* Mixture of experts (hp.n_expert > 0; then w_gate, w_up and w_down are NULL). Each
+     * expert is one slice of the file's 3-D tensors ffn_{gate,up,down}_exps. */
+    struct kern_mat *router;     /* (n_expert, n_embd): ffn_gate_inp */
+    struct kern_mat **exp_gate;  /* n_expert of (n_ff_exp, n_embd) */
+    struct kern_mat **exp_up;    /* n_expert of (n_ff_exp, n_embd) */
+    struct kern_mat **exp_down;  /* n_expert of (n_embd, n_ff_exp) */
 };
 
 struct model {
@@ -47,7 +53,9 @@ struct model {
     struct kern_mat *output; /* (n_vocab, n_embd), last slice */
     float *rope_freq_factors; /* (n_rot/2) from rope_freqs.weight (Llama 3) or NULL */
     struct model_layer *layers; /* layer_end - layer_begin entries */
-    uint64_t weight_bytes;   /* bytes the matrices of this slice read per token */
+    uint64_t weight_bytes;   /* bytes the matrices of this slice read per token: of a mixture
+                                of experts, n_expert_used of n_expert experts' */
+    uint64_t all_weight_bytes; /* bytes of all its matrices (what it holds in memory) */
     uint64_t file_bytes;
 };
 

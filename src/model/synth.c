@@ -32,6 +32,18 @@ static const struct {
     /* ≈ Qwen3-0.6B */
     {"qwen3-0.6b", {.arch = "qwen3", .n_layers = 28, .n_embd = 1024, .n_ff = 3072, .n_head = 16, .n_head_kv = 8,
                     .head_dim = 128, .n_ctx = 40960, .rope_base = 1000000, .norm_eps = 1e-6f, .tied = 1}},
+    /* Qwen3-30B-A3B's structure at a test size: 8 experts, 2 per token */
+    {"qwen3moe-tiny", {.arch = "qwen3moe", .n_layers = 4, .n_embd = 256, .n_ff = 512, .n_head = 4, .n_head_kv = 2,
+                       .head_dim = 64, .n_ctx = 4096, .rope_base = 1000000, .norm_eps = 1e-6f, .tied = 0,
+                       .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 256}},
+    /* ≈ Qwen3-30B-A3B: 128 experts of 768, 8 per token */
+    {"qwen3-30b-a3b", {.arch = "qwen3moe", .n_layers = 48, .n_embd = 2048, .n_ff = 6144, .n_head = 32, .n_head_kv = 4,
+                       .head_dim = 128, .n_ctx = 40960, .rope_base = 1000000, .norm_eps = 1e-6f, .tied = 0,
+                       .n_expert = 128, .n_expert_used = 8, .n_ff_exp = 768}},
+    /* Mixtral's structure (llama with experts of n_ff) at a test size */
+    {"mixtral-tiny", {.arch = "llama", .n_layers = 4, .n_embd = 256, .n_ff = 512, .n_head = 8, .n_head_kv = 4,
+                      .n_ctx = 4096, .rope_base = 1000000, .norm_eps = 1e-5f, .tied = 0,
+                      .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 512}},
 };
 
 int synth_shape(const char *name, struct synth_spec *spec)
@@ -51,7 +63,10 @@ int synth_shape(const char *name, struct synth_spec *spec)
     return CAIRN_ENOTFOUND;
 }
 
-const char *synth_shape_names(void) { return "tiny, small, llama-1b, llama-8b, qwen-0.5b, qwen3-0.6b"; }
+const char *synth_shape_names(void)
+{
+    return "tiny, small, llama-1b, llama-8b, qwen-0.5b, qwen3-0.6b, qwen3moe-tiny, qwen3-30b-a3b, mixtral-tiny";
+}
 
 /* llama.cpp gives more bits to some layers' attn_v and ffn_down in *_M mixes. */
 static int more_bits(int layer, int n_layers)
@@ -74,7 +89,8 @@ static int k_fallback(int type, int64_t row_len)
 int synth_tensor_type(const struct synth_spec *spec, const char *tensor, int layer, int64_t row_len)
 {
     bool is_head = !strcmp(tensor, "output.weight") || (spec->tied && !strcmp(tensor, "token_embd.weight"));
-    bool more = strstr(tensor, "attn_v.weight") || strstr(tensor, "ffn_down.weight");
+    bool more = strstr(tensor, "attn_v.weight") || strstr(tensor, "ffn_down.weight") ||
+                strstr(tensor, "ffn_down_exps.weight");
     int type;
     if (!strcmp(spec->type, "q4_k_m") || !strcmp(spec->type, "q5_k_m")) {
         int base = spec->type[1] == '4' ? DT_Q4_K : DT_Q5_K;
@@ -253,7 +269,7 @@ static int add(struct writer_ctx *c, const char *name, int layer, int64_t rows, 
     t->scale = scale;
     t->spec = c->spec;
     t->script = c->script;
-    t->type = rows == 1 ? DT_F32 : synth_tensor_type(c->spec, name, layer, cols);
+    t->type = rows == 1 || strstr(name, "ffn_gate_inp.weight") ? DT_F32 : synth_tensor_type(c->spec, name, layer, cols);
     if (c->script && !strcmp(name, "token_embd.weight"))
         c->script->embd_type = t->type;
     if (c->script && (strstr(name, "attn_output.weight") || strstr(name, "ffn_down.weight")))
@@ -269,6 +285,48 @@ static int add(struct writer_ctx *c, const char *name, int layer, int64_t rows, 
     if (rc)
         return cairn_fail(c->err, c->errlen, rc, "cannot add tensor %s (%s, row of %lld)", name,
                           dtype_name(t->type), (long long)cols);
+    return 0;
+}
+
+/* A 3-D expert tensor: n_exp matrices of rows x cols, GGUF shape [cols, rows, n_exp]. */
+static int add_exps(struct writer_ctx *c, const char *name, int layer, int64_t rows, int64_t cols, int n_exp,
+                    float scale)
+{
+    if (c->n_fills == c->cap)
+        return CAIRN_EINVAL;
+    struct tensor_fill *t = &c->fills[c->n_fills++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->rows = rows * n_exp; /* filled row by row over all experts */
+    t->cols = cols;
+    t->kind = c->script ? FILL_ZERO : FILL_NORMAL;
+    t->scale = scale;
+    t->spec = c->spec;
+    t->script = c->script;
+    t->type = synth_tensor_type(c->spec, name, layer, cols);
+    if (t->type < 0)
+        return cairn_fail(c->err, c->errlen, CAIRN_EINVAL, "unknown or unsupported type '%s'", c->spec->type);
+    int64_t ne[3] = {cols, rows, n_exp};
+    int rc = gguf_writer_add_tensor(c->w, t->name, t->type, 3, ne, NULL, fill_tensor, t);
+    if (rc)
+        return cairn_fail(c->err, c->errlen, rc, "cannot add tensor %s (%s, row of %lld)", name,
+                          dtype_name(t->type), (long long)cols);
+    return 0;
+}
+
+/* A layer's mixture of experts: the router (F32, as llama.cpp's quantizer leaves it) and
+ * the experts. */
+static int add_moe(struct writer_ctx *c, int il, float w_out)
+{
+    const struct synth_spec *s = c->spec;
+    char t[96];
+    int rc;
+#define T(suffix) (snprintf(t, sizeof t, "blk.%d.%s", il, suffix), t)
+    if ((rc = add(c, T("ffn_gate_inp.weight"), il, s->n_expert, s->n_embd, FILL_NORMAL, 0.02f)) ||
+        (rc = add_exps(c, T("ffn_gate_exps.weight"), il, s->n_ff_exp, s->n_embd, s->n_expert, 0.02f)) ||
+        (rc = add_exps(c, T("ffn_up_exps.weight"), il, s->n_ff_exp, s->n_embd, s->n_expert, 0.02f)) ||
+        (rc = add_exps(c, T("ffn_down_exps.weight"), il, s->n_embd, s->n_ff_exp, s->n_expert, w_out)))
+        return rc;
+#undef T
     return 0;
 }
 
@@ -379,6 +437,23 @@ static int write_model(const struct synth_spec *s, const char *vocab_path, struc
         gguf_writer_set_f32(c.w, KEY("rope.scaling.factor"), s->yarn_factor);
         gguf_writer_set_u32(c.w, KEY("rope.scaling.original_context_length"), (uint32_t)(s->n_ctx / s->yarn_factor));
     }
+    if (s->n_expert > 0) {
+        bool qwen = !strcmp(a, "qwen3moe");
+        if ((!qwen && strcmp(a, "llama")) || s->n_expert < 2 || s->n_expert > 1024 || s->n_expert_used < 1 ||
+            s->n_expert_used > s->n_expert || (qwen ? s->n_ff_exp < 1 : s->n_ff_exp != s->n_ff)) {
+            rc = cairn_fail(err, errlen, CAIRN_EINVAL,
+                            "a mixture of experts needs arch qwen3moe or llama (experts of n_ff), 2..1024 experts "
+                            "and 1..n_expert used");
+            goto out;
+        }
+        gguf_writer_set_u32(c.w, KEY("expert_count"), (uint32_t)s->n_expert);
+        gguf_writer_set_u32(c.w, KEY("expert_used_count"), (uint32_t)s->n_expert_used);
+        if (qwen)
+            gguf_writer_set_u32(c.w, KEY("expert_feed_forward_length"), (uint32_t)s->n_ff_exp);
+    } else if (!strcmp(a, "qwen3moe")) {
+        rc = cairn_fail(err, errlen, CAIRN_EINVAL, "qwen3moe needs experts");
+        goto out;
+    }
 #undef KEY
     int n_vocab = s->vocab_size;
     if (vocab_path) {
@@ -407,7 +482,7 @@ static int write_model(const struct synth_spec *s, const char *vocab_path, struc
         goto out;
     if (s->llama3_rope && (rc = add(&c, "rope_freqs.weight", -1, 1, s->head_dim / 2, FILL_ROPE_FREQS, 0)))
         goto out;
-    bool bias = !strcmp(a, "qwen2"), qk_norm = !strcmp(a, "qwen3");
+    bool bias = !strcmp(a, "qwen2"), qk_norm = !strcmp(a, "qwen3") || !strcmp(a, "qwen3moe");
     if (s->out_scale < 0 || !isfinite(s->out_scale) || s->scale_from < 0) {
         rc = cairn_fail(err, errlen, CAIRN_EINVAL, "output scale %g from layer %d: the scale must be finite and >= 0",
                         (double)s->out_scale, s->scale_from);
@@ -422,10 +497,12 @@ static int write_model(const struct synth_spec *s, const char *vocab_path, struc
             (rc = add(&c, T("attn_k.weight"), il, kv_dim, s->n_embd, FILL_NORMAL, w)) ||
             (rc = add(&c, T("attn_v.weight"), il, kv_dim, s->n_embd, FILL_NORMAL, w)) ||
             (rc = add(&c, T("attn_output.weight"), il, s->n_embd, q_dim, FILL_NORMAL, w_out)) ||
-            (rc = add(&c, T("ffn_norm.weight"), il, 1, s->n_embd, FILL_NORM_WEIGHT, 0.05f)) ||
-            (rc = add(&c, T("ffn_gate.weight"), il, s->n_ff, s->n_embd, FILL_NORMAL, w)) ||
-            (rc = add(&c, T("ffn_up.weight"), il, s->n_ff, s->n_embd, FILL_NORMAL, w)) ||
-            (rc = add(&c, T("ffn_down.weight"), il, s->n_embd, s->n_ff, FILL_NORMAL, w_out)))
+            (rc = add(&c, T("ffn_norm.weight"), il, 1, s->n_embd, FILL_NORM_WEIGHT, 0.05f)))
+            break;
+        if (s->n_expert > 0 ? (rc = add_moe(&c, il, w_out)) != 0
+                            : ((rc = add(&c, T("ffn_gate.weight"), il, s->n_ff, s->n_embd, FILL_NORMAL, w)) ||
+                               (rc = add(&c, T("ffn_up.weight"), il, s->n_ff, s->n_embd, FILL_NORMAL, w)) ||
+                               (rc = add(&c, T("ffn_down.weight"), il, s->n_embd, s->n_ff, FILL_NORMAL, w_out))))
             break;
         if (bias && ((rc = add(&c, T("attn_q.bias"), il, 1, q_dim, FILL_NORMAL, w)) ||
                      (rc = add(&c, T("attn_k.bias"), il, 1, kv_dim, FILL_NORMAL, w)) ||

@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 struct synth_spec {
-    char arch[16];        /* llama, qwen2, qwen3 */
+    char arch[16];        /* llama, qwen2, qwen3, qwen3moe */
     int n_layers, n_embd, n_ff, n_head, n_head_kv, head_dim;
     int64_t n_ctx;
     float rope_base, norm_eps;
@@ -30,9 +30,14 @@ struct synth_spec {
      * <|channel|> ... for a gpt-oss-shaped model on the qwen2 vocabulary), or none. */
     const char *const *extra_tokens;
     int n_extra_tokens;
+    /* Mixture of experts (n_expert 0: dense): each layer's feed-forward is n_expert SwiGLU
+     * experts of n_ff_exp (qwen3moe; llama's experts are n_ff wide), n_expert_used per
+     * token, behind an F32 router (ffn_gate_inp), as llama.cpp's converter writes them. */
+    int n_expert, n_expert_used, n_ff_exp;
 };
 
-/* Fills spec with a named shape: tiny, small, llama-1b, llama-8b, qwen-0.5b, qwen3-0.6b.
+/* Fills spec with a named shape: tiny, small, llama-1b, llama-8b, qwen-0.5b, qwen3-0.6b,
+ * qwen3moe-tiny, qwen3-30b-a3b, mixtral-tiny.
  * Returns CAIRN_ENOTFOUND for other names. The type is left as it is. */
 int synth_shape(const char *name, struct synth_spec *spec);
 

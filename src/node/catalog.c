@@ -94,6 +94,7 @@ static int read_tensors(struct catalog_card *card, const struct gguf_file *f, ch
     if (!card->layer_bytes)
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
     bool have_embd = false, have_head = false;
+    uint64_t expert_bytes = 0;
     for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
         const struct gguf_tensor *t = gguf_tensor(f, i);
         const struct dtype_info *ti = dtype_info(t->type);
@@ -101,6 +102,8 @@ static int read_tensors(struct catalog_card *card, const struct gguf_file *f, ch
             return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "tensor %s has type %s, which is not supported",
                               t->name, dtype_name(t->type));
         card->weight_bytes += t->size;
+        if (strstr(t->name, "_exps."))
+            expert_bytes += t->size;
         int64_t blk = block_index(t->name);
         if (blk >= 0) {
             if (blk >= card->n_layers)
@@ -124,6 +127,10 @@ static int read_tensors(struct catalog_card *card, const struct gguf_file *f, ch
     for (int l = 0; l < card->n_layers; l++)
         if (!card->layer_bytes[l])
             return cairn_fail(err, errlen, CAIRN_EFORMAT, "layer %d has no tensors (blk.%d.*)", l, l);
+    card->active_bytes = card->weight_bytes;
+    if (card->n_expert > 0) /* a token reads n_expert_used of each layer's n_expert experts */
+        card->active_bytes = card->weight_bytes - expert_bytes +
+                             expert_bytes / (uint64_t)card->n_expert * (uint64_t)card->n_expert_used;
     card->tied_output = !have_head;
     if (!have_head)
         card->head_bytes = card->embd_bytes;
@@ -170,6 +177,9 @@ int catalog_card_read(struct catalog_card *out, const char *path, char *err, siz
     out->n_layers = hp.n_layers;
     out->n_embd = hp.n_embd;
     out->n_ff = hp.n_ff;
+    out->n_expert = hp.n_expert;
+    out->n_expert_used = hp.n_expert_used;
+    out->n_ff_exp = hp.n_ff_exp;
     out->n_head = hp.n_head;
     out->n_head_kv = hp.n_head_kv;
     out->head_dim = hp.head_dim;

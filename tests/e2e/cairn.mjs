@@ -25,6 +25,10 @@ export const QWEN_TEMPLATE = path.join(SHARED, 'testdata/templates/Qwen-Qwen2.5-
  * (if repetitive) greedy outputs, and it is quick even under ASan. */
 export const SMALL_SHAPE = ['--arch', 'qwen2', '--n-embd', '192', '--n-layers', '4', '--n-head', '6',
   '--n-head-kv', '2', '--n-ff', '512', '--seed', '7'];
+/** A small qwen3moe (mixture of experts: 8 experts, 2 per token) of the same vocabulary. */
+export const MOE_SHAPE = ['--arch', 'qwen3moe', '--n-embd', '128', '--n-layers', '4', '--n-head', '4',
+  '--n-head-kv', '2', '--head-dim', '32', '--n-ff', '256', '--n-expert', '8', '--n-expert-used', '2',
+  '--n-ff-exp', '64', '--seed', '7'];
 /** The shape of script models: only the embeddings and the head matter. */
 export const SCRIPT_SHAPE = ['--arch', 'qwen2', '--n-embd', '128', '--n-layers', '1', '--n-head', '4',
   '--n-head-kv', '2', '--n-ff', '128'];

@@ -6,6 +6,7 @@
 #include "model/model.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,6 +94,49 @@ static void rope(const struct model_hparams *hp, const double *factors, double *
     }
 }
 
+/* The mixture of experts as its definition reads (Qwen3-MoE, Mixtral): softmax over the
+ * router's logits, the n_expert_used most probable experts (ties to the lower index),
+ * their probabilities renormalised to sum 1 when the model says so, and the weighted sum
+ * of their SwiGLU outputs. */
+static void moe_ffn(const struct model_hparams *hp, const double *router, const double *eg, const double *eu,
+                    const double *ed, const double *xn, double *out, double *g, double *u, double *tmp)
+{
+    int64_t E = hp->n_embd, F = hp->n_ff_exp;
+    int NE = hp->n_expert, K = hp->n_expert_used;
+    double p[1024], mx = -INFINITY, sum = 0;
+    matvec(router, xn, p, NE, E);
+    for (int e = 0; e < NE; e++)
+        mx = fmax(mx, p[e]);
+    for (int e = 0; e < NE; e++)
+        sum += p[e] = exp(p[e] - mx);
+    bool taken[1024] = {false};
+    int sel[1024];
+    double w[1024], wsum = 0;
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < NE; e++)
+            if (!taken[e] && (best < 0 || p[e] > p[best]))
+                best = e;
+        taken[best] = true;
+        sel[k] = best;
+        w[k] = p[best] / sum;
+        wsum += w[k];
+    }
+    for (int64_t i = 0; i < E; i++)
+        out[i] = 0;
+    for (int k = 0; k < K; k++) {
+        int64_t e = sel[k];
+        matvec(eg + e * F * E, xn, g, F, E);
+        matvec(eu + e * F * E, xn, u, F, E);
+        for (int64_t i = 0; i < F; i++)
+            g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+        matvec(ed + e * E * F, g, tmp, E, F);
+        double wk = hp->expert_norm ? w[k] / wsum : w[k];
+        for (int64_t i = 0; i < E; i++)
+            out[i] += wk * tmp[i];
+    }
+}
+
 double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab_out)
 {
     char err[512];
@@ -108,7 +152,7 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
         return NULL;
     }
     int64_t E = hp.n_embd, hd = hp.head_dim, qd = (int64_t)hp.n_head * hd, kvd = (int64_t)hp.n_head_kv * hd;
-    int64_t V = hp.n_vocab, F = hp.n_ff;
+    int64_t V = hp.n_vocab, F = hp.n_ff > hp.n_ff_exp ? hp.n_ff : hp.n_ff_exp;
     double *emb = tensor(f, "token_embd.weight", NULL, NULL);
     double *head = hp.tied_output ? emb : tensor(f, "output.weight", NULL, NULL);
     double *onorm = tensor(f, "output_norm.weight", NULL, NULL);
@@ -116,7 +160,7 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
     double *x = calloc((size_t)(n * E), sizeof *x);
     double *K = calloc((size_t)(n * kvd), sizeof *K), *Vc = calloc((size_t)(n * kvd), sizeof *Vc);
     double *xn = malloc((size_t)E * sizeof *xn), *q = malloc((size_t)qd * sizeof *q);
-    double *att = malloc((size_t)qd * sizeof *att), *tmp = malloc((size_t)E * sizeof *tmp);
+    double *att = malloc((size_t)(qd > E ? qd : E) * sizeof *att), *tmp = malloc((size_t)E * sizeof *tmp);
     double *g = malloc((size_t)F * sizeof *g), *u = malloc((size_t)F * sizeof *u);
     double *sc = malloc((size_t)n * sizeof *sc);
     for (int t = 0; t < n; t++)
@@ -127,6 +171,9 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
         double *wo = tensorf(f, "blk.%d.attn_output.weight", l), *fn = tensorf(f, "blk.%d.ffn_norm.weight", l);
         double *wg = tensorf(f, "blk.%d.ffn_gate.weight", l), *wu = tensorf(f, "blk.%d.ffn_up.weight", l);
         double *wd = tensorf(f, "blk.%d.ffn_down.weight", l);
+        double *router = tensorf(f, "blk.%d.ffn_gate_inp.weight", l);
+        double *eg = tensorf(f, "blk.%d.ffn_gate_exps.weight", l), *eu = tensorf(f, "blk.%d.ffn_up_exps.weight", l);
+        double *ed = tensorf(f, "blk.%d.ffn_down_exps.weight", l);
         double *bq = tensorf(f, "blk.%d.attn_q.bias", l), *bk = tensorf(f, "blk.%d.attn_k.bias", l);
         double *bv = tensorf(f, "blk.%d.attn_v.bias", l);
         double *qn = tensorf(f, "blk.%d.attn_q_norm.weight", l), *kn = tensorf(f, "blk.%d.attn_k_norm.weight", l);
@@ -180,6 +227,12 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
         }
         for (int t = 0; t < n; t++) {
             rmsnorm(x + t * E, fn, xn, E, hp.norm_eps);
+            if (router) {
+                moe_ffn(&hp, router, eg, eu, ed, xn, att, g, u, tmp);
+                for (int64_t i = 0; i < E; i++)
+                    x[t * E + i] += att[i];
+                continue;
+            }
             matvec(wg, xn, g, F, E);
             matvec(wu, xn, u, F, E);
             for (int64_t i = 0; i < F; i++)
@@ -188,7 +241,7 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
             for (int64_t i = 0; i < E; i++)
                 x[t * E + i] += tmp[i];
         }
-        double *all[] = {an, wq, wk, wv, wo, fn, wg, wu, wd, bq, bk, bv, qn, kn};
+        double *all[] = {an, wq, wk, wv, wo, fn, wg, wu, wd, bq, bk, bv, qn, kn, router, eg, eu, ed};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             free(all[i]);
     }

@@ -269,6 +269,98 @@ static void check_threads_same(const char *path)
     free(logits[1]);
 }
 
+/* A mixture of experts: 8 sequences decoded in one batch give the bits each gives alone,
+ * and the batch runs each chosen expert once for all the tokens that chose it: a decode
+ * step of one token runs exactly n_expert_used experts per layer (only their weights are
+ * read), one of 8 tokens at most n_expert per layer, fewer than its 8 x n_expert_used
+ * choices. */
+static void check_moe_batch(const char *label, const struct synth_spec *spec)
+{
+    enum { NS = 8, PL = 6 };
+    char path[256], err[512];
+    snprintf(path, sizeof path, "test_forward_moeb_%s_%d.gguf", label, (int)getpid());
+    if (synth_write(spec, NULL, path, err, sizeof err)) {
+        CHECK(0, "%s: synth_write: %s", label, err);
+        return;
+    }
+    struct model *m = NULL;
+    struct engine *e = NULL;
+    struct kv_cache *kv = NULL;
+    struct engine_config ec = {.n_threads = 2, .max_batch = NS * PL, .max_ctx = 64};
+    if (model_load(&m, path, NULL, err, sizeof err) || engine_create(&e, m, &ec, err, sizeof err)) {
+        CHECK(0, "%s: %s", label, err);
+        goto out;
+    }
+    struct kv_config kc = engine_kv_config(m, 64, NS, 16);
+    if (kv_create(&kv, &kc, err, sizeof err)) {
+        CHECK(0, "%s: %s", label, err);
+        goto out;
+    }
+    int V = m->hp.n_vocab, L = m->hp.n_layers, K = m->hp.n_expert_used;
+    int32_t toks[NS][PL + 1];
+    for (int i = 0; i < NS; i++)
+        make_tokens(toks[i], PL + 1, V, 100 + (uint64_t)i);
+    float *alone = malloc((size_t)NS * 2 * V * sizeof(float)), *logits = malloc((size_t)NS * PL * V * sizeof(float));
+    int32_t seq[NS * PL];
+    int64_t pos[NS * PL];
+    uint64_t expert_bytes = 0; /* one expert of each layer (the mix gives some layers more bits) */
+    for (int l = 0; l < L; l++)
+        expert_bytes += kern_mat_bytes(m->layers[l].exp_gate[0]) + kern_mat_bytes(m->layers[l].exp_up[0]) +
+                        kern_mat_bytes(m->layers[l].exp_down[0]);
+    for (int i = 0; i < NS; i++) { /* alone: the prompt in one batch, then one decode step */
+        for (int k = 0; k < PL; k++)
+            seq[k] = i, pos[k] = k;
+        struct batch b = {.n = PL, .token = toks[i], .seq = seq, .pos = pos};
+        CHECK(engine_forward(e, kv, &b, logits, err, sizeof err) == 0, "%s: %s", label, err);
+        memcpy(alone + (size_t)(2 * i) * V, logits + (size_t)(PL - 1) * V, (size_t)V * sizeof(float));
+        struct moe_stats s0 = engine_moe_stats(e);
+        pos[0] = PL;
+        b = (struct batch){.n = 1, .token = &toks[i][PL], .seq = seq, .pos = pos};
+        CHECK(engine_forward(e, kv, &b, alone + (size_t)(2 * i + 1) * V, err, sizeof err) == 0, "%s: %s", label, err);
+        struct moe_stats s1 = engine_moe_stats(e);
+        CHECK(s1.expert_runs - s0.expert_runs == (uint64_t)(L * K) &&
+                  s1.expert_bytes - s0.expert_bytes == (uint64_t)K * expert_bytes,
+              "%s: a decode step ran %llu experts (%llu bytes), expected %d (%llu)", label,
+              (unsigned long long)(s1.expert_runs - s0.expert_runs), (unsigned long long)(s1.expert_bytes - s0.expert_bytes),
+              L * K, (unsigned long long)((uint64_t)K * expert_bytes));
+        kv_seq_clear(kv, i);
+    }
+    /* together: the prompts interleaved in one batch, then one decode step of all 8 */
+    int32_t bt[NS * PL];
+    for (int k = 0; k < PL; k++)
+        for (int i = 0; i < NS; i++)
+            bt[k * NS + i] = toks[i][k], seq[k * NS + i] = i, pos[k * NS + i] = k;
+    struct batch b = {.n = NS * PL, .token = bt, .seq = seq, .pos = pos};
+    CHECK(engine_forward(e, kv, &b, logits, err, sizeof err) == 0, "%s: %s", label, err);
+    bool same = true;
+    for (int i = 0; i < NS; i++)
+        same &= same_bits(alone + (size_t)(2 * i) * V, logits + (size_t)((PL - 1) * NS + i) * V, (size_t)V);
+    CHECK(same, "%s: prompt logits differ in a batch of 8 sequences", label);
+    for (int i = 0; i < NS; i++)
+        bt[i] = toks[i][PL], seq[i] = i, pos[i] = PL;
+    struct moe_stats s0 = engine_moe_stats(e);
+    b = (struct batch){.n = NS, .token = bt, .seq = seq, .pos = pos};
+    CHECK(engine_forward(e, kv, &b, logits, err, sizeof err) == 0, "%s: %s", label, err);
+    struct moe_stats s1 = engine_moe_stats(e);
+    same = true;
+    for (int i = 0; i < NS; i++)
+        same &= same_bits(alone + (size_t)(2 * i + 1) * V, logits + (size_t)i * V, (size_t)V);
+    CHECK(same, "%s: decode logits differ in a batch of 8 sequences", label);
+    uint64_t runs = s1.expert_runs - s0.expert_runs, choices = s1.token_choices - s0.token_choices;
+    CHECK(choices == (uint64_t)(NS * K * L) && runs <= (uint64_t)(L * m->hp.n_expert) && runs < choices,
+          "%s: a batch of %d ran %llu experts for %llu choices (%d layers, %d experts)", label, NS,
+          (unsigned long long)runs, (unsigned long long)choices, L, m->hp.n_expert);
+    printf("%s: batch of %d: %llu expert runs for %llu choices\n", label, NS, (unsigned long long)runs,
+           (unsigned long long)choices);
+    free(alone);
+    free(logits);
+out:
+    kv_release(kv);
+    engine_release(e);
+    model_release(m);
+    unlink(path);
+}
+
 int main(void)
 {
     struct synth_spec base = {.arch = "llama", .n_layers = 2, .n_embd = 64, .n_ff = 160, .n_head = 4, .n_head_kv = 2,
@@ -315,6 +407,24 @@ int main(void)
     s.n_embd = 256, s.n_ff = 512, s.n_head = 4, s.head_dim = 64, s.n_layers = 3;
     snprintf(s.type, sizeof s.type, "q4_k_m"); /* Q4_K and Q6_K */
     check_model("llama-q4_k_m", &s, 0.1); /* 8-bit activations in blocks of 256 */
+    /* Mixtures of experts: qwen3moe (experts of n_ff_exp, q/k norms) and llama's (Mixtral:
+     * experts of n_ff). */
+    struct synth_spec moe = base;
+    snprintf(moe.arch, sizeof moe.arch, "qwen3moe");
+    moe.n_expert = 8, moe.n_expert_used = 2, moe.n_ff_exp = 48;
+    kv_type = DT_F32;
+    check_model("qwen3moe-f32", &moe, 1e-4);
+    struct synth_spec mix = base;
+    mix.n_expert = 4, mix.n_expert_used = 2, mix.n_ff_exp = mix.n_ff;
+    snprintf(mix.type, sizeof mix.type, "f16");
+    check_model("mixtral-f16", &mix, 1e-4);
+    kv_type = DT_F16;
+    struct synth_spec moeq = moe;
+    moeq.n_embd = 256, moeq.n_ff_exp = 256, moeq.head_dim = 64;
+    snprintf(moeq.type, sizeof moeq.type, "q4_k_m");
+    check_model("qwen3moe-q4_k_m", &moeq, 0.1);
+    check_moe_batch("qwen3moe-q4_k_m", &moeq);
+    check_moe_batch("mixtral-f16", &mix);
     char path[128], err[512];
     snprintf(path, sizeof path, "test_forward_threads_%d.gguf", (int)getpid());
     s.n_layers = 5;

@@ -2,7 +2,7 @@
  * two pipeline ranks, every tensor's bytes are in the ranges of the ranks that read it
  * and in no other (its layers; the embeddings on the first rank, and on the last when the
  * head is tied; the norm and head on the last; rope_freqs on every rank), the ranges are
- * sorted and apart, and the whole model's ranges are every tensor's bytes. And
+ * sorted and apart (a mixture of experts' 3-D tensors included), and the whole model's ranges are every tensor's bytes. And
  * gguf_header_end on prefixes of the file: its data offset once the header is in the
  * prefix, a refusal before. */
 #include "base/err.h"
@@ -133,6 +133,17 @@ int main(void)
         check_header_end(path);
         unlink(path);
     }
+    /* A mixture of experts: each rank's ranges hold its layers' routers and 3-D expert
+     * tensors whole. */
+    struct synth_spec s;
+    synth_shape("qwen3moe-tiny", &s);
+    snprintf(s.type, sizeof s.type, "q4_k_m");
+    s.vocab_size = 512;
+    char path[128], err[256];
+    snprintf(path, sizeof path, "%s/moe.gguf", dir);
+    CHECK(synth_write(&s, NULL, path, err, sizeof err) == 0, "synth_write qwen3moe-tiny: %s", err);
+    check_split(path, false);
+    unlink(path);
     rmdir(dir);
     return test_main_end();
 }

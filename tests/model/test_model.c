@@ -8,6 +8,7 @@
 #include "model/synth.h"
 #include "testutil.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,139 @@ static int rewrite(const char *src, const char *dst, enum edit e)
     gguf_writer_release(w);
     gguf_close(f);
     return rc;
+}
+
+/* Edits of a qwen3moe file: a metadata key set (u32 value, or dropped when drop), and a
+ * tensor dropped, or re-declared as 2-D, or with its experts' dimension halved. */
+struct moe_edit {
+    const char *what;
+    const char *key;
+    uint32_t value;
+    bool drop_key;
+    const char *tensor;
+    enum { T_NONE, T_DROP, T_FLAT, T_HALF } tedit;
+    int code;
+    const char *needle;
+};
+
+static int rewrite_moe(const char *src, const char *dst, const struct moe_edit *ed)
+{
+    char err[256];
+    struct gguf_file *f;
+    if (gguf_open(&f, src, err, sizeof err))
+        return -1;
+    struct gguf_writer *w;
+    gguf_writer_create(&w);
+    for (int64_t i = 0; i < gguf_n_kv(f); i++) {
+        struct gguf_str k = gguf_kv_key(f, i);
+        if (ed->key && ed->drop_key && k.len == strlen(ed->key) && !memcmp(k.ptr, ed->key, k.len))
+            continue;
+        gguf_writer_copy_kv(w, f, i);
+    }
+    if (ed->key && !ed->drop_key)
+        gguf_writer_set_u32(w, ed->key, ed->value);
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor(f, i);
+        int64_t ne[4];
+        memcpy(ne, t->ne, sizeof ne);
+        int n_dims = t->n_dims;
+        if (ed->tensor && !strcmp(t->name, ed->tensor)) {
+            if (ed->tedit == T_DROP)
+                continue;
+            if (ed->tedit == T_FLAT)
+                ne[1] *= ne[2], ne[2] = 1, n_dims = 2;
+            if (ed->tedit == T_HALF)
+                ne[2] /= 2;
+        }
+        gguf_writer_add_tensor(w, t->name, t->type, n_dims, ne, t->data, NULL, NULL);
+    }
+    int rc = gguf_writer_write(w, dst, err, sizeof err);
+    gguf_writer_release(w);
+    gguf_close(f);
+    return rc;
+}
+
+static void expect_refusal(const char *path, const char *what, int code, const char *needle);
+
+/* A mixture of experts loads with its counts, and every inconsistency is refused with
+ * the key or tensor at fault. */
+static void check_moe(const char *bad)
+{
+    char path[128], err[512];
+    snprintf(path, sizeof path, "test_model_moe_%d.gguf", (int)getpid());
+    struct synth_spec s = {.arch = "qwen3moe", .n_layers = 2, .n_embd = 256, .n_ff = 512, .n_head = 4, .n_head_kv = 2,
+                           .head_dim = 64, .n_ctx = 1024, .rope_base = 10000, .norm_eps = 1e-6f, .type = "q4_k_m",
+                           .seed = 3, .vocab_size = 320, .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 256};
+    if (synth_write(&s, NULL, path, err, sizeof err)) {
+        CHECK(0, "synth_write qwen3moe: %s", err);
+        return;
+    }
+    struct model *m = NULL;
+    CHECK(model_load(&m, path, NULL, err, sizeof err) == 0, "qwen3moe: %s", err);
+    if (m) {
+        const struct model_hparams *hp = &m->hp;
+        CHECK(hp->n_expert == 8 && hp->n_expert_used == 2 && hp->n_ff_exp == 256 && hp->expert_norm && hp->qk_norm &&
+                  hp->rope == ROPE_NEOX && m->layers[1].router && m->layers[1].exp_down[7] && !m->layers[1].w_gate,
+              "qwen3moe hyper-parameters or tensors");
+        CHECK(kern_mat_type(m->layers[0].router) == DT_F32 && kern_mat_rows(m->layers[0].router) == 8 &&
+                  kern_mat_type(m->layers[0].exp_up[3]) == DT_Q4_K && kern_mat_rows(m->layers[0].exp_down[3]) == 256,
+              "router / expert matrices");
+        /* active bytes: everything but 6 of the 8 experts of each layer */
+        uint64_t expert = 0;
+        for (int l = 0; l < 2; l++)
+            expert += kern_mat_bytes(m->layers[l].exp_gate[0]) + kern_mat_bytes(m->layers[l].exp_up[0]) +
+                      kern_mat_bytes(m->layers[l].exp_down[0]);
+        CHECK(m->all_weight_bytes - m->weight_bytes == 6 * expert, "weight bytes %llu of %llu (one expert per layer: %llu)",
+              (unsigned long long)m->weight_bytes, (unsigned long long)m->all_weight_bytes, (unsigned long long)expert);
+        model_release(m);
+    }
+    const struct moe_edit cases[] = {
+        {"more experts used than exist", "qwen3moe.expert_used_count", 9, false, NULL, T_NONE, CAIRN_EFORMAT,
+         "qwen3moe.expert_used_count"},
+        {"no experts used", "qwen3moe.expert_used_count", 0, false, NULL, T_NONE, CAIRN_EFORMAT,
+         "qwen3moe.expert_used_count"},
+        {"missing expert count", "qwen3moe.expert_count", 0, true, NULL, T_NONE, CAIRN_EFORMAT, "qwen3moe.expert_count"},
+        {"one expert", "qwen3moe.expert_count", 1, false, NULL, T_NONE, CAIRN_EFORMAT, "qwen3moe.expert_count"},
+        {"too many experts", "qwen3moe.expert_count", 5000, false, NULL, T_NONE, CAIRN_EFORMAT, "qwen3moe.expert_count"},
+        {"expert count unlike the router", "qwen3moe.expert_count", 4, false, NULL, T_NONE, CAIRN_EFORMAT,
+         "blk.0.ffn_gate_inp.weight"},
+        {"expert width unlike the tensors", "qwen3moe.expert_feed_forward_length", 128, false, NULL, T_NONE,
+         CAIRN_EFORMAT, "blk.0.ffn_gate_exps.weight"},
+        {"sigmoid gating", "qwen3moe.expert_gating_func", 2, false, NULL, T_NONE, CAIRN_EUNSUPPORTED,
+         "qwen3moe.expert_gating_func"},
+        {"shared experts", "qwen3moe.expert_shared_count", 1, false, NULL, T_NONE, CAIRN_EUNSUPPORTED,
+         "qwen3moe.expert_shared_count"},
+        {"missing down experts", NULL, 0, false, "blk.1.ffn_down_exps.weight", T_DROP, CAIRN_EFORMAT,
+         "blk.1.ffn_down_exps.weight"},
+        {"missing router", NULL, 0, false, "blk.1.ffn_gate_inp.weight", T_DROP, CAIRN_EFORMAT,
+         "blk.1.ffn_gate_inp.weight"},
+        {"experts flattened to 2-D", NULL, 0, false, "blk.1.ffn_up_exps.weight", T_FLAT, CAIRN_EFORMAT,
+         "blk.1.ffn_up_exps.weight"},
+        {"half the experts", NULL, 0, false, "blk.0.ffn_gate_exps.weight", T_HALF, CAIRN_EFORMAT,
+         "blk.0.ffn_gate_exps.weight"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (rewrite_moe(path, bad, &cases[i])) {
+            CHECK(0, "%s: cannot write the edited file", cases[i].what);
+            continue;
+        }
+        expect_refusal(bad, cases[i].what, cases[i].code, cases[i].needle);
+    }
+    /* a llama file that declares experts must carry them */
+    struct synth_spec d = s;
+    snprintf(d.arch, sizeof d.arch, "llama");
+    d.n_expert = 0;
+    snprintf(path, sizeof path, "test_model_moe_%d.gguf", (int)getpid());
+    if (synth_write(&d, NULL, path, err, sizeof err) == 0) {
+        struct moe_edit e = {"llama with experts declared", "llama.expert_count", 8, false, NULL, T_NONE, 0, NULL};
+        struct moe_edit u = {"", "llama.expert_used_count", 2, false, NULL, T_NONE, 0, NULL};
+        char mid[160];
+        snprintf(mid, sizeof mid, "%s.mid", bad);
+        if (rewrite_moe(path, mid, &e) == 0 && rewrite_moe(mid, bad, &u) == 0)
+            expect_refusal(bad, e.what, CAIRN_EFORMAT, "blk.0.ffn_gate_inp.weight");
+        unlink(mid);
+    }
+    unlink(path);
 }
 
 /* Refused the same way whether the matrices load on one thread or several. */
@@ -195,6 +329,10 @@ int main(void)
     }
     expect_refusal("/nonexistent/model.gguf", "missing file", CAIRN_ENOTFOUND, "/nonexistent/model.gguf");
     check_slice_memory();
+    CHECK(synth_shape("qwen3-30b-a3b", &q) == 0 && !strcmp(q.arch, "qwen3moe") && q.n_layers == 48 && q.n_embd == 2048 &&
+              q.n_expert == 128 && q.n_expert_used == 8 && q.n_ff_exp == 768 && q.n_head == 32 && q.n_head_kv == 4 &&
+              q.head_dim == 128, "qwen3-30b-a3b shape");
+    check_moe(bad);
     unlink(path);
     unlink(bad);
     return test_main_end();

@@ -283,6 +283,9 @@ int main(int argc, char **argv)
     struct synth_spec quant = spec_of("llama", 4, 256, 512, 4, 4, 64, 0, 300);
     snprintf(quant.type, sizeof quant.type, "q4_k_m");
     write_spec(&quant, NULL, "llama-q4km.gguf");
+    struct synth_spec moe = spec_of("qwen3moe", 2, 64, 96, 4, 2, 16, 0, 300);
+    moe.n_expert = 8, moe.n_expert_used = 2, moe.n_ff_exp = 32;
+    write_spec(&moe, NULL, "moe-tiny.gguf");
 
     size_t n = 0;
     unsigned char *good = read_all(path_in("llama-tiny.gguf"), &n);
@@ -305,7 +308,7 @@ int main(int argc, char **argv)
 
     CHECK(catalog_create(&c, dir, err, sizeof err) == 0, "create: %s", err);
     CHECK(catalog_scan(c, err, sizeof err) == 0, "scan: %s", err);
-    CHECK_EQ_INT(catalog_count(c), 9);
+    CHECK_EQ_INT(catalog_count(c), 10);
     for (size_t i = 0; i < catalog_count(c); i++)
         printf("  %s: %s\n", catalog_at(c, i)->id, catalog_at(c, i)->error ? catalog_at(c, i)->error : "ok");
     for (size_t i = 1; i < catalog_count(c); i++)
@@ -336,6 +339,25 @@ int main(int argc, char **argv)
         CHECK(qk->head_bytes > qk->embd_bytes, "Q6_K head %llu <= Q4_K embd %llu", (unsigned long long)qk->head_bytes,
               (unsigned long long)qk->embd_bytes);
     }
+    /* A mixture of experts: memory counts every expert, a token reads 2 of the 8. */
+    const struct catalog_card *mc = must_find(c, "moe-tiny");
+    if (mc && !mc->error) {
+        uint64_t experts = 0, layers = 0;
+        for (int l = 0; l < mc->n_layers; l++)
+            layers += mc->layer_bytes[l];
+        experts = (uint64_t)mc->n_layers * 3 * 8 * 32 * 64 * 2; /* f16 gate, up, down of 8 experts */
+        CHECK(mc->n_expert == 8 && mc->n_expert_used == 2 && mc->n_ff_exp == 32, "moe counts %d %d %d", mc->n_expert,
+              mc->n_expert_used, mc->n_ff_exp);
+        CHECK(layers > experts && mc->weight_bytes - mc->active_bytes == experts / 8 * 6,
+              "moe: layers %llu, weight %llu, active %llu, experts %llu", (unsigned long long)layers,
+              (unsigned long long)mc->weight_bytes, (unsigned long long)mc->active_bytes, (unsigned long long)experts);
+        json_t *j = catalog_card_to_json(mc);
+        CHECK(j && json_integer_value(json_object_get(j, "expert_count")) == 8 &&
+                  json_integer_value(json_object_get(j, "active_bytes")) == (json_int_t)mc->active_bytes,
+              "moe card JSON");
+        json_decref(j);
+    }
+    CHECK(ll && ll->active_bytes == ll->weight_bytes && ll->n_expert == 0, "a dense card's active bytes are its weights");
     RUN(test_errors, c);
     CHECK(ll && ll->model_bytes == ll->file_bytes, "one file: the model's bytes are the file's");
     RUN(test_split_bytes);
@@ -355,7 +377,7 @@ int main(int argc, char **argv)
     free(text);
     json_decref(j);
     json_t *all = catalog_to_json(c);
-    CHECK(json_array_size(all) == 9, "catalog JSON has %zu entries", json_array_size(all));
+    CHECK(json_array_size(all) == 10, "catalog JSON has %zu entries", json_array_size(all));
     json_decref(all);
 
     /* A deep copy outlives the catalog's card. */
@@ -411,7 +433,7 @@ int main(int argc, char **argv)
     unlink(path_in("garbage.gguf"));
     write_spec(&qwen2, NULL, "qwen2_tiny.gguf");
     CHECK(catalog_scan(c, err, sizeof err) == 0, "rescan: %s", err);
-    CHECK_EQ_INT(catalog_count(c), 9);
+    CHECK_EQ_INT(catalog_count(c), 10);
     CHECK(catalog_find(c, "garbage") == NULL, "removed file still listed");
     size_t n_q2 = 0, n_q2_err = 0;
     for (size_t i = 0; i < catalog_count(c); i++)

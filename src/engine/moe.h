@@ -1,0 +1,47 @@
+/* The feed-forward of a mixture-of-experts layer (qwen3moe, llama files from Mixtral):
+ * a router picks n_expert_used of n_expert SwiGLU experts per token, and the token's
+ * output is their outputs weighted by the router's probabilities.
+ *
+ * Per token (the order of float operations, fixed whatever else is in the batch):
+ *   logits = router product (kern.h's order);
+ *   p[e] = exp(logits[e] - max) / sum, the sum in float over e = 0, 1, ... in order;
+ *   top-k: the k largest p, largest first, equal p in ascending expert order;
+ *   w[j] = p[sel j]; with expert_norm: w[j] = w[j] / max(sum_j w[j] (j in order), 6.1035e-5);
+ *   o_j = down_e(silu(gate_e(x)) * up_e(x)) for e = sel j (kern.h's products);
+ *   y = o_0 * w[0]; then y = y + o_j * w[j] for j = 1 .. k-1 (top-k order).
+ *
+ * A batch groups its tokens by expert: each expert chosen by any token of the batch runs
+ * once, as one product over all the tokens that chose it, so its weights are read once per
+ * step; experts no token chose are not read at all. */
+#ifndef CAIRN_ENGINE_MOE_H
+#define CAIRN_ENGINE_MOE_H
+
+#include <stdint.h>
+
+#include "base/pool.h"
+#include "engine/vec.h"
+#include "model/model.h"
+
+struct moe;
+
+/* Work done, for tests and the bench (counts since creation). */
+struct moe_stats {
+    uint64_t steps;          /* moe_forward calls (one per layer per forward) */
+    uint64_t token_choices;  /* tokens x n_expert_used */
+    uint64_t expert_runs;    /* experts run (each once per step that any token chose it) */
+    uint64_t expert_bytes;   /* bytes of expert weights read */
+};
+
+/* Scratch for batches of up to max_batch tokens of the model's shape (n_expert > 0);
+ * everything the forward needs is allocated here. */
+int moe_create(struct moe **out, const struct model_hparams *hp, int max_batch);
+void moe_release(struct moe *mo); /* accepts NULL */
+
+/* y[b] = the layer's mixture of experts of x[b] (B rows of n_embd, normed), B <= max_batch.
+ * Runs its products on pool. */
+void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, const struct model_layer *L,
+                 const float *x, int B, float *y);
+
+struct moe_stats moe_get_stats(const struct moe *mo);
+
+#endif
