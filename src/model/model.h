@@ -19,6 +19,8 @@
 
 struct gguf_file;
 
+/* phi3's fused attn_qkv and ffn_up tensors are loaded as the same five matrices: wq, wk and
+ * wv from consecutive rows of attn_qkv, w_gate and w_up from the two halves of ffn_up. */
 struct model_layer {
     struct kern_mat *wq;     /* (n_head*head_dim, n_embd) */
     struct kern_mat *wk;     /* (n_head_kv*head_dim, n_embd) */
@@ -31,6 +33,7 @@ struct model_layer {
     float *ffn_norm;         /* (n_embd) */
     float *bq, *bk, *bv;     /* biases or NULL */
     float *q_norm, *k_norm;  /* (head_dim) or NULL */
+    float *attn_post_norm, *ffn_post_norm; /* (n_embd) gemma3, else NULL */
 };
 
 struct model {
