@@ -300,6 +300,20 @@ int main(void)
     check_model("qwen3-bf16-kvq8_0", &s, 0.05);
     kv_type = DT_Q4_0;
     check_model("qwen3-bf16-kvq4_0", &s, 0.6);
+    /* gemma3: a window of 5 positions on layers 0-4 (layer 5 global) crosses the blocks of 4
+     * positions and the chunks of 1 and 5; phi3's fused matrices */
+    kv_type = DT_F32;
+    s = base;
+    snprintf(s.arch, sizeof s.arch, "gemma3");
+    s.n_layers = 6, s.n_head_kv = 1, s.tied = 1, s.swa_window = 5, s.rope_base = 1000000;
+    check_model("gemma3-f32-swa5", &s, 1e-4);
+    s.linear_factor = 8.0f, s.swa_window = 7; /* gemma3-4b's scaling of the global layers */
+    snprintf(s.type, sizeof s.type, "f16");
+    check_model("gemma3-f16-swa7-linear", &s, 1e-4);
+    s = base;
+    snprintf(s.arch, sizeof s.arch, "phi3");
+    s.n_head_kv = 4, s.swa_window = 3; /* a window phi3's files declare and llama.cpp ignores */
+    check_model("phi3-f32", &s, 1e-4);
     kv_type = DT_F16;
     /* 8-bit activations against quantized weights: the reference uses the same weights
      * but exact activations, so the tolerance is that of 8-bit activation rounding. */
