@@ -441,6 +441,19 @@ static void rope_table(const struct model *m, int64_t pos, float *cs)
     }
 }
 
+/* Tells the cache which of its layers slide (kv.h: it releases what their windows passed). */
+static void set_kv_windows(struct engine *e, struct kv_cache *kv)
+{
+    const struct model *m = e->m;
+    if (m->hp.swa_window <= 0)
+        return;
+    for (int il = 0; il < m->layer_end - m->layer_begin; il++) {
+        int64_t w = model_layer_swa(&m->hp, m->layer_begin + il) ? m->hp.swa_window : 0;
+        if (kv_window(kv, il) != w)
+            kv_set_window(kv, il, w);
+    }
+}
+
 static int check_batch(struct engine *e, struct kv_cache *kv, const struct batch *b, char *err, size_t errlen)
 {
     const struct model *m = e->m;
@@ -472,6 +485,11 @@ static int check_batch(struct engine *e, struct kv_cache *kv, const struct batch
         if (prev >= 0 ? b->pos[i] != b->pos[prev] + 1 : b->pos[i] > kv_seq_len(kv, b->seq[i]))
             return cairn_fail(err, errlen, CAIRN_EINVAL, "token %d: position %lld of sequence %d does not follow its previous position",
                               i, (long long)b->pos[i], b->seq[i]);
+        if (prev < 0 && b->pos[i] < kv_seq_min_resume(kv, b->seq[i]))
+            return cairn_fail(err, errlen, CAIRN_ERANGE,
+                              "token %d: sequence %d cannot resume at position %lld: its sliding-window layers released "
+                              "the positions it needs (it can resume at %lld or later)",
+                              i, b->seq[i], (long long)b->pos[i], (long long)kv_seq_min_resume(kv, b->seq[i]));
     }
     return 0;
 }
@@ -495,6 +513,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
     int rc = check_batch(e, kv, b, err, errlen);
     if (rc)
         return rc;
+    set_kv_windows(e, kv);
     const struct model *m = e->m;
     const struct model_hparams *hp = &m->hp;
     int B = b->n;
