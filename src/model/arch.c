@@ -177,7 +177,7 @@ int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, char
                 return rc;
             if (hp->rope_yarn_factor <= 1.0f)
                 hp->rope_yarn_factor = 0.0f; /* no scaling */
-        } else if (!(s.len == 4 && !memcmp(s.ptr, "none", 4))) {
+        } else if (!(s.len == 4 && !memcmp(s.ptr, "none", 4)) && !a->fused) { /* phi3's: read_phi3 */
             /* Llama 3 sets its scaling through rope_freqs.weight. */
             log_warn("rope scaling '%.*s' is not applied; positions beyond the trained context degrade",
                      (int)s.len, s.ptr);
