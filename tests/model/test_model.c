@@ -291,6 +291,21 @@ int main(void)
     CHECK(synth_shape("llama-1b", &q) == 0 && q.n_embd == 2048 && q.n_head_kv == 8 && q.head_dim == 64 && q.tied &&
               q.llama3_rope, "llama-1b shape");
     CHECK(synth_shape("nope", &q) == CAIRN_ENOTFOUND, "unknown shape accepted");
+    /* the gemma3 and phi3 shapes write the chat templates test_tmpl renders against jinja2 */
+    const char *tshapes[][2] = {{"gemma3-tiny", "cairn-gemma3"}, {"gemma3-4b", "cairn-gemma3"}, {"phi3-mini", "cairn-phi3"}};
+    for (int i = 0; i < 3; i++) {
+        char tpath[512], text[4096] = "";
+        snprintf(tpath, sizeof tpath, "%s/tests/tmpl/tmpl_cases/templates/%s.jinja", CAIRN_SOURCE_DIR, tshapes[i][1]);
+        FILE *tf = fopen(tpath, "rb");
+        size_t got = tf ? fread(text, 1, sizeof text - 1, tf) : 0;
+        text[got] = 0;
+        if (tf)
+            fclose(tf);
+        CHECK(synth_shape(tshapes[i][0], &q) == 0 && q.chat_template && !strcmp(q.chat_template, text),
+              "%s's chat template differs from %s", tshapes[i][0], tpath);
+    }
+    CHECK(synth_shape("gemma3-1b", &q) == 0 && q.n_layers == 26 && q.n_embd == 1152 && q.head_dim == 256 &&
+              q.n_head_kv == 1 && q.swa_window == 512 && q.tied, "gemma3-1b shape");
 
     struct { enum edit e; const char *what; int code; const char *needle; } cases[] = {
         {EDIT_ARCH, "unknown architecture", CAIRN_EUNSUPPORTED, "mamba"},
