@@ -18,6 +18,7 @@ static void usage(void)
             "                      --n-ff N [--head-dim N]) [--type T] [--vocab VOCAB.gguf | --vocab-size N]\n"
             "                      [--seed N] [--ctx N] [--script FILE | --script-ids ID,ID,...]\n"
             "                      [--chat-template FILE.jinja] [--scale-from K --scale F] [--split N]\n"
+            "                      [--sliding-window W]\n"
             "                      -o OUT.gguf\n"
             "       cairn mkmodel --draft-of TARGET.gguf --layers K -o OUT.gguf\n"
             "  --scale-from K --scale F: multiply the attention output and FFN down weights of layers\n"
@@ -26,6 +27,8 @@ static void usage(void)
             "            with it more often the smaller F is (F 1: as without the option). On the\n"
             "            small shape with --scale-from 3, F 0.5 to 0.1 gave greedy acceptance rates of\n"
             "            about 0.6 to 0.9 (it varies with the text); cairn bench --draft measures it\n"
+            "  --sliding-window W: gemma3's attention.sliding_window (its layers slide but every\n"
+            "            6th; 0: none), a phi3 file's (which llama.cpp and cairn ignore)\n"
             "  --split N: write the model as N files in gguf-split's layout, OUT-00001-of-0000N.gguf ...\n"
             "  --script: a model whose greedy continuation of the script's first token is the rest of\n"
             "            the script (text tokenized with the vocabulary, control tokens parsed); each\n"
@@ -127,7 +130,7 @@ int cli_mkmodel(int argc, char **argv)
     s.seed = 1;
     const char *shape = NULL, *arch = NULL, *vocab = NULL, *out = NULL, *v;
     const char *draft_of = NULL, *script_file = NULL, *script_ids = NULL, *template_file = NULL;
-    int64_t draft_layers = 0, scale_from = -1, split = 0;
+    int64_t draft_layers = 0, scale_from = -1, split = 0, swa = -1;
     double out_scale = 0;
     int64_t n_embd = 0, n_layers = 0, n_head = 0, n_head_kv = 0, n_ff = 0, head_dim = 0, ctx = 0, vocab_size = 0;
     for (; a.i < argc && !a.bad; a.i++) {
@@ -153,6 +156,7 @@ int cli_mkmodel(int argc, char **argv)
         else if (args_opt(&a, "--scale-from", &v)) scale_from = args_int(&a, "--scale-from", v, 0, 1024);
         else if (args_opt(&a, "--scale", &v)) out_scale = args_float(&a, "--scale", v, 1e-6, 1e6);
         else if (args_opt(&a, "--split", &v)) split = args_int(&a, "--split", v, 2, 999);
+        else if (args_opt(&a, "--sliding-window", &v)) swa = args_int(&a, "--sliding-window", v, 0, 1 << 30);
         else if (args_opt(&a, "-h|--help", NULL)) { usage(); return 0; }
         else {
             fprintf(stderr, "cairn mkmodel: unknown option '%s'\n", argv[a.i]);
@@ -216,6 +220,7 @@ int cli_mkmodel(int argc, char **argv)
     else if (!shape || n_embd || n_head)
         s.head_dim = s.n_embd / s.n_head; /* a shape's own head_dim stands unless resized */
     if (ctx) s.n_ctx = ctx;
+    if (swa >= 0) s.swa_window = swa;
     s.vocab_size = (int)vocab_size;
     s.scale_from = (int)(scale_from >= 0 ? scale_from : 0);
     s.out_scale = (float)out_scale;

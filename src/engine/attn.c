@@ -416,6 +416,7 @@ static void run_item(struct attn_job *j, struct scratch *sc, int ri, int h, int6
         }
     int64_t end = j->pos[b0 + len - 1] + 1; /* positions the run sees */
     int64_t from = first_seen(j, j->pos[b0]);
+    from = from > ta * ATTN_TILE ? from : ta * ATTN_TILE; /* this item's first position */
     for (int64_t p = from - from % j->bt; j->cold && p < end && p < from + PREFETCH_AHEAD * j->bt; p += j->bt)
         prefetch_piece(j, table, h, p, false);
     for (int64_t t = ta; t < tb; t++) {
