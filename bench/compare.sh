@@ -3,6 +3,8 @@
 # threads: decode (tg), prefill (pp), the decode roofline, and the batch-cost curve.
 # llama.cpp is built outside the project by ../shared/tools/llama-ref.sh (never committed).
 #   usage: bench/compare.sh [THREADS] [TYPES...]     (default: 2 q8_0 q4_0 q4_k_m)
+# SHAPE=NAME measures another mkmodel shape than llama-1b (gemma3 and phi3 shapes take the
+# llama-spm vocabulary, the others llama-bpe).
 # LONG=1 adds the growth with context (first type only): prefill of 512, 4096, 16384 and
 # 32768 tokens, decode at depth 16384 with F16 and Q8_0 KV caches, against llama.cpp
 # with flash attention (-fa 1) on the same file and threads. It takes a long while.
@@ -13,11 +15,13 @@ types=("$@"); [ ${#types[@]} -gt 0 ] || types=(q8_0 q4_0 q4_k_m)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j"$(nproc)" --target cairn >/dev/null
 ref=$(bash ../shared/tools/llama-ref.sh | tail -1)
 mkdir -p build/models
+shape=${SHAPE:-llama-1b}
+case $shape in gemma3*|phi3*) vocab=llama-spm ;; *) vocab=llama-bpe ;; esac
 for t in "${types[@]}"; do
-  m=build/models/llama-1b-$t.gguf
-  [ -f "$m" ] || ./build/cairn mkmodel --shape llama-1b --type "$t" \
-      --vocab ../shared/testdata/vocab/ggml-vocab-llama-bpe.gguf -o "$m"
-  echo "=== llama-1b $t, $threads threads ==="
+  m=build/models/$shape-$t.gguf
+  [ -f "$m" ] || ./build/cairn mkmodel --shape "$shape" --type "$t" \
+      --vocab ../shared/testdata/vocab/ggml-vocab-$vocab.gguf -o "$m"
+  echo "=== $shape $t, $threads threads ==="
   ./build/cairn bench -m "$m" -p 512 -n 128 -t "$threads" -r 3 --batch-curve 8
   "$ref/llama-bench" -m "$m" -p 512 -n 128 -t "$threads" -r 3 -o md 2>/dev/null | grep -E '^\|' || true
   # llama.cpp's batched decode: B sequences, one token each per step.
@@ -25,8 +29,8 @@ for t in "${types[@]}"; do
       | grep -E '^\|' || true
 done
 if [ "${LONG:-0}" = 1 ]; then
-  m=build/models/llama-1b-${types[0]}.gguf
-  echo "=== llama-1b ${types[0]}, $threads threads: growth with context ==="
+  m=build/models/$shape-${types[0]}.gguf
+  echo "=== $shape ${types[0]}, $threads threads: growth with context ==="
   for p in 512 4096 16384 32768; do
     ./build/cairn bench -m "$m" -p "$p" -n 0 -t "$threads" -r 1 --batch-curve 0 | grep -E '^pp'
   done

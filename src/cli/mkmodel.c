@@ -18,7 +18,7 @@ static void usage(void)
             "                      --n-ff N [--head-dim N]) [--type T] [--vocab VOCAB.gguf | --vocab-size N]\n"
             "                      [--seed N] [--ctx N] [--script FILE | --script-ids ID,ID,...]\n"
             "                      [--chat-template FILE.jinja] [--scale-from K --scale F] [--split N]\n"
-            "                      [--n-expert N --n-expert-used K [--n-ff-exp N]]\n"
+            "                      [--n-expert N --n-expert-used K [--n-ff-exp N]] [--sliding-window W]\n"
             "                      [--yarn F | --llama3-rope] [--add-tokens T1,T2,...] -o OUT.gguf\n"
             "       cairn mkmodel --draft-of TARGET.gguf --layers K -o OUT.gguf\n"
             "  --scale-from K --scale F: multiply the attention output and FFN down weights of layers\n"
@@ -34,6 +34,8 @@ static void usage(void)
             "            for a gpt-oss-shaped model on another vocabulary)\n"
             "  --n-expert N --n-expert-used K: a mixture of N experts, K per token (qwen3moe, whose\n"
             "            experts are --n-ff-exp wide, or llama, whose experts are --n-ff wide); 0: dense\n"
+            "  --sliding-window W: gemma3's attention.sliding_window (its layers slide but every\n"
+            "            6th; 0: none), a phi3 file's (which llama.cpp and cairn ignore)\n"
             "  --split N: write the model as N files in gguf-split's layout, OUT-00001-of-0000N.gguf ...\n"
             "  --script: a model whose greedy continuation of the script's first token is the rest of\n"
             "            the script (text tokenized with the vocabulary, control tokens parsed); each\n"
@@ -135,7 +137,7 @@ int cli_mkmodel(int argc, char **argv)
     s.seed = 1;
     const char *shape = NULL, *arch = NULL, *vocab = NULL, *out = NULL, *v;
     const char *draft_of = NULL, *script_file = NULL, *script_ids = NULL, *template_file = NULL;
-    int64_t draft_layers = 0, scale_from = -1, split = 0;
+    int64_t draft_layers = 0, scale_from = -1, split = 0, swa = -1;
     double out_scale = 0, yarn = 0;
     bool llama3_rope = false;
     const char *add_tokens = NULL;
@@ -170,6 +172,7 @@ int cli_mkmodel(int argc, char **argv)
         else if (args_opt(&a, "--yarn", &v)) yarn = args_float(&a, "--yarn", v, 1.0001, 1024);
         else if (args_opt(&a, "--llama3-rope", NULL)) llama3_rope = true;
         else if (args_opt(&a, "--add-tokens", &v)) add_tokens = v;
+        else if (args_opt(&a, "--sliding-window", &v)) swa = args_int(&a, "--sliding-window", v, 0, 1 << 30);
         else if (args_opt(&a, "-h|--help", NULL)) { usage(); return 0; }
         else {
             fprintf(stderr, "cairn mkmodel: unknown option '%s'\n", argv[a.i]);
@@ -240,6 +243,7 @@ int cli_mkmodel(int argc, char **argv)
     if (n_ff_exp) s.n_ff_exp = (int)n_ff_exp;
     if (s.n_expert > 0 && !strcmp(s.arch, "llama"))
         s.n_ff_exp = s.n_ff; /* llama's experts are feed_forward_length wide */
+    if (swa >= 0) s.swa_window = swa;
     s.vocab_size = (int)vocab_size;
     s.scale_from = (int)(scale_from >= 0 ? scale_from : 0);
     s.out_scale = (float)out_scale;

@@ -18,6 +18,7 @@
 
 struct attn {
     struct attn_shape sh;
+    float scale;        /* of the queries */
     int n_threads, max_batch;
     int group;          /* query heads per KV head */
     int qt;             /* tokens per query tile */
@@ -26,6 +27,7 @@ struct attn {
     size_t thread_floats;
     float *buf;         /* per thread: q' (rows x hd), s (rows x T), o, o_t (rows x hd), m, l, m_t, l_t (rows) */
     int32_t *nv;        /* per thread (rows): positions of the current tile each row sees */
+    int32_t *st;        /* per thread (rows): the first of them (a sliding window's start) */
     const void **vrows; /* per thread (T): V row of each position of the tile */
     int32_t *run_start, *run_len; /* (max_batch) query tiles of the batch */
     int64_t *run_items; /* (max_batch + 1) first item of each run (split mode) */
@@ -34,7 +36,7 @@ struct attn {
 
 struct scratch {
     float *q, *s, *o, *ot, *m, *l, *mt, *lt;
-    int32_t *nv;
+    int32_t *nv, *st;
     const void **vrows;
 };
 
@@ -52,6 +54,7 @@ static struct scratch scratch_of(struct attn *a, int ith)
     s.mt = s.l + R;
     s.lt = s.mt + R;
     s.nv = a->nv + (size_t)ith * R;
+    s.st = a->st + (size_t)ith * R;
     s.vrows = a->vrows + (size_t)ith * ATTN_TILE;
     return s;
 }
@@ -63,6 +66,7 @@ int attn_create(struct attn **out, const struct attn_shape *sh, int n_threads, i
     if (!a)
         return CAIRN_ENOMEM;
     a->sh = *sh;
+    a->scale = 1.0f / sqrtf((float)sh->head_dim);
     a->n_threads = n_threads;
     a->max_batch = max_batch;
     a->group = sh->n_head / sh->n_head_kv;
@@ -75,17 +79,24 @@ int attn_create(struct attn **out, const struct attn_shape *sh, int n_threads, i
     size_t split = (size_t)ATTN_SPLIT_MAX * (size_t)sh->n_head * (size_t)a->n_tiles * (hd + 2);
     a->buf = aligned_alloc(64, (size_t)n_threads * a->thread_floats * sizeof(float));
     a->nv = calloc((size_t)n_threads * R, sizeof *a->nv);
+    a->st = calloc((size_t)n_threads * R, sizeof *a->st);
     a->vrows = calloc((size_t)n_threads * ATTN_TILE, sizeof *a->vrows);
     a->run_start = calloc((size_t)max_batch, sizeof *a->run_start);
     a->run_len = calloc((size_t)max_batch, sizeof *a->run_len);
     a->run_items = calloc((size_t)max_batch + 1, sizeof *a->run_items);
     a->split = calloc(split, sizeof *a->split); /* committed as touched */
-    if (!a->buf || !a->nv || !a->vrows || !a->run_start || !a->run_len || !a->run_items || !a->split) {
+    if (!a->buf || !a->nv || !a->st || !a->vrows || !a->run_start || !a->run_len || !a->run_items || !a->split) {
         attn_release(a);
         return CAIRN_ENOMEM;
     }
     *out = a;
     return 0;
+}
+
+void attn_set_scale(struct attn *a, float scale)
+{
+    if (scale > 0)
+        a->scale = scale;
 }
 
 void attn_release(struct attn *a)
@@ -94,6 +105,7 @@ void attn_release(struct attn *a)
         return;
     free(a->buf);
     free(a->nv);
+    free(a->st);
     free(a->vrows);
     free(a->run_start);
     free(a->run_len);
@@ -279,7 +291,14 @@ struct attn_job {
     int bt, type_k, type_v;
     int64_t kv_dim, q_dim;
     float scale;
+    int64_t window; /* > 0: a sliding window of this many positions */
 };
+
+/* The first position a token at pos sees. */
+static int64_t first_seen(const struct attn_job *j, int64_t pos)
+{
+    return j->window > 0 && pos >= j->window ? pos - j->window + 1 : 0;
+}
 
 /* Asks for the K or V piece (one block's positions, of KV head h: 2 KiB for 16
  * positions of 64 dims) that holds position p. Pieces are too short for the hardware to
@@ -297,10 +316,11 @@ static void prefetch_piece(const struct attn_job *j, const int32_t *table, int h
         __builtin_prefetch(at + c, 0, 2);
 }
 
-/* The partials (o_t, m_t, l_t) of rows [r0, R) over tile positions [t0, t0 + nmax) of a
- * sequence's block table, each row seeing its first nv[r] of them (nv[r] >= 1). */
+/* The partials (o_t, m_t, l_t) of rows [r0, R) over tile positions [t0 + js, t0 + nmax) of a
+ * sequence's block table, each row seeing its positions [st[r], nv[r]) of them (js <= st[r] <
+ * nv[r]; st[r] is 0 without a window). */
 static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *table, int h, int64_t t0, int r0,
-                         int R, int nmax, int64_t end)
+                         int R, int js, int nmax, int64_t end)
 {
     struct attn *a = j->a;
     const struct vec_ops *vec = j->vec;
@@ -311,7 +331,7 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
     bool quant_k = j->type_k == DT_Q8_0 || j->type_k == DT_Q4_0;
     size_t code_bytes = j->type_k == DT_Q8_0 ? (size_t)hd * bt : (size_t)hd / 2 * bt; /* before the scales */
     size_t k_esize = j->type_k == DT_F16 ? 2 : j->type_k == DT_F32 ? 4 : 1;
-    for (int jj = 0; jj < nmax;) {
+    for (int jj = js; jj < nmax;) {
         int64_t p = t0 + jj;
         int off = (int)(p % bt);
         int cnt = bt - off < nmax - jj ? bt - off : nmax - jj;
@@ -331,11 +351,25 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
             sc->vrows[jj + c] = vp + (size_t)(off + c) * j->v_head;
         jj += cnt;
     }
-    for (int r = r0; r < R; r++)
-        sc->mt[r] = vec->softmax_tile(sc->s + (size_t)r * ATTN_TILE, sc->nv[r], &sc->lt[r]);
+    bool cut = false;
+    for (int r = r0; r < R; r++) {
+        int st = sc->st[r];
+        cut |= st > 0;
+        sc->mt[r] = vec->softmax_tile(sc->s + (size_t)r * ATTN_TILE + st, sc->nv[r] - st, &sc->lt[r]);
+    }
     memset(sc->ot + (size_t)r0 * hd, 0, (size_t)nr * (size_t)hd * sizeof(float));
-    vec->attn_pv(sc->ot + (size_t)r0 * hd, hd, nr, sc->s + (size_t)r0 * ATTN_TILE, ATTN_TILE, sc->nv + r0,
-                 sc->vrows, hd, j->type_v);
+    if (!cut) {
+        vec->attn_pv(sc->ot + (size_t)r0 * hd, hd, nr, sc->s + (size_t)r0 * ATTN_TILE, ATTN_TILE, sc->nv + r0,
+                     sc->vrows, hd, j->type_v);
+        return;
+    }
+    /* rows of a window that starts inside the tile: each over its own positions */
+    for (int r = r0; r < R; r++) {
+        int st = sc->st[r];
+        int32_t cnt = sc->nv[r] - st;
+        vec->attn_pv(sc->ot + (size_t)r * hd, hd, 1, sc->s + (size_t)r * ATTN_TILE + st, ATTN_TILE, &cnt,
+                     sc->vrows + st, hd, j->type_v);
+    }
 }
 
 /* The state (o, m, l) merged with a tile's partial; first: the state is the partial. */
@@ -381,24 +415,33 @@ static void run_item(struct attn_job *j, struct scratch *sc, int ri, int h, int6
                 qs[d] = q[d] * j->scale;
         }
     int64_t end = j->pos[b0 + len - 1] + 1; /* positions the run sees */
-    for (int64_t p = ta * ATTN_TILE; j->cold && p < end && p < ta * ATTN_TILE + PREFETCH_AHEAD * j->bt; p += j->bt)
+    int64_t from = first_seen(j, j->pos[b0]);
+    from = from > ta * ATTN_TILE ? from : ta * ATTN_TILE; /* this item's first position */
+    for (int64_t p = from - from % j->bt; j->cold && p < end && p < from + PREFETCH_AHEAD * j->bt; p += j->bt)
         prefetch_piece(j, table, h, p, false);
     for (int64_t t = ta; t < tb; t++) {
         int64_t t0 = t * ATTN_TILE;
-        int r0 = R, nmax = 0;
+        int r0 = R, r1 = R, nmax = 0;
         for (int i = 0; i < len; i++) {
             int64_t cnt = j->pos[b0 + i] + 1 - t0;
             cnt = cnt < 0 ? 0 : cnt > ATTN_TILE ? ATTN_TILE : cnt;
-            for (int g = 0; g < group; g++)
+            int64_t st = first_seen(j, j->pos[b0 + i]) - t0;
+            st = st < 0 ? 0 : st > ATTN_TILE ? ATTN_TILE : st;
+            for (int g = 0; g < group; g++) {
                 sc->nv[i * group + g] = (int32_t)cnt;
-            if (cnt > 0 && r0 == R)
-                r0 = i * group; /* positions rise along a run: rows from r0 on see the tile */
+                sc->st[i * group + g] = (int32_t)st;
+            }
+            /* positions and window starts rise along a run: rows [r0, r1) see the tile */
+            if (cnt > st && r0 == R)
+                r0 = i * group;
+            if (cnt <= st && r0 < R && r1 == R)
+                r1 = i * group;
             nmax = cnt > nmax ? (int)cnt : nmax;
         }
-        if (nmax == 0)
+        if (r0 == R)
             continue;
-        tile_partial(j, sc, table, h, t0, r0, R, nmax, end);
-        for (int r = r0; r < R; r++) {
+        tile_partial(j, sc, table, h, t0, r0, r1, sc->st[r0], nmax, end);
+        for (int r = r0; r < r1; r++) {
             float *ot = sc->ot + (size_t)r * hd;
             if (j->split) {
                 int b = b0 + r / group, qh = h * group + r % group;
@@ -407,7 +450,8 @@ static void run_item(struct attn_job *j, struct scratch *sc, int ri, int h, int6
                 dst[hd] = sc->mt[r];
                 dst[hd + 1] = sc->lt[r];
             } else {
-                merge(j->vec, sc->o + (size_t)r * hd, &sc->m[r], &sc->l[r], ot, sc->mt[r], sc->lt[r], hd, t == 0);
+                bool first = t == first_seen(j, j->pos[b0 + r / group]) / ATTN_TILE;
+                merge(j->vec, sc->o + (size_t)r * hd, &sc->m[r], &sc->l[r], ot, sc->mt[r], sc->lt[r], hd, first);
             }
         }
     }
@@ -434,7 +478,8 @@ static void attn_work(void *ctx, int ith, int nth)
             /* the last runs first: later positions attend over more of the cache */
             int ri = j->n_runs - 1 - (int)(w / n_kv);
             int64_t last = j->pos[a->run_start[ri] + a->run_len[ri] - 1];
-            run_item(j, &sc, ri, (int)(w % n_kv), 0, last / ATTN_TILE + 1);
+            int64_t t_first = first_seen(j, j->pos[a->run_start[ri]]) / ATTN_TILE;
+            run_item(j, &sc, ri, (int)(w % n_kv), t_first, last / ATTN_TILE + 1);
             continue;
         }
         int ri = 0;
@@ -442,7 +487,8 @@ static void attn_work(void *ctx, int ith, int nth)
             ri++;
         long k = w - a->run_items[ri];
         long tiles = (a->run_items[ri + 1] - a->run_items[ri]) / n_kv;
-        run_item(j, &sc, ri, (int)(k / tiles), k % tiles, k % tiles + 1);
+        int64_t t_first = first_seen(j, j->pos[a->run_start[ri]]) / ATTN_TILE;
+        run_item(j, &sc, ri, (int)(k / tiles), t_first + k % tiles, t_first + k % tiles + 1);
     }
 }
 
@@ -460,16 +506,22 @@ static void merge_work(void *ctx, int ith, int nth)
     pool_split(n_pairs, 1, ith, nth, &lo, &hi);
     for (long w = lo; w < hi; w++) {
         int b = (int)(w / n_head), qh = (int)(w % n_head);
-        const float *src = a->split + (size_t)(b * n_head + qh) * (size_t)a->n_tiles * (size_t)(hd + 2);
-        int64_t n_t = j->pos[b] / ATTN_TILE + 1;
-        for (int64_t t = 0; t < n_t; t++, src += hd + 2)
-            merge(j->vec, sc.o, sc.m, sc.l, src, src[hd], src[hd + 1], hd, t == 0);
+        int64_t t_first = first_seen(j, j->pos[b]) / ATTN_TILE, n_t = j->pos[b] / ATTN_TILE + 1;
+        const float *src = a->split + ((size_t)(b * n_head + qh) * (size_t)a->n_tiles + (size_t)t_first) * (size_t)(hd + 2);
+        for (int64_t t = t_first; t < n_t; t++, src += hd + 2)
+            merge(j->vec, sc.o, sc.m, sc.l, src, src[hd], src[hd + 1], hd, t == t_first);
         finish_row(j->out + (size_t)b * (size_t)j->q_dim + (size_t)qh * hd, sc.o, sc.l[0], hd);
     }
 }
 
 void attn_forward(struct attn *a, struct pool *pool, const struct vec_ops *vec, struct kv_cache *kv, int layer,
                   int n, const int32_t *seq, const int64_t *pos, const float *q, float *out)
+{
+    attn_forward_window(a, pool, vec, kv, layer, n, seq, pos, q, out, 0);
+}
+
+void attn_forward_window(struct attn *a, struct pool *pool, const struct vec_ops *vec, struct kv_cache *kv, int layer,
+                         int n, const int32_t *seq, const int64_t *pos, const float *q, float *out, int64_t window)
 {
     const struct kv_config *kc = kv_config(kv);
     int hd = a->sh.head_dim;
@@ -483,7 +535,8 @@ void attn_forward(struct attn *a, struct pool *pool, const struct vec_ops *vec, 
     j.bt = kc->block_tokens;
     j.kv_dim = kc->kv_dim;
     j.q_dim = (int64_t)a->sh.n_head * hd;
-    j.scale = 1.0f / sqrtf((float)hd);
+    j.scale = a->scale;
+    j.window = window > 0 ? window : 0;
     /* query tiles: runs of at most qt tokens of one sequence that follow each other */
     int n_runs = 0;
     int64_t max_pos = 0;
@@ -506,7 +559,8 @@ void attn_forward(struct attn *a, struct pool *pool, const struct vec_ops *vec, 
         a->run_items[0] = 0;
         for (int ri = 0; ri < n_runs; ri++) {
             int64_t last = pos[a->run_start[ri] + a->run_len[ri] - 1];
-            a->run_items[ri + 1] = a->run_items[ri] + (last / ATTN_TILE + 1) * n_kv;
+            int64_t t_first = first_seen(&j, pos[a->run_start[ri]]) / ATTN_TILE;
+            a->run_items[ri + 1] = a->run_items[ri] + (last / ATTN_TILE + 1 - t_first) * n_kv;
         }
         j.n_items = (long)a->run_items[n_runs];
     } else {

@@ -7,13 +7,18 @@
  * The numerical contract (every path, every thread count, every batch): a query row at
  * position p attends to positions [0, p], cut into tiles of ATTN_TILE positions counted
  * from position 0 ([0, T), [T, 2T), ...). Each tile's partial is computed on its own:
- *   q' = q * (1 / sqrtf(head_dim)) element-wise; s_j = vec.h attn_qk(q', k_j);
+ *   q' = q * scale element-wise (attn_set_scale's, by default 1 / sqrtf(head_dim));
+ *   s_j = vec.h attn_qk(q', k_j);
  *   m_t, p_j = exp(s_j - m_t), l_t = vec.h softmax_tile over the tile's positions <= p;
  *   o_t = vec.h attn_pv of p over the tile's V rows, from zero.
  * The partials are merged in tile order: the state starts as tile 0's; then
  *   m = max(m, m_t), a = exp(m_old - m), b = exp(m_t - m) (vec.h exp_sub),
  *   l = l*a + l_t*b, o = o*a + o_t*b (two multiplies, then an add),
- * and the output is o * (1 / l). A row's result is thus a function of its own q and its
+ * and the output is o * (1 / l). With a sliding window of W positions the row sees only
+ * positions (p - W, p]: the same tiles from 0, each cut to the positions the row sees
+ * (the first tile the row sees starts the state; tiles wholly before the window are not
+ * read at all), softmax_tile and attn_pv run over the row's positions of the tile from its
+ * first. A row's result is thus a function of its own q and its
  * sequence's K and V only: not of how the prompt was chunked, what else is in the batch,
  * which rows share a tile product, or which thread computed which tile.
  *
@@ -46,6 +51,8 @@ struct attn;
  * max_ctx; 0, or CAIRN_ENOMEM. The caller owns *out (attn_release). */
 int attn_create(struct attn **out, const struct attn_shape *sh, int n_threads, int max_batch, int64_t max_ctx);
 void attn_release(struct attn *a); /* accepts NULL */
+/* Sets the factor of the queries (> 0; by default 1 / sqrtf(head_dim)). */
+void attn_set_scale(struct attn *a, float scale);
 
 /* Writes one token's K and V (kv_dim floats each, heads of head_dim in turn) at slot of a
  * layer, in the cache's types and layout: F16 rounded to nearest even, F32, or Q8_0 and
@@ -62,5 +69,11 @@ void attn_kv_read(struct kv_cache *kv, int layer, int64_t slot, int head_dim, fl
  * positions (engine.h's batch rule). Runs on pool with vec's kernels. */
 void attn_forward(struct attn *a, struct pool *pool, const struct vec_ops *vec, struct kv_cache *kv, int layer,
                   int n, const int32_t *seq, const int64_t *pos, const float *q, float *out);
+
+/* attn_forward with a sliding window (window > 0): token i attends to positions
+ * (pos[i] - window, pos[i]] only, and no K or V row before them is read (a cache may have
+ * dropped them). window <= 0: attn_forward. */
+void attn_forward_window(struct attn *a, struct pool *pool, const struct vec_ops *vec, struct kv_cache *kv, int layer,
+                         int n, const int32_t *seq, const int64_t *pos, const float *q, float *out, int64_t window);
 
 #endif

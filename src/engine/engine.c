@@ -36,6 +36,7 @@ struct engine {
     void *act[N_ACT_KINDS][N_DIMS]; /* quantized activations (B rows) or NULL */
     size_t act_row[N_ACT_KINDS][N_DIMS];
     float *rope_cs;  /* (B, n_rot/2, 2): cos, sin per token */
+    float *rope_cs_swa; /* the same for sliding-window layers (their own base), or NULL */
     int64_t *slot;   /* KV slot per token (B) */
     int32_t *out_rows; /* tokens whose logits are wanted (B) */
     void *embd_row;  /* one embedding row as stored in the file */
@@ -223,6 +224,7 @@ struct qkv_post_job {
     struct kv_cache *kv;
     int layer; /* index within the slice */
     int B;
+    const float *rope_cs; /* (B, n_rot/2, 2) of this layer's RoPE */
 };
 
 static void qkv_post_run(void *ctx, int ith, int nth)
@@ -251,7 +253,7 @@ static void qkv_post_run(void *ctx, int ith, int nth)
                 rms_norm(e->vec, k + (int64_t)h * hp->head_dim, L->k_norm, k + (int64_t)h * hp->head_dim,
                          hp->head_dim, hp->norm_eps);
         }
-        const float *cs = e->rope_cs + b * hp->n_rot;
+        const float *cs = j->rope_cs + b * hp->n_rot;
         rope_apply(hp, q, hp->n_head, cs);
         rope_apply(hp, k, hp->n_head_kv, cs);
         attn_kv_write(j->kv, j->layer, e->slot[b], hp->head_dim, k, v);
@@ -264,8 +266,19 @@ struct ew_job {
     float *a;
     const float *b;
     int64_t n; /* elements in all */
-    int op;    /* 0: a += b; 1: a = silu(a) * b */
+    int op;    /* 0: a += b; 1: a = silu(a) * b; 2: a = gelu(a) * b (gemma3) */
 };
+
+/* GELU with tanh (gemma's activation): 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))), in
+ * this order of float operations on every path. */
+static void gelu_mul(float *a, const float *b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float x = a[i];
+        float inner = 0.7978845608028654f * x * (1.0f + 0.044715f * x * x);
+        a[i] = 0.5f * x * (1.0f + tanhf(inner)) * b[i];
+    }
+}
 
 static void ew_run(void *ctx, int ith, int nth)
 {
@@ -275,6 +288,8 @@ static void ew_run(void *ctx, int ith, int nth)
     if (j->op == 0) {
         for (long i = lo; i < hi; i++)
             j->a[i] = j->a[i] + j->b[i];
+    } else if (j->op == 2) {
+        gelu_mul(j->a + lo, j->b + lo, hi - lo);
     } else {
         j->vec->silu_mul(j->a + lo, j->b + lo, hi - lo);
     }
@@ -329,12 +344,14 @@ int engine_create(struct engine **out, const struct model *m, const struct engin
     e->gate = zalloc(B * (size_t)hp->n_ff * f);
     e->up = zalloc(B * (size_t)hp->n_ff * f);
     e->rope_cs = zalloc(B * (size_t)hp->n_rot * f);
+    if (hp->swa_window > 0)
+        e->rope_cs_swa = zalloc(B * (size_t)hp->n_rot * f);
     e->slot = zalloc(B * sizeof *e->slot);
     e->out_rows = zalloc(B * sizeof *e->out_rows);
     e->embd_row = zalloc(m->tok_embd_row_bytes);
     struct attn_shape ash = {hp->n_head, hp->n_head_kv, hp->head_dim};
     bool ok = e->x && e->xn && e->tmp && e->q && e->attn && e->k && e->v && e->gate && e->up &&
-              e->rope_cs && e->slot && e->out_rows && e->embd_row &&
+              e->rope_cs && (e->rope_cs_swa || hp->swa_window <= 0) && e->slot && e->out_rows && e->embd_row &&
               attn_create(&e->att, &ash, cfg->n_threads, cfg->max_batch, cfg->max_ctx) == 0;
     int64_t dims[N_DIMS] = {hp->n_embd, e->q_dim, hp->n_ff};
     for (int k = 0; k < N_ACT_KINDS && ok; k++)
@@ -348,6 +365,8 @@ int engine_create(struct engine **out, const struct model *m, const struct engin
         }
     if (ok && hp->n_expert > 0)
         ok = moe_create(&e->moe, hp, cfg->max_batch) == 0;
+    if (ok)
+        attn_set_scale(e->att, hp->attn_scale);
     if (!ok || pool_create(&e->pool, cfg->n_threads)) {
         engine_release(e);
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory for engine buffers (batch %d)", cfg->max_batch);
@@ -363,7 +382,7 @@ void engine_release(struct engine *e)
     pool_release(e->pool);
     attn_release(e->att);
     moe_release(e->moe);
-    float *bufs[] = {e->x, e->xn, e->tmp, e->q, e->attn, e->k, e->v, e->gate, e->up, e->rope_cs};
+    float *bufs[] = {e->x, e->xn, e->tmp, e->q, e->attn, e->k, e->v, e->gate, e->up, e->rope_cs, e->rope_cs_swa};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     for (int k = 0; k < N_ACT_KINDS; k++)
@@ -397,6 +416,17 @@ static void yarn_dims(const struct model_hparams *hp, double *lo, double *hi)
     *hi = fmin(n - 1.0, ceil(d_slow));
 }
 
+/* cos and sin of a sliding-window layer (gemma3): its own base, no scaling. */
+static void rope_table_swa(const struct model_hparams *hp, int64_t pos, float *cs)
+{
+    int half = hp->n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        double theta = (double)pos * pow((double)hp->rope_base_swa, -2.0 * i / hp->n_rot);
+        cs[2 * i] = (float)cos(theta);
+        cs[2 * i + 1] = (float)sin(theta);
+    }
+}
+
 static void rope_table(const struct model *m, int64_t pos, float *cs)
 {
     const struct model_hparams *hp = &m->hp;
@@ -418,6 +448,19 @@ static void rope_table(const struct model *m, int64_t pos, float *cs)
         }
         cs[2 * i] = (float)(cos(theta) * mscale);
         cs[2 * i + 1] = (float)(sin(theta) * mscale);
+    }
+}
+
+/* Tells the cache which of its layers slide (kv.h: it releases what their windows passed). */
+static void set_kv_windows(struct engine *e, struct kv_cache *kv)
+{
+    const struct model *m = e->m;
+    if (m->hp.swa_window <= 0)
+        return;
+    for (int il = 0; il < m->layer_end - m->layer_begin; il++) {
+        int64_t w = model_layer_swa(&m->hp, m->layer_begin + il) ? m->hp.swa_window : 0;
+        if (kv_window(kv, il) != w)
+            kv_set_window(kv, il, w);
     }
 }
 
@@ -452,8 +495,27 @@ static int check_batch(struct engine *e, struct kv_cache *kv, const struct batch
         if (prev >= 0 ? b->pos[i] != b->pos[prev] + 1 : b->pos[i] > kv_seq_len(kv, b->seq[i]))
             return cairn_fail(err, errlen, CAIRN_EINVAL, "token %d: position %lld of sequence %d does not follow its previous position",
                               i, (long long)b->pos[i], b->seq[i]);
+        if (prev < 0 && b->pos[i] < kv_seq_min_resume(kv, b->seq[i]))
+            return cairn_fail(err, errlen, CAIRN_ERANGE,
+                              "token %d: sequence %d cannot resume at position %lld: its sliding-window layers released "
+                              "the positions it needs (it can resume at %lld or later)",
+                              i, b->seq[i], (long long)b->pos[i], (long long)kv_seq_min_resume(kv, b->seq[i]));
     }
     return 0;
+}
+
+static void scale_rows(float *x, int64_t n, float s)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = x[i] * s;
+}
+
+/* Final logit softcapping (gemma): tanh(x * (1 / cap)) * cap, as llama.cpp orders it. */
+static void softcap_rows(float *x, int64_t n, float cap)
+{
+    float inv = 1.0f / cap;
+    for (int64_t i = 0; i < n; i++)
+        x[i] = tanhf(x[i] * inv) * cap;
 }
 
 int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b, float *out, char *err, size_t errlen)
@@ -461,6 +523,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
     int rc = check_batch(e, kv, b, err, errlen);
     if (rc)
         return rc;
+    set_kv_windows(e, kv);
     const struct model *m = e->m;
     const struct model_hparams *hp = &m->hp;
     int B = b->n;
@@ -483,11 +546,15 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
     for (int i = 0; i < B; i++) {
         e->slot[i] = kv_slot(kv, b->seq[i], b->pos[i]);
         rope_table(m, b->pos[i], e->rope_cs + (int64_t)i * hp->n_rot);
+        if (e->rope_cs_swa)
+            rope_table_swa(hp, b->pos[i], e->rope_cs_swa + (int64_t)i * hp->n_rot);
     }
 
     if (m->first) {
         for (int i = 0; i < B; i++)
             model_embed(m, b->token[i], e->embd_row, e->x + (int64_t)i * n_embd);
+        if (hp->gemma)
+            scale_rows(e->x, (int64_t)B * n_embd, sqrtf((float)n_embd));
     } else {
         memcpy(e->x, b->embd, (size_t)B * (size_t)n_embd * sizeof(float));
     }
@@ -505,13 +572,19 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
             mm_item_for(e, L->wv, DIM_EMBD, e->v, (size_t)e->kv_dim),
         };
         matmul_items(e, B, qkv_items, 3);
-        struct qkv_post_job pj = {e, L, kv, il, B};
+        bool swa = model_layer_swa(hp, m->layer_begin + il);
+        struct qkv_post_job pj = {e, L, kv, il, B, swa ? e->rope_cs_swa : e->rope_cs};
         pool_run(e->pool, qkv_post_run, &pj);
-        attn_forward(e->att, e->pool, e->vec, kv, il, B, b->seq, b->pos, e->q, e->attn);
+        attn_forward_window(e->att, e->pool, e->vec, kv, il, B, b->seq, b->pos, e->q, e->attn,
+                            swa ? hp->swa_window : 0);
         const struct kern_mat *wo[1] = {L->wo};
         quantize_for(e, e->attn, e->q_dim, DIM_Q, B, wo, 1);
         struct mm_item wo_item = mm_item_for(e, L->wo, DIM_Q, e->tmp, (size_t)n_embd);
         matmul_items(e, B, &wo_item, 1);
+        if (L->attn_post_norm) {
+            nj = (struct norm_job){e, e->tmp, L->attn_post_norm, e->tmp, n_embd, B, NULL};
+            pool_run(e->pool, norm_run, &nj);
+        }
         struct ew_job add = {e->vec, e->x, e->tmp, (int64_t)B * n_embd, 0};
         pool_run(e->pool, ew_run, &add);
 
@@ -530,12 +603,16 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
             mm_item_for(e, L->w_up, DIM_EMBD, e->up, (size_t)hp->n_ff),
         };
         matmul_items(e, B, gu_items, 2);
-        struct ew_job act = {e->vec, e->gate, e->up, (int64_t)B * hp->n_ff, 1};
+        struct ew_job act = {e->vec, e->gate, e->up, (int64_t)B * hp->n_ff, hp->gemma ? 2 : 1};
         pool_run(e->pool, ew_run, &act);
         const struct kern_mat *down[1] = {L->w_down};
         quantize_for(e, e->gate, hp->n_ff, DIM_FF, B, down, 1);
         struct mm_item down_item = mm_item_for(e, L->w_down, DIM_FF, e->tmp, (size_t)n_embd);
         matmul_items(e, B, &down_item, 1);
+        if (L->ffn_post_norm) {
+            nj = (struct norm_job){e, e->tmp, L->ffn_post_norm, e->tmp, n_embd, B, NULL};
+            pool_run(e->pool, norm_run, &nj);
+        }
         pool_run(e->pool, ew_run, &add);
     }
 
@@ -555,5 +632,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
     quantize_for(e, e->xn, n_embd, DIM_EMBD, n_out, head, 1);
     struct mm_item head_item = mm_item_for(e, m->output, DIM_EMBD, out, (size_t)hp->n_vocab);
     matmul_items(e, n_out, &head_item, 1);
+    if (hp->logit_softcap > 0)
+        softcap_rows(out, (int64_t)n_out * hp->n_vocab, hp->logit_softcap);
     return 0;
 }

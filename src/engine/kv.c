@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 /* One sequence: its length in positions and its block table. The tables of all
  * sequences live in one lazily committed mapping of max_seqs rows of n_blocks entries
@@ -16,6 +17,8 @@ struct kv_seq {
     int64_t len;      /* positions stored */
     int64_t n_blocks; /* entries of table in use: ceil(len / block_tokens) */
     int32_t *table;   /* block ids, max n_blocks entries */
+    int64_t released; /* table entries [0, released) were passed by the window (their window
+                         rows released where this sequence alone held them) */
 };
 
 struct kv_cache {
@@ -32,6 +35,10 @@ struct kv_cache {
     size_t tables_bytes;
     void (*observer)(void *arg, const struct kv_op *op); /* NULL: none */
     void *observer_arg;
+    int64_t *window;     /* [n_layers] sliding window of each layer (0: none) */
+    int64_t max_window;  /* the largest of them */
+    uint8_t *dropped;    /* [n_blocks] window rows released since the block was taken */
+    int64_t n_dropped;
 };
 
 /* Sizes of a config, or an error message when it is invalid or overflows. */
@@ -123,6 +130,8 @@ void kv_release(struct kv_cache *kv)
     free(kv->k);
     free(kv->v);
     free(kv->refs);
+    free(kv->window);
+    free(kv->dropped);
     free(kv->free_stack);
     free(kv->seqs);
     free(kv);
@@ -148,7 +157,9 @@ int kv_create(struct kv_cache **out, const struct kv_config *cfg, char *err, siz
     kv->refs = calloc(nb, sizeof *kv->refs);
     kv->free_stack = malloc(nb * sizeof *kv->free_stack);
     kv->seqs = calloc((size_t)cfg->max_seqs, sizeof *kv->seqs);
-    if (!kv->k || !kv->v || !kv->refs || !kv->free_stack || !kv->seqs) {
+    kv->window = calloc((size_t)cfg->n_layers, sizeof *kv->window);
+    kv->dropped = calloc(nb, sizeof *kv->dropped);
+    if (!kv->k || !kv->v || !kv->refs || !kv->free_stack || !kv->seqs || !kv->window || !kv->dropped) {
         rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "kv: out of memory for bookkeeping of %lld blocks",
                         (long long)cfg->n_blocks);
         goto fail;
@@ -221,8 +232,71 @@ static int32_t block_take(struct kv_cache *kv)
 {
     int32_t b = kv->free_stack[--kv->n_free];
     kv->refs[b] = 1;
+    if (kv->dropped[b]) { /* its window rows come back as zero pages when written */
+        kv->dropped[b] = 0;
+        kv->n_dropped--;
+    }
     return b;
 }
+
+/* Releases the whole pages inside [p, p + len). */
+static void release_pages(uint8_t *p, size_t len)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + len) & ~(page - 1);
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+/* The window layers' rows of the blocks s has passed by more than the window and the slack
+ * (kv.h), where s alone holds them. */
+static void seq_release_behind(struct kv_cache *kv, struct kv_seq *s)
+{
+    if (kv->max_window <= 0)
+        return;
+    int bt = kv->cfg.block_tokens;
+    int64_t keep_from = s->len - kv->max_window - KV_WINDOW_SLACK; /* positions >= this stay */
+    for (; s->released < s->n_blocks && (s->released + 1) * bt <= keep_from; s->released++) {
+        int32_t b = s->table[s->released];
+        if (kv->refs[b] != 1 || kv->dropped[b])
+            continue;
+        for (int l = 0; l < kv->cfg.n_layers; l++) {
+            if (!kv->window[l])
+                continue;
+            release_pages(kv->k[l] + (size_t)b * kv->block_bytes[0], kv->block_bytes[0]);
+            release_pages(kv->v[l] + (size_t)b * kv->block_bytes[1], kv->block_bytes[1]);
+        }
+        kv->dropped[b] = 1;
+        kv->n_dropped++;
+    }
+}
+
+int kv_set_window(struct kv_cache *kv, int layer, int64_t window)
+{
+    if (layer < 0 || layer >= kv->cfg.n_layers || window < 0)
+        return CAIRN_EINVAL;
+    kv->window[layer] = window;
+    kv->max_window = 0;
+    for (int l = 0; l < kv->cfg.n_layers; l++)
+        kv->max_window = kv->window[l] > kv->max_window ? kv->window[l] : kv->max_window;
+    return 0;
+}
+
+int64_t kv_window(const struct kv_cache *kv, int layer)
+{
+    return layer >= 0 && layer < kv->cfg.n_layers ? kv->window[layer] : 0;
+}
+
+int64_t kv_seq_min_resume(const struct kv_cache *kv, int seq)
+{
+    const struct kv_seq *s = seq_of(kv, seq);
+    if (!s || s->released == 0)
+        return 0;
+    /* a query at pos sees (pos - window, pos]: all of it must lie at or after the released blocks */
+    return s->released * kv->cfg.block_tokens + kv->max_window - 1;
+}
+
+int64_t kv_released_blocks(const struct kv_cache *kv) { return kv->n_dropped; }
 
 /* Drops table entries [keep, n_blocks) of s and sets its length to len. */
 static void seq_drop(struct kv_cache *kv, struct kv_seq *s, int64_t keep, int64_t len)
@@ -231,6 +305,8 @@ static void seq_drop(struct kv_cache *kv, struct kv_seq *s, int64_t keep, int64_
         block_unref(kv, s->table[i]);
     s->n_blocks = keep;
     s->len = len;
+    if (s->released > keep)
+        s->released = keep;
 }
 
 int kv_prepare(struct kv_cache *kv, int seq, int64_t pos, int64_t n)
@@ -266,6 +342,7 @@ int kv_prepare(struct kv_cache *kv, int seq, int64_t pos, int64_t n)
     while (s->n_blocks < want)
         s->table[s->n_blocks++] = block_take(kv);
     s->len = pos + n;
+    seq_release_behind(kv, s);
     notify(kv, KV_OP_PREPARE, seq, 0, pos, n);
     return 0;
 }
@@ -328,6 +405,7 @@ int kv_fork(struct kv_cache *kv, int src, int dst)
     }
     d->n_blocks = s->n_blocks;
     d->len = s->len;
+    d->released = s->released;
     notify(kv, KV_OP_FORK, src, dst, 0, 0);
     return 0;
 }

@@ -94,6 +94,24 @@ struct kv_op {
  * block table exactly. fn must not call back into the cache. */
 void kv_set_observer(struct kv_cache *kv, void (*fn)(void *arg, const struct kv_op *op), void *arg);
 
+/* Sliding-window layers (gemma3). kv_set_window marks a layer whose queries see only the
+ * last `window` positions (0: all). Then, as a sequence grows, each block it alone holds that
+ * lies wholly KV_WINDOW_SLACK positions or more behind the window of its last position
+ * (of the largest window of the cache) has its rows of the window layers released to the
+ * system (madvise; the whole pages inside the block's rows: blocks of less than a page
+ * release nothing), so those layers' resident memory stays about window + slack positions
+ * per sequence however long it grows. The block stays in the table (the other layers keep
+ * it). A sequence can then only resume at positions >= kv_seq_min_resume: a rollback of
+ * speculative tokens (fewer than the slack) always can. kv_fork copies the bound. */
+#define KV_WINDOW_SLACK 128
+int kv_set_window(struct kv_cache *kv, int layer, int64_t window); /* CAIRN_EINVAL: layer or window out of range */
+int64_t kv_window(const struct kv_cache *kv, int layer);          /* 0: none or out of range */
+/* The lowest position at which seq can be prepared (kv_prepare's pos) and still see every
+ * position its window layers need: 0 when nothing was released. */
+int64_t kv_seq_min_resume(const struct kv_cache *kv, int seq);
+/* Blocks whose window-layer rows were released (for tests and stats). */
+int64_t kv_released_blocks(const struct kv_cache *kv);
+
 /* Blocks held by no sequence. */
 int64_t kv_free_blocks(const struct kv_cache *kv);
 /* Reference count of a block (for tests); CAIRN_EINVAL for a block out of range. */

@@ -152,6 +152,8 @@ static int cache_lookup(const struct sched *s, const int32_t *tokens, int64_t li
         if (!c->tokens)
             continue;
         int64_t m = common_prefix(c->tokens, tokens, sched_min64(c->n, limit));
+        if (m < kv_seq_min_resume(s->kv, cache_kv_id(s, i)))
+            continue; /* its sliding-window layers no longer hold what a resume there needs */
         if (m > *reuse) {
             *reuse = m;
             best = i;

@@ -13,7 +13,14 @@ static const struct arch_desc archs[] = {
     {.name = "qwen2", .rope = ROPE_NEOX, .qkv_bias = true},
     {.name = "qwen3", .rope = ROPE_NEOX, .qk_norm = true},
     {.name = "qwen3moe", .rope = ROPE_NEOX, .qk_norm = true, .moe = MOE_REQUIRED},
+    {.name = "gemma3", .rope = ROPE_NEOX, .qk_norm = true, .gemma = true},
+    {.name = "phi3", .rope = ROPE_NEOX, .fused = true},
 };
+
+bool model_layer_swa(const struct model_hparams *hp, int il)
+{
+    return hp->swa_window > 0 && il % hp->swa_pattern < hp->swa_pattern - 1;
+}
 
 const struct arch_desc *model_find_arch(const char *name)
 {
@@ -114,6 +121,56 @@ static int read_moe(const struct gguf_file *f, const struct arch_desc *a, struct
     return 0;
 }
 
+/* gemma3's sliding window, its local RoPE base and the final logit softcap (llama.cpp's
+ * reading: no window key or 0, no sliding layers; the pattern defaults to 6). */
+static int read_gemma(const struct gguf_file *f, struct model_hparams *hp, char *err, size_t errlen)
+{
+    hp->gemma = true;
+    int64_t v;
+    int rc;
+    if ((rc = arch_int(f, hp->arch, "attention.sliding_window", 0, 0, (int64_t)1 << 30, &hp->swa_window, err, errlen)))
+        return rc;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", hp->arch);
+    struct gguf_array arr;
+    if (gguf_get_arr(f, key, &arr) == 0)
+        return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "metadata key %s: a per-layer pattern is not supported", key);
+    if ((rc = arch_int(f, hp->arch, "attention.sliding_window_pattern", 6, 1, 4096, &v, err, errlen)))
+        return rc;
+    hp->swa_pattern = (int)v;
+    if ((rc = arch_float(f, hp->arch, "rope.freq_base_swa", 10000.0f, &hp->rope_base_swa, err, errlen)))
+        return rc;
+    /* gemma_pytorch: the 27B model (62 layers) scales queries by n_embd / n_head instead */
+    if (hp->n_layers == 62)
+        hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
+    snprintf(key, sizeof key, "%s.final_logit_softcapping", hp->arch);
+    if (gguf_get_f32(f, key, &hp->logit_softcap) == CAIRN_ENOTFOUND)
+        hp->logit_softcap = 0.0f;
+    else if (!isfinite(hp->logit_softcap) || hp->logit_softcap < 0)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "metadata key %s is not a number >= 0", key);
+    return 0;
+}
+
+/* phi3: the 128k variants scale RoPE per dimension by rope_factors_long/short, which cairn
+ * does not apply: such files are refused rather than run wrong. llama.cpp ignores phi3's
+ * sliding window (its converter writes one for models trained without it), and so does cairn. */
+static int read_phi3(const struct gguf_file *f, struct model_hparams *hp, char *err, size_t errlen)
+{
+    hp->fused = true;
+    if (gguf_find_tensor(f, "rope_factors_long.weight") || gguf_find_tensor(f, "rope_factors_short.weight"))
+        return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED,
+                          "tensor rope_factors_long.weight: phi3's long-context RoPE (longrope/su) is not supported; "
+                          "use the 4k variant");
+    char key[128];
+    struct gguf_str s;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", hp->arch);
+    if (gguf_get_str(f, key, &s) == 0 && ((s.len == 2 && !memcmp(s.ptr, "su", 2)) ||
+                                          (s.len == 8 && !memcmp(s.ptr, "longrope", 8))))
+        return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "metadata key %s = %.*s is not supported", key,
+                          (int)s.len, s.ptr);
+    return 0;
+}
+
 int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, char *err, size_t errlen)
 {
     memset(hp, 0, sizeof *hp);
@@ -127,7 +184,7 @@ int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, char
     const struct arch_desc *a = model_find_arch(hp->arch);
     if (!a)
         return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED,
-                          "architecture '%s' is not supported (supported: llama, qwen2, qwen3, qwen3moe)", hp->arch);
+                          "architecture '%s' is not supported (supported: llama, qwen2, qwen3, qwen3moe, gemma3, phi3)", hp->arch);
     int64_t v;
     int rc;
 #define GET_INT(field, key, def, lo, hi)                                             \
@@ -176,7 +233,7 @@ int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, char
                 return rc;
             if (hp->rope_yarn_factor <= 1.0f)
                 hp->rope_yarn_factor = 0.0f; /* no scaling */
-        } else if (!(s.len == 4 && !memcmp(s.ptr, "none", 4))) {
+        } else if (!(s.len == 4 && !memcmp(s.ptr, "none", 4)) && !a->fused) { /* phi3's: read_phi3 */
             /* Llama 3 sets its scaling through rope_freqs.weight. */
             log_warn("rope scaling '%.*s' is not applied; positions beyond the trained context degrade",
                      (int)s.len, s.ptr);
@@ -203,5 +260,10 @@ int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, char
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "vocabulary size unknown or out of range");
     hp->n_vocab = (int)n_vocab;
     hp->tied_output = gguf_find_tensor(f, "output.weight") == NULL;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    if (a->gemma)
+        return read_gemma(f, hp, err, errlen);
+    if (a->fused)
+        return read_phi3(f, hp, err, errlen);
     return 0;
 }

@@ -26,6 +26,11 @@ struct arch_desc {
     bool qkv_bias;          /* attn_{q,k,v}.bias present (qwen2) */
     bool qk_norm;           /* per-head RMS norm of q and k before RoPE (qwen3) */
     enum arch_moe moe;      /* whether the feed-forward is a mixture of experts */
+    bool gemma;             /* gemma3: embeddings times sqrt(n_embd), norms after attention and
+                               FFN (post_attention_norm, post_ffw_norm), GELU-tanh gated FFN,
+                               sliding-window layers */
+    bool fused;             /* phi3: attn_qkv (q, k, v rows in turn) and ffn_up of 2*n_ff rows
+                               (gate rows, then up rows) */
 };
 
 /* Hyper-parameters, all read from the file's metadata. */
@@ -62,7 +67,20 @@ struct model_hparams {
     int n_expert_used;
     int n_ff_exp;
     bool expert_norm;
+    bool gemma, fused;       /* arch_desc's */
+    /* Sliding-window layers (gemma3; 0: none): a sliding layer's token at position p attends
+     * to positions (p - swa_window, p] only, with RoPE base rope_base_swa and no scaling.
+     * Layer il slides when il % swa_pattern < swa_pattern - 1 (every swa_pattern-th layer
+     * is global), as llama.cpp reads "<arch>.attention.sliding_window[_pattern]". */
+    int64_t swa_window;
+    int swa_pattern;
+    float rope_base_swa;
+    float attn_scale;        /* queries are multiplied by it before the dot products */
+    float logit_softcap;     /* > 0: logits = tanh(logits / cap) * cap */
 };
+
+/* Whether layer il (of the whole model) is a sliding-window layer. */
+bool model_layer_swa(const struct model_hparams *hp, int il);
 
 /* Architecture description by name, or NULL when unsupported. */
 const struct arch_desc *model_find_arch(const char *name);

@@ -85,6 +85,44 @@ static int load_mat(struct loader *ld, struct kern_mat **out, const char *name, 
     return 0;
 }
 
+/* Rows [row0, row0 + rows) of a fused matrix tensor t (already checked) as one matrix. */
+static int load_mat_rows(struct loader *ld, struct kern_mat **out, const struct gguf_tensor *t, int64_t row0,
+                         int64_t rows)
+{
+    int64_t cols = t->ne[0];
+    int64_t rb = dtype_row_bytes(t->type, cols);
+    const char *data = (const char *)t->data + (size_t)row0 * (size_t)rb;
+    char kerr[256];
+    int rc = kern_mat_create(out, t->type, data, rows, cols, ld->path, kerr, sizeof kerr);
+    if (rc)
+        return cairn_fail(ld->err, ld->errlen, rc, "tensor %s (rows %lld..%lld): %s", t->name, (long long)row0,
+                          (long long)(row0 + rows), kerr);
+    if (kern_mat_path(*out) != KERN_PATH_REF)
+        drop_source_pages(data, (uint64_t)rows * (uint64_t)rb);
+    ld->weight_bytes += kern_mat_bytes(*out);
+    return 0;
+}
+
+/* phi3: attn_qkv (q, k, v rows) and ffn_up (gate rows, then up rows). */
+static int load_fused(struct loader *ld, int il, struct model_layer *L)
+{
+    const struct model_hparams *hp = &ld->m->hp;
+    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    char name[96];
+    int rc;
+    snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", il);
+    const struct gguf_tensor *t = find_tensor(ld, name, 2, hp->n_embd, q_dim + 2 * kv_dim, true, &rc);
+    if (!t || (rc = load_mat_rows(ld, &L->wq, t, 0, q_dim)) || (rc = load_mat_rows(ld, &L->wk, t, q_dim, kv_dim)) ||
+        (rc = load_mat_rows(ld, &L->wv, t, q_dim + kv_dim, kv_dim)))
+        return rc;
+    snprintf(name, sizeof name, "blk.%d.ffn_up.weight", il);
+    t = find_tensor(ld, name, 2, hp->n_embd, 2 * (int64_t)hp->n_ff, true, &rc);
+    if (!t || (rc = load_mat_rows(ld, &L->w_gate, t, 0, hp->n_ff)) ||
+        (rc = load_mat_rows(ld, &L->w_up, t, hp->n_ff, hp->n_ff)))
+        return rc;
+    return 0;
+}
+
 static int load_vec(struct loader *ld, float **out, const char *name, int64_t n, bool required)
 {
     int rc;
@@ -172,20 +210,29 @@ static int load_layer(struct loader *ld, int il, struct model_layer *L)
     int rc;
 #define NAME(suffix) (snprintf(name, sizeof name, "blk.%d.%s", il, suffix), name)
     if ((rc = load_vec(ld, &L->attn_norm, NAME("attn_norm.weight"), hp->n_embd, true)) ||
-        (rc = load_mat(ld, &L->wq, NAME("attn_q.weight"), q_dim, hp->n_embd)) ||
-        (rc = load_mat(ld, &L->wk, NAME("attn_k.weight"), kv_dim, hp->n_embd)) ||
-        (rc = load_mat(ld, &L->wv, NAME("attn_v.weight"), kv_dim, hp->n_embd)) ||
         (rc = load_mat(ld, &L->wo, NAME("attn_output.weight"), hp->n_embd, q_dim)) ||
         (rc = load_vec(ld, &L->ffn_norm, NAME("ffn_norm.weight"), hp->n_embd, true)))
         return rc;
+    if (hp->fused) { /* q, k, v and gate, up from two fused matrices */
+        if ((rc = load_fused(ld, il, L)))
+            return rc;
+    } else if ((rc = load_mat(ld, &L->wq, NAME("attn_q.weight"), q_dim, hp->n_embd)) ||
+               (rc = load_mat(ld, &L->wk, NAME("attn_k.weight"), kv_dim, hp->n_embd)) ||
+               (rc = load_mat(ld, &L->wv, NAME("attn_v.weight"), kv_dim, hp->n_embd))) {
+        return rc;
+    }
     if (hp->n_expert > 0) {
         if ((rc = load_moe(ld, il, L)))
             return rc;
-    } else if ((rc = load_mat(ld, &L->w_gate, NAME("ffn_gate.weight"), hp->n_ff, hp->n_embd)) ||
-               (rc = load_mat(ld, &L->w_up, NAME("ffn_up.weight"), hp->n_ff, hp->n_embd)) ||
+    } else if ((!hp->fused && ((rc = load_mat(ld, &L->w_gate, NAME("ffn_gate.weight"), hp->n_ff, hp->n_embd)) ||
+                               (rc = load_mat(ld, &L->w_up, NAME("ffn_up.weight"), hp->n_ff, hp->n_embd)))) ||
                (rc = load_mat(ld, &L->w_down, NAME("ffn_down.weight"), hp->n_embd, hp->n_ff))) {
         return rc;
     }
+    if (hp->gemma &&
+        ((rc = load_vec(ld, &L->attn_post_norm, NAME("post_attention_norm.weight"), hp->n_embd, true)) ||
+         (rc = load_vec(ld, &L->ffn_post_norm, NAME("post_ffw_norm.weight"), hp->n_embd, true))))
+        return rc;
     /* Biases are part of qwen2; llama files may carry them too (some fine-tunes). */
     if ((rc = load_vec(ld, &L->bq, NAME("attn_q.bias"), q_dim, hp->qkv_bias)) ||
         (rc = load_vec(ld, &L->bk, NAME("attn_k.bias"), kv_dim, hp->qkv_bias)) ||
@@ -368,7 +415,8 @@ static void release_layer(struct model_layer *L, int n_expert)
     struct kern_mat *mats[] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
         kern_mat_release(mats[i]);
-    float *vecs[] = {L->attn_norm, L->ffn_norm, L->bq, L->bk, L->bv, L->q_norm, L->k_norm};
+    float *vecs[] = {L->attn_norm, L->ffn_norm, L->bq, L->bk, L->bv, L->q_norm, L->k_norm, L->attn_post_norm,
+                     L->ffn_post_norm};
     for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++)
         free(vecs[i]);
 }

@@ -19,6 +19,8 @@
 
 struct gguf_file;
 
+/* phi3's fused attn_qkv and ffn_up tensors are loaded as the same five matrices: wq, wk and
+ * wv from consecutive rows of attn_qkv, w_gate and w_up from the two halves of ffn_up. */
 struct model_layer {
     struct kern_mat *wq;     /* (n_head*head_dim, n_embd) */
     struct kern_mat *wk;     /* (n_head_kv*head_dim, n_embd) */
@@ -37,6 +39,7 @@ struct model_layer {
     struct kern_mat **exp_gate;  /* n_expert of (n_ff_exp, n_embd) */
     struct kern_mat **exp_up;    /* n_expert of (n_ff_exp, n_embd) */
     struct kern_mat **exp_down;  /* n_expert of (n_embd, n_ff_exp) */
+    float *attn_post_norm, *ffn_post_norm; /* (n_embd) gemma3, else NULL */
 };
 
 struct model {

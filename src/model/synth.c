@@ -10,6 +10,56 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Gemma 3's chat template (google/gemma-3-*-it), text parts only. */
+static const char gemma3_template[] =
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n"
+    "    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    "    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    "        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n"
+    "                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n"
+    "                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- else -%}\n"
+    "        {{ raise_exception(\"Invalid content type\") }}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\n'}}\n"
+    "{%- endif -%}\n";
+
+/* Phi-3's chat template (microsoft/Phi-3-mini-4k-instruct). */
+static const char phi3_template[] =
+    "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + "
+    "'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif "
+    "message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor "
+    "%}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
+
 static const struct {
     const char *name;
     struct synth_spec spec;
@@ -44,6 +94,27 @@ static const struct {
     {"mixtral-tiny", {.arch = "llama", .n_layers = 4, .n_embd = 256, .n_ff = 512, .n_head = 8, .n_head_kv = 4,
                       .n_ctx = 4096, .rope_base = 1000000, .norm_eps = 1e-5f, .tied = 0,
                       .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 512}},
+    /* gemma3's structure at a test size: 8 layers (layer 5 global, the others sliding), a
+     * window of 24 positions (not a multiple of a KV block) */
+    {"gemma3-tiny", {.arch = "gemma3", .n_layers = 8, .n_embd = 256, .n_ff = 768, .n_head = 4, .n_head_kv = 1,
+                     .head_dim = 64, .n_ctx = 8192, .rope_base = 1000000, .norm_eps = 1e-6f, .tied = 1,
+                     .swa_window = 24, .chat_template = gemma3_template}},
+    /* ≈ gemma-3-1b */
+    {"gemma3-1b", {.arch = "gemma3", .n_layers = 26, .n_embd = 1152, .n_ff = 6912, .n_head = 4, .n_head_kv = 1,
+                   .head_dim = 256, .n_ctx = 32768, .rope_base = 1000000, .norm_eps = 1e-6f, .tied = 1,
+                   .swa_window = 512, .chat_template = gemma3_template}},
+    /* ≈ gemma-3-4b (text) */
+    {"gemma3-4b", {.arch = "gemma3", .n_layers = 34, .n_embd = 2560, .n_ff = 10240, .n_head = 8, .n_head_kv = 4,
+                   .head_dim = 256, .n_ctx = 131072, .rope_base = 1000000, .norm_eps = 1e-6f, .tied = 1,
+                   .linear_factor = 8.0f, .swa_window = 1024, .chat_template = gemma3_template}},
+    /* phi3's structure (fused qkv and gate/up) at a test size */
+    {"phi3-tiny", {.arch = "phi3", .n_layers = 4, .n_embd = 256, .n_ff = 512, .n_head = 4, .n_head_kv = 4,
+                   .n_ctx = 4096, .rope_base = 10000, .norm_eps = 1e-5f, .tied = 0, .swa_window = 2047,
+                   .chat_template = phi3_template}},
+    /* ≈ Phi-3-mini-4k-instruct */
+    {"phi3-mini", {.arch = "phi3", .n_layers = 32, .n_embd = 3072, .n_ff = 8192, .n_head = 32, .n_head_kv = 32,
+                   .n_ctx = 4096, .rope_base = 10000, .norm_eps = 1e-5f, .tied = 0, .swa_window = 2047,
+                   .chat_template = phi3_template}},
 };
 
 int synth_shape(const char *name, struct synth_spec *spec)
@@ -65,7 +136,8 @@ int synth_shape(const char *name, struct synth_spec *spec)
 
 const char *synth_shape_names(void)
 {
-    return "tiny, small, llama-1b, llama-8b, qwen-0.5b, qwen3-0.6b, qwen3moe-tiny, qwen3-30b-a3b, mixtral-tiny";
+    return "tiny, small, llama-1b, llama-8b, qwen-0.5b, qwen3-0.6b, qwen3moe-tiny, qwen3-30b-a3b, mixtral-tiny, "
+           "gemma3-tiny, gemma3-1b, gemma3-4b, phi3-tiny, phi3-mini";
 }
 
 /* llama.cpp gives more bits to some layers' attn_v and ffn_down in *_M mixes. */
@@ -288,6 +360,26 @@ static int add(struct writer_ctx *c, const char *name, int layer, int64_t rows, 
     return 0;
 }
 
+/* A phi3 layer: attn_qkv holds q, k and v's rows, ffn_up the gate's rows then the up's. */
+static int add_fused_layer(struct writer_ctx *c, int il, float w, float w_out)
+{
+    const struct synth_spec *s = c->spec;
+    int64_t q_dim = (int64_t)s->n_head * s->head_dim, kv_dim = (int64_t)s->n_head_kv * s->head_dim;
+    char t[96];
+    int rc;
+#define T(suffix) (snprintf(t, sizeof t, "blk.%d.%s", il, suffix), t)
+    if ((rc = add(c, T("attn_norm.weight"), il, 1, s->n_embd, FILL_NORM_WEIGHT, 0.05f)) ||
+        (rc = add(c, T("attn_qkv.weight"), il, q_dim + 2 * kv_dim, s->n_embd, FILL_NORMAL, w)) ||
+        (rc = add(c, T("attn_output.weight"), il, s->n_embd, q_dim, FILL_NORMAL, w_out)) ||
+        (rc = add(c, T("ffn_norm.weight"), il, 1, s->n_embd, FILL_NORM_WEIGHT, 0.05f)) ||
+        (rc = add(c, T("ffn_up.weight"), il, 2 * (int64_t)s->n_ff, s->n_embd, FILL_NORMAL, w)) ||
+        (rc = add(c, T("ffn_down.weight"), il, s->n_embd, s->n_ff, FILL_NORMAL, w_out)))
+        return rc;
+#undef T
+    return 0;
+}
+
+
 /* A 3-D expert tensor: n_exp matrices of rows x cols, GGUF shape [cols, rows, n_exp]. */
 static int add_exps(struct writer_ctx *c, const char *name, int layer, int64_t rows, int64_t cols, int n_exp,
                     float scale)
@@ -417,7 +509,9 @@ static int write_model(const struct synth_spec *s, const char *vocab_path, struc
 #define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
     gguf_writer_set_str(c.w, "general.architecture", a, strlen(a));
     char name[96];
-    snprintf(name, sizeof name, "cairn synthetic %s %s", a, s->type);
+    /* llama.cpp gives a model named "phi3" the special tokens of Phi-3's own vocabulary,
+     * which the test vocabularies lack: the name spells it otherwise */
+    snprintf(name, sizeof name, "cairn synthetic %s %s", strcmp(a, "phi3") ? a : "phi 3", s->type);
     gguf_writer_set_str(c.w, "general.name", name, strlen(name));
     if (file_type(s->type) >= 0)
         gguf_writer_set_u32(c.w, "general.file_type", (uint32_t)file_type(s->type));
@@ -454,6 +548,12 @@ static int write_model(const struct synth_spec *s, const char *vocab_path, struc
         rc = cairn_fail(err, errlen, CAIRN_EINVAL, "qwen3moe needs experts");
         goto out;
     }
+    if (s->linear_factor > 1.0f) {
+        gguf_writer_set_str(c.w, KEY("rope.scaling.type"), "linear", 6);
+        gguf_writer_set_f32(c.w, KEY("rope.scaling.factor"), s->linear_factor);
+    }
+    if (s->swa_window > 0)
+        gguf_writer_set_u32(c.w, KEY("attention.sliding_window"), (uint32_t)s->swa_window);
 #undef KEY
     int n_vocab = s->vocab_size;
     if (vocab_path) {
@@ -488,10 +588,16 @@ static int write_model(const struct synth_spec *s, const char *vocab_path, struc
                         (double)s->out_scale, s->scale_from);
         goto out;
     }
-    for (int il = 0; il < s->n_layers && !rc; il++) {
+    bool gemma = !strcmp(a, "gemma3"), fused = !strcmp(a, "phi3");
+    for (int il = 0; il < s->n_layers && !rc && fused; il++)
+        rc = add_fused_layer(&c, il, w, s->out_scale > 0 && il >= s->scale_from ? w * s->out_scale : w);
+    for (int il = 0; il < s->n_layers && !rc && !fused; il++) {
         char t[96];
         float w_out = s->out_scale > 0 && il >= s->scale_from ? w * s->out_scale : w;
 #define T(suffix) (snprintf(t, sizeof t, "blk.%d.%s", il, suffix), t)
+        if (gemma && ((rc = add(&c, T("post_attention_norm.weight"), il, 1, s->n_embd, FILL_NORM_WEIGHT, 0.05f)) ||
+                      (rc = add(&c, T("post_ffw_norm.weight"), il, 1, s->n_embd, FILL_NORM_WEIGHT, 0.05f))))
+            break;
         if ((rc = add(&c, T("attn_norm.weight"), il, 1, s->n_embd, FILL_NORM_WEIGHT, 0.05f)) ||
             (rc = add(&c, T("attn_q.weight"), il, q_dim, s->n_embd, FILL_NORMAL, w)) ||
             (rc = add(&c, T("attn_k.weight"), il, kv_dim, s->n_embd, FILL_NORMAL, w)) ||
@@ -508,7 +614,7 @@ static int write_model(const struct synth_spec *s, const char *vocab_path, struc
                      (rc = add(&c, T("attn_k.bias"), il, 1, kv_dim, FILL_NORMAL, w)) ||
                      (rc = add(&c, T("attn_v.bias"), il, 1, kv_dim, FILL_NORMAL, w))))
             break;
-        if (qk_norm && ((rc = add(&c, T("attn_q_norm.weight"), il, 1, s->head_dim, FILL_NORM_WEIGHT, 0.05f)) ||
+        if ((qk_norm || gemma) && ((rc = add(&c, T("attn_q_norm.weight"), il, 1, s->head_dim, FILL_NORM_WEIGHT, 0.05f)) ||
                         (rc = add(&c, T("attn_k_norm.weight"), il, 1, s->head_dim, FILL_NORM_WEIGHT, 0.05f))))
             break;
 #undef T

@@ -8,13 +8,16 @@
 #include <stdint.h>
 
 struct synth_spec {
-    char arch[16];        /* llama, qwen2, qwen3, qwen3moe */
+    char arch[16];        /* llama, qwen2, qwen3, qwen3moe, gemma3, phi3 */
     int n_layers, n_embd, n_ff, n_head, n_head_kv, head_dim;
     int64_t n_ctx;
     float rope_base, norm_eps;
     int tied;             /* output head shares token_embd */
     int llama3_rope;      /* write rope_freqs.weight with Llama 3.1 scaling */
     float yarn_factor;    /* > 1: rope.scaling.type yarn with this factor over n_ctx / factor */
+    float linear_factor;  /* > 1: rope.scaling.type linear with this factor (gemma3-4b) */
+    int64_t swa_window;   /* > 0: attention.sliding_window (gemma3: 5 of 6 layers slide; phi3:
+                             written as its files do, which llama.cpp and cairn ignore) */
     char type[16];        /* "q4_k_m", "q8_0", "f16", ... */
     uint64_t seed;
     int vocab_size;       /* used only without a vocab file: a byte-level stand-in */
@@ -37,7 +40,8 @@ struct synth_spec {
 };
 
 /* Fills spec with a named shape: tiny, small, llama-1b, llama-8b, qwen-0.5b, qwen3-0.6b,
- * qwen3moe-tiny, qwen3-30b-a3b, mixtral-tiny.
+ * qwen3moe-tiny, qwen3-30b-a3b, mixtral-tiny, gemma3-tiny, gemma3-1b, gemma3-4b, phi3-tiny,
+ * phi3-mini (the gemma3 and phi3 shapes with their chat template).
  * Returns CAIRN_ENOTFOUND for other names. The type is left as it is. */
 int synth_shape(const char *name, struct synth_spec *spec);
 

@@ -41,6 +41,13 @@ static double *tensorf(const struct gguf_file *f, const char *fmt, int layer)
     return tensor(f, name, NULL, NULL);
 }
 
+static bool tensorf_exists(const struct gguf_file *f, const char *fmt, int layer)
+{
+    char name[128];
+    snprintf(name, sizeof name, fmt, layer);
+    return gguf_find_tensor(f, name) != NULL;
+}
+
 /* y[r] = sum_c W[r][c] x[c] for W of rows x cols. */
 static void matvec(const double *W, const double *x, double *y, int64_t rows, int64_t cols)
 {
@@ -76,16 +83,17 @@ static double yarn_theta(const struct model_hparams *hp, int i, double th_extrap
     return ramp * th_extrap + (1.0 - ramp) * (th_extrap / s);
 }
 
-static void rope(const struct model_hparams *hp, const double *factors, double *v, int64_t pos)
+/* local: a gemma3 sliding-window layer's RoPE (its own base, no scaling) */
+static void rope(const struct model_hparams *hp, const double *factors, double *v, int64_t pos, bool local)
 {
     int half = hp->n_rot / 2;
-    double ms = hp->rope_yarn_factor > 1 ? hp->rope_yarn_attn_factor * (1 + 0.1 * log(hp->rope_yarn_factor)) : 1.0;
+    double ms = hp->rope_yarn_factor > 1 && !local ? hp->rope_yarn_attn_factor * (1 + 0.1 * log(hp->rope_yarn_factor)) : 1.0;
     for (int i = 0; i < half; i++) {
-        double freq = pow(hp->rope_base, -2.0 * i / hp->n_rot);
-        if (factors)
+        double freq = pow(local ? hp->rope_base_swa : hp->rope_base, -2.0 * i / hp->n_rot);
+        if (factors && !local)
             freq /= factors[i];
-        double th = (double)pos / hp->rope_linear_scale * freq;
-        if (hp->rope_yarn_factor > 1)
+        double th = (double)pos / (local ? 1.0 : hp->rope_linear_scale) * freq;
+        if (hp->rope_yarn_factor > 1 && !local)
             th = yarn_theta(hp, i, th);
         int i0 = hp->rope == ROPE_NEOX ? i : 2 * i, i1 = hp->rope == ROPE_NEOX ? i + half : 2 * i + 1;
         double a = v[i0], b = v[i1];
@@ -164,8 +172,12 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
     double *g = malloc((size_t)F * sizeof *g), *u = malloc((size_t)F * sizeof *u);
     double *sc = malloc((size_t)n * sizeof *sc);
     for (int t = 0; t < n; t++)
-        memcpy(x + t * E, emb + (int64_t)tokens[t] * E, (size_t)E * sizeof *x);
+        for (int64_t i = 0; i < E; i++)
+            x[t * E + i] = emb[(int64_t)tokens[t] * E + i] * (hp.gemma ? sqrt((double)E) : 1.0);
+    /* gemma3: every swa_pattern-th layer global, the others see the last swa_window positions */
     for (int l = 0; l < hp.n_layers; l++) {
+        bool local = hp.swa_window > 0 && l % hp.swa_pattern != hp.swa_pattern - 1;
+        double *qkv = tensorf(f, "blk.%d.attn_qkv.weight", l); /* phi3: q, k, v rows */
         double *an = tensorf(f, "blk.%d.attn_norm.weight", l), *wq = tensorf(f, "blk.%d.attn_q.weight", l);
         double *wk = tensorf(f, "blk.%d.attn_k.weight", l), *wv = tensorf(f, "blk.%d.attn_v.weight", l);
         double *wo = tensorf(f, "blk.%d.attn_output.weight", l), *fn = tensorf(f, "blk.%d.ffn_norm.weight", l);
@@ -177,6 +189,17 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
         double *bq = tensorf(f, "blk.%d.attn_q.bias", l), *bk = tensorf(f, "blk.%d.attn_k.bias", l);
         double *bv = tensorf(f, "blk.%d.attn_v.bias", l);
         double *qn = tensorf(f, "blk.%d.attn_q_norm.weight", l), *kn = tensorf(f, "blk.%d.attn_k_norm.weight", l);
+        double *pan = tensorf(f, "blk.%d.post_attention_norm.weight", l);
+        double *pfn = tensorf(f, "blk.%d.post_ffw_norm.weight", l);
+        if (qkv) {
+            wq = qkv;
+            wk = qkv + qd * E;
+            wv = qkv + (qd + kvd) * E;
+        }
+        if (!wg) { /* phi3: ffn_up holds the gate's rows, then the up's */
+            wg = wu;
+            wu = wu + F * E;
+        }
         /* K and V of every position first (causal attention only reads earlier ones). */
         for (int t = 0; t < n; t++) {
             rmsnorm(x + t * E, an, xn, E, hp.norm_eps);
@@ -190,7 +213,7 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
             for (int h = 0; h < hp.n_head_kv; h++) {
                 if (kn)
                     rmsnorm(k + h * hd, kn, k + h * hd, hd, hp.norm_eps);
-                rope(&hp, factors, k + h * hd, t);
+                rope(&hp, factors, k + h * hd, t, local);
             }
         }
         for (int t = 0; t < n; t++) {
@@ -202,26 +225,31 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
                 double *qh = q + h * hd;
                 if (qn)
                     rmsnorm(qh, qn, qh, hd, hp.norm_eps);
-                rope(&hp, factors, qh, t);
+                rope(&hp, factors, qh, t, local);
                 int kh = h / (hp.n_head / hp.n_head_kv);
                 double max = -INFINITY, sum = 0;
-                for (int p = 0; p <= t; p++) {
+                int p0 = local && t >= hp.swa_window ? t - (int)hp.swa_window + 1 : 0;
+                /* gemma3 27B scales by n_embd / n_head, every other model by head_dim */
+                double scale = hp.gemma && hp.n_layers == 62 ? 1.0 / sqrt((double)(E / hp.n_head)) : 1.0 / sqrt((double)hd);
+                for (int p = p0; p <= t; p++) {
                     double s = 0;
                     for (int64_t i = 0; i < hd; i++)
                         s += qh[i] * K[p * kvd + kh * hd + i];
-                    sc[p] = s / sqrt((double)hd);
+                    sc[p] = s * scale;
                     max = fmax(max, sc[p]);
                 }
-                for (int p = 0; p <= t; p++)
+                for (int p = p0; p <= t; p++)
                     sum += sc[p] = exp(sc[p] - max);
                 for (int64_t i = 0; i < hd; i++) {
                     double o = 0;
-                    for (int p = 0; p <= t; p++)
+                    for (int p = p0; p <= t; p++)
                         o += sc[p] / sum * Vc[p * kvd + kh * hd + i];
                     att[h * hd + i] = o;
                 }
             }
             matvec(wo, att, tmp, E, qd);
+            if (pan)
+                rmsnorm(tmp, pan, tmp, E, hp.norm_eps);
             for (int64_t i = 0; i < E; i++)
                 x[t * E + i] += tmp[i];
         }
@@ -236,12 +264,19 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
             matvec(wg, xn, g, F, E);
             matvec(wu, xn, u, F, E);
             for (int64_t i = 0; i < F; i++)
-                g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+                g[i] = hp.gemma ? 0.5 * g[i] * (1.0 + tanh(sqrt(2.0 / M_PI) * (g[i] + 0.044715 * g[i] * g[i] * g[i]))) * u[i]
+                                : g[i] / (1.0 + exp(-g[i])) * u[i];
             matvec(wd, g, tmp, E, F);
+            if (pfn)
+                rmsnorm(tmp, pfn, tmp, E, hp.norm_eps);
             for (int64_t i = 0; i < E; i++)
                 x[t * E + i] += tmp[i];
         }
-        double *all[] = {an, wq, wk, wv, wo, fn, wg, wu, wd, bq, bk, bv, qn, kn, router, eg, eu, ed};
+        if (qkv)
+            wq = wk = wv = NULL;
+        if (!tensorf_exists(f, "blk.%d.ffn_gate.weight", l))
+            wu = NULL; /* part of wg's allocation */
+        double *all[] = {an, wq, wk, wv, wo, fn, wg, wu, wd, bq, bk, bv, qn, kn, pan, pfn, qkv, router, eg, eu, ed};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             free(all[i]);
     }
@@ -249,6 +284,8 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
     for (int t = 0; t < n; t++) {
         rmsnorm(x + t * E, onorm, xn, E, hp.norm_eps);
         matvec(head, xn, logits + t * V, V, E);
+        for (int64_t i = 0; hp.logit_softcap > 0 && i < V; i++)
+            logits[t * V + i] = tanh(logits[t * V + i] / hp.logit_softcap) * hp.logit_softcap;
     }
     *n_vocab_out = (int)V;
     if (head != emb)

@@ -88,16 +88,22 @@ static void fill(struct fix *f, uint64_t seed, float amp, const float *q_dir, in
     free(v);
 }
 
-/* Overwrites positions [from, n_pos) of seq with NaN: a read past a row's position shows. */
-static void poison(struct fix *f, int seq, int64_t from)
+/* Overwrites positions [from, to) of seq with NaN: a read of them shows in the result. */
+static void poison_range(struct fix *f, int seq, int64_t from, int64_t to)
 {
     float *nan = malloc((size_t)f->kv_dim * sizeof *nan);
     for (int64_t i = 0; i < f->kv_dim; i++)
         nan[i] = NAN;
-    for (int64_t p = from; p < f->n_pos; p++)
+    for (int64_t p = from; p < to; p++)
         attn_kv_write(f->kv, 0, kv_slot(f->kv, seq, p), f->sh.head_dim, nan, nan);
     free(nan);
 }
+
+/* Poisons positions [from, n_pos) of seq: a read past a row's position shows. */
+static void poison(struct fix *f, int seq, int64_t from) { poison_range(f, seq, from, f->n_pos); }
+
+/* The first position a row at pos sees with a sliding window (0: none). */
+static int64_t window_start(int64_t pos, int64_t window) { return window > 0 && pos >= window ? pos - window + 1 : 0; }
 
 /* Restores positions [from, to) of seq from the copy. */
 static void restore(struct fix *f, int seq, int64_t from, int64_t to)
@@ -108,16 +114,18 @@ static void restore(struct fix *f, int seq, int64_t from, int64_t to)
     }
 }
 
-/* Attention of one row in float64 from the rounded K and V. */
-static void ref_row(const struct fix *f, int seq, int64_t pos, const float *q, double *out)
+/* Attention of one row in float64 from the rounded K and V, over positions
+ * (pos - window, pos] (window 0: [0, pos]). */
+static void ref_row(const struct fix *f, int seq, int64_t pos, const float *q, double *out, int64_t window)
 {
+    int64_t p0 = window_start(pos, window);
     int hd = f->sh.head_dim, group = f->sh.n_head / f->sh.n_head_kv;
     double *s = malloc((size_t)(pos + 1) * sizeof *s);
     double scale = 1.0 / sqrt((double)hd);
     for (int h = 0; h < f->sh.n_head; h++) {
         int64_t ko = (int64_t)(h / group) * hd;
         double mx = -INFINITY, sum = 0.0;
-        for (int64_t p = 0; p <= pos; p++) {
+        for (int64_t p = p0; p <= pos; p++) {
             const float *k = f->k + ((size_t)seq * (size_t)f->n_pos + (size_t)p) * (size_t)f->kv_dim + ko;
             double d = 0.0;
             for (int i = 0; i < hd; i++)
@@ -127,7 +135,7 @@ static void ref_row(const struct fix *f, int seq, int64_t pos, const float *q, d
         }
         for (int i = 0; i < hd; i++)
             out[h * hd + i] = 0.0;
-        for (int64_t p = 0; p <= pos; p++) {
+        for (int64_t p = p0; p <= pos; p++) {
             double w = exp(s[p] - mx);
             sum += w;
             const float *v = f->v + ((size_t)seq * (size_t)f->n_pos + (size_t)p) * (size_t)f->kv_dim + ko;
@@ -144,13 +152,13 @@ static void ref_row(const struct fix *f, int seq, int64_t pos, const float *q, d
  * Q4_0 (K and V of different types too), GQA and not: rows at chosen positions against
  * float64 over what the cache holds, max error relative to the largest output 2e-5
  * (float accumulation over 32k terms), with a spike key found from 32k away. */
-static void test_reference(void)
+static void reference(int64_t window)
 {
     struct attn_shape shapes[] = {{2, 1, 64}, {4, 2, 32}, {2, 2, 96}};
     const int tk[] = {DT_F16, DT_F32, DT_Q8_0, DT_Q4_0, DT_Q8_0}, tv[] = {DT_F16, DT_F32, DT_Q8_0, DT_Q4_0, DT_F16};
     uint64_t seed = 7;
     for (int si = 0; si < 3; si++)
-        for (int type = 0; type < 5; type++) {
+        for (int type = 0; type < (window ? 2 : 5); type++) {
             struct fix f;
             struct pool *pool = NULL;
             int bt = si == 2 ? 12 : 16; /* blocks that do not divide a tile, too */
@@ -168,16 +176,21 @@ static void test_reference(void)
             int32_t seq[8] = {0};
             /* the batch is not one run: positions jump, each token's own run */
             for (int b = 0; b < 8; b++) {
-                attn_forward(f.a, pool, vec_ops_best(), f.kv, 0, 1, seq, pos + b, q + b * f.q_dim, out + b * f.q_dim);
-                ref_row(&f, 0, pos[b], q + b * f.q_dim, ref);
+                /* positions before the window are poisoned: a read of one shows as NaN */
+                int64_t w0 = window_start(pos[b], window);
+                poison_range(&f, 0, 0, w0);
+                attn_forward_window(f.a, pool, vec_ops_best(), f.kv, 0, 1, seq, pos + b, q + b * f.q_dim,
+                                    out + b * f.q_dim, window);
+                restore(&f, 0, 0, w0);
+                ref_row(&f, 0, pos[b], q + b * f.q_dim, ref, window);
                 double mx = 0.0, err = 0.0;
                 for (int64_t i = 0; i < f.q_dim; i++) {
                     mx = fabs(ref[i]) > mx ? fabs(ref[i]) : mx;
                     double e = fabs(out[b * f.q_dim + i] - ref[i]);
                     err = e > err || e != e ? e : err;
                 }
-                CHECK(err <= 2e-5 * mx, "shape %d K %s V %s pos %lld: max error %.3g of %.3g", si, dtype_name(tk[type]),
-                      dtype_name(tv[type]), (long long)pos[b], err, mx);
+                CHECK(err <= 2e-5 * mx, "shape %d K %s V %s pos %lld window %lld: max error %.3g of %.3g", si,
+                      dtype_name(tk[type]), dtype_name(tv[type]), (long long)pos[b], (long long)window, err, mx);
             }
             free(q);
             free(out);
@@ -187,7 +200,17 @@ static void test_reference(void)
         }
 }
 
+static void test_reference(void)
+{
+    reference(0);
+    /* sliding windows (gemma3's 512, and one that is no multiple of a block or tile) */
+    reference(512);
+    reference(1000);
+}
+
 /* Runs rows [from, to) of seq (q rows of the whole prompt) in one call. */
+static int64_t g_window; /* the sliding window of the calls below (0: none) */
+
 static void run_rows(struct fix *f, struct pool *pool, const struct vec_ops *vec, int seq, int64_t from, int64_t to,
                      const float *q, float *out, int32_t *seqs, int64_t *pos)
 {
@@ -195,7 +218,8 @@ static void run_rows(struct fix *f, struct pool *pool, const struct vec_ops *vec
         seqs[p - from] = seq;
         pos[p - from] = p;
     }
-    attn_forward(f->a, pool, vec, f->kv, 0, (int)(to - from), seqs, pos, q + from * f->q_dim, out + from * f->q_dim);
+    attn_forward_window(f->a, pool, vec, f->kv, 0, (int)(to - from), seqs, pos, q + from * f->q_dim,
+                        out + from * f->q_dim, g_window);
 }
 
 /* A prompt of 16k positions (2k sanitized; 4k with Q8_0 K and Q4_0 V) in one call, then in chunks of random sizes
@@ -231,6 +255,7 @@ static void chunked(int64_t n, int type_k, int type_v)
 
     int64_t at = 0;
     int bad = 0, bad_other = 0, calls = 0;
+    int64_t poisoned = 0; /* positions [0, poisoned) of sequence 0 poisoned behind the window */
     poison(&f, 0, 0);
     while (at < n) {
         int64_t c = (int64_t)(test_rand_u64(&seed) % 3 == 0 ? 1 + test_rand_u64(&seed) % 4 : 1 + test_rand_u64(&seed) % 700);
@@ -247,7 +272,7 @@ static void chunked(int64_t n, int type_k, int type_v)
                 seqs[m] = 0, pos[m] = at + i;
                 memcpy(mixed_q + (size_t)m++ * (size_t)f.q_dim, q + (at + i) * f.q_dim, (size_t)f.q_dim * sizeof *q);
             }
-            attn_forward(f.a, pool, vec_ops_best(), f.kv, 0, m, seqs, pos, mixed_q, mixed_out);
+            attn_forward_window(f.a, pool, vec_ops_best(), f.kv, 0, m, seqs, pos, mixed_q, mixed_out, g_window);
             for (int i = 0; i < m; i++) {
                 const float *want = seqs[i] ? other + pos[i] * f.q_dim : one + pos[i] * f.q_dim;
                 if (memcmp(mixed_out + (size_t)i * (size_t)f.q_dim, want, (size_t)f.q_dim * sizeof *want)) {
@@ -262,9 +287,12 @@ static void chunked(int64_t n, int type_k, int type_v)
         }
         at += c;
         calls++;
+        /* with a window, what no later row sees is poisoned too */
+        poison_range(&f, 0, poisoned, window_start(at, g_window));
+        poisoned = window_start(at, g_window) > poisoned ? window_start(at, g_window) : poisoned;
     }
-    CHECK(bad == 0 && bad_other == 0, "K %s V %s: %d rows of %lld differ from one-shot prefill (%d of the other sequence) over %d calls",
-          dtype_name(type_k), dtype_name(type_v), bad, (long long)n, bad_other, calls);
+    CHECK(bad == 0 && bad_other == 0, "K %s V %s window %lld: %d rows of %lld differ from one-shot prefill (%d of the other sequence) over %d calls",
+          dtype_name(type_k), dtype_name(type_v), (long long)g_window, bad, (long long)n, bad_other, calls);
     free(q);
     free(q2);
     free(one);
@@ -283,11 +311,18 @@ static void test_chunked(void)
 {
     chunked(SANITIZED ? 2048 : 16384, DT_F16, DT_F16);
     chunked(SANITIZED ? 1024 : 4096, DT_Q8_0, DT_Q4_0);
+    /* sliding windows of 300 and 24 positions (no multiple of a block of 16 or a tile),
+     * the positions behind every later row's window poisoned */
+    g_window = 300;
+    chunked(SANITIZED ? 1024 : 4096, DT_F16, DT_F16);
+    g_window = 24;
+    chunked(SANITIZED ? 1024 : 2048, DT_Q8_0, DT_Q4_0);
+    g_window = 0;
 }
 
 /* The reference, AVX2 and AVX-512 variants give the same bits for whole attention
  * calls (prefill and split decode), K and V of every type, blocks of 4 and 16 positions. */
-static void test_variants(void)
+static void variants(void)
 {
     const char *names[] = {"avx2", "avx512"};
     int64_t n = SANITIZED ? 300 : 700;
@@ -317,8 +352,8 @@ static void test_variants(void)
                     continue;
                 run_rows(&f, pool, ops, 0, 0, n - 3, q, got, seqs, pos);
                 run_rows(&f, pool, ops, 0, n - 3, n, q, got, seqs, pos);
-                CHECK(memcmp(want, got, nq * sizeof *got) == 0, "%s K %s bt %d: differs from the reference", names[vi],
-                      dtype_name(types[type]), bti ? 4 : 16);
+                CHECK(memcmp(want, got, nq * sizeof *got) == 0, "%s K %s bt %d window %lld: differs from the reference",
+                      names[vi], dtype_name(types[type]), bti ? 4 : 16, (long long)g_window);
             }
             free(q);
             free(want);
@@ -328,6 +363,14 @@ static void test_variants(void)
             pool_release(pool);
             fix_close(&f);
         }
+}
+
+static void test_variants(void)
+{
+    variants();
+    g_window = 100; /* rows whose window starts inside a tile, and tiles skipped */
+    variants();
+    g_window = 0;
 }
 
 int main(int argc, char **argv)

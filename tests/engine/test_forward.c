@@ -361,6 +361,77 @@ out:
     unlink(path);
 }
 
+/* gemma3 over 600 positions with a window of 5: prefill in one call, in chunks of 37 and
+ * token by token give the same bits while the cache releases the window layers' rows of
+ * the blocks left behind (blocks of 16 F32 rows of 64: one page each); a rollback within
+ * the slack gives the same bits again, one behind the released rows is refused. */
+static void check_window_release(void)
+{
+    enum { N = 600 };
+    struct synth_spec s = {.arch = "gemma3", .n_layers = 6, .n_embd = 64, .n_ff = 160, .n_head = 2, .n_head_kv = 1,
+                           .head_dim = 64, .n_ctx = 1024, .rope_base = 1000000, .norm_eps = 1e-6f, .tied = 1,
+                           .swa_window = 5, .type = "f32", .seed = 9, .vocab_size = 300};
+    char path[128], err[512];
+    snprintf(path, sizeof path, "test_forward_window_%d.gguf", (int)getpid());
+    CHECK(synth_write(&s, NULL, path, err, sizeof err) == 0, "synth_write: %s", err);
+    struct model *m = NULL;
+    struct engine *e = NULL;
+    struct kv_cache *kv = NULL;
+    struct engine_config ec = {.n_threads = 2, .max_batch = 64, .max_ctx = 1024};
+    struct kv_config kc = {0};
+    if (model_load(&m, path, NULL, err, sizeof err) || engine_create(&e, m, &ec, err, sizeof err) ||
+        (kc = engine_kv_config(m, 1024, 3, 16), kc.type_k = kc.type_v = DT_F32, kv_create(&kv, &kc, err, sizeof err))) {
+        CHECK(0, "setup: %s", err);
+        goto out;
+    }
+    struct runner r = {.m = m, .e = e, .kv = kv, .n_vocab = m->hp.n_vocab};
+    int V = r.n_vocab;
+    int32_t toks[N];
+    make_tokens(toks, N, V, 77);
+    float *one = malloc((size_t)N * V * sizeof(float)), *other = malloc((size_t)N * V * sizeof(float));
+    float *whole = malloc((size_t)64 * V * sizeof(float));
+    /* one shot: batches of 64 */
+    CHECK(feed(&r, 0, toks, 0, N, 64, one) == 0, "prefill failed");
+    int64_t released = kv_released_blocks(kv);
+    /* 600 positions are 38 blocks; all but those within 5 + 128 positions of the end are released */
+    CHECK(released >= 28 && kv_seq_min_resume(kv, 0) > 400, "released %lld blocks, resume from %lld",
+          (long long)released, (long long)kv_seq_min_resume(kv, 0));
+    CHECK(feed(&r, 1, toks, 0, N, 37, other) == 0 && same_bits(one, other, (size_t)N * V),
+          "chunks of 37 differ from batches of 64 with released window rows");
+    CHECK(feed(&r, 2, toks, 0, N, 1, other) == 0 && same_bits(one, other, (size_t)N * V),
+          "token by token differs from batches of 64 with released window rows");
+    /* a rollback of 16 positions (a rejected draft) */
+    kv_truncate(kv, 0, N - 16);
+    CHECK(feed(&r, 0, toks, N - 16, N, 16, other) == 0 && same_bits(one + (size_t)(N - 16) * V, other + (size_t)(N - 16) * V, (size_t)16 * V),
+          "logits after a rollback of 16 differ");
+    /* behind the released rows: refused with the reason */
+    kv_truncate(kv, 1, 100);
+    int32_t seq = 1;
+    int64_t pos = 100;
+    struct batch b = {.n = 1, .token = toks + 100, .seq = &seq, .pos = &pos};
+    err[0] = 0;
+    CHECK(engine_forward(e, kv, &b, whole, err, sizeof err) == CAIRN_ERANGE && strstr(err, "sliding-window"),
+          "a resume behind released rows was not refused (%s)", err);
+    /* forks carry the bound; a cleared sequence starts afresh */
+    kv_seq_clear(kv, 1);
+    CHECK(kv_seq_min_resume(kv, 1) == 0, "cleared sequence keeps a bound");
+    CHECK(kv_fork(kv, 0, 1) == 0 && kv_seq_min_resume(kv, 1) == kv_seq_min_resume(kv, 0), "fork lost the bound");
+    kv_seq_clear(kv, 0);
+    kv_seq_clear(kv, 1);
+    kv_seq_clear(kv, 2);
+    CHECK(kv_released_blocks(kv) == 0 || kv_free_blocks(kv) == kc.n_blocks, "blocks held after clearing");
+    CHECK(feed(&r, 0, toks, 0, N, 64, other) == 0 && same_bits(one, other, (size_t)N * V),
+          "reused blocks (released before) give different logits");
+    free(one);
+    free(other);
+    free(whole);
+out:
+    kv_release(kv);
+    engine_release(e);
+    model_release(m);
+    unlink(path);
+}
+
 int main(void)
 {
     struct synth_spec base = {.arch = "llama", .n_layers = 2, .n_embd = 64, .n_ff = 160, .n_head = 4, .n_head_kv = 2,
@@ -392,6 +463,21 @@ int main(void)
     check_model("qwen3-bf16-kvq8_0", &s, 0.05);
     kv_type = DT_Q4_0;
     check_model("qwen3-bf16-kvq4_0", &s, 0.6);
+    /* gemma3: a window of 5 positions on layers 0-4 (layer 5 global) crosses the blocks of 4
+     * positions and the chunks of 1 and 5; phi3's fused matrices */
+    kv_type = DT_F32;
+    s = base;
+    snprintf(s.arch, sizeof s.arch, "gemma3");
+    s.n_layers = 6, s.n_head_kv = 1, s.tied = 1, s.swa_window = 5, s.rope_base = 1000000;
+    check_model("gemma3-f32-swa5", &s, 1e-4);
+    s.linear_factor = 8.0f, s.swa_window = 7; /* gemma3-4b's scaling of the global layers */
+    snprintf(s.type, sizeof s.type, "f16");
+    check_model("gemma3-f16-swa7-linear", &s, 1e-4);
+    s = base;
+    snprintf(s.arch, sizeof s.arch, "phi3");
+    s.n_head_kv = 4, s.swa_window = 3; /* a window phi3's files declare and llama.cpp ignores */
+    check_model("phi3-f32", &s, 1e-4);
+    check_window_release();
     kv_type = DT_F16;
     /* 8-bit activations against quantized weights: the reference uses the same weights
      * but exact activations, so the tolerance is that of 8-bit activation rounding. */

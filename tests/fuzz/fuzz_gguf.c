@@ -3,9 +3,12 @@
  * accepted one must have every key, array element and tensor readable within the
  * input, and survive a round trip through the writer: every key/value copied and every
  * tensor re-added, written, and read back with gguf_open gives the same keys, types,
- * value bytes, shapes and tensor bytes. Built and run by tests/fuzz/run.sh. */
+ * value bytes, shapes and tensor bytes. Its metadata read as a model's hyper-parameters
+ * (model/arch.c: every architecture, gemma3's windows, phi3's refusals) is refused with a
+ * reason or within the ranges the engine relies on. Built and run by tests/fuzz/run.sh. */
 #include "base/err.h"
 #include "gguf/gguf.h"
+#include "model/arch.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,6 +141,24 @@ static void header_prefixes(const struct gguf_file *f, const uint8_t *data, size
     }
 }
 
+static void check_hparams(const struct gguf_file *f)
+{
+    struct model_hparams hp;
+    char err[512] = "";
+    int rc = model_read_hparams(f, &hp, err, sizeof err);
+    if (rc) {
+        CHECK(rc < 0 && err[0]);
+        return;
+    }
+    CHECK(hp.n_layers >= 1 && hp.n_embd >= 1 && hp.n_head >= 1 && hp.n_head_kv >= 1 && hp.n_head % hp.n_head_kv == 0);
+    CHECK(hp.head_dim >= 2 && hp.head_dim % 2 == 0 && hp.n_rot >= 2 && hp.n_rot <= hp.head_dim && hp.n_vocab >= 1);
+    CHECK(hp.attn_scale > 0 && hp.swa_window >= 0 && hp.logit_softcap >= 0);
+    if (hp.swa_window > 0)
+        CHECK(hp.swa_pattern >= 1 && hp.rope_base_swa > 0);
+    for (int il = 0; il < hp.n_layers; il++)
+        (void)model_layer_swa(&hp, il);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     uint8_t *copy = malloc(size ? size : 1);
@@ -152,6 +173,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         CHECK(gguf_file_size(f) == size && gguf_base(f) == copy);
         walk(f, copy, size);
+        check_hparams(f);
         round_trip(f);
         header_prefixes(f, copy, size);
         gguf_close(f);

@@ -212,6 +212,120 @@ static void expect_refusal(const char *path, const char *what, int code, const c
     }
 }
 
+/* An edit of a gemma3 or phi3 file: a tensor dropped or with half its rows, a key set. */
+struct arch_edit {
+    const char *what;
+    const char *drop, *halve;    /* tensor names */
+    const char *key;             /* metadata key to set: */
+    enum { SET_NONE, SET_U32, SET_F32, SET_STR, ADD_TENSOR } set;
+    double num;
+    const char *str;             /* SET_STR's value; ADD_TENSOR's name (an F32 vector of 32) */
+    int code;
+    const char *needle;
+};
+
+static int rewrite_arch(const char *src, const char *dst, const struct arch_edit *e)
+{
+    char err[256];
+    struct gguf_file *f;
+    if (gguf_open(&f, src, err, sizeof err))
+        return -1;
+    struct gguf_writer *w;
+    gguf_writer_create(&w);
+    for (int64_t i = 0; i < gguf_n_kv(f); i++)
+        gguf_writer_copy_kv(w, f, i);
+    if (e->set == SET_U32)
+        gguf_writer_set_u32(w, e->key, (uint32_t)e->num);
+    else if (e->set == SET_F32)
+        gguf_writer_set_f32(w, e->key, (float)e->num);
+    else if (e->set == SET_STR)
+        gguf_writer_set_str(w, e->key, e->str, strlen(e->str));
+    static float ones[32] = {1};
+    if (e->set == ADD_TENSOR) {
+        int64_t ne[4] = {32, 1, 1, 1};
+        gguf_writer_add_tensor(w, e->str, DT_F32, 1, ne, ones, NULL, NULL);
+    }
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor(f, i);
+        int64_t ne[4];
+        memcpy(ne, t->ne, sizeof ne);
+        if (e->drop && !strcmp(t->name, e->drop))
+            continue;
+        if (e->halve && !strcmp(t->name, e->halve))
+            ne[t->n_dims > 1] /= 2; /* rows of a matrix, elements of a vector */
+        gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, ne, t->data, NULL, NULL);
+    }
+    int rc = gguf_writer_write(w, dst, err, sizeof err);
+    gguf_writer_release(w);
+    gguf_close(f);
+    return rc;
+}
+
+/* gemma3 and phi3 files with a tensor or a key wrong are refused with its name; the
+ * good ones load with the hyper-parameters their metadata says. */
+static void check_arch_refusals(void)
+{
+    static const struct arch_edit gemma[] = {
+        {"no post-attention norm", "blk.1.post_attention_norm.weight", NULL, NULL, SET_NONE, 0, NULL, CAIRN_EFORMAT,
+         "blk.1.post_attention_norm.weight"},
+        {"no post-FFN norm", "blk.2.post_ffw_norm.weight", NULL, NULL, SET_NONE, 0, NULL, CAIRN_EFORMAT, "blk.2.post_ffw_norm.weight"},
+        {"no k norm", "blk.0.attn_k_norm.weight", NULL, NULL, SET_NONE, 0, NULL, CAIRN_EFORMAT, "blk.0.attn_k_norm.weight"},
+        {"post norm of half a row", NULL, "blk.3.post_ffw_norm.weight", NULL, SET_NONE, 0, NULL, CAIRN_EFORMAT, "blk.3.post_ffw_norm.weight"},
+        {"window out of range", NULL, NULL, "gemma3.attention.sliding_window", SET_U32, 4e9, NULL, CAIRN_EFORMAT,
+         "gemma3.attention.sliding_window"},
+        {"pattern 0", NULL, NULL, "gemma3.attention.sliding_window_pattern", SET_U32, 0, NULL, CAIRN_EFORMAT,
+         "gemma3.attention.sliding_window_pattern"},
+        {"negative softcap", NULL, NULL, "gemma3.final_logit_softcapping", SET_F32, -30, NULL, CAIRN_EFORMAT,
+         "gemma3.final_logit_softcapping"},
+        {"negative local RoPE base", NULL, NULL, "gemma3.rope.freq_base_swa", SET_F32, -1, NULL, CAIRN_EFORMAT,
+         "gemma3.rope.freq_base_swa"},
+    };
+    static const struct arch_edit phi[] = {
+        {"no fused qkv", "blk.0.attn_qkv.weight", NULL, NULL, SET_NONE, 0, NULL, CAIRN_EFORMAT, "blk.0.attn_qkv.weight"},
+        {"gate/up of n_ff rows", NULL, "blk.1.ffn_up.weight", NULL, SET_NONE, 0, NULL, CAIRN_EFORMAT, "blk.1.ffn_up.weight"},
+        {"qkv of half its rows", NULL, "blk.1.attn_qkv.weight", NULL, SET_NONE, 0, NULL, CAIRN_EFORMAT, "blk.1.attn_qkv.weight"},
+        {"128k rope factors", NULL, NULL, NULL, ADD_TENSOR, 0, "rope_factors_long.weight", CAIRN_EUNSUPPORTED,
+         "rope_factors_long"},
+        {"longrope scaling", NULL, NULL, "phi3.rope.scaling.type", SET_STR, 0, "longrope", CAIRN_EUNSUPPORTED, "longrope"},
+    };
+    char err[512], path[128], bad[128];
+    snprintf(path, sizeof path, "test_model_arch_%d.gguf", (int)getpid());
+    snprintf(bad, sizeof bad, "test_model_arch_bad_%d.gguf", (int)getpid());
+    for (int a = 0; a < 2; a++) {
+        struct synth_spec s = {.arch = "gemma3", .n_layers = 6, .n_embd = 64, .n_ff = 128, .n_head = 2, .n_head_kv = 1,
+                               .head_dim = 32, .n_ctx = 256, .rope_base = 1000000, .norm_eps = 1e-6f, .tied = 1,
+                               .swa_window = 16, .type = "f16", .seed = 3, .vocab_size = 100};
+        if (a == 1) {
+            snprintf(s.arch, sizeof s.arch, "phi3");
+            s.n_head_kv = 2, s.tied = 0, s.swa_window = 0;
+        }
+        CHECK(synth_write(&s, NULL, path, err, sizeof err) == 0, "synth_write: %s", err);
+        struct model *m = NULL;
+        CHECK(model_load(&m, path, NULL, err, sizeof err) == 0, "%s: %s", s.arch, err);
+        if (m && a == 0)
+            CHECK(m->hp.gemma && m->hp.swa_window == 16 && m->hp.swa_pattern == 6 && m->hp.rope_base_swa == 10000.0f &&
+                      model_layer_swa(&m->hp, 4) && !model_layer_swa(&m->hp, 5) && m->layers[1].attn_post_norm &&
+                      m->layers[1].ffn_post_norm && m->layers[1].q_norm && m->hp.rope == ROPE_NEOX,
+                  "gemma3 hyper-parameters");
+        if (m && a == 1)
+            CHECK(m->hp.fused && !m->hp.gemma && m->hp.swa_window == 0 && kern_mat_rows(m->layers[0].wk) == 64 &&
+                      kern_mat_rows(m->layers[0].w_up) == 128 && !m->layers[0].attn_post_norm,
+                  "phi3 hyper-parameters");
+        model_release(m);
+        const struct arch_edit *edits = a ? phi : gemma;
+        size_t n = a ? sizeof phi / sizeof phi[0] : sizeof gemma / sizeof gemma[0];
+        for (size_t i = 0; i < n; i++) {
+            if (rewrite_arch(path, bad, &edits[i])) {
+                CHECK(0, "%s: cannot write the edited file", edits[i].what);
+                continue;
+            }
+            expect_refusal(bad, edits[i].what, edits[i].code, edits[i].needle);
+        }
+    }
+    unlink(path);
+    unlink(bad);
+}
+
 /* Resident memory of this process in KiB (VmRSS), -1 when unreadable. */
 static long long rss_kib(void)
 {
@@ -311,6 +425,21 @@ int main(void)
     CHECK(synth_shape("llama-1b", &q) == 0 && q.n_embd == 2048 && q.n_head_kv == 8 && q.head_dim == 64 && q.tied &&
               q.llama3_rope, "llama-1b shape");
     CHECK(synth_shape("nope", &q) == CAIRN_ENOTFOUND, "unknown shape accepted");
+    /* the gemma3 and phi3 shapes write the chat templates test_tmpl renders against jinja2 */
+    const char *tshapes[][2] = {{"gemma3-tiny", "cairn-gemma3"}, {"gemma3-4b", "cairn-gemma3"}, {"phi3-mini", "cairn-phi3"}};
+    for (int i = 0; i < 3; i++) {
+        char tpath[512], text[4096] = "";
+        snprintf(tpath, sizeof tpath, "%s/tests/tmpl/tmpl_cases/templates/%s.jinja", CAIRN_SOURCE_DIR, tshapes[i][1]);
+        FILE *tf = fopen(tpath, "rb");
+        size_t got = tf ? fread(text, 1, sizeof text - 1, tf) : 0;
+        text[got] = 0;
+        if (tf)
+            fclose(tf);
+        CHECK(synth_shape(tshapes[i][0], &q) == 0 && q.chat_template && !strcmp(q.chat_template, text),
+              "%s's chat template differs from %s", tshapes[i][0], tpath);
+    }
+    CHECK(synth_shape("gemma3-1b", &q) == 0 && q.n_layers == 26 && q.n_embd == 1152 && q.head_dim == 256 &&
+              q.n_head_kv == 1 && q.swa_window == 512 && q.tied, "gemma3-1b shape");
 
     struct { enum edit e; const char *what; int code; const char *needle; } cases[] = {
         {EDIT_ARCH, "unknown architecture", CAIRN_EUNSUPPORTED, "mamba"},
@@ -333,6 +462,7 @@ int main(void)
               q.n_expert == 128 && q.n_expert_used == 8 && q.n_ff_exp == 768 && q.n_head == 32 && q.n_head_kv == 4 &&
               q.head_dim == 128, "qwen3-30b-a3b shape");
     check_moe(bad);
+    check_arch_refusals();
     unlink(path);
     unlink(bad);
     return test_main_end();

@@ -611,24 +611,28 @@ static json_t *run_reference(const json_t *jobs)
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
+/* The shared testdata's templates, and those cairn mkmodel writes (tmpl_cases/templates). */
 static size_t list_templates(char ***out)
 {
-    const char *dir = CAIRN_SHARED_DIR "/testdata/templates";
-    DIR *d = opendir(dir);
+    const char *dirs[] = {CAIRN_SHARED_DIR "/testdata/templates", CASES "/templates"};
     size_t n = 0, cap = 64;
     char **paths = malloc(cap * sizeof *paths);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        size_t l = strlen(e->d_name);
-        if (l < 7 || strcmp(e->d_name + l - 6, ".jinja"))
-            continue;
-        if (n == cap)
-            paths = realloc(paths, (cap *= 2) * sizeof *paths);
-        paths[n] = malloc(strlen(dir) + l + 2);
-        sprintf(paths[n++], "%s/%s", dir, e->d_name);
+    for (int di = 0; di < 2; di++) {
+        const char *dir = dirs[di];
+        DIR *d = opendir(dir);
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            size_t l = strlen(e->d_name);
+            if (l < 7 || strcmp(e->d_name + l - 6, ".jinja"))
+                continue;
+            if (n == cap)
+                paths = realloc(paths, (cap *= 2) * sizeof *paths);
+            paths[n] = malloc(strlen(dir) + l + 2);
+            sprintf(paths[n++], "%s/%s", dir, e->d_name);
+        }
+        if (d)
+            closedir(d);
     }
-    if (d)
-        closedir(d);
     qsort(paths, n, sizeof *paths, cmp_str);
     *out = paths;
     return n;
