@@ -43,7 +43,7 @@ static int rewrite(const char *src, const char *dst, enum edit e)
         if (target && e == EDIT_DROP_TENSOR)
             continue;
         if (target && e == EDIT_TYPE) {
-            gguf_writer_add_tensor(w, t->name, DT_Q2_K, t->n_dims, ne, zeros, NULL, NULL);
+            gguf_writer_add_tensor(w, t->name, DT_IQ2_XXS, t->n_dims, ne, zeros, NULL, NULL);
             continue;
         }
         if (target && e == EDIT_SHAPE) {
@@ -180,7 +180,7 @@ int main(void)
 
     struct { enum edit e; const char *what; int code; const char *needle; } cases[] = {
         {EDIT_ARCH, "unknown architecture", CAIRN_EUNSUPPORTED, "mamba"},
-        {EDIT_TYPE, "unsupported tensor type", CAIRN_EUNSUPPORTED, "Q2_K"},
+        {EDIT_TYPE, "unsupported tensor type", CAIRN_EUNSUPPORTED, "blk.1.attn_q.weight has type IQ2_XXS"},
         {EDIT_DROP_TENSOR, "missing tensor", CAIRN_EFORMAT, "blk.1.attn_q.weight"},
         {EDIT_SHAPE, "wrong shape", CAIRN_EFORMAT, "blk.1.attn_q.weight"},
         {EDIT_DROP_KEY, "missing metadata", CAIRN_EFORMAT, "llama.block_count"},
