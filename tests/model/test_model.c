@@ -169,6 +169,14 @@ int main(void)
     /* K-quant rows not a multiple of 256 fall back as llama.cpp does. */
     CHECK(synth_tensor_type(&s, "blk.0.ffn_up.weight", 0, 896) == DT_Q5_0, "Q4_K fallback for 896");
     CHECK(synth_tensor_type(&s, "output.weight", -1, 896) == DT_Q8_0, "Q6_K fallback for 896");
+    struct synth_spec lb = s;
+    snprintf(lb.type, sizeof lb.type, "q2_k");
+    CHECK(synth_tensor_type(&lb, "blk.0.ffn_up.weight", 0, 896) == DT_Q4_0, "Q2_K fallback for 896");
+    CHECK(synth_tensor_type(&lb, "blk.0.ffn_up.weight", 0, 1024) == DT_Q2_K, "Q2_K for 1024");
+    snprintf(lb.type, sizeof lb.type, "iq4_xs");
+    CHECK(synth_tensor_type(&lb, "blk.0.ffn_up.weight", 0, 896) == DT_IQ4_NL, "IQ4_XS fallback for 896");
+    snprintf(lb.type, sizeof lb.type, "mxfp4");
+    CHECK(synth_tensor_type(&lb, "blk.0.ffn_up.weight", 0, 896) == DT_MXFP4, "MXFP4 for 896");
 
     /* Shapes carry the dimensions of the models they stand for. */
     struct synth_spec q = {0};
