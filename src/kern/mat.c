@@ -59,13 +59,21 @@ static bool is_float_type(int type)
     return type == DT_F32 || type == DT_F16 || type == DT_BF16;
 }
 
+/* The types of mat_lowbit_*.c (tile layouts by km_lowbit_tile, not kern_mat_tile_bytes,
+ * so that a path claims them only by naming them). */
+static bool is_lowbit(int type)
+{
+    return km_lowbit_tile(type, 1) > 0;
+}
+
 /* Types a SIMD path computes (the reference computes every supported type). */
 static bool path_has_type(enum kern_path p, int type)
 {
     switch (p) {
     case KERN_PATH_REF: return true;
     case KERN_PATH_AVX512:
-    case KERN_PATH_AVX2: return is_float_type(type) || kern_mat_tile_bytes(type, 16) > 0;
+    case KERN_PATH_AVX2:
+        return is_float_type(type) || kern_mat_tile_bytes(type, 16) > 0 || is_lowbit(type);
     default: return false;
     }
 }
@@ -81,11 +89,6 @@ size_t kern_mat_tile_bytes(int type, int G)
     case DT_Q4_K: return KM_Q4_K_TILE(G);
     case DT_Q5_K: return KM_Q5_K_TILE(G);
     case DT_Q6_K: return KM_Q6_K_TILE(G);
-    case DT_Q2_K: return KM_Q2_K_TILE(G);
-    case DT_Q3_K: return KM_Q3_K_TILE(G);
-    case DT_IQ4_NL: return KM_IQ4_NL_TILE(G);
-    case DT_MXFP4: return KM_MXFP4_TILE(G);
-    case DT_IQ4_XS: return KM_IQ4_XS_TILE(G);
     default: return 0;
     }
 }
@@ -425,7 +428,7 @@ int kern_mat_create(struct kern_mat **out, int type, const void *data, int64_t r
     v->row_bytes = (size_t)rb;
     v->data = data;
     v->G = path == KERN_PATH_AVX512 ? 16 : path == KERN_PATH_AVX2 ? 8 : 1;
-    v->tile = kern_mat_tile_bytes(type, v->G);
+    v->tile = is_lowbit(type) ? km_lowbit_tile(type, v->G) : kern_mat_tile_bytes(type, v->G);
     if (path != KERN_PATH_REF) {
         /* SIMD paths always own their weights, so the caller may drop the source pages:
          * quantized types interleaved, float types copied as they are. */
@@ -470,8 +473,7 @@ void kern_matmul(const struct kern_mat *m, const void *xq, size_t ldx, int B, fl
     const struct km_view *v = &m->view;
     if (B <= 0 || r0 < 0 || r1 > v->rows || r0 >= r1)
         return;
-    bool lowbit = v->type == DT_Q2_K || v->type == DT_Q3_K || v->type == DT_IQ4_NL ||
-                  v->type == DT_IQ4_XS || v->type == DT_MXFP4;
+    bool lowbit = is_lowbit(v->type);
     switch (m->path) {
     case KERN_PATH_AVX512:
         (lowbit ? kern_mat_lowbit_avx512_run : kern_mat_avx512_run)(v, xq, ldx, B, y, ldy, r0, r1);

@@ -245,7 +245,8 @@ static inline void km_drive_rows(km_rows_fn *fn, int rf, int nbf, const struct k
     }
 }
 
-/* Tile bytes for G rows of `type`, or 0 when the type has no interleaved layout. */
+/* Tile bytes for G rows of `type`, or 0 when the type has no interleaved layout among
+ * those of kern_mat_avx*_run (km_lowbit_tile gives the low-bit types'). */
 size_t kern_mat_tile_bytes(int type, int G);
 
 /* The product of kern.h's kern_matmul on one path, for the types mat.c lets that path
