@@ -2,6 +2,7 @@
 # Checks that cairn and llama.cpp continue a prompt identically (greedy) on the same
 # synthetic GGUF files, for each architecture and a K-quant mix: a check of the file
 # writer, the architectures' semantics and the tokenizer against the reference.
+# (bench/quant_close.sh measures how close each engine stays to F16 on quantized files.)
 #   usage: bench/agree.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +11,8 @@ ref=$(bash ../shared/tools/llama-ref.sh | tail -1)
 v=../shared/testdata/vocab
 mkdir -p build/models
 fail=0
-for spec in "llama-1b q8_0 llama-bpe" "llama-1b q4_k_m llama-bpe" "qwen-0.5b q4_k_m qwen2" "qwen3-0.6b q8_0 qwen2" "small q4_0 llama-spm"; do
+for spec in "llama-1b q8_0 llama-bpe" "llama-1b q4_k_m llama-bpe" "qwen-0.5b q4_k_m qwen2" "qwen3-0.6b q8_0 qwen2" "small q4_0 llama-spm" \
+            "small q2_k llama-spm" "small iq4_nl llama-spm" "small iq4_xs llama-spm"; do
   set -- $spec
   m=build/models/$1-$2.gguf
   [ -f "$m" ] || ./build/cairn mkmodel --shape "$1" --type "$2" --vocab "$v/ggml-vocab-$3.gguf" -o "$m"
