@@ -273,10 +273,8 @@ static void pack_row_lowbit(int type, int G, const struct decoded *dc, int r, ui
                 for (int i = 0; i < 4; i++)
                     t[h * 4 * G + 4 * r + i] |= (uint8_t)((dc->q[4 * (4 * h + s) + i] & 3) << (2 * s));
         if (type == DT_Q2_K) {
-            for (int j = 0; j < 16; j++) {
-                t[KM_Q2_K_SC(G) + j * G + r] = dc->sc[j];
-                t[KM_Q2_K_MN(G) + j * G + r] = dc->mn[j];
-            }
+            for (int j = 0; j < 16; j++)
+                t[KM_Q2_K_SC(G) + j * G + r] = (uint8_t)(dc->sc[j] | dc->mn[j] << 4);
             put_half(t + KM_Q2_K_D(G), dc->d, r);
             put_half(t + KM_Q2_K_DMIN(G), dc->m, r);
         } else {

@@ -168,13 +168,13 @@ INLINE void group_lowbit(const int type, const int NB, const uint8_t *tiles, int
                 continue;
             }
             __m128i scb = _mm_loadl_epi64((const __m128i *)(t + scoff + G * j));
-            __m256i sc = type == DT_Q2_K ? _mm256_cvtepu8_epi32(scb) : _mm256_cvtepi8_epi32(scb);
+            __m256i sc = type == DT_Q2_K ? _mm256_and_si256(_mm256_cvtepu8_epi32(scb), _mm256_set1_epi32(15))
+                                         : _mm256_cvtepi8_epi32(scb);
 #pragma GCC unroll 8
             for (int b = 0; b < NB; b++)
                 is[b] = _mm256_add_epi32(is[b], _mm256_mullo_epi32(dt[b], sc));
             if (type == DT_Q2_K) {
-                __m256i mn = _mm256_cvtepu8_epi32(
-                    _mm_loadl_epi64((const __m128i *)(t + KM_Q2_K_MN(G) + G * j)));
+                __m256i mn = _mm256_srli_epi32(_mm256_cvtepu8_epi32(scb), 4);
 #pragma GCC unroll 8
                 for (int b = 0; b < NB; b++)
                     ms[b] = _mm256_add_epi32(

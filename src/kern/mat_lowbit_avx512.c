@@ -157,13 +157,13 @@ INLINE void group_lowbit(const int type, const int NB, const uint8_t *tiles, int
                 continue;
             }
             __m128i scb = _mm_loadu_si128((const __m128i *)(t + scoff + G * j));
-            __m512i sc = type == DT_Q2_K ? _mm512_cvtepu8_epi32(scb) : _mm512_cvtepi8_epi32(scb);
+            __m512i sc = type == DT_Q2_K ? _mm512_and_si512(_mm512_cvtepu8_epi32(scb), _mm512_set1_epi32(15))
+                                         : _mm512_cvtepi8_epi32(scb);
 #pragma GCC unroll 16
             for (int b = 0; b < NB; b++)
                 is[b] = _mm512_add_epi32(is[b], _mm512_mullo_epi32(dt[b], sc));
             if (type == DT_Q2_K) {
-                __m512i mn = _mm512_cvtepu8_epi32(
-                    _mm_loadu_si128((const __m128i *)(t + KM_Q2_K_MN(G) + G * j)));
+                __m512i mn = _mm512_srli_epi32(_mm512_cvtepu8_epi32(scb), 4);
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++)
                     ms[b] = _mm512_add_epi32(

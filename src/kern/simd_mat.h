@@ -75,14 +75,14 @@
  * registers: IQ4_NL/MXFP4 nibbles as Q4_0's (P = 4), IQ4_XS nibbles as Q4_K's (P = 8),
  * looked up in the level table by a byte shuffle; Q2_K/Q3_K 2-bit quants in one vector
  * per sub-block h of 16 (byte 4r+t, bits 2s..2s+1 = element 4(4h+s)+t, as Q6_K's high
- * bits), Q3_K's third bit in bit planes as Q5_K's fifth. Q2_K scales and mins as G bytes
- * per sub-block (sc[j][r], mn[j][r]); Q3_K/IQ4_XS factors (scale - 32) as int8, G per
+ * bits), Q3_K's third bit in bit planes as Q5_K's fifth. Q2_K scale and min as the file
+ * has them, one byte (scale | min << 4) per sub-block and row (G per sub-block, so a
+ * tile is no larger than the blocks); Q3_K/IQ4_XS factors (scale - 32) as int8, G per
  * sub-block; MXFP4's E8M0 exponents as G bytes. */
 #define KM_Q2_K_SC(G) (64 * (G))
-#define KM_Q2_K_MN(G) (80 * (G))
-#define KM_Q2_K_D(G) (96 * (G))
-#define KM_Q2_K_DMIN(G) (98 * (G))
-#define KM_Q2_K_TILE(G) (100 * (G))
+#define KM_Q2_K_D(G) (80 * (G))
+#define KM_Q2_K_DMIN(G) (82 * (G))
+#define KM_Q2_K_TILE(G) (84 * (G))
 
 #define KM_Q3_K_QH(G) (64 * (G))
 #define KM_Q3_K_SC(G) (96 * (G))
