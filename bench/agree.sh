@@ -7,6 +7,7 @@
 # count of equal leading tokens is shown (the router's top-k can flip on rounding).
 # RoPE scaling past a model's original context (YaRN, Llama 3) is checked on next-token
 # log-probabilities by bench/agree_rope.py: greedy loops of random models hardly see it.
+# (bench/quant_close.sh measures how close each engine stays to F16 on quantized files.)
 #   usage: bench/agree.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +16,8 @@ ref=$(bash ../shared/tools/llama-ref.sh | tail -1)
 v=../shared/testdata/vocab
 mkdir -p build/models
 fail=0
-for spec in "llama-1b q8_0 llama-bpe" "llama-1b q4_k_m llama-bpe" "qwen-0.5b q4_k_m qwen2" "qwen3-0.6b q8_0 qwen2" "small q4_0 llama-spm"; do
+for spec in "llama-1b q8_0 llama-bpe" "llama-1b q4_k_m llama-bpe" "qwen-0.5b q4_k_m qwen2" "qwen3-0.6b q8_0 qwen2" "small q4_0 llama-spm" \
+            "small q2_k llama-spm" "small iq4_nl llama-spm" "small iq4_xs llama-spm"; do
   set -- $spec
   m=build/models/$1-$2.gguf
   [ -f "$m" ] || ./build/cairn mkmodel --shape "$1" --type "$2" --vocab "$v/ggml-vocab-$3.gguf" -o "$m"

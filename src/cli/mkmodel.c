@@ -41,7 +41,8 @@ static void usage(void)
             "            the script (text tokenized with the vocabulary, control tokens parsed); each\n"
             "            token of the script must always be followed by the same token\n"
             "  shapes: %s\n"
-            "  types:  f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q4_k_s q5_k_m (default q8_0)\n",
+            "  types:  f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q4_k_s q5_k_m\n"
+            "          q2_k q3_k iq4_nl iq4_xs mxfp4 (default q8_0)\n",
             synth_shape_names());
 }
 

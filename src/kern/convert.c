@@ -57,6 +57,11 @@ static const struct type_traits traits[DT_COUNT] = {
     [DT_Q4_K] = {kern_deq_q4_k, kern_quant_q4_k},
     [DT_Q5_K] = {kern_deq_q5_k, kern_quant_q5_k},
     [DT_Q6_K] = {kern_deq_q6_k, kern_quant_q6_k},
+    [DT_Q2_K] = {kern_deq_q2_k, kern_quant_q2_k},
+    [DT_Q3_K] = {kern_deq_q3_k, kern_quant_q3_k},
+    [DT_IQ4_NL] = {kern_deq_iq4_nl, kern_quant_iq4_nl},
+    [DT_IQ4_XS] = {kern_deq_iq4_xs, kern_quant_iq4_xs},
+    [DT_MXFP4] = {kern_deq_mxfp4, kern_quant_mxfp4},
 };
 
 /* The traits of a supported type and the blocks of n elements; NULL with *rc set. */

@@ -15,6 +15,11 @@ void kern_deq_q8_0(const void *src, float *y, int64_t nb);
 void kern_deq_q4_k(const void *src, float *y, int64_t nb);
 void kern_deq_q5_k(const void *src, float *y, int64_t nb);
 void kern_deq_q6_k(const void *src, float *y, int64_t nb);
+void kern_deq_q2_k(const void *src, float *y, int64_t nb);
+void kern_deq_q3_k(const void *src, float *y, int64_t nb);
+void kern_deq_iq4_nl(const void *src, float *y, int64_t nb);
+void kern_deq_iq4_xs(const void *src, float *y, int64_t nb);
+void kern_deq_mxfp4(const void *src, float *y, int64_t nb);
 
 /* quantize.c: floats to blocks */
 void kern_quant_q4_0(const float *x, void *dst, int64_t nb);
@@ -25,5 +30,10 @@ void kern_quant_q8_0(const float *x, void *dst, int64_t nb);
 void kern_quant_q4_k(const float *x, void *dst, int64_t nb);
 void kern_quant_q5_k(const float *x, void *dst, int64_t nb);
 void kern_quant_q6_k(const float *x, void *dst, int64_t nb);
+void kern_quant_q2_k(const float *x, void *dst, int64_t nb);
+void kern_quant_q3_k(const float *x, void *dst, int64_t nb);
+void kern_quant_iq4_nl(const float *x, void *dst, int64_t nb);
+void kern_quant_iq4_xs(const float *x, void *dst, int64_t nb);
+void kern_quant_mxfp4(const float *x, void *dst, int64_t nb);
 
 #endif

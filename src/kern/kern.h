@@ -8,8 +8,8 @@
  * exact, so any SIMD arrangement of them is allowed; the float part is fixed:
  *
  *   Activations of quantized weight types are quantized per row to 8 bits first:
- *     ACT_Q8_32  (weights Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): blocks of 32 values;
- *     ACT_Q8_256 (weights Q4_K, Q5_K, Q6_K): blocks of 256 values;
+ *     ACT_Q8_32  (weights Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4): blocks of 32 values;
+ *     ACT_Q8_256 (weights Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS): blocks of 256 values;
  *     each block: amax = max |x|; d = amax / 127.0f; id = amax ? 127.0f / amax : 0;
  *     q[i] = (int8) nearbyintf(x[i] * id)   (round half to even); plus the block's
  *     integer sums (sum of q over the block, or over each 16 for ACT_Q8_256).
@@ -25,6 +25,17 @@
  *            acc = fmaf(d*dx, (float)isum, acc); acc = fmaf(-(dmin*dx), (float)msum, acc)
  *     Q6_K   (per 256: value = d*sc[j]*(q-32), 16 sub-blocks j of 16, sc signed):
  *            isum = sum_j sc[j] * sum_{i in j} (w_q-32)*x_q     acc = fmaf(d*dx, (float)isum, acc)
+ *     Q2_K   (per 256: value = d*sc[j]*q - dmin*mn[j], 16 sub-blocks j of 16, q in 0..3):
+ *            isum = sum_j sc[j] * sum_{i in j} w_q*x_q;  msum = sum_j mn[j] * bsums[j]
+ *            acc = fmaf(d*dx, (float)isum, acc); acc = fmaf(-(dmin*dx), (float)msum, acc)
+ *     Q3_K   (per 256: value = d*(sc[j]-32)*(q-4), 16 sub-blocks j of 16, q in 0..7):
+ *            isum = sum_j (sc[j]-32) * sum_{i in j} (w_q-4)*x_q  acc = fmaf(d*dx, (float)isum, acc)
+ *     IQ4_NL (value = d*kv[q], kv the 16 levels of kern_iq4nl_values):
+ *            isum = sum kv[w_q]*x_q                      acc = fmaf(d*dx, (float)isum, acc)
+ *     MXFP4  (value = s*kv[q], s = 2^(e-128) as kern_e8m0_half, kv kern_mxfp4_values):
+ *            isum = sum kv[w_q]*x_q                      acc = fmaf(s*dx, (float)isum, acc)
+ *     IQ4_XS (per 256: value = d*(ls[j]-32)*kv[q], 8 sub-blocks j of 32):
+ *            isum = sum_j (ls[j]-32) * sum_{i in j} kv[w_q]*x_q  acc = fmaf(d*dx, (float)isum, acc)
  *     F32, F16, BF16 (x stays F32): 16 lanes; element k goes to lane k%16 in order of k:
  *            lane[k%16] = fmaf((float)w[k], x[k], lane[k%16]); then for s = 8,4,2,1:
  *            lane[l] = lane[l] + lane[l+s] for l < s; result lane[0].
@@ -70,8 +81,10 @@ static inline enum kern_act_kind kern_act_kind(int wtype)
 {
     switch (wtype) {
     case DT_Q4_0: case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: case DT_Q8_0:
+    case DT_IQ4_NL: case DT_MXFP4:
         return KERN_ACT_Q8_32;
     case DT_Q4_K: case DT_Q5_K: case DT_Q6_K:
+    case DT_Q2_K: case DT_Q3_K: case DT_IQ4_XS:
         return KERN_ACT_Q8_256;
     default:
         return KERN_ACT_F32;

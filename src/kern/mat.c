@@ -59,13 +59,21 @@ static bool is_float_type(int type)
     return type == DT_F32 || type == DT_F16 || type == DT_BF16;
 }
 
+/* The types of mat_lowbit_*.c (tile layouts by km_lowbit_tile, not kern_mat_tile_bytes,
+ * so that a path claims them only by naming them). */
+static bool is_lowbit(int type)
+{
+    return km_lowbit_tile(type, 1) > 0;
+}
+
 /* Types a SIMD path computes (the reference computes every supported type). */
 static bool path_has_type(enum kern_path p, int type)
 {
     switch (p) {
     case KERN_PATH_REF: return true;
     case KERN_PATH_AVX512:
-    case KERN_PATH_AVX2: return is_float_type(type) || kern_mat_tile_bytes(type, 16) > 0;
+    case KERN_PATH_AVX2:
+        return is_float_type(type) || kern_mat_tile_bytes(type, 16) > 0 || is_lowbit(type);
     default: return false;
     }
 }
@@ -91,9 +99,63 @@ size_t kern_mat_tile_bytes(int type, int G)
 struct decoded {
     uint8_t q[QK_K];   /* quant as the unsigned operand of the products */
     uint16_t d, m;     /* half floats: d, and m (Q4_1/Q5_1) or dmin (Q4_K/Q5_K) */
-    uint8_t sc[16];    /* K-quant sub-block scales (Q6_K: int8 bits) */
-    uint8_t mn[8];     /* Q4_K/Q5_K sub-block mins */
+    uint8_t sc[16];    /* K-quant sub-block scales (Q6_K, Q3_K, IQ4_XS: int8 bits) */
+    uint8_t mn[16];    /* Q4_K/Q5_K/Q2_K sub-block mins */
 };
+
+/* The types of mat_lowbit_*.c: quants as indices (nibbles, or Q3_K's 0..7), factors as
+ * int8 bits, MXFP4's exponent in d. */
+static void decode_lowbit(int type, const uint8_t *blk, struct decoded *o)
+{
+    switch (type) {
+    case DT_Q2_K: {
+        const struct block_q2_K *b = (const void *)blk;
+        for (int e = 0; e < QK_K; e++)
+            o->q[e] = (uint8_t)kern_q2bits_get(b->qs, e);
+        for (int j = 0; j < 16; j++) {
+            o->sc[j] = b->scales[j] & 0xf;
+            o->mn[j] = b->scales[j] >> 4;
+        }
+        o->d = b->d;
+        o->m = b->dmin;
+        break;
+    }
+    case DT_Q3_K: {
+        const struct block_q3_K *b = (const void *)blk;
+        for (int e = 0; e < QK_K; e++)
+            o->q[e] = (uint8_t)kern_q3k_get(b, e);
+        for (int j = 0; j < 16; j++)
+            o->sc[j] = (uint8_t)(int8_t)(kern_q3k_scale(b->scales, j) - 32);
+        o->d = b->d;
+        break;
+    }
+    case DT_IQ4_NL: {
+        const struct block_iq4_nl *b = (const void *)blk;
+        for (int e = 0; e < QK32; e++)
+            o->q[e] = (uint8_t)kern_nib32_get(b->qs, e);
+        o->d = b->d;
+        break;
+    }
+    case DT_MXFP4: {
+        const struct block_mxfp4 *b = (const void *)blk;
+        for (int e = 0; e < QK32; e++)
+            o->q[e] = (uint8_t)kern_nib32_get(b->qs, e);
+        o->d = b->e;
+        break;
+    }
+    case DT_IQ4_XS: {
+        const struct block_iq4_xs *b = (const void *)blk;
+        for (int e = 0; e < QK_K; e++)
+            o->q[e] = (uint8_t)kern_iq4xs_get(b, e);
+        for (int j = 0; j < 8; j++)
+            o->sc[j] = (uint8_t)(int8_t)(kern_iq4xs_scale(b, j) - 32);
+        o->d = b->d;
+        break;
+    }
+    default:
+        break;
+    }
+}
 
 static void decode_block(int type, const uint8_t *blk, int q8_bias, struct decoded *o)
 {
@@ -163,6 +225,7 @@ static void decode_block(int type, const uint8_t *blk, int q8_bias, struct decod
         break;
     }
     default:
+        decode_lowbit(type, blk, o);
         break;
     }
 }
@@ -189,6 +252,56 @@ static void put_bit4(uint8_t *t, const uint8_t *q, int r, int G, int nkg)
 static void put_half(uint8_t *t, uint16_t h, int r)
 {
     memcpy(t + 2 * r, &h, 2);
+}
+
+/* Bit `bit` of each quant of row r into bit planes of 8 k-groups each (as put_bit4). */
+static void put_bit_plane(uint8_t *t, const uint8_t *q, int r, int G, int nkg, int bit)
+{
+    for (int kg = 0; kg < nkg; kg++)
+        for (int i = 0; i < 4; i++)
+            t[(kg / 8) * 4 * G + 4 * r + i] |= (uint8_t)(((q[4 * kg + i] >> bit) & 1) << (kg % 8));
+}
+
+/* Row r of a tile of the types of mat_lowbit_*.c (layouts in simd_mat.h). */
+static void pack_row_lowbit(int type, int G, const struct decoded *dc, int r, uint8_t *t)
+{
+    switch (type) {
+    case DT_Q2_K:
+    case DT_Q3_K: {
+        for (int h = 0; h < 16; h++)
+            for (int s = 0; s < 4; s++)
+                for (int i = 0; i < 4; i++)
+                    t[h * 4 * G + 4 * r + i] |= (uint8_t)((dc->q[4 * (4 * h + s) + i] & 3) << (2 * s));
+        if (type == DT_Q2_K) {
+            for (int j = 0; j < 16; j++)
+                t[KM_Q2_K_SC(G) + j * G + r] = (uint8_t)(dc->sc[j] | dc->mn[j] << 4);
+            put_half(t + KM_Q2_K_D(G), dc->d, r);
+            put_half(t + KM_Q2_K_DMIN(G), dc->m, r);
+        } else {
+            put_bit_plane(t + KM_Q3_K_QH(G), dc->q, r, G, 64, 2);
+            for (int j = 0; j < 16; j++)
+                t[KM_Q3_K_SC(G) + j * G + r] = dc->sc[j];
+            put_half(t + KM_Q3_K_D(G), dc->d, r);
+        }
+        break;
+    }
+    case DT_IQ4_NL:
+        put_nibbles(t, dc->q, r, G, 4, 8);
+        put_half(t + KM_IQ4_NL_D(G), dc->d, r);
+        break;
+    case DT_MXFP4:
+        put_nibbles(t, dc->q, r, G, 4, 8);
+        t[KM_MXFP4_E(G) + r] = (uint8_t)dc->d;
+        break;
+    case DT_IQ4_XS:
+        put_nibbles(t, dc->q, r, G, 8, 64);
+        for (int j = 0; j < 8; j++)
+            t[KM_IQ4_XS_SC(G) + j * G + r] = dc->sc[j];
+        put_half(t + KM_IQ4_XS_D(G), dc->d, r);
+        break;
+    default:
+        break;
+    }
 }
 
 /* Row r of one (group, block) tile; the tile was zeroed (padding rows stay zero). */
@@ -250,6 +363,7 @@ static void pack_row(int type, int G, const struct decoded *dc, int r, uint8_t *
         break;
     }
     default:
+        pack_row_lowbit(type, G, dc, r, t);
         break;
     }
 }
@@ -312,7 +426,7 @@ int kern_mat_create(struct kern_mat **out, int type, const void *data, int64_t r
     v->row_bytes = (size_t)rb;
     v->data = data;
     v->G = path == KERN_PATH_AVX512 ? 16 : path == KERN_PATH_AVX2 ? 8 : 1;
-    v->tile = kern_mat_tile_bytes(type, v->G);
+    v->tile = is_lowbit(type) ? km_lowbit_tile(type, v->G) : kern_mat_tile_bytes(type, v->G);
     if (path != KERN_PATH_REF) {
         /* SIMD paths always own their weights, so the caller may drop the source pages:
          * quantized types interleaved, float types copied as they are. */
@@ -357,12 +471,13 @@ void kern_matmul(const struct kern_mat *m, const void *xq, size_t ldx, int B, fl
     const struct km_view *v = &m->view;
     if (B <= 0 || r0 < 0 || r1 > v->rows || r0 >= r1)
         return;
+    bool lowbit = is_lowbit(v->type);
     switch (m->path) {
     case KERN_PATH_AVX512:
-        kern_mat_avx512_run(v, xq, ldx, B, y, ldy, r0, r1);
+        (lowbit ? kern_mat_lowbit_avx512_run : kern_mat_avx512_run)(v, xq, ldx, B, y, ldy, r0, r1);
         break;
     case KERN_PATH_AVX2:
-        kern_mat_avx2_run(v, xq, ldx, B, y, ldy, r0, r1);
+        (lowbit ? kern_mat_lowbit_avx2_run : kern_mat_avx2_run)(v, xq, ldx, B, y, ldy, r0, r1);
         break;
     default:
         kern_matmul_ref(v->type, m->data, v->cols, xq, ldx, B, y, ldy, r0, r1);

@@ -133,3 +133,64 @@ void kern_deq_q6_k(const void *src, float *y, int64_t nb)
         y += QK_K;
     }
 }
+
+/* Q2_K: sub-block j = e/16 has value d*(sc&15)*q - dmin*(sc>>4). */
+void kern_deq_q2_k(const void *src, float *y, int64_t nb)
+{
+    const struct block_q2_K *b = src;
+    for (int64_t i = 0; i < nb; i++, b++, y += QK_K) {
+        float d = kern_f16_to_f32(b->d), dmin = kern_f16_to_f32(b->dmin);
+        for (int j = 0; j < 16; j++) {
+            float dl = d * (float)(b->scales[j] & 0xf), ml = dmin * (float)(b->scales[j] >> 4);
+            for (int e = 16 * j; e < 16 * j + 16; e++)
+                y[e] = dl * (float)kern_q2bits_get(b->qs, e) - ml;
+        }
+    }
+}
+
+/* Q3_K: sub-block j = e/16 has value d*(sc-32)*(q-4). */
+void kern_deq_q3_k(const void *src, float *y, int64_t nb)
+{
+    const struct block_q3_K *b = src;
+    for (int64_t i = 0; i < nb; i++, b++, y += QK_K) {
+        float d = kern_f16_to_f32(b->d);
+        for (int j = 0; j < 16; j++) {
+            float dl = d * (float)(kern_q3k_scale(b->scales, j) - 32);
+            for (int e = 16 * j; e < 16 * j + 16; e++)
+                y[e] = dl * (float)(kern_q3k_get(b, e) - 4);
+        }
+    }
+}
+
+void kern_deq_iq4_nl(const void *src, float *y, int64_t nb)
+{
+    const struct block_iq4_nl *b = src;
+    for (int64_t i = 0; i < nb; i++, b++, y += QK32) {
+        float d = kern_f16_to_f32(b->d);
+        for (int e = 0; e < QK32; e++)
+            y[e] = d * (float)kern_iq4nl_values[kern_nib32_get(b->qs, e)];
+    }
+}
+
+void kern_deq_iq4_xs(const void *src, float *y, int64_t nb)
+{
+    const struct block_iq4_xs *b = src;
+    for (int64_t i = 0; i < nb; i++, b++, y += QK_K) {
+        float d = kern_f16_to_f32(b->d);
+        for (int j = 0; j < 8; j++) {
+            float dl = d * (float)(kern_iq4xs_scale(b, j) - 32);
+            for (int e = 32 * j; e < 32 * j + 32; e++)
+                y[e] = dl * (float)kern_iq4nl_values[kern_iq4xs_get(b, e)];
+        }
+    }
+}
+
+void kern_deq_mxfp4(const void *src, float *y, int64_t nb)
+{
+    const struct block_mxfp4 *b = src;
+    for (int64_t i = 0; i < nb; i++, b++, y += QK32) {
+        float d = kern_e8m0_half(b->e);
+        for (int e = 0; e < QK32; e++)
+            y[e] = (float)kern_mxfp4_values[kern_nib32_get(b->qs, e)] * d;
+    }
+}

@@ -83,4 +83,84 @@ static inline int kern_q6k_get(const struct block_q6_K *b, int e)
     return lo | ((b->qh[32 * h + l] >> (2 * k)) & 3) << 4;
 }
 
+/* ---- types added later (appended; ggml's layouts) ---- */
+
+/* 16 sub-blocks of 16; scales[j] = scale (low nibble) | min << 4;
+ * value = d * sc * q - dmin * mn, q in 0..3 (see kern_q2k_get) */
+struct block_q2_K { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; uint16_t d, dmin; };
+/* 16 sub-blocks of 16 with 6-bit scales packed in scales[12] (kern_q3k_scale);
+ * value = d * (sc - 32) * q, q in -4..3 from 2 low bits (qs) and a high bit (hmask)
+ * that, when clear, subtracts 4 */
+struct block_q3_K { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uint16_t d; };
+/* value = d * kern_iq4nl_values[q]; nibbles as Q4_0 */
+struct block_iq4_nl { uint16_t d; uint8_t qs[QK32 / 2]; };
+/* 8 sub-blocks of 32, 6-bit scales ls (4 low bits in scales_l, 2 high in scales_h);
+ * value = d * (ls - 32) * kern_iq4nl_values[q]; sub-block j's nibbles in qs[16j..16j+15]
+ * as Q4_0's */
+struct block_iq4_xs { uint16_t d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; };
+/* OCP microscaling FP4: value = 2^(e-128) * kern_mxfp4_values[q] (e2m1 doubled, so the
+ * scale is half of E8M0's 2^(e-127)); nibbles as Q4_0 */
+struct block_mxfp4 { uint8_t e; uint8_t qs[QK32 / 2]; };
+
+static_assert(sizeof(struct block_q2_K) == 84, "q2_K block size");
+static_assert(sizeof(struct block_q3_K) == 110, "q3_K block size");
+static_assert(sizeof(struct block_iq4_nl) == 18, "iq4_nl block size");
+static_assert(sizeof(struct block_iq4_xs) == 136, "iq4_xs block size");
+static_assert(sizeof(struct block_mxfp4) == 17, "mxfp4 block size");
+
+/* The non-linear 4-bit levels of IQ4_NL/IQ4_XS and the doubled e2m1 values of MXFP4. */
+static const int8_t kern_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                             1,    13,   25,  38,  53,  69,  89,  113};
+static const int8_t kern_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* 2^(e-128) as float, as ggml computes it (e = 0 and 1 are subnormal). */
+static inline float kern_e8m0_half(uint8_t e)
+{
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    __builtin_memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Nibble q (0..15) of element e (0..31) of a 32-element block laid out as Q4_0's. */
+static inline int kern_nib32_get(const uint8_t *qs, int e)
+{
+    return e < 16 ? qs[e] & 0xf : qs[e - 16] >> 4;
+}
+
+/* 2-bit quant of element e of Q2_K/Q3_K: in half n = e/128, element 32k + l has it at
+ * bits 2k of qs[32n + l]. */
+static inline int kern_q2bits_get(const uint8_t *qs, int e)
+{
+    return (qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) & 3))) & 3;
+}
+
+/* Q3_K's quant of element e as 0..7 (the value is this minus 4): 2 low bits, and bit 2
+ * from bit e/32 of hmask[e%32]. */
+static inline int kern_q3k_get(const struct block_q3_K *b, int e)
+{
+    return kern_q2bits_get(b->qs, e) | ((b->hmask[e % 32] >> (e / 32)) & 1) << 2;
+}
+
+/* Q3_K's 6-bit scale j (0..15) as stored, 0..63 (the factor is this minus 32): 4 low bits
+ * in the low (j < 8) or high nibble of scales[j % 8], 2 high bits at bits 2(j/4) of
+ * scales[8 + j % 4]. */
+static inline int kern_q3k_scale(const uint8_t *scales, int j)
+{
+    int lo = (scales[j % 8] >> (4 * (j / 8))) & 0xf;
+    return lo | ((scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4;
+}
+
+/* IQ4_XS's 6-bit scale of sub-block j (0..7), 0..63 (the factor is this minus 32). */
+static inline int kern_iq4xs_scale(const struct block_iq4_xs *b, int j)
+{
+    return ((b->scales_l[j / 2] >> (4 * (j % 2))) & 0xf) | ((b->scales_h >> (2 * j)) & 3) << 4;
+}
+
+/* Nibble of element e (0..255) of an IQ4_XS block. */
+static inline int kern_iq4xs_get(const struct block_iq4_xs *b, int e)
+{
+    return kern_nib32_get(b->qs + 16 * (e / 32), e % 32);
+}
+
 #endif

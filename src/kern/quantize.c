@@ -206,16 +206,17 @@ static inline float v4_sum(v4f v)
     return ((v[0] + v[1]) + v[2]) + v[3];
 }
 
-/* Fits x[0..31] ~ s*l + m with l in 0..nmax and m <= 0, minimizing sum w*(s*l + m - x)^2.
+/* Fits x[0..n-1] (n = 16 or 32) ~ s*l + m with l in 0..nmax and m <= 0, minimizing
+ * sum w*(s*l + m - x)^2.
  * Candidate quantizations come from ncand inverse scales (nmax + r0 + c*rstep) / range;
  * for each, (s, m) is the weighted least-squares fit, and the error follows from the
  * sums without a second pass: E = sum w x^2 - s*sum w l x - m*sum w x. Returns s >= 0
  * and the magnitude of m. */
-static void fit_scale_min(const float *x, const float *w, int nmax, int ncand, float r0,
+static void fit_scale_min(const float *x, const float *w, int n, int nmax, int ncand, float r0,
                           float rstep, float *s_out, float *m_out)
 {
     float lo = 0.0f, hi = x[0], sw = 0.0f, sx = 0.0f;
-    for (int i = 0; i < 32; i++) {
+    for (int i = 0; i < n; i++) {
         if (x[i] < lo)
             lo = x[i];
         if (x[i] > hi)
@@ -229,7 +230,7 @@ static void fit_scale_min(const float *x, const float *w, int nmax, int ncand, f
         return;
     }
     v4f vx[8], vw[8], vwx[8];
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < n / 4; i++) {
         vx[i] = v4_load(x + 4 * i) - lo;
         vw[i] = v4_load(w + 4 * i);
         vwx[i] = vw[i] * v4_load(x + 4 * i);
@@ -240,7 +241,7 @@ static void fit_scale_min(const float *x, const float *w, int nmax, int ncand, f
     for (int c = 0; c < ncand; c++) {
         float is = (fmax + r0 + rstep * (float)c) / (hi - lo);
         v4f al = {0}, al2 = {0}, axl = {0};
-        for (int i = 0; i < 8; i++) {
+        for (int i = 0; i < n / 4; i++) {
             v4f l = v4_min_int(v4_rne(is * vx[i]), vmax);  /* >= 0 as x >= lo */
             v4f wl = vw[i] * l;
             al += wl;
@@ -283,7 +284,7 @@ static void k4_scales(const float *x, int nmax, int ncand, float r0, float rstep
         float av = sqrtf(sum2 / 32.0f);
         for (int i = 0; i < 32; i++)
             w[i] = av + fabsf(xj[i]);  /* favours large values without ignoring small ones */
-        fit_scale_min(xj, w, nmax, ncand, r0, rstep, &s[j], &m[j]);
+        fit_scale_min(xj, w, 32, nmax, ncand, r0, rstep, &s[j], &m[j]);
         if (s[j] > max_s)
             max_s = s[j];
         if (m[j] > max_m)
@@ -359,18 +360,20 @@ void kern_quant_q5_k(const float *x, void *dst, int64_t nb)
     }
 }
 
-/* Fits x[0..15] ~ s*l with l in -32..31, weights x^2, over inverse scales
- * -(32 + 0.1c)/max for c in -ncand..ncand (max the signed value of largest magnitude,
- * so it lands on the extra level -32). Returns s (its sign opposite to max). */
+/* Fits x[0..15] ~ s*l with l in -nneg..nneg-1 (32 for Q6_K, 4 for Q3_K), weights x^2,
+ * over inverse scales -(nneg + 0.1c)/max for c in -ncand..ncand (max the signed value of
+ * largest magnitude, so it lands on the extra level -nneg). Returns s (its sign opposite
+ * to max). */
 #define Q6K_HALF_RANGE 6
 
-static float fit_scale_sym(const float *x)
+static float fit_scale_sym(const float *x, int nneg)
 {
     float max = signed_absmax(x, 16);
     if (!(fabsf(max) > 1e-15f))
         return 0.0f;
     v4f vx[4], vw[4], vwx[4];
-    const v4f hi = {31.0f, 31.0f, 31.0f, 31.0f}, lo = {-32.0f, -32.0f, -32.0f, -32.0f};
+    const float fn = (float)nneg;
+    const v4f hi = {fn - 1.0f, fn - 1.0f, fn - 1.0f, fn - 1.0f}, lo = {-fn, -fn, -fn, -fn};
     for (int i = 0; i < 4; i++) {
         vx[i] = v4_load(x + 4 * i);
         vw[i] = vx[i] * vx[i];
@@ -378,7 +381,7 @@ static float fit_scale_sym(const float *x)
     }
     float bs = 0.0f, best = -1.0f;
     for (int c = -Q6K_HALF_RANGE; c <= Q6K_HALF_RANGE; c++) {
-        float is = -(32.0f + 0.1f * (float)c) / max;
+        float is = -(fn + 0.1f * (float)c) / max;
         v4f alx = {0}, al2 = {0};
         for (int i = 0; i < 4; i++) {
             v4f l = v4_max_int(v4_min_int(v4_rne(is * vx[i]), hi), lo);
@@ -404,7 +407,7 @@ void kern_quant_q6_k(const float *x, void *dst, int64_t nb)
     for (int64_t i = 0; i < nb; i++, y++, x += QK_K) {
         float s[16], max_s = 0.0f;
         for (int j = 0; j < 16; j++) {
-            s[j] = fit_scale_sym(x + 16 * j);
+            s[j] = fit_scale_sym(x + 16 * j, 32);
             if (fabsf(s[j]) > fabsf(max_s))
                 max_s = s[j];
         }
@@ -424,6 +427,232 @@ void kern_quant_q6_k(const float *x, void *dst, int64_t nb)
                 y->ql[64 * h + 32 + l] = (uint8_t)((Lh[l + 32] & 0xf) | (Lh[l + 96] & 0xf) << 4);
                 y->qh[32 * h + l] = (uint8_t)((Lh[l] >> 4) | (Lh[l + 32] >> 4) << 2 |
                                               (Lh[l + 64] >> 4) << 4 | (Lh[l + 96] >> 4) << 6);
+            }
+        }
+    }
+}
+
+/* ---- Q2_K, Q3_K: 16 sub-blocks of 16 ---- */
+
+#define Q2K_NCAND 15
+#define Q2K_R0 (-0.5f)
+#define Q2K_RSTEP 0.1f
+
+/* Q2_K: each sub-block fit as s*q - m (q 0..3) by the search of Q4_K, then scales and
+ * mins quantized to 4 bits against d = max s / 15 and dmin = max m / 15, and every
+ * element's quant picked again for the stored values. */
+void kern_quant_q2_k(const float *x, void *dst, int64_t nb)
+{
+    struct block_q2_K *y = dst;
+    for (int64_t i = 0; i < nb; i++, y++, x += QK_K) {
+        float s[16], m[16], w[16], max_s = 0.0f, max_m = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            const float *xj = x + 16 * j;
+            float sum2 = 0.0f;
+            for (int e = 0; e < 16; e++)
+                sum2 += xj[e] * xj[e];
+            float av = sqrtf(sum2 / 16.0f);
+            for (int e = 0; e < 16; e++)
+                w[e] = av + fabsf(xj[e]);
+            fit_scale_min(xj, w, 16, 3, Q2K_NCAND, Q2K_R0, Q2K_RSTEP, &s[j], &m[j]);
+            if (s[j] > max_s)
+                max_s = s[j];
+            if (m[j] > max_m)
+                max_m = m[j];
+        }
+        y->d = kern_f32_to_f16(max_s / 15.0f);
+        y->dmin = kern_f32_to_f16(max_m / 15.0f);
+        float dq = kern_f16_to_f32(y->d), mq = kern_f16_to_f32(y->dmin);
+        memset(y->qs, 0, sizeof y->qs);
+        for (int j = 0; j < 16; j++) {
+            int ls = dq > 0.0f ? quant_clamp(s[j] / dq, 0, 15) : 0;
+            int lm = mq > 0.0f ? quant_clamp(m[j] / mq, 0, 15) : 0;
+            y->scales[j] = (uint8_t)(ls | lm << 4);
+            float dj = dq * (float)ls, mj = mq * (float)lm;
+            for (int e = 16 * j; e < 16 * j + 16; e++) {
+                int q = dj != 0.0f ? quant_clamp((x[e] + mj) / dj, 0, 3) : 0;
+                y->qs[32 * (e / 128) + e % 32] |= (uint8_t)(q << (2 * ((e / 32) & 3)));
+            }
+        }
+    }
+}
+
+/* Q3_K: each sub-block fit as s*l (l -4..3) by the search of Q6_K, scales quantized to
+ * 6 bits (factor -32..31) against d = -(the largest s)/32, quants picked again. */
+void kern_quant_q3_k(const float *x, void *dst, int64_t nb)
+{
+    struct block_q3_K *y = dst;
+    for (int64_t i = 0; i < nb; i++, y++, x += QK_K) {
+        float s[16], max_s = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            s[j] = fit_scale_sym(x + 16 * j, 4);
+            if (fabsf(s[j]) > fabsf(max_s))
+                max_s = s[j];
+        }
+        y->d = kern_f32_to_f16(max_s / -32.0f);
+        float dq = kern_f16_to_f32(y->d);
+        memset(y->qs, 0, sizeof y->qs);
+        memset(y->hmask, 0, sizeof y->hmask);
+        memset(y->scales, 0, sizeof y->scales);
+        for (int j = 0; j < 16; j++) {
+            int sc = dq != 0.0f ? quant_clamp(s[j] / dq, -32, 31) : 0;
+            int u = sc + 32;
+            y->scales[j % 8] |= (uint8_t)((u & 0xf) << (4 * (j / 8)));
+            y->scales[8 + j % 4] |= (uint8_t)((u >> 4) << (2 * (j / 4)));
+            float dj = dq * (float)sc;
+            for (int e = 16 * j; e < 16 * j + 16; e++) {
+                int q = (dj != 0.0f ? quant_clamp(x[e] / dj, -4, 3) : 0) + 4;
+                y->qs[32 * (e / 128) + e % 32] |= (uint8_t)((q & 3) << (2 * ((e / 32) & 3)));
+                y->hmask[e % 32] |= (uint8_t)((q >> 2) << (e / 32));
+            }
+        }
+    }
+}
+
+/* ---- non-linear 4-bit levels: IQ4_NL, IQ4_XS, MXFP4 ---- */
+
+/* Nearest level of kv[16] (ascending, within -128..127) by half-unit buckets: every
+ * midpoint between neighbours is a multiple of 0.5, so no bucket straddles one. */
+struct level_map {
+    uint8_t idx[512]; /* bucket floor(2v) + 256 -> index */
+};
+
+static void level_map_init(const int8_t *kv, struct level_map *m)
+{
+    for (int b = 0; b < 512; b++) {
+        float v = ((float)(b - 256) + 0.5f) * 0.5f; /* bucket centre */
+        int k = 0;
+        for (int i = 0; i < 15; i++)
+            k += v > 0.5f * (float)(kv[i] + kv[i + 1]);
+        m->idx[b] = (uint8_t)k;
+    }
+}
+
+/* Index of the level nearest to v (NaN and values out of range clamp to an end). */
+static inline int nearest_level(const struct level_map *m, float v)
+{
+    float t = 2.0f * v;
+    t = !(t > -256.0f) ? -256.0f : t > 255.0f ? 255.0f : t;
+    return m->idx[(int)floorf(t) + 256];
+}
+
+/* Fits x[0..n-1] ~ s*kv[l] minimizing squared error: for a few trial scales that put the
+ * value of largest magnitude on or near the end level kv[0] = -127, each element takes
+ * its nearest level and s is then the least-squares scale for those levels. Returns the
+ * best s. */
+static float fit_scale_levels(const float *x, int n, const int8_t *kv, const struct level_map *mid)
+{
+    float max = signed_absmax(x, n);
+    if (!(fabsf(max) > 1e-30f))
+        return 0.0f;
+    float best = -1.0f, bs = 0.0f;
+    for (int c = -3; c <= 3; c++) {
+        float inv = (float)kv[0] * (1.0f + 0.03f * (float)c) / max;
+        float sxl = 0.0f, sl2 = 0.0f;
+        for (int i = 0; i < n; i++) {
+            float l = (float)kv[nearest_level(mid, x[i] * inv)];
+            sxl += x[i] * l;
+            sl2 += l * l;
+        }
+        if (!(sl2 > 0.0f))
+            continue;
+        float score = sxl * sxl / sl2;  /* error = sum x^2 - score */
+        if (score > best) {
+            best = score;
+            bs = sxl / sl2;
+        }
+    }
+    return bs;
+}
+
+void kern_quant_iq4_nl(const float *x, void *dst, int64_t nb)
+{
+    struct block_iq4_nl *y = dst;
+    struct level_map map;
+    level_map_init(kern_iq4nl_values, &map);
+    const struct level_map *mid = &map;
+    for (int64_t i = 0; i < nb; i++, y++, x += QK32) {
+        y->d = kern_f32_to_f16(fit_scale_levels(x, QK32, kern_iq4nl_values, mid));
+        float d = kern_f16_to_f32(y->d);
+        for (int j = 0; j < 16; j++) {
+            int lo = d != 0.0f ? nearest_level(mid, x[j] / d) : 8;
+            int hi = d != 0.0f ? nearest_level(mid, x[j + 16] / d) : 8;
+            y->qs[j] = (uint8_t)(lo | hi << 4);
+        }
+    }
+}
+
+/* IQ4_XS: each sub-block of 32 fit as for IQ4_NL, the scales quantized to 6 bits
+ * (factor -32..31) against d = -(the largest)/32, quants picked again. */
+void kern_quant_iq4_xs(const float *x, void *dst, int64_t nb)
+{
+    struct block_iq4_xs *y = dst;
+    struct level_map map;
+    level_map_init(kern_iq4nl_values, &map);
+    const struct level_map *mid = &map;
+    for (int64_t i = 0; i < nb; i++, y++, x += QK_K) {
+        float s[8], max_s = 0.0f;
+        for (int j = 0; j < 8; j++) {
+            s[j] = fit_scale_levels(x + 32 * j, 32, kern_iq4nl_values, mid);
+            if (fabsf(s[j]) > fabsf(max_s))
+                max_s = s[j];
+        }
+        y->d = kern_f32_to_f16(max_s / -32.0f);
+        float dq = kern_f16_to_f32(y->d);
+        y->scales_h = 0;
+        memset(y->scales_l, 0, sizeof y->scales_l);
+        for (int j = 0; j < 8; j++) {
+            int sc = dq != 0.0f ? quant_clamp(s[j] / dq, -32, 31) : 0;
+            int u = sc + 32;
+            y->scales_l[j / 2] |= (uint8_t)((u & 0xf) << (4 * (j % 2)));
+            y->scales_h |= (uint16_t)((u >> 4) << (2 * j));
+            float dj = dq * (float)sc;
+            const float *xj = x + 32 * j;
+            for (int e = 0; e < 16; e++) {
+                int lo = dj != 0.0f ? nearest_level(mid, xj[e] / dj) : 8;
+                int hi = dj != 0.0f ? nearest_level(mid, xj[e + 16] / dj) : 8;
+                y->qs[16 * j + e] = (uint8_t)(lo | hi << 4);
+            }
+        }
+    }
+}
+
+/* Index of the MXFP4 level nearest to v: the magnitude's among 0,1,2,3,4,6,8,12, plus 8
+ * for negative values. */
+static int nearest_mxfp4(float v)
+{
+    float a = fabsf(v);
+    int k = 0;
+    for (int i = 0; i < 7; i++)
+        k += a > 0.5f * (float)(kern_mxfp4_values[i] + kern_mxfp4_values[i + 1]);
+    return v < 0.0f && k ? k + 8 : k;
+}
+
+/* MXFP4: the exponent whose scale maps the block's largest magnitude into [8, 16) as
+ * ggml chooses it, or one more (so it fits under the top level 12), whichever gives the
+ * smaller squared error. */
+void kern_quant_mxfp4(const float *x, void *dst, int64_t nb)
+{
+    struct block_mxfp4 *y = dst;
+    for (int64_t i = 0; i < nb; i++, y++, x += QK32) {
+        float amax = fabsf(signed_absmax(x, QK32));
+        int e0 = amax > 0.0f && amax == amax ? (int)floorf(log2f(amax)) - 2 + 127 : 0;
+        e0 = e0 < 0 ? 0 : e0 > 253 ? 253 : e0;
+        float best = INFINITY;
+        for (int e = e0; e <= e0 + 1; e++) {
+            float d = kern_e8m0_half((uint8_t)e), err = 0.0f;
+            uint8_t qs[16];
+            for (int j = 0; j < 16; j++) {
+                int lo = nearest_mxfp4(x[j] / d), hi = nearest_mxfp4(x[j + 16] / d);
+                float dl = x[j] - (float)kern_mxfp4_values[lo] * d;
+                float dh = x[j + 16] - (float)kern_mxfp4_values[hi] * d;
+                err += dl * dl + dh * dh;
+                qs[j] = (uint8_t)(lo | hi << 4);
+            }
+            if (e == e0 || err < best) {
+                best = err;
+                y->e = (uint8_t)e;
+                memcpy(y->qs, qs, 16);
             }
         }
     }

@@ -281,6 +281,81 @@ static float dot_q6_k(const struct block_q6_K *w, const struct act_q8_256 *x, in
     return acc;
 }
 
+static float dot_q2_k(const struct block_q2_K *w, const struct act_q8_256 *x, int64_t nb)
+{
+    float acc = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t isum = 0, msum = 0;
+        for (int j = 0; j < 16; j++) {
+            int32_t s = 0;
+            for (int e = 16 * j; e < 16 * j + 16; e++)
+                s += kern_q2bits_get(w[i].qs, e) * x[i].q[e];
+            isum += (w[i].scales[j] & 0xf) * s;
+            msum += (w[i].scales[j] >> 4) * x[i].bsums[j];
+        }
+        float dx = x[i].d;
+        acc = fmaf(kern_f16_to_f32(w[i].d) * dx, (float)isum, acc);
+        acc = fmaf(-(kern_f16_to_f32(w[i].dmin) * dx), (float)msum, acc);
+    }
+    return acc;
+}
+
+static float dot_q3_k(const struct block_q3_K *w, const struct act_q8_256 *x, int64_t nb)
+{
+    float acc = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++) {
+            int32_t s = 0;
+            for (int e = 16 * j; e < 16 * j + 16; e++)
+                s += (kern_q3k_get(&w[i], e) - 4) * x[i].q[e];
+            isum += (kern_q3k_scale(w[i].scales, j) - 32) * s;
+        }
+        acc = fmaf(kern_f16_to_f32(w[i].d) * x[i].d, (float)isum, acc);
+    }
+    return acc;
+}
+
+static float dot_iq4_nl(const struct block_iq4_nl *w, const struct act_q8_32 *x, int64_t nb)
+{
+    float acc = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t isum = 0;
+        for (int e = 0; e < QK32; e++)
+            isum += kern_iq4nl_values[kern_nib32_get(w[i].qs, e)] * x[i].q[e];
+        acc = fmaf(kern_f16_to_f32(w[i].d) * x[i].d, (float)isum, acc);
+    }
+    return acc;
+}
+
+static float dot_mxfp4(const struct block_mxfp4 *w, const struct act_q8_32 *x, int64_t nb)
+{
+    float acc = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t isum = 0;
+        for (int e = 0; e < QK32; e++)
+            isum += kern_mxfp4_values[kern_nib32_get(w[i].qs, e)] * x[i].q[e];
+        acc = fmaf(kern_e8m0_half(w[i].e) * x[i].d, (float)isum, acc);
+    }
+    return acc;
+}
+
+static float dot_iq4_xs(const struct block_iq4_xs *w, const struct act_q8_256 *x, int64_t nb)
+{
+    float acc = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t isum = 0;
+        for (int j = 0; j < 8; j++) {
+            int32_t s = 0;
+            for (int e = 32 * j; e < 32 * j + 32; e++)
+                s += kern_iq4nl_values[kern_iq4xs_get(&w[i], e)] * x[i].q[e];
+            isum += (kern_iq4xs_scale(&w[i], j) - 32) * s;
+        }
+        acc = fmaf(kern_f16_to_f32(w[i].d) * x[i].d, (float)isum, acc);
+    }
+    return acc;
+}
+
 static float dot_row(int type, const void *w, const void *x, int64_t cols)
 {
     switch (type) {
@@ -295,6 +370,11 @@ static float dot_row(int type, const void *w, const void *x, int64_t cols)
     case DT_Q4_K: return dot_q4_k(w, x, cols / QK_K);
     case DT_Q5_K: return dot_q5_k(w, x, cols / QK_K);
     case DT_Q6_K: return dot_q6_k(w, x, cols / QK_K);
+    case DT_Q2_K: return dot_q2_k(w, x, cols / QK_K);
+    case DT_Q3_K: return dot_q3_k(w, x, cols / QK_K);
+    case DT_IQ4_NL: return dot_iq4_nl(w, x, cols / QK32);
+    case DT_MXFP4: return dot_mxfp4(w, x, cols / QK32);
+    case DT_IQ4_XS: return dot_iq4_xs(w, x, cols / QK_K);
     default: return 0.0f;
     }
 }

@@ -32,6 +32,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/dtype.h"
+
 #define KM_Q4_0_D(G) (16 * (G))
 #define KM_Q4_0_TILE(G) (18 * (G))
 
@@ -68,6 +70,47 @@
 #define KM_Q6_K_SC(G) (192 * (G))
 #define KM_Q6_K_D(G) (208 * (G))
 #define KM_Q6_K_TILE(G) (210 * (G))
+
+/* Types added later (kernels in mat_lowbit_*.c), quants stored as indices and widened in
+ * registers: IQ4_NL/MXFP4 nibbles as Q4_0's (P = 4), IQ4_XS nibbles as Q4_K's (P = 8),
+ * looked up in the level table by a byte shuffle; Q2_K/Q3_K 2-bit quants in one vector
+ * per sub-block h of 16 (byte 4r+t, bits 2s..2s+1 = element 4(4h+s)+t, as Q6_K's high
+ * bits), Q3_K's third bit in bit planes as Q5_K's fifth. Q2_K scale and min as the file
+ * has them, one byte (scale | min << 4) per sub-block and row (G per sub-block, so a
+ * tile is no larger than the blocks); Q3_K/IQ4_XS factors (scale - 32) as int8, G per
+ * sub-block; MXFP4's E8M0 exponents as G bytes. */
+#define KM_Q2_K_SC(G) (64 * (G))
+#define KM_Q2_K_D(G) (80 * (G))
+#define KM_Q2_K_DMIN(G) (82 * (G))
+#define KM_Q2_K_TILE(G) (84 * (G))
+
+#define KM_Q3_K_QH(G) (64 * (G))
+#define KM_Q3_K_SC(G) (96 * (G))
+#define KM_Q3_K_D(G) (112 * (G))
+#define KM_Q3_K_TILE(G) (114 * (G))
+
+#define KM_IQ4_NL_D(G) (16 * (G))
+#define KM_IQ4_NL_TILE(G) (18 * (G))
+
+#define KM_MXFP4_E(G) (16 * (G))
+#define KM_MXFP4_TILE(G) (17 * (G))
+
+#define KM_IQ4_XS_SC(G) (128 * (G))
+#define KM_IQ4_XS_D(G) (136 * (G))
+#define KM_IQ4_XS_TILE(G) (138 * (G))
+
+/* Tile bytes of the types above, for G rows (0 for other types). */
+static inline size_t km_lowbit_tile(int type, int G)
+{
+    switch (type) {
+    case DT_Q2_K: return KM_Q2_K_TILE(G);
+    case DT_Q3_K: return KM_Q3_K_TILE(G);
+    case DT_IQ4_NL: return KM_IQ4_NL_TILE(G);
+    case DT_MXFP4: return KM_MXFP4_TILE(G);
+    case DT_IQ4_XS: return KM_IQ4_XS_TILE(G);
+    default: return 0;
+    }
+}
 
 /* What a kernel needs of a kern_mat. Quantized types: `data` holds the tiles above
  * (ngroups * nblk tiles of `tile` bytes). Float types (F32/F16/BF16): `data` is the
@@ -202,7 +245,8 @@ static inline void km_drive_rows(km_rows_fn *fn, int rf, int nbf, const struct k
     }
 }
 
-/* Tile bytes for G rows of `type`, or 0 when the type has no interleaved layout. */
+/* Tile bytes for G rows of `type`, or 0 when the type has no interleaved layout among
+ * those of kern_mat_avx*_run (km_lowbit_tile gives the low-bit types'). */
 size_t kern_mat_tile_bytes(int type, int G);
 
 /* The product of kern.h's kern_matmul on one path, for the types mat.c lets that path
@@ -212,5 +256,10 @@ void kern_mat_avx512_run(const struct km_view *v, const void *xq, size_t ldx, in
                          size_t ldy, int64_t r0, int64_t r1);
 void kern_mat_avx2_run(const struct km_view *v, const void *xq, size_t ldx, int B, float *y,
                        size_t ldy, int64_t r0, int64_t r1);
+/* The same for Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4 (mat_lowbit_*.c). */
+void kern_mat_lowbit_avx512_run(const struct km_view *v, const void *xq, size_t ldx, int B,
+                                float *y, size_t ldy, int64_t r0, int64_t r1);
+void kern_mat_lowbit_avx2_run(const struct km_view *v, const void *xq, size_t ldx, int B,
+                              float *y, size_t ldy, int64_t r0, int64_t r1);
 
 #endif

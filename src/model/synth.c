@@ -154,6 +154,8 @@ static int k_fallback(int type, int64_t row_len)
     case DT_Q4_K: return DT_Q5_0;
     case DT_Q5_K: return DT_Q5_1;
     case DT_Q6_K: return DT_Q8_0;
+    case DT_Q2_K: case DT_Q3_K: return DT_Q4_0;
+    case DT_IQ4_XS: return DT_IQ4_NL;
     default: return type;
     }
 }
@@ -184,6 +186,7 @@ static int file_type(const char *type)
     static const struct { const char *name; int ftype; } map[] = {
         {"f32", 0}, {"f16", 1}, {"q4_0", 2}, {"q4_1", 3}, {"q8_0", 7}, {"q5_0", 8}, {"q5_1", 9},
         {"q4_k_s", 14}, {"q4_k_m", 15}, {"q5_k_m", 17}, {"q6_k", 18}, {"bf16", 32},
+        {"q2_k", 10}, {"q3_k", 12}, {"iq4_nl", 25}, {"iq4_xs", 30}, {"mxfp4", 38},
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
         if (!strcmp(map[i].name, type))

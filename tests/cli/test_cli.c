@@ -119,8 +119,8 @@ int main(void)
     CHECK(rc == 2 && strstr(out, "--temp"), "bad number (%d): %s", rc, out);
     rc = run(out, sizeof out, "%s mkmodel --shape nope --vocab %s -o %s/x.gguf", bin, spm_path, dir);
     CHECK(rc == 2 && strstr(out, "unknown shape"), "unknown shape (%d): %s", rc, out);
-    rc = run(out, sizeof out, "%s mkmodel --shape tiny --type q3_k --vocab %s -o %s/x.gguf", bin, spm_path, dir);
-    CHECK(rc == 1 && strstr(out, "q3_k"), "unsupported type (%d): %s", rc, out);
+    rc = run(out, sizeof out, "%s mkmodel --shape tiny --type iq2_xxs --vocab %s -o %s/x.gguf", bin, spm_path, dir);
+    CHECK(rc == 1 && strstr(out, "iq2_xxs"), "unsupported type (%d): %s", rc, out);
     rc = run(out, sizeof out, "%s nonsense", bin);
     CHECK(rc == 2 && strstr(out, "unknown command"), "unknown command (%d): %s", rc, out);
 

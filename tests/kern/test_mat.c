@@ -13,7 +13,8 @@
 #include "testutil.h"
 
 static const int types[] = {DT_F32, DT_F16, DT_BF16, DT_Q4_0, DT_Q4_1, DT_Q5_0,
-                            DT_Q5_1, DT_Q8_0, DT_Q4_K, DT_Q5_K, DT_Q6_K};
+                            DT_Q5_1, DT_Q8_0, DT_Q4_K, DT_Q5_K, DT_Q6_K,
+                            DT_Q2_K, DT_Q3_K, DT_IQ4_NL, DT_IQ4_XS, DT_MXFP4};
 #define NTYPES ((int)(sizeof types / sizeof types[0]))
 static const enum kern_path paths[] = {KERN_PATH_REF, KERN_PATH_AVX2, KERN_PATH_AVX512,
                                        KERN_PATH_AMX};
@@ -31,7 +32,8 @@ static float rand_weight(uint64_t *rng, int64_t r)
 /* Weights of `type` as GGUF rows: quantized from random floats (mode 0), random bytes
  * with finite scales, which reach every quant value the format can hold (mode 1), or
  * every quant at its extreme (all bits set; Q8_0 -128; Q6_K scales -128) (mode 2), which
- * with activations of +-127 pushes 16-bit partial sums to their limits. */
+ * with activations of +-127 pushes 16-bit partial sums to their limits, or all bits
+ * clear (mode 3). */
 static void *make_weights(int type, int64_t rows, int64_t cols, int mode, uint64_t *rng)
 {
     int64_t rb = dtype_row_bytes(type, cols);
@@ -47,7 +49,15 @@ static void *make_weights(int type, int64_t rows, int64_t cols, int mode, uint64
             continue;
         }
         for (int64_t i = 0; i < rb; i++)
-            row[i] = mode == 1 ? (uint8_t)test_rand_u64(rng) : type == DT_Q8_0 ? 0x80 : 0xff;
+            row[i] = mode == 1 ? (uint8_t)test_rand_u64(rng) : mode == 3 ? 0 : type == DT_Q8_0 ? 0x80 : 0xff;
+        if (type == DT_MXFP4) {
+            /* exponents: the subnormal scales 2^-128, 2^-127, the smallest normal one, and
+             * ones near 2^0 (larger would overflow d*dx, which is not what this tests) */
+            static const uint8_t es[] = {0, 1, 2, 120, 127, 128, 131};
+            for (int64_t b = 0; b < cols / 32; b++)
+                row[b * 17] = es[test_rand_u64(rng) % sizeof es];
+            continue;
+        }
         if (mode == 2 && type == DT_Q6_K)
             for (int64_t b = 0; b < cols / 256; b++)
                 memset(row + b * 210 + 192, 0x80, 16);
@@ -60,6 +70,10 @@ static void *make_weights(int type, int64_t rows, int64_t cols, int mode, uint64
                 n = 2;
             if (type == DT_Q6_K)
                 off[0] = 208;
+            if (type == DT_Q2_K)
+                off[0] = 80, off[1] = 82, n = 2;
+            if (type == DT_Q3_K)
+                off[0] = 108;
             for (int s = 0; s < n; s++) {
                 uint16_t h = kern_f32_to_f16(test_rand_float(rng) * 0.01f);
                 memcpy(blk + off[s], &h, 2);
@@ -186,6 +200,14 @@ static void check_case(int type, int64_t rows, int64_t cols, int mode, uint64_t 
     free(got);
 }
 
+/* The types of few bits added later: mode 3 (all quant bits clear) reaches their other
+ * extremes (Q3_K -4 with factor -32, the lowest level -127 of IQ4_*). */
+static bool lowbit(int type)
+{
+    return type == DT_Q2_K || type == DT_Q3_K || type == DT_IQ4_NL || type == DT_IQ4_XS ||
+           type == DT_MXFP4;
+}
+
 static void test_bitwise(void)
 {
     uint64_t rng = 42;
@@ -202,6 +224,8 @@ static void test_bitwise(void)
                 check_case(type, 37, cols, 1, &rng);
                 check_case(type, 37, cols, 2, &rng);
             }
+            if (lowbit(type))
+                check_case(type, 37, cols, 3, &rng);
         }
         check_case(type, 5, be > 1 ? 256 : 48, 0, &rng);  /* fewer rows than one group */
         /* long rows and many groups: large B runs in k-chunks and row tiles */
@@ -214,8 +238,8 @@ static void test_errors(void)
     struct kern_mat *m = (struct kern_mat *)1;
     char err[128] = "";
     uint8_t buf[64] = {0};
-    CHECK(kern_mat_create(&m, DT_Q2_K, buf, 1, 256, KERN_PATH_AUTO, err, sizeof err) ==
-              CAIRN_EUNSUPPORTED && m == NULL, "Q2_K must be refused (%s)", err);
+    CHECK(kern_mat_create(&m, DT_IQ2_XXS, buf, 1, 256, KERN_PATH_AUTO, err, sizeof err) ==
+              CAIRN_EUNSUPPORTED && m == NULL, "IQ2_XXS must be refused (%s)", err);
     CHECK(kern_mat_create(&m, DT_Q4_0, buf, 1, 33, KERN_PATH_AUTO, err, sizeof err) ==
               CAIRN_EINVAL && m == NULL, "cols not a multiple of 32 must be refused (%s)", err);
     CHECK(kern_mat_create(&m, DT_Q4_0, buf, 0, 32, KERN_PATH_AUTO, err, sizeof err) ==

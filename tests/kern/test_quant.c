@@ -454,12 +454,16 @@ struct qbound {
  *   Q4_0 .0860/.1403  Q4_1 .0782/.1044  Q5_0 .0427/.0820  Q5_1 .0377/.0498
  *   Q8_0 .0054/.0105  Q4_K .0718/.0967  Q5_K .0359/.0482  Q6_K .0179/.0307
  *   F16 .00021/.00020 BF16 .00165/.00164
+ *   Q2_K .2746/.2443  Q3_K .1517/.1546  IQ4_NL .0747/.1144  IQ4_XS .0754/.1165
+ *   MXFP4 .1110/.1504 (simple quantizers: a scale search per sub-block, no imatrix)
  * The bounds leave about 12% margin. */
 static const struct qbound bounds[] = {
     {DT_Q4_0, 0.097, 0.16},  {DT_Q4_1, 0.088, 0.12},   {DT_Q5_0, 0.048, 0.092},
     {DT_Q5_1, 0.043, 0.056}, {DT_Q8_0, 0.006, 0.012},  {DT_Q4_K, 0.080, 0.11},
     {DT_Q5_K, 0.040, 0.055}, {DT_Q6_K, 0.020, 0.035},  {DT_F16, 0.00025, 0.00025},
     {DT_BF16, 0.0019, 0.0019},
+    {DT_Q2_K, 0.31, 0.28},   {DT_Q3_K, 0.17, 0.175},   {DT_IQ4_NL, 0.084, 0.13},
+    {DT_IQ4_XS, 0.085, 0.13}, {DT_MXFP4, 0.125, 0.17},
 };
 
 static double rel_rms_error(int type, const float *x, float *y, void *q, int64_t n)
@@ -553,13 +557,15 @@ static void test_errors(void)
 {
     float x[64] = {0}, y[64];
     uint8_t q[512] = {0};
-    CHECK_EQ_INT(kern_dequantize_row(DT_Q2_K, q, y, 256), CAIRN_EUNSUPPORTED);
-    CHECK_EQ_INT(kern_dequantize_row(DT_IQ4_NL, q, y, 32), CAIRN_EUNSUPPORTED);
+    CHECK_EQ_INT(kern_dequantize_row(DT_IQ2_XXS, q, y, 256), CAIRN_EUNSUPPORTED);
+    CHECK_EQ_INT(kern_dequantize_row(DT_TQ1_0, q, y, 256), CAIRN_EUNSUPPORTED);
     CHECK_EQ_INT(kern_dequantize_row(999, q, y, 32), CAIRN_EUNSUPPORTED);
     CHECK_EQ_INT(kern_dequantize_row(DT_Q4_0, q, y, 33), CAIRN_EINVAL);
     CHECK_EQ_INT(kern_dequantize_row(DT_Q4_K, q, y, 64), CAIRN_EINVAL);
     CHECK_EQ_INT(kern_dequantize_row(DT_F32, q, y, -1), CAIRN_EINVAL);
-    CHECK_EQ_INT(kern_quantize_row(DT_Q3_K, x, q, 256), CAIRN_EUNSUPPORTED);
+    CHECK_EQ_INT(kern_quantize_row(DT_IQ3_S, x, q, 256), CAIRN_EUNSUPPORTED);
+    CHECK_EQ_INT(kern_dequantize_row(DT_Q2_K, q, y, 64), CAIRN_EINVAL);
+    CHECK_EQ_INT(kern_quantize_row(DT_IQ4_XS, x, q, 32), CAIRN_EINVAL);
     CHECK_EQ_INT(kern_quantize_row(-1, x, q, 32), CAIRN_EUNSUPPORTED);
     CHECK_EQ_INT(kern_quantize_row(DT_Q8_0, x, q, 48), CAIRN_EINVAL);
     CHECK_EQ_INT(kern_quantize_row(DT_Q6_K, x, q, 64), CAIRN_EINVAL);
@@ -572,8 +578,9 @@ static void test_errors(void)
     bad[5] = NAN;
     bad[77] = INFINITY;
     bad[200] = -INFINITY;
-    int types[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q8_0, DT_Q4_K, DT_Q5_K, DT_Q6_K};
-    for (int t = 0; t < 8; t++)
+    int types[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q8_0, DT_Q4_K, DT_Q5_K, DT_Q6_K,
+                   DT_Q2_K, DT_Q3_K, DT_IQ4_NL, DT_IQ4_XS, DT_MXFP4};
+    for (int t = 0; t < 13; t++)
         CHECK_EQ_INT(kern_quantize_row(types[t], bad, q, 256), 0);
 }
 

@@ -27,7 +27,8 @@ static uint32_t fbits(float f)
 }
 
 static const int all_types[] = {DT_F32, DT_F16, DT_BF16, DT_Q4_0, DT_Q4_1, DT_Q5_0,
-                                DT_Q5_1, DT_Q8_0, DT_Q4_K, DT_Q5_K, DT_Q6_K};
+                                DT_Q5_1, DT_Q8_0, DT_Q4_K, DT_Q5_K, DT_Q6_K,
+                                DT_Q2_K, DT_Q3_K, DT_IQ4_NL, DT_IQ4_XS, DT_MXFP4};
 #define NTYPES ((int)(sizeof all_types / sizeof *all_types))
 
 static int act_block(int type)
@@ -35,6 +36,7 @@ static int act_block(int type)
     switch (type) {
     case DT_F32: case DT_F16: case DT_BF16: return 1;
     case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: return QK_K;
+    case DT_Q2_K: case DT_Q3_K: case DT_IQ4_XS: return QK_K;
     default: return QK32;
     }
 }
@@ -51,7 +53,10 @@ static void test_act_row_bytes(void)
     CHECK_EQ_INT(kern_act_row_bytes(DT_Q5_1, 32), 40);
     CHECK_EQ_INT(kern_act_row_bytes(DT_Q4_K, 4096), 16 * 292);
     CHECK_EQ_INT(kern_act_row_bytes(DT_Q6_K, 256), 292);
-    CHECK_EQ_INT(kern_act_row_bytes(DT_Q2_K, 256), 0);
+    CHECK_EQ_INT(kern_act_row_bytes(DT_Q2_K, 256), 292);
+    CHECK_EQ_INT(kern_act_row_bytes(DT_IQ4_NL, 64), 80);
+    CHECK_EQ_INT(kern_act_row_bytes(DT_MXFP4, 64), 80);
+    CHECK_EQ_INT(kern_act_row_bytes(DT_IQ2_XXS, 256), 0);
     CHECK_EQ_INT(kern_act_row_bytes(12345, 256), 0);
 }
 
@@ -176,6 +181,10 @@ static int nib(const uint8_t *qs, int e)  /* legacy: e < 16 low nibble of qs[e] 
     return e < 16 ? qs[e] & 0xf : qs[e - 16] >> 4;
 }
 
+/* ggml's level tables (ggml-common.h), written out here independently of quant.h. */
+static const int iq4nl_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const int e2m1_doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
 static void k4_sm(const uint8_t *s, int j, int *sc, int *mn)
 {
     if (j < 4) {
@@ -224,6 +233,14 @@ static float spec_dot(int type, const void *w, const void *xq, int n)
                     const struct block_q5_1 *bw = (const struct block_q5_1 *)w + b;
                     uint32_t qh = (uint32_t)bw->qh[0] | (uint32_t)bw->qh[1] << 8 | (uint32_t)bw->qh[2] << 16 | (uint32_t)bw->qh[3] << 24;
                     wq = nib(bw->qs, e) | (int)((qh >> e) & 1) << 4, dw = h2f(bw->d), m = h2f(bw->m);
+                } else if (type == DT_IQ4_NL) {
+                    const uint8_t *bw = (const uint8_t *)w + 18 * b;  /* d, qs[16] */
+                    uint16_t h;
+                    memcpy(&h, bw, 2);
+                    wq = iq4nl_levels[nib(bw + 2, e)], dw = h2f(h);
+                } else if (type == DT_MXFP4) {
+                    const uint8_t *bw = (const uint8_t *)w + 17 * b;  /* e, qs[16] */
+                    wq = e2m1_doubled[nib(bw + 1, e)], dw = ldexpf(1.0f, bw[0] - 128);
                 } else {
                     const struct block_q8_0 *bw = (const struct block_q8_0 *)w + b;
                     wq = bw->qs[e], dw = h2f(bw->d);
@@ -240,6 +257,70 @@ static float spec_dot(int type, const void *w, const void *xq, int n)
     const struct act_q8_256 *x = xq;
     for (int b = 0; b < n / QK_K; b++) {
         float dx = x[b].d;
+        if (type == DT_Q2_K) {  /* scales[16], qs[64], d, dmin */
+            const uint8_t *bw = (const uint8_t *)w + 84 * b;
+            uint16_t d, dmin;
+            memcpy(&d, bw + 80, 2);
+            memcpy(&dmin, bw + 82, 2);
+            int isum = 0, msum = 0;
+            for (int j = 0; j < 16; j++) {
+                int s = 0, xs = 0;
+                for (int e = 16 * j; e < 16 * j + 16; e++) {
+                    int h = e / 128, k = (e % 128) / 32, l = e % 32;
+                    s += ((bw[16 + 32 * h + l] >> (2 * k)) & 3) * x[b].q[e];
+                    xs += x[b].q[e];
+                }
+                isum += (bw[j] & 15) * s;
+                msum += (bw[j] >> 4) * xs;
+            }
+            acc = fmaf(h2f(d) * dx, (float)isum, acc);
+            acc = fmaf(-(h2f(dmin) * dx), (float)msum, acc);
+            continue;
+        }
+        if (type == DT_Q3_K) {  /* hmask[32], qs[64], scales[12], d */
+            const uint8_t *bw = (const uint8_t *)w + 110 * b;
+            uint16_t d;
+            memcpy(&d, bw + 108, 2);
+            /* ggml's unpacking: three little-endian words into four of 4 scales each */
+            uint32_t a[4], t2;
+            memcpy(a, bw + 96, 12);
+            t2 = a[2];
+            a[2] = ((a[0] >> 4) & 0x0f0f0f0f) | (((t2 >> 4) & 0x03030303) << 4);
+            a[3] = ((a[1] >> 4) & 0x0f0f0f0f) | (((t2 >> 6) & 0x03030303) << 4);
+            a[0] = (a[0] & 0x0f0f0f0f) | (((t2 >> 0) & 0x03030303) << 4);
+            a[1] = (a[1] & 0x0f0f0f0f) | (((t2 >> 2) & 0x03030303) << 4);
+            const uint8_t *sc = (const uint8_t *)a;
+            int isum = 0;
+            for (int j = 0; j < 16; j++) {
+                int s = 0;
+                for (int e = 16 * j; e < 16 * j + 16; e++) {
+                    int h = e / 128, k = (e % 128) / 32, l = e % 32;
+                    int q = (bw[32 + 32 * h + l] >> (2 * k)) & 3;
+                    if (!(bw[l] & (1 << (e / 32))))
+                        q -= 4;
+                    s += q * x[b].q[e];
+                }
+                isum += (sc[j] - 32) * s;
+            }
+            acc = fmaf(h2f(d) * dx, (float)isum, acc);
+            continue;
+        }
+        if (type == DT_IQ4_XS) {  /* d, scales_h, scales_l[4], qs[128] */
+            const uint8_t *bw = (const uint8_t *)w + 136 * b;
+            uint16_t d, sh;
+            memcpy(&d, bw, 2);
+            memcpy(&sh, bw + 2, 2);
+            int isum = 0;
+            for (int j = 0; j < 8; j++) {
+                int ls = ((bw[4 + j / 2] >> (4 * (j % 2))) & 15) | ((sh >> (2 * j)) & 3) << 4;
+                int s = 0;
+                for (int e = 0; e < 32; e++)
+                    s += iq4nl_levels[nib(bw + 8 + 16 * j, e)] * x[b].q[32 * j + e];
+                isum += (ls - 32) * s;
+            }
+            acc = fmaf(h2f(d) * dx, (float)isum, acc);
+            continue;
+        }
         if (type == DT_Q6_K) {
             const struct block_q6_K *bw = (const struct block_q6_K *)w + b;
             int isum = 0;

@@ -44,7 +44,7 @@ static int rewrite(const char *src, const char *dst, enum edit e)
         if (target && e == EDIT_DROP_TENSOR)
             continue;
         if (target && e == EDIT_TYPE) {
-            gguf_writer_add_tensor(w, t->name, DT_Q2_K, t->n_dims, ne, zeros, NULL, NULL);
+            gguf_writer_add_tensor(w, t->name, DT_IQ2_XXS, t->n_dims, ne, zeros, NULL, NULL);
             continue;
         }
         if (target && e == EDIT_SHAPE) {
@@ -417,6 +417,14 @@ int main(void)
     /* K-quant rows not a multiple of 256 fall back as llama.cpp does. */
     CHECK(synth_tensor_type(&s, "blk.0.ffn_up.weight", 0, 896) == DT_Q5_0, "Q4_K fallback for 896");
     CHECK(synth_tensor_type(&s, "output.weight", -1, 896) == DT_Q8_0, "Q6_K fallback for 896");
+    struct synth_spec lb = s;
+    snprintf(lb.type, sizeof lb.type, "q2_k");
+    CHECK(synth_tensor_type(&lb, "blk.0.ffn_up.weight", 0, 896) == DT_Q4_0, "Q2_K fallback for 896");
+    CHECK(synth_tensor_type(&lb, "blk.0.ffn_up.weight", 0, 1024) == DT_Q2_K, "Q2_K for 1024");
+    snprintf(lb.type, sizeof lb.type, "iq4_xs");
+    CHECK(synth_tensor_type(&lb, "blk.0.ffn_up.weight", 0, 896) == DT_IQ4_NL, "IQ4_XS fallback for 896");
+    snprintf(lb.type, sizeof lb.type, "mxfp4");
+    CHECK(synth_tensor_type(&lb, "blk.0.ffn_up.weight", 0, 896) == DT_MXFP4, "MXFP4 for 896");
 
     /* Shapes carry the dimensions of the models they stand for. */
     struct synth_spec q = {0};
@@ -443,7 +451,7 @@ int main(void)
 
     struct { enum edit e; const char *what; int code; const char *needle; } cases[] = {
         {EDIT_ARCH, "unknown architecture", CAIRN_EUNSUPPORTED, "mamba"},
-        {EDIT_TYPE, "unsupported tensor type", CAIRN_EUNSUPPORTED, "Q2_K"},
+        {EDIT_TYPE, "unsupported tensor type", CAIRN_EUNSUPPORTED, "blk.1.attn_q.weight has type IQ2_XXS"},
         {EDIT_DROP_TENSOR, "missing tensor", CAIRN_EFORMAT, "blk.1.attn_q.weight"},
         {EDIT_SHAPE, "wrong shape", CAIRN_EFORMAT, "blk.1.attn_q.weight"},
         {EDIT_DROP_KEY, "missing metadata", CAIRN_EFORMAT, "llama.block_count"},
