@@ -45,7 +45,10 @@ Cflags: -I\${includedir}
 endif()
 
 # qemu's -cpu max has asimd, dotprod, i8mm and fp16, so every kernel path runs in the tests.
+# The sysroot (-L) is /: the arm64 C library of Debian multiarch (libc6:arm64) puts the
+# target's loader at /lib/ld-linux-aarch64.so.1 and its libraries in
+# /usr/lib/aarch64-linux-gnu, next to the -dev packages' libraries the build links.
 find_program(CAIRN_QEMU_AARCH64 NAMES qemu-aarch64 qemu-aarch64-static)
 if(CAIRN_QEMU_AARCH64)
-  set(CMAKE_CROSSCOMPILING_EMULATOR ${CAIRN_QEMU_AARCH64} -cpu max -L /usr/aarch64-linux-gnu)
+  set(CMAKE_CROSSCOMPILING_EMULATOR ${CAIRN_QEMU_AARCH64} -cpu max -L /)
 endif()
