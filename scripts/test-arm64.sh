@@ -42,7 +42,7 @@ if [ ! -f build/CMakeCache.txt ]; then
 fi
 cmake --build build -j"$jobs" --target cairn test_forward_bits
 cmake -S . -B build-arm64 -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
-      -DCMAKE_BUILD_TYPE=Release >/dev/null
+      -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build-arm64 -j"$jobs"
 readelf -h build-arm64/cairn | grep -q AArch64 || { echo "build-arm64/cairn is not an ARM64 binary" >&2; exit 1; }
 
