@@ -1,17 +1,36 @@
 #include "base/cpu.h"
 
-#include <cpuid.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
+#if defined(__x86_64__)
+#include <cpuid.h>
+#elif defined(__aarch64__)
+#include <sys/auxv.h>
+#endif
 
 static struct cpu_features detected;
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
+
+/* The data cache line from sysconf where the C library knows it (ARM64 reads CTR_EL0
+ * for us), else 64. */
+static int cache_line_bytes(void)
+{
+#ifdef _SC_LEVEL1_DCACHE_LINESIZE
+    long n = sysconf(_SC_LEVEL1_DCACHE_LINESIZE);
+    if (n >= 16 && n <= 1024 && (n & (n - 1)) == 0)
+        return (int)n;
+#endif
+    return 64;
+}
+
+#if defined(__x86_64__)
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
 
 static unsigned long long xgetbv0(void)
 {
@@ -20,9 +39,8 @@ static unsigned long long xgetbv0(void)
     return ((unsigned long long)edx << 32) | eax;
 }
 
-static void detect(void)
+static void detect_isa(struct cpu_features *f)
 {
-    struct cpu_features *f = &detected;
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d))
         return;
@@ -62,6 +80,36 @@ static void detect(void)
     }
 }
 
+#elif defined(__aarch64__)
+
+/* Bits of the kernel's AT_HWCAP/AT_HWCAP2 (arch/arm64/include/uapi/asm/hwcap.h), spelled
+ * out so that old C library headers do not matter. */
+#define HWCAP_ASIMD_BIT (1ul << 1)
+#define HWCAP_ASIMDHP_BIT (1ul << 10)
+#define HWCAP_ASIMDDP_BIT (1ul << 20)
+#define HWCAP2_I8MM_BIT (1ul << 13)
+
+static void detect_isa(struct cpu_features *f)
+{
+    unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    f->asimd = hw & HWCAP_ASIMD_BIT;
+    f->fp16 = f->asimd && (hw & HWCAP_ASIMDHP_BIT);
+    f->asimddp = f->asimd && (hw & HWCAP_ASIMDDP_BIT);
+    f->i8mm = f->asimd && (hw2 & HWCAP2_I8MM_BIT);
+}
+
+#else
+
+static void detect_isa(struct cpu_features *f) { (void)f; }
+
+#endif
+
+static void detect(void)
+{
+    detect_isa(&detected);
+    detected.cache_line = cache_line_bytes();
+}
+
 const struct cpu_features *cpu_features(void)
 {
     pthread_once(&detect_once, detect);
@@ -74,6 +122,8 @@ void cpu_features_string(const struct cpu_features *f, char *buf, int len)
         {f->avx2, "avx2"},         {f->fma, "fma"},           {f->f16c, "f16c"},
         {f->avx512f, "avx512f"},   {f->avx512bw, "avx512bw"}, {f->avx512vnni, "avx512vnni"},
         {f->avx512bf16, "avx512bf16"}, {f->amx_tile, "amx"},  {f->amx_granted, "amx-granted"},
+        {f->asimd, "asimd"},       {f->asimddp, "asimddp"},   {f->i8mm, "i8mm"},
+        {f->fp16, "fp16"},
     };
     int n = 0;
     buf[0] = 0;

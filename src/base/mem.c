@@ -1,5 +1,7 @@
 #include "base/mem.h"
 
+#include "base/cpu.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,9 +36,12 @@ int64_t mem_peak_rss(void) { return proc_kb("/proc/self/status", "VmHWM:"); }
 
 void *mem_alloc_stream(size_t size)
 {
-    size = (size + 63) / 64 * 64;
+    /* whole cache lines of this CPU (64 bytes, or 128 on some ARM64 cores) */
+    size_t line = (size_t)cpu_features()->cache_line;
+    line = line < 64 ? 64 : line;
+    size = (size + line - 1) / line * line;
     if (size < HUGE_PAGE)
-        return aligned_alloc(64, size ? size : 64);
+        return aligned_alloc(line, size ? size : line);
     void *p = NULL;
     if (posix_memalign(&p, HUGE_PAGE, size) != 0)
         return NULL;

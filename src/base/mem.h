@@ -14,7 +14,8 @@ int64_t mem_rss(void);
 int64_t mem_peak_rss(void);
 
 /* Memory for a large block that is streamed end to end (weights, the bandwidth probe):
- * 64-byte aligned, and from 2 MiB up aligned to 2 MiB and advised to use huge pages,
+ * aligned to the cache line (64 bytes, or the CPU's when larger), and from 2 MiB up aligned
+ * to 2 MiB and advised to use huge pages,
  * so a stream crosses a TLB entry per 2 MiB instead of per 4 KiB. Release with free. */
 void *mem_alloc_stream(size_t size);
 

@@ -1,5 +1,6 @@
 #include "base/pool.h"
 
+#include "base/cpu.h"
 #include "base/err.h"
 
 #include <pthread.h>
@@ -43,7 +44,7 @@ static void *worker_main(void *arg_)
         while ((gen = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen &&
                !atomic_load(&p->stop)) {
             if (++spins < SPIN_ITERS) {
-                __builtin_ia32_pause();
+                cpu_relax();
                 continue;
             }
             if (spins < SPIN_ITERS + YIELD_ITERS) {
@@ -130,7 +131,7 @@ void pool_run(struct pool *p, pool_fn fn, void *ctx)
     fn(ctx, 0, p->n_threads);
     for (int spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spins++) {
         if (spins < SPIN_ITERS)
-            __builtin_ia32_pause();
+            cpu_relax();
         else
             sched_yield();
     }

@@ -16,7 +16,9 @@
 #include "engine/sched.h"
 #include "model/model.h"
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +39,7 @@ struct bw_job {
  * is flattered by a slow reference. */
 enum bw_style { BW_PLAIN, BW_PF_L1, BW_PF_L2, N_BW_STYLES };
 
+#if defined(__x86_64__)
 /* Sums a range with the widest loads this CPU has (plain scalar loads understate the
  * bandwidth by a third on these machines). */
 #define SUM_AVX512_LOOP(PF)                                                                 \
@@ -85,6 +88,8 @@ __attribute__((target("avx2"))) static uint64_t sum_avx2(const uint64_t *p, long
     return lanes[0] + lanes[1] + lanes[2] + lanes[3];
 }
 
+#endif
+
 /* Sums n words (a multiple of 4) with scalar loads. */
 static uint64_t sum_scalar(const uint64_t *p, long n)
 {
@@ -106,7 +111,12 @@ static void bw_read(void *ctx, int ith, int nth)
     pool_split((long)j->n, 1024, ith, nth, &lo, &hi);
     const struct cpu_features *f = cpu_features();
     const uint64_t *p = j->buf + lo;
+#if defined(__x86_64__)
     uint64_t s = f->avx512f ? sum_avx512(p, hi - lo, (enum bw_style)j->style) : f->avx2 ? sum_avx2(p, hi - lo) : sum_scalar(p, hi - lo);
+#else
+    (void)f;  /* the compiler vectorizes the scalar sums with NEON */
+    uint64_t s = sum_scalar(p, hi - lo);
+#endif
     j->sums[ith % 64] = s;
 }
 

@@ -415,12 +415,49 @@ static void block_stop_signals(sigset_t *set)
     signal(SIGPIPE, SIG_IGN);
 }
 
+#define RUNNER_WRAPPER_WORDS 8
+
+/* CAIRN_RUNNER_WRAPPER, when set, is a command (words split at spaces) that runners are
+ * started under, with this binary's path after it: e.g. "qemu-aarch64 -cpu max" for an
+ * ARM64 node run by qemu-user on an x86-64 machine, which cannot start an ARM64 binary
+ * by itself without binfmt_misc (scripts/test-arm64.sh), or "valgrind". Fills argv
+ * (RUNNER_WRAPPER_WORDS + 3 entries); 0, or 1 with a message printed. */
+static int runner_wrapped(const char **argv)
+{
+    static char words[512], self[4096];
+    const char *w = getenv("CAIRN_RUNNER_WRAPPER");
+    if (!w || !*w)
+        return 0;
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0 || strlen(w) >= sizeof words) {
+        fprintf(stderr, "cairn node: CAIRN_RUNNER_WRAPPER: %s\n",
+                n <= 0 ? "cannot read this binary's path" : "too long");
+        return 1;
+    }
+    self[n] = 0;
+    snprintf(words, sizeof words, "%s", w);
+    int k = 0;
+    for (char *save = NULL, *t = strtok_r(words, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+        if (k == RUNNER_WRAPPER_WORDS) {
+            fprintf(stderr, "cairn node: CAIRN_RUNNER_WRAPPER: more than %d words\n", RUNNER_WRAPPER_WORDS);
+            return 1;
+        }
+        argv[k++] = t;
+    }
+    argv[k++] = self;
+    argv[k++] = "runner";
+    argv[k] = NULL;
+    return 0;
+}
+
 /* Makes the worker that runs this node's runners, and names it in nc; 0, or 1 (message
  * printed). */
 static int create_worker(struct node_app *app, const struct node_opts *o, struct node_config *nc)
 {
     /* Runners are this same binary: `cairn runner`, one per placed shard of this node. */
-    static const char *const runner_argv[] = {"/proc/self/exe", "runner", NULL};
+    static const char *runner_argv[RUNNER_WRAPPER_WORDS + 3] = {"/proc/self/exe", "runner", NULL};
+    if (runner_wrapped(runner_argv))
+        return 1;
     struct supervisor_config sc;
     supervisor_config_defaults(&sc);
     sc.argv = runner_argv;

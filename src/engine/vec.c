@@ -146,28 +146,51 @@ static const struct vec_ops ref_ops = {dot_f32_ref, exp_sub_ref, silu_mul_ref, a
 
 const struct vec_ops *vec_ops_ref(void) { return &ref_ops; }
 
-/* In vec_avx2.c and vec_avx512.c, compiled for those ISAs; called only after a CPU check. */
+/* In vec_avx2.c and vec_avx512.c (x86-64) and vec_neon.c (ARM64), compiled for those
+ * ISAs; called only after a CPU check. */
 const struct vec_ops *vec_ops_avx2(void);
 const struct vec_ops *vec_ops_avx512(void);
+const struct vec_ops *vec_ops_neon(void);
+
+static bool has_avx512(const struct cpu_features *f)
+{
+    return f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq;
+}
+
+static bool has_avx2(const struct cpu_features *f) { return f->avx2 && f->fma && f->f16c; }
 
 const struct vec_ops *vec_ops_variant(const char *name)
 {
     const struct cpu_features *f = cpu_features();
     if (!strcmp(name, "ref"))
         return &ref_ops;
-    if (!strcmp(name, "avx2") && f->avx2 && f->fma && f->f16c)
+#if defined(__x86_64__)
+    if (!strcmp(name, "avx2") && has_avx2(f))
         return vec_ops_avx2();
-    if (!strcmp(name, "avx512") && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq)
+    if (!strcmp(name, "avx512") && has_avx512(f))
         return vec_ops_avx512();
+#elif defined(__aarch64__)
+    if (!strcmp(name, "neon") && f->asimd)
+        return vec_ops_neon();
+#endif
+    (void)f;
     return NULL;
 }
 
 const struct vec_ops *vec_ops_best(void)
 {
     const struct cpu_features *f = cpu_features();
-    if (f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq)
+#if defined(__x86_64__)
+    if (has_avx512(f))
         return vec_ops_avx512();
-    if (f->avx2 && f->fma && f->f16c)
+    if (has_avx2(f))
         return vec_ops_avx2();
+#elif defined(__aarch64__)
+    if (f->asimd)
+        return vec_ops_neon();
+#endif
+    (void)f;
+    (void)has_avx2;
+    (void)has_avx512;
     return &ref_ops;
 }

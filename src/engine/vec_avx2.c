@@ -1,5 +1,6 @@
 /* AVX2 + F16C variants of vec.h: the same operations in the same order as the
  * reference (lanes 0-7 in one register, 8-15 in another; no fused multiply-add). */
+#if defined(__x86_64__)  /* an x86 file: empty on other architectures */
 #include "engine/vec.h"
 
 #include "base/dtype.h"
@@ -261,3 +262,5 @@ static float softmax_tile(float *s, int64_t n, float *l)
 static const struct vec_ops avx2_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile};
 
 const struct vec_ops *vec_ops_avx2(void) { return &avx2_ops; }
+
+#endif

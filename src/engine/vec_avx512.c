@@ -1,6 +1,7 @@
 /* AVX-512 variants of vec.h: lanes 0-15 of the canonical order are one zmm register;
  * the same multiplies and adds in the same order as the reference (no fused
  * multiply-add), and the reduction tree done in registers. */
+#if defined(__x86_64__)  /* an x86 file: empty on other architectures */
 #include "engine/vec.h"
 
 #include "base/dtype.h"
@@ -300,3 +301,5 @@ static float softmax_tile(float *s, int64_t n, float *l)
 static const struct vec_ops avx512_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile};
 
 const struct vec_ops *vec_ops_avx512(void) { return &avx512_ops; }
+
+#endif

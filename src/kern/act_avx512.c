@@ -1,5 +1,6 @@
 /* AVX-512 activation quantization: the same bits as the reference in ref.c (maximum of
  * |x| ignoring NaN, one float multiply, round half to even, clamp to ±127, NaN to 0). */
+#if defined(__x86_64__)  /* an x86 file: empty on other architectures */
 #include "kern/quant.h"
 
 #include <immintrin.h>
@@ -48,3 +49,5 @@ void kern_act_q8_256_avx512(const float *x, struct act_q8_256 *a, int64_t n_bloc
             a->bsums[j] = (int16_t)s[j];
     }
 }
+
+#endif

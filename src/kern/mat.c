@@ -28,6 +28,8 @@ const char *kern_path_name(enum kern_path p)
     case KERN_PATH_AVX2: return "avx2";
     case KERN_PATH_AVX512: return "avx512";
     case KERN_PATH_AMX: return "amx";
+    case KERN_PATH_NEON: return "neon";
+    case KERN_PATH_NEON_DOT: return "neondot";
     }
     return "unknown";
 }
@@ -37,21 +39,39 @@ static bool cpu_has(enum kern_path p)
     const struct cpu_features *f = cpu_features();
     switch (p) {
     case KERN_PATH_REF: return true;
+#if defined(__x86_64__)
     case KERN_PATH_AVX2: return f->avx2 && f->fma && f->f16c;
     case KERN_PATH_AVX512:
         return f->avx2 && f->fma && f->f16c && f->avx512f && f->avx512bw && f->avx512vl &&
                f->avx512dq && f->avx512vnni;
-    default: return false;
+#elif defined(__aarch64__)
+    case KERN_PATH_NEON: return f->asimd;
+    case KERN_PATH_NEON_DOT: return f->asimd && f->asimddp;
+#endif
+    default: (void)f; return false;
     }
 }
 
+int kern_path_on_cpu(enum kern_path p) { return cpu_has(p); }
+
 enum kern_path kern_best_path(void)
 {
-    if (cpu_has(KERN_PATH_AVX512))
-        return KERN_PATH_AVX512;
-    if (cpu_has(KERN_PATH_AVX2))
-        return KERN_PATH_AVX2;
+    static const enum kern_path order[] = {KERN_PATH_AVX512, KERN_PATH_AVX2, KERN_PATH_NEON_DOT,
+                                           KERN_PATH_NEON};
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
+        if (cpu_has(order[i]))
+            return order[i];
     return KERN_PATH_REF;
+}
+
+/* The path to try when p lacks a type: the next slower one of the same architecture. */
+static enum kern_path slower_path(enum kern_path p)
+{
+    switch (p) {
+    case KERN_PATH_AVX512: return KERN_PATH_AVX2;
+    case KERN_PATH_NEON_DOT: return KERN_PATH_NEON;
+    default: return KERN_PATH_REF;
+    }
 }
 
 static bool is_float_type(int type)
@@ -66,7 +86,9 @@ static bool is_lowbit(int type)
     return km_lowbit_tile(type, 1) > 0;
 }
 
-/* Types a SIMD path computes (the reference computes every supported type). */
+/* Types a SIMD path computes (the reference computes every supported type). The NEON
+ * paths name theirs (mat_neon.c), so a type given a tile layout for x86 alone falls
+ * back to the reference on ARM64. */
 static bool path_has_type(enum kern_path p, int type)
 {
     switch (p) {
@@ -74,7 +96,21 @@ static bool path_has_type(enum kern_path p, int type)
     case KERN_PATH_AVX512:
     case KERN_PATH_AVX2:
         return is_float_type(type) || kern_mat_tile_bytes(type, 16) > 0 || is_lowbit(type);
+    case KERN_PATH_NEON:
+    case KERN_PATH_NEON_DOT: return kern_mat_neon_has_type(type);
     default: return false;
+    }
+}
+
+/* Interleaved rows per group of a path: one SIMD register of int32 lanes. */
+static int path_group(enum kern_path p)
+{
+    switch (p) {
+    case KERN_PATH_AVX512: return 16;
+    case KERN_PATH_AVX2: return 8;
+    case KERN_PATH_NEON:
+    case KERN_PATH_NEON_DOT: return 4;
+    default: return 1;
     }
 }
 
@@ -403,7 +439,7 @@ int kern_mat_create(struct kern_mat **out, int type, const void *data, int64_t r
     if (path == KERN_PATH_AUTO) {
         path = kern_best_path();
         while (!path_has_type(path, type))
-            path = path == KERN_PATH_AVX512 ? KERN_PATH_AVX2 : KERN_PATH_REF;
+            path = slower_path(path);
     }
     if (!cpu_has(path))
         return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "kern_mat: this CPU lacks path %s",
@@ -425,7 +461,7 @@ int kern_mat_create(struct kern_mat **out, int type, const void *data, int64_t r
     v->nblk = cols / ti->block_elems;
     v->row_bytes = (size_t)rb;
     v->data = data;
-    v->G = path == KERN_PATH_AVX512 ? 16 : path == KERN_PATH_AVX2 ? 8 : 1;
+    v->G = path_group(path);
     v->tile = is_lowbit(type) ? km_lowbit_tile(type, v->G) : kern_mat_tile_bytes(type, v->G);
     if (path != KERN_PATH_REF) {
         /* SIMD paths always own their weights, so the caller may drop the source pages:
@@ -473,12 +509,21 @@ void kern_matmul(const struct kern_mat *m, const void *xq, size_t ldx, int B, fl
         return;
     bool lowbit = is_lowbit(v->type);
     switch (m->path) {
+#if defined(__x86_64__)
     case KERN_PATH_AVX512:
         (lowbit ? kern_mat_lowbit_avx512_run : kern_mat_avx512_run)(v, xq, ldx, B, y, ldy, r0, r1);
         break;
     case KERN_PATH_AVX2:
         (lowbit ? kern_mat_lowbit_avx2_run : kern_mat_avx2_run)(v, xq, ldx, B, y, ldy, r0, r1);
         break;
+#elif defined(__aarch64__)
+    case KERN_PATH_NEON:
+        kern_mat_neon_run(v, xq, ldx, B, y, ldy, r0, r1);
+        break;
+    case KERN_PATH_NEON_DOT:
+        kern_mat_neondot_run(v, xq, ldx, B, y, ldy, r0, r1);
+        break;
+#endif
     default:
         kern_matmul_ref(v->type, m->data, v->cols, xq, ldx, B, y, ldy, r0, r1);
         break;

@@ -5,6 +5,7 @@
  * quants, 4 for 5-bit, 2 for 6-bit, and 1 for Q8_0 (which takes |w| x sign(x, w)).
  * K-quant sub-block scales enter as the PMADDWD multiplier. The float steps are those
  * of kern.h, 8 rows at a time, so every output is bitwise the reference's. */
+#if defined(__x86_64__)  /* an x86 file: empty on other architectures */
 #include <immintrin.h>
 #include <math.h>
 #include <stdbool.h>
@@ -518,3 +519,5 @@ void kern_mat_avx2_run(const struct km_view *v, const void *xq, size_t ldx, int 
 #undef tiles
 #undef rows
 }
+
+#endif

@@ -3,6 +3,7 @@
  * per row; the float steps are those of kern.h, done 16 rows at a time, so every output
  * is bitwise the reference's. Each weight tile is decoded once per call for up to NB_MAX
  * activation rows. */
+#if defined(__x86_64__)  /* an x86 file: empty on other architectures */
 #include <immintrin.h>
 #include <stdbool.h>
 #include <string.h>
@@ -519,3 +520,5 @@ void kern_mat_avx512_run(const struct km_view *v, const void *xq, size_t ldx, in
 #undef tiles
 #undef rows
 }
+
+#endif

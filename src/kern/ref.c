@@ -55,13 +55,16 @@ static int8_t act_round(float v)
     return (int8_t)r;
 }
 
-/* In act_avx512.c: the same bits, 16 values at a time. */
+/* In act_avx512.c (x86-64) and act_neon.c (ARM64): the same bits, a vector at a time. */
 void kern_act_q8_32_avx512(const float *x, struct act_q8_32 *a, int64_t n_blocks);
 void kern_act_q8_256_avx512(const float *x, struct act_q8_256 *a, int64_t n_blocks);
+void kern_act_q8_32_neon(const float *x, struct act_q8_32 *a, int64_t n_blocks);
+void kern_act_q8_256_neon(const float *x, struct act_q8_256 *a, int64_t n_blocks);
 
 void kern_act_quantize(int wtype, const float *x, void *xq, int64_t n)
 {
     const struct cpu_features *f = cpu_features();
+#if defined(__x86_64__)
     if (f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq) {
         if (act_kind(wtype) == KERN_ACT_Q8_32) {
             kern_act_q8_32_avx512(x, xq, n / QK32);
@@ -72,6 +75,19 @@ void kern_act_quantize(int wtype, const float *x, void *xq, int64_t n)
             return;
         }
     }
+#elif defined(__aarch64__)
+    if (f->asimd) {
+        if (act_kind(wtype) == KERN_ACT_Q8_32) {
+            kern_act_q8_32_neon(x, xq, n / QK32);
+            return;
+        }
+        if (act_kind(wtype) == KERN_ACT_Q8_256) {
+            kern_act_q8_256_neon(x, xq, n / QK_K);
+            return;
+        }
+    }
+#endif
+    (void)f;
     kern_act_quantize_ref(wtype, x, xq, n);
 }
 

@@ -190,7 +190,8 @@ static int fetch_all(const struct hub *h, const struct hub_ref *ref, const struc
         struct stat st;
         uint64_t have = stat(partial[k], &st) ? 0 : (uint64_t)st.st_size;
         char have_path[4300];
-        snprintf(have_path, sizeof have_path, "%s" RANGES_SUFFIX, partial[k]);
+        if (snprintf(have_path, sizeof have_path, "%s" RANGES_SUFFIX, partial[k]) >= (int)sizeof have_path)
+            return cairn_fail(err, errlen, CAIRN_ERANGE, "the models folder's path is too long");
         if (have && !access(have_path, F_OK)) { /* a parallel fetch's file has holes: its record counts */
             struct ranges r;
             ranges_load(have_path, f->size, &r);

@@ -112,10 +112,10 @@ int main(int argc, char **argv)
 {
     test_begin(argc, argv);
     const struct vec_ops *ref = vec_ops_ref();
-    const char *names[] = {"avx2", "avx512"};
+    const char *names[] = {"avx2", "avx512", "neon"};
     uint64_t seed = 42;
     float a[MAXN], b[MAXN], y0[MAXN], y1[MAXN];
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < 3; v++) {
         const struct vec_ops *ops = vec_ops_variant(names[v]);
         if (!ops) {
             printf("%s: not on this CPU, skipped\n", names[v]);

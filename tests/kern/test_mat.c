@@ -17,7 +17,7 @@ static const int types[] = {DT_F32, DT_F16, DT_BF16, DT_Q4_0, DT_Q4_1, DT_Q5_0,
                             DT_Q2_K, DT_Q3_K, DT_IQ4_NL, DT_IQ4_XS, DT_MXFP4};
 #define NTYPES ((int)(sizeof types / sizeof types[0]))
 static const enum kern_path paths[] = {KERN_PATH_REF, KERN_PATH_AVX2, KERN_PATH_AVX512,
-                                       KERN_PATH_AMX};
+                                       KERN_PATH_AMX, KERN_PATH_NEON, KERN_PATH_NEON_DOT};
 #define NPATHS ((int)(sizeof paths / sizeof paths[0]))
 
 /* Random float with a per-row magnitude, and now and then an outlier. */
@@ -105,7 +105,7 @@ static uint8_t *make_acts(int type, int64_t cols, int B, size_t ldx, uint64_t *r
 
 static bool path_on_cpu(enum kern_path p)
 {
-    return p == KERN_PATH_REF || (int)p <= (int)kern_best_path();
+    return kern_path_on_cpu(p);
 }
 
 /* One (type, shape, weight mode) case over all paths, batch sizes and splits. */
@@ -246,7 +246,7 @@ static void test_errors(void)
               CAIRN_EINVAL, "zero rows must be refused (%s)", err);
     CHECK(kern_mat_create(&m, DT_Q4_0, NULL, 1, 32, KERN_PATH_AUTO, err, sizeof err) ==
               CAIRN_EINVAL, "NULL data must be refused (%s)", err);
-    CHECK(kern_mat_create(&m, DT_Q4_0, buf, 1, 32, KERN_PATH_AMX + 1, err, sizeof err) ==
+    CHECK(kern_mat_create(&m, DT_Q4_0, buf, 1, 32, KERN_PATH_NEON_DOT + 1, err, sizeof err) ==
               CAIRN_EUNSUPPORTED, "an unknown path must be refused (%s)", err);
     kern_mat_release(NULL);
     enum kern_path best = kern_best_path();
