@@ -20,7 +20,10 @@ before(async () => {
   dir = makeTempDir();
   const models = path.join(dir, 'models');
   await makeModel(models, MODEL);
-  node = await startNode(dir, models, { parallel: 8, expectModels: [MODEL] });
+  // 64 clients at once from one address is the API's default limit of open connections per
+  // client address (--api-max-per-client); this process also keeps idle connections of
+  // its own (fetch's pool), which would push the 64 past it: the limit is raised a little.
+  node = await startNode(dir, models, { parallel: 8, expectModels: [MODEL], args: ['--api-max-per-client', '96'] });
   openai = new OpenAI({ baseURL: `${node.url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 120_000 * SLOW });
   anthropic = new Anthropic({ baseURL: node.url, apiKey: 'unused', maxRetries: 0, timeout: 120_000 * SLOW });
   ollama = new Ollama({ host: node.url });
