@@ -39,12 +39,9 @@ struct oreq {
     struct choice *choices; /* n */
 };
 
-/* OpenAI's error object for status. */
-static json_t *error_json(int status, const char *message, const char *param)
+json_t *openai_error_json(int status, const char *message, const char *param, const char *not_found_code)
 {
-    const char *code = status == 404 ? "model_not_found"
-                       : status == 413 ? "context_length_exceeded"
-                                       : NULL;
+    const char *code = status == 404 ? not_found_code : status == 413 ? "context_length_exceeded" : NULL;
     json_t *e = json_object(), *o = json_object();
     if (!e || !o || !apiutil_put(e, "message", apiutil_text_json(message)) ||
         !apiutil_put(e, "type", json_string(status >= 500 ? "server_error" : "invalid_request_error")) ||
@@ -56,6 +53,12 @@ static json_t *error_json(int status, const char *message, const char *param)
     }
     json_decref(e);
     return o;
+}
+
+/* OpenAI's error object for status (a 404 is a model not found). */
+static json_t *error_json(int status, const char *message, const char *param)
+{
+    return openai_error_json(status, message, param, "model_not_found");
 }
 
 static void reply_error(struct http_request *req, int status, const char *message,

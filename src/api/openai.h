@@ -61,4 +61,9 @@ int openai_parse_request(enum openai_route route, const json_t *body, struct tex
  * CAIRN_ENOMEM from http_route, with the route in err. */
 int openai_register(struct http_server *srv, const struct gen *g, char *err, size_t errlen);
 
+/* OpenAI's error object {"error": {"message", "type", "param", "code"}} for an HTTP status
+ * (code: not_found_code for a 404, context_length_exceeded for a 413); NULL when out of
+ * memory. */
+json_t *openai_error_json(int status, const char *message, const char *param, const char *not_found_code);
+
 #endif

@@ -150,18 +150,7 @@ static int store_chain(struct responses *r, const char *id, json_t *msgs, struct
 
 static json_t *error_json(int status, const char *message, const char *param)
 {
-    const char *code = status == 404 ? "not_found" : status == 413 ? "context_length_exceeded" : NULL;
-    json_t *e = json_object(), *o = json_object();
-    if (!e || !o || !apiutil_put(e, "message", apiutil_text_json(message)) ||
-        !apiutil_put(e, "type", json_string(status >= 500 ? "server_error" : "invalid_request_error")) ||
-        !apiutil_put(e, "param", param && param[0] ? apiutil_text_json(param) : json_null()) ||
-        !apiutil_put(e, "code", code ? json_string(code) : json_null()) || json_object_set(o, "error", e)) {
-        json_decref(e);
-        json_decref(o);
-        return NULL;
-    }
-    json_decref(e);
-    return o;
+    return openai_error_json(status, message, param, "not_found");
 }
 
 /* ---------- the request ---------- */
