@@ -507,14 +507,13 @@ void kern_matmul(const struct kern_mat *m, const void *xq, size_t ldx, int B, fl
     const struct km_view *v = &m->view;
     if (B <= 0 || r0 < 0 || r1 > v->rows || r0 >= r1)
         return;
-    bool lowbit = is_lowbit(v->type);
     switch (m->path) {
 #if defined(__x86_64__)
     case KERN_PATH_AVX512:
-        (lowbit ? kern_mat_lowbit_avx512_run : kern_mat_avx512_run)(v, xq, ldx, B, y, ldy, r0, r1);
+        (is_lowbit(v->type) ? kern_mat_lowbit_avx512_run : kern_mat_avx512_run)(v, xq, ldx, B, y, ldy, r0, r1);
         break;
     case KERN_PATH_AVX2:
-        (lowbit ? kern_mat_lowbit_avx2_run : kern_mat_avx2_run)(v, xq, ldx, B, y, ldy, r0, r1);
+        (is_lowbit(v->type) ? kern_mat_lowbit_avx2_run : kern_mat_avx2_run)(v, xq, ldx, B, y, ldy, r0, r1);
         break;
 #elif defined(__aarch64__)
     case KERN_PATH_NEON:

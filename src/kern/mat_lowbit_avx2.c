@@ -5,6 +5,7 @@
  * PMADDUBSW result is widened by PMADDWD at once (no 16-bit sums to overflow). The float
  * steps are those of kern.h, 8 rows at a time, so every output is bitwise the
  * reference's. */
+#if defined(__x86_64__)  /* an x86 file: empty on other architectures */
 #include <immintrin.h>
 #include <stdbool.h>
 #include <string.h>
@@ -236,3 +237,5 @@ void kern_mat_lowbit_avx2_run(const struct km_view *v, const void *xq, size_t ld
     default: break;
     }
 }
+
+#endif

@@ -5,6 +5,7 @@
  * activation sums, and VPDPBUSD gives each row's integer sum in its own lane. The float
  * steps are those of kern.h, 16 rows at a time, so every output is bitwise the
  * reference's. (The small helpers repeat mat_avx512.c's, which keeps them private.) */
+#if defined(__x86_64__)  /* an x86 file: empty on other architectures */
 #include <immintrin.h>
 #include <stdbool.h>
 #include <string.h>
@@ -226,3 +227,5 @@ void kern_mat_lowbit_avx512_run(const struct km_view *v, const void *xq, size_t 
     default: break;
     }
 }
+
+#endif
