@@ -28,7 +28,13 @@ static const char *COMMON =
     "jobject ::= \"{\" sp (jstring \":\" sp jvalue (\",\" sp jstring \":\" sp jvalue)*)? \"}\"\n"
     "jarray ::= \"[\" sp (jvalue (\",\" sp jvalue)*)? \"]\"\n"
     "jdigit2 ::= [0-9]{2}\n"
-    "jdate ::= [0-9]{4} \"-\" (\"0\" [1-9] | \"1\" [0-2]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01])\n"
+    /* A calendar date: each month its own days, and February 29 only in a leap year (a
+     * multiple of 4 whose last two digits are not 00, or a multiple of 400). */
+    "jdate ::= [0-9]{4} \"-\" jmonthday | jleapyear \"-02-29\"\n"
+    "jmonthday ::= (\"0\" [13578] | \"1\" [02]) \"-\" (jday28 | \"29\" | \"3\" [01]) | "
+    "(\"0\" [469] | \"11\") \"-\" (jday28 | \"29\" | \"30\") | \"02-\" jday28\n"
+    "jday28 ::= \"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8]\n"
+    "jleapyear ::= [0-9]{2} ([02468] [48] | [2468] \"0\" | [13579] [26]) | ([02468] [048] | [13579] [26]) \"00\"\n"
     "jtime ::= ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? "
     "(\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])\n"
     "jhex ::= [0-9a-f]\n"
@@ -36,7 +42,7 @@ static const char *COMMON =
 
 const char *jschema_any_object_gbnf(void)
 {
-    static char text[2048];
+    static char text[4096];
     if (!text[0])
         snprintf(text, sizeof text, "root ::= jobject\n%s", COMMON);
     return text;

@@ -86,6 +86,33 @@ static void test_instances(void)
     grammar_release(g);
 }
 
+/* format "date" against the calendar: every day string of years whose leap rules differ
+ * (4, 100, 400), from month 00 to 13 and day 00 to 32, matches exactly when it is a date. */
+static void test_dates(void)
+{
+    struct grammar *g = compile("{\"type\":\"string\",\"format\":\"date\"}");
+    if (!g)
+        return;
+    static const int years[] = {0, 4, 100, 1018, 1600, 1900, 1996, 2000, 2023, 2024, 2100, 2400, 9996, 9999};
+    static const int mdays[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    int matched = 0;
+    for (size_t i = 0; i < sizeof years / sizeof years[0]; i++) {
+        int y = years[i];
+        bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+        for (int m = 0; m <= 13; m++)
+            for (int d = 0; d <= 32; d++) {
+                bool valid = m >= 1 && m <= 12 && d >= 1 && d <= mdays[m - 1] + (m == 2 && leap);
+                char s[32];
+                snprintf(s, sizeof s, "\"%04d-%02d-%02d\"", y, m, d);
+                bool got = grammar_matches(g, s, strlen(s));
+                CHECK(got == valid, "%s: grammar says %d, the calendar %d", s, got, valid);
+                matched += got;
+            }
+    }
+    CHECK(matched == 6 * 365 + 8 * 366, "%d dates matched", matched);
+    grammar_release(g);
+}
+
 static void test_refusals(void)
 {
     struct {
@@ -201,6 +228,7 @@ int main(int argc, char **argv)
 {
     test_begin(argc, argv);
     RUN(test_instances);
+    RUN(test_dates);
     RUN(test_refusals);
     RUN(test_integer_ranges);
     return test_main_end();
