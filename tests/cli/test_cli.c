@@ -98,7 +98,9 @@ int main(void)
 
     /* Bench reports the roofline. */
     rc = run(out, sizeof out, "%s bench -m %s/tiny.gguf -p 16 -n 8 -r 1 --batch-curve 2 --bandwidth-mib 64 -t 1", bin, dir);
-    CHECK(rc == 0 && strstr(out, "roofline") && strstr(out, "pp16") && strstr(out, "B= 2"), "bench (%d): %s", rc, out);
+    CHECK(rc == 0 && strstr(out, "roofline") && strstr(out, "pp16") && strstr(out, "B= 2") &&
+              strstr(out, "8 streams+prefetch") && strstr(out, "GB/s; bandwidth beside"),
+          "bench (%d): %s", rc, out);
     /* The pipelined bench: a ring of 2 ranks on loopback, one and two micro-batches. */
     rc = run(out, sizeof out, "%s bench -m %s/tiny.gguf --ranks 2 -t 1 -p 4 -n 6 --streams 3", bin, dir);
     CHECK(rc == 0 && strstr(out, "| one slice, 2 threads |") && strstr(out, "1 micro-batch |") &&

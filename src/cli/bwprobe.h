@@ -1,0 +1,40 @@
+/* The memory read bandwidth that decode's roofline is measured against (bwprobe.c).
+ *
+ * Decode reads each weight once per step, so its ceiling is the rate at which the
+ * engine's threads can stream memory. One access pattern does not find that rate on
+ * every machine: on some cores one sequential stream per thread leaves the memory
+ * system idle between misses, while a matrix-vector kernel keeps several rows (several
+ * streams) in flight. The probe reads the same block in several patterns and takes the
+ * best, so the roofline is never below what a kernel can reach. */
+#ifndef CAIRN_CLI_BWPROBE_H
+#define CAIRN_CLI_BWPROBE_H
+
+#include <stddef.h>
+
+struct pool;
+
+enum bw_style {
+    BW_PLAIN,      /* one stream per thread, widest loads */
+    BW_PF_L1,      /* the same, software prefetch into L1 2 KiB ahead */
+    BW_PF_L2,      /* the same, software prefetch into L2 8 KiB ahead */
+    BW_STREAMS4,   /* four streams per thread, read in turn 256 bytes at a time */
+    BW_STREAMS8,   /* eight streams per thread */
+    BW_STREAMS8_PF,/* eight streams, each prefetched into L2 4 KiB ahead */
+    N_BW_STYLES
+};
+
+struct bw_reading {
+    double best;                    /* bytes/s of the best read of any style */
+    double by_style[N_BW_STYLES];   /* the best read of each style (0 where not run) */
+    int best_style;
+};
+
+/* Reads a block of `bytes` (at least a few hundred MiB, so no cache holds it) with the
+ * threads of p `reps` times, the styles taken in turn; 0, or -1 (out of memory, or a
+ * read whose sum shows it did not read every word once). */
+int bw_probe(struct pool *p, size_t bytes, int reps, struct bw_reading *out);
+
+/* The name of a style, as printed. */
+const char *bw_style_name(int style);
+
+#endif
