@@ -227,7 +227,8 @@ struct bench_opts {
     int64_t n_prompt, n_gen, threads, reps;
     int64_t depth;                         /* -d: positions of context before pp and tg */
     int type_k, type_v;                    /* -ctk, -ctv: KV cache types */
-    int64_t max_b, bw_mib;                 /* the batch curve's largest B; the bandwidth block */
+    int64_t max_b;                         /* the batch curve's largest B */
+    int64_t bw_mib;                        /* the bandwidth block; 0: see decode_probe_mib */
     int64_t draft_k, lookup;               /* --draft-tokens; --lookup's n-gram (0: none) */
     int64_t ranks, streams, delay_us;      /* --ranks (0: none) */
     bool sealed;                           /* --sealed */
@@ -339,6 +340,9 @@ static void usage(void)
             "  -d DEPTH: pp and tg measured after DEPTH positions of context (filled in forwards of\n"
             "  %d tokens, as llama-bench's -d); tg's roofline counts the K and V bytes each step reads\n"
             "  -ctk, -ctv TYPE: the KV cache's K and V types, f16 (default), f32, q8_0 or q4_0\n"
+            "  --bandwidth-mib N: the block the bandwidth probe reads (default: 1024 MiB for the\n"
+            "  machine's figure, and beside each tg run as many bytes as a decode step reads, so\n"
+            "  that a model small enough to sit in the last-level cache is held to that cache's rate)\n"
             "       cairn bench -m TARGET.gguf (--draft DRAFT.gguf | --lookup N) [--draft-tokens K]\n"
             "                   [-p 512] [-n 128] [-t 2] [-r 3]\n"
             "  --draft, --lookup: speculative decoding of -n greedy tokens after -p random prompt\n"
@@ -362,7 +366,7 @@ static int parse_opts(struct bench_opts *o, int argc, char **argv)
 {
     struct args a = {argc, argv, 1, "bench", false};
     const char *v;
-    *o = (struct bench_opts){.n_prompt = 512, .n_gen = 128, .threads = 2, .reps = 3, .max_b = 16, .bw_mib = 1024,
+    *o = (struct bench_opts){.n_prompt = 512, .n_gen = 128, .threads = 2, .reps = 3, .max_b = 16, .bw_mib = 0,
                              .type_k = DT_F16, .type_v = DT_F16,
                              .draft_k = 4, .streams = 8};
     for (; a.i < argc && !a.bad; a.i++) {
@@ -542,6 +546,18 @@ static int bench_prompt(struct bench *bn, const struct bench_opts *o)
     return 0;
 }
 
+/* The block of the bandwidth readings beside the decode runs: as many bytes as a step
+ * reads (up to 1 GiB, past every cache), so that the roofline sees the cache a model
+ * small enough to stay in it sees (the L3 of some of these machines holds 480 MiB),
+ * unless --bandwidth-mib says otherwise. */
+static int64_t decode_probe_mib(const struct bench_opts *o, double bytes_per_tok)
+{
+    if (o->bw_mib > 0)
+        return o->bw_mib;
+    int64_t mib = (int64_t)ceil(bytes_per_tok / (1 << 20));
+    return mib < 1 ? 1 : mib > 1024 ? 1024 : mib;
+}
+
 /* Token generation: -n decode steps of one token, median of -r runs into tg tok/s, and
  * the share of the roofline that bytes read per token and bandwidth allow; 0, or -1
  * (message printed, or out of memory). */
@@ -584,7 +600,7 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
                              (double)bn->m->weight_bytes;
         }
         struct bw_reading bwr;
-        if (bw_probe(bn->bwp, (size_t)o->bw_mib << 20, N_BW_STYLES, &bwr)) {
+        if (bw_probe(bn->bwp, (size_t)decode_probe_mib(o, bytes_per_tok) << 20, N_BW_STYLES, &bwr)) {
             fprintf(stderr, "cairn bench: the bandwidth probe failed (out of memory, or a read missed words)\n");
             rc = -1;
             break;
@@ -595,9 +611,9 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
     if (!rc) {
         double tps = (double)n_gen / median(bn->t, reps), bw_med = median(bw_run, reps);
         printf("tg%lld%s: %.2f tok/s (median of %lld); reads %.1f MiB/token, %.2f GB/s; bandwidth beside the runs "
-               "%.2f GB/s (median); roofline %.2f tok/s; %.1f%% of roofline (median of the runs' ratios)\n",
+               "%.2f GB/s (median, %lld MiB block); roofline %.2f tok/s; %.1f%% of roofline (median of the runs' ratios)\n",
                (long long)n_gen, at_depth(o), tps, (long long)reps, bytes_per_tok / (1 << 20),
-               tps * bytes_per_tok / 1e9, bw_med / 1e9, bw_med / bytes_per_tok, 100.0 * median(ratio, reps));
+               tps * bytes_per_tok / 1e9, bw_med / 1e9, (long long)decode_probe_mib(o, bytes_per_tok), bw_med / bytes_per_tok, 100.0 * median(ratio, reps));
         /* Decode faster than the probe means the probe missed the machine's ceiling (or the
          * weights partly sit in cache): the percentage is then no upper bound. */
         if (tps * bytes_per_tok > bw_med * 1.02)
@@ -660,11 +676,12 @@ static int bench_speeds(struct bench *bn, const struct bench_opts *o)
         return -1;
     /* Shared machines vary: the ceiling is the best of reads before and after decode. */
     struct bw_reading bwr;
-    if (bw_probe(bn->bwp, (size_t)o->bw_mib << 20, 3 * N_BW_STYLES, &bwr)) {
+    int64_t mib = o->bw_mib > 0 ? o->bw_mib : 1024;
+    if (bw_probe(bn->bwp, (size_t)mib << 20, 3 * N_BW_STYLES, &bwr)) {
         fprintf(stderr, "cairn bench: the bandwidth probe failed (out of memory, or a read missed words)\n");
         return -1;
     }
-    printf("memory read bandwidth (%lld MiB block, %lld threads): %.2f GB/s, best of:", (long long)o->bw_mib,
+    printf("memory read bandwidth (%lld MiB block, %lld threads): %.2f GB/s, best of:", (long long)mib,
            (long long)o->threads, bwr.best / 1e9);
     for (int st = 0; st < N_BW_STYLES; st++)
         printf("%s %s %.2f", st ? "," : "", bw_style_name(st), bwr.by_style[st] / 1e9);
