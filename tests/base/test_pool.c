@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct job {
     long n;
@@ -53,6 +54,23 @@ int main(void)
             bad += hits[i] != 500;
         CHECK(bad == 0, "%d elements not hit exactly 500 times with %d threads", bad, threads);
         CHECK_EQ_INT(atomic_load(&j.calls), 500 * threads);
+        pool_release(p);
+    }
+    /* Dispatches find the workers spinning, yielding or asleep (after pauses from none to
+     * 5 ms): every one runs on every thread; a lost wake-up hangs here (ctest's timeout). */
+    for (int threads = 2; threads <= 3; threads++) {
+        struct pool *p;
+        CHECK_EQ_INT(pool_create(&p, threads), 0);
+        int hits[1000];
+        memset(hits, 0, sizeof hits);
+        struct job j = {.n = 1000, .hits = hits};
+        static const long pause_ns[] = {0, 2000, 200000, 5000000};
+        for (int rep = 0; rep < 200; rep++) {
+            nanosleep(&(struct timespec){0, pause_ns[(rep * 7 + rep / 4) % 4]}, NULL);
+            pool_run(p, mark, &j);
+        }
+        CHECK_EQ_INT(atomic_load(&j.calls), 200 * threads);
+        CHECK(hits[0] == 200 && hits[999] == 200, "first and last elements hit %d and %d times", hits[0], hits[999]);
         pool_release(p);
     }
     CHECK(pool_create(&(struct pool *){0}, 0) == CAIRN_EINVAL, "0 threads accepted");
