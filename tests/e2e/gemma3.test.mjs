@@ -2,13 +2,15 @@
 // chat, some much longer than gemma3-tiny's window of 24 positions, is the same alone, with
 // all of them at once (continuous batching mixes their prefills and decodes), and from
 // `cairn generate --chat`, which renders the model's own Gemma template and decodes one
-// sequence; the rendered prompt uses Gemma's turns.
+// sequence, and with a draft of its first two layers; the rendered prompt uses Gemma's turns.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
-import { SLOW, SHARED, makeTempDir, removeTempDir, startNode, runCairn, http, assertStopsCleanly } from './cairn.mjs';
+import { SLOW, SHARED, makeTempDir, removeTempDir, startNode, runCairn, http, sleep, getState,
+  assertStopsCleanly } from './cairn.mjs';
 
 const MODEL = 'gemma3-tiny';
+const DRAFT = 'gemma3-tiny-draft';
 const MAX = 24;
 const T = { timeout: 240_000 * SLOW };
 const PROMPTS = [
@@ -29,7 +31,10 @@ before(async () => {
   const r = await runCairn(['mkmodel', '--shape', MODEL, '--type', 'q8_0', '--vocab',
     path.join(SHARED, 'testdata/vocab/ggml-vocab-llama-spm.gguf'), '-o', modelPath]);
   assert.equal(r.code, 0, r.stderr);
-  node = await startNode(dir, models, { parallel: 4, expectModels: [MODEL] });
+  const d = await runCairn(['mkmodel', '--draft-of', modelPath, '--layers', '2', '-o',
+    path.join(models, `${DRAFT}.gguf`)]);
+  assert.equal(d.code, 0, d.stderr);
+  node = await startNode(dir, models, { parallel: 4, expectModels: [MODEL, DRAFT] });
 });
 
 after(async () => {
@@ -37,7 +42,7 @@ after(async () => {
   removeTempDir(dir);
 });
 
-async function ask(content) {
+async function ask(content, usage = false) {
   const r = await http(`${node.url}/v1/chat/completions`, {
     body: { model: MODEL, messages: [{ role: 'user', content }], max_tokens: MAX, temperature: 0 },
     timeoutMs: 120_000 * SLOW,
@@ -45,7 +50,8 @@ async function ask(content) {
   assert.equal(r.status, 200, r.text);
   const u = r.json.usage;
   assert.equal(u.completion_tokens, MAX, 'a random model runs to max_tokens');
-  return { text: r.json.choices[0].message.content, prompt: u.prompt_tokens };
+  const got = { text: r.json.choices[0].message.content, prompt: u.prompt_tokens };
+  return usage ? { ...got, drafted: u.draft_tokens ?? 0 } : got;
 }
 
 test('each chat alone, with prompts past the sliding window', T, async () => {
@@ -70,6 +76,35 @@ test('the same answers from cairn generate --chat', T, async (t) => {
     assert.equal(r.code, 0, r.stderr);
     assert.equal(r.stdout.toString().replace(/\n$/, ''), alone[i].text, `prompt ${i}`); // the CLI ends with a newline
   }
+});
+
+// A draft of gemma3's first two layers (one of them sliding): speculation keeps every
+// answer, past the window too, and drafts tokens.
+test('a draft of its first two layers: the same answers, drafted tokens counted', T, async (t) => {
+  if (alone.length !== PROMPTS.length)
+    return t.skip('no answers alone');
+  const s = await getState(node);
+  const id = Object.keys(s.instances).find((k) => s.instances[k].model_id === MODEL);
+  assert.ok(id, JSON.stringify(s.instances));
+  const r = await http(`${node.url}/instance/${id}/draft_model`,
+    { method: 'PUT', body: { draft_model: DRAFT, num_draft_tokens: 4 } });
+  assert.equal(r.status, 200, JSON.stringify(r.json));
+  let drafted = 0;
+  for (let i = 0; i < PROMPTS.length; i++) {
+    // the runner loads the draft between its steps: the first answers may come before
+    const deadline = Date.now() + 60_000 * SLOW;
+    let got = await ask(PROMPTS[i], true);
+    while (got.drafted === 0 && Date.now() < deadline) {
+      assert.equal(got.text, alone[i].text, `prompt ${i}`);
+      await sleep(200);
+      got = await ask(PROMPTS[i], true);
+    }
+    assert.equal(got.text, alone[i].text, `prompt ${i} with the draft`);
+    drafted += got.drafted;
+  }
+  assert.ok(drafted > 0, 'the draft proposed tokens');
+  const together = await Promise.all(PROMPTS.map((p) => ask(p)));
+  assert.deepEqual(together, alone, 'all at once with the draft');
 });
 
 test("the model's Gemma template renders the turns", T, async () => {
