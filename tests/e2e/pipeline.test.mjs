@@ -2,7 +2,7 @@
 // with --peer and sealed by one cluster secret (so the data plane is encrypted), an instance placed with "sharding":"pipeline" and min_nodes 2 or 3, each
 // rank a runner process holding a layer range, linked rank to rank by the data plane.
 // Greedy answers equal those of a single-node instance of the same file, for a qwen2 and
-// a llama model, a mixture of experts (qwen3moe) and gemma3 (sliding-window layers), alone and 8 at once, and with a draft model on rank 0. SIGKILL of the
+// a llama model, a mixture of experts (qwen3moe), gemma3 (sliding-window layers) and phi3, alone and 8 at once, and with a draft model on rank 0. SIGKILL of the
 // second rank's runner mid-stream: the client gets an error, the instance comes back, a
 // new request succeeds. SIGKILL of a whole node mid-stream: an error, the node leaves the
 // cluster, the instance is placed again on the nodes left and serves. No runner is left
@@ -20,6 +20,7 @@ const DRAFT = 'qwen-pipe-draft';
 const LLAMA = 'llama-pipe';
 const MOE = 'qwen3moe-pipe';
 const GEMMA = 'gemma3-pipe';
+const PHI = 'phi3-pipe';
 const MAX = 32;
 const T = { timeout: 600_000 * SLOW };
 const PROMPTS = ['Hello', 'Tell me about cats.', 'What is 2+2?', 'Why is the sky blue?', 'Name a colour.',
@@ -46,11 +47,13 @@ before(async () => {
     path.join(SHARED, 'testdata/vocab/ggml-vocab-llama-bpe.gguf'), '-o', path.join(models, `${LLAMA}.gguf`)]);
   assert.equal(l.code, 0, l.stderr);
   await makeModel(models, MOE, MOE_SHAPE);
-  // gemma3's sliding-window layers (a window of 24 positions) split over the ranks
-  const g = await runCairn(['mkmodel', '--shape', 'gemma3-tiny', '--vocab',
-    path.join(SHARED, 'testdata/vocab/ggml-vocab-llama-spm.gguf'), '-o', path.join(models, `${GEMMA}.gguf`)]);
-  assert.equal(g.code, 0, g.stderr);
-  const expect = [QWEN, DRAFT, LLAMA, MOE, GEMMA];
+  // gemma3's sliding-window layers (a window of 24 positions) split over the ranks, and phi3
+  for (const [shape, name] of [['gemma3-tiny', GEMMA], ['phi3-tiny', PHI]]) {
+    const g = await runCairn(['mkmodel', '--shape', shape, '--vocab',
+      path.join(SHARED, 'testdata/vocab/ggml-vocab-llama-spm.gguf'), '-o', path.join(models, `${name}.gguf`)]);
+    assert.equal(g.code, 0, g.stderr);
+  }
+  const expect = [QWEN, DRAFT, LLAMA, MOE, GEMMA, PHI];
   // a node unheard for 4 s leaves the cluster (the test of a lost node waits for that)
   const secret = path.join(dir, 'cluster-secret');
   fs.writeFileSync(secret, 'pipeline-e2e-secret\n', { mode: 0o600 });
@@ -70,7 +73,7 @@ after(async () => {
 });
 
 // The greedy answers of a single-node instance, then of pipelined ones over 2 and 3 nodes.
-for (const model of [QWEN, LLAMA, MOE, GEMMA]) {
+for (const model of [QWEN, LLAMA, MOE, GEMMA, PHI]) {
   test(`${model}: pipelined greedy answers equal the single node's, alone and 8 at once`, T, async () => {
     const a = nodes[0];
     const openai = client(a);
