@@ -10,7 +10,7 @@
 #include "base/pool.h"
 #include "base/args.h"
 #include "cli/bench_pipe.h"
-#include "cli/bwprobe.h"
+#include "base/bwprobe.h"
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "engine/kv.h"

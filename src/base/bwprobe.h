@@ -6,8 +6,8 @@
  * system idle between misses, while a matrix-vector kernel keeps several rows (several
  * streams) in flight. The probe reads the same block in several patterns and takes the
  * best, so the roofline is never below what a kernel can reach. */
-#ifndef CAIRN_CLI_BWPROBE_H
-#define CAIRN_CLI_BWPROBE_H
+#ifndef CAIRN_BASE_BWPROBE_H
+#define CAIRN_BASE_BWPROBE_H
 
 #include <stddef.h>
 

@@ -1,5 +1,5 @@
 /* Memory read bandwidth in several access patterns (see bwprobe.h). */
-#include "cli/bwprobe.h"
+#include "base/bwprobe.h"
 
 #include "base/clock.h"
 #include "base/cpu.h"
