@@ -281,8 +281,14 @@ async function loadPreview(id) {
   const q = new URLSearchParams({ model_id: id, sharding: p.sharding });
   if (p.draft) q.set('draft_model', p.draft);
   for (const [k, v] of Object.entries(kvAsked(p))) q.set(k, v);
+  // the other sharding too, for its best candidate's speed beside this one's
+  const other = new URLSearchParams(q);
+  other.set('sharding', p.sharding === 'tensor' ? 'pipeline' : 'tensor');
   try {
-    p.data = await call(`/instance/previews?${q}`);
+    const [data, alt] = await Promise.all([call(`/instance/previews?${q}`),
+      call(`/instance/previews?${other}`).catch(() => null)]);
+    p.data = data;
+    p.other = alt;
     p.error = null;
   } catch (e) {
     p.data = null;
@@ -290,6 +296,23 @@ async function loadPreview(id) {
   }
   p.loading = false;
   render();
+}
+
+/** A candidate's estimated decode speed of one stream, as text. */
+function fmtEstimate(est) {
+  if (!est) return '';
+  if (est.unknown) return '?';
+  return `${est.tokens_per_s >= 10 ? est.tokens_per_s.toFixed(0) : est.tokens_per_s.toFixed(1)} tok/s`;
+}
+
+/** "pipeline: 40 tok/s · tensor: 70 tok/s": the best accepted candidate of each sharding. */
+function bestEstimates(p) {
+  const parts = [];
+  for (const d of [p.data, p.other]) {
+    const c = d && d.best >= 0 ? d.candidates[d.best] : null;
+    if (c?.estimate && !c.estimate.unknown) parts.push(`${d.sharding}: ${fmtEstimate(c.estimate)}`);
+  }
+  return parts.length ? `best of each, one stream: ${parts.join(' · ')}` : '';
 }
 
 /** The KV cache a preview asks for: a context (none: the trained one where it fits) and
@@ -344,16 +367,20 @@ function previewPanel(id) {
         ['f16', 'q8_0', 'q4_0'].map((x) => h('option', { value: x, selected: (p.kvType || 'f16') === x }, x)))),
       h('button', { class: 'primary', 'data-place-best': id, onclick: () => place(id) }, 'Place best'),
       d?.ctx_len ? h('span', { class: 'muted ctx-counted' }, `counts ${d.ctx_len} positions a sequence`) : null,
+      d ? h('span', { class: 'muted estimates' }, bestEstimates(p)) : null,
       p.loading ? h('span', { class: 'muted' }, 'asking the cluster…') : null,
       p.error ? h('span', { class: 'err' }, p.error) : null),
     d ? h('table', { class: 'grid' },
       h('thead', null, h('tr', null, h('th', null, ''), h('th', null, 'nodes'), h('th', null, 'layers per node'),
-        h('th', { class: 'num' }, 'memory after'), h('th', null, 'verdict'), h('th'))),
+        h('th', { class: 'num' }, 'memory after'), h('th', { class: 'num', title: 'one stream, estimated from the nodes\' memory bandwidth and the links' }, 'decode'),
+        h('th', null, 'verdict'), h('th'))),
       h('tbody', null, cands.map((c, i) => h('tr', { class: c.accepted ? '' : 'refused' },
         h('td', null, i === d.best ? h('span', { class: 'pill accent' }, 'best') : ''),
         h('td', null, c.nodes.map(shortId).join(' + ')),
         h('td', null, c.shares.map((sh) => `${shortId(sh.node)}: ${sh.layer_begin}–${sh.layer_end} (${sh.layer_end - sh.layer_begin})`).join(' · ')),
         h('td', { class: 'num' }, c.shares.map((sh) => fmtBytes(sh.free - sh.need.total)).join(' · ')),
+        h('td', { class: 'num estimate', title: c.estimate?.unknown || (c.estimate ? `reading weights ${c.estimate.compute_ms.toFixed(2)} ms, links ${c.estimate.link_ms.toFixed(2)} ms a token (${c.estimate.exchanges} exchanges)` : '') },
+          fmtEstimate(c.estimate)),
         h('td', null, c.accepted ? 'fits' : h('span', { class: 'err' }, c.reason || 'refused')),
         h('td', null, c.accepted && c.executable !== false
           ? h('button', { 'data-place': `${id}#${i}`, onclick: () => place(id, c) }, 'Place') : null)))))

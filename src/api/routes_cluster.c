@@ -534,13 +534,16 @@ static void h_previews(struct http_request *req, void *ctx)
     int64_t ctx_len = 0;
     int rc = master_previews(s, node_master_env(r->node), model, sh, (int)min_nodes, draft, &kv, &ctx_len, &pr,
                              err, sizeof err);
-    cluster_state_release(s);
     if (rc) {
+        cluster_state_release(s);
         place_result_free(&pr);
         reply_code(req, rc == CAIRN_EINVAL ? CAIRN_EFORMAT : rc, err);
         return;
     }
     json_t *j = place_result_to_json(&pr);
+    if (j && master_preview_estimates(s, node_master_env(r->node), model, &pr, j, err, sizeof err))
+        j = (json_decref(j), NULL);
+    cluster_state_release(s);
     place_result_free(&pr);
     if (j && json_object_set_new(j, "ctx_len", json_integer(ctx_len)))
         j = (json_decref(j), NULL);

@@ -13,6 +13,8 @@
 #include "base/err.h"
 #include "base/log.h"
 #include "base/args.h"
+#include "base/bwprobe.h"
+#include "base/pool.h"
 #include "api/hosts.h"
 #include "cli/cli.h"
 #include "cli/credentials.h"
@@ -179,6 +181,9 @@ struct node_app {
     struct responses *responses; /* the Responses API's store */
     struct gen g;                   /* the front-ends keep a pointer: it lives as long as the server */
     struct worker *worker;          /* NULL with --no-worker */
+    pthread_t bw_thread;            /* measures the memory bandwidth once (worker nodes) */
+    bool bw_started;
+    int bw_threads;                 /* the runners' threads */
     char err[1024];
 };
 
@@ -463,6 +468,7 @@ static int create_worker(struct node_app *app, const struct node_opts *o, struct
     sc.argv = runner_argv;
     sc.runner_slots = (int)o->parallel;
     sc.runner_threads = (int)o->threads;
+    app->bw_threads = o->threads > 0 ? (int)o->threads : RUNNER_DEFAULT_THREADS;
     sc.runner_ctx = o->ctx_size;
     if (worker_create(&app->worker, &sc, app->err, sizeof app->err)) {
         fprintf(stderr, "cairn node: worker: %s\n", app->err);
@@ -577,12 +583,35 @@ static int add_routes(struct node_app *app, const struct node_opts *o)
     return 0;
 }
 
+/* The block the bandwidth is read over: larger than most last-level caches, small beside
+ * the models a node runs. */
+#define NODE_BW_PROBE_MIB 256
+
+/* Measures how fast the runners' threads read memory, for placement's speed estimates
+ * (ctl/estimate.h), and hands it to the node, which reports it with its info. */
+static void *measure_bandwidth(void *arg)
+{
+    struct node_app *app = arg;
+    struct pool *p = NULL;
+    struct bw_reading r;
+    if (pool_create(&p, app->bw_threads) == 0 &&
+        bw_probe(p, (size_t)NODE_BW_PROBE_MIB << 20, N_BW_STYLES, &r) == 0 && r.best > 0) {
+        node_set_memory_bandwidth(app->node, (int64_t)r.best);
+        log_info("cairn node %s: memory read bandwidth %.1f GB/s (%d threads, %s)", node_id(app->node),
+                 r.best / 1e9, app->bw_threads, bw_style_name(r.best_style));
+    }
+    pool_release(p);
+    return NULL;
+}
+
 /* Starts the node, then the worker and the API; 0, or nonzero (message printed). */
 static int start(struct node_app *app)
 {
     int rc = node_start(app->node, app->err, sizeof app->err);
     if (!rc && app->worker)
         rc = worker_start(app->worker, app->node, app->err, sizeof app->err);
+    if (!rc && app->worker)
+        app->bw_started = pthread_create(&app->bw_thread, NULL, measure_bandwidth, app) == 0;
     if (!rc && app->srv)
         rc = http_server_start(app->srv, app->err, sizeof app->err);
     if (rc)
@@ -598,6 +627,8 @@ static void shut_down(struct node_app *app, int sig)
     gen_node_release(app->gen); /* requests still in flight end with an error */
     routes_cluster_release(app->routes);
     routes_files_release(app->files);
+    if (app->bw_started)
+        pthread_join(app->bw_thread, NULL);
     if (app->worker)
         worker_stop(app->worker); /* runners end before the node that reports them */
     if (sig)

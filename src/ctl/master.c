@@ -9,6 +9,7 @@
 #include "base/dtype.h"
 #include "base/err.h"
 #include "base/json.h"
+#include "ctl/estimate.h"
 
 /* ---- model cards ---- */
 
@@ -288,6 +289,26 @@ int master_previews(const struct cluster_state *s, const struct master_env *env,
 out:
     catalog_card_clear(&card);
     catalog_card_clear(&draft);
+    return rc;
+}
+
+int master_preview_estimates(const struct cluster_state *s, const struct master_env *env, const char *model_id,
+                             const struct place_result *res, json_t *previews, char *err, size_t errlen)
+{
+    struct catalog_card card;
+    bool has = false;
+    int rc = lookup(env, model_id, &card, &has, err, errlen);
+    if (rc || !has)
+        return rc ? rc : cairn_fail(err, errlen, CAIRN_ENOTFOUND, "model %s has no card", model_id);
+    json_t *cands = json_object_get(previews, "candidates");
+    for (size_t i = 0; !rc && i < res->n_cands && i < json_array_size(cands); i++) {
+        struct estimate est;
+        estimate_candidate(&card, s, res->sharding, &res->cands[i], &est);
+        json_t *j = estimate_to_json(&est);
+        if (!j || json_object_set_new(json_array_get(cands, i), "estimate", j))
+            rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    }
+    catalog_card_clear(&card);
     return rc;
 }
 

@@ -88,6 +88,13 @@ int master_previews(const struct cluster_state *s, const struct master_env *env,
                     const char *draft_model, const struct cluster_kv *kv, int64_t *ctx_len,
                     struct place_result *res, char *err, size_t errlen);
 
+/* Adds to each candidate of previews (place_result_to_json of res, candidates in the
+ * same order) its "estimate" of one stream's decode speed (ctl/estimate.h), from the
+ * nodes' bandwidth and the links' figures in s. 0, CAIRN_ENOTFOUND without a card
+ * (message in err), CAIRN_ENOMEM. */
+int master_preview_estimates(const struct cluster_state *s, const struct master_env *env, const char *model_id,
+                             const struct place_result *res, json_t *previews, char *err, size_t errlen);
+
 /* Bytes the shard i of instance in holds on its node, given the cards of its model and
  * of its draft (NULL when none or unknown). */
 uint64_t master_shard_bytes(const struct catalog_card *card, const struct catalog_card *draft,

@@ -508,6 +508,7 @@ json_t *cluster_node_info_to_json(const struct cluster_node_info *info)
          put(o, "hostname", json_string(info->hostname)) &&
          put(o, "cpu_model", json_string(info->cpu_model)) &&
          put(o, "cpu_cores", json_integer(info->cpu_cores)) &&
+         (!info->memory_bandwidth || put(o, "memory_bandwidth_bytes_per_s", json_integer(info->memory_bandwidth))) &&
          put(o, "isa", json_string(info->isa)) && put(o, "os", json_string(info->os)) &&
          put(o, "api_port", json_integer(info->api_port)) &&
          put(o, "cluster_port", json_integer(info->cluster_port));
@@ -766,7 +767,7 @@ int cluster_node_info_from_json(const json_t *j, const char *path, struct cluste
     static const char *const keys[] = {"memory_total_bytes", "memory_available_bytes",
                                        "disk_free_bytes", "disk_total_bytes", "cpu_model",
                                        "cpu_cores", "isa", "os", "hostname", "interfaces",
-                                       "api_port", "cluster_port", NULL};
+                                       "api_port", "cluster_port", "memory_bandwidth_bytes_per_s", NULL};
     json_t *ifaces;
     memset(out, 0, sizeof *out);
     int rc = json_get_keys(j, path, keys, err, errlen);
@@ -786,6 +787,9 @@ int cluster_node_info_from_json(const json_t *j, const char *path, struct cluste
         rc = json_get_name(j, path, "cpu_model", IDS_NAME_MAX, out->cpu_model, err, errlen);
     if (!rc)
         rc = get_int(j, path, "cpu_cores", 0, 65536, &out->cpu_cores, err, errlen);
+    if (!rc && json_object_get(j, "memory_bandwidth_bytes_per_s")) /* optional: 0 when not measured */
+        rc = json_get_int(j, path, "memory_bandwidth_bytes_per_s", 0, IDS_BYTES_MAX, &out->memory_bandwidth, err,
+                          errlen);
     if (!rc)
         rc = json_get_name(j, path, "isa", IDS_NAME_MAX, out->isa, err, errlen);
     if (!rc)

@@ -66,13 +66,15 @@ struct cluster_iface {
 
 /* JSON {"memory_total_bytes", "memory_available_bytes", "disk_free_bytes",
  * "disk_total_bytes", "cpu_model", "cpu_cores", "isa", "os", "hostname",
- * "interfaces": [iface], "api_port", "cluster_port"}: the object of nodeinfo_to_json
+ * "interfaces": [iface], "api_port", "cluster_port", "memory_bandwidth_bytes_per_s" (left
+ * out when not measured)}: the object of nodeinfo_to_json
  * (nodeinfo.h) plus the two ports. */
 struct cluster_node_info {
     int64_t memory_total, memory_available; /* bytes, 0..IDS_BYTES_MAX */
     int64_t disk_free, disk_total;          /* bytes on the models dir's file system */
     char cpu_model[IDS_NAME_MAX + 1];
     int cpu_cores;                          /* 0..65536 */
+    int64_t memory_bandwidth;               /* bytes/s its threads read memory at; 0 = not measured */
     char isa[IDS_NAME_MAX + 1];             /* e.g. "avx2 f16c fma" */
     char os[IDS_NAME_MAX + 1];
     char hostname[IDS_NAME_MAX + 1];

@@ -167,6 +167,10 @@ int node_cluster_port(const struct node *n);
  * bound after the node is made). */
 void node_set_api_port(struct node *n, int port);
 
+/* The memory read bandwidth this node's runners see (bytes/s), reported with its info
+ * from the next gather on (placement estimates speed from it). Any thread. */
+void node_set_memory_bandwidth(struct node *n, int64_t bytes_per_s);
+
 /* Asks for a report to the master soon (runner status changed). Any thread. */
 void node_report_now(struct node *n);
 

@@ -80,6 +80,8 @@ struct node {
     node_runners_fn runners;
     void *runners_ctx;
     atomic_bool report_asked;
+    _Atomic int64_t mem_bandwidth; /* node_set_memory_bandwidth; 0 until measured */
+    atomic_bool info_asked;        /* gather the info on the next pass (the bandwidth came) */
     int64_t memory_limit;
     int node_timeout_ms;
     atomic_int api_port;

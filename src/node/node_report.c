@@ -106,17 +106,25 @@ static void gather_info(struct node *n, int64_t now)
         ni.mem_available = n->memory_limit;
     if (!n->worker)
         ni.mem_available = 0; /* runs no runners: placement never picks it */
+    ni.mem_bandwidth = atomic_load(&n->mem_bandwidth);
     n->info = ni;
     n->has_info = true;
     if (!n->has_reported || nodeinfo_changed(&n->reported, &n->info))
         n->report_due = true;
 }
 
+void node_set_memory_bandwidth(struct node *n, int64_t bytes_per_s)
+{
+    atomic_store(&n->mem_bandwidth, bytes_per_s > 0 ? bytes_per_s : 0);
+    atomic_store(&n->info_asked, true); /* gathered (and reported) on the node thread's next pass */
+    node_wake(n);
+}
+
 void node_maybe_report(struct node *n, int64_t now)
 {
     if (n->leaving) /* a report would put us back in the state */
         return;
-    bool info_due = now >= n->next_info_ms;
+    bool info_due = atomic_exchange(&n->info_asked, false) || now >= n->next_info_ms;
     if (info_due)
         gather_info(n, now);
     if (atomic_exchange(&n->report_asked, false))

@@ -193,11 +193,17 @@ json_t *nodeinfo_to_json(const struct node_info *ni)
             return NULL;
         }
     }
-    return json_pack("{s:I, s:I, s:I, s:I, s:s, s:i, s:s, s:s, s:s, s:o}", "memory_total_bytes",
-                     (json_int_t)ni->mem_total, "memory_available_bytes", (json_int_t)ni->mem_available,
-                     "disk_free_bytes", (json_int_t)ni->disk_free, "disk_total_bytes",
-                     (json_int_t)ni->disk_total, "cpu_model", ni->cpu_model, "cpu_cores", ni->cores, "isa",
-                     ni->isa, "os", ni->os, "hostname", ni->hostname, "interfaces", ifs);
+    json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:s, s:i, s:s, s:s, s:s, s:o}", "memory_total_bytes",
+                          (json_int_t)ni->mem_total, "memory_available_bytes", (json_int_t)ni->mem_available,
+                          "disk_free_bytes", (json_int_t)ni->disk_free, "disk_total_bytes",
+                          (json_int_t)ni->disk_total, "cpu_model", ni->cpu_model, "cpu_cores", ni->cores, "isa",
+                          ni->isa, "os", ni->os, "hostname", ni->hostname, "interfaces", ifs);
+    if (o && ni->mem_bandwidth > 0 &&
+        json_object_set_new(o, "memory_bandwidth_bytes_per_s", json_integer((json_int_t)ni->mem_bandwidth))) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
 }
 
 static int get_int(const json_t *j, const char *key, int64_t lo, int64_t hi, int64_t *v, char *err,
@@ -282,7 +288,9 @@ int nodeinfo_from_json(const json_t *j, struct node_info *out, char *err, size_t
         (rc = get_str(j, "cpu_model", out->cpu_model, sizeof out->cpu_model, err, errlen)) ||
         (rc = get_str(j, "isa", out->isa, sizeof out->isa, err, errlen)) ||
         (rc = get_str(j, "os", out->os, sizeof out->os, err, errlen)) ||
-        (rc = get_str(j, "hostname", out->hostname, sizeof out->hostname, err, errlen)))
+        (rc = get_str(j, "hostname", out->hostname, sizeof out->hostname, err, errlen)) ||
+        (json_object_get(j, "memory_bandwidth_bytes_per_s") && /* optional: 0 until measured */
+         (rc = get_int(j, "memory_bandwidth_bytes_per_s", 0, NODEINFO_BYTES_MAX, &out->mem_bandwidth, err, errlen))))
         goto fail;
     out->cores = (int)cores;
     json_t *ifs = json_object_get(j, "interfaces");
@@ -348,7 +356,8 @@ bool nodeinfo_changed(const struct node_info *a, const struct node_info *b)
         moved(a->disk_total, b->disk_total, NODEINFO_DISK_MIN_DELTA, disk_base) ||
         moved(a->disk_free, b->disk_free, NODEINFO_DISK_MIN_DELTA, disk_base))
         return true;
-    if (a->cores != b->cores || strcmp(a->cpu_model, b->cpu_model) || strcmp(a->isa, b->isa) ||
+    if (a->cores != b->cores || a->mem_bandwidth != b->mem_bandwidth || strcmp(a->cpu_model, b->cpu_model) ||
+        strcmp(a->isa, b->isa) ||
         strcmp(a->os, b->os) || strcmp(a->hostname, b->hostname))
         return true;
     return a->n_ifaces != b->n_ifaces || !ifaces_within(a, b) || !ifaces_within(b, a);

@@ -34,6 +34,8 @@ struct node_info {
     int64_t mem_total, mem_available; /* bytes, 0 when unknown */
     char cpu_model[NODEINFO_STR_MAX];
     int cores;                        /* online logical CPUs */
+    int64_t mem_bandwidth;            /* bytes/s the node's threads read memory at (bwprobe.h), 0
+                                         until measured; not gathered: the node sets it */
     char isa[NODEINFO_STR_MAX];       /* space-separated ISA features (base/cpu.h) */
     char os[NODEINFO_STR_MAX];        /* uname sysname, release and machine: "Linux 6.1.0 x86_64" */
     char hostname[NODEINFO_STR_MAX];
@@ -50,7 +52,8 @@ int nodeinfo_gather(struct node_info *out, const char *models_dir, char *err, si
 /* JSON object for the info (new reference, caller owns; NULL only when out of memory):
  * {"memory_total_bytes", "memory_available_bytes", "disk_free_bytes", "disk_total_bytes",
  *  "cpu_model", "cpu_cores", "isa", "os", "hostname",
- *  "interfaces": [{"name", "loopback", "addresses": ["127.0.0.1", "::1"]}]}. */
+ *  "interfaces": [{"name", "loopback", "addresses": ["127.0.0.1", "::1"]}],
+ *  "memory_bandwidth_bytes_per_s" (only once measured)}. */
 json_t *nodeinfo_to_json(const struct node_info *ni);
 
 /* Parses and checks a JSON object from nodeinfo_to_json (possibly from a peer): every
@@ -60,7 +63,8 @@ json_t *nodeinfo_to_json(const struct node_info *ni);
 int nodeinfo_from_json(const json_t *j, struct node_info *out, char *err, size_t errlen);
 
 /* True when b differs from a enough to report: memory or disk moved by more than the
- * thresholds above, or CPU, ISA, OS, hostname or the set of interfaces/addresses changed. */
+ * thresholds above, the bandwidth was measured, or CPU, ISA, OS, hostname or the set of
+ * interfaces/addresses changed. */
 bool nodeinfo_changed(const struct node_info *a, const struct node_info *b);
 
 #endif

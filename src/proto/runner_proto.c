@@ -38,7 +38,7 @@ void runner_config_defaults(struct runner_config *c)
     memset(c, 0, sizeof *c);
     c->layer_end = -1;
     c->slots = RUNNER_DEFAULT_SLOTS;
-    c->threads = 2;
+    c->threads = RUNNER_DEFAULT_THREADS;
     c->num_draft_tokens = 4;
     c->heartbeat_ms = 1000;
     c->world_size = 1;
@@ -173,7 +173,7 @@ int runner_config_from_json(const json_t *j, struct runner_config *out, char *er
                               RUNNER_PATH_MAX - 1);
         memcpy(out->draft_model_path, json_string_value(dp), json_string_length(dp) + 1);
     }
-    int64_t begin = 0, end = -1, ctx = 0, slots = RUNNER_DEFAULT_SLOTS, threads = 2, hb = 1000, k = 4;
+    int64_t begin = 0, end = -1, ctx = 0, slots = RUNNER_DEFAULT_SLOTS, threads = RUNNER_DEFAULT_THREADS, hb = 1000, k = 4;
     int64_t rank = 0, world = 1;
     if ((rc = opt_int(j, path, "layer_begin", 0, 65535, &begin, err, errlen)) ||
         (rc = opt_int(j, path, "layer_end", -1, 65536, &end, err, errlen)) ||

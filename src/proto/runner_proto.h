@@ -67,6 +67,7 @@
 #define RUNNER_IDENTITY_MAX 128 /* instance and model identity on the data plane (DP_ID_MAX) */
 #define RUNNER_MAX_SEQS 256 /* sequences of one task */
 #define RUNNER_DEFAULT_SLOTS 8 /* sequences decoded at once (cairn node --parallel) */
+#define RUNNER_DEFAULT_THREADS 2 /* compute threads (cairn node -t) */
 #define RUNNER_KV_POOL_EXTRA 4096 /* positions of a runner's KV pool beside one full context */
 
 /* Positions a runner's KV pool holds for sequences of up to ctx positions, shared by
@@ -92,7 +93,7 @@ struct runner_config {
     int64_t ctx;      /* positions per sequence; 0: the model's, at most 4096 */
     int cache_type_k, cache_type_v; /* the KV cache's types (base/dtype.h kv types; DT_F16) */
     int slots;        /* sequences decoded at once, 1..256 (RUNNER_DEFAULT_SLOTS) */
-    int threads;      /* 1..512 (2) */
+    int threads;      /* 1..512 (RUNNER_DEFAULT_THREADS) */
     int heartbeat_ms; /* 10..600000 (1000) */
     char draft_model_path[RUNNER_PATH_MAX]; /* speculative decoding's draft, "" = none */
     int num_draft_tokens; /* 0..CLUSTER_MAX_DRAFT_TOKENS (4) */

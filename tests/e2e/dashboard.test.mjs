@@ -201,6 +201,11 @@ test('a model pulled from the fake hub shows progress, then is on disk; its prev
   await page.selectOption(`[data-preview="${PULLED}"] .ctx-select`, '1024');
   const counted = page.locator(`[data-preview="${PULLED}"] .ctx-counted`, { hasText: 'counts 1024 positions' });
   await counted.waitFor();
+  // each candidate's decode estimate (the node measured its memory bandwidth at start),
+  // and the best of each sharding side by side
+  assert.match(await page.locator(`[data-preview="${PULLED}"] td.estimate`).first().innerText(), /^[\d.]+ tok\/s$/);
+  assert.match(await page.locator(`[data-preview="${PULLED}"] .estimates`).innerText(),
+    /pipeline: [\d.]+ tok\/s · tensor: [\d.]+ tok\/s/);
   const ctx = 1024;
   await page.locator(`[data-preview="${PULLED}"] [data-place]`).first().click();
   await page.waitForSelector('#instances:not([hidden])');
