@@ -58,7 +58,8 @@ static void show_nodes(const json_t *state, FILE *f)
     const char *mid = str(master, "node_id");
     fprintf(f, "NODES%s\n", json_is_true(json_object_get(state, "open")) ? " (open cluster: any machine may join)"
                                                                           : " (sealed cluster)");
-    fprintf(f, "  %-10s %-16s %-23s %5s %7s %5s\n", "ID", "HOST", "MEMORY FREE / TOTAL", "CORES", "RUNNERS", "TASKS");
+    fprintf(f, "  %-10s %-16s %-23s %5s %9s %7s %5s\n", "ID", "HOST", "MEMORY FREE / TOTAL", "CORES", "READ GB/s",
+            "RUNNERS", "TASKS");
     const char *id;
     json_t *n;
     json_object_foreach(json_object_get(state, "nodes"), id, n) {
@@ -69,8 +70,11 @@ static void show_nodes(const json_t *state, FILE *f)
         snprintf(mem, sizeof mem, "%s / %s", avail, total);
         int runners, tasks;
         load_of(state, id, &runners, &tasks);
-        fprintf(f, "  %-10.8s %-16.16s %-23s %5lld %7d %5d%s\n", id, str(info, "hostname"), mem,
-                num(info, "cpu_cores"), runners, tasks, !strcmp(id, mid) ? "  master" : "");
+        char bw[16] = "-"; /* memory read bandwidth, once the node measured it */
+        if (num(info, "memory_bandwidth_bytes_per_s") > 0)
+            snprintf(bw, sizeof bw, "%.1f", (double)num(info, "memory_bandwidth_bytes_per_s") / 1e9);
+        fprintf(f, "  %-10.8s %-16.16s %-23s %5lld %9s %7d %5d%s\n", id, str(info, "hostname"), mem,
+                num(info, "cpu_cores"), bw, runners, tasks, !strcmp(id, mid) ? "  master" : "");
     }
 }
 

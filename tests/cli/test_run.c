@@ -506,7 +506,8 @@ static void test_status_two_nodes(void)
     snprintf(id0, sizeof id0, "%.8s", nodes[0].id);
     snprintf(id1, sizeof id1, "%.8s", nodes[1].id);
     CHECK(rc == 0 && file_has(path, "cluster of 2 nodes") && file_has(path, id0) && file_has(path, id1) &&
-              file_has(path, "master") && file_has(path, " qa ") && file_has(path, "rtt ") && file_has(path, "  ctx "),
+              file_has(path, "master") && file_has(path, " qa ") && file_has(path, "rtt ") && file_has(path, "  ctx ") &&
+              file_has(path, "READ GB/s"),
           "cairn status lists both nodes, the link, the master and the instance with its context (%d), see %s", rc,
           path);
     /* without --host: the address node 0 noted in its data dir (here the user's) */
