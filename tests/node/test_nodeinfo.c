@@ -92,6 +92,18 @@ static void test_json(void)
     }
     free(text);
     json_decref(j2);
+    /* The bandwidth travels once measured, and its coming is a change worth a report. */
+    CHECK(back.mem_bandwidth == 0 && !json_object_get(j = nodeinfo_to_json(&ni), "memory_bandwidth_bytes_per_s"),
+          "no bandwidth before it is measured");
+    json_decref(j);
+    struct node_info measured = ni;
+    measured.mem_bandwidth = 21000000000;
+    CHECK(nodeinfo_changed(&ni, &measured), "the bandwidth's arrival is no change");
+    j = nodeinfo_to_json(&measured);
+    rc = nodeinfo_from_json(j, &back, err, sizeof err);
+    CHECK(rc == 0 && back.mem_bandwidth == measured.mem_bandwidth, "bandwidth round trip: %s %lld", err,
+          (long long)back.mem_bandwidth);
+    json_decref(j);
 
     /* Every way a peer could send a bad object is refused with a message naming the field. */
     struct {
@@ -106,6 +118,8 @@ static void test_json(void)
         {"disk_total_bytes", NULL, "disk_total_bytes"},
         {"cpu_cores", json_integer(-1), "cpu_cores"},
         {"cpu_cores", json_real(2.5), "cpu_cores"},
+        {"memory_bandwidth_bytes_per_s", json_integer(-5), "memory_bandwidth_bytes_per_s"},
+        {"memory_bandwidth_bytes_per_s", json_string("fast"), "memory_bandwidth_bytes_per_s"},
         {"isa", json_string("avx2\nfma"), "isa"},
         {"cpu_model", json_integer(3), "cpu_model"},
         {"hostname", json_string("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
