@@ -46,7 +46,8 @@ json_t *command_to_jsonv(const struct command *c)
               put(o, "command_id", json_string(c->id));
     switch (c->kind) {
     case COMMAND_PLACE_INSTANCE: {
-        const char *sh = cluster_sharding_name((int)c->place_instance.sharding);
+        const char *sh = c->place_instance.sharding_auto ? "auto"
+                                                         : cluster_sharding_name((int)c->place_instance.sharding);
         ok = ok && sh && put(o, "model_id", json_string(c->place_instance.model_id)) &&
              put(o, "sharding", json_string(sh)) &&
              put(o, "min_nodes", json_integer(c->place_instance.min_nodes)) &&
@@ -124,7 +125,9 @@ static int body_from_json(const json_t *body, const char *path, struct command *
     case COMMAND_PLACE_INSTANCE:
         rc = ids_json_model(body, path, "model_id", false, c->place_instance.model_id, err,
                             errlen);
-        if (!rc)
+        c->place_instance.sharding_auto = json_is_string(v = json_object_get(body, "sharding")) &&
+                                          !strcmp(json_string_value(v), "auto");
+        if (!rc && !c->place_instance.sharding_auto)
             rc = json_get_enum(body, path, "sharding", cluster_sharding_name,
                                CLUSTER_SHARDING_COUNT, &x, err, errlen);
         c->place_instance.sharding = (enum cluster_sharding)x;

@@ -19,13 +19,15 @@
  *   FinishTask             task_id, status ("Complete"|"Failed"|"Cancelled"), error (text|null)
  *
  * API bodies (command_from_request) carry the same fields without kind and command_id,
- * and fill what is missing: sharding "pipeline", min_nodes 1, draft_model null,
+ * and fill what is missing: sharding "pipeline" (or "auto": ctl/estimate.h decides), min_nodes 1,
+ * draft_model null,
  * num_draft_tokens COMMAND_DEFAULT_DRAFT_TOKENS; CreateInstance takes {"instance": {...}}
  * or the instance itself, whose instance_id, runner ids, ranks, world sizes, sharding,
  * draft fields and epoch may be left out. Errors name the field ("min_nodes: ..."). */
 #ifndef CAIRN_CTL_COMMAND_H
 #define CAIRN_CTL_COMMAND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -57,6 +59,8 @@ struct command {
         struct {
             char model_id[IDS_MODEL_MAX + 1];
             enum cluster_sharding sharding;
+            bool sharding_auto;                  /* "auto": the master takes the sharding whose best
+                                                    candidate it estimates faster (sharding unused) */
             int min_nodes;                       /* 1..CLUSTER_MAX_SHARDS */
             char draft_model[IDS_MODEL_MAX + 1]; /* "" = none */
             int num_draft_tokens;                /* 0..CLUSTER_MAX_DRAFT_TOKENS */

@@ -355,6 +355,43 @@ static int check_draft(const struct master_env *env, const char *model_id, const
     return 0;
 }
 
+/* Tokens/s estimated for the best candidate of model_id placed with sharding sh; 0 when
+ * none fits, it cannot run, or a figure is missing. */
+static double best_estimate(const struct cluster_state *s, const struct master_env *env,
+                            const struct catalog_card *card, const struct command *c, enum cluster_sharding sh)
+{
+    struct place_result pr;
+    char err[512];
+    double tps = 0;
+    if (master_previews(s, env, c->place_instance.model_id, sh, c->place_instance.min_nodes,
+                        c->place_instance.draft_model, &c->place_instance.kv, NULL, &pr, err, sizeof err) == 0 &&
+        pr.best >= 0 && pr.cands[pr.best].executable) {
+        struct estimate e;
+        estimate_candidate(card, s, pr.sharding, &pr.cands[pr.best], &e);
+        tps = e.known ? e.tokens_per_s : 0;
+    }
+    place_result_free(&pr);
+    return tps;
+}
+
+/* The sharding of a "sharding": "auto" placement: tensor parallelism where its best
+ * candidate is estimated faster than the best pipeline (a dense model: the ranks do not
+ * split experts), else the pipeline. */
+static enum cluster_sharding auto_sharding(const struct cluster_state *s, const struct master_env *env,
+                                           const struct command *c)
+{
+    struct catalog_card card;
+    bool has = false;
+    char err[512];
+    enum cluster_sharding sh = CLUSTER_SHARDING_PIPELINE;
+    if (lookup(env, c->place_instance.model_id, &card, &has, err, sizeof err) == 0 && has && card.n_expert == 0 &&
+        best_estimate(s, env, &card, c, CLUSTER_SHARDING_TENSOR) >
+            best_estimate(s, env, &card, c, CLUSTER_SHARDING_PIPELINE))
+        sh = CLUSTER_SHARDING_TENSOR;
+    catalog_card_clear(&card);
+    return sh;
+}
+
 static int place(const struct cluster_state *s, const struct master_env *env,
                  const struct command *c, struct master_events *out, struct command_result *res)
 {
@@ -366,8 +403,10 @@ static int place(const struct cluster_state *s, const struct master_env *env,
         return checked;
     int64_t ctx = 0;
     const struct cluster_kv *kv = &c->place_instance.kv;
-    int rc = master_previews(s, env, c->place_instance.model_id, c->place_instance.sharding,
-                             c->place_instance.min_nodes, draft, kv, &ctx, &pr, err, sizeof err);
+    enum cluster_sharding sharding =
+        c->place_instance.sharding_auto ? auto_sharding(s, env, c) : c->place_instance.sharding;
+    int rc = master_previews(s, env, c->place_instance.model_id, sharding, c->place_instance.min_nodes, draft, kv,
+                             &ctx, &pr, err, sizeof err);
     if (rc) {
         place_result_free(&pr);
         if (rc == CAIRN_ENOTFOUND)
@@ -409,7 +448,7 @@ static int place(const struct cluster_state *s, const struct master_env *env,
     if ((rc = new_id(env, in->id, err, sizeof err)))
         goto fail;
     snprintf(in->model_id, sizeof in->model_id, "%s", c->place_instance.model_id);
-    in->sharding = c->place_instance.sharding;
+    in->sharding = sharding;
     snprintf(in->draft_model, sizeof in->draft_model, "%s", draft);
     in->num_draft_tokens = c->place_instance.num_draft_tokens;
     in->epoch = 1;

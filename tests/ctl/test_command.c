@@ -67,6 +67,13 @@ static void test_wire(void)
     text = command_to_json(&c);
     CHECK(text && strstr(text, "\"draft_model\":null"), "no draft is null: %s", text);
     free(text);
+    /* "auto" travels as such: the master picks the sharding */
+    c.place_instance.sharding = CLUSTER_SHARDING_PIPELINE;
+    c.place_instance.sharding_auto = true;
+    round_trip(&c);
+    text = command_to_json(&c);
+    CHECK(text && strstr(text, "\"sharding\":\"auto\""), "auto sharding: %s", text);
+    free(text);
     command_clear(&c);
 
     command_init(&c, COMMAND_DELETE_INSTANCE);
@@ -186,6 +193,10 @@ static void test_requests(void)
               "defaults: sharding %d min_nodes %d draft '%s' tokens %d", c.place_instance.sharding,
               c.place_instance.min_nodes, c.place_instance.draft_model,
               c.place_instance.num_draft_tokens);
+        command_clear(&c);
+    }
+    if (!from_request(COMMAND_PLACE_INSTANCE, "{\"model_id\":\"m1\",\"sharding\":\"auto\"}", NULL, &c)) {
+        CHECK(c.place_instance.sharding_auto, "sharding auto");
         command_clear(&c);
     }
     if (!from_request(COMMAND_PLACE_INSTANCE,
