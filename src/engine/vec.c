@@ -141,8 +141,15 @@ static float softmax_tile_ref(float *s, int64_t n, float *l)
     return m;
 }
 
+static void f16_to_f32_ref(const uint16_t *x, int64_t ldx, float *y, int64_t ldy, int rows, int64_t n)
+{
+    for (int r = 0; r < rows; r++)
+        for (int64_t k = 0; k < n; k++)
+            y[r * ldy + k] = kern_f16_to_f32(x[r * ldx + k]);
+}
+
 static const struct vec_ops ref_ops = {dot_f32_ref, exp_sub_ref, silu_mul_ref, attn_qk_ref, attn_pv_ref,
-                                       softmax_tile_ref};
+                                       softmax_tile_ref, f16_to_f32_ref};
 
 const struct vec_ops *vec_ops_ref(void) { return &ref_ops; }
 

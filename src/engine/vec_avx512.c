@@ -139,10 +139,11 @@ INLINE void qk_rows(const float *q, int64_t ldq, const int R, const void *kt, co
         _mm512_mask_storeu_ps(s + r * lds + j0, m, a[r]);
 }
 
-INLINE void qk_impl(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
-                    int64_t hd, const int type, float *s, int64_t lds)
+INLINE void qk_impl16(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
+                    int64_t hd, const int type, float *s, int64_t lds, int jstart)
 {
-    for (int j0 = 0; j0 < n; j0 += 16) {
+    n += jstart;
+    for (int j0 = jstart; j0 < n; j0 += 16) {
         __mmask16 m = n - j0 >= 16 ? (__mmask16)0xffff : tail_mask(n - j0);
         int r = 0;
         for (; r + 8 <= rows; r += 8)
@@ -162,14 +163,65 @@ INLINE void qk_impl(const float *q, int64_t ldq, int rows, const void *kt, const
     }
 }
 
+/* R (constant, <= 6) rows by the 64 keys from j0 (vector c of 16 under mask m[c]) of F16 or
+ * F32 K: 24 independent chains, enough to keep both FMA ports busy whatever R is. */
+INLINE void qk_rows_f(const float *q, int64_t ldq, const int R, const void *kt, int64_t ld, int j0,
+                      const __mmask16 *m, int64_t hd, const int f16, float *s, int64_t lds)
+{
+    __m512 a[6][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++)
+            a[r][c] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hd; d++) {
+        __m512 k[4];
+        for (int c = 0; c < 4; c++)
+            k[c] = load16(kt, f16, d * ld + j0 + 16 * c, m[c]);
+        for (int r = 0; r < R; r++) {
+            __m512 qb = _mm512_set1_ps(q[r * ldq + d]);
+            for (int c = 0; c < 4; c++)
+                a[r][c] = _mm512_fmadd_ps(qb, k[c], a[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++)
+            _mm512_mask_storeu_ps(s + r * lds + j0 + 16 * c, m[c], a[r][c]);
+}
+
+INLINE void qk_impl_f(const float *q, int64_t ldq, int rows, const void *kt, int64_t ld, int n, int64_t hd,
+                      const int f16, float *s, int64_t lds)
+{
+    int j0 = 0;
+    for (; j0 + 48 < n; j0 += 64) {
+        __mmask16 m[4];
+        for (int c = 0; c < 4; c++) {
+            int w = n - j0 - 16 * c;
+            m[c] = w >= 16 ? (__mmask16)0xffff : w <= 0 ? (__mmask16)0 : tail_mask(w);
+        }
+        for (int r = 0; r < rows; r += 6) {
+            const float *qr = q + r * ldq;
+            float *sr = s + r * lds;
+            switch (rows - r < 6 ? rows - r : 6) {
+            case 6: qk_rows_f(qr, ldq, 6, kt, ld, j0, m, hd, f16, sr, lds); break;
+            case 5: qk_rows_f(qr, ldq, 5, kt, ld, j0, m, hd, f16, sr, lds); break;
+            case 4: qk_rows_f(qr, ldq, 4, kt, ld, j0, m, hd, f16, sr, lds); break;
+            case 3: qk_rows_f(qr, ldq, 3, kt, ld, j0, m, hd, f16, sr, lds); break;
+            case 2: qk_rows_f(qr, ldq, 2, kt, ld, j0, m, hd, f16, sr, lds); break;
+            default: qk_rows_f(qr, ldq, 1, kt, ld, j0, m, hd, f16, sr, lds); break;
+            }
+        }
+    }
+    if (j0 < n) /* the last 1-48 keys: 16 at a time */
+        qk_impl16(q, ldq, rows, kt, NULL, ld, n - j0, hd, f16 ? DT_F16 : DT_F32, s, lds, j0);
+}
+
 static void attn_qk(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
                     int64_t hd, int type, float *s, int64_t lds)
 {
     switch (type) {
-    case DT_F16: qk_impl(q, ldq, rows, kt, ks, ld, n, hd, DT_F16, s, lds); break;
-    case DT_F32: qk_impl(q, ldq, rows, kt, ks, ld, n, hd, DT_F32, s, lds); break;
-    case DT_Q8_0: qk_impl(q, ldq, rows, kt, ks, ld, n, hd, DT_Q8_0, s, lds); break;
-    default: qk_impl(q, ldq, rows, kt, ks, ld, n, hd, DT_Q4_0, s, lds); break;
+    case DT_F16: qk_impl_f(q, ldq, rows, kt, ld, n, hd, 1, s, lds); break;
+    case DT_F32: qk_impl_f(q, ldq, rows, kt, ld, n, hd, 0, s, lds); break;
+    case DT_Q8_0: qk_impl16(q, ldq, rows, kt, ks, ld, n, hd, DT_Q8_0, s, lds, 0); break;
+    default: qk_impl16(q, ldq, rows, kt, ks, ld, n, hd, DT_Q4_0, s, lds, 0); break;
     }
 }
 
@@ -198,11 +250,12 @@ INLINE float v_scale(const void *vj, const int type, int64_t col)
     return _cvtsh_ss(((const struct block_q4_0 *)vj)[col / 32].d);
 }
 
-/* R (constant, <= 4) rows, keys [j0, j1), the 64 columns from c0 (chunk c of 16 under mask mc[c]). */
+/* R (constant, <= 6; <= 4 for quantized V) rows, keys [j0, j1), the 64 columns from c0
+ * (chunk c of 16 under mask mc[c]). */
 INLINE void pv_rows(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
                     const void *const *v, int64_t c0, const __mmask16 *mc, const int type)
 {
-    __m512 a[4][4];
+    __m512 a[6][4];
     bool quant = type == DT_Q8_0 || type == DT_Q4_0;
     for (int r = 0; r < R; r++)
         for (int c = 0; c < 4; c++)
@@ -244,14 +297,17 @@ INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp
             int64_t w = hd - c0 - 16 * c;
             mc[c] = w >= 16 ? (__mmask16)0xffff : w <= 0 ? (__mmask16)0 : tail_mask(w);
         }
-        for (int r = 0; r < rows; r += 4) {
-            int R = rows - r < 4 ? rows - r : 4;
+        const int step = type == DT_Q8_0 || type == DT_Q4_0 ? 4 : 6;
+        for (int r = 0; r < rows; r += step) {
+            int R = rows - r < step ? rows - r : step;
             int jmin = n[r];
             for (int g = 1; g < R; g++)
                 jmin = n[r + g] < jmin ? n[r + g] : jmin;
             float *orow = o + r * ldo;
             const float *prow = p + r * ldp;
             switch (R) {
+            case 6: pv_rows(orow, ldo, 6, prow, ldp, 0, jmin, v, c0, mc, type); break;
+            case 5: pv_rows(orow, ldo, 5, prow, ldp, 0, jmin, v, c0, mc, type); break;
             case 4: pv_rows(orow, ldo, 4, prow, ldp, 0, jmin, v, c0, mc, type); break;
             case 3: pv_rows(orow, ldo, 3, prow, ldp, 0, jmin, v, c0, mc, type); break;
             case 2: pv_rows(orow, ldo, 2, prow, ldp, 0, jmin, v, c0, mc, type); break;
@@ -298,7 +354,20 @@ static float softmax_tile(float *s, int64_t n, float *l)
     return m;
 }
 
-static const struct vec_ops avx512_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile};
+static void f16_to_f32(const uint16_t *x, int64_t ldx, float *y, int64_t ldy, int rows, int64_t n)
+{
+    for (int r = 0; r < rows; r++, x += ldx, y += ldy) {
+        int64_t k = 0;
+        for (; k + 16 <= n; k += 16)
+            _mm512_storeu_ps(y + k, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + k))));
+        if (k < n) {
+            __mmask16 m = tail_mask(n - k);
+            _mm512_mask_storeu_ps(y + k, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + k)));
+        }
+    }
+}
+
+static const struct vec_ops avx512_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile, f16_to_f32};
 
 const struct vec_ops *vec_ops_avx512(void) { return &avx512_ops; }
 

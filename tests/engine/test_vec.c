@@ -45,12 +45,12 @@ static void test_exp_accuracy(const struct vec_ops *ref)
     CHECK(worst_silu <= 3.6e-7, "silu: worst relative error %.3g over [-40, 40]", worst_silu);
 }
 
-/* attn_qk, attn_pv and softmax_tile on random shapes (rows 1-19, keys 1-40, head sizes
+/* attn_qk, attn_pv and softmax_tile on random shapes (rows 1-19, keys 1-150, head sizes
  * 8-136, rows of different lengths; F16, F32, and Q8_0 and Q4_0 with head sizes a
  * multiple of 32): the reference's bits. */
 static void test_attn_tiles(const struct vec_ops *ref, const struct vec_ops *ops, const char *name)
 {
-    enum { ROWS = 19, KEYS = 40, HD = 136 };
+    enum { ROWS = 19, KEYS = 150, HD = 136 };
     static float q[ROWS * HD], s0[ROWS * KEYS], s1[ROWS * KEYS], o0[ROWS * HD], o1[ROWS * HD], kf[HD * KEYS];
     static uint16_t kh[HD * KEYS], ks[HD * KEYS];
     static uint8_t kb[HD * KEYS];
