@@ -29,7 +29,7 @@ struct attn {
                          * kf (hd x T), vf (T x hd) */
     int32_t *nv;        /* per thread (rows): positions of the current tile each row sees */
     int32_t *st;        /* per thread (rows): the first of them (a sliding window's start) */
-    const void **vrows; /* per thread (T): V row of each position of the tile */
+    const void **vrows; /* per thread (3T): V row of each position of the tile, K and scales of each block */
     int32_t *run_start, *run_len; /* (max_batch) query tiles of the batch */
     int64_t *run_items; /* (max_batch + 1) first item of each run (split mode) */
     float *split;       /* (ATTN_SPLIT_MAX x n_head x n_tiles x (hd + 2)) tile partials */
@@ -40,6 +40,8 @@ struct scratch {
     float *kf, *vf; /* an F16 tile's K (transposed, [hd][T]) and V ([T][hd]) as floats */
     int32_t *nv, *st;
     const void **vrows;
+    const void **kblk;       /* K piece of each block of the tile (attn_qk_paged) */
+    const uint16_t **ksblk;  /* and its scales (quantized K) */
 };
 
 static struct scratch scratch_of(struct attn *a, int ith)
@@ -59,7 +61,9 @@ static struct scratch scratch_of(struct attn *a, int ith)
     s.vf = s.kf + hd * ATTN_TILE;
     s.nv = a->nv + (size_t)ith * R;
     s.st = a->st + (size_t)ith * R;
-    s.vrows = a->vrows + (size_t)ith * ATTN_TILE;
+    s.vrows = a->vrows + (size_t)ith * 3 * ATTN_TILE;
+    s.kblk = s.vrows + ATTN_TILE;
+    s.ksblk = (const uint16_t **)(s.kblk + ATTN_TILE);
     return s;
 }
 
@@ -84,7 +88,7 @@ int attn_create(struct attn **out, const struct attn_shape *sh, int n_threads, i
     a->buf = aligned_alloc(64, (size_t)n_threads * a->thread_floats * sizeof(float));
     a->nv = calloc((size_t)n_threads * R, sizeof *a->nv);
     a->st = calloc((size_t)n_threads * R, sizeof *a->st);
-    a->vrows = calloc((size_t)n_threads * ATTN_TILE, sizeof *a->vrows);
+    a->vrows = calloc((size_t)n_threads * 3 * ATTN_TILE, sizeof *a->vrows);
     a->run_start = calloc((size_t)max_batch, sizeof *a->run_start);
     a->run_len = calloc((size_t)max_batch, sizeof *a->run_len);
     a->run_items = calloc((size_t)max_batch + 1, sizeof *a->run_items);
@@ -340,6 +344,7 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
      * keys at once rather than one block's. Only when several row groups share them (a
      * decode's few rows read the cache's halves directly). */
     bool kf = j->type_k == DT_F16 && nr > 4, vf = j->type_v == DT_F16 && nr > 4;
+    int pj0 = nmax, nb = 0; /* otherwise: the whole blocks from key pj0 go to attn_qk_paged together */
     for (int jj = js; jj < nmax;) {
         int64_t p = t0 + jj;
         int off = (int)(p % bt);
@@ -356,6 +361,10 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
         }
         if (kf) {
             vec->f16_to_f32((const uint16_t *)kp + off, bt, sc->kf + jj, ATTN_TILE, hd, cnt);
+        } else if (off == 0) { /* every block after this one starts at its first position too */
+            pj0 = pj0 < jj ? pj0 : jj;
+            sc->kblk[nb] = kp;
+            sc->ksblk[nb++] = ks;
         } else {
             vec->attn_qk(sc->q + (size_t)r0 * hd, hd, nr, kp + k_esize * (size_t)off, ks, bt, cnt, hd, j->type_k,
                          sc->s + (size_t)r0 * ATTN_TILE + jj, ATTN_TILE);
@@ -371,6 +380,9 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
         }
         jj += cnt;
     }
+    if (nb)
+        vec->attn_qk_paged(sc->q + (size_t)r0 * hd, hd, nr, sc->kblk, quant_k ? sc->ksblk : NULL, bt, nmax - pj0, hd,
+                           j->type_k, sc->s + (size_t)r0 * ATTN_TILE + pj0, ATTN_TILE);
     if (kf)
         vec->attn_qk(sc->q + (size_t)r0 * hd, hd, nr, sc->kf + js, NULL, ATTN_TILE, nmax - js, hd, DT_F32,
                      sc->s + (size_t)r0 * ATTN_TILE + js, ATTN_TILE);
@@ -577,7 +589,7 @@ void attn_forward_window(struct attn *a, struct pool *pool, const struct vec_ops
     int n_kv = a->sh.n_head_kv;
     /* Splitting the tiles costs a second pass over the threads (a barrier), worth it when
      * KV heads alone would leave threads idle; either way gives the same bits. */
-    j.cold = getenv("ATTN_PF") ? 1 : n <= ATTN_SPLIT_MAX;
+    j.cold = n <= ATTN_SPLIT_MAX;
     j.split = j.cold && max_pos >= ATTN_TILE && n_runs * n_kv < 2 * pool_threads(pool);
     if (j.split) {
         a->run_items[0] = 0;

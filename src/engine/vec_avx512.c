@@ -225,6 +225,140 @@ static void attn_qk(const float *q, int64_t ldq, int rows, const void *kt, const
     }
 }
 
+/* R (constant, <= 6) rows by the keys of blocks b0..b0+3 of 16 keys (block c under mask
+ * m[c]; a block of mask 0 is not read) of F16 or F32 K: 24 chains, as qk_rows_f. */
+INLINE void qkp_rows(const float *q, int64_t ldq, const int R, const void *const *kt, int b0, const __mmask16 *m,
+                     int64_t hd, const int f16, float *s, int64_t lds)
+{
+    __m512 a[6][4];
+    const void *kb[4];
+    for (int c = 0; c < 4; c++)
+        kb[c] = m[c] ? kt[b0 + c] : kt[b0];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++)
+            a[r][c] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hd; d++) {
+        __m512 k[4];
+        for (int c = 0; c < 4; c++)
+            k[c] = load16(kb[c], f16, d * 16, m[c]);
+        for (int r = 0; r < R; r++) {
+            __m512 qb = _mm512_set1_ps(q[r * ldq + d]);
+            for (int c = 0; c < 4; c++)
+                a[r][c] = _mm512_fmadd_ps(qb, k[c], a[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++)
+            _mm512_mask_storeu_ps(s + r * lds + 16 * (b0 + c), m[c], a[r][c]);
+}
+
+INLINE void qkp_impl(const float *q, int64_t ldq, int rows, const void *const *kt, int n, int64_t hd, const int f16,
+                     float *s, int64_t lds)
+{
+    for (int b0 = 0; 16 * b0 < n; b0 += 4) {
+        __mmask16 m[4];
+        for (int c = 0; c < 4; c++) {
+            int w = n - 16 * (b0 + c);
+            m[c] = w >= 16 ? (__mmask16)0xffff : w <= 0 ? (__mmask16)0 : tail_mask(w);
+        }
+        for (int r = 0; r < rows; r += 6) {
+            const float *qr = q + r * ldq;
+            float *sr = s + r * lds;
+            switch (rows - r < 6 ? rows - r : 6) {
+            case 6: qkp_rows(qr, ldq, 6, kt, b0, m, hd, f16, sr, lds); break;
+            case 5: qkp_rows(qr, ldq, 5, kt, b0, m, hd, f16, sr, lds); break;
+            case 4: qkp_rows(qr, ldq, 4, kt, b0, m, hd, f16, sr, lds); break;
+            case 3: qkp_rows(qr, ldq, 3, kt, b0, m, hd, f16, sr, lds); break;
+            case 2: qkp_rows(qr, ldq, 2, kt, b0, m, hd, f16, sr, lds); break;
+            default: qkp_rows(qr, ldq, 1, kt, b0, m, hd, f16, sr, lds); break;
+            }
+        }
+    }
+}
+
+/* R (constant, <= 4) rows by blocks b0..b0+3 of 16 keys of Q8_0 or Q4_0 K (mask m[c]): the
+ * chains u of each 32 dimensions in registers, the sums s = fma(u, scale, s) kept in s. */
+INLINE void qkpq_rows(const float *q, int64_t ldq, const int R, const void *const *kt, const uint16_t *const *ks,
+                      int b0, const __mmask16 *m, int64_t hd, const int type, float *s, int64_t lds)
+{
+    const void *kb[4];
+    const uint16_t *sb[4];
+    for (int c = 0; c < 4; c++) {
+        kb[c] = m[c] ? kt[b0 + c] : kt[b0];
+        sb[c] = m[c] ? ks[b0 + c] : ks[b0];
+    }
+    for (int64_t cc = 0; cc < hd / 32; cc++) {
+        __m512 u[4][4];
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < 4; c++)
+                u[r][c] = _mm512_setzero_ps();
+        for (int64_t d = 32 * cc; d < 32 * cc + 32; d++) {
+            __m512 k[4];
+            for (int c = 0; c < 4; c++)
+                k[c] = load_codes(kb[c], type, 16, d, 0, m[c]);
+            for (int r = 0; r < R; r++) {
+                __m512 qb = _mm512_set1_ps(q[r * ldq + d]);
+                for (int c = 0; c < 4; c++)
+                    u[r][c] = _mm512_fmadd_ps(qb, k[c], u[r][c]);
+            }
+        }
+        for (int c = 0; c < 4; c++) {
+            __m512 sc = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[c], sb[c] + cc * 16));
+            for (int r = 0; r < R; r++) {
+                float *at = s + r * lds + 16 * (b0 + c);
+                __m512 acc = cc ? _mm512_maskz_loadu_ps(m[c], at) : _mm512_setzero_ps();
+                _mm512_mask_storeu_ps(at, m[c], _mm512_fmadd_ps(u[r][c], sc, acc));
+            }
+        }
+    }
+}
+
+INLINE void qkpq_impl(const float *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks, int n,
+                      int64_t hd, const int type, float *s, int64_t lds)
+{
+    for (int b0 = 0; 16 * b0 < n; b0 += 4) {
+        __mmask16 m[4];
+        for (int c = 0; c < 4; c++) {
+            int w = n - 16 * (b0 + c);
+            m[c] = w >= 16 ? (__mmask16)0xffff : w <= 0 ? (__mmask16)0 : tail_mask(w);
+        }
+        for (int r = 0; r < rows; r += 4) {
+            const float *qr = q + r * ldq;
+            float *sr = s + r * lds;
+            switch (rows - r < 4 ? rows - r : 4) {
+            case 4: qkpq_rows(qr, ldq, 4, kt, ks, b0, m, hd, type, sr, lds); break;
+            case 3: qkpq_rows(qr, ldq, 3, kt, ks, b0, m, hd, type, sr, lds); break;
+            case 2: qkpq_rows(qr, ldq, 2, kt, ks, b0, m, hd, type, sr, lds); break;
+            default: qkpq_rows(qr, ldq, 1, kt, ks, b0, m, hd, type, sr, lds); break;
+            }
+        }
+    }
+}
+
+/* Blocks of 16 keys four at a time; other block sizes one block at a time. */
+static void attn_qk_paged(const float *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks,
+                          int bt, int n, int64_t hd, int type, float *s, int64_t lds)
+{
+    if (bt == 16 && type == DT_F16) {
+        qkp_impl(q, ldq, rows, kt, n, hd, 1, s, lds);
+        return;
+    }
+    if (bt == 16 && type == DT_F32) {
+        qkp_impl(q, ldq, rows, kt, n, hd, 0, s, lds);
+        return;
+    }
+    if (bt == 16 && type == DT_Q8_0) {
+        qkpq_impl(q, ldq, rows, kt, ks, n, hd, DT_Q8_0, s, lds);
+        return;
+    }
+    if (bt == 16 && type == DT_Q4_0) {
+        qkpq_impl(q, ldq, rows, kt, ks, n, hd, DT_Q4_0, s, lds);
+        return;
+    }
+    for (int j0 = 0, b = 0; j0 < n; j0 += bt, b++)
+        attn_qk(q, ldq, rows, kt[b], ks ? ks[b] : NULL, bt, n - j0 < bt ? n - j0 : bt, hd, type, s + j0, lds);
+}
+
 /* Columns [16c, 16c+16) of V_j's 64-column window from c0, as floats, and the scale of
  * its 32-column block (quantized types; 1 otherwise, unused). */
 INLINE __m512 load_v(const void *vj, const int type, int64_t c0, int c, __mmask16 m)
@@ -367,7 +501,7 @@ static void f16_to_f32(const uint16_t *x, int64_t ldx, float *y, int64_t ldy, in
     }
 }
 
-static const struct vec_ops avx512_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile, f16_to_f32};
+static const struct vec_ops avx512_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile, attn_qk_paged, f16_to_f32};
 
 const struct vec_ops *vec_ops_avx512(void) { return &avx512_ops; }
 
