@@ -36,31 +36,6 @@ static double cpu_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-/* Multiply-adds per CPU-second of one core running 24 independent chains of 16-lane fused
- * multiply-adds: the ceiling of the tile products. */
-__attribute__((target("avx512f"))) static double fma_peak(void)
-{
-    __m512 a[24], x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(1e-4f);
-    for (int i = 0; i < 24; i++)
-        a[i] = _mm512_set1_ps((float)i);
-    long n = 4000000;
-    double t0 = cpu_now();
-    for (long it = 0; it < n; it++) {
-        for (int i = 0; i < 24; i++)
-            a[i] = _mm512_fmadd_ps(a[i], x, y);
-        __asm__ volatile("" : "+v"(a[0]));
-    }
-    double t = cpu_now() - t0;
-    float sum = 0;
-    for (int i = 0; i < 24; i++)
-        sum += _mm512_reduce_add_ps(a[i]);
-    return sum == sum ? (double)n * 24 * 16 / t : 0;
-}
-#else
-static double fma_peak(void) { return 0; }
-#endif
 
 static float rnd(uint64_t *s)
 {
@@ -177,8 +152,6 @@ int main(int argc, char **argv)
         printf("decode at depth 512, K and V in L2: %.1f GB/s of K+V per CPU-second\n",
                (double)(layer_k + layer_v) * 512.0 / (double)(kc.n_blocks * bt) / tc / 1e9);
     }
-    double peak = fma_peak();
-    printf("fused multiply-add peak: %.1f G lanes per CPU-second\n", peak / 1e9);
     /* prefill chunks: [0, 512) and [depth-512, depth) of layer 0 */
     double per_tok[2] = {1, 1};
     for (int c = 0; c < 2 && !getenv("ATTN_DECODE_ONLY") && !getenv("ATTN_HOT_ONLY"); c++) {
@@ -197,9 +170,8 @@ int main(int argc, char **argv)
         double fma = 0; /* multiply-adds of Q.K and P.V, over the causal positions */
         for (int i = 0; i < CHUNK; i++)
             fma += (double)(pos[i] + 1) * 2.0 * sh.head_dim * sh.n_head;
-        printf("prefill chunk [%lld, %lld): %.1f us per token per layer, %.1f G multiply-adds/s, %.1f G per CPU-second "
-               "(%.0f%% of one core's peak)\n", (long long)p0, (long long)(p0 + CHUNK), per_tok[c] * 1e6, fma / best / 1e9,
-               fma / best_cpu / 1e9, peak > 0 ? 100.0 * fma / best_cpu / peak : 0.0);
+        printf("prefill chunk [%lld, %lld): %.1f us per token per layer, %.1f G multiply-adds/s, %.1f G per CPU-second\n",
+               (long long)p0, (long long)(p0 + CHUNK), per_tok[c] * 1e6, fma / best / 1e9, fma / best_cpu / 1e9);
     }
     printf("prefill attention per token at [%lld-512, %lld) / at [0, 512): %.1fx\n", (long long)depth,
            (long long)depth, per_tok[1] / per_tok[0]);
