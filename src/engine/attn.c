@@ -344,7 +344,8 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
      * keys at once rather than one block's. Only when several row groups share them (a
      * decode's few rows read the cache's halves directly). */
     bool kf = j->type_k == DT_F16 && nr > 4, vf = j->type_v == DT_F16 && nr > 4;
-    int pj0 = nmax, nb = 0; /* otherwise: the whole blocks from key pj0 go to attn_qk_paged together */
+    int pj0 = nmax, nb = 0; /* otherwise: the whole blocks from key pj0 go to attn_qk_paged together
+                             * (quantized K: a decode's; many rows reuse codes better 16 keys at a time) */
     for (int jj = js; jj < nmax;) {
         int64_t p = t0 + jj;
         int off = (int)(p % bt);
@@ -361,7 +362,7 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
         }
         if (kf) {
             vec->f16_to_f32((const uint16_t *)kp + off, bt, sc->kf + jj, ATTN_TILE, hd, cnt);
-        } else if (off == 0) { /* every block after this one starts at its first position too */
+        } else if (off == 0 && (nr <= 4 || !quant_k)) { /* every block after this starts at its first position too */
             pj0 = pj0 < jj ? pj0 : jj;
             sc->kblk[nb] = kp;
             sc->ksblk[nb++] = ks;

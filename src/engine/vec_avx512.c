@@ -384,13 +384,12 @@ INLINE float v_scale(const void *vj, const int type, int64_t col)
     return _cvtsh_ss(((const struct block_q4_0 *)vj)[col / 32].d);
 }
 
-/* R (constant, <= 6; <= 4 for quantized V) rows, keys [j0, j1), the 64 columns from c0
- * (chunk c of 16 under mask mc[c]). */
+/* F16 or F32 V: R (constant, <= 6) rows, keys [j0, j1), the 64 columns from c0 (chunk c of
+ * 16 under mask mc[c]). */
 INLINE void pv_rows(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
                     const void *const *v, int64_t c0, const __mmask16 *mc, const int type)
 {
     __m512 a[6][4];
-    bool quant = type == DT_Q8_0 || type == DT_Q4_0;
     for (int r = 0; r < R; r++)
         for (int c = 0; c < 4; c++)
             a[r][c] = _mm512_maskz_loadu_ps(mc[c], o + r * ldo + c0 + 16 * c);
@@ -398,28 +397,67 @@ INLINE void pv_rows(float *o, int64_t ldo, const int R, const float *p, int64_t 
         __m512 x[4];
         for (int c = 0; c < 4; c++)
             x[c] = load_v(v[j], type, c0, c, mc[c]);
-        if (!quant) {
-            for (int r = 0; r < R; r++) {
-                __m512 pr = _mm512_set1_ps(p[r * ldp + j]);
-                for (int c = 0; c < 4; c++)
-                    a[r][c] = _mm512_fmadd_ps(pr, x[c], a[r][c]);
-            }
-        } else {
-            __m512 sc0 = _mm512_set1_ps(v_scale(v[j], type, c0));
-            __m512 sc1 = mc[2] ? _mm512_set1_ps(v_scale(v[j], type, c0 + 32)) : sc0;
-            for (int r = 0; r < R; r++) {
-                __m512 pr = _mm512_set1_ps(p[r * ldp + j]);
-                __m512 w0 = _mm512_mul_ps(pr, sc0), w1 = _mm512_mul_ps(pr, sc1);
-                a[r][0] = _mm512_fmadd_ps(w0, x[0], a[r][0]);
-                a[r][1] = _mm512_fmadd_ps(w0, x[1], a[r][1]);
-                a[r][2] = _mm512_fmadd_ps(w1, x[2], a[r][2]);
-                a[r][3] = _mm512_fmadd_ps(w1, x[3], a[r][3]);
-            }
+        for (int r = 0; r < R; r++) {
+            __m512 pr = _mm512_set1_ps(p[r * ldp + j]);
+            for (int c = 0; c < 4; c++)
+                a[r][c] = _mm512_fmadd_ps(pr, x[c], a[r][c]);
         }
     }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < 4; c++)
             _mm512_mask_storeu_ps(o + r * ldo + c0 + 16 * c, mc[c], a[r][c]);
+}
+
+/* Quantized V: R (constant, <= 4) rows, keys ja..ja+nj-1 (nj <= 64), the 64 columns from c0,
+ * with w = p * scale of each row, key and 32-column block already in w[r][h][jj]. */
+INLINE void pvq_rows(float *o, int64_t ldo, const int R, const float *w, int ja, int nj, const void *const *v,
+                     int64_t c0, const __mmask16 *mc, const int type)
+{
+    __m512 a[4][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++)
+            a[r][c] = _mm512_maskz_loadu_ps(mc[c], o + r * ldo + c0 + 16 * c);
+    for (int jj = 0; jj < nj; jj++) {
+        __m512 x[4];
+        for (int c = 0; c < 4; c++)
+            x[c] = load_v(v[ja + jj], type, c0, c, mc[c]);
+        for (int r = 0; r < R; r++) {
+            __m512 w0 = _mm512_set1_ps(w[(2 * r) * 64 + jj]), w1 = _mm512_set1_ps(w[(2 * r + 1) * 64 + jj]);
+            a[r][0] = _mm512_fmadd_ps(w0, x[0], a[r][0]);
+            a[r][1] = _mm512_fmadd_ps(w0, x[1], a[r][1]);
+            a[r][2] = _mm512_fmadd_ps(w1, x[2], a[r][2]);
+            a[r][3] = _mm512_fmadd_ps(w1, x[3], a[r][3]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++)
+            _mm512_mask_storeu_ps(o + r * ldo + c0 + 16 * c, mc[c], a[r][c]);
+}
+
+/* Quantized V, keys [j0, j1): the products w = p * scale 16 keys at a time (the same
+ * multiplies as one at a time), 64 keys per pass. */
+INLINE void pvq(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
+                const void *const *v, int64_t c0, const __mmask16 *mc, const int type)
+{
+    float w[4 * 2 * 64] __attribute__((aligned(64)));
+    float sc[2 * 64] __attribute__((aligned(64)));
+    for (int ja = j0; ja < j1; ja += 64) {
+        int nj = j1 - ja < 64 ? j1 - ja : 64;
+        for (int jj = 0; jj < nj; jj++) {
+            sc[jj] = v_scale(v[ja + jj], type, c0);
+            sc[64 + jj] = mc[2] ? v_scale(v[ja + jj], type, c0 + 32) : sc[jj];
+        }
+        for (int jj = 0; jj < nj; jj += 16) {
+            __mmask16 m = nj - jj >= 16 ? (__mmask16)0xffff : tail_mask(nj - jj);
+            __m512 s0 = _mm512_maskz_loadu_ps(m, sc + jj), s1 = _mm512_maskz_loadu_ps(m, sc + 64 + jj);
+            for (int r = 0; r < R; r++) {
+                __m512 pr = _mm512_maskz_loadu_ps(m, p + r * ldp + ja + jj);
+                _mm512_store_ps(w + (2 * r) * 64 + jj, _mm512_mul_ps(pr, s0));
+                _mm512_store_ps(w + (2 * r + 1) * 64 + jj, _mm512_mul_ps(pr, s1));
+            }
+        }
+        pvq_rows(o, ldo, R, w, ja, nj, v, c0, mc, type);
+    }
 }
 
 INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
@@ -439,6 +477,18 @@ INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp
                 jmin = n[r + g] < jmin ? n[r + g] : jmin;
             float *orow = o + r * ldo;
             const float *prow = p + r * ldp;
+            if (step == 4) { /* quantized */
+                switch (R) {
+                case 4: pvq(orow, ldo, 4, prow, ldp, 0, jmin, v, c0, mc, type); break;
+                case 3: pvq(orow, ldo, 3, prow, ldp, 0, jmin, v, c0, mc, type); break;
+                case 2: pvq(orow, ldo, 2, prow, ldp, 0, jmin, v, c0, mc, type); break;
+                default: pvq(orow, ldo, 1, prow, ldp, 0, jmin, v, c0, mc, type); break;
+                }
+                for (int g = 0; g < R; g++)
+                    if (n[r + g] > jmin)
+                        pvq(orow + g * ldo, ldo, 1, prow + g * ldp, ldp, jmin, n[r + g], v, c0, mc, type);
+                continue;
+            }
             switch (R) {
             case 6: pv_rows(orow, ldo, 6, prow, ldp, 0, jmin, v, c0, mc, type); break;
             case 5: pv_rows(orow, ldo, 5, prow, ldp, 0, jmin, v, c0, mc, type); break;
