@@ -14,7 +14,7 @@
 /* About this many query rows (tokens x heads of one KV head's group) share a tile of K
  * and V: enough to reuse each loaded key many times, few enough that the scores of a
  * tile (rows x ATTN_TILE floats) stay in the core's caches. */
-#define ATTN_ROWS 32
+#define ATTN_ROWS 128
 
 struct attn {
     struct attn_shape sh;
@@ -25,10 +25,11 @@ struct attn {
     int rows;           /* qt * group */
     int64_t n_tiles;    /* tiles of max_ctx positions */
     size_t thread_floats;
-    float *buf;         /* per thread: q' (rows x hd), s (rows x T), o, o_t (rows x hd), m, l, m_t, l_t (rows) */
+    float *buf;         /* per thread: q' (rows x hd), s (rows x T), o, o_t (rows x hd), m, l, m_t, l_t (rows),
+                         * kf (hd x T), vf (T x hd) */
     int32_t *nv;        /* per thread (rows): positions of the current tile each row sees */
     int32_t *st;        /* per thread (rows): the first of them (a sliding window's start) */
-    const void **vrows; /* per thread (T): V row of each position of the tile */
+    const void **vrows; /* per thread (3T): V row of each position of the tile, K and scales of each block */
     int32_t *run_start, *run_len; /* (max_batch) query tiles of the batch */
     int64_t *run_items; /* (max_batch + 1) first item of each run (split mode) */
     float *split;       /* (ATTN_SPLIT_MAX x n_head x n_tiles x (hd + 2)) tile partials */
@@ -36,8 +37,11 @@ struct attn {
 
 struct scratch {
     float *q, *s, *o, *ot, *m, *l, *mt, *lt;
+    float *kf, *vf; /* an F16 tile's K (transposed, [hd][T]) and V ([T][hd]) as floats */
     int32_t *nv, *st;
     const void **vrows;
+    const void **kblk;       /* K piece of each block of the tile (attn_qk_paged) */
+    const uint16_t **ksblk;  /* and its scales (quantized K) */
 };
 
 static struct scratch scratch_of(struct attn *a, int ith)
@@ -53,9 +57,13 @@ static struct scratch scratch_of(struct attn *a, int ith)
     s.l = s.m + R;
     s.mt = s.l + R;
     s.lt = s.mt + R;
+    s.kf = s.lt + R;
+    s.vf = s.kf + hd * ATTN_TILE;
     s.nv = a->nv + (size_t)ith * R;
     s.st = a->st + (size_t)ith * R;
-    s.vrows = a->vrows + (size_t)ith * ATTN_TILE;
+    s.vrows = a->vrows + (size_t)ith * 3 * ATTN_TILE;
+    s.kblk = s.vrows + ATTN_TILE;
+    s.ksblk = (const uint16_t **)(s.kblk + ATTN_TILE);
     return s;
 }
 
@@ -75,12 +83,12 @@ int attn_create(struct attn **out, const struct attn_shape *sh, int n_threads, i
     a->n_tiles = (max_ctx + ATTN_TILE - 1) / ATTN_TILE;
     size_t R = (size_t)a->rows, hd = (size_t)sh->head_dim;
     /* whole cache lines per thread, so threads never share one */
-    a->thread_floats = (R * (3 * hd + ATTN_TILE + 4) + 15) / 16 * 16;
+    a->thread_floats = (R * (3 * hd + ATTN_TILE + 4) + 2 * hd * ATTN_TILE + 15) / 16 * 16;
     size_t split = (size_t)ATTN_SPLIT_MAX * (size_t)sh->n_head * (size_t)a->n_tiles * (hd + 2);
     a->buf = aligned_alloc(64, (size_t)n_threads * a->thread_floats * sizeof(float));
     a->nv = calloc((size_t)n_threads * R, sizeof *a->nv);
     a->st = calloc((size_t)n_threads * R, sizeof *a->st);
-    a->vrows = calloc((size_t)n_threads * ATTN_TILE, sizeof *a->vrows);
+    a->vrows = calloc((size_t)n_threads * 3 * ATTN_TILE, sizeof *a->vrows);
     a->run_start = calloc((size_t)max_batch, sizeof *a->run_start);
     a->run_len = calloc((size_t)max_batch, sizeof *a->run_len);
     a->run_items = calloc((size_t)max_batch + 1, sizeof *a->run_items);
@@ -331,6 +339,13 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
     bool quant_k = j->type_k == DT_Q8_0 || j->type_k == DT_Q4_0;
     size_t code_bytes = j->type_k == DT_Q8_0 ? (size_t)hd * bt : (size_t)hd / 2 * bt; /* before the scales */
     size_t k_esize = j->type_k == DT_F16 ? 2 : j->type_k == DT_F32 ? 4 : 1;
+    /* F16 K and V are converted to floats once per tile (exact, so the products give
+     * the same bits): every row group then reads floats, and Q.K runs over the whole tile's
+     * keys at once rather than one block's. Only when several row groups share them (a
+     * decode's few rows read the cache's halves directly). */
+    bool kf = j->type_k == DT_F16 && nr > 4, vf = j->type_v == DT_F16 && nr > 4;
+    int pj0 = nmax, nb = 0; /* otherwise: the whole blocks from key pj0 go to attn_qk_paged together
+                             * (quantized K: a decode's; many rows reuse codes better 16 keys at a time) */
     for (int jj = js; jj < nmax;) {
         int64_t p = t0 + jj;
         int off = (int)(p % bt);
@@ -345,12 +360,34 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
                 prefetch_piece(j, table, h, ahead, false);
             prefetch_piece(j, table, h, p, true);
         }
-        vec->attn_qk(sc->q + (size_t)r0 * hd, hd, nr, kp + k_esize * (size_t)off, ks, bt, cnt, hd, j->type_k,
-                     sc->s + (size_t)r0 * ATTN_TILE + jj, ATTN_TILE);
-        for (int c = 0; c < cnt; c++)
-            sc->vrows[jj + c] = vp + (size_t)(off + c) * j->v_head;
+        if (kf) {
+            vec->f16_to_f32((const uint16_t *)kp + off, bt, sc->kf + jj, ATTN_TILE, hd, cnt);
+        } else if (off == 0 && (nr <= 4 || !quant_k)) { /* every block after this starts at its first position too */
+            pj0 = pj0 < jj ? pj0 : jj;
+            sc->kblk[nb] = kp;
+            sc->ksblk[nb++] = ks;
+        } else {
+            vec->attn_qk(sc->q + (size_t)r0 * hd, hd, nr, kp + k_esize * (size_t)off, ks, bt, cnt, hd, j->type_k,
+                         sc->s + (size_t)r0 * ATTN_TILE + jj, ATTN_TILE);
+        }
+        if (vf) {
+            vec->f16_to_f32((const uint16_t *)(vp + (size_t)off * j->v_head), 0, sc->vf + (size_t)jj * hd, 0, 1,
+                            (int64_t)cnt * hd);
+            for (int c = 0; c < cnt; c++)
+                sc->vrows[jj + c] = sc->vf + (size_t)(jj + c) * hd;
+        } else {
+            for (int c = 0; c < cnt; c++)
+                sc->vrows[jj + c] = vp + (size_t)(off + c) * j->v_head;
+        }
         jj += cnt;
     }
+    if (nb)
+        vec->attn_qk_paged(sc->q + (size_t)r0 * hd, hd, nr, sc->kblk, quant_k ? sc->ksblk : NULL, bt, nmax - pj0, hd,
+                           j->type_k, sc->s + (size_t)r0 * ATTN_TILE + pj0, ATTN_TILE);
+    if (kf)
+        vec->attn_qk(sc->q + (size_t)r0 * hd, hd, nr, sc->kf + js, NULL, ATTN_TILE, nmax - js, hd, DT_F32,
+                     sc->s + (size_t)r0 * ATTN_TILE + js, ATTN_TILE);
+    int type_v = vf ? DT_F32 : j->type_v;
     bool cut = false;
     for (int r = r0; r < R; r++) {
         int st = sc->st[r];
@@ -360,7 +397,7 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
     memset(sc->ot + (size_t)r0 * hd, 0, (size_t)nr * (size_t)hd * sizeof(float));
     if (!cut) {
         vec->attn_pv(sc->ot + (size_t)r0 * hd, hd, nr, sc->s + (size_t)r0 * ATTN_TILE, ATTN_TILE, sc->nv + r0,
-                     sc->vrows, hd, j->type_v);
+                     sc->vrows, hd, type_v);
         return;
     }
     /* rows of a window that starts inside the tile: each over its own positions */
@@ -368,7 +405,7 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
         int st = sc->st[r];
         int32_t cnt = sc->nv[r] - st;
         vec->attn_pv(sc->ot + (size_t)r * hd, hd, 1, sc->s + (size_t)r * ATTN_TILE + st, ATTN_TILE, &cnt,
-                     sc->vrows + st, hd, j->type_v);
+                     sc->vrows + st, hd, type_v);
     }
 }
 

@@ -141,8 +141,26 @@ static float softmax_tile_ref(float *s, int64_t n, float *l)
     return m;
 }
 
+/* attn_qk_paged as one attn_qk per block (the reference's and the variants' without their own). */
+#define QK_PAGED_BY_BLOCK(name, qk)                                                                           \
+    void name(const float *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks, int bt, \
+              int n, int64_t hd, int type, float *s, int64_t lds)                                             \
+    {                                                                                                         \
+        for (int j0 = 0, b = 0; j0 < n; j0 += bt, b++)                                                        \
+            qk(q, ldq, rows, kt[b], ks ? ks[b] : NULL, bt, n - j0 < bt ? n - j0 : bt, hd, type, s + j0, lds);   \
+    }
+
+static QK_PAGED_BY_BLOCK(attn_qk_paged_ref, attn_qk_ref)
+
+static void f16_to_f32_ref(const uint16_t *x, int64_t ldx, float *y, int64_t ldy, int rows, int64_t n)
+{
+    for (int r = 0; r < rows; r++)
+        for (int64_t k = 0; k < n; k++)
+            y[r * ldy + k] = kern_f16_to_f32(x[r * ldx + k]);
+}
+
 static const struct vec_ops ref_ops = {dot_f32_ref, exp_sub_ref, silu_mul_ref, attn_qk_ref, attn_pv_ref,
-                                       softmax_tile_ref};
+                                       softmax_tile_ref, attn_qk_paged_ref, f16_to_f32_ref};
 
 const struct vec_ops *vec_ops_ref(void) { return &ref_ops; }
 

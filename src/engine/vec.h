@@ -38,6 +38,15 @@ struct vec_ops {
     void (*attn_pv)(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
                     const void *const *v, int64_t hd, int type);
     float (*softmax_tile)(float *s, int64_t n, float *l);
+    /* attn_qk over keys in blocks of bt: key j is column j % bt of block j / bt, whose K
+     * (transposed, ld = bt) is at kt[j / bt] and its scales at ks[j / bt] (quantized
+     * types); the same bits as attn_qk on the keys gathered. Lets a decode's few rows run
+     * over several blocks at once. */
+    void (*attn_qk_paged)(const float *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks,
+                          int bt, int n, int64_t hd, int type, float *s, int64_t lds);
+    /* y[r*ldy + k] = x[r*ldx + k] as float for r < rows, k < n (F16 to F32 is exact: every
+     * variant gives the same bits). */
+    void (*f16_to_f32)(const uint16_t *x, int64_t ldx, float *y, int64_t ldy, int rows, int64_t n);
 };
 
 /* exp(t) in fixed steps (Cephes' expf: t clamped to [EXP_LO, EXP_HI], n = t*log2(e)

@@ -259,7 +259,27 @@ static float softmax_tile(float *s, int64_t n, float *l)
     return m;
 }
 
-static const struct vec_ops avx2_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile};
+/* One attn_qk per block. */
+static void attn_qk_paged(const float *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks,
+                          int bt, int n, int64_t hd, int type, float *s, int64_t lds)
+{
+    for (int j0 = 0, b = 0; j0 < n; j0 += bt, b++)
+        attn_qk(q, ldq, rows, kt[b], ks ? ks[b] : NULL, bt, n - j0 < bt ? n - j0 : bt, hd, type, s + j0, lds);
+}
+
+static void f16_to_f32(const uint16_t *x, int64_t ldx, float *y, int64_t ldy, int rows, int64_t n)
+{
+    for (int r = 0; r < rows; r++, x += ldx, y += ldy) {
+        int64_t k = 0;
+        for (; k + 8 <= n; k += 8)
+            _mm256_storeu_ps(y + k, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + k))));
+        for (; k < n; k++)
+            y[k] = _cvtsh_ss(x[k]);
+    }
+}
+
+static const struct vec_ops avx2_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile, attn_qk_paged,
+                                        f16_to_f32};
 
 const struct vec_ops *vec_ops_avx2(void) { return &avx2_ops; }
 

@@ -139,10 +139,11 @@ INLINE void qk_rows(const float *q, int64_t ldq, const int R, const void *kt, co
         _mm512_mask_storeu_ps(s + r * lds + j0, m, a[r]);
 }
 
-INLINE void qk_impl(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
-                    int64_t hd, const int type, float *s, int64_t lds)
+INLINE void qk_impl16(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
+                    int64_t hd, const int type, float *s, int64_t lds, int jstart)
 {
-    for (int j0 = 0; j0 < n; j0 += 16) {
+    n += jstart;
+    for (int j0 = jstart; j0 < n; j0 += 16) {
         __mmask16 m = n - j0 >= 16 ? (__mmask16)0xffff : tail_mask(n - j0);
         int r = 0;
         for (; r + 8 <= rows; r += 8)
@@ -162,15 +163,200 @@ INLINE void qk_impl(const float *q, int64_t ldq, int rows, const void *kt, const
     }
 }
 
+/* R (constant, <= 6) rows by the 64 keys from j0 (vector c of 16 under mask m[c]) of F16 or
+ * F32 K: 24 independent chains, enough to keep both FMA ports busy whatever R is. */
+INLINE void qk_rows_f(const float *q, int64_t ldq, const int R, const void *kt, int64_t ld, int j0,
+                      const __mmask16 *m, int64_t hd, const int f16, float *s, int64_t lds)
+{
+    __m512 a[6][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++)
+            a[r][c] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hd; d++) {
+        __m512 k[4];
+        for (int c = 0; c < 4; c++)
+            k[c] = load16(kt, f16, d * ld + j0 + 16 * c, m[c]);
+        for (int r = 0; r < R; r++) {
+            __m512 qb = _mm512_set1_ps(q[r * ldq + d]);
+            for (int c = 0; c < 4; c++)
+                a[r][c] = _mm512_fmadd_ps(qb, k[c], a[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++)
+            _mm512_mask_storeu_ps(s + r * lds + j0 + 16 * c, m[c], a[r][c]);
+}
+
+INLINE void qk_impl_f(const float *q, int64_t ldq, int rows, const void *kt, int64_t ld, int n, int64_t hd,
+                      const int f16, float *s, int64_t lds)
+{
+    int j0 = 0;
+    for (; j0 + 48 < n; j0 += 64) {
+        __mmask16 m[4];
+        for (int c = 0; c < 4; c++) {
+            int w = n - j0 - 16 * c;
+            m[c] = w >= 16 ? (__mmask16)0xffff : w <= 0 ? (__mmask16)0 : tail_mask(w);
+        }
+        for (int r = 0; r < rows; r += 6) {
+            const float *qr = q + r * ldq;
+            float *sr = s + r * lds;
+            switch (rows - r < 6 ? rows - r : 6) {
+            case 6: qk_rows_f(qr, ldq, 6, kt, ld, j0, m, hd, f16, sr, lds); break;
+            case 5: qk_rows_f(qr, ldq, 5, kt, ld, j0, m, hd, f16, sr, lds); break;
+            case 4: qk_rows_f(qr, ldq, 4, kt, ld, j0, m, hd, f16, sr, lds); break;
+            case 3: qk_rows_f(qr, ldq, 3, kt, ld, j0, m, hd, f16, sr, lds); break;
+            case 2: qk_rows_f(qr, ldq, 2, kt, ld, j0, m, hd, f16, sr, lds); break;
+            default: qk_rows_f(qr, ldq, 1, kt, ld, j0, m, hd, f16, sr, lds); break;
+            }
+        }
+    }
+    if (j0 < n) /* the last 1-48 keys: 16 at a time */
+        qk_impl16(q, ldq, rows, kt, NULL, ld, n - j0, hd, f16 ? DT_F16 : DT_F32, s, lds, j0);
+}
+
 static void attn_qk(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
                     int64_t hd, int type, float *s, int64_t lds)
 {
     switch (type) {
-    case DT_F16: qk_impl(q, ldq, rows, kt, ks, ld, n, hd, DT_F16, s, lds); break;
-    case DT_F32: qk_impl(q, ldq, rows, kt, ks, ld, n, hd, DT_F32, s, lds); break;
-    case DT_Q8_0: qk_impl(q, ldq, rows, kt, ks, ld, n, hd, DT_Q8_0, s, lds); break;
-    default: qk_impl(q, ldq, rows, kt, ks, ld, n, hd, DT_Q4_0, s, lds); break;
+    case DT_F16: qk_impl_f(q, ldq, rows, kt, ld, n, hd, 1, s, lds); break;
+    case DT_F32: qk_impl_f(q, ldq, rows, kt, ld, n, hd, 0, s, lds); break;
+    case DT_Q8_0: qk_impl16(q, ldq, rows, kt, ks, ld, n, hd, DT_Q8_0, s, lds, 0); break;
+    default: qk_impl16(q, ldq, rows, kt, ks, ld, n, hd, DT_Q4_0, s, lds, 0); break;
     }
+}
+
+/* R (constant, <= 6) rows by the keys of blocks b0..b0+3 of 16 keys (block c under mask
+ * m[c]; a block of mask 0 is not read) of F16 or F32 K: 24 chains, as qk_rows_f. */
+INLINE void qkp_rows(const float *q, int64_t ldq, const int R, const void *const *kt, int b0, const __mmask16 *m,
+                     int64_t hd, const int f16, float *s, int64_t lds)
+{
+    __m512 a[6][4];
+    const void *kb[4];
+    for (int c = 0; c < 4; c++)
+        kb[c] = m[c] ? kt[b0 + c] : kt[b0];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++)
+            a[r][c] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < hd; d++) {
+        __m512 k[4];
+        for (int c = 0; c < 4; c++)
+            k[c] = load16(kb[c], f16, d * 16, m[c]);
+        for (int r = 0; r < R; r++) {
+            __m512 qb = _mm512_set1_ps(q[r * ldq + d]);
+            for (int c = 0; c < 4; c++)
+                a[r][c] = _mm512_fmadd_ps(qb, k[c], a[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++)
+            _mm512_mask_storeu_ps(s + r * lds + 16 * (b0 + c), m[c], a[r][c]);
+}
+
+INLINE void qkp_impl(const float *q, int64_t ldq, int rows, const void *const *kt, int n, int64_t hd, const int f16,
+                     float *s, int64_t lds)
+{
+    for (int b0 = 0; 16 * b0 < n; b0 += 4) {
+        __mmask16 m[4];
+        for (int c = 0; c < 4; c++) {
+            int w = n - 16 * (b0 + c);
+            m[c] = w >= 16 ? (__mmask16)0xffff : w <= 0 ? (__mmask16)0 : tail_mask(w);
+        }
+        for (int r = 0; r < rows; r += 6) {
+            const float *qr = q + r * ldq;
+            float *sr = s + r * lds;
+            switch (rows - r < 6 ? rows - r : 6) {
+            case 6: qkp_rows(qr, ldq, 6, kt, b0, m, hd, f16, sr, lds); break;
+            case 5: qkp_rows(qr, ldq, 5, kt, b0, m, hd, f16, sr, lds); break;
+            case 4: qkp_rows(qr, ldq, 4, kt, b0, m, hd, f16, sr, lds); break;
+            case 3: qkp_rows(qr, ldq, 3, kt, b0, m, hd, f16, sr, lds); break;
+            case 2: qkp_rows(qr, ldq, 2, kt, b0, m, hd, f16, sr, lds); break;
+            default: qkp_rows(qr, ldq, 1, kt, b0, m, hd, f16, sr, lds); break;
+            }
+        }
+    }
+}
+
+/* R (constant, <= 4) rows by blocks b0..b0+3 of 16 keys of Q8_0 or Q4_0 K (mask m[c]): the
+ * chains u of each 32 dimensions in registers, the sums s = fma(u, scale, s) kept in s. */
+INLINE void qkpq_rows(const float *q, int64_t ldq, const int R, const void *const *kt, const uint16_t *const *ks,
+                      int b0, const __mmask16 *m, int64_t hd, const int type, float *s, int64_t lds)
+{
+    const void *kb[4];
+    const uint16_t *sb[4];
+    for (int c = 0; c < 4; c++) {
+        kb[c] = m[c] ? kt[b0 + c] : kt[b0];
+        sb[c] = m[c] ? ks[b0 + c] : ks[b0];
+    }
+    for (int64_t cc = 0; cc < hd / 32; cc++) {
+        __m512 u[4][4];
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < 4; c++)
+                u[r][c] = _mm512_setzero_ps();
+        for (int64_t d = 32 * cc; d < 32 * cc + 32; d++) {
+            __m512 k[4];
+            for (int c = 0; c < 4; c++)
+                k[c] = load_codes(kb[c], type, 16, d, 0, m[c]);
+            for (int r = 0; r < R; r++) {
+                __m512 qb = _mm512_set1_ps(q[r * ldq + d]);
+                for (int c = 0; c < 4; c++)
+                    u[r][c] = _mm512_fmadd_ps(qb, k[c], u[r][c]);
+            }
+        }
+        for (int c = 0; c < 4; c++) {
+            __m512 sc = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[c], sb[c] + cc * 16));
+            for (int r = 0; r < R; r++) {
+                float *at = s + r * lds + 16 * (b0 + c);
+                __m512 acc = cc ? _mm512_maskz_loadu_ps(m[c], at) : _mm512_setzero_ps();
+                _mm512_mask_storeu_ps(at, m[c], _mm512_fmadd_ps(u[r][c], sc, acc));
+            }
+        }
+    }
+}
+
+INLINE void qkpq_impl(const float *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks, int n,
+                      int64_t hd, const int type, float *s, int64_t lds)
+{
+    for (int b0 = 0; 16 * b0 < n; b0 += 4) {
+        __mmask16 m[4];
+        for (int c = 0; c < 4; c++) {
+            int w = n - 16 * (b0 + c);
+            m[c] = w >= 16 ? (__mmask16)0xffff : w <= 0 ? (__mmask16)0 : tail_mask(w);
+        }
+        for (int r = 0; r < rows; r += 4) {
+            const float *qr = q + r * ldq;
+            float *sr = s + r * lds;
+            switch (rows - r < 4 ? rows - r : 4) {
+            case 4: qkpq_rows(qr, ldq, 4, kt, ks, b0, m, hd, type, sr, lds); break;
+            case 3: qkpq_rows(qr, ldq, 3, kt, ks, b0, m, hd, type, sr, lds); break;
+            case 2: qkpq_rows(qr, ldq, 2, kt, ks, b0, m, hd, type, sr, lds); break;
+            default: qkpq_rows(qr, ldq, 1, kt, ks, b0, m, hd, type, sr, lds); break;
+            }
+        }
+    }
+}
+
+/* Blocks of 16 keys four at a time; other block sizes one block at a time. */
+static void attn_qk_paged(const float *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks,
+                          int bt, int n, int64_t hd, int type, float *s, int64_t lds)
+{
+    if (bt == 16 && type == DT_F16) {
+        qkp_impl(q, ldq, rows, kt, n, hd, 1, s, lds);
+        return;
+    }
+    if (bt == 16 && type == DT_F32) {
+        qkp_impl(q, ldq, rows, kt, n, hd, 0, s, lds);
+        return;
+    }
+    if (bt == 16 && type == DT_Q8_0) {
+        qkpq_impl(q, ldq, rows, kt, ks, n, hd, DT_Q8_0, s, lds);
+        return;
+    }
+    if (bt == 16 && type == DT_Q4_0) {
+        qkpq_impl(q, ldq, rows, kt, ks, n, hd, DT_Q4_0, s, lds);
+        return;
+    }
+    for (int j0 = 0, b = 0; j0 < n; j0 += bt, b++)
+        attn_qk(q, ldq, rows, kt[b], ks ? ks[b] : NULL, bt, n - j0 < bt ? n - j0 : bt, hd, type, s + j0, lds);
 }
 
 /* Columns [16c, 16c+16) of V_j's 64-column window from c0, as floats, and the scale of
@@ -198,12 +384,12 @@ INLINE float v_scale(const void *vj, const int type, int64_t col)
     return _cvtsh_ss(((const struct block_q4_0 *)vj)[col / 32].d);
 }
 
-/* R (constant, <= 4) rows, keys [j0, j1), the 64 columns from c0 (chunk c of 16 under mask mc[c]). */
+/* F16 or F32 V: R (constant, <= 6) rows, keys [j0, j1), the 64 columns from c0 (chunk c of
+ * 16 under mask mc[c]). */
 INLINE void pv_rows(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
                     const void *const *v, int64_t c0, const __mmask16 *mc, const int type)
 {
-    __m512 a[4][4];
-    bool quant = type == DT_Q8_0 || type == DT_Q4_0;
+    __m512 a[6][4];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < 4; c++)
             a[r][c] = _mm512_maskz_loadu_ps(mc[c], o + r * ldo + c0 + 16 * c);
@@ -211,28 +397,67 @@ INLINE void pv_rows(float *o, int64_t ldo, const int R, const float *p, int64_t 
         __m512 x[4];
         for (int c = 0; c < 4; c++)
             x[c] = load_v(v[j], type, c0, c, mc[c]);
-        if (!quant) {
-            for (int r = 0; r < R; r++) {
-                __m512 pr = _mm512_set1_ps(p[r * ldp + j]);
-                for (int c = 0; c < 4; c++)
-                    a[r][c] = _mm512_fmadd_ps(pr, x[c], a[r][c]);
-            }
-        } else {
-            __m512 sc0 = _mm512_set1_ps(v_scale(v[j], type, c0));
-            __m512 sc1 = mc[2] ? _mm512_set1_ps(v_scale(v[j], type, c0 + 32)) : sc0;
-            for (int r = 0; r < R; r++) {
-                __m512 pr = _mm512_set1_ps(p[r * ldp + j]);
-                __m512 w0 = _mm512_mul_ps(pr, sc0), w1 = _mm512_mul_ps(pr, sc1);
-                a[r][0] = _mm512_fmadd_ps(w0, x[0], a[r][0]);
-                a[r][1] = _mm512_fmadd_ps(w0, x[1], a[r][1]);
-                a[r][2] = _mm512_fmadd_ps(w1, x[2], a[r][2]);
-                a[r][3] = _mm512_fmadd_ps(w1, x[3], a[r][3]);
-            }
+        for (int r = 0; r < R; r++) {
+            __m512 pr = _mm512_set1_ps(p[r * ldp + j]);
+            for (int c = 0; c < 4; c++)
+                a[r][c] = _mm512_fmadd_ps(pr, x[c], a[r][c]);
         }
     }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < 4; c++)
             _mm512_mask_storeu_ps(o + r * ldo + c0 + 16 * c, mc[c], a[r][c]);
+}
+
+/* Quantized V: R (constant, <= 4) rows, keys ja..ja+nj-1 (nj <= 64), the 64 columns from c0,
+ * with w = p * scale of each row, key and 32-column block already in w[r][h][jj]. */
+INLINE void pvq_rows(float *o, int64_t ldo, const int R, const float *w, int ja, int nj, const void *const *v,
+                     int64_t c0, const __mmask16 *mc, const int type)
+{
+    __m512 a[4][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++)
+            a[r][c] = _mm512_maskz_loadu_ps(mc[c], o + r * ldo + c0 + 16 * c);
+    for (int jj = 0; jj < nj; jj++) {
+        __m512 x[4];
+        for (int c = 0; c < 4; c++)
+            x[c] = load_v(v[ja + jj], type, c0, c, mc[c]);
+        for (int r = 0; r < R; r++) {
+            __m512 w0 = _mm512_set1_ps(w[(2 * r) * 64 + jj]), w1 = _mm512_set1_ps(w[(2 * r + 1) * 64 + jj]);
+            a[r][0] = _mm512_fmadd_ps(w0, x[0], a[r][0]);
+            a[r][1] = _mm512_fmadd_ps(w0, x[1], a[r][1]);
+            a[r][2] = _mm512_fmadd_ps(w1, x[2], a[r][2]);
+            a[r][3] = _mm512_fmadd_ps(w1, x[3], a[r][3]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++)
+            _mm512_mask_storeu_ps(o + r * ldo + c0 + 16 * c, mc[c], a[r][c]);
+}
+
+/* Quantized V, keys [j0, j1): the products w = p * scale 16 keys at a time (the same
+ * multiplies as one at a time), 64 keys per pass. */
+INLINE void pvq(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
+                const void *const *v, int64_t c0, const __mmask16 *mc, const int type)
+{
+    float w[4 * 2 * 64] __attribute__((aligned(64)));
+    float sc[2 * 64] __attribute__((aligned(64)));
+    for (int ja = j0; ja < j1; ja += 64) {
+        int nj = j1 - ja < 64 ? j1 - ja : 64;
+        for (int jj = 0; jj < nj; jj++) {
+            sc[jj] = v_scale(v[ja + jj], type, c0);
+            sc[64 + jj] = mc[2] ? v_scale(v[ja + jj], type, c0 + 32) : sc[jj];
+        }
+        for (int jj = 0; jj < nj; jj += 16) {
+            __mmask16 m = nj - jj >= 16 ? (__mmask16)0xffff : tail_mask(nj - jj);
+            __m512 s0 = _mm512_maskz_loadu_ps(m, sc + jj), s1 = _mm512_maskz_loadu_ps(m, sc + 64 + jj);
+            for (int r = 0; r < R; r++) {
+                __m512 pr = _mm512_maskz_loadu_ps(m, p + r * ldp + ja + jj);
+                _mm512_store_ps(w + (2 * r) * 64 + jj, _mm512_mul_ps(pr, s0));
+                _mm512_store_ps(w + (2 * r + 1) * 64 + jj, _mm512_mul_ps(pr, s1));
+            }
+        }
+        pvq_rows(o, ldo, R, w, ja, nj, v, c0, mc, type);
+    }
 }
 
 INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
@@ -244,14 +469,29 @@ INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp
             int64_t w = hd - c0 - 16 * c;
             mc[c] = w >= 16 ? (__mmask16)0xffff : w <= 0 ? (__mmask16)0 : tail_mask(w);
         }
-        for (int r = 0; r < rows; r += 4) {
-            int R = rows - r < 4 ? rows - r : 4;
+        const int step = type == DT_Q8_0 || type == DT_Q4_0 ? 4 : 6;
+        for (int r = 0; r < rows; r += step) {
+            int R = rows - r < step ? rows - r : step;
             int jmin = n[r];
             for (int g = 1; g < R; g++)
                 jmin = n[r + g] < jmin ? n[r + g] : jmin;
             float *orow = o + r * ldo;
             const float *prow = p + r * ldp;
+            if (step == 4) { /* quantized */
+                switch (R) {
+                case 4: pvq(orow, ldo, 4, prow, ldp, 0, jmin, v, c0, mc, type); break;
+                case 3: pvq(orow, ldo, 3, prow, ldp, 0, jmin, v, c0, mc, type); break;
+                case 2: pvq(orow, ldo, 2, prow, ldp, 0, jmin, v, c0, mc, type); break;
+                default: pvq(orow, ldo, 1, prow, ldp, 0, jmin, v, c0, mc, type); break;
+                }
+                for (int g = 0; g < R; g++)
+                    if (n[r + g] > jmin)
+                        pvq(orow + g * ldo, ldo, 1, prow + g * ldp, ldp, jmin, n[r + g], v, c0, mc, type);
+                continue;
+            }
             switch (R) {
+            case 6: pv_rows(orow, ldo, 6, prow, ldp, 0, jmin, v, c0, mc, type); break;
+            case 5: pv_rows(orow, ldo, 5, prow, ldp, 0, jmin, v, c0, mc, type); break;
             case 4: pv_rows(orow, ldo, 4, prow, ldp, 0, jmin, v, c0, mc, type); break;
             case 3: pv_rows(orow, ldo, 3, prow, ldp, 0, jmin, v, c0, mc, type); break;
             case 2: pv_rows(orow, ldo, 2, prow, ldp, 0, jmin, v, c0, mc, type); break;
@@ -298,7 +538,20 @@ static float softmax_tile(float *s, int64_t n, float *l)
     return m;
 }
 
-static const struct vec_ops avx512_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile};
+static void f16_to_f32(const uint16_t *x, int64_t ldx, float *y, int64_t ldy, int rows, int64_t n)
+{
+    for (int r = 0; r < rows; r++, x += ldx, y += ldy) {
+        int64_t k = 0;
+        for (; k + 16 <= n; k += 16)
+            _mm512_storeu_ps(y + k, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + k))));
+        if (k < n) {
+            __mmask16 m = tail_mask(n - k);
+            _mm512_mask_storeu_ps(y + k, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + k)));
+        }
+    }
+}
+
+static const struct vec_ops avx512_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile, attn_qk_paged, f16_to_f32};
 
 const struct vec_ops *vec_ops_avx512(void) { return &avx512_ops; }
 

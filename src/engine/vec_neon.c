@@ -127,7 +127,8 @@ static pthread_once_t neon_once = PTHREAD_ONCE_INIT;
 static void neon_init(void)
 {
     const struct vec_ops *ref = vec_ops_ref();
-    neon_ops = (struct vec_ops){dot_f32, exp_sub, silu_mul, ref->attn_qk, ref->attn_pv, softmax_tile};
+    neon_ops = (struct vec_ops){dot_f32, exp_sub, silu_mul, ref->attn_qk, ref->attn_pv, softmax_tile,
+                              ref->attn_qk_paged, ref->f16_to_f32};
 }
 
 const struct vec_ops *vec_ops_neon(void)

@@ -45,12 +45,12 @@ static void test_exp_accuracy(const struct vec_ops *ref)
     CHECK(worst_silu <= 3.6e-7, "silu: worst relative error %.3g over [-40, 40]", worst_silu);
 }
 
-/* attn_qk, attn_pv and softmax_tile on random shapes (rows 1-19, keys 1-40, head sizes
+/* attn_qk, attn_pv and softmax_tile on random shapes (rows 1-19, keys 1-150, head sizes
  * 8-136, rows of different lengths; F16, F32, and Q8_0 and Q4_0 with head sizes a
  * multiple of 32): the reference's bits. */
 static void test_attn_tiles(const struct vec_ops *ref, const struct vec_ops *ops, const char *name)
 {
-    enum { ROWS = 19, KEYS = 40, HD = 136 };
+    enum { ROWS = 19, KEYS = 150, HD = 136 };
     static float q[ROWS * HD], s0[ROWS * KEYS], s1[ROWS * KEYS], o0[ROWS * HD], o1[ROWS * HD], kf[HD * KEYS];
     static uint16_t kh[HD * KEYS], ks[HD * KEYS];
     static uint8_t kb[HD * KEYS];
@@ -101,6 +101,30 @@ static void test_attn_tiles(const struct vec_ops *ref, const struct vec_ops *ops
                  : type == DT_Q8_0 ? (const void *)(v8 + (j * 3) % (KEYS * HD / 32 - HD / 32))
                                    : (const void *)(v4 + (j * 3) % (KEYS * HD / 32 - HD / 32));
         }
+        /* the same keys in blocks of 16 or of 7: attn_qk_paged */
+        int bt = rep % 8 < 4 ? 16 : 7;
+        const void *kblk[KEYS];
+        const uint16_t *ksblk[KEYS];
+        static uint16_t khp[HD * (KEYS + 16)], ksp[HD * (KEYS + 16)]; /* whole blocks */
+        static float kfp[HD * (KEYS + 16)];
+        static uint8_t kbp[HD * (KEYS + 16)];
+        static float sp[ROWS * KEYS];
+        for (int b = 0; b * bt < n; b++) {
+            size_t at = (size_t)b * (size_t)hd * (size_t)bt; /* each block a piece of its own */
+            for (int64_t d = 0; d < hd; d++)
+                for (int c = 0; c < bt && b * bt + c < n; c++) {
+                    khp[at + (size_t)d * bt + c] = kh[d * KEYS + b * bt + c];
+                    kfp[at + (size_t)d * bt + c] = kf[d * KEYS + b * bt + c];
+                    kbp[at + (size_t)d * bt + c] = kb[d * KEYS + b * bt + c];
+                    ksp[at + (size_t)d * bt + c] = ks[d * KEYS + b * bt + c];
+                }
+            kblk[b] = type == DT_F16 ? (const void *)(khp + at) : type == DT_F32 ? (const void *)(kfp + at) : (const void *)(kbp + at);
+            ksblk[b] = ksp + at;
+        }
+        ops->attn_qk_paged(q, hd, rows, kblk, quant ? ksblk : NULL, bt, n, hd, type, sp, KEYS);
+        ref->attn_qk(q, hd, rows, kt, ks, KEYS, n, hd, type, s1, KEYS);
+        for (int r = 0; r < rows; r++)
+            bad += memcmp(sp + r * KEYS, s1 + r * KEYS, (size_t)n * sizeof *sp) != 0;
         ref->attn_pv(o0, hd, rows, s0, KEYS, nr, v, hd, type);
         ops->attn_pv(o1, hd, rows, s0, KEYS, nr, v, hd, type);
         bad += memcmp(o0, o1, (size_t)(rows * hd) * sizeof *o0) != 0;
