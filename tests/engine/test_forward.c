@@ -511,6 +511,21 @@ int main(void)
     check_model("qwen3moe-q4_k_m", &moeq, 0.1);
     check_moe_batch("qwen3moe-q4_k_m", &moeq);
     check_moe_batch("mixtral-f16", &mix);
+    /* gpt-oss: sinks, biases, the router's softmax over its top k, the clamped SwiGLU (its
+     * synthetic expert biases make the clamps act), layers 0 and 2 sliding over 5 positions,
+     * YaRN on all; F32, F16, and MXFP4 experts beside Q8_0 matrices (llama.cpp's MXFP4_MOE) */
+    struct synth_spec oss = base;
+    snprintf(oss.arch, sizeof oss.arch, "gpt-oss");
+    oss.n_layers = 4, oss.n_expert = 8, oss.n_expert_used = 4, oss.n_ff_exp = 64, oss.swa_window = 5;
+    oss.yarn_factor = 32.0f, oss.rope_base = 150000;
+    kv_type = DT_F32;
+    check_model("gpt-oss-f32", &oss, 1e-4);
+    snprintf(oss.type, sizeof oss.type, "f16");
+    check_model("gpt-oss-f16", &oss, 1e-4);
+    check_moe_batch("gpt-oss-f16", &oss);
+    kv_type = DT_F16;
+    snprintf(oss.type, sizeof oss.type, "mxfp4");
+    check_model("gpt-oss-mxfp4", &oss, 0.1);
     char path[128], err[512];
     snprintf(path, sizeof path, "test_forward_threads_%d.gguf", (int)getpid());
     s.n_layers = 5;
