@@ -393,8 +393,9 @@ static void check_window_release(void)
     /* one shot: batches of 64 */
     CHECK(feed(&r, 0, toks, 0, N, 64, one) == 0, "prefill failed");
     int64_t released = kv_released_blocks(kv);
-    /* 600 positions are 38 blocks; all but those within 5 + 128 positions of the end are released */
-    CHECK(released >= 28 && kv_seq_min_resume(kv, 0) > 400, "released %lld blocks, resume from %lld",
+    /* 600 positions are 38 blocks; all but those within 5 + 128 positions of the last batch's
+     * first position (576) are released: 27 */
+    CHECK(released == 27 && kv_seq_min_resume(kv, 0) > 400, "released %lld blocks, resume from %lld",
           (long long)released, (long long)kv_seq_min_resume(kv, 0));
     CHECK(feed(&r, 1, toks, 0, N, 37, other) == 0 && same_bits(one, other, (size_t)N * V),
           "chunks of 37 differ from batches of 64 with released window rows");
@@ -412,6 +413,16 @@ static void check_window_release(void)
     err[0] = 0;
     CHECK(engine_forward(e, kv, &b, whole, err, sizeof err) == CAIRN_ERANGE && strstr(err, "sliding-window"),
           "a resume behind released rows was not refused (%s)", err);
+    /* room reserved for a long prompt chunk before its forward (as the scheduler does) releases
+     * nothing its first rows need: the forward from the chunk's start runs */
+    kv_seq_clear(kv, 2);
+    CHECK(kv_prepare(kv, 2, 0, 400) == 0, "prepare of 400 positions");
+    pos = 0;
+    seq = 2;
+    b = (struct batch){.n = 1, .token = toks, .seq = &seq, .pos = &pos};
+    err[0] = 0;
+    CHECK(engine_forward(e, kv, &b, whole, err, sizeof err) == 0, "a forward at the start of reserved room was refused (%s)",
+          err);
     /* forks carry the bound; a cleared sequence starts afresh */
     kv_seq_clear(kv, 1);
     CHECK(kv_seq_min_resume(kv, 1) == 0, "cleared sequence keeps a bound");
