@@ -83,8 +83,8 @@ int moe_create(struct moe **out, const struct model_hparams *hp, int max_batch)
     mo->out = zalloc(R * (size_t)mo->n_embd * sizeof(float));
     mo->items = zalloc((2 * (size_t)mo->n_expert + 1) * sizeof *mo->items);
     mo->first_unit = zalloc((2 * (size_t)mo->n_expert + 2) * sizeof *mo->first_unit);
-    bool ok = mo->logits && mo->sel && mo->w && mo->row && mo->count && mo->first && mo->row_token && mo->row_expert && mo->gate &&
-              mo->up && mo->out && mo->items && mo->first_unit;
+    bool ok = mo->logits && mo->sel && mo->w && mo->row && mo->count && mo->first && mo->row_token &&
+              mo->row_expert && mo->gate && mo->up && mo->out && mo->items && mo->first_unit;
     for (int k = 0; k < N_KINDS && ok; k++) {
         int blk = dtype_info(kind_type[k])->block_elems;
         if (mo->n_embd % blk == 0) {
