@@ -2,7 +2,7 @@
 # Checks that cairn and llama.cpp continue a prompt identically (greedy) on the same
 # synthetic GGUF files, for each architecture and a K-quant mix: a check of the file
 # writer, the architectures' semantics and the tokenizer against the reference.
-# Mixtures of experts (qwen3moe, llama with experts as Mixtral): on F32 and F16 files
+# Mixtures of experts (qwen3moe, llama with experts as Mixtral, gpt-oss): on F32 and F16 files
 # 32 tokens from each of several prompts must be the same; on quantized files the
 # count of equal leading tokens is shown (the router's top-k can flip on rounding).
 # RoPE scaling past a model's original context (YaRN, Llama 3) is checked on next-token
@@ -80,5 +80,32 @@ for spec in "gemma3-tiny f32" "gemma3-tiny f16" "phi3-tiny f32" "phi3-tiny f16";
       echo "DIFFER $1 $2 (prompt of ${#prompt} chars)"; echo "  cairn:     $ours"; echo "  llama.cpp: $theirs"; fail=1
     fi
   done
+done
+# gpt-oss (mkmodel's gpt-oss-tiny: qwen2 vocabulary plus the harmony tokens): attention sinks,
+# biases, softmax over the router's top 4 of 8, clamped SwiGLU, layers 0 and 2 sliding over 24
+# positions, YaRN; through llama-server as the MoE files above (F32 K/V, -fa off), prompts
+# short and past the window. F32 and F16: 32 equal tokens; MXFP4 (experts, Q8_0 elsewhere,
+# llama.cpp's MXFP4_MOE) and Q8_0: shown.
+for t in f32 f16 mxfp4 q8_0; do
+  m=build/models/gpt-oss-tiny-$t.gguf
+  [ -f "$m" ] || ./build/cairn mkmodel --shape gpt-oss-tiny --type "$t" --vocab "$v/ggml-vocab-qwen2.gguf" -o "$m"
+  "$ref/llama-server" -m "$m" --host 127.0.0.1 --port $port -ctk f32 -ctv f32 -fa off -t 2 -c 1024 -np 1 >/dev/null 2>&1 &
+  srv=$!
+  for _ in $(seq 60); do curl -sf 127.0.0.1:$port/health >/dev/null && break; sleep 0.5; done
+  for p in "${prompts[@]}" "$long1" "$long2" "$long3"; do
+    ours=$(./build/cairn generate -m "$m" -p "$p" -n 32 --temp 0 -ctk f32 -ctv f32 2>/dev/null)
+    theirs=$(python3 -c 'import json,sys; print(json.dumps({"prompt": sys.argv[1], "n_predict": 32, "temperature": 0,
+             "top_k": 1, "cache_prompt": False}))' "$p" | curl -s 127.0.0.1:$port/completion -d @- |
+             python3 -c 'import json,sys; sys.stdout.write(json.load(sys.stdin)["content"])')
+    if [ "$theirs" = "$ours" ]; then
+      echo "same   gpt-oss-tiny $t (prompt of ${#p} chars, 32 tokens)"
+    elif [ "$t" = f32 ] || [ "$t" = f16 ]; then
+      echo "DIFFER gpt-oss-tiny $t (prompt of ${#p} chars)"; echo "  cairn:     $ours"; echo "  llama.cpp: $theirs"; fail=1
+    else
+      echo "near   gpt-oss-tiny $t (prompt of ${#p} chars; quantized weights: the texts part after a common start)"
+      echo "  cairn:     $ours"; echo "  llama.cpp: $theirs"
+    fi
+  done
+  kill $srv; wait $srv 2>/dev/null || true
 done
 exit $fail

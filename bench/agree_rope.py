@@ -9,7 +9,9 @@ past its 8192), llama-server's /completion (n_probs) and a cairn node's /v1/comp
 (logprobs) give the top 8 tokens and their log-probabilities. They must name the same
 tokens, with log-probabilities within 2e-3. As a control, the same model without its
 scaling must differ from llama.cpp's by more than that and 5x cairn's difference, so the
-check sees the scaling.
+check sees the scaling. gpt-oss-tiny (F16, YaRN factor 32 over 128 positions, every other
+layer sliding over 24, attention sinks; a prompt of about 1,500 tokens) is compared the same
+way, its control the same shape with YaRN factor 2.
 
   usage: bench/agree_rope.py [CAIRN_BINARY]     (default build/cairn; llama.cpp from
          ../shared/tools/llama-ref.sh)
@@ -29,9 +31,13 @@ ROOT = os.path.dirname(HERE)
 VOCAB = os.path.join(ROOT, '..', 'shared', 'testdata', 'vocab')
 DIMS = ['--n-embd', '256', '--n-layers', '4', '--n-head', '4', '--n-head-kv', '2', '--n-ff', '512',
         '--type', 'f16', '--seed', '5']
-CASES = [  # name, arch, vocab, scaling options, README bytes of prompt
-    ('yarn', 'qwen2', 'qwen2', ['--ctx', '8192', '--yarn', '4'], 14000),
-    ('llama3', 'llama', 'llama-bpe', ['--ctx', '32768', '--llama3-rope'], 36000),
+ARCH = lambda a: ['--arch', a, *DIMS]
+CASES = [  # name, shape options, vocab, scaling options, control's options, README bytes of prompt
+    ('yarn', ARCH('qwen2'), 'qwen2', ['--ctx', '8192', '--yarn', '4'], ['--ctx', '8192'], 14000),
+    ('llama3', ARCH('llama'), 'llama-bpe', ['--ctx', '32768', '--llama3-rope'], ['--ctx', '32768'], 36000),
+    # gpt-oss (sinks, biases, top-k softmax routing, clamped SwiGLU, sliding layers, YaRN
+    # factor 32 over 128 positions): the control is the same shape with YaRN factor 2
+    ('gpt-oss', ['--shape', 'gpt-oss-tiny', '--type', 'f16', '--seed', '5'], 'qwen2', [], ['--yarn', '2'], 6000),
 ]
 TOP = 8
 TOLERANCE = 2e-3
@@ -118,12 +124,12 @@ def main():
     readme = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
     fail = False
     with tempfile.TemporaryDirectory() as work:
-        for name, arch, vocab, scaling, nbytes in CASES:
+        for name, shape, vocab, scaling, control_opts, nbytes in CASES:
             prompt = readme[:nbytes]
             files = {}
-            for kind, extra in (('scaled', scaling), ('plain', scaling[:2])):
+            for kind, extra in (('scaled', scaling), ('plain', control_opts)):
                 files[kind] = os.path.join(work, f'{name}-{kind}.gguf')
-                subprocess.run([binary, 'mkmodel', '--arch', arch, *DIMS, *extra, '--vocab',
+                subprocess.run([binary, 'mkmodel', *shape, *extra, '--vocab',
                                 os.path.join(VOCAB, f'ggml-vocab-{vocab}.gguf'), '-o', files[kind]], check=True,
                                capture_output=True)
             n_llama, theirs = llama_top(server, files['scaled'], prompt)

@@ -31,7 +31,8 @@ static void usage(void)
             "  --llama3-rope: rope_freqs.weight with Llama 3.1's scaling (factor 32 over 8192 positions)\n"
             "  --add-tokens: control tokens appended to the vocabulary (e.g. the harmony format's\n"
             "            <|start|>,<|end|>,<|message|>,<|channel|>,<|constrain|>,<|return|>,<|call|>\n"
-            "            for a gpt-oss-shaped model on another vocabulary)\n"
+            "            for a gpt-oss-shaped model on another vocabulary; the gpt-oss shapes add\n"
+            "            those by themselves, --add-tokens replaces them)\n"
             "  --n-expert N --n-expert-used K: a mixture of N experts, K per token (qwen3moe, whose\n"
             "            experts are --n-ff-exp wide, or llama, whose experts are --n-ff wide); 0: dense\n"
             "  --sliding-window W: gemma3's attention.sliding_window (its layers slide but every\n"
@@ -42,7 +43,8 @@ static void usage(void)
             "            token of the script must always be followed by the same token\n"
             "  shapes: %s\n"
             "  types:  f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q4_k_s q5_k_m\n"
-            "          q2_k q3_k iq4_nl iq4_xs mxfp4 (default q8_0)\n",
+            "          q2_k q3_k iq4_nl iq4_xs mxfp4 (default q8_0); gpt-oss with mxfp4 as llama.cpp's\n"
+            "          MXFP4_MOE: experts MXFP4, other matrices Q8_0\n",
             synth_shape_names());
 }
 
@@ -263,6 +265,8 @@ int cli_mkmodel(int argc, char **argv)
     }
     char *extra_buf = add_tokens ? strdup(add_tokens) : NULL;
     const char *extra[64];
+    if (add_tokens) /* they replace a shape's own (gpt-oss's harmony tokens) */
+        s.n_extra_tokens = 0;
     for (char *save = NULL, *t = extra_buf ? strtok_r(extra_buf, ",", &save) : NULL; t; t = strtok_r(NULL, ",", &save)) {
         if (s.n_extra_tokens == 64) {
             fprintf(stderr, "cairn mkmodel: --add-tokens: at most 64 tokens\n");
@@ -272,7 +276,8 @@ int cli_mkmodel(int argc, char **argv)
         }
         extra[s.n_extra_tokens++] = t;
     }
-    s.extra_tokens = extra;
+    if (add_tokens)
+        s.extra_tokens = extra;
     int rc;
     if (script_file || script_ids)
         rc = write_script(&a, &s, vocab, script_file, script_ids, out, err, sizeof err);

@@ -300,6 +300,7 @@ struct attn_job {
     int64_t kv_dim, q_dim;
     float scale;
     int64_t window; /* > 0: a sliding window of this many positions */
+    const float *sinks; /* (n_head) or NULL */
 };
 
 /* The first position a token at pos sees. */
@@ -428,11 +429,23 @@ static void merge(const struct vec_ops *vec, float *o, float *m, float *l, const
     *m = mx;
 }
 
-static void finish_row(float *out, const float *o, float l, int hd)
+/* out = o / l; with a sink s (attn.h): o and l first scaled to the max of m and s, and
+ * exp(s - max) added to l. */
+static void finish_row(const struct vec_ops *vec, float *out, const float *o, float m, float l, int hd,
+                       const float *sink)
 {
-    float inv = 1.0f / l;
+    if (!sink) {
+        float inv = 1.0f / l;
+        for (int i = 0; i < hd; i++)
+            out[i] = o[i] * inv;
+        return;
+    }
+    float mx = m > *sink ? m : *sink;
+    float f[2] = {m, *sink};
+    vec->exp_sub(f, mx, 2);
+    float inv = 1.0f / (l * f[0] + f[1]);
     for (int i = 0; i < hd; i++)
-        out[i] = o[i] * inv;
+        out[i] = (o[i] * f[0]) * inv;
 }
 
 /* One item: the rows of run ri for KV head h over tiles [ta, tb). */
@@ -496,7 +509,8 @@ static void run_item(struct attn_job *j, struct scratch *sc, int ri, int h, int6
         return;
     for (int r = 0; r < R; r++) {
         int b = b0 + r / group, qh = h * group + r % group;
-        finish_row(j->out + (size_t)b * (size_t)j->q_dim + (size_t)qh * hd, sc->o + (size_t)r * hd, sc->l[r], hd);
+        finish_row(j->vec, j->out + (size_t)b * (size_t)j->q_dim + (size_t)qh * hd, sc->o + (size_t)r * hd, sc->m[r],
+                   sc->l[r], hd, j->sinks ? j->sinks + qh : NULL);
     }
 }
 
@@ -547,7 +561,8 @@ static void merge_work(void *ctx, int ith, int nth)
         const float *src = a->split + ((size_t)(b * n_head + qh) * (size_t)a->n_tiles + (size_t)t_first) * (size_t)(hd + 2);
         for (int64_t t = t_first; t < n_t; t++, src += hd + 2)
             merge(j->vec, sc.o, sc.m, sc.l, src, src[hd], src[hd + 1], hd, t == t_first);
-        finish_row(j->out + (size_t)b * (size_t)j->q_dim + (size_t)qh * hd, sc.o, sc.l[0], hd);
+        finish_row(j->vec, j->out + (size_t)b * (size_t)j->q_dim + (size_t)qh * hd, sc.o, sc.m[0], sc.l[0], hd,
+                   j->sinks ? j->sinks + qh : NULL);
     }
 }
 
@@ -559,6 +574,13 @@ void attn_forward(struct attn *a, struct pool *pool, const struct vec_ops *vec, 
 
 void attn_forward_window(struct attn *a, struct pool *pool, const struct vec_ops *vec, struct kv_cache *kv, int layer,
                          int n, const int32_t *seq, const int64_t *pos, const float *q, float *out, int64_t window)
+{
+    attn_forward_sinks(a, pool, vec, kv, layer, n, seq, pos, q, out, window, NULL);
+}
+
+void attn_forward_sinks(struct attn *a, struct pool *pool, const struct vec_ops *vec, struct kv_cache *kv, int layer,
+                        int n, const int32_t *seq, const int64_t *pos, const float *q, float *out, int64_t window,
+                        const float *sinks)
 {
     const struct kv_config *kc = kv_config(kv);
     int hd = a->sh.head_dim;
@@ -574,6 +596,7 @@ void attn_forward_window(struct attn *a, struct pool *pool, const struct vec_ops
     j.q_dim = (int64_t)a->sh.n_head * hd;
     j.scale = a->scale;
     j.window = window > 0 ? window : 0;
+    j.sinks = sinks;
     /* query tiles: runs of at most qt tokens of one sequence that follow each other */
     int n_runs = 0;
     int64_t max_pos = 0;

@@ -76,4 +76,14 @@ void attn_forward(struct attn *a, struct pool *pool, const struct vec_ops *vec, 
 void attn_forward_window(struct attn *a, struct pool *pool, const struct vec_ops *vec, struct kv_cache *kv, int layer,
                          int n, const int32_t *seq, const int64_t *pos, const float *q, float *out, int64_t window);
 
+/* attn_forward_window with attention sinks (gpt-oss; NULL: none): sinks[h] is a logit of query
+ * head h that joins its softmax's denominator and adds no value (llama.cpp's soft_max with
+ * sinks; the logit is not scaled). After the tiles are merged into (o, m, l), the row ends as
+ *   m' = max(m, s), a = exp(m - m'), b = exp(s - m') (vec.h exp_sub), l' = l*a + b,
+ *   out = (o * a) * (1 / l'),
+ * which is a merge with a partial of o_t = 0, m_t = s, l_t = 1. */
+void attn_forward_sinks(struct attn *a, struct pool *pool, const struct vec_ops *vec, struct kv_cache *kv, int layer,
+                        int n, const int32_t *seq, const int64_t *pos, const float *q, float *out, int64_t window,
+                        const float *sinks);
+
 #endif

@@ -237,14 +237,13 @@ static void qkv_post_run(void *ctx, int ith, int nth)
     pool_split(j->B, 1, ith, nth, &lo, &hi);
     for (long b = lo; b < hi; b++) {
         float *q = e->q + b * e->q_dim, *k = e->k + b * e->kv_dim, *v = e->v + b * e->kv_dim;
-        if (L->bq) {
-            for (int64_t i = 0; i < e->q_dim; i++)
-                q[i] = q[i] + L->bq[i];
-            for (int64_t i = 0; i < e->kv_dim; i++) {
-                k[i] = k[i] + L->bk[i];
-                v[i] = v[i] + L->bv[i];
-            }
-        }
+        /* each bias on its own: a file may carry some of them only */
+        for (int64_t i = 0; L->bq && i < e->q_dim; i++)
+            q[i] = q[i] + L->bq[i];
+        for (int64_t i = 0; L->bk && i < e->kv_dim; i++)
+            k[i] = k[i] + L->bk[i];
+        for (int64_t i = 0; L->bv && i < e->kv_dim; i++)
+            v[i] = v[i] + L->bv[i];
         if (L->q_norm) {
             for (int h = 0; h < hp->n_head; h++)
                 rms_norm(e->vec, q + (int64_t)h * hp->head_dim, L->q_norm, q + (int64_t)h * hp->head_dim,
@@ -293,6 +292,24 @@ static void ew_run(void *ctx, int ith, int nth)
     } else {
         j->vec->silu_mul(j->a + lo, j->b + lo, hi - lo);
     }
+}
+
+/* y[b] += bias for each of B rows of n. */
+struct bias_job {
+    float *y;
+    const float *bias;
+    int64_t n;
+    int B;
+};
+
+static void bias_run(void *ctx, int ith, int nth)
+{
+    struct bias_job *j = ctx;
+    long lo, hi;
+    pool_split(j->B, 1, ith, nth, &lo, &hi);
+    for (long b = lo; b < hi; b++)
+        for (int64_t i = 0; i < j->n; i++)
+            j->y[b * j->n + i] = j->y[b * j->n + i] + j->bias[i];
 }
 
 /* ---- setup ---- */
@@ -344,14 +361,14 @@ int engine_create(struct engine **out, const struct model *m, const struct engin
     e->gate = zalloc(B * (size_t)hp->n_ff * f);
     e->up = zalloc(B * (size_t)hp->n_ff * f);
     e->rope_cs = zalloc(B * (size_t)hp->n_rot * f);
-    if (hp->swa_window > 0)
+    if (hp->swa_window > 0 && hp->gemma) /* gpt-oss's sliding layers rotate as its others */
         e->rope_cs_swa = zalloc(B * (size_t)hp->n_rot * f);
     e->slot = zalloc(B * sizeof *e->slot);
     e->out_rows = zalloc(B * sizeof *e->out_rows);
     e->embd_row = zalloc(m->tok_embd_row_bytes);
     struct attn_shape ash = {hp->n_head, hp->n_head_kv, hp->head_dim};
     bool ok = e->x && e->xn && e->tmp && e->q && e->attn && e->k && e->v && e->gate && e->up &&
-              e->rope_cs && (e->rope_cs_swa || hp->swa_window <= 0) && e->slot && e->out_rows && e->embd_row &&
+              e->rope_cs && (e->rope_cs_swa || hp->swa_window <= 0 || !hp->gemma) && e->slot && e->out_rows && e->embd_row &&
               attn_create(&e->att, &ash, cfg->n_threads, cfg->max_batch, cfg->max_ctx) == 0;
     int64_t dims[N_DIMS] = {hp->n_embd, e->q_dim, hp->n_ff};
     for (int k = 0; k < N_ACT_KINDS && ok; k++)
@@ -573,14 +590,18 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         };
         matmul_items(e, B, qkv_items, 3);
         bool swa = model_layer_swa(hp, m->layer_begin + il);
-        struct qkv_post_job pj = {e, L, kv, il, B, swa ? e->rope_cs_swa : e->rope_cs};
+        struct qkv_post_job pj = {e, L, kv, il, B, swa && e->rope_cs_swa ? e->rope_cs_swa : e->rope_cs};
         pool_run(e->pool, qkv_post_run, &pj);
-        attn_forward_window(e->att, e->pool, e->vec, kv, il, B, b->seq, b->pos, e->q, e->attn,
-                            swa ? hp->swa_window : 0);
+        attn_forward_sinks(e->att, e->pool, e->vec, kv, il, B, b->seq, b->pos, e->q, e->attn,
+                           swa ? hp->swa_window : 0, L->sinks);
         const struct kern_mat *wo[1] = {L->wo};
         quantize_for(e, e->attn, e->q_dim, DIM_Q, B, wo, 1);
         struct mm_item wo_item = mm_item_for(e, L->wo, DIM_Q, e->tmp, (size_t)n_embd);
         matmul_items(e, B, &wo_item, 1);
+        if (L->bo) {
+            struct bias_job bj = {e->tmp, L->bo, n_embd, B};
+            pool_run(e->pool, bias_run, &bj);
+        }
         if (L->attn_post_norm) {
             nj = (struct norm_job){e, e->tmp, L->attn_post_norm, e->tmp, n_embd, B, NULL};
             pool_run(e->pool, norm_run, &nj);

@@ -250,12 +250,16 @@ static void release_pages(uint8_t *p, size_t len)
 
 /* The window layers' rows of the blocks s has passed by more than the window and the slack
  * (kv.h), where s alone holds them. */
-static void seq_release_behind(struct kv_cache *kv, struct kv_seq *s)
+/* from: the first position just prepared. The queries of the coming forward start there and
+ * see back to from - window + 1, so positions from there on must stay, whatever length the
+ * preparation reserved (a prompt chunk longer than the slack would otherwise release the
+ * positions its first rows need). */
+static void seq_release_behind(struct kv_cache *kv, struct kv_seq *s, int64_t from)
 {
     if (kv->max_window <= 0)
         return;
     int bt = kv->cfg.block_tokens;
-    int64_t keep_from = s->len - kv->max_window - KV_WINDOW_SLACK; /* positions >= this stay */
+    int64_t keep_from = from - kv->max_window - KV_WINDOW_SLACK; /* positions >= this stay */
     for (; s->released < s->n_blocks && (s->released + 1) * bt <= keep_from; s->released++) {
         int32_t b = s->table[s->released];
         if (kv->refs[b] != 1 || kv->dropped[b])
@@ -342,7 +346,7 @@ int kv_prepare(struct kv_cache *kv, int seq, int64_t pos, int64_t n)
     while (s->n_blocks < want)
         s->table[s->n_blocks++] = block_take(kv);
     s->len = pos + n;
-    seq_release_behind(kv, s);
+    seq_release_behind(kv, s, pos);
     notify(kv, KV_OP_PREPARE, seq, 0, pos, n);
     return 0;
 }

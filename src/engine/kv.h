@@ -94,9 +94,11 @@ struct kv_op {
  * block table exactly. fn must not call back into the cache. */
 void kv_set_observer(struct kv_cache *kv, void (*fn)(void *arg, const struct kv_op *op), void *arg);
 
-/* Sliding-window layers (gemma3). kv_set_window marks a layer whose queries see only the
- * last `window` positions (0: all). Then, as a sequence grows, each block it alone holds that
- * lies wholly KV_WINDOW_SLACK positions or more behind the window of its last position
+/* Sliding-window layers (gemma3, gpt-oss). kv_set_window marks a layer whose queries see only
+ * the last `window` positions (0: all). Then, as a sequence grows, each block it alone holds
+ * that lies wholly KV_WINDOW_SLACK positions or more behind the window of the first position
+ * a kv_prepare call prepares (not its last: a long prompt chunk's first rows need what lies
+ * before it)
  * (of the largest window of the cache) has its rows of the window layers released to the
  * system (madvise; the whole pages inside the block's rows: blocks of less than a page
  * release nothing), so those layers' resident memory stays about window + slack positions

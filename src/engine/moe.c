@@ -29,6 +29,7 @@ struct moe_item {
 struct moe {
     int n_embd, n_expert, n_used, n_ff;
     bool norm;
+    bool oss;           /* gpt-oss's routing and clamped SwiGLU (moe.h) */
     int max_batch;
     float *logits;      /* (max_batch, n_expert) */
     int32_t *sel;       /* (max_batch, n_used): experts in top-k order */
@@ -37,6 +38,7 @@ struct moe {
     int32_t *count;     /* (n_expert) tokens that chose each expert this step */
     int32_t *first;     /* (n_expert + 1) first gathered row of each expert */
     int32_t *row_token; /* (max_batch * n_used) token of each gathered row */
+    int32_t *row_expert; /* (max_batch * n_used) expert of each gathered row */
     /* Activations quantized per kind: the batch's rows (n_embd), those rows gathered by
      * expert (n_embd), and the experts' gathered down inputs (n_ff). */
     void *xq[N_KINDS], *xg[N_KINDS], *hq[N_KINDS];
@@ -65,6 +67,7 @@ int moe_create(struct moe **out, const struct model_hparams *hp, int max_batch)
     mo->n_used = hp->n_expert_used;
     mo->n_ff = hp->n_ff_exp;
     mo->norm = hp->expert_norm;
+    mo->oss = hp->oss;
     mo->max_batch = max_batch;
     size_t B = (size_t)max_batch, K = (size_t)hp->n_expert_used, R = B * K;
     mo->logits = zalloc(B * (size_t)mo->n_expert * sizeof(float));
@@ -74,13 +77,14 @@ int moe_create(struct moe **out, const struct model_hparams *hp, int max_batch)
     mo->count = zalloc((size_t)mo->n_expert * sizeof(int32_t));
     mo->first = zalloc(((size_t)mo->n_expert + 1) * sizeof(int32_t));
     mo->row_token = zalloc(R * sizeof(int32_t));
+    mo->row_expert = zalloc(R * sizeof(int32_t));
     mo->gate = zalloc(R * (size_t)mo->n_ff * sizeof(float));
     mo->up = zalloc(R * (size_t)mo->n_ff * sizeof(float));
     mo->out = zalloc(R * (size_t)mo->n_embd * sizeof(float));
     mo->items = zalloc((2 * (size_t)mo->n_expert + 1) * sizeof *mo->items);
     mo->first_unit = zalloc((2 * (size_t)mo->n_expert + 2) * sizeof *mo->first_unit);
-    bool ok = mo->logits && mo->sel && mo->w && mo->row && mo->count && mo->first && mo->row_token && mo->gate &&
-              mo->up && mo->out && mo->items && mo->first_unit;
+    bool ok = mo->logits && mo->sel && mo->w && mo->row && mo->count && mo->first && mo->row_token &&
+              mo->row_expert && mo->gate && mo->up && mo->out && mo->items && mo->first_unit;
     for (int k = 0; k < N_KINDS && ok; k++) {
         int blk = dtype_info(kind_type[k])->block_elems;
         if (mo->n_embd % blk == 0) {
@@ -107,7 +111,7 @@ void moe_release(struct moe *mo)
 {
     if (!mo)
         return;
-    void *bufs[] = {mo->logits, mo->sel, mo->w, mo->row, mo->count, mo->first, mo->row_token,
+    void *bufs[] = {mo->logits, mo->sel, mo->w, mo->row, mo->count, mo->first, mo->row_token, mo->row_expert,
                     mo->gate, mo->up, mo->out, mo->items, mo->first_unit};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
@@ -178,6 +182,7 @@ static void run_items(struct moe *mo, struct pool *pool, int n_items)
 
 struct rows_job {
     struct moe *mo;
+    const struct model_layer *L;
     const struct vec_ops *vec;
     const float *x;
     int n;              /* rows */
@@ -201,7 +206,21 @@ static void quant_x_run(void *ctx, int ith, int nth)
     }
 }
 
-/* h = silu(gate) * up over the gathered rows, quantized for the down products. */
+/* gpt-oss's SwiGLU (llama.cpp's swiglu_oai, alpha 1.702, limit 7) of the biased gate and up:
+ * x = min(g + bg, 7), y = clamp(u + bu, -7, 7), h = x / (1 + exp(1.702 * -x)) * (y + 1). */
+static void swiglu_oai(float *g, const float *u, const float *bg, const float *bu, int64_t n)
+{
+    const float alpha = 1.702f, limit = 7.0f;
+    for (int64_t i = 0; i < n; i++) {
+        float x = g[i] + bg[i], y = u[i] + bu[i];
+        x = x < limit ? x : limit;
+        y = y < -limit ? -limit : y > limit ? limit : y;
+        g[i] = x / (1.0f + expf(alpha * -x)) * (y + 1.0f);
+    }
+}
+
+/* h = silu(gate) * up over the gathered rows (gpt-oss: swiglu_oai), quantized for the down
+ * products. */
 static void act_run(void *ctx, int ith, int nth)
 {
     struct rows_job *j = ctx;
@@ -211,7 +230,13 @@ static void act_run(void *ctx, int ith, int nth)
     int kd = j->kind[0];
     for (long r = lo; r < hi; r++) {
         float *g = mo->gate + r * mo->n_ff;
-        j->vec->silu_mul(g, mo->up + r * mo->n_ff, mo->n_ff);
+        if (mo->oss) {
+            size_t e = (size_t)mo->row_expert[r];
+            swiglu_oai(g, mo->up + r * mo->n_ff, j->L->exp_gate_b + e * (size_t)mo->n_ff,
+                       j->L->exp_up_b + e * (size_t)mo->n_ff, mo->n_ff);
+        } else {
+            j->vec->silu_mul(g, mo->up + r * mo->n_ff, mo->n_ff);
+        }
         kern_act_quantize(kind_type[kd], g, (char *)mo->hq[kd] + r * mo->hrow[kd], mo->n_ff);
     }
 }
@@ -227,8 +252,14 @@ static void combine_run(void *ctx, int ith, int nth)
     for (long b = lo; b < hi; b++) {
         float *y = j->y + b * n;
         for (int k = 0; k < mo->n_used; k++) {
-            const float *o = mo->out + (int64_t)mo->row[b * mo->n_used + k] * n;
+            int r = mo->row[b * mo->n_used + k];
+            float *o = mo->out + (int64_t)r * n;
             float w = mo->w[b * mo->n_used + k];
+            if (mo->oss) { /* the down product's bias first (its own row: each gathered row is one choice) */
+                const float *bd = j->L->exp_down_b + (int64_t)mo->row_expert[r] * n;
+                for (int64_t i = 0; i < n; i++)
+                    o[i] = o[i] + bd[i];
+            }
             if (k == 0)
                 for (int64_t i = 0; i < n; i++)
                     y[i] = o[i] * w;
@@ -241,12 +272,59 @@ static void combine_run(void *ctx, int ith, int nth)
 
 /* ---- routing ---- */
 
+/* The top k of p[n] (largest first, ties to the lower index) into sel[k] and w[k]. */
+static void top_k(const float *p, int n, int k_used, int32_t *sel, float *w)
+{
+    for (int k = 0; k < k_used; k++) { /* insertion into a sorted list of k */
+        sel[k] = -1;
+        w[k] = -1.0f;
+    }
+    for (int e = 0; e < n; e++) {
+        int k = k_used;
+        while (k > 0 && (sel[k - 1] < 0 || p[e] > w[k - 1])) /* strictly larger: ties keep the lower expert first */
+            k--;
+        if (k == k_used)
+            continue;
+        for (int i = k_used - 1; i > k; i--) {
+            sel[i] = sel[i - 1];
+            w[i] = w[i - 1];
+        }
+        sel[k] = e;
+        w[k] = p[e];
+    }
+}
+
+/* gpt-oss: the top k of the (biased) logits, then their softmax as llama.cpp's soft_max
+ * orders it: w[j] = exp(w[j] - w[0]) (w[0] the largest), the sum in double, each times
+ * (float)(1 / sum). */
+static void route_oss(struct moe *mo, const float *l, int b)
+{
+    int32_t *sel = mo->sel + (int64_t)b * mo->n_used;
+    float *w = mo->w + (int64_t)b * mo->n_used;
+    top_k(l, mo->n_expert, mo->n_used, sel, w);
+    float mx = w[0];
+    double sum = 0.0;
+    for (int k = 0; k < mo->n_used; k++) {
+        w[k] = expf(w[k] - mx);
+        sum += (double)w[k];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int k = 0; k < mo->n_used; k++)
+        w[k] = w[k] * inv;
+}
+
 /* Softmax of one token's router logits, its top k (largest first, ties to the lower
  * expert) and their weights, per moe.h. */
-static void route(struct moe *mo, int b)
+static void route(struct moe *mo, const struct model_layer *L, int b)
 {
-    const float *l = mo->logits + (int64_t)b * mo->n_expert;
+    float *l = mo->logits + (int64_t)b * mo->n_expert;
     float p[1024]; /* n_expert <= 1024 (arch.c) */
+    if (mo->oss) {
+        for (int e = 0; e < mo->n_expert; e++)
+            l[e] = l[e] + L->router_b[e];
+        route_oss(mo, l, b);
+        return;
+    }
     float mx = l[0];
     for (int e = 1; e < mo->n_expert; e++)
         mx = l[e] > mx ? l[e] : mx;
@@ -259,23 +337,7 @@ static void route(struct moe *mo, int b)
         p[e] = p[e] / sum;
     int32_t *sel = mo->sel + (int64_t)b * mo->n_used;
     float *w = mo->w + (int64_t)b * mo->n_used;
-    for (int k = 0; k < mo->n_used; k++) { /* insertion into a sorted list of k */
-        sel[k] = -1;
-        w[k] = -1.0f;
-    }
-    for (int e = 0; e < mo->n_expert; e++) {
-        int k = mo->n_used;
-        while (k > 0 && (sel[k - 1] < 0 || p[e] > w[k - 1])) /* strictly larger: ties keep the lower expert first */
-            k--;
-        if (k == mo->n_used)
-            continue;
-        for (int i = mo->n_used - 1; i > k; i--) {
-            sel[i] = sel[i - 1];
-            w[i] = w[i - 1];
-        }
-        sel[k] = e;
-        w[k] = p[e];
-    }
+    top_k(p, mo->n_expert, mo->n_used, sel, w);
     if (mo->norm) {
         float s = 0.0f;
         for (int k = 0; k < mo->n_used; k++)
@@ -305,7 +367,7 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
     /* choices, grouped by expert: gathered rows in expert order, tokens ascending */
     memset(mo->count, 0, (size_t)mo->n_expert * sizeof *mo->count);
     for (int b = 0; b < B; b++) {
-        route(mo, b);
+        route(mo, L, b);
         for (int k = 0; k < K; k++)
             mo->count[mo->sel[b * K + k]]++;
     }
@@ -319,6 +381,7 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
             int r = mo->first[e] + mo->count[e]++;
             mo->row[b * K + k] = r;
             mo->row_token[r] = b;
+            mo->row_expert[r] = e;
         }
 
     /* the experts' inputs, gathered */
@@ -351,7 +414,7 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
     }
     run_items(mo, pool, n);
 
-    struct rows_job aj = {.mo = mo, .vec = vec, .n = R, .kind = {k_down, -1}};
+    struct rows_job aj = {.mo = mo, .L = L, .vec = vec, .n = R, .kind = {k_down, -1}};
     pool_run(pool, act_run, &aj);
 
     /* down of every chosen expert */
@@ -367,7 +430,7 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
     }
     run_items(mo, pool, n);
 
-    struct rows_job cj = {.mo = mo, .vec = vec, .n = B, .y = y};
+    struct rows_job cj = {.mo = mo, .L = L, .vec = vec, .n = B, .y = y};
     pool_run(pool, combine_run, &cj);
     mo->stats.steps++;
     mo->stats.token_choices += (uint64_t)R;

@@ -1,4 +1,4 @@
-/* The feed-forward of a mixture-of-experts layer (qwen3moe, llama files from Mixtral):
+/* The feed-forward of a mixture-of-experts layer (qwen3moe, llama files from Mixtral, gpt-oss):
  * a router picks n_expert_used of n_expert SwiGLU experts per token, and the token's
  * output is their outputs weighted by the router's probabilities.
  *
@@ -9,6 +9,11 @@
  *   w[j] = p[sel j]; with expert_norm: w[j] = w[j] / max(sum_j w[j] (j in order), 6.1035e-5);
  *   o_j = down_e(silu(gate_e(x)) * up_e(x)) for e = sel j (kern.h's products);
  *   y = o_0 * w[0]; then y = y + o_j * w[j] for j = 1 .. k-1 (top-k order).
+ * gpt-oss (hp.oss) differs, as llama.cpp's graph for it:
+ *   logits = router product + router bias (added in float);
+ *   top-k of the logits as above; w = their softmax (moe.c route_oss's order), no renormalisation;
+ *   g = gate_e(x), u = up_e(x); h = swiglu_oai(g + bg_e, u + bu_e) (moe.c's order);
+ *   o_j = down_e(h) + bd_e; y as above.
  *
  * A batch groups its tokens by expert: each expert chosen by any token of the batch runs
  * once, as one product over all the tokens that chose it, so its weights are read once per

@@ -15,6 +15,7 @@ static const struct arch_desc archs[] = {
     {.name = "qwen3moe", .rope = ROPE_NEOX, .qk_norm = true, .moe = MOE_REQUIRED},
     {.name = "gemma3", .rope = ROPE_NEOX, .qk_norm = true, .gemma = true},
     {.name = "phi3", .rope = ROPE_NEOX, .fused = true},
+    {.name = "gpt-oss", .rope = ROPE_NEOX, .moe = MOE_REQUIRED, .oss = true},
 };
 
 bool model_layer_swa(const struct model_hparams *hp, int il)
@@ -88,8 +89,8 @@ static int read_moe(const struct gguf_file *f, const struct arch_desc *a, struct
     if ((rc = arch_int(f, hp->arch, "expert_used_count", -1, 1, n_expert, &n_used, err, errlen)))
         return rc;
     /* llama.cpp: qwen3moe's experts are expert_feed_forward_length wide (n_ff / used
-     * without it); llama's are feed_forward_length wide. */
-    int64_t def = a->moe == MOE_REQUIRED ? hp->n_ff / n_used : hp->n_ff;
+     * without it; gpt-oss needs the key); llama's are feed_forward_length wide. */
+    int64_t def = a->oss ? -1 : a->moe == MOE_REQUIRED ? hp->n_ff / n_used : hp->n_ff;
     if (a->moe == MOE_REQUIRED) {
         if ((rc = arch_int(f, hp->arch, "expert_feed_forward_length", def, 1, 1 << 20, &n_ff_exp, err, errlen)))
             return rc;
@@ -106,7 +107,10 @@ static int read_moe(const struct gguf_file *f, const struct arch_desc *a, struct
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "metadata key %s is not a boolean", key);
     snprintf(key, sizeof key, "%s.expert_gating_func", hp->arch);
     int64_t gating;
-    if (gguf_get_i64(f, key, &gating) == 0 && gating != 1) /* 1: softmax, llama.cpp's numbering */
+    /* gpt-oss: llama.cpp's graph fixes its gating (softmax of the top k) and no renormalisation */
+    if (a->oss)
+        norm = 0;
+    else if (gguf_get_i64(f, key, &gating) == 0 && gating != 1) /* 1: softmax, llama.cpp's numbering */
         return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "metadata key %s = %lld: only softmax gating (1) is supported",
                           key, (long long)gating);
     snprintf(key, sizeof key, "%s.expert_shared_count", hp->arch);
@@ -151,6 +155,40 @@ static int read_gemma(const struct gguf_file *f, struct model_hparams *hp, char 
     return 0;
 }
 
+/* gpt-oss: the sliding window (required, as llama.cpp reads it), every other layer sliding
+ * unless sliding_window_pattern says otherwise, the same RoPE on every layer. Attention
+ * scales by 1/sqrt(n_rot) in llama.cpp's graph and its tensors are n_head*n_rot wide:
+ * files whose rope dimension differs from the head size are refused. */
+static int read_oss(const struct gguf_file *f, struct model_hparams *hp, char *err, size_t errlen)
+{
+    hp->oss = true;
+    int64_t v;
+    int rc;
+    if ((rc = arch_int(f, hp->arch, "attention.sliding_window", -1, 1, (int64_t)1 << 30, &hp->swa_window, err,
+                       errlen)))
+        return rc;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", hp->arch);
+    struct gguf_array arr;
+    if (gguf_get_arr(f, key, &arr) == 0)
+        return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "metadata key %s: a per-layer pattern is not supported", key);
+    if ((rc = arch_int(f, hp->arch, "attention.sliding_window_pattern", 2, 1, 4096, &v, err, errlen)))
+        return rc;
+    hp->swa_pattern = (int)v;
+    float base_swa;
+    if ((rc = arch_float(f, hp->arch, "rope.freq_base_swa", hp->rope_base, &base_swa, err, errlen)))
+        return rc;
+    snprintf(key, sizeof key, "%s.rope.freq_base_swa", hp->arch);
+    if (base_swa != hp->rope_base)
+        return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "metadata key %s = %g: a RoPE base of its own for the "
+                          "sliding layers of gpt-oss is not supported", key, (double)base_swa);
+    hp->rope_base_swa = base_swa;
+    if (hp->n_rot != hp->head_dim)
+        return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED, "gpt-oss with rope dimension %d other than the head size %d "
+                          "is not supported", hp->n_rot, hp->head_dim);
+    return 0;
+}
+
 /* phi3: the 128k variants scale RoPE per dimension by rope_factors_long/short, which cairn
  * does not apply: such files are refused rather than run wrong. llama.cpp ignores phi3's
  * sliding window (its converter writes one for models trained without it), and so does cairn. */
@@ -184,7 +222,7 @@ int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, char
     const struct arch_desc *a = model_find_arch(hp->arch);
     if (!a)
         return cairn_fail(err, errlen, CAIRN_EUNSUPPORTED,
-                          "architecture '%s' is not supported (supported: llama, qwen2, qwen3, qwen3moe, gemma3, phi3)", hp->arch);
+                          "architecture '%s' is not supported (supported: llama, qwen2, qwen3, qwen3moe, gemma3, phi3, gpt-oss)", hp->arch);
     int64_t v;
     int rc;
 #define GET_INT(field, key, def, lo, hi)                                             \
@@ -265,5 +303,7 @@ int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, char
         return read_gemma(f, hp, err, errlen);
     if (a->fused)
         return read_phi3(f, hp, err, errlen);
+    if (a->oss)
+        return read_oss(f, hp, err, errlen);
     return 0;
 }

@@ -31,6 +31,10 @@ struct arch_desc {
                                sliding-window layers */
     bool fused;             /* phi3: attn_qkv (q, k, v rows in turn) and ffn_up of 2*n_ff rows
                                (gate rows, then up rows) */
+    bool oss;               /* gpt-oss: attention sinks, biases of q/k/v/o, the FFN norm named
+                               post_attention_norm, a router with a bias whose top-k logits are
+                               softmaxed, experts with biases and clamped SwiGLU, every other layer
+                               sliding (both with the file's RoPE scaling) */
 };
 
 /* Hyper-parameters, all read from the file's metadata. */
@@ -62,14 +66,17 @@ struct model_hparams {
      * token to n_expert_used of n_expert experts, each a SwiGLU feed-forward of n_ff_exp;
      * with expert_norm the selected experts' router probabilities are divided by their
      * sum ({arch}.expert_weights_norm, true unless the file says false, as llama.cpp
-     * always does for qwen3moe and llama). */
+     * always does for qwen3moe and llama). gpt-oss (oss) instead picks the top k of the
+     * router's logits (plus its bias) and softmaxes those k, as llama.cpp's
+     * SOFTMAX_WEIGHT gating does, with no renormalisation. */
     int n_expert;
     int n_expert_used;
     int n_ff_exp;
     bool expert_norm;
-    bool gemma, fused;       /* arch_desc's */
-    /* Sliding-window layers (gemma3; 0: none): a sliding layer's token at position p attends
-     * to positions (p - swa_window, p] only, with RoPE base rope_base_swa and no scaling.
+    bool gemma, fused, oss;  /* arch_desc's */
+    /* Sliding-window layers (gemma3, gpt-oss; 0: none): a sliding layer's token at position p
+     * attends to positions (p - swa_window, p] only; gemma3's with RoPE base rope_base_swa and
+     * no scaling, gpt-oss's with the same RoPE as its other layers.
      * Layer il slides when il % swa_pattern < swa_pattern - 1 (every swa_pattern-th layer
      * is global), as llama.cpp reads "<arch>.attention.sliding_window[_pattern]". */
     int64_t swa_window;

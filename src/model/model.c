@@ -186,7 +186,33 @@ static int load_experts(struct loader *ld, struct kern_mat ***out, const char *n
     return 0;
 }
 
-/* The router and the experts of a mixture-of-experts layer. */
+/* A matrix of biases, one row of cols per expert (gpt-oss's ffn_*_exps.bias, GGUF shape
+ * [cols, n_expert]), as floats. */
+static int load_bias_rows(struct loader *ld, float **out, const char *name, int64_t cols)
+{
+    const struct model_hparams *hp = &ld->m->hp;
+    int rc;
+    *out = NULL;
+    const struct gguf_tensor *t = find_tensor(ld, name, 2, cols, hp->n_expert, true, &rc);
+    if (!t)
+        return rc;
+    if (t->type != DT_F32 && t->type != DT_F16 && t->type != DT_BF16)
+        return cairn_fail(ld->err, ld->errlen, CAIRN_EUNSUPPORTED, "tensor %s has type %s; biases must be F32, F16 or BF16",
+                          name, dtype_name(t->type));
+    size_t n = (size_t)cols * (size_t)hp->n_expert;
+    *out = malloc(n * sizeof(float));
+    if (!*out)
+        return cairn_fail(ld->err, ld->errlen, CAIRN_ENOMEM, "out of memory for %s", name);
+    int64_t row_bytes = dtype_row_bytes(t->type, cols);
+    for (int e = 0; e < hp->n_expert; e++)
+        kern_dequantize_row(t->type, (const char *)t->data + (size_t)e * (size_t)row_bytes, *out + (size_t)e * (size_t)cols,
+                            cols);
+    ld->weight_bytes += (uint64_t)cols * (uint64_t)hp->n_expert_used * sizeof(float);
+    ld->all_bytes += (uint64_t)n * sizeof(float);
+    return 0;
+}
+
+/* The router and the experts of a mixture-of-experts layer (gpt-oss: with their biases). */
 static int load_moe(struct loader *ld, int il, struct model_layer *L)
 {
     const struct model_hparams *hp = &ld->m->hp;
@@ -197,6 +223,11 @@ static int load_moe(struct loader *ld, int il, struct model_layer *L)
         (rc = load_experts(ld, &L->exp_gate, NAME("ffn_gate_exps.weight"), hp->n_ff_exp, hp->n_embd)) ||
         (rc = load_experts(ld, &L->exp_up, NAME("ffn_up_exps.weight"), hp->n_ff_exp, hp->n_embd)) ||
         (rc = load_experts(ld, &L->exp_down, NAME("ffn_down_exps.weight"), hp->n_embd, hp->n_ff_exp)))
+        return rc;
+    if (hp->oss && ((rc = load_vec(ld, &L->router_b, NAME("ffn_gate_inp.bias"), hp->n_expert, true)) ||
+                    (rc = load_bias_rows(ld, &L->exp_gate_b, NAME("ffn_gate_exps.bias"), hp->n_ff_exp)) ||
+                    (rc = load_bias_rows(ld, &L->exp_up_b, NAME("ffn_up_exps.bias"), hp->n_ff_exp)) ||
+                    (rc = load_bias_rows(ld, &L->exp_down_b, NAME("ffn_down_exps.bias"), hp->n_embd))))
         return rc;
 #undef NAME
     return 0;
@@ -209,9 +240,14 @@ static int load_layer(struct loader *ld, int il, struct model_layer *L)
     char name[96];
     int rc;
 #define NAME(suffix) (snprintf(name, sizeof name, "blk.%d.%s", il, suffix), name)
+    /* gpt-oss names its FFN norm post_attention_norm (a norm before the FFN, not gemma3's) */
     if ((rc = load_vec(ld, &L->attn_norm, NAME("attn_norm.weight"), hp->n_embd, true)) ||
         (rc = load_mat(ld, &L->wo, NAME("attn_output.weight"), hp->n_embd, q_dim)) ||
-        (rc = load_vec(ld, &L->ffn_norm, NAME("ffn_norm.weight"), hp->n_embd, true)))
+        (rc = load_vec(ld, &L->ffn_norm, NAME(hp->oss ? "post_attention_norm.weight" : "ffn_norm.weight"), hp->n_embd,
+                       true)))
+        return rc;
+    if (hp->oss && ((rc = load_vec(ld, &L->bo, NAME("attn_output.bias"), hp->n_embd, true)) ||
+                    (rc = load_vec(ld, &L->sinks, NAME("attn_sinks.weight"), hp->n_head, true))))
         return rc;
     if (hp->fused) { /* q, k, v and gate, up from two fused matrices */
         if ((rc = load_fused(ld, il, L)))
@@ -416,7 +452,7 @@ static void release_layer(struct model_layer *L, int n_expert)
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
         kern_mat_release(mats[i]);
     float *vecs[] = {L->attn_norm, L->ffn_norm, L->bq, L->bk, L->bv, L->q_norm, L->k_norm, L->attn_post_norm,
-                     L->ffn_post_norm};
+                     L->ffn_post_norm, L->bo, L->sinks, L->router_b, L->exp_gate_b, L->exp_up_b, L->exp_down_b};
     for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++)
         free(vecs[i]);
 }

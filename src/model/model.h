@@ -40,6 +40,13 @@ struct model_layer {
     struct kern_mat **exp_up;    /* n_expert of (n_ff_exp, n_embd) */
     struct kern_mat **exp_down;  /* n_expert of (n_embd, n_ff_exp) */
     float *attn_post_norm, *ffn_post_norm; /* (n_embd) gemma3, else NULL */
+    /* gpt-oss (else NULL); its ffn_norm is the file's post_attention_norm. */
+    float *bo;               /* (n_embd) attn_output.bias */
+    float *sinks;            /* (n_head) attn_sinks: a logit per head that joins each softmax */
+    float *router_b;         /* (n_expert) ffn_gate_inp.bias */
+    float *exp_gate_b;       /* (n_expert, n_ff_exp) ffn_gate_exps.bias */
+    float *exp_up_b;         /* (n_expert, n_ff_exp) ffn_up_exps.bias */
+    float *exp_down_b;       /* (n_expert, n_embd) ffn_down_exps.bias */
 };
 
 struct model {

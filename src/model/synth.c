@@ -60,6 +60,30 @@ static const char phi3_template[] =
     "message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor "
     "%}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
 
+/* A harmony chat template in the form of gpt-oss's (openai/gpt-oss-*), text parts only: a
+ * system message with the channels, system messages as the developer's instructions,
+ * assistant messages on the final channel, the generation prompt <|start|>assistant. */
+static const char harmony_template[] =
+    "{{- '<|start|>system<|message|>Reasoning: medium\n\n# Valid channels: analysis, commentary, final. "
+    "Channel must be included for every message.<|end|>' -}}\n"
+    "{%- for message in messages -%}\n"
+    "    {%- if message['role'] == 'system' or message['role'] == 'developer' -%}\n"
+    "        {{- '<|start|>developer<|message|># Instructions\n\n' + message['content'] + '<|end|>' -}}\n"
+    "    {%- elif message['role'] == 'assistant' -%}\n"
+    "        {{- '<|start|>assistant<|channel|>final<|message|>' + message['content'] + '<|end|>' -}}\n"
+    "    {%- else -%}\n"
+    "        {{- '<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>' -}}\n"
+    "    {%- endif -%}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{- '<|start|>assistant' -}}\n"
+    "{%- endif -%}\n";
+
+/* The harmony format's control tokens, appended to the qwen2 vocabulary by the gpt-oss
+ * shapes (gpt-oss's own o200k_harmony vocabulary is not in the test data). */
+static const char *const harmony_tokens[] = {"<|start|>", "<|end|>", "<|message|>", "<|channel|>",
+                                              "<|constrain|>", "<|return|>", "<|call|>"};
+
 static const struct {
     const char *name;
     struct synth_spec spec;
@@ -111,6 +135,18 @@ static const struct {
     {"phi3-tiny", {.arch = "phi3", .n_layers = 4, .n_embd = 256, .n_ff = 512, .n_head = 4, .n_head_kv = 4,
                    .n_ctx = 4096, .rope_base = 10000, .norm_eps = 1e-5f, .tied = 0, .swa_window = 2047,
                    .chat_template = phi3_template}},
+    /* gpt-oss's structure at a test size: 4 layers (0 and 2 sliding over 24 positions), 8
+     * experts, 4 per token, YaRN factor 32 over 128 positions */
+    {"gpt-oss-tiny", {.arch = "gpt-oss", .n_layers = 4, .n_embd = 256, .n_ff = 256, .n_head = 4, .n_head_kv = 2,
+                      .head_dim = 64, .n_ctx = 4096, .rope_base = 150000, .norm_eps = 1e-5f, .tied = 0,
+                      .yarn_factor = 32.0f, .swa_window = 24, .n_expert = 8, .n_expert_used = 4, .n_ff_exp = 256,
+                      .chat_template = harmony_template, .extra_tokens = harmony_tokens, .n_extra_tokens = 7}},
+    /* ≈ gpt-oss-20b (openai/gpt-oss-20b's config; the qwen2 vocabulary, not o200k_harmony's
+     * 201088 tokens) */
+    {"gpt-oss-20b", {.arch = "gpt-oss", .n_layers = 24, .n_embd = 2880, .n_ff = 2880, .n_head = 64, .n_head_kv = 8,
+                     .head_dim = 64, .n_ctx = 131072, .rope_base = 150000, .norm_eps = 1e-5f, .tied = 0,
+                     .yarn_factor = 32.0f, .swa_window = 128, .n_expert = 32, .n_expert_used = 4, .n_ff_exp = 2880,
+                     .chat_template = harmony_template, .extra_tokens = harmony_tokens, .n_extra_tokens = 7}},
     /* ≈ Phi-3-mini-4k-instruct */
     {"phi3-mini", {.arch = "phi3", .n_layers = 32, .n_embd = 3072, .n_ff = 8192, .n_head = 32, .n_head_kv = 32,
                    .n_ctx = 4096, .rope_base = 10000, .norm_eps = 1e-5f, .tied = 0, .swa_window = 2047,
@@ -137,7 +173,7 @@ int synth_shape(const char *name, struct synth_spec *spec)
 const char *synth_shape_names(void)
 {
     return "tiny, small, llama-1b, llama-8b, qwen-0.5b, qwen3-0.6b, qwen3moe-tiny, qwen3-30b-a3b, mixtral-tiny, "
-           "gemma3-tiny, gemma3-1b, gemma3-4b, phi3-tiny, phi3-mini";
+           "gemma3-tiny, gemma3-1b, gemma3-4b, phi3-tiny, phi3-mini, gpt-oss-tiny, gpt-oss-20b";
 }
 
 /* llama.cpp gives more bits to some layers' attn_v and ffn_down in *_M mixes. */
@@ -166,6 +202,8 @@ int synth_tensor_type(const struct synth_spec *spec, const char *tensor, int lay
     bool more = strstr(tensor, "attn_v.weight") || strstr(tensor, "ffn_down.weight") ||
                 strstr(tensor, "ffn_down_exps.weight");
     int type;
+    if (!strcmp(spec->arch, "gpt-oss") && !strcmp(spec->type, "mxfp4")) /* llama.cpp's MXFP4_MOE mix */
+        return strstr(tensor, "_exps.weight") ? DT_MXFP4 : DT_Q8_0;
     if (!strcmp(spec->type, "q4_k_m") || !strcmp(spec->type, "q5_k_m")) {
         int base = spec->type[1] == '4' ? DT_Q4_K : DT_Q5_K;
         type = is_head || (more && layer >= 0 && more_bits(layer, spec->n_layers)) ? DT_Q6_K : base;
@@ -344,7 +382,10 @@ static int add(struct writer_ctx *c, const char *name, int layer, int64_t rows, 
     t->scale = scale;
     t->spec = c->spec;
     t->script = c->script;
-    t->type = rows == 1 || strstr(name, "ffn_gate_inp.weight") ? DT_F32 : synth_tensor_type(c->spec, name, layer, cols);
+    /* vectors, biases (gpt-oss's experts': a row per expert) and routers stay F32 */
+    t->type = rows == 1 || strstr(name, ".bias") || strstr(name, "ffn_gate_inp.weight")
+                  ? DT_F32
+                  : synth_tensor_type(c->spec, name, layer, cols);
     if (c->script && !strcmp(name, "token_embd.weight"))
         c->script->embd_type = t->type;
     if (c->script && (strstr(name, "attn_output.weight") || strstr(name, "ffn_down.weight")))
@@ -413,6 +454,7 @@ static int add_exps(struct writer_ctx *c, const char *name, int layer, int64_t r
 static int add_moe(struct writer_ctx *c, int il, float w_out)
 {
     const struct synth_spec *s = c->spec;
+    const float w = 0.02f;
     char t[96];
     int rc;
 #define T(suffix) (snprintf(t, sizeof t, "blk.%d.%s", il, suffix), t)
@@ -420,6 +462,14 @@ static int add_moe(struct writer_ctx *c, int il, float w_out)
         (rc = add_exps(c, T("ffn_gate_exps.weight"), il, s->n_ff_exp, s->n_embd, s->n_expert, 0.02f)) ||
         (rc = add_exps(c, T("ffn_up_exps.weight"), il, s->n_ff_exp, s->n_embd, s->n_expert, 0.02f)) ||
         (rc = add_exps(c, T("ffn_down_exps.weight"), il, s->n_embd, s->n_ff_exp, s->n_expert, w_out)))
+        return rc;
+    /* gpt-oss's biases: the experts' gate and up biases wide enough (sd 3) that the clamps of
+     * its SwiGLU at 7 act on a few percent of the values, as they do in the real model */
+    if (!strcmp(s->arch, "gpt-oss") &&
+        ((rc = add(c, T("ffn_gate_inp.bias"), il, 1, s->n_expert, FILL_NORMAL, 0.5f)) ||
+         (rc = add(c, T("ffn_gate_exps.bias"), il, s->n_expert, s->n_ff_exp, c->script ? FILL_ZERO : FILL_NORMAL, 3.0f)) ||
+         (rc = add(c, T("ffn_up_exps.bias"), il, s->n_expert, s->n_ff_exp, c->script ? FILL_ZERO : FILL_NORMAL, 3.0f)) ||
+         (rc = add(c, T("ffn_down_exps.bias"), il, s->n_expert, s->n_embd, c->script ? FILL_ZERO : FILL_NORMAL, w))))
         return rc;
 #undef T
     return 0;
@@ -501,7 +551,7 @@ static int write_model(const struct synth_spec *s, const char *vocab_path, struc
     int rc = gguf_writer_create(&c.w);
     if (rc)
         return cairn_fail(err, errlen, rc, "out of memory");
-    c.cap = 16 * s->n_layers + 8;
+    c.cap = 24 * s->n_layers + 8;
     c.fills = calloc((size_t)c.cap, sizeof *c.fills);
     if (!c.fills) {
         gguf_writer_release(c.w);
@@ -535,11 +585,11 @@ static int write_model(const struct synth_spec *s, const char *vocab_path, struc
         gguf_writer_set_u32(c.w, KEY("rope.scaling.original_context_length"), (uint32_t)(s->n_ctx / s->yarn_factor));
     }
     if (s->n_expert > 0) {
-        bool qwen = !strcmp(a, "qwen3moe");
+        bool qwen = !strcmp(a, "qwen3moe") || !strcmp(a, "gpt-oss");
         if ((!qwen && strcmp(a, "llama")) || s->n_expert < 2 || s->n_expert > 1024 || s->n_expert_used < 1 ||
             s->n_expert_used > s->n_expert || (qwen ? s->n_ff_exp < 1 : s->n_ff_exp != s->n_ff)) {
             rc = cairn_fail(err, errlen, CAIRN_EINVAL,
-                            "a mixture of experts needs arch qwen3moe or llama (experts of n_ff), 2..1024 experts "
+                            "a mixture of experts needs arch qwen3moe, gpt-oss or llama (experts of n_ff), 2..1024 experts "
                             "and 1..n_expert used");
             goto out;
         }
@@ -547,8 +597,8 @@ static int write_model(const struct synth_spec *s, const char *vocab_path, struc
         gguf_writer_set_u32(c.w, KEY("expert_used_count"), (uint32_t)s->n_expert_used);
         if (qwen)
             gguf_writer_set_u32(c.w, KEY("expert_feed_forward_length"), (uint32_t)s->n_ff_exp);
-    } else if (!strcmp(a, "qwen3moe")) {
-        rc = cairn_fail(err, errlen, CAIRN_EINVAL, "qwen3moe needs experts");
+    } else if (!strcmp(a, "qwen3moe") || !strcmp(a, "gpt-oss")) {
+        rc = cairn_fail(err, errlen, CAIRN_EINVAL, "%s needs experts", a);
         goto out;
     }
     if (s->linear_factor > 1.0f) {
@@ -557,6 +607,11 @@ static int write_model(const struct synth_spec *s, const char *vocab_path, struc
     }
     if (s->swa_window > 0)
         gguf_writer_set_u32(c.w, KEY("attention.sliding_window"), (uint32_t)s->swa_window);
+    bool oss = !strcmp(a, "gpt-oss");
+    if (oss && s->swa_window <= 0) {
+        rc = cairn_fail(err, errlen, CAIRN_EINVAL, "gpt-oss needs a sliding window (--sliding-window W)");
+        goto out;
+    }
 #undef KEY
     int n_vocab = s->vocab_size;
     if (vocab_path) {
@@ -585,7 +640,7 @@ static int write_model(const struct synth_spec *s, const char *vocab_path, struc
         goto out;
     if (s->llama3_rope && (rc = add(&c, "rope_freqs.weight", -1, 1, s->head_dim / 2, FILL_ROPE_FREQS, 0)))
         goto out;
-    bool bias = !strcmp(a, "qwen2"), qk_norm = !strcmp(a, "qwen3") || !strcmp(a, "qwen3moe");
+    bool bias = !strcmp(a, "qwen2") || !strcmp(a, "gpt-oss"), qk_norm = !strcmp(a, "qwen3") || !strcmp(a, "qwen3moe");
     if (s->out_scale < 0 || !isfinite(s->out_scale) || s->scale_from < 0) {
         rc = cairn_fail(err, errlen, CAIRN_EINVAL, "output scale %g from layer %d: the scale must be finite and >= 0",
                         (double)s->out_scale, s->scale_from);
@@ -601,12 +656,18 @@ static int write_model(const struct synth_spec *s, const char *vocab_path, struc
         if (gemma && ((rc = add(&c, T("post_attention_norm.weight"), il, 1, s->n_embd, FILL_NORM_WEIGHT, 0.05f)) ||
                       (rc = add(&c, T("post_ffw_norm.weight"), il, 1, s->n_embd, FILL_NORM_WEIGHT, 0.05f))))
             break;
+        /* gpt-oss's FFN norm is named post_attention_norm */
         if ((rc = add(&c, T("attn_norm.weight"), il, 1, s->n_embd, FILL_NORM_WEIGHT, 0.05f)) ||
             (rc = add(&c, T("attn_q.weight"), il, q_dim, s->n_embd, FILL_NORMAL, w)) ||
             (rc = add(&c, T("attn_k.weight"), il, kv_dim, s->n_embd, FILL_NORMAL, w)) ||
             (rc = add(&c, T("attn_v.weight"), il, kv_dim, s->n_embd, FILL_NORMAL, w)) ||
             (rc = add(&c, T("attn_output.weight"), il, s->n_embd, q_dim, FILL_NORMAL, w_out)) ||
-            (rc = add(&c, T("ffn_norm.weight"), il, 1, s->n_embd, FILL_NORM_WEIGHT, 0.05f)))
+            (rc = add(&c, T(oss ? "post_attention_norm.weight" : "ffn_norm.weight"), il, 1, s->n_embd,
+                      FILL_NORM_WEIGHT, 0.05f)))
+            break;
+        /* sinks of sd 1 (a head's sink then takes a visible share of its softmax) */
+        if (oss && ((rc = add(&c, T("attn_output.bias"), il, 1, s->n_embd, script ? FILL_ZERO : FILL_NORMAL, w)) ||
+                    (rc = add(&c, T("attn_sinks.weight"), il, 1, s->n_head, FILL_NORMAL, 1.0f))))
             break;
         if (s->n_expert > 0 ? (rc = add_moe(&c, il, w_out)) != 0
                             : ((rc = add(&c, T("ffn_gate.weight"), il, s->n_ff, s->n_embd, FILL_NORMAL, w)) ||

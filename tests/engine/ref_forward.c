@@ -106,6 +106,51 @@ static void rope(const struct model_hparams *hp, const double *factors, double *
  * router's logits, the n_expert_used most probable experts (ties to the lower index),
  * their probabilities renormalised to sum 1 when the model says so, and the weighted sum
  * of their SwiGLU outputs. */
+/* gpt-oss's mixture (its model definition): the router's logits plus bias, the k largest, a
+ * softmax over those k; each expert's gate and up with biases, gate clamped above at 7, up to
+ * [-7, 7], h = gate * sigmoid(1.702 gate) * (up + 1), down with its bias. */
+struct oss_moe {
+    const double *router_b, *bg, *bu, *bd;
+};
+
+static void moe_ffn_oss(const struct model_hparams *hp, const struct oss_moe *ob, const double *router,
+                        const double *eg, const double *eu, const double *ed, const double *xn, double *out, double *g,
+                        double *u, double *tmp)
+{
+    int64_t E = hp->n_embd, F = hp->n_ff_exp;
+    int NE = hp->n_expert, K = hp->n_expert_used;
+    double l[1024], w[1024], sum = 0;
+    int sel[1024];
+    bool taken[1024] = {false};
+    matvec(router, xn, l, NE, E);
+    for (int e = 0; e < NE; e++)
+        l[e] += ob->router_b[e];
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < NE; e++)
+            if (!taken[e] && (best < 0 || l[e] > l[best]))
+                best = e;
+        taken[best] = true;
+        sel[k] = best;
+    }
+    for (int k = 0; k < K; k++)
+        sum += w[k] = exp(l[sel[k]] - l[sel[0]]);
+    for (int64_t i = 0; i < E; i++)
+        out[i] = 0;
+    for (int k = 0; k < K; k++) {
+        int64_t e = sel[k];
+        matvec(eg + e * F * E, xn, g, F, E);
+        matvec(eu + e * F * E, xn, u, F, E);
+        for (int64_t i = 0; i < F; i++) {
+            double x = fmin(g[i] + ob->bg[e * F + i], 7.0), y = fmax(-7.0, fmin(u[i] + ob->bu[e * F + i], 7.0));
+            g[i] = x / (1.0 + exp(-1.702 * x)) * (y + 1.0);
+        }
+        matvec(ed + e * E * F, g, tmp, E, F);
+        for (int64_t i = 0; i < E; i++)
+            out[i] += w[k] / sum * (tmp[i] + ob->bd[e * E + i]);
+    }
+}
+
 static void moe_ffn(const struct model_hparams *hp, const double *router, const double *eg, const double *eu,
                     const double *ed, const double *xn, double *out, double *g, double *u, double *tmp)
 {
@@ -174,13 +219,18 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
     for (int t = 0; t < n; t++)
         for (int64_t i = 0; i < E; i++)
             x[t * E + i] = emb[(int64_t)tokens[t] * E + i] * (hp.gemma ? sqrt((double)E) : 1.0);
-    /* gemma3: every swa_pattern-th layer global, the others see the last swa_window positions */
+    /* gemma3 (gpt-oss): every swa_pattern-th (every other) layer global, the others see the
+     * last swa_window positions; gemma3's rotate with their own RoPE, gpt-oss's as the others */
     for (int l = 0; l < hp.n_layers; l++) {
-        bool local = hp.swa_window > 0 && l % hp.swa_pattern != hp.swa_pattern - 1;
+        bool window = hp.swa_window > 0 && l % hp.swa_pattern != hp.swa_pattern - 1;
+        bool local = window && hp.gemma;
         double *qkv = tensorf(f, "blk.%d.attn_qkv.weight", l); /* phi3: q, k, v rows */
         double *an = tensorf(f, "blk.%d.attn_norm.weight", l), *wq = tensorf(f, "blk.%d.attn_q.weight", l);
         double *wk = tensorf(f, "blk.%d.attn_k.weight", l), *wv = tensorf(f, "blk.%d.attn_v.weight", l);
         double *wo = tensorf(f, "blk.%d.attn_output.weight", l), *fn = tensorf(f, "blk.%d.ffn_norm.weight", l);
+        double *bo = tensorf(f, "blk.%d.attn_output.bias", l), *sinks = tensorf(f, "blk.%d.attn_sinks.weight", l);
+        struct oss_moe ob = {tensorf(f, "blk.%d.ffn_gate_inp.bias", l), tensorf(f, "blk.%d.ffn_gate_exps.bias", l),
+                             tensorf(f, "blk.%d.ffn_up_exps.bias", l), tensorf(f, "blk.%d.ffn_down_exps.bias", l)};
         double *wg = tensorf(f, "blk.%d.ffn_gate.weight", l), *wu = tensorf(f, "blk.%d.ffn_up.weight", l);
         double *wd = tensorf(f, "blk.%d.ffn_down.weight", l);
         double *router = tensorf(f, "blk.%d.ffn_gate_inp.weight", l);
@@ -191,6 +241,10 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
         double *qn = tensorf(f, "blk.%d.attn_q_norm.weight", l), *kn = tensorf(f, "blk.%d.attn_k_norm.weight", l);
         double *pan = tensorf(f, "blk.%d.post_attention_norm.weight", l);
         double *pfn = tensorf(f, "blk.%d.post_ffw_norm.weight", l);
+        if (hp.oss) { /* its norm before the FFN is named post_attention_norm */
+            fn = pan;
+            pan = NULL;
+        }
         if (qkv) {
             wq = qkv;
             wk = qkv + qd * E;
@@ -228,7 +282,7 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
                 rope(&hp, factors, qh, t, local);
                 int kh = h / (hp.n_head / hp.n_head_kv);
                 double max = -INFINITY, sum = 0;
-                int p0 = local && t >= hp.swa_window ? t - (int)hp.swa_window + 1 : 0;
+                int p0 = window && t >= hp.swa_window ? t - (int)hp.swa_window + 1 : 0;
                 /* gemma3 27B scales by n_embd / n_head, every other model by head_dim */
                 double scale = hp.gemma && hp.n_layers == 62 ? 1.0 / sqrt((double)(E / hp.n_head)) : 1.0 / sqrt((double)hd);
                 for (int p = p0; p <= t; p++) {
@@ -238,8 +292,12 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
                     sc[p] = s * scale;
                     max = fmax(max, sc[p]);
                 }
+                if (sinks) /* gpt-oss: a logit per head that takes part in the softmax, with no value */
+                    max = fmax(max, sinks[h]);
                 for (int p = p0; p <= t; p++)
                     sum += sc[p] = exp(sc[p] - max);
+                if (sinks)
+                    sum += exp(sinks[h] - max);
                 for (int64_t i = 0; i < hd; i++) {
                     double o = 0;
                     for (int p = p0; p <= t; p++)
@@ -248,6 +306,8 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
                 }
             }
             matvec(wo, att, tmp, E, qd);
+            for (int64_t i = 0; bo && i < E; i++)
+                tmp[i] += bo[i];
             if (pan)
                 rmsnorm(tmp, pan, tmp, E, hp.norm_eps);
             for (int64_t i = 0; i < E; i++)
@@ -256,7 +316,10 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
         for (int t = 0; t < n; t++) {
             rmsnorm(x + t * E, fn, xn, E, hp.norm_eps);
             if (router) {
-                moe_ffn(&hp, router, eg, eu, ed, xn, att, g, u, tmp);
+                if (hp.oss)
+                    moe_ffn_oss(&hp, &ob, router, eg, eu, ed, xn, att, g, u, tmp);
+                else
+                    moe_ffn(&hp, router, eg, eu, ed, xn, att, g, u, tmp);
                 for (int64_t i = 0; i < E; i++)
                     x[t * E + i] += att[i];
                 continue;
@@ -276,7 +339,8 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
             wq = wk = wv = NULL;
         if (!tensorf_exists(f, "blk.%d.ffn_gate.weight", l))
             wu = NULL; /* part of wg's allocation */
-        double *all[] = {an, wq, wk, wv, wo, fn, wg, wu, wd, bq, bk, bv, qn, kn, pan, pfn, qkv, router, eg, eu, ed};
+        double *all[] = {an, wq, wk, wv, wo, fn, wg, wu, wd, bq, bk, bv, qn, kn, pan, pfn, qkv, router, eg, eu, ed, bo, sinks,
+                         (double *)ob.router_b, (double *)ob.bg, (double *)ob.bu, (double *)ob.bd};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             free(all[i]);
     }

@@ -114,8 +114,12 @@ static void restore(struct fix *f, int seq, int64_t from, int64_t to)
     }
 }
 
+/* Attention sinks of the calls and references below (gpt-oss; NULL: none), one per head. */
+static const float *g_sinks;
+
 /* Attention of one row in float64 from the rounded K and V, over positions
- * (pos - window, pos] (window 0: [0, pos]). */
+ * (pos - window, pos] (window 0: [0, pos]); with g_sinks, head h's sink joins the softmax's
+ * maximum and denominator. */
 static void ref_row(const struct fix *f, int seq, int64_t pos, const float *q, double *out, int64_t window)
 {
     int64_t p0 = window_start(pos, window);
@@ -132,6 +136,10 @@ static void ref_row(const struct fix *f, int seq, int64_t pos, const float *q, d
                 d += (double)q[h * hd + i] * k[i];
             s[p] = d * scale;
             mx = s[p] > mx ? s[p] : mx;
+        }
+        if (g_sinks) {
+            mx = g_sinks[h] > mx ? g_sinks[h] : mx;
+            sum += exp(g_sinks[h] - mx);
         }
         for (int i = 0; i < hd; i++)
             out[h * hd + i] = 0.0;
@@ -179,8 +187,8 @@ static void reference(int64_t window)
                 /* positions before the window are poisoned: a read of one shows as NaN */
                 int64_t w0 = window_start(pos[b], window);
                 poison_range(&f, 0, 0, w0);
-                attn_forward_window(f.a, pool, vec_ops_best(), f.kv, 0, 1, seq, pos + b, q + b * f.q_dim,
-                                    out + b * f.q_dim, window);
+                attn_forward_sinks(f.a, pool, vec_ops_best(), f.kv, 0, 1, seq, pos + b, q + b * f.q_dim,
+                                   out + b * f.q_dim, window, g_sinks);
                 restore(&f, 0, 0, w0);
                 ref_row(&f, 0, pos[b], q + b * f.q_dim, ref, window);
                 double mx = 0.0, err = 0.0;
@@ -218,8 +226,8 @@ static void run_rows(struct fix *f, struct pool *pool, const struct vec_ops *vec
         seqs[p - from] = seq;
         pos[p - from] = p;
     }
-    attn_forward_window(f->a, pool, vec, f->kv, 0, (int)(to - from), seqs, pos, q + from * f->q_dim,
-                        out + from * f->q_dim, g_window);
+    attn_forward_sinks(f->a, pool, vec, f->kv, 0, (int)(to - from), seqs, pos, q + from * f->q_dim,
+                       out + from * f->q_dim, g_window, g_sinks);
 }
 
 /* A prompt of 16k positions (2k sanitized; 4k with Q8_0 K and Q4_0 V) in one call, then in chunks of random sizes
@@ -272,7 +280,7 @@ static void chunked(int64_t n, int type_k, int type_v)
                 seqs[m] = 0, pos[m] = at + i;
                 memcpy(mixed_q + (size_t)m++ * (size_t)f.q_dim, q + (at + i) * f.q_dim, (size_t)f.q_dim * sizeof *q);
             }
-            attn_forward_window(f.a, pool, vec_ops_best(), f.kv, 0, m, seqs, pos, mixed_q, mixed_out, g_window);
+            attn_forward_sinks(f.a, pool, vec_ops_best(), f.kv, 0, m, seqs, pos, mixed_q, mixed_out, g_window, g_sinks);
             for (int i = 0; i < m; i++) {
                 const float *want = seqs[i] ? other + pos[i] * f.q_dim : one + pos[i] * f.q_dim;
                 if (memcmp(mixed_out + (size_t)i * (size_t)f.q_dim, want, (size_t)f.q_dim * sizeof *want)) {
@@ -365,12 +373,34 @@ static void variants(void)
         }
 }
 
+/* gpt-oss's sinks: below, near and far above the scores (a sink of 40 takes nearly all of a
+ * head's softmax, one of -40 nothing) */
+static const float sinks[4] = {0.7f, -40.0f, 40.0f, 3.0f};
+
 static void test_variants(void)
 {
     variants();
     g_window = 100; /* rows whose window starts inside a tile, and tiles skipped */
     variants();
+    g_sinks = sinks; /* with sinks, prefill and split decode */
+    variants();
     g_window = 0;
+    variants();
+    g_sinks = NULL;
+}
+
+/* Sinks against float64, with and without a window; and the same bits whether the rows
+ * come in one prefill, in chunks or as split decodes. */
+static void test_sinks(void)
+{
+    g_sinks = sinks;
+    reference(0);
+    reference(300);
+    g_window = 24;
+    chunked(SANITIZED ? 1024 : 2048, DT_F16, DT_F16);
+    g_window = 0;
+    chunked(SANITIZED ? 1024 : 2048, DT_F32, DT_F32);
+    g_sinks = NULL;
 }
 
 int main(int argc, char **argv)
@@ -379,5 +409,6 @@ int main(int argc, char **argv)
     RUN(test_variants);
     RUN(test_reference);
     RUN(test_chunked);
+    RUN(test_sinks);
     return test_main_end();
 }

@@ -1,5 +1,5 @@
 /* libFuzzer harness of a model's metadata as the loader reads it (model/arch.c:
- * model_read_hparams, the mixture-of-experts counts included) and of a pipeline rank's
+ * model_read_hparams, the mixture-of-experts counts and gpt-oss's window included) and of a pipeline rank's
  * byte ranges (model/extents.c), on arbitrary bytes in an exact-size copy. A refused
  * file must say why; accepted hyper-parameters must be within the loader's bounds
  * (expert_used_count <= expert_count <= 1024, heads dividing, ...), and the ranges of
@@ -33,8 +33,12 @@ static void check_hparams(const struct model_hparams *hp)
         CHECK(hp->n_expert_used >= 1 && hp->n_expert_used <= hp->n_expert);
         CHECK(hp->n_ff_exp >= 1);
     } else {
-        CHECK(hp->n_expert_used == 0 && strcmp(hp->arch, "qwen3moe"));
+        CHECK(hp->n_expert_used == 0 && strcmp(hp->arch, "qwen3moe") && strcmp(hp->arch, "gpt-oss"));
     }
+    /* gpt-oss: experts, a window, every layer rotated alike, no renormalised routing */
+    if (hp->oss)
+        CHECK(hp->n_expert >= 2 && hp->swa_window >= 1 && hp->swa_pattern >= 1 && hp->n_rot == hp->head_dim &&
+              hp->rope_base_swa == hp->rope_base && !hp->expert_norm && !strcmp(hp->arch, "gpt-oss"));
 }
 
 static void check_extents(const struct gguf_file *f, int begin, int end, size_t size)

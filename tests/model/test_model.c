@@ -261,7 +261,7 @@ static int rewrite_arch(const char *src, const char *dst, const struct arch_edit
     return rc;
 }
 
-/* gemma3 and phi3 files with a tensor or a key wrong are refused with its name; the
+/* gemma3, phi3 and gpt-oss files with a tensor or a key wrong are refused with its name; the
  * good ones load with the hyper-parameters their metadata says. */
 static void check_arch_refusals(void)
 {
@@ -288,16 +288,43 @@ static void check_arch_refusals(void)
          "rope_factors_long"},
         {"longrope scaling", NULL, NULL, "phi3.rope.scaling.type", SET_STR, 0, "longrope", CAIRN_EUNSUPPORTED, "longrope"},
     };
+    static const struct arch_edit oss[] = {
+        {"no sinks", "blk.1.attn_sinks.weight", NULL, NULL, SET_NONE, 0, NULL, CAIRN_EFORMAT, "blk.1.attn_sinks.weight"},
+        {"sinks of half the heads", NULL, "blk.2.attn_sinks.weight", NULL, SET_NONE, 0, NULL, CAIRN_EFORMAT,
+         "blk.2.attn_sinks.weight"},
+        {"no output bias", "blk.0.attn_output.bias", NULL, NULL, SET_NONE, 0, NULL, CAIRN_EFORMAT, "blk.0.attn_output.bias"},
+        {"no FFN norm", "blk.3.post_attention_norm.weight", NULL, NULL, SET_NONE, 0, NULL, CAIRN_EFORMAT,
+         "blk.3.post_attention_norm.weight"},
+        {"no router bias", "blk.3.ffn_gate_inp.bias", NULL, NULL, SET_NONE, 0, NULL, CAIRN_EFORMAT, "blk.3.ffn_gate_inp.bias"},
+        {"no down experts' bias", "blk.0.ffn_down_exps.bias", NULL, NULL, SET_NONE, 0, NULL, CAIRN_EFORMAT,
+         "blk.0.ffn_down_exps.bias"},
+        {"up experts' bias for half the experts", NULL, "blk.1.ffn_up_exps.bias", NULL, SET_NONE, 0, NULL, CAIRN_EFORMAT,
+         "blk.1.ffn_up_exps.bias"},
+        {"gate experts of half their rows", NULL, "blk.2.ffn_gate_exps.weight", NULL, SET_NONE, 0, NULL, CAIRN_EFORMAT,
+         "blk.2.ffn_gate_exps.weight"},
+        {"window 0", NULL, NULL, "gpt-oss.attention.sliding_window", SET_U32, 0, NULL, CAIRN_EFORMAT,
+         "gpt-oss.attention.sliding_window"},
+        {"expert width 0", NULL, NULL, "gpt-oss.expert_feed_forward_length", SET_U32, 0, NULL, CAIRN_EFORMAT,
+         "gpt-oss.expert_feed_forward_length"},
+        {"a RoPE base of the sliding layers' own", NULL, NULL, "gpt-oss.rope.freq_base_swa", SET_F32, 10000, NULL,
+         CAIRN_EUNSUPPORTED, "gpt-oss.rope.freq_base_swa"},
+        {"rope dimension below the head size", NULL, NULL, "gpt-oss.rope.dimension_count", SET_U32, 16, NULL,
+         CAIRN_EUNSUPPORTED, "rope dimension 16"},
+    };
     char err[512], path[128], bad[128];
     snprintf(path, sizeof path, "test_model_arch_%d.gguf", (int)getpid());
     snprintf(bad, sizeof bad, "test_model_arch_bad_%d.gguf", (int)getpid());
-    for (int a = 0; a < 2; a++) {
+    for (int a = 0; a < 3; a++) {
         struct synth_spec s = {.arch = "gemma3", .n_layers = 6, .n_embd = 64, .n_ff = 128, .n_head = 2, .n_head_kv = 1,
                                .head_dim = 32, .n_ctx = 256, .rope_base = 1000000, .norm_eps = 1e-6f, .tied = 1,
                                .swa_window = 16, .type = "f16", .seed = 3, .vocab_size = 100};
         if (a == 1) {
             snprintf(s.arch, sizeof s.arch, "phi3");
             s.n_head_kv = 2, s.tied = 0, s.swa_window = 0;
+        }
+        if (a == 2) {
+            snprintf(s.arch, sizeof s.arch, "gpt-oss");
+            s.n_layers = 4, s.tied = 0, s.yarn_factor = 32, s.n_expert = 4, s.n_expert_used = 2, s.n_ff_exp = 32;
         }
         CHECK(synth_write(&s, NULL, path, err, sizeof err) == 0, "synth_write: %s", err);
         struct model *m = NULL;
@@ -311,9 +338,18 @@ static void check_arch_refusals(void)
             CHECK(m->hp.fused && !m->hp.gemma && m->hp.swa_window == 0 && kern_mat_rows(m->layers[0].wk) == 64 &&
                       kern_mat_rows(m->layers[0].w_up) == 128 && !m->layers[0].attn_post_norm,
                   "phi3 hyper-parameters");
+        if (m && a == 2) {
+            const struct model_layer *L = &m->layers[1];
+            CHECK(m->hp.oss && !m->hp.gemma && m->hp.swa_window == 16 && m->hp.swa_pattern == 2 &&
+                      model_layer_swa(&m->hp, 0) && !model_layer_swa(&m->hp, 1) && model_layer_swa(&m->hp, 2) &&
+                      m->hp.rope_yarn_factor == 32.0f && !m->hp.expert_norm && m->hp.n_ff_exp == 32 &&
+                      L->sinks && L->bo && L->bq && L->bk && L->bv && L->router_b && L->exp_gate_b && L->exp_up_b &&
+                      L->exp_down_b && L->ffn_norm && !L->attn_post_norm && m->hp.rope == ROPE_NEOX,
+                  "gpt-oss hyper-parameters");
+        }
         model_release(m);
-        const struct arch_edit *edits = a ? phi : gemma;
-        size_t n = a ? sizeof phi / sizeof phi[0] : sizeof gemma / sizeof gemma[0];
+        const struct arch_edit *edits = a == 2 ? oss : a ? phi : gemma;
+        size_t n = a == 2 ? sizeof oss / sizeof oss[0] : a ? sizeof phi / sizeof phi[0] : sizeof gemma / sizeof gemma[0];
         for (size_t i = 0; i < n; i++) {
             if (rewrite_arch(path, bad, &edits[i])) {
                 CHECK(0, "%s: cannot write the edited file", edits[i].what);
