@@ -219,6 +219,15 @@ static void get_task_stats(struct runner *r, struct task_stats *s)
         s->pipeline_rows_sampled = (int64_t)ps.rows_sampled;
         s->pipeline_rows_logits = (int64_t)ps.rows_logits;
     }
+    if (r->tp) { /* rank 0 of a tensor-parallel instance: its own part, and the exchanges */
+        struct tensor_stats ts;
+        tensor_get_stats(r->tp, &ts);
+        s->pipeline = true;
+        s->pipeline_steps = (int64_t)ts.steps;
+        s->pipeline_compute_us = ts.compute_us - ts.xchg_us;
+        s->pipeline_wait_us = ts.xchg_us;
+        s->pipeline_bytes = (int64_t)(ts.bytes_sent + ts.bytes_received);
+    }
 }
 
 /* Sends a start, output or seq_done message (proto/taskmsg.h); start and seq_done get the
