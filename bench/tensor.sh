@@ -78,15 +78,22 @@ measure() {
   s0=$(metric "$url" cairn_pipeline_steps_total); w0=$(metric "$url" cairn_pipeline_wait_microseconds_total)
   c0=$(metric "$url" cairn_pipeline_rank0_compute_microseconds_total); b0=$(metric "$url" cairn_pipeline_bytes_total)
   one=$(node bench/serve_load.mjs streams --url "$url" --model llama-1b --n 1 --gen "$gen" --timeout-s 900)
+  # the runner's own clock: decode time of one more request (timings.predicted_ms)
+  local prompt timed
+  prompt=$(node bench/serve_load.mjs prompt --tokens 128 --salt 977)
+  timed=$(node -e 'process.stdout.write(JSON.stringify({model: "llama-1b", prompt: process.argv[1],
+      max_tokens: Number(process.argv[2]), temperature: 0, ignore_eos: true}))' "$prompt" "$gen" |
+    curl -sf -m 900 "$url/v1/completions" -H 'content-type: application/json' -d @-)
   s1=$(metric "$url" cairn_pipeline_steps_total); w1=$(metric "$url" cairn_pipeline_wait_microseconds_total)
   c1=$(metric "$url" cairn_pipeline_rank0_compute_microseconds_total); b1=$(metric "$url" cairn_pipeline_bytes_total)
   node -e '
-    const [label, one, s0, w0, c0, b0, s1, w1, c1, b1] = process.argv.slice(1).map((v, i) => i < 2 ? v : Number(v));
-    const a = JSON.parse(one), steps = s1 - s0;
+    const [label, one, timed, s0, w0, c0, b0, s1, w1, c1, b1] = process.argv.slice(1).map((v, i) => i < 3 ? v : Number(v));
+    const a = JSON.parse(one), t = JSON.parse(timed).timings, steps = s1 - s0;
+    const runner = (t.predicted_n / t.predicted_ms * 1000).toFixed(2);
     const per = steps > 0 ? `${((c1 - c0) / steps / 1000).toFixed(2)} ms own part, ` +
       `${((w1 - w0) / steps / 1000).toFixed(2)} ms exchanges, ${((b1 - b0) / steps / 1024).toFixed(1)} KiB on the wire` : "-";
-    console.log(`| ${label} | ${a.decode_tps} | ${per} |`);
-  ' "$label" "$one" "$s0" "$w0" "$c0" "$b0" "$s1" "$w1" "$c1" "$b1" | tee -a "$results"
+    console.log(`| ${label} | ${a.decode_tps} | ${a.e2e_tps} | ${runner} | ${per} |`);
+  ' "$label" "$one" "$timed" "$s0" "$w0" "$c0" "$b0" "$s1" "$w1" "$c1" "$b1" | tee -a "$results"
 }
 
 a=http://127.0.0.1:$port
@@ -120,6 +127,6 @@ stop_nodes
 
 echo
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) CPUs; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "| setup | 1 stream decode tok/s | tensor rank 0 per step (decode) |"
-echo "|---|---:|---|"
+echo "| setup | 1 stream decode tok/s (client) | end to end tok/s | runner's decode tok/s | tensor rank 0 per step (128-token prefill and decode) |"
+echo "|---|---:|---:|---:|---|"
 cat "$results"
