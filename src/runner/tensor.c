@@ -161,10 +161,13 @@ static int send_frame(struct tensor *t, const struct dp_activations *a, char *er
     return 0;
 }
 
-/* Sends part q (columns [c0, c0 + width) of rows rows of buf) to next, chunk by chunk. */
+/* Sends part q (columns [c0, c0 + width) of rows rows of buf) to next, chunk by chunk;
+ * an empty part (a split at a coarse row alignment) sends nothing, on every rank alike. */
 static int send_part(struct tensor *t, const float *buf, int rows, size_t ld, int64_t c0, int64_t width, int q,
                      char *err, size_t errlen)
 {
+    if (width <= 0)
+        return 0;
     int cr = chunk_rows(width, rows);
     for (int r0 = 0, c = 0; r0 < rows; r0 += cr, c++) {
         int n = rows - r0 < cr ? rows - r0 : cr;
@@ -185,6 +188,8 @@ static int send_part(struct tensor *t, const float *buf, int rows, size_t ld, in
 static int recv_part(struct tensor *t, float *buf, int rows, size_t ld, int64_t c0, int64_t width, int q,
                      bool forward, char *err, size_t errlen)
 {
+    if (width <= 0)
+        return 0;
     int cr = chunk_rows(width, rows);
     for (int r0 = 0, c = 0; r0 < rows; r0 += cr, c++) {
         int n = rows - r0 < cr ? rows - r0 : cr;
@@ -230,23 +235,21 @@ static int ring_gather(void *ctx, float *buf, int rows, size_t ld, const int64_t
     int64_t t0 = now_us();
     t->xchg++;
     int W = t->world, r = t->rank, rc = 0;
-#define PART(q) part[q], part[(q) + 1] - part[q], (q)
     if (!to_root) {
-        rc = send_part(t, buf, rows, ld, PART(r), err, errlen);
-        for (int k = 1; k < W && !rc; k++) {
+        rc = send_part(t, buf, rows, ld, part[r], part[r + 1] - part[r], r, err, errlen);
+        for (int k = 1; k < W && !rc; k++) { /* round k brings the part of rank r - k */
             int q = (r - k + W) % W;
-            rc = recv_part(t, buf, rows, ld, PART(q), k < W - 1, err, errlen);
+            rc = recv_part(t, buf, rows, ld, part[q], part[q + 1] - part[q], q, k < W - 1, err, errlen);
         }
     } else if (r == 0) {
         for (int q = 1; q < W && !rc; q++)
-            rc = recv_part(t, buf, rows, ld, PART(q), false, err, errlen);
-    } else {
+            rc = recv_part(t, buf, rows, ld, part[q], part[q + 1] - part[q], q, false, err, errlen);
+    } else { /* pass on the parts of ranks 1..r-1, then add this rank's */
         for (int q = 1; q < r && !rc; q++)
-            rc = recv_part(t, buf, rows, ld, PART(q), true, err, errlen);
+            rc = recv_part(t, buf, rows, ld, part[q], part[q + 1] - part[q], q, true, err, errlen);
         if (!rc)
-            rc = send_part(t, buf, rows, ld, PART(r), err, errlen);
+            rc = send_part(t, buf, rows, ld, part[r], part[r + 1] - part[r], r, err, errlen);
     }
-#undef PART
     pthread_mutex_lock(&t->mu);
     t->st.exchanges++;
     t->st.xchg_us += now_us() - t0;
