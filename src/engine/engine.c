@@ -479,6 +479,29 @@ static int tp_parts(struct engine *e, const struct model *m, int world, char *er
     return 0;
 }
 
+/* Bytes of rows [part[rank], part[rank+1]) of m (0 for no matrix). */
+static uint64_t part_bytes(const struct kern_mat *m, const int64_t *part, int rank)
+{
+    if (!m)
+        return 0;
+    return (uint64_t)((double)kern_mat_bytes(m) * (double)(part[rank + 1] - part[rank]) / (double)kern_mat_rows(m));
+}
+
+/* What this rank's products read per token: its rows of every layer's matrices and of the head. */
+static uint64_t tp_weight_bytes(const struct engine *e)
+{
+    const struct model *m = e->m;
+    int r = e->tp_rank;
+    uint64_t b = part_bytes(m->output, e->vocab_part, r);
+    for (int il = 0; il < m->layer_end - m->layer_begin; il++) {
+        const struct model_layer *L = &m->layers[il];
+        b += part_bytes(L->wq, e->q_part, r) + part_bytes(L->wk, e->kv_part, r) + part_bytes(L->wv, e->kv_part, r) +
+             part_bytes(L->wo, e->embd_part, r) + part_bytes(L->w_down, e->embd_part, r) +
+             part_bytes(L->w_gate, e->ff_part, r) + part_bytes(L->w_up, e->ff_part, r);
+    }
+    return b;
+}
+
 int engine_tp_check(const struct model *m, int world, char *err, size_t errlen)
 {
     struct engine e = {0};
@@ -552,6 +575,8 @@ int engine_create(struct engine **out, const struct model *m, const struct engin
         ok = moe_create(&e->moe, hp, cfg->max_batch) == 0;
     if (ok)
         attn_set_scale(e->att, hp->attn_scale);
+    if (ok && hp->n_expert == 0)
+        e->tp_stats.weight_bytes = tp_weight_bytes(e);
     if (!ok || pool_create(&e->pool, cfg->n_threads)) {
         engine_release(e);
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory for engine buffers (batch %d)", cfg->max_batch);

@@ -101,6 +101,7 @@ int engine_max_batch(const struct engine *e);
  * so far (a rank's part goes to world - 1 others, or to rank 0 alone for the logits). */
 struct engine_tp_stats {
     uint64_t forwards, gathers, part_bytes;
+    uint64_t weight_bytes; /* bytes of weights this rank's products read per token (its rows) */
 };
 struct engine_tp_stats engine_get_tp_stats(const struct engine *e);
 

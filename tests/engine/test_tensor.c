@@ -119,7 +119,8 @@ fail:
 }
 
 /* The same on W ranks; returns rank 0's logits. */
-static float *run_tp(const struct model *m, int W, int threads, struct engine_tp_stats *st0, uint64_t *gathers)
+static float *run_tp(const struct model *m, int W, int threads, struct engine_tp_stats *st0, uint64_t *gathers,
+                     uint64_t *weight_bytes)
 {
     char err[256];
     int V = m->hp.n_vocab;
@@ -163,6 +164,9 @@ static float *run_tp(const struct model *m, int W, int threads, struct engine_tp
     }
     if (ok)
         *st0 = engine_get_tp_stats(rr[0].e);
+    *weight_bytes = 0;
+    for (int r = 0; r < W && ok; r++)
+        *weight_bytes += engine_get_tp_stats(rr[r].e).weight_bytes;
     *gathers = x.calls;
     for (int r = 0; r < W; r++) {
         kv_release(rr[r].kv);
@@ -203,6 +207,15 @@ static void check_model(const char *arch, const char *type, int n_head, int n_he
     }
     unlink(path);
     float *ref = run_one(m, 2);
+    /* one engine reads every matrix of the layers and the head */
+    uint64_t all = 0;
+    {
+        struct engine *e1 = NULL;
+        struct engine_config ec = {.n_threads = 1, .max_batch = 1, .max_ctx = 8};
+        if (engine_create(&e1, m, &ec, err, sizeof err) == 0)
+            all = engine_get_tp_stats(e1).weight_bytes;
+        engine_release(e1);
+    }
     size_t n = (size_t)20 * (size_t)m->hp.n_vocab;
     for (int W = 2; W <= ENGINE_TP_MAX && ref; W *= 2) {
         if (n_head_kv % W) {
@@ -212,8 +225,8 @@ static void check_model(const char *arch, const char *type, int n_head, int n_he
         }
         CHECK(engine_tp_check(m, W, err, sizeof err) == 0, "%s %s W %d: %s", arch, type, W, err);
         struct engine_tp_stats st = {0};
-        uint64_t gathers = 0;
-        float *tp = run_tp(m, W, W == 2 ? 2 : 1, &st, &gathers);
+        uint64_t gathers = 0, sum = 0;
+        float *tp = run_tp(m, W, W == 2 ? 2 : 1, &st, &gathers, &sum);
         if (tp) {
             int d = first_diff(ref, tp, n);
             CHECK(d < 0, "%s %s W %d: logits differ from one engine's at %d: %.9g vs %.9g", arch, type, W, d,
@@ -222,8 +235,14 @@ static void check_model(const char *arch, const char *type, int n_head, int n_he
             CHECK_EQ_INT(st.forwards, N_STEPS);
             CHECK_EQ_INT(st.gathers, N_STEPS * (4 * s.n_layers + 1));
             CHECK_EQ_INT(gathers, st.gathers);
-            printf("%s %s W=%d: same bits over %zu logits; %llu exchanges, rank 0's parts %llu bytes\n", arch,
-                   type, W, n, (unsigned long long)st.gathers, (unsigned long long)st.part_bytes);
+            /* the ranks read the model's weights once between them, each about 1/W */
+            CHECK(sum + 64 >= all && sum <= all + 64, "%s W %d: ranks read %llu bytes, one engine %llu", arch, W,
+                  (unsigned long long)sum, (unsigned long long)all);
+            CHECK(st.weight_bytes <= all / (uint64_t)W + all / 16, "%s W %d: rank 0 reads %llu of %llu bytes", arch,
+                  W, (unsigned long long)st.weight_bytes, (unsigned long long)all);
+            printf("%s %s W=%d: same bits over %zu logits; %llu exchanges, rank 0's parts %llu bytes; rank 0 reads "
+                   "%llu of %llu weight bytes per token\n", arch, type, W, n, (unsigned long long)st.gathers,
+                   (unsigned long long)st.part_bytes, (unsigned long long)st.weight_bytes, (unsigned long long)all);
         }
         free(tp);
     }
