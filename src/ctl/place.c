@@ -455,7 +455,7 @@ static int emit_refused(struct ctx *c, const size_t *mem, uint32_t k, const char
         return CAIRN_ENOMEM;
     if (c->req->sharding == PLACE_TENSOR) {
         fill_tensor(c, mem, k, cd->shares);
-        cd->executable = k == 1;
+        cd->executable = 1;
     } else {
         if (k > 0 && k <= c->L) {
             split_prop(c, mem, k, c->cnt);
@@ -602,7 +602,7 @@ static int eval_set(struct ctx *c, uint32_t k)
         return CAIRN_ENOMEM;
 
     if (c->req->sharding == PLACE_TENSOR) {
-        cd->executable = k == 1;
+        cd->executable = 1;
         fill_tensor(c, c->mem, k, cd->shares);
         for (uint32_t i = 0; i < k && !cd->reason[0]; i++)
             for (uint32_t j = i + 1; j < k; j++)
@@ -759,6 +759,8 @@ static int enumerate_size(struct ctx *c, uint32_t k, size_t quota)
         else if (m->n_head_kv % k)
             reason_add(reason, "tensor parallel: %u KV heads do not divide by %u nodes",
                        m->n_head_kv, k);
+        else if (k > PLACE_TENSOR_MAX)
+            reason_add(reason, "tensor parallel: at most %d nodes", PLACE_TENSOR_MAX);
         if (reason[0]) {
             for (uint32_t i = 0; i < k; i++)
                 c->mem[i] = c->byfree[i];

@@ -19,7 +19,7 @@
  * search is a greedy front-to-back fill, which can miss a split. Consecutive ranks must
  * be linked.
  *
- * Tensor (accepted, not executable yet beyond one node): every node holds all layers,
+ * Tensor (runs since issue 22, at most PLACE_TENSOR_MAX nodes): every node holds all layers,
  * 1/k of the layer bytes, of the KV and of an untied head (rounded up), the whole
  * embedding and norm; rank 0 the draft. n_head and n_head_kv must divide by k, and every
  * pair of nodes must be linked.
@@ -59,6 +59,7 @@
 #define PLACE_REASON_MAX 512
 
 enum place_sharding { PLACE_PIPELINE = 0, PLACE_TENSOR = 1 };
+#define PLACE_TENSOR_MAX 8 /* ranks of a tensor-parallel instance (engine.h's ENGINE_TP_MAX) */
 
 struct place_node {
     const char *id;     /* unique, 1..PLACE_MAX_ID bytes */
@@ -121,7 +122,7 @@ struct place_candidate {
     uint32_t n_nodes;
     struct place_share *shares; /* n_nodes entries in rank order */
     int accepted;
-    int executable;   /* 0 for multi-node tensor candidates (execution comes later) */
+    int executable;   /* 1: the runners can run it (every candidate since tensor parallelism runs) */
     char reason[PLACE_REASON_MAX]; /* why refused; "" when accepted */
     uint64_t free_left;  /* accepted: sum of free - need over its nodes */
     uint32_t max_rtt_us; /* over linked ranks it uses (pipeline: consecutive; tensor: all) */

@@ -114,6 +114,7 @@ int plan_compute(const struct cluster_state *s, const char *node_id, const struc
                 x->cfg.cache_type_v = dtype_kv_from_name(in->kv.type_v);
             x->cfg.rank = sh->rank;
             x->cfg.world_size = (int)in->n_shards;
+            x->cfg.tensor = in->sharding == CLUSTER_SHARDING_TENSOR && in->n_shards > 1;
             /* the data plane's handshake refuses ranks that name the model otherwise */
             snprintf(x->cfg.model_identity, sizeof x->cfg.model_identity, "%.*s", RUNNER_IDENTITY_MAX, in->model_id);
             /* The draft runs on the first rank; a draft this node cannot find only

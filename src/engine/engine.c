@@ -42,6 +42,16 @@ struct engine {
     void *embd_row;  /* one embedding row as stored in the file */
     struct attn *att; /* attention scratch */
     struct moe *moe;  /* mixture-of-experts scratch (n_expert > 0) or NULL */
+
+    /* Tensor parallelism (engine.h, engine_tp); tp_world 1 when not split. Parts are
+     * column (= output row) ranges per rank: part[r] .. part[r+1]. */
+    int tp_rank, tp_world;
+    int n_head_loc, n_head_kv_loc;
+    int64_t q_part[ENGINE_TP_MAX + 1], kv_part[ENGINE_TP_MAX + 1];
+    int64_t embd_part[ENGINE_TP_MAX + 1], ff_part[ENGINE_TP_MAX + 1], vocab_part[ENGINE_TP_MAX + 1];
+    int64_t q_loc_dim, kv_loc_dim;
+    float *q_loc, *k_loc, *v_loc, *attn_loc; /* this rank's heads (B, *_loc_dim); world 1: q, k, v, attn */
+    struct engine_tp_stats tp_stats;
 };
 
 /* ---- parallel jobs ---- */
@@ -52,6 +62,7 @@ struct mm_item {
     size_t ldx;
     float *y;
     size_t ldy;
+    int64_t r0, r1; /* the rows computed (a tensor-parallel rank's part; else all) */
 };
 
 /* The products of one job are shared out in units of row groups by guided
@@ -102,10 +113,9 @@ static void mm_run(void *ctx, int ith, int nth)
             if (a >= b)
                 continue;
             const struct mm_item *it = &j->item[i];
-            int64_t rows = kern_mat_rows(it->m);
-            int64_t r0 = (a - j->first_unit[i]) * j->unit_rows[i];
-            int64_t r1 = (b - j->first_unit[i]) * j->unit_rows[i];
-            kern_matmul(it->m, it->xq, it->ldx, j->B, it->y, it->ldy, r0, r1 < rows ? r1 : rows);
+            int64_t r0 = it->r0 + (a - j->first_unit[i]) * j->unit_rows[i];
+            int64_t r1 = it->r0 + (b - j->first_unit[i]) * j->unit_rows[i];
+            kern_matmul(it->m, it->xq, it->ldx, j->B, it->y, it->ldy, r0, r1 < it->r1 ? r1 : it->r1);
         }
     }
 }
@@ -118,8 +128,9 @@ static void matmul_items(struct engine *e, int B, const struct mm_item *items, i
     for (int i = 0; i < n_items; i++) {
         j.item[i] = items[i];
         j.unit_rows[i] = kern_mat_row_align(items[i].m);
-        j.first_unit[i + 1] = j.first_unit[i] + (kern_mat_rows(items[i].m) + j.unit_rows[i] - 1) / j.unit_rows[i];
-        bytes += kern_mat_bytes(items[i].m);
+        int64_t rows = items[i].r1 - items[i].r0;
+        j.first_unit[i + 1] = j.first_unit[i] + (rows + j.unit_rows[i] - 1) / j.unit_rows[i];
+        bytes += (size_t)((double)kern_mat_bytes(items[i].m) * (double)rows / (double)kern_mat_rows(items[i].m));
     }
     long units = j.first_unit[n_items];
     size_t unit_bytes = units ? bytes / (size_t)units : 1;
@@ -167,7 +178,38 @@ static void quantize_for(struct engine *e, const float *x, int64_t n, enum act_d
 static struct mm_item mm_item_for(struct engine *e, const struct kern_mat *m, enum act_dim dim, float *y, size_t ldy)
 {
     int kind = kern_act_kind(kern_mat_type(m));
-    return (struct mm_item){m, e->act[kind][dim], e->act_row[kind][dim], y, ldy};
+    return (struct mm_item){m, e->act[kind][dim], e->act_row[kind][dim], y, ldy, 0, kern_mat_rows(m)};
+}
+
+/* The product of this rank's rows (part[rank] .. part[rank+1]) of m. */
+static struct mm_item mm_item_part(struct engine *e, const struct kern_mat *m, enum act_dim dim, float *y, size_t ldy,
+                                   const int64_t *part)
+{
+    struct mm_item it = mm_item_for(e, m, dim, y, ldy);
+    it.r0 = part[e->tp_rank];
+    it.r1 = part[e->tp_rank + 1];
+    return it;
+}
+
+/* ---- tensor-parallel exchanges ---- */
+
+/* Completes the columns of buf from every rank (engine_tp.gather); nothing on one node. */
+static int tp_gather(struct engine *e, float *buf, int rows, size_t ld, const int64_t *part, int to_root, char *err,
+                     size_t errlen)
+{
+    if (e->tp_world == 1)
+        return 0;
+    e->tp_stats.gathers++;
+    e->tp_stats.part_bytes += (uint64_t)rows * (uint64_t)(part[e->tp_rank + 1] - part[e->tp_rank]) * sizeof(float);
+    return e->cfg.tp.gather(e->cfg.tp.ctx, buf, rows, ld, part, to_root, err, errlen);
+}
+
+/* Copies columns [c0, c0 + n) of rows rows of src (row stride lds) to dst (stride ldd) at
+ * column d0. */
+static void copy_cols(float *dst, size_t ldd, int64_t d0, const float *src, size_t lds, int64_t c0, int64_t n, int rows)
+{
+    for (int b = 0; b < rows; b++)
+        memcpy(dst + (size_t)b * ldd + d0, src + (size_t)b * lds + c0, (size_t)n * sizeof(float));
 }
 
 /* ---- element-wise steps ---- */
@@ -235,26 +277,28 @@ static void qkv_post_run(void *ctx, int ith, int nth)
     const struct model_layer *L = j->L;
     long lo, hi;
     pool_split(j->B, 1, ith, nth, &lo, &hi);
+    /* This rank's heads (all of them on one node): columns from q0 / kv0 of the full vectors. */
+    int64_t qd = e->q_loc_dim, kvd = e->kv_loc_dim, q0 = e->q_part[e->tp_rank], kv0 = e->kv_part[e->tp_rank];
     for (long b = lo; b < hi; b++) {
-        float *q = e->q + b * e->q_dim, *k = e->k + b * e->kv_dim, *v = e->v + b * e->kv_dim;
-        /* each bias on its own: a file may carry some of them only */
-        for (int64_t i = 0; L->bq && i < e->q_dim; i++)
-            q[i] = q[i] + L->bq[i];
-        for (int64_t i = 0; L->bk && i < e->kv_dim; i++)
-            k[i] = k[i] + L->bk[i];
-        for (int64_t i = 0; L->bv && i < e->kv_dim; i++)
-            v[i] = v[i] + L->bv[i];
+        float *q = e->q_loc + b * qd, *k = e->k_loc + b * kvd, *v = e->v_loc + b * kvd;
+        /* each bias on its own (a file may carry some of them only), at this rank's columns */
+        for (int64_t i = 0; L->bq && i < qd; i++)
+            q[i] = q[i] + L->bq[q0 + i];
+        for (int64_t i = 0; L->bk && i < kvd; i++)
+            k[i] = k[i] + L->bk[kv0 + i];
+        for (int64_t i = 0; L->bv && i < kvd; i++)
+            v[i] = v[i] + L->bv[kv0 + i];
         if (L->q_norm) {
-            for (int h = 0; h < hp->n_head; h++)
+            for (int h = 0; h < e->n_head_loc; h++)
                 rms_norm(e->vec, q + (int64_t)h * hp->head_dim, L->q_norm, q + (int64_t)h * hp->head_dim,
                          hp->head_dim, hp->norm_eps);
-            for (int h = 0; h < hp->n_head_kv; h++)
+            for (int h = 0; h < e->n_head_kv_loc; h++)
                 rms_norm(e->vec, k + (int64_t)h * hp->head_dim, L->k_norm, k + (int64_t)h * hp->head_dim,
                          hp->head_dim, hp->norm_eps);
         }
         const float *cs = j->rope_cs + b * hp->n_rot;
-        rope_apply(hp, q, hp->n_head, cs);
-        rope_apply(hp, k, hp->n_head_kv, cs);
+        rope_apply(hp, q, e->n_head_loc, cs);
+        rope_apply(hp, k, e->n_head_kv_loc, cs);
         attn_kv_write(j->kv, j->layer, e->slot[b], hp->head_dim, k, v);
     }
 }
@@ -264,8 +308,10 @@ struct ew_job {
     const struct vec_ops *vec;
     float *a;
     const float *b;
-    int64_t n; /* elements in all */
+    int64_t n; /* elements in all (of each row with rows > 0) */
     int op;    /* 0: a += b; 1: a = silu(a) * b; 2: a = gelu(a) * b (gemma3) */
+    int rows;  /* 0: a and b are n contiguous elements; else rows of ld, n elements each */
+    size_t ld;
 };
 
 /* GELU with tanh (gemma's activation): 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))), in
@@ -279,11 +325,29 @@ static void gelu_mul(float *a, const float *b, int64_t n)
     }
 }
 
+static void ew_range(const struct ew_job *j, long lo, long hi);
+
 static void ew_run(void *ctx, int ith, int nth)
 {
     struct ew_job *j = ctx;
     long lo, hi;
     pool_split((long)j->n, 64, ith, nth, &lo, &hi);
+    if (j->rows == 0) {
+        ew_range(j, lo, hi);
+        return;
+    }
+    for (int r = 0; r < j->rows; r++) {
+        struct ew_job row = *j;
+        row.a = j->a + (size_t)r * j->ld;
+        row.b = j->b + (size_t)r * j->ld;
+        ew_range(&row, lo, hi);
+    }
+}
+
+/* Every element is computed on its own (vec.h's silu has one order on every path), so
+ * how the elements are split changes no bit. */
+static void ew_range(const struct ew_job *j, long lo, long hi)
+{
     if (j->op == 0) {
         for (long i = lo; i < hi; i++)
             j->a[i] = j->a[i] + j->b[i];
@@ -316,10 +380,16 @@ static void bias_run(void *ctx, int ith, int nth)
 
 struct kv_config engine_kv_config(const struct model *m, int64_t n_ctx, int n_seqs, int block_tokens)
 {
+    return engine_kv_config_tp(m, 1, n_ctx, n_seqs, block_tokens);
+}
+
+struct kv_config engine_kv_config_tp(const struct model *m, int world, int64_t n_ctx, int n_seqs, int block_tokens)
+{
     int64_t per_seq = (n_ctx + block_tokens - 1) / block_tokens;
+    world = world < 1 ? 1 : world;
     return (struct kv_config){
         .n_layers = m->layer_end - m->layer_begin,
-        .kv_dim = (int64_t)m->hp.n_head_kv * m->hp.head_dim,
+        .kv_dim = (int64_t)(m->hp.n_head_kv / world) * m->hp.head_dim,
         .block_tokens = block_tokens,
         .n_blocks = per_seq * n_seqs,
         .max_seqs = n_seqs,
@@ -336,6 +406,125 @@ int engine_kv_type(const char *name)
 
 static void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
 
+/* ---- tensor-parallel parts ---- */
+
+int engine_tp_check_hparams(const struct model_hparams *hp, int world, char *err, size_t errlen)
+{
+    if (world < 1 || world > ENGINE_TP_MAX)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "tensor parallelism over %d ranks (1..%d)", world, ENGINE_TP_MAX);
+    if (hp->n_head_kv % world)
+        return cairn_fail(err, errlen, CAIRN_EINVAL,
+                          "tensor parallelism over %d ranks needs a KV-head count they divide (this model has %d KV heads)",
+                          world, hp->n_head_kv);
+    if (hp->n_expert > 0 && world > 1)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "tensor parallelism of a mixture of experts is not supported");
+    return 0;
+}
+
+static int64_t lcm64(int64_t a, int64_t b)
+{
+    int64_t x = a, y = b;
+    while (y) {
+        int64_t t = x % y;
+        x = y;
+        y = t;
+    }
+    return a / x * b;
+}
+
+/* The row alignment every matrix of one kind in every layer accepts (kinds: 0 wq, 1 wk
+ * and wv, 2 wo and w_down, 3 w_gate and w_up, 4 the head). */
+static int64_t kind_align(const struct model *m, int kind)
+{
+    int64_t a = 1;
+    if (kind == 4)
+        return m->output ? kern_mat_row_align(m->output) : 1;
+    for (int il = 0; il < m->layer_end - m->layer_begin; il++) {
+        const struct model_layer *L = &m->layers[il];
+        const struct kern_mat *mats[2] = {NULL, NULL};
+        if (kind == 0)
+            mats[0] = L->wq;
+        else if (kind == 1)
+            mats[0] = L->wk, mats[1] = L->wv;
+        else if (kind == 2)
+            mats[0] = L->wo, mats[1] = L->w_down;
+        else
+            mats[0] = L->w_gate, mats[1] = L->w_up;
+        for (int i = 0; i < 2; i++)
+            if (mats[i])
+                a = lcm64(a, kern_mat_row_align(mats[i]));
+    }
+    return a;
+}
+
+/* Rows [0, n) split over world ranks at multiples of align (the last part ends at n). */
+static void split_rows(int64_t n, int64_t align, int world, int64_t *part)
+{
+    for (int r = 0; r < world; r++)
+        part[r] = n * r / world / align * align;
+    part[world] = n;
+}
+
+/* Fills e's parts for world ranks, or says why m cannot be split so. */
+static int tp_parts(struct engine *e, const struct model *m, int world, char *err, size_t errlen)
+{
+    const struct model_hparams *hp = &m->hp;
+    int rc = engine_tp_check_hparams(hp, world, err, errlen);
+    if (rc)
+        return rc;
+    if (world > 1 && (!m->first || !m->last))
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "a tensor-parallel rank holds the whole model (layers %d..%d given)",
+                          m->layer_begin, m->layer_end);
+    int kv_per = hp->n_head_kv / world, group = hp->n_head / hp->n_head_kv;
+    int64_t qa = kind_align(m, 0), kva = kind_align(m, 1);
+    for (int r = 0; r <= world; r++) {
+        e->q_part[r] = (int64_t)r * kv_per * group * hp->head_dim;
+        e->kv_part[r] = (int64_t)r * kv_per * hp->head_dim;
+        if (e->q_part[r] % qa || e->kv_part[r] % kva)
+            return cairn_fail(err, errlen, CAIRN_EINVAL,
+                              "tensor parallelism over %d ranks: a rank's %d KV heads of %d rows do not fall on the "
+                              "matrices' row alignment (%lld, %lld)",
+                              world, kv_per, hp->head_dim, (long long)qa, (long long)kva);
+    }
+    split_rows(hp->n_embd, kind_align(m, 2), world, e->embd_part);
+    split_rows(hp->n_ff, kind_align(m, 3), world, e->ff_part);
+    split_rows(hp->n_vocab, kind_align(m, 4), world, e->vocab_part);
+    e->n_head_loc = kv_per * group;
+    e->n_head_kv_loc = kv_per;
+    e->q_loc_dim = e->q_part[1];
+    e->kv_loc_dim = e->kv_part[1];
+    return 0;
+}
+
+/* Bytes of rows [part[rank], part[rank+1]) of m (0 for no matrix). */
+static uint64_t part_bytes(const struct kern_mat *m, const int64_t *part, int rank)
+{
+    if (!m)
+        return 0;
+    return (uint64_t)((double)kern_mat_bytes(m) * (double)(part[rank + 1] - part[rank]) / (double)kern_mat_rows(m));
+}
+
+/* What this rank's products read per token: its rows of every layer's matrices and of the head. */
+static uint64_t tp_weight_bytes(const struct engine *e)
+{
+    const struct model *m = e->m;
+    int r = e->tp_rank;
+    uint64_t b = part_bytes(m->output, e->vocab_part, r);
+    for (int il = 0; il < m->layer_end - m->layer_begin; il++) {
+        const struct model_layer *L = &m->layers[il];
+        b += part_bytes(L->wq, e->q_part, r) + part_bytes(L->wk, e->kv_part, r) + part_bytes(L->wv, e->kv_part, r) +
+             part_bytes(L->wo, e->embd_part, r) + part_bytes(L->w_down, e->embd_part, r) +
+             part_bytes(L->w_gate, e->ff_part, r) + part_bytes(L->w_up, e->ff_part, r);
+    }
+    return b;
+}
+
+int engine_tp_check(const struct model *m, int world, char *err, size_t errlen)
+{
+    struct engine e = {0};
+    return tp_parts(&e, m, world, err, errlen);
+}
+
 int engine_create(struct engine **out, const struct model *m, const struct engine_config *cfg, char *err, size_t errlen)
 {
     *out = NULL;
@@ -350,6 +539,16 @@ int engine_create(struct engine **out, const struct model *m, const struct engin
     const struct model_hparams *hp = &m->hp;
     e->q_dim = (int64_t)hp->n_head * hp->head_dim;
     e->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    e->tp_world = cfg->tp.world > 1 ? cfg->tp.world : 1;
+    e->tp_rank = e->tp_world > 1 ? cfg->tp.rank : 0;
+    int rc = 0;
+    if (e->tp_world > 1 && (e->tp_rank < 0 || e->tp_rank >= e->tp_world || !cfg->tp.gather))
+        rc = cairn_fail(err, errlen, CAIRN_EINVAL, "tensor-parallel rank %d of %d (or no gather)", cfg->tp.rank,
+                        cfg->tp.world);
+    if (rc || (rc = tp_parts(e, m, e->tp_world, err, errlen))) {
+        free(e);
+        return rc;
+    }
     size_t B = (size_t)cfg->max_batch, f = sizeof(float);
     e->x = zalloc(B * (size_t)hp->n_embd * f);
     e->xn = zalloc(B * (size_t)hp->n_embd * f);
@@ -366,8 +565,17 @@ int engine_create(struct engine **out, const struct model *m, const struct engin
     e->slot = zalloc(B * sizeof *e->slot);
     e->out_rows = zalloc(B * sizeof *e->out_rows);
     e->embd_row = zalloc(m->tok_embd_row_bytes);
-    struct attn_shape ash = {hp->n_head, hp->n_head_kv, hp->head_dim};
+    if (e->tp_world > 1) {
+        e->q_loc = zalloc(B * (size_t)e->q_loc_dim * f);
+        e->attn_loc = zalloc(B * (size_t)e->q_loc_dim * f);
+        e->k_loc = zalloc(B * (size_t)e->kv_loc_dim * f);
+        e->v_loc = zalloc(B * (size_t)e->kv_loc_dim * f);
+    } else {
+        e->q_loc = e->q, e->attn_loc = e->attn, e->k_loc = e->k, e->v_loc = e->v;
+    }
+    struct attn_shape ash = {e->n_head_loc, e->n_head_kv_loc, hp->head_dim};
     bool ok = e->x && e->xn && e->tmp && e->q && e->attn && e->k && e->v && e->gate && e->up &&
+              e->q_loc && e->attn_loc && e->k_loc && e->v_loc &&
               e->rope_cs && (e->rope_cs_swa || hp->swa_window <= 0 || !hp->gemma) && e->slot && e->out_rows && e->embd_row &&
               attn_create(&e->att, &ash, cfg->n_threads, cfg->max_batch, cfg->max_ctx) == 0;
     int64_t dims[N_DIMS] = {hp->n_embd, e->q_dim, hp->n_ff};
@@ -384,6 +592,8 @@ int engine_create(struct engine **out, const struct model *m, const struct engin
         ok = moe_create(&e->moe, hp, cfg->max_batch) == 0;
     if (ok)
         attn_set_scale(e->att, hp->attn_scale);
+    if (ok && hp->n_expert == 0)
+        e->tp_stats.weight_bytes = tp_weight_bytes(e);
     if (!ok || pool_create(&e->pool, cfg->n_threads)) {
         engine_release(e);
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory for engine buffers (batch %d)", cfg->max_batch);
@@ -402,6 +612,12 @@ void engine_release(struct engine *e)
     float *bufs[] = {e->x, e->xn, e->tmp, e->q, e->attn, e->k, e->v, e->gate, e->up, e->rope_cs, e->rope_cs_swa};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
+    if (e->tp_world > 1) {
+        free(e->q_loc);
+        free(e->attn_loc);
+        free(e->k_loc);
+        free(e->v_loc);
+    }
     for (int k = 0; k < N_ACT_KINDS; k++)
         for (int d = 0; d < N_DIMS; d++)
             free(e->act[k][d]);
@@ -414,6 +630,8 @@ void engine_release(struct engine *e)
 const struct model *engine_model(const struct engine *e) { return e->m; }
 int engine_threads(const struct engine *e) { return e->cfg.n_threads; }
 int engine_max_batch(const struct engine *e) { return e->cfg.max_batch; }
+
+struct engine_tp_stats engine_get_tp_stats(const struct engine *e) { return e->tp_stats; }
 
 struct moe_stats engine_moe_stats(const struct engine *e)
 {
@@ -487,7 +705,7 @@ static int check_batch(struct engine *e, struct kv_cache *kv, const struct batch
     const struct kv_config *kc = kv_config(kv);
     if (b->n < 1 || b->n > e->cfg.max_batch)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "batch of %d tokens (engine takes 1..%d)", b->n, e->cfg.max_batch);
-    if (kc->n_layers != m->layer_end - m->layer_begin || kc->kv_dim != e->kv_dim)
+    if (kc->n_layers != m->layer_end - m->layer_begin || kc->kv_dim != e->kv_loc_dim)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "KV cache shape does not match the model slice");
     for (int i = 0; i < 2; i++) {
         int t = i ? kc->type_v : kc->type_k;
@@ -541,6 +759,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
     if (rc)
         return rc;
     set_kv_windows(e, kv);
+    e->tp_stats.forwards++;
     const struct model *m = e->m;
     const struct model_hparams *hp = &m->hp;
     int B = b->n;
@@ -584,21 +803,34 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         const struct kern_mat *qkv[3] = {L->wq, L->wk, L->wv};
         quantize_for(e, e->xn, n_embd, DIM_EMBD, B, qkv, 3);
         struct mm_item qkv_items[3] = {
-            mm_item_for(e, L->wq, DIM_EMBD, e->q, (size_t)e->q_dim),
-            mm_item_for(e, L->wk, DIM_EMBD, e->k, (size_t)e->kv_dim),
-            mm_item_for(e, L->wv, DIM_EMBD, e->v, (size_t)e->kv_dim),
+            mm_item_part(e, L->wq, DIM_EMBD, e->q, (size_t)e->q_dim, e->q_part),
+            mm_item_part(e, L->wk, DIM_EMBD, e->k, (size_t)e->kv_dim, e->kv_part),
+            mm_item_part(e, L->wv, DIM_EMBD, e->v, (size_t)e->kv_dim, e->kv_part),
         };
         matmul_items(e, B, qkv_items, 3);
+        if (e->tp_world > 1) {
+            copy_cols(e->q_loc, (size_t)e->q_loc_dim, 0, e->q, (size_t)e->q_dim, qkv_items[0].r0, e->q_loc_dim, B);
+            copy_cols(e->k_loc, (size_t)e->kv_loc_dim, 0, e->k, (size_t)e->kv_dim, qkv_items[1].r0, e->kv_loc_dim, B);
+            copy_cols(e->v_loc, (size_t)e->kv_loc_dim, 0, e->v, (size_t)e->kv_dim, qkv_items[2].r0, e->kv_loc_dim, B);
+        }
         bool swa = model_layer_swa(hp, m->layer_begin + il);
         struct qkv_post_job pj = {e, L, kv, il, B, swa && e->rope_cs_swa ? e->rope_cs_swa : e->rope_cs};
         pool_run(e->pool, qkv_post_run, &pj);
-        attn_forward_sinks(e->att, e->pool, e->vec, kv, il, B, b->seq, b->pos, e->q, e->attn,
-                           swa ? hp->swa_window : 0, L->sinks);
+        /* the sinks of this rank's heads (tensor parallelism refuses the mixtures that have them) */
+        attn_forward_sinks(e->att, e->pool, e->vec, kv, il, B, b->seq, b->pos, e->q_loc, e->attn_loc,
+                           swa ? hp->swa_window : 0, L->sinks ? L->sinks + e->q_part[e->tp_rank] / hp->head_dim : NULL);
+        if (e->tp_world > 1) {
+            copy_cols(e->attn, (size_t)e->q_dim, qkv_items[0].r0, e->attn_loc, (size_t)e->q_loc_dim, 0, e->q_loc_dim, B);
+            if ((rc = tp_gather(e, e->attn, B, (size_t)e->q_dim, e->q_part, 0, err, errlen)))
+                return rc;
+        }
         const struct kern_mat *wo[1] = {L->wo};
         quantize_for(e, e->attn, e->q_dim, DIM_Q, B, wo, 1);
-        struct mm_item wo_item = mm_item_for(e, L->wo, DIM_Q, e->tmp, (size_t)n_embd);
+        struct mm_item wo_item = mm_item_part(e, L->wo, DIM_Q, e->tmp, (size_t)n_embd, e->embd_part);
         matmul_items(e, B, &wo_item, 1);
-        if (L->bo) {
+        if ((rc = tp_gather(e, e->tmp, B, (size_t)n_embd, e->embd_part, 0, err, errlen)))
+            return rc;
+        if (L->bo) { /* on the whole vector, the same on every rank */
             struct bias_job bj = {e->tmp, L->bo, n_embd, B};
             pool_run(e->pool, bias_run, &bj);
         }
@@ -606,7 +838,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
             nj = (struct norm_job){e, e->tmp, L->attn_post_norm, e->tmp, n_embd, B, NULL};
             pool_run(e->pool, norm_run, &nj);
         }
-        struct ew_job add = {e->vec, e->x, e->tmp, (int64_t)B * n_embd, 0};
+        struct ew_job add = {e->vec, e->x, e->tmp, (int64_t)B * n_embd, 0, 0, 0};
         pool_run(e->pool, ew_run, &add);
 
         /* feed-forward block */
@@ -620,16 +852,25 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         const struct kern_mat *gu[2] = {L->w_gate, L->w_up};
         quantize_for(e, e->xn, n_embd, DIM_EMBD, B, gu, 2);
         struct mm_item gu_items[2] = {
-            mm_item_for(e, L->w_gate, DIM_EMBD, e->gate, (size_t)hp->n_ff),
-            mm_item_for(e, L->w_up, DIM_EMBD, e->up, (size_t)hp->n_ff),
+            mm_item_part(e, L->w_gate, DIM_EMBD, e->gate, (size_t)hp->n_ff, e->ff_part),
+            mm_item_part(e, L->w_up, DIM_EMBD, e->up, (size_t)hp->n_ff, e->ff_part),
         };
         matmul_items(e, B, gu_items, 2);
-        struct ew_job act = {e->vec, e->gate, e->up, (int64_t)B * hp->n_ff, hp->gemma ? 2 : 1};
+        struct ew_job act = {e->vec, e->gate, e->up, (int64_t)B * hp->n_ff, hp->gemma ? 2 : 1, 0, 0};
+        if (e->tp_world > 1) { /* this rank's columns of each row */
+            int64_t f0 = e->ff_part[e->tp_rank];
+            act = (struct ew_job){e->vec, e->gate + f0, e->up + f0, e->ff_part[e->tp_rank + 1] - f0, act.op, B,
+                                  (size_t)hp->n_ff};
+        }
         pool_run(e->pool, ew_run, &act);
+        if ((rc = tp_gather(e, e->gate, B, (size_t)hp->n_ff, e->ff_part, 0, err, errlen)))
+            return rc;
         const struct kern_mat *down[1] = {L->w_down};
         quantize_for(e, e->gate, hp->n_ff, DIM_FF, B, down, 1);
-        struct mm_item down_item = mm_item_for(e, L->w_down, DIM_FF, e->tmp, (size_t)n_embd);
+        struct mm_item down_item = mm_item_part(e, L->w_down, DIM_FF, e->tmp, (size_t)n_embd, e->embd_part);
         matmul_items(e, B, &down_item, 1);
+        if ((rc = tp_gather(e, e->tmp, B, (size_t)n_embd, e->embd_part, 0, err, errlen)))
+            return rc;
         if (L->ffn_post_norm) {
             nj = (struct norm_job){e, e->tmp, L->ffn_post_norm, e->tmp, n_embd, B, NULL};
             pool_run(e->pool, norm_run, &nj);
@@ -651,9 +892,11 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
     pool_run(e->pool, norm_run, &nj);
     const struct kern_mat *head[1] = {m->output};
     quantize_for(e, e->xn, n_embd, DIM_EMBD, n_out, head, 1);
-    struct mm_item head_item = mm_item_for(e, m->output, DIM_EMBD, out, (size_t)hp->n_vocab);
+    struct mm_item head_item = mm_item_part(e, m->output, DIM_EMBD, out, (size_t)hp->n_vocab, e->vocab_part);
     matmul_items(e, n_out, &head_item, 1);
-    if (hp->logit_softcap > 0)
+    if ((rc = tp_gather(e, out, n_out, (size_t)hp->n_vocab, e->vocab_part, 1, err, errlen)))
+        return rc;
+    if (hp->logit_softcap > 0 && e->tp_rank == 0)
         softcap_rows(out, (int64_t)n_out * hp->n_vocab, hp->logit_softcap);
     return 0;
 }

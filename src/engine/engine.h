@@ -16,10 +16,37 @@
 #include "engine/moe.h"
 #include "model/model.h"
 
+/* Tensor parallelism (issue 22): `world` ranks, each with its own engine over the whole
+ * model, compute one forward together. Every matrix is split by OUTPUT rows: each rank
+ * computes the rows of its part, so every dot product is still computed whole, by one
+ * rank, in the kernels' canonical order (kern.h), and the logits are the same bits as one
+ * node's. Attention is split by KV heads (rank r holds KV heads [r*h/W, (r+1)*h/W) and
+ * their query heads, and only their KV cache: engine_kv_config_tp); the attention
+ * output, wo's output, the feed-forward's activation (silu(gate) * up) and w_down's
+ * output are completed by `gather` on every rank (4 exchanges per layer); the head is
+ * split by vocabulary rows and its logits gathered on rank 0 only. Norms, residual adds
+ * and activation quantization run whole on every rank (the same bits everywhere).
+ * Refused: a world that does not divide the KV heads, parts that do not fall on a
+ * matrix's row alignment, mixtures of experts, a slice that is not the whole model. */
+struct engine_tp {
+    int rank, world; /* 0 <= rank < world; world 0 or 1: not split */
+    /* Completes buf, `rows` rows of ld floats: on entry columns [part[rank], part[rank+1])
+     * of each row are this rank's; on return columns [0, part[world]) hold every rank's
+     * parts (to_root: only on rank 0; the others need only give theirs). Every rank calls
+     * it with the same rows, ld and part, in the same order. 0, or a negative code with
+     * err filled (the forward fails with it). */
+    int (*gather)(void *ctx, float *buf, int rows, size_t ld, const int64_t *part, int to_root, char *err,
+                  size_t errlen);
+    void *ctx;
+};
+
+#define ENGINE_TP_MAX 8
+
 struct engine_config {
     int n_threads;   /* >= 1 */
     int max_batch;   /* largest batch engine_forward accepts */
     int64_t max_ctx; /* longest sequence (positions) attention will see */
+    struct engine_tp tp; /* zero: one node */
 };
 
 /* A batch of n tokens. Tokens of one sequence must have consecutive positions in
@@ -49,6 +76,14 @@ int engine_kv_type(const char *name);
 /* KV cache config for this slice: n_ctx positions for each of n_seqs sequences, K and V
  * in F16 (set type_k / type_v for others). */
 struct kv_config engine_kv_config(const struct model *m, int64_t n_ctx, int n_seqs, int block_tokens);
+/* The same for one of `world` tensor-parallel ranks: its KV heads only (1/world of them). */
+struct kv_config engine_kv_config_tp(const struct model *m, int world, int64_t n_ctx, int n_seqs, int block_tokens);
+
+/* Whether m can be split over `world` tensor-parallel ranks (engine_tp's rules, the row
+ * alignments of m's matrices included): 0, or CAIRN_EINVAL saying why not. */
+int engine_tp_check(const struct model *m, int world, char *err, size_t errlen);
+/* The same from the hyper-parameters alone (no row alignments): for placement. */
+int engine_tp_check_hparams(const struct model_hparams *hp, int world, char *err, size_t errlen);
 
 /* Runs the slice over the batch. out receives, for the last slice, one row of n_vocab
  * logits per token whose logits are wanted, in batch order; for other slices n rows of
@@ -61,6 +96,14 @@ const struct model *engine_model(const struct engine *e);
 int engine_threads(const struct engine *e);
 /* The largest batch engine_forward accepts (engine_config.max_batch). */
 int engine_max_batch(const struct engine *e);
+
+/* Exchanges (engine_tp.gather calls) and the bytes of this rank's own parts in them,
+ * so far (a rank's part goes to world - 1 others, or to rank 0 alone for the logits). */
+struct engine_tp_stats {
+    uint64_t forwards, gathers, part_bytes;
+    uint64_t weight_bytes; /* bytes of weights this rank's products read per token (its rows) */
+};
+struct engine_tp_stats engine_get_tp_stats(const struct engine *e);
 
 /* The mixture-of-experts work done so far (zeros for a dense model). */
 struct moe_stats engine_moe_stats(const struct engine *e);

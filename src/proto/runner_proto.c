@@ -111,6 +111,7 @@ json_t *runner_config_to_json(const struct runner_config *c)
               put(o, "draft_model_path", ids_json_string_or_null(c->draft_model_path, true)) &&
               put(o, "num_draft_tokens", json_integer(c->num_draft_tokens)) &&
               put(o, "rank", json_integer(c->rank)) && put(o, "world_size", json_integer(c->world_size)) &&
+              put(o, "tensor", json_boolean(c->tensor)) &&
               put(o, "epoch", json_integer(c->epoch)) &&
               put(o, "model_identity", json_string(c->model_identity)) &&
               put(o, "data_bind", json_string(c->data_bind)) &&
@@ -211,6 +212,10 @@ int runner_config_from_json(const json_t *j, struct runner_config *out, char *er
         if (*kvt[i] < 0)
             return cairn_fail(err, errlen, CAIRN_EFORMAT, "config.%s: not one of f16, f32, q8_0, q4_0", kvk[i]);
     }
+    json_t *tj = json_object_get(j, "tensor");
+    if (tj && !json_is_null(tj) && !json_is_boolean(tj))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "config.tensor: not a boolean");
+    out->tensor = json_is_true(tj);
     json_t *db = json_object_get(j, "data_bind");
     if (db && !json_is_null(db)) {
         if (!json_is_string(db) || json_string_length(db) > IDS_ADDR_MAX ||

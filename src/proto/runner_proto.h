@@ -81,7 +81,7 @@ static inline int64_t runner_kv_pool_positions(int64_t ctx)
 
 /* A runner's config. JSON {"instance_id", "runner_id", "model_path", "layer_begin",
  * "layer_end", "ctx", "slots", "threads", "heartbeat_ms", "draft_model_path",
- * "num_draft_tokens", "rank", "world_size", "epoch", "model_identity", "data_bind",
+ * "num_draft_tokens", "rank", "world_size", "tensor", "epoch", "model_identity", "data_bind",
  * "cache_type_k", "cache_type_v" ("f16", "f32", "q8_0", "q4_0")}; all but the ids
  * and the model path may be left out (defaults below). It travels on the command line,
  * so it holds nothing secret: the cluster secret comes in the "peers" message. */
@@ -101,6 +101,7 @@ struct runner_config {
      * and the model's identity, which the data plane's handshake compares. */
     int rank;         /* 0..world_size-1 (0) */
     int world_size;   /* 1..CLUSTER_MAX_SHARDS (1) */
+    bool tensor;      /* the ranks split every layer (tensor parallelism), not the layers (false) */
     int64_t epoch;    /* >= 0 (0) */
     char model_identity[RUNNER_IDENTITY_MAX + 1]; /* "" = "unnamed" */
     char data_bind[IDS_ADDR_MAX + 1];   /* address the data plane listens on ("" = every IPv4 one):

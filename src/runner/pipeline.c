@@ -156,20 +156,13 @@ static bool link_down(const struct dp_conn *c, const char *dir, int peer, char *
 
 /* ---- the KV mirror ---- */
 
-static void on_kv_op(void *arg, const struct kv_op *op)
+bool pipeline_ctl_from_op(const struct kv_op *op, struct dp_ctl *out)
 {
-    struct pipeline *p = arg;
-    if (p->cfg.rank > 0) { /* counts what engine_forward did before it failed */
-        p->engine_prepares += op->kind == KV_OP_PREPARE;
-        return;
-    }
     struct dp_ctl c = {.seq = op->seq};
     switch (op->kind) {
     case KV_OP_PREPARE:
-        if (op->n > INT32_MAX) {
-            p->ops_lost = true;
-            return;
-        }
+        if (op->n > INT32_MAX)
+            return false;
         c.op = DP_CTL_PREPARE;
         c.seq2 = (int32_t)op->n;
         c.pos = op->pos;
@@ -182,7 +175,23 @@ static void on_kv_op(void *arg, const struct kv_op *op)
         c.op = DP_CTL_FORK;
         c.seq2 = op->seq2;
         break;
-    default: p->ops_lost = true; return;
+    default: return false;
+    }
+    *out = c;
+    return true;
+}
+
+static void on_kv_op(void *arg, const struct kv_op *op)
+{
+    struct pipeline *p = arg;
+    if (p->cfg.rank > 0) { /* counts what engine_forward did before it failed */
+        p->engine_prepares += op->kind == KV_OP_PREPARE;
+        return;
+    }
+    struct dp_ctl c;
+    if (!pipeline_ctl_from_op(op, &c)) {
+        p->ops_lost = true;
+        return;
     }
     if (p->n_ops == INT_MAX ||
         array_reserve(&p->ops, &p->cap_ops, (size_t)p->n_ops + 1, sizeof *p->ops, 64)) {
@@ -193,7 +202,7 @@ static void on_kv_op(void *arg, const struct kv_op *op)
 }
 
 /* Applies one mirrored op to this rank's cache; 0 or a negative code with the reason. */
-static int apply_op(struct kv_cache *kv, const struct dp_ctl *o, char *err, size_t errlen)
+int pipeline_apply_ctl(struct kv_cache *kv, const struct dp_ctl *o, char *err, size_t errlen)
 {
     int max_seqs = kv_config(kv)->max_seqs;
     if (o->seq >= max_seqs || (o->op == DP_CTL_FORK && o->seq2 >= max_seqs))
@@ -685,7 +694,7 @@ static int handle_control(struct pipeline *p, const struct dp_control *ctl, char
     int64_t t0 = now_us();
     for (int i = 0; i < ctl->n && !p->mirror_err[0]; i++) {
         char why[DP_REASON_MAX - 64];
-        if (apply_op(p->cfg.kv, &ctl->ops[i], why, sizeof why))
+        if (pipeline_apply_ctl(p->cfg.kv, &ctl->ops[i], why, sizeof why))
             mirror_broken(p, "before step %" PRIu64 ": %s", ctl->step, why);
     }
     pthread_mutex_lock(&p->mu);

@@ -159,4 +159,10 @@ struct pipeline_stats {
 };
 void pipeline_get_stats(const struct pipeline *p, struct pipeline_stats *out);
 
+/* The KV mirror's two halves, shared with tensor parallelism (runner/tensor.h): the wire
+ * op of a cache operation rank 0 observed (false for one the wire cannot carry), and the
+ * application of a received op to another rank's cache (0, or a negative code with why). */
+bool pipeline_ctl_from_op(const struct kv_op *op, struct dp_ctl *out);
+int pipeline_apply_ctl(struct kv_cache *kv, const struct dp_ctl *o, char *err, size_t errlen);
+
 #endif

@@ -24,6 +24,7 @@
 #include "runner/runner_link.h"
 #include "runner/runner_text.h"
 #include "runner/pipeline.h"
+#include "runner/tensor.h"
 #include "proto/runner_proto.h"
 #include "proto/taskmsg.h"
 #include "proto/textgen.h"
@@ -117,6 +118,7 @@ struct runner {
     /* pipelined (cfg.world_size > 1) */
     struct runner_link link;
     struct pipeline *pipe;
+    struct tensor *tp;     /* a tensor-parallel instance's rank (cfg.tensor), else NULL */
     struct runner_peers peers;
     bool have_peers;
     struct gcache gcache[GCACHE_N];
@@ -216,6 +218,15 @@ static void get_task_stats(struct runner *r, struct task_stats *s)
         s->pipeline_result_bytes = (int64_t)ps.result_bytes;
         s->pipeline_rows_sampled = (int64_t)ps.rows_sampled;
         s->pipeline_rows_logits = (int64_t)ps.rows_logits;
+    }
+    if (r->tp) { /* rank 0 of a tensor-parallel instance: its own part, and the exchanges */
+        struct tensor_stats ts;
+        tensor_get_stats(r->tp, &ts);
+        s->pipeline = true;
+        s->pipeline_steps = (int64_t)ts.steps;
+        s->pipeline_compute_us = ts.compute_us - ts.xchg_us;
+        s->pipeline_wait_us = ts.xchg_us;
+        s->pipeline_bytes = (int64_t)(ts.bytes_sent + ts.bytes_received);
     }
 }
 
@@ -1021,10 +1032,16 @@ static int load(struct runner *r, char *err, size_t errlen)
     r->max_batch = r->ctx < 512 ? (int)r->ctx : 512;
     struct engine_config ec = {.n_threads = r->cfg.threads, .max_batch = r->max_batch, .max_ctx = r->ctx};
     struct sched_config sc = {.slots = r->cfg.slots, .ctx = r->ctx, .cache_seqs = r->cfg.slots};
+    bool tensor = r->cfg.tensor && r->cfg.world_size > 1;
+    if (tensor) { /* every rank holds the model and computes its part of each layer */
+        if ((rc = tensor_create(&r->tp, r->cfg.rank, r->cfg.world_size, 0, err, errlen)))
+            return rc;
+        ec.tp = tensor_engine_tp(r->tp);
+    }
     /* The KV pool (runner_kv_pool_positions) is shared by the slots; sequences past it
      * are preempted (the master counts the same). */
     int64_t pool = runner_kv_pool_positions(r->ctx);
-    struct kv_config kc = engine_kv_config(m, pool, 1, 16);
+    struct kv_config kc = engine_kv_config_tp(m, tensor ? r->cfg.world_size : 1, pool, 1, 16);
     kc.max_seqs = sched_kv_seqs(&sc);
     kc.type_k = r->cfg.cache_type_k;
     kc.type_v = r->cfg.cache_type_v;
@@ -1035,8 +1052,11 @@ static int load(struct runner *r, char *err, size_t errlen)
                           (double)avail / (1 << 20));
     if ((rc = engine_create(&r->e, m, &ec, err, errlen)) || (rc = kv_create(&r->kv, &kc, err, errlen)))
         return rc;
-    if (m->first) { /* the whole model, or a pipeline's rank 0: it schedules and samples */
-        if (r->cfg.world_size > 1) {
+    if (m->first && (!tensor || r->cfg.rank == 0)) { /* the whole model, or rank 0: it schedules and samples */
+        if (tensor) {
+            sc.forward = tensor_forward;
+            sc.forward_ctx = r->tp;
+        } else if (r->cfg.world_size > 1) {
             /* One micro-batch per stage: with enough sequences every rank computes at once.
              * CAIRN_MICRO_BATCHES (1..SCHED_MAX_LANES) overrides it, for benchmarks. */
             sc.lanes = r->cfg.world_size < SCHED_MAX_LANES ? r->cfg.world_size : SCHED_MAX_LANES;
@@ -1081,6 +1101,8 @@ static void release(struct runner *r)
 {
     pipeline_release(r->pipe); /* before the scheduler and the cache it observes */
     r->pipe = NULL;
+    tensor_release(r->tp);
+    r->tp = NULL;
     sched_release(r->sched); /* cancels what is left: done callbacks while the socket is open */
     r->sched = NULL;
     release_draft(r->draft_m, r->draft_e, r->draft_kv);
@@ -1106,6 +1128,14 @@ static int serve(struct runner *r, char *why, size_t whylen)
 {
     char err[512];
     while (!r->shutdown) {
+        if (r->tp && !r->sched) { /* a tensor rank > 0: computes with rank 0's steps */
+            pump(r, 0);
+            int rc = tensor_serve(r->tp, 50, why, whylen);
+            if (rc < 0)
+                return rc;
+            heartbeat_if_due(r);
+            continue;
+        }
         if (r->pipe && !r->sched) { /* a later stage: only the data plane's frames */
             pump(r, 0);
             int rc = pipeline_serve(r->pipe, 50, why, whylen);
@@ -1116,6 +1146,8 @@ static int serve(struct runner *r, char *why, size_t whylen)
         }
         if (r->pipe && !pipeline_alive(r->pipe, why, whylen))
             return CAIRN_EIO;
+        if (r->tp && !tensor_alive(r->tp, why, whylen))
+            return CAIRN_EIO;
         bool idle = !r->sched || sched_idle(r->sched);
         if (idle == r->busy) { /* Running while anything runs, Ready when idle */
             r->busy = !idle;
@@ -1123,14 +1155,14 @@ static int serve(struct runner *r, char *why, size_t whylen)
         }
         if (idle) {
             int64_t left_ms = r->cfg.heartbeat_ms - (clock_ns() - r->last_sent) / 1000000;
-            if (r->pipe && left_ms > 100)
+            if ((r->pipe || r->tp) && left_ms > 100)
                 left_ms = 100; /* notice a dead link while idle */
             pump(r, left_ms > 0 ? (int)left_ms : 0);
         } else {
             pump(r, 0);
             if (!r->shutdown && sched_step(r->sched, err, sizeof err) < 0) {
                 fprintf(stderr, "cairn runner: a step failed: %s\n", err);
-                if (r->pipe) {
+                if (r->pipe || (r->tp && !tensor_alive(r->tp, NULL, 0))) {
                     snprintf(why, whylen, "%s", err);
                     return CAIRN_EIO;
                 }
@@ -1163,6 +1195,14 @@ static int connect_pipeline(struct runner *r, char *err, size_t errlen)
     int rc = runner_link_connect(&r->link, &r->cfg, &r->peers, CONNECT_MS, connect_tick, r, err, errlen);
     if (rc)
         return rc;
+    if (r->tp) {
+        if ((rc = tensor_start(r->tp, r->e, r->kv, r->link.next, r->link.prev, err, errlen)))
+            return rc;
+        fprintf(stderr, "cairn runner: tensor rank %d of %d linked: next rank %d at %s, previous rank %d from %s\n",
+                r->cfg.rank, r->cfg.world_size, dp_peer_rank(r->link.next), dp_peer_addr(r->link.next),
+                dp_peer_rank(r->link.prev), dp_peer_addr(r->link.prev));
+        return 0;
+    }
     struct pipeline_config pc = {.rank = r->cfg.rank, .world_size = r->cfg.world_size, .e = r->e, .kv = r->kv,
                                  .next = r->link.next, .prev = r->link.prev};
     if ((rc = pipeline_create(&r->pipe, &pc, err, errlen)))
@@ -1292,7 +1332,8 @@ int runner_main(int argc, char **argv)
     }
     if (!rc) {
         send_status(&r, CLUSTER_RUNNER_WARMING_UP, NULL);
-        rc = warm_up(&r, err, sizeof err);
+        /* A tensor rank's forward needs the others: its first step warms it. */
+        rc = r.tp ? 0 : warm_up(&r, err, sizeof err);
     }
     if (!rc && piped)
         rc = connect_pipeline(&r, err, sizeof err);
@@ -1321,6 +1362,8 @@ int runner_main(int argc, char **argv)
         send_status(&r, CLUSTER_RUNNER_FAILED, why);
         pipeline_release(r.pipe);
         r.pipe = NULL;
+        tensor_release(r.tp);
+        r.tp = NULL;
         runner_link_close(&r.link, why); /* the other ranks learn why */
         release(&r);
         return 1;
