@@ -132,10 +132,12 @@ static uint64_t pipe_total_need(const struct ctx *c, uint32_t k)
 static void tensor_need(const struct ctx *c, uint32_t r, uint32_t k, struct place_need *nd)
 {
     memset(nd, 0, sizeof *nd);
-    nd->layers = ceil_div(c->prefix[c->L], k);
+    /* A rank loads (and repacks) every weight, though it reads only its rows of each: the
+     * whole model is counted on every rank; its KV heads are 1/k of the cache. */
+    nd->layers = c->prefix[c->L];
     nd->kv = ceil_div(c->kv_layer * c->L, k);
     nd->embedding = c->m->embed_bytes;
-    nd->head = c->m->norm_bytes + (c->m->tied ? 0 : ceil_div(c->m->head_bytes, k));
+    nd->head = c->m->norm_bytes + (c->m->tied ? 0 : c->m->head_bytes);
     nd->draft = r == 0 ? c->draft_all : 0;
     nd->total = nd->layers + nd->kv + nd->embedding + nd->head + nd->draft;
 }

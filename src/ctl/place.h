@@ -19,9 +19,9 @@
  * search is a greedy front-to-back fill, which can miss a split. Consecutive ranks must
  * be linked.
  *
- * Tensor (runs since issue 22, at most PLACE_TENSOR_MAX nodes): every node holds all layers,
- * 1/k of the layer bytes, of the KV and of an untied head (rounded up), the whole
- * embedding and norm; rank 0 the draft. n_head and n_head_kv must divide by k, and every
+ * Tensor (runs since issue 22, at most PLACE_TENSOR_MAX nodes): every node holds the whole
+ * model (a rank loads every weight, though it reads only its rows) and 1/k of the KV
+ * (rounded up); rank 0 the draft. n_head and n_head_kv must divide by k, and every
  * pair of nodes must be linked.
  *
  * Enumeration (bounded: 2^n subsets are never listed): nodes are ranked by free memory

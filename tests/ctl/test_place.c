@@ -396,7 +396,7 @@ static void test_tensor(void)
           "reason '%s'", res.n_cands ? res.cands[0].reason : "");
     place_result_free(&res);
 
-    /* 2 nodes: heads divide; each holds half the layers, KV and head, all embeddings. */
+    /* 2 nodes: heads divide; each holds every weight (a rank loads them all) and half the KV. */
     q.r.min_nodes = 2;
     q.r.max_nodes = 2;
     if (run_place(&q, &res))
@@ -407,10 +407,10 @@ static void test_tensor(void)
         for (int r = 0; r < 2; r++) {
             CHECK_EQ_INT(b->shares[r].layer_begin, 0);
             CHECK_EQ_INT(b->shares[r].layer_end, 32);
-            CHECK_EQ_INT(b->shares[r].need.layers, 1600 * MiB);
+            CHECK_EQ_INT(b->shares[r].need.layers, 3200 * MiB);
             CHECK_EQ_INT(b->shares[r].need.kv, 1024ull * 4096 * 16);
             CHECK_EQ_INT(b->shares[r].need.embedding, 500 * MiB);
-            CHECK_EQ_INT(b->shares[r].need.head, 250 * MiB + 16 * 1024);
+            CHECK_EQ_INT(b->shares[r].need.head, 500 * MiB + 16 * 1024);
         }
     }
     place_result_free(&res);
@@ -828,8 +828,9 @@ static int oracle_tensor(const struct req *q, const size_t *set, uint32_t k)
     uint64_t layers = 0;
     for (uint32_t l = 0; l < m->n_layers; l++)
         layers += layer_b(m, l);
-    uint64_t per = (layers + k - 1) / k + (model_kv_layer(m) * m->n_layers + k - 1) / k +
-                   m->embed_bytes + m->norm_bytes + (m->tied ? 0 : (m->head_bytes + k - 1) / k);
+    /* every rank holds every weight, and 1/k of the KV */
+    uint64_t per = layers + (model_kv_layer(m) * m->n_layers + k - 1) / k + m->embed_bytes + m->norm_bytes +
+                   (m->tied ? 0 : m->head_bytes);
     /* rank 0 (draft) may be any node: the one with most free memory is best */
     uint64_t draft = m->draft_bytes + m->draft_kv_bytes_per_token * m->ctx_len * m->n_slots;
     size_t top = set[0];
