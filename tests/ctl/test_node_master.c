@@ -544,6 +544,55 @@ static void test_replay(void)
     cluster_state_release(follower);
 }
 
+/* "sharding": "auto": tensor parallelism where its best candidate is estimated faster
+ * than the best pipeline (fast links), the pipeline where the links are slow or a node
+ * has not measured its bandwidth. */
+static void test_auto_sharding(void)
+{
+    static const struct {
+        int64_t bw, rtt_us;
+        enum cluster_sharding want;
+    } cases[] = {
+        {10000000000, 100, CLUSTER_SHARDING_TENSOR},
+        {10000000000, 20000, CLUSTER_SHARDING_PIPELINE},
+        {0, 100, CLUSTER_SHARDING_PIPELINE},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct cluster_state *s = cluster_state_create();
+        s->last_term = 1;
+        const char *ids[2] = {"a", "b"};
+        for (int k = 0; k < 2; k++) {
+            struct cluster_node n;
+            memset(&n, 0, sizeof n);
+            snprintf(n.id, sizeof n.id, "%s", ids[k]);
+            n.info.memory_available = (int64_t)(8 * GIB);
+            n.info.memory_total = (int64_t)(16 * GIB);
+            n.info.memory_bandwidth = cases[i].bw;
+            CHECK(cluster_state_put_node(s, &n) == 0, "put node");
+            struct cluster_edge e = {.rtt_us = cases[i].rtt_us, .throughput = 1000000000};
+            snprintf(e.from, sizeof e.from, "%s", ids[k]);
+            snprintf(e.to, sizeof e.to, "%s", ids[1 - k]);
+            CHECK(cluster_state_put_edge(s, &e) == 0, "put edge");
+        }
+        struct command c;
+        struct master_events evs = {0};
+        struct command_result res;
+        command_init(&c, COMMAND_PLACE_INSTANCE);
+        snprintf(c.place_instance.model_id, sizeof c.place_instance.model_id, "big");
+        c.place_instance.min_nodes = 2;
+        c.place_instance.sharding_auto = true;
+        int rc = run(s, &c, &evs, &res);
+        CHECK(rc == 0 && evs.n == 1, "case %zu: %s", i, res.message);
+        if (rc == 0 && evs.n == 1) {
+            const struct cluster_instance *in = &evs.ev[0].instance_created;
+            CHECK(in->sharding == cases[i].want && in->n_shards == 2, "case %zu: sharding %d over %zu, want %d", i,
+                  (int)in->sharding, in->n_shards, (int)cases[i].want);
+        }
+        master_events_clear(&evs);
+        cluster_state_release(s);
+    }
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -554,6 +603,7 @@ int main(int argc, char **argv)
     RUN(test_reports);
     RUN(test_replay);
     RUN(test_context);
+    RUN(test_auto_sharding);
     for (int i = 0; i < n_cards; i++)
         catalog_card_clear(&cards[i]);
     return test_main_end();
