@@ -103,5 +103,6 @@ int catalog_card_place_model(const struct catalog_card *c, uint32_t ctx_len, uin
     out->n_slots = n_slots ? n_slots : 1;
     out->n_head = (uint32_t)c->n_head;
     out->n_head_kv = (uint32_t)c->n_head_kv;
+    out->n_expert = c->n_expert > 0 ? (uint32_t)c->n_expert : 0;
     return 0;
 }

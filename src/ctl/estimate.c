@@ -154,7 +154,9 @@ void estimate_candidate(const struct catalog_card *card, const struct cluster_st
     out->known = true;
     if (!card->layer_bytes || card->n_layers < 1 || cd->n_nodes < 1 || !cd->shares)
         return unknown(out, "the model card has no layer sizes");
-    if (sh == PLACE_TENSOR)
+    if (sh == PLACE_TENSOR && cd->n_nodes > 1 && card->n_expert > 0)
+        unknown(out, "tensor parallelism does not split a mixture of experts");
+    else if (sh == PLACE_TENSOR)
         estimate_tensor(card, s, cd, out);
     else
         estimate_pipeline(card, s, cd, out);

@@ -763,6 +763,8 @@ static int enumerate_size(struct ctx *c, uint32_t k, size_t quota)
                        m->n_head_kv, k);
         else if (k > PLACE_TENSOR_MAX)
             reason_add(reason, "tensor parallel: at most %d nodes", PLACE_TENSOR_MAX);
+        else if (m->n_expert > 0)
+            reason_add(reason, "tensor parallel: a mixture of experts is not split (place it as a pipeline)");
         if (reason[0]) {
             for (uint32_t i = 0; i < k; i++)
                 c->mem[i] = c->byfree[i];

@@ -88,6 +88,7 @@ struct place_model {
     uint32_t ctx_len;                  /* >= 1 */
     uint32_t n_slots;                  /* sequences held at once, >= 1 */
     uint32_t n_head, n_head_kv;        /* for tensor sharding; 0 = unknown (refused) */
+    uint32_t n_expert;                 /* a mixture of experts (tensor sharding refuses it); 0 = dense */
     uint64_t draft_bytes;              /* draft model weights on rank 0; 0 = no draft */
     uint64_t draft_kv_bytes_per_token; /* draft KV of one token over all its layers */
 };
