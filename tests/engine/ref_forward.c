@@ -260,10 +260,10 @@ double *ref_forward(const char *path, const int32_t *tokens, int n, int *n_vocab
             double *k = K + t * kvd, *v = Vc + t * kvd;
             matvec(wk, xn, k, kvd, E);
             matvec(wv, xn, v, kvd, E);
-            for (int64_t i = 0; bk && i < kvd; i++) {
+            for (int64_t i = 0; bk && i < kvd; i++)
                 k[i] += bk[i];
+            for (int64_t i = 0; bv && i < kvd; i++)
                 v[i] += bv[i];
-            }
             for (int h = 0; h < hp.n_head_kv; h++) {
                 if (kn)
                     rmsnorm(k + h * hd, kn, k + h * hd, hd, hp.norm_eps);

@@ -5,6 +5,7 @@
 #include "base/err.h"
 #include "engine/engine.h"
 #include "engine/kv.h"
+#include "gguf/gguf.h"
 #include "model/model.h"
 #include "model/synth.h"
 #include "ref_forward.h"
@@ -443,6 +444,60 @@ out:
     unlink(path);
 }
 
+/* A file with some of the q/k/v biases only (attn_q.bias alone): each bias is applied on its
+ * own, and the forward equals the float64 reference, which adds the biases present. */
+static void check_partial_bias(const struct synth_spec *spec)
+{
+    char path[128], biased[128], err[512];
+    snprintf(path, sizeof path, "test_forward_pbias_src_%d.gguf", (int)getpid());
+    snprintf(biased, sizeof biased, "test_forward_pbias_%d.gguf", (int)getpid());
+    CHECK(synth_write(spec, NULL, path, err, sizeof err) == 0, "synth_write: %s", err);
+    struct gguf_file *f = NULL;
+    struct gguf_writer *w = NULL;
+    int64_t q_dim = (int64_t)spec->n_head * spec->head_dim;
+    float *bias = malloc((size_t)q_dim * sizeof *bias);
+    for (int64_t i = 0; i < q_dim; i++)
+        bias[i] = 0.5f * (float)((i * 7) % 5) - 1.0f;
+    int rc = gguf_open(&f, path, err, sizeof err);
+    if (!rc)
+        rc = gguf_writer_create(&w);
+    for (int64_t i = 0; !rc && i < gguf_n_kv(f); i++)
+        rc = gguf_writer_copy_kv(w, f, i);
+    for (int64_t i = 0; !rc && i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor(f, i);
+        rc = gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, NULL, NULL);
+    }
+    int64_t ne[4] = {q_dim, 1, 1, 1};
+    if (!rc)
+        rc = gguf_writer_add_tensor(w, "blk.1.attn_q.bias", DT_F32, 1, ne, bias, NULL, NULL);
+    if (!rc)
+        rc = gguf_writer_write(w, biased, err, sizeof err);
+    CHECK(rc == 0, "writing the file with attn_q.bias alone: %s", err);
+    gguf_writer_release(w);
+    gguf_close(f);
+    struct runner r;
+    if (!rc && runner_open(&r, biased, 2, 0, -1) == 0) {
+        int32_t toks[N_TOK];
+        make_tokens(toks, N_TOK, r.n_vocab, 3);
+        size_t all = (size_t)N_TOK * r.n_vocab;
+        float *got = malloc(all * sizeof *got);
+        int rv;
+        CHECK(r.m->layers[1].bq && !r.m->layers[1].bk && !r.m->layers[1].bv, "the q bias alone is loaded");
+        CHECK(feed(&r, 0, toks, 0, N_TOK, N_TOK, got) == 0, "forward with attn_q.bias alone");
+        double *ref = ref_forward(biased, toks, N_TOK, &rv);
+        CHECK(ref && rel_err(got, ref, all) < 1e-4, "attn_q.bias alone: max error %.3g of RMS",
+              ref ? rel_err(got, ref, all) : -1.0);
+        free(ref);
+        free(got);
+        runner_close(&r);
+    } else {
+        CHECK(0, "cannot open the file with attn_q.bias alone");
+    }
+    free(bias);
+    unlink(path);
+    unlink(biased);
+}
+
 int main(void)
 {
     struct synth_spec base = {.arch = "llama", .n_layers = 2, .n_embd = 64, .n_ff = 160, .n_head = 4, .n_head_kv = 2,
@@ -489,6 +544,7 @@ int main(void)
     s.n_head_kv = 4, s.swa_window = 3; /* a window phi3's files declare and llama.cpp ignores */
     check_model("phi3-f32", &s, 1e-4);
     check_window_release();
+    check_partial_bias(&base);
     kv_type = DT_F16;
     /* 8-bit activations against quantized weights: the reference uses the same weights
      * but exact activations, so the tolerance is that of 8-bit activation rounding. */
