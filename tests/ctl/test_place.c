@@ -396,6 +396,18 @@ static void test_tensor(void)
           "reason '%s'", res.n_cands ? res.cands[0].reason : "");
     place_result_free(&res);
 
+    /* a mixture of experts is not split (heads that divide) */
+    q.r.model.n_head = 12;
+    q.r.model.n_head_kv = 3;
+    q.r.model.n_expert = 8;
+    if (run_place(&q, &res))
+        return;
+    CHECK(res.n_cands == 1 && strstr(res.cands[0].reason, "a mixture of experts is not split"), "reason '%s'",
+          res.n_cands ? res.cands[0].reason : "");
+    place_result_free(&res);
+    q.r.model.n_expert = 0;
+    q.r.model.n_head_kv = 2;
+
     /* 2 nodes: heads divide; each holds every weight (a rank loads them all) and half the KV. */
     q.r.min_nodes = 2;
     q.r.max_nodes = 2;
