@@ -12,8 +12,9 @@
 #include <string.h>
 
 /* About this many query rows (tokens x heads of one KV head's group) share a tile of K
- * and V: enough to reuse each loaded key many times, few enough that the scores of a
- * tile (rows x ATTN_TILE floats) stay in the core's caches. */
+ * and V: enough to reuse each loaded key many times (a prompt's K and V are read from
+ * L3 or memory again for each query tile: at 16k, 4 MiB per KV head of 64 dims), few
+ * enough that the scores of a tile (rows x ATTN_TILE floats, 128 KiB) stay in L2. */
 #define ATTN_ROWS 128
 
 struct attn {
