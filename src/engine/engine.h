@@ -9,6 +9,7 @@
 #ifndef CAIRN_ENGINE_ENGINE_H
 #define CAIRN_ENGINE_ENGINE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,6 +33,9 @@ struct batch {
     const int32_t *seq;   /* sequence id per token (n) */
     const int64_t *pos;   /* position per token (n) */
     const uint8_t *logits; /* last slice: tokens whose logits are wanted (n); NULL: all */
+    bool hidden;           /* last slice: out gets the wanted tokens' hidden states after the
+                              final norm (n_embd each) instead of logits: what embedding
+                              models pool */
 };
 
 struct engine;
@@ -51,7 +55,8 @@ int engine_kv_type(const char *name);
 struct kv_config engine_kv_config(const struct model *m, int64_t n_ctx, int n_seqs, int block_tokens);
 
 /* Runs the slice over the batch. out receives, for the last slice, one row of n_vocab
- * logits per token whose logits are wanted, in batch order; for other slices n rows of
+ * logits (n_embd normed hidden values with b->hidden) per token whose logits are wanted,
+ * in batch order; for other slices n rows of
  * n_embd activations. Returns 0, CAIRN_EINVAL for a malformed batch (message says
  * which token and why), or CAIRN_EFULL when the KV cache has no room. Allocates nothing. */
 int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b, float *out,
@@ -61,6 +66,8 @@ const struct model *engine_model(const struct engine *e);
 int engine_threads(const struct engine *e);
 /* The largest batch engine_forward accepts (engine_config.max_batch). */
 int engine_max_batch(const struct engine *e);
+/* The longest sequence it serves (engine_config.max_ctx). */
+int64_t engine_max_ctx(const struct engine *e);
 
 /* The mixture-of-experts work done so far (zeros for a dense model). */
 struct moe_stats engine_moe_stats(const struct engine *e);
