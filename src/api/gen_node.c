@@ -59,6 +59,7 @@ struct req {
     gen_event_fn fn;
     void *ctx;
     int n_seqs, seqs_done;
+    int n_embed;               /* an embedding task's inputs; 0 for generation */
     bool started, any_token;
     struct gen_usage total;
     int64_t submitted_ns, last_token_ns[TEXTGEN_MAX_N];
@@ -236,6 +237,25 @@ static void on_done(struct gen_node *g, size_t at, const struct task_msg *m)
     remove_at(g, at);
 }
 
+static void on_embedding(struct req *r, const struct task_msg *m)
+{
+    if (m->index >= r->n_embed) {
+        log_warn("gen: task %s: an embedding line for input %d of %d was refused", r->task_id, m->index, r->n_embed);
+        return;
+    }
+    float *v = malloc((size_t)m->dim * sizeof *v);
+    char err[128];
+    if (!v || task_embedding_decode(m, v, err, sizeof err)) {
+        log_warn("gen: task %s: an embedding line was refused: %s", r->task_id, v ? err : "out of memory");
+        free(v);
+        return;
+    }
+    struct gen_event ev = {.kind = GEN_EVENT_EMBEDDING, .index = m->index, .dim = m->dim, .embedding = v,
+                           .embedding_b64 = m->embedding, .usage = {.prompt_tokens = m->prompt_tokens}};
+    r->fn(r->ctx, &ev);
+    free(v);
+}
+
 /* Keeps the stats member of a runner line by instance (under mu). */
 static void keep_stats(struct gen_node *g, const char *instance_id, const struct task_msg *m)
 {
@@ -268,6 +288,8 @@ static void on_line(void *ctx, const char *from, const char *line, size_t len)
             on_output(g, r, &m);
         else if (m.type == RUNNER_MSG_SEQ_DONE && r->started)
             on_seq_done(r, &m);
+        else if (m.type == RUNNER_MSG_EMBEDDING && r->started)
+            on_embedding(r, &m);
         else if (m.type == RUNNER_MSG_DONE)
             on_done(g, at, &m);
     }
@@ -457,7 +479,8 @@ static int op_submit(void *self, struct textgen_params *p, gen_event_fn fn, void
     snprintf(r->runs_on, sizeof r->runs_on, "%s", pk.runs_on);
     r->fn = fn;
     r->ctx = ctx;
-    r->n_seqs = p->n;
+    r->n_seqs = p->embed ? 0 : p->n;
+    r->n_embed = p->n_embed;
     r->submitted_ns = clock_ns();
     json_t *params = textgen_params_to_json(p);
     if (!params) {

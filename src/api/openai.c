@@ -921,6 +921,7 @@ static void stream_event(struct apireq *a, struct oreq *r, const struct gen_even
         apireq_send_text(a, NULL, "[DONE]");
         apireq_finish(a);
         break;
+    case GEN_EVENT_EMBEDDING: /* not asked for */
     case GEN_EVENT_ERROR: /* apireq's */
         break;
     }
@@ -968,6 +969,7 @@ static void collect_event(struct apireq *a, struct oreq *r, const struct gen_eve
     }
     case GEN_EVENT_START:
     case GEN_EVENT_ERROR:
+    case GEN_EVENT_EMBEDDING:
         break;
     }
 }

@@ -29,11 +29,13 @@
 #include "proto/textgen.h"
 #include "gguf/vocab.h"
 #include "proto/status.h"
+#include "engine/embed.h"
 #include "engine/engine.h"
 #include "engine/kv.h"
 #include "engine/sample.h"
 #include "engine/sched.h"
 #include "gguf/gguf.h"
+#include "model/arch.h"
 #include "model/model.h"
 #include "tmpl/chat.h"
 #include "tok/grammar.h"
@@ -122,6 +124,7 @@ struct runner {
     struct gcache gcache[GCACHE_N];
     uint64_t gtick;
     struct grammar_vocab *gvocab; /* the vocabulary's trie, built at the first grammar */
+    struct kv_cache *embed_kv;    /* embedding tasks' cache (engine/embed.h), made at the first */
 };
 
 static void usage(void)
@@ -723,6 +726,129 @@ static int tool_grammar(const struct runner *r, const struct textgen_params *p, 
     return 0;
 }
 
+static bool embeds(const struct model *m)
+{
+    return m->hp.pooling == MODEL_POOLING_MEAN || m->hp.pooling == MODEL_POOLING_CLS ||
+           m->hp.pooling == MODEL_POOLING_LAST;
+}
+
+/* An input as token ids in ids (cap r->ctx + 1), cut to the context with truncate (the
+ * EOS the tokenizer appends kept last). Returns 0 or an HTTP status with err. */
+static int embed_tokens(struct runner *r, const struct textgen_params *p, int i, int32_t *ids, int64_t *n, char *err,
+                        size_t errlen)
+{
+    const struct textgen_embed_input *x = &p->embed[i];
+    int64_t cap = r->ctx + 1, need = x->n_ids;
+    if (x->text) {
+        int rc = tok_encode(r->tk, x->text, strlen(x->text), 1, 1, ids, cap, &need);
+        if (rc && rc != CAIRN_EFULL) {
+            snprintf(err, errlen, "input[%d]: %s", i, cairn_strerror(rc));
+            return cairn_http_status(rc);
+        }
+    } else {
+        memcpy(ids, x->ids, (size_t)(need < cap ? need : cap) * sizeof *ids);
+    }
+    if (need < 1) {
+        snprintf(err, errlen, "input[%d]: no tokens", i);
+        return 400;
+    }
+    if (need > r->ctx) {
+        if (!p->truncate) {
+            snprintf(err, errlen, "input[%d]: %lld tokens, more than the context of %lld (truncate cuts it)", i,
+                     (long long)need, (long long)r->ctx);
+            return 400;
+        }
+        if (x->text && tok_add_eos(r->tk))
+            ids[r->ctx - 1] = tok_eos(r->tk);
+        need = r->ctx;
+    }
+    *n = need;
+    return 0;
+}
+
+/* An embedding task, run at once between scheduler steps: start, one embedding line per
+ * input, done. */
+static void embed_task(struct runner *r, const char *task_id, const struct textgen_params *p)
+{
+    char err[512];
+    int status = 0, dim = r->m->hp.n_embd;
+    int32_t *ids = NULL;
+    struct embed_input *in = NULL;
+    float *out = NULL;
+    if (r->pipe) {
+        snprintf(err, sizeof err, "embeddings of a model split over several runners are not supported");
+        status = 501;
+        goto refuse;
+    }
+    if (!embeds(r->m)) {
+        snprintf(err, sizeof err, "model '%s' declares no pooling (%s.pooling_type is %s): it is not an embedding "
+                 "model", p->model, r->m->hp.arch, model_pooling_name(r->m->hp.pooling));
+        status = 400;
+        goto refuse;
+    }
+    if (p->dimensions > dim) {
+        snprintf(err, sizeof err, "dimensions: %d, more than the model's %d", p->dimensions, dim);
+        status = 400;
+        goto refuse;
+    }
+    if (!r->embed_kv) {
+        struct kv_config kc = embed_kv_config(r->m, r->ctx, r->max_batch);
+        if (kv_create(&r->embed_kv, &kc, err, sizeof err)) {
+            status = 500;
+            goto refuse;
+        }
+    }
+    size_t cap = (size_t)r->ctx + 1;
+    ids = malloc((size_t)p->n_embed * cap * sizeof *ids);
+    in = calloc((size_t)p->n_embed, sizeof *in);
+    out = malloc((size_t)p->n_embed * (size_t)dim * sizeof *out);
+    if (!ids || !in || !out) {
+        snprintf(err, sizeof err, "out of memory for %d inputs", p->n_embed);
+        status = 500;
+        goto refuse;
+    }
+    int64_t total = 0;
+    for (int i = 0; i < p->n_embed; i++) {
+        in[i].ids = ids + (size_t)i * cap;
+        if ((status = embed_tokens(r, p, i, ids + (size_t)i * cap, &in[i].n, err, sizeof err)))
+            goto refuse;
+        total += in[i].n;
+    }
+    int rc = embed_run(r->e, r->embed_kv, r->m->hp.pooling, in, p->n_embed, out, NULL, err, sizeof err);
+    if (rc) {
+        status = cairn_http_status(rc);
+        goto refuse;
+    }
+    struct task_msg m = task_msg_of(RUNNER_MSG_START, task_id);
+    m.prompt_tokens = total;
+    send_task_msg(r, &m);
+    int keep = p->dimensions ? p->dimensions : dim;
+    for (int i = 0; i < p->n_embed; i++) {
+        float *v = out + (size_t)i * (size_t)dim;
+        if (keep < dim)
+            embed_normalize(v, keep); /* the first values of a Matryoshka vector, at unit length again */
+        m = task_msg_of(RUNNER_MSG_EMBEDDING, task_id);
+        m.index = i;
+        m.prompt_tokens = in[i].n;
+        char *b64 = task_embedding_encode(v, keep);
+        m.embedding = b64;
+        if (b64)
+            send_task_msg(r, &m);
+        free(b64);
+    }
+    send_done(r, task_id, RUNNER_FINISH_STOP, 0, NULL);
+    free(ids);
+    free(in);
+    free(out);
+    return;
+refuse:
+    free(ids);
+    free(in);
+    free(out);
+    fprintf(stderr, "cairn runner: embedding task %s refused: %s\n", task_id, err);
+    refuse_text(r, task_id, status, err);
+}
+
 static void text_task(struct runner *r, struct runner_task *tt)
 {
     char err[1024];
@@ -744,6 +870,17 @@ static void text_task(struct runner *r, struct runner_task *tt)
     if (textgen_params_from_json(tt->params, &p, err, sizeof err)) {
         status = 400;
         goto refuse_noparams;
+    }
+    if (p.embed) {
+        embed_task(r, tt->task_id, &p);
+        textgen_params_clear(&p);
+        return;
+    }
+    if (embeds(r->m)) {
+        snprintf(err, sizeof err, "model '%s' is an embedding model (pooling %s): ask /v1/embeddings or /api/embed, "
+                 "not for generated text", p.model, model_pooling_name(r->m->hp.pooling));
+        status = 400;
+        goto refuse;
     }
     if ((status = prompt_of(r, &p, &ids, &n, &opens_think, err, sizeof err)))
         goto refuse;
@@ -1089,6 +1226,7 @@ static void release(struct runner *r)
     for (int i = 0; i < GCACHE_N; i++)
         gcache_clear(&r->gcache[i]);
     grammar_vocab_release(r->gvocab);
+    kv_release(r->embed_kv);
     runner_link_close(&r->link, "the runner is stopping");
     runner_lines_free(&r->in);
     free(r->out);
