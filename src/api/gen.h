@@ -87,6 +87,11 @@ struct gen_ops {
     /* Cancels a request (client gone): once it returns no callback of that handle runs
      * or will run. No-op after END or ERROR. Any thread. */
     void (*cancel)(void *self, uint64_t handle);
+    /* Ends the generation of the live request whose params had this request_id (a cancel
+     * route): its sequences end with finish "stop" and what they generated so far, and
+     * END follows as usual. 0, or 404 with err when no request of that id is live on
+     * this node. NULL: this gen cannot. */
+    int (*stop)(void *self, const char *request_id, char *err, size_t errlen);
     /* New JSON array of the models the cluster can serve: each the card object of
      * GET /models (catalog_card_to_json plus "nodes"), plus "ready": bool (an instance
      * is ready) and "chat_template": template source text or null. NULL when out of

@@ -26,7 +26,10 @@
  *    lists as prompt's, at most TEXTGEN_MAX_PROMPT_IDS ids in all; then neither messages
  *    nor prompt), "truncate": bool (an input longer than the context is cut to it instead
  *    of refused), "dimensions": 0 (all) or 1..TEXTGEN_MAX_EMBED_DIM (the vector's first
- *    values, normalised again, as Matryoshka-trained models such as Qwen3-Embedding allow)}
+ *    values, normalised again, as Matryoshka-trained models such as Qwen3-Embedding allow),
+ *    "prompts": [text or [token id]] (a batch of 2..TEXTGEN_MAX_N raw prompts, each
+ *    generating n sequences, n_batch * n <= TEXTGEN_MAX_N; then neither messages nor
+ *    prompt)}
  * Messages are in OpenAI's shape: {"role": "system"|"user"|"assistant"|"tool",
  * "content": text|null, "tool_calls": [{"id", "type": "function", "function":
  * {"name", "arguments": JSON text or object}}], "tool_call_id", "name"}; content parts
@@ -57,8 +60,8 @@
 #define TEXTGEN_MAX_EMBED_TEXT ((size_t)1 << 24)
 #define TEXTGEN_MAX_EMBED_DIM (1 << 17)
 
-/* One input of an embedding task: text, or token ids. */
-struct textgen_embed_input {
+/* One input of an embedding task or one prompt of a batch: text, or token ids. */
+struct textgen_input {
     char *text;     /* malloc'd, or NULL */
     int32_t *ids;   /* malloc'd n_ids ids, or NULL */
     int64_t n_ids;
@@ -93,10 +96,18 @@ struct textgen_params {
     bool prompt_lookup;
     char *grammar;        /* malloc'd GBNF text, or NULL: unconstrained */
     char *force_tool;     /* malloc'd: "" any tool, or a tool's name; NULL: not forced */
-    struct textgen_embed_input *embed; /* malloc'd n_embed inputs: an embedding task; NULL: generation */
+    struct textgen_input *embed; /* malloc'd n_embed inputs: an embedding task; NULL: generation */
     int n_embed;
     bool truncate;
     int dimensions;       /* 0: all */
+    /* A batch of raw prompts (OpenAI's prompt as a list; then neither messages nor
+     * prompt): n_batch (2..TEXTGEN_MAX_N) prompts, each with n sequences, sequence j of
+     * prompt i numbered i * n + j; n_batch * n <= TEXTGEN_MAX_N. */
+    struct textgen_input *batch;
+    int n_batch;
+    /* The id the API gave the request (chatcmpl-..., cmpl-...), by which a cancel route
+     * finds it; the node's own: not written to JSON, never sent to a runner. */
+    char request_id[64];
 };
 
 /* Zeroes p and sets the defaults: add_generation_prompt, n 1, reasoning,
@@ -116,6 +127,15 @@ int textgen_prompt_ids(const json_t *a, int32_t **ids, int64_t *n, char *err, si
  * p->n_embed (replacing none: p->embed must be NULL). CAIRN_EFORMAT naming `name` or the
  * entry ("input[3]: ..."), CAIRN_ENOMEM. */
 int textgen_embed_inputs(const json_t *input, const char *name, struct textgen_params *p, char *err, size_t errlen);
+
+/* As textgen_embed_inputs with at most max inputs (empty texts allowed with allow_empty)
+ * into *out (malloc'd *n entries; freed with textgen_inputs_free, also after a failure). */
+int textgen_inputs(const json_t *input, const char *name, int max, bool allow_empty, struct textgen_input **out,
+                   int *n, char *err, size_t errlen);
+void textgen_inputs_free(struct textgen_input *in, int n); /* accepts NULL */
+
+/* Sequences of the request: n, times n_batch for a batch of prompts. */
+int textgen_seqs(const struct textgen_params *p);
 
 /* New JSON object of p; NULL when out of memory. */
 json_t *textgen_params_to_json(const struct textgen_params *p);
