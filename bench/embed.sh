@@ -4,7 +4,7 @@
 # appended), both served over HTTP on 127.0.0.1 with the same threads and asked the same
 # /v1/embeddings request of 32 texts (16 to 80 tokens each):
 #   - cosine similarity of each text's vector from the two servers (min and mean over the
-#     32; both L2-normalised), which must be >= 0.999 on every type;
+#     32 texts of every run; both L2-normalised), which must be >= 0.999 on every type;
 #   - throughput, prompt tokens / wall time of the batch of 32, best of REPS runs each,
 #     run against one server and then the other so both see the same machine load.
 # llama-server runs with --embeddings (pooling as the file declares), 32 slots so it
@@ -34,15 +34,19 @@ cairn=./build/cairn
 work=build/embed-bench
 mkdir -p "$work"
 
-# 32 texts, 16 to 80 tokens, from a fixed seed.
-python3 - "$work/request.json" <<'EOF'
+# 32 texts, 16 to 80 tokens, from a fixed seed: request-0.json for the untimed first
+# batch, request-R.json for run R. Each run asks new texts: llama-server keeps each slot's
+# last prompt and would compute only its last token again for a repeated text.
+for r in $(seq 0 "$reps"); do
+  python3 - "$work/request-$r.json" "$r" <<'EOF'
 import json, random, sys
 words = ("the a river stone cairn model vector cluster memory machine light quiet north seven "
          "embedding search query answer paper garden window morning evening small large fast").split()
-rng = random.Random(7)
+rng = random.Random(7 + 1000 * int(sys.argv[2]))
 texts = [" ".join(rng.choice(words) for _ in range(rng.randint(14, 70))).capitalize() + "." for _ in range(32)]
 json.dump({"input": texts, "encoding_format": "float"}, open(sys.argv[1], "w"))
 EOF
+done
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
@@ -59,9 +63,9 @@ wait_ready() {
   done
 }
 
-# ask URL MODEL OUT: POSTs the request, writes the reply to OUT, prints seconds and tokens.
+# ask URL MODEL OUT RUN: POSTs request-RUN, writes the reply to OUT, prints seconds and tokens.
 ask() {
-  python3 - "$1" "$2" "$work/request.json" "$3" <<'EOF'
+  python3 - "$1" "$2" "$work/request-$4.json" "$3" <<'EOF'
 import json, sys, time, urllib.request
 url, model, req, out = sys.argv[1:]
 body = json.load(open(req)); body["model"] = model
@@ -94,28 +98,30 @@ for type in $types; do
   wait_ready "http://127.0.0.1:$port" "$name"
   wait_ready "http://127.0.0.1:$((port + 1))" "$name"
   # one untimed batch each: llama-server's first batch of 32 slots takes seconds to set up
-  ask "http://127.0.0.1:$port" "$name" /dev/null >/dev/null
-  ask "http://127.0.0.1:$((port + 1))" "$name" /dev/null >/dev/null
+  ask "http://127.0.0.1:$port" "$name" /dev/null 0 >/dev/null
+  ask "http://127.0.0.1:$((port + 1))" "$name" /dev/null 0 >/dev/null
   best_c=0 best_l=0 tokens=0
-  for _ in $(seq "$reps"); do
-    read -r dt tokens < <(ask "http://127.0.0.1:$port" "$name" "$work/cairn-$type.json")
+  for r in $(seq "$reps"); do
+    read -r dt tokens < <(ask "http://127.0.0.1:$port" "$name" "$work/cairn-$type-$r.json" "$r")
     best_c=$(python3 -c "print(max($best_c, $tokens / $dt))")
-    read -r dt tokens_l < <(ask "http://127.0.0.1:$((port + 1))" "$name" "$work/llama-$type.json")
+    read -r dt tokens_l < <(ask "http://127.0.0.1:$((port + 1))" "$name" "$work/llama-$type-$r.json" "$r")
     best_l=$(python3 -c "print(max($best_l, $tokens_l / $dt))")
   done
   [ "$tokens" = "$tokens_l" ] || echo "embed.sh: $type: cairn counted $tokens prompt tokens, llama.cpp $tokens_l" >&2
-  python3 - "$work/cairn-$type.json" "$work/llama-$type.json" "$type" "$best_c" "$best_l" <<'EOF'
+  python3 - "$work" "$type" "$reps" "$best_c" "$best_l" <<'EOF'
 import json, math, sys
-a, b = (json.load(open(p))["data"] for p in sys.argv[1:3])
-a = {d["index"]: d["embedding"] for d in a}; b = {d["index"]: d["embedding"] for d in b}
+work, typ, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 cos = []
-for i in sorted(a):
-    x, y = a[i], b[i]
-    cos.append(sum(p * q for p, q in zip(x, y)) / math.sqrt(sum(p * p for p in x) * sum(q * q for q in y)))
+for r in range(1, reps + 1):
+    a, b = (json.load(open(f"{work}/{s}-{typ}-{r}.json"))["data"] for s in ("cairn", "llama"))
+    a = {d["index"]: d["embedding"] for d in a}; b = {d["index"]: d["embedding"] for d in b}
+    for i in sorted(a):
+        x, y = a[i], b[i]
+        cos.append(sum(p * q for p, q in zip(x, y)) / math.sqrt(sum(p * p for p in x) * sum(q * q for q in y)))
 c, l = float(sys.argv[4]), float(sys.argv[5])
-print(f"{sys.argv[3]:<6} {min(cos):10.6f} {sum(cos)/len(cos):10.6f} {c:14.1f} {l:14.1f} {c/l:6.2f}x")
+print(f"{sys.argv[2]:<6} {min(cos):10.6f} {sum(cos)/len(cos):10.6f} {c:14.1f} {l:14.1f} {c/l:6.2f}x")
 if min(cos) < 0.999:
-    print(f"embed.sh: {sys.argv[3]}: cosine {min(cos):.6f} < 0.999", file=sys.stderr); sys.exit(1)
+    print(f"embed.sh: {sys.argv[2]}: cosine {min(cos):.6f} < 0.999", file=sys.stderr); sys.exit(1)
 EOF
   stop "$cpid"; stop "$lpid"
 done
