@@ -918,6 +918,14 @@ static void ejob_step(struct runner *r)
     ejob_free(j);
 }
 
+static struct ejob *ejob_by_id(struct runner *r, const char *id)
+{
+    for (struct ejob *j = r->ejobs; j; j = j->next)
+        if (!strcmp(j->id, id))
+            return j;
+    return NULL;
+}
+
 /* Ends a queued or running embedding task as cancelled; false when there is none of id. */
 static bool ejob_cancel(struct runner *r, const char *id)
 {
@@ -1135,7 +1143,7 @@ static void handle(struct runner *r, struct runner_msg *m)
 {
     switch (m->type) {
     case RUNNER_MSG_TASK:
-        if (task_by_id(r, m->task.task_id)) {
+        if (task_by_id(r, m->task.task_id) || ejob_by_id(r, m->task.task_id)) {
             send_done(r, m->task.task_id, RUNNER_FINISH_ERROR, 0, "a task with this id is running");
             break;
         }
