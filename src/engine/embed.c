@@ -98,11 +98,12 @@ void embed_job_release(struct embed_job *j)
 }
 
 int embed_job_create(struct embed_job **out_job, struct engine *e, struct kv_cache *kv, int pooling,
-                     const struct embed_input *in, int n_in, float *out, char *err, size_t errlen)
+                     const struct embed_input *in, int n_in, float *out, int max_tokens, char *err, size_t errlen)
 {
     *out_job = NULL;
     const struct model *m = engine_model(e);
-    const int dim = m->hp.n_embd, B = engine_max_batch(e);
+    const int dim = m->hp.n_embd;
+    const int B = max_tokens > 0 && max_tokens < engine_max_batch(e) ? max_tokens : engine_max_batch(e);
     const struct kv_config *kc = kv_config(kv);
     int n_slots = kc->max_seqs < EMBED_MAX_SEQS ? kc->max_seqs : EMBED_MAX_SEQS;
     int64_t room = kc->n_blocks * kc->block_tokens - (int64_t)kc->block_tokens * n_slots - B;
@@ -240,7 +241,7 @@ int embed_run(struct engine *e, struct kv_cache *kv, int pooling, const struct e
     struct embed_job *j;
     if (stats)
         *stats = (struct embed_stats){0};
-    int rc = embed_job_create(&j, e, kv, pooling, in, n_in, out, err, errlen);
+    int rc = embed_job_create(&j, e, kv, pooling, in, n_in, out, 0, err, errlen);
     if (!rc)
         while ((rc = embed_job_step(j, err, errlen)) > 0)
             ;

@@ -59,13 +59,14 @@ int embed_run(struct engine *e, struct kv_cache *kv, int pooling, const struct e
               float *out, struct embed_stats *stats, char *err, size_t errlen);
 
 /* The same, one forward at a time (a runner interleaves it with generation steps and
- * heartbeats). create checks everything embed_run checks and borrows in and out (they
- * and e, kv must outlive the job); step runs one forward: 1 while inputs remain, 0 when
+ * heartbeats), each of at most max_tokens tokens (0: the engine's max_batch). create
+ * checks everything embed_run checks and borrows in and out (they and e, kv must outlive
+ * the job); step runs one forward: 1 while inputs remain, 0 when
  * every vector is in out, or the forward's error; release accepts NULL and frees the
  * job's KV sequences. */
 struct embed_job;
 int embed_job_create(struct embed_job **out_job, struct engine *e, struct kv_cache *kv, int pooling,
-                     const struct embed_input *in, int n_in, float *out, char *err, size_t errlen);
+                     const struct embed_input *in, int n_in, float *out, int max_tokens, char *err, size_t errlen);
 int embed_job_step(struct embed_job *j, char *err, size_t errlen);
 struct embed_stats embed_job_stats(const struct embed_job *j);
 void embed_job_release(struct embed_job *j);

@@ -59,6 +59,9 @@ _Static_assert(DP_ID_MAX == RUNNER_IDENTITY_MAX, "the data plane carries the ide
 #define WARMUP_TOKENS 4
 #define CONNECT_MS 60000 /* a pipelined runner's data-plane links must be up this soon after "peers" */
 #define MAX_TASKS 1024 /* tasks held at once (queued in the scheduler or running) */
+/* Tokens of one embedding forward: a turn of the loop stays short enough for heartbeats
+ * (the node gives up on a runner silent for 30 s) on a busy machine with a large model. */
+#define EMBED_STEP_TOKENS 128
 
 /* A task being generated. */
 struct rtask {
@@ -866,7 +869,8 @@ static void embed_task(struct runner *r, const char *task_id, const struct textg
             goto refuse;
         total += j->in[i].n;
     }
-    int rc = embed_job_create(&j->job, r->e, r->embed_kv, r->m->hp.pooling, j->in, j->n, j->out, err, sizeof err);
+    int rc = embed_job_create(&j->job, r->e, r->embed_kv, r->m->hp.pooling, j->in, j->n, j->out, EMBED_STEP_TOKENS,
+                              err, sizeof err);
     if (rc) {
         status = cairn_http_status(rc);
         goto refuse;
