@@ -7,7 +7,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import OpenAI from 'openai';
-import { SLOW, makeTempDir, removeTempDir, makeModel, startNode, tokenIds, http } from './cairn.mjs';
+import { SLOW, makeTempDir, removeTempDir, makeModel, startNode, tokenIds, http, assertStopsCleanly } from './cairn.mjs';
 
 const MODEL = 'qwen-small';
 const T = { timeout: 300_000 * SLOW };
@@ -101,4 +101,9 @@ test('cancel: ends a running generation with finish_reason stop', T, async () =>
     assert.equal(r.status, 404);
     assert.equal(r.json.error.code, null);
   }
+});
+
+test('the node exits 0 on SIGTERM, its runners with it', T, async () => {
+  await assertStopsCleanly(node);
+  assert.doesNotMatch(node.log(), /Sanitizer|runtime error/);
 });

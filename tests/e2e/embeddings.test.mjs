@@ -8,8 +8,8 @@ import assert from 'node:assert/strict';
 import path from 'node:path';
 import OpenAI from 'openai';
 import { Ollama } from 'ollama';
-import { SLOW, QWEN_VOCAB, makeTempDir, removeTempDir, makeModel, mustRun, startNode, tokenIds, http }
-  from './cairn.mjs';
+import { SLOW, QWEN_VOCAB, makeTempDir, removeTempDir, makeModel, mustRun, startNode, tokenIds, http,
+  assertStopsCleanly } from './cairn.mjs';
 
 const EMBED = 'qwen3-embed';
 const CHAT = 'qwen-small';
@@ -127,4 +127,9 @@ test('refusals: no pooling, chat on an embedding model, bad inputs, too long', T
   assert.equal(cut.embeddings.length, 1);
   const notCut = await http(`${node.url}/api/embed`, { body: { model: EMBED, input: long, truncate: false } });
   assert.equal(notCut.status, 400);
+});
+
+test('the node exits 0 on SIGTERM, its runners with it', T, async () => {
+  await assertStopsCleanly(node);
+  assert.doesNotMatch(node.log(), /Sanitizer|runtime error/);
 });
