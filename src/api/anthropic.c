@@ -683,6 +683,7 @@ static void on_event(struct apireq *a, void *self, const struct gen_event *ev)
     case GEN_EVENT_END:
         end(a, r, ev);
         break;
+    case GEN_EVENT_EMBEDDING: /* not asked for */
     case GEN_EVENT_ERROR: /* apireq's */
         break;
     }

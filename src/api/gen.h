@@ -6,7 +6,8 @@
  * front-ends may give their own ops.
  *
  * Events of one request, in order: START once (the runner took it: prompt tokens known),
- * DELTA any number of times per sequence, SEQ_DONE once per sequence, END last; or ERROR
+ * DELTA any number of times per sequence, SEQ_DONE once per sequence (an embedding task:
+ * EMBEDDING once per input instead, in any order), END last; or ERROR
  * at any point, last (before START the request was refused: answer with its status).
  * Callbacks run on a backend thread and must not block (write to an http_stream, or
  * collect). Pointers in an event are valid during the callback only. */
@@ -40,6 +41,7 @@ enum gen_event_kind {
     GEN_EVENT_SEQ_DONE,
     GEN_EVENT_END,
     GEN_EVENT_ERROR,
+    GEN_EVENT_EMBEDDING,
 };
 
 struct gen_event {
@@ -59,6 +61,11 @@ struct gen_event {
     /* START: prompt_tokens and cached_tokens; SEQ_DONE: that sequence's
      * completion_tokens (and draft counts); END: the totals over the sequences. */
     struct gen_usage usage;
+    /* EMBEDDING: input `index` (0..n_embed-1) has the vector embedding (dim values, also
+     * as embedding_b64: little-endian float32 in base64) of usage.prompt_tokens tokens. */
+    int index, dim;
+    const float *embedding;
+    const char *embedding_b64;
     int status;               /* ERROR: HTTP status (400, 404, 413, 500, 503 ...) */
     const char *message;      /* ERROR: what went wrong */
 };
@@ -80,6 +87,11 @@ struct gen_ops {
     /* Cancels a request (client gone): once it returns no callback of that handle runs
      * or will run. No-op after END or ERROR. Any thread. */
     void (*cancel)(void *self, uint64_t handle);
+    /* Ends the generation of the live request whose params had this request_id (a cancel
+     * route): its sequences end with finish "stop" and what they generated so far, and
+     * END follows as usual. 0, or 404 with err when no request of that id is live on
+     * this node. NULL: this gen cannot. */
+    int (*stop)(void *self, const char *request_id, char *err, size_t errlen);
     /* New JSON array of the models the cluster can serve: each the card object of
      * GET /models (catalog_card_to_json plus "nodes"), plus "ready": bool (an instance
      * is ready) and "chat_template": template source text or null. NULL when out of

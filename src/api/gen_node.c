@@ -59,6 +59,9 @@ struct req {
     gen_event_fn fn;
     void *ctx;
     int n_seqs, seqs_done;
+    int n_embed;               /* an embedding task's inputs; 0 for generation */
+    char request_id[64];       /* the API's id of it, for op_stop */
+    bool user_stop;            /* op_stop ended it: "cancelled" reads as "stop" */
     bool started, any_token;
     struct gen_usage total;
     int64_t submitted_ns, last_token_ns[TEXTGEN_MAX_N];
@@ -181,7 +184,9 @@ static void on_seq_done(struct req *r, const struct task_msg *m)
     r->total.completion_tokens += u.completion_tokens;
     r->total.draft_tokens += u.draft_tokens;
     r->total.accepted_draft_tokens += u.accepted_draft_tokens;
-    struct gen_event ev = {.kind = GEN_EVENT_SEQ_DONE, .seq = m->seq, .finish = task_seq_finish_name(m->seq_finish),
+    bool stopped = r->user_stop && m->seq_finish == TASK_SEQ_CANCELLED;
+    struct gen_event ev = {.kind = GEN_EVENT_SEQ_DONE, .seq = m->seq,
+                           .finish = stopped ? "stop" : task_seq_finish_name(m->seq_finish),
                            .stop_sequence = m->stop_sequence, .tool_calls = m->tool_calls, .usage = u};
     r->fn(r->ctx, &ev);
     r->seqs_done++;
@@ -203,7 +208,8 @@ static struct runner_figures *figures_of(struct gen_node *g, const char *instanc
 static void on_done(struct gen_node *g, size_t at, const struct task_msg *m)
 {
     struct req *r = g->live[at];
-    const char *finish = runner_finish_name(m->finish);
+    bool stopped = r->user_stop && m->finish == RUNNER_FINISH_CANCELLED;
+    const char *finish = stopped ? "stop" : runner_finish_name(m->finish);
     const char *error = m->error;
     if (m->finish == RUNNER_FINISH_ERROR) {
         fail_req(g, at, r->started ? 500 : 503, error ? error : "the runner failed");
@@ -227,13 +233,32 @@ static void on_done(struct gen_node *g, size_t at, const struct task_msg *m)
     rf->draft_tokens += r->total.draft_tokens;
     rf->accepted_draft_tokens += r->total.accepted_draft_tokens;
     hist_add(&g->fig.duration, (double)(clock_ns() - r->submitted_ns) / 1e9);
-    if (m->finish == RUNNER_FINISH_CANCELLED)
+    if (m->finish == RUNNER_FINISH_CANCELLED && !stopped)
         g->fig.cancelled++;
     else
         g->fig.ok++;
     struct gen_event ev = {.kind = GEN_EVENT_END, .usage = r->total};
     r->fn(r->ctx, &ev);
     remove_at(g, at);
+}
+
+static void on_embedding(struct req *r, const struct task_msg *m)
+{
+    if (m->index >= r->n_embed) {
+        log_warn("gen: task %s: an embedding line for input %d of %d was refused", r->task_id, m->index, r->n_embed);
+        return;
+    }
+    float *v = malloc((size_t)m->dim * sizeof *v);
+    char err[128];
+    if (!v || task_embedding_decode(m, v, err, sizeof err)) {
+        log_warn("gen: task %s: an embedding line was refused: %s", r->task_id, v ? err : "out of memory");
+        free(v);
+        return;
+    }
+    struct gen_event ev = {.kind = GEN_EVENT_EMBEDDING, .index = m->index, .dim = m->dim, .embedding = v,
+                           .embedding_b64 = m->embedding, .usage = {.prompt_tokens = m->prompt_tokens}};
+    r->fn(r->ctx, &ev);
+    free(v);
 }
 
 /* Keeps the stats member of a runner line by instance (under mu). */
@@ -268,6 +293,8 @@ static void on_line(void *ctx, const char *from, const char *line, size_t len)
             on_output(g, r, &m);
         else if (m.type == RUNNER_MSG_SEQ_DONE && r->started)
             on_seq_done(r, &m);
+        else if (m.type == RUNNER_MSG_EMBEDDING && r->started)
+            on_embedding(r, &m);
         else if (m.type == RUNNER_MSG_DONE)
             on_done(g, at, &m);
     }
@@ -457,7 +484,9 @@ static int op_submit(void *self, struct textgen_params *p, gen_event_fn fn, void
     snprintf(r->runs_on, sizeof r->runs_on, "%s", pk.runs_on);
     r->fn = fn;
     r->ctx = ctx;
-    r->n_seqs = p->n;
+    r->n_seqs = p->embed ? 0 : textgen_seqs(p);
+    r->n_embed = p->n_embed;
+    snprintf(r->request_id, sizeof r->request_id, "%s", p->request_id);
     r->submitted_ns = clock_ns();
     json_t *params = textgen_params_to_json(p);
     if (!params) {
@@ -550,6 +579,28 @@ static void op_cancel(void *self, uint64_t handle)
     pthread_mutex_unlock(&g->mu);
 }
 
+static void send_cancel(struct gen_node *g, const char *task_id);
+
+static int op_stop(void *self, const char *request_id, char *err, size_t errlen)
+{
+    struct gen_node *g = self;
+    char task_id[IDS_ID_MAX + 1] = "";
+    pthread_mutex_lock(&g->mu);
+    for (size_t i = 0; request_id[0] && i < g->n_live; i++)
+        if (!strcmp(g->live[i]->request_id, request_id)) {
+            g->live[i]->user_stop = true;
+            memcpy(task_id, g->live[i]->task_id, sizeof task_id);
+            break;
+        }
+    pthread_mutex_unlock(&g->mu);
+    if (!task_id[0]) {
+        snprintf(err, errlen, "no request '%.64s' is running on this node", request_id);
+        return 404;
+    }
+    send_cancel(g, task_id); /* the runner ends it; its lines end the request */
+    return 0;
+}
+
 struct models_ctx {
     json_t *models;
 };
@@ -612,7 +663,7 @@ static int op_remove(void *self, const char *model, char *err, size_t errlen)
     return gen_pull_remove(g->node, model, err, errlen);
 }
 
-static const struct gen_ops node_ops = {.submit = op_submit, .cancel = op_cancel, .models = op_models,
+static const struct gen_ops node_ops = {.submit = op_submit, .cancel = op_cancel, .stop = op_stop, .models = op_models,
                                         .pull = op_pull, .remove = op_remove};
 
 struct gen gen_node_gen(struct gen_node *g) { return (struct gen){.ops = &node_ops, .self = g}; }

@@ -793,6 +793,7 @@ static void on_event(struct apireq *a, void *self, const struct gen_event *ev)
         r->eval_tokens = ev->usage.completion_tokens;
         reply_final(a, r);
         break;
+    case GEN_EVENT_EMBEDDING: /* not asked for */
     case GEN_EVENT_ERROR: /* apireq's */
         break;
     }

@@ -234,40 +234,43 @@ static int parse_messages(const json_t *body, struct textgen_params *p, struct j
     return 0;
 }
 
-/* prompt: text, token ids, or an array of one of either. */
+/* prompt: text, token ids, or an array of either (a batch: choice i * n + j is the j-th
+ * of prompt i, as OpenAI numbers them). */
 static int parse_prompt(const json_t *body, struct textgen_params *p, struct json_err *e)
 {
     const json_t *v = json_object_get(body, "prompt");
-    const char *path = "prompt";
     if (!v || json_is_null(v))
         return json_fail(e, "prompt", "required");
-    if (json_is_array(v) && json_array_size(v) > 0 && !json_is_integer(json_array_get(v, 0))) {
-        /* a batch of prompts: strings or arrays of token ids */
-        if (json_array_size(v) != 1)
-            return json_fail(e, "prompt", "an array of %zu prompts; one prompt is supported (send one request each)",
-                             json_array_size(v));
-        v = json_array_get(v, 0);
-        path = "prompt[0]";
-        if (!json_is_string(v) && !json_is_array(v))
-            return json_fail(e, path, "expected a string or an array of token ids");
-    }
-    if (json_is_array(v)) {
-        char err[JSON_ERR_MAX];
-        int rc = textgen_prompt_ids(v, &p->prompt_ids, &p->n_prompt_ids, err, sizeof err);
+    if (!json_is_string(v) && !json_is_array(v))
+        return json_fail(e, "prompt", "expected a string, token ids, or an array of one of them");
+    char err[JSON_ERR_MAX];
+    struct textgen_input *in = NULL;
+    int n = 0;
+    int rc = textgen_inputs(v, "prompt", TEXTGEN_MAX_N, true, &in, &n, err, sizeof err);
+    if (rc) {
+        textgen_inputs_free(in, n);
         if (rc == CAIRN_ENOMEM)
             return oom();
-        if (rc) { /* "prompt[i]: why" from textgen, under this request's path */
-            const char *colon = strchr(err, ':'), *sub = err + strlen("prompt");
-            char full[JSON_ERR_PATH_MAX];
-            json_path(full, sizeof full, "%s%.*s", path, colon && colon > sub ? (int)(colon - sub) : 0, sub);
-            return json_fail(e, full, "%s", colon ? colon + 2 : err);
-        }
+        const char *colon = strchr(err, ':');
+        char path[JSON_ERR_PATH_MAX];
+        json_path(path, sizeof path, "%.*s", colon ? (int)(colon - err) : 6, err);
+        return json_fail(e, path, "%s", colon ? colon + 2 : err);
+    }
+    if (n > 1) {
+        p->batch = in;
+        p->n_batch = n;
         return 0;
     }
-    if (!json_is_string(v))
-        return json_fail(e, "prompt", "expected a string, token ids, or an array of one of them");
-    p->prompt = strndup(json_string_value(v), json_string_length(v));
-    return p->prompt ? 0 : oom();
+    if (in[0].text) {
+        p->prompt = in[0].text;
+        in[0].text = NULL;
+    } else {
+        p->prompt_ids = in[0].ids;
+        p->n_prompt_ids = in[0].n_ids;
+        in[0].ids = NULL;
+    }
+    textgen_inputs_free(in, n);
+    return 0;
 }
 
 static int parse_logit_bias(const json_t *body, struct textgen_params *p, struct json_err *e)
@@ -598,6 +601,9 @@ static int parse_request(enum openai_route kind, const json_t *body, struct text
         (rc = apiutil_opt_stop(body, NULL, "stop", true, p, e)) || (rc = parse_logit_bias(body, p, e)) ||
         (rc = parse_logprobs(kind, body, p, e)) || (rc = parse_misc(kind, body, p, o, e)))
         return rc;
+    if (p->batch && (int64_t)p->n_batch * p->n > TEXTGEN_MAX_N)
+        return json_fail(e, "prompt", "%d prompts with n %d are %d choices; at most %d in one request", p->n_batch,
+                         p->n, p->n_batch * p->n, TEXTGEN_MAX_N);
     return 0;
 }
 
@@ -921,6 +927,7 @@ static void stream_event(struct apireq *a, struct oreq *r, const struct gen_even
         apireq_send_text(a, NULL, "[DONE]");
         apireq_finish(a);
         break;
+    case GEN_EVENT_EMBEDDING: /* not asked for */
     case GEN_EVENT_ERROR: /* apireq's */
         break;
     }
@@ -968,6 +975,7 @@ static void collect_event(struct apireq *a, struct oreq *r, const struct gen_eve
     }
     case GEN_EVENT_START:
     case GEN_EVENT_ERROR:
+    case GEN_EVENT_EMBEDDING:
         break;
     }
 }
@@ -1021,13 +1029,13 @@ static struct oreq *oreq_new(enum openai_route kind, const struct textgen_params
     struct oreq *r = calloc(1, sizeof *r);
     if (!r)
         return NULL;
-    r->choices = calloc((size_t)p->n, sizeof *r->choices);
+    r->choices = calloc((size_t)textgen_seqs(p), sizeof *r->choices);
     if (!r->choices) {
         free(r);
         return NULL;
     }
     r->kind = kind;
-    r->n = p->n;
+    r->n = textgen_seqs(p);
     r->include_usage = o->include_usage;
     r->one_tool_call = o->one_tool_call;
     r->logprobs = p->logprobs;
@@ -1053,7 +1061,34 @@ static void handle_generation(struct http_request *req, const struct gen *g, enu
             reply_error(req, 500, "out of memory", NULL);
         return;
     }
+    snprintf(p.request_id, sizeof p.request_id, "%s", r->id);
     apireq_run(req, g, &OPENAI_API, r, o.stream, &p);
+}
+
+/* OpenAI's error object, a 404 naming no model. */
+static json_t *cancel_error_json(int status, const char *message, const char *param)
+{
+    return openai_error_json(status, message, param, NULL);
+}
+
+/* POST /v1/chat/completions/:id/cancel, /v1/completions/:id/cancel and /v1/cancel/:id:
+ * ends a running generation by the id its reply carries; the reply (or stream) ends
+ * normally, each choice with finish_reason "stop" and the text it had. */
+static void h_cancel(struct http_request *req, void *ctx)
+{
+    const struct gen *g = ctx;
+    const char *id = http_req_param(req, "id");
+    char err[256];
+    if (!g->ops->stop) {
+        reply_error(req, 501, "this server cannot cancel requests", NULL);
+        return;
+    }
+    int status = g->ops->stop(g->self, id ? id : "", err, sizeof err);
+    if (status) {
+        apiutil_reply_error(req, cancel_error_json, status, err, "id");
+        return;
+    }
+    http_reply_json(req, 200, json_pack("{s:s,s:s,s:b}", "id", id, "object", "cancel", "cancelled", 1));
 }
 
 static void h_chat(struct http_request *req, void *ctx)
@@ -1135,6 +1170,9 @@ int openai_register(struct http_server *srv, const struct gen *g, char *err, siz
         {"POST", "/v1/completions", h_completions},
         {"GET", "/v1/models", h_models},
         {"GET", "/v1/models/*id", h_model},
+        {"POST", "/v1/chat/completions/:id/cancel", h_cancel},
+        {"POST", "/v1/completions/:id/cancel", h_cancel},
+        {"POST", "/v1/cancel/:id", h_cancel},
     };
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
         /* Handlers only read through g; the route context is untyped. */

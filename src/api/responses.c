@@ -917,6 +917,7 @@ static void on_event(struct apireq *a, void *self, const struct gen_event *ev)
         break;
     }
     case GEN_EVENT_ERROR:
+    case GEN_EVENT_EMBEDDING:
         break;
     }
 }

@@ -14,6 +14,8 @@
 int cli_version(int argc, char **argv);
 /* cairn tokenize -m MODEL [--ids] [--special] [--no-bos] [--file F | TEXT] [--bench] */
 int cli_tokenize(int argc, char **argv);
+/* cairn embed -m MODEL [-t N] [--ctx N] [--batch N] [--repeat N] [--no-vectors] (TEXT... | --file F) */
+int cli_embed(int argc, char **argv);
 int cli_mkmodel(int argc, char **argv);
 int cli_generate(int argc, char **argv);
 int cli_bench(int argc, char **argv);

@@ -16,6 +16,7 @@ static const struct command {
     {"stop", cli_stop, "stop (delete) an instance"},
     {"version", cli_version, "print the version and the CPU features in use"},
     {"tokenize", cli_tokenize, "print the tokens of a text under a model's tokenizer (--bench: speed)"},
+    {"embed", cli_embed, "the embeddings of texts under an embedding model (and their throughput)"},
     {"mkmodel", cli_mkmodel, "write a synthetic GGUF model of a real architecture's shape"},
     {"generate", cli_generate, "generate tokens from a model"},
     {"bench", cli_bench, "measure prefill and decode speed against the memory roofline"},

@@ -2,6 +2,7 @@
 #include "base/args.h"
 #include "cli/cli.h"
 #include "gguf/gguf.h"
+#include "model/arch.h"
 #include "model/synth.h"
 #include "tok/tok.h"
 
@@ -19,7 +20,7 @@ static void usage(void)
             "                      [--seed N] [--ctx N] [--script FILE | --script-ids ID,ID,...]\n"
             "                      [--chat-template FILE.jinja] [--scale-from K --scale F] [--split N]\n"
             "                      [--n-expert N --n-expert-used K [--n-ff-exp N]] [--sliding-window W]\n"
-            "                      [--yarn F | --llama3-rope] [--add-tokens T1,T2,...] -o OUT.gguf\n"
+            "                      [--yarn F | --llama3-rope] [--add-tokens T1,T2,...] [--pooling P] -o OUT.gguf\n"
             "       cairn mkmodel --draft-of TARGET.gguf --layers K -o OUT.gguf\n"
             "  --scale-from K --scale F: multiply the attention output and FFN down weights of layers\n"
             "            K and up by F (> 0), so that those layers change the model's predictions\n"
@@ -37,6 +38,8 @@ static void usage(void)
             "            experts are --n-ff-exp wide, or llama, whose experts are --n-ff wide); 0: dense\n"
             "  --sliding-window W: gemma3's attention.sliding_window (its layers slide but every\n"
             "            6th; 0: none), a phi3 file's (which llama.cpp and cairn ignore)\n"
+            "  --pooling P: an embedding model: <arch>.pooling_type mean, cls, last (and the tokenizer\n"
+            "            appends EOS), or none (a generative model; the qwen3-embed shapes have last)\n"
             "  --split N: write the model as N files in gguf-split's layout, OUT-00001-of-0000N.gguf ...\n"
             "  --script: a model whose greedy continuation of the script's first token is the rest of\n"
             "            the script (text tokenized with the vocabulary, control tokens parsed); each\n"
@@ -143,7 +146,7 @@ int cli_mkmodel(int argc, char **argv)
     int64_t draft_layers = 0, scale_from = -1, split = 0, swa = -1;
     double out_scale = 0, yarn = 0;
     bool llama3_rope = false;
-    const char *add_tokens = NULL;
+    const char *add_tokens = NULL, *pooling = NULL;
     int64_t n_embd = 0, n_layers = 0, n_head = 0, n_head_kv = 0, n_ff = 0, head_dim = 0, ctx = 0, vocab_size = 0;
     int64_t n_expert = -1, n_expert_used = 0, n_ff_exp = 0;
     for (; a.i < argc && !a.bad; a.i++) {
@@ -175,6 +178,7 @@ int cli_mkmodel(int argc, char **argv)
         else if (args_opt(&a, "--yarn", &v)) yarn = args_float(&a, "--yarn", v, 1.0001, 1024);
         else if (args_opt(&a, "--llama3-rope", NULL)) llama3_rope = true;
         else if (args_opt(&a, "--add-tokens", &v)) add_tokens = v;
+        else if (args_opt(&a, "--pooling", &v)) pooling = v;
         else if (args_opt(&a, "--sliding-window", &v)) swa = args_int(&a, "--sliding-window", v, 0, 1 << 30);
         else if (args_opt(&a, "-h|--help", NULL)) { usage(); return 0; }
         else {
@@ -247,6 +251,18 @@ int cli_mkmodel(int argc, char **argv)
     if (s.n_expert > 0 && !strcmp(s.arch, "llama"))
         s.n_ff_exp = s.n_ff; /* llama's experts are feed_forward_length wide */
     if (swa >= 0) s.swa_window = swa;
+    if (pooling) {
+        int p = -1;
+        for (int i = MODEL_POOLING_NONE; i < MODEL_POOLING_RANK; i++)
+            if (!strcmp(pooling, model_pooling_name(i)))
+                p = i;
+        if (p < 0) {
+            fprintf(stderr, "cairn mkmodel: --pooling %s: give none, mean, cls or last\n", pooling);
+            return 2;
+        }
+        s.pooling = p;
+        s.add_eos = p != MODEL_POOLING_NONE;
+    }
     s.vocab_size = (int)vocab_size;
     s.scale_from = (int)(scale_from >= 0 ? scale_from : 0);
     s.out_scale = (float)out_scale;

@@ -3,6 +3,7 @@
 #include "api/http.h"
 #include "api/anthropic.h"
 #include "api/gen_node.h"
+#include "api/embeddings.h"
 #include "api/ollama.h"
 #include "api/openai.h"
 #include "api/responses.h"
@@ -571,6 +572,8 @@ static int add_routes(struct node_app *app, const struct node_opts *o)
         rc = responses_register(app->responses, app->srv, err, errlen);
     if (!rc)
         rc = ollama_register(app->srv, &app->g, err, errlen);
+    if (!rc)
+        rc = embeddings_register(app->srv, &app->g, err, errlen);
     if (!rc)
         rc = anthropic_register(app->srv, &app->g, err, errlen);
     if (!rc)

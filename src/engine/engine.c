@@ -630,6 +630,7 @@ void engine_release(struct engine *e)
 const struct model *engine_model(const struct engine *e) { return e->m; }
 int engine_threads(const struct engine *e) { return e->cfg.n_threads; }
 int engine_max_batch(const struct engine *e) { return e->cfg.max_batch; }
+int64_t engine_max_ctx(const struct engine *e) { return e->cfg.max_ctx; }
 
 struct engine_tp_stats engine_get_tp_stats(const struct engine *e) { return e->tp_stats; }
 
@@ -890,6 +891,10 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         return 0;
     struct norm_job nj = {e, e->x, m->output_norm, e->xn, n_embd, n_out, e->out_rows};
     pool_run(e->pool, norm_run, &nj);
+    if (b->hidden) {
+        memcpy(out, e->xn, (size_t)n_out * (size_t)n_embd * sizeof(float));
+        return 0;
+    }
     const struct kern_mat *head[1] = {m->output};
     quantize_for(e, e->xn, n_embd, DIM_EMBD, n_out, head, 1);
     struct mm_item head_item = mm_item_part(e, m->output, DIM_EMBD, out, (size_t)hp->n_vocab, e->vocab_part);

@@ -9,6 +9,7 @@
 #ifndef CAIRN_ENGINE_ENGINE_H
 #define CAIRN_ENGINE_ENGINE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -59,6 +60,9 @@ struct batch {
     const int32_t *seq;   /* sequence id per token (n) */
     const int64_t *pos;   /* position per token (n) */
     const uint8_t *logits; /* last slice: tokens whose logits are wanted (n); NULL: all */
+    bool hidden;           /* last slice: out gets the wanted tokens' hidden states after the
+                              final norm (n_embd each) instead of logits: what embedding
+                              models pool */
 };
 
 struct engine;
@@ -86,7 +90,8 @@ int engine_tp_check(const struct model *m, int world, char *err, size_t errlen);
 int engine_tp_check_hparams(const struct model_hparams *hp, int world, char *err, size_t errlen);
 
 /* Runs the slice over the batch. out receives, for the last slice, one row of n_vocab
- * logits per token whose logits are wanted, in batch order; for other slices n rows of
+ * logits (n_embd normed hidden values with b->hidden) per token whose logits are wanted,
+ * in batch order; for other slices n rows of
  * n_embd activations. Returns 0, CAIRN_EINVAL for a malformed batch (message says
  * which token and why), or CAIRN_EFULL when the KV cache has no room. Allocates nothing. */
 int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b, float *out,
@@ -96,6 +101,8 @@ const struct model *engine_model(const struct engine *e);
 int engine_threads(const struct engine *e);
 /* The largest batch engine_forward accepts (engine_config.max_batch). */
 int engine_max_batch(const struct engine *e);
+/* The longest sequence it serves (engine_config.max_ctx). */
+int64_t engine_max_ctx(const struct engine *e);
 
 /* Exchanges (engine_tp.gather calls) and the bytes of this rank's own parts in them,
  * so far (a rank's part goes to world - 1 others, or to rank 0 alone for the logits). */

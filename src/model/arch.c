@@ -209,6 +209,12 @@ static int read_phi3(const struct gguf_file *f, struct model_hparams *hp, char *
     return 0;
 }
 
+const char *model_pooling_name(int pooling)
+{
+    static const char *const names[] = {"none", "mean", "cls", "last", "rank"};
+    return pooling >= 0 && pooling <= MODEL_POOLING_RANK ? names[pooling] : NULL;
+}
+
 int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, char *err, size_t errlen)
 {
     memset(hp, 0, sizeof *hp);
@@ -299,6 +305,11 @@ int model_read_hparams(const struct gguf_file *f, struct model_hparams *hp, char
     hp->n_vocab = (int)n_vocab;
     hp->tied_output = gguf_find_tensor(f, "output.weight") == NULL;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    int64_t pooling;
+    if ((rc = arch_int(f, hp->arch, "pooling_type", MODEL_POOLING_NONE, MODEL_POOLING_NONE, MODEL_POOLING_RANK,
+                       &pooling, err, errlen)))
+        return rc;
+    hp->pooling = (int)pooling;
     if (a->gemma)
         return read_gemma(f, hp, err, errlen);
     if (a->fused)

@@ -84,7 +84,17 @@ struct model_hparams {
     float rope_base_swa;
     float attn_scale;        /* queries are multiplied by it before the dot products */
     float logit_softcap;     /* > 0: logits = tanh(logits / cap) * cap */
+    /* <arch>.pooling_type, llama.cpp's numbering: 0 none (a generative model), 1 mean,
+     * 2 cls (first token), 3 last (last token: Qwen3-Embedding), 4 rank (a reranker's
+     * classifier head, not supported for embeddings). */
+    int pooling;
 };
+
+enum model_pooling { MODEL_POOLING_NONE = 0, MODEL_POOLING_MEAN, MODEL_POOLING_CLS, MODEL_POOLING_LAST,
+                     MODEL_POOLING_RANK };
+
+/* Static "none", "mean", "cls", "last", "rank"; NULL out of range. */
+const char *model_pooling_name(int pooling);
 
 /* Whether layer il (of the whole model) is a sliding-window layer. */
 bool model_layer_swa(const struct model_hparams *hp, int il);

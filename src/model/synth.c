@@ -106,6 +106,14 @@ static const struct {
     /* ≈ Qwen3-0.6B */
     {"qwen3-0.6b", {.arch = "qwen3", .n_layers = 28, .n_embd = 1024, .n_ff = 3072, .n_head = 16, .n_head_kv = 8,
                     .head_dim = 128, .n_ctx = 40960, .rope_base = 1000000, .norm_eps = 1e-6f, .tied = 1}},
+    /* ≈ Qwen3-Embedding-0.6B: Qwen3-0.6B's body, last-token pooling, EOS appended */
+    {"qwen3-embed-0.6b", {.arch = "qwen3", .n_layers = 28, .n_embd = 1024, .n_ff = 3072, .n_head = 16,
+                          .n_head_kv = 8, .head_dim = 128, .n_ctx = 32768, .rope_base = 1000000, .norm_eps = 1e-6f,
+                          .tied = 1, .pooling = 3, .add_eos = 1}},
+    /* Qwen3-Embedding's structure at a test size */
+    {"qwen3-embed-tiny", {.arch = "qwen3", .n_layers = 4, .n_embd = 256, .n_ff = 512, .n_head = 4, .n_head_kv = 2,
+                          .head_dim = 64, .n_ctx = 4096, .rope_base = 1000000, .norm_eps = 1e-6f, .tied = 1,
+                          .pooling = 3, .add_eos = 1}},
     /* Qwen3-30B-A3B's structure at a test size: 8 experts, 2 per token */
     {"qwen3moe-tiny", {.arch = "qwen3moe", .n_layers = 4, .n_embd = 256, .n_ff = 512, .n_head = 4, .n_head_kv = 2,
                        .head_dim = 64, .n_ctx = 4096, .rope_base = 1000000, .norm_eps = 1e-6f, .tied = 0,
@@ -172,8 +180,9 @@ int synth_shape(const char *name, struct synth_spec *spec)
 
 const char *synth_shape_names(void)
 {
-    return "tiny, small, llama-1b, llama-8b, qwen-0.5b, qwen3-0.6b, qwen3moe-tiny, qwen3-30b-a3b, mixtral-tiny, "
-           "gemma3-tiny, gemma3-1b, gemma3-4b, phi3-tiny, phi3-mini, gpt-oss-tiny, gpt-oss-20b";
+    return "tiny, small, llama-1b, llama-8b, qwen-0.5b, qwen3-0.6b, qwen3-embed-0.6b, qwen3-embed-tiny, "
+           "qwen3moe-tiny, qwen3-30b-a3b, mixtral-tiny, gemma3-tiny, gemma3-1b, gemma3-4b, phi3-tiny, phi3-mini, "
+           "gpt-oss-tiny, gpt-oss-20b";
 }
 
 /* llama.cpp gives more bits to some layers' attn_v and ffn_down in *_M mixes. */
@@ -621,6 +630,18 @@ static int write_model(const struct synth_spec *s, const char *vocab_path, struc
         rc = cairn_fail(err, errlen, CAIRN_EINVAL, "a vocabulary file or a vocabulary size is needed");
         goto out;
     }
+    if (s->pooling < 0 || s->pooling > 4) {
+        rc = cairn_fail(err, errlen, CAIRN_EINVAL, "pooling type %d outside 0..4", s->pooling);
+        goto out;
+    }
+    if (s->pooling > 0) {
+        char pkey[64];
+        snprintf(pkey, sizeof pkey, "%s.pooling_type", a);
+        if ((rc = gguf_writer_set_u32(c.w, pkey, (uint32_t)s->pooling)))
+            goto out;
+    }
+    if (s->add_eos && (rc = gguf_writer_set_bool(c.w, "tokenizer.ggml.add_eos_token", 1)))
+        goto out;
     if (s->chat_template &&
         (rc = gguf_writer_set_str(c.w, "tokenizer.chat_template", s->chat_template, strlen(s->chat_template)))) {
         cairn_fail(err, errlen, rc, "cannot write the chat template");

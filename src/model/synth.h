@@ -37,10 +37,15 @@ struct synth_spec {
      * experts of n_ff_exp (qwen3moe; llama's experts are n_ff wide), n_expert_used per
      * token, behind an F32 router (ffn_gate_inp), as llama.cpp's converter writes them. */
     int n_expert, n_expert_used, n_ff_exp;
+    /* An embedding model: <arch>.pooling_type (model_hparams.pooling's numbering; 0: none,
+     * a generative model), and tokenizer.ggml.add_eos_token set true (Qwen3-Embedding's
+     * tokenizer appends <|endoftext|>, the token its last-token pooling reads). */
+    int pooling;
+    int add_eos;
 };
 
 /* Fills spec with a named shape: tiny, small, llama-1b, llama-8b, qwen-0.5b, qwen3-0.6b,
- * qwen3moe-tiny, qwen3-30b-a3b, mixtral-tiny, gemma3-tiny, gemma3-1b, gemma3-4b, phi3-tiny,
+ * qwen3-embed-0.6b and qwen3-embed-tiny (embedding models: last-token pooling), qwen3moe-tiny, qwen3-30b-a3b, mixtral-tiny, gemma3-tiny, gemma3-1b, gemma3-4b, phi3-tiny,
  * phi3-mini (the gemma3 and phi3 shapes with their chat template).
  * Returns CAIRN_ENOTFOUND for other names. The type is left as it is. */
 int synth_shape(const char *name, struct synth_spec *spec);

@@ -416,6 +416,7 @@ static void handle_line(struct supervisor *s, struct sup_runner *r, const char *
     case RUNNER_MSG_START:
     case RUNNER_MSG_OUTPUT:
     case RUNNER_MSG_SEQ_DONE:
+    case RUNNER_MSG_EMBEDDING:
         if (has_task(r, m.task_id) && (e = push(s, SUPERVISOR_OUTPUT, r))) {
             size_t len;
             memcpy(e->task_id, m.task_id, sizeof e->task_id);

@@ -23,7 +23,7 @@ static const char *name_at(const char *const *names, int n, int v)
 const char *runner_msg_type_name(int v)
 {
     static const char *const names[] = {"status", "heartbeat", "token", "done", "task", "cancel", "shutdown",
-                                         "start", "output", "seq_done", "draft", "peers"};
+                                         "start", "output", "seq_done", "draft", "peers", "embedding"};
     return name_at(names, RUNNER_MSG_TYPE_COUNT, v);
 }
 
@@ -414,6 +414,7 @@ char *runner_msg_encode(const struct runner_msg *m, size_t *len)
     case RUNNER_MSG_START:
     case RUNNER_MSG_OUTPUT:
     case RUNNER_MSG_SEQ_DONE:
+    case RUNNER_MSG_EMBEDDING:
         ok = ids_valid_id(m->task_id) && json_is_object(m->body) && json_object_update(o, m->body) == 0 &&
              put(o, "type", json_string(type)) && put(o, "task_id", json_string(m->task_id));
         break;
@@ -560,7 +561,8 @@ static int decode(const json_t *j, struct runner_msg *out, char *err, size_t err
     }
     case RUNNER_MSG_START:
     case RUNNER_MSG_OUTPUT:
-    case RUNNER_MSG_SEQ_DONE: { /* every member checked (taskmsg.h), then relayed as it is */
+    case RUNNER_MSG_SEQ_DONE:
+    case RUNNER_MSG_EMBEDDING: { /* every member checked (taskmsg.h), then relayed as it is */
         struct task_msg tm;
         if ((rc = task_msg_from_json((json_t *)j, &tm, err, errlen)))
             return rc;

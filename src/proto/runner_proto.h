@@ -150,6 +150,7 @@ enum runner_msg_type {
     RUNNER_MSG_SEQ_DONE,
     RUNNER_MSG_DRAFT,
     RUNNER_MSG_PEERS,
+    RUNNER_MSG_EMBEDDING,
     RUNNER_MSG_TYPE_COUNT
 };
 
@@ -173,7 +174,7 @@ struct runner_msg {
     enum runner_finish finish;   /* DONE */
     int64_t n_generated;         /* DONE */
     struct runner_task task;     /* TASK */
-    json_t *body;                /* START, OUTPUT, SEQ_DONE: the members besides type and
+    json_t *body;                /* START, OUTPUT, SEQ_DONE, EMBEDDING: the members besides type and
                                     task_id (owned object); DRAFT: {"model_path",
                                     "num_draft_tokens"} */
 };

@@ -1,6 +1,9 @@
 #include "proto/taskmsg.h"
 
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/err.h"
@@ -173,6 +176,119 @@ static int read_seq_done(const json_t *j, struct task_msg *m, char *err, size_t 
     return read_stats(j, p, m, err, errlen);
 }
 
+static const char b64_alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+static int b64_value(unsigned char c)
+{
+    const char *p = c ? strchr(b64_alphabet, c) : NULL;
+    return p ? (int)(p - b64_alphabet) : -1;
+}
+
+/* Decodes standard padded base64 of whole float32 values: the byte count, or -1. out may
+ * be NULL (only checks); else it receives the bytes. */
+static int64_t b64_decode(const char *s, size_t len, unsigned char *out)
+{
+    if (len == 0 || len % 4)
+        return -1;
+    int64_t n = 0;
+    for (size_t i = 0; i < len; i += 4) {
+        int v[4], pad = 0;
+        for (int k = 0; k < 4; k++) {
+            v[k] = b64_value((unsigned char)s[i + k]);
+            if (v[k] < 0) {
+                if (s[i + k] != '=' || i + 4 != len || k < 2)
+                    return -1;
+                pad++, v[k] = 0;
+            } else if (pad) {
+                return -1; /* data after padding */
+            }
+        }
+        uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
+        unsigned char b[3] = {(unsigned char)(w >> 16), (unsigned char)(w >> 8), (unsigned char)w};
+        for (int k = 0; k < 3 - pad; k++)
+            if (out)
+                out[n++] = b[k];
+            else
+                n++;
+    }
+    return n;
+}
+
+char *task_embedding_encode(const float *v, int n)
+{
+    if (n < 0)
+        return NULL;
+    size_t bytes = (size_t)n * 4, len = (bytes + 2) / 3 * 4;
+    char *s = malloc(len + 1);
+    if (!s)
+        return NULL;
+    unsigned char *b = malloc(bytes ? bytes : 1);
+    if (!b) {
+        free(s);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], 4);
+        for (int k = 0; k < 4; k++)
+            b[(size_t)i * 4 + (size_t)k] = (unsigned char)(u >> (8 * k)); /* little-endian on any host */
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < bytes; i += 3) {
+        uint32_t w = (uint32_t)b[i] << 16 | (i + 1 < bytes ? (uint32_t)b[i + 1] << 8 : 0) |
+                     (i + 2 < bytes ? b[i + 2] : 0);
+        s[o++] = b64_alphabet[w >> 18 & 63];
+        s[o++] = b64_alphabet[w >> 12 & 63];
+        s[o++] = i + 1 < bytes ? b64_alphabet[w >> 6 & 63] : '=';
+        s[o++] = i + 2 < bytes ? b64_alphabet[w & 63] : '=';
+    }
+    s[o] = 0;
+    free(b);
+    return s;
+}
+
+int task_embedding_decode(const struct task_msg *m, float *out, char *err, size_t errlen)
+{
+    size_t len = m->embedding ? strlen(m->embedding) : 0;
+    unsigned char *b = malloc((size_t)m->dim * 4 + 3);
+    if (!b)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    int64_t n = b64_decode(m->embedding ? m->embedding : "", len, b);
+    int rc = 0;
+    if (n != (int64_t)m->dim * 4)
+        rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "embedding: not base64 of %d values", m->dim);
+    for (int i = 0; !rc && i < m->dim; i++) {
+        uint32_t u = 0;
+        for (int k = 0; k < 4; k++)
+            u |= (uint32_t)b[(size_t)i * 4 + (size_t)k] << (8 * k);
+        memcpy(&out[i], &u, 4);
+        if (!isfinite(out[i]))
+            rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "embedding[%d]: not a finite number", i);
+    }
+    free(b);
+    return rc;
+}
+
+static int read_embedding(const json_t *j, struct task_msg *m, char *err, size_t errlen)
+{
+    const char *p = "embedding";
+    int64_t index = 0;
+    int rc;
+    if ((rc = get_int(j, p, "index", TEXTGEN_MAX_EMBED_INPUTS - 1, &index, err, errlen)) ||
+        (rc = get_int(j, p, "prompt_tokens", IDS_COUNTER_MAX, &m->prompt_tokens, err, errlen)) ||
+        (rc = get_str(j, p, "embedding", &m->embedding, err, errlen)))
+        return rc;
+    m->index = (int)index;
+    size_t len = strlen(m->embedding);
+    if (len > ((size_t)TEXTGEN_MAX_EMBED_DIM * 4 + 2) / 3 * 4)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "embedding.embedding: more than %d values", TEXTGEN_MAX_EMBED_DIM);
+    int64_t bytes = b64_decode(m->embedding, len, NULL);
+    if (bytes < 4 || bytes % 4)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "embedding.embedding: not base64 of float32 values");
+    m->dim = (int)(bytes / 4);
+    return 0;
+}
+
 static int read_done(const json_t *j, struct task_msg *m, char *err, size_t errlen)
 {
     int fin = 0, rc;
@@ -211,9 +327,11 @@ int task_msg_from_json(json_t *j, struct task_msg *out, char *err, size_t errlen
         out->type = RUNNER_MSG_SEQ_DONE, rc = 0;
     else if (!strcmp(type, "done"))
         out->type = RUNNER_MSG_DONE, rc = 0;
+    else if (!strcmp(type, "embedding"))
+        out->type = RUNNER_MSG_EMBEDDING, rc = 0;
     else
         rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "task line: type \"%.32s\" is not one of start, output, "
-                        "seq_done, done", type);
+                        "seq_done, done, embedding", type);
     if (!rc)
         rc = ids_json_id(j, type, "task_id", out->task_id, err, errlen);
     if (!rc) {
@@ -226,6 +344,9 @@ int task_msg_from_json(json_t *j, struct task_msg *out, char *err, size_t errlen
             break;
         case RUNNER_MSG_SEQ_DONE:
             rc = read_seq_done(j, out, err, errlen);
+            break;
+        case RUNNER_MSG_EMBEDDING:
+            rc = read_embedding(j, out, err, errlen);
             break;
         default:
             rc = read_done(j, out, err, errlen);
@@ -312,6 +433,11 @@ json_t *task_msg_to_json(const struct task_msg *m)
              put_count(o, "accepted_draft_tokens", m->accepted_draft_tokens) &&
              (!m->prompt_ms || put(o, "prompt_ms", json_real(m->prompt_ms))) &&
              (!m->predicted_ms || put(o, "predicted_ms", json_real(m->predicted_ms)));
+        break;
+    case RUNNER_MSG_EMBEDDING:
+        ok = ok && m->index >= 0 && m->index < TEXTGEN_MAX_EMBED_INPUTS && m->embedding &&
+             put(o, "index", json_integer(m->index)) && put_count(o, "prompt_tokens", m->prompt_tokens) &&
+             put(o, "embedding", json_string(m->embedding));
         break;
     case RUNNER_MSG_DONE:
         ok = ok && runner_finish_name(m->finish) && put(o, "finish", json_string(runner_finish_name(m->finish))) &&

@@ -14,6 +14,11 @@
  *    "draft_tokens","accepted_draft_tokens","prompt_ms"?,"predicted_ms"?,"stats"?}
  *   {"type":"done","task_id","finish":"stop"|"length"|"cancelled"|"error","n_generated",
  *    "error":text|null}
+ *   {"type":"embedding","task_id","index","prompt_tokens","embedding":base64}
+ *     an embedding task's vector of input `index` (0..TEXTGEN_MAX_EMBED_INPUTS - 1, the
+ *     receiver checks it against its request), the input's tokens, and the vector as
+ *     little-endian float32 values in standard base64 (what OpenAI's encoding_format
+ *     "base64" returns), 1..TEXTGEN_MAX_EMBED_DIM finite values
  * "stats" is the runner's scheduler at that moment (struct task_stats). */
 #ifndef CAIRN_PROTO_TASKMSG_H
 #define CAIRN_PROTO_TASKMSG_H
@@ -26,6 +31,7 @@
 
 #include "proto/ids.h"
 #include "proto/runner_proto.h"
+#include "proto/textgen.h"
 
 /* How one sequence ended (seq_done's "finish"). */
 enum task_seq_finish {
@@ -64,6 +70,10 @@ struct task_msg {
     const json_t *tool_calls;        /* SEQ_DONE: an array, or NULL */
     int64_t completion_tokens, draft_tokens, accepted_draft_tokens; /* SEQ_DONE */
     double prompt_ms, predicted_ms;  /* SEQ_DONE: 0 = not known */
+    /* EMBEDDING (and prompt_tokens above) */
+    int index;
+    const char *embedding; /* base64, checked: whole float32 values */
+    int dim;               /* values in it */
     /* DONE */
     enum runner_finish finish;
     int64_t n_generated;
@@ -84,6 +94,13 @@ int task_msg_from_json(json_t *j, struct task_msg *out, char *err, size_t errlen
 /* The line of m as a new JSON object (type and task_id included); NULL when out of memory
  * or when m holds a value no reader would take. */
 json_t *task_msg_to_json(const struct task_msg *m);
+
+/* The base64 text of n float32 values (malloc'd, NUL-terminated); NULL when out of memory. */
+char *task_embedding_encode(const float *v, int n);
+
+/* Decodes m->embedding (an EMBEDDING message) into out (m->dim values). CAIRN_EFORMAT
+ * when a value is not finite. */
+int task_embedding_decode(const struct task_msg *m, float *out, char *err, size_t errlen);
 
 /* Releases what a decoded message owns and zeroes it. */
 void task_msg_clear(struct task_msg *m);

@@ -30,6 +30,8 @@ void textgen_params_clear(struct textgen_params *p)
     free(p->prompt_ids);
     free(p->grammar);
     free(p->force_tool);
+    textgen_inputs_free(p->embed, p->n_embed);
+    textgen_inputs_free(p->batch, p->n_batch);
     for (int i = 0; i < p->n_stop; i++)
         free(p->stop[i]);
     free(p->bias);
@@ -62,7 +64,115 @@ int textgen_prompt_ids(const json_t *a, int32_t **ids, int64_t *n, char *err, si
     return 0;
 }
 
+/* One list of ids of an embedding input (1..TEXTGEN_MAX_PROMPT_IDS, each 0..INT32_MAX). */
+static int embed_ids(const json_t *a, const char *name, size_t at, struct textgen_input *x, char *err,
+                     size_t errlen)
+{
+    size_t len = json_array_size(a);
+    if (len < 1 || (int64_t)len > TEXTGEN_MAX_PROMPT_IDS)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s[%zu]: expected 1..%lld token ids", name, at,
+                          (long long)TEXTGEN_MAX_PROMPT_IDS);
+    if (!(x->ids = malloc(len * sizeof *x->ids)))
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    for (size_t i = 0; i < len; i++) {
+        const json_t *v = json_array_get(a, i);
+        json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (id < 0 || id > INT32_MAX)
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s[%zu][%zu]: expected a token id (an integer 0..%d)", name,
+                              at, i, INT32_MAX);
+        x->ids[i] = (int32_t)id;
+    }
+    x->n_ids = (int64_t)len;
+    return 0;
+}
+
+void textgen_inputs_free(struct textgen_input *in, int n)
+{
+    for (int i = 0; in && i < n; i++) {
+        free(in[i].text);
+        free(in[i].ids);
+    }
+    free(in);
+}
+
+int textgen_seqs(const struct textgen_params *p) { return p->n * (p->n_batch > 1 ? p->n_batch : 1); }
+
+int textgen_inputs(const json_t *input, const char *name, int max, bool allow_empty, struct textgen_input **out,
+                   int *n_out, char *err, size_t errlen)
+{
+    *out = NULL;
+    *n_out = 0;
+    size_t n = json_is_array(input) ? json_array_size(input) : 1;
+    bool one_list = json_is_array(input) && n > 0 && json_is_integer(json_array_get(input, 0));
+    if (one_list)
+        n = 1;
+    if (!json_is_string(input) && !json_is_array(input))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: expected a text, a list of texts, a list of token ids or a "
+                          "list of lists of token ids", name);
+    if (n < 1 || n > (size_t)max)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: expected 1..%d inputs, got %zu", name, max, n);
+    struct textgen_input *in = calloc(n, sizeof *in);
+    if (!in)
+        return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+    *out = in;
+    *n_out = (int)n;
+    int64_t total_ids = 0;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_is_string(input) || one_list ? input : json_array_get(input, i);
+        struct textgen_input *x = &in[i];
+        int rc;
+        if (json_is_string(v)) {
+            if (json_string_length(v) > TEXTGEN_MAX_EMBED_TEXT)
+                return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s[%zu]: longer than %zu bytes", name, i,
+                                  TEXTGEN_MAX_EMBED_TEXT);
+            if (json_string_length(v) == 0 && !allow_empty)
+                return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s[%zu]: empty text", name, i);
+            if (!(x->text = strndup(json_string_value(v), json_string_length(v))))
+                return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+        } else if (json_is_array(v)) {
+            if ((rc = embed_ids(v, name, i, x, err, errlen)))
+                return rc;
+            total_ids += x->n_ids;
+            if (total_ids > TEXTGEN_MAX_PROMPT_IDS)
+                return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: more than %lld token ids in all", name,
+                                  (long long)TEXTGEN_MAX_PROMPT_IDS);
+        } else {
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s[%zu]: expected a text or a list of token ids", name, i);
+        }
+    }
+    return 0;
+}
+
+int textgen_embed_inputs(const json_t *input, const char *name, struct textgen_params *p, char *err, size_t errlen)
+{
+    if (p->embed)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "%s: inputs given twice", name);
+    return textgen_inputs(input, name, TEXTGEN_MAX_EMBED_INPUTS, false, &p->embed, &p->n_embed, err, errlen);
+}
+
 static bool put(json_t *o, const char *key, json_t *v) { return v && json_object_set_new(o, key, v) == 0; }
+
+static json_t *ids_array(const int32_t *ids, int64_t n)
+{
+    json_t *a = json_array();
+    for (int64_t i = 0; a && i < n; i++)
+        if (json_array_append_new(a, json_integer(ids[i]))) {
+            json_decref(a);
+            a = NULL;
+        }
+    return a;
+}
+
+static json_t *inputs_json(const struct textgen_input *in, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++)
+        if (json_array_append_new(a, in[i].text ? json_string(in[i].text) : ids_array(in[i].ids, in[i].n_ids))) {
+            json_decref(a);
+            a = NULL;
+        }
+    return a;
+}
 
 json_t *textgen_params_to_json(const struct textgen_params *p)
 {
@@ -89,6 +199,11 @@ json_t *textgen_params_to_json(const struct textgen_params *p)
             }
         ok = put(o, "prompt", ids);
     }
+    if (ok && p->embed)
+        ok = put(o, "embed", inputs_json(p->embed, p->n_embed)) && put(o, "truncate", json_boolean(p->truncate)) &&
+             put(o, "dimensions", json_integer(p->dimensions));
+    if (ok && p->batch)
+        ok = put(o, "prompts", inputs_json(p->batch, p->n_batch));
     if (ok && p->grammar)
         ok = put(o, "grammar", json_string(p->grammar));
     if (ok && p->force_tool)
@@ -226,9 +341,31 @@ static int read_params(const json_t *j, struct textgen_params *p, char *err, siz
         msgs = NULL;
     if (prompt && json_is_null(prompt))
         prompt = NULL;
-    if (!msgs == !prompt)
-        return cairn_fail(err, errlen, CAIRN_EFORMAT, "params: exactly one of messages and prompt is needed");
-    if (msgs) {
+    const json_t *embed = json_object_get(j, "embed"), *prompts = json_object_get(j, "prompts");
+    if (embed && json_is_null(embed))
+        embed = NULL;
+    if (prompts && json_is_null(prompts))
+        prompts = NULL;
+    if ((msgs != NULL) + (prompt != NULL) + (embed != NULL) + (prompts != NULL) != 1)
+        return cairn_fail(err, errlen, CAIRN_EFORMAT,
+                          "params: exactly one of messages, prompt, prompts and embed is needed");
+    if (prompts) {
+        if (!json_is_array(prompts) || json_array_size(prompts) < 2)
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "prompts: expected a list of 2..%d prompts", TEXTGEN_MAX_N);
+        if ((rc = textgen_inputs(prompts, "prompts", TEXTGEN_MAX_N, true, &p->batch, &p->n_batch, err, errlen)))
+            return rc;
+    } else if (embed) {
+        if (!json_is_array(embed))
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "embed: not an array");
+        if ((rc = textgen_embed_inputs(embed, "embed", p, err, errlen)) ||
+            (rc = opt_bool(j, "truncate", &p->truncate, err, errlen)))
+            return rc;
+        const json_t *dims = json_object_get(j, "dimensions");
+        json_int_t d = dims ? (json_is_integer(dims) ? json_integer_value(dims) : -1) : 0;
+        if (d < 0 || d > TEXTGEN_MAX_EMBED_DIM)
+            return cairn_fail(err, errlen, CAIRN_EFORMAT, "dimensions: expected 0..%d", TEXTGEN_MAX_EMBED_DIM);
+        p->dimensions = (int)d;
+    } else if (msgs) {
         if (!json_is_array(msgs))
             return cairn_fail(err, errlen, CAIRN_EFORMAT, "messages: not an array");
         if ((rc = check_messages(msgs, err, errlen)))
@@ -284,6 +421,9 @@ static int read_params(const json_t *j, struct textgen_params *p, char *err, siz
     p->n = (int)n;
     p->top_logprobs = (int)top;
     p->num_draft_tokens = (int)k;
+    if (p->batch && (p->n_batch < 2 || (int64_t)p->n_batch * p->n > TEXTGEN_MAX_N))
+        return cairn_fail(err, errlen, CAIRN_EFORMAT, "prompts: %d prompts of n %d each: 2..%d sequences in all",
+                          p->n_batch, p->n, TEXTGEN_MAX_N);
     return 0;
 }
 

@@ -20,7 +20,16 @@
  *    most TEXTGEN_MAX_GRAMMAR bytes; the API front-ends write it from response_format,
  *    format or grammar, "force_tool": "" (a call of one of the tools must be the
  *    output: tool_choice "required") or a tool's name (a call of that one), the runner
- *    writing the grammar in the template's tool-call format}
+ *    writing the grammar in the template's tool-call format,
+ *    "embed": [text or [token id]] (an embedding task instead of generation: 1 to
+ *    TEXTGEN_MAX_EMBED_INPUTS inputs, texts of at most TEXTGEN_MAX_EMBED_TEXT bytes, id
+ *    lists as prompt's, at most TEXTGEN_MAX_PROMPT_IDS ids in all; then neither messages
+ *    nor prompt), "truncate": bool (an input longer than the context is cut to it instead
+ *    of refused), "dimensions": 0 (all) or 1..TEXTGEN_MAX_EMBED_DIM (the vector's first
+ *    values, normalised again, as Matryoshka-trained models such as Qwen3-Embedding allow),
+ *    "prompts": [text or [token id]] (a batch of 2..TEXTGEN_MAX_N raw prompts, each
+ *    generating n sequences, n_batch * n <= TEXTGEN_MAX_N; then neither messages nor
+ *    prompt)}
  * Messages are in OpenAI's shape: {"role": "system"|"user"|"assistant"|"tool",
  * "content": text|null, "tool_calls": [{"id", "type": "function", "function":
  * {"name", "arguments": JSON text or object}}], "tool_call_id", "name"}; content parts
@@ -47,6 +56,16 @@
 #define TEXTGEN_MAX_DRAFT 16
 #define TEXTGEN_MAX_GRAMMAR ((size_t)1 << 20)
 #define TEXTGEN_MAX_PROMPT_IDS ((int64_t)1 << 20)
+#define TEXTGEN_MAX_EMBED_INPUTS 2048
+#define TEXTGEN_MAX_EMBED_TEXT ((size_t)1 << 24)
+#define TEXTGEN_MAX_EMBED_DIM (1 << 17)
+
+/* One input of an embedding task or one prompt of a batch: text, or token ids. */
+struct textgen_input {
+    char *text;     /* malloc'd, or NULL */
+    int32_t *ids;   /* malloc'd n_ids ids, or NULL */
+    int64_t n_ids;
+};
 
 struct textgen_bias {
     int32_t token;
@@ -77,6 +96,18 @@ struct textgen_params {
     bool prompt_lookup;
     char *grammar;        /* malloc'd GBNF text, or NULL: unconstrained */
     char *force_tool;     /* malloc'd: "" any tool, or a tool's name; NULL: not forced */
+    struct textgen_input *embed; /* malloc'd n_embed inputs: an embedding task; NULL: generation */
+    int n_embed;
+    bool truncate;
+    int dimensions;       /* 0: all */
+    /* A batch of raw prompts (OpenAI's prompt as a list; then neither messages nor
+     * prompt): n_batch (2..TEXTGEN_MAX_N) prompts, each with n sequences, sequence j of
+     * prompt i numbered i * n + j; n_batch * n <= TEXTGEN_MAX_N. */
+    struct textgen_input *batch;
+    int n_batch;
+    /* The id the API gave the request (chatcmpl-..., cmpl-...), by which a cancel route
+     * finds it; the node's own: not written to JSON, never sent to a runner. */
+    char request_id[64];
 };
 
 /* Zeroes p and sets the defaults: add_generation_prompt, n 1, reasoning,
@@ -90,6 +121,21 @@ void textgen_params_clear(struct textgen_params *p);
  * 0..INT32_MAX) into *ids (malloc'd, owned by the caller) and *n. CAIRN_EFORMAT naming
  * "prompt" or the entry ("prompt[3]: ..."), CAIRN_ENOMEM. */
 int textgen_prompt_ids(const json_t *a, int32_t **ids, int64_t *n, char *err, size_t errlen);
+
+/* The inputs of an embedding task as OpenAI's `input` (and Ollama's) gives them: a text, a
+ * list of texts, a list of token ids, or a list of lists of token ids, into p->embed and
+ * p->n_embed (replacing none: p->embed must be NULL). CAIRN_EFORMAT naming `name` or the
+ * entry ("input[3]: ..."), CAIRN_ENOMEM. */
+int textgen_embed_inputs(const json_t *input, const char *name, struct textgen_params *p, char *err, size_t errlen);
+
+/* As textgen_embed_inputs with at most max inputs (empty texts allowed with allow_empty)
+ * into *out (malloc'd *n entries; freed with textgen_inputs_free, also after a failure). */
+int textgen_inputs(const json_t *input, const char *name, int max, bool allow_empty, struct textgen_input **out,
+                   int *n, char *err, size_t errlen);
+void textgen_inputs_free(struct textgen_input *in, int n); /* accepts NULL */
+
+/* Sequences of the request: n, times n_batch for a batch of prompts. */
+int textgen_seqs(const struct textgen_params *p);
 
 /* New JSON object of p; NULL when out of memory. */
 json_t *textgen_params_to_json(const struct textgen_params *p);

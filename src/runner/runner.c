@@ -30,11 +30,13 @@
 #include "proto/textgen.h"
 #include "gguf/vocab.h"
 #include "proto/status.h"
+#include "engine/embed.h"
 #include "engine/engine.h"
 #include "engine/kv.h"
 #include "engine/sample.h"
 #include "engine/sched.h"
 #include "gguf/gguf.h"
+#include "model/arch.h"
 #include "model/model.h"
 #include "tmpl/chat.h"
 #include "tok/grammar.h"
@@ -58,11 +60,18 @@ _Static_assert(DP_ID_MAX == RUNNER_IDENTITY_MAX, "the data plane carries the ide
 #define WARMUP_TOKENS 4
 #define CONNECT_MS 60000 /* a pipelined runner's data-plane links must be up this soon after "peers" */
 #define MAX_TASKS 1024 /* tasks held at once (queued in the scheduler or running) */
+/* Tokens of one embedding forward: a turn of the loop stays short enough for heartbeats
+ * (the node gives up on a runner silent for 30 s) on a busy machine with a large model. */
+#define EMBED_STEP_TOKENS 128
 
 /* A task being generated. */
 struct rtask {
     char id[IDS_ID_MAX + 1];
-    uint64_t sched_id;
+    uint64_t sched_id;         /* of its first scheduler request; a batch of prompts has
+                                  n_reqs of them, sched_id + i for prompt i */
+    int n_reqs, per_req;       /* requests, and sequences of each (task seq = i * per_req + seq) */
+    int64_t prompt_total;      /* a batch's prompt tokens, all prompts */
+    bool started;              /* start was sent */
     bool text;                 /* params task: text out; else token ids out */
     int n_seqs, n_done;
     int64_t generated;
@@ -124,6 +133,19 @@ struct runner {
     struct gcache gcache[GCACHE_N];
     uint64_t gtick;
     struct grammar_vocab *gvocab; /* the vocabulary's trie, built at the first grammar */
+    struct kv_cache *embed_kv;    /* embedding tasks' cache (engine/embed.h), made at the first */
+    struct ejob *ejobs;           /* embedding tasks, first in first out: the first runs */
+};
+
+/* An embedding task: its inputs as token ids, run one forward per turn of the loop. */
+struct ejob {
+    char id[IDS_ID_MAX + 1];
+    int n, keep;               /* inputs; values kept of each vector (dimensions) */
+    int32_t *ids;              /* the inputs' tokens, (ctx + 1) apart */
+    struct embed_input *in;
+    float *out;                /* n x n_embd */
+    struct embed_job *job;
+    struct ejob *next;
 };
 
 static void usage(void)
@@ -280,14 +302,19 @@ static void heartbeat_if_due(struct runner *r)
 
 /* ---- tasks ---- */
 
-static struct rtask *task_by_sched(struct runner *r, uint64_t id, int *at)
+/* The task of scheduler request id, and in *seq0 the task's number of that request's
+ * first sequence. */
+static struct rtask *task_by_sched(struct runner *r, uint64_t id, int *at, int *seq0)
 {
-    for (int i = 0; i < r->n_tasks; i++)
-        if (r->tasks[i]->sched_id == id) {
+    for (int i = 0; i < r->n_tasks; i++) {
+        struct rtask *t = r->tasks[i];
+        if (id >= t->sched_id && id - t->sched_id < (uint64_t)t->n_reqs) {
             if (at)
                 *at = i;
-            return r->tasks[i];
+            *seq0 = (int)(id - t->sched_id) * t->per_req;
+            return t;
         }
+    }
     return NULL;
 }
 
@@ -340,9 +367,11 @@ static void flush_text(struct runner *r, struct rtask *t, int seq)
 static int on_token(void *ctx, uint64_t id, int seq, int64_t index, const struct sched_token *tok)
 {
     struct runner *r = ctx;
-    struct rtask *t = task_by_sched(r, id, NULL);
+    int seq0 = 0;
+    struct rtask *t = task_by_sched(r, id, NULL, &seq0);
     if (!t)
         return 1;
+    seq += seq0;
     t->generated++;
     if (seq >= 0 && seq < TEXTGEN_MAX_N && !t->first_token_ns[seq])
         t->first_token_ns[seq] = clock_ns();
@@ -365,14 +394,16 @@ static int on_token(void *ctx, uint64_t id, int seq, int64_t index, const struct
 static void on_admitted(void *ctx, uint64_t id, const struct sched_usage *u)
 {
     struct runner *r = ctx;
-    struct rtask *t = task_by_sched(r, id, NULL);
+    int seq0;
+    struct rtask *t = task_by_sched(r, id, NULL, &seq0);
     if (t && !t->admitted_ns)
         t->admitted_ns = clock_ns();
-    if (t && t->text) {
+    if (t && t->text && !t->started) { /* a batch: when its first prompt gets its slots */
         struct task_msg m = task_msg_of(RUNNER_MSG_START, t->id);
-        m.prompt_tokens = u->prompt_tokens;
+        m.prompt_tokens = t->n_reqs > 1 ? t->prompt_total : u->prompt_tokens;
         m.cached_tokens = u->cached_tokens;
         send_task_msg(r, &m);
+        t->started = true;
     }
 }
 
@@ -410,10 +441,11 @@ static void on_done(void *ctx, uint64_t id, int seq, enum sched_finish why, cons
                     const char *error)
 {
     struct runner *r = ctx;
-    int at;
-    struct rtask *t = task_by_sched(r, id, &at);
+    int at, seq0;
+    struct rtask *t = task_by_sched(r, id, &at, &seq0);
     if (!t)
         return;
+    seq += seq0;
     merge_finish(t, why, error);
     if (t->text) {
         json_t *calls = NULL;
@@ -461,20 +493,32 @@ static struct sample_params sampling_of(const struct runner_sampling *s)
     return sp;
 }
 
-/* Adds t to the table and the scheduler; on failure t is freed and err says why. Returns
- * 0 or the CAIRN_E* code. */
-static int start_task(struct runner *r, struct rtask *t, struct sched_request *rq, char *err, size_t errlen)
+/* Adds t to the table and its k requests (each of rq[0].n_seqs sequences) to the
+ * scheduler; on failure t is freed (the requests already queued cancelled) and err says
+ * why. Returns 0 or the CAIRN_E* code. */
+static int start_task(struct runner *r, struct rtask *t, struct sched_request *rq, int k, char *err, size_t errlen)
 {
     if (r->n_tasks == MAX_TASKS) {
         task_free(t);
         return cairn_fail(err, errlen, CAIRN_EFULL, "the runner holds %d tasks", MAX_TASKS);
     }
-    t->sched_id = rq->id = ++r->next_sched_id;
+    t->sched_id = r->next_sched_id + 1;
+    t->n_reqs = k;
+    t->per_req = rq[0].n_seqs;
+    r->next_sched_id += (uint64_t)k;
     r->tasks[r->n_tasks++] = t;
-    int rc = sched_submit(r->sched, rq, err, errlen);
-    if (rc)
-        task_drop(r, r->n_tasks - 1);
-    return rc;
+    for (int j = 0; j < k; j++) {
+        rq[j].id = t->sched_id + (uint64_t)j;
+        int rc = sched_submit(r->sched, &rq[j], err, errlen);
+        if (rc) { /* out of the table first: the cancelled requests' callbacks find no task */
+            r->n_tasks--;
+            for (int i = 0; i < j; i++)
+                sched_cancel(r->sched, t->sched_id + (uint64_t)i);
+            task_free(t);
+            return rc;
+        }
+    }
+    return 0;
 }
 
 static bool pipeline_refused(struct runner *r, char *err, size_t errlen)
@@ -503,7 +547,7 @@ static void token_task(struct runner *r, struct runner_task *tt)
     t->n_seqs = 1;
     struct sched_request rq = {.prompt = tt->tokens, .n_prompt = tt->n_tokens, .max_tokens = tt->max_tokens,
                                .n_seqs = 1, .sample = sampling_of(&tt->sampling), .ignore_eos = tt->ignore_eos};
-    if (start_task(r, t, &rq, err, sizeof err)) {
+    if (start_task(r, t, &rq, 1, err, sizeof err)) {
         fprintf(stderr, "cairn runner: task %s: %s\n", tt->task_id, err);
         send_done(r, tt->task_id, RUNNER_FINISH_ERROR, 0, err);
     }
@@ -734,6 +778,183 @@ static int tool_grammar(const struct runner *r, const struct textgen_params *p, 
     return 0;
 }
 
+static bool embeds(const struct model *m)
+{
+    return m->hp.pooling == MODEL_POOLING_MEAN || m->hp.pooling == MODEL_POOLING_CLS ||
+           m->hp.pooling == MODEL_POOLING_LAST;
+}
+
+/* An input as token ids in ids (cap r->ctx + 1), cut to the context with truncate (the
+ * EOS the tokenizer appends kept last). Returns 0 or an HTTP status with err. */
+static int embed_tokens(struct runner *r, const struct textgen_params *p, int i, int32_t *ids, int64_t *n, char *err,
+                        size_t errlen)
+{
+    const struct textgen_input *x = &p->embed[i];
+    int64_t cap = r->ctx + 1, need = x->n_ids;
+    if (x->text) {
+        int rc = tok_encode(r->tk, x->text, strlen(x->text), 1, 1, ids, cap, &need);
+        if (rc && rc != CAIRN_EFULL) {
+            snprintf(err, errlen, "input[%d]: %s", i, cairn_strerror(rc));
+            return cairn_http_status(rc);
+        }
+    } else {
+        memcpy(ids, x->ids, (size_t)(need < cap ? need : cap) * sizeof *ids);
+    }
+    if (need < 1) {
+        snprintf(err, errlen, "input[%d]: no tokens", i);
+        return 400;
+    }
+    if (need > r->ctx) {
+        if (!p->truncate) {
+            snprintf(err, errlen, "input[%d]: %lld tokens, more than the context of %lld (truncate cuts it)", i,
+                     (long long)need, (long long)r->ctx);
+            return 400;
+        }
+        if (x->text && tok_add_eos(r->tk))
+            ids[r->ctx - 1] = tok_eos(r->tk);
+        need = r->ctx;
+    }
+    *n = need;
+    return 0;
+}
+
+static void ejob_free(struct ejob *j)
+{
+    if (!j)
+        return;
+    embed_job_release(j->job);
+    free(j->ids);
+    free(j->in);
+    free(j->out);
+    free(j);
+}
+
+/* An embedding task: checked and tokenized now, then queued (start is sent); the loop
+ * runs it one forward at a time (ejob_step). */
+static void embed_task(struct runner *r, const char *task_id, const struct textgen_params *p)
+{
+    char err[512];
+    int status = 0, dim = r->m->hp.n_embd;
+    struct ejob *j = NULL;
+    if (r->pipe) {
+        snprintf(err, sizeof err, "embeddings of a model split over several runners are not supported");
+        status = 501;
+        goto refuse;
+    }
+    if (!embeds(r->m)) {
+        snprintf(err, sizeof err, "model '%s' declares no pooling (%s.pooling_type is %s): it is not an embedding "
+                 "model", p->model, r->m->hp.arch, model_pooling_name(r->m->hp.pooling));
+        status = 400;
+        goto refuse;
+    }
+    if (p->dimensions > dim) {
+        snprintf(err, sizeof err, "dimensions: %d, more than the model's %d", p->dimensions, dim);
+        status = 400;
+        goto refuse;
+    }
+    if (!r->embed_kv) {
+        struct kv_config kc = embed_kv_config(r->m, r->ctx, r->max_batch);
+        if (kv_create(&r->embed_kv, &kc, err, sizeof err)) {
+            status = 500;
+            goto refuse;
+        }
+    }
+    size_t cap = (size_t)r->ctx + 1;
+    if ((j = calloc(1, sizeof *j))) {
+        j->ids = malloc((size_t)p->n_embed * cap * sizeof *j->ids);
+        j->in = calloc((size_t)p->n_embed, sizeof *j->in);
+        j->out = malloc((size_t)p->n_embed * (size_t)dim * sizeof *j->out);
+    }
+    if (!j || !j->ids || !j->in || !j->out) {
+        snprintf(err, sizeof err, "out of memory for %d inputs", p->n_embed);
+        status = 500;
+        goto refuse;
+    }
+    snprintf(j->id, sizeof j->id, "%s", task_id);
+    j->n = p->n_embed;
+    j->keep = p->dimensions ? p->dimensions : dim;
+    int64_t total = 0;
+    for (int i = 0; i < p->n_embed; i++) {
+        j->in[i].ids = j->ids + (size_t)i * cap;
+        if ((status = embed_tokens(r, p, i, j->ids + (size_t)i * cap, &j->in[i].n, err, sizeof err)))
+            goto refuse;
+        total += j->in[i].n;
+    }
+    int rc = embed_job_create(&j->job, r->e, r->embed_kv, r->m->hp.pooling, j->in, j->n, j->out, EMBED_STEP_TOKENS,
+                              err, sizeof err);
+    if (rc) {
+        status = cairn_http_status(rc);
+        goto refuse;
+    }
+    struct task_msg m = task_msg_of(RUNNER_MSG_START, task_id);
+    m.prompt_tokens = total;
+    send_task_msg(r, &m);
+    struct ejob **tail = &r->ejobs;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = j;
+    return;
+refuse:
+    ejob_free(j);
+    fprintf(stderr, "cairn runner: embedding task %s refused: %s\n", task_id, err);
+    refuse_text(r, task_id, status, err);
+}
+
+/* One forward of the first embedding task; when it is done, its vectors and done. */
+static void ejob_step(struct runner *r)
+{
+    struct ejob *j = r->ejobs;
+    char err[512];
+    int rc = embed_job_step(j->job, err, sizeof err);
+    if (rc > 0)
+        return;
+    r->ejobs = j->next;
+    if (rc < 0) {
+        fprintf(stderr, "cairn runner: embedding task %s failed: %s\n", j->id, err);
+        send_done(r, j->id, RUNNER_FINISH_ERROR, 0, err);
+        ejob_free(j);
+        return;
+    }
+    int dim = r->m->hp.n_embd;
+    for (int i = 0; i < j->n; i++) {
+        float *v = j->out + (size_t)i * (size_t)dim;
+        if (j->keep < dim)
+            embed_normalize(v, j->keep); /* the first values of a Matryoshka vector, at unit length again */
+        struct task_msg m = task_msg_of(RUNNER_MSG_EMBEDDING, j->id);
+        m.index = i;
+        m.prompt_tokens = j->in[i].n;
+        char *b64 = task_embedding_encode(v, j->keep);
+        m.embedding = b64;
+        if (b64)
+            send_task_msg(r, &m);
+        free(b64);
+    }
+    send_done(r, j->id, RUNNER_FINISH_STOP, 0, NULL);
+    ejob_free(j);
+}
+
+static struct ejob *ejob_by_id(struct runner *r, const char *id)
+{
+    for (struct ejob *j = r->ejobs; j; j = j->next)
+        if (!strcmp(j->id, id))
+            return j;
+    return NULL;
+}
+
+/* Ends a queued or running embedding task as cancelled; false when there is none of id. */
+static bool ejob_cancel(struct runner *r, const char *id)
+{
+    for (struct ejob **p = &r->ejobs; *p; p = &(*p)->next)
+        if (!strcmp((*p)->id, id)) {
+            struct ejob *j = *p;
+            *p = j->next;
+            send_done(r, j->id, RUNNER_FINISH_CANCELLED, 0, NULL);
+            ejob_free(j);
+            return true;
+        }
+    return false;
+}
+
 static void text_task(struct runner *r, struct runner_task *tt)
 {
     char err[1024];
@@ -741,8 +962,10 @@ static void text_task(struct runner *r, struct runner_task *tt)
     int32_t *ids = NULL;
     int64_t n = 0;
     bool opens_think = false;
-    int status = 0;
+    int status = 0, k = 0;
     struct rtask *t = NULL;
+    int32_t *bids[TEXTGEN_MAX_N] = {0};
+    int64_t bn[TEXTGEN_MAX_N] = {0}, total = 0;
     if (pipeline_refused(r, err, sizeof err)) {
         status = 501;
         goto refuse_noparams;
@@ -756,8 +979,39 @@ static void text_task(struct runner *r, struct runner_task *tt)
         status = 400;
         goto refuse_noparams;
     }
-    if ((status = prompt_of(r, &p, &ids, &n, &opens_think, err, sizeof err)))
+    if (p.embed) {
+        embed_task(r, tt->task_id, &p);
+        textgen_params_clear(&p);
+        return;
+    }
+    if (embeds(r->m)) {
+        snprintf(err, sizeof err, "model '%s' is an embedding model (pooling %s): ask /v1/embeddings or /api/embed, "
+                 "not for generated text", p.model, model_pooling_name(r->m->hp.pooling));
+        status = 400;
         goto refuse;
+    }
+    /* a batch of prompts: each tokenized as a prompt of its own */
+    k = p.batch ? p.n_batch : 1;
+    for (int j = 0; j < k && p.batch; j++) {
+        struct textgen_params q = p;
+        q.batch = NULL;
+        q.prompt = p.batch[j].text;
+        q.prompt_ids = p.batch[j].ids;
+        q.n_prompt_ids = p.batch[j].n_ids;
+        char why[512];
+        if ((status = prompt_of(r, &q, &bids[j], &bn[j], &opens_think, why, sizeof why))) {
+            snprintf(err, sizeof err, "prompt[%d]: %s", j, why);
+            goto refuse;
+        }
+        total += bn[j];
+    }
+    if (!p.batch && (status = prompt_of(r, &p, &ids, &n, &opens_think, err, sizeof err)))
+        goto refuse;
+    if (!p.batch) {
+        bids[0] = ids;
+        bn[0] = n;
+        ids = NULL;
+    }
     if (!(t = calloc(1, sizeof *t))) {
         snprintf(err, sizeof err, "out of memory");
         status = 500;
@@ -765,7 +1019,8 @@ static void text_task(struct runner *r, struct runner_task *tt)
     }
     snprintf(t->id, sizeof t->id, "%s", tt->task_id);
     t->text = true;
-    t->n_seqs = p.n;
+    t->n_seqs = textgen_seqs(&p);
+    t->prompt_total = total;
     for (int i = 0; i < p.n_stop; i++)
         if ((t->stops[t->n_stops] = strdup(p.stop[i])))
             t->n_stops++;
@@ -788,7 +1043,7 @@ static void text_task(struct runner *r, struct runner_task *tt)
                                .tools = json_array_size(p.tools) ? r->tools : TOOLCALL_NONE,
                                .harmony = r->harmony && p.messages && !p.grammar,
                                .id_seed = p.sampling.seed ^ (uint64_t)clock_ns(), .logprobs = p.logprobs};
-    for (int i = 0; i < p.n; i++) {
+    for (int i = 0; i < t->n_seqs; i++) {
         to.id_seed += 0x9e3779b97f4a7c15ull; /* each choice its own tool call ids */
         if (text_seq_create(&t->seqs[i], &to, err, sizeof err)) {
             status = 400;
@@ -798,17 +1053,24 @@ static void text_task(struct runner *r, struct runner_task *tt)
     struct logit_bias bias[TEXTGEN_MAX_BIAS];
     for (int i = 0; i < p.n_bias; i++)
         bias[i] = (struct logit_bias){.token = p.bias[i].token, .bias = p.bias[i].bias};
-    struct sched_request rq = {.prompt = ids, .n_prompt = n, .n_seqs = p.n, .sample = sampling_of(&p.sampling),
-                               .ignore_eos = p.ignore_eos, .logprobs = p.logprobs,
-                               .top_logprobs = p.logprobs ? p.top_logprobs : 0};
-    rq.sample.bias = bias;
-    rq.sample.n_bias = p.n_bias;
-    rq.num_draft_tokens = p.num_draft_tokens;
-    rq.lookup_ngram = p.prompt_lookup ? 3 : 0; /* n-grams of 3 down to 1, as llama.cpp's lookup */
-    rq.grammar = t->gent ? t->gent->c : t->gctx;
-    rq.max_tokens = p.max_tokens > 0 && p.max_tokens < r->ctx - n ? p.max_tokens : r->ctx - n;
-    int rc = start_task(r, t, &rq, err, sizeof err);
+    struct sched_request rqs[TEXTGEN_MAX_N];
+    for (int j = 0; j < k; j++) {
+        struct sched_request rq = {.prompt = bids[j], .n_prompt = bn[j], .n_seqs = p.n,
+                                   .sample = sampling_of(&p.sampling), .ignore_eos = p.ignore_eos,
+                                   .logprobs = p.logprobs, .top_logprobs = p.logprobs ? p.top_logprobs : 0};
+        rq.sample.bias = bias;
+        rq.sample.n_bias = p.n_bias;
+        rq.num_draft_tokens = p.num_draft_tokens;
+        rq.lookup_ngram = p.prompt_lookup ? 3 : 0; /* n-grams of 3 down to 1, as llama.cpp's lookup */
+        rq.grammar = t->gent ? t->gent->c : t->gctx;
+        rq.max_tokens = p.max_tokens > 0 && p.max_tokens < r->ctx - bn[j] ? p.max_tokens : r->ctx - bn[j];
+        rqs[j] = rq;
+    }
+    int rc = start_task(r, t, rqs, k, err, sizeof err);
     t = NULL; /* owned by the table, or freed */
+    for (int j = 0; j < k; j++) /* sched_submit copied them */
+        free(bids[j]);
+    k = 0;
     if (rc) {
         status = cairn_http_status(rc);
         goto refuse;
@@ -818,6 +1080,8 @@ static void text_task(struct runner *r, struct runner_task *tt)
     textgen_params_clear(&p);
     return;
 refuse:
+    for (int j = 0; j < k; j++)
+        free(bids[j]);
     textgen_params_clear(&p);
 refuse_noparams:
     free(ids);
@@ -882,16 +1146,19 @@ static void draft_message(struct runner *r, const json_t *body)
 
 static void cancel_task(struct runner *r, const char *task_id)
 {
+    if (ejob_cancel(r, task_id))
+        return;
     struct rtask *t = task_by_id(r, task_id);
     if (t)
-        sched_cancel(r->sched, t->sched_id); /* its done callbacks end it */
+        for (int i = t->n_reqs - 1; i >= 0 && task_by_id(r, task_id) == t; i--)
+            sched_cancel(r->sched, t->sched_id + (uint64_t)i); /* its done callbacks end it */
 }
 
 static void handle(struct runner *r, struct runner_msg *m)
 {
     switch (m->type) {
     case RUNNER_MSG_TASK:
-        if (task_by_id(r, m->task.task_id)) {
+        if (task_by_id(r, m->task.task_id) || ejob_by_id(r, m->task.task_id)) {
             send_done(r, m->task.task_id, RUNNER_FINISH_ERROR, 0, "a task with this id is running");
             break;
         }
@@ -1111,6 +1378,13 @@ static void release(struct runner *r)
     for (int i = 0; i < GCACHE_N; i++)
         gcache_clear(&r->gcache[i]);
     grammar_vocab_release(r->gvocab);
+    while (r->ejobs) {
+        struct ejob *j = r->ejobs;
+        r->ejobs = j->next;
+        send_done(r, j->id, RUNNER_FINISH_CANCELLED, 0, "the runner is stopping");
+        ejob_free(j);
+    }
+    kv_release(r->embed_kv);
     runner_link_close(&r->link, "the runner is stopping");
     runner_lines_free(&r->in);
     free(r->out);
@@ -1148,7 +1422,7 @@ static int serve(struct runner *r, char *why, size_t whylen)
             return CAIRN_EIO;
         if (r->tp && !tensor_alive(r->tp, why, whylen))
             return CAIRN_EIO;
-        bool idle = !r->sched || sched_idle(r->sched);
+        bool idle = (!r->sched || sched_idle(r->sched)) && !r->ejobs;
         if (idle == r->busy) { /* Running while anything runs, Ready when idle */
             r->busy = !idle;
             send_status(r, r->busy ? CLUSTER_RUNNER_RUNNING : CLUSTER_RUNNER_READY, NULL);
@@ -1160,7 +1434,9 @@ static int serve(struct runner *r, char *why, size_t whylen)
             pump(r, left_ms > 0 ? (int)left_ms : 0);
         } else {
             pump(r, 0);
-            if (!r->shutdown && sched_step(r->sched, err, sizeof err) < 0) {
+            if (!r->shutdown && r->ejobs)
+                ejob_step(r); /* one forward of it, then a generation step: both go on */
+            if (!r->shutdown && !sched_idle(r->sched) && sched_step(r->sched, err, sizeof err) < 0) {
                 fprintf(stderr, "cairn runner: a step failed: %s\n", err);
                 if (r->pipe || (r->tp && !tensor_alive(r->tp, NULL, 0))) {
                     snprintf(why, whylen, "%s", err);

@@ -96,6 +96,22 @@ int main(void)
     rc = run(out, sizeof out, "%s generate -m %s/qwen.gguf --chat 'Hi' -n 4 --seed 2", bin, dir);
     CHECK(rc == 0 && strstr(out, "generated:"), "chat generation failed (%d): %s", rc, out);
 
+    /* cairn template: without --add-generation-prompt the variable is false, not undefined
+     * (a template that defaults an undefined one to true would add a prompt). */
+    rc = run(out, sizeof out, "printf '%%s' '{%% if add_generation_prompt is not defined or add_generation_prompt %%}GEN{%% else %%}NO{%% endif %%}' > %s/agp.jinja && "
+             "echo '[{\"role\":\"user\",\"content\":\"hi\"}]' > %s/conv.json && %s template --template %s/agp.jinja --messages %s/conv.json",
+             dir, dir, bin, dir, dir);
+    CHECK(rc == 0 && !strncmp(out, "NO", 2), "template without --add-generation-prompt (%d): %s", rc, out);
+    rc = run(out, sizeof out, "%s template --template %s/agp.jinja --messages %s/conv.json --add-generation-prompt", bin, dir, dir);
+    CHECK(rc == 0 && !strncmp(out, "GEN", 3), "template with --add-generation-prompt (%d): %s", rc, out);
+
+    /* cairn embed: unit vectors from an embedding model; a generative one is refused. */
+    rc = run(out, sizeof out, "%s mkmodel --shape qwen3-embed-tiny --type q8_0 --vocab %s -o %s/embed.gguf && "
+             "%s embed -m %s/embed.gguf 'Hello world' 'Goodbye' 2>/dev/null", bin, qwen_path, dir, bin, dir);
+    CHECK(rc == 0 && strstr(out, "\"pooling\": \"last\"") && strstr(out, "\"dim\": 256"), "cairn embed (%d): %s", rc, out);
+    rc = run(out, sizeof out, "%s embed -m %s/tiny.gguf 'Hello'", bin, dir);
+    CHECK(rc == 1 && strstr(out, "not an embedding model"), "cairn embed of a generative model (%d): %s", rc, out);
+
     /* Bench reports the roofline. */
     rc = run(out, sizeof out, "%s bench -m %s/tiny.gguf -p 16 -n 8 -r 1 --batch-curve 2 --bandwidth-mib 64 -t 1", bin, dir);
     CHECK(rc == 0 && strstr(out, "roofline") && strstr(out, "pp16") && strstr(out, "B= 2") &&

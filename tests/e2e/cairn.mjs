@@ -75,7 +75,7 @@ export function removeTempDir(dir) {
     fs.rmSync(dir, { recursive: true, force: true });
 }
 
-async function mustRun(args) {
+export async function mustRun(args) {
   const r = await runCairn(args);
   if (r.code !== 0)
     throw new Error(`cairn ${args.join(' ')} failed (${r.error}): ${r.stderr}`);

@@ -149,7 +149,7 @@ test('wrong methods and paths: 4xx', T, async () => {
 
 test('an Ollama endpoint cairn lacks answers in Ollama\'s error shape', T,
 async () => {
-  const r = await http(`${node.url}/api/embed`, { body: { model: MODEL, input: 'x' } });
+  const r = await http(`${node.url}/api/push`, { body: { model: MODEL } });
   assert.ok(r.status >= 400 && r.status < 500, `status ${r.status}`);
   assert.equal(typeof r.json?.error, 'string', r.text);
 });

@@ -98,7 +98,11 @@ static bool same_json(const json_t *a, const json_t *b)
 static void check_limits(const struct textgen_params *p)
 {
     CHECK(ids_valid_model(p->model));
-    CHECK(!p->messages != (!p->prompt && !p->prompt_ids));
+    CHECK(!p->messages != (!p->prompt && !p->prompt_ids && !p->batch));
+    CHECK(!p->batch || (p->n_batch >= 2 && p->n_batch * p->n <= TEXTGEN_MAX_N && !p->prompt && !p->prompt_ids));
+    for (int i = 0; p->batch && i < p->n_batch; i++)
+        CHECK(!p->batch[i].text != !p->batch[i].ids &&
+              (!p->batch[i].ids || (p->batch[i].n_ids >= 1 && p->batch[i].n_ids <= TEXTGEN_MAX_PROMPT_IDS)));
     CHECK(!p->prompt || !p->prompt_ids);
     CHECK(!p->prompt_ids || (p->n_prompt_ids >= 1 && p->n_prompt_ids <= TEXTGEN_MAX_PROMPT_IDS));
     for (int64_t i = 0; p->prompt_ids && i < p->n_prompt_ids; i++)
@@ -163,6 +167,11 @@ static void check_runner_reads(const struct textgen_params *p)
     CHECK(!p->prompt == !q.prompt && (!p->prompt || !strcmp(p->prompt, q.prompt)));
     CHECK(p->n_prompt_ids == q.n_prompt_ids && !p->prompt_ids == !q.prompt_ids &&
           (!p->prompt_ids || !memcmp(p->prompt_ids, q.prompt_ids, (size_t)p->n_prompt_ids * sizeof *p->prompt_ids)));
+    CHECK(p->n_batch == q.n_batch);
+    for (int i = 0; i < p->n_batch; i++)
+        CHECK(!p->batch[i].text == !q.batch[i].text && (!p->batch[i].text || !strcmp(p->batch[i].text, q.batch[i].text)) &&
+              p->batch[i].n_ids == q.batch[i].n_ids &&
+              (!p->batch[i].ids || !memcmp(p->batch[i].ids, q.batch[i].ids, (size_t)p->batch[i].n_ids * 4)));
     CHECK(p->add_generation_prompt == q.add_generation_prompt && p->max_tokens == q.max_tokens && p->n == q.n &&
           p->logprobs == q.logprobs && p->top_logprobs == q.top_logprobs && p->ignore_eos == q.ignore_eos &&
           p->reasoning == q.reasoning && p->num_draft_tokens == q.num_draft_tokens &&

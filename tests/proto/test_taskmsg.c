@@ -93,6 +93,59 @@ static void test_encode_refuses(void)
     }
 }
 
+/* An embedding line: the vector as base64 of little-endian float32, the same text
+ * Python's base64.b64encode(struct.pack('<3f', 0.5, -2.0, 1/3)) gives; malformed
+ * vectors refused. */
+static void test_embedding(void)
+{
+    const float v[3] = {0.5f, -2.0f, 1.0f / 3};
+    char *b64 = task_embedding_encode(v, 3);
+    CHECK(b64 && !strcmp(b64, "AAAAPwAAAMCrqqo+"), "base64 of 3 floats: %s", b64 ? b64 : "(null)");
+    struct task_msg m = {.type = RUNNER_MSG_EMBEDDING, .task_id = "t1", .index = 7, .prompt_tokens = 5, .embedding = b64};
+    struct task_msg got;
+    if (round_trip(&m, &got) == 0) {
+        float w[3];
+        char err[128];
+        CHECK(got.index == 7 && got.prompt_tokens == 5 && got.dim == 3, "index %d tokens %lld dim %d", got.index,
+              (long long)got.prompt_tokens, got.dim);
+        CHECK(task_embedding_decode(&got, w, err, sizeof err) == 0 && !memcmp(v, w, sizeof v), "decode: %s", err);
+        task_msg_clear(&got);
+    }
+    free(b64);
+    const char *bad[][2] = {
+        {"\"AAAAPwAAAMCrqqo\"", "not base64"},   /* not a multiple of 4 characters */
+        {"\"AAAAPwAAAMCrqq==\"", "not base64"},  /* 10 bytes: not whole floats */
+        {"\"AAAA*wAAAMCrqqo+\"", "not base64"},  /* a character outside the alphabet */
+        {"\"AA=APwAAAMCrqqo+\"", "not base64"},  /* padding inside */
+        {"\"\"", "not base64"},
+        {"7", "must be a string"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char line[256], err[256] = "";
+        snprintf(line, sizeof line, "{\"type\":\"embedding\",\"task_id\":\"t\",\"index\":0,\"prompt_tokens\":1,"
+                 "\"embedding\":%s}", bad[i][0]);
+        struct task_msg x;
+        int rc = task_msg_decode(line, strlen(line), &x, err, sizeof err);
+        CHECK(rc == CAIRN_EFORMAT && strstr(err, bad[i][1]), "%s: rc %d, %s", line, rc, err);
+    }
+    char line[256], err[256] = "";
+    snprintf(line, sizeof line, "{\"type\":\"embedding\",\"task_id\":\"t\",\"index\":2048,\"prompt_tokens\":1,"
+             "\"embedding\":\"AAAAPw==\"}");
+    struct task_msg x;
+    CHECK(task_msg_decode(line, strlen(line), &x, err, sizeof err) == CAIRN_EFORMAT && strstr(err, "embedding.index"),
+          "index out of range: %s", err);
+    /* a NaN decodes only to a refusal */
+    snprintf(line, sizeof line, "{\"type\":\"embedding\",\"task_id\":\"t\",\"index\":0,\"prompt_tokens\":1,"
+             "\"embedding\":\"AADAfw==\"}");
+    if (task_msg_decode(line, strlen(line), &x, err, sizeof err) == 0) {
+        float w[1];
+        CHECK(task_embedding_decode(&x, w, err, sizeof err) == CAIRN_EFORMAT && strstr(err, "finite"), "NaN: %s", err);
+        task_msg_clear(&x);
+    } else {
+        CHECK(0, "a NaN's line is well formed: %s", err);
+    }
+}
+
 static void test_malformed(void)
 {
     const char *cases[][2] = {
@@ -187,6 +240,7 @@ int main(int argc, char **argv)
     test_begin(argc, argv);
     RUN(test_round_trip);
     RUN(test_encode_refuses);
+    RUN(test_embedding);
     RUN(test_malformed);
     RUN(test_fuzz);
     return test_main_end();

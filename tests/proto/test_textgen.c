@@ -93,11 +93,55 @@ static void test_prompt_ids(void)
     textgen_params_clear(&p);
 }
 
+/* Embedding inputs and prompt batches: each shape of input, the limits, refusals naming
+ * the entry. */
+static void test_embed_and_batch(void)
+{
+    struct textgen_params p;
+    char err[256] = "";
+    int rc = parse("{\"model\":\"e\",\"embed\":[\"a\",[1,2,3]],\"truncate\":true,\"dimensions\":8}", &p, err,
+                   sizeof err);
+    CHECK(rc == 0 && p.n_embed == 2 && !strcmp(p.embed[0].text, "a") && p.embed[1].n_ids == 3 &&
+              p.embed[1].ids[2] == 3 && p.truncate && p.dimensions == 8 && !p.messages && !p.prompt,
+          "embed: %s", err);
+    textgen_params_clear(&p);
+    rc = parse("{\"model\":\"e\",\"prompts\":[\"a\",[7]],\"n\":3}", &p, err, sizeof err);
+    CHECK(rc == 0 && p.n_batch == 2 && textgen_seqs(&p) == 6, "prompts: %s", err);
+    textgen_params_clear(&p);
+    const char *bad[][2] = {
+        {"{\"model\":\"e\",\"embed\":[]}", "embed: expected 1..2048"},
+        {"{\"model\":\"e\",\"embed\":[\"\"]}", "embed[0]: empty"},
+        {"{\"model\":\"e\",\"embed\":[[1,-1]]}", "embed[0][1]"},
+        {"{\"model\":\"e\",\"embed\":[[1],{}]}", "embed[1]"},
+        {"{\"model\":\"e\",\"embed\":[\"a\"],\"dimensions\":-1}", "dimensions"},
+        {"{\"model\":\"e\",\"embed\":[\"a\"],\"prompt\":\"b\"}", "exactly one"},
+        {"{\"model\":\"e\",\"prompts\":[\"a\"]}", "prompts"},
+        {"{\"model\":\"e\",\"prompts\":[1,2]}", "prompts"},
+        {"{\"model\":\"e\",\"prompts\":[\"a\",\"b\"],\"n\":9}", "prompts: 2 prompts of n 9"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        rc = parse(bad[i][0], &p, err, sizeof err);
+        CHECK(rc == CAIRN_EFORMAT && strstr(err, bad[i][1]), "%s: rc %d, %s", bad[i][0], rc, err);
+        textgen_params_clear(&p);
+    }
+    /* 2049 inputs: one too many */
+    json_t *in = json_array();
+    for (int i = 0; i <= TEXTGEN_MAX_EMBED_INPUTS; i++)
+        json_array_append_new(in, json_string("x"));
+    textgen_params_init(&p);
+    rc = textgen_embed_inputs(in, "input", &p, err, sizeof err);
+    CHECK(rc == CAIRN_EFORMAT && strstr(err, "got 2049"), "2049 inputs: %s", err);
+    textgen_params_clear(&p);
+    json_decref(in);
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
     RUN(test_round_trip);
     RUN(test_refusals);
     RUN(test_prompt_ids);
+    RUN(test_embed_and_batch);
     return test_main_end();
 }
