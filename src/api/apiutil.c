@@ -237,3 +237,17 @@ int apiutil_grammar_schema(const json_t *schema, const char *path, struct textge
     free(gbnf);
     return rc;
 }
+
+int apiutil_parse_model(const json_t *body, struct textgen_params *p, struct json_err *e)
+{
+    const json_t *m = json_object_get(body, "model");
+    if (!m || json_is_null(m))
+        return json_fail(e, "model", "required");
+    if (!json_is_string(m))
+        return json_fail(e, "model", "expected a string");
+    if (!ids_valid_model(json_string_value(m)))
+        return json_fail(e, "model", "not a valid model id (1..%d of A-Z a-z 0-9 ._:/@+-)",
+                         IDS_MODEL_MAX);
+    snprintf(p->model, sizeof p->model, "%s", json_string_value(m));
+    return 0;
+}

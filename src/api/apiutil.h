@@ -25,6 +25,10 @@
 int apiutil_opt_stop(const json_t *obj, const char *path, const char *key, bool one_string,
                      struct textgen_params *p, struct json_err *e);
 
+/* The request's "model" into p->model: required, a valid model id; CAIRN_EFORMAT naming
+ * "model" otherwise. */
+int apiutil_parse_model(const json_t *body, struct textgen_params *p, struct json_err *e);
+
 /* The HTTP status for the code a front-end's request parser returned: 0 for 0, 500 for
  * CAIRN_ENOMEM (e then says "out of memory"), else cairn_http_status (400 for
  * CAIRN_EFORMAT, whose e the parser filled). */

@@ -8,6 +8,7 @@
 
 #include "api/apireq.h"
 #include "api/apiutil.h"
+#include "api/ollama.h"
 #include "api/openai.h"
 #include "base/clock.h"
 #include "base/err.h"
@@ -20,33 +21,7 @@ static json_t *openai_error(int status, const char *message, const char *param)
     return openai_error_json(status, message, param, "model_not_found");
 }
 
-/* Ollama's error body: {"error": message}. */
-static json_t *ollama_error(int status, const char *message, const char *param)
-{
-    (void)status;
-    (void)param;
-    json_t *o = json_object();
-    if (o && !apiutil_put(o, "error", apiutil_text_json(message))) {
-        json_decref(o);
-        o = NULL;
-    }
-    return o;
-}
-
 /* ---------- requests ---------- */
-
-static int parse_model(const json_t *body, struct textgen_params *p, struct json_err *e)
-{
-    const json_t *m = json_object_get(body, "model");
-    if (!m || json_is_null(m))
-        return json_fail(e, "model", "required");
-    if (!json_is_string(m))
-        return json_fail(e, "model", "expected a string");
-    if (!ids_valid_model(json_string_value(m)))
-        return json_fail(e, "model", "not a valid model id (1..%d of A-Z a-z 0-9 ._:/@+-)", IDS_MODEL_MAX);
-    snprintf(p->model, sizeof p->model, "%s", json_string_value(m));
-    return 0;
-}
 
 static int parse_inputs(const json_t *input, const char *name, struct textgen_params *p, struct json_err *e)
 {
@@ -69,7 +44,7 @@ static int parse_request(enum embeddings_route route, const json_t *body, struct
 {
     if (!json_is_object(body))
         return json_fail(e, "", "the body must be a JSON object");
-    int rc = parse_model(body, p, e);
+    int rc = apiutil_parse_model(body, p, e);
     if (rc)
         return rc;
     bool given;
@@ -220,7 +195,7 @@ static const struct apireq_api OPENAI_EMBEDDINGS = {
 static const struct apireq_api OLLAMA_EMBEDDINGS = {
     .name = "ollama",
     .framing = APIREQ_NDJSON,
-    .error_json = ollama_error,
+    .error_json = ollama_error_json,
     .event = on_event,
     .free = ereq_free,
 };
@@ -232,7 +207,7 @@ static void handle(struct http_request *req, const struct gen *g, enum embedding
     struct embeddings_opts o = {0};
     struct json_err e = {{0}, {0}};
     int status = embeddings_parse_request(route, http_req_json(req), &p, &o, &e);
-    http_error_fn errors = route == EMBEDDINGS_OPENAI ? openai_error : ollama_error;
+    http_error_fn errors = route == EMBEDDINGS_OPENAI ? openai_error : ollama_error_json;
     struct ereq *r = status ? NULL : calloc(1, sizeof *r);
     if (r && !(r->vec = calloc((size_t)p.n_embed, sizeof *r->vec))) {
         free(r);
@@ -264,8 +239,8 @@ int embeddings_register(struct http_server *srv, const struct gen *g, char *err,
         http_error_fn errors;
     } routes[] = {
         {"/v1/embeddings", h_openai, openai_error},
-        {"/api/embed", h_ollama, ollama_error},
-        {"/api/embeddings", h_ollama_legacy, ollama_error},
+        {"/api/embed", h_ollama, ollama_error_json},
+        {"/api/embeddings", h_ollama_legacy, ollama_error_json},
     };
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
         int rc = http_route_errors(srv, "POST", routes[i].path, routes[i].fn, (void *)g, routes[i].errors);

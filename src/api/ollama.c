@@ -47,7 +47,7 @@ static void rfc3339_now(char *buf, size_t cap)
 }
 
 /* Ollama's error body: {"error": message}. */
-static json_t *error_json(int status, const char *message, const char *param)
+json_t *ollama_error_json(int status, const char *message, const char *param)
 {
     (void)status;
     (void)param;
@@ -61,7 +61,7 @@ static json_t *error_json(int status, const char *message, const char *param)
 
 static void reply_error(struct http_request *req, int status, const char *message)
 {
-    apiutil_reply_error(req, error_json, status, message, NULL);
+    apiutil_reply_error(req, ollama_error_json, status, message, NULL);
 }
 
 /* ---------- checked request members ---------- */
@@ -802,7 +802,7 @@ static void on_event(struct apireq *a, void *self, const struct gen_event *ev)
 static const struct apireq_api OLLAMA_API = {
     .name = "ollama",
     .framing = APIREQ_NDJSON,
-    .error_json = error_json,
+    .error_json = ollama_error_json,
     .event = on_event,
     .free = oreq_free,
 };
@@ -895,7 +895,7 @@ int ollama_register(struct http_server *srv, const struct gen *g, char *err, siz
         {"GET", "/api/*rest", h_unknown}, {"POST", "/api/*rest", h_unknown}, {"DELETE", "/api/*rest", h_unknown},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
-        int rc = http_route_errors(srv, routes[i].method, routes[i].path, routes[i].fn, (void *)g, error_json);
+        int rc = http_route_errors(srv, routes[i].method, routes[i].path, routes[i].fn, (void *)g, ollama_error_json);
         if (rc)
             return cairn_fail(err, errlen, rc, "ollama: route %s %s: %s", routes[i].method, routes[i].path,
                               cairn_strerror(rc));

@@ -73,4 +73,7 @@ int ollama_parse_request(enum ollama_route route, const json_t *body, struct tex
  * CAIRN_EINVAL or CAIRN_ENOMEM from http_route, with the route in err. */
 int ollama_register(struct http_server *srv, const struct gen *g, char *err, size_t errlen);
 
+/* Ollama's error body, {"error": message} (status and param unused: an http_error_fn). */
+json_t *ollama_error_json(int status, const char *message, const char *param);
+
 #endif

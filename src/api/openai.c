@@ -74,20 +74,6 @@ static int oom(void)
     return CAIRN_ENOMEM;
 }
 
-static int parse_model(const json_t *body, struct textgen_params *p, struct json_err *e)
-{
-    const json_t *m = json_object_get(body, "model");
-    if (!m || json_is_null(m))
-        return json_fail(e, "model", "required");
-    if (!json_is_string(m))
-        return json_fail(e, "model", "expected a string");
-    if (!ids_valid_model(json_string_value(m)))
-        return json_fail(e, "model", "not a valid model id (1..%d of A-Z a-z 0-9 ._:/@+-)",
-                         IDS_MODEL_MAX);
-    snprintf(p->model, sizeof p->model, "%s", json_string_value(m));
-    return 0;
-}
-
 /* An assistant message's tool_calls, checked and normalized into *out. */
 static int parse_tool_calls(const json_t *tc, const char *path, json_t **out,
                             struct json_err *e)
@@ -588,7 +574,7 @@ static int parse_request(enum openai_route kind, const json_t *body, struct text
     if (!json_is_object(body))
         return json_fail(e, "", "the request body must be a JSON object");
     int rc;
-    if ((rc = parse_model(body, p, e)))
+    if ((rc = apiutil_parse_model(body, p, e)))
         return rc;
     if (kind == OPENAI_CHAT) {
         if ((rc = parse_messages(body, p, e)) || (rc = parse_tools(body, p, e)) ||
