@@ -17,7 +17,7 @@ libs=($(pkg-config --cflags --libs jansson libpcre2-8 libsodium libmicrohttpd li
 # harness name -> the sources it needs
 declare -A srcs=(
   [fuzz_api]="src/tok/grammar.c src/tok/jschema.c src/tok/tok*.c src/gguf/*.c src/api/openai.c src/api/responses.c src/api/ollama.c src/api/ollama_pull.c src/node/hubref.c src/api/anthropic.c src/api/apiutil.c src/api/apireq.c src/api/sse.c src/api/http*.c src/api/hosts.c src/api/json_scan.c src/ctl/*.c src/proto/*.c src/node/taskbody.c src/base/*.c"
-  [fuzz_embed]="src/api/embeddings.c src/node/hubref.c src/tok/grammar.c src/tok/jschema.c src/tok/tok*.c src/gguf/*.c src/api/openai.c src/api/apiutil.c src/api/apireq.c src/api/sse.c src/api/http*.c src/api/hosts.c src/api/json_scan.c src/ctl/*.c src/proto/*.c src/node/taskbody.c src/base/*.c"
+  [fuzz_embed]="src/api/embeddings.c src/node/hubref.c src/tok/grammar.c src/tok/jschema.c src/tok/tok*.c src/gguf/*.c src/api/openai.c src/api/ollama.c src/api/ollama_pull.c src/api/apiutil.c src/api/apireq.c src/api/sse.c src/api/http*.c src/api/hosts.c src/api/json_scan.c src/ctl/*.c src/proto/*.c src/node/taskbody.c src/base/*.c"
   [fuzz_host]="src/api/hosts.c"
   [fuzz_jointoken]="src/net/jointoken.c src/base/err.c"
   [fuzz_hubref]="src/node/hubref.c src/base/err.c"
