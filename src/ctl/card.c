@@ -12,6 +12,7 @@ void catalog_card_clear(struct catalog_card *card)
     free(card->path);
     free(card->error);
     free(card->layer_bytes);
+    free(card->layer_swa);
     memset(card, 0, sizeof *card);
 }
 
@@ -20,6 +21,7 @@ int catalog_card_copy(struct catalog_card *dst, const struct catalog_card *src)
     *dst = *src;
     dst->path = dst->error = NULL;
     dst->layer_bytes = NULL;
+    dst->layer_swa = NULL;
     if ((src->path && !(dst->path = strdup(src->path))) || (src->error && !(dst->error = strdup(src->error))))
         goto fail;
     if (src->layer_bytes && src->n_layers > 0) {
@@ -27,6 +29,11 @@ int catalog_card_copy(struct catalog_card *dst, const struct catalog_card *src)
         if (!dst->layer_bytes)
             goto fail;
         memcpy(dst->layer_bytes, src->layer_bytes, (size_t)src->n_layers * sizeof *dst->layer_bytes);
+    }
+    if (src->layer_swa && src->n_layers > 0) {
+        if (!(dst->layer_swa = malloc((size_t)src->n_layers)))
+            goto fail;
+        memcpy(dst->layer_swa, src->layer_swa, (size_t)src->n_layers);
     }
     return 0;
 fail:
@@ -37,6 +44,14 @@ fail:
 static bool put(json_t *o, const char *key, json_t *v)
 {
     return v && json_object_set_new(o, key, v) == 0;
+}
+
+static int swa_layers(const struct catalog_card *c)
+{
+    int n = 0;
+    for (int l = 0; c->layer_swa && l < c->n_layers; l++)
+        n += c->layer_swa[l] != 0;
+    return n;
 }
 
 json_t *catalog_card_to_json(const struct catalog_card *c)
@@ -71,6 +86,8 @@ json_t *catalog_card_to_json(const struct catalog_card *c)
              put(o, "expert_used_count", json_integer(c->n_expert_used)) &&
              put(o, "expert_feed_forward_size", json_integer(c->n_ff_exp)) &&
              put(o, "kv_bytes_per_token_layer", json_integer((json_int_t)c->kv_bytes_per_token_layer)) &&
+             put(o, "sliding_window", json_integer((json_int_t)c->swa_window)) &&
+             put(o, "sliding_window_layers", json_integer(swa_layers(c))) &&
              put(o, "sha256", c->sha256[0] ? json_string(c->sha256) : json_null()) &&
              put(o, "error", json_null());
     }
@@ -101,6 +118,8 @@ int catalog_card_place_model(const struct catalog_card *c, uint32_t ctx_len, uin
     out->kv_bytes_per_token_layer = c->kv_bytes_per_token_layer;
     out->ctx_len = ctx_len ? ctx_len : 1;
     out->n_slots = n_slots ? n_slots : 1;
+    out->layer_window = c->layer_swa;
+    out->window_positions = (uint64_t)out->ctx_len * out->n_slots; /* the master counts less (master.h) */
     out->n_head = (uint32_t)c->n_head;
     out->n_head_kv = (uint32_t)c->n_head_kv;
     out->n_expert = c->n_expert > 0 ? (uint32_t)c->n_expert : 0;

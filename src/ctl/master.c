@@ -37,6 +37,39 @@ static uint64_t pool_positions(const struct catalog_card *card, const struct clu
     return (uint64_t)runner_kv_pool_positions(ctx);
 }
 
+#define MASTER_PAGE_BYTES 4096 /* the page size the master assumes of the nodes' caches */
+
+uint64_t master_window_positions(const struct catalog_card *card, const struct cluster_kv *kv, uint64_t pool)
+{
+    if (!card->layer_swa || card->swa_window <= 0 || card->head_dim < 1 || pool > INT64_MAX)
+        return pool;
+    int tk = kv && kv->type_k[0] ? dtype_kv_from_name(kv->type_k) : DT_F16;
+    int tv = kv && kv->type_v[0] ? dtype_kv_from_name(kv->type_v) : DT_F16;
+    int64_t kv_dim = (int64_t)card->n_head_kv * card->head_dim;
+    if (!runner_kv_window_releasable(dtype_row_bytes(tk, kv_dim), dtype_row_bytes(tv, kv_dim), MASTER_PAGE_BYTES))
+        return pool;
+    return (uint64_t)runner_kv_window_positions((int64_t)pool, card->swa_window, RUNNER_DEFAULT_SLOTS);
+}
+
+/* KV bytes of layers [b, e) for a pool of `pool` positions: a sliding-window layer holds
+ * master_window_positions of them. */
+static uint64_t kv_range_bytes(const struct catalog_card *card, const struct cluster_kv *kv, uint64_t pool,
+                               uint32_t b, uint32_t e)
+{
+    uint64_t per = master_kv_token_layer_bytes(card, kv), window = master_window_positions(card, kv, pool);
+    uint64_t full = 0, sliding = 0;
+    for (uint32_t l = b; l < e && l < (uint32_t)card->n_layers; l++) {
+        if (card->layer_swa && card->layer_swa[l])
+            sliding++;
+        else
+            full++;
+    }
+    uint64_t a = full && pool > UINT64_MAX / full ? UINT64_MAX : full * pool;
+    uint64_t w = sliding && window > UINT64_MAX / sliding ? UINT64_MAX : sliding * window;
+    uint64_t positions = a + w < a ? UINT64_MAX : a + w;
+    return per && positions > UINT64_MAX / per ? UINT64_MAX : per * positions;
+}
+
 /* ---- events ---- */
 
 void master_events_clear(struct master_events *out)
@@ -106,7 +139,7 @@ uint64_t master_shard_bytes(const struct catalog_card *card, const struct catalo
     for (uint32_t l = b; l < e; l++)
         layers = sat_add(layers, card->layer_bytes[l]);
     uint64_t positions = pool_positions(card, &in->kv);
-    uint64_t kv = sat_mul(sat_mul(master_kv_token_layer_bytes(card, &in->kv), e > b ? e - b : 0), positions);
+    uint64_t kv = kv_range_bytes(card, &in->kv, positions, b, e);
     uint64_t norm = card->output_norm_bytes + card->other_bytes;
     bool first = sh->rank == 0, last = (size_t)sh->rank + 1 == in->n_shards;
     uint64_t k = in->n_shards ? in->n_shards : 1;
@@ -226,6 +259,8 @@ static int previews_at(const struct cluster_state *s, const struct master_env *e
     if ((rc = catalog_card_place_model(card, (uint32_t)positions, 1, &req.model, err, errlen)))
         goto out;
     req.model.kv_bytes_per_token_layer = master_kv_token_layer_bytes(card, kv);
+    req.model.layer_window = card->layer_swa;
+    req.model.window_positions = master_window_positions(card, kv, (uint64_t)positions);
     if (draft) {
         req.model.draft_bytes = draft->weight_bytes;
         req.model.draft_kv_bytes_per_token = sat_mul(draft->kv_bytes_per_token_layer, (uint64_t)draft->n_layers);
@@ -421,8 +456,8 @@ static int place(const struct cluster_state *s, const struct master_env *env,
         bool has = false;
         double kv_gib = 0;
         if (lookup(env, c->place_instance.model_id, &card, &has, err, sizeof err) == 0 && has)
-            kv_gib = (double)master_kv_token_layer_bytes(&card, kv) * card.n_layers *
-                     (double)runner_kv_pool_positions(ctx) / (1 << 30);
+            kv_gib = (double)kv_range_bytes(&card, kv, (uint64_t)runner_kv_pool_positions(ctx), 0,
+                                            (uint32_t)card.n_layers) / (1 << 30);
         catalog_card_clear(&card);
         return refuse(res, CAIRN_EFULL,
                       "no placement of %s fits: %s (a context of %lld positions holds %.2f GiB of KV cache, "

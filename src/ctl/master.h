@@ -74,6 +74,12 @@ uint32_t master_card_ctx(const struct catalog_card *c);
  * type does not divide the model's heads (q8_0 and q4_0 need multiples of 32). */
 uint64_t master_kv_token_layer_bytes(const struct catalog_card *card, const struct cluster_kv *kv);
 
+/* Positions of a pool of `pool` that one sliding-window layer of card's model keeps
+ * resident on a runner (runner_kv_window_positions with RUNNER_DEFAULT_SLOTS slots, pages
+ * of MASTER_PAGE_BYTES); pool for a model without sliding-window layers or a cache type
+ * whose blocks cannot be released. */
+uint64_t master_window_positions(const struct catalog_card *card, const struct cluster_kv *kv, uint64_t pool);
+
 /* Frees the events and zeroes *out; accepts a zeroed one. */
 void master_events_clear(struct master_events *out);
 

@@ -25,7 +25,7 @@ struct ctx {
     size_t *byfree;        /* [n] node indices, most free memory first, ties by id */
     const char **id;       /* [n] result-owned copies */
     uint64_t *prefix;      /* [L+1] bytes of layers [0, i) */
-    uint64_t kv_layer;     /* KV of one layer on a rank: per token * ctx * slots */
+    uint64_t *kv_prefix;   /* [L+1] KV of layers [0, i) (a sliding-window layer holds less) */
     uint64_t draft_all;    /* draft weights + draft KV */
     size_t cap;            /* candidates allocated in out */
     /* scratch for one node set, each sized n (or n*n) */
@@ -115,7 +115,7 @@ static void pipe_fixed(const struct ctx *c, uint32_t r, uint32_t k, struct place
 /* Layer weights and KV of layers [b, e) on one rank. */
 static uint64_t range_bytes(const struct ctx *c, uint32_t b, uint32_t e)
 {
-    return c->prefix[e] - c->prefix[b] + c->kv_layer * (e - b);
+    return c->prefix[e] - c->prefix[b] + c->kv_prefix[e] - c->kv_prefix[b];
 }
 
 static uint64_t pipe_total_need(const struct ctx *c, uint32_t k)
@@ -135,7 +135,7 @@ static void tensor_need(const struct ctx *c, uint32_t r, uint32_t k, struct plac
     /* A rank loads (and repacks) every weight, though it reads only its rows of each: the
      * whole model is counted on every rank; its KV heads are 1/k of the cache. */
     nd->layers = c->prefix[c->L];
-    nd->kv = ceil_div(c->kv_layer * c->L, k);
+    nd->kv = ceil_div(c->kv_prefix[c->L], k);
     nd->embedding = c->m->embed_bytes;
     nd->head = c->m->norm_bytes + (c->m->tied ? 0 : c->m->head_bytes);
     nd->draft = r == 0 ? c->draft_all : 0;
@@ -221,7 +221,7 @@ static uint32_t fill_pipe(const struct ctx *c, const size_t *ord, uint32_t k,
         s->free = c->free[ord[r]];
         pipe_fixed(c, r, k, &s->need);
         s->need.layers = c->prefix[e] - c->prefix[b];
-        s->need.kv = c->kv_layer * cnt[r];
+        s->need.kv = c->kv_prefix[e] - c->kv_prefix[b];
         s->need.total = s->need.layers + s->need.kv + s->need.embedding + s->need.head +
                         s->need.draft;
         bad += s->need.total > s->free;
@@ -899,6 +899,10 @@ static int validate(const struct place_request *req, char *err, size_t errlen)
     if (m->ctx_len < 1 || m->n_slots < 1)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "model: ctx_len=%u and n_slots=%u must be >= 1",
                           m->ctx_len, m->n_slots);
+    if (m->layer_window && m->window_positions > (uint64_t)m->ctx_len * m->n_slots)
+        return cairn_fail(err, errlen, CAIRN_EINVAL,
+                          "model: window_positions=%llu is beyond ctx_len * n_slots = %llu",
+                          (unsigned long long)m->window_positions, (unsigned long long)m->ctx_len * m->n_slots);
     u128 layers = 0;
     for (uint32_t i = 0; i < m->n_layers; i++)
         layers += m->layer_bytes_each ? m->layer_bytes_each[i] : m->layer_bytes;
@@ -937,6 +941,7 @@ static int setup(struct ctx *c, const struct place_request *req, struct place_re
     c->byfree = calloc(nn, sizeof *c->byfree);
     c->id = calloc(nn, sizeof *c->id);
     c->prefix = calloc((size_t)c->L + 1, sizeof *c->prefix);
+    c->kv_prefix = calloc((size_t)c->L + 1, sizeof *c->kv_prefix);
     c->mem = calloc(nn, sizeof *c->mem);
     c->ord = calloc(nn, sizeof *c->ord);
     c->path = calloc(nn, sizeof *c->path);
@@ -959,7 +964,7 @@ static int setup(struct ctx *c, const struct place_request *req, struct place_re
     out->ids = malloc(idbytes);
     if (req->model.id)
         out->model_id = strdup(req->model.id);
-    if (!c->free || !c->rtt || !c->byfree || !c->id || !c->prefix || !c->mem || !c->ord ||
+    if (!c->free || !c->rtt || !c->byfree || !c->id || !c->prefix || !c->kv_prefix || !c->mem || !c->ord ||
         !c->path || !c->on || !c->nbr || !c->nnbr || !c->cnt || !c->want || !c->idx || !c->idx2 || !c->aux || !c->reach || !c->tmp ||
         !c->first || !c->keep || !out->ids || (req->model.id && !out->model_id))
         return CAIRN_ENOMEM;
@@ -1004,7 +1009,10 @@ static int setup(struct ctx *c, const struct place_request *req, struct place_re
     const struct place_model *m = c->m;
     for (uint32_t i = 0; i < c->L; i++)
         c->prefix[i + 1] = c->prefix[i] + (m->layer_bytes_each ? m->layer_bytes_each[i] : m->layer_bytes);
-    c->kv_layer = m->kv_bytes_per_token_layer * m->ctx_len * m->n_slots;
+    uint64_t kv_full = m->kv_bytes_per_token_layer * m->ctx_len * m->n_slots;
+    uint64_t kv_window = m->kv_bytes_per_token_layer * m->window_positions;
+    for (uint32_t i = 0; i < c->L; i++)
+        c->kv_prefix[i + 1] = c->kv_prefix[i] + (m->layer_window && m->layer_window[i] ? kv_window : kv_full);
     c->draft_all = m->draft_bytes + m->draft_kv_bytes_per_token * m->ctx_len * m->n_slots;
     return 0;
 }
@@ -1016,6 +1024,7 @@ static void ctx_free(struct ctx *c)
     free(c->byfree);
     free(c->id);
     free(c->prefix);
+    free(c->kv_prefix);
     free(c->mem);
     free(c->ord);
     free(c->path);

@@ -9,8 +9,8 @@
  *
  * Pipeline: ranks 0..k-1 hold contiguous layer ranges [begin, end) covering 0..n_layers,
  * at least one layer each, split in proportion to free memory (largest remainder). A rank
- * needs: its layers' bytes + KV (kv_bytes_per_token_layer * its layers * ctx_len *
- * n_slots); rank 0 also the embedding and the draft model with its KV; the last rank the
+ * needs: its layers' bytes + KV (kv_bytes_per_token_layer * ctx_len * n_slots per layer,
+ * window_positions instead of ctx_len * n_slots for a sliding-window layer); rank 0 also the embedding and the draft model with its KV; the last rank the
  * output norm and the head (a tied head is the embedding matrix, so the last rank holds a
  * second copy unless it is rank 0). When the proportional split does not fit, layers move
  * toward nodes with slack: the fitting split with the lowest max need/free (found by an
@@ -87,6 +87,9 @@ struct place_model {
     uint64_t kv_bytes_per_token_layer; /* K and V of one token in one layer */
     uint32_t ctx_len;                  /* >= 1 */
     uint32_t n_slots;                  /* sequences held at once, >= 1 */
+    const uint8_t *layer_window;       /* n_layers flags: sliding-window layers, or NULL */
+    uint64_t window_positions;         /* positions a sliding-window layer's KV keeps resident,
+                                          <= ctx_len * n_slots (proto/runner_proto.h) */
     uint32_t n_head, n_head_kv;        /* for tensor sharding; 0 = unknown (refused) */
     uint32_t n_expert;                 /* a mixture of experts (tensor sharding refuses it); 0 = dense */
     uint64_t draft_bytes;              /* draft model weights on rank 0; 0 = no draft */

@@ -60,6 +60,7 @@ void catalog_id_from_file_name(const char *file_name, char *id)
 static void drop_details(struct catalog_card *card)
 {
     free(card->layer_bytes);
+    free(card->layer_swa);
     struct catalog_card keep = {.path = card->path, .error = card->error,
                                 .file_bytes = card->file_bytes, .mtime_ns = card->mtime_ns};
     memcpy(keep.id, card->id, sizeof keep.id);
@@ -186,6 +187,15 @@ int catalog_card_read(struct catalog_card *out, const char *path, char *err, siz
     out->n_vocab = hp.n_vocab;
     out->n_ctx = hp.n_ctx_train;
     out->kv_bytes_per_token_layer = 2ull * (uint64_t)hp.n_head_kv * (uint64_t)hp.head_dim * 2ull;
+    if (hp.swa_window > 0) {
+        if (!(out->layer_swa = calloc((size_t)hp.n_layers, 1))) {
+            rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");
+            goto out;
+        }
+        out->swa_window = hp.swa_window;
+        for (int l = 0; l < hp.n_layers; l++)
+            out->layer_swa[l] = model_layer_swa(&hp, l);
+    }
     struct gguf_str s;
     if (gguf_get_str(f, "general.name", &s) == 0)
         copy_name(out->name, sizeof out->name, s);

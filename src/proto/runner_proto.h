@@ -79,6 +79,36 @@ static inline int64_t runner_kv_pool_positions(int64_t ctx)
     return ctx + (ctx < RUNNER_KV_POOL_EXTRA ? ctx : RUNNER_KV_POOL_EXTRA);
 }
 
+#define RUNNER_KV_BLOCK_TOKENS 16 /* positions per block of a runner's paged KV cache */
+/* Positions beyond its window that a sequence keeps in a sliding-window layer: the
+ * cache's slack behind the window (KV_WINDOW_SLACK, 128), a partly passed block and the
+ * largest prefill chunk a runner prepares at once (512), rounded up. */
+#define RUNNER_KV_WINDOW_MARGIN 1024
+
+/* Positions of a pool of `pool` that one sliding-window layer (gemma3, gpt-oss) keeps
+ * resident: the cache releases the rows a sequence's window has passed (engine/kv.h), so
+ * each of a runner's at most 2 * slots sequences (its slots and as many cached prefixes)
+ * holds window + RUNNER_KV_WINDOW_MARGIN positions; never more than the pool. The master
+ * counts RUNNER_DEFAULT_SLOTS slots, the runner its own. pool when window <= 0. */
+static inline int64_t runner_kv_window_positions(int64_t pool, int64_t window, int64_t slots)
+{
+    if (window <= 0 || slots <= 0 || pool <= 0)
+        return pool;
+    int64_t per_seq = window + RUNNER_KV_WINDOW_MARGIN;
+    if (window > INT64_MAX / 4 || per_seq > pool / (2 * slots))
+        return pool;
+    return 2 * slots * per_seq;
+}
+
+/* Whether the cache can release a sliding-window layer's passed rows: it gives back only
+ * whole pages inside a block's rows, so a block of K rows and one of V rows must each be a
+ * whole number of pages; else the layer holds the whole pool. */
+static inline bool runner_kv_window_releasable(int64_t k_row_bytes, int64_t v_row_bytes, int64_t page)
+{
+    return page > 0 && k_row_bytes > 0 && v_row_bytes > 0 && (RUNNER_KV_BLOCK_TOKENS * k_row_bytes) % page == 0 &&
+           (RUNNER_KV_BLOCK_TOKENS * v_row_bytes) % page == 0;
+}
+
 /* A runner's config. JSON {"instance_id", "runner_id", "model_path", "layer_begin",
  * "layer_end", "ctx", "slots", "threads", "heartbeat_ms", "draft_model_path",
  * "num_draft_tokens", "rank", "world_size", "tensor", "epoch", "model_identity", "data_bind",

@@ -46,6 +46,9 @@
 #include "tok/toolcall.h"
 
 _Static_assert(DP_ID_MAX == RUNNER_IDENTITY_MAX, "the data plane carries the identity the node gives");
+#define RUNNER_MAX_BATCH 512 /* tokens of one forward: a prefill chunk at most */
+_Static_assert(KV_WINDOW_SLACK + RUNNER_KV_BLOCK_TOKENS + RUNNER_MAX_BATCH <= RUNNER_KV_WINDOW_MARGIN,
+               "a sliding-window layer's margin covers the cache's slack, a block and a prefill chunk");
 
 #include <errno.h>
 #include <fcntl.h>
@@ -1115,7 +1118,7 @@ static int set_draft(struct runner *r, const char *path, int k, char *err, size_
         if ((rc = model_load(&m, path, &lo, err, errlen)) || (rc = vocab_compatible(r->m->file, m->file, err, errlen)) ||
             (rc = engine_create(&e, m, &ec, err, errlen)))
             goto fail;
-        struct kv_config kc = engine_kv_config(m, runner_kv_pool_positions(r->ctx), 1, 16);
+        struct kv_config kc = engine_kv_config(m, runner_kv_pool_positions(r->ctx), 1, RUNNER_KV_BLOCK_TOKENS);
         kc.max_seqs = r->cfg.slots;
         if ((rc = kv_create(&kv, &kc, err, errlen)))
             goto fail;
@@ -1287,6 +1290,25 @@ static int pipe_asks(void *ctx, const struct sched_ask *ask, int n, struct sched
     return pipeline_asks(r->pipe, ask, n, answer, err, errlen);
 }
 
+/* Bytes the KV cache holds at most. kv_bytes_for counts every layer's whole pool, but a
+ * sliding-window layer keeps only its window of each sequence resident (the cache releases
+ * the rest), as the master counts (runner_kv_window_positions). */
+static uint64_t kv_resident_bytes(const struct model *m, const struct kv_config *kc, int slots)
+{
+    uint64_t all = kv_bytes_for(kc);
+    if (!all || m->hp.swa_window <= 0)
+        return all;
+    int64_t kr = dtype_row_bytes(kc->type_k, kc->kv_dim), vr = dtype_row_bytes(kc->type_v, kc->kv_dim);
+    if (!runner_kv_window_releasable(kr, vr, (int64_t)sysconf(_SC_PAGESIZE)))
+        return all;
+    int64_t pool = kc->n_blocks * kc->block_tokens; /* kv_bytes_for checked that this fits */
+    int64_t keep = runner_kv_window_positions(pool, m->hp.swa_window, slots);
+    for (int il = 0; il < kc->n_layers; il++)
+        if (model_layer_swa(&m->hp, m->layer_begin + il))
+            all -= (uint64_t)(kr + vr) * (uint64_t)(pool - keep);
+    return all;
+}
+
 /* Loads the slice and sizes every buffer; err says why not. */
 static int load(struct runner *r, char *err, size_t errlen)
 {
@@ -1296,7 +1318,7 @@ static int load(struct runner *r, char *err, size_t errlen)
         return rc;
     const struct model *m = r->m;
     r->ctx = r->cfg.ctx ? r->cfg.ctx : (m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096);
-    r->max_batch = r->ctx < 512 ? (int)r->ctx : 512;
+    r->max_batch = r->ctx < RUNNER_MAX_BATCH ? (int)r->ctx : RUNNER_MAX_BATCH;
     struct engine_config ec = {.n_threads = r->cfg.threads, .max_batch = r->max_batch, .max_ctx = r->ctx};
     struct sched_config sc = {.slots = r->cfg.slots, .ctx = r->ctx, .cache_seqs = r->cfg.slots};
     bool tensor = r->cfg.tensor && r->cfg.world_size > 1;
@@ -1308,15 +1330,15 @@ static int load(struct runner *r, char *err, size_t errlen)
     /* The KV pool (runner_kv_pool_positions) is shared by the slots; sequences past it
      * are preempted (the master counts the same). */
     int64_t pool = runner_kv_pool_positions(r->ctx);
-    struct kv_config kc = engine_kv_config_tp(m, tensor ? r->cfg.world_size : 1, pool, 1, 16);
+    struct kv_config kc = engine_kv_config_tp(m, tensor ? r->cfg.world_size : 1, pool, 1, RUNNER_KV_BLOCK_TOKENS);
     kc.max_seqs = sched_kv_seqs(&sc);
     kc.type_k = r->cfg.cache_type_k;
     kc.type_v = r->cfg.cache_type_v;
     int64_t avail = mem_available();
-    if (avail > 0 && kv_bytes_for(&kc) > (uint64_t)avail)
+    uint64_t kv_need = kv_resident_bytes(m, &kc, r->cfg.slots);
+    if (avail > 0 && kv_need > (uint64_t)avail)
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "a KV cache for %lld positions needs %.1f MiB, %.1f MiB available",
-                          (long long)pool, (double)kv_bytes_for(&kc) / (1 << 20),
-                          (double)avail / (1 << 20));
+                          (long long)pool, (double)kv_need / (1 << 20), (double)avail / (1 << 20));
     if ((rc = engine_create(&r->e, m, &ec, err, errlen)) || (rc = kv_create(&r->kv, &kc, err, errlen)))
         return rc;
     if (m->first && (!tensor || r->cfg.rank == 0)) { /* the whole model, or rank 0: it schedules and samples */

@@ -18,7 +18,7 @@ static char err[1024];
 
 /* ---- fake catalog ---- */
 
-static struct catalog_card cards[3];
+static struct catalog_card cards[4];
 static int n_cards;
 static int card_calls;
 
@@ -234,6 +234,64 @@ static void test_context(void)
     rc = place_kv(s, "long", &kv, &res, &in);
     CHECK(rc == CAIRN_EFORMAT && strstr(res.message, "multiples of 32"), "q4_0 on heads of 40: %d %s", rc,
           res.message);
+    cluster_state_release(s);
+}
+
+/* Sliding-window layers keep only their window of each sequence (proto/runner_proto.h), so
+ * a model whose layers mostly slide places a longer context where a dense one of the same
+ * shape gets half; a KV type whose blocks are not whole pages is counted in full. */
+static void test_sliding_window(void)
+{
+    struct catalog_card *sc = &cards[n_cards];
+    add_card("slide", 10, 100 * MIB, 50 * MIB, 50 * MIB, false);
+    sc->n_ctx = 32768;
+    sc->swa_window = 128;
+    sc->layer_swa = calloc(10, 1);
+    for (int l = 0; l < 10; l++)
+        sc->layer_swa[l] = l % 6 != 5; /* gemma3's pattern: 9 of these 10 layers slide */
+    const struct catalog_card *lc = NULL;
+    for (int i = 0; i < n_cards; i++)
+        if (!strcmp(cards[i].id, "long"))
+            lc = &cards[i];
+    CHECK(lc != NULL, "test_context's card");
+    struct cluster_kv kv = {0};
+    /* 2 * 8 slots' sequences of 128 + 1024 positions */
+    CHECK(master_window_positions(sc, &kv, 36864) == 18432 && master_window_positions(sc, &kv, 16000) == 16000 &&
+              (!lc || master_window_positions(lc, &kv, 36864) == 36864),
+          "window positions %llu", (unsigned long long)master_window_positions(sc, &kv, 36864));
+
+    struct cluster_state *s = cluster_state_create();
+    s->last_term = 1;
+    add_node(s, "b", 2 * GIB);
+    struct command_result res;
+    const struct cluster_instance *in;
+    /* dense: 1.41 GiB of KV at 32768 does not fit beside 1.1 GiB of weights; 16384 does */
+    int rc = lc ? place_kv(s, "long", &kv, &res, &in) : -1;
+    CHECK(rc == 0 && in && in->kv.ctx_len == 16384, "the dense model gets half its context: rc %d %s ctx %lld", rc,
+          res.message, in ? (long long)in->kv.ctx_len : -1);
+    cluster_state_release(s);
+    s = cluster_state_create();
+    s->last_term = 1;
+    add_node(s, "b", 2 * GIB);
+    rc = place_kv(s, "slide", &kv, &res, &in);
+    uint64_t weights = 10 * 100 * MIB + 50 * MIB + 50 * MIB + 16384;
+    uint64_t want = weights + (uint64_t)36864 * 4096 + (uint64_t)9 * 18432 * 4096;
+    CHECK(rc == 0 && in && in->kv.ctx_len == 32768 && master_shard_bytes(sc, NULL, in, 0) == want,
+          "the sliding model gets all of it: rc %d %s ctx %lld, holds %llu of %llu", rc, res.message,
+          in ? (long long)in->kv.ctx_len : -1, in ? (unsigned long long)master_shard_bytes(sc, NULL, in, 0) : 0ull,
+          (unsigned long long)want);
+    cluster_state_release(s);
+
+    /* q4_0 rows of 1024 values are 576 bytes: a block of 16 is 2.25 pages, released only in part */
+    snprintf(kv.type_k, sizeof kv.type_k, "q4_0");
+    CHECK(master_window_positions(sc, &kv, 36864) == 36864, "q4_0 K counted in full");
+    s = cluster_state_create();
+    s->last_term = 1;
+    add_node(s, "b", 2 * GIB);
+    kv.ctx_len = 32768;
+    rc = place_kv(s, "slide", &kv, &res, &in);
+    CHECK(rc == 0 && in && master_shard_bytes(sc, NULL, in, 0) == weights + (uint64_t)36864 * (576 + 2048) * 10,
+          "q4_0 K, f16 V: every layer's pool counted: rc %d %s", rc, res.message);
     cluster_state_release(s);
 }
 
@@ -603,6 +661,7 @@ int main(int argc, char **argv)
     RUN(test_reports);
     RUN(test_replay);
     RUN(test_context);
+    RUN(test_sliding_window);
     RUN(test_auto_sharding);
     for (int i = 0; i < n_cards; i++)
         catalog_card_clear(&cards[i]);

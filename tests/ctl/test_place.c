@@ -87,8 +87,10 @@ static const struct place_candidate *find_cand(const struct place_result *res, c
     return NULL;
 }
 
-static uint64_t model_kv_layer(const struct place_model *m)
+static uint64_t model_kv_layer(const struct place_model *m, uint32_t l)
 {
+    if (m->layer_window && m->layer_window[l])
+        return m->kv_bytes_per_token_layer * m->window_positions;
     return m->kv_bytes_per_token_layer * m->ctx_len * m->n_slots;
 }
 
@@ -624,6 +626,14 @@ static void test_invalid(void)
     place_result_free(&res);
 
     req_init(&q);
+    static const uint8_t slides[64] = {1};
+    q.r.model.layer_window = slides;
+    q.r.model.window_positions = (uint64_t)q.r.model.ctx_len * q.r.model.n_slots + 1;
+    rc = place_compute(&q.r, &res, err, sizeof err);
+    CHECK(rc == CAIRN_EINVAL && strstr(err, "window_positions"), "a window beyond the pool: rc %d '%s'", rc, err);
+    place_result_free(&res);
+
+    req_init(&q);
     q.r.model.layer_bytes = PLACE_BYTES_MAX;
     rc = place_compute(&q.r, &res, err, sizeof err);
     CHECK(rc == CAIRN_ERANGE, "layers overflow: rc %d '%s'", rc, err);
@@ -749,6 +759,13 @@ static void random_request(struct req *q, uint64_t *s, uint64_t *each)
     m->kv_bytes_per_token_layer = rnd(s, 3) * 4096;
     m->ctx_len = 1 + rnd(s, 8192);
     m->n_slots = 1 + rnd(s, 4);
+    static uint8_t window[16]; /* n_layers <= 10 */
+    if (rnd(s, 3) == 0) { /* some layers slide and hold a part of the positions */
+        for (uint32_t l = 0; l < m->n_layers; l++)
+            window[l] = (uint8_t)rnd(s, 2);
+        m->layer_window = window;
+        m->window_positions = rnd(s, m->ctx_len * m->n_slots + 1);
+    }
     m->n_head = 1 + rnd(s, 16);
     m->n_head_kv = 1 + rnd(s, 8);
     if (rnd(s, 3) == 0) {
@@ -785,7 +802,7 @@ static uint64_t oracle_pipe_need(const struct place_model *m, uint32_t r, uint32
 {
     uint64_t t = 0;
     for (uint32_t l = b; l < e; l++)
-        t += layer_b(m, l) + model_kv_layer(m);
+        t += layer_b(m, l) + model_kv_layer(m, l);
     if (r == 0)
         t += m->embed_bytes + m->draft_bytes + m->draft_kv_bytes_per_token * m->ctx_len * m->n_slots;
     if (r == k - 1)
@@ -837,11 +854,13 @@ static int oracle_tensor(const struct req *q, const size_t *set, uint32_t k)
         for (uint32_t j = i + 1; j < k; j++)
             if (!linked(q, q->ids[set[i]], q->ids[set[j]]))
                 return 0;
-    uint64_t layers = 0;
-    for (uint32_t l = 0; l < m->n_layers; l++)
+    uint64_t layers = 0, kv = 0;
+    for (uint32_t l = 0; l < m->n_layers; l++) {
         layers += layer_b(m, l);
+        kv += model_kv_layer(m, l);
+    }
     /* every rank holds every weight, and 1/k of the KV */
-    uint64_t per = layers + (model_kv_layer(m) * m->n_layers + k - 1) / k + m->embed_bytes + m->norm_bytes +
+    uint64_t per = layers + (kv + k - 1) / k + m->embed_bytes + m->norm_bytes +
                    (m->tied ? 0 : m->head_bytes);
     /* rank 0 (draft) may be any node: the one with most free memory is best */
     uint64_t draft = m->draft_bytes + m->draft_kv_bytes_per_token * m->ctx_len * m->n_slots;

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define N_TOK 12
@@ -362,6 +363,20 @@ out:
     unlink(path);
 }
 
+/* Rows of a layer's K whose pages are resident (mincore), for rows of row_bytes. */
+static int64_t resident_rows(struct kv_cache *kv, int layer, size_t row_bytes)
+{
+    const struct kv_config *kc = kv_config(kv);
+    size_t len = (size_t)kc->n_blocks * (size_t)kc->block_tokens * row_bytes, page = 4096;
+    unsigned char *vec = calloc(len / page + 1, 1);
+    int64_t n = 0;
+    if (vec && mincore(kv_k(kv, layer, 0), len, vec) == 0)
+        for (size_t i = 0; i < (len + page - 1) / page; i++)
+            n += vec[i] & 1;
+    free(vec);
+    return n * (int64_t)(page / row_bytes);
+}
+
 /* gemma3 over 600 positions with a window of 5: prefill in one call, in chunks of 37 and
  * token by token give the same bits while the cache releases the window layers' rows of
  * the blocks left behind (blocks of 16 F32 rows of 64: one page each); a rollback within
@@ -402,6 +417,15 @@ static void check_window_release(void)
           "chunks of 37 differ from batches of 64 with released window rows");
     CHECK(feed(&r, 2, toks, 0, N, 1, other) == 0 && same_bits(one, other, (size_t)N * V),
           "token by token differs from batches of 64 with released window rows");
+    /* What stays resident of a window layer (what placement counts, proto/runner_proto.h):
+     * each sequence at most its window, the slack, a block and a batch of rows */
+    if (sysconf(_SC_PAGESIZE) == 4096) {
+        int64_t rows = resident_rows(kv, 0, 256), bound = 3 * (5 + KV_WINDOW_SLACK + 16 + 64);
+        CHECK(rows > 0 && rows <= bound && rows < 3 * N, "a window layer holds %lld rows resident (bound %lld)",
+              (long long)rows, (long long)bound);
+        CHECK(resident_rows(kv, 5, 256) >= 3 * N, "the global layer holds every row: %lld",
+              (long long)resident_rows(kv, 5, 256));
+    }
     /* a rollback of 16 positions (a rejected draft) */
     kv_truncate(kv, 0, N - 16);
     CHECK(feed(&r, 0, toks, N - 16, N, 16, other) == 0 && same_bits(one + (size_t)(N - 16) * V, other + (size_t)(N - 16) * V, (size_t)16 * V),

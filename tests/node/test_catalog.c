@@ -286,6 +286,12 @@ int main(int argc, char **argv)
     struct synth_spec moe = spec_of("qwen3moe", 2, 64, 96, 4, 2, 16, 0, 300);
     moe.n_expert = 8, moe.n_expert_used = 2, moe.n_ff_exp = 32;
     write_spec(&moe, NULL, "moe-tiny.gguf");
+    struct synth_spec gem;
+    CHECK(synth_shape("gemma3-tiny", &gem) == 0, "gemma3-tiny shape");
+    snprintf(gem.type, sizeof gem.type, "f16");
+    gem.vocab_size = 300;
+    gem.seed = 7;
+    write_spec(&gem, NULL, "gemma3-tiny.gguf");
 
     size_t n = 0;
     unsigned char *good = read_all(path_in("llama-tiny.gguf"), &n);
@@ -308,7 +314,7 @@ int main(int argc, char **argv)
 
     CHECK(catalog_create(&c, dir, err, sizeof err) == 0, "create: %s", err);
     CHECK(catalog_scan(c, err, sizeof err) == 0, "scan: %s", err);
-    CHECK_EQ_INT(catalog_count(c), 10);
+    CHECK_EQ_INT(catalog_count(c), 11);
     for (size_t i = 0; i < catalog_count(c); i++)
         printf("  %s: %s\n", catalog_at(c, i)->id, catalog_at(c, i)->error ? catalog_at(c, i)->error : "ok");
     for (size_t i = 1; i < catalog_count(c); i++)
@@ -358,6 +364,32 @@ int main(int argc, char **argv)
         json_decref(j);
     }
     CHECK(ll && ll->active_bytes == ll->weight_bytes && ll->n_expert == 0, "a dense card's active bytes are its weights");
+    /* Sliding-window layers: gemma3 slides in 5 of every 6 layers, and the card says which. */
+    const struct catalog_card *gc = must_find(c, "gemma3-tiny");
+    if (gc && !gc->error) {
+        int sliding = 0;
+        for (int l = 0; gc->layer_swa && l < gc->n_layers; l++) {
+            CHECK(gc->layer_swa[l] == (l % 6 != 5), "gemma3 layer %d slides: %d", l, gc->layer_swa[l]);
+            sliding += gc->layer_swa[l];
+        }
+        CHECK(gc->layer_swa && gc->swa_window == gem.swa_window && sliding > 0, "gemma3 window %lld, %d sliding",
+              (long long)gc->swa_window, sliding);
+        json_t *j = catalog_card_to_json(gc);
+        CHECK(j && json_integer_value(json_object_get(j, "sliding_window")) == gem.swa_window &&
+                  json_integer_value(json_object_get(j, "sliding_window_layers")) == sliding,
+              "gemma3 card JSON");
+        json_decref(j);
+        struct catalog_card gcopy;
+        CHECK(catalog_card_copy(&gcopy, gc) == 0 && gcopy.layer_swa != gc->layer_swa &&
+                  !memcmp(gcopy.layer_swa, gc->layer_swa, (size_t)gc->n_layers),
+              "a card's copy has its own sliding flags");
+        catalog_card_clear(&gcopy);
+        struct place_model gpm;
+        CHECK(catalog_card_place_model(gc, 4096, 1, &gpm, err, sizeof err) == 0 && gpm.layer_window == gc->layer_swa &&
+                  gpm.window_positions == 4096,
+              "gemma3 place model: %s", err);
+    }
+    CHECK(ll && !ll->layer_swa && ll->swa_window == 0, "llama has no sliding-window layers");
     RUN(test_errors, c);
     CHECK(ll && ll->model_bytes == ll->file_bytes, "one file: the model's bytes are the file's");
     RUN(test_split_bytes);
@@ -377,7 +409,7 @@ int main(int argc, char **argv)
     free(text);
     json_decref(j);
     json_t *all = catalog_to_json(c);
-    CHECK(json_array_size(all) == 10, "catalog JSON has %zu entries", json_array_size(all));
+    CHECK(json_array_size(all) == 11, "catalog JSON has %zu entries", json_array_size(all));
     json_decref(all);
 
     /* A deep copy outlives the catalog's card. */
@@ -433,7 +465,7 @@ int main(int argc, char **argv)
     unlink(path_in("garbage.gguf"));
     write_spec(&qwen2, NULL, "qwen2_tiny.gguf");
     CHECK(catalog_scan(c, err, sizeof err) == 0, "rescan: %s", err);
-    CHECK_EQ_INT(catalog_count(c), 10);
+    CHECK_EQ_INT(catalog_count(c), 11);
     CHECK(catalog_find(c, "garbage") == NULL, "removed file still listed");
     size_t n_q2 = 0, n_q2_err = 0;
     for (size_t i = 0; i < catalog_count(c); i++)
