@@ -578,7 +578,10 @@ static json_t *show_json(const json_t *c)
     if (ok && tmpl)
         ok = strbuf_put(&mf, "TEMPLATE \"\"\"", 12) == 0 && strbuf_put(&mf, tmpl, strlen(tmpl)) == 0 &&
              strbuf_put(&mf, "\"\"\"\n", 4) == 0;
-    json_t *info = json_object(), *caps = json_pack("[s]", "completion");
+    /* an embedding model (pooled) embeds and does not complete, as Ollama lists it */
+    const char *pooling = apiutil_str(c, "pooling");
+    bool embeds = !strcmp(pooling, "mean") || !strcmp(pooling, "cls") || !strcmp(pooling, "last");
+    json_t *info = json_object(), *caps = json_pack("[s]", embeds ? "embedding" : "completion");
     ok = ok && info && caps && apiutil_put(info, "general.architecture", json_string(arch)) &&
          apiutil_put(info, "general.parameter_count", json_integer((json_int_t)param_count(c)));
     if (ok && *apiutil_str(c, "name"))

@@ -86,6 +86,7 @@ json_t *catalog_card_to_json(const struct catalog_card *c)
              put(o, "expert_used_count", json_integer(c->n_expert_used)) &&
              put(o, "expert_feed_forward_size", json_integer(c->n_ff_exp)) &&
              put(o, "kv_bytes_per_token_layer", json_integer((json_int_t)c->kv_bytes_per_token_layer)) &&
+             put(o, "pooling", json_string(c->pooling[0] ? c->pooling : "none")) &&
              put(o, "sliding_window", json_integer((json_int_t)c->swa_window)) &&
              put(o, "sliding_window_layers", json_integer(swa_layers(c))) &&
              put(o, "sha256", c->sha256[0] ? json_string(c->sha256) : json_null()) &&

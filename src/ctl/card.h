@@ -43,6 +43,8 @@ struct catalog_card {
                                    every blk.N.*_exps.* tensor); weight_bytes when dense. For
                                    speed estimates (decode reads this per token) */
     uint64_t kv_bytes_per_token_layer; /* F16 K and V: 2 * n_head_kv * head_dim * 2 */
+    char pooling[8];            /* <arch>.pooling_type's name: "none" (a generative model),
+                                   "mean", "cls", "last" (an embedding model) or "rank" */
     int64_t swa_window;         /* sliding-window layers' window (gemma3, gpt-oss), or 0 */
     uint8_t *layer_swa;         /* n_layers flags, malloc'd: 1 for a sliding-window layer; NULL
                                    when none slides */
@@ -62,7 +64,7 @@ int catalog_card_copy(struct catalog_card *dst, const struct catalog_card *src);
  *    "vocab_size", "chat_template", "tied_output", "layer_bytes": [..],
  *    "embedding_bytes", "head_bytes", "output_norm_bytes", "other_bytes",
  *    "weight_bytes", "active_bytes", "expert_count", "expert_used_count",
- *    "expert_feed_forward_size", "kv_bytes_per_token_layer", "sliding_window",
+ *    "expert_feed_forward_size", "kv_bytes_per_token_layer", "pooling", "sliding_window",
  *    "sliding_window_layers", "model_bytes", "sha256": hex|null,
  *    "error": null}
  * and for an unusable file {"id", "file", "bytes", "error": text}. */

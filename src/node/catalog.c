@@ -187,6 +187,8 @@ int catalog_card_read(struct catalog_card *out, const char *path, char *err, siz
     out->n_vocab = hp.n_vocab;
     out->n_ctx = hp.n_ctx_train;
     out->kv_bytes_per_token_layer = 2ull * (uint64_t)hp.n_head_kv * (uint64_t)hp.head_dim * 2ull;
+    const char *pooling = model_pooling_name(hp.pooling);
+    snprintf(out->pooling, sizeof out->pooling, "%s", pooling ? pooling : "none");
     if (hp.swa_window > 0) {
         if (!(out->layer_swa = calloc((size_t)hp.n_layers, 1))) {
             rc = cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");

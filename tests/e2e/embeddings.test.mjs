@@ -90,6 +90,13 @@ test('ollama: embed and the legacy embeddings route', T, async () => {
   const legacy = await http(`${node.url}/api/embeddings`, { body: { model: EMBED, prompt: TEXTS[2] } });
   assert.equal(legacy.status, 200);
   assert.deepEqual(legacy.json.embedding, r.embeddings[2]);
+  // show lists what each model can do, as Ollama does: an embedding model embeds
+  const shown = await ollama.show({ model: EMBED });
+  assert.deepEqual(shown.capabilities, ['embedding']);
+  assert.ok((await ollama.show({ model: CHAT })).capabilities.includes('completion'));
+  const cards = (await http(`${node.url}/models`, { method: 'GET' })).json.models;
+  assert.equal(cards.find((c) => c.id === EMBED)?.pooling, 'last');
+  assert.equal(cards.find((c) => c.id === CHAT)?.pooling, 'none');
 });
 
 test('refusals: no pooling, chat on an embedding model, bad inputs, too long', T, async () => {
