@@ -65,7 +65,7 @@ static int write_script(struct args *a, const struct synth_spec *s, const char *
     if (vocab) {
         if ((rc = gguf_open(&vf, vocab, err, errlen)) || (rc = tok_load(&tk, vf, err, errlen)))
             goto out;
-        n_vocab = tok_n_vocab(tk) + s->n_extra_tokens; /* --add-tokens come after the file's */
+        n_vocab = tok_n_vocab(tk) + synth_extra_tokens_added(s, vf); /* --add-tokens come after the file's */
     }
     if (ids) {
         seq = malloc(strlen(ids) * sizeof *seq + sizeof *seq);

@@ -519,7 +519,28 @@ static int extend_vocab(struct gguf_writer *w, const struct gguf_file *v, const 
     return rc;
 }
 
-static int copy_vocab(struct gguf_writer *w, const char *vocab_path, const struct synth_spec *s, int *n_vocab,
+/* Whether the vocabulary already holds every extra token (o200k_harmony has the harmony
+ * format's own): then none is appended. */
+static bool vocab_has_extra(const struct gguf_file *v, const struct synth_spec *s)
+{
+    struct gguf_array toks;
+    if (gguf_get_arr(v, "tokenizer.ggml.tokens", &toks))
+        return false;
+    int found = 0;
+    for (uint64_t i = 0; i < toks.n; i++) {
+        struct gguf_str t = gguf_arr_str(v, &toks, i);
+        for (int k = 0; k < s->n_extra_tokens; k++)
+            found += t.len == strlen(s->extra_tokens[k]) && !memcmp(t.ptr, s->extra_tokens[k], t.len);
+    }
+    return found >= s->n_extra_tokens;
+}
+
+int synth_extra_tokens_added(const struct synth_spec *s, const struct gguf_file *v)
+{
+    return s->n_extra_tokens > 0 && !vocab_has_extra(v, s) ? s->n_extra_tokens : 0;
+}
+
+static int copy_vocab(struct gguf_writer *w, const char *vocab_path, const struct synth_spec *spec, int *n_vocab,
                       char *err, size_t errlen)
 {
     static const char *const replaced[] = {"tokenizer.chat_template", "tokenizer.ggml.tokens",
@@ -528,6 +549,9 @@ static int copy_vocab(struct gguf_writer *w, const char *vocab_path, const struc
     int rc = gguf_open(&v, vocab_path, err, errlen);
     if (rc)
         return rc;
+    struct synth_spec own = *spec;
+    own.n_extra_tokens = synth_extra_tokens_added(spec, v);
+    const struct synth_spec *s = &own;
     for (int64_t i = 0; i < gguf_n_kv(v) && !rc; i++) {
         struct gguf_str key = gguf_kv_key(v, i);
         bool skip = false;

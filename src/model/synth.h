@@ -59,6 +59,11 @@ const char *synth_shape_names(void);
  * Returns -1 for an unknown type name. */
 int synth_tensor_type(const struct synth_spec *spec, const char *tensor, int layer, int64_t row_len);
 
+/* Control tokens of the spec appended to vocabulary v: n_extra_tokens, or 0 when v already
+ * holds every one of them (o200k_harmony has the harmony tokens of the gpt-oss shapes). */
+struct gguf_file;
+int synth_extra_tokens_added(const struct synth_spec *spec, const struct gguf_file *v);
+
 /* Writes the model to path. vocab_path: a GGUF whose tokenizer.* metadata (vocabulary,
  * merges, chat template...) is copied; NULL writes a minimal byte-level vocabulary. */
 int synth_write(const struct synth_spec *spec, const char *vocab_path, const char *path,

@@ -39,6 +39,17 @@ static const char *const re_qwen35[] = {
     RE_CONTRACT "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
     NULL,
 };
+/* o200k (gpt-oss, GPT-4o): the tokenizer's own regex (tiktoken's o200k pattern), with its
+ * case classes and combining marks. llama.cpp, whose regex engine lacks \p{Lu} and \p{Ll},
+ * writes the case classes as lookaheads without \p{M}, so it splits a combining mark
+ * before an apostrophe differently; this split is tiktoken's, the one the model was
+ * trained on. */
+static const char *const re_gpt4o[] = {
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+" RE_CONTRACT
+    "?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" RE_CONTRACT
+    "?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    NULL,
+};
 static const char *const re_gpt2[] = {
     RE_GPT2,
     NULL,
@@ -149,6 +160,7 @@ static const struct pre_def pre_defs[] = {
     {"hunyuan", re_qwen2, 0, 0, 0},
     {"solar-open", re_qwen2, 0, 0, 0},
     {"qwen35", re_qwen35, 0, 0, 0},
+    {"gpt-4o", re_gpt4o, 0, 0, 0},
 };
 
 /* ---- merge table ---- */
