@@ -85,10 +85,15 @@ done
 # biases, softmax over the router's top 4 of 8, clamped SwiGLU, layers 0 and 2 sliding over 24
 # positions, YaRN; through llama-server as the MoE files above (F32 K/V, -fa off), prompts
 # short and past the window. F32 and F16: 32 equal tokens; MXFP4 (experts, Q8_0 elsewhere,
-# llama.cpp's MXFP4_MOE) and Q8_0: shown.
-for t in f32 f16 mxfp4 q8_0; do
+# llama.cpp's MXFP4_MOE) and Q8_0: shown. Then F16 on gpt-oss's own vocabulary, o200k_harmony
+# (written from js-tiktoken's ranks by tests/e2e/o200k.mjs; needs tests/e2e/node_modules).
+o200k=build/models/o200k-harmony.gguf
+[ -f "$o200k" ] || node tests/e2e/o200k.mjs "$o200k" >/dev/null || o200k=""
+for t in f32 f16 mxfp4 q8_0 ${o200k:+f16-o200k}; do
   m=build/models/gpt-oss-tiny-$t.gguf
-  [ -f "$m" ] || ./build/cairn mkmodel --shape gpt-oss-tiny --type "$t" --vocab "$v/ggml-vocab-qwen2.gguf" -o "$m"
+  vocab=$v/ggml-vocab-qwen2.gguf
+  [ "$t" = f16-o200k ] && vocab=$o200k
+  [ -f "$m" ] || ./build/cairn mkmodel --shape gpt-oss-tiny --type "${t%-o200k}" --vocab "$vocab" -o "$m"
   "$ref/llama-server" -m "$m" --host 127.0.0.1 --port $port -ctk f32 -ctv f32 -fa off -t 2 -c 1024 -np 1 >/dev/null 2>&1 &
   srv=$!
   for _ in $(seq 60); do curl -sf 127.0.0.1:$port/health >/dev/null && break; sleep 0.5; done
@@ -99,7 +104,7 @@ for t in f32 f16 mxfp4 q8_0; do
              python3 -c 'import json,sys; sys.stdout.write(json.load(sys.stdin)["content"])')
     if [ "$theirs" = "$ours" ]; then
       echo "same   gpt-oss-tiny $t (prompt of ${#p} chars, 32 tokens)"
-    elif [ "$t" = f32 ] || [ "$t" = f16 ]; then
+    elif [ "$t" = f32 ] || [ "${t%-o200k}" = f16 ]; then
       echo "DIFFER gpt-oss-tiny $t (prompt of ${#p} chars)"; echo "  cairn:     $ours"; echo "  llama.cpp: $theirs"; fail=1
     else
       echo "near   gpt-oss-tiny $t (prompt of ${#p} chars; quantized weights: the texts part after a common start)"
