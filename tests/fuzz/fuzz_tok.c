@@ -8,7 +8,9 @@
  *  - the streaming detokenizer emits the same text when that text is valid UTF-8;
  *  - encoding with special tokens parsed and BOS/EOS added succeeds, and decodes.
  * The vocabularies are read from ../shared/testdata/vocab (run from the repository root,
- * or set CAIRN_SHARED_DIR). Built and run by tests/fuzz/run.sh. */
+ * or set CAIRN_SHARED_DIR). CAIRN_FUZZ_O200K names a third, gpt-oss's o200k_harmony
+ * (tests/e2e/o200k.mjs writes it; run.sh does when node can): its tiktoken pre-tokenizer
+ * meets the same byte-level properties. Built and run by tests/fuzz/run.sh. */
 #include "base/err.h"
 #include "gguf/gguf.h"
 #include "tok/tok.h"
@@ -26,13 +28,12 @@
         }                                                               \
     } while (0)
 
-static struct tok *toks[2];
+static struct tok *toks[3];
+static int n_toks;
 
-static struct tok *load(const char *name)
+static struct tok *load_path(const char *path)
 {
-    const char *dir = getenv("CAIRN_SHARED_DIR");
-    char path[512], err[256];
-    snprintf(path, sizeof path, "%s/testdata/vocab/ggml-vocab-%s.gguf", dir ? dir : "../shared", name);
+    char err[256];
     struct gguf_file *f;
     struct tok *t = NULL;
     if (gguf_open(&f, path, err, sizeof err) || tok_load(&t, f, err, sizeof err)) {
@@ -43,11 +44,22 @@ static struct tok *load(const char *name)
     return t;
 }
 
+static struct tok *load(const char *name)
+{
+    const char *dir = getenv("CAIRN_SHARED_DIR");
+    char path[512];
+    snprintf(path, sizeof path, "%s/testdata/vocab/ggml-vocab-%s.gguf", dir ? dir : "../shared", name);
+    return load_path(path);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
-    toks[0] = load("llama-bpe");
-    toks[1] = load("llama-spm");
+    toks[n_toks++] = load("llama-bpe");
+    toks[n_toks++] = load("llama-spm");
+    const char *o200k = getenv("CAIRN_FUZZ_O200K");
+    if (o200k && o200k[0])
+        toks[n_toks++] = load_path(o200k);
     return 0;
 }
 
@@ -110,7 +122,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     const char *s = (const char *)data;
     char *want = malloc(3 * size + 1);
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < n_toks; v++) {
         const struct tok *t = toks[v];
         int64_t n;
         size_t len, wl, sl;

@@ -45,6 +45,11 @@ for h in "${harnesses[@]}"; do
   pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p" || { echo "run.sh: a harness did not build" >&2; exit 1; }; done
+# gpt-oss's vocabulary for fuzz_tok, where node and the e2e packages are here to write it
+if [ -z "${CAIRN_FUZZ_O200K:-}" ] && [ -d tests/e2e/node_modules/js-tiktoken ] && command -v node >/dev/null &&
+    node tests/e2e/o200k.mjs "$out/o200k.gguf" >/dev/null; then
+  export CAIRN_FUZZ_O200K=$out/o200k.gguf
+fi
 for h in "${harnesses[@]}"; do
   corpus=$out/corpus-$h
   mkdir -p "$corpus"
