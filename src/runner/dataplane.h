@@ -401,6 +401,13 @@ int dp_inflight_done(struct dp_conn *c, uint64_t step);
  * call after it returns CAIRN_EIO. */
 int dp_recv(struct dp_conn *c, struct dp_frame *f, int timeout_ms, char *err, size_t errlen);
 
+/* dp_recv for a caller in the middle of a step that expects the frame soon (a tensor
+ * rank's exchange): for up to spin_us it reads the socket itself without blocking
+ * (yielding the core between looks), so that neither an arriving frame nor the answer
+ * wakes a sleeping thread; then it blocks as dp_recv does for the rest of timeout_ms.
+ * spin_us <= 0 is dp_recv. An idle caller (waiting for work) must use dp_recv. */
+int dp_recv_spin(struct dp_conn *c, struct dp_frame *f, int spin_us, int timeout_ms, char *err, size_t errlen);
+
 /* True while the connection is open and the peer has been heard from within dead_ms. */
 bool dp_peer_alive(const struct dp_conn *c);
 /* Why the connection ended ("" while open); the pointer stays valid until dp_close. */
