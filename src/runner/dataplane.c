@@ -1109,6 +1109,8 @@ void dp_close(struct dp_conn *c, const char *reason)
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->rd_mu);
     pthread_mutex_destroy(&c->wr_mu);
+    dp_seal_release(&c->tx);
+    dp_seal_release(&c->rx);
     sodium_memzero(c, sizeof *c); /* the seal's keys */
     free(c);
 }
