@@ -178,11 +178,15 @@ static int send_part(struct tensor *t, const float *buf, int rows, size_t ld, in
     int cr = chunk_rows(width, rows);
     for (int r0 = 0, c = 0; r0 < rows; r0 += cr, c++) {
         int n = rows - r0 < cr ? rows - r0 : cr;
-        for (int i = 0; i < n; i++)
-            memcpy(t->pack + (size_t)i * (size_t)width, buf + (size_t)(r0 + i) * ld + c0, (size_t)width * sizeof(float));
+        const float *x = buf + (size_t)r0 * ld + c0; /* one row (a decode step) is contiguous already */
+        if (n > 1) {
+            for (int i = 0; i < n; i++)
+                memcpy(t->pack + (size_t)i * (size_t)width, buf + (size_t)(r0 + i) * ld + c0,
+                       (size_t)width * sizeof(float));
+            x = t->pack;
+        }
         struct dp_activations a = {.step = part_step(t->xchg, q, c), .n = n, .n_embd = (int)width,
-                                   .wire_dtype = DT_F32, .seq = t->zseq, .pos = t->zpos, .want = t->zwant,
-                                   .x = t->pack};
+                                   .wire_dtype = DT_F32, .seq = t->zseq, .pos = t->zpos, .want = t->zwant, .x = x};
         int rc = send_frame(t, &a, err, errlen);
         if (rc)
             return rc;
