@@ -84,8 +84,9 @@ wait_ready() {
 
 metric() { curl -s "$1/metrics" | awk -v k="$2" 'index($0, k "{") == 1 {s += $2} END {print s + 0}'; }
 
-results=$work/results.txt
+results=$work/results.txt idle=$work/idle.txt
 : >"$results"
+: >"$idle"
 # measure LABEL URL: single-stream decode tok/s; for a tensor instance its figures per step.
 measure() {
   local label=$1 url=$2
@@ -118,6 +119,22 @@ wait_ready "$a" $name
 measure "one node, 1 thread (core $core_a)" "$a"
 stop_nodes
 
+# idle_cpu: the CPU the nodes and their runners use over 5 s with no request (% of one
+# core): an idle rank must block, not spin.
+ticks() {
+  local t=0 p
+  for p in "${pids[@]}" $(for q in "${pids[@]}"; do pgrep -P "$q"; done); do
+    [ -r /proc/$p/stat ] && t=$((t + $(awk '{print $14 + $15}' /proc/$p/stat)))
+  done
+  echo $t
+}
+idle_cpu() {
+  sleep 3
+  local t0 t1
+  t0=$(ticks); sleep 5; t1=$(ticks)
+  echo "$1: idle CPU over 5 s: $(( (t1 - t0) * 100 / $(getconf CLK_TCK) / 5 ))% of one core" | tee -a "$idle"
+}
+
 # tensor_run: the two-node tensor instance, its links delayed by $delay_us (0: none).
 tensor_run() {
   local what="two nodes x 1 thread, tensor (cores $core_a, $core_b)"
@@ -136,6 +153,7 @@ tensor_run() {
       -d "{\"model_id\":\"$name\",\"sharding\":\"tensor\",\"min_nodes\":2}" >/dev/null
   wait_ready "$a" $name
   measure "$what" "$a"
+  idle_cpu "$what"
   stop_nodes
 }
 delay_us=0 tensor_run
@@ -155,6 +173,7 @@ echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 echo "| setup | 1 stream decode tok/s (client) | end to end tok/s | runner's decode tok/s | tensor rank 0 per step (128-token prefill and decode) |"
 echo "|---|---:|---:|---:|---|"
 cat "$results"
+cat "$idle"
 echo
 echo "One sealed exchange alone, two processes on cores $cores (4/4/16/4 KiB parts each way, as one llama-1b layer):"
 echo "$xchg_out"

@@ -170,7 +170,8 @@ struct dp_conn {
 };
 
 /* The I/O thread polls the socket's input again once no caller has spun for this long
- * (a rank between exchanges computes for well under it; an idle one never spins). */
+ * (a rank between exchanges mostly computes for less), or at once when a caller waits in
+ * dp_recv (an idle one never spins). */
 #define DIRECT_STALE_NS (2 * MS)
 
 static void wake_io(struct dp_conn *c)
@@ -979,6 +980,8 @@ static int take_frame(struct dp_conn *c, struct dp_frame *f, bool *credit, char 
 
 int dp_recv(struct dp_conn *c, struct dp_frame *f, int timeout_ms, char *err, size_t errlen)
 {
+    if (atomic_exchange(&c->direct, 0)) /* a spin has ended: the I/O thread reads again, now */
+        wake_io(c);
     int64_t t0 = clock_ns();
     int64_t deadline = timeout_ms < 0 ? INT64_MAX : t0 + timeout_ms * MS;
     pthread_mutex_lock(&c->mu);
@@ -1040,9 +1043,7 @@ int dp_recv_spin(struct dp_conn *c, struct dp_frame *f, int spin_us, int timeout
             break;
         sched_yield(); /* this process's other threads (the I/O threads that send) may need the core */
     }
-    /* Nothing within the budget: block, with the I/O thread reading again. */
-    atomic_store(&c->direct, 0);
-    wake_io(c);
+    /* Nothing within the budget: block, with the I/O thread reading again (dp_recv). */
     int left = timeout_ms;
     if (timeout_ms > 0) {
         int64_t spent = (clock_ns() - t0) / MS;

@@ -71,7 +71,13 @@
  * cannot starve heartbeats and a slow peer cannot block compute: the caller only
  * copies a frame into (or out of) a bounded queue under a short lock. One thread per
  * connection (a runner has at most two) rather than one shared poll thread keeps each
- * connection's failure and flow control independent.
+ * connection's failure and flow control independent. Two shortcuts for a tensor rank's
+ * exchanges, where each wake-up of a sleeping thread costs more than the frame: a data
+ * frame that finds nothing queued or being written before it is sealed and written by
+ * the caller's dp_send_* itself (non-blocking; the I/O thread writes what the socket did
+ * not take), and dp_recv_spin reads the socket in the caller's thread for a bounded time
+ * while the I/O thread leaves the input alone. One writer and one reader at a time: each
+ * holds its own lock, so the nonces follow the order on the wire.
  *
  * Flow control. Each side announces a receive window W (recv_queue_bytes) in its HELLO
  * and grants credit as its reader takes frames (CREDIT, once a quarter of W has been
