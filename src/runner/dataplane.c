@@ -1018,6 +1018,7 @@ int dp_recv_spin(struct dp_conn *c, struct dp_frame *f, int spin_us, int timeout
     for (;;) {
         bool credit = false;
         pthread_mutex_lock(&c->mu);
+        c->st.spin_looks++;
         int rc = take_frame(c, f, &credit, err, errlen);
         if (rc)
             c->st.recv_wait_us += (clock_ns() - t0) / 1000;

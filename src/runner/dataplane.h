@@ -349,6 +349,7 @@ struct dp_stats {
     uint64_t heartbeats_sent, heartbeats_received;
     int64_t send_wait_us;   /* callers waited in dp_send_* for queue room or an in-flight slot */
     int64_t recv_wait_us;   /* callers waited in dp_recv for a frame */
+    uint64_t spin_looks;    /* times dp_recv_spin looked for a frame without blocking */
     int64_t queue_us;       /* data frames, summed: from queued to last byte handed to the kernel */
     int64_t credit_wait_us; /* time a queued frame waited for the peer's window (its reader is behind) */
     uint64_t steps_done;    /* ACTIVATIONS whose slot was released by a RESULT or dp_inflight_done */
