@@ -593,13 +593,16 @@ static int do_write(struct dp_conn *c, struct out *o, uint8_t *ibuf, int64_t *ne
     }
 }
 
-/* A frame that finds nothing queued or being written before it (and no emulated delay)
- * leaves from the caller's thread at once: one send, no wake-up of the I/O thread and
- * no switch to it. Takes f and returns true when it went (what the socket did not take
- * at once is left to the I/O thread); false when it must be queued. */
+/* A frame of at most DIRECT_MAX_BYTES that finds nothing queued or being written before
+ * it (and no emulated delay) leaves from the caller's thread at once: one send, no
+ * wake-up of the I/O thread and no switch to it. Larger frames (a prefill's activations)
+ * are sealed and written by the I/O thread, while the caller computes on. Takes f and
+ * returns true when it went (what the socket did not take at once is left to the I/O
+ * thread); false when it must be queued. */
+#define DIRECT_MAX_BYTES ((size_t)256 << 10)
 static bool write_now(struct dp_conn *c, struct frame *f)
 {
-    if (c->delay_ns || pthread_mutex_trylock(&c->wr_mu))
+    if (c->delay_ns || f->len > DIRECT_MAX_BYTES || pthread_mutex_trylock(&c->wr_mu))
         return false;
     bool took = false, rest = false;
     if (!c->o.p) {
