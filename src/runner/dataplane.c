@@ -2,6 +2,7 @@
  * (dataplane_open.c): the I/O thread, the send and receive queues, flow control and
  * in-flight slots. Frame layouts are in dataplane_wire.c. */
 #define _GNU_SOURCE /* pipe2, ppoll */
+#include <sched.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -80,6 +81,14 @@ static void frames_free(struct frame *f)
 
 /* ---- the connection ---- */
 
+/* What the writer is writing: a queued frame or the I/O thread's own (ibuf). */
+struct out {
+    uint8_t *p;
+    size_t len, off;
+    struct frame *f;  /* a queued frame, or NULL for ibuf */
+    bool is_bye;
+};
+
 struct win_slot {
     uint64_t step;
     int64_t t_sent;
@@ -100,7 +109,7 @@ struct dp_conn {
     int64_t hb_ns, dead_ns, linger_ns;
     int64_t delay_ns;         /* emulated one-way delay of data frames (dp_config.emulate_delay_us) */
     bool payload_crc;
-    bool sealed;              /* frames are sealed with tx and opened with rx (I/O thread only) */
+    bool sealed;              /* frames are sealed with tx (wr_mu) and opened with rx (rd_mu) */
     struct dp_seal_dir tx, rx;
     void (*notify)(void *arg);
     void *notify_arg;
@@ -134,7 +143,19 @@ struct dp_conn {
     _Atomic int64_t last_rx;  /* clock_ns of the last byte from the peer */
     char reason[DP_REASON_MAX + 64];
 
-    /* I/O thread only */
+    /* Reading in the caller's thread (dp_recv_spin): while `direct` is set the I/O thread
+     * leaves the socket's input to a spinning caller (it does not poll for it, so an
+     * arriving frame wakes no thread), until spin_at, the caller's last look, is older
+     * than DIRECT_STALE_NS. Whoever reads holds rd_mu (before mu). */
+    _Atomic int direct;
+    _Atomic int64_t spin_at;
+    pthread_mutex_t rd_mu;
+    /* The writer: the I/O thread, or a caller whose frame finds nothing queued before it
+     * (enqueue writes it at once instead of waking the thread). Holds wr_mu (before mu). */
+    pthread_mutex_t wr_mu;
+    struct out o;             /* being written */
+
+    /* the reader (rd_mu) */
     uint8_t *rbuf;
     size_t rbuf_len, rbuf_off;
     uint8_t in_hdr[DP_HDR_SIZE];
@@ -142,10 +163,16 @@ struct dp_conn {
     struct dp_hdr in_h;
     struct frame *in_f;       /* payload being read */
     size_t in_got;
+    /* under mu */
     uint64_t hb_peer_t;       /* the peer's clock in its last heartbeat */
     int64_t hb_peer_rx;       /* when that heartbeat arrived */
     bool pushed;              /* frames queued since the last notify */
 };
+
+/* The I/O thread polls the socket's input again once no caller has spun for this long
+ * (a rank between exchanges mostly computes for less), or at once when a caller waits in
+ * dp_recv (an idle one never spins). */
+#define DIRECT_STALE_NS (2 * MS)
 
 static void wake_io(struct dp_conn *c)
 {
@@ -182,26 +209,22 @@ static void conn_end(struct dp_conn *c, bool error, const char *fmt, ...)
 
 /* ---- the I/O thread ---- */
 
-struct out {
-    uint8_t *p;
-    size_t len, off;
-    struct frame *f;  /* a queued frame, or NULL for ibuf */
-    bool is_bye;
-};
-
 /* A protocol error of the peer's: tell it why when nothing half-written is in the way
- * (one non-blocking try), then end. */
-static void fail_protocol(struct dp_conn *c, const struct out *o, const char *why)
+ * and no one else is writing (one non-blocking try), then end. */
+static void fail_protocol(struct dp_conn *c, const char *why)
 {
-    if (!o->p) {
-        uint8_t buf[DP_IBUF_SIZE + DP_SEAL_TAG];
-        char reason[DP_REASON_MAX + 1];
-        snprintf(reason, sizeof reason, "bad frame from rank %d: %.440s", c->peer_rank, why);
-        size_t n = dp_pack_goodbye(buf, CAIRN_EFORMAT, reason);
-        if (c->sealed)
-            n = dp_seal_frame(&c->tx, buf, n - DP_HDR_SIZE);
-        ssize_t r = send(c->fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-        (void)r;
+    if (pthread_mutex_trylock(&c->wr_mu) == 0) {
+        if (!c->o.p) {
+            uint8_t buf[DP_IBUF_SIZE + DP_SEAL_TAG];
+            char reason[DP_REASON_MAX + 1];
+            snprintf(reason, sizeof reason, "bad frame from rank %d: %.440s", c->peer_rank, why);
+            size_t n = dp_pack_goodbye(buf, CAIRN_EFORMAT, reason);
+            if (c->sealed)
+                n = dp_seal_frame(&c->tx, buf, n - DP_HDR_SIZE);
+            ssize_t r = send(c->fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+            (void)r;
+        }
+        pthread_mutex_unlock(&c->wr_mu);
     }
     conn_end(c, true, "bad frame from the peer: %s", why);
 }
@@ -225,18 +248,18 @@ static bool win_release(struct dp_conn *c, uint64_t step, int64_t now)
 
 /* A HEARTBEAT has arrived: note the peer's clock and our round trip. Returns -1 when
  * the connection ended. */
-static int heartbeat_in(struct dp_conn *c, struct frame *f, const struct out *o, int64_t now)
+static int heartbeat_in(struct dp_conn *c, struct frame *f, int64_t now)
 {
     uint64_t t, echo, age;
     bool ok = dp_parse_heartbeat(f->payload, f->len, &t, &echo, &age);
     frame_free(f);
     if (!ok) {
-        fail_protocol(c, o, "HEARTBEAT of the wrong size");
+        fail_protocol(c, "HEARTBEAT of the wrong size");
         return -1;
     }
+    pthread_mutex_lock(&c->mu);
     c->hb_peer_t = t;
     c->hb_peer_rx = now;
-    pthread_mutex_lock(&c->mu);
     c->st.heartbeats_received++;
     c->st.frames_received++;
     if (echo && echo <= (uint64_t)now && age <= (uint64_t)now - echo) {
@@ -251,7 +274,7 @@ static int heartbeat_in(struct dp_conn *c, struct frame *f, const struct out *o,
 
 /* A CREDIT has arrived: the peer's reader took more. Returns -1 when the connection
  * ended. */
-static int credit_in(struct dp_conn *c, struct frame *f, const struct out *o)
+static int credit_in(struct dp_conn *c, struct frame *f)
 {
     uint64_t v;
     bool ok = dp_parse_credit(f->payload, f->len, &v);
@@ -267,14 +290,14 @@ static int credit_in(struct dp_conn *c, struct frame *f, const struct out *o)
     if (!ok) {
         char why[DP_REASON_MAX];
         snprintf(why, sizeof why, "CREDIT for %" PRIu64 " bytes of %" PRIu64 " sent", v, sent);
-        fail_protocol(c, o, why);
+        fail_protocol(c, why);
         return -1;
     }
     return 0;
 }
 
 /* A whole frame has arrived. Returns -1 when the connection ended. */
-static int frame_done(struct dp_conn *c, struct frame *f, const struct out *o)
+static int frame_done(struct dp_conn *c, struct frame *f)
 {
     char why[DP_REASON_MAX];
     int64_t now = clock_ns();
@@ -283,7 +306,7 @@ static int frame_done(struct dp_conn *c, struct frame *f, const struct out *o)
         long plain = dp_open_frame(&c->rx, c->in_hdr, f->payload, f->len);
         if (plain < 0) {
             frame_free(f);
-            fail_protocol(c, o, "a frame that does not open with this connection's key (forged, altered, replayed "
+            fail_protocol(c, "a frame that does not open with this connection's key (forged, altered, replayed "
                                 "or reordered)");
             return -1;
         }
@@ -291,21 +314,21 @@ static int frame_done(struct dp_conn *c, struct frame *f, const struct out *o)
     }
     if ((h->flags & DP_F_PAYLOAD_CRC) && dp_crc32c(0, f->payload, f->len) != h->payload_crc) {
         frame_free(f);
-        fail_protocol(c, o, "bad payload checksum");
+        fail_protocol(c, "bad payload checksum");
         return -1;
     }
     f->type = h->type;
     if (h->type == DP_T_HEARTBEAT)
-        return heartbeat_in(c, f, o, now);
+        return heartbeat_in(c, f, now);
     if (h->type == DP_T_CREDIT)
-        return credit_in(c, f, o);
+        return credit_in(c, f);
     int rc = dp_decode(h->type, f->payload, f->len, &f->d, why, sizeof why);
     if (rc) {
         frame_free(f);
         if (rc == CAIRN_ENOMEM)
             conn_end(c, true, "%s", why);
         else
-            fail_protocol(c, o, why);
+            fail_protocol(c, why);
         return -1;
     }
     f->mem += f->d.x_bytes;
@@ -351,7 +374,7 @@ static int frame_done(struct dp_conn *c, struct frame *f, const struct out *o)
 }
 
 /* Feeds n staged bytes to the frame parser. Returns -1 when the connection ended. */
-static int consume(struct dp_conn *c, const uint8_t *p, size_t n, const struct out *o)
+static int consume(struct dp_conn *c, const uint8_t *p, size_t n)
 {
     while (n) {
         if (!c->in_f) {
@@ -366,11 +389,11 @@ static int consume(struct dp_conn *c, const uint8_t *p, size_t n, const struct o
                 return 0;
             char why[DP_REASON_MAX];
             if (dp_hdr_parse(c->in_hdr, &c->in_h, c->max_payload, why, sizeof why)) {
-                fail_protocol(c, o, why);
+                fail_protocol(c, why);
                 return -1;
             }
             if (c->sealed != !!(c->in_h.flags & DP_F_SEALED)) {
-                fail_protocol(c, o, c->sealed ? "an unsealed frame on a sealed connection"
+                fail_protocol(c, c->sealed ? "an unsealed frame on a sealed connection"
                                               : "a sealed frame on a connection without a secret");
                 return -1;
             }
@@ -385,7 +408,7 @@ static int consume(struct dp_conn *c, const uint8_t *p, size_t n, const struct o
                 if (!ok) {
                     snprintf(why, sizeof why, "the peer overran the flow-control window (%" PRIu64 " + %zu bytes "
                              "uncredited, window %" PRIu64 ")", r, wire, w);
-                    fail_protocol(c, o, why);
+                    fail_protocol(c, why);
                     return -1;
                 }
             }
@@ -407,7 +430,7 @@ static int consume(struct dp_conn *c, const uint8_t *p, size_t n, const struct o
             struct frame *f = c->in_f;
             c->in_f = NULL;
             c->in_hdr_got = 0;
-            if (frame_done(c, f, o))
+            if (frame_done(c, f))
                 return -1;
         }
     }
@@ -416,7 +439,7 @@ static int consume(struct dp_conn *c, const uint8_t *p, size_t n, const struct o
 
 /* Reads what the socket has (the peer's flow control bounds it). Returns -1 when the
  * connection ended. */
-static int do_read(struct dp_conn *c, const struct out *o)
+static int do_read(struct dp_conn *c)
 {
     for (int round = 0; round < 64; round++) {
         ssize_t r;
@@ -436,10 +459,10 @@ static int do_read(struct dp_conn *c, const struct out *o)
                     struct frame *f = c->in_f;
                     c->in_f = NULL;
                     c->in_hdr_got = 0;
-                    if (frame_done(c, f, o))
+                    if (frame_done(c, f))
                         return -1;
                 }
-            } else if (consume(c, c->rbuf, (size_t)r, o)) {
+            } else if (consume(c, c->rbuf, (size_t)r)) {
                 return -1;
             }
             continue;
@@ -520,8 +543,34 @@ static void next_out(struct dp_conn *c, struct out *o, uint8_t *ibuf, int64_t no
         o->len = dp_seal_frame(&c->tx, o->p, o->len - DP_HDR_SIZE);
 }
 
-/* Writes until the socket is full or nothing is left. Returns 1 when it would block, 0
- * when everything was written, -1 when the connection ended. */
+/* n more bytes of o have left (wr_mu held): counts them; once the whole frame has left,
+ * frees it, clears o and returns true. */
+static bool wrote(struct dp_conn *c, struct out *o, size_t n)
+{
+    o->off += n;
+    bool done = o->off == o->len;
+    pthread_mutex_lock(&c->mu);
+    c->st.bytes_sent += (uint64_t)n;
+    if (c->sealed)
+        c->st.sealed_bytes_sent += (uint64_t)n;
+    if (done) {
+        c->st.frames_sent++;
+        if (o->f) {
+            c->tx_bytes -= o->f->mem;
+            c->st.queue_us += (clock_ns() - o->f->t_queued) / 1000;
+            pthread_cond_broadcast(&c->tx_cv);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (done) {
+        frame_free(o->f);
+        *o = (struct out){0};
+    }
+    return done;
+}
+
+/* Writes until the socket is full or nothing is left (wr_mu held). Returns 1 when it
+ * would block, 0 when everything was written, -1 when the connection ended. */
 static int do_write(struct dp_conn *c, struct out *o, uint8_t *ibuf, int64_t *next_hb, bool *bye_queued,
                     bool *bye_sent)
 {
@@ -538,38 +587,54 @@ static int do_write(struct dp_conn *c, struct out *o, uint8_t *ibuf, int64_t *ne
             conn_end(c, true, "send to rank %d: %s", c->peer_rank, strerror(errno));
             return -1;
         }
-        o->off += (size_t)n;
-        pthread_mutex_lock(&c->mu);
-        c->st.bytes_sent += (uint64_t)n;
-        if (c->sealed)
-            c->st.sealed_bytes_sent += (uint64_t)n;
-        if (o->off == o->len) {
-            c->st.frames_sent++;
-            if (o->f) {
-                c->tx_bytes -= o->f->mem;
-                c->st.queue_us += (clock_ns() - o->f->t_queued) / 1000;
-                pthread_cond_broadcast(&c->tx_cv);
-            }
-        }
-        pthread_mutex_unlock(&c->mu);
-        if (o->off == o->len) {
-            if (o->is_bye)
-                *bye_sent = true;
-            frame_free(o->f);
-            *o = (struct out){0};
-        }
+        bool bye = o->is_bye;
+        if (wrote(c, o, (size_t)n) && bye)
+            *bye_sent = true;
     }
+}
+
+/* A frame of at most DIRECT_MAX_BYTES that finds nothing queued or being written before
+ * it (and no emulated delay) leaves from the caller's thread at once: one send, no
+ * wake-up of the I/O thread and no switch to it. Larger frames (a prefill's activations)
+ * are sealed and written by the I/O thread, while the caller computes on. Takes f and
+ * returns true when it went (what the socket did not take at once is left to the I/O
+ * thread); false when it must be queued. */
+#define DIRECT_MAX_BYTES ((size_t)256 << 10)
+static bool write_now(struct dp_conn *c, struct frame *f)
+{
+    if (c->delay_ns || f->len > DIRECT_MAX_BYTES || pthread_mutex_trylock(&c->wr_mu))
+        return false;
+    bool took = false, rest = false;
+    if (!c->o.p) {
+        pthread_mutex_lock(&c->mu);
+        took = !c->txh && !c->closing && !atomic_load(&c->ended) && has_credit(c, f, clock_ns());
+        if (took && dp_type_is_data(f->type))
+            c->sent_data += f->wire;
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (took) {
+        c->o = (struct out){.p = f->hdr, .len = DP_HDR_SIZE + f->len, .f = f};
+        if (c->sealed)
+            c->o.len = dp_seal_frame(&c->tx, c->o.p, c->o.len - DP_HDR_SIZE);
+        ssize_t n = send(c->fd, c->o.p, c->o.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        rest = !(n > 0 && wrote(c, &c->o, (size_t)n)); /* errors too: the I/O thread meets them */
+    }
+    pthread_mutex_unlock(&c->wr_mu);
+    if (rest)
+        wake_io(c);
+    return took;
 }
 
 static void *io_main(void *arg)
 {
     struct dp_conn *c = arg;
     uint8_t ibuf[DP_IBUF_SIZE + DP_SEAL_TAG];
-    struct out o = {0};
     int64_t next_hb = clock_ns();
     bool bye_queued = false, bye_sent = false, wr_shut = false;
     while (!atomic_load(&c->ended)) {
-        int wr = do_write(c, &o, ibuf, &next_hb, &bye_queued, &bye_sent);
+        pthread_mutex_lock(&c->wr_mu);
+        int wr = do_write(c, &c->o, ibuf, &next_hb, &bye_queued, &bye_sent);
+        pthread_mutex_unlock(&c->wr_mu);
         if (wr < 0)
             break;
         if (bye_sent && !wr_shut) {
@@ -602,9 +667,18 @@ static void *io_main(void *arg)
                 wake_at = c->txh->t_queued + c->delay_ns;
             pthread_mutex_unlock(&c->mu);
         }
+        /* A caller spinning in dp_recv_spin reads; look again once it may have stopped. */
+        bool direct = atomic_load(&c->direct) != 0;
+        if (direct && now - atomic_load(&c->spin_at) > DIRECT_STALE_NS) {
+            int on = 1;
+            atomic_compare_exchange_strong(&c->direct, &on, 0);
+            direct = false;
+        }
+        if (direct && now + DIRECT_STALE_NS < wake_at)
+            wake_at = now + DIRECT_STALE_NS;
         int64_t left = wake_at <= now ? 0 : wake_at - now;
         struct timespec ts = {.tv_sec = left / 1000000000, .tv_nsec = left % 1000000000};
-        struct pollfd pfd[2] = {{.fd = c->wake[0], .events = POLLIN}, {.fd = c->fd, .events = POLLIN}};
+        struct pollfd pfd[2] = {{.fd = c->wake[0], .events = POLLIN}, {.fd = c->fd, .events = direct ? 0 : POLLIN}};
         if (wr == 1)
             pfd[1].events |= POLLOUT;
         int pr = ppoll(pfd, 2, &ts, NULL);
@@ -620,7 +694,9 @@ static void *io_main(void *arg)
             }
         }
         if (pfd[1].revents & (POLLIN | POLLHUP | POLLERR)) {
-            int rr = do_read(c, &o);
+            pthread_mutex_lock(&c->rd_mu);
+            int rr = do_read(c);
+            pthread_mutex_unlock(&c->rd_mu);
             pthread_mutex_lock(&c->mu);
             bool pushed = c->pushed;
             c->pushed = false;
@@ -631,8 +707,10 @@ static void *io_main(void *arg)
                 break;
         }
     }
-    if (o.f)
-        frame_free(o.f);
+    pthread_mutex_lock(&c->wr_mu);
+    frame_free(c->o.f);
+    c->o = (struct out){0};
+    pthread_mutex_unlock(&c->wr_mu);
     frame_free(c->in_f);
     c->in_f = NULL;
     shutdown(c->fd, SHUT_RDWR);
@@ -676,6 +754,8 @@ int dp_conn_start(struct dp_conn **out, int fd, const struct dp_config *cfg, boo
     snprintf(c->label, sizeof c->label, "rank %d %s rank %d (%s)", c->rank, connector ? "->" : "<-", peer_rank,
              c->peer_addr);
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->rd_mu, NULL);
+    pthread_mutex_init(&c->wr_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -816,17 +896,21 @@ static int enqueue(struct dp_conn *c, int type, size_t len, encode_fn enc, const
         return rc;
     }
     f->t_queued = clock_ns();
-    if (c->txt)
-        c->txt->next = f;
-    else
-        c->txh = f;
-    c->txt = f;
     if (type == DP_T_ACTIVATIONS)
         c->st.activations_sent++;
     else if (type == DP_T_RESULT)
         c->st.results_sent++;
     else if (type == DP_T_CONTROL)
         c->st.controls_sent++;
+    pthread_mutex_unlock(&c->mu);
+    if (write_now(c, f))
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    if (c->txt)
+        c->txt->next = f;
+    else
+        c->txh = f;
+    c->txt = f;
     pthread_mutex_unlock(&c->mu);
     wake_io(c);
     return 0;
@@ -870,8 +954,37 @@ int dp_inflight_done(struct dp_conn *c, uint64_t step)
     return found ? 0 : CAIRN_ENOTFOUND;
 }
 
+/* Takes the head of the receive queue into *f (1), or says the connection ended
+ * (CAIRN_EIO) or that nothing is there (0). Called with mu held; *credit says whether
+ * the I/O thread should announce credit. */
+static int take_frame(struct dp_conn *c, struct dp_frame *f, bool *credit, char *err, size_t errlen)
+{
+    if (c->rxh) {
+        struct frame *q = c->rxh;
+        c->rxh = q->next;
+        if (!c->rxh)
+            c->rxt = NULL;
+        c->rx_bytes -= q->mem;
+        if (dp_type_is_data(q->type)) {
+            /* wake the I/O thread only when this take crosses the credit threshold */
+            uint64_t before = c->consumed - c->announced, q4 = c->rx_cap / 4;
+            c->consumed += q->wire;
+            *credit = before < q4 && c->consumed - c->announced >= q4;
+        }
+        q->next = NULL;
+        c->cur = q;
+        *f = q->d.view;
+        return 1;
+    }
+    if (atomic_load(&c->ended))
+        return cairn_fail(err, errlen, CAIRN_EIO, "%s", c->reason);
+    return 0;
+}
+
 int dp_recv(struct dp_conn *c, struct dp_frame *f, int timeout_ms, char *err, size_t errlen)
 {
+    if (atomic_exchange(&c->direct, 0)) /* a spin has ended: the I/O thread reads again, now */
+        wake_io(c);
     int64_t t0 = clock_ns();
     int64_t deadline = timeout_ms < 0 ? INT64_MAX : t0 + timeout_ms * MS;
     pthread_mutex_lock(&c->mu);
@@ -883,32 +996,64 @@ int dp_recv(struct dp_conn *c, struct dp_frame *f, int timeout_ms, char *err, si
         wait_until(&c->rx_cv, &c->mu, deadline);
     }
     c->st.recv_wait_us += (clock_ns() - t0) / 1000;
-    int rc = 0;
     bool credit = false;
-    if (c->rxh) {
-        struct frame *q = c->rxh;
-        c->rxh = q->next;
-        if (!c->rxh)
-            c->rxt = NULL;
-        c->rx_bytes -= q->mem;
-        if (dp_type_is_data(q->type)) {
-            /* wake the I/O thread only when this take crosses the credit threshold */
-            uint64_t before = c->consumed - c->announced, q4 = c->rx_cap / 4;
-            c->consumed += q->wire;
-            credit = before < q4 && c->consumed - c->announced >= q4;
-        }
-        q->next = NULL;
-        c->cur = q;
-        *f = q->d.view;
-        rc = 1;
-    } else if (atomic_load(&c->ended)) {
-        rc = cairn_fail(err, errlen, CAIRN_EIO, "%s", c->reason);
-    }
+    int rc = take_frame(c, f, &credit, err, errlen);
     pthread_mutex_unlock(&c->mu);
     frame_free(old);
     if (credit)
         wake_io(c);
     return rc;
+}
+
+int dp_recv_spin(struct dp_conn *c, struct dp_frame *f, int spin_us, int timeout_ms, char *err, size_t errlen)
+{
+    if (spin_us <= 0 || timeout_ms == 0)
+        return dp_recv(c, f, timeout_ms, err, errlen);
+    int64_t t0 = clock_ns();
+    int64_t spin_end = t0 + (int64_t)spin_us * 1000;
+    atomic_store(&c->spin_at, t0);
+    atomic_store(&c->direct, 1);
+    pthread_mutex_lock(&c->mu);
+    struct frame *old = c->cur;
+    c->cur = NULL;
+    pthread_mutex_unlock(&c->mu);
+    frame_free(old);
+    for (;;) {
+        bool credit = false;
+        pthread_mutex_lock(&c->mu);
+        c->st.spin_looks++;
+        int rc = take_frame(c, f, &credit, err, errlen);
+        if (rc)
+            c->st.recv_wait_us += (clock_ns() - t0) / 1000;
+        pthread_mutex_unlock(&c->mu);
+        if (credit)
+            wake_io(c);
+        if (rc)
+            return rc;
+        /* Read the socket here: the frame wakes no thread, and this core stays awake. */
+        if (pthread_mutex_trylock(&c->rd_mu) == 0) {
+            do_read(c);
+            pthread_mutex_unlock(&c->rd_mu);
+            pthread_mutex_lock(&c->mu);
+            bool got = c->rxh || atomic_load(&c->ended);
+            c->pushed = c->pushed && !got; /* this caller takes what it pushed */
+            pthread_mutex_unlock(&c->mu);
+            if (got)
+                continue;
+        }
+        int64_t now = clock_ns();
+        atomic_store(&c->spin_at, now);
+        if (now >= spin_end)
+            break;
+        sched_yield(); /* this process's other threads (the I/O threads that send) may need the core */
+    }
+    /* Nothing within the budget: block, with the I/O thread reading again (dp_recv). */
+    int left = timeout_ms;
+    if (timeout_ms > 0) {
+        int64_t spent = (clock_ns() - t0) / MS;
+        left = spent >= timeout_ms ? 1 : timeout_ms - (int)spent;
+    }
+    return dp_recv(c, f, left, err, errlen);
 }
 
 bool dp_peer_alive(const struct dp_conn *c)
@@ -967,6 +1112,10 @@ void dp_close(struct dp_conn *c, const char *reason)
     pthread_cond_destroy(&c->tx_cv);
     pthread_cond_destroy(&c->rx_cv);
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->rd_mu);
+    pthread_mutex_destroy(&c->wr_mu);
+    dp_seal_release(&c->tx);
+    dp_seal_release(&c->rx);
     sodium_memzero(c, sizeof *c); /* the seal's keys */
     free(c);
 }

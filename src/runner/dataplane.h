@@ -71,7 +71,13 @@
  * cannot starve heartbeats and a slow peer cannot block compute: the caller only
  * copies a frame into (or out of) a bounded queue under a short lock. One thread per
  * connection (a runner has at most two) rather than one shared poll thread keeps each
- * connection's failure and flow control independent.
+ * connection's failure and flow control independent. Two shortcuts for a tensor rank's
+ * exchanges, where each wake-up of a sleeping thread costs more than the frame: a data
+ * frame that finds nothing queued or being written before it is sealed and written by
+ * the caller's dp_send_* itself (non-blocking; the I/O thread writes what the socket did
+ * not take), and dp_recv_spin reads the socket in the caller's thread for a bounded time
+ * while the I/O thread leaves the input alone. One writer and one reader at a time: each
+ * holds its own lock, so the nonces follow the order on the wire.
  *
  * Flow control. Each side announces a receive window W (recv_queue_bytes) in its HELLO
  * and grants credit as its reader takes frames (CREDIT, once a quarter of W has been
@@ -343,6 +349,7 @@ struct dp_stats {
     uint64_t heartbeats_sent, heartbeats_received;
     int64_t send_wait_us;   /* callers waited in dp_send_* for queue room or an in-flight slot */
     int64_t recv_wait_us;   /* callers waited in dp_recv for a frame */
+    uint64_t spin_looks;    /* times dp_recv_spin looked for a frame without blocking */
     int64_t queue_us;       /* data frames, summed: from queued to last byte handed to the kernel */
     int64_t credit_wait_us; /* time a queued frame waited for the peer's window (its reader is behind) */
     uint64_t steps_done;    /* ACTIVATIONS whose slot was released by a RESULT or dp_inflight_done */
@@ -400,6 +407,13 @@ int dp_inflight_done(struct dp_conn *c, uint64_t step);
  * says why: peer closed, silent, bad frame, ...). A GOODBYE is returned as a frame; the
  * call after it returns CAIRN_EIO. */
 int dp_recv(struct dp_conn *c, struct dp_frame *f, int timeout_ms, char *err, size_t errlen);
+
+/* dp_recv for a caller in the middle of a step that expects the frame soon (a tensor
+ * rank's exchange): for up to spin_us it reads the socket itself without blocking
+ * (yielding the core between looks), so that neither an arriving frame nor the answer
+ * wakes a sleeping thread; then it blocks as dp_recv does for the rest of timeout_ms.
+ * spin_us <= 0 is dp_recv. An idle caller (waiting for work) must use dp_recv. */
+int dp_recv_spin(struct dp_conn *c, struct dp_frame *f, int spin_us, int timeout_ms, char *err, size_t errlen);
 
 /* True while the connection is open and the peer has been heard from within dead_ms. */
 bool dp_peer_alive(const struct dp_conn *c);

@@ -150,6 +150,7 @@ void dp_hellos_mac(const char *secret, const char *label, uint8_t role, const st
 struct dp_seal_dir {
     uint8_t key[32];
     uint64_t n;
+    void *evp; /* OpenSSL's cipher context for key, made at first use (NULL: none yet) */
 };
 
 /* Both directions' keys of a connection whose handshake proved secret: distinct per
@@ -157,6 +158,8 @@ struct dp_seal_dir {
  * 0 never repeats a nonce under a key. */
 void dp_seal_keys(const char *secret, const struct dp_hellos *hs, bool connector, struct dp_seal_dir *tx,
                   struct dp_seal_dir *rx);
+/* Frees what sealing or opening made for d (its key stays). Accepts one never used. */
+void dp_seal_release(struct dp_seal_dir *d);
 /* Seals a whole frame in place: frame holds a header and plain_len payload bytes, with
  * DP_SEAL_TAG bytes of room after them. The header is rewritten (DP_F_SEALED, no
  * checksum, the length with the tag) and authenticated; the payload is encrypted.

@@ -18,6 +18,11 @@
 
 /* How often a wait looks at the other link (a dead next rank means no part will come). */
 #define POLL_SLICE_MS 50
+/* How long a rank in the middle of a step waits for a part by reading the socket itself
+ * (dp_recv_spin) before it blocks: the peer is computing its own part of the same
+ * product, so the part is usually due within this. A rank waiting for work (tensor_serve)
+ * never spins. */
+#define PART_SPIN_US 2000
 /* Step numbers: a batch frame has the top bit; a part (exchange x, part of rank q, chunk
  * c) is x << 32 | q << 24 | c. */
 #define STEP_BATCH (UINT64_C(1) << 63)
@@ -105,9 +110,10 @@ static bool link_down(const struct dp_conn *c, const char *dir, int peer, char *
 static int next_rank(const struct tensor *t) { return (t->rank + 1) % t->world; }
 static int prev_rank(const struct tensor *t) { return (t->rank - 1 + t->world) % t->world; }
 
-/* Waits up to timeout_ms (-1: no limit) for a frame from prev: 1, 0 on timeout, or the
- * broken instance's CAIRN_EIO (a link that ended or went silent, a GOODBYE). */
-static int wait_frame(struct tensor *t, struct dp_frame *f, int timeout_ms, char *err, size_t errlen)
+/* Waits up to timeout_ms (-1: no limit) for a frame from prev, spinning for the first
+ * spin_us of it (0: none): 1, 0 on timeout, or the broken instance's CAIRN_EIO (a link
+ * that ended or went silent, a GOODBYE). */
+static int wait_frame(struct tensor *t, struct dp_frame *f, int timeout_ms, int spin_us, char *err, size_t errlen)
 {
     char why[DP_REASON_MAX - 64];
     int64_t deadline = timeout_ms < 0 ? INT64_MAX : now_us() + (int64_t)timeout_ms * 1000;
@@ -116,7 +122,8 @@ static int wait_frame(struct tensor *t, struct dp_frame *f, int timeout_ms, char
             return breaks(t, err, errlen, "%s", why);
         int64_t left_ms = deadline == INT64_MAX ? POLL_SLICE_MS : (deadline - now_us() + 999) / 1000;
         int slice = left_ms < POLL_SLICE_MS ? (int)(left_ms > 0 ? left_ms : 0) : POLL_SLICE_MS;
-        int got = dp_recv(t->prev, f, slice, why, sizeof why);
+        int got = dp_recv_spin(t->prev, f, spin_us, slice, why, sizeof why);
+        spin_us = 0;
         if (got < 0 || (got == 1 && f->type == DP_T_GOODBYE)) {
             /* When one rank dies the others close their links too: name the first. */
             char w2[DP_REASON_MAX - 64];
@@ -171,11 +178,15 @@ static int send_part(struct tensor *t, const float *buf, int rows, size_t ld, in
     int cr = chunk_rows(width, rows);
     for (int r0 = 0, c = 0; r0 < rows; r0 += cr, c++) {
         int n = rows - r0 < cr ? rows - r0 : cr;
-        for (int i = 0; i < n; i++)
-            memcpy(t->pack + (size_t)i * (size_t)width, buf + (size_t)(r0 + i) * ld + c0, (size_t)width * sizeof(float));
+        const float *x = buf + (size_t)r0 * ld + c0; /* one row (a decode step) is contiguous already */
+        if (n > 1) {
+            for (int i = 0; i < n; i++)
+                memcpy(t->pack + (size_t)i * (size_t)width, buf + (size_t)(r0 + i) * ld + c0,
+                       (size_t)width * sizeof(float));
+            x = t->pack;
+        }
         struct dp_activations a = {.step = part_step(t->xchg, q, c), .n = n, .n_embd = (int)width,
-                                   .wire_dtype = DT_F32, .seq = t->zseq, .pos = t->zpos, .want = t->zwant,
-                                   .x = t->pack};
+                                   .wire_dtype = DT_F32, .seq = t->zseq, .pos = t->zpos, .want = t->zwant, .x = x};
         int rc = send_frame(t, &a, err, errlen);
         if (rc)
             return rc;
@@ -194,7 +205,7 @@ static int recv_part(struct tensor *t, float *buf, int rows, size_t ld, int64_t 
     for (int r0 = 0, c = 0; r0 < rows; r0 += cr, c++) {
         int n = rows - r0 < cr ? rows - r0 : cr;
         struct dp_frame f;
-        int got = wait_frame(t, &f, t->timeout_ms, err, errlen);
+        int got = wait_frame(t, &f, t->timeout_ms, PART_SPIN_US, err, errlen);
         if (got < 0)
             return got;
         if (got == 0)
@@ -492,7 +503,7 @@ int tensor_serve(struct tensor *t, int timeout_ms, char *err, size_t errlen)
     if (is_broken(t, err, errlen))
         return CAIRN_EIO;
     struct dp_frame f;
-    int got = wait_frame(t, &f, timeout_ms, err, errlen);
+    int got = wait_frame(t, &f, timeout_ms, 0, err, errlen);
     if (got <= 0)
         return got;
     switch (f.type) {

@@ -14,7 +14,10 @@
  * W - 1 hops; the logits only travel to rank 0 (rank r > 0 passes on the parts of ranks
  * 1..r-1, then sends its own). Parts travel as F32 ACTIVATIONS frames (exact), in chunks
  * of at most TENSOR_CHUNK_BYTES, each with a step number that names the exchange, the
- * part's rank and the chunk, checked on receipt.
+ * part's rank and the chunk, checked on receipt. A rank waits for a part by reading the
+ * socket itself for up to 2 ms (dp_recv_spin: the peer is computing the same product, and
+ * waking a sleeping thread costs more than the frame), then blocks; waiting for the next
+ * step, ranks > 0 block at once.
  *
  * KV mirror as pipelines have it (pipeline.h): every rank's cache holds the same
  * sequences in the same blocks (its KV heads only: engine_kv_config_tp), so every rank's

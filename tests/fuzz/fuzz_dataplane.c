@@ -23,6 +23,7 @@ static void seal_checks(const uint8_t *data, size_t size)
         if (dp_open_frame(&rx, data, q, size - DP_HDR_SIZE) >= 0 || rx.n != 0)
             abort();
         free(q);
+        dp_seal_release(&rx);
     }
     uint8_t *f = malloc(DP_HDR_SIZE + size + DP_SEAL_TAG);
     if (!f)
@@ -41,6 +42,8 @@ static void seal_checks(const uint8_t *data, size_t size)
     if (dp_open_frame(&rx, f, f + DP_HDR_SIZE, size + DP_SEAL_TAG) >= 0) /* a replay: the count moved on */
         abort();
     free(f);
+    dp_seal_release(&tx);
+    dp_seal_release(&rx);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

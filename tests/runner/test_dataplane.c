@@ -23,7 +23,10 @@
 #include "base/err.h"
 #include "base/log.h"
 #include "runner/dataplane.h"
+#include "runner/dataplane_int.h"
 #include "kern/kern.h"
+
+#include <sodium.h>
 #include "testutil.h"
 
 #define ERRLEN 700
@@ -1471,6 +1474,143 @@ static void test_sealed(struct dp_listener *l)
     }
 }
 
+/* Sealing runs in OpenSSL (dataplane_seal.c); its frames are libsodium's bytes both
+ * ways, and one altered bit, or the same frame twice, does not open. */
+static void test_seal_bits(void)
+{
+    static const size_t sizes[] = {0, 1, 17, 64, 4096, 16389, 300001};
+    struct dp_seal_dir tx = {.key = {9, 8, 7, 6, 5}}, rx = tx;
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        size_t len = sizes[i];
+        uint8_t *f = malloc(DP_HDR_SIZE + len + DP_SEAL_TAG), *ref = malloc(len + DP_SEAL_TAG);
+        struct dp_hdr h = {.version = DP_WIRE_VERSION, .type = DP_T_ACTIVATIONS, .len = (uint32_t)len};
+        dp_hdr_pack(f, &h);
+        for (size_t k = 0; k < len; k++)
+            f[DP_HDR_SIZE + k] = (uint8_t)(k * 131 + i);
+        memcpy(ref, f + DP_HDR_SIZE, len);
+        uint64_t n = tx.n;
+        size_t whole = dp_seal_frame(&tx, f, len);
+        uint8_t nonce[12] = {0};
+        memcpy(nonce, &n, 8);
+        crypto_aead_chacha20poly1305_ietf_encrypt_detached(ref, ref + len, NULL, ref, len, f, DP_HDR_SIZE, NULL,
+                                                           nonce, tx.key);
+        CHECK(whole == DP_HDR_SIZE + len + DP_SEAL_TAG && !memcmp(f + DP_HDR_SIZE, ref, len + DP_SEAL_TAG),
+              "%zu bytes: sealed as libsodium seals them", len);
+        uint8_t *g = malloc(len + DP_SEAL_TAG + 1);
+        memcpy(g, f + DP_HDR_SIZE, len + DP_SEAL_TAG);
+        g[len / 2] ^= 0x10; /* the tag's first byte when len is 0 */
+        CHECK(dp_open_frame(&rx, f, g, len + DP_SEAL_TAG) == -1 && rx.n == n, "%zu bytes: one bit off does not open",
+              len);
+        CHECK(crypto_aead_chacha20poly1305_ietf_decrypt_detached(ref, NULL, ref, len, ref + len, f, DP_HDR_SIZE,
+                                                                 nonce, tx.key) == 0,
+              "%zu bytes: libsodium opens it", len);
+        memcpy(g, f + DP_HDR_SIZE, len + DP_SEAL_TAG);
+        bool same = true;
+        CHECK(dp_open_frame(&rx, f, f + DP_HDR_SIZE, len + DP_SEAL_TAG) == (long)len, "%zu bytes: opens", len);
+        for (size_t k = 0; k < len; k++)
+            same = same && f[DP_HDR_SIZE + k] == (uint8_t)(k * 131 + i) && ref[k] == f[DP_HDR_SIZE + k];
+        CHECK(same, "%zu bytes: opened to the plain bytes", len);
+        CHECK(dp_open_frame(&rx, f, g, len + DP_SEAL_TAG) == -1, "%zu bytes: a replay does not open", len);
+        free(f);
+        free(ref);
+        free(g);
+    }
+    dp_seal_release(&tx);
+    dp_seal_release(&rx);
+    dp_seal_release(&rx); /* twice is harmless */
+}
+
+struct late_send {
+    struct dp_conn *c;
+    int delay_ms;
+    uint64_t step;
+    int rc;
+};
+
+static void *late_send_main(void *arg)
+{
+    struct late_send *ls = arg;
+    usleep((useconds_t)ls->delay_ms * 1000);
+    float x[32] = {[31] = (float)ls->step};
+    int32_t seq = 0;
+    int64_t pos = 0;
+    struct dp_activations act = {.step = ls->step, .n = 1, .n_embd = 32, .seq = &seq, .pos = &pos, .x = x};
+    char err[ERRLEN];
+    ls->rc = dp_send_activations(ls->c, &act, 2000, err, sizeof err);
+    return NULL;
+}
+
+/* dp_recv_spin on a sealed pair: frames small and larger than the socket takes at once
+ * (the caller's write leaves the rest to the I/O thread) arrive whole and in order both
+ * ways; a frame that comes after the spin budget still arrives (blocking); and once no
+ * caller spins, the I/O thread reads again for a plain dp_recv. */
+static void test_spin(struct dp_listener *l)
+{
+    struct dp_config ca, cb;
+    base_cfg(&ca, 0, 1);
+    base_cfg(&cb, 1, 0);
+    ca.secret = cb.secret = "spin key";
+    struct dp_conn *a = NULL, *b = NULL;
+    if (!simple_pair(l, &ca, &cb, &a, &b))
+        return;
+    static const int widths[] = {32, 1024, 4096, 1 << 20};
+    float *x = malloc(((size_t)1 << 20) * sizeof *x);
+    int32_t seq = 0;
+    int64_t pos = 0;
+    char err[ERRLEN];
+    int ok = 0, rounds = 64;
+    for (int r = 0; r < rounds; r++) {
+        int w = widths[r % 4];
+        struct dp_conn *from = r % 2 ? b : a, *to = r % 2 ? a : b;
+        for (int k = 0; k < w; k++)
+            x[k] = (float)(r * 7 + k % 1000);
+        struct dp_activations act = {.step = (uint64_t)r + 1, .n = 1, .n_embd = w, .seq = &seq, .pos = &pos, .x = x};
+        if (dp_send_activations(from, &act, 5000, err, sizeof err)) {
+            CHECK(false, "spin round %d: send: %s", r, err);
+            break;
+        }
+        struct dp_frame f;
+        int rc = dp_recv_spin(to, &f, 5000, 5000, err, sizeof err);
+        bool same = rc == 1 && f.type == DP_T_ACTIVATIONS && f.act.step == (uint64_t)r + 1 && f.act.n_embd == w;
+        for (int k = 0; same && k < w; k += 97)
+            same = f.act.x[k] == (float)(r * 7 + k % 1000);
+        ok += same && f.act.x[w - 1] == (float)(r * 7 + (w - 1) % 1000);
+    }
+    CHECK(ok == rounds, "spin: %d of %d frames arrived whole and in order", ok, rounds);
+
+    /* later than the spin budget: the wait blocks and the I/O thread reads it */
+    struct late_send ls = {.c = a, .delay_ms = 100, .step = 1000};
+    pthread_t th;
+    pthread_create(&th, NULL, late_send_main, &ls);
+    struct dp_frame f;
+    int rc = dp_recv_spin(b, &f, 200, 5000, err, sizeof err);
+    pthread_join(th, NULL);
+    CHECK(ls.rc == 0 && rc == 1 && f.act.step == 1000 && f.act.x[31] == 1000.0f,
+          "a frame after the spin budget arrives: rc %d", rc);
+
+    /* spin (direct reading on), then a plain wait: the I/O thread must read again */
+    CHECK(ping(a, b, 1001), "a ping");
+    ls = (struct late_send){.c = a, .delay_ms = 50, .step = 1002};
+    pthread_create(&th, NULL, late_send_main, &ls);
+    rc = dp_recv_spin(b, &f, 100000, 5000, err, sizeof err);
+    pthread_join(th, NULL);
+    CHECK(rc == 1 && f.act.step == 1002, "a frame within the spin: rc %d", rc);
+    ls = (struct late_send){.c = a, .delay_ms = 50, .step = 1003};
+    pthread_create(&th, NULL, late_send_main, &ls);
+    rc = dp_recv(b, &f, 3000, err, sizeof err);
+    pthread_join(th, NULL);
+    CHECK(rc == 1 && f.act.step == 1003, "after a spin, a plain dp_recv gets the next frame: rc %d", rc);
+    struct dp_stats sa, sb;
+    dp_get_stats(a, &sa);
+    dp_get_stats(b, &sb);
+    CHECK(sb.activations_received == (uint64_t)rounds / 2 + 4 && sa.activations_sent == (uint64_t)rounds / 2 + 4 &&
+              sa.sealed_bytes_sent == sa.bytes_sent,
+          "counts: a sent %llu activations, b took %llu; every byte sealed",
+          (unsigned long long)sa.activations_sent, (unsigned long long)sb.activations_received);
+    free(x);
+    dp_close(a, NULL);
+    dp_close(b, NULL);
+}
 
 static void test_notify(struct dp_listener *l)
 {
@@ -1664,6 +1804,8 @@ int main(int argc, char **argv)
     RUN(test_notify, l);
     RUN(test_garbage, l);
     RUN(test_sealed, l);
+    RUN(test_seal_bits);
+    RUN(test_spin, l);
     RUN(test_dead_child, l, SIGKILL);
     RUN(test_dead_child, l, SIGSTOP);
     RUN(test_blackhole, l);

@@ -272,6 +272,24 @@ static void check_equal(struct model *m, int w_min, int w_max)
             CHECK_EQ_INT(st.steps, N_STEPS);
             CHECK_EQ_INT(st.exchanges, N_STEPS * (4 * m->hp.n_layers + 1));
             CHECK(st.ctl_ops > 0, "W %d: no KV ops went to the other ranks", W);
+            /* the ranks waited for parts by spinning within steps, and not at all between
+             * them: ranks > 0 idle in tensor_serve for a while, and look no more */
+            uint64_t looks[ENGINE_TP_MAX], looks_total = 0, idle_looks = 0;
+            for (int r = 0; r < W; r++) {
+                struct dp_stats ds;
+                dp_get_stats(g.r[r].prev, &ds);
+                looks[r] = ds.spin_looks;
+                looks_total += ds.spin_looks;
+            }
+            usleep(300 * 1000);
+            for (int r = 0; r < W; r++) {
+                struct dp_stats ds;
+                dp_get_stats(g.r[r].prev, &ds);
+                idle_looks += ds.spin_looks - looks[r];
+            }
+            CHECK(looks_total > 0, "W %d: the ranks waited for parts by spinning", W);
+            CHECK(idle_looks == 0, "W %d: idle ranks looked %llu times for a frame without blocking", W,
+                  (unsigned long long)idle_looks);
             printf("W=%d: same bits over %zu logits; %llu exchanges, %llu frames and %llu bytes sent by rank 0, "
                    "%llu KV ops mirrored\n", W, n, (unsigned long long)st.exchanges,
                    (unsigned long long)st.frames_sent, (unsigned long long)st.bytes_sent,
