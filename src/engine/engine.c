@@ -433,15 +433,11 @@ struct act_quant_job {
     bool kinds[N_ACT_KINDS]; /* gate's quantized rows (DIM_FF) */
 };
 
-static void act_quant_run(void *ctx, int ith, int nth)
+/* Columns [lo, hi) of every row; lo a multiple of ACT_SPLIT. */
+static void act_quant_range(const struct act_quant_job *j, int64_t lo, int64_t hi)
 {
-    struct act_quant_job *j = ctx;
     struct engine *e = j->e;
     int64_t n = e->m->hp.n_ff;
-    long lo, hi;
-    pool_split((long)n, ACT_SPLIT, ith, nth, &lo, &hi);
-    if (lo >= hi)
-        return;
     for (long b = 0; b < j->B; b++) {
         float *g = e->gate + b * n;
         const float *u = e->up + b * n;
@@ -451,6 +447,61 @@ static void act_quant_run(void *ctx, int ith, int nth)
             e->vec->silu_mul(g + lo, u + lo, hi - lo);
         quantize_row_part(e, j->kinds, DIM_FF, b, g, lo, hi);
     }
+}
+
+/* The gate and up products with the activation and quantizing of each run of columns
+ * done by the thread that computed it, right after it: one job instead of two. Runs are
+ * whole multiples of ACT_SPLIT rows of both matrices, claimed as matmul_items claims
+ * (each row still computed whole by one kern_matmul call). */
+struct gate_up_job {
+    struct mm_job mm; /* items 0 (gate) and 1 (up) over the same rows; units of ACT_SPLIT rows */
+    struct act_quant_job act;
+};
+
+static void gate_up_run(void *ctx, int ith, int nth)
+{
+    (void)ith;
+    struct gate_up_job *j = ctx;
+    int64_t n = j->mm.item[0].r1;
+    long lo, hi;
+    while (mm_claim(&j->mm, nth, &lo, &hi)) {
+        int64_t r0 = lo * ACT_SPLIT, r1 = hi * ACT_SPLIT < n ? hi * ACT_SPLIT : n;
+        for (int i = 0; i < 2; i++)
+            kern_matmul(j->mm.item[i].m, j->mm.item[i].xq, j->mm.item[i].ldx, j->mm.B, j->mm.item[i].y,
+                        j->mm.item[i].ldy, r0, r1);
+        act_quant_range(&j->act, r0, r1);
+    }
+}
+
+/* Whether gate_up_run can split these products (their rows align to ACT_SPLIT). */
+static bool gate_up_fusable(const struct kern_mat *gate, const struct kern_mat *up)
+{
+    return ACT_SPLIT % kern_mat_row_align(gate) == 0 && ACT_SPLIT % kern_mat_row_align(up) == 0 &&
+           kern_mat_rows(gate) == kern_mat_rows(up);
+}
+
+static void gate_up_act(struct engine *e, int B, const struct mm_item *gu, const struct act_quant_job *act)
+{
+    struct gate_up_job j = {.mm = {.n_items = 2, .B = B}, .act = *act};
+    j.mm.item[0] = gu[0];
+    j.mm.item[1] = gu[1];
+    long units = (long)((gu[0].r1 + ACT_SPLIT - 1) / ACT_SPLIT);
+    j.mm.first_unit[1] = j.mm.first_unit[2] = units; /* mm_claim's total */
+    size_t bytes = kern_mat_bytes(gu[0].m) + kern_mat_bytes(gu[1].m);
+    size_t unit_bytes = units ? bytes / (size_t)units : 1;
+    j.mm.min_claim = (long)(MM_MIN_CLAIM / (unit_bytes ? unit_bytes : 1));
+    j.mm.min_claim = j.mm.min_claim < 1 ? 1 : j.mm.min_claim;
+    atomic_init(&j.mm.next, 0);
+    pool_run(e->pool, gate_up_run, &j);
+}
+
+static void act_quant_run(void *ctx, int ith, int nth)
+{
+    struct act_quant_job *j = ctx;
+    long lo, hi;
+    pool_split((long)j->e->m->hp.n_ff, ACT_SPLIT, ith, nth, &lo, &hi);
+    if (lo < hi)
+        act_quant_range(j, lo, hi);
 }
 
 /* ---- setup ---- */
@@ -932,13 +983,16 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
                 mm_item_part(e, L->w_gate, DIM_EMBD, e->gate, (size_t)hp->n_ff, e->ff_part),
                 mm_item_part(e, L->w_up, DIM_EMBD, e->up, (size_t)hp->n_ff, e->ff_part),
             };
-            matmul_items(e, B, gu_items, 2);
             const struct kern_mat *down[1] = {L->w_down};
-            if (e->tp_world == 1) {
-                struct act_quant_job aj = {.e = e, .B = B, .gelu = hp->gemma};
-                kinds_for(aj.kinds, down, 1);
+            struct act_quant_job aj = {.e = e, .B = B, .gelu = hp->gemma};
+            kinds_for(aj.kinds, down, 1);
+            if (e->tp_world == 1 && gate_up_fusable(L->w_gate, L->w_up)) {
+                gate_up_act(e, B, gu_items, &aj);
+            } else if (e->tp_world == 1) {
+                matmul_items(e, B, gu_items, 2);
                 pool_run(e->pool, act_quant_run, &aj);
             } else { /* this rank's columns of each row, then all columns from every rank */
+                matmul_items(e, B, gu_items, 2);
                 int64_t f0 = e->ff_part[e->tp_rank];
                 struct ew_job act = {e->vec, e->gate + f0, e->up + f0, e->ff_part[e->tp_rank + 1] - f0,
                                      hp->gemma ? 2 : 1, B, (size_t)hp->n_ff};
