@@ -23,6 +23,7 @@ struct pool {
     _Atomic int pending;         /* workers still running the current job */
     _Atomic int stop;
     _Atomic int sleepers;        /* workers asleep on `wake`, or about to be */
+    _Atomic unsigned long long dispatches; /* pool_run calls */
     pool_fn fn;
     void *ctx;
 };
@@ -118,8 +119,14 @@ void pool_release(struct pool *p)
 
 int pool_threads(const struct pool *p) { return p->n_threads; }
 
+unsigned long long pool_dispatches(const struct pool *p)
+{
+    return atomic_load_explicit(&p->dispatches, memory_order_relaxed);
+}
+
 void pool_run(struct pool *p, pool_fn fn, void *ctx)
 {
+    atomic_fetch_add_explicit(&p->dispatches, 1, memory_order_relaxed);
     if (p->n_threads == 1) {
         fn(ctx, 0, 1);
         return;

@@ -16,6 +16,10 @@ void pool_release(struct pool *p);
 
 int pool_threads(const struct pool *p);
 
+/* Jobs run by pool_run since the pool was created: what a caller counts to keep its
+ * number of hand-offs per step from growing (each costs a barrier). */
+unsigned long long pool_dispatches(const struct pool *p);
+
 /* Runs fn(ctx, ith, nth) for ith in [0, nth) concurrently and returns when all have
  * returned. Not reentrant: one job at a time per pool, from one calling thread. */
 void pool_run(struct pool *p, pool_fn fn, void *ctx);

@@ -152,27 +152,52 @@ struct quant_job {
 
 static const int kind_rep_type[N_ACT_KINDS] = {DT_F32, DT_Q8_0, DT_Q4_K};
 
+/* Quantizes elements [lo, hi) of row b (x: that row) in each listed kind; lo is a multiple
+ * of every kind's block, and blocks are quantized on their own, so any such split of a
+ * row gives the same bytes as the whole row at once. */
+static void quantize_row_part(struct engine *e, const bool *kinds, enum act_dim dim, long b, const float *x,
+                              int64_t lo, int64_t hi)
+{
+    for (int k = 0; k < N_ACT_KINDS; k++) {
+        if (!kinds[k])
+            continue;
+        char *row = (char *)e->act[k][dim] + (size_t)b * e->act_row[k][dim];
+        kern_act_quantize(kind_rep_type[k], x + lo, row + kern_act_row_bytes(kind_rep_type[k], lo), hi - lo);
+    }
+}
+
 static void quant_run(void *ctx, int ith, int nth)
 {
     struct quant_job *j = ctx;
     long lo, hi;
     pool_split(j->B, 1, ith, nth, &lo, &hi);
-    for (int k = 0; k < N_ACT_KINDS; k++) {
-        if (!j->kinds[k])
-            continue;
-        size_t row = j->e->act_row[k][j->dim];
-        for (long b = lo; b < hi; b++)
-            kern_act_quantize(kind_rep_type[k], j->x + b * j->n, (char *)j->e->act[k][j->dim] + b * row, j->n);
-    }
+    for (long b = lo; b < hi; b++)
+        quantize_row_part(j->e, j->kinds, j->dim, b, j->x + b * j->n, 0, j->n);
+}
+
+static void kinds_for(bool *kinds, const struct kern_mat *const *mats, int n_mats)
+{
+    for (int i = 0; i < n_mats; i++)
+        kinds[kern_act_kind(kern_mat_type(mats[i]))] = true;
+}
+
+/* Runs a job split by rows. One row is done on the calling thread: a hand-off to the pool
+ * would leave all threads but one idle for a step that takes about as long as the
+ * hand-off itself. */
+static void run_rows(struct engine *e, pool_fn fn, void *ctx, int rows)
+{
+    if (rows <= 1)
+        fn(ctx, 0, 1);
+    else
+        pool_run(e->pool, fn, ctx);
 }
 
 static void quantize_for(struct engine *e, const float *x, int64_t n, enum act_dim dim, int B,
                          const struct kern_mat *const *mats, int n_mats)
 {
     struct quant_job j = {.e = e, .x = x, .n = n, .dim = dim, .B = B};
-    for (int i = 0; i < n_mats; i++)
-        j.kinds[kern_act_kind(kern_mat_type(mats[i]))] = true;
-    pool_run(e->pool, quant_run, &j);
+    kinds_for(j.kinds, mats, n_mats);
+    run_rows(e, quant_run, &j, B);
 }
 
 static struct mm_item mm_item_for(struct engine *e, const struct kern_mat *m, enum act_dim dim, float *y, size_t ldy)
@@ -358,22 +383,125 @@ static void ew_range(const struct ew_job *j, long lo, long hi)
     }
 }
 
-/* y[b] += bias for each of B rows of n. */
-struct bias_job {
-    float *y;
-    const float *bias;
-    int64_t n;
+/* The end of a block and the start of the next, per row: tmp += bias, tmp = norm(tmp),
+ * x += tmp, xn = norm(x) and xn quantized for the next products, each step where asked.
+ * Each is the same float operations as run on its own, so one job gives the same bits
+ * as the five hand-offs it replaces. */
+struct resid_job {
+    struct engine *e;
     int B;
+    const float *bias;       /* or NULL */
+    const float *post_norm;  /* or NULL */
+    bool add;                /* x += tmp */
+    const float *next_norm;  /* or NULL (then nothing is quantized) */
+    bool kinds[N_ACT_KINDS]; /* xn's quantized rows (DIM_EMBD) */
 };
 
-static void bias_run(void *ctx, int ith, int nth)
+static void resid_run(void *ctx, int ith, int nth)
 {
-    struct bias_job *j = ctx;
+    struct resid_job *j = ctx;
+    struct engine *e = j->e;
+    int64_t n = e->m->hp.n_embd;
+    float eps = e->m->hp.norm_eps;
     long lo, hi;
     pool_split(j->B, 1, ith, nth, &lo, &hi);
-    for (long b = lo; b < hi; b++)
-        for (int64_t i = 0; i < j->n; i++)
-            j->y[b * j->n + i] = j->y[b * j->n + i] + j->bias[i];
+    for (long b = lo; b < hi; b++) {
+        float *t = e->tmp + b * n, *x = e->x + b * n, *xn = e->xn + b * n;
+        for (int64_t i = 0; j->bias && i < n; i++)
+            t[i] = t[i] + j->bias[i];
+        if (j->post_norm)
+            rms_norm(e->vec, t, j->post_norm, t, n, eps);
+        for (int64_t i = 0; j->add && i < n; i++)
+            x[i] = x[i] + t[i];
+        if (j->next_norm) {
+            rms_norm(e->vec, x, j->next_norm, xn, n, eps);
+            quantize_row_part(e, j->kinds, DIM_EMBD, b, xn, 0, n);
+        }
+    }
+}
+
+/* gate = act(gate) * up over the feed-forward's columns, and gate quantized for the down
+ * product in the same pass: the columns are split in runs of whole blocks of every
+ * activation format, and each element's activation is computed on its own (vec.h), so
+ * the split changes no bit. */
+#define ACT_SPLIT 256 /* a multiple of every activation format's block (32, 256) */
+
+struct act_quant_job {
+    struct engine *e;
+    int B;
+    bool gelu;               /* gemma's GELU; else SiLU */
+    bool kinds[N_ACT_KINDS]; /* gate's quantized rows (DIM_FF) */
+};
+
+/* Columns [lo, hi) of every row; lo a multiple of ACT_SPLIT. */
+static void act_quant_range(const struct act_quant_job *j, int64_t lo, int64_t hi)
+{
+    struct engine *e = j->e;
+    int64_t n = e->m->hp.n_ff;
+    for (long b = 0; b < j->B; b++) {
+        float *g = e->gate + b * n;
+        const float *u = e->up + b * n;
+        if (j->gelu)
+            gelu_mul(g + lo, u + lo, hi - lo);
+        else
+            e->vec->silu_mul(g + lo, u + lo, hi - lo);
+        quantize_row_part(e, j->kinds, DIM_FF, b, g, lo, hi);
+    }
+}
+
+/* The gate and up products with the activation and quantizing of each run of columns
+ * done by the thread that computed it, right after it: one job instead of two. Runs are
+ * whole multiples of ACT_SPLIT rows of both matrices, claimed as matmul_items claims
+ * (each row still computed whole by one kern_matmul call). */
+struct gate_up_job {
+    struct mm_job mm; /* items 0 (gate) and 1 (up) over the same rows; units of ACT_SPLIT rows */
+    struct act_quant_job act;
+};
+
+static void gate_up_run(void *ctx, int ith, int nth)
+{
+    (void)ith;
+    struct gate_up_job *j = ctx;
+    int64_t n = j->mm.item[0].r1;
+    long lo, hi;
+    while (mm_claim(&j->mm, nth, &lo, &hi)) {
+        int64_t r0 = lo * ACT_SPLIT, r1 = hi * ACT_SPLIT < n ? hi * ACT_SPLIT : n;
+        for (int i = 0; i < 2; i++)
+            kern_matmul(j->mm.item[i].m, j->mm.item[i].xq, j->mm.item[i].ldx, j->mm.B, j->mm.item[i].y,
+                        j->mm.item[i].ldy, r0, r1);
+        act_quant_range(&j->act, r0, r1);
+    }
+}
+
+/* Whether gate_up_run can split these products (their rows align to ACT_SPLIT). */
+static bool gate_up_fusable(const struct kern_mat *gate, const struct kern_mat *up)
+{
+    return ACT_SPLIT % kern_mat_row_align(gate) == 0 && ACT_SPLIT % kern_mat_row_align(up) == 0 &&
+           kern_mat_rows(gate) == kern_mat_rows(up);
+}
+
+static void gate_up_act(struct engine *e, int B, const struct mm_item *gu, const struct act_quant_job *act)
+{
+    struct gate_up_job j = {.mm = {.n_items = 2, .B = B}, .act = *act};
+    j.mm.item[0] = gu[0];
+    j.mm.item[1] = gu[1];
+    long units = (long)((gu[0].r1 + ACT_SPLIT - 1) / ACT_SPLIT);
+    j.mm.first_unit[1] = j.mm.first_unit[2] = units; /* mm_claim's total */
+    size_t bytes = kern_mat_bytes(gu[0].m) + kern_mat_bytes(gu[1].m);
+    size_t unit_bytes = units ? bytes / (size_t)units : 1;
+    j.mm.min_claim = (long)(MM_MIN_CLAIM / (unit_bytes ? unit_bytes : 1));
+    j.mm.min_claim = j.mm.min_claim < 1 ? 1 : j.mm.min_claim;
+    atomic_init(&j.mm.next, 0);
+    pool_run(e->pool, gate_up_run, &j);
+}
+
+static void act_quant_run(void *ctx, int ith, int nth)
+{
+    struct act_quant_job *j = ctx;
+    long lo, hi;
+    pool_split((long)j->e->m->hp.n_ff, ACT_SPLIT, ith, nth, &lo, &hi);
+    if (lo < hi)
+        act_quant_range(j, lo, hi);
 }
 
 /* ---- setup ---- */
@@ -634,6 +762,8 @@ int64_t engine_max_ctx(const struct engine *e) { return e->cfg.max_ctx; }
 
 struct engine_tp_stats engine_get_tp_stats(const struct engine *e) { return e->tp_stats; }
 
+unsigned long long engine_dispatches(const struct engine *e) { return pool_dispatches(e->pool); }
+
 struct moe_stats engine_moe_stats(const struct engine *e)
 {
     return e->moe ? moe_get_stats(e->moe) : (struct moe_stats){0};
@@ -796,13 +926,18 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         memcpy(e->x, b->embd, (size_t)B * (size_t)n_embd * sizeof(float));
     }
 
-    for (int il = 0; il < m->layer_end - m->layer_begin; il++) {
+    /* Each layer starts with xn = norm(x) quantized for its q, k, v products: the first from
+     * here, the others from the previous layer's last job. */
+    int n_layers = m->layer_end - m->layer_begin;
+    if (n_layers > 0) {
+        const struct model_layer *L0 = &m->layers[0];
+        struct resid_job rj = {.e = e, .B = B, .next_norm = L0->attn_norm};
+        kinds_for(rj.kinds, (const struct kern_mat *const[]){L0->wq, L0->wk, L0->wv}, 3);
+        run_rows(e, resid_run, &rj, B);
+    }
+    for (int il = 0; il < n_layers; il++) {
         const struct model_layer *L = &m->layers[il];
         /* attention block */
-        struct norm_job nj = {e, e->x, L->attn_norm, e->xn, n_embd, B, NULL};
-        pool_run(e->pool, norm_run, &nj);
-        const struct kern_mat *qkv[3] = {L->wq, L->wk, L->wv};
-        quantize_for(e, e->xn, n_embd, DIM_EMBD, B, qkv, 3);
         struct mm_item qkv_items[3] = {
             mm_item_part(e, L->wq, DIM_EMBD, e->q, (size_t)e->q_dim, e->q_part),
             mm_item_part(e, L->wk, DIM_EMBD, e->k, (size_t)e->kv_dim, e->kv_part),
@@ -816,7 +951,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         }
         bool swa = model_layer_swa(hp, m->layer_begin + il);
         struct qkv_post_job pj = {e, L, kv, il, B, swa && e->rope_cs_swa ? e->rope_cs_swa : e->rope_cs};
-        pool_run(e->pool, qkv_post_run, &pj);
+        run_rows(e, qkv_post_run, &pj, B);
         /* the sinks of this rank's heads (tensor parallelism refuses the mixtures that have them) */
         attn_forward_sinks(e->att, e->pool, e->vec, kv, il, B, b->seq, b->pos, e->q_loc, e->attn_loc,
                            swa ? hp->swa_window : 0, L->sinks ? L->sinks + e->q_part[e->tp_rank] / hp->head_dim : NULL);
@@ -831,52 +966,55 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         matmul_items(e, B, &wo_item, 1);
         if ((rc = tp_gather(e, e->tmp, B, (size_t)n_embd, e->embd_part, 0, err, errlen)))
             return rc;
-        if (L->bo) { /* on the whole vector, the same on every rank */
-            struct bias_job bj = {e->tmp, L->bo, n_embd, B};
-            pool_run(e->pool, bias_run, &bj);
-        }
-        if (L->attn_post_norm) {
-            nj = (struct norm_job){e, e->tmp, L->attn_post_norm, e->tmp, n_embd, B, NULL};
-            pool_run(e->pool, norm_run, &nj);
-        }
-        struct ew_job add = {e->vec, e->x, e->tmp, (int64_t)B * n_embd, 0, 0, 0};
-        pool_run(e->pool, ew_run, &add);
+        /* the bias on the whole vector (the same on every rank), the residual add, and the
+         * feed-forward's norm and quantized input in one job */
+        struct resid_job rj = {.e = e, .B = B, .bias = L->bo, .post_norm = L->attn_post_norm, .add = true,
+                               .next_norm = L->ffn_norm};
+        const float *ffn_post_norm = NULL;
+        if (!L->router)
+            kinds_for(rj.kinds, (const struct kern_mat *const[]){L->w_gate, L->w_up}, 2);
+        run_rows(e, resid_run, &rj, B);
 
         /* feed-forward block */
-        nj = (struct norm_job){e, e->x, L->ffn_norm, e->xn, n_embd, B, NULL};
-        pool_run(e->pool, norm_run, &nj);
         if (L->router) {
             moe_forward(e->moe, e->pool, e->vec, L, e->xn, B, e->tmp);
-            pool_run(e->pool, ew_run, &add);
-            continue;
+        } else {
+            struct mm_item gu_items[2] = {
+                mm_item_part(e, L->w_gate, DIM_EMBD, e->gate, (size_t)hp->n_ff, e->ff_part),
+                mm_item_part(e, L->w_up, DIM_EMBD, e->up, (size_t)hp->n_ff, e->ff_part),
+            };
+            const struct kern_mat *down[1] = {L->w_down};
+            struct act_quant_job aj = {.e = e, .B = B, .gelu = hp->gemma};
+            kinds_for(aj.kinds, down, 1);
+            if (e->tp_world == 1 && gate_up_fusable(L->w_gate, L->w_up)) {
+                gate_up_act(e, B, gu_items, &aj);
+            } else if (e->tp_world == 1) {
+                matmul_items(e, B, gu_items, 2);
+                pool_run(e->pool, act_quant_run, &aj);
+            } else { /* this rank's columns of each row, then all columns from every rank */
+                matmul_items(e, B, gu_items, 2);
+                int64_t f0 = e->ff_part[e->tp_rank];
+                struct ew_job act = {e->vec, e->gate + f0, e->up + f0, e->ff_part[e->tp_rank + 1] - f0,
+                                     hp->gemma ? 2 : 1, B, (size_t)hp->n_ff};
+                pool_run(e->pool, ew_run, &act);
+                if ((rc = tp_gather(e, e->gate, B, (size_t)hp->n_ff, e->ff_part, 0, err, errlen)))
+                    return rc;
+                quantize_for(e, e->gate, hp->n_ff, DIM_FF, B, down, 1);
+            }
+            struct mm_item down_item = mm_item_part(e, L->w_down, DIM_FF, e->tmp, (size_t)n_embd, e->embd_part);
+            matmul_items(e, B, &down_item, 1);
+            if ((rc = tp_gather(e, e->tmp, B, (size_t)n_embd, e->embd_part, 0, err, errlen)))
+                return rc;
+            ffn_post_norm = L->ffn_post_norm;
         }
-        const struct kern_mat *gu[2] = {L->w_gate, L->w_up};
-        quantize_for(e, e->xn, n_embd, DIM_EMBD, B, gu, 2);
-        struct mm_item gu_items[2] = {
-            mm_item_part(e, L->w_gate, DIM_EMBD, e->gate, (size_t)hp->n_ff, e->ff_part),
-            mm_item_part(e, L->w_up, DIM_EMBD, e->up, (size_t)hp->n_ff, e->ff_part),
-        };
-        matmul_items(e, B, gu_items, 2);
-        struct ew_job act = {e->vec, e->gate, e->up, (int64_t)B * hp->n_ff, hp->gemma ? 2 : 1, 0, 0};
-        if (e->tp_world > 1) { /* this rank's columns of each row */
-            int64_t f0 = e->ff_part[e->tp_rank];
-            act = (struct ew_job){e->vec, e->gate + f0, e->up + f0, e->ff_part[e->tp_rank + 1] - f0, act.op, B,
-                                  (size_t)hp->n_ff};
+        /* the residual add, and the next layer's norm and quantized input */
+        rj = (struct resid_job){.e = e, .B = B, .post_norm = ffn_post_norm, .add = true};
+        if (il + 1 < n_layers) {
+            const struct model_layer *N = &m->layers[il + 1];
+            rj.next_norm = N->attn_norm;
+            kinds_for(rj.kinds, (const struct kern_mat *const[]){N->wq, N->wk, N->wv}, 3);
         }
-        pool_run(e->pool, ew_run, &act);
-        if ((rc = tp_gather(e, e->gate, B, (size_t)hp->n_ff, e->ff_part, 0, err, errlen)))
-            return rc;
-        const struct kern_mat *down[1] = {L->w_down};
-        quantize_for(e, e->gate, hp->n_ff, DIM_FF, B, down, 1);
-        struct mm_item down_item = mm_item_part(e, L->w_down, DIM_FF, e->tmp, (size_t)n_embd, e->embd_part);
-        matmul_items(e, B, &down_item, 1);
-        if ((rc = tp_gather(e, e->tmp, B, (size_t)n_embd, e->embd_part, 0, err, errlen)))
-            return rc;
-        if (L->ffn_post_norm) {
-            nj = (struct norm_job){e, e->tmp, L->ffn_post_norm, e->tmp, n_embd, B, NULL};
-            pool_run(e->pool, norm_run, &nj);
-        }
-        pool_run(e->pool, ew_run, &add);
+        run_rows(e, resid_run, &rj, B);
     }
 
     if (!m->last) {
@@ -890,7 +1028,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
     if (n_out == 0)
         return 0;
     struct norm_job nj = {e, e->x, m->output_norm, e->xn, n_embd, n_out, e->out_rows};
-    pool_run(e->pool, norm_run, &nj);
+    run_rows(e, norm_run, &nj, n_out);
     if (b->hidden) {
         memcpy(out, e->xn, (size_t)n_out * (size_t)n_embd * sizeof(float));
         return 0;

@@ -115,4 +115,8 @@ struct engine_tp_stats engine_get_tp_stats(const struct engine *e);
 /* The mixture-of-experts work done so far (zeros for a dense model). */
 struct moe_stats engine_moe_stats(const struct engine *e);
 
+/* Jobs handed to the engine's threads so far (pool_dispatches): each costs a barrier, so
+ * tests hold the count per decode step to what the layer loop needs. */
+unsigned long long engine_dispatches(const struct engine *e);
+
 #endif

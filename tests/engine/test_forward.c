@@ -522,6 +522,55 @@ static void check_partial_bias(const struct synth_spec *spec)
     unlink(biased);
 }
 
+/* Jobs handed to the threads per forward of a dense model with L layers (engine_dispatches):
+ * a decode step of one token runs its per-row steps (norms, quantizing, RoPE, residual
+ * adds) on the calling thread and hands off only the products (q/k/v together, the
+ * attention output, gate/up together with SiLU and the down product's quantizing, down)
+ * and attention: 5 per layer and the output head. A batch of 4 tokens hands off its
+ * per-row steps too, fused: the first norm, then per layer q/k/v, RoPE, attention,
+ * quantizing, output, add-norm-quantize, gate/up-SiLU-quantize, down, add-norm-quantize;
+ * then the final norm, its quantizing and the head. Counted so that the number cannot
+ * grow back. */
+static void check_dispatches(const struct synth_spec *spec)
+{
+    char path[128], err[512];
+    snprintf(path, sizeof path, "test_forward_dispatch_%d.gguf", (int)getpid());
+    struct model *m = NULL;
+    struct engine *e = NULL;
+    struct kv_cache *kv = NULL;
+    struct model_load_opts o = {.layer_end = -1};
+    struct engine_config ec = {.n_threads = 2, .max_batch = 4, .max_ctx = 64};
+    if (synth_write(spec, NULL, path, err, sizeof err) || model_load(&m, path, &o, err, sizeof err) ||
+        engine_create(&e, m, &ec, err, sizeof err)) {
+        CHECK(0, "dispatch model: %s", err);
+        goto out;
+    }
+    struct kv_config kc = engine_kv_config(m, 64, 1, 16);
+    int32_t tok[5] = {1, 17, 200, 5, 9}, seq[4] = {0};
+    int64_t pos[5] = {0, 1, 2, 3, 4};
+    float *logits = malloc(4 * (size_t)m->hp.n_vocab * sizeof(float));
+    unsigned long long L = (unsigned long long)spec->n_layers, d0 = engine_dispatches(e);
+    struct batch prompt = {.n = 4, .token = tok, .seq = seq, .pos = pos};
+    if (!logits || kv_create(&kv, &kc, err, sizeof err) || engine_forward(e, kv, &prompt, logits, err, sizeof err)) {
+        CHECK(0, "dispatch prompt: %s", err);
+        free(logits);
+        goto out;
+    }
+    unsigned long long d1 = engine_dispatches(e);
+    CHECK(d1 - d0 == 9 * L + 4, "a batch of 4 on %llu layers: %llu dispatches, want %llu", L, d1 - d0, 9 * L + 4);
+    struct batch step = {.n = 1, .token = tok + 4, .seq = seq, .pos = pos + 4};
+    if (engine_forward(e, kv, &step, logits, err, sizeof err))
+        CHECK(0, "dispatch step: %s", err);
+    unsigned long long d2 = engine_dispatches(e);
+    CHECK(d2 - d1 == 5 * L + 1, "a decode step on %llu layers: %llu dispatches, want %llu", L, d2 - d1, 5 * L + 1);
+    free(logits);
+out:
+    kv_release(kv);
+    engine_release(e);
+    model_release(m);
+    unlink(path);
+}
+
 int main(void)
 {
     struct synth_spec base = {.arch = "llama", .n_layers = 2, .n_embd = 64, .n_ff = 160, .n_head = 4, .n_head_kv = 2,
@@ -623,5 +672,8 @@ int main(void)
     CHECK(synth_write(&s, NULL, path, err, sizeof err) == 0, "synth_write: %s", err);
     check_threads_same(path);
     unlink(path);
+    s = base;
+    snprintf(s.type, sizeof s.type, "q8_0");
+    check_dispatches(&s);
     return test_main_end();
 }
