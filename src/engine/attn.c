@@ -14,8 +14,10 @@
 /* About this many query rows (tokens x heads of one KV head's group) share a tile of K
  * and V: enough to reuse each loaded key many times (a prompt's K and V are read from
  * L3 or memory again for each query tile: at 16k, 4 MiB per KV head of 64 dims), few
- * enough that the scores of a tile (rows x ATTN_TILE floats, 128 KiB) stay in L2. */
-#define ATTN_ROWS 128
+ * enough that a thread's scratch (the scores, rows x ATTN_TILE floats, 256 KiB; q', o and
+ * o_t, 64 KiB each at 64 dims) stays in L2. 256 rather than 128: about 5% more
+ * multiply-adds per CPU-second at 16k in bench/attn_long.c (session 13). */
+#define ATTN_ROWS 256
 
 struct attn {
     struct attn_shape sh;
