@@ -14,8 +14,10 @@
 /* About this many query rows (tokens x heads of one KV head's group) share a tile of K
  * and V: enough to reuse each loaded key many times (a prompt's K and V are read from
  * L3 or memory again for each query tile: at 16k, 4 MiB per KV head of 64 dims), few
- * enough that the scores of a tile (rows x ATTN_TILE floats, 128 KiB) stay in L2. */
-#define ATTN_ROWS 128
+ * enough that a thread's scratch (the scores, rows x ATTN_TILE floats, 256 KiB; q', o and
+ * o_t, 64 KiB each at 64 dims) stays in L2. 256 rather than 128: about 5% more
+ * multiply-adds per CPU-second at 16k in bench/attn_long.c (session 13). */
+#define ATTN_ROWS 256
 
 struct attn {
     struct attn_shape sh;
@@ -26,7 +28,7 @@ struct attn {
     int rows;           /* qt * group */
     int64_t n_tiles;    /* tiles of max_ctx positions */
     size_t thread_floats;
-    float *buf;         /* per thread: q' (rows x hd), s (rows x T), o, o_t (rows x hd), m, l, m_t, l_t (rows),
+    float *buf;         /* per thread: q' (rows x hd), s (rows x T), o, o_t (rows x hd), m, l, m_t, l_t (rows), fx (2 rows),
                          * kf (hd x T), vf (T x hd) */
     int32_t *nv;        /* per thread (rows): positions of the current tile each row sees */
     int32_t *st;        /* per thread (rows): the first of them (a sliding window's start) */
@@ -38,6 +40,7 @@ struct attn {
 
 struct scratch {
     float *q, *s, *o, *ot, *m, *l, *mt, *lt;
+    float *fx; /* (2 rows) the differences of maxima whose exps merge a tile (merge_rows) */
     float *kf, *vf; /* an F16 tile's K (transposed, [hd][T]) and V ([T][hd]) as floats */
     int32_t *nv, *st;
     const void **vrows;
@@ -58,7 +61,8 @@ static struct scratch scratch_of(struct attn *a, int ith)
     s.l = s.m + R;
     s.mt = s.l + R;
     s.lt = s.mt + R;
-    s.kf = s.lt + R;
+    s.fx = s.lt + R;
+    s.kf = s.fx + 2 * R;
     s.vf = s.kf + hd * ATTN_TILE;
     s.nv = a->nv + (size_t)ith * R;
     s.st = a->st + (size_t)ith * R;
@@ -84,7 +88,7 @@ int attn_create(struct attn **out, const struct attn_shape *sh, int n_threads, i
     a->n_tiles = (max_ctx + ATTN_TILE - 1) / ATTN_TILE;
     size_t R = (size_t)a->rows, hd = (size_t)sh->head_dim;
     /* whole cache lines per thread, so threads never share one */
-    a->thread_floats = (R * (3 * hd + ATTN_TILE + 4) + 2 * hd * ATTN_TILE + 15) / 16 * 16;
+    a->thread_floats = (R * (3 * hd + ATTN_TILE + 6) + 2 * hd * ATTN_TILE + 15) / 16 * 16;
     size_t split = (size_t)ATTN_SPLIT_MAX * (size_t)sh->n_head * (size_t)a->n_tiles * (hd + 2);
     a->buf = aligned_alloc(64, (size_t)n_threads * a->thread_floats * sizeof(float));
     a->nv = calloc((size_t)n_threads * R, sizeof *a->nv);
@@ -430,6 +434,38 @@ static void merge(const struct vec_ops *vec, float *o, float *m, float *l, const
     *m = mx;
 }
 
+/* merge of rows [r0, r1) with their tile partials (a row whose first tile this is: the
+ * state is the partial), the exps of all rows in one exp_sub: exp_sub(x, 0) of x = m - mx
+ * is exp_sub(m, mx) of merge, bit for bit (x - 0 is x). */
+static void merge_rows(struct attn_job *j, struct scratch *sc, int b0, int r0, int r1, int64_t t)
+{
+    int hd = j->a->sh.head_dim, group = j->a->group, k = 0;
+    for (int r = r0; r < r1; r++) {
+        if (t == first_seen(j, j->pos[b0 + r / group]) / ATTN_TILE)
+            continue;
+        float mx = sc->m[r] > sc->mt[r] ? sc->m[r] : sc->mt[r];
+        sc->fx[k++] = sc->m[r] - mx;
+        sc->fx[k++] = sc->mt[r] - mx;
+        sc->m[r] = mx;
+    }
+    j->vec->exp_sub(sc->fx, 0.0f, k);
+    k = 0;
+    for (int r = r0; r < r1; r++) {
+        float *o = sc->o + (size_t)r * hd;
+        const float *ot = sc->ot + (size_t)r * hd;
+        if (t == first_seen(j, j->pos[b0 + r / group]) / ATTN_TILE) {
+            memcpy(o, ot, (size_t)hd * sizeof *o);
+            sc->m[r] = sc->mt[r];
+            sc->l[r] = sc->lt[r];
+            continue;
+        }
+        float fa = sc->fx[k++], fb = sc->fx[k++];
+        sc->l[r] = sc->l[r] * fa + sc->lt[r] * fb;
+        for (int i = 0; i < hd; i++)
+            o[i] = o[i] * fa + ot[i] * fb;
+    }
+}
+
 /* out = o / l; with a sink s (attn.h): o and l first scaled to the max of m and s, and
  * exp(s - max) added to l. */
 static void finish_row(const struct vec_ops *vec, float *out, const float *o, float m, float l, int hd,
@@ -492,18 +528,16 @@ static void run_item(struct attn_job *j, struct scratch *sc, int ri, int h, int6
         if (r0 == R)
             continue;
         tile_partial(j, sc, table, h, t0, r0, r1, sc->st[r0], nmax, end);
+        if (!j->split) {
+            merge_rows(j, sc, b0, r0, r1, t);
+            continue;
+        }
         for (int r = r0; r < r1; r++) {
-            float *ot = sc->ot + (size_t)r * hd;
-            if (j->split) {
-                int b = b0 + r / group, qh = h * group + r % group;
-                float *dst = a->split + ((size_t)(b * a->sh.n_head + qh) * (size_t)a->n_tiles + (size_t)t) * (size_t)(hd + 2);
-                memcpy(dst, ot, (size_t)hd * sizeof *dst);
-                dst[hd] = sc->mt[r];
-                dst[hd + 1] = sc->lt[r];
-            } else {
-                bool first = t == first_seen(j, j->pos[b0 + r / group]) / ATTN_TILE;
-                merge(j->vec, sc->o + (size_t)r * hd, &sc->m[r], &sc->l[r], ot, sc->mt[r], sc->lt[r], hd, first);
-            }
+            int b = b0 + r / group, qh = h * group + r % group;
+            float *dst = a->split + ((size_t)(b * a->sh.n_head + qh) * (size_t)a->n_tiles + (size_t)t) * (size_t)(hd + 2);
+            memcpy(dst, sc->ot + (size_t)r * hd, (size_t)hd * sizeof *dst);
+            dst[hd] = sc->mt[r];
+            dst[hd + 1] = sc->lt[r];
         }
     }
     if (j->split)

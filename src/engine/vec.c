@@ -50,6 +50,27 @@ static float exp_ref(float t)
     return e * scale;
 }
 
+/* vec.h's VEC_SEXP, one float at a time. */
+static float sexp_ref(float t)
+{
+    t = VEC_SEXP_LO > t ? VEC_SEXP_LO : t;
+    float tr = fmaf(t, VEC_EXP_LOG2E, VEC_EXP_ROUND);
+    float n = tr - VEC_EXP_ROUND;
+    float r = fmaf(n, -VEC_EXP_C1, t);
+    r = fmaf(n, -VEC_EXP_C2, r);
+    float p = fmaf(VEC_SEXP_S5, r, VEC_SEXP_S4);
+    p = fmaf(p, r, VEC_SEXP_S3);
+    p = fmaf(p, r, VEC_SEXP_S2);
+    p = fmaf(p, r, VEC_SEXP_S1);
+    p = fmaf(p, r, VEC_SEXP_S0);
+    uint32_t bits;
+    memcpy(&bits, &tr, sizeof bits);
+    bits = (bits << 23) + (127u << 23);
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
 static void exp_sub_ref(float *x, float sub, int64_t n)
 {
     for (int64_t k = 0; k < n; k++)
@@ -133,7 +154,8 @@ static float softmax_tile_ref(float *s, int64_t n, float *l)
     float m = s[0];
     for (int64_t j = 1; j < n; j++)
         m = s[j] > m ? s[j] : m;
-    exp_sub_ref(s, m, n);
+    for (int64_t j = 0; j < n; j++)
+        s[j] = sexp_ref(s[j] - m);
     float lane[16] = {0};
     for (int64_t j = 0; j < n; j++)
         lane[j % 16] = lane[j % 16] + s[j];

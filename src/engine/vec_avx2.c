@@ -60,6 +60,23 @@ static inline __m256 exp8(__m256 t)
     return _mm256_mul_ps(e, _mm256_castsi256_ps(bits));
 }
 
+/* vec.h's VEC_SEXP on 8 lanes. */
+static inline __m256 sexp8(__m256 t)
+{
+    t = _mm256_max_ps(_mm256_set1_ps(VEC_SEXP_LO), t); /* a NaN t passes */
+    __m256 tr = _mm256_fmadd_ps(t, _mm256_set1_ps(VEC_EXP_LOG2E), _mm256_set1_ps(VEC_EXP_ROUND));
+    __m256 n = _mm256_sub_ps(tr, _mm256_set1_ps(VEC_EXP_ROUND));
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-VEC_EXP_C1), t);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-VEC_EXP_C2), r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(VEC_SEXP_S5), r, _mm256_set1_ps(VEC_SEXP_S4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(VEC_SEXP_S3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(VEC_SEXP_S2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(VEC_SEXP_S1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(VEC_SEXP_S0));
+    __m256i bits = _mm256_add_epi32(_mm256_slli_epi32(_mm256_castps_si256(tr), 23), _mm256_set1_epi32(127 << 23));
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
 /* Lanes [0, rem) of an 8-lane mask for maskload/maskstore. */
 static inline __m256i tail8(int64_t rem)
 {
@@ -244,7 +261,13 @@ static float softmax_tile(float *s, int64_t n, float *l)
         m = lane8[i] > m ? lane8[i] : m;
     for (; k < n; k++)
         m = s[k] > m ? s[k] : m;
-    exp_sub(s, m, n);
+    __m256 vm = _mm256_set1_ps(m);
+    for (k = 0; k + 8 <= n; k += 8)
+        _mm256_storeu_ps(s + k, sexp8(_mm256_sub_ps(_mm256_loadu_ps(s + k), vm)));
+    if (k < n) {
+        __m256i mk = tail8(n - k);
+        _mm256_maskstore_ps(s + k, mk, sexp8(_mm256_sub_ps(_mm256_maskload_ps(s + k, mk), vm)));
+    }
     __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
     for (k = 0; k + 16 <= n; k += 16) {
         lo = _mm256_add_ps(lo, _mm256_loadu_ps(s + k));

@@ -57,6 +57,23 @@ static inline __m512 exp16(__m512 t)
     return _mm512_mul_ps(e, _mm512_castsi512_ps(bits));
 }
 
+/* vec.h's VEC_SEXP on 16 lanes. */
+static inline __m512 sexp16(__m512 t)
+{
+    t = _mm512_max_ps(_mm512_set1_ps(VEC_SEXP_LO), t); /* a NaN t passes */
+    __m512 tr = _mm512_fmadd_ps(t, _mm512_set1_ps(VEC_EXP_LOG2E), _mm512_set1_ps(VEC_EXP_ROUND));
+    __m512 n = _mm512_sub_ps(tr, _mm512_set1_ps(VEC_EXP_ROUND));
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-VEC_EXP_C1), t);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-VEC_EXP_C2), r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(VEC_SEXP_S5), r, _mm512_set1_ps(VEC_SEXP_S4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VEC_SEXP_S3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VEC_SEXP_S2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VEC_SEXP_S1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(VEC_SEXP_S0));
+    __m512i bits = _mm512_add_epi32(_mm512_slli_epi32(_mm512_castps_si512(tr), 23), _mm512_set1_epi32(127 << 23));
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
 static void exp_sub(float *x, float sub, int64_t n)
 {
     __m512 vs = _mm512_set1_ps(sub);
@@ -526,13 +543,17 @@ static float softmax_tile(float *s, int64_t n, float *l)
         mx = _mm512_mask_max_ps(mx, m, mx, _mm512_maskz_loadu_ps(m, s + k));
     }
     float m = _mm512_reduce_max_ps(mx);
-    exp_sub(s, m, n);
-    __m512 acc = _mm512_setzero_ps();
-    for (k = 0; k + 16 <= n; k += 16)
-        acc = _mm512_add_ps(acc, _mm512_loadu_ps(s + k));
+    __m512 vm = _mm512_set1_ps(m), acc = _mm512_setzero_ps();
+    for (k = 0; k + 16 <= n; k += 16) { /* the sum in the same pass: the same adds in the same lanes */
+        __m512 e = sexp16(_mm512_sub_ps(_mm512_loadu_ps(s + k), vm));
+        _mm512_storeu_ps(s + k, e);
+        acc = _mm512_add_ps(acc, e);
+    }
     if (k < n) {
         __mmask16 mk = tail_mask(n - k);
-        acc = _mm512_mask_add_ps(acc, mk, acc, _mm512_maskz_loadu_ps(mk, s + k));
+        __m512 e = sexp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + k), vm));
+        _mm512_mask_storeu_ps(s + k, mk, e);
+        acc = _mm512_mask_add_ps(acc, mk, acc, e);
     }
     *l = reduce16(acc);
     return m;

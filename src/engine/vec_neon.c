@@ -65,6 +65,23 @@ static inline float32x4_t exp4(float32x4_t t)
     return vmulq_f32(e, vreinterpretq_f32_s32(bits));
 }
 
+/* vec.h's VEC_SEXP on 4 lanes (FMAX passes a NaN t, as the reference's clamp). */
+static inline float32x4_t sexp4(float32x4_t t)
+{
+    t = vmaxq_f32(vdupq_n_f32(VEC_SEXP_LO), t);
+    float32x4_t tr = vfmaq_f32(vdupq_n_f32(VEC_EXP_ROUND), t, vdupq_n_f32(VEC_EXP_LOG2E));
+    float32x4_t n = vsubq_f32(tr, vdupq_n_f32(VEC_EXP_ROUND));
+    float32x4_t r = vfmaq_f32(t, n, vdupq_n_f32(-VEC_EXP_C1));
+    r = vfmaq_f32(r, n, vdupq_n_f32(-VEC_EXP_C2));
+    float32x4_t p = vfmaq_f32(vdupq_n_f32(VEC_SEXP_S4), vdupq_n_f32(VEC_SEXP_S5), r);
+    p = vfmaq_f32(vdupq_n_f32(VEC_SEXP_S3), p, r);
+    p = vfmaq_f32(vdupq_n_f32(VEC_SEXP_S2), p, r);
+    p = vfmaq_f32(vdupq_n_f32(VEC_SEXP_S1), p, r);
+    p = vfmaq_f32(vdupq_n_f32(VEC_SEXP_S0), p, r);
+    uint32x4_t bits = vaddq_u32(vshlq_n_u32(vreinterpretq_u32_f32(tr), 23), vdupq_n_u32(127u << 23));
+    return vmulq_f32(p, vreinterpretq_f32_u32(bits));
+}
+
 static inline float32x4_t silu_mul4(float32x4_t a, float32x4_t b)
 {
     float32x4_t e = exp4(vsubq_f32(vdupq_n_f32(0.0f), a));
@@ -111,9 +128,20 @@ static float softmax_tile(float *s, int64_t n, float *l)
     float m = s[0];
     for (int64_t j = 1; j < n; j++)
         m = s[j] > m ? s[j] : m;
-    exp_sub(s, m, n);
-    float32x4_t v[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+    float32x4_t vm = vdupq_n_f32(m);
     int64_t k = 0;
+    for (; k + 4 <= n; k += 4)
+        vst1q_f32(s + k, sexp4(vsubq_f32(vld1q_f32(s + k), vm)));
+    if (k < n) {
+        float t[4] = {0};
+        for (int64_t i = k; i < n; i++)
+            t[i - k] = s[i];
+        vst1q_f32(t, sexp4(vsubq_f32(vld1q_f32(t), vm)));
+        for (int64_t i = k; i < n; i++)
+            s[i] = t[i - k];
+    }
+    float32x4_t v[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+    k = 0;
     for (; k + 16 <= n; k += 16)
         for (int q = 0; q < 4; q++)
             v[q] = vaddq_f32(v[q], vld1q_f32(s + k + 4 * q));

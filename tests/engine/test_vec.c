@@ -45,6 +45,51 @@ static void test_exp_accuracy(const struct vec_ops *ref)
     CHECK(worst_silu <= 3.6e-7, "silu: worst relative error %.3g over [-40, 40]", worst_silu);
 }
 
+/* softmax_tile's exp (vec.h VEC_SEXP) against double precision: rows whose max is 0 and
+ * whose other scores step through [-87, 0] (and below, and -inf), within 1.95 ulp
+ * (relative 1.9e-7) in the reference; every variant the reference's bits, the sum too. */
+static void test_softmax_exp(const struct vec_ops *ref, const struct vec_ops *const *ops, int n_ops)
+{
+    enum { N = 253 }; /* not a multiple of 16: every tail */
+    static float s0[N], s1[N];
+    double worst = 0;
+    float worst_at = 0;
+    int n_points = 0, bad = 0;
+    float t = 0.0f;
+    while (t > -87.0f) {
+        float in[N];
+        in[0] = 0.0f;
+        for (int j = 1; j < N; j++, n_points++) {
+            in[j] = t;
+            t = t > -87.0f ? nextafterf(t, -INFINITY) - fabsf(t) * 3e-6f - 1e-7f : t;
+        }
+        memcpy(s0, in, sizeof in);
+        float l0, l1;
+        ref->softmax_tile(s0, N, &l0);
+        for (int j = 1; j < N && in[j] >= -87.0f; j++) {
+            double want = exp((double)in[j]), rel = fabs((double)s0[j] - want) / want;
+            if (rel > worst) {
+                worst = rel;
+                worst_at = in[j];
+            }
+        }
+        for (int v = 0; v < n_ops; v++) {
+            memcpy(s1, in, sizeof in);
+            ops[v]->softmax_tile(s1, N, &l1);
+            bad += memcmp(s0, s1, sizeof s0) != 0 || memcmp(&l0, &l1, sizeof l0) != 0;
+        }
+    }
+    CHECK(worst <= 1.9e-7, "softmax exp: worst relative error %.3g at %.9g over %d points", worst, worst_at, n_points);
+    printf("softmax exp: %d points in [-87, 0], worst relative error %.3g (at %.9g)\n", n_points, worst, worst_at);
+    float edge[5] = {0.0f, -100.0f, -1000.0f, -INFINITY, -0.0f};
+    float l;
+    ref->softmax_tile(edge, 5, &l);
+    CHECK(edge[0] == 1.0f && edge[4] == 1.0f, "exp(0) = %g, exp(-0) = %g", edge[0], edge[4]);
+    CHECK(edge[1] > 0 && edge[1] < 2e-38f && edge[2] == edge[1] && edge[3] == edge[1],
+          "exp(-100) = %g, exp(-1000) = %g, exp(-inf) = %g: tiny, not negative", edge[1], edge[2], edge[3]);
+    CHECK(bad == 0, "softmax exp: %d rows of a variant differ from the reference in bits", bad);
+}
+
 /* attn_qk, attn_pv and softmax_tile on random shapes (rows 1-19, keys 1-150, head sizes
  * 8-136, rows of different lengths; F16, F32, and Q8_0 and Q4_0 with head sizes a
  * multiple of 32): the reference's bits. */
@@ -177,5 +222,11 @@ int main(int argc, char **argv)
         RUN(test_attn_tiles, ref, ops, names[v]);
     }
     RUN(test_exp_accuracy, ref);
+    const struct vec_ops *avail[3];
+    int n_avail = 0;
+    for (int v = 0; v < 3; v++)
+        if (vec_ops_variant(names[v]))
+            avail[n_avail++] = vec_ops_variant(names[v]);
+    RUN(test_softmax_exp, ref, avail, n_avail);
     return test_main_end();
 }
