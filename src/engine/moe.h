@@ -9,6 +9,8 @@
  *   w[j] = p[sel j]; with expert_norm: w[j] = w[j] / max(sum_j w[j] (j in order), 6.1035e-5);
  *   o_j = down_e(silu(gate_e(x)) * up_e(x)) for e = sel j (kern.h's products);
  *   y = o_0 * w[0]; then y = y + o_j * w[j] for j = 1 .. k-1 (top-k order).
+ * (Each value is one such sequence whichever unit of work or thread computes it: the
+ * forward splits h and y by columns, and a column's steps stay as written.)
  * gpt-oss (hp.oss) differs, as llama.cpp's graph for it:
  *   logits = router product + router bias (added in float);
  *   top-k of the logits as above; w = their softmax (moe.c route_oss's order), no renormalisation;
@@ -17,7 +19,10 @@
  *
  * A batch groups its tokens by expert: each expert chosen by any token of the batch runs
  * once, as one product over all the tokens that chose it, so its weights are read once per
- * step; experts no token chose are not read at all. */
+ * step; experts no token chose are not read at all. A step is two dispatches to the pool
+ * (the router of a small batch runs on the calling thread): gate, up and the activation
+ * with h's quantization, split by columns of h; then down and the combination, split by
+ * columns of y. */
 #ifndef CAIRN_ENGINE_MOE_H
 #define CAIRN_ENGINE_MOE_H
 
@@ -35,6 +40,12 @@ struct moe_stats {
     uint64_t token_choices;  /* tokens x n_expert_used */
     uint64_t expert_runs;    /* experts run (each once per step that any token chose it) */
     uint64_t expert_bytes;   /* bytes of expert weights read */
+    uint64_t down_bytes;     /* of which the down products' */
+    /* Wall time of each phase, in ns (for the bench; never asserted): the router (its
+     * input quantized, its product, the top-k, grouping), the experts' inputs gathered,
+     * the gate and up products with the activation, the down products with the
+     * combination. */
+    uint64_t ns_route, ns_gather, ns_gate_up, ns_down;
 };
 
 /* Scratch for batches of up to max_batch tokens of the model's shape (n_expert > 0);
