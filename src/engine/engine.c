@@ -846,8 +846,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         nj = (struct norm_job){e, e->x, L->ffn_norm, e->xn, n_embd, B, NULL};
         pool_run(e->pool, norm_run, &nj);
         if (L->router) {
-            moe_forward(e->moe, e->pool, e->vec, L, e->xn, B, e->tmp);
-            pool_run(e->pool, ew_run, &add);
+            moe_forward(e->moe, e->pool, e->vec, L, e->xn, B, e->x); /* adds to x */
             continue;
         }
         const struct kern_mat *gu[2] = {L->w_gate, L->w_up};

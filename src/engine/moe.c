@@ -353,8 +353,8 @@ static void gu_run(void *ctx, int ith, int nth)
 
 /* Down with the combination: a unit is the output columns [r0, r1) (rows of the down
  * matrices) of every chosen expert over its tokens, then of every token the sum of its
- * choices over those columns (moe.h's order: the down bias, then y = o_0 * w_0 and
- * y = y + o_j * w_j in top-k order). */
+ * choices over those columns (moe.h's order: the down bias, then m = o_0 * w_0 and
+ * m = m + o_j * w_j in top-k order), added to the residual: y = y + m. */
 struct down_job {
     struct moe *mo;
     const struct model_layer *L;
@@ -385,7 +385,7 @@ static void down_run(void *ctx, int ith, int nth)
                         mo->out + r0 * n, (size_t)n, c0, c1);
         }
         for (int b = 0; b < j->B; b++) {
-            float *y = j->y + b * n;
+            float *m = NULL; /* the mixture, built in the first choice's output row */
             for (int k = 0; k < mo->n_used; k++) {
                 int r = mo->row[b * mo->n_used + k];
                 float *o = mo->out + (int64_t)r * n;
@@ -395,13 +395,18 @@ static void down_run(void *ctx, int ith, int nth)
                     for (int64_t i = c0; i < c1; i++)
                         o[i] = o[i] + bd[i];
                 }
-                if (k == 0)
+                if (k == 0) {
+                    m = o;
                     for (int64_t i = c0; i < c1; i++)
-                        y[i] = o[i] * w;
-                else
+                        m[i] = o[i] * w;
+                } else {
                     for (int64_t i = c0; i < c1; i++)
-                        y[i] = y[i] + o[i] * w;
+                        m[i] = m[i] + o[i] * w;
+                }
             }
+            float *y = j->y + b * n;
+            for (int64_t i = c0; i < c1; i++)
+                y[i] = y[i] + m[i];
         }
     }
 }

@@ -8,14 +8,15 @@
  *   top-k: the k largest p, largest first, equal p in ascending expert order;
  *   w[j] = p[sel j]; with expert_norm: w[j] = w[j] / max(sum_j w[j] (j in order), 6.1035e-5);
  *   o_j = down_e(silu(gate_e(x)) * up_e(x)) for e = sel j (kern.h's products);
- *   y = o_0 * w[0]; then y = y + o_j * w[j] for j = 1 .. k-1 (top-k order).
+ *   m = o_0 * w[0]; then m = m + o_j * w[j] for j = 1 .. k-1 (top-k order);
+ *   the residual stream y = y + m.
  * (Each value is one such sequence whichever unit of work or thread computes it: the
  * forward splits h and y by columns, and a column's steps stay as written.)
  * gpt-oss (hp.oss) differs, as llama.cpp's graph for it:
  *   logits = router product + router bias (added in float);
  *   top-k of the logits as above; w = their softmax (moe.c route_oss's order), no renormalisation;
  *   g = gate_e(x), u = up_e(x); h = swiglu_oai(g + bg_e, u + bu_e) (moe.c's order);
- *   o_j = down_e(h) + bd_e; y as above.
+ *   o_j = down_e(h) + bd_e; m and y as above.
  *
  * A batch groups its tokens by expert: each expert chosen by any token of the batch runs
  * once, as one product over all the tokens that chose it, so its weights are read once per
@@ -53,8 +54,8 @@ struct moe_stats {
 int moe_create(struct moe **out, const struct model_hparams *hp, int max_batch);
 void moe_release(struct moe *mo); /* accepts NULL */
 
-/* y[b] = the layer's mixture of experts of x[b] (B rows of n_embd, normed), B <= max_batch.
- * Runs its products on pool. */
+/* y[b] = y[b] + the layer's mixture of experts of x[b] (B rows of n_embd, normed; y the
+ * residual stream), B <= max_batch. Runs its products on pool. */
 void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, const struct model_layer *L,
                  const float *x, int B, float *y);
 
