@@ -6,16 +6,25 @@
 # the engine's F16 continuation is summed over the prompts (in characters of text).
 # cairn's quantized path should stay at least as close as llama.cpp's. Also prints
 # whether the two engines continue identically on the quantized file.
-#   usage: bench/quant_close.sh [SHAPE] [TYPES...]   (default: small, the new types)
+#   usage: [PROMPTS=N] bench/quant_close.sh [SHAPE] [TYPES...]   (default: small, the new
+#   types, the first 5 of the 16 prompts)
+# Qwen and gpt-oss shapes take the Qwen2 vocabulary (gpt-oss's with the harmony tokens),
+# the others Llama's SentencePiece one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ref=$(bash ../shared/tools/llama-ref.sh | tail -1)
 cmake --build build -j2 --target cairn >/dev/null
 shape=${1:-small}; shift || true
 types=${*:-q2_k q3_k iq4_nl iq4_xs mxfp4 q4_k q4_0}
-v=../shared/testdata/vocab/ggml-vocab-llama-spm.gguf
+case $shape in
+  qwen*|gpt-oss*) v=../shared/testdata/vocab/ggml-vocab-qwen2.gguf ;;
+  *) v=../shared/testdata/vocab/ggml-vocab-llama-spm.gguf ;;
+esac
 out=build/models; mkdir -p "$out"
-prompts=("Once upon a time" "The capital of France is" "def fibonacci(n):" "In 1492, Columbus" "My favourite food is")
+prompts=("Once upon a time" "The capital of France is" "def fibonacci(n):" "In 1492, Columbus" "My favourite food is"
+  "The weather today" "SELECT * FROM users WHERE" "Dear Sir or Madam," "The quick brown fox" "To be or not to be"
+  "import numpy as np" "Water boils at" "The first rule of" "Ladies and gentlemen," "In the beginning" "Hello, my name is")
+prompts=("${prompts[@]:0:${PROMPTS:-5}}")
 mk() { [ -f "$out/$shape-$1.gguf" ] || ./build/cairn mkmodel --shape "$shape" --type "$1" --vocab "$v" -o "$out/$shape-$1.gguf" >/dev/null; }
 ours() { ./build/cairn generate -m "$out/$shape-$1.gguf" -p "$2" -n 32 --temp 0 2>/dev/null; }
 theirs() { "$ref/llama-simple" -m "$out/$shape-$1.gguf" -n 32 "$2" 2>/dev/null | sed -e 's/^<s> //' -e 's/^<|begin_of_text|>//' | cut -c$((${#2} + 1))-; }

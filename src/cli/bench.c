@@ -558,6 +558,23 @@ static int64_t decode_probe_mib(const struct bench_opts *o, double bytes_per_tok
     return mib < 1 ? 1 : mib > 1024 ? 1024 : mib;
 }
 
+/* Where a mixture's decode step goes (the first run): each phase of the experts' layers
+ * per token, the products' read rates, and the rest of the forward with the bytes it reads. */
+static void print_moe_phases(const struct moe_stats *a, const struct moe_stats *b, double t_run, int64_t n_gen,
+                             double bytes_per_tok)
+{
+    double n = (double)n_gen, ms = 1e-6 / n;
+    double t_route = (double)(b->ns_route - a->ns_route) * ms, t_gather = (double)(b->ns_gather - a->ns_gather) * ms;
+    double t_gu = (double)(b->ns_gate_up - a->ns_gate_up) * ms, t_down = (double)(b->ns_down - a->ns_down) * ms;
+    double down = (double)(b->down_bytes - a->down_bytes) / n, all = (double)(b->expert_bytes - a->expert_bytes) / n;
+    double t_moe = t_route + t_gather + t_gu + t_down, t_tok = t_run * 1e3 / n;
+    double rest_bytes = bytes_per_tok - all;
+    printf("  experts' layers (first run, per token): %.2f of %.2f ms (%.0f%%): route %.2f, gather %.2f, "
+           "gate+up+act %.2f (%.2f GB/s), down+combine %.2f (%.2f GB/s); the rest %.2f ms for %.1f MiB (%.2f GB/s)\n",
+           t_moe, t_tok, 100.0 * t_moe / t_tok, t_route, t_gather, t_gu, (all - down) / (t_gu * 1e6), t_down,
+           down / (t_down * 1e6), t_tok - t_moe, rest_bytes / (1 << 20), rest_bytes / ((t_tok - t_moe) * 1e6));
+}
+
 /* Token generation: -n decode steps of one token, median of -r runs into tg tok/s, and
  * the share of the roofline that bytes read per token and bandwidth allow; 0, or -1
  * (message printed, or out of memory). */
@@ -598,6 +615,7 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
             struct moe_stats s1 = engine_moe_stats(bn->e);
             bytes_per_tok += moe_fixed + (double)(s1.expert_bytes - s0.expert_bytes) / (double)n_gen -
                              (double)bn->m->weight_bytes;
+            print_moe_phases(&s0, &s1, bn->t[r], n_gen, bytes_per_tok);
         }
         struct bw_reading bwr;
         if (bw_probe(bn->bwp, (size_t)decode_probe_mib(o, bytes_per_tok) << 20, N_BW_STYLES, &bwr)) {

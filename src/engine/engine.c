@@ -971,13 +971,15 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         struct resid_job rj = {.e = e, .B = B, .bias = L->bo, .post_norm = L->attn_post_norm, .add = true,
                                .next_norm = L->ffn_norm};
         const float *ffn_post_norm = NULL;
+        bool ffn_added = false; /* a mixture of experts adds its output to x itself */
         if (!L->router)
             kinds_for(rj.kinds, (const struct kern_mat *const[]){L->w_gate, L->w_up}, 2);
         run_rows(e, resid_run, &rj, B);
 
         /* feed-forward block */
         if (L->router) {
-            moe_forward(e->moe, e->pool, e->vec, L, e->xn, B, e->tmp);
+            moe_forward(e->moe, e->pool, e->vec, L, e->xn, B, e->x); /* adds to x itself */
+            ffn_added = true;
         } else {
             struct mm_item gu_items[2] = {
                 mm_item_part(e, L->w_gate, DIM_EMBD, e->gate, (size_t)hp->n_ff, e->ff_part),
@@ -1008,7 +1010,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
             ffn_post_norm = L->ffn_post_norm;
         }
         /* the residual add, and the next layer's norm and quantized input */
-        rj = (struct resid_job){.e = e, .B = B, .post_norm = ffn_post_norm, .add = true};
+        rj = (struct resid_job){.e = e, .B = B, .post_norm = ffn_post_norm, .add = !ffn_added};
         if (il + 1 < n_layers) {
             const struct model_layer *N = &m->layers[il + 1];
             rj.next_norm = N->attn_norm;

@@ -1,5 +1,6 @@
 #include "engine/moe.h"
 
+#include "base/clock.h"
 #include "base/dtype.h"
 #include "base/err.h"
 #include "kern/kern.h"
@@ -37,6 +38,7 @@ struct moe {
     int32_t *row;       /* (max_batch, n_used): the gathered row of each choice */
     int32_t *count;     /* (n_expert) tokens that chose each expert this step */
     int32_t *first;     /* (n_expert + 1) first gathered row of each expert */
+    int32_t *chosen;    /* (n_expert) the experts any token chose this step, ascending */
     int32_t *row_token; /* (max_batch * n_used) token of each gathered row */
     int32_t *row_expert; /* (max_batch * n_used) expert of each gathered row */
     /* Activations quantized per kind: the batch's rows (n_embd), those rows gathered by
@@ -45,8 +47,8 @@ struct moe {
     size_t xrow[N_KINDS], hrow[N_KINDS];
     float *gate, *up;   /* (max_batch * n_used, n_ff) gathered */
     float *out;         /* (max_batch * n_used, n_embd) gathered */
-    struct moe_item *items; /* 2 * n_expert + 1 */
-    long *first_unit;       /* 2 * n_expert + 2 */
+    struct moe_item *items; /* 1: the router's product over a large batch */
+    long *first_unit;       /* 2 */
     struct moe_stats stats;
 };
 
@@ -76,14 +78,15 @@ int moe_create(struct moe **out, const struct model_hparams *hp, int max_batch)
     mo->row = zalloc(R * sizeof(int32_t));
     mo->count = zalloc((size_t)mo->n_expert * sizeof(int32_t));
     mo->first = zalloc(((size_t)mo->n_expert + 1) * sizeof(int32_t));
+    mo->chosen = zalloc((size_t)mo->n_expert * sizeof(int32_t));
     mo->row_token = zalloc(R * sizeof(int32_t));
     mo->row_expert = zalloc(R * sizeof(int32_t));
     mo->gate = zalloc(R * (size_t)mo->n_ff * sizeof(float));
     mo->up = zalloc(R * (size_t)mo->n_ff * sizeof(float));
     mo->out = zalloc(R * (size_t)mo->n_embd * sizeof(float));
-    mo->items = zalloc((2 * (size_t)mo->n_expert + 1) * sizeof *mo->items);
-    mo->first_unit = zalloc((2 * (size_t)mo->n_expert + 2) * sizeof *mo->first_unit);
-    bool ok = mo->logits && mo->sel && mo->w && mo->row && mo->count && mo->first && mo->row_token &&
+    mo->items = zalloc(sizeof *mo->items);
+    mo->first_unit = zalloc(2 * sizeof *mo->first_unit);
+    bool ok = mo->logits && mo->sel && mo->w && mo->row && mo->count && mo->first && mo->chosen && mo->row_token &&
               mo->row_expert && mo->gate && mo->up && mo->out && mo->items && mo->first_unit;
     for (int k = 0; k < N_KINDS && ok; k++) {
         int blk = dtype_info(kind_type[k])->block_elems;
@@ -111,7 +114,7 @@ void moe_release(struct moe *mo)
 {
     if (!mo)
         return;
-    void *bufs[] = {mo->logits, mo->sel, mo->w, mo->row, mo->count, mo->first, mo->row_token, mo->row_expert,
+    void *bufs[] = {mo->logits, mo->sel, mo->w, mo->row, mo->count, mo->first, mo->chosen, mo->row_token, mo->row_expert,
                     mo->gate, mo->up, mo->out, mo->items, mo->first_unit};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
@@ -186,8 +189,7 @@ struct rows_job {
     const struct vec_ops *vec;
     const float *x;
     int n;              /* rows */
-    int kind[2];        /* activation kinds wanted (-1: none) */
-    float *y;           /* combine: the output */
+    int kind[3];        /* activation kinds wanted (-1: none) */
 };
 
 /* The batch's rows quantized for the router's and the experts' kinds. */
@@ -197,9 +199,9 @@ static void quant_x_run(void *ctx, int ith, int nth)
     struct moe *mo = j->mo;
     long lo, hi;
     pool_split(j->n, 1, ith, nth, &lo, &hi);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         int kd = j->kind[k];
-        if (kd < 0 || (k == 1 && kd == j->kind[0]))
+        if (kd < 0 || (k >= 1 && kd == j->kind[0]) || (k == 2 && kd == j->kind[1]))
             continue;
         for (long b = lo; b < hi; b++)
             kern_act_quantize(kind_type[kd], j->x + b * mo->n_embd, (char *)mo->xq[kd] + b * mo->xrow[kd], mo->n_embd);
@@ -216,57 +218,6 @@ static void swiglu_oai(float *g, const float *u, const float *bg, const float *b
         x = x < limit ? x : limit;
         y = y < -limit ? -limit : y > limit ? limit : y;
         g[i] = x / (1.0f + expf(alpha * -x)) * (y + 1.0f);
-    }
-}
-
-/* h = silu(gate) * up over the gathered rows (gpt-oss: swiglu_oai), quantized for the down
- * products. */
-static void act_run(void *ctx, int ith, int nth)
-{
-    struct rows_job *j = ctx;
-    struct moe *mo = j->mo;
-    long lo, hi;
-    pool_split(j->n, 1, ith, nth, &lo, &hi);
-    int kd = j->kind[0];
-    for (long r = lo; r < hi; r++) {
-        float *g = mo->gate + r * mo->n_ff;
-        if (mo->oss) {
-            size_t e = (size_t)mo->row_expert[r];
-            swiglu_oai(g, mo->up + r * mo->n_ff, j->L->exp_gate_b + e * (size_t)mo->n_ff,
-                       j->L->exp_up_b + e * (size_t)mo->n_ff, mo->n_ff);
-        } else {
-            j->vec->silu_mul(g, mo->up + r * mo->n_ff, mo->n_ff);
-        }
-        kern_act_quantize(kind_type[kd], g, (char *)mo->hq[kd] + r * mo->hrow[kd], mo->n_ff);
-    }
-}
-
-/* y[b] = sum over the token's choices, in top-k order, of its experts' outputs times their weights. */
-static void combine_run(void *ctx, int ith, int nth)
-{
-    struct rows_job *j = ctx;
-    struct moe *mo = j->mo;
-    long lo, hi;
-    pool_split(j->n, 1, ith, nth, &lo, &hi);
-    int64_t n = mo->n_embd;
-    for (long b = lo; b < hi; b++) {
-        float *y = j->y + b * n;
-        for (int k = 0; k < mo->n_used; k++) {
-            int r = mo->row[b * mo->n_used + k];
-            float *o = mo->out + (int64_t)r * n;
-            float w = mo->w[b * mo->n_used + k];
-            if (mo->oss) { /* the down product's bias first (its own row: each gathered row is one choice) */
-                const float *bd = j->L->exp_down_b + (int64_t)mo->row_expert[r] * n;
-                for (int64_t i = 0; i < n; i++)
-                    o[i] = o[i] + bd[i];
-            }
-            if (k == 0)
-                for (int64_t i = 0; i < n; i++)
-                    y[i] = o[i] * w;
-            else
-                for (int64_t i = 0; i < n; i++)
-                    y[i] = y[i] + o[i] * w;
-        }
     }
 }
 
@@ -348,6 +299,140 @@ static void route(struct moe *mo, const struct model_layer *L, int b)
     }
 }
 
+/* ---- the experts' products, fused with the element-wise steps around them ---- */
+
+/* Gate and up with the activation: a unit is the columns [c0, c1) of h (rows of the gate
+ * and up matrices) of one chosen expert over all the tokens that chose it. c0 and c1 are
+ * multiples of the down input's activation block, so the unit applies the activation to
+ * its columns and quantizes their whole blocks itself (a block's quantization reads that
+ * block alone): no pass over h after the products, and one dispatch for all of it. */
+struct gu_job {
+    struct moe *mo;
+    const struct model_layer *L;
+    const struct vec_ops *vec;
+    int k_gate, k_up, k_down;
+    int n_sel;               /* chosen experts, ascending, in mo->chosen */
+    long cols;               /* columns of h per unit */
+    long units_per_expert;
+    _Atomic long next;
+};
+
+static void gu_run(void *ctx, int ith, int nth)
+{
+    (void)ith;
+    (void)nth;
+    struct gu_job *j = ctx;
+    struct moe *mo = j->mo;
+    const struct model_layer *L = j->L;
+    int64_t n_ff = mo->n_ff;
+    size_t xg_row = mo->xrow[j->k_gate], xu_row = mo->xrow[j->k_up], h_row = mo->hrow[j->k_down];
+    int blk = dtype_info(kind_type[j->k_down])->block_elems;
+    size_t blk_bytes = kern_act_row_bytes(kind_type[j->k_down], blk);
+    long total = (long)j->n_sel * j->units_per_expert;
+    for (long u; (u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < total;) {
+        int e = mo->chosen[u / j->units_per_expert];
+        int64_t c0 = (u % j->units_per_expert) * j->cols, c1 = c0 + j->cols < n_ff ? c0 + j->cols : n_ff;
+        size_t r0 = (size_t)mo->first[e];
+        int cnt = mo->first[e + 1] - mo->first[e];
+        kern_matmul(L->exp_gate[e], (char *)mo->xg[j->k_gate] + r0 * xg_row, xg_row, cnt, mo->gate + r0 * n_ff,
+                    (size_t)n_ff, c0, c1);
+        kern_matmul(L->exp_up[e], (char *)mo->xg[j->k_up] + r0 * xu_row, xu_row, cnt, mo->up + r0 * n_ff,
+                    (size_t)n_ff, c0, c1);
+        for (size_t r = r0; r < r0 + (size_t)cnt; r++) {
+            float *g = mo->gate + r * n_ff + c0;
+            const float *up = mo->up + r * n_ff + c0;
+            if (mo->oss)
+                swiglu_oai(g, up, L->exp_gate_b + (size_t)e * n_ff + c0, L->exp_up_b + (size_t)e * n_ff + c0, c1 - c0);
+            else
+                j->vec->silu_mul(g, up, c1 - c0);
+            kern_act_quantize(kind_type[j->k_down], g, (char *)mo->hq[j->k_down] + r * h_row + (size_t)(c0 / blk) * blk_bytes,
+                              c1 - c0);
+        }
+    }
+}
+
+/* Down with the combination: a unit is the output columns [r0, r1) (rows of the down
+ * matrices) of every chosen expert over its tokens, then of every token the sum of its
+ * choices over those columns (moe.h's order: the down bias, then m = o_0 * w_0 and
+ * m = m + o_j * w_j in top-k order), added to the residual: y = y + m. */
+struct down_job {
+    struct moe *mo;
+    const struct model_layer *L;
+    int k_down;
+    int n_sel;
+    int B;
+    long rows;               /* output columns per unit */
+    long units;
+    float *y;
+    _Atomic long next;
+};
+
+static void down_run(void *ctx, int ith, int nth)
+{
+    (void)ith;
+    (void)nth;
+    struct down_job *j = ctx;
+    struct moe *mo = j->mo;
+    const struct model_layer *L = j->L;
+    int64_t n = mo->n_embd;
+    size_t h_row = mo->hrow[j->k_down];
+    for (long u; (u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->units;) {
+        int64_t c0 = u * j->rows, c1 = c0 + j->rows < n ? c0 + j->rows : n;
+        for (int i = 0; i < j->n_sel; i++) {
+            int e = mo->chosen[i];
+            size_t r0 = (size_t)mo->first[e];
+            kern_matmul(L->exp_down[e], (char *)mo->hq[j->k_down] + r0 * h_row, h_row, mo->first[e + 1] - mo->first[e],
+                        mo->out + r0 * n, (size_t)n, c0, c1);
+        }
+        for (int b = 0; b < j->B; b++) {
+            float *m = NULL; /* the mixture, built in the first choice's output row */
+            for (int k = 0; k < mo->n_used; k++) {
+                int r = mo->row[b * mo->n_used + k];
+                float *o = mo->out + (int64_t)r * n;
+                float w = mo->w[b * mo->n_used + k];
+                if (mo->oss) { /* the down product's bias first (its own row: each gathered row is one choice) */
+                    const float *bd = L->exp_down_b + (int64_t)mo->row_expert[r] * n;
+                    for (int64_t i = c0; i < c1; i++)
+                        o[i] = o[i] + bd[i];
+                }
+                if (k == 0) {
+                    m = o;
+                    for (int64_t i = c0; i < c1; i++)
+                        m[i] = o[i] * w;
+                } else {
+                    for (int64_t i = c0; i < c1; i++)
+                        m[i] = m[i] + o[i] * w;
+                }
+            }
+            float *y = j->y + b * n;
+            for (int64_t i = c0; i < c1; i++)
+                y[i] = y[i] + m[i];
+        }
+    }
+}
+
+static long lcm_long(long a, long b)
+{
+    long x = a, y = b;
+    while (y) {
+        long t = x % y;
+        x = y;
+        y = t;
+    }
+    return a / x * b;
+}
+
+/* Rows per unit: about UNIT_BYTES of weights at row_bytes a row, a multiple of align. */
+static long unit_rows(size_t row_bytes, long align)
+{
+    long n = (long)(UNIT_BYTES / (row_bytes ? row_bytes : 1)) / align * align;
+    return n < align ? align : n;
+}
+
+/* Up to this many bytes of router products (B rows by its weights) run on the calling
+ * thread: a decode step's router is a few microseconds of work, less than a dispatch. */
+#define ROUTE_ALONE_BYTES (4 << 20)
+
 void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, const struct model_layer *L,
                  const float *x, int B, float *y)
 {
@@ -356,13 +441,20 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
     int k_gate = kern_act_kind(kern_mat_type(L->exp_gate[0]));
     int k_up = kern_act_kind(kern_mat_type(L->exp_up[0]));
     int k_down = kern_act_kind(kern_mat_type(L->exp_down[0]));
+    int64_t t0 = clock_ns(), t1;
 
-    /* router logits */
-    struct rows_job qj = {.mo = mo, .vec = vec, .x = x, .n = B, .kind = {k_router, -1}};
-    pool_run(pool, quant_x_run, &qj);
-    mo->items[0] = (struct moe_item){L->router, mo->xq[k_router], mo->xrow[k_router], B, mo->logits,
-                                     (size_t)mo->n_expert, 0};
-    run_items(mo, pool, 1);
+    /* the batch's rows quantized for the router and the experts, then the router logits */
+    struct rows_job qj = {.mo = mo, .vec = vec, .x = x, .n = B, .kind = {k_router, k_gate, k_up}};
+    if ((size_t)B * kern_mat_bytes(L->router) <= ROUTE_ALONE_BYTES) {
+        quant_x_run(&qj, 0, 1);
+        kern_matmul(L->router, mo->xq[k_router], mo->xrow[k_router], B, mo->logits, (size_t)mo->n_expert, 0,
+                    kern_mat_rows(L->router));
+    } else {
+        pool_run(pool, quant_x_run, &qj);
+        mo->items[0] = (struct moe_item){L->router, mo->xq[k_router], mo->xrow[k_router], B, mo->logits,
+                                         (size_t)mo->n_expert, 0};
+        run_items(mo, pool, 1);
+    }
 
     /* choices, grouped by expert: gathered rows in expert order, tokens ascending */
     memset(mo->count, 0, (size_t)mo->n_expert * sizeof *mo->count);
@@ -371,9 +463,13 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
         for (int k = 0; k < K; k++)
             mo->count[mo->sel[b * K + k]]++;
     }
+    int n_sel = 0;
     mo->first[0] = 0;
-    for (int e = 0; e < mo->n_expert; e++)
+    for (int e = 0; e < mo->n_expert; e++) {
         mo->first[e + 1] = mo->first[e] + mo->count[e];
+        if (mo->count[e])
+            mo->chosen[n_sel++] = e;
+    }
     memset(mo->count, 0, (size_t)mo->n_expert * sizeof *mo->count);
     for (int b = 0; b < B; b++)
         for (int k = 0; k < K; k++) {
@@ -383,11 +479,11 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
             mo->row_token[r] = b;
             mo->row_expert[r] = e;
         }
+    t1 = clock_ns();
+    mo->stats.ns_route += (uint64_t)(t1 - t0);
+    t0 = t1;
 
     /* the experts' inputs, gathered */
-    qj.kind[0] = k_gate;
-    qj.kind[1] = k_up;
-    pool_run(pool, quant_x_run, &qj);
     int R = B * K;
     for (int kd = 0; kd < N_KINDS; kd++) {
         if (kd != k_gate && kd != k_up)
@@ -396,43 +492,44 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
             memcpy((char *)mo->xg[kd] + (size_t)r * mo->xrow[kd],
                    (const char *)mo->xq[kd] + (size_t)mo->row_token[r] * mo->xrow[kd], mo->xrow[kd]);
     }
-
-    /* gate and up of every chosen expert over its tokens */
-    int n = 0;
-    uint64_t bytes = 0;
-    for (int e = 0; e < mo->n_expert; e++) {
-        int cnt = mo->first[e + 1] - mo->first[e];
-        if (!cnt)
-            continue;
-        size_t r0 = (size_t)mo->first[e];
-        mo->items[n++] = (struct moe_item){L->exp_gate[e], (char *)mo->xg[k_gate] + r0 * mo->xrow[k_gate],
-                                           mo->xrow[k_gate], cnt, mo->gate + r0 * (size_t)mo->n_ff, (size_t)mo->n_ff, 0};
-        mo->items[n++] = (struct moe_item){L->exp_up[e], (char *)mo->xg[k_up] + r0 * mo->xrow[k_up],
-                                           mo->xrow[k_up], cnt, mo->up + r0 * (size_t)mo->n_ff, (size_t)mo->n_ff, 0};
-        bytes += kern_mat_bytes(L->exp_gate[e]) + kern_mat_bytes(L->exp_up[e]) + kern_mat_bytes(L->exp_down[e]);
-        mo->stats.expert_runs++;
+    uint64_t bytes = 0, down_bytes = 0;
+    for (int i = 0; i < n_sel; i++) {
+        int e = mo->chosen[i];
+        bytes += kern_mat_bytes(L->exp_gate[e]) + kern_mat_bytes(L->exp_up[e]);
+        down_bytes += kern_mat_bytes(L->exp_down[e]);
     }
-    run_items(mo, pool, n);
+    t1 = clock_ns();
+    mo->stats.ns_gather += (uint64_t)(t1 - t0);
+    t0 = t1;
 
-    struct rows_job aj = {.mo = mo, .L = L, .vec = vec, .n = R, .kind = {k_down, -1}};
-    pool_run(pool, act_run, &aj);
+    /* gate, up and the activation of every chosen expert over its tokens */
+    const struct kern_mat *g0 = L->exp_gate[mo->chosen[0]], *u0 = L->exp_up[mo->chosen[0]];
+    long align = lcm_long(lcm_long(kern_mat_row_align(g0), kern_mat_row_align(u0)),
+                          dtype_info(kind_type[k_down])->block_elems);
+    struct gu_job gj = {.mo = mo, .L = L, .vec = vec, .k_gate = k_gate, .k_up = k_up, .k_down = k_down,
+                        .n_sel = n_sel,
+                        .cols = unit_rows((kern_mat_bytes(g0) + kern_mat_bytes(u0)) / (size_t)mo->n_ff, align)};
+    gj.units_per_expert = (mo->n_ff + gj.cols - 1) / gj.cols;
+    atomic_init(&gj.next, 0);
+    pool_run(pool, gu_run, &gj);
+    t1 = clock_ns();
+    mo->stats.ns_gate_up += (uint64_t)(t1 - t0);
+    t0 = t1;
 
-    /* down of every chosen expert */
-    n = 0;
-    for (int e = 0; e < mo->n_expert; e++) {
-        int cnt = mo->first[e + 1] - mo->first[e];
-        if (!cnt)
-            continue;
-        size_t r0 = (size_t)mo->first[e];
-        mo->items[n++] = (struct moe_item){L->exp_down[e], (char *)mo->hq[k_down] + r0 * mo->hrow[k_down],
-                                           mo->hrow[k_down], cnt, mo->out + r0 * (size_t)mo->n_embd,
-                                           (size_t)mo->n_embd, 0};
-    }
-    run_items(mo, pool, n);
+    /* down of every chosen expert, and the combination */
+    const struct kern_mat *d0 = L->exp_down[mo->chosen[0]];
+    struct down_job dj = {.mo = mo, .L = L, .k_down = k_down, .n_sel = n_sel, .B = B, .y = y,
+                          .rows = unit_rows(kern_mat_bytes(d0) / (size_t)mo->n_embd * (size_t)n_sel,
+                                            kern_mat_row_align(d0))};
+    dj.units = (mo->n_embd + dj.rows - 1) / dj.rows;
+    atomic_init(&dj.next, 0);
+    pool_run(pool, down_run, &dj);
+    t1 = clock_ns();
+    mo->stats.ns_down += (uint64_t)(t1 - t0);
 
-    struct rows_job cj = {.mo = mo, .L = L, .vec = vec, .n = B, .y = y};
-    pool_run(pool, combine_run, &cj);
     mo->stats.steps++;
     mo->stats.token_choices += (uint64_t)R;
-    mo->stats.expert_bytes += bytes;
+    mo->stats.expert_runs += (uint64_t)n_sel;
+    mo->stats.expert_bytes += bytes + down_bytes;
+    mo->stats.down_bytes += down_bytes;
 }

@@ -8,16 +8,22 @@
  *   top-k: the k largest p, largest first, equal p in ascending expert order;
  *   w[j] = p[sel j]; with expert_norm: w[j] = w[j] / max(sum_j w[j] (j in order), 6.1035e-5);
  *   o_j = down_e(silu(gate_e(x)) * up_e(x)) for e = sel j (kern.h's products);
- *   y = o_0 * w[0]; then y = y + o_j * w[j] for j = 1 .. k-1 (top-k order).
+ *   m = o_0 * w[0]; then m = m + o_j * w[j] for j = 1 .. k-1 (top-k order);
+ *   the residual stream y = y + m.
+ * (Each value is one such sequence whichever unit of work or thread computes it: the
+ * forward splits h and y by columns, and a column's steps stay as written.)
  * gpt-oss (hp.oss) differs, as llama.cpp's graph for it:
  *   logits = router product + router bias (added in float);
  *   top-k of the logits as above; w = their softmax (moe.c route_oss's order), no renormalisation;
  *   g = gate_e(x), u = up_e(x); h = swiglu_oai(g + bg_e, u + bu_e) (moe.c's order);
- *   o_j = down_e(h) + bd_e; y as above.
+ *   o_j = down_e(h) + bd_e; m and y as above.
  *
  * A batch groups its tokens by expert: each expert chosen by any token of the batch runs
  * once, as one product over all the tokens that chose it, so its weights are read once per
- * step; experts no token chose are not read at all. */
+ * step; experts no token chose are not read at all. A step is two dispatches to the pool
+ * (the router of a small batch runs on the calling thread): gate, up and the activation
+ * with h's quantization, split by columns of h; then down and the combination, split by
+ * columns of y. */
 #ifndef CAIRN_ENGINE_MOE_H
 #define CAIRN_ENGINE_MOE_H
 
@@ -35,6 +41,12 @@ struct moe_stats {
     uint64_t token_choices;  /* tokens x n_expert_used */
     uint64_t expert_runs;    /* experts run (each once per step that any token chose it) */
     uint64_t expert_bytes;   /* bytes of expert weights read */
+    uint64_t down_bytes;     /* of which the down products' */
+    /* Wall time of each phase, in ns (for the bench; never asserted): the router (its
+     * input quantized, its product, the top-k, grouping), the experts' inputs gathered,
+     * the gate and up products with the activation, the down products with the
+     * combination. */
+    uint64_t ns_route, ns_gather, ns_gate_up, ns_down;
 };
 
 /* Scratch for batches of up to max_batch tokens of the model's shape (n_expert > 0);
@@ -42,8 +54,8 @@ struct moe_stats {
 int moe_create(struct moe **out, const struct model_hparams *hp, int max_batch);
 void moe_release(struct moe *mo); /* accepts NULL */
 
-/* y[b] = the layer's mixture of experts of x[b] (B rows of n_embd, normed), B <= max_batch.
- * Runs its products on pool. */
+/* y[b] = y[b] + the layer's mixture of experts of x[b] (B rows of n_embd, normed; y the
+ * residual stream), B <= max_batch. Runs its products on pool. */
 void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, const struct model_layer *L,
                  const float *x, int B, float *y);
 

@@ -2,7 +2,8 @@
 // with --peer and sealed by one cluster secret (so the data plane is encrypted), an instance placed with "sharding":"pipeline" and min_nodes 2 or 3, each
 // rank a runner process holding a layer range, linked rank to rank by the data plane.
 // Greedy answers equal those of a single-node instance of the same file, for a qwen2 and
-// a llama model, a mixture of experts (qwen3moe), gemma3 (sliding-window layers) and phi3, alone and 8 at once, and with a draft model on rank 0. SIGKILL of the
+// a llama model, mixtures of experts (qwen3moe; gpt-oss with its sinks, biases and sliding layers), gemma3
+// (sliding-window layers) and phi3, alone and 8 at once, and with a draft model on rank 0. SIGKILL of the
 // second rank's runner mid-stream: the client gets an error, the instance comes back, a
 // new request succeeds. SIGKILL of a whole node mid-stream: an error, the node leaves the
 // cluster, the instance is placed again on the nodes left and serves. No runner is left
@@ -12,7 +13,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import OpenAI from 'openai';
-import { SLOW, SHARED, MOE_SHAPE, makeTempDir, removeTempDir, makeModel, startNode, runCairn, http, sleep, metric,
+import { SLOW, SHARED, QWEN_VOCAB, MOE_SHAPE, makeTempDir, removeTempDir, makeModel, startNode, runCairn, http, sleep, metric,
   assertStopsCleanly, getState, waitState, clusterPort, instanceReady, placeInstance, deleteInstance } from './cairn.mjs';
 
 const QWEN = 'qwen-pipe';
@@ -21,6 +22,7 @@ const LLAMA = 'llama-pipe';
 const MOE = 'qwen3moe-pipe';
 const GEMMA = 'gemma3-pipe';
 const PHI = 'phi3-pipe';
+const OSS = 'gpt-oss-pipe';
 const MAX = 32;
 const T = { timeout: 600_000 * SLOW };
 const PROMPTS = ['Hello', 'Tell me about cats.', 'What is 2+2?', 'Why is the sky blue?', 'Name a colour.',
@@ -53,7 +55,11 @@ before(async () => {
       path.join(SHARED, 'testdata/vocab/ggml-vocab-llama-spm.gguf'), '-o', path.join(models, `${name}.gguf`)]);
     assert.equal(g.code, 0, g.stderr);
   }
-  const expect = [QWEN, DRAFT, LLAMA, MOE, GEMMA, PHI];
+  // gpt-oss-tiny: 4 layers, 8 experts of which 4 per token, sliding and full layers alternating
+  const o = await runCairn(['mkmodel', '--shape', 'gpt-oss-tiny', '--type', 'f16', '--vocab', QWEN_VOCAB, '-o',
+    path.join(models, `${OSS}.gguf`)]);
+  assert.equal(o.code, 0, o.stderr);
+  const expect = [QWEN, DRAFT, LLAMA, MOE, GEMMA, PHI, OSS];
   // a node unheard for 4 s leaves the cluster (the test of a lost node waits for that)
   const secret = path.join(dir, 'cluster-secret');
   fs.writeFileSync(secret, 'pipeline-e2e-secret\n', { mode: 0o600 });
@@ -73,7 +79,7 @@ after(async () => {
 });
 
 // The greedy answers of a single-node instance, then of pipelined ones over 2 and 3 nodes.
-for (const model of [QWEN, LLAMA, MOE, GEMMA, PHI]) {
+for (const model of [QWEN, LLAMA, MOE, GEMMA, PHI, OSS]) {
   test(`${model}: pipelined greedy answers equal the single node's, alone and 8 at once`, T, async () => {
     const a = nodes[0];
     const openai = client(a);
