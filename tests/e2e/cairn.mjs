@@ -5,6 +5,7 @@
 //
 // Environment: CAIRN_BINARY (the cairn executable), CAIRN_SHARED_DIR (holds testdata/),
 // CAIRN_SANITIZED=1 (an ASan build: every bound is multiplied).
+import assert from 'node:assert/strict';
 import { spawn, execFile } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -408,4 +409,35 @@ export async function deleteInstance(node, id) {
     throw new Error(`DELETE /instance/${id}: ${r.status} ${r.text}`);
   await waitState(node, (s) => !s.instances[id] && !Object.values(s.runners).some((x) => x.instance_id === id),
     `instance ${id} gone`);
+}
+
+/**
+ * Sets `draft` (k = 4) on the instance of `model` and checks that every prompt's answer
+ * stays what `alone` holds: one by one (the runner loads the draft between its steps, so
+ * the first answers may come before it: asked again until one was drafted, within a
+ * minute), then all at once; and that the draft proposed tokens. ask(prompt, withUsage)
+ * returns the answer, with `drafted` (usage.draft_tokens) when withUsage.
+ */
+export async function assertDraftKeepsAnswers(node, model, draft, prompts, alone, ask) {
+  const s = await getState(node);
+  const id = Object.keys(s.instances).find((k) => s.instances[k].model_id === model);
+  assert.ok(id, JSON.stringify(s.instances));
+  const r = await http(`${node.url}/instance/${id}/draft_model`,
+    { method: 'PUT', body: { draft_model: draft, num_draft_tokens: 4 } });
+  assert.equal(r.status, 200, JSON.stringify(r.json));
+  let drafted = 0;
+  for (let i = 0; i < prompts.length; i++) {
+    const deadline = Date.now() + 60_000 * SLOW;
+    let got = await ask(prompts[i], true);
+    while (got.drafted === 0 && Date.now() < deadline) {
+      assert.equal(got.text, alone[i].text, `prompt ${i}`);
+      await sleep(200);
+      got = await ask(prompts[i], true);
+    }
+    assert.equal(got.text, alone[i].text, `prompt ${i} with the draft`);
+    drafted += got.drafted;
+  }
+  assert.ok(drafted > 0, 'the draft proposed tokens');
+  const together = await Promise.all(prompts.map((p) => ask(p)));
+  assert.deepEqual(together, alone, 'all at once with the draft');
 }

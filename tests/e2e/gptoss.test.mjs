@@ -14,8 +14,8 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import OpenAI from 'openai';
-import { SLOW, QWEN_VOCAB, makeTempDir, removeTempDir, startNode, runCairn, assertStopsCleanly, getState, http, sleep }
-  from './cairn.mjs';
+import { SLOW, QWEN_VOCAB, makeTempDir, removeTempDir, startNode, runCairn, assertStopsCleanly,
+  assertDraftKeepsAnswers } from './cairn.mjs';
 
 const MODEL = 'gpt-oss-tiny';
 const DRAFT = 'gpt-oss-tiny-draft';
@@ -123,28 +123,7 @@ test('the same answer from cairn generate', T, async (t) => {
 test('a draft of its first two layers: the same answers, drafted tokens counted', T, async (t) => {
   if (alone.length !== PROMPTS.length)
     return t.skip('no answers alone');
-  const s = await getState(node);
-  const id = Object.keys(s.instances).find((k) => s.instances[k].model_id === MODEL);
-  assert.ok(id, JSON.stringify(s.instances));
-  const r = await http(`${node.url}/instance/${id}/draft_model`,
-    { method: 'PUT', body: { draft_model: DRAFT, num_draft_tokens: 4 } });
-  assert.equal(r.status, 200, JSON.stringify(r.json));
-  let drafted = 0;
-  for (let i = 0; i < PROMPTS.length; i++) {
-    // the runner loads the draft between its steps: the first answers may come before
-    const deadline = Date.now() + 60_000 * SLOW;
-    let got = await complete(PROMPTS[i], true);
-    while (got.drafted === 0 && Date.now() < deadline) {
-      assert.equal(got.text, alone[i].text, `prompt ${i}`);
-      await sleep(200);
-      got = await complete(PROMPTS[i], true);
-    }
-    assert.equal(got.text, alone[i].text, `prompt ${i} with the draft`);
-    drafted += got.drafted;
-  }
-  assert.ok(drafted > 0, 'the draft proposed tokens');
-  const together = await Promise.all(PROMPTS.map((p) => complete(p)));
-  assert.deepEqual(together, alone, 'all at once with the draft');
+  await assertDraftKeepsAnswers(node, MODEL, DRAFT, PROMPTS, alone, complete);
 });
 
 test('harmony channels: analysis is reasoning_content, final is content', T, async () => {
