@@ -51,25 +51,6 @@ uint64_t master_window_positions(const struct catalog_card *card, const struct c
     return (uint64_t)runner_kv_window_positions((int64_t)pool, card->swa_window, RUNNER_DEFAULT_SLOTS);
 }
 
-/* KV bytes of layers [b, e) for a pool of `pool` positions: a sliding-window layer holds
- * master_window_positions of them. */
-static uint64_t kv_range_bytes(const struct catalog_card *card, const struct cluster_kv *kv, uint64_t pool,
-                               uint32_t b, uint32_t e)
-{
-    uint64_t per = master_kv_token_layer_bytes(card, kv), window = master_window_positions(card, kv, pool);
-    uint64_t full = 0, sliding = 0;
-    for (uint32_t l = b; l < e && l < (uint32_t)card->n_layers; l++) {
-        if (card->layer_swa && card->layer_swa[l])
-            sliding++;
-        else
-            full++;
-    }
-    uint64_t a = full && pool > UINT64_MAX / full ? UINT64_MAX : full * pool;
-    uint64_t w = sliding && window > UINT64_MAX / sliding ? UINT64_MAX : sliding * window;
-    uint64_t positions = a + w < a ? UINT64_MAX : a + w;
-    return per && positions > UINT64_MAX / per ? UINT64_MAX : per * positions;
-}
-
 /* ---- events ---- */
 
 void master_events_clear(struct master_events *out)
@@ -114,6 +95,17 @@ static uint64_t sat_add(uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX 
 static uint64_t sat_mul(uint64_t a, uint64_t b)
 {
     return a && b > UINT64_MAX / a ? UINT64_MAX : a * b;
+}
+
+/* KV bytes of layers [b, e) for a pool of `pool` positions: a sliding-window layer holds
+ * master_window_positions of them. */
+static uint64_t kv_range_bytes(const struct catalog_card *card, const struct cluster_kv *kv, uint64_t pool,
+                               uint32_t b, uint32_t e)
+{
+    uint64_t window = master_window_positions(card, kv, pool), positions = 0;
+    for (uint32_t l = b; l < e && l < (uint32_t)card->n_layers; l++)
+        positions = sat_add(positions, card->layer_swa && card->layer_swa[l] ? window : pool);
+    return sat_mul(master_kv_token_layer_bytes(card, kv), positions);
 }
 
 /* The draft's weights and F16 KV for a pool of `positions`. */
