@@ -243,6 +243,17 @@ static void check_rows_only(const char *path, const struct model *whole, int W, 
     }
     for (int r = 0; r < W; r++)
         model_release(rm[r]);
+    /* a rank's rows of a slice of the layers, a rank out of the world: refused with why */
+    struct model *bad = NULL;
+    struct model_load_opts o = {.layer_begin = 0, .layer_end = 1, .threads = 1, .tp_rank = 0, .tp_world = W};
+    CHECK(model_load(&bad, path, &o, err, sizeof err) == CAIRN_EINVAL && strstr(err, "every layer"),
+          "W %d: a slice loaded as a rank (%s)", W, err);
+    model_release(bad);
+    bad = NULL;
+    o = (struct model_load_opts){.layer_begin = 0, .layer_end = -1, .threads = 1, .tp_rank = W, .tp_world = W};
+    CHECK(model_load(&bad, path, &o, err, sizeof err) == CAIRN_EINVAL && strstr(err, "rank"), "W %d: rank %d loaded",
+          W, W);
+    model_release(bad);
 }
 
 static void check_model(const char *arch, const char *type, int n_head, int n_head_kv)
