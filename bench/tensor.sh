@@ -159,7 +159,7 @@ tensor_run() {
   start_node b $((port + 2)) $((port + 3)) 1 "$core_b" --peer 127.0.0.1:$((port + 1))
   for _ in $(seq 120); do
     n=$(curl -s "$a/state" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{
-      try { console.log(Object.keys(JSON.parse(s).nodes).length) } catch { console.log(0) }})')
+      try { console.log(Object.keys(JSON.parse(s).nodes).length) } catch { console.log(0) }})') || n=0
     [ "$n" -ge 2 ] && break
     sleep 0.5
   done
