@@ -16,7 +16,8 @@
 # discovery off. The ratios are from one run; the machine's other load moves them (the
 # load average is printed with them). And the cost of one exchange alone
 # (bench/tensor_xchg.c: two processes on the two cores, sealed frames of one layer's
-# sizes, no compute), waiting by blocking and by spinning.
+# sizes, no compute), waiting by blocking and by spinning. And each runner's resident
+# memory (VmRSS, RssAnon): a tensor rank holds only its rows of every matrix.
 #   usage: bench/tensor.sh [--model 1b|8b] [--gen N] [--port N] [--cores A,B] [--delays "US ..."]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -84,9 +85,21 @@ wait_ready() {
 
 metric() { curl -s "$1/metrics" | awk -v k="$2" 'index($0, k "{") == 1 {s += $2} END {print s + 0}'; }
 
-results=$work/results.txt idle=$work/idle.txt
+results=$work/results.txt idle=$work/idle.txt memf=$work/mem.txt
 : >"$results"
 : >"$idle"
+: >"$memf"
+# runner_mem LABEL: VmRSS and RssAnon (the repacked weights live there) of each node's
+# runner, after a request: a tensor rank holds only its rows of every matrix.
+runner_mem() {
+  local p q line=""
+  for p in "${pids[@]}"; do
+    for q in $(pgrep -P "$p"); do
+      line="$line $(awk '/^VmRSS|^RssAnon/ {printf "%s %.1f MiB ", $1, $2 / 1024}' /proc/$q/status)|"
+    done
+  done
+  echo "$1: runners:$line" | tee -a "$memf"
+}
 # measure LABEL URL: single-stream decode tok/s; for a tensor instance its figures per step.
 measure() {
   local label=$1 url=$2
@@ -117,6 +130,7 @@ echo "== one node, 1 thread on core $core_a" >&2
 start_node one "$port" $((port + 1)) 1 "$core_a"
 wait_ready "$a" $name
 measure "one node, 1 thread (core $core_a)" "$a"
+runner_mem "one node"
 stop_nodes
 
 # idle_cpu: the CPU the nodes and their runners use over 5 s with no request (% of one
@@ -145,7 +159,7 @@ tensor_run() {
   start_node b $((port + 2)) $((port + 3)) 1 "$core_b" --peer 127.0.0.1:$((port + 1))
   for _ in $(seq 120); do
     n=$(curl -s "$a/state" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{
-      try { console.log(Object.keys(JSON.parse(s).nodes).length) } catch { console.log(0) }})')
+      try { console.log(Object.keys(JSON.parse(s).nodes).length) } catch { console.log(0) }})') || n=0
     [ "$n" -ge 2 ] && break
     sleep 0.5
   done
@@ -153,6 +167,7 @@ tensor_run() {
       -d "{\"model_id\":\"$name\",\"sharding\":\"tensor\",\"min_nodes\":2}" >/dev/null
   wait_ready "$a" $name
   measure "$what" "$a"
+  runner_mem "$what"
   idle_cpu "$what"
   stop_nodes
 }
@@ -174,6 +189,7 @@ echo "| setup | 1 stream decode tok/s (client) | end to end tok/s | runner's dec
 echo "|---|---:|---:|---:|---|"
 cat "$results"
 cat "$idle"
+cat "$memf"
 echo
 echo "One sealed exchange alone, two processes on cores $cores (4/4/16/4 KiB parts each way, as one llama-1b layer):"
 echo "$xchg_out"

@@ -129,16 +129,28 @@ static uint64_t pipe_total_need(const struct ctx *c, uint32_t k)
     return t;
 }
 
+/* Norms and biases of one layer, held whole by every tensor rank: at most 4 vectors of the
+ * output norm's size (two norms; qwen2's q, k and v biases are about one more). */
+#define TENSOR_LAYER_VECTORS 4
+
 static void tensor_need(const struct ctx *c, uint32_t r, uint32_t k, struct place_need *nd)
 {
     memset(nd, 0, sizeof *nd);
-    /* A rank loads (and repacks) every weight, though it reads only its rows of each: the
-     * whole model is counted on every rank; its KV heads are 1/k of the cache. */
-    nd->layers = c->prefix[c->L];
-    nd->kv = ceil_div(c->kv_prefix[c->L], k);
-    nd->embedding = c->m->embed_bytes;
-    nd->head = c->m->norm_bytes + (c->m->tied ? 0 : c->m->head_bytes);
+    nd->kv = ceil_div(c->kv_prefix[c->L], k); /* its KV heads */
     nd->draft = r == 0 ? c->draft_all : 0;
+    if (k == 1) { /* one node: the whole model */
+        nd->layers = c->prefix[c->L];
+        nd->embedding = c->m->embed_bytes;
+        nd->head = c->m->norm_bytes + (c->m->tied ? 0 : c->m->head_bytes);
+    } else {
+        /* A rank loads only its rows of every matrix (model.h, struct model_tp): 1/k of the
+         * layers and of the head, the layers' vectors whole. The embedding lookup reads
+         * rows from the file on demand (pread): nothing of it stays resident but, tied, the
+         * rank's rows of it as the head. */
+        nd->layers = ceil_div(c->prefix[c->L], k) + (uint64_t)c->L * TENSOR_LAYER_VECTORS * c->m->norm_bytes;
+        nd->embedding = c->m->tied ? ceil_div(c->m->embed_bytes, k) : 0;
+        nd->head = c->m->norm_bytes + (c->m->tied ? 0 : ceil_div(c->m->head_bytes, k));
+    }
     nd->total = nd->layers + nd->kv + nd->embedding + nd->head + nd->draft;
 }
 

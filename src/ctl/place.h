@@ -19,9 +19,11 @@
  * search is a greedy front-to-back fill, which can miss a split. Consecutive ranks must
  * be linked.
  *
- * Tensor (runs since issue 22, at most PLACE_TENSOR_MAX nodes): every node holds the whole
- * model (a rank loads every weight, though it reads only its rows) and 1/k of the KV
- * (rounded up); rank 0 the draft. n_head and n_head_kv must divide by k, and every
+ * Tensor (runs since issue 22, at most PLACE_TENSOR_MAX nodes): of k > 1, every node holds
+ * 1/k of the layers' and the head's bytes (a rank loads only its rows of every matrix), 4
+ * norm-sized vectors per layer whole, of a tied embedding 1/k (its head rows; the lookup
+ * reads rows from the file), and 1/k of the KV (each rounded up); one node (k = 1) the
+ * whole model; rank 0 the draft. n_head and n_head_kv must divide by k, and every
  * pair of nodes must be linked.
  *
  * Enumeration (bounded: 2^n subsets are never listed): nodes are ranked by free memory

@@ -46,6 +46,7 @@ struct engine {
     /* Tensor parallelism (engine.h, engine_tp); tp_world 1 when not split. Parts are
      * column (= output row) ranges per rank: part[r] .. part[r+1]. */
     int tp_rank, tp_world;
+    bool windowed; /* the model holds only this rank's rows of each matrix (model.h, struct model_tp) */
     int n_head_loc, n_head_kv_loc;
     int64_t q_part[ENGINE_TP_MAX + 1], kv_part[ENGINE_TP_MAX + 1];
     int64_t embd_part[ENGINE_TP_MAX + 1], ff_part[ENGINE_TP_MAX + 1], vocab_part[ENGINE_TP_MAX + 1];
@@ -206,13 +207,20 @@ static struct mm_item mm_item_for(struct engine *e, const struct kern_mat *m, en
     return (struct mm_item){m, e->act[kind][dim], e->act_row[kind][dim], y, ldy, 0, kern_mat_rows(m)};
 }
 
-/* The product of this rank's rows (part[rank] .. part[rank+1]) of m. */
+/* The product of this rank's rows (part[rank] .. part[rank+1]) of m, into those columns
+ * of y. A model that holds only this rank's rows has them from its row 0. */
 static struct mm_item mm_item_part(struct engine *e, const struct kern_mat *m, enum act_dim dim, float *y, size_t ldy,
                                    const int64_t *part)
 {
     struct mm_item it = mm_item_for(e, m, dim, y, ldy);
-    it.r0 = part[e->tp_rank];
-    it.r1 = part[e->tp_rank + 1];
+    if (e->windowed) {
+        it.y = y + part[e->tp_rank];
+        it.r0 = 0;
+        it.r1 = part[e->tp_rank + 1] - part[e->tp_rank];
+    } else {
+        it.r0 = part[e->tp_rank];
+        it.r1 = part[e->tp_rank + 1];
+    }
     return it;
 }
 
@@ -538,15 +546,7 @@ static void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
 
 int engine_tp_check_hparams(const struct model_hparams *hp, int world, char *err, size_t errlen)
 {
-    if (world < 1 || world > ENGINE_TP_MAX)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "tensor parallelism over %d ranks (1..%d)", world, ENGINE_TP_MAX);
-    if (hp->n_head_kv % world)
-        return cairn_fail(err, errlen, CAIRN_EINVAL,
-                          "tensor parallelism over %d ranks needs a KV-head count they divide (this model has %d KV heads)",
-                          world, hp->n_head_kv);
-    if (hp->n_expert > 0 && world > 1)
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "tensor parallelism of a mixture of experts is not supported");
-    return 0;
+    return model_tp_check_hparams(hp, world, err, errlen);
 }
 
 static int64_t lcm64(int64_t a, int64_t b)
@@ -565,16 +565,16 @@ static int64_t lcm64(int64_t a, int64_t b)
 static int64_t kind_align(const struct model *m, int kind)
 {
     int64_t a = 1;
-    if (kind == 4)
+    if (kind == MODEL_TP_VOCAB)
         return m->output ? kern_mat_row_align(m->output) : 1;
     for (int il = 0; il < m->layer_end - m->layer_begin; il++) {
         const struct model_layer *L = &m->layers[il];
         const struct kern_mat *mats[2] = {NULL, NULL};
-        if (kind == 0)
+        if (kind == MODEL_TP_Q)
             mats[0] = L->wq;
-        else if (kind == 1)
+        else if (kind == MODEL_TP_KV)
             mats[0] = L->wk, mats[1] = L->wv;
-        else if (kind == 2)
+        else if (kind == MODEL_TP_EMBD)
             mats[0] = L->wo, mats[1] = L->w_down;
         else
             mats[0] = L->w_gate, mats[1] = L->w_up;
@@ -585,38 +585,41 @@ static int64_t kind_align(const struct model *m, int kind)
     return a;
 }
 
-/* Rows [0, n) split over world ranks at multiples of align (the last part ends at n). */
-static void split_rows(int64_t n, int64_t align, int world, int64_t *part)
-{
-    for (int r = 0; r < world; r++)
-        part[r] = n * r / world / align * align;
-    part[world] = n;
-}
-
-/* Fills e's parts for world ranks, or says why m cannot be split so. */
-static int tp_parts(struct engine *e, const struct model *m, int world, char *err, size_t errlen)
+/* Fills e's parts for rank `rank` of `world`, or says why m cannot be split so: the
+ * model's own parts when it holds one rank's rows only (model_load_opts.tp_world), else
+ * the same split of the whole matrices. */
+static int tp_parts(struct engine *e, const struct model *m, int rank, int world, char *err, size_t errlen)
 {
     const struct model_hparams *hp = &m->hp;
-    int rc = engine_tp_check_hparams(hp, world, err, errlen);
-    if (rc)
-        return rc;
-    if (world > 1 && (!m->first || !m->last))
-        return cairn_fail(err, errlen, CAIRN_EINVAL, "a tensor-parallel rank holds the whole model (layers %d..%d given)",
-                          m->layer_begin, m->layer_end);
-    int kv_per = hp->n_head_kv / world, group = hp->n_head / hp->n_head_kv;
-    int64_t qa = kind_align(m, 0), kva = kind_align(m, 1);
-    for (int r = 0; r <= world; r++) {
-        e->q_part[r] = (int64_t)r * kv_per * group * hp->head_dim;
-        e->kv_part[r] = (int64_t)r * kv_per * hp->head_dim;
-        if (e->q_part[r] % qa || e->kv_part[r] % kva)
+    struct model_tp tp;
+    int rc;
+    if (m->tp.world > 1) {
+        if (world != m->tp.world || rank != m->tp.rank)
             return cairn_fail(err, errlen, CAIRN_EINVAL,
-                              "tensor parallelism over %d ranks: a rank's %d KV heads of %d rows do not fall on the "
-                              "matrices' row alignment (%lld, %lld)",
-                              world, kv_per, hp->head_dim, (long long)qa, (long long)kva);
+                              "the model holds the rows of tensor-parallel rank %d of %d, not of rank %d of %d",
+                              m->tp.rank, m->tp.world, rank, world);
+        tp = m->tp;
+    } else {
+        if ((rc = engine_tp_check_hparams(hp, world, err, errlen)))
+            return rc;
+        if (world > 1 && (!m->first || !m->last))
+            return cairn_fail(err, errlen, CAIRN_EINVAL,
+                              "a tensor-parallel rank holds the whole model (layers %d..%d given)", m->layer_begin,
+                              m->layer_end);
+        int64_t align[MODEL_TP_KINDS];
+        for (int k = 0; k < MODEL_TP_KINDS; k++)
+            align[k] = kind_align(m, k);
+        if ((rc = model_tp_split(hp, rank, world, align, &tp, err, errlen)))
+            return rc;
     }
-    split_rows(hp->n_embd, kind_align(m, 2), world, e->embd_part);
-    split_rows(hp->n_ff, kind_align(m, 3), world, e->ff_part);
-    split_rows(hp->n_vocab, kind_align(m, 4), world, e->vocab_part);
+    size_t n = (size_t)(world + 1) * sizeof(int64_t);
+    memcpy(e->q_part, tp.q_part, n);
+    memcpy(e->kv_part, tp.kv_part, n);
+    memcpy(e->embd_part, tp.embd_part, n);
+    memcpy(e->ff_part, tp.ff_part, n);
+    memcpy(e->vocab_part, tp.vocab_part, n);
+    e->windowed = m->tp.world > 1;
+    int kv_per = hp->n_head_kv / world, group = hp->n_head / hp->n_head_kv;
     e->n_head_loc = kv_per * group;
     e->n_head_kv_loc = kv_per;
     e->q_loc_dim = e->q_part[1];
@@ -650,7 +653,7 @@ static uint64_t tp_weight_bytes(const struct engine *e)
 int engine_tp_check(const struct model *m, int world, char *err, size_t errlen)
 {
     struct engine e = {0};
-    return tp_parts(&e, m, world, err, errlen);
+    return tp_parts(&e, m, m->tp.world > 1 ? m->tp.rank : 0, world, err, errlen);
 }
 
 int engine_create(struct engine **out, const struct model *m, const struct engine_config *cfg, char *err, size_t errlen)
@@ -673,7 +676,7 @@ int engine_create(struct engine **out, const struct model *m, const struct engin
     if (e->tp_world > 1 && (e->tp_rank < 0 || e->tp_rank >= e->tp_world || !cfg->tp.gather))
         rc = cairn_fail(err, errlen, CAIRN_EINVAL, "tensor-parallel rank %d of %d (or no gather)", cfg->tp.rank,
                         cfg->tp.world);
-    if (rc || (rc = tp_parts(e, m, e->tp_world, err, errlen))) {
+    if (rc || (rc = tp_parts(e, m, e->tp_rank, e->tp_world, err, errlen))) {
         free(e);
         return rc;
     }
@@ -945,9 +948,10 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         };
         matmul_items(e, B, qkv_items, 3);
         if (e->tp_world > 1) {
-            copy_cols(e->q_loc, (size_t)e->q_loc_dim, 0, e->q, (size_t)e->q_dim, qkv_items[0].r0, e->q_loc_dim, B);
-            copy_cols(e->k_loc, (size_t)e->kv_loc_dim, 0, e->k, (size_t)e->kv_dim, qkv_items[1].r0, e->kv_loc_dim, B);
-            copy_cols(e->v_loc, (size_t)e->kv_loc_dim, 0, e->v, (size_t)e->kv_dim, qkv_items[2].r0, e->kv_loc_dim, B);
+            int64_t q0 = e->q_part[e->tp_rank], kv0 = e->kv_part[e->tp_rank];
+            copy_cols(e->q_loc, (size_t)e->q_loc_dim, 0, e->q, (size_t)e->q_dim, q0, e->q_loc_dim, B);
+            copy_cols(e->k_loc, (size_t)e->kv_loc_dim, 0, e->k, (size_t)e->kv_dim, kv0, e->kv_loc_dim, B);
+            copy_cols(e->v_loc, (size_t)e->kv_loc_dim, 0, e->v, (size_t)e->kv_dim, kv0, e->kv_loc_dim, B);
         }
         bool swa = model_layer_swa(hp, m->layer_begin + il);
         struct qkv_post_job pj = {e, L, kv, il, B, swa && e->rope_cs_swa ? e->rope_cs_swa : e->rope_cs};
@@ -956,7 +960,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         attn_forward_sinks(e->att, e->pool, e->vec, kv, il, B, b->seq, b->pos, e->q_loc, e->attn_loc,
                            swa ? hp->swa_window : 0, L->sinks ? L->sinks + e->q_part[e->tp_rank] / hp->head_dim : NULL);
         if (e->tp_world > 1) {
-            copy_cols(e->attn, (size_t)e->q_dim, qkv_items[0].r0, e->attn_loc, (size_t)e->q_loc_dim, 0, e->q_loc_dim, B);
+            copy_cols(e->attn, (size_t)e->q_dim, e->q_part[e->tp_rank], e->attn_loc, (size_t)e->q_loc_dim, 0, e->q_loc_dim, B);
             if ((rc = tp_gather(e, e->attn, B, (size_t)e->q_dim, e->q_part, 0, err, errlen)))
                 return rc;
         }

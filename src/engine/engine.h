@@ -18,7 +18,8 @@
 #include "model/model.h"
 
 /* Tensor parallelism (issue 22): `world` ranks, each with its own engine over the whole
- * model, compute one forward together. Every matrix is split by OUTPUT rows: each rank
+ * model or over only its rows of every matrix (model_load_opts.tp_world: struct model_tp
+ * gives the parts, the same either way), compute one forward together. Every matrix is split by OUTPUT rows: each rank
  * computes the rows of its part, so every dot product is still computed whole, by one
  * rank, in the kernels' canonical order (kern.h), and the logits are the same bits as one
  * node's. Attention is split by KV heads (rank r holds KV heads [r*h/W, (r+1)*h/W) and
@@ -41,7 +42,7 @@ struct engine_tp {
     void *ctx;
 };
 
-#define ENGINE_TP_MAX 8
+#define ENGINE_TP_MAX MODEL_TP_MAX
 
 struct engine_config {
     int n_threads;   /* >= 1 */

@@ -124,6 +124,10 @@ size_t kern_mat_bytes(const struct kern_mat *m);
 /* Rows must be split between threads at multiples of this (e.g. 16 for interleaved
  * layouts); the last part may end at `rows`. */
 int kern_mat_row_align(const struct kern_mat *m);
+/* The row alignment a matrix of `type` prepared for `path` (AUTO: as kern_mat_create
+ * chooses) would have, known before preparing it: what a loader that prepares only some
+ * rows of a matrix splits at. 1 for a type or path this CPU cannot prepare. */
+int kern_row_align(int type, enum kern_path path);
 
 /* y[b*ldy + r] = dot(W row r, activation row b) for r in [r0, r1), b in [0, B).
  * xq: B activation rows from kern_act_quantize, row b at xq + b*ldx bytes.

@@ -501,6 +501,19 @@ enum kern_path kern_mat_path(const struct kern_mat *m) { return m->path; }
 size_t kern_mat_bytes(const struct kern_mat *m) { return m->bytes; }
 int kern_mat_row_align(const struct kern_mat *m) { return m->view.G; }
 
+int kern_row_align(int type, enum kern_path path)
+{
+    const struct dtype_info *ti = dtype_info(type);
+    if (!ti || !ti->supported)
+        return 1;
+    if (path == KERN_PATH_AUTO) { /* kern_mat_create's choice */
+        path = kern_best_path();
+        while (!path_has_type(path, type))
+            path = slower_path(path);
+    }
+    return cpu_has(path) && path_has_type(path, type) ? path_group(path) : 1;
+}
+
 void kern_matmul(const struct kern_mat *m, const void *xq, size_t ldx, int B, float *y,
                  size_t ldy, int64_t r0, int64_t r1)
 {

@@ -68,24 +68,8 @@ static void drop_source_pages(const void *data, uint64_t size)
         madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
-static int load_mat(struct loader *ld, struct kern_mat **out, const char *name, int64_t rows, int64_t cols)
-{
-    int rc;
-    const struct gguf_tensor *t = find_tensor(ld, name, 2, cols, rows, true, &rc);
-    if (!t)
-        return rc;
-    char kerr[256];
-    rc = kern_mat_create(out, t->type, t->data, rows, cols, ld->path, kerr, sizeof kerr);
-    if (rc)
-        return cairn_fail(ld->err, ld->errlen, rc, "tensor %s: %s", name, kerr);
-    if (kern_mat_path(*out) != KERN_PATH_REF)
-        drop_source_pages(t->data, t->size);
-    ld->weight_bytes += kern_mat_bytes(*out);
-    ld->all_bytes += kern_mat_bytes(*out);
-    return 0;
-}
-
-/* Rows [row0, row0 + rows) of a fused matrix tensor t (already checked) as one matrix. */
+/* Rows [row0, row0 + rows) of a matrix tensor t (already checked) as one matrix; only
+ * their file pages are read (and dropped once repacked). */
 static int load_mat_rows(struct loader *ld, struct kern_mat **out, const struct gguf_tensor *t, int64_t row0,
                          int64_t rows)
 {
@@ -94,31 +78,65 @@ static int load_mat_rows(struct loader *ld, struct kern_mat **out, const struct 
     const char *data = (const char *)t->data + (size_t)row0 * (size_t)rb;
     char kerr[256];
     int rc = kern_mat_create(out, t->type, data, rows, cols, ld->path, kerr, sizeof kerr);
+    if (rc && row0 == 0 && rows == t->ne[1])
+        return cairn_fail(ld->err, ld->errlen, rc, "tensor %s: %s", t->name, kerr);
     if (rc)
         return cairn_fail(ld->err, ld->errlen, rc, "tensor %s (rows %lld..%lld): %s", t->name, (long long)row0,
                           (long long)(row0 + rows), kerr);
     if (kern_mat_path(*out) != KERN_PATH_REF)
         drop_source_pages(data, (uint64_t)rows * (uint64_t)rb);
     ld->weight_bytes += kern_mat_bytes(*out);
+    ld->all_bytes += kern_mat_bytes(*out);
     return 0;
+}
+
+/* This rank's rows of a split matrix: part (a struct model_tp's) on a tensor-parallel
+ * rank, else (or part NULL: a matrix never split) [0, rows). */
+static void rank_rows(const struct loader *ld, const int64_t *part, int64_t rows, int64_t *row0, int64_t *n)
+{
+    const struct model_tp *tp = &ld->m->tp;
+    if (tp->world > 1 && part) {
+        *row0 = part[tp->rank];
+        *n = part[tp->rank + 1] - part[tp->rank];
+    } else {
+        *row0 = 0;
+        *n = rows;
+    }
+}
+
+/* Matrix `name` of rows x cols, of which this rank's rows of part (NULL: all). */
+static int load_mat(struct loader *ld, struct kern_mat **out, const char *name, int64_t rows, int64_t cols,
+                    const int64_t *part)
+{
+    int rc;
+    const struct gguf_tensor *t = find_tensor(ld, name, 2, cols, rows, true, &rc);
+    if (!t)
+        return rc;
+    int64_t row0, n;
+    rank_rows(ld, part, rows, &row0, &n);
+    return load_mat_rows(ld, out, t, row0, n);
 }
 
 /* phi3: attn_qkv (q, k, v rows) and ffn_up (gate rows, then up rows). */
 static int load_fused(struct loader *ld, int il, struct model_layer *L)
 {
     const struct model_hparams *hp = &ld->m->hp;
+    const struct model_tp *tp = &ld->m->tp;
     int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    int64_t q0, nq, kv0, nkv, f0, nf;
+    rank_rows(ld, tp->q_part, q_dim, &q0, &nq);
+    rank_rows(ld, tp->kv_part, kv_dim, &kv0, &nkv);
+    rank_rows(ld, tp->ff_part, hp->n_ff, &f0, &nf);
     char name[96];
     int rc;
     snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", il);
     const struct gguf_tensor *t = find_tensor(ld, name, 2, hp->n_embd, q_dim + 2 * kv_dim, true, &rc);
-    if (!t || (rc = load_mat_rows(ld, &L->wq, t, 0, q_dim)) || (rc = load_mat_rows(ld, &L->wk, t, q_dim, kv_dim)) ||
-        (rc = load_mat_rows(ld, &L->wv, t, q_dim + kv_dim, kv_dim)))
+    if (!t || (rc = load_mat_rows(ld, &L->wq, t, q0, nq)) || (rc = load_mat_rows(ld, &L->wk, t, q_dim + kv0, nkv)) ||
+        (rc = load_mat_rows(ld, &L->wv, t, q_dim + kv_dim + kv0, nkv)))
         return rc;
     snprintf(name, sizeof name, "blk.%d.ffn_up.weight", il);
     t = find_tensor(ld, name, 2, hp->n_embd, 2 * (int64_t)hp->n_ff, true, &rc);
-    if (!t || (rc = load_mat_rows(ld, &L->w_gate, t, 0, hp->n_ff)) ||
-        (rc = load_mat_rows(ld, &L->w_up, t, hp->n_ff, hp->n_ff)))
+    if (!t || (rc = load_mat_rows(ld, &L->w_gate, t, f0, nf)) || (rc = load_mat_rows(ld, &L->w_up, t, hp->n_ff + f0, nf)))
         return rc;
     return 0;
 }
@@ -219,7 +237,7 @@ static int load_moe(struct loader *ld, int il, struct model_layer *L)
     char name[96];
     int rc;
 #define NAME(suffix) (snprintf(name, sizeof name, "blk.%d.%s", il, suffix), name)
-    if ((rc = load_mat(ld, &L->router, NAME("ffn_gate_inp.weight"), hp->n_expert, hp->n_embd)) ||
+    if ((rc = load_mat(ld, &L->router, NAME("ffn_gate_inp.weight"), hp->n_expert, hp->n_embd, NULL)) ||
         (rc = load_experts(ld, &L->exp_gate, NAME("ffn_gate_exps.weight"), hp->n_ff_exp, hp->n_embd)) ||
         (rc = load_experts(ld, &L->exp_up, NAME("ffn_up_exps.weight"), hp->n_ff_exp, hp->n_embd)) ||
         (rc = load_experts(ld, &L->exp_down, NAME("ffn_down_exps.weight"), hp->n_embd, hp->n_ff_exp)))
@@ -236,13 +254,14 @@ static int load_moe(struct loader *ld, int il, struct model_layer *L)
 static int load_layer(struct loader *ld, int il, struct model_layer *L)
 {
     const struct model_hparams *hp = &ld->m->hp;
+    const struct model_tp *tp = &ld->m->tp;
     int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     char name[96];
     int rc;
 #define NAME(suffix) (snprintf(name, sizeof name, "blk.%d.%s", il, suffix), name)
     /* gpt-oss names its FFN norm post_attention_norm (a norm before the FFN, not gemma3's) */
     if ((rc = load_vec(ld, &L->attn_norm, NAME("attn_norm.weight"), hp->n_embd, true)) ||
-        (rc = load_mat(ld, &L->wo, NAME("attn_output.weight"), hp->n_embd, q_dim)) ||
+        (rc = load_mat(ld, &L->wo, NAME("attn_output.weight"), hp->n_embd, q_dim, tp->embd_part)) ||
         (rc = load_vec(ld, &L->ffn_norm, NAME(hp->oss ? "post_attention_norm.weight" : "ffn_norm.weight"), hp->n_embd,
                        true)))
         return rc;
@@ -252,17 +271,17 @@ static int load_layer(struct loader *ld, int il, struct model_layer *L)
     if (hp->fused) { /* q, k, v and gate, up from two fused matrices */
         if ((rc = load_fused(ld, il, L)))
             return rc;
-    } else if ((rc = load_mat(ld, &L->wq, NAME("attn_q.weight"), q_dim, hp->n_embd)) ||
-               (rc = load_mat(ld, &L->wk, NAME("attn_k.weight"), kv_dim, hp->n_embd)) ||
-               (rc = load_mat(ld, &L->wv, NAME("attn_v.weight"), kv_dim, hp->n_embd))) {
+    } else if ((rc = load_mat(ld, &L->wq, NAME("attn_q.weight"), q_dim, hp->n_embd, tp->q_part)) ||
+               (rc = load_mat(ld, &L->wk, NAME("attn_k.weight"), kv_dim, hp->n_embd, tp->kv_part)) ||
+               (rc = load_mat(ld, &L->wv, NAME("attn_v.weight"), kv_dim, hp->n_embd, tp->kv_part))) {
         return rc;
     }
     if (hp->n_expert > 0) {
         if ((rc = load_moe(ld, il, L)))
             return rc;
-    } else if ((!hp->fused && ((rc = load_mat(ld, &L->w_gate, NAME("ffn_gate.weight"), hp->n_ff, hp->n_embd)) ||
-                               (rc = load_mat(ld, &L->w_up, NAME("ffn_up.weight"), hp->n_ff, hp->n_embd)))) ||
-               (rc = load_mat(ld, &L->w_down, NAME("ffn_down.weight"), hp->n_embd, hp->n_ff))) {
+    } else if ((!hp->fused && ((rc = load_mat(ld, &L->w_gate, NAME("ffn_gate.weight"), hp->n_ff, hp->n_embd, tp->ff_part)) ||
+                               (rc = load_mat(ld, &L->w_up, NAME("ffn_up.weight"), hp->n_ff, hp->n_embd, tp->ff_part)))) ||
+               (rc = load_mat(ld, &L->w_down, NAME("ffn_down.weight"), hp->n_embd, hp->n_ff, tp->embd_part))) {
         return rc;
     }
     if (hp->gemma &&
@@ -282,24 +301,114 @@ static int load_layer(struct loader *ld, int il, struct model_layer *L)
     return 0;
 }
 
-/* The output head (tied or not: the embedding lookup faults in the few rows it reads
- * again when the source pages are dropped). */
+/* The output head (tied or not: the embedding lookup reads its rows with pread), of a
+ * tensor-parallel rank its vocabulary rows only. */
 static int load_head(struct loader *ld)
 {
     const struct model_hparams *hp = &ld->m->hp;
     const char *head = hp->tied_output ? "token_embd.weight" : "output.weight";
-    int rc;
-    const struct gguf_tensor *t = find_tensor(ld, head, 2, hp->n_embd, hp->n_vocab, true, &rc);
-    if (!t)
-        return rc;
-    char kerr[256];
-    if ((rc = kern_mat_create(&ld->m->output, t->type, t->data, hp->n_vocab, hp->n_embd, ld->path, kerr, sizeof kerr)))
-        return cairn_fail(ld->err, ld->errlen, rc, "tensor %s: %s", head, kerr);
-    if (kern_mat_path(ld->m->output) != KERN_PATH_REF)
-        drop_source_pages(t->data, t->size);
-    ld->weight_bytes += kern_mat_bytes(ld->m->output);
-    ld->all_bytes += kern_mat_bytes(ld->m->output);
+    return load_mat(ld, &ld->m->output, head, hp->n_vocab, hp->n_embd, ld->m->tp.vocab_part);
+}
+
+/* ---- tensor-parallel parts ---- */
+
+int model_tp_check_hparams(const struct model_hparams *hp, int world, char *err, size_t errlen)
+{
+    if (world < 1 || world > MODEL_TP_MAX)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "tensor parallelism over %d ranks (1..%d)", world, MODEL_TP_MAX);
+    if (hp->n_head_kv % world)
+        return cairn_fail(err, errlen, CAIRN_EINVAL,
+                          "tensor parallelism over %d ranks needs a KV-head count they divide (this model has %d KV heads)",
+                          world, hp->n_head_kv);
+    if (hp->n_expert > 0 && world > 1)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "tensor parallelism of a mixture of experts is not supported");
     return 0;
+}
+
+/* Rows [0, n) split over world ranks at multiples of align (the last part ends at n). */
+static void split_rows(int64_t n, int64_t align, int world, int64_t *part)
+{
+    for (int r = 0; r < world; r++)
+        part[r] = n * r / world / align * align;
+    part[world] = n;
+}
+
+int model_tp_split(const struct model_hparams *hp, int rank, int world, const int64_t align[MODEL_TP_KINDS],
+                   struct model_tp *out, char *err, size_t errlen)
+{
+    int rc = model_tp_check_hparams(hp, world, err, errlen);
+    if (rc)
+        return rc;
+    if (rank < 0 || rank >= world)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "tensor-parallel rank %d of %d", rank, world);
+    for (int k = 0; k < MODEL_TP_KINDS; k++)
+        if (align[k] < 1)
+            return cairn_fail(err, errlen, CAIRN_EINVAL, "tensor parallelism: row alignment %lld", (long long)align[k]);
+    memset(out, 0, sizeof *out);
+    out->rank = rank;
+    out->world = world;
+    int kv_per = hp->n_head_kv / world, group = hp->n_head / hp->n_head_kv;
+    for (int r = 0; r <= world; r++) {
+        out->q_part[r] = (int64_t)r * kv_per * group * hp->head_dim;
+        out->kv_part[r] = (int64_t)r * kv_per * hp->head_dim;
+        if (out->q_part[r] % align[MODEL_TP_Q] || out->kv_part[r] % align[MODEL_TP_KV])
+            return cairn_fail(err, errlen, CAIRN_EINVAL,
+                              "tensor parallelism over %d ranks: a rank's %d KV heads of %d rows do not fall on the "
+                              "matrices' row alignment (%lld, %lld)",
+                              world, kv_per, hp->head_dim, (long long)align[MODEL_TP_Q], (long long)align[MODEL_TP_KV]);
+    }
+    split_rows(hp->n_embd, align[MODEL_TP_EMBD], world, out->embd_part);
+    split_rows(hp->n_ff, align[MODEL_TP_FF], world, out->ff_part);
+    split_rows(hp->n_vocab, align[MODEL_TP_VOCAB], world, out->vocab_part);
+    return 0;
+}
+
+static int64_t lcm64(int64_t a, int64_t b)
+{
+    int64_t x = a, y = b;
+    while (y) {
+        int64_t t = x % y;
+        x = y;
+        y = t;
+    }
+    return a / x * b;
+}
+
+/* The row alignment of each kind of split matrix over every layer of f, from the types of
+ * its tensors (kern_row_align): what engine.c's kind_align finds on the prepared
+ * matrices. A missing tensor counts for nothing (loading it fails later, by name). */
+static void file_tp_aligns(const struct model *m, enum kern_path path, int64_t align[MODEL_TP_KINDS])
+{
+    const struct model_hparams *hp = &m->hp;
+    static const char *const plain[MODEL_TP_KINDS - 1][2] = {
+        [MODEL_TP_Q] = {"attn_q.weight", NULL},
+        [MODEL_TP_KV] = {"attn_k.weight", "attn_v.weight"},
+        [MODEL_TP_EMBD] = {"attn_output.weight", "ffn_down.weight"},
+        [MODEL_TP_FF] = {"ffn_gate.weight", "ffn_up.weight"},
+    };
+    static const char *const fused[MODEL_TP_KINDS - 1][2] = { /* phi3 */
+        [MODEL_TP_Q] = {"attn_qkv.weight", NULL},
+        [MODEL_TP_KV] = {"attn_qkv.weight", NULL},
+        [MODEL_TP_EMBD] = {"attn_output.weight", "ffn_down.weight"},
+        [MODEL_TP_FF] = {"ffn_up.weight", NULL},
+    };
+    for (int k = 0; k < MODEL_TP_KINDS; k++)
+        align[k] = 1;
+    char name[96];
+    for (int il = 0; il < hp->n_layers; il++)
+        for (int k = 0; k < MODEL_TP_KINDS - 1; k++)
+            for (int i = 0; i < 2; i++) {
+                const char *suffix = (hp->fused ? fused : plain)[k][i];
+                if (!suffix)
+                    continue;
+                snprintf(name, sizeof name, "blk.%d.%s", il, suffix);
+                const struct gguf_tensor *t = gguf_find_tensor(m->file, name);
+                if (t)
+                    align[k] = lcm64(align[k], kern_row_align(t->type, path));
+            }
+    const struct gguf_tensor *t = gguf_find_tensor(m->file, hp->tied_output ? "token_embd.weight" : "output.weight");
+    if (t)
+        align[MODEL_TP_VOCAB] = kern_row_align(t->type, path);
 }
 
 /* Repacking the matrices is most of a load: jobs (the head first, being the largest,
@@ -398,6 +507,18 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
     }
     m->first = m->layer_begin == 0;
     m->last = m->layer_end == hp->n_layers;
+    m->tp.world = 1;
+    if (opts->tp_world > 1) { /* only this rank's rows of every matrix */
+        if (!m->first || !m->last) {
+            rc = cairn_fail(err, errlen, CAIRN_EINVAL, "a tensor-parallel rank holds every layer (layers %d..%d given)",
+                            m->layer_begin, m->layer_end);
+            goto fail;
+        }
+        int64_t align[MODEL_TP_KINDS];
+        file_tp_aligns(m, opts->path, align);
+        if ((rc = model_tp_split(hp, opts->tp_rank, opts->tp_world, align, &m->tp, err, errlen)))
+            goto fail;
+    }
     struct loader ld = {.m = m, .path = opts->path, .err = err, .errlen = errlen};
 
     const struct gguf_tensor *emb = NULL;

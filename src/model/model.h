@@ -4,6 +4,8 @@
  * are described as data (model/arch.h): which tensors a layer has and which options apply,
  * so that the forward pass has one code path for all of them.
  *
+ * A tensor-parallel rank loads only its rows of every matrix (struct model_tp).
+ *
  * Weights stay in the mmapped file where the kernels read them in place; when the
  * kernel path repacks a matrix, the file pages of the source are dropped after the
  * copy, so resident memory stays about one copy of the weights. */
@@ -49,6 +51,30 @@ struct model_layer {
     float *exp_down_b;       /* (n_expert, n_embd) ffn_down_exps.bias */
 };
 
+/* Tensor parallelism (issue 22; the engine's side is engine.h's struct engine_tp): every
+ * matrix is split by output rows, rank r of W computing rows [part[r], part[r+1]) of each:
+ * q_part of wq, kv_part of wk and wv (both whole KV heads with their query heads),
+ * embd_part of wo and w_down, ff_part of w_gate and w_up, vocab_part of the head. Each part
+ * starts on the row alignment of the matrices it splits (kern_row_align), so that a rank's
+ * rows prepared on their own are the rows of the whole matrix, and their products the
+ * same bits. */
+#define MODEL_TP_MAX 8
+enum model_tp_kind { MODEL_TP_Q, MODEL_TP_KV, MODEL_TP_EMBD, MODEL_TP_FF, MODEL_TP_VOCAB, MODEL_TP_KINDS };
+struct model_tp {
+    int rank, world; /* world 1: not split (every part the whole range) */
+    int64_t q_part[MODEL_TP_MAX + 1], kv_part[MODEL_TP_MAX + 1], embd_part[MODEL_TP_MAX + 1],
+        ff_part[MODEL_TP_MAX + 1], vocab_part[MODEL_TP_MAX + 1];
+};
+
+/* Whether a model of these hyper-parameters can be split over `world` ranks (1..
+ * MODEL_TP_MAX; the KV heads divide among them; no mixture of experts): 0, or
+ * CAIRN_EINVAL saying why not. */
+int model_tp_check_hparams(const struct model_hparams *hp, int world, char *err, size_t errlen);
+/* The parts of rank `rank` of `world` (model_tp_check_hparams' rules), each kind's parts
+ * on multiples of align[kind]: 0, or CAIRN_EINVAL saying why not. */
+int model_tp_split(const struct model_hparams *hp, int rank, int world, const int64_t align[MODEL_TP_KINDS],
+                   struct model_tp *out, char *err, size_t errlen);
+
 struct model {
     struct gguf_file *file;  /* owned */
     struct model_hparams hp;
@@ -63,6 +89,10 @@ struct model {
     struct kern_mat *output; /* (n_vocab, n_embd), last slice */
     float *rope_freq_factors; /* (n_rot/2) from rope_freqs.weight (Llama 3) or NULL */
     struct model_layer *layers; /* layer_end - layer_begin entries */
+    /* world > 1 (model_load_opts.tp_world): every matrix (of the layers and the head)
+     * holds only this rank's rows, tp's parts of it, from its row 0; the file pages of the
+     * other rows are never read. Norms, biases and the embedding lookup stay whole. */
+    struct model_tp tp;
     uint64_t weight_bytes;   /* bytes the matrices of this slice read per token: of a mixture
                                 of experts, n_expert_used of n_expert experts' */
     uint64_t all_weight_bytes; /* bytes of all its matrices (what it holds in memory) */
@@ -74,6 +104,8 @@ struct model_load_opts {
     int layer_end;           /* -1: all */
     enum kern_path path;     /* KERN_PATH_AUTO */
     int threads;             /* repacking the matrices: 0, one thread per online CPU (at most 16) */
+    int tp_rank, tp_world;   /* tp_world > 1: only rank tp_rank's rows of every matrix
+                                (struct model_tp), the whole model's layers */
 };
 
 /* Opens `path` and loads a slice. Unsupported architectures and tensor types, missing

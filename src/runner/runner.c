@@ -1313,16 +1313,27 @@ static uint64_t kv_resident_bytes(const struct model *m, const struct kv_config 
 static int load(struct runner *r, char *err, size_t errlen)
 {
     struct model_load_opts lo = {.layer_begin = r->cfg.layer_begin, .layer_end = r->cfg.layer_end};
+    bool tensor = r->cfg.tensor && r->cfg.world_size > 1;
+    if (tensor) { /* a rank loads only its rows of every matrix */
+        lo.tp_rank = r->cfg.rank;
+        lo.tp_world = r->cfg.world_size;
+    }
     int rc = model_load(&r->m, r->cfg.model_path, &lo, err, errlen);
     if (rc)
         return rc;
     const struct model *m = r->m;
+    /* what a reader of the log (and the tensor e2e test) compares across placements */
+    if (tensor)
+        fprintf(stderr, "cairn runner: tensor rank %d of %d holds %llu bytes of weights (its rows of every matrix)\n",
+                r->cfg.rank, r->cfg.world_size, (unsigned long long)m->all_weight_bytes);
+    else
+        fprintf(stderr, "cairn runner: layers %d..%d hold %llu bytes of weights\n", m->layer_begin, m->layer_end,
+                (unsigned long long)m->all_weight_bytes);
     r->ctx = r->cfg.ctx ? r->cfg.ctx : (m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096);
     r->max_batch = r->ctx < RUNNER_MAX_BATCH ? (int)r->ctx : RUNNER_MAX_BATCH;
     struct engine_config ec = {.n_threads = r->cfg.threads, .max_batch = r->max_batch, .max_ctx = r->ctx};
     struct sched_config sc = {.slots = r->cfg.slots, .ctx = r->ctx, .cache_seqs = r->cfg.slots};
-    bool tensor = r->cfg.tensor && r->cfg.world_size > 1;
-    if (tensor) { /* every rank holds the model and computes its part of each layer */
+    if (tensor) { /* every rank computes its part of each layer */
         if ((rc = tensor_create(&r->tp, r->cfg.rank, r->cfg.world_size, 0, err, errlen)))
             return rc;
         ec.tp = tensor_engine_tp(r->tp);

@@ -1,6 +1,6 @@
-/* The runner side of a tensor-parallel instance (issue 22): every rank holds the whole
- * model and computes its part of every layer (engine.h, struct engine_tp: its rows of
- * every matrix, its KV heads), and the ranks complete each split vector over the data
+/* The runner side of a tensor-parallel instance (issue 22): every rank loads only its rows
+ * of every matrix (model.h, struct model_tp; the norms whole) and computes its part of
+ * every layer (engine.h, struct engine_tp: those rows, its KV heads), and the ranks complete each split vector over the data
  * plane's ring (runner/dataplane.h: the same connections, handshake, epochs, key and flow
  * control as a pipeline's; rank r's `next` goes to rank (r+1) % W, `prev` comes from
  * rank (r-1+W) % W).

@@ -410,7 +410,9 @@ static void test_tensor(void)
     q.r.model.n_expert = 0;
     q.r.model.n_head_kv = 2;
 
-    /* 2 nodes: heads divide; each holds every weight (a rank loads them all) and half the KV. */
+    /* 2 nodes: heads divide; each holds half of every matrix (its rows), the layers'
+     * vectors whole (4 norm-sized per layer) and half the KV; the embedding lookup reads
+     * rows on demand. */
     q.r.min_nodes = 2;
     q.r.max_nodes = 2;
     if (run_place(&q, &res))
@@ -421,12 +423,30 @@ static void test_tensor(void)
         for (int r = 0; r < 2; r++) {
             CHECK_EQ_INT(b->shares[r].layer_begin, 0);
             CHECK_EQ_INT(b->shares[r].layer_end, 32);
-            CHECK_EQ_INT(b->shares[r].need.layers, 3200 * MiB);
+            CHECK_EQ_INT(b->shares[r].need.layers, 1600 * MiB + 32 * 4 * 16 * 1024);
             CHECK_EQ_INT(b->shares[r].need.kv, 1024ull * 4096 * 16);
-            CHECK_EQ_INT(b->shares[r].need.embedding, 500 * MiB);
-            CHECK_EQ_INT(b->shares[r].need.head, 500 * MiB + 16 * 1024);
+            CHECK_EQ_INT(b->shares[r].need.embedding, 0);
+            CHECK_EQ_INT(b->shares[r].need.head, 250 * MiB + 16 * 1024);
         }
     }
+    place_result_free(&res);
+
+    /* Nodes that cannot hold the whole model (4.2 GiB of weights) but each its share: a
+     * tensor placement over two runs; a single node fits nowhere. */
+    req_init(&q);
+    q.r.sharding = PLACE_TENSOR;
+    q.r.model.n_head = 32;
+    q.r.model.n_head_kv = 8;
+    add_node(&q, "a", 3 * GiB);
+    add_node(&q, "b", 3 * GiB);
+    full_mesh(&q, 10);
+    if (run_place(&q, &res))
+        return;
+    b = best(&res);
+    CHECK(b && b->n_nodes == 2 && b->executable && b->shares[0].need.total < 2 * GiB, "tensor share of a model "
+          "no node holds (%u nodes, need %llu)", b ? b->n_nodes : 0, b ? (unsigned long long)b->shares[0].need.total : 0);
+    for (size_t i = 0; i < res.n_cands; i++)
+        CHECK(res.cands[i].n_nodes != 1 || !res.cands[i].accepted, "one node of 3 GiB accepted");
     place_result_free(&res);
 
     /* Tensor needs every pair linked. */
@@ -859,9 +879,12 @@ static int oracle_tensor(const struct req *q, const size_t *set, uint32_t k)
         layers += layer_b(m, l);
         kv += model_kv_layer(m, l);
     }
-    /* every rank holds every weight, and 1/k of the KV */
-    uint64_t per = layers + (kv + k - 1) / k + m->embed_bytes + m->norm_bytes +
-                   (m->tied ? 0 : m->head_bytes);
+    /* one node holds every weight; of k > 1, each rank 1/k of every matrix, each layer's 4
+     * norm-sized vectors whole, and of a tied embedding its head rows; 1/k of the KV */
+    uint64_t per = k == 1 ? layers + kv + m->embed_bytes + m->norm_bytes + (m->tied ? 0 : m->head_bytes)
+                          : (layers + k - 1) / k + (uint64_t)m->n_layers * 4 * m->norm_bytes + (kv + k - 1) / k +
+                                (m->tied ? (m->embed_bytes + k - 1) / k : 0) + m->norm_bytes +
+                                (m->tied ? 0 : (m->head_bytes + k - 1) / k);
     /* rank 0 (draft) may be any node: the one with most free memory is best */
     uint64_t draft = m->draft_bytes + m->draft_kv_bytes_per_token * m->ctx_len * m->n_slots;
     size_t top = set[0];

@@ -1,6 +1,6 @@
 // Tensor parallelism (issue 22): two `cairn node` processes on 127.0.0.1 joined with --peer
 // and sealed by one cluster secret, an instance placed with "sharding":"tensor" over both:
-// each rank a runner process holding the whole model and computing its half of every layer
+// each rank a runner process holding only its rows of every matrix and computing its half of every layer
 // (its KV heads, its rows of every matrix), the halves exchanged over the data plane.
 // Greedy answers and their log-probabilities equal those of a single-node instance of the
 // same file, bit for bit, alone and 8 at once, and with a draft model on rank 0. SIGKILL

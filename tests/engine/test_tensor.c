@@ -2,7 +2,8 @@
  * process, each with its own engine and its own cache of its KV heads, linked by an
  * in-memory gather, give logits of the same bits as one engine, on batches that mix
  * sequences, prefill chunks and decode tokens; W that does not divide the KV heads is
- * refused; each rank reads its part of every matrix and makes 4 exchanges per layer. */
+ * refused; each rank reads its part of every matrix and makes 4 exchanges per layer. The
+ * same with each rank's model loaded with its rows only (model_load_opts.tp_world). */
 #include "base/err.h"
 #include "engine/engine.h"
 #include "engine/kv.h"
@@ -118,11 +119,13 @@ fail:
     return NULL;
 }
 
-/* The same on W ranks; returns rank 0's logits. */
-static float *run_tp(const struct model *m, int W, int threads, struct engine_tp_stats *st0, uint64_t *gathers,
+/* The same on W ranks, rank r over ms[r] (the same whole model, or each rank's rows only);
+ * returns rank 0's logits. */
+static float *run_tp(struct model *const *ms, int W, int threads, struct engine_tp_stats *st0, uint64_t *gathers,
                      uint64_t *weight_bytes)
 {
     char err[256];
+    const struct model *m = ms[0];
     int V = m->hp.n_vocab;
     struct mem_tp x = {.world = W};
     struct mem_rank mr[ENGINE_TP_MAX];
@@ -135,9 +138,9 @@ static float *run_tp(const struct model *m, int W, int threads, struct engine_tp
         mr[r] = (struct mem_rank){&x, r};
         struct engine_config ec = {.n_threads = threads, .max_batch = 16, .max_ctx = 64,
                                    .tp = {.rank = r, .world = W, .gather = mem_gather, .ctx = &mr[r]}};
-        struct kv_config kc = engine_kv_config_tp(m, W, 64, 3, 16);
+        struct kv_config kc = engine_kv_config_tp(ms[r], W, 64, 3, 16);
         rr[r].out = malloc((size_t)16 * (size_t)V * sizeof(float));
-        if (engine_create(&rr[r].e, m, &ec, err, sizeof err) || kv_create(&rr[r].kv, &kc, err, sizeof err)) {
+        if (engine_create(&rr[r].e, ms[r], &ec, err, sizeof err) || kv_create(&rr[r].kv, &kc, err, sizeof err)) {
             CHECK(0, "rank %d engine/kv: %s", r, err);
             ok = false;
         }
@@ -189,6 +192,70 @@ static int first_diff(const float *a, const float *b, size_t n)
     return -1;
 }
 
+/* Each rank loaded with only its rows of every matrix (model_load_opts.tp_world): the
+ * same logits as one engine's; each holds its share of the matrices (they add up to the
+ * whole model's, exactly) and the vectors whole; an engine of another rank is refused. */
+static void check_rows_only(const char *path, const struct model *whole, int W, const float *ref, uint64_t mat_bytes)
+{
+    char err[256];
+    struct model *rm[ENGINE_TP_MAX] = {0};
+    bool ok = true;
+    for (int r = 0; r < W && ok; r++) {
+        struct model_load_opts o = {.layer_begin = 0, .layer_end = -1, .threads = 1, .tp_rank = r, .tp_world = W};
+        if (model_load(&rm[r], path, &o, err, sizeof err)) {
+            CHECK(0, "rank %d of %d: %s", r, W, err);
+            ok = false;
+        }
+    }
+    if (ok) {
+        uint64_t vec_bytes = whole->all_weight_bytes - mat_bytes, held = 0;
+        for (int r = 0; r < W; r++) {
+            held += rm[r]->all_weight_bytes;
+            CHECK(rm[r]->all_weight_bytes <= mat_bytes / (uint64_t)W + mat_bytes / 16 + vec_bytes,
+                  "W %d: rank %d holds %llu bytes of %llu", W, r, (unsigned long long)rm[r]->all_weight_bytes,
+                  (unsigned long long)whole->all_weight_bytes);
+        }
+        CHECK(held == mat_bytes + (uint64_t)W * vec_bytes, "W %d: ranks hold %llu bytes, want %llu", W,
+              (unsigned long long)held, (unsigned long long)(mat_bytes + (uint64_t)W * vec_bytes));
+        /* rank 1's rows under rank 0's engine: refused, with why */
+        struct engine *e = NULL;
+        struct engine_config ec = {.n_threads = 1, .max_batch = 1, .max_ctx = 8,
+                                   .tp = {.rank = 0, .world = W, .gather = mem_gather, .ctx = NULL}};
+        CHECK(engine_create(&e, rm[1], &ec, err, sizeof err) == CAIRN_EINVAL && strstr(err, "rows of"),
+              "W %d: rank 1's rows taken by rank 0 (%s)", W, err);
+        engine_release(e);
+        ec.tp.world = 0;
+        CHECK(engine_create(&e, rm[0], &ec, err, sizeof err) == CAIRN_EINVAL, "W %d: rank 0's rows on one node", W);
+        engine_release(e);
+        struct engine_tp_stats st = {0};
+        uint64_t gathers = 0, sum = 0;
+        float *tp = run_tp(rm, W, 1, &st, &gathers, &sum);
+        if (tp) {
+            size_t n = (size_t)20 * (size_t)whole->hp.n_vocab;
+            int d = first_diff(ref, tp, n);
+            CHECK(d < 0, "W %d, rows only: logits differ from one engine's at %d", W, d);
+            CHECK(sum + 64 >= mat_bytes && sum <= mat_bytes + 64, "W %d, rows only: ranks read %llu bytes of %llu", W,
+                  (unsigned long long)sum, (unsigned long long)mat_bytes);
+            printf("  rows only: same bits; rank 0 holds %llu of the whole model's %llu weight bytes\n",
+                   (unsigned long long)rm[0]->all_weight_bytes, (unsigned long long)whole->all_weight_bytes);
+        }
+        free(tp);
+    }
+    for (int r = 0; r < W; r++)
+        model_release(rm[r]);
+    /* a rank's rows of a slice of the layers, a rank out of the world: refused with why */
+    struct model *bad = NULL;
+    struct model_load_opts o = {.layer_begin = 0, .layer_end = 1, .threads = 1, .tp_rank = 0, .tp_world = W};
+    CHECK(model_load(&bad, path, &o, err, sizeof err) == CAIRN_EINVAL && strstr(err, "every layer"),
+          "W %d: a slice loaded as a rank (%s)", W, err);
+    model_release(bad);
+    bad = NULL;
+    o = (struct model_load_opts){.layer_begin = 0, .layer_end = -1, .threads = 1, .tp_rank = W, .tp_world = W};
+    CHECK(model_load(&bad, path, &o, err, sizeof err) == CAIRN_EINVAL && strstr(err, "rank"), "W %d: rank %d loaded",
+          W, W);
+    model_release(bad);
+}
+
 static void check_model(const char *arch, const char *type, int n_head, int n_head_kv)
 {
     struct synth_spec s = {.n_layers = 2, .n_embd = 512, .n_ff = 1024, .n_head = n_head, .n_head_kv = n_head_kv,
@@ -205,7 +272,6 @@ static void check_model(const char *arch, const char *type, int n_head, int n_he
         unlink(path);
         return;
     }
-    unlink(path);
     float *ref = run_one(m, 2);
     /* one engine reads every matrix of the layers and the head */
     uint64_t all = 0;
@@ -226,7 +292,10 @@ static void check_model(const char *arch, const char *type, int n_head, int n_he
         CHECK(engine_tp_check(m, W, err, sizeof err) == 0, "%s %s W %d: %s", arch, type, W, err);
         struct engine_tp_stats st = {0};
         uint64_t gathers = 0, sum = 0;
-        float *tp = run_tp(m, W, W == 2 ? 2 : 1, &st, &gathers, &sum);
+        struct model *same[ENGINE_TP_MAX];
+        for (int r = 0; r < W; r++)
+            same[r] = m;
+        float *tp = run_tp(same, W, W == 2 ? 2 : 1, &st, &gathers, &sum);
         if (tp) {
             int d = first_diff(ref, tp, n);
             CHECK(d < 0, "%s %s W %d: logits differ from one engine's at %d: %.9g vs %.9g", arch, type, W, d,
@@ -245,9 +314,12 @@ static void check_model(const char *arch, const char *type, int n_head, int n_he
                    (unsigned long long)st.part_bytes, (unsigned long long)st.weight_bytes, (unsigned long long)all);
         }
         free(tp);
+        if (ref)
+            check_rows_only(path, m, W, ref, all);
     }
     free(ref);
     model_release(m);
+    unlink(path);
 }
 
 static void test_llama_types(void)
@@ -262,6 +334,12 @@ static void test_qwen(void)
 {
     check_model("qwen2", "q8_0", 8, 4);
     check_model("qwen3", "q4_0", 16, 8);
+}
+
+/* phi3's fused attn_qkv and ffn_up: a rank's rows of each of the five matrices in them. */
+static void test_phi3(void)
+{
+    check_model("phi3", "q8_0", 8, 8);
 }
 
 /* W that does not divide the KV heads, W over the limit, a mixture of experts: refused with why. */
@@ -281,6 +359,7 @@ int main(int argc, char **argv)
     test_begin(argc, argv);
     RUN(test_llama_types);
     RUN(test_qwen);
+    RUN(test_phi3);
     RUN(test_refused);
     return test_main_end();
 }

@@ -165,6 +165,9 @@ static void check_case(int type, int64_t rows, int64_t cols, int mode, uint64_t 
         CHECK_EQ_INT(kern_mat_type(m), type);
         int al = kern_mat_row_align(m);
         CHECK(al >= 1 && al <= 64, "row align %d", al);
+        /* known before preparing (what a tensor-parallel rank's loader splits at) */
+        CHECK(kern_row_align(type, p) == al, "%s %s: kern_row_align %d, prepared %d", dtype_name(type),
+              kern_path_name(p), kern_row_align(type, p), al);
         /* Splits: whole, aligned parts (last ends at rows), and one unaligned part. */
         int64_t cut1 = al, cut2 = 2 * (int64_t)al;
         int64_t splits[][2] = {{0, rows}, {0, cut1}, {cut1, rows}, {0, cut1}, {cut1, cut2},
