@@ -33,6 +33,7 @@ struct attn {
     int32_t *nv;        /* per thread (rows): positions of the current tile each row sees */
     int32_t *st;        /* per thread (rows): the first of them (a sliding window's start) */
     const void **vrows; /* per thread (3T): V row of each position of the tile, K and scales of each block */
+    const void **hrows; /* per thread (n_head_kv x 3T): the same for every KV head (decode_tile) */
     int32_t *run_start, *run_len; /* (max_batch) query tiles of the batch */
     int64_t *run_items; /* (max_batch + 1) first item of each run (split mode) */
     float *split;       /* (ATTN_SPLIT_MAX x n_head x n_tiles x (hd + 2)) tile partials */
@@ -47,6 +48,23 @@ struct scratch {
     const void **kblk;       /* K piece of each block of the tile (attn_qk_paged) */
     const uint16_t **ksblk;  /* and its scales (quantized K) */
 };
+
+/* decode_tile's pointers, per KV head h: kblk and ksblk [h * ATTN_TILE/bt + b], vrows
+ * [h * ATTN_TILE + j] */
+struct scratch_heads {
+    const void **kblk, **vrows;
+    const uint16_t **ksblk;
+};
+
+static struct scratch_heads scratch_heads_of(struct attn *a, int ith)
+{
+    size_t per = (size_t)a->sh.n_head_kv * ATTN_TILE;
+    struct scratch_heads h;
+    h.vrows = a->hrows + (size_t)ith * 3 * per;
+    h.kblk = h.vrows + per;
+    h.ksblk = (const uint16_t **)(h.kblk + per);
+    return h;
+}
 
 static struct scratch scratch_of(struct attn *a, int ith)
 {
@@ -94,11 +112,12 @@ int attn_create(struct attn **out, const struct attn_shape *sh, int n_threads, i
     a->nv = calloc((size_t)n_threads * R, sizeof *a->nv);
     a->st = calloc((size_t)n_threads * R, sizeof *a->st);
     a->vrows = calloc((size_t)n_threads * 3 * ATTN_TILE, sizeof *a->vrows);
+    a->hrows = calloc((size_t)n_threads * (size_t)sh->n_head_kv * 3 * ATTN_TILE, sizeof *a->hrows);
     a->run_start = calloc((size_t)max_batch, sizeof *a->run_start);
     a->run_len = calloc((size_t)max_batch, sizeof *a->run_len);
     a->run_items = calloc((size_t)max_batch + 1, sizeof *a->run_items);
     a->split = calloc(split, sizeof *a->split); /* committed as touched */
-    if (!a->buf || !a->nv || !a->st || !a->vrows || !a->run_start || !a->run_len || !a->run_items || !a->split) {
+    if (!a->buf || !a->nv || !a->st || !a->vrows || !a->hrows || !a->run_start || !a->run_len || !a->run_items || !a->split) {
         attn_release(a);
         return CAIRN_ENOMEM;
     }
@@ -120,6 +139,7 @@ void attn_release(struct attn *a)
     free(a->nv);
     free(a->st);
     free(a->vrows);
+    free(a->hrows);
     free(a->run_start);
     free(a->run_len);
     free(a->run_items);
@@ -296,6 +316,7 @@ struct attn_job {
     float *out;
     int n_runs;
     bool split; /* each item one tile of one run and KV head; partials merged after */
+    bool by_tile; /* (split) each item one tile of one run and every KV head (decode_tile) */
     bool cold;  /* a decode-sized batch: its K and V are not in cache */
     long n_items;
     _Atomic long next;
@@ -485,6 +506,154 @@ static void finish_row(const struct vec_ops *vec, float *out, const float *o, fl
         out[i] = (o[i] * f[0]) * inv;
 }
 
+/* A decode's K and V come from memory. One KV head's piece of a block is short (2 KiB for
+ * 16 positions of 64 dims) and the next lies a block further (16 KiB with 8 KV heads): read
+ * head by head, as run_item does, no hardware prefetcher follows and the reads are
+ * scattered. So a decode of a few tokens over a long context takes a tile at a time for
+ * every KV head together (each thread a contiguous range of tiles), STREAM_KEYS positions
+ * at a time across the heads, and asks for the bytes ahead of their use in address order
+ * (whole blocks), a part before each head's step so that reads stay in flight while the
+ * arithmetic runs: the tile's V during Q.K, the next tile's K during P.V. (On this machine,
+ * single thread, per CPU-second: 1.4x run_item's reads; the same asks in one burst per tile
+ * 1.25x, a head's pieces at a time 0.85x.) The same bits as tile_partial: every score is
+ * its own chain, P.V adds the positions into o in the same order, and the partials merge
+ * as in split mode. */
+#define STREAM_KEYS 64
+
+/* The K or V of every KV head of the blocks holding positions [p0, p1) (below end), in
+ * the order of their addresses (a block's heads lie together). */
+static void prefetch_blocks(const struct attn_job *j, const int32_t *table, int64_t p0, int64_t p1, int64_t end,
+                            bool v)
+{
+    int bt = j->bt;
+    size_t bytes = (v ? j->v_head : j->k_head) * (size_t)bt * (size_t)j->a->sh.n_head_kv; /* one block */
+    for (int64_t p = p0 - p0 % bt; p < p1 && p < end; p += bt) {
+        const char *at = (v ? j->v_base : j->k_base) + (size_t)table[p / bt] * bytes;
+        for (size_t c = 0; c < bytes; c += 64)
+            __builtin_prefetch(at + c, 0, 2);
+    }
+}
+
+/* Part `part` of `parts` of prefetch_blocks's lines (in the same order): spread over the
+ * steps of a tile, so some of the reads are always in flight while the arithmetic runs. */
+static void prefetch_part(const struct attn_job *j, const int32_t *table, int64_t p0, int64_t p1, int64_t end,
+                          bool v, int part, int parts)
+{
+    int bt = j->bt;
+    size_t bytes = (v ? j->v_head : j->k_head) * (size_t)bt * (size_t)j->a->sh.n_head_kv; /* one block */
+    p1 = p1 < end ? p1 : end;
+    p0 -= p0 % bt;
+    if (p1 <= p0)
+        return;
+    size_t lines = (size_t)((p1 - p0 + bt - 1) / bt) * ((bytes + 63) / 64);
+    size_t per_block = (bytes + 63) / 64;
+    for (size_t i = lines * (size_t)part / (size_t)parts; i < lines * (size_t)(part + 1) / (size_t)parts; i++) {
+        const char *at = (v ? j->v_base : j->k_base) + (size_t)table[p0 / bt + (int64_t)(i / per_block)] * bytes;
+        __builtin_prefetch(at + 64 * (i % per_block), 0, 2);
+    }
+}
+
+/* Whether decode_tile can take this batch (no window; whole blocks in a tile and a step;
+ * every head's rows of a run in the scratch). */
+static bool by_tile_fits(const struct attn_job *j)
+{
+    const struct attn *a = j->a;
+    int max_len = 0;
+    for (int ri = 0; ri < j->n_runs; ri++)
+        max_len = a->run_len[ri] > max_len ? a->run_len[ri] : max_len;
+    return j->window == 0 && j->bt <= STREAM_KEYS && STREAM_KEYS % j->bt == 0 && ATTN_TILE % STREAM_KEYS == 0 &&
+           (int64_t)max_len * a->sh.n_head <= a->rows && max_len * a->group <= ATTN_ROWS;
+}
+
+/* Tile t of run ri for every KV head: partials into a->split. first: the thread's first
+ * item (its K is asked for now); more: the thread's next item is tile t + 1 of the same run
+ * (its K is asked for during P.V). */
+static void decode_tile(struct attn_job *j, struct scratch *sc, const struct scratch_heads *hs, int ri, int64_t t,
+                        bool first, bool more)
+{
+    struct attn *a = j->a;
+    const struct vec_ops *vec = j->vec;
+    int hd = a->sh.head_dim, group = a->group, n_kv = a->sh.n_head_kv, bt = j->bt;
+    int b0 = a->run_start[ri], len = a->run_len[ri], R = len * group;
+    int64_t n_blocks;
+    const int32_t *table = kv_seq_blocks(j->kv, j->seq[b0], &n_blocks);
+    int64_t t0 = t * ATTN_TILE, end = j->pos[b0 + len - 1] + 1;
+    int r0 = R, nmax = 0;
+    for (int i = 0; i < len; i++) {
+        int64_t cnt = j->pos[b0 + i] + 1 - t0;
+        cnt = cnt < 0 ? 0 : cnt > ATTN_TILE ? ATTN_TILE : cnt;
+        for (int g = 0; g < group; g++)
+            sc->nv[i * group + g] = (int32_t)cnt;
+        if (cnt > 0 && r0 == R)
+            r0 = i * group;
+        nmax = cnt > nmax ? (int)cnt : nmax;
+    }
+    if (r0 == R)
+        return;
+    if (first)
+        prefetch_blocks(j, table, t0, t0 + ATTN_TILE, end, false);
+    int nr = R - r0;
+    /* head h's rows at h*R of q, s, ot, mt, lt */
+    for (int h = 0; h < n_kv; h++)
+        for (int r = r0; r < R; r++) {
+            const float *q = j->q + (size_t)(b0 + r / group) * (size_t)j->q_dim + (size_t)(h * group + r % group) * hd;
+            float *qs = sc->q + (size_t)(h * R + r) * hd;
+            for (int d = 0; d < hd; d++)
+                qs[d] = q[d] * j->scale;
+        }
+    bool quant_k = j->type_k == DT_Q8_0 || j->type_k == DT_Q4_0;
+    size_t k_piece = j->k_head * (size_t)bt, v_piece = j->v_head * (size_t)bt;
+    size_t code_bytes = j->type_k == DT_Q8_0 ? (size_t)hd * bt : (size_t)hd / 2 * bt;
+    int nbt = (nmax + bt - 1) / bt, per_head = ATTN_TILE / bt;
+    for (int b = 0; b < nbt; b++) {
+        size_t blk = (size_t)table[(t0 + (int64_t)b * bt) / bt];
+        for (int h = 0; h < n_kv; h++) {
+            const char *kp = j->k_base + (blk * (size_t)n_kv + (size_t)h) * k_piece;
+            const char *vp = j->v_base + (blk * (size_t)n_kv + (size_t)h) * v_piece;
+            hs->kblk[h * per_head + b] = kp;
+            hs->ksblk[h * per_head + b] = quant_k ? (const uint16_t *)(kp + code_bytes) : NULL;
+            for (int c = 0; c < bt; c++)
+                hs->vrows[h * ATTN_TILE + b * bt + c] = vp + (size_t)c * j->v_head;
+        }
+    }
+    int step = STREAM_KEYS / bt;
+    int parts = (nmax + STREAM_KEYS - 1) / STREAM_KEYS * n_kv;
+    for (int b = 0; b < nbt; b += step) {
+        int k0 = b * bt, k1 = k0 + STREAM_KEYS < nmax ? k0 + STREAM_KEYS : nmax;
+        for (int h = 0; h < n_kv; h++) {
+            prefetch_part(j, table, t0, t0 + ATTN_TILE, end, true, (k0 / STREAM_KEYS) * n_kv + h, parts);
+            vec->attn_qk_paged(sc->q + (size_t)(h * R + r0) * hd, hd, nr, hs->kblk + h * per_head + b,
+                               quant_k ? hs->ksblk + h * per_head + b : NULL, bt, k1 - k0, hd, j->type_k,
+                               sc->s + (size_t)(h * R + r0) * ATTN_TILE + k0, ATTN_TILE);
+        }
+    }
+    for (int h = 0; h < n_kv; h++)
+        for (int r = r0; r < R; r++)
+            sc->mt[h * R + r] = vec->softmax_tile(sc->s + (size_t)(h * R + r) * ATTN_TILE, sc->nv[r], &sc->lt[h * R + r]);
+    for (int h = 0; h < n_kv; h++)
+        memset(sc->ot + (size_t)(h * R + r0) * hd, 0, (size_t)nr * (size_t)hd * sizeof(float));
+    int32_t cnt[ATTN_ROWS];
+    for (int k0 = 0; k0 < nmax; k0 += STREAM_KEYS) {
+        for (int r = r0; r < R; r++)
+            cnt[r - r0] = sc->nv[r] - k0 < 0 ? 0 : sc->nv[r] - k0 > STREAM_KEYS ? STREAM_KEYS : sc->nv[r] - k0;
+        for (int h = 0; h < n_kv; h++) {
+            if (more)
+                prefetch_part(j, table, t0 + ATTN_TILE, t0 + 2 * ATTN_TILE, end, false, (k0 / STREAM_KEYS) * n_kv + h,
+                              parts);
+            vec->attn_pv(sc->ot + (size_t)(h * R + r0) * hd, hd, nr, sc->s + (size_t)(h * R + r0) * ATTN_TILE + k0,
+                         ATTN_TILE, cnt, hs->vrows + h * ATTN_TILE + k0, hd, j->type_v);
+        }
+    }
+    for (int h = 0; h < n_kv; h++)
+        for (int r = r0; r < R; r++) {
+            int b = b0 + r / group, qh = h * group + r % group;
+            float *dst = a->split + ((size_t)(b * a->sh.n_head + qh) * (size_t)a->n_tiles + (size_t)t) * (size_t)(hd + 2);
+            memcpy(dst, sc->ot + (size_t)(h * R + r) * hd, (size_t)hd * sizeof *dst);
+            dst[hd] = sc->mt[h * R + r];
+            dst[hd + 1] = sc->lt[h * R + r];
+        }
+}
+
 /* One item: the rows of run ri for KV head h over tiles [ta, tb). */
 static void run_item(struct attn_job *j, struct scratch *sc, int ri, int h, int64_t ta, int64_t tb)
 {
@@ -551,11 +720,24 @@ static void run_item(struct attn_job *j, struct scratch *sc, int ri, int h, int6
 
 static void attn_work(void *ctx, int ith, int nth)
 {
-    (void)nth;
     struct attn_job *j = ctx;
     struct attn *a = j->a;
     struct scratch sc = scratch_of(a, ith);
     int n_kv = a->sh.n_head_kv;
+    if (j->by_tile) {
+        /* a contiguous range of items per thread: each reads on where it left off */
+        struct scratch_heads hs = scratch_heads_of(a, ith);
+        long lo, hi;
+        pool_split(j->n_items, 1, ith, nth, &lo, &hi);
+        int ri = 0;
+        for (long w = lo; w < hi; w++) {
+            while (a->run_items[ri + 1] <= w)
+                ri++;
+            int64_t t = w - a->run_items[ri];
+            decode_tile(j, &sc, &hs, ri, t, w == lo, w + 1 < hi && w + 1 < a->run_items[ri + 1]);
+        }
+        return;
+    }
     for (;;) {
         long w = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (w >= j->n_items)
@@ -650,7 +832,14 @@ void attn_forward_sinks(struct attn *a, struct pool *pool, const struct vec_ops 
      * KV heads alone would leave threads idle; either way gives the same bits. */
     j.cold = n <= ATTN_SPLIT_MAX;
     j.split = j.cold && max_pos >= ATTN_TILE && n_runs * n_kv < 2 * pool_threads(pool);
-    if (j.split) {
+    j.by_tile = j.cold && max_pos >= ATTN_TILE && by_tile_fits(&j);
+    if (j.by_tile) {
+        a->run_items[0] = 0;
+        for (int ri = 0; ri < n_runs; ri++)
+            a->run_items[ri + 1] = a->run_items[ri] + pos[a->run_start[ri] + a->run_len[ri] - 1] / ATTN_TILE + 1;
+        j.n_items = (long)a->run_items[n_runs];
+        j.split = true;
+    } else if (j.split) {
         a->run_items[0] = 0;
         for (int ri = 0; ri < n_runs; ri++) {
             int64_t last = pos[a->run_start[ri] + a->run_len[ri] - 1];
