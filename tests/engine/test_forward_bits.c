@@ -95,21 +95,38 @@ static uint64_t host_hash(const char *type, bool *have_file)
 
 int main(void)
 {
-    static const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0",
-                                  "q5_1", "q4_k", "q5_k", "q6_k"};
+    /* every weight type on a dense llama, and two mixtures of experts (gpt-oss's MXFP4
+     * experts with Q8_0 elsewhere, qwen3moe in Q4_K) */
+    static const struct { const char *name, *shape, *type; } cases[] = {
+        {"f32", NULL, "f32"},       {"f16", NULL, "f16"},       {"bf16", NULL, "bf16"},
+        {"q8_0", NULL, "q8_0"},     {"q4_0", NULL, "q4_0"},     {"q4_1", NULL, "q4_1"},
+        {"q5_0", NULL, "q5_0"},     {"q5_1", NULL, "q5_1"},     {"q4_k", NULL, "q4_k"},
+        {"q5_k", NULL, "q5_k"},     {"q6_k", NULL, "q6_k"},     {"q2_k", NULL, "q2_k"},
+        {"q3_k", NULL, "q3_k"},     {"iq4_nl", NULL, "iq4_nl"}, {"iq4_xs", NULL, "iq4_xs"},
+        {"mxfp4", NULL, "mxfp4"},
+        {"gpt-oss-tiny/mxfp4", "gpt-oss-tiny", "mxfp4"},
+        {"qwen3moe-tiny/q4_k", "qwen3moe-tiny", "q4_k"},
+    };
     struct synth_spec base = {.arch = "llama", .n_layers = 2, .n_embd = 256, .n_ff = 512, .n_head = 4,
                               .n_head_kv = 2, .head_dim = 64, .n_ctx = 512, .rope_base = 10000,
                               .norm_eps = 1e-5f, .seed = 9, .vocab_size = 512};
     printf("best kernel path: %s\n", kern_path_name(kern_best_path()));
     int compared = 0;
     bool have_file = false;
-    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+    for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+        const char *name = cases[t].name;
         struct synth_spec s = base;
-        snprintf(s.type, sizeof s.type, "%s", types[t]);
+        if (cases[t].shape) {
+            int rc = synth_shape(cases[t].shape, &s);
+            CHECK(rc == 0, "synth_shape %s: %d", cases[t].shape, rc);
+            s.seed = 9;
+            s.vocab_size = 512;
+        }
+        snprintf(s.type, sizeof s.type, "%s", cases[t].type);
         char path[128], err[512];
-        snprintf(path, sizeof path, "test_forward_bits_%s_%d.gguf", types[t], (int)getpid());
+        snprintf(path, sizeof path, "test_forward_bits_%d_%d.gguf", (int)t, (int)getpid());
         if (synth_write(&s, NULL, path, err, sizeof err)) {
-            CHECK(0, "synth_write %s: %s", types[t], err);
+            CHECK(0, "synth_write %s: %s", name, err);
             continue;
         }
         int V = 0, V2 = 0;
@@ -122,13 +139,13 @@ int main(void)
         }
         size_t bytes = (size_t)(N_PROMPT + 1) * (size_t)V * sizeof(float);
         CHECK(V == V2 && memcmp(ref, best, bytes) == 0,
-              "%s: logits on path %s differ from the reference path's", types[t],
+              "%s: logits on path %s differ from the reference path's", name,
               kern_path_name(kern_best_path()));
         uint64_t h = fnv1a(best, bytes);
-        printf("forward-bits %s %016" PRIx64 "\n", types[t], h);
-        uint64_t want = host_hash(types[t], &have_file);
+        printf("forward-bits %s %016" PRIx64 "\n", name, h);
+        uint64_t want = host_hash(name, &have_file);
         if (have_file) {
-            CHECK(want == h, "%s: logits hash %016" PRIx64 " here, %016" PRIx64 " in %s", types[t], h,
+            CHECK(want == h, "%s: logits hash %016" PRIx64 " here, %016" PRIx64 " in %s", name, h,
                   want, HOST_FILE);
             compared++;
         }
