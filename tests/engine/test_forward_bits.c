@@ -111,6 +111,11 @@ int main(void)
                               .n_head_kv = 2, .head_dim = 64, .n_ctx = 512, .rope_base = 10000,
                               .norm_eps = 1e-5f, .seed = 9, .vocab_size = 512};
     printf("best kernel path: %s\n", kern_path_name(kern_best_path()));
+    /* the run-time choice on an emulated CPU of known features (CMakeLists.txt, ARM64) */
+    const char *want_path = getenv("CAIRN_EXPECT_BEST_PATH");
+    if (want_path && *want_path)
+        CHECK(!strcmp(want_path, kern_path_name(kern_best_path())), "best path %s, expected %s",
+              kern_path_name(kern_best_path()), want_path);
     int compared = 0;
     bool have_file = false;
     for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
