@@ -56,7 +56,7 @@ INLINE int32x4_t dot4_bcast(int32x4_t acc, int8x16_t w, int8x16_t xb)
 
 INLINE uint8x16_t load16(const uint8_t *p) { return vld1q_u8(p); }
 
-/* s[b] = the integer dot products, one int32 lane per weight row, of nk k-groups of
+/* s[b] += the integer dot products, one int32 lane per weight row, of nk k-groups of
  * weights w[0..nk) (nk = 4 or 8) with activation row b's quants xp[b][0 .. 4nk), for
  * b < NB. */
 INLINE void dots(const int NB, const int nk, const int8x16_t *w, const int8_t *const *xp,
@@ -85,13 +85,13 @@ INLINE void dots(const int NB, const int nk, const int8x16_t *w, const int8_t *c
                 a23 = vmmlaq_s32(a23, wz23[m + 1], hi);
             }
             /* a01 = {r0.b, r0.b+1, r1.b, r1.b+1}, a23 the same for rows 2, 3 */
-            s[b] = vuzp1q_s32(a01, a23);
-            s[b + 1] = vuzp2q_s32(a01, a23);
+            s[b] = vaddq_s32(s[b], vuzp1q_s32(a01, a23));
+            s[b + 1] = vaddq_s32(s[b + 1], vuzp2q_s32(a01, a23));
         }
     }
 #endif
     for (; b < NB; b++) {
-        int32x4_t acc = vdupq_n_s32(0);
+        int32x4_t acc = s[b];
         for (int q = 0; q < nk; q += 4) {
             int8x16_t xv = vld1q_s8(xp[b] + 4 * q);
             DOT4X4(acc, w[q], w[q + 1], w[q + 2], w[q + 3], xv);
@@ -208,11 +208,10 @@ INLINE void group_q32(const int type, const int NB, const uint8_t *tiles, int64_
         for (int b = 0; b < NB; b++) {
             xa[b] = (const struct act_q8_32 *)(x + (size_t)b * ldx) + i;
             xp[b] = xa[b]->q;
+            s[b] = vdupq_n_s32(-off * xa[b]->sum);
         }
         dots(NB, 8, w, xp, s);
         for (int b = 0; b < NB; b++) {
-            if (off)
-                s[b] = vaddq_s32(s[b], vdupq_n_s32(-off * xa[b]->sum));
             acc[b] = vfmaq_f32(acc[b], vmulq_n_f32(d, xa[b]->d), vcvtq_f32_s32(s[b]));
             if (has_m)
                 acc[b] = vfmaq_f32(acc[b], vmulq_n_f32(m, xa[b]->d), vdupq_n_f32((float)xa[b]->sum));
@@ -262,8 +261,10 @@ INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t 
             int32x4_t sc = u8x4_to_s32(t + scoff + G * j);
             const int8_t *xp[NB_MAX];
             int32x4_t s[NB_MAX];
-            for (int b = 0; b < NB; b++)
+            for (int b = 0; b < NB; b++) {
                 xp[b] = xa[b]->q + 32 * j;
+                s[b] = vdupq_n_s32(0);
+            }
             dots(NB, 8, w, xp, s);
             for (int b = 0; b < NB; b++)
                 is[b] = vmlaq_s32(is[b], s[b], sc);
@@ -325,8 +326,10 @@ INLINE void group_q6k(const int NB, const uint8_t *tiles, int64_t nblk, const ui
                 }
                 const int8_t *xp[NB_MAX];
                 int32x4_t sj[NB_MAX];
-                for (int b = 0; b < NB; b++)
+                for (int b = 0; b < NB; b++) {
                     xp[b] = xa[b]->q + 16 * j;
+                    sj[b] = vdupq_n_s32(0);
+                }
                 dots(NB, 4, w, xp, sj);
                 for (int b = 0; b < NB; b++)
                     is[b] = vmlaq_s32(is[b], sj[b], sc[h]);
@@ -437,21 +440,20 @@ INLINE void group_lowbit(const int type, const int NB, const uint8_t *tiles, int
             int8x16_t w[8];
             lowbit_weights(type, t, j, lut, w);
             const int8_t *xp[NB_MAX];
+            const int16_t *bsums[NB_MAX];
             int32x4_t s[NB_MAX];
-            for (int b = 0; b < NB; b++)
+            for (int b = 0; b < NB; b++) {
                 xp[b] = xq[b] + 4 * nk * j;
+                bsums[b] = q32 ? NULL : ((const struct act_q8_256 *)xb[b])->bsums;
+                /* Q3_K: sum (q-4)*x = sum q*x - 4 * sum x */
+                s[b] = vdupq_n_s32(type == DT_Q3_K ? -4 * bsums[b][j] : 0);
+            }
             dots(NB, nk, w, xp, s);
             if (q32) {
                 for (int b = 0; b < NB; b++)
                     is[b] = s[b];
                 continue;
             }
-            const int16_t *bsums[NB_MAX];
-            for (int b = 0; b < NB; b++)
-                bsums[b] = ((const struct act_q8_256 *)xb[b])->bsums;
-            if (type == DT_Q3_K) /* sum (q-4)*x = sum q*x - 4 * sum x */
-                for (int b = 0; b < NB; b++)
-                    s[b] = vaddq_s32(s[b], vdupq_n_s32(-4 * bsums[b][j]));
             int32x4_t scb = b4_to_s32(t + scoff + G * j, type != DT_Q2_K);
             int32x4_t sc = type == DT_Q2_K ? vandq_s32(scb, vdupq_n_s32(15)) : scb;
             for (int b = 0; b < NB; b++)
