@@ -1,8 +1,9 @@
 /* The logits of a forward pass are the same bits on every kernel path and on every
- * architecture. For each weight type, a model written by synth_write (the same bytes on
- * any machine) runs a prompt and a decode step on the reference kernels and on the
- * fastest path of this CPU; the two must agree bit for bit. Each type's logits are then
- * hashed (FNV-1a over their bits) and printed as "forward-bits TYPE HASH".
+ * architecture. For each weight type (all 16), and for two mixture-of-experts shapes, a
+ * model written by synth_write (the same bytes on any machine) runs a prompt and a
+ * decode step on the reference kernels and on the fastest path of this CPU; the two must
+ * agree bit for bit. Each model's logits are then hashed (FNV-1a over their bits) and
+ * printed as "forward-bits NAME HASH".
  *
  * Across architectures: when the working folder holds forward_bits_host.txt (those lines
  * from another machine's run: scripts/test-arm64.sh writes them from the x86-64 build
