@@ -42,8 +42,8 @@
  *   The int32 sums cannot overflow for these formats. (float)isum rounds to nearest.
  *
  * Paths: a scalar reference (*_ref, the definition above, on GGUF's own row layout),
- * AVX2+FMA, AVX-512 VNNI, and AMX where the OS grants tile state on x86-64; NEON and
- * NEON with the dot product (sdot) on ARM64. A type without a kernel on the best path
+ * AVX2+FMA, AVX-512 VNNI, and AMX where the OS grants tile state on x86-64; NEON,
+ * NEON with the dot product (sdot) and NEON with the int8 matrix multiply (smmla) on ARM64. A type without a kernel on the best path
  * falls back to the next path that has one, finally the reference. Fast paths may keep
  * weights in a repacked layout prepared once at load (struct kern_mat). */
 #ifndef CAIRN_KERN_KERN_H
@@ -105,9 +105,10 @@ void kern_act_quantize_ref(int wtype, const float *x, void *xq, int64_t n);
  * weights when the chosen path uses one (then the caller may drop the source pages). */
 struct kern_mat;
 
-/* NEON: ARM64's baseline SIMD; NEON_DOT: with the ARMv8.2 dot product (sdot). */
+/* NEON: ARM64's baseline SIMD; NEON_DOT: with the ARMv8.2 dot product (sdot); NEON_I8MM:
+ * with the int8 matrix multiply too (smmla for pairs of activation rows, sdot for one). */
 enum kern_path { KERN_PATH_AUTO = 0, KERN_PATH_REF, KERN_PATH_AVX2, KERN_PATH_AVX512, KERN_PATH_AMX,
-                 KERN_PATH_NEON, KERN_PATH_NEON_DOT };
+                 KERN_PATH_NEON, KERN_PATH_NEON_DOT, KERN_PATH_NEON_I8MM };
 
 /* Prepares W (GGUF row layout, rows x cols of `type`) for the best path available on
  * this CPU (or `path` when not AUTO; CAIRN_EUNSUPPORTED if this CPU lacks it). When the

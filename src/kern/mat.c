@@ -30,6 +30,7 @@ const char *kern_path_name(enum kern_path p)
     case KERN_PATH_AMX: return "amx";
     case KERN_PATH_NEON: return "neon";
     case KERN_PATH_NEON_DOT: return "neondot";
+    case KERN_PATH_NEON_I8MM: return "neoni8mm";
     }
     return "unknown";
 }
@@ -47,6 +48,7 @@ static bool cpu_has(enum kern_path p)
 #elif defined(__aarch64__)
     case KERN_PATH_NEON: return f->asimd;
     case KERN_PATH_NEON_DOT: return f->asimd && f->asimddp;
+    case KERN_PATH_NEON_I8MM: return f->asimd && f->asimddp && f->i8mm;
 #endif
     default: (void)f; return false;
     }
@@ -56,8 +58,8 @@ int kern_path_on_cpu(enum kern_path p) { return cpu_has(p); }
 
 enum kern_path kern_best_path(void)
 {
-    static const enum kern_path order[] = {KERN_PATH_AVX512, KERN_PATH_AVX2, KERN_PATH_NEON_DOT,
-                                           KERN_PATH_NEON};
+    static const enum kern_path order[] = {KERN_PATH_AVX512, KERN_PATH_AVX2, KERN_PATH_NEON_I8MM,
+                                           KERN_PATH_NEON_DOT, KERN_PATH_NEON};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
         if (cpu_has(order[i]))
             return order[i];
@@ -69,6 +71,7 @@ static enum kern_path slower_path(enum kern_path p)
 {
     switch (p) {
     case KERN_PATH_AVX512: return KERN_PATH_AVX2;
+    case KERN_PATH_NEON_I8MM: return KERN_PATH_NEON_DOT;
     case KERN_PATH_NEON_DOT: return KERN_PATH_NEON;
     default: return KERN_PATH_REF;
     }
@@ -97,7 +100,8 @@ static bool path_has_type(enum kern_path p, int type)
     case KERN_PATH_AVX2:
         return is_float_type(type) || kern_mat_tile_bytes(type, 16) > 0 || is_lowbit(type);
     case KERN_PATH_NEON:
-    case KERN_PATH_NEON_DOT: return kern_mat_neon_has_type(type);
+    case KERN_PATH_NEON_DOT:
+    case KERN_PATH_NEON_I8MM: return kern_mat_neon_has_type(type);
     default: return false;
     }
 }
@@ -109,7 +113,8 @@ static int path_group(enum kern_path p)
     case KERN_PATH_AVX512: return 16;
     case KERN_PATH_AVX2: return 8;
     case KERN_PATH_NEON:
-    case KERN_PATH_NEON_DOT: return 4;
+    case KERN_PATH_NEON_DOT:
+    case KERN_PATH_NEON_I8MM: return 4;
     default: return 1;
     }
 }
@@ -534,6 +539,9 @@ void kern_matmul(const struct kern_mat *m, const void *xq, size_t ldx, int B, fl
         break;
     case KERN_PATH_NEON_DOT:
         kern_mat_neondot_run(v, xq, ldx, B, y, ldy, r0, r1);
+        break;
+    case KERN_PATH_NEON_I8MM:
+        kern_mat_neoni8mm_run(v, xq, ldx, B, y, ldy, r0, r1);
         break;
 #endif
     default:

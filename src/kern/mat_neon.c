@@ -14,6 +14,7 @@ bool kern_mat_neon_has_type(int type)
     case DT_F32: case DT_F16: case DT_BF16:
     case DT_Q4_0: case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: case DT_Q8_0:
     case DT_Q4_K: case DT_Q5_K: case DT_Q6_K:
+    case DT_Q2_K: case DT_Q3_K: case DT_IQ4_NL: case DT_IQ4_XS: case DT_MXFP4:
         return true;
     default:
         return false;

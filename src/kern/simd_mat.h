@@ -262,12 +262,14 @@ void kern_mat_lowbit_avx512_run(const struct km_view *v, const void *xq, size_t 
                                 float *y, size_t ldy, int64_t r0, int64_t r1);
 void kern_mat_lowbit_avx2_run(const struct km_view *v, const void *xq, size_t ldx, int B,
                               float *y, size_t ldy, int64_t r0, int64_t r1);
-/* ARM64, 4-row groups (G = 4), Q8_0 stored signed: mat_neon.c without and
- * mat_neondot.c with the dot product instructions. */
+/* ARM64, 4-row groups (G = 4), Q8_0 stored signed: mat_neon.c without the dot product
+ * instructions, mat_neondot.c with sdot, mat_neoni8mm.c with smmla too. */
 void kern_mat_neon_run(const struct km_view *v, const void *xq, size_t ldx, int B, float *y,
                        size_t ldy, int64_t r0, int64_t r1);
 void kern_mat_neondot_run(const struct km_view *v, const void *xq, size_t ldx, int B, float *y,
                           size_t ldy, int64_t r0, int64_t r1);
+void kern_mat_neoni8mm_run(const struct km_view *v, const void *xq, size_t ldx, int B, float *y,
+                           size_t ldy, int64_t r0, int64_t r1);
 /* The types the NEON paths compute (false on other architectures). */
 bool kern_mat_neon_has_type(int type);
 

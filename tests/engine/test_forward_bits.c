@@ -1,8 +1,9 @@
 /* The logits of a forward pass are the same bits on every kernel path and on every
- * architecture. For each weight type, a model written by synth_write (the same bytes on
- * any machine) runs a prompt and a decode step on the reference kernels and on the
- * fastest path of this CPU; the two must agree bit for bit. Each type's logits are then
- * hashed (FNV-1a over their bits) and printed as "forward-bits TYPE HASH".
+ * architecture. For each weight type (all 16), and for two mixture-of-experts shapes, a
+ * model written by synth_write (the same bytes on any machine) runs a prompt and a
+ * decode step on the reference kernels and on the fastest path of this CPU; the two must
+ * agree bit for bit. Each model's logits are then hashed (FNV-1a over their bits) and
+ * printed as "forward-bits NAME HASH".
  *
  * Across architectures: when the working folder holds forward_bits_host.txt (those lines
  * from another machine's run: scripts/test-arm64.sh writes them from the x86-64 build
@@ -95,21 +96,43 @@ static uint64_t host_hash(const char *type, bool *have_file)
 
 int main(void)
 {
-    static const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0",
-                                  "q5_1", "q4_k", "q5_k", "q6_k"};
+    /* every weight type on a dense llama, and two mixtures of experts (gpt-oss's MXFP4
+     * experts with Q8_0 elsewhere, qwen3moe in Q4_K) */
+    static const struct { const char *name, *shape, *type; } cases[] = {
+        {"f32", NULL, "f32"},       {"f16", NULL, "f16"},       {"bf16", NULL, "bf16"},
+        {"q8_0", NULL, "q8_0"},     {"q4_0", NULL, "q4_0"},     {"q4_1", NULL, "q4_1"},
+        {"q5_0", NULL, "q5_0"},     {"q5_1", NULL, "q5_1"},     {"q4_k", NULL, "q4_k"},
+        {"q5_k", NULL, "q5_k"},     {"q6_k", NULL, "q6_k"},     {"q2_k", NULL, "q2_k"},
+        {"q3_k", NULL, "q3_k"},     {"iq4_nl", NULL, "iq4_nl"}, {"iq4_xs", NULL, "iq4_xs"},
+        {"mxfp4", NULL, "mxfp4"},
+        {"gpt-oss-tiny/mxfp4", "gpt-oss-tiny", "mxfp4"},
+        {"qwen3moe-tiny/q4_k", "qwen3moe-tiny", "q4_k"},
+    };
     struct synth_spec base = {.arch = "llama", .n_layers = 2, .n_embd = 256, .n_ff = 512, .n_head = 4,
                               .n_head_kv = 2, .head_dim = 64, .n_ctx = 512, .rope_base = 10000,
                               .norm_eps = 1e-5f, .seed = 9, .vocab_size = 512};
     printf("best kernel path: %s\n", kern_path_name(kern_best_path()));
+    /* the run-time choice on an emulated CPU of known features (CMakeLists.txt, ARM64) */
+    const char *want_path = getenv("CAIRN_EXPECT_BEST_PATH");
+    if (want_path && *want_path)
+        CHECK(!strcmp(want_path, kern_path_name(kern_best_path())), "best path %s, expected %s",
+              kern_path_name(kern_best_path()), want_path);
     int compared = 0;
     bool have_file = false;
-    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+    for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+        const char *name = cases[t].name;
         struct synth_spec s = base;
-        snprintf(s.type, sizeof s.type, "%s", types[t]);
+        if (cases[t].shape) {
+            int rc = synth_shape(cases[t].shape, &s);
+            CHECK(rc == 0, "synth_shape %s: %d", cases[t].shape, rc);
+            s.seed = 9;
+            s.vocab_size = 512;
+        }
+        snprintf(s.type, sizeof s.type, "%s", cases[t].type);
         char path[128], err[512];
-        snprintf(path, sizeof path, "test_forward_bits_%s_%d.gguf", types[t], (int)getpid());
+        snprintf(path, sizeof path, "test_forward_bits_%d_%d.gguf", (int)t, (int)getpid());
         if (synth_write(&s, NULL, path, err, sizeof err)) {
-            CHECK(0, "synth_write %s: %s", types[t], err);
+            CHECK(0, "synth_write %s: %s", name, err);
             continue;
         }
         int V = 0, V2 = 0;
@@ -122,13 +145,13 @@ int main(void)
         }
         size_t bytes = (size_t)(N_PROMPT + 1) * (size_t)V * sizeof(float);
         CHECK(V == V2 && memcmp(ref, best, bytes) == 0,
-              "%s: logits on path %s differ from the reference path's", types[t],
+              "%s: logits on path %s differ from the reference path's", name,
               kern_path_name(kern_best_path()));
         uint64_t h = fnv1a(best, bytes);
-        printf("forward-bits %s %016" PRIx64 "\n", types[t], h);
-        uint64_t want = host_hash(types[t], &have_file);
+        printf("forward-bits %s %016" PRIx64 "\n", name, h);
+        uint64_t want = host_hash(name, &have_file);
         if (have_file) {
-            CHECK(want == h, "%s: logits hash %016" PRIx64 " here, %016" PRIx64 " in %s", types[t], h,
+            CHECK(want == h, "%s: logits hash %016" PRIx64 " here, %016" PRIx64 " in %s", name, h,
                   want, HOST_FILE);
             compared++;
         }

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "base/dtype.h"
@@ -18,7 +19,8 @@ static const int types[] = {DT_F32, DT_F16, DT_BF16, DT_Q4_0, DT_Q4_1, DT_Q5_0,
                             DT_Q2_K, DT_Q3_K, DT_IQ4_NL, DT_IQ4_XS, DT_MXFP4};
 #define NTYPES ((int)(sizeof types / sizeof types[0]))
 static const enum kern_path paths[] = {KERN_PATH_REF, KERN_PATH_AVX2, KERN_PATH_AVX512,
-                                       KERN_PATH_AMX, KERN_PATH_NEON, KERN_PATH_NEON_DOT};
+                                       KERN_PATH_AMX, KERN_PATH_NEON, KERN_PATH_NEON_DOT,
+                                       KERN_PATH_NEON_I8MM};
 #define NPATHS ((int)(sizeof paths / sizeof paths[0]))
 
 /* Random float with a per-row magnitude, and now and then an outlier. */
@@ -146,7 +148,8 @@ static void check_case(int type, int64_t rows, int64_t cols, int mode, uint64_t 
             continue;
         }
         /* the NEON paths compute the types they name (the others run on the reference) */
-        if ((p == KERN_PATH_NEON || p == KERN_PATH_NEON_DOT) && !kern_mat_neon_has_type(type)) {
+        if ((p == KERN_PATH_NEON || p == KERN_PATH_NEON_DOT || p == KERN_PATH_NEON_I8MM) &&
+            !kern_mat_neon_has_type(type)) {
             CHECK(rc == CAIRN_EUNSUPPORTED, "path %s lacks %s but create gave %d", kern_path_name(p),
                   dtype_name(type), rc);
             kern_mat_release(m);
@@ -220,11 +223,31 @@ static bool lowbit(int type)
            type == DT_MXFP4;
 }
 
+/* CAIRN_MAT_TYPES=q2_k,mxfp4 limits test_bitwise to those types (while iterating on a
+ * kernel under emulation); unset, every type runs. */
+static bool type_wanted(int type)
+{
+    const char *only = getenv("CAIRN_MAT_TYPES");
+    if (!only || !*only)
+        return true;
+    const char *name = dtype_name(type);
+    size_t n = strlen(name);
+    for (const char *p = only; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == n && strncasecmp(p, name, n) == 0)
+            return true;
+        p += len + (p[len] == ',');
+    }
+    return false;
+}
+
 static void test_bitwise(void)
 {
     uint64_t rng = 42;
     for (int t = 0; t < NTYPES; t++) {
         int type = types[t];
+        if (!type_wanted(type))
+            continue;
         int be = dtype_info(type)->block_elems;
         int64_t colss[] = {256, 896, 2048, 100, 1000};
         for (int c = 0; c < 5; c++) {
@@ -258,12 +281,17 @@ static void test_errors(void)
               CAIRN_EINVAL, "zero rows must be refused (%s)", err);
     CHECK(kern_mat_create(&m, DT_Q4_0, NULL, 1, 32, KERN_PATH_AUTO, err, sizeof err) ==
               CAIRN_EINVAL, "NULL data must be refused (%s)", err);
-    CHECK(kern_mat_create(&m, DT_Q4_0, buf, 1, 32, KERN_PATH_NEON_DOT + 1, err, sizeof err) ==
+    CHECK(kern_mat_create(&m, DT_Q4_0, buf, 1, 32, KERN_PATH_NEON_I8MM + 1, err, sizeof err) ==
               CAIRN_EUNSUPPORTED, "an unknown path must be refused (%s)", err);
     kern_mat_release(NULL);
     enum kern_path best = kern_best_path();
     CHECK(best != KERN_PATH_AUTO, "best path is %s", kern_path_name(best));
     printf("best path: %s\n", kern_path_name(best));
+    /* the run-time choice on an emulated CPU of known features (CMakeLists.txt, ARM64) */
+    const char *want = getenv("CAIRN_EXPECT_BEST_PATH");
+    if (want && *want)
+        CHECK(!strcmp(want, kern_path_name(best)), "best path %s, expected %s",
+              kern_path_name(best), want);
 }
 
 static double now_s(void)
