@@ -321,8 +321,8 @@ struct gu_job {
  * as the engine's dense products claim theirs: each claim takes a share of what is left
  * (at least one unit). A thread then reads long runs of a matrix's rows, where claiming
  * one unit at a time had it start a new short stream every 50-100 KiB (the experts'
- * products read 20-25% slower than dense matrices that way), and a thread slowed by a
- * neighbour on a shared machine still takes less. */
+ * products read 10-15% slower than dense matrices that way: bench/moe_stream.c), and a
+ * thread slowed by a neighbour on a shared machine still takes less. */
 static bool claim_units(_Atomic long *next, long total, int nth, long *lo, long *hi)
 {
     long cur = atomic_load_explicit(next, memory_order_relaxed);
