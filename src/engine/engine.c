@@ -549,17 +549,6 @@ int engine_tp_check_hparams(const struct model_hparams *hp, int world, char *err
     return model_tp_check_hparams(hp, world, err, errlen);
 }
 
-static int64_t lcm64(int64_t a, int64_t b)
-{
-    int64_t x = a, y = b;
-    while (y) {
-        int64_t t = x % y;
-        x = y;
-        y = t;
-    }
-    return a / x * b;
-}
-
 /* The row alignment every matrix of one kind in every layer accepts (kinds: 0 wq, 1 wk
  * and wv, 2 wo and w_down, 3 w_gate and w_up, 4 the head). */
 static int64_t kind_align(const struct model *m, int kind)
@@ -580,7 +569,7 @@ static int64_t kind_align(const struct model *m, int kind)
             mats[0] = L->w_gate, mats[1] = L->w_up;
         for (int i = 0; i < 2; i++)
             if (mats[i])
-                a = lcm64(a, kern_mat_row_align(mats[i]));
+                a = model_tp_lcm(a, kern_mat_row_align(mats[i]));
     }
     return a;
 }

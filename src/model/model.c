@@ -363,17 +363,6 @@ int model_tp_split(const struct model_hparams *hp, int rank, int world, const in
     return 0;
 }
 
-static int64_t lcm64(int64_t a, int64_t b)
-{
-    int64_t x = a, y = b;
-    while (y) {
-        int64_t t = x % y;
-        x = y;
-        y = t;
-    }
-    return a / x * b;
-}
-
 /* The row alignment of each kind of split matrix over every layer of f, from the types of
  * its tensors (kern_row_align): what engine.c's kind_align finds on the prepared
  * matrices. A missing tensor counts for nothing (loading it fails later, by name). */
@@ -404,7 +393,7 @@ static void file_tp_aligns(const struct model *m, enum kern_path path, int64_t a
                 snprintf(name, sizeof name, "blk.%d.%s", il, suffix);
                 const struct gguf_tensor *t = gguf_find_tensor(m->file, name);
                 if (t)
-                    align[k] = lcm64(align[k], kern_row_align(t->type, path));
+                    align[k] = model_tp_lcm(align[k], kern_row_align(t->type, path));
             }
     const struct gguf_tensor *t = gguf_find_tensor(m->file, hp->tied_output ? "token_embd.weight" : "output.weight");
     if (t)

@@ -66,6 +66,19 @@ struct model_tp {
         ff_part[MODEL_TP_MAX + 1], vocab_part[MODEL_TP_MAX + 1];
 };
 
+/* The least common multiple of two row alignments (positive): an alignment every matrix of
+ * a kind accepts. */
+static inline int64_t model_tp_lcm(int64_t a, int64_t b)
+{
+    int64_t x = a, y = b;
+    while (y) {
+        int64_t t = x % y;
+        x = y;
+        y = t;
+    }
+    return a / x * b;
+}
+
 /* Whether a model of these hyper-parameters can be split over `world` ranks (1..
  * MODEL_TP_MAX; the KV heads divide among them; no mixture of experts): 0, or
  * CAIRN_EINVAL saying why not. */
