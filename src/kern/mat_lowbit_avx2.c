@@ -105,13 +105,8 @@ INLINE void group_lowbit(const int type, const int NB, const uint8_t *tiles, int
     const int nsub = q32 ? 1 : type == DT_IQ4_XS ? 8 : 16; /* sub-blocks per block */
     const int kpj = q32 ? 8 : 64 / nsub;                   /* k-groups per sub-block */
     const int bias = type == DT_Q3_K ? 4 : 0;
-    const size_t scoff = type == DT_Q2_K ? KM_Q2_K_SC(G) : type == DT_Q3_K ? KM_Q3_K_SC(G)
-                                                                           : KM_IQ4_XS_SC(G);
-    const size_t doff = type == DT_Q2_K   ? KM_Q2_K_D(G)
-                        : type == DT_Q3_K ? KM_Q3_K_D(G)
-                        : type == DT_IQ4_NL ? KM_IQ4_NL_D(G)
-                        : type == DT_MXFP4  ? KM_MXFP4_E(G)
-                                            : KM_IQ4_XS_D(G);
+    const size_t scoff = km_lowbit_sc_off(type, G);
+    const size_t doff = km_lowbit_d_off(type, G);
     const size_t ablk = q32 ? sizeof(struct act_q8_32) : sizeof(struct act_q8_256);
     const __m256i lut = lutt ? level_lut(type) : _mm256_setzero_si256();
     const __m256i ones = _mm256_set1_epi16(1);

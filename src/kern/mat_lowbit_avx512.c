@@ -100,13 +100,8 @@ INLINE void group_lowbit(const int type, const int NB, const uint8_t *tiles, int
     const int nsub = q32 ? 1 : type == DT_IQ4_XS ? 8 : 16; /* sub-blocks per block */
     const int kpj = q32 ? 8 : 64 / nsub;                   /* k-groups per sub-block */
     const int bias = is_lut(type) ? 128 : type == DT_Q3_K ? 4 : 0;
-    const size_t scoff = type == DT_Q2_K ? KM_Q2_K_SC(G) : type == DT_Q3_K ? KM_Q3_K_SC(G)
-                                                                           : KM_IQ4_XS_SC(G);
-    const size_t doff = type == DT_Q2_K   ? KM_Q2_K_D(G)
-                        : type == DT_Q3_K ? KM_Q3_K_D(G)
-                        : type == DT_IQ4_NL ? KM_IQ4_NL_D(G)
-                        : type == DT_MXFP4  ? KM_MXFP4_E(G)
-                                            : KM_IQ4_XS_D(G);
+    const size_t scoff = km_lowbit_sc_off(type, G);
+    const size_t doff = km_lowbit_d_off(type, G);
     const size_t ablk = q32 ? sizeof(struct act_q8_32) : sizeof(struct act_q8_256);
     const __m512i lut = is_lut(type) ? level_lut(type) : _mm512_setzero_si512();
     const __m512 sign = _mm512_set1_ps(-0.0f);

@@ -410,13 +410,8 @@ INLINE void group_lowbit(const int type, const int NB, const uint8_t *tiles, int
     const bool q32 = type == DT_IQ4_NL || type == DT_MXFP4;
     const int nsub = q32 ? 1 : type == DT_IQ4_XS ? 8 : 16; /* sub-blocks per block */
     const int nk = q32 || type == DT_IQ4_XS ? 8 : 4;       /* k-groups per sub-block */
-    const size_t scoff = type == DT_Q2_K ? KM_Q2_K_SC(G) : type == DT_Q3_K ? KM_Q3_K_SC(G)
-                                                                           : KM_IQ4_XS_SC(G);
-    const size_t doff = type == DT_Q2_K     ? KM_Q2_K_D(G)
-                        : type == DT_Q3_K   ? KM_Q3_K_D(G)
-                        : type == DT_IQ4_NL ? KM_IQ4_NL_D(G)
-                        : type == DT_MXFP4  ? KM_MXFP4_E(G)
-                                            : KM_IQ4_XS_D(G);
+    const size_t scoff = km_lowbit_sc_off(type, G);
+    const size_t doff = km_lowbit_d_off(type, G);
     const size_t ablk = q32 ? sizeof(struct act_q8_32) : sizeof(struct act_q8_256);
     const int8x16_t lut = vld1q_s8(type == DT_MXFP4 ? kern_mxfp4_values : kern_iq4nl_values);
 

@@ -113,6 +113,24 @@ static inline size_t km_lowbit_tile(int type, int G)
     }
 }
 
+/* Offsets in a low-bit tile of its sub-block scales (Q2_K, Q3_K, IQ4_XS) and of its
+ * block scales (MXFP4: the shared exponents). */
+static inline size_t km_lowbit_sc_off(int type, int G)
+{
+    return type == DT_Q2_K ? KM_Q2_K_SC(G) : type == DT_Q3_K ? KM_Q3_K_SC(G) : KM_IQ4_XS_SC(G);
+}
+
+static inline size_t km_lowbit_d_off(int type, int G)
+{
+    switch (type) {
+    case DT_Q2_K: return KM_Q2_K_D(G);
+    case DT_Q3_K: return KM_Q3_K_D(G);
+    case DT_IQ4_NL: return KM_IQ4_NL_D(G);
+    case DT_MXFP4: return KM_MXFP4_E(G);
+    default: return KM_IQ4_XS_D(G);
+    }
+}
+
 /* What a kernel needs of a kern_mat. Quantized types: `data` holds the tiles above
  * (ngroups * nblk tiles of `tile` bytes). Float types (F32/F16/BF16): `data` is the
  * GGUF row-major matrix, rows of `row_bytes`. */
