@@ -165,3 +165,20 @@ void pool_split(long n, long align, int ith, int nth, long *lo, long *hi)
     *lo = start * align < n ? start * align : n;
     *hi = (start + count) * align < n ? (start + count) * align : n;
 }
+
+bool pool_claim(_Atomic long *next, long total, long min_claim, int nth, long *lo, long *hi)
+{
+    long cur = atomic_load_explicit(next, memory_order_relaxed);
+    for (;;) {
+        if (cur >= total)
+            return false;
+        long n = (total - cur) / (2L * nth);
+        n = n < min_claim ? min_claim : n;
+        n = n > total - cur ? total - cur : n;
+        if (atomic_compare_exchange_weak_explicit(next, &cur, cur + n, memory_order_relaxed, memory_order_relaxed)) {
+            *lo = cur;
+            *hi = cur + n;
+            return true;
+        }
+    }
+}

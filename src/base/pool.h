@@ -4,6 +4,8 @@
 #ifndef CAIRN_BASE_POOL_H
 #define CAIRN_BASE_POOL_H
 
+#include <stdbool.h>
+
 struct pool;
 
 typedef void (*pool_fn)(void *ctx, int ith, int nth);
@@ -26,5 +28,11 @@ void pool_run(struct pool *p, pool_fn fn, void *ctx);
 
 /* Splits [0, n) into nth contiguous parts aligned to `align`; part ith is [*lo, *hi). */
 void pool_split(long n, long align, int ith, int nth, long *lo, long *hi);
+
+/* Claims the next run [*lo, *hi) of units [0, total) shared through *next (0 at first)
+ * by guided self-scheduling: each claim takes a share of what is left, at least
+ * min_claim units (>= 1), so the first claims are long runs and a thread slowed by a
+ * neighbour takes less. False when every unit is claimed. */
+bool pool_claim(_Atomic long *next, long total, long min_claim, int nth, long *lo, long *hi);
 
 #endif

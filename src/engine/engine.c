@@ -85,21 +85,7 @@ struct mm_job {
 
 static bool mm_claim(struct mm_job *j, int nth, long *lo, long *hi)
 {
-    long total = j->first_unit[j->n_items];
-    long cur = atomic_load_explicit(&j->next, memory_order_relaxed);
-    for (;;) {
-        if (cur >= total)
-            return false;
-        long n = (total - cur) / (2L * nth);
-        n = n < j->min_claim ? j->min_claim : n;
-        n = n > total - cur ? total - cur : n;
-        if (atomic_compare_exchange_weak_explicit(&j->next, &cur, cur + n, memory_order_relaxed,
-                                                  memory_order_relaxed)) {
-            *lo = cur;
-            *hi = cur + n;
-            return true;
-        }
-    }
+    return pool_claim(&j->next, j->first_unit[j->n_items], j->min_claim, nth, lo, hi);
 }
 
 static void mm_run(void *ctx, int ith, int nth)

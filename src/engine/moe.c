@@ -3,6 +3,7 @@
 #include "base/clock.h"
 #include "base/dtype.h"
 #include "base/err.h"
+#include "base/pool.h"
 #include "kern/kern.h"
 
 #include <math.h>
@@ -317,26 +318,13 @@ struct gu_job {
     _Atomic long next;
 };
 
-/* Claims the next run of units [*lo, *hi) of a job of `total` by guided self-scheduling,
- * as the engine's dense products claim theirs: each claim takes a share of what is left
- * (at least one unit). A thread then reads long runs of a matrix's rows, where claiming
- * one unit at a time had it start a new short stream every 50-100 KiB (the experts'
- * products read 10-15% slower than dense matrices that way: bench/moe_stream.c), and a
- * thread slowed by a neighbour on a shared machine still takes less. */
+/* Units are claimed by guided self-scheduling (pool_claim), as the engine's dense
+ * products claim theirs: a thread reads long runs of a matrix's rows, where claiming one
+ * unit at a time had it start a new short stream every 50-100 KiB (the experts' products
+ * read 10-15% slower than dense matrices that way: bench/moe_stream.c). */
 static bool claim_units(_Atomic long *next, long total, int nth, long *lo, long *hi)
 {
-    long cur = atomic_load_explicit(next, memory_order_relaxed);
-    for (;;) {
-        if (cur >= total)
-            return false;
-        long n = (total - cur) / (2L * nth);
-        n = n < 1 ? 1 : n;
-        if (atomic_compare_exchange_weak_explicit(next, &cur, cur + n, memory_order_relaxed, memory_order_relaxed)) {
-            *lo = cur;
-            *hi = cur + n;
-            return true;
-        }
-    }
+    return pool_claim(next, total, 1, nth, lo, hi);
 }
 
 /* Gate and up of one expert over columns [c0, c1) of h, with the activation of those
