@@ -1429,6 +1429,22 @@ static void release(struct runner *r)
     model_release(r->m);
 }
 
+/* A tensor rank's account of its steps since the last one (tensor_steps_line), appended
+ * to the file CAIRN_TENSOR_LOG names, when set: for benchmarks (bench/tensor.sh), after
+ * each run of steps. */
+static void tensor_log_steps(struct runner *r)
+{
+    const char *path = getenv("CAIRN_TENSOR_LOG");
+    char line[512];
+    if (!path || !path[0] || !tensor_steps_line(r->tp, line, sizeof line))
+        return;
+    FILE *f = fopen(path, "a");
+    if (!f)
+        return;
+    fprintf(f, "%s\n", line);
+    fclose(f);
+}
+
 /* Runs until asked to shut down (0), or until a pipeline link ends (CAIRN_EIO, why
  * says which and how; rank 0's requests have ended with the error by then). */
 static int serve(struct runner *r, char *why, size_t whylen)
@@ -1440,6 +1456,8 @@ static int serve(struct runner *r, char *why, size_t whylen)
             int rc = tensor_serve(r->tp, 50, why, whylen);
             if (rc < 0)
                 return rc;
+            if (rc == 0) /* idle for 50 ms: a run of steps ended */
+                tensor_log_steps(r);
             heartbeat_if_due(r);
             continue;
         }
@@ -1459,6 +1477,8 @@ static int serve(struct runner *r, char *why, size_t whylen)
         if (idle == r->busy) { /* Running while anything runs, Ready when idle */
             r->busy = !idle;
             send_status(r, r->busy ? CLUSTER_RUNNER_RUNNING : CLUSTER_RUNNER_READY, NULL);
+            if (idle && r->tp)
+                tensor_log_steps(r);
         }
         if (idle) {
             int64_t left_ms = r->cfg.heartbeat_ms - (clock_ns() - r->last_sent) / 1000000;

@@ -36,6 +36,10 @@ struct tensor {
     int max_batch, n_vocab;
     bool started, observing;
     uint64_t step, xchg;
+    int step_xchg;        /* exchanges so far in the running step */
+    int64_t wait_now_us;  /* waiting for parts in the running exchange */
+    int64_t step_end_us;  /* when the last step ended; 0 before one */
+    struct tensor_stats lined; /* the figures at tensor_steps_line's last line */
 
     /* Rank 0: KV ops recorded since the last step. */
     struct dp_ctl *ops;
@@ -205,7 +209,9 @@ static int recv_part(struct tensor *t, float *buf, int rows, size_t ld, int64_t 
     for (int r0 = 0, c = 0; r0 < rows; r0 += cr, c++) {
         int n = rows - r0 < cr ? rows - r0 : cr;
         struct dp_frame f;
+        int64_t w0 = now_us();
         int got = wait_frame(t, &f, t->timeout_ms, PART_SPIN_US, err, errlen);
+        t->wait_now_us += now_us() - w0;
         if (got < 0)
             return got;
         if (got == 0)
@@ -245,6 +251,8 @@ static int ring_gather(void *ctx, float *buf, int rows, size_t ld, const int64_t
                           rows, t->max_batch);
     int64_t t0 = now_us();
     t->xchg++;
+    t->wait_now_us = 0;
+    bool first = t->step_xchg++ == 0;
     int W = t->world, r = t->rank, rc = 0;
     if (!to_root) {
         rc = send_part(t, buf, rows, ld, part[r], part[r + 1] - part[r], r, err, errlen);
@@ -264,6 +272,11 @@ static int ring_gather(void *ctx, float *buf, int rows, size_t ld, const int64_t
     pthread_mutex_lock(&t->mu);
     t->st.exchanges++;
     t->st.xchg_us += now_us() - t0;
+    t->st.wait_us += t->wait_now_us;
+    if (first)
+        t->st.wait_first_us += t->wait_now_us;
+    if (to_root)
+        t->st.wait_logits_us += t->wait_now_us;
     pthread_mutex_unlock(&t->mu);
     return rc;
 }
@@ -379,8 +392,22 @@ void tensor_release(struct tensor *t)
     free(t);
 }
 
+/* A step starts (its gap since the last one counted) at t0: */
+static void begin_step(struct tensor *t, int64_t t0)
+{
+    t->step_xchg = 0;
+    int64_t gap = t->step_end_us ? t0 - t->step_end_us : -1;
+    if (gap < 0 || gap >= TENSOR_GAP_MAX_US)
+        return;
+    pthread_mutex_lock(&t->mu);
+    t->st.gaps++;
+    t->st.gap_us += gap;
+    pthread_mutex_unlock(&t->mu);
+}
+
 static void count_step(struct tensor *t, int tokens, bool failed, int64_t us)
 {
+    t->step_end_us = now_us();
     pthread_mutex_lock(&t->mu);
     t->st.steps++;
     t->st.tokens += (uint64_t)tokens;
@@ -404,6 +431,7 @@ int tensor_forward(void *tv, struct kv_cache *kv, const struct batch *b, float *
         return cairn_fail(err, errlen, CAIRN_EINVAL, "tensor_forward: a batch of %d tokens (1..%d, with ids)", b->n,
                           t->max_batch);
     uint64_t step = ++t->step;
+    begin_step(t, now_us());
     char why[DP_REASON_MAX - 64];
     for (int at = 0; at < t->n_ops;) {
         int n = t->n_ops - at < DP_MAX_CTL_OPS ? t->n_ops - at : DP_MAX_CTL_OPS;
@@ -436,7 +464,8 @@ int tensor_forward(void *tv, struct kv_cache *kv, const struct batch *b, float *
 
 /* ---- ranks > 0 ---- */
 
-static int handle_batch(struct tensor *t, const struct dp_activations *a, char *err, size_t errlen)
+static int handle_batch(struct tensor *t, const struct dp_activations *a, int64_t arrived_us, char *err,
+                        size_t errlen)
 {
     if (!(a->step & STEP_BATCH) || a->n_embd != 1 || a->n > t->max_batch || a->n_asks)
         return breaks(t, err, errlen, "expected a batch from rank %d, got step %#" PRIx64 " of %d x %d", prev_rank(t),
@@ -467,6 +496,7 @@ static int handle_batch(struct tensor *t, const struct dp_activations *a, char *
     }
     struct batch b = {.n = a->n, .token = t->tok, .seq = t->seq, .pos = t->pos, .logits = t->want};
     char why[DP_REASON_MAX - 64];
+    begin_step(t, arrived_us);
     int64_t t0 = now_us();
     int rc = engine_forward(t->e, t->kv, &b, t->logits, why, sizeof why);
     count_step(t, a->n, rc != 0, now_us() - t0);
@@ -506,9 +536,10 @@ int tensor_serve(struct tensor *t, int timeout_ms, char *err, size_t errlen)
     int got = wait_frame(t, &f, timeout_ms, 0, err, errlen);
     if (got <= 0)
         return got;
+    int64_t arrived = now_us();
     switch (f.type) {
     case DP_T_CONTROL: return handle_control(t, &f.ctl, err, errlen);
-    case DP_T_ACTIVATIONS: return handle_batch(t, &f.act, err, errlen);
+    case DP_T_ACTIVATIONS: return handle_batch(t, &f.act, arrived, err, errlen);
     default: return breaks(t, err, errlen, "unexpected frame of type %d from rank %d", (int)f.type, prev_rank(t));
     }
 }
@@ -552,4 +583,26 @@ void tensor_get_stats(const struct tensor *t, struct tensor_stats *out)
     out->frames_sent = n.frames_sent;
     out->bytes_sent = n.bytes_sent;
     out->bytes_received = v.bytes_received;
+}
+
+int tensor_steps_line(struct tensor *t, char *line, size_t len)
+{
+    struct tensor_stats s, p = t->lined;
+    tensor_get_stats(t, &s);
+    uint64_t n = s.steps - p.steps;
+    if (n == 0)
+        return 0;
+    t->lined = s;
+    double k = 1.0 / 1000.0 / (double)n;
+    uint64_t gaps = s.gaps - p.gaps;
+    snprintf(line, len,
+             "tensor rank %d: %" PRIu64 " steps (%" PRIu64 " tokens), per step: %.2f ms in its part, %.2f ms in %.1f "
+             "exchanges, of which %.2f ms waiting for parts (%.2f at the first exchange, %.2f at the logits); %.2f ms "
+             "between steps",
+             t->rank, n, s.tokens - p.tokens, (double)(s.compute_us - p.compute_us - (s.xchg_us - p.xchg_us)) * k,
+             (double)(s.xchg_us - p.xchg_us) * k, (double)(s.exchanges - p.exchanges) / (double)n,
+             (double)(s.wait_us - p.wait_us) * k, (double)(s.wait_first_us - p.wait_first_us) * k,
+             (double)(s.wait_logits_us - p.wait_logits_us) * k,
+             gaps ? (double)(s.gap_us - p.gap_us) / 1000.0 / (double)gaps : 0.0);
+    return 1;
 }

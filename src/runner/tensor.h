@@ -83,13 +83,28 @@ bool tensor_alive(const struct tensor *t, char *why, size_t whylen);
 
 /* Counters since start: steps (forwards run), exchanges (gathers) and the frames and
  * bytes (headers included) this rank sent on next, compute_us in engine_forward with the
- * exchanges inside it, xchg_us of that spent in the exchanges (sending, waiting, copying). */
+ * exchanges inside it, xchg_us of that spent in the exchanges (sending, waiting, copying).
+ * Where a rank's exchanges go: wait_us of xchg_us waiting for another rank's part (it is
+ * behind: more work, a later start, its core taken), of which wait_first_us at each step's
+ * first exchange (the other rank started the step later) and wait_logits_us at the
+ * logits' gather (rank 0: the others' head rows); gap_us over gaps: between one step's
+ * end and the next's start (rank 0: sampling and the scheduler; ranks > 0: waiting for
+ * rank 0's next batch), only gaps under TENSOR_GAP_MAX_US (longer ones are idle). */
+#define TENSOR_GAP_MAX_US 100000
 struct tensor_stats {
     uint64_t steps, failures, tokens, exchanges, ctl_ops;
     uint64_t frames_sent, bytes_sent, bytes_received;
     int64_t compute_us, xchg_us;
+    int64_t wait_us, wait_first_us, wait_logits_us;
+    uint64_t gaps;
+    int64_t gap_us;
     int64_t next_rtt_us, prev_rtt_us; /* last heartbeat round trips; -1 before one */
 };
 void tensor_get_stats(const struct tensor *t, struct tensor_stats *out);
+
+/* One line (at most len bytes, NUL-terminated) of the steps since the previous call's
+ * line, per step: "tensor rank R: N steps, per step ...". 0 when no step ran since (line
+ * untouched). From the thread that runs the steps. */
+int tensor_steps_line(struct tensor *t, char *line, size_t len);
 
 #endif
