@@ -21,8 +21,14 @@
 /* How long a rank in the middle of a step waits for a part by reading the socket itself
  * (dp_recv_spin) before it blocks: the peer is computing its own part of the same
  * product, so the part is usually due within this. A rank waiting for work (tensor_serve)
- * never spins. */
+ * spins only just after a step (NEXT_STEP_SPIN_US). */
 #define PART_SPIN_US 2000
+/* How long after a step a rank > 0 waits for rank 0's next batch by reading the socket
+ * itself before it blocks: in a run of steps the batch is due as soon as rank 0 has
+ * sampled, and a rank woken from sleep starts its part late, so rank 0 waits for it at
+ * the step's first exchange. Past this (no request running) it blocks: idle ranks take no
+ * CPU. */
+#define NEXT_STEP_SPIN_US 10000
 /* Step numbers: a batch frame has the top bit; a part (exchange x, part of rank q, chunk
  * c) is x << 32 | q << 24 | c. */
 #define STEP_BATCH (UINT64_C(1) << 63)
@@ -533,7 +539,9 @@ int tensor_serve(struct tensor *t, int timeout_ms, char *err, size_t errlen)
     if (is_broken(t, err, errlen))
         return CAIRN_EIO;
     struct dp_frame f;
-    int got = wait_frame(t, &f, timeout_ms, 0, err, errlen);
+    int64_t since = t->step_end_us ? now_us() - t->step_end_us : NEXT_STEP_SPIN_US;
+    int spin = since < NEXT_STEP_SPIN_US ? (int)(NEXT_STEP_SPIN_US - since) : 0;
+    int got = wait_frame(t, &f, timeout_ms, spin, err, errlen);
     if (got <= 0)
         return got;
     int64_t arrived = now_us();

@@ -17,7 +17,8 @@
  * part's rank and the chunk, checked on receipt. A rank waits for a part by reading the
  * socket itself for up to 2 ms (dp_recv_spin: the peer is computing the same product, and
  * waking a sleeping thread costs more than the frame), then blocks; waiting for the next
- * step, ranks > 0 block at once.
+ * step, ranks > 0 read the socket themselves until 10 ms after their last step ended (in a
+ * run of steps the batch comes once rank 0 has sampled), then block.
  *
  * KV mirror as pipelines have it (pipeline.h): every rank's cache holds the same
  * sequences in the same blocks (its KV heads only: engine_kv_config_tp), so every rank's

@@ -272,9 +272,11 @@ static void check_equal(struct model *m, int w_min, int w_max)
             CHECK_EQ_INT(st.steps, N_STEPS);
             CHECK_EQ_INT(st.exchanges, N_STEPS * (4 * m->hp.n_layers + 1));
             CHECK(st.ctl_ops > 0, "W %d: no KV ops went to the other ranks", W);
-            /* the ranks waited for parts by spinning within steps, and not at all between
-             * them: ranks > 0 idle in tensor_serve for a while, and look no more */
+            /* the ranks waited for parts by spinning within steps, and for the next step
+             * only just after one (10 ms): ranks > 0 idle in tensor_serve past that, and look
+             * no more */
             uint64_t looks[ENGINE_TP_MAX], looks_total = 0, idle_looks = 0;
+            usleep(100 * 1000);
             for (int r = 0; r < W; r++) {
                 struct dp_stats ds;
                 dp_get_stats(g.r[r].prev, &ds);
