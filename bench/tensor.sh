@@ -7,7 +7,8 @@
 #      one instance placed with "sharding":"tensor" over both (each rank reads half of
 #      every matrix and exchanges its halves over the data plane, sealed with a secret);
 #   C. one node with two threads on both cores, for reference.
-# The three run side by side (idle nodes block: they take no CPU) and are measured in
+# The three run side by side (idle nodes block: they take no CPU; their memory adds up:
+# about 2.3 GiB for llama-1b, 14 GiB for llama-8b) and are measured in
 # rounds, A B C, A B C, ... (--rounds N), so that a swing of the machine's memory
 # bandwidth or load hits all three alike; each round prints its ratios B/A (target >=
 # 1.7x) and B/C (target >= 0.9x), and the medians over the rounds close the run. Then,
@@ -17,7 +18,7 @@
 # For the tensor instance: rank 0's time in its own part and in the exchanges per
 # step, the data-plane bytes per step (/metrics) and the exchanges (synchronisations) per
 # step: 4 per layer and one for the logits; and each rank's own account of its steps
-# (the runner's "tensor rank R: ... steps" log lines: its time waiting for the other's
+# (each runner's "tensor rank R: N steps ..." lines, CAIRN_TENSOR_LOG: its time waiting for the other's
 # parts, at the step's first exchange and at the logits, and between steps). Every node
 # listens on 127.0.0.1 only, with discovery off. The load average is printed with the
 # ratios. And the cost of one exchange alone (bench/tensor_xchg.c: two processes on the
@@ -37,7 +38,7 @@ while [ $# -gt 0 ]; do
     --cores) cores=$2; shift 2 ;;
     --delays) delays=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "tensor.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
