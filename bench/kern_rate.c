@@ -4,6 +4,8 @@
  * A matrix of about 512 KiB stays in L2: its rate is what the instructions allow (the
  * compute bound); one of 256 MiB comes from DRAM.
  *   usage: bench_kern_rate [KIB] [TYPE...]     (default: 512 q8_0 q4_0 q4_k)
+ * COLS=N in the environment sets the matrix's columns (default 4096; a MoE expert's down
+ * matrix has few: 768 in Qwen3-30B-A3B), so short rows' fixed costs show.
  * Pin it (taskset -c 1) and read it beside the load average: it is a timing. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,9 +31,8 @@ static float rnd(uint64_t *s)
     return (float)((*s >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
 }
 
-static int run_type(int type, size_t kib)
+static int run_type(int type, size_t kib, int64_t cols)
 {
-    const int64_t cols = 4096;
     size_t row_bytes = (size_t)dtype_row_bytes(type, cols);
     int64_t rows = (int64_t)(kib * 1024 / row_bytes) & ~(int64_t)15;
     if (rows < 16)
@@ -67,7 +68,8 @@ static int run_type(int type, size_t kib)
         kern_act_quantize(type, row, xq + (size_t)b * ldx, cols);
     }
     double bytes = (double)kern_mat_bytes(m);
-    printf("%-7s %-7s %8.0f KiB", dtype_name(type), kern_path_name(kern_mat_path(m)), bytes / 1024);
+    printf("%-7s %-7s %8.0f KiB %5lld cols", dtype_name(type), kern_path_name(kern_mat_path(m)), bytes / 1024,
+           (long long)cols);
     double b1 = 0;
     for (int B = 1; B <= BMAX; B *= 2) {
         kern_matmul(m, xq, ldx, B, y, (size_t)rows, 0, rows); /* warm */
@@ -102,6 +104,12 @@ int main(int argc, char **argv)
 {
     size_t kib = argc > 1 ? (size_t)strtoul(argv[1], NULL, 10) : 512;
     const char *deflt[] = {"q8_0", "q4_0", "q4_k"};
+    const char *env = getenv("COLS");
+    int64_t cols = env ? strtoll(env, NULL, 10) : 4096;
+    if (cols < 256 || cols % 256) {
+        fprintf(stderr, "COLS must be a positive multiple of 256\n");
+        return 2;
+    }
     int ntypes = argc > 2 ? argc - 2 : 3;
     for (int i = 0; i < ntypes; i++) {
         const char *name = argc > 2 ? argv[2 + i] : deflt[i];
@@ -110,7 +118,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "unknown type %s\n", name);
             return 2;
         }
-        if (run_type(type, kib) != 0)
+        if (run_type(type, kib, cols) != 0)
             return 1;
     }
     return 0;

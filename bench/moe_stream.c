@@ -10,9 +10,13 @@
  *   halves: each thread a contiguous half of every chosen matrix's rows;
  *   stack:  the chosen experts' gate and up as one list of row ranges, cut into one
  *           contiguous run per thread (and the same for down);
+ *   flat:   as guided for gate and up; down by units of one expert's rows, in expert order,
+ *           claimed as guided (each claim a run within one or two experts' matrices);
  * plus `dense`: one matrix of the same rows as K gates, split in halves (what a dense
  * matrix of those bytes reads at), and one thread over one expert, hot in cache and cold.
- *   usage: bench_moe_stream [mxfp4|q4_k] [THREADS 2] [STEPS 2] [PASSES 8] */
+ * Each schedule's down products are also counted alone (bytes per CPU second inside them).
+ *   usage: bench_moe_stream [mxfp4|q4_k|q6_k] [THREADS 2] [STEPS 2] [PASSES 8]
+ * (q6_k: the qwen3 shape with its down matrices Q6_K, as in half of Q4_K_M's layers) */
 #include "base/dtype.h"
 #include "base/pool.h"
 #include "kern/kern.h"
@@ -40,7 +44,7 @@ static double cpu_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static _Atomic long long work_cpu_ns;
+static _Atomic long long work_cpu_ns, down_cpu_ns;
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -87,8 +91,8 @@ static struct kern_mat *mat(int type, const void *src, int64_t rows, int64_t col
     return m;
 }
 
-enum sched { S_UNITS, S_GUIDED, S_HALVES, S_STACK, N_SCHED };
-static const char *sched_name[N_SCHED] = {"units", "guided", "halves", "stack"};
+enum sched { S_UNITS, S_GUIDED, S_HALVES, S_STACK, S_FLAT, N_SCHED };
+static const char *sched_name[N_SCHED] = {"units", "guided", "halves", "stack", "flat"};
 
 struct job {
     enum sched s;
@@ -100,6 +104,7 @@ struct job {
     int64_t out_rows;
     long unit_rows;
     int group; /* units: matrices per unit (their same rows, one after the other) */
+    _Atomic long long *acc; /* CPU time inside, besides work_cpu_ns */
     _Atomic long next;
 };
 
@@ -109,7 +114,7 @@ static void job_run(void *ctx, int ith, int nth)
     double c0 = cpu_now();
     int64_t rows = kern_mat_rows(j->mats[0]);
     long align = kern_mat_row_align(j->mats[0]);
-    if (j->s == S_GUIDED) { /* the units of `units`, claimed as the engine's dense products claim */
+    if (j->s == S_GUIDED || j->s == S_FLAT) { /* the units of `units`, claimed as the engine's dense products claim */
         long per = (long)((rows + j->unit_rows - 1) / j->unit_rows), total = per * (j->n_mats / j->group);
         long cur = atomic_load_explicit(&j->next, memory_order_relaxed);
         for (;;) {
@@ -152,14 +157,17 @@ static void job_run(void *ctx, int ith, int nth)
                 kern_matmul(j->mats[i], j->xq, j->ldx, 1, j->y + i * j->out_rows, 0, a, b);
         }
     }
-    atomic_fetch_add(&work_cpu_ns, (long long)((cpu_now() - c0) * 1e9));
+    long long ns = (long long)((cpu_now() - c0) * 1e9);
+    atomic_fetch_add(&work_cpu_ns, ns);
+    if (j->acc)
+        atomic_fetch_add(j->acc, ns);
 }
 
 static void run_mats(struct pool *p, enum sched s, struct kern_mat **mats, int n, const void *xq, float *y,
-                     long unit_rows, int group)
+                     long unit_rows, int group, _Atomic long long *acc)
 {
     struct job j = {.s = s, .mats = mats, .n_mats = n, .xq = xq, .ldx = 0, .y = y,
-                    .out_rows = kern_mat_rows(mats[0]), .unit_rows = unit_rows, .group = group};
+                    .out_rows = kern_mat_rows(mats[0]), .unit_rows = unit_rows, .group = group, .acc = acc};
     atomic_init(&j.next, 0);
     pool_run(p, job_run, &j);
 }
@@ -171,6 +179,8 @@ int main(int argc, char **argv)
     struct shape sh;
     if (!strcmp(tname, "mxfp4")) /* gpt-oss-20b: 32 experts of 2880 */
         sh = (struct shape){DT_MXFP4, DT_MXFP4, 2880, 2880, 16, 8, 4};
+    else if (!strcmp(tname, "q6_k"))
+        sh = (struct shape){DT_Q4_K, DT_Q6_K, 2048, 768, 24, 32, 8};
     else /* qwen3-30b-a3b: 128 experts of 768, Q4_K_M's experts Q4_K (down Q6_K in half the layers) */
         sh = (struct shape){DT_Q4_K, DT_Q4_K, 2048, 768, 24, 32, 8};
     struct pool *pool;
@@ -223,12 +233,14 @@ int main(int argc, char **argv)
                "second)\n", hot, hot_cpu, cold, cold_cpu);
     }
     /* decode steps */
-    long units_gu = 32, units_d;
+    long units_gu = 32, units_d, units_flat;
     {
         size_t rb = kern_mat_bytes(down[0]) / (size_t)sh.n_embd * (size_t)sh.k;
         long al = kern_mat_row_align(down[0]);
         units_d = (long)((48 << 10) / rb) / al * al;
         units_d = units_d < al ? al : units_d;
+        units_flat = (long)((48 << 10) / (rb / (size_t)sh.k)) / al * al;
+        units_flat = units_flat < al ? al : units_flat;
         size_t gb = kern_mat_bytes(gate[0]) * 2 / (size_t)sh.n_ff;
         long ga = sh.type_down == DT_MXFP4 ? 32 : 256; /* the down input's activation block */
         long n = (long)((48 << 10) / gb) / ga * ga;
@@ -237,21 +249,22 @@ int main(int argc, char **argv)
     /* passes of `steps` steps, each schedule (and dense) in turn within a pass, so a
      * neighbour's load falls on all alike; medians over the passes */
     enum { N_ROW = N_SCHED + 1, MAX_PASS = 64 };
-    double wall[N_ROW][MAX_PASS], cpu[N_ROW][MAX_PASS];
+    double wall[N_ROW][MAX_PASS], cpu[N_ROW][MAX_PASS], dcpu[N_ROW][MAX_PASS];
     int passes = argc > 4 ? atoi(argv[4]) : 8;
     passes = passes < 1 ? 1 : passes > MAX_PASS ? MAX_PASS : passes;
     int dense_i = 0;
     for (int pass = 0; pass < passes; pass++) {
         for (int s = 0; s < N_ROW; s++) {
-            size_t bytes = 0;
+            size_t bytes = 0, dbytes = 0;
             double t = 0;
             atomic_store(&work_cpu_ns, 0);
+            atomic_store(&down_cpu_ns, 0);
             for (int st = 0; st < steps; st++) {
                 for (int l = 0; l < sh.n_layers; l++) {
                     if (s == N_SCHED) { /* dense: a matrix of K gates' bytes */
                         struct kern_mat *d = dense[dense_i++ % n_dense];
                         double t0 = now();
-                        run_mats(pool, S_HALVES, &d, 1, xq_e, y, 0, 1);
+                        run_mats(pool, S_HALVES, &d, 1, xq_e, y, 0, 1, NULL);
                         t += now() - t0;
                         bytes += kern_mat_bytes(d);
                         continue;
@@ -274,20 +287,26 @@ int main(int argc, char **argv)
                         gu[2 * k + 1] = up[i];
                         dn[k] = down[i];
                         bytes += kern_mat_bytes(gate[i]) * 2 + kern_mat_bytes(down[i]);
+                        dbytes += kern_mat_bytes(down[i]);
                     }
                     double t0 = now();
                     if (s == S_UNITS || s == S_GUIDED) { /* moe.c's interleave: gate and up of a unit together */
-                        run_mats(pool, (enum sched)s, gu, 2 * sh.k, xq_e, y, units_gu, 2);
-                        run_mats(pool, (enum sched)s, dn, sh.k, xq_f, y, units_d, sh.k);
+                        run_mats(pool, (enum sched)s, gu, 2 * sh.k, xq_e, y, units_gu, 2, NULL);
+                        run_mats(pool, (enum sched)s, dn, sh.k, xq_f, y, units_d, sh.k, &down_cpu_ns);
+                    } else if (s == S_FLAT) {
+                        run_mats(pool, S_GUIDED, gu, 2 * sh.k, xq_e, y, units_gu, 2, NULL);
+                        run_mats(pool, S_FLAT, dn, sh.k, xq_f, y, units_flat, 1, &down_cpu_ns);
                     } else {
-                        run_mats(pool, (enum sched)s, gu, 2 * sh.k, xq_e, y, 0, 1);
-                        run_mats(pool, (enum sched)s, dn, sh.k, xq_f, y, 0, 1);
+                        run_mats(pool, (enum sched)s, gu, 2 * sh.k, xq_e, y, 0, 1, NULL);
+                        run_mats(pool, (enum sched)s, dn, sh.k, xq_f, y, 0, 1, &down_cpu_ns);
                     }
                     t += now() - t0;
                 }
             }
             wall[s][pass] = (double)bytes / t / 1e9;
             cpu[s][pass] = (double)bytes / (double)atomic_load(&work_cpu_ns) * threads;
+            long long dns = atomic_load(&down_cpu_ns);
+            dcpu[s][pass] = dns ? (double)dbytes / (double)dns * threads : 0;
         }
     }
     printf("GB/s, median of %d passes of %d steps (wall time; per thread's CPU second in the products x %d):\n",
@@ -295,8 +314,10 @@ int main(int argc, char **argv)
     for (int s = 0; s < N_ROW; s++) {
         qsort(wall[s], (size_t)passes, sizeof(double), cmp_double);
         qsort(cpu[s], (size_t)passes, sizeof(double), cmp_double);
-        printf("  %-7s %6.2f  %6.2f  (CPU: lowest %.2f, highest %.2f)\n", s == N_SCHED ? "dense" : sched_name[s],
-               wall[s][passes / 2], cpu[s][passes / 2], cpu[s][0], cpu[s][passes - 1]);
+        qsort(dcpu[s], (size_t)passes, sizeof(double), cmp_double);
+        printf("  %-7s %6.2f  %6.2f  (CPU: lowest %.2f, highest %.2f)  down alone %6.2f\n",
+               s == N_SCHED ? "dense" : sched_name[s], wall[s][passes / 2], cpu[s][passes / 2], cpu[s][0],
+               cpu[s][passes - 1], dcpu[s][passes / 2]);
     }
     pool_release(pool);
     return 0;

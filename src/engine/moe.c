@@ -381,63 +381,95 @@ static void gu_run(void *ctx, int ith, int nth)
     }
 }
 
-/* Down with the combination: a unit is the output columns [r0, r1) (rows of the down
- * matrices) of every chosen expert over its tokens, then of every token the sum of its
- * choices over those columns (moe.h's order: the down bias, then m = o_0 * w_0 and
- * m = m + o_j * w_j in top-k order), added to the residual: y = y + m. */
+/* Down with the combination. Two schedules, the same products and sums per value:
+ *  - by columns (a large batch): a unit is the output columns [r0, r1) (rows of the down
+ *    matrices) of every chosen expert over its tokens, then of every token the
+ *    combination over those columns;
+ *  - by experts (a small batch: a decode step): a unit is a run of rows of one chosen
+ *    expert's down matrix, units in expert order, so a claim streams one or two experts'
+ *    matrices whole instead of short pieces of all of them (claims by columns read a
+ *    Qwen3 expert's 0.4-0.6 MiB down matrix in pieces of 10-40 KiB each, 10-15% slower
+ *    per CPU second: bench/moe_stream.c); the combination, a few thousand multiply-adds
+ *    a token, then runs on the calling thread.
+ * The combination (moe.h's order): the down bias, then m = o_0 * w_0 and m = m + o_j * w_j
+ * in top-k order, added to the residual: y = y + m. */
 struct down_job {
     struct moe *mo;
     const struct model_layer *L;
     int k_down;
     int n_sel;
     int B;
+    bool by_expert;
     long rows;               /* output columns per unit */
-    long units;
+    long units;              /* by columns: units in all; by experts: units per expert */
     float *y;
     _Atomic long next;
 };
+
+/* Down of chosen expert i over its output rows [r0, r1). */
+static void down_rows(struct down_job *j, int i, int64_t r0, int64_t r1)
+{
+    struct moe *mo = j->mo;
+    int e = mo->chosen[i];
+    size_t g0 = (size_t)mo->first[e], h_row = mo->hrow[j->k_down];
+    kern_matmul(j->L->exp_down[e], (char *)mo->hq[j->k_down] + g0 * h_row, h_row, mo->first[e + 1] - mo->first[e],
+                mo->out + g0 * (size_t)mo->n_embd, (size_t)mo->n_embd, r0, r1);
+}
+
+/* Every token's mixture over the output columns [c0, c1), added to y. */
+static void combine_cols(struct moe *mo, const struct model_layer *L, int B, float *y_all, int64_t c0, int64_t c1)
+{
+    int64_t n = mo->n_embd;
+    for (int b = 0; b < B; b++) {
+        float *m = NULL; /* the mixture, built in the first choice's output row */
+        for (int k = 0; k < mo->n_used; k++) {
+            int r = mo->row[b * mo->n_used + k];
+            float *o = mo->out + (int64_t)r * n;
+            float w = mo->w[b * mo->n_used + k];
+            if (mo->oss) { /* the down product's bias first (its own row: each gathered row is one choice) */
+                const float *bd = L->exp_down_b + (int64_t)mo->row_expert[r] * n;
+                for (int64_t i = c0; i < c1; i++)
+                    o[i] = o[i] + bd[i];
+            }
+            if (k == 0) {
+                m = o;
+                for (int64_t i = c0; i < c1; i++)
+                    m[i] = o[i] * w;
+            } else {
+                for (int64_t i = c0; i < c1; i++)
+                    m[i] = m[i] + o[i] * w;
+            }
+        }
+        float *y = y_all + b * n;
+        for (int64_t i = c0; i < c1; i++)
+            y[i] = y[i] + m[i];
+    }
+}
 
 static void down_run(void *ctx, int ith, int nth)
 {
     (void)ith;
     struct down_job *j = ctx;
     struct moe *mo = j->mo;
-    const struct model_layer *L = j->L;
     int64_t n = mo->n_embd;
-    size_t h_row = mo->hrow[j->k_down];
     long lo, hi;
+    if (j->by_expert) {
+        long upe = j->units;
+        while (claim_units(&j->next, (long)j->n_sel * upe, nth, &lo, &hi)) {
+            for (long u = lo; u < hi;) { /* each chosen expert's run of the claim */
+                long i = u / upe, ue = (i + 1) * upe < hi ? (i + 1) * upe : hi;
+                int64_t r0 = (u - i * upe) * j->rows, r1 = (ue - i * upe) * j->rows;
+                down_rows(j, (int)i, r0, r1 < n ? r1 : n);
+                u = ue;
+            }
+        }
+        return;
+    }
     while (claim_units(&j->next, j->units, nth, &lo, &hi)) {
         int64_t c0 = lo * j->rows, c1 = hi * j->rows < n ? hi * j->rows : n;
-        for (int i = 0; i < j->n_sel; i++) {
-            int e = mo->chosen[i];
-            size_t r0 = (size_t)mo->first[e];
-            kern_matmul(L->exp_down[e], (char *)mo->hq[j->k_down] + r0 * h_row, h_row, mo->first[e + 1] - mo->first[e],
-                        mo->out + r0 * n, (size_t)n, c0, c1);
-        }
-        for (int b = 0; b < j->B; b++) {
-            float *m = NULL; /* the mixture, built in the first choice's output row */
-            for (int k = 0; k < mo->n_used; k++) {
-                int r = mo->row[b * mo->n_used + k];
-                float *o = mo->out + (int64_t)r * n;
-                float w = mo->w[b * mo->n_used + k];
-                if (mo->oss) { /* the down product's bias first (its own row: each gathered row is one choice) */
-                    const float *bd = L->exp_down_b + (int64_t)mo->row_expert[r] * n;
-                    for (int64_t i = c0; i < c1; i++)
-                        o[i] = o[i] + bd[i];
-                }
-                if (k == 0) {
-                    m = o;
-                    for (int64_t i = c0; i < c1; i++)
-                        m[i] = o[i] * w;
-                } else {
-                    for (int64_t i = c0; i < c1; i++)
-                        m[i] = m[i] + o[i] * w;
-                }
-            }
-            float *y = j->y + b * n;
-            for (int64_t i = c0; i < c1; i++)
-                y[i] = y[i] + m[i];
-        }
+        for (int i = 0; i < j->n_sel; i++)
+            down_rows(j, i, c0, c1);
+        combine_cols(mo, j->L, j->B, j->y, c0, c1);
     }
 }
 
@@ -462,6 +494,12 @@ static long unit_rows(size_t row_bytes, long align)
 /* Up to this many bytes of router products (B rows by its weights) run on the calling
  * thread: a decode step's router is a few microseconds of work, less than a dispatch. */
 #define ROUTE_ALONE_BYTES (4 << 20)
+
+/* Down runs by experts, with the combination on the calling thread (choices x n_embd
+ * multiply-adds), while the batch makes at most this many choices: a decode batch of up
+ * to 8 tokens of Qwen3-30B-A3B (8 per token) or 16 of gpt-oss-20b (4). A prompt runs by
+ * columns, so tests see both schedules give the same bits. */
+#define DOWN_BY_EXPERT_CHOICES 64
 
 void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, const struct model_layer *L,
                  const float *x, int B, float *y)
@@ -548,12 +586,15 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
 
     /* down of every chosen expert, and the combination */
     const struct kern_mat *d0 = L->exp_down[mo->chosen[0]];
+    size_t down_row_bytes = kern_mat_bytes(d0) / (size_t)mo->n_embd;
     struct down_job dj = {.mo = mo, .L = L, .k_down = k_down, .n_sel = n_sel, .B = B, .y = y,
-                          .rows = unit_rows(kern_mat_bytes(d0) / (size_t)mo->n_embd * (size_t)n_sel,
-                                            kern_mat_row_align(d0))};
+                          .by_expert = R <= DOWN_BY_EXPERT_CHOICES};
+    dj.rows = unit_rows(down_row_bytes * (dj.by_expert ? 1 : (size_t)n_sel), kern_mat_row_align(d0));
     dj.units = (mo->n_embd + dj.rows - 1) / dj.rows;
     atomic_init(&dj.next, 0);
     pool_run(pool, down_run, &dj);
+    if (dj.by_expert)
+        combine_cols(mo, L, B, y, 0, mo->n_embd);
     t1 = clock_ns();
     mo->stats.ns_down += (uint64_t)(t1 - t0);
 
@@ -562,4 +603,5 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
     mo->stats.expert_runs += (uint64_t)n_sel;
     mo->stats.expert_bytes += bytes + down_bytes;
     mo->stats.down_bytes += down_bytes;
+    mo->stats.down_by_expert += dj.by_expert;
 }

@@ -23,7 +23,8 @@
  * step; experts no token chose are not read at all. A step is two dispatches to the pool
  * (the router of a small batch runs on the calling thread): gate, up and the activation
  * with h's quantization, split by columns of h; then down and the combination, split by
- * columns of y. */
+ * columns of y (a small batch: down split by runs of each expert's rows, and the
+ * combination on the calling thread; moe.c down_job). */
 #ifndef CAIRN_ENGINE_MOE_H
 #define CAIRN_ENGINE_MOE_H
 
@@ -42,6 +43,7 @@ struct moe_stats {
     uint64_t expert_runs;    /* experts run (each once per step that any token chose it) */
     uint64_t expert_bytes;   /* bytes of expert weights read */
     uint64_t down_bytes;     /* of which the down products' */
+    uint64_t down_by_expert; /* steps whose down ran by experts (a small batch; moe.c) */
     /* Wall time of each phase, in ns (for the bench; never asserted): the router (its
      * input quantized, its product, the top-k, grouping), the experts' inputs gathered,
      * the gate and up products with the activation, the down products with the

@@ -271,7 +271,8 @@ static void check_threads_same(const char *path)
     free(logits[1]);
 }
 
-/* A mixture of experts: 8 sequences decoded in one batch give the bits each gives alone,
+/* A mixture of experts: 8 sequences decoded in one batch give the bits each gives alone
+ * (the prompts alone and together also run moe.c's two schedules of down),
  * and the batch runs each chosen expert once for all the tokens that chose it: a decode
  * step of one token runs exactly n_expert_used experts per layer (only their weights are
  * read), one of 8 tokens at most n_expert per layer, fewer than its 8 x n_expert_used
@@ -325,6 +326,8 @@ static void check_moe_batch(const char *label, const struct synth_spec *spec)
               "%s: a decode step ran %llu experts (%llu bytes), expected %d (%llu)", label,
               (unsigned long long)(s1.expert_runs - s0.expert_runs), (unsigned long long)(s1.expert_bytes - s0.expert_bytes),
               L * K, (unsigned long long)((uint64_t)K * expert_bytes));
+        CHECK(s1.down_by_expert - s0.down_by_expert == (uint64_t)L, "%s: a decode step's down did not run by experts",
+              label);
         kv_seq_clear(kv, i);
     }
     /* together: the prompts interleaved in one batch, then one decode step of all 8 */
@@ -333,7 +336,11 @@ static void check_moe_batch(const char *label, const struct synth_spec *spec)
         for (int i = 0; i < NS; i++)
             bt[k * NS + i] = toks[i][k], seq[k * NS + i] = i, pos[k * NS + i] = k;
     struct batch b = {.n = NS * PL, .token = bt, .seq = seq, .pos = pos};
+    struct moe_stats p0 = engine_moe_stats(e);
     CHECK(engine_forward(e, kv, &b, logits, err, sizeof err) == 0, "%s: %s", label, err);
+    struct moe_stats p1 = engine_moe_stats(e);
+    /* the prompts alone ran down by experts, together by columns: the two schedules */
+    CHECK(p1.down_by_expert == p0.down_by_expert, "%s: a batch of %d prompts ran down by experts", label, NS * PL);
     bool same = true;
     for (int i = 0; i < NS; i++)
         same &= same_bits(alone + (size_t)(2 * i) * V, logits + (size_t)((PL - 1) * NS + i) * V, (size_t)V);
