@@ -3,14 +3,15 @@
  * per 16 x 256 weights (one interleaved group-row of 256 columns), for B = 1, 2, 4, 8.
  * A matrix of about 512 KiB stays in L2: its rate is what the instructions allow (the
  * compute bound); one of 256 MiB comes from DRAM.
- *   usage: bench_kern_rate [-t THREADS] [-s claim|halves] [KIB] [TYPE...]
+ *   usage: bench_kern_rate [-t THREADS] [-s claim|halves] [-b MAX_B] [KIB] [TYPE...]
  *          (default: 1 thread, 512 KiB, q8_0 q4_0 q4_k)
  * With -t N the rows are shared among N threads of a pool as the engine shares a decode
  * product: `claim` (the default) by guided self-scheduling with the engine's smallest
- * claim (32 KiB of weights), `halves` as one contiguous part per thread. Each run also
- * prints each thread's own rate over the bytes it read (the slower one bounds a step).
+ * claim (32 KiB of weights), `halves` as one contiguous part per thread. Each B also
+ * prints, in brackets, each thread's best rate over its own CPU time (the bytes of its
+ * rows per CPU second: its rate while it ran, steadier under a neighbour's load).
  * Pin it (taskset -c 1, or the two cores with -t 2) and read it beside the load average:
- * it is a timing. */
+ * it is a timing. -b 1 measures B = 1 alone. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,15 @@ static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* This thread's CPU time: a thread's rate over it is its rate while it ran, which a
+ * neighbour's load on a shared machine changes less than the wall-clock rate. */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -51,14 +61,14 @@ struct mm_share {
     int align;
     int halves;
     _Atomic long next;
-    double busy[MAX_THREADS];   /* seconds each thread spent in this run */
+    double busy[MAX_THREADS];   /* CPU seconds each thread spent in this run */
     int64_t rows_of[MAX_THREADS];
 };
 
 static void mm_share_run(void *ctx, int ith, int nth)
 {
     struct mm_share *j = ctx;
-    double t0 = now_s();
+    double t0 = cpu_s();
     long lo, hi;
     int64_t done = 0;
     if (j->halves) {
@@ -76,21 +86,20 @@ static void mm_share_run(void *ctx, int ith, int nth)
         }
     }
     if (ith < MAX_THREADS) {
-        j->busy[ith] += now_s() - t0;
+        j->busy[ith] += cpu_s() - t0;
         j->rows_of[ith] += done;
     }
 }
 
-/* One product of the whole matrix: on the calling thread alone, or shared over the pool. */
+/* One product of the whole matrix, shared over the pool's threads (a pool of one runs
+ * it on the calling thread). */
 static void product(struct pool *pool, struct mm_share *j)
 {
-    if (!pool) {
-        kern_matmul(j->m, j->xq, j->ldx, j->B, j->y, (size_t)j->rows, 0, j->rows);
-        return;
-    }
     atomic_store(&j->next, 0);
     pool_run(pool, mm_share_run, j);
 }
+
+static int max_b = 8;
 
 static int run_type(int type, size_t kib, struct pool *pool, int halves)
 {
@@ -130,7 +139,7 @@ static int run_type(int type, size_t kib, struct pool *pool, int halves)
         kern_act_quantize(type, row, xq + (size_t)b * ldx, cols);
     }
     double bytes = (double)kern_mat_bytes(m);
-    int nth = pool ? pool_threads(pool) : 1;
+    int nth = pool_threads(pool);
     struct mm_share *j = calloc(1, sizeof *j);
     if (!j)
         return -1;
@@ -146,39 +155,37 @@ static int run_type(int type, size_t kib, struct pool *pool, int halves)
     j->halves = halves;
     printf("%-7s %-7s %8.0f KiB", dtype_name(type), kern_path_name(kern_mat_path(m)), bytes / 1024);
     double b1 = 0;
-    for (int B = 1; B <= BMAX; B *= 2) {
+    for (int B = 1; B <= BMAX && B <= max_b; B *= 2) {
         j->B = B;
         product(pool, j); /* warm */
         /* the best of 60 rounds of at least 2 ms each: short enough that some round
          * runs within one time slice on a loaded machine */
-        double best = 1e30, best_busy[MAX_THREADS] = {0};
-        int64_t best_rows[MAX_THREADS] = {0};
+        double best = 1e30, best_cpu[MAX_THREADS] = {0};
         for (int round = 0; round < 60; round++) {
             long n = 0;
             memset(j->busy, 0, sizeof j->busy);
             memset(j->rows_of, 0, sizeof j->rows_of);
             double t0 = now_s(), t;
+#define RATE(t) (j->busy[t] > 0 ? bytes * (double)j->rows_of[t] / (double)rows / j->busy[t] : 0.0)
             do {
                 product(pool, j);
                 n++;
             } while ((t = now_s() - t0) < 0.002);
-            if (t / (double)n < best) {
+            if (t / (double)n < best)
                 best = t / (double)n;
-                memcpy(best_busy, j->busy, sizeof best_busy);
-                memcpy(best_rows, j->rows_of, sizeof best_rows);
-            }
+            for (int th = 0; th < nth && th < MAX_THREADS; th++)
+                if (RATE(th) > best_cpu[th])
+                    best_cpu[th] = RATE(th);
         }
         double groups = (double)rows / 16 * (double)cols / 256;
         if (B == 1)
             b1 = best;
         printf("  B=%d %6.1f GB/s %6.1f ns/grp %4.2fx", B, bytes / best / 1e9, best * 1e9 / groups, best / b1);
-        if (pool) { /* each thread's own rate: its bytes over its busy time */
-            printf(" [");
-            for (int t = 0; t < nth && t < MAX_THREADS; t++)
-                printf("%s%.1f", t ? " " : "",
-                       best_busy[t] > 0 ? bytes * (double)best_rows[t] / (double)rows / best_busy[t] / 1e9 : 0.0);
-            printf("]");
-        }
+        /* each thread's best rate over its own CPU time (bytes of its rows / CPU s) */
+        printf(" [cpu");
+        for (int t = 0; t < nth && t < MAX_THREADS; t++)
+            printf(" %.1f", best_cpu[t] / 1e9);
+        printf("]");
     }
     printf("\n");
     free(j);
@@ -196,20 +203,22 @@ int main(int argc, char **argv)
     for (; a + 1 < argc && argv[a][0] == '-'; a += 2) {
         if (!strcmp(argv[a], "-t"))
             threads = atoi(argv[a + 1]);
+        else if (!strcmp(argv[a], "-b"))
+            max_b = atoi(argv[a + 1]);
         else if (!strcmp(argv[a], "-s"))
             halves = !strcmp(argv[a + 1], "halves");
         else
             break;
     }
     if (threads < 1 || threads > MAX_THREADS || (a < argc && argv[a][0] == '-')) {
-        fprintf(stderr, "usage: bench_kern_rate [-t THREADS] [-s claim|halves] [KIB] [TYPE...]\n");
+        fprintf(stderr, "usage: bench_kern_rate [-t THREADS] [-s claim|halves] [-b MAX_B] [KIB] [TYPE...]\n");
         return 2;
     }
     size_t kib = a < argc ? (size_t)strtoul(argv[a++], NULL, 10) : 512;
     const char *deflt[] = {"q8_0", "q4_0", "q4_k"};
     int ntypes = a < argc ? argc - a : 3;
     struct pool *pool = NULL;
-    if (threads > 1 && pool_create(&pool, threads) != 0)
+    if (pool_create(&pool, threads) != 0)
         return 1;
     int rc = 0;
     for (int i = 0; i < ntypes && !rc; i++) {
