@@ -3,22 +3,39 @@
  * per 16 x 256 weights (one interleaved group-row of 256 columns), for B = 1, 2, 4, 8.
  * A matrix of about 512 KiB stays in L2: its rate is what the instructions allow (the
  * compute bound); one of 256 MiB comes from DRAM.
- *   usage: bench_kern_rate [KIB] [TYPE...]     (default: 512 q8_0 q4_0 q4_k)
- * COLS=N in the environment sets the matrix's columns (default 4096; a MoE expert's down
- * matrix has few: 768 in Qwen3-30B-A3B), so short rows' fixed costs show.
- * Pin it (taskset -c 1) and read it beside the load average: it is a timing. */
+ *   usage: bench_kern_rate [-t THREADS] [-s claim|halves] [-b MAX_B] [KIB] [TYPE...]
+ *          (default: 1 thread, 512 KiB, q8_0 q4_0 q4_k)
+ * With -t N the rows are shared among N threads of a pool as the engine shares a decode
+ * product: `claim` (the default) by guided self-scheduling with the engine's smallest
+ * claim (32 KiB of weights), `halves` as one contiguous part per thread. Each B also
+ * prints, in brackets, each thread's best rate over its own CPU time (the bytes of its
+ * rows per CPU second: its rate while it ran, steadier under a neighbour's load).
+ * Pin it (taskset -c 1, or the two cores with -t 2) and read it beside the load average:
+ * it is a timing. -b 1 measures B = 1 alone. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "base/dtype.h"
+#include "base/pool.h"
 #include "kern/kern.h"
+
+#include <stdatomic.h>
 
 static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* This thread's CPU time: a thread's rate over it is its rate while it ran, which a
+ * neighbour's load on a shared machine changes less than the wall-clock rate. */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -31,7 +48,60 @@ static float rnd(uint64_t *s)
     return (float)((*s >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
 }
 
-static int run_type(int type, size_t kib, int64_t cols)
+#define MIN_CLAIM_BYTES (32 << 10) /* the engine's MM_MIN_CLAIM */
+#define MAX_THREADS 64
+
+struct mm_share {
+    const struct kern_mat *m;
+    const uint8_t *xq;
+    size_t ldx;
+    int B;
+    float *y;
+    int64_t rows, units, min_claim;
+    int align;
+    int halves;
+    _Atomic long next;
+    double busy[MAX_THREADS];   /* CPU seconds each thread spent in this run */
+    int64_t rows_of[MAX_THREADS];
+};
+
+static void mm_share_run(void *ctx, int ith, int nth)
+{
+    struct mm_share *j = ctx;
+    double t0 = cpu_s();
+    long lo, hi;
+    int64_t done = 0;
+    if (j->halves) {
+        pool_split((long)j->units, 1, ith, nth, &lo, &hi);
+        if (lo < hi) {
+            int64_t r0 = lo * j->align, r1 = hi * j->align < j->rows ? hi * j->align : j->rows;
+            kern_matmul(j->m, j->xq, j->ldx, j->B, j->y, (size_t)j->rows, r0, r1);
+            done += r1 - r0;
+        }
+    } else {
+        while (pool_claim(&j->next, (long)j->units, (long)j->min_claim, nth, &lo, &hi)) {
+            int64_t r0 = lo * j->align, r1 = hi * j->align < j->rows ? hi * j->align : j->rows;
+            kern_matmul(j->m, j->xq, j->ldx, j->B, j->y, (size_t)j->rows, r0, r1);
+            done += r1 - r0;
+        }
+    }
+    if (ith < MAX_THREADS) {
+        j->busy[ith] += cpu_s() - t0;
+        j->rows_of[ith] += done;
+    }
+}
+
+/* One product of the whole matrix, shared over the pool's threads (a pool of one runs
+ * it on the calling thread). */
+static void product(struct pool *pool, struct mm_share *j)
+{
+    atomic_store(&j->next, 0);
+    pool_run(pool, mm_share_run, j);
+}
+
+static int max_b = 8;
+
+static int run_type(int type, size_t kib, int64_t cols, struct pool *pool, int halves)
 {
     size_t row_bytes = (size_t)dtype_row_bytes(type, cols);
     int64_t rows = (int64_t)(kib * 1024 / row_bytes) & ~(int64_t)15;
@@ -68,30 +138,57 @@ static int run_type(int type, size_t kib, int64_t cols)
         kern_act_quantize(type, row, xq + (size_t)b * ldx, cols);
     }
     double bytes = (double)kern_mat_bytes(m);
+    int nth = pool_threads(pool);
+    struct mm_share *j = calloc(1, sizeof *j);
+    if (!j)
+        return -1;
+    j->m = m;
+    j->xq = xq;
+    j->ldx = ldx;
+    j->y = y;
+    j->rows = rows;
+    j->align = kern_mat_row_align(m);
+    j->units = (rows + j->align - 1) / j->align;
+    j->min_claim = (int64_t)(MIN_CLAIM_BYTES / (bytes / (double)j->units));
+    j->min_claim = j->min_claim < 1 ? 1 : j->min_claim;
+    j->halves = halves;
     printf("%-7s %-7s %8.0f KiB %5lld cols", dtype_name(type), kern_path_name(kern_mat_path(m)), bytes / 1024,
            (long long)cols);
     double b1 = 0;
-    for (int B = 1; B <= BMAX; B *= 2) {
-        kern_matmul(m, xq, ldx, B, y, (size_t)rows, 0, rows); /* warm */
+    for (int B = 1; B <= BMAX && B <= max_b; B *= 2) {
+        j->B = B;
+        product(pool, j); /* warm */
         /* the best of 60 rounds of at least 2 ms each: short enough that some round
          * runs within one time slice on a loaded machine */
-        double best = 1e30;
+        double best = 1e30, best_cpu[MAX_THREADS] = {0};
         for (int round = 0; round < 60; round++) {
             long n = 0;
+            memset(j->busy, 0, sizeof j->busy);
+            memset(j->rows_of, 0, sizeof j->rows_of);
             double t0 = now_s(), t;
+#define RATE(t) (j->busy[t] > 0 ? bytes * (double)j->rows_of[t] / (double)rows / j->busy[t] : 0.0)
             do {
-                kern_matmul(m, xq, ldx, B, y, (size_t)rows, 0, rows);
+                product(pool, j);
                 n++;
             } while ((t = now_s() - t0) < 0.002);
             if (t / (double)n < best)
                 best = t / (double)n;
+            for (int th = 0; th < nth && th < MAX_THREADS; th++)
+                if (RATE(th) > best_cpu[th])
+                    best_cpu[th] = RATE(th);
         }
         double groups = (double)rows / 16 * (double)cols / 256;
         if (B == 1)
             b1 = best;
         printf("  B=%d %6.1f GB/s %6.1f ns/grp %4.2fx", B, bytes / best / 1e9, best * 1e9 / groups, best / b1);
+        /* each thread's best rate over its own CPU time (bytes of its rows / CPU s) */
+        printf(" [cpu");
+        for (int t = 0; t < nth && t < MAX_THREADS; t++)
+            printf(" %.1f", best_cpu[t] / 1e9);
+        printf("]");
     }
     printf("\n");
+    free(j);
     kern_mat_release(m);
     free(row);
     free(w);
@@ -102,7 +199,22 @@ static int run_type(int type, size_t kib, int64_t cols)
 
 int main(int argc, char **argv)
 {
-    size_t kib = argc > 1 ? (size_t)strtoul(argv[1], NULL, 10) : 512;
+    int threads = 1, halves = 0, a = 1;
+    for (; a + 1 < argc && argv[a][0] == '-'; a += 2) {
+        if (!strcmp(argv[a], "-t"))
+            threads = atoi(argv[a + 1]);
+        else if (!strcmp(argv[a], "-b"))
+            max_b = atoi(argv[a + 1]);
+        else if (!strcmp(argv[a], "-s"))
+            halves = !strcmp(argv[a + 1], "halves");
+        else
+            break;
+    }
+    if (threads < 1 || threads > MAX_THREADS || (a < argc && argv[a][0] == '-')) {
+        fprintf(stderr, "usage: bench_kern_rate [-t THREADS] [-s claim|halves] [-b MAX_B] [KIB] [TYPE...]\n");
+        return 2;
+    }
+    size_t kib = a < argc ? (size_t)strtoul(argv[a++], NULL, 10) : 512;
     const char *deflt[] = {"q8_0", "q4_0", "q4_k"};
     const char *env = getenv("COLS");
     int64_t cols = env ? strtoll(env, NULL, 10) : 4096;
@@ -110,16 +222,20 @@ int main(int argc, char **argv)
         fprintf(stderr, "COLS must be a positive multiple of 256\n");
         return 2;
     }
-    int ntypes = argc > 2 ? argc - 2 : 3;
-    for (int i = 0; i < ntypes; i++) {
-        const char *name = argc > 2 ? argv[2 + i] : deflt[i];
+    int ntypes = a < argc ? argc - a : 3;
+    struct pool *pool = NULL;
+    if (pool_create(&pool, threads) != 0)
+        return 1;
+    int rc = 0;
+    for (int i = 0; i < ntypes && !rc; i++) {
+        const char *name = a < argc ? argv[a + i] : deflt[i];
         int type = dtype_from_name(name);
         if (type < 0) {
             fprintf(stderr, "unknown type %s\n", name);
-            return 2;
-        }
-        if (run_type(type, kib, cols) != 0)
-            return 1;
+            rc = 2;
+        } else if (run_type(type, kib, cols, pool, halves) != 0)
+            rc = 1;
     }
-    return 0;
+    pool_release(pool);
+    return rc;
 }

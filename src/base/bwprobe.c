@@ -11,8 +11,10 @@
 #endif
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define STREAM_CHUNK 32 /* words (256 bytes) read from one stream before the next */
 
@@ -184,7 +186,7 @@ int bw_probe(struct pool *p, size_t bytes, int reps, struct bw_reading *out)
      * bandwidth, and its sum tells. */
     uint64_t want = n % 2 ? (uint64_t)n * ((n - 1) / 2) : (uint64_t)(n / 2) * (n - 1);
     int rc = 0;
-    for (int r = 0; r < reps && !rc; r++) {
+    for (int r = 0; r < reps; r++) {
         j.style = r % N_BW_STYLES;
         memset(j.sums, 0, sizeof j.sums);
         double t0 = clock_sec();
@@ -193,8 +195,11 @@ int bw_probe(struct pool *p, size_t bytes, int reps, struct bw_reading *out)
         uint64_t got = 0;
         for (int t = 0; t < nth && t < 64; t++)
             got += j.sums[t];
-        if (nth <= 64 && got != want)
-            rc = -1;
+        if (nth <= 64 && got != want) {
+            rc = -1; /* a read that missed words counts for nothing */
+            break;
+        }
+        out->reads++;
         if (bw > out->by_style[j.style])
             out->by_style[j.style] = bw;
         if (bw > out->best) {
@@ -204,4 +209,61 @@ int bw_probe(struct pool *p, size_t bytes, int reps, struct bw_reading *out)
     }
     free(buf);
     return rc;
+}
+
+/* The size in a sysfs cache file ("32768K", "508M"), in bytes; 0 when unreadable. */
+static size_t sysfs_cache_size(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    unsigned long long n = 0;
+    char unit = 0;
+    int got = fscanf(f, "%llu%c", &n, &unit);
+    fclose(f);
+    if (got < 1 || n > (1ull << 40))
+        return 0;
+    return (size_t)(got == 2 && unit == 'K' ? n << 10 : got == 2 && unit == 'M' ? n << 20 : n);
+}
+
+size_t bw_llc_bytes(void)
+{
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (l3 > 0)
+        return (size_t)l3;
+#endif
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#else
+    long l2 = 0;
+#endif
+    size_t best = l2 > 0 ? (size_t)l2 : 0;
+    for (int i = 0; i < 8; i++) { /* index0..: L1d, L1i, L2, L3 where the kernel lists them */
+        char path[96];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        size_t n = sysfs_cache_size(path);
+        best = n > best ? n : best;
+    }
+    return best;
+}
+
+size_t bw_dram_block(size_t llc, long long avail)
+{
+    const size_t mib = 1 << 20;
+    size_t want = (size_t)BW_DRAM_MIN_MIB * mib;
+    if (llc > 0 && llc <= (size_t)BW_DRAM_MAX_MIB * mib / BW_DRAM_LLC_TIMES && llc * BW_DRAM_LLC_TIMES > want)
+        want = llc * BW_DRAM_LLC_TIMES;
+    else if (llc > (size_t)BW_DRAM_MAX_MIB * mib / BW_DRAM_LLC_TIMES)
+        want = (size_t)BW_DRAM_MAX_MIB * mib;
+    if (avail >= 0 && want > (size_t)(avail / BW_MEM_SHARE))
+        want = (size_t)(avail / BW_MEM_SHARE);
+    if (want < (size_t)BW_BLOCK_MIN_MIB * mib)
+        want = (size_t)BW_BLOCK_MIN_MIB * mib;
+    return want / mib * mib;
+}
+
+int bw_fits_llc(double bytes, size_t llc)
+{
+    return llc > 0 && bytes <= (double)llc;
 }

@@ -52,6 +52,8 @@ struct bench {
     int64_t *pos;
     uint8_t *want;
     struct pool *bwp;        /* threads of the bandwidth reads */
+    size_t llc;              /* the last-level cache as reported (bw_llc_bytes), 0: unknown */
+    int64_t dram_mib;        /* the DRAM block (dram_probe_mib) */
     double *t;               /* -r: the times of one measurement's runs */
     char err[512];
 };
@@ -228,7 +230,7 @@ struct bench_opts {
     int64_t depth;                         /* -d: positions of context before pp and tg */
     int type_k, type_v;                    /* -ctk, -ctv: KV cache types */
     int64_t max_b;                         /* the batch curve's largest B */
-    int64_t bw_mib;                        /* the bandwidth block; 0: see decode_probe_mib */
+    int64_t bw_mib;                        /* the bandwidth block; 0: dram_probe_mib's, and cache_probe_mib's */
     int64_t draft_k, lookup;               /* --draft-tokens; --lookup's n-gram (0: none) */
     int64_t ranks, streams, delay_us;      /* --ranks (0: none) */
     bool sealed;                           /* --sealed */
@@ -340,9 +342,10 @@ static void usage(void)
             "  -d DEPTH: pp and tg measured after DEPTH positions of context (filled in forwards of\n"
             "  %d tokens, as llama-bench's -d); tg's roofline counts the K and V bytes each step reads\n"
             "  -ctk, -ctv TYPE: the KV cache's K and V types, f16 (default), f32, q8_0 or q4_0\n"
-            "  --bandwidth-mib N: the block the bandwidth probe reads (default: 1024 MiB for the\n"
-            "  machine's figure, and beside each tg run as many bytes as a decode step reads, so\n"
-            "  that a model small enough to sit in the last-level cache is held to that cache's rate)\n"
+            "  --bandwidth-mib N: the block the bandwidth probe reads (default: for DRAM, 4x the\n"
+            "  reported last-level cache, 1-8 GiB and at most a quarter of the free memory; beside\n"
+            "  each tg run also as many bytes as a decode step reads when they fit that cache, so\n"
+            "  that a model small enough to sit in it is held to the cache's rate)\n"
             "       cairn bench -m TARGET.gguf (--draft DRAFT.gguf | --lookup N) [--draft-tokens K]\n"
             "                   [-p 512] [-n 128] [-t 2] [-r 3]\n"
             "  --draft, --lookup: speculative decoding of -n greedy tokens after -p random prompt\n"
@@ -546,16 +549,38 @@ static int bench_prompt(struct bench *bn, const struct bench_opts *o)
     return 0;
 }
 
-/* The block of the bandwidth readings beside the decode runs: as many bytes as a step
- * reads (up to 1 GiB, past every cache), so that the roofline sees the cache a model
- * small enough to stay in it sees (the L3 of some of these machines holds 480 MiB),
- * unless --bandwidth-mib says otherwise. */
-static int64_t decode_probe_mib(const struct bench_opts *o, double bytes_per_tok)
+/* The block of the machine's DRAM figure: well past the last-level cache the system
+ * reports (bw_dram_block: 4x it, 1-8 GiB, at most a quarter of the free memory), unless
+ * --bandwidth-mib says otherwise. Some VMs report their host's whole L3 (508 MiB on a
+ * Zen 5 one): a block of one or two times that was read partly from cache. */
+static int64_t dram_probe_mib(const struct bench_opts *o)
 {
     if (o->bw_mib > 0)
         return o->bw_mib;
+    return (int64_t)(bw_dram_block(bw_llc_bytes(), (long long)mem_available()) >> 20);
+}
+
+/* The cache-sized block beside the decode runs: as many bytes as a step reads when they
+ * fit the last-level cache, so that the roofline of a model small enough to stay in it
+ * is that cache's rate; 0 when the step does not fit (or --bandwidth-mib is given). */
+static int64_t cache_probe_mib(const struct bench *bn, const struct bench_opts *o, double bytes_per_tok)
+{
+    if (o->bw_mib > 0 || !bw_fits_llc(bytes_per_tok, bn->llc))
+        return 0;
     int64_t mib = (int64_t)ceil(bytes_per_tok / (1 << 20));
-    return mib < 1 ? 1 : mib > 1024 ? 1024 : mib;
+    return mib < 1 ? 1 : mib;
+}
+
+/* Reads a block of mib MiB in every style on the bandwidth threads: its best bytes/s,
+ * or -1 (message printed). */
+static double probe_best(struct bench *bn, int64_t mib, int reps)
+{
+    struct bw_reading bwr;
+    if (bw_probe(bn->bwp, (size_t)mib << 20, reps, &bwr)) {
+        fprintf(stderr, "cairn bench: the bandwidth probe failed (out of memory, or a read missed words)\n");
+        return -1;
+    }
+    return bwr.best;
 }
 
 /* Where a mixture's decode step goes (the first run): each phase of the experts' layers
@@ -590,11 +615,14 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
     /* Of a mixture of experts, the experts' bytes are those the engine counted as read. */
     struct moe_stats s0 = engine_moe_stats(bn->e);
     double moe_fixed = (double)bn->m->all_weight_bytes - (double)expert_bytes_all(bn->m);
-    /* Each run is paired with a bandwidth reading taken right after it (best of the
-     * read styles), so a neighbour's load on this shared machine weighs on both
-     * sides of the ratio alike; the figure is the median of the runs' ratios. */
+    /* Each run is paired with bandwidth readings taken right after it (best of the
+     * read styles): DRAM's, and where the step fits the last-level cache a block of the
+     * step's size, which is then the roofline. A neighbour's load on this shared machine
+     * weighs on both sides of the ratio alike; the figure is the median of the runs'
+     * ratios. */
     double *bw_run = malloc((size_t)reps * sizeof *bw_run), *ratio = malloc((size_t)reps * sizeof *ratio);
-    int rc = bw_run && ratio ? 0 : -1;
+    double *bw_dram = malloc((size_t)reps * sizeof *bw_dram);
+    int rc = bw_run && ratio && bw_dram ? 0 : -1;
     if (!rc) {
         memset(bn->want, 0, bn->nb);
         bn->want[0] = 1;
@@ -617,27 +645,39 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
                              (double)bn->m->weight_bytes;
             print_moe_phases(&s0, &s1, bn->t[r], n_gen, bytes_per_tok);
         }
-        struct bw_reading bwr;
-        if (bw_probe(bn->bwp, (size_t)decode_probe_mib(o, bytes_per_tok) << 20, N_BW_STYLES, &bwr)) {
-            fprintf(stderr, "cairn bench: the bandwidth probe failed (out of memory, or a read missed words)\n");
+        int64_t cache_mib = cache_probe_mib(bn, o, bytes_per_tok);
+        bw_dram[r] = probe_best(bn, bn->dram_mib, N_BW_STYLES);
+        bw_run[r] = cache_mib > 0 && bw_dram[r] > 0 ? probe_best(bn, cache_mib, N_BW_STYLES) : bw_dram[r];
+        if (bw_dram[r] <= 0 || bw_run[r] <= 0) {
             rc = -1;
             break;
         }
-        bw_run[r] = bwr.best;
         ratio[r] = ((double)n_gen / bn->t[r]) * bytes_per_tok / bw_run[r];
     }
     if (!rc) {
         double tps = (double)n_gen / median(bn->t, reps), bw_med = median(bw_run, reps);
+        double dram_med = median(bw_dram, reps);
+        int64_t cache_mib = cache_probe_mib(bn, o, bytes_per_tok);
         printf("tg%lld%s: %.2f tok/s (median of %lld); reads %.1f MiB/token, %.2f GB/s; bandwidth beside the runs "
-               "%.2f GB/s (median, %lld MiB block); roofline %.2f tok/s; %.1f%% of roofline (median of the runs' ratios)\n",
+               "(medians): %s %.2f GB/s (%lld MiB block)",
                (long long)n_gen, at_depth(o), tps, (long long)reps, bytes_per_tok / (1 << 20),
-               tps * bytes_per_tok / 1e9, bw_med / 1e9, (long long)decode_probe_mib(o, bytes_per_tok), bw_med / bytes_per_tok, 100.0 * median(ratio, reps));
+               tps * bytes_per_tok / 1e9, o->bw_mib > 0 ? "--bandwidth-mib" : "DRAM", dram_med / 1e9,
+               (long long)bn->dram_mib);
+        if (cache_mib > 0)
+            printf(", cache-sized %.2f GB/s (%lld MiB block: the step fits the %.0f MiB last-level cache)",
+                   bw_med / 1e9, (long long)cache_mib, (double)bn->llc / (1 << 20));
+        printf("; roofline %.2f tok/s (%s); %.1f%% of roofline (median of the runs' ratios)\n", bw_med / bytes_per_tok,
+               cache_mib > 0 ? "cache-sized" : o->bw_mib > 0 ? "--bandwidth-mib" : "DRAM", 100.0 * median(ratio, reps));
         /* Decode faster than the probe means the probe missed the machine's ceiling (or the
          * weights partly sit in cache): the percentage is then no upper bound. */
         if (tps * bytes_per_tok > bw_med * 1.02)
             printf("  note: decode read faster than the bandwidth probe; the roofline here is a floor, not a "
-                   "ceiling\n");
+                   "ceiling%s\n",
+                   cache_mib == 0 && bn->llc > 0 && bytes_per_tok < (double)bn->llc * BW_DRAM_LLC_TIMES
+                       ? " (the step is within a few times the reported last-level cache, which may hold part of it)"
+                       : "");
     }
+    free(bw_dram);
     free(bw_run);
     free(ratio);
     return rc ? -1 : 0;
@@ -692,14 +732,19 @@ static int bench_speeds(struct bench *bn, const struct bench_opts *o)
     /* Bandwidth with the engine's own thread count, measured in this run. */
     if (pool_create(&bn->bwp, (int)o->threads))
         return -1;
-    /* Shared machines vary: the ceiling is the best of reads before and after decode. */
+    /* The machine's figure: DRAM, a block well past the last-level cache, the best of
+     * three reads in each style. */
+    bn->llc = bw_llc_bytes();
+    bn->dram_mib = dram_probe_mib(o);
     struct bw_reading bwr;
-    int64_t mib = o->bw_mib > 0 ? o->bw_mib : 1024;
+    int64_t mib = bn->dram_mib;
     if (bw_probe(bn->bwp, (size_t)mib << 20, 3 * N_BW_STYLES, &bwr)) {
         fprintf(stderr, "cairn bench: the bandwidth probe failed (out of memory, or a read missed words)\n");
         return -1;
     }
-    printf("memory read bandwidth (%lld MiB block, %lld threads): %.2f GB/s, best of:", (long long)mib,
+    printf("memory read bandwidth (%s: %lld MiB block, last-level cache %.0f MiB as reported, %lld threads): "
+           "%.2f GB/s, best of:",
+           o->bw_mib > 0 ? "--bandwidth-mib" : "DRAM", (long long)mib, (double)bn->llc / (1 << 20),
            (long long)o->threads, bwr.best / 1e9);
     for (int st = 0; st < N_BW_STYLES; st++)
         printf("%s %s %.2f", st ? "," : "", bw_style_name(st), bwr.by_style[st] / 1e9);
