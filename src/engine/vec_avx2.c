@@ -169,7 +169,7 @@ INLINE void qk_impl(const float *q, int64_t ldq, int rows, const void *kt, int64
 }
 
 /* Quantized K and V take the reference's code (the same bits, slower). */
-static void attn_qk(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
+static void attn_qk(const void *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
                     int64_t hd, int type, float *s, int64_t lds)
 {
     if (type != DT_F16 && type != DT_F32) {
@@ -283,7 +283,7 @@ static float softmax_tile(float *s, int64_t n, float *l)
 }
 
 /* One attn_qk per block. */
-static void attn_qk_paged(const float *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks,
+static void attn_qk_paged(const void *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks,
                           int bt, int n, int64_t hd, int type, float *s, int64_t lds)
 {
     for (int j0 = 0, b = 0; j0 < n; j0 += bt, b++)
