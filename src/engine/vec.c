@@ -98,6 +98,19 @@ static float k_code(const void *kt, int type, int64_t ld, int64_t d, int64_t j)
     }
 }
 
+/* roundf(v) as an int8 for |v| <= 127 (x * id reaches at most 127 and a few ulps); beyond,
+ * +-127 (an infinite id of a tiny scale), a NaN 0. No libm call: a decode quantizes every
+ * query row of every layer. */
+static int8_t round_code(float v)
+{
+    if (v != v)
+        return 0;
+    v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+    int i = (int)v;
+    float f = v - (float)i; /* exact: v's fraction */
+    return (int8_t)(f >= 0.5f ? i + 1 : f <= -0.5f ? i - 1 : i);
+}
+
 void vec_q8_query(const float *x, int64_t hd, void *row)
 {
     int8_t *code = row;
@@ -110,8 +123,7 @@ void vec_q8_query(const float *x, int64_t hd, void *row)
         float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         int32_t sum = 0;
         for (int i = 0; i < 32; i++) {
-            float v = roundf(x[32 * c + i] * id);
-            code[32 * c + i] = (int8_t)(v == v ? v : 0.0f); /* |v| <= 127; a NaN becomes 0 */
+            code[32 * c + i] = round_code(x[32 * c + i] * id);
             sum += code[32 * c + i];
         }
         qd[c] = d;

@@ -588,11 +588,12 @@ INLINE __m512 load_v(const void *vj, const int type, int64_t c0, int c, __mmask1
     return _mm512_cvtepi32_ps(_mm512_sub_epi32(x, _mm512_set1_epi32(8)));
 }
 
-INLINE float v_scale(const void *vj, const int type, int64_t col)
+/* The half scale of V_j's 32-column block holding col. */
+INLINE uint16_t v_scale(const void *vj, const int type, int64_t col)
 {
     if (type == DT_Q8_0)
-        return _cvtsh_ss(((const struct block_q8_0 *)vj)[col / 32].d);
-    return _cvtsh_ss(((const struct block_q4_0 *)vj)[col / 32].d);
+        return ((const struct block_q8_0 *)vj)[col / 32].d;
+    return ((const struct block_q4_0 *)vj)[col / 32].d;
 }
 
 /* F16 or F32 V: R (constant, <= 6) rows, keys [j0, j1), the 64 columns from c0 (chunk c of
@@ -651,7 +652,7 @@ INLINE void pvq(float *o, int64_t ldo, const int R, const float *p, int64_t ldp,
                 const void *const *v, int64_t c0, const __mmask16 *mc, const int type)
 {
     float w[4 * 2 * 64] __attribute__((aligned(64)));
-    float sc[2 * 64] __attribute__((aligned(64)));
+    uint16_t sc[2 * 64] __attribute__((aligned(64))); /* halves, converted 16 at a time */
     for (int ja = j0; ja < j1; ja += 64) {
         int nj = j1 - ja < 64 ? j1 - ja : 64;
         for (int jj = 0; jj < nj; jj++) {
@@ -660,7 +661,8 @@ INLINE void pvq(float *o, int64_t ldo, const int R, const float *p, int64_t ldp,
         }
         for (int jj = 0; jj < nj; jj += 16) {
             __mmask16 m = nj - jj >= 16 ? (__mmask16)0xffff : tail_mask(nj - jj);
-            __m512 s0 = _mm512_maskz_loadu_ps(m, sc + jj), s1 = _mm512_maskz_loadu_ps(m, sc + 64 + jj);
+            __m512 s0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, sc + jj));
+            __m512 s1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, sc + 64 + jj));
             for (int r = 0; r < R; r++) {
                 __m512 pr = _mm512_maskz_loadu_ps(m, p + r * ldp + ja + jj);
                 _mm512_store_ps(w + (2 * r) * 64 + jj, _mm512_mul_ps(pr, s0));
