@@ -356,7 +356,7 @@ static void q_rows_ready(const struct attn_job *j, struct scratch *sc, int r0, i
 {
     int hd = j->a->sh.head_dim;
     for (int r = r0; j->type_k == DT_Q8_0 && r < r1; r++)
-        vec_q8_query(sc->q + (size_t)r * hd, hd, sc->qq + (size_t)r * VEC_Q8_ROW_BYTES(hd));
+        j->vec->q8_query(sc->q + (size_t)r * hd, hd, sc->qq + (size_t)r * VEC_Q8_ROW_BYTES(hd));
 }
 
 /* Asks for the K or V piece (one block's positions, of KV head h: 2 KiB for 16

@@ -240,7 +240,7 @@ static void f16_to_f32_ref(const uint16_t *x, int64_t ldx, float *y, int64_t ldy
 }
 
 static const struct vec_ops ref_ops = {dot_f32_ref, exp_sub_ref, silu_mul_ref, attn_qk_ref, attn_pv_ref,
-                                       softmax_tile_ref, attn_qk_paged_ref, f16_to_f32_ref};
+                                       softmax_tile_ref, attn_qk_paged_ref, f16_to_f32_ref, vec_q8_query};
 
 const struct vec_ops *vec_ops_ref(void) { return &ref_ops; }
 

@@ -55,6 +55,9 @@ struct vec_ops {
     /* y[r*ldy + k] = x[r*ldx + k] as float for r < rows, k < n (F16 to F32 is exact: every
      * variant gives the same bits). */
     void (*f16_to_f32)(const uint16_t *x, int64_t ldx, float *y, int64_t ldy, int rows, int64_t n);
+    /* vec_q8_query below, the same bytes (a prefill quantizes every query row once a
+     * layer: as a scalar loop it took longer than the byte dot products themselves). */
+    void (*q8_query)(const float *x, int64_t hd, void *row);
 };
 
 /* A query row for Q8_0 K (attn_qk): per 32 dimensions c, GGUF Q8_0's rounding of x as
@@ -64,7 +67,7 @@ struct vec_ops {
  * The row is VEC_Q8_ROW_BYTES(hd) bytes (hd a multiple of 32; rows 4-byte aligned): hd
  * int8 codes, hd/32 floats qd_c, then hd/32 int32 of 128 times the block's sum of codes
  * (what a variant's unsigned-times-signed byte products subtract). One function, no
- * variants: every path sees the same codes. */
+ * variants' own code: each does these steps, so every path sees the same codes (vec_ops q8_query). */
 #define VEC_Q8_ROW_BYTES(hd) ((hd) + 8 * ((hd) / 32))
 void vec_q8_query(const float *x, int64_t hd, void *row);
 

@@ -768,10 +768,45 @@ static void f16_to_f32(const uint16_t *x, int64_t ldx, float *y, int64_t ldy, in
     }
 }
 
-static const struct vec_ops avx512_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile, attn_qk_paged, f16_to_f32};
+/* vec.h vec_q8_query, 16 values a step: the same max, divisions, multiplies and rounding. */
+static void q8_query(const float *x, int64_t hd, void *row)
+{
+    int8_t *code = row;
+    float *qd = (float *)(code + hd);
+    int32_t *bias = (int32_t *)(qd + hd / 32);
+    const __m512 absm = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int64_t c = 0; c < hd / 32; c++) {
+        __m512 x0 = _mm512_loadu_ps(x + 32 * c), x1 = _mm512_loadu_ps(x + 32 * c + 16);
+        /* max(|x|, acc) keeps acc where |x| is NaN, as the reference's > does */
+        __m512 mx = _mm512_max_ps(_mm512_and_ps(x0, absm), _mm512_setzero_ps());
+        mx = _mm512_max_ps(_mm512_and_ps(x1, absm), mx);
+        float amax = _mm512_reduce_max_ps(mx);
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        __m512i sum = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m512 v = _mm512_mul_ps(h ? x1 : x0, _mm512_set1_ps(id));
+            __mmask16 num = _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q);
+            v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+            __m512 f = _mm512_sub_ps(v, _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
+            __m512i i = _mm512_maskz_cvttps_epi32(num, v);
+            i = _mm512_mask_add_epi32(i, num & _mm512_cmp_ps_mask(f, _mm512_set1_ps(0.5f), _CMP_GE_OQ), i,
+                                      _mm512_set1_epi32(1));
+            i = _mm512_mask_sub_epi32(i, num & _mm512_cmp_ps_mask(f, _mm512_set1_ps(-0.5f), _CMP_LE_OQ), i,
+                                      _mm512_set1_epi32(1));
+            _mm_storeu_si128((__m128i *)(code + 32 * c + 16 * h), _mm512_cvtepi32_epi8(i));
+            sum = _mm512_add_epi32(sum, i);
+        }
+        qd[c] = d;
+        int32_t b = 128 * _mm512_reduce_add_epi32(sum);
+        memcpy(bias + c, &b, sizeof b);
+    }
+}
+
+static const struct vec_ops avx512_ops = {dot_f32,      exp_sub,       silu_mul,   attn_qk, attn_pv,
+                                          softmax_tile, attn_qk_paged, f16_to_f32, q8_query};
 static const struct vec_ops avx512_novnni_ops = {dot_f32,        exp_sub,      silu_mul,
                                                  attn_qk_novnni, attn_pv,      softmax_tile,
-                                                 attn_qk_paged_novnni, f16_to_f32};
+                                                 attn_qk_paged_novnni, f16_to_f32, q8_query};
 
 const struct vec_ops *vec_ops_avx512(void) { return &avx512_ops; }
 const struct vec_ops *vec_ops_avx512_novnni(void) { return &avx512_novnni_ops; }

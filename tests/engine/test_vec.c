@@ -90,6 +90,39 @@ static void test_softmax_exp(const struct vec_ops *ref, const struct vec_ops *co
     CHECK(bad == 0, "softmax exp: %d rows of a variant differ from the reference in bits", bad);
 }
 
+/* q8_query: every variant's bytes are vec_q8_query's, on rows of every scale, with zeros,
+ * NaNs, infinities, ties (x * id at k + 0.5) and tiny values (a subnormal scale). */
+static void test_q8_query(const struct vec_ops *ops, const char *name)
+{
+    enum { HD = 128 };
+    float x[HD];
+    char r0[VEC_Q8_ROW_BYTES(HD)] __attribute__((aligned(4))), r1[VEC_Q8_ROW_BYTES(HD)] __attribute__((aligned(4)));
+    uint64_t seed = 11;
+    int bad = 0;
+    for (int rep = 0; rep < 2000; rep++) {
+        float scale = powf(10.0f, (float)(int)(test_rand_u64(&seed) % 90) - 45.0f);
+        for (int i = 0; i < HD; i++)
+            x[i] = test_rand_float(&seed) * scale;
+        int kind = rep % 8;
+        if (kind == 1)
+            x[test_rand_u64(&seed) % HD] = NAN;
+        if (kind == 2)
+            x[test_rand_u64(&seed) % HD] = rep % 16 < 8 ? INFINITY : -INFINITY;
+        if (kind == 3)
+            for (int i = 0; i < 32; i++)
+                x[i] = 0.0f;
+        if (kind == 4) /* amax 127: codes at exact halves */
+            for (int i = 0; i < 32; i++)
+                x[i] = i == 0 ? 127.0f : (float)(int)(test_rand_u64(&seed) % 254 - 127) + 0.5f;
+        memset(r0, 0x55, sizeof r0);
+        memset(r1, 0x55, sizeof r1);
+        vec_q8_query(x, HD, r0);
+        ops->q8_query(x, HD, r1);
+        bad += memcmp(r0, r1, sizeof r0) != 0;
+    }
+    CHECK(bad == 0, "%s: %d of 2000 quantized query rows differ from vec_q8_query", name, bad);
+}
+
 /* Byte i of K(d, j)'s storage for a key stride ld (vec.h attn_qk's layouts; Q4_0: the byte
  * holding the nibble pair of dims 32c+i and 32c+16+i is indexed as d = 32c+i). */
 static int64_t k_at(int type, int64_t d, int64_t ld, int64_t j)
@@ -236,6 +269,7 @@ int main(int argc, char **argv)
         }
         CHECK(bad == 0, "%s: %d of 1200 results differ from the reference in bits", names[v], bad);
         RUN(test_attn_tiles, ref, ops, names[v]);
+        RUN(test_q8_query, ops, names[v]);
     }
     RUN(test_exp_accuracy, ref);
     const struct vec_ops *avail[3];
