@@ -63,11 +63,12 @@ struct vec_ops {
 /* A query row for Q8_0 K (attn_qk): per 32 dimensions c, GGUF Q8_0's rounding of x as
  * llama.cpp quantizes activations, but with the scale kept as a float:
  *   amax = max |x[d]| over the block, qd_c = amax / 127, id = qd_c != 0 ? 1 / qd_c : 0,
- *   qcode(d) = roundf(x[d] * id) (a NaN gives 0).
+ *   qcode(d) = roundf(x[d] * id) (a NaN gives 0; beyond +-127, only reached through an
+ *   infinite id, +-127).
  * The row is VEC_Q8_ROW_BYTES(hd) bytes (hd a multiple of 32; rows 4-byte aligned): hd
  * int8 codes, hd/32 floats qd_c, then hd/32 int32 of 128 times the block's sum of codes
- * (what a variant's unsigned-times-signed byte products subtract). One function, no
- * variants' own code: each does these steps, so every path sees the same codes (vec_ops q8_query). */
+ * (what a variant's unsigned-times-signed byte products subtract). This is the reference;
+ * vec_ops q8_query of every variant does the same steps and gives the same bytes. */
 #define VEC_Q8_ROW_BYTES(hd) ((hd) + 8 * ((hd) / 32))
 void vec_q8_query(const float *x, int64_t hd, void *row);
 
