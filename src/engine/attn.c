@@ -29,7 +29,7 @@ struct attn {
     int64_t n_tiles;    /* tiles of max_ctx positions */
     size_t thread_floats;
     float *buf;         /* per thread: q' (rows x hd), s (rows x T), o, o_t (rows x hd), m, l, m_t, l_t (rows), fx (2 rows),
-                         * kf (hd x T), vf (T x hd) */
+                         * kf (hd x T), vf (T x hd), qq (rows x VEC_Q8_ROW_BYTES(hd) bytes) */
     int32_t *nv;        /* per thread (rows): positions of the current tile each row sees */
     int32_t *st;        /* per thread (rows): the first of them (a sliding window's start) */
     const void **vrows; /* per thread (3T): V row of each position of the tile, K and scales of each block */
@@ -43,6 +43,7 @@ struct scratch {
     float *q, *s, *o, *ot, *m, *l, *mt, *lt;
     float *fx; /* (2 rows) the differences of maxima whose exps merge a tile (merge_rows) */
     float *kf, *vf; /* an F16 tile's K (transposed, [hd][T]) and V ([T][hd]) as floats */
+    char *qq;       /* (Q8_0 K) the rows of q as vec_q8_query makes them */
     int32_t *nv, *st;
     const void **vrows;
     const void **kblk;       /* K piece of each block of the tile (attn_qk_paged) */
@@ -82,6 +83,7 @@ static struct scratch scratch_of(struct attn *a, int ith)
     s.fx = s.lt + R;
     s.kf = s.fx + 2 * R;
     s.vf = s.kf + hd * ATTN_TILE;
+    s.qq = (char *)(s.vf + hd * ATTN_TILE);
     s.nv = a->nv + (size_t)ith * R;
     s.st = a->st + (size_t)ith * R;
     s.vrows = a->vrows + (size_t)ith * 3 * ATTN_TILE;
@@ -106,7 +108,7 @@ int attn_create(struct attn **out, const struct attn_shape *sh, int n_threads, i
     a->n_tiles = (max_ctx + ATTN_TILE - 1) / ATTN_TILE;
     size_t R = (size_t)a->rows, hd = (size_t)sh->head_dim;
     /* whole cache lines per thread, so threads never share one */
-    a->thread_floats = (R * (3 * hd + ATTN_TILE + 6) + 2 * hd * ATTN_TILE + 15) / 16 * 16;
+    a->thread_floats = (R * (3 * hd + ATTN_TILE + 6) + 2 * hd * ATTN_TILE + R * (VEC_Q8_ROW_BYTES(hd) + 3) / 4 + 15) / 16 * 16;
     size_t split = (size_t)ATTN_SPLIT_MAX * (size_t)sh->n_head * (size_t)a->n_tiles * (hd + 2);
     a->buf = aligned_alloc(64, (size_t)n_threads * a->thread_floats * sizeof(float));
     a->nv = calloc((size_t)n_threads * R, sizeof *a->nv);
@@ -220,7 +222,8 @@ void attn_kv_write(struct kv_cache *kv, int layer, int64_t slot, int head_dim, c
                 ((float *)kp)[d * bt + off] = kh[d];
             break;
         default: {
-            /* codes transposed, then the scales [hd/32][bt] (vec.h attn_qk) */
+            /* codes transposed (Q8_0: [hd/4][bt][4], a key's 4 dims together), then the
+             * scales [hd/32][bt] (vec.h attn_qk) */
             union { struct block_q8_0 q8[8]; struct block_q4_0 q4[8]; } blk;
             for (int c0 = 0; c0 < hd; c0 += 256) {
                 int w = hd - c0 < 256 ? hd - c0 : 256;
@@ -229,7 +232,7 @@ void attn_kv_write(struct kv_cache *kv, int layer, int64_t slot, int head_dim, c
                     int cc = c0 / 32 + cb;
                     if (c->type_k == DT_Q8_0) {
                         for (int i = 0; i < 32; i++)
-                            ((int8_t *)kp)[(32 * cc + i) * bt + off] = blk.q8[cb].qs[i];
+                            ((int8_t *)kp)[4 * ((8 * cc + i / 4) * bt + off) + i % 4] = blk.q8[cb].qs[i];
                         ((uint16_t *)(kp + (size_t)hd * bt))[cc * bt + off] = blk.q8[cb].d;
                     } else {
                         for (int i = 0; i < 16; i++)
@@ -271,7 +274,7 @@ void attn_kv_read(struct kv_cache *kv, int layer, int64_t slot, int head_dim, fl
             case DT_F16: kh[d] = kern_f16_to_f32(((const uint16_t *)kp)[d * bt + off]); break;
             case DT_F32: kh[d] = ((const float *)kp)[d * bt + off]; break;
             case DT_Q8_0:
-                kh[d] = (float)((const int8_t *)kp)[d * bt + off] *
+                kh[d] = (float)((const int8_t *)kp)[4 * ((d / 4) * bt + off) + d % 4] *
                         kern_f16_to_f32(((const uint16_t *)(kp + (size_t)hd * bt))[d / 32 * bt + off]);
                 break;
             default: {
@@ -335,6 +338,27 @@ static int64_t first_seen(const struct attn_job *j, int64_t pos)
     return j->window > 0 && pos >= j->window ? pos - j->window + 1 : 0;
 }
 
+/* Q.K's query row r of the scratch: q' as floats (ldq in floats), or with Q8_0 K its
+ * vec_q8_query row (ldq in bytes); q_rows_ready makes the latter. */
+static const void *qk_row(const struct attn_job *j, const struct scratch *sc, int r, int64_t *ldq)
+{
+    int hd = j->a->sh.head_dim;
+    if (j->type_k != DT_Q8_0) {
+        *ldq = hd;
+        return sc->q + (size_t)r * hd;
+    }
+    *ldq = VEC_Q8_ROW_BYTES(hd);
+    return sc->qq + (size_t)r * VEC_Q8_ROW_BYTES(hd);
+}
+
+/* Rows [r0, r1) of q' written: with Q8_0 K, quantizes them for the byte dot products. */
+static void q_rows_ready(const struct attn_job *j, struct scratch *sc, int r0, int r1)
+{
+    int hd = j->a->sh.head_dim;
+    for (int r = r0; j->type_k == DT_Q8_0 && r < r1; r++)
+        j->vec->q8_query(sc->q + (size_t)r * hd, hd, sc->qq + (size_t)r * VEC_Q8_ROW_BYTES(hd));
+}
+
 /* Asks for the K or V piece (one block's positions, of KV head h: 2 KiB for 16
  * positions of 64 dims) that holds position p. Pieces are too short for the hardware to
  * prefetch; a decode finds them cold, so it asks for the K a few blocks ahead of the one
@@ -365,7 +389,9 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
     size_t n_kv = (size_t)a->sh.n_head_kv;
     bool quant_k = j->type_k == DT_Q8_0 || j->type_k == DT_Q4_0;
     size_t code_bytes = j->type_k == DT_Q8_0 ? (size_t)hd * bt : (size_t)hd / 2 * bt; /* before the scales */
-    size_t k_esize = j->type_k == DT_F16 ? 2 : j->type_k == DT_F32 ? 4 : 1;
+    size_t k_esize = j->type_k == DT_F16 ? 2 : j->type_k == DT_F32 || j->type_k == DT_Q8_0 ? 4 : 1; /* per key */
+    int64_t ldq;
+    const void *q0 = qk_row(j, sc, r0, &ldq);
     /* F16 K and V are converted to floats once per tile (exact, so the products give
      * the same bits): every row group then reads floats, and Q.K runs over the whole tile's
      * keys at once rather than one block's. Only when several row groups share them (a
@@ -394,7 +420,7 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
             sc->kblk[nb] = kp;
             sc->ksblk[nb++] = ks;
         } else {
-            vec->attn_qk(sc->q + (size_t)r0 * hd, hd, nr, kp + k_esize * (size_t)off, ks, bt, cnt, hd, j->type_k,
+            vec->attn_qk(q0, ldq, nr, kp + k_esize * (size_t)off, ks, bt, cnt, hd, j->type_k,
                          sc->s + (size_t)r0 * ATTN_TILE + jj, ATTN_TILE);
         }
         if (vf) {
@@ -409,7 +435,7 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
         jj += cnt;
     }
     if (nb)
-        vec->attn_qk_paged(sc->q + (size_t)r0 * hd, hd, nr, sc->kblk, quant_k ? sc->ksblk : NULL, bt, nmax - pj0, hd,
+        vec->attn_qk_paged(q0, ldq, nr, sc->kblk, quant_k ? sc->ksblk : NULL, bt, nmax - pj0, hd,
                            j->type_k, sc->s + (size_t)r0 * ATTN_TILE + pj0, ATTN_TILE);
     if (kf)
         vec->attn_qk(sc->q + (size_t)r0 * hd, hd, nr, sc->kf + js, NULL, ATTN_TILE, nmax - js, hd, DT_F32,
@@ -547,9 +573,13 @@ static void prefetch_part(const struct attn_job *j, const int32_t *table, int64_
         return;
     size_t lines = (size_t)((p1 - p0 + bt - 1) / bt) * ((bytes + 63) / 64);
     size_t per_block = (bytes + 63) / 64;
-    for (size_t i = lines * (size_t)part / (size_t)parts; i < lines * (size_t)(part + 1) / (size_t)parts; i++) {
-        const char *at = (v ? j->v_base : j->k_base) + (size_t)table[p0 / bt + (int64_t)(i / per_block)] * bytes;
-        __builtin_prefetch(at + 64 * (i % per_block), 0, 2);
+    size_t lo = lines * (size_t)part / (size_t)parts, hi = lines * (size_t)(part + 1) / (size_t)parts;
+    size_t b = lo / per_block, c = lo % per_block; /* one division, not one a line (a third of a decode's step) */
+    const char *base = v ? j->v_base : j->k_base;
+    for (size_t i = lo; i < hi; b++, c = 0) {
+        const char *at = base + (size_t)table[p0 / bt + (int64_t)b] * bytes;
+        for (; c < per_block && i < hi; c++, i++)
+            __builtin_prefetch(at + 64 * c, 0, 2);
     }
 }
 
@@ -567,9 +597,10 @@ static bool by_tile_fits(const struct attn_job *j)
 
 /* Tile t of run ri for every KV head: partials into a->split. first: the thread's first
  * item (its K is asked for now); more: the thread's next item is tile t + 1 of the same run
- * (its K is asked for during P.V). */
+ * (its K is asked for during P.V); fresh: the scratch's q' rows are not this run's yet (a
+ * thread's items of one run share them: later tiles see the same rows or fewer). */
 static void decode_tile(struct attn_job *j, struct scratch *sc, const struct scratch_heads *hs, int ri, int64_t t,
-                        bool first, bool more)
+                        bool first, bool more, bool fresh)
 {
     struct attn *a = j->a;
     const struct vec_ops *vec = j->vec;
@@ -588,19 +619,21 @@ static void decode_tile(struct attn_job *j, struct scratch *sc, const struct scr
             r0 = i * group;
         nmax = cnt > nmax ? (int)cnt : nmax;
     }
-    if (r0 == R)
-        return;
-    if (first)
+    if (first && r0 < R)
         prefetch_blocks(j, table, t0, t0 + ATTN_TILE, end, false);
-    int nr = R - r0;
     /* head h's rows at h*R of q, s, ot, mt, lt */
-    for (int h = 0; h < n_kv; h++)
-        for (int r = r0; r < R; r++) {
+    for (int h = 0; fresh && h < n_kv; h++) {
+        for (int r = 0; r < R; r++) {
             const float *q = j->q + (size_t)(b0 + r / group) * (size_t)j->q_dim + (size_t)(h * group + r % group) * hd;
             float *qs = sc->q + (size_t)(h * R + r) * hd;
             for (int d = 0; d < hd; d++)
                 qs[d] = q[d] * j->scale;
         }
+        q_rows_ready(j, sc, h * R, h * R + R);
+    }
+    if (r0 == R)
+        return;
+    int nr = R - r0;
     bool quant_k = j->type_k == DT_Q8_0 || j->type_k == DT_Q4_0;
     size_t k_piece = j->k_head * (size_t)bt, v_piece = j->v_head * (size_t)bt;
     size_t code_bytes = j->type_k == DT_Q8_0 ? (size_t)hd * bt : (size_t)hd / 2 * bt;
@@ -622,7 +655,9 @@ static void decode_tile(struct attn_job *j, struct scratch *sc, const struct scr
         int k0 = b * bt, k1 = k0 + STREAM_KEYS < nmax ? k0 + STREAM_KEYS : nmax;
         for (int h = 0; h < n_kv; h++) {
             prefetch_part(j, table, t0, t0 + ATTN_TILE, end, true, (k0 / STREAM_KEYS) * n_kv + h, parts);
-            vec->attn_qk_paged(sc->q + (size_t)(h * R + r0) * hd, hd, nr, hs->kblk + h * per_head + b,
+            int64_t ldq;
+            const void *qh = qk_row(j, sc, h * R + r0, &ldq);
+            vec->attn_qk_paged(qh, ldq, nr, hs->kblk + h * per_head + b,
                                quant_k ? hs->ksblk + h * per_head + b : NULL, bt, k1 - k0, hd, j->type_k,
                                sc->s + (size_t)(h * R + r0) * ATTN_TILE + k0, ATTN_TILE);
         }
@@ -670,6 +705,7 @@ static void run_item(struct attn_job *j, struct scratch *sc, int ri, int h, int6
             for (int d = 0; d < hd; d++)
                 qs[d] = q[d] * j->scale;
         }
+    q_rows_ready(j, sc, 0, R);
     int64_t end = j->pos[b0 + len - 1] + 1; /* positions the run sees */
     int64_t from = first_seen(j, j->pos[b0]);
     from = from > ta * ATTN_TILE ? from : ta * ATTN_TILE; /* this item's first position */
@@ -729,12 +765,13 @@ static void attn_work(void *ctx, int ith, int nth)
         struct scratch_heads hs = scratch_heads_of(a, ith);
         long lo, hi;
         pool_split(j->n_items, 1, ith, nth, &lo, &hi);
-        int ri = 0;
+        int ri = 0, q_ri = -1; /* the run whose q' the scratch holds */
         for (long w = lo; w < hi; w++) {
             while (a->run_items[ri + 1] <= w)
                 ri++;
             int64_t t = w - a->run_items[ri];
-            decode_tile(j, &sc, &hs, ri, t, w == lo, w + 1 < hi && w + 1 < a->run_items[ri + 1]);
+            decode_tile(j, &sc, &hs, ri, t, w == lo, w + 1 < hi && w + 1 < a->run_items[ri + 1], ri != q_ri);
+            q_ri = ri;
         }
         return;
     }

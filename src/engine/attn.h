@@ -8,7 +8,9 @@
  * position p attends to positions [0, p], cut into tiles of ATTN_TILE positions counted
  * from position 0 ([0, T), [T, 2T), ...). Each tile's partial is computed on its own:
  *   q' = q * scale element-wise (attn_set_scale's, by default 1 / sqrtf(head_dim));
- *   s_j = vec.h attn_qk(q', k_j);
+ *   s_j = vec.h attn_qk(q', k_j); with Q8_0 K, of vec.h vec_q8_query(q') (q' rounded to
+ *     8-bit codes per 32 dims, integer dot products with K's codes, as llama.cpp's Q8_0 x
+ *     Q8_0: the query's rounding is a function of q alone, so the contract below holds);
  *   m_t, p_j = exp(s_j - m_t), l_t = vec.h softmax_tile over the tile's positions <= p;
  *   o_t = vec.h attn_pv of p over the tile's V rows, from zero.
  * The partials are merged in tile order: the state starts as tile 0's; then
@@ -25,7 +27,8 @@
  * Cache layout (kv.h's blocks, read and written only here), per block and KV head, a
  * piece of block_tokens positions: K transposed, [head_dim][block_tokens] elements, so
  * the keys of one dimension are contiguous (a tile product loads them as one vector);
- * Q8_0 K as int8 codes [head_dim][block_tokens] then half scales [head_dim/32][block_tokens],
+ * Q8_0 K as int8 codes [head_dim/4][block_tokens][4] (a key's 4 dims together: one 32-bit
+ * lane of a byte dot product) then half scales [head_dim/32][block_tokens],
  * Q4_0 K as bytes [head_dim/2][block_tokens] (vec.h's nibble order) then the scales; V
  * [block_tokens][head_dim] elements or [block_tokens][head_dim/32] GGUF blocks. So one
  * head's K and V of a block are contiguous too (decode streams them). */

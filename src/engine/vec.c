@@ -89,7 +89,7 @@ static float k_code(const void *kt, int type, int64_t ld, int64_t d, int64_t j)
     switch (type) {
     case DT_F16: return kern_f16_to_f32(((const uint16_t *)kt)[d * ld + j]);
     case DT_F32: return ((const float *)kt)[d * ld + j];
-    case DT_Q8_0: return (float)((const int8_t *)kt)[d * ld + j];
+    case DT_Q8_0: return (float)((const int8_t *)kt)[4 * ((d / 4) * ld + j) + d % 4];
     default: {
         int64_t c = d / 32, i = d % 32;
         uint8_t b = ((const uint8_t *)kt)[(16 * c + i % 16) * ld + j];
@@ -98,10 +98,68 @@ static float k_code(const void *kt, int type, int64_t ld, int64_t d, int64_t j)
     }
 }
 
-static void attn_qk_ref(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
+/* roundf(v) as an int8 for |v| <= 127 (x * id reaches at most 127 and a few ulps); beyond,
+ * +-127 (an infinite id of a tiny scale), a NaN 0. No libm call: a decode quantizes every
+ * query row of every layer. */
+static int8_t round_code(float v)
+{
+    if (v != v)
+        return 0;
+    v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+    int i = (int)v;
+    float f = v - (float)i; /* exact: v's fraction */
+    return (int8_t)(f >= 0.5f ? i + 1 : f <= -0.5f ? i - 1 : i);
+}
+
+void vec_q8_query(const float *x, int64_t hd, void *row)
+{
+    int8_t *code = row;
+    float *qd = (float *)(code + hd);
+    int32_t *bias = (int32_t *)(qd + hd / 32);
+    for (int64_t c = 0; c < hd / 32; c++) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++)
+            amax = fabsf(x[32 * c + i]) > amax ? fabsf(x[32 * c + i]) : amax;
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
+        for (int i = 0; i < 32; i++) {
+            code[32 * c + i] = round_code(x[32 * c + i] * id);
+            sum += code[32 * c + i];
+        }
+        qd[c] = d;
+        bias[c] = 128 * sum;
+    }
+}
+
+/* Q8_0 K (vec.h attn_qk): integer dot products of each 32 dimensions with the query's codes. */
+static void attn_qk_q8_ref(const void *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld,
+                           int n, int64_t hd, float *s, int64_t lds)
+{
+    for (int r = 0; r < rows; r++) {
+        const int8_t *qc = (const int8_t *)q + r * ldq;
+        const float *qd = (const float *)(qc + hd);
+        for (int j = 0; j < n; j++) {
+            float acc = 0.0f;
+            for (int64_t c = 0; c < hd / 32; c++) {
+                int32_t dot = 0;
+                for (int64_t d = 32 * c; d < 32 * c + 32; d++)
+                    dot += (int32_t)qc[d] * ((const int8_t *)kt)[4 * ((d / 4) * ld + j) + d % 4];
+                acc = fmaf((float)dot, qd[c] * kern_f16_to_f32(ks[c * ld + j]), acc);
+            }
+            s[r * lds + j] = acc;
+        }
+    }
+}
+
+static void attn_qk_ref(const void *qv, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
                         int64_t hd, int type, float *s, int64_t lds)
 {
-    bool quant = type == DT_Q8_0 || type == DT_Q4_0;
+    if (type == DT_Q8_0) {
+        attn_qk_q8_ref(qv, ldq, rows, kt, ks, ld, n, hd, s, lds);
+        return;
+    }
+    const float *q = qv;
+    bool quant = type == DT_Q4_0;
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < n; j++) {
             float acc = 0.0f;
@@ -165,7 +223,7 @@ static float softmax_tile_ref(float *s, int64_t n, float *l)
 
 /* attn_qk_paged as one attn_qk per block (the reference's and the variants' without their own). */
 #define QK_PAGED_BY_BLOCK(name, qk)                                                                           \
-    void name(const float *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks, int bt, \
+    void name(const void *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks, int bt,  \
               int n, int64_t hd, int type, float *s, int64_t lds)                                             \
     {                                                                                                         \
         for (int j0 = 0, b = 0; j0 < n; j0 += bt, b++)                                                        \
@@ -182,7 +240,7 @@ static void f16_to_f32_ref(const uint16_t *x, int64_t ldx, float *y, int64_t ldy
 }
 
 static const struct vec_ops ref_ops = {dot_f32_ref, exp_sub_ref, silu_mul_ref, attn_qk_ref, attn_pv_ref,
-                                       softmax_tile_ref, attn_qk_paged_ref, f16_to_f32_ref};
+                                       softmax_tile_ref, attn_qk_paged_ref, f16_to_f32_ref, vec_q8_query};
 
 const struct vec_ops *vec_ops_ref(void) { return &ref_ops; }
 
@@ -190,6 +248,7 @@ const struct vec_ops *vec_ops_ref(void) { return &ref_ops; }
  * ISAs; called only after a CPU check. */
 const struct vec_ops *vec_ops_avx2(void);
 const struct vec_ops *vec_ops_avx512(void);
+const struct vec_ops *vec_ops_avx512_novnni(void);
 const struct vec_ops *vec_ops_neon(void);
 
 static bool has_avx512(const struct cpu_features *f)
@@ -208,7 +267,9 @@ const struct vec_ops *vec_ops_variant(const char *name)
     if (!strcmp(name, "avx2") && has_avx2(f))
         return vec_ops_avx2();
     if (!strcmp(name, "avx512") && has_avx512(f))
-        return vec_ops_avx512();
+        return f->avx512vnni ? vec_ops_avx512() : vec_ops_avx512_novnni();
+    if (!strcmp(name, "avx512-novnni") && has_avx512(f))
+        return vec_ops_avx512_novnni();
 #elif defined(__aarch64__)
     if (!strcmp(name, "neon") && f->asimd)
         return vec_ops_neon();
@@ -222,7 +283,7 @@ const struct vec_ops *vec_ops_best(void)
     const struct cpu_features *f = cpu_features();
 #if defined(__x86_64__)
     if (has_avx512(f))
-        return vec_ops_avx512();
+        return f->avx512vnni ? vec_ops_avx512() : vec_ops_avx512_novnni();
     if (has_avx2(f))
         return vec_ops_avx2();
 #elif defined(__aarch64__)

@@ -21,19 +21,27 @@ struct vec_ops {
      * registers changes no bit.
      *   attn_qk: s[r*lds + j] for r < rows, j < n: with K(d, j) the element at kt[d*ld + j]
      *     (keys transposed: the n keys of one dimension are contiguous),
-     *     F16/F32: fma(q[r*ldq + hd-1], K(hd-1, j), ... fma(q[r*ldq], K(0, j), 0));
-     *     Q8_0/Q4_0: per 32 dimensions c in turn, u_c = that chain over the 32 dims with the
-     *     integer codes as K, then s = fma(u_c, scale(c, j), s) from s = 0, where the half
-     *     scale(c, j) is at ks[c*ld + j]; Q8_0's codes are int8 at kt[d*ld + j]; Q4_0's
-     *     byte kt[(16c + i)*ld + j] holds dims 32c+i (low nibble) and 32c+16+i (high),
-     *     each nibble minus 8. Reads no K(d, j) with j >= n.
+     *     F16/F32 (q floats, row r at q + r*ldq):
+     *       fma(q[r*ldq + hd-1], K(hd-1, j), ... fma(q[r*ldq], K(0, j), 0));
+     *     Q4_0 (q floats): per 32 dimensions c in turn, u_c = that chain over the 32 dims with
+     *     the integer codes as K, then s = fma(u_c, scale(c, j), s) from s = 0, where the half
+     *     scale(c, j) is at ks[c*ld + j]; byte kt[(16c + i)*ld + j] holds dims 32c+i (low
+     *     nibble) and 32c+16+i (high), each nibble minus 8;
+     *     Q8_0 (q rows made by vec_q8_query, row r at (const char *)q + r*ldq, ldq in bytes):
+     *     integer dot products, as llama.cpp's Q8_0 x Q8_0: per 32 dimensions c in turn,
+     *     i_c = sum of qcode(d) * K(d, j) over the 32 dims (exact, in int32), then
+     *     s = fma((float)i_c, qd_c * scale(c, j), s) from s = 0 (qd_c the query block's
+     *     float scale, the product of the two scales rounded once); K(d, j) is the int8 at
+     *     kt[4*((d/4)*ld + j) + d%4] (a key's 4 dimensions together, for 4-way byte dot
+     *     products), the half scale(c, j) at ks[c*ld + j].
+     *     Reads no K(d, j) with j >= n.
      *   attn_pv: for r < rows, for j = 0 .. n[r]-1 in turn, o[r*ldo + i] += p[r*ldp + j] *
      *     V_j[i] as o = fma(p, V_j[i], o) (F16/F32, v[j] the row of hd elements), or per 32
      *     columns c with w = p * scale: o = fma(w, code, o) (v[j] hd/32 GGUF blocks).
      *   softmax_tile: m = max of s[0..n) (n >= 1; NaN unspecified), s[j] = exp(s[j] - m)
      *     as VEC_SEXP below (not exp_sub's exp), *l = their sum in dot_f32's 16 lanes (s[j]
      *     into lane j % 16, then the tree); returns m. */
-    void (*attn_qk)(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
+    void (*attn_qk)(const void *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
                     int64_t hd, int type, float *s, int64_t lds);
     void (*attn_pv)(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
                     const void *const *v, int64_t hd, int type);
@@ -42,12 +50,27 @@ struct vec_ops {
      * (transposed, ld = bt) is at kt[j / bt] and its scales at ks[j / bt] (quantized
      * types); the same bits as attn_qk on the keys gathered. Lets a decode's few rows run
      * over several blocks at once. */
-    void (*attn_qk_paged)(const float *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks,
+    void (*attn_qk_paged)(const void *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks,
                           int bt, int n, int64_t hd, int type, float *s, int64_t lds);
     /* y[r*ldy + k] = x[r*ldx + k] as float for r < rows, k < n (F16 to F32 is exact: every
      * variant gives the same bits). */
     void (*f16_to_f32)(const uint16_t *x, int64_t ldx, float *y, int64_t ldy, int rows, int64_t n);
+    /* vec_q8_query below, the same bytes (a prefill quantizes every query row once a
+     * layer: as a scalar loop it took longer than the byte dot products themselves). */
+    void (*q8_query)(const float *x, int64_t hd, void *row);
 };
+
+/* A query row for Q8_0 K (attn_qk): per 32 dimensions c, GGUF Q8_0's rounding of x as
+ * llama.cpp quantizes activations, but with the scale kept as a float:
+ *   amax = max |x[d]| over the block, qd_c = amax / 127, id = qd_c != 0 ? 1 / qd_c : 0,
+ *   qcode(d) = roundf(x[d] * id) (a NaN gives 0; beyond +-127, only reached through an
+ *   infinite id, +-127).
+ * The row is VEC_Q8_ROW_BYTES(hd) bytes (hd a multiple of 32; rows 4-byte aligned): hd
+ * int8 codes, hd/32 floats qd_c, then hd/32 int32 of 128 times the block's sum of codes
+ * (what a variant's unsigned-times-signed byte products subtract). This is the reference;
+ * vec_ops q8_query of every variant does the same steps and gives the same bytes. */
+#define VEC_Q8_ROW_BYTES(hd) ((hd) + 8 * ((hd) / 32))
+void vec_q8_query(const float *x, int64_t hd, void *row);
 
 /* exp(t) in fixed steps (Cephes' expf: t clamped to [EXP_LO, EXP_HI], n = t*log2(e)
  * rounded to nearest even by adding and subtracting 1.5*2^23, r = t - n*ln2 in two fma
@@ -92,7 +115,9 @@ struct vec_ops {
 
 /* The reference (scalar) variant. */
 const struct vec_ops *vec_ops_ref(void);
-/* A variant by name ("ref", "avx2", "avx512"), or NULL when this CPU lacks it. */
+/* A variant by name ("ref", "avx2", "avx512", "neon"; "avx512-novnni": the AVX-512 one
+ * without VNNI's byte dot products, as a CPU without them runs it), or NULL when this CPU
+ * lacks it. */
 const struct vec_ops *vec_ops_variant(const char *name);
 /* The fastest variant this CPU runs. */
 const struct vec_ops *vec_ops_best(void);

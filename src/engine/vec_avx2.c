@@ -4,9 +4,11 @@
 #include "engine/vec.h"
 
 #include "base/dtype.h"
+#include "kern/quant.h"
 
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 /* lane[l] += lane[l+s] for s = 8, 4, 2, 1: the reference's tree, in registers. */
 static inline float reduce16(__m256 lo, __m256 hi)
@@ -168,10 +170,69 @@ INLINE void qk_impl(const float *q, int64_t ldq, int rows, const void *kt, int64
         }
 }
 
-/* Quantized K and V take the reference's code (the same bits, slower). */
-static void attn_qk(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
+/* Q8_0 K (vec.h attn_qk): R (constant, <= 4) rows of vec_q8_query rows by the 8 keys j0..;
+ * each key's 4 codes one int32 lane, their products with the query's 4 codes summed exactly
+ * by VPMADDUBSW on |k| and the query's codes negated where k < 0 (pairs of at most 128 x 127
+ * fit its int16 sums), then VPMADDWD. */
+INLINE void qk8_rows(const char *q, int64_t ldq, const int R, const int8_t *kt, const uint16_t *ks, int64_t ld, int j0,
+                     int64_t hd, float *s, int64_t lds)
+{
+    __m256 a[4];
+    for (int r = 0; r < R; r++)
+        a[r] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < hd / 32; c++) {
+        __m256i acc[4];
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm256_setzero_si256();
+        for (int64_t g = 8 * c; g < 8 * c + 8; g++) {
+            __m256i k = _mm256_loadu_si256((const __m256i *)(kt + 4 * (g * ld + j0)));
+            __m256i ka = _mm256_abs_epi8(k);
+            for (int r = 0; r < R; r++) {
+                int32_t v;
+                memcpy(&v, q + r * ldq + 4 * g, sizeof v);
+                __m256i qs = _mm256_sign_epi8(_mm256_set1_epi32(v), k);
+                acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(ka, qs), _mm256_set1_epi16(1)));
+            }
+        }
+        __m256 kd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(ks + c * ld + j0)));
+        for (int r = 0; r < R; r++) {
+            float qd;
+            memcpy(&qd, q + r * ldq + hd + 4 * c, sizeof qd);
+            a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_mul_ps(_mm256_set1_ps(qd), kd), a[r]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        _mm256_storeu_ps(s + r * lds + j0, a[r]);
+}
+
+/* Whole groups of 8 keys here, the last n % 8 by the reference (the same bits). */
+static void qk8_impl(const char *q, int64_t ldq, int rows, const int8_t *kt, const uint16_t *ks, int64_t ld, int n,
+                     int64_t hd, float *s, int64_t lds)
+{
+    int j0 = 0;
+    for (; j0 + 8 <= n; j0 += 8) {
+        int r = 0;
+        for (; r + 4 <= rows; r += 4)
+            qk8_rows(q + r * ldq, ldq, 4, kt, ks, ld, j0, hd, s + r * lds, lds);
+        switch (rows - r) {
+        case 3: qk8_rows(q + r * ldq, ldq, 3, kt, ks, ld, j0, hd, s + r * lds, lds); break;
+        case 2: qk8_rows(q + r * ldq, ldq, 2, kt, ks, ld, j0, hd, s + r * lds, lds); break;
+        case 1: qk8_rows(q + r * ldq, ldq, 1, kt, ks, ld, j0, hd, s + r * lds, lds); break;
+        default: break;
+        }
+    }
+    if (j0 < n)
+        vec_ops_ref()->attn_qk(q, ldq, rows, kt + 4 * j0, ks + j0, ld, n - j0, hd, DT_Q8_0, s + j0, lds);
+}
+
+/* Q4_0 K and quantized V take the reference's code (the same bits, slower). */
+static void attn_qk(const void *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
                     int64_t hd, int type, float *s, int64_t lds)
 {
+    if (type == DT_Q8_0) {
+        qk8_impl(q, ldq, rows, kt, ks, ld, n, hd, s, lds);
+        return;
+    }
     if (type != DT_F16 && type != DT_F32) {
         vec_ops_ref()->attn_qk(q, ldq, rows, kt, ks, ld, n, hd, type, s, lds);
         return;
@@ -235,9 +296,37 @@ INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp
                 o[r * ldo + i] = fmaf(p[r * ldp + j], elem(v[j], f16, i), o[r * ldo + i]);
 }
 
+/* Q8_0 V: row by row, each 32-column block's 4 registers over the row's keys in turn, with
+ * w = p * scale as the reference makes it (the same chains, 8 columns a register). */
+static void pv8_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
+                     const void *const *v, int64_t hd)
+{
+    for (int r = 0; r < rows; r++)
+        for (int64_t c = 0; c < hd / 32; c++) {
+            float *y = o + r * ldo + 32 * c;
+            __m256 a[4];
+            for (int i = 0; i < 4; i++)
+                a[i] = _mm256_loadu_ps(y + 8 * i);
+            for (int j = 0; j < n[r]; j++) {
+                const struct block_q8_0 *b = (const struct block_q8_0 *)v[j] + c;
+                __m256 w = _mm256_set1_ps(p[r * ldp + j] * half_to_float(b->d));
+                for (int i = 0; i < 4; i++) {
+                    __m128i x = _mm_loadl_epi64((const __m128i *)(b->qs + 8 * i));
+                    a[i] = _mm256_fmadd_ps(w, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x)), a[i]);
+                }
+            }
+            for (int i = 0; i < 4; i++)
+                _mm256_storeu_ps(y + 8 * i, a[i]);
+        }
+}
+
 static void attn_pv(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
                     const void *const *v, int64_t hd, int type)
 {
+    if (type == DT_Q8_0) {
+        pv8_impl(o, ldo, rows, p, ldp, n, v, hd);
+        return;
+    }
     if (type != DT_F16 && type != DT_F32) {
         vec_ops_ref()->attn_pv(o, ldo, rows, p, ldp, n, v, hd, type);
         return;
@@ -283,7 +372,7 @@ static float softmax_tile(float *s, int64_t n, float *l)
 }
 
 /* One attn_qk per block. */
-static void attn_qk_paged(const float *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks,
+static void attn_qk_paged(const void *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks,
                           int bt, int n, int64_t hd, int type, float *s, int64_t lds)
 {
     for (int j0 = 0, b = 0; j0 < n; j0 += bt, b++)
@@ -302,7 +391,7 @@ static void f16_to_f32(const uint16_t *x, int64_t ldx, float *y, int64_t ldy, in
 }
 
 static const struct vec_ops avx2_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile, attn_qk_paged,
-                                        f16_to_f32};
+                                        f16_to_f32, vec_q8_query};
 
 const struct vec_ops *vec_ops_avx2(void) { return &avx2_ops; }
 

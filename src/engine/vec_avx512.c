@@ -9,6 +9,7 @@
 
 #include <immintrin.h>
 #include <stdbool.h>
+#include <string.h>
 
 /* lane[l] += lane[l+s] for s = 8, 4, 2, 1: the reference's tree. */
 static inline float reduce16(__m512 v)
@@ -113,11 +114,10 @@ INLINE __m512 load16(const void *p, int f16, int64_t i, __mmask16 m)
                : _mm512_maskz_loadu_ps(m, (const float *)p + i);
 }
 
-/* The codes of K(d, j0..j0+15) (mask m) of a quantized type, as floats. */
+/* The codes of K(d, j0..j0+15) (mask m) of Q4_0, as floats (Q8_0 K: the byte dot products below). */
 INLINE __m512 load_codes(const void *kt, const int type, int64_t ld, int64_t d, int j0, __mmask16 m)
 {
-    if (type == DT_Q8_0)
-        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)kt + d * ld + j0)));
+    (void)type;
     int64_t c = d / 32, i = d % 32;
     __m512i x = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, (const uint8_t *)kt + (16 * c + i % 16) * ld + j0));
     x = i < 16 ? _mm512_and_si512(x, _mm512_set1_epi32(15)) : _mm512_srli_epi32(x, 4);
@@ -231,15 +231,138 @@ INLINE void qk_impl_f(const float *q, int64_t ldq, int rows, const void *kt, int
         qk_impl16(q, ldq, rows, kt, NULL, ld, n - j0, hd, f16 ? DT_F16 : DT_F32, s, lds, j0);
 }
 
-static void attn_qk(const float *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
-                    int64_t hd, int type, float *s, int64_t lds)
+/* ---- Q8_0 K: byte dot products with a vec_q8_query row (vec.h attn_qk). The int32 sums are
+ * exact whichever instructions make them, so both ways below give the reference's bits. ---- */
+
+/* 16 keys' codes of 4 dimensions (one int32 lane a key), ready for dot4: with VNNI the codes
+ * plus 128 (VPDPBUSD multiplies unsigned by signed bytes; the query row's bias takes the 128s
+ * away again); without, their magnitudes and signs (VPMADDUBSW on |k| and the query's codes
+ * negated where k < 0: pairs of at most 128 * 127 fit its int16 sums). */
+struct k8 {
+    __m512i x;     /* VNNI: k + 128; else |k| */
+    __mmask64 neg; /* else: the bytes where k < 0 */
+};
+
+INLINE struct k8 k8_load(const int8_t *p, __mmask16 m, const int vnni)
+{
+    __m512i raw = _mm512_maskz_loadu_epi32(m, p);
+    struct k8 k;
+    if (vnni) {
+        k.x = _mm512_xor_si512(raw, _mm512_set1_epi8((char)0x80));
+        k.neg = 0;
+    } else {
+        k.x = _mm512_abs_epi8(raw);
+        k.neg = _mm512_movepi8_mask(raw);
+    }
+    return k;
+}
+
+/* acc + the dot products of each key's 4 codes with the query's 4 (qb, broadcast). */
+INLINE __m512i dot4(__m512i acc, struct k8 k, __m512i qb, const int vnni)
+{
+    if (vnni)
+        return _mm512_dpbusd_epi32(acc, k.x, qb);
+    __m512i qs = _mm512_mask_sub_epi8(qb, k.neg, _mm512_setzero_si512(), qb);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(k.x, qs), _mm512_set1_epi16(1)));
+}
+
+/* The query row's codes of dims 4g..4g+3 broadcast, its block scales and biases. */
+INLINE __m512i q8_codes4(const char *row, int64_t g)
+{
+    int32_t v;
+    memcpy(&v, row + 4 * g, sizeof v);
+    return _mm512_set1_epi32(v);
+}
+
+INLINE float q8_scale(const char *row, int64_t hd, int64_t c)
+{
+    float v;
+    memcpy(&v, row + hd + 4 * c, sizeof v);
+    return v;
+}
+
+INLINE __m512i q8_bias(const char *row, int64_t hd, int64_t c)
+{
+    int32_t v;
+    memcpy(&v, row + hd + 4 * (hd / 32) + 4 * c, sizeof v);
+    return _mm512_set1_epi32(v);
+}
+
+/* s = fma((float)i, qd * scale, s) of one block c of 16 keys, i the exact sum. */
+INLINE __m512 q8_step(__m512i acc, const char *row, int64_t hd, int64_t c, __m512 kd, __m512 s, const int vnni)
+{
+    __m512i i = vnni ? _mm512_sub_epi32(acc, q8_bias(row, hd, c)) : acc;
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(_mm512_set1_ps(q8_scale(row, hd, c)), kd), s);
+}
+
+/* R (constant, <= 8) rows by the 16 keys j0.. (mask m). */
+INLINE void qk8_rows(const char *q, int64_t ldq, const int R, const int8_t *kt, const uint16_t *ks, int64_t ld, int j0,
+                     __mmask16 m, int64_t hd, float *s, int64_t lds, const int vnni)
+{
+    __m512 a[8];
+    for (int r = 0; r < R; r++)
+        a[r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < hd / 32; c++) {
+        __m512i acc[8];
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm512_setzero_si512();
+        for (int64_t g = 8 * c; g < 8 * c + 8; g++) {
+            struct k8 k = k8_load(kt + 4 * (g * ld + j0), m, vnni);
+            for (int r = 0; r < R; r++)
+                acc[r] = dot4(acc[r], k, q8_codes4(q + r * ldq, g), vnni);
+        }
+        __m512 kd = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, ks + c * ld + j0));
+        for (int r = 0; r < R; r++)
+            a[r] = q8_step(acc[r], q + r * ldq, hd, c, kd, a[r], vnni);
+    }
+    for (int r = 0; r < R; r++)
+        _mm512_mask_storeu_ps(s + r * lds + j0, m, a[r]);
+}
+
+INLINE void qk8_impl(const char *q, int64_t ldq, int rows, const int8_t *kt, const uint16_t *ks, int64_t ld, int n,
+                     int64_t hd, float *s, int64_t lds, const int vnni)
+{
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        __mmask16 m = n - j0 >= 16 ? (__mmask16)0xffff : tail_mask(n - j0);
+        int r = 0;
+        for (; r + 8 <= rows; r += 8)
+            qk8_rows(q + r * ldq, ldq, 8, kt, ks, ld, j0, m, hd, s + r * lds, lds, vnni);
+        const char *qr = q + r * ldq;
+        float *sr = s + r * lds;
+        switch (rows - r) {
+        case 7: qk8_rows(qr, ldq, 7, kt, ks, ld, j0, m, hd, sr, lds, vnni); break;
+        case 6: qk8_rows(qr, ldq, 6, kt, ks, ld, j0, m, hd, sr, lds, vnni); break;
+        case 5: qk8_rows(qr, ldq, 5, kt, ks, ld, j0, m, hd, sr, lds, vnni); break;
+        case 4: qk8_rows(qr, ldq, 4, kt, ks, ld, j0, m, hd, sr, lds, vnni); break;
+        case 3: qk8_rows(qr, ldq, 3, kt, ks, ld, j0, m, hd, sr, lds, vnni); break;
+        case 2: qk8_rows(qr, ldq, 2, kt, ks, ld, j0, m, hd, sr, lds, vnni); break;
+        case 1: qk8_rows(qr, ldq, 1, kt, ks, ld, j0, m, hd, sr, lds, vnni); break;
+        default: break;
+        }
+    }
+}
+
+INLINE void qk_dispatch(const void *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
+                        int64_t hd, int type, float *s, int64_t lds, const int vnni)
 {
     switch (type) {
     case DT_F16: qk_impl_f(q, ldq, rows, kt, ld, n, hd, 1, s, lds); break;
     case DT_F32: qk_impl_f(q, ldq, rows, kt, ld, n, hd, 0, s, lds); break;
-    case DT_Q8_0: qk_impl16(q, ldq, rows, kt, ks, ld, n, hd, DT_Q8_0, s, lds, 0); break;
+    case DT_Q8_0: qk8_impl(q, ldq, rows, kt, ks, ld, n, hd, s, lds, vnni); break;
     default: qk_impl16(q, ldq, rows, kt, ks, ld, n, hd, DT_Q4_0, s, lds, 0); break;
     }
+}
+
+static void attn_qk(const void *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
+                    int64_t hd, int type, float *s, int64_t lds)
+{
+    qk_dispatch(q, ldq, rows, kt, ks, ld, n, hd, type, s, lds, 1);
+}
+
+static void attn_qk_novnni(const void *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
+                           int64_t hd, int type, float *s, int64_t lds)
+{
+    qk_dispatch(q, ldq, rows, kt, ks, ld, n, hd, type, s, lds, 0);
 }
 
 /* R (constant, <= 6) rows by the keys of blocks b0..b0+3 of 16 keys (block c under mask
@@ -352,9 +475,68 @@ INLINE void qkpq_impl(const float *q, int64_t ldq, int rows, const void *const *
     }
 }
 
+/* R (constant, <= 4) rows by blocks b0..b0+3 of 16 keys of Q8_0 K (mask m[c]): the exact
+ * sums of each 32 dimensions in registers, the float sums kept in s. */
+INLINE void qkp8_rows(const char *q, int64_t ldq, const int R, const void *const *kt, const uint16_t *const *ks,
+                      int b0, const __mmask16 *m, int64_t hd, float *s, int64_t lds, const int vnni)
+{
+    const int8_t *kb[4];
+    const uint16_t *sb[4];
+    for (int c = 0; c < 4; c++) {
+        kb[c] = m[c] ? kt[b0 + c] : kt[b0];
+        sb[c] = m[c] ? ks[b0 + c] : ks[b0];
+    }
+    for (int64_t cc = 0; cc < hd / 32; cc++) {
+        __m512i acc[4][4];
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < 4; c++)
+                acc[r][c] = _mm512_setzero_si512();
+        for (int64_t g = 8 * cc; g < 8 * cc + 8; g++) {
+            struct k8 k[4];
+            for (int c = 0; c < 4; c++)
+                k[c] = k8_load(kb[c] + 64 * g, m[c], vnni);
+            for (int r = 0; r < R; r++) {
+                __m512i qb = q8_codes4(q + r * ldq, g);
+                for (int c = 0; c < 4; c++)
+                    acc[r][c] = dot4(acc[r][c], k[c], qb, vnni);
+            }
+        }
+        for (int c = 0; c < 4; c++) {
+            __m512 kd = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[c], sb[c] + cc * 16));
+            for (int r = 0; r < R; r++) {
+                float *at = s + r * lds + 16 * (b0 + c);
+                __m512 prev = cc ? _mm512_maskz_loadu_ps(m[c], at) : _mm512_setzero_ps();
+                _mm512_mask_storeu_ps(at, m[c], q8_step(acc[r][c], q + r * ldq, hd, cc, kd, prev, vnni));
+            }
+        }
+    }
+}
+
+INLINE void qkp8_impl(const char *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks, int n,
+                      int64_t hd, float *s, int64_t lds, const int vnni)
+{
+    for (int b0 = 0; 16 * b0 < n; b0 += 4) {
+        __mmask16 m[4];
+        for (int c = 0; c < 4; c++) {
+            int w = n - 16 * (b0 + c);
+            m[c] = w >= 16 ? (__mmask16)0xffff : w <= 0 ? (__mmask16)0 : tail_mask(w);
+        }
+        for (int r = 0; r < rows; r += 4) {
+            const char *qr = q + r * ldq;
+            float *sr = s + r * lds;
+            switch (rows - r < 4 ? rows - r : 4) {
+            case 4: qkp8_rows(qr, ldq, 4, kt, ks, b0, m, hd, sr, lds, vnni); break;
+            case 3: qkp8_rows(qr, ldq, 3, kt, ks, b0, m, hd, sr, lds, vnni); break;
+            case 2: qkp8_rows(qr, ldq, 2, kt, ks, b0, m, hd, sr, lds, vnni); break;
+            default: qkp8_rows(qr, ldq, 1, kt, ks, b0, m, hd, sr, lds, vnni); break;
+            }
+        }
+    }
+}
+
 /* Blocks of 16 keys four at a time; other block sizes one block at a time. */
-static void attn_qk_paged(const float *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks,
-                          int bt, int n, int64_t hd, int type, float *s, int64_t lds)
+INLINE void qk_paged_dispatch(const void *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks,
+                              int bt, int n, int64_t hd, int type, float *s, int64_t lds, const int vnni)
 {
     if (bt == 16 && type == DT_F16) {
         qkp_impl(q, ldq, rows, kt, n, hd, 1, s, lds);
@@ -365,7 +547,7 @@ static void attn_qk_paged(const float *q, int64_t ldq, int rows, const void *con
         return;
     }
     if (bt == 16 && type == DT_Q8_0) {
-        qkpq_impl(q, ldq, rows, kt, ks, n, hd, DT_Q8_0, s, lds);
+        qkp8_impl(q, ldq, rows, kt, ks, n, hd, s, lds, vnni);
         return;
     }
     if (bt == 16 && type == DT_Q4_0) {
@@ -373,7 +555,19 @@ static void attn_qk_paged(const float *q, int64_t ldq, int rows, const void *con
         return;
     }
     for (int j0 = 0, b = 0; j0 < n; j0 += bt, b++)
-        attn_qk(q, ldq, rows, kt[b], ks ? ks[b] : NULL, bt, n - j0 < bt ? n - j0 : bt, hd, type, s + j0, lds);
+        qk_dispatch(q, ldq, rows, kt[b], ks ? ks[b] : NULL, bt, n - j0 < bt ? n - j0 : bt, hd, type, s + j0, lds, vnni);
+}
+
+static void attn_qk_paged(const void *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks,
+                          int bt, int n, int64_t hd, int type, float *s, int64_t lds)
+{
+    qk_paged_dispatch(q, ldq, rows, kt, ks, bt, n, hd, type, s, lds, 1);
+}
+
+static void attn_qk_paged_novnni(const void *q, int64_t ldq, int rows, const void *const *kt,
+                                 const uint16_t *const *ks, int bt, int n, int64_t hd, int type, float *s, int64_t lds)
+{
+    qk_paged_dispatch(q, ldq, rows, kt, ks, bt, n, hd, type, s, lds, 0);
 }
 
 /* Columns [16c, 16c+16) of V_j's 64-column window from c0, as floats, and the scale of
@@ -394,11 +588,12 @@ INLINE __m512 load_v(const void *vj, const int type, int64_t c0, int c, __mmask1
     return _mm512_cvtepi32_ps(_mm512_sub_epi32(x, _mm512_set1_epi32(8)));
 }
 
-INLINE float v_scale(const void *vj, const int type, int64_t col)
+/* The half scale of V_j's 32-column block holding col. */
+INLINE uint16_t v_scale(const void *vj, const int type, int64_t col)
 {
     if (type == DT_Q8_0)
-        return _cvtsh_ss(((const struct block_q8_0 *)vj)[col / 32].d);
-    return _cvtsh_ss(((const struct block_q4_0 *)vj)[col / 32].d);
+        return ((const struct block_q8_0 *)vj)[col / 32].d;
+    return ((const struct block_q4_0 *)vj)[col / 32].d;
 }
 
 /* F16 or F32 V: R (constant, <= 6) rows, keys [j0, j1), the 64 columns from c0 (chunk c of
@@ -457,7 +652,7 @@ INLINE void pvq(float *o, int64_t ldo, const int R, const float *p, int64_t ldp,
                 const void *const *v, int64_t c0, const __mmask16 *mc, const int type)
 {
     float w[4 * 2 * 64] __attribute__((aligned(64)));
-    float sc[2 * 64] __attribute__((aligned(64)));
+    uint16_t sc[2 * 64] __attribute__((aligned(64))); /* halves, converted 16 at a time */
     for (int ja = j0; ja < j1; ja += 64) {
         int nj = j1 - ja < 64 ? j1 - ja : 64;
         for (int jj = 0; jj < nj; jj++) {
@@ -466,7 +661,8 @@ INLINE void pvq(float *o, int64_t ldo, const int R, const float *p, int64_t ldp,
         }
         for (int jj = 0; jj < nj; jj += 16) {
             __mmask16 m = nj - jj >= 16 ? (__mmask16)0xffff : tail_mask(nj - jj);
-            __m512 s0 = _mm512_maskz_loadu_ps(m, sc + jj), s1 = _mm512_maskz_loadu_ps(m, sc + 64 + jj);
+            __m512 s0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, sc + jj));
+            __m512 s1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, sc + 64 + jj));
             for (int r = 0; r < R; r++) {
                 __m512 pr = _mm512_maskz_loadu_ps(m, p + r * ldp + ja + jj);
                 _mm512_store_ps(w + (2 * r) * 64 + jj, _mm512_mul_ps(pr, s0));
@@ -572,8 +768,47 @@ static void f16_to_f32(const uint16_t *x, int64_t ldx, float *y, int64_t ldy, in
     }
 }
 
-static const struct vec_ops avx512_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile, attn_qk_paged, f16_to_f32};
+/* vec.h vec_q8_query, 16 values a step: the same max, divisions, multiplies and rounding. */
+static void q8_query(const float *x, int64_t hd, void *row)
+{
+    int8_t *code = row;
+    float *qd = (float *)(code + hd);
+    int32_t *bias = (int32_t *)(qd + hd / 32);
+    const __m512 absm = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int64_t c = 0; c < hd / 32; c++) {
+        __m512 x0 = _mm512_loadu_ps(x + 32 * c), x1 = _mm512_loadu_ps(x + 32 * c + 16);
+        /* max(|x|, acc) keeps acc where |x| is NaN, as the reference's > does */
+        __m512 mx = _mm512_max_ps(_mm512_and_ps(x0, absm), _mm512_setzero_ps());
+        mx = _mm512_max_ps(_mm512_and_ps(x1, absm), mx);
+        float amax = _mm512_reduce_max_ps(mx);
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        __m512i sum = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m512 v = _mm512_mul_ps(h ? x1 : x0, _mm512_set1_ps(id));
+            __mmask16 num = _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q);
+            v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+            __m512 f = _mm512_sub_ps(v, _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
+            __m512i i = _mm512_maskz_cvttps_epi32(num, v);
+            i = _mm512_mask_add_epi32(i, num & _mm512_cmp_ps_mask(f, _mm512_set1_ps(0.5f), _CMP_GE_OQ), i,
+                                      _mm512_set1_epi32(1));
+            i = _mm512_mask_sub_epi32(i, num & _mm512_cmp_ps_mask(f, _mm512_set1_ps(-0.5f), _CMP_LE_OQ), i,
+                                      _mm512_set1_epi32(1));
+            _mm_storeu_si128((__m128i *)(code + 32 * c + 16 * h), _mm512_cvtepi32_epi8(i));
+            sum = _mm512_add_epi32(sum, i);
+        }
+        qd[c] = d;
+        int32_t b = 128 * _mm512_reduce_add_epi32(sum);
+        memcpy(bias + c, &b, sizeof b);
+    }
+}
+
+static const struct vec_ops avx512_ops = {dot_f32,      exp_sub,       silu_mul,   attn_qk, attn_pv,
+                                          softmax_tile, attn_qk_paged, f16_to_f32, q8_query};
+static const struct vec_ops avx512_novnni_ops = {dot_f32,        exp_sub,      silu_mul,
+                                                 attn_qk_novnni, attn_pv,      softmax_tile,
+                                                 attn_qk_paged_novnni, f16_to_f32, q8_query};
 
 const struct vec_ops *vec_ops_avx512(void) { return &avx512_ops; }
+const struct vec_ops *vec_ops_avx512_novnni(void) { return &avx512_novnni_ops; }
 
 #endif

@@ -30,6 +30,7 @@ struct fix {
     float *k, *v; /* (n_seqs x n_pos x kv_dim) what was written, as the cache rounds it */
     int n_seqs;
     int64_t n_pos;
+    int type_k;
 };
 
 static int fix_open(struct fix *f, struct attn_shape sh, int bt, int type_k, int type_v, int n_seqs, int64_t n_pos,
@@ -42,6 +43,7 @@ static int fix_open(struct fix *f, struct attn_shape sh, int bt, int type_k, int
     f->n_seqs = n_seqs;
     f->n_pos = n_pos;
     f->max_batch = max_batch;
+    f->type_k = type_k;
     char err[256];
     struct kv_config kc = {.n_layers = 1, .kv_dim = f->kv_dim, .block_tokens = bt,
                            .n_blocks = n_seqs * ((n_pos + bt - 1) / bt), .max_seqs = n_seqs, .type_k = type_k, .type_v = type_v};
@@ -119,22 +121,42 @@ static const float *g_sinks;
 
 /* Attention of one row in float64 from the rounded K and V, over positions
  * (pos - window, pos] (window 0: [0, pos]); with g_sinks, head h's sink joins the softmax's
- * maximum and denominator. */
+ * maximum and denominator. With Q8_0 K the query is rounded too, as the contract rounds it
+ * (vec.h vec_q8_query of q * (1 / sqrtf(hd)) in float): the reference sees what the
+ * engine multiplies, as it sees the cache's K, and the tolerance stays that of the float
+ * sums. */
 static void ref_row(const struct fix *f, int seq, int64_t pos, const float *q, double *out, int64_t window)
 {
     int64_t p0 = window_start(pos, window);
     int hd = f->sh.head_dim, group = f->sh.n_head / f->sh.n_head_kv;
     double *s = malloc((size_t)(pos + 1) * sizeof *s);
     double scale = 1.0 / sqrt((double)hd);
+    float *qf = malloc((size_t)hd * sizeof *qf);
+    double *qq = malloc((size_t)hd * sizeof *qq); /* the rounded query, scaled */
+    char *row = malloc(VEC_Q8_ROW_BYTES((size_t)hd));
     for (int h = 0; h < f->sh.n_head; h++) {
         int64_t ko = (int64_t)(h / group) * hd;
-        double mx = -INFINITY, sum = 0.0;
+        double mx = -INFINITY, sum = 0.0, qs = scale;
+        for (int i = 0; i < hd; i++)
+            qq[i] = q[h * hd + i];
+        if (f->type_k == DT_Q8_0) {
+            float sc = 1.0f / sqrtf((float)hd);
+            for (int i = 0; i < hd; i++)
+                qf[i] = q[h * hd + i] * sc;
+            vec_q8_query(qf, hd, row);
+            for (int i = 0; i < hd; i++) {
+                float d;
+                memcpy(&d, row + hd + 4 * (i / 32), sizeof d);
+                qq[i] = (double)(int8_t)row[i] * d;
+            }
+            qs = 1.0;
+        }
         for (int64_t p = p0; p <= pos; p++) {
             const float *k = f->k + ((size_t)seq * (size_t)f->n_pos + (size_t)p) * (size_t)f->kv_dim + ko;
             double d = 0.0;
             for (int i = 0; i < hd; i++)
-                d += (double)q[h * hd + i] * k[i];
-            s[p] = d * scale;
+                d += qq[i] * k[i];
+            s[p] = d * qs;
             mx = s[p] > mx ? s[p] : mx;
         }
         if (g_sinks) {
@@ -154,6 +176,9 @@ static void ref_row(const struct fix *f, int seq, int64_t pos, const float *q, d
             out[h * hd + i] /= sum;
     }
     free(s);
+    free(qf);
+    free(qq);
+    free(row);
 }
 
 /* Random sequences of up to 32k positions (4k sanitized; the other shapes 8k), caches of F16, F32, Q8_0 and
@@ -328,11 +353,11 @@ static void test_chunked(void)
     g_window = 0;
 }
 
-/* The reference, AVX2 and AVX-512 variants give the same bits for whole attention
+/* The reference, AVX2 and AVX-512 (with and without VNNI) variants give the same bits for whole attention
  * calls (prefill and split decode), K and V of every type, blocks of 4 and 16 positions. */
 static void variants(void)
 {
-    const char *names[] = {"avx2", "avx512", "neon"};
+    const char *names[] = {"avx2", "avx512", "neon", "avx512-novnni"};
     int64_t n = SANITIZED ? 300 : 700;
     const int types[] = {DT_F16, DT_F32, DT_Q8_0, DT_Q4_0};
     for (int type = 0; type < 4; type++)
@@ -354,7 +379,7 @@ static void variants(void)
             fill(&f, seed, 1.0f, NULL, 0);
             run_rows(&f, pool, vec_ops_ref(), 0, 0, n - 3, q, want, seqs, pos);
             run_rows(&f, pool, vec_ops_ref(), 0, n - 3, n, q, want, seqs, pos); /* split */
-            for (int vi = 0; vi < 3; vi++) {
+            for (int vi = 0; vi < 4; vi++) {
                 const struct vec_ops *ops = vec_ops_variant(names[vi]);
                 if (!ops)
                     continue;

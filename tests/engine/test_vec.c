@@ -90,12 +90,54 @@ static void test_softmax_exp(const struct vec_ops *ref, const struct vec_ops *co
     CHECK(bad == 0, "softmax exp: %d rows of a variant differ from the reference in bits", bad);
 }
 
+/* q8_query: every variant's bytes are vec_q8_query's, on rows of every scale, with zeros,
+ * NaNs, infinities, ties (x * id at k + 0.5) and tiny values (a subnormal scale). */
+static void test_q8_query(const struct vec_ops *ops, const char *name)
+{
+    enum { HD = 128 };
+    float x[HD];
+    char r0[VEC_Q8_ROW_BYTES(HD)] __attribute__((aligned(4))), r1[VEC_Q8_ROW_BYTES(HD)] __attribute__((aligned(4)));
+    uint64_t seed = 11;
+    int bad = 0;
+    for (int rep = 0; rep < 2000; rep++) {
+        float scale = powf(10.0f, (float)(int)(test_rand_u64(&seed) % 90) - 45.0f);
+        for (int i = 0; i < HD; i++)
+            x[i] = test_rand_float(&seed) * scale;
+        int kind = rep % 8;
+        if (kind == 1)
+            x[test_rand_u64(&seed) % HD] = NAN;
+        if (kind == 2)
+            x[test_rand_u64(&seed) % HD] = rep % 16 < 8 ? INFINITY : -INFINITY;
+        if (kind == 3)
+            for (int i = 0; i < 32; i++)
+                x[i] = 0.0f;
+        if (kind == 4) /* amax 127: codes at exact halves */
+            for (int i = 0; i < 32; i++)
+                x[i] = i == 0 ? 127.0f : (float)(int)(test_rand_u64(&seed) % 254 - 127) + 0.5f;
+        memset(r0, 0x55, sizeof r0);
+        memset(r1, 0x55, sizeof r1);
+        vec_q8_query(x, HD, r0);
+        ops->q8_query(x, HD, r1);
+        bad += memcmp(r0, r1, sizeof r0) != 0;
+    }
+    CHECK(bad == 0, "%s: %d of 2000 quantized query rows differ from vec_q8_query", name, bad);
+}
+
+/* Byte i of K(d, j)'s storage for a key stride ld (vec.h attn_qk's layouts; Q4_0: the byte
+ * holding the nibble pair of dims 32c+i and 32c+16+i is indexed as d = 32c+i). */
+static int64_t k_at(int type, int64_t d, int64_t ld, int64_t j)
+{
+    return type == DT_Q8_0 ? 4 * ((d / 4) * ld + j) + d % 4 : d * ld + j;
+}
+
 /* attn_qk, attn_pv and softmax_tile on random shapes (rows 1-19, keys 1-150, head sizes
  * 8-136, rows of different lengths; F16, F32, and Q8_0 and Q4_0 with head sizes a
- * multiple of 32): the reference's bits. */
+ * multiple of 32; Q8_0 K's random bytes include -128, which its writer never makes):
+ * the reference's bits. */
 static void test_attn_tiles(const struct vec_ops *ref, const struct vec_ops *ops, const char *name)
 {
     enum { ROWS = 19, KEYS = 150, HD = 136 };
+    static char q8[ROWS * VEC_Q8_ROW_BYTES(HD)] __attribute__((aligned(4)));
     static float q[ROWS * HD], s0[ROWS * KEYS], s1[ROWS * KEYS], o0[ROWS * HD], o1[ROWS * HD], kf[HD * KEYS];
     static uint16_t kh[HD * KEYS], ks[HD * KEYS];
     static uint8_t kb[HD * KEYS];
@@ -127,8 +169,15 @@ static void test_attn_tiles(const struct vec_ops *ref, const struct vec_ops *ops
                 v4[i].qs[e] = (uint8_t)test_rand_u64(&seed);
         }
         const void *kt = type == DT_F16 ? (const void *)kh : type == DT_F32 ? (const void *)kf : (const void *)kb;
-        ref->attn_qk(q, hd, rows, kt, ks, KEYS, n, hd, type, s0, KEYS);
-        ops->attn_qk(q, hd, rows, kt, ks, KEYS, n, hd, type, s1, KEYS);
+        /* Q8_0 K takes the rows quantized (some blocks all zero: a zero scale) */
+        int64_t ldq = type == DT_Q8_0 ? VEC_Q8_ROW_BYTES(hd) : hd;
+        if (rep % 13 == 2)
+            memset(q, 0, 32 * sizeof *q);
+        for (int r = 0; type == DT_Q8_0 && r < rows; r++)
+            vec_q8_query(q + r * hd, hd, q8 + r * ldq);
+        const void *qa = type == DT_Q8_0 ? (const void *)q8 : (const void *)q;
+        ref->attn_qk(qa, ldq, rows, kt, ks, KEYS, n, hd, type, s0, KEYS);
+        ops->attn_qk(qa, ldq, rows, kt, ks, KEYS, n, hd, type, s1, KEYS);
         for (int r = 0; r < rows; r++)
             bad += memcmp(s0 + r * KEYS, s1 + r * KEYS, (size_t)n * sizeof *s0) != 0;
         int32_t nr[ROWS];
@@ -160,14 +209,14 @@ static void test_attn_tiles(const struct vec_ops *ref, const struct vec_ops *ops
                 for (int c = 0; c < bt && b * bt + c < n; c++) {
                     khp[at + (size_t)d * bt + c] = kh[d * KEYS + b * bt + c];
                     kfp[at + (size_t)d * bt + c] = kf[d * KEYS + b * bt + c];
-                    kbp[at + (size_t)d * bt + c] = kb[d * KEYS + b * bt + c];
+                    kbp[at + (size_t)k_at(type, d, bt, c)] = kb[k_at(type, d, KEYS, b * bt + c)];
                     ksp[at + (size_t)d * bt + c] = ks[d * KEYS + b * bt + c];
                 }
             kblk[b] = type == DT_F16 ? (const void *)(khp + at) : type == DT_F32 ? (const void *)(kfp + at) : (const void *)(kbp + at);
             ksblk[b] = ksp + at;
         }
-        ops->attn_qk_paged(q, hd, rows, kblk, quant ? ksblk : NULL, bt, n, hd, type, sp, KEYS);
-        ref->attn_qk(q, hd, rows, kt, ks, KEYS, n, hd, type, s1, KEYS);
+        ops->attn_qk_paged(qa, ldq, rows, kblk, quant ? ksblk : NULL, bt, n, hd, type, sp, KEYS);
+        ref->attn_qk(qa, ldq, rows, kt, ks, KEYS, n, hd, type, s1, KEYS);
         for (int r = 0; r < rows; r++)
             bad += memcmp(sp + r * KEYS, s1 + r * KEYS, (size_t)n * sizeof *sp) != 0;
         ref->attn_pv(o0, hd, rows, s0, KEYS, nr, v, hd, type);
@@ -181,10 +230,10 @@ int main(int argc, char **argv)
 {
     test_begin(argc, argv);
     const struct vec_ops *ref = vec_ops_ref();
-    const char *names[] = {"avx2", "avx512", "neon"};
+    const char *names[] = {"avx2", "avx512", "neon", "avx512-novnni"};
     uint64_t seed = 42;
     float a[MAXN], b[MAXN], y0[MAXN], y1[MAXN];
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < 4; v++) {
         const struct vec_ops *ops = vec_ops_variant(names[v]);
         if (!ops) {
             printf("%s: not on this CPU, skipped\n", names[v]);
@@ -220,6 +269,7 @@ int main(int argc, char **argv)
         }
         CHECK(bad == 0, "%s: %d of 1200 results differ from the reference in bits", names[v], bad);
         RUN(test_attn_tiles, ref, ops, names[v]);
+        RUN(test_q8_query, ops, names[v]);
     }
     RUN(test_exp_accuracy, ref);
     const struct vec_ops *avail[3];
