@@ -24,6 +24,16 @@ static inline float reduce16(__m512 v)
 /* The tail (n % 16 elements) goes into lanes 0..n%16-1 as in the reference. */
 static inline __mmask16 tail_mask(int64_t rem) { return (__mmask16)((1u << rem) - 1); }
 
+/* The masks of four neighbouring runs of 16 lanes (keys, or dimensions) with `left` lanes
+ * left from the first one's start: each run whole, in part, or empty. */
+static inline void masks4(int64_t left, __mmask16 m[4])
+{
+    for (int c = 0; c < 4; c++) {
+        int64_t w = left - 16 * c;
+        m[c] = w >= 16 ? (__mmask16)0xffff : w <= 0 ? (__mmask16)0 : tail_mask(w);
+    }
+}
+
 static float dot_f32(const float *a, const float *b, int64_t n)
 {
     __m512 acc = _mm512_setzero_ps();
@@ -210,10 +220,7 @@ INLINE void qk_impl_f(const float *q, int64_t ldq, int rows, const void *kt, int
     int j0 = 0;
     for (; j0 + 48 < n; j0 += 64) {
         __mmask16 m[4];
-        for (int c = 0; c < 4; c++) {
-            int w = n - j0 - 16 * c;
-            m[c] = w >= 16 ? (__mmask16)0xffff : w <= 0 ? (__mmask16)0 : tail_mask(w);
-        }
+        masks4(n - j0, m);
         for (int r = 0; r < rows; r += 6) {
             const float *qr = q + r * ldq;
             float *sr = s + r * lds;
@@ -397,10 +404,7 @@ INLINE void qkp_impl(const float *q, int64_t ldq, int rows, const void *const *k
 {
     for (int b0 = 0; 16 * b0 < n; b0 += 4) {
         __mmask16 m[4];
-        for (int c = 0; c < 4; c++) {
-            int w = n - 16 * (b0 + c);
-            m[c] = w >= 16 ? (__mmask16)0xffff : w <= 0 ? (__mmask16)0 : tail_mask(w);
-        }
+        masks4(n - 16 * b0, m);
         for (int r = 0; r < rows; r += 6) {
             const float *qr = q + r * ldq;
             float *sr = s + r * lds;
@@ -458,10 +462,7 @@ INLINE void qkpq_impl(const float *q, int64_t ldq, int rows, const void *const *
 {
     for (int b0 = 0; 16 * b0 < n; b0 += 4) {
         __mmask16 m[4];
-        for (int c = 0; c < 4; c++) {
-            int w = n - 16 * (b0 + c);
-            m[c] = w >= 16 ? (__mmask16)0xffff : w <= 0 ? (__mmask16)0 : tail_mask(w);
-        }
+        masks4(n - 16 * b0, m);
         for (int r = 0; r < rows; r += 4) {
             const float *qr = q + r * ldq;
             float *sr = s + r * lds;
@@ -517,10 +518,7 @@ INLINE void qkp8_impl(const char *q, int64_t ldq, int rows, const void *const *k
 {
     for (int b0 = 0; 16 * b0 < n; b0 += 4) {
         __mmask16 m[4];
-        for (int c = 0; c < 4; c++) {
-            int w = n - 16 * (b0 + c);
-            m[c] = w >= 16 ? (__mmask16)0xffff : w <= 0 ? (__mmask16)0 : tail_mask(w);
-        }
+        masks4(n - 16 * b0, m);
         for (int r = 0; r < rows; r += 4) {
             const char *qr = q + r * ldq;
             float *sr = s + r * lds;
@@ -678,10 +676,7 @@ INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp
 {
     for (int64_t c0 = 0; c0 < hd; c0 += 64) {
         __mmask16 mc[4];
-        for (int c = 0; c < 4; c++) {
-            int64_t w = hd - c0 - 16 * c;
-            mc[c] = w >= 16 ? (__mmask16)0xffff : w <= 0 ? (__mmask16)0 : tail_mask(w);
-        }
+        masks4(hd - c0, mc);
         const int step = type == DT_Q8_0 || type == DT_Q4_0 ? 4 : 6;
         for (int r = 0; r < rows; r += step) {
             int R = rows - r < step ? rows - r : step;
