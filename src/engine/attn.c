@@ -412,6 +412,12 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
             if (ahead < end)
                 prefetch_piece(j, table, h, ahead, false);
             prefetch_piece(j, table, h, p, true);
+        } else if (nr > 4 && p - off + ATTN_TILE < end) {
+            /* many rows: the same block of the next tile, read long before its use (a
+             * prompt's K and V come from L3 or memory, in pieces too short for the hardware
+             * prefetcher: the F16 conversion stalled on them) */
+            prefetch_piece(j, table, h, p - off + ATTN_TILE, false);
+            prefetch_piece(j, table, h, p - off + ATTN_TILE, true);
         }
         if (kf) {
             vec->f16_to_f32((const uint16_t *)kp + off, bt, sc->kf + jj, ATTN_TILE, hd, cnt);
