@@ -193,6 +193,62 @@ static inline void km_drive_tiles(km_group_fn *fn, int nb_max, const struct km_v
     }
 }
 
+/* A kernel over NS (2..KM_STREAMS) whole groups at once for one activation row (x at
+ * block 0): the tiles of group s start at tiles[s], its G outputs go to y[s]. It reads
+ * block i of every group before block i+1 of any, so a core keeps NS streams of misses
+ * in flight where one group is one stream; each row's float steps are those of a single
+ * group's, so the bits are too. */
+typedef void km_streams_fn(int NS, const uint8_t *const *tiles, int64_t nblk, const uint8_t *x,
+                           float *const *y);
+
+#define KM_STREAMS 4 /* streams per thread of a decode product (B = 1) */
+
+/* km_drive_tiles, but for one activation row the whole groups of [r0, r1) are cut into
+ * KM_STREAMS runs far apart in memory, walked together by sfn, a group of each run in
+ * turn, as the probe of bwprobe.c reads DRAM fastest with several streams a thread.
+ * Partial groups at either end go through fn. */
+static inline void km_drive_streams(km_streams_fn *sfn, km_group_fn *fn, int nb_max,
+                                    const struct km_view *v, const uint8_t *x, size_t ldx, int B,
+                                    float *y, size_t ldy, int64_t r0, int64_t r1,
+                                    size_t act_block)
+{
+    const int G = v->G;
+    if (B != 1) {
+        km_drive_tiles(fn, nb_max, v, x, ldx, B, y, ldy, r0, r1, act_block);
+        return;
+    }
+    int64_t cur = r0;
+    if (cur % G) { /* the partial first group */
+        int64_t e = (cur / G + 1) * G < r1 ? (cur / G + 1) * G : r1;
+        km_drive_tiles(fn, nb_max, v, x, ldx, B, y, ldy, cur, e, act_block);
+        cur = e;
+    }
+    int64_t ga = cur / G, gb = r1 / G, n = gb - ga;
+    if (n > 0) {
+        int ns = n < KM_STREAMS ? (int)n : KM_STREAMS;
+        int64_t len = n / ns, rem = n % ns, start[KM_STREAMS];
+        for (int s = 0; s < ns; s++)
+            start[s] = ga + s * len + (s < rem ? s : rem);
+        const size_t gbytes = (size_t)v->nblk * v->tile;
+        const uint8_t *tl[KM_STREAMS];
+        float *ys[KM_STREAMS];
+        for (int64_t j = 0; j <= len; j++) {
+            int k = j < len ? ns : (int)rem; /* the last step: the runs one group longer */
+            for (int s = 0; s < k; s++) {
+                tl[s] = v->data + (size_t)(start[s] + j) * gbytes;
+                ys[s] = y + (size_t)((start[s] + j) * G);
+            }
+            if (k >= 2)
+                sfn(k, tl, v->nblk, x, ys);
+            else if (k == 1)
+                fn(1, tl[0], v->nblk, x, ldx, ys[0], ldy, 0, G, 1);
+        }
+        cur = gb * G;
+    }
+    if (cur < r1) /* the partial last group */
+        km_drive_tiles(fn, nb_max, v, x, ldx, B, y, ldy, cur, r1, act_block);
+}
+
 /* One call of a float-weight kernel: R rows of w (row_bytes rb) times NB activation rows
  * over elements [k0, k0+kn). A single pass (first and last) keeps the 16 lanes of each
  * dot in registers; otherwise they are parked in `lanes` (16 floats per row and

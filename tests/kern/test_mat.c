@@ -265,6 +265,9 @@ static void test_bitwise(void)
         check_case(type, 5, be > 1 ? 256 : 48, 0, &rng);  /* fewer rows than one group */
         /* long rows and many groups: large B runs in k-chunks and row tiles */
         check_case(type, 133, 4608, 0, &rng);
+        /* 23 whole groups of 16: one activation row walks runs of 6 and 5 groups in 4
+         * streams (km_drive_streams), each split cutting them differently */
+        check_case(type, 16 * 23 + 5, 256, 0, &rng);
     }
 }
 
