@@ -251,9 +251,10 @@ static int bench_draft(const struct bench_opts *o)
     sb.ctx = n_prompt + n_gen + k + 16;
     int max_batch = (int)(n_prompt > k + 1 ? n_prompt : k + 1);
     struct engine_config ec = {.n_threads = threads, .max_batch = max_batch, .max_ctx = sb.ctx};
+    struct engine_config dc = ec; /* the draft runs on the target's threads, as in the runner */
     if (model_load(&sb.tm, target, NULL, sb.err, sizeof sb.err) || engine_create(&sb.te, sb.tm, &ec, sb.err, sizeof sb.err) ||
         (draft && (model_load(&sb.dm, draft, NULL, sb.err, sizeof sb.err) ||
-                   engine_create(&sb.de, sb.dm, &ec, sb.err, sizeof sb.err)))) {
+                   (dc.pool = engine_pool(sb.te), engine_create(&sb.de, sb.dm, &dc, sb.err, sizeof sb.err))))) {
         fprintf(stderr, "cairn bench: %s\n", sb.err);
         goto out;
     }
