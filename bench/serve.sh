@@ -210,8 +210,12 @@ engine8() {
   e=$($nice $cairn bench -m "$model" -p 128 -n 0 -t "$threads" -r 3 --batch-curve 8 --bandwidth-mib 16)
   b8=$(sed -n 's/^ *B= *8: .*(\([0-9.]*\) tok\/s).*/\1/p' <<<"$e")
   pp=$(sed -n 's/^pp128: \([0-9.]*\) tok.*/\1/p' <<<"$e")
-  [ -z "$b8" ] || [ -z "$pp" ] ||
-    echo "{\"mode\":\"engine8\",\"server\":\"cairn\",\"b8_tps\":$b8,\"pp128_tps\":$pp,\"loadavg\":$(cut -d' ' -f1 /proc/loadavg)}" >>"$out"
+  # the same step with every sequence after 192 positions of its own context, as the 8
+  # streams are on average (128-token prompts, 128 generated)
+  e=$($nice $cairn bench -m "$model" -p 0 -n 0 -t "$threads" -r 3 --batch-curve 8 --batch-depth 192 --bandwidth-mib 16)
+  b8d=$(sed -n 's/^ *B= *8 @ batch depth: .*(\([0-9.]*\) tok\/s).*/\1/p' <<<"$e")
+  [ -z "$b8" ] || [ -z "$pp" ] || [ -z "$b8d" ] ||
+    echo "{\"mode\":\"engine8\",\"server\":\"cairn\",\"b8_tps\":$b8,\"b8_d192_tps\":$b8d,\"pp128_tps\":$pp,\"loadavg\":$(cut -d' ' -f1 /proc/loadavg)}" >>"$out"
 }
 
 for r in $(seq "$reps"); do
