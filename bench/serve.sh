@@ -5,7 +5,14 @@
 #      128 generated with ignore_eos), and the ratio to one stream;
 #   2. time to first token of a 128-token prompt against the engine's prefill of it
 #      (`cairn bench -p 128 -n 0`, `llama-bench -p 128 -n 0`, run just before);
-#   3. while a 2000-token prompt is prefilled: the inter-token gaps of 4 running streams
+#   3. against the engine alone (`cairn bench --batch-curve 8 -p 128`, run just before and
+#      just after): the 8 streams' decode rate over the engine's step of B = 8, and 8
+#      clients sending 128-token requests back to back (prompts arriving while the
+#      others decode), their generated tok/s over the engine's B = 8 rate (the arriving
+#      prompts' prefill counted as time, not tokens) and the engine's own time for the
+#      same work (those prompts at its prefill rate plus the tokens at its B = 8 rate)
+#      over theirs;
+#   4. while a 2000-token prompt is prefilled: the inter-token gaps of 4 running streams
 #      (p99 against their median) and the long prompt's TTFT against its TTFT alone.
 # Both servers stay up side by side (idle, they take no CPU) and each measure runs
 # against one and then the other, REPS times, so both see the same machine load; the
@@ -33,7 +40,7 @@ while [ $# -gt 0 ]; do
     --no-ref) no_ref=1; shift ;;
     --perf) perf=1; shift ;;
     --ref-wait) ref_wait=$2; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -138,8 +145,10 @@ declare -A pid=()
 start() {
   local data=$bd/serve-data
   rm -rf "$data"
+  # --bandwidth-mib 64: the node's start-up probe of DRAM (placement's estimate, not used
+  # here) would read 1-8 GiB while the first measures run.
   $nice $cairn node --api-port "$port" --cluster-port 0 --models-dir "$mdir" --data-dir "$data" \
-      --discovery off -q -t "$threads" --parallel "$1" >$bd/serve-node.log 2>&1 &
+      --discovery off -q -t "$threads" --parallel "$1" --bandwidth-mib 64 >$bd/serve-node.log 2>&1 &
   pid[cairn]=$!
   pids+=("$!")
   wait_ready "${url[cairn]}" 180
@@ -192,11 +201,33 @@ if [ $perf = 1 ]; then
         grep -E '^# Samples|^ +[0-9]' | head -25; } || true
   done
 fi
+# engine8: the engine alone just before and after the API's 8 streams, for the ratio the
+# table states: its step of B = 8 sequences (tok/s of the batch curve) and its prefill of
+# a 128-token prompt (tok/s), the median of 3 runs each (a 16 MiB bandwidth probe: the
+# DRAM one takes seconds and is not needed here).
+engine8() {
+  local e b8 pp
+  e=$($nice $cairn bench -m "$model" -p 128 -n 0 -t "$threads" -r 3 --batch-curve 8 --bandwidth-mib 16)
+  b8=$(sed -n 's/^ *B= *8: .*(\([0-9.]*\) tok\/s).*/\1/p' <<<"$e")
+  pp=$(sed -n 's/^pp128: \([0-9.]*\) tok.*/\1/p' <<<"$e")
+  # the same step with every sequence after 192 positions of its own context, as the 8
+  # streams are on average (128-token prompts, 128 generated)
+  e=$($nice $cairn bench -m "$model" -p 0 -n 0 -t "$threads" -r 3 --batch-curve 8 --batch-depth 192 --bandwidth-mib 16)
+  b8d=$(sed -n 's/^ *B= *8 @ batch depth: .*(\([0-9.]*\) tok\/s).*/\1/p' <<<"$e")
+  [ -z "$b8" ] || [ -z "$pp" ] || [ -z "$b8d" ] ||
+    echo "{\"mode\":\"engine8\",\"server\":\"cairn\",\"b8_tps\":$b8,\"b8_d192_tps\":$b8d,\"pp128_tps\":$pp,\"loadavg\":$(cut -d' ' -f1 /proc/loadavg)}" >>"$out"
+}
+
 for r in $(seq "$reps"); do
   loadavg
-  for n in 1 2 4 8; do
+  for n in 1 2 4; do
     each streams --n $n --timeout-s 300
   done
+  echo "== cairn: engine B = 8, 8 streams and 8 clients back to back through the API, engine again" >&2
+  engine8
+  each streams --n 8 --timeout-s 300
+  each sustain --n 8 --rounds 3 --timeout-s 400
+  engine8
   # TTFT through HTTP right after the engine's own prefill of as many tokens, in pairs,
   # so that both see the same load; the table sets the lowest of each against the other.
   for i in 1 2 3; do

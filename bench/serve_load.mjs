@@ -4,6 +4,8 @@
 //
 //   node bench/serve_load.mjs prompt    --tokens N [--salt K]     the prompt text of N tokens
 //   node bench/serve_load.mjs streams   --url U --model M --n N [--prompt-tokens 128] [--gen 128]
+//   node bench/serve_load.mjs sustain   --url U --model M [--n 8] [--prompt-tokens 128] [--gen 128] [--rounds 3]
+//   node bench/serve_load.mjs spec      --url U --model M [--prompt-tokens 64] [--gen 64] [--reps 3] [--vocab 128256]
 //   node bench/serve_load.mjs ttft      --url U --model M [--prompt-tokens 128] [--reps 5]
 //   node bench/serve_load.mjs interfere --url U --model M [--streams 4] [--long-tokens 2000]
 //   node bench/serve_load.mjs table     FILE.jsonl                  the Markdown summary
@@ -76,11 +78,11 @@ const round = (x, d = 2) => (Number.isFinite(x) ? Number(x.toFixed(d)) : null);
 // One streamed completion. Resolves with times (ms, performance.now()) of sending, of
 // every chunk that carries a choice, the end, and the usage the server reported.
 // onChunk(req) runs after each chunk; req.abort() ends it early (outcome 'aborted').
-function streamCompletion(cfg, tokens, maxTokens, onChunk) {
+function streamCompletion(cfg, tokens, maxTokens, onChunk, extra = {}) {
   const prompt = promptText(tokens, salt + counter++);
   const body = JSON.stringify({
     model: cfg.model, prompt, max_tokens: maxTokens, temperature: 0, ignore_eos: true,
-    stream: true, stream_options: { include_usage: true },
+    stream: true, stream_options: { include_usage: true }, ...extra,
   });
   const u = new URL('/v1/completions', cfg.url);
   return new Promise((resolve) => {
@@ -205,6 +207,100 @@ async function modeStreams(o, cfg) {
   };
 }
 
+// N clients, each sending requests back to back (no pause between one's end and the next
+// one's send) for --rounds requests, so that prompts keep arriving while the others
+// decode; client i's first request generates (i + 1) / N of --gen, which spreads the
+// arrivals out. The window runs from the first request's end (from then on requests
+// arrive) to the first client's last end (until then all N have a request in flight).
+// Counted in it: generated tokens (every chunk that arrived in it, weighted by its
+// request's tokens per chunk) and the prompt tokens of the requests sent in it;
+// gen_tps is the generated tokens over the window: the prefill of the arriving prompts
+// is in the window's time, not in the count.
+async function modeSustain(o, cfg) {
+  const n = intArg(o, 'n', 8, 1, 256), pt = intArg(o, 'prompt-tokens', 128, 2, 8192);
+  const gen = intArg(o, 'gen', 128, 2, 8192), rounds = intArg(o, 'rounds', 3, 2, 1000);
+  const rs = [], lastEnd = [];
+  const client = async (i) => {
+    for (let k = 0; k < rounds; k++) {
+      const g = k === 0 ? Math.max(2, Math.round((gen * (i + 1)) / n)) : gen;
+      const r = await streamCompletion(cfg, pt, g);
+      r.gen = g;
+      rs.push(r);
+      if (r.outcome !== 'ok') break;
+    }
+    lastEnd[i] = performance.now();
+  };
+  const t0 = performance.now();
+  await Promise.all(Array.from({ length: n }, (_, i) => client(i)));
+  const t1 = performance.now();
+  const w0 = Math.min(...rs.map((r) => r.end)), w1 = Math.min(...lastEnd);
+  let genIn = 0, promptIn = 0, sent = 0;
+  for (const r of rs) {
+    if (r.sent >= w0 && r.sent < w1) {
+      promptIn += r.promptTokens;
+      sent++;
+    }
+    if (!r.chunks.length) continue;
+    const k = r.chunks.filter((t) => t > w0 && t <= w1).length;
+    genIn += (k * generated(r)) / r.chunks.length;
+  }
+  const win = (w1 - w0) / 1e3;
+  return {
+    mode: 'sustain', n, prompt_tokens: pt, gen, rounds, requests: rs.length, window_s: round(win),
+    window_gen_tokens: round(genIn, 1), window_prompt_tokens: promptIn, window_requests_sent: sent,
+    gen_tps: round(w1 > w0 ? genIn / win : NaN),
+    e2e_tps: round(rs.reduce((a, r) => a + generated(r), 0) / ((t1 - t0) / 1e3)),
+    notes: checkReplies(rs, 0).concat(w1 > w0 && sent > 0 ? [] : ['no request arrived while the others ran: more --rounds']),
+  };
+}
+
+// The prompt of `cairn bench --draft -p N`: the same N pseudo-random ids (its generator,
+// over a vocabulary of --vocab ids), so that a draft is accepted as often as there.
+function benchPromptIds(n, vocab) {
+  const ids = [], mask = (1n << 64n) - 1n;
+  let x = 12345n;
+  for (let i = 0; i < n; i++) {
+    x = (x * 6364136223846793005n + 1442695040888963407n) & mask;
+    ids.push(Number(3n + (x >> 33n) % BigInt(vocab - 3)));
+  }
+  return ids;
+}
+
+// Speculative decoding through the API: one stream at a time, requests without drafts
+// (num_draft_tokens 0) and with the instance's draft in turn, --reps of each, the
+// prompt of `cairn bench --draft` (--prompt-tokens ids). Each request's decode rate is
+// its tokens after the first over the time from its first chunk to its last; the
+// speed-up is each drafted request's rate over the plain one's before it, and their
+// median. Verify steps of a drafted request: its tokens after the first less the
+// accepted drafts (each step gives its accepted drafts and one token of the target).
+async function modeSpec(o, cfg) {
+  const pt = intArg(o, 'prompt-tokens', 64, 2, 8192), gen = intArg(o, 'gen', 64, 2, 8192);
+  const reps = intArg(o, 'reps', 3, 1, 100), vocab = intArg(o, 'vocab', 128256, 4, 1 << 24);
+  const ids = benchPromptIds(pt, vocab);
+  const one = async (k) => {
+    const r = await streamCompletion(cfg, pt, gen, null, { prompt: ids, num_draft_tokens: k });
+    const n = generated(r), c = r.chunks;
+    const u = r.usage || {};
+    return { outcome: r.outcome, error: r.error, n, promptTokens: pt, usage: r.usage,
+             tps: c.length >= 2 ? (n - 1) / ((c[c.length - 1] - c[0]) / 1e3) : NaN,
+             drafted: u.draft_tokens || 0, accepted: u.accepted_draft_tokens || 0 };
+  };
+  const plain = [], spec = [];
+  for (let i = 0; i < reps; i++) {
+    plain.push(await one(0));
+    spec.push(await one(-1));
+  }
+  const ratios = spec.map((r, i) => r.tps / plain[i].tps);
+  const steps = spec.map((r) => r.n - 1 - r.accepted);
+  return {
+    mode: 'spec', prompt_tokens: pt, gen, reps, plain_tps: plain.map((r) => round(r.tps)), spec_tps: spec.map((r) => round(r.tps)),
+    speedups: ratios.map((x) => round(x, 3)), speedup_median: round(median(ratios), 3),
+    drafted: spec.map((r) => r.drafted), accepted: spec.map((r) => r.accepted),
+    tokens_per_step: round(median(spec.map((r, i) => (r.n - 1) / steps[i])), 3),
+    notes: checkReplies([...plain, ...spec], gen).concat(spec.some((r) => r.drafted === 0) ? ['a request drafted nothing'] : []),
+  };
+}
+
 // TTFT of one streamed request at a time (max_tokens 1): send to first chunk. Where the
 // server reports its own prefill time of the request (llama-server: timings.prompt_ms),
 // overhead_ms is TTFT less that time, the same request's cost outside the engine.
@@ -315,6 +411,50 @@ function modeTable(o) {
              ns.map((n) => `${n}: ${cpu.filter((r) => r.n === n).map((r) => `${r.runner_cores} (${r.node_cores})`).join(', ')}`)
                .join('; '));
   }
+  // Serving against the engine: each of cairn's 8-stream and back-to-back runs against
+  // the mean of the engine's runs just before and after it (serve.sh's engine8).
+  const keep = [];
+  rows.forEach((r, i) => {
+    if (r.server !== 'cairn' || !((r.mode === 'streams' && r.n === 8) || r.mode === 'sustain')) return;
+    const before = rows.slice(0, i).reverse().find((x) => x.mode === 'engine8');
+    const after = rows.slice(i + 1).find((x) => x.mode === 'engine8');
+    const es = [before, after].filter(Boolean);
+    if (!es.length) return;
+    const b8 = es.reduce((a, e) => a + e.b8_tps, 0) / es.length;
+    const pp = es.reduce((a, e) => a + e.pp128_tps, 0) / es.length;
+    const d = es.filter((e) => Number.isFinite(e.b8_d192_tps));
+    const b8d = d.length ? d.reduce((a, e) => a + e.b8_d192_tps, 0) / d.length : NaN;
+    keep.push({ r, b8, pp, b8d });
+  });
+  if (keep.length) {
+    out.push('');
+    out.push('Serving against the engine alone (`cairn bench -p 128 -n 0 -r 3 --batch-curve 8` just before and after ' +
+             'each run, their mean), each run:\n');
+    const st = keep.filter((k) => k.r.mode === 'streams');
+    if (st.length)
+      out.push('- 8 streams through the API (the window where all 8 decode, no prefill in it) / the engine\'s step of ' +
+               'B = 8: ' + st.map((k) => `${k.r.decode_tps.toFixed(1)} / ${k.b8.toFixed(1)} tok/s = ` +
+                                      `**${(k.r.decode_tps / k.b8).toFixed(2)}**` +
+                                      (Number.isFinite(k.b8d) ? ` (against the engine's B = 8 after 192 positions ` +
+                                       `of context each, as the streams are on average: ${k.b8d.toFixed(1)} tok/s, ` +
+                                       `${(k.r.decode_tps / k.b8d).toFixed(2)})` : '')).join('; '));
+    const su = keep.filter((k) => k.r.mode === 'sustain' && Number.isFinite(k.r.gen_tps));
+    if (su.length) {
+      const s0 = su[0].r;
+      out.push(`- 8 clients sending requests back to back (${s0.prompt_tokens}-token prompts arriving while the others ` +
+               `decode, ${s0.gen} tokens each, ${s0.rounds} rounds; the window from the first request\'s end to the ` +
+               'first client\'s last end), generated tok/s / the engine\'s B = 8 rate (the arriving prompts\' ' +
+               'prefill counted as time, not tokens): ' +
+               su.map((k) => `${k.r.gen_tps.toFixed(1)} / ${k.b8.toFixed(1)} = ${(k.r.gen_tps / k.b8).toFixed(2)}`).join('; '));
+      out.push('- the same runs, the engine\'s own time for the window\'s work (its prompts at the engine\'s pp128 rate ' +
+               'plus its generated tokens at the B = 8 rate) / the window: ' +
+               su.map((k) => {
+                 const t = k.r.window_prompt_tokens / k.pp + k.r.window_gen_tokens / k.b8;
+                 return `(${k.r.window_prompt_tokens} / ${k.pp.toFixed(0)} + ${k.r.window_gen_tokens.toFixed(0)} / ` +
+                        `${k.b8.toFixed(1)}) / ${k.r.window_s.toFixed(1)} s = **${(t / k.r.window_s).toFixed(2)}**`;
+               }).join('; '));
+    }
+  }
   const eng = rows.filter((r) => r.mode === 'engine');
   if (eng.length) {
     out.push('');
@@ -376,8 +516,8 @@ async function main() {
   if (!cfg.url || !cfg.model) die('--url and --model are required');
   salt = intArg(o, 'salt', Math.floor(Math.random() * 1e6), 0, 1e9);
   deadline = performance.now() + intArg(o, 'timeout-s', 300, 1, 3600) * 1e3;
-  const modes = { streams: modeStreams, ttft: modeTtft, interfere: modeInterfere };
-  if (!modes[mode]) die(`unknown mode '${mode}' (prompt, streams, ttft, interfere, table)`);
+  const modes = { streams: modeStreams, sustain: modeSustain, spec: modeSpec, ttft: modeTtft, interfere: modeInterfere };
+  if (!modes[mode]) die(`unknown mode '${mode}' (prompt, streams, sustain, spec, ttft, interfere, table)`);
   const res = await modes[mode](o, cfg);
   if (o.server) res.server = o.server;
   process.stdout.write(JSON.stringify(res) + '\n');

@@ -173,13 +173,24 @@ static void bw_read(void *ctx, int ith, int nth)
 
 int bw_probe(struct pool *p, size_t bytes, int reps, struct bw_reading *out)
 {
+    return bw_probe_until(p, bytes, reps, NULL, out);
+}
+
+/* Words touched between looks at the stop flag (64 MiB). */
+#define STOP_EVERY ((size_t)1 << 23)
+
+int bw_probe_until(struct pool *p, size_t bytes, int reps, const atomic_bool *stop, struct bw_reading *out)
+{
     memset(out, 0, sizeof *out);
     uint64_t *buf = mem_alloc_stream(bytes);
     if (!buf)
         return -1;
     size_t n = bytes / sizeof *buf;
-    for (size_t i = 0; i < n; i++) /* touched, so every page is present before timing */
+    for (size_t i = 0; i < n; i++) { /* touched, so every page is present before timing */
+        if (stop && i % STOP_EVERY == 0 && atomic_load(stop))
+            break;
         buf[i] = i;
+    }
     struct bw_job j = {.buf = buf, .n = n};
     int nth = pool_threads(p);
     /* The words are 0..n-1: a read that skipped or repeated some would overstate the
@@ -187,6 +198,10 @@ int bw_probe(struct pool *p, size_t bytes, int reps, struct bw_reading *out)
     uint64_t want = n % 2 ? (uint64_t)n * ((n - 1) / 2) : (uint64_t)(n / 2) * (n - 1);
     int rc = 0;
     for (int r = 0; r < reps; r++) {
+        if (stop && atomic_load(stop)) {
+            rc = -1;
+            break;
+        }
         j.style = r % N_BW_STYLES;
         memset(j.sums, 0, sizeof j.sums);
         double t0 = clock_sec();

@@ -9,6 +9,8 @@
 #ifndef CAIRN_BASE_BWPROBE_H
 #define CAIRN_BASE_BWPROBE_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 struct pool;
@@ -34,6 +36,10 @@ struct bw_reading {
  * threads of p `reps` times, the styles taken in turn; 0, or -1 (out of memory, or a
  * read whose sum shows it did not read every word once). */
 int bw_probe(struct pool *p, size_t bytes, int reps, struct bw_reading *out);
+
+/* bw_probe that gives up (-1, *out holding the reads done) as soon as it sees *stop set:
+ * between reads, and every 64 MiB while it touches the block. */
+int bw_probe_until(struct pool *p, size_t bytes, int reps, const atomic_bool *stop, struct bw_reading *out);
 
 /* The name of a style, as printed. */
 const char *bw_style_name(int style);

@@ -230,6 +230,7 @@ struct bench_opts {
     int64_t depth;                         /* -d: positions of context before pp and tg */
     int type_k, type_v;                    /* -ctk, -ctv: KV cache types */
     int64_t max_b;                         /* the batch curve's largest B */
+    int64_t batch_depth;                   /* --batch-depth: context of each of its sequences */
     int64_t bw_mib;                        /* the bandwidth block; 0: dram_probe_mib's, and cache_probe_mib's */
     int64_t draft_k, lookup;               /* --draft-tokens; --lookup's n-gram (0: none) */
     int64_t ranks, streams, delay_us;      /* --ranks (0: none) */
@@ -250,9 +251,10 @@ static int bench_draft(const struct bench_opts *o)
     sb.ctx = n_prompt + n_gen + k + 16;
     int max_batch = (int)(n_prompt > k + 1 ? n_prompt : k + 1);
     struct engine_config ec = {.n_threads = threads, .max_batch = max_batch, .max_ctx = sb.ctx};
+    struct engine_config dc = ec; /* the draft runs on the target's threads, as in the runner */
     if (model_load(&sb.tm, target, NULL, sb.err, sizeof sb.err) || engine_create(&sb.te, sb.tm, &ec, sb.err, sizeof sb.err) ||
         (draft && (model_load(&sb.dm, draft, NULL, sb.err, sizeof sb.err) ||
-                   engine_create(&sb.de, sb.dm, &ec, sb.err, sizeof sb.err)))) {
+                   (dc.pool = engine_pool(sb.te), engine_create(&sb.de, sb.dm, &dc, sb.err, sizeof sb.err))))) {
         fprintf(stderr, "cairn bench: %s\n", sb.err);
         goto out;
     }
@@ -287,6 +289,11 @@ static int bench_draft(const struct bench_opts *o)
     double c = t_d / t_t, v = t_v / t_t;
     printf("target decode step %.2f ms; draft step %.2f ms (c = %.3f); verifying %d tokens %.2f ms (v = %.3f)\n",
            t_t * 1e3, t_d * 1e3, c, k + 1, t_v * 1e3, v);
+    if (sb.dm) { /* what c would be if each step cost its bytes read (weight_bytes: the head, not the embedding) */
+        double share = (double)sb.dm->weight_bytes / (double)sb.tm->weight_bytes;
+        printf("bytes a step reads: draft %.1f MiB, target %.1f MiB: the draft's share %.3f; c / share = %.2f\n",
+               (double)sb.dm->weight_bytes / (1 << 20), (double)sb.tm->weight_bytes / (1 << 20), share, c / share);
+    }
 
     double *tp = malloc((size_t)reps * sizeof *tp), *ts = malloc((size_t)reps * sizeof *ts);
     struct sched_stats st = {0}, st_plain = {0};
@@ -341,6 +348,8 @@ static void usage(void)
             "usage: cairn bench -m MODEL.gguf [-p 512] [-n 128] [-d 0] [-t 2] [-r 3] [--batch-curve 16]\n"
             "  -d DEPTH: pp and tg measured after DEPTH positions of context (filled in forwards of\n"
             "  %d tokens, as llama-bench's -d); tg's roofline counts the K and V bytes each step reads\n"
+            "  --batch-depth D: each sequence of the batch curve decodes after D positions of its own\n"
+            "  context (as served sequences do after their prompts; default 0)\n"
             "  -ctk, -ctv TYPE: the KV cache's K and V types, f16 (default), f32, q8_0 or q4_0\n"
             "  --bandwidth-mib N: the block the bandwidth probe reads (default: for DRAM, 4x the\n"
             "  reported last-level cache, 1-8 GiB and at most a quarter of the free memory; beside\n"
@@ -382,6 +391,7 @@ static int parse_opts(struct bench_opts *o, int argc, char **argv)
         else if (args_opt(&a, "-t|--threads", &v)) o->threads = args_int(&a, "-t", v, 1, 512);
         else if (args_opt(&a, "-r|--repetitions", &v)) o->reps = args_int(&a, "-r", v, 1, 100);
         else if (args_opt(&a, "--batch-curve", &v)) o->max_b = args_int(&a, "--batch-curve", v, 0, 64);
+        else if (args_opt(&a, "--batch-depth", &v)) o->batch_depth = args_int(&a, "--batch-depth", v, 0, 1 << 16);
         else if (args_opt(&a, "--bandwidth-mib", &v)) o->bw_mib = args_int(&a, "--bandwidth-mib", v, 1, 1 << 20);
         else if (args_opt(&a, "--draft", &v)) o->draft_path = v;
         else if (args_opt(&a, "--draft-tokens", &v)) o->draft_k = args_int(&a, "--draft-tokens", v, 1, SCHED_MAX_DRAFT);
@@ -425,9 +435,11 @@ static int bench_open(struct bench *bn, const struct bench_opts *o, double *t_lo
     /* room for the prompt and generation, or for the batch curve's positions */
     int64_t steps = o->reps * BATCH_CURVE_STEPS;
     int64_t ctx = o->depth + o->n_prompt + o->n_gen > steps ? o->depth + o->n_prompt + o->n_gen : steps;
+    if (o->max_b > 0 && o->batch_depth + steps > ctx)
+        ctx = o->batch_depth + steps;
     ctx += 16;
     int max_batch = (int)(o->n_prompt > o->max_b ? o->n_prompt : o->max_b);
-    if (o->depth > 0 && max_batch < DEPTH_CHUNK)
+    if ((o->depth > 0 || (o->max_b > 0 && o->batch_depth > 0)) && max_batch < DEPTH_CHUNK)
         max_batch = DEPTH_CHUNK;
     if (max_batch < 1)
         max_batch = 1;
@@ -493,6 +505,30 @@ static void print_header(const struct bench *bn, const struct bench_opts *o, dou
 
 /* Fills sequence 0 with -d positions of context, in forwards of up to DEPTH_CHUNK tokens,
  * and prints how long that took; 0, or -1 (message printed). */
+/* Fills sequence seq's cache with n positions, in forwards of DEPTH_CHUNK tokens; 0, or
+ * -1 (message printed). */
+static int fill_seq(struct bench *bn, int seq, int64_t n)
+{
+    kv_seq_clear(bn->kv, seq);
+    for (int64_t at = 0; at < n;) {
+        int64_t c = n - at < DEPTH_CHUNK ? n - at : DEPTH_CHUNK;
+        for (int64_t i = 0; i < c; i++) {
+            bn->seqs[i] = seq;
+            bn->pos[i] = at + i;
+            bn->want[i] = i == c - 1;
+        }
+        int rc = run(bn, (int)c);
+        for (int64_t i = 0; i < c; i++)
+            bn->seqs[i] = 0;
+        if (rc) {
+            fprintf(stderr, "cairn bench: %s\n", bn->err);
+            return -1;
+        }
+        at += c;
+    }
+    return 0;
+}
+
 static int bench_fill_depth(struct bench *bn, const struct bench_opts *o)
 {
     kv_seq_clear(bn->kv, 0);
@@ -688,18 +724,23 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
 static int bench_batch_curve(struct bench *bn, const struct bench_opts *o)
 {
     const int steps = BATCH_CURVE_STEPS;
+    const int64_t d = o->batch_depth;
     double base = 0;
-    printf("batch cost (one forward over B tokens of B sequences, relative to B = 1):\n");
+    for (int s = 0; s < bn->n_seqs && d > 0; s++)
+        if (fill_seq(bn, s, d))
+            return -1;
+    printf("batch cost (one forward over B tokens of B sequences%s, relative to B = 1):\n",
+           d > 0 ? ", each after its own context of --batch-depth positions" : "");
     for (int B = 1; B <= o->max_b; B++) {
         for (int s = 0; s < bn->n_seqs; s++)
-            kv_seq_clear(bn->kv, s);
+            kv_truncate(bn->kv, s, d);
         struct moe_stats s0 = engine_moe_stats(bn->e);
         for (int r = 0; r < o->reps; r++) {
             double t0 = clock_sec();
             for (int k = 0; k < steps; k++) {
                 for (int i = 0; i < B; i++) {
                     bn->seqs[i] = i;
-                    bn->pos[i] = (int64_t)r * steps + k;
+                    bn->pos[i] = d + (int64_t)r * steps + k;
                     bn->want[i] = 1;
                 }
                 if (run(bn, B)) {
@@ -713,7 +754,8 @@ static int bench_batch_curve(struct bench *bn, const struct bench_opts *o)
         double med = median(bn->t, (int)o->reps);
         if (B == 1)
             base = med;
-        printf("  B=%2d: %7.2f ms  x%.2f  (%.1f tok/s)", B, med * 1e3, med / base, B / med);
+        printf("  B=%2d%s: %7.2f ms  x%.2f  (%.1f tok/s)", B, d > 0 ? " @ batch depth" : "", med * 1e3, med / base,
+               B / med);
         if (s1.steps > s0.steps) /* experts read per forward: each chosen expert once for all its tokens */
             printf("  experts: %.1f runs, %.1f MiB per forward (%.1f MiB per token)",
                    (double)(s1.expert_runs - s0.expert_runs) / (double)(steps * o->reps),

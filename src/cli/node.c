@@ -15,12 +15,15 @@
 #include "base/log.h"
 #include "base/args.h"
 #include "base/bwprobe.h"
+#include "base/cpu.h"
+#include "base/mem.h"
 #include "base/pool.h"
 #include "api/hosts.h"
 #include "cli/cli.h"
 #include "cli/credentials.h"
 #include "net/jointoken.h"
 #include "net/keys.h"
+#include "node/bwcache.h"
 #include "node/node.h"
 #include "node/supervisor.h"
 #include "node/worker.h"
@@ -35,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_PEERS 64
@@ -53,6 +57,7 @@ static void usage(void)
             "                  [--api-max-per-client N] [--cors ORIGIN]...\n"
             "                  [--allowed-host NAME]... [-v|-q]\n"
             "                  [--parallel N] [-t|--threads N] [--ctx-size N] [--log-file PATH|-]\n"
+            "                  [--bandwidth-mib N]\n"
             "Joins (or starts) a cluster and serves its API until SIGINT/SIGTERM.\n"
             "  --api-port      HTTP API port (52415; 0 = any free port)\n"
             "  --api-host      address the API listens on (127.0.0.1). Any other address\n"
@@ -82,6 +87,10 @@ static void usage(void)
             "                  else the largest that fits, at least min(trained, 4096))\n"
             "  -ctk, -ctv      the KV cache's K and V types for those placements: f16 (default),\n"
             "                  f32, q8_0 or q4_0 (q8_0 holds about half the memory of f16)\n"
+            "  --bandwidth-mib the block (MiB) the node reads once to measure its memory\n"
+            "                  bandwidth for placement's estimates (default: DRAM, as `cairn\n"
+            "                  bench`: 4x the last-level cache, 1-8 GiB); kept in\n"
+            "                  DATA_DIR/" BWCACHE_FILE " for the next start on this machine\n"
             "  --log-file      also log to PATH (default: $XDG_CACHE_HOME/cairn/node.log, or\n"
             "                  DATA_DIR/node.log with --data-dir; '-': stderr only)\n"
             "  data: $XDG_DATA_HOME/cairn (node id, event log); models: $CAIRN_MODELS_DIR or\n"
@@ -163,6 +172,7 @@ struct node_opts {
     int64_t parallel, threads, ctx_size; /* of each runner; 0: the supervisor's default */
     int cache_type_k, cache_type_v;      /* of placements through this node (DT_F16) */
     int64_t api_per_client;              /* open API connections per client address; 0: the server's default */
+    int64_t bw_mib;                      /* --bandwidth-mib; 0: bw_dram_block's */
     bool no_api, no_worker, force_master;
     enum log_level level;
     const char *secret_file, *api_key_file;
@@ -185,6 +195,9 @@ struct node_app {
     pthread_t bw_thread;            /* measures the memory bandwidth once (worker nodes) */
     bool bw_started;
     int bw_threads;                 /* the runners' threads */
+    int64_t bw_mib;                 /* the block it reads */
+    atomic_bool bw_stop;            /* set at shut-down: the probe gives up */
+    char bw_cache[4200];            /* DATA_DIR/bandwidth.json (bwcache.h); "" when the path is too long */
     char err[1024];
 };
 
@@ -244,6 +257,7 @@ static int parse_opts(struct node_opts *o, int argc, char **argv)
         else if (args_opt(&a, "--log-file", &v)) o->log_file = v;
         else if (args_opt(&a, "--parallel", &v)) o->parallel = args_int(&a, "--parallel", v, 1, 256);
         else if (args_opt(&a, "-t|--threads", &v)) o->threads = args_int(&a, "--threads", v, 1, 512);
+        else if (args_opt(&a, "--bandwidth-mib", &v)) o->bw_mib = args_int(&a, "--bandwidth-mib", v, 1, 1 << 20);
         else if (args_opt(&a, "--ctx-size", &v)) o->ctx_size = args_int(&a, "--ctx-size", v, 16, 1 << 24);
         else if (args_opt(&a, "-ctk|--cache-type-k", &v)) o->cache_type_k = cli_kv_type(&a, "-ctk", v);
         else if (args_opt(&a, "-ctv|--cache-type-v", &v)) o->cache_type_v = cli_kv_type(&a, "-ctv", v);
@@ -470,6 +484,9 @@ static int create_worker(struct node_app *app, const struct node_opts *o, struct
     sc.runner_slots = (int)o->parallel;
     sc.runner_threads = (int)o->threads;
     app->bw_threads = o->threads > 0 ? (int)o->threads : RUNNER_DEFAULT_THREADS;
+    app->bw_mib = o->bw_mib > 0 ? o->bw_mib : (int64_t)(bw_dram_block(bw_llc_bytes(), (long long)mem_available()) >> 20);
+    if (snprintf(app->bw_cache, sizeof app->bw_cache, "%s/" BWCACHE_FILE, o->data_dir) >= (int)sizeof app->bw_cache)
+        app->bw_cache[0] = 0;
     sc.runner_ctx = o->ctx_size;
     if (worker_create(&app->worker, &sc, app->err, sizeof app->err)) {
         fprintf(stderr, "cairn node: worker: %s\n", app->err);
@@ -586,22 +603,47 @@ static int add_routes(struct node_app *app, const struct node_opts *o)
     return 0;
 }
 
-/* The block the bandwidth is read over: larger than most last-level caches, small beside
- * the models a node runs. */
-#define NODE_BW_PROBE_MIB 256
+/* Reads of each style in the node's probe (cairn bench takes 3). */
+#define NODE_BW_ROUNDS 2
 
-/* Measures how fast the runners' threads read memory, for placement's speed estimates
- * (ctl/estimate.h), and hands it to the node, which reports it with its info. */
+/* Measures how fast the runners' threads read DRAM, for placement's speed estimates
+ * (ctl/estimate.h), as `cairn bench` does (a block bw_dram_block sizes, every style), and
+ * hands it to the node, which reports it with its info. A reading kept in the data
+ * folder from an earlier start on the same CPU with the same threads and block is taken
+ * instead (bwcache.h). It runs beside the node's start; shut-down stops it. */
 static void *measure_bandwidth(void *arg)
 {
     struct node_app *app = arg;
+    struct bwcache_entry e = {0};
+    snprintf(e.key.cpu, sizeof e.key.cpu, "%s", cpu_features()->model);
+    e.key.threads = app->bw_threads;
+    e.key.block_mib = app->bw_mib;
+    char err[512];
+    int64_t now = (int64_t)time(NULL);
+    struct bwcache_entry kept;
+    if (app->bw_cache[0] && bwcache_read(app->bw_cache, &e.key, now, &kept, err, sizeof err) == 0) {
+        node_set_memory_bandwidth(app->node, (int64_t)kept.bytes_per_s);
+        log_info("cairn node %s: memory read bandwidth %.1f GB/s (%d threads, %s, %lld MiB block; kept in %s)",
+                 node_id(app->node), kept.bytes_per_s / 1e9, app->bw_threads, kept.style,
+                 (long long)app->bw_mib, app->bw_cache);
+        return NULL;
+    }
     struct pool *p = NULL;
     struct bw_reading r;
     if (pool_create(&p, app->bw_threads) == 0 &&
-        bw_probe(p, (size_t)NODE_BW_PROBE_MIB << 20, N_BW_STYLES, &r) == 0 && r.best > 0) {
+        bw_probe_until(p, (size_t)app->bw_mib << 20, NODE_BW_ROUNDS * N_BW_STYLES, &app->bw_stop, &r) == 0 &&
+        r.best > 0) {
         node_set_memory_bandwidth(app->node, (int64_t)r.best);
-        log_info("cairn node %s: memory read bandwidth %.1f GB/s (%d threads, %s)", node_id(app->node),
-                 r.best / 1e9, app->bw_threads, bw_style_name(r.best_style));
+        log_info("cairn node %s: memory read bandwidth %.1f GB/s (%d threads, %s, %lld MiB block; measured)",
+                 node_id(app->node), r.best / 1e9, app->bw_threads, bw_style_name(r.best_style),
+                 (long long)app->bw_mib);
+        e.bytes_per_s = r.best;
+        snprintf(e.style, sizeof e.style, "%s", bw_style_name(r.best_style));
+        e.taken_at = now;
+        if (app->bw_cache[0] && bwcache_write(app->bw_cache, &e, err, sizeof err))
+            log_warn("cairn node: %s", err);
+    } else if (!atomic_load(&app->bw_stop)) {
+        log_warn("cairn node: the memory bandwidth probe of %lld MiB failed", (long long)app->bw_mib);
     }
     pool_release(p);
     return NULL;
@@ -630,8 +672,10 @@ static void shut_down(struct node_app *app, int sig)
     gen_node_release(app->gen); /* requests still in flight end with an error */
     routes_cluster_release(app->routes);
     routes_files_release(app->files);
-    if (app->bw_started)
+    if (app->bw_started) {
+        atomic_store(&app->bw_stop, true);
         pthread_join(app->bw_thread, NULL);
+    }
     if (app->worker)
         worker_stop(app->worker); /* runners end before the node that reports them */
     if (sig)

@@ -22,6 +22,7 @@ struct engine {
     const struct model *m;
     struct engine_config cfg;
     struct pool *pool;
+    bool pool_borrowed; /* engine_config.pool: another engine's */
     const struct vec_ops *vec;
     int64_t q_dim, kv_dim;
 
@@ -700,7 +701,11 @@ int engine_create(struct engine **out, const struct model *m, const struct engin
         attn_set_scale(e->att, hp->attn_scale);
     if (ok && hp->n_expert == 0)
         e->tp_stats.weight_bytes = tp_weight_bytes(e);
-    if (!ok || pool_create(&e->pool, cfg->n_threads)) {
+    if (ok && cfg->pool) {
+        e->pool = cfg->pool;
+        e->pool_borrowed = true;
+    }
+    if (!ok || (!e->pool && pool_create(&e->pool, cfg->n_threads))) {
         engine_release(e);
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory for engine buffers (batch %d)", cfg->max_batch);
     }
@@ -712,7 +717,8 @@ void engine_release(struct engine *e)
 {
     if (!e)
         return;
-    pool_release(e->pool);
+    if (!e->pool_borrowed)
+        pool_release(e->pool);
     attn_release(e->att);
     moe_release(e->moe);
     float *bufs[] = {e->x, e->xn, e->tmp, e->q, e->attn, e->k, e->v, e->gate, e->up, e->rope_cs, e->rope_cs_swa};
@@ -741,6 +747,8 @@ int64_t engine_max_ctx(const struct engine *e) { return e->cfg.max_ctx; }
 struct engine_tp_stats engine_get_tp_stats(const struct engine *e) { return e->tp_stats; }
 
 unsigned long long engine_dispatches(const struct engine *e) { return pool_dispatches(e->pool); }
+
+struct pool *engine_pool(const struct engine *e) { return e->pool; }
 
 struct moe_stats engine_moe_stats(const struct engine *e)
 {

@@ -44,11 +44,18 @@ struct engine_tp {
 
 #define ENGINE_TP_MAX MODEL_TP_MAX
 
+struct pool;
+
 struct engine_config {
     int n_threads;   /* >= 1 */
     int max_batch;   /* largest batch engine_forward accepts */
     int64_t max_ctx; /* longest sequence (positions) attention will see */
     struct engine_tp tp; /* zero: one node */
+    /* Borrowed: run on this pool (another engine's, engine_pool) instead of making one, so
+     * that a draft and its target, which run in turn on one thread, share their threads
+     * and never leave a second pool's threads spinning beside the working one. The pool's
+     * owner must outlive this engine and never run at the same time. NULL: its own. */
+    struct pool *pool;
 };
 
 /* A batch of n tokens. Tokens of one sequence must have consecutive positions in
@@ -73,6 +80,9 @@ struct engine;
 int engine_create(struct engine **out, const struct model *m, const struct engine_config *cfg,
                   char *err, size_t errlen);
 void engine_release(struct engine *e); /* accepts NULL */
+
+/* The pool e's forwards run on (for engine_config.pool of an engine run in turn with e). */
+struct pool *engine_pool(const struct engine *e);
 
 /* The KV cache type of a name ("f16", "f32", "q8_0", "q4_0", any case, as llama.cpp's
  * -ctk/-ctv), or CAIRN_EINVAL. */

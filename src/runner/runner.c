@@ -1115,6 +1115,10 @@ static int set_draft(struct runner *r, const char *path, int k, char *err, size_
     if (path && path[0] && k > 0) {
         struct model_load_opts lo = {.layer_begin = 0, .layer_end = -1};
         struct engine_config ec = {.n_threads = r->cfg.threads, .max_batch = r->max_batch, .max_ctx = r->ctx};
+        /* One node: the draft runs on the target's threads, in turn with it (a pipeline's
+         * or tensor rank 0's target forwards may overlap the draft's: a pool of its own). */
+        if (r->e && !r->pipe && !r->tp)
+            ec.pool = engine_pool(r->e);
         if ((rc = model_load(&m, path, &lo, err, errlen)) || (rc = vocab_compatible(r->m->file, m->file, err, errlen)) ||
             (rc = engine_create(&e, m, &ec, err, errlen)))
             goto fail;

@@ -243,6 +243,8 @@ void start_node(int i, int peer, const char *secret, const char *memory,
     argv[k++] = "--memory-limit";
     argv[k++] = (char *)memory;
     argv[k++] = "-v";
+    argv[k++] = "--bandwidth-mib"; /* a short probe: the default reads 1-8 GiB */
+    argv[k++] = "64";
     if (secret) {
         argv[k++] = "--cluster-secret";
         argv[k++] = (char *)secret;

@@ -546,6 +546,57 @@ static void test_forged_output(void)
     p->pid = 0;
 }
 
+/* Waits (20 s at most) until node i's log holds s. */
+static bool wait_log(int i, const char *s)
+{
+    bool found = false;
+    for (double t0 = now_s(); now_s() - t0 < 20 && !(found = file_has(nodes[i].log, s)); sleep_ms(100))
+        ;
+    return found;
+}
+
+/* The reading of DATA_DIR/bandwidth.json: its block and bytes/s (0 when unreadable). */
+static double kept_bandwidth(int i, int64_t *block_mib)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/data%d/bandwidth.json", nodes_dir, i);
+    json_t *j = json_load_file(path, 0, NULL);
+    double bps = j ? json_real_value(json_object_get(j, "bytes_per_s")) : 0;
+    *block_mib = j ? json_integer_value(json_object_get(j, "block_mib")) : 0;
+    json_decref(j);
+    return bps;
+}
+
+/* A node measures its memory bandwidth once and keeps it in its data folder: started
+ * again, it takes the kept reading; with another block it measures again. (/state
+ * cannot tell: a node started again replays its earlier info from its event log.) */
+static void test_bandwidth_kept(void)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/data5/bandwidth.json", nodes_dir);
+    remove(path);
+    start_node(5, -1, NULL, "2G", NULL);
+    CHECK(wait_log(5, "64 MiB block; measured)"), "node 5 measured its bandwidth over the 64 MiB block");
+    int64_t mib = 0;
+    double kept = 0;
+    for (double t0 = now_s(); now_s() - t0 < 10 && (kept = kept_bandwidth(5, &mib)) == 0; sleep_ms(100))
+        ; /* the file is written just after the figure is logged */
+    CHECK(kept > 0 && mib == 64, "bandwidth.json holds the reading (%.0f bytes/s over %lld MiB)", kept,
+          (long long)mib);
+    stop_node(5);
+    start_node(5, -1, NULL, "2G", NULL);
+    CHECK(wait_log(5, "; kept in "), "started again, node 5 took the kept reading");
+    CHECK(!file_has(nodes[5].log, "measured)"), "and did not measure again");
+    stop_node(5);
+    const char *other[] = {"--bandwidth-mib", "32", NULL};
+    start_node(5, -1, NULL, "2G", other);
+    CHECK(wait_log(5, "32 MiB block; measured)"), "with a 32 MiB block node 5 measured again");
+    for (double t0 = now_s(); now_s() - t0 < 10 && (kept_bandwidth(5, &mib) == 0 || mib != 32); sleep_ms(100))
+        ;
+    CHECK(mib == 32, "and kept that reading (block %lld MiB)", (long long)mib);
+    stop_node(5);
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -559,6 +610,7 @@ int main(int argc, char **argv)
     RUN(test_api_exposed);
     RUN(test_exhaustion);
     RUN(test_forged_output);
+    RUN(test_bandwidth_kept);
 
     /* Three nodes join through node 0. */
     double t0 = now_s();

@@ -202,7 +202,8 @@ export async function startNode(dir, modelsDir, { parallel, args = [], expectMod
   const logPath = path.join(dir, `${name}.log`);
   const logFd = fs.openSync(logPath, 'a');
   const argv = [...command, '--api-host', '127.0.0.1', '--api-port', '0', '--bind', '127.0.0.1', '--cluster-port', '0',
-    '--discovery', 'off', '--models-dir', modelsDir, '--data-dir', dataDir];
+    '--discovery', 'off', '--models-dir', modelsDir, '--data-dir', dataDir,
+    '--bandwidth-mib', '64']; // a short probe: the default reads 1-8 GiB
   if (parallel)
     argv.push('--parallel', String(parallel));
   argv.push(...args);

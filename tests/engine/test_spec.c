@@ -117,11 +117,21 @@ static int fixture_open(struct fixture *fx)
     for (int i = 0; i < N_MODELS; i++) {
         bool small = i == M_SMALL || i == M_SMALL_DRAFT;
         struct engine_config ec = {.n_threads = 1, .max_batch = small ? 512 : MAX_BATCH, .max_ctx = CTX};
+        /* The target and its 2-layer draft run on 2 threads of one pool, as in a runner
+         * (engine_config.pool): every test with that draft checks the target's tokens. */
+        if (i == M_TARGET || i == M_LAYERS)
+            ec.n_threads = 2;
+        if (i == M_LAYERS)
+            ec.pool = engine_pool(fx->e[M_TARGET]);
         if (model_load(&fx->m[i], fx->path[i], NULL, err, sizeof err) ||
             engine_create(&fx->e[i], fx->m[i], &ec, err, sizeof err)) {
             fprintf(stderr, "fixture: %s: %s\n", model_names[i], err);
             return -1;
         }
+    }
+    if (engine_pool(fx->e[M_LAYERS]) != engine_pool(fx->e[M_TARGET])) {
+        fprintf(stderr, "fixture: the draft of 2 layers does not run on the target's pool\n");
+        return -1;
     }
     if (tok_load(&fx->tok, fx->m[M_TARGET]->file, err, sizeof err)) {
         fprintf(stderr, "fixture: %s\n", err);
@@ -132,7 +142,7 @@ static int fixture_open(struct fixture *fx)
 
 static void fixture_close(struct fixture *fx)
 {
-    for (int i = 0; i < N_MODELS; i++) {
+    for (int i = N_MODELS - 1; i >= 0; i--) { /* the draft of 2 layers before the target whose pool it uses */
         engine_release(fx->e[i]);
         model_release(fx->m[i]);
         unlink(fx->path[i]);
