@@ -28,6 +28,28 @@ static int64_t proc_kb(const char *path, const char *key)
 }
 
 int64_t mem_available(void) { return proc_kb("/proc/meminfo", "MemAvailable:"); }
+/* The first number in a one-line file (cgroup v2's memory.max, memory.current); -1 when
+ * the file is missing or says "max". */
+static int64_t file_number(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    long long v = -1;
+    if (fscanf(f, "%lld", &v) != 1 || v < 0)
+        v = -1;
+    fclose(f);
+    return v;
+}
+
+int64_t mem_cgroup_free(void)
+{
+    int64_t max = file_number("/sys/fs/cgroup/memory.max"), cur = file_number("/sys/fs/cgroup/memory.current");
+    if (max < 0)
+        return -1;
+    return cur >= 0 && cur < max ? max - cur : 0;
+}
+
 int64_t mem_total(void) { return proc_kb("/proc/meminfo", "MemTotal:"); }
 int64_t mem_rss(void) { return proc_kb("/proc/self/status", "VmRSS:"); }
 int64_t mem_peak_rss(void) { return proc_kb("/proc/self/status", "VmHWM:"); }

@@ -7,6 +7,10 @@
 
 /* MemAvailable of /proc/meminfo in bytes, or -1 when unknown. */
 int64_t mem_available(void);
+/* What the cgroup v2 this process runs in (a container, a systemd unit) still lets it
+ * use, in bytes: memory.max less memory.current; -1 when it sets no limit or there is no
+ * such file. MemAvailable shows the host's memory inside a container; this does not. */
+int64_t mem_cgroup_free(void);
 /* MemTotal in bytes, or -1. */
 int64_t mem_total(void);
 /* Resident set of this process now (VmRSS) and at its peak (VmHWM), in bytes, or -1. */

@@ -472,6 +472,18 @@ static int runner_wrapped(const char **argv)
 
 /* Makes the worker that runs this node's runners, and names it in nc; 0, or 1 (message
  * printed). */
+/* The memory the start-up probe may size its block from (bw_dram_block takes a quarter):
+ * MemAvailable, or less where a cgroup (a container) or --memory-limit allows less. */
+static int64_t probe_room(const struct node_opts *o)
+{
+    int64_t room = mem_available(), cg = mem_cgroup_free();
+    if (cg >= 0 && (room < 0 || cg < room))
+        room = cg;
+    if (o->memory_limit > 0 && (room < 0 || o->memory_limit < room))
+        room = o->memory_limit;
+    return room;
+}
+
 static int create_worker(struct node_app *app, const struct node_opts *o, struct node_config *nc)
 {
     /* Runners are this same binary: `cairn runner`, one per placed shard of this node. */
@@ -484,7 +496,7 @@ static int create_worker(struct node_app *app, const struct node_opts *o, struct
     sc.runner_slots = (int)o->parallel;
     sc.runner_threads = (int)o->threads;
     app->bw_threads = o->threads > 0 ? (int)o->threads : RUNNER_DEFAULT_THREADS;
-    app->bw_mib = o->bw_mib > 0 ? o->bw_mib : (int64_t)(bw_dram_block(bw_llc_bytes(), (long long)mem_available()) >> 20);
+    app->bw_mib = o->bw_mib > 0 ? o->bw_mib : (int64_t)(bw_dram_block(bw_llc_bytes(), (long long)probe_room(o)) >> 20);
     if (snprintf(app->bw_cache, sizeof app->bw_cache, "%s/" BWCACHE_FILE, o->data_dir) >= (int)sizeof app->bw_cache)
         app->bw_cache[0] = 0;
     sc.runner_ctx = o->ctx_size;
@@ -621,7 +633,10 @@ static void *measure_bandwidth(void *arg)
     char err[512];
     int64_t now = (int64_t)time(NULL);
     struct bwcache_entry kept;
-    if (app->bw_cache[0] && bwcache_read(app->bw_cache, &e.key, now, &kept, err, sizeof err) == 0) {
+    int krc = app->bw_cache[0] ? bwcache_read(app->bw_cache, &e.key, now, &kept, err, sizeof err) : CAIRN_ENOTFOUND;
+    if (krc != 0 && krc != CAIRN_ENOTFOUND && krc != CAIRN_ESTATE)
+        log_warn("cairn node: %s; measuring again", err);
+    if (krc == 0) {
         node_set_memory_bandwidth(app->node, (int64_t)kept.bytes_per_s);
         log_info("cairn node %s: memory read bandwidth %.1f GB/s (%d threads, %s, %lld MiB block; kept in %s)",
                  node_id(app->node), kept.bytes_per_s / 1e9, app->bw_threads, kept.style,
@@ -630,6 +645,9 @@ static void *measure_bandwidth(void *arg)
     }
     struct pool *p = NULL;
     struct bw_reading r;
+    /* A runner loading or serving beside the probe lowers its reading: such a reading
+     * serves this run but is not kept for later starts. */
+    bool alone = worker_count(app->worker) == 0;
     if (pool_create(&p, app->bw_threads) == 0 &&
         bw_probe_until(p, (size_t)app->bw_mib << 20, NODE_BW_ROUNDS * N_BW_STYLES, &app->bw_stop, &r) == 0 &&
         r.best > 0) {
@@ -640,8 +658,11 @@ static void *measure_bandwidth(void *arg)
         e.bytes_per_s = r.best;
         snprintf(e.style, sizeof e.style, "%s", bw_style_name(r.best_style));
         e.taken_at = now;
-        if (app->bw_cache[0] && bwcache_write(app->bw_cache, &e, err, sizeof err))
+        alone = alone && worker_count(app->worker) == 0;
+        if (app->bw_cache[0] && alone && bwcache_write(app->bw_cache, &e, err, sizeof err))
             log_warn("cairn node: %s", err);
+        else if (!alone)
+            log_info("cairn node: runners ran beside the probe; its reading is not kept for the next start");
     } else if (!atomic_load(&app->bw_stop)) {
         log_warn("cairn node: the memory bandwidth probe of %lld MiB failed", (long long)app->bw_mib);
     }

@@ -637,6 +637,10 @@ int engine_create(struct engine **out, const struct model *m, const struct engin
     *out = NULL;
     if (cfg->n_threads < 1 || cfg->max_batch < 1 || cfg->max_ctx < 1)
         return cairn_fail(err, errlen, CAIRN_EINVAL, "engine needs threads, max_batch and max_ctx >= 1");
+    /* per-thread buffers (attention's among them) are sized by n_threads */
+    if (cfg->pool && pool_threads(cfg->pool) != cfg->n_threads)
+        return cairn_fail(err, errlen, CAIRN_EINVAL, "a borrowed pool of %d threads for an engine of %d",
+                          pool_threads(cfg->pool), cfg->n_threads);
     struct engine *e = calloc(1, sizeof *e);
     if (!e)
         return cairn_fail(err, errlen, CAIRN_ENOMEM, "out of memory");

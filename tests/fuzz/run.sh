@@ -21,6 +21,7 @@ declare -A srcs=(
   [fuzz_host]="src/api/hosts.c"
   [fuzz_jointoken]="src/net/jointoken.c src/base/err.c"
   [fuzz_hubref]="src/node/hubref.c src/base/err.c"
+  [fuzz_bwcache]="src/node/bwcache.c src/base/*.c"
   [fuzz_link]="src/net/link_wire.c src/base/*.c"
   [fuzz_json_scan]="src/api/json_scan.c"
   [fuzz_gguf]="src/gguf/*.c src/model/arch.c src/base/*.c"

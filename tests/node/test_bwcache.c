@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char path[256];
@@ -78,16 +79,21 @@ static void test_damaged(void)
         CHECK(rc == CAIRN_EFORMAT, "the first %zu bytes: %d (%s)", n, rc, err);
     }
     CHECK_EQ_INT(refused, (int)strlen(good));
+    /* each with one field wrong (6e10 is a good bandwidth) */
     const char *bad[] = {
         "[]",
-        "{\"cpu\": 7, \"threads\": 2, \"block_mib\": 2032, \"bytes_per_s\": 1.0, \"style\": \"x\", \"taken_at\": 1}",
-        "{\"cpu\": \"c\", \"threads\": 0, \"block_mib\": 2032, \"bytes_per_s\": 1.0, \"style\": \"x\", \"taken_at\": 1}",
-        "{\"cpu\": \"c\", \"threads\": 2, \"block_mib\": -1, \"bytes_per_s\": 1.0, \"style\": \"x\", \"taken_at\": 1}",
+        "{\"cpu\": 7, \"threads\": 2, \"block_mib\": 2032, \"bytes_per_s\": 6e10, \"style\": \"x\", \"taken_at\": 1}",
+        "{\"cpu\": \"c\", \"threads\": 0, \"block_mib\": 2032, \"bytes_per_s\": 6e10, \"style\": \"x\", \"taken_at\": 1}",
+        "{\"cpu\": \"c\", \"threads\": 2, \"block_mib\": -1, \"bytes_per_s\": 6e10, \"style\": \"x\", \"taken_at\": 1}",
         "{\"cpu\": \"c\", \"threads\": 2, \"block_mib\": 2032, \"bytes_per_s\": -5.0, \"style\": \"x\", \"taken_at\": 1}",
         "{\"cpu\": \"c\", \"threads\": 2, \"block_mib\": 2032, \"bytes_per_s\": 1e300, \"style\": \"x\", \"taken_at\": 1}",
+        /* figures that would become 0 ("not measured") or a few bytes a second */
+        "{\"cpu\": \"c\", \"threads\": 2, \"block_mib\": 2032, \"bytes_per_s\": 1e-300, \"style\": \"x\", \"taken_at\": 1}",
+        "{\"cpu\": \"c\", \"threads\": 2, \"block_mib\": 2032, \"bytes_per_s\": 0.5, \"style\": \"x\", \"taken_at\": 1}",
+        "{\"cpu\": \"c\", \"threads\": 2, \"block_mib\": 2032, \"bytes_per_s\": 1.0, \"style\": \"x\", \"taken_at\": 1}",
         "{\"cpu\": \"c\", \"threads\": 2, \"block_mib\": 2032, \"bytes_per_s\": \"fast\", \"style\": \"x\", \"taken_at\": 1}",
-        "{\"cpu\": \"c\", \"threads\": 2, \"block_mib\": 2032, \"bytes_per_s\": 1.0, \"taken_at\": 1}",
-        "{\"cpu\": \"c\", \"cpu\": \"d\", \"threads\": 2, \"block_mib\": 2032, \"bytes_per_s\": 1.0, \"style\": \"x\", "
+        "{\"cpu\": \"c\", \"threads\": 2, \"block_mib\": 2032, \"bytes_per_s\": 6e10, \"taken_at\": 1}",
+        "{\"cpu\": \"c\", \"cpu\": \"d\", \"threads\": 2, \"block_mib\": 2032, \"bytes_per_s\": 6e10, \"style\": \"x\", "
         "\"taken_at\": 1}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -97,6 +103,30 @@ static void test_damaged(void)
     }
 }
 
+/* What is not a small regular file is refused without being read: a FIFO (whose open or
+ * read would block the node's shut-down), a directory, a file larger than any reading. */
+static void test_not_a_file(void)
+{
+    struct bwcache_entry e = entry(), got;
+    char err[256] = "";
+    remove(path);
+    CHECK_EQ_INT(mkfifo(path, 0600), 0);
+    CHECK_EQ_INT(bwcache_read(path, &e.key, e.taken_at, &got, err, sizeof err), CAIRN_EFORMAT);
+    remove(path);
+    CHECK_EQ_INT(mkdir(path, 0700), 0);
+    CHECK_EQ_INT(bwcache_read(path, &e.key, e.taken_at, &got, err, sizeof err), CAIRN_EFORMAT);
+    rmdir(path);
+    /* a good reading padded with spaces past the limit */
+    char big[8192];
+    int n = snprintf(big, sizeof big, "{\"cpu\": \"Test CPU 9000\", \"threads\": 2, \"block_mib\": 2032, "
+                     "\"bytes_per_s\": 61250000000.0, \"style\": \"8 streams\", \"taken_at\": 1000000}");
+    write_text(big, (size_t)n);
+    CHECK_EQ_INT(bwcache_read(path, &e.key, e.taken_at, &got, err, sizeof err), 0);
+    memset(big + n, ' ', sizeof big - (size_t)n);
+    write_text(big, sizeof big);
+    CHECK_EQ_INT(bwcache_read(path, &e.key, e.taken_at, &got, err, sizeof err), CAIRN_EFORMAT);
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -104,6 +134,7 @@ int main(int argc, char **argv)
     RUN(test_round_trip);
     RUN(test_misses);
     RUN(test_damaged);
+    RUN(test_not_a_file);
     remove(path);
     return test_main_end();
 }
