@@ -17,17 +17,6 @@
 /* The weight type that stands for each activation kind when quantizing. */
 static const int kind_type[N_KINDS] = {DT_F32, DT_Q8_0, DT_Q4_K};
 
-/* One product of a step: a matrix over B activation rows. */
-struct moe_item {
-    const struct kern_mat *m;
-    const void *xq;
-    size_t ldx;
-    int B;
-    float *y;
-    size_t ldy;
-    long unit_rows;
-};
-
 struct moe {
     int n_embd, n_expert, n_used, n_ff;
     bool norm;
@@ -48,8 +37,6 @@ struct moe {
     size_t xrow[N_KINDS], hrow[N_KINDS];
     float *gate, *up;   /* (max_batch * n_used, n_ff) gathered */
     float *out;         /* (max_batch * n_used, n_embd) gathered */
-    struct moe_item *items; /* 1: the router's product over a large batch */
-    long *first_unit;       /* 2 */
     struct moe_stats stats;
 };
 
@@ -85,10 +72,8 @@ int moe_create(struct moe **out, const struct model_hparams *hp, int max_batch)
     mo->gate = zalloc(R * (size_t)mo->n_ff * sizeof(float));
     mo->up = zalloc(R * (size_t)mo->n_ff * sizeof(float));
     mo->out = zalloc(R * (size_t)mo->n_embd * sizeof(float));
-    mo->items = zalloc(sizeof *mo->items);
-    mo->first_unit = zalloc(2 * sizeof *mo->first_unit);
     bool ok = mo->logits && mo->sel && mo->w && mo->row && mo->count && mo->first && mo->chosen && mo->row_token &&
-              mo->row_expert && mo->gate && mo->up && mo->out && mo->items && mo->first_unit;
+              mo->row_expert && mo->gate && mo->up && mo->out;
     for (int k = 0; k < N_KINDS && ok; k++) {
         int blk = dtype_info(kind_type[k])->block_elems;
         if (mo->n_embd % blk == 0) {
@@ -116,7 +101,7 @@ void moe_release(struct moe *mo)
     if (!mo)
         return;
     void *bufs[] = {mo->logits, mo->sel, mo->w, mo->row, mo->count, mo->first, mo->chosen, mo->row_token, mo->row_expert,
-                    mo->gate, mo->up, mo->out, mo->items, mo->first_unit};
+                    mo->gate, mo->up, mo->out};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     for (int k = 0; k < N_KINDS; k++) {
@@ -131,56 +116,8 @@ struct moe_stats moe_get_stats(const struct moe *mo) { return mo->stats; }
 
 /* ---- products: many matrices, each over its own rows ---- */
 
-/* A unit is a run of rows of one item (about UNIT_BYTES of weights, a multiple of the
- * matrix's row alignment); threads claim units one at a time. Each output row is
- * computed whole by one kern_matmul call, so which thread takes it changes no bit. */
+/* A unit of the experts' products is about UNIT_BYTES of weights (unit_rows). */
 #define UNIT_BYTES (48 << 10)
-
-struct mm_job {
-    const struct moe_item *items;
-    const long *first_unit; /* item i's units are [first_unit[i], first_unit[i+1]) */
-    int n_items;
-    _Atomic long next;
-};
-
-static void mm_run(void *ctx, int ith, int nth)
-{
-    (void)ith;
-    (void)nth;
-    struct mm_job *j = ctx;
-    long total = j->first_unit[j->n_items];
-    for (long u; (u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < total;) {
-        int lo = 0, hi = j->n_items - 1; /* the item whose units hold u */
-        while (lo < hi) {
-            int mid = (lo + hi + 1) / 2;
-            if (j->first_unit[mid] <= u)
-                lo = mid;
-            else
-                hi = mid - 1;
-        }
-        const struct moe_item *it = &j->items[lo];
-        int64_t rows = kern_mat_rows(it->m);
-        int64_t r0 = (u - j->first_unit[lo]) * it->unit_rows, r1 = r0 + it->unit_rows;
-        kern_matmul(it->m, it->xq, it->ldx, it->B, it->y, it->ldy, r0, r1 < rows ? r1 : rows);
-    }
-}
-
-static void run_items(struct moe *mo, struct pool *pool, int n_items)
-{
-    mo->first_unit[0] = 0;
-    for (int i = 0; i < n_items; i++) {
-        struct moe_item *it = &mo->items[i];
-        int64_t rows = kern_mat_rows(it->m);
-        long align = kern_mat_row_align(it->m);
-        size_t row_bytes = kern_mat_bytes(it->m) / (size_t)(rows > 0 ? rows : 1);
-        long n = (long)(UNIT_BYTES / (row_bytes ? row_bytes : 1)) / align * align;
-        it->unit_rows = n < align ? align : n;
-        mo->first_unit[i + 1] = mo->first_unit[i] + (long)((rows + it->unit_rows - 1) / it->unit_rows);
-    }
-    struct mm_job j = {.items = mo->items, .first_unit = mo->first_unit, .n_items = n_items};
-    atomic_init(&j.next, 0);
-    pool_run(pool, mm_run, &j);
-}
 
 /* ---- element-wise steps, split by rows ---- */
 
@@ -491,9 +428,35 @@ static long unit_rows(size_t row_bytes, long align)
     return n < align ? align : n;
 }
 
-/* Up to this many bytes of router products (B rows by its weights) run on the calling
- * thread: a decode step's router is a few microseconds of work, less than a dispatch. */
-#define ROUTE_ALONE_BYTES (4 << 20)
+/* The router's product with the experts' inputs quantized, in one dispatch: each thread
+ * quantizes its share of the batch's rows for gate and up, then claims runs of the
+ * router's rows (guided, as the experts' products). The router reads x itself when its
+ * activations are F32 (a float router: every qwen3moe and gpt-oss file); otherwise its
+ * input was quantized before. A decode step's router is 1 MiB of F32 weights a layer in
+ * Qwen3-30B-A3B: on the calling thread alone it read at one thread's share of memory
+ * while the others waited (5% of a token). Each logit is one kern_matmul row whichever
+ * thread computes it, so the split changes no bit. */
+struct route_job {
+    struct rows_job q;       /* the kinds still to quantize (gate's and up's) */
+    const struct kern_mat *router;
+    const void *xr;          /* the router's input rows */
+    size_t ldx;
+    long rows, align;        /* the router's rows (n_expert), claimed in multiples of align */
+    _Atomic long next;
+};
+
+static void route_run(void *ctx, int ith, int nth)
+{
+    struct route_job *j = ctx;
+    struct moe *mo = j->q.mo;
+    quant_x_run(&j->q, ith, nth);
+    long units = (j->rows + j->align - 1) / j->align, lo, hi;
+    while (claim_units(&j->next, units, nth, &lo, &hi)) {
+        int64_t r1 = hi * j->align;
+        kern_matmul(j->router, j->xr, j->ldx, j->q.n, mo->logits, (size_t)mo->n_expert, lo * j->align,
+                    r1 < j->rows ? r1 : j->rows);
+    }
+}
 
 /* Down runs by experts, with the combination on the calling thread (choices x n_embd
  * multiply-adds), while the batch makes at most this many choices: a decode batch of up
@@ -511,18 +474,23 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
     int k_down = kern_act_kind(kern_mat_type(L->exp_down[0]));
     int64_t t0 = clock_ns(), t1;
 
-    /* the batch's rows quantized for the router and the experts, then the router logits */
-    struct rows_job qj = {.mo = mo, .vec = vec, .x = x, .n = B, .kind = {k_router, k_gate, k_up}};
-    if ((size_t)B * kern_mat_bytes(L->router) <= ROUTE_ALONE_BYTES) {
-        quant_x_run(&qj, 0, 1);
-        kern_matmul(L->router, mo->xq[k_router], mo->xrow[k_router], B, mo->logits, (size_t)mo->n_expert, 0,
-                    kern_mat_rows(L->router));
+    /* the router's logits, and the batch's rows quantized for the experts */
+    struct route_job rj = {.q = {.mo = mo, .vec = vec, .x = x, .n = B, .kind = {-1, k_gate, k_up}},
+                           .router = L->router, .rows = kern_mat_rows(L->router),
+                           .align = kern_mat_row_align(L->router)};
+    if (k_router == KERN_ACT_F32) {
+        rj.xr = x;
+        rj.ldx = (size_t)mo->n_embd * sizeof(float);
     } else {
-        pool_run(pool, quant_x_run, &qj);
-        mo->items[0] = (struct moe_item){L->router, mo->xq[k_router], mo->xrow[k_router], B, mo->logits,
-                                         (size_t)mo->n_expert, 0};
-        run_items(mo, pool, 1);
+        struct rows_job qr = {.mo = mo, .vec = vec, .x = x, .n = B, .kind = {k_router, -1, -1}};
+        pool_run(pool, quant_x_run, &qr);
+        rj.xr = mo->xq[k_router];
+        rj.ldx = mo->xrow[k_router];
+        rj.q.kind[1] = k_gate == k_router ? -1 : k_gate; /* the kinds not yet quantized */
+        rj.q.kind[2] = k_up == k_router || k_up == k_gate ? -1 : k_up;
     }
+    atomic_init(&rj.next, 0);
+    pool_run(pool, route_run, &rj);
 
     /* choices, grouped by expert: gathered rows in expert order, tokens ascending */
     memset(mo->count, 0, (size_t)mo->n_expert * sizeof *mo->count);
