@@ -37,6 +37,8 @@ struct moe {
     size_t xrow[N_KINDS], hrow[N_KINDS];
     float *gate, *up;   /* (max_batch * n_used, n_ff) gathered */
     float *out;         /* (max_batch * n_used, n_embd) gathered */
+    long groups_max;    /* n_ff / 32 + 1: activation groups of an expert, blocks of 32 or more */
+    _Atomic int *group_left; /* (n_expert, groups_max): gu_job's counts */
     struct moe_stats stats;
 };
 
@@ -72,8 +74,10 @@ int moe_create(struct moe **out, const struct model_hparams *hp, int max_batch)
     mo->gate = zalloc(R * (size_t)mo->n_ff * sizeof(float));
     mo->up = zalloc(R * (size_t)mo->n_ff * sizeof(float));
     mo->out = zalloc(R * (size_t)mo->n_embd * sizeof(float));
+    mo->groups_max = mo->n_ff / 32 + 1;
+    mo->group_left = zalloc((size_t)mo->n_expert * (size_t)mo->groups_max * sizeof *mo->group_left);
     bool ok = mo->logits && mo->sel && mo->w && mo->row && mo->count && mo->first && mo->chosen && mo->row_token &&
-              mo->row_expert && mo->gate && mo->up && mo->out;
+              mo->row_expert && mo->gate && mo->up && mo->out && mo->group_left;
     for (int k = 0; k < N_KINDS && ok; k++) {
         int blk = dtype_info(kind_type[k])->block_elems;
         if (mo->n_embd % blk == 0) {
@@ -101,7 +105,7 @@ void moe_release(struct moe *mo)
     if (!mo)
         return;
     void *bufs[] = {mo->logits, mo->sel, mo->w, mo->row, mo->count, mo->first, mo->chosen, mo->row_token, mo->row_expert,
-                    mo->gate, mo->up, mo->out};
+                    mo->gate, mo->up, mo->out, (void *)mo->group_left};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     for (int k = 0; k < N_KINDS; k++) {
@@ -240,10 +244,19 @@ static void route(struct moe *mo, const struct model_layer *L, int b)
 /* ---- the experts' products, fused with the element-wise steps around them ---- */
 
 /* Gate and up with the activation: a unit is the columns [c0, c1) of h (rows of the gate
- * and up matrices) of one chosen expert over all the tokens that chose it. c0 and c1 are
- * multiples of the down input's activation block, so the unit applies the activation to
- * its columns and quantizes their whole blocks itself (a block's quantization reads that
- * block alone): no pass over h after the products, and one dispatch for all of it. */
+ * and up matrices) of one chosen expert over all the tokens that chose it. The activation
+ * and h's quantization for down run by groups of columns, each a whole number of the
+ * down input's activation blocks (a block's quantization reads that block alone): no pass
+ * over h after the products, and one dispatch for all of it.
+ *  - units of a group or more (a group is a unit): the unit applies the activation to
+ *    its own columns;
+ *  - units smaller than a block (Qwen3-30B-A3B: a Q8_K block of h is 256 columns, 576
+ *    KiB of gate and up in Q4_K, three a chosen expert, so the last claims of a step
+ *    were 576 KiB and a thread waited for the other at the end of each layer): a group
+ *    is one block, and whichever thread finishes the group's last unit (a count per
+ *    group) applies the activation to the whole group, reading what the other threads
+ *    wrote before their count went down.
+ * Either way each value of h is the same sequence of operations. */
 struct gu_job {
     struct moe *mo;
     const struct model_layer *L;
@@ -252,6 +265,10 @@ struct gu_job {
     int n_sel;               /* chosen experts, ascending, in mo->chosen */
     long cols;               /* columns of h per unit */
     long units_per_expert;
+    long group;              /* columns of an activation group (a multiple of cols, or cols) */
+    long groups_per_expert;
+    _Atomic int *left;       /* units not yet done of each group (chosen index x group), or
+                                NULL when a unit is a group */
     _Atomic long next;
 };
 
@@ -264,22 +281,33 @@ static bool claim_units(_Atomic long *next, long total, int nth, long *lo, long 
     return pool_claim(next, total, 1, nth, lo, hi);
 }
 
-/* Gate and up of one expert over columns [c0, c1) of h, with the activation of those
- * columns and their quantization for down. */
+/* Gate and up of one expert over columns [c0, c1) of h. */
 static void gate_up_cols(struct gu_job *j, int e, int64_t c0, int64_t c1)
 {
     struct moe *mo = j->mo;
     const struct model_layer *L = j->L;
     int64_t n_ff = mo->n_ff;
-    size_t xg_row = mo->xrow[j->k_gate], xu_row = mo->xrow[j->k_up], h_row = mo->hrow[j->k_down];
-    int blk = dtype_info(kind_type[j->k_down])->block_elems;
-    size_t blk_bytes = kern_act_row_bytes(kind_type[j->k_down], blk);
+    size_t xg_row = mo->xrow[j->k_gate], xu_row = mo->xrow[j->k_up];
     size_t r0 = (size_t)mo->first[e];
     int cnt = mo->first[e + 1] - mo->first[e];
     kern_matmul(L->exp_gate[e], (char *)mo->xg[j->k_gate] + r0 * xg_row, xg_row, cnt, mo->gate + r0 * n_ff,
                 (size_t)n_ff, c0, c1);
     kern_matmul(L->exp_up[e], (char *)mo->xg[j->k_up] + r0 * xu_row, xu_row, cnt, mo->up + r0 * n_ff, (size_t)n_ff,
                 c0, c1);
+}
+
+/* The activation of one expert's columns [c0, c1) of h and their quantization for down
+ * (c0 and c1 on the down input's block boundaries, or c1 = n_ff). */
+static void act_cols(struct gu_job *j, int e, int64_t c0, int64_t c1)
+{
+    struct moe *mo = j->mo;
+    const struct model_layer *L = j->L;
+    int64_t n_ff = mo->n_ff;
+    size_t h_row = mo->hrow[j->k_down];
+    int blk = dtype_info(kind_type[j->k_down])->block_elems;
+    size_t blk_bytes = kern_act_row_bytes(kind_type[j->k_down], blk);
+    size_t r0 = (size_t)mo->first[e];
+    int cnt = mo->first[e + 1] - mo->first[e];
     for (size_t r = r0; r < r0 + (size_t)cnt; r++) {
         float *g = mo->gate + r * n_ff + c0;
         const float *up = mo->up + r * n_ff + c0;
@@ -289,6 +317,28 @@ static void gate_up_cols(struct gu_job *j, int e, int64_t c0, int64_t c1)
             j->vec->silu_mul(g, up, c1 - c0);
         kern_act_quantize(kind_type[j->k_down], g, (char *)mo->hq[j->k_down] + r * h_row + (size_t)(c0 / blk) * blk_bytes,
                           c1 - c0);
+    }
+}
+
+/* Gate and up of chosen expert i over [c0, c1) (whole units), then the activation of
+ * every group of it that they complete. */
+static void gate_up_piece(struct gu_job *j, long i, int64_t c0, int64_t c1)
+{
+    int e = j->mo->chosen[i];
+    gate_up_cols(j, e, c0, c1);
+    if (!j->left) {
+        act_cols(j, e, c0, c1);
+        return;
+    }
+    int64_t n_ff = j->mo->n_ff;
+    for (int64_t g0 = c0 / j->group * j->group; g0 < c1; g0 += j->group) {
+        int64_t g1 = g0 + j->group < n_ff ? g0 + j->group : n_ff;
+        int64_t a = c0 > g0 ? c0 : g0, b = c1 < g1 ? c1 : g1;
+        int done = (int)((b - a + j->cols - 1) / j->cols); /* units of the group in this piece */
+        _Atomic int *left = &j->left[i * j->groups_per_expert + g0 / j->group];
+        /* acq_rel: the last to count down sees the others' gate and up outputs */
+        if (atomic_fetch_sub_explicit(left, done, memory_order_acq_rel) == done)
+            act_cols(j, e, g0, g1);
     }
 }
 
@@ -307,12 +357,12 @@ static void gu_run(void *ctx, int ith, int nth)
             long i = u / upe, ue = (i + 1) * upe < hi ? (i + 1) * upe : hi;
             int e = mo->chosen[i];
             int cnt = mo->first[e + 1] - mo->first[e];
-            long piece = (long)(GU_PIECE_BYTES / (2 * sizeof(float) * (size_t)cnt)) / j->cols * j->cols;
-            piece = piece < j->cols ? j->cols : piece;
+            long piece = (long)(GU_PIECE_BYTES / (2 * sizeof(float) * (size_t)cnt)) / j->group * j->group;
+            piece = piece < j->group ? j->group : piece;
             int64_t c0 = (u - i * upe) * j->cols, c1 = (ue - i * upe) * j->cols;
             c1 = c1 < mo->n_ff ? c1 : mo->n_ff;
             for (int64_t p0 = c0; p0 < c1; p0 += piece)
-                gate_up_cols(j, e, p0, p0 + piece < c1 ? p0 + piece : c1);
+                gate_up_piece(j, i, p0, p0 + piece < c1 ? p0 + piece : c1);
             u = ue;
         }
     }
@@ -540,12 +590,27 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
 
     /* gate, up and the activation of every chosen expert over its tokens */
     const struct kern_mat *g0 = L->exp_gate[mo->chosen[0]], *u0 = L->exp_up[mo->chosen[0]];
-    long align = lcm_long(lcm_long(kern_mat_row_align(g0), kern_mat_row_align(u0)),
-                          dtype_info(kind_type[k_down])->block_elems);
+    long align = lcm_long(kern_mat_row_align(g0), kern_mat_row_align(u0));
+    long blk = dtype_info(kind_type[k_down])->block_elems;
+    size_t col_bytes = (kern_mat_bytes(g0) + kern_mat_bytes(u0)) / (size_t)mo->n_ff;
     struct gu_job gj = {.mo = mo, .L = L, .vec = vec, .k_gate = k_gate, .k_up = k_up, .k_down = k_down,
-                        .n_sel = n_sel,
-                        .cols = unit_rows((kern_mat_bytes(g0) + kern_mat_bytes(u0)) / (size_t)mo->n_ff, align)};
+                        .n_sel = n_sel, .cols = unit_rows(col_bytes, align)};
+    while (gj.cols < blk && blk % gj.cols) /* a unit smaller than a block: a divisor of it */
+        gj.cols -= align;
+    if (gj.cols >= blk || gj.cols < 1 || mo->n_ff / blk + 1 > mo->groups_max) { /* a unit is a group */
+        gj.cols = unit_rows(col_bytes, lcm_long(align, blk));
+        gj.group = gj.cols;
+    } else {
+        gj.group = blk;
+        gj.left = mo->group_left;
+    }
     gj.units_per_expert = (mo->n_ff + gj.cols - 1) / gj.cols;
+    gj.groups_per_expert = (mo->n_ff + gj.group - 1) / gj.group;
+    for (long i = 0; gj.left && i < n_sel; i++)
+        for (long g = 0; g < gj.groups_per_expert; g++) {
+            long g0 = g * gj.group, g1 = g0 + gj.group < mo->n_ff ? g0 + gj.group : mo->n_ff;
+            atomic_init(&gj.left[i * gj.groups_per_expert + g], (int)((g1 - g0 + gj.cols - 1) / gj.cols));
+        }
     atomic_init(&gj.next, 0);
     pool_run(pool, gu_run, &gj);
     t1 = clock_ns();
@@ -572,4 +637,5 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
     mo->stats.expert_bytes += bytes + down_bytes;
     mo->stats.down_bytes += down_bytes;
     mo->stats.down_by_expert += dj.by_expert;
+    mo->stats.act_shared += gj.left != NULL;
 }

@@ -45,6 +45,7 @@ struct moe_stats {
     uint64_t expert_bytes;   /* bytes of expert weights read */
     uint64_t down_bytes;     /* of which the down products' */
     uint64_t down_by_expert; /* steps whose down ran by experts (a small batch; moe.c) */
+    uint64_t act_shared;     /* steps whose activation groups spanned several units of gate and up (moe.c) */
     /* Wall time of each phase, in ns (for the bench; never asserted): the router (its
      * input quantized, its product, the top-k, grouping), the experts' inputs gathered,
      * the gate and up products with the activation, the down products with the
