@@ -1,12 +1,14 @@
 #include "engine/moe.h"
 
 #include "base/clock.h"
+#include "base/cpu.h"
 #include "base/dtype.h"
 #include "base/err.h"
 #include "base/pool.h"
 #include "kern/kern.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -478,71 +480,59 @@ static long unit_rows(size_t row_bytes, long align)
     return n < align ? align : n;
 }
 
-/* The router's product with the experts' inputs quantized, in one dispatch: each thread
- * quantizes its share of the batch's rows for gate and up, then claims runs of the
- * router's rows (guided, as the experts' products). The router reads x itself when its
- * activations are F32 (a float router: every qwen3moe and gpt-oss file); otherwise its
- * input was quantized before. A decode step's router is 1 MiB of F32 weights a layer in
+/* ---- one dispatch from the router to the activation ---- */
+
+/* The router's product with the experts' inputs quantized, the choices and the gathered
+ * inputs, then gate, up and the activation, in one dispatch: each thread quantizes its
+ * share of the batch's rows for gate and up and claims runs of the router's rows; thread
+ * 0 (the caller) waits for the last of that work, routes, groups and gathers, and
+ * releases the others into gu_run. The router reads x itself when its activations are
+ * F32 (a float router: every qwen3moe and gpt-oss file); otherwise its input was
+ * quantized before. A decode step's router is 1 MiB of F32 weights a layer in
  * Qwen3-30B-A3B: on the calling thread alone it read at one thread's share of memory
- * while the others waited (5% of a token). Each logit is one kern_matmul row whichever
- * thread computes it, so the split changes no bit. */
-struct route_job {
+ * while the others waited (5% of a token); as a dispatch of its own it added a barrier a
+ * layer, which costs milliseconds when a neighbour holds the core of a thread that must
+ * check in. Here a thread that comes late finds the router done and joins gate and up.
+ * Each logit is one kern_matmul row whichever thread computes it, so the split changes
+ * no bit. */
+struct step_job {
     struct rows_job q;       /* the kinds still to quantize (gate's and up's) */
     const struct kern_mat *router;
     const void *xr;          /* the router's input rows */
     size_t ldx;
     long rows, align;        /* the router's rows (n_expert), claimed in multiples of align */
-    _Atomic long next;
+    _Atomic long next;       /* the router's units */
+    _Atomic long work_left;  /* rows to quantize and router units not yet done */
+    _Atomic int routed;      /* set by thread 0 when gj is ready */
+    struct gu_job gj;        /* its n_sel and schedule set by thread 0 */
+    uint64_t bytes, down_bytes; /* the chosen experts' */
+    int64_t t_routed, t_gathered; /* thread 0's clock */
 };
 
-static void route_run(void *ctx, int ith, int nth)
+/* Spins, then yields, until *v is want (as the pool's waiters do). */
+static void wait_long(_Atomic long *v, long want)
 {
-    struct route_job *j = ctx;
-    struct moe *mo = j->q.mo;
-    quant_x_run(&j->q, ith, nth);
-    long units = (j->rows + j->align - 1) / j->align, lo, hi;
-    while (claim_units(&j->next, units, nth, &lo, &hi)) {
-        int64_t r1 = hi * j->align;
-        kern_matmul(j->router, j->xr, j->ldx, j->q.n, mo->logits, (size_t)mo->n_expert, lo * j->align,
-                    r1 < j->rows ? r1 : j->rows);
-    }
+    for (int spins = 0; atomic_load_explicit(v, memory_order_acquire) != want; spins++)
+        if (spins < 4000)
+            cpu_relax();
+        else
+            sched_yield();
 }
 
-/* Down runs by experts, with the combination on the calling thread (choices x n_embd
- * multiply-adds), while the batch makes at most this many choices: a decode batch of up
- * to 8 tokens of Qwen3-30B-A3B (8 per token) or 16 of gpt-oss-20b (4). A prompt runs by
- * columns, so tests see both schedules give the same bits. */
-#define DOWN_BY_EXPERT_CHOICES 64
+static void wait_int(_Atomic int *v, int want)
+{
+    for (int spins = 0; atomic_load_explicit(v, memory_order_acquire) != want; spins++)
+        if (spins < 4000)
+            cpu_relax();
+        else
+            sched_yield();
+}
 
-void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, const struct model_layer *L,
-                 const float *x, int B, float *y)
+/* The choices of B tokens grouped by expert: gathered rows in expert order, tokens
+ * ascending; the count of chosen experts. */
+static int group_choices(struct moe *mo, const struct model_layer *L, int B)
 {
     int K = mo->n_used;
-    int k_router = kern_act_kind(kern_mat_type(L->router));
-    int k_gate = kern_act_kind(kern_mat_type(L->exp_gate[0]));
-    int k_up = kern_act_kind(kern_mat_type(L->exp_up[0]));
-    int k_down = kern_act_kind(kern_mat_type(L->exp_down[0]));
-    int64_t t0 = clock_ns(), t1;
-
-    /* the router's logits, and the batch's rows quantized for the experts */
-    struct route_job rj = {.q = {.mo = mo, .vec = vec, .x = x, .n = B, .kind = {-1, k_gate, k_up}},
-                           .router = L->router, .rows = kern_mat_rows(L->router),
-                           .align = kern_mat_row_align(L->router)};
-    if (k_router == KERN_ACT_F32) {
-        rj.xr = x;
-        rj.ldx = (size_t)mo->n_embd * sizeof(float);
-    } else {
-        struct rows_job qr = {.mo = mo, .vec = vec, .x = x, .n = B, .kind = {k_router, -1, -1}};
-        pool_run(pool, quant_x_run, &qr);
-        rj.xr = mo->xq[k_router];
-        rj.ldx = mo->xrow[k_router];
-        rj.q.kind[1] = k_gate == k_router ? -1 : k_gate; /* the kinds not yet quantized */
-        rj.q.kind[2] = k_up == k_router || k_up == k_gate ? -1 : k_up;
-    }
-    atomic_init(&rj.next, 0);
-    pool_run(pool, route_run, &rj);
-
-    /* choices, grouped by expert: gathered rows in expert order, tokens ascending */
     memset(mo->count, 0, (size_t)mo->n_expert * sizeof *mo->count);
     for (int b = 0; b < B; b++) {
         route(mo, L, b);
@@ -565,12 +555,16 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
             mo->row_token[r] = b;
             mo->row_expert[r] = e;
         }
-    t1 = clock_ns();
-    mo->stats.ns_route += (uint64_t)(t1 - t0);
-    t0 = t1;
+    return n_sel;
+}
 
-    /* the experts' inputs, gathered */
-    int R = B * K;
+/* The experts' inputs gathered (their rows in gathered order) and the chosen experts'
+ * bytes. */
+static void gather_inputs(struct step_job *sj, int B, int n_sel)
+{
+    struct moe *mo = sj->q.mo;
+    const struct model_layer *L = sj->gj.L;
+    int R = B * mo->n_used, k_gate = sj->gj.k_gate, k_up = sj->gj.k_up;
     for (int kd = 0; kd < N_KINDS; kd++) {
         if (kd != k_gate && kd != k_up)
             continue;
@@ -584,38 +578,115 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
         bytes += kern_mat_bytes(L->exp_gate[e]) + kern_mat_bytes(L->exp_up[e]);
         down_bytes += kern_mat_bytes(L->exp_down[e]);
     }
-    t1 = clock_ns();
-    mo->stats.ns_gather += (uint64_t)(t1 - t0);
-    t0 = t1;
+    sj->bytes = bytes;
+    sj->down_bytes = down_bytes;
+}
 
-    /* gate, up and the activation of every chosen expert over its tokens */
+/* Gate and up's schedule: units and activation groups (gu_job), and the groups' counts. */
+static void gu_setup(struct gu_job *gj_out, int n_sel)
+{
+    struct gu_job *j = gj_out;
+    struct moe *mo = j->mo;
+    const struct model_layer *L = j->L;
+    int k_down = j->k_down;
     const struct kern_mat *g0 = L->exp_gate[mo->chosen[0]], *u0 = L->exp_up[mo->chosen[0]];
     long align = lcm_long(kern_mat_row_align(g0), kern_mat_row_align(u0));
     long blk = dtype_info(kind_type[k_down])->block_elems;
     size_t col_bytes = (kern_mat_bytes(g0) + kern_mat_bytes(u0)) / (size_t)mo->n_ff;
-    struct gu_job gj = {.mo = mo, .L = L, .vec = vec, .k_gate = k_gate, .k_up = k_up, .k_down = k_down,
-                        .n_sel = n_sel, .cols = unit_rows(col_bytes, align)};
-    while (gj.cols < blk && blk % gj.cols) /* a unit smaller than a block: a divisor of it */
-        gj.cols -= align;
-    if (gj.cols >= blk || gj.cols < 1 || mo->n_ff / blk + 1 > mo->groups_max) { /* a unit is a group */
-        gj.cols = unit_rows(col_bytes, lcm_long(align, blk));
-        gj.group = gj.cols;
+    j->n_sel = n_sel;
+    j->cols = unit_rows(col_bytes, align);
+    while (j->cols > align && j->cols < blk && blk % j->cols) /* a unit smaller than a block: a divisor of it */
+        j->cols -= align;
+    if (j->cols >= blk || blk % j->cols || mo->n_ff / blk + 1 > mo->groups_max) { /* a unit is a group */
+        j->cols = unit_rows(col_bytes, lcm_long(align, blk));
+        j->group = j->cols;
     } else {
-        gj.group = blk;
-        gj.left = mo->group_left;
+        j->group = blk;
+        j->left = mo->group_left;
     }
-    gj.units_per_expert = (mo->n_ff + gj.cols - 1) / gj.cols;
-    gj.groups_per_expert = (mo->n_ff + gj.group - 1) / gj.group;
-    for (long i = 0; gj.left && i < n_sel; i++)
-        for (long g = 0; g < gj.groups_per_expert; g++) {
-            long g0 = g * gj.group, g1 = g0 + gj.group < mo->n_ff ? g0 + gj.group : mo->n_ff;
-            atomic_init(&gj.left[i * gj.groups_per_expert + g], (int)((g1 - g0 + gj.cols - 1) / gj.cols));
+    j->units_per_expert = (mo->n_ff + j->cols - 1) / j->cols;
+    j->groups_per_expert = (mo->n_ff + j->group - 1) / j->group;
+    for (long i = 0; j->left && i < n_sel; i++)
+        for (long g = 0; g < j->groups_per_expert; g++) {
+            long c0 = g * j->group, c1 = c0 + j->group < mo->n_ff ? c0 + j->group : mo->n_ff;
+            atomic_init(&j->left[i * j->groups_per_expert + g], (int)((c1 - c0 + j->cols - 1) / j->cols));
         }
-    atomic_init(&gj.next, 0);
-    pool_run(pool, gu_run, &gj);
+    atomic_init(&j->next, 0);
+}
+
+static void step_run(void *ctx, int ith, int nth)
+{
+    struct step_job *j = ctx;
+    struct moe *mo = j->q.mo;
+    long lo, hi;
+    pool_split(j->q.n, 1, ith, nth, &lo, &hi);
+    quant_x_run(&j->q, ith, nth);
+    atomic_fetch_sub_explicit(&j->work_left, hi - lo, memory_order_release);
+    long units = (j->rows + j->align - 1) / j->align;
+    while (claim_units(&j->next, units, nth, &lo, &hi)) {
+        int64_t r1 = hi * j->align;
+        kern_matmul(j->router, j->xr, j->ldx, j->q.n, mo->logits, (size_t)mo->n_expert, lo * j->align,
+                    r1 < j->rows ? r1 : j->rows);
+        atomic_fetch_sub_explicit(&j->work_left, hi - lo, memory_order_release);
+    }
+    if (ith == 0) {
+        wait_long(&j->work_left, 0);
+        int n_sel = group_choices(mo, j->gj.L, j->q.n);
+        j->t_routed = clock_ns();
+        gather_inputs(j, j->q.n, n_sel);
+        gu_setup(&j->gj, n_sel);
+        j->t_gathered = clock_ns();
+        atomic_store_explicit(&j->routed, 1, memory_order_release);
+    } else {
+        wait_int(&j->routed, 1);
+    }
+    gu_run(&j->gj, ith, nth);
+}
+
+/* Down runs by experts, with the combination on the calling thread (choices x n_embd
+ * multiply-adds), while the batch makes at most this many choices: a decode batch of up
+ * to 8 tokens of Qwen3-30B-A3B (8 per token) or 16 of gpt-oss-20b (4). A prompt runs by
+ * columns, so tests see both schedules give the same bits. */
+#define DOWN_BY_EXPERT_CHOICES 64
+
+void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, const struct model_layer *L,
+                 const float *x, int B, float *y)
+{
+    int K = mo->n_used;
+    int k_router = kern_act_kind(kern_mat_type(L->router));
+    int k_gate = kern_act_kind(kern_mat_type(L->exp_gate[0]));
+    int k_up = kern_act_kind(kern_mat_type(L->exp_up[0]));
+    int k_down = kern_act_kind(kern_mat_type(L->exp_down[0]));
+    int64_t t0 = clock_ns(), t1;
+
+    /* the router, the choices, the gathered inputs, then gate, up and the activation: one
+     * dispatch (step_run) */
+    struct step_job sj = {.q = {.mo = mo, .vec = vec, .x = x, .n = B, .kind = {-1, k_gate, k_up}},
+                          .router = L->router, .rows = kern_mat_rows(L->router),
+                          .align = kern_mat_row_align(L->router),
+                          .gj = {.mo = mo, .L = L, .vec = vec, .k_gate = k_gate, .k_up = k_up, .k_down = k_down}};
+    if (k_router == KERN_ACT_F32) {
+        sj.xr = x;
+        sj.ldx = (size_t)mo->n_embd * sizeof(float);
+    } else {
+        struct rows_job qr = {.mo = mo, .vec = vec, .x = x, .n = B, .kind = {k_router, -1, -1}};
+        pool_run(pool, quant_x_run, &qr);
+        sj.xr = mo->xq[k_router];
+        sj.ldx = mo->xrow[k_router];
+        sj.q.kind[1] = k_gate == k_router ? -1 : k_gate; /* the kinds not yet quantized */
+        sj.q.kind[2] = k_up == k_router || k_up == k_gate ? -1 : k_up;
+    }
+    atomic_init(&sj.next, 0);
+    atomic_init(&sj.work_left, B + (sj.rows + sj.align - 1) / sj.align);
+    atomic_init(&sj.routed, 0);
+    pool_run(pool, step_run, &sj);
     t1 = clock_ns();
-    mo->stats.ns_gate_up += (uint64_t)(t1 - t0);
+    mo->stats.ns_route += (uint64_t)(sj.t_routed - t0);
+    mo->stats.ns_gather += (uint64_t)(sj.t_gathered - sj.t_routed);
+    mo->stats.ns_gate_up += (uint64_t)(t1 - sj.t_gathered);
     t0 = t1;
+    int n_sel = sj.gj.n_sel, R = B * K;
+    uint64_t bytes = sj.bytes, down_bytes = sj.down_bytes;
 
     /* down of every chosen expert, and the combination */
     const struct kern_mat *d0 = L->exp_down[mo->chosen[0]];
@@ -637,5 +708,5 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
     mo->stats.expert_bytes += bytes + down_bytes;
     mo->stats.down_bytes += down_bytes;
     mo->stats.down_by_expert += dj.by_expert;
-    mo->stats.act_shared += gj.left != NULL;
+    mo->stats.act_shared += sj.gj.left != NULL;
 }

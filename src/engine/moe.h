@@ -20,10 +20,11 @@
  *
  * A batch groups its tokens by expert: each expert chosen by any token of the batch runs
  * once, as one product over all the tokens that chose it, so its weights are read once per
- * step; experts no token chose are not read at all. A step is three dispatches to the
- * pool (four when the router's input is quantized): the router's product, split by its
- * rows, with the experts' inputs quantized; gate, up and the activation with h's
- * quantization, split by columns of h; then down and the combination, split by
+ * step; experts no token chose are not read at all. A step is two dispatches to the pool
+ * (three when the router's input is quantized): the router's product split by its rows,
+ * the experts' inputs quantized, the choices grouped by the calling thread, then gate,
+ * up and the activation with h's quantization split by columns of h (moe.c step_run);
+ * then down and the combination, split by
  * columns of y (a small batch: down split by runs of each expert's rows, and the
  * combination on the calling thread; moe.c down_job). */
 #ifndef CAIRN_ENGINE_MOE_H
