@@ -761,6 +761,15 @@ static int bench_batch_curve(struct bench *bn, const struct bench_opts *o)
                    (double)(s1.expert_runs - s0.expert_runs) / (double)(steps * o->reps),
                    (double)(s1.expert_bytes - s0.expert_bytes) / (double)(steps * o->reps) / (1 << 20),
                    (double)(s1.expert_bytes - s0.expert_bytes) / (double)(steps * o->reps * B) / (1 << 20));
+        if (s1.steps > s0.steps) { /* where the forward goes: the experts' phases, then the rest */
+            double ms = 1e-6 / (double)(steps * o->reps), mean = 0; /* the phases' mean, so the runs' mean */
+            for (int r = 0; r < o->reps; r++)
+                mean += bn->t[r] / (double)o->reps;
+            double t_route = (double)(s1.ns_route - s0.ns_route) * ms, t_gather = (double)(s1.ns_gather - s0.ns_gather) * ms;
+            double t_gu = (double)(s1.ns_gate_up - s0.ns_gate_up) * ms, t_down = (double)(s1.ns_down - s0.ns_down) * ms;
+            printf("; ms per forward: route %.2f, gather %.2f, gate+up+act %.2f, down+combine %.2f, the rest %.2f",
+                   t_route, t_gather, t_gu, t_down, mean * 1e3 - (t_route + t_gather + t_gu + t_down));
+        }
         printf("\n");
     }
     memset(bn->seqs, 0, bn->nb * sizeof *bn->seqs);

@@ -1,12 +1,14 @@
 #include "engine/moe.h"
 
 #include "base/clock.h"
+#include "base/cpu.h"
 #include "base/dtype.h"
 #include "base/err.h"
 #include "base/pool.h"
 #include "kern/kern.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -16,17 +18,6 @@
 
 /* The weight type that stands for each activation kind when quantizing. */
 static const int kind_type[N_KINDS] = {DT_F32, DT_Q8_0, DT_Q4_K};
-
-/* One product of a step: a matrix over B activation rows. */
-struct moe_item {
-    const struct kern_mat *m;
-    const void *xq;
-    size_t ldx;
-    int B;
-    float *y;
-    size_t ldy;
-    long unit_rows;
-};
 
 struct moe {
     int n_embd, n_expert, n_used, n_ff;
@@ -48,8 +39,8 @@ struct moe {
     size_t xrow[N_KINDS], hrow[N_KINDS];
     float *gate, *up;   /* (max_batch * n_used, n_ff) gathered */
     float *out;         /* (max_batch * n_used, n_embd) gathered */
-    struct moe_item *items; /* 1: the router's product over a large batch */
-    long *first_unit;       /* 2 */
+    long groups_max;    /* n_ff / 32 + 1: activation groups of an expert, blocks of 32 or more */
+    _Atomic int *group_left; /* (n_expert, groups_max): gu_job's counts */
     struct moe_stats stats;
 };
 
@@ -85,10 +76,10 @@ int moe_create(struct moe **out, const struct model_hparams *hp, int max_batch)
     mo->gate = zalloc(R * (size_t)mo->n_ff * sizeof(float));
     mo->up = zalloc(R * (size_t)mo->n_ff * sizeof(float));
     mo->out = zalloc(R * (size_t)mo->n_embd * sizeof(float));
-    mo->items = zalloc(sizeof *mo->items);
-    mo->first_unit = zalloc(2 * sizeof *mo->first_unit);
+    mo->groups_max = mo->n_ff / 32 + 1;
+    mo->group_left = zalloc((size_t)mo->n_expert * (size_t)mo->groups_max * sizeof *mo->group_left);
     bool ok = mo->logits && mo->sel && mo->w && mo->row && mo->count && mo->first && mo->chosen && mo->row_token &&
-              mo->row_expert && mo->gate && mo->up && mo->out && mo->items && mo->first_unit;
+              mo->row_expert && mo->gate && mo->up && mo->out && mo->group_left;
     for (int k = 0; k < N_KINDS && ok; k++) {
         int blk = dtype_info(kind_type[k])->block_elems;
         if (mo->n_embd % blk == 0) {
@@ -116,7 +107,7 @@ void moe_release(struct moe *mo)
     if (!mo)
         return;
     void *bufs[] = {mo->logits, mo->sel, mo->w, mo->row, mo->count, mo->first, mo->chosen, mo->row_token, mo->row_expert,
-                    mo->gate, mo->up, mo->out, mo->items, mo->first_unit};
+                    mo->gate, mo->up, mo->out, (void *)mo->group_left};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     for (int k = 0; k < N_KINDS; k++) {
@@ -131,56 +122,8 @@ struct moe_stats moe_get_stats(const struct moe *mo) { return mo->stats; }
 
 /* ---- products: many matrices, each over its own rows ---- */
 
-/* A unit is a run of rows of one item (about UNIT_BYTES of weights, a multiple of the
- * matrix's row alignment); threads claim units one at a time. Each output row is
- * computed whole by one kern_matmul call, so which thread takes it changes no bit. */
+/* A unit of the experts' products is about UNIT_BYTES of weights (unit_rows). */
 #define UNIT_BYTES (48 << 10)
-
-struct mm_job {
-    const struct moe_item *items;
-    const long *first_unit; /* item i's units are [first_unit[i], first_unit[i+1]) */
-    int n_items;
-    _Atomic long next;
-};
-
-static void mm_run(void *ctx, int ith, int nth)
-{
-    (void)ith;
-    (void)nth;
-    struct mm_job *j = ctx;
-    long total = j->first_unit[j->n_items];
-    for (long u; (u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < total;) {
-        int lo = 0, hi = j->n_items - 1; /* the item whose units hold u */
-        while (lo < hi) {
-            int mid = (lo + hi + 1) / 2;
-            if (j->first_unit[mid] <= u)
-                lo = mid;
-            else
-                hi = mid - 1;
-        }
-        const struct moe_item *it = &j->items[lo];
-        int64_t rows = kern_mat_rows(it->m);
-        int64_t r0 = (u - j->first_unit[lo]) * it->unit_rows, r1 = r0 + it->unit_rows;
-        kern_matmul(it->m, it->xq, it->ldx, it->B, it->y, it->ldy, r0, r1 < rows ? r1 : rows);
-    }
-}
-
-static void run_items(struct moe *mo, struct pool *pool, int n_items)
-{
-    mo->first_unit[0] = 0;
-    for (int i = 0; i < n_items; i++) {
-        struct moe_item *it = &mo->items[i];
-        int64_t rows = kern_mat_rows(it->m);
-        long align = kern_mat_row_align(it->m);
-        size_t row_bytes = kern_mat_bytes(it->m) / (size_t)(rows > 0 ? rows : 1);
-        long n = (long)(UNIT_BYTES / (row_bytes ? row_bytes : 1)) / align * align;
-        it->unit_rows = n < align ? align : n;
-        mo->first_unit[i + 1] = mo->first_unit[i] + (long)((rows + it->unit_rows - 1) / it->unit_rows);
-    }
-    struct mm_job j = {.items = mo->items, .first_unit = mo->first_unit, .n_items = n_items};
-    atomic_init(&j.next, 0);
-    pool_run(pool, mm_run, &j);
-}
 
 /* ---- element-wise steps, split by rows ---- */
 
@@ -303,10 +246,19 @@ static void route(struct moe *mo, const struct model_layer *L, int b)
 /* ---- the experts' products, fused with the element-wise steps around them ---- */
 
 /* Gate and up with the activation: a unit is the columns [c0, c1) of h (rows of the gate
- * and up matrices) of one chosen expert over all the tokens that chose it. c0 and c1 are
- * multiples of the down input's activation block, so the unit applies the activation to
- * its columns and quantizes their whole blocks itself (a block's quantization reads that
- * block alone): no pass over h after the products, and one dispatch for all of it. */
+ * and up matrices) of one chosen expert over all the tokens that chose it. The activation
+ * and h's quantization for down run by groups of columns, each a whole number of the
+ * down input's activation blocks (a block's quantization reads that block alone): no pass
+ * over h after the products, and one dispatch for all of it.
+ *  - units of a group or more (a group is a unit): the unit applies the activation to
+ *    its own columns;
+ *  - units smaller than a block (Qwen3-30B-A3B: a Q8_K block of h is 256 columns, 576
+ *    KiB of gate and up in Q4_K, three a chosen expert, so the last claims of a step
+ *    were 576 KiB and a thread waited for the other at the end of each layer): a group
+ *    is one block, and whichever thread finishes the group's last unit (a count per
+ *    group) applies the activation to the whole group, reading what the other threads
+ *    wrote before their count went down.
+ * Either way each value of h is the same sequence of operations. */
 struct gu_job {
     struct moe *mo;
     const struct model_layer *L;
@@ -315,6 +267,10 @@ struct gu_job {
     int n_sel;               /* chosen experts, ascending, in mo->chosen */
     long cols;               /* columns of h per unit */
     long units_per_expert;
+    long group;              /* columns of an activation group (a multiple of cols, or cols) */
+    long groups_per_expert;
+    _Atomic int *left;       /* units not yet done of each group (chosen index x group), or
+                                NULL when a unit is a group */
     _Atomic long next;
 };
 
@@ -327,22 +283,33 @@ static bool claim_units(_Atomic long *next, long total, int nth, long *lo, long 
     return pool_claim(next, total, 1, nth, lo, hi);
 }
 
-/* Gate and up of one expert over columns [c0, c1) of h, with the activation of those
- * columns and their quantization for down. */
+/* Gate and up of one expert over columns [c0, c1) of h. */
 static void gate_up_cols(struct gu_job *j, int e, int64_t c0, int64_t c1)
 {
     struct moe *mo = j->mo;
     const struct model_layer *L = j->L;
     int64_t n_ff = mo->n_ff;
-    size_t xg_row = mo->xrow[j->k_gate], xu_row = mo->xrow[j->k_up], h_row = mo->hrow[j->k_down];
-    int blk = dtype_info(kind_type[j->k_down])->block_elems;
-    size_t blk_bytes = kern_act_row_bytes(kind_type[j->k_down], blk);
+    size_t xg_row = mo->xrow[j->k_gate], xu_row = mo->xrow[j->k_up];
     size_t r0 = (size_t)mo->first[e];
     int cnt = mo->first[e + 1] - mo->first[e];
     kern_matmul(L->exp_gate[e], (char *)mo->xg[j->k_gate] + r0 * xg_row, xg_row, cnt, mo->gate + r0 * n_ff,
                 (size_t)n_ff, c0, c1);
     kern_matmul(L->exp_up[e], (char *)mo->xg[j->k_up] + r0 * xu_row, xu_row, cnt, mo->up + r0 * n_ff, (size_t)n_ff,
                 c0, c1);
+}
+
+/* The activation of one expert's columns [c0, c1) of h and their quantization for down
+ * (c0 and c1 on the down input's block boundaries, or c1 = n_ff). */
+static void act_cols(struct gu_job *j, int e, int64_t c0, int64_t c1)
+{
+    struct moe *mo = j->mo;
+    const struct model_layer *L = j->L;
+    int64_t n_ff = mo->n_ff;
+    size_t h_row = mo->hrow[j->k_down];
+    int blk = dtype_info(kind_type[j->k_down])->block_elems;
+    size_t blk_bytes = kern_act_row_bytes(kind_type[j->k_down], blk);
+    size_t r0 = (size_t)mo->first[e];
+    int cnt = mo->first[e + 1] - mo->first[e];
     for (size_t r = r0; r < r0 + (size_t)cnt; r++) {
         float *g = mo->gate + r * n_ff + c0;
         const float *up = mo->up + r * n_ff + c0;
@@ -352,6 +319,28 @@ static void gate_up_cols(struct gu_job *j, int e, int64_t c0, int64_t c1)
             j->vec->silu_mul(g, up, c1 - c0);
         kern_act_quantize(kind_type[j->k_down], g, (char *)mo->hq[j->k_down] + r * h_row + (size_t)(c0 / blk) * blk_bytes,
                           c1 - c0);
+    }
+}
+
+/* Gate and up of chosen expert i over [c0, c1) (whole units), then the activation of
+ * every group of it that they complete. */
+static void gate_up_piece(struct gu_job *j, long i, int64_t c0, int64_t c1)
+{
+    int e = j->mo->chosen[i];
+    gate_up_cols(j, e, c0, c1);
+    if (!j->left) {
+        act_cols(j, e, c0, c1);
+        return;
+    }
+    int64_t n_ff = j->mo->n_ff;
+    for (int64_t g0 = c0 / j->group * j->group; g0 < c1; g0 += j->group) {
+        int64_t g1 = g0 + j->group < n_ff ? g0 + j->group : n_ff;
+        int64_t a = c0 > g0 ? c0 : g0, b = c1 < g1 ? c1 : g1;
+        int done = (int)((b - a + j->cols - 1) / j->cols); /* units of the group in this piece */
+        _Atomic int *left = &j->left[i * j->groups_per_expert + g0 / j->group];
+        /* acq_rel: the last to count down sees the others' gate and up outputs */
+        if (atomic_fetch_sub_explicit(left, done, memory_order_acq_rel) == done)
+            act_cols(j, e, g0, g1);
     }
 }
 
@@ -370,12 +359,12 @@ static void gu_run(void *ctx, int ith, int nth)
             long i = u / upe, ue = (i + 1) * upe < hi ? (i + 1) * upe : hi;
             int e = mo->chosen[i];
             int cnt = mo->first[e + 1] - mo->first[e];
-            long piece = (long)(GU_PIECE_BYTES / (2 * sizeof(float) * (size_t)cnt)) / j->cols * j->cols;
-            piece = piece < j->cols ? j->cols : piece;
+            long piece = (long)(GU_PIECE_BYTES / (2 * sizeof(float) * (size_t)cnt)) / j->group * j->group;
+            piece = piece < j->group ? j->group : piece;
             int64_t c0 = (u - i * upe) * j->cols, c1 = (ue - i * upe) * j->cols;
             c1 = c1 < mo->n_ff ? c1 : mo->n_ff;
             for (int64_t p0 = c0; p0 < c1; p0 += piece)
-                gate_up_cols(j, e, p0, p0 + piece < c1 ? p0 + piece : c1);
+                gate_up_piece(j, i, p0, p0 + piece < c1 ? p0 + piece : c1);
             u = ue;
         }
     }
@@ -491,40 +480,59 @@ static long unit_rows(size_t row_bytes, long align)
     return n < align ? align : n;
 }
 
-/* Up to this many bytes of router products (B rows by its weights) run on the calling
- * thread: a decode step's router is a few microseconds of work, less than a dispatch. */
-#define ROUTE_ALONE_BYTES (4 << 20)
+/* ---- one dispatch from the router to the activation ---- */
 
-/* Down runs by experts, with the combination on the calling thread (choices x n_embd
- * multiply-adds), while the batch makes at most this many choices: a decode batch of up
- * to 8 tokens of Qwen3-30B-A3B (8 per token) or 16 of gpt-oss-20b (4). A prompt runs by
- * columns, so tests see both schedules give the same bits. */
-#define DOWN_BY_EXPERT_CHOICES 64
+/* The router's product with the experts' inputs quantized, the choices and the gathered
+ * inputs, then gate, up and the activation, in one dispatch: each thread quantizes its
+ * share of the batch's rows for gate and up and claims runs of the router's rows; thread
+ * 0 (the caller) waits for the last of that work, routes, groups and gathers, and
+ * releases the others into gu_run. The router reads x itself when its activations are
+ * F32 (a float router: every qwen3moe and gpt-oss file); otherwise its input was
+ * quantized before. A decode step's router is 1 MiB of F32 weights a layer in
+ * Qwen3-30B-A3B: on the calling thread alone it read at one thread's share of memory
+ * while the others waited (5% of a token); as a dispatch of its own it added a barrier a
+ * layer, which costs milliseconds when a neighbour holds the core of a thread that must
+ * check in. Here a thread that comes late finds the router done and joins gate and up.
+ * Each logit is one kern_matmul row whichever thread computes it, so the split changes
+ * no bit. */
+struct step_job {
+    struct rows_job q;       /* the kinds still to quantize (gate's and up's) */
+    const struct kern_mat *router;
+    const void *xr;          /* the router's input rows */
+    size_t ldx;
+    long rows, align;        /* the router's rows (n_expert), claimed in multiples of align */
+    _Atomic long next;       /* the router's units */
+    _Atomic long work_left;  /* rows to quantize and router units not yet done */
+    _Atomic int routed;      /* set by thread 0 when gj is ready */
+    struct gu_job gj;        /* its n_sel and schedule set by thread 0 */
+    uint64_t bytes, down_bytes; /* the chosen experts' */
+    int64_t t_routed, t_gathered; /* thread 0's clock */
+};
 
-void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, const struct model_layer *L,
-                 const float *x, int B, float *y)
+/* Spins, then yields, until *v is want (as the pool's waiters do). */
+static void wait_long(_Atomic long *v, long want)
+{
+    for (int spins = 0; atomic_load_explicit(v, memory_order_acquire) != want; spins++)
+        if (spins < 4000)
+            cpu_relax();
+        else
+            sched_yield();
+}
+
+static void wait_int(_Atomic int *v, int want)
+{
+    for (int spins = 0; atomic_load_explicit(v, memory_order_acquire) != want; spins++)
+        if (spins < 4000)
+            cpu_relax();
+        else
+            sched_yield();
+}
+
+/* The choices of B tokens grouped by expert: gathered rows in expert order, tokens
+ * ascending; the count of chosen experts. */
+static int group_choices(struct moe *mo, const struct model_layer *L, int B)
 {
     int K = mo->n_used;
-    int k_router = kern_act_kind(kern_mat_type(L->router));
-    int k_gate = kern_act_kind(kern_mat_type(L->exp_gate[0]));
-    int k_up = kern_act_kind(kern_mat_type(L->exp_up[0]));
-    int k_down = kern_act_kind(kern_mat_type(L->exp_down[0]));
-    int64_t t0 = clock_ns(), t1;
-
-    /* the batch's rows quantized for the router and the experts, then the router logits */
-    struct rows_job qj = {.mo = mo, .vec = vec, .x = x, .n = B, .kind = {k_router, k_gate, k_up}};
-    if ((size_t)B * kern_mat_bytes(L->router) <= ROUTE_ALONE_BYTES) {
-        quant_x_run(&qj, 0, 1);
-        kern_matmul(L->router, mo->xq[k_router], mo->xrow[k_router], B, mo->logits, (size_t)mo->n_expert, 0,
-                    kern_mat_rows(L->router));
-    } else {
-        pool_run(pool, quant_x_run, &qj);
-        mo->items[0] = (struct moe_item){L->router, mo->xq[k_router], mo->xrow[k_router], B, mo->logits,
-                                         (size_t)mo->n_expert, 0};
-        run_items(mo, pool, 1);
-    }
-
-    /* choices, grouped by expert: gathered rows in expert order, tokens ascending */
     memset(mo->count, 0, (size_t)mo->n_expert * sizeof *mo->count);
     for (int b = 0; b < B; b++) {
         route(mo, L, b);
@@ -547,12 +555,16 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
             mo->row_token[r] = b;
             mo->row_expert[r] = e;
         }
-    t1 = clock_ns();
-    mo->stats.ns_route += (uint64_t)(t1 - t0);
-    t0 = t1;
+    return n_sel;
+}
 
-    /* the experts' inputs, gathered */
-    int R = B * K;
+/* The experts' inputs gathered (their rows in gathered order) and the chosen experts'
+ * bytes. */
+static void gather_inputs(struct step_job *sj, int B, int n_sel)
+{
+    struct moe *mo = sj->q.mo;
+    const struct model_layer *L = sj->gj.L;
+    int R = B * mo->n_used, k_gate = sj->gj.k_gate, k_up = sj->gj.k_up;
     for (int kd = 0; kd < N_KINDS; kd++) {
         if (kd != k_gate && kd != k_up)
             continue;
@@ -566,23 +578,115 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
         bytes += kern_mat_bytes(L->exp_gate[e]) + kern_mat_bytes(L->exp_up[e]);
         down_bytes += kern_mat_bytes(L->exp_down[e]);
     }
-    t1 = clock_ns();
-    mo->stats.ns_gather += (uint64_t)(t1 - t0);
-    t0 = t1;
+    sj->bytes = bytes;
+    sj->down_bytes = down_bytes;
+}
 
-    /* gate, up and the activation of every chosen expert over its tokens */
+/* Gate and up's schedule: units and activation groups (gu_job), and the groups' counts. */
+static void gu_setup(struct gu_job *gj_out, int n_sel)
+{
+    struct gu_job *j = gj_out;
+    struct moe *mo = j->mo;
+    const struct model_layer *L = j->L;
+    int k_down = j->k_down;
     const struct kern_mat *g0 = L->exp_gate[mo->chosen[0]], *u0 = L->exp_up[mo->chosen[0]];
-    long align = lcm_long(lcm_long(kern_mat_row_align(g0), kern_mat_row_align(u0)),
-                          dtype_info(kind_type[k_down])->block_elems);
-    struct gu_job gj = {.mo = mo, .L = L, .vec = vec, .k_gate = k_gate, .k_up = k_up, .k_down = k_down,
-                        .n_sel = n_sel,
-                        .cols = unit_rows((kern_mat_bytes(g0) + kern_mat_bytes(u0)) / (size_t)mo->n_ff, align)};
-    gj.units_per_expert = (mo->n_ff + gj.cols - 1) / gj.cols;
-    atomic_init(&gj.next, 0);
-    pool_run(pool, gu_run, &gj);
+    long align = lcm_long(kern_mat_row_align(g0), kern_mat_row_align(u0));
+    long blk = dtype_info(kind_type[k_down])->block_elems;
+    size_t col_bytes = (kern_mat_bytes(g0) + kern_mat_bytes(u0)) / (size_t)mo->n_ff;
+    j->n_sel = n_sel;
+    j->cols = unit_rows(col_bytes, align);
+    while (j->cols > align && j->cols < blk && blk % j->cols) /* a unit smaller than a block: a divisor of it */
+        j->cols -= align;
+    if (j->cols >= blk || blk % j->cols || mo->n_ff / blk + 1 > mo->groups_max) { /* a unit is a group */
+        j->cols = unit_rows(col_bytes, lcm_long(align, blk));
+        j->group = j->cols;
+    } else {
+        j->group = blk;
+        j->left = mo->group_left;
+    }
+    j->units_per_expert = (mo->n_ff + j->cols - 1) / j->cols;
+    j->groups_per_expert = (mo->n_ff + j->group - 1) / j->group;
+    for (long i = 0; j->left && i < n_sel; i++)
+        for (long g = 0; g < j->groups_per_expert; g++) {
+            long c0 = g * j->group, c1 = c0 + j->group < mo->n_ff ? c0 + j->group : mo->n_ff;
+            atomic_init(&j->left[i * j->groups_per_expert + g], (int)((c1 - c0 + j->cols - 1) / j->cols));
+        }
+    atomic_init(&j->next, 0);
+}
+
+static void step_run(void *ctx, int ith, int nth)
+{
+    struct step_job *j = ctx;
+    struct moe *mo = j->q.mo;
+    long lo, hi;
+    pool_split(j->q.n, 1, ith, nth, &lo, &hi);
+    quant_x_run(&j->q, ith, nth);
+    atomic_fetch_sub_explicit(&j->work_left, hi - lo, memory_order_release);
+    long units = (j->rows + j->align - 1) / j->align;
+    while (claim_units(&j->next, units, nth, &lo, &hi)) {
+        int64_t r1 = hi * j->align;
+        kern_matmul(j->router, j->xr, j->ldx, j->q.n, mo->logits, (size_t)mo->n_expert, lo * j->align,
+                    r1 < j->rows ? r1 : j->rows);
+        atomic_fetch_sub_explicit(&j->work_left, hi - lo, memory_order_release);
+    }
+    if (ith == 0) {
+        wait_long(&j->work_left, 0);
+        int n_sel = group_choices(mo, j->gj.L, j->q.n);
+        j->t_routed = clock_ns();
+        gather_inputs(j, j->q.n, n_sel);
+        gu_setup(&j->gj, n_sel);
+        j->t_gathered = clock_ns();
+        atomic_store_explicit(&j->routed, 1, memory_order_release);
+    } else {
+        wait_int(&j->routed, 1);
+    }
+    gu_run(&j->gj, ith, nth);
+}
+
+/* Down runs by experts, with the combination on the calling thread (choices x n_embd
+ * multiply-adds), while the batch makes at most this many choices: a decode batch of up
+ * to 8 tokens of Qwen3-30B-A3B (8 per token) or 16 of gpt-oss-20b (4). A prompt runs by
+ * columns, so tests see both schedules give the same bits. */
+#define DOWN_BY_EXPERT_CHOICES 64
+
+void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, const struct model_layer *L,
+                 const float *x, int B, float *y)
+{
+    int K = mo->n_used;
+    int k_router = kern_act_kind(kern_mat_type(L->router));
+    int k_gate = kern_act_kind(kern_mat_type(L->exp_gate[0]));
+    int k_up = kern_act_kind(kern_mat_type(L->exp_up[0]));
+    int k_down = kern_act_kind(kern_mat_type(L->exp_down[0]));
+    int64_t t0 = clock_ns(), t1;
+
+    /* the router, the choices, the gathered inputs, then gate, up and the activation: one
+     * dispatch (step_run) */
+    struct step_job sj = {.q = {.mo = mo, .vec = vec, .x = x, .n = B, .kind = {-1, k_gate, k_up}},
+                          .router = L->router, .rows = kern_mat_rows(L->router),
+                          .align = kern_mat_row_align(L->router),
+                          .gj = {.mo = mo, .L = L, .vec = vec, .k_gate = k_gate, .k_up = k_up, .k_down = k_down}};
+    if (k_router == KERN_ACT_F32) {
+        sj.xr = x;
+        sj.ldx = (size_t)mo->n_embd * sizeof(float);
+    } else {
+        struct rows_job qr = {.mo = mo, .vec = vec, .x = x, .n = B, .kind = {k_router, -1, -1}};
+        pool_run(pool, quant_x_run, &qr);
+        sj.xr = mo->xq[k_router];
+        sj.ldx = mo->xrow[k_router];
+        sj.q.kind[1] = k_gate == k_router ? -1 : k_gate; /* the kinds not yet quantized */
+        sj.q.kind[2] = k_up == k_router || k_up == k_gate ? -1 : k_up;
+    }
+    atomic_init(&sj.next, 0);
+    atomic_init(&sj.work_left, B + (sj.rows + sj.align - 1) / sj.align);
+    atomic_init(&sj.routed, 0);
+    pool_run(pool, step_run, &sj);
     t1 = clock_ns();
-    mo->stats.ns_gate_up += (uint64_t)(t1 - t0);
+    mo->stats.ns_route += (uint64_t)(sj.t_routed - t0);
+    mo->stats.ns_gather += (uint64_t)(sj.t_gathered - sj.t_routed);
+    mo->stats.ns_gate_up += (uint64_t)(t1 - sj.t_gathered);
     t0 = t1;
+    int n_sel = sj.gj.n_sel, R = B * K;
+    uint64_t bytes = sj.bytes, down_bytes = sj.down_bytes;
 
     /* down of every chosen expert, and the combination */
     const struct kern_mat *d0 = L->exp_down[mo->chosen[0]];
@@ -604,4 +708,5 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
     mo->stats.expert_bytes += bytes + down_bytes;
     mo->stats.down_bytes += down_bytes;
     mo->stats.down_by_expert += dj.by_expert;
+    mo->stats.act_shared += sj.gj.left != NULL;
 }

@@ -21,8 +21,10 @@
  * A batch groups its tokens by expert: each expert chosen by any token of the batch runs
  * once, as one product over all the tokens that chose it, so its weights are read once per
  * step; experts no token chose are not read at all. A step is two dispatches to the pool
- * (the router of a small batch runs on the calling thread): gate, up and the activation
- * with h's quantization, split by columns of h; then down and the combination, split by
+ * (three when the router's input is quantized): the router's product split by its rows,
+ * the experts' inputs quantized, the choices grouped by the calling thread, then gate,
+ * up and the activation with h's quantization split by columns of h (moe.c step_run);
+ * then down and the combination, split by
  * columns of y (a small batch: down split by runs of each expert's rows, and the
  * combination on the calling thread; moe.c down_job). */
 #ifndef CAIRN_ENGINE_MOE_H
@@ -44,6 +46,7 @@ struct moe_stats {
     uint64_t expert_bytes;   /* bytes of expert weights read */
     uint64_t down_bytes;     /* of which the down products' */
     uint64_t down_by_expert; /* steps whose down ran by experts (a small batch; moe.c) */
+    uint64_t act_shared;     /* steps whose activation groups spanned several units of gate and up (moe.c) */
     /* Wall time of each phase, in ns (for the bench; never asserted): the router (its
      * input quantized, its product, the top-k, grouping), the experts' inputs gathered,
      * the gate and up products with the activation, the down products with the

@@ -359,8 +359,14 @@ static void check_moe_batch(const char *label, const struct synth_spec *spec)
     CHECK(choices == (uint64_t)(NS * K * L) && runs <= (uint64_t)(L * m->hp.n_expert) && runs < choices,
           "%s: a batch of %d ran %llu experts for %llu choices (%d layers, %d experts)", label, NS,
           (unsigned long long)runs, (unsigned long long)choices, L, m->hp.n_expert);
-    printf("%s: batch of %d: %llu expert runs for %llu choices\n", label, NS, (unsigned long long)runs,
-           (unsigned long long)choices);
+    printf("%s: batch of %d: %llu expert runs for %llu choices; %llu of %llu steps shared activation groups\n", label,
+           NS, (unsigned long long)runs, (unsigned long long)choices, (unsigned long long)s1.act_shared,
+           (unsigned long long)s1.steps);
+    /* qwen3moe-q4_k_m's experts (n_embd 256: 288 bytes of gate and up a column) have units
+     * of gate and up smaller than h's Q8_K blocks, so each step runs the shared groups */
+    CHECK(!strstr(label, "qwen3moe-q4_k_m") || s1.act_shared == s1.steps,
+          "%s: %llu of %llu steps shared activation groups", label, (unsigned long long)s1.act_shared,
+          (unsigned long long)s1.steps);
     free(alone);
     free(logits);
 out:
