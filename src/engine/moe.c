@@ -503,7 +503,7 @@ struct step_job {
     long rows, align;        /* the router's rows (n_expert), claimed in multiples of align */
     _Atomic long next;       /* the router's units */
     _Atomic long work_left;  /* rows to quantize and router units not yet done */
-    _Atomic int routed;      /* set by thread 0 when gj is ready */
+    _Atomic long routed;     /* set by thread 0 when gj is ready */
     struct gu_job gj;        /* its n_sel and schedule set by thread 0 */
     uint64_t bytes, down_bytes; /* the chosen experts' */
     int64_t t_routed, t_gathered; /* thread 0's clock */
@@ -511,15 +511,6 @@ struct step_job {
 
 /* Spins, then yields, until *v is want (as the pool's waiters do). */
 static void wait_long(_Atomic long *v, long want)
-{
-    for (int spins = 0; atomic_load_explicit(v, memory_order_acquire) != want; spins++)
-        if (spins < 4000)
-            cpu_relax();
-        else
-            sched_yield();
-}
-
-static void wait_int(_Atomic int *v, int want)
 {
     for (int spins = 0; atomic_load_explicit(v, memory_order_acquire) != want; spins++)
         if (spins < 4000)
@@ -638,7 +629,7 @@ static void step_run(void *ctx, int ith, int nth)
         j->t_gathered = clock_ns();
         atomic_store_explicit(&j->routed, 1, memory_order_release);
     } else {
-        wait_int(&j->routed, 1);
+        wait_long(&j->routed, 1);
     }
     gu_run(&j->gj, ith, nth);
 }
