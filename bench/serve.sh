@@ -98,13 +98,13 @@ stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 # Engine alone: prefill of 128 and 2000 tokens, decode, and the batch-cost curve.
 echo "== engine: cairn bench" >&2
 eng=$($nice $cairn bench -m "$model" -p 128 -n 64 -t "$threads" -r 5 --batch-curve 16 --bandwidth-mib 256)
-pp=$(sed -n 's/^pp128: .*, \([0-9.]*\) s).*/\1/p' <<<"$eng")
+pp=$(sed -n 's/^pp128: .*, \([0-9.]*\) s[;)].*/\1/p' <<<"$eng")
 tg=$(sed -n 's/^tg64: \([0-9.]*\) tok.*/\1/p' <<<"$eng")
 curve=$(sed -n 's/^ *B= *\([0-9]*\): *[0-9.]* ms *x[0-9.]* *(\([0-9.]*\) tok\/s)/\1 \2/p' <<<"$eng" |
        awk '$1==1 {b=$2} $1~/^(1|2|4|8|16)$/ {printf "%sB=%s %s tok/s x%.2f", sep, $1, $2, $2/b; sep=", "}')
 echo "{\"mode\":\"engine\",\"server\":\"cairn\",\"text\":\"cairn: prefill 128 tokens $(awk "BEGIN{printf \"%.1f\", $pp*1000}") ms; decode $tg tok/s; batch: $curve\"}" >>"$out"
 eng2=$($nice $cairn bench -m "$model" -p 2000 -n 0 -t "$threads" -r 1 --batch-curve 0 --bandwidth-mib 256)
-pp2=$(sed -n 's/^pp2000: .*, \([0-9.]*\) s).*/\1/p' <<<"$eng2")
+pp2=$(sed -n 's/^pp2000: .*, \([0-9.]*\) s[;)].*/\1/p' <<<"$eng2")
 echo "{\"mode\":\"prefill\",\"server\":\"cairn\",\"prompt_tokens\":2000,\"ms\":$(awk "BEGIN{print $pp2*1000}")}" >>"$out"
 
 # prefill SERVER N: ms for the engine alone to prefill N tokens (warm weights).
@@ -112,7 +112,7 @@ prefill() {
   if [ "$1" = cairn ]; then
     # the median of 3 runs: the first also faults the mapped weights in
     $nice $cairn bench -m "$model" -p "$2" -n 0 -t "$threads" -r 3 --batch-curve 0 --bandwidth-mib 16 |
-        sed -n 's/^pp[0-9]*: .*, \([0-9.]*\) s).*/\1/p' | awk '{print $1 * 1000}'
+        sed -n 's/^pp[0-9]*: .*, \([0-9.]*\) s[;)].*/\1/p' | awk '{print $1 * 1000}'
   else
     $nice "${refenv[@]}" "$ref/llama-bench" -m "$model" -p "$2" -n 0 -t "$threads" -r 1 -o json 2>/dev/null |
         node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{console.log(JSON.parse(s)[0].avg_ns/1e6)})'
