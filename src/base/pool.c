@@ -1,5 +1,6 @@
 #include "base/pool.h"
 
+#include "base/clock.h"
 #include "base/cpu.h"
 #include "base/err.h"
 
@@ -7,6 +8,11 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 /* Waiting: spin briefly (a decode step issues hundreds of jobs a few microseconds
  * apart), then yield the core (when threads outnumber free cores, a spinning waiter
@@ -24,9 +30,28 @@ struct pool {
     _Atomic int stop;
     _Atomic int sleepers;        /* workers asleep on `wake`, or about to be */
     _Atomic unsigned long long dispatches; /* pool_run calls */
+    _Atomic int *tids;           /* each thread's kernel id (pool_thread_tid) */
     pool_fn fn;
     void *ctx;
+    /* profiling (pool_profile): each thread's fn start and end of the current job */
+    struct prof_slot *prof;
+    int64_t prof_handoff;
+    int tag;
+    struct pool_tag_stats tags[POOL_MAX_TAGS];
 };
+
+struct prof_slot {
+    _Alignas(64) int64_t start, end;
+};
+
+static int thread_tid(void)
+{
+#ifdef __linux__
+    return (int)syscall(SYS_gettid);
+#else
+    return -1;
+#endif
+}
 
 struct worker_arg {
     struct pool *p;
@@ -39,6 +64,7 @@ static void *worker_main(void *arg_)
     struct pool *p = arg->p;
     int ith = arg->ith;
     free(arg);
+    atomic_store(&p->tids[ith], thread_tid());
     unsigned seen = 0;
     for (;;) {
         unsigned gen;
@@ -63,7 +89,12 @@ static void *worker_main(void *arg_)
         if (atomic_load(&p->stop))
             return NULL;
         seen = gen;
+        struct prof_slot *ps = p->prof ? &p->prof[ith] : NULL;
+        if (ps)
+            ps->start = clock_ns();
         p->fn(p->ctx, ith, p->n_threads);
+        if (ps)
+            ps->end = clock_ns();
         atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
     }
 }
@@ -80,8 +111,11 @@ int pool_create(struct pool **out, int n_threads)
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
-    if (!p->threads)
+    p->tids = calloc((size_t)n_threads, sizeof *p->tids);
+    if (!p->threads || !p->tids)
         goto err;
+    for (int i = 0; i < n_threads; i++)
+        atomic_init(&p->tids[i], i ? -1 : thread_tid());
     for (int i = 1; i < n_threads; i++) {
         struct worker_arg *arg = malloc(sizeof *arg);
         if (!arg)
@@ -114,23 +148,88 @@ void pool_release(struct pool *p)
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->wake);
     free(p->threads);
+    free(p->prof);
+    free(p->tids);
     free(p);
 }
 
 int pool_threads(const struct pool *p) { return p->n_threads; }
+
+int pool_thread_tid(const struct pool *p, int ith)
+{
+    return ith >= 0 && ith < p->n_threads ? atomic_load(&p->tids[ith]) : -1;
+}
 
 unsigned long long pool_dispatches(const struct pool *p)
 {
     return atomic_load_explicit(&p->dispatches, memory_order_relaxed);
 }
 
+int pool_profile(struct pool *p, bool on)
+{
+    memset(p->tags, 0, sizeof p->tags);
+    p->tag = 0;
+    if (!on) {
+        free(p->prof);
+        p->prof = NULL;
+        return 0;
+    }
+    if (!p->prof) {
+        p->prof = aligned_alloc(64, (size_t)p->n_threads * sizeof *p->prof);
+        if (!p->prof)
+            return CAIRN_ENOMEM;
+    }
+    return 0;
+}
+
+void pool_set_tag(struct pool *p, int tag)
+{
+    if (p->prof && tag >= 0 && tag < POOL_MAX_TAGS)
+        p->tag = tag;
+}
+
+struct pool_tag_stats pool_tag_stats(const struct pool *p, int tag)
+{
+    if (!p->prof || tag < 0 || tag >= POOL_MAX_TAGS)
+        return (struct pool_tag_stats){0};
+    return p->tags[tag];
+}
+
+/* Adds the job just finished to its tag's sums (the workers' slots were written before
+ * their release of `pending`, which the caller acquired). */
+static void prof_account(struct pool *p, int64_t done)
+{
+    struct pool_tag_stats *t = &p->tags[p->tag];
+    int64_t first = p->prof[0].end, last = p->prof[0].end;
+    t->jobs++;
+    t->ns_wall += done - p->prof_handoff;
+    t->ns_busy_caller += p->prof[0].end - p->prof[0].start;
+    for (int i = 1; i < p->n_threads; i++) {
+        const struct prof_slot *s = &p->prof[i];
+        t->ns_busy_workers += s->end - s->start;
+        t->ns_wake_workers += s->start - p->prof_handoff;
+        first = s->end < first ? s->end : first;
+        last = s->end > last ? s->end : last;
+    }
+    t->ns_late += last - first;
+}
+
 void pool_run(struct pool *p, pool_fn fn, void *ctx)
 {
     atomic_fetch_add_explicit(&p->dispatches, 1, memory_order_relaxed);
     if (p->n_threads == 1) {
+        int64_t t0 = p->prof ? clock_ns() : 0;
         fn(ctx, 0, 1);
+        if (p->prof) {
+            p->prof[0].start = t0;
+            p->prof_handoff = t0;
+            p->prof[0].end = clock_ns();
+            prof_account(p, p->prof[0].end);
+        }
         return;
     }
+    if (p->prof)
+        p->prof_handoff = clock_ns();
     p->fn = fn;
     p->ctx = ctx;
     atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);
@@ -145,13 +244,19 @@ void pool_run(struct pool *p, pool_fn fn, void *ctx)
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->mu);
     }
+    if (p->prof)
+        p->prof[0].start = clock_ns();
     fn(ctx, 0, p->n_threads);
+    if (p->prof)
+        p->prof[0].end = clock_ns();
     for (int spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spins++) {
         if (spins < SPIN_ITERS)
             cpu_relax();
         else
             sched_yield();
     }
+    if (p->prof)
+        prof_account(p, clock_ns());
 }
 
 void pool_split(long n, long align, int ith, int nth, long *lo, long *hi)

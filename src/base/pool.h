@@ -22,6 +22,31 @@ int pool_threads(const struct pool *p);
  * number of hand-offs per step from growing (each costs a barrier). */
 unsigned long long pool_dispatches(const struct pool *p);
 
+/* Profiling (off unless asked): where the time of each job goes, summed per tag. The
+ * caller sets the tag its next jobs count under (0 .. POOL_MAX_TAGS - 1); every job
+ * then adds its wall time (from the hand-off to the last thread's return), each thread's
+ * time in fn, and the workers' wake-up time (from the hand-off to their fn's start).
+ * A thread's wait at the barrier is the wall time less its time in fn. */
+#define POOL_MAX_TAGS 16
+struct pool_tag_stats {
+    unsigned long long jobs;
+    long long ns_wall;        /* hand-off to the last return, on the caller's clock */
+    long long ns_busy_caller; /* thread 0's time in fn */
+    long long ns_busy_workers; /* the other threads' time in fn, summed */
+    long long ns_wake_workers; /* hand-off to each worker's fn start, summed */
+    long long ns_late;         /* per job, the latest thread's return less the earliest's */
+};
+/* Turns profiling on (stats zeroed) or off. Not while a job runs; 0, or CAIRN_ENOMEM. */
+int pool_profile(struct pool *p, bool on);
+/* The tag the following jobs count under (ignored when profiling is off). */
+void pool_set_tag(struct pool *p, int tag);
+/* The sums of a tag so far (zeros when profiling is off). */
+struct pool_tag_stats pool_tag_stats(const struct pool *p, int tag);
+
+/* The kernel's id of thread ith (0: the caller's, as the pool saw it when created; -1
+ * where unknown), to read its scheduling statistics. */
+int pool_thread_tid(const struct pool *p, int ith);
+
 /* Runs fn(ctx, ith, nth) for ith in [0, nth) concurrently and returns when all have
  * returned. Not reentrant: one job at a time per pool, from one calling thread. */
 void pool_run(struct pool *p, pool_fn fn, void *ctx);

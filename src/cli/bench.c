@@ -10,6 +10,7 @@
 #include "base/pool.h"
 #include "base/args.h"
 #include "cli/bench_pipe.h"
+#include "cli/bench_step.h"
 #include "base/bwprobe.h"
 #include "cli/cli.h"
 #include "engine/engine.h"
@@ -663,18 +664,38 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
         memset(bn->want, 0, bn->nb);
         bn->want[0] = 1;
     }
+    /* The step breakdown's profile: a few clock readings a job, well under 0.1% of a step. */
+    bool prof = !rc && engine_profile(bn->e, true) == 0;
+    double t_prof = 0;
+    struct bench_sched sch = {.n = BENCH_SCHED_MAX}, sa, sb; /* sch: the runs' sums */
+    /* The fastest step and its breakdown: on this shared machine, the step least disturbed. */
+    struct bench_step_prof pa, pb, pd, p_best;
+    double t_best = 1e30;
     for (int r = 0; r < reps && !rc; r++) {
         kv_truncate(bn->kv, 0, o->depth);
+        bench_sched_read(bn->e, &sa);
         double t0 = clock_sec();
+        bench_step_snap(bn->e, &pa);
         for (int64_t i = 0; i < n_gen && !rc; i++) {
             bn->pos[0] = o->depth + i;
+            double ts = clock_sec();
             rc = run(bn, 1);
+            ts = clock_sec() - ts;
+            bench_step_snap(bn->e, &pb);
+            if (ts < t_best) {
+                t_best = ts;
+                bench_step_diff(&p_best, &pa, &pb);
+            }
+            pa = pb;
         }
         if (rc) {
             fprintf(stderr, "cairn bench: %s\n", bn->err);
             break;
         }
         bn->t[r] = clock_sec() - t0;
+        t_prof += bn->t[r];
+        bench_sched_read(bn->e, &sb);
+        bench_sched_add(&sch, &sa, &sb);
         if (r == 0 && bn->m->hp.n_expert > 0) {
             struct moe_stats s1 = engine_moe_stats(bn->e);
             bytes_per_tok += moe_fixed + (double)(s1.expert_bytes - s0.expert_bytes) / (double)n_gen -
@@ -712,7 +733,17 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
                    cache_mib == 0 && bn->llc > 0 && bytes_per_tok < (double)bn->llc * BW_DRAM_LLC_TIMES
                        ? " (the step is within a few times the reported last-level cache, which may hold part of it)"
                        : "");
+        if (prof) {
+            bench_step_snap(bn->e, &pb);
+            bench_step_diff(&pd, &(struct bench_step_prof){0}, &pb);
+            bench_print_step("step breakdown, all runs", &pd, o->threads, t_prof, n_gen * reps, &sch);
+            printf("  fastest step: %.3f ms, %.2f tok/s, %.1f%% of the roofline\n", t_best * 1e3, 1.0 / t_best,
+                   100.0 * bytes_per_tok / t_best / bw_med);
+            bench_print_step("fastest step's breakdown", &p_best, o->threads, t_best, 1, NULL);
+        }
     }
+    if (prof)
+        engine_profile(bn->e, false);
     free(bw_dram);
     free(bw_run);
     free(ratio);

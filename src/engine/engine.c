@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include "base/clock.h"
 #include "base/dtype.h"
 #include "base/err.h"
 #include "base/pool.h"
@@ -54,7 +55,35 @@ struct engine {
     int64_t q_loc_dim, kv_loc_dim;
     float *q_loc, *k_loc, *v_loc, *attn_loc; /* this rank's heads (B, *_loc_dim); world 1: q, k, v, attn */
     struct engine_tp_stats tp_stats;
+
+    /* profiling (engine_profile) */
+    bool prof;
+    int prof_phase;
+    int64_t prof_t; /* when the current phase began */
+    long long prof_ns[N_ENGINE_PHASES];
+    double prof_bytes[N_ENGINE_PHASES];
+    unsigned long long prof_forwards;
+    long long prof_forward_ns;
 };
+
+/* Ends the current phase of a profiled forward and begins ph (N_ENGINE_PHASES: none). */
+static void phase(struct engine *e, int ph)
+{
+    if (!e->prof)
+        return;
+    int64_t now = clock_ns();
+    if (e->prof_phase < N_ENGINE_PHASES)
+        e->prof_ns[e->prof_phase] += now - e->prof_t;
+    e->prof_t = now;
+    e->prof_phase = ph;
+    pool_set_tag(e->pool, ph < N_ENGINE_PHASES ? ph : 0);
+}
+
+static void count_bytes(struct engine *e, size_t bytes)
+{
+    if (e->prof && e->prof_phase < N_ENGINE_PHASES)
+        e->prof_bytes[e->prof_phase] += (double)bytes;
+}
 
 /* ---- parallel jobs ---- */
 
@@ -125,6 +154,7 @@ static void matmul_items(struct engine *e, int B, const struct mm_item *items, i
     j.min_claim = (long)(MM_MIN_CLAIM / (unit_bytes ? unit_bytes : 1));
     j.min_claim = j.min_claim < 1 ? 1 : j.min_claim;
     atomic_init(&j.next, 0);
+    count_bytes(e, bytes);
     pool_run(e->pool, mm_run, &j);
 }
 
@@ -487,6 +517,7 @@ static void gate_up_act(struct engine *e, int B, const struct mm_item *gu, const
     j.mm.min_claim = (long)(MM_MIN_CLAIM / (unit_bytes ? unit_bytes : 1));
     j.mm.min_claim = j.mm.min_claim < 1 ? 1 : j.mm.min_claim;
     atomic_init(&j.mm.next, 0);
+    count_bytes(e, bytes);
     pool_run(e->pool, gate_up_run, &j);
 }
 
@@ -874,7 +905,59 @@ static void softcap_rows(float *x, int64_t n, float cap)
         x[i] = tanhf(x[i] * inv) * cap;
 }
 
+static int forward(struct engine *e, struct kv_cache *kv, const struct batch *b, float *out, char *err, size_t errlen);
+
 int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b, float *out, char *err, size_t errlen)
+{
+    if (!e->prof)
+        return forward(e, kv, b, out, err, errlen);
+    int64_t t0 = clock_ns();
+    e->prof_t = t0;
+    e->prof_phase = EP_INPUT;
+    pool_set_tag(e->pool, EP_INPUT);
+    int rc = forward(e, kv, b, out, err, errlen);
+    phase(e, N_ENGINE_PHASES);
+    e->prof_forwards++;
+    e->prof_forward_ns += e->prof_t - t0;
+    return rc;
+}
+
+static const char *const phase_names[N_ENGINE_PHASES] = {
+    [EP_INPUT] = "input", [EP_QKV] = "qkv", [EP_QKV_POST] = "rope+kv", [EP_ATTN] = "attention",
+    [EP_WO] = "out", [EP_RESID_ATTN] = "add+norm", [EP_FFN] = "gate+up+act", [EP_DOWN] = "down",
+    [EP_RESID_FFN] = "add+norm2", [EP_HEAD] = "head",
+};
+
+const char *engine_phase_name(int ph) { return ph >= 0 && ph < N_ENGINE_PHASES ? phase_names[ph] : "?"; }
+
+int engine_profile(struct engine *e, bool on)
+{
+    memset(e->prof_ns, 0, sizeof e->prof_ns);
+    memset(e->prof_bytes, 0, sizeof e->prof_bytes);
+    e->prof_forwards = 0;
+    e->prof_forward_ns = 0;
+    e->prof = on;
+    e->prof_phase = N_ENGINE_PHASES;
+    int rc = pool_profile(e->pool, on);
+    if (rc)
+        e->prof = false;
+    return rc;
+}
+
+struct engine_phase_stats engine_phase_stats(const struct engine *e, int ph)
+{
+    if (ph < 0 || ph >= N_ENGINE_PHASES)
+        return (struct engine_phase_stats){0};
+    return (struct engine_phase_stats){e->prof_ns[ph], pool_tag_stats(e->pool, ph), e->prof_bytes[ph]};
+}
+
+void engine_profile_totals(const struct engine *e, unsigned long long *forwards, long long *ns_forward)
+{
+    *forwards = e->prof_forwards;
+    *ns_forward = e->prof_forward_ns;
+}
+
+static int forward(struct engine *e, struct kv_cache *kv, const struct batch *b, float *out, char *err, size_t errlen)
 {
     int rc = check_batch(e, kv, b, err, errlen);
     if (rc)
@@ -928,6 +1011,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
     for (int il = 0; il < n_layers; il++) {
         const struct model_layer *L = &m->layers[il];
         /* attention block */
+        phase(e, EP_QKV);
         struct mm_item qkv_items[3] = {
             mm_item_part(e, L->wq, DIM_EMBD, e->q, (size_t)e->q_dim, e->q_part),
             mm_item_part(e, L->wk, DIM_EMBD, e->k, (size_t)e->kv_dim, e->kv_part),
@@ -940,9 +1024,11 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
             copy_cols(e->k_loc, (size_t)e->kv_loc_dim, 0, e->k, (size_t)e->kv_dim, kv0, e->kv_loc_dim, B);
             copy_cols(e->v_loc, (size_t)e->kv_loc_dim, 0, e->v, (size_t)e->kv_dim, kv0, e->kv_loc_dim, B);
         }
+        phase(e, EP_QKV_POST);
         bool swa = model_layer_swa(hp, m->layer_begin + il);
         struct qkv_post_job pj = {e, L, kv, il, B, swa && e->rope_cs_swa ? e->rope_cs_swa : e->rope_cs};
         run_rows(e, qkv_post_run, &pj, B);
+        phase(e, EP_ATTN);
         /* the sinks of this rank's heads (tensor parallelism refuses the mixtures that have them) */
         attn_forward_sinks(e->att, e->pool, e->vec, kv, il, B, b->seq, b->pos, e->q_loc, e->attn_loc,
                            swa ? hp->swa_window : 0, L->sinks ? L->sinks + e->q_part[e->tp_rank] / hp->head_dim : NULL);
@@ -951,6 +1037,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
             if ((rc = tp_gather(e, e->attn, B, (size_t)e->q_dim, e->q_part, 0, err, errlen)))
                 return rc;
         }
+        phase(e, EP_WO);
         const struct kern_mat *wo[1] = {L->wo};
         quantize_for(e, e->attn, e->q_dim, DIM_Q, B, wo, 1);
         struct mm_item wo_item = mm_item_part(e, L->wo, DIM_Q, e->tmp, (size_t)n_embd, e->embd_part);
@@ -959,6 +1046,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
             return rc;
         /* the bias on the whole vector (the same on every rank), the residual add, and the
          * feed-forward's norm and quantized input in one job */
+        phase(e, EP_RESID_ATTN);
         struct resid_job rj = {.e = e, .B = B, .bias = L->bo, .post_norm = L->attn_post_norm, .add = true,
                                .next_norm = L->ffn_norm};
         const float *ffn_post_norm = NULL;
@@ -968,6 +1056,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         run_rows(e, resid_run, &rj, B);
 
         /* feed-forward block */
+        phase(e, EP_FFN);
         if (L->router) {
             moe_forward(e->moe, e->pool, e->vec, L, e->xn, B, e->x); /* adds to x itself */
             ffn_added = true;
@@ -994,6 +1083,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
                     return rc;
                 quantize_for(e, e->gate, hp->n_ff, DIM_FF, B, down, 1);
             }
+            phase(e, EP_DOWN);
             struct mm_item down_item = mm_item_part(e, L->w_down, DIM_FF, e->tmp, (size_t)n_embd, e->embd_part);
             matmul_items(e, B, &down_item, 1);
             if ((rc = tp_gather(e, e->tmp, B, (size_t)n_embd, e->embd_part, 0, err, errlen)))
@@ -1001,6 +1091,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
             ffn_post_norm = L->ffn_post_norm;
         }
         /* the residual add, and the next layer's norm and quantized input */
+        phase(e, EP_RESID_FFN);
         rj = (struct resid_job){.e = e, .B = B, .post_norm = ffn_post_norm, .add = !ffn_added};
         if (il + 1 < n_layers) {
             const struct model_layer *N = &m->layers[il + 1];
@@ -1010,6 +1101,7 @@ int engine_forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         run_rows(e, resid_run, &rj, B);
     }
 
+    phase(e, EP_HEAD);
     if (!m->last) {
         memcpy(out, e->x, (size_t)B * (size_t)n_embd * sizeof(float));
         return 0;

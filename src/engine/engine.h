@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/pool.h"
 #include "engine/kv.h"
 #include "engine/moe.h"
 #include "model/model.h"
@@ -129,5 +130,34 @@ struct moe_stats engine_moe_stats(const struct engine *e);
 /* Jobs handed to the engine's threads so far (pool_dispatches): each costs a barrier, so
  * tests hold the count per decode step to what the layer loop needs. */
 unsigned long long engine_dispatches(const struct engine *e);
+
+/* Where the time of forwards goes (off unless asked; bench's decode breakdown). A forward
+ * is cut into phases on the calling thread's clock; each phase's jobs handed to the
+ * threads are timed by the pool (pool_tag_stats), and its products' weight bytes
+ * counted. A phase's wall time less its jobs' is work the calling thread did alone. */
+enum engine_phase {
+    EP_INPUT,      /* cache room, RoPE tables, the embedding, the first norm */
+    EP_QKV,        /* the q, k, v products */
+    EP_QKV_POST,   /* biases, head norms, RoPE, the KV cache write */
+    EP_ATTN,       /* attention */
+    EP_WO,         /* the output product and its input's quantizing */
+    EP_RESID_ATTN, /* residual add, the feed-forward's norm and quantizing */
+    EP_FFN,        /* gate and up, the activation, down's quantizing (a mixture: all of it) */
+    EP_DOWN,       /* the down product */
+    EP_RESID_FFN,  /* residual add, the next layer's norm and quantizing */
+    EP_HEAD,       /* the final norm, its quantizing, the output head, softcapping */
+    N_ENGINE_PHASES
+};
+const char *engine_phase_name(int phase);
+struct engine_phase_stats {
+    long long ns;   /* the calling thread's wall time in the phase */
+    struct pool_tag_stats jobs;
+    double weight_bytes; /* of the products run */
+};
+/* Turns profiling on (sums zeroed) or off; 0, or CAIRN_ENOMEM. */
+int engine_profile(struct engine *e, bool on);
+/* The sums of phase ph so far; *forwards and *ns_forward: forwards timed and their time. */
+struct engine_phase_stats engine_phase_stats(const struct engine *e, int ph);
+void engine_profile_totals(const struct engine *e, unsigned long long *forwards, long long *ns_forward);
 
 #endif

@@ -73,6 +73,34 @@ int main(void)
         CHECK(hits[0] == 200 && hits[999] == 200, "first and last elements hit %d and %d times", hits[0], hits[999]);
         pool_release(p);
     }
+    /* Profiling counts each job under the tag set before it, with times that add up:
+     * a thread's time in fn is within the job's wall time. */
+    for (int threads = 1; threads <= 3; threads++) {
+        struct pool *p;
+        CHECK_EQ_INT(pool_create(&p, threads), 0);
+        int hits[1000];
+        memset(hits, 0, sizeof hits);
+        struct job j = {.n = 1000, .hits = hits};
+        pool_run(p, mark, &j); /* not profiled */
+        CHECK_EQ_INT(pool_profile(p, true), 0);
+        for (int rep = 0; rep < 30; rep++) {
+            pool_set_tag(p, rep % 3 == 0 ? 2 : 5);
+            pool_run(p, mark, &j);
+        }
+        struct pool_tag_stats t2 = pool_tag_stats(p, 2), t5 = pool_tag_stats(p, 5), t0 = pool_tag_stats(p, 0);
+        CHECK(t2.jobs == 10 && t5.jobs == 20 && t0.jobs == 0, "jobs by tag: %llu %llu %llu", t2.jobs, t5.jobs, t0.jobs);
+        CHECK(t5.ns_busy_caller >= 0 && t5.ns_busy_caller <= t5.ns_wall, "caller busy %lld of %lld ns",
+              t5.ns_busy_caller, t5.ns_wall);
+        CHECK(t5.ns_busy_workers >= 0 && t5.ns_busy_workers + t5.ns_wake_workers <= (threads - 1) * t5.ns_wall,
+              "workers busy %lld, waking %lld of %lld ns", t5.ns_busy_workers, t5.ns_wake_workers, t5.ns_wall);
+        CHECK(threads > 1 || (t5.ns_busy_workers == 0 && t5.ns_late == 0), "1 thread: workers' times");
+        CHECK(pool_thread_tid(p, threads - 1) != 0, "thread %d's id", threads - 1);
+        CHECK_EQ_INT(pool_profile(p, false), 0);
+        pool_run(p, mark, &j);
+        CHECK(pool_tag_stats(p, 5).jobs == 0, "stats after profiling off");
+        CHECK_EQ_INT(atomic_load(&j.calls), 32 * threads);
+        pool_release(p);
+    }
     CHECK(pool_create(&(struct pool *){0}, 0) == CAIRN_EINVAL, "0 threads accepted");
     pool_release(NULL);
     /* Blocks for streamed weights: 64-byte aligned, huge-page aligned from 2 MiB up,
