@@ -458,7 +458,7 @@ struct act_quant_job {
     bool kinds[N_ACT_KINDS]; /* gate's quantized rows (DIM_FF) */
 };
 
-/* Columns [lo, hi) of every row; lo a multiple of ACT_SPLIT. */
+/* Columns [lo, hi) of every row; lo a multiple of every activation block (gate_up_unit). */
 static void act_quant_range(const struct act_quant_job *j, int64_t lo, int64_t hi)
 {
     struct engine *e = j->e;
@@ -476,11 +476,16 @@ static void act_quant_range(const struct act_quant_job *j, int64_t lo, int64_t h
 
 /* The gate and up products with the activation and quantizing of each run of columns
  * done by the thread that computed it, right after it: one job instead of two. Runs are
- * whole multiples of ACT_SPLIT rows of both matrices, claimed as matmul_items claims
- * (each row still computed whole by one kern_matmul call). */
+ * whole units of rows of both matrices, claimed as matmul_items claims (each row still
+ * computed whole by one kern_matmul call). A unit is the least run that both matrices'
+ * row groups and the down product's activation blocks divide (gate_up_unit): a decode
+ * step's last claims are then as short as the other products', where 256-row units
+ * (a fixed ACT_SPLIT) left one thread up to a unit (0.6-1.1 MiB of weights) behind the
+ * other at the barrier. */
 struct gate_up_job {
-    struct mm_job mm; /* items 0 (gate) and 1 (up) over the same rows; units of ACT_SPLIT rows */
+    struct mm_job mm; /* items 0 (gate) and 1 (up) over the same rows; units of `unit` rows */
     struct act_quant_job act;
+    int64_t unit;
 };
 
 static void gate_up_run(void *ctx, int ith, int nth)
@@ -490,7 +495,7 @@ static void gate_up_run(void *ctx, int ith, int nth)
     int64_t n = j->mm.item[0].r1;
     long lo, hi;
     while (mm_claim(&j->mm, nth, &lo, &hi)) {
-        int64_t r0 = lo * ACT_SPLIT, r1 = hi * ACT_SPLIT < n ? hi * ACT_SPLIT : n;
+        int64_t r0 = lo * j->unit, r1 = hi * j->unit < n ? hi * j->unit : n;
         for (int i = 0; i < 2; i++)
             kern_matmul(j->mm.item[i].m, j->mm.item[i].xq, j->mm.item[i].ldx, j->mm.B, j->mm.item[i].y,
                         j->mm.item[i].ldy, r0, r1);
@@ -498,11 +503,34 @@ static void gate_up_run(void *ctx, int ith, int nth)
     }
 }
 
-/* Whether gate_up_run can split these products (their rows align to ACT_SPLIT). */
-static bool gate_up_fusable(const struct kern_mat *gate, const struct kern_mat *up)
+static int64_t gcd64(int64_t a, int64_t b)
 {
-    return ACT_SPLIT % kern_mat_row_align(gate) == 0 && ACT_SPLIT % kern_mat_row_align(up) == 0 &&
-           kern_mat_rows(gate) == kern_mat_rows(up);
+    while (b) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+static int64_t lcm64(int64_t a, int64_t b) { return a / gcd64(a, b) * b; }
+
+/* The rows of gate_up_run's unit: a multiple of both matrices' row groups and of the
+ * block of every activation format the down product takes (32 or 256 elements). */
+static int64_t gate_up_unit(const struct kern_mat *gate, const struct kern_mat *up, const bool *kinds)
+{
+    static const int64_t block[N_ACT_KINDS] = {[KERN_ACT_F32] = 1, [KERN_ACT_Q8_32] = 32, [KERN_ACT_Q8_256] = 256};
+    int64_t u = lcm64(kern_mat_row_align(gate), kern_mat_row_align(up));
+    for (int k = 0; k < N_ACT_KINDS; k++)
+        if (kinds[k])
+            u = lcm64(u, block[k]);
+    return u;
+}
+
+/* Whether gate_up_run can split these products (a unit of gate_up_unit within ACT_SPLIT's bound). */
+static bool gate_up_fusable(const struct kern_mat *gate, const struct kern_mat *up, const bool *kinds)
+{
+    return gate_up_unit(gate, up, kinds) <= ACT_SPLIT && kern_mat_rows(gate) == kern_mat_rows(up);
 }
 
 static void gate_up_act(struct engine *e, int B, const struct mm_item *gu, const struct act_quant_job *act)
@@ -510,7 +538,10 @@ static void gate_up_act(struct engine *e, int B, const struct mm_item *gu, const
     struct gate_up_job j = {.mm = {.n_items = 2, .B = B}, .act = *act};
     j.mm.item[0] = gu[0];
     j.mm.item[1] = gu[1];
-    long units = (long)((gu[0].r1 + ACT_SPLIT - 1) / ACT_SPLIT);
+    /* a batch keeps ACT_SPLIT's longer runs: its products reuse each activation row over them */
+    j.unit = gate_up_unit(gu[0].m, gu[1].m, act->kinds);
+    j.unit = B == 1 ? j.unit : lcm64(j.unit, ACT_SPLIT);
+    long units = (long)((gu[0].r1 + j.unit - 1) / j.unit);
     j.mm.first_unit[1] = j.mm.first_unit[2] = units; /* mm_claim's total */
     size_t bytes = kern_mat_bytes(gu[0].m) + kern_mat_bytes(gu[1].m);
     size_t unit_bytes = units ? bytes / (size_t)units : 1;
@@ -1068,7 +1099,7 @@ static int forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
             const struct kern_mat *down[1] = {L->w_down};
             struct act_quant_job aj = {.e = e, .B = B, .gelu = hp->gemma};
             kinds_for(aj.kinds, down, 1);
-            if (e->tp_world == 1 && gate_up_fusable(L->w_gate, L->w_up)) {
+            if (e->tp_world == 1 && gate_up_fusable(L->w_gate, L->w_up, aj.kinds)) {
                 gate_up_act(e, B, gu_items, &aj);
             } else if (e->tp_world == 1) {
                 matmul_items(e, B, gu_items, 2);
