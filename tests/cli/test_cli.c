@@ -117,6 +117,10 @@ int main(void)
     CHECK(rc == 0 && strstr(out, "roofline") && strstr(out, "pp16") && strstr(out, "B= 2") &&
               strstr(out, "8 streams+prefetch") && strstr(out, "GB/s; bandwidth beside"),
           "bench (%d): %s", rc, out);
+    /* ... and where a decode step goes: its phases, their jobs and barrier waits. */
+    CHECK(strstr(out, "step breakdown, all runs (per token, 8 tokens, 1 threads)") && strstr(out, "\n  qkv ") &&
+              strstr(out, "\n  head ") && strstr(out, "fastest step's breakdown") && strstr(out, "threads' time:"),
+          "bench's step breakdown: %s", out);
     /* The batch curve after a context of its own in every sequence. */
     rc = run(out, sizeof out, "%s bench -m %s/tiny.gguf -p 0 -n 0 -r 1 --batch-curve 3 --batch-depth 40 "
              "--bandwidth-mib 64 -t 1", bin, dir);
