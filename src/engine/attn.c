@@ -442,7 +442,7 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
     }
     if (nb)
         vec->attn_qk_paged(q0, ldq, nr, sc->kblk, quant_k ? sc->ksblk : NULL, bt, nmax - pj0, hd,
-                           j->type_k, sc->s + (size_t)r0 * ATTN_TILE + pj0, ATTN_TILE);
+                           j->type_k, sc->s + (size_t)r0 * ATTN_TILE + pj0, ATTN_TILE, NULL);
     if (kf)
         vec->attn_qk(sc->q + (size_t)r0 * hd, hd, nr, sc->kf + js, NULL, ATTN_TILE, nmax - js, hd, DT_F32,
                      sc->s + (size_t)r0 * ATTN_TILE + js, ATTN_TILE);
@@ -456,7 +456,7 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
     memset(sc->ot + (size_t)r0 * hd, 0, (size_t)nr * (size_t)hd * sizeof(float));
     if (!cut) {
         vec->attn_pv(sc->ot + (size_t)r0 * hd, hd, nr, sc->s + (size_t)r0 * ATTN_TILE, ATTN_TILE, sc->nv + r0,
-                     sc->vrows, hd, type_v);
+                     sc->vrows, hd, type_v, NULL);
         return;
     }
     /* rows of a window that starts inside the tile: each over its own positions */
@@ -464,7 +464,7 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
         int st = sc->st[r];
         int32_t cnt = sc->nv[r] - st;
         vec->attn_pv(sc->ot + (size_t)r * hd, hd, 1, sc->s + (size_t)r * ATTN_TILE + st, ATTN_TILE, &cnt,
-                     sc->vrows + st, hd, type_v);
+                     sc->vrows + st, hd, type_v, NULL);
     }
 }
 
@@ -567,10 +567,16 @@ static void prefetch_blocks(const struct attn_job *j, const int32_t *table, int6
 }
 
 /* Part `part` of `parts` of prefetch_blocks's lines (in the same order): spread over the
- * steps of a tile, so some of the reads are always in flight while the arithmetic runs. */
+ * steps of a tile, so some of the reads are always in flight while the arithmetic runs. The
+ * part's first contiguous run goes into *pf, for the next kernel to ask for along its steps
+ * (vec.h vec_prefetch: asked for at once, 128 lines filled the miss buffers and the
+ * arithmetic then waited for them; a cold step read 1.65x faster spread), the rest (a part
+ * that crosses a block) is asked for now. */
 static void prefetch_part(const struct attn_job *j, const int32_t *table, int64_t p0, int64_t p1, int64_t end,
-                          bool v, int part, int parts)
+                          bool v, int part, int parts, struct vec_prefetch *pf)
 {
+    pf->at = NULL;
+    pf->lines = 0;
     int bt = j->bt;
     size_t bytes = (v ? j->v_head : j->k_head) * (size_t)bt * (size_t)j->a->sh.n_head_kv; /* one block */
     p1 = p1 < end ? p1 : end;
@@ -582,8 +588,12 @@ static void prefetch_part(const struct attn_job *j, const int32_t *table, int64_
     size_t lo = lines * (size_t)part / (size_t)parts, hi = lines * (size_t)(part + 1) / (size_t)parts;
     size_t b = lo / per_block, c = lo % per_block; /* one division, not one a line (a third of a decode's step) */
     const char *base = v ? j->v_base : j->k_base;
-    for (size_t i = lo; i < hi; b++, c = 0) {
-        const char *at = base + (size_t)table[p0 / bt + (int64_t)b] * bytes;
+    size_t run = per_block - c < hi - lo ? per_block - c : hi - lo;
+    pf->at = base + (size_t)table[p0 / bt + (int64_t)b] * bytes + 64 * c;
+    pf->lines = (int64_t)run;
+    c = 0;
+    for (size_t i = lo + run; i < hi; c = 0) { /* the part's lines in the blocks after */
+        const char *at = base + (size_t)table[p0 / bt + (int64_t)++b] * bytes;
         for (; c < per_block && i < hi; c++, i++)
             __builtin_prefetch(at + 64 * c, 0, 2);
     }
@@ -660,12 +670,13 @@ static void decode_tile(struct attn_job *j, struct scratch *sc, const struct scr
     for (int b = 0; b < nbt; b += step) {
         int k0 = b * bt, k1 = k0 + STREAM_KEYS < nmax ? k0 + STREAM_KEYS : nmax;
         for (int h = 0; h < n_kv; h++) {
-            prefetch_part(j, table, t0, t0 + ATTN_TILE, end, true, (k0 / STREAM_KEYS) * n_kv + h, parts);
+            struct vec_prefetch pf;
+            prefetch_part(j, table, t0, t0 + ATTN_TILE, end, true, (k0 / STREAM_KEYS) * n_kv + h, parts, &pf);
             int64_t ldq;
             const void *qh = qk_row(j, sc, h * R + r0, &ldq);
             vec->attn_qk_paged(qh, ldq, nr, hs->kblk + h * per_head + b,
                                quant_k ? hs->ksblk + h * per_head + b : NULL, bt, k1 - k0, hd, j->type_k,
-                               sc->s + (size_t)(h * R + r0) * ATTN_TILE + k0, ATTN_TILE);
+                               sc->s + (size_t)(h * R + r0) * ATTN_TILE + k0, ATTN_TILE, &pf);
         }
     }
     for (int h = 0; h < n_kv; h++)
@@ -678,11 +689,12 @@ static void decode_tile(struct attn_job *j, struct scratch *sc, const struct scr
         for (int r = r0; r < R; r++)
             cnt[r - r0] = sc->nv[r] - k0 < 0 ? 0 : sc->nv[r] - k0 > STREAM_KEYS ? STREAM_KEYS : sc->nv[r] - k0;
         for (int h = 0; h < n_kv; h++) {
+            struct vec_prefetch pf = {NULL, 0};
             if (more)
                 prefetch_part(j, table, t0 + ATTN_TILE, t0 + 2 * ATTN_TILE, end, false, (k0 / STREAM_KEYS) * n_kv + h,
-                              parts);
+                              parts, &pf);
             vec->attn_pv(sc->ot + (size_t)(h * R + r0) * hd, hd, nr, sc->s + (size_t)(h * R + r0) * ATTN_TILE + k0,
-                         ATTN_TILE, cnt, hs->vrows + h * ATTN_TILE + k0, hd, j->type_v);
+                         ATTN_TILE, cnt, hs->vrows + h * ATTN_TILE + k0, hd, j->type_v, &pf);
         }
     }
     for (int h = 0; h < n_kv; h++)

@@ -179,8 +179,9 @@ static void attn_qk_ref(const void *qv, int64_t ldq, int rows, const void *kt, c
 }
 
 static void attn_pv_ref(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
-                        const void *const *v, int64_t hd, int type)
+                        const void *const *v, int64_t hd, int type, const struct vec_prefetch *pf)
 {
+    vec_prefetch_all(pf);
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < n[r]; j++) {
             float pj = p[r * ldp + j], *y = o + r * ldo;
@@ -224,8 +225,9 @@ static float softmax_tile_ref(float *s, int64_t n, float *l)
 /* attn_qk_paged as one attn_qk per block (the reference's and the variants' without their own). */
 #define QK_PAGED_BY_BLOCK(name, qk)                                                                           \
     void name(const void *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks, int bt,  \
-              int n, int64_t hd, int type, float *s, int64_t lds)                                             \
+              int n, int64_t hd, int type, float *s, int64_t lds, const struct vec_prefetch *pf)               \
     {                                                                                                         \
+        vec_prefetch_all(pf);                                                                                 \
         for (int j0 = 0, b = 0; j0 < n; j0 += bt, b++)                                                        \
             qk(q, ldq, rows, kt[b], ks ? ks[b] : NULL, bt, n - j0 < bt ? n - j0 : bt, hd, type, s + j0, lds);   \
     }

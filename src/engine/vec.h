@@ -10,6 +10,23 @@
 
 #include <stdint.h>
 
+/* Lines a tile product asks the memory for while it runs (software prefetch), so that a
+ * decode's reads of the next K and V stay in flight during its arithmetic: `lines` lines of
+ * 64 bytes from `at`. No result depends on it; a variant may ask for them all at once
+ * (vec_prefetch_all) or spread them over its steps (the AVX-512 one: asked for in one burst
+ * they filled the core's miss buffers, and the arithmetic waited for the reads instead of
+ * overlapping them). */
+struct vec_prefetch {
+    const char *at;
+    int64_t lines;
+};
+
+static inline void vec_prefetch_all(const struct vec_prefetch *pf)
+{
+    for (int64_t i = 0; pf && i < pf->lines; i++)
+        __builtin_prefetch(pf->at + 64 * i, 0, 2);
+}
+
 struct vec_ops {
     float (*dot_f32)(const float *a, const float *b, int64_t n);
     void (*exp_sub)(float *x, float sub, int64_t n);          /* x[k] = exp(x[k] - sub) */
@@ -44,14 +61,14 @@ struct vec_ops {
     void (*attn_qk)(const void *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
                     int64_t hd, int type, float *s, int64_t lds);
     void (*attn_pv)(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
-                    const void *const *v, int64_t hd, int type);
+                    const void *const *v, int64_t hd, int type, const struct vec_prefetch *pf);
     float (*softmax_tile)(float *s, int64_t n, float *l);
     /* attn_qk over keys in blocks of bt: key j is column j % bt of block j / bt, whose K
      * (transposed, ld = bt) is at kt[j / bt] and its scales at ks[j / bt] (quantized
      * types); the same bits as attn_qk on the keys gathered. Lets a decode's few rows run
-     * over several blocks at once. */
+     * over several blocks at once. attn_pv and attn_qk_paged ask for pf's lines (NULL: none). */
     void (*attn_qk_paged)(const void *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks,
-                          int bt, int n, int64_t hd, int type, float *s, int64_t lds);
+                          int bt, int n, int64_t hd, int type, float *s, int64_t lds, const struct vec_prefetch *pf);
     /* y[r*ldy + k] = x[r*ldx + k] as float for r < rows, k < n (F16 to F32 is exact: every
      * variant gives the same bits). */
     void (*f16_to_f32)(const uint16_t *x, int64_t ldx, float *y, int64_t ldy, int rows, int64_t n);

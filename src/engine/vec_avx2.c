@@ -321,14 +321,15 @@ static void pv8_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ld
 }
 
 static void attn_pv(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
-                    const void *const *v, int64_t hd, int type)
+                    const void *const *v, int64_t hd, int type, const struct vec_prefetch *pf)
 {
+    vec_prefetch_all(pf);
     if (type == DT_Q8_0) {
         pv8_impl(o, ldo, rows, p, ldp, n, v, hd);
         return;
     }
     if (type != DT_F16 && type != DT_F32) {
-        vec_ops_ref()->attn_pv(o, ldo, rows, p, ldp, n, v, hd, type);
+        vec_ops_ref()->attn_pv(o, ldo, rows, p, ldp, n, v, hd, type, NULL);
         return;
     }
     if (type == DT_F16)
@@ -373,8 +374,9 @@ static float softmax_tile(float *s, int64_t n, float *l)
 
 /* One attn_qk per block. */
 static void attn_qk_paged(const void *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks,
-                          int bt, int n, int64_t hd, int type, float *s, int64_t lds)
+                          int bt, int n, int64_t hd, int type, float *s, int64_t lds, const struct vec_prefetch *pf)
 {
+    vec_prefetch_all(pf);
     for (int j0 = 0, b = 0; j0 < n; j0 += bt, b++)
         attn_qk(q, ldq, rows, kt[b], ks ? ks[b] : NULL, bt, n - j0 < bt ? n - j0 : bt, hd, type, s + j0, lds);
 }

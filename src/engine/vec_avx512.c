@@ -118,6 +118,36 @@ static void silu_mul(float *a, const float *b, int64_t n)
 
 #define INLINE static inline __attribute__((always_inline))
 
+/* vec.h vec_prefetch spread over a kernel's steps: per lines at each step, the rest at the
+ * end (pf_end). */
+struct pf_cur {
+    const char *at;
+    int64_t left, per;
+};
+
+INLINE struct pf_cur pf_begin(const struct vec_prefetch *pf, int64_t steps)
+{
+    struct pf_cur c = {NULL, 0, 0};
+    if (pf && pf->lines > 0) {
+        c.at = pf->at;
+        c.left = pf->lines;
+        c.per = steps > 0 ? (pf->lines + steps - 1) / steps : pf->lines;
+    }
+    return c;
+}
+
+INLINE void pf_step(struct pf_cur *c)
+{
+    for (int64_t i = 0; i < c->per && c->left > 0; i++, c->left--, c->at += 64)
+        __builtin_prefetch(c->at, 0, 2);
+}
+
+INLINE void pf_end(struct pf_cur *c)
+{
+    for (; c->left > 0; c->left--, c->at += 64)
+        __builtin_prefetch(c->at, 0, 2);
+}
+
 INLINE __m512 load16(const void *p, int f16, int64_t i, __mmask16 m)
 {
     return f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i))
@@ -375,7 +405,7 @@ static void attn_qk_novnni(const void *q, int64_t ldq, int rows, const void *kt,
 /* R (constant, <= 6) rows by the keys of blocks b0..b0+3 of 16 keys (block c under mask
  * m[c]; a block of mask 0 is not read) of F16 or F32 K: 24 chains, as qk_rows_f. */
 INLINE void qkp_rows(const float *q, int64_t ldq, const int R, const void *const *kt, int b0, const __mmask16 *m,
-                     int64_t hd, const int f16, float *s, int64_t lds)
+                     int64_t hd, const int f16, float *s, int64_t lds, struct pf_cur *pf)
 {
     __m512 a[6][4];
     const void *kb[4];
@@ -388,6 +418,7 @@ INLINE void qkp_rows(const float *q, int64_t ldq, const int R, const void *const
         __m512 k[4];
         for (int c = 0; c < 4; c++)
             k[c] = load16(kb[c], f16, d * 16, m[c]);
+        pf_step(pf);
         for (int r = 0; r < R; r++) {
             __m512 qb = _mm512_set1_ps(q[r * ldq + d]);
             for (int c = 0; c < 4; c++)
@@ -400,8 +431,9 @@ INLINE void qkp_rows(const float *q, int64_t ldq, const int R, const void *const
 }
 
 INLINE void qkp_impl(const float *q, int64_t ldq, int rows, const void *const *kt, int n, int64_t hd, const int f16,
-                     float *s, int64_t lds)
+                     float *s, int64_t lds, const struct vec_prefetch *pfq)
 {
+    struct pf_cur pc = pf_begin(pfq, hd * ((n + 63) / 64) * ((rows + 5) / 6)), *pf = &pc;
     for (int b0 = 0; 16 * b0 < n; b0 += 4) {
         __mmask16 m[4];
         masks4(n - 16 * b0, m);
@@ -409,21 +441,22 @@ INLINE void qkp_impl(const float *q, int64_t ldq, int rows, const void *const *k
             const float *qr = q + r * ldq;
             float *sr = s + r * lds;
             switch (rows - r < 6 ? rows - r : 6) {
-            case 6: qkp_rows(qr, ldq, 6, kt, b0, m, hd, f16, sr, lds); break;
-            case 5: qkp_rows(qr, ldq, 5, kt, b0, m, hd, f16, sr, lds); break;
-            case 4: qkp_rows(qr, ldq, 4, kt, b0, m, hd, f16, sr, lds); break;
-            case 3: qkp_rows(qr, ldq, 3, kt, b0, m, hd, f16, sr, lds); break;
-            case 2: qkp_rows(qr, ldq, 2, kt, b0, m, hd, f16, sr, lds); break;
-            default: qkp_rows(qr, ldq, 1, kt, b0, m, hd, f16, sr, lds); break;
+            case 6: qkp_rows(qr, ldq, 6, kt, b0, m, hd, f16, sr, lds, pf); break;
+            case 5: qkp_rows(qr, ldq, 5, kt, b0, m, hd, f16, sr, lds, pf); break;
+            case 4: qkp_rows(qr, ldq, 4, kt, b0, m, hd, f16, sr, lds, pf); break;
+            case 3: qkp_rows(qr, ldq, 3, kt, b0, m, hd, f16, sr, lds, pf); break;
+            case 2: qkp_rows(qr, ldq, 2, kt, b0, m, hd, f16, sr, lds, pf); break;
+            default: qkp_rows(qr, ldq, 1, kt, b0, m, hd, f16, sr, lds, pf); break;
             }
         }
     }
+    pf_end(pf);
 }
 
 /* R (constant, <= 4) rows by blocks b0..b0+3 of 16 keys of Q8_0 or Q4_0 K (mask m[c]): the
  * chains u of each 32 dimensions in registers, the sums s = fma(u, scale, s) kept in s. */
 INLINE void qkpq_rows(const float *q, int64_t ldq, const int R, const void *const *kt, const uint16_t *const *ks,
-                      int b0, const __mmask16 *m, int64_t hd, const int type, float *s, int64_t lds)
+                      int b0, const __mmask16 *m, int64_t hd, const int type, float *s, int64_t lds, struct pf_cur *pf)
 {
     const void *kb[4];
     const uint16_t *sb[4];
@@ -440,6 +473,7 @@ INLINE void qkpq_rows(const float *q, int64_t ldq, const int R, const void *cons
             __m512 k[4];
             for (int c = 0; c < 4; c++)
                 k[c] = load_codes(kb[c], type, 16, d, 0, m[c]);
+            pf_step(pf);
             for (int r = 0; r < R; r++) {
                 __m512 qb = _mm512_set1_ps(q[r * ldq + d]);
                 for (int c = 0; c < 4; c++)
@@ -458,8 +492,9 @@ INLINE void qkpq_rows(const float *q, int64_t ldq, const int R, const void *cons
 }
 
 INLINE void qkpq_impl(const float *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks, int n,
-                      int64_t hd, const int type, float *s, int64_t lds)
+                      int64_t hd, const int type, float *s, int64_t lds, const struct vec_prefetch *pfq)
 {
+    struct pf_cur pc = pf_begin(pfq, hd * ((n + 63) / 64) * ((rows + 3) / 4)), *pf = &pc;
     for (int b0 = 0; 16 * b0 < n; b0 += 4) {
         __mmask16 m[4];
         masks4(n - 16 * b0, m);
@@ -467,19 +502,20 @@ INLINE void qkpq_impl(const float *q, int64_t ldq, int rows, const void *const *
             const float *qr = q + r * ldq;
             float *sr = s + r * lds;
             switch (rows - r < 4 ? rows - r : 4) {
-            case 4: qkpq_rows(qr, ldq, 4, kt, ks, b0, m, hd, type, sr, lds); break;
-            case 3: qkpq_rows(qr, ldq, 3, kt, ks, b0, m, hd, type, sr, lds); break;
-            case 2: qkpq_rows(qr, ldq, 2, kt, ks, b0, m, hd, type, sr, lds); break;
-            default: qkpq_rows(qr, ldq, 1, kt, ks, b0, m, hd, type, sr, lds); break;
+            case 4: qkpq_rows(qr, ldq, 4, kt, ks, b0, m, hd, type, sr, lds, pf); break;
+            case 3: qkpq_rows(qr, ldq, 3, kt, ks, b0, m, hd, type, sr, lds, pf); break;
+            case 2: qkpq_rows(qr, ldq, 2, kt, ks, b0, m, hd, type, sr, lds, pf); break;
+            default: qkpq_rows(qr, ldq, 1, kt, ks, b0, m, hd, type, sr, lds, pf); break;
             }
         }
     }
+    pf_end(pf);
 }
 
 /* R (constant, <= 4) rows by blocks b0..b0+3 of 16 keys of Q8_0 K (mask m[c]): the exact
  * sums of each 32 dimensions in registers, the float sums kept in s. */
 INLINE void qkp8_rows(const char *q, int64_t ldq, const int R, const void *const *kt, const uint16_t *const *ks,
-                      int b0, const __mmask16 *m, int64_t hd, float *s, int64_t lds, const int vnni)
+                      int b0, const __mmask16 *m, int64_t hd, float *s, int64_t lds, const int vnni, struct pf_cur *pf)
 {
     const int8_t *kb[4];
     const uint16_t *sb[4];
@@ -496,6 +532,7 @@ INLINE void qkp8_rows(const char *q, int64_t ldq, const int R, const void *const
             struct k8 k[4];
             for (int c = 0; c < 4; c++)
                 k[c] = k8_load(kb[c] + 64 * g, m[c], vnni);
+            pf_step(pf);
             for (int r = 0; r < R; r++) {
                 __m512i qb = q8_codes4(q + r * ldq, g);
                 for (int c = 0; c < 4; c++)
@@ -514,8 +551,9 @@ INLINE void qkp8_rows(const char *q, int64_t ldq, const int R, const void *const
 }
 
 INLINE void qkp8_impl(const char *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks, int n,
-                      int64_t hd, float *s, int64_t lds, const int vnni)
+                      int64_t hd, float *s, int64_t lds, const int vnni, const struct vec_prefetch *pfq)
 {
+    struct pf_cur pc = pf_begin(pfq, hd / 4 * ((n + 63) / 64) * ((rows + 3) / 4)), *pf = &pc;
     for (int b0 = 0; 16 * b0 < n; b0 += 4) {
         __mmask16 m[4];
         masks4(n - 16 * b0, m);
@@ -523,49 +561,53 @@ INLINE void qkp8_impl(const char *q, int64_t ldq, int rows, const void *const *k
             const char *qr = q + r * ldq;
             float *sr = s + r * lds;
             switch (rows - r < 4 ? rows - r : 4) {
-            case 4: qkp8_rows(qr, ldq, 4, kt, ks, b0, m, hd, sr, lds, vnni); break;
-            case 3: qkp8_rows(qr, ldq, 3, kt, ks, b0, m, hd, sr, lds, vnni); break;
-            case 2: qkp8_rows(qr, ldq, 2, kt, ks, b0, m, hd, sr, lds, vnni); break;
-            default: qkp8_rows(qr, ldq, 1, kt, ks, b0, m, hd, sr, lds, vnni); break;
+            case 4: qkp8_rows(qr, ldq, 4, kt, ks, b0, m, hd, sr, lds, vnni, pf); break;
+            case 3: qkp8_rows(qr, ldq, 3, kt, ks, b0, m, hd, sr, lds, vnni, pf); break;
+            case 2: qkp8_rows(qr, ldq, 2, kt, ks, b0, m, hd, sr, lds, vnni, pf); break;
+            default: qkp8_rows(qr, ldq, 1, kt, ks, b0, m, hd, sr, lds, vnni, pf); break;
             }
         }
     }
+    pf_end(pf);
 }
 
 /* Blocks of 16 keys four at a time; other block sizes one block at a time. */
 INLINE void qk_paged_dispatch(const void *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks,
-                              int bt, int n, int64_t hd, int type, float *s, int64_t lds, const int vnni)
+                              int bt, int n, int64_t hd, int type, float *s, int64_t lds, const int vnni,
+                              const struct vec_prefetch *pf)
 {
     if (bt == 16 && type == DT_F16) {
-        qkp_impl(q, ldq, rows, kt, n, hd, 1, s, lds);
+        qkp_impl(q, ldq, rows, kt, n, hd, 1, s, lds, pf);
         return;
     }
     if (bt == 16 && type == DT_F32) {
-        qkp_impl(q, ldq, rows, kt, n, hd, 0, s, lds);
+        qkp_impl(q, ldq, rows, kt, n, hd, 0, s, lds, pf);
         return;
     }
     if (bt == 16 && type == DT_Q8_0) {
-        qkp8_impl(q, ldq, rows, kt, ks, n, hd, s, lds, vnni);
+        qkp8_impl(q, ldq, rows, kt, ks, n, hd, s, lds, vnni, pf);
         return;
     }
     if (bt == 16 && type == DT_Q4_0) {
-        qkpq_impl(q, ldq, rows, kt, ks, n, hd, DT_Q4_0, s, lds);
+        qkpq_impl(q, ldq, rows, kt, ks, n, hd, DT_Q4_0, s, lds, pf);
         return;
     }
+    vec_prefetch_all(pf);
     for (int j0 = 0, b = 0; j0 < n; j0 += bt, b++)
         qk_dispatch(q, ldq, rows, kt[b], ks ? ks[b] : NULL, bt, n - j0 < bt ? n - j0 : bt, hd, type, s + j0, lds, vnni);
 }
 
 static void attn_qk_paged(const void *q, int64_t ldq, int rows, const void *const *kt, const uint16_t *const *ks,
-                          int bt, int n, int64_t hd, int type, float *s, int64_t lds)
+                          int bt, int n, int64_t hd, int type, float *s, int64_t lds, const struct vec_prefetch *pf)
 {
-    qk_paged_dispatch(q, ldq, rows, kt, ks, bt, n, hd, type, s, lds, 1);
+    qk_paged_dispatch(q, ldq, rows, kt, ks, bt, n, hd, type, s, lds, 1, pf);
 }
 
 static void attn_qk_paged_novnni(const void *q, int64_t ldq, int rows, const void *const *kt,
-                                 const uint16_t *const *ks, int bt, int n, int64_t hd, int type, float *s, int64_t lds)
+                                 const uint16_t *const *ks, int bt, int n, int64_t hd, int type, float *s, int64_t lds,
+                                 const struct vec_prefetch *pf)
 {
-    qk_paged_dispatch(q, ldq, rows, kt, ks, bt, n, hd, type, s, lds, 0);
+    qk_paged_dispatch(q, ldq, rows, kt, ks, bt, n, hd, type, s, lds, 0, pf);
 }
 
 /* Columns [16c, 16c+16) of V_j's 64-column window from c0, as floats, and the scale of
@@ -597,7 +639,7 @@ INLINE uint16_t v_scale(const void *vj, const int type, int64_t col)
 /* F16 or F32 V: R (constant, <= 6) rows, keys [j0, j1), the 64 columns from c0 (chunk c of
  * 16 under mask mc[c]). */
 INLINE void pv_rows(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
-                    const void *const *v, int64_t c0, const __mmask16 *mc, const int type)
+                    const void *const *v, int64_t c0, const __mmask16 *mc, const int type, struct pf_cur *pf)
 {
     __m512 a[6][4];
     for (int r = 0; r < R; r++)
@@ -607,6 +649,7 @@ INLINE void pv_rows(float *o, int64_t ldo, const int R, const float *p, int64_t 
         __m512 x[4];
         for (int c = 0; c < 4; c++)
             x[c] = load_v(v[j], type, c0, c, mc[c]);
+        pf_step(pf);
         for (int r = 0; r < R; r++) {
             __m512 pr = _mm512_set1_ps(p[r * ldp + j]);
             for (int c = 0; c < 4; c++)
@@ -621,7 +664,7 @@ INLINE void pv_rows(float *o, int64_t ldo, const int R, const float *p, int64_t 
 /* Quantized V: R (constant, <= 4) rows, keys ja..ja+nj-1 (nj <= 64), the 64 columns from c0,
  * with w = p * scale of each row, key and 32-column block already in w[r][h][jj]. */
 INLINE void pvq_rows(float *o, int64_t ldo, const int R, const float *w, int ja, int nj, const void *const *v,
-                     int64_t c0, const __mmask16 *mc, const int type)
+                     int64_t c0, const __mmask16 *mc, const int type, struct pf_cur *pf)
 {
     __m512 a[4][4];
     for (int r = 0; r < R; r++)
@@ -631,6 +674,7 @@ INLINE void pvq_rows(float *o, int64_t ldo, const int R, const float *w, int ja,
         __m512 x[4];
         for (int c = 0; c < 4; c++)
             x[c] = load_v(v[ja + jj], type, c0, c, mc[c]);
+        pf_step(pf);
         for (int r = 0; r < R; r++) {
             __m512 w0 = _mm512_set1_ps(w[(2 * r) * 64 + jj]), w1 = _mm512_set1_ps(w[(2 * r + 1) * 64 + jj]);
             a[r][0] = _mm512_fmadd_ps(w0, x[0], a[r][0]);
@@ -647,7 +691,7 @@ INLINE void pvq_rows(float *o, int64_t ldo, const int R, const float *w, int ja,
 /* Quantized V, keys [j0, j1): the products w = p * scale 16 keys at a time (the same
  * multiplies as one at a time), 64 keys per pass. */
 INLINE void pvq(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
-                const void *const *v, int64_t c0, const __mmask16 *mc, const int type)
+                const void *const *v, int64_t c0, const __mmask16 *mc, const int type, struct pf_cur *pf)
 {
     float w[4 * 2 * 64] __attribute__((aligned(64)));
     uint16_t sc[2 * 64] __attribute__((aligned(64))); /* halves, converted 16 at a time */
@@ -667,13 +711,14 @@ INLINE void pvq(float *o, int64_t ldo, const int R, const float *p, int64_t ldp,
                 _mm512_store_ps(w + (2 * r + 1) * 64 + jj, _mm512_mul_ps(pr, s1));
             }
         }
-        pvq_rows(o, ldo, R, w, ja, nj, v, c0, mc, type);
+        pvq_rows(o, ldo, R, w, ja, nj, v, c0, mc, type, pf);
     }
 }
 
 INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
-                    const void *const *v, int64_t hd, const int type)
+                    const void *const *v, int64_t hd, const int type, const struct vec_prefetch *pfq)
 {
+    struct pf_cur pc = pf_begin(pfq, rows > 0 ? (int64_t)n[0] * ((hd + 63) / 64) : 0), *pf = &pc;
     for (int64_t c0 = 0; c0 < hd; c0 += 64) {
         __mmask16 mc[4];
         masks4(hd - c0, mc);
@@ -687,39 +732,40 @@ INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp
             const float *prow = p + r * ldp;
             if (step == 4) { /* quantized */
                 switch (R) {
-                case 4: pvq(orow, ldo, 4, prow, ldp, 0, jmin, v, c0, mc, type); break;
-                case 3: pvq(orow, ldo, 3, prow, ldp, 0, jmin, v, c0, mc, type); break;
-                case 2: pvq(orow, ldo, 2, prow, ldp, 0, jmin, v, c0, mc, type); break;
-                default: pvq(orow, ldo, 1, prow, ldp, 0, jmin, v, c0, mc, type); break;
+                case 4: pvq(orow, ldo, 4, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
+                case 3: pvq(orow, ldo, 3, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
+                case 2: pvq(orow, ldo, 2, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
+                default: pvq(orow, ldo, 1, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
                 }
                 for (int g = 0; g < R; g++)
                     if (n[r + g] > jmin)
-                        pvq(orow + g * ldo, ldo, 1, prow + g * ldp, ldp, jmin, n[r + g], v, c0, mc, type);
+                        pvq(orow + g * ldo, ldo, 1, prow + g * ldp, ldp, jmin, n[r + g], v, c0, mc, type, pf);
                 continue;
             }
             switch (R) {
-            case 6: pv_rows(orow, ldo, 6, prow, ldp, 0, jmin, v, c0, mc, type); break;
-            case 5: pv_rows(orow, ldo, 5, prow, ldp, 0, jmin, v, c0, mc, type); break;
-            case 4: pv_rows(orow, ldo, 4, prow, ldp, 0, jmin, v, c0, mc, type); break;
-            case 3: pv_rows(orow, ldo, 3, prow, ldp, 0, jmin, v, c0, mc, type); break;
-            case 2: pv_rows(orow, ldo, 2, prow, ldp, 0, jmin, v, c0, mc, type); break;
-            default: pv_rows(orow, ldo, 1, prow, ldp, 0, jmin, v, c0, mc, type); break;
+            case 6: pv_rows(orow, ldo, 6, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
+            case 5: pv_rows(orow, ldo, 5, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
+            case 4: pv_rows(orow, ldo, 4, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
+            case 3: pv_rows(orow, ldo, 3, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
+            case 2: pv_rows(orow, ldo, 2, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
+            default: pv_rows(orow, ldo, 1, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
             }
             for (int g = 0; g < R; g++)
                 if (n[r + g] > jmin)
-                    pv_rows(orow + g * ldo, ldo, 1, prow + g * ldp, ldp, jmin, n[r + g], v, c0, mc, type);
+                    pv_rows(orow + g * ldo, ldo, 1, prow + g * ldp, ldp, jmin, n[r + g], v, c0, mc, type, pf);
         }
     }
+    pf_end(pf);
 }
 
 static void attn_pv(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
-                    const void *const *v, int64_t hd, int type)
+                    const void *const *v, int64_t hd, int type, const struct vec_prefetch *pf)
 {
     switch (type) {
-    case DT_F16: pv_impl(o, ldo, rows, p, ldp, n, v, hd, DT_F16); break;
-    case DT_F32: pv_impl(o, ldo, rows, p, ldp, n, v, hd, DT_F32); break;
-    case DT_Q8_0: pv_impl(o, ldo, rows, p, ldp, n, v, hd, DT_Q8_0); break;
-    default: pv_impl(o, ldo, rows, p, ldp, n, v, hd, DT_Q4_0); break;
+    case DT_F16: pv_impl(o, ldo, rows, p, ldp, n, v, hd, DT_F16, pf); break;
+    case DT_F32: pv_impl(o, ldo, rows, p, ldp, n, v, hd, DT_F32, pf); break;
+    case DT_Q8_0: pv_impl(o, ldo, rows, p, ldp, n, v, hd, DT_Q8_0, pf); break;
+    default: pv_impl(o, ldo, rows, p, ldp, n, v, hd, DT_Q4_0, pf); break;
     }
 }
 

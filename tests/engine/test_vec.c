@@ -195,6 +195,8 @@ static void test_attn_tiles(const struct vec_ops *ref, const struct vec_ops *ops
                  : type == DT_Q8_0 ? (const void *)(v8 + (j * 3) % (KEYS * HD / 32 - HD / 32))
                                    : (const void *)(v4 + (j * 3) % (KEYS * HD / 32 - HD / 32));
         }
+        /* asks for lines while they run (some reps none, some more lines than steps): no bit changes */
+        struct vec_prefetch pf = {(const char *)kh, (int64_t)(rep % 3) * 97};
         /* the same keys in blocks of 16 or of 7: attn_qk_paged */
         int bt = rep % 8 < 4 ? 16 : 7;
         const void *kblk[KEYS];
@@ -215,12 +217,12 @@ static void test_attn_tiles(const struct vec_ops *ref, const struct vec_ops *ops
             kblk[b] = type == DT_F16 ? (const void *)(khp + at) : type == DT_F32 ? (const void *)(kfp + at) : (const void *)(kbp + at);
             ksblk[b] = ksp + at;
         }
-        ops->attn_qk_paged(qa, ldq, rows, kblk, quant ? ksblk : NULL, bt, n, hd, type, sp, KEYS);
+        ops->attn_qk_paged(qa, ldq, rows, kblk, quant ? ksblk : NULL, bt, n, hd, type, sp, KEYS, &pf);
         ref->attn_qk(qa, ldq, rows, kt, ks, KEYS, n, hd, type, s1, KEYS);
         for (int r = 0; r < rows; r++)
             bad += memcmp(sp + r * KEYS, s1 + r * KEYS, (size_t)n * sizeof *sp) != 0;
-        ref->attn_pv(o0, hd, rows, s0, KEYS, nr, v, hd, type);
-        ops->attn_pv(o1, hd, rows, s0, KEYS, nr, v, hd, type);
+        ref->attn_pv(o0, hd, rows, s0, KEYS, nr, v, hd, type, NULL);
+        ops->attn_pv(o1, hd, rows, s0, KEYS, nr, v, hd, type, &pf);
         bad += memcmp(o0, o1, (size_t)(rows * hd) * sizeof *o0) != 0;
     }
     CHECK(bad == 0, "%s: %d attention tile results differ from the reference in bits", name, bad);
