@@ -12,6 +12,8 @@
 #      prompts' prefill counted as time, not tokens) and the engine's own time for the
 #      same work (those prompts at its prefill rate plus the tokens at its B = 8 rate)
 #      over theirs;
+#      How the runner's steps filled during the 8 streams (their CAIRN_STEP_LOG): steps
+#      by sequences decoding, full steps, the time the batch took to fill, the tail.
 #   4. while a 2000-token prompt is prefilled: the inter-token gaps of 4 running streams
 #      (p99 against their median) and the long prompt's TTFT against its TTFT alone.
 # Both servers stay up side by side (idle, they take no CPU) and each measure runs
@@ -40,7 +42,7 @@ while [ $# -gt 0 ]; do
     --no-ref) no_ref=1; shift ;;
     --perf) perf=1; shift ;;
     --ref-wait) ref_wait=$2; shift 2 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -67,6 +69,7 @@ mkdir -p "$mdir"
     --vocab ../shared/testdata/vocab/ggml-vocab-llama-bpe.gguf -o "$model" >/dev/null
 load() { timeout 600 $nice node bench/serve_load.mjs "$@"; }
 out=$bd/serve-results.jsonl
+steplog=$bd/serve-steps.log # the runner's steps (CAIRN_STEP_LOG), read after each 8 streams
 : >"$out"
 echo "{\"mode\":\"meta\",\"model\":\"llama-1b $type ($(basename "$model"))\",\"threads\":$threads,\"reps\":$reps,\"cpus\":$(nproc),\"ref_wait\":\"$ref_wait\"}" >>"$out"
 
@@ -147,7 +150,7 @@ start() {
   rm -rf "$data"
   # --bandwidth-mib 64: the node's start-up probe of DRAM (placement's estimate, not used
   # here) would read 1-8 GiB while the first measures run.
-  $nice $cairn node --api-port "$port" --cluster-port 0 --models-dir "$mdir" --data-dir "$data" \
+  $nice env CAIRN_STEP_LOG="$steplog" $cairn node --api-port "$port" --cluster-port 0 --models-dir "$mdir" --data-dir "$data" \
       --discovery off -q -t "$threads" --parallel "$1" --bandwidth-mib 64 >$bd/serve-node.log 2>&1 &
   pid[cairn]=$!
   pids+=("$!")
@@ -225,7 +228,9 @@ for r in $(seq "$reps"); do
   done
   echo "== cairn: engine B = 8, 8 streams and 8 clients back to back through the API, engine again" >&2
   engine8
+  : >"$steplog"
   each streams --n 8 --timeout-s 300
+  node bench/serve_load.mjs steps "$steplog" --server cairn >>"$out"
   each sustain --n 8 --rounds 3 --timeout-s 400
   engine8
   # TTFT through HTTP right after the engine's own prefill of as many tokens, in pairs,

@@ -8,6 +8,7 @@
 //   node bench/serve_load.mjs spec      --url U --model M [--prompt-tokens 64] [--gen 64] [--reps 3] [--vocab 128256]
 //   node bench/serve_load.mjs ttft      --url U --model M [--prompt-tokens 128] [--reps 5]
 //   node bench/serve_load.mjs interfere --url U --model M [--streams 4] [--long-tokens 2000]
+//   node bench/serve_load.mjs steps     FILE                        how the runner's steps filled (CAIRN_STEP_LOG)
 //   node bench/serve_load.mjs table     FILE.jsonl                  the Markdown summary
 //
 // Prompts: BOS plus words that are one token each under the llama-bpe vocabulary, so a
@@ -374,6 +375,37 @@ async function modeInterfere(o, cfg) {
 
 // ---------- the Markdown summary of serve.sh's results ----------
 
+// How the runner's steps filled (its CAIRN_STEP_LOG file, see src/runner/runner.c): the
+// steps by sequences decoding in them, those that carried prompt tokens, the full steps
+// (the most sequences decoding, no prompt) and their median ms, the ms from the first
+// task's arrival to the first full step (the batch filling) and the steps after the
+// last full one (the tail, streams that started late finishing alone).
+function modeSteps(o) {
+  const file = o._[1];
+  if (!file) die('steps FILE');
+  const steps = [], tasks = [];
+  for (const line of fs.readFileSync(file, 'utf8').split('\n')) {
+    const f = line.split(' ');
+    if (f[0] === 'task' && f.length === 2) tasks.push(Number(f[1]));
+    else if (f[0] === 'step' && f.length === 5)
+      steps.push({ t0: Number(f[1]), t1: Number(f[2]), dec: Number(f[3]), prompt: Number(f[4]) });
+  }
+  if (!steps.length) return { mode: 'steps', steps: 0 };
+  const top = Math.max(...steps.map((x) => x.dec));
+  const byDecoding = {};
+  for (const x of steps) byDecoding[x.dec] = (byDecoding[x.dec] || 0) + 1;
+  const full = steps.map((x, i) => ({ x, i })).filter(({ x }) => x.dec === top && x.prompt === 0);
+  const ms = full.map(({ x }) => (x.t1 - x.t0) / 1e6);
+  const first = full.length ? full[0].x.t0 : NaN;
+  return {
+    mode: 'steps', steps: steps.length, tasks: tasks.length, by_decoding: byDecoding,
+    with_prompt: steps.filter((x) => x.prompt > 0).length, most_decoding: top, full_steps: full.length,
+    full_step_ms_median: round(median(ms), 2),
+    fill_ms: tasks.length && full.length ? round((first - Math.min(...tasks)) / 1e6, 1) : null,
+    tail_steps: full.length ? steps.length - 1 - full[full.length - 1].i : null,
+  };
+}
+
 function modeTable(o) {
   const file = o._[1];
   if (!file) die('table needs the results file');
@@ -411,6 +443,13 @@ function modeTable(o) {
              ns.map((n) => `${n}: ${cpu.filter((r) => r.n === n).map((r) => `${r.runner_cores} (${r.node_cores})`).join(', ')}`)
                .join('; '));
   }
+  const stp = rows.filter((r) => r.mode === 'steps' && r.steps > 0);
+  if (stp.length)
+    out.push('\nThe runner\'s steps while 8 streams ran, each run (CAIRN_STEP_LOG): ' +
+             stp.map((r) => `${r.steps} steps, ${r.full_steps} with all ${r.most_decoding} decoding (median ` +
+                            `${r.full_step_ms_median} ms), ${r.with_prompt} carrying prompt tokens; the batch full ` +
+                            `${r.fill_ms} ms after the first request arrived, ${r.tail_steps} steps after the last full one`)
+               .join('; '));
   // Serving against the engine: each of cairn's 8-stream and back-to-back runs against
   // the mean of the engine's runs just before and after it (serve.sh's engine8).
   const keep = [];
@@ -508,6 +547,12 @@ async function main() {
     process.stdout.write(promptText(intArg(o, 'tokens', 128, 2, 16384), intArg(o, 'salt', 0, 0, 1e9)));
     return;
   }
+  if (mode === 'steps') {
+    const res = modeSteps(o);
+    if (o.server) res.server = o.server;
+    process.stdout.write(JSON.stringify(res) + '\n');
+    return;
+  }
   if (mode === 'table') {
     process.stdout.write(modeTable(o) + '\n');
     return;
@@ -517,7 +562,7 @@ async function main() {
   salt = intArg(o, 'salt', Math.floor(Math.random() * 1e6), 0, 1e9);
   deadline = performance.now() + intArg(o, 'timeout-s', 300, 1, 3600) * 1e3;
   const modes = { streams: modeStreams, sustain: modeSustain, spec: modeSpec, ttft: modeTtft, interfere: modeInterfere };
-  if (!modes[mode]) die(`unknown mode '${mode}' (prompt, streams, sustain, spec, ttft, interfere, table)`);
+  if (!modes[mode]) die(`unknown mode '${mode}' (prompt, streams, sustain, spec, ttft, interfere, steps, table)`);
   const res = await modes[mode](o, cfg);
   if (o.server) res.server = o.server;
   process.stdout.write(JSON.stringify(res) + '\n');

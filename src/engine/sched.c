@@ -530,15 +530,35 @@ static bool room_for_drafts(struct sched *s, int k, struct seq *q)
     return kv_prepare(s->kv, q->slot, q->n_kv, n) == 0;
 }
 
+/* Sequences of this step that still have prompt to prefill. */
+static int prompts_in_step(const struct sched *s)
+{
+    int n = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        const struct seq *q = s->slot_seq[s->order[i]];
+        n += q->pick && !sched_feeds_one(q);
+    }
+    return n;
+}
+
 /* Prompt tokens this step may take: chunk_tokens, or while sequences decode and the
- * chunk is paced, as many as keep the step near SCHED_PACE_STEPS decode steps. */
+ * chunk is paced, as many as keep the step near SCHED_PACE_STEPS decode steps. When
+ * more sequences wait for their prompt than decode (a burst of requests arriving
+ * together), the share grows by their ratio: a pause of the few decoding streams then
+ * brings more streams into every later step than it holds up, and the batch fills in a
+ * few steps instead of a staircase in which the first streams finish long before the
+ * last (and the tail runs small batches). */
 static int64_t prompt_budget(const struct sched *s)
 {
-    if (!s->paced || single_feeds_after(s, -1) == 0)
+    int decoding = single_feeds_after(s, -1);
+    if (!s->paced || decoding == 0)
         return s->chunk_tokens;
     int64_t n = SCHED_PACE_FIRST;
     if (s->pace_decode_ns > 0 && s->pace_prompt_ns > 0)
         n = (int64_t)((SCHED_PACE_STEPS - 1) * s->pace_decode_ns / s->pace_prompt_ns);
+    int waiting = prompts_in_step(s);
+    if (waiting > decoding)
+        n = n * waiting / decoding;
     return n < SCHED_PACE_MIN ? SCHED_PACE_MIN : n > s->chunk_tokens ? s->chunk_tokens : n;
 }
 
@@ -859,6 +879,8 @@ static void read_results(struct sched *s)
     struct lane *l = s->ln;
     s->stats.steps++;
     s->stats.last_batch = l->n_tokens;
+    s->stats.last_decoding = l->step_decoding;
+    s->stats.last_prompt = l->step_prompt;
     for (int i = 0; i < l->n_fed; i++)
         if (l->fed[i].seq)
             l->fed[i].seq->flight = NULL;

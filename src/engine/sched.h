@@ -241,6 +241,7 @@ struct sched_stats {
      * positions reused from the prefix cache, re-admissions included. */
     int64_t steps, prompt_tokens_computed, cached_tokens, generated_tokens, preemptions;
     int64_t last_batch;       /* tokens in the last step's forward */
+    int last_decoding, last_prompt; /* of them: sequences decoding (with their drafts), prompt tokens */
     /* Speculation: tokens drafted and kept; draft_rejections: drafts the target rejected
      * (at most one per sequence and step; the drafts after it are not evaluated), so that
      * accepted / (accepted + rejections) estimates the acceptance rate alpha;

@@ -55,6 +55,7 @@ _Static_assert(KV_WINDOW_SLACK + RUNNER_KV_BLOCK_TOKENS + RUNNER_MAX_BATCH <= RU
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,6 +103,8 @@ struct gcache {
 
 struct runner {
     struct runner_config cfg;
+    FILE *step_log;      /* CAIRN_STEP_LOG's file (see step_log_line), or NULL */
+    bool step_log_tried;
     int sock;
     struct runner_lines in;
     int64_t last_sent; /* ns */
@@ -1161,10 +1164,48 @@ static void cancel_task(struct runner *r, const char *task_id)
             sched_cancel(r->sched, t->sched_id + (uint64_t)i); /* its done callbacks end it */
 }
 
+/* With CAIRN_STEP_LOG=FILE in the environment, the runner appends a line to FILE for
+ * every step of its scheduler ("step START_NS END_NS DECODING PROMPT": the monotonic
+ * clock around sched_step, the sequences that decoded in it and the prompt tokens it
+ * carried) and every task that arrives ("task NS"): how the steps of a run filled, read
+ * by `node bench/serve_load.mjs steps FILE`. One line per write (line buffered). */
+static void step_log_line(struct runner *r, const char *fmt, ...)
+{
+    if (!r->step_log_tried) {
+        r->step_log_tried = true;
+        const char *path = getenv("CAIRN_STEP_LOG");
+        if (path && path[0] && (r->step_log = fopen(path, "a")))
+            setvbuf(r->step_log, NULL, _IOLBF, 0);
+    }
+    if (!r->step_log)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(r->step_log, fmt, ap);
+    va_end(ap);
+}
+
+/* One scheduler step, logged when CAIRN_STEP_LOG asks (step_log_line). */
+static int sched_step_logged(struct runner *r, char *err, size_t errlen)
+{
+    struct sched_stats a, b;
+    if (r->step_log_tried && !r->step_log)
+        return sched_step(r->sched, err, errlen);
+    sched_get_stats(r->sched, &a);
+    int64_t t0 = clock_ns();
+    int rc = sched_step(r->sched, err, errlen);
+    int64_t t1 = clock_ns();
+    sched_get_stats(r->sched, &b);
+    if (b.steps > a.steps)
+        step_log_line(r, "step %lld %lld %d %d\n", (long long)t0, (long long)t1, b.last_decoding, b.last_prompt);
+    return rc;
+}
+
 static void handle(struct runner *r, struct runner_msg *m)
 {
     switch (m->type) {
     case RUNNER_MSG_TASK:
+        step_log_line(r, "task %lld\n", (long long)clock_ns());
         if (task_by_id(r, m->task.task_id) || ejob_by_id(r, m->task.task_id)) {
             send_done(r, m->task.task_id, RUNNER_FINISH_ERROR, 0, "a task with this id is running");
             break;
@@ -1493,7 +1534,7 @@ static int serve(struct runner *r, char *why, size_t whylen)
             pump(r, 0);
             if (!r->shutdown && r->ejobs)
                 ejob_step(r); /* one forward of it, then a generation step: both go on */
-            if (!r->shutdown && !sched_idle(r->sched) && sched_step(r->sched, err, sizeof err) < 0) {
+            if (!r->shutdown && !sched_idle(r->sched) && sched_step_logged(r, err, sizeof err) < 0) {
                 fprintf(stderr, "cairn runner: a step failed: %s\n", err);
                 if (r->pipe || (r->tp && !tensor_alive(r->tp, NULL, 0))) {
                     snprintf(why, whylen, "%s", err);
