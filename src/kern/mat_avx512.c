@@ -399,9 +399,10 @@ GROUP_FN(q6_k)
  * alternate rounds). The K-quants' tiles (2-3 KiB) are long runs already; they read
  * 6-33% slower in 2-4 streams, so they keep one. */
 #define STREAMS_FN(name, T)                                                               \
-    static void name##_streams(int NS, const uint8_t *const *tiles, int64_t nblk,         \
-                               const uint8_t *x, float *const *y)                         \
+    static void name##_streams(int NS, int NB, const uint8_t *const *tiles, int64_t nblk, \
+                               const uint8_t *x, size_t ldx, float *const *y, size_t ldy) \
     {                                                                                     \
+        (void)NB, (void)ldx, (void)ldy; /* one activation row (streams_nb 1) */           \
         _Static_assert(KM_STREAMS == 4, "cases");                                         \
         switch (NS) {                                                                     \
         case 2: group_q32(T, 1, 2, tiles, nblk, x, 0, y, 0, 0, G, 1); break;              \
@@ -532,7 +533,7 @@ void kern_mat_avx512_run(const struct km_view *v, const void *xq, size_t ldx, in
     const uint8_t *x = xq;
     const size_t a32 = sizeof(struct act_q8_32), a256 = sizeof(struct act_q8_256);
 #define tiles(fn, a) km_drive_tiles(fn, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, a)
-#define streams(fn, a) km_drive_streams(fn##_streams, fn, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, a)
+#define streams(fn, a) km_drive_streams(fn##_streams, 1, fn, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, a)
 #define rows(fn) km_drive_rows(fn, RF, NBF_MAX, v, x, ldx, B, y, ldy, r0, r1)
     switch (v->type) {
     case DT_Q4_0: streams(q4_0, a32); break;

@@ -208,55 +208,80 @@ GROUP_FN(iq4_nl, DT_IQ4_NL)
 GROUP_FN(iq4_xs, DT_IQ4_XS)
 GROUP_FN(mxfp4, DT_MXFP4)
 
-/* NS (2..KM_STREAMS) whole groups of IQ4_NL or MXFP4 side by side for one activation
- * row, as km_streams_fn: block i of every group before block i+1 of any, each group's
- * steps those of group_lowbit at NB = 1 (the integer sum from -128 * sum, the scale
+/* NS (2..KM_STREAMS) whole groups of IQ4_NL or MXFP4 side by side for NB (1..2)
+ * activation rows, as km_streams_fn: block i of every group before block i+1 of any,
+ * each group's steps those of group_lowbit (the integer sum from -128 * sum, the scale
  * times the activation's, one FMA a block), so the bits are too. Their tiles are small
  * (272-288 bytes a group and block), as Q4_0's, which reads DRAM faster in several
- * streams a thread (mat_avx512.c). */
-INLINE void streams_q32(const int type, const int NS, const uint8_t *const *tiles, int64_t nblk,
-                        const uint8_t *x, float *const *y)
+ * streams a thread (mat_avx512.c); two rows are an expert chosen by two tokens of a
+ * decode batch. */
+INLINE void streams_q32(const int type, const int NS, const int NB, const uint8_t *const *tiles,
+                        int64_t nblk, const uint8_t *x, size_t ldx, float *const *y, size_t ldy)
 {
     const size_t tile = km_lowbit_tile(type, G);
     const size_t doff = km_lowbit_d_off(type, G);
     const __m512i lut = level_lut(type);
-    __m512 acc[KM_STREAMS];
+    __m512 acc[KM_STREAMS][2];
 #pragma GCC unroll 4
     for (int s = 0; s < NS; s++)
-        acc[s] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+        for (int b = 0; b < NB; b++)
+            acc[s][b] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nblk; i++) {
-        const struct act_q8_32 *xa = (const struct act_q8_32 *)x + i;
-        const __m512 dx = _mm512_set1_ps(xa->d);
-        const __m512i base = _mm512_set1_epi32(-128 * xa->sum);
+        const struct act_q8_32 *xa[2];
+        __m512 dx[2];
+        __m512i base[2];
+#pragma GCC unroll 2
+        for (int b = 0; b < NB; b++) {
+            xa[b] = (const struct act_q8_32 *)(x + (size_t)b * ldx) + i;
+            dx[b] = _mm512_set1_ps(xa[b]->d);
+            base[b] = _mm512_set1_epi32(-128 * xa[b]->sum);
+        }
 #pragma GCC unroll 4
         for (int s = 0; s < NS; s++) {
             const uint8_t *t = tiles[s] + (size_t)i * tile;
             prefetch_tile(t, tile);
-            __m512i dt = base;
+            __m512i dt[2];
+#pragma GCC unroll 2
+            for (int b = 0; b < NB; b++)
+                dt[b] = base[b];
 #pragma GCC unroll 8
-            for (int kg = 0; kg < 8; kg++)
-                dt = dp_bcast(dt, kg_bytes(type, t, kg, lut), xa->q + 4 * kg);
+            for (int kg = 0; kg < 8; kg++) {
+                __m512i w = kg_bytes(type, t, kg, lut);
+#pragma GCC unroll 2
+                for (int b = 0; b < NB; b++)
+                    dt[b] = dp_bcast(dt[b], w, xa[b]->q + 4 * kg);
+            }
             __m512 d = type == DT_MXFP4
                            ? e8m0_half16(t + doff)
                            : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(t + doff)));
-            acc[s] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(dt), acc[s]);
+#pragma GCC unroll 2
+            for (int b = 0; b < NB; b++)
+                acc[s][b] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx[b]), _mm512_cvtepi32_ps(dt[b]), acc[s][b]);
         }
     }
 #pragma GCC unroll 4
     for (int s = 0; s < NS; s++)
-        _mm512_storeu_ps(y[s], acc[s]);
+#pragma GCC unroll 2
+        for (int b = 0; b < NB; b++)
+            _mm512_storeu_ps(y[s] + (size_t)b * ldy, acc[s][b]);
 }
 
-#define STREAMS_FN(name, T)                                                               \
-    static void name##_streams(int NS, const uint8_t *const *tiles, int64_t nblk,         \
-                               const uint8_t *x, float *const *y)                         \
-    {                                                                                     \
-        _Static_assert(KM_STREAMS == 4, "cases");                                         \
-        switch (NS) {                                                                     \
-        case 2: streams_q32(T, 2, tiles, nblk, x, y); break;                              \
-        case 3: streams_q32(T, 3, tiles, nblk, x, y); break;                              \
-        default: streams_q32(T, 4, tiles, nblk, x, y); break;                             \
-        }                                                                                 \
+#define STREAMS_NB 2 /* activation rows up to which a product runs in streams */
+
+#define STREAMS_FN(name, T)                                                                \
+    static void name##_streams(int NS, int NB, const uint8_t *const *tiles, int64_t nblk,  \
+                               const uint8_t *x, size_t ldx, float *const *y, size_t ldy)  \
+    {                                                                                      \
+        _Static_assert(KM_STREAMS == 4 && STREAMS_NB == 2, "cases");                       \
+        switch (NS * 2 + NB - 1) {                                                         \
+        case 4: streams_q32(T, 2, 1, tiles, nblk, x, ldx, y, ldy); break;                  \
+        case 5: streams_q32(T, 2, 2, tiles, nblk, x, ldx, y, ldy); break;                  \
+        case 6: streams_q32(T, 3, 1, tiles, nblk, x, ldx, y, ldy); break;                  \
+        case 7: streams_q32(T, 3, 2, tiles, nblk, x, ldx, y, ldy); break;                  \
+        case 8: streams_q32(T, 4, 1, tiles, nblk, x, ldx, y, ldy); break;                  \
+        default: streams_q32(T, 4, 2, tiles, nblk, x, ldx, y, ldy); break;                 \
+        }                                                                                  \
     }
 
 STREAMS_FN(iq4_nl, DT_IQ4_NL)
@@ -270,9 +295,9 @@ void kern_mat_lowbit_avx512_run(const struct km_view *v, const void *xq, size_t 
     switch (v->type) {
     case DT_Q2_K: km_drive_tiles(q2_k, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, a256); break;
     case DT_Q3_K: km_drive_tiles(q3_k, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, a256); break;
-    case DT_IQ4_NL: km_drive_streams(iq4_nl_streams, iq4_nl, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, a32); break;
+    case DT_IQ4_NL: km_drive_streams(iq4_nl_streams, STREAMS_NB, iq4_nl, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, a32); break;
     case DT_IQ4_XS: km_drive_tiles(iq4_xs, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, a256); break;
-    case DT_MXFP4: km_drive_streams(mxfp4_streams, mxfp4, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, a32); break;
+    case DT_MXFP4: km_drive_streams(mxfp4_streams, STREAMS_NB, mxfp4, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, a32); break;
     default: break;
     }
 }

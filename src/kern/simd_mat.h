@@ -193,27 +193,28 @@ static inline void km_drive_tiles(km_group_fn *fn, int nb_max, const struct km_v
     }
 }
 
-/* A kernel over NS (2..KM_STREAMS) whole groups at once for one activation row (x at
- * block 0): the tiles of group s start at tiles[s], its G outputs go to y[s]. It reads
- * block i of every group before block i+1 of any, so a core keeps NS streams of misses
- * in flight where one group is one stream; each row's float steps are those of a single
- * group's, so the bits are too. */
-typedef void km_streams_fn(int NS, const uint8_t *const *tiles, int64_t nblk, const uint8_t *x,
-                           float *const *y);
+/* A kernel over NS (2..KM_STREAMS) whole groups at once for NB activation rows (x at
+ * block 0, rows ldx bytes apart): the tiles of group s start at tiles[s], its G outputs
+ * go to y[s] (activation row b's at y[s] + b * ldy). It reads block i of every group
+ * before block i+1 of any, so a core keeps NS streams of misses in flight where one group
+ * is one stream; each row's float steps are those of a single group's, so the bits are
+ * too. */
+typedef void km_streams_fn(int NS, int NB, const uint8_t *const *tiles, int64_t nblk,
+                           const uint8_t *x, size_t ldx, float *const *y, size_t ldy);
 
 #define KM_STREAMS 4 /* streams per thread of a decode product (B = 1) */
 
-/* km_drive_tiles, but for one activation row the whole groups of [r0, r1) are cut into
- * KM_STREAMS runs far apart in memory, walked together by sfn, a group of each run in
- * turn, as the probe of bwprobe.c reads DRAM fastest with several streams a thread.
- * Partial groups at either end go through fn. */
-static inline void km_drive_streams(km_streams_fn *sfn, km_group_fn *fn, int nb_max,
-                                    const struct km_view *v, const uint8_t *x, size_t ldx, int B,
-                                    float *y, size_t ldy, int64_t r0, int64_t r1,
+/* km_drive_tiles, but for up to streams_nb activation rows (what sfn takes) the whole
+ * groups of [r0, r1) are cut into KM_STREAMS runs far apart in memory, walked together
+ * by sfn, a group of each run in turn, as the probe of bwprobe.c reads DRAM fastest with
+ * several streams a thread. Partial groups at either end go through fn. */
+static inline void km_drive_streams(km_streams_fn *sfn, int streams_nb, km_group_fn *fn,
+                                    int nb_max, const struct km_view *v, const uint8_t *x,
+                                    size_t ldx, int B, float *y, size_t ldy, int64_t r0, int64_t r1,
                                     size_t act_block)
 {
     const int G = v->G;
-    if (B != 1) {
+    if (B > streams_nb) {
         km_drive_tiles(fn, nb_max, v, x, ldx, B, y, ldy, r0, r1, act_block);
         return;
     }
@@ -239,9 +240,9 @@ static inline void km_drive_streams(km_streams_fn *sfn, km_group_fn *fn, int nb_
                 ys[s] = y + (size_t)((start[s] + j) * G);
             }
             if (k >= 2)
-                sfn(k, tl, v->nblk, x, ys);
+                sfn(k, B, tl, v->nblk, x, ldx, ys, ldy);
             else if (k == 1)
-                fn(1, tl[0], v->nblk, x, ldx, ys[0], ldy, 0, G, 1);
+                fn(B, tl[0], v->nblk, x, ldx, ys[0], ldy, 0, G, 1);
         }
         cur = gb * G;
     }
