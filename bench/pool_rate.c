@@ -35,7 +35,11 @@ int main(int argc, char **argv)
     double best = 1e30, best_prof = 1e30, best_wake = 0;
     for (int r = 0; r < rounds; r++) {
         bool prof = r % 2; /* alternate rounds profiled: the profile's own cost shows */
-        pool_profile(p, prof);
+        if (pool_profile(p, prof) != 0) {
+            fprintf(stderr, "bench_pool_rate: out of memory for the profile\n");
+            pool_release(p);
+            return 1;
+        }
         int64_t t0 = clock_ns();
         for (int i = 0; i < JOBS_PER_ROUND; i++)
             pool_run(p, nothing, NULL);
@@ -45,7 +49,7 @@ int main(int argc, char **argv)
         if (prof && ns < best_prof) {
             struct pool_tag_stats s = pool_tag_stats(p, 0);
             best_prof = ns;
-            best_wake = threads > 1 ? (double)s.ns_wake_workers / (double)(threads - 1) / (double)s.jobs : 0;
+            best_wake = threads > 1 && s.jobs > 0 ? (double)s.ns_wake_workers / (double)(threads - 1) / (double)s.jobs : 0;
         }
     }
     printf("%d threads, best of %d rounds of %d empty jobs: %.0f ns a job; profiled %.0f ns a job, workers "

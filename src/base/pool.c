@@ -30,7 +30,7 @@ struct pool {
     _Atomic int stop;
     _Atomic int sleepers;        /* workers asleep on `wake`, or about to be */
     _Atomic unsigned long long dispatches; /* pool_run calls */
-    _Atomic int *tids;           /* each thread's kernel id (pool_thread_tid) */
+    _Atomic int *tids;           /* each thread's kernel id (pool_thread_tid); 0's: the last profiled caller */
     pool_fn fn;
     void *ctx;
     /* profiling (pool_profile): each thread's fn start and end of the current job */
@@ -219,6 +219,8 @@ void pool_run(struct pool *p, pool_fn fn, void *ctx)
     atomic_fetch_add_explicit(&p->dispatches, 1, memory_order_relaxed);
     if (p->n_threads == 1) {
         int64_t t0 = p->prof ? clock_ns() : 0;
+        if (p->prof)
+            atomic_store(&p->tids[0], thread_tid());
         fn(ctx, 0, 1);
         if (p->prof) {
             p->prof[0].start = t0;
@@ -228,8 +230,12 @@ void pool_run(struct pool *p, pool_fn fn, void *ctx)
         }
         return;
     }
-    if (p->prof)
+    if (p->prof) {
+        /* slot 0 is whichever thread runs the pool now (a runner may create its engine
+         * on one thread and step it on another) */
+        atomic_store(&p->tids[0], thread_tid());
         p->prof_handoff = clock_ns();
+    }
     p->fn = fn;
     p->ctx = ctx;
     atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);

@@ -637,6 +637,81 @@ static void print_moe_phases(const struct moe_stats *a, const struct moe_stats *
            down / (t_down * 1e6), t_tok - t_moe, rest_bytes / (1 << 20), rest_bytes / ((t_tok - t_moe) * 1e6));
 }
 
+/* Where a decode step goes: one more run of the -n steps after the timed ones, with the
+ * pool and engine profiling on (a few clock readings a job, about 0.5 us by
+ * bench_pool_rate) and each thread's schedstat read between steps, so the timed runs
+ * above stay as they were. Prints the breakdown of the whole run and of its fastest step
+ * (on a shared machine, the step least disturbed), and the median of the steps whose
+ * threads waited for a CPU at most 1% of the step (the step of a quiet machine as far as
+ * the CPUs go; a neighbour's memory traffic still counts). 0, or -1 (message printed). */
+static int bench_decode_profiled(struct bench *bn, const struct bench_opts *o, double bytes_per_tok, double bw)
+{
+    int64_t n_gen = o->n_gen;
+    if (n_gen <= 0 || engine_profile(bn->e, true) != 0)
+        return 0; /* nothing to profile, or no memory for it: the timed figures stand alone */
+    double *t_quiet = malloc((size_t)n_gen * sizeof *t_quiet);
+    if (!t_quiet) {
+        engine_profile(bn->e, false);
+        return 0;
+    }
+    int rc = 0;
+    struct bench_sched sch = {.n = BENCH_SCHED_MAX}, sa, sb, s_prev, s_cur;
+    struct bench_step_prof pa, pb, pd, p_best;
+    double t_best = 1e30, t_run = 0;
+    int64_t n_quiet = 0;
+    kv_truncate(bn->kv, 0, o->depth);
+    bench_sched_read(bn->e, &sa);
+    bench_step_snap(bn->e, &pa);
+    struct bench_step_prof p0 = pa;
+    s_prev = sa;
+    for (int64_t i = 0; i < n_gen && !rc; i++) {
+        bn->pos[0] = o->depth + i;
+        double ts = clock_sec();
+        rc = run(bn, 1);
+        ts = clock_sec() - ts;
+        t_run += ts;
+        bench_step_snap(bn->e, &pb);
+        if (ts < t_best) {
+            t_best = ts;
+            bench_step_diff(&p_best, &pa, &pb);
+        }
+        pa = pb;
+        bench_sched_read(bn->e, &s_cur);
+        long long waited = 0;
+        bool known = true;
+        for (int k = 0; k < s_cur.n && k < s_prev.n; k++) {
+            known &= s_cur.wait_ns[k] >= 0 && s_prev.wait_ns[k] >= 0;
+            waited += s_cur.wait_ns[k] - s_prev.wait_ns[k];
+        }
+        if (known && (double)waited <= 0.01 * ts * 1e9)
+            t_quiet[n_quiet++] = ts;
+        s_prev = s_cur;
+    }
+    if (rc)
+        fprintf(stderr, "cairn bench: %s\n", bn->err);
+    if (!rc) {
+        bench_sched_read(bn->e, &sb);
+        bench_sched_add(&sch, &sa, &sb);
+        bench_step_diff(&pd, &p0, &pa);
+        printf("  a profiled run of the same %lld steps after the timed ones:\n", (long long)n_gen);
+        bench_print_step("step breakdown", &pd, o->threads, t_run, n_gen, &sch);
+        printf("  fastest step: %.3f ms, %.2f tok/s, %.1f%% of the roofline\n", t_best * 1e3, 1.0 / t_best,
+               100.0 * bytes_per_tok / t_best / bw);
+        bench_print_step("fastest step's breakdown", &p_best, o->threads, t_best, 1, NULL);
+        if (n_quiet > 0) {
+            double tq = median(t_quiet, (int)n_quiet);
+            printf("  steps whose threads waited for a CPU at most 1%% of the step: %lld of %lld, median "
+                   "%.3f ms, %.2f tok/s, %.1f%% of the roofline\n",
+                   (long long)n_quiet, (long long)n_gen, tq * 1e3, 1.0 / tq, 100.0 * bytes_per_tok / tq / bw);
+        } else {
+            printf("  steps whose threads waited for a CPU at most 1%% of the step: none of %lld\n", (long long)n_gen);
+        }
+    }
+    engine_profile(bn->e, false);
+    free(t_quiet);
+    return rc;
+}
+
 /* Token generation: -n decode steps of one token, median of -r runs into tg tok/s, and
  * the share of the roofline that bytes read per token and bandwidth allow; 0, or -1
  * (message printed, or out of memory). */
@@ -664,60 +739,18 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
         memset(bn->want, 0, bn->nb);
         bn->want[0] = 1;
     }
-    /* The step breakdown's profile: a few clock readings a job, about 0.5 us (bench_pool_rate), under 1% of a step. */
-    bool prof = !rc && engine_profile(bn->e, true) == 0;
-    double t_prof = 0;
-    struct bench_sched sch = {.n = BENCH_SCHED_MAX}, sa, sb; /* sch: the runs' sums */
-    /* The fastest step and its breakdown: on this shared machine, the step least disturbed. */
-    struct bench_step_prof pa, pb, pd, p_best;
-    double t_best = 1e30;
-    /* The steps whose threads waited for a CPU (schedstat; read between steps, and the
-     * reads' time left out of the runs' times) at most 1% of the step in all: their median
-     * is the step of a quiet machine as far as the CPUs go (a neighbour's memory traffic
-     * still counts). */
-    double *t_quiet = malloc((size_t)(n_gen > 0 ? n_gen : 1) * (size_t)reps * sizeof *t_quiet);
-    int64_t n_quiet = 0, n_steps = 0;
-    struct bench_sched s_prev, s_cur;
-    rc = rc || !t_quiet ? -1 : 0;
     for (int r = 0; r < reps && !rc; r++) {
         kv_truncate(bn->kv, 0, o->depth);
-        bench_sched_read(bn->e, &sa);
-        double t0 = clock_sec(), t_reads = 0;
-        bench_step_snap(bn->e, &pa);
-        s_prev = sa;
+        double t0 = clock_sec();
         for (int64_t i = 0; i < n_gen && !rc; i++) {
             bn->pos[0] = o->depth + i;
-            double ts = clock_sec();
             rc = run(bn, 1);
-            double te = clock_sec();
-            ts = te - ts;
-            bench_step_snap(bn->e, &pb);
-            if (ts < t_best) {
-                t_best = ts;
-                bench_step_diff(&p_best, &pa, &pb);
-            }
-            pa = pb;
-            bench_sched_read(bn->e, &s_cur);
-            long long waited = 0;
-            bool known = true;
-            for (int k = 0; k < s_cur.n && k < s_prev.n; k++) {
-                known &= s_cur.wait_ns[k] >= 0 && s_prev.wait_ns[k] >= 0;
-                waited += s_cur.wait_ns[k] - s_prev.wait_ns[k];
-            }
-            if (known && (double)waited <= 0.01 * ts * 1e9)
-                t_quiet[n_quiet++] = ts;
-            n_steps++;
-            s_prev = s_cur;
-            t_reads += clock_sec() - te;
         }
         if (rc) {
             fprintf(stderr, "cairn bench: %s\n", bn->err);
             break;
         }
-        bn->t[r] = clock_sec() - t0 - t_reads;
-        t_prof += bn->t[r];
-        bench_sched_read(bn->e, &sb);
-        bench_sched_add(&sch, &sa, &sb);
+        bn->t[r] = clock_sec() - t0;
         if (r == 0 && bn->m->hp.n_expert > 0) {
             struct moe_stats s1 = engine_moe_stats(bn->e);
             bytes_per_tok += moe_fixed + (double)(s1.expert_bytes - s0.expert_bytes) / (double)n_gen -
@@ -755,27 +788,8 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
                    cache_mib == 0 && bn->llc > 0 && bytes_per_tok < (double)bn->llc * BW_DRAM_LLC_TIMES
                        ? " (the step is within a few times the reported last-level cache, which may hold part of it)"
                        : "");
-        if (prof) {
-            bench_step_snap(bn->e, &pb);
-            bench_step_diff(&pd, &(struct bench_step_prof){0}, &pb);
-            bench_print_step("step breakdown, all runs", &pd, o->threads, t_prof, n_gen * reps, &sch);
-            printf("  fastest step: %.3f ms, %.2f tok/s, %.1f%% of the roofline\n", t_best * 1e3, 1.0 / t_best,
-                   100.0 * bytes_per_tok / t_best / bw_med);
-            bench_print_step("fastest step's breakdown", &p_best, o->threads, t_best, 1, NULL);
-            if (n_quiet > 0) {
-                double tq = median(t_quiet, (int)n_quiet);
-                printf("  steps whose threads waited for a CPU at most 1%% of the step: %lld of %lld, median "
-                       "%.3f ms, %.2f tok/s, %.1f%% of the roofline\n",
-                       (long long)n_quiet, (long long)n_steps, tq * 1e3, 1.0 / tq, 100.0 * bytes_per_tok / tq / bw_med);
-            } else {
-                printf("  steps whose threads waited for a CPU at most 1%% of the step: none of %lld\n",
-                       (long long)n_steps);
-            }
-        }
+        rc = bench_decode_profiled(bn, o, bytes_per_tok, bw_med);
     }
-    if (prof)
-        engine_profile(bn->e, false);
-    free(t_quiet);
     free(bw_dram);
     free(bw_run);
     free(ratio);

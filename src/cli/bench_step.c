@@ -113,12 +113,14 @@ void bench_print_step(const char *title, const struct bench_step_prof *p, int nt
            "wall time\n",
            100 * busy / thr, 100 * wait / thr, 100 * sum_alone / thr, 100 * sum_alone * nw / thr,
            100 * (t_step - t_fwd) * nth / thr, prod_rate);
+    bool any = false;
     for (int i = 0; sched && i < sched->n && i < nth; i++) {
         if (sched->run_ns[i] < 0)
             continue;
-        printf("%s thread %d: on a CPU %.3f ms, runnable but preempted %.3f ms", i ? "," : "  per token:", i,
+        printf("%s thread %d: on a CPU %.3f ms, runnable but preempted %.3f ms", any ? "," : "  per token:", i,
                (double)sched->run_ns[i] * per, (double)sched->wait_ns[i] * per);
-        if (i + 1 == sched->n || i + 1 == nth)
-            printf(" (schedstat)\n");
+        any = true;
     }
+    if (any)
+        printf(" (schedstat)\n");
 }

@@ -76,8 +76,9 @@ static void phase(struct engine *e, int ph)
         e->prof_ns[e->prof_phase] += now - e->prof_t;
     e->prof_t = now;
     e->prof_phase = ph;
-    pool_set_tag(e->pool, ph < N_ENGINE_PHASES ? ph : 0);
+    pool_set_tag(e->pool, ph); /* N_ENGINE_PHASES: jobs outside a forward (a draft on the same pool) */
 }
+_Static_assert(N_ENGINE_PHASES < POOL_MAX_TAGS, "a pool tag for each phase and one for outside a forward");
 
 static void count_bytes(struct engine *e, size_t bytes)
 {
@@ -970,6 +971,7 @@ int engine_profile(struct engine *e, bool on)
     e->prof = on;
     e->prof_phase = N_ENGINE_PHASES;
     int rc = pool_profile(e->pool, on);
+    pool_set_tag(e->pool, N_ENGINE_PHASES);
     if (rc)
         e->prof = false;
     return rc;

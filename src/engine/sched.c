@@ -17,7 +17,9 @@
 
 /* Pacing of prompt chunks beside decoding sequences (sched_config.chunk_tokens): a step
  * with prompt tokens aims at SCHED_PACE_STEPS times a decode step; its chunk is never
- * cut below SCHED_PACE_MIN tokens, and is SCHED_PACE_FIRST before anything is timed. */
+ * cut below SCHED_PACE_MIN tokens, and is SCHED_PACE_FIRST before anything is timed.
+ * During a burst (more sequences waiting for their prompt than decoding) the share grows
+ * by waiting / decoding, up to chunk_tokens: filling the batch then wins over even gaps. */
 #define SCHED_PACE_STEPS 3.0
 #define SCHED_PACE_MIN 8
 #define SCHED_PACE_FIRST 32
@@ -458,15 +460,19 @@ static bool admit(struct sched *s)
 /* Sequences of fork_pending requests other than 0 wait for sequence 0's prompt. */
 static bool waits_for_fork(const struct seq *q) { return q->req->fork_pending && q->index > 0; }
 
-static int single_feeds_after(const struct sched *s, int k)
+/* Sequences picked for this step after order[k] that decode (feed one token, or drafts),
+ * or with decoding false, that still prefill their prompt. */
+static int picked_after(const struct sched *s, int k, bool decoding)
 {
     int n = 0;
     for (int i = k + 1; i < s->n_running; i++) {
         const struct seq *q = s->slot_seq[s->order[i]];
-        n += q->pick && sched_feeds_one(q);
+        n += q->pick && sched_feeds_one(q) == decoding;
     }
     return n;
 }
+
+static int single_feeds_after(const struct sched *s, int k) { return picked_after(s, k, true); }
 
 /* Tokens the decoding sequences after order[k] put into the batch (drafts included). */
 static int tokens_after(const struct sched *s, int k)
@@ -530,17 +536,6 @@ static bool room_for_drafts(struct sched *s, int k, struct seq *q)
     return kv_prepare(s->kv, q->slot, q->n_kv, n) == 0;
 }
 
-/* Sequences of this step that still have prompt to prefill. */
-static int prompts_in_step(const struct sched *s)
-{
-    int n = 0;
-    for (int i = 0; i < s->n_running; i++) {
-        const struct seq *q = s->slot_seq[s->order[i]];
-        n += q->pick && !sched_feeds_one(q);
-    }
-    return n;
-}
-
 /* Prompt tokens this step may take: chunk_tokens, or while sequences decode and the
  * chunk is paced, as many as keep the step near SCHED_PACE_STEPS decode steps. When
  * more sequences wait for their prompt than decode (a burst of requests arriving
@@ -556,7 +551,7 @@ static int64_t prompt_budget(const struct sched *s)
     int64_t n = SCHED_PACE_FIRST;
     if (s->pace_decode_ns > 0 && s->pace_prompt_ns > 0)
         n = (int64_t)((SCHED_PACE_STEPS - 1) * s->pace_decode_ns / s->pace_prompt_ns);
-    int waiting = prompts_in_step(s);
+    int waiting = picked_after(s, -1, false);
     if (waiting > decoding)
         n = n * waiting / decoding;
     return n < SCHED_PACE_MIN ? SCHED_PACE_MIN : n > s->chunk_tokens ? s->chunk_tokens : n;

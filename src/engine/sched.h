@@ -113,7 +113,9 @@ struct sched_config {
                          engine's max_batch minus slots (at least 1), and paced: while
                          sequences decode, a step's prompt tokens are cut so that the
                          step takes about SCHED_PACE_STEPS decode steps (timed as they
-                         run), keeping the decoding streams' token gaps even */
+                         run), keeping the decoding streams' token gaps even; more
+                         while more sequences wait for their prompt than decode (a
+                         burst of arrivals, see SCHED_PACE_STEPS in sched.c) */
     int queue_max;    /* sched_submit refuses a request while this many queue items wait
                          (stats.queued, preempted sequences included); 0: 4 * slots */
     int cache_seqs;   /* finished sequences kept for prefix reuse; 0: none */

@@ -1472,6 +1472,9 @@ static void release(struct runner *r)
     kv_release(r->kv);
     engine_release(r->e);
     model_release(r->m);
+    if (r->step_log)
+        fclose(r->step_log);
+    r->step_log = NULL;
 }
 
 /* A tensor rank's account of its steps since the last one (tensor_steps_line), appended

@@ -117,8 +117,10 @@ int main(void)
     CHECK(rc == 0 && strstr(out, "roofline") && strstr(out, "pp16") && strstr(out, "B= 2") &&
               strstr(out, "8 streams+prefetch") && strstr(out, "GB/s; bandwidth beside"),
           "bench (%d): %s", rc, out);
-    /* ... and where a decode step goes: its phases, their jobs and barrier waits. */
-    CHECK(strstr(out, "step breakdown, all runs (per token, 8 tokens, 1 threads)") && strstr(out, "\n  qkv ") &&
+    /* ... and where a decode step goes (a profiled run after the timed ones): its phases,
+     * their jobs and barrier waits. */
+    CHECK(strstr(out, "a profiled run of the same 8 steps") &&
+              strstr(out, "step breakdown (per token, 8 tokens, 1 threads)") && strstr(out, "\n  qkv ") &&
               strstr(out, "\n  head ") && strstr(out, "fastest step's breakdown") && strstr(out, "threads' time:"),
           "bench's step breakdown: %s", out);
     /* The batch curve after a context of its own in every sequence. */

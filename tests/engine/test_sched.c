@@ -817,6 +817,52 @@ static int reference_logprobs(const struct fixture *fx, const struct spec *q, do
     return rc;
 }
 
+/* Paced prompt chunks (chunk_tokens left to the scheduler: MAX_BATCH - slots = 60 here).
+ * Nothing is timed yet without prompt tokens, so a step beside decoding sequences takes
+ * the first pace, 32 prompt tokens; a burst (more sequences waiting for their prompt than
+ * decoding) takes that times waiting / decoding, up to the chunk. Counts of tokens only,
+ * and every request's tokens equal its run alone. */
+static void test_paced_burst(const struct fixture *fx)
+{
+    enum { N = 4, PACE_FIRST = 32, CHUNK = MAX_BATCH - N };
+    struct spec q[N];
+    memset(q, 0, sizeof q);
+    for (int i = 0; i < N; i++) {
+        random_prompt(&q[i], i ? 100 : 4, fx->n_vocab, 950 + (uint64_t)i);
+        q[i].max_tokens = i ? 3 : 40;
+        q[i].sp = greedy();
+    }
+    struct collector *c = collector_new(), *alone = collector_new();
+    run_alone(fx, q, N, alone);
+    struct rig g;
+    struct sched_config cfg = {.slots = N};
+    if (rig_open(&g, fx, NULL, cfg, 0, c) == 0) {
+        struct sched_stats st;
+        submit(&g, &q[0], 0);
+        step(&g, c); /* A's prompt alone: nothing decodes, the whole chunk is open to it */
+        CHECK(c->rec[0][0].n == 1, "A has %d tokens after its prompt step", c->rec[0][0].n);
+        submit(&g, &q[1], 1);
+        step(&g, c); /* one prompt arriving beside one decoding stream: paced as ever */
+        sched_get_stats(g.s, &st);
+        CHECK(st.last_decoding == 1 && st.last_prompt == PACE_FIRST, "one arriving: %d decoding, %d prompt tokens",
+              st.last_decoding, st.last_prompt);
+        submit(&g, &q[2], 2);
+        submit(&g, &q[3], 3);
+        step(&g, c); /* B's rest, C and D wait beside A alone: 3 x 32, cut to the chunk */
+        sched_get_stats(g.s, &st);
+        int want = 3 * PACE_FIRST < CHUNK ? 3 * PACE_FIRST : CHUNK;
+        CHECK(st.last_decoding == 1 && st.last_prompt == want, "a burst of 3: %d decoding, %d prompt tokens (want %d)",
+              st.last_decoding, st.last_prompt, want);
+        run_idle(&g, c);
+        rig_close(&g);
+    }
+    for (int i = 0; i < N; i++)
+        check_same("paced burst", i, &c->rec[i][0], &alone->rec[i][0]);
+    CHECK_EQ_INT(c->misuse + alone->misuse, 0);
+    free(alone);
+    free(c);
+}
+
 static void test_logprobs(const struct fixture *fx)
 {
     struct spec q = {0};
@@ -1217,6 +1263,7 @@ int main(int argc, char **argv)
     RUN(test_n_seqs, &fx);
     RUN(test_stop_cancel_limits, &fx);
     RUN(test_chunked_prefill, &fx);
+    RUN(test_paced_burst, &fx);
     RUN(test_logprobs, &fx);
     RUN(test_ends, &fx);
     RUN(test_lanes, &fx);
