@@ -44,10 +44,14 @@ struct prof_slot {
     _Alignas(64) int64_t start, end;
 };
 
+/* This thread's kernel id, asked once (a profiled pool_run records its caller's each job). */
 static int thread_tid(void)
 {
 #ifdef __linux__
-    return (int)syscall(SYS_gettid);
+    static _Thread_local int tid;
+    if (!tid)
+        tid = (int)syscall(SYS_gettid);
+    return tid;
 #else
     return -1;
 #endif

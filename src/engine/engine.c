@@ -504,27 +504,15 @@ static void gate_up_run(void *ctx, int ith, int nth)
     }
 }
 
-static int64_t gcd64(int64_t a, int64_t b)
-{
-    while (b) {
-        int64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
-static int64_t lcm64(int64_t a, int64_t b) { return a / gcd64(a, b) * b; }
-
 /* The rows of gate_up_run's unit: a multiple of both matrices' row groups and of the
  * block of every activation format the down product takes (32 or 256 elements). */
 static int64_t gate_up_unit(const struct kern_mat *gate, const struct kern_mat *up, const bool *kinds)
 {
     static const int64_t block[N_ACT_KINDS] = {[KERN_ACT_F32] = 1, [KERN_ACT_Q8_32] = 32, [KERN_ACT_Q8_256] = 256};
-    int64_t u = lcm64(kern_mat_row_align(gate), kern_mat_row_align(up));
+    int64_t u = row_align_lcm(kern_mat_row_align(gate), kern_mat_row_align(up));
     for (int k = 0; k < N_ACT_KINDS; k++)
         if (kinds[k])
-            u = lcm64(u, block[k]);
+            u = row_align_lcm(u, block[k]);
     return u;
 }
 
@@ -541,7 +529,7 @@ static void gate_up_act(struct engine *e, int B, const struct mm_item *gu, const
     j.mm.item[1] = gu[1];
     /* a batch keeps ACT_SPLIT's longer runs: its products reuse each activation row over them */
     j.unit = gate_up_unit(gu[0].m, gu[1].m, act->kinds);
-    j.unit = B == 1 ? j.unit : lcm64(j.unit, ACT_SPLIT);
+    j.unit = B == 1 ? j.unit : row_align_lcm(j.unit, ACT_SPLIT);
     long units = (long)((gu[0].r1 + j.unit - 1) / j.unit);
     j.mm.first_unit[1] = j.mm.first_unit[2] = units; /* mm_claim's total */
     size_t bytes = kern_mat_bytes(gu[0].m) + kern_mat_bytes(gu[1].m);
@@ -619,7 +607,7 @@ static int64_t kind_align(const struct model *m, int kind)
             mats[0] = L->w_gate, mats[1] = L->w_up;
         for (int i = 0; i < 2; i++)
             if (mats[i])
-                a = model_tp_lcm(a, kern_mat_row_align(mats[i]));
+                a = row_align_lcm(a, kern_mat_row_align(mats[i]));
     }
     return a;
 }

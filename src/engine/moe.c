@@ -462,17 +462,6 @@ static void down_run(void *ctx, int ith, int nth)
     }
 }
 
-static long lcm_long(long a, long b)
-{
-    long x = a, y = b;
-    while (y) {
-        long t = x % y;
-        x = y;
-        y = t;
-    }
-    return a / x * b;
-}
-
 /* Rows per unit: about UNIT_BYTES of weights at row_bytes a row, a multiple of align. */
 static long unit_rows(size_t row_bytes, long align)
 {
@@ -581,7 +570,7 @@ static void gu_setup(struct gu_job *gj_out, int n_sel)
     const struct model_layer *L = j->L;
     int k_down = j->k_down;
     const struct kern_mat *g0 = L->exp_gate[mo->chosen[0]], *u0 = L->exp_up[mo->chosen[0]];
-    long align = lcm_long(kern_mat_row_align(g0), kern_mat_row_align(u0));
+    long align = (long)row_align_lcm(kern_mat_row_align(g0), kern_mat_row_align(u0));
     long blk = dtype_info(kind_type[k_down])->block_elems;
     size_t col_bytes = (kern_mat_bytes(g0) + kern_mat_bytes(u0)) / (size_t)mo->n_ff;
     j->n_sel = n_sel;
@@ -589,7 +578,7 @@ static void gu_setup(struct gu_job *gj_out, int n_sel)
     while (j->cols > align && j->cols < blk && blk % j->cols) /* a unit smaller than a block: a divisor of it */
         j->cols -= align;
     if (j->cols >= blk || blk % j->cols || mo->n_ff / blk + 1 > mo->groups_max) { /* a unit is a group */
-        j->cols = unit_rows(col_bytes, lcm_long(align, blk));
+        j->cols = unit_rows(col_bytes, (long)row_align_lcm(align, blk));
         j->group = j->cols;
     } else {
         j->group = blk;

@@ -393,7 +393,7 @@ static void file_tp_aligns(const struct model *m, enum kern_path path, int64_t a
                 snprintf(name, sizeof name, "blk.%d.%s", il, suffix);
                 const struct gguf_tensor *t = gguf_find_tensor(m->file, name);
                 if (t)
-                    align[k] = model_tp_lcm(align[k], kern_row_align(t->type, path));
+                    align[k] = row_align_lcm(align[k], kern_row_align(t->type, path));
             }
     const struct gguf_tensor *t = gguf_find_tensor(m->file, hp->tied_output ? "token_embd.weight" : "output.weight");
     if (t)

@@ -67,8 +67,8 @@ struct model_tp {
 };
 
 /* The least common multiple of two row alignments (positive): an alignment every matrix of
- * a kind accepts. */
-static inline int64_t model_tp_lcm(int64_t a, int64_t b)
+ * a kind accepts (tensor parts, the engine's and the experts' claim units). */
+static inline int64_t row_align_lcm(int64_t a, int64_t b)
 {
     int64_t x = a, y = b;
     while (y) {
