@@ -209,7 +209,7 @@ fi
 # a 128-token prompt (tok/s), the median of 3 runs each (a 16 MiB bandwidth probe: the
 # DRAM one takes seconds and is not needed here).
 engine8() {
-  local e b8 pp
+  local e b8 pp b8d curve
   e=$($nice $cairn bench -m "$model" -p 128 -n 0 -t "$threads" -r 3 --batch-curve 8 --bandwidth-mib 16)
   b8=$(sed -n 's/^ *B= *8: .*(\([0-9.]*\) tok\/s).*/\1/p' <<<"$e")
   pp=$(sed -n 's/^pp128: \([0-9.]*\) tok.*/\1/p' <<<"$e")
@@ -217,8 +217,10 @@ engine8() {
   # streams are on average (128-token prompts, 128 generated)
   e=$($nice $cairn bench -m "$model" -p 0 -n 0 -t "$threads" -r 3 --batch-curve 8 --batch-depth 192 --bandwidth-mib 16)
   b8d=$(sed -n 's/^ *B= *8 @ batch depth: .*(\([0-9.]*\) tok\/s).*/\1/p' <<<"$e")
-  [ -z "$b8" ] || [ -z "$pp" ] || [ -z "$b8d" ] ||
-    echo "{\"mode\":\"engine8\",\"server\":\"cairn\",\"b8_tps\":$b8,\"b8_d192_tps\":$b8d,\"pp128_tps\":$pp,\"loadavg\":$(cut -d' ' -f1 /proc/loadavg)}" >>"$out"
+  # the step of B = 1..8 at that depth (ms), for the serving account of the streams' steps
+  curve=$(sed -n 's/^ *B= *[0-9]* @ batch depth: *\([0-9.]*\) ms.*/\1/p' <<<"$e" | paste -sd, -)
+  [ -z "$b8" ] || [ -z "$pp" ] || [ -z "$b8d" ] || [ -z "$curve" ] ||
+    echo "{\"mode\":\"engine8\",\"server\":\"cairn\",\"b8_tps\":$b8,\"b8_d192_tps\":$b8d,\"d192_curve_ms\":[$curve],\"pp128_tps\":$pp,\"loadavg\":$(cut -d' ' -f1 /proc/loadavg)}" >>"$out"
 }
 
 for r in $(seq "$reps"); do

@@ -202,7 +202,7 @@ async function modeStreams(o, cfg) {
   const decode = enough ? inWindow / ((w1 - w0) / 1e3) : NaN;
   return {
     mode: 'streams', n, prompt_tokens: pt, gen, tokens: total, decode_tps: round(decode),
-    window_s: round((w1 - w0) / 1e3),
+    window_s: round((w1 - w0) / 1e3), wall_s: round((t1 - t0) / 1e3, 3),
     e2e_tps: round(total / ((t1 - t0) / 1e3)), ttft_ms_median: round(median(ttft), 1),
     ttft_ms_max: round(Math.max(...ttft), 1), cached_max: cached(rs), notes: checkReplies(rs, gen),
   };
@@ -380,6 +380,12 @@ async function modeInterfere(o, cfg) {
 // (the most sequences decoding, no prompt) and their median ms, the ms from the first
 // task's arrival to the first full step (the batch filling) and the steps after the
 // last full one (the tail, streams that started late finishing alone).
+// For the serving account (accountOf), the runner's time in phases: `before` (first
+// task to first step), `gaps` (between steps: reading and starting tasks, relaying
+// tokens), and the steps in three classes, fill (before the first full step), full and
+// tail (after the last full one), each with its ms, prompt tokens and the number of its
+// steps by sequences decoding (decoding[B]); span_ms from the first task to the last
+// step's end.
 function modeSteps(o) {
   const file = o._[1];
   if (!file) die('steps FILE');
@@ -397,12 +403,68 @@ function modeSteps(o) {
   const full = steps.map((x, i) => ({ x, i })).filter(({ x }) => x.dec === top && x.prompt === 0);
   const ms = full.map(({ x }) => (x.t1 - x.t0) / 1e6);
   const first = full.length ? full[0].x.t0 : NaN;
+  const iFirst = full.length ? full[0].i : steps.length, iLast = full.length ? full[full.length - 1].i : steps.length - 1;
+  const cls = {};
+  for (const k of ['fill', 'full', 'tail']) cls[k] = { steps: 0, ms: 0, prompt: 0, decoding: {} };
+  steps.forEach((x, i) => {
+    const c = cls[i < iFirst ? 'fill' : i <= iLast ? 'full' : 'tail'];
+    c.steps++;
+    c.ms += (x.t1 - x.t0) / 1e6;
+    c.prompt += x.prompt;
+    if (x.dec > 0) c.decoding[x.dec] = (c.decoding[x.dec] || 0) + 1;
+  });
+  for (const k in cls) cls[k].ms = round(cls[k].ms, 1);
+  let gaps = 0;
+  for (let i = 1; i < steps.length; i++) gaps += (steps[i].t0 - steps[i - 1].t1) / 1e6;
+  const t0 = tasks.length ? Math.min(...tasks) : steps[0].t0;
   return {
     mode: 'steps', steps: steps.length, tasks: tasks.length, by_decoding: byDecoding,
     with_prompt: steps.filter((x) => x.prompt > 0).length, most_decoding: top, full_steps: full.length,
     full_step_ms_median: round(median(ms), 2),
     fill_ms: tasks.length && full.length ? round((first - Math.min(...tasks)) / 1e6, 1) : null,
     tail_steps: full.length ? steps.length - 1 - full[full.length - 1].i : null,
+    before_ms: round((steps[0].t0 - t0) / 1e6, 1), gaps_ms: round(gaps, 1),
+    span_ms: round((steps[steps.length - 1].t1 - t0) / 1e6, 1), classes: cls,
+  };
+}
+
+// The serving account of one 8-stream run: what the engine alone needs for the run's
+// work against the wall time the clients saw. The engine's time for a class of steps:
+// its prompt tokens at the engine's prefill rate (pp tok/s) plus, for each step in
+// which B sequences decoded, the engine's step of B sequences at the streams' average
+// depth (curve[B - 1] ms, `cairn bench --batch-curve 8 --batch-depth 192`): the same
+// prompt tokens and the same decode steps, each counted at the engine's own cost.
+// The rest of the wall is outside the runner's steps: the HTTP requests, the node and
+// the runner before the first step (`before`, from the first task's arrival), the
+// gaps between steps, and the clients' time before the first task reached the runner
+// and after its last step (`outside`: wall less span). The ideal schedule: the same
+// prompt tokens at pp and every decoded token in steps of 8 (no filling, no tail);
+// ideal_efficiency is its time over the wall.
+function accountOf(streams, steps, curve, pp) {
+  if (!streams || !steps || !steps.classes || !Array.isArray(curve) || !(pp > 0) || !(streams.wall_s > 0)) return null;
+  const cost = (c) => {
+    let ms = (c.prompt / pp) * 1e3;
+    for (const [b, n] of Object.entries(c.decoding)) {
+      const k = Math.min(Number(b), curve.length) - 1;
+      if (!(curve[k] > 0)) return NaN;
+      ms += n * curve[k] * (Number(b) / (k + 1)); // beyond the curve: its last point per sequence
+    }
+    return ms;
+  };
+  const wall = streams.wall_s * 1e3, parts = {};
+  let engine = 0, prompt = 0, decoded = 0;
+  for (const k of ['fill', 'full', 'tail']) {
+    const c = steps.classes[k], e = cost(c);
+    engine += e;
+    prompt += c.prompt;
+    for (const [b, n] of Object.entries(c.decoding)) decoded += Number(b) * n;
+    parts[k] = { steps: c.steps, served_ms: c.ms, engine_ms: round(e, 1) };
+  }
+  const b = Math.min(8, curve.length), ideal = (prompt / pp) * 1e3 + (decoded * curve[b - 1]) / b;
+  return {
+    wall_ms: round(wall, 1), engine_ms: round(engine, 1), efficiency: round(engine / wall, 3),
+    ideal_ms: round(ideal, 1), ideal_efficiency: round(ideal / wall, 3),
+    outside_ms: round(wall - steps.span_ms, 1), before_ms: steps.before_ms, gaps_ms: steps.gaps_ms, parts,
   };
 }
 
@@ -463,7 +525,10 @@ function modeTable(o) {
     const pp = es.reduce((a, e) => a + e.pp128_tps, 0) / es.length;
     const d = es.filter((e) => Number.isFinite(e.b8_d192_tps));
     const b8d = d.length ? d.reduce((a, e) => a + e.b8_d192_tps, 0) / d.length : NaN;
-    keep.push({ r, b8, pp, b8d });
+    const cs = es.filter((e) => Array.isArray(e.d192_curve_ms) && e.d192_curve_ms.length);
+    const curve = cs.length ? cs[0].d192_curve_ms.map((_, k) => cs.reduce((a, e) => a + e.d192_curve_ms[k], 0) / cs.length) : null;
+    const steps = r.mode === 'streams' ? rows.slice(i + 1).find((x) => x.mode === 'steps') : null;
+    keep.push({ r, b8, pp, b8d, acc: accountOf(r, steps, curve, pp) });
   });
   if (keep.length) {
     out.push('');
@@ -477,6 +542,27 @@ function modeTable(o) {
                                       (Number.isFinite(k.b8d) ? ` (against the engine's B = 8 after 192 positions ` +
                                        `of context each, as the streams are on average: ${k.b8d.toFixed(1)} tok/s, ` +
                                        `${(k.r.decode_tps / k.b8d).toFixed(2)})` : '')).join('; '));
+    const ac = st.filter((k) => k.acc);
+    if (ac.length)
+      out.push('- 8 streams end to end (first send to last end: the prompts\' prefill, the batch filling, the tail), ' +
+               'the serving account: the engine\'s own time for the same work (the steps\' prompt tokens at its ' +
+               'pp128 rate plus, for every step of B decoding sequences, its step of B at depth 192) / the wall ' +
+               'time = **serving efficiency**; the ideal schedule\'s time (the same prompt tokens at pp128 and every ' +
+               'decoded token in steps of B = 8 at depth 192) / the wall time; the plain end-to-end tok/s / the engine\'s B = 8 rate ' +
+               '(depth 0, and depth 192); then where the wall went, served ms / the engine\'s ms for the same ' +
+               'steps: ' +
+               ac.map((k) => {
+                 const a = k.acc, p = a.parts;
+                 return `${(a.engine_ms / 1e3).toFixed(2)} / ${(a.wall_ms / 1e3).toFixed(2)} s = ` +
+                        `**${a.efficiency.toFixed(2)}**; ideal ${(a.ideal_ms / 1e3).toFixed(2)} s, ` +
+                        `**${a.ideal_efficiency.toFixed(2)}**; ${k.r.e2e_tps.toFixed(1)} tok/s / ${k.b8.toFixed(1)} = ` +
+                        `${(k.r.e2e_tps / k.b8).toFixed(2)} (/ ${k.b8d.toFixed(1)} = ${(k.r.e2e_tps / k.b8d).toFixed(2)}); ` +
+                        `outside the runner's steps ${a.outside_ms.toFixed(0)} ms (HTTP and node before the first ` +
+                        `task and after the last step), first task to first step ${a.before_ms.toFixed(0)} ms, ` +
+                        `between steps ${a.gaps_ms.toFixed(0)} ms, ` +
+                        ['fill', 'full', 'tail'].map((c) => `${c} ${p[c].steps} steps ${p[c].served_ms.toFixed(0)} / ` +
+                                                           `${p[c].engine_ms.toFixed(0)} ms`).join(', ');
+               }).join('; '));
     const su = keep.filter((k) => k.r.mode === 'sustain' && Number.isFinite(k.r.gen_tps));
     if (su.length) {
       const s0 = su[0].r;
