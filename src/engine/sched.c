@@ -19,8 +19,13 @@
  * with prompt tokens aims at SCHED_PACE_STEPS times a decode step; its chunk is never
  * cut below SCHED_PACE_MIN tokens, and is SCHED_PACE_FIRST before anything is timed.
  * During a burst (more sequences waiting for their prompt than decoding) the share grows
- * by waiting / decoding, up to chunk_tokens: filling the batch then wins over even gaps. */
+ * by waiting / decoding, up to chunk_tokens: filling the batch then wins over even gaps.
+ * Sequences that have generated fewer than SCHED_PACE_YOUNG tokens do not count as
+ * decoding here: a stream that has just begun waits a few long steps (as its time to
+ * first token would have been) so that prompts arriving together fill the batch in as
+ * few steps as the chunk allows, and their streams end together instead of in a tail. */
 #define SCHED_PACE_STEPS 3.0
+#define SCHED_PACE_YOUNG 4
 #define SCHED_PACE_MIN 8
 #define SCHED_PACE_FIRST 32
 #define SCHED_PACE_EMA 0.25 /* weight of the newest step in the running means */
@@ -542,10 +547,15 @@ static bool room_for_drafts(struct sched *s, int k, struct seq *q)
  * together), the share grows by their ratio: a pause of the few decoding streams then
  * brings more streams into every later step than it holds up, and the batch fills in a
  * few steps instead of a staircase in which the first streams finish long before the
- * last (and the tail runs small batches). */
+ * last (and the tail runs small batches). Young sequences (SCHED_PACE_YOUNG) are not
+ * paced for: with only young ones decoding the whole chunk is open. */
 static int64_t prompt_budget(const struct sched *s)
 {
-    int decoding = single_feeds_after(s, -1);
+    int decoding = 0; /* of them those past their first SCHED_PACE_YOUNG tokens */
+    for (int i = 0; i < s->n_running; i++) {
+        const struct seq *q = s->slot_seq[s->order[i]];
+        decoding += q->pick && sched_feeds_one(q) && q->generated >= SCHED_PACE_YOUNG;
+    }
     if (!s->paced || decoding == 0)
         return s->chunk_tokens;
     int64_t n = SCHED_PACE_FIRST;

@@ -115,7 +115,9 @@ struct sched_config {
                          step takes about SCHED_PACE_STEPS decode steps (timed as they
                          run), keeping the decoding streams' token gaps even; more
                          while more sequences wait for their prompt than decode (a
-                         burst of arrivals, see SCHED_PACE_STEPS in sched.c) */
+                         burst of arrivals), and the whole chunk while only sequences
+                         in their first few tokens decode (see SCHED_PACE_STEPS and
+                         SCHED_PACE_YOUNG in sched.c) */
     int queue_max;    /* sched_submit refuses a request while this many queue items wait
                          (stats.queued, preempted sequences included); 0: 4 * slots */
     int cache_seqs;   /* finished sequences kept for prefix reuse; 0: none */

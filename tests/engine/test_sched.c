@@ -818,40 +818,49 @@ static int reference_logprobs(const struct fixture *fx, const struct spec *q, do
 }
 
 /* Paced prompt chunks (chunk_tokens left to the scheduler: MAX_BATCH - slots = 60 here).
- * Nothing is timed yet without prompt tokens, so a step beside decoding sequences takes
- * the first pace, 32 prompt tokens; a burst (more sequences waiting for their prompt than
- * decoding) takes that times waiting / decoding, up to the chunk. Counts of tokens only,
- * and every request's tokens equal its run alone. */
+ * Prompts arriving beside a young stream (fewer than 4 tokens generated, sched.c's
+ * SCHED_PACE_YOUNG) take the whole chunk, so a burst fills the batch in as few steps as
+ * the chunk allows; once a stream has its 4 tokens, a step beside it is paced: nothing
+ * decode-only was timed (every step here carries prompt tokens), so it takes the first
+ * pace, 32 prompt tokens. Counts of tokens only, and every request's tokens equal its
+ * run alone. */
 static void test_paced_burst(const struct fixture *fx)
 {
-    enum { N = 4, PACE_FIRST = 32, CHUNK = MAX_BATCH - N };
+    enum { N = 3, YOUNG = 4, PACE_FIRST = 32, CHUNK = MAX_BATCH - 4 };
     struct spec q[N];
     memset(q, 0, sizeof q);
+    const int n_prompt[N] = {4, 100, 150};
     for (int i = 0; i < N; i++) {
-        random_prompt(&q[i], i ? 100 : 4, fx->n_vocab, 950 + (uint64_t)i);
+        random_prompt(&q[i], n_prompt[i], fx->n_vocab, 950 + (uint64_t)i);
         q[i].max_tokens = i ? 3 : 40;
         q[i].sp = greedy();
     }
     struct collector *c = collector_new(), *alone = collector_new();
     run_alone(fx, q, N, alone);
     struct rig g;
-    struct sched_config cfg = {.slots = N};
+    struct sched_config cfg = {.slots = 4};
     if (rig_open(&g, fx, NULL, cfg, 0, c) == 0) {
         struct sched_stats st;
         submit(&g, &q[0], 0);
         step(&g, c); /* A's prompt alone: nothing decodes, the whole chunk is open to it */
         CHECK(c->rec[0][0].n == 1, "A has %d tokens after its prompt step", c->rec[0][0].n);
         submit(&g, &q[1], 1);
-        step(&g, c); /* one prompt arriving beside one decoding stream: paced as ever */
-        sched_get_stats(g.s, &st);
-        CHECK(st.last_decoding == 1 && st.last_prompt == PACE_FIRST, "one arriving: %d decoding, %d prompt tokens",
-              st.last_decoding, st.last_prompt);
         submit(&g, &q[2], 2);
-        submit(&g, &q[3], 3);
-        step(&g, c); /* B's rest, C and D wait beside A alone: 3 x 32, cut to the chunk */
+        /* B (100) and C (150) beside A while A is young: whole chunks, 60 + 40 | 20 + 60 */
+        const int want_prompt[3] = {CHUNK, CHUNK, CHUNK}, want_decoding[3] = {1, 1, 2};
+        for (int k = 0; k < 3; k++) {
+            step(&g, c);
+            sched_get_stats(g.s, &st);
+            CHECK(st.last_decoding == want_decoding[k] && st.last_prompt == want_prompt[k],
+                  "young step %d: %d decoding, %d prompt tokens (want %d, %d)", k, st.last_decoding,
+                  st.last_prompt, want_decoding[k], want_prompt[k]);
+        }
+        CHECK(c->rec[0][0].n == YOUNG, "A has %d tokens, want %d", c->rec[0][0].n, YOUNG);
+        step(&g, c); /* A has its 4 tokens: C's last 70 are paced beside it, 32 of them */
         sched_get_stats(g.s, &st);
-        int want = 3 * PACE_FIRST < CHUNK ? 3 * PACE_FIRST : CHUNK;
-        CHECK(st.last_decoding == 1 && st.last_prompt == want, "a burst of 3: %d decoding, %d prompt tokens (want %d)",
+        int left = n_prompt[2] - (3 * CHUNK - n_prompt[1]);
+        int want = left < PACE_FIRST ? left : PACE_FIRST;
+        CHECK(st.last_decoding == 2 && st.last_prompt == want, "settled: %d decoding, %d prompt tokens (want 2, %d)",
               st.last_decoding, st.last_prompt, want);
         run_idle(&g, c);
         rig_close(&g);
