@@ -27,11 +27,13 @@
 # llama.cpp comes from ../shared/tools/llama-ref.sh (built outside the project); without
 # its llama-server the comparison is skipped unless --build-ref builds it (slow).
 #   usage: bench/serve.sh [-q TYPE] [-t THREADS] [-r REPS] [--port N] [--build-ref] [--no-ref]
-#                         [--ref-wait passive|default] [--perf]
+#                         [--ref-wait passive|default] [--perf] [--cairn PATH]
+#          (--cairn: serve with that cairn binary, e.g. an older build for a before/after
+#          pair; the engine's figures still come from this tree's build)
 #          (defaults: q4_0, 2 threads, 2 runs, ports 18671 and 18672)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-type=q4_0 threads=2 reps=2 port=18671 build_ref=0 no_ref=0 perf=0 ref_wait=default
+type=q4_0 threads=2 reps=2 port=18671 build_ref=0 no_ref=0 perf=0 ref_wait=default serve_bin=
 while [ $# -gt 0 ]; do
   case $1 in
     -q|--type) type=$2; shift 2 ;;
@@ -42,7 +44,8 @@ while [ $# -gt 0 ]; do
     --no-ref) no_ref=1; shift ;;
     --perf) perf=1; shift ;;
     --ref-wait) ref_wait=$2; shift 2 ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    --cairn) serve_bin=$2; shift 2 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -61,6 +64,8 @@ nice -n -20 true 2>/dev/null && nice="nice -n -20"
 bd=build-bench
 cmake -S . -B $bd -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build $bd -j2 --target cairn >/dev/null
 cairn=$bd/cairn
+serve_bin=${serve_bin:-$cairn}
+[ -x "$serve_bin" ] || { echo "serve.sh: --cairn $serve_bin is not an executable" >&2; exit 2; }
 mdir=$bd/serve-models
 name=llama-1b-$type
 model=$mdir/$name.gguf
@@ -71,7 +76,7 @@ load() { timeout 600 $nice node bench/serve_load.mjs "$@"; }
 out=$bd/serve-results.jsonl
 steplog=$bd/serve-steps.log # the runner's steps (CAIRN_STEP_LOG), read after each 8 streams
 : >"$out"
-echo "{\"mode\":\"meta\",\"model\":\"llama-1b $type ($(basename "$model"))\",\"threads\":$threads,\"reps\":$reps,\"cpus\":$(nproc),\"ref_wait\":\"$ref_wait\"}" >>"$out"
+echo "{\"mode\":\"meta\",\"model\":\"llama-1b $type ($(basename "$model"))\",\"threads\":$threads,\"reps\":$reps,\"cpus\":$(nproc),\"ref_wait\":\"$ref_wait\",\"cairn\":\"$serve_bin\"}" >>"$out"
 
 # The prompts must count exactly as many tokens as asked (BOS included).
 for n in 128 2000; do
@@ -150,7 +155,7 @@ start() {
   rm -rf "$data"
   # --bandwidth-mib 64: the node's start-up probe of DRAM (placement's estimate, not used
   # here) would read 1-8 GiB while the first measures run.
-  $nice env CAIRN_STEP_LOG="$steplog" $cairn node --api-port "$port" --cluster-port 0 --models-dir "$mdir" --data-dir "$data" \
+  $nice env CAIRN_STEP_LOG="$steplog" "$serve_bin" node --api-port "$port" --cluster-port 0 --models-dir "$mdir" --data-dir "$data" \
       --discovery off -q -t "$threads" --parallel "$1" --bandwidth-mib 64 >$bd/serve-node.log 2>&1 &
   pid[cairn]=$!
   pids+=("$!")

@@ -482,7 +482,8 @@ function modeTable(o) {
   if (meta) out.push(`${meta.model}, ${meta.threads} threads, ${meta.reps} runs of each measure (best shown)` +
                      (loads.length ? `; 1-minute load average ${Math.min(...loads)} to ${Math.max(...loads)} ` +
                       `on ${meta.cpus} CPUs as the runs began` : '') +
-                     (meta.ref_wait ? `; llama.cpp's OMP_WAIT_POLICY: ${meta.ref_wait}` : '') + '\n');
+                     (meta.ref_wait ? `; llama.cpp's OMP_WAIT_POLICY: ${meta.ref_wait}` : '') +
+                     (meta.cairn ? `; served by ${meta.cairn}` : '') + '\n');
   out.push('Aggregate decode tokens/s (each stream: 128-token prompt, 128 generated; ratio to 1 stream; end-to-end tok/s in brackets)\n');
   const levels = [...new Set(rows.filter((r) => r.mode === 'streams').map((r) => r.n))].sort((a, b) => a - b);
   out.push(`| server | ${levels.map((n) => `${n} stream${n > 1 ? 's' : ''}`).join(' | ')} |`);
