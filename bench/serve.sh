@@ -13,7 +13,13 @@
 #      same work (those prompts at its prefill rate plus the tokens at its B = 8 rate)
 #      over theirs;
 #      How the runner's steps filled during the 8 streams (their CAIRN_STEP_LOG): steps
-#      by sequences decoding, full steps, the time the batch took to fill, the tail.
+#      by sequences decoding, full steps, the time the batch took to fill, the tail; and
+#      the serving account of the 8 streams end to end: the engine's time for the same
+#      steps (their prompt tokens at its pp128 rate, each step of B decoding at its
+#      --batch-curve 8 --batch-depth 192 step of B) over the wall time (serving
+#      efficiency), the ideal schedule's (the prompts, then every token in steps of 8)
+#      over the wall, and the wall split into outside the runner, before its first step,
+#      between steps, and the fill, full and tail steps (serve_load.mjs accountOf).
 #   4. while a 2000-token prompt is prefilled: the inter-token gaps of 4 running streams
 #      (p99 against their median) and the long prompt's TTFT against its TTFT alone.
 # Both servers stay up side by side (idle, they take no CPU) and each measure runs
@@ -45,7 +51,7 @@ while [ $# -gt 0 ]; do
     --perf) perf=1; shift ;;
     --ref-wait) ref_wait=$2; shift 2 ;;
     --cairn) serve_bin=$2; shift 2 ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
