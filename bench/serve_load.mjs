@@ -461,6 +461,7 @@ function accountOf(streams, steps, curve, pp) {
     parts[k] = { steps: c.steps, served_ms: c.ms, engine_ms: round(e, 1) };
   }
   const b = Math.min(8, curve.length), ideal = (prompt / pp) * 1e3 + (decoded * curve[b - 1]) / b;
+  if (!Number.isFinite(engine) || !Number.isFinite(ideal)) return null;
   return {
     wall_ms: round(wall, 1), engine_ms: round(engine, 1), efficiency: round(engine / wall, 3),
     ideal_ms: round(ideal, 1), ideal_efficiency: round(ideal / wall, 3),
