@@ -44,12 +44,33 @@ INLINE __m512i load64(const uint8_t *p)
  * L1: with both cores streaming, Q4_0 and Q4_K decode reached 3-8% more of the read
  * bandwidth than with T0 (fewer L1 fill buffers held by lines not yet needed). */
 #define PF_AHEAD 8192
-INLINE void prefetch_tile(const uint8_t *t, size_t tile)
+/* The small-tile types walk 4 streams a thread (km_drive_streams): there a short distance
+ * into L1 keeps 4 x 24 lines in flight, and a llama-1b decode step's products read 9-13%
+ * more bytes per CPU second than at PF_AHEAD into L2 (Zen 5 VM, both cores). */
+#define PF_STREAM_AHEAD 1536
+INLINE void prefetch_at(const uint8_t *t, size_t tile, const size_t ahead, const int hint)
 {
     /* one prefetch per cache line: the lines that start within this tile */
-    uintptr_t a = ((uintptr_t)t + PF_AHEAD + 63) & ~(uintptr_t)63;
-    for (uintptr_t e = (uintptr_t)t + PF_AHEAD + tile; a < e; a += 64)
-        _mm_prefetch((const char *)a, _MM_HINT_T1);
+    uintptr_t a = ((uintptr_t)t + ahead + 63) & ~(uintptr_t)63;
+    for (uintptr_t e = (uintptr_t)t + ahead + tile; a < e; a += 64) {
+        if (hint == _MM_HINT_T0)
+            _mm_prefetch((const char *)a, _MM_HINT_T0);
+        else
+            _mm_prefetch((const char *)a, _MM_HINT_T1);
+    }
+}
+
+/* Q4_K/Q5_K's one stream of 2-3 KiB tiles at B <= 2: a tile and a third ahead into L1
+ * read 8-20% more bytes per CPU second than PF_AHEAD into L2 (bench_kern_rate -t 2, Q4_K,
+ * Zen 5 VM); at B = 4 it read ~9% less, so larger batches keep PF_AHEAD. */
+#define PF_K_AHEAD 3072
+INLINE void prefetch_tile(const uint8_t *t, size_t tile)
+{
+    prefetch_at(t, tile, PF_AHEAD, _MM_HINT_T1);
+}
+INLINE void prefetch_ktile(const uint8_t *t, size_t tile)
+{
+    prefetch_at(t, tile, PF_K_AHEAD, _MM_HINT_T0);
 }
 
 /* Bit s of each byte of a bit plane moved to bit 4 (other bits garbage). */
@@ -109,7 +130,10 @@ INLINE void group_q32(const int type, const int NB, const int NS, const uint8_t 
 #pragma GCC unroll 4
         for (int st = 0; st < NS; st++) {
             const uint8_t *t = tiles[st] + (size_t)i * tile;
-            prefetch_tile(t, tile);
+            if (NS > 1)
+                prefetch_at(t, tile, PF_STREAM_AHEAD, _MM_HINT_T0);
+            else
+                prefetch_tile(t, tile);
             const struct act_q8_32 *xa[NB_MAX];
             __m512i s[NB_MAX];
 #pragma GCC unroll 16
@@ -204,7 +228,10 @@ INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t 
         acc[b] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(km, y + (size_t)b * ldy);
     for (int64_t i = 0; i < nblk; i++) {
         const uint8_t *t = tiles + (size_t)i * tile;
-        prefetch_tile(t, tile);
+        if (NB <= 2)
+            prefetch_ktile(t, tile);
+        else
+            prefetch_tile(t, tile);
         const struct act_q8_256 *xa[NB_MAX];
         __m512i is[NB_MAX];
 #pragma GCC unroll 16
