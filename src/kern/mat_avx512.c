@@ -60,17 +60,9 @@ INLINE void prefetch_at(const uint8_t *t, size_t tile, const size_t ahead, const
     }
 }
 
-/* Q4_K/Q5_K's one stream of 2-3 KiB tiles at B <= 2: a tile and a third ahead into L1
- * read 8-20% more bytes per CPU second than PF_AHEAD into L2 (bench_kern_rate -t 2, Q4_K,
- * Zen 5 VM); at B = 4 it read ~9% less, so larger batches keep PF_AHEAD. */
-#define PF_K_AHEAD 3072
 INLINE void prefetch_tile(const uint8_t *t, size_t tile)
 {
     prefetch_at(t, tile, PF_AHEAD, _MM_HINT_T1);
-}
-INLINE void prefetch_ktile(const uint8_t *t, size_t tile)
-{
-    prefetch_at(t, tile, PF_K_AHEAD, _MM_HINT_T0);
 }
 
 /* Bit s of each byte of a bit plane moved to bit 4 (other bits garbage). */
@@ -228,10 +220,7 @@ INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t 
         acc[b] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(km, y + (size_t)b * ldy);
     for (int64_t i = 0; i < nblk; i++) {
         const uint8_t *t = tiles + (size_t)i * tile;
-        if (NB <= 2)
-            prefetch_ktile(t, tile);
-        else
-            prefetch_tile(t, tile);
+        prefetch_tile(t, tile);
         const struct act_q8_256 *xa[NB_MAX];
         __m512i is[NB_MAX];
 #pragma GCC unroll 16
