@@ -45,8 +45,9 @@ INLINE __m512i load64(const uint8_t *p)
  * bandwidth than with T0 (fewer L1 fill buffers held by lines not yet needed). */
 #define PF_AHEAD 8192
 /* The small-tile types walk 4 streams a thread (km_drive_streams): there a short distance
- * into L1 keeps 4 x 24 lines in flight, and a llama-1b decode step's products read 9-13%
- * more bytes per CPU second than at PF_AHEAD into L2 (Zen 5 VM, both cores). */
+ * into L1 keeps 4 x 24 lines in flight: llama-1b decoded 19-21% faster (Q8_0) and 2-10%
+ * (Q4_0) than at PF_AHEAD into L2 (quiet A/B, Zen 5 VM, both cores). The one-stream
+ * Q4_K tiles did not gain from it quietly and keep PF_AHEAD. */
 #define PF_STREAM_AHEAD 1536
 INLINE void prefetch_at(const uint8_t *t, size_t tile, const size_t ahead, const int hint)
 {
