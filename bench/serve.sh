@@ -38,6 +38,7 @@
 #          pair; the engine's figures still come from this tree's build)
 #          (defaults: q4_0, 2 threads, 2 runs, ports 18671 and 18672)
 set -euo pipefail
+caller=$PWD # --cairn PATH is the caller's, not the repo root's
 cd "$(dirname "$0")/.."
 type=q4_0 threads=2 reps=2 port=18671 build_ref=0 no_ref=0 perf=0 ref_wait=default serve_bin=
 while [ $# -gt 0 ]; do
@@ -50,7 +51,7 @@ while [ $# -gt 0 ]; do
     --no-ref) no_ref=1; shift ;;
     --perf) perf=1; shift ;;
     --ref-wait) ref_wait=$2; shift 2 ;;
-    --cairn) serve_bin=$2; shift 2 ;;
+    --cairn) serve_bin=$(cd "$caller" && realpath -m -- "$2"); shift 2 ;;
     -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -229,7 +230,9 @@ engine8() {
   e=$($nice $cairn bench -m "$model" -p 0 -n 0 -t "$threads" -r 3 --batch-curve 8 --batch-depth 192 --bandwidth-mib 16)
   b8d=$(sed -n 's/^ *B= *8 @ batch depth: .*(\([0-9.]*\) tok\/s).*/\1/p' <<<"$e")
   # the step of B = 1..8 at that depth (ms), for the serving account of the streams' steps
-  curve=$(sed -n 's/^ *B= *[0-9]* @ batch depth: *\([0-9.]*\) ms.*/\1/p' <<<"$e" | paste -sd, -)
+  # indexed by B (a B the bench did not print stays a hole: null, and no account is made)
+  curve=$(sed -n 's/^ *B= *\([0-9]*\) @ batch depth: *\([0-9.]*\) ms.*/\1 \2/p' <<<"$e" |
+    awk '{v[$1] = $2; if ($1 > m) m = $1} END {for (i = 1; i <= m; i++) printf "%s%s", i > 1 ? "," : "", (i in v) ? v[i] : "null"}')
   [ -z "$b8" ] || [ -z "$pp" ] || [ -z "$b8d" ] || [ -z "$curve" ] ||
     echo "{\"mode\":\"engine8\",\"server\":\"cairn\",\"b8_tps\":$b8,\"b8_d192_tps\":$b8d,\"d192_curve_ms\":[$curve],\"pp128_tps\":$pp,\"loadavg\":$(cut -d' ' -f1 /proc/loadavg)}" >>"$out"
 }

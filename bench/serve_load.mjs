@@ -433,7 +433,10 @@ function modeSteps(o) {
 // its prompt tokens at the engine's prefill rate (pp tok/s) plus, for each step in
 // which B sequences decoded, the engine's step of B sequences at the streams' average
 // depth (curve[B - 1] ms, `cairn bench --batch-curve 8 --batch-depth 192`): the same
-// prompt tokens and the same decode steps, each counted at the engine's own cost.
+// prompt tokens and the same decode steps, each counted at the engine's own cost. A step
+// with prompt tokens beside B decoding sequences is priced as the two apart, though one
+// forward reads the weights once for both: that over-prices the engine's side of such
+// steps (the fill), by at most one decode step each.
 // The rest of the wall is outside the runner's steps: the HTTP requests, the node and
 // the runner before the first step (`before`, from the first task's arrival), the
 // gaps between steps, and the clients' time before the first task reached the runner

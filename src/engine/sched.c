@@ -465,19 +465,20 @@ static bool admit(struct sched *s)
 /* Sequences of fork_pending requests other than 0 wait for sequence 0's prompt. */
 static bool waits_for_fork(const struct seq *q) { return q->req->fork_pending && q->index > 0; }
 
-/* Sequences picked for this step after order[k] that decode (feed one token, or drafts),
- * or with decoding false, that still prefill their prompt. */
-static int picked_after(const struct sched *s, int k, bool decoding)
+/* Sequences picked for this step after order[k] that decode (feed one token, or drafts)
+ * and have generated at least min_generated tokens, or with decoding false, that still
+ * prefill their prompt. */
+static int picked_after(const struct sched *s, int k, bool decoding, int64_t min_generated)
 {
     int n = 0;
     for (int i = k + 1; i < s->n_running; i++) {
         const struct seq *q = s->slot_seq[s->order[i]];
-        n += q->pick && sched_feeds_one(q) == decoding;
+        n += q->pick && sched_feeds_one(q) == decoding && q->generated >= min_generated;
     }
     return n;
 }
 
-static int single_feeds_after(const struct sched *s, int k) { return picked_after(s, k, true); }
+static int single_feeds_after(const struct sched *s, int k) { return picked_after(s, k, true, 0); }
 
 /* Tokens the decoding sequences after order[k] put into the batch (drafts included). */
 static int tokens_after(const struct sched *s, int k)
@@ -551,17 +552,13 @@ static bool room_for_drafts(struct sched *s, int k, struct seq *q)
  * paced for: with only young ones decoding the whole chunk is open. */
 static int64_t prompt_budget(const struct sched *s)
 {
-    int decoding = 0; /* of them those past their first SCHED_PACE_YOUNG tokens */
-    for (int i = 0; i < s->n_running; i++) {
-        const struct seq *q = s->slot_seq[s->order[i]];
-        decoding += q->pick && sched_feeds_one(q) && q->generated >= SCHED_PACE_YOUNG;
-    }
+    int decoding = picked_after(s, -1, true, SCHED_PACE_YOUNG);
     if (!s->paced || decoding == 0)
         return s->chunk_tokens;
     int64_t n = SCHED_PACE_FIRST;
     if (s->pace_decode_ns > 0 && s->pace_prompt_ns > 0)
         n = (int64_t)((SCHED_PACE_STEPS - 1) * s->pace_decode_ns / s->pace_prompt_ns);
-    int waiting = picked_after(s, -1, false);
+    int waiting = picked_after(s, -1, false, 0);
     if (waiting > decoding)
         n = n * waiting / decoding;
     return n < SCHED_PACE_MIN ? SCHED_PACE_MIN : n > s->chunk_tokens ? s->chunk_tokens : n;

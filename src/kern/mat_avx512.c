@@ -41,8 +41,10 @@ INLINE __m512i load64(const uint8_t *p)
 
 /* Software prefetch of the weights PF_AHEAD bytes ahead of the stream: measured faster
  * from DRAM at every B, most of all when B > 1 consumes weights slowly. Into L2 (T1), not
- * L1: with both cores streaming, Q4_0 and Q4_K decode reached 3-8% more of the read
- * bandwidth than with T0 (fewer L1 fill buffers held by lines not yet needed). */
+ * L1, at this distance: with both cores streaming, Q4_0 and Q4_K decode reached 3-8% more
+ * of the read bandwidth than with T0 8 KiB ahead (fewer L1 fill buffers held by lines not
+ * yet needed). Q4_0/Q8_0's 4 streams at B = 1 are the exception: a short distance into L1
+ * (PF_STREAM_AHEAD). */
 #define PF_AHEAD 8192
 /* The small-tile types walk 4 streams a thread (km_drive_streams): there a short distance
  * into L1 keeps 4 x 24 lines in flight: llama-1b decoded 19-21% faster (Q8_0) and 2-10%

@@ -822,17 +822,18 @@ static int reference_logprobs(const struct fixture *fx, const struct spec *q, do
  * SCHED_PACE_YOUNG) take the whole chunk, so a burst fills the batch in as few steps as
  * the chunk allows; once a stream has its 4 tokens, a step beside it is paced: nothing
  * decode-only was timed (every step here carries prompt tokens), so it takes the first
- * pace, 32 prompt tokens. Counts of tokens only, and every request's tokens equal its
- * run alone. */
+ * pace, 32 prompt tokens. Then two more arrive (a burst: three prompts wait beside one
+ * old stream), and the share grows by waiting / decoding, 32 x 3 cut to the chunk. Counts
+ * of tokens only, and every request's tokens equal its run alone. */
 static void test_paced_burst(const struct fixture *fx)
 {
-    enum { N = 3, YOUNG = 4, PACE_FIRST = 32, CHUNK = MAX_BATCH - 4 };
+    enum { N = 5, YOUNG = 4, PACE_FIRST = 32, CHUNK = MAX_BATCH - 4 };
     struct spec q[N];
     memset(q, 0, sizeof q);
-    const int n_prompt[N] = {4, 100, 150};
+    const int n_prompt[N] = {4, 100, 150, 60, 60};
     for (int i = 0; i < N; i++) {
         random_prompt(&q[i], n_prompt[i], fx->n_vocab, 950 + (uint64_t)i);
-        q[i].max_tokens = i ? 3 : 40;
+        q[i].max_tokens = i == 0 ? 40 : 3;
         q[i].sp = greedy();
     }
     struct collector *c = collector_new(), *alone = collector_new();
@@ -861,6 +862,17 @@ static void test_paced_burst(const struct fixture *fx)
         int left = n_prompt[2] - (3 * CHUNK - n_prompt[1]);
         int want = left < PACE_FIRST ? left : PACE_FIRST;
         CHECK(st.last_decoding == 2 && st.last_prompt == want, "settled: %d decoding, %d prompt tokens (want 2, %d)",
+              st.last_decoding, st.last_prompt, want);
+        /* B has its 3 tokens and is gone; D and E arrive: C, D and E wait beside A alone.
+         * Every step still carries prompt tokens, so the pace is still the first one. */
+        CHECK(c->rec[1][0].n == 3 && c->rec[2][0].n == 0, "before the burst B has %d tokens, C %d (want 3, 0)",
+              c->rec[1][0].n, c->rec[2][0].n);
+        submit(&g, &q[3], 3);
+        submit(&g, &q[4], 4);
+        step(&g, c);
+        sched_get_stats(g.s, &st);
+        want = PACE_FIRST * 3 < CHUNK ? PACE_FIRST * 3 : CHUNK;
+        CHECK(st.last_decoding == 1 && st.last_prompt == want, "burst: %d decoding, %d prompt tokens (want 1, %d)",
               st.last_decoding, st.last_prompt, want);
         run_idle(&g, c);
         rig_close(&g);
