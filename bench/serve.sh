@@ -83,7 +83,8 @@ load() { timeout 600 $nice node bench/serve_load.mjs "$@"; }
 out=$bd/serve-results.jsonl
 steplog=$bd/serve-steps.log # the runner's steps (CAIRN_STEP_LOG), read after each 8 streams
 : >"$out"
-echo "{\"mode\":\"meta\",\"model\":\"llama-1b $type ($(basename "$model"))\",\"threads\":$threads,\"reps\":$reps,\"cpus\":$(nproc),\"ref_wait\":\"$ref_wait\",\"cairn\":\"$serve_bin\"}" >>"$out"
+serve_bin_json=$(sed 's/[\\"]/\\&/g' <<<"$serve_bin") # a path with a quote or backslash stays JSON
+echo "{\"mode\":\"meta\",\"model\":\"llama-1b $type ($(basename "$model"))\",\"threads\":$threads,\"reps\":$reps,\"cpus\":$(nproc),\"ref_wait\":\"$ref_wait\",\"cairn\":\"$serve_bin_json\"}" >>"$out"
 
 # The prompts must count exactly as many tokens as asked (BOS included).
 for n in 128 2000; do
