@@ -531,7 +531,8 @@ function modeTable(o) {
     const d = es.filter((e) => Number.isFinite(e.b8_d192_tps));
     const b8d = d.length ? d.reduce((a, e) => a + e.b8_d192_tps, 0) / d.length : NaN;
     const cs = es.filter((e) => Array.isArray(e.d192_curve_ms) && e.d192_curve_ms.length);
-    const curve = cs.length ? cs[0].d192_curve_ms.map((_, k) => cs.reduce((a, e) => a + e.d192_curve_ms[k], 0) / cs.length) : null;
+    // a hole (null) in either run's curve stays a hole (NaN), not a zero in the mean
+    const curve = cs.length ? cs[0].d192_curve_ms.map((_, k) => cs.reduce((a, e) => a + (e.d192_curve_ms[k] > 0 ? e.d192_curve_ms[k] : NaN), 0) / cs.length) : null;
     const steps = r.mode === 'streams' ? rows.slice(i + 1).find((x) => x.mode === 'steps') : null;
     keep.push({ r, b8, pp, b8d, acc: accountOf(r, steps, curve, pp) });
   });
