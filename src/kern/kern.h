@@ -116,6 +116,13 @@ enum kern_path { KERN_PATH_AUTO = 0, KERN_PATH_REF, KERN_PATH_AVX2, KERN_PATH_AV
 int kern_mat_create(struct kern_mat **out, int type, const void *data, int64_t rows,
                     int64_t cols, enum kern_path path, char *err, size_t errlen);
 void kern_mat_release(struct kern_mat *m);  /* accepts NULL */
+/* Bytes of the weights the matrix owns (its repacked copy), 0 when it reads the caller's. */
+size_t kern_mat_own_bytes(const struct kern_mat *m);
+/* Moves the matrix's own copy of its weights to dst (kern_mat_own_bytes of room, aligned
+ * to 64 bytes; the same bits): from then on the matrix reads dst, which the caller owns
+ * and frees after kern_mat_release. A loader puts a model's matrices in one block this
+ * way. Nothing is moved when kern_mat_own_bytes is 0. */
+void kern_mat_move(struct kern_mat *m, void *dst);
 int kern_mat_type(const struct kern_mat *m);
 int64_t kern_mat_rows(const struct kern_mat *m);
 int64_t kern_mat_cols(const struct kern_mat *m);

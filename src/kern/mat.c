@@ -15,7 +15,8 @@
 struct kern_mat {
     enum kern_path path;
     const void *data;    /* GGUF row layout (borrowed); the reference path reads it */
-    uint8_t *packed;     /* owned copy for the SIMD paths (interleaved when quantized) */
+    uint8_t *packed;     /* owned copy for the SIMD paths (interleaved when quantized);
+                          * NULL after kern_mat_move, when view.data is the caller's */
     size_t bytes;        /* weight bytes one full product reads */
     struct km_view view; /* what the SIMD kernels read */
 };
@@ -497,6 +498,18 @@ void kern_mat_release(struct kern_mat *m)
         return;
     free(m->packed);
     free(m);
+}
+
+size_t kern_mat_own_bytes(const struct kern_mat *m) { return m->packed ? m->bytes : 0; }
+
+void kern_mat_move(struct kern_mat *m, void *dst)
+{
+    if (!m->packed)
+        return;
+    memcpy(dst, m->packed, m->bytes);
+    free(m->packed);
+    m->packed = NULL;
+    m->view.data = dst;
 }
 
 int kern_mat_type(const struct kern_mat *m) { return m->view.type; }

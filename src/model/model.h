@@ -110,6 +110,7 @@ struct model {
                                 of experts, n_expert_used of n_expert experts' */
     uint64_t all_weight_bytes; /* bytes of all its matrices (what it holds in memory) */
     uint64_t file_bytes;
+    void *weight_block;      /* the dense matrices' weights, in the order a step reads them (or NULL) */
 };
 
 struct model_load_opts {
