@@ -87,7 +87,6 @@ static void count_bytes(struct engine *e, size_t bytes)
 }
 
 /* ---- parallel jobs ---- */
-
 struct mm_item {
     const struct kern_mat *m;
     const void *xq;
@@ -97,11 +96,12 @@ struct mm_item {
     int64_t r0, r1; /* the rows computed (a tensor-parallel rank's part; else all) */
 };
 
-/* The products of one job are shared out in units of row groups by guided
- * self-scheduling: each claim takes a share of what is left (at least MM_MIN_CLAIM
- * bytes of weights), so a thread slowed by a neighbour on this shared machine takes
- * less instead of holding the others at the barrier. Every row is still computed
- * whole by one call, so which thread takes it changes no bit. */
+/* The products of one job are shared out in units of row groups: each thread's own part
+ * first (mm_claim), or where the parts do not fit, by guided self-scheduling alone: each
+ * claim takes a share of what is left (at least MM_MIN_CLAIM bytes of weights), so a
+ * thread slowed by a neighbour on this shared machine takes less instead of holding the
+ * others at the barrier. Every row is still computed whole by one call, so which thread
+ * takes it changes no bit. */
 #define MM_MIN_CLAIM (32 << 10)
 
 struct mm_job {
@@ -111,20 +111,100 @@ struct mm_job {
     long unit_rows[3];   /* rows per unit of each item */
     long first_unit[4];  /* item i's units are [first_unit[i], first_unit[i+1]) */
     long min_claim;      /* units */
-    _Atomic long next;   /* first unit not yet claimed */
+    _Atomic long next;   /* first unit not yet claimed (without parts) */
+    struct mm_part *parts; /* each thread's part (mm_claim), or NULL: guided self-scheduling */
+    long own_min;        /* units: the least run a thread claims from its own part */
+    int n_parts;         /* the pool's threads the parts were made for */
 };
 
-static bool mm_claim(struct mm_job *j, int nth, long *lo, long *hi)
+/* Each thread first works through its own contiguous part of the units, front to back,
+ * so its reads of the weights are one stream from the part's start to its end: under
+ * guided self-scheduling alone the two threads' claims alternate, every claim restarts
+ * the kernel's 4 streams cold, and the last claims (MM_MIN_CLAIM, 2-3 row groups) are
+ * too short for 4 streams at all. A thread claims a quarter of what is left of its part
+ * (at least MM_OWN_MIN bytes) at a time; once its part is done it takes the back half of
+ * what is left of another's and makes it its own, so a thread slowed by a neighbour on
+ * this shared machine still leaves the others at most half of its remainder. A part is
+ * (first unit << 32 | end unit) in one atomic word, moved by compare-and-swap, from the
+ * front by its owner and from the back by a taker. Which thread computes a row changes
+ * no bit: every row is still computed whole by one call. Measured on small (Q8_0, Zen 5
+ * VM, 2 threads, loaded machine, the least time of each job over 800 alternated steps):
+ * its layers' products 2-5% faster than guided claims alone. */
+#define MM_MAX_PARTS 64
+#define MM_OWN_MIN (128 << 10)
+
+struct mm_part {
+    _Alignas(64) _Atomic uint64_t range;
+};
+
+static uint64_t mm_range(long lo, long hi) { return (uint64_t)lo << 32 | (uint64_t)hi; }
+
+/* Parts for nth threads over j's `total` units of unit_bytes each (into parts, which
+ * must outlive the job); without room for them j keeps guided self-scheduling. */
+static void mm_parts_init(struct mm_job *j, struct mm_part *parts, long total, int nth, size_t unit_bytes)
 {
-    return pool_claim(&j->next, j->first_unit[j->n_items], j->min_claim, nth, lo, hi);
+    if (nth < 1 || nth > MM_MAX_PARTS || total >= (1L << 31))
+        return;
+    for (int i = 0; i < nth; i++) {
+        long lo, hi;
+        pool_split(total, 1, i, nth, &lo, &hi);
+        atomic_init(&parts[i].range, mm_range(lo, hi));
+    }
+    j->own_min = (long)(MM_OWN_MIN / (unit_bytes ? unit_bytes : 1));
+    j->own_min = j->own_min < 1 ? 1 : j->own_min;
+    j->parts = parts;
+    j->n_parts = nth;
+}
+
+static bool mm_claim(struct mm_job *j, int ith, int nth, long *lo, long *hi)
+{
+    if (!j->parts || nth != j->n_parts)
+        return pool_claim(&j->next, j->first_unit[j->n_items], j->min_claim, nth, lo, hi);
+    _Atomic uint64_t *own = &j->parts[ith].range;
+    for (;;) {
+        uint64_t r = atomic_load_explicit(own, memory_order_relaxed);
+        long a = (long)(r >> 32), b = (long)(r & 0xffffffffu);
+        if (a < b) {
+            long n = (b - a) / 4;
+            n = n < j->own_min ? j->own_min : n;
+            n = n > b - a ? b - a : n;
+            if (atomic_compare_exchange_weak_explicit(own, &r, mm_range(a + n, b), memory_order_relaxed,
+                                                      memory_order_relaxed)) {
+                *lo = a;
+                *hi = a + n;
+                return true;
+            }
+            continue; /* a taker moved the end */
+        }
+        /* own part done: take the back half of another's */
+        bool took = false;
+        for (int k = 1; k < nth && !took; k++) {
+            _Atomic uint64_t *other = &j->parts[(ith + k) % nth].range;
+            uint64_t o = atomic_load_explicit(other, memory_order_relaxed);
+            for (;;) {
+                long oa = (long)(o >> 32), ob = (long)(o & 0xffffffffu);
+                if (oa >= ob)
+                    break;
+                long take = (ob - oa + 1) / 2;
+                if (atomic_compare_exchange_weak_explicit(other, &o, mm_range(oa, ob - take), memory_order_relaxed,
+                                                          memory_order_relaxed)) {
+                    /* only this thread moves its own part's front; takers leave an empty part alone */
+                    atomic_store_explicit(own, mm_range(ob - take, ob), memory_order_relaxed);
+                    took = true;
+                    break;
+                }
+            }
+        }
+        if (!took)
+            return false;
+    }
 }
 
 static void mm_run(void *ctx, int ith, int nth)
 {
-    (void)ith;
     struct mm_job *j = ctx;
     long lo, hi;
-    while (mm_claim(j, nth, &lo, &hi)) {
+    while (mm_claim(j, ith, nth, &lo, &hi)) {
         for (int i = 0; i < j->n_items; i++) {
             long a = lo > j->first_unit[i] ? lo : j->first_unit[i];
             long b = hi < j->first_unit[i + 1] ? hi : j->first_unit[i + 1];
@@ -155,6 +235,8 @@ static void matmul_items(struct engine *e, int B, const struct mm_item *items, i
     j.min_claim = (long)(MM_MIN_CLAIM / (unit_bytes ? unit_bytes : 1));
     j.min_claim = j.min_claim < 1 ? 1 : j.min_claim;
     atomic_init(&j.next, 0);
+    struct mm_part parts[MM_MAX_PARTS];
+    mm_parts_init(&j, parts, units, pool_threads(e->pool), unit_bytes);
     count_bytes(e, bytes);
     pool_run(e->pool, mm_run, &j);
 }
@@ -491,11 +573,10 @@ struct gate_up_job {
 
 static void gate_up_run(void *ctx, int ith, int nth)
 {
-    (void)ith;
     struct gate_up_job *j = ctx;
     int64_t n = j->mm.item[0].r1;
     long lo, hi;
-    while (mm_claim(&j->mm, nth, &lo, &hi)) {
+    while (mm_claim(&j->mm, ith, nth, &lo, &hi)) {
         int64_t r0 = lo * j->unit, r1 = hi * j->unit < n ? hi * j->unit : n;
         for (int i = 0; i < 2; i++)
             kern_matmul(j->mm.item[i].m, j->mm.item[i].xq, j->mm.item[i].ldx, j->mm.B, j->mm.item[i].y,
@@ -537,6 +618,8 @@ static void gate_up_act(struct engine *e, int B, const struct mm_item *gu, const
     j.mm.min_claim = (long)(MM_MIN_CLAIM / (unit_bytes ? unit_bytes : 1));
     j.mm.min_claim = j.mm.min_claim < 1 ? 1 : j.mm.min_claim;
     atomic_init(&j.mm.next, 0);
+    struct mm_part parts[MM_MAX_PARTS];
+    mm_parts_init(&j.mm, parts, units, pool_threads(e->pool), unit_bytes);
     count_bytes(e, bytes);
     pool_run(e->pool, gate_up_run, &j);
 }
