@@ -121,7 +121,8 @@ int attn_create(struct attn **out, const struct attn_shape *sh, int n_threads, i
     a->run_items = calloc((size_t)max_batch + 1, sizeof *a->run_items);
     a->ends = calloc((size_t)n_threads / 2 + 1, sizeof *a->ends);
     a->split = calloc(split, sizeof *a->split); /* committed as touched */
-    if (!a->buf || !a->nv || !a->st || !a->vrows || !a->hrows || !a->run_start || !a->run_len || !a->run_items || !a->ends || !a->split) {
+    if (!a->buf || !a->nv || !a->st || !a->vrows || !a->hrows || !a->run_start || !a->run_len || !a->run_items ||
+        !a->ends || !a->split) {
         attn_release(a);
         return CAIRN_ENOMEM;
     }
