@@ -36,6 +36,7 @@ struct attn {
     const void **hrows; /* per thread (n_head_kv x 3T): the same for every KV head (decode_tile) */
     int32_t *run_start, *run_len; /* (max_batch) query tiles of the batch */
     int64_t *run_items; /* (max_batch + 1) first item of each run (split mode) */
+    _Atomic uint64_t *ends; /* (n_threads / 2 + 1) decode_tile: each pair of threads' items left, front << 32 | back */
     float *split;       /* (ATTN_SPLIT_MAX x n_head x n_tiles x (hd + 2)) tile partials */
 };
 
@@ -118,8 +119,10 @@ int attn_create(struct attn **out, const struct attn_shape *sh, int n_threads, i
     a->run_start = calloc((size_t)max_batch, sizeof *a->run_start);
     a->run_len = calloc((size_t)max_batch, sizeof *a->run_len);
     a->run_items = calloc((size_t)max_batch + 1, sizeof *a->run_items);
+    a->ends = calloc((size_t)n_threads / 2 + 1, sizeof *a->ends);
     a->split = calloc(split, sizeof *a->split); /* committed as touched */
-    if (!a->buf || !a->nv || !a->st || !a->vrows || !a->hrows || !a->run_start || !a->run_len || !a->run_items || !a->split) {
+    if (!a->buf || !a->nv || !a->st || !a->vrows || !a->hrows || !a->run_start || !a->run_len || !a->run_items ||
+        !a->ends || !a->split) {
         attn_release(a);
         return CAIRN_ENOMEM;
     }
@@ -145,6 +148,7 @@ void attn_release(struct attn *a)
     free(a->run_start);
     free(a->run_len);
     free(a->run_items);
+    free((void *)a->ends);
     free(a->split);
     free(a);
 }
@@ -612,11 +616,12 @@ static bool by_tile_fits(const struct attn_job *j)
 }
 
 /* Tile t of run ri for every KV head: partials into a->split. first: the thread's first
- * item (its K is asked for now); more: the thread's next item is tile t + 1 of the same run
- * (its K is asked for during P.V); fresh: the scratch's q' rows are not this run's yet (a
- * thread's items of one run share them: later tiles see the same rows or fewer). */
+ * item (its K is asked for now); next: the tile of the same run the thread likely takes
+ * next (its K is asked for during P.V), or -1; fresh: the scratch's q' rows are not this
+ * run's yet (a thread's items of one run share them: every tile sees the same rows or
+ * fewer, and a row's q' does not depend on the tile). */
 static void decode_tile(struct attn_job *j, struct scratch *sc, const struct scratch_heads *hs, int ri, int64_t t,
-                        bool first, bool more, bool fresh)
+                        bool first, int64_t next, bool fresh)
 {
     struct attn *a = j->a;
     const struct vec_ops *vec = j->vec;
@@ -690,9 +695,9 @@ static void decode_tile(struct attn_job *j, struct scratch *sc, const struct scr
             cnt[r - r0] = sc->nv[r] - k0 < 0 ? 0 : sc->nv[r] - k0 > STREAM_KEYS ? STREAM_KEYS : sc->nv[r] - k0;
         for (int h = 0; h < n_kv; h++) {
             struct vec_prefetch pf = {NULL, 0};
-            if (more)
-                prefetch_part(j, table, t0 + ATTN_TILE, t0 + 2 * ATTN_TILE, end, false, (k0 / STREAM_KEYS) * n_kv + h,
-                              parts, &pf);
+            if (next >= 0)
+                prefetch_part(j, table, next * ATTN_TILE, (next + 1) * ATTN_TILE, end, false,
+                              (k0 / STREAM_KEYS) * n_kv + h, parts, &pf);
             vec->attn_pv(sc->ot + (size_t)(h * R + r0) * hd, hd, nr, sc->s + (size_t)(h * R + r0) * ATTN_TILE + k0,
                          ATTN_TILE, cnt, hs->vrows + h * ATTN_TILE + k0, hd, j->type_v, &pf);
         }
@@ -779,17 +784,42 @@ static void attn_work(void *ctx, int ith, int nth)
     struct scratch sc = scratch_of(a, ith);
     int n_kv = a->sh.n_head_kv;
     if (j->by_tile) {
-        /* a contiguous range of items per thread: each reads on where it left off */
+        /* Threads in pairs, each pair a contiguous range of items (its two threads' shares of
+         * pool_split): the first takes items from the range's front up, the second from its
+         * back down, one at a time, until they meet, so each reads on where it left off and
+         * neither waits for the other at the end (a step's last tile is short, the calling
+         * thread has more to do, other processes take a CPU for a while: a fixed split left a
+         * thread idle at the barrier for a fifth of the step). The tiles' partials, and so the
+         * bits, do not depend on which thread makes them. */
         struct scratch_heads hs = scratch_heads_of(a, ith);
+        _Atomic uint64_t *ends = &a->ends[ith / 2];
+        bool back = ith % 2 == 1;
         long lo, hi;
-        pool_split(j->n_items, 1, ith, nth, &lo, &hi);
+        pool_split(j->n_items, 1, ith - ith % 2, nth, &lo, &hi);
+        long lo2 = lo;
+        if (ith - ith % 2 + 1 < nth)
+            pool_split(j->n_items, 1, ith - ith % 2 + 1, nth, &lo2, &hi);
         int ri = 0, q_ri = -1; /* the run whose q' the scratch holds */
-        for (long w = lo; w < hi; w++) {
+        bool first = true;
+        uint64_t cur = atomic_load_explicit(ends, memory_order_relaxed);
+        for (;;) {
+            uint64_t front = cur >> 32, rear = cur & 0xffffffffu;
+            if (front >= rear)
+                break;
+            uint64_t want = back ? front << 32 | (rear - 1) : (front + 1) << 32 | rear;
+            if (!atomic_compare_exchange_weak_explicit(ends, &cur, want, memory_order_relaxed, memory_order_relaxed))
+                continue;
+            long w = back ? (long)rear - 1 : (long)front, nw = back ? w - 1 : w + 1;
+            while (ri > 0 && a->run_items[ri] > w)
+                ri--;
             while (a->run_items[ri + 1] <= w)
                 ri++;
             int64_t t = w - a->run_items[ri];
-            decode_tile(j, &sc, &hs, ri, t, w == lo, w + 1 < hi && w + 1 < a->run_items[ri + 1], ri != q_ri);
+            bool same_run = nw >= a->run_items[ri] && nw < a->run_items[ri + 1] && nw >= lo && nw < hi;
+            decode_tile(j, &sc, &hs, ri, t, first, same_run ? nw - a->run_items[ri] : -1, ri != q_ri);
             q_ri = ri;
+            first = false;
+            cur = atomic_load_explicit(ends, memory_order_relaxed);
         }
         return;
     }
@@ -894,6 +924,14 @@ void attn_forward_sinks(struct attn *a, struct pool *pool, const struct vec_ops 
             a->run_items[ri + 1] = a->run_items[ri] + pos[a->run_start[ri] + a->run_len[ri] - 1] / ATTN_TILE + 1;
         j.n_items = (long)a->run_items[n_runs];
         j.split = true;
+        int nth = pool_threads(pool);
+        for (int p = 0; 2 * p < nth; p++) { /* attn_work's pairs of threads */
+            long lo, hi, lo2;
+            pool_split(j.n_items, 1, 2 * p, nth, &lo, &hi);
+            if (2 * p + 1 < nth)
+                pool_split(j.n_items, 1, 2 * p + 1, nth, &lo2, &hi);
+            atomic_store_explicit(&a->ends[p], (uint64_t)lo << 32 | (uint64_t)hi, memory_order_relaxed);
+        }
     } else if (j.split) {
         a->run_items[0] = 0;
         for (int ri = 0; ri < n_runs; ri++) {
