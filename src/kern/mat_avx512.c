@@ -68,6 +68,14 @@ INLINE void prefetch_tile(const uint8_t *t, size_t tile)
     prefetch_at(t, tile, PF_AHEAD, _MM_HINT_T1);
 }
 
+/* v kept in a register: the compiler otherwise folds one load into each of v's uses,
+ * which loads a nibble vector twice (once for each nibble). */
+INLINE __m512i in_reg(__m512i v)
+{
+    __asm__("" : "+v"(v));
+    return v;
+}
+
 /* Bit s of each byte of a bit plane moved to bit 4 (other bits garbage). */
 INLINE __m512i plane_bit4(__m512i plane, const int s)
 {
@@ -313,6 +321,15 @@ INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t 
         store_rows(y + (size_t)b * ldy, km, acc[b]);
 }
 
+/* A Q6_K high-bit vector with the bits of k-group s (bits 2s..2s+1) moved to bits 4..5. */
+INLINE __m512i q6_high(__m512i hv, const int s)
+{
+    return s == 0 ? _mm512_slli_epi16(hv, 4)
+           : s == 1 ? _mm512_slli_epi16(hv, 2)
+           : s == 2 ? hv
+                    : _mm512_srli_epi16(hv, 2);
+}
+
 INLINE void group_q6k(const int NB, const uint8_t *tiles, int64_t nblk, const uint8_t *x,
                       size_t ldx, float *y, size_t ldy, int lo, int hi, int first)
 {
@@ -334,7 +351,56 @@ INLINE void group_q6k(const int NB, const uint8_t *tiles, int64_t nblk, const ui
             xa[b] = (const struct act_q8_256 *)(x + (size_t)b * ldx) + i;
             is[b] = _mm512_setzero_si512();
         }
-        for (int j = 0; j < 16; j++) {
+        if (NB <= 4) {
+            /* Few rows: the sub-blocks in pairs (2u, 2u+1), which share their nibble
+             * vectors (loaded once, low and high nibbles), unrolled; the -32 of every
+             * quant comes off once per block: sum_j sc[j] * sum (q-32)*x =
+             * sum_j sc[j] * sum q*x - 32 * sum_j sc[j]*bsums[j], the last sum in one
+             * 16-bit madd per pair (the scale pairs against the bsums pairs). */
+            __m512i corr[NB_MAX];
+#pragma GCC unroll 16
+            for (int b = 0; b < NB; b++)
+                corr[b] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int u = 0; u < 8; u++) {
+                const uint8_t *tq = t + 64 * 4 * u;
+                __m512i h0 = load64(t + KM_Q6_K_QH(G) + 64 * (2 * u));
+                __m512i h1 = load64(t + KM_Q6_K_QH(G) + 64 * (2 * u + 1));
+                __m512i de[NB_MAX], dd[NB_MAX];
+#pragma GCC unroll 16
+                for (int b = 0; b < NB; b++)
+                    de[b] = dd[b] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int s = 0; s < 4; s++) {
+                    __m512i w = in_reg(load64(tq + 64 * s));
+                    __m512i we = _mm512_and_si512(w, m4);
+                    __m512i wd = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+                    we = _mm512_ternarylogic_epi32(we, q6_high(h0, s), m2, 0xf8);
+                    wd = _mm512_ternarylogic_epi32(wd, q6_high(h1, s), m2, 0xf8);
+#pragma GCC unroll 16
+                    for (int b = 0; b < NB; b++) {
+                        de[b] = dp_bcast(de[b], we, xa[b]->q + 32 * u + 4 * s);
+                        dd[b] = dp_bcast(dd[b], wd, xa[b]->q + 32 * u + 16 + 4 * s);
+                    }
+                }
+                __m512i scp = _mm512_cvtepi8_epi16(
+                    _mm256_loadu_si256((const __m256i *)(t + KM_Q6_K_SC(G) + 2 * G * u)));
+                __m512i sce = _mm512_srai_epi32(_mm512_slli_epi32(scp, 16), 16);
+                __m512i scd = _mm512_srai_epi32(scp, 16);
+#pragma GCC unroll 16
+                for (int b = 0; b < NB; b++) {
+                    is[b] = _mm512_add_epi32(is[b], _mm512_add_epi32(_mm512_mullo_epi32(de[b], sce),
+                                                                     _mm512_mullo_epi32(dd[b], scd)));
+                    int32_t bp;
+                    memcpy(&bp, xa[b]->bsums + 2 * u, sizeof bp);
+                    corr[b] = _mm512_dpwssd_epi32(corr[b], scp, _mm512_set1_epi32(bp));
+                    is[b] = in_reg(is[b]); /* the pair's products here, not hoisted (spills) */
+                }
+            }
+#pragma GCC unroll 16
+            for (int b = 0; b < NB; b++)
+                is[b] = _mm512_sub_epi32(is[b], _mm512_slli_epi32(corr[b], 5));
+        } else for (int j = 0; j < 16; j++) {
             const uint8_t *tq = t + 64 * 4 * (j / 2);
             __m512i hv = load64(t + KM_Q6_K_QH(G) + 64 * j);
             __m512i dt[NB_MAX];
@@ -346,11 +412,7 @@ INLINE void group_q6k(const int NB, const uint8_t *tiles, int64_t nblk, const ui
             for (int s = 0; s < 4; s++) {
                 __m512i w = load64(tq + 64 * s);
                 w = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(w, 4) : w, m4);
-                __m512i h = s == 0 ? _mm512_slli_epi16(hv, 4)
-                            : s == 1 ? _mm512_slli_epi16(hv, 2)
-                            : s == 2 ? hv
-                                     : _mm512_srli_epi16(hv, 2);
-                w = _mm512_ternarylogic_epi32(w, h, m2, 0xf8); /* w | (h & m2) */
+                w = _mm512_ternarylogic_epi32(w, q6_high(hv, s), m2, 0xf8); /* w | (h & m2) */
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++)
                     dt[b] = dp_bcast(dt[b], w, xa[b]->q + 16 * j + 4 * s);
