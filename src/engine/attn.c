@@ -777,6 +777,16 @@ static void run_item(struct attn_job *j, struct scratch *sc, int ri, int h, int6
     }
 }
 
+/* Items [lo, hi) of pair p of nth threads: its two threads' shares of pool_split (the
+ * last thread of an odd count alone). */
+static void pair_range(long n_items, int p, int nth, long *lo, long *hi)
+{
+    long lo2;
+    pool_split(n_items, 1, 2 * p, nth, lo, hi);
+    if (2 * p + 1 < nth)
+        pool_split(n_items, 1, 2 * p + 1, nth, &lo2, hi);
+}
+
 static void attn_work(void *ctx, int ith, int nth)
 {
     struct attn_job *j = ctx;
@@ -795,10 +805,7 @@ static void attn_work(void *ctx, int ith, int nth)
         _Atomic uint64_t *ends = &a->ends[ith / 2];
         bool back = ith % 2 == 1;
         long lo, hi;
-        pool_split(j->n_items, 1, ith - ith % 2, nth, &lo, &hi);
-        long lo2 = lo;
-        if (ith - ith % 2 + 1 < nth)
-            pool_split(j->n_items, 1, ith - ith % 2 + 1, nth, &lo2, &hi);
+        pair_range(j->n_items, ith / 2, nth, &lo, &hi);
         int ri = 0, q_ri = -1; /* the run whose q' the scratch holds */
         bool first = true;
         uint64_t cur = atomic_load_explicit(ends, memory_order_relaxed);
@@ -926,10 +933,8 @@ void attn_forward_sinks(struct attn *a, struct pool *pool, const struct vec_ops 
         j.split = true;
         int nth = pool_threads(pool);
         for (int p = 0; 2 * p < nth; p++) { /* attn_work's pairs of threads */
-            long lo, hi, lo2;
-            pool_split(j.n_items, 1, 2 * p, nth, &lo, &hi);
-            if (2 * p + 1 < nth)
-                pool_split(j.n_items, 1, 2 * p + 1, nth, &lo2, &hi);
+            long lo, hi;
+            pair_range(j.n_items, p, nth, &lo, &hi);
             atomic_store_explicit(&a->ends[p], (uint64_t)lo << 32 | (uint64_t)hi, memory_order_relaxed);
         }
     } else if (j.split) {

@@ -14,6 +14,9 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 struct loader {
     struct model *m;
@@ -511,6 +514,12 @@ static void place_weights(struct model *m)
         m->weight_block = block;
     }
     free(mats);
+#if defined(__GLIBC__)
+    /* The matrices' old buffers below glibc's mmap threshold (which rises as large blocks
+     * are freed) are free chunks of a heap, resident until trimmed: without this a draft
+     * loaded after its target would hold its dense weights twice. */
+    malloc_trim(0);
+#endif
 }
 
 int model_load(struct model **out, const char *path, const struct model_load_opts *opts, char *err, size_t errlen)
