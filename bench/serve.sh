@@ -233,7 +233,7 @@ engine8() {
   # the step of B = 1..8 at that depth (ms), for the serving account of the streams' steps
   # indexed by B (a B the bench did not print stays a hole: null, and no account is made)
   curve=$(sed -n 's/^ *B= *\([0-9]*\) @ batch depth: *\([0-9.]*\) ms.*/\1 \2/p' <<<"$e" |
-    awk '{v[$1] = $2; if ($1 > m) m = $1} END {for (i = 1; i <= m; i++) printf "%s%s", i > 1 ? "," : "", (i in v) ? v[i] : "null"}')
+    awk '{v[$1] = $2; if ($1 > m) m = $1} END {for (i = 1; i <= m; i++) printf "%s%s", (i > 1 ? "," : ""), ((i in v) ? v[i] : "null")}')
   [ -z "$b8" ] || [ -z "$pp" ] || [ -z "$b8d" ] || [ -z "$curve" ] ||
     echo "{\"mode\":\"engine8\",\"server\":\"cairn\",\"b8_tps\":$b8,\"b8_d192_tps\":$b8d,\"d192_curve_ms\":[$curve],\"pp128_tps\":$pp,\"loadavg\":$(cut -d' ' -f1 /proc/loadavg)}" >>"$out"
 }
