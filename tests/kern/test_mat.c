@@ -163,6 +163,18 @@ static void check_case(int type, int64_t rows, int64_t cols, int mode, uint64_t 
             continue;
         }
         CHECK(kern_mat_path(m) == p, "path %d != %d", kern_mat_path(m), p);
+        /* A loader may move a matrix's own weights into its block (kern_mat_move): then the
+         * products below read the moved copy, the old one freed and the source poisoned.
+         * Modes 1 and 3 move, 0 and 2 do not, so both are checked on every path. */
+        size_t own = kern_mat_own_bytes(m);
+        CHECK(p == KERN_PATH_REF ? own == 0 : own >= kern_mat_bytes(m), "%s %s: own bytes %zu, reads %zu",
+              dtype_name(type), kern_path_name(p), own, kern_mat_bytes(m));
+        void *moved = NULL;
+        if (own && (mode == 1 || mode == 3)) {
+            moved = aligned_alloc(64, (own + 63) / 64 * 64);
+            kern_mat_move(m, moved);
+            CHECK(kern_mat_own_bytes(m) == 0, "own bytes after the move: %zu", kern_mat_own_bytes(m));
+        }
         CHECK_EQ_INT(kern_mat_rows(m), rows);
         CHECK_EQ_INT(kern_mat_cols(m), cols);
         CHECK_EQ_INT(kern_mat_type(m), type);
@@ -207,6 +219,7 @@ static void check_case(int type, int64_t rows, int64_t cols, int mode, uint64_t 
             }
         }
         kern_mat_release(m);
+        free(moved);
         free(wcopy);
     }
     free(w);
