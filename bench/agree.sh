@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j"$(nproc)" --target cairn >/dev/null
-ref=$(bash ../shared/tools/llama-ref.sh | tail -1)
+ref=$(bash bench/llama_ref.sh | tail -1)
 v=../shared/testdata/vocab
 mkdir -p build/models
 fail=0

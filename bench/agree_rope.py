@@ -118,7 +118,7 @@ def diff(a, b):
 
 def main():
     binary = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, 'build', 'cairn'))
-    ref = subprocess.run(['bash', os.path.join(ROOT, '..', 'shared', 'tools', 'llama-ref.sh')], capture_output=True,
+    ref = subprocess.run(['bash', os.path.join(ROOT, 'bench', 'llama_ref.sh')], capture_output=True,
                          text=True, check=True).stdout.strip().splitlines()[-1]
     server = os.path.join(ref, 'llama-server')
     readme = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()

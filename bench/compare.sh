@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 threads=${1:-2}; shift || true
 types=("$@"); [ ${#types[@]} -gt 0 ] || types=(q8_0 q4_0 q4_k_m)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j"$(nproc)" --target cairn >/dev/null
-ref=$(bash ../shared/tools/llama-ref.sh | tail -1)
+ref=$(bash bench/llama_ref.sh | tail -1)
 mkdir -p build/models
 shape=${SHAPE:-llama-1b}
 case $shape in gemma3*|phi3*) vocab=llama-spm ;; *) vocab=llama-bpe ;; esac

@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 ref=${LLAMA_REF_BIN:-$HOME/.cache/llama-ref/llama.cpp/build/bin}
-[ -x "$ref/llama-server" ] || ref=$(bash ../shared/tools/llama-ref.sh | tail -1)
+[ -x "$ref/llama-server" ] || ref=$(bash bench/llama_ref.sh | tail -1)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j2 --target cairn >/dev/null
 cairn=./build/cairn
 work=build/embed-bench

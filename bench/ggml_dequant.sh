@@ -8,7 +8,7 @@
 #          bench/ggml_dequant.sh --vectors       rewrite tests/kern/data/ggml_dequant.bin
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ref=$(bash ../shared/tools/llama-ref.sh | tail -1)
+ref=$(bash bench/llama_ref.sh | tail -1)
 L=$(dirname "$(dirname "$ref")")
 out=build/ggml_dequant
 mkdir -p "$out"

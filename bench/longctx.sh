@@ -18,7 +18,7 @@ pp=${PP:-512 4096 16384}
 depth=${DEPTH:-4096}
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j2 --target cairn bench_attn_long >/dev/null
-ref=$(bash ../shared/tools/llama-ref.sh | tail -1)
+ref=$(bash bench/llama_ref.sh | tail -1)
 m=build/models/llama-1b-$type.gguf
 mkdir -p build/models
 [ -f "$m" ] || ./build/cairn mkmodel --shape llama-1b --type "$type" --ctx 32768 \

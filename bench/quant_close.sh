@@ -12,7 +12,7 @@
 # the others Llama's SentencePiece one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ref=$(bash ../shared/tools/llama-ref.sh | tail -1)
+ref=$(bash bench/llama_ref.sh | tail -1)
 cmake --build build -j2 --target cairn >/dev/null
 shape=${1:-small}; shift || true
 types=${*:-q2_k q3_k iq4_nl iq4_xs mxfp4 q4_k q4_0}

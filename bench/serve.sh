@@ -138,7 +138,7 @@ prefill() {
 # llama.cpp: its engine's prefill times and its server, if built.
 ref=${LLAMA_REF_BIN:-$HOME/.cache/llama-ref/llama.cpp/build/bin}
 if [ $no_ref = 0 ] && [ ! -x "$ref/llama-server" ] && [ $build_ref = 1 ]; then
-  ref=$(bash ../shared/tools/llama-ref.sh | tail -1)
+  ref=$(bash bench/llama_ref.sh | tail -1)
 fi
 servers=(cairn)
 if [ $no_ref = 1 ]; then

@@ -39,7 +39,7 @@ cairn=$build/cairn
 vocab=../shared/testdata/vocab/ggml-vocab-llama-bpe.gguf
 dir=$build/spec; logs=$dir/logs
 mkdir -p "$dir" "$logs"
-ref=$(bash ../shared/tools/llama-ref.sh 2>/dev/null | tail -1) || ref=""
+ref=$(bash bench/llama_ref.sh 2>/dev/null | tail -1) || ref=""
 [ -x "$ref/llama-speculative-simple" ] || { echo "llama.cpp's llama-speculative-simple not found: its column stays empty"; ref=""; }
 
 if [ $quick = 1 ]; then
