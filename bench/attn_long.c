@@ -5,7 +5,8 @@
  *     model), its K+V bytes per second and that against this machine's read bandwidth;
  *   prefill: a chunk of 512 tokens at positions [0, 512) and [D-512, D) of one layer, the
  *     time per token of each and their ratio, and the multiply-adds per second.
- *   usage: bench_attn_long [DEPTH 16384] [THREADS 2] [KV_TYPE f16] [VARIANT best] */
+ *   usage: bench_attn_long [DEPTH 16384] [THREADS 2] [KV_TYPE f16] [VARIANT best]
+ * KV_TYPE is one type for K and V, or K's and V's apart: q8_0,f16. */
 #include "base/dtype.h"
 #include "base/pool.h"
 #include "engine/attn.h"
@@ -64,17 +65,25 @@ int main(int argc, char **argv)
 {
     int64_t depth = argc > 1 ? atoll(argv[1]) : 16384;
     int threads = argc > 2 ? atoi(argv[2]) : 2;
-    int type = argc > 3 ? engine_kv_type(argv[3]) : DT_F16;
+    int type = DT_F16, type_v = DT_F16;
+    if (argc > 3) {
+        char tk[16];
+        const char *comma = strchr(argv[3], ',');
+        size_t len = comma ? (size_t)(comma - argv[3]) : strlen(argv[3]);
+        snprintf(tk, sizeof tk, "%.*s", (int)(len < sizeof tk - 1 ? len : sizeof tk - 1), argv[3]);
+        type = engine_kv_type(tk);
+        type_v = comma ? engine_kv_type(comma + 1) : type;
+    }
     const struct vec_ops *vec = argc > 4 ? vec_ops_variant(argv[4]) : vec_ops_best();
-    if (depth < CHUNK || threads < 1 || type < 0 || !vec) {
-        fprintf(stderr, "usage: bench_attn_long [DEPTH >= 512] [THREADS] [f16|q8_0|q4_0|f32] [ref|avx2|avx512|neon]\n");
+    if (depth < CHUNK || threads < 1 || type < 0 || type_v < 0 || !vec) {
+        fprintf(stderr, "usage: bench_attn_long [DEPTH >= 512] [THREADS] [f16|q8_0|q4_0|f32[,V type]] [ref|avx2|avx512|neon]\n");
         return 2;
     }
     struct attn_shape sh = {.n_head = 32, .n_head_kv = 8, .head_dim = 64};
     int64_t kv_dim = 512, q_dim = 2048;
     int bt = 16;
     struct kv_config kc = {.n_layers = N_LAYERS, .kv_dim = kv_dim, .block_tokens = bt,
-                           .n_blocks = (depth + bt - 1) / bt, .max_seqs = 1, .type_k = type, .type_v = type};
+                           .n_blocks = (depth + bt - 1) / bt, .max_seqs = 1, .type_k = type, .type_v = type_v};
     char err[256];
     struct kv_cache *kv;
     struct attn *a;
