@@ -41,6 +41,7 @@ struct moe {
     float *out;         /* (max_batch * n_used, n_embd) gathered */
     long groups_max;    /* n_ff / 32 + 1: activation groups of an expert, blocks of 32 or more */
     _Atomic int *group_left; /* (n_expert, groups_max): gu_job's counts */
+    _Atomic long *h_left;    /* (n_expert): per chosen expert, the pieces of h not yet ready for down */
     struct moe_stats stats;
 };
 
@@ -78,8 +79,9 @@ int moe_create(struct moe **out, const struct model_hparams *hp, int max_batch)
     mo->out = zalloc(R * (size_t)mo->n_embd * sizeof(float));
     mo->groups_max = mo->n_ff / 32 + 1;
     mo->group_left = zalloc((size_t)mo->n_expert * (size_t)mo->groups_max * sizeof *mo->group_left);
+    mo->h_left = zalloc((size_t)mo->n_expert * sizeof *mo->h_left);
     bool ok = mo->logits && mo->sel && mo->w && mo->row && mo->count && mo->first && mo->chosen && mo->row_token &&
-              mo->row_expert && mo->gate && mo->up && mo->out && mo->group_left;
+              mo->row_expert && mo->gate && mo->up && mo->out && mo->group_left && mo->h_left;
     for (int k = 0; k < N_KINDS && ok; k++) {
         int blk = dtype_info(kind_type[k])->block_elems;
         if (mo->n_embd % blk == 0) {
@@ -107,7 +109,7 @@ void moe_release(struct moe *mo)
     if (!mo)
         return;
     void *bufs[] = {mo->logits, mo->sel, mo->w, mo->row, mo->count, mo->first, mo->chosen, mo->row_token, mo->row_expert,
-                    mo->gate, mo->up, mo->out, (void *)mo->group_left};
+                    mo->gate, mo->up, mo->out, (void *)mo->group_left, (void *)mo->h_left};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     for (int k = 0; k < N_KINDS; k++) {
@@ -245,6 +247,16 @@ static void route(struct moe *mo, const struct model_layer *L, int b)
 
 /* ---- the experts' products, fused with the element-wise steps around them ---- */
 
+/* Spins, then yields, until *v is want (as the pool's waiters do). */
+static void wait_long(_Atomic long *v, long want)
+{
+    for (int spins = 0; atomic_load_explicit(v, memory_order_acquire) != want; spins++)
+        if (spins < 4000)
+            cpu_relax();
+        else
+            sched_yield();
+}
+
 /* Gate and up with the activation: a unit is the columns [c0, c1) of h (rows of the gate
  * and up matrices) of one chosen expert over all the tokens that chose it. The activation
  * and h's quantization for down run by groups of columns, each a whole number of the
@@ -272,7 +284,20 @@ struct gu_job {
     _Atomic int *left;       /* units not yet done of each group (chosen index x group), or
                                 NULL when a unit is a group */
     _Atomic long next;
+    _Atomic long experts_left; /* chosen experts whose h is not yet all ready */
+    int64_t t_h_ready;       /* when the last of them was (the clock of the thread that made it) */
 };
+
+/* n pieces of chosen expert i's h are ready for down (activated and quantized): the
+ * counts of mo->h_left, one piece a unit (a unit is a group) or a group. The release
+ * pairs with wait_h_ready's acquire, so down reads the h this thread wrote. */
+static void h_ready(struct gu_job *j, long i, long n)
+{
+    if (atomic_fetch_sub_explicit(&j->mo->h_left[i], n, memory_order_acq_rel) != n)
+        return;
+    if (atomic_fetch_sub_explicit(&j->experts_left, 1, memory_order_acq_rel) == 1)
+        j->t_h_ready = clock_ns();
+}
 
 /* Units are claimed by guided self-scheduling (pool_claim), as the engine's dense
  * products claim theirs: a thread reads long runs of a matrix's rows, where claiming one
@@ -330,6 +355,7 @@ static void gate_up_piece(struct gu_job *j, long i, int64_t c0, int64_t c1)
     gate_up_cols(j, e, c0, c1);
     if (!j->left) {
         act_cols(j, e, c0, c1);
+        h_ready(j, i, (c1 - c0 + j->cols - 1) / j->cols);
         return;
     }
     int64_t n_ff = j->mo->n_ff;
@@ -339,8 +365,10 @@ static void gate_up_piece(struct gu_job *j, long i, int64_t c0, int64_t c1)
         int done = (int)((b - a + j->cols - 1) / j->cols); /* units of the group in this piece */
         _Atomic int *left = &j->left[i * j->groups_per_expert + g0 / j->group];
         /* acq_rel: the last to count down sees the others' gate and up outputs */
-        if (atomic_fetch_sub_explicit(left, done, memory_order_acq_rel) == done)
+        if (atomic_fetch_sub_explicit(left, done, memory_order_acq_rel) == done) {
             act_cols(j, e, g0, g1);
+            h_ready(j, i, 1);
+        }
     }
 }
 
@@ -389,6 +417,7 @@ struct down_job {
     int n_sel;
     int B;
     bool by_expert;
+    bool wait_h;             /* by experts in gate and up's dispatch: an expert's down waits for its h */
     long rows;               /* output columns per unit */
     long units;              /* by columns: units in all; by experts: units per expert */
     float *y;
@@ -448,6 +477,8 @@ static void down_run(void *ctx, int ith, int nth)
             for (long u = lo; u < hi;) { /* each chosen expert's run of the claim */
                 long i = u / upe, ue = (i + 1) * upe < hi ? (i + 1) * upe : hi;
                 int64_t r0 = (u - i * upe) * j->rows, r1 = (ue - i * upe) * j->rows;
+                if (j->wait_h)
+                    wait_long(&mo->h_left[i], 0);
                 down_rows(j, (int)i, r0, r1 < n ? r1 : n);
                 u = ue;
             }
@@ -469,7 +500,19 @@ static long unit_rows(size_t row_bytes, long align)
     return n < align ? align : n;
 }
 
-/* ---- one dispatch from the router to the activation ---- */
+/* Down's schedule for the n_sel chosen experts (dj's by_expert set). */
+static void down_setup(struct down_job *dj, int n_sel)
+{
+    struct moe *mo = dj->mo;
+    const struct kern_mat *d0 = dj->L->exp_down[mo->chosen[0]];
+    size_t down_row_bytes = kern_mat_bytes(d0) / (size_t)mo->n_embd;
+    dj->n_sel = n_sel;
+    dj->rows = unit_rows(down_row_bytes * (dj->by_expert ? 1 : (size_t)n_sel), kern_mat_row_align(d0));
+    dj->units = (mo->n_embd + dj->rows - 1) / dj->rows;
+    atomic_init(&dj->next, 0);
+}
+
+/* ---- one dispatch from the router to the activation, or to down ---- */
 
 /* The router's product with the experts' inputs quantized, the choices and the gathered
  * inputs, then gate, up and the activation, in one dispatch: each thread quantizes its
@@ -483,7 +526,14 @@ static long unit_rows(size_t row_bytes, long align)
  * layer, which costs milliseconds when a neighbour holds the core of a thread that must
  * check in. Here a thread that comes late finds the router done and joins gate and up.
  * Each logit is one kern_matmul row whichever thread computes it, so the split changes
- * no bit. */
+ * no bit.
+ * A decode step (down by experts) runs down in the same dispatch: a thread out of gate
+ * and up units claims down's units (experts in order, as the gate and up claims went)
+ * and waits, per expert, until that expert's h is whole (mo->h_left). Down is then no
+ * barrier of its own: a thread that finishes its last gate and up claim goes on to the
+ * first experts' down while the other finishes the last expert's gate and up, where
+ * the two dispatches had it wait for that at the barrier (and, with a neighbour on the
+ * core, for the other thread's wake-up after it). The same products per value. */
 struct step_job {
     struct rows_job q;       /* the kinds still to quantize (gate's and up's) */
     const struct kern_mat *router;
@@ -494,19 +544,10 @@ struct step_job {
     _Atomic long work_left;  /* rows to quantize and router units not yet done */
     _Atomic long routed;     /* set by thread 0 when gj is ready */
     struct gu_job gj;        /* its n_sel and schedule set by thread 0 */
+    struct down_job dj;      /* with dj.wait_h: down in this dispatch, its schedule set by thread 0 */
     uint64_t bytes, down_bytes; /* the chosen experts' */
     int64_t t_routed, t_gathered; /* thread 0's clock */
 };
-
-/* Spins, then yields, until *v is want (as the pool's waiters do). */
-static void wait_long(_Atomic long *v, long want)
-{
-    for (int spins = 0; atomic_load_explicit(v, memory_order_acquire) != want; spins++)
-        if (spins < 4000)
-            cpu_relax();
-        else
-            sched_yield();
-}
 
 /* The choices of B tokens grouped by expert: gathered rows in expert order, tokens
  * ascending; the count of chosen experts. */
@@ -586,6 +627,9 @@ static void gu_setup(struct gu_job *gj_out, int n_sel)
     }
     j->units_per_expert = (mo->n_ff + j->cols - 1) / j->cols;
     j->groups_per_expert = (mo->n_ff + j->group - 1) / j->group;
+    for (long i = 0; i < n_sel; i++)
+        atomic_init(&mo->h_left[i], j->left ? j->groups_per_expert : j->units_per_expert);
+    atomic_init(&j->experts_left, n_sel);
     for (long i = 0; j->left && i < n_sel; i++)
         for (long g = 0; g < j->groups_per_expert; g++) {
             long c0 = g * j->group, c1 = c0 + j->group < mo->n_ff ? c0 + j->group : mo->n_ff;
@@ -615,12 +659,16 @@ static void step_run(void *ctx, int ith, int nth)
         j->t_routed = clock_ns();
         gather_inputs(j, j->q.n, n_sel);
         gu_setup(&j->gj, n_sel);
+        if (j->dj.wait_h)
+            down_setup(&j->dj, n_sel);
         j->t_gathered = clock_ns();
         atomic_store_explicit(&j->routed, 1, memory_order_release);
     } else {
         wait_long(&j->routed, 1);
     }
     gu_run(&j->gj, ith, nth);
+    if (j->dj.wait_h)
+        down_run(&j->dj, ith, nth);
 }
 
 /* Down runs by experts, with the combination on the calling thread (choices x n_embd
@@ -639,12 +687,16 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
     int k_down = kern_act_kind(kern_mat_type(L->exp_down[0]));
     int64_t t0 = clock_ns(), t1;
 
-    /* the router, the choices, the gathered inputs, then gate, up and the activation: one
-     * dispatch (step_run) */
+    /* the router, the choices, the gathered inputs, then gate, up and the activation, and
+     * in a decode step down: one dispatch (step_run) */
+    int R = B * K;
+    bool by_expert = R <= DOWN_BY_EXPERT_CHOICES;
     struct step_job sj = {.q = {.mo = mo, .vec = vec, .x = x, .n = B, .kind = {-1, k_gate, k_up}},
                           .router = L->router, .rows = kern_mat_rows(L->router),
                           .align = kern_mat_row_align(L->router),
-                          .gj = {.mo = mo, .L = L, .vec = vec, .k_gate = k_gate, .k_up = k_up, .k_down = k_down}};
+                          .gj = {.mo = mo, .L = L, .vec = vec, .k_gate = k_gate, .k_up = k_up, .k_down = k_down},
+                          .dj = {.mo = mo, .L = L, .k_down = k_down, .B = B, .y = y, .by_expert = by_expert,
+                                 .wait_h = by_expert}};
     if (k_router == KERN_ACT_F32) {
         sj.xr = x;
         sj.ldx = (size_t)mo->n_embd * sizeof(float);
@@ -661,24 +713,22 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
     atomic_init(&sj.routed, 0);
     pool_run(pool, step_run, &sj);
     t1 = clock_ns();
+    /* fused with down: gate+up's time ends when the last expert's h was whole */
+    int64_t t_gu_end = by_expert ? sj.gj.t_h_ready : t1;
     mo->stats.ns_route += (uint64_t)(sj.t_routed - t0);
     mo->stats.ns_gather += (uint64_t)(sj.t_gathered - sj.t_routed);
-    mo->stats.ns_gate_up += (uint64_t)(t1 - sj.t_gathered);
-    t0 = t1;
-    int n_sel = sj.gj.n_sel, R = B * K;
+    mo->stats.ns_gate_up += (uint64_t)(t_gu_end - sj.t_gathered);
+    t0 = t_gu_end;
+    int n_sel = sj.gj.n_sel;
     uint64_t bytes = sj.bytes, down_bytes = sj.down_bytes;
 
-    /* down of every chosen expert, and the combination */
-    const struct kern_mat *d0 = L->exp_down[mo->chosen[0]];
-    size_t down_row_bytes = kern_mat_bytes(d0) / (size_t)mo->n_embd;
-    struct down_job dj = {.mo = mo, .L = L, .k_down = k_down, .n_sel = n_sel, .B = B, .y = y,
-                          .by_expert = R <= DOWN_BY_EXPERT_CHOICES};
-    dj.rows = unit_rows(down_row_bytes * (dj.by_expert ? 1 : (size_t)n_sel), kern_mat_row_align(d0));
-    dj.units = (mo->n_embd + dj.rows - 1) / dj.rows;
-    atomic_init(&dj.next, 0);
-    pool_run(pool, down_run, &dj);
-    if (dj.by_expert)
+    /* down of every chosen expert (a prompt: a dispatch of its own), and the combination */
+    if (!by_expert) {
+        down_setup(&sj.dj, n_sel);
+        pool_run(pool, down_run, &sj.dj);
+    } else {
         combine_cols(mo, L, B, y, 0, mo->n_embd);
+    }
     t1 = clock_ns();
     mo->stats.ns_down += (uint64_t)(t1 - t0);
 
@@ -687,6 +737,6 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
     mo->stats.expert_runs += (uint64_t)n_sel;
     mo->stats.expert_bytes += bytes + down_bytes;
     mo->stats.down_bytes += down_bytes;
-    mo->stats.down_by_expert += dj.by_expert;
+    mo->stats.down_by_expert += by_expert;
     mo->stats.act_shared += sj.gj.left != NULL;
 }
