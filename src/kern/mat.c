@@ -430,6 +430,23 @@ static void repack(int type, const uint8_t *src, int64_t rows, int64_t cols, int
     }
 }
 
+/* Whether the AVX-512 path's B = 1 products leave prefetching to the hardware. On AMD
+ * Zen 4 (family 0x19 with AVX-512: 512-bit ops on 256-bit units) its stream prefetcher
+ * alone read DRAM 12-25% faster a CPU second than the software prefetch tuned on Zen 5
+ * (bench_kern_rate -t 2 -b 1, 128 MiB: Q8_0 27-31 against 23-26 GB/s a thread, Q4_0
+ * 32-36 against 27-31, Q4_K 26-29 against 21-22), while at B >= 2 it read slower without
+ * (Q4_K at B = 4: 10-11 against 21); Q6_K, whose tile is read out of order, needs the
+ * software prefetch (10-11 GB/s without, 21-23 with). CAIRN_B1_PREFETCH=sw or hw
+ * overrides the choice (for A/B runs on one binary). */
+static bool b1_hw_prefetch(enum kern_path path)
+{
+    const char *env = getenv("CAIRN_B1_PREFETCH");
+    if (env && (!strcmp(env, "sw") || !strcmp(env, "hw")))
+        return path == KERN_PATH_AVX512 && !strcmp(env, "hw");
+    const struct cpu_features *f = cpu_features();
+    return path == KERN_PATH_AVX512 && f->x86_amd && f->x86_family == 0x19;
+}
+
 int kern_mat_create(struct kern_mat **out, int type, const void *data, int64_t rows,
                     int64_t cols, enum kern_path path, char *err, size_t errlen)
 {
@@ -467,6 +484,7 @@ int kern_mat_create(struct kern_mat **out, int type, const void *data, int64_t r
     v->nblk = cols / ti->block_elems;
     v->row_bytes = (size_t)rb;
     v->data = data;
+    v->b1_hw_prefetch = b1_hw_prefetch(path);
     v->G = path_group(path);
     v->tile = is_lowbit(type) ? km_lowbit_tile(type, v->G) : kern_mat_tile_bytes(type, v->G);
     if (path != KERN_PATH_REF) {

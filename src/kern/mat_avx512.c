@@ -99,8 +99,9 @@ INLINE void store_rows(float *y, __mmask16 km, __m512 v)
 /* ---- legacy types: blocks of 32, ACT_Q8_32 activations ---- */
 
 /* NS groups (tiles[s], outputs y[s]) side by side, block i of each before block i+1:
- * NS > 1 only for whole groups of one activation row (km_drive_streams). */
-INLINE void group_q32(const int type, const int NB, const int NS, const uint8_t *const *tiles,
+ * NS > 1 only for whole groups of one activation row (km_drive_streams). pf: software
+ * prefetch of the weights (off only at B = 1 on AMD Zen 4, km_view.b1_hw_prefetch). */
+INLINE void group_q32(const int type, const int NB, const int NS, const bool pf, const uint8_t *const *tiles,
                       int64_t nblk, const uint8_t *x, size_t ldx, float *const *y, size_t ldy, int lo,
                       int hi, int first)
 {
@@ -133,9 +134,9 @@ INLINE void group_q32(const int type, const int NB, const int NS, const uint8_t 
 #pragma GCC unroll 4
         for (int st = 0; st < NS; st++) {
             const uint8_t *t = tiles[st] + (size_t)i * tile;
-            if (NS > 1)
+            if (pf && NS > 1)
                 prefetch_at(t, tile, PF_STREAM_AHEAD, _MM_HINT_T0);
-            else
+            else if (pf)
                 prefetch_tile(t, tile);
             const struct act_q8_32 *xa[NB_MAX];
             __m512i s[NB_MAX];
@@ -212,7 +213,7 @@ INLINE void group_q32(const int type, const int NB, const int NS, const uint8_t 
 
 /* ---- K-quants: super-blocks of 256, ACT_Q8_256 activations ---- */
 
-INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t nblk,
+INLINE void group_k(const int type, const int NB, const bool pf, const uint8_t *tiles, int64_t nblk,
                     const uint8_t *x, size_t ldx, float *y, size_t ldy, int lo, int hi, int first)
 {
     const bool k5 = type == DT_Q5_K;
@@ -231,7 +232,8 @@ INLINE void group_k(const int type, const int NB, const uint8_t *tiles, int64_t 
         acc[b] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(km, y + (size_t)b * ldy);
     for (int64_t i = 0; i < nblk; i++) {
         const uint8_t *t = tiles + (size_t)i * tile;
-        prefetch_tile(t, tile);
+        if (pf)
+            prefetch_tile(t, tile);
         const struct act_q8_256 *xa[NB_MAX];
         __m512i is[NB_MAX];
 #pragma GCC unroll 16
@@ -456,13 +458,13 @@ INLINE void group_q6k(const int NB, const uint8_t *tiles, int64_t nblk, const ui
         NB_CASES(name##_CALL)                                                             \
     }
 
-#define q4_0_CALL(n) group_q32(DT_Q4_0, n, 1, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first)
-#define q4_1_CALL(n) group_q32(DT_Q4_1, n, 1, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first)
-#define q5_0_CALL(n) group_q32(DT_Q5_0, n, 1, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first)
-#define q5_1_CALL(n) group_q32(DT_Q5_1, n, 1, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first)
-#define q8_0_CALL(n) group_q32(DT_Q8_0, n, 1, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first)
-#define q4_k_CALL(n) group_k(DT_Q4_K, n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
-#define q5_k_CALL(n) group_k(DT_Q5_K, n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q4_0_CALL(n) group_q32(DT_Q4_0, n, 1, true, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first)
+#define q4_1_CALL(n) group_q32(DT_Q4_1, n, 1, true, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first)
+#define q5_0_CALL(n) group_q32(DT_Q5_0, n, 1, true, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first)
+#define q5_1_CALL(n) group_q32(DT_Q5_1, n, 1, true, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first)
+#define q8_0_CALL(n) group_q32(DT_Q8_0, n, 1, true, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first)
+#define q4_k_CALL(n) group_k(DT_Q4_K, n, true, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q5_k_CALL(n) group_k(DT_Q5_K, n, true, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
 #define q6_k_CALL(n) group_q6k(n, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
 
 GROUP_FN(q4_0)
@@ -474,26 +476,41 @@ GROUP_FN(q4_k)
 GROUP_FN(q5_k)
 GROUP_FN(q6_k)
 
+/* B = 1 with no software prefetch (km_view.b1_hw_prefetch): one activation row only. */
+#define GROUP_HW_FN(name, CALL1)                                                          \
+    static void name##_hw(int NB, const uint8_t *tiles, int64_t nblk, const uint8_t *x,  \
+                          size_t ldx, float *y, size_t ldy, int lo, int hi, int first)    \
+    {                                                                                     \
+        (void)NB; /* 1 */                                                                 \
+        CALL1;                                                                            \
+    }
+
+GROUP_HW_FN(q4_0, group_q32(DT_Q4_0, 1, 1, false, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first))
+GROUP_HW_FN(q8_0, group_q32(DT_Q8_0, 1, 1, false, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first))
+GROUP_HW_FN(q4_k, group_k(DT_Q4_K, 1, false, tiles, nblk, x, ldx, y, ldy, lo, hi, first))
+
 /* NS whole groups at once for one activation row, as km_streams_fn: for the types of
  * small tiles (288 and 544 bytes a group and block), which read DRAM 12-30% faster a CPU
  * second that way on the AMD Zen 5 VM (bench_kern_rate -t 2, 256 MiB, both ways in
  * alternate rounds). The K-quants' tiles (2-3 KiB) are long runs already; they read
  * 6-33% slower in 2-4 streams, so they keep one. */
-#define STREAMS_FN(name, T)                                                               \
+#define STREAMS_FN(name, T, PF)                                                           \
     static void name##_streams(int NS, int NB, const uint8_t *const *tiles, int64_t nblk, \
                                const uint8_t *x, size_t ldx, float *const *y, size_t ldy) \
     {                                                                                     \
         (void)NB, (void)ldx, (void)ldy; /* one activation row (streams_nb 1) */           \
         _Static_assert(KM_STREAMS == 4, "cases");                                         \
         switch (NS) {                                                                     \
-        case 2: group_q32(T, 1, 2, tiles, nblk, x, 0, y, 0, 0, G, 1); break;              \
-        case 3: group_q32(T, 1, 3, tiles, nblk, x, 0, y, 0, 0, G, 1); break;              \
-        default: group_q32(T, 1, 4, tiles, nblk, x, 0, y, 0, 0, G, 1); break;             \
+        case 2: group_q32(T, 1, 2, PF, tiles, nblk, x, 0, y, 0, 0, G, 1); break;          \
+        case 3: group_q32(T, 1, 3, PF, tiles, nblk, x, 0, y, 0, 0, G, 1); break;          \
+        default: group_q32(T, 1, 4, PF, tiles, nblk, x, 0, y, 0, 0, G, 1); break;         \
         }                                                                                 \
     }
 
-STREAMS_FN(q4_0, DT_Q4_0)
-STREAMS_FN(q8_0, DT_Q8_0)
+STREAMS_FN(q4_0, DT_Q4_0, true)
+STREAMS_FN(q8_0, DT_Q8_0, true)
+STREAMS_FN(q4_0_hw, DT_Q4_0, false)
+STREAMS_FN(q8_0_hw, DT_Q8_0, false)
 
 /* ---- float weights: 16 lanes per row, element k in lane k%16 ---- */
 
@@ -616,6 +633,14 @@ void kern_mat_avx512_run(const struct km_view *v, const void *xq, size_t ldx, in
 #define tiles(fn, a) km_drive_tiles(fn, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, a)
 #define streams(fn, a) km_drive_streams(fn##_streams, 1, fn, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, a)
 #define rows(fn) km_drive_rows(fn, RF, NBF_MAX, v, x, ldx, B, y, ldy, r0, r1)
+    if (B == 1 && v->b1_hw_prefetch) {
+        switch (v->type) {
+        case DT_Q4_0: streams(q4_0_hw, a32); return;
+        case DT_Q8_0: streams(q8_0_hw, a32); return;
+        case DT_Q4_K: tiles(q4_k_hw, a256); return;
+        default: break; /* the others as at B > 1 (Q6_K needs its software prefetch) */
+        }
+    }
     switch (v->type) {
     case DT_Q4_0: streams(q4_0, a32); break;
     case DT_Q4_1: tiles(q4_1, a32); break;

@@ -142,6 +142,9 @@ struct km_view {
     size_t tile;       /* bytes per (group, block) tile */
     size_t row_bytes;  /* float types */
     const uint8_t *data;
+    /* B = 1 products of the AVX-512 path issue no software prefetch of the weights and
+     * leave the stream to the hardware prefetcher (kern_mat_create: on AMD Zen 4) */
+    bool b1_hw_prefetch;
 };
 
 /* A kernel over tiles [k0, k0+nblk) of one group, for NB activation rows (x at the
