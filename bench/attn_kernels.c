@@ -35,7 +35,7 @@ static float rnd(uint64_t *s)
 /* K blocks (transposed, each type's layout of vec.h) and V rows of KEYS keys of one head. */
 struct keys {
     uint16_t kf[KEYS / BT][HD * BT];                 /* F16: K(d, j) at [d*BT + j] */
-    int8_t k8[KEYS / BT][HD * BT + 2 * (HD / 32) * BT]; /* Q8_0: codes, then the half scales */
+    _Alignas(64) int8_t k8[KEYS / BT][HD * BT + 2 * (HD / 32) * BT]; /* Q8_0: codes, then the half scales */
     uint16_t vf[KEYS][HD];
     struct block_q8_0 v8[KEYS][HD / 32];
 };
@@ -47,9 +47,9 @@ static void fill(struct keys *k, uint64_t *seed)
             k->kf[b][i] = kern_f32_to_f16(rnd(seed));
             k->k8[b][i] = (int8_t)(rnd(seed) * 127.0f);
         }
-        uint16_t *ks = (uint16_t *)(k->k8[b] + HD * BT);
-        for (int i = 0; i < (HD / 32) * BT; i++)
-            ks[i] = kern_f32_to_f16(0.01f);
+        const uint16_t scale = kern_f32_to_f16(0.01f);
+        for (int i = 0; i < (HD / 32) * BT; i++) /* bytes, as the KV cache holds them */
+            memcpy(k->k8[b] + HD * BT + 2 * i, &scale, sizeof scale);
     }
     for (int j = 0; j < KEYS; j++) {
         for (int i = 0; i < HD; i++)
@@ -64,7 +64,7 @@ static void fill(struct keys *k, uint64_t *seed)
 
 int main(int argc, char **argv)
 {
-    const struct vec_ops *vec = argc > 1 ? vec_ops_variant(argv[1]) : vec_ops_best();
+    const struct vec_ops *vec = argc > 1 && strcmp(argv[1], "best") ? vec_ops_variant(argv[1]) : vec_ops_best();
     int reps = argc > 2 ? atoi(argv[2]) : 100000;
     if (!vec || reps < 1) {
         fprintf(stderr, "usage: bench_attn_kernels [ref|avx2|avx512|avx512-novnni|neon] [REPS]\n");
@@ -74,7 +74,7 @@ int main(int argc, char **argv)
     uint64_t seed = 42;
     fill(&k, &seed);
     float q[ROWS * HD], s[ROWS * LDS], o[ROWS * HD], l;
-    char q8[ROWS * VEC_Q8_ROW_BYTES(HD)];
+    _Alignas(64) char q8[ROWS * VEC_Q8_ROW_BYTES(HD)]; /* vec.h: query rows 4-byte aligned */
     for (int i = 0; i < ROWS * HD; i++)
         q[i] = rnd(&seed);
     for (int r = 0; r < ROWS; r++)

@@ -74,7 +74,7 @@ int main(int argc, char **argv)
         type = engine_kv_type(tk);
         type_v = comma ? engine_kv_type(comma + 1) : type;
     }
-    const struct vec_ops *vec = argc > 4 ? vec_ops_variant(argv[4]) : vec_ops_best();
+    const struct vec_ops *vec = argc > 4 && strcmp(argv[4], "best") ? vec_ops_variant(argv[4]) : vec_ops_best();
     if (depth < CHUNK || threads < 1 || type < 0 || type_v < 0 || !vec) {
         fprintf(stderr, "usage: bench_attn_long [DEPTH >= 512] [THREADS] [f16|q8_0|q4_0|f32[,V type]] [ref|avx2|avx512|neon]\n");
         return 2;

@@ -47,9 +47,8 @@ static void detect_isa(struct cpu_features *f)
     f->x86_amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* AuthenticAMD */
     if (!__get_cpuid(1, &a, &b, &c, &d))
         return;
-    unsigned base_family = (a >> 8) & 0xf, base_model = (a >> 4) & 0xf;
+    unsigned base_family = (a >> 8) & 0xf;
     f->x86_family = (int)(base_family == 0xf ? base_family + ((a >> 20) & 0xff) : base_family);
-    f->x86_model = (int)(base_family >= 0x6 ? base_model | (((a >> 16) & 0xf) << 4) : base_model);
     bool osxsave = c & (1u << 27);
     bool avx = c & (1u << 28);
     f->fma = c & (1u << 12);

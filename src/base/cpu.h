@@ -14,11 +14,11 @@ struct cpu_features {
      * ARMv8.2), the int8 matrix multiply (smmla), half-float arithmetic */
     bool asimd, asimddp, i8mm, fp16;
     int cache_line; /* bytes of a data cache line (64 when the system does not say) */
-    /* x86: AMD's vendor string, and the display family and model of CPUID leaf 1 (base
-     * plus extended fields), for tuning by microarchitecture (AMD Zen 4 is family 0x19
-     * with AVX-512, Zen 5 0x1a); 0 elsewhere */
+    /* x86: AMD's vendor string, and the display family of CPUID leaf 1 (base plus
+     * extended family), for tuning by microarchitecture (AMD Zen 4 is family 0x19 with
+     * AVX-512, Zen 3 the same family without it, Zen 5 0x1a); 0 elsewhere */
     bool x86_amd;
-    int x86_family, x86_model;
+    int x86_family;
     char model[64];
 };
 

@@ -290,7 +290,7 @@ struct gu_job {
 
 /* n pieces of chosen expert i's h are ready for down (activated and quantized): the
  * counts of mo->h_left, one piece a unit (a unit is a group) or a group. The release
- * pairs with wait_h_ready's acquire, so down reads the h this thread wrote. */
+ * pairs with the acquire of wait_long in down_run, so down reads the h this thread wrote. */
 static void h_ready(struct gu_job *j, long i, long n)
 {
     if (atomic_fetch_sub_explicit(&j->mo->h_left[i], n, memory_order_acq_rel) != n)
@@ -376,6 +376,10 @@ static void gate_up_piece(struct gu_job *j, long i, int64_t c0, int64_t c1)
  * claim is cut so that they are still in cache). */
 #define GU_PIECE_BYTES (256 << 10)
 
+/* Why the fused decode dispatch cannot deadlock: gate and up work never waits, and a
+ * thread starts down (down_run, which waits per expert for its h) only after every gate
+ * and up unit has been claimed, so each unit it may wait for is held by a thread that is
+ * running it. A wait inside gu_run, or claims of the two interleaved, would break this. */
 static void gu_run(void *ctx, int ith, int nth)
 {
     (void)ith;
@@ -722,7 +726,8 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
     int n_sel = sj.gj.n_sel;
     uint64_t bytes = sj.bytes, down_bytes = sj.down_bytes;
 
-    /* down of every chosen expert (a prompt: a dispatch of its own), and the combination */
+    /* down of every chosen expert (in a dispatch of its own for a batch of more than
+     * DOWN_BY_EXPERT_CHOICES choices), and the combination */
     if (!by_expert) {
         down_setup(&sj.dj, n_sel);
         pool_run(pool, down_run, &sj.dj);

@@ -4,6 +4,7 @@
 #include "kern/kern.h"
 
 #include <stdbool.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -438,13 +439,24 @@ static void repack(int type, const uint8_t *src, int64_t rows, int64_t cols, int
  * (Q4_K at B = 4: 10-11 against 21); Q6_K, whose tile is read out of order, needs the
  * software prefetch (10-11 GB/s without, 21-23 with). CAIRN_B1_PREFETCH=sw or hw
  * overrides the choice (for A/B runs on one binary). */
-static bool b1_hw_prefetch(enum kern_path path)
+static int b1_prefetch_override; /* 0: none, 1: sw, 2: hw */
+static pthread_once_t b1_prefetch_once = PTHREAD_ONCE_INIT;
+
+static void b1_prefetch_read_env(void)
 {
     const char *env = getenv("CAIRN_B1_PREFETCH");
-    if (env && (!strcmp(env, "sw") || !strcmp(env, "hw")))
-        return path == KERN_PATH_AVX512 && !strcmp(env, "hw");
+    b1_prefetch_override = !env ? 0 : !strcmp(env, "sw") ? 1 : !strcmp(env, "hw") ? 2 : 0;
+}
+
+static bool b1_hw_prefetch(enum kern_path path)
+{
+    if (path != KERN_PATH_AVX512)
+        return false;
+    pthread_once(&b1_prefetch_once, b1_prefetch_read_env);
+    if (b1_prefetch_override)
+        return b1_prefetch_override == 2;
     const struct cpu_features *f = cpu_features();
-    return path == KERN_PATH_AVX512 && f->x86_amd && f->x86_family == 0x19;
+    return f->x86_amd && f->x86_family == 0x19;
 }
 
 int kern_mat_create(struct kern_mat **out, int type, const void *data, int64_t rows,

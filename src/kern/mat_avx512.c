@@ -4,6 +4,7 @@
  * is bitwise the reference's. Each weight tile is decoded once per call for up to NB_MAX
  * activation rows. */
 #if defined(__x86_64__)  /* an x86 file: empty on other architectures */
+#include <assert.h>
 #include <immintrin.h>
 #include <stdbool.h>
 #include <string.h>
@@ -481,7 +482,8 @@ GROUP_FN(q6_k)
     static void name##_hw(int NB, const uint8_t *tiles, int64_t nblk, const uint8_t *x,  \
                           size_t ldx, float *y, size_t ldy, int lo, int hi, int first)    \
     {                                                                                     \
-        (void)NB; /* 1 */                                                                 \
+        assert(NB == 1); /* chosen only at B = 1 (kern_mat_avx512_run) */                 \
+        (void)NB;                                                                         \
         CALL1;                                                                            \
     }
 
