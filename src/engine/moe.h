@@ -50,7 +50,9 @@ struct moe_stats {
     /* Wall time of each phase, in ns (for the bench; never asserted): the router (its
      * input quantized, its product, the top-k, grouping), the experts' inputs gathered,
      * the gate and up products with the activation, the down products with the
-     * combination. */
+     * combination. In a decode step down runs in gate and up's dispatch (moe.c): gate+up
+     * ends when the last chosen expert's activation is done, and down's first products
+     * ran before that, so down's account holds only its tail and the combination. */
     uint64_t ns_route, ns_gather, ns_gate_up, ns_down;
 };
 
