@@ -9,6 +9,7 @@
 #include "engine/vec.h"
 #include "kern/kern.h"
 #include "kern/quant.h"
+#include "bench_util.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -18,19 +19,6 @@
 #include <time.h>
 
 enum { HD = 64, KEYS = 64, ROWS = 4, BT = 16, LDS = 256 };
-
-static double cpu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static float rnd(uint64_t *s)
-{
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)(int32_t)(*s >> 32) / 2147483648.0f;
-}
 
 /* K blocks (transposed, each type's layout of vec.h) and V rows of KEYS keys of one head. */
 struct keys {
@@ -44,8 +32,8 @@ static void fill(struct keys *k, uint64_t *seed)
 {
     for (int b = 0; b < KEYS / BT; b++) {
         for (int i = 0; i < HD * BT; i++) {
-            k->kf[b][i] = kern_f32_to_f16(rnd(seed));
-            k->k8[b][i] = (int8_t)(rnd(seed) * 127.0f);
+            k->kf[b][i] = kern_f32_to_f16(bench_rnd_lcg(seed));
+            k->k8[b][i] = (int8_t)(bench_rnd_lcg(seed) * 127.0f);
         }
         const uint16_t scale = kern_f32_to_f16(0.01f);
         for (int i = 0; i < (HD / 32) * BT; i++) /* bytes, as the KV cache holds them */
@@ -53,11 +41,11 @@ static void fill(struct keys *k, uint64_t *seed)
     }
     for (int j = 0; j < KEYS; j++) {
         for (int i = 0; i < HD; i++)
-            k->vf[j][i] = kern_f32_to_f16(rnd(seed));
+            k->vf[j][i] = kern_f32_to_f16(bench_rnd_lcg(seed));
         for (int c = 0; c < HD / 32; c++) {
             k->v8[j][c].d = kern_f32_to_f16(0.01f);
             for (int i = 0; i < 32; i++)
-                k->v8[j][c].qs[i] = (int8_t)(rnd(seed) * 127.0f);
+                k->v8[j][c].qs[i] = (int8_t)(bench_rnd_lcg(seed) * 127.0f);
         }
     }
 }
@@ -76,11 +64,11 @@ int main(int argc, char **argv)
     float q[ROWS * HD], s[ROWS * LDS], o[ROWS * HD], l;
     _Alignas(64) char q8[ROWS * VEC_Q8_ROW_BYTES(HD)]; /* vec.h: query rows 4-byte aligned */
     for (int i = 0; i < ROWS * HD; i++)
-        q[i] = rnd(&seed);
+        q[i] = bench_rnd_lcg(&seed);
     for (int r = 0; r < ROWS; r++)
         vec->q8_query(q + r * HD, HD, q8 + r * VEC_Q8_ROW_BYTES(HD));
     for (int i = 0; i < ROWS * LDS; i++)
-        s[i] = rnd(&seed);
+        s[i] = bench_rnd_lcg(&seed);
     memset(o, 0, sizeof o);
     const void *kf[KEYS / BT], *k8[KEYS / BT], *vf[KEYS], *v8[KEYS];
     const uint16_t *ks[KEYS / BT];
@@ -97,11 +85,11 @@ int main(int argc, char **argv)
     const int types[] = {DT_F16, DT_Q8_0};
     double sm = 0;
     for (int rep = 0; rep < 2; rep++) { /* the softmax once for both types: it sees only scores */
-        double c0 = cpu_now();
+        double c0 = bench_process_cpu_s();
         for (int i = 0; i < reps; i++)
             for (int r = 0; r < ROWS; r++)
                 vec->softmax_tile(s + r * LDS, KEYS, &l);
-        double t = (cpu_now() - c0) / reps / KEYS * 1e9;
+        double t = (bench_process_cpu_s() - c0) / reps / KEYS * 1e9;
         sm = rep == 0 || t < sm ? t : sm;
     }
     for (int ti = 0; ti < 2; ti++) {
@@ -111,13 +99,13 @@ int main(int argc, char **argv)
         int64_t ldq = q8k ? VEC_Q8_ROW_BYTES(HD) : HD;
         double qk = 0, pv = 0;
         for (int rep = 0; rep < 2; rep++) { /* best of two rounds */
-            double c0 = cpu_now();
+            double c0 = bench_process_cpu_s();
             for (int i = 0; i < reps; i++)
                 vec->attn_qk_paged(qr, ldq, ROWS, q8k ? k8 : kf, q8k ? ks : NULL, BT, KEYS, HD, type, s, LDS, NULL);
-            double c1 = cpu_now();
+            double c1 = bench_process_cpu_s();
             for (int i = 0; i < reps; i++)
                 vec->attn_pv(o, HD, ROWS, s, LDS, cnt, q8k ? v8 : vf, HD, type, NULL);
-            double c2 = cpu_now();
+            double c2 = bench_process_cpu_s();
             double a = (c1 - c0) / reps / KEYS * 1e9, b = (c2 - c1) / reps / KEYS * 1e9;
             qk = rep == 0 || a < qk ? a : qk;
             pv = rep == 0 || b < pv ? b : pv;

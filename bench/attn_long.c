@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "engine/kv.h"
 #include "engine/vec.h"
+#include "bench_util.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -23,26 +24,6 @@
 #define N_LAYERS 16
 #define CHUNK 512
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static double cpu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-
-static float rnd(uint64_t *s)
-{
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)(int32_t)(*s >> 32) / 2147483648.0f;
-}
 
 struct bw { const uint64_t *p; long n; uint64_t sum[64]; };
 
@@ -98,8 +79,8 @@ int main(int argc, char **argv)
     float *q = malloc((size_t)CHUNK * q_dim * sizeof *q), *out = malloc((size_t)CHUNK * q_dim * sizeof *out);
     for (int64_t p = 0; p < depth; p++) {
         for (int64_t i = 0; i < kv_dim; i++) {
-            k[i] = rnd(&seed) * 3.0f;
-            v[i] = rnd(&seed);
+            k[i] = bench_rnd_lcg(&seed) * 3.0f;
+            v[i] = bench_rnd_lcg(&seed);
         }
         attn_kv_write(kv, 0, kv_slot(kv, 0, p), sh.head_dim, k, v);
     }
@@ -112,7 +93,7 @@ int main(int argc, char **argv)
         memcpy(kv_v(kv, l, 0), kv_v(kv, 0, 0), layer_v);
     }
     for (int64_t i = 0; i < CHUNK * q_dim; i++)
-        q[i] = rnd(&seed);
+        q[i] = bench_rnd_lcg(&seed);
     int32_t seq[CHUNK];
     int64_t pos[CHUNK];
     memset(seq, 0, sizeof seq);
@@ -124,9 +105,9 @@ int main(int argc, char **argv)
     struct bw b = {.p = buf, .n = (long)(bw_bytes / 8)};
     double bw_best = 0, bw_cpu = 0;
     for (int r = 0; r < 3; r++) {
-        double t0 = now(), c0 = cpu_now();
+        double t0 = bench_wall_s(), c0 = bench_process_cpu_s();
         pool_run(pool, bw_run, &b);
-        double bw = (double)bw_bytes / (now() - t0), bwc = (double)bw_bytes / (cpu_now() - c0);
+        double bw = (double)bw_bytes / (bench_wall_s() - t0), bwc = (double)bw_bytes / (bench_process_cpu_s() - c0);
         bw_best = bw > bw_best ? bw : bw_best;
         bw_cpu = bwc > bw_cpu ? bwc : bw_cpu;
     }
@@ -137,10 +118,10 @@ int main(int argc, char **argv)
     double dec_best = 1e30, dec_cpu = 1e30;
     int dec_reps = getenv("ATTN_DECODE_ONLY") ? 50 : 5;
     for (int r = 0; r < dec_reps && !getenv("ATTN_PREFILL_ONLY") && !getenv("ATTN_HOT_ONLY"); r++) {
-        double t0 = now(), c0 = cpu_now();
+        double t0 = bench_wall_s(), c0 = bench_process_cpu_s();
         for (int l = 0; l < N_LAYERS; l++)
             attn_forward(a, pool, vec, kv, l, 1, seq, pos, q, out);
-        double t = now() - t0, tc = cpu_now() - c0;
+        double t = bench_wall_s() - t0, tc = bench_process_cpu_s() - c0;
         dec_best = t < dec_best ? t : dec_best;
         dec_cpu = tc < dec_cpu ? tc : dec_cpu;
     }
@@ -159,11 +140,11 @@ int main(int argc, char **argv)
     if (!getenv("ATTN_PREFILL_ONLY")) {
         pos[0] = 511;
         attn_forward(a, pool, vec, kv, 0, 1, seq, pos, q, out);
-        double c0 = cpu_now();
+        double c0 = bench_process_cpu_s();
         int hot_reps = getenv("ATTN_HOT_ONLY") ? 20000 : 200;
         for (int r = 0; r < hot_reps; r++)
             attn_forward(a, pool, vec, kv, 0, 1, seq, pos, q, out);
-        double tc = (cpu_now() - c0) / hot_reps;
+        double tc = (bench_process_cpu_s() - c0) / hot_reps;
         printf("decode at depth 512, K and V in L2: %.1f GB/s of K+V per CPU-second\n",
                (double)(layer_k + layer_v) * 512.0 / (double)(kc.n_blocks * bt) / tc / 1e9);
     }
@@ -175,9 +156,9 @@ int main(int argc, char **argv)
             pos[i] = p0 + i;
         double best = 1e30, best_cpu = 1e30;
         for (int r = 0; r < (c == 0 ? 5 : 2); r++) {
-            double t0 = now(), c0 = cpu_now();
+            double t0 = bench_wall_s(), c0 = bench_process_cpu_s();
             attn_forward(a, pool, vec, kv, 0, CHUNK, seq, pos, q, out);
-            double t = now() - t0, tc = cpu_now() - c0;
+            double t = bench_wall_s() - t0, tc = bench_process_cpu_s() - c0;
             best = t < best ? t : best;
             best_cpu = tc < best_cpu ? tc : best_cpu;
         }

@@ -13,22 +13,7 @@
 
 #include "base/dtype.h"
 #include "kern/kern.h"
-
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* xorshift: seeded weights and activations in [-1, 1) */
-static float rnd(uint64_t *s)
-{
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return (float)((*s >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
-}
+#include "bench_util.h"
 
 static int run_type(int type, int64_t rows, int64_t cols, int B, int rounds)
 {
@@ -45,7 +30,7 @@ static int run_type(int type, int64_t rows, int64_t cols, int B, int rounds)
         goto out;
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t c = 0; c < cols; c++)
-            row[c] = rnd(&seed);
+            row[c] = bench_rnd_xorshift(&seed);
         if (kern_quantize_row(type, row, w + (size_t)r * row_bytes, cols) != 0)
             goto out;
     }
@@ -56,15 +41,15 @@ static int run_type(int type, int64_t rows, int64_t cols, int B, int rounds)
     }
     for (int b = 0; b < B; b++) {
         for (int64_t c = 0; c < cols; c++)
-            row[c] = rnd(&seed);
+            row[c] = bench_rnd_xorshift(&seed);
         kern_act_quantize(type, row, xq + (size_t)b * ldx, cols);
     }
     kern_matmul(m, xq, ldx, B, y, (size_t)rows, 0, rows); /* warm */
     double best = 1e30;
     for (int i = 0; i < rounds; i++) {
-        double t0 = cpu_s();
+        double t0 = bench_thread_cpu_s();
         kern_matmul(m, xq, ldx, B, y, (size_t)rows, 0, rows);
-        double t = cpu_s() - t0;
+        double t = bench_thread_cpu_s() - t0;
         best = t < best ? t : best;
     }
     double ops = (double)rows * (double)cols * (double)B / 64;

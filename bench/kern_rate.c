@@ -20,33 +20,9 @@
 #include "base/dtype.h"
 #include "base/pool.h"
 #include "kern/kern.h"
+#include "bench_util.h"
 
 #include <stdatomic.h>
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* This thread's CPU time: a thread's rate over it is its rate while it ran, which a
- * neighbour's load on a shared machine changes less than the wall-clock rate. */
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* xorshift: seeded weights and activations in [-1, 1) */
-static float rnd(uint64_t *s)
-{
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return (float)((*s >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
-}
 
 #define MIN_CLAIM_BYTES (32 << 10) /* the engine's MM_MIN_CLAIM */
 #define MAX_THREADS 64
@@ -68,7 +44,7 @@ struct mm_share {
 static void mm_share_run(void *ctx, int ith, int nth)
 {
     struct mm_share *j = ctx;
-    double t0 = cpu_s();
+    double t0 = bench_thread_cpu_s();
     long lo, hi;
     int64_t done = 0;
     if (j->halves) {
@@ -86,7 +62,7 @@ static void mm_share_run(void *ctx, int ith, int nth)
         }
     }
     if (ith < MAX_THREADS) {
-        j->busy[ith] += cpu_s() - t0;
+        j->busy[ith] += bench_thread_cpu_s() - t0;
         j->rows_of[ith] += done;
     }
 }
@@ -114,7 +90,7 @@ static int run_type(int type, size_t kib, int64_t cols, struct pool *pool, int h
         return -1;
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t c = 0; c < cols; c++)
-            row[c] = rnd(&seed);
+            row[c] = bench_rnd_xorshift(&seed);
         if (kern_quantize_row(type, row, w + (size_t)r * row_bytes, cols) != 0) {
             fprintf(stderr, "%s: cannot quantize\n", dtype_name(type));
             return -1;
@@ -134,7 +110,7 @@ static int run_type(int type, size_t kib, int64_t cols, struct pool *pool, int h
         return -1;
     for (int b = 0; b < BMAX; b++) {
         for (int64_t c = 0; c < cols; c++)
-            row[c] = rnd(&seed);
+            row[c] = bench_rnd_xorshift(&seed);
         kern_act_quantize(type, row, xq + (size_t)b * ldx, cols);
     }
     double bytes = (double)kern_mat_bytes(m);
@@ -165,12 +141,12 @@ static int run_type(int type, size_t kib, int64_t cols, struct pool *pool, int h
             long n = 0;
             memset(j->busy, 0, sizeof j->busy);
             memset(j->rows_of, 0, sizeof j->rows_of);
-            double t0 = now_s(), t;
+            double t0 = bench_wall_s(), t;
 #define RATE(t) (j->busy[t] > 0 ? bytes * (double)j->rows_of[t] / (double)rows / j->busy[t] : 0.0)
             do {
                 product(pool, j);
                 n++;
-            } while ((t = now_s() - t0) < 0.002);
+            } while ((t = bench_wall_s() - t0) < 0.002);
             if (t / (double)n < best)
                 best = t / (double)n;
             for (int th = 0; th < nth && th < MAX_THREADS; th++)

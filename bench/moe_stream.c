@@ -20,6 +20,7 @@
 #include "base/dtype.h"
 #include "base/pool.h"
 #include "kern/kern.h"
+#include "bench_util.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -27,22 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* CPU time of the calling thread: on this shared machine a thread is often descheduled,
- * which wall time counts and this does not. */
-static double cpu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static _Atomic long long work_cpu_ns, down_cpu_ns;
 
@@ -111,7 +96,7 @@ struct job {
 static void job_run(void *ctx, int ith, int nth)
 {
     struct job *j = ctx;
-    double c0 = cpu_now();
+    double c0 = bench_thread_cpu_s();
     int64_t rows = kern_mat_rows(j->mats[0]);
     long align = kern_mat_row_align(j->mats[0]);
     if (j->s == S_GUIDED || j->s == S_FLAT) { /* the units of `units`, claimed as the engine's dense products claim */
@@ -157,7 +142,7 @@ static void job_run(void *ctx, int ith, int nth)
                 kern_matmul(j->mats[i], j->xq, j->ldx, 1, j->y + i * j->out_rows, 0, a, b);
         }
     }
-    long long ns = (long long)((cpu_now() - c0) * 1e9);
+    long long ns = (long long)((bench_thread_cpu_s() - c0) * 1e9);
     atomic_fetch_add(&work_cpu_ns, ns);
     if (j->acc)
         atomic_fetch_add(j->acc, ns);
@@ -218,17 +203,17 @@ int main(int argc, char **argv)
     /* one thread, one matrix: hot (the same expert again and again), then cold */
     {
         int reps = 200;
-        double t0 = now(), c0 = cpu_now();
+        double t0 = bench_wall_s(), c0 = bench_thread_cpu_s();
         for (int r = 0; r < reps; r++)
             kern_matmul(gate[0], xq_e, 0, 1, y, 0, 0, sh.n_ff);
-        double hot = (double)kern_mat_bytes(gate[0]) * reps / (now() - t0) / 1e9;
-        double hot_cpu = (double)kern_mat_bytes(gate[0]) * reps / (cpu_now() - c0) / 1e9;
-        t0 = now();
-        c0 = cpu_now();
+        double hot = (double)kern_mat_bytes(gate[0]) * reps / (bench_wall_s() - t0) / 1e9;
+        double hot_cpu = (double)kern_mat_bytes(gate[0]) * reps / (bench_thread_cpu_s() - c0) / 1e9;
+        t0 = bench_wall_s();
+        c0 = bench_thread_cpu_s();
         for (int r = 0; r < n_ex; r++)
             kern_matmul(gate[r], xq_e, 0, 1, y, 0, 0, sh.n_ff);
-        double cold = (double)kern_mat_bytes(gate[0]) * n_ex / (now() - t0) / 1e9;
-        double cold_cpu = (double)kern_mat_bytes(gate[0]) * n_ex / (cpu_now() - c0) / 1e9;
+        double cold = (double)kern_mat_bytes(gate[0]) * n_ex / (bench_wall_s() - t0) / 1e9;
+        double cold_cpu = (double)kern_mat_bytes(gate[0]) * n_ex / (bench_thread_cpu_s() - c0) / 1e9;
         printf("one thread, one expert's gate: hot %.2f GB/s (%.2f per CPU second), cold %.2f GB/s (%.2f per CPU "
                "second)\n", hot, hot_cpu, cold, cold_cpu);
     }
@@ -263,9 +248,9 @@ int main(int argc, char **argv)
                 for (int l = 0; l < sh.n_layers; l++) {
                     if (s == N_SCHED) { /* dense: a matrix of K gates' bytes */
                         struct kern_mat *d = dense[dense_i++ % n_dense];
-                        double t0 = now();
+                        double t0 = bench_wall_s();
                         run_mats(pool, S_HALVES, &d, 1, xq_e, y, 0, 1, NULL);
-                        t += now() - t0;
+                        t += bench_wall_s() - t0;
                         bytes += kern_mat_bytes(d);
                         continue;
                     }
@@ -289,7 +274,7 @@ int main(int argc, char **argv)
                         bytes += kern_mat_bytes(gate[i]) * 2 + kern_mat_bytes(down[i]);
                         dbytes += kern_mat_bytes(down[i]);
                     }
-                    double t0 = now();
+                    double t0 = bench_wall_s();
                     if (s == S_UNITS || s == S_GUIDED) { /* moe.c's interleave: gate and up of a unit together */
                         run_mats(pool, (enum sched)s, gu, 2 * sh.k, xq_e, y, units_gu, 2, NULL);
                         run_mats(pool, (enum sched)s, dn, sh.k, xq_f, y, units_d, sh.k, &down_cpu_ns);
@@ -300,7 +285,7 @@ int main(int argc, char **argv)
                         run_mats(pool, (enum sched)s, gu, 2 * sh.k, xq_e, y, 0, 1, NULL);
                         run_mats(pool, (enum sched)s, dn, sh.k, xq_f, y, 0, 1, &down_cpu_ns);
                     }
-                    t += now() - t0;
+                    t += bench_wall_s() - t0;
                 }
             }
             wall[s][pass] = (double)bytes / t / 1e9;
