@@ -251,7 +251,7 @@ static void nonneg_range(struct gen *g, int64_t lo, int64_t hi)
         int64_t a = lo > (len == 1 ? 0 : p) ? lo : (len == 1 ? 0 : p), b = hi < p * 10 - 1 ? hi : p * 10 - 1;
         if (a > b)
             continue;
-        char as[20], bs[20];
+        char as[24], bs[24]; /* room for any long long, so no build type warns of truncation */
         snprintf(as, sizeof as, "%0*lld", len, (long long)a);
         snprintf(bs, sizeof bs, "%0*lld", len, (long long)b);
         put(g, first ? "" : " | ");
