@@ -10,6 +10,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The largest precision a spec may ask for. format_float's buffers hold a float formatted
+ * at it whole (Python has no limit; a template that asks for more is refused, not cut). */
+#define FMT_PREC_MAX 10000
+
+static int check_width_prec(struct tctx *c, const struct tnode *at, int64_t width, int64_t prec)
+{
+    if (width > (int64_t)c->max_str || prec > FMT_PREC_MAX)
+        return tmpl_err(c, at, CAIRN_EFULL, "format width or precision too large");
+    return 0;
+}
+
 /* ---- str.format ---- */
 
 struct fspec {
@@ -69,9 +80,9 @@ static int parse_spec(struct tctx *c, const struct tnode *at, const char *p, siz
         f->type = p[i++];
     if (i < n)
         return tmpl_err(c, at, CAIRN_EFORMAT, "Invalid format specifier '%.*s'", (int)n, p);
-    if (f->width > (int64_t)c->max_str || f->prec > 10000)
-        return tmpl_err(c, at, CAIRN_EFULL, "format width or precision too large");
-    return 0;
+    if (f->grouping && f->type == 'n')
+        return tmpl_err(c, at, CAIRN_EFORMAT, "Cannot specify '%c' with 'n'.", f->grouping);
+    return check_width_prec(c, at, f->width, f->prec);
 }
 
 /* Lays out sign + prefix + digits with fill/align/width (align '=' pads after the sign). */
@@ -154,7 +165,9 @@ static int format_int(struct tctx *c, const struct tnode *at, int64_t v, const s
 static int format_float(struct tctx *c, const struct tnode *at, double d, const struct fspec *f, struct tv *out)
 {
     char type = f->type;
-    char buf[400];
+    /* Every form fits whole: 'f' of at most 1e300 has 301 integer digits; type 0 and 'g'
+     * print fixed only below 1e309; an exponent adds at most 6 characters. */
+    char buf[FMT_PREC_MAX + 400];
     double a = fabs(d);
     bool neg = signbit(d) && !isnan(d);
     if (type == 0 && f->prec < 0) {
@@ -166,7 +179,7 @@ static int format_float(struct tctx *c, const struct tnode *at, double d, const 
         if (isinf(a) || isnan(a)) {
             strcpy(buf, isinf(a) ? "inf" : "nan");
         } else {
-            char e[400];
+            char e[FMT_PREC_MAX + 32];
             snprintf(e, sizeof e, "%.*e", p - 1, a);
             int decpt = atoi(strchr(e, 'e') + 1) + 1;
             if (a == 0)
@@ -211,7 +224,7 @@ static int format_float(struct tctx *c, const struct tnode *at, double d, const 
         return tmpl_err(c, at, CAIRN_EFORMAT, "Unknown format code '%c' for object of type 'float'", type);
     }
     /* grouping applies to the integer part */
-    char digits[500];
+    char digits[sizeof buf + 128];  /* grouping adds a separator per 3 of <= 310 integer digits */
     size_t nd = 0;
     if (f->grouping && !isinf(a) && !isnan(a)) {
         size_t ip = strspn(buf, "0123456789");
@@ -598,6 +611,9 @@ static int percent_convert(struct tctx *c, const struct tnode *at, const struct 
     f.zero = strchr(pc->flags, '0') && !left;
     f.alt = strchr(pc->flags, '#') != NULL;
     f.sign = strchr(pc->flags, '+') ? '+' : strchr(pc->flags, ' ') ? ' ' : 0;
+    int rc = strchr("sra", pc->conv) ? 0 : check_width_prec(c, at, pc->width, pc->prec);
+    if (rc)
+        return rc;
     switch (pc->conv) {
     case 's':
     case 'r':
