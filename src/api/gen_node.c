@@ -458,7 +458,7 @@ static int op_submit(void *self, struct textgen_params *p, gen_event_fn fn, void
     struct gen_node *g = self;
     char canon[HUBREF_TEXT_MAX];
     if (hubref_canonical(p->model, canon) && strlen(canon) < sizeof p->model) /* as typed: owner/repo:q4_k_m */
-        snprintf(p->model, sizeof p->model, "%s", canon);
+        memcpy(p->model, canon, strlen(canon) + 1);
     struct pick pk = {.g = g, .model = p->model};
     int status = 0;
     struct command c;

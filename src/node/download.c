@@ -658,7 +658,7 @@ static int probe(struct fetch *f, const struct download_source *src, const char 
         return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s is node '%.64s', not %s", url, x.node, src->node_id);
     if (f->cfg->secret && f->cfg->secret[0]) {
         char what[sizeof f->route + DOWNLOAD_SHA256_HEX + 1], why[256];
-        snprintf(what, sizeof what, "%s|%s", f->route, x.sha);
+        snprintf(what, sizeof what, "%s|%.64s", f->route, x.sha); /* is_hex64: 64 characters */
         if (download_auth_check(f->cfg->secret, x.node, what, x.auth, (int64_t)time(NULL), why, sizeof why))
             return cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: the reply's X-Cairn-Auth: %s", url, why);
     }

@@ -141,7 +141,7 @@ bool hub_sidecar_id(const char *gguf_path, char *id)
         stem[n - 20] = 0;
     else if (n > 5 && !strcasecmp(stem + n - 5, ".gguf"))
         stem[n - 5] = 0;
-    char path[4200];
+    char path[sizeof dir + sizeof stem + sizeof HUB_SIDECAR];
     snprintf(path, sizeof path, "%s/%s" HUB_SIDECAR, dir, stem);
     json_t *j = json_load_file(path, 0, NULL);
     const char *ref = json_string_value(json_object_get(j, "ref"));

@@ -174,7 +174,7 @@ static void *job_main(void *arg)
         if (!rc && strlen(id) > IDS_MODEL_MAX)
             rc = cairn_fail(err, sizeof err, CAIRN_ERANGE, "%.300s: longer than a model id", id);
         if (!rc)
-            snprintf(j->got, sizeof j->got, "%s", id);
+            snprintf(j->got, sizeof j->got, "%.*s", IDS_MODEL_MAX, id);
     } else if (j->kind == JOB_PULL) {
         rc = run_pull(j, &cfg, err, sizeof err);
     } else {

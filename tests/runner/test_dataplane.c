@@ -687,7 +687,7 @@ static void test_frames(struct dp_listener *l, bool crc, const char *secret)
                   !memcmp(f.res.top_logprob, tlp, sizeof tlp) && !memcmp(f.res.logits, row, sizeof row) &&
                   !memcmp(f.res.seq, sseq, sizeof sseq) && !memcmp(f.res.pos, spos, sizeof spos),
                   "sampled result values");
-        CHECK(dp_result_wire_bytes(&rs) == DP_HDR_SIZE + 32 + 60 + 5 + 7 + 48 + 16 + 4 * snv, "wire bytes %llu",
+        CHECK(dp_result_wire_bytes(&rs) == (uint64_t)(DP_HDR_SIZE + 32 + 60 + 5 + 7 + 48 + 16 + 4 * snv), "wire bytes %llu",
               (unsigned long long)dp_result_wire_bytes(&rs));
         ntop[1] = 1; /* an error token with top log-probabilities */
         CHECK(dp_send_result(b, &rs, 0, err, sizeof err) == CAIRN_EINVAL, "error token with tops");
