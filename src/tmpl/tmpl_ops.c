@@ -437,7 +437,7 @@ static int repeat(struct tctx *c, const struct tnode *at, const struct tv *seq, 
     struct tlist *r = tmpl_list_new(c, n);
     if (!r)
         return tmpl_oom(c, at);
-    for (int64_t i = 0; i < times; i++)
+    for (int64_t i = 0; l->n && i < times; i++) /* an empty list has no storage (r->v NULL) */
         tmpl_copy(r->v + (size_t)i * l->n, l->v, l->n * sizeof *l->v);
     r->n = n;
     out->t = seq->t;
