@@ -915,6 +915,10 @@ static void merge_tiles(const struct vec_ops *vec, struct scratch *sc, const flo
         const float *p = src + (size_t)t0 * (size_t)(hd + 2);
         float m = sc->m[0];
         for (int64_t i = 0; i < cnt; i++, p += hd + 2) {
+            /* the partial's lines, for the pass below: written long before by decode_tile,
+             * they come from L3 */
+            for (size_t c = 0; c < (size_t)(hd + 2) * sizeof *p; c += 64)
+                __builtin_prefetch((const char *)p + c, 0, 3);
             float mt = p[hd], mx = m > mt ? m : mt;
             sc->fx[2 * i] = m - mx;
             sc->fx[2 * i + 1] = mt - mx;
