@@ -570,37 +570,71 @@ static void prefetch_blocks(const struct attn_job *j, const int32_t *table, int6
     }
 }
 
-/* Part `part` of `parts` of prefetch_blocks's lines (in the same order): spread over the
- * steps of a tile, so some of the reads are always in flight while the arithmetic runs. The
- * part's first contiguous run goes into *pf, for the next kernel to ask for along its steps
+/* prefetch_blocks's lines (in the same order) cut into parts taken one after another, spread
+ * over the steps of a tile, so some of the reads are always in flight while the arithmetic
+ * runs. Each part's first contiguous run goes to the next kernel to ask for along its steps
  * (vec.h vec_prefetch: asked for at once, 128 lines filled the miss buffers and the
  * arithmetic then waited for them; a cold step read 1.65x faster spread), the rest (a part
- * that crosses a block) is asked for now. */
-static void prefetch_part(const struct attn_job *j, const int32_t *table, int64_t p0, int64_t p1, int64_t end,
-                          bool v, int part, int parts, struct vec_prefetch *pf)
+ * that crosses a block) is asked for at once. The cursor carries where the last part ended,
+ * so a part costs one division, not five (a fifth of decode_tile's own time). */
+struct pf_parts {
+    const char *base;
+    const int32_t *table; /* from the first block */
+    size_t bytes;         /* of one block's K or V, every KV head */
+    size_t per_block;     /* lines of a block */
+    size_t lines;         /* of all the blocks */
+    size_t b, c;          /* the next part's first line: block b, its line c */
+    size_t done;          /* lines handed out */
+    int parts, next;      /* parts, and the next one's index */
+};
+
+/* The K or V (v) of the blocks holding positions [p0, p1) (below end), in parts parts. */
+static struct pf_parts prefetch_parts(const struct attn_job *j, const int32_t *table, int64_t p0, int64_t p1,
+                                      int64_t end, bool v, int parts)
+{
+    struct pf_parts pp = {0};
+    if (parts <= 0)
+        return pp; /* nothing to ask for (no next tile) */
+    int bt = j->bt;
+    pp.bytes = (v ? j->v_head : j->k_head) * (size_t)bt * (size_t)j->a->sh.n_head_kv;
+    pp.base = v ? j->v_base : j->k_base;
+    p1 = p1 < end ? p1 : end;
+    p0 -= p0 % bt;
+    pp.table = table + p0 / bt;
+    pp.per_block = (pp.bytes + 63) / 64;
+    pp.lines = p1 > p0 ? (size_t)((p1 - p0 + bt - 1) / bt) * pp.per_block : 0;
+    pp.parts = parts;
+    return pp;
+}
+
+/* The next part of pp (parts are taken in order): its first run into *pf, the rest asked for. */
+static void prefetch_next(struct pf_parts *pp, struct vec_prefetch *pf)
 {
     pf->at = NULL;
     pf->lines = 0;
-    int bt = j->bt;
-    size_t bytes = (v ? j->v_head : j->k_head) * (size_t)bt * (size_t)j->a->sh.n_head_kv; /* one block */
-    p1 = p1 < end ? p1 : end;
-    p0 -= p0 % bt;
-    if (p1 <= p0)
+    if (pp->next >= pp->parts)
         return;
-    size_t lines = (size_t)((p1 - p0 + bt - 1) / bt) * ((bytes + 63) / 64);
-    size_t per_block = (bytes + 63) / 64;
-    size_t lo = lines * (size_t)part / (size_t)parts, hi = lines * (size_t)(part + 1) / (size_t)parts;
-    size_t b = lo / per_block, c = lo % per_block; /* one division, not one a line (a third of a decode's step) */
-    const char *base = v ? j->v_base : j->k_base;
-    size_t run = per_block - c < hi - lo ? per_block - c : hi - lo;
-    pf->at = base + (size_t)table[p0 / bt + (int64_t)b] * bytes + 64 * c;
+    size_t hi = pp->lines * (size_t)++pp->next / (size_t)pp->parts;
+    size_t left = hi - pp->done;
+    if (left == 0)
+        return;
+    size_t run = pp->per_block - pp->c < left ? pp->per_block - pp->c : left;
+    pf->at = pp->base + (size_t)pp->table[pp->b] * pp->bytes + 64 * pp->c;
     pf->lines = (int64_t)run;
-    c = 0;
-    for (size_t i = lo + run; i < hi; c = 0) { /* the part's lines in the blocks after */
-        const char *at = base + (size_t)table[p0 / bt + (int64_t)++b] * bytes;
-        for (; c < per_block && i < hi; c++, i++)
-            __builtin_prefetch(at + 64 * c, 0, 2);
+    pp->c += run;
+    left -= run;
+    while (left > 0) { /* the part's lines in the blocks after */
+        pp->b++;
+        pp->c = 0;
+        const char *at = pp->base + (size_t)pp->table[pp->b] * pp->bytes;
+        for (; pp->c < pp->per_block && left > 0; pp->c++, left--)
+            __builtin_prefetch(at + 64 * pp->c, 0, 2);
     }
+    if (pp->c == pp->per_block) {
+        pp->b++;
+        pp->c = 0;
+    }
+    pp->done = hi;
 }
 
 /* Whether decode_tile can take this batch (no window; whole blocks in a tile and a step;
@@ -613,6 +647,21 @@ static bool by_tile_fits(const struct attn_job *j)
         max_len = a->run_len[ri] > max_len ? a->run_len[ri] : max_len;
     return j->window == 0 && j->bt <= STREAM_KEYS && STREAM_KEYS % j->bt == 0 && ATTN_TILE % STREAM_KEYS == 0 &&
            (int64_t)max_len * a->sh.n_head <= a->rows && max_len * a->group <= ATTN_ROWS;
+}
+
+/* rows[c] = the V row c of a block's piece at vp (rows of row_bytes), c < bt: four at a time
+ * (one a loop turn was a quarter of decode_tile's own time, a pointer per key and KV head). */
+static void v_rows(const void **rows, const char *vp, size_t row_bytes, int bt)
+{
+    int c = 0;
+    for (; c + 4 <= bt; c += 4, vp += 4 * row_bytes) {
+        rows[c] = vp;
+        rows[c + 1] = vp + row_bytes;
+        rows[c + 2] = vp + 2 * row_bytes;
+        rows[c + 3] = vp + 3 * row_bytes;
+    }
+    for (; c < bt; c++, vp += row_bytes)
+        rows[c] = vp;
 }
 
 /* Tile t of run ri for every KV head: partials into a->split. first: the thread's first
@@ -666,17 +715,17 @@ static void decode_tile(struct attn_job *j, struct scratch *sc, const struct scr
             const char *vp = j->v_base + (blk * (size_t)n_kv + (size_t)h) * v_piece;
             hs->kblk[h * per_head + b] = kp;
             hs->ksblk[h * per_head + b] = quant_k ? (const uint16_t *)(kp + code_bytes) : NULL;
-            for (int c = 0; c < bt; c++)
-                hs->vrows[h * ATTN_TILE + b * bt + c] = vp + (size_t)c * j->v_head;
+            v_rows(hs->vrows + h * ATTN_TILE + b * bt, vp, j->v_head, bt);
         }
     }
     int step = STREAM_KEYS / bt;
     int parts = (nmax + STREAM_KEYS - 1) / STREAM_KEYS * n_kv;
+    struct pf_parts pv = prefetch_parts(j, table, t0, t0 + ATTN_TILE, end, true, parts);
     for (int b = 0; b < nbt; b += step) {
         int k0 = b * bt, k1 = k0 + STREAM_KEYS < nmax ? k0 + STREAM_KEYS : nmax;
         for (int h = 0; h < n_kv; h++) {
             struct vec_prefetch pf;
-            prefetch_part(j, table, t0, t0 + ATTN_TILE, end, true, (k0 / STREAM_KEYS) * n_kv + h, parts, &pf);
+            prefetch_next(&pv, &pf);
             int64_t ldq;
             const void *qh = qk_row(j, sc, h * R + r0, &ldq);
             vec->attn_qk_paged(qh, ldq, nr, hs->kblk + h * per_head + b,
@@ -690,14 +739,14 @@ static void decode_tile(struct attn_job *j, struct scratch *sc, const struct scr
     for (int h = 0; h < n_kv; h++)
         memset(sc->ot + (size_t)(h * R + r0) * hd, 0, (size_t)nr * (size_t)hd * sizeof(float));
     int32_t cnt[ATTN_ROWS];
+    struct pf_parts pk = prefetch_parts(j, table, next * ATTN_TILE, (next + 1) * ATTN_TILE, end, false,
+                                        next >= 0 ? parts : 0);
     for (int k0 = 0; k0 < nmax; k0 += STREAM_KEYS) {
         for (int r = r0; r < R; r++)
             cnt[r - r0] = sc->nv[r] - k0 < 0 ? 0 : sc->nv[r] - k0 > STREAM_KEYS ? STREAM_KEYS : sc->nv[r] - k0;
         for (int h = 0; h < n_kv; h++) {
-            struct vec_prefetch pf = {NULL, 0};
-            if (next >= 0)
-                prefetch_part(j, table, next * ATTN_TILE, (next + 1) * ATTN_TILE, end, false,
-                              (k0 / STREAM_KEYS) * n_kv + h, parts, &pf);
+            struct vec_prefetch pf;
+            prefetch_next(&pk, &pf);
             vec->attn_pv(sc->ot + (size_t)(h * R + r0) * hd, hd, nr, sc->s + (size_t)(h * R + r0) * ATTN_TILE + k0,
                          ATTN_TILE, cnt, hs->vrows + h * ATTN_TILE + k0, hd, j->type_v, &pf);
         }
@@ -852,6 +901,43 @@ static void attn_work(void *ctx, int ith, int nth)
     }
 }
 
+/* merge of n tile partials in order ((hd + 2) floats each: o_t, m_t, l_t) into the state
+ * sc->o, m[0], l[0], the first starting it. The maxima are a running max, known before any
+ * exp, so the exps of up to max_rows tiles go to one exp_sub (merge's pairs one call each
+ * were a fifth of a decode's merge step, waiting on each exp's latency): exp_sub(x, 0) of
+ * x = m - mx is exp_sub(m, mx), bit for bit, as in merge_rows. */
+static void merge_tiles(const struct vec_ops *vec, struct scratch *sc, const float *src, int64_t n, int max_rows,
+                        int hd)
+{
+    merge(vec, sc->o, sc->m, sc->l, src, src[hd], src[hd + 1], hd, true);
+    for (int64_t t0 = 1; t0 < n; t0 += max_rows) {
+        int64_t cnt = n - t0 < max_rows ? n - t0 : max_rows;
+        const float *p = src + (size_t)t0 * (size_t)(hd + 2);
+        float m = sc->m[0];
+        for (int64_t i = 0; i < cnt; i++, p += hd + 2) {
+            /* the partial's lines, for the pass below: written long before by decode_tile,
+             * they come from L3 */
+            for (size_t c = 0; c < (size_t)(hd + 2) * sizeof *p; c += 64)
+                __builtin_prefetch((const char *)p + c, 0, 3);
+            float mt = p[hd], mx = m > mt ? m : mt;
+            sc->fx[2 * i] = m - mx;
+            sc->fx[2 * i + 1] = mt - mx;
+            m = mx;
+        }
+        vec->exp_sub(sc->fx, 0.0f, 2 * cnt);
+        p = src + (size_t)t0 * (size_t)(hd + 2);
+        float *o = sc->o, l = sc->l[0];
+        for (int64_t i = 0; i < cnt; i++, p += hd + 2) {
+            float fa = sc->fx[2 * i], fb = sc->fx[2 * i + 1];
+            l = l * fa + p[hd + 1] * fb;
+            for (int k = 0; k < hd; k++)
+                o[k] = o[k] * fa + p[k] * fb;
+        }
+        sc->m[0] = m;
+        sc->l[0] = l;
+    }
+}
+
 /* Split mode, second step: each (token, query head) merges its tiles in order. */
 static void merge_work(void *ctx, int ith, int nth)
 {
@@ -868,8 +954,7 @@ static void merge_work(void *ctx, int ith, int nth)
         int b = (int)(w / n_head), qh = (int)(w % n_head);
         int64_t t_first = first_seen(j, j->pos[b]) / ATTN_TILE, n_t = j->pos[b] / ATTN_TILE + 1;
         const float *src = a->split + ((size_t)(b * n_head + qh) * (size_t)a->n_tiles + (size_t)t_first) * (size_t)(hd + 2);
-        for (int64_t t = t_first; t < n_t; t++, src += hd + 2)
-            merge(j->vec, sc.o, sc.m, sc.l, src, src[hd], src[hd + 1], hd, t == t_first);
+        merge_tiles(j->vec, &sc, src, n_t - t_first, a->rows, hd);
         finish_row(j->vec, j->out + (size_t)b * (size_t)j->q_dim + (size_t)qh * hd, sc.o, sc.m[0], sc.l[0], hd,
                    j->sinks ? j->sinks + qh : NULL);
     }

@@ -154,6 +154,14 @@ INLINE __m512 load16(const void *p, int f16, int64_t i, __mmask16 m)
                : _mm512_maskz_loadu_ps(m, (const float *)p + i);
 }
 
+/* load16 of a whole vector: the load goes into the conversion (a masked load is an
+ * instruction of its own). */
+INLINE __m512 load16_full(const void *p, int f16, int64_t i)
+{
+    return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)))
+               : _mm512_loadu_ps((const float *)p + i);
+}
+
 /* The codes of K(d, j0..j0+15) (mask m) of Q4_0, as floats (Q8_0 K: the byte dot products below). */
 INLINE __m512 load_codes(const void *kt, const int type, int64_t ld, int64_t d, int j0, __mmask16 m)
 {
@@ -403,9 +411,10 @@ static void attn_qk_novnni(const void *q, int64_t ldq, int rows, const void *kt,
 }
 
 /* R (constant, <= 6) rows by the keys of blocks b0..b0+3 of 16 keys (block c under mask
- * m[c]; a block of mask 0 is not read) of F16 or F32 K: 24 chains, as qk_rows_f. */
-INLINE void qkp_rows(const float *q, int64_t ldq, const int R, const void *const *kt, int b0, const __mmask16 *m,
-                     int64_t hd, const int f16, float *s, int64_t lds, struct pf_cur *pf)
+ * m[c]; a block of mask 0 is not read) of F16 or F32 K: 24 chains, as qk_rows_f. full
+ * (constant): every mask is whole, the loads unmasked (load16_full). */
+INLINE void qkp_rows_m(const float *q, int64_t ldq, const int R, const void *const *kt, int b0, const __mmask16 *m,
+                       int64_t hd, const int f16, float *s, int64_t lds, struct pf_cur *pf, const int full)
 {
     __m512 a[6][4];
     const void *kb[4];
@@ -417,7 +426,7 @@ INLINE void qkp_rows(const float *q, int64_t ldq, const int R, const void *const
     for (int64_t d = 0; d < hd; d++) {
         __m512 k[4];
         for (int c = 0; c < 4; c++)
-            k[c] = load16(kb[c], f16, d * 16, m[c]);
+            k[c] = full ? load16_full(kb[c], f16, d * 16) : load16(kb[c], f16, d * 16, m[c]);
         pf_step(pf);
         for (int r = 0; r < R; r++) {
             __m512 qb = _mm512_set1_ps(q[r * ldq + d]);
@@ -430,6 +439,12 @@ INLINE void qkp_rows(const float *q, int64_t ldq, const int R, const void *const
             _mm512_mask_storeu_ps(s + r * lds + 16 * (b0 + c), m[c], a[r][c]);
 }
 
+INLINE void qkp_rows(const float *q, int64_t ldq, const int R, const void *const *kt, int b0, const __mmask16 *m,
+                     int64_t hd, const int f16, float *s, int64_t lds, struct pf_cur *pf)
+{
+    qkp_rows_m(q, ldq, R, kt, b0, m, hd, f16, s, lds, pf, 0);
+}
+
 INLINE void qkp_impl(const float *q, int64_t ldq, int rows, const void *const *kt, int n, int64_t hd, const int f16,
                      float *s, int64_t lds, const struct vec_prefetch *pfq)
 {
@@ -440,6 +455,15 @@ INLINE void qkp_impl(const float *q, int64_t ldq, int rows, const void *const *k
         for (int r = 0; r < rows; r += 6) {
             const float *qr = q + r * ldq;
             float *sr = s + r * lds;
+            if (rows - r == 4 && ldq == 64 && hd == 64) {
+                /* a decode's 4 rows of 64 dims: with the strides constant the 4 rows' q are one
+                 * address register, not 4 (the loop spilled its pointers) */
+                if (n - 16 * b0 >= 64)
+                    qkp_rows_m(qr, 64, 4, kt, b0, m, 64, f16, sr, lds, pf, 1);
+                else
+                    qkp_rows(qr, 64, 4, kt, b0, m, 64, f16, sr, lds, pf);
+                continue;
+            }
             switch (rows - r < 6 ? rows - r : 6) {
             case 6: qkp_rows(qr, ldq, 6, kt, b0, m, hd, f16, sr, lds, pf); break;
             case 5: qkp_rows(qr, ldq, 5, kt, b0, m, hd, f16, sr, lds, pf); break;
@@ -637,9 +661,10 @@ INLINE uint16_t v_scale(const void *vj, const int type, int64_t col)
 }
 
 /* F16 or F32 V: R (constant, <= 6) rows, keys [j0, j1), the 64 columns from c0 (chunk c of
- * 16 under mask mc[c]). */
-INLINE void pv_rows(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
-                    const void *const *v, int64_t c0, const __mmask16 *mc, const int type, struct pf_cur *pf)
+ * 16 under mask mc[c]; full (constant): every mask whole, the loads unmasked). */
+INLINE void pv_rows_m(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
+                      const void *const *v, int64_t c0, const __mmask16 *mc, const int type, struct pf_cur *pf,
+                      const int full)
 {
     __m512 a[6][4];
     for (int r = 0; r < R; r++)
@@ -648,7 +673,7 @@ INLINE void pv_rows(float *o, int64_t ldo, const int R, const float *p, int64_t 
     for (int j = j0; j < j1; j++) {
         __m512 x[4];
         for (int c = 0; c < 4; c++)
-            x[c] = load_v(v[j], type, c0, c, mc[c]);
+            x[c] = full ? load16_full(v[j], type == DT_F16, c0 + 16 * c) : load_v(v[j], type, c0, c, mc[c]);
         pf_step(pf);
         for (int r = 0; r < R; r++) {
             __m512 pr = _mm512_set1_ps(p[r * ldp + j]);
@@ -659,6 +684,26 @@ INLINE void pv_rows(float *o, int64_t ldo, const int R, const float *p, int64_t 
     for (int r = 0; r < R; r++)
         for (int c = 0; c < 4; c++)
             _mm512_mask_storeu_ps(o + r * ldo + c0 + 16 * c, mc[c], a[r][c]);
+}
+
+INLINE void pv_rows(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
+                    const void *const *v, int64_t c0, const __mmask16 *mc, const int type, struct pf_cur *pf)
+{
+    pv_rows_m(o, ldo, R, p, ldp, j0, j1, v, c0, mc, type, pf, 0);
+}
+
+/* pv_rows of R (1..6) rows, keys [0, j1). */
+INLINE void pv_rows_n(float *o, int64_t ldo, int R, const float *p, int64_t ldp, int j1, const void *const *v,
+                      int64_t c0, const __mmask16 *mc, const int type, struct pf_cur *pf)
+{
+    switch (R) {
+    case 6: pv_rows(o, ldo, 6, p, ldp, 0, j1, v, c0, mc, type, pf); break;
+    case 5: pv_rows(o, ldo, 5, p, ldp, 0, j1, v, c0, mc, type, pf); break;
+    case 4: pv_rows(o, ldo, 4, p, ldp, 0, j1, v, c0, mc, type, pf); break;
+    case 3: pv_rows(o, ldo, 3, p, ldp, 0, j1, v, c0, mc, type, pf); break;
+    case 2: pv_rows(o, ldo, 2, p, ldp, 0, j1, v, c0, mc, type, pf); break;
+    default: pv_rows(o, ldo, 1, p, ldp, 0, j1, v, c0, mc, type, pf); break;
+    }
 }
 
 /* Quantized V: R (constant, <= 4) rows, keys ja..ja+nj-1 (nj <= 64), the 64 columns from c0,
@@ -742,13 +787,13 @@ INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp
                         pvq(orow + g * ldo, ldo, 1, prow + g * ldp, ldp, jmin, n[r + g], v, c0, mc, type, pf);
                 continue;
             }
-            switch (R) {
-            case 6: pv_rows(orow, ldo, 6, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
-            case 5: pv_rows(orow, ldo, 5, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
-            case 4: pv_rows(orow, ldo, 4, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
-            case 3: pv_rows(orow, ldo, 3, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
-            case 2: pv_rows(orow, ldo, 2, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
-            default: pv_rows(orow, ldo, 1, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
+            if (R == 4 && ldo == 64 && ldp == 256 && hd == 64) {
+                /* a decode's 4 rows of 64 columns (scores a tile of 256 apart): with the strides
+                 * constant the rows' p and o take one address register each (the loop spilled
+                 * its pointers), and every mask is whole */
+                pv_rows_m(orow, 64, 4, prow, 256, 0, jmin, v, 0, mc, type, pf, 1);
+            } else {
+                pv_rows_n(orow, ldo, R, prow, ldp, jmin, v, c0, mc, type, pf);
             }
             for (int g = 0; g < R; g++)
                 if (n[r + g] > jmin)
