@@ -48,7 +48,7 @@ preds=()
 bench() {
   local out
   out=$($cairn bench -m "$t" --draft "$d" --draft-tokens "$k" -p 64 -n 64 -t "$threads" -r 1)
-  grep -E '^(target decode|bytes a step|drafted|speed-up|efficiency)' <<<"$out" | sed 's/^/  /'
+  grep -E '^(target decode|bytes a step|  (plain|speculative) decode|drafted|speed-up|efficiency)' <<<"$out" | sed 's/^/  /'
   preds+=("$(sed -n 's/^speed-up: .*predicted \([0-9.]*\)x.*/\1/p' <<<"$out")")
 }
 echo "== cairn bench --draft (load $(cut -d' ' -f1 /proc/loadavg))"

@@ -165,11 +165,27 @@ static int measure_costs(struct spec_bench *sb, int reps, double *t_t, double *t
     return rc;
 }
 
+/* An engine's forwards and their time (engine_profile_totals) at a token's report. */
+struct fwd_mark {
+    unsigned long long n;
+    long long ns;
+};
+
 struct gen_run {
     int32_t *tok;
     int64_t n;
     double t_first, t_last; /* when the first and last tokens came */
+    const struct engine *te, *de; /* profiled (the draft NULL without one) */
+    struct fwd_mark t_first_fw, t_last_fw, d_first_fw, d_last_fw; /* at the first and last tokens */
 };
+
+static struct fwd_mark fwd_mark(const struct engine *e)
+{
+    struct fwd_mark m = {0, 0};
+    if (e)
+        engine_profile_totals(e, &m.n, &m.ns);
+    return m;
+}
 
 /* The scheduler's token callback: records the token and when it came. */
 static int gen_token(void *ctx, uint64_t id, int seq, int64_t index, const struct sched_token *t)
@@ -178,8 +194,13 @@ static int gen_token(void *ctx, uint64_t id, int seq, int64_t index, const struc
     (void)seq;
     struct gen_run *g = ctx;
     g->t_last = clock_sec();
-    if (index == 0)
+    g->t_last_fw = fwd_mark(g->te);
+    g->d_last_fw = fwd_mark(g->de);
+    if (index == 0) {
         g->t_first = g->t_last;
+        g->t_first_fw = g->t_last_fw;
+        g->d_first_fw = g->d_last_fw;
+    }
     g->tok[g->n++] = t->token;
     return 0;
 }
@@ -209,7 +230,10 @@ static double generate(struct spec_bench *sb, bool spec, struct gen_run *g, stru
     struct sched_request r = {.id = 1, .prompt = sb->prompt, .n_prompt = sb->n_prompt, .max_tokens = sb->n_gen,
                               .n_seqs = 1, .sample = sp, .ignore_eos = true,
                               .num_draft_tokens = spec ? sb->k : 0, .lookup_ngram = spec ? sb->lookup : 0};
-    if (sched_submit(s, &r, sb->err, sizeof sb->err))
+    g->te = sb->te;
+    g->de = spec ? sb->de : NULL;
+    if (engine_profile(sb->te, true) || (g->de && engine_profile(sb->de, true)) ||
+        sched_submit(s, &r, sb->err, sizeof sb->err))
         goto out;
     while (!sched_idle(s))
         if (sched_step(s, sb->err, sizeof sb->err) < 0)
@@ -218,10 +242,31 @@ static double generate(struct spec_bench *sb, bool spec, struct gen_run *g, stru
     if (g->n > 1 && g->t_last > g->t_first)
         tps = (double)(g->n - 1) / (g->t_last - g->t_first);
 out:
+    if (sb->de)
+        engine_profile(sb->de, false);
+    engine_profile(sb->te, false);
     sched_release(s);
     kv_release(dkv);
     kv_release(kv);
     return tps;
+}
+
+/* Where g's decode went (from its first token to its last): the target's forwards and
+ * the draft's against the probes' times t_fw and t_draft, and the rest (sampling,
+ * verification, the scheduler's bookkeeping), per target forward. */
+static void print_decode_split(const char *what, const struct gen_run *g, double t_fw, double t_draft)
+{
+    double wall = g->t_last - g->t_first;
+    unsigned long long nt = g->t_last_fw.n - g->t_first_fw.n, nd = g->d_last_fw.n - g->d_first_fw.n;
+    double tt = (double)(g->t_last_fw.ns - g->t_first_fw.ns) * 1e-9, td = (double)(g->d_last_fw.ns - g->d_first_fw.ns) * 1e-9;
+    if (nt == 0 || wall <= 0)
+        return;
+    printf("  %s decode %.1f ms: %llu target forwards %.2f ms each (probe %.2f)", what, wall * 1e3, nt,
+           tt / (double)nt * 1e3, t_fw * 1e3);
+    if (nd)
+        printf(", %llu draft forwards %.2f ms each (probe %.2f)", nd, td / (double)nd * 1e3, t_draft * 1e3);
+    printf(", outside the forwards %.3f ms a step (%.1f%%)\n", (wall - tt - td) / (double)nt * 1e3,
+           100 * (wall - tt - td) / wall);
 }
 
 /* The command line. */
@@ -324,6 +369,8 @@ static int bench_draft(const struct bench_opts *o)
     double predicted = expect / (k * c + v), measured = tps_spec / tps_plain;
     printf("plain decode: %.2f tok/s (%lld steps); speculative: %.2f tok/s (%lld steps, %lld draft forwards)\n",
            tps_plain, (long long)st_plain.steps, tps_spec, (long long)st.steps, (long long)st.draft_forwards);
+    print_decode_split("plain", &plain, t_t, 0);
+    print_decode_split("speculative", &spec, t_v, t_d);
     printf("drafted %lld, accepted %lld, rejections %lld: alpha = accepted / (accepted + rejections) = %.3f\n",
            (long long)st.draft_tokens, (long long)acc, (long long)rej, alpha);
     printf("speed-up: measured %.2fx; predicted %.2fx = ((1 - alpha^(k+1)) / (1 - alpha)) / (k c + v) = %.2f / %.3f\n",

@@ -129,9 +129,17 @@ struct mm_job {
  * front by its owner and from the back by a taker. Which thread computes a row changes
  * no bit: every row is still computed whole by one call. Measured on small (Q8_0, Zen 5
  * VM, 2 threads, loaded machine, the least time of each job over 800 alternated steps):
- * its layers' products 2-5% faster than guided claims alone. */
+ * its layers' products 2-5% faster than guided claims alone. Each claim still starts
+ * its 4 streams cold, and on AMD Zen 4 (whose B = 1 products leave the prefetch to the
+ * hardware) a restart costs much: one thread sweeping a 100 MiB Q8_0 matrix in calls of
+ * 128 KiB read 19-26 GB/s a CPU second, in one call 29-32. So a claim takes at least
+ * MM_OWN_MIN = 1 MiB: a part of up to 1 MiB (all of small's but gate+up's 1.6 MiB) is
+ * one claim. Measured on small (Zen 4 VM, 2 threads, load average 6-7, variants in turn
+ * every 8 steps of one process, the sum over phases of each phase's least time in 300
+ * steps): layers' products 1.96 -> 1.57 ms a step (128 KiB -> 1 MiB), the step's sum
+ * 3.83 -> 3.45 ms. */
 #define MM_MAX_PARTS 64
-#define MM_OWN_MIN (128 << 10)
+#define MM_OWN_MIN (1 << 20)
 /* Only short products take parts: on llama-1b (2.3-18 MiB jobs) Q4_0 decoded ~5% slower
  * with parts for every job than with guided claims (quiet A/B, session 19), while small's
  * 0.3-3.3 MiB jobs gained 4-11%. */

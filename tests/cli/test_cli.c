@@ -128,10 +128,13 @@ int main(void)
              "--bandwidth-mib 64 -t 1", bin, dir);
     CHECK(rc == 0 && strstr(out, "B= 3 @ batch depth") && strstr(out, "each after its own context"),
           "bench --batch-depth (%d): %s", rc, out);
-    /* Speculation's bench prints the draft's share of the bytes a step reads beside c. */
+    /* Speculation's bench prints the draft's share of the bytes a step reads beside c, and
+     * where each decode's time went (forwards against the probes, and the rest). */
     rc = run(out, sizeof out, "%s bench -m %s/tiny.gguf --draft %s/draft.gguf --draft-tokens 2 -p 8 -n 8 -r 1 -t 1",
              bin, dir, dir);
-    CHECK(rc == 0 && strstr(out, "the draft's share") && strstr(out, "c / share"), "bench --draft (%d): %s", rc, out);
+    CHECK(rc == 0 && strstr(out, "the draft's share") && strstr(out, "c / share") &&
+              strstr(out, "speculative decode") && strstr(out, "draft forwards") && strstr(out, "outside the forwards"),
+          "bench --draft (%d): %s", rc, out);
     /* The pipelined bench: a ring of 2 ranks on loopback, one and two micro-batches. */
     rc = run(out, sizeof out, "%s bench -m %s/tiny.gguf --ranks 2 -t 1 -p 4 -n 6 --streams 3", bin, dir);
     CHECK(rc == 0 && strstr(out, "| one slice, 2 threads |") && strstr(out, "1 micro-batch |") &&
