@@ -420,8 +420,8 @@ struct down_job {
     int k_down;
     int n_sel;
     int B;
-    bool by_expert;
-    bool wait_h;             /* by experts in gate and up's dispatch: an expert's down waits for its h */
+    bool by_expert;          /* by experts runs in gate and up's dispatch (step_run): an expert's
+                                down waits there for its h */
     long rows;               /* output columns per unit */
     long units;              /* by columns: units in all; by experts: units per expert */
     float *y;
@@ -481,8 +481,7 @@ static void down_run(void *ctx, int ith, int nth)
             for (long u = lo; u < hi;) { /* each chosen expert's run of the claim */
                 long i = u / upe, ue = (i + 1) * upe < hi ? (i + 1) * upe : hi;
                 int64_t r0 = (u - i * upe) * j->rows, r1 = (ue - i * upe) * j->rows;
-                if (j->wait_h)
-                    wait_long(&mo->h_left[i], 0);
+                wait_long(&mo->h_left[i], 0);
                 down_rows(j, (int)i, r0, r1 < n ? r1 : n);
                 u = ue;
             }
@@ -548,7 +547,7 @@ struct step_job {
     _Atomic long work_left;  /* rows to quantize and router units not yet done */
     _Atomic long routed;     /* set by thread 0 when gj is ready */
     struct gu_job gj;        /* its n_sel and schedule set by thread 0 */
-    struct down_job dj;      /* with dj.wait_h: down in this dispatch, its schedule set by thread 0 */
+    struct down_job dj;      /* with dj.by_expert: down in this dispatch, its schedule set by thread 0 */
     uint64_t bytes, down_bytes; /* the chosen experts' */
     int64_t t_routed, t_gathered; /* thread 0's clock */
 };
@@ -663,7 +662,7 @@ static void step_run(void *ctx, int ith, int nth)
         j->t_routed = clock_ns();
         gather_inputs(j, j->q.n, n_sel);
         gu_setup(&j->gj, n_sel);
-        if (j->dj.wait_h)
+        if (j->dj.by_expert)
             down_setup(&j->dj, n_sel);
         j->t_gathered = clock_ns();
         atomic_store_explicit(&j->routed, 1, memory_order_release);
@@ -671,7 +670,7 @@ static void step_run(void *ctx, int ith, int nth)
         wait_long(&j->routed, 1);
     }
     gu_run(&j->gj, ith, nth);
-    if (j->dj.wait_h)
+    if (j->dj.by_expert)
         down_run(&j->dj, ith, nth);
 }
 
@@ -699,8 +698,7 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
                           .router = L->router, .rows = kern_mat_rows(L->router),
                           .align = kern_mat_row_align(L->router),
                           .gj = {.mo = mo, .L = L, .vec = vec, .k_gate = k_gate, .k_up = k_up, .k_down = k_down},
-                          .dj = {.mo = mo, .L = L, .k_down = k_down, .B = B, .y = y, .by_expert = by_expert,
-                                 .wait_h = by_expert}};
+                          .dj = {.mo = mo, .L = L, .k_down = k_down, .B = B, .y = y, .by_expert = by_expert}};
     if (k_router == KERN_ACT_F32) {
         sj.xr = x;
         sj.ldx = (size_t)mo->n_embd * sizeof(float);
