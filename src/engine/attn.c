@@ -600,9 +600,9 @@ static struct pf_parts prefetch_parts(const struct attn_job *j, const int32_t *t
     pp.base = v ? j->v_base : j->k_base;
     p1 = p1 < end ? p1 : end;
     p0 -= p0 % bt;
-    pp.table = table + p0 / bt;
     pp.per_block = (pp.bytes + 63) / 64;
     pp.lines = p1 > p0 ? (size_t)((p1 - p0 + bt - 1) / bt) * pp.per_block : 0;
+    pp.table = pp.lines ? table + p0 / bt : table; /* p0 may be past the table's end when there is nothing */
     pp.parts = parts;
     return pp;
 }

@@ -124,7 +124,8 @@ struct mm_job {
  * too short for 4 streams at all. A thread claims a quarter of what is left of its part
  * (at least MM_OWN_MIN bytes) at a time; once its part is done it takes the back half of
  * what is left of another's and makes it its own, so a thread slowed by a neighbour on
- * this shared machine still leaves the others at most half of its remainder. A part is
+ * this shared machine still leaves the others at most half of its remainder (but for its
+ * current claim: a part no longer than MM_OWN_MIN is one claim). A part is
  * (first unit << 32 | end unit) in one atomic word, moved by compare-and-swap, from the
  * front by its owner and from the back by a taker. Which thread computes a row changes
  * no bit: every row is still computed whole by one call. Measured on small (Q8_0, Zen 5
@@ -137,9 +138,11 @@ struct mm_job {
  * one claim. Measured on small (Zen 4 VM, 2 threads, load average 6-7, variants in turn
  * every 8 steps of one process, the sum over phases of each phase's least time in 300
  * steps): layers' products 1.96 -> 1.57 ms a step (128 KiB -> 1 MiB), the step's sum
- * 3.83 -> 3.45 ms. */
+ * 3.83 -> 3.45 ms. A batch's claim is B times the arithmetic: it keeps 128 KiB, so a
+ * thread that finishes early can still take half of a slow neighbour's part. */
 #define MM_MAX_PARTS 64
 #define MM_OWN_MIN (1 << 20)
+#define MM_OWN_MIN_BATCH (128 << 10)
 /* Only short products take parts: on llama-1b (2.3-18 MiB jobs) Q4_0 decoded ~5% slower
  * with parts for every job than with guided claims (quiet A/B, session 19), while small's
  * 0.3-3.3 MiB jobs gained 4-11%. */
@@ -162,7 +165,7 @@ static void mm_parts_init(struct mm_job *j, struct mm_part *parts, long total, i
         pool_split(total, 1, i, nth, &lo, &hi);
         atomic_init(&parts[i].range, mm_range(lo, hi));
     }
-    j->own_min = (long)(MM_OWN_MIN / (unit_bytes ? unit_bytes : 1));
+    j->own_min = (long)((j->B == 1 ? MM_OWN_MIN : MM_OWN_MIN_BATCH) / (unit_bytes ? unit_bytes : 1));
     j->own_min = j->own_min < 1 ? 1 : j->own_min;
     j->parts = parts;
     j->n_parts = nth;

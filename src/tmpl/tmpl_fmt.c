@@ -80,8 +80,9 @@ static int parse_spec(struct tctx *c, const struct tnode *at, const char *p, siz
         f->type = p[i++];
     if (i < n)
         return tmpl_err(c, at, CAIRN_EFORMAT, "Invalid format specifier '%.*s'", (int)n, p);
-    if (f->grouping && f->type == 'n')
-        return tmpl_err(c, at, CAIRN_EFORMAT, "Cannot specify '%c' with 'n'.", f->grouping);
+    /* as Python: ',' groups decimal forms only, '_' also b, o, x and X (by 4 digits) */
+    if (f->grouping && f->type && !strchr(f->grouping == '_' ? "deEfFgG%boxX" : "deEfFgG%", f->type))
+        return tmpl_err(c, at, CAIRN_EFORMAT, "Cannot specify '%c' with '%c'.", f->grouping, f->type);
     return check_width_prec(c, at, f->width, f->prec);
 }
 
@@ -129,19 +130,20 @@ static void group_digits(const char *in, size_t n, char sep, int every, char *ou
     *on = o;
 }
 
-static int format_int(struct tctx *c, const struct tnode *at, int64_t v, const struct fspec *f, struct tv *out)
+/* An integer of magnitude mag, negative when neg (so INT64_MIN needs no negation). */
+static int format_mag(struct tctx *c, const struct tnode *at, uint64_t mag, bool neg, const struct fspec *f,
+                      struct tv *out)
 {
     char type = f->type ? f->type : 'd';
     if (type == 'n')
         type = 'd';
     if (type == 'c') {
-        if (v < 0 || v > 0x10FFFF)
+        if (neg || mag > 0x10FFFF)
             return tmpl_err(c, at, CAIRN_EFORMAT, "%%c arg not in range(0x110000)");
         char u[5];
-        size_t k = tmpl_utf8_enc((uint32_t)v, u);
+        size_t k = tmpl_utf8_enc((uint32_t)mag, u);
         return layout_number(c, "", "", u, k, f, out);
     }
-    uint64_t mag = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
     int base = type == 'b' ? 2 : type == 'o' ? 8 : (type == 'x' || type == 'X') ? 16 : 10;
     if (!strchr("dboxX", type))
         return tmpl_err(c, at, CAIRN_EFORMAT, "Unknown format code '%c' for object of type 'int'", type);
@@ -157,9 +159,14 @@ static int format_int(struct tctx *c, const struct tnode *at, int64_t v, const s
         fwd[i] = tmp[nt - 1 - i];
     size_t nd;
     group_digits(fwd, (size_t)nt, f->grouping, base == 10 ? 3 : 4, digits, &nd);
-    const char *sign = v < 0 ? "-" : f->sign == '+' ? "+" : f->sign == ' ' ? " " : "";
+    const char *sign = neg ? "-" : f->sign == '+' ? "+" : f->sign == ' ' ? " " : "";
     const char *prefix = !f->alt ? "" : type == 'b' ? "0b" : type == 'o' ? "0o" : type == 'x' ? "0x" : type == 'X' ? "0X" : "";
     return layout_number(c, sign, prefix, digits, nd, f, out);
+}
+
+static int format_int(struct tctx *c, const struct tnode *at, int64_t v, const struct fspec *f, struct tv *out)
+{
+    return format_mag(c, at, v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v, v < 0, f, out);
 }
 
 static int format_float(struct tctx *c, const struct tnode *at, double d, const struct fspec *f, struct tv *out)
@@ -255,6 +262,8 @@ static int format_value(struct tctx *c, const struct tnode *at, const struct tv 
             return tmpl_err(c, at, CAIRN_EFORMAT, "Unknown format code '%c' for object of type 'str'", f.type);
         if (f.sign || f.align == '=' || f.alt)
             return tmpl_err(c, at, CAIRN_EFORMAT, "invalid format specifier for a string");
+        if (f.grouping)
+            return tmpl_err(c, at, CAIRN_EFORMAT, "Cannot specify '%c' with 's'.", f.grouping);
         struct tv s = *v;
         if (f.prec >= 0)
             s.u.s.n = tmpl_cp_off(s.u.s.p, s.u.s.n, f.prec);
@@ -524,6 +533,11 @@ static int percent_spec(struct tctx *c, const struct tnode *at, const char *p, s
     if (i < n && p[i] == '*') {
         if ((rc = percent_star(c, at, pa, &pc->width)))
             return rc;
+        if (pc->width < 0) { /* as Python: a negative width from '*' left-justifies */
+            pc->width = pc->width < -100000000 ? 100000000 : -pc->width;
+            if (!strchr(pc->flags, '-') && nf < (int)sizeof pc->flags - 1)
+                pc->flags[nf++] = '-';
+        }
         i++;
     } else {
         while (i < n && p[i] >= '0' && p[i] <= '9' && pc->width < 100000000)
@@ -535,6 +549,8 @@ static int percent_spec(struct tctx *c, const struct tnode *at, const char *p, s
         if (i < n && p[i] == '*') {
             if ((rc = percent_star(c, at, pa, &pc->prec)))
                 return rc;
+            if (pc->prec < 0) /* as Python: a negative precision from '*' is 0 */
+                pc->prec = 0;
             i++;
         } else {
             while (i < n && p[i] >= '0' && p[i] <= '9' && pc->prec < 100000000)
@@ -589,7 +605,7 @@ static int percent_int(struct tctx *c, const struct tnode *at, char conv, const 
     g.align = 0;
     g.sign = 0;
     g.alt = false;
-    if ((rc = format_int(c, at, iv < 0 ? -iv : iv, &g, s)))
+    if ((rc = format_mag(c, at, iv < 0 ? (uint64_t)0 - (uint64_t)iv : (uint64_t)iv, false, &g, s)))
         return rc;
     char sign[2] = {iv < 0 ? '-' : f->sign, 0};
     const char *prefix = !f->alt ? "" : conv == 'o' ? "0o" : conv == 'x' ? "0x" : conv == 'X' ? "0X" : "";
@@ -611,9 +627,6 @@ static int percent_convert(struct tctx *c, const struct tnode *at, const struct 
     f.zero = strchr(pc->flags, '0') && !left;
     f.alt = strchr(pc->flags, '#') != NULL;
     f.sign = strchr(pc->flags, '+') ? '+' : strchr(pc->flags, ' ') ? ' ' : 0;
-    int rc = strchr("sra", pc->conv) ? 0 : check_width_prec(c, at, pc->width, pc->prec);
-    if (rc)
-        return rc;
     switch (pc->conv) {
     case 's':
     case 'r':
@@ -687,10 +700,8 @@ int tmpl_percent_format(struct tctx *c, const struct tnode *at, const struct tv 
             tmpl_sb_putc(&b, '%');
             continue;
         }
-        if (pc.width > (int64_t)c->max_str || pc.prec > 10000) {
-            rc = tmpl_err(c, at, CAIRN_EFULL, "format width or precision too large");
+        if ((rc = check_width_prec(c, at, pc.width, pc.prec)))
             goto fail;
-        }
         if (!val) {
             if (pa.next >= pa.npos) {
                 rc = tmpl_err(c, at, CAIRN_EFORMAT, "not enough arguments for format string");

@@ -424,7 +424,7 @@ static int repeat(struct tctx *c, const struct tnode *at, const struct tv *seq, 
         char *s = tmpl_alloc(&c->ar, n + 1);
         if (!s)
             return tmpl_oom(c, at);
-        for (int64_t i = 0; i < times; i++)
+        for (int64_t i = 0; seq->u.s.n && i < times; i++) /* '' * 10**18 is '' at once */
             tmpl_copy(s + (size_t)i * seq->u.s.n, seq->u.s.p, seq->u.s.n);
         *out = tv_str(s, n);
         out->f = seq->f;
