@@ -130,6 +130,15 @@ static int64_t k_at(int type, int64_t d, int64_t ld, int64_t j)
     return type == DT_Q8_0 ? 4 * ((d / 4) * ld + j) + d % 4 : d * ld + j;
 }
 
+/* Queries in [-2, 2) and the outputs attn_pv adds to (both copies the same), n of each. */
+static void random_q_o(float *q, float *o0, float *o1, int n, uint64_t *seed)
+{
+    for (int i = 0; i < n; i++) {
+        q[i] = test_rand_float(seed) * 2.0f;
+        o0[i] = o1[i] = test_rand_float(seed);
+    }
+}
+
 /* attn_qk, attn_pv and softmax_tile on random shapes (rows 1-19, keys 1-150, head sizes
  * 8-136, rows of different lengths; F16, F32, and Q8_0 and Q4_0 with head sizes a
  * multiple of 32; Q8_0 K's random bytes include -128, which its writer never makes):
@@ -151,10 +160,7 @@ static void test_attn_tiles(const struct vec_ops *ref, const struct vec_ops *ops
         int rows = 1 + (int)(test_rand_u64(&seed) % ROWS), n = 1 + (int)(test_rand_u64(&seed) % KEYS);
         int hd = quant ? 32 * (1 + (int)(test_rand_u64(&seed) % (HD / 32)))
                        : 8 * (1 + (int)(test_rand_u64(&seed) % (HD / 8))) - (rep % 5 == 0 ? 3 : 0);
-        for (int i = 0; i < ROWS * HD; i++) {
-            q[i] = test_rand_float(&seed) * 2.0f;
-            o0[i] = o1[i] = test_rand_float(&seed);
-        }
+        random_q_o(q, o0, o1, ROWS * HD, &seed);
         for (int i = 0; i < HD * KEYS; i++) {
             kf[i] = test_rand_float(&seed);
             kh[i] = kern_f32_to_f16(kf[i]);
@@ -242,10 +248,7 @@ static void test_attn_decode_shape(const struct vec_ops *ref, const struct vec_o
     for (int rep = 0; rep < 40; rep++) {
         int type = rep % 2 ? DT_F32 : DT_F16;
         int n = rep < 20 ? KEYS : 1 + (int)(test_rand_u64(&seed) % KEYS);
-        for (int i = 0; i < ROWS * HD; i++) {
-            q[i] = test_rand_float(&seed) * 2.0f;
-            o0[i] = o1[i] = test_rand_float(&seed);
-        }
+        random_q_o(q, o0, o1, ROWS * HD, &seed);
         for (int i = 0; i < HD * KEYS; i++) {
             kf[i] = test_rand_float(&seed);
             kh[i] = kern_f32_to_f16(kf[i]);
