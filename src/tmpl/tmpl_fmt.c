@@ -130,7 +130,10 @@ static void group_digits(const char *in, size_t n, char sep, int every, char *ou
     *on = o;
 }
 
-/* An integer of magnitude mag, negative when neg (so INT64_MIN needs no negation). */
+/* |v| without negating v (INT64_MIN has no positive int64_t). */
+static uint64_t magnitude(int64_t v) { return v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v; }
+
+/* An integer of magnitude mag, negative when neg. */
 static int format_mag(struct tctx *c, const struct tnode *at, uint64_t mag, bool neg, const struct fspec *f,
                       struct tv *out)
 {
@@ -166,7 +169,7 @@ static int format_mag(struct tctx *c, const struct tnode *at, uint64_t mag, bool
 
 static int format_int(struct tctx *c, const struct tnode *at, int64_t v, const struct fspec *f, struct tv *out)
 {
-    return format_mag(c, at, v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v, v < 0, f, out);
+    return format_mag(c, at, magnitude(v), v < 0, f, out);
 }
 
 static int format_float(struct tctx *c, const struct tnode *at, double d, const struct fspec *f, struct tv *out)
@@ -605,7 +608,7 @@ static int percent_int(struct tctx *c, const struct tnode *at, char conv, const 
     g.align = 0;
     g.sign = 0;
     g.alt = false;
-    if ((rc = format_mag(c, at, iv < 0 ? (uint64_t)0 - (uint64_t)iv : (uint64_t)iv, false, &g, s)))
+    if ((rc = format_mag(c, at, magnitude(iv), false, &g, s)))
         return rc;
     char sign[2] = {iv < 0 ? '-' : f->sign, 0};
     const char *prefix = !f->alt ? "" : conv == 'o' ? "0o" : conv == 'x' ? "0x" : conv == 'X' ? "0X" : "";
