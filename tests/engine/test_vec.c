@@ -236,10 +236,11 @@ static void test_attn_tiles(const struct vec_ops *ref, const struct vec_ops *ops
 
 /* A decode step's shape, as decode_tile calls the kernels (4 query rows of 64 dims, q' rows 64
  * apart, scores a tile of 256 apart, o rows 64 apart, keys in blocks of 16, 64 keys a call or
- * fewer), F16 and F32: the reference's bits (the AVX-512 kernels take a path of their own here). */
+ * fewer), F16 and F32, and a prefill tile's P.V (16 rows: groups of 6, 6 and 4 with those
+ * strides): the reference's bits (the AVX-512 kernels take paths of their own here). */
 static void test_attn_decode_shape(const struct vec_ops *ref, const struct vec_ops *ops, const char *name)
 {
-    enum { HD = 64, ROWS = 4, LDS = 256, KEYS = 64, BT = 16 };
+    enum { HD = 64, ROWS = 16, LDS = 256, KEYS = 64, BT = 16 };
     static float q[ROWS * HD], s0[ROWS * LDS], s1[ROWS * LDS], o0[ROWS * HD], o1[ROWS * HD];
     static float kf[HD * KEYS], kfp[HD * KEYS], vf[KEYS * HD];
     static uint16_t kh[HD * KEYS], khp[HD * KEYS], vh[KEYS * HD];
@@ -248,6 +249,7 @@ static void test_attn_decode_shape(const struct vec_ops *ref, const struct vec_o
     for (int rep = 0; rep < 40; rep++) {
         int type = rep % 2 ? DT_F32 : DT_F16;
         int n = rep < 20 ? KEYS : 1 + (int)(test_rand_u64(&seed) % KEYS);
+        int rows = rep % 4 < 2 ? 4 : ROWS;
         random_q_o(q, o0, o1, ROWS * HD, &seed);
         for (int i = 0; i < HD * KEYS; i++) {
             kf[i] = test_rand_float(&seed);
@@ -267,18 +269,18 @@ static void test_attn_decode_shape(const struct vec_ops *ref, const struct vec_o
         for (int j = 0; j < KEYS; j++)
             v[j] = type == DT_F16 ? (const void *)(vh + j * HD) : (const void *)(vf + j * HD);
         const void *kt = type == DT_F16 ? (const void *)kh : (const void *)kf;
-        ref->attn_qk(q, HD, ROWS, kt, NULL, KEYS, n, HD, type, s0, LDS);
-        ops->attn_qk_paged(q, HD, ROWS, kblk, NULL, BT, n, HD, type, s1, LDS, NULL);
-        for (int r = 0; r < ROWS; r++)
+        ref->attn_qk(q, HD, rows, kt, NULL, KEYS, n, HD, type, s0, LDS);
+        ops->attn_qk_paged(q, HD, rows, kblk, NULL, BT, n, HD, type, s1, LDS, NULL);
+        for (int r = 0; r < rows; r++)
             bad += memcmp(s0 + r * LDS, s1 + r * LDS, (size_t)n * sizeof *s0) != 0;
         int32_t nr[ROWS];
-        for (int r = 0; r < ROWS; r++)
+        for (int r = 0; r < rows; r++)
             nr[r] = rep % 3 == 0 ? 1 + (int)(test_rand_u64(&seed) % (unsigned)n) : n;
-        ref->attn_pv(o0, HD, ROWS, s0, LDS, nr, v, HD, type, NULL);
-        ops->attn_pv(o1, HD, ROWS, s0, LDS, nr, v, HD, type, NULL);
+        ref->attn_pv(o0, HD, rows, s0, LDS, nr, v, HD, type, NULL);
+        ops->attn_pv(o1, HD, rows, s0, LDS, nr, v, HD, type, NULL);
         bad += memcmp(o0, o1, sizeof o0) != 0;
     }
-    CHECK(bad == 0, "%s: %d decode-shaped tile results differ from the reference in bits", name, bad);
+    CHECK(bad == 0, "%s: %d decode- and prefill-shaped tile results differ from the reference in bits", name, bad);
 }
 
 int main(int argc, char **argv)
