@@ -3,7 +3,8 @@
  * V in blocks of 16 positions), per CPU-second of this thread: a loop of independent
  * 512-bit fused multiply-adds (the peak), attn_qk and attn_pv over the tile's floats,
  * softmax_tile of every row, the F16 conversion of K and V, the clearing of o_t and the
- * merge of the partial into the state, then all of them in turn as tile_partial does.
+ * merge of the partial into the state, then all of them in turn as tile_partial does; and,
+ * as alternatives, P.V and Q.K (attn_qk_paged) reading the F16 pieces without the conversion.
  * Prints each step's microseconds a tile and its share, and the multiply-adds a second of
  * the whole tile against the peak.
  *   usage: bench_attn_tile [VARIANT best] [REPS 200] */
@@ -29,7 +30,7 @@ struct tile {
     float q[R * HD], s[R * T], o[R * HD], ot[R * HD], m[R], l[R], mt[R], lt[R], fx[2 * R];
     float kf[HD * T], vf[T * HD];
     uint16_t kh[T / BT][HD * BT], vh[T / BT][BT * HD]; /* the cache's pieces */
-    const void *vrows[T];
+    const void *vrows[T], *vhrows[T], *kblk[T / BT];
     int32_t nv[R];
 };
 
@@ -80,6 +81,17 @@ static void step_clear(const struct vec_ops *vec, struct tile *t)
 static void step_pv(const struct vec_ops *vec, struct tile *t)
 {
     vec->attn_pv(t->ot, HD, R, t->s, T, t->nv, t->vrows, HD, DT_F32, NULL);
+}
+
+/* P.V and Q.K on the cache's F16 pieces, converting as they load (no conversion step) */
+static void step_pv_f16(const struct vec_ops *vec, struct tile *t)
+{
+    vec->attn_pv(t->ot, HD, R, t->s, T, t->nv, t->vhrows, HD, DT_F16, NULL);
+}
+
+static void step_qk_paged_f16(const struct vec_ops *vec, struct tile *t)
+{
+    vec->attn_qk_paged(t->q, HD, R, t->kblk, NULL, BT, T, HD, DT_F16, t->s, T, NULL);
 }
 
 static void step_convert(const struct vec_ops *vec, struct tile *t)
@@ -165,12 +177,19 @@ int main(int argc, char **argv)
         t->l[r] = 1.0f;
     }
     step_convert(vec, t);
+    for (int j = 0; j < T; j++)
+        t->vhrows[j] = t->vh[j / BT] + (size_t)(j % BT) * HD;
+    for (int b = 0; b < T / BT; b++)
+        t->kblk[b] = t->kh[b];
     static const struct {
         const char *name;
         step_fn f;
-    } steps[] = {{"f16->f32 K and V", step_convert}, {"Q.K", step_qk},     {"softmax", step_softmax},
-                 {"clear o_t", step_clear},          {"P.V", step_pv},     {"merge", step_merge},
-                 {"whole tile", step_all}};
+        bool alt; /* another way to a step: not in the sum */
+    } steps[] = {{"f16->f32 K and V", step_convert, false}, {"Q.K", step_qk, false},
+                 {"softmax", step_softmax, false},          {"clear o_t", step_clear, false},
+                 {"P.V", step_pv, false},                   {"merge", step_merge, false},
+                 {"P.V on F16 V", step_pv_f16, true},       {"Q.K on F16 K", step_qk_paged_f16, true},
+                 {"whole tile", step_all, false}};
     double peak = fma_peak();
     double macs = 2.0 * R * T * HD, sum = 0;
     printf("FMA peak: %.1f G multiply-adds per CPU-second\n", peak);
@@ -178,7 +197,7 @@ int main(int argc, char **argv)
         step_all(vec, t); /* the scores the step expects */
         double us = time_step(steps[i].f, vec, t, reps);
         bool whole = steps[i].f == step_all;
-        sum += whole ? 0 : us;
+        sum += whole || steps[i].alt ? 0 : us;
         double at_peak = macs / (peak * 1e3); /* us of the tile's products at the peak */
         printf("%-18s %8.2f us a tile (%5.1f%% of the products at the peak)%s", steps[i].name, us,
                100.0 * us / at_peak, whole ? "" : "\n");
