@@ -709,12 +709,12 @@ INLINE void pv_rows_n(float *o, int64_t ldo, int R, const float *p, int64_t ldp,
     }
 }
 
-/* Quantized V: R (constant, <= 4) rows, keys ja..ja+nj-1 (nj <= 64), the 64 columns from c0,
+/* Quantized V: R (constant, <= 6) rows, keys ja..ja+nj-1 (nj <= 64), the 64 columns from c0,
  * with w = p * scale of each row, key and 32-column block already in w[r][h][jj]. */
 INLINE void pvq_rows(float *o, int64_t ldo, const int R, const float *w, int ja, int nj, const void *const *v,
                      int64_t c0, const __mmask16 *mc, const int type, struct pf_cur *pf)
 {
-    __m512 a[4][4];
+    __m512 a[6][4];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < 4; c++)
             a[r][c] = _mm512_maskz_loadu_ps(mc[c], o + r * ldo + c0 + 16 * c);
@@ -741,7 +741,7 @@ INLINE void pvq_rows(float *o, int64_t ldo, const int R, const float *w, int ja,
 INLINE void pvq(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
                 const void *const *v, int64_t c0, const __mmask16 *mc, const int type, struct pf_cur *pf)
 {
-    float w[4 * 2 * 64] __attribute__((aligned(64)));
+    float w[6 * 2 * 64] __attribute__((aligned(64)));
     uint16_t sc[2 * 64] __attribute__((aligned(64))); /* halves, converted 16 at a time */
     for (int ja = j0; ja < j1; ja += 64) {
         int nj = j1 - ja < 64 ? j1 - ja : 64;
@@ -770,7 +770,10 @@ INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp
     for (int64_t c0 = 0; c0 < hd; c0 += 64) {
         __mmask16 mc[4];
         masks4(hd - c0, mc);
-        const int step = type == DT_Q8_0 || type == DT_Q4_0 ? 4 : 6;
+        /* 6 rows a group, quantized V too: its code conversions per key are shared by 24
+         * fused multiply-adds rather than 16 */
+        const int step = 6;
+        const bool quantized = type == DT_Q8_0 || type == DT_Q4_0;
         for (int r = 0; r < rows; r += step) {
             int R = rows - r < step ? rows - r : step;
             int jmin = n[r];
@@ -778,8 +781,10 @@ INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp
                 jmin = n[r + g] < jmin ? n[r + g] : jmin;
             float *orow = o + r * ldo;
             const float *prow = p + r * ldp;
-            if (step == 4) { /* quantized */
+            if (quantized) {
                 switch (R) {
+                case 6: pvq(orow, ldo, 6, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
+                case 5: pvq(orow, ldo, 5, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
                 case 4: pvq(orow, ldo, 4, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
                 case 3: pvq(orow, ldo, 3, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
                 case 2: pvq(orow, ldo, 2, prow, ldp, 0, jmin, v, c0, mc, type, pf); break;
