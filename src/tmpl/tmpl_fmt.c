@@ -172,61 +172,80 @@ static int format_int(struct tctx *c, const struct tnode *at, int64_t v, const s
     return format_mag(c, at, magnitude(v), v < 0, f, out);
 }
 
+/* Strips the zeros that end a fraction, and the point when nothing is left after it. */
+static void strip_fraction_zeros(char *m)
+{
+    if (!strchr(m, '.'))
+        return;
+    char *z = m + strlen(m) - 1;
+    while (*z == '0')
+        *z-- = 0;
+    if (*z == '.')
+        *z = 0;
+}
+
+/* repr(a), with '#': a point before the exponent where the mantissa has none ('1.e+20'). */
+static void float_repr_spec(double a, bool alt, char *buf)
+{
+    char r[32];
+    tmpl_float_repr(a, r);
+    char *e = strchr(r, 'e');
+    if (alt && e && !memchr(r, '.', (size_t)(e - r)))
+        sprintf(buf, "%.*s.%s", (int)(e - r), r, e);
+    else
+        strcpy(buf, r);
+}
+
+/* No type but a precision p: like 'g', but a fixed-point result keeps a digit after the
+ * point, and exponent notation starts one digit earlier (CPython's add_dot_0); with '#',
+ * as '#g', the zeros that end the digits stay. buf holds FMT_PREC_MAX + 400 bytes. */
+static void float_general_spec(double a, int64_t prec, bool alt, char *buf, size_t bn)
+{
+    int p = (int)(prec ? prec : 1);
+    if (isinf(a) || isnan(a)) {
+        strcpy(buf, isinf(a) ? "inf" : "nan");
+        return;
+    }
+    char e[FMT_PREC_MAX + 32];
+    snprintf(e, sizeof e, "%.*e", p - 1, a);
+    int decpt = a == 0 ? 1 : atoi(strchr(e, 'e') + 1) + 1; /* digits before the point */
+    if (decpt <= -4 || decpt > p - 1) {
+        if (alt) {
+            snprintf(buf, bn, "%#.*e", p - 1, a);
+            return;
+        }
+        char *x = strchr(e, 'e');
+        *x = 0;
+        strip_fraction_zeros(e);
+        snprintf(buf, bn, "%se%c%02d", e, decpt - 1 < 0 ? '-' : '+', abs(decpt - 1));
+        return;
+    }
+    /* decpt <= p - 1: at least one digit after the point */
+    snprintf(buf, bn, "%.*f", p - decpt, a);
+    if (!alt) {
+        strip_fraction_zeros(buf);
+        if (!strchr(buf, '.'))
+            strcat(buf, ".0");
+    }
+}
+
 static int format_float(struct tctx *c, const struct tnode *at, double d, const struct fspec *f, struct tv *out)
 {
     char type = f->type;
-    /* Every form fits whole: 'f' of at most 1e300 has 301 integer digits; type 0 and 'g'
-     * print fixed only below 1e309; an exponent adds at most 6 characters. */
+    /* Every form fits whole: a finite double has at most 309 integer digits ('f' of
+     * 1.8e308, and of '%' below inf), type 0 and 'g' print fixed only below 1e309 and an
+     * exponent adds at most 6 characters, all beside at most FMT_PREC_MAX fraction digits. */
     char buf[FMT_PREC_MAX + 400];
     double a = fabs(d);
     bool neg = signbit(d) && !isnan(d);
     if (type == 0 && f->prec < 0) {
-        tmpl_float_repr(a, buf);
+        float_repr_spec(a, f->alt, buf);
     } else if (type == 0) {
-        /* like 'g', but a fixed-point result keeps a digit after the point, and
-         * exponent notation starts one digit earlier (CPython's add_dot_0) */
-        int p = (int)(f->prec ? f->prec : 1);
-        if (isinf(a) || isnan(a)) {
-            strcpy(buf, isinf(a) ? "inf" : "nan");
-        } else {
-            char e[FMT_PREC_MAX + 32];
-            snprintf(e, sizeof e, "%.*e", p - 1, a);
-            int decpt = atoi(strchr(e, 'e') + 1) + 1;
-            if (a == 0)
-                decpt = 1;
-            if (decpt <= -4 || decpt > p - 1) {
-                snprintf(buf, sizeof buf, "%.*g", p, a);
-                if (!strchr(buf, 'e')) {  /* %g chose fixed: force the exponent form */
-                    char *m = e, *x = strchr(e, 'e');
-                    *x = 0;
-                    if (strchr(m, '.')) {
-                        char *z = m + strlen(m) - 1;
-                        while (*z == '0')
-                            *z-- = 0;
-                        if (*z == '.')
-                            *z = 0;
-                    }
-                    snprintf(buf, sizeof buf, "%se%c%02d", m, decpt - 1 < 0 ? '-' : '+', abs(decpt - 1));
-                }
-            } else {
-                snprintf(buf, sizeof buf, "%.*f", p - decpt > 0 ? p - decpt : 0, a);
-                if (strchr(buf, '.')) {
-                    char *z = buf + strlen(buf) - 1;
-                    while (*z == '0')
-                        *z-- = 0;
-                    if (*z == '.')
-                        strcpy(z, ".0");
-                } else {
-                    strcat(buf, ".0");
-                }
-            }
-        }
+        float_general_spec(a, f->prec, f->alt, buf, sizeof buf);
     } else if (strchr("eEfFgG%n", type)) {
         char t = type == '%' ? 'f' : type == 'n' ? 'g' : type;
         char fmt[16];
         snprintf(fmt, sizeof fmt, "%%%s.*%c", f->alt ? "#" : "", t);
-        if (a > 1e300 && (t == 'f' || t == 'F'))
-            return tmpl_err(c, at, CAIRN_EUNSUPPORTED, "float too large to format");
         snprintf(buf, sizeof buf - 2, fmt, (int)(f->prec < 0 ? 6 : f->prec), type == '%' ? a * 100 : a);
         if (type == '%')
             strcat(buf, "%");
@@ -234,7 +253,7 @@ static int format_float(struct tctx *c, const struct tnode *at, double d, const 
         return tmpl_err(c, at, CAIRN_EFORMAT, "Unknown format code '%c' for object of type 'float'", type);
     }
     /* grouping applies to the integer part */
-    char digits[sizeof buf + 128];  /* grouping adds a separator per 3 of <= 310 integer digits */
+    char digits[sizeof buf + 128];  /* grouping adds a separator per 3 of <= 309 integer digits */
     size_t nd = 0;
     if (f->grouping && !isinf(a) && !isnan(a)) {
         size_t ip = strspn(buf, "0123456789");
