@@ -13,7 +13,7 @@ command -v clang >/dev/null || { echo "run.sh: clang is required (apt-get instal
 out=build-fuzz
 mkdir -p "$out"
 flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Isrc -Itests)
-libs=($(pkg-config --cflags --libs jansson libpcre2-8 libsodium libcrypto libmicrohttpd libzmq) -lpthread -lm)
+libs=($(pkg-config --cflags --libs jansson libpcre2-8 libsodium libcrypto libmicrohttpd libzmq libcurl) -lpthread -lm)
 # harness name -> the sources it needs
 declare -A srcs=(
   [fuzz_api]="src/tok/grammar.c src/tok/jschema.c src/tok/tok*.c src/gguf/*.c src/api/openai.c src/api/responses.c src/api/ollama.c src/api/ollama_pull.c src/node/hubref.c src/api/anthropic.c src/api/apiutil.c src/api/apireq.c src/api/sse.c src/api/http*.c src/api/hosts.c src/api/json_scan.c src/ctl/*.c src/proto/*.c src/node/taskbody.c src/base/*.c"
@@ -32,6 +32,7 @@ declare -A srcs=(
   [fuzz_tmpl]="src/tmpl/*.c src/tok/*.c src/gguf/*.c src/base/*.c"
   [fuzz_event]="src/ctl/*.c src/proto/*.c src/base/*.c"
   [fuzz_runner]="src/proto/*.c src/node/taskbody.c src/base/*.c"
+  [fuzz_handshake]="src/net/discovery.c src/runner/dataplane_wire.c src/kern/quant.c src/kern/quantize.c src/kern/convert.c src/kern/half.c src/node/download.c src/node/catalog.c src/node/hub*.c src/node/sha256.c src/node/ranges.c src/model/arch.c src/model/extents.c src/gguf/*.c src/ctl/*.c src/proto/*.c src/base/*.c"
   [fuzz_dataplane]="src/runner/dataplane_wire.c src/runner/dataplane_seal.c src/kern/quant.c src/kern/quantize.c src/kern/convert.c src/kern/half.c src/base/*.c"
 )
 harnesses=("$@")
