@@ -21,6 +21,7 @@ declare -A srcs=(
   [fuzz_host]="src/api/hosts.c"
   [fuzz_jointoken]="src/net/jointoken.c src/base/err.c"
   [fuzz_hubref]="src/node/hubref.c src/base/err.c"
+  [fuzz_hublist]="src/node/hub*.c src/node/sha256.c src/node/ranges.c src/node/catalog.c src/node/download.c src/model/arch.c src/model/extents.c src/gguf/*.c src/ctl/*.c src/proto/*.c src/base/*.c"
   [fuzz_bwcache]="src/node/bwcache.c src/base/*.c"
   [fuzz_link]="src/net/link_wire.c src/base/*.c"
   [fuzz_json_scan]="src/api/json_scan.c"
