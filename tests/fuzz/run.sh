@@ -29,6 +29,7 @@ declare -A srcs=(
   [fuzz_model]="src/model/arch.c src/model/extents.c src/gguf/*.c src/base/*.c"
   [fuzz_tok]="src/tok/*.c src/gguf/*.c src/base/*.c"
   [fuzz_vocab]="src/tok/*.c src/gguf/*.c src/base/*.c"
+  [fuzz_splitters]="src/tok/toolcall.c src/tok/reasoning.c src/tok/stopstr.c src/base/*.c"
   [fuzz_harmony]="src/tok/harmony.c src/tok/toolcall.c src/tok/stopstr.c src/base/*.c"
   [fuzz_grammar]="src/tok/grammar.c src/tok/jschema.c src/tok/tok*.c src/gguf/*.c src/base/*.c"
   [fuzz_tmpl]="src/tmpl/*.c src/tok/*.c src/gguf/*.c src/base/*.c"
