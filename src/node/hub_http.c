@@ -316,9 +316,9 @@ static int add_entry(struct listing *l, json_t *e)
     return 0;
 }
 
-/* The next page's URL from a Link header (`<url>; rel="next"`), if it is on the hub. */
-static bool next_page(const struct hub *h, const char *link, char *url, size_t cap)
+bool hub_next_page(const char *endpoint, const char *link, char *url, size_t cap)
 {
+    size_t en = strlen(endpoint);
     for (const char *p = link; (p = strchr(p, '<')); p++) {
         const char *end = strchr(p, '>');
         if (!end)
@@ -327,7 +327,9 @@ static bool next_page(const struct hub *h, const char *link, char *url, size_t c
         const char *comma = strchr(end, ',');
         if (rel && (!comma || rel < comma)) {
             size_t n = (size_t)(end - p - 1);
-            if (n >= cap || strncmp(p + 1, h->endpoint, strlen(h->endpoint)))
+            /* on the hub: the endpoint, then a path ("https://hub.example.evil" or
+             * "https://hub.example@evil" would take the token elsewhere) */
+            if (n >= cap || n <= en || strncmp(p + 1, endpoint, en) || p[1 + en] != '/')
                 return false;
             memcpy(url, p + 1, n);
             url[n] = 0;
@@ -335,6 +337,20 @@ static bool next_page(const struct hub *h, const char *link, char *url, size_t c
         }
     }
     return false;
+}
+
+int hub_listing_add_page(struct listing *l, const json_t *page)
+{
+    if (!json_is_array(page))
+        return CAIRN_EFORMAT;
+    size_t i;
+    json_t *e;
+    json_array_foreach(page, i, e) {
+        int rc = add_entry(l, e);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 /* The revision's commit, then every file of the repo at that commit. */
@@ -362,18 +378,12 @@ int hub_list_repo(const struct hub *h, const struct hub_ref *ref, struct listing
             break;
         }
         rc = hub_get_json(h, url, what, &j, &r, err, errlen);
-        if (!rc && !json_is_array(j))
-            rc = cairn_fail(err, errlen, CAIRN_EFORMAT, "%s: the listing is not an array", what);
-        size_t i;
-        json_t *e;
-        json_array_foreach(rc ? NULL : j, i, e) {
-            if ((rc = add_entry(l, e))) {
-                cairn_fail(err, errlen, rc, "%s: more than %d files, or out of memory", what, HUB_LIST_MAX_FILES);
-                break;
-            }
-        }
+        if (!rc && (rc = hub_listing_add_page(l, j)) == CAIRN_EFORMAT)
+            cairn_fail(err, errlen, rc, "%s: the listing is not an array", what);
+        else if (j && rc) /* hub_get_json gave no page when it failed */
+            cairn_fail(err, errlen, rc, "%s: more than %d files, or out of memory", what, HUB_LIST_MAX_FILES);
         json_decref(j);
-        if (rc || !next_page(h, r.link, url, sizeof url))
+        if (rc || !hub_next_page(h->endpoint, r.link, url, sizeof url))
             break;
     }
     free(r.body);

@@ -1,6 +1,7 @@
-/* Private to the hub's three files, included by no other: hub_http.c (one exchange with
- * the hub, its retries and errors; a repo's listing), hub_fetch.c (one file of a pull)
- * and hub.c (the sidecar, a pull, removing a model). */
+/* Private to the hub's files, included by no other but the tests of the listing
+ * (tests/node/test_hub.c, tests/fuzz/fuzz_hublist.c): hub_http.c (one exchange with the
+ * hub, its retries and errors; a repo's listing), hub_fetch.c (one file of a pull),
+ * hub_sparse.c and hub.c (the sidecar, a pull, removing a model). */
 #ifndef CAIRN_NODE_HUB_INT_H
 #define CAIRN_NODE_HUB_INT_H
 
@@ -96,6 +97,13 @@ void hub_wait_before_retry(const struct hub *h, const struct reply *r, int k);
 int hub_get_json(const struct hub *h, const char *url, const char *what, json_t **out, struct reply *r, char *err,
                  size_t errlen);
 bool hub_is_hex(const char *s, size_t n);
+/* Adds the files of one page of a listing (the hub's JSON array of entries; folders and
+ * malformed entries skipped) to l. CAIRN_EFORMAT when page is not an array, CAIRN_ERANGE
+ * past HUB_LIST_MAX_FILES, CAIRN_ENOMEM; l keeps what was added (hub_listing_free). */
+int hub_listing_add_page(struct listing *l, const json_t *page);
+/* The next page's URL from a Link header (`<url>; rel="next"`) into url (cap bytes):
+ * false unless there is one, it fits, and it is on endpoint (the endpoint, then '/'). */
+bool hub_next_page(const char *endpoint, const char *link, char *url, size_t cap);
 /* The revision's commit, then every file of the repo at that commit. */
 int hub_list_repo(const struct hub *h, const struct hub_ref *ref, struct listing *l, char *err, size_t errlen);
 void hub_listing_free(struct listing *l);

@@ -171,12 +171,13 @@ static bool parse_py_float(const char *s, size_t n, double *out)
         return false;
     char buf[420];
     size_t o = 0, i = st;
+    bool neg = s[i] == '-'; /* not buf[0]: unset when there is no sign */
     if (s[i] == '+' || s[i] == '-')
         buf[o++] = s[i++];
     size_t rest = en - i;
     const char *r = s + i;
     if ((rest == 3 && !strncasecmp(r, "inf", 3)) || (rest == 8 && !strncasecmp(r, "infinity", 8))) {
-        *out = buf[0] == '-' ? -INFINITY : INFINITY;
+        *out = neg ? -INFINITY : INFINITY;
         return true;
     }
     if (rest == 3 && !strncasecmp(r, "nan", 3)) {

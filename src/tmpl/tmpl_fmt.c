@@ -25,6 +25,7 @@ static int check_width_prec(struct tctx *c, const struct tnode *at, int64_t widt
 
 struct fspec {
     uint32_t fill;
+    bool fill_given; /* fill came with an align ("*>"); else the '0' flag makes it '0' */
     char align;  /* 0 when not given */
     char sign;
     bool alt, zero;
@@ -44,6 +45,7 @@ static int parse_spec(struct tctx *c, const struct tnode *at, const char *p, siz
         size_t k = tmpl_utf8_dec(p, n, &cp);
         if (k < n && strchr("<>=^", p[k])) {
             f->fill = cp;
+            f->fill_given = true;
             f->align = p[k];
             i = k + 1;
         } else if (strchr("<>=^", p[0])) {
@@ -86,16 +88,42 @@ static int parse_spec(struct tctx *c, const struct tnode *at, const char *p, siz
     return check_width_prec(c, at, f->width, f->prec);
 }
 
-/* Lays out sign + prefix + digits with fill/align/width (align '=' pads after the sign). */
-static int layout_number(struct tctx *c, const char *sign, const char *prefix,
-                         const char *digits, size_t nd, const struct fspec *f, struct tv *out)
+/* The fill and alignment a spec means, as Python: the '0' flag fills with '0' unless a fill
+ * was given, and aligns numbers by '=' (after the sign) unless an alignment was given. */
+static void fill_align(const struct fspec *f, char dflt, uint32_t *fill, char *align)
 {
-    uint32_t fill = f->fill;
-    char align = f->align ? f->align : '>';
-    if (f->zero && !f->align) {
-        fill = '0';
-        align = '=';
+    *fill = f->zero && !f->fill_given ? '0' : f->fill;
+    *align = f->align ? f->align : f->zero && dflt == '>' ? '=' : dflt;
+}
+
+/* Zero padding of at least pad characters put in front of a grouped integer part of
+ * int_len characters (the first of digits) with a separator every `every` digits: the
+ * fewest zeros whose grouped length makes it whole, never starting with a separator
+ * ('{:08,}'.format(100) is '0,000,100', one over the width, as CPython). */
+static void put_grouped_zeros(struct tsb *b, const char *digits, size_t int_len, char sep, int every, int64_t pad)
+{
+    int64_t d = 0; /* real digits of the integer part */
+    for (size_t i = 0; i < int_len; i++)
+        d += digits[i] != sep;
+    int64_t want = (int64_t)int_len + pad, t = d;
+    while (t + (t - 1) / every < want)
+        t++;
+    for (int64_t i = t - 1; i >= d; i--) {
+        tmpl_sb_putc(b, '0');
+        if (i % every == 0)
+            tmpl_sb_putc(b, sep);
     }
+}
+
+/* Lays out sign + prefix + digits with fill/align/width (align '=' pads after the sign).
+ * every > 0: digits start with a grouped integer part of int_len characters, and zero
+ * padding after the sign is grouped with it. */
+static int layout_number(struct tctx *c, const char *sign, const char *prefix, const char *digits, size_t nd,
+                         const struct fspec *f, int every, size_t int_len, struct tv *out)
+{
+    uint32_t fill;
+    char align;
+    fill_align(f, '>', &fill, &align);
     size_t body = strlen(sign) + strlen(prefix) + nd;
     int64_t pad = f->width > (int64_t)body ? f->width - (int64_t)body : 0;
     char u[4];
@@ -108,7 +136,9 @@ static int layout_number(struct tctx *c, const char *sign, const char *prefix,
         tmpl_sb_put(&b, u, k);
     tmpl_sb_puts(&b, sign);
     tmpl_sb_puts(&b, prefix);
-    if (align == '=')
+    if (align == '=' && fill == '0' && every > 0 && pad > 0)
+        put_grouped_zeros(&b, digits, int_len, f->grouping, every, pad);
+    else if (align == '=')
         for (int64_t i = 0; i < pad; i++)
             tmpl_sb_put(&b, u, k);
     tmpl_sb_put(&b, digits, nd);
@@ -145,7 +175,7 @@ static int format_mag(struct tctx *c, const struct tnode *at, uint64_t mag, bool
             return tmpl_err(c, at, CAIRN_EFORMAT, "%%c arg not in range(0x110000)");
         char u[5];
         size_t k = tmpl_utf8_enc((uint32_t)mag, u);
-        return layout_number(c, "", "", u, k, f, out);
+        return layout_number(c, "", "", u, k, f, 0, 0, out);
     }
     int base = type == 'b' ? 2 : type == 'o' ? 8 : (type == 'x' || type == 'X') ? 16 : 10;
     if (!strchr("dboxX", type))
@@ -164,7 +194,7 @@ static int format_mag(struct tctx *c, const struct tnode *at, uint64_t mag, bool
     group_digits(fwd, (size_t)nt, f->grouping, base == 10 ? 3 : 4, digits, &nd);
     const char *sign = neg ? "-" : f->sign == '+' ? "+" : f->sign == ' ' ? " " : "";
     const char *prefix = !f->alt ? "" : type == 'b' ? "0b" : type == 'o' ? "0o" : type == 'x' ? "0x" : type == 'X' ? "0X" : "";
-    return layout_number(c, sign, prefix, digits, nd, f, out);
+    return layout_number(c, sign, prefix, digits, nd, f, f->grouping ? (base == 10 ? 3 : 4) : 0, nd, out);
 }
 
 static int format_int(struct tctx *c, const struct tnode *at, int64_t v, const struct fspec *f, struct tv *out)
@@ -172,73 +202,112 @@ static int format_int(struct tctx *c, const struct tnode *at, int64_t v, const s
     return format_mag(c, at, magnitude(v), v < 0, f, out);
 }
 
+/* Strips the zeros that end a fraction, and the point when nothing is left after it. */
+static void strip_fraction_zeros(char *m)
+{
+    if (!strchr(m, '.'))
+        return;
+    char *z = m + strlen(m) - 1;
+    while (*z == '0')
+        *z-- = 0;
+    if (*z == '.')
+        *z = 0;
+}
+
+/* repr(a), with '#': a point before the exponent where the mantissa has none ('1.e+20'). */
+static void float_repr_spec(double a, bool alt, char *buf)
+{
+    char r[32];
+    tmpl_float_repr(a, r);
+    char *e = strchr(r, 'e');
+    if (alt && e && !memchr(r, '.', (size_t)(e - r)))
+        sprintf(buf, "%.*s.%s", (int)(e - r), r, e);
+    else
+        strcpy(buf, r);
+}
+
+/* No type but a precision p: like 'g', but a fixed-point result keeps a digit after the
+ * point, and exponent notation starts one digit earlier (CPython's add_dot_0); with '#',
+ * as '#g', the zeros that end the digits stay. buf holds FMT_PREC_MAX + 400 bytes. */
+static void float_general_spec(double a, int64_t prec, bool alt, char *buf, size_t bn)
+{
+    int p = (int)(prec ? prec : 1);
+    if (isinf(a) || isnan(a)) {
+        strcpy(buf, isinf(a) ? "inf" : "nan");
+        return;
+    }
+    char e[FMT_PREC_MAX + 32];
+    snprintf(e, sizeof e, "%.*e", p - 1, a);
+    int decpt = a == 0 ? 1 : atoi(strchr(e, 'e') + 1) + 1; /* digits before the point */
+    if (decpt <= -4 || decpt > p - 1) {
+        if (alt) {
+            snprintf(buf, bn, "%#.*e", p - 1, a);
+            return;
+        }
+        char *x = strchr(e, 'e');
+        *x = 0;
+        strip_fraction_zeros(e);
+        snprintf(buf, bn, "%se%c%02d", e, decpt - 1 < 0 ? '-' : '+', abs(decpt - 1));
+        return;
+    }
+    /* decpt <= p - 1: at least one digit after the point */
+    snprintf(buf, bn, "%.*f", p - decpt, a);
+    if (!alt) {
+        strip_fraction_zeros(buf);
+        if (!strchr(buf, '.'))
+            strcat(buf, ".0");
+    }
+}
+
+/* '#g' of a finite a at precision p (> 0), as C says it and Python does: glibc's "%#g"
+ * drops the zeros when rounding carries into a new exponent (999999.5 gives "1.e+06", not
+ * "1.00000e+06"), so the exponent comes from "%e" and the form from it. */
+static void float_alt_g(double a, int p, bool upper, char *buf, size_t bn)
+{
+    char e[FMT_PREC_MAX + 32];
+    snprintf(e, sizeof e, "%.*e", p - 1, a);
+    int x = a == 0 ? 0 : atoi(strchr(e, 'e') + 1);
+    if (x < p && x >= -4)
+        snprintf(buf, bn, "%#.*f", p - 1 - x, a);
+    else
+        snprintf(buf, bn, upper ? "%#.*E" : "%#.*e", p - 1, a);
+}
+
 static int format_float(struct tctx *c, const struct tnode *at, double d, const struct fspec *f, struct tv *out)
 {
     char type = f->type;
-    /* Every form fits whole: 'f' of at most 1e300 has 301 integer digits; type 0 and 'g'
-     * print fixed only below 1e309; an exponent adds at most 6 characters. */
+    /* Every form fits whole: a finite double has at most 309 integer digits ('f' of
+     * 1.8e308, and of '%' below inf), type 0 and 'g' print fixed only below 1e309 and an
+     * exponent adds at most 6 characters, all beside at most FMT_PREC_MAX fraction digits. */
     char buf[FMT_PREC_MAX + 400];
     double a = fabs(d);
     bool neg = signbit(d) && !isnan(d);
     if (type == 0 && f->prec < 0) {
-        tmpl_float_repr(a, buf);
+        float_repr_spec(a, f->alt, buf);
     } else if (type == 0) {
-        /* like 'g', but a fixed-point result keeps a digit after the point, and
-         * exponent notation starts one digit earlier (CPython's add_dot_0) */
-        int p = (int)(f->prec ? f->prec : 1);
-        if (isinf(a) || isnan(a)) {
-            strcpy(buf, isinf(a) ? "inf" : "nan");
-        } else {
-            char e[FMT_PREC_MAX + 32];
-            snprintf(e, sizeof e, "%.*e", p - 1, a);
-            int decpt = atoi(strchr(e, 'e') + 1) + 1;
-            if (a == 0)
-                decpt = 1;
-            if (decpt <= -4 || decpt > p - 1) {
-                snprintf(buf, sizeof buf, "%.*g", p, a);
-                if (!strchr(buf, 'e')) {  /* %g chose fixed: force the exponent form */
-                    char *m = e, *x = strchr(e, 'e');
-                    *x = 0;
-                    if (strchr(m, '.')) {
-                        char *z = m + strlen(m) - 1;
-                        while (*z == '0')
-                            *z-- = 0;
-                        if (*z == '.')
-                            *z = 0;
-                    }
-                    snprintf(buf, sizeof buf, "%se%c%02d", m, decpt - 1 < 0 ? '-' : '+', abs(decpt - 1));
-                }
-            } else {
-                snprintf(buf, sizeof buf, "%.*f", p - decpt > 0 ? p - decpt : 0, a);
-                if (strchr(buf, '.')) {
-                    char *z = buf + strlen(buf) - 1;
-                    while (*z == '0')
-                        *z-- = 0;
-                    if (*z == '.')
-                        strcpy(z, ".0");
-                } else {
-                    strcat(buf, ".0");
-                }
-            }
-        }
+        float_general_spec(a, f->prec, f->alt, buf, sizeof buf);
     } else if (strchr("eEfFgG%n", type)) {
         char t = type == '%' ? 'f' : type == 'n' ? 'g' : type;
+        int p = (int)(f->prec < 0 ? 6 : f->prec);
         char fmt[16];
         snprintf(fmt, sizeof fmt, "%%%s.*%c", f->alt ? "#" : "", t);
-        if (a > 1e300 && (t == 'f' || t == 'F'))
-            return tmpl_err(c, at, CAIRN_EUNSUPPORTED, "float too large to format");
-        snprintf(buf, sizeof buf - 2, fmt, (int)(f->prec < 0 ? 6 : f->prec), type == '%' ? a * 100 : a);
+        if (f->alt && (t == 'g' || t == 'G') && isfinite(a))
+            float_alt_g(a, p ? p : 1, t == 'G', buf, sizeof buf - 2);
+        else
+            snprintf(buf, sizeof buf - 2, fmt, p, type == '%' ? a * 100 : a);
         if (type == '%')
             strcat(buf, "%");
     } else {
         return tmpl_err(c, at, CAIRN_EFORMAT, "Unknown format code '%c' for object of type 'float'", type);
     }
     /* grouping applies to the integer part */
-    char digits[sizeof buf + 128];  /* grouping adds a separator per 3 of <= 310 integer digits */
-    size_t nd = 0;
-    if (f->grouping && !isinf(a) && !isnan(a)) {
+    char digits[sizeof buf + 128];  /* grouping adds a separator per 3 of <= 309 integer digits */
+    size_t nd = 0, int_len = 0;
+    bool grouped = f->grouping && !isinf(a) && !isnan(a);
+    if (grouped) {
         size_t ip = strspn(buf, "0123456789");
         group_digits(buf, ip, f->grouping, 3, digits, &nd);
+        int_len = nd;
         size_t rest = strlen(buf + ip);
         memcpy(digits + nd, buf + ip, rest);
         nd += rest;
@@ -247,7 +316,7 @@ static int format_float(struct tctx *c, const struct tnode *at, double d, const 
         memcpy(digits, buf, nd);
     }
     const char *sign = neg ? "-" : f->sign == '+' ? "+" : f->sign == ' ' ? " " : "";
-    return layout_number(c, sign, "", digits, nd, f, out);
+    return layout_number(c, sign, "", digits, nd, f, grouped ? 3 : 0, int_len, out);
 }
 
 /* format(value, spec) */
@@ -270,11 +339,10 @@ static int format_value(struct tctx *c, const struct tnode *at, const struct tv 
         struct tv s = *v;
         if (f.prec >= 0)
             s.u.s.n = tmpl_cp_off(s.u.s.p, s.u.s.n, f.prec);
-        uint32_t fill = f.fill;
-        char align = f.align ? f.align : '<';
-        if (f.zero && !f.align)
-            fill = '0';
-        return tmpl_str_pad(c, at, &s, f.width, fill, align, out);
+        uint32_t fill;
+        char align;
+        fill_align(&f, '<', &fill, &align);
+        return tmpl_str_pad(c, at, &s, f.width, fill, align == '^' ? 'c' : align, out);
     }
     if (tv_is_intlike(v)) {
         if (f.type && strchr("eEfFgG%", f.type))
@@ -613,7 +681,7 @@ static int percent_int(struct tctx *c, const struct tnode *at, char conv, const 
     char sign[2] = {iv < 0 ? '-' : f->sign, 0};
     const char *prefix = !f->alt ? "" : conv == 'o' ? "0o" : conv == 'x' ? "0x" : conv == 'X' ? "0X" : "";
     f->prec = -1;
-    return layout_number(c, sign, prefix, s->u.s.p, s->u.s.n, f, s);
+    return layout_number(c, sign, prefix, s->u.s.p, s->u.s.n, f, 0, 0, s);
 }
 
 /* The text of one conversion of val. */

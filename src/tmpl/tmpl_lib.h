@@ -78,7 +78,8 @@ int tmpl_str_strip(struct tctx *c, const struct tnode *at, const struct tv *s, c
 int tmpl_str_capitalize(struct tctx *c, const struct tv *s, struct tv *out);
 /* jinja2's title filter (words start after -, whitespace, (, {, [, <). */
 int tmpl_str_title_filter(struct tctx *c, const struct tv *s, struct tv *out);
-/* Pads to width code points: align '<', '>' or '^' (str.center's split). */
+/* Pads to width code points: align '<', '>', '^' (str.center's split: an odd fill's extra
+ * goes left when width is odd) or 'c' (format()'s '^': the extra always goes right). */
 int tmpl_str_pad(struct tctx *c, const struct tnode *at, const struct tv *s, int64_t width, uint32_t fill,
                  char align, struct tv *out);
 int tmpl_str_replace(struct tctx *c, const struct tnode *at, const struct tv *s, const struct tv *old,

@@ -704,6 +704,8 @@ int tmpl_str_pad(struct tctx *c, const struct tnode *at, const struct tv *s, int
         left = 0;
     else if (align == '>')
         left = marg;
+    else if (align == 'c')
+        left = marg / 2;
     else
         left = marg / 2 + (marg & width & 1);
     char u[4];

@@ -4,6 +4,7 @@
 #include "testutil.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 /* Rows are filled with a pattern derived from a stamp, so a row read back names the write
@@ -639,6 +640,67 @@ static void test_observer(uint64_t seed, int steps)
     kv_release(b);
 }
 
+/* kB of transparent huge pages (AnonHugePages) in the mappings of /proc/self/smaps that
+ * overlap [k, k + len) or [v, v + len), each counted once; -1 when smaps cannot be read.
+ * A mapping that reaches past them counts whole: adjacent maps with the same advice merge. */
+static int64_t thp_kb_over(const void *k, const void *v, size_t len)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f)
+        return -1;
+    uintptr_t k0 = (uintptr_t)k, v0 = (uintptr_t)v;
+    bool in = false;
+    int64_t kb = 0;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        unsigned long a, b;
+        long long n;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2)
+            in = (a < k0 + len && b > k0) || (a < v0 + len && b > v0);
+        else if (in && sscanf(line, "AnonHugePages: %lld kB", &n) == 1)
+            kb += n;
+    }
+    fclose(f);
+    return kb;
+}
+
+/* A sliding-window layer gives its passed blocks back page by page, so its K and V maps
+ * must hold no huge page (kv_set_window advises MADV_NOHUGEPAGE), while the other layers'
+ * maps keep the huge-page advice of kv_create. */
+static void test_window_no_thp(void)
+{
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char mode[128] = "";
+    if (f) {
+        if (!fgets(mode, sizeof mode, f))
+            mode[0] = 0;
+        fclose(f);
+    }
+    if (!f || strstr(mode, "[never]")) {
+        test_skip("window_no_thp: transparent huge pages are off here (%s)",
+                  f ? "enabled = never" : "no /sys/kernel/mm/transparent_hugepage/enabled");
+        return;
+    }
+    /* 2 layers of 8 MiB K and 8 MiB V: each holds whole aligned 2 MiB ranges */
+    struct kv_cache *kv = make(2, 1024, 16, 128, 1, DT_F32);
+    size_t bytes = (size_t)128 * 16 * 1024 * 4;
+    CHECK(kv_set_window(kv, 1, 64) == 0, "kv_set_window");
+    for (int l = 0; l < 2; l++) { /* commit every page of both layers */
+        memset(kv_k(kv, l, 0), 1, bytes);
+        memset(kv_v(kv, l, 0), 1, bytes);
+    }
+    int64_t full = thp_kb_over(kv_k(kv, 0, 0), kv_v(kv, 0, 0), bytes);
+    int64_t window = thp_kb_over(kv_k(kv, 1, 0), kv_v(kv, 1, 0), bytes);
+    if (full <= 0) {
+        test_skip("window_no_thp: the full layer got no huge page (THP mode: %.*s; memory fragmented?)",
+                  (int)strcspn(mode, "\n"), mode);
+    } else {
+        CHECK(window == 0, "the window layer's K/V maps hold %lld kB of huge pages (the full layer %lld kB)",
+              (long long)window, (long long)full);
+    }
+    kv_release(kv);
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -652,5 +714,6 @@ int main(int argc, char **argv)
     RUN(test_random, DT_F16, 3, 20000);
     RUN(test_observer, 4, 5000);
     RUN(test_observer, 5, 5000);
+    RUN(test_window_no_thp);
     return test_main_end();
 }

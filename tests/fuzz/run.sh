@@ -13,7 +13,7 @@ command -v clang >/dev/null || { echo "run.sh: clang is required (apt-get instal
 out=build-fuzz
 mkdir -p "$out"
 flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Isrc -Itests)
-libs=($(pkg-config --cflags --libs jansson libpcre2-8 libsodium libcrypto libmicrohttpd libzmq) -lpthread -lm)
+libs=($(pkg-config --cflags --libs jansson libpcre2-8 libsodium libcrypto libmicrohttpd libzmq libcurl) -lpthread -lm)
 # harness name -> the sources it needs
 declare -A srcs=(
   [fuzz_api]="src/tok/grammar.c src/tok/jschema.c src/tok/tok*.c src/gguf/*.c src/api/openai.c src/api/responses.c src/api/ollama.c src/api/ollama_pull.c src/node/hubref.c src/api/anthropic.c src/api/apiutil.c src/api/apireq.c src/api/sse.c src/api/http*.c src/api/hosts.c src/api/json_scan.c src/ctl/*.c src/proto/*.c src/node/taskbody.c src/base/*.c"
@@ -21,17 +21,21 @@ declare -A srcs=(
   [fuzz_host]="src/api/hosts.c"
   [fuzz_jointoken]="src/net/jointoken.c src/base/err.c"
   [fuzz_hubref]="src/node/hubref.c src/base/err.c"
+  [fuzz_hublist]="src/node/hub*.c src/node/sha256.c src/node/ranges.c src/node/catalog.c src/node/download.c src/model/arch.c src/model/extents.c src/gguf/*.c src/ctl/*.c src/proto/*.c src/base/*.c"
   [fuzz_bwcache]="src/node/bwcache.c src/base/*.c"
   [fuzz_link]="src/net/link_wire.c src/base/*.c"
   [fuzz_json_scan]="src/api/json_scan.c"
   [fuzz_gguf]="src/gguf/*.c src/model/arch.c src/base/*.c"
   [fuzz_model]="src/model/arch.c src/model/extents.c src/gguf/*.c src/base/*.c"
   [fuzz_tok]="src/tok/*.c src/gguf/*.c src/base/*.c"
+  [fuzz_vocab]="src/tok/*.c src/gguf/*.c src/base/*.c"
+  [fuzz_splitters]="src/tok/toolcall.c src/tok/reasoning.c src/tok/stopstr.c src/base/*.c"
   [fuzz_harmony]="src/tok/harmony.c src/tok/toolcall.c src/tok/stopstr.c src/base/*.c"
   [fuzz_grammar]="src/tok/grammar.c src/tok/jschema.c src/tok/tok*.c src/gguf/*.c src/base/*.c"
   [fuzz_tmpl]="src/tmpl/*.c src/tok/*.c src/gguf/*.c src/base/*.c"
   [fuzz_event]="src/ctl/*.c src/proto/*.c src/base/*.c"
   [fuzz_runner]="src/proto/*.c src/node/taskbody.c src/base/*.c"
+  [fuzz_handshake]="src/net/discovery.c src/runner/dataplane_wire.c src/kern/quant.c src/kern/quantize.c src/kern/convert.c src/kern/half.c src/node/download.c src/node/catalog.c src/node/hub*.c src/node/sha256.c src/node/ranges.c src/model/arch.c src/model/extents.c src/gguf/*.c src/ctl/*.c src/proto/*.c src/base/*.c"
   [fuzz_dataplane]="src/runner/dataplane_wire.c src/runner/dataplane_seal.c src/kern/quant.c src/kern/quantize.c src/kern/convert.c src/kern/half.c src/base/*.c"
 )
 harnesses=("$@")
