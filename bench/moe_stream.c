@@ -17,6 +17,9 @@
  * plus `dense`: one matrix of the same rows as K gates, split in halves (what a dense
  * matrix of those bytes reads at), and one thread over one expert, hot in cache and cold.
  * Each schedule's down products are also counted alone (bytes per CPU second inside them).
+ * MOE_HUGE=1 moves every expert's matrices into one block on huge pages first (as the
+ * loader's place_experts does); without it each is a buffer of its own (below 2 MiB: 4 KiB
+ * pages).
  *   usage: bench_moe_stream [mxfp4|q4_k|q6_k] [THREADS 2] [STEPS 2] [PASSES 8]
  * (q6_k: the qwen3 shape with its down matrices Q6_K, as in half of Q4_K_M's layers) */
 #include "base/dtype.h"

@@ -47,6 +47,7 @@ struct model_layer {
      * thread starts costs its streams' cold start). Else NULL. */
     struct kern_mat **exp_gate_up;
     int exp_gu_rows;
+    void *exp_block;         /* the experts' repacked weights, in one block on huge pages, or NULL */
     struct kern_mat **exp_down;  /* n_expert of (n_embd, n_ff_exp) */
     float *attn_post_norm, *ffn_post_norm; /* (n_embd) gemma3, else NULL */
     /* gpt-oss (else NULL); its ffn_norm is the file's post_attention_norm. */
