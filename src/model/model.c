@@ -255,7 +255,7 @@ static void interleave_gate_up(char *dst, const char *gate, const char *up, int6
     }
 }
 
-/* Each expert's gate and up as one matrix of 2 rows x cols (model.h's exp_gate_up), the
+/* Each expert's gate and up as one matrix of 2 x rows rows (model.h's exp_gate_up), the
  * file pages of both dropped once repacked; 0 with L->exp_gate_up NULL where the path
  * keeps no copy of its own (then the two load apart). */
 static int load_gate_up(struct loader *ld, struct model_layer *L, const struct gguf_tensor *g,
