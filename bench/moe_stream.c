@@ -12,12 +12,18 @@
  *           contiguous run per thread (and the same for down);
  *   flat:   as guided for gate and up; down by units of one expert's rows, in expert order,
  *           claimed as guided (each claim a run within one or two experts' matrices);
+ *   fused:  as flat, gate and up one matrix per expert, their rows in turns of the kernels'
+ *           row group (the loader's exp_gate_up): a claim reads one run, not two;
  * plus `dense`: one matrix of the same rows as K gates, split in halves (what a dense
  * matrix of those bytes reads at), and one thread over one expert, hot in cache and cold.
  * Each schedule's down products are also counted alone (bytes per CPU second inside them).
+ * MOE_HUGE=1 moves every expert's matrices into one block on huge pages first (as the
+ * loader's place_experts does); without it each is a buffer of its own (below 2 MiB: 4 KiB
+ * pages).
  *   usage: bench_moe_stream [mxfp4|q4_k|q6_k] [THREADS 2] [STEPS 2] [PASSES 8]
  * (q6_k: the qwen3 shape with its down matrices Q6_K, as in half of Q4_K_M's layers) */
 #include "base/dtype.h"
+#include "base/mem.h"
 #include "base/pool.h"
 #include "kern/kern.h"
 #include "bench_util.h"
@@ -76,8 +82,8 @@ static struct kern_mat *mat(int type, const void *src, int64_t rows, int64_t col
     return m;
 }
 
-enum sched { S_UNITS, S_GUIDED, S_HALVES, S_STACK, S_FLAT, N_SCHED };
-static const char *sched_name[N_SCHED] = {"units", "guided", "halves", "stack", "flat"};
+enum sched { S_UNITS, S_GUIDED, S_HALVES, S_STACK, S_FLAT, S_FUSED, N_SCHED };
+static const char *sched_name[N_SCHED] = {"units", "guided", "halves", "stack", "flat", "fused"};
 
 struct job {
     enum sched s;
@@ -99,7 +105,7 @@ static void job_run(void *ctx, int ith, int nth)
     double c0 = bench_thread_cpu_s();
     int64_t rows = kern_mat_rows(j->mats[0]);
     long align = kern_mat_row_align(j->mats[0]);
-    if (j->s == S_GUIDED || j->s == S_FLAT) { /* the units of `units`, claimed as the engine's dense products claim */
+    if (j->s == S_GUIDED || j->s == S_FLAT || j->s == S_FUSED) { /* the units of `units`, claimed as the engine's dense products claim */
         long per = (long)((rows + j->unit_rows - 1) / j->unit_rows), total = per * (j->n_mats / j->group);
         long cur = atomic_load_explicit(&j->next, memory_order_relaxed);
         for (;;) {
@@ -176,11 +182,38 @@ int main(int argc, char **argv)
     struct kern_mat **gate = malloc((size_t)n_ex * sizeof *gate), **up = malloc((size_t)n_ex * sizeof *up),
                     **down = malloc((size_t)n_ex * sizeof *down);
     size_t bytes_all = 0;
+    int turn = kern_row_align(sh.type_gu, KERN_PATH_AUTO);
+    size_t gu_rb = (size_t)dtype_row_bytes(sh.type_gu, sh.n_embd);
+    char *src_fused = malloc(2 * gu_rb * (size_t)sh.n_ff);
+    for (int64_t r = 0, o = 0; r < sh.n_ff; r += turn) { /* gate and up in turns (both src_gu) */
+        size_t n = (size_t)(sh.n_ff - r < turn ? sh.n_ff - r : turn) * gu_rb;
+        memcpy(src_fused + o, (char *)src_gu + (size_t)r * gu_rb, n);
+        memcpy(src_fused + o + n, (char *)src_gu + (size_t)r * gu_rb, n);
+        o += 2 * (int64_t)n;
+    }
+    struct kern_mat **fused = malloc((size_t)n_ex * sizeof *fused);
     for (int i = 0; i < n_ex; i++) {
+        fused[i] = mat(sh.type_gu, src_fused, 2 * (int64_t)sh.n_ff, sh.n_embd);
         gate[i] = mat(sh.type_gu, src_gu, sh.n_ff, sh.n_embd);
         up[i] = mat(sh.type_gu, src_gu, sh.n_ff, sh.n_embd);
         down[i] = mat(sh.type_down, src_d, sh.n_embd, sh.n_ff);
         bytes_all += kern_mat_bytes(gate[i]) * 2 + kern_mat_bytes(down[i]);
+    }
+    if (getenv("MOE_HUGE") && atoi(getenv("MOE_HUGE"))) { /* every expert's matrices in one block on huge pages */
+        size_t total = 0;
+        struct kern_mat **all[4] = {fused, gate, up, down};
+        for (int k = 0; k < 4; k++)
+            for (int i = 0; i < n_ex; i++)
+                total += (kern_mat_own_bytes(all[k][i]) + 255) / 256 * 256;
+        char *block = mem_alloc_stream(total);
+        size_t off = 0;
+        for (int k = 0; block && k < 4; k++)
+            for (int i = 0; i < n_ex; i++) {
+                size_t b = kern_mat_own_bytes(all[k][i]);
+                kern_mat_move(all[k][i], block + off);
+                off += (b + 255) / 256 * 256;
+            }
+        printf("experts moved to one block of %.0f MiB on huge pages\n", (double)total / (1 << 20));
     }
     /* one dense matrix of K gates' rows, several copies to be cold */
     int n_dense = 64;
@@ -234,7 +267,7 @@ int main(int argc, char **argv)
     /* passes of `steps` steps, each schedule (and dense) in turn within a pass, so a
      * neighbour's load falls on all alike; medians over the passes */
     enum { N_ROW = N_SCHED + 1, MAX_PASS = 64 };
-    double wall[N_ROW][MAX_PASS], cpu[N_ROW][MAX_PASS], dcpu[N_ROW][MAX_PASS];
+    double wall[N_ROW][MAX_PASS], cpu[N_ROW][MAX_PASS], dcpu[N_ROW][MAX_PASS], gcpu[N_ROW][MAX_PASS];
     int passes = argc > 4 ? atoi(argv[4]) : 8;
     passes = passes < 1 ? 1 : passes > MAX_PASS ? MAX_PASS : passes;
     int dense_i = 0;
@@ -254,7 +287,7 @@ int main(int argc, char **argv)
                         bytes += kern_mat_bytes(d);
                         continue;
                     }
-                    struct kern_mat *gu[16], *dn[8];
+                    struct kern_mat *gu[16], *dn[8], *fu[8];
                     int chosen[8];
                     for (int k = 0; k < sh.k; k++) { /* distinct experts */
                         int e, dup;
@@ -270,6 +303,7 @@ int main(int argc, char **argv)
                         int i = l * sh.n_expert + chosen[k];
                         gu[2 * k] = gate[i];
                         gu[2 * k + 1] = up[i];
+                        fu[k] = fused[i];
                         dn[k] = down[i];
                         bytes += kern_mat_bytes(gate[i]) * 2 + kern_mat_bytes(down[i]);
                         dbytes += kern_mat_bytes(down[i]);
@@ -278,6 +312,9 @@ int main(int argc, char **argv)
                     if (s == S_UNITS || s == S_GUIDED) { /* moe.c's interleave: gate and up of a unit together */
                         run_mats(pool, (enum sched)s, gu, 2 * sh.k, xq_e, y, units_gu, 2, NULL);
                         run_mats(pool, (enum sched)s, dn, sh.k, xq_f, y, units_d, sh.k, &down_cpu_ns);
+                    } else if (s == S_FUSED) {
+                        run_mats(pool, S_FUSED, fu, sh.k, xq_e, y, 2 * units_gu, 1, NULL);
+                        run_mats(pool, S_FLAT, dn, sh.k, xq_f, y, units_flat, 1, &down_cpu_ns);
                     } else if (s == S_FLAT) {
                         run_mats(pool, S_GUIDED, gu, 2 * sh.k, xq_e, y, units_gu, 2, NULL);
                         run_mats(pool, S_FLAT, dn, sh.k, xq_f, y, units_flat, 1, &down_cpu_ns);
@@ -292,17 +329,26 @@ int main(int argc, char **argv)
             cpu[s][pass] = (double)bytes / (double)atomic_load(&work_cpu_ns) * threads;
             long long dns = atomic_load(&down_cpu_ns);
             dcpu[s][pass] = dns ? (double)dbytes / (double)dns * threads : 0;
+            long long gns = atomic_load(&work_cpu_ns) - dns;
+            gcpu[s][pass] = dns && gns > 0 ? (double)(bytes - dbytes) / (double)gns * threads : 0;
         }
     }
     printf("GB/s, median of %d passes of %d steps (wall time; per thread's CPU second in the products x %d):\n",
            passes, steps, threads);
+    double ratio[MAX_PASS]; /* fused against flat's gate and up, pass by pass (the same load) */
+    for (int pass = 0; pass < passes; pass++)
+        ratio[pass] = gcpu[S_FLAT][pass] > 0 ? gcpu[S_FUSED][pass] / gcpu[S_FLAT][pass] : 0;
+    qsort(ratio, (size_t)passes, sizeof(double), cmp_double);
+    printf("  gate+up fused / flat, per pass: median %.3f (lowest %.3f, highest %.3f)\n", ratio[passes / 2], ratio[0],
+           ratio[passes - 1]);
     for (int s = 0; s < N_ROW; s++) {
         qsort(wall[s], (size_t)passes, sizeof(double), cmp_double);
         qsort(cpu[s], (size_t)passes, sizeof(double), cmp_double);
         qsort(dcpu[s], (size_t)passes, sizeof(double), cmp_double);
-        printf("  %-7s %6.2f  %6.2f  (CPU: lowest %.2f, highest %.2f)  down alone %6.2f\n",
+        qsort(gcpu[s], (size_t)passes, sizeof(double), cmp_double);
+        printf("  %-7s %6.2f  %6.2f  (CPU: lowest %.2f, highest %.2f)  down alone %6.2f  gate+up alone %6.2f\n",
                s == N_SCHED ? "dense" : sched_name[s], wall[s][passes / 2], cpu[s][passes / 2], cpu[s][0],
-               cpu[s][passes - 1], dcpu[s][passes / 2]);
+               cpu[s][passes - 1], dcpu[s][passes / 2], gcpu[s][passes / 2]);
     }
     pool_release(pool);
     return 0;

@@ -529,8 +529,7 @@ static uint64_t expert_bytes_all(const struct model *m)
     uint64_t n = 0;
     for (int l = 0; m->hp.n_expert > 0 && l < m->layer_end - m->layer_begin; l++)
         for (int e = 0; e < m->hp.n_expert; e++)
-            n += kern_mat_bytes(m->layers[l].exp_gate[e]) + kern_mat_bytes(m->layers[l].exp_up[e]) +
-                 kern_mat_bytes(m->layers[l].exp_down[e]);
+            n += model_expert_bytes(&m->layers[l], e);
     return n;
 }
 

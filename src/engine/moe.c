@@ -37,7 +37,8 @@ struct moe {
      * expert (n_embd), and the experts' gathered down inputs (n_ff). */
     void *xq[N_KINDS], *xg[N_KINDS], *hq[N_KINDS];
     size_t xrow[N_KINDS], hrow[N_KINDS];
-    float *gate, *up;   /* (max_batch * n_used, n_ff) gathered */
+    float *gu;          /* (max_batch * n_used, 2 n_ff) gathered: gate's and up's outputs, in the
+                           layer's turns of rows (gu_turn) */
     float *out;         /* (max_batch * n_used, n_embd) gathered */
     long groups_max;    /* n_ff / 32 + 1: activation groups of an expert, blocks of 32 or more */
     _Atomic int *group_left; /* (n_expert, groups_max): gu_job's counts */
@@ -74,14 +75,13 @@ int moe_create(struct moe **out, const struct model_hparams *hp, int max_batch)
     mo->chosen = zalloc((size_t)mo->n_expert * sizeof(int32_t));
     mo->row_token = zalloc(R * sizeof(int32_t));
     mo->row_expert = zalloc(R * sizeof(int32_t));
-    mo->gate = zalloc(R * (size_t)mo->n_ff * sizeof(float));
-    mo->up = zalloc(R * (size_t)mo->n_ff * sizeof(float));
+    mo->gu = zalloc(R * 2 * (size_t)mo->n_ff * sizeof(float));
     mo->out = zalloc(R * (size_t)mo->n_embd * sizeof(float));
     mo->groups_max = mo->n_ff / 32 + 1;
     mo->group_left = zalloc((size_t)mo->n_expert * (size_t)mo->groups_max * sizeof *mo->group_left);
     mo->h_left = zalloc((size_t)mo->n_expert * sizeof *mo->h_left);
     bool ok = mo->logits && mo->sel && mo->w && mo->row && mo->count && mo->first && mo->chosen && mo->row_token &&
-              mo->row_expert && mo->gate && mo->up && mo->out && mo->group_left && mo->h_left;
+              mo->row_expert && mo->gu && mo->out && mo->group_left && mo->h_left;
     for (int k = 0; k < N_KINDS && ok; k++) {
         int blk = dtype_info(kind_type[k])->block_elems;
         if (mo->n_embd % blk == 0) {
@@ -109,7 +109,7 @@ void moe_release(struct moe *mo)
     if (!mo)
         return;
     void *bufs[] = {mo->logits, mo->sel, mo->w, mo->row, mo->count, mo->first, mo->chosen, mo->row_token, mo->row_expert,
-                    mo->gate, mo->up, mo->out, (void *)mo->group_left, (void *)mo->h_left};
+                    mo->gu, mo->out, (void *)mo->group_left, (void *)mo->h_left};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     for (int k = 0; k < N_KINDS; k++) {
@@ -308,19 +308,57 @@ static bool claim_units(_Atomic long *next, long total, int nth, long *lo, long 
     return pool_claim(next, total, 1, nth, lo, hi);
 }
 
-/* Gate and up of one expert over columns [c0, c1) of h. */
+/* Gate and up of one expert over columns [c0, c1) of h (c0 on a turn of the layer's fused
+ * matrix), into its gathered rows of mo->gu. Fused, columns [c0, c1) of both are the
+ * matrix's rows [2 c0, 2 c1): one run. */
 static void gate_up_cols(struct gu_job *j, int e, int64_t c0, int64_t c1)
 {
     struct moe *mo = j->mo;
     const struct model_layer *L = j->L;
-    int64_t n_ff = mo->n_ff;
+    size_t ld = 2 * (size_t)mo->n_ff;
     size_t xg_row = mo->xrow[j->k_gate], xu_row = mo->xrow[j->k_up];
     size_t r0 = (size_t)mo->first[e];
     int cnt = mo->first[e + 1] - mo->first[e];
-    kern_matmul(L->exp_gate[e], (char *)mo->xg[j->k_gate] + r0 * xg_row, xg_row, cnt, mo->gate + r0 * n_ff,
-                (size_t)n_ff, c0, c1);
-    kern_matmul(L->exp_up[e], (char *)mo->xg[j->k_up] + r0 * xu_row, xu_row, cnt, mo->up + r0 * n_ff, (size_t)n_ff,
-                c0, c1);
+    float *y = mo->gu + r0 * ld;
+    if (L->exp_gate_up) {
+        kern_matmul(L->exp_gate_up[e], (char *)mo->xg[j->k_gate] + r0 * xg_row, xg_row, cnt, y, ld, 2 * c0, 2 * c1);
+        return;
+    }
+    kern_matmul(L->exp_gate[e], (char *)mo->xg[j->k_gate] + r0 * xg_row, xg_row, cnt, y, ld, c0, c1);
+    kern_matmul(L->exp_up[e], (char *)mo->xg[j->k_up] + r0 * xu_row, xu_row, cnt, y + mo->n_ff, ld, c0, c1);
+}
+
+/* Rows of gate, then of up, in each turn of a gathered row of mo->gu: the fused matrix's
+ * (model.h), or n_ff (gate's outputs, then up's). */
+static int64_t gu_turn(const struct moe *mo, const struct model_layer *L)
+{
+    return L->exp_gate_up ? L->exp_gu_rows : mo->n_ff;
+}
+
+/* Columns of h activated at once (on the stack): a multiple of every activation block. */
+#define ACT_CHUNK 1024
+
+/* h over columns [a, b) of gathered row r of expert e into h[0, b - a): each column's
+ * gate and up from its turn of mo->gu. The activation is element by element (vec.h's
+ * silu_mul, swiglu_oai), so its runs change no bit. */
+static void act_run(struct gu_job *j, int e, size_t r, int64_t a, int64_t b, float *h)
+{
+    struct moe *mo = j->mo;
+    const struct model_layer *L = j->L;
+    int64_t n_ff = mo->n_ff, turn = gu_turn(mo, L);
+    const float *row = mo->gu + r * 2 * (size_t)n_ff;
+    for (int64_t c = a; c < b;) {
+        int64_t t0 = c / turn * turn, len = n_ff - t0 < turn ? n_ff - t0 : turn;
+        int64_t n = t0 + len < b ? t0 + len - c : b - c;
+        const float *g = row + 2 * t0 + (c - t0), *up = g + len;
+        float *hc = h + (c - a);
+        memcpy(hc, g, (size_t)n * sizeof *hc);
+        if (mo->oss)
+            swiglu_oai(hc, up, L->exp_gate_b + (size_t)e * n_ff + c, L->exp_up_b + (size_t)e * n_ff + c, n);
+        else
+            j->vec->silu_mul(hc, up, n);
+        c += n;
+    }
 }
 
 /* The activation of one expert's columns [c0, c1) of h and their quantization for down
@@ -328,23 +366,19 @@ static void gate_up_cols(struct gu_job *j, int e, int64_t c0, int64_t c1)
 static void act_cols(struct gu_job *j, int e, int64_t c0, int64_t c1)
 {
     struct moe *mo = j->mo;
-    const struct model_layer *L = j->L;
-    int64_t n_ff = mo->n_ff;
     size_t h_row = mo->hrow[j->k_down];
     int blk = dtype_info(kind_type[j->k_down])->block_elems;
     size_t blk_bytes = kern_act_row_bytes(kind_type[j->k_down], blk);
     size_t r0 = (size_t)mo->first[e];
     int cnt = mo->first[e + 1] - mo->first[e];
-    for (size_t r = r0; r < r0 + (size_t)cnt; r++) {
-        float *g = mo->gate + r * n_ff + c0;
-        const float *up = mo->up + r * n_ff + c0;
-        if (mo->oss)
-            swiglu_oai(g, up, L->exp_gate_b + (size_t)e * n_ff + c0, L->exp_up_b + (size_t)e * n_ff + c0, c1 - c0);
-        else
-            j->vec->silu_mul(g, up, c1 - c0);
-        kern_act_quantize(kind_type[j->k_down], g, (char *)mo->hq[j->k_down] + r * h_row + (size_t)(c0 / blk) * blk_bytes,
-                          c1 - c0);
-    }
+    float h[ACT_CHUNK];
+    for (size_t r = r0; r < r0 + (size_t)cnt; r++)
+        for (int64_t a = c0; a < c1; a += ACT_CHUNK) {
+            int64_t b = a + ACT_CHUNK < c1 ? a + ACT_CHUNK : c1;
+            act_run(j, e, r, a, b, h);
+            kern_act_quantize(kind_type[j->k_down], h, (char *)mo->hq[j->k_down] + r * h_row + (size_t)(a / blk) * blk_bytes,
+                              b - a);
+        }
 }
 
 /* Gate and up of chosen expert i over [c0, c1) (whole units), then the activation of
@@ -599,7 +633,7 @@ static void gather_inputs(struct step_job *sj, int B, int n_sel)
     uint64_t bytes = 0, down_bytes = 0;
     for (int i = 0; i < n_sel; i++) {
         int e = mo->chosen[i];
-        bytes += kern_mat_bytes(L->exp_gate[e]) + kern_mat_bytes(L->exp_up[e]);
+        bytes += model_expert_gate_up_bytes(L, e);
         down_bytes += kern_mat_bytes(L->exp_down[e]);
     }
     sj->bytes = bytes;
@@ -613,10 +647,11 @@ static void gu_setup(struct gu_job *gj_out, int n_sel)
     struct moe *mo = j->mo;
     const struct model_layer *L = j->L;
     int k_down = j->k_down;
-    const struct kern_mat *g0 = L->exp_gate[mo->chosen[0]], *u0 = L->exp_up[mo->chosen[0]];
-    long align = (long)row_align_lcm(kern_mat_row_align(g0), kern_mat_row_align(u0));
+    int e0 = mo->chosen[0];
+    long align = L->exp_gate_up ? L->exp_gu_rows /* a turn: whole units read one run */
+                                : (long)row_align_lcm(kern_mat_row_align(L->exp_gate[e0]), kern_mat_row_align(L->exp_up[e0]));
     long blk = dtype_info(kind_type[k_down])->block_elems;
-    size_t col_bytes = (kern_mat_bytes(g0) + kern_mat_bytes(u0)) / (size_t)mo->n_ff;
+    size_t col_bytes = model_expert_gate_up_bytes(L, e0) / (size_t)mo->n_ff;
     j->n_sel = n_sel;
     j->cols = unit_rows(col_bytes, align);
     while (j->cols > align && j->cols < blk && blk % j->cols) /* a unit smaller than a block: a divisor of it */
@@ -685,8 +720,9 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
 {
     int K = mo->n_used;
     int k_router = kern_act_kind(kern_mat_type(L->router));
-    int k_gate = kern_act_kind(kern_mat_type(L->exp_gate[0]));
-    int k_up = kern_act_kind(kern_mat_type(L->exp_up[0]));
+    const struct kern_mat *gate0 = L->exp_gate_up ? L->exp_gate_up[0] : L->exp_gate[0];
+    int k_gate = kern_act_kind(kern_mat_type(gate0));
+    int k_up = kern_act_kind(kern_mat_type(L->exp_gate_up ? gate0 : L->exp_up[0]));
     int k_down = kern_act_kind(kern_mat_type(L->exp_down[0]));
     int64_t t0 = clock_ns(), t1;
 

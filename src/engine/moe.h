@@ -26,7 +26,9 @@
  * up and the activation with h's quantization split by columns of h (moe.c step_run);
  * then down and the combination, split by
  * columns of y (a small batch: down split by runs of each expert's rows, and the
- * combination on the calling thread; moe.c down_job). */
+ * combination on the calling thread; moe.c down_job). Where the loader fused an expert's
+ * gate and up into one matrix (model.h's exp_gate_up), a unit's gate and up rows are one
+ * product over one run of memory; each output is the same dot product either way. */
 #ifndef CAIRN_ENGINE_MOE_H
 #define CAIRN_ENGINE_MOE_H
 

@@ -164,48 +164,136 @@ static int load_vec(struct loader *ld, float **out, const char *name, int64_t n,
     return 0;
 }
 
-/* One of a layer's 3-D expert tensors, [cols, rows, n_expert] in GGUF's order: a matrix
- * per expert, each the next rows * row_bytes of the tensor's data. */
-static int load_experts(struct loader *ld, struct kern_mat ***out, const char *name, int64_t rows, int64_t cols)
+/* One of a layer's 3-D expert tensors, [cols, rows, n_expert] in GGUF's order (a matrix
+ * per expert, each the next rows * row_bytes of the tensor's data), checked. */
+static const struct gguf_tensor *find_experts(struct loader *ld, const char *name, int64_t rows, int64_t cols, int *rc)
 {
     const struct model_hparams *hp = &ld->m->hp;
     const struct gguf_tensor *t = gguf_find_tensor(ld->m->file, name);
-    if (!t)
-        return cairn_fail(ld->err, ld->errlen, CAIRN_EFORMAT, "tensor %s is missing", name);
+    *rc = 0;
+    if (!t) {
+        *rc = cairn_fail(ld->err, ld->errlen, CAIRN_EFORMAT, "tensor %s is missing", name);
+        return NULL;
+    }
     int64_t ne2 = t->n_dims >= 3 ? t->ne[2] : 1;
     bool extra = false;
     for (int d = 3; d < t->n_dims; d++)
         extra |= t->ne[d] != 1;
-    if (t->n_dims < 3 || extra || t->ne[0] != cols || t->ne[1] != rows || ne2 != hp->n_expert)
-        return cairn_fail(ld->err, ld->errlen, CAIRN_EFORMAT,
-                          "tensor %s has shape [%lld, %lld, %lld] (%d dimensions), expected [%lld, %lld, %d]", name,
-                          (long long)t->ne[0], (long long)(t->n_dims >= 2 ? t->ne[1] : 1), (long long)ne2,
-                          t->n_dims, (long long)cols, (long long)rows, hp->n_expert);
+    if (t->n_dims < 3 || extra || t->ne[0] != cols || t->ne[1] != rows || ne2 != hp->n_expert) {
+        *rc = cairn_fail(ld->err, ld->errlen, CAIRN_EFORMAT,
+                         "tensor %s has shape [%lld, %lld, %lld] (%d dimensions), expected [%lld, %lld, %d]", name,
+                         (long long)t->ne[0], (long long)(t->n_dims >= 2 ? t->ne[1] : 1), (long long)ne2, t->n_dims,
+                         (long long)cols, (long long)rows, hp->n_expert);
+        return NULL;
+    }
     const struct dtype_info *ti = dtype_info(t->type);
-    if (!ti || !ti->supported)
-        return cairn_fail(ld->err, ld->errlen, CAIRN_EUNSUPPORTED, "tensor %s has type %s, which is not supported",
-                          name, dtype_name(t->type));
+    if (!ti || !ti->supported) {
+        *rc = cairn_fail(ld->err, ld->errlen, CAIRN_EUNSUPPORTED, "tensor %s has type %s, which is not supported", name,
+                         dtype_name(t->type));
+        return NULL;
+    }
     int64_t row_bytes = dtype_row_bytes(t->type, cols);
-    if (row_bytes <= 0 || (uint64_t)row_bytes * (uint64_t)rows * (uint64_t)hp->n_expert != t->size)
-        return cairn_fail(ld->err, ld->errlen, CAIRN_EFORMAT, "tensor %s: %llu bytes do not hold %d experts of %s rows",
-                          name, (unsigned long long)t->size, hp->n_expert, dtype_name(t->type));
+    if (row_bytes <= 0 || (uint64_t)row_bytes * (uint64_t)rows * (uint64_t)hp->n_expert != t->size) {
+        *rc = cairn_fail(ld->err, ld->errlen, CAIRN_EFORMAT, "tensor %s: %llu bytes do not hold %d experts of %s rows",
+                         name, (unsigned long long)t->size, hp->n_expert, dtype_name(t->type));
+        return NULL;
+    }
+    return t;
+}
+
+/* The bytes of every expert's matrix counted: all of them, and n_expert_used read a token. */
+static void count_experts(struct loader *ld, struct kern_mat *const *mats)
+{
+    const struct model_hparams *hp = &ld->m->hp;
+    uint64_t all = 0;
+    for (int e = 0; e < hp->n_expert; e++)
+        all += kern_mat_bytes(mats[e]);
+    ld->all_bytes += all;
+    ld->weight_bytes += all / (uint64_t)hp->n_expert * (uint64_t)hp->n_expert_used;
+}
+
+/* One matrix per expert of the checked tensor t (rows x cols each). */
+static int load_experts(struct loader *ld, struct kern_mat ***out, const struct gguf_tensor *t, int64_t rows, int64_t cols)
+{
+    const struct model_hparams *hp = &ld->m->hp;
     *out = calloc((size_t)hp->n_expert, sizeof **out);
     if (!*out)
-        return cairn_fail(ld->err, ld->errlen, CAIRN_ENOMEM, "out of memory for %s", name);
-    uint64_t expert_bytes = (uint64_t)row_bytes * (uint64_t)rows, all = 0;
+        return cairn_fail(ld->err, ld->errlen, CAIRN_ENOMEM, "out of memory for %s", t->name);
+    uint64_t expert_bytes = (uint64_t)dtype_row_bytes(t->type, cols) * (uint64_t)rows;
     for (int e = 0; e < hp->n_expert; e++) {
         const char *data = (const char *)t->data + (uint64_t)e * expert_bytes;
         char kerr[256];
         int rc = kern_mat_create(&(*out)[e], t->type, data, rows, cols, ld->path, kerr, sizeof kerr);
         if (rc)
-            return cairn_fail(ld->err, ld->errlen, rc, "tensor %s, expert %d: %s", name, e, kerr);
+            return cairn_fail(ld->err, ld->errlen, rc, "tensor %s, expert %d: %s", t->name, e, kerr);
         if (kern_mat_path((*out)[e]) != KERN_PATH_REF)
             drop_source_pages(data, expert_bytes);
-        all += kern_mat_bytes((*out)[e]);
     }
-    ld->all_bytes += all;
-    ld->weight_bytes += all / (uint64_t)hp->n_expert * (uint64_t)hp->n_expert_used;
+    count_experts(ld, *out);
     return 0;
+}
+
+/* The rows of gate and up an expert's fused matrix takes in turns: the kernels' row
+ * group, when that divides the smallest activation block (so that every unit and
+ * activation group of moe.c starts on a turn); 0 when they are not fused (different
+ * types, or a path that reads the file's layout in place). */
+static int gate_up_turn(const struct loader *ld, const struct gguf_tensor *g, const struct gguf_tensor *u)
+{
+    int turn = kern_row_align(g->type, ld->path);
+    return g->type == u->type && turn > 1 && 32 % turn == 0 ? turn : 0;
+}
+
+/* Expert e's gate and up rows (rows each, row_bytes a row) into dst in turns of `turn`
+ * rows, gate's first; the last turn has what is left of each. */
+static void interleave_gate_up(char *dst, const char *gate, const char *up, int64_t rows, size_t row_bytes, int turn)
+{
+    for (int64_t r = 0; r < rows; r += turn) {
+        size_t n = (size_t)(rows - r < turn ? rows - r : turn) * row_bytes;
+        memcpy(dst, gate + (size_t)r * row_bytes, n);
+        memcpy(dst + n, up + (size_t)r * row_bytes, n);
+        dst += 2 * n;
+    }
+}
+
+/* Each expert's gate and up as one matrix of 2 x rows rows (model.h's exp_gate_up), the
+ * file pages of both dropped once repacked; 0 with L->exp_gate_up NULL where the path
+ * keeps no copy of its own (then the two load apart). */
+static int load_gate_up(struct loader *ld, struct model_layer *L, const struct gguf_tensor *g,
+                        const struct gguf_tensor *u, int64_t rows, int64_t cols, int turn)
+{
+    const struct model_hparams *hp = &ld->m->hp;
+    size_t row_bytes = (size_t)dtype_row_bytes(g->type, cols), expert_bytes = row_bytes * (size_t)rows;
+    char *buf = malloc(2 * expert_bytes);
+    L->exp_gate_up = calloc((size_t)hp->n_expert, sizeof *L->exp_gate_up);
+    if (!buf || !L->exp_gate_up) {
+        free(buf);
+        return cairn_fail(ld->err, ld->errlen, CAIRN_ENOMEM, "out of memory for %s", g->name);
+    }
+    int rc = 0;
+    for (int e = 0; e < hp->n_expert && !rc; e++) {
+        const char *gd = (const char *)g->data + (size_t)e * expert_bytes, *ud = (const char *)u->data + (size_t)e * expert_bytes;
+        interleave_gate_up(buf, gd, ud, rows, row_bytes, turn);
+        char kerr[256];
+        rc = kern_mat_create(&L->exp_gate_up[e], g->type, buf, 2 * rows, cols, ld->path, kerr, sizeof kerr);
+        if (rc) {
+            rc = cairn_fail(ld->err, ld->errlen, rc, "tensors %s and %s, expert %d: %s", g->name, u->name, e, kerr);
+        } else if (kern_mat_own_bytes(L->exp_gate_up[e]) == 0) { /* it reads buf: not this path */
+            for (int i = 0; i <= e; i++)
+                kern_mat_release(L->exp_gate_up[i]);
+            free(L->exp_gate_up);
+            L->exp_gate_up = NULL;
+            break;
+        } else {
+            drop_source_pages(gd, expert_bytes);
+            drop_source_pages(ud, expert_bytes);
+        }
+    }
+    free(buf);
+    if (!rc && L->exp_gate_up) {
+        L->exp_gu_rows = turn;
+        count_experts(ld, L->exp_gate_up);
+    }
+    return rc;
 }
 
 /* A matrix of biases, one row of cols per expert (gpt-oss's ffn_*_exps.bias, GGUF shape
@@ -234,18 +322,61 @@ static int load_bias_rows(struct loader *ld, float **out, const char *name, int6
     return 0;
 }
 
+#define WEIGHT_SLOT_ALIGN 256
+
+static size_t slot_bytes(const struct kern_mat *m)
+{
+    return m ? (kern_mat_own_bytes(m) + WEIGHT_SLOT_ALIGN - 1) / WEIGHT_SLOT_ALIGN * WEIGHT_SLOT_ALIGN : 0;
+}
+
+/* Moves the layer's experts' own copies into one block on huge pages (mem_alloc_stream),
+ * expert by expert (gate and up, then down). Each alone was a buffer of its own: below
+ * 2 MiB (every Qwen3-30B-A3B expert matrix) on 4 KiB pages, so a step's expert products
+ * paid a TLB walk every 4 KiB and read 0.83-0.87 of a dense matrix's rate per CPU second,
+ * against 0.94-0.99 from one block (bench_moe_stream q4_k, MOE_HUGE). The same bits;
+ * without the memory for the block each keeps its own. */
+static void place_experts(struct model_layer *L, int n_expert)
+{
+    struct kern_mat **sets[] = {L->exp_gate_up, L->exp_gate, L->exp_up, L->exp_down};
+    size_t n_sets = sizeof sets / sizeof sets[0], total = 0;
+    for (int e = 0; e < n_expert; e++)
+        for (size_t k = 0; k < n_sets; k++)
+            total += sets[k] ? slot_bytes(sets[k][e]) : 0;
+    uint8_t *block = total ? mem_alloc_stream(total) : NULL;
+    if (!block)
+        return;
+    size_t off = 0;
+    for (int e = 0; e < n_expert; e++)
+        for (size_t k = 0; k < n_sets; k++) {
+            if (!sets[k])
+                continue;
+            size_t b = slot_bytes(sets[k][e]);
+            kern_mat_move(sets[k][e], block + off);
+            off += b;
+        }
+    L->exp_block = block;
+}
+
 /* The router and the experts of a mixture-of-experts layer (gpt-oss: with their biases). */
 static int load_moe(struct loader *ld, int il, struct model_layer *L)
 {
     const struct model_hparams *hp = &ld->m->hp;
+    const struct gguf_tensor *g, *u, *d;
     char name[96];
     int rc;
 #define NAME(suffix) (snprintf(name, sizeof name, "blk.%d.%s", il, suffix), name)
     if ((rc = load_mat(ld, &L->router, NAME("ffn_gate_inp.weight"), hp->n_expert, hp->n_embd, NULL)) ||
-        (rc = load_experts(ld, &L->exp_gate, NAME("ffn_gate_exps.weight"), hp->n_ff_exp, hp->n_embd)) ||
-        (rc = load_experts(ld, &L->exp_up, NAME("ffn_up_exps.weight"), hp->n_ff_exp, hp->n_embd)) ||
-        (rc = load_experts(ld, &L->exp_down, NAME("ffn_down_exps.weight"), hp->n_embd, hp->n_ff_exp)))
+        !(g = find_experts(ld, NAME("ffn_gate_exps.weight"), hp->n_ff_exp, hp->n_embd, &rc)) ||
+        !(u = find_experts(ld, NAME("ffn_up_exps.weight"), hp->n_ff_exp, hp->n_embd, &rc)) ||
+        !(d = find_experts(ld, NAME("ffn_down_exps.weight"), hp->n_embd, hp->n_ff_exp, &rc)))
         return rc;
+    int turn = gate_up_turn(ld, g, u);
+    if ((turn && (rc = load_gate_up(ld, L, g, u, hp->n_ff_exp, hp->n_embd, turn))) ||
+        (!L->exp_gate_up && ((rc = load_experts(ld, &L->exp_gate, g, hp->n_ff_exp, hp->n_embd)) ||
+                             (rc = load_experts(ld, &L->exp_up, u, hp->n_ff_exp, hp->n_embd)))) ||
+        (rc = load_experts(ld, &L->exp_down, d, hp->n_embd, hp->n_ff_exp)))
+        return rc;
+    place_experts(L, hp->n_expert);
     if (hp->oss && ((rc = load_vec(ld, &L->router_b, NAME("ffn_gate_inp.bias"), hp->n_expert, true)) ||
                     (rc = load_bias_rows(ld, &L->exp_gate_b, NAME("ffn_gate_exps.bias"), hp->n_ff_exp)) ||
                     (rc = load_bias_rows(ld, &L->exp_up_b, NAME("ffn_up_exps.bias"), hp->n_ff_exp)) ||
@@ -479,9 +610,8 @@ static int load_matrices(struct model *m, const struct model_load_opts *opts, ch
  * three), then the head. The block is on huge pages (mem_alloc_stream) where a matrix of
  * a small model alone would be on 4 KiB ones, which cost a TLB walk each and stop the
  * hardware prefetchers at every boundary; and one product's end runs into the next one's
- * start. Experts stay where they are (a step reads only some). Without the memory for the
- * block the matrices keep their own: the same bits either way. */
-#define WEIGHT_SLOT_ALIGN 256
+ * start. Experts have blocks of their own, a layer each (place_experts). Without the memory
+ * for the block the matrices keep their own: the same bits either way. */
 
 static void place_weights(struct model *m)
 {
@@ -502,14 +632,14 @@ static void place_weights(struct model *m)
         mats[n++] = m->output;
     size_t total = 0;
     for (size_t i = 0; i < n; i++)
-        total += (kern_mat_own_bytes(mats[i]) + WEIGHT_SLOT_ALIGN - 1) / WEIGHT_SLOT_ALIGN * WEIGHT_SLOT_ALIGN;
+        total += slot_bytes(mats[i]);
     uint8_t *block = total ? mem_alloc_stream(total) : NULL;
     if (block) {
         size_t off = 0;
         for (size_t i = 0; i < n; i++) {
-            size_t b = kern_mat_own_bytes(mats[i]);
+            size_t b = slot_bytes(mats[i]);
             kern_mat_move(mats[i], block + off);
-            off += (b + WEIGHT_SLOT_ALIGN - 1) / WEIGHT_SLOT_ALIGN * WEIGHT_SLOT_ALIGN;
+            off += b;
         }
         m->weight_block = block;
     }
@@ -610,6 +740,8 @@ static void release_layer(struct model_layer *L, int n_expert)
     kern_mat_release(L->router);
     release_experts(L->exp_gate, n_expert);
     release_experts(L->exp_up, n_expert);
+    release_experts(L->exp_gate_up, n_expert);
+    free(L->exp_block); /* after the matrices that read it */
     release_experts(L->exp_down, n_expert);
     struct kern_mat *mats[] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
@@ -636,6 +768,18 @@ void model_release(struct model *m)
     if (m->tok_embd_fd >= 0)
         close(m->tok_embd_fd);
     free(m);
+}
+
+uint64_t model_expert_gate_up_bytes(const struct model_layer *L, int e)
+{
+    if (L->exp_gate_up)
+        return kern_mat_bytes(L->exp_gate_up[e]);
+    return kern_mat_bytes(L->exp_gate[e]) + kern_mat_bytes(L->exp_up[e]);
+}
+
+uint64_t model_expert_bytes(const struct model_layer *L, int e)
+{
+    return model_expert_gate_up_bytes(L, e) + kern_mat_bytes(L->exp_down[e]);
 }
 
 int model_embed(const struct model *m, int32_t token, void *row_buf, float *out)

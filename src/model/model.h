@@ -38,8 +38,16 @@ struct model_layer {
     /* Mixture of experts (hp.n_expert > 0; then w_gate, w_up and w_down are NULL). Each
      * expert is one slice of the file's 3-D tensors ffn_{gate,up,down}_exps. */
     struct kern_mat *router;     /* (n_expert, n_embd): ffn_gate_inp */
-    struct kern_mat **exp_gate;  /* n_expert of (n_ff_exp, n_embd) */
-    struct kern_mat **exp_up;    /* n_expert of (n_ff_exp, n_embd) */
+    struct kern_mat **exp_gate;  /* n_expert of (n_ff_exp, n_embd), or NULL (exp_gate_up) */
+    struct kern_mat **exp_up;    /* n_expert of (n_ff_exp, n_embd), or NULL (exp_gate_up) */
+    /* Gate and up of each expert as one matrix of (2 n_ff_exp, n_embd) where the kernels
+     * keep a repacked copy and both have one type: exp_gu_rows rows of gate, then those
+     * rows of up, in turns (the last turn what is left of each), so a product over some
+     * of an expert's columns of h reads one run of memory instead of two (each run a
+     * thread starts costs its streams' cold start). Else NULL. */
+    struct kern_mat **exp_gate_up;
+    int exp_gu_rows;
+    void *exp_block;         /* the experts' repacked weights, in one block on huge pages, or NULL */
     struct kern_mat **exp_down;  /* n_expert of (n_embd, n_ff_exp) */
     float *attn_post_norm, *ffn_post_norm; /* (n_embd) gemma3, else NULL */
     /* gpt-oss (else NULL); its ffn_norm is the file's post_attention_norm. */
@@ -143,6 +151,11 @@ int model_slice_extents(const struct gguf_file *f, int layer_begin, int layer_en
 
 /* Releases everything, the file mapping included; accepts NULL. */
 void model_release(struct model *m);
+
+/* Bytes of expert e's gate and up (fused or not), and of its down: what a token that
+ * chooses it reads of them. */
+uint64_t model_expert_gate_up_bytes(const struct model_layer *L, int e);
+uint64_t model_expert_bytes(const struct model_layer *L, int e);
 
 /* Writes the embedding of token into out[n_embd] (first slice). The row is read with
  * pread into row_buf (tok_embd_row_bytes bytes, the caller's) rather than through the

@@ -308,8 +308,7 @@ static void check_moe_batch(const char *label, const struct synth_spec *spec)
     int64_t pos[NS * PL];
     uint64_t expert_bytes = 0; /* one expert of each layer (the mix gives some layers more bits) */
     for (int l = 0; l < L; l++)
-        expert_bytes += kern_mat_bytes(m->layers[l].exp_gate[0]) + kern_mat_bytes(m->layers[l].exp_up[0]) +
-                        kern_mat_bytes(m->layers[l].exp_down[0]);
+        expert_bytes += model_expert_bytes(&m->layers[l], 0);
     for (int i = 0; i < NS; i++) { /* alone: the prompt in one batch, then one decode step */
         for (int k = 0; k < PL; k++)
             seq[k] = i, pos[k] = k;

@@ -133,13 +133,12 @@ static void check_moe(const char *bad)
                   hp->rope == ROPE_NEOX && m->layers[1].router && m->layers[1].exp_down[7] && !m->layers[1].w_gate,
               "qwen3moe hyper-parameters or tensors");
         CHECK(kern_mat_type(m->layers[0].router) == DT_F32 && kern_mat_rows(m->layers[0].router) == 8 &&
-                  kern_mat_type(m->layers[0].exp_up[3]) == DT_Q4_K && kern_mat_rows(m->layers[0].exp_down[3]) == 256,
+                  kern_mat_type(m->layers[0].exp_gate_up ? m->layers[0].exp_gate_up[3] : m->layers[0].exp_up[3]) == DT_Q4_K && kern_mat_rows(m->layers[0].exp_down[3]) == 256,
               "router / expert matrices");
         /* active bytes: everything but 6 of the 8 experts of each layer */
         uint64_t expert = 0;
         for (int l = 0; l < 2; l++)
-            expert += kern_mat_bytes(m->layers[l].exp_gate[0]) + kern_mat_bytes(m->layers[l].exp_up[0]) +
-                      kern_mat_bytes(m->layers[l].exp_down[0]);
+            expert += model_expert_bytes(&m->layers[l], 0);
         CHECK(m->all_weight_bytes - m->weight_bytes == 6 * expert, "weight bytes %llu of %llu (one expert per layer: %llu)",
               (unsigned long long)m->weight_bytes, (unsigned long long)m->all_weight_bytes, (unsigned long long)expert);
         model_release(m);
