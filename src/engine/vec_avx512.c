@@ -710,9 +710,10 @@ INLINE void pv_rows_n(float *o, int64_t ldo, int R, const float *p, int64_t ldp,
 }
 
 /* Quantized V: R (constant, <= 6) rows, keys ja..ja+nj-1 (nj <= 64), the 64 columns from c0,
- * with w = p * scale of each row, key and 32-column block already in w[r][h][jj]. */
+ * with w = p * scale of each row, key and 32-column block already in w[r][h][jj]; the codes
+ * from V, or (xf not NULL) as floats already, key ja+jj's 64 at xf + 64*jj. */
 INLINE void pvq_rows(float *o, int64_t ldo, const int R, const float *w, int ja, int nj, const void *const *v,
-                     int64_t c0, const __mmask16 *mc, const int type, struct pf_cur *pf)
+                     const float *xf, int64_t c0, const __mmask16 *mc, const int type, struct pf_cur *pf)
 {
     __m512 a[6][4];
     for (int r = 0; r < R; r++)
@@ -721,7 +722,7 @@ INLINE void pvq_rows(float *o, int64_t ldo, const int R, const float *w, int ja,
     for (int jj = 0; jj < nj; jj++) {
         __m512 x[4];
         for (int c = 0; c < 4; c++)
-            x[c] = load_v(v[ja + jj], type, c0, c, mc[c]);
+            x[c] = xf ? _mm512_load_ps(xf + 64 * jj + 16 * c) : load_v(v[ja + jj], type, c0, c, mc[c]);
         pf_step(pf);
         for (int r = 0; r < R; r++) {
             __m512 w0 = _mm512_set1_ps(w[(2 * r) * 64 + jj]), w1 = _mm512_set1_ps(w[(2 * r + 1) * 64 + jj]);
@@ -759,7 +760,80 @@ INLINE void pvq(float *o, int64_t ldo, const int R, const float *p, int64_t ldp,
                 _mm512_store_ps(w + (2 * r + 1) * 64 + jj, _mm512_mul_ps(pr, s1));
             }
         }
-        pvq_rows(o, ldo, R, w, ja, nj, v, c0, mc, type, pf);
+        pvq_rows(o, ldo, R, w, ja, nj, v, NULL, c0, mc, type, pf);
+    }
+}
+
+/* pvq over keys [j0, j1) of a chunk of 64 from ja whose codes are floats already (key j's 64
+ * at xf + 64*(j - ja)) and whose scales too (sf[j - ja] and sf[64 + j - ja]): the same
+ * products w = p * scale. */
+INLINE void pvq_conv(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int ja, int j0, int j1,
+                     const float *xf, const float *sf, int64_t c0, const __mmask16 *mc, const int type)
+{
+    float w[6 * 2 * 64] __attribute__((aligned(64)));
+    int nj = j1 - j0, at = j0 - ja;
+    for (int jj = 0; jj < nj; jj += 16) {
+        __mmask16 m = nj - jj >= 16 ? (__mmask16)0xffff : tail_mask(nj - jj);
+        __m512 s0 = _mm512_maskz_loadu_ps(m, sf + at + jj), s1 = _mm512_maskz_loadu_ps(m, sf + 64 + at + jj);
+        for (int r = 0; r < R; r++) {
+            __m512 pr = _mm512_maskz_loadu_ps(m, p + r * ldp + j0 + jj);
+            _mm512_store_ps(w + (2 * r) * 64 + jj, _mm512_mul_ps(pr, s0));
+            _mm512_store_ps(w + (2 * r + 1) * 64 + jj, _mm512_mul_ps(pr, s1));
+        }
+    }
+    struct pf_cur none = {NULL, 0, 0};
+    pvq_rows(o, ldo, R, w, j0, nj, NULL, xf + 64 * at, c0, mc, type, &none);
+}
+
+/* pvq_conv of R (1..6) rows. */
+INLINE void pvq_conv_n(float *o, int64_t ldo, int R, const float *p, int64_t ldp, int ja, int j0, int j1,
+                       const float *xf, const float *sf, int64_t c0, const __mmask16 *mc, const int type)
+{
+    switch (R) {
+    case 6: pvq_conv(o, ldo, 6, p, ldp, ja, j0, j1, xf, sf, c0, mc, type); break;
+    case 5: pvq_conv(o, ldo, 5, p, ldp, ja, j0, j1, xf, sf, c0, mc, type); break;
+    case 4: pvq_conv(o, ldo, 4, p, ldp, ja, j0, j1, xf, sf, c0, mc, type); break;
+    case 3: pvq_conv(o, ldo, 3, p, ldp, ja, j0, j1, xf, sf, c0, mc, type); break;
+    case 2: pvq_conv(o, ldo, 2, p, ldp, ja, j0, j1, xf, sf, c0, mc, type); break;
+    default: pvq_conv(o, ldo, 1, p, ldp, ja, j0, j1, xf, sf, c0, mc, type); break;
+    }
+}
+
+/* Quantized V, more rows than one group (Q8_0: two): 64 keys' codes and scales of the 64-column window
+ * from c0 are converted to floats once (the conversion is exact) and shared by every group
+ * of 6 rows, which converted them anew each (8 of the 32 operations a key and group). Each
+ * row still takes its keys in order, a chunk's common keys with its group, the rest alone. */
+INLINE void pvq_many(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
+                     const void *const *v, int64_t c0, const __mmask16 *mc, const int type, struct pf_cur *pf)
+{
+    float xf[64 * 64] __attribute__((aligned(64))), sf[2 * 64] __attribute__((aligned(64)));
+    int nmax = 0;
+    for (int r = 0; r < rows; r++)
+        nmax = n[r] > nmax ? n[r] : nmax;
+    for (int ja = 0; ja < nmax; ja += 64) {
+        int je = nmax - ja < 64 ? nmax : ja + 64;
+        for (int j = ja; j < je; j++) {
+            for (int c = 0; c < 4; c++)
+                _mm512_store_ps(xf + 64 * (j - ja) + 16 * c, load_v(v[j], type, c0, c, mc[c]));
+            uint16_t h0 = v_scale(v[j], type, c0), h1 = mc[2] ? v_scale(v[j], type, c0 + 32) : h0;
+            sf[j - ja] = _cvtsh_ss(h0);
+            sf[64 + j - ja] = _cvtsh_ss(h1);
+            pf_step(pf);
+        }
+        for (int r = 0; r < rows; r += 6) {
+            int R = rows - r < 6 ? rows - r : 6;
+            int jmin = n[r];
+            for (int g = 1; g < R; g++)
+                jmin = n[r + g] < jmin ? n[r + g] : jmin;
+            int jc = jmin < je ? jmin : je; /* the group's common keys in this chunk: [ja, jc) */
+            if (jc > ja)
+                pvq_conv_n(o + r * ldo, ldo, R, p + r * ldp, ldp, ja, ja, jc, xf, sf, c0, mc, type);
+            for (int g = 0; g < R; g++) {
+                int j0 = jc > ja ? jc : ja, j1 = n[r + g] < je ? n[r + g] : je;
+                if (j1 > j0)
+                    pvq_conv(o + (r + g) * ldo, ldo, 1, p + (r + g) * ldp, ldp, ja, j0, j1, xf, sf, c0, mc, type);
+            }
+        }
     }
 }
 
@@ -774,6 +848,12 @@ INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp
          * fused multiply-adds rather than 16 */
         const int step = 6;
         const bool quantized = type == DT_Q8_0 || type == DT_Q4_0;
+        /* Q8_0's conversion is cheap enough that two groups gained nothing from sharing it
+         * (8 rows: 3% slower shared); Q4_0's unpacking gains from two groups on */
+        if (quantized && rows > (type == DT_Q8_0 ? 2 * step : step)) {
+            pvq_many(o, ldo, rows, p, ldp, n, v, c0, mc, type, pf);
+            continue;
+        }
         for (int r = 0; r < rows; r += step) {
             int R = rows - r < step ? rows - r : step;
             int jmin = n[r];
