@@ -890,10 +890,10 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
         double dram_med = median(bw_dram, reps);
         int64_t cache_mib = cache_probe_mib(bn, o, bytes_per_tok);
         printf("tg%lld%s: %.2f tok/s (median of %lld); reads %.1f MiB/token, %.2f GB/s; bandwidth beside the runs "
-               "(medians): %s %.2f GB/s (%lld MiB block, read between groups of %lld steps)",
+               "(medians): %s %.2f GB/s (%lld MiB block)",
                (long long)n_gen, at_depth(o), tps, (long long)reps, bytes_per_tok / (1 << 20),
                tps * bytes_per_tok / 1e9, o->bw_mib > 0 ? "--bandwidth-mib" : "DRAM", dram_med / 1e9,
-               (long long)bn->dram_mib, (long long)group);
+               (long long)bn->dram_mib);
         if (cache_mib > 0)
             printf(", cache-sized %.2f GB/s (%lld MiB block: the step fits the %.0f MiB last-level cache)",
                    bw_med / 1e9, (long long)cache_mib, (double)bn->llc / (1 << 20));
@@ -901,9 +901,9 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
                cache_mib > 0 ? "cache-sized" : o->bw_mib > 0 ? "--bandwidth-mib" : "DRAM", 100.0 * median(ratio, reps));
         for (int r = 0; r < reps; r++) {
             const struct group_span *s = &spans[r];
-            printf("  run %d, %d groups: DRAM probe %.2f-%.2f GB/s (%d slices of %.0f MiB a reading), decode "
-                   "%.2f-%.2f GB/s, %.1f-%.1f%% of the higher reading beside each group\n",
-                   r + 1, s->n_groups, s->probe_lo / 1e9, s->probe_hi / 1e9, PROBE_BURST,
+            printf("  run %d, %d groups of %lld steps: DRAM probe between them %.2f-%.2f GB/s (%d slices of %.0f "
+                   "MiB a reading), decode %.2f-%.2f GB/s, %.1f-%.1f%% of the higher reading beside each group\n",
+                   r + 1, s->n_groups, (long long)group, s->probe_lo / 1e9, s->probe_hi / 1e9, PROBE_BURST,
                    (double)bw_slice_bytes(bn->bwb, (int)o->threads) / (1 << 20), s->decode_lo / 1e9,
                    s->decode_hi / 1e9, 100.0 * s->share_lo, 100.0 * s->share_hi);
         }
@@ -1001,13 +1001,14 @@ static int bench_speeds(struct bench *bn, const struct bench_opts *o)
         fprintf(stderr, "cairn bench: the bandwidth probe failed (out of memory, or a read missed words)\n");
         return -1;
     }
-    printf("memory read bandwidth (%s: %lld MiB block, last-level cache %.0f MiB as reported, %lld threads, best of %d "
-           "slices of %.0f MiB): %.2f GB/s, best of:",
+    printf("memory read bandwidth (%s: %lld MiB block, last-level cache %.0f MiB as reported, %lld threads): "
+           "%.2f GB/s, best of:",
            o->bw_mib > 0 ? "--bandwidth-mib" : "DRAM", (long long)mib, (double)bn->llc / (1 << 20),
-           (long long)o->threads, bwr.reads, (double)bw_slice_bytes(bn->bwb, (int)o->threads) / (1 << 20),
-           bwr.best / 1e9);
+           (long long)o->threads, bwr.best / 1e9);
     for (int st = 0; st < N_BW_STYLES; st++)
         printf("%s %s %.2f", st ? "," : "", bw_style_name(st), bwr.by_style[st] / 1e9);
+    printf(" (the best of %d slices of %.0f MiB)", bwr.reads,
+           (double)bw_slice_bytes(bn->bwb, (int)o->threads) / (1 << 20));
     printf("\n");
     bn->t = malloc((size_t)o->reps * sizeof *bn->t);
     if (!bn->t)
