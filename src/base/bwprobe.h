@@ -30,6 +30,7 @@ struct bw_reading {
     double by_style[N_BW_STYLES];   /* the best slice of each style (0 where not run) */
     int best_style;
     int reads;                      /* slices read (each checked to have summed every word once) */
+    int shared;                     /* slices every thread read a quarter of an even share of or more */
 };
 
 /* The probe reads a block in short slices (BW_SLICE_MIB_PER_THREAD a thread, well under a

@@ -26,7 +26,9 @@
 #define DEPTH_CHUNK 512     /* tokens per forward that fill -d's context */
 #define BATCH_CURVE_STEPS 8 /* forwards timed per repetition of the batch curve */
 #define DECODE_GROUP 16     /* decode steps between two readings of the DRAM block */
-#define PROBE_BURST (2 * N_BW_STYLES)    /* slices of a reading between decode groups */
+#define PROBE_BURST (2 * N_BW_STYLES)    /* slices of a reading between decode groups, at least */
+#define PROBE_BURST_MAX (8 * N_BW_STYLES) /* ... and at most */
+#define PROBE_SHARED 2                    /* slices every thread shared that end a reading early */
 #define PROBE_MACHINE (16 * N_BW_STYLES) /* slices of the machine's figure */
 
 /* qsort order of doubles. */
@@ -57,6 +59,8 @@ struct bench {
     uint8_t *want;
     struct pool *bwp;        /* threads of the bandwidth reads */
     struct bw_block *bwb;    /* the DRAM block, read in slices between decode groups */
+    long long bursts, burst_slices; /* readings between decode groups, and their slices */
+    double bw_machine;       /* the machine line's DRAM reading (bytes/s) */
     size_t llc;              /* the last-level cache as reported (bw_llc_bytes), 0: unknown */
     int64_t dram_mib;        /* the DRAM block (dram_probe_mib) */
     double *t;               /* -r: the times of one measurement's runs */
@@ -695,8 +699,8 @@ static void print_moe_phases(const struct moe_stats *a, const struct moe_stats *
  * (on a shared machine, the step least disturbed), and the median of the steps whose
  * threads waited for a CPU at most 1% of the step (the step of a quiet machine as far as
  * the CPUs go; a neighbour's memory traffic still counts), both against bw: the highest
- * DRAM reading beside the timed runs, the rate the threads read when they all hold a CPU
- * (or the cache-sized roofline). 0, or -1 (message printed). */
+ * DRAM reading beside the timed runs or of the machine line, the rate the threads read
+ * when they all hold a CPU (or the cache-sized roofline). 0, or -1 (message printed). */
 static int bench_decode_profiled(struct bench *bn, const struct bench_opts *o, double bytes_per_tok, double bw)
 {
     int64_t n_gen = o->n_gen;
@@ -766,14 +770,21 @@ static int bench_decode_profiled(struct bench *bn, const struct bench_opts *o, d
 }
 
 /* One reading of the DRAM block between decode groups: its best slice (bytes/s), or -1
- * (message printed). */
+ * (message printed). It reads PROBE_BURST slices, and more, up to PROBE_BURST_MAX, until
+ * PROBE_SHARED of them were shared by every thread: with a neighbour's load a thread
+ * may not get a CPU for a dozen slices, and a slice it did not share is no ceiling. */
 static double probe_burst(struct bench *bn)
 {
     struct bw_reading r = {0};
-    if (bw_block_read(bn->bwb, bn->bwp, PROBE_BURST, NULL, &r) || r.best <= 0) {
+    int rc = bw_block_read(bn->bwb, bn->bwp, PROBE_BURST, NULL, &r);
+    while (!rc && r.shared < PROBE_SHARED && r.reads < PROBE_BURST_MAX)
+        rc = bw_block_read(bn->bwb, bn->bwp, N_BW_STYLES, NULL, &r);
+    if (rc || r.best <= 0) {
         fprintf(stderr, "cairn bench: the bandwidth probe failed (a read missed words)\n");
         return -1;
     }
+    bn->burst_slices += r.reads;
+    bn->bursts++;
     return r.best;
 }
 
@@ -903,9 +914,10 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
                cache_mib > 0 ? "cache-sized" : o->bw_mib > 0 ? "--bandwidth-mib" : "DRAM", 100.0 * median(ratio, reps));
         for (int r = 0; r < reps; r++) {
             const struct group_span *s = &spans[r];
-            printf("  run %d, %d groups of %lld steps: DRAM probe between them %.2f-%.2f GB/s (%d slices of %.0f "
+            printf("  run %d, %d groups of %lld steps: DRAM probe between them %.2f-%.2f GB/s (%.1f slices of %.0f "
                    "MiB a reading), decode %.2f-%.2f GB/s, %.1f-%.1f%% of the higher reading beside each group\n",
-                   r + 1, s->n_groups, (long long)group, s->probe_lo / 1e9, s->probe_hi / 1e9, PROBE_BURST,
+                   r + 1, s->n_groups, (long long)group, s->probe_lo / 1e9, s->probe_hi / 1e9,
+                   (double)bn->burst_slices / (double)bn->bursts,
                    (double)bw_slice_bytes(bn->bwb, (int)o->threads) / (1 << 20), s->decode_lo / 1e9,
                    s->decode_hi / 1e9, 100.0 * s->share_lo, 100.0 * s->share_hi);
         }
@@ -919,8 +931,8 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
                        : "");
         /* A busy neighbour may hold one of the threads' CPUs through all the readings
          * beside a group, while the fastest step is one in which every thread ran: single
-         * steps are held against the highest reading of the runs. */
-        double bw_top = 0;
+         * steps are held against the highest reading of the runs and the machine line. */
+        double bw_top = bn->bw_machine;
         for (int r = 0; r < reps; r++)
             bw_top = fmax(bw_top, spans[r].probe_hi);
         rc = bench_decode_profiled(bn, o, bytes_per_tok, cache_mib > 0 ? bw_med : bw_top);
@@ -1015,6 +1027,7 @@ static int bench_speeds(struct bench *bn, const struct bench_opts *o)
            (long long)o->threads, bwr.best / 1e9);
     for (int st = 0; st < N_BW_STYLES; st++)
         printf("%s %s %.2f", st ? "," : "", bw_style_name(st), bwr.by_style[st] / 1e9);
+    bn->bw_machine = bwr.best;
     printf(" (the best of %d slices of %.0f MiB)", bwr.reads,
            (double)bw_slice_bytes(bn->bwb, (int)o->threads) / (1 << 20));
     printf("\n");

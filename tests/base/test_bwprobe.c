@@ -87,6 +87,9 @@ static void test_block_walk(int threads)
     CHECK_EQ_INT(bw_slice_bytes(b, 64), 40 * MIB); /* never more than the block (whole KiB of it) */
     struct bw_reading r = {0};
     CHECK(bw_block_read(b, p, 4, NULL, &r) == 0 && r.reads == 4, "four slices: %d reads", r.reads);
+    /* One thread shares every slice with itself; more share at most every slice. */
+    CHECK(threads == 1 ? r.shared == 4 : r.shared >= 0 && r.shared <= 4, "%d threads shared %d slices", threads,
+          r.shared);
     for (int s = 0; s < N_BW_STYLES; s++)
         CHECK((r.by_style[s] > 0) == (s < 4), "after four slices, style %s read: %g", bw_style_name(s), r.by_style[s]);
     /* The next read goes on with the fifth style, and past the end of the block. */
