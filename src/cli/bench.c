@@ -57,7 +57,7 @@ struct bench {
     int32_t *tokens, *seqs;  /* nb each */
     int64_t *pos;
     uint8_t *want;
-    struct pool *bwp;        /* threads of the bandwidth reads */
+    struct pool *bwp;        /* threads of the bandwidth reads: the engine's (borrowed) */
     struct bw_block *bwb;    /* the DRAM block, read in slices between decode groups */
     long long bursts, burst_slices; /* readings between decode groups, and their slices */
     double bw_machine;       /* the machine line's DRAM reading (bytes/s) */
@@ -1007,9 +1007,9 @@ static int bench_batch_curve(struct bench *bn, const struct bench_opts *o)
  * asked; 0, or -1 (message printed where there is one). */
 static int bench_speeds(struct bench *bn, const struct bench_opts *o)
 {
-    /* Bandwidth with the engine's own thread count, measured in this run. */
-    if (pool_create(&bn->bwp, (int)o->threads))
-        return -1;
+    /* Bandwidth read by the engine's own threads (a second pool's would wake from sleep
+     * beside the engine's spinning ones and share their CPUs), measured in this run. */
+    bn->bwp = engine_pool(bn->e);
     /* The machine's figure: DRAM, a block well past the last-level cache, the best of
      * 16 slices in each style; the block is kept for the readings beside the decode runs. */
     bn->llc = bw_llc_bytes();
@@ -1050,7 +1050,6 @@ static void bench_release(struct bench *bn)
 {
     free(bn->t);
     bw_block_release(bn->bwb);
-    pool_release(bn->bwp);
     free(bn->logits);
     free(bn->tokens);
     free(bn->seqs);
@@ -1076,8 +1075,6 @@ static int bench_model(const struct bench_opts *o)
     if (!bench_speeds(&bn, o)) {
         free(bn.t);
         bn.t = NULL;
-        pool_release(bn.bwp);
-        bn.bwp = NULL;
         bw_block_release(bn.bwb);
         bn.bwb = NULL;
         /* Resident memory against what the model and cache need (the bandwidth block is freed). */
