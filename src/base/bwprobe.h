@@ -36,10 +36,12 @@ struct bw_reading {
 /* The probe reads a block in short slices (BW_SLICE_MIB_PER_THREAD a thread, well under a
  * millisecond at DRAM's rate), each from where the last ended, the styles in turn; the
  * threads claim each slice's words as the engine's products claim rows, and a slice's
- * time runs from the first thread's start to the last one's end. On a shared machine a
- * long read whose threads each own half waits for a preempted thread: it read half the
- * rate two threads reach (34 against 65 GB/s on a Zen 4 VM beside a busy neighbour).
- * The best of many short slices is the rate the threads reach while they all run. */
+ * rate is its bytes over the time from the first thread's start to the last one's end,
+ * or the sum of the threads' rates over their own CPU times where that is higher. On a
+ * shared machine a long read whose threads each own half waits for a preempted thread:
+ * it read half the rate two threads reach (29.5 against 65 GB/s on a Zen 4 VM beside a
+ * busy neighbour). The best of many short slices is the rate the threads reach while
+ * they all hold a CPU (where they never ran at once, the CPU times' sum errs high). */
 #define BW_SLICE_MIB_PER_THREAD 8
 
 /* A block kept for reads (bw_block_read) between other work, such as decode steps. */
