@@ -57,7 +57,7 @@ void bw_block_release(struct bw_block *b);
 
 /* Reads `slices` slices of b with the threads of p, walking on from where the last read
  * ended (back to the start at the end), one style a slice in turn; adds each slice's
- * rate to *out (best, by_style, reads: *out is not cleared). 0, or -1 (a slice whose sum
+ * rate to *out (best, by_style, reads, shared: *out is not cleared). 0, or -1 (a slice whose sum
  * shows it did not read every word once, or *stop seen between slices). */
 int bw_block_read(struct bw_block *b, struct pool *p, int slices, const atomic_bool *stop, struct bw_reading *out);
 
