@@ -26,28 +26,68 @@ enum bw_style {
 };
 
 struct bw_reading {
-    double best;                    /* bytes/s of the best read of any style */
-    double by_style[N_BW_STYLES];   /* the best read of each style (0 where not run) */
+    double best;                    /* bytes/s of the best slice of any style */
+    double by_style[N_BW_STYLES];   /* the best slice of each style (0 where not run) */
     int best_style;
-    int reads;                      /* reads done (each checked to have summed every word once) */
+    int reads;                      /* slices read (each checked to have summed every word once) */
+    int shared;                     /* slices every thread read a quarter of an even share of or more */
 };
 
-/* Reads a block of `bytes` (at least a few hundred MiB, so no cache holds it) with the
- * threads of p `reps` times, the styles taken in turn; 0, or -1 (out of memory, or a
- * read whose sum shows it did not read every word once). */
+/* The probe reads a block in short slices (BW_SLICE_MIB_PER_THREAD a thread, well under a
+ * millisecond at DRAM's rate), each from where the last ended, the styles in turn; the
+ * threads claim each slice's words as the engine's products claim rows, and a slice's
+ * rate is its bytes over the time from the first thread's start to the last one's end,
+ * or the sum of the threads' rates over their own CPU times where that is higher. On a
+ * shared machine a long read whose threads each own half waits for a preempted thread:
+ * it read half the rate two threads reach (29.5 against 65 GB/s on a Zen 4 VM beside a
+ * busy neighbour). The best of many short slices is the rate the threads reach while
+ * they all hold a CPU (where they never ran at once, the CPU times' sum errs high). */
+#define BW_SLICE_MIB_PER_THREAD 8
+
+/* A block kept for reads (bw_block_read) between other work, such as decode steps. */
+struct bw_block;
+
+/* Allocates a block of `bytes` (huge pages advised; whole KiB) and writes every word, so
+ * its pages are present; 0, or -1 (out of memory, or *stop seen while writing: stop may
+ * be NULL). Release with bw_block_release. */
+int bw_block_create(struct bw_block **out, size_t bytes, const atomic_bool *stop);
+
+/* Frees b (NULL is fine). */
+void bw_block_release(struct bw_block *b);
+
+/* Reads `slices` slices of b with the threads of p, walking on from where the last read
+ * ended (back to the start at the end), one style a slice in turn; adds each slice's
+ * rate to *out (best, by_style, reads, shared: *out is not cleared). 0, or -1 (a slice whose sum
+ * shows it did not read every word once, or *stop seen between slices). */
+int bw_block_read(struct bw_block *b, struct pool *p, int slices, const atomic_bool *stop, struct bw_reading *out);
+
+/* The bytes of one slice of b with `threads` threads: BW_SLICE_MIB_PER_THREAD MiB a
+ * thread, at most the whole block. */
+size_t bw_slice_bytes(const struct bw_block *b, int threads);
+
+/* Reads a block of `bytes` (much larger than the last-level cache, so the walk finds
+ * none of it cached) in `reps` slices, the styles in turn; 0, or -1 (out of memory, or
+ * a read whose sum shows it did not read every word once). */
 int bw_probe(struct pool *p, size_t bytes, int reps, struct bw_reading *out);
 
 /* bw_probe that gives up (-1, *out holding the reads done) as soon as it sees *stop set:
- * between reads, and every 64 MiB while it touches the block. */
+ * between slices, and every 64 MiB while it writes the block. */
 int bw_probe_until(struct pool *p, size_t bytes, int reps, const atomic_bool *stop, struct bw_reading *out);
+
+/* The roofline of work timed in groups between probe readings: group g took t[g] seconds
+ * between the readings bw[g] and bw[g + 1] (bytes/s; n_groups + 1 of them), and its
+ * ceiling is the higher of the two, the one that held on either side of it. Returns the
+ * ceilings' mean weighted by the groups' times (bytes/s), 0 when no time was timed. */
+double bw_interleaved_roofline(const double *t, const double *bw, int n_groups);
 
 /* The name of a style, as printed. */
 const char *bw_style_name(int style);
 
-/* The last-level data cache in bytes as the system reports it (the C library's sysconf,
- * else the largest cache of cpu0 in sysfs), 0 when it does not say. A VM may report its
- * host's whole cache (508 MiB on one of these), more than its own cores hold: the
- * probe's DRAM block is sized from the report all the same, so it errs large. */
+/* The last-level data cache in bytes as the system reports it: the smaller of the C
+ * library's sysconf and the largest cache of cpu0 in sysfs where both say, else the one
+ * that does; 0 when neither does. A VM may report its host's whole cache through the C
+ * library (320 MiB on a Zen 4 one, whose kernel lists cpu0's 32 MiB); the probe's DRAM
+ * block is sized from the report all the same, so where it errs it errs large. */
 size_t bw_llc_bytes(void);
 
 #define BW_DRAM_LLC_TIMES 4   /* the DRAM block against the last-level cache */

@@ -25,6 +25,11 @@
 
 #define DEPTH_CHUNK 512     /* tokens per forward that fill -d's context */
 #define BATCH_CURVE_STEPS 8 /* forwards timed per repetition of the batch curve */
+#define DECODE_GROUP 16     /* decode steps between two readings of the DRAM block */
+#define PROBE_BURST (2 * N_BW_STYLES)    /* slices of a reading between decode groups, at least */
+#define PROBE_BURST_MAX (8 * N_BW_STYLES) /* ... and at most */
+#define PROBE_SHARED 2                    /* slices every thread shared that end a reading early */
+#define PROBE_MACHINE (16 * N_BW_STYLES) /* slices of the machine's figure */
 
 /* qsort order of doubles. */
 static int cmp_double(const void *a, const void *b)
@@ -52,7 +57,10 @@ struct bench {
     int32_t *tokens, *seqs;  /* nb each */
     int64_t *pos;
     uint8_t *want;
-    struct pool *bwp;        /* threads of the bandwidth reads */
+    struct pool *bwp;        /* threads of the bandwidth reads: the engine's (borrowed) */
+    struct bw_block *bwb;    /* the DRAM block, read in slices between decode groups */
+    long long bursts, burst_slices; /* readings between decode groups, and their slices */
+    double bw_machine;       /* the machine line's DRAM reading (bytes/s) */
     size_t llc;              /* the last-level cache as reported (bw_llc_bytes), 0: unknown */
     int64_t dram_mib;        /* the DRAM block (dram_probe_mib) */
     double *t;               /* -r: the times of one measurement's runs */
@@ -689,7 +697,9 @@ static void print_moe_phases(const struct moe_stats *a, const struct moe_stats *
  * above stay as they were. Prints the breakdown of the whole run and of its fastest step
  * (on a shared machine, the step least disturbed), and the median of the steps whose
  * threads waited for a CPU at most 1% of the step (the step of a quiet machine as far as
- * the CPUs go; a neighbour's memory traffic still counts). 0, or -1 (message printed). */
+ * the CPUs go; a neighbour's memory traffic still counts), both against bw: the highest
+ * DRAM reading beside the timed runs or of the machine line, the rate the threads read
+ * when they all hold a CPU (or the cache-sized roofline). 0, or -1 (message printed). */
 static int bench_decode_profiled(struct bench *bn, const struct bench_opts *o, double bytes_per_tok, double bw)
 {
     int64_t n_gen = o->n_gen;
@@ -758,6 +768,76 @@ static int bench_decode_profiled(struct bench *bn, const struct bench_opts *o, d
     return rc;
 }
 
+/* One reading of the DRAM block between decode groups: its best slice (bytes/s), or -1
+ * (message printed). It reads PROBE_BURST slices, and more, up to PROBE_BURST_MAX, until
+ * PROBE_SHARED of them were shared by every thread: with a neighbour's load a thread
+ * may not get a CPU for a dozen slices, and a slice it did not share is no ceiling. */
+static double probe_burst(struct bench *bn)
+{
+    struct bw_reading r = {0};
+    int rc = bw_block_read(bn->bwb, bn->bwp, PROBE_BURST, NULL, &r);
+    while (!rc && r.shared < PROBE_SHARED && r.reads < PROBE_BURST_MAX)
+        rc = bw_block_read(bn->bwb, bn->bwp, N_BW_STYLES, NULL, &r);
+    if (rc || r.best <= 0) {
+        fprintf(stderr, "cairn bench: the bandwidth probe failed (a read missed words)\n");
+        return -1;
+    }
+    bn->burst_slices += r.reads;
+    bn->bursts++;
+    return r.best;
+}
+
+/* One timed run of the -n decode steps in groups of `group` steps, the DRAM block read
+ * before the first group and after each, outside the groups' times: group g took
+ * t_group[g] between the readings bw[g] and bw[g + 1]. The number of groups, or -1
+ * (message printed). */
+static int decode_run_probed(struct bench *bn, const struct bench_opts *o, int64_t group, double *t_group, double *bw)
+{
+    int n_groups = 0;
+    if ((bw[0] = probe_burst(bn)) < 0)
+        return -1;
+    for (int64_t i = 0; i < o->n_gen; n_groups++) {
+        int64_t end = i + group < o->n_gen ? i + group : o->n_gen;
+        double t0 = clock_sec();
+        for (; i < end; i++) {
+            bn->pos[0] = o->depth + i;
+            if (run(bn, 1)) {
+                fprintf(stderr, "cairn bench: %s\n", bn->err);
+                return -1;
+            }
+        }
+        t_group[n_groups] = clock_sec() - t0;
+        if ((bw[n_groups + 1] = probe_burst(bn)) < 0)
+            return -1;
+    }
+    return n_groups;
+}
+
+/* A run's groups against the readings beside them (bytes/s and shares): the lowest and
+ * highest reading, decode rate and decode's share of the higher reading beside its group. */
+struct group_span {
+    double probe_lo, probe_hi, decode_lo, decode_hi, share_lo, share_hi;
+    int n_groups;
+};
+
+static struct group_span group_span(const double *t_group, const double *bw, int n_groups, int64_t group,
+                                    int64_t n_gen, double bytes_per_tok)
+{
+    struct group_span s = {bw[0], bw[0], 1e30, 0, 1e30, 0, n_groups};
+    for (int g = 0; g < n_groups; g++) {
+        int64_t steps = n_gen - g * group < group ? n_gen - g * group : group;
+        double rate = (double)steps * bytes_per_tok / t_group[g];
+        double share = rate / (bw[g] > bw[g + 1] ? bw[g] : bw[g + 1]);
+        s.probe_lo = fmin(s.probe_lo, bw[g + 1]);
+        s.probe_hi = fmax(s.probe_hi, bw[g + 1]);
+        s.decode_lo = fmin(s.decode_lo, rate);
+        s.decode_hi = fmax(s.decode_hi, rate);
+        s.share_lo = fmin(s.share_lo, share);
+        s.share_hi = fmax(s.share_hi, share);
+    }
+    return s;
+}
+
 /* Token generation: -n decode steps of one token, median of -r runs into tg tok/s, and
  * the share of the roofline that bytes read per token and bandwidth allow; 0, or -1
  * (message printed, or out of memory). */
@@ -773,30 +853,34 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
     /* Of a mixture of experts, the experts' bytes are those the engine counted as read. */
     struct moe_stats s0 = engine_moe_stats(bn->e);
     double moe_fixed = (double)bn->m->all_weight_bytes - (double)expert_bytes_all(bn->m);
-    /* Each run is paired with bandwidth readings taken right after it (best of the
-     * read styles): DRAM's, and where the step fits the last-level cache a block of the
-     * step's size, which is then the roofline. A neighbour's load on this shared machine
-     * weighs on both sides of the ratio alike; the figure is the median of the runs'
-     * ratios. */
+    /* The host's bandwidth moves within seconds on a shared machine, so the DRAM block is
+     * read between groups of DECODE_GROUP steps and each group is held against the higher
+     * reading beside it (bw_interleaved_roofline); a step that fits the last-level cache
+     * runs in one group (a reading would evict it) and is held against a block of the
+     * step's size read after the run, which is then the roofline. The figure is the
+     * median of the runs' ratios. */
+    int64_t group = cache_probe_mib(bn, o, bytes_per_tok) > 0 ? n_gen : DECODE_GROUP;
+    int max_groups = (int)((n_gen + group - 1) / group);
     double *bw_run = malloc((size_t)reps * sizeof *bw_run), *ratio = malloc((size_t)reps * sizeof *ratio);
     double *bw_dram = malloc((size_t)reps * sizeof *bw_dram);
-    int rc = bw_run && ratio && bw_dram ? 0 : -1;
+    double *t_group = malloc((size_t)max_groups * sizeof *t_group);
+    double *bw_side = malloc((size_t)(max_groups + 1) * sizeof *bw_side);
+    struct group_span *spans = malloc((size_t)reps * sizeof *spans);
+    int rc = bw_run && ratio && bw_dram && t_group && bw_side && spans ? 0 : -1;
     if (!rc) {
         memset(bn->want, 0, bn->nb);
         bn->want[0] = 1;
     }
     for (int r = 0; r < reps && !rc; r++) {
         kv_truncate(bn->kv, 0, o->depth);
-        double t0 = clock_sec();
-        for (int64_t i = 0; i < n_gen && !rc; i++) {
-            bn->pos[0] = o->depth + i;
-            rc = run(bn, 1);
-        }
-        if (rc) {
-            fprintf(stderr, "cairn bench: %s\n", bn->err);
+        int n_groups = decode_run_probed(bn, o, group, t_group, bw_side);
+        if (n_groups < 0) {
+            rc = -1;
             break;
         }
-        bn->t[r] = clock_sec() - t0;
+        bn->t[r] = 0;
+        for (int g = 0; g < n_groups; g++)
+            bn->t[r] += t_group[g];
         if (r == 0 && bn->m->hp.n_expert > 0) {
             struct moe_stats s1 = engine_moe_stats(bn->e);
             bytes_per_tok += moe_fixed + (double)(s1.expert_bytes - s0.expert_bytes) / (double)n_gen -
@@ -804,13 +888,14 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
             print_moe_phases(&s0, &s1, bn->t[r], n_gen, bytes_per_tok);
         }
         int64_t cache_mib = cache_probe_mib(bn, o, bytes_per_tok);
-        bw_dram[r] = probe_best(bn, bn->dram_mib, N_BW_STYLES);
-        bw_run[r] = cache_mib > 0 && bw_dram[r] > 0 ? probe_best(bn, cache_mib, N_BW_STYLES) : bw_dram[r];
+        bw_dram[r] = bw_interleaved_roofline(t_group, bw_side, n_groups);
+        bw_run[r] = cache_mib > 0 ? probe_best(bn, cache_mib, 3 * N_BW_STYLES) : bw_dram[r];
         if (bw_dram[r] <= 0 || bw_run[r] <= 0) {
             rc = -1;
             break;
         }
         ratio[r] = ((double)n_gen / bn->t[r]) * bytes_per_tok / bw_run[r];
+        spans[r] = group_span(t_group, bw_side, n_groups, group, n_gen, bytes_per_tok);
     }
     if (!rc) {
         double tps = (double)n_gen / median(bn->t, reps), bw_med = median(bw_run, reps);
@@ -826,6 +911,15 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
                    bw_med / 1e9, (long long)cache_mib, (double)bn->llc / (1 << 20));
         printf("; roofline %.2f tok/s (%s); %.1f%% of roofline (median of the runs' ratios)\n", bw_med / bytes_per_tok,
                cache_mib > 0 ? "cache-sized" : o->bw_mib > 0 ? "--bandwidth-mib" : "DRAM", 100.0 * median(ratio, reps));
+        for (int r = 0; r < reps; r++) {
+            const struct group_span *s = &spans[r];
+            printf("  run %d, %d groups of %lld steps: DRAM probe between them %.2f-%.2f GB/s (%.1f slices of %.0f "
+                   "MiB a reading), decode %.2f-%.2f GB/s, %.1f-%.1f%% of the higher reading beside each group\n",
+                   r + 1, s->n_groups, (long long)group, s->probe_lo / 1e9, s->probe_hi / 1e9,
+                   (double)bn->burst_slices / (double)bn->bursts,
+                   (double)bw_slice_bytes(bn->bwb, (int)o->threads) / (1 << 20), s->decode_lo / 1e9,
+                   s->decode_hi / 1e9, 100.0 * s->share_lo, 100.0 * s->share_hi);
+        }
         /* Decode faster than the probe means the probe missed the machine's ceiling (or the
          * weights partly sit in cache): the percentage is then no upper bound. */
         if (tps * bytes_per_tok > bw_med * 1.02)
@@ -834,8 +928,17 @@ static int bench_decode(struct bench *bn, const struct bench_opts *o)
                    cache_mib == 0 && bn->llc > 0 && bytes_per_tok < (double)bn->llc * BW_DRAM_LLC_TIMES
                        ? " (the step is within a few times the reported last-level cache, which may hold part of it)"
                        : "");
-        rc = bench_decode_profiled(bn, o, bytes_per_tok, bw_med);
+        /* A busy neighbour may hold one of the threads' CPUs through all the readings
+         * beside a group, while the fastest step is one in which every thread ran: single
+         * steps are held against the highest reading of the runs and the machine line. */
+        double bw_top = bn->bw_machine;
+        for (int r = 0; r < reps; r++)
+            bw_top = fmax(bw_top, spans[r].probe_hi);
+        rc = bench_decode_profiled(bn, o, bytes_per_tok, cache_mib > 0 ? bw_med : bw_top);
     }
+    free(spans);
+    free(bw_side);
+    free(t_group);
     free(bw_dram);
     free(bw_run);
     free(ratio);
@@ -903,16 +1006,17 @@ static int bench_batch_curve(struct bench *bn, const struct bench_opts *o)
  * asked; 0, or -1 (message printed where there is one). */
 static int bench_speeds(struct bench *bn, const struct bench_opts *o)
 {
-    /* Bandwidth with the engine's own thread count, measured in this run. */
-    if (pool_create(&bn->bwp, (int)o->threads))
-        return -1;
+    /* Bandwidth read by the engine's own threads (a second pool's would wake from sleep
+     * beside the engine's spinning ones and share their CPUs), measured in this run. */
+    bn->bwp = engine_pool(bn->e);
     /* The machine's figure: DRAM, a block well past the last-level cache, the best of
-     * three reads in each style. */
+     * 16 slices in each style; the block is kept for the readings beside the decode runs. */
     bn->llc = bw_llc_bytes();
     bn->dram_mib = dram_probe_mib(o);
-    struct bw_reading bwr;
+    struct bw_reading bwr = {0};
     int64_t mib = bn->dram_mib;
-    if (bw_probe(bn->bwp, (size_t)mib << 20, 3 * N_BW_STYLES, &bwr)) {
+    if (bw_block_create(&bn->bwb, (size_t)mib << 20, NULL) ||
+        bw_block_read(bn->bwb, bn->bwp, PROBE_MACHINE, NULL, &bwr)) {
         fprintf(stderr, "cairn bench: the bandwidth probe failed (out of memory, or a read missed words)\n");
         return -1;
     }
@@ -922,6 +1026,9 @@ static int bench_speeds(struct bench *bn, const struct bench_opts *o)
            (long long)o->threads, bwr.best / 1e9);
     for (int st = 0; st < N_BW_STYLES; st++)
         printf("%s %s %.2f", st ? "," : "", bw_style_name(st), bwr.by_style[st] / 1e9);
+    bn->bw_machine = bwr.best;
+    printf(" (the best of %d slices of %.0f MiB)", bwr.reads,
+           (double)bw_slice_bytes(bn->bwb, (int)o->threads) / (1 << 20));
     printf("\n");
     bn->t = malloc((size_t)o->reps * sizeof *bn->t);
     if (!bn->t)
@@ -941,7 +1048,7 @@ static int bench_speeds(struct bench *bn, const struct bench_opts *o)
 static void bench_release(struct bench *bn)
 {
     free(bn->t);
-    pool_release(bn->bwp);
+    bw_block_release(bn->bwb);
     free(bn->logits);
     free(bn->tokens);
     free(bn->seqs);
@@ -967,8 +1074,8 @@ static int bench_model(const struct bench_opts *o)
     if (!bench_speeds(&bn, o)) {
         free(bn.t);
         bn.t = NULL;
-        pool_release(bn.bwp);
-        bn.bwp = NULL;
+        bw_block_release(bn.bwb);
+        bn.bwb = NULL;
         /* Resident memory against what the model and cache need (the bandwidth block is freed). */
         double mib = 1 << 20;
         printf("resident memory: %.1f MiB now (model file %.1f MiB, weights %.1f MiB, KV %.1f MiB)\n",

@@ -615,8 +615,8 @@ static int add_routes(struct node_app *app, const struct node_opts *o)
     return 0;
 }
 
-/* Reads of each style in the node's probe (cairn bench takes 3). */
-#define NODE_BW_ROUNDS 2
+/* Slices of each style in the node's probe (bwprobe.h; cairn bench's machine line takes 16). */
+#define NODE_BW_ROUNDS 16
 
 /* Measures how fast the runners' threads read DRAM, for placement's speed estimates
  * (ctl/estimate.h), as `cairn bench` does (a block bw_dram_block sizes, every style), and

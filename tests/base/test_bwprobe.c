@@ -1,10 +1,13 @@
 /* The bandwidth probe: the DRAM block's size against the last-level cache and free
- * memory, what fits the cache, and that a probe reads every style the count of times it
- * was asked (every read checked by its sum). Counts and sizes only, no times. */
+ * memory, what fits the cache, that a probe reads every style the count of times it
+ * was asked (every slice checked by its sum), how a kept block walks on from read to
+ * read, and the roofline of groups timed between readings. Counts, sizes and arithmetic
+ * only, no times. */
 #include "base/bwprobe.h"
 #include "base/pool.h"
 #include "testutil.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
 
 #define MIB ((size_t)1 << 20)
@@ -65,6 +68,59 @@ static void test_probe_reads(int threads)
     pool_release(p);
 }
 
+/* A kept block: slices of BW_SLICE_MIB_PER_THREAD a thread, at most the block; reads walk
+ * on across calls (the styles too) and start over at the block's end, each slice summed
+ * right. */
+static void test_block_walk(int threads)
+{
+    struct pool *p = NULL;
+    struct bw_block *b = NULL;
+    CHECK(pool_create(&p, threads) == 0, "pool of %d", threads);
+    CHECK(bw_block_create(&b, 40 * MIB + 100, NULL) == 0, "a 40 MiB block");
+    if (!p || !b) {
+        bw_block_release(b);
+        pool_release(p);
+        return;
+    }
+    size_t slice = (size_t)threads * BW_SLICE_MIB_PER_THREAD * MIB;
+    CHECK_EQ_INT(bw_slice_bytes(b, threads), slice < 40 * MIB ? slice : 40 * MIB);
+    CHECK_EQ_INT(bw_slice_bytes(b, 64), 40 * MIB); /* never more than the block (whole KiB of it) */
+    struct bw_reading r = {0};
+    CHECK(bw_block_read(b, p, 4, NULL, &r) == 0 && r.reads == 4, "four slices: %d reads", r.reads);
+    /* One thread shares every slice with itself; more share at most every slice. */
+    CHECK(threads == 1 ? r.shared == 4 : r.shared >= 0 && r.shared <= 4, "%d threads shared %d slices", threads,
+          r.shared);
+    for (int s = 0; s < N_BW_STYLES; s++)
+        CHECK((r.by_style[s] > 0) == (s < 4), "after four slices, style %s read: %g", bw_style_name(s), r.by_style[s]);
+    /* The next read goes on with the fifth style, and past the end of the block. */
+    struct bw_reading r2 = {0};
+    CHECK(bw_block_read(b, p, 2 + 8, NULL, &r2) == 0 && r2.reads == 10, "ten more slices: %d reads", r2.reads);
+    CHECK(r2.by_style[4] > 0 && r2.by_style[5] > 0, "the walk's styles go on");
+    /* A reading adds to what *out holds. */
+    CHECK(bw_block_read(b, p, 1, NULL, &r2) == 0 && r2.reads == 11, "adds: %d reads", r2.reads);
+    atomic_bool stop = true;
+    CHECK(bw_block_read(b, p, 3, &stop, &r2) == -1 && r2.reads == 11, "a set stop reads nothing: %d", r2.reads);
+    bw_block_release(b);
+    bw_block_release(NULL);
+    CHECK(bw_probe_until(p, 8 * MIB, 4, &stop, &r) == -1, "the probe gives up on a set stop");
+    pool_release(p);
+}
+
+/* Each group is held against the higher reading on either side of it, weighted by its time. */
+static void test_interleaved_roofline(void)
+{
+    const double t1[] = {1, 3}, bw1[] = {10, 20, 5};
+    CHECK(bw_interleaved_roofline(t1, bw1, 2) == 20, "both groups beside the 20: %g",
+          bw_interleaved_roofline(t1, bw1, 2));
+    const double t2[] = {1, 1}, bw2[] = {10, 5, 30};
+    CHECK(bw_interleaved_roofline(t2, bw2, 2) == 20, "10 and 30, equal times: %g", bw_interleaved_roofline(t2, bw2, 2));
+    const double t3[] = {3, 1}, bw3[] = {8, 4, 16};
+    CHECK(bw_interleaved_roofline(t3, bw3, 2) == 10, "8 for 3 s, 16 for 1 s: %g", bw_interleaved_roofline(t3, bw3, 2));
+    const double t0[] = {0}, bw0[] = {7, 9};
+    CHECK(bw_interleaved_roofline(t0, bw0, 1) == 0, "no time timed");
+    CHECK(bw_interleaved_roofline(t0, bw0, 0) == 0, "no groups");
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -74,5 +130,8 @@ int main(int argc, char **argv)
     RUN(test_probe_reads, 1);
     RUN(test_probe_reads, 2);
     RUN(test_probe_reads, 3);
+    RUN(test_block_walk, 1);
+    RUN(test_block_walk, 3);
+    RUN(test_interleaved_roofline);
     return test_main_end();
 }
