@@ -957,7 +957,8 @@ static int slice_batch(struct tctx *c, const struct tnode *at, const struct tv *
             struct tlist *chunk;
             if ((rc = tmpl_lib_list(c, at, (size_t)(end - start) + 1, &chunk)))
                 return rc;
-            tmpl_copy(chunk->v, items->v + start, (size_t)(end - start) * sizeof *chunk->v);
+            if (end > start) /* an empty list has no storage (items->v NULL) */
+                tmpl_copy(chunk->v, items->v + start, (size_t)(end - start) * sizeof *chunk->v);
             chunk->n = (size_t)(end - start);
             if (fill && s >= extra)
                 chunk->v[chunk->n++] = a[1];

@@ -583,7 +583,8 @@ int tmpl_binop(struct tctx *c, const struct tnode *at, int op, const struct tv *
             if (!r)
                 return tmpl_oom(c, at);
             tmpl_copy(r->v, a->u.l->v, a->u.l->n * sizeof *r->v);
-            tmpl_copy(r->v + a->u.l->n, b->u.l->v, b->u.l->n * sizeof *r->v);
+            if (b->u.l->n) /* r->v is NULL when both are empty */
+                tmpl_copy(r->v + a->u.l->n, b->u.l->v, b->u.l->n * sizeof *r->v);
             r->n = a->u.l->n + b->u.l->n;
             out->t = a->t;
             out->f = 0;

@@ -145,6 +145,8 @@ cases = [
     "{{ '{:#}|{:#}|{:#}|{:#}|{:#}|{:#}|{:#}|{:#}'.format(1.0, -0.0, 1e20, 1e16, 1e15, 1e-05, 5e-324, 1e300) }}|{{ '{:#10}|{:#,}|{:#}|{:#}'.format(1e22, 1e15, 1.5, 12.5) }}",
     "{{ '{:#.3}|{:#.3}|{:#.3}|{:#.3}|{:#.3}|{:#.1}|{:#.0}|{:#.2}|{:#.17}|{:#.17}'.format(1.0, 12.5, 100.0, 0.0001, 0.0, 1.0, 12.5, 9.99, 1e15, 0.1) }}|{{ '{:#,.2}|{:#.3}|{:#.3}'.format(1e15, -2.5, 5e-324) }}",
     "{{ '{:#.0f}|{:#.0e}|{:#.0g}|{:#g}|{:#.0%}|{:#e}'.format(1.0, 1.0, 1.0, 12.5, 1.5, 1e300) }}|{{ '%#.0f|%#g|%#.3g|%#.0e|%#x' % (1.0, 1.0, 1.0, 1.0, 255) }}",
+    # empty lists have no storage: slicing and concatenating them offset no NULL pointer
+    "{{ []|slice(3, 0)|list }}|{{ [] + [] }}|{{ () + () }}|{{ (x|list) + [] }}|{{ x|slice(2)|list }}|{{ [1]|slice(3, 'f')|list }}|{{ [] + [1] }}|{{ [1] + [] }}",
     # float() of 'inf' took its sign from an unset byte: the second of two renders could differ
     "{{ 'inf'|float }}|{{ '-nan'|float }}|{{ '-inf'|float }}|{{ 'inf'|float }}|{{ '+Infinity'|float }}|{{ ' -INF '|float }}|{{ 'nan'|float }}",
     # '#g' where rounding carries into a new exponent (glibc's "%#g" drops the zeros there)
