@@ -173,6 +173,7 @@ struct bw_slice {
     _Atomic int64_t first_ns, last_ns; /* the earliest start and latest end of any thread's reading */
     _Atomic uint64_t cpu_rates;        /* the sum of the threads' bytes/s over their CPU time */
     _Atomic int readers;               /* threads that read a quarter of an even share or more */
+    _Atomic int64_t min_cpu_ns;        /* the least CPU time of those threads' reading */
 };
 
 /* This thread's CPU time in ns (0 where the clock is missing). */
@@ -236,6 +237,7 @@ static void bw_read_slice(void *ctx, int ith, int nth)
         double rate = (double)units * CLAIM_UNIT * sizeof(uint64_t) / ((double)cpu * 1e-9);
         atomic_fetch_add_explicit(&sl->cpu_rates, (uint64_t)rate, memory_order_relaxed);
         atomic_fetch_add_explicit(&sl->readers, 1, memory_order_relaxed);
+        atomic_min_i64(&sl->min_cpu_ns, cpu);
     }
     atomic_min_i64(&sl->first_ns, t0);
     atomic_max_i64(&sl->last_ns, t1);
@@ -298,20 +300,18 @@ int bw_block_read(struct bw_block *b, struct pool *p, int slices, const atomic_b
         struct bw_slice sl = {.buf = b->buf + b->next, .units = (long)(words / CLAIM_UNIT), .style = b->style};
         atomic_init(&sl.first_ns, INT64_MAX);
         atomic_init(&sl.last_ns, 0);
+        atomic_init(&sl.min_cpu_ns, INT64_MAX);
         pool_run(p, bw_read_slice, &sl);
         /* A read that skipped or repeated words would overstate the bandwidth: its sum tells. */
         if (atomic_load(&sl.sum) != sum_of_indices(b->next, words))
             return -1;
-        /* The slice's rate over the wall clock, or the sum of the threads' rates over
-         * their CPU times where higher: the rate they reach together while they all hold
-         * a CPU, which a neighbour's load hides from the wall clock (it may take one of
-         * the CPUs through all of a reading). Where the threads did not run at once it
-         * errs high, as a ceiling may. */
         double secs = (double)(atomic_load(&sl.last_ns) - atomic_load(&sl.first_ns)) * 1e-9;
-        double bw = secs > 0 ? (double)(words * sizeof(uint64_t)) / secs : 0;
-        bw = fmax(bw, (double)atomic_load(&sl.cpu_rates));
+        int readers = atomic_load(&sl.readers), nth = pool_threads(p);
+        double min_cpu = readers ? (double)atomic_load(&sl.min_cpu_ns) * 1e-9 : 0;
+        double bw = bw_slice_rate((double)(words * sizeof(uint64_t)), secs, (double)atomic_load(&sl.cpu_rates), min_cpu,
+                                  readers, nth);
         out->reads++;
-        out->shared += atomic_load(&sl.readers) == pool_threads(p);
+        out->shared += bw_slice_together(secs, min_cpu, readers, nth);
         if (bw > out->by_style[b->style])
             out->by_style[b->style] = bw;
         if (bw > out->best) {
@@ -322,6 +322,22 @@ int bw_block_read(struct bw_block *b, struct pool *p, int slices, const atomic_b
         b->style = (b->style + 1) % N_BW_STYLES;
     }
     return 0;
+}
+
+/* The least share of a slice's wall-clock span each thread must have read on a CPU for
+ * the threads to count as reading together: threads that took turns on fewer CPUs than
+ * threads each hold a CPU for at most about CPUs/threads of it (half, two on one). */
+#define TOGETHER_SHARE 0.75
+
+bool bw_slice_together(double span_s, double min_cpu_s, int readers, int threads)
+{
+    return readers == threads && (threads == 1 || (span_s > 0 && min_cpu_s >= TOGETHER_SHARE * span_s));
+}
+
+double bw_slice_rate(double bytes, double span_s, double cpu_rates, double min_cpu_s, int readers, int threads)
+{
+    double wall = span_s > 0 ? bytes / span_s : 0;
+    return bw_slice_together(span_s, min_cpu_s, readers, threads) ? fmax(wall, cpu_rates) : wall;
 }
 
 int bw_probe(struct pool *p, size_t bytes, int reps, struct bw_reading *out)

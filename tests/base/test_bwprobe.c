@@ -121,6 +121,27 @@ static void test_interleaved_roofline(void)
     CHECK(bw_interleaved_roofline(t0, bw0, 0) == 0, "no groups");
 }
 
+/* The threads' CPU-time rates are summed only where they read together: two threads that
+ * took turns on one CPU each read at that CPU's whole rate, and their sum is a rate the
+ * slice never saw. */
+static void test_slice_rate(void)
+{
+    const double mib16 = 16.0 * MIB;
+    /* took turns: 1 ms each in a 2 ms span, each at 16 MiB/ms alone */
+    double turns = bw_slice_rate(mib16, 2e-3, 2 * 8.0 * MIB / 1e-3, 1e-3, 2, 2);
+    CHECK(turns == mib16 / 2e-3, "two threads in turn: %g, the wall clock's %g", turns, mib16 / 2e-3);
+    CHECK(!bw_slice_together(2e-3, 1e-3, 2, 2), "two threads in turn read together");
+    /* together, one preempted for 10% of the span: the sum stands */
+    double both = bw_slice_rate(mib16, 1e-3, 2 * 8.0 * MIB / 0.9e-3, 0.9e-3, 2, 2);
+    CHECK(both == 2 * 8.0 * MIB / 0.9e-3, "two threads together: %g", both);
+    CHECK(bw_slice_together(1e-3, 0.9e-3, 2, 2), "two threads together");
+    /* one of two threads read too little to count */
+    CHECK(bw_slice_rate(mib16, 1e-3, 5 * mib16 / 1e-3, 1e-3, 1, 2) == mib16 / 1e-3, "one reader of two");
+    /* one thread: its own rate over its CPU time */
+    CHECK(bw_slice_rate(mib16, 2e-3, mib16 / 1e-3, 1e-3, 1, 1) == mib16 / 1e-3, "one thread, preempted half");
+    CHECK(bw_slice_rate(mib16, 0, 0, 0, 0, 2) == 0, "no span");
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -133,5 +154,6 @@ int main(int argc, char **argv)
     RUN(test_block_walk, 1);
     RUN(test_block_walk, 3);
     RUN(test_interleaved_roofline);
+    RUN(test_slice_rate);
     return test_main_end();
 }
