@@ -652,6 +652,10 @@ int main(void)
     moe.n_expert = 8, moe.n_expert_used = 2, moe.n_ff_exp = 48;
     kv_type = DT_F32;
     check_model("qwen3moe-f32", &moe, 1e-4);
+    moe.n_ff_exp = 40; /* not a whole number of the fused gate and up's turns of rows */
+    check_model("qwen3moe-f32-ff40", &moe, 1e-4);
+    check_moe_batch("qwen3moe-f32-ff40", &moe);
+    moe.n_ff_exp = 48;
     struct synth_spec mix = base;
     mix.n_expert = 4, mix.n_expert_used = 2, mix.n_ff_exp = mix.n_ff;
     snprintf(mix.type, sizeof mix.type, "f16");
