@@ -382,6 +382,33 @@ static size_t sysfs_cache_size(const char *path)
     return (size_t)(got == 2 && unit == 'K' ? n << 10 : got == 2 && unit == 'M' ? n << 20 : n);
 }
 
+size_t bw_llc_pick(size_t libc_l3, size_t libc_l2, size_t sys_l3, size_t sys_max)
+{
+    /* Both L3s: the smaller (on a Zen 4 VM the C library reports 320 MiB and the kernel
+     * cpu0's 32 MiB, one CCD's, what its cores can hold). Only L3s are held against each
+     * other: the C library's L2 against the kernel's L3 would take the L2. */
+    if (libc_l3 && sys_l3)
+        return libc_l3 < sys_l3 ? libc_l3 : sys_l3;
+    if (libc_l3)
+        return libc_l3;
+    return libc_l2 > sys_max ? libc_l2 : sys_max;
+}
+
+/* The level in a sysfs cache's "level" file, 0 when unreadable. */
+static int sysfs_cache_level(int index)
+{
+    char path[96];
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", index);
+    FILE *f = fopen(path, "r");
+    int level = 0;
+    if (f) {
+        if (fscanf(f, "%d", &level) != 1)
+            level = 0;
+        fclose(f);
+    }
+    return level;
+}
+
 size_t bw_llc_bytes(void)
 {
 #ifdef _SC_LEVEL3_CACHE_SIZE
@@ -394,18 +421,16 @@ size_t bw_llc_bytes(void)
 #else
     long l2 = 0;
 #endif
-    size_t libc = l3 > 0 ? (size_t)l3 : l2 > 0 ? (size_t)l2 : 0, kernel = 0;
+    size_t sys_l3 = 0, sys_max = 0;
     for (int i = 0; i < 8; i++) { /* index0..: L1d, L1i, L2, L3 where the kernel lists them */
         char path[96];
         snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
         size_t n = sysfs_cache_size(path);
-        kernel = n > kernel ? n : kernel;
+        sys_max = n > sys_max ? n : sys_max;
+        if (n > sys_l3 && sysfs_cache_level(i) == 3)
+            sys_l3 = n;
     }
-    /* Where both say, the smaller: on a Zen 4 VM the C library reports 320 MiB of L3 and
-     * the kernel cpu0's 32 MiB (one CCD's, what its cores can hold). */
-    if (libc && kernel)
-        return libc < kernel ? libc : kernel;
-    return libc ? libc : kernel;
+    return bw_llc_pick(l3 > 0 ? (size_t)l3 : 0, l2 > 0 ? (size_t)l2 : 0, sys_l3, sys_max);
 }
 
 size_t bw_dram_block(size_t llc, long long avail)

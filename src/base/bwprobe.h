@@ -96,12 +96,17 @@ double bw_interleaved_roofline(const double *t, const double *bw, int n_groups);
 /* The name of a style, as printed. */
 const char *bw_style_name(int style);
 
-/* The last-level data cache in bytes as the system reports it: the smaller of the C
- * library's sysconf and the largest cache of cpu0 in sysfs where both say, else the one
- * that does; 0 when neither does. A VM may report its host's whole cache through the C
- * library (320 MiB on a Zen 4 one, whose kernel lists cpu0's 32 MiB); the probe's DRAM
- * block is sized from the report all the same, so where it errs it errs large. */
+/* The last-level data cache in bytes as the system reports it (bw_llc_pick of the C
+ * library's sysconf and cpu0's caches in sysfs); 0 when neither says. A VM may report its
+ * host's whole cache through the C library (320 MiB on a Zen 4 one, whose kernel lists
+ * cpu0's 32 MiB); the probe's DRAM block is sized from the report all the same, so where
+ * it errs it errs large. */
 size_t bw_llc_bytes(void);
+
+/* The last-level cache from the reports (bytes, 0 where not reported): the smaller L3
+ * where the C library and the kernel both give one, else the C library's L3, else the
+ * larger of its L2 and the kernel's largest cache. */
+size_t bw_llc_pick(size_t libc_l3, size_t libc_l2, size_t sys_l3, size_t sys_max);
 
 #define BW_DRAM_LLC_TIMES 4   /* the DRAM block against the last-level cache */
 #define BW_DRAM_MIN_MIB 1024  /* ... at least (and where the cache is unknown) */

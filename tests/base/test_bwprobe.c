@@ -142,6 +142,19 @@ static void test_slice_rate(void)
     CHECK(bw_slice_rate(mib16, 0, 0, 0, 0, 2) == 0, "no span");
 }
 
+/* The last-level cache from the C library's and the kernel's reports: L3 against L3 only. */
+static void test_llc_pick(void)
+{
+    CHECK_EQ_INT(bw_llc_pick(320 * MIB, 1 * MIB, 32 * MIB, 32 * MIB), 32 * MIB); /* a Zen 4 VM */
+    CHECK_EQ_INT(bw_llc_pick(16 * MIB, 1 * MIB, 32 * MIB, 32 * MIB), 16 * MIB);
+    /* the C library knows no L3, the kernel does: not the C library's L2 */
+    CHECK_EQ_INT(bw_llc_pick(0, 2 * MIB, 32 * MIB, 32 * MIB), 32 * MIB);
+    /* the kernel lists no L3: its L2 is no bound on the C library's L3 */
+    CHECK_EQ_INT(bw_llc_pick(32 * MIB, 1 * MIB, 0, 1 * MIB), 32 * MIB);
+    CHECK_EQ_INT(bw_llc_pick(0, 1 * MIB, 0, 2 * MIB), 2 * MIB);
+    CHECK_EQ_INT(bw_llc_pick(0, 0, 0, 0), 0);
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -155,5 +168,6 @@ int main(int argc, char **argv)
     RUN(test_block_walk, 3);
     RUN(test_interleaved_roofline);
     RUN(test_slice_rate);
+    RUN(test_llc_pick);
     return test_main_end();
 }
