@@ -279,7 +279,10 @@ size_t bw_slice_bytes(const struct bw_block *b, int threads)
 {
     size_t want = (size_t)(threads < 1 ? 1 : threads) * BW_SLICE_MIB_PER_THREAD * ((size_t)1 << 20);
     size_t all = b->n * sizeof(uint64_t);
-    return want < all ? want : all;
+    /* A block under two slices is read whole each time: the walk starts over where the
+     * next slice would run past the end, and would read only the first slice again and
+     * again (a cache-sized block of 24 MiB, 16 MiB slices: its first 16 MiB only). */
+    return 2 * want <= all ? want : all;
 }
 
 /* The sum of the words i..i+n-1 of the block (word i holds i), modulo 2^64. */

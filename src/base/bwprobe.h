@@ -75,7 +75,7 @@ void bw_block_release(struct bw_block *b);
 int bw_block_read(struct bw_block *b, struct pool *p, int slices, const atomic_bool *stop, struct bw_reading *out);
 
 /* The bytes of one slice of b with `threads` threads: BW_SLICE_MIB_PER_THREAD MiB a
- * thread, at most the whole block. */
+ * thread, or the whole block where it holds less than two of those. */
 size_t bw_slice_bytes(const struct bw_block *b, int threads);
 
 /* Reads a block of `bytes` (much larger than the last-level cache, so the walk finds
