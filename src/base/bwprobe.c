@@ -1,4 +1,5 @@
 /* Memory read bandwidth in several access patterns (see bwprobe.h). */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "base/bwprobe.h"
 
 #include "base/clock.h"
@@ -10,6 +11,7 @@
 #include <immintrin.h>
 #endif
 #include <math.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -173,7 +175,7 @@ struct bw_slice {
     _Atomic int64_t first_ns, last_ns; /* the earliest start and latest end of any thread's reading */
     _Atomic uint64_t cpu_rates;        /* the sum of the threads' bytes/s over their CPU time */
     _Atomic int readers;               /* threads that read a quarter of an even share or more */
-    _Atomic int64_t min_cpu_ns;        /* the least CPU time of those threads' reading */
+    _Atomic int64_t max_rate;          /* the highest of those threads' rates (bytes/s) */
 };
 
 /* This thread's CPU time in ns (0 where the clock is missing). */
@@ -237,7 +239,7 @@ static void bw_read_slice(void *ctx, int ith, int nth)
         double rate = (double)units * CLAIM_UNIT * sizeof(uint64_t) / ((double)cpu * 1e-9);
         atomic_fetch_add_explicit(&sl->cpu_rates, (uint64_t)rate, memory_order_relaxed);
         atomic_fetch_add_explicit(&sl->readers, 1, memory_order_relaxed);
-        atomic_min_i64(&sl->min_cpu_ns, cpu);
+        atomic_max_i64(&sl->max_rate, (int64_t)rate);
     }
     atomic_min_i64(&sl->first_ns, t0);
     atomic_max_i64(&sl->last_ns, t1);
@@ -292,9 +294,22 @@ static uint64_t sum_of_indices(uint64_t i, uint64_t n)
     return i * n + tri;
 }
 
+/* The CPUs this process may run on (0 where unknown). */
+static int usable_cpus(void)
+{
+#ifdef CPU_COUNT
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        return CPU_COUNT(&set);
+#endif
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 0;
+}
+
 int bw_block_read(struct bw_block *b, struct pool *p, int slices, const atomic_bool *stop, struct bw_reading *out)
 {
     size_t words = bw_slice_bytes(b, pool_threads(p)) / sizeof(uint64_t) / CLAIM_UNIT * CLAIM_UNIT;
+    int cpus = usable_cpus();
     for (int k = 0; k < slices; k++) {
         if (stop && atomic_load(stop))
             return -1;
@@ -303,18 +318,15 @@ int bw_block_read(struct bw_block *b, struct pool *p, int slices, const atomic_b
         struct bw_slice sl = {.buf = b->buf + b->next, .units = (long)(words / CLAIM_UNIT), .style = b->style};
         atomic_init(&sl.first_ns, INT64_MAX);
         atomic_init(&sl.last_ns, 0);
-        atomic_init(&sl.min_cpu_ns, INT64_MAX);
         pool_run(p, bw_read_slice, &sl);
         /* A read that skipped or repeated words would overstate the bandwidth: its sum tells. */
         if (atomic_load(&sl.sum) != sum_of_indices(b->next, words))
             return -1;
         double secs = (double)(atomic_load(&sl.last_ns) - atomic_load(&sl.first_ns)) * 1e-9;
-        int readers = atomic_load(&sl.readers), nth = pool_threads(p);
-        double min_cpu = readers ? (double)atomic_load(&sl.min_cpu_ns) * 1e-9 : 0;
-        double bw = bw_slice_rate((double)(words * sizeof(uint64_t)), secs, (double)atomic_load(&sl.cpu_rates), min_cpu,
-                                  readers, nth);
+        double bw = bw_slice_rate((double)(words * sizeof(uint64_t)), secs, (double)atomic_load(&sl.cpu_rates),
+                                  (double)atomic_load(&sl.max_rate), pool_threads(p), cpus);
         out->reads++;
-        out->shared += bw_slice_together(secs, min_cpu, readers, nth);
+        out->shared += atomic_load(&sl.readers) == pool_threads(p);
         if (bw > out->by_style[b->style])
             out->by_style[b->style] = bw;
         if (bw > out->best) {
@@ -327,20 +339,12 @@ int bw_block_read(struct bw_block *b, struct pool *p, int slices, const atomic_b
     return 0;
 }
 
-/* The least share of a slice's wall-clock span each thread must have read on a CPU for
- * the threads to count as reading together: threads that took turns on fewer CPUs than
- * threads each hold a CPU for at most about CPUs/threads of it (half, two on one). */
-#define TOGETHER_SHARE 0.75
-
-bool bw_slice_together(double span_s, double min_cpu_s, int readers, int threads)
-{
-    return readers == threads && (threads == 1 || (span_s > 0 && min_cpu_s >= TOGETHER_SHARE * span_s));
-}
-
-double bw_slice_rate(double bytes, double span_s, double cpu_rates, double min_cpu_s, int readers, int threads)
+double bw_slice_rate(double bytes, double span_s, double cpu_rates, double max_rate, int threads, int cpus)
 {
     double wall = span_s > 0 ? bytes / span_s : 0;
-    return bw_slice_together(span_s, min_cpu_s, readers, threads) ? fmax(wall, cpu_rates) : wall;
+    if (cpus > 0 && threads > cpus && cpu_rates > cpus * max_rate)
+        cpu_rates = cpus * max_rate; /* no more threads read at once than there are CPUs */
+    return fmax(wall, cpu_rates);
 }
 
 int bw_probe(struct pool *p, size_t bytes, int reps, struct bw_reading *out)

@@ -30,32 +30,29 @@ struct bw_reading {
     double by_style[N_BW_STYLES];   /* the best slice of each style (0 where not run) */
     int best_style;
     int reads;                      /* slices read (each checked to have summed every word once) */
-    int shared;                     /* slices the threads read together (bw_slice_together) */
+    int shared;                     /* slices every thread read a quarter of an even share of or more */
 };
 
 /* The probe reads a block in short slices (BW_SLICE_MIB_PER_THREAD a thread, well under a
  * millisecond at DRAM's rate), each from where the last ended, the styles in turn; the
  * threads claim each slice's words as the engine's products claim rows, and a slice's
  * rate is its bytes over the time from the first thread's start to the last one's end,
- * or the sum of the threads' rates over their own CPU times where that is higher and the
- * threads read together (bw_slice_rate). On a shared machine a long read whose threads
+ * or the sum of the threads' rates over their own CPU times where that is higher
+ * (bw_slice_rate). On a shared machine a long read whose threads
  * each own half waits for a preempted thread: it read half the rate two threads reach
  * (29.5 against 65 GB/s on a Zen 4 VM beside a busy neighbour). The best of many short
  * slices is the rate the threads reach while they all hold a CPU. */
 #define BW_SLICE_MIB_PER_THREAD 8
 
-/* Whether a slice's threads read it together: every one of the `threads` threads read a
- * quarter of an even share or more (readers of them), each on a CPU for at least 3/4 of
- * the slice's wall-clock span span_s (min_cpu_s the least of their CPU times), or there
- * is one thread. */
-bool bw_slice_together(double span_s, double min_cpu_s, int readers, int threads);
-
-/* A slice's rate in bytes/s: its bytes over its span, or cpu_rates (the sum of the
- * threads' rates over their own CPU times) where higher and the threads read together.
- * Only then: threads that took turns on fewer CPUs each read at one CPU's whole rate and
- * their sum is a rate no moment saw (two threads on one CPU of a Zen 4 VM summed to
- * 52-62 GB/s, four to 80, where one thread reads 33-37). */
-double bw_slice_rate(double bytes, double span_s, double cpu_rates, double min_cpu_s, int readers, int threads);
+/* A slice's rate in bytes/s: its bytes over its wall-clock span, or cpu_rates (the sum of
+ * the threads' rates over their own CPU times: the rate they reach together while they
+ * all hold a CPU, which a neighbour's load hides from the wall clock) where higher. Where
+ * the `threads` outnumber the `cpus` the process may run on, they took turns and each
+ * read at a CPU's whole rate: the sum then counts at most cpus times the highest thread
+ * rate max_rate (two threads pinned to one CPU of a Zen 4 VM summed to 52-62 GB/s, four
+ * to 80, where one thread reads 31-37). Where fewer threads ran at once than there are
+ * CPUs, the sum still errs high, as a ceiling may. */
+double bw_slice_rate(double bytes, double span_s, double cpu_rates, double max_rate, int threads, int cpus);
 
 /* A block kept for reads (bw_block_read) between other work, such as decode steps. */
 struct bw_block;
