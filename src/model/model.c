@@ -741,8 +741,8 @@ static void release_layer(struct model_layer *L, int n_expert)
     release_experts(L->exp_gate, n_expert);
     release_experts(L->exp_up, n_expert);
     release_experts(L->exp_gate_up, n_expert);
-    free(L->exp_block); /* after the matrices that read it */
     release_experts(L->exp_down, n_expert);
+    free(L->exp_block); /* after the matrices that read it */
     struct kern_mat *mats[] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
         kern_mat_release(mats[i]);

@@ -88,6 +88,22 @@ static void test_softmax_exp(const struct vec_ops *ref, const struct vec_ops *co
     CHECK(edge[1] > 0 && edge[1] < 2e-38f && edge[2] == edge[1] && edge[3] == edge[1],
           "exp(-100) = %g, exp(-1000) = %g, exp(-inf) = %g: tiny, not negative", edge[1], edge[2], edge[3]);
     CHECK(bad == 0, "softmax exp: %d rows of a variant differ from the reference in bits", bad);
+    /* A NaN score (a hostile file's F32 weights can carry any payload) stays NaN on every
+     * path: the exponent add of AVX-512's 2^n must not turn a payload into a finite number. */
+    uint32_t payloads[4] = {0x7fc00000u, 0x7fc001ffu, 0xffc00123u, 0x7fffffffu};
+    int finite = 0;
+    for (int v = -1; v < n_ops; v++)
+        for (int k = 0; k < 4; k++) {
+            float row[37];
+            for (int j = 0; j < 37; j++)
+                row[j] = -0.25f * (float)j;
+            for (int j = 3; j < 37; j += 16)
+                memcpy(&row[j], &payloads[k], sizeof row[j]);
+            (v < 0 ? ref : ops[v])->softmax_tile(row, 37, &l);
+            for (int j = 3; j < 37; j += 16)
+                finite += !isnan(row[j]);
+        }
+    CHECK(finite == 0, "softmax exp: %d NaN scores came out as numbers", finite);
 }
 
 /* q8_query: every variant's bytes are vec_q8_query's, on rows of every scale, with zeros,
