@@ -225,7 +225,59 @@ static void qk8_impl(const char *q, int64_t ldq, int rows, const int8_t *kt, con
         vec_ops_ref()->attn_qk(q, ldq, rows, kt + 4 * j0, ks + j0, ld, n - j0, hd, DT_Q8_0, s + j0, lds);
 }
 
-/* Q4_0 K and quantized V take the reference's code (the same bits, slower). */
+/* Q4_0 K (vec.h attn_qk): R (constant, <= 4) float query rows by the 8 keys j0..; per 32
+ * dimensions the low nibbles of the block's 16 byte rows (dimensions 32c..32c+15) then the
+ * high ones (32c+16..), each code widened to int32, minus 8 and made a float (exact), so u
+ * is the reference's chain, then s = fma(u, scale, s). */
+INLINE void qk4_rows(const float *q, int64_t ldq, const int R, const uint8_t *kt, const uint16_t *ks, int64_t ld,
+                     int j0, int64_t hd, float *s, int64_t lds)
+{
+    const __m256i low = _mm256_set1_epi32(15), eight = _mm256_set1_epi32(8);
+    __m256 a[4];
+    for (int r = 0; r < R; r++)
+        a[r] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < hd / 32; c++) {
+        __m256 u[4];
+        for (int r = 0; r < R; r++)
+            u[r] = _mm256_setzero_ps();
+        for (int half = 0; half < 2; half++)
+            for (int64_t i = 0; i < 16; i++) {
+                __m128i b8 = _mm_loadl_epi64((const __m128i *)(kt + (16 * c + i) * ld + j0));
+                __m256i code = _mm256_cvtepu8_epi32(b8);
+                code = half ? _mm256_srli_epi32(code, 4) : _mm256_and_si256(code, low);
+                __m256 k = _mm256_cvtepi32_ps(_mm256_sub_epi32(code, eight));
+                int64_t d = 32 * c + 16 * half + i;
+                for (int r = 0; r < R; r++)
+                    u[r] = _mm256_fmadd_ps(_mm256_set1_ps(q[r * ldq + d]), k, u[r]);
+            }
+        __m256 kd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(ks + c * ld + j0)));
+        for (int r = 0; r < R; r++)
+            a[r] = _mm256_fmadd_ps(u[r], kd, a[r]);
+    }
+    for (int r = 0; r < R; r++)
+        _mm256_storeu_ps(s + r * lds + j0, a[r]);
+}
+
+/* Whole groups of 8 keys here, the last n % 8 by the reference (the same bits). */
+static void qk4_impl(const float *q, int64_t ldq, int rows, const uint8_t *kt, const uint16_t *ks, int64_t ld,
+                     int n, int64_t hd, float *s, int64_t lds)
+{
+    int j0 = 0;
+    for (; j0 + 8 <= n; j0 += 8) {
+        int r = 0;
+        for (; r + 4 <= rows; r += 4)
+            qk4_rows(q + r * ldq, ldq, 4, kt, ks, ld, j0, hd, s + r * lds, lds);
+        switch (rows - r) {
+        case 3: qk4_rows(q + r * ldq, ldq, 3, kt, ks, ld, j0, hd, s + r * lds, lds); break;
+        case 2: qk4_rows(q + r * ldq, ldq, 2, kt, ks, ld, j0, hd, s + r * lds, lds); break;
+        case 1: qk4_rows(q + r * ldq, ldq, 1, kt, ks, ld, j0, hd, s + r * lds, lds); break;
+        default: break;
+        }
+    }
+    if (j0 < n)
+        vec_ops_ref()->attn_qk(q, ldq, rows, kt + j0, ks + j0, ld, n - j0, hd, DT_Q4_0, s + j0, lds);
+}
+
 static void attn_qk(const void *q, int64_t ldq, int rows, const void *kt, const uint16_t *ks, int64_t ld, int n,
                     int64_t hd, int type, float *s, int64_t lds)
 {
@@ -233,8 +285,8 @@ static void attn_qk(const void *q, int64_t ldq, int rows, const void *kt, const 
         qk8_impl(q, ldq, rows, kt, ks, ld, n, hd, s, lds);
         return;
     }
-    if (type != DT_F16 && type != DT_F32) {
-        vec_ops_ref()->attn_qk(q, ldq, rows, kt, ks, ld, n, hd, type, s, lds);
+    if (type == DT_Q4_0) {
+        qk4_impl(q, ldq, rows, kt, ks, ld, n, hd, s, lds);
         return;
     }
     if (type == DT_F16)
@@ -296,40 +348,80 @@ INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp
                 o[r * ldo + i] = fmaf(p[r * ldp + j], elem(v[j], f16, i), o[r * ldo + i]);
 }
 
-/* Q8_0 V: row by row, each 32-column block's 4 registers over the row's keys in turn, with
- * w = p * scale as the reference makes it (the same chains, 8 columns a register). */
-static void pv8_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
-                     const void *const *v, int64_t hd)
+/* A quantized V block's 32 codes as floats, 8 columns a register (exact): Q4_0's columns
+ * 0-15 are its 16 bytes' low nibbles, 16-31 their high ones, each minus 8. */
+INLINE void v_codes(const void *blk, const int q4, __m256 x[4])
 {
-    for (int r = 0; r < rows; r++)
-        for (int64_t c = 0; c < hd / 32; c++) {
-            float *y = o + r * ldo + 32 * c;
-            __m256 a[4];
+    if (!q4) {
+        const int8_t *qs = ((const struct block_q8_0 *)blk)->qs;
+        for (int i = 0; i < 4; i++)
+            x[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * i))));
+        return;
+    }
+    __m128i bytes = _mm_loadu_si128((const __m128i *)((const struct block_q4_0 *)blk)->qs);
+    __m128i nib[2] = {_mm_and_si128(bytes, _mm_set1_epi8(15)), _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(15))};
+    for (int i = 0; i < 4; i++) {
+        __m128i eight = i % 2 ? _mm_srli_si128(nib[i / 2], 8) : nib[i / 2];
+        x[i] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(eight), _mm256_set1_epi32(8)));
+    }
+}
+
+/* R (constant, <= 2) rows of the 32 columns of block c, keys [j0, j1): w = p * scale as the
+ * reference makes it, o = fma(w, code, o), the codes converted once for the R rows. */
+INLINE void pvq_rows(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
+                     const void *const *v, int64_t c, const int q4)
+{
+    const size_t bsize = q4 ? sizeof(struct block_q4_0) : sizeof(struct block_q8_0);
+    __m256 a[2][4];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < 4; i++)
+            a[r][i] = _mm256_loadu_ps(o + r * ldo + 32 * c + 8 * i);
+    for (int j = j0; j < j1; j++) {
+        const char *blk = (const char *)v[j] + c * bsize;
+        uint16_t dh;
+        memcpy(&dh, blk, sizeof dh); /* both block types open with their half scale */
+        float d = half_to_float(dh);
+        __m256 x[4];
+        v_codes(blk, q4, x);
+        for (int r = 0; r < R; r++) {
+            __m256 w = _mm256_set1_ps(p[r * ldp + j] * d);
             for (int i = 0; i < 4; i++)
-                a[i] = _mm256_loadu_ps(y + 8 * i);
-            for (int j = 0; j < n[r]; j++) {
-                const struct block_q8_0 *b = (const struct block_q8_0 *)v[j] + c;
-                __m256 w = _mm256_set1_ps(p[r * ldp + j] * half_to_float(b->d));
-                for (int i = 0; i < 4; i++) {
-                    __m128i x = _mm_loadl_epi64((const __m128i *)(b->qs + 8 * i));
-                    a[i] = _mm256_fmadd_ps(w, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x)), a[i]);
-                }
-            }
-            for (int i = 0; i < 4; i++)
-                _mm256_storeu_ps(y + 8 * i, a[i]);
+                a[r][i] = _mm256_fmadd_ps(w, x[i], a[r][i]);
         }
+    }
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < 4; i++)
+            _mm256_storeu_ps(o + r * ldo + 32 * c + 8 * i, a[r][i]);
+}
+
+/* Q8_0 and Q4_0 V: rows in pairs over the keys both have, then each row's own. */
+INLINE void pvq_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
+                     const void *const *v, int64_t hd, const int q4)
+{
+    for (int r = 0; r < rows; r += 2) {
+        int R = rows - r < 2 ? rows - r : 2;
+        int jmin = R == 2 && n[r + 1] < n[r] ? n[r + 1] : n[r];
+        for (int64_t c = 0; c < hd / 32; c++) {
+            if (R == 2)
+                pvq_rows(o + r * ldo, ldo, 2, p + r * ldp, ldp, 0, jmin, v, c, q4);
+            else
+                pvq_rows(o + r * ldo, ldo, 1, p + r * ldp, ldp, 0, jmin, v, c, q4);
+            for (int g = 0; g < R; g++)
+                if (n[r + g] > jmin)
+                    pvq_rows(o + (r + g) * ldo, ldo, 1, p + (r + g) * ldp, ldp, jmin, n[r + g], v, c, q4);
+        }
+    }
 }
 
 static void attn_pv(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, const int32_t *n,
                     const void *const *v, int64_t hd, int type, const struct vec_prefetch *pf)
 {
     vec_prefetch_all(pf);
-    if (type == DT_Q8_0) {
-        pv8_impl(o, ldo, rows, p, ldp, n, v, hd);
-        return;
-    }
-    if (type != DT_F16 && type != DT_F32) {
-        vec_ops_ref()->attn_pv(o, ldo, rows, p, ldp, n, v, hd, type, NULL);
+    if (type == DT_Q8_0 || type == DT_Q4_0) {
+        if (type == DT_Q4_0)
+            pvq_impl(o, ldo, rows, p, ldp, n, v, hd, 1);
+        else
+            pvq_impl(o, ldo, rows, p, ldp, n, v, hd, 0);
         return;
     }
     if (type == DT_F16)
