@@ -447,7 +447,7 @@ static void qkv_post_run(void *ctx, int ith, int nth)
         const float *cs = j->rope_cs + b * hp->n_rot;
         rope_apply(hp, q, e->n_head_loc, cs);
         rope_apply(hp, k, e->n_head_kv_loc, cs);
-        attn_kv_write(j->kv, j->layer, e->slot[b], hp->head_dim, k, v);
+        attn_kv_write(j->kv, e->vec, j->layer, e->slot[b], hp->head_dim, k, v);
     }
 }
 

@@ -80,7 +80,7 @@ static void fill(struct fix *f, uint64_t seed, float amp, const float *q_dir, in
                 if (q_dir && p == spike)
                     k[i] = q_dir[i % f->sh.head_dim] * 8.0f;
             }
-            attn_kv_write(f->kv, 0, kv_slot(f->kv, s, p), f->sh.head_dim, k, v);
+            attn_kv_write(f->kv, vec_ops_best(), 0, kv_slot(f->kv, s, p), f->sh.head_dim, k, v);
             /* the reference sees what the cache holds */
             size_t o = ((size_t)s * (size_t)f->n_pos + (size_t)p) * (size_t)f->kv_dim;
             attn_kv_read(f->kv, 0, kv_slot(f->kv, s, p), f->sh.head_dim, f->k + o, f->v + o);
@@ -97,7 +97,7 @@ static void poison_range(struct fix *f, int seq, int64_t from, int64_t to)
     for (int64_t i = 0; i < f->kv_dim; i++)
         nan[i] = NAN;
     for (int64_t p = from; p < to; p++)
-        attn_kv_write(f->kv, 0, kv_slot(f->kv, seq, p), f->sh.head_dim, nan, nan);
+        attn_kv_write(f->kv, vec_ops_best(), 0, kv_slot(f->kv, seq, p), f->sh.head_dim, nan, nan);
     free(nan);
 }
 
@@ -112,7 +112,7 @@ static void restore(struct fix *f, int seq, int64_t from, int64_t to)
 {
     for (int64_t p = from; p < to; p++) {
         size_t o = ((size_t)seq * (size_t)f->n_pos + (size_t)p) * (size_t)f->kv_dim;
-        attn_kv_write(f->kv, 0, kv_slot(f->kv, seq, p), f->sh.head_dim, f->k + o, f->v + o);
+        attn_kv_write(f->kv, vec_ops_best(), 0, kv_slot(f->kv, seq, p), f->sh.head_dim, f->k + o, f->v + o);
     }
 }
 
