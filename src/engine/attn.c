@@ -260,6 +260,19 @@ void attn_kv_write(struct kv_cache *kv, const struct vec_ops *vec, int layer, in
     }
 }
 
+void attn_kv_write_span(struct kv_cache *kv, int layer, int64_t slot, int head_dim, const char *at[2],
+                        size_t bytes[2])
+{
+    const struct kv_config *c = kv_config(kv);
+    int64_t bt = c->block_tokens, first = slot - slot % bt, n_kv = c->kv_dim / head_dim;
+    size_t k_blk = type_bytes(c->type_k, head_dim) * (size_t)bt * (size_t)n_kv;
+    size_t v_blk = type_bytes(c->type_v, head_dim) * (size_t)bt * (size_t)n_kv;
+    at[0] = (const char *)kv_k(kv, layer, 0) + (size_t)(first / bt) * k_blk;
+    at[1] = (const char *)kv_v(kv, layer, 0) + (size_t)(first / bt) * v_blk;
+    bytes[0] = k_blk;
+    bytes[1] = v_blk;
+}
+
 void attn_kv_read(struct kv_cache *kv, int layer, int64_t slot, int head_dim, float *k, float *v)
 {
     const struct kv_config *c = kv_config(kv);

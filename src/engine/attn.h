@@ -65,6 +65,13 @@ void attn_set_scale(struct attn *a, float scale);
 void attn_kv_write(struct kv_cache *kv, const struct vec_ops *vec, int layer, int64_t slot, int head_dim,
                    const float *k, const float *v);
 
+/* Where attn_kv_write(kv, layer, slot, ...) writes: within bytes[0] from at[0] (K) and
+ * bytes[1] from at[1] (V), the pieces of every KV head of slot's block. What a caller may
+ * ask the memory for before the write (a decode finds the block's lines cold); reads and
+ * writes nothing. */
+void attn_kv_write_span(struct kv_cache *kv, int layer, int64_t slot, int head_dim, const char *at[2],
+                        size_t bytes[2]);
+
 /* Reads back one token's K and V at slot as floats (quantized types: code times scale). */
 void attn_kv_read(struct kv_cache *kv, int layer, int64_t slot, int head_dim, float *k, float *v);
 
