@@ -82,7 +82,7 @@ int main(int argc, char **argv)
             k[i] = bench_rnd_lcg(&seed) * 3.0f;
             v[i] = bench_rnd_lcg(&seed);
         }
-        attn_kv_write(kv, 0, kv_slot(kv, 0, p), sh.head_dim, k, v);
+        attn_kv_write(kv, vec_ops_best(), 0, kv_slot(kv, 0, p), sh.head_dim, k, v);
     }
     size_t layer_k = (size_t)((char *)kv_k(kv, 0, kc.n_blocks * bt - 1) - (char *)kv_k(kv, 0, 0)) +
                      (size_t)((char *)kv_k(kv, 0, 1) - (char *)kv_k(kv, 0, 0));

@@ -204,7 +204,8 @@ static void quant_head(int type, const float *x, int hd, void *dst)
     }
 }
 
-void attn_kv_write(struct kv_cache *kv, int layer, int64_t slot, int head_dim, const float *k, const float *v)
+void attn_kv_write(struct kv_cache *kv, const struct vec_ops *vec, int layer, int64_t slot, int head_dim,
+                   const float *k, const float *v)
 {
     const struct kv_config *c = kv_config(kv);
     int bt = c->block_tokens, hd = head_dim;
@@ -218,8 +219,7 @@ void attn_kv_write(struct kv_cache *kv, int layer, int64_t slot, int head_dim, c
         uint8_t *vr = vb + ((size_t)h * (size_t)bt + (size_t)off) * v_head;
         switch (c->type_k) {
         case DT_F16:
-            for (int d = 0; d < hd; d++)
-                ((uint16_t *)kp)[d * bt + off] = kern_f32_to_f16(kh[d]);
+            vec->f32_to_f16(kh, hd, (uint16_t *)kp + off, bt);
             break;
         case DT_F32:
             for (int d = 0; d < hd; d++)
@@ -249,8 +249,7 @@ void attn_kv_write(struct kv_cache *kv, int layer, int64_t slot, int head_dim, c
         }
         switch (c->type_v) {
         case DT_F16:
-            for (int d = 0; d < hd; d++)
-                ((uint16_t *)vr)[d] = kern_f32_to_f16(vh[d]);
+            vec->f32_to_f16(vh, hd, (uint16_t *)vr, 1);
             break;
         case DT_F32:
             memcpy(vr, vh, (size_t)hd * sizeof *vh);
@@ -259,6 +258,19 @@ void attn_kv_write(struct kv_cache *kv, int layer, int64_t slot, int head_dim, c
             quant_head(c->type_v, vh, hd, vr);
         }
     }
+}
+
+void attn_kv_write_span(struct kv_cache *kv, int layer, int64_t slot, int head_dim, const char *at[2],
+                        size_t bytes[2])
+{
+    const struct kv_config *c = kv_config(kv);
+    int64_t bt = c->block_tokens, first = slot - slot % bt, n_kv = c->kv_dim / head_dim;
+    size_t k_blk = type_bytes(c->type_k, head_dim) * (size_t)bt * (size_t)n_kv;
+    size_t v_blk = type_bytes(c->type_v, head_dim) * (size_t)bt * (size_t)n_kv;
+    at[0] = (const char *)kv_k(kv, layer, 0) + (size_t)(first / bt) * k_blk;
+    at[1] = (const char *)kv_v(kv, layer, 0) + (size_t)(first / bt) * v_blk;
+    bytes[0] = k_blk;
+    bytes[1] = v_blk;
 }
 
 void attn_kv_read(struct kv_cache *kv, int layer, int64_t slot, int head_dim, float *k, float *v)

@@ -58,10 +58,19 @@ void attn_release(struct attn *a); /* accepts NULL */
 void attn_set_scale(struct attn *a, float scale);
 
 /* Writes one token's K and V (kv_dim floats each, heads of head_dim in turn) at slot of a
- * layer, in the cache's types and layout: F16 rounded to nearest even, F32, or Q8_0 and
- * Q4_0 blocks of 32 values made as llama.cpp's reference quantizers make them (a
- * position's K and V never depend on other positions). */
-void attn_kv_write(struct kv_cache *kv, int layer, int64_t slot, int head_dim, const float *k, const float *v);
+ * layer, in the cache's types and layout: F16 rounded to nearest even (with vec's
+ * conversion: every variant writes the same bytes), F32, or Q8_0 and Q4_0 blocks of 32
+ * values made as llama.cpp's reference quantizers make them (a position's K and V never
+ * depend on other positions). */
+void attn_kv_write(struct kv_cache *kv, const struct vec_ops *vec, int layer, int64_t slot, int head_dim,
+                   const float *k, const float *v);
+
+/* Where attn_kv_write(kv, layer, slot, ...) writes: within bytes[0] from at[0] (K) and
+ * bytes[1] from at[1] (V), the pieces of every KV head of slot's block. What a caller may
+ * ask the memory for before the write (a decode finds the block's lines cold); reads and
+ * writes nothing. */
+void attn_kv_write_span(struct kv_cache *kv, int layer, int64_t slot, int head_dim, const char *at[2],
+                        size_t bytes[2]);
 
 /* Reads back one token's K and V at slot as floats (quantized types: code times scale). */
 void attn_kv_read(struct kv_cache *kv, int layer, int64_t slot, int head_dim, float *k, float *v);

@@ -115,6 +115,11 @@ struct mm_job {
     struct mm_part *parts; /* each thread's part (mm_claim), or NULL: guided self-scheduling */
     long own_min;        /* units: the least run a thread claims from its own part */
     int n_parts;         /* the pool's threads the parts were made for */
+    /* Lines the calling thread writes after the job (a decode's KV cache block), asked
+     * for by it (thread 0) once its claims are done. By the first thread done instead, the
+     * lines came to that thread's core and the write then waited longer than for memory. */
+    const char *warm_at[2];
+    size_t warm_bytes[2];
 };
 
 /* Each thread first works through its own contiguous part of the units, front to back,
@@ -215,6 +220,16 @@ static bool mm_claim(struct mm_job *j, int ith, int nth, long *lo, long *hi)
     }
 }
 
+/* mm_job.warm_at: thread 0 asks for every line, to write. */
+static void mm_warm(const struct mm_job *j, int ith)
+{
+    if (ith != 0)
+        return;
+    for (int i = 0; i < 2; i++)
+        for (size_t c = 0; j->warm_at[i] && c < j->warm_bytes[i]; c += 64)
+            __builtin_prefetch(j->warm_at[i] + c, 1, 2);
+}
+
 static void mm_run(void *ctx, int ith, int nth)
 {
     struct mm_job *j = ctx;
@@ -231,12 +246,19 @@ static void mm_run(void *ctx, int ith, int nth)
             kern_matmul(it->m, it->xq, it->ldx, j->B, it->y, it->ldy, r0, r1 < it->r1 ? r1 : it->r1);
         }
     }
+    mm_warm(j, ith);
 }
 
-/* Runs the products of items (at most 3, all over the same B activation rows). */
-static void matmul_items(struct engine *e, int B, const struct mm_item *items, int n_items)
+/* Runs the products of items (at most 3, all over the same B activation rows); warm_at
+ * (or NULL): mm_job's lines to ask for at the end. */
+static void matmul_items_warm(struct engine *e, int B, const struct mm_item *items, int n_items,
+                              const char *const *warm_at, const size_t *warm_bytes)
 {
     struct mm_job j = {.n_items = n_items, .B = B};
+    for (int i = 0; warm_at && i < 2; i++) {
+        j.warm_at[i] = warm_at[i];
+        j.warm_bytes[i] = warm_bytes[i];
+    }
     size_t bytes = 0;
     for (int i = 0; i < n_items; i++) {
         j.item[i] = items[i];
@@ -254,6 +276,11 @@ static void matmul_items(struct engine *e, int B, const struct mm_item *items, i
     mm_parts_init(&j, parts, units, pool_threads(e->pool), unit_bytes);
     count_bytes(e, bytes);
     pool_run(e->pool, mm_run, &j);
+}
+
+static void matmul_items(struct engine *e, int B, const struct mm_item *items, int n_items)
+{
+    matmul_items_warm(e, B, items, n_items, NULL, NULL);
 }
 
 /* Quantizes B rows of x (length n) into the activation formats the listed matrices use. */
@@ -447,7 +474,7 @@ static void qkv_post_run(void *ctx, int ith, int nth)
         const float *cs = j->rope_cs + b * hp->n_rot;
         rope_apply(hp, q, e->n_head_loc, cs);
         rope_apply(hp, k, e->n_head_kv_loc, cs);
-        attn_kv_write(j->kv, j->layer, e->slot[b], hp->head_dim, k, v);
+        attn_kv_write(j->kv, e->vec, j->layer, e->slot[b], hp->head_dim, k, v);
     }
 }
 
@@ -1136,7 +1163,14 @@ static int forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
             mm_item_part(e, L->wk, DIM_EMBD, e->k, (size_t)e->kv_dim, e->kv_part),
             mm_item_part(e, L->wv, DIM_EMBD, e->v, (size_t)e->kv_dim, e->kv_part),
         };
-        matmul_items(e, B, qkv_items, 3);
+        /* a decode's K and V go to a block that the weights' stream pushed out of the caches
+         * since the last step: its lines asked for at the products' end (rope+kv waited on
+         * them, 384 lines of K on small, one store each) */
+        const char *kv_at[2] = {NULL, NULL};
+        size_t kv_bytes[2] = {0, 0};
+        if (B == 1)
+            attn_kv_write_span(kv, il, e->slot[0], hp->head_dim, kv_at, kv_bytes);
+        matmul_items_warm(e, B, qkv_items, 3, kv_at, kv_bytes);
         if (e->tp_world > 1) {
             int64_t q0 = e->q_part[e->tp_rank], kv0 = e->kv_part[e->tp_rank];
             copy_cols(e->q_loc, (size_t)e->q_loc_dim, 0, e->q, (size_t)e->q_dim, q0, e->q_loc_dim, B);

@@ -241,8 +241,15 @@ static void f16_to_f32_ref(const uint16_t *x, int64_t ldx, float *y, int64_t ldy
             y[r * ldy + k] = kern_f16_to_f32(x[r * ldx + k]);
 }
 
-static const struct vec_ops ref_ops = {dot_f32_ref, exp_sub_ref, silu_mul_ref, attn_qk_ref, attn_pv_ref,
-                                       softmax_tile_ref, attn_qk_paged_ref, f16_to_f32_ref, vec_q8_query};
+static void f32_to_f16_ref(const float *x, int64_t n, uint16_t *y, int64_t ldy)
+{
+    for (int64_t k = 0; k < n; k++)
+        y[k * ldy] = kern_f32_to_f16(x[k]);
+}
+
+static const struct vec_ops ref_ops = {dot_f32_ref,      exp_sub_ref,       silu_mul_ref,   attn_qk_ref,
+                                       attn_pv_ref,      softmax_tile_ref,  attn_qk_paged_ref,
+                                       f16_to_f32_ref,   vec_q8_query,      f32_to_f16_ref};
 
 const struct vec_ops *vec_ops_ref(void) { return &ref_ops; }
 

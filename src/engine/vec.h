@@ -75,6 +75,10 @@ struct vec_ops {
     /* vec_q8_query below, the same bytes (a prefill quantizes every query row once a
      * layer: as a scalar loop it took longer than the byte dot products themselves). */
     void (*q8_query)(const float *x, int64_t hd, void *row);
+    /* y[k*ldy] = x[k] as F16 for k < n, rounded to nearest even: kern_f32_to_f16's bits
+     * (F16C's conversion) on every variant. A KV cache write: ldy > 1 for K's transposed
+     * rows (as a scalar call per element it was most of a decode's lone work per layer). */
+    void (*f32_to_f16)(const float *x, int64_t n, uint16_t *y, int64_t ldy);
 };
 
 /* A query row for Q8_0 K (attn_qk): per 32 dimensions c, GGUF Q8_0's rounding of x as

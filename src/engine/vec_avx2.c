@@ -4,6 +4,7 @@
 #include "engine/vec.h"
 
 #include "base/dtype.h"
+#include "kern/kern.h"
 #include "kern/quant.h"
 
 #include <immintrin.h>
@@ -484,8 +485,26 @@ static void f16_to_f32(const uint16_t *x, int64_t ldx, float *y, int64_t ldy, in
     }
 }
 
+static void f32_to_f16(const float *x, int64_t n, uint16_t *y, int64_t ldy)
+{
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + k), _MM_FROUND_TO_NEAREST_INT);
+        if (ldy == 1) {
+            _mm_storeu_si128((__m128i *)(y + k), h);
+            continue;
+        }
+        uint16_t t[8];
+        _mm_storeu_si128((__m128i *)t, h);
+        for (int i = 0; i < 8; i++)
+            y[(k + i) * ldy] = t[i];
+    }
+    for (; k < n; k++)
+        y[k * ldy] = kern_f32_to_f16(x[k]);
+}
+
 static const struct vec_ops avx2_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile, attn_qk_paged,
-                                        f16_to_f32, vec_q8_query};
+                                        f16_to_f32, vec_q8_query, f32_to_f16};
 
 const struct vec_ops *vec_ops_avx2(void) { return &avx2_ops; }
 

@@ -992,11 +992,29 @@ static void q8_query(const float *x, int64_t hd, void *row)
     }
 }
 
-static const struct vec_ops avx512_ops = {dot_f32,      exp_sub,       silu_mul,   attn_qk, attn_pv,
-                                          softmax_tile, attn_qk_paged, f16_to_f32, q8_query};
+/* 16 a step; the tail masked. A strided y (K's transposed rows) takes the halves one by one. */
+static void f32_to_f16(const float *x, int64_t n, uint16_t *y, int64_t ldy)
+{
+    for (int64_t k = 0; k < n; k += 16) {
+        int64_t w = n - k < 16 ? n - k : 16;
+        __mmask16 m = w == 16 ? (__mmask16)0xffff : tail_mask(w);
+        __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + k), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        if (ldy == 1) {
+            _mm256_mask_storeu_epi16(y + k, m, h);
+            continue;
+        }
+        uint16_t t[16];
+        _mm256_storeu_si256((__m256i *)t, h);
+        for (int64_t i = 0; i < w; i++)
+            y[(k + i) * ldy] = t[i];
+    }
+}
+
+static const struct vec_ops avx512_ops = {dot_f32,      exp_sub,       silu_mul,   attn_qk,  attn_pv,
+                                          softmax_tile, attn_qk_paged, f16_to_f32, q8_query, f32_to_f16};
 static const struct vec_ops avx512_novnni_ops = {dot_f32,        exp_sub,      silu_mul,
                                                  attn_qk_novnni, attn_pv,      softmax_tile,
-                                                 attn_qk_paged_novnni, f16_to_f32, q8_query};
+                                                 attn_qk_paged_novnni, f16_to_f32, q8_query, f32_to_f16};
 
 const struct vec_ops *vec_ops_avx512(void) { return &avx512_ops; }
 const struct vec_ops *vec_ops_avx512_novnni(void) { return &avx512_novnni_ops; }

@@ -494,8 +494,28 @@ static void q8_query(const float *x, int64_t hd, void *row)
     }
 }
 
+/* FCVTN rounds to nearest even (the default FPCR) and keeps a NaN's top payload bits, quieted,
+ * as F16C and kern_f32_to_f16 do. */
+static void f32_to_f16(const float *x, int64_t n, uint16_t *y, int64_t ldy)
+{
+    int64_t k = 0;
+    for (; k + 4 <= n; k += 4) {
+        uint16x4_t h = vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + k)));
+        if (ldy == 1) {
+            vst1_u16(y + k, h);
+            continue;
+        }
+        uint16_t t[4];
+        vst1_u16(t, h);
+        for (int i = 0; i < 4; i++)
+            y[(k + i) * ldy] = t[i];
+    }
+    for (; k < n; k++)
+        y[k * ldy] = vget_lane_u16(vreinterpret_u16_f16(vcvt_f16_f32(vdupq_n_f32(x[k]))), 0);
+}
+
 static const struct vec_ops neon_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile, attn_qk_paged,
-                                        f16_to_f32, q8_query};
+                                        f16_to_f32, q8_query, f32_to_f16};
 
 const struct vec_ops *vec_ops_neon(void) { return &neon_ops; }
 

@@ -80,7 +80,7 @@ static void fill(struct fix *f, uint64_t seed, float amp, const float *q_dir, in
                 if (q_dir && p == spike)
                     k[i] = q_dir[i % f->sh.head_dim] * 8.0f;
             }
-            attn_kv_write(f->kv, 0, kv_slot(f->kv, s, p), f->sh.head_dim, k, v);
+            attn_kv_write(f->kv, vec_ops_best(), 0, kv_slot(f->kv, s, p), f->sh.head_dim, k, v);
             /* the reference sees what the cache holds */
             size_t o = ((size_t)s * (size_t)f->n_pos + (size_t)p) * (size_t)f->kv_dim;
             attn_kv_read(f->kv, 0, kv_slot(f->kv, s, p), f->sh.head_dim, f->k + o, f->v + o);
@@ -97,7 +97,7 @@ static void poison_range(struct fix *f, int seq, int64_t from, int64_t to)
     for (int64_t i = 0; i < f->kv_dim; i++)
         nan[i] = NAN;
     for (int64_t p = from; p < to; p++)
-        attn_kv_write(f->kv, 0, kv_slot(f->kv, seq, p), f->sh.head_dim, nan, nan);
+        attn_kv_write(f->kv, vec_ops_best(), 0, kv_slot(f->kv, seq, p), f->sh.head_dim, nan, nan);
     free(nan);
 }
 
@@ -112,7 +112,7 @@ static void restore(struct fix *f, int seq, int64_t from, int64_t to)
 {
     for (int64_t p = from; p < to; p++) {
         size_t o = ((size_t)seq * (size_t)f->n_pos + (size_t)p) * (size_t)f->kv_dim;
-        attn_kv_write(f->kv, 0, kv_slot(f->kv, seq, p), f->sh.head_dim, f->k + o, f->v + o);
+        attn_kv_write(f->kv, vec_ops_best(), 0, kv_slot(f->kv, seq, p), f->sh.head_dim, f->k + o, f->v + o);
     }
 }
 
@@ -428,9 +428,61 @@ static void test_sinks(void)
     g_sinks = NULL;
 }
 
+/* Bytes [0, n) of a and b that differ lie within [lo, lo + len). */
+static bool changes_within(const char *a, const char *b, size_t n, size_t lo, size_t len)
+{
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i] && (i < lo || i >= lo + len))
+            return false;
+    return true;
+}
+
+/* attn_kv_write_span holds every byte attn_kv_write changes, for each cache type, at the
+ * first, a middle and the last position of blocks. */
+static void test_write_span(void)
+{
+    static const int types[] = {DT_F16, DT_F32, DT_Q8_0, DT_Q4_0};
+    struct attn_shape sh = {.n_head = 6, .n_head_kv = 3, .head_dim = 64};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        struct fix f;
+        CHECK(fix_open(&f, sh, 16, types[t], types[t], 1, 48, 1, 1) == 0, "fixture");
+        fill(&f, 11 + t, 1.0f, NULL, -1);
+        size_t sz[2];
+        const char *base[2] = {kv_k(f.kv, 0, 0), kv_v(f.kv, 0, 0)};
+        sz[0] = (size_t)((const char *)kv_k(f.kv, 0, 47) - base[0]) + (size_t)((const char *)kv_k(f.kv, 0, 1) - base[0]);
+        sz[1] = (size_t)((const char *)kv_v(f.kv, 0, 47) - base[1]) + (size_t)((const char *)kv_v(f.kv, 0, 1) - base[1]);
+        char *before[2] = {malloc(sz[0]), malloc(sz[1])};
+        float *k = malloc((size_t)f.kv_dim * sizeof *k), *v = malloc((size_t)f.kv_dim * sizeof *v);
+        uint64_t seed = 5;
+        int bad = 0;
+        for (int64_t p = 0; p < 48; p += 7) {
+            int64_t slot = kv_slot(f.kv, 0, p);
+            memcpy(before[0], base[0], sz[0]);
+            memcpy(before[1], base[1], sz[1]);
+            for (int64_t i = 0; i < f.kv_dim; i++) {
+                k[i] = test_rand_float(&seed) * 4.0f;
+                v[i] = test_rand_float(&seed) * 4.0f;
+            }
+            attn_kv_write(f.kv, vec_ops_best(), 0, slot, sh.head_dim, k, v);
+            const char *at[2];
+            size_t bytes[2];
+            attn_kv_write_span(f.kv, 0, slot, sh.head_dim, at, bytes);
+            for (int i = 0; i < 2; i++)
+                bad += !changes_within(before[i], base[i], sz[i], (size_t)(at[i] - base[i]), bytes[i]);
+        }
+        CHECK(bad == 0, "%s: %d writes changed bytes outside their span", dtype_name(types[t]), bad);
+        free(before[0]);
+        free(before[1]);
+        free(k);
+        free(v);
+        fix_close(&f);
+    }
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
+    RUN(test_write_span);
     RUN(test_variants);
     RUN(test_reference);
     RUN(test_chunked);

@@ -299,6 +299,43 @@ static void test_attn_decode_shape(const struct vec_ops *ref, const struct vec_o
     CHECK(bad == 0, "%s: %d decode- and prefill-shaped tile results differ from the reference in bits", name, bad);
 }
 
+/* f32_to_f16 over floats of every kind F16 meets (normals, ties, overflow, half and float
+ * subnormals, infinities, NaNs with payloads, signalling ones too), contiguous and strided,
+ * every length up to 40 (each tail): the reference's bits, and nothing written between
+ * the strided halves. */
+static void test_f32_to_f16(const struct vec_ops *ref, const struct vec_ops *ops, const char *name)
+{
+    enum { N = 40, STRIDE = 3 };
+    static const uint32_t special[] = {0x00000000, 0x80000000, 0x7f800000, 0xff800000, 0x7fc00000, 0x7f800001,
+                                       0xffa00fff, 0x7fbfe000, 0x477fe000, 0x477ff000, 0x47800000, 0x38800000,
+                                       0x387fffff, 0x33000000, 0x33000001, 0x33800000, 0x00000001, 0x80400000,
+                                       0x3f801000, 0x3f803000, 0x3f800fff, 0xc7ffffff};
+    uint64_t seed = 7;
+    float x[N];
+    uint16_t y0[N * STRIDE], y1[N * STRIDE];
+    int bad = 0;
+    for (int rep = 0; rep < 200; rep++) {
+        for (int i = 0; i < N; i++) {
+            uint32_t u = (uint32_t)test_rand_u64(&seed);
+            if (rep % 3 == 0)
+                u = special[(size_t)(u % (sizeof special / sizeof special[0]))];
+            else if (rep % 3 == 1) /* exponents around the half's range, any mantissa */
+                u = (u & 0x807fffffu) | (uint32_t)(100 + (u >> 8) % 50) << 23;
+            memcpy(&x[i], &u, sizeof u);
+        }
+        int n = 1 + rep % N;
+        int64_t ld = rep % 2 ? STRIDE : 1;
+        memset(y0, 0xa5, sizeof y0);
+        memset(y1, 0xa5, sizeof y1);
+        ref->f32_to_f16(x, n, y0, ld);
+        ops->f32_to_f16(x, n, y1, ld);
+        bad += memcmp(y0, y1, sizeof y0) != 0;
+        for (int i = 0; i < n; i++)
+            bad += y0[i * ld] != kern_f32_to_f16(x[i]);
+    }
+    CHECK(bad == 0, "%s: %d F16 conversions differ from kern_f32_to_f16 in bits (or wrote between strides)", name, bad);
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -344,6 +381,7 @@ int main(int argc, char **argv)
         RUN(test_attn_tiles, ref, ops, names[v]);
         RUN(test_attn_decode_shape, ref, ops, names[v]);
         RUN(test_q8_query, ops, names[v]);
+        RUN(test_f32_to_f16, ref, ops, names[v]);
     }
     RUN(test_exp_accuracy, ref);
     const struct vec_ops *avail[3];
