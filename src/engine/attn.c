@@ -379,6 +379,60 @@ static void prefetch_piece(const struct attn_job *j, const int32_t *table, int h
         __builtin_prefetch(at + c, 0, 2);
 }
 
+/* The K and V pieces (KV head h) of the blocks holding positions [p0, p1) (p0 a block's
+ * first), asked for in steps: each block's K piece then its V piece, per lines a step. */
+struct ahead_cursor {
+    const struct attn_job *j;
+    const int32_t *table; /* from the block being asked for */
+    int h;
+    int64_t blocks;       /* left, that one included */
+    const char *k, *v;    /* its pieces */
+    size_t c, per;        /* its next line (K's lines, then V's), lines a step */
+};
+
+/* Lines of a block's K piece (k_only) or K and V pieces. */
+static size_t ahead_lines(const struct attn_job *j, bool k_only)
+{
+    size_t k = (j->k_head * (size_t)j->bt + 63) / 64;
+    return k_only ? k : k + (j->v_head * (size_t)j->bt + 63) / 64;
+}
+
+static void ahead_block(struct ahead_cursor *ac)
+{
+    const struct attn_job *j = ac->j;
+    size_t blk = (size_t)ac->table[0] * (size_t)j->a->sh.n_head_kv + (size_t)ac->h;
+    ac->k = j->k_base + blk * j->k_head * (size_t)j->bt;
+    ac->v = j->v_base + blk * j->v_head * (size_t)j->bt;
+    ac->c = 0;
+}
+
+static struct ahead_cursor ahead_begin(const struct attn_job *j, const int32_t *table, int h, int64_t p0, int64_t p1,
+                                       int steps)
+{
+    struct ahead_cursor ac = {.j = j, .table = table, .h = h};
+    ac.blocks = p1 > p0 ? (p1 - p0 + j->bt - 1) / j->bt : 0;
+    size_t lines = (size_t)ac.blocks * ahead_lines(j, false);
+    ac.per = steps > 0 ? (lines + (size_t)steps - 1) / (size_t)steps : lines;
+    if (ac.blocks) {
+        ac.table += p0 / j->bt;
+        ahead_block(&ac);
+    }
+    return ac;
+}
+
+static void ahead_step(struct ahead_cursor *ac)
+{
+    const struct attn_job *j = ac->j;
+    size_t k_lines = ahead_lines(j, true), lines = ahead_lines(j, false);
+    for (size_t i = 0; i < ac->per && ac->blocks > 0; i++) {
+        __builtin_prefetch(ac->c < k_lines ? ac->k + 64 * ac->c : ac->v + 64 * (ac->c - k_lines), 0, 2);
+        if (++ac->c == lines && --ac->blocks > 0) {
+            ac->table++;
+            ahead_block(ac);
+        }
+    }
+}
+
 /* The partials (o_t, m_t, l_t) of rows [r0, R) over tile positions [t0 + js, t0 + nmax) of a
  * sequence's block table, each row seeing its positions [st[r], nv[r]) of them (js <= st[r] <
  * nv[r]; st[r] is 0 without a window). */
@@ -416,12 +470,6 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
             if (ahead < end)
                 prefetch_piece(j, table, h, ahead, false);
             prefetch_piece(j, table, h, p, true);
-        } else if (nr > 4 && p - off + ATTN_TILE < end) {
-            /* many rows: the same block of the next tile, read long before its use (a
-             * prompt's K and V come from L3 or memory, in pieces too short for the hardware
-             * prefetcher: the F16 conversion stalled on them) */
-            prefetch_piece(j, table, h, p - off + ATTN_TILE, false);
-            prefetch_piece(j, table, h, p - off + ATTN_TILE, true);
         }
         if (kf) {
             vec->f16_to_f32((const uint16_t *)kp + off, bt, sc->kf + jj, ATTN_TILE, hd, cnt);
@@ -452,9 +500,21 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
                      sc->s + (size_t)r0 * ATTN_TILE + js, ATTN_TILE);
     int type_v = vf ? DT_F32 : j->type_v;
     bool cut = false;
+    /* Many rows: the next tile's blocks (those of this tile's positions, a tile on) are asked
+     * for long before their use, a few lines a row while the softmax runs (a prompt's K and V
+     * come from L3 or memory in pieces too short for the hardware prefetcher). Asked for all
+     * at once beside the F16 conversion, they filled the miss buffers and the conversion
+     * waited behind them. */
+    int64_t next0 = t0 + js - (t0 + js) % bt + ATTN_TILE, next1 = t0 + nmax + ATTN_TILE;
+    if (j->cold || nr <= 4)
+        next1 = next0; /* none (a decode's blocks are asked for above) */
+    else if (next1 > end)
+        next1 = end;
+    struct ahead_cursor ac = ahead_begin(j, table, h, next0, next1, nr);
     for (int r = r0; r < R; r++) {
         int st = sc->st[r];
         cut |= st > 0;
+        ahead_step(&ac);
         sc->mt[r] = vec->softmax_tile(sc->s + (size_t)r * ATTN_TILE + st, sc->nv[r] - st, &sc->lt[r]);
     }
     memset(sc->ot + (size_t)r0 * hd, 0, (size_t)nr * (size_t)hd * sizeof(float));
