@@ -433,11 +433,15 @@ static void ahead_step(struct ahead_cursor *ac)
     }
 }
 
+static void merge_factors(struct attn_job *j, struct scratch *sc, int b0, int r0, int r1, int64_t t);
+
 /* The partials (o_t, m_t, l_t) of rows [r0, R) over tile positions [t0 + js, t0 + nmax) of a
  * sequence's block table, each row seeing its positions [st[r], nv[r]) of them (js <= st[r] <
- * nv[r]; st[r] is 0 without a window). */
+ * nv[r]; st[r] is 0 without a window). fuse (rows [r0, R) of run b0's, each seeing the whole
+ * [0, nmax), none of them first here): merged into the state (o, m, l) at once, as merge_rows
+ * would, o_t neither cleared nor written. */
 static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *table, int h, int64_t t0, int r0,
-                         int R, int js, int nmax, int64_t end)
+                         int R, int js, int nmax, int64_t end, bool fuse, int b0)
 {
     struct attn *a = j->a;
     const struct vec_ops *vec = j->vec;
@@ -517,6 +521,14 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
         ahead_step(&ac);
         sc->mt[r] = vec->softmax_tile(sc->s + (size_t)r * ATTN_TILE + st, sc->nv[r] - st, &sc->lt[r]);
     }
+    if (fuse) {
+        merge_factors(j, sc, b0, r0, R, t0 / ATTN_TILE);
+        for (int r = r0; r < R; r++)
+            sc->l[r] = sc->l[r] * sc->fx[2 * (r - r0)] + sc->lt[r] * sc->fx[2 * (r - r0) + 1];
+        vec->attn_pv_merge(sc->o + (size_t)r0 * hd, hd, nr, sc->s + (size_t)r0 * ATTN_TILE, ATTN_TILE, nmax,
+                           sc->vrows, hd, type_v, sc->fx);
+        return;
+    }
     memset(sc->ot + (size_t)r0 * hd, 0, (size_t)nr * (size_t)hd * sizeof(float));
     if (!cut) {
         vec->attn_pv(sc->ot + (size_t)r0 * hd, hd, nr, sc->s + (size_t)r0 * ATTN_TILE, ATTN_TILE, sc->nv + r0,
@@ -551,12 +563,13 @@ static void merge(const struct vec_ops *vec, float *o, float *m, float *l, const
     *m = mx;
 }
 
-/* merge of rows [r0, r1) with their tile partials (a row whose first tile this is: the
- * state is the partial), the exps of all rows in one exp_sub: exp_sub(x, 0) of x = m - mx
- * is exp_sub(m, mx) of merge, bit for bit (x - 0 is x). */
-static void merge_rows(struct attn_job *j, struct scratch *sc, int b0, int r0, int r1, int64_t t)
+/* The factors merge_rows merges rows [r0, r1) with, into fx (two a row: a and b of attn.h's
+ * merge), the maxima into m (rows whose first tile this is left out); the exps of all rows in
+ * one exp_sub: exp_sub(x, 0) of x = m - mx is exp_sub(m, mx) of merge, bit for bit (x - 0 is
+ * x). */
+static void merge_factors(struct attn_job *j, struct scratch *sc, int b0, int r0, int r1, int64_t t)
 {
-    int hd = j->a->sh.head_dim, group = j->a->group, k = 0;
+    int group = j->a->group, k = 0;
     for (int r = r0; r < r1; r++) {
         if (t == first_seen(j, j->pos[b0 + r / group]) / ATTN_TILE)
             continue;
@@ -566,7 +579,14 @@ static void merge_rows(struct attn_job *j, struct scratch *sc, int b0, int r0, i
         sc->m[r] = mx;
     }
     j->vec->exp_sub(sc->fx, 0.0f, k);
-    k = 0;
+}
+
+/* merge of rows [r0, r1) with their tile partials (a row whose first tile this is: the
+ * state is the partial). */
+static void merge_rows(struct attn_job *j, struct scratch *sc, int b0, int r0, int r1, int64_t t)
+{
+    int hd = j->a->sh.head_dim, group = j->a->group, k = 0;
+    merge_factors(j, sc, b0, r0, r1, t);
     for (int r = r0; r < r1; r++) {
         float *o = sc->o + (size_t)r * hd;
         const float *ot = sc->ot + (size_t)r * hd;
@@ -845,7 +865,7 @@ static void run_item(struct attn_job *j, struct scratch *sc, int ri, int h, int6
         prefetch_piece(j, table, h, p, false);
     for (int64_t t = ta; t < tb; t++) {
         int64_t t0 = t * ATTN_TILE;
-        int r0 = R, r1 = R, nmax = 0;
+        int r0 = R, r1 = R, nmax = 0, nmin = ATTN_TILE;
         for (int i = 0; i < len; i++) {
             int64_t cnt = j->pos[b0 + i] + 1 - t0;
             cnt = cnt < 0 ? 0 : cnt > ATTN_TILE ? ATTN_TILE : cnt;
@@ -861,12 +881,17 @@ static void run_item(struct attn_job *j, struct scratch *sc, int ri, int h, int6
             if (cnt <= st && r0 < R && r1 == R)
                 r1 = i * group;
             nmax = cnt > nmax ? (int)cnt : nmax;
+            nmin = cnt < nmin ? (int)cnt : nmin;
         }
         if (r0 == R)
             continue;
-        tile_partial(j, sc, table, h, t0, r0, r1, sc->st[r0], nmax, end);
+        /* a prompt's whole tiles after its first: P.V merges into the state as it ends */
+        bool fuse = !j->split && j->window == 0 && t > 0 && nmin == nmax && j->vec->attn_pv_merge &&
+                    (j->type_v == DT_F16 || j->type_v == DT_F32);
+        tile_partial(j, sc, table, h, t0, r0, r1, sc->st[r0], nmax, end, fuse, b0);
         if (!j->split) {
-            merge_rows(j, sc, b0, r0, r1, t);
+            if (!fuse)
+                merge_rows(j, sc, b0, r0, r1, t);
             continue;
         }
         for (int r = r0; r < r1; r++) {

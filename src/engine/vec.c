@@ -241,8 +241,22 @@ static void f16_to_f32_ref(const uint16_t *x, int64_t ldx, float *y, int64_t ldy
             y[r * ldy + k] = kern_f16_to_f32(x[r * ldx + k]);
 }
 
-static const struct vec_ops ref_ops = {dot_f32_ref, exp_sub_ref, silu_mul_ref, attn_qk_ref, attn_pv_ref,
-                                       softmax_tile_ref, attn_qk_paged_ref, f16_to_f32_ref, vec_q8_query};
+static void attn_pv_merge_ref(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, int n,
+                              const void *const *v, int64_t hd, int type, const float *f)
+{
+    for (int r = 0; r < rows; r++)
+        for (int64_t i = 0; i < hd; i++) {
+            float acc = 0.0f;
+            for (int j = 0; j < n; j++)
+                acc = fmaf(p[r * ldp + j],
+                           type == DT_F16 ? kern_f16_to_f32(((const uint16_t *)v[j])[i]) : ((const float *)v[j])[i], acc);
+            o[r * ldo + i] = o[r * ldo + i] * f[2 * r] + acc * f[2 * r + 1];
+        }
+}
+
+static const struct vec_ops ref_ops = {dot_f32_ref,      exp_sub_ref,       silu_mul_ref,   attn_qk_ref,
+                                       attn_pv_ref,      softmax_tile_ref,  attn_qk_paged_ref,
+                                       f16_to_f32_ref,   vec_q8_query,      attn_pv_merge_ref};
 
 const struct vec_ops *vec_ops_ref(void) { return &ref_ops; }
 

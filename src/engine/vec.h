@@ -75,6 +75,13 @@ struct vec_ops {
     /* vec_q8_query below, the same bytes (a prefill quantizes every query row once a
      * layer: as a scalar loop it took longer than the byte dot products themselves). */
     void (*q8_query)(const float *x, int64_t hd, void *row);
+    /* attn_pv of rows that all see keys [0, n) of F16 or F32 V, from zero (acc: each
+     * element's chain from 0), merged into o as attn.h merges a tile's partial:
+     * o[r*ldo + i] = o[r*ldo + i] * f[2r] + acc * f[2r+1] (two multiplies, then an add). The
+     * same bits as attn_pv into a cleared o_t, then that merge; saves a prefill tile's clearing,
+     * store and reload of o_t. NULL in a variant without it. */
+    void (*attn_pv_merge)(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, int n,
+                          const void *const *v, int64_t hd, int type, const float *f);
 };
 
 /* A query row for Q8_0 K (attn_qk): per 32 dimensions c, GGUF Q8_0's rounding of x as

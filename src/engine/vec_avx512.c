@@ -665,15 +665,16 @@ INLINE uint16_t v_scale(const void *vj, const int type, int64_t col)
 }
 
 /* F16 or F32 V: R (constant, <= 6) rows, keys [j0, j1), the 64 columns from c0 (chunk c of
- * 16 under mask mc[c]; full (constant): every mask whole, the loads unmasked). */
+ * 16 under mask mc[c]; full (constant): every mask whole, the loads unmasked), added into o;
+ * or with f (attn_pv_merge's factors of the R rows, 2 a row) from zero, then merged into o. */
 INLINE void pv_rows_m(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
                       const void *const *v, int64_t c0, const __mmask16 *mc, const int type, struct pf_cur *pf,
-                      const int full)
+                      const int full, const float *f)
 {
     __m512 a[6][4];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < 4; c++)
-            a[r][c] = _mm512_maskz_loadu_ps(mc[c], o + r * ldo + c0 + 16 * c);
+            a[r][c] = f ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mc[c], o + r * ldo + c0 + 16 * c);
     for (int j = j0; j < j1; j++) {
         __m512 x[4];
         for (int c = 0; c < 4; c++)
@@ -685,15 +686,23 @@ INLINE void pv_rows_m(float *o, int64_t ldo, const int R, const float *p, int64_
                 a[r][c] = _mm512_fmadd_ps(pr, x[c], a[r][c]);
         }
     }
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < 4; c++)
-            _mm512_mask_storeu_ps(o + r * ldo + c0 + 16 * c, mc[c], a[r][c]);
+    for (int r = 0; r < R; r++) {
+        __m512 fa = f ? _mm512_set1_ps(f[2 * r]) : _mm512_setzero_ps();
+        __m512 fb = f ? _mm512_set1_ps(f[2 * r + 1]) : _mm512_setzero_ps();
+        for (int c = 0; c < 4; c++) {
+            float *at = o + r * ldo + c0 + 16 * c;
+            __m512 y = a[r][c];
+            if (f)
+                y = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mc[c], at), fa), _mm512_mul_ps(y, fb));
+            _mm512_mask_storeu_ps(at, mc[c], y);
+        }
+    }
 }
 
 INLINE void pv_rows(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
                     const void *const *v, int64_t c0, const __mmask16 *mc, const int type, struct pf_cur *pf)
 {
-    pv_rows_m(o, ldo, R, p, ldp, j0, j1, v, c0, mc, type, pf, 0);
+    pv_rows_m(o, ldo, R, p, ldp, j0, j1, v, c0, mc, type, pf, 0, NULL);
 }
 
 /* pv_rows of R (1..6) rows, keys [0, j1). */
@@ -880,11 +889,11 @@ INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp
                 /* a decode's 4 rows of 64 columns (scores a tile of 256 apart): with the strides
                  * constant the rows' p and o take one address register each (the loop spilled
                  * its pointers), and every mask is whole */
-                pv_rows_m(orow, 64, 4, prow, 256, 0, jmin, v, 0, mc, type, pf, 1);
+                pv_rows_m(orow, 64, 4, prow, 256, 0, jmin, v, 0, mc, type, pf, 1, NULL);
             } else if (R == 6 && ldo == 64 && ldp == 256 && hd == 64) {
                 /* a prefill tile's rows, the same way (the loop reloaded six row offsets from
                  * the stack every key) */
-                pv_rows_m(orow, 64, 6, prow, 256, 0, jmin, v, 0, mc, type, pf, 1);
+                pv_rows_m(orow, 64, 6, prow, 256, 0, jmin, v, 0, mc, type, pf, 1, NULL);
             } else {
                 pv_rows_n(orow, ldo, R, prow, ldp, jmin, v, c0, mc, type, pf);
             }
@@ -905,6 +914,42 @@ static void attn_pv(float *o, int64_t ldo, int rows, const float *p, int64_t ldp
     case DT_Q8_0: pv_impl(o, ldo, rows, p, ldp, n, v, hd, DT_Q8_0, pf); break;
     default: pv_impl(o, ldo, rows, p, ldp, n, v, hd, DT_Q4_0, pf); break;
     }
+}
+
+/* vec.h attn_pv_merge: 6 rows a group, each over the 64 columns from c0 in turn. */
+INLINE void pv_merge_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, int n, const void *const *v,
+                          int64_t hd, const int type, const float *f)
+{
+    struct pf_cur none = {NULL, 0, 0};
+    for (int64_t c0 = 0; c0 < hd; c0 += 64) {
+        __mmask16 mc[4];
+        masks4(hd - c0, mc);
+        for (int r = 0; r < rows; r += 6) {
+            float *orow = o + r * ldo;
+            const float *prow = p + r * ldp, *fr = f + 2 * r;
+            if (rows - r >= 6 && ldo == 64 && ldp == 256 && hd == 64) { /* a prefill tile's, as pv_impl */
+                pv_rows_m(orow, 64, 6, prow, 256, 0, n, v, 0, mc, type, &none, 1, fr);
+                continue;
+            }
+            switch (rows - r < 6 ? rows - r : 6) {
+            case 6: pv_rows_m(orow, ldo, 6, prow, ldp, 0, n, v, c0, mc, type, &none, 0, fr); break;
+            case 5: pv_rows_m(orow, ldo, 5, prow, ldp, 0, n, v, c0, mc, type, &none, 0, fr); break;
+            case 4: pv_rows_m(orow, ldo, 4, prow, ldp, 0, n, v, c0, mc, type, &none, 0, fr); break;
+            case 3: pv_rows_m(orow, ldo, 3, prow, ldp, 0, n, v, c0, mc, type, &none, 0, fr); break;
+            case 2: pv_rows_m(orow, ldo, 2, prow, ldp, 0, n, v, c0, mc, type, &none, 0, fr); break;
+            default: pv_rows_m(orow, ldo, 1, prow, ldp, 0, n, v, c0, mc, type, &none, 0, fr); break;
+            }
+        }
+    }
+}
+
+static void attn_pv_merge(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, int n, const void *const *v,
+                          int64_t hd, int type, const float *f)
+{
+    if (type == DT_F16)
+        pv_merge_impl(o, ldo, rows, p, ldp, n, v, hd, DT_F16, f);
+    else
+        pv_merge_impl(o, ldo, rows, p, ldp, n, v, hd, DT_F32, f);
 }
 
 /* The max of s[0..n) in mx's lanes. Four running maxima: one alone waited for each max's
@@ -992,11 +1037,11 @@ static void q8_query(const float *x, int64_t hd, void *row)
     }
 }
 
-static const struct vec_ops avx512_ops = {dot_f32,      exp_sub,       silu_mul,   attn_qk, attn_pv,
-                                          softmax_tile, attn_qk_paged, f16_to_f32, q8_query};
+static const struct vec_ops avx512_ops = {dot_f32,      exp_sub,       silu_mul,   attn_qk,  attn_pv,
+                                          softmax_tile, attn_qk_paged, f16_to_f32, q8_query, attn_pv_merge};
 static const struct vec_ops avx512_novnni_ops = {dot_f32,        exp_sub,      silu_mul,
                                                  attn_qk_novnni, attn_pv,      softmax_tile,
-                                                 attn_qk_paged_novnni, f16_to_f32, q8_query};
+                                                 attn_qk_paged_novnni, f16_to_f32, q8_query, attn_pv_merge};
 
 const struct vec_ops *vec_ops_avx512(void) { return &avx512_ops; }
 const struct vec_ops *vec_ops_avx512_novnni(void) { return &avx512_novnni_ops; }
