@@ -5,7 +5,8 @@
  * softmax_tile of every row, the F16 conversion of K and V, the clearing of o_t and the
  * merge of the partial into the state, then all of them in turn as tile_partial does; and,
  * as alternatives, P.V and Q.K (attn_qk_paged) reading the F16 pieces without the conversion,
- * and the clearing, P.V and merge as one (attn_pv_merge).
+ * the clearing, P.V and merge as one (attn_pv_merge), and the softmax of every row in one call
+ * (softmax_rows).
  * Prints each step's microseconds a tile and its share, and the multiply-adds a second of
  * the whole tile against the peak.
  *   usage: bench_attn_tile [VARIANT best] [REPS 200] */
@@ -71,6 +72,16 @@ static void step_softmax(const struct vec_ops *vec, struct tile *t)
 {
     for (int r = 0; r < R; r++)
         t->mt[r] = vec->softmax_tile(t->s + (size_t)r * T, T, &t->lt[r]);
+}
+
+/* the same with softmax_rows (the variant's softmax_tile a row at a time otherwise) */
+static void step_softmax_rows(const struct vec_ops *vec, struct tile *t)
+{
+    if (!vec->softmax_rows) {
+        step_softmax(vec, t);
+        return;
+    }
+    vec->softmax_rows(t->s, T, R, t->nv, t->mt, t->lt);
 }
 
 static void step_clear(const struct vec_ops *vec, struct tile *t)
@@ -214,6 +225,7 @@ int main(int argc, char **argv)
                  {"P.V", step_pv, false},                   {"merge", step_merge, false},
                  {"P.V on F16 V", step_pv_f16, true},       {"Q.K on F16 K", step_qk_paged_f16, true},
                  {"clear+P.V+merge", step_pv_merge, true},  /* attn_pv_merge */
+                 {"softmax, rows", step_softmax_rows, true},
                  {"whole tile", step_all, false}};
     double peak = fma_peak();
     double macs = 2.0 * R * T * HD, sum = 0;

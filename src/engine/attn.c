@@ -368,6 +368,7 @@ static void q_rows_ready(const struct attn_job *j, struct scratch *sc, int r0, i
  * prefetch; a decode finds them cold, so it asks for the K a few blocks ahead of the one
  * it computes with, and for the V of that one before its scores are done. */
 #define PREFETCH_AHEAD 4 /* blocks */
+#define SOFTMAX_ROWS 8   /* rows of a tile a softmax_rows call takes */
 
 static void prefetch_piece(const struct attn_job *j, const int32_t *table, int h, int64_t p, bool v)
 {
@@ -515,11 +516,19 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
     else if (next1 > end)
         next1 = end;
     struct ahead_cursor ac = ahead_begin(j, table, h, next0, next1, nr);
-    for (int r = r0; r < R; r++) {
-        int st = sc->st[r];
-        cut |= st > 0;
-        ahead_step(&ac);
-        sc->mt[r] = vec->softmax_tile(sc->s + (size_t)r * ATTN_TILE + st, sc->nv[r] - st, &sc->lt[r]);
+    for (int r = r0; r < R; r++)
+        cut |= sc->st[r] > 0;
+    /* SOFTMAX_ROWS rows at a time, each row's lines asked for before them */
+    for (int ra = r0; ra < R; ra += SOFTMAX_ROWS) {
+        int rb = R - ra < SOFTMAX_ROWS ? R : ra + SOFTMAX_ROWS;
+        for (int r = ra; r < rb; r++)
+            ahead_step(&ac);
+        if (!cut && vec->softmax_rows) {
+            vec->softmax_rows(sc->s + (size_t)ra * ATTN_TILE, ATTN_TILE, rb - ra, sc->nv + ra, sc->mt + ra, sc->lt + ra);
+            continue;
+        }
+        for (int r = ra; r < rb; r++)
+            sc->mt[r] = vec->softmax_tile(sc->s + (size_t)r * ATTN_TILE + sc->st[r], sc->nv[r] - sc->st[r], &sc->lt[r]);
     }
     if (fuse) {
         merge_factors(j, sc, b0, r0, R, t0 / ATTN_TILE);

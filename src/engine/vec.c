@@ -256,7 +256,7 @@ static void attn_pv_merge_ref(float *o, int64_t ldo, int rows, const float *p, i
 
 static const struct vec_ops ref_ops = {dot_f32_ref,      exp_sub_ref,       silu_mul_ref,   attn_qk_ref,
                                        attn_pv_ref,      softmax_tile_ref,  attn_qk_paged_ref,
-                                       f16_to_f32_ref,   vec_q8_query,      attn_pv_merge_ref};
+                                       f16_to_f32_ref,   vec_q8_query,      attn_pv_merge_ref, NULL};
 
 const struct vec_ops *vec_ops_ref(void) { return &ref_ops; }
 

@@ -82,6 +82,11 @@ struct vec_ops {
      * store and reload of o_t. NULL in a variant without it. */
     void (*attn_pv_merge)(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, int n,
                           const void *const *v, int64_t hd, int type, const float *f);
+    /* softmax_tile of rows r < rows, row r at s + r*lds over n[r] (>= 1) scores: m[r] its
+     * return, l[r] its sum; the same bits. A variant may find a row's max while it takes the
+     * exps of the row before (each row's max waited on its reduction). NULL in a variant
+     * without it. */
+    void (*softmax_rows)(float *s, int64_t lds, int rows, const int32_t *n, float *m, float *l);
 };
 
 /* A query row for Q8_0 K (attn_qk): per 32 dimensions c, GGUF Q8_0's rounding of x as

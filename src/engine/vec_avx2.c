@@ -393,7 +393,7 @@ static void f16_to_f32(const uint16_t *x, int64_t ldx, float *y, int64_t ldy, in
 }
 
 static const struct vec_ops avx2_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile, attn_qk_paged,
-                                        f16_to_f32, vec_q8_query, NULL};
+                                        f16_to_f32, vec_q8_query, NULL, NULL};
 
 const struct vec_ops *vec_ops_avx2(void) { return &avx2_ops; }
 

@@ -956,7 +956,7 @@ static void attn_pv_merge(float *o, int64_t ldo, int rows, const float *p, int64
  * latency (2 cycles a vector, a fifth of softmax_tile's time over a prefill tile's rows); a
  * max is the same whatever order the elements come in (NaN aside, which vec.h leaves
  * unspecified; a max of +0 and -0 may give either, and s[j] - m then exp give the same bits). */
-static float softmax_tile(float *s, int64_t n, float *l)
+INLINE float row_max(const float *s, int64_t n)
 {
     __m512 mx = _mm512_set1_ps(-__builtin_inff()), m1 = mx, m2 = mx, m3 = mx;
     int64_t k = 0;
@@ -973,9 +973,15 @@ static float softmax_tile(float *s, int64_t n, float *l)
         __mmask16 m = tail_mask(n - k);
         mx = _mm512_mask_max_ps(mx, m, mx, _mm512_maskz_loadu_ps(m, s + k));
     }
-    float m = _mm512_reduce_max_ps(mx);
+    return _mm512_reduce_max_ps(mx);
+}
+
+/* s[k] = exp(s[k] - m) (VEC_SEXP); returns their sum in the 16 lanes' order. */
+INLINE float row_exps(float *s, int64_t n, float m)
+{
     __m512 vm = _mm512_set1_ps(m), acc = _mm512_setzero_ps();
-    for (k = 0; k + 16 <= n; k += 16) { /* the sum in the same pass: the same adds in the same lanes */
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16) { /* the sum in the same pass: the same adds in the same lanes */
         __m512 e = sexp16(_mm512_sub_ps(_mm512_loadu_ps(s + k), vm));
         _mm512_storeu_ps(s + k, e);
         acc = _mm512_add_ps(acc, e);
@@ -986,8 +992,27 @@ static float softmax_tile(float *s, int64_t n, float *l)
         _mm512_mask_storeu_ps(s + k, mk, e);
         acc = _mm512_mask_add_ps(acc, mk, acc, e);
     }
-    *l = reduce16(acc);
+    return reduce16(acc);
+}
+
+static float softmax_tile(float *s, int64_t n, float *l)
+{
+    float m = row_max(s, n);
+    *l = row_exps(s, n, m);
     return m;
+}
+
+/* Each row's max comes before the exps of the row above it, so its loads and its reduction's
+ * latency overlap that row's exps rather than wait in line behind them. */
+static void softmax_rows(float *s, int64_t lds, int rows, const int32_t *n, float *m, float *l)
+{
+    float next = rows > 0 ? row_max(s, n[0]) : 0.0f;
+    for (int r = 0; r < rows; r++) {
+        m[r] = next;
+        if (r + 1 < rows)
+            next = row_max(s + (r + 1) * lds, n[r + 1]);
+        l[r] = row_exps(s + r * lds, n[r], m[r]);
+    }
 }
 
 static void f16_to_f32(const uint16_t *x, int64_t ldx, float *y, int64_t ldy, int rows, int64_t n)
@@ -1038,10 +1063,10 @@ static void q8_query(const float *x, int64_t hd, void *row)
 }
 
 static const struct vec_ops avx512_ops = {dot_f32,      exp_sub,       silu_mul,   attn_qk,  attn_pv,
-                                          softmax_tile, attn_qk_paged, f16_to_f32, q8_query, attn_pv_merge};
+                                          softmax_tile, attn_qk_paged, f16_to_f32, q8_query, attn_pv_merge, softmax_rows};
 static const struct vec_ops avx512_novnni_ops = {dot_f32,        exp_sub,      silu_mul,
                                                  attn_qk_novnni, attn_pv,      softmax_tile,
-                                                 attn_qk_paged_novnni, f16_to_f32, q8_query, attn_pv_merge};
+                                                 attn_qk_paged_novnni, f16_to_f32, q8_query, attn_pv_merge, softmax_rows};
 
 const struct vec_ops *vec_ops_avx512(void) { return &avx512_ops; }
 const struct vec_ops *vec_ops_avx512_novnni(void) { return &avx512_novnni_ops; }

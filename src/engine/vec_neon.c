@@ -156,7 +156,7 @@ static void neon_init(void)
 {
     const struct vec_ops *ref = vec_ops_ref();
     neon_ops = (struct vec_ops){dot_f32, exp_sub, silu_mul, ref->attn_qk, ref->attn_pv, softmax_tile,
-                              ref->attn_qk_paged, ref->f16_to_f32, ref->q8_query, NULL};
+                              ref->attn_qk_paged, ref->f16_to_f32, ref->q8_query, NULL, NULL};
 }
 
 const struct vec_ops *vec_ops_neon(void)

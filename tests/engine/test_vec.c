@@ -349,6 +349,35 @@ static void test_attn_pv_merge(const struct vec_ops *ref, const struct vec_ops *
     CHECK(bad == 0, "%s: %d of 60 attn_pv_merge results differ from attn_pv and the merge in bits", name, bad);
 }
 
+/* softmax_rows (where a variant has it) against the reference's softmax_tile of each row, rows
+ * of 1-256 scores (a tile's 256 apart, some rows shorter): the same bits. */
+static void test_softmax_rows(const struct vec_ops *ref, const struct vec_ops *ops, const char *name)
+{
+    enum { ROWS = 40, LDS = 256 };
+    static float s0[ROWS * LDS], s1[ROWS * LDS];
+    float m0[ROWS], m1[ROWS], l0[ROWS], l1[ROWS];
+    int32_t n[ROWS];
+    if (!ops->softmax_rows) {
+        printf("%s: no softmax_rows, skipped\n", name);
+        return;
+    }
+    uint64_t seed = 17;
+    int bad = 0;
+    for (int rep = 0; rep < 40; rep++) {
+        int rows = 1 + (int)(test_rand_u64(&seed) % ROWS);
+        for (int i = 0; i < ROWS * LDS; i++)
+            s0[i] = s1[i] = test_rand_float(&seed) * 30.0f;
+        for (int r = 0; r < rows; r++) {
+            n[r] = rep % 2 ? LDS : 1 + (int)(test_rand_u64(&seed) % LDS);
+            m0[r] = ref->softmax_tile(s0 + r * LDS, n[r], &l0[r]);
+        }
+        ops->softmax_rows(s1, LDS, rows, n, m1, l1);
+        bad += memcmp(s0, s1, sizeof s0) != 0 || memcmp(m0, m1, (size_t)rows * sizeof *m0) != 0 ||
+               memcmp(l0, l1, (size_t)rows * sizeof *l0) != 0;
+    }
+    CHECK(bad == 0, "%s: %d of 40 softmax_rows results differ from softmax_tile's in bits", name, bad);
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -395,6 +424,7 @@ int main(int argc, char **argv)
         RUN(test_attn_decode_shape, ref, ops, names[v]);
         RUN(test_q8_query, ops, names[v]);
         RUN(test_attn_pv_merge, ref, ops, names[v]);
+        RUN(test_softmax_rows, ref, ops, names[v]);
     }
     RUN(test_attn_pv_merge, ref, ref, "ref");
     RUN(test_exp_accuracy, ref);
