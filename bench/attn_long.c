@@ -6,7 +6,9 @@
  *   prefill: a chunk of 512 tokens at positions [0, 512) and [D-512, D) of one layer, the
  *     time per token of each and their ratio, and the multiply-adds per second.
  *   usage: bench_attn_long [DEPTH 16384] [THREADS 2] [KV_TYPE f16] [VARIANT best]
- * KV_TYPE is one type for K and V, or K's and V's apart: q8_0,f16. */
+ * KV_TYPE is one type for K and V, or K's and V's apart: q8_0,f16. Environment:
+ * ATTN_PREFILL_ONLY=1 skips the decode; ATTN_DEEP_REPS=N times only the chunk at depth,
+ * best of N (for profiles). */
 #include "base/dtype.h"
 #include "base/pool.h"
 #include "engine/attn.h"
@@ -150,12 +152,13 @@ int main(int argc, char **argv)
     }
     /* prefill chunks: [0, 512) and [depth-512, depth) of layer 0 */
     double per_tok[2] = {1, 1};
-    for (int c = 0; c < 2 && !getenv("ATTN_DECODE_ONLY") && !getenv("ATTN_HOT_ONLY"); c++) {
+    for (int c = getenv("ATTN_DEEP_REPS") ? 1 : 0; c < 2 && !getenv("ATTN_DECODE_ONLY") && !getenv("ATTN_HOT_ONLY"); c++) {
         int64_t p0 = c == 0 ? 0 : depth - CHUNK;
         for (int i = 0; i < CHUNK; i++)
             pos[i] = p0 + i;
         double best = 1e30, best_cpu = 1e30;
-        for (int r = 0; r < (c == 0 ? 5 : 2); r++) {
+        int reps = c == 0 ? 5 : getenv("ATTN_DEEP_REPS") ? atoi(getenv("ATTN_DEEP_REPS")) : 2;
+        for (int r = 0; r < reps; r++) {
             double t0 = bench_wall_s(), c0 = bench_process_cpu_s();
             attn_forward(a, pool, vec, kv, 0, CHUNK, seq, pos, q, out);
             double t = bench_wall_s() - t0, tc = bench_process_cpu_s() - c0;

@@ -4,7 +4,9 @@
  * 512-bit fused multiply-adds (the peak), attn_qk and attn_pv over the tile's floats,
  * softmax_tile of every row, the F16 conversion of K and V, the clearing of o_t and the
  * merge of the partial into the state, then all of them in turn as tile_partial does; and,
- * as alternatives, P.V and Q.K (attn_qk_paged) reading the F16 pieces without the conversion.
+ * as alternatives, P.V and Q.K (attn_qk_paged) reading the F16 pieces without the conversion,
+ * the clearing, P.V and merge as one (attn_pv_merge), and the softmax of every row in one call
+ * (softmax_rows).
  * Prints each step's microseconds a tile and its share, and the multiply-adds a second of
  * the whole tile against the peak.
  *   usage: bench_attn_tile [VARIANT best] [REPS 200] */
@@ -72,6 +74,16 @@ static void step_softmax(const struct vec_ops *vec, struct tile *t)
         t->mt[r] = vec->softmax_tile(t->s + (size_t)r * T, T, &t->lt[r]);
 }
 
+/* the same with softmax_rows (the variant's softmax_tile a row at a time otherwise) */
+static void step_softmax_rows(const struct vec_ops *vec, struct tile *t)
+{
+    if (!vec->softmax_rows) {
+        step_softmax(vec, t);
+        return;
+    }
+    vec->softmax_rows(t->s, T, R, t->nv, t->mt, t->lt);
+}
+
 static void step_clear(const struct vec_ops *vec, struct tile *t)
 {
     (void)vec;
@@ -124,6 +136,29 @@ static void step_merge(const struct vec_ops *vec, struct tile *t)
         for (int i = 0; i < HD; i++)
             o[i] = o[i] * fa + ot[i] * fb;
     }
+}
+
+/* clear o_t, P.V and the merge as one step: the merge's factors, then attn_pv_merge into o
+ * (what a prefill's whole tiles after the first do; the variant's P.V otherwise) */
+static void step_pv_merge(const struct vec_ops *vec, struct tile *t)
+{
+    if (!vec->attn_pv_merge) {
+        step_clear(vec, t);
+        step_pv(vec, t);
+        step_merge(vec, t);
+        return;
+    }
+    int k = 0;
+    for (int r = 0; r < R; r++) {
+        float mx = t->m[r] > t->mt[r] ? t->m[r] : t->mt[r];
+        t->fx[k++] = t->m[r] - mx;
+        t->fx[k++] = t->mt[r] - mx;
+        t->m[r] = mx;
+    }
+    vec->exp_sub(t->fx, 0.0f, k);
+    for (int r = 0; r < R; r++)
+        t->l[r] = t->l[r] * t->fx[2 * r] + t->lt[r] * t->fx[2 * r + 1];
+    vec->attn_pv_merge(t->o, HD, R, t->s, T, T, t->vrows, HD, DT_F32, t->fx);
 }
 
 typedef void (*step_fn)(const struct vec_ops *, struct tile *);
@@ -189,6 +224,8 @@ int main(int argc, char **argv)
                  {"softmax", step_softmax, false},          {"clear o_t", step_clear, false},
                  {"P.V", step_pv, false},                   {"merge", step_merge, false},
                  {"P.V on F16 V", step_pv_f16, true},       {"Q.K on F16 K", step_qk_paged_f16, true},
+                 {"clear+P.V+merge", step_pv_merge, true},  /* attn_pv_merge */
+                 {"softmax, rows", step_softmax_rows, true},
                  {"whole tile", step_all, false}};
     double peak = fma_peak();
     double macs = 2.0 * R * T * HD, sum = 0;

@@ -380,6 +380,7 @@ static void q_rows_ready(const struct attn_job *j, struct scratch *sc, int r0, i
  * prefetch; a decode finds them cold, so it asks for the K a few blocks ahead of the one
  * it computes with, and for the V of that one before its scores are done. */
 #define PREFETCH_AHEAD 4 /* blocks */
+#define SOFTMAX_ROWS 8   /* rows of a tile a softmax_rows call takes */
 
 static void prefetch_piece(const struct attn_job *j, const int32_t *table, int h, int64_t p, bool v)
 {
@@ -391,11 +392,69 @@ static void prefetch_piece(const struct attn_job *j, const int32_t *table, int h
         __builtin_prefetch(at + c, 0, 2);
 }
 
+/* The K and V pieces (KV head h) of the blocks holding positions [p0, p1) (p0 a block's
+ * first), asked for in steps: each block's K piece then its V piece, per lines a step. */
+struct ahead_cursor {
+    const struct attn_job *j;
+    const int32_t *table; /* from the block being asked for */
+    int h;
+    int64_t blocks;       /* left, that one included */
+    const char *k, *v;    /* its pieces */
+    size_t c, per;        /* its next line (K's lines, then V's), lines a step */
+};
+
+/* Lines of a block's K piece (k_only) or K and V pieces. */
+static size_t ahead_lines(const struct attn_job *j, bool k_only)
+{
+    size_t k = (j->k_head * (size_t)j->bt + 63) / 64;
+    return k_only ? k : k + (j->v_head * (size_t)j->bt + 63) / 64;
+}
+
+static void ahead_block(struct ahead_cursor *ac)
+{
+    const struct attn_job *j = ac->j;
+    size_t blk = (size_t)ac->table[0] * (size_t)j->a->sh.n_head_kv + (size_t)ac->h;
+    ac->k = j->k_base + blk * j->k_head * (size_t)j->bt;
+    ac->v = j->v_base + blk * j->v_head * (size_t)j->bt;
+    ac->c = 0;
+}
+
+static struct ahead_cursor ahead_begin(const struct attn_job *j, const int32_t *table, int h, int64_t p0, int64_t p1,
+                                       int steps)
+{
+    struct ahead_cursor ac = {.j = j, .table = table, .h = h};
+    ac.blocks = p1 > p0 ? (p1 - p0 + j->bt - 1) / j->bt : 0;
+    size_t lines = (size_t)ac.blocks * ahead_lines(j, false);
+    ac.per = steps > 0 ? (lines + (size_t)steps - 1) / (size_t)steps : lines;
+    if (ac.blocks) {
+        ac.table += p0 / j->bt;
+        ahead_block(&ac);
+    }
+    return ac;
+}
+
+static void ahead_step(struct ahead_cursor *ac)
+{
+    const struct attn_job *j = ac->j;
+    size_t k_lines = ahead_lines(j, true), lines = ahead_lines(j, false);
+    for (size_t i = 0; i < ac->per && ac->blocks > 0; i++) {
+        __builtin_prefetch(ac->c < k_lines ? ac->k + 64 * ac->c : ac->v + 64 * (ac->c - k_lines), 0, 2);
+        if (++ac->c == lines && --ac->blocks > 0) {
+            ac->table++;
+            ahead_block(ac);
+        }
+    }
+}
+
+static void merge_factors(struct attn_job *j, struct scratch *sc, int b0, int r0, int r1, int64_t t);
+
 /* The partials (o_t, m_t, l_t) of rows [r0, R) over tile positions [t0 + js, t0 + nmax) of a
  * sequence's block table, each row seeing its positions [st[r], nv[r]) of them (js <= st[r] <
- * nv[r]; st[r] is 0 without a window). */
+ * nv[r]; st[r] is 0 without a window). fuse (rows [r0, R) of run b0's, each seeing the whole
+ * [0, nmax), none of them first here): merged into the state (o, m, l) at once, as merge_rows
+ * would, o_t neither cleared nor written. */
 static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *table, int h, int64_t t0, int r0,
-                         int R, int js, int nmax, int64_t end)
+                         int R, int js, int nmax, int64_t end, bool fuse, int b0)
 {
     struct attn *a = j->a;
     const struct vec_ops *vec = j->vec;
@@ -428,12 +487,6 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
             if (ahead < end)
                 prefetch_piece(j, table, h, ahead, false);
             prefetch_piece(j, table, h, p, true);
-        } else if (nr > 4 && p - off + ATTN_TILE < end) {
-            /* many rows: the same block of the next tile, read long before its use (a
-             * prompt's K and V come from L3 or memory, in pieces too short for the hardware
-             * prefetcher: the F16 conversion stalled on them) */
-            prefetch_piece(j, table, h, p - off + ATTN_TILE, false);
-            prefetch_piece(j, table, h, p - off + ATTN_TILE, true);
         }
         if (kf) {
             vec->f16_to_f32((const uint16_t *)kp + off, bt, sc->kf + jj, ATTN_TILE, hd, cnt);
@@ -464,10 +517,38 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
                      sc->s + (size_t)r0 * ATTN_TILE + js, ATTN_TILE);
     int type_v = vf ? DT_F32 : j->type_v;
     bool cut = false;
-    for (int r = r0; r < R; r++) {
-        int st = sc->st[r];
-        cut |= st > 0;
-        sc->mt[r] = vec->softmax_tile(sc->s + (size_t)r * ATTN_TILE + st, sc->nv[r] - st, &sc->lt[r]);
+    /* Many rows: the next tile's blocks (those of this tile's positions, a tile on) are asked
+     * for long before their use, a few lines a row while the softmax runs (a prompt's K and V
+     * come from L3 or memory in pieces too short for the hardware prefetcher). Asked for all
+     * at once beside the F16 conversion, they filled the miss buffers and the conversion
+     * waited behind them. */
+    int64_t next0 = t0 + js - (t0 + js) % bt + ATTN_TILE, next1 = t0 + nmax + ATTN_TILE;
+    if (j->cold || nr <= 4)
+        next1 = next0; /* none (a decode's blocks are asked for above) */
+    else if (next1 > end)
+        next1 = end;
+    struct ahead_cursor ac = ahead_begin(j, table, h, next0, next1, nr);
+    for (int r = r0; r < R; r++)
+        cut |= sc->st[r] > 0;
+    /* SOFTMAX_ROWS rows at a time, each row's lines asked for before them */
+    for (int ra = r0; ra < R; ra += SOFTMAX_ROWS) {
+        int rb = R - ra < SOFTMAX_ROWS ? R : ra + SOFTMAX_ROWS;
+        for (int r = ra; r < rb; r++)
+            ahead_step(&ac);
+        if (!cut && vec->softmax_rows) {
+            vec->softmax_rows(sc->s + (size_t)ra * ATTN_TILE, ATTN_TILE, rb - ra, sc->nv + ra, sc->mt + ra, sc->lt + ra);
+            continue;
+        }
+        for (int r = ra; r < rb; r++)
+            sc->mt[r] = vec->softmax_tile(sc->s + (size_t)r * ATTN_TILE + sc->st[r], sc->nv[r] - sc->st[r], &sc->lt[r]);
+    }
+    if (fuse) {
+        merge_factors(j, sc, b0, r0, R, t0 / ATTN_TILE);
+        for (int r = r0; r < R; r++)
+            sc->l[r] = sc->l[r] * sc->fx[2 * (r - r0)] + sc->lt[r] * sc->fx[2 * (r - r0) + 1];
+        vec->attn_pv_merge(sc->o + (size_t)r0 * hd, hd, nr, sc->s + (size_t)r0 * ATTN_TILE, ATTN_TILE, nmax,
+                           sc->vrows, hd, type_v, sc->fx);
+        return;
     }
     memset(sc->ot + (size_t)r0 * hd, 0, (size_t)nr * (size_t)hd * sizeof(float));
     if (!cut) {
@@ -503,12 +584,13 @@ static void merge(const struct vec_ops *vec, float *o, float *m, float *l, const
     *m = mx;
 }
 
-/* merge of rows [r0, r1) with their tile partials (a row whose first tile this is: the
- * state is the partial), the exps of all rows in one exp_sub: exp_sub(x, 0) of x = m - mx
- * is exp_sub(m, mx) of merge, bit for bit (x - 0 is x). */
-static void merge_rows(struct attn_job *j, struct scratch *sc, int b0, int r0, int r1, int64_t t)
+/* The factors merge_rows merges rows [r0, r1) with, into fx (two a row: a and b of attn.h's
+ * merge), the maxima into m (rows whose first tile this is left out); the exps of all rows in
+ * one exp_sub: exp_sub(x, 0) of x = m - mx is exp_sub(m, mx) of merge, bit for bit (x - 0 is
+ * x). */
+static void merge_factors(struct attn_job *j, struct scratch *sc, int b0, int r0, int r1, int64_t t)
 {
-    int hd = j->a->sh.head_dim, group = j->a->group, k = 0;
+    int group = j->a->group, k = 0;
     for (int r = r0; r < r1; r++) {
         if (t == first_seen(j, j->pos[b0 + r / group]) / ATTN_TILE)
             continue;
@@ -518,7 +600,14 @@ static void merge_rows(struct attn_job *j, struct scratch *sc, int b0, int r0, i
         sc->m[r] = mx;
     }
     j->vec->exp_sub(sc->fx, 0.0f, k);
-    k = 0;
+}
+
+/* merge of rows [r0, r1) with their tile partials (a row whose first tile this is: the
+ * state is the partial). */
+static void merge_rows(struct attn_job *j, struct scratch *sc, int b0, int r0, int r1, int64_t t)
+{
+    int hd = j->a->sh.head_dim, group = j->a->group, k = 0;
+    merge_factors(j, sc, b0, r0, r1, t);
     for (int r = r0; r < r1; r++) {
         float *o = sc->o + (size_t)r * hd;
         const float *ot = sc->ot + (size_t)r * hd;
@@ -797,7 +886,7 @@ static void run_item(struct attn_job *j, struct scratch *sc, int ri, int h, int6
         prefetch_piece(j, table, h, p, false);
     for (int64_t t = ta; t < tb; t++) {
         int64_t t0 = t * ATTN_TILE;
-        int r0 = R, r1 = R, nmax = 0;
+        int r0 = R, r1 = R, nmax = 0, nmin = ATTN_TILE;
         for (int i = 0; i < len; i++) {
             int64_t cnt = j->pos[b0 + i] + 1 - t0;
             cnt = cnt < 0 ? 0 : cnt > ATTN_TILE ? ATTN_TILE : cnt;
@@ -813,12 +902,17 @@ static void run_item(struct attn_job *j, struct scratch *sc, int ri, int h, int6
             if (cnt <= st && r0 < R && r1 == R)
                 r1 = i * group;
             nmax = cnt > nmax ? (int)cnt : nmax;
+            nmin = cnt < nmin ? (int)cnt : nmin;
         }
         if (r0 == R)
             continue;
-        tile_partial(j, sc, table, h, t0, r0, r1, sc->st[r0], nmax, end);
+        /* a prompt's whole tiles after its first: P.V merges into the state as it ends */
+        bool fuse = !j->split && j->window == 0 && t > 0 && nmin == nmax && j->vec->attn_pv_merge &&
+                    (j->type_v == DT_F16 || j->type_v == DT_F32);
+        tile_partial(j, sc, table, h, t0, r0, r1, sc->st[r0], nmax, end, fuse, b0);
         if (!j->split) {
-            merge_rows(j, sc, b0, r0, r1, t);
+            if (!fuse)
+                merge_rows(j, sc, b0, r0, r1, t);
             continue;
         }
         for (int r = r0; r < r1; r++) {

@@ -247,9 +247,22 @@ static void f32_to_f16_ref(const float *x, int64_t n, uint16_t *y, int64_t ldy)
         y[k * ldy] = kern_f32_to_f16(x[k]);
 }
 
+static void attn_pv_merge_ref(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, int n,
+                              const void *const *v, int64_t hd, int type, const float *f)
+{
+    for (int r = 0; r < rows; r++)
+        for (int64_t i = 0; i < hd; i++) {
+            float acc = 0.0f;
+            for (int j = 0; j < n; j++)
+                acc = fmaf(p[r * ldp + j],
+                           type == DT_F16 ? kern_f16_to_f32(((const uint16_t *)v[j])[i]) : ((const float *)v[j])[i], acc);
+            o[r * ldo + i] = o[r * ldo + i] * f[2 * r] + acc * f[2 * r + 1];
+        }
+}
+
 static const struct vec_ops ref_ops = {dot_f32_ref,      exp_sub_ref,       silu_mul_ref,   attn_qk_ref,
                                        attn_pv_ref,      softmax_tile_ref,  attn_qk_paged_ref,
-                                       f16_to_f32_ref,   vec_q8_query,      f32_to_f16_ref};
+                                       f16_to_f32_ref,   vec_q8_query,      f32_to_f16_ref, attn_pv_merge_ref, NULL};
 
 const struct vec_ops *vec_ops_ref(void) { return &ref_ops; }
 

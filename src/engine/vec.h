@@ -79,6 +79,18 @@ struct vec_ops {
      * (F16C's conversion) on every variant. A KV cache write: ldy > 1 for K's transposed
      * rows (as a scalar call per element it was most of a decode's lone work per layer). */
     void (*f32_to_f16)(const float *x, int64_t n, uint16_t *y, int64_t ldy);
+    /* attn_pv of rows that all see keys [0, n) of F16 or F32 V, from zero (acc: each
+     * element's chain from 0), merged into o as attn.h merges a tile's partial:
+     * o[r*ldo + i] = o[r*ldo + i] * f[2r] + acc * f[2r+1] (two multiplies, then an add). The
+     * same bits as attn_pv into a cleared o_t, then that merge; saves a prefill tile's clearing,
+     * store and reload of o_t. NULL in a variant without it. */
+    void (*attn_pv_merge)(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, int n,
+                          const void *const *v, int64_t hd, int type, const float *f);
+    /* softmax_tile of rows r < rows, row r at s + r*lds over n[r] (>= 1) scores: m[r] its
+     * return, l[r] its sum; the same bits. A variant may find a row's max while it takes the
+     * exps of the row before (each row's max waited on its reduction). NULL in a variant
+     * without it. */
+    void (*softmax_rows)(float *s, int64_t lds, int rows, const int32_t *n, float *m, float *l);
 };
 
 /* A query row for Q8_0 K (attn_qk): per 32 dimensions c, GGUF Q8_0's rounding of x as

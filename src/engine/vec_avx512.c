@@ -665,15 +665,16 @@ INLINE uint16_t v_scale(const void *vj, const int type, int64_t col)
 }
 
 /* F16 or F32 V: R (constant, <= 6) rows, keys [j0, j1), the 64 columns from c0 (chunk c of
- * 16 under mask mc[c]; full (constant): every mask whole, the loads unmasked). */
+ * 16 under mask mc[c]; full (constant): every mask whole, the loads unmasked), added into o;
+ * or with f (attn_pv_merge's factors of the R rows, 2 a row) from zero, then merged into o. */
 INLINE void pv_rows_m(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
                       const void *const *v, int64_t c0, const __mmask16 *mc, const int type, struct pf_cur *pf,
-                      const int full)
+                      const int full, const float *f)
 {
     __m512 a[6][4];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < 4; c++)
-            a[r][c] = _mm512_maskz_loadu_ps(mc[c], o + r * ldo + c0 + 16 * c);
+            a[r][c] = f ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mc[c], o + r * ldo + c0 + 16 * c);
     for (int j = j0; j < j1; j++) {
         __m512 x[4];
         for (int c = 0; c < 4; c++)
@@ -685,15 +686,23 @@ INLINE void pv_rows_m(float *o, int64_t ldo, const int R, const float *p, int64_
                 a[r][c] = _mm512_fmadd_ps(pr, x[c], a[r][c]);
         }
     }
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < 4; c++)
-            _mm512_mask_storeu_ps(o + r * ldo + c0 + 16 * c, mc[c], a[r][c]);
+    for (int r = 0; r < R; r++) {
+        __m512 fa = f ? _mm512_set1_ps(f[2 * r]) : _mm512_setzero_ps();
+        __m512 fb = f ? _mm512_set1_ps(f[2 * r + 1]) : _mm512_setzero_ps();
+        for (int c = 0; c < 4; c++) {
+            float *at = o + r * ldo + c0 + 16 * c;
+            __m512 y = a[r][c];
+            if (f)
+                y = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mc[c], at), fa), _mm512_mul_ps(y, fb));
+            _mm512_mask_storeu_ps(at, mc[c], y);
+        }
+    }
 }
 
 INLINE void pv_rows(float *o, int64_t ldo, const int R, const float *p, int64_t ldp, int j0, int j1,
                     const void *const *v, int64_t c0, const __mmask16 *mc, const int type, struct pf_cur *pf)
 {
-    pv_rows_m(o, ldo, R, p, ldp, j0, j1, v, c0, mc, type, pf, 0);
+    pv_rows_m(o, ldo, R, p, ldp, j0, j1, v, c0, mc, type, pf, 0, NULL);
 }
 
 /* pv_rows of R (1..6) rows, keys [0, j1). */
@@ -880,11 +889,11 @@ INLINE void pv_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp
                 /* a decode's 4 rows of 64 columns (scores a tile of 256 apart): with the strides
                  * constant the rows' p and o take one address register each (the loop spilled
                  * its pointers), and every mask is whole */
-                pv_rows_m(orow, 64, 4, prow, 256, 0, jmin, v, 0, mc, type, pf, 1);
+                pv_rows_m(orow, 64, 4, prow, 256, 0, jmin, v, 0, mc, type, pf, 1, NULL);
             } else if (R == 6 && ldo == 64 && ldp == 256 && hd == 64) {
                 /* a prefill tile's rows, the same way (the loop reloaded six row offsets from
                  * the stack every key) */
-                pv_rows_m(orow, 64, 6, prow, 256, 0, jmin, v, 0, mc, type, pf, 1);
+                pv_rows_m(orow, 64, 6, prow, 256, 0, jmin, v, 0, mc, type, pf, 1, NULL);
             } else {
                 pv_rows_n(orow, ldo, R, prow, ldp, jmin, v, c0, mc, type, pf);
             }
@@ -907,11 +916,47 @@ static void attn_pv(float *o, int64_t ldo, int rows, const float *p, int64_t ldp
     }
 }
 
+/* vec.h attn_pv_merge: 6 rows a group, each over the 64 columns from c0 in turn. */
+INLINE void pv_merge_impl(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, int n, const void *const *v,
+                          int64_t hd, const int type, const float *f)
+{
+    struct pf_cur none = {NULL, 0, 0};
+    for (int64_t c0 = 0; c0 < hd; c0 += 64) {
+        __mmask16 mc[4];
+        masks4(hd - c0, mc);
+        for (int r = 0; r < rows; r += 6) {
+            float *orow = o + r * ldo;
+            const float *prow = p + r * ldp, *fr = f + 2 * r;
+            if (rows - r >= 6 && ldo == 64 && ldp == 256 && hd == 64) { /* a prefill tile's, as pv_impl */
+                pv_rows_m(orow, 64, 6, prow, 256, 0, n, v, 0, mc, type, &none, 1, fr);
+                continue;
+            }
+            switch (rows - r < 6 ? rows - r : 6) {
+            case 6: pv_rows_m(orow, ldo, 6, prow, ldp, 0, n, v, c0, mc, type, &none, 0, fr); break;
+            case 5: pv_rows_m(orow, ldo, 5, prow, ldp, 0, n, v, c0, mc, type, &none, 0, fr); break;
+            case 4: pv_rows_m(orow, ldo, 4, prow, ldp, 0, n, v, c0, mc, type, &none, 0, fr); break;
+            case 3: pv_rows_m(orow, ldo, 3, prow, ldp, 0, n, v, c0, mc, type, &none, 0, fr); break;
+            case 2: pv_rows_m(orow, ldo, 2, prow, ldp, 0, n, v, c0, mc, type, &none, 0, fr); break;
+            default: pv_rows_m(orow, ldo, 1, prow, ldp, 0, n, v, c0, mc, type, &none, 0, fr); break;
+            }
+        }
+    }
+}
+
+static void attn_pv_merge(float *o, int64_t ldo, int rows, const float *p, int64_t ldp, int n, const void *const *v,
+                          int64_t hd, int type, const float *f)
+{
+    if (type == DT_F16)
+        pv_merge_impl(o, ldo, rows, p, ldp, n, v, hd, DT_F16, f);
+    else
+        pv_merge_impl(o, ldo, rows, p, ldp, n, v, hd, DT_F32, f);
+}
+
 /* The max of s[0..n) in mx's lanes. Four running maxima: one alone waited for each max's
  * latency (2 cycles a vector, a fifth of softmax_tile's time over a prefill tile's rows); a
  * max is the same whatever order the elements come in (NaN aside, which vec.h leaves
  * unspecified; a max of +0 and -0 may give either, and s[j] - m then exp give the same bits). */
-static float softmax_tile(float *s, int64_t n, float *l)
+INLINE float row_max(const float *s, int64_t n)
 {
     __m512 mx = _mm512_set1_ps(-__builtin_inff()), m1 = mx, m2 = mx, m3 = mx;
     int64_t k = 0;
@@ -928,9 +973,15 @@ static float softmax_tile(float *s, int64_t n, float *l)
         __mmask16 m = tail_mask(n - k);
         mx = _mm512_mask_max_ps(mx, m, mx, _mm512_maskz_loadu_ps(m, s + k));
     }
-    float m = _mm512_reduce_max_ps(mx);
+    return _mm512_reduce_max_ps(mx);
+}
+
+/* s[k] = exp(s[k] - m) (VEC_SEXP); returns their sum in the 16 lanes' order. */
+INLINE float row_exps(float *s, int64_t n, float m)
+{
     __m512 vm = _mm512_set1_ps(m), acc = _mm512_setzero_ps();
-    for (k = 0; k + 16 <= n; k += 16) { /* the sum in the same pass: the same adds in the same lanes */
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16) { /* the sum in the same pass: the same adds in the same lanes */
         __m512 e = sexp16(_mm512_sub_ps(_mm512_loadu_ps(s + k), vm));
         _mm512_storeu_ps(s + k, e);
         acc = _mm512_add_ps(acc, e);
@@ -941,8 +992,27 @@ static float softmax_tile(float *s, int64_t n, float *l)
         _mm512_mask_storeu_ps(s + k, mk, e);
         acc = _mm512_mask_add_ps(acc, mk, acc, e);
     }
-    *l = reduce16(acc);
+    return reduce16(acc);
+}
+
+static float softmax_tile(float *s, int64_t n, float *l)
+{
+    float m = row_max(s, n);
+    *l = row_exps(s, n, m);
     return m;
+}
+
+/* Each row's max comes before the exps of the row above it, so its loads and its reduction's
+ * latency overlap that row's exps rather than wait in line behind them. */
+static void softmax_rows(float *s, int64_t lds, int rows, const int32_t *n, float *m, float *l)
+{
+    float next = rows > 0 ? row_max(s, n[0]) : 0.0f;
+    for (int r = 0; r < rows; r++) {
+        m[r] = next;
+        if (r + 1 < rows)
+            next = row_max(s + (r + 1) * lds, n[r + 1]);
+        l[r] = row_exps(s + r * lds, n[r], m[r]);
+    }
 }
 
 static void f16_to_f32(const uint16_t *x, int64_t ldx, float *y, int64_t ldy, int rows, int64_t n)
@@ -1011,10 +1081,12 @@ static void f32_to_f16(const float *x, int64_t n, uint16_t *y, int64_t ldy)
 }
 
 static const struct vec_ops avx512_ops = {dot_f32,      exp_sub,       silu_mul,   attn_qk,  attn_pv,
-                                          softmax_tile, attn_qk_paged, f16_to_f32, q8_query, f32_to_f16};
+                                          softmax_tile, attn_qk_paged, f16_to_f32, q8_query, f32_to_f16,
+                                          attn_pv_merge, softmax_rows};
 static const struct vec_ops avx512_novnni_ops = {dot_f32,        exp_sub,      silu_mul,
                                                  attn_qk_novnni, attn_pv,      softmax_tile,
-                                                 attn_qk_paged_novnni, f16_to_f32, q8_query, f32_to_f16};
+                                                 attn_qk_paged_novnni, f16_to_f32, q8_query, f32_to_f16,
+                                          attn_pv_merge, softmax_rows};
 
 const struct vec_ops *vec_ops_avx512(void) { return &avx512_ops; }
 const struct vec_ops *vec_ops_avx512_novnni(void) { return &avx512_novnni_ops; }

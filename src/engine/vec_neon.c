@@ -515,7 +515,7 @@ static void f32_to_f16(const float *x, int64_t n, uint16_t *y, int64_t ldy)
 }
 
 static const struct vec_ops neon_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile, attn_qk_paged,
-                                        f16_to_f32, q8_query, f32_to_f16};
+                                        f16_to_f32, q8_query, f32_to_f16, NULL, NULL};
 
 const struct vec_ops *vec_ops_neon(void) { return &neon_ops; }
 

@@ -336,6 +336,85 @@ static void test_f32_to_f16(const struct vec_ops *ref, const struct vec_ops *ops
     CHECK(bad == 0, "%s: %d F16 conversions differ from kern_f32_to_f16 in bits (or wrote between strides)", name, bad);
 }
 
+/* attn_pv_merge (where a variant has it; the reference's own too) against the reference's
+ * attn_pv into a cleared o_t, then attn.h's merge o*a + o_t*b, on random shapes (rows 1-19,
+ * keys 1-150, head sizes 8-136) and a prefill tile's (256 rows of 64 dims, o rows 64 apart,
+ * scores 256 apart), F16 and F32: the same bits. */
+static void test_attn_pv_merge(const struct vec_ops *ref, const struct vec_ops *ops, const char *name)
+{
+    enum { ROWS = 256, KEYS = 256, HD = 136 };
+    static float p[ROWS * KEYS], o0[ROWS * HD], o1[ROWS * HD], ot[ROWS * HD], f[2 * ROWS], vf[KEYS * HD];
+    static uint16_t vh[KEYS * HD];
+    if (!ops->attn_pv_merge) {
+        printf("%s: no attn_pv_merge, skipped\n", name);
+        return;
+    }
+    uint64_t seed = 13;
+    int bad = 0;
+    for (int rep = 0; rep < 60; rep++) {
+        int type = rep % 2 ? DT_F32 : DT_F16, prefill = rep % 10 < 2;
+        int rows = prefill ? ROWS - rep % 3 : 1 + (int)(test_rand_u64(&seed) % 19);
+        int n = prefill ? KEYS : 1 + (int)(test_rand_u64(&seed) % 150);
+        int hd = prefill ? 64 : 8 * (1 + (int)(test_rand_u64(&seed) % (HD / 8))) - (rep % 5 == 0 ? 3 : 0);
+        int64_t ldp = prefill ? KEYS : n + 3;
+        for (int i = 0; i < ROWS * KEYS; i++)
+            p[i] = test_rand_float(&seed) * 0.5f + 0.5f;
+        for (int i = 0; i < KEYS * HD; i++) {
+            vf[i] = test_rand_float(&seed);
+            vh[i] = kern_f32_to_f16(vf[i]);
+        }
+        for (int i = 0; i < ROWS * HD; i++)
+            o0[i] = o1[i] = test_rand_float(&seed);
+        for (int r = 0; r < ROWS; r++) {
+            f[2 * r] = test_rand_float(&seed) * 0.5f + 0.5f;
+            f[2 * r + 1] = r % 7 ? test_rand_float(&seed) * 0.5f + 0.5f : 1.0f;
+        }
+        const void *v[KEYS];
+        int32_t nr[ROWS];
+        for (int j = 0; j < n; j++)
+            v[j] = type == DT_F16 ? (const void *)(vh + j * hd) : (const void *)(vf + j * hd);
+        for (int r = 0; r < rows; r++)
+            nr[r] = n;
+        memset(ot, 0, sizeof ot);
+        ref->attn_pv(ot, hd, rows, p, ldp, nr, v, hd, type, NULL);
+        for (int r = 0; r < rows; r++)
+            for (int i = 0; i < hd; i++)
+                o0[r * hd + i] = o0[r * hd + i] * f[2 * r] + ot[r * hd + i] * f[2 * r + 1];
+        ops->attn_pv_merge(o1, hd, rows, p, ldp, n, v, hd, type, f);
+        bad += memcmp(o0, o1, sizeof o0) != 0;
+    }
+    CHECK(bad == 0, "%s: %d of 60 attn_pv_merge results differ from attn_pv and the merge in bits", name, bad);
+}
+
+/* softmax_rows (where a variant has it) against the reference's softmax_tile of each row, rows
+ * of 1-256 scores (a tile's 256 apart, some rows shorter): the same bits. */
+static void test_softmax_rows(const struct vec_ops *ref, const struct vec_ops *ops, const char *name)
+{
+    enum { ROWS = 40, LDS = 256 };
+    static float s0[ROWS * LDS], s1[ROWS * LDS];
+    float m0[ROWS], m1[ROWS], l0[ROWS], l1[ROWS];
+    int32_t n[ROWS];
+    if (!ops->softmax_rows) {
+        printf("%s: no softmax_rows, skipped\n", name);
+        return;
+    }
+    uint64_t seed = 17;
+    int bad = 0;
+    for (int rep = 0; rep < 40; rep++) {
+        int rows = 1 + (int)(test_rand_u64(&seed) % ROWS);
+        for (int i = 0; i < ROWS * LDS; i++)
+            s0[i] = s1[i] = test_rand_float(&seed) * 30.0f;
+        for (int r = 0; r < rows; r++) {
+            n[r] = rep % 2 ? LDS : 1 + (int)(test_rand_u64(&seed) % LDS);
+            m0[r] = ref->softmax_tile(s0 + r * LDS, n[r], &l0[r]);
+        }
+        ops->softmax_rows(s1, LDS, rows, n, m1, l1);
+        bad += memcmp(s0, s1, sizeof s0) != 0 || memcmp(m0, m1, (size_t)rows * sizeof *m0) != 0 ||
+               memcmp(l0, l1, (size_t)rows * sizeof *l0) != 0;
+    }
+    CHECK(bad == 0, "%s: %d of 40 softmax_rows results differ from softmax_tile's in bits", name, bad);
+}
+
 int main(int argc, char **argv)
 {
     test_begin(argc, argv);
@@ -382,7 +461,10 @@ int main(int argc, char **argv)
         RUN(test_attn_decode_shape, ref, ops, names[v]);
         RUN(test_q8_query, ops, names[v]);
         RUN(test_f32_to_f16, ref, ops, names[v]);
+        RUN(test_attn_pv_merge, ref, ops, names[v]);
+        RUN(test_softmax_rows, ref, ops, names[v]);
     }
+    RUN(test_attn_pv_merge, ref, ref, "ref");
     RUN(test_exp_accuracy, ref);
     const struct vec_ops *avail[3];
     int n_avail = 0;
