@@ -556,8 +556,9 @@ static void down_setup(struct down_job *dj, int n_sel)
 /* ---- one dispatch from the router to the activation, or to down ---- */
 
 /* The router's product with the experts' inputs quantized, the choices and the gathered
- * inputs, then gate, up and the activation, in one dispatch: each thread quantizes its
- * share of the batch's rows for gate and up and claims runs of the router's rows; thread
+ * inputs, then gate, up and the activation, in one dispatch: the threads claim the batch's
+ * rows to quantize for gate and up, then runs of the router's rows (all claimed, so the
+ * caller alone can do it all: pool_run_claims); thread
  * 0 (the caller) waits for the last of that work, routes, groups and gathers, and
  * releases the others into gu_run. The router reads x itself when its activations are
  * F32 (a float router: every qwen3moe and gpt-oss file); otherwise its input was
