@@ -51,6 +51,13 @@ int pool_thread_tid(const struct pool *p, int ith);
  * returned. Not reentrant: one job at a time per pool, from one calling thread. */
 void pool_run(struct pool *p, pool_fn fn, void *ctx);
 
+/* As pool_run, for a job whose fn, run by the calling thread alone, does all of the work
+ * (units claimed, none split by ith): a worker that has not started fn by the time the
+ * caller's fn returns skips the job, so the caller never waits for a worker that another
+ * process holds off its CPU; it waits only for the workers that started. fn runs as
+ * thread 0 on the caller and as ith on any subset of the workers, nth as in pool_run. */
+void pool_run_claims(struct pool *p, pool_fn fn, void *ctx);
+
 /* Splits [0, n) into nth contiguous parts aligned to `align`; part ith is [*lo, *hi). */
 void pool_split(long n, long align, int ith, int nth, long *lo, long *hi);
 

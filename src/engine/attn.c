@@ -1140,7 +1140,10 @@ void attn_forward_sinks(struct attn *a, struct pool *pool, const struct vec_ops 
         j.n_items = (long)n_runs * n_kv;
     }
     atomic_init(&j.next, 0);
-    pool_run(pool, attn_work, &j);
+    if (j.split) /* tiles by pairs of threads, or split tiles merged by a fixed split */
+        pool_run(pool, attn_work, &j);
+    else /* KV heads claimed one at a time: the caller takes what others leave */
+        pool_run_claims(pool, attn_work, &j);
     if (j.split)
         pool_run(pool, merge_work, &j);
 }

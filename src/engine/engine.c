@@ -275,7 +275,7 @@ static void matmul_items_warm(struct engine *e, int B, const struct mm_item *ite
     struct mm_part parts[MM_MAX_PARTS];
     mm_parts_init(&j, parts, units, pool_threads(e->pool), unit_bytes);
     count_bytes(e, bytes);
-    pool_run(e->pool, mm_run, &j);
+    pool_run_claims(e->pool, mm_run, &j); /* mm_claim: the caller takes what others leave */
 }
 
 static void matmul_items(struct engine *e, int B, const struct mm_item *items, int n_items)
@@ -1211,7 +1211,12 @@ static int forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         /* feed-forward block */
         phase(e, EP_FFN);
         if (L->router) {
+            /* the experts' bytes (and the router's) count as this phase's products, so the
+             * bench's product rate covers the whole step's weights */
+            uint64_t experts_before = e->prof ? moe_get_stats(e->moe).expert_bytes : 0;
             moe_forward(e->moe, e->pool, e->vec, L, e->xn, B, e->x); /* adds to x itself */
+            if (e->prof)
+                count_bytes(e, (size_t)(moe_get_stats(e->moe).expert_bytes - experts_before) + kern_mat_bytes(L->router));
             ffn_added = true;
         } else {
             struct mm_item gu_items[2] = {

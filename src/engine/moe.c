@@ -138,13 +138,10 @@ struct rows_job {
     int kind[3];        /* activation kinds wanted (-1: none) */
 };
 
-/* The batch's rows quantized for the router's and the experts' kinds. */
-static void quant_x_run(void *ctx, int ith, int nth)
+/* Rows [lo, hi) of the batch quantized for the router's and the experts' kinds. */
+static void quant_x_rows(struct rows_job *j, long lo, long hi)
 {
-    struct rows_job *j = ctx;
     struct moe *mo = j->mo;
-    long lo, hi;
-    pool_split(j->n, 1, ith, nth, &lo, &hi);
     for (int k = 0; k < 3; k++) {
         int kd = j->kind[k];
         if (kd < 0 || (k >= 1 && kd == j->kind[0]) || (k == 2 && kd == j->kind[1]))
@@ -152,6 +149,13 @@ static void quant_x_run(void *ctx, int ith, int nth)
         for (long b = lo; b < hi; b++)
             kern_act_quantize(kind_type[kd], j->x + b * mo->n_embd, (char *)mo->xq[kd] + b * mo->xrow[kd], mo->n_embd);
     }
+}
+
+static void quant_x_run(void *ctx, int ith, int nth)
+{
+    long lo, hi;
+    pool_split(((struct rows_job *)ctx)->n, 1, ith, nth, &lo, &hi);
+    quant_x_rows(ctx, lo, hi);
 }
 
 /* gpt-oss's SwiGLU (llama.cpp's swiglu_oai, alpha 1.702, limit 7) of the biased gate and up:
@@ -552,8 +556,9 @@ static void down_setup(struct down_job *dj, int n_sel)
 /* ---- one dispatch from the router to the activation, or to down ---- */
 
 /* The router's product with the experts' inputs quantized, the choices and the gathered
- * inputs, then gate, up and the activation, in one dispatch: each thread quantizes its
- * share of the batch's rows for gate and up and claims runs of the router's rows; thread
+ * inputs, then gate, up and the activation, in one dispatch: the threads claim the batch's
+ * rows to quantize for gate and up, then runs of the router's rows (all claimed, so the
+ * caller alone can do it all: pool_run_claims); thread
  * 0 (the caller) waits for the last of that work, routes, groups and gathers, and
  * releases the others into gu_run. The router reads x itself when its activations are
  * F32 (a float router: every qwen3moe and gpt-oss file); otherwise its input was
@@ -577,6 +582,7 @@ struct step_job {
     const void *xr;          /* the router's input rows */
     size_t ldx;
     long rows, align;        /* the router's rows (n_expert), claimed in multiples of align */
+    _Atomic long next_row;   /* the rows to quantize */
     _Atomic long next;       /* the router's units */
     _Atomic long work_left;  /* rows to quantize and router units not yet done */
     _Atomic long routed;     /* set by thread 0 when gj is ready */
@@ -681,9 +687,10 @@ static void step_run(void *ctx, int ith, int nth)
     struct step_job *j = ctx;
     struct moe *mo = j->q.mo;
     long lo, hi;
-    pool_split(j->q.n, 1, ith, nth, &lo, &hi);
-    quant_x_run(&j->q, ith, nth);
-    atomic_fetch_sub_explicit(&j->work_left, hi - lo, memory_order_release);
+    while (claim_units(&j->next_row, j->q.n, nth, &lo, &hi)) {
+        quant_x_rows(&j->q, lo, hi);
+        atomic_fetch_sub_explicit(&j->work_left, hi - lo, memory_order_release);
+    }
     long units = (j->rows + j->align - 1) / j->align;
     while (claim_units(&j->next, units, nth, &lo, &hi)) {
         int64_t r1 = hi * j->align;
@@ -746,10 +753,11 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
         sj.q.kind[1] = k_gate == k_router ? -1 : k_gate; /* the kinds not yet quantized */
         sj.q.kind[2] = k_up == k_router || k_up == k_gate ? -1 : k_up;
     }
+    atomic_init(&sj.next_row, 0);
     atomic_init(&sj.next, 0);
     atomic_init(&sj.work_left, B + (sj.rows + sj.align - 1) / sj.align);
     atomic_init(&sj.routed, 0);
-    pool_run(pool, step_run, &sj);
+    pool_run_claims(pool, step_run, &sj); /* all claimed: the caller takes what others leave */
     t1 = clock_ns();
     /* fused with down: gate+up's time ends when the last expert's h was whole */
     int64_t t_gu_end = by_expert ? sj.gj.t_h_ready : t1;
@@ -764,7 +772,7 @@ void moe_forward(struct moe *mo, struct pool *pool, const struct vec_ops *vec, c
      * DOWN_BY_EXPERT_CHOICES choices), and the combination */
     if (!by_expert) {
         down_setup(&sj.dj, n_sel);
-        pool_run(pool, down_run, &sj.dj);
+        pool_run_claims(pool, down_run, &sj.dj);
     } else {
         combine_cols(mo, L, B, y, 0, mo->n_embd);
     }

@@ -4,7 +4,9 @@
 #include "testutil.h"
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -23,6 +25,83 @@ static void mark(void *ctx, int ith, int nth)
     for (long i = lo; i < hi; i++)
         j->hits[i]++;
     atomic_fetch_add(&j->calls, 1);
+}
+
+/* Units of [0, n) claimed 7 at a time, each counted once; the threads that ran fn. */
+struct claims_job {
+    long n;
+    _Atomic long next;
+    _Atomic int *hits;
+    _Atomic int ran;
+};
+
+static void claim_mark(void *ctx, int ith, int nth)
+{
+    struct claims_job *j = ctx;
+    long lo, hi;
+    (void)ith;
+    while (pool_claim(&j->next, j->n, 7, nth, &lo, &hi))
+        for (long i = lo; i < hi; i++)
+            atomic_fetch_add(&j->hits[i], 1);
+    atomic_fetch_add(&j->ran, 1);
+}
+
+/* pool_run_claims between plain jobs, after pauses that let the workers fall asleep:
+ * every unit done once whichever workers joined, the plain jobs still run on every
+ * thread, and a worker that skipped a job (its caller done first) takes the next. */
+static void test_claims(int threads, bool prof)
+{
+    struct pool *p;
+    CHECK_EQ_INT(pool_create(&p, threads), 0);
+    CHECK_EQ_INT(pool_profile(p, prof), 0);
+    static _Atomic int hits[500];
+    int marks[1000];
+    memset(marks, 0, sizeof marks);
+    struct job plain = {.n = 1000, .hits = marks};
+    static const long pause_ns[] = {0, 2000, 200000, 5000000};
+    int joined = 0;
+    for (int rep = 0; rep < 120; rep++) {
+        for (int i = 0; i < 500; i++)
+            atomic_init(&hits[i], 0);
+        struct claims_job j = {.n = rep % 5 == 0 ? 3 : 500, .hits = hits};
+        atomic_init(&j.next, 0);
+        atomic_init(&j.ran, 0);
+        nanosleep(&(struct timespec){0, pause_ns[(rep * 7 + rep / 4) % 4]}, NULL);
+        pool_run_claims(p, claim_mark, &j);
+        int bad = 0;
+        for (long i = 0; i < j.n; i++)
+            bad += atomic_load(&hits[i]) != 1;
+        CHECK(bad == 0, "%d of %ld units not done exactly once (%d threads, rep %d)", bad, j.n, threads, rep);
+        int ran = atomic_load(&j.ran);
+        CHECK(ran >= 1 && ran <= threads, "fn ran on %d of %d threads", ran, threads);
+        joined += ran - 1;
+        if (rep % 3 == 0)
+            pool_run(p, mark, &plain);
+    }
+    /* back to back, no pauses: a worker still leaving one job as the next begins */
+    for (int rep = 0; rep < 3000; rep++) {
+        struct claims_job j = {.n = 3, .hits = hits};
+        atomic_init(&j.next, 0);
+        atomic_init(&j.ran, 0);
+        for (int i = 0; i < 3; i++)
+            atomic_init(&hits[i], 0);
+        pool_run_claims(p, claim_mark, &j);
+        CHECK(atomic_load(&hits[0]) == 1 && atomic_load(&hits[2]) == 1, "back to back rep %d: units hit %d, %d", rep,
+              atomic_load(&hits[0]), atomic_load(&hits[2]));
+        if (rep % 2)
+            pool_run(p, mark, &plain);
+    }
+    CHECK_EQ_INT(atomic_load(&plain.calls), 1540 * threads);
+    CHECK(marks[0] == 1540 && marks[999] == 1540, "plain jobs hit %d and %d times", marks[0], marks[999]);
+    if (prof) {
+        struct pool_tag_stats t = pool_tag_stats(p, 0);
+        CHECK(t.jobs == 4660 && t.ns_busy_workers >= 0 && t.ns_busy_workers + t.ns_wake_workers <= (threads - 1) * t.ns_wall,
+              "profiled: %llu jobs, workers busy %lld, waking %lld of %lld ns", t.jobs, t.ns_busy_workers,
+              t.ns_wake_workers, t.ns_wall);
+    }
+    printf("pool_run_claims, %d threads%s: workers joined %d of %d jobs' chances\n", threads, prof ? " (profiled)" : "",
+           joined, 120 * (threads - 1));
+    pool_release(p);
 }
 
 int main(void)
@@ -100,6 +179,10 @@ int main(void)
         CHECK(pool_tag_stats(p, 5).jobs == 0, "stats after profiling off");
         CHECK_EQ_INT(atomic_load(&j.calls), 32 * threads);
         pool_release(p);
+    }
+    for (int threads = 1; threads <= 3; threads++) {
+        test_claims(threads, false);
+        test_claims(threads, true);
     }
     CHECK(pool_create(&(struct pool *){0}, 0) == CAIRN_EINVAL, "0 threads accepted");
     pool_release(NULL);
