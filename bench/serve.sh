@@ -11,7 +11,9 @@
 #      others decode), their generated tok/s over the engine's B = 8 rate (the arriving
 #      prompts' prefill counted as time, not tokens) and the engine's own time for the
 #      same work (those prompts at its prefill rate plus the tokens at its B = 8 rate)
-#      over theirs;
+#      over theirs; the engine's B = 8 before and after each run apart (flagged where they
+#      differ by more than 15%: a neighbour's load moved, and ratios to their mean say
+#      little), and the served full step's median against each one's step of 8 at depth 192;
 #      How the runner's steps filled during the 8 streams (their CAIRN_STEP_LOG): steps
 #      by sequences decoding, full steps, the time the batch took to fill, the tail; and
 #      the serving account of the 8 streams end to end: the engine's time for the same
@@ -52,7 +54,7 @@ while [ $# -gt 0 ]; do
     --perf) perf=1; shift ;;
     --ref-wait) ref_wait=$2; shift 2 ;;
     --cairn) serve_bin=$(cd "$caller" && realpath -m -- "$2"); shift 2 ;;
-    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done

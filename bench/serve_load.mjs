@@ -21,6 +21,9 @@ import http from 'node:http';
 import fs from 'node:fs';
 import { performance } from 'node:perf_hooks';
 
+// The engine's B = 8 rates just before and after a run further apart than this ratio are
+// flagged in the table: on a shared machine a neighbour's work can move them 4x in minutes.
+const SPREAD_WARN = 1.15;
 const WORDS = (
   'the of and to in is that for it as was with be by on not he this are or his from at ' +
   'which but have an they you were her she there been one all we their has would when if ' +
@@ -534,12 +537,22 @@ function modeTable(o) {
     // a hole (null) in either run's curve stays a hole (NaN), not a zero in the mean
     const curve = cs.length ? cs[0].d192_curve_ms.map((_, k) => cs.reduce((a, e) => a + (e.d192_curve_ms[k] > 0 ? e.d192_curve_ms[k] : NaN), 0) / cs.length) : null;
     const steps = r.mode === 'streams' ? rows.slice(i + 1).find((x) => x.mode === 'steps') : null;
-    keep.push({ r, b8, pp, b8d, acc: accountOf(r, steps, curve, pp) });
+    // the engine's B = 8 rates before and after: where they differ much, the machine's load
+    // moved between them and the mean is no yardstick for the run between
+    const spread = es.length === 2 ? Math.max(before.b8_tps, after.b8_tps) / Math.min(before.b8_tps, after.b8_tps) : 1;
+    keep.push({ r, b8, pp, b8d, es, spread, steps, acc: accountOf(r, steps, curve, pp) });
   });
   if (keep.length) {
     out.push('');
     out.push('Serving against the engine alone (`cairn bench -p 128 -n 0 -r 3 --batch-curve 8` just before and after ' +
              'each run, their mean), each run:\n');
+    out.push('- the engine\'s B = 8 before / after each run (tok/s, at depth 0; at depth 192): ' +
+             keep.filter((k) => k.r.mode === 'streams').map((k) => k.es.map((e) => `${e.b8_tps.toFixed(1)}` +
+                                            (Number.isFinite(e.b8_d192_tps) ? ` (${e.b8_d192_tps.toFixed(1)})` : '') +
+                                            ` at load ${e.loadavg}`).join(' / ') +
+                             (k.spread > SPREAD_WARN ? ` (**x${k.spread.toFixed(2)} apart: the load moved, the ratios ` +
+                                                      'against their mean below say little**)' : ''))
+               .join('; '));
     const st = keep.filter((k) => k.r.mode === 'streams');
     if (st.length)
       out.push('- 8 streams through the API (the window where all 8 decode, no prefill in it) / the engine\'s step of ' +
@@ -548,6 +561,17 @@ function modeTable(o) {
                                       (Number.isFinite(k.b8d) ? ` (against the engine's B = 8 after 192 positions ` +
                                        `of context each, as the streams are on average: ${k.b8d.toFixed(1)} tok/s, ` +
                                        `${(k.r.decode_tps / k.b8d).toFixed(2)})` : '')).join('; '));
+    // the full steps' median alone against each engine run apart: one step against one
+    // step, so a run whose before and after differ still says which it was near
+    const fs8 = st.filter((k) => k.steps && k.steps.full_step_ms_median > 0 && k.steps.most_decoding === 8);
+    if (fs8.length)
+      out.push('- a served full step of 8 (the step log\'s median) against the engine\'s step of 8 at depth 192 before / ' +
+               'after the run, the engine\'s ms / the served ms: ' +
+               fs8.map((k) => `${k.steps.full_step_ms_median.toFixed(2)} ms against ` +
+                              k.es.map((e) => {
+                                const ms = Array.isArray(e.d192_curve_ms) ? e.d192_curve_ms[7] : null;
+                                return ms > 0 ? `${ms.toFixed(2)} (**${(ms / k.steps.full_step_ms_median).toFixed(2)}**)` : '?';
+                              }).join(' / ')).join('; '));
     const ac = st.filter((k) => k.acc);
     if (ac.length)
       out.push('- 8 streams end to end (first send to last end: the prompts\' prefill, the batch filling, the tail), ' +
