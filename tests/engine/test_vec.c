@@ -107,7 +107,9 @@ static void test_softmax_exp(const struct vec_ops *ref, const struct vec_ops *co
 }
 
 /* q8_query: every variant's bytes are vec_q8_query's, on rows of every scale, with zeros,
- * NaNs, infinities, ties (x * id at k + 0.5) and tiny values (a subnormal scale). */
+ * NaNs (quiet, and signalling after the block's largest |x| in the same 4-lane column: an
+ * FMAXNM running max turned that lane into a NaN there and lost the maximum), infinities,
+ * ties (x * id at k + 0.5) and tiny values (a subnormal scale). */
 static void test_q8_query(const struct vec_ops *ops, const char *name)
 {
     enum { HD = 128 };
@@ -130,6 +132,12 @@ static void test_q8_query(const struct vec_ops *ops, const char *name)
         if (kind == 4) /* amax 127: codes at exact halves */
             for (int i = 0; i < 32; i++)
                 x[i] = i == 0 ? 127.0f : (float)(int)(test_rand_u64(&seed) % 254 - 127) + 0.5f;
+        if (kind == 5) { /* block 1: the largest |x| at dimension 32 + l, a signalling NaN at 32 + 28 + l */
+            int l = (int)(test_rand_u64(&seed) % 4);
+            uint32_t snan = 0x7fa00000u | (uint32_t)(test_rand_u64(&seed) % 0x1000);
+            x[32 + l] = (rep % 16 < 8 ? 2.0f : -2.0f) * scale;
+            memcpy(&x[32 + 28 + l], &snan, sizeof snan);
+        }
         memset(r0, 0x55, sizeof r0);
         memset(r1, 0x55, sizeof r1);
         vec_q8_query(x, HD, r0);
@@ -137,6 +145,32 @@ static void test_q8_query(const struct vec_ops *ops, const char *name)
         bad += memcmp(r0, r1, sizeof r0) != 0;
     }
     CHECK(bad == 0, "%s: %d of 2000 quantized query rows differ from vec_q8_query", name, bad);
+}
+
+/* f16_to_f32: every half (NaNs, subnormals, infinities), as rows of 4093 with a stride of
+ * 4099 (tails of every length past the last whole register), gives kern_f16_to_f32's bits. */
+static void test_f16_to_f32(const struct vec_ops *ops, const char *name)
+{
+    enum { N = 4093, LD = 4099, ROWS = 65536 / N + 1 };
+    static uint16_t x[ROWS * LD];
+    static float y[ROWS * LD];
+    for (int i = 0; i < ROWS * LD; i++)
+        x[i] = (uint16_t)(i % LD < N ? (i / LD) * N + i % LD : 0);
+    memset(y, 0x55, sizeof y);
+    ops->f16_to_f32(x, LD, y, LD, ROWS, N);
+    int bad = 0, kept = 0;
+    for (int i = 0; i < ROWS * LD; i++) {
+        if (i % LD >= N) { /* past a row's n: untouched */
+            uint32_t u;
+            memcpy(&u, &y[i], sizeof u);
+            kept += u == 0x55555555u;
+            continue;
+        }
+        float want = kern_f16_to_f32(x[i]);
+        bad += memcmp(&want, &y[i], sizeof want) != 0;
+    }
+    CHECK(bad == 0 && kept == ROWS * (LD - N), "%s: %d halves converted to other bits, %d of %d gaps kept", name,
+          bad, kept, ROWS * (LD - N));
 }
 
 /* Byte i of K(d, j)'s storage for a key stride ld (vec.h attn_qk's layouts; Q4_0: the byte
@@ -344,6 +378,7 @@ int main(int argc, char **argv)
         RUN(test_attn_tiles, ref, ops, names[v]);
         RUN(test_attn_decode_shape, ref, ops, names[v]);
         RUN(test_q8_query, ops, names[v]);
+        RUN(test_f16_to_f32, ops, names[v]);
     }
     RUN(test_exp_accuracy, ref);
     const struct vec_ops *avail[3];
