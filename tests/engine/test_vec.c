@@ -305,6 +305,14 @@ static char *guard_map(void)
 
 static void *guard_end(char *region, size_t bytes) { return region + GUARD_BYTES - bytes; }
 
+/* Unmaps guard_map's region (NULL: nothing). */
+static void guard_unmap(char *region)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), len = (GUARD_BYTES + page - 1) / page * page;
+    if (region)
+        munmap(region + GUARD_BYTES - len, len + page);
+}
+
 /* The tile products with each operand at the end of a guarded region (tight strides: K's ld
  * and the scores' lds the key count, paged blocks of bt keys each at a region's end, each V
  * row at one's end), keys 1-33 past every whole group, rows 1-5, every type: no read or write
@@ -312,22 +320,20 @@ static void *guard_end(char *region, size_t bytes) { return region + GUARD_BYTES
 static void test_attn_edges(const struct vec_ops *ref, const struct vec_ops *ops, const char *name)
 {
     enum { NMAX = 33, ROWS = 5, BLOCKS = 5 };
-    char *kr = guard_map(), *ksr = guard_map(), *qr = guard_map(), *sr = guard_map(), *vr[NMAX];
-    char *kbr[BLOCKS], *ksbr[BLOCKS];
+    char *kr = guard_map(), *ksr = guard_map(), *qr = guard_map(), *sr = guard_map(), *vr[NMAX] = {0};
+    char *kbr[BLOCKS] = {0}, *ksbr[BLOCKS] = {0};
     bool ok = kr && ksr && qr && sr;
     for (int i = 0; i < NMAX; i++)
         ok = ok && (vr[i] = guard_map()) != NULL;
     for (int i = 0; i < BLOCKS; i++)
         ok = ok && (kbr[i] = guard_map()) != NULL && (ksbr[i] = guard_map()) != NULL;
     CHECK(ok, "%s: guarded regions not mapped", name);
-    if (!ok)
-        return;
     static float s0[ROWS * NMAX], o0[ROWS * 64], o1[ROWS * 64], qf[ROWS * 64];
     static char q8[ROWS * VEC_Q8_ROW_BYTES(64)] __attribute__((aligned(4)));
     const int types[4] = {DT_F16, DT_F32, DT_Q8_0, DT_Q4_0};
     uint64_t seed = 23;
     int bad = 0;
-    for (int rep = 0; rep < 4 * NMAX * 2; rep++) {
+    for (int rep = 0; ok && rep < 4 * NMAX * 2; rep++) {
         int type = types[rep % 4], n = 1 + rep / 4 % NMAX, rows = 1 + rep % ROWS, bt = rep % 8 < 4 ? 8 : 7;
         int hd = type == DT_F16 || type == DT_F32 ? (rep / 4 / NMAX ? 13 : 64) : (rep / 4 / NMAX ? 32 : 64);
         size_t esize = type == DT_F16 ? 2 : type == DT_F32 ? 4 : 1;
@@ -406,6 +412,15 @@ static void test_attn_edges(const struct vec_ops *ref, const struct vec_ops *ops
         }
     }
     CHECK(bad == 0, "%s: %d tile results at guarded ends differ from the reference", name, bad);
+    char *all[] = {kr, ksr, qr, sr};
+    for (int i = 0; i < 4; i++)
+        guard_unmap(all[i]);
+    for (int i = 0; i < NMAX; i++)
+        guard_unmap(vr[i]);
+    for (int i = 0; i < BLOCKS; i++) {
+        guard_unmap(kbr[i]);
+        guard_unmap(ksbr[i]);
+    }
 }
 
 /* A decode step's shape, as decode_tile calls the kernels (4 query rows of 64 dims, q' rows 64
