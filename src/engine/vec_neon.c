@@ -460,9 +460,10 @@ static void f16_to_f32(const uint16_t *x, int64_t ldx, float *y, int64_t ldy, in
     }
 }
 
-/* vec_q8_query's steps: amax ignores a NaN as the reference's comparison does (FMAXNM),
- * the clamp keeps it (FMAX/FMIN), and FCVTAS rounds half away from zero as roundf and turns
- * a NaN into 0. */
+/* vec_q8_query's steps: amax ignores a NaN as the reference's comparison does (|x| > m ?
+ * |x| : m per lane, a compare and a select: FMAXNM would return a NaN for a signalling one,
+ * and the lane's later steps would drop its maximum so far), the clamp keeps it (FMAX/FMIN),
+ * and FCVTAS rounds half away from zero as roundf and turns a NaN into 0. */
 static void q8_query(const float *x, int64_t hd, void *row)
 {
     int8_t *code = row;
@@ -472,9 +473,10 @@ static void q8_query(const float *x, int64_t hd, void *row)
         float32x4_t v[8], m = vdupq_n_f32(0.0f);
         for (int i = 0; i < 8; i++) {
             v[i] = vld1q_f32(x + 32 * c + 4 * i);
-            m = vmaxnmq_f32(m, vabsq_f32(v[i]));
+            float32x4_t a = vabsq_f32(v[i]);
+            m = vbslq_f32(vcgtq_f32(a, m), a, m);
         }
-        float d = vmaxnmvq_f32(m) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        float d = vmaxvq_f32(m) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         int32x4_t sum = vdupq_n_s32(0);
         int16x8_t h[4];
         for (int i = 0; i < 8; i += 2) {

@@ -7,6 +7,8 @@
 
 #include <math.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define MAXN 300
 
@@ -107,7 +109,9 @@ static void test_softmax_exp(const struct vec_ops *ref, const struct vec_ops *co
 }
 
 /* q8_query: every variant's bytes are vec_q8_query's, on rows of every scale, with zeros,
- * NaNs, infinities, ties (x * id at k + 0.5) and tiny values (a subnormal scale). */
+ * NaNs (quiet, and signalling after the block's largest |x| in the same 4-lane column: an
+ * FMAXNM running max turned that lane into a NaN there and lost the maximum), infinities,
+ * ties (x * id at k + 0.5) and tiny values (a subnormal scale). */
 static void test_q8_query(const struct vec_ops *ops, const char *name)
 {
     enum { HD = 128 };
@@ -130,6 +134,12 @@ static void test_q8_query(const struct vec_ops *ops, const char *name)
         if (kind == 4) /* amax 127: codes at exact halves */
             for (int i = 0; i < 32; i++)
                 x[i] = i == 0 ? 127.0f : (float)(int)(test_rand_u64(&seed) % 254 - 127) + 0.5f;
+        if (kind == 5) { /* block 1: the largest |x| at dimension 32 + l, a signalling NaN at 32 + 28 + l */
+            int l = (int)(test_rand_u64(&seed) % 4);
+            uint32_t snan = 0x7fa00000u | (uint32_t)(test_rand_u64(&seed) % 0x1000);
+            x[32 + l] = (rep % 16 < 8 ? 2.0f : -2.0f) * scale;
+            memcpy(&x[32 + 28 + l], &snan, sizeof snan);
+        }
         memset(r0, 0x55, sizeof r0);
         memset(r1, 0x55, sizeof r1);
         vec_q8_query(x, HD, r0);
@@ -137,6 +147,32 @@ static void test_q8_query(const struct vec_ops *ops, const char *name)
         bad += memcmp(r0, r1, sizeof r0) != 0;
     }
     CHECK(bad == 0, "%s: %d of 2000 quantized query rows differ from vec_q8_query", name, bad);
+}
+
+/* f16_to_f32: every half (NaNs, subnormals, infinities), as rows of 4093 with a stride of
+ * 4099 (tails of every length past the last whole register), gives kern_f16_to_f32's bits. */
+static void test_f16_to_f32(const struct vec_ops *ops, const char *name)
+{
+    enum { N = 4093, LD = 4099, ROWS = 65536 / N + 1 };
+    static uint16_t x[ROWS * LD];
+    static float y[ROWS * LD];
+    for (int i = 0; i < ROWS * LD; i++)
+        x[i] = (uint16_t)(i % LD < N ? (i / LD) * N + i % LD : 0);
+    memset(y, 0x55, sizeof y);
+    ops->f16_to_f32(x, LD, y, LD, ROWS, N);
+    int bad = 0, kept = 0;
+    for (int i = 0; i < ROWS * LD; i++) {
+        if (i % LD >= N) { /* past a row's n: untouched */
+            uint32_t u;
+            memcpy(&u, &y[i], sizeof u);
+            kept += u == 0x55555555u;
+            continue;
+        }
+        float want = kern_f16_to_f32(x[i]);
+        bad += memcmp(&want, &y[i], sizeof want) != 0;
+    }
+    CHECK(bad == 0 && kept == ROWS * (LD - N), "%s: %d halves converted to other bits, %d of %d gaps kept", name,
+          bad, kept, ROWS * (LD - N));
 }
 
 /* Byte i of K(d, j)'s storage for a key stride ld (vec.h attn_qk's layouts; Q4_0: the byte
@@ -248,6 +284,143 @@ static void test_attn_tiles(const struct vec_ops *ref, const struct vec_ops *ops
         bad += memcmp(o0, o1, (size_t)(rows * hd) * sizeof *o0) != 0;
     }
     CHECK(bad == 0, "%s: %d attention tile results differ from the reference in bits", name, bad);
+}
+
+/* Regions whose last byte is followed by an unmapped page: an operand placed at a region's
+ * end (guard_end) faults on any read or write past it. */
+enum { GUARD_BYTES = 4 << 12 };
+
+static char *guard_map(void)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), len = (GUARD_BYTES + page - 1) / page * page;
+    char *p = mmap(NULL, len + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    if (mprotect(p + len, page, PROT_NONE) != 0) {
+        munmap(p, len + page);
+        return NULL;
+    }
+    return p + len - GUARD_BYTES;
+}
+
+static void *guard_end(char *region, size_t bytes) { return region + GUARD_BYTES - bytes; }
+
+/* Unmaps guard_map's region (NULL: nothing). */
+static void guard_unmap(char *region)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), len = (GUARD_BYTES + page - 1) / page * page;
+    if (region)
+        munmap(region + GUARD_BYTES - len, len + page);
+}
+
+/* The tile products with each operand at the end of a guarded region (tight strides: K's ld
+ * and the scores' lds the key count, paged blocks of bt keys each at a region's end, each V
+ * row at one's end), keys 1-33 past every whole group, rows 1-5, every type: no read or write
+ * past an operand (a fault ends the test), and the reference's bits. */
+static void test_attn_edges(const struct vec_ops *ref, const struct vec_ops *ops, const char *name)
+{
+    enum { NMAX = 33, ROWS = 5, BLOCKS = 5 };
+    char *kr = guard_map(), *ksr = guard_map(), *qr = guard_map(), *sr = guard_map(), *vr[NMAX] = {0};
+    char *kbr[BLOCKS] = {0}, *ksbr[BLOCKS] = {0};
+    bool ok = kr && ksr && qr && sr;
+    for (int i = 0; i < NMAX; i++)
+        ok = ok && (vr[i] = guard_map()) != NULL;
+    for (int i = 0; i < BLOCKS; i++)
+        ok = ok && (kbr[i] = guard_map()) != NULL && (ksbr[i] = guard_map()) != NULL;
+    CHECK(ok, "%s: guarded regions not mapped", name);
+    static float s0[ROWS * NMAX], o0[ROWS * 64], o1[ROWS * 64], qf[ROWS * 64];
+    static char q8[ROWS * VEC_Q8_ROW_BYTES(64)] __attribute__((aligned(4)));
+    const int types[4] = {DT_F16, DT_F32, DT_Q8_0, DT_Q4_0};
+    uint64_t seed = 23;
+    int bad = 0;
+    for (int rep = 0; ok && rep < 4 * NMAX * 2; rep++) {
+        int type = types[rep % 4], n = 1 + rep / 4 % NMAX, rows = 1 + rep % ROWS, bt = rep % 8 < 4 ? 8 : 7;
+        int hd = type == DT_F16 || type == DT_F32 ? (rep / 4 / NMAX ? 13 : 64) : (rep / 4 / NMAX ? 32 : 64);
+        size_t esize = type == DT_F16 ? 2 : type == DT_F32 ? 4 : 1;
+        size_t krow = type == DT_Q4_0 ? (size_t)hd / 2 : (size_t)hd; /* byte rows (Q8_0: hd/4 of 4 bytes a key) */
+        size_t vbytes = type == DT_Q8_0 ? hd / 32 * sizeof(struct block_q8_0)
+                      : type == DT_Q4_0 ? hd / 32 * sizeof(struct block_q4_0) : hd * esize;
+        for (int i = 0; i < GUARD_BYTES; i++) {
+            kr[i] = (char)(test_rand_u64(&seed) & 0x77); /* small, finite as halves and floats */
+            for (int v = 0; v < NMAX; v++)
+                vr[v][i] = (char)(i % 2 ? 0x3c : test_rand_u64(&seed) & 0x3f); /* halves near 1 */
+        }
+        for (int i = 0; i < GUARD_BYTES / 2; i++)
+            ((uint16_t *)ksr)[i] = kern_f32_to_f16(test_rand_float(&seed) * 0.1f);
+        for (int i = 0; i < ROWS * 64; i++)
+            qf[i] = test_rand_float(&seed);
+        const void *kt = guard_end(kr, krow * (size_t)n * esize);
+        const uint16_t *ks = guard_end(ksr, (size_t)hd / 32 * (size_t)n * 2);
+        int64_t ldq = type == DT_Q8_0 ? VEC_Q8_ROW_BYTES(hd) : hd;
+        for (int r = 0; type == DT_Q8_0 && r < rows; r++)
+            vec_q8_query(qf + r * hd, hd, q8 + r * ldq);
+        size_t qbytes = (size_t)rows * (size_t)ldq * (type == DT_Q8_0 ? 1 : sizeof(float));
+        void *q = guard_end(qr, qbytes);
+        memcpy(q, type == DT_Q8_0 ? (const void *)q8 : (const void *)qf, qbytes);
+        float *s1 = guard_end(sr, (size_t)rows * (size_t)n * sizeof(float));
+        ref->attn_qk(q, ldq, rows, kt, ks, n, n, hd, type, s0, n);
+        ops->attn_qk(q, ldq, rows, kt, ks, n, n, hd, type, s1, n);
+        bad += memcmp(s0, s1, (size_t)(rows * n) * sizeof *s0) != 0;
+        /* paged: block b holds keys [b*bt, b*bt + bt), K's rows bt wide, the last block partly used */
+        const void *kb[BLOCKS];
+        const uint16_t *ksb[BLOCKS];
+        for (int b = 0; b * bt < n; b++) {
+            kb[b] = guard_end(kbr[b], krow * (size_t)bt * esize);
+            ksb[b] = guard_end(ksbr[b], (size_t)hd / 32 * (size_t)bt * 2);
+            for (int64_t d = 0; d < (int64_t)krow; d++)
+                for (int c = 0; c < bt && b * bt + c < n; c++) {
+                    if (type == DT_Q8_0) /* row d: dimension d's byte of each key, 4 a group */
+                        ((char *)kb[b])[4 * ((d / 4) * bt + c) + d % 4] = ((const char *)kt)[4 * ((d / 4) * n + b * bt + c) + d % 4];
+                    else
+                        memcpy((char *)kb[b] + ((size_t)d * bt + c) * esize, (const char *)kt + ((size_t)d * n + b * bt + c) * esize, esize);
+                }
+            for (int64_t c32 = 0; c32 < hd / 32; c32++)
+                for (int c = 0; c < bt && b * bt + c < n; c++)
+                    ((uint16_t *)ksb[b])[c32 * bt + c] = ks[c32 * n + b * bt + c];
+        }
+        bool quant = type == DT_Q8_0 || type == DT_Q4_0;
+        ops->attn_qk_paged(q, ldq, rows, (const void *const *)kb, quant ? ksb : NULL, bt, n, hd, type, s1, n, NULL);
+        bad += memcmp(s0, s1, (size_t)(rows * n) * sizeof *s0) != 0;
+        /* P.V: each key's V row at a region's end, rows of different lengths */
+        const void *v[NMAX];
+        int32_t nr[ROWS];
+        for (int j = 0; j < n; j++)
+            v[j] = guard_end(vr[j], vbytes);
+        for (int r = 0; r < rows; r++)
+            nr[r] = r % 2 ? n : 1 + (int)(test_rand_u64(&seed) % (unsigned)n);
+        for (int i = 0; i < ROWS * 64; i++)
+            o0[i] = o1[i] = test_rand_float(&seed);
+        float *ov = guard_end(sr, (size_t)rows * (size_t)hd * sizeof(float));
+        memcpy(ov, o1, (size_t)rows * (size_t)hd * sizeof(float));
+        ref->attn_pv(o0, hd, rows, s0, n, nr, v, hd, type, NULL);
+        ops->attn_pv(ov, hd, rows, s0, n, nr, v, hd, type, NULL);
+        bad += memcmp(o0, ov, (size_t)(rows * hd) * sizeof *o0) != 0;
+        /* f16_to_f32 of a block's K rows at a region's end, and q8_query of a row at one's */
+        if (type == DT_F16) {
+            float *y = guard_end(sr, (size_t)n * sizeof(float));
+            ops->f16_to_f32((const uint16_t *)kt + (size_t)(hd - 1) * n, n, y, n, 1, n);
+            for (int j = 0; j < n; j++)
+                bad += kern_f16_to_f32(((const uint16_t *)kt)[(size_t)(hd - 1) * n + j]) != y[j];
+        }
+        if (type == DT_Q8_0) {
+            float *x = guard_end(qr, (size_t)hd * sizeof(float));
+            memcpy(x, qf, (size_t)hd * sizeof(float));
+            char *row = guard_end(sr, VEC_Q8_ROW_BYTES((size_t)hd));
+            ops->q8_query(x, hd, row);
+            vec_q8_query(qf, hd, q8);
+            bad += memcmp(row, q8, VEC_Q8_ROW_BYTES((size_t)hd)) != 0;
+        }
+    }
+    CHECK(bad == 0, "%s: %d tile results at guarded ends differ from the reference", name, bad);
+    char *all[] = {kr, ksr, qr, sr};
+    for (int i = 0; i < 4; i++)
+        guard_unmap(all[i]);
+    for (int i = 0; i < NMAX; i++)
+        guard_unmap(vr[i]);
+    for (int i = 0; i < BLOCKS; i++) {
+        guard_unmap(kbr[i]);
+        guard_unmap(ksbr[i]);
+    }
 }
 
 /* A decode step's shape, as decode_tile calls the kernels (4 query rows of 64 dims, q' rows 64
@@ -463,6 +636,8 @@ int main(int argc, char **argv)
         RUN(test_f32_to_f16, ref, ops, names[v]);
         RUN(test_attn_pv_merge, ref, ops, names[v]);
         RUN(test_softmax_rows, ref, ops, names[v]);
+        RUN(test_f16_to_f32, ops, names[v]);
+        RUN(test_attn_edges, ref, ops, names[v]);
     }
     RUN(test_attn_pv_merge, ref, ref, "ref");
     RUN(test_exp_accuracy, ref);
