@@ -906,7 +906,14 @@ struct work {
     struct vslot *vtab;
     size_t vtcap, vcount;
     uint32_t gen;
+    /* The stacks of the set being filled (sset_begin .. sset_add), by the same kind of
+     * table: offsets + 1 into that set, stamped with agen. At most GRAMMAR_MAX_STACKS
+     * entries, so ATAB_SLOTS never fills past half. */
+    struct vslot *atab;
+    uint32_t agen;
 };
+
+enum { ATAB_SLOTS = 2 * GRAMMAR_MAX_STACKS };
 
 struct vslot {
     uint32_t gen;
@@ -938,22 +945,39 @@ static uint64_t hash_stack(const uint32_t *d, size_t n)
     return h ^ h >> 29;
 }
 
+/* Empties s to be filled by sset_add through w (one set at a time per work). */
+static void sset_begin(struct work *w, struct sset *s)
+{
+    s->n = 0;
+    s->count = 0;
+    if (++w->agen == 0) { /* wrapped: stale stamps could look current */
+        for (size_t i = 0; w->atab && i < ATAB_SLOTS; i++)
+            w->atab[i].gen = 0;
+        w->agen = 1;
+    }
+}
+
+/* Adds stk[0, len) to s unless s has it; a hash table keeps this linear in the set's
+ * size where a scan of s was quadratic (512 stacks of a wide alternative). */
 static int sset_add(struct work *w, struct sset *s, const uint32_t *stk, uint32_t len)
 {
-    for (size_t i = 0; i < s->n;) {
-        uint32_t l = s->d[i];
-        if (l == len && memcmp(s->d + i + 1, stk, len * sizeof *stk) == 0)
+    if (!w->atab && !(w->atab = calloc(ATAB_SLOTS, sizeof *w->atab)))
+        return CAIRN_ENOMEM;
+    size_t h = (size_t)hash_stack(stk, len) & (ATAB_SLOTS - 1);
+    for (; w->atab[h].gen == w->agen; h = (h + 1) & (ATAB_SLOTS - 1)) {
+        const uint32_t *e = s->d + w->atab[h].off - 1;
+        if (e[0] == len && memcmp(e + 1, stk, len * sizeof *stk) == 0)
             return 0;
-        i += 1 + l;
     }
     if (s->count >= GRAMMAR_MAX_STACKS) {
         w->over = true;
         return 0;
     }
-    if (!grow(&s->d, &s->cap, s->n + 1 + len))
+    if (s->n + 1 + len >= UINT32_MAX || !grow(&s->d, &s->cap, s->n + 1 + len))
         return CAIRN_ENOMEM;
     s->d[s->n] = len;
     memcpy(s->d + s->n + 1, stk, len * sizeof *stk);
+    w->atab[h] = (struct vslot){w->agen, (uint32_t)s->n + 1};
     s->n += 1 + len;
     s->count++;
     return 0;
@@ -1073,8 +1097,7 @@ static int expand(struct work *w, size_t base, uint32_t len, struct sset *out)
 /* out = the stacks of in advanced past byte b. */
 static int advance(struct work *w, const struct sset *in, unsigned b, struct sset *out)
 {
-    out->n = 0;
-    out->count = 0;
+    sset_begin(w, out);
     visited_reset(w);
     for (size_t i = 0; i < in->n;) {
         uint32_t l = in->d[i];
@@ -1100,8 +1123,7 @@ static int advance(struct work *w, const struct sset *in, unsigned b, struct sse
 
 static int start_set(struct work *w, struct sset *out)
 {
-    out->n = 0;
-    out->count = 0;
+    sset_begin(w, out);
     visited_reset(w);
     const struct grammar *g = w->g;
     for (uint32_t a = g->alt_off[g->root]; a < g->alt_off[g->root + 1]; a++) {
@@ -1159,7 +1181,7 @@ bool grammar_matches(const struct grammar *g, const char *s, size_t len)
         b = t;
     }
     ok = ok && sset_accepting(&a);
-    free(a.d), free(b.d), free(w.scratch), free(w.vis), free(w.vtab);
+    free(a.d), free(b.d), free(w.scratch), free(w.vis), free(w.vtab), free(w.atab);
     return ok;
 }
 
@@ -1361,6 +1383,7 @@ static void ctx_free(struct grammar_ctx *c)
     free(c->w.scratch);
     free(c->w.vis);
     free(c->w.vtab);
+    free(c->w.atab);
     free(c->tmp.d);
     free(c->out_mask);
     free(c->clamp);
@@ -1741,8 +1764,7 @@ int grammar_match_mask(struct grammar_match *m, int64_t budget, const uint32_t *
         dfa_clear(c);
     const struct sset *key = &m->cur;
     if (c->clamp) {
-        c->key.n = 0;
-        c->key.count = 0;
+        sset_begin(&c->w, &c->key);
         c->w.over = false;
         for (size_t i = 0; i < m->cur.n; i += 1 + m->cur.d[i]) {
             uint32_t l = m->cur.d[i];
