@@ -15,7 +15,7 @@
  * gpt-oss (hp.oss) differs, as llama.cpp's graph for it:
  *   logits = router product + router bias (added in float);
  *   top-k of the logits as above; w = their softmax (moe.c route_oss's order), no renormalisation;
- *   g = gate_e(x), u = up_e(x); h = swiglu_oai(g + bg_e, u + bu_e) (moe.c's order);
+ *   g = gate_e(x), u = up_e(x); h = swiglu_oai(g, u, bg_e, bu_e) (vec.h's steps, its exp VEC_EXP);
  *   o_j = down_e(h) + bd_e; m and y as above.
  *
  * A batch groups its tokens by expert: each expert chosen by any token of the batch runs
@@ -45,7 +45,7 @@ struct moe_stats {
     uint64_t steps;          /* moe_forward calls (one per layer per forward) */
     uint64_t token_choices;  /* tokens x n_expert_used */
     uint64_t expert_runs;    /* experts run (each once per step that any token chose it) */
-    uint64_t expert_bytes;   /* bytes of expert weights read */
+    uint64_t expert_bytes;   /* bytes of expert weights read (matrices and biases: model_expert_bytes) */
     uint64_t down_bytes;     /* of which the down products' */
     uint64_t down_by_expert; /* steps whose down ran by experts (a small batch; moe.c) */
     uint64_t act_shared;     /* steps whose activation groups spanned several units of gate and up (moe.c) */
