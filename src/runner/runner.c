@@ -1165,9 +1165,9 @@ static void cancel_task(struct runner *r, const char *task_id)
 }
 
 /* With CAIRN_STEP_LOG=FILE in the environment, the runner appends a line to FILE for
- * every step of its scheduler ("step START_NS END_NS DECODING PROMPT": the monotonic
- * clock around sched_step, the sequences that decoded in it and the prompt tokens it
- * carried) and every task that arrives ("task NS"): how the steps of a run filled, read
+ * every step of its scheduler ("step START_NS END_NS DECODING PROMPT FORWARD_NS": the
+ * monotonic clock around sched_step, the sequences that decoded in it, the prompt tokens
+ * it carried and its forward's share of it) and every task that arrives ("task NS"): how the steps of a run filled, read
  * by `node bench/serve_load.mjs steps FILE`. One line per write (line buffered). */
 static void step_log_line(struct runner *r, const char *fmt, ...)
 {
@@ -1197,7 +1197,8 @@ static int sched_step_logged(struct runner *r, char *err, size_t errlen)
     int64_t t1 = clock_ns();
     sched_get_stats(r->sched, &b);
     if (b.steps > a.steps)
-        step_log_line(r, "step %lld %lld %d %d\n", (long long)t0, (long long)t1, b.last_decoding, b.last_prompt);
+        step_log_line(r, "step %lld %lld %d %d %lld\n", (long long)t0, (long long)t1, b.last_decoding,
+                      b.last_prompt, (long long)b.last_forward_ns);
     return rc;
 }
 
