@@ -29,11 +29,11 @@ static __m512 quantize16(const float *x, __m512 vid, int8_t *q)
     const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
     __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x), vid);
     __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    __m512 r = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
-    r = _mm512_mask_mov_ps(r, nan, _mm512_setzero_ps());
-    _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(r)));
-    return r;
+    /* clamping before rounding gives the same as after: 127 < |v| <= 127.5 rounds to 127 */
+    __m512 c = _mm512_maskz_mov_ps(~nan, _mm512_min_ps(_mm512_max_ps(v, lo), hi));
+    __m512i r = _mm512_cvt_roundps_epi32(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(r));
+    return _mm512_cvtepi32_ps(r);
 }
 
 static inline __m512 fold(__m512 a, __m512 b, int is_max)
