@@ -448,6 +448,26 @@ static void ahead_step(struct ahead_cursor *ac)
 
 static void merge_factors(struct attn_job *j, struct scratch *sc, int b0, int r0, int r1, int64_t t);
 
+/* Q.K of rows [r0, R) of the scratch over the tile's float K from key js, QK_CAUSAL_ROWS
+ * rows at a time, each run of rows over the keys up to the last that one of them sees
+ * (nv): the tile on a prompt's diagonal skips about half its products, which only fill
+ * scores that the softmax and P.V never read. Each score is its own chain (vec.h), so
+ * the cut changes no bit. */
+#define QK_CAUSAL_ROWS 24 /* a multiple of the float kernel's 6 rows a step */
+
+static void qk_causal(const struct vec_ops *vec, struct scratch *sc, int hd, int r0, int R, int js)
+{
+    for (int ra = r0; ra < R; ra += QK_CAUSAL_ROWS) {
+        int rb = R - ra < QK_CAUSAL_ROWS ? R : ra + QK_CAUSAL_ROWS;
+        int n = 0;
+        for (int r = ra; r < rb; r++)
+            n = sc->nv[r] > n ? sc->nv[r] : n;
+        if (n > js)
+            vec->attn_qk(sc->q + (size_t)ra * hd, hd, rb - ra, sc->kf + js, NULL, ATTN_TILE, n - js, hd, DT_F32,
+                         sc->s + (size_t)ra * ATTN_TILE + js, ATTN_TILE);
+    }
+}
+
 /* The partials (o_t, m_t, l_t) of rows [r0, R) over tile positions [t0 + js, t0 + nmax) of a
  * sequence's block table, each row seeing its positions [st[r], nv[r]) of them (js <= st[r] <
  * nv[r]; st[r] is 0 without a window). fuse (rows [r0, R) of run b0's, each seeing the whole
@@ -513,8 +533,7 @@ static void tile_partial(struct attn_job *j, struct scratch *sc, const int32_t *
         vec->attn_qk_paged(q0, ldq, nr, sc->kblk, quant_k ? sc->ksblk : NULL, bt, nmax - pj0, hd,
                            j->type_k, sc->s + (size_t)r0 * ATTN_TILE + pj0, ATTN_TILE, NULL);
     if (kf)
-        vec->attn_qk(sc->q + (size_t)r0 * hd, hd, nr, sc->kf + js, NULL, ATTN_TILE, nmax - js, hd, DT_F32,
-                     sc->s + (size_t)r0 * ATTN_TILE + js, ATTN_TILE);
+        qk_causal(vec, sc, hd, r0, R, js);
     int type_v = vf ? DT_F32 : j->type_v;
     bool cut = false;
     /* Many rows: the next tile's blocks (those of this tile's positions, a tile on) are asked

@@ -583,12 +583,12 @@ struct act_quant_job {
     bool kinds[N_ACT_KINDS]; /* gate's quantized rows (DIM_FF) */
 };
 
-/* Columns [lo, hi) of every row; lo a multiple of every activation block (gate_up_unit). */
-static void act_quant_range(const struct act_quant_job *j, int64_t lo, int64_t hi)
+/* Columns [lo, hi) of rows [b0, b1); lo a multiple of every activation block (gate_up_unit). */
+static void act_quant_range(const struct act_quant_job *j, long b0, long b1, int64_t lo, int64_t hi)
 {
     struct engine *e = j->e;
     int64_t n = e->m->hp.n_ff;
-    for (long b = 0; b < j->B; b++) {
+    for (long b = b0; b < b1; b++) {
         float *g = e->gate + b * n;
         const float *u = e->up + b * n;
         if (j->gelu)
@@ -613,17 +613,31 @@ struct gate_up_job {
     int64_t unit;
 };
 
+/* A batch's activation rows go through a unit in parts of at least this many: the part's
+ * gate and up outputs are still in L2 when the activation reads them (all of a prompt's
+ * 512 rows, 1 MiB of outputs a unit, were read back from L3). At least 9 rows a part (more
+ * than the kernels' NB_MAX), so each part takes the kernels' large-batch path as the whole
+ * batch does: the same bits. */
+#define GATE_UP_PART_ROWS 64
+
 static void gate_up_run(void *ctx, int ith, int nth)
 {
     struct gate_up_job *j = ctx;
     int64_t n = j->mm.item[0].r1;
+    int B = j->mm.B, parts = B / GATE_UP_PART_ROWS > 1 ? B / GATE_UP_PART_ROWS : 1;
     long lo, hi;
     while (mm_claim(&j->mm, ith, nth, &lo, &hi)) {
         int64_t r0 = lo * j->unit, r1 = hi * j->unit < n ? hi * j->unit : n;
-        for (int i = 0; i < 2; i++)
-            kern_matmul(j->mm.item[i].m, j->mm.item[i].xq, j->mm.item[i].ldx, j->mm.B, j->mm.item[i].y,
-                        j->mm.item[i].ldy, r0, r1);
-        act_quant_range(&j->act, r0, r1);
+        for (int p = 0; p < parts; p++) {
+            long b0, b1;
+            pool_split(B, 1, p, parts, &b0, &b1);
+            for (int i = 0; i < 2; i++) {
+                const struct mm_item *it = &j->mm.item[i];
+                kern_matmul(it->m, (const char *)it->xq + (size_t)b0 * it->ldx, it->ldx, (int)(b1 - b0),
+                            it->y + (size_t)b0 * it->ldy, it->ldy, r0, r1);
+            }
+            act_quant_range(&j->act, b0, b1, r0, r1);
+        }
     }
 }
 
@@ -672,7 +686,7 @@ static void act_quant_run(void *ctx, int ith, int nth)
     long lo, hi;
     pool_split((long)j->e->m->hp.n_ff, ACT_SPLIT, ith, nth, &lo, &hi);
     if (lo < hi)
-        act_quant_range(j, lo, hi);
+        act_quant_range(j, 0, j->B, lo, hi);
 }
 
 /* ---- setup ---- */

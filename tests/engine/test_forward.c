@@ -583,6 +583,68 @@ out:
     unlink(path);
 }
 
+/* A prompt longer than a query tile and than the gate and up products' parts of rows
+ * (engine.c GATE_UP_PART_ROWS), in one forward against forwards of 32 tokens: the same
+ * bits (the causal cut of the diagonal tiles' Q.K, the parts' products and activations). */
+#define LONG_TOK 300
+#define LONG_CHUNK 32
+
+static int feed_long(struct runner *r, const int32_t *toks, int chunk, float *logits)
+{
+    static int32_t seqs[LONG_TOK];
+    static int64_t pos[LONG_TOK];
+    char err[512];
+    kv_seq_clear(r->kv, 0);
+    for (int i = 0; i < LONG_TOK; i += chunk) {
+        int n = LONG_TOK - i < chunk ? LONG_TOK - i : chunk;
+        for (int k = 0; k < n; k++) {
+            seqs[k] = 0;
+            pos[k] = i + k;
+        }
+        struct batch b = {.n = n, .token = toks + i, .seq = seqs, .pos = pos};
+        if (engine_forward(r->e, r->kv, &b, logits + (size_t)i * r->n_vocab, err, sizeof err)) {
+            fprintf(stderr, "engine_forward: %s\n", err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void check_long_prompt(const struct synth_spec *spec)
+{
+    char path[256], err[512] = "";
+    snprintf(path, sizeof path, "test_forward_long_%d.gguf", (int)getpid());
+    if (synth_write(spec, NULL, path, err, sizeof err)) {
+        CHECK(0, "long: synth_write: %s", err);
+        return;
+    }
+    struct runner r = {0};
+    struct model_load_opts o = {.layer_end = -1, .path = KERN_PATH_AUTO};
+    struct engine_config ec = {.n_threads = 2, .max_batch = LONG_TOK, .max_ctx = 512};
+    int rc = model_load(&r.m, path, &o, err, sizeof err);
+    if (!rc) {
+        struct kv_config kc = engine_kv_config(r.m, 512, 1, 16);
+        rc = engine_create(&r.e, r.m, &ec, err, sizeof err) || kv_create(&r.kv, &kc, err, sizeof err);
+    }
+    CHECK(!rc, "long: open: %s", err);
+    if (!rc) {
+        r.n_vocab = r.m->hp.n_vocab;
+        size_t all = (size_t)LONG_TOK * (size_t)r.n_vocab;
+        int32_t toks[LONG_TOK];
+        make_tokens(toks, LONG_TOK, r.n_vocab, 33);
+        float *whole = malloc(all * sizeof(float)), *chunks = malloc(all * sizeof(float));
+        CHECK(whole && chunks && feed_long(&r, toks, LONG_TOK, whole) == 0 &&
+                  feed_long(&r, toks, LONG_CHUNK, chunks) == 0 && same_bits(whole, chunks, all),
+              "long: %d tokens at once differ from chunks of %d", LONG_TOK, LONG_CHUNK);
+        free(whole);
+        free(chunks);
+    }
+    kv_release(r.kv);
+    engine_release(r.e);
+    model_release(r.m);
+    unlink(path);
+}
+
 int main(void)
 {
     struct synth_spec base = {.arch = "llama", .n_layers = 2, .n_embd = 64, .n_ff = 160, .n_head = 4, .n_head_kv = 2,
@@ -645,6 +707,10 @@ int main(void)
     s.n_embd = 256, s.n_ff = 512, s.n_head = 4, s.head_dim = 64, s.n_layers = 3;
     snprintf(s.type, sizeof s.type, "q4_k_m"); /* Q4_K and Q6_K */
     check_model("llama-q4_k_m", &s, 0.1); /* 8-bit activations in blocks of 256 */
+    s = base;
+    s.n_embd = 128, s.n_ff = 256, s.head_dim = 32;
+    snprintf(s.type, sizeof s.type, "q8_0");
+    check_long_prompt(&s);
     /* Mixtures of experts: qwen3moe (experts of n_ff_exp, q/k norms) and llama's (Mixtral:
      * experts of n_ff). */
     struct synth_spec moe = base;
