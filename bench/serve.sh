@@ -35,14 +35,17 @@
 # llama.cpp comes from ../shared/tools/llama-ref.sh (built outside the project); without
 # its llama-server the comparison is skipped unless --build-ref builds it (slow).
 #   usage: bench/serve.sh [-q TYPE] [-t THREADS] [-r REPS] [--port N] [--build-ref] [--no-ref]
-#                         [--ref-wait passive|default] [--perf] [--cairn PATH]
+#                         [--ref-wait passive|default] [--perf] [--cairn PATH] [--quick]
+#          (--quick: only part 3 against the engine, cairn alone: the engine's B = 8, the 8
+#          streams with their step log, the 8 clients back to back, the engine again; about
+#          a minute a rep, for alternated old/new pairs with --cairn)
 #          (--cairn: serve with that cairn binary, e.g. an older build for a before/after
 #          pair; the engine's figures still come from this tree's build)
 #          (defaults: q4_0, 2 threads, 2 runs, ports 18671 and 18672)
 set -euo pipefail
 caller=$PWD # --cairn PATH is the caller's, not the repo root's
 cd "$(dirname "$0")/.."
-type=q4_0 threads=2 reps=2 port=18671 build_ref=0 no_ref=0 perf=0 ref_wait=default serve_bin=
+type=q4_0 threads=2 reps=2 port=18671 build_ref=0 no_ref=0 perf=0 ref_wait=default serve_bin= quick=0
 while [ $# -gt 0 ]; do
   case $1 in
     -q|--type) type=$2; shift 2 ;;
@@ -52,9 +55,10 @@ while [ $# -gt 0 ]; do
     --build-ref) build_ref=1; shift ;;
     --no-ref) no_ref=1; shift ;;
     --perf) perf=1; shift ;;
+    --quick) quick=1; no_ref=1; shift ;;
     --ref-wait) ref_wait=$2; shift 2 ;;
     --cairn) serve_bin=$(cd "$caller" && realpath -m -- "$2"); shift 2 ;;
-    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -115,6 +119,7 @@ stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 # Engine alone: prefill of 128 and 2000 tokens, decode, and the batch-cost curve.
 echo "== engine: cairn bench" >&2
+if [ $quick = 0 ]; then
 eng=$($nice $cairn bench -m "$model" -p 128 -n 64 -t "$threads" -r 5 --batch-curve 16 --bandwidth-mib 256)
 pp=$(sed -n 's/^pp128: .*, \([0-9.]*\) s[;)].*/\1/p' <<<"$eng")
 tg=$(sed -n 's/^tg64: \([0-9.]*\) tok.*/\1/p' <<<"$eng")
@@ -124,6 +129,7 @@ echo "{\"mode\":\"engine\",\"server\":\"cairn\",\"text\":\"cairn: prefill 128 to
 eng2=$($nice $cairn bench -m "$model" -p 2000 -n 0 -t "$threads" -r 1 --batch-curve 0 --bandwidth-mib 256)
 pp2=$(sed -n 's/^pp2000: .*, \([0-9.]*\) s[;)].*/\1/p' <<<"$eng2")
 echo "{\"mode\":\"prefill\",\"server\":\"cairn\",\"prompt_tokens\":2000,\"ms\":$(awk "BEGIN{print $pp2*1000}")}" >>"$out"
+fi
 
 # prefill SERVER N: ms for the engine alone to prefill N tokens (warm weights).
 prefill() {
@@ -242,6 +248,15 @@ engine8() {
 
 for r in $(seq "$reps"); do
   loadavg
+  if [ $quick = 1 ]; then # part 3 only (--quick)
+    engine8
+    : >"$steplog"
+    each streams --n 8 --timeout-s 300
+    node bench/serve_load.mjs steps "$steplog" --server cairn >>"$out"
+    each sustain --n 8 --rounds 3 --timeout-s 400
+    engine8
+    continue
+  fi
   for n in 1 2 4; do
     each streams --n $n --timeout-s 300
   done
@@ -266,11 +281,12 @@ for r in $(seq "$reps"); do
   each interfere --streams 4 --long-tokens 2000 --timeout-s 400
 done
 stop_all
-start 16
+[ $quick = 1 ] && reps=0 # no 16 streams
+[ $reps = 0 ] || start 16
 for r in $(seq "$reps"); do
   loadavg
   each streams --n 16 --timeout-s 400
 done
-stop_all
+[ $reps = 0 ] || stop_all
 
 node bench/serve_load.mjs table "$out"

@@ -396,8 +396,9 @@ function modeSteps(o) {
   for (const line of fs.readFileSync(file, 'utf8').split('\n')) {
     const f = line.split(' ');
     if (f[0] === 'task' && f.length === 2) tasks.push(Number(f[1]));
-    else if (f[0] === 'step' && f.length === 5)
-      steps.push({ t0: Number(f[1]), t1: Number(f[2]), dec: Number(f[3]), prompt: Number(f[4]) });
+    else if (f[0] === 'step' && (f.length === 5 || f.length === 6)) // older runners: no forward field
+      steps.push({ t0: Number(f[1]), t1: Number(f[2]), dec: Number(f[3]), prompt: Number(f[4]),
+                   fwd: f.length === 6 ? Number(f[5]) : NaN });
   }
   if (!steps.length) return { mode: 'steps', steps: 0 };
   const top = Math.max(...steps.map((x) => x.dec));
@@ -405,6 +406,9 @@ function modeSteps(o) {
   for (const x of steps) byDecoding[x.dec] = (byDecoding[x.dec] || 0) + 1;
   const full = steps.map((x, i) => ({ x, i })).filter(({ x }) => x.dec === top && x.prompt === 0);
   const ms = full.map(({ x }) => (x.t1 - x.t0) / 1e6);
+  // a full step less its forward: the scheduler's own work (sampling, reporting, building)
+  const own = full.map(({ x }) => (x.t1 - x.t0 - x.fwd) / 1e6).filter(Number.isFinite);
+  const mean = (a) => (a.length ? a.reduce((u, v) => u + v, 0) / a.length : NaN);
   const first = full.length ? full[0].x.t0 : NaN;
   const iFirst = full.length ? full[0].i : steps.length, iLast = full.length ? full[full.length - 1].i : steps.length - 1;
   const cls = {};
@@ -424,6 +428,9 @@ function modeSteps(o) {
     mode: 'steps', steps: steps.length, tasks: tasks.length, by_decoding: byDecoding,
     with_prompt: steps.filter((x) => x.prompt > 0).length, most_decoding: top, full_steps: full.length,
     full_step_ms_median: round(median(ms), 2),
+    full_step_ms_mean: round(mean(ms), 2),
+    full_own_ms_median: own.length ? round(median(own), 3) : null,
+    full_own_ms_mean: own.length ? round(mean(own), 3) : null,
     fill_ms: tasks.length && full.length ? round((first - Math.min(...tasks)) / 1e6, 1) : null,
     tail_steps: full.length ? steps.length - 1 - full[full.length - 1].i : null,
     before_ms: round((steps[0].t0 - t0) / 1e6, 1), gaps_ms: round(gaps, 1),
@@ -517,7 +524,11 @@ function modeTable(o) {
   if (stp.length)
     out.push('\nThe runner\'s steps while 8 streams ran, each run (CAIRN_STEP_LOG): ' +
              stp.map((r) => `${r.steps} steps, ${r.full_steps} with all ${r.most_decoding} decoding (median ` +
-                            `${r.full_step_ms_median} ms), ${r.with_prompt} carrying prompt tokens; the batch full ` +
+                            `${r.full_step_ms_median} ms, mean ${r.full_step_ms_mean} ms` +
+                            (r.full_own_ms_median !== null && r.full_own_ms_median !== undefined
+                              ? `, of which outside the forward (sampling, reporting, building the batch) median ` +
+                                `${r.full_own_ms_median} ms, mean ${r.full_own_ms_mean} ms` : '') +
+                            `), ${r.with_prompt} carrying prompt tokens; the batch full ` +
                             `${r.fill_ms} ms after the first request arrived, ${r.tail_steps} steps after the last full one`)
                .join('; '));
   // Serving against the engine: each of cairn's 8-stream and back-to-back runs against

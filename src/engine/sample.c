@@ -363,9 +363,20 @@ static int prepare(struct sampler *s, const struct sample_params *p, const float
 }
 
 /* Greedy: the first token holding the largest value. */
-static int32_t arg_max(const float *src, float max)
+/* The first index of max in src[0..n) (max is there: it came from max_of). Blocks
+ * without it are skipped by a compare the compiler vectorizes; greedy decoding pays this
+ * for every sequence of every step, on one thread while the pool's others wait. */
+static int32_t arg_max(const float *src, int n, float max)
 {
+    enum { BLOCK = 64 };
     int32_t arg = 0;
+    for (; arg + BLOCK <= n; arg += BLOCK) {
+        int hit = 0;
+        for (int j = 0; j < BLOCK; j++)
+            hit |= src[arg + j] == max;
+        if (hit)
+            break;
+    }
     while (src[arg] != max)
         arg++;
     return arg;
@@ -383,7 +394,7 @@ int32_t sample_token(struct sampler *s, const struct sample_params *p, const flo
     if (p->temperature <= 0) {
         if (prob)
             *prob = 1.0f;
-        return arg_max(src, max);
+        return arg_max(src, n, max);
     }
 
     /* Candidates: the top k, or every token. exp() is evaluated only where it can
@@ -475,7 +486,7 @@ int sample_dist(struct sampler *s, const struct sample_params *p, const float *l
         return rc;
     int n = s->n_vocab;
     if (p->temperature <= 0) {
-        ids[0] = arg_max(src, max);
+        ids[0] = arg_max(src, n, max);
         probs[0] = 1.0f;
         return 1;
     }

@@ -921,9 +921,12 @@ static int start_forward(struct sched *s, char *err, size_t errlen)
     int rc = s->cfg.asks ? send_asks(s, msg, sizeof msg) : 0;
     if (!rc && s->n_lanes > 1)
         rc = s->cfg.submit(s->cfg.forward_ctx, s->kv, &b, msg, sizeof msg);
-    else if (!rc)
+    else if (!rc) {
+        int64_t t0 = clock_ns();
         rc = s->cfg.forward ? s->cfg.forward(s->cfg.forward_ctx, s->kv, &b, s->ln->logits, msg, sizeof msg)
                             : engine_forward(s->e, s->kv, &b, s->ln->logits, msg, sizeof msg);
+        s->stats.last_forward_ns = clock_ns() - t0;
+    }
     if (rc) {
         fail_all(s, msg);
         return cairn_fail(err, errlen, rc, "%s", msg);
@@ -959,7 +962,9 @@ static int collect_lane(struct sched *s, char *err, size_t errlen)
     s->ln = &s->lane[s->flight[0]];
     memmove(s->flight, s->flight + 1, (size_t)(--s->n_flight) * sizeof *s->flight);
     char msg[512];
+    int64_t t0 = clock_ns();
     int rc = s->cfg.collect(s->cfg.forward_ctx, s->ln->logits, msg, sizeof msg);
+    s->stats.last_forward_ns = clock_ns() - t0;
     s->ln->in_flight = false;
     if (rc) {
         fail_all(s, msg); /* its sequences too: they are still marked in flight */

@@ -246,6 +246,10 @@ struct sched_stats {
     int64_t steps, prompt_tokens_computed, cached_tokens, generated_tokens, preemptions;
     int64_t last_batch;       /* tokens in the last step's forward */
     int last_decoding, last_prompt; /* of them: sequences decoding (with their drafts), prompt tokens */
+    /* The last step's forward in ns of the monotonic clock (with lanes > 1: the wait for its
+     * results); the rest of a step is the scheduler's own work (admitting, building the
+     * batch, sampling and reporting each token). */
+    int64_t last_forward_ns;
     /* Speculation: tokens drafted and kept; draft_rejections: drafts the target rejected
      * (at most one per sequence and step; the drafts after it are not evaluated), so that
      * accepted / (accepted + rejections) estimates the acceptance rate alpha;

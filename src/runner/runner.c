@@ -59,6 +59,7 @@ _Static_assert(KV_WINDOW_SLACK + RUNNER_KV_BLOCK_TOKENS + RUNNER_MAX_BATCH <= RU
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define WARMUP_TOKENS 4
@@ -108,6 +109,12 @@ struct runner {
     int sock;
     struct runner_lines in;
     int64_t last_sent; /* ns */
+    /* While a step runs, the node's messages (each token's text, for every sequence) wait
+     * here and go in one write at its end: one wake-up of the node a step, not one a
+     * token. held_len bytes of held_cap; owned. */
+    char *held;
+    size_t held_len, held_cap;
+    bool hold;
     struct model *m;
     struct engine *e;
     struct kv_cache *kv;
@@ -200,8 +207,48 @@ static void *watch_node(void *arg)
     return NULL;
 }
 
+/* Writes the held messages to the node (node_gone when it cannot take them). */
+static void flush_held(struct runner *r)
+{
+    size_t off = 0;
+    while (off < r->held_len) {
+        ssize_t w = send(r->sock, r->held + off, r->held_len - off, MSG_NOSIGNAL);
+        if (w < 0 && errno == ENOTSOCK)
+            w = write(r->sock, r->held + off, r->held_len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            node_gone();
+        off += (size_t)w;
+    }
+    r->held_len = 0;
+}
+
+/* Appends m's line to the held messages; 0, or CAIRN_ENOMEM (nothing held then). */
+static int hold_msg(struct runner *r, const struct runner_msg *m)
+{
+    size_t len;
+    char *line = runner_msg_encode(m, &len);
+    if (!line)
+        return CAIRN_ENOMEM;
+    int rc = array_reserve(&r->held, &r->held_cap, r->held_len + len, 1, 4096);
+    if (!rc) {
+        memcpy(r->held + r->held_len, line, len);
+        r->held_len += len;
+    }
+    free(line);
+    return rc;
+}
+
 static void send_msg(struct runner *r, const struct runner_msg *m)
 {
+    if (r->hold) {
+        if (hold_msg(r, m))
+            fprintf(stderr, "cairn runner: cannot encode a '%s' message\n", runner_msg_type_name(m->type));
+        r->last_sent = clock_ns();
+        return;
+    }
+    flush_held(r); /* in order */
     int rc = runner_msg_send(r->sock, m);
     if (rc == CAIRN_EIO)
         node_gone();
@@ -1165,9 +1212,9 @@ static void cancel_task(struct runner *r, const char *task_id)
 }
 
 /* With CAIRN_STEP_LOG=FILE in the environment, the runner appends a line to FILE for
- * every step of its scheduler ("step START_NS END_NS DECODING PROMPT": the monotonic
- * clock around sched_step, the sequences that decoded in it and the prompt tokens it
- * carried) and every task that arrives ("task NS"): how the steps of a run filled, read
+ * every step of its scheduler ("step START_NS END_NS DECODING PROMPT FORWARD_NS": the
+ * monotonic clock around sched_step, the sequences that decoded in it, the prompt tokens
+ * it carried and its forward's share of it) and every task that arrives ("task NS"): how the steps of a run filled, read
  * by `node bench/serve_load.mjs steps FILE`. One line per write (line buffered). */
 static void step_log_line(struct runner *r, const char *fmt, ...)
 {
@@ -1185,19 +1232,30 @@ static void step_log_line(struct runner *r, const char *fmt, ...)
     va_end(ap);
 }
 
+/* One scheduler step, the messages it makes sent together at its end. */
+static int held_step(struct runner *r, char *err, size_t errlen)
+{
+    r->hold = true;
+    int rc = sched_step(r->sched, err, errlen);
+    r->hold = false;
+    flush_held(r);
+    return rc;
+}
+
 /* One scheduler step, logged when CAIRN_STEP_LOG asks (step_log_line). */
 static int sched_step_logged(struct runner *r, char *err, size_t errlen)
 {
     struct sched_stats a, b;
     if (r->step_log_tried && !r->step_log)
-        return sched_step(r->sched, err, errlen);
+        return held_step(r, err, errlen);
     sched_get_stats(r->sched, &a);
     int64_t t0 = clock_ns();
-    int rc = sched_step(r->sched, err, errlen);
+    int rc = held_step(r, err, errlen);
     int64_t t1 = clock_ns();
     sched_get_stats(r->sched, &b);
     if (b.steps > a.steps)
-        step_log_line(r, "step %lld %lld %d %d\n", (long long)t0, (long long)t1, b.last_decoding, b.last_prompt);
+        step_log_line(r, "step %lld %lld %d %d %lld\n", (long long)t0, (long long)t1, b.last_decoding,
+                      b.last_prompt, (long long)b.last_forward_ns);
     return rc;
 }
 
@@ -1466,6 +1524,7 @@ static void release(struct runner *r)
     runner_link_close(&r->link, "the runner is stopping");
     runner_lines_free(&r->in);
     free(r->out);
+    free(r->held);
     free(r->seqs);
     chat_release(r->chat);
     tok_release(r->tk);

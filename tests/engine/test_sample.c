@@ -705,6 +705,29 @@ static void test_big_vocab(void)
     sample_release(s);
 }
 
+/* Greedy finds its token wherever it is: in the vectorised blocks, at their edges and in
+ * the tail after the last whole block, and the first of two equal tops. */
+static void test_greedy_positions(void)
+{
+    enum { N = 1000 };
+    struct sampler *s = make(N);
+    if (!s)
+        return;
+    static float l[N];
+    struct sample_params p = sample_defaults();
+    p.temperature = 0;
+    for (int at = 0; at < N; at++) {
+        for (int i = 0; i < N; i++)
+            l[i] = -(float)(i % 7);
+        l[at] = 1;
+        if (at + 1 < N)
+            l[N - 1] = 1; /* a later tie: the first one wins */
+        int32_t got = sample_token(s, &p, l, NULL, 0, 0, NULL);
+        CHECK(got == at, "greedy top at %d: got %d", at, got);
+    }
+    sample_release(s);
+}
+
 /* The allow mask: greedy picks the best allowed token, sampling only ever draws allowed
  * ones, and sample_dist keeps only allowed ones, for masks of every density; a mask
  * that allows nothing is CAIRN_ERANGE. */
@@ -757,6 +780,7 @@ int main(int argc, char **argv)
     test_begin(argc, argv);
     RUN(test_defaults_and_errors);
     RUN(test_greedy);
+    RUN(test_greedy_positions);
     RUN(test_determinism);
     RUN(test_distributions);
     RUN(test_penalties_and_bias);
