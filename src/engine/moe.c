@@ -158,19 +158,6 @@ static void quant_x_run(void *ctx, int ith, int nth)
     quant_x_rows(ctx, lo, hi);
 }
 
-/* gpt-oss's SwiGLU (llama.cpp's swiglu_oai, alpha 1.702, limit 7) of the biased gate and up:
- * x = min(g + bg, 7), y = clamp(u + bu, -7, 7), h = x / (1 + exp(1.702 * -x)) * (y + 1). */
-static void swiglu_oai(float *g, const float *u, const float *bg, const float *bu, int64_t n)
-{
-    const float alpha = 1.702f, limit = 7.0f;
-    for (int64_t i = 0; i < n; i++) {
-        float x = g[i] + bg[i], y = u[i] + bu[i];
-        x = x < limit ? x : limit;
-        y = y < -limit ? -limit : y > limit ? limit : y;
-        g[i] = x / (1.0f + expf(alpha * -x)) * (y + 1.0f);
-    }
-}
-
 /* ---- routing ---- */
 
 /* The top k of p[n] (largest first, ties to the lower index) into sel[k] and w[k]. */
@@ -358,7 +345,7 @@ static void act_run(struct gu_job *j, int e, size_t r, int64_t a, int64_t b, flo
         float *hc = h + (c - a);
         memcpy(hc, g, (size_t)n * sizeof *hc);
         if (mo->oss)
-            swiglu_oai(hc, up, L->exp_gate_b + (size_t)e * n_ff + c, L->exp_up_b + (size_t)e * n_ff + c, n);
+            j->vec->swiglu_oai(hc, up, L->exp_gate_b + (size_t)e * n_ff + c, L->exp_up_b + (size_t)e * n_ff + c, n);
         else
             j->vec->silu_mul(hc, up, n);
         c += n;

@@ -15,7 +15,7 @@
  * gpt-oss (hp.oss) differs, as llama.cpp's graph for it:
  *   logits = router product + router bias (added in float);
  *   top-k of the logits as above; w = their softmax (moe.c route_oss's order), no renormalisation;
- *   g = gate_e(x), u = up_e(x); h = swiglu_oai(g + bg_e, u + bu_e) (moe.c's order);
+ *   g = gate_e(x), u = up_e(x); h = swiglu_oai(g, u, bg_e, bu_e) (vec.h's steps, its exp VEC_EXP);
  *   o_j = down_e(h) + bd_e; m and y as above.
  *
  * A batch groups its tokens by expert: each expert chosen by any token of the batch runs

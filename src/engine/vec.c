@@ -83,6 +83,17 @@ static void silu_mul_ref(float *a, const float *b, int64_t n)
         a[k] = (a[k] / (1.0f + exp_ref(-a[k]))) * b[k];
 }
 
+static void swiglu_oai_ref(float *g, const float *u, const float *bg, const float *bu, int64_t n)
+{
+    const float alpha = 1.702f, limit = 7.0f;
+    for (int64_t k = 0; k < n; k++) {
+        float x = g[k] + bg[k], y = u[k] + bu[k];
+        x = x < limit ? x : limit;
+        y = y < -limit ? -limit : y > limit ? limit : y;
+        g[k] = x / (1.0f + exp_ref(alpha * -x)) * (y + 1.0f);
+    }
+}
+
 /* K(d, j) of vec.h's attn_qk as its code (quantized) or value (F16/F32). */
 static float k_code(const void *kt, int type, int64_t ld, int64_t d, int64_t j)
 {
@@ -262,7 +273,8 @@ static void attn_pv_merge_ref(float *o, int64_t ldo, int rows, const float *p, i
 
 static const struct vec_ops ref_ops = {dot_f32_ref,      exp_sub_ref,       silu_mul_ref,   attn_qk_ref,
                                        attn_pv_ref,      softmax_tile_ref,  attn_qk_paged_ref,
-                                       f16_to_f32_ref,   vec_q8_query,      f32_to_f16_ref, attn_pv_merge_ref, NULL};
+                                       f16_to_f32_ref,   vec_q8_query,      f32_to_f16_ref, attn_pv_merge_ref, NULL,
+                                       swiglu_oai_ref};
 
 const struct vec_ops *vec_ops_ref(void) { return &ref_ops; }
 

@@ -91,6 +91,12 @@ struct vec_ops {
      * exps of the row before (each row's max waited on its reduction). NULL in a variant
      * without it. */
     void (*softmax_rows)(float *s, int64_t lds, int rows, const int32_t *n, float *m, float *l);
+    /* gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai, alpha 1.702, limit 7) of the biased
+     * gate and up, for k < n, each element in these steps:
+     *   x = g[k] + bg[k], y = u[k] + bu[k];
+     *   x = x < 7 ? x : 7 (a NaN x gives 7); y = y < -7 ? -7 : y > 7 ? 7 : y (a NaN stays);
+     *   g[k] = x / (1 + exp(1.702 * -x)) * (y + 1), exp as VEC_EXP below. */
+    void (*swiglu_oai)(float *g, const float *u, const float *bg, const float *bu, int64_t n);
 };
 
 /* A query row for Q8_0 K (attn_qk): per 32 dimensions c, GGUF Q8_0's rounding of x as

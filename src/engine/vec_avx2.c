@@ -115,6 +115,35 @@ static void silu_mul(float *a, const float *b, int64_t n)
     }
 }
 
+/* vec.h's swiglu_oai steps on 8 lanes (the clamps as compares and blends: a NaN takes
+ * the scalar comparisons' branch). */
+static inline __m256 swiglu_oai8(__m256 x, __m256 y)
+{
+    const __m256 lim = _mm256_set1_ps(7.0f), nlim = _mm256_set1_ps(-7.0f);
+    x = _mm256_blendv_ps(lim, x, _mm256_cmp_ps(x, lim, _CMP_LT_OQ));
+    y = _mm256_blendv_ps(y, lim, _mm256_cmp_ps(y, lim, _CMP_GT_OQ));
+    y = _mm256_blendv_ps(y, nlim, _mm256_cmp_ps(y, nlim, _CMP_LT_OQ));
+    __m256 e = exp8(_mm256_mul_ps(_mm256_set1_ps(1.702f), _mm256_sub_ps(_mm256_setzero_ps(), x)));
+    __m256 h = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    return _mm256_mul_ps(h, _mm256_add_ps(y, _mm256_set1_ps(1.0f)));
+}
+
+static void swiglu_oai(float *g, const float *u, const float *bg, const float *bu, int64_t n)
+{
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 x = _mm256_add_ps(_mm256_loadu_ps(g + k), _mm256_loadu_ps(bg + k));
+        __m256 y = _mm256_add_ps(_mm256_loadu_ps(u + k), _mm256_loadu_ps(bu + k));
+        _mm256_storeu_ps(g + k, swiglu_oai8(x, y));
+    }
+    if (k < n) {
+        __m256i m = tail8(n - k);
+        __m256 x = _mm256_add_ps(_mm256_maskload_ps(g + k, m), _mm256_maskload_ps(bg + k, m));
+        __m256 y = _mm256_add_ps(_mm256_maskload_ps(u + k, m), _mm256_maskload_ps(bu + k, m));
+        _mm256_maskstore_ps(g + k, m, swiglu_oai8(x, y));
+    }
+}
+
 /* ---- attention tiles (vec.h): one fused multiply-add chain per result element; 8 keys
  * or 8 columns to a register, the ragged ends one element at a time ---- */
 
@@ -504,7 +533,7 @@ static void f32_to_f16(const float *x, int64_t n, uint16_t *y, int64_t ldy)
 }
 
 static const struct vec_ops avx2_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile, attn_qk_paged,
-                                        f16_to_f32, vec_q8_query, f32_to_f16, NULL, NULL};
+                                        f16_to_f32, vec_q8_query, f32_to_f16, NULL, NULL, swiglu_oai};
 
 const struct vec_ops *vec_ops_avx2(void) { return &avx2_ops; }
 

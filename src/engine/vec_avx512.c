@@ -118,6 +118,35 @@ static void silu_mul(float *a, const float *b, int64_t n)
     }
 }
 
+/* vec.h's swiglu_oai steps on 16 lanes (the clamps as compares and blends: a NaN takes
+ * the scalar comparisons' branch). */
+static inline __m512 swiglu_oai16(__m512 x, __m512 y)
+{
+    const __m512 lim = _mm512_set1_ps(7.0f), nlim = _mm512_set1_ps(-7.0f);
+    x = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, lim, _CMP_LT_OQ), lim, x);
+    y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, lim, _CMP_GT_OQ), y, lim);
+    y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, nlim, _CMP_LT_OQ), y, nlim);
+    __m512 e = exp16(_mm512_mul_ps(_mm512_set1_ps(1.702f), _mm512_sub_ps(_mm512_setzero_ps(), x)));
+    __m512 h = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+    return _mm512_mul_ps(h, _mm512_add_ps(y, _mm512_set1_ps(1.0f)));
+}
+
+static void swiglu_oai(float *g, const float *u, const float *bg, const float *bu, int64_t n)
+{
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        __m512 x = _mm512_add_ps(_mm512_loadu_ps(g + k), _mm512_loadu_ps(bg + k));
+        __m512 y = _mm512_add_ps(_mm512_loadu_ps(u + k), _mm512_loadu_ps(bu + k));
+        _mm512_storeu_ps(g + k, swiglu_oai16(x, y));
+    }
+    if (k < n) {
+        __mmask16 m = tail_mask(n - k);
+        __m512 x = _mm512_add_ps(_mm512_maskz_loadu_ps(m, g + k), _mm512_maskz_loadu_ps(m, bg + k));
+        __m512 y = _mm512_add_ps(_mm512_maskz_loadu_ps(m, u + k), _mm512_maskz_loadu_ps(m, bu + k));
+        _mm512_mask_storeu_ps(g + k, m, swiglu_oai16(x, y));
+    }
+}
+
 /* ---- attention tiles (vec.h): one fused multiply-add chain per result element ---- */
 
 #define INLINE static inline __attribute__((always_inline))
@@ -1082,11 +1111,11 @@ static void f32_to_f16(const float *x, int64_t n, uint16_t *y, int64_t ldy)
 
 static const struct vec_ops avx512_ops = {dot_f32,      exp_sub,       silu_mul,   attn_qk,  attn_pv,
                                           softmax_tile, attn_qk_paged, f16_to_f32, q8_query, f32_to_f16,
-                                          attn_pv_merge, softmax_rows};
+                                          attn_pv_merge, softmax_rows, swiglu_oai};
 static const struct vec_ops avx512_novnni_ops = {dot_f32,        exp_sub,      silu_mul,
                                                  attn_qk_novnni, attn_pv,      softmax_tile,
                                                  attn_qk_paged_novnni, f16_to_f32, q8_query, f32_to_f16,
-                                          attn_pv_merge, softmax_rows};
+                                          attn_pv_merge, softmax_rows, swiglu_oai};
 
 const struct vec_ops *vec_ops_avx512(void) { return &avx512_ops; }
 const struct vec_ops *vec_ops_avx512_novnni(void) { return &avx512_novnni_ops; }

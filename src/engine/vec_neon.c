@@ -111,6 +111,41 @@ static void exp_sub(float *x, float sub, int64_t n)
     }
 }
 
+/* vec.h's swiglu_oai steps on 4 lanes (the clamps as compares and selects: a NaN takes
+ * the scalar comparisons' branch). */
+static inline float32x4_t swiglu_oai4(float32x4_t x, float32x4_t y)
+{
+    const float32x4_t lim = vdupq_n_f32(7.0f), nlim = vdupq_n_f32(-7.0f);
+    x = vbslq_f32(vcltq_f32(x, lim), x, lim);
+    y = vbslq_f32(vcgtq_f32(y, lim), lim, y);
+    y = vbslq_f32(vcltq_f32(y, nlim), nlim, y);
+    float32x4_t e = exp4(vmulq_f32(vdupq_n_f32(1.702f), vsubq_f32(vdupq_n_f32(0.0f), x)));
+    float32x4_t h = vdivq_f32(x, vaddq_f32(vdupq_n_f32(1.0f), e));
+    return vmulq_f32(h, vaddq_f32(y, vdupq_n_f32(1.0f)));
+}
+
+static void swiglu_oai(float *g, const float *u, const float *bg, const float *bu, int64_t n)
+{
+    int64_t k = 0;
+    for (; k + 4 <= n; k += 4) {
+        float32x4_t x = vaddq_f32(vld1q_f32(g + k), vld1q_f32(bg + k));
+        vst1q_f32(g + k, swiglu_oai4(x, vaddq_f32(vld1q_f32(u + k), vld1q_f32(bu + k))));
+    }
+    if (k < n) {
+        float t[4][4] = {{0}};
+        for (int64_t i = k; i < n; i++) {
+            t[0][i - k] = g[i];
+            t[1][i - k] = u[i];
+            t[2][i - k] = bg[i];
+            t[3][i - k] = bu[i];
+        }
+        float32x4_t x = vaddq_f32(vld1q_f32(t[0]), vld1q_f32(t[2]));
+        vst1q_f32(t[0], swiglu_oai4(x, vaddq_f32(vld1q_f32(t[1]), vld1q_f32(t[3]))));
+        for (int64_t i = k; i < n; i++)
+            g[i] = t[0][i - k];
+    }
+}
+
 static void silu_mul(float *a, const float *b, int64_t n)
 {
     int64_t k = 0;
@@ -517,7 +552,7 @@ static void f32_to_f16(const float *x, int64_t n, uint16_t *y, int64_t ldy)
 }
 
 static const struct vec_ops neon_ops = {dot_f32, exp_sub, silu_mul, attn_qk, attn_pv, softmax_tile, attn_qk_paged,
-                                        f16_to_f32, q8_query, f32_to_f16, NULL, NULL};
+                                        f16_to_f32, q8_query, f32_to_f16, NULL, NULL, swiglu_oai};
 
 const struct vec_ops *vec_ops_neon(void) { return &neon_ops; }
 

@@ -45,6 +45,23 @@ static void test_exp_accuracy(const struct vec_ops *ref)
         worst_silu = rel > worst_silu ? rel : worst_silu;
     }
     CHECK(worst_silu <= 3.6e-7, "silu: worst relative error %.3g over [-40, 40]", worst_silu);
+    /* gpt-oss's SwiGLU against its definition in double, inside and past both clamps */
+    double worst_oai = 0;
+    for (int i = -2000; i <= 2000; i++) {
+        float g = (float)i * 0.01f, u = (float)(i % 900) * 0.01f, zero = 0.0f;
+        ref->swiglu_oai(&g, &u, &zero, &zero, 1);
+        double x = fmin((double)((float)i * 0.01f), 7.0), y = fmax(fmin((double)u, 7.0), -7.0);
+        double want = x / (1.0 + exp(-1.702 * x)) * (y + 1.0);
+        double rel = fabs((double)g - want) / (fabs(want) + 1e-30);
+        worst_oai = fabs(want) > 1e-6 && rel > worst_oai ? rel : worst_oai;
+    }
+    CHECK(worst_oai <= 1e-6, "swiglu_oai: worst relative error %.3g over gate [-20, 20]", worst_oai);
+    float nan_g = NAN, nan_u = NAN, one = 1.0f, zero = 0.0f;
+    ref->swiglu_oai(&nan_g, &one, &zero, &zero, 1);
+    CHECK(nan_g > 13.9f && nan_g < 14.0f, "swiglu_oai(NaN gate, up 1) = %g: the gate clamps to 7", nan_g);
+    float g7 = 1.0f;
+    ref->swiglu_oai(&g7, &nan_u, &zero, &zero, 1);
+    CHECK(isnan(g7), "swiglu_oai(gate 1, NaN up) = %g, NaN", g7);
 }
 
 /* softmax_tile's exp (vec.h VEC_SEXP) against double precision: rows whose max is 0 and
@@ -594,7 +611,7 @@ int main(int argc, char **argv)
     const struct vec_ops *ref = vec_ops_ref();
     const char *names[] = {"avx2", "avx512", "neon", "avx512-novnni"};
     uint64_t seed = 42;
-    float a[MAXN], b[MAXN], y0[MAXN], y1[MAXN];
+    float a[MAXN], b[MAXN], y0[MAXN], y1[MAXN], u[MAXN];
     for (int v = 0; v < 4; v++) {
         const struct vec_ops *ops = vec_ops_variant(names[v]);
         if (!ops) {
@@ -628,8 +645,21 @@ int main(int argc, char **argv)
             ref->silu_mul(y0, b, n);
             ops->silu_mul(y1, b, n);
             bad += memcmp(y0, y1, (size_t)n * sizeof *y0) != 0;
+            /* gpt-oss's SwiGLU past both clamps (gate and up up to +-30 with the biases), a
+             * NaN in the gate and in up now and then; u's tail beyond n stays unread */
+            for (int i = 0; i < n; i++) {
+                y0[i] = y1[i] = test_rand_float(&seed) * 30.0f;
+                u[i] = test_rand_float(&seed) * 30.0f;
+            }
+            if (rep % 5 == 0) {
+                y0[n / 3] = y1[n / 3] = NAN;
+                u[n / 2] = NAN;
+            }
+            ref->swiglu_oai(y0, u, b, a, n);
+            ops->swiglu_oai(y1, u, b, a, n);
+            bad += memcmp(y0, y1, (size_t)n * sizeof *y0) != 0;
         }
-        CHECK(bad == 0, "%s: %d of 1200 results differ from the reference in bits", names[v], bad);
+        CHECK(bad == 0, "%s: %d of 1600 results differ from the reference in bits", names[v], bad);
         RUN(test_attn_tiles, ref, ops, names[v]);
         RUN(test_attn_decode_shape, ref, ops, names[v]);
         RUN(test_q8_query, ops, names[v]);
