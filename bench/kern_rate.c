@@ -3,7 +3,8 @@
  * per 16 x 256 weights (one interleaved group-row of 256 columns), for B = 1, 2, 4, 8.
  * A matrix of about 512 KiB stays in L2: its rate is what the instructions allow (the
  * compute bound); one of 256 MiB comes from DRAM.
- *   usage: bench_kern_rate [-t THREADS] [-s claim|halves] [-b MAX_B] [-r ROUNDS] [KIB] [TYPE...]
+ *   usage: bench_kern_rate [-t THREADS] [-s claim|halves] [-b MAX_B] [-r ROUNDS] [-p PATH]
+ *                          [KIB] [TYPE...]
  *          (default: 1 thread, 512 KiB, q8_0 q4_0 q4_k)
  * With -t N the rows are shared among N threads of a pool as the engine shares a decode
  * product: `claim` (the default) by guided self-scheduling with the engine's smallest
@@ -13,7 +14,8 @@
  * Pin it (taskset -c 1, or the two cores with -t 2) and read it beside the load average:
  * it is a timing. -b 1 measures B = 1 alone. -r ROUNDS makes every type's matrix first, then
  * times the types in turn ROUNDS times, each line with its time and load average: readings
- * of different types seconds apart, on a host whose bandwidth swings minute to minute. */
+ * of different types seconds apart, on a host whose bandwidth swings minute to minute.
+ * -p PATH (avx2, avx512, ref ...: kern_path_name's names) runs one path, not the best. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +80,16 @@ static void product(struct pool *pool, struct mm_share *j)
 }
 
 static int max_b = 8;
+static enum kern_path path = KERN_PATH_AUTO; /* -p NAME: one path instead of the best */
+
+/* The path kern_path_name calls name, or -1. */
+static int path_from_name(const char *name)
+{
+    for (int p = KERN_PATH_AUTO; p <= KERN_PATH_NEON_I8MM; p++)
+        if (!strcmp(kern_path_name((enum kern_path)p), name))
+            return p;
+    return -1;
+}
 
 /* One matrix under test, with its activations, outputs and share of the pool. */
 struct bench_mat {
@@ -129,7 +141,7 @@ static int bench_mat_init(struct bench_mat *bm, int type, size_t kib, int64_t co
         }
     }
     char msg[256];
-    if (kern_mat_create(&bm->m, type, bm->w, rows, cols, KERN_PATH_AUTO, msg, sizeof msg) != 0) {
+    if (kern_mat_create(&bm->m, type, bm->w, rows, cols, path, msg, sizeof msg) != 0) {
         fprintf(stderr, "%s: %s\n", dtype_name(type), msg);
         goto err;
     }
@@ -266,12 +278,20 @@ int main(int argc, char **argv)
             halves = !strcmp(argv[a + 1], "halves");
         else if (!strcmp(argv[a], "-r"))
             rounds = atoi(argv[a + 1]);
+        else if (!strcmp(argv[a], "-p")) {
+            int p = path_from_name(argv[a + 1]);
+            if (p < 0) {
+                fprintf(stderr, "unknown path %s\n", argv[a + 1]);
+                return 2;
+            }
+            path = (enum kern_path)p;
+        }
         else
             break;
     }
     if (threads < 1 || threads > MAX_THREADS || rounds < 0 || (a < argc && argv[a][0] == '-')) {
         fprintf(stderr, "usage: bench_kern_rate [-t THREADS] [-s claim|halves] [-b MAX_B] "
-                        "[-r ROUNDS] [KIB] [TYPE...]\n");
+                        "[-r ROUNDS] [-p PATH] [KIB] [TYPE...]\n");
         return 2;
     }
     size_t kib = a < argc ? (size_t)strtoul(argv[a++], NULL, 10) : 512;
