@@ -626,7 +626,7 @@ static void gather_inputs(struct step_job *sj, int B, int n_sel)
     uint64_t bytes = 0, down_bytes = 0;
     for (int i = 0; i < n_sel; i++) {
         int e = mo->chosen[i];
-        bytes += model_expert_gate_up_bytes(L, e);
+        bytes += model_expert_gate_up_bytes(L, e) + model_expert_bias_bytes(L, e);
         down_bytes += kern_mat_bytes(L->exp_down[e]);
     }
     sj->bytes = bytes;

@@ -45,7 +45,7 @@ struct moe_stats {
     uint64_t steps;          /* moe_forward calls (one per layer per forward) */
     uint64_t token_choices;  /* tokens x n_expert_used */
     uint64_t expert_runs;    /* experts run (each once per step that any token chose it) */
-    uint64_t expert_bytes;   /* bytes of expert weights read */
+    uint64_t expert_bytes;   /* bytes of expert weights read (matrices and biases: model_expert_bytes) */
     uint64_t down_bytes;     /* of which the down products' */
     uint64_t down_by_expert; /* steps whose down ran by experts (a small batch; moe.c) */
     uint64_t act_shared;     /* steps whose activation groups spanned several units of gate and up (moe.c) */

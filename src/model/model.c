@@ -780,9 +780,15 @@ uint64_t model_expert_gate_up_bytes(const struct model_layer *L, int e)
     return kern_mat_bytes(L->exp_gate[e]) + kern_mat_bytes(L->exp_up[e]);
 }
 
+uint64_t model_expert_bias_bytes(const struct model_layer *L, int e)
+{
+    uint64_t n_embd = (uint64_t)kern_mat_rows(L->exp_down[e]), n_ff = (uint64_t)kern_mat_cols(L->exp_down[e]);
+    return ((L->exp_gate_b ? n_ff : 0) + (L->exp_up_b ? n_ff : 0) + (L->exp_down_b ? n_embd : 0)) * sizeof(float);
+}
+
 uint64_t model_expert_bytes(const struct model_layer *L, int e)
 {
-    return model_expert_gate_up_bytes(L, e) + kern_mat_bytes(L->exp_down[e]);
+    return model_expert_gate_up_bytes(L, e) + model_expert_bias_bytes(L, e) + kern_mat_bytes(L->exp_down[e]);
 }
 
 int model_embed(const struct model *m, int32_t token, void *row_buf, float *out)

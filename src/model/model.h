@@ -152,9 +152,11 @@ int model_slice_extents(const struct gguf_file *f, int layer_begin, int layer_en
 /* Releases everything, the file mapping included; accepts NULL. */
 void model_release(struct model *m);
 
-/* Bytes of expert e's gate and up (fused or not), and of its down: what a token that
- * chooses it reads of them. */
+/* Bytes of expert e's gate and up (fused or not); of its biases (gpt-oss's gate, up and
+ * down biases as floats; 0 without); and of all of it with its down: what a token that
+ * chooses it reads. */
 uint64_t model_expert_gate_up_bytes(const struct model_layer *L, int e);
+uint64_t model_expert_bias_bytes(const struct model_layer *L, int e);
 uint64_t model_expert_bytes(const struct model_layer *L, int e);
 
 /* Writes the embedding of token into out[n_embd] (first slice). The row is read with

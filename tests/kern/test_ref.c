@@ -169,6 +169,43 @@ static void test_act_quantize(void)
     CHECK(memcmp(src, dst, sizeof src) == 0, "F32 activations are copied");
 }
 
+/* The dispatched quantizer (AVX-512 or NEON where the CPU has it) against the scalar
+ * reference, byte for byte: every block count from 1 to 40 (the vector kernels take
+ * blocks in groups, then a tail), with zero blocks, NaN, infinities and ties mixed in. */
+static void test_act_quantize_vs_ref(void)
+{
+    enum { MAX_BLOCKS = 40 };
+    static float x[MAX_BLOCKS * QK_K];
+    static uint8_t got[MAX_BLOCKS * 300], want[MAX_BLOCKS * 300];
+    int wtypes[] = {DT_Q8_0, DT_Q4_K};
+    for (int t = 0; t < 2; t++) {
+        int bs = t ? QK_K : QK32;
+        for (int nb = 1; nb <= MAX_BLOCKS; nb++) {
+            int n = nb * bs;
+            for (int i = 0; i < n; i++)
+                x[i] = (float)gauss() * (i / bs % 3 ? 2.0f : 1e-3f);
+            for (int b = 0; b < nb; b += 5)  /* a zero block every fifth */
+                memset(x + b * bs, 0, (size_t)bs * sizeof(float));
+            if (nb > 2)
+                x[bs + 3] = NAN, x[2 * bs + 1] = -NAN;
+            if (nb > 4)
+                x[3 * bs + 7] = INFINITY, x[4 * bs] = NAN, x[4 * bs + 1] = -INFINITY;
+            if (nb > 6)
+                x[6 * bs] = 127.0f, x[6 * bs + 1] = 2.5f, x[6 * bs + 2] = -0.5f;
+            if (nb > 7)
+                for (int i = 0; i < bs; i++)  /* a block of NaN only */
+                    x[7 * bs + i] = NAN;
+            memset(got, 0x55, sizeof got);
+            memset(want, 0x55, sizeof want);
+            kern_act_quantize(wtypes[t], x, got, n);
+            kern_act_quantize_ref(wtypes[t], x, want, n);
+            size_t bytes = kern_act_row_bytes(wtypes[t], n);
+            CHECK(memcmp(got, want, bytes) == 0, "%s, %d blocks: the fast quantizer differs from the reference",
+                  t ? "ACT_Q8_256" : "ACT_Q8_32", nb);
+        }
+    }
+}
+
 /* ---- the canonical arithmetic, transcribed from kern.h with our own bit decoding ---- */
 
 static float h2f(uint16_t h)
@@ -549,6 +586,7 @@ int main(int argc, char **argv)
     test_begin(argc, argv);
     RUN(test_act_row_bytes);
     RUN(test_act_quantize);
+    RUN(test_act_quantize_vs_ref);
     RUN(test_lane_order);
     RUN(test_zero_activations);
     for (int t = 0; t < NTYPES; t++)
