@@ -29,11 +29,11 @@ static __m512 quantize16(const float *x, __m512 vid, int8_t *q)
     const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
     __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x), vid);
     __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    __m512 r = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
-    r = _mm512_mask_mov_ps(r, nan, _mm512_setzero_ps());
-    _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(r)));
-    return r;
+    /* clamping before rounding gives the same as after: 127 < |v| <= 127.5 rounds to 127 */
+    __m512 c = _mm512_maskz_mov_ps(~nan, _mm512_min_ps(_mm512_max_ps(v, lo), hi));
+    __m512i r = _mm512_cvt_roundps_epi32(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(r));
+    return _mm512_cvtepi32_ps(r);
 }
 
 static inline __m512 fold(__m512 a, __m512 b, int is_max)
@@ -62,30 +62,33 @@ static inline __m512 reduce16x16(__m512 v[16], int is_max)
     return _mm512_permutexvar_ps(order, r);
 }
 
-/* 16 blocks of 32: the maxima and the sums of the 16 blocks are reduced together. */
-static void quantize_16_blocks32(const float *x, struct act_q8_32 *a)
+/* nb (1..16) blocks of 32: the maxima and the sums of the blocks are reduced together,
+ * missing blocks counting as zeros. */
+static inline void quantize_blocks32(const float *x, struct act_q8_32 *a, int nb)
 {
     __m512 v[16];
     for (int b = 0; b < 16; b++)
-        v[b] = abs_max(x + b * QK32, QK32, _mm512_setzero_ps());
+        v[b] = b < nb ? abs_max(x + b * QK32, QK32, _mm512_setzero_ps()) : _mm512_setzero_ps();
     __m512 m = reduce16x16(v, 1);
     __m512 id = inverse_scale(m);
     float d[16];
     _mm512_storeu_ps(d, _mm512_div_ps(m, _mm512_set1_ps(127.0f)));
-    for (int b = 0; b < 16; b++) {
+    for (int b = 0; b < nb; b++) {
         __m512 vid = _mm512_permutexvar_ps(_mm512_set1_epi32(b), id);
         const float *xb = x + b * QK32;
         v[b] = _mm512_add_ps(quantize16(xb, vid, a[b].q), quantize16(xb + 16, vid, a[b].q + 16));
     }
+    for (int b = nb; b < 16; b++)
+        v[b] = _mm512_setzero_ps();
     int32_t sum[16];
     _mm512_storeu_si512(sum, _mm512_cvtps_epi32(reduce16x16(v, 0)));
-    for (int b = 0; b < 16; b++) {
+    for (int b = 0; b < nb; b++) {
         a[b].d = d[b];
         a[b].sum = sum[b];
     }
 }
 
-/* One block of 32, for the blocks after the last 16. */
+/* One block of 32, for the last few blocks. */
 static void quantize_block32(const float *x, struct act_q8_32 *a)
 {
     float m = _mm512_reduce_max_ps(abs_max(x, QK32, _mm512_setzero_ps()));
@@ -99,7 +102,11 @@ void kern_act_q8_32_avx512(const float *x, struct act_q8_32 *a, int64_t n_blocks
 {
     int64_t b = 0;
     for (; b + 16 <= n_blocks; b += 16)
-        quantize_16_blocks32(x + b * QK32, a + b);
+        quantize_blocks32(x + b * QK32, a + b, 16);
+    if (n_blocks - b >= 8) {  /* fewer reduce faster one at a time; a row's part is often 8 */
+        quantize_blocks32(x + b * QK32, a + b, (int)(n_blocks - b));
+        b = n_blocks;
+    }
     for (; b < n_blocks; b++)
         quantize_block32(x + b * QK32, a + b);
 }

@@ -171,7 +171,8 @@ static void test_act_quantize(void)
 
 /* The dispatched quantizer (AVX-512 or NEON where the CPU has it) against the scalar
  * reference, byte for byte: every block count from 1 to 40 (the vector kernels take
- * blocks in groups, then a tail), with zero blocks, NaN, infinities and ties mixed in. */
+ * blocks in groups, then a tail), with zero blocks, NaN, infinities, ties and
+ * denormals mixed in. */
 static void test_act_quantize_vs_ref(void)
 {
     enum { MAX_BLOCKS = 40 };
@@ -195,6 +196,9 @@ static void test_act_quantize_vs_ref(void)
             if (nb > 7)
                 for (int i = 0; i < bs; i++)  /* a block of NaN only */
                     x[7 * bs + i] = NAN;
+            if (nb > 8)
+                for (int i = 0; i < bs; i++)  /* denormals: 127/amax overflows to infinity */
+                    x[8 * bs + i] = i % 3 ? 1e-45f * (float)(i % 4) : 0.0f;
             memset(got, 0x55, sizeof got);
             memset(want, 0x55, sizeof want);
             kern_act_quantize(wtypes[t], x, got, n);
