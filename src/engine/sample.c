@@ -362,8 +362,7 @@ static int prepare(struct sampler *s, const struct sample_params *p, const float
     return 0;
 }
 
-/* Greedy: the first token holding the largest value. */
-/* The first index of max in src[0..n) (max is there: it came from max_of). Blocks
+/* Greedy: the first index of max in src[0..n) (max is there: it came from max_of). Blocks
  * without it are skipped by a compare the compiler vectorizes; greedy decoding pays this
  * for every sequence of every step, on one thread while the pool's others wait. */
 static int32_t arg_max(const float *src, int n, float max)

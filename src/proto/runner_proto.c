@@ -605,26 +605,29 @@ int runner_msg_decode(const char *line, size_t len, struct runner_msg *out, char
     return rc;
 }
 
+int runner_send_bytes(int fd, const char *buf, size_t len)
+{
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = send(fd, buf + off, len - off, MSG_NOSIGNAL);
+        if (w < 0 && errno == ENOTSOCK)
+            w = write(fd, buf + off, len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return CAIRN_EIO;
+        off += (size_t)w;
+    }
+    return 0;
+}
+
 int runner_msg_send(int fd, const struct runner_msg *m)
 {
     size_t len;
     char *line = runner_msg_encode(m, &len);
     if (!line)
         return CAIRN_ENOMEM;
-    size_t off = 0;
-    int rc = 0;
-    while (off < len) {
-        ssize_t w = send(fd, line + off, len - off, MSG_NOSIGNAL);
-        if (w < 0 && errno == ENOTSOCK)
-            w = write(fd, line + off, len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            rc = CAIRN_EIO;
-            break;
-        }
-        off += (size_t)w;
-    }
+    int rc = runner_send_bytes(fd, line, len);
     free(line);
     return rc;
 }

@@ -265,6 +265,10 @@ int runner_msg_decode(const char *line, size_t len, struct runner_msg *out, char
  * CAIRN_EIO when the peer is gone, CAIRN_ENOMEM. */
 int runner_msg_send(int fd, const struct runner_msg *m);
 
+/* Writes buf[0..len) (encoded lines) as runner_msg_send writes one: 0, or CAIRN_EIO when
+ * the peer is gone. */
+int runner_send_bytes(int fd, const char *buf, size_t len);
+
 /* Splits a byte stream into lines. Zero-initialize, release with runner_lines_free. */
 struct runner_lines {
     char *buf;

@@ -59,7 +59,6 @@ _Static_assert(KV_WINDOW_SLACK + RUNNER_KV_BLOCK_TOKENS + RUNNER_MAX_BATCH <= RU
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #define WARMUP_TOKENS 4
@@ -210,50 +209,29 @@ static void *watch_node(void *arg)
 /* Writes the held messages to the node (node_gone when it cannot take them). */
 static void flush_held(struct runner *r)
 {
-    size_t off = 0;
-    while (off < r->held_len) {
-        ssize_t w = send(r->sock, r->held + off, r->held_len - off, MSG_NOSIGNAL);
-        if (w < 0 && errno == ENOTSOCK)
-            w = write(r->sock, r->held + off, r->held_len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            node_gone();
-        off += (size_t)w;
-    }
+    if (r->held_len && runner_send_bytes(r->sock, r->held, r->held_len))
+        node_gone();
     r->held_len = 0;
 }
 
-/* Appends m's line to the held messages; 0, or CAIRN_ENOMEM (nothing held then). */
-static int hold_msg(struct runner *r, const struct runner_msg *m)
+/* Sends m to the node, or while r->hold appends it to the held messages; held ones go
+ * first, so the node reads them in order. A message that cannot be held (no memory) goes
+ * at once, after the held ones. */
+static void send_msg(struct runner *r, const struct runner_msg *m)
 {
     size_t len;
     char *line = runner_msg_encode(m, &len);
-    if (!line)
-        return CAIRN_ENOMEM;
-    int rc = array_reserve(&r->held, &r->held_cap, r->held_len + len, 1, 4096);
-    if (!rc) {
+    if (!line) {
+        fprintf(stderr, "cairn runner: cannot encode a '%s' message\n", runner_msg_type_name(m->type));
+    } else if (r->hold && !array_reserve(&r->held, &r->held_cap, r->held_len + len, 1, 4096)) {
         memcpy(r->held + r->held_len, line, len);
         r->held_len += len;
+    } else {
+        flush_held(r);
+        if (runner_send_bytes(r->sock, line, len))
+            node_gone();
     }
     free(line);
-    return rc;
-}
-
-static void send_msg(struct runner *r, const struct runner_msg *m)
-{
-    if (r->hold) {
-        if (hold_msg(r, m))
-            fprintf(stderr, "cairn runner: cannot encode a '%s' message\n", runner_msg_type_name(m->type));
-        r->last_sent = clock_ns();
-        return;
-    }
-    flush_held(r); /* in order */
-    int rc = runner_msg_send(r->sock, m);
-    if (rc == CAIRN_EIO)
-        node_gone();
-    if (rc)
-        fprintf(stderr, "cairn runner: cannot encode a '%s' message\n", runner_msg_type_name(m->type));
     r->last_sent = clock_ns();
 }
 
@@ -1214,8 +1192,9 @@ static void cancel_task(struct runner *r, const char *task_id)
 /* With CAIRN_STEP_LOG=FILE in the environment, the runner appends a line to FILE for
  * every step of its scheduler ("step START_NS END_NS DECODING PROMPT FORWARD_NS": the
  * monotonic clock around sched_step, the sequences that decoded in it, the prompt tokens
- * it carried and its forward's share of it) and every task that arrives ("task NS"): how the steps of a run filled, read
- * by `node bench/serve_load.mjs steps FILE`. One line per write (line buffered). */
+ * it carried and its forward's share of it) and every task that arrives ("task NS"): how
+ * the steps of a run filled, read by `node bench/serve_load.mjs steps FILE`. One line per
+ * write (line buffered). */
 static void step_log_line(struct runner *r, const char *fmt, ...)
 {
     if (!r->step_log_tried) {
