@@ -248,18 +248,11 @@ engine8() {
 
 for r in $(seq "$reps"); do
   loadavg
-  if [ $quick = 1 ]; then # part 3 only (--quick)
-    engine8
-    : >"$steplog"
-    each streams --n 8 --timeout-s 300
-    node bench/serve_load.mjs steps "$steplog" --server cairn >>"$out"
-    each sustain --n 8 --rounds 3 --timeout-s 400
-    engine8
-    continue
+  if [ $quick = 0 ]; then
+    for n in 1 2 4; do
+      each streams --n $n --timeout-s 300
+    done
   fi
-  for n in 1 2 4; do
-    each streams --n $n --timeout-s 300
-  done
   echo "== cairn: engine B = 8, 8 streams and 8 clients back to back through the API, engine again" >&2
   engine8
   : >"$steplog"
@@ -267,6 +260,7 @@ for r in $(seq "$reps"); do
   node bench/serve_load.mjs steps "$steplog" --server cairn >>"$out"
   each sustain --n 8 --rounds 3 --timeout-s 400
   engine8
+  [ $quick = 1 ] && continue # part 3 only (--quick)
   # TTFT through HTTP right after the engine's own prefill of as many tokens, in pairs,
   # so that both see the same load; the table sets the lowest of each against the other.
   for i in 1 2 3; do

@@ -57,12 +57,16 @@ static void runner_close(struct runner *r)
     model_release(r->m);
 }
 
-/* Feeds tokens [from, to) of seq in chunks of `chunk`, storing every position's logits. */
+/* Feeds tokens [from, to) of seq in chunks of `chunk` (at most FEED_MAX), storing every
+ * position's logits. */
+enum { FEED_MAX = 512 };
 static int feed(struct runner *r, int seq, const int32_t *toks, int from, int to, int chunk, float *logits)
 {
-    int32_t seqs[64];
-    int64_t pos[64];
+    int32_t seqs[FEED_MAX];
+    int64_t pos[FEED_MAX];
     char err[512];
+    if (chunk < 1 || chunk > FEED_MAX)
+        return -1;
     for (int i = from; i < to; i += chunk) {
         int n = to - i < chunk ? to - i : chunk;
         for (int k = 0; k < n; k++) {
@@ -591,23 +595,8 @@ out:
 
 static int feed_long(struct runner *r, const int32_t *toks, int chunk, float *logits)
 {
-    static int32_t seqs[LONG_TOK];
-    static int64_t pos[LONG_TOK];
-    char err[512];
     kv_seq_clear(r->kv, 0);
-    for (int i = 0; i < LONG_TOK; i += chunk) {
-        int n = LONG_TOK - i < chunk ? LONG_TOK - i : chunk;
-        for (int k = 0; k < n; k++) {
-            seqs[k] = 0;
-            pos[k] = i + k;
-        }
-        struct batch b = {.n = n, .token = toks + i, .seq = seqs, .pos = pos};
-        if (engine_forward(r->e, r->kv, &b, logits + (size_t)i * r->n_vocab, err, sizeof err)) {
-            fprintf(stderr, "engine_forward: %s\n", err);
-            return -1;
-        }
-    }
-    return 0;
+    return feed(r, 0, toks, 0, LONG_TOK, chunk, logits);
 }
 
 static void check_long_prompt(const struct synth_spec *spec)
