@@ -615,9 +615,9 @@ struct gate_up_job {
 
 /* A batch's activation rows go through a unit in parts of at least this many: the part's
  * gate and up outputs are still in L2 when the activation reads them (all of a prompt's
- * 512 rows, 1 MiB of outputs a unit, were read back from L3). At least 9 rows a part (more
- * than the kernels' NB_MAX), so each part takes the kernels' large-batch path as the whole
- * batch does: the same bits. */
+ * 512 rows, 1 MiB of outputs a unit, were read back from L3). A row's products do not
+ * depend on how many rows share the call (test_mat), so the parts give the same bits;
+ * 64 rows keep each part on the kernels' large-batch path, the fast one for prompts. */
 #define GATE_UP_PART_ROWS 64
 
 static void gate_up_run(void *ctx, int ith, int nth)
