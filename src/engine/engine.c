@@ -677,7 +677,8 @@ static void gate_up_act(struct engine *e, int B, const struct mm_item *gu, const
     struct mm_part parts[MM_MAX_PARTS];
     mm_parts_init(&j.mm, parts, units, pool_threads(e->pool), unit_bytes);
     count_bytes(e, bytes);
-    pool_run(e->pool, gate_up_run, &j);
+    /* mm_claim: the caller takes what a worker that never started leaves */
+    pool_run_claims(e->pool, gate_up_run, &j);
 }
 
 static void act_quant_run(void *ctx, int ith, int nth)
