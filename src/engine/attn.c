@@ -339,6 +339,7 @@ struct attn_job {
     bool cold;  /* a decode-sized batch: its K and V are not in cache */
     long n_items;
     _Atomic long next;
+    _Atomic long merge_next; /* merge_work's next (token, query head) */
     const char *k_base, *v_base;
     size_t k_head, v_head; /* bytes of one head's K / V of one position */
     int bt, type_k, type_v;
@@ -961,6 +962,46 @@ static void pair_range(long n_items, int p, int nth, long *lo, long *hi)
         pool_split(n_items, 1, 2 * p + 1, nth, &lo2, hi);
 }
 
+/* A thread's place in decode_tile's items: the run whose q' its scratch holds, and
+ * whether it has taken an item yet (its first item's K is asked for at once). */
+struct tile_taker {
+    struct scratch sc;
+    struct scratch_heads hs;
+    int ri, q_ri;
+    bool first;
+};
+
+/* Takes pair p's items one at a time, from the back of its range or the front, until none
+ * is left. */
+static void take_pair_items(struct attn_job *j, struct tile_taker *tk, int p, int nth, bool back)
+{
+    struct attn *a = j->a;
+    _Atomic uint64_t *ends = &a->ends[p];
+    long lo, hi;
+    pair_range(j->n_items, p, nth, &lo, &hi);
+    uint64_t cur = atomic_load_explicit(ends, memory_order_relaxed);
+    for (;;) {
+        uint64_t front = cur >> 32, rear = cur & 0xffffffffu;
+        if (front >= rear)
+            return;
+        uint64_t want = back ? front << 32 | (rear - 1) : (front + 1) << 32 | rear;
+        if (!atomic_compare_exchange_weak_explicit(ends, &cur, want, memory_order_relaxed, memory_order_relaxed))
+            continue;
+        long w = back ? (long)rear - 1 : (long)front, nw = back ? w - 1 : w + 1;
+        int ri = tk->ri;
+        while (ri > 0 && a->run_items[ri] > w)
+            ri--;
+        while (a->run_items[ri + 1] <= w)
+            ri++;
+        int64_t t = w - a->run_items[ri];
+        bool same_run = nw >= a->run_items[ri] && nw < a->run_items[ri + 1] && nw >= lo && nw < hi;
+        decode_tile(j, &tk->sc, &tk->hs, ri, t, tk->first, same_run ? nw - a->run_items[ri] : -1, ri != tk->q_ri);
+        tk->ri = tk->q_ri = ri;
+        tk->first = false;
+        cur = atomic_load_explicit(ends, memory_order_relaxed);
+    }
+}
+
 static void attn_work(void *ctx, int ith, int nth)
 {
     struct attn_job *j = ctx;
@@ -973,35 +1014,15 @@ static void attn_work(void *ctx, int ith, int nth)
          * back down, one at a time, until they meet, so each reads on where it left off and
          * neither waits for the other at the end (a step's last tile is short, the calling
          * thread has more to do, other processes take a CPU for a while: a fixed split left a
-         * thread idle at the barrier for a fifth of the step). The tiles' partials, and so the
+         * thread idle at the barrier for a fifth of the step). A thread out of its pair's
+         * items then takes the other pairs' from their backs, so every item is taken even
+         * by the calling thread alone (pool_run_claims). The tiles' partials, and so the
          * bits, do not depend on which thread makes them. */
-        struct scratch_heads hs = scratch_heads_of(a, ith);
-        _Atomic uint64_t *ends = &a->ends[ith / 2];
-        bool back = ith % 2 == 1;
-        long lo, hi;
-        pair_range(j->n_items, ith / 2, nth, &lo, &hi);
-        int ri = 0, q_ri = -1; /* the run whose q' the scratch holds */
-        bool first = true;
-        uint64_t cur = atomic_load_explicit(ends, memory_order_relaxed);
-        for (;;) {
-            uint64_t front = cur >> 32, rear = cur & 0xffffffffu;
-            if (front >= rear)
-                break;
-            uint64_t want = back ? front << 32 | (rear - 1) : (front + 1) << 32 | rear;
-            if (!atomic_compare_exchange_weak_explicit(ends, &cur, want, memory_order_relaxed, memory_order_relaxed))
-                continue;
-            long w = back ? (long)rear - 1 : (long)front, nw = back ? w - 1 : w + 1;
-            while (ri > 0 && a->run_items[ri] > w)
-                ri--;
-            while (a->run_items[ri + 1] <= w)
-                ri++;
-            int64_t t = w - a->run_items[ri];
-            bool same_run = nw >= a->run_items[ri] && nw < a->run_items[ri + 1] && nw >= lo && nw < hi;
-            decode_tile(j, &sc, &hs, ri, t, first, same_run ? nw - a->run_items[ri] : -1, ri != q_ri);
-            q_ri = ri;
-            first = false;
-            cur = atomic_load_explicit(ends, memory_order_relaxed);
-        }
+        struct tile_taker tk = {.sc = sc, .hs = scratch_heads_of(a, ith), .q_ri = -1, .first = true};
+        int n_pairs = (nth + 1) / 2;
+        take_pair_items(j, &tk, ith / 2, nth, ith % 2 == 1);
+        for (int k = 1; k < n_pairs; k++)
+            take_pair_items(j, &tk, (ith / 2 + k) % n_pairs, nth, true);
         return;
     }
     for (;;) {
@@ -1073,9 +1094,11 @@ static void merge_work(void *ctx, int ith, int nth)
     long n_pairs = 0;
     for (int ri = 0; ri < j->n_runs; ri++)
         n_pairs += (long)a->run_len[ri] * n_head;
-    long lo, hi;
-    pool_split(n_pairs, 1, ith, nth, &lo, &hi);
-    for (long w = lo; w < hi; w++) {
+    (void)nth;
+    for (;;) { /* claimed one at a time, so the calling thread alone can do them all */
+        long w = atomic_fetch_add_explicit(&j->merge_next, 1, memory_order_relaxed);
+        if (w >= n_pairs)
+            return;
         int b = (int)(w / n_head), qh = (int)(w % n_head);
         int64_t t_first = first_seen(j, j->pos[b]) / ATTN_TILE, n_t = j->pos[b] / ATTN_TILE + 1;
         const float *src = a->split + ((size_t)(b * n_head + qh) * (size_t)a->n_tiles + (size_t)t_first) * (size_t)(hd + 2);
@@ -1159,10 +1182,10 @@ void attn_forward_sinks(struct attn *a, struct pool *pool, const struct vec_ops 
         j.n_items = (long)n_runs * n_kv;
     }
     atomic_init(&j.next, 0);
-    if (j.split) /* tiles by pairs of threads, or split tiles merged by a fixed split */
-        pool_run(pool, attn_work, &j);
-    else /* KV heads claimed one at a time: the caller takes what others leave */
-        pool_run_claims(pool, attn_work, &j);
+    atomic_init(&j.merge_next, 0);
+    /* Every item is claimed (tiles by pairs of threads, or KV heads or split tiles one at
+     * a time, then the merges one at a time): the caller takes what others leave. */
+    pool_run_claims(pool, attn_work, &j);
     if (j.split)
-        pool_run(pool, merge_work, &j);
+        pool_run_claims(pool, merge_work, &j);
 }
