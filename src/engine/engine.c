@@ -309,13 +309,10 @@ static void quantize_row_part(struct engine *e, const bool *kinds, enum act_dim 
     }
 }
 
-static void quant_run(void *ctx, int ith, int nth)
+static void quant_row(void *ctx, long b)
 {
     struct quant_job *j = ctx;
-    long lo, hi;
-    pool_split(j->B, 1, ith, nth, &lo, &hi);
-    for (long b = lo; b < hi; b++)
-        quantize_row_part(j->e, j->kinds, j->dim, b, j->x + b * j->n, 0, j->n);
+    quantize_row_part(j->e, j->kinds, j->dim, b, j->x + b * j->n, 0, j->n);
 }
 
 static void kinds_for(bool *kinds, const struct kern_mat *const *mats, int n_mats)
@@ -324,15 +321,40 @@ static void kinds_for(bool *kinds, const struct kern_mat *const *mats, int n_mat
         kinds[kern_act_kind(kern_mat_type(mats[i]))] = true;
 }
 
-/* Runs a job split by rows. One row is done on the calling thread: a hand-off to the pool
- * would leave all threads but one idle for a step that takes about as long as the
- * hand-off itself. */
-static void run_rows(struct engine *e, pool_fn fn, void *ctx, int rows)
+/* A job of rows, each done whole by one thread (row(ctx, b) for b in [0, rows)). */
+typedef void (*row_fn)(void *ctx, long b);
+
+struct rows_job {
+    row_fn row;
+    void *ctx;
+    long rows;
+    _Atomic long next; /* first row not yet claimed */
+};
+
+static void rows_run(void *ctx, int ith, int nth)
 {
-    if (rows <= 1)
-        fn(ctx, 0, 1);
-    else
-        pool_run(e->pool, fn, ctx);
+    struct rows_job *j = ctx;
+    long lo, hi;
+    (void)ith;
+    while (pool_claim(&j->next, j->rows, 1, nth, &lo, &hi))
+        for (long b = lo; b < hi; b++)
+            j->row(j->ctx, b);
+}
+
+/* Runs row(ctx, b) for every row. One row is done on the calling thread: a hand-off to the
+ * pool would leave all threads but one idle for a step that takes about as long as the
+ * hand-off itself. More are claimed (pool_run_claims), so the caller never waits for a
+ * worker that a neighbour's process holds off its CPU; each row is the same operations on
+ * whichever thread, so the bits do not depend on the claims. */
+static void run_rows(struct engine *e, row_fn row, void *ctx, int rows)
+{
+    if (rows == 1) {
+        row(ctx, 0);
+    } else if (rows > 1) {
+        struct rows_job j = {.row = row, .ctx = ctx, .rows = rows};
+        atomic_init(&j.next, 0);
+        pool_run_claims(e->pool, rows_run, &j);
+    }
 }
 
 static void quantize_for(struct engine *e, const float *x, int64_t n, enum act_dim dim, int B,
@@ -340,7 +362,7 @@ static void quantize_for(struct engine *e, const float *x, int64_t n, enum act_d
 {
     struct quant_job j = {.e = e, .x = x, .n = n, .dim = dim, .B = B};
     kinds_for(j.kinds, mats, n_mats);
-    run_rows(e, quant_run, &j, B);
+    run_rows(e, quant_row, &j, B);
 }
 
 static struct mm_item mm_item_for(struct engine *e, const struct kern_mat *m, enum act_dim dim, float *y, size_t ldy)
@@ -407,15 +429,11 @@ struct norm_job {
     const int32_t *rows; /* NULL: rows 0..B-1; else input row of output row b */
 };
 
-static void norm_run(void *ctx, int ith, int nth)
+static void norm_row(void *ctx, long b)
 {
     struct norm_job *j = ctx;
-    long lo, hi;
-    pool_split(j->B, 1, ith, nth, &lo, &hi);
-    for (long b = lo; b < hi; b++) {
-        long src = j->rows ? j->rows[b] : b;
-        rms_norm(j->e->vec, j->x + src * j->n, j->w, j->y + b * j->n, j->n, j->e->m->hp.norm_eps);
-    }
+    long src = j->rows ? j->rows[b] : b;
+    rms_norm(j->e->vec, j->x + src * j->n, j->w, j->y + b * j->n, j->n, j->e->m->hp.norm_eps);
 }
 
 static void rope_apply(const struct model_hparams *hp, float *x, int n_heads, const float *cs)
@@ -444,38 +462,34 @@ struct qkv_post_job {
     const float *rope_cs; /* (B, n_rot/2, 2) of this layer's RoPE */
 };
 
-static void qkv_post_run(void *ctx, int ith, int nth)
+static void qkv_post_row(void *ctx, long b)
 {
     struct qkv_post_job *j = ctx;
     struct engine *e = j->e;
     const struct model_hparams *hp = &e->m->hp;
     const struct model_layer *L = j->L;
-    long lo, hi;
-    pool_split(j->B, 1, ith, nth, &lo, &hi);
     /* This rank's heads (all of them on one node): columns from q0 / kv0 of the full vectors. */
     int64_t qd = e->q_loc_dim, kvd = e->kv_loc_dim, q0 = e->q_part[e->tp_rank], kv0 = e->kv_part[e->tp_rank];
-    for (long b = lo; b < hi; b++) {
-        float *q = e->q_loc + b * qd, *k = e->k_loc + b * kvd, *v = e->v_loc + b * kvd;
-        /* each bias on its own (a file may carry some of them only), at this rank's columns */
-        for (int64_t i = 0; L->bq && i < qd; i++)
-            q[i] = q[i] + L->bq[q0 + i];
-        for (int64_t i = 0; L->bk && i < kvd; i++)
-            k[i] = k[i] + L->bk[kv0 + i];
-        for (int64_t i = 0; L->bv && i < kvd; i++)
-            v[i] = v[i] + L->bv[kv0 + i];
-        if (L->q_norm) {
-            for (int h = 0; h < e->n_head_loc; h++)
-                rms_norm(e->vec, q + (int64_t)h * hp->head_dim, L->q_norm, q + (int64_t)h * hp->head_dim,
-                         hp->head_dim, hp->norm_eps);
-            for (int h = 0; h < e->n_head_kv_loc; h++)
-                rms_norm(e->vec, k + (int64_t)h * hp->head_dim, L->k_norm, k + (int64_t)h * hp->head_dim,
-                         hp->head_dim, hp->norm_eps);
-        }
-        const float *cs = j->rope_cs + b * hp->n_rot;
-        rope_apply(hp, q, e->n_head_loc, cs);
-        rope_apply(hp, k, e->n_head_kv_loc, cs);
-        attn_kv_write(j->kv, e->vec, j->layer, e->slot[b], hp->head_dim, k, v);
+    float *q = e->q_loc + b * qd, *k = e->k_loc + b * kvd, *v = e->v_loc + b * kvd;
+    /* each bias on its own (a file may carry some of them only), at this rank's columns */
+    for (int64_t i = 0; L->bq && i < qd; i++)
+        q[i] = q[i] + L->bq[q0 + i];
+    for (int64_t i = 0; L->bk && i < kvd; i++)
+        k[i] = k[i] + L->bk[kv0 + i];
+    for (int64_t i = 0; L->bv && i < kvd; i++)
+        v[i] = v[i] + L->bv[kv0 + i];
+    if (L->q_norm) {
+        for (int h = 0; h < e->n_head_loc; h++)
+            rms_norm(e->vec, q + (int64_t)h * hp->head_dim, L->q_norm, q + (int64_t)h * hp->head_dim,
+                     hp->head_dim, hp->norm_eps);
+        for (int h = 0; h < e->n_head_kv_loc; h++)
+            rms_norm(e->vec, k + (int64_t)h * hp->head_dim, L->k_norm, k + (int64_t)h * hp->head_dim,
+                     hp->head_dim, hp->norm_eps);
     }
+    const float *cs = j->rope_cs + b * hp->n_rot;
+    rope_apply(hp, q, e->n_head_loc, cs);
+    rope_apply(hp, k, e->n_head_kv_loc, cs);
+    attn_kv_write(j->kv, e->vec, j->layer, e->slot[b], hp->head_dim, k, v);
 }
 
 /* x += tmp, and for the feed-forward: gate = silu(gate) * up. */
@@ -547,26 +561,22 @@ struct resid_job {
     bool kinds[N_ACT_KINDS]; /* xn's quantized rows (DIM_EMBD) */
 };
 
-static void resid_run(void *ctx, int ith, int nth)
+static void resid_row(void *ctx, long b)
 {
     struct resid_job *j = ctx;
     struct engine *e = j->e;
     int64_t n = e->m->hp.n_embd;
     float eps = e->m->hp.norm_eps;
-    long lo, hi;
-    pool_split(j->B, 1, ith, nth, &lo, &hi);
-    for (long b = lo; b < hi; b++) {
-        float *t = e->tmp + b * n, *x = e->x + b * n, *xn = e->xn + b * n;
-        for (int64_t i = 0; j->bias && i < n; i++)
-            t[i] = t[i] + j->bias[i];
-        if (j->post_norm)
-            rms_norm(e->vec, t, j->post_norm, t, n, eps);
-        for (int64_t i = 0; j->add && i < n; i++)
-            x[i] = x[i] + t[i];
-        if (j->next_norm) {
-            rms_norm(e->vec, x, j->next_norm, xn, n, eps);
-            quantize_row_part(e, j->kinds, DIM_EMBD, b, xn, 0, n);
-        }
+    float *t = e->tmp + b * n, *x = e->x + b * n, *xn = e->xn + b * n;
+    for (int64_t i = 0; j->bias && i < n; i++)
+        t[i] = t[i] + j->bias[i];
+    if (j->post_norm)
+        rms_norm(e->vec, t, j->post_norm, t, n, eps);
+    for (int64_t i = 0; j->add && i < n; i++)
+        x[i] = x[i] + t[i];
+    if (j->next_norm) {
+        rms_norm(e->vec, x, j->next_norm, xn, n, eps);
+        quantize_row_part(e, j->kinds, DIM_EMBD, b, xn, 0, n);
     }
 }
 
@@ -1167,7 +1177,7 @@ static int forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         const struct model_layer *L0 = &m->layers[0];
         struct resid_job rj = {.e = e, .B = B, .next_norm = L0->attn_norm};
         kinds_for(rj.kinds, (const struct kern_mat *const[]){L0->wq, L0->wk, L0->wv}, 3);
-        run_rows(e, resid_run, &rj, B);
+        run_rows(e, resid_row, &rj, B);
     }
     for (int il = 0; il < n_layers; il++) {
         const struct model_layer *L = &m->layers[il];
@@ -1195,7 +1205,7 @@ static int forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         phase(e, EP_QKV_POST);
         bool swa = model_layer_swa(hp, m->layer_begin + il);
         struct qkv_post_job pj = {e, L, kv, il, B, swa && e->rope_cs_swa ? e->rope_cs_swa : e->rope_cs};
-        run_rows(e, qkv_post_run, &pj, B);
+        run_rows(e, qkv_post_row, &pj, B);
         phase(e, EP_ATTN);
         /* the sinks of this rank's heads (tensor parallelism refuses the mixtures that have them) */
         attn_forward_sinks(e->att, e->pool, e->vec, kv, il, B, b->seq, b->pos, e->q_loc, e->attn_loc,
@@ -1221,7 +1231,7 @@ static int forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
         bool ffn_added = false; /* a mixture of experts adds its output to x itself */
         if (!L->router)
             kinds_for(rj.kinds, (const struct kern_mat *const[]){L->w_gate, L->w_up}, 2);
-        run_rows(e, resid_run, &rj, B);
+        run_rows(e, resid_row, &rj, B);
 
         /* feed-forward block */
         phase(e, EP_FFN);
@@ -1271,7 +1281,7 @@ static int forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
             rj.next_norm = N->attn_norm;
             kinds_for(rj.kinds, (const struct kern_mat *const[]){N->wq, N->wk, N->wv}, 3);
         }
-        run_rows(e, resid_run, &rj, B);
+        run_rows(e, resid_row, &rj, B);
     }
 
     phase(e, EP_HEAD);
@@ -1286,7 +1296,7 @@ static int forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
     if (n_out == 0)
         return 0;
     struct norm_job nj = {e, e->x, m->output_norm, e->xn, n_embd, n_out, e->out_rows};
-    run_rows(e, norm_run, &nj, n_out);
+    run_rows(e, norm_row, &nj, n_out);
     if (b->hidden) {
         memcpy(out, e->xn, (size_t)n_out * (size_t)n_embd * sizeof(float));
         return 0;
