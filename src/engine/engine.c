@@ -516,11 +516,34 @@ static void gelu_mul(float *a, const float *b, int64_t n)
 
 static void ew_range(const struct ew_job *j, long lo, long hi);
 
-static void ew_run(void *ctx, int ith, int nth)
+/* A job of columns claimed in runs of `unit` (pool_run_claims: the caller alone can do
+ * them all): cols(ctx, lo, hi) for runs [lo, hi) of [0, n). */
+struct cols_job {
+    void (*cols)(const void *ctx, long lo, long hi);
+    const void *ctx;
+    long n, unit;
+    _Atomic long next; /* first unit not yet claimed */
+};
+
+static void cols_run(void *ctx, int ith, int nth)
 {
-    struct ew_job *j = ctx;
-    long lo, hi;
-    pool_split((long)j->n, 64, ith, nth, &lo, &hi);
+    struct cols_job *j = ctx;
+    long units = (j->n + j->unit - 1) / j->unit, lo, hi;
+    (void)ith;
+    while (pool_claim(&j->next, units, 1, nth, &lo, &hi))
+        j->cols(j->ctx, lo * j->unit, hi * j->unit < j->n ? hi * j->unit : j->n);
+}
+
+static void run_cols(struct engine *e, void (*cols)(const void *, long, long), const void *ctx, long n, long unit)
+{
+    struct cols_job j = {.cols = cols, .ctx = ctx, .n = n, .unit = unit};
+    atomic_init(&j.next, 0);
+    pool_run_claims(e->pool, cols_run, &j);
+}
+
+static void ew_cols(const void *ctx, long lo, long hi)
+{
+    const struct ew_job *j = ctx;
     if (j->rows == 0) {
         ew_range(j, lo, hi);
         return;
@@ -691,13 +714,10 @@ static void gate_up_act(struct engine *e, int B, const struct mm_item *gu, const
     pool_run_claims(e->pool, gate_up_run, &j);
 }
 
-static void act_quant_run(void *ctx, int ith, int nth)
+static void act_quant_cols(const void *ctx, long lo, long hi)
 {
-    struct act_quant_job *j = ctx;
-    long lo, hi;
-    pool_split((long)j->e->m->hp.n_ff, ACT_SPLIT, ith, nth, &lo, &hi);
-    if (lo < hi)
-        act_quant_range(j, 0, j->B, lo, hi);
+    const struct act_quant_job *j = ctx;
+    act_quant_range(j, 0, j->B, lo, hi);
 }
 
 /* ---- setup ---- */
@@ -1255,13 +1275,13 @@ static int forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
                 gate_up_act(e, B, gu_items, &aj);
             } else if (e->tp_world == 1) {
                 matmul_items(e, B, gu_items, 2);
-                pool_run(e->pool, act_quant_run, &aj);
+                run_cols(e, act_quant_cols, &aj, (long)hp->n_ff, ACT_SPLIT);
             } else { /* this rank's columns of each row, then all columns from every rank */
                 matmul_items(e, B, gu_items, 2);
                 int64_t f0 = e->ff_part[e->tp_rank];
                 struct ew_job act = {e->vec, e->gate + f0, e->up + f0, e->ff_part[e->tp_rank + 1] - f0,
                                      hp->gemma ? 2 : 1, B, (size_t)hp->n_ff};
-                pool_run(e->pool, ew_run, &act);
+                run_cols(e, ew_cols, &act, (long)act.n, 64);
                 if ((rc = tp_gather(e, e->gate, B, (size_t)hp->n_ff, e->ff_part, 0, err, errlen)))
                     return rc;
                 quantize_for(e, e->gate, hp->n_ff, DIM_FF, B, down, 1);
