@@ -239,7 +239,7 @@ INLINE __m512i q4k_b1_sums(const uint8_t *t, const int8_t *q)
         dl[u] = dh[u] = _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int p = 0; p < 8; p++) {
-            __m512i w = load64(t + 64 * (8 * u + p));
+            __m512i w = in_reg(load64(t + 64 * (8 * u + p)));
             dl[u] = dp_bcast(dl[u], _mm512_and_si512(w, m4), q + 64 * u + 4 * p);
             dh[u] = dp_bcast(dh[u], _mm512_andnot_si512(m4, w), q + 64 * u + 32 + 4 * p);
         }
@@ -299,7 +299,7 @@ INLINE void group_k(const int type, const int NB, const bool pf, const uint8_t *
                     dl[b] = dh[b] = _mm512_setzero_si512();
 #pragma GCC unroll 8
                 for (int p = 0; p < 8; p++) {
-                    __m512i w = load64(tq + 64 * p);
+                    __m512i w = in_reg(load64(tq + 64 * p));
                     __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_andnot_si512(m4, w);
 #pragma GCC unroll 16
                     for (int b = 0; b < NB; b++) {
