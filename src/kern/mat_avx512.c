@@ -30,6 +30,13 @@ INLINE __m512i dp_bcast(__m512i acc, __m512i w, const int8_t *p)
     return acc;
 }
 
+/* acc += the 16-bit pairs of w . the 2 int16 at p, broadcast from memory as in dp_bcast */
+INLINE __m512i dpw_bcast(__m512i acc, __m512i w, const int32_t *p)
+{
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
+    return acc;
+}
+
 INLINE __m512 half16(const uint8_t *p)
 {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
@@ -244,17 +251,19 @@ INLINE __m512i q4k_b1_sums(const uint8_t *t, const int8_t *q)
             dh[u] = dp_bcast(dh[u], _mm512_andnot_si512(m4, w), q + 64 * u + 32 + 4 * p);
         }
     }
-    __m512i is = _mm512_setzero_si512();
+    /* The high sums stay 16 times their value through the scale products, shifted down
+     * once: exact, as each is a multiple of 16, and no overflow (|16 sum q*x| * 63 * 4 <
+     * 2^28). */
+    __m512i il = _mm512_setzero_si512(), ih = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int u = 0; u < 4; u++) {
         const uint8_t *sc = t + KM_Q4_K_SC(G) + G * 2 * u;
         __m512i scl = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sc));
         __m512i sch = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + G)));
-        __m512i lo = _mm512_mullo_epi32(dl[u], scl);
-        __m512i hi = _mm512_mullo_epi32(_mm512_srai_epi32(dh[u], 4), sch);
-        is = _mm512_add_epi32(is, _mm512_add_epi32(lo, hi));
+        il = _mm512_add_epi32(il, _mm512_mullo_epi32(dl[u], scl));
+        ih = _mm512_add_epi32(ih, _mm512_mullo_epi32(dh[u], sch));
     }
-    return is;
+    return _mm512_add_epi32(il, _mm512_srai_epi32(ih, 4));
 }
 
 INLINE void group_k(const int type, const int NB, const bool pf, const uint8_t *tiles, int64_t nblk,
@@ -359,7 +368,7 @@ INLINE void group_k(const int type, const int NB, const bool pf, const uint8_t *
             __m512i ms = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int p = 0; p < 4; p++)
-                ms = _mm512_dpwssd_epi32(ms, mn[p], _mm512_set1_epi32(pair[p]));
+                ms = dpw_bcast(ms, mn[p], pair + p);
             __m512 ndm = _mm512_xor_ps(_mm512_mul_ps(dmin, dx), sign);
             acc[b] = _mm512_fmadd_ps(ndm, _mm512_cvtepi32_ps(ms), acc[b]);
         }
