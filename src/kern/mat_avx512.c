@@ -179,7 +179,7 @@ INLINE void group_q32(const int type, const int NB, const int NS, const bool pf,
                     sh[b] = _mm512_setzero_si512();
 #pragma GCC unroll 4
                 for (int v = 0; v < 4; v++) {
-                    __m512i w = load64(t + 64 * v);
+                    __m512i w = in_reg(load64(t + 64 * v));
                     __m512i wl = _mm512_and_si512(w, m4);
                     __m512i wh = _mm512_andnot_si512(m4, w);
 #pragma GCC unroll 16
@@ -194,7 +194,7 @@ INLINE void group_q32(const int type, const int NB, const int NS, const bool pf,
             } else {
 #pragma GCC unroll 4
                 for (int v = 0; v < 4; v++) {
-                    __m512i w = load64(t + 64 * v);
+                    __m512i w = in_reg(load64(t + 64 * v));
                     __m512i wl = _mm512_and_si512(w, m4);
                     __m512i wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
                     if (q5) {
