@@ -296,13 +296,18 @@ INLINE void group_k(const int type, const int NB, const bool pf, const uint8_t *
         }
         if (!k5 && NB == 1 && !pf) {
             is[0] = q4k_b1_sums(t, xa[0]->q);
-        } else if (!k5 && NB <= 4) {
-            /* Q4_K, few rows: each nibble vector is loaded once for both sub-blocks of
-             * its pair; the odd one's nibbles stay high (16 times its sum) and are
-             * shifted down once per sub-block instead of once per vector. */
+        } else if (NB <= 4) {
+            /* Few rows: each nibble vector is loaded once for both sub-blocks of its
+             * pair. Q4_K: the odd one's nibbles stay high (16 times its sum) and are
+             * shifted down once per sub-block instead of once per vector. Q5_K: the
+             * pair's two bit planes are loaded once, not once per nibble vector. */
             for (int u = 0; u < 4; u++) {
                 const uint8_t *tq = t + 64 * 8 * u;
-                __m512i dl[NB_MAX], dh[NB_MAX];
+                __m512i dl[NB_MAX], dh[NB_MAX], pl = m4, ph = m4;
+                if (k5) {
+                    pl = in_reg(load64(t + KM_Q5_K_QH(G) + 64 * (2 * u)));
+                    ph = in_reg(load64(t + KM_Q5_K_QH(G) + 64 * (2 * u + 1)));
+                }
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++)
                     dl[b] = dh[b] = _mm512_setzero_si512();
@@ -310,6 +315,11 @@ INLINE void group_k(const int type, const int NB, const bool pf, const uint8_t *
                 for (int p = 0; p < 8; p++) {
                     __m512i w = in_reg(load64(tq + 64 * p));
                     __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_andnot_si512(m4, w);
+                    if (k5) {
+                        wl = or_bit4(wl, plane_bit4(pl, p));
+                        wh = or_bit4(_mm512_and_si512(_mm512_srli_epi16(w, 4), m4),
+                                     plane_bit4(ph, p));
+                    }
 #pragma GCC unroll 16
                     for (int b = 0; b < NB; b++) {
                         dl[b] = dp_bcast(dl[b], wl, xa[b]->q + 64 * u + 4 * p);
@@ -323,7 +333,7 @@ INLINE void group_k(const int type, const int NB, const bool pf, const uint8_t *
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++) {
                     __m512i lo = _mm512_mullo_epi32(dl[b], scl);
-                    __m512i hi = _mm512_mullo_epi32(_mm512_srai_epi32(dh[b], 4), sch);
+                    __m512i hi = _mm512_mullo_epi32(k5 ? dh[b] : _mm512_srai_epi32(dh[b], 4), sch);
                     is[b] = _mm512_add_epi32(is[b], _mm512_add_epi32(lo, hi));
                 }
             }
