@@ -30,6 +30,13 @@ INLINE __m512i dp_bcast(__m512i acc, __m512i w, const int8_t *p)
     return acc;
 }
 
+/* acc += the 16-bit pairs of w . the 2 int16 at p, broadcast from memory as in dp_bcast */
+INLINE __m512i dpw_bcast(__m512i acc, __m512i w, const int32_t *p)
+{
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
+    return acc;
+}
+
 INLINE __m512 half16(const uint8_t *p)
 {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
@@ -172,7 +179,7 @@ INLINE void group_q32(const int type, const int NB, const int NS, const bool pf,
                     sh[b] = _mm512_setzero_si512();
 #pragma GCC unroll 4
                 for (int v = 0; v < 4; v++) {
-                    __m512i w = load64(t + 64 * v);
+                    __m512i w = in_reg(load64(t + 64 * v));
                     __m512i wl = _mm512_and_si512(w, m4);
                     __m512i wh = _mm512_andnot_si512(m4, w);
 #pragma GCC unroll 16
@@ -187,7 +194,7 @@ INLINE void group_q32(const int type, const int NB, const int NS, const bool pf,
             } else {
 #pragma GCC unroll 4
                 for (int v = 0; v < 4; v++) {
-                    __m512i w = load64(t + 64 * v);
+                    __m512i w = in_reg(load64(t + 64 * v));
                     __m512i wl = _mm512_and_si512(w, m4);
                     __m512i wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
                     if (q5) {
@@ -239,22 +246,24 @@ INLINE __m512i q4k_b1_sums(const uint8_t *t, const int8_t *q)
         dl[u] = dh[u] = _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int p = 0; p < 8; p++) {
-            __m512i w = load64(t + 64 * (8 * u + p));
+            __m512i w = in_reg(load64(t + 64 * (8 * u + p)));
             dl[u] = dp_bcast(dl[u], _mm512_and_si512(w, m4), q + 64 * u + 4 * p);
             dh[u] = dp_bcast(dh[u], _mm512_andnot_si512(m4, w), q + 64 * u + 32 + 4 * p);
         }
     }
-    __m512i is = _mm512_setzero_si512();
+    /* The high sums stay 16 times their value through the scale products, shifted down
+     * once: exact, as each is a multiple of 16, and no overflow (|16 sum q*x| * 63 * 4 <
+     * 2^28). */
+    __m512i il = _mm512_setzero_si512(), ih = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int u = 0; u < 4; u++) {
         const uint8_t *sc = t + KM_Q4_K_SC(G) + G * 2 * u;
         __m512i scl = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sc));
         __m512i sch = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + G)));
-        __m512i lo = _mm512_mullo_epi32(dl[u], scl);
-        __m512i hi = _mm512_mullo_epi32(_mm512_srai_epi32(dh[u], 4), sch);
-        is = _mm512_add_epi32(is, _mm512_add_epi32(lo, hi));
+        il = _mm512_add_epi32(il, _mm512_mullo_epi32(dl[u], scl));
+        ih = _mm512_add_epi32(ih, _mm512_mullo_epi32(dh[u], sch));
     }
-    return is;
+    return _mm512_add_epi32(il, _mm512_srai_epi32(ih, 4));
 }
 
 INLINE void group_k(const int type, const int NB, const bool pf, const uint8_t *tiles, int64_t nblk,
@@ -287,20 +296,30 @@ INLINE void group_k(const int type, const int NB, const bool pf, const uint8_t *
         }
         if (!k5 && NB == 1 && !pf) {
             is[0] = q4k_b1_sums(t, xa[0]->q);
-        } else if (!k5 && NB <= 4) {
-            /* Q4_K, few rows: each nibble vector is loaded once for both sub-blocks of
-             * its pair; the odd one's nibbles stay high (16 times its sum) and are
-             * shifted down once per sub-block instead of once per vector. */
+        } else if (NB <= 4) {
+            /* Few rows: each nibble vector is loaded once for both sub-blocks of its
+             * pair. Q4_K: the odd one's nibbles stay high (16 times its sum) and are
+             * shifted down once per sub-block instead of once per vector. Q5_K: the
+             * pair's two bit planes are loaded once, not once per nibble vector. */
             for (int u = 0; u < 4; u++) {
                 const uint8_t *tq = t + 64 * 8 * u;
-                __m512i dl[NB_MAX], dh[NB_MAX];
+                __m512i dl[NB_MAX], dh[NB_MAX], pl = m4, ph = m4;
+                if (k5) {
+                    pl = in_reg(load64(t + KM_Q5_K_QH(G) + 64 * (2 * u)));
+                    ph = in_reg(load64(t + KM_Q5_K_QH(G) + 64 * (2 * u + 1)));
+                }
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++)
                     dl[b] = dh[b] = _mm512_setzero_si512();
 #pragma GCC unroll 8
                 for (int p = 0; p < 8; p++) {
-                    __m512i w = load64(tq + 64 * p);
+                    __m512i w = in_reg(load64(tq + 64 * p));
                     __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_andnot_si512(m4, w);
+                    if (k5) {
+                        wl = or_bit4(wl, plane_bit4(pl, p));
+                        wh = or_bit4(_mm512_and_si512(_mm512_srli_epi16(w, 4), m4),
+                                     plane_bit4(ph, p));
+                    }
 #pragma GCC unroll 16
                     for (int b = 0; b < NB; b++) {
                         dl[b] = dp_bcast(dl[b], wl, xa[b]->q + 64 * u + 4 * p);
@@ -314,7 +333,7 @@ INLINE void group_k(const int type, const int NB, const bool pf, const uint8_t *
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++) {
                     __m512i lo = _mm512_mullo_epi32(dl[b], scl);
-                    __m512i hi = _mm512_mullo_epi32(_mm512_srai_epi32(dh[b], 4), sch);
+                    __m512i hi = _mm512_mullo_epi32(k5 ? dh[b] : _mm512_srai_epi32(dh[b], 4), sch);
                     is[b] = _mm512_add_epi32(is[b], _mm512_add_epi32(lo, hi));
                 }
             }
@@ -359,7 +378,7 @@ INLINE void group_k(const int type, const int NB, const bool pf, const uint8_t *
             __m512i ms = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int p = 0; p < 4; p++)
-                ms = _mm512_dpwssd_epi32(ms, mn[p], _mm512_set1_epi32(pair[p]));
+                ms = dpw_bcast(ms, mn[p], pair + p);
             __m512 ndm = _mm512_xor_ps(_mm512_mul_ps(dmin, dx), sign);
             acc[b] = _mm512_fmadd_ps(ndm, _mm512_cvtepi32_ps(ms), acc[b]);
         }
