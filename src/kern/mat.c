@@ -292,6 +292,29 @@ static void put_bit4(uint8_t *t, const uint8_t *q, int r, int G, int nkg)
             t[(kg / 8) * 4 * G + 4 * r + i] |= (uint8_t)(((q[4 * kg + i] >> 4) & 1) << (kg % 8));
 }
 
+/* Q6_K's 256 quants of row r as 6-bit bytes (KM_Q6_K_BYTES): per sub-block h, k-groups
+ * 4h..4h+2 whole, k-group 4h+3 in three 2-bit pieces on top of them. */
+static void put_q6_bytes(uint8_t *t, const uint8_t *q, int r, int G)
+{
+    for (int h = 0; h < 16; h++)
+        for (int m = 0; m < 3; m++)
+            for (int i = 0; i < 4; i++)
+                t[(3 * h + m) * 4 * G + 4 * r + i] =
+                    (uint8_t)((q[4 * (4 * h + m) + i] & 0x3f) |
+                              ((q[4 * (4 * h + 3) + i] >> (2 * m)) & 3) << 6);
+}
+
+/* Q6_K's 256 quants of row r as nibble vectors and high-bit vectors (G = 8, 4). */
+static void put_q6_nibbles(uint8_t *t, const uint8_t *q, int r, int G)
+{
+    put_nibbles(t, q, r, G, 4, 64);
+    uint8_t *qh = t + KM_Q6_K_QH(G);
+    for (int h = 0; h < 16; h++)
+        for (int s = 0; s < 4; s++)
+            for (int i = 0; i < 4; i++)
+                qh[h * 4 * G + 4 * r + i] |= (uint8_t)(((q[4 * (4 * h + s) + i] >> 4) & 3) << (2 * s));
+}
+
 static void put_half(uint8_t *t, uint16_t h, int r)
 {
     memcpy(t + 2 * r, &h, 2);
@@ -393,13 +416,10 @@ static void pack_row(int type, int G, const struct decoded *dc, int r, uint8_t *
         break;
     }
     case DT_Q6_K: {
-        put_nibbles(t, dc->q, r, G, 4, 64);
-        uint8_t *qh = t + KM_Q6_K_QH(G);
-        for (int h = 0; h < 16; h++)
-            for (int s = 0; s < 4; s++)
-                for (int i = 0; i < 4; i++)
-                    qh[h * 4 * G + 4 * r + i] |=
-                        (uint8_t)(((dc->q[4 * (4 * h + s) + i] >> 4) & 3) << (2 * s));
+        if (KM_Q6_K_BYTES(G))
+            put_q6_bytes(t, dc->q, r, G);
+        else
+            put_q6_nibbles(t, dc->q, r, G);
         for (int j = 0; j < 16; j++)
             t[KM_Q6_K_SC(G) + (j / 2) * 2 * G + 2 * r + j % 2] = dc->sc[j];
         put_half(t + KM_Q6_K_D(G), dc->d, r);

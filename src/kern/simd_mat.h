@@ -20,6 +20,11 @@
  * block, 8 per Q5_K super-block): byte 4r+t, bit s = bit 4 of element 4(8P+s)+t of row r.
  * Q6_K high bits: one vector per sub-block h (16 elements = 4 k-groups), byte 4r+t
  * holds bits 4..5 of element 4(4h+s)+t at bits 2s..2s+1, s = 0..3.
+ * Q6_K for G = 16 (AVX-512, KM_Q6_K_BYTES) instead: whole 6-bit quants, three vectors
+ * per sub-block h: vector 3h+m (m = 0..2), byte 4r+t, holds element 4(4h+m)+t in bits
+ * 0..5 and bits 2m..2m+1 of element 4(4h+3)+t in bits 6..7. Three k-groups come out
+ * with one mask each and the fourth with six operations, where nibbles and high-bit
+ * vectors took 13 for the four; the same 48 vectors, one sub-block after another.
  * Q8_0 quants are stored as q+128 (unsigned) for AVX-512 and as q for AVX2.
  * Scales: d, m, dmin as arrays of G half floats; Q4_K/Q5_K sub-block scales as G bytes
  * per sub-block (sc[j][r]); Q4_K/Q5_K mins and Q6_K scales in pairs of sub-blocks
@@ -68,6 +73,7 @@
 #define KM_Q5_K_TILE(G) (180 * (G))
 
 #define KM_Q6_K_QH(G) (128 * (G))
+#define KM_Q6_K_BYTES(G) ((G) == 16) /* the quants as 6-bit bytes (above) */
 #define KM_Q6_K_SC(G) (192 * (G))
 #define KM_Q6_K_D(G) (208 * (G))
 /* 210 * G bytes of data padded to a whole number of vectors (53: 3392 bytes for G = 16),
