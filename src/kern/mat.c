@@ -456,9 +456,9 @@ static void repack(int type, const uint8_t *src, int64_t rows, int64_t cols, int
  * alone read DRAM 12-25% faster a CPU second than the software prefetch tuned on Zen 5
  * (bench_kern_rate -t 2 -b 1, 128 MiB: Q8_0 27-31 against 23-26 GB/s a thread, Q4_0
  * 32-36 against 27-31, Q4_K 26-29 against 21-22), while at B >= 2 it read slower without
- * (Q4_K at B = 4: 10-11 against 21); Q6_K, whose tile is read out of order, needs the
- * software prefetch (10-11 GB/s without, 21-23 with); MXFP4 (mat_lowbit_avx512.c) leaves
- * it too. CAIRN_B1_PREFETCH=sw or hw
+ * (Q4_K at B = 4: 10-11 against 21); Q6_K too since its tiles are read in order (6-bit
+ * bytes, KM_Q6_K_BYTES: 28-30 GB/s without, 19-24 with; on the old nibble tiles 10-11
+ * without, 21-23 with); MXFP4 (mat_lowbit_avx512.c) leaves it too. CAIRN_B1_PREFETCH=sw or hw
  * overrides the choice (for A/B runs on one binary). */
 static int b1_prefetch_override; /* 0: none, 1: sw, 2: hw */
 static pthread_once_t b1_prefetch_once = PTHREAD_ONCE_INIT;

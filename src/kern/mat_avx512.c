@@ -64,15 +64,6 @@ INLINE void prefetch_at(const uint8_t *t, size_t tile, const size_t ahead, const
     }
 }
 
-/* Q6_K at B = 1 on AMD Zen 4 (km_view.b1_hw_prefetch): Zen 4's prefetcher alone serves its
- * tile, whose high-bit vectors are read beside the nibbles, at half the rate (11-15 GB/s a
- * thread per CPU second), so it keeps a software prefetch into L2, but one tile ahead:
- * with the tiles on whole lines (KM_Q6_K_TILE) it read 31-33 GB/s where PF_AHEAD on the
- * old 3360-byte tiles read 23-27, beside Q4_0's 34-40 (bench_kern_rate -t 2 -b 1 -r 3
- * 131072, the two binaries alternated, load 9.3-9.8); 1536-6656 bytes ahead and the
- * T0 or NTA hints were measured too and were no faster. */
-#define PF_Q6K_B1_AHEAD 4096
-
 INLINE void prefetch_tile(const uint8_t *t, size_t tile)
 {
     prefetch_at(t, tile, PF_AHEAD, _MM_HINT_T1);
@@ -389,12 +380,17 @@ INLINE void q6_quants(const uint8_t *p, __m512i w[4])
     w[3] = _mm512_and_si512(all, m6);
 }
 
-/* pf_ahead: how far ahead of the stream the weights are prefetched into L2. Per
+/* pf: software prefetch of the weights. Q6_K at B = 1 on AMD Zen 4 goes without
+ * (km_view.b1_hw_prefetch), as Q4_K: its 6-bit-byte tiles are read in order but for the
+ * scales, and Zen 4's prefetcher alone read them at 28-30 GB/s a thread per CPU second
+ * where a software prefetch one tile ahead read 19-24 and 8 KiB ahead 22-27 (Q4_0 32-38
+ * in the same rounds; bench_kern_rate -t 2 -b 1 -r 2 131072 q6_k q4_0, load 5-7); in L2
+ * it saved the prefetches' cost too (51.4 against 58.8 ns a group). Per
  * sub-block h: sum (q-32)*x = sum q*x - 32*bsums[h]; with few rows the -32 comes off
  * once per block instead: sum_h sc[h] * sum (q-32)*x = sum_h sc[h] * sum q*x -
  * 32 * sum_h sc[h]*bsums[h], the last sum in one 16-bit madd per pair of sub-blocks (the
  * scale pairs against the bsums pairs). */
-INLINE void group_q6k(const int NB, const size_t pf_ahead, const uint8_t *tiles, int64_t nblk,
+INLINE void group_q6k(const int NB, const bool pf, const uint8_t *tiles, int64_t nblk,
                       const uint8_t *x, size_t ldx, float *y, size_t ldy, int lo, int hi,
                       int first)
 {
@@ -408,7 +404,8 @@ INLINE void group_q6k(const int NB, const size_t pf_ahead, const uint8_t *tiles,
         acc[b] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(km, y + (size_t)b * ldy);
     for (int64_t i = 0; i < nblk; i++) {
         const uint8_t *t = tiles + (size_t)i * tile;
-        prefetch_at(t, tile, pf_ahead, _MM_HINT_T1);
+        if (pf)
+            prefetch_tile(t, tile);
         const struct act_q8_256 *xa[NB_MAX];
         __m512i is[NB_MAX], corr[NB_MAX];
 #pragma GCC unroll 16
@@ -490,7 +487,7 @@ INLINE void group_q6k(const int NB, const size_t pf_ahead, const uint8_t *tiles,
 #define q8_0_CALL(n) group_q32(DT_Q8_0, n, 1, true, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first)
 #define q4_k_CALL(n) group_k(DT_Q4_K, n, true, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
 #define q5_k_CALL(n) group_k(DT_Q5_K, n, true, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
-#define q6_k_CALL(n) group_q6k(n, PF_AHEAD, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q6_k_CALL(n) group_q6k(n, true, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
 
 GROUP_FN(q4_0)
 GROUP_FN(q4_1)
@@ -514,7 +511,7 @@ GROUP_FN(q6_k)
 GROUP_HW_FN(q4_0, group_q32(DT_Q4_0, 1, 1, false, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first))
 GROUP_HW_FN(q8_0, group_q32(DT_Q8_0, 1, 1, false, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first))
 GROUP_HW_FN(q4_k, group_k(DT_Q4_K, 1, false, tiles, nblk, x, ldx, y, ldy, lo, hi, first))
-GROUP_HW_FN(q6_k, group_q6k(1, PF_Q6K_B1_AHEAD, tiles, nblk, x, ldx, y, ldy, lo, hi, first))
+GROUP_HW_FN(q6_k, group_q6k(1, false, tiles, nblk, x, ldx, y, ldy, lo, hi, first))
 
 /* NS whole groups at once for one activation row, as km_streams_fn: for the types of
  * small tiles (288 and 544 bytes a group and block), which read DRAM 12-30% faster a CPU
@@ -665,7 +662,7 @@ void kern_mat_avx512_run(const struct km_view *v, const void *xq, size_t ldx, in
         case DT_Q4_0: streams(q4_0_hw, a32); return;
         case DT_Q8_0: streams(q8_0_hw, a32); return;
         case DT_Q4_K: tiles(q4_k_hw, a256); return;
-        case DT_Q6_K: tiles(q6_k_hw, a256); return; /* a nearer software prefetch */
+        case DT_Q6_K: tiles(q6_k_hw, a256); return;
         default: break; /* the others as at B > 1 */
         }
     }
