@@ -480,6 +480,26 @@ static bool b1_hw_prefetch(enum kern_path path)
     return f->x86_amd && f->x86_family == 0x19;
 }
 
+/* Whether the AVX-512 path may use GFNI (Q6_K at B = 1: mat_avx512.c). CAIRN_GFNI=off
+ * keeps to the instructions of the AVX-512 CPUs without it (Intel Skylake-X), so the tests
+ * check both kernels on one CPU. */
+static bool gfni_off;
+static pthread_once_t gfni_once = PTHREAD_ONCE_INIT;
+
+static void gfni_read_env(void)
+{
+    const char *env = getenv("CAIRN_GFNI");
+    gfni_off = env && !strcmp(env, "off");
+}
+
+static bool use_gfni(enum kern_path path)
+{
+    if (path != KERN_PATH_AVX512 || !cpu_features()->gfni)
+        return false;
+    pthread_once(&gfni_once, gfni_read_env);
+    return !gfni_off;
+}
+
 int kern_mat_create(struct kern_mat **out, int type, const void *data, int64_t rows,
                     int64_t cols, enum kern_path path, char *err, size_t errlen)
 {
@@ -518,6 +538,7 @@ int kern_mat_create(struct kern_mat **out, int type, const void *data, int64_t r
     v->row_bytes = (size_t)rb;
     v->data = data;
     v->b1_hw_prefetch = b1_hw_prefetch(path);
+    v->gfni = use_gfni(path);
     v->G = path_group(path);
     v->tile = is_lowbit(type) ? km_lowbit_tile(type, v->G) : kern_mat_tile_bytes(type, v->G);
     if (path != KERN_PATH_REF) {

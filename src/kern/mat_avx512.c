@@ -360,13 +360,29 @@ INLINE void group_k(const int type, const int NB, const bool pf, const uint8_t *
         store_rows(y + (size_t)b * ldy, km, acc[b]);
 }
 
+/* GFNI's VGF2P8AFFINEQB: every byte of x times the 8x8 bit matrix in its qword of a
+ * (byte 7-i of the matrix selects the bits whose parity is result bit i). In asm, as
+ * dp_bcast, so that this file is built without -mgfni: the compiler then emits GFNI
+ * nowhere else, and the kernels without it run on AVX-512 CPUs that lack it. Run only
+ * where km_view.gfni says the CPU has it. */
+INLINE __m512i gf_affine(__m512i x, __m512i a)
+{
+    __m512i r;
+    __asm__("vgf2p8affineqb $0, %2, %1, %0" : "=v"(r) : "v"(x), "v"(a));
+    return r;
+}
+
+/* The bit matrix of gf_affine that moves bits 2..7 of a byte to bits 0..5 and clears 6..7 */
+#define GF_DOWN2 ((long long)0x0408102040800000ull)
+
 /* The four k-groups of Q6_K sub-block h (KM_Q6_K_BYTES: the three vectors at p) as
  * 6-bit quant vectors: three by a mask each; the fourth from the 2-bit pieces in bits 6..7
- * of each, shifted down to bits 0..1, 2..3 and 4..5 (a 16-bit shift: a byte's low bits
- * are its own), merged by two bit selects and masked (the top bits came from the next
- * byte). Six operations for the fourth, nine for the four, where the nibbles and high-bit
- * vectors of the other layout took 13. */
-INLINE void q6_quants(const uint8_t *p, __m512i w[4])
+ * of each. Without GFNI: shifted down to bits 0..1, 2..3 and 4..5 (a 16-bit shift: a
+ * byte's low bits are its own), merged by two bit selects and masked (the top bits came
+ * from the next byte): six operations for the fourth, nine for the four, where the nibbles
+ * and high-bit vectors of the other layout took 13. With GFNI (gf): merged to bits 2..7
+ * (two shifts, two bit selects) and moved down, clean, by one affine transform: five. */
+INLINE void q6_quants(const bool gf, const uint8_t *p, __m512i w[4])
 {
     const __m512i m6 = _mm512_set1_epi8(0x3f);
     __m512i v0 = in_reg(load64(p)), v1 = in_reg(load64(p + 64)), v2 = in_reg(load64(p + 128));
@@ -374,6 +390,13 @@ INLINE void q6_quants(const uint8_t *p, __m512i w[4])
     w[1] = _mm512_and_si512(v1, m6);
     w[2] = _mm512_and_si512(v2, m6);
     /* 0xe4: bits of the first operand where the third is set, else the second's */
+    if (gf) {
+        __m512i hi = _mm512_ternarylogic_epi32(v2, _mm512_srli_epi16(v1, 2),
+                                               _mm512_set1_epi8((char)0xc0), 0xe4);
+        hi = _mm512_ternarylogic_epi32(hi, _mm512_srli_epi16(v0, 4), _mm512_set1_epi8((char)0xf0), 0xe4);
+        w[3] = gf_affine(hi, _mm512_set1_epi64(GF_DOWN2));
+        return;
+    }
     __m512i lo = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v0, 6), _mm512_srli_epi16(v1, 4),
                                            _mm512_set1_epi8(0x03), 0xe4);
     __m512i all = _mm512_ternarylogic_epi32(lo, _mm512_srli_epi16(v2, 2), _mm512_set1_epi8(0x0f), 0xe4);
@@ -390,9 +413,9 @@ INLINE void q6_quants(const uint8_t *p, __m512i w[4])
  * once per block instead: sum_h sc[h] * sum (q-32)*x = sum_h sc[h] * sum q*x -
  * 32 * sum_h sc[h]*bsums[h], the last sum in one 16-bit madd per pair of sub-blocks (the
  * scale pairs against the bsums pairs). */
-INLINE void group_q6k(const int NB, const bool pf, const uint8_t *tiles, int64_t nblk,
-                      const uint8_t *x, size_t ldx, float *y, size_t ldy, int lo, int hi,
-                      int first)
+INLINE void group_q6k(const int NB, const bool gf, const bool pf, const uint8_t *tiles,
+                      int64_t nblk, const uint8_t *x, size_t ldx, float *y, size_t ldy, int lo,
+                      int hi, int first)
 {
     const size_t tile = KM_Q6_K_TILE(G);
     const bool corr_once = NB <= 4;
@@ -422,7 +445,7 @@ INLINE void group_q6k(const int NB, const bool pf, const uint8_t *tiles, int64_t
             for (int e = 0; e < 2; e++) {
                 const int h = 2 * u + e;
                 __m512i w[4], dt[NB_MAX];
-                q6_quants(t + 3 * 64 * h, w);
+                q6_quants(gf, t + 3 * 64 * h, w);
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++)
                     dt[b] = corr_once ? _mm512_setzero_si512()
@@ -487,7 +510,10 @@ INLINE void group_q6k(const int NB, const bool pf, const uint8_t *tiles, int64_t
 #define q8_0_CALL(n) group_q32(DT_Q8_0, n, 1, true, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first)
 #define q4_k_CALL(n) group_k(DT_Q4_K, n, true, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
 #define q5_k_CALL(n) group_k(DT_Q5_K, n, true, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
-#define q6_k_CALL(n) group_q6k(n, true, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q6_k_CALL(n) group_q6k(n, false, true, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+/* GFNI at B = 1 only: its transform shares AMD Zen 4's two pipes of VPDPBUSD, and at B = 4
+ * and 8 (four and eight VPDPBUSD a k-group) it cost more than the operation it saves */
+#define q6_k_gfni_CALL(n) group_q6k(n, n == 1, true, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
 
 GROUP_FN(q4_0)
 GROUP_FN(q4_1)
@@ -497,6 +523,7 @@ GROUP_FN(q8_0)
 GROUP_FN(q4_k)
 GROUP_FN(q5_k)
 GROUP_FN(q6_k)
+GROUP_FN(q6_k_gfni)
 
 /* B = 1 with no software prefetch (km_view.b1_hw_prefetch): one activation row only. */
 #define GROUP_HW_FN(name, CALL1)                                                          \
@@ -511,7 +538,8 @@ GROUP_FN(q6_k)
 GROUP_HW_FN(q4_0, group_q32(DT_Q4_0, 1, 1, false, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first))
 GROUP_HW_FN(q8_0, group_q32(DT_Q8_0, 1, 1, false, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first))
 GROUP_HW_FN(q4_k, group_k(DT_Q4_K, 1, false, tiles, nblk, x, ldx, y, ldy, lo, hi, first))
-GROUP_HW_FN(q6_k, group_q6k(1, false, tiles, nblk, x, ldx, y, ldy, lo, hi, first))
+GROUP_HW_FN(q6_k, group_q6k(1, false, false, tiles, nblk, x, ldx, y, ldy, lo, hi, first))
+GROUP_HW_FN(q6_k_gfni, group_q6k(1, true, false, tiles, nblk, x, ldx, y, ldy, lo, hi, first))
 
 /* NS whole groups at once for one activation row, as km_streams_fn: for the types of
  * small tiles (288 and 544 bytes a group and block), which read DRAM 12-30% faster a CPU
@@ -662,7 +690,12 @@ void kern_mat_avx512_run(const struct km_view *v, const void *xq, size_t ldx, in
         case DT_Q4_0: streams(q4_0_hw, a32); return;
         case DT_Q8_0: streams(q8_0_hw, a32); return;
         case DT_Q4_K: tiles(q4_k_hw, a256); return;
-        case DT_Q6_K: tiles(q6_k_hw, a256); return;
+        case DT_Q6_K:
+            if (v->gfni)
+                tiles(q6_k_gfni_hw, a256);
+            else
+                tiles(q6_k_hw, a256);
+            return;
         default: break; /* the others as at B > 1 */
         }
     }
@@ -674,7 +707,12 @@ void kern_mat_avx512_run(const struct km_view *v, const void *xq, size_t ldx, in
     case DT_Q8_0: streams(q8_0, a32); break;
     case DT_Q4_K: tiles(q4_k, a256); break;
     case DT_Q5_K: tiles(q5_k, a256); break;
-    case DT_Q6_K: tiles(q6_k, a256); break;
+    case DT_Q6_K:
+        if (v->gfni)
+            tiles(q6_k_gfni, a256);
+        else
+            tiles(q6_k, a256);
+        break;
     case DT_F32: rows(f32); break;
     case DT_F16: rows(f16); break;
     case DT_BF16: rows(bf16); break;

@@ -155,6 +155,9 @@ struct km_view {
     /* B = 1 products of the AVX-512 path issue no software prefetch of the weights and
      * leave the stream to the hardware prefetcher (kern_mat_create: on AMD Zen 4) */
     bool b1_hw_prefetch;
+    /* the AVX-512 path may use GFNI's byte affine transform (kern_mat_create: where the
+     * CPU has it and CAIRN_GFNI is not off) */
+    bool gfni;
 };
 
 /* A kernel over tiles [k0, k0+nblk) of one group, for NB activation rows (x at the
