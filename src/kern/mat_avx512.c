@@ -403,7 +403,8 @@ INLINE void q6_quants(const bool gf, const uint8_t *p, __m512i w[4])
     w[3] = _mm512_and_si512(all, m6);
 }
 
-/* pf: software prefetch of the weights. Q6_K at B = 1 on AMD Zen 4 goes without
+/* gf: GFNI for the fourth k-group of each sub-block (q6_quants; km_view.gfni only).
+ * pf: software prefetch of the weights. Q6_K at B = 1 on AMD Zen 4 goes without
  * (km_view.b1_hw_prefetch), as Q4_K: its 6-bit-byte tiles are read in order but for the
  * scales, and Zen 4's prefetcher alone read them at 28-30 GB/s a thread per CPU second
  * where a software prefetch one tile ahead read 19-24 and 8 KiB ahead 22-27 (Q4_0 32-38
