@@ -68,6 +68,7 @@ static void detect_isa(struct cpu_features *f)
         f->avx512vl = b & (1u << 31);
         f->avx512vnni = c & (1u << 11);
     }
+    f->gfni = c & (1u << 8);
     f->amx_bf16 = d & (1u << 22);
     f->amx_tile = d & (1u << 24);
     f->amx_int8 = d & (1u << 25);
@@ -126,7 +127,7 @@ void cpu_features_string(const struct cpu_features *f, char *buf, int len)
     struct { bool on; const char *name; } list[] = {
         {f->avx2, "avx2"},         {f->fma, "fma"},           {f->f16c, "f16c"},
         {f->avx512f, "avx512f"},   {f->avx512bw, "avx512bw"}, {f->avx512vnni, "avx512vnni"},
-        {f->avx512bf16, "avx512bf16"}, {f->amx_tile, "amx"},  {f->amx_granted, "amx-granted"},
+        {f->avx512bf16, "avx512bf16"}, {f->gfni, "gfni"}, {f->amx_tile, "amx"},  {f->amx_granted, "amx-granted"},
         {f->asimd, "asimd"},       {f->asimddp, "asimddp"},   {f->i8mm, "i8mm"},
         {f->fp16, "fp16"},
     };

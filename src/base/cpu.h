@@ -8,6 +8,7 @@
 struct cpu_features {
     bool avx2, fma, f16c, bmi2;
     bool avx512f, avx512bw, avx512vl, avx512dq, avx512vnni, avx512bf16;
+    bool gfni; /* GF(2^8) affine byte transforms (Intel Ice Lake on, AMD Zen 4 on) */
     bool amx_tile, amx_int8, amx_bf16;
     bool amx_granted; /* the OS allowed tile state (arch_prctl ARCH_REQ_XCOMP_PERM) */
     /* ARM64 (from getauxval AT_HWCAP/AT_HWCAP2): NEON, the dot product (sdot/udot,

@@ -292,6 +292,29 @@ static void put_bit4(uint8_t *t, const uint8_t *q, int r, int G, int nkg)
             t[(kg / 8) * 4 * G + 4 * r + i] |= (uint8_t)(((q[4 * kg + i] >> 4) & 1) << (kg % 8));
 }
 
+/* Q6_K's 256 quants of row r as 6-bit bytes (KM_Q6_K_BYTES): per sub-block h, k-groups
+ * 4h..4h+2 whole, k-group 4h+3 in three 2-bit pieces on top of them. */
+static void put_q6_bytes(uint8_t *t, const uint8_t *q, int r, int G)
+{
+    for (int h = 0; h < 16; h++)
+        for (int m = 0; m < 3; m++)
+            for (int i = 0; i < 4; i++)
+                t[(3 * h + m) * 4 * G + 4 * r + i] =
+                    (uint8_t)((q[4 * (4 * h + m) + i] & 0x3f) |
+                              ((q[4 * (4 * h + 3) + i] >> (2 * m)) & 3) << 6);
+}
+
+/* Q6_K's 256 quants of row r as nibble vectors and high-bit vectors (G = 8, 4). */
+static void put_q6_nibbles(uint8_t *t, const uint8_t *q, int r, int G)
+{
+    put_nibbles(t, q, r, G, 4, 64);
+    uint8_t *qh = t + KM_Q6_K_QH(G);
+    for (int h = 0; h < 16; h++)
+        for (int s = 0; s < 4; s++)
+            for (int i = 0; i < 4; i++)
+                qh[h * 4 * G + 4 * r + i] |= (uint8_t)(((q[4 * (4 * h + s) + i] >> 4) & 3) << (2 * s));
+}
+
 static void put_half(uint8_t *t, uint16_t h, int r)
 {
     memcpy(t + 2 * r, &h, 2);
@@ -393,13 +416,10 @@ static void pack_row(int type, int G, const struct decoded *dc, int r, uint8_t *
         break;
     }
     case DT_Q6_K: {
-        put_nibbles(t, dc->q, r, G, 4, 64);
-        uint8_t *qh = t + KM_Q6_K_QH(G);
-        for (int h = 0; h < 16; h++)
-            for (int s = 0; s < 4; s++)
-                for (int i = 0; i < 4; i++)
-                    qh[h * 4 * G + 4 * r + i] |=
-                        (uint8_t)(((dc->q[4 * (4 * h + s) + i] >> 4) & 3) << (2 * s));
+        if (KM_Q6_K_BYTES(G))
+            put_q6_bytes(t, dc->q, r, G);
+        else
+            put_q6_nibbles(t, dc->q, r, G);
         for (int j = 0; j < 16; j++)
             t[KM_Q6_K_SC(G) + (j / 2) * 2 * G + 2 * r + j % 2] = dc->sc[j];
         put_half(t + KM_Q6_K_D(G), dc->d, r);
@@ -436,9 +456,9 @@ static void repack(int type, const uint8_t *src, int64_t rows, int64_t cols, int
  * alone read DRAM 12-25% faster a CPU second than the software prefetch tuned on Zen 5
  * (bench_kern_rate -t 2 -b 1, 128 MiB: Q8_0 27-31 against 23-26 GB/s a thread, Q4_0
  * 32-36 against 27-31, Q4_K 26-29 against 21-22), while at B >= 2 it read slower without
- * (Q4_K at B = 4: 10-11 against 21); Q6_K, whose tile is read out of order, needs the
- * software prefetch (10-11 GB/s without, 21-23 with); MXFP4 (mat_lowbit_avx512.c) leaves
- * it too. CAIRN_B1_PREFETCH=sw or hw
+ * (Q4_K at B = 4: 10-11 against 21); Q6_K too since its tiles are read in order (6-bit
+ * bytes, KM_Q6_K_BYTES: 28-30 GB/s without, 19-24 with; on the old nibble tiles 10-11
+ * without, 21-23 with); MXFP4 (mat_lowbit_avx512.c) leaves it too. CAIRN_B1_PREFETCH=sw or hw
  * overrides the choice (for A/B runs on one binary). */
 static int b1_prefetch_override; /* 0: none, 1: sw, 2: hw */
 static pthread_once_t b1_prefetch_once = PTHREAD_ONCE_INIT;
@@ -458,6 +478,26 @@ static bool b1_hw_prefetch(enum kern_path path)
         return b1_prefetch_override == 2;
     const struct cpu_features *f = cpu_features();
     return f->x86_amd && f->x86_family == 0x19;
+}
+
+/* Whether the AVX-512 path may use GFNI (Q6_K at B = 1: mat_avx512.c). CAIRN_GFNI=off
+ * keeps to the instructions of the AVX-512 CPUs without it (Intel Skylake-X), so the tests
+ * check both kernels on one CPU. */
+static bool gfni_off;
+static pthread_once_t gfni_once = PTHREAD_ONCE_INIT;
+
+static void gfni_read_env(void)
+{
+    const char *env = getenv("CAIRN_GFNI");
+    gfni_off = env && !strcmp(env, "off");
+}
+
+static bool use_gfni(enum kern_path path)
+{
+    if (path != KERN_PATH_AVX512 || !cpu_features()->gfni)
+        return false;
+    pthread_once(&gfni_once, gfni_read_env);
+    return !gfni_off;
 }
 
 int kern_mat_create(struct kern_mat **out, int type, const void *data, int64_t rows,
@@ -498,6 +538,7 @@ int kern_mat_create(struct kern_mat **out, int type, const void *data, int64_t r
     v->row_bytes = (size_t)rb;
     v->data = data;
     v->b1_hw_prefetch = b1_hw_prefetch(path);
+    v->gfni = use_gfni(path);
     v->G = path_group(path);
     v->tile = is_lowbit(type) ? km_lowbit_tile(type, v->G) : kern_mat_tile_bytes(type, v->G);
     if (path != KERN_PATH_REF) {

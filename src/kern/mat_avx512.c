@@ -71,15 +71,6 @@ INLINE void prefetch_at(const uint8_t *t, size_t tile, const size_t ahead, const
     }
 }
 
-/* Q6_K at B = 1 on AMD Zen 4 (km_view.b1_hw_prefetch): Zen 4's prefetcher alone serves its
- * tile, whose high-bit vectors are read beside the nibbles, at half the rate (11-15 GB/s a
- * thread per CPU second), so it keeps a software prefetch into L2, but one tile ahead:
- * with the tiles on whole lines (KM_Q6_K_TILE) it read 31-33 GB/s where PF_AHEAD on the
- * old 3360-byte tiles read 23-27, beside Q4_0's 34-40 (bench_kern_rate -t 2 -b 1 -r 3
- * 131072, the two binaries alternated, load 9.3-9.8); 1536-6656 bytes ahead and the
- * T0 or NTA hints were measured too and were no faster. */
-#define PF_Q6K_B1_AHEAD 4096
-
 INLINE void prefetch_tile(const uint8_t *t, size_t tile)
 {
     prefetch_at(t, tile, PF_AHEAD, _MM_HINT_T1);
@@ -388,22 +379,66 @@ INLINE void group_k(const int type, const int NB, const bool pf, const uint8_t *
         store_rows(y + (size_t)b * ldy, km, acc[b]);
 }
 
-/* A Q6_K high-bit vector with the bits of k-group s (bits 2s..2s+1) moved to bits 4..5. */
-INLINE __m512i q6_high(__m512i hv, const int s)
+/* GFNI's VGF2P8AFFINEQB: every byte of x times the 8x8 bit matrix in its qword of a
+ * (byte 7-i of the matrix selects the bits whose parity is result bit i). In asm, as
+ * dp_bcast, so that this file is built without -mgfni: the compiler then emits GFNI
+ * nowhere else, and the kernels without it run on AVX-512 CPUs that lack it. Run only
+ * where km_view.gfni says the CPU has it. */
+INLINE __m512i gf_affine(__m512i x, __m512i a)
 {
-    return s == 0 ? _mm512_slli_epi16(hv, 4)
-           : s == 1 ? _mm512_slli_epi16(hv, 2)
-           : s == 2 ? hv
-                    : _mm512_srli_epi16(hv, 2);
+    __m512i r;
+    __asm__("vgf2p8affineqb $0, %2, %1, %0" : "=v"(r) : "v"(x), "v"(a));
+    return r;
 }
 
-/* pf_ahead: how far ahead of the stream the weights are prefetched into L2 */
-INLINE void group_q6k(const int NB, const size_t pf_ahead, const uint8_t *tiles, int64_t nblk,
-                      const uint8_t *x, size_t ldx, float *y, size_t ldy, int lo, int hi,
-                      int first)
+/* The bit matrix of gf_affine that moves bits 2..7 of a byte to bits 0..5 and clears 6..7 */
+#define GF_DOWN2 ((long long)0x0408102040800000ull)
+
+/* The four k-groups of Q6_K sub-block h (KM_Q6_K_BYTES: the three vectors at p) as
+ * 6-bit quant vectors: three by a mask each; the fourth from the 2-bit pieces in bits 6..7
+ * of each. Without GFNI: shifted down to bits 0..1, 2..3 and 4..5 (a 16-bit shift: a
+ * byte's low bits are its own), merged by two bit selects and masked (the top bits came
+ * from the next byte): six operations for the fourth, nine for the four, where the nibbles
+ * and high-bit vectors of the other layout took 13. With GFNI (gf): merged to bits 2..7
+ * (two shifts, two bit selects) and moved down, clean, by one affine transform: five. */
+INLINE void q6_quants(const bool gf, const uint8_t *p, __m512i w[4])
+{
+    const __m512i m6 = _mm512_set1_epi8(0x3f);
+    __m512i v0 = in_reg(load64(p)), v1 = in_reg(load64(p + 64)), v2 = in_reg(load64(p + 128));
+    w[0] = _mm512_and_si512(v0, m6);
+    w[1] = _mm512_and_si512(v1, m6);
+    w[2] = _mm512_and_si512(v2, m6);
+    /* 0xe4: bits of the first operand where the third is set, else the second's */
+    if (gf) {
+        __m512i hi = _mm512_ternarylogic_epi32(v2, _mm512_srli_epi16(v1, 2),
+                                               _mm512_set1_epi8((char)0xc0), 0xe4);
+        hi = _mm512_ternarylogic_epi32(hi, _mm512_srli_epi16(v0, 4), _mm512_set1_epi8((char)0xf0), 0xe4);
+        w[3] = gf_affine(hi, _mm512_set1_epi64(GF_DOWN2));
+        return;
+    }
+    __m512i lo = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v0, 6), _mm512_srli_epi16(v1, 4),
+                                           _mm512_set1_epi8(0x03), 0xe4);
+    __m512i all = _mm512_ternarylogic_epi32(lo, _mm512_srli_epi16(v2, 2), _mm512_set1_epi8(0x0f), 0xe4);
+    w[3] = _mm512_and_si512(all, m6);
+}
+
+/* gf: GFNI for the fourth k-group of each sub-block (q6_quants; km_view.gfni only).
+ * pf: software prefetch of the weights. Q6_K at B = 1 on AMD Zen 4 goes without
+ * (km_view.b1_hw_prefetch), as Q4_K: its 6-bit-byte tiles are read in order but for the
+ * scales, and Zen 4's prefetcher alone read them at 28-30 GB/s a thread per CPU second
+ * where a software prefetch one tile ahead read 19-24 and 8 KiB ahead 22-27 (Q4_0 32-38
+ * in the same rounds; bench_kern_rate -t 2 -b 1 -r 2 131072 q6_k q4_0, load 5-7); in L2
+ * it saved the prefetches' cost too (51.4 against 58.8 ns a group). Per
+ * sub-block h: sum (q-32)*x = sum q*x - 32*bsums[h]; with few rows the -32 comes off
+ * once per block instead: sum_h sc[h] * sum (q-32)*x = sum_h sc[h] * sum q*x -
+ * 32 * sum_h sc[h]*bsums[h], the last sum in one 16-bit madd per pair of sub-blocks (the
+ * scale pairs against the bsums pairs). */
+INLINE void group_q6k(const int NB, const bool gf, const bool pf, const uint8_t *tiles,
+                      int64_t nblk, const uint8_t *x, size_t ldx, float *y, size_t ldy, int lo,
+                      int hi, int first)
 {
     const size_t tile = KM_Q6_K_TILE(G);
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x30);
+    const bool corr_once = NB <= 4;
 
     const __mmask16 km = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
     __m512 acc[NB_MAX];
@@ -412,88 +447,51 @@ INLINE void group_q6k(const int NB, const size_t pf_ahead, const uint8_t *tiles,
         acc[b] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(km, y + (size_t)b * ldy);
     for (int64_t i = 0; i < nblk; i++) {
         const uint8_t *t = tiles + (size_t)i * tile;
-        prefetch_at(t, tile, pf_ahead, _MM_HINT_T1);
+        if (pf)
+            prefetch_tile(t, tile);
         const struct act_q8_256 *xa[NB_MAX];
-        __m512i is[NB_MAX];
+        __m512i is[NB_MAX], corr[NB_MAX];
 #pragma GCC unroll 16
         for (int b = 0; b < NB; b++) {
             xa[b] = (const struct act_q8_256 *)(x + (size_t)b * ldx) + i;
-            is[b] = _mm512_setzero_si512();
+            is[b] = corr[b] = _mm512_setzero_si512();
         }
-        if (NB <= 4) {
-            /* Few rows: the sub-blocks in pairs (2u, 2u+1), which share their nibble
-             * vectors (loaded once, low and high nibbles), unrolled; the -32 of every
-             * quant comes off once per block: sum_j sc[j] * sum (q-32)*x =
-             * sum_j sc[j] * sum q*x - 32 * sum_j sc[j]*bsums[j], the last sum in one
-             * 16-bit madd per pair (the scale pairs against the bsums pairs). */
-            __m512i corr[NB_MAX];
-#pragma GCC unroll 16
-            for (int b = 0; b < NB; b++)
-                corr[b] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-            for (int u = 0; u < 8; u++) {
-                const uint8_t *tq = t + 64 * 4 * u;
-                __m512i h0 = load64(t + KM_Q6_K_QH(G) + 64 * (2 * u));
-                __m512i h1 = load64(t + KM_Q6_K_QH(G) + 64 * (2 * u + 1));
-                __m512i de[NB_MAX], dd[NB_MAX];
+        for (int u = 0; u < 8; u++) {
+            /* sc pairs (sc[2u], sc[2u+1]) per row as int16 in each int32 lane */
+            __m512i scp = _mm512_cvtepi8_epi16(
+                _mm256_loadu_si256((const __m256i *)(t + KM_Q6_K_SC(G) + 2 * G * u)));
+#pragma GCC unroll 2
+            for (int e = 0; e < 2; e++) {
+                const int h = 2 * u + e;
+                __m512i w[4], dt[NB_MAX];
+                q6_quants(gf, t + 3 * 64 * h, w);
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++)
-                    de[b] = dd[b] = _mm512_setzero_si512();
+                    dt[b] = corr_once ? _mm512_setzero_si512()
+                                      : _mm512_set1_epi32(-32 * xa[b]->bsums[h]);
 #pragma GCC unroll 4
-                for (int s = 0; s < 4; s++) {
-                    __m512i w = in_reg(load64(tq + 64 * s));
-                    __m512i we = _mm512_and_si512(w, m4);
-                    __m512i wd = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
-                    we = _mm512_ternarylogic_epi32(we, q6_high(h0, s), m2, 0xf8);
-                    wd = _mm512_ternarylogic_epi32(wd, q6_high(h1, s), m2, 0xf8);
+                for (int c = 0; c < 4; c++)
 #pragma GCC unroll 16
-                    for (int b = 0; b < NB; b++) {
-                        de[b] = dp_bcast(de[b], we, xa[b]->q + 32 * u + 4 * s);
-                        dd[b] = dp_bcast(dd[b], wd, xa[b]->q + 32 * u + 16 + 4 * s);
-                    }
-                }
-                __m512i scp = _mm512_cvtepi8_epi16(
-                    _mm256_loadu_si256((const __m256i *)(t + KM_Q6_K_SC(G) + 2 * G * u)));
-                __m512i sce = _mm512_srai_epi32(_mm512_slli_epi32(scp, 16), 16);
-                __m512i scd = _mm512_srai_epi32(scp, 16);
+                    for (int b = 0; b < NB; b++)
+                        dt[b] = dp_bcast(dt[b], w[c], xa[b]->q + 16 * h + 4 * c);
+                __m512i sc = _mm512_srai_epi32(e ? scp : _mm512_slli_epi32(scp, 16), 16);
+#pragma GCC unroll 16
+                for (int b = 0; b < NB; b++)
+                    is[b] = in_reg(_mm512_add_epi32(is[b], _mm512_mullo_epi32(dt[b], sc)));
+            }
+            if (corr_once)
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++) {
-                    is[b] = _mm512_add_epi32(is[b], _mm512_add_epi32(_mm512_mullo_epi32(de[b], sce),
-                                                                     _mm512_mullo_epi32(dd[b], scd)));
                     int32_t bp;
                     memcpy(&bp, xa[b]->bsums + 2 * u, sizeof bp);
                     corr[b] = _mm512_dpwssd_epi32(corr[b], scp, _mm512_set1_epi32(bp));
-                    is[b] = in_reg(is[b]); /* the pair's products here, not hoisted (spills) */
                 }
-            }
+        }
+        if (corr_once)
 #pragma GCC unroll 16
             for (int b = 0; b < NB; b++)
                 is[b] = _mm512_sub_epi32(is[b], _mm512_slli_epi32(corr[b], 5));
-        } else for (int j = 0; j < 16; j++) {
-            const uint8_t *tq = t + 64 * 4 * (j / 2);
-            __m512i hv = load64(t + KM_Q6_K_QH(G) + 64 * j);
-            __m512i dt[NB_MAX];
-            /* sum (q-32)*x = sum q*x - 32*bsums[j] */
-#pragma GCC unroll 16
-            for (int b = 0; b < NB; b++)
-                dt[b] = _mm512_set1_epi32(-32 * xa[b]->bsums[j]);
-#pragma GCC unroll 4
-            for (int s = 0; s < 4; s++) {
-                __m512i w = load64(tq + 64 * s);
-                w = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(w, 4) : w, m4);
-                w = _mm512_ternarylogic_epi32(w, q6_high(hv, s), m2, 0xf8); /* w | (h & m2) */
-#pragma GCC unroll 16
-                for (int b = 0; b < NB; b++)
-                    dt[b] = dp_bcast(dt[b], w, xa[b]->q + 16 * j + 4 * s);
-            }
-            /* sc pairs (sc[2u], sc[2u+1]) per row as int16 in each int32 lane */
-            __m512i scp = _mm512_cvtepi8_epi16(
-                _mm256_loadu_si256((const __m256i *)(t + KM_Q6_K_SC(G) + 2 * G * (j / 2))));
-            __m512i sc = _mm512_srai_epi32(j & 1 ? scp : _mm512_slli_epi32(scp, 16), 16);
-#pragma GCC unroll 16
-            for (int b = 0; b < NB; b++)
-                is[b] = _mm512_add_epi32(is[b], _mm512_mullo_epi32(dt[b], sc));
-        }
         __m512 d = half16(t + KM_Q6_K_D(G));
 #pragma GCC unroll 16
         for (int b = 0; b < NB; b++) {
@@ -532,7 +530,10 @@ INLINE void group_q6k(const int NB, const size_t pf_ahead, const uint8_t *tiles,
 #define q8_0_CALL(n) group_q32(DT_Q8_0, n, 1, true, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first)
 #define q4_k_CALL(n) group_k(DT_Q4_K, n, true, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
 #define q5_k_CALL(n) group_k(DT_Q5_K, n, true, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
-#define q6_k_CALL(n) group_q6k(n, PF_AHEAD, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q6_k_CALL(n) group_q6k(n, false, true, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+/* GFNI at B = 1 only: its transform shares AMD Zen 4's two pipes of VPDPBUSD, and at B = 4
+ * and 8 (four and eight VPDPBUSD a k-group) it cost more than the operation it saves */
+#define q6_k_gfni_CALL(n) group_q6k(n, n == 1, true, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
 
 GROUP_FN(q4_0)
 GROUP_FN(q4_1)
@@ -542,6 +543,7 @@ GROUP_FN(q8_0)
 GROUP_FN(q4_k)
 GROUP_FN(q5_k)
 GROUP_FN(q6_k)
+GROUP_FN(q6_k_gfni)
 
 /* B = 1 with no software prefetch (km_view.b1_hw_prefetch): one activation row only. */
 #define GROUP_HW_FN(name, CALL1)                                                          \
@@ -556,7 +558,8 @@ GROUP_FN(q6_k)
 GROUP_HW_FN(q4_0, group_q32(DT_Q4_0, 1, 1, false, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first))
 GROUP_HW_FN(q8_0, group_q32(DT_Q8_0, 1, 1, false, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first))
 GROUP_HW_FN(q4_k, group_k(DT_Q4_K, 1, false, tiles, nblk, x, ldx, y, ldy, lo, hi, first))
-GROUP_HW_FN(q6_k, group_q6k(1, PF_Q6K_B1_AHEAD, tiles, nblk, x, ldx, y, ldy, lo, hi, first))
+GROUP_HW_FN(q6_k, group_q6k(1, false, false, tiles, nblk, x, ldx, y, ldy, lo, hi, first))
+GROUP_HW_FN(q6_k_gfni, group_q6k(1, true, false, tiles, nblk, x, ldx, y, ldy, lo, hi, first))
 
 /* NS whole groups at once for one activation row, as km_streams_fn: for the types of
  * small tiles (288 and 544 bytes a group and block), which read DRAM 12-30% faster a CPU
@@ -707,7 +710,12 @@ void kern_mat_avx512_run(const struct km_view *v, const void *xq, size_t ldx, in
         case DT_Q4_0: streams(q4_0_hw, a32); return;
         case DT_Q8_0: streams(q8_0_hw, a32); return;
         case DT_Q4_K: tiles(q4_k_hw, a256); return;
-        case DT_Q6_K: tiles(q6_k_hw, a256); return; /* a nearer software prefetch */
+        case DT_Q6_K:
+            if (v->gfni)
+                tiles(q6_k_gfni_hw, a256);
+            else
+                tiles(q6_k_hw, a256);
+            return;
         default: break; /* the others as at B > 1 */
         }
     }
@@ -719,7 +727,12 @@ void kern_mat_avx512_run(const struct km_view *v, const void *xq, size_t ldx, in
     case DT_Q8_0: streams(q8_0, a32); break;
     case DT_Q4_K: tiles(q4_k, a256); break;
     case DT_Q5_K: tiles(q5_k, a256); break;
-    case DT_Q6_K: tiles(q6_k, a256); break;
+    case DT_Q6_K:
+        if (v->gfni)
+            tiles(q6_k_gfni, a256);
+        else
+            tiles(q6_k, a256);
+        break;
     case DT_F32: rows(f32); break;
     case DT_F16: rows(f16); break;
     case DT_BF16: rows(bf16); break;

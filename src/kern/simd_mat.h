@@ -20,6 +20,11 @@
  * block, 8 per Q5_K super-block): byte 4r+t, bit s = bit 4 of element 4(8P+s)+t of row r.
  * Q6_K high bits: one vector per sub-block h (16 elements = 4 k-groups), byte 4r+t
  * holds bits 4..5 of element 4(4h+s)+t at bits 2s..2s+1, s = 0..3.
+ * Q6_K for G = 16 (AVX-512, KM_Q6_K_BYTES) instead: whole 6-bit quants, three vectors
+ * per sub-block h: vector 3h+m (m = 0..2), byte 4r+t, holds element 4(4h+m)+t in bits
+ * 0..5 and bits 2m..2m+1 of element 4(4h+3)+t in bits 6..7. Three k-groups come out
+ * with one mask each and the fourth with six operations, where nibbles and high-bit
+ * vectors took 13 for the four; the same 48 vectors, one sub-block after another.
  * Q8_0 quants are stored as q+128 (unsigned) for AVX-512 and as q for AVX2.
  * Scales: d, m, dmin as arrays of G half floats; Q4_K/Q5_K sub-block scales as G bytes
  * per sub-block (sc[j][r]); Q4_K/Q5_K mins and Q6_K scales in pairs of sub-blocks
@@ -68,12 +73,13 @@
 #define KM_Q5_K_TILE(G) (180 * (G))
 
 #define KM_Q6_K_QH(G) (128 * (G))
+#define KM_Q6_K_BYTES(G) ((G) == 16) /* the quants as 6-bit bytes (above) */
 #define KM_Q6_K_SC(G) (192 * (G))
 #define KM_Q6_K_D(G) (208 * (G))
 /* 210 * G bytes of data padded to a whole number of vectors (53: 3392 bytes for G = 16),
  * so that every tile starts on a vector's boundary: with 3360-byte tiles every other one
  * began mid-line, and on AMD Zen 4 Q6_K read DRAM at B = 1 slower (bench_kern_rate -t 2
- * -b 1 -r 3 131072; see PF_Q6K_B1_AHEAD in mat_avx512.c). */
+ * -b 1 -r 3 131072: 31-33 GB/s a thread per CPU second against 23-27). */
 #define KM_Q6_K_TILE(G) (212 * (G))
 
 /* Types added later (kernels in mat_lowbit_*.c), quants stored as indices and widened in
@@ -149,6 +155,9 @@ struct km_view {
     /* B = 1 products of the AVX-512 path issue no software prefetch of the weights and
      * leave the stream to the hardware prefetcher (kern_mat_create: on AMD Zen 4) */
     bool b1_hw_prefetch;
+    /* the AVX-512 path may use GFNI's byte affine transform (kern_mat_create: where the
+     * CPU has it and CAIRN_GFNI is not off) */
+    bool gfni;
 };
 
 /* A kernel over tiles [k0, k0+nblk) of one group, for NB activation rows (x at the
