@@ -3,6 +3,7 @@
  * its prompt was chunked, whatever else is in the batch, with 1-3 threads, and on every
  * SIMD variant. Shapes are tiny (2 query heads, 1 or 2 KV heads) to keep it to seconds;
  * under sanitizers the sequences are shorter. */
+#define _GNU_SOURCE /* sched_setaffinity, SCHED_IDLE */
 #include "base/dtype.h"
 #include "base/pool.h"
 #include "engine/attn.h"
@@ -14,6 +15,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __linux__
+#include <sched.h>
+#endif
 
 #if defined(__SANITIZE_ADDRESS__) || defined(CAIRN_EMULATED) /* slow builds: smaller sizes */
 #define SANITIZED 1
@@ -255,17 +259,70 @@ static void run_rows(struct fix *f, struct pool *pool, const struct vec_ops *vec
                        out + from * f->q_dim, g_window, g_sinks);
 }
 
+
+/* A pool of 3 threads whose workers are held off: pinned to one CPU at SCHED_IDLE, with the
+ * caller pinned there too for each call (held_enter), so they seldom start a job before the
+ * caller's part is done and pool_run_claims's jobs are done by the caller alone, as when a
+ * neighbour's process holds the workers off its CPUs. Where that cannot be set up (not
+ * Linux), a plain pool: the checks stay valid, only the caller-alone case is not forced. */
+struct held {
+    struct pool *pool;
+#ifdef __linux__
+    cpu_set_t all; /* the caller's CPUs outside the calls */
+    int cpu;
+#endif
+};
+
+static int held_open(struct held *h)
+{
+    if (pool_create(&h->pool, 3))
+        return -1;
+#ifdef __linux__
+    if (sched_getaffinity(0, sizeof h->all, &h->all))
+        return 0;
+    for (h->cpu = 0; h->cpu < CPU_SETSIZE && !CPU_ISSET(h->cpu, &h->all); h->cpu++)
+        ;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(h->cpu, &one);
+    struct sched_param sp = {0};
+    for (int i = 1; i < 3; i++) {
+        int tid;
+        while ((tid = pool_thread_tid(h->pool, i)) <= 0) /* the worker has not started yet */
+            sched_yield();
+        sched_setaffinity(tid, sizeof one, &one);
+        sched_setscheduler(tid, SCHED_IDLE, &sp);
+    }
+#endif
+    return 0;
+}
+
+/* The caller onto the workers' CPU (on) or back (off). */
+static void held_enter(struct held *h, bool on)
+{
+#ifdef __linux__
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(h->cpu, &one);
+    sched_setaffinity(0, sizeof one, on ? &one : &h->all);
+#else
+    (void)h, (void)on;
+#endif
+}
+
 /* A prompt of 16k positions (2k sanitized; 4k with Q8_0 K and Q4_0 V) in one call, then in chunks of random sizes
  * (1 to 700, and runs of 1-4 tokens that take the split path), with the positions not
- * yet "written" poisoned, with 1, 2 and 3 threads, and with another sequence's rows in
- * the same calls: every row the same bits. */
+ * yet "written" poisoned, with 1, 2 and 3 threads (3 also with the workers held off, so
+ * that the caller alone does the claimed items), and with another sequence's rows in the
+ * same calls: every row the same bits. */
 static void chunked(int64_t n, int type_k, int type_v)
 {
     struct attn_shape sh = {2, 1, 32};
     struct fix f;
-    struct pool *pools[3] = {NULL, NULL, NULL};
+    struct pool *pools[4] = {NULL, NULL, NULL, NULL};
+    struct held held = {0};
     if (fix_open(&f, sh, 16, type_k, type_v, 2, n, (int)n, 3) || pool_create(&pools[0], 1) || pool_create(&pools[1], 2) ||
-        pool_create(&pools[2], 3)) {
+        pool_create(&pools[2], 3) || held_open(&held) || pool_profile(held.pool, true)) {
         CHECK(0, "setup");
         return;
     }
@@ -294,8 +351,11 @@ static void chunked(int64_t n, int type_k, int type_v)
         int64_t c = (int64_t)(test_rand_u64(&seed) % 3 == 0 ? 1 + test_rand_u64(&seed) % 4 : 1 + test_rand_u64(&seed) % 700);
         c = c > n - at ? n - at : c;
         restore(&f, 0, at, at + c);
-        struct pool *pool = pools[calls % 3];
-        if (calls % 4 == 3) {
+        pools[3] = held.pool;
+        struct pool *pool = pools[calls % 4];
+        if (pool == held.pool)
+            held_enter(&held, true);
+        if (calls % 5 == 3) {
             /* interleave the chunk with as many rows of sequence 1 at other positions */
             int m = 0;
             for (int64_t i = 0; i < c; i++) {
@@ -318,11 +378,23 @@ static void chunked(int64_t n, int type_k, int type_v)
             for (int64_t p = at; p < at + c; p++)
                 bad += memcmp(chunked + p * f.q_dim, one + p * f.q_dim, (size_t)f.q_dim * sizeof *one) != 0;
         }
+        if (pool == held.pool)
+            held_enter(&held, false);
         at += c;
         calls++;
         /* with a window, what no later row sees is poisoned too */
         poison_range(&f, 0, poisoned, window_start(at, g_window));
         poisoned = window_start(at, g_window) > poisoned ? window_start(at, g_window) : poisoned;
+    }
+    /* decode steps of 1-4 rows at random places of the whole prompt on the held pool: the
+     * split attention by tiles (no window) and its merge done by the caller alone */
+    for (int s = 0; s < 24 && g_window == 0; s++) {
+        int64_t c = 1 + (int64_t)(test_rand_u64(&seed) % 4), p0 = (int64_t)(test_rand_u64(&seed) % (uint64_t)(n - c + 1));
+        held_enter(&held, true);
+        run_rows(&f, held.pool, vec_ops_best(), 0, p0, p0 + c, q, chunked, seqs, pos);
+        held_enter(&held, false);
+        for (int64_t p = p0; p < p0 + c; p++)
+            bad += memcmp(chunked + p * f.q_dim, one + p * f.q_dim, (size_t)f.q_dim * sizeof *one) != 0;
     }
     CHECK(bad == 0 && bad_other == 0, "K %s V %s window %lld: %d rows of %lld differ from one-shot prefill (%d of the other sequence) over %d calls",
           dtype_name(type_k), dtype_name(type_v), (long long)g_window, bad, (long long)n, bad_other, calls);
@@ -335,8 +407,13 @@ static void chunked(int64_t n, int type_k, int type_v)
     free(mixed_out);
     free(seqs);
     free(pos);
+    struct pool_tag_stats st = pool_tag_stats(held.pool, 0);
+    printf("K %s V %s window %lld, held workers: %.1f%% of the busy time in %llu jobs\n", dtype_name(type_k),
+           dtype_name(type_v), (long long)g_window,
+           100.0 * (double)st.ns_busy_workers / (double)(st.ns_busy_workers + st.ns_busy_caller + 1), st.jobs);
     for (int i = 0; i < 3; i++)
         pool_release(pools[i]);
+    pool_release(held.pool);
     fix_close(&f);
 }
 
