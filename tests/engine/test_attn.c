@@ -3,21 +3,19 @@
  * its prompt was chunked, whatever else is in the batch, with 1-3 threads, and on every
  * SIMD variant. Shapes are tiny (2 query heads, 1 or 2 KV heads) to keep it to seconds;
  * under sanitizers the sequences are shorter. */
-#define _GNU_SOURCE /* sched_setaffinity, SCHED_IDLE */
+#define _GNU_SOURCE /* held_pool.h */
 #include "base/dtype.h"
 #include "base/pool.h"
 #include "engine/attn.h"
 #include "engine/kv.h"
 #include "engine/vec.h"
 #include "kern/kern.h"
+#include "held_pool.h"
 #include "testutil.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __linux__
-#include <sched.h>
-#endif
 
 #if defined(__SANITIZE_ADDRESS__) || defined(CAIRN_EMULATED) /* slow builds: smaller sizes */
 #define SANITIZED 1
@@ -260,56 +258,6 @@ static void run_rows(struct fix *f, struct pool *pool, const struct vec_ops *vec
 }
 
 
-/* A pool of 3 threads whose workers are held off: pinned to one CPU at SCHED_IDLE, with the
- * caller pinned there too for each call (held_enter), so they seldom start a job before the
- * caller's part is done and pool_run_claims's jobs are done by the caller alone, as when a
- * neighbour's process holds the workers off its CPUs. Where that cannot be set up (not
- * Linux), a plain pool: the checks stay valid, only the caller-alone case is not forced. */
-struct held {
-    struct pool *pool;
-#ifdef __linux__
-    cpu_set_t all; /* the caller's CPUs outside the calls */
-    int cpu;
-#endif
-};
-
-static int held_open(struct held *h)
-{
-    if (pool_create(&h->pool, 3))
-        return -1;
-#ifdef __linux__
-    if (sched_getaffinity(0, sizeof h->all, &h->all))
-        return 0;
-    for (h->cpu = 0; h->cpu < CPU_SETSIZE && !CPU_ISSET(h->cpu, &h->all); h->cpu++)
-        ;
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(h->cpu, &one);
-    struct sched_param sp = {0};
-    for (int i = 1; i < 3; i++) {
-        int tid;
-        while ((tid = pool_thread_tid(h->pool, i)) <= 0) /* the worker has not started yet */
-            sched_yield();
-        sched_setaffinity(tid, sizeof one, &one);
-        sched_setscheduler(tid, SCHED_IDLE, &sp);
-    }
-#endif
-    return 0;
-}
-
-/* The caller onto the workers' CPU (on) or back (off). */
-static void held_enter(struct held *h, bool on)
-{
-#ifdef __linux__
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(h->cpu, &one);
-    sched_setaffinity(0, sizeof one, on ? &one : &h->all);
-#else
-    (void)h, (void)on;
-#endif
-}
-
 /* A prompt of 16k positions (2k sanitized; 4k with Q8_0 K and Q4_0 V) in one call, then in chunks of random sizes
  * (1 to 700, and runs of 1-4 tokens that take the split path), with the positions not
  * yet "written" poisoned, with 1, 2 and 3 threads (3 also with the workers held off, so
@@ -322,7 +270,7 @@ static void chunked(int64_t n, int type_k, int type_v)
     struct pool *pools[4] = {NULL, NULL, NULL, NULL};
     struct held held = {0};
     if (fix_open(&f, sh, 16, type_k, type_v, 2, n, (int)n, 3) || pool_create(&pools[0], 1) || pool_create(&pools[1], 2) ||
-        pool_create(&pools[2], 3) || held_open(&held) || pool_profile(held.pool, true)) {
+        pool_create(&pools[2], 3) || held_open(&held, 3) || pool_profile(held.pool, true)) {
         CHECK(0, "setup");
         return;
     }

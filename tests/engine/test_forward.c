@@ -1,6 +1,7 @@
 /* The forward pass of each architecture against a float64 reference, and its bitwise
  * invariances: alone vs in batches, prompt in one chunk vs many, 1 vs 2 vs 3 threads,
  * two chained slices vs the whole model, KV rollback and fork. */
+#define _GNU_SOURCE /* held_pool.h */
 #include "base/dtype.h"
 #include "base/err.h"
 #include "engine/engine.h"
@@ -8,6 +9,7 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "held_pool.h"
 #include "ref_forward.h"
 #include "testutil.h"
 
@@ -29,6 +31,8 @@ struct runner {
 
 /* KV storage type of the runners: F32 where a test compares with float64 to 1e-4. */
 static int kv_type = DT_F16;
+/* Borrowed by the runners' engines where set (engine_config.pool), else each makes its own. */
+static struct pool *g_pool;
 
 static int runner_open(struct runner *r, const char *path, int threads, int layer_begin, int layer_end)
 {
@@ -39,7 +43,7 @@ static int runner_open(struct runner *r, const char *path, int threads, int laye
         fprintf(stderr, "model_load %s: %s\n", path, err);
         return -1;
     }
-    struct engine_config ec = {.n_threads = threads, .max_batch = 64, .max_ctx = 256};
+    struct engine_config ec = {.n_threads = threads, .max_batch = 64, .max_ctx = 256, .pool = g_pool};
     struct kv_config kc = engine_kv_config(r->m, 256, MAX_SEQS, 4); /* small blocks: tables span several */
     kc.type_k = kc.type_v = kv_type;
     if (engine_create(&r->e, r->m, &ec, err, sizeof err) || kv_create(&r->kv, &kc, err, sizeof err)) {
@@ -195,6 +199,23 @@ static void check_model(const char *label, const struct synth_spec *spec, double
         CHECK(same_bits(whole, other, all), "%s: logits differ with %d threads", label, t);
         runner_close(&r);
     }
+    /* and with 3 threads whose workers are held off: the claimed jobs done by the caller alone */
+    struct held held = {0};
+    if (held_open(&held, 3) == 0) {
+        g_pool = held.pool;
+        if (runner_open(&r, path, 3, 0, -1) == 0) {
+            for (int chunk = 4; chunk >= 1; chunk -= 3) { /* batches of 4, then decode steps */
+                held_enter(&held, true);
+                feed(&r, chunk == 4 ? 0 : 1, toks, 0, N_TOK, chunk, other);
+                held_enter(&held, false);
+                CHECK(same_bits(whole, other, all), "%s: logits differ with 3 threads held off, chunks of %d",
+                      label, chunk);
+            }
+            runner_close(&r);
+        }
+        g_pool = NULL;
+    }
+    pool_release(held.pool);
 
     /* 7. two slices chained equal the whole model */
     int split = spec->n_layers / 2;
