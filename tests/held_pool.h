@@ -21,6 +21,7 @@ struct held {
 #ifdef __linux__
     cpu_set_t all; /* the caller's CPUs outside the calls */
     int cpu;
+    bool pinned; /* the workers are pinned (else held_enter does nothing) */
 #endif
 };
 
@@ -29,6 +30,7 @@ static inline int held_open(struct held *h, int n)
     if (pool_create(&h->pool, n))
         return -1;
 #ifdef __linux__
+    h->pinned = false;
     if (sched_getaffinity(0, sizeof h->all, &h->all))
         return 0;
     for (h->cpu = 0; h->cpu < CPU_SETSIZE && !CPU_ISSET(h->cpu, &h->all); h->cpu++)
@@ -44,6 +46,7 @@ static inline int held_open(struct held *h, int n)
         sched_setaffinity(tid, sizeof one, &one);
         sched_setscheduler(tid, SCHED_IDLE, &sp);
     }
+    h->pinned = true;
 #endif
     return 0;
 }
@@ -52,6 +55,8 @@ static inline int held_open(struct held *h, int n)
 static inline void held_enter(struct held *h, bool on)
 {
 #ifdef __linux__
+    if (!h->pinned)
+        return;
     cpu_set_t one;
     CPU_ZERO(&one);
     CPU_SET(h->cpu, &one);

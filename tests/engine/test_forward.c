@@ -1,5 +1,6 @@
 /* The forward pass of each architecture against a float64 reference, and its bitwise
- * invariances: alone vs in batches, prompt in one chunk vs many, 1 vs 2 vs 3 threads,
+ * invariances: alone vs in batches, prompt in one chunk vs many, 1 vs 2 vs 3 threads
+ * (3 also with the workers held off: held_pool.h),
  * two chained slices vs the whole model, KV rollback and fork. */
 #define _GNU_SOURCE /* held_pool.h */
 #include "base/dtype.h"
