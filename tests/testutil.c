@@ -60,15 +60,17 @@ bool test_case_wanted(const char *fn_name)
         printf("%s\n", name);
         return false;
     }
-    if (!wanted)
-        return true;
-    for (int i = 0; i < n_wanted; i++) {
+    bool run = !wanted;
+    for (int i = 0; !run && i < n_wanted; i++) {
         if (!strcmp(wanted[i], name)) {
             seen[i] = 1;
-            return true;
+            run = true;
         }
     }
-    return false;
+    /* unbuffered, so a test killed by ctest's timeout still shows the case it was in */
+    if (run)
+        fprintf(stderr, "case %s\n", name);
+    return run;
 }
 
 bool test_listing(void) { return listing; }

@@ -24,6 +24,9 @@
 #define ANSWER "Stones stacked high on the hill."
 #define THOUGHT "Pondering."
 #define TERM_BUF (256 * 1024)
+/* Every cairn command the test runs through the shell ends within this (exit 124 if not),
+ * so a command that hangs fails its check instead of stalling the whole test. */
+#define BOUND "timeout -k 5 120 "
 
 /* ---- a program in a pseudo-terminal ---- */
 
@@ -271,16 +274,16 @@ static void test_pipe(void)
 {
     char out[4096], path[400];
     snprintf(path, sizeof path, "%s/pipe.out", nodes_dir);
-    int rc = run_cmd("echo hi | %s run --host %s qa > %s 2>%s.err", CAIRN_BINARY, host_of(0), path, path);
+    int rc = run_cmd("echo hi | " BOUND "%s run --host %s qa > %s 2>%s.err", CAIRN_BINARY, host_of(0), path, path);
     CHECK(rc == 0 && read_line(path, out, sizeof out) && !strcmp(out, ANSWER), "echo hi | cairn run qa (%d): '%s'",
           rc, out);
-    rc = run_cmd("%s run --host %s qa --json Say it > %s 2>%s.err", CAIRN_BINARY, host_of(0), path, path);
+    rc = run_cmd(BOUND "%s run --host %s qa --json Say it > %s 2>%s.err", CAIRN_BINARY, host_of(0), path, path);
     json_t *j = rc == 0 && read_line(path, out, sizeof out) ? json_loads(out, 0, NULL) : NULL;
     CHECK(!strcmp(json_string_value(json_object_get(j, "content")) ?: "", ANSWER) &&
               json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")) > 0,
           "--json with a PROMPT: one object (%d): %s", rc, out);
     json_decref(j);
-    rc = run_cmd("echo hi | %s run --host %s no-such-model >/dev/null 2>%s.err", CAIRN_BINARY, host_of(0), path);
+    rc = run_cmd("echo hi | " BOUND "%s run --host %s no-such-model >/dev/null 2>%s.err", CAIRN_BINARY, host_of(0), path);
     CHECK(rc == 1, "a model the cluster does not have fails (%d)", rc);
 }
 
@@ -295,13 +298,13 @@ static void test_reasoning(void)
           "the reasoning is dimmed, then the answer (%d): %s", rc, t.buf);
     char out[4096], path[400];
     snprintf(path, sizeof path, "%s/think.out", nodes_dir);
-    rc = run_cmd("%s run --host %s qthink --json Think > %s 2>%s.err", CAIRN_BINARY, host_of(0), path, path);
+    rc = run_cmd(BOUND "%s run --host %s qthink --json Think > %s 2>%s.err", CAIRN_BINARY, host_of(0), path, path);
     json_t *j = rc == 0 && read_line(path, out, sizeof out) ? json_loads(out, 0, NULL) : NULL;
     CHECK(!strcmp(json_string_value(json_object_get(j, "reasoning_content")) ?: "", THOUGHT) &&
               !strcmp(json_string_value(json_object_get(j, "content")) ?: "", ANSWER),
           "--json keeps the reasoning apart (%d): %s", rc, out);
     json_decref(j);
-    rc = run_cmd("NO_COLOR=1 %s run --host %s qthink Think > %s 2>%s.err", CAIRN_BINARY, host_of(0), path, path);
+    rc = run_cmd("NO_COLOR=1 " BOUND "%s run --host %s qthink Think > %s 2>%s.err", CAIRN_BINARY, host_of(0), path, path);
     CHECK(rc == 0 && !file_has(path, "\033[") && file_has(path, THOUGHT) && file_has(path, ANSWER),
           "no colours when stdout is not a terminal (%d)", rc);
 }
@@ -399,7 +402,7 @@ static int run_against_fake(const char *chat, size_t chat_len, char *out, size_t
     fake.chat = chat, fake.chat_len = chat_len;
     char path[400];
     snprintf(path, sizeof path, "%s/fake.out", nodes_dir);
-    int rc = run_cmd("%s run --host 127.0.0.1:%d qa hi > %s 2>&1", CAIRN_BINARY, fake.port, path);
+    int rc = run_cmd(BOUND "%s run --host 127.0.0.1:%d qa hi > %s 2>&1", CAIRN_BINARY, fake.port, path);
     out[0] = 0;
     FILE *f = fopen(path, "r");
     if (f) {
@@ -456,7 +459,7 @@ static void test_session_node(void)
     int port = free_port();
     char out[4096], path[400];
     snprintf(path, sizeof path, "%s/session.out", nodes_dir);
-    int rc = run_cmd("echo hi | XDG_DATA_HOME=%s/session XDG_CACHE_HOME=%s/session %s run --host 127.0.0.1:%d "
+    int rc = run_cmd("echo hi | XDG_DATA_HOME=%s/session XDG_CACHE_HOME=%s/session " BOUND "%s run --host 127.0.0.1:%d "
                      "--models-dir %s/models --discovery off --cluster-port 0 qa > %s 2>%s.err",
                      nodes_dir, nodes_dir, CAIRN_BINARY, port, nodes_dir, path, path);
     CHECK(rc == 0 && read_line(path, out, sizeof out) && !strcmp(out, ANSWER), "the session's node answers (%d): '%s'",
@@ -501,7 +504,7 @@ static void test_status_two_nodes(void)
     CHECK(linked, "the nodes' link is in the state");
     char path[400];
     snprintf(path, sizeof path, "%s/status.out", nodes_dir);
-    int rc = run_cmd("%s status --host %s > %s 2>&1", CAIRN_BINARY, host_of(1), path);
+    int rc = run_cmd(BOUND "%s status --host %s > %s 2>&1", CAIRN_BINARY, host_of(1), path);
     char id0[9], id1[9];
     snprintf(id0, sizeof id0, "%.8s", nodes[0].id);
     snprintf(id1, sizeof id1, "%.8s", nodes[1].id);
@@ -511,7 +514,7 @@ static void test_status_two_nodes(void)
           "cairn status lists both nodes, the link, the master and the instance with its context (%d), see %s", rc,
           path);
     /* without --host: the address node 0 noted in its data dir (here the user's) */
-    rc = run_cmd("mkdir -p %s/xdg0 && ln -sfn %s/data0 %s/xdg0/cairn && XDG_DATA_HOME=%s/xdg0 %s status > %s 2>&1",
+    rc = run_cmd("mkdir -p %s/xdg0 && ln -sfn %s/data0 %s/xdg0/cairn && XDG_DATA_HOME=%s/xdg0 " BOUND "%s status > %s 2>&1",
                  nodes_dir, nodes_dir, nodes_dir, nodes_dir, CAIRN_BINARY, path);
     char via[96];
     snprintf(via, sizeof via, "via http://%s", host_of(0));
@@ -539,17 +542,17 @@ static void test_status_two_nodes(void)
     json_decref(st);
     snprintf(series, sizeof series, "cairn_instance_completion_tokens_total{instance=\"%s\"}", iid);
     long long before = metric(0, series);
-    rc = run_cmd("%s run --host %s qa --json Count > %s 2>/dev/null", CAIRN_BINARY, host_of(0), path);
+    rc = run_cmd(BOUND "%s run --host %s qa --json Count > %s 2>/dev/null", CAIRN_BINARY, host_of(0), path);
     json_t *j = rc == 0 && read_line(path, out, sizeof out) ? json_loads(out, 0, NULL) : NULL;
     long long tokens = json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens"));
     json_decref(j);
     long long after = metric(0, series);
     CHECK(tokens > 0 && after - (before < 0 ? 0 : before) == tokens,
           "the instance's token counter grows by the answer's tokens (%lld -> %lld, %lld tokens)", before, after, tokens);
-    rc = run_cmd("%s ps --host %s > %s 2>&1", CAIRN_BINARY, host_of(0), path);
+    rc = run_cmd(BOUND "%s ps --host %s > %s 2>&1", CAIRN_BINARY, host_of(0), path);
     CHECK(rc == 0 && file_has(path, "qa") && file_has(path, "TOKENS/S") && file_has(path, "tokens/s of this node"),
           "cairn ps (%d), see %s", rc, path);
-    rc = run_cmd("%s stop --host %s qa > %s 2>&1", CAIRN_BINARY, host_of(0), path);
+    rc = run_cmd(BOUND "%s stop --host %s qa > %s 2>&1", CAIRN_BINARY, host_of(0), path);
     bool gone = false;
     for (double t0 = now_s(); rc == 0 && now_s() - t0 < 20 && !gone; sleep_ms(100))
         gone = !has_instance_of(0, "qa");
