@@ -44,6 +44,7 @@ static void detect_isa(struct cpu_features *f)
     unsigned a, b, c, d;
     if (!__get_cpuid(0, &a, &b, &c, &d))
         return;
+    unsigned max_leaf = a;
     f->x86_amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* AuthenticAMD */
     if (!__get_cpuid(1, &a, &b, &c, &d))
         return;
@@ -58,7 +59,12 @@ static void detect_isa(struct cpu_features *f)
     bool zmm_ok = (xcr0 & 0xe6) == 0xe6;
     if (!avx || !ymm_ok)
         f->fma = f->f16c = false;
-    __cpuid_count(7, 0, a, b, c, d);
+    /* leaf 7 (and its subleaf 1) only where the CPU has it: an older CPU answers a leaf
+     * above its highest with the highest leaf's bits, which would read as features */
+    a = b = c = d = 0;
+    if (max_leaf >= 7)
+        __cpuid_count(7, 0, a, b, c, d);
+    unsigned max_subleaf7 = a;
     f->avx2 = avx && ymm_ok && (b & (1u << 5));
     f->bmi2 = b & (1u << 8);
     if (zmm_ok) {
@@ -72,7 +78,9 @@ static void detect_isa(struct cpu_features *f)
     f->amx_bf16 = d & (1u << 22);
     f->amx_tile = d & (1u << 24);
     f->amx_int8 = d & (1u << 25);
-    __cpuid_count(7, 1, a, b, c, d);
+    a = 0;
+    if (max_leaf >= 7 && max_subleaf7 >= 1)
+        __cpuid_count(7, 1, a, b, c, d);
     f->avx512bf16 = zmm_ok && (a & (1u << 5));
     if (f->amx_tile)
         f->amx_granted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
