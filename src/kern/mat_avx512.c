@@ -428,11 +428,15 @@ INLINE void q6_quants(const bool gf, const uint8_t *p, __m512i w[4])
  * scales, and Zen 4's prefetcher alone read them at 28-30 GB/s a thread per CPU second
  * where a software prefetch one tile ahead read 19-24 and 8 KiB ahead 22-27 (Q4_0 32-38
  * in the same rounds; bench_kern_rate -t 2 -b 1 -r 2 131072 q6_k q4_0, load 5-7); in L2
- * it saved the prefetches' cost too (51.4 against 58.8 ns a group). Per
- * sub-block h: sum (q-32)*x = sum q*x - 32*bsums[h]; with few rows the -32 comes off
- * once per block instead: sum_h sc[h] * sum (q-32)*x = sum_h sc[h] * sum q*x -
+ * it saved the prefetches' cost too (51.4 against 58.8 ns a group). The -32 comes off
+ * once per block: sum_h sc[h] * sum (q-32)*x = sum_h sc[h] * sum q*x -
  * 32 * sum_h sc[h]*bsums[h], the last sum in one 16-bit madd per pair of sub-blocks (the
- * scale pairs against the bsums pairs). */
+ * scale pairs against the bsums pairs). With few rows in sums of its own, shifted and
+ * subtracted at the end; with more (no registers for those sums) straight into the
+ * sums, by the scale pairs times -32, where the -32*bsums[h] each sub-block's sums
+ * started from took four operations a row (AMD Zen 5: 119.7-129.2 ns a group at B = 8
+ * against 132.0-137.2 in L2, 23.4 GB/s a thread per CPU second against 20.0 from
+ * DRAM). Exact integers in another order: the same bits. */
 INLINE void group_q6k(const int NB, const bool gf, const bool pf, const uint8_t *tiles,
                       int64_t nblk, const uint8_t *x, size_t ldx, float *y, size_t ldy, int lo,
                       int hi, int first)
@@ -461,6 +465,8 @@ INLINE void group_q6k(const int NB, const bool gf, const bool pf, const uint8_t 
             /* sc pairs (sc[2u], sc[2u+1]) per row as int16 in each int32 lane */
             __m512i scp = _mm512_cvtepi8_epi16(
                 _mm256_loadu_si256((const __m256i *)(t + KM_Q6_K_SC(G) + 2 * G * u)));
+            /* the pairs times -32 (|32 sc| <= 4096: still int16) */
+            const __m512i nscp = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(scp, 5));
 #pragma GCC unroll 2
             for (int e = 0; e < 2; e++) {
                 const int h = 2 * u + e;
@@ -468,8 +474,7 @@ INLINE void group_q6k(const int NB, const bool gf, const bool pf, const uint8_t 
                 q6_quants(gf, t + 3 * 64 * h, w);
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++)
-                    dt[b] = corr_once ? _mm512_setzero_si512()
-                                      : _mm512_set1_epi32(-32 * xa[b]->bsums[h]);
+                    dt[b] = _mm512_setzero_si512();
 #pragma GCC unroll 4
                 for (int c = 0; c < 4; c++)
 #pragma GCC unroll 16
@@ -487,6 +492,10 @@ INLINE void group_q6k(const int NB, const bool gf, const bool pf, const uint8_t 
                     memcpy(&bp, xa[b]->bsums + 2 * u, sizeof bp);
                     corr[b] = _mm512_dpwssd_epi32(corr[b], scp, _mm512_set1_epi32(bp));
                 }
+            else
+#pragma GCC unroll 16
+                for (int b = 0; b < NB; b++)
+                    is[b] = dpw_bcast(is[b], nscp, (const int32_t *)(const void *)(xa[b]->bsums + 2 * u));
         }
         if (corr_once)
 #pragma GCC unroll 16
