@@ -107,7 +107,7 @@ INLINE void store_rows(float *y, __mmask16 km, __m512 v)
 /* ---- legacy types: blocks of 32, ACT_Q8_32 activations ---- */
 
 /* NS groups (tiles[s], outputs y[s]) side by side, block i of each before block i+1:
- * NS > 1 only for whole groups of one activation row (km_drive_streams). pf: software
+ * NS > 1 only for whole groups of a few activation rows (km_drive_streams). pf: software
  * prefetch of the weights (off only at B = 1 on AMD Zen 4, km_view.b1_hw_prefetch). */
 INLINE void group_q32(const int type, const int NB, const int NS, const bool pf, const uint8_t *const *tiles,
                       int64_t nblk, const uint8_t *x, size_t ldx, float *const *y, size_t ldy, int lo,
@@ -570,28 +570,55 @@ GROUP_HW_FN(q4_k, group_k(DT_Q4_K, 1, false, tiles, nblk, x, ldx, y, ldy, lo, hi
 GROUP_HW_FN(q6_k, group_q6k(1, false, false, tiles, nblk, x, ldx, y, ldy, lo, hi, first))
 GROUP_HW_FN(q6_k_gfni, group_q6k(1, true, false, tiles, nblk, x, ldx, y, ldy, lo, hi, first))
 
-/* NS whole groups at once for one activation row, as km_streams_fn: for the types of
+/* NS whole groups at once for NB activation rows, as km_streams_fn: for the types of
  * small tiles (288 and 544 bytes a group and block), which read DRAM 12-30% faster a CPU
  * second that way on the AMD Zen 5 VM (bench_kern_rate -t 2, 256 MiB, both ways in
  * alternate rounds). The K-quants' tiles (2-3 KiB) are long runs already; they read
- * 6-33% slower in 2-4 streams, so they keep one. */
+ * 6-33% slower in 2-4 streams, so they keep one. A few activation rows (a speculative
+ * step's verify, a few served streams) take the streams too: in one stream B = 2 read
+ * DRAM at 0.75-0.8 of B = 1's rate. On the AMD Zen 5 VM, 2 threads, 128 MiB, old and new
+ * alternated (bench_kern_rate -t 2 -b 4 -r 1 131072 q4_0 q8_0, load 0.7): B = 2 Q4_0
+ * 83.7-86.2 GB/s against 66.7-70.9, Q8_0 82.5-92.7 against 67.6-69.0 (B = 1 82-95);
+ * B = 4 Q8_0 72.4-85.4 against 73.8-75.8, while Q4_0's B = 4 (16 accumulators beside
+ * its 8 sums) was 4% slower in L2 and no faster from DRAM, so it stops at 2 rows. */
+#define STREAMS_NB_Q4_0 2
+#define STREAMS_NB_Q8_0 4
+
+#define STREAMS_NS_CASES(T, NB, PF)                                                       \
+    switch (NS) {                                                                         \
+    case 2: group_q32(T, NB, 2, PF, tiles, nblk, x, ldx, y, ldy, 0, G, 1); break;         \
+    case 3: group_q32(T, NB, 3, PF, tiles, nblk, x, ldx, y, ldy, 0, G, 1); break;         \
+    default: group_q32(T, NB, 4, PF, tiles, nblk, x, ldx, y, ldy, 0, G, 1); break;        \
+    }
+
+/* NB: 1..4, the driver's streams_nb at most */
 #define STREAMS_FN(name, T, PF)                                                           \
     static void name##_streams(int NS, int NB, const uint8_t *const *tiles, int64_t nblk, \
                                const uint8_t *x, size_t ldx, float *const *y, size_t ldy) \
     {                                                                                     \
-        (void)NB, (void)ldx, (void)ldy; /* one activation row (streams_nb 1) */           \
         _Static_assert(KM_STREAMS == 4, "cases");                                         \
-        switch (NS) {                                                                     \
-        case 2: group_q32(T, 1, 2, PF, tiles, nblk, x, 0, y, 0, 0, G, 1); break;          \
-        case 3: group_q32(T, 1, 3, PF, tiles, nblk, x, 0, y, 0, 0, G, 1); break;          \
-        default: group_q32(T, 1, 4, PF, tiles, nblk, x, 0, y, 0, 0, G, 1); break;         \
+        switch (NB) {                                                                     \
+        case 1: STREAMS_NS_CASES(T, 1, PF) break;                                         \
+        case 2: STREAMS_NS_CASES(T, 2, PF) break;                                         \
+        case 3: STREAMS_NS_CASES(T, 3, PF) break;                                         \
+        default: STREAMS_NS_CASES(T, 4, PF) break;                                        \
         }                                                                                 \
+    }
+
+/* The same at B = 1 without software prefetch (km_view.b1_hw_prefetch). */
+#define STREAMS1_FN(name, T)                                                              \
+    static void name##_streams(int NS, int NB, const uint8_t *const *tiles, int64_t nblk, \
+                               const uint8_t *x, size_t ldx, float *const *y, size_t ldy) \
+    {                                                                                     \
+        assert(NB == 1);                                                                  \
+        (void)NB;                                                                         \
+        STREAMS_NS_CASES(T, 1, false)                                                     \
     }
 
 STREAMS_FN(q4_0, DT_Q4_0, true)
 STREAMS_FN(q8_0, DT_Q8_0, true)
-STREAMS_FN(q4_0_hw, DT_Q4_0, false)
-STREAMS_FN(q8_0_hw, DT_Q8_0, false)
+STREAMS1_FN(q4_0_hw, DT_Q4_0)
+STREAMS1_FN(q8_0_hw, DT_Q8_0)
 
 /* ---- float weights: 16 lanes per row, element k in lane k%16 ---- */
 
@@ -712,12 +739,12 @@ void kern_mat_avx512_run(const struct km_view *v, const void *xq, size_t ldx, in
     const uint8_t *x = xq;
     const size_t a32 = sizeof(struct act_q8_32), a256 = sizeof(struct act_q8_256);
 #define tiles(fn, a) km_drive_tiles(fn, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, a)
-#define streams(fn, a) km_drive_streams(fn##_streams, 1, fn, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, a)
+#define streams(fn, a, nb) km_drive_streams(fn##_streams, nb, fn, NB_MAX, v, x, ldx, B, y, ldy, r0, r1, a)
 #define rows(fn) km_drive_rows(fn, RF, NBF_MAX, v, x, ldx, B, y, ldy, r0, r1)
     if (B == 1 && v->b1_hw_prefetch) {
         switch (v->type) {
-        case DT_Q4_0: streams(q4_0_hw, a32); return;
-        case DT_Q8_0: streams(q8_0_hw, a32); return;
+        case DT_Q4_0: streams(q4_0_hw, a32, 1); return;
+        case DT_Q8_0: streams(q8_0_hw, a32, 1); return;
         case DT_Q4_K: tiles(q4_k_hw, a256); return;
         case DT_Q6_K:
             if (v->gfni)
@@ -729,11 +756,11 @@ void kern_mat_avx512_run(const struct km_view *v, const void *xq, size_t ldx, in
         }
     }
     switch (v->type) {
-    case DT_Q4_0: streams(q4_0, a32); break;
+    case DT_Q4_0: streams(q4_0, a32, STREAMS_NB_Q4_0); break;
     case DT_Q4_1: tiles(q4_1, a32); break;
     case DT_Q5_0: tiles(q5_0, a32); break;
     case DT_Q5_1: tiles(q5_1, a32); break;
-    case DT_Q8_0: streams(q8_0, a32); break;
+    case DT_Q8_0: streams(q8_0, a32, STREAMS_NB_Q8_0); break;
     case DT_Q4_K: tiles(q4_k, a256); break;
     case DT_Q5_K: tiles(q5_k, a256); break;
     case DT_Q6_K:
