@@ -2,7 +2,10 @@
  * again and again, and prints the weight bytes it consumed per second and the nanoseconds
  * per 16 x 256 weights (one interleaved group-row of 256 columns), for B = 1, 2, 4, 8.
  * A matrix of about 512 KiB stays in L2: its rate is what the instructions allow (the
- * compute bound); one of 256 MiB comes from DRAM.
+ * compute bound). A matrix read again and again must be well above the last-level cache to
+ * come from DRAM: this L3 keeps part of a few times its size between passes (Zen 5 VM,
+ * 32 MiB L3, 2 threads, Q8_0 768 columns, same minute: 100 MiB 84-99 GB/s, 1 GiB 59-68,
+ * the bandwidth probe's best 16 MiB slice 72-77), so take DRAM rates at 1048576 KiB.
  *   usage: bench_kern_rate [-t THREADS] [-s claim|halves] [-b MAX_B] [-r ROUNDS] [-p PATH]
  *                          [KIB] [TYPE...]
  *          (default: 1 thread, 512 KiB, q8_0 q4_0 q4_k)
