@@ -337,6 +337,7 @@ struct attn_job {
     bool split; /* each item one tile of one run and KV head; partials merged after */
     bool by_tile; /* (split) each item one tile of one run and every KV head (decode_tile) */
     bool cold;  /* a decode-sized batch: its K and V are not in cache */
+    bool by_heads; /* (cold, no split) run_item's items taken by pairs of threads (take_pair_heads) */
     long n_items;
     _Atomic long next;
     _Atomic long merge_next; /* merge_work's next (token, query head) */
@@ -1002,6 +1003,76 @@ static void take_pair_items(struct attn_job *j, struct tile_taker *tk, int p, in
     }
 }
 
+/* A cold batch's KV heads (the items of run_item's mode, no split) taken by pairs of
+ * threads as decode_tile's tiles are: each pair a contiguous range of items, its first
+ * thread from the front, its second from the back, then the other pairs' from their
+ * backs. Each thread first asks for the K and V pieces of its share (pool_split) of the
+ * items, block by block, in address order: a block's heads lie together, so a share's
+ * pieces of one block are one run of bytes. Asked for head by head as run_item goes, each
+ * head's 2 KiB pieces arrived one after another, and a short decode's attention read the
+ * cache at a third of the memory's rate. The items, and so the bits, are run_item's. */
+#define HEADS_AHEAD_MAX ((size_t)512 << 10) /* bytes a thread asks for up front, at most */
+
+/* Run-by-head item w: its run and KV head (the last runs first: later positions attend
+ * over more of the cache). */
+static void head_item(const struct attn_job *j, long w, int *ri, int *h)
+{
+    int n_kv = j->a->sh.n_head_kv;
+    *ri = j->n_runs - 1 - (int)(w / n_kv);
+    *h = (int)(w % n_kv);
+}
+
+/* Asks for (or with ask false, counts) the K and V bytes of run-by-head items [lo, hi). */
+static size_t heads_ahead(const struct attn_job *j, long lo, long hi, bool ask)
+{
+    const struct attn *a = j->a;
+    int n_kv = a->sh.n_head_kv, bt = j->bt;
+    size_t k_piece = j->k_head * (size_t)bt, v_piece = j->v_head * (size_t)bt, bytes = 0;
+    for (long w = lo; w < hi;) {
+        int ri, h0;
+        head_item(j, w, &ri, &h0);
+        long w1 = (w / n_kv + 1) * n_kv < hi ? (w / n_kv + 1) * n_kv : hi; /* the run's items in range */
+        size_t heads = (size_t)(w1 - w);
+        int b0 = a->run_start[ri];
+        int64_t end = j->pos[b0 + a->run_len[ri] - 1] + 1, from = first_seen(j, j->pos[b0]), n_blocks;
+        const int32_t *table = kv_seq_blocks(j->kv, j->seq[b0], &n_blocks);
+        for (int64_t p = from - from % bt; p < end; p += bt) {
+            size_t blk = (size_t)table[p / bt] * (size_t)n_kv + (size_t)h0;
+            const char *k = j->k_base + blk * k_piece, *v = j->v_base + blk * v_piece;
+            bytes += heads * (k_piece + v_piece);
+            for (size_t c = 0; ask && c < heads * k_piece; c += 64)
+                __builtin_prefetch(k + c, 0, 2);
+            for (size_t c = 0; ask && c < heads * v_piece; c += 64)
+                __builtin_prefetch(v + c, 0, 2);
+        }
+        w = w1;
+    }
+    return bytes;
+}
+
+/* Takes pair p's run-by-head items one at a time, from the back of its range or the
+ * front, until none is left. */
+static void take_pair_heads(struct attn_job *j, struct scratch *sc, int p, bool back)
+{
+    struct attn *a = j->a;
+    _Atomic uint64_t *ends = &a->ends[p];
+    uint64_t cur = atomic_load_explicit(ends, memory_order_relaxed);
+    for (;;) {
+        uint64_t front = cur >> 32, rear = cur & 0xffffffffu;
+        if (front >= rear)
+            return;
+        uint64_t want = back ? front << 32 | (rear - 1) : (front + 1) << 32 | rear;
+        if (!atomic_compare_exchange_weak_explicit(ends, &cur, want, memory_order_relaxed, memory_order_relaxed))
+            continue;
+        int ri, h;
+        head_item(j, back ? (long)rear - 1 : (long)front, &ri, &h);
+        int64_t last = j->pos[a->run_start[ri] + a->run_len[ri] - 1];
+        int64_t t_first = first_seen(j, j->pos[a->run_start[ri]]) / ATTN_TILE;
+        run_item(j, sc, ri, h, t_first, last / ATTN_TILE + 1);
+        cur = atomic_load_explicit(ends, memory_order_relaxed);
+    }
+}
+
 static void attn_work(void *ctx, int ith, int nth)
 {
     struct attn_job *j = ctx;
@@ -1023,6 +1094,17 @@ static void attn_work(void *ctx, int ith, int nth)
         take_pair_items(j, &tk, ith / 2, nth, ith % 2 == 1);
         for (int k = 1; k < n_pairs; k++)
             take_pair_items(j, &tk, (ith / 2 + k) % n_pairs, nth, true);
+        return;
+    }
+    if (j->by_heads) {
+        long lo, hi;
+        pool_split(j->n_items, 1, ith, nth, &lo, &hi);
+        if (heads_ahead(j, lo, hi, false) <= HEADS_AHEAD_MAX)
+            heads_ahead(j, lo, hi, true);
+        int n_pairs = (nth + 1) / 2;
+        take_pair_heads(j, &sc, ith / 2, ith % 2 == 1);
+        for (int k = 1; k < n_pairs; k++)
+            take_pair_heads(j, &sc, (ith / 2 + k) % n_pairs, true);
         return;
     }
     for (;;) {
@@ -1180,6 +1262,13 @@ void attn_forward_sinks(struct attn *a, struct pool *pool, const struct vec_ops 
         j.n_items = (long)a->run_items[n_runs];
     } else {
         j.n_items = (long)n_runs * n_kv;
+        j.by_heads = j.cold;
+        int nth = pool_threads(pool);
+        for (int p = 0; j.by_heads && 2 * p < nth; p++) {
+            long lo, hi;
+            pair_range(j.n_items, p, nth, &lo, &hi);
+            atomic_store_explicit(&a->ends[p], (uint64_t)lo << 32 | (uint64_t)hi, memory_order_relaxed);
+        }
     }
     atomic_init(&j.next, 0);
     atomic_init(&j.merge_next, 0);
