@@ -207,13 +207,19 @@ static void quant_head(int type, const float *x, int hd, void *dst)
 void attn_kv_write(struct kv_cache *kv, const struct vec_ops *vec, int layer, int64_t slot, int head_dim,
                    const float *k, const float *v)
 {
+    attn_kv_write_heads(kv, vec, layer, slot, head_dim, 0, (int)(kv_config(kv)->kv_dim / head_dim), k, v);
+}
+
+void attn_kv_write_heads(struct kv_cache *kv, const struct vec_ops *vec, int layer, int64_t slot, int head_dim,
+                         int h0, int h1, const float *k, const float *v)
+{
     const struct kv_config *c = kv_config(kv);
     int bt = c->block_tokens, hd = head_dim;
     int64_t off = slot % bt, n_kv = c->kv_dim / hd;
     size_t k_head = type_bytes(c->type_k, hd), v_head = type_bytes(c->type_v, hd); /* one row of one head */
     uint8_t *kb = (uint8_t *)kv_k(kv, layer, 0) + (size_t)(slot - off) * (size_t)n_kv * k_head;
     uint8_t *vb = (uint8_t *)kv_v(kv, layer, 0) + (size_t)(slot - off) * (size_t)n_kv * v_head;
-    for (int64_t h = 0; h < n_kv; h++) {
+    for (int64_t h = h0; h < h1; h++) {
         const float *kh = k + h * hd, *vh = v + h * hd;
         uint8_t *kp = kb + (size_t)h * (size_t)bt * k_head; /* the head's piece of the block */
         uint8_t *vr = vb + ((size_t)h * (size_t)bt + (size_t)off) * v_head;
@@ -348,6 +354,10 @@ struct attn_job {
     float scale;
     int64_t window; /* > 0: a sliding window of this many positions */
     const float *sinks; /* (n_head) or NULL */
+    attn_prep_fn prep;  /* or NULL (attn_forward_prep) */
+    void *prep_ctx;
+    _Atomic long prep_next; /* prep_work's next (token, KV head) */
+    long n_prep;            /* prep_work's items: tokens x KV heads */
 };
 
 /* The first position a token at pos sees. */
@@ -1068,6 +1078,8 @@ static void take_pair_heads(struct attn_job *j, struct scratch *sc, int p, bool 
         head_item(j, back ? (long)rear - 1 : (long)front, &ri, &h);
         int64_t last = j->pos[a->run_start[ri] + a->run_len[ri] - 1];
         int64_t t_first = first_seen(j, j->pos[a->run_start[ri]]) / ATTN_TILE;
+        for (int i = 0; j->prep && i < a->run_len[ri]; i++) /* the run's tokens are its sequence's only ones */
+            j->prep(j->prep_ctx, a->run_start[ri] + i, h);
         run_item(j, sc, ri, h, t_first, last / ATTN_TILE + 1);
         cur = atomic_load_explicit(ends, memory_order_relaxed);
     }
@@ -1127,6 +1139,17 @@ static void attn_work(void *ctx, int ith, int nth)
         int64_t t_first = first_seen(j, j->pos[a->run_start[ri]]) / ATTN_TILE;
         run_item(j, &sc, ri, (int)(k / tiles), t_first + k % tiles, t_first + k % tiles + 1);
     }
+}
+
+/* prep of every (token, KV head), claimed a few at a time (the caller alone can do them all). */
+static void prep_work(void *ctx, int ith, int nth)
+{
+    struct attn_job *j = ctx;
+    long n_kv = j->a->sh.n_head_kv, lo, hi;
+    (void)ith;
+    while (pool_claim(&j->prep_next, j->n_prep, 1, nth, &lo, &hi))
+        for (long w = lo; w < hi; w++)
+            j->prep(j->prep_ctx, (int)(w / n_kv), (int)(w % n_kv));
 }
 
 /* merge of n tile partials in order ((hd + 2) floats each: o_t, m_t, l_t) into the state
@@ -1206,6 +1229,13 @@ void attn_forward_sinks(struct attn *a, struct pool *pool, const struct vec_ops 
                         int n, const int32_t *seq, const int64_t *pos, const float *q, float *out, int64_t window,
                         const float *sinks)
 {
+    attn_forward_prep(a, pool, vec, kv, layer, n, seq, pos, q, out, window, sinks, NULL, NULL);
+}
+
+void attn_forward_prep(struct attn *a, struct pool *pool, const struct vec_ops *vec, struct kv_cache *kv, int layer,
+                       int n, const int32_t *seq, const int64_t *pos, const float *q, float *out, int64_t window,
+                       const float *sinks, attn_prep_fn prep, void *prep_ctx)
+{
     const struct kv_config *kc = kv_config(kv);
     int hd = a->sh.head_dim;
     struct attn_job j = {.a = a, .vec = vec, .kv = kv, .layer = layer, .seq = seq, .pos = pos, .q = q, .out = out};
@@ -1272,6 +1302,27 @@ void attn_forward_sinks(struct attn *a, struct pool *pool, const struct vec_ops 
     }
     atomic_init(&j.next, 0);
     atomic_init(&j.merge_next, 0);
+    atomic_init(&j.prep_next, 0);
+    /* A run-by-head item preps its own tokens' head when no other run holds its sequence
+     * (whose tokens would see them); else every (token, head) is prepped first: on the
+     * caller for one token (a hand-off would cost about what it saves), on the pool for more. */
+    bool runs_own_seqs = true;
+    for (int r = 1; r < n_runs && runs_own_seqs; r++)
+        for (int q0 = 0; q0 < r && runs_own_seqs; q0++)
+            runs_own_seqs = seq[a->run_start[r]] != seq[a->run_start[q0]];
+    if (prep && j.by_heads && runs_own_seqs) {
+        j.prep = prep;
+        j.prep_ctx = prep_ctx;
+    } else if (prep && n == 1) {
+        for (int h = 0; h < n_kv; h++)
+            prep(prep_ctx, 0, h);
+    } else if (prep) {
+        j.prep = prep;
+        j.prep_ctx = prep_ctx;
+        j.n_prep = (long)n * n_kv;
+        pool_run_claims(pool, prep_work, &j);
+        j.prep = NULL;
+    }
     /* Every item is claimed (tiles by pairs of threads, or KV heads or split tiles one at
      * a time, then the merges one at a time): the caller takes what others leave. */
     pool_run_claims(pool, attn_work, &j);
