@@ -207,13 +207,19 @@ static void quant_head(int type, const float *x, int hd, void *dst)
 void attn_kv_write(struct kv_cache *kv, const struct vec_ops *vec, int layer, int64_t slot, int head_dim,
                    const float *k, const float *v)
 {
+    attn_kv_write_heads(kv, vec, layer, slot, head_dim, 0, (int)(kv_config(kv)->kv_dim / head_dim), k, v);
+}
+
+void attn_kv_write_heads(struct kv_cache *kv, const struct vec_ops *vec, int layer, int64_t slot, int head_dim,
+                         int h0, int h1, const float *k, const float *v)
+{
     const struct kv_config *c = kv_config(kv);
     int bt = c->block_tokens, hd = head_dim;
     int64_t off = slot % bt, n_kv = c->kv_dim / hd;
     size_t k_head = type_bytes(c->type_k, hd), v_head = type_bytes(c->type_v, hd); /* one row of one head */
     uint8_t *kb = (uint8_t *)kv_k(kv, layer, 0) + (size_t)(slot - off) * (size_t)n_kv * k_head;
     uint8_t *vb = (uint8_t *)kv_v(kv, layer, 0) + (size_t)(slot - off) * (size_t)n_kv * v_head;
-    for (int64_t h = 0; h < n_kv; h++) {
+    for (int64_t h = h0; h < h1; h++) {
         const float *kh = k + h * hd, *vh = v + h * hd;
         uint8_t *kp = kb + (size_t)h * (size_t)bt * k_head; /* the head's piece of the block */
         uint8_t *vr = vb + ((size_t)h * (size_t)bt + (size_t)off) * v_head;
@@ -337,6 +343,7 @@ struct attn_job {
     bool split; /* each item one tile of one run and KV head; partials merged after */
     bool by_tile; /* (split) each item one tile of one run and every KV head (decode_tile) */
     bool cold;  /* a decode-sized batch: its K and V are not in cache */
+    bool by_heads; /* (cold, no split) run_item's items taken by pairs of threads (take_pair_heads) */
     long n_items;
     _Atomic long next;
     _Atomic long merge_next; /* merge_work's next (token, query head) */
@@ -347,6 +354,10 @@ struct attn_job {
     float scale;
     int64_t window; /* > 0: a sliding window of this many positions */
     const float *sinks; /* (n_head) or NULL */
+    attn_prep_fn prep;  /* or NULL (attn_forward_prep) */
+    void *prep_ctx;
+    _Atomic long prep_next; /* prep_work's next (token, KV head) */
+    long n_prep;            /* prep_work's items: tokens x KV heads */
 };
 
 /* The first position a token at pos sees. */
@@ -1002,6 +1013,80 @@ static void take_pair_items(struct attn_job *j, struct tile_taker *tk, int p, in
     }
 }
 
+/* A cold batch's KV heads (the items of run_item's mode, no split) taken by pairs of
+ * threads as decode_tile's tiles are: each pair a contiguous range of items, its first
+ * thread from the front, its second from the back, then the other pairs' from their
+ * backs. Each thread first asks for the K and V pieces of its share (pool_split) of the
+ * items, block by block, in address order: a block's heads lie together, so a share's
+ * pieces of one block are one run of bytes. Asked for head by head as run_item goes, each
+ * head's 2 KiB pieces arrived one after another: small's decode (Zen 5 VM, 128 steps from
+ * position 0) read its ~2.3 MiB of K and V a step in 0.14-0.26 ms, 9-17 GB/s where the
+ * memory gives 50-55; its attention functions' perf samples per product-kernel sample fell
+ * by a quarter with the shares asked for first. The items, and so the bits, are run_item's. */
+#define HEADS_AHEAD_MAX ((size_t)512 << 10) /* bytes a thread asks for up front, at most */
+
+/* Run-by-head item w: its run and KV head (the last runs first: later positions attend
+ * over more of the cache). */
+static void head_item(const struct attn_job *j, long w, int *ri, int *h)
+{
+    int n_kv = j->a->sh.n_head_kv;
+    *ri = j->n_runs - 1 - (int)(w / n_kv);
+    *h = (int)(w % n_kv);
+}
+
+/* Asks for (or with ask false, counts) the K and V bytes of run-by-head items [lo, hi). */
+static size_t heads_ahead(const struct attn_job *j, long lo, long hi, bool ask)
+{
+    const struct attn *a = j->a;
+    int n_kv = a->sh.n_head_kv, bt = j->bt;
+    size_t k_piece = j->k_head * (size_t)bt, v_piece = j->v_head * (size_t)bt, bytes = 0;
+    for (long w = lo; w < hi;) {
+        int ri, h0;
+        head_item(j, w, &ri, &h0);
+        long w1 = (w / n_kv + 1) * n_kv < hi ? (w / n_kv + 1) * n_kv : hi; /* the run's items in range */
+        size_t heads = (size_t)(w1 - w);
+        int b0 = a->run_start[ri];
+        int64_t end = j->pos[b0 + a->run_len[ri] - 1] + 1, from = first_seen(j, j->pos[b0]), n_blocks;
+        const int32_t *table = kv_seq_blocks(j->kv, j->seq[b0], &n_blocks);
+        for (int64_t p = from - from % bt; p < end; p += bt) {
+            size_t blk = (size_t)table[p / bt] * (size_t)n_kv + (size_t)h0;
+            const char *k = j->k_base + blk * k_piece, *v = j->v_base + blk * v_piece;
+            bytes += heads * (k_piece + v_piece);
+            for (size_t c = 0; ask && c < heads * k_piece; c += 64)
+                __builtin_prefetch(k + c, 0, 2);
+            for (size_t c = 0; ask && c < heads * v_piece; c += 64)
+                __builtin_prefetch(v + c, 0, 2);
+        }
+        w = w1;
+    }
+    return bytes;
+}
+
+/* Takes pair p's run-by-head items one at a time, from the back of its range or the
+ * front, until none is left. */
+static void take_pair_heads(struct attn_job *j, struct scratch *sc, int p, bool back)
+{
+    struct attn *a = j->a;
+    _Atomic uint64_t *ends = &a->ends[p];
+    uint64_t cur = atomic_load_explicit(ends, memory_order_relaxed);
+    for (;;) {
+        uint64_t front = cur >> 32, rear = cur & 0xffffffffu;
+        if (front >= rear)
+            return;
+        uint64_t want = back ? front << 32 | (rear - 1) : (front + 1) << 32 | rear;
+        if (!atomic_compare_exchange_weak_explicit(ends, &cur, want, memory_order_relaxed, memory_order_relaxed))
+            continue;
+        int ri, h;
+        head_item(j, back ? (long)rear - 1 : (long)front, &ri, &h);
+        int64_t last = j->pos[a->run_start[ri] + a->run_len[ri] - 1];
+        int64_t t_first = first_seen(j, j->pos[a->run_start[ri]]) / ATTN_TILE;
+        for (int i = 0; j->prep && i < a->run_len[ri]; i++) /* the run's tokens are its sequence's only ones */
+            j->prep(j->prep_ctx, a->run_start[ri] + i, h);
+        run_item(j, sc, ri, h, t_first, last / ATTN_TILE + 1);
+        cur = atomic_load_explicit(ends, memory_order_relaxed);
+    }
+}
+
 static void attn_work(void *ctx, int ith, int nth)
 {
     struct attn_job *j = ctx;
@@ -1025,6 +1110,17 @@ static void attn_work(void *ctx, int ith, int nth)
             take_pair_items(j, &tk, (ith / 2 + k) % n_pairs, nth, true);
         return;
     }
+    if (j->by_heads) {
+        long lo, hi;
+        pool_split(j->n_items, 1, ith, nth, &lo, &hi);
+        if (heads_ahead(j, lo, hi, false) <= HEADS_AHEAD_MAX)
+            heads_ahead(j, lo, hi, true);
+        int n_pairs = (nth + 1) / 2;
+        take_pair_heads(j, &sc, ith / 2, ith % 2 == 1);
+        for (int k = 1; k < n_pairs; k++)
+            take_pair_heads(j, &sc, (ith / 2 + k) % n_pairs, true);
+        return;
+    }
     for (;;) {
         long w = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (w >= j->n_items)
@@ -1045,6 +1141,17 @@ static void attn_work(void *ctx, int ith, int nth)
         int64_t t_first = first_seen(j, j->pos[a->run_start[ri]]) / ATTN_TILE;
         run_item(j, &sc, ri, (int)(k / tiles), t_first + k % tiles, t_first + k % tiles + 1);
     }
+}
+
+/* prep of every (token, KV head), claimed a few at a time (the caller alone can do them all). */
+static void prep_work(void *ctx, int ith, int nth)
+{
+    struct attn_job *j = ctx;
+    long n_kv = j->a->sh.n_head_kv, lo, hi;
+    (void)ith;
+    while (pool_claim(&j->prep_next, j->n_prep, 1, nth, &lo, &hi))
+        for (long w = lo; w < hi; w++)
+            j->prep(j->prep_ctx, (int)(w / n_kv), (int)(w % n_kv));
 }
 
 /* merge of n tile partials in order ((hd + 2) floats each: o_t, m_t, l_t) into the state
@@ -1124,6 +1231,13 @@ void attn_forward_sinks(struct attn *a, struct pool *pool, const struct vec_ops 
                         int n, const int32_t *seq, const int64_t *pos, const float *q, float *out, int64_t window,
                         const float *sinks)
 {
+    attn_forward_prep(a, pool, vec, kv, layer, n, seq, pos, q, out, window, sinks, NULL, NULL);
+}
+
+void attn_forward_prep(struct attn *a, struct pool *pool, const struct vec_ops *vec, struct kv_cache *kv, int layer,
+                       int n, const int32_t *seq, const int64_t *pos, const float *q, float *out, int64_t window,
+                       const float *sinks, attn_prep_fn prep, void *prep_ctx)
+{
     const struct kv_config *kc = kv_config(kv);
     int hd = a->sh.head_dim;
     struct attn_job j = {.a = a, .vec = vec, .kv = kv, .layer = layer, .seq = seq, .pos = pos, .q = q, .out = out};
@@ -1180,9 +1294,37 @@ void attn_forward_sinks(struct attn *a, struct pool *pool, const struct vec_ops 
         j.n_items = (long)a->run_items[n_runs];
     } else {
         j.n_items = (long)n_runs * n_kv;
+        j.by_heads = j.cold;
+        int nth = pool_threads(pool);
+        for (int p = 0; j.by_heads && 2 * p < nth; p++) {
+            long lo, hi;
+            pair_range(j.n_items, p, nth, &lo, &hi);
+            atomic_store_explicit(&a->ends[p], (uint64_t)lo << 32 | (uint64_t)hi, memory_order_relaxed);
+        }
     }
     atomic_init(&j.next, 0);
     atomic_init(&j.merge_next, 0);
+    atomic_init(&j.prep_next, 0);
+    /* A run-by-head item preps its own tokens' head when no other run holds its sequence
+     * (whose tokens would see them); else every (token, head) is prepped first: on the
+     * caller for one token (a hand-off would cost about what it saves), on the pool for more. */
+    bool runs_own_seqs = true;
+    for (int r = 1; r < n_runs && runs_own_seqs; r++)
+        for (int q0 = 0; q0 < r && runs_own_seqs; q0++)
+            runs_own_seqs = seq[a->run_start[r]] != seq[a->run_start[q0]];
+    if (prep && j.by_heads && runs_own_seqs) {
+        j.prep = prep;
+        j.prep_ctx = prep_ctx;
+    } else if (prep && n == 1) {
+        for (int h = 0; h < n_kv; h++)
+            prep(prep_ctx, 0, h);
+    } else if (prep) {
+        j.prep = prep;
+        j.prep_ctx = prep_ctx;
+        j.n_prep = (long)n * n_kv;
+        pool_run_claims(pool, prep_work, &j);
+        j.prep = NULL;
+    }
     /* Every item is claimed (tiles by pairs of threads, or KV heads or split tiles one at
      * a time, then the merges one at a time): the caller takes what others leave. */
     pool_run_claims(pool, attn_work, &j);

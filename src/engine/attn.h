@@ -65,6 +65,11 @@ void attn_set_scale(struct attn *a, float scale);
 void attn_kv_write(struct kv_cache *kv, const struct vec_ops *vec, int layer, int64_t slot, int head_dim,
                    const float *k, const float *v);
 
+/* attn_kv_write of KV heads [h0, h1) only (k and v still the token's whole vectors): the
+ * same bytes as attn_kv_write writes for those heads. */
+void attn_kv_write_heads(struct kv_cache *kv, const struct vec_ops *vec, int layer, int64_t slot, int head_dim,
+                         int h0, int h1, const float *k, const float *v);
+
 /* Where attn_kv_write(kv, layer, slot, ...) writes: within bytes[0] from at[0] (K) and
  * bytes[1] from at[1] (V), the pieces of every KV head of slot's block. What a caller may
  * ask the memory for before the write (a decode finds the block's lines cold); reads and
@@ -97,5 +102,19 @@ void attn_forward_window(struct attn *a, struct pool *pool, const struct vec_ops
 void attn_forward_sinks(struct attn *a, struct pool *pool, const struct vec_ops *vec, struct kv_cache *kv, int layer,
                         int n, const int32_t *seq, const int64_t *pos, const float *q, float *out, int64_t window,
                         const float *sinks);
+
+/* The caller's work on token b's query heads of KV head h (h * n_head/n_head_kv and on)
+ * and its K and V of head h, before attention reads them: e.g. RoPE and the K and V
+ * written to the cache (attn_kv_write_heads). */
+typedef void (*attn_prep_fn)(void *ctx, int b, int h);
+
+/* attn_forward_sinks with the queries, K and V made ready by prep(prep_ctx, b, h), called
+ * once for each token b and KV head h of the batch before any of attention reads that
+ * token's head h, on whichever thread of pool (NULL: none). A decode's are done by the
+ * threads that then attend over the heads, not by the caller alone ahead of them. prep of
+ * different (b, h) may run at once: each must write only token b's head h. */
+void attn_forward_prep(struct attn *a, struct pool *pool, const struct vec_ops *vec, struct kv_cache *kv, int layer,
+                       int n, const int32_t *seq, const int64_t *pos, const float *q, float *out, int64_t window,
+                       const float *sinks, attn_prep_fn prep, void *prep_ctx);
 
 #endif

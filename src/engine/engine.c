@@ -462,34 +462,36 @@ struct qkv_post_job {
     const float *rope_cs; /* (B, n_rot/2, 2) of this layer's RoPE */
 };
 
-static void qkv_post_row(void *ctx, long b)
+/* Token b's query heads of KV head h and its K and V of head h (attn_prep_fn): each step
+ * on those columns alone is the same float operations as on the whole vectors, so which
+ * thread takes which (b, h), and when, changes no bit. */
+static void qkv_post_head(void *ctx, int b, int h)
 {
     struct qkv_post_job *j = ctx;
     struct engine *e = j->e;
     const struct model_hparams *hp = &e->m->hp;
     const struct model_layer *L = j->L;
+    int hd = hp->head_dim, group = e->n_head_loc / e->n_head_kv_loc;
     /* This rank's heads (all of them on one node): columns from q0 / kv0 of the full vectors. */
     int64_t qd = e->q_loc_dim, kvd = e->kv_loc_dim, q0 = e->q_part[e->tp_rank], kv0 = e->kv_part[e->tp_rank];
+    int64_t qc = (int64_t)h * group * hd, qn = (int64_t)group * hd, kc = (int64_t)h * hd; /* this head's columns */
     float *q = e->q_loc + b * qd, *k = e->k_loc + b * kvd, *v = e->v_loc + b * kvd;
     /* each bias on its own (a file may carry some of them only), at this rank's columns */
-    for (int64_t i = 0; L->bq && i < qd; i++)
+    for (int64_t i = qc; L->bq && i < qc + qn; i++)
         q[i] = q[i] + L->bq[q0 + i];
-    for (int64_t i = 0; L->bk && i < kvd; i++)
+    for (int64_t i = kc; L->bk && i < kc + hd; i++)
         k[i] = k[i] + L->bk[kv0 + i];
-    for (int64_t i = 0; L->bv && i < kvd; i++)
+    for (int64_t i = kc; L->bv && i < kc + hd; i++)
         v[i] = v[i] + L->bv[kv0 + i];
     if (L->q_norm) {
-        for (int h = 0; h < e->n_head_loc; h++)
-            rms_norm(e->vec, q + (int64_t)h * hp->head_dim, L->q_norm, q + (int64_t)h * hp->head_dim,
-                     hp->head_dim, hp->norm_eps);
-        for (int h = 0; h < e->n_head_kv_loc; h++)
-            rms_norm(e->vec, k + (int64_t)h * hp->head_dim, L->k_norm, k + (int64_t)h * hp->head_dim,
-                     hp->head_dim, hp->norm_eps);
+        for (int g = 0; g < group; g++)
+            rms_norm(e->vec, q + qc + (int64_t)g * hd, L->q_norm, q + qc + (int64_t)g * hd, hd, hp->norm_eps);
+        rms_norm(e->vec, k + kc, L->k_norm, k + kc, hd, hp->norm_eps);
     }
     const float *cs = j->rope_cs + b * hp->n_rot;
-    rope_apply(hp, q, e->n_head_loc, cs);
-    rope_apply(hp, k, e->n_head_kv_loc, cs);
-    attn_kv_write(j->kv, e->vec, j->layer, e->slot[b], hp->head_dim, k, v);
+    rope_apply(hp, q + qc, group, cs);
+    rope_apply(hp, k + kc, 1, cs);
+    attn_kv_write_heads(j->kv, e->vec, j->layer, e->slot[b], hd, h, h + 1, k, v);
 }
 
 /* x += tmp, and for the feed-forward: gate = silu(gate) * up. */
@@ -1222,14 +1224,18 @@ static int forward(struct engine *e, struct kv_cache *kv, const struct batch *b,
             copy_cols(e->k_loc, (size_t)e->kv_loc_dim, 0, e->k, (size_t)e->kv_dim, kv0, e->kv_loc_dim, B);
             copy_cols(e->v_loc, (size_t)e->kv_loc_dim, 0, e->v, (size_t)e->kv_dim, kv0, e->kv_loc_dim, B);
         }
+        /* biases, norms, RoPE and the K and V written, per token and KV head, inside
+         * attention's job: a decode's by the threads that attend over those heads, where the
+         * caller did them alone before and the others idled (their time now counts in the
+         * attention phase; rope+kv stays in the profile, empty) */
         phase(e, EP_QKV_POST);
         bool swa = model_layer_swa(hp, m->layer_begin + il);
         struct qkv_post_job pj = {e, L, kv, il, B, swa && e->rope_cs_swa ? e->rope_cs_swa : e->rope_cs};
-        run_rows(e, qkv_post_row, &pj, B);
         phase(e, EP_ATTN);
         /* the sinks of this rank's heads (tensor parallelism refuses the mixtures that have them) */
-        attn_forward_sinks(e->att, e->pool, e->vec, kv, il, B, b->seq, b->pos, e->q_loc, e->attn_loc,
-                           swa ? hp->swa_window : 0, L->sinks ? L->sinks + e->q_part[e->tp_rank] / hp->head_dim : NULL);
+        attn_forward_prep(e->att, e->pool, e->vec, kv, il, B, b->seq, b->pos, e->q_loc, e->attn_loc,
+                          swa ? hp->swa_window : 0, L->sinks ? L->sinks + e->q_part[e->tp_rank] / hp->head_dim : NULL,
+                          qkv_post_head, &pj);
         if (e->tp_world > 1) {
             copy_cols(e->attn, (size_t)e->q_dim, e->q_part[e->tp_rank], e->attn_loc, (size_t)e->q_loc_dim, 0, e->q_loc_dim, B);
             if ((rc = tp_gather(e, e->attn, B, (size_t)e->q_dim, e->q_part, 0, err, errlen)))

@@ -138,8 +138,8 @@ unsigned long long engine_dispatches(const struct engine *e);
 enum engine_phase {
     EP_INPUT,      /* cache room, RoPE tables, the embedding, the first norm */
     EP_QKV,        /* the q, k, v products */
-    EP_QKV_POST,   /* biases, head norms, RoPE, the KV cache write */
-    EP_ATTN,       /* attention */
+    EP_QKV_POST,   /* empty: attention's job does the biases, head norms, RoPE and KV cache write */
+    EP_ATTN,       /* the biases, head norms, RoPE, the KV cache write, attention (attn_forward_prep) */
     EP_WO,         /* the output product and its input's quantizing */
     EP_RESID_ATTN, /* residual add, the feed-forward's norm and quantizing */
     EP_FFN,        /* gate and up, the activation, down's quantizing (a mixture: all of it) */
