@@ -59,6 +59,10 @@ INLINE __m512i load64(const uint8_t *p)
  * (Q4_0) than at PF_AHEAD into L2 (quiet A/B, Zen 5 VM, both cores). The one-stream
  * Q4_K tiles did not gain from it quietly and keep PF_AHEAD. */
 #define PF_STREAM_AHEAD 1536
+/* Q4_K's 4 streams at B = 1 (2368-byte tiles): 4 KiB ahead into L1. 1.5 KiB read between
+ * the one stream and 4 KiB, 8 KiB as 4 KiB in one round (and Q6_K's 3392-byte tiles 15%
+ * slower than one stream); bench_kern_rate -t 2 -b 1 -r 3 1048576 q4_k q6_k, Zen 5 VM. */
+#define PF_KSTREAM_AHEAD 4096
 INLINE void prefetch_at(const uint8_t *t, size_t tile, const size_t ahead, const int hint)
 {
     /* one prefetch per cache line: the lines that start within this tile */
@@ -257,8 +261,10 @@ INLINE __m512i q4k_b1_sums(const uint8_t *t, const int8_t *q)
     return _mm512_add_epi32(il, _mm512_srai_epi32(ih, 4));
 }
 
-INLINE void group_k(const int type, const int NB, const bool pf, const uint8_t *tiles, int64_t nblk,
-                    const uint8_t *x, size_t ldx, float *y, size_t ldy, int lo, int hi, int first)
+/* NS > 1 (whole groups, block i of each before block i+1) as group_q32's. */
+INLINE void group_k(const int type, const int NB, const int NS, const bool pf, const uint8_t *const *tiles,
+                    int64_t nblk, const uint8_t *x, size_t ldx, float *const *y, size_t ldy, int lo,
+                    int hi, int first)
 {
     const bool k5 = type == DT_Q5_K;
     const size_t tile = k5 ? KM_Q5_K_TILE(G) : KM_Q4_K_TILE(G);
@@ -270,113 +276,123 @@ INLINE void group_k(const int type, const int NB, const bool pf, const uint8_t *
     const __m512 sign = _mm512_set1_ps(-0.0f);
 
     const __mmask16 km = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-    __m512 acc[NB_MAX];
+    __m512 acc_s[KM_STREAMS][NB_MAX];
+#pragma GCC unroll 4
+    for (int st = 0; st < NS; st++)
 #pragma GCC unroll 16
-    for (int b = 0; b < NB; b++)
-        acc[b] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(km, y + (size_t)b * ldy);
+        for (int b = 0; b < NB; b++)
+            acc_s[st][b] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(km, y[st] + (size_t)b * ldy);
     for (int64_t i = 0; i < nblk; i++) {
-        const uint8_t *t = tiles + (size_t)i * tile;
-        if (pf)
-            prefetch_tile(t, tile);
-        const struct act_q8_256 *xa[NB_MAX];
-        __m512i is[NB_MAX];
+#pragma GCC unroll 4
+        for (int st = 0; st < NS; st++) {
+            __m512 *acc = acc_s[st];
+            const uint8_t *t = tiles[st] + (size_t)i * tile;
+            if (pf && NS > 1)
+                prefetch_at(t, tile, PF_KSTREAM_AHEAD, _MM_HINT_T0);
+            else if (pf)
+                prefetch_tile(t, tile);
+            const struct act_q8_256 *xa[NB_MAX];
+            __m512i is[NB_MAX];
 #pragma GCC unroll 16
-        for (int b = 0; b < NB; b++) {
-            xa[b] = (const struct act_q8_256 *)(x + (size_t)b * ldx) + i;
-            is[b] = _mm512_setzero_si512();
-        }
-        if (!k5 && NB == 1 && !pf) {
-            is[0] = q4k_b1_sums(t, xa[0]->q);
-        } else if (NB <= 4) {
-            /* Few rows: each nibble vector is loaded once for both sub-blocks of its
-             * pair. Q4_K: the odd one's nibbles stay high (16 times its sum) and are
-             * shifted down once per sub-block instead of once per vector. Q5_K: the
-             * pair's two bit planes are loaded once, not once per nibble vector. */
-            for (int u = 0; u < 4; u++) {
-                const uint8_t *tq = t + 64 * 8 * u;
-                __m512i dl[NB_MAX], dh[NB_MAX], pl = m4, ph = m4;
-                if (k5) {
-                    pl = in_reg(load64(t + KM_Q5_K_QH(G) + 64 * (2 * u)));
-                    ph = in_reg(load64(t + KM_Q5_K_QH(G) + 64 * (2 * u + 1)));
-                }
-#pragma GCC unroll 16
-                for (int b = 0; b < NB; b++)
-                    dl[b] = dh[b] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-                for (int p = 0; p < 8; p++) {
-                    __m512i w = in_reg(load64(tq + 64 * p));
-                    __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_andnot_si512(m4, w);
+            for (int b = 0; b < NB; b++) {
+                xa[b] = (const struct act_q8_256 *)(x + (size_t)b * ldx) + i;
+                is[b] = _mm512_setzero_si512();
+            }
+            if (!k5 && NB == 1 && !pf) {
+                is[0] = q4k_b1_sums(t, xa[0]->q);
+            } else if (NB <= 4) {
+                /* Few rows: each nibble vector is loaded once for both sub-blocks of its
+                 * pair. Q4_K: the odd one's nibbles stay high (16 times its sum) and are
+                 * shifted down once per sub-block instead of once per vector. Q5_K: the
+                 * pair's two bit planes are loaded once, not once per nibble vector. */
+                for (int u = 0; u < 4; u++) {
+                    const uint8_t *tq = t + 64 * 8 * u;
+                    __m512i dl[NB_MAX], dh[NB_MAX], pl = m4, ph = m4;
                     if (k5) {
-                        wl = or_bit4(wl, plane_bit4(pl, p));
-                        wh = or_bit4(_mm512_and_si512(_mm512_srli_epi16(w, 4), m4),
-                                     plane_bit4(ph, p));
+                        pl = in_reg(load64(t + KM_Q5_K_QH(G) + 64 * (2 * u)));
+                        ph = in_reg(load64(t + KM_Q5_K_QH(G) + 64 * (2 * u + 1)));
                     }
+#pragma GCC unroll 16
+                    for (int b = 0; b < NB; b++)
+                        dl[b] = dh[b] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                    for (int p = 0; p < 8; p++) {
+                        __m512i w = in_reg(load64(tq + 64 * p));
+                        __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_andnot_si512(m4, w);
+                        if (k5) {
+                            wl = or_bit4(wl, plane_bit4(pl, p));
+                            wh = or_bit4(_mm512_and_si512(_mm512_srli_epi16(w, 4), m4),
+                                         plane_bit4(ph, p));
+                        }
+#pragma GCC unroll 16
+                        for (int b = 0; b < NB; b++) {
+                            dl[b] = dp_bcast(dl[b], wl, xa[b]->q + 64 * u + 4 * p);
+                            dh[b] = dp_bcast(dh[b], wh, xa[b]->q + 64 * u + 32 + 4 * p);
+                        }
+                    }
+                    __m512i scl = _mm512_cvtepu8_epi32(
+                        _mm_loadu_si128((const __m128i *)(t + scoff + G * 2 * u)));
+                    __m512i sch = _mm512_cvtepu8_epi32(
+                        _mm_loadu_si128((const __m128i *)(t + scoff + G * (2 * u + 1))));
 #pragma GCC unroll 16
                     for (int b = 0; b < NB; b++) {
-                        dl[b] = dp_bcast(dl[b], wl, xa[b]->q + 64 * u + 4 * p);
-                        dh[b] = dp_bcast(dh[b], wh, xa[b]->q + 64 * u + 32 + 4 * p);
+                        __m512i lo = _mm512_mullo_epi32(dl[b], scl);
+                        __m512i hi = _mm512_mullo_epi32(k5 ? dh[b] : _mm512_srai_epi32(dh[b], 4), sch);
+                        is[b] = _mm512_add_epi32(is[b], _mm512_add_epi32(lo, hi));
                     }
                 }
-                __m512i scl = _mm512_cvtepu8_epi32(
-                    _mm_loadu_si128((const __m128i *)(t + scoff + G * 2 * u)));
-                __m512i sch = _mm512_cvtepu8_epi32(
-                    _mm_loadu_si128((const __m128i *)(t + scoff + G * (2 * u + 1))));
-#pragma GCC unroll 16
-                for (int b = 0; b < NB; b++) {
-                    __m512i lo = _mm512_mullo_epi32(dl[b], scl);
-                    __m512i hi = _mm512_mullo_epi32(k5 ? dh[b] : _mm512_srai_epi32(dh[b], 4), sch);
-                    is[b] = _mm512_add_epi32(is[b], _mm512_add_epi32(lo, hi));
-                }
-            }
-        } else for (int j = 0; j < 8; j++) {
-            const uint8_t *tq = t + 64 * 8 * (j / 2);
-            __m512i dt[NB_MAX];
-#pragma GCC unroll 16
-            for (int b = 0; b < NB; b++)
-                dt[b] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-            for (int p = 0; p < 8; p++) {
-                __m512i w = load64(tq + 64 * p);
-                w = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(w, 4) : w, m4);
-                if (k5)
-                    w = or_bit4(w, plane_bit4(load64(t + KM_Q5_K_QH(G) + 64 * j), p));
+            } else for (int j = 0; j < 8; j++) {
+                const uint8_t *tq = t + 64 * 8 * (j / 2);
+                __m512i dt[NB_MAX];
 #pragma GCC unroll 16
                 for (int b = 0; b < NB; b++)
-                    dt[b] = dp_bcast(dt[b], w, xa[b]->q + 32 * j + 4 * p);
+                    dt[b] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (int p = 0; p < 8; p++) {
+                    __m512i w = load64(tq + 64 * p);
+                    w = _mm512_and_si512(j & 1 ? _mm512_srli_epi16(w, 4) : w, m4);
+                    if (k5)
+                        w = or_bit4(w, plane_bit4(load64(t + KM_Q5_K_QH(G) + 64 * j), p));
+#pragma GCC unroll 16
+                    for (int b = 0; b < NB; b++)
+                        dt[b] = dp_bcast(dt[b], w, xa[b]->q + 32 * j + 4 * p);
+                }
+                __m512i sc =
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(t + scoff + G * j)));
+#pragma GCC unroll 16
+                for (int b = 0; b < NB; b++)
+                    is[b] = _mm512_add_epi32(is[b], _mm512_mullo_epi32(dt[b], sc));
             }
-            __m512i sc =
-                _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(t + scoff + G * j)));
-#pragma GCC unroll 16
-            for (int b = 0; b < NB; b++)
-                is[b] = _mm512_add_epi32(is[b], _mm512_mullo_epi32(dt[b], sc));
-        }
-        __m512 d = half16(t + doff), dmin = half16(t + dminoff);
-        __m512i mn[4];
-#pragma GCC unroll 4
-        for (int p = 0; p < 4; p++)
-            mn[p] = _mm512_cvtepu8_epi16(
-                _mm256_loadu_si256((const __m256i *)(t + mnoff + 2 * G * p)));
-#pragma GCC unroll 16
-        for (int b = 0; b < NB; b++) {
-            __m512 dx = _mm512_set1_ps(xa[b]->d);
-            acc[b] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(is[b]), acc[b]);
-            /* msum = sum_j mn[j]*(bsums[2j]+bsums[2j+1]), pairs of j per 16-bit madd */
-            __m256i bs = _mm256_loadu_si256((const __m256i *)xa[b]->bsums);
-            __m256i xs = _mm256_madd_epi16(bs, _mm256_set1_epi16(1));
-            __m128i xs16 = _mm256_cvtepi32_epi16(xs);
-            int32_t pair[4];
-            _mm_storeu_si128((__m128i *)pair, xs16);
-            __m512i ms = _mm512_setzero_si512();
+            __m512 d = half16(t + doff), dmin = half16(t + dminoff);
+            __m512i mn[4];
 #pragma GCC unroll 4
             for (int p = 0; p < 4; p++)
-                ms = dpw_bcast(ms, mn[p], pair + p);
-            __m512 ndm = _mm512_xor_ps(_mm512_mul_ps(dmin, dx), sign);
-            acc[b] = _mm512_fmadd_ps(ndm, _mm512_cvtepi32_ps(ms), acc[b]);
+                mn[p] = _mm512_cvtepu8_epi16(
+                    _mm256_loadu_si256((const __m256i *)(t + mnoff + 2 * G * p)));
+#pragma GCC unroll 16
+            for (int b = 0; b < NB; b++) {
+                __m512 dx = _mm512_set1_ps(xa[b]->d);
+                acc[b] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(is[b]), acc[b]);
+                /* msum = sum_j mn[j]*(bsums[2j]+bsums[2j+1]), pairs of j per 16-bit madd */
+                __m256i bs = _mm256_loadu_si256((const __m256i *)xa[b]->bsums);
+                __m256i xs = _mm256_madd_epi16(bs, _mm256_set1_epi16(1));
+                __m128i xs16 = _mm256_cvtepi32_epi16(xs);
+                int32_t pair[4];
+                _mm_storeu_si128((__m128i *)pair, xs16);
+                __m512i ms = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int p = 0; p < 4; p++)
+                    ms = dpw_bcast(ms, mn[p], pair + p);
+                __m512 ndm = _mm512_xor_ps(_mm512_mul_ps(dmin, dx), sign);
+                acc[b] = _mm512_fmadd_ps(ndm, _mm512_cvtepi32_ps(ms), acc[b]);
+            }
         }
     }
+#pragma GCC unroll 4
+    for (int st = 0; st < NS; st++)
 #pragma GCC unroll 16
-    for (int b = 0; b < NB; b++)
-        store_rows(y + (size_t)b * ldy, km, acc[b]);
+        for (int b = 0; b < NB; b++)
+            store_rows(y[st] + (size_t)b * ldy, km, acc_s[st][b]);
 }
 
 /* GFNI's VGF2P8AFFINEQB: every byte of x times the 8x8 bit matrix in its qword of a
@@ -537,8 +553,8 @@ INLINE void group_q6k(const int NB, const bool gf, const bool pf, const uint8_t 
 #define q5_0_CALL(n) group_q32(DT_Q5_0, n, 1, true, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first)
 #define q5_1_CALL(n) group_q32(DT_Q5_1, n, 1, true, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first)
 #define q8_0_CALL(n) group_q32(DT_Q8_0, n, 1, true, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first)
-#define q4_k_CALL(n) group_k(DT_Q4_K, n, true, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
-#define q5_k_CALL(n) group_k(DT_Q5_K, n, true, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
+#define q4_k_CALL(n) group_k(DT_Q4_K, n, 1, true, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first)
+#define q5_k_CALL(n) group_k(DT_Q5_K, n, 1, true, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first)
 #define q6_k_CALL(n) group_q6k(n, false, true, tiles, nblk, x, ldx, y, ldy, lo, hi, first)
 /* GFNI at B = 1 only: its transform shares AMD Zen 4's two pipes of VPDPBUSD, and at B = 4
  * and 8 (four and eight VPDPBUSD a k-group) it cost more than the operation it saves */
@@ -566,15 +582,18 @@ GROUP_FN(q6_k_gfni)
 
 GROUP_HW_FN(q4_0, group_q32(DT_Q4_0, 1, 1, false, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first))
 GROUP_HW_FN(q8_0, group_q32(DT_Q8_0, 1, 1, false, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first))
-GROUP_HW_FN(q4_k, group_k(DT_Q4_K, 1, false, tiles, nblk, x, ldx, y, ldy, lo, hi, first))
+GROUP_HW_FN(q4_k, group_k(DT_Q4_K, 1, 1, false, &tiles, nblk, x, ldx, &y, ldy, lo, hi, first))
 GROUP_HW_FN(q6_k, group_q6k(1, false, false, tiles, nblk, x, ldx, y, ldy, lo, hi, first))
 GROUP_HW_FN(q6_k_gfni, group_q6k(1, true, false, tiles, nblk, x, ldx, y, ldy, lo, hi, first))
 
 /* NS whole groups at once for NB activation rows, as km_streams_fn: for the types of
  * small tiles (288 and 544 bytes a group and block), which read DRAM 12-30% faster a CPU
  * second that way on the AMD Zen 5 VM (bench_kern_rate -t 2, 256 MiB, both ways in
- * alternate rounds). The K-quants' tiles (2-3 KiB) are long runs already; they read
- * 6-33% slower in 2-4 streams, so they keep one. A few activation rows (a speculative
+ * alternate rounds). The K-quants' tiles (2-3 KiB) are long runs already; with
+ * PF_AHEAD into L2 they read 6-33% slower in 2-4 streams. Q4_K at B = 1 takes 4 streams
+ * with PF_KSTREAM_AHEAD into L1 (q4_k_streams); Q6_K, whose decode is closer to its
+ * compute bound, read no faster that way (26-28 GB/s a thread per CPU second both ways,
+ * 1 GiB) and keeps one. A few activation rows (a speculative
  * step's verify, a few served streams) take the streams too: in one stream B = 2 read
  * DRAM at 0.75-0.8 of B = 1's rate. On the AMD Zen 5 VM, 2 threads, 128 MiB, old and new
  * alternated (bench_kern_rate -t 2 -b 4 -r 1 131072 q4_0 q8_0, load 0.7): B = 2 Q4_0
@@ -619,6 +638,25 @@ STREAMS_FN(q4_0, DT_Q4_0, true)
 STREAMS_FN(q8_0, DT_Q8_0, true)
 STREAMS1_FN(q4_0_hw, DT_Q4_0)
 STREAMS1_FN(q8_0_hw, DT_Q8_0)
+
+/* Q4_K at B = 1 in 4 streams (km_drive_streams with streams_nb 1): 1 GiB from DRAM, 2
+ * threads, old and new in alternate rounds (bench_kern_rate -t 2 -b 1 -r 3 1048576 q4_k,
+ * Zen 5 VM, load 2-6): 29.7-33.8 GB/s a thread per CPU second against 24.7-29.7 (one
+ * stream, PF_AHEAD into L2) in 3 of 4 alternated pairs, 28.2-31.9 against 30.7-35.2 in
+ * the fourth. Each row still whole in one group's float
+ * steps: the same bits. */
+static void q4_k_streams(int NS, int NB, const uint8_t *const *tiles, int64_t nblk,
+                         const uint8_t *x, size_t ldx, float *const *y, size_t ldy)
+{
+    _Static_assert(KM_STREAMS == 4, "cases");
+    assert(NB == 1);
+    (void)NB;
+    switch (NS) {
+    case 2: group_k(DT_Q4_K, 1, 2, true, tiles, nblk, x, ldx, y, ldy, 0, G, 1); break;
+    case 3: group_k(DT_Q4_K, 1, 3, true, tiles, nblk, x, ldx, y, ldy, 0, G, 1); break;
+    default: group_k(DT_Q4_K, 1, 4, true, tiles, nblk, x, ldx, y, ldy, 0, G, 1); break;
+    }
+}
 
 /* ---- float weights: 16 lanes per row, element k in lane k%16 ---- */
 
@@ -761,7 +799,7 @@ void kern_mat_avx512_run(const struct km_view *v, const void *xq, size_t ldx, in
     case DT_Q5_0: tiles(q5_0, a32); break;
     case DT_Q5_1: tiles(q5_1, a32); break;
     case DT_Q8_0: streams(q8_0, a32, STREAMS_NB_Q8_0); break;
-    case DT_Q4_K: tiles(q4_k, a256); break;
+    case DT_Q4_K: streams(q4_k, a256, 1); break;
     case DT_Q5_K: tiles(q5_k, a256); break;
     case DT_Q6_K:
         if (v->gfni)
