@@ -982,23 +982,32 @@ struct tile_taker {
     bool first;
 };
 
+/* Takes one item of a pair's range (ends: front << 32 | rear) from its back or its front
+ * into *w; false when none is left. */
+static bool pair_take(_Atomic uint64_t *ends, bool back, long *w)
+{
+    uint64_t cur = atomic_load_explicit(ends, memory_order_relaxed);
+    for (;;) {
+        uint64_t front = cur >> 32, rear = cur & 0xffffffffu;
+        if (front >= rear)
+            return false;
+        uint64_t want = back ? front << 32 | (rear - 1) : (front + 1) << 32 | rear;
+        if (atomic_compare_exchange_weak_explicit(ends, &cur, want, memory_order_relaxed, memory_order_relaxed)) {
+            *w = back ? (long)rear - 1 : (long)front;
+            return true;
+        }
+    }
+}
+
 /* Takes pair p's items one at a time, from the back of its range or the front, until none
  * is left. */
 static void take_pair_items(struct attn_job *j, struct tile_taker *tk, int p, int nth, bool back)
 {
     struct attn *a = j->a;
-    _Atomic uint64_t *ends = &a->ends[p];
-    long lo, hi;
+    long lo, hi, w;
     pair_range(j->n_items, p, nth, &lo, &hi);
-    uint64_t cur = atomic_load_explicit(ends, memory_order_relaxed);
-    for (;;) {
-        uint64_t front = cur >> 32, rear = cur & 0xffffffffu;
-        if (front >= rear)
-            return;
-        uint64_t want = back ? front << 32 | (rear - 1) : (front + 1) << 32 | rear;
-        if (!atomic_compare_exchange_weak_explicit(ends, &cur, want, memory_order_relaxed, memory_order_relaxed))
-            continue;
-        long w = back ? (long)rear - 1 : (long)front, nw = back ? w - 1 : w + 1;
+    while (pair_take(&a->ends[p], back, &w)) {
+        long nw = back ? w - 1 : w + 1;
         int ri = tk->ri;
         while (ri > 0 && a->run_items[ri] > w)
             ri--;
@@ -1009,7 +1018,6 @@ static void take_pair_items(struct attn_job *j, struct tile_taker *tk, int p, in
         decode_tile(j, &tk->sc, &tk->hs, ri, t, tk->first, same_run ? nw - a->run_items[ri] : -1, ri != tk->q_ri);
         tk->ri = tk->q_ri = ri;
         tk->first = false;
-        cur = atomic_load_explicit(ends, memory_order_relaxed);
     }
 }
 
@@ -1067,23 +1075,15 @@ static size_t heads_ahead(const struct attn_job *j, long lo, long hi, bool ask)
 static void take_pair_heads(struct attn_job *j, struct scratch *sc, int p, bool back)
 {
     struct attn *a = j->a;
-    _Atomic uint64_t *ends = &a->ends[p];
-    uint64_t cur = atomic_load_explicit(ends, memory_order_relaxed);
-    for (;;) {
-        uint64_t front = cur >> 32, rear = cur & 0xffffffffu;
-        if (front >= rear)
-            return;
-        uint64_t want = back ? front << 32 | (rear - 1) : (front + 1) << 32 | rear;
-        if (!atomic_compare_exchange_weak_explicit(ends, &cur, want, memory_order_relaxed, memory_order_relaxed))
-            continue;
+    long w;
+    while (pair_take(&a->ends[p], back, &w)) {
         int ri, h;
-        head_item(j, back ? (long)rear - 1 : (long)front, &ri, &h);
+        head_item(j, w, &ri, &h);
         int64_t last = j->pos[a->run_start[ri] + a->run_len[ri] - 1];
         int64_t t_first = first_seen(j, j->pos[a->run_start[ri]]) / ATTN_TILE;
         for (int i = 0; j->prep && i < a->run_len[ri]; i++) /* the run's tokens are its sequence's only ones */
             j->prep(j->prep_ctx, a->run_start[ri] + i, h);
         run_item(j, sc, ri, h, t_first, last / ATTN_TILE + 1);
-        cur = atomic_load_explicit(ends, memory_order_relaxed);
     }
 }
 
